@@ -1,0 +1,240 @@
+//! The command line: running a node is the default action (`rl-node --master …`,
+//! `rl-node --worker 2 …`); other actions are subcommands. Flags of the old run.sh keep
+//! their names and meaning.
+
+use crate::config::{self, CliOverride, ConfigError};
+use crate::exit;
+use crate::node::{self, NodeOptions, Stop};
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "rl-node",
+    version,
+    about = "Run one node of a multi-node RL loop (rollout, aggregation, eval, training, hand-off) over a shared directory",
+    after_help = "Exit codes: 0 done, 1 this node failed, 2 usage or configuration error, 3 another node failed or died, 4 a deadline passed, 130/143 interrupted by SIGINT/SIGTERM."
+)]
+pub struct Cli {
+    #[command(flatten)]
+    node: NodeArgs,
+    #[command(flatten)]
+    settings: Settings,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Args, Debug)]
+struct NodeArgs {
+    /// Run as rank 0 (the master).
+    #[arg(long, conflicts_with = "worker")]
+    master: bool,
+    /// Run as worker rank N (1..num-nodes-1).
+    #[arg(long, value_name = "N")]
+    worker: Option<u32>,
+    /// Leave the inference server alone (do not stop or start it).
+    #[arg(long)]
+    debug_mode: bool,
+}
+
+/// Flags that set configuration keys (they override the environment and the file).
+#[derive(Args, Debug, Default)]
+struct Settings {
+    /// TOML configuration file.
+    #[arg(long, value_name = "FILE", global = true)]
+    config: Option<PathBuf>,
+    /// Shared directory for flags, logs, trajectories and checkpoints.
+    #[arg(long, value_name = "DIR", global = true)]
+    log_path: Option<String>,
+    /// Input data directory ({data_path}).
+    #[arg(long, value_name = "DIR", global = true)]
+    data_path: Option<String>,
+    /// Number of nodes in the cluster.
+    #[arg(long, value_name = "N", global = true)]
+    num_nodes: Option<String>,
+    /// Rollout weight of each rank, e.g. 2,1,1.
+    #[arg(long, value_name = "LIST", global = true, allow_hyphen_values = true)]
+    rank_weights: Option<String>,
+    /// Which part of the iteration to run.
+    #[arg(long, value_name = "PHASE", global = true, value_parser = ["both", "rollout", "update"])]
+    rl_phase: Option<String>,
+    /// Run eval on iterations 1, 1+K, 1+2K, … (0: never).
+    #[arg(long, value_name = "K", global = true)]
+    eval_interval: Option<String>,
+    /// With --rl-phase rollout: only the train or only the eval rollout.
+    #[arg(long, value_name = "SPLIT", global = true, value_parser = ["train-only", "eval-only"])]
+    rollout_split: Option<String>,
+    /// Stop cleanly once iteration N is complete (default: run until stopped).
+    #[arg(long, value_name = "N", global = true)]
+    iterations: Option<String>,
+    /// Port of torchrun's rendezvous on rank 0 (MASTER_PORT).
+    #[arg(long, value_name = "PORT", global = true)]
+    master_port: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Show a run's state from the shared directory (works with every node dead).
+    Status {
+        /// Print JSON for scripts.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the effective configuration and where each value came from.
+    ShowConfig,
+    #[command(name = "__guard", hide = true)]
+    Guard,
+}
+
+impl Settings {
+    fn overrides(&self) -> Vec<CliOverride> {
+        let mut v = Vec::new();
+        let mut add = |flag: &str, key: &'static str, value: &Option<String>| {
+            if let Some(value) = value {
+                v.push(CliOverride {
+                    flag: flag.to_string(),
+                    key,
+                    value: value.clone(),
+                });
+            }
+        };
+        add("--log-path", "cluster.log-path", &self.log_path);
+        add("--data-path", "cluster.data-path", &self.data_path);
+        add("--num-nodes", "cluster.num-nodes", &self.num_nodes);
+        add("--rank-weights", "cluster.rank-weights", &self.rank_weights);
+        add("--rl-phase", "cluster.rl-phase", &self.rl_phase);
+        add("--eval-interval", "cluster.eval-interval", &self.eval_interval);
+        add("--rollout-split", "cluster.rollout-split", &self.rollout_split);
+        add("--iterations", "cluster.iterations", &self.iterations);
+        add("--master-port", "cluster.master-port", &self.master_port);
+        v
+    }
+
+    fn load(&self) -> Result<config::Loaded, ConfigError> {
+        config::load(
+            self.config.as_deref(),
+            &|name| std::env::var(name).ok(),
+            &self.overrides(),
+        )
+    }
+}
+
+/// The rank and where it came from: `--master` / `--worker N`, else the environment
+/// variables schedulers and launchers set.
+fn resolve_rank(args: &NodeArgs) -> Result<(u32, String), Stop> {
+    if args.master {
+        return Ok((0, "--master".into()));
+    }
+    if let Some(w) = args.worker {
+        if w == 0 {
+            return Err(Stop::usage(
+                "--worker 0 names rank 0, which is the master",
+                Some("start rank 0 with --master".into()),
+            ));
+        }
+        return Ok((w, format!("--worker {w}")));
+    }
+    for var in ["RANK", "NODE_RANK", "SLURM_NODEID"] {
+        if let Ok(v) = std::env::var(var) {
+            let r = v.trim().parse::<u32>().map_err(|_| {
+                Stop::usage(format!("{var}={v} is not a rank number"), None)
+            })?;
+            return Ok((r, format!("from {var}")));
+        }
+    }
+    Err(Stop::usage(
+        "no rank: pass --master or --worker N",
+        Some("or set RANK, NODE_RANK or SLURM_NODEID".into()),
+    ))
+}
+
+fn print_stop(prefix: &str, s: &Stop) {
+    eprintln!("error: {prefix}{}", s.message);
+    if let Some(d) = &s.detail {
+        eprintln!("  last lines of the log:");
+        for line in d.lines() {
+            eprintln!("  | {line}");
+        }
+    }
+    if let Some(h) = &s.hint {
+        eprintln!("hint: {h}");
+    }
+}
+
+fn config_error(e: ConfigError) -> i32 {
+    eprintln!("error: {e}");
+    if let ConfigError::UnknownKey { .. } = e {
+        eprintln!("hint: `rl-node show-config` prints every key with its current value");
+    }
+    exit::USAGE
+}
+
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { exit::USAGE } else { exit::DONE };
+        }
+    };
+    match cli.command {
+        Some(Command::Guard) => node::procs::guardian_main(),
+        Some(Command::ShowConfig) => match cli.settings.load() {
+            Ok(l) => {
+                print!("# effective rl-node configuration (fingerprint {})\n{}", l.config.fingerprint(), l.render());
+                exit::DONE
+            }
+            Err(e) => config_error(e),
+        },
+        Some(Command::Status { json }) => {
+            let Some(path) = cli
+                .settings
+                .log_path
+                .clone()
+                .or_else(|| std::env::var(config::env_name("cluster.log-path")).ok())
+            else {
+                eprintln!("error: rl-node status needs --log-path DIR");
+                return exit::USAGE;
+            };
+            match crate::observe::status::read(std::path::Path::new(&path)) {
+                Ok(s) => {
+                    if json {
+                        println!("{}", serde_json::to_string_pretty(&s).expect("json"));
+                    } else {
+                        print!("{}", crate::observe::status::render(&s));
+                    }
+                    exit::DONE
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    exit::USAGE
+                }
+            }
+        }
+        None => {
+            let loaded = match cli.settings.load() {
+                Ok(l) => l,
+                Err(e) => return config_error(e),
+            };
+            let (rank, rank_source) = match resolve_rank(&cli.node) {
+                Ok(r) => r,
+                Err(s) => {
+                    print_stop("", &s);
+                    return s.code;
+                }
+            };
+            let opts = NodeOptions {
+                rank,
+                rank_source,
+                debug_mode: cli.node.debug_mode,
+            };
+            match node::run(&loaded, opts) {
+                Ok(()) => exit::DONE,
+                Err(s) => {
+                    print_stop(&format!("rank {rank}: "), &s);
+                    s.code
+                }
+            }
+        }
+    }
+}

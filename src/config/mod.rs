@@ -1,0 +1,713 @@
+//! Configuration: one commented defaults file embedded in the binary, layered under the
+//! user's TOML file, `RL_NODE_*` environment variables and the command line.
+//!
+//! Layering happens on `toml::Value` trees so every key has exactly one spelling (its
+//! dotted path in `defaults.toml`), one environment name derived from it, and a recorded
+//! source. The defaults file is also the schema: a key it does not list is unknown.
+
+pub mod template;
+
+pub use template::{Template, TemplateError};
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use toml::Value;
+
+pub const DEFAULTS_TOML: &str = include_str!("defaults.toml");
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path} is not valid TOML: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("unknown key `{key}` in {source_name}{suggestion}")]
+    UnknownKey {
+        key: String,
+        source_name: String,
+        suggestion: String,
+    },
+    #[error("{key} (from {source_name}): {message}")]
+    Invalid {
+        key: String,
+        source_name: String,
+        message: String,
+    },
+}
+
+/// Where the effective value of a key came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    Default,
+    File(PathBuf),
+    Env(String),
+    Cli(String),
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Default => write!(f, "defaults"),
+            Source::File(p) => write!(f, "{}", p.display()),
+            Source::Env(name) => write!(f, "environment {name}"),
+            Source::Cli(flag) => write!(f, "{flag}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RlPhase {
+    Both,
+    Rollout,
+    Update,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RolloutSplit {
+    #[serde(rename = "")]
+    All,
+    TrainOnly,
+    EvalOnly,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Cluster {
+    pub num_nodes: u32,
+    pub rank_weights: Vec<i64>,
+    pub rl_phase: RlPhase,
+    pub eval_interval: u64,
+    pub rollout_split: RolloutSplit,
+    pub iterations: u64,
+    pub master_addr: String,
+    pub master_port: u16,
+    pub model: String,
+    pub log_path: String,
+    pub data_path: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Timing {
+    #[serde(with = "duration")]
+    pub heartbeat_interval: Duration,
+    #[serde(with = "duration")]
+    pub dead_after: Duration,
+    #[serde(with = "duration")]
+    pub poll_interval: Duration,
+    #[serde(with = "duration")]
+    pub join_timeout: Duration,
+    #[serde(with = "duration")]
+    pub barrier_timeout: Duration,
+    #[serde(with = "duration")]
+    pub kill_grace: Duration,
+    #[serde(with = "duration")]
+    pub fs_timeout: Duration,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct PhaseCommand {
+    pub command: String,
+    #[serde(with = "duration")]
+    pub timeout: Duration,
+}
+
+impl PhaseCommand {
+    pub fn is_set(&self) -> bool {
+        !self.command.trim().is_empty()
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Phases {
+    pub rollout: PhaseCommand,
+    pub eval: PhaseCommand,
+    pub aggregate: PhaseCommand,
+    pub prepare: PhaseCommand,
+    pub train: PhaseCommand,
+    pub handoff: PhaseCommand,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Server {
+    pub command: String,
+    pub port: u16,
+    pub health_url: String,
+    #[serde(with = "duration")]
+    pub start_timeout: Duration,
+    #[serde(with = "duration")]
+    pub stop_grace: Duration,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Config {
+    pub cluster: Cluster,
+    pub timing: Timing,
+    pub phases: Phases,
+    pub server: Server,
+}
+
+impl Config {
+    pub fn weights(&self) -> Vec<u64> {
+        if self.cluster.rank_weights.is_empty() {
+            vec![1; self.cluster.num_nodes as usize]
+        } else {
+            self.cluster.rank_weights.iter().map(|&w| w as u64).collect()
+        }
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        PathBuf::from(&self.cluster.log_path)
+    }
+
+    /// The part of the configuration every node must agree on, as canonical JSON.
+    /// Paths are left out: nodes may mount the shared directory at different places.
+    pub fn shared_view(&self) -> serde_json::Value {
+        let mut v = serde_json::to_value(self).expect("config serialises");
+        if let Some(c) = v.get_mut("cluster").and_then(|c| c.as_object_mut()) {
+            c.remove("log-path");
+            c.remove("data-path");
+            c.remove("master-addr");
+        }
+        if let Some(obj) = v.as_object_mut() {
+            obj.remove("server");
+        }
+        v
+    }
+
+    pub fn fingerprint(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let canonical = serde_json::to_string(&self.shared_view()).expect("json");
+        hex::encode(&Sha256::digest(canonical.as_bytes())[..8])
+    }
+}
+
+/// The effective configuration and where each key came from.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub config: Config,
+    pub sources: BTreeMap<String, Source>,
+    value: Value,
+}
+
+impl Loaded {
+    pub fn source_of(&self, key: &str) -> &Source {
+        self.sources.get(key).unwrap_or(&Source::Default)
+    }
+
+    /// The effective configuration as TOML, each value annotated with its source when it
+    /// is not the default.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        render_table(&self.value, "", &self.sources, &mut out);
+        out
+    }
+
+    fn invalid(&self, key: &str, message: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            key: key.to_string(),
+            source_name: self.source_of(key).to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+fn render_table(v: &Value, prefix: &str, sources: &BTreeMap<String, Source>, out: &mut String) {
+    let Some(table) = v.as_table() else { return };
+    let (leaves, tables): (Vec<_>, Vec<_>) = table.iter().partition(|(_, v)| !v.is_table());
+    if !leaves.is_empty() && !prefix.is_empty() {
+        out.push_str(&format!("\n[{prefix}]\n"));
+    }
+    for (k, v) in leaves {
+        let path = join_key(prefix, k);
+        let rendered = match v {
+            Value::String(s) => toml::Value::String(s.clone()).to_string(),
+            other => other.to_string(),
+        };
+        match sources.get(&path) {
+            Some(src) if *src != Source::Default => {
+                out.push_str(&format!("{k} = {rendered}   # from {src}\n"))
+            }
+            _ => out.push_str(&format!("{k} = {rendered}\n")),
+        }
+    }
+    for (k, v) in tables {
+        render_table(v, &join_key(prefix, k), sources, out);
+    }
+}
+
+fn join_key(prefix: &str, k: &str) -> String {
+    if prefix.is_empty() {
+        k.to_string()
+    } else {
+        format!("{prefix}.{k}")
+    }
+}
+
+/// `cluster.num-nodes` -> `RL_NODE_CLUSTER_NUM_NODES`.
+pub fn env_name(key: &str) -> String {
+    format!("RL_NODE_{}", key.replace(['.', '-'], "_").to_uppercase())
+}
+
+/// A command-line override: the flag as the user typed it, the key, and the raw value.
+pub struct CliOverride {
+    pub flag: String,
+    pub key: &'static str,
+    pub value: String,
+}
+
+/// Build the effective configuration from defaults, an optional file, the environment
+/// (`env` is passed in so tests do not depend on the process environment) and overrides.
+pub fn load(
+    file: Option<&Path>,
+    env: &dyn Fn(&str) -> Option<String>,
+    cli: &[CliOverride],
+) -> Result<Loaded, ConfigError> {
+    let defaults: Value = toml::from_str(DEFAULTS_TOML).expect("embedded defaults parse");
+    let mut schema = Vec::new();
+    leaf_paths(&defaults, "", &mut schema);
+    let mut value = defaults.clone();
+    let mut sources = BTreeMap::new();
+
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let user: Value = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        let mut user_paths = Vec::new();
+        leaf_paths(&user, "", &mut user_paths);
+        for (key, v) in user_paths {
+            let Some((_, template)) = schema.iter().find(|(k, _)| *k == key) else {
+                return Err(ConfigError::UnknownKey {
+                    suggestion: suggest(&key, &schema),
+                    key,
+                    source_name: path.display().to_string(),
+                });
+            };
+            let v = coerce(&v, template).map_err(|message| ConfigError::Invalid {
+                key: key.clone(),
+                source_name: path.display().to_string(),
+                message,
+            })?;
+            set_path(&mut value, &key, v);
+            sources.insert(key, Source::File(path.to_path_buf()));
+        }
+    }
+
+    for (key, template) in &schema {
+        let name = env_name(key);
+        if let Some(raw) = env(&name) {
+            let v = parse_as(&raw, template).map_err(|message| ConfigError::Invalid {
+                key: key.clone(),
+                source_name: format!("environment {name}"),
+                message,
+            })?;
+            set_path(&mut value, key, v);
+            sources.insert(key.clone(), Source::Env(name));
+        }
+    }
+
+    for o in cli {
+        let (_, template) = schema
+            .iter()
+            .find(|(k, _)| k == o.key)
+            .expect("CLI flags map to known keys");
+        let v = parse_as(&o.value, template).map_err(|message| ConfigError::Invalid {
+            key: o.key.to_string(),
+            source_name: o.flag.clone(),
+            message,
+        })?;
+        set_path(&mut value, o.key, v);
+        sources.insert(o.key.to_string(), Source::Cli(o.flag.clone()));
+    }
+
+    let config: Config = value.clone().try_into().map_err(|e: toml::de::Error| {
+        // serde names the field; find which layer set it to say where the bad value came from.
+        let msg = e.to_string();
+        let key = schema
+            .iter()
+            .map(|(k, _)| k)
+            .find(|k| msg.contains(k.rsplit('.').next().unwrap_or(k)))
+            .cloned()
+            .unwrap_or_else(|| "configuration".into());
+        ConfigError::Invalid {
+            source_name: sources
+                .get(&key)
+                .unwrap_or(&Source::Default)
+                .to_string(),
+            key,
+            message: msg.trim().to_string(),
+        }
+    })?;
+    let loaded = Loaded {
+        config,
+        sources,
+        value,
+    };
+    validate(&loaded)?;
+    Ok(loaded)
+}
+
+fn validate(l: &Loaded) -> Result<(), ConfigError> {
+    let c = &l.config;
+    if c.cluster.num_nodes == 0 {
+        return Err(l.invalid("cluster.num-nodes", "must be at least 1"));
+    }
+    let w = &c.cluster.rank_weights;
+    if !w.is_empty() && w.len() != c.cluster.num_nodes as usize {
+        return Err(l.invalid(
+            "cluster.rank-weights",
+            format!(
+                "{} weight(s) given but num-nodes is {} (from {}): give one weight per rank",
+                w.len(),
+                c.cluster.num_nodes,
+                l.source_of("cluster.num-nodes")
+            ),
+        ));
+    }
+    if let Some((i, bad)) = w.iter().enumerate().find(|(_, w)| **w <= 0) {
+        return Err(l.invalid(
+            "cluster.rank-weights",
+            format!("the weight of rank {i} is {bad}: every weight must be a positive integer"),
+        ));
+    }
+    if c.cluster.rl_phase != RlPhase::Rollout && c.cluster.rollout_split != RolloutSplit::All {
+        return Err(l.invalid(
+            "cluster.rollout-split",
+            format!(
+                "only applies with rl-phase = rollout, but rl-phase is {:?} (from {})",
+                c.cluster.rl_phase,
+                l.source_of("cluster.rl-phase")
+            )
+            .to_lowercase(),
+        ));
+    }
+    let t = &c.timing;
+    for (key, d) in [
+        ("timing.heartbeat-interval", t.heartbeat_interval),
+        ("timing.poll-interval", t.poll_interval),
+        ("timing.dead-after", t.dead_after),
+    ] {
+        if d.is_zero() {
+            return Err(l.invalid(key, "must be greater than zero"));
+        }
+    }
+    if t.dead_after < t.heartbeat_interval * 2 {
+        return Err(l.invalid(
+            "timing.dead-after",
+            format!(
+                "{} is less than twice heartbeat-interval ({}): live peers would be declared dead",
+                humantime::format_duration(t.dead_after),
+                humantime::format_duration(t.heartbeat_interval)
+            ),
+        ));
+    }
+    for (name, p) in [
+        ("rollout", &c.phases.rollout),
+        ("eval", &c.phases.eval),
+        ("aggregate", &c.phases.aggregate),
+        ("prepare", &c.phases.prepare),
+        ("train", &c.phases.train),
+        ("handoff", &c.phases.handoff),
+    ] {
+        let key = format!("phases.{name}.command");
+        Template::parse(&p.command).map_err(|e| l.invalid(&key, e.to_string()))?;
+    }
+    for key in ["server.command", "server.health-url"] {
+        let text = if key == "server.command" {
+            &c.server.command
+        } else {
+            &c.server.health_url
+        };
+        Template::parse(text).map_err(|e| l.invalid(key, e.to_string()))?;
+    }
+    Ok(())
+}
+
+fn leaf_paths(v: &Value, prefix: &str, out: &mut Vec<(String, Value)>) {
+    if let Some(t) = v.as_table() {
+        for (k, v) in t {
+            let p = join_key(prefix, k);
+            if v.is_table() {
+                leaf_paths(v, &p, out);
+            } else {
+                out.push((p, v.clone()));
+            }
+        }
+    }
+}
+
+fn set_path(root: &mut Value, key: &str, v: Value) {
+    let mut cur = root;
+    let parts: Vec<&str> = key.split('.').collect();
+    for part in &parts[..parts.len() - 1] {
+        cur = cur
+            .as_table_mut()
+            .expect("schema tables")
+            .entry(part.to_string())
+            .or_insert_with(|| Value::Table(Default::default()));
+    }
+    cur.as_table_mut()
+        .expect("schema tables")
+        .insert(parts[parts.len() - 1].to_string(), v);
+}
+
+/// A file value must have the default's type; a string where a list of integers is
+/// expected is accepted in the command-line form ("2,1,1").
+fn coerce(v: &Value, template: &Value) -> Result<Value, String> {
+    match (template, v) {
+        (Value::Array(_), Value::String(s)) => parse_as(s, template),
+        (Value::String(_), Value::String(_))
+        | (Value::Integer(_), Value::Integer(_))
+        | (Value::Boolean(_), Value::Boolean(_))
+        | (Value::Array(_), Value::Array(_)) => Ok(v.clone()),
+        _ => Err(format!(
+            "expected {}, found {} `{}`",
+            type_name(template),
+            type_name(v),
+            v
+        )),
+    }
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::String(_) => "a string",
+        Value::Integer(_) => "an integer",
+        Value::Float(_) => "a number",
+        Value::Boolean(_) => "true or false",
+        Value::Datetime(_) => "a date",
+        Value::Array(_) => "a list",
+        Value::Table(_) => "a table",
+    }
+}
+
+/// Parse a string from the environment or the command line as the default's type.
+fn parse_as(raw: &str, template: &Value) -> Result<Value, String> {
+    let raw = raw.trim();
+    match template {
+        Value::Integer(_) => raw
+            .parse::<i64>()
+            .map(Value::Integer)
+            .map_err(|_| format!("expected an integer, got `{raw}`")),
+        Value::Boolean(_) => match raw {
+            "true" | "1" | "yes" => Ok(Value::Boolean(true)),
+            "false" | "0" | "no" => Ok(Value::Boolean(false)),
+            _ => Err(format!("expected true or false, got `{raw}`")),
+        },
+        Value::Array(_) => {
+            if raw.is_empty() {
+                return Ok(Value::Array(vec![]));
+            }
+            raw.split(',')
+                .map(|s| {
+                    s.trim()
+                        .parse::<i64>()
+                        .map(Value::Integer)
+                        .map_err(|_| format!("expected a comma-separated list of integers like `2,1,1`, got `{raw}`"))
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Value::Array)
+        }
+        _ => Ok(Value::String(raw.to_string())),
+    }
+}
+
+fn suggest(key: &str, schema: &[(String, Value)]) -> String {
+    let best = schema
+        .iter()
+        .map(|(k, _)| (edit_distance(key, k), k))
+        .min_by_key(|(d, _)| *d);
+    match best {
+        Some((d, k)) if d <= 3 => format!(" (did you mean `{k}`?)"),
+        _ => String::new(),
+    }
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != *cb);
+            cur.push(sub.min(prev[j + 1] + 1).min(cur[j] + 1));
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+/// Durations as humantime strings ("30s", "10m").
+pub mod duration {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(&s).map_err(|e| {
+            serde::de::Error::custom(format!(
+                "invalid duration `{s}` ({e}); write it like \"500ms\", \"30s\", \"10m\" or \"4h\""
+            ))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    fn cli(flag: &str, key: &'static str, value: &str) -> CliOverride {
+        CliOverride {
+            flag: flag.into(),
+            key,
+            value: value.into(),
+        }
+    }
+
+    #[test]
+    fn defaults_load_and_every_key_has_an_env_name() {
+        let l = load(None, &no_env, &[]).unwrap();
+        assert_eq!(l.config.cluster.num_nodes, 1);
+        assert_eq!(l.config.timing.heartbeat_interval, Duration::from_secs(5));
+        assert_eq!(
+            env_name("phases.rollout.command"),
+            "RL_NODE_PHASES_ROLLOUT_COMMAND"
+        );
+    }
+
+    #[test]
+    fn precedence_is_cli_then_env_then_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.toml");
+        std::fs::write(
+            &f,
+            "[cluster]\nnum-nodes = 2\neval-interval = 4\n[timing]\ndead-after = \"30s\"\n",
+        )
+        .unwrap();
+        let env = |n: &str| match n {
+            "RL_NODE_CLUSTER_NUM_NODES" => Some("3".to_string()),
+            "RL_NODE_CLUSTER_EVAL_INTERVAL" => Some("5".to_string()),
+            _ => None,
+        };
+        let l = load(
+            Some(&f),
+            &env,
+            &[cli("--num-nodes", "cluster.num-nodes", "4")],
+        )
+        .unwrap();
+        assert_eq!(l.config.cluster.num_nodes, 4);
+        assert_eq!(l.config.cluster.eval_interval, 5);
+        assert_eq!(l.config.timing.dead_after, Duration::from_secs(30));
+        assert_eq!(
+            l.source_of("cluster.eval-interval"),
+            &Source::Env("RL_NODE_CLUSTER_EVAL_INTERVAL".into())
+        );
+        assert!(l.render().contains("num-nodes = 4   # from --num-nodes"));
+    }
+
+    #[test]
+    fn unknown_key_is_reported_with_suggestion() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.toml");
+        std::fs::write(&f, "[phases.rollout]\ncomand = \"x\"\n").unwrap();
+        let e = load(Some(&f), &no_env, &[]).unwrap_err().to_string();
+        assert!(e.contains("unknown key `phases.rollout.comand`"), "{e}");
+        assert!(e.contains("did you mean `phases.rollout.command`"), "{e}");
+    }
+
+    #[test]
+    fn weight_errors_name_the_flag() {
+        let e = load(
+            None,
+            &no_env,
+            &[
+                cli("--num-nodes", "cluster.num-nodes", "3"),
+                cli("--rank-weights", "cluster.rank-weights", "2,1"),
+            ],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("--rank-weights"), "{e}");
+        assert!(e.contains("2 weight(s) given but num-nodes is 3"), "{e}");
+        let e = load(
+            None,
+            &no_env,
+            &[
+                cli("--num-nodes", "cluster.num-nodes", "2"),
+                cli("--rank-weights", "cluster.rank-weights", "1,-1"),
+            ],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("the weight of rank 1 is -1"), "{e}");
+    }
+
+    #[test]
+    fn bad_duration_and_type_errors_name_the_source() {
+        let e = load(
+            None,
+            &|n: &str| (n == "RL_NODE_TIMING_DEAD_AFTER").then(|| "soon".to_string()),
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("RL_NODE_TIMING_DEAD_AFTER"), "{e}");
+        assert!(e.contains("invalid duration `soon`"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.toml");
+        std::fs::write(&f, "[cluster]\nnum-nodes = \"three\"\n").unwrap();
+        let e = load(Some(&f), &no_env, &[]).unwrap_err().to_string();
+        assert!(e.contains("cluster.num-nodes") && e.contains("expected an integer"), "{e}");
+    }
+
+    #[test]
+    fn rollout_split_needs_rollout_phase() {
+        let e = load(
+            None,
+            &no_env,
+            &[cli("--rollout-split", "cluster.rollout-split", "train-only")],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("only applies with rl-phase = rollout"), "{e}");
+    }
+
+    #[test]
+    fn fingerprint_ignores_paths_but_not_commands() {
+        let a = load(None, &no_env, &[cli("--log-path", "cluster.log-path", "/a")]).unwrap();
+        let b = load(None, &no_env, &[cli("--log-path", "cluster.log-path", "/b")]).unwrap();
+        assert_eq!(a.config.fingerprint(), b.config.fingerprint());
+        let c = load(
+            None,
+            &|n: &str| (n == "RL_NODE_PHASES_TRAIN_COMMAND").then(|| "x".to_string()),
+            &[],
+        )
+        .unwrap();
+        assert_ne!(a.config.fingerprint(), c.config.fingerprint());
+    }
+}

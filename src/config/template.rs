@@ -1,0 +1,186 @@
+//! Command templates: `{placeholder}` substitution for phase and server commands.
+//!
+//! Commands are shell text, so braces also appear in shell syntax (`${HOME}`,
+//! `{a,b}` globs). Only a lower-case `{name}` that is not preceded by `$` is a
+//! placeholder; `{{` and `}}` are literal braces. An unknown lower-case name is an error at
+//! start-up, so a typo never reaches a cluster run.
+
+use std::collections::BTreeMap;
+
+/// Every placeholder, with the environment variable that carries the same value and a
+/// description. docs/commands.md is written from this table.
+pub const PLACEHOLDERS: &[(&str, &str, &str)] = &[
+    ("rank", "RL_NODE_RANK", "this node's rank (0 = master)"),
+    ("num_nodes", "RL_NODE_NUM_NODES", "number of nodes"),
+    ("iteration", "RL_NODE_ITERATION", "current iteration, from 1"),
+    ("split", "RL_NODE_SPLIT", "`train` or `eval` (rollout/eval phases)"),
+    ("phase", "RL_NODE_PHASE", "phase name, e.g. `rollout`, `train`"),
+    ("log_path", "RL_NODE_LOG_PATH", "the shared directory (--log-path)"),
+    ("data_path", "RL_NODE_DATA_PATH", "--data-path"),
+    ("output", "RL_NODE_OUTPUT", "the file or directory this phase must write"),
+    ("trajectories", "RL_NODE_TRAJECTORIES", "this iteration's aggregated train trajectories"),
+    ("model", "RL_NODE_MODEL", "the current model (cluster.model, then each hand-off)"),
+    ("master_addr", "RL_NODE_MASTER_ADDR", "rank 0's address, as published in the cluster record"),
+    ("master_port", "RL_NODE_MASTER_PORT", "cluster.master-port"),
+    ("server_port", "RL_NODE_SERVER_PORT", "server.port"),
+    ("rank_weight", "RL_NODE_RANK_WEIGHT", "this rank's weight"),
+    ("total_weight", "RL_NODE_TOTAL_WEIGHT", "sum of all weights"),
+    ("rank_weights", "RL_NODE_RANK_WEIGHTS", "all weights, comma-separated (`2,1,1`)"),
+    ("gen", "RL_NODE_GEN", "the cluster generation (grows at every start)"),
+];
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TemplateError {
+    #[error("unknown placeholder `{{{name}}}`; known: {known}")]
+    Unknown { name: String, known: String },
+    #[error("unclosed `{{` at byte {at}; write `{{{{` for a literal brace")]
+    Unclosed { at: usize },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Piece {
+    Text(String),
+    Var(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Template {
+    pieces: Vec<Piece>,
+}
+
+impl Template {
+    pub fn parse(text: &str) -> Result<Template, TemplateError> {
+        let mut pieces = Vec::new();
+        let mut lit = String::new();
+        let b = text.as_bytes();
+        let mut i = 0;
+        while i < b.len() {
+            let c = b[i];
+            if c == b'{' && b.get(i + 1) == Some(&b'{') {
+                lit.push('{');
+                i += 2;
+                continue;
+            }
+            if c == b'}' && b.get(i + 1) == Some(&b'}') {
+                lit.push('}');
+                i += 2;
+                continue;
+            }
+            let after_dollar = i > 0 && b[i - 1] == b'$';
+            if c == b'{' && !after_dollar {
+                let rest = &text[i + 1..];
+                let end = rest.find('}');
+                let name_len = rest
+                    .find(|ch: char| !(ch.is_ascii_lowercase() || ch == '_'))
+                    .unwrap_or(rest.len());
+                match end {
+                    Some(e) if e == name_len && e > 0 => {
+                        let name = &rest[..e];
+                        if !PLACEHOLDERS.iter().any(|(n, _, _)| *n == name) {
+                            return Err(TemplateError::Unknown {
+                                name: name.to_string(),
+                                known: PLACEHOLDERS
+                                    .iter()
+                                    .map(|(n, _, _)| format!("{{{n}}}"))
+                                    .collect::<Vec<_>>()
+                                    .join(" "),
+                            });
+                        }
+                        if !lit.is_empty() {
+                            pieces.push(Piece::Text(std::mem::take(&mut lit)));
+                        }
+                        pieces.push(Piece::Var(name.to_string()));
+                        i += e + 2;
+                        continue;
+                    }
+                    None if name_len == rest.len() && !rest.is_empty() => {
+                        return Err(TemplateError::Unclosed { at: i });
+                    }
+                    // Shell syntax such as `{a,b}` or `{ cmd; }`: keep as text.
+                    _ => {}
+                }
+            }
+            let ch = text[i..].chars().next().expect("in bounds");
+            lit.push(ch);
+            i += ch.len_utf8();
+        }
+        if !lit.is_empty() {
+            pieces.push(Piece::Text(lit));
+        }
+        Ok(Template { pieces })
+    }
+
+    /// Substitute values. A value with characters the shell would split or expand is
+    /// single-quoted, so paths with spaces stay one word.
+    pub fn render(&self, values: &BTreeMap<&'static str, String>) -> String {
+        let mut out = String::new();
+        for p in &self.pieces {
+            match p {
+                Piece::Text(t) => out.push_str(t),
+                Piece::Var(name) => out.push_str(&shell_word(
+                    values.get(name.as_str()).map(String::as_str).unwrap_or(""),
+                )),
+            }
+        }
+        out
+    }
+
+    /// Substitute values verbatim (for URLs, not shell text).
+    pub fn render_raw(&self, values: &BTreeMap<&'static str, String>) -> String {
+        let mut out = String::new();
+        for p in &self.pieces {
+            match p {
+                Piece::Text(t) => out.push_str(t),
+                Piece::Var(name) => {
+                    out.push_str(values.get(name.as_str()).map(String::as_str).unwrap_or(""))
+                }
+            }
+        }
+        out
+    }
+}
+
+fn shell_word(v: &str) -> String {
+    let safe = !v.is_empty()
+        && v.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/._-+=:,@%".contains(c));
+    if safe {
+        v.to_string()
+    } else {
+        format!("'{}'", v.replace('\'', r"'\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vals() -> BTreeMap<&'static str, String> {
+        let mut m = BTreeMap::new();
+        m.insert("rank", "2".to_string());
+        m.insert("output", "/nfs/my exp/rank-2.jsonl".to_string());
+        m
+    }
+
+    #[test]
+    fn substitutes_and_quotes() {
+        let t = Template::parse("run --rank {rank} --out {output}").unwrap();
+        assert_eq!(
+            t.render(&vals()),
+            "run --rank 2 --out '/nfs/my exp/rank-2.jsonl'"
+        );
+    }
+
+    #[test]
+    fn shell_braces_survive() {
+        let t = Template::parse("echo ${HOME} {a,b} {{rank}} $RL_NODE_RANK {rank}").unwrap();
+        assert_eq!(t.render(&vals()), "echo ${HOME} {a,b} {rank} $RL_NODE_RANK 2");
+    }
+
+    #[test]
+    fn unknown_placeholder_is_an_error() {
+        let e = Template::parse("python x.py --r {rnak}").unwrap_err();
+        assert!(matches!(e, TemplateError::Unknown { ref name, .. } if name == "rnak"));
+        assert!(e.to_string().contains("{rank}"));
+    }
+}

@@ -1,0 +1,16 @@
+//! The exit codes rl-node documents (README: "Exit codes"), in one place.
+
+/// Every planned iteration is complete.
+pub const DONE: i32 = 0;
+/// This node failed: its command failed, or it could not do its own work.
+pub const FAILED: i32 = 1;
+/// Usage or configuration error; nothing was written to the shared directory.
+pub const USAGE: i32 = 2;
+/// Stopped because another node failed or died.
+pub const PEER_FAILED: i32 = 3;
+/// A deadline passed (phase timeout, barrier or join timeout).
+pub const DEADLINE: i32 = 4;
+/// Interrupted by SIGINT.
+pub const SIGINT: i32 = 130;
+/// Interrupted by SIGTERM.
+pub const SIGTERM: i32 = 143;

@@ -1,0 +1,14 @@
+//! rl-node: run a multi-node reinforcement-learning loop over a shared directory.
+//!
+//! The binary is a thin wrapper around [`cli::main`]; integration tests drive the same
+//! binary as separate node processes.
+
+pub mod aggregate;
+pub mod cli;
+pub mod config;
+pub mod exit;
+pub mod layout;
+pub mod node;
+pub mod observe;
+pub mod protocol;
+pub mod store;

@@ -1,0 +1,491 @@
+//! Forming a generation.
+//!
+//! Rank 0 starts generation G+1: it checks that no live rank 0 holds the previous one,
+//! creates `gen-G/` with a placeholder record for every rank (so each worker later
+//! *rewrites* an existing name, which every NFS client sees at its next open, instead of
+//! creating one that negative lookup caching could hide for a minute), writes its own
+//! record, and only then publishes `cluster.json`. Join is barrier 0 of the generation.
+//!
+//! A worker waits for a joinable generation: rank 0 alive and still joining. A generation
+//! that ended, or formed without this rank, is skipped, so a worker started long before
+//! its master simply waits. Refusals (different configuration, rank held by a live
+//! process) happen before the worker writes anything.
+
+use super::{Interrupt, Node, Stop, pid_alive, random_hex};
+use crate::exit;
+use crate::protocol::{ClusterRecord, Mark, NodeState, PROTO, RankRecord, wall_now};
+use crate::store;
+use serde_json::{Value, json};
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+/// What we can tell about the process holding a record.
+#[derive(Debug, PartialEq, Eq)]
+enum Holder {
+    Alive,
+    Gone,
+    Unknown,
+}
+
+/// Sequence numbers seen per (generation, rank), to judge liveness by observation.
+type Seen = HashMap<(u64, u32), (u64, Instant, bool)>;
+
+impl Node {
+    pub(super) fn join(&mut self) -> Result<(), Stop> {
+        if self.is_master() {
+            self.join_master()
+        } else {
+            self.join_worker()
+        }
+    }
+
+    fn record(&self, gen: u64, run_id: &str, rank: u32, state: NodeState) -> RankRecord {
+        RankRecord {
+            proto: PROTO,
+            run_id: run_id.to_string(),
+            gen,
+            rank,
+            host: if rank == self.rank { self.host.clone() } else { String::new() },
+            pid: if rank == self.rank { self.pid } else { 0 },
+            nonce: if rank == self.rank { self.nonce.clone() } else { String::new() },
+            seq: 0,
+            state,
+            iteration: 0,
+            phase: None,
+            progress: None,
+            arrived: None,
+            released: None,
+            waiting_for: vec![],
+            observed_ms: vec![],
+            abort: None,
+            wall: wall_now(),
+        }
+    }
+
+    fn join_mark(&self) -> Mark {
+        Mark {
+            k: 0,
+            iteration: 0,
+            name: "join".into(),
+            payload: json!({"host": self.host, "pid": self.pid}),
+        }
+    }
+
+    /// Is the process behind `rec` alive? Same host: ask the kernel. Elsewhere: alive once
+    /// its sequence advances, gone if it stays still for `patience` of our own time.
+    fn judge(&self, seen: &mut Seen, rec: &RankRecord, patience: Duration) -> Holder {
+        if rec.host == self.host {
+            return if rec.pid != self.pid && pid_alive(rec.pid) {
+                Holder::Alive
+            } else {
+                Holder::Gone
+            };
+        }
+        let now = Instant::now();
+        let e = seen
+            .entry((rec.gen, rec.rank))
+            .or_insert((rec.seq, now, false));
+        if e.0 != rec.seq {
+            *e = (rec.seq, e.1, true);
+        }
+        if e.2 {
+            Holder::Alive
+        } else if now - e.1 > patience {
+            Holder::Gone
+        } else {
+            Holder::Unknown
+        }
+    }
+
+    fn slot_patience(&self) -> Duration {
+        self.cfg.timing.heartbeat_interval * 2 + self.cfg.timing.poll_interval
+    }
+
+    fn join_master(&mut self) -> Result<(), Stop> {
+        let layout = self.layout.clone();
+        let prev = store::read_json::<ClusterRecord>(&layout.cluster())
+            .ok()
+            .flatten()
+            .filter(|c| c.proto == PROTO);
+        let mut previous = None;
+        let (run_id, gen) = match &prev {
+            Some(p) => {
+                let r0 = store::read_json::<RankRecord>(&layout.rank_record(p.gen, 0))
+                    .ok()
+                    .flatten();
+                if let Some(r0) = r0 {
+                    previous = Some(match r0.state {
+                        NodeState::Done => format!("generation {} completed", p.gen),
+                        NodeState::Failed => format!(
+                            "generation {} stopped: {}",
+                            p.gen,
+                            r0.abort.as_ref().map(|a| a.describe()).unwrap_or_else(|| "failure".into())
+                        ),
+                        _ => {
+                            self.check_previous_master(&r0)?;
+                            format!(
+                                "generation {} ended without a clean stop (rank 0, pid {} on {}, stopped heartbeating)",
+                                p.gen, r0.pid, r0.host
+                            )
+                        }
+                    });
+                }
+                let run_id = if p.fingerprint == self.fingerprint {
+                    p.run_id.clone()
+                } else {
+                    random_hex(6)
+                };
+                (run_id, p.gen + 1)
+            }
+            None => (random_hex(6), 1),
+        };
+
+        let io_err = |what: String, e: std::io::Error| Stop {
+            code: exit::FAILED,
+            message: format!("{what}: {e}"),
+            hint: Some("check that --log-path is on a writable shared filesystem".into()),
+            detail: None,
+        };
+        let gen_dir = layout.gen_dir(gen);
+        std::fs::create_dir_all(&gen_dir)
+            .map_err(|e| io_err(format!("cannot create {}", gen_dir.display()), e))?;
+        for r in 1..self.num_nodes() {
+            let path = layout.rank_record(gen, r);
+            store::publish_json(&path, &self.record(gen, &run_id, r, NodeState::Vacant))
+                .map_err(|e| io_err(format!("cannot write {}", path.display()), e))?;
+        }
+        let master_addr = if self.cfg.cluster.master_addr.is_empty() {
+            self.host.clone()
+        } else {
+            self.cfg.cluster.master_addr.clone()
+        };
+        let cluster = ClusterRecord {
+            proto: PROTO,
+            run_id: run_id.clone(),
+            gen,
+            num_nodes: self.num_nodes(),
+            rank_weights: self.cfg.weights(),
+            fingerprint: self.fingerprint.clone(),
+            config: self.cfg.shared_view(),
+            master_addr,
+            master_port: self.cfg.cluster.master_port,
+            host: self.host.clone(),
+            pid: self.pid,
+            started_at: wall_now(),
+            previous: previous.clone(),
+        };
+        self.cluster = Some(cluster.clone());
+        let mut me = self.record(gen, &run_id, 0, NodeState::Joining);
+        me.arrived = Some(self.join_mark());
+        let path = layout.rank_record(gen, 0);
+        self.publisher = Some(
+            super::Publisher::start(path.clone(), me, self.join_beat())
+                .map_err(|e| io_err(format!("cannot write {}", path.display()), e))?,
+        );
+        store::publish_json(&layout.cluster(), &cluster)
+            .map_err(|e| io_err(format!("cannot write {}", layout.cluster().display()), e))?;
+        if let Some(p) = &previous {
+            self.say(&format!("previous: {p}"));
+        }
+        self.say(&format!(
+            "started generation {gen} of run {run_id}; waiting for {} worker(s) to join",
+            self.num_nodes() - 1
+        ));
+        self.event(json!({"event": "generation", "previous": previous}));
+
+        let deadline = Instant::now() + self.cfg.timing.join_timeout;
+        let mut last = Vec::new();
+        let joined = self.wait_for(deadline, |n| {
+            let missing = crate::protocol::missing_arrivals(&n.peers, 0);
+            if missing.is_empty() {
+                return Ok(Some(()));
+            }
+            if missing != last {
+                n.waiting_note = format!("waiting for {} to join generation {gen}", super::ranks_list(&missing));
+                let m = missing.clone();
+                n.publisher().update(|r| r.waiting_for = m);
+                last = missing;
+            }
+            Ok(None)
+        });
+        match joined {
+            Ok(()) => {}
+            Err(Interrupt::Stop(s)) => return Err(s),
+            Err(Interrupt::Deadline) => {
+                let reason = format!(
+                    "{} did not join within join-timeout ({})",
+                    super::ranks_list(&last),
+                    humantime::format_duration(self.cfg.timing.join_timeout)
+                );
+                return Err(self.fail(crate::protocol::AbortKind::Timeout, 0, None, reason, None));
+            }
+        }
+        for r in 1..self.num_nodes() {
+            if let Some(p) = &self.peers[r as usize] {
+                self.nonces.insert(r, p.nonce.clone());
+            }
+        }
+        let release = self.join_mark();
+        let beat = self.cfg.timing.heartbeat_interval;
+        self.publisher().update(|r| {
+            r.released = Some(release);
+            r.waiting_for.clear();
+            r.state = NodeState::Running;
+        });
+        self.publisher().set_interval(beat);
+        self.waiting_note.clear();
+        self.say("all ranks joined");
+        Ok(())
+    }
+
+    /// While joining, heartbeat faster so workers on other hosts can tell a live rank 0
+    /// from a stale record quickly.
+    fn join_beat(&self) -> Duration {
+        self.cfg.timing.heartbeat_interval.min(Duration::from_secs(1))
+    }
+
+    /// Refuse to start if the previous generation's rank 0 is still alive.
+    fn check_previous_master(&mut self, r0: &RankRecord) -> Result<(), Stop> {
+        let mut seen = Seen::new();
+        let patience = self.slot_patience();
+        if r0.host != self.host {
+            self.say(&format!(
+                "checking whether rank 0 of generation {} (pid {} on {}) is still running (up to {:.0}s)",
+                r0.gen, r0.pid, r0.host, patience.as_secs_f64()
+            ));
+        }
+        let path = self.layout.rank_record(r0.gen, 0);
+        let first = r0.clone();
+        let verdict = self.wait_for(Instant::now() + patience * 2, |n| {
+            let rec = store::read_json::<RankRecord>(&path).ok().flatten().unwrap_or(first.clone());
+            if rec.state.is_terminal() {
+                return Ok(Some(Holder::Gone));
+            }
+            Ok(match n.judge(&mut seen, &rec, patience) {
+                Holder::Unknown => None,
+                h => Some(h),
+            })
+        });
+        match verdict {
+            Ok(Holder::Alive) => Err(Stop::usage(
+                format!(
+                    "rank 0 is already held by a live process: pid {} on {} (generation {}, last phase {})",
+                    r0.pid,
+                    r0.host,
+                    r0.gen,
+                    r0.phase.map(|p| p.to_string()).unwrap_or_else(|| "join".into())
+                ),
+                Some("stop that process first, or use another --log-path for a separate run".into()),
+            )),
+            Ok(_) | Err(Interrupt::Deadline) => Ok(()),
+            Err(Interrupt::Stop(s)) => Err(s),
+        }
+    }
+
+    fn join_worker(&mut self) -> Result<(), Stop> {
+        let deadline = Instant::now() + self.cfg.timing.join_timeout;
+        let mut rejected = HashSet::new();
+        let mut seen = Seen::new();
+        self.say(&format!(
+            "waiting for rank 0 to start a generation ({})",
+            self.layout.cluster().display()
+        ));
+        loop {
+            self.waiting_note = "rank 0 to publish a generation to join".into();
+            let found = self.wait_for(deadline, |n| n.find_joinable(&mut rejected, &mut seen));
+            let (cluster, r0) = match found {
+                Ok(found) => found,
+                Err(Interrupt::Stop(s)) => return Err(s),
+                Err(Interrupt::Deadline) => {
+                    return Err(Stop {
+                        code: exit::DEADLINE,
+                        message: format!(
+                            "no generation to join within join-timeout ({}): {}",
+                            humantime::format_duration(self.cfg.timing.join_timeout),
+                            self.waiting_note
+                        ),
+                        hint: Some("start rank 0 (--master) with the same configuration and --log-path".into()),
+                        detail: None,
+                    });
+                }
+            };
+            let gen = cluster.gen;
+            self.cluster = Some(cluster.clone());
+            self.liveness = crate::protocol::Liveness::new(self.cfg.timing.dead_after);
+            self.peers = vec![None; self.num_nodes() as usize];
+            self.nonces.clear();
+            self.nonces.insert(0, r0.nonce.clone());
+            let mut me = self.record(gen, &cluster.run_id, self.rank, NodeState::Joining);
+            me.arrived = Some(self.join_mark());
+            let path = self.layout.rank_record(gen, self.rank);
+            let publisher = super::Publisher::start(path.clone(), me, self.cfg.timing.heartbeat_interval)
+                .map_err(|e| Stop {
+                    code: exit::FAILED,
+                    message: format!("cannot write {}: {e}", path.display()),
+                    hint: Some("check that --log-path is on a writable shared filesystem".into()),
+                    detail: None,
+                })?;
+            self.publisher = Some(publisher);
+            self.say(&format!(
+                "joined generation {gen} of run {} (rank 0 on {}, master address {})",
+                cluster.run_id, cluster.host, cluster.master_addr
+            ));
+            self.waiting_note = format!("rank 0 to release the join of generation {gen}");
+            let released = self.wait_for(deadline, |n| {
+                if n.peers[0].as_ref().is_some_and(|r| r.released_at(0)) {
+                    return Ok(Some(true));
+                }
+                Ok(n.liveness.is_dead(0, Instant::now()).then_some(false))
+            });
+            match released {
+                Ok(true) => break,
+                Ok(false) => {
+                    self.say(&format!(
+                        "rank 0 of generation {gen} stopped heartbeating before the cluster formed; waiting for a new generation"
+                    ));
+                    if let Some(p) = self.publisher.take() {
+                        p.finish(|r| r.state = NodeState::Left, Duration::from_secs(5));
+                    }
+                    self.cluster = None;
+                    rejected.insert(gen);
+                }
+                Err(Interrupt::Stop(s)) => return Err(s),
+                Err(Interrupt::Deadline) => {
+                    return Err(Stop {
+                        code: exit::DEADLINE,
+                        message: format!("generation {gen} did not form within join-timeout"),
+                        hint: None,
+                        detail: None,
+                    });
+                }
+            }
+        }
+        self.publisher().update(|r| r.state = NodeState::Running);
+        self.waiting_note.clear();
+        Ok(())
+    }
+
+    /// One look at the shared directory for a generation this worker can join.
+    fn find_joinable(
+        &mut self,
+        rejected: &mut HashSet<u64>,
+        seen: &mut Seen,
+    ) -> Result<Option<(ClusterRecord, RankRecord)>, Stop> {
+        let layout = self.layout.clone();
+        let Some(c) = store::read_json::<ClusterRecord>(&layout.cluster()).ok().flatten() else {
+            self.waiting_note = format!("no cluster record at {} yet: is rank 0 started?", layout.cluster().display());
+            return Ok(None);
+        };
+        if rejected.contains(&c.gen) {
+            return Ok(None);
+        }
+        let Some(r0) = store::read_json::<RankRecord>(&layout.rank_record(c.gen, 0)).ok().flatten() else {
+            return Ok(None);
+        };
+        if r0.state.is_terminal() {
+            self.say(&format!(
+                "generation {} has ended ({:?}); waiting for rank 0 to start a new one",
+                c.gen, r0.state
+            ));
+            rejected.insert(c.gen);
+            return Ok(None);
+        }
+        let slot = store::read_json::<RankRecord>(&layout.rank_record(c.gen, self.rank)).ok().flatten();
+        if let Some(s) = slot.filter(|s| {
+            !matches!(s.state, NodeState::Vacant) && !s.state.is_terminal() && s.nonce != self.nonce
+        }) {
+            match self.judge(seen, &s, self.slot_patience()) {
+                Holder::Alive => {
+                    return Err(Stop::usage(
+                        format!(
+                            "rank {} is already held by a live process: pid {} on {} (generation {}, phase {})",
+                            self.rank,
+                            s.pid,
+                            s.host,
+                            c.gen,
+                            s.phase.map(|p| p.to_string()).unwrap_or_else(|| "join".into())
+                        ),
+                        Some("each rank runs once per cluster: check --worker / RANK on this node".into()),
+                    ));
+                }
+                Holder::Unknown => {
+                    self.waiting_note = format!(
+                        "checking whether rank {}'s previous holder (pid {} on {}) is alive",
+                        self.rank, s.pid, s.host
+                    );
+                    return Ok(None);
+                }
+                Holder::Gone => {}
+            }
+        }
+        if r0.state != NodeState::Joining {
+            self.say(&format!(
+                "generation {} is already running without this rank; waiting for rank 0 to start a new generation",
+                c.gen
+            ));
+            rejected.insert(c.gen);
+            return Ok(None);
+        }
+        match self.judge(seen, &r0, self.cfg.timing.dead_after) {
+            Holder::Alive => {}
+            Holder::Unknown => {
+                self.waiting_note = format!("checking that rank 0 of generation {} (pid {} on {}) is alive", c.gen, r0.pid, r0.host);
+                return Ok(None);
+            }
+            Holder::Gone => {
+                rejected.insert(c.gen);
+                return Ok(None);
+            }
+        }
+        if c.fingerprint != self.fingerprint {
+            let diffs = diff_json(&c.config, &self.cfg.shared_view(), "");
+            return Err(Stop::usage(
+                format!(
+                    "this node's configuration differs from rank 0's (generation {}, host {}):\n  {}",
+                    c.gen,
+                    c.host,
+                    if diffs.is_empty() { "(fingerprints differ)".to_string() } else { diffs.join("\n  ") }
+                ),
+                Some("start every node with the same --config file and flags".into()),
+            ));
+        }
+        Ok(Some((c, r0)))
+    }
+}
+
+/// Key-by-key differences between rank 0's shared configuration and ours.
+fn diff_json(theirs: &Value, ours: &Value, prefix: &str) -> Vec<String> {
+    match (theirs, ours) {
+        (Value::Object(a), Value::Object(b)) => {
+            let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+            keys.sort();
+            keys.dedup();
+            keys.into_iter()
+                .flat_map(|k| {
+                    let p = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                    diff_json(a.get(k).unwrap_or(&Value::Null), b.get(k).unwrap_or(&Value::Null), &p)
+                })
+                .collect()
+        }
+        (a, b) if a == b => vec![],
+        (a, b) => vec![format!("{prefix}: rank 0 has {a}, this node has {b}")],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn diff_names_each_key() {
+        let a = json!({"cluster": {"num-nodes": 3, "eval-interval": 6}, "timing": {"x": "1s"}});
+        let b = json!({"cluster": {"num-nodes": 2, "eval-interval": 6}, "timing": {"x": "2s"}});
+        assert_eq!(
+            diff_json(&a, &b, ""),
+            vec![
+                "cluster.num-nodes: rank 0 has 3, this node has 2".to_string(),
+                "timing.x: rank 0 has \"1s\", this node has \"2s\"".to_string()
+            ]
+        );
+    }
+}

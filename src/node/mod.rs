@@ -1,0 +1,1046 @@
+//! The per-node runtime: join a generation, walk the phases of each iteration in lock-step
+//! with the peers, supervise commands, and stop everything with a precise message when
+//! anything fails.
+//!
+//! One thread owns the node's state and runs every wait through [`Node::wait_for`], which
+//! turns child exits, signals and poll ticks into one decision: the condition holds, an
+//! abort appeared, an awaited peer is dead, or the deadline passed. Helper threads do only
+//! what must not depend on this one: the heartbeat thread writes our record, the reaper
+//! collects children, the signal thread escalates a second Ctrl-C, and the watchdog ends
+//! the node if a filesystem call on the shared directory hangs.
+
+mod context;
+mod join;
+pub mod procs;
+mod publisher;
+mod watchdog;
+
+use crate::config::{Config, Loaded, PhaseCommand, RolloutSplit, Template};
+use crate::exit;
+use crate::layout::Layout;
+use crate::protocol::{
+    AbortInfo, AbortKind, ClusterRecord, Liveness, Mark, NodeState, Phase, RankRecord,
+    missing_arrivals, phase::eval_due,
+};
+use crate::store;
+pub use crate::protocol::wall_now;
+use procs::{ChildExit, Event, Registry};
+use publisher::Publisher;
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+use std::time::{Duration, Instant};
+
+/// How a node run ends when it does not finish: the exit code and what to tell the user.
+#[derive(Debug)]
+pub struct Stop {
+    pub code: i32,
+    pub message: String,
+    pub hint: Option<String>,
+    /// The tail of the failing command's log, shown under the message.
+    pub detail: Option<String>,
+}
+
+impl Stop {
+    pub fn usage(message: impl Into<String>, hint: Option<String>) -> Stop {
+        Stop {
+            code: exit::USAGE,
+            message: message.into(),
+            hint,
+            detail: None,
+        }
+    }
+}
+
+/// Why a wait ended without its condition.
+enum Interrupt {
+    Stop(Stop),
+    Deadline,
+}
+
+impl From<Stop> for Interrupt {
+    fn from(s: Stop) -> Interrupt {
+        Interrupt::Stop(s)
+    }
+}
+
+pub struct NodeOptions {
+    pub rank: u32,
+    /// Where the rank came from, e.g. `--worker 2` or `SLURM_NODEID`.
+    pub rank_source: String,
+    pub debug_mode: bool,
+}
+
+pub(crate) struct Node {
+    cfg: Config,
+    rank: u32,
+    layout: Layout,
+    host: String,
+    pid: u32,
+    nonce: String,
+    fingerprint: String,
+    events: Receiver<Event>,
+    registry: Arc<Registry>,
+    watchdog: watchdog::Watchdog,
+    // Set once joined.
+    cluster: Option<ClusterRecord>,
+    publisher: Option<Publisher>,
+    /// Last valid record read for each rank (rank 0 reads all; workers read rank 0).
+    peers: Vec<Option<RankRecord>>,
+    /// Nonce of each peer's process as of the join: a change means it was replaced.
+    nonces: HashMap<u32, String>,
+    liveness: Liveness,
+    /// Barrier counter of the generation: every rank walks the same sequence.
+    k: u64,
+    iteration: u64,
+    phase: Option<Phase>,
+    model: String,
+    eval_now: bool,
+    /// Exits reaped but not yet claimed by the wait that expects them.
+    exited: HashMap<i32, ChildExit>,
+    /// What the current wait is waiting for, for "still waiting" lines.
+    waiting_note: String,
+    /// The generation formed (join released): from now on a silent peer is dead.
+    formed: bool,
+    /// The heartbeat thread's last write error, to report changes once.
+    write_error: Option<String>,
+}
+
+/// Run a node until it finishes (Ok) or stops (the error says why and with which code).
+pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
+    let cfg = loaded.config.clone();
+    let num_nodes = cfg.cluster.num_nodes;
+    if opts.rank >= num_nodes {
+        return Err(Stop::usage(
+            format!(
+                "rank {} ({}) is out of range: num-nodes is {} (from {}), so ranks are 0..={}",
+                opts.rank,
+                opts.rank_source,
+                num_nodes,
+                loaded.source_of("cluster.num-nodes"),
+                num_nodes - 1
+            ),
+            Some("every node must be started with the same --num-nodes".into()),
+        ));
+    }
+    if cfg.cluster.log_path.is_empty() {
+        return Err(Stop::usage(
+            "no shared directory: pass --log-path DIR (or set cluster.log-path)",
+            None,
+        ));
+    }
+    let layout = Layout::new(cfg.log_path());
+    preflight_log_path(&layout, opts.rank)?;
+
+    let (tx, rx) = channel();
+    procs::start_reaper(tx.clone());
+    let registry = Registry::new();
+    if let Err(e) = registry.start_guardian() {
+        say(
+            opts.rank,
+            &format!("warning: cannot start the guardian process ({e}); children may outlive a kill -9 of this node"),
+        );
+    }
+    start_signal_thread(tx.clone(), registry.clone(), opts.rank);
+    let watchdog =
+        watchdog::Watchdog::start(opts.rank, cfg.timing.fs_timeout, registry.clone());
+
+    let mut node = Node {
+        rank: opts.rank,
+        layout,
+        host: hostname(),
+        pid: std::process::id(),
+        nonce: random_hex(8),
+        fingerprint: cfg.fingerprint(),
+        events: rx,
+        registry,
+        watchdog,
+        cluster: None,
+        publisher: None,
+        peers: vec![None; num_nodes as usize],
+        nonces: HashMap::new(),
+        liveness: Liveness::new(cfg.timing.dead_after),
+        k: 0,
+        iteration: 0,
+        phase: None,
+        model: cfg.cluster.model.clone(),
+        eval_now: false,
+        exited: HashMap::new(),
+        waiting_note: String::new(),
+        formed: false,
+        write_error: None,
+        cfg,
+    };
+    let _ = opts.debug_mode;
+    node.say(&format!(
+        "rank {} ({}) on {}, pid {}; shared directory {}",
+        node.rank,
+        opts.rank_source,
+        node.host,
+        node.pid,
+        node.layout.root().display()
+    ));
+    let result = node.join().and_then(|()| {
+        node.formed = true;
+        node.run_iterations()
+    });
+    node.shut_down(result)
+}
+
+impl Node {
+    fn say(&self, msg: &str) {
+        say(self.rank, msg);
+    }
+
+    fn is_master(&self) -> bool {
+        self.rank == 0
+    }
+
+    fn num_nodes(&self) -> u32 {
+        self.cfg.cluster.num_nodes
+    }
+
+    fn gen(&self) -> u64 {
+        self.cluster.as_ref().map(|c| c.gen).unwrap_or(0)
+    }
+
+    fn run_id(&self) -> &str {
+        self.cluster.as_ref().map(|c| c.run_id.as_str()).unwrap_or("")
+    }
+
+    fn publisher(&self) -> &Publisher {
+        self.publisher.as_ref().expect("joined")
+    }
+
+    fn phase_label(&self) -> String {
+        self.phase
+            .map(|p| p.to_string())
+            .unwrap_or_else(|| "join".into())
+    }
+
+    // ---------------------------------------------------------------- the one wait loop
+
+    /// Wait until `check` answers `Some`, polling the cluster's health between checks with
+    /// an adaptive interval (from about a millisecond up to `poll-interval`). Ends early on
+    /// an abort, a dead awaited peer, a signal, or `deadline`.
+    fn wait_for<T>(
+        &mut self,
+        deadline: Instant,
+        mut check: impl FnMut(&mut Node) -> Result<Option<T>, Stop>,
+    ) -> Result<T, Interrupt> {
+        let max_step = self.cfg.timing.poll_interval;
+        let mut step = Duration::from_micros(500).min(max_step);
+        let started = Instant::now();
+        let mut next_note = Duration::from_secs(10);
+        loop {
+            self.watchdog.pet("polling the shared directory");
+            self.poll_cluster()?;
+            if let Some(v) = check(self)? {
+                return Ok(v);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Interrupt::Deadline);
+            }
+            if now - started >= next_note && !self.waiting_note.is_empty() {
+                self.say(&format!(
+                    "still waiting after {:.0}s: {}",
+                    (now - started).as_secs_f64(),
+                    self.waiting_note
+                ));
+                next_note = (next_note * 3).min(next_note + Duration::from_secs(300));
+            }
+            let timeout = step.min(deadline - now);
+            step = (step * 3 / 2).min(max_step);
+            match self.events.recv_timeout(timeout) {
+                Ok(ev) => self.handle_event(ev)?,
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => unreachable!("the reaper holds a sender"),
+            }
+            while let Ok(ev) = self.events.try_recv() {
+                self.handle_event(ev)?;
+            }
+        }
+    }
+
+    fn handle_event(&mut self, ev: Event) -> Result<(), Stop> {
+        match ev {
+            Event::Reaped { pid, exit } => {
+                self.exited.insert(pid, exit);
+                Ok(())
+            }
+            Event::Signal(sig) => {
+                self.say(&format!(
+                    "received {}; stopping (children get {} to exit; signal again to kill them now)",
+                    procs::signal_name(sig),
+                    humantime::format_duration(self.cfg.timing.kill_grace)
+                ));
+                Err(self.fail(
+                    AbortKind::Signal { signal: sig },
+                    self.rank,
+                    None,
+                    format!("interrupted by {}", procs::signal_name(sig)),
+                    None,
+                ))
+            }
+        }
+    }
+
+    /// Read what this node watches (rank 0: every rank; a worker: rank 0), feed liveness,
+    /// and turn an abort, a dead peer or a replaced process into a stop.
+    fn poll_cluster(&mut self) -> Result<(), Stop> {
+        let Some(publisher) = &self.publisher else {
+            return Ok(());
+        };
+        let write_error = publisher.last_error();
+        if write_error != self.write_error {
+            if let Some(e) = &write_error {
+                say(self.rank, &format!("warning: heartbeat write failed ({e}); peers will judge this node dead if it persists"));
+            }
+            self.write_error = write_error;
+        }
+        let Some(publisher) = &self.publisher else {
+            return Ok(());
+        };
+        if let Some((host, pid)) = publisher.intruder() {
+            return Err(self.fail(
+                AbortKind::Error,
+                self.rank,
+                None,
+                format!("another process (pid {pid} on {host}) is writing this rank's record: two nodes were started as rank {}", self.rank),
+                None,
+            ));
+        }
+        let watched: Vec<u32> = if self.is_master() {
+            (1..self.num_nodes()).collect()
+        } else {
+            vec![0]
+        };
+        let now = Instant::now();
+        let (run_id, gen) = (self.run_id().to_string(), self.gen());
+        for r in watched {
+            let path = self.layout.rank_record(gen, r);
+            let read = store::read_json::<RankRecord>(&path).ok().flatten();
+            if let Some(rec) = read.filter(|rec| rec.belongs_to(&run_id, gen, r)) {
+                if rec.state == NodeState::Vacant {
+                    continue;
+                }
+                if let Some(expected) = self.nonces.get(&r) {
+                    if *expected != rec.nonce && !rec.state.is_terminal() {
+                        return Err(self.fail(
+                            AbortKind::Error,
+                            r,
+                            Some(rec.host.clone()),
+                            format!(
+                                "rank {r} was taken over by another process (pid {} on {})",
+                                rec.pid, rec.host
+                            ),
+                            None,
+                        ));
+                    }
+                }
+                self.liveness.observe(r, rec.seq, now);
+                if let Some(a) = &rec.abort {
+                    return Err(self.adopt_abort(a.clone()));
+                }
+                self.peers[r as usize] = Some(rec);
+            } else if !self.peers[r as usize].is_some() {
+                // Not joined yet (during join the wait itself decides); nothing to judge.
+                continue;
+            }
+            let terminal = self.peers[r as usize]
+                .as_ref()
+                .is_some_and(|p| p.state.is_terminal());
+            if self.formed && !terminal && self.liveness.is_dead(r, now) {
+                let silent = self.liveness.silent_for(r, now);
+                let last = self.peers[r as usize].clone();
+                let (host, phase, iteration) = last
+                    .map(|p| {
+                        (
+                            p.host,
+                            p.phase.map(|p| p.to_string()).unwrap_or_else(|| "join".into()),
+                            p.iteration,
+                        )
+                    })
+                    .unwrap_or_else(|| ("?".into(), "?".into(), 0));
+                let mut info = self.abort_info(
+                    AbortKind::PeerDead,
+                    r,
+                    Some(host),
+                    format!("heartbeat still for {:.1}s", silent.as_secs_f64()),
+                    None,
+                );
+                info.phase = phase;
+                info.iteration = iteration;
+                info.silent_ms = Some(silent.as_millis() as u64);
+                return Err(self.publish_abort(info));
+            }
+        }
+        if self.is_master() {
+            let observed: Vec<(u32, u64)> = (1..self.num_nodes())
+                .map(|r| (r, self.liveness.silent_for(r, now).as_millis() as u64))
+                .collect();
+            publisher.stage(|rec| rec.observed_ms = observed);
+        }
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- failure
+
+    fn abort_info(
+        &self,
+        kind: AbortKind,
+        culprit: u32,
+        culprit_host: Option<String>,
+        reason: String,
+        log: Option<&Path>,
+    ) -> AbortInfo {
+        AbortInfo {
+            kind,
+            culprit,
+            culprit_host: culprit_host.unwrap_or_else(|| self.host.clone()),
+            phase: self.phase_label(),
+            iteration: self.iteration,
+            reason,
+            log: log.map(|p| p.display().to_string()),
+            detected_by: self.rank,
+            silent_ms: None,
+            at: wall_now(),
+        }
+    }
+
+    /// This node detected a failure: publish it (first writer wins) and stop.
+    fn fail(
+        &mut self,
+        kind: AbortKind,
+        culprit: u32,
+        culprit_host: Option<String>,
+        reason: String,
+        log: Option<&Path>,
+    ) -> Stop {
+        let info = self.abort_info(kind, culprit, culprit_host, reason, log);
+        self.publish_abort(info)
+    }
+
+    fn publish_abort(&mut self, info: AbortInfo) -> Stop {
+        let mut info = info;
+        if self.publisher.is_some() {
+            self.watchdog.pet("publishing the abort");
+            let path = self.layout.abort(self.gen());
+            match store::create_new_json(&path, &info) {
+                Ok(true) => {}
+                Ok(false) => {
+                    // Someone failed first: theirs is the cause, ours a consequence.
+                    if let Ok(Some(first)) = store::read_json::<AbortInfo>(&path) {
+                        info = first;
+                    }
+                }
+                Err(e) => self.say(&format!("warning: cannot write {}: {e}", path.display())),
+            }
+        }
+        self.adopt_abort(info)
+    }
+
+    /// Stop because of `info`, telling our watchers (rank 0 relays it to every worker).
+    fn adopt_abort(&mut self, info: AbortInfo) -> Stop {
+        if let Some(p) = &self.publisher {
+            let relayed = info.clone();
+            p.update(|r| {
+                r.state = NodeState::Failed;
+                if r.abort.is_none() {
+                    r.abort = Some(relayed);
+                }
+            });
+        }
+        let code = info.exit_code_for(self.rank);
+        let detail = info
+            .log
+            .as_ref()
+            .filter(|_| info.culprit == self.rank)
+            .map(|l| procs::tail(Path::new(l), 20))
+            .filter(|t| !t.is_empty());
+        let hint = match (&info.kind, code) {
+            (AbortKind::PeerDead, _) => Some(format!(
+                "check rank {}'s own output and its host; restart every node with the same command to start a new generation",
+                info.culprit
+            )),
+            (_, exit::PEER_FAILED) => Some(format!(
+                "the cause is on rank {}: see its output{}",
+                info.culprit,
+                info.log
+                    .as_ref()
+                    .map(|l| format!(" and {l}"))
+                    .unwrap_or_default()
+            )),
+            _ => None,
+        };
+        Stop {
+            code,
+            message: info.describe(),
+            hint,
+            detail,
+        }
+    }
+
+    fn shut_down(mut self, result: Result<(), Stop>) -> Result<(), Stop> {
+        let groups = self.registry.groups();
+        if !groups.is_empty() {
+            self.say(&format!(
+                "stopping {} running command(s) (SIGTERM, then SIGKILL after {})",
+                groups.len(),
+                humantime::format_duration(self.cfg.timing.kill_grace)
+            ));
+            self.watchdog.pet("stopping children");
+            let grace = self.cfg.timing.kill_grace;
+            let handles: Vec<_> = groups
+                .into_iter()
+                .map(|g| std::thread::spawn(move || procs::stop_group(g, grace)))
+                .collect();
+            for h in handles {
+                let _ = h.join();
+            }
+        }
+        if let Some(p) = self.publisher.take() {
+            self.watchdog.pet("writing the final record");
+            let done = result.is_ok();
+            p.finish(
+                |r| {
+                    if done {
+                        r.state = NodeState::Done;
+                    } else if !r.state.is_terminal() {
+                        r.state = NodeState::Failed;
+                    }
+                    r.waiting_for.clear();
+                },
+                Duration::from_secs(5),
+            );
+        }
+        self.watchdog.disarm();
+        result
+    }
+
+    // ---------------------------------------------------------------- barriers
+
+    /// Arrive at the next barrier with `gather`; rank 0 waits for every rank, computes the
+    /// broadcast with `decide` from the gathered payloads and releases; workers wait for
+    /// the release and get the broadcast.
+    fn barrier(
+        &mut self,
+        name: &str,
+        gather: Value,
+        decide: impl FnOnce(&[Value]) -> Value,
+    ) -> Result<Value, Stop> {
+        self.k += 1;
+        let k = self.k;
+        let mark = Mark {
+            k,
+            iteration: self.iteration,
+            name: name.to_string(),
+            payload: gather.clone(),
+        };
+        self.publisher().update(|r| r.arrived = Some(mark.clone()));
+        let deadline = Instant::now() + self.cfg.timing.barrier_timeout;
+        let started = Instant::now();
+        let broadcast = if self.is_master() {
+            let mut last_missing = Vec::new();
+            let waited = self.wait_for(deadline, |n| {
+                let missing = missing_arrivals(&n.peers, k);
+                if missing.is_empty() {
+                    return Ok(Some(()));
+                }
+                if missing != last_missing {
+                    n.waiting_note = format!("barrier {name} (iteration {}) waits for {}", n.iteration, ranks_list(&missing));
+                    let m = missing.clone();
+                    n.publisher().update(|r| r.waiting_for = m);
+                    last_missing = missing;
+                }
+                Ok(None)
+            });
+            self.end_wait(waited, || format!("barrier {name} did not complete"))?;
+            let mut payloads = vec![gather];
+            payloads.extend(self.peers.iter().skip(1).map(|p| {
+                p.as_ref()
+                    .and_then(|p| p.arrived.as_ref())
+                    .map(|m| m.payload.clone())
+                    .unwrap_or(Value::Null)
+            }));
+            let broadcast = decide(&payloads);
+            let release = Mark {
+                payload: broadcast.clone(),
+                ..mark
+            };
+            self.publisher().update(|r| {
+                r.released = Some(release);
+                r.waiting_for.clear();
+            });
+            broadcast
+        } else {
+            self.waiting_note = format!("rank 0 to release barrier {name} (iteration {})", self.iteration);
+            let waited = self.wait_for(deadline, |n| {
+                Ok(n.peers[0]
+                    .as_ref()
+                    .and_then(|r0| r0.released.as_ref())
+                    .filter(|m| m.k >= k)
+                    .map(|m| m.payload.clone()))
+            });
+            self.end_wait(waited, || format!("barrier {name} was not released"))?
+        };
+        self.waiting_note.clear();
+        self.event(json!({"event": "barrier", "name": name, "k": k, "waited_ms": started.elapsed().as_millis() as u64}));
+        Ok(broadcast)
+    }
+
+    fn end_wait<T>(&mut self, r: Result<T, Interrupt>, what: impl FnOnce() -> String) -> Result<T, Stop> {
+        match r {
+            Ok(v) => Ok(v),
+            Err(Interrupt::Stop(s)) => Err(s),
+            Err(Interrupt::Deadline) => {
+                let reason = format!(
+                    "{} within barrier-timeout ({}); {}",
+                    what(),
+                    humantime::format_duration(self.cfg.timing.barrier_timeout),
+                    self.waiting_note
+                );
+                Err(self.fail(AbortKind::Timeout, self.rank, None, reason, None))
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- the iteration
+
+    fn run_iterations(&mut self) -> Result<(), Stop> {
+        let last = self.cfg.cluster.iterations;
+        let mut iteration = 1;
+        loop {
+            if last > 0 && iteration > last {
+                self.say(&format!("all {last} iteration(s) complete"));
+                return Ok(());
+            }
+            self.iteration = iteration;
+            let started = Instant::now();
+            for &phase in Phase::walk(self.cfg.cluster.rl_phase) {
+                self.enter(phase);
+                self.run_phase(phase)?;
+            }
+            self.say(&format!(
+                "iteration {iteration} complete in {:.2}s",
+                started.elapsed().as_secs_f64()
+            ));
+            iteration += 1;
+        }
+    }
+
+    fn enter(&mut self, phase: Phase) {
+        self.phase = Some(phase);
+        let it = self.iteration;
+        self.publisher().update(|r| {
+            r.phase = Some(phase);
+            r.iteration = it;
+            r.state = NodeState::Running;
+        });
+        self.event(json!({"event": "phase", "phase": phase.name(), "n": phase.number()}));
+    }
+
+    fn run_phase(&mut self, phase: Phase) -> Result<(), Stop> {
+        let split = self.cfg.cluster.rollout_split;
+        let cfg = self.cfg.clone();
+        let none = |_: &[Value]| Value::Null;
+        match phase {
+            Phase::SyncStart
+            | Phase::RolloutComplete
+            | Phase::FilesReady
+            | Phase::TrainingReady
+            | Phase::FinalSync => {
+                self.barrier(phase.name(), Value::Null, none)?;
+            }
+            Phase::TrainRollout => {
+                if split != RolloutSplit::EvalOnly {
+                    self.rollout("train", "rollout", &cfg.phases.rollout)?;
+                }
+            }
+            Phase::AggregateTrain => {
+                if self.is_master() && split != RolloutSplit::EvalOnly {
+                    self.aggregate("train", cfg.phases.rollout.is_set())?;
+                }
+            }
+            Phase::EvalDecision => {
+                let iteration = self.iteration;
+                let interval = cfg.cluster.eval_interval;
+                let decision = self.barrier(phase.name(), Value::Null, |_| {
+                    let eval = match split {
+                        RolloutSplit::EvalOnly => true,
+                        RolloutSplit::TrainOnly => false,
+                        RolloutSplit::All => eval_due(iteration, interval),
+                    };
+                    json!({ "eval": eval })
+                })?;
+                self.eval_now = decision["eval"].as_bool().unwrap_or(false);
+            }
+            Phase::Eval => {
+                if self.eval_now {
+                    self.rollout("eval", "eval", &cfg.phases.eval)?;
+                    self.barrier("eval-complete", Value::Null, none)?;
+                    if self.is_master() {
+                        self.aggregate("eval", cfg.phases.eval.is_set())?;
+                    }
+                }
+            }
+            // The inference server's lifecycle is not wired in yet: nothing to stop or start.
+            Phase::StopServer | Phase::RestartServer => {}
+            Phase::PrepareData => {
+                if self.is_master() && cfg.phases.prepare.is_set() {
+                    let out = self.layout.prepared(self.iteration);
+                    self.run_command("prepare", &cfg.phases.prepare, None, &out, false)?;
+                }
+            }
+            Phase::Training => {
+                if cfg.phases.train.is_set() {
+                    let out = self.layout.train_output(self.iteration);
+                    self.run_command("train", &cfg.phases.train, None, &out, true)?;
+                }
+                self.barrier("training-complete", Value::Null, none)?;
+            }
+            Phase::Handoff => {
+                if self.is_master() && cfg.phases.handoff.is_set() {
+                    let out = self.layout.model_dir(self.iteration);
+                    self.run_command("handoff", &cfg.phases.handoff, None, &out, false)?;
+                    if out.exists() {
+                        self.model = out.display().to_string();
+                    } else {
+                        self.say(&format!(
+                            "warning: the handoff command wrote no {}; the model stays {}",
+                            out.display(),
+                            self.model
+                        ));
+                    }
+                }
+                let model = self.model.clone();
+                let b = self.barrier("handoff-complete", Value::Null, |_| json!({ "model": model }))?;
+                if let Some(m) = b["model"].as_str() {
+                    self.model = m.to_string();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Run this rank's rollout for `split` and commit its shard: the command writes
+    /// `rank-R.partial.jsonl` (`{output}`), which is renamed to `rank-R.jsonl` only after
+    /// the command exited 0.
+    fn rollout(&mut self, split: &str, phase: &str, pc: &PhaseCommand) -> Result<(), Stop> {
+        if !pc.is_set() {
+            return Ok(());
+        }
+        let (it, rank) = (self.iteration, self.rank);
+        let partial = self.layout.shard_partial(it, split, rank);
+        let shard = self.layout.shard(it, split, rank);
+        let io = |n: &mut Node, what: String, e: std::io::Error| {
+            n.fail(AbortKind::Error, n.rank, None, format!("{what}: {e}"), None)
+        };
+        self.watchdog.pet("preparing the rollout directory");
+        if let Err(e) = std::fs::create_dir_all(partial.parent().expect("has parent")) {
+            return Err(io(self, format!("cannot create {}", partial.parent().unwrap().display()), e));
+        }
+        if partial.exists() {
+            // Left by an earlier attempt: keep it (never lose trajectories), out of the way.
+            let aside = partial.with_extension(format!("jsonl.stale-gen{}", self.gen()));
+            let _ = std::fs::rename(&partial, &aside);
+        }
+        let log = self.run_command(phase, pc, Some(split), &partial, false)?;
+        self.watchdog.pet("committing the shard");
+        let commit = if partial.exists() {
+            std::fs::File::open(&partial)
+                .and_then(|f| f.sync_all())
+                .and_then(|()| std::fs::rename(&partial, &shard))
+        } else {
+            append_log(
+                &log,
+                &format!("### rl-node warning: the command wrote no {}; committing an empty shard\n", partial.display()),
+            );
+            self.say(&format!("warning: the {phase} command wrote no output; empty shard committed"));
+            store::publish(&shard, b"")
+        };
+        if let Err(e) = commit.and_then(|()| store::fsync_dir(shard.parent().unwrap())) {
+            return Err(io(self, format!("cannot commit {}", shard.display()), e));
+        }
+        self.event(json!({"event": "commit", "split": split, "path": shard.display().to_string()}));
+        Ok(())
+    }
+
+    /// Rank 0 merges the iteration's committed shards of `split` (built-in JSONL
+    /// concatenation in rank order, or the configured aggregate command).
+    fn aggregate(&mut self, split: &str, have_shards: bool) -> Result<(), Stop> {
+        let it = self.iteration;
+        let out = self.layout.aggregated(it, split);
+        let pc = self.cfg.phases.aggregate.clone();
+        if pc.is_set() {
+            self.run_command("aggregate", &pc, Some(split), &out, false)?;
+            return Ok(());
+        }
+        if !have_shards {
+            return Ok(());
+        }
+        let shards: Vec<PathBuf> = (0..self.num_nodes())
+            .map(|r| self.layout.shard(it, split, r))
+            .collect();
+        self.watchdog.pet("aggregating shards");
+        let wd = self.watchdog.clone();
+        match crate::aggregate::concat_jsonl(&shards, &out, &mut || wd.pet("aggregating shards")) {
+            Ok(summary) => {
+                self.event(json!({"event": "aggregate", "split": split, "records": summary.records, "bytes": summary.bytes}));
+                Ok(())
+            }
+            Err(e) => Err(self.fail(
+                AbortKind::Error,
+                self.rank,
+                None,
+                format!("aggregating {split} shards into {}: {e}", out.display()),
+                None,
+            )),
+        }
+    }
+
+    /// Run a phase command in its own process group and wait for it, watching the cluster.
+    /// Returns the log path.
+    fn run_command(
+        &mut self,
+        phase: &str,
+        pc: &PhaseCommand,
+        split: Option<&str>,
+        output: &Path,
+        torchrun_env: bool,
+    ) -> Result<PathBuf, Stop> {
+        let values = self.values(phase, split, output);
+        let command = Template::parse(&pc.command)
+            .expect("validated at load")
+            .render(&values);
+        let mut env = context::env_for(&values);
+        if torchrun_env {
+            env.extend(context::torchrun_env(&values));
+        }
+        let log = self.layout.phase_log(self.iteration, self.rank, phase);
+        self.watchdog.pet("starting a command");
+        let header = format!("rank {} iteration {} phase {phase}", self.rank, self.iteration);
+        let running = match procs::spawn_shell(&command, &env, &log, &header) {
+            Ok(r) => r,
+            Err(e) => {
+                return Err(self.fail(
+                    AbortKind::Error,
+                    self.rank,
+                    None,
+                    format!("cannot start the {phase} command: {e}"),
+                    Some(&log),
+                ));
+            }
+        };
+        let pid = running.pid;
+        self.registry.add(pid);
+        self.say(&format!("iteration {}: {phase} started (pid {pid}, log {})", self.iteration, log.display()));
+        self.waiting_note = format!("the {phase} command (pid {pid})");
+        let deadline = running.started + pc.timeout;
+        let waited = self.wait_for(deadline, |n| Ok(n.exited.remove(&pid)));
+        self.waiting_note.clear();
+        let exit = match waited {
+            Ok(exit) => exit,
+            Err(Interrupt::Stop(s)) => return Err(s),
+            Err(Interrupt::Deadline) => {
+                self.watchdog.pet("stopping a command");
+                procs::stop_group(pid, self.cfg.timing.kill_grace);
+                self.registry.remove(pid);
+                return Err(self.fail(
+                    AbortKind::Timeout,
+                    self.rank,
+                    None,
+                    format!(
+                        "the {phase} command did not finish within its timeout of {} (phases.{phase}.timeout)",
+                        humantime::format_duration(pc.timeout)
+                    ),
+                    Some(&log),
+                ));
+            }
+        };
+        if procs::group_alive(pid) {
+            append_log(&log, "### rl-node: the command left processes behind; stopping them\n");
+            self.watchdog.pet("stopping leftover processes");
+            procs::stop_group(pid, self.cfg.timing.kill_grace);
+        }
+        self.registry.remove(pid);
+        let secs = running.started.elapsed().as_secs_f64();
+        self.event(json!({"event": "command", "phase": phase, "exit": exit.to_string(), "secs": secs}));
+        if exit != ChildExit::Success {
+            return Err(self.fail(
+                AbortKind::CommandFailed {
+                    exit: exit.to_string(),
+                },
+                self.rank,
+                None,
+                format!("the {phase} command failed with {exit}"),
+                Some(&log),
+            ));
+        }
+        self.say(&format!("iteration {}: {phase} finished in {secs:.2}s", self.iteration));
+        Ok(log)
+    }
+
+    fn values(
+        &self,
+        phase: &str,
+        split: Option<&str>,
+        output: &Path,
+    ) -> std::collections::BTreeMap<&'static str, String> {
+        let c = self.cluster.as_ref().expect("joined");
+        let weights = self.cfg.weights();
+        let mut v = std::collections::BTreeMap::new();
+        v.insert("rank", self.rank.to_string());
+        v.insert("num_nodes", self.num_nodes().to_string());
+        v.insert("iteration", self.iteration.to_string());
+        v.insert("split", split.unwrap_or("").to_string());
+        v.insert("phase", phase.to_string());
+        v.insert("log_path", self.layout.root().display().to_string());
+        v.insert("data_path", self.cfg.cluster.data_path.clone());
+        v.insert("output", output.display().to_string());
+        v.insert(
+            "trajectories",
+            self.layout.aggregated(self.iteration, "train").display().to_string(),
+        );
+        v.insert("model", self.model.clone());
+        v.insert("master_addr", c.master_addr.clone());
+        v.insert("master_port", c.master_port.to_string());
+        v.insert("server_port", self.cfg.server.port.to_string());
+        v.insert("rank_weight", weights[self.rank as usize].to_string());
+        v.insert("total_weight", weights.iter().sum::<u64>().to_string());
+        v.insert(
+            "rank_weights",
+            weights.iter().map(|w| w.to_string()).collect::<Vec<_>>().join(","),
+        );
+        v.insert("gen", c.gen.to_string());
+        v
+    }
+
+    /// Append one line to this rank's event log (`.rl-node/events/rank-R.jsonl`; one
+    /// writer). Best effort: the event log is for people and tests, not the protocol.
+    fn event(&self, mut e: Value) {
+        if let Some(obj) = e.as_object_mut() {
+            obj.insert("gen".into(), json!(self.gen()));
+            obj.insert("iteration".into(), json!(self.iteration));
+            obj.insert("rank".into(), json!(self.rank));
+            obj.insert("t".into(), json!(wall_now()));
+        }
+        let path = self.layout.state_dir().join("events").join(format!("rank-{}.jsonl", self.rank));
+        append_log(&path, &format!("{e}\n"));
+    }
+}
+
+fn append_log(path: &Path, text: &str) {
+    use std::io::Write;
+    if let Some(d) = path.parent() {
+        let _ = std::fs::create_dir_all(d);
+    }
+    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+        let _ = f.write_all(text.as_bytes());
+    }
+}
+
+fn ranks_list(ranks: &[u32]) -> String {
+    let names: Vec<String> = ranks.iter().map(|r| format!("rank {r}")).collect();
+    names.join(", ")
+}
+
+pub(crate) fn say(rank: u32, msg: &str) {
+    eprintln!(
+        "{} [rank {rank}] {msg}",
+        chrono::Local::now().format("%H:%M:%S%.3f")
+    );
+}
+
+fn hostname() -> String {
+    gethostname::gethostname().to_string_lossy().into_owned()
+}
+
+pub(crate) fn random_hex(bytes: usize) -> String {
+    let mut buf = vec![0u8; bytes];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut buf))
+        .is_err()
+    {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        buf = (t ^ (std::process::id() as u128) << 64).to_le_bytes()[..bytes.min(16)].to_vec();
+    }
+    hex::encode(buf)
+}
+
+pub(crate) fn pid_alive(pid: u32) -> bool {
+    pid != 0 && unsafe { libc::kill(pid as i32, 0) == 0 || *libc::__errno_location() == libc::EPERM }
+}
+
+/// Refuse a log path we cannot use before writing anything.
+fn preflight_log_path(layout: &Layout, rank: u32) -> Result<(), Stop> {
+    let root = layout.root();
+    let hint = Some("pass a --log-path on the shared filesystem that this user can write".to_string());
+    match std::fs::metadata(root) {
+        Ok(m) if !m.is_dir() => Err(Stop::usage(
+            format!("--log-path {} is not a directory", root.display()),
+            hint,
+        )),
+        Ok(_) => {
+            let probe = if layout.state_dir().exists() { layout.state_dir() } else { root.to_path_buf() };
+            if !writable(&probe) {
+                return Err(Stop::usage(
+                    format!("--log-path {}: permission denied (cannot write to {})", root.display(), probe.display()),
+                    hint,
+                ));
+            }
+            Ok(())
+        }
+        // A worker may start before rank 0 created the directory; rank 0 creates it.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let parent = root.ancestors().skip(1).find(|p| p.exists());
+            match parent {
+                Some(p) if rank == 0 && !writable(p) => Err(Stop::usage(
+                    format!("--log-path {} does not exist and cannot be created: permission denied on {}", root.display(), p.display()),
+                    hint,
+                )),
+                _ => Ok(()),
+            }
+        }
+        Err(e) => Err(Stop::usage(format!("--log-path {}: {e}", root.display()), hint)),
+    }
+}
+
+fn writable(p: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap_or_default();
+    unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
+}
+
+fn start_signal_thread(tx: Sender<Event>, registry: Arc<Registry>, rank: u32) {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) {
+        Ok(s) => s,
+        Err(e) => {
+            say(rank, &format!("warning: cannot install signal handlers: {e}"));
+            return;
+        }
+    };
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut count = 0;
+            for sig in signals.forever() {
+                count += 1;
+                if count == 1 {
+                    let _ = tx.send(Event::Signal(sig));
+                } else {
+                    say(rank, &format!("second {}: killing children now and exiting", procs::signal_name(sig)));
+                    registry.signal_all(libc::SIGKILL);
+                    std::process::exit(128 + sig);
+                }
+            }
+        })
+        .expect("spawn signal thread");
+}

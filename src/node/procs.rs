@@ -1,0 +1,288 @@
+//! Child processes: each command runs under `sh -c` in its own process group, output to a
+//! log file; stopping means SIGTERM to the group, a grace period, then SIGKILL.
+//!
+//! Three mechanisms make sure no child or grandchild outlives its node:
+//! - rl-node is a child subreaper, so orphaned grandchildren are re-parented to it and a
+//!   single reaper thread collects them (nothing lingers as a zombie in a group we wait on);
+//! - every group is registered in a [`Registry`] that the signal thread and the watchdog
+//!   can kill without touching the filesystem;
+//! - a guardian process (`rl-node __guard`) holds the other end of a pipe and kills every
+//!   registered group when the pipe closes, which also happens when the node is `kill -9`ed.
+
+use std::collections::BTreeSet;
+use std::fs::OpenOptions;
+use std::io::{self, BufRead, Write};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How a child ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChildExit {
+    Success,
+    Exit(i32),
+    Signal(i32),
+}
+
+impl ChildExit {
+    fn from_wait_status(status: libc::c_int) -> ChildExit {
+        if libc::WIFEXITED(status) {
+            match libc::WEXITSTATUS(status) {
+                0 => ChildExit::Success,
+                c => ChildExit::Exit(c),
+            }
+        } else {
+            ChildExit::Signal(libc::WTERMSIG(status))
+        }
+    }
+}
+
+impl std::fmt::Display for ChildExit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChildExit::Success => write!(f, "exit code 0"),
+            ChildExit::Exit(c) => write!(f, "exit code {c}"),
+            ChildExit::Signal(s) => write!(f, "killed by signal {s} ({})", signal_name(*s)),
+        }
+    }
+}
+
+pub fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGINT => "SIGINT",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGBUS => "SIGBUS",
+        _ => "signal",
+    }
+}
+
+/// Events the node's single loop reacts to.
+#[derive(Debug)]
+pub enum Event {
+    /// A process that was our child ended (a command's leader, or an adopted orphan).
+    Reaped { pid: i32, exit: ChildExit },
+    /// First SIGINT/SIGTERM.
+    Signal(i32),
+}
+
+/// Process groups alive on this node, shared with the signal thread and the watchdog.
+pub struct Registry {
+    groups: Mutex<BTreeSet<i32>>,
+    guardian: Mutex<Option<ChildStdin>>,
+}
+
+impl Registry {
+    pub fn new() -> Arc<Registry> {
+        Arc::new(Registry {
+            groups: Mutex::new(BTreeSet::new()),
+            guardian: Mutex::new(None),
+        })
+    }
+
+    /// Start the guardian process. Best effort: without it, a `kill -9` of the node
+    /// leaves its children running, so failing to start it is reported by the caller.
+    pub fn start_guardian(&self) -> io::Result<()> {
+        let exe = std::env::current_exe()?;
+        let mut child = Command::new(exe)
+            .arg("__guard")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()?;
+        *self.guardian.lock().unwrap() = child.stdin.take();
+        Ok(())
+    }
+
+    fn tell_guardian(&self, line: String) {
+        if let Some(g) = self.guardian.lock().unwrap().as_mut() {
+            let _ = g.write_all(line.as_bytes());
+            let _ = g.flush();
+        }
+    }
+
+    pub fn add(&self, pgid: i32) {
+        self.groups.lock().unwrap().insert(pgid);
+        self.tell_guardian(format!("+{pgid}\n"));
+    }
+
+    pub fn remove(&self, pgid: i32) {
+        self.groups.lock().unwrap().remove(&pgid);
+        self.tell_guardian(format!("-{pgid}\n"));
+    }
+
+    pub fn groups(&self) -> Vec<i32> {
+        self.groups.lock().unwrap().iter().copied().collect()
+    }
+
+    /// Signal every registered group (no filesystem access: safe from any thread).
+    pub fn signal_all(&self, sig: i32) {
+        for g in self.groups() {
+            unsafe {
+                libc::killpg(g, sig);
+            }
+        }
+    }
+}
+
+pub fn group_alive(pgid: i32) -> bool {
+    unsafe { libc::killpg(pgid, 0) == 0 }
+}
+
+/// SIGTERM the group, wait up to `grace` for it to empty, then SIGKILL and wait a little
+/// more. Returns true if the group is gone.
+pub fn stop_group(pgid: i32, grace: Duration) -> bool {
+    unsafe {
+        libc::killpg(pgid, libc::SIGTERM);
+        // A process stopped by SIGSTOP would never act on SIGTERM.
+        libc::killpg(pgid, libc::SIGCONT);
+    }
+    if wait_group_empty(pgid, grace) {
+        return true;
+    }
+    unsafe {
+        libc::killpg(pgid, libc::SIGKILL);
+    }
+    wait_group_empty(pgid, Duration::from_secs(5))
+}
+
+fn wait_group_empty(pgid: i32, limit: Duration) -> bool {
+    let start = Instant::now();
+    let mut step = Duration::from_millis(1);
+    while group_alive(pgid) {
+        if start.elapsed() >= limit {
+            return false;
+        }
+        std::thread::sleep(step);
+        step = (step * 2).min(Duration::from_millis(50));
+    }
+    true
+}
+
+/// Become the reaper of our descendants and start the thread that collects every child
+/// that ends, sending `Event::Reaped`. Nothing else in the node process may wait on
+/// children (it would race with this thread).
+pub fn start_reaper(tx: Sender<Event>) {
+    unsafe {
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    }
+    std::thread::Builder::new()
+        .name("reaper".into())
+        .spawn(move || {
+            loop {
+                let mut status: libc::c_int = 0;
+                let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
+                if pid > 0 {
+                    let exit = ChildExit::from_wait_status(status);
+                    if tx.send(Event::Reaped { pid, exit }).is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                let err = io::Error::last_os_error();
+                if err.raw_os_error() == Some(libc::EINTR) {
+                    continue;
+                }
+                // No children right now (ECHILD): look again shortly.
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })
+        .expect("spawn reaper thread");
+}
+
+/// A running command.
+#[derive(Debug)]
+pub struct Running {
+    pub pid: i32,
+    pub started: Instant,
+}
+
+/// Start `sh -c command` in a new process group with output appended to `log`.
+pub fn spawn_shell(
+    command: &str,
+    env: &[(String, String)],
+    log: &Path,
+    header: &str,
+) -> io::Result<Running> {
+    if let Some(dir) = log.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut out = OpenOptions::new().create(true).append(true).open(log)?;
+    writeln!(out, "### rl-node {} {header}\n### $ {command}", super::wall_now())?;
+    let err = out.try_clone()?;
+    let child: Child = Command::new("sh")
+        .arg("-c")
+        .arg(command)
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .process_group(0)
+        .spawn()?;
+    // The reaper thread collects it; dropping `Child` neither waits nor kills.
+    Ok(Running {
+        pid: child.id() as i32,
+        started: Instant::now(),
+    })
+}
+
+/// The last `n` lines of a log file, for failure messages.
+pub fn tail(path: &Path, n: usize) -> String {
+    let Ok(text) = std::fs::read(path) else {
+        return String::new();
+    };
+    let start = text.len().saturating_sub(64 * 1024);
+    let text = String::from_utf8_lossy(&text[start..]);
+    let lines: Vec<&str> = text.lines().filter(|l| !l.starts_with("### ")).collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// `rl-node __guard`: read `+pgid` / `-pgid` lines from stdin; when stdin closes (the
+/// node exited or was killed), stop every group still registered.
+pub fn guardian_main() -> i32 {
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+        libc::signal(libc::SIGTERM, libc::SIG_IGN);
+        libc::signal(libc::SIGHUP, libc::SIG_IGN);
+    }
+    let mut groups = BTreeSet::new();
+    let stdin = io::stdin();
+    for line in stdin.lock().lines() {
+        let Ok(line) = line else { break };
+        let (op, num) = line.split_at(1.min(line.len()));
+        if let Ok(g) = num.trim().parse::<i32>() {
+            match op {
+                "+" => {
+                    groups.insert(g);
+                }
+                "-" => {
+                    groups.remove(&g);
+                }
+                _ => {}
+            }
+        }
+    }
+    let live: Vec<i32> = groups.into_iter().filter(|g| group_alive(*g)).collect();
+    for g in &live {
+        unsafe {
+            libc::killpg(*g, libc::SIGTERM);
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline && live.iter().any(|g| group_alive(*g)) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for g in &live {
+        unsafe {
+            libc::killpg(*g, libc::SIGKILL);
+        }
+    }
+    0
+}

@@ -1,0 +1,3 @@
+//! What a person (or a script) sees about a run, read from the files alone.
+
+pub mod status;

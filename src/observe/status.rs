@@ -1,0 +1,166 @@
+//! `rl-node status`: the state of a run from the shared directory alone, so it works
+//! while nodes run, after they stopped, and with every node dead.
+
+use crate::layout::Layout;
+use crate::protocol::{AbortInfo, ClusterRecord, NodeState, RankRecord};
+use crate::store;
+use serde::Serialize;
+use std::path::Path;
+
+#[derive(Debug, Serialize)]
+pub struct RankStatus {
+    pub rank: u32,
+    pub state: Option<NodeState>,
+    pub host: String,
+    pub pid: u32,
+    pub iteration: u64,
+    pub phase: Option<String>,
+    /// Heartbeat age as the rank's observer saw it (rank 0 observes workers, rank 1
+    /// observes rank 0), at the observer's last write.
+    pub heartbeat_age_ms: Option<u64>,
+    pub last_write: String,
+    pub waiting_at: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Status {
+    pub run_id: String,
+    pub gen: u64,
+    pub num_nodes: u32,
+    pub started_at: String,
+    pub master: String,
+    pub previous: Option<String>,
+    pub abort: Option<AbortInfo>,
+    /// Ranks rank 0 is waiting for at its current barrier.
+    pub waiting_for: Vec<u32>,
+    pub ranks: Vec<RankStatus>,
+}
+
+pub fn read(log_path: &Path) -> Result<Status, String> {
+    let layout = Layout::new(log_path);
+    let c: ClusterRecord = store::read_json(&layout.cluster())
+        .map_err(|e| format!("cannot read {}: {e}", layout.cluster().display()))?
+        .ok_or_else(|| format!("no rl-node run in {} (no {})", log_path.display(), layout.cluster().display()))?;
+    let records: Vec<Option<RankRecord>> = (0..c.num_nodes)
+        .map(|r| {
+            store::read_json::<RankRecord>(&layout.rank_record(c.gen, r))
+                .ok()
+                .flatten()
+                .filter(|rec| rec.belongs_to(&c.run_id, c.gen, r))
+        })
+        .collect();
+    let observed = |rank: u32| -> Option<u64> {
+        let observer = if rank == 0 { 1 } else { 0 };
+        records
+            .get(observer as usize)?
+            .as_ref()?
+            .observed_ms
+            .iter()
+            .find(|(r, _)| *r == rank)
+            .map(|(_, ms)| *ms)
+    };
+    let abort = store::read_json::<AbortInfo>(&layout.abort(c.gen))
+        .ok()
+        .flatten()
+        .or_else(|| records.iter().flatten().find_map(|r| r.abort.clone()));
+    let waiting_for = records
+        .first()
+        .and_then(|r| r.as_ref())
+        .map(|r| r.waiting_for.clone())
+        .unwrap_or_default();
+    let ranks = records
+        .iter()
+        .enumerate()
+        .map(|(i, rec)| match rec {
+            Some(r) => RankStatus {
+                rank: i as u32,
+                state: Some(r.state),
+                host: r.host.clone(),
+                pid: r.pid,
+                iteration: r.iteration,
+                phase: r.phase.map(|p| p.to_string()),
+                heartbeat_age_ms: observed(i as u32),
+                last_write: r.wall.clone(),
+                waiting_at: r
+                    .arrived
+                    .as_ref()
+                    .filter(|m| {
+                        !records[0]
+                            .as_ref()
+                            .is_some_and(|r0| r0.released_at(m.k))
+                    })
+                    .map(|m| m.name.clone()),
+            },
+            None => RankStatus {
+                rank: i as u32,
+                state: None,
+                host: String::new(),
+                pid: 0,
+                iteration: 0,
+                phase: None,
+                heartbeat_age_ms: None,
+                last_write: String::new(),
+                waiting_at: None,
+            },
+        })
+        .collect();
+    Ok(Status {
+        run_id: c.run_id,
+        gen: c.gen,
+        num_nodes: c.num_nodes,
+        started_at: c.started_at,
+        master: format!("{} (pid {}), address {}:{}", c.host, c.pid, c.master_addr, c.master_port),
+        previous: c.previous,
+        abort,
+        waiting_for,
+        ranks,
+    })
+}
+
+pub fn render(s: &Status) -> String {
+    let mut out = format!(
+        "run {}  generation {}  started {}\nrank 0: {}\n",
+        s.run_id, s.gen, s.started_at, s.master
+    );
+    if let Some(p) = &s.previous {
+        out.push_str(&format!("previous: {p}\n"));
+    }
+    let overall = if let Some(a) = &s.abort {
+        format!("STOPPED: {}", a.describe())
+    } else if s.ranks.iter().all(|r| r.state == Some(NodeState::Done)) {
+        "completed".to_string()
+    } else {
+        "running".to_string()
+    };
+    out.push_str(&format!("state: {overall}\n"));
+    if !s.waiting_for.is_empty() {
+        let w: Vec<String> = s.waiting_for.iter().map(|r| format!("rank {r}")).collect();
+        out.push_str(&format!("rank 0 is waiting for: {}\n", w.join(", ")));
+    }
+    out.push_str(&format!(
+        "\n{:<5} {:<9} {:<20} {:>8} {:>5}  {:<22} {:>10}  {}\n",
+        "RANK", "STATE", "HOST", "PID", "ITER", "PHASE", "HEARTBEAT", "WAITING AT"
+    ));
+    for r in &s.ranks {
+        let state = r
+            .state
+            .map(|s| format!("{s:?}").to_lowercase())
+            .unwrap_or_else(|| "missing".into());
+        let age = r
+            .heartbeat_age_ms
+            .map(|ms| format!("{:.1}s", ms as f64 / 1000.0))
+            .unwrap_or_else(|| "-".into());
+        out.push_str(&format!(
+            "{:<5} {:<9} {:<20} {:>8} {:>5}  {:<22} {:>10}  {}\n",
+            r.rank,
+            state,
+            r.host,
+            r.pid,
+            r.iteration,
+            r.phase.clone().unwrap_or_else(|| "-".into()),
+            age,
+            r.waiting_at.clone().unwrap_or_default()
+        ));
+    }
+    out
+}

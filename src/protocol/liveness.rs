@@ -1,0 +1,93 @@
+//! Liveness by observation: a peer is alive while its heartbeat sequence keeps advancing
+//! as measured by the observer's own monotonic clock. Peer wall-clock times and file
+//! mtimes are never compared with the local clock (clocks of nodes disagree).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone)]
+pub struct Liveness {
+    dead_after: Duration,
+    seen: HashMap<u32, (u64, Instant)>,
+}
+
+impl Liveness {
+    pub fn new(dead_after: Duration) -> Liveness {
+        Liveness {
+            dead_after,
+            seen: HashMap::new(),
+        }
+    }
+
+    /// Record the sequence number read for `rank` at `now`. Returns true if it advanced.
+    pub fn observe(&mut self, rank: u32, seq: u64, now: Instant) -> bool {
+        match self.seen.get_mut(&rank) {
+            Some((last, at)) if *last == seq => {
+                let _ = at;
+                false
+            }
+            Some(entry) => {
+                *entry = (seq, now);
+                true
+            }
+            None => {
+                // The first observation starts the clock: a peer gets a full dead-after
+                // from the moment we start watching it.
+                self.seen.insert(rank, (seq, now));
+                false
+            }
+        }
+    }
+
+    /// Start watching a rank we have not read yet (e.g. its record is missing).
+    pub fn watch(&mut self, rank: u32, now: Instant) {
+        self.seen.entry(rank).or_insert((u64::MAX, now));
+    }
+
+    /// How long the rank's sequence has been still, by our clock.
+    pub fn silent_for(&self, rank: u32, now: Instant) -> Duration {
+        self.seen
+            .get(&rank)
+            .map(|(_, at)| now.saturating_duration_since(*at))
+            .unwrap_or_default()
+    }
+
+    pub fn is_dead(&self, rank: u32, now: Instant) -> bool {
+        self.seen.contains_key(&rank) && self.silent_for(rank, now) > self.dead_after
+    }
+
+    pub fn forget(&mut self, rank: u32) {
+        self.seen.remove(&rank);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dead_only_after_sequence_stays_still_for_dead_after() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut l = Liveness::new(s(10));
+        l.observe(1, 5, t0);
+        assert!(!l.is_dead(1, t0 + s(10)));
+        assert!(l.is_dead(1, t0 + s(11)));
+        // Advancing resets the clock.
+        assert!(l.observe(1, 6, t0 + s(9)));
+        assert!(!l.is_dead(1, t0 + s(18)));
+        assert!(l.is_dead(1, t0 + s(20)));
+        // Unknown ranks are never judged.
+        assert!(!l.is_dead(7, t0 + s(1000)));
+    }
+
+    #[test]
+    fn a_watched_missing_record_dies_after_dead_after() {
+        let t0 = Instant::now();
+        let mut l = Liveness::new(Duration::from_secs(3));
+        l.watch(2, t0);
+        assert!(l.is_dead(2, t0 + Duration::from_secs(4)));
+        assert!(l.observe(2, 0, t0 + Duration::from_secs(4)));
+        assert!(!l.is_dead(2, t0 + Duration::from_secs(5)));
+    }
+}

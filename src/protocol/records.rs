@@ -1,0 +1,273 @@
+//! The records nodes exchange through the shared directory.
+//!
+//! Each rank owns one live record per generation (`gen-G/rank-R.json`), rewritten in
+//! place: heartbeat sequence, phase, barrier position and — for rank 0 — barrier
+//! releases. Rewriting a name that exists from the start of the generation is seen at the
+//! next open by every NFS client, where waiting for a brand-new name can take a minute
+//! under negative lookup caching (DESIGN.md §2).
+
+use serde::{Deserialize, Serialize};
+
+/// Protocol version; a record with another version is ignored.
+pub const PROTO: u32 = 1;
+
+/// Rank 0's record of the current generation (`.rl-node/cluster.json`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ClusterRecord {
+    pub proto: u32,
+    pub run_id: String,
+    pub gen: u64,
+    pub num_nodes: u32,
+    pub rank_weights: Vec<u64>,
+    pub fingerprint: String,
+    /// The configuration every node must share, to say exactly what differs.
+    pub config: serde_json::Value,
+    pub master_addr: String,
+    pub master_port: u16,
+    pub host: String,
+    pub pid: u32,
+    /// Wall-clock time of the start, for display only.
+    pub started_at: String,
+    /// Why the previous generation ended, as far as rank 0 could tell.
+    #[serde(default)]
+    pub previous: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeState {
+    /// Placeholder rank 0 creates for a rank that has not joined yet.
+    Vacant,
+    Joining,
+    Running,
+    /// Finished every planned iteration.
+    Done,
+    /// Stopped because of a failure (its own or a peer's); see `abort`.
+    Failed,
+    /// Gave up on this generation before it formed (e.g. rank 0 vanished while joining).
+    Left,
+}
+
+impl NodeState {
+    pub fn is_terminal(self) -> bool {
+        matches!(self, NodeState::Done | NodeState::Failed | NodeState::Left)
+    }
+}
+
+/// A barrier position: barrier number `k` of the generation (every rank walks the same
+/// sequence), named for humans, with an optional gathered payload.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Mark {
+    pub k: u64,
+    pub iteration: u64,
+    pub name: String,
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub payload: serde_json::Value,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum AbortKind {
+    CommandFailed { exit: String },
+    Timeout,
+    PeerDead,
+    Signal { signal: i32 },
+    Error,
+}
+
+/// Who stopped the cluster and why. The first abort of a generation wins.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct AbortInfo {
+    #[serde(flatten)]
+    pub kind: AbortKind,
+    /// The rank at fault.
+    pub culprit: u32,
+    pub culprit_host: String,
+    pub phase: String,
+    pub iteration: u64,
+    pub reason: String,
+    #[serde(default)]
+    pub log: Option<String>,
+    /// The rank that noticed and published it.
+    pub detected_by: u32,
+    /// For a dead peer: how long its heartbeat had been still, by the detector's clock.
+    #[serde(default)]
+    pub silent_ms: Option<u64>,
+    pub at: String,
+}
+
+impl AbortInfo {
+    /// The exit code of `rank` when it stops because of this abort (README: exit codes).
+    pub fn exit_code_for(&self, rank: u32) -> i32 {
+        if self.culprit != rank || self.detected_by != rank {
+            return crate::exit::PEER_FAILED;
+        }
+        match self.kind {
+            AbortKind::Timeout => crate::exit::DEADLINE,
+            AbortKind::Signal { signal } => 128 + signal,
+            AbortKind::PeerDead => crate::exit::PEER_FAILED,
+            AbortKind::CommandFailed { .. } | AbortKind::Error => crate::exit::FAILED,
+        }
+    }
+
+    /// One paragraph a user can act on.
+    pub fn describe(&self) -> String {
+        let mut s = match &self.kind {
+            AbortKind::PeerDead => format!(
+                "rank {} on {} is dead: its heartbeat has been still for {} (last seen in phase {} of iteration {}); noticed by rank {}",
+                self.culprit,
+                self.culprit_host,
+                self.silent_ms
+                    .map(|ms| format!("{:.1}s", ms as f64 / 1000.0))
+                    .unwrap_or_else(|| "?".into()),
+                self.phase,
+                self.iteration,
+                self.detected_by
+            ),
+            _ => format!(
+                "rank {} on {} failed in phase {} of iteration {}: {}",
+                self.culprit, self.culprit_host, self.phase, self.iteration, self.reason
+            ),
+        };
+        if let Some(log) = &self.log {
+            s.push_str(&format!("\n  log: {log}"));
+        }
+        s
+    }
+}
+
+/// A rank's live record in one generation.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RankRecord {
+    pub proto: u32,
+    pub run_id: String,
+    pub gen: u64,
+    pub rank: u32,
+    pub host: String,
+    pub pid: u32,
+    /// Random per process: tells two processes claiming one rank apart.
+    pub nonce: String,
+    /// Grows at every write; liveness is judged by watching it advance.
+    pub seq: u64,
+    pub state: NodeState,
+    pub iteration: u64,
+    pub phase: Option<crate::protocol::Phase>,
+    #[serde(default)]
+    pub progress: Option<String>,
+    /// The last barrier this rank arrived at.
+    #[serde(default)]
+    pub arrived: Option<Mark>,
+    /// Rank 0 only: the last barrier released (implies all earlier ones).
+    #[serde(default)]
+    pub released: Option<Mark>,
+    /// Rank 0 only, while it waits at a barrier: the ranks that have not arrived.
+    #[serde(default)]
+    pub waiting_for: Vec<u32>,
+    /// Rank 0 only: heartbeat age of each peer as rank 0 observes it (ms).
+    #[serde(default)]
+    pub observed_ms: Vec<(u32, u64)>,
+    #[serde(default)]
+    pub abort: Option<AbortInfo>,
+    /// Wall-clock time of this write, for display only.
+    pub wall: String,
+}
+
+impl RankRecord {
+    pub fn belongs_to(&self, run_id: &str, gen: u64, rank: u32) -> bool {
+        self.proto == PROTO && self.run_id == run_id && self.gen == gen && self.rank == rank
+    }
+
+    pub fn arrived_at(&self, k: u64) -> bool {
+        self.arrived.as_ref().is_some_and(|m| m.k >= k)
+    }
+
+    pub fn released_at(&self, k: u64) -> bool {
+        self.released.as_ref().is_some_and(|m| m.k >= k)
+    }
+}
+
+pub fn wall_now() -> String {
+    chrono::Local::now().format("%Y-%m-%dT%H:%M:%S%.3f%:z").to_string()
+}
+
+/// Which ranks have not arrived at barrier `k`. `records[r]` is what was read for rank r
+/// (None: missing or not of this generation). Rank 0 is never missing from its own view.
+pub fn missing_arrivals(records: &[Option<RankRecord>], k: u64) -> Vec<u32> {
+    records
+        .iter()
+        .enumerate()
+        .skip(1)
+        .filter(|(_, r)| !r.as_ref().is_some_and(|r| r.arrived_at(k)))
+        .map(|(i, _)| i as u32)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(rank: u32, k: Option<u64>) -> RankRecord {
+        RankRecord {
+            proto: PROTO,
+            run_id: "r".into(),
+            gen: 1,
+            rank,
+            host: "h".into(),
+            pid: 1,
+            nonce: "n".into(),
+            seq: 0,
+            state: NodeState::Running,
+            iteration: 1,
+            phase: None,
+            progress: None,
+            arrived: k.map(|k| Mark {
+                k,
+                iteration: 1,
+                name: "b".into(),
+                payload: serde_json::Value::Null,
+            }),
+            released: None,
+            waiting_for: vec![],
+            observed_ms: vec![],
+            abort: None,
+            wall: String::new(),
+        }
+    }
+
+    #[test]
+    fn barrier_counts_only_ranks_at_or_past_k() {
+        let recs = vec![
+            Some(rec(0, Some(3))),
+            Some(rec(1, Some(3))),
+            Some(rec(2, Some(2))),
+            None,
+        ];
+        assert_eq!(missing_arrivals(&recs, 3), vec![2, 3]);
+        assert_eq!(missing_arrivals(&recs, 2), vec![3]);
+    }
+
+    #[test]
+    fn exit_codes() {
+        let mut a = AbortInfo {
+            kind: AbortKind::CommandFailed { exit: "1".into() },
+            culprit: 2,
+            culprit_host: "h".into(),
+            phase: "1 (train-rollout)".into(),
+            iteration: 1,
+            reason: "x".into(),
+            log: None,
+            detected_by: 2,
+            silent_ms: None,
+            at: String::new(),
+        };
+        assert_eq!(a.exit_code_for(2), 1);
+        assert_eq!(a.exit_code_for(0), 3);
+        a.kind = AbortKind::Timeout;
+        assert_eq!(a.exit_code_for(2), 4);
+        a.kind = AbortKind::Signal { signal: 15 };
+        assert_eq!(a.exit_code_for(2), 143);
+        a.kind = AbortKind::PeerDead;
+        a.detected_by = 0;
+        assert_eq!(a.exit_code_for(0), 3);
+    }
+}

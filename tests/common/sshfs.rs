@@ -1,0 +1,597 @@
+//! A real network-filesystem test substrate: a loopback `sshd` exporting one
+//! directory, mounted `n` times with `sshfs`. Each mount is an independent
+//! FUSE client with its own kernel attribute / entry / negative-lookup caches
+//! and its own sshfs stat cache, so the mounts behave like NFS clients on
+//! different nodes looking at one server directory.
+//!
+//! Requirements (installed by `scripts/test`): `sshfs`, `openssh-server`
+//! (`/usr/sbin/sshd`), `openssh-client` (`ssh`, `ssh-keygen`), `fuse3`
+//! (`fusermount3`) and a usable `/dev/fuse`. Tests must call [`available`]
+//! first (see [`require`]).
+//!
+//! Uses std only plus the `tempfile` dev-dependency. Several clusters may be
+//! started concurrently (distinct tempdirs and ports; port races are retried).
+
+use std::fs;
+use std::io::Write;
+use std::io::{Read, Seek, SeekFrom};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const SSHD: &str = "/usr/sbin/sshd";
+/// How long to wait for sshd to accept TCP connections.
+const SSHD_START_DEADLINE: Duration = Duration::from_secs(20);
+/// How long to wait for one sshfs mount to show up in /proc/mounts.
+const MOUNT_DEADLINE: Duration = Duration::from_secs(20);
+/// How long to wait for an sshfs process to exit after unmount.
+const EXIT_DEADLINE: Duration = Duration::from_secs(10);
+/// Attempts at picking a free port (another test may grab ours in between).
+const PORT_ATTEMPTS: usize = 5;
+const POLL_STEP: Duration = Duration::from_millis(25);
+
+/// One sshfs client mount.
+struct Mount {
+    dir: PathBuf,
+    /// `sshfs -f` child (foreground, so we own its pid and can reap it).
+    child: Option<Child>,
+}
+
+/// A loopback sshd exporting one directory, mounted several times with sshfs.
+pub struct SshfsCluster {
+    // Drop order matters and is handled explicitly in `Drop`: mounts are
+    // unmounted first, then sshd is killed, then the tempdir is removed.
+    mounts: Vec<Mount>,
+    sshd: Option<Child>,
+    /// Crash watchdog (see `spawn_watchdog`) and the write end of its stdin.
+    watchdog: Option<(Child, ChildStdin)>,
+    export: PathBuf,
+    sshd_log: PathBuf,
+    port: u16,
+    tmp: Option<tempfile::TempDir>,
+}
+
+/// True if sshfs, sshd, ssh-keygen, fusermount and /dev/fuse are usable.
+///
+/// Tests call this: when it is false and the env var `CI` is set they must
+/// panic (CI must never silently skip); otherwise print a skip note and return.
+/// [`require`] implements exactly that rule.
+pub fn available() -> bool {
+    missing().is_empty()
+}
+
+/// What [`available`] found missing (empty when everything is there).
+pub fn missing() -> Vec<String> {
+    let mut out = Vec::new();
+    if find_in_path("sshfs").is_none() {
+        out.push("sshfs (apt package sshfs)".to_string());
+    }
+    if !is_executable(Path::new(SSHD)) {
+        out.push(format!("{SSHD} (apt package openssh-server)"));
+    }
+    if find_in_path("ssh").is_none() || find_in_path("ssh-keygen").is_none() {
+        out.push("ssh / ssh-keygen (apt package openssh-client)".to_string());
+    }
+    if fusermount().is_none() {
+        out.push("fusermount3 / fusermount (apt package fuse3)".to_string());
+    }
+    if let Err(e) = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+    {
+        out.push(format!("usable /dev/fuse ({e})"));
+    }
+    out
+}
+
+/// The CI rule in one call: returns true when the substrate is usable. When
+/// it is not: panics if `CI` is set, else prints a skip note naming `test`
+/// and returns false (the caller should then return early).
+pub fn require(test: &str) -> bool {
+    let missing = missing();
+    if missing.is_empty() {
+        return true;
+    }
+    let msg = format!(
+        "sshfs substrate unavailable (missing: {}); run scripts/test to install it",
+        missing.join(", ")
+    );
+    if std::env::var_os("CI").is_some() {
+        panic!("{test}: {msg} (CI is set: refusing to skip)");
+    }
+    eprintln!("SKIP {test}: {msg}");
+    false
+}
+
+impl SshfsCluster {
+    /// Starts sshd on a free 127.0.0.1 port and mounts the export `n` times.
+    /// `cache_secs` is passed as sshfs `-o cache_timeout=S,negative_timeout=S`
+    /// (plus `attr_timeout=0`, which gives NFS-like close-to-open consistency;
+    /// see the option notes in `add_mount`).
+    pub fn start(n: usize, cache_secs: u32) -> Result<SshfsCluster, String> {
+        let tmp = tempfile::Builder::new()
+            .prefix("rl-node-sshfs-")
+            .tempdir()
+            .map_err(|e| format!("tempdir: {e}"))?;
+        let root = tmp.path().to_path_buf();
+        let export = root.join("export");
+        fs::create_dir(&export).map_err(|e| format!("mkdir {}: {e}", export.display()))?;
+        let sshd_log = root.join("sshd.log");
+
+        let mut cluster = SshfsCluster {
+            mounts: Vec::new(),
+            sshd: None,
+            watchdog: None,
+            export,
+            sshd_log,
+            port: 0,
+            tmp: Some(tmp),
+        };
+        // On any error `cluster` is dropped, which cleans up whatever started.
+        cluster.watchdog = Some(spawn_watchdog(&root)?);
+        cluster.keygen(&root)?;
+        cluster.start_sshd(&root)?;
+        for i in 0..n {
+            cluster.add_mount(&root, i, cache_secs)?;
+        }
+        Ok(cluster)
+    }
+
+    /// The real exported directory on local disk.
+    pub fn export(&self) -> &Path {
+        &self.export
+    }
+
+    /// The i-th client mount point.
+    pub fn mount(&self, i: usize) -> &Path {
+        &self.mounts[i].dir
+    }
+
+    /// Number of client mounts.
+    pub fn len(&self) -> usize {
+        self.mounts.len()
+    }
+
+    /// The loopback port sshd listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    fn keygen(&self, root: &Path) -> Result<(), String> {
+        for name in ["host_key", "client_key"] {
+            let out = Command::new("ssh-keygen")
+                .args(["-q", "-t", "ed25519", "-N", "", "-C", "rl-node-test", "-f"])
+                .arg(root.join(name))
+                .stdin(Stdio::null())
+                .output()
+                .map_err(|e| format!("spawn ssh-keygen: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "ssh-keygen {name} failed ({}): {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn start_sshd(&mut self, root: &Path) -> Result<(), String> {
+        // Privilege separation directory; harmless if it already exists.
+        let _ = fs::create_dir_all("/run/sshd");
+        let mut last_err = String::new();
+        for attempt in 0..PORT_ATTEMPTS {
+            let port = free_port()?;
+            let config = root.join("sshd_config");
+            fs::write(&config, sshd_config(root, port))
+                .map_err(|e| format!("write sshd_config: {e}"))?;
+            let log =
+                fs::File::create(&self.sshd_log).map_err(|e| format!("create sshd log: {e}"))?;
+            let child = Command::new(SSHD)
+                .arg("-D")
+                .arg("-e")
+                .arg("-f")
+                .arg(&config)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::from(log))
+                .spawn()
+                .map_err(|e| format!("spawn {SSHD}: {e}"))?;
+            self.sshd = Some(child);
+            self.port = port;
+            match self.wait_for_port(port) {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    let exited = self.stop_sshd();
+                    last_err = format!(
+                        "attempt {}: {e}\n--- sshd log tail ---\n{}",
+                        attempt + 1,
+                        self.sshd_log_tail()
+                    );
+                    // Only a port race is worth retrying; anything else is fatal.
+                    let raced = exited && self.sshd_log_tail().contains("Address already in use");
+                    if !raced {
+                        return Err(last_err);
+                    }
+                }
+            }
+        }
+        Err(last_err)
+    }
+
+    /// Waits until sshd accepts TCP connections on `port`, or it exits, or
+    /// the deadline passes.
+    fn wait_for_port(&mut self, port: u16) -> Result<(), String> {
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let deadline = Instant::now() + SSHD_START_DEADLINE;
+        loop {
+            if let Some(child) = self.sshd.as_mut() {
+                match child.try_wait() {
+                    Ok(Some(status)) => return Err(format!("sshd exited early: {status}")),
+                    Ok(None) => {}
+                    Err(e) => return Err(format!("wait sshd: {e}")),
+                }
+            }
+            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+                && self.sshd_log_tail().contains("Server listening")
+            {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "sshd did not accept connections on 127.0.0.1:{port} within {:?}",
+                    SSHD_START_DEADLINE
+                ));
+            }
+            std::thread::sleep(POLL_STEP);
+        }
+    }
+
+    fn add_mount(&mut self, root: &Path, i: usize, cache_secs: u32) -> Result<(), String> {
+        let dir = root.join(format!("mnt{i}"));
+        fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+        let log_path = root.join(format!("sshfs{i}.log"));
+        let log = fs::File::create(&log_path).map_err(|e| format!("create sshfs log: {e}"))?;
+        let user = current_user();
+        // Option notes (sshfs 3.7 / libfuse 3):
+        // - cache_timeout=S: sshfs's own stat/dir/link cache (default 20 s).
+        //   A stat() through this mount may show attributes up to S seconds
+        //   old, like NFS attribute caching (acregmin/acdirmin).
+        // - negative_timeout=S: the kernel caches "no such file" for S
+        //   seconds, like an NFS client's negative dentry cache.
+        // - attr_timeout=0: the kernel asks sshfs for attributes on every
+        //   use instead of trusting its own copy for 1 s. sshfs refreshes
+        //   its stat cache on open(), so this gives NFS close-to-open
+        //   consistency: after another client's rename-over, open()+read()
+        //   here returns the whole new file. With the default (1 s) a read
+        //   could be cut off at the old file's cached size.
+        // - SSH options (IdentityFile, ..., BatchMode, LogLevel) pass to ssh.
+        let opts = format!(
+            "IdentityFile={},StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,\
+             BatchMode=yes,LogLevel=ERROR,cache_timeout={cache_secs},\
+             negative_timeout={cache_secs},attr_timeout=0",
+            root.join("client_key").display()
+        );
+        let child = Command::new("sshfs")
+            .arg("-f")
+            .arg("-p")
+            .arg(self.port.to_string())
+            .arg("-o")
+            .arg(&opts)
+            .arg(format!("{user}@127.0.0.1:{}", self.export.display()))
+            .arg(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .map_err(|e| format!("spawn sshfs: {e}"))?;
+        self.mounts.push(Mount {
+            dir: dir.clone(),
+            child: Some(child),
+        });
+
+        let deadline = Instant::now() + MOUNT_DEADLINE;
+        loop {
+            if is_sshfs_mount(&dir) {
+                return Ok(());
+            }
+            let m = self.mounts.last_mut().expect("just pushed");
+            let exited = m.child.as_mut().and_then(|c| c.try_wait().ok().flatten());
+            if let Some(status) = exited {
+                m.child = None;
+                return Err(format!(
+                    "sshfs mount {i} exited ({status}): {}\n--- sshd log tail ---\n{}",
+                    read_tail(&log_path, 40),
+                    self.sshd_log_tail()
+                ));
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "sshfs mount {i} did not appear in /proc/mounts as fuse.sshfs within {:?}: {}\n\
+                     --- sshd log tail ---\n{}",
+                    MOUNT_DEADLINE,
+                    read_tail(&log_path, 40),
+                    self.sshd_log_tail()
+                ));
+            }
+            std::thread::sleep(POLL_STEP);
+        }
+    }
+
+    /// Kills and reaps sshd. Returns true if it had already exited by itself.
+    fn stop_sshd(&mut self) -> bool {
+        let Some(mut child) = self.sshd.take() else {
+            return false;
+        };
+        let exited = matches!(child.try_wait(), Ok(Some(_)));
+        if !exited {
+            let _ = child.kill();
+        }
+        let _ = child.wait();
+        exited
+    }
+
+    fn sshd_log_tail(&self) -> String {
+        read_tail(&self.sshd_log, 40)
+    }
+}
+
+impl Drop for SshfsCluster {
+    fn drop(&mut self) {
+        // 1. Unmount every client (while sshd is still up, so a clean unmount
+        //    does not hang on a dead connection), then reap its sshfs process.
+        for m in self.mounts.iter_mut().rev() {
+            unmount(&m.dir);
+            if let Some(mut child) = m.child.take() {
+                let deadline = Instant::now() + EXIT_DEADLINE;
+                loop {
+                    match child.try_wait() {
+                        Ok(Some(_)) | Err(_) => break,
+                        Ok(None) if Instant::now() >= deadline => {
+                            let _ = child.kill();
+                            let _ = child.wait();
+                            break;
+                        }
+                        Ok(None) => std::thread::sleep(POLL_STEP),
+                    }
+                }
+            }
+            // A killed sshfs can leave a dead ("transport endpoint not
+            // connected") mount behind; make sure it is gone.
+            if is_sshfs_mount(&m.dir) {
+                unmount(&m.dir);
+            }
+        }
+        // 2. Let sshd's per-connection children finish (they exit once the
+        //    sshfs clients are gone), then kill and reap the listener, so no
+        //    orphaned sshd session is left behind.
+        if let Some(pid) = self.sshd.as_ref().map(Child::id) {
+            let deadline = Instant::now() + EXIT_DEADLINE;
+            while has_live_children(pid) && Instant::now() < deadline {
+                std::thread::sleep(POLL_STEP);
+            }
+        }
+        self.stop_sshd();
+        // 3. Everything is cleaned up: dismiss the crash watchdog.
+        if let Some((mut child, mut stdin)) = self.watchdog.take() {
+            let _ = stdin.write_all(b"done\n");
+            drop(stdin);
+            let _ = child.wait();
+        }
+        // 4. Remove the tempdir, but never recurse into a mount that is still
+        //    there (that would delete through the network filesystem).
+        if self.mounts.iter().any(|m| is_sshfs_mount(&m.dir)) {
+            if let Some(tmp) = self.tmp.take() {
+                let path = tmp.keep();
+                eprintln!(
+                    "sshfs substrate: a mount under {} could not be unmounted; leaving it",
+                    path.display()
+                );
+            }
+        } else {
+            drop(self.tmp.take());
+        }
+    }
+}
+
+/// Cleanup script for a test process that dies without running `Drop` (for
+/// instance killed by nextest's slow-timeout). It blocks reading stdin, whose
+/// write end only the test process holds: a "done" line means the normal
+/// `Drop` cleaned up; EOF means the test process is gone, so it lazily
+/// unmounts every sshfs mount under the cluster's tempdir, kills that
+/// cluster's sshd (only if its pid still runs with this cluster's config)
+/// and removes the tempdir once nothing is mounted there any more.
+const WATCHDOG_SH: &str = r#"
+root=$1
+IFS= read -r line
+[ "$line" = done ] && exit 0
+mounted() { awk -v r="$root/" '$3 == "fuse.sshfs" && index($2, r) == 1 { print $2 }' /proc/mounts; }
+for m in $(mounted); do
+    fusermount3 -uz "$m" 2>/dev/null || fusermount -uz "$m" 2>/dev/null || umount -l "$m" 2>/dev/null
+done
+pid=$(cat "$root/sshd.pid" 2>/dev/null)
+if [ -n "$pid" ] && grep -qF "$root/sshd_config" "/proc/$pid/cmdline" 2>/dev/null; then
+    kill "$pid" 2>/dev/null
+fi
+[ -z "$(mounted)" ] && rm -rf "$root"
+exit 0
+"#;
+
+/// Starts the crash watchdog in its own process group, so a kill of the
+/// test's process group (nextest's timeout) does not take it down too.
+fn spawn_watchdog(root: &Path) -> Result<(Child, ChildStdin), String> {
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(WATCHDOG_SH)
+        .arg("rl-node-sshfs-watchdog")
+        .arg(root)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .map_err(|e| format!("spawn watchdog: {e}"))?;
+    let stdin = child.stdin.take().expect("piped stdin");
+    Ok((child, stdin))
+}
+
+fn sshd_config(root: &Path, port: u16) -> String {
+    format!(
+        "ListenAddress 127.0.0.1\n\
+         Port {port}\n\
+         HostKey {host_key}\n\
+         AuthorizedKeysFile {client_pub}\n\
+         PubkeyAuthentication yes\n\
+         PasswordAuthentication no\n\
+         KbdInteractiveAuthentication no\n\
+         PermitRootLogin yes\n\
+         StrictModes no\n\
+         UsePAM no\n\
+         UseDNS no\n\
+         PidFile {pid}\n\
+         Subsystem sftp internal-sftp\n\
+         MaxStartups 100\n\
+         LogLevel INFO\n",
+        host_key = root.join("host_key").display(),
+        client_pub = root.join("client_key.pub").display(),
+        pid = root.join("sshd.pid").display(),
+    )
+}
+
+/// True if some non-zombie process has `pid` as its parent.
+fn has_live_children(pid: u32) -> bool {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        let Ok(stat) = fs::read_to_string(e.path().join("stat")) else {
+            return false;
+        };
+        // Format: "pid (comm) state ppid ..."; comm may contain spaces.
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+            return false;
+        };
+        let mut f = rest.split_whitespace();
+        let state = f.next();
+        let ppid = f.next().and_then(|p| p.parse::<u32>().ok());
+        ppid == Some(pid) && state != Some("Z")
+    })
+}
+
+/// Binds 127.0.0.1:0, notes the port and releases it.
+fn free_port() -> Result<u16, String> {
+    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| format!("bind: {e}"))?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(|e| format!("local_addr: {e}"))
+}
+
+/// True if `dir` is listed in /proc/mounts as a fuse.sshfs mount.
+fn is_sshfs_mount(dir: &Path) -> bool {
+    let Ok(mounts) = fs::read_to_string("/proc/mounts") else {
+        return false;
+    };
+    let want = escape_mount_path(&dir.to_string_lossy());
+    mounts.lines().any(|line| {
+        let mut f = line.split(' ');
+        let _src = f.next();
+        let target = f.next();
+        let fstype = f.next();
+        target == Some(want.as_str()) && fstype == Some("fuse.sshfs")
+    })
+}
+
+/// /proc/mounts escapes space, tab, newline and backslash as octal.
+fn escape_mount_path(p: &str) -> String {
+    let mut out = String::with_capacity(p.len());
+    for c in p.chars() {
+        match c {
+            ' ' => out.push_str("\\040"),
+            '\t' => out.push_str("\\011"),
+            '\n' => out.push_str("\\012"),
+            '\\' => out.push_str("\\134"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// fusermount -u, then fusermount -uz, then umount -l; stops at the first
+/// that leaves the directory unmounted.
+fn unmount(dir: &Path) {
+    if !is_sshfs_mount(dir) {
+        return;
+    }
+    let fm = fusermount();
+    let mut attempts: Vec<(String, Vec<&str>)> = Vec::new();
+    if let Some(fm) = &fm {
+        attempts.push((fm.clone(), vec!["-u"]));
+        attempts.push((fm.clone(), vec!["-uz"]));
+    }
+    attempts.push(("umount".to_string(), vec!["-l"]));
+    for (prog, args) in attempts {
+        let _ = Command::new(&prog)
+            .args(&args)
+            .arg(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        if !is_sshfs_mount(dir) {
+            return;
+        }
+    }
+}
+
+fn fusermount() -> Option<String> {
+    ["fusermount3", "fusermount"]
+        .into_iter()
+        .find(|p| find_in_path(p).is_some())
+        .map(str::to_string)
+}
+
+fn current_user() -> String {
+    Command::new("id")
+        .arg("-un")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "root".to_string())
+}
+
+fn find_in_path(prog: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from))
+        .map(|d| d.join(prog))
+        .find(|p| is_executable(p))
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    fs::metadata(p)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+/// Last `lines` lines of a (small) log file; empty if unreadable.
+fn read_tail(path: &Path, lines: usize) -> String {
+    let Ok(mut f) = fs::File::open(path) else {
+        return String::new();
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let start = len.saturating_sub(16 * 1024);
+    if f.seek(SeekFrom::Start(start)).is_err() {
+        return String::new();
+    }
+    let mut buf = Vec::new();
+    let _ = f.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf);
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
