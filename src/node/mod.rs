@@ -378,11 +378,13 @@ impl Node {
                 return Err(self.publish_abort(info));
             }
         }
-        if self.is_master() {
-            let observed: Vec<(u32, u64)> = (1..self.num_nodes())
-                .map(|r| (r, self.liveness.silent_for(r, now).as_millis() as u64))
-                .collect();
-            publisher.stage(|rec| rec.observed_ms = observed);
+        // For `rl-node status`: heartbeat ages as this node observes them.
+        let watched = if self.is_master() { 1..self.num_nodes() } else { 0..1 };
+        let observed: Vec<(u32, u64)> = watched
+            .map(|r| (r, self.liveness.silent_for(r, now).as_millis() as u64))
+            .collect();
+        if let Some(p) = &self.publisher {
+            p.stage(|rec| rec.observed_ms = observed);
         }
         Ok(())
     }

@@ -1,0 +1,201 @@
+//! Start real `rl-node` processes over a temporary shared directory.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_rl-node");
+
+/// Fast timing so failure paths run in seconds while exercising the real code.
+pub const FAST_TIMING: &str = r#"
+[timing]
+heartbeat-interval = "200ms"
+dead-after = "3s"
+poll-interval = "100ms"
+kill-grace = "1s"
+join-timeout = "60s"
+"#;
+
+pub struct TestCluster {
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+    pub log_path: PathBuf,
+    pub num_nodes: u32,
+}
+
+pub struct NodeProc {
+    pub rank: u32,
+    pub child: Child,
+    pub stderr_path: PathBuf,
+    code: Option<i32>,
+}
+
+impl TestCluster {
+    /// A cluster of `num_nodes` with FAST_TIMING and `extra` TOML appended (phase commands…).
+    pub fn new(num_nodes: u32, extra: &str) -> TestCluster {
+        let dir = tempfile::tempdir().unwrap();
+        let log_path = dir.path().join("shared");
+        let config = dir.path().join("rl-node.toml");
+        fs::write(
+            &config,
+            format!("[cluster]\nnum-nodes = {num_nodes}\n{FAST_TIMING}\n{extra}\n"),
+        )
+        .unwrap();
+        TestCluster { dir, config, log_path, num_nodes }
+    }
+
+    /// Start rank `rank` (0 = --master) pointing at `log_path`, with extra CLI args.
+    pub fn spawn_at(&self, rank: u32, log_path: &Path, args: &[&str]) -> NodeProc {
+        let stderr_path = self
+            .dir
+            .path()
+            .join(format!("rank-{rank}-{}.stderr", rand_suffix()));
+        let mut cmd = Command::new(BIN);
+        if rank == 0 {
+            cmd.arg("--master");
+        } else {
+            cmd.arg("--worker").arg(rank.to_string());
+        }
+        cmd.arg("--config")
+            .arg(&self.config)
+            .arg("--log-path")
+            .arg(log_path)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(fs::File::create(stderr_path.with_extension("stdout")).unwrap())
+            .stderr(fs::File::create(&stderr_path).unwrap());
+        // Keep the test's own environment from leaking configuration in.
+        for (k, _) in std::env::vars() {
+            if k.starts_with("RL_NODE_") || k == "RANK" || k == "NODE_RANK" || k == "SLURM_NODEID" {
+                cmd.env_remove(k);
+            }
+        }
+        NodeProc {
+            rank,
+            child: cmd.spawn().unwrap(),
+            stderr_path,
+            code: None,
+        }
+    }
+
+    pub fn spawn(&self, rank: u32, args: &[&str]) -> NodeProc {
+        self.spawn_at(rank, &self.log_path, args)
+    }
+
+    pub fn spawn_all(&self, args: &[&str]) -> Vec<NodeProc> {
+        (0..self.num_nodes).map(|r| self.spawn(r, args)).collect()
+    }
+
+    /// Read rank r's live record of the current generation (None if not there yet).
+    pub fn record(&self, rank: u32) -> Option<serde_json::Value> {
+        let c: serde_json::Value =
+            serde_json::from_slice(&fs::read(self.log_path.join(".rl-node/cluster.json")).ok()?).ok()?;
+        let gen = c["gen"].as_u64()?;
+        serde_json::from_slice(
+            &fs::read(self.log_path.join(format!(".rl-node/gen-{gen}/rank-{rank}.json"))).ok()?,
+        )
+        .ok()
+    }
+
+    /// Wait until rank r's record shows `phase` (by name, e.g. "training") in `iteration`.
+    pub fn wait_phase(&self, rank: u32, iteration: u64, phase: &str, limit: Duration) {
+        wait_until(limit, &format!("rank {rank} in phase {phase} of iteration {iteration}"), || {
+            self.record(rank).is_some_and(|r| {
+                r["phase"].as_str() == Some(phase) && r["iteration"].as_u64() == Some(iteration)
+            })
+        });
+    }
+
+    /// Events of one rank (from `.rl-node/events/rank-R.jsonl`).
+    pub fn events(&self, rank: u32) -> Vec<serde_json::Value> {
+        fs::read_to_string(self.log_path.join(format!(".rl-node/events/rank-{rank}.jsonl")))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+}
+
+fn rand_suffix() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!("{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+}
+
+impl NodeProc {
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Wait for exit with a generous limit; panics (with the node's stderr) on timeout.
+    pub fn wait(&mut self, limit: Duration) -> i32 {
+        if let Some(c) = self.code {
+            return c;
+        }
+        let start = Instant::now();
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                use std::os::unix::process::ExitStatusExt;
+                let c = st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0));
+                self.code = Some(c);
+                return c;
+            }
+            if start.elapsed() > limit {
+                let _ = self.child.kill();
+                panic!(
+                    "rank {} did not exit within {limit:?}; stderr:\n{}",
+                    self.rank,
+                    self.stderr()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn stderr(&self) -> String {
+        fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    pub fn signal(&self, sig: i32) {
+        unsafe {
+            libc::kill(self.pid(), sig);
+        }
+    }
+}
+
+impl Drop for NodeProc {
+    fn drop(&mut self) {
+        if self.code.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Poll `cond` until it holds; panic naming `what` after `limit`.
+pub fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        if start.elapsed() > limit {
+            panic!("timed out after {limit:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Is any process alive whose command line contains `needle`? (zombies excluded)
+pub fn process_alive_with(needle: &str) -> Vec<i32> {
+    let mut out = vec![];
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(cmd) = fs::read(e.path().join("cmdline")) else { continue };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        let stat = fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        let zombie = stat.rsplit(')').next().is_some_and(|s| s.trim_start().starts_with('Z'));
+        if cmd.contains(needle) && !zombie && pid != std::process::id() as i32 {
+            out.push(pid);
+        }
+    }
+    out
+}
