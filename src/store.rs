@@ -12,6 +12,14 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+static READS: AtomicU64 = AtomicU64::new(0);
+static WRITES: AtomicU64 = AtomicU64::new(0);
+
+/// Shared-directory operations of this process so far: (reads, atomic writes). Reported
+/// at exit so the overhead benchmark can print operations per barrier.
+pub fn op_counts() -> (u64, u64) {
+    (READS.load(Ordering::Relaxed), WRITES.load(Ordering::Relaxed))
+}
 
 fn tmp_name(path: &Path) -> std::path::PathBuf {
     let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
@@ -30,6 +38,7 @@ pub fn fsync_dir(dir: &Path) -> io::Result<()> {
 /// Write to a temporary file in the same directory, fsync, rename over `path`, fsync
 /// the directory. Readers see the old content or the new, never a mix (where rename is atomic).
 pub fn publish(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    WRITES.fetch_add(1, Ordering::Relaxed);
     let tmp = tmp_name(path);
     let result = (|| {
         let mut f = File::create(&tmp)?;
@@ -94,6 +103,7 @@ pub fn create_new_json<T: Serialize>(path: &Path, value: &T) -> io::Result<bool>
 
 /// Read a file; a missing file is `None`.
 pub fn read(path: &Path) -> io::Result<Option<Vec<u8>>> {
+    READS.fetch_add(1, Ordering::Relaxed);
     match fs::read(path) {
         Ok(b) => Ok(Some(b)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),

@@ -617,7 +617,11 @@ impl Node {
         let mut iteration = 1;
         loop {
             if last > 0 && iteration > last {
-                self.say(&format!("all {last} iteration(s) complete"));
+                let (reads, writes) = store::op_counts();
+                self.say(&format!(
+                    "all {last} iteration(s) complete ({} barriers; shared-directory operations: {reads} reads, {writes} writes)",
+                    self.k
+                ));
                 return Ok(());
             }
             self.iteration = iteration;
