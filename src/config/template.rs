@@ -184,3 +184,18 @@ mod tests {
         assert!(e.to_string().contains("{rank}"));
     }
 }
+
+#[cfg(test)]
+mod doc_tests {
+    /// docs/commands.md is the one place users read placeholders and variables from.
+    #[test]
+    fn docs_list_every_placeholder_and_variable() {
+        let doc = include_str!("../../docs/commands.md");
+        for (name, env, _) in super::PLACEHOLDERS {
+            assert!(doc.contains(&format!("| `{{{name}}}` | `{env}` |")), "docs/commands.md misses {{{name}}} / {env}");
+        }
+        for (env, _, _) in crate::node::TORCHRUN_ENV {
+            assert!(doc.contains(&format!("| `{env}` |")), "docs/commands.md misses {env}");
+        }
+    }
+}

@@ -9,7 +9,7 @@
 //! collects children, the signal thread escalates a second Ctrl-C, and the watchdog ends
 //! the node if a filesystem call on the shared directory hangs.
 
-mod context;
+pub(crate) mod context;
 mod join;
 pub mod procs;
 mod publisher;
@@ -24,6 +24,7 @@ use crate::protocol::{
 };
 use crate::store;
 pub use crate::protocol::wall_now;
+pub(crate) use context::TORCHRUN_ENV;
 use procs::{ChildExit, Event, Registry};
 use publisher::Publisher;
 use serde_json::{Value, json};
