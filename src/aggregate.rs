@@ -29,9 +29,8 @@ pub fn concat_jsonl(shards: &[PathBuf], out: &Path, tick: &mut dyn FnMut()) -> i
         let mut w = BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
         let mut summary = Summary::default();
         for shard in shards {
-            let f = File::open(shard).map_err(|e| {
-                io::Error::new(e.kind(), format!("shard {}: {e}", shard.display()))
-            })?;
+            let f = File::open(shard)
+                .map_err(|e| io::Error::new(e.kind(), format!("shard {}: {e}", shard.display())))?;
             let mut r = BufReader::with_capacity(1 << 20, f);
             let mut line = Vec::new();
             loop {
@@ -81,7 +80,10 @@ mod tests {
         let out = d.path().join("out.jsonl");
         let s = concat_jsonl(&[a, b], &out, &mut || {}).unwrap();
         assert_eq!(s.records, 3);
-        assert_eq!(std::fs::read_to_string(&out).unwrap(), "{\"r\":0}\n{\"r\":1}\n{\"r\":2}\n");
+        assert_eq!(
+            std::fs::read_to_string(&out).unwrap(),
+            "{\"r\":0}\n{\"r\":1}\n{\"r\":2}\n"
+        );
     }
 
     #[test]

@@ -103,8 +103,16 @@ impl Settings {
         add("--num-nodes", "cluster.num-nodes", &self.num_nodes);
         add("--rank-weights", "cluster.rank-weights", &self.rank_weights);
         add("--rl-phase", "cluster.rl-phase", &self.rl_phase);
-        add("--eval-interval", "cluster.eval-interval", &self.eval_interval);
-        add("--rollout-split", "cluster.rollout-split", &self.rollout_split);
+        add(
+            "--eval-interval",
+            "cluster.eval-interval",
+            &self.eval_interval,
+        );
+        add(
+            "--rollout-split",
+            "cluster.rollout-split",
+            &self.rollout_split,
+        );
         add("--iterations", "cluster.iterations", &self.iterations);
         add("--master-port", "cluster.master-port", &self.master_port);
         v
@@ -136,9 +144,10 @@ fn resolve_rank(args: &NodeArgs) -> Result<(u32, String), Stop> {
     }
     for var in ["RANK", "NODE_RANK", "SLURM_NODEID"] {
         if let Ok(v) = std::env::var(var) {
-            let r = v.trim().parse::<u32>().map_err(|_| {
-                Stop::usage(format!("{var}={v} is not a rank number"), None)
-            })?;
+            let r = v
+                .trim()
+                .parse::<u32>()
+                .map_err(|_| Stop::usage(format!("{var}={v} is not a rank number"), None))?;
             return Ok((r, format!("from {var}")));
         }
     }
@@ -174,14 +183,22 @@ pub fn main() -> i32 {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();
-            return if e.use_stderr() { exit::USAGE } else { exit::DONE };
+            return if e.use_stderr() {
+                exit::USAGE
+            } else {
+                exit::DONE
+            };
         }
     };
     match cli.command {
         Some(Command::Guard) => node::procs::guardian_main(),
         Some(Command::ShowConfig) => match cli.settings.load() {
             Ok(l) => {
-                print!("# effective rl-node configuration (fingerprint {})\n{}", l.config.fingerprint(), l.render());
+                print!(
+                    "# effective rl-node configuration (fingerprint {})\n{}",
+                    l.config.fingerprint(),
+                    l.render()
+                );
                 exit::DONE
             }
             Err(e) => config_error(e),

@@ -50,7 +50,10 @@ impl Layout {
     }
 
     pub fn rollout_dir(&self, iteration: u64, split: &str) -> PathBuf {
-        self.root.join("rollouts").join(iter_dir(iteration)).join(split)
+        self.root
+            .join("rollouts")
+            .join(iter_dir(iteration))
+            .join(split)
     }
 
     /// A rank's committed shard.

@@ -5,7 +5,7 @@
 //! missing *or unparsable* file as "not yet" instead of trusting that a name implies
 //! complete content.
 
-use serde::{Serialize, de::DeserializeOwned};
+use serde::{de::DeserializeOwned, Serialize};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::Path;
@@ -18,7 +18,10 @@ static WRITES: AtomicU64 = AtomicU64::new(0);
 /// Shared-directory operations of this process so far: (reads, atomic writes). Reported
 /// at exit so the overhead benchmark can print operations per barrier.
 pub fn op_counts() -> (u64, u64) {
-    (READS.load(Ordering::Relaxed), WRITES.load(Ordering::Relaxed))
+    (
+        READS.load(Ordering::Relaxed),
+        WRITES.load(Ordering::Relaxed),
+    )
 }
 
 fn tmp_name(path: &Path) -> std::path::PathBuf {
@@ -146,6 +149,8 @@ mod tests {
         let p = d.path().join("x.json");
         fs::write(&p, b"{\"a\": 1").unwrap();
         assert!(read_json::<serde_json::Value>(&p).unwrap().is_none());
-        assert!(read_json::<serde_json::Value>(&d.path().join("missing")).unwrap().is_none());
+        assert!(read_json::<serde_json::Value>(&d.path().join("missing"))
+            .unwrap()
+            .is_none());
     }
 }

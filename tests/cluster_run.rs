@@ -51,12 +51,23 @@ fn expected(rank: u32, iterations: u64, eval_every: u64) -> Vec<String> {
 #[test]
 fn three_nodes_walk_every_phase_in_order() {
     let c = TestCluster::new(3, &format!("{TRACE}\n"));
-    let mut nodes = c.spawn_all(&["--iterations", "3", "--eval-interval", "2", "--rank-weights", "2,1,1"]);
+    let mut nodes = c.spawn_all(&[
+        "--iterations",
+        "3",
+        "--eval-interval",
+        "2",
+        "--rank-weights",
+        "2,1,1",
+    ]);
     for n in &mut nodes {
         assert_eq!(n.wait(LIMIT), 0, "rank {} failed:\n{}", n.rank, n.stderr());
     }
     for r in 0..3 {
-        assert_eq!(trace(&c, r), expected(r, 3, 2), "rank {r} ran the wrong phases");
+        assert_eq!(
+            trace(&c, r),
+            expected(r, 3, 2),
+            "rank {r} ran the wrong phases"
+        );
     }
     // Rank 0's built-in aggregation merged every rank's committed shard, in rank order,
     // before prepare ran (prepare counted 3 records).
@@ -65,13 +76,27 @@ fn three_nodes_walk_every_phase_in_order() {
         let merged = fs::read_to_string(dir.join("train.jsonl")).unwrap();
         let ranks: Vec<i64> = merged
             .lines()
-            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["rank"].as_i64().unwrap())
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["rank"]
+                    .as_i64()
+                    .unwrap()
+            })
             .collect();
         assert_eq!(ranks, vec![0, 1, 2], "iteration {i}");
-        assert_eq!(fs::read_to_string(dir.join("prepared")).unwrap().trim(), "3");
-        assert!(!dir.join("train/rank-1.partial.jsonl").exists(), "shard not committed");
+        assert_eq!(
+            fs::read_to_string(dir.join("prepared")).unwrap().trim(),
+            "3"
+        );
+        assert!(
+            !dir.join("train/rank-1.partial.jsonl").exists(),
+            "shard not committed"
+        );
         // Eval ran (and was aggregated) only on iterations 1 and 3.
-        assert_eq!(dir.join("eval.jsonl").exists(), i != 2, "eval on iteration {i}");
+        assert_eq!(
+            dir.join("eval.jsonl").exists(),
+            i != 2,
+            "eval on iteration {i}"
+        );
     }
     // The hand-off of iteration 1 is the model every rank rolls out with in iteration 2.
     let it2 = fs::read_to_string(c.log_path.join("rollouts/iter-0002/train/rank-2.jsonl")).unwrap();
@@ -100,7 +125,10 @@ fn three_nodes_walk_every_phase_in_order() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && text.contains("state: completed"), "{text}");
+    assert!(
+        out.status.success() && text.contains("state: completed"),
+        "{text}"
+    );
     let out = std::process::Command::new(BIN)
         .args(["status", "--json", "--log-path"])
         .arg(&c.log_path)
@@ -123,7 +151,14 @@ fn one_node_runs_the_same_phases_alone() {
 #[test]
 fn rollout_and_update_run_their_halves() {
     let c = TestCluster::new(2, TRACE);
-    let mut nodes = c.spawn_all(&["--iterations", "2", "--rl-phase", "rollout", "--rollout-split", "train-only"]);
+    let mut nodes = c.spawn_all(&[
+        "--iterations",
+        "2",
+        "--rl-phase",
+        "rollout",
+        "--rollout-split",
+        "train-only",
+    ]);
     for n in &mut nodes {
         assert_eq!(n.wait(LIMIT), 0, "{}", n.stderr());
     }
@@ -136,10 +171,22 @@ fn rollout_and_update_run_their_halves() {
     }
     assert_eq!(
         trace(&c, 0)[2..],
-        ["1 prepare", "1 train", "1 handoff", "2 prepare", "2 train", "2 handoff"]
+        [
+            "1 prepare",
+            "1 train",
+            "1 handoff",
+            "2 prepare",
+            "2 train",
+            "2 handoff"
+        ]
     );
     assert_eq!(trace(&c, 1)[2..], ["1 train", "2 train"]);
-    assert_eq!(fs::read_to_string(c.log_path.join("rollouts/iter-0002/prepared")).unwrap().trim(), "2");
+    assert_eq!(
+        fs::read_to_string(c.log_path.join("rollouts/iter-0002/prepared"))
+            .unwrap()
+            .trim(),
+        "2"
+    );
 }
 
 #[test]
@@ -153,8 +200,18 @@ fn show_config_reports_sources() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(text.contains("eval-interval = 6   # from --eval-interval"), "{text}");
-    assert!(text.contains("dead-after = \"90s\"   # from environment RL_NODE_TIMING_DEAD_AFTER"), "{text}");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("eval-interval = 6   # from --eval-interval"),
+        "{text}"
+    );
+    assert!(
+        text.contains("dead-after = \"90s\"   # from environment RL_NODE_TIMING_DEAD_AFTER"),
+        "{text}"
+    );
     assert!(text.contains("num-nodes = 2   # from "), "{text}");
 }

@@ -31,15 +31,31 @@ command = "true"
     let start = Instant::now();
     // Every node uses its own client of the one exported directory.
     let mut nodes: Vec<NodeProc> = (0..3u32)
-        .map(|r| c.spawn_at(r, &fs.mount(r as usize).join("exp"), &["--iterations", &iterations.to_string()]))
+        .map(|r| {
+            c.spawn_at(
+                r,
+                &fs.mount(r as usize).join("exp"),
+                &["--iterations", &iterations.to_string()],
+            )
+        })
         .collect();
     for n in &mut nodes {
-        assert_eq!(n.wait(Duration::from_secs(120)), 0, "rank {}:\n{}", n.rank, n.stderr());
+        assert_eq!(
+            n.wait(Duration::from_secs(120)),
+            0,
+            "rank {}:\n{}",
+            n.rank,
+            n.stderr()
+        );
     }
     let elapsed = start.elapsed();
     // The merged trajectories are complete as seen by the export itself.
     for i in 1..=iterations {
-        let merged = std::fs::read_to_string(fs.export().join(format!("exp/rollouts/iter-{i:04}/train.jsonl"))).unwrap();
+        let merged = std::fs::read_to_string(
+            fs.export()
+                .join(format!("exp/rollouts/iter-{i:04}/train.jsonl")),
+        )
+        .unwrap();
         assert_eq!(merged.lines().count(), 3, "iteration {i}: {merged}");
     }
     // 7 barriers per iteration (sync-start, rollout-complete, files-ready, eval-decision,
@@ -48,10 +64,17 @@ command = "true"
     // exists and pay one negative-cache period) plus, per barrier, two poll intervals
     // (100 ms each) — far below one cache period per barrier (27 barriers x 5 s).
     let barriers = 9 * iterations + 1;
-    let budget = Duration::from_secs(CACHE_SECS as u64 + 5) + Duration::from_millis(200) * barriers as u32;
-    eprintln!("sshfs: {iterations} iterations, {barriers} barriers in {elapsed:?} (budget {budget:?})");
+    let budget =
+        Duration::from_secs(CACHE_SECS as u64 + 5) + Duration::from_millis(200) * barriers as u32;
+    eprintln!(
+        "sshfs: {iterations} iterations, {barriers} barriers in {elapsed:?} (budget {budget:?})"
+    );
     assert!(elapsed < budget, "took {elapsed:?}, budget {budget:?}");
-    for line in nodes[0].stderr().lines().filter(|l| l.contains("complete in") || l.contains("joined")) {
+    for line in nodes[0]
+        .stderr()
+        .lines()
+        .filter(|l| l.contains("complete in") || l.contains("joined"))
+    {
         eprintln!("rank 0: {line}");
     }
     drop(nodes);

@@ -164,7 +164,11 @@ impl Config {
         if self.cluster.rank_weights.is_empty() {
             vec![1; self.cluster.num_nodes as usize]
         } else {
-            self.cluster.rank_weights.iter().map(|&w| w as u64).collect()
+            self.cluster
+                .rank_weights
+                .iter()
+                .map(|&w| w as u64)
+                .collect()
         }
     }
 
@@ -347,10 +351,7 @@ pub fn load(
             .cloned()
             .unwrap_or_else(|| "configuration".into());
         ConfigError::Invalid {
-            source_name: sources
-                .get(&key)
-                .unwrap_or(&Source::Default)
-                .to_string(),
+            source_name: sources.get(&key).unwrap_or(&Source::Default).to_string(),
             key,
             message: msg.trim().to_string(),
         }
@@ -517,10 +518,11 @@ fn parse_as(raw: &str, template: &Value) -> Result<Value, String> {
             }
             raw.split(',')
                 .map(|s| {
-                    s.trim()
-                        .parse::<i64>()
-                        .map(Value::Integer)
-                        .map_err(|_| format!("expected a comma-separated list of integers like `2,1,1`, got `{raw}`"))
+                    s.trim().parse::<i64>().map(Value::Integer).map_err(|_| {
+                        format!(
+                            "expected a comma-separated list of integers like `2,1,1`, got `{raw}`"
+                        )
+                    })
                 })
                 .collect::<Result<Vec<_>, _>>()
                 .map(Value::Array)
@@ -682,7 +684,10 @@ mod tests {
         let f = dir.path().join("c.toml");
         std::fs::write(&f, "[cluster]\nnum-nodes = \"three\"\n").unwrap();
         let e = load(Some(&f), &no_env, &[]).unwrap_err().to_string();
-        assert!(e.contains("cluster.num-nodes") && e.contains("expected an integer"), "{e}");
+        assert!(
+            e.contains("cluster.num-nodes") && e.contains("expected an integer"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -690,7 +695,11 @@ mod tests {
         let e = load(
             None,
             &no_env,
-            &[cli("--rollout-split", "cluster.rollout-split", "train-only")],
+            &[cli(
+                "--rollout-split",
+                "cluster.rollout-split",
+                "train-only",
+            )],
         )
         .unwrap_err()
         .to_string();
@@ -699,8 +708,18 @@ mod tests {
 
     #[test]
     fn fingerprint_ignores_paths_but_not_commands() {
-        let a = load(None, &no_env, &[cli("--log-path", "cluster.log-path", "/a")]).unwrap();
-        let b = load(None, &no_env, &[cli("--log-path", "cluster.log-path", "/b")]).unwrap();
+        let a = load(
+            None,
+            &no_env,
+            &[cli("--log-path", "cluster.log-path", "/a")],
+        )
+        .unwrap();
+        let b = load(
+            None,
+            &no_env,
+            &[cli("--log-path", "cluster.log-path", "/b")],
+        )
+        .unwrap();
         assert_eq!(a.config.fingerprint(), b.config.fingerprint());
         let c = load(
             None,

@@ -12,21 +12,61 @@ use std::collections::BTreeMap;
 pub const PLACEHOLDERS: &[(&str, &str, &str)] = &[
     ("rank", "RL_NODE_RANK", "this node's rank (0 = master)"),
     ("num_nodes", "RL_NODE_NUM_NODES", "number of nodes"),
-    ("iteration", "RL_NODE_ITERATION", "current iteration, from 1"),
-    ("split", "RL_NODE_SPLIT", "`train` or `eval` (rollout/eval phases)"),
-    ("phase", "RL_NODE_PHASE", "phase name, e.g. `rollout`, `train`"),
-    ("log_path", "RL_NODE_LOG_PATH", "the shared directory (--log-path)"),
+    (
+        "iteration",
+        "RL_NODE_ITERATION",
+        "current iteration, from 1",
+    ),
+    (
+        "split",
+        "RL_NODE_SPLIT",
+        "`train` or `eval` (rollout/eval phases)",
+    ),
+    (
+        "phase",
+        "RL_NODE_PHASE",
+        "phase name, e.g. `rollout`, `train`",
+    ),
+    (
+        "log_path",
+        "RL_NODE_LOG_PATH",
+        "the shared directory (--log-path)",
+    ),
     ("data_path", "RL_NODE_DATA_PATH", "--data-path"),
-    ("output", "RL_NODE_OUTPUT", "the file or directory this phase must write"),
-    ("trajectories", "RL_NODE_TRAJECTORIES", "this iteration's aggregated train trajectories"),
-    ("model", "RL_NODE_MODEL", "the current model (cluster.model, then each hand-off)"),
-    ("master_addr", "RL_NODE_MASTER_ADDR", "rank 0's address, as published in the cluster record"),
+    (
+        "output",
+        "RL_NODE_OUTPUT",
+        "the file or directory this phase must write",
+    ),
+    (
+        "trajectories",
+        "RL_NODE_TRAJECTORIES",
+        "this iteration's aggregated train trajectories",
+    ),
+    (
+        "model",
+        "RL_NODE_MODEL",
+        "the current model (cluster.model, then each hand-off)",
+    ),
+    (
+        "master_addr",
+        "RL_NODE_MASTER_ADDR",
+        "rank 0's address, as published in the cluster record",
+    ),
     ("master_port", "RL_NODE_MASTER_PORT", "cluster.master-port"),
     ("server_port", "RL_NODE_SERVER_PORT", "server.port"),
     ("rank_weight", "RL_NODE_RANK_WEIGHT", "this rank's weight"),
     ("total_weight", "RL_NODE_TOTAL_WEIGHT", "sum of all weights"),
-    ("rank_weights", "RL_NODE_RANK_WEIGHTS", "all weights, comma-separated (`2,1,1`)"),
-    ("gen", "RL_NODE_GEN", "the cluster generation (grows at every start)"),
+    (
+        "rank_weights",
+        "RL_NODE_RANK_WEIGHTS",
+        "all weights, comma-separated (`2,1,1`)",
+    ),
+    (
+        "gen",
+        "RL_NODE_GEN",
+        "the cluster generation (grows at every start)",
+    ),
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -174,7 +214,10 @@ mod tests {
     #[test]
     fn shell_braces_survive() {
         let t = Template::parse("echo ${HOME} {a,b} {{rank}} $RL_NODE_RANK {rank}").unwrap();
-        assert_eq!(t.render(&vals()), "echo ${HOME} {a,b} {rank} $RL_NODE_RANK 2");
+        assert_eq!(
+            t.render(&vals()),
+            "echo ${HOME} {a,b} {rank} $RL_NODE_RANK 2"
+        );
     }
 
     #[test]
@@ -192,10 +235,16 @@ mod doc_tests {
     fn docs_list_every_placeholder_and_variable() {
         let doc = include_str!("../../docs/commands.md");
         for (name, env, _) in super::PLACEHOLDERS {
-            assert!(doc.contains(&format!("| `{{{name}}}` | `{env}` |")), "docs/commands.md misses {{{name}}} / {env}");
+            assert!(
+                doc.contains(&format!("| `{{{name}}}` | `{env}` |")),
+                "docs/commands.md misses {{{name}}} / {env}"
+            );
         }
         for (env, _, _) in crate::node::TORCHRUN_ENV {
-            assert!(doc.contains(&format!("| `{env}` |")), "docs/commands.md misses {env}");
+            assert!(
+                doc.contains(&format!("| `{env}` |")),
+                "docs/commands.md misses {env}"
+            );
         }
     }
 }

@@ -23,6 +23,11 @@ pub const TORCHRUN_ENV: &[(&str, &str, &str)] = &[
 pub fn torchrun_env(values: &BTreeMap<&'static str, String>) -> Vec<(String, String)> {
     TORCHRUN_ENV
         .iter()
-        .map(|(env, key, _)| (env.to_string(), values.get(key).cloned().unwrap_or_default()))
+        .map(|(env, key, _)| {
+            (
+                env.to_string(),
+                values.get(key).cloned().unwrap_or_default(),
+            )
+        })
         .collect()
 }

@@ -11,11 +11,11 @@
 //! its master simply waits. Refusals (different configuration, rank held by a live
 //! process) happen before the worker writes anything.
 
-use super::{Interrupt, Node, Stop, pid_alive, random_hex};
+use super::{pid_alive, random_hex, Interrupt, Node, Stop};
 use crate::exit;
-use crate::protocol::{ClusterRecord, Mark, NodeState, PROTO, RankRecord, wall_now};
+use crate::protocol::{wall_now, ClusterRecord, Mark, NodeState, RankRecord, PROTO};
 use crate::store;
-use serde_json::{Value, json};
+use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
@@ -45,9 +45,17 @@ impl Node {
             run_id: run_id.to_string(),
             gen,
             rank,
-            host: if rank == self.rank { self.host.clone() } else { String::new() },
+            host: if rank == self.rank {
+                self.host.clone()
+            } else {
+                String::new()
+            },
             pid: if rank == self.rank { self.pid } else { 0 },
-            nonce: if rank == self.rank { self.nonce.clone() } else { String::new() },
+            nonce: if rank == self.rank {
+                self.nonce.clone()
+            } else {
+                String::new()
+            },
             seq: 0,
             state,
             iteration: 0,
@@ -119,7 +127,10 @@ impl Node {
                         NodeState::Failed => format!(
                             "generation {} stopped: {}",
                             p.gen,
-                            r0.abort.as_ref().map(|a| a.describe()).unwrap_or_else(|| "failure".into())
+                            r0.abort
+                                .as_ref()
+                                .map(|a| a.describe())
+                                .unwrap_or_else(|| "failure".into())
                         ),
                         _ => {
                             self.check_previous_master(&r0)?;
@@ -201,7 +212,10 @@ impl Node {
                 return Ok(Some(()));
             }
             if missing != last {
-                n.waiting_note = format!("waiting for {} to join generation {gen}", super::ranks_list(&missing));
+                n.waiting_note = format!(
+                    "waiting for {} to join generation {gen}",
+                    super::ranks_list(&missing)
+                );
                 let m = missing.clone();
                 n.publisher().update(|r| r.waiting_for = m);
                 last = missing;
@@ -241,7 +255,10 @@ impl Node {
     /// While joining, heartbeat faster so workers on other hosts can tell a live rank 0
     /// from a stale record quickly.
     fn join_beat(&self) -> Duration {
-        self.cfg.timing.heartbeat_interval.min(Duration::from_secs(1))
+        self.cfg
+            .timing
+            .heartbeat_interval
+            .min(Duration::from_secs(1))
     }
 
     /// Refuse to start if the previous generation's rank 0 is still alive.
@@ -257,7 +274,10 @@ impl Node {
         let path = self.layout.rank_record(r0.gen, 0);
         let first = r0.clone();
         let verdict = self.wait_for(Instant::now() + patience * 2, |n| {
-            let rec = store::read_json::<RankRecord>(&path).ok().flatten().unwrap_or(first.clone());
+            let rec = store::read_json::<RankRecord>(&path)
+                .ok()
+                .flatten()
+                .unwrap_or(first.clone());
             if rec.state.is_terminal() {
                 return Ok(Some(Holder::Gone));
             }
@@ -304,7 +324,10 @@ impl Node {
                             humantime::format_duration(self.cfg.timing.join_timeout),
                             self.waiting_note
                         ),
-                        hint: Some("start rank 0 (--master) with the same configuration and --log-path".into()),
+                        hint: Some(
+                            "start rank 0 (--master) with the same configuration and --log-path"
+                                .into(),
+                        ),
                         detail: None,
                     });
                 }
@@ -318,13 +341,16 @@ impl Node {
             let mut me = self.record(gen, &cluster.run_id, self.rank, NodeState::Joining);
             me.arrived = Some(self.join_mark());
             let path = self.layout.rank_record(gen, self.rank);
-            let publisher = super::Publisher::start(path.clone(), me, self.cfg.timing.heartbeat_interval)
-                .map_err(|e| Stop {
-                    code: exit::FAILED,
-                    message: format!("cannot write {}: {e}", path.display()),
-                    hint: Some("check that --log-path is on a writable shared filesystem".into()),
-                    detail: None,
-                })?;
+            let publisher =
+                super::Publisher::start(path.clone(), me, self.cfg.timing.heartbeat_interval)
+                    .map_err(|e| Stop {
+                        code: exit::FAILED,
+                        message: format!("cannot write {}: {e}", path.display()),
+                        hint: Some(
+                            "check that --log-path is on a writable shared filesystem".into(),
+                        ),
+                        detail: None,
+                    })?;
             self.publisher = Some(publisher);
             self.say(&format!(
                 "joined generation {gen} of run {} (rank 0 on {}, master address {})",
@@ -372,14 +398,23 @@ impl Node {
         seen: &mut Seen,
     ) -> Result<Option<(ClusterRecord, RankRecord)>, Stop> {
         let layout = self.layout.clone();
-        let Some(c) = store::read_json::<ClusterRecord>(&layout.cluster()).ok().flatten() else {
-            self.waiting_note = format!("no cluster record at {} yet: is rank 0 started?", layout.cluster().display());
+        let Some(c) = store::read_json::<ClusterRecord>(&layout.cluster())
+            .ok()
+            .flatten()
+        else {
+            self.waiting_note = format!(
+                "no cluster record at {} yet: is rank 0 started?",
+                layout.cluster().display()
+            );
             return Ok(None);
         };
         if rejected.contains(&c.gen) {
             return Ok(None);
         }
-        let Some(r0) = store::read_json::<RankRecord>(&layout.rank_record(c.gen, 0)).ok().flatten() else {
+        let Some(r0) = store::read_json::<RankRecord>(&layout.rank_record(c.gen, 0))
+            .ok()
+            .flatten()
+        else {
             return Ok(None);
         };
         if r0.state.is_terminal() {
@@ -390,7 +425,9 @@ impl Node {
             rejected.insert(c.gen);
             return Ok(None);
         }
-        let slot = store::read_json::<RankRecord>(&layout.rank_record(c.gen, self.rank)).ok().flatten();
+        let slot = store::read_json::<RankRecord>(&layout.rank_record(c.gen, self.rank))
+            .ok()
+            .flatten();
         if let Some(s) = slot.filter(|s| {
             !matches!(s.state, NodeState::Vacant) && !s.state.is_terminal() && s.nonce != self.nonce
         }) {
@@ -429,7 +466,10 @@ impl Node {
         match self.judge(seen, &r0, self.cfg.timing.dead_after) {
             Holder::Alive => {}
             Holder::Unknown => {
-                self.waiting_note = format!("checking that rank 0 of generation {} (pid {} on {}) is alive", c.gen, r0.pid, r0.host);
+                self.waiting_note = format!(
+                    "checking that rank 0 of generation {} (pid {} on {}) is alive",
+                    c.gen, r0.pid, r0.host
+                );
                 return Ok(None);
             }
             Holder::Gone => {
@@ -462,8 +502,16 @@ fn diff_json(theirs: &Value, ours: &Value, prefix: &str) -> Vec<String> {
             keys.dedup();
             keys.into_iter()
                 .flat_map(|k| {
-                    let p = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
-                    diff_json(a.get(k).unwrap_or(&Value::Null), b.get(k).unwrap_or(&Value::Null), &p)
+                    let p = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    diff_json(
+                        a.get(k).unwrap_or(&Value::Null),
+                        b.get(k).unwrap_or(&Value::Null),
+                        &p,
+                    )
                 })
                 .collect()
         }

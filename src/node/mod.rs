@@ -18,20 +18,21 @@ mod watchdog;
 use crate::config::{Config, Loaded, PhaseCommand, RolloutSplit, Template};
 use crate::exit;
 use crate::layout::Layout;
+pub use crate::protocol::wall_now;
 use crate::protocol::{
-    AbortInfo, AbortKind, ClusterRecord, Liveness, Mark, NodeState, Phase, RankRecord,
-    missing_arrivals, phase::eval_due,
+    missing_arrivals, phase::eval_due, AbortInfo, AbortKind, ClusterRecord, Liveness, Mark,
+    NodeState, Phase, RankRecord,
 };
 use crate::store;
-pub use crate::protocol::wall_now;
+#[cfg(test)]
 pub(crate) use context::TORCHRUN_ENV;
 use procs::{ChildExit, Event, Registry};
 use publisher::Publisher;
-use serde_json::{Value, json};
+use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::time::{Duration, Instant};
 
 /// How a node run ends when it does not finish: the exit code and what to tell the user.
@@ -145,8 +146,7 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
         );
     }
     start_signal_thread(tx.clone(), registry.clone(), opts.rank);
-    let watchdog =
-        watchdog::Watchdog::start(opts.rank, cfg.timing.fs_timeout, registry.clone());
+    let watchdog = watchdog::Watchdog::start(opts.rank, cfg.timing.fs_timeout, registry.clone());
 
     let mut node = Node {
         rank: opts.rank,
@@ -208,7 +208,10 @@ impl Node {
     }
 
     fn run_id(&self) -> &str {
-        self.cluster.as_ref().map(|c| c.run_id.as_str()).unwrap_or("")
+        self.cluster
+            .as_ref()
+            .map(|c| c.run_id.as_str())
+            .unwrap_or("")
     }
 
     fn publisher(&self) -> &Publisher {
@@ -347,7 +350,7 @@ impl Node {
                     return Err(self.adopt_abort(a.clone()));
                 }
                 self.peers[r as usize] = Some(rec);
-            } else if !self.peers[r as usize].is_some() {
+            } else if self.peers[r as usize].is_none() {
                 // Not joined yet (during join the wait itself decides); nothing to judge.
                 continue;
             }
@@ -361,7 +364,9 @@ impl Node {
                     .map(|p| {
                         (
                             p.host,
-                            p.phase.map(|p| p.to_string()).unwrap_or_else(|| "join".into()),
+                            p.phase
+                                .map(|p| p.to_string())
+                                .unwrap_or_else(|| "join".into()),
                             p.iteration,
                         )
                     })
@@ -380,7 +385,11 @@ impl Node {
             }
         }
         // For `rl-node status`: heartbeat ages as this node observes them.
-        let watched = if self.is_master() { 1..self.num_nodes() } else { 0..1 };
+        let watched = if self.is_master() {
+            1..self.num_nodes()
+        } else {
+            0..1
+        };
         let observed: Vec<(u32, u64)> = watched
             .map(|r| (r, self.liveness.silent_for(r, now).as_millis() as u64))
             .collect();
@@ -554,7 +563,11 @@ impl Node {
                     return Ok(Some(()));
                 }
                 if missing != last_missing {
-                    n.waiting_note = format!("barrier {name} (iteration {}) waits for {}", n.iteration, ranks_list(&missing));
+                    n.waiting_note = format!(
+                        "barrier {name} (iteration {}) waits for {}",
+                        n.iteration,
+                        ranks_list(&missing)
+                    );
                     let m = missing.clone();
                     n.publisher().update(|r| r.waiting_for = m);
                     last_missing = missing;
@@ -580,7 +593,10 @@ impl Node {
             });
             broadcast
         } else {
-            self.waiting_note = format!("rank 0 to release barrier {name} (iteration {})", self.iteration);
+            self.waiting_note = format!(
+                "rank 0 to release barrier {name} (iteration {})",
+                self.iteration
+            );
             let waited = self.wait_for(deadline, |n| {
                 Ok(n.peers[0]
                     .as_ref()
@@ -595,7 +611,11 @@ impl Node {
         Ok(broadcast)
     }
 
-    fn end_wait<T>(&mut self, r: Result<T, Interrupt>, what: impl FnOnce() -> String) -> Result<T, Stop> {
+    fn end_wait<T>(
+        &mut self,
+        r: Result<T, Interrupt>,
+        what: impl FnOnce() -> String,
+    ) -> Result<T, Stop> {
         match r {
             Ok(v) => Ok(v),
             Err(Interrupt::Stop(s)) => Err(s),
@@ -724,7 +744,11 @@ impl Node {
                     }
                 }
                 let model = self.model.clone();
-                let b = self.barrier("handoff-complete", Value::Null, |_| json!({ "model": model }))?;
+                let b = self.barrier(
+                    "handoff-complete",
+                    Value::Null,
+                    |_| json!({ "model": model }),
+                )?;
                 if let Some(m) = b["model"].as_str() {
                     self.model = m.to_string();
                 }
@@ -748,7 +772,11 @@ impl Node {
         };
         self.watchdog.pet("preparing the rollout directory");
         if let Err(e) = std::fs::create_dir_all(partial.parent().expect("has parent")) {
-            return Err(io(self, format!("cannot create {}", partial.parent().unwrap().display()), e));
+            return Err(io(
+                self,
+                format!("cannot create {}", partial.parent().unwrap().display()),
+                e,
+            ));
         }
         if partial.exists() {
             // Left by an earlier attempt: keep it (never lose trajectories), out of the way.
@@ -764,9 +792,14 @@ impl Node {
         } else {
             append_log(
                 &log,
-                &format!("### rl-node warning: the command wrote no {}; committing an empty shard\n", partial.display()),
+                &format!(
+                    "### rl-node warning: the command wrote no {}; committing an empty shard\n",
+                    partial.display()
+                ),
             );
-            self.say(&format!("warning: the {phase} command wrote no output; empty shard committed"));
+            self.say(&format!(
+                "warning: the {phase} command wrote no output; empty shard committed"
+            ));
             store::publish(&shard, b"")
         };
         if let Err(e) = commit.and_then(|()| store::fsync_dir(shard.parent().unwrap())) {
@@ -829,7 +862,10 @@ impl Node {
         }
         let log = self.layout.phase_log(self.iteration, self.rank, phase);
         self.watchdog.pet("starting a command");
-        let header = format!("rank {} iteration {} phase {phase}", self.rank, self.iteration);
+        let header = format!(
+            "rank {} iteration {} phase {phase}",
+            self.rank, self.iteration
+        );
         let running = match procs::spawn_shell(&command, &env, &log, &header) {
             Ok(r) => r,
             Err(e) => {
@@ -844,7 +880,11 @@ impl Node {
         };
         let pid = running.pid;
         self.registry.add(pid);
-        self.say(&format!("iteration {}: {phase} started (pid {pid}, log {})", self.iteration, log.display()));
+        self.say(&format!(
+            "iteration {}: {phase} started (pid {pid}, log {})",
+            self.iteration,
+            log.display()
+        ));
         self.waiting_note = format!("the {phase} command (pid {pid})");
         let deadline = running.started + pc.timeout;
         let waited = self.wait_for(deadline, |n| Ok(n.exited.remove(&pid)));
@@ -869,13 +909,18 @@ impl Node {
             }
         };
         if procs::group_alive(pid) {
-            append_log(&log, "### rl-node: the command left processes behind; stopping them\n");
+            append_log(
+                &log,
+                "### rl-node: the command left processes behind; stopping them\n",
+            );
             self.watchdog.pet("stopping leftover processes");
             procs::stop_group(pid, self.cfg.timing.kill_grace);
         }
         self.registry.remove(pid);
         let secs = running.started.elapsed().as_secs_f64();
-        self.event(json!({"event": "command", "phase": phase, "exit": exit.to_string(), "secs": secs}));
+        self.event(
+            json!({"event": "command", "phase": phase, "exit": exit.to_string(), "secs": secs}),
+        );
         if exit != ChildExit::Success {
             return Err(self.fail(
                 AbortKind::CommandFailed {
@@ -887,7 +932,10 @@ impl Node {
                 Some(&log),
             ));
         }
-        self.say(&format!("iteration {}: {phase} finished in {secs:.2}s", self.iteration));
+        self.say(&format!(
+            "iteration {}: {phase} finished in {secs:.2}s",
+            self.iteration
+        ));
         Ok(log)
     }
 
@@ -910,7 +958,10 @@ impl Node {
         v.insert("output", output.display().to_string());
         v.insert(
             "trajectories",
-            self.layout.aggregated(self.iteration, "train").display().to_string(),
+            self.layout
+                .aggregated(self.iteration, "train")
+                .display()
+                .to_string(),
         );
         v.insert("model", self.model.clone());
         v.insert("master_addr", c.master_addr.clone());
@@ -920,7 +971,11 @@ impl Node {
         v.insert("total_weight", weights.iter().sum::<u64>().to_string());
         v.insert(
             "rank_weights",
-            weights.iter().map(|w| w.to_string()).collect::<Vec<_>>().join(","),
+            weights
+                .iter()
+                .map(|w| w.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
         );
         v.insert("gen", c.gen.to_string());
         v
@@ -935,7 +990,11 @@ impl Node {
             obj.insert("rank".into(), json!(self.rank));
             obj.insert("t".into(), json!(wall_now()));
         }
-        let path = self.layout.state_dir().join("events").join(format!("rank-{}.jsonl", self.rank));
+        let path = self
+            .layout
+            .state_dir()
+            .join("events")
+            .join(format!("rank-{}.jsonl", self.rank));
         append_log(&path, &format!("{e}\n"));
     }
 }
@@ -945,7 +1004,11 @@ fn append_log(path: &Path, text: &str) {
     if let Some(d) = path.parent() {
         let _ = std::fs::create_dir_all(d);
     }
-    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
         let _ = f.write_all(text.as_bytes());
     }
 }
@@ -982,23 +1045,33 @@ pub(crate) fn random_hex(bytes: usize) -> String {
 }
 
 pub(crate) fn pid_alive(pid: u32) -> bool {
-    pid != 0 && unsafe { libc::kill(pid as i32, 0) == 0 || *libc::__errno_location() == libc::EPERM }
+    pid != 0
+        && unsafe { libc::kill(pid as i32, 0) == 0 || *libc::__errno_location() == libc::EPERM }
 }
 
 /// Refuse a log path we cannot use before writing anything.
 fn preflight_log_path(layout: &Layout, rank: u32) -> Result<(), Stop> {
     let root = layout.root();
-    let hint = Some("pass a --log-path on the shared filesystem that this user can write".to_string());
+    let hint =
+        Some("pass a --log-path on the shared filesystem that this user can write".to_string());
     match std::fs::metadata(root) {
         Ok(m) if !m.is_dir() => Err(Stop::usage(
             format!("--log-path {} is not a directory", root.display()),
             hint,
         )),
         Ok(_) => {
-            let probe = if layout.state_dir().exists() { layout.state_dir() } else { root.to_path_buf() };
+            let probe = if layout.state_dir().exists() {
+                layout.state_dir()
+            } else {
+                root.to_path_buf()
+            };
             if !writable(&probe) {
                 return Err(Stop::usage(
-                    format!("--log-path {}: permission denied (cannot write to {})", root.display(), probe.display()),
+                    format!(
+                        "--log-path {}: permission denied (cannot write to {})",
+                        root.display(),
+                        probe.display()
+                    ),
                     hint,
                 ));
             }
@@ -1015,7 +1088,10 @@ fn preflight_log_path(layout: &Layout, rank: u32) -> Result<(), Stop> {
                 _ => Ok(()),
             }
         }
-        Err(e) => Err(Stop::usage(format!("--log-path {}: {e}", root.display()), hint)),
+        Err(e) => Err(Stop::usage(
+            format!("--log-path {}: {e}", root.display()),
+            hint,
+        )),
     }
 }
 
@@ -1030,7 +1106,10 @@ fn start_signal_thread(tx: Sender<Event>, registry: Arc<Registry>, rank: u32) {
     let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) {
         Ok(s) => s,
         Err(e) => {
-            say(rank, &format!("warning: cannot install signal handlers: {e}"));
+            say(
+                rank,
+                &format!("warning: cannot install signal handlers: {e}"),
+            );
             return;
         }
     };
@@ -1043,7 +1122,13 @@ fn start_signal_thread(tx: Sender<Event>, registry: Arc<Registry>, rank: u32) {
                 if count == 1 {
                     let _ = tx.send(Event::Signal(sig));
                 } else {
-                    say(rank, &format!("second {}: killing children now and exiting", procs::signal_name(sig)));
+                    say(
+                        rank,
+                        &format!(
+                            "second {}: killing children now and exiting",
+                            procs::signal_name(sig)
+                        ),
+                    );
                     registry.signal_all(libc::SIGKILL);
                     std::process::exit(128 + sig);
                 }

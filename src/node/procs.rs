@@ -215,7 +215,11 @@ pub fn spawn_shell(
         std::fs::create_dir_all(dir)?;
     }
     let mut out = OpenOptions::new().create(true).append(true).open(log)?;
-    writeln!(out, "### rl-node {} {header}\n### $ {command}", super::wall_now())?;
+    writeln!(
+        out,
+        "### rl-node {} {header}\n### $ {command}",
+        super::wall_now()
+    )?;
     let err = out.try_clone()?;
     let child: Child = Command::new("sh")
         .arg("-c")

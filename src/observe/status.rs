@@ -40,7 +40,13 @@ pub fn read(log_path: &Path) -> Result<Status, String> {
     let layout = Layout::new(log_path);
     let c: ClusterRecord = store::read_json(&layout.cluster())
         .map_err(|e| format!("cannot read {}: {e}", layout.cluster().display()))?
-        .ok_or_else(|| format!("no rl-node run in {} (no {})", log_path.display(), layout.cluster().display()))?;
+        .ok_or_else(|| {
+            format!(
+                "no rl-node run in {} (no {})",
+                log_path.display(),
+                layout.cluster().display()
+            )
+        })?;
     let records: Vec<Option<RankRecord>> = (0..c.num_nodes)
         .map(|r| {
             store::read_json::<RankRecord>(&layout.rank_record(c.gen, r))
@@ -84,11 +90,7 @@ pub fn read(log_path: &Path) -> Result<Status, String> {
                 waiting_at: r
                     .arrived
                     .as_ref()
-                    .filter(|m| {
-                        !records[0]
-                            .as_ref()
-                            .is_some_and(|r0| r0.released_at(m.k))
-                    })
+                    .filter(|m| !records[0].as_ref().is_some_and(|r0| r0.released_at(m.k)))
                     .map(|m| m.name.clone()),
             },
             None => RankStatus {
@@ -109,7 +111,10 @@ pub fn read(log_path: &Path) -> Result<Status, String> {
         gen: c.gen,
         num_nodes: c.num_nodes,
         started_at: c.started_at,
-        master: format!("{} (pid {}), address {}:{}", c.host, c.pid, c.master_addr, c.master_port),
+        master: format!(
+            "{} (pid {}), address {}:{}",
+            c.host, c.pid, c.master_addr, c.master_port
+        ),
         previous: c.previous,
         abort,
         waiting_for,

@@ -81,7 +81,7 @@ impl std::fmt::Display for Phase {
 
 /// Eval runs on iterations 1, 1+k, 1+2k, … (k = 0: never).
 pub fn eval_due(iteration: u64, interval: u64) -> bool {
-    interval > 0 && iteration >= 1 && (iteration - 1) % interval == 0
+    interval > 0 && iteration >= 1 && (iteration - 1).is_multiple_of(interval)
 }
 
 #[cfg(test)]

@@ -187,7 +187,9 @@ impl RankRecord {
 }
 
 pub fn wall_now() -> String {
-    chrono::Local::now().format("%Y-%m-%dT%H:%M:%S%.3f%:z").to_string()
+    chrono::Local::now()
+        .format("%Y-%m-%dT%H:%M:%S%.3f%:z")
+        .to_string()
 }
 
 /// Which ranks have not arrived at barrier `k`. `records[r]` is what was read for rank r

@@ -42,7 +42,12 @@ impl TestCluster {
             format!("[cluster]\nnum-nodes = {num_nodes}\n{FAST_TIMING}\n{extra}\n"),
         )
         .unwrap();
-        TestCluster { dir, config, log_path, num_nodes }
+        TestCluster {
+            dir,
+            config,
+            log_path,
+            num_nodes,
+        }
     }
 
     /// Start rank `rank` (0 = --master) pointing at `log_path`, with extra CLI args.
@@ -90,37 +95,53 @@ impl TestCluster {
     /// Read rank r's live record of the current generation (None if not there yet).
     pub fn record(&self, rank: u32) -> Option<serde_json::Value> {
         let c: serde_json::Value =
-            serde_json::from_slice(&fs::read(self.log_path.join(".rl-node/cluster.json")).ok()?).ok()?;
+            serde_json::from_slice(&fs::read(self.log_path.join(".rl-node/cluster.json")).ok()?)
+                .ok()?;
         let gen = c["gen"].as_u64()?;
         serde_json::from_slice(
-            &fs::read(self.log_path.join(format!(".rl-node/gen-{gen}/rank-{rank}.json"))).ok()?,
+            &fs::read(
+                self.log_path
+                    .join(format!(".rl-node/gen-{gen}/rank-{rank}.json")),
+            )
+            .ok()?,
         )
         .ok()
     }
 
     /// Wait until rank r's record shows `phase` (by name, e.g. "training") in `iteration`.
     pub fn wait_phase(&self, rank: u32, iteration: u64, phase: &str, limit: Duration) {
-        wait_until(limit, &format!("rank {rank} in phase {phase} of iteration {iteration}"), || {
-            self.record(rank).is_some_and(|r| {
-                r["phase"].as_str() == Some(phase) && r["iteration"].as_u64() == Some(iteration)
-            })
-        });
+        wait_until(
+            limit,
+            &format!("rank {rank} in phase {phase} of iteration {iteration}"),
+            || {
+                self.record(rank).is_some_and(|r| {
+                    r["phase"].as_str() == Some(phase) && r["iteration"].as_u64() == Some(iteration)
+                })
+            },
+        );
     }
 
     /// Events of one rank (from `.rl-node/events/rank-R.jsonl`).
     pub fn events(&self, rank: u32) -> Vec<serde_json::Value> {
-        fs::read_to_string(self.log_path.join(format!(".rl-node/events/rank-{rank}.jsonl")))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect()
+        fs::read_to_string(
+            self.log_path
+                .join(format!(".rl-node/events/rank-{rank}.jsonl")),
+        )
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
     }
 }
 
 fn rand_suffix() -> String {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
-    format!("{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 impl NodeProc {
@@ -188,11 +209,18 @@ pub fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
 pub fn process_alive_with(needle: &str) -> Vec<i32> {
     let mut out = vec![];
     for e in fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
-        let Ok(cmd) = fs::read(e.path().join("cmdline")) else { continue };
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmd) = fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
         let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
         let stat = fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-        let zombie = stat.rsplit(')').next().is_some_and(|s| s.trim_start().starts_with('Z'));
+        let zombie = stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|s| s.trim_start().starts_with('Z'));
         if cmd.contains(needle) && !zombie && pid != std::process::id() as i32 {
             out.push(pid);
         }

@@ -1,3 +1,3 @@
 #![allow(dead_code)]
-pub mod sshfs;
 pub mod cluster;
+pub mod sshfs;
