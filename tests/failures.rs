@@ -36,12 +36,19 @@ fn wait_exits(nodes: &mut [&mut NodeProc], limit: Duration) -> Vec<(i32, Instant
                     format!(
                         "rank {} {}; stderr:\n{}",
                         n.rank,
-                        if s.is_some() { "exited" } else { "STILL RUNNING" },
+                        if s.is_some() {
+                            "exited"
+                        } else {
+                            "STILL RUNNING"
+                        },
                         n.stderr()
                     )
                 })
                 .collect();
-            panic!("nodes did not all exit within {limit:?}:\n{}", report.join("\n"));
+            panic!(
+                "nodes did not all exit within {limit:?}:\n{}",
+                report.join("\n")
+            );
         }
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -54,12 +61,16 @@ fn wait_exits(nodes: &mut [&mut NodeProc], limit: Duration) -> Vec<(i32, Instant
 }
 
 fn read_json(path: &Path) -> serde_json::Value {
-    serde_json::from_slice(&fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display())))
-        .unwrap_or_else(|e| panic!("parse {}: {e}", path.display()))
+    serde_json::from_slice(
+        &fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display())),
+    )
+    .unwrap_or_else(|e| panic!("parse {}: {e}", path.display()))
 }
 
 fn current_gen(c: &TestCluster) -> u64 {
-    read_json(&c.log_path.join(".rl-node/cluster.json"))["gen"].as_u64().expect("gen")
+    read_json(&c.log_path.join(".rl-node/cluster.json"))["gen"]
+        .as_u64()
+        .expect("gen")
 }
 
 fn abort_record(c: &TestCluster) -> serde_json::Value {
@@ -89,7 +100,10 @@ fn wait_no_process(needle: &str, limit: Duration) {
                     libc::kill(*p, libc::SIGKILL);
                 }
             }
-            panic!("processes matching {needle:?} still alive after {limit:?}:\n{}", cmds.join("\n"));
+            panic!(
+                "processes matching {needle:?} still alive after {limit:?}:\n{}",
+                cmds.join("\n")
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -130,7 +144,12 @@ fn event_time(
         .into_iter()
         .find(|e| pred(e))
         .and_then(|e| e["t"].as_str().map(str::to_string))
-        .unwrap_or_else(|| panic!("rank {rank} has no event {what} in generation {gen}: {:?}", c.events(rank)))
+        .unwrap_or_else(|| {
+            panic!(
+                "rank {rank} has no event {what} in generation {gen}: {:?}",
+                c.events(rank)
+            )
+        })
 }
 
 // ------------------------------------------------------------------ 1, 2: kill -9
@@ -139,13 +158,20 @@ fn event_time(
 /// with exit 3 once the victim's heartbeat has been still for dead-after.
 fn kill_nine_during_long_phase(victim: u32, tag: &str) {
     // `sleep <tag><rank>`: one distinctive command per rank and per test.
-    let c = TestCluster::new(3, &format!("[phases.rollout]\ncommand = \"sleep {tag}{{rank}}\"\n"));
+    let c = TestCluster::new(
+        3,
+        &format!("[phases.rollout]\ncommand = \"sleep {tag}{{rank}}\"\n"),
+    );
     let mut nodes = c.spawn_all(&[]);
     for r in 0..3 {
         c.wait_phase(r, 1, "train-rollout", LIMIT);
     }
     // The victim's command is running and registered with its guardian.
-    wait_stderr(&nodes[victim as usize], "iteration 1: rollout started", LIMIT);
+    wait_stderr(
+        &nodes[victim as usize],
+        "iteration 1: rollout started",
+        LIMIT,
+    );
     wait_until(LIMIT, "the victim's sleep to run", || {
         !process_alive_with(&format!("sleep {tag}{victim}")).is_empty()
     });
@@ -153,23 +179,46 @@ fn kill_nine_during_long_phase(victim: u32, tag: &str) {
     let killed_at = Instant::now();
     nodes[victim as usize].signal(libc::SIGKILL);
 
-    let mut survivors: Vec<&mut NodeProc> =
-        nodes.iter_mut().filter(|n| n.rank != victim).collect();
+    let mut survivors: Vec<&mut NodeProc> = nodes.iter_mut().filter(|n| n.rank != victim).collect();
     let exits = wait_exits(&mut survivors, LIMIT);
     for (n, (code, at)) in survivors.iter().zip(&exits) {
         let secs = at.duration_since(killed_at).as_secs_f64();
-        eprintln!("rank {} exited {code} {secs:.3}s after the SIGKILL of rank {victim}", n.rank);
+        eprintln!(
+            "rank {} exited {code} {secs:.3}s after the SIGKILL of rank {victim}",
+            n.rank
+        );
         let err = n.stderr();
-        assert_eq!(*code, 3, "rank {} must exit 3 (peer died); stderr:\n{err}", n.rank);
+        assert_eq!(
+            *code, 3,
+            "rank {} must exit 3 (peer died); stderr:\n{err}",
+            n.rank
+        );
         // dead-after 3 s + two poll intervals + slack for stopping children.
-        assert!(secs < 3.0 + 0.2 + 5.0, "rank {} took {secs:.3}s to stop; stderr:\n{err}", n.rank);
+        assert!(
+            secs < 3.0 + 0.2 + 5.0,
+            "rank {} took {secs:.3}s to stop; stderr:\n{err}",
+            n.rank
+        );
         // Not before the heartbeat could have gone still for dead-after.
-        assert!(secs > 2.0, "rank {} stopped after only {secs:.3}s: not heartbeat-based?\n{err}", n.rank);
+        assert!(
+            secs > 2.0,
+            "rank {} stopped after only {secs:.3}s: not heartbeat-based?\n{err}",
+            n.rank
+        );
         assert!(err.contains(&format!("error: rank {}: ", n.rank)), "{err}");
-        assert!(err.contains(&format!("rank {victim} on ")), "stderr must name rank {victim}:\n{err}");
-        assert!(err.contains("is dead"), "stderr must say the rank is dead:\n{err}");
+        assert!(
+            err.contains(&format!("rank {victim} on ")),
+            "stderr must name rank {victim}:\n{err}"
+        );
+        assert!(
+            err.contains("is dead"),
+            "stderr must say the rank is dead:\n{err}"
+        );
         assert!(err.contains("its heartbeat has been still for"), "{err}");
-        assert!(err.contains("(last seen in phase 1 (train-rollout) of iteration 1)"), "{err}");
+        assert!(
+            err.contains("(last seen in phase 1 (train-rollout) of iteration 1)"),
+            "{err}"
+        );
     }
     assert_eq!(nodes[victim as usize].wait(LIMIT), 128 + libc::SIGKILL);
 
@@ -203,28 +252,66 @@ fn a_failing_command_on_one_worker_stops_everyone_promptly() {
     let mut nodes = c.spawn_all(&[]);
     let mut all: Vec<&mut NodeProc> = nodes.iter_mut().collect();
     let exits = wait_exits(&mut all, LIMIT);
-    let total = exits.iter().map(|(_, at)| at.duration_since(started)).max().unwrap();
-    eprintln!("all 3 ranks exited {:.3}s after start: {:?}", total.as_secs_f64(), exits.iter().map(|e| e.0).collect::<Vec<_>>());
+    let total = exits
+        .iter()
+        .map(|(_, at)| at.duration_since(started))
+        .max()
+        .unwrap();
+    eprintln!(
+        "all 3 ranks exited {:.3}s after start: {:?}",
+        total.as_secs_f64(),
+        exits.iter().map(|e| e.0).collect::<Vec<_>>()
+    );
 
     let err: Vec<String> = nodes.iter().map(|n| n.stderr()).collect();
-    assert_eq!(exits[1].0, 1, "rank 1's command failed: exit 1; stderr:\n{}", err[1]);
-    assert_eq!(exits[0].0, 3, "rank 0 stops because of rank 1: exit 3; stderr:\n{}", err[0]);
-    assert_eq!(exits[2].0, 3, "rank 2 stops because of rank 1: exit 3; stderr:\n{}", err[2]);
+    assert_eq!(
+        exits[1].0, 1,
+        "rank 1's command failed: exit 1; stderr:\n{}",
+        err[1]
+    );
+    assert_eq!(
+        exits[0].0, 3,
+        "rank 0 stops because of rank 1: exit 3; stderr:\n{}",
+        err[0]
+    );
+    assert_eq!(
+        exits[2].0, 3,
+        "rank 2 stops because of rank 1: exit 3; stderr:\n{}",
+        err[2]
+    );
     // The abort relay, not heartbeat death (dead-after is 3 s), stopped ranks 0 and 2.
     assert!(total < Duration::from_secs(10), "took {total:?}");
 
     let e1 = &err[1];
     assert!(e1.contains("error: rank 1: rank 1 on "), "{e1}");
-    assert!(e1.contains("failed in phase 1 (train-rollout) of iteration 1"), "{e1}");
-    assert!(e1.contains("the rollout command failed with exit code 7"), "{e1}");
-    assert!(e1.contains("log: ") && e1.contains("logs/iter-0001/rank-1.rollout.log"), "{e1}");
-    assert!(e1.contains("  | boom-from-rank-1"), "rank 1 must show its log tail:\n{e1}");
+    assert!(
+        e1.contains("failed in phase 1 (train-rollout) of iteration 1"),
+        "{e1}"
+    );
+    assert!(
+        e1.contains("the rollout command failed with exit code 7"),
+        "{e1}"
+    );
+    assert!(
+        e1.contains("log: ") && e1.contains("logs/iter-0001/rank-1.rollout.log"),
+        "{e1}"
+    );
+    assert!(
+        e1.contains("  | boom-from-rank-1"),
+        "rank 1 must show its log tail:\n{e1}"
+    );
     for r in [0, 2] {
         let e = &err[r];
-        assert!(e.contains(&format!("error: rank {r}: rank 1 on ")), "rank {r} must name rank 1:\n{e}");
+        assert!(
+            e.contains(&format!("error: rank {r}: rank 1 on ")),
+            "rank {r} must name rank 1:\n{e}"
+        );
         assert!(e.contains("exit code 7"), "{e}");
         assert!(e.contains("hint: the cause is on rank 1"), "{e}");
-        assert!(!e.contains("is dead"), "rank {r} must learn of the failure by relay, not by heartbeat:\n{e}");
+        assert!(
+            !e.contains("is dead"),
+            "rank {r} must learn of the failure by relay, not by heartbeat:\n{e}"
+        );
     }
     let log = fs::read_to_string(c.log_path.join("logs/iter-0001/rank-1.rollout.log")).unwrap();
     assert!(log.contains("boom-from-rank-1"), "{log}");
@@ -240,14 +327,24 @@ fn a_failing_command_on_one_worker_stops_everyone_promptly() {
 
 #[test]
 fn a_phase_timeout_stops_the_cluster_with_exit_4() {
-    let c = TestCluster::new(2, "[phases.train]\ncommand = \"sleep 63.3\"\ntimeout = \"1s\"\n");
+    let c = TestCluster::new(
+        2,
+        "[phases.train]\ncommand = \"sleep 63.3\"\ntimeout = \"1s\"\n",
+    );
     let started = Instant::now();
     let mut nodes = c.spawn_all(&[]);
     let mut all: Vec<&mut NodeProc> = nodes.iter_mut().collect();
     let exits = wait_exits(&mut all, LIMIT);
     let codes: Vec<i32> = exits.iter().map(|e| e.0).collect();
-    let total = exits.iter().map(|(_, at)| at.duration_since(started)).max().unwrap();
-    eprintln!("exit codes {codes:?}, {:.3}s after start", total.as_secs_f64());
+    let total = exits
+        .iter()
+        .map(|(_, at)| at.duration_since(started))
+        .max()
+        .unwrap();
+    eprintln!(
+        "exit codes {codes:?}, {:.3}s after start",
+        total.as_secs_f64()
+    );
     for n in &nodes {
         let err = n.stderr();
         assert!(
@@ -256,14 +353,33 @@ fn a_phase_timeout_stops_the_cluster_with_exit_4() {
             n.rank,
             codes[n.rank as usize]
         );
-        assert!(err.contains("did not finish within its timeout"), "rank {}:\n{err}", n.rank);
-        assert!(err.contains("phases.train.timeout"), "rank {}:\n{err}", n.rank);
-        assert!(err.contains("phase 10 (training)"), "rank {}:\n{err}", n.rank);
+        assert!(
+            err.contains("did not finish within its timeout"),
+            "rank {}:\n{err}",
+            n.rank
+        );
+        assert!(
+            err.contains("phases.train.timeout"),
+            "rank {}:\n{err}",
+            n.rank
+        );
+        assert!(
+            err.contains("phase 10 (training)"),
+            "rank {}:\n{err}",
+            n.rank
+        );
     }
-    assert!(codes.contains(&4), "the rank whose timeout fired exits 4: {codes:?}");
+    assert!(
+        codes.contains(&4),
+        "the rank whose timeout fired exits 4: {codes:?}"
+    );
     let abort = abort_record(&c);
     assert_eq!(abort["kind"], "timeout", "{abort}");
-    assert_eq!(codes[abort["culprit"].as_u64().unwrap() as usize], 4, "the culprit exits 4: {abort}");
+    assert_eq!(
+        codes[abort["culprit"].as_u64().unwrap() as usize],
+        4,
+        "the culprit exits 4: {abort}"
+    );
     wait_no_process("sleep 63.3", LIMIT);
 }
 
@@ -290,7 +406,10 @@ fn signal_stops_children_that_ignore_sigterm(sig: i32, expected: i32, needle: &s
     assert_eq!(code, expected, "stderr:\n{err}");
     assert!(err.contains("interrupted by"), "{err}");
     // The grandchild ignores SIGTERM: only SIGKILL after kill-grace (1 s) ends it.
-    assert!(secs > 0.8, "exited after {secs:.3}s, before kill-grace: {err}");
+    assert!(
+        secs > 0.8,
+        "exited after {secs:.3}s, before kill-grace: {err}"
+    );
     wait_no_process(needle, LIMIT);
     let rec = c.record(0).expect("record");
     assert_eq!(rec["state"], "failed", "{rec}");
@@ -331,7 +450,9 @@ fn a_second_sigterm_kills_the_children_at_once() {
     let mut child = KillOnDrop(cmd.spawn().unwrap());
     let stderr = || fs::read_to_string(&stderr_path).unwrap_or_default();
     let wait_stderr = |needle: &str| {
-        wait_until(LIMIT, &format!("stderr to show {needle:?}"), || stderr().contains(needle))
+        wait_until(LIMIT, &format!("stderr to show {needle:?}"), || {
+            stderr().contains(needle)
+        })
     };
     c.wait_phase(0, 1, "train-rollout", LIMIT);
     wait_until(LIMIT, needle, || !process_alive_with(needle).is_empty());
@@ -341,22 +462,35 @@ fn a_second_sigterm_kills_the_children_at_once() {
     unsafe { libc::kill(pid, libc::SIGTERM) };
     // The node is now in its 30 s grace period.
     wait_stderr("SIGKILL after 30s");
-    assert!(!process_alive_with(needle).is_empty(), "the grandchild ignores SIGTERM");
+    assert!(
+        !process_alive_with(needle).is_empty(),
+        "the grandchild ignores SIGTERM"
+    );
     let second = Instant::now();
     unsafe { libc::kill(pid, libc::SIGTERM) };
     let status = loop {
         if let Some(st) = child.0.try_wait().unwrap() {
             break st;
         }
-        assert!(second.elapsed() < LIMIT, "no exit after the second SIGTERM:\n{}", stderr());
+        assert!(
+            second.elapsed() < LIMIT,
+            "no exit after the second SIGTERM:\n{}",
+            stderr()
+        );
         std::thread::sleep(Duration::from_millis(5));
     };
     let secs = second.elapsed().as_secs_f64();
     eprintln!("exit {status} {secs:.3}s after the second SIGTERM");
     let err = stderr();
     assert_eq!(status.code(), Some(143), "{err}");
-    assert!(err.contains("second SIGTERM: killing children now"), "{err}");
-    assert!(secs < 5.0, "the second SIGTERM must not wait for kill-grace (30s): {secs:.3}s\n{err}");
+    assert!(
+        err.contains("second SIGTERM: killing children now"),
+        "{err}"
+    );
+    assert!(
+        secs < 5.0,
+        "the second SIGTERM must not wait for kill-grace (30s): {secs:.3}s\n{err}"
+    );
     wait_no_process(needle, Duration::from_secs(5));
 }
 
@@ -388,14 +522,22 @@ fn assert_generation_ran(c: &TestCluster, gen: u64, last: u64) {
         assert!(rec["abort"].is_null(), "{rec}");
         let ev = gen_events(c, r, gen);
         for it in 1..=last {
-            for name in ["sync-start", "rollout-complete", "files-ready", "final-sync"] {
+            for name in [
+                "sync-start",
+                "rollout-complete",
+                "files-ready",
+                "final-sync",
+            ] {
                 assert!(
-                    ev.iter().any(|e| e["event"] == "barrier" && e["name"] == name && e["iteration"] == it),
+                    ev.iter().any(|e| e["event"] == "barrier"
+                        && e["name"] == name
+                        && e["iteration"] == it),
                     "rank {r} has no barrier {name} of iteration {it} in generation {gen}: {ev:?}"
                 );
             }
             assert!(
-                ev.iter().any(|e| e["event"] == "commit" && e["iteration"] == it),
+                ev.iter()
+                    .any(|e| e["event"] == "commit" && e["iteration"] == it),
                 "rank {r} committed no shard in iteration {it} of generation {gen}: {ev:?}"
             );
         }
@@ -405,11 +547,17 @@ fn assert_generation_ran(c: &TestCluster, gen: u64, last: u64) {
             .filter(|e| e["event"] == "barrier")
             .map(|e| e["k"].as_u64().unwrap())
             .collect();
-        assert_eq!(ks, (1..=ks.len() as u64).collect::<Vec<_>>(), "rank {r} gen {gen}");
+        assert_eq!(
+            ks,
+            (1..=ks.len() as u64).collect::<Vec<_>>(),
+            "rank {r} gen {gen}"
+        );
     }
     for it in 1..=last {
         // Rank 1 cannot pass rollout-complete before rank 0 committed its (slower) shard.
-        let r0_commit = event_time(c, 0, gen, "commit", |e| e["event"] == "commit" && e["iteration"] == it);
+        let r0_commit = event_time(c, 0, gen, "commit", |e| {
+            e["event"] == "commit" && e["iteration"] == it
+        });
         let r1_passed = event_time(c, 1, gen, "barrier rollout-complete", |e| {
             e["event"] == "barrier" && e["name"] == "rollout-complete" && e["iteration"] == it
         });
@@ -417,7 +565,11 @@ fn assert_generation_ran(c: &TestCluster, gen: u64, last: u64) {
             r1_passed >= r0_commit,
             "gen {gen} iteration {it}: rank 1 passed rollout-complete at {r1_passed}, before rank 0 committed at {r0_commit}"
         );
-        let merged = fs::read_to_string(c.log_path.join(format!("rollouts/iter-{it:04}/train.jsonl"))).unwrap();
+        let merged = fs::read_to_string(
+            c.log_path
+                .join(format!("rollouts/iter-{it:04}/train.jsonl")),
+        )
+        .unwrap();
         for r in 0..2 {
             assert!(
                 merged.contains(&format!("{{\"rank\": {r}, \"iteration\": {it}}}")),
@@ -432,7 +584,13 @@ fn run_to_completion(c: &TestCluster, args: &[&str]) {
     let mut all: Vec<&mut NodeProc> = nodes.iter_mut().collect();
     let exits = wait_exits(&mut all, LIMIT);
     for (n, (code, _)) in nodes.iter().zip(exits) {
-        assert_eq!(code, 0, "rank {} must finish; stderr:\n{}", n.rank, n.stderr());
+        assert_eq!(
+            code,
+            0,
+            "rank {} must finish; stderr:\n{}",
+            n.rank,
+            n.stderr()
+        );
     }
 }
 
@@ -448,7 +606,9 @@ fn a_restart_runs_a_new_generation_and_ignores_the_previous_ones_records() {
     assert_generation_ran(&c, 2, 2);
     let cluster = read_json(&c.log_path.join(".rl-node/cluster.json"));
     assert!(
-        cluster["previous"].as_str().is_some_and(|p| p.contains("generation 1 completed")),
+        cluster["previous"]
+            .as_str()
+            .is_some_and(|p| p.contains("generation 1 completed")),
         "{cluster}"
     );
     for r in 0..2 {
@@ -500,11 +660,20 @@ fn stale_records_of_other_runs_and_generations_do_not_confuse_a_fresh_cluster() 
         }),
     );
     for r in 0..2 {
-        write_json(&state.join(format!("gen-7/rank-{r}.json")), &stale_record("0ldrun", 7, r, "running"));
+        write_json(
+            &state.join(format!("gen-7/rank-{r}.json")),
+            &stale_record("0ldrun", 7, r, "running"),
+        );
         // …records already in the next generation's directory, claiming far-away barriers…
-        write_json(&state.join(format!("gen-8/rank-{r}.json")), &stale_record("0ldrun", 8, r, "running"));
+        write_json(
+            &state.join(format!("gen-8/rank-{r}.json")),
+            &stale_record("0ldrun", 8, r, "running"),
+        );
         // …and a generation of yet another run.
-        write_json(&state.join(format!("gen-1/rank-{r}.json")), &stale_record("0th3r", 1, r, "running"));
+        write_json(
+            &state.join(format!("gen-1/rank-{r}.json")),
+            &stale_record("0th3r", 1, r, "running"),
+        );
     }
 
     run_to_completion(&c, &["--iterations", "2"]);

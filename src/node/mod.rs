@@ -1044,9 +1044,19 @@ pub(crate) fn random_hex(bytes: usize) -> String {
     hex::encode(buf)
 }
 
+/// Is process `pid` on this host alive? A zombie (dead, not yet reaped) is not.
 pub(crate) fn pid_alive(pid: u32) -> bool {
-    pid != 0
-        && unsafe { libc::kill(pid as i32, 0) == 0 || *libc::__errno_location() == libc::EPERM }
+    if pid == 0 {
+        return false;
+    }
+    let exists = unsafe {
+        libc::kill(pid as i32, 0) == 0 || *libc::__errno_location() == libc::EPERM
+    };
+    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit(')').next().map(|rest| rest.trim_start().starts_with('Z')))
+        .unwrap_or(false);
+    exists && !zombie
 }
 
 /// Refuse a log path we cannot use before writing anything.
