@@ -248,3 +248,28 @@ mod doc_tests {
         }
     }
 }
+
+#[cfg(test)]
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn parsing_never_panics(s in "\\PC*") {
+            let _ = Template::parse(&s);
+        }
+
+        /// Text with every brace doubled renders back to itself, and a known placeholder
+        /// between two such texts is replaced by its (shell-safe) value. (Right after a
+        /// `$` it would be shell syntax, `${rank}`, and stay as it is.)
+        #[test]
+        fn escaped_text_round_trips(a in "([ -~]{0,40}[^$])?", b in "[ -~]{0,40}", v in "[a-z0-9/._-]{1,20}") {
+            let esc = |t: &str| t.replace('{', "{{").replace('}', "}}");
+            let t = Template::parse(&format!("{}{{rank}}{}", esc(&a), esc(&b))).unwrap();
+            let mut vals = BTreeMap::new();
+            vals.insert("rank", v.clone());
+            prop_assert_eq!(t.render(&vals), format!("{a}{v}{b}"));
+        }
+    }
+}
