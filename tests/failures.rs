@@ -676,14 +676,127 @@ fn stale_records_of_other_runs_and_generations_do_not_confuse_a_fresh_cluster() 
         );
     }
 
-    run_to_completion(&c, &["--iterations", "2"]);
+    // The worker comes first and meets only the stale generation 7…
+    let mut worker = c.spawn(1, &["--iterations", "2"]);
+    wait_stderr(
+        &worker,
+        "generation 7 is already running without this rank",
+        LIMIT,
+    );
+    // …then rank 0 starts a new generation: past every existing gen-N directory (gen-8
+    // holds stale records), so nothing stale is ever read as current.
+    let mut master = c.spawn(0, &["--iterations", "2"]);
+    let exits = wait_exits(&mut [&mut master, &mut worker], LIMIT);
+    assert_eq!(exits[0].0, 0, "rank 0:\n{}", master.stderr());
+    assert_eq!(exits[1].0, 0, "rank 1:\n{}", worker.stderr());
     let cluster = read_json(&state.join("cluster.json"));
-    assert_eq!(cluster["gen"], 8, "{cluster}");
+    assert_eq!(cluster["gen"], 9, "{cluster}");
+    assert!(
+        cluster["previous"]
+            .as_str()
+            .is_some_and(|p| p.contains("generation 7 ended without a clean stop")),
+        "{cluster}"
+    );
     assert_ne!(cluster["run_id"], "0ldrun", "{cluster}");
     for r in 0..2 {
         let rec = c.record(r).unwrap();
         assert_eq!(rec["run_id"], cluster["run_id"], "{rec}");
         assert_ne!(rec["nonce"], format!("stale{r}"), "{rec}");
     }
-    assert_generation_ran(&c, 8, 2);
+    assert_generation_ran(&c, 9, 2);
+}
+
+/// `cluster.json` is the only record of which generations exist. When it is gone (deleted
+/// to "reset" a run, unreadable, or from another protocol version) rank 0 starts at
+/// generation 1 again, in a directory an earlier run may have left an `abort.json` in.
+/// That stale first-writer-wins record must not be taken for the cause of a new failure.
+#[test]
+fn a_stale_abort_record_left_in_a_generation_directory_is_not_adopted() {
+    let c = TestCluster::new(
+        2,
+        "[phases.rollout]\ncommand = \"if [ {rank} = 1 ]; then echo boom-from-rank-1; exit 7; fi; sleep 64.4\"\n",
+    );
+    let state = c.log_path.join(".rl-node");
+    for r in 0..2 {
+        write_json(
+            &state.join(format!("gen-1/rank-{r}.json")),
+            &stale_record("0ldrun", 1, r, "failed"),
+        );
+    }
+    write_json(
+        &state.join("gen-1/abort.json"),
+        &serde_json::json!({
+            "kind": "command-failed", "exit": "exit code 9", "culprit": 5,
+            "culprit_host": "stale-host.invalid", "phase": "10 (training)", "iteration": 40,
+            "reason": "the train command failed with exit code 9", "log": null,
+            "detected_by": 5, "silent_ms": null, "at": "2020-01-01T00:00:00.000+00:00"
+        }),
+    );
+
+    let mut nodes = c.spawn_all(&[]);
+    let mut all: Vec<&mut NodeProc> = nodes.iter_mut().collect();
+    let exits = wait_exits(&mut all, LIMIT);
+    let err: Vec<String> = nodes.iter().map(|n| n.stderr()).collect();
+    for (r, e) in err.iter().enumerate() {
+        assert!(
+            !e.contains("rank 5") && !e.contains("stale-host.invalid"),
+            "rank {r} reports the earlier run's failure as the cause:\n{e}"
+        );
+        assert!(
+            e.contains("the rollout command failed with exit code 7"),
+            "rank {r}:\n{e}"
+        );
+    }
+    assert_eq!(
+        exits[1].0, 1,
+        "rank 1's own command failed: exit 1\n{}",
+        err[1]
+    );
+    assert_eq!(exits[0].0, 3, "{}", err[0]);
+    assert!(err[1].contains("  | boom-from-rank-1"), "{}", err[1]);
+    let abort = abort_record(&c);
+    assert_eq!(abort["culprit"], 1, "{abort}");
+    wait_no_process("sleep 64.4", LIMIT);
+}
+
+// ------------------------------------------------------------------ a signal to one node
+
+#[test]
+fn sigterm_to_one_worker_stops_the_cluster() {
+    let c = TestCluster::new(3, "[phases.rollout]\ncommand = \"sleep 65.5\"\n");
+    let mut nodes = c.spawn_all(&[]);
+    for r in 0..3 {
+        c.wait_phase(r, 1, "train-rollout", LIMIT);
+    }
+    wait_stderr(&nodes[1], "iteration 1: rollout started", LIMIT);
+    let sent = Instant::now();
+    nodes[1].signal(libc::SIGTERM);
+    let mut all: Vec<&mut NodeProc> = nodes.iter_mut().collect();
+    let exits = wait_exits(&mut all, LIMIT);
+    let latest = exits
+        .iter()
+        .map(|(_, at)| at.duration_since(sent))
+        .max()
+        .unwrap();
+    eprintln!(
+        "exit codes {:?}, all {:.3}s after the SIGTERM",
+        exits.iter().map(|e| e.0).collect::<Vec<_>>(),
+        latest.as_secs_f64()
+    );
+    let err: Vec<String> = nodes.iter().map(|n| n.stderr()).collect();
+    assert_eq!(exits[1].0, 143, "{}", err[1]);
+    for r in [0, 2] {
+        assert_eq!(exits[r].0, 3, "rank {r}:\n{}", err[r]);
+        assert!(
+            err[r].contains("rank 1 on ") && err[r].contains("interrupted by SIGTERM"),
+            "rank {r}:\n{}",
+            err[r]
+        );
+    }
+    // The relay, not heartbeat death (dead-after 3 s).
+    assert!(latest < Duration::from_millis(2500), "{latest:?}");
+    let abort = abort_record(&c);
+    assert_eq!(abort["culprit"], 1, "{abort}");
+    assert_eq!(abort["kind"], "signal", "{abort}");
+    wait_no_process("sleep 65.5", LIMIT);
 }

@@ -392,11 +392,10 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
         return Err(l.invalid(
             "cluster.rollout-split",
             format!(
-                "only applies with rl-phase = rollout, but rl-phase is {:?} (from {})",
-                c.cluster.rl_phase,
+                "only applies with rl-phase = rollout, but rl-phase is {} (from {})",
+                format!("{:?}", c.cluster.rl_phase).to_lowercase(),
                 l.source_of("cluster.rl-phase")
-            )
-            .to_lowercase(),
+            ),
         ));
     }
     let t = &c.timing;

@@ -157,9 +157,9 @@ impl Node {
             hint: Some("check that --log-path is on a writable shared filesystem".into()),
             detail: None,
         };
-        let gen_dir = layout.gen_dir(gen);
-        std::fs::create_dir_all(&gen_dir)
-            .map_err(|e| io_err(format!("cannot create {}", gen_dir.display()), e))?;
+        let gen = self
+            .claim_generation_dir(gen)
+            .map_err(|e| io_err(format!("cannot create a generation directory in {}", layout.state_dir().display()), e))?;
         for r in 1..self.num_nodes() {
             let path = layout.rank_record(gen, r);
             store::publish_json(&path, &self.record(gen, &run_id, r, NodeState::Vacant))
@@ -250,6 +250,28 @@ impl Node {
         self.waiting_note.clear();
         self.say("all ranks joined");
         Ok(())
+    }
+
+    /// Create a brand-new `gen-N/` with N at least `wanted` and above every existing one, so
+    /// records left by an earlier start (or by a run whose `cluster.json` was deleted) are
+    /// never read as this generation's. The listing only picks a starting number; the
+    /// exclusive `create_dir` is what guarantees the directory is new.
+    fn claim_generation_dir(&self, wanted: u64) -> std::io::Result<u64> {
+        let state = self.layout.state_dir();
+        std::fs::create_dir_all(&state)?;
+        let highest = std::fs::read_dir(&state)?
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.strip_prefix("gen-")?.parse::<u64>().ok())
+            .max()
+            .unwrap_or(0);
+        let mut gen = wanted.max(highest + 1);
+        loop {
+            match std::fs::create_dir(self.layout.gen_dir(gen)) {
+                Ok(()) => return Ok(gen),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => gen += 1,
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// While joining, heartbeat faster so workers on other hosts can tell a live rank 0

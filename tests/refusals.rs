@@ -1,0 +1,549 @@
+//! Refusals: usage and configuration errors end with exit 2, a message that says what is
+//! wrong, and nothing written to the shared directory (README: "nothing was written").
+
+mod common;
+
+use common::cluster::*;
+use std::collections::BTreeSet;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+// ------------------------------------------------------------------ helpers
+
+/// Every file and directory under `root`, relative, except the short-lived temporary
+/// files an atomic publish makes (`.name.tmp-PID-N`) while a running node heartbeats.
+fn tree(root: &Path) -> BTreeSet<PathBuf> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeSet<PathBuf>) {
+        let Ok(entries) = fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.contains(".tmp-") {
+                continue;
+            }
+            let p = e.path();
+            out.insert(p.strip_prefix(root).unwrap().to_path_buf());
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                walk(root, &p, out);
+            }
+        }
+    }
+    let mut out = BTreeSet::new();
+    walk(root, root, &mut out);
+    out
+}
+
+/// Run one refused node to its end and return its stderr, asserting exit 2.
+fn refused(mut node: NodeProc) -> String {
+    let code = node.wait(LIMIT);
+    let err = node.stderr();
+    assert_eq!(code, 2, "must be refused with exit 2; stderr:\n{err}");
+    assert!(
+        err.starts_with("error: ") || err.contains("\nerror: "),
+        "{err}"
+    );
+    err
+}
+
+/// A refusal before any cluster exists: exit 2 and the shared directory not even created.
+fn refused_before_start(c: &TestCluster, rank: u32, args: &[&str]) -> String {
+    let err = refused(c.spawn(rank, args));
+    assert!(
+        !c.log_path.exists(),
+        "a refused node must write nothing, but {} exists: {:?}",
+        c.log_path.display(),
+        tree(&c.log_path)
+    );
+    err
+}
+
+fn read_json(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&fs::read(path).unwrap()).unwrap()
+}
+
+/// Stop the nodes of a running cluster (SIGTERM; their commands stop with them).
+fn stop_all(nodes: &mut [NodeProc]) {
+    for n in nodes.iter() {
+        n.signal(libc::SIGTERM);
+    }
+    for n in nodes.iter_mut() {
+        n.wait(LIMIT);
+    }
+}
+
+// ------------------------------------------------------------------ 7: configuration mismatch
+
+#[test]
+fn a_worker_with_a_different_configuration_is_refused_and_writes_nothing() {
+    let c = TestCluster::new(2, "");
+    let mut master = c.spawn(0, &["--num-nodes", "2", "--eval-interval", "3"]);
+    wait_until(LIMIT, "rank 0 to open generation 1", || {
+        c.record(0).is_some_and(|r| r["state"] == "joining")
+    });
+    let state = c.log_path.join(".rl-node");
+    let slot = state.join("gen-1/rank-1.json");
+    let before = tree(&c.log_path);
+    let slot_before = fs::read(&slot).unwrap();
+
+    let err = refused(c.spawn(1, &["--eval-interval", "5"]));
+    assert!(
+        err.contains("error: rank 1: this node's configuration differs from rank 0's"),
+        "{err}"
+    );
+    assert!(
+        err.contains("cluster.eval-interval: rank 0 has 3, this node has 5"),
+        "the message must name the key and both values:\n{err}"
+    );
+    assert!(
+        !err.contains("cluster.num-nodes"),
+        "num-nodes agrees:\n{err}"
+    );
+
+    assert_eq!(
+        tree(&c.log_path),
+        before,
+        "the refused worker must not create files"
+    );
+    assert_eq!(
+        fs::read(&slot).unwrap(),
+        slot_before,
+        "rank 1's slot must stay untouched"
+    );
+    assert_eq!(read_json(&slot)["state"], "vacant");
+    assert!(!state.join("events/rank-1.jsonl").exists());
+
+    // Rank 0 is still waiting for its worker, unaware of the refused one.
+    assert!(
+        master.child.try_wait().unwrap().is_none(),
+        "{}",
+        master.stderr()
+    );
+    master.signal(libc::SIGTERM);
+    assert_eq!(master.wait(LIMIT), 143, "{}", master.stderr());
+}
+
+// ------------------------------------------------------------------ 8: duplicate rank
+
+/// A running 2-node cluster in a long rollout, with its command logs created.
+fn running_cluster(tag: &str) -> (TestCluster, Vec<NodeProc>) {
+    let c = TestCluster::new(2, &format!("[phases.rollout]\ncommand = \"sleep {tag}\"\n"));
+    let nodes = c.spawn_all(&[]);
+    for r in 0..2 {
+        c.wait_phase(r, 1, "train-rollout", LIMIT);
+        wait_until(LIMIT, "the rollout to start", || {
+            nodes[r as usize]
+                .stderr()
+                .contains("iteration 1: rollout started")
+        });
+    }
+    (c, nodes)
+}
+
+#[test]
+fn a_second_worker_for_a_held_rank_is_refused_and_writes_nothing() {
+    let (c, mut nodes) = running_cluster("62.8");
+    let first_pid = nodes[1].pid();
+    let before = tree(&c.log_path);
+
+    let err = refused(c.spawn(1, &[]));
+    assert!(err.contains("already held by a live process"), "{err}");
+    assert!(
+        err.contains(&format!("pid {first_pid} on ")),
+        "the message must name the holder's pid {first_pid}:\n{err}"
+    );
+
+    assert_eq!(
+        tree(&c.log_path),
+        before,
+        "the refused worker must not create files"
+    );
+    // The cluster did not notice: rank 1 is still the first process, still running.
+    let rec = c.record(1).unwrap();
+    assert_eq!(rec["pid"], first_pid, "{rec}");
+    assert_eq!(rec["state"], "running", "{rec}");
+    for n in nodes.iter_mut() {
+        assert!(
+            n.child.try_wait().unwrap().is_none(),
+            "rank {} stopped:\n{}",
+            n.rank,
+            n.stderr()
+        );
+    }
+    stop_all(&mut nodes);
+}
+
+#[test]
+fn a_second_master_for_a_running_cluster_is_refused_and_writes_nothing() {
+    let (c, mut nodes) = running_cluster("62.9");
+    let first_pid = nodes[0].pid();
+    let before = tree(&c.log_path);
+
+    let err = refused(c.spawn(0, &[]));
+    assert!(
+        err.contains("rank 0 is already held by a live process"),
+        "{err}"
+    );
+    assert!(err.contains(&format!("pid {first_pid} on ")), "{err}");
+
+    assert_eq!(
+        tree(&c.log_path),
+        before,
+        "the refused master must not create files"
+    );
+    let cluster = read_json(&c.log_path.join(".rl-node/cluster.json"));
+    assert_eq!(cluster["gen"], 1, "{cluster}");
+    assert_eq!(cluster["pid"], first_pid, "{cluster}");
+    for n in nodes.iter_mut() {
+        assert!(
+            n.child.try_wait().unwrap().is_none(),
+            "rank {} stopped:\n{}",
+            n.rank,
+            n.stderr()
+        );
+    }
+    stop_all(&mut nodes);
+}
+
+// ------------------------------------------------------------------ 9-11: ranks and weights
+
+#[test]
+fn a_rank_beyond_num_nodes_is_refused() {
+    let c = TestCluster::new(3, "");
+    let err = refused_before_start(&c, 3, &[]);
+    assert!(err.contains("rank 3 (--worker 3) is out of range"), "{err}");
+    assert!(err.contains("num-nodes is 3"), "{err}");
+    assert!(err.contains("0..=2"), "{err}");
+}
+
+#[test]
+fn a_wrong_number_of_rank_weights_is_refused() {
+    let c = TestCluster::new(3, "");
+    for rank in [0, 1] {
+        let err = refused_before_start(&c, rank, &["--rank-weights", "1,1"]);
+        assert!(err.contains("--rank-weights"), "{err}");
+        assert!(
+            err.contains("2 weight(s) given but num-nodes is 3"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn a_zero_or_negative_rank_weight_is_refused_naming_the_rank_and_value() {
+    let c = TestCluster::new(3, "");
+    for (weights, value) in [("1,0,1", "0"), ("1,-1,1", "-1")] {
+        let err = refused_before_start(&c, 0, &["--rank-weights", weights]);
+        assert!(err.contains("--rank-weights"), "{err}");
+        assert!(
+            err.contains(&format!("the weight of rank 1 is {value}")),
+            "the message must name rank 1 and {value}:\n{err}"
+        );
+    }
+    // The same from the config file.
+    let c = TestCluster::new(3, "");
+    fs::write(
+        &c.config,
+        fs::read_to_string(&c.config)
+            .unwrap()
+            .replace("num-nodes = 3", "num-nodes = 3\nrank-weights = [2, 1, 0]"),
+    )
+    .unwrap();
+    let err = refused_before_start(&c, 0, &[]);
+    assert!(err.contains("the weight of rank 2 is 0"), "{err}");
+    assert!(
+        err.contains(&c.config.display().to_string()),
+        "the file must be named:\n{err}"
+    );
+}
+
+// ------------------------------------------------------------------ 12: permissions
+
+/// `setpriv … BIN` as user nobody, or None when that is impossible here.
+fn as_nobody(c: &TestCluster) -> Option<Vec<String>> {
+    let setpriv = ["/usr/bin/setpriv", "/bin/setpriv"]
+        .into_iter()
+        .find(|p| Path::new(p).exists());
+    let Some(setpriv) = setpriv else {
+        eprintln!("skipped: setpriv not found");
+        return None;
+    };
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: not running as root, cannot switch to nobody");
+        return None;
+    }
+    let prefix: Vec<String> = ["--reuid=65534", "--regid=65534", "--clear-groups"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let runs = |bin: &str| {
+        Command::new(setpriv)
+            .args(&prefix)
+            .arg(bin)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let mut bin = BIN.to_string();
+    if !runs(&bin) {
+        // The build directory is not reachable by nobody: use a copy.
+        let copy = c.dir.path().join("rl-node");
+        fs::copy(BIN, &copy).unwrap();
+        fs::set_permissions(&copy, fs::Permissions::from_mode(0o755)).unwrap();
+        bin = copy.display().to_string();
+        assert!(runs(&bin), "nobody cannot run {bin}");
+    }
+    let mut cmd = vec![setpriv.to_string()];
+    cmd.extend(prefix);
+    cmd.push(bin);
+    Some(cmd)
+}
+
+fn run_as_nobody(
+    cmd: &[String],
+    c: &TestCluster,
+    rank_args: &[&str],
+    log_path: &Path,
+) -> (i32, String) {
+    let mut command = Command::new(&cmd[0]);
+    command
+        .args(&cmd[1..])
+        .args(rank_args)
+        .arg("--config")
+        .arg(&c.config)
+        .arg("--log-path")
+        .arg(log_path)
+        .stdin(Stdio::null());
+    for (k, _) in std::env::vars() {
+        if k.starts_with("RL_NODE_") || k == "RANK" || k == "NODE_RANK" || k == "SLURM_NODEID" {
+            command.env_remove(k);
+        }
+    }
+    let start = Instant::now();
+    let out = command.output().unwrap();
+    assert!(start.elapsed() < LIMIT);
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_log_path_this_user_cannot_write_is_refused() {
+    let c = TestCluster::new(2, "");
+    // tempdir() is 0700: let nobody reach the config file and the log path.
+    fs::set_permissions(c.dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(&c.config, fs::Permissions::from_mode(0o644)).unwrap();
+    let Some(cmd) = as_nobody(&c) else { return };
+    fs::create_dir(&c.log_path).unwrap();
+    fs::set_permissions(&c.log_path, fs::Permissions::from_mode(0o755)).unwrap();
+
+    for rank_args in [&["--master"][..], &["--worker", "1"][..]] {
+        let (code, err) = run_as_nobody(&cmd, &c, rank_args, &c.log_path);
+        assert_eq!(code, 2, "{rank_args:?}: {err}");
+        assert!(err.contains("permission denied"), "{rank_args:?}: {err}");
+        assert!(
+            err.contains(&c.log_path.display().to_string()),
+            "the path must be named: {err}"
+        );
+        assert!(
+            tree(&c.log_path).is_empty(),
+            "nothing may be written: {:?}",
+            tree(&c.log_path)
+        );
+    }
+
+    // A log path that does not exist under a directory nobody cannot write: rank 0
+    // would have to create it.
+    let missing = c.log_path.join("run");
+    let (code, err) = run_as_nobody(&cmd, &c, &["--master"], &missing);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("permission denied"), "{err}");
+    assert!(err.contains(&missing.display().to_string()), "{err}");
+    assert!(tree(&c.log_path).is_empty(), "{:?}", tree(&c.log_path));
+}
+
+// ------------------------------------------------------------------ 13: phase flags
+
+#[test]
+fn an_unknown_rl_phase_is_refused_listing_the_possible_values() {
+    let c = TestCluster::new(1, "");
+    let err = refused_before_start(&c, 0, &["--rl-phase", "fast"]);
+    assert!(
+        err.contains("'fast'") && err.contains("--rl-phase"),
+        "{err}"
+    );
+    for v in ["both", "rollout", "update"] {
+        assert!(err.contains(v), "possible value {v} missing:\n{err}");
+    }
+}
+
+#[test]
+fn a_rollout_split_without_rl_phase_rollout_is_refused() {
+    let c = TestCluster::new(1, "");
+    let err = refused_before_start(
+        &c,
+        0,
+        &["--rollout-split", "train-only", "--rl-phase", "both"],
+    );
+    assert!(err.contains("rollout-split"), "{err}");
+    assert!(
+        err.contains("only applies with rl-phase = rollout"),
+        "{err}"
+    );
+    assert!(err.contains("(from --rl-phase)"), "{err}");
+}
+
+/// The message says where rl-phase came from; a file path or an environment variable
+/// name must be shown as it is, not lower-cased.
+#[test]
+fn a_rollout_split_refusal_names_the_rl_phase_source_verbatim() {
+    let c = TestCluster::new(1, "");
+    let dir = c.dir.path().join("Configs");
+    fs::create_dir(&dir).unwrap();
+    let config = dir.join("RL-Node.toml");
+    fs::write(&config, "[cluster]\nrl-phase = \"update\"\n").unwrap();
+    let out = Command::new(BIN)
+        .args(["--master", "--rollout-split", "train-only", "--config"])
+        .arg(&config)
+        .arg("--log-path")
+        .arg(&c.log_path)
+        .env_remove("RL_NODE_CLUSTER_RL_PHASE")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("rl-phase is update"), "{err}");
+    assert!(
+        err.contains(&format!("(from {})", config.display())),
+        "the config file must be named as it is ({}):\n{err}",
+        config.display()
+    );
+
+    let out = Command::new(BIN)
+        .args(["--master", "--rollout-split", "train-only", "--log-path"])
+        .arg(&c.log_path)
+        .env("RL_NODE_CLUSTER_RL_PHASE", "both")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("(from environment RL_NODE_CLUSTER_RL_PHASE)"),
+        "the variable must be named as it is:\n{err}"
+    );
+    assert!(!c.log_path.exists());
+}
+
+// ------------------------------------------------------------------ 14: unknown key
+
+#[test]
+fn an_unknown_config_key_is_refused_with_a_suggestion() {
+    let c = TestCluster::new(2, "[phases.rollout]\ncomand = \"x\"\n");
+    let err = refused_before_start(&c, 0, &[]);
+    assert!(err.contains("unknown key `phases.rollout.comand`"), "{err}");
+    assert!(
+        err.contains(&c.config.display().to_string()),
+        "the file must be named:\n{err}"
+    );
+    assert!(
+        err.contains("did you mean `phases.rollout.command`?"),
+        "{err}"
+    );
+    // A worker is refused the same way.
+    let err = refused_before_start(&c, 1, &[]);
+    assert!(err.contains("unknown key `phases.rollout.comand`"), "{err}");
+}
+
+// ------------------------------------------------------------------ 15: no usable rank
+
+#[test]
+fn worker_zero_is_refused() {
+    let c = TestCluster::new(2, "");
+    // The helper's spawn(0) would pass --master: run by hand.
+    let (code, err) = run_plain(&c, &["--worker", "0"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--worker 0 names rank 0, which is the master"),
+        "{err}"
+    );
+    assert!(err.contains("hint: start rank 0 with --master"), "{err}");
+    assert!(!c.log_path.exists());
+}
+
+/// Run the binary with `args` (no --master/--worker added) against the cluster's config
+/// and log path, with no rank in the environment.
+fn run_plain(c: &TestCluster, args: &[&str]) -> (i32, String) {
+    run_plain_env(c, args, &[])
+}
+
+fn run_plain_env(c: &TestCluster, args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
+        .arg("--config")
+        .arg(&c.config)
+        .arg("--log-path")
+        .arg(&c.log_path)
+        .stdin(Stdio::null());
+    for (k, _) in std::env::vars() {
+        if k.starts_with("RL_NODE_") || k == "RANK" || k == "NODE_RANK" || k == "SLURM_NODEID" {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.envs(env.iter().copied());
+    let out = cmd.output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn no_rank_at_all_is_refused() {
+    let c = TestCluster::new(2, "");
+    let (code, err) = run_plain(&c, &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("no rank: pass --master or --worker N"),
+        "{err}"
+    );
+    assert!(err.contains("RANK, NODE_RANK or SLURM_NODEID"), "{err}");
+    assert!(!c.log_path.exists());
+
+    let (code, err) = run_plain_env(&c, &[], &[("RANK", "one")]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("RANK=one is not a rank number"), "{err}");
+    assert!(!c.log_path.exists());
+
+    let (code, err) = run_plain(&c, &["--master", "--worker", "1"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--master") && err.contains("--worker"),
+        "{err}"
+    );
+    assert!(!c.log_path.exists());
+}
+
+#[test]
+fn a_log_path_that_is_a_file_is_refused() {
+    let c = TestCluster::new(2, "");
+    fs::write(&c.log_path, b"not a directory\n").unwrap();
+    for rank in [0, 1] {
+        let err = refused(c.spawn(rank, &[]));
+        assert!(
+            err.contains(&format!(
+                "--log-path {} is not a directory",
+                c.log_path.display()
+            )),
+            "{err}"
+        );
+        assert_eq!(fs::read(&c.log_path).unwrap(), b"not a directory\n");
+    }
+}
