@@ -19,6 +19,21 @@ const LIMIT: Duration = Duration::from_secs(30);
 
 /// Wait for every node to exit; returns each node's exit code and the moment its exit
 /// was observed (polled together, so a node's time is not delayed by waiting on another).
+/// Wait for every node of a cluster; see `wait_exits`.
+fn wait_all(nodes: &mut [NodeProc]) -> Vec<(i32, Instant)> {
+    let mut all: Vec<&mut NodeProc> = nodes.iter_mut().collect();
+    wait_exits(&mut all, LIMIT)
+}
+
+/// How long after `since` the last of `exits` happened.
+fn last_exit_since(exits: &[(i32, Instant)], since: Instant) -> Duration {
+    exits
+        .iter()
+        .map(|(_, at)| at.duration_since(since))
+        .max()
+        .unwrap()
+}
+
 fn wait_exits(nodes: &mut [&mut NodeProc], limit: Duration) -> Vec<(i32, Instant)> {
     let start = Instant::now();
     let mut seen: Vec<Option<Instant>> = vec![None; nodes.len()];
@@ -250,13 +265,8 @@ fn a_failing_command_on_one_worker_stops_everyone_promptly() {
     );
     let started = Instant::now();
     let mut nodes = c.spawn_all(&[]);
-    let mut all: Vec<&mut NodeProc> = nodes.iter_mut().collect();
-    let exits = wait_exits(&mut all, LIMIT);
-    let total = exits
-        .iter()
-        .map(|(_, at)| at.duration_since(started))
-        .max()
-        .unwrap();
+    let exits = wait_all(&mut nodes);
+    let total = last_exit_since(&exits, started);
     eprintln!(
         "all 3 ranks exited {:.3}s after start: {:?}",
         total.as_secs_f64(),
@@ -333,14 +343,9 @@ fn a_phase_timeout_stops_the_cluster_with_exit_4() {
     );
     let started = Instant::now();
     let mut nodes = c.spawn_all(&[]);
-    let mut all: Vec<&mut NodeProc> = nodes.iter_mut().collect();
-    let exits = wait_exits(&mut all, LIMIT);
+    let exits = wait_all(&mut nodes);
     let codes: Vec<i32> = exits.iter().map(|e| e.0).collect();
-    let total = exits
-        .iter()
-        .map(|(_, at)| at.duration_since(started))
-        .max()
-        .unwrap();
+    let total = last_exit_since(&exits, started);
     eprintln!(
         "exit codes {codes:?}, {:.3}s after start",
         total.as_secs_f64()
@@ -581,8 +586,7 @@ fn assert_generation_ran(c: &TestCluster, gen: u64, last: u64) {
 
 fn run_to_completion(c: &TestCluster, args: &[&str]) {
     let mut nodes = c.spawn_all(args);
-    let mut all: Vec<&mut NodeProc> = nodes.iter_mut().collect();
-    let exits = wait_exits(&mut all, LIMIT);
+    let exits = wait_all(&mut nodes);
     for (n, (code, _)) in nodes.iter().zip(exits) {
         assert_eq!(
             code,
@@ -734,8 +738,7 @@ fn a_stale_abort_record_left_in_a_generation_directory_is_not_adopted() {
     );
 
     let mut nodes = c.spawn_all(&[]);
-    let mut all: Vec<&mut NodeProc> = nodes.iter_mut().collect();
-    let exits = wait_exits(&mut all, LIMIT);
+    let exits = wait_all(&mut nodes);
     let err: Vec<String> = nodes.iter().map(|n| n.stderr()).collect();
     for (r, e) in err.iter().enumerate() {
         assert!(
@@ -771,13 +774,8 @@ fn sigterm_to_one_worker_stops_the_cluster() {
     wait_stderr(&nodes[1], "iteration 1: rollout started", LIMIT);
     let sent = Instant::now();
     nodes[1].signal(libc::SIGTERM);
-    let mut all: Vec<&mut NodeProc> = nodes.iter_mut().collect();
-    let exits = wait_exits(&mut all, LIMIT);
-    let latest = exits
-        .iter()
-        .map(|(_, at)| at.duration_since(sent))
-        .max()
-        .unwrap();
+    let exits = wait_all(&mut nodes);
+    let latest = last_exit_since(&exits, sent);
     eprintln!(
         "exit codes {:?}, all {:.3}s after the SIGTERM",
         exits.iter().map(|e| e.0).collect::<Vec<_>>(),

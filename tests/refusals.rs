@@ -68,6 +68,18 @@ fn read_json(path: &Path) -> serde_json::Value {
 }
 
 /// Stop the nodes of a running cluster (SIGTERM; their commands stop with them).
+/// The refusal must not have disturbed the running cluster.
+fn assert_still_running(nodes: &mut [NodeProc]) {
+    for n in nodes.iter_mut() {
+        assert!(
+            n.child.try_wait().unwrap().is_none(),
+            "rank {} stopped:\n{}",
+            n.rank,
+            n.stderr()
+        );
+    }
+}
+
 fn stop_all(nodes: &mut [NodeProc]) {
     for n in nodes.iter() {
         n.signal(libc::SIGTERM);
@@ -167,14 +179,7 @@ fn a_second_worker_for_a_held_rank_is_refused_and_writes_nothing() {
     let rec = c.record(1).unwrap();
     assert_eq!(rec["pid"], first_pid, "{rec}");
     assert_eq!(rec["state"], "running", "{rec}");
-    for n in nodes.iter_mut() {
-        assert!(
-            n.child.try_wait().unwrap().is_none(),
-            "rank {} stopped:\n{}",
-            n.rank,
-            n.stderr()
-        );
-    }
+    assert_still_running(&mut nodes);
     stop_all(&mut nodes);
 }
 
@@ -199,14 +204,7 @@ fn a_second_master_for_a_running_cluster_is_refused_and_writes_nothing() {
     let cluster = read_json(&c.log_path.join(".rl-node/cluster.json"));
     assert_eq!(cluster["gen"], 1, "{cluster}");
     assert_eq!(cluster["pid"], first_pid, "{cluster}");
-    for n in nodes.iter_mut() {
-        assert!(
-            n.child.try_wait().unwrap().is_none(),
-            "rank {} stopped:\n{}",
-            n.rank,
-            n.stderr()
-        );
-    }
+    assert_still_running(&mut nodes);
     stop_all(&mut nodes);
 }
 

@@ -157,9 +157,15 @@ impl Node {
             hint: Some("check that --log-path is on a writable shared filesystem".into()),
             detail: None,
         };
-        let gen = self
-            .claim_generation_dir(gen)
-            .map_err(|e| io_err(format!("cannot create a generation directory in {}", layout.state_dir().display()), e))?;
+        let gen = self.claim_generation_dir(gen).map_err(|e| {
+            io_err(
+                format!(
+                    "cannot create a generation directory in {}",
+                    layout.state_dir().display()
+                ),
+                e,
+            )
+        })?;
         for r in 1..self.num_nodes() {
             let path = layout.rank_record(gen, r);
             store::publish_json(&path, &self.record(gen, &run_id, r, NodeState::Vacant))
@@ -261,7 +267,13 @@ impl Node {
         std::fs::create_dir_all(&state)?;
         let highest = std::fs::read_dir(&state)?
             .flatten()
-            .filter_map(|e| e.file_name().to_str()?.strip_prefix("gen-")?.parse::<u64>().ok())
+            .filter_map(|e| {
+                e.file_name()
+                    .to_str()?
+                    .strip_prefix("gen-")?
+                    .parse::<u64>()
+                    .ok()
+            })
             .max()
             .unwrap_or(0);
         let mut gen = wanted.max(highest + 1);

@@ -1049,12 +1049,15 @@ pub(crate) fn pid_alive(pid: u32) -> bool {
     if pid == 0 {
         return false;
     }
-    let exists = unsafe {
-        libc::kill(pid as i32, 0) == 0 || *libc::__errno_location() == libc::EPERM
-    };
+    let exists =
+        unsafe { libc::kill(pid as i32, 0) == 0 || *libc::__errno_location() == libc::EPERM };
     let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
-        .and_then(|s| s.rsplit(')').next().map(|rest| rest.trim_start().starts_with('Z')))
+        .and_then(|s| {
+            s.rsplit(')')
+                .next()
+                .map(|rest| rest.trim_start().starts_with('Z'))
+        })
         .unwrap_or(false);
     exists && !zombie
 }
