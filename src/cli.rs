@@ -82,6 +82,11 @@ enum Command {
     },
     /// Print the effective configuration and where each value came from.
     ShowConfig,
+    /// Run a small cluster on this machine with a built-in toy RL workload and watch it learn.
+    Demo(crate::demo::DemoArgs),
+    /// The demo's toy workload (inference server, rollout, training, eval).
+    #[command(name = "__toy", hide = true)]
+    Toy(crate::demo::ToyArgs),
     #[command(name = "__guard", hide = true)]
     Guard,
 }
@@ -192,6 +197,8 @@ pub fn main() -> i32 {
     };
     match cli.command {
         Some(Command::Guard) => node::procs::guardian_main(),
+        Some(Command::Demo(args)) => crate::demo::demo_main(args),
+        Some(Command::Toy(args)) => crate::demo::toy_main(args),
         Some(Command::ShowConfig) => match cli.settings.load() {
             Ok(l) => {
                 print!(

@@ -6,6 +6,7 @@
 pub mod aggregate;
 pub mod cli;
 pub mod config;
+pub mod demo;
 pub mod exit;
 pub mod layout;
 pub mod node;

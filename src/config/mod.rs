@@ -121,6 +121,25 @@ pub struct PhaseCommand {
     pub timeout: Duration,
 }
 
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct HandoffCommand {
+    pub command: String,
+    #[serde(with = "duration")]
+    pub timeout: Duration,
+    /// Glob of the checkpoint directory to publish under the training output.
+    pub pick: String,
+}
+
+impl HandoffCommand {
+    pub fn as_phase(&self) -> PhaseCommand {
+        PhaseCommand {
+            command: self.command.clone(),
+            timeout: self.timeout,
+        }
+    }
+}
+
 impl PhaseCommand {
     pub fn is_set(&self) -> bool {
         !self.command.trim().is_empty()
@@ -135,7 +154,7 @@ pub struct Phases {
     pub aggregate: PhaseCommand,
     pub prepare: PhaseCommand,
     pub train: PhaseCommand,
-    pub handoff: PhaseCommand,
+    pub handoff: HandoffCommand,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -148,6 +167,9 @@ pub struct Server {
     pub start_timeout: Duration,
     #[serde(with = "duration")]
     pub stop_grace: Duration,
+    pub gpu_drain_mib: u64,
+    #[serde(with = "duration")]
+    pub gpu_drain_timeout: Duration,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -424,7 +446,7 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
         ("aggregate", &c.phases.aggregate),
         ("prepare", &c.phases.prepare),
         ("train", &c.phases.train),
-        ("handoff", &c.phases.handoff),
+        ("handoff", &c.phases.handoff.as_phase()),
     ] {
         let key = format!("phases.{name}.command");
         Template::parse(&p.command).map_err(|e| l.invalid(&key, e.to_string()))?;

@@ -730,9 +730,10 @@ impl Node {
                 self.barrier("training-complete", Value::Null, none)?;
             }
             Phase::Handoff => {
-                if self.is_master() && cfg.phases.handoff.is_set() {
+                let handoff = cfg.phases.handoff.as_phase();
+                if self.is_master() && handoff.is_set() {
                     let out = self.layout.model_dir(self.iteration);
-                    self.run_command("handoff", &cfg.phases.handoff, None, &out, false)?;
+                    self.run_command("handoff", &handoff, None, &out, false)?;
                     if out.exists() {
                         self.model = out.display().to_string();
                     } else {
