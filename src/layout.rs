@@ -87,8 +87,9 @@ impl Layout {
         self.root.join("train").join(iter_dir(iteration))
     }
 
-    pub fn model_dir(&self, iteration: u64) -> PathBuf {
-        self.root.join("models").join(iter_dir(iteration))
+    /// Immutable published checkpoints and the `LATEST` pointer.
+    pub fn models(&self) -> PathBuf {
+        self.root.join("models")
     }
 
     /// Captured output of one phase command of one rank.

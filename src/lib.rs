@@ -4,6 +4,7 @@
 //! binary as separate node processes.
 
 pub mod aggregate;
+pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod demo;

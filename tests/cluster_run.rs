@@ -17,9 +17,9 @@ command = "echo {iteration} eval >> {log_path}/trace-{rank}; echo '{\"eval\": {r
 [phases.prepare]
 command = "echo {iteration} prepare >> {log_path}/trace-{rank}; wc -l < {trajectories} > {output}"
 [phases.train]
-command = "echo {iteration} train $NODE_RANK/$NNODES $MASTER_ADDR:$MASTER_PORT >> {log_path}/trace-{rank}; test -f $(dirname {trajectories})/prepared"
+command = "echo {iteration} train $NODE_RANK/$NNODES $MASTER_ADDR:$MASTER_PORT >> {log_path}/trace-{rank}; test -f $(dirname {trajectories})/prepared; mkdir -p {output}/checkpoint-{rank}; echo weights > {output}/checkpoint-{rank}/w"
 [phases.handoff]
-command = "echo {iteration} handoff >> {log_path}/trace-{rank}; mkdir -p {output}"
+command = "echo {iteration} handoff >> {log_path}/trace-{rank}"
 "#;
 
 fn trace(c: &TestCluster, rank: u32) -> Vec<String> {

@@ -13,6 +13,7 @@ pub(crate) mod context;
 mod join;
 pub mod procs;
 mod publisher;
+mod server;
 mod watchdog;
 
 use crate::config::{Config, Loaded, PhaseCommand, RolloutSplit, Template};
@@ -108,6 +109,10 @@ pub(crate) struct Node {
     formed: bool,
     /// The heartbeat thread's last write error, to report changes once.
     write_error: Option<String>,
+    /// The inference server, while it runs.
+    server: Option<server::Server>,
+    /// --debug-mode: leave the inference server alone.
+    debug_mode: bool,
 }
 
 /// Run a node until it finishes (Ok) or stops (the error says why and with which code).
@@ -172,9 +177,10 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
         waiting_note: String::new(),
         formed: false,
         write_error: None,
+        server: None,
+        debug_mode: opts.debug_mode,
         cfg,
     };
-    let _ = opts.debug_mode;
     node.say(&format!(
         "rank {} ({}) on {}, pid {}; shared directory {}",
         node.rank,
@@ -272,6 +278,7 @@ impl Node {
     fn handle_event(&mut self, ev: Event) -> Result<(), Stop> {
         match ev {
             Event::Reaped { pid, exit } => {
+                self.check_server_exit(pid, exit)?;
                 self.exited.insert(pid, exit);
                 Ok(())
             }
@@ -636,8 +643,17 @@ impl Node {
     fn run_iterations(&mut self) -> Result<(), Stop> {
         let last = self.cfg.cluster.iterations;
         let mut iteration = 1;
+        // The newest published checkpoint, if any, is the model to serve and train from.
+        if let Some(latest) = crate::checkpoint::latest(&self.layout.models()) {
+            self.model = latest.display().to_string();
+            self.say(&format!("model: {} (models/LATEST)", self.model));
+        }
+        if self.cfg.cluster.rl_phase != crate::config::RlPhase::Update {
+            self.start_server()?;
+        }
         loop {
             if last > 0 && iteration > last {
+                self.stop_server()?;
                 let (reads, writes) = store::op_counts();
                 self.say(&format!(
                     "all {last} iteration(s) complete ({} barriers; shared-directory operations: {reads} reads, {writes} writes)",
@@ -714,8 +730,8 @@ impl Node {
                     }
                 }
             }
-            // The inference server's lifecycle is not wired in yet: nothing to stop or start.
-            Phase::StopServer | Phase::RestartServer => {}
+            Phase::StopServer => self.stop_server()?,
+            Phase::RestartServer => self.start_server()?,
             Phase::PrepareData => {
                 if self.is_master() && cfg.phases.prepare.is_set() {
                     let out = self.layout.prepared(self.iteration);
@@ -730,19 +746,8 @@ impl Node {
                 self.barrier("training-complete", Value::Null, none)?;
             }
             Phase::Handoff => {
-                let handoff = cfg.phases.handoff.as_phase();
-                if self.is_master() && handoff.is_set() {
-                    let out = self.layout.model_dir(self.iteration);
-                    self.run_command("handoff", &handoff, None, &out, false)?;
-                    if out.exists() {
-                        self.model = out.display().to_string();
-                    } else {
-                        self.say(&format!(
-                            "warning: the handoff command wrote no {}; the model stays {}",
-                            out.display(),
-                            self.model
-                        ));
-                    }
+                if self.is_master() {
+                    self.handoff()?;
                 }
                 let model = self.model.clone();
                 let b = self.barrier(
@@ -840,6 +845,57 @@ impl Node {
                 format!("aggregating {split} shards into {}: {e}", out.display()),
                 None,
             )),
+        }
+    }
+
+    /// Rank 0 publishes the iteration's training output as an immutable checkpoint and
+    /// switches `models/LATEST` to it (see `crate::checkpoint`).
+    fn handoff(&mut self) -> Result<(), Stop> {
+        let cfg = self.cfg.phases.handoff.clone();
+        let train_out = self.layout.train_output(self.iteration);
+        if !cfg.command.trim().is_empty() {
+            self.run_command("handoff", &cfg.as_phase(), None, &train_out, false)?;
+        }
+        let has_files = |d: &Path| {
+            std::fs::read_dir(d).is_ok_and(|mut e| e.next().is_some())
+        };
+        let source = crate::checkpoint::pick(&train_out, &cfg.pick)
+            .or_else(|| has_files(&train_out).then(|| train_out.clone()));
+        let Some(source) = source else {
+            if self.cfg.phases.train.is_set() {
+                self.say(&format!(
+                    "warning: training wrote nothing under {}; the model stays {}",
+                    train_out.display(),
+                    self.model
+                ));
+            }
+            return Ok(());
+        };
+        let name = crate::layout::iter_dir(self.iteration);
+        self.watchdog.pet("publishing the checkpoint");
+        let wd = self.watchdog.clone();
+        let started = Instant::now();
+        match crate::checkpoint::publish(&source, &self.layout.models(), &name, &mut || wd.pet("publishing the checkpoint")) {
+            Ok(dest) => {
+                self.model = dest.display().to_string();
+                self.say(&format!(
+                    "iteration {}: published checkpoint {} from {} in {:.2}s",
+                    self.iteration,
+                    dest.display(),
+                    source.display(),
+                    started.elapsed().as_secs_f64()
+                ));
+                self.event(json!({"event": "handoff", "model": self.model, "source": source.display().to_string()}));
+                Ok(())
+            }
+            Err(e) => {
+                let reason = format!(
+                    "publishing {} as {name} failed: {e}; models/LATEST still names {}",
+                    source.display(),
+                    self.model
+                );
+                Err(self.fail(AbortKind::Error, self.rank, None, reason, None))
+            }
         }
     }
 
