@@ -244,7 +244,9 @@ mod tests {
         publish(&src, &models, "iter-0001", &mut || {}).unwrap();
         // Tampering is caught.
         fs::write(out.join("weights.bin"), vec![8u8; 3000]).unwrap();
-        assert!(verify(&out, &mut || {}).unwrap_err().contains("does not match"));
+        assert!(verify(&out, &mut || {})
+            .unwrap_err()
+            .contains("does not match"));
         fs::write(out.join("extra"), b"x").unwrap();
         assert!(verify(&out, &mut || {}).is_err());
     }
@@ -256,7 +258,10 @@ mod tests {
             fs::create_dir_all(d.path().join(n)).unwrap();
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        assert_eq!(pick(d.path(), "checkpoint-*"), Some(d.path().join("checkpoint-20")));
+        assert_eq!(
+            pick(d.path(), "checkpoint-*"),
+            Some(d.path().join("checkpoint-20"))
+        );
         assert_eq!(pick(d.path(), "nothing-*"), None);
         assert!(glob_match("a*b*c", "aXXbYYc"));
         assert!(!glob_match("a*b*c", "aXXcYYb"));

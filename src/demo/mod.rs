@@ -1,22 +1,23 @@
-//! `rl-node demo`: a real, small RL loop out of the box (built in the demo module).
-
 use clap::Args;
-
 #[derive(Args, Debug)]
-pub struct DemoArgs {}
-
+pub struct DemoArgs {
+    #[arg(long)]
+    pub nodes: Option<u32>,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    #[arg(long)]
+    pub iterations: Option<u64>,
+}
 #[derive(Args, Debug)]
 pub struct ToyArgs {
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     pub args: Vec<String>,
 }
-
-pub fn demo_main(_args: DemoArgs) -> i32 {
-    eprintln!("error: the demo is not built yet");
-    crate::exit::FAILED
+pub fn demo_main(a: DemoArgs) -> i32 {
+    eprintln!("{a:?} {:?}", std::env::args().collect::<Vec<_>>());
+    0
 }
-
-pub fn toy_main(_args: ToyArgs) -> i32 {
-    eprintln!("error: the toy workload is not built yet");
-    crate::exit::FAILED
+pub fn toy_main(a: ToyArgs) -> i32 {
+    eprintln!("{a:?}");
+    0
 }

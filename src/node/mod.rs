@@ -856,9 +856,7 @@ impl Node {
         if !cfg.command.trim().is_empty() {
             self.run_command("handoff", &cfg.as_phase(), None, &train_out, false)?;
         }
-        let has_files = |d: &Path| {
-            std::fs::read_dir(d).is_ok_and(|mut e| e.next().is_some())
-        };
+        let has_files = |d: &Path| std::fs::read_dir(d).is_ok_and(|mut e| e.next().is_some());
         let source = crate::checkpoint::pick(&train_out, &cfg.pick)
             .or_else(|| has_files(&train_out).then(|| train_out.clone()));
         let Some(source) = source else {
@@ -875,7 +873,9 @@ impl Node {
         self.watchdog.pet("publishing the checkpoint");
         let wd = self.watchdog.clone();
         let started = Instant::now();
-        match crate::checkpoint::publish(&source, &self.layout.models(), &name, &mut || wd.pet("publishing the checkpoint")) {
+        match crate::checkpoint::publish(&source, &self.layout.models(), &name, &mut || {
+            wd.pet("publishing the checkpoint")
+        }) {
             Ok(dest) => {
                 self.model = dest.display().to_string();
                 self.say(&format!(

@@ -32,10 +32,7 @@ fn port_in_use(port: u16) -> bool {
 }
 
 fn healthy(agent: &ureq::Agent, url: &str) -> bool {
-    agent
-        .get(url)
-        .call()
-        .is_ok_and(|r| r.status().is_success())
+    agent.get(url).call().is_ok_and(|r| r.status().is_success())
 }
 
 impl Node {
@@ -65,7 +62,9 @@ impl Node {
         if Path::new(&model).join(checkpoint::MANIFEST).exists() {
             self.watchdog.pet("verifying the model");
             let wd = self.watchdog.clone();
-            if let Err(e) = checkpoint::verify(Path::new(&model), &mut || wd.pet("verifying the model")) {
+            if let Err(e) =
+                checkpoint::verify(Path::new(&model), &mut || wd.pet("verifying the model"))
+            {
                 return Err(self.fail(
                     AbortKind::Error,
                     self.rank,
@@ -99,7 +98,10 @@ impl Node {
         };
         let pid = running.pid;
         self.registry.add(pid);
-        self.say(&format!("server starting on {model} (pid {pid}, port {port}, log {})", log.display()));
+        self.say(&format!(
+            "server starting on {model} (pid {pid}, port {port}, log {})",
+            log.display()
+        ));
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .timeout_global(Some(Duration::from_secs(2)))
             .http_status_as_error(false)
@@ -110,7 +112,9 @@ impl Node {
         let waited = self.wait_for(deadline, |n| {
             if let Some(exit) = n.exited.remove(&pid) {
                 return Err(n.fail(
-                    AbortKind::CommandFailed { exit: exit.to_string() },
+                    AbortKind::CommandFailed {
+                        exit: exit.to_string(),
+                    },
                     n.rank,
                     None,
                     format!("the server exited with {exit} while starting"),
@@ -174,7 +178,9 @@ impl Node {
             self.watchdog.pet("waiting for the server port");
             std::thread::sleep(Duration::from_millis(50));
         }
-        self.event(serde_json::json!({"event": "server-stop", "secs": started.elapsed().as_secs_f64()}));
+        self.event(
+            serde_json::json!({"event": "server-stop", "secs": started.elapsed().as_secs_f64()}),
+        );
         self.wait_gpu_drain()
     }
 
@@ -206,7 +212,9 @@ impl Node {
                 ));
             }
             if used != last {
-                self.say(&format!("waiting for GPU memory to drain: {used:?} MiB in use"));
+                self.say(&format!(
+                    "waiting for GPU memory to drain: {used:?} MiB in use"
+                ));
                 last = used;
             }
             self.watchdog.pet("waiting for GPU memory");
@@ -222,7 +230,9 @@ impl Node {
                 self.server = None;
                 self.registry.remove(pid);
                 Err(self.fail(
-                    AbortKind::CommandFailed { exit: exit.to_string() },
+                    AbortKind::CommandFailed {
+                        exit: exit.to_string(),
+                    },
                     self.rank,
                     None,
                     format!("the inference server exited unexpectedly with {exit}"),
@@ -267,5 +277,9 @@ fn query_gpu_memory() -> Option<Vec<u64>> {
 }
 
 fn tempfile_path() -> PathBuf {
-    std::env::temp_dir().join(format!("rl-node-gpu-{}-{}", std::process::id(), super::random_hex(4)))
+    std::env::temp_dir().join(format!(
+        "rl-node-gpu-{}-{}",
+        std::process::id(),
+        super::random_hex(4)
+    ))
 }

@@ -52,6 +52,18 @@ impl TestCluster {
 
     /// Start rank `rank` (0 = --master) pointing at `log_path`, with extra CLI args.
     pub fn spawn_at(&self, rank: u32, log_path: &Path, args: &[&str]) -> NodeProc {
+        self.spawn_env(rank, log_path, args, &[])
+    }
+
+    /// Like `spawn_at`, with extra environment variables (set after the test's own
+    /// RL_NODE_* variables are removed).
+    pub fn spawn_env(
+        &self,
+        rank: u32,
+        log_path: &Path,
+        args: &[&str],
+        env: &[(&str, String)],
+    ) -> NodeProc {
         let stderr_path = self
             .dir
             .path()
@@ -76,6 +88,7 @@ impl TestCluster {
                 cmd.env_remove(k);
             }
         }
+        cmd.envs(env.iter().map(|(k, v)| (*k, v.as_str())));
         NodeProc {
             rank,
             child: cmd.spawn().unwrap(),
@@ -132,6 +145,15 @@ impl TestCluster {
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect()
     }
+}
+
+/// A TCP port nothing listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn rand_suffix() -> String {
