@@ -277,8 +277,7 @@ fn a_crash_in_the_middle_of_the_handoff_leaves_a_valid_model_that_the_server_sta
             fs::read_to_string(c.log_path.join("logs/iter-0000/rank-0.server.log")).unwrap();
         let last = first_start
             .lines()
-            .filter(|l| l.starts_with("serving model="))
-            .next_back()
+            .rfind(|l| l.starts_with("serving model="))
             .unwrap()
             .to_string();
         assert!(
