@@ -144,21 +144,39 @@ pub fn latest(models: &Path) -> Option<PathBuf> {
     (!name.is_empty() && !name.contains('/')).then(|| models.join(name))
 }
 
+/// What `publish` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Published {
+    /// `source` was copied into a new checkpoint.
+    New(PathBuf),
+    /// A complete, verified checkpoint of that name existed already (an earlier attempt
+    /// published it); checkpoints are immutable, so it was kept and `source` was not copied.
+    Kept(PathBuf),
+}
+
+impl Published {
+    pub fn path(&self) -> &Path {
+        match self {
+            Published::New(p) | Published::Kept(p) => p,
+        }
+    }
+}
+
 /// Publish `source` as `models/<name>` and point `LATEST` at it. Idempotent: a complete,
-/// verified `models/<name>` from an earlier attempt is reused; an incomplete one is set
+/// verified `models/<name>` from an earlier attempt is kept; an incomplete one is set
 /// aside, never deleted.
 pub fn publish(
     source: &Path,
     models: &Path,
     name: &str,
     tick: &mut dyn FnMut(),
-) -> io::Result<PathBuf> {
+) -> io::Result<Published> {
     fs::create_dir_all(models)?;
     let dest = models.join(name);
     if dest.exists() {
         if verify(&dest, tick).is_ok() {
             point_latest(models, name)?;
-            return Ok(dest);
+            return Ok(Published::Kept(dest));
         }
         let aside = models.join(format!("{name}.invalid-{}", crate::protocol::wall_now()));
         fs::rename(&dest, aside)?;
@@ -198,7 +216,7 @@ pub fn publish(
     crate::store::fsync_dir(models)?;
     crash_point("handoff:before-latest");
     point_latest(models, name)?;
-    Ok(dest)
+    Ok(Published::New(dest))
 }
 
 fn point_latest(models: &Path, name: &str) -> io::Result<()> {
@@ -237,11 +255,16 @@ mod tests {
         tree(&src);
         let models = d.path().join("models");
         let out = publish(&src, &models, "iter-0001", &mut || {}).unwrap();
+        assert!(matches!(out, Published::New(_)));
+        let out = out.path().to_path_buf();
         assert_eq!(latest(&models), Some(out.clone()));
         let m = verify(&out, &mut || {}).unwrap();
         assert_eq!(m.files.len(), 2);
-        // Publishing again reuses the verified checkpoint.
-        publish(&src, &models, "iter-0001", &mut || {}).unwrap();
+        // Publishing again keeps the verified checkpoint.
+        assert_eq!(
+            publish(&src, &models, "iter-0001", &mut || {}).unwrap(),
+            Published::Kept(out.clone())
+        );
         // Tampering is caught.
         fs::write(out.join("weights.bin"), vec![8u8; 3000]).unwrap();
         assert!(verify(&out, &mut || {})

@@ -123,6 +123,32 @@ impl Settings {
         v
     }
 
+    /// The node flags `rl-node demo` honours; the others configure a node the demo writes
+    /// its own configuration for, so they are refused.
+    fn demo_globals(&self) -> Result<crate::demo::Globals, String> {
+        if self.num_nodes.is_some() {
+            return Err("the demo takes --nodes N, not --num-nodes".into());
+        }
+        let others = [
+            ("--config", self.config.is_some()),
+            ("--log-path", self.log_path.is_some()),
+            ("--data-path", self.data_path.is_some()),
+            ("--rl-phase", self.rl_phase.is_some()),
+            ("--rollout-split", self.rollout_split.is_some()),
+            ("--master-port", self.master_port.is_some()),
+        ];
+        if let Some((flag, _)) = others.iter().find(|(_, set)| *set) {
+            return Err(format!(
+                "the demo does not take {flag}: it writes its own configuration and directory (see --dir)"
+            ));
+        }
+        Ok(crate::demo::Globals {
+            iterations: self.iterations.clone(),
+            eval_interval: self.eval_interval.clone(),
+            rank_weights: self.rank_weights.clone(),
+        })
+    }
+
     fn load(&self) -> Result<config::Loaded, ConfigError> {
         config::load(
             self.config.as_deref(),
@@ -197,7 +223,13 @@ pub fn main() -> i32 {
     };
     match cli.command {
         Some(Command::Guard) => node::procs::guardian_main(),
-        Some(Command::Demo(args)) => crate::demo::demo_main(args),
+        Some(Command::Demo(args)) => match cli.settings.demo_globals() {
+            Ok(g) => crate::demo::demo_main(args, g),
+            Err(msg) => {
+                eprintln!("error: demo: {msg}");
+                exit::USAGE
+            }
+        },
         Some(Command::Toy(args)) => crate::demo::toy_main(args),
         Some(Command::ShowConfig) => match cli.settings.load() {
             Ok(l) => {

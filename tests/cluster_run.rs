@@ -218,12 +218,19 @@ fn show_config_reports_sources() {
 
 #[test]
 fn shipped_example_configs_load() {
-    for example in ["examples/local/rl-node.toml", "examples/webgym/rl-node.toml"] {
+    for example in [
+        "examples/local/rl-node.toml",
+        "examples/webgym/rl-node.toml",
+    ] {
         let out = std::process::Command::new(BIN)
             .args(["show-config", "--config"])
             .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/").to_string() + example)
             .output()
             .unwrap();
-        assert!(out.status.success(), "{example}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{example}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }

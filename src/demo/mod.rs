@@ -1,23 +1,71 @@
+//! `rl-node demo`: a real, small RL loop out of the box.
+//!
+//! The demo starts N nodes of this very binary on this machine over a fresh shared
+//! directory, with a toy workload ([`toy`], run through the hidden `rl-node __toy`
+//! subcommand) in place of vLLM, the rollout script and torchrun: an HTTP inference
+//! server per node, rollout and eval commands that query it and write JSONL, and a
+//! data-parallel trainer that all-reduces over TCP. It shows the nodes' phases live, the
+//! reward and eval accuracy per iteration, and ends with a summary.
+
+mod progress;
+mod run;
+pub mod toy;
+
 use clap::Args;
+use std::path::PathBuf;
+
+pub use progress::{iteration_report, IterationReport};
+
 #[derive(Args, Debug)]
+#[command(
+    after_help = "Also takes --iterations K (default 8), --eval-interval K (default 2: eval on \
+iterations 1, 3, 5, …) and --rank-weights LIST (default 2,1,1,… : rank 0 rolls out twice the share)."
+)]
 pub struct DemoArgs {
-    #[arg(long)]
-    pub nodes: Option<u32>,
-    #[arg(long)]
-    pub seed: Option<u64>,
-    #[arg(long)]
-    pub iterations: Option<u64>,
+    /// Number of nodes to start on this machine.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub nodes: u32,
+    /// Directory for the run (config, shared directory, node logs); default: a fresh
+    /// temporary directory, kept and printed. Must be empty or absent.
+    #[arg(long, value_name = "PATH")]
+    pub dir: Option<PathBuf>,
+    /// Seed of the toy task (hidden best actions) and of every sample.
+    #[arg(long, value_name = "S", default_value_t = 1)]
+    pub seed: u64,
+    /// Kill -9 rank R when it reaches phase PHASE (a name like `training`, or its number)
+    /// in iteration 2, watch every other node stop, then restart all nodes once.
+    #[arg(long, value_name = "R@PHASE")]
+    pub kill_node: Option<String>,
+    /// Toy task size: number of tasks (contexts).
+    #[arg(long, value_name = "T", default_value_t = 32)]
+    pub tasks: u32,
+    /// Toy task size: actions per task (chance reward is 1/A).
+    #[arg(long, value_name = "A", default_value_t = 4)]
+    pub actions: u32,
+    /// Train samples per task and iteration.
+    #[arg(long, value_name = "K", default_value_t = 4)]
+    pub samples: u32,
+    /// Make every rollout, eval and training command take at least this many seconds,
+    /// to watch the phases go by (the default run takes about a second).
+    #[arg(long, value_name = "SECS", default_value_t = 0.0)]
+    pub pace: f64,
+    /// Learning rate of the REINFORCE step.
+    #[arg(long, value_name = "X", default_value_t = 4.0)]
+    pub lr: f64,
 }
+
 #[derive(Args, Debug)]
 pub struct ToyArgs {
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     pub args: Vec<String>,
 }
-pub fn demo_main(a: DemoArgs) -> i32 {
-    eprintln!("{a:?} {:?}", std::env::args().collect::<Vec<_>>());
-    0
+
+pub use run::Globals;
+
+pub fn demo_main(args: DemoArgs, globals: Globals) -> i32 {
+    run::main(args, globals)
 }
-pub fn toy_main(a: ToyArgs) -> i32 {
-    eprintln!("{a:?}");
-    0
+
+pub fn toy_main(args: ToyArgs) -> i32 {
+    toy::main(args.args)
 }

@@ -876,7 +876,15 @@ impl Node {
         match crate::checkpoint::publish(&source, &self.layout.models(), &name, &mut || {
             wd.pet("publishing the checkpoint")
         }) {
-            Ok(dest) => {
+            Ok(published) => {
+                if let crate::checkpoint::Published::Kept(p) = &published {
+                    self.say(&format!(
+                        "warning: {} was already published by an earlier attempt; checkpoints are immutable, so it is kept and {} is not published",
+                        p.display(),
+                        source.display()
+                    ));
+                }
+                let dest = published.path().to_path_buf();
                 self.model = dest.display().to_string();
                 self.say(&format!(
                     "iteration {}: published checkpoint {} from {} in {:.2}s",
