@@ -907,6 +907,32 @@ impl Node {
         }
     }
 
+    /// Start `command` in its own process group, registered for stopping (also by the
+    /// guardian if this node is killed); a failure to start is this node's failure.
+    fn spawn_supervised(
+        &mut self,
+        what: &str,
+        command: &str,
+        env: &[(String, String)],
+        log: &Path,
+        header: &str,
+    ) -> Result<procs::Running, Stop> {
+        self.watchdog.pet("starting a command");
+        match procs::spawn_shell(command, env, log, header) {
+            Ok(running) => {
+                self.registry.add(running.pid);
+                Ok(running)
+            }
+            Err(e) => Err(self.fail(
+                AbortKind::Error,
+                self.rank,
+                None,
+                format!("cannot start {what}: {e}"),
+                Some(log),
+            )),
+        }
+    }
+
     /// Run a phase command in its own process group and wait for it, watching the cluster.
     /// Returns the log path.
     fn run_command(
@@ -926,25 +952,18 @@ impl Node {
             env.extend(context::torchrun_env(&values));
         }
         let log = self.layout.phase_log(self.iteration, self.rank, phase);
-        self.watchdog.pet("starting a command");
         let header = format!(
             "rank {} iteration {} phase {phase}",
             self.rank, self.iteration
         );
-        let running = match procs::spawn_shell(&command, &env, &log, &header) {
-            Ok(r) => r,
-            Err(e) => {
-                return Err(self.fail(
-                    AbortKind::Error,
-                    self.rank,
-                    None,
-                    format!("cannot start the {phase} command: {e}"),
-                    Some(&log),
-                ));
-            }
-        };
+        let running = self.spawn_supervised(
+            &format!("the {phase} command"),
+            &command,
+            &env,
+            &log,
+            &header,
+        )?;
         let pid = running.pid;
-        self.registry.add(pid);
         self.say(&format!(
             "iteration {}: {phase} started (pid {pid}, log {})",
             self.iteration,

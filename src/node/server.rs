@@ -84,20 +84,8 @@ impl Node {
         let env = super::context::env_for(&values);
         let log = self.layout.phase_log(self.iteration, self.rank, "server");
         let header = format!("rank {} server on {model}", self.rank);
-        let running = match procs::spawn_shell(&command, &env, &log, &header) {
-            Ok(r) => r,
-            Err(e) => {
-                return Err(self.fail(
-                    AbortKind::Error,
-                    self.rank,
-                    None,
-                    format!("cannot start the server: {e}"),
-                    Some(&log),
-                ))
-            }
-        };
+        let running = self.spawn_supervised("the server", &command, &env, &log, &header)?;
         let pid = running.pid;
-        self.registry.add(pid);
         self.say(&format!(
             "server starting on {model} (pid {pid}, port {port}, log {})",
             log.display()
