@@ -5,6 +5,15 @@
 //! leaves a half-written merged file under the final name.
 
 use std::fs::File;
+
+/// `rl-node aggregate` (built by the partial-recovery work).
+#[derive(clap::Args, Debug)]
+pub struct AggregateArgs {}
+
+pub fn main(_args: AggregateArgs, _log_path: Option<String>) -> i32 {
+    eprintln!("error: rl-node aggregate is not built yet");
+    crate::exit::FAILED
+}
 use std::io::{self, BufRead, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 

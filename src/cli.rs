@@ -35,6 +35,10 @@ struct NodeArgs {
     /// Leave the inference server alone (do not stop or start it).
     #[arg(long)]
     debug_mode: bool,
+    /// Start a new run in this directory, setting the previous run's files aside (nothing
+    /// is deleted). Without it, a restart resumes the run that is there.
+    #[arg(long)]
+    fresh: bool,
 }
 
 /// Flags that set configuration keys (they override the environment and the file).
@@ -82,6 +86,9 @@ enum Command {
     },
     /// Print the effective configuration and where each value came from.
     ShowConfig,
+    /// Merge whatever rank output of an iteration survived (committed shards, else partial
+    /// files) into one file with a manifest.
+    Aggregate(crate::aggregate::AggregateArgs),
     /// Run a small cluster on this machine with a built-in toy RL workload and watch it learn.
     Demo(crate::demo::DemoArgs),
     /// The demo's toy workload (inference server, rollout, training, eval).
@@ -223,6 +230,7 @@ pub fn main() -> i32 {
     };
     match cli.command {
         Some(Command::Guard) => node::procs::guardian_main(),
+        Some(Command::Aggregate(args)) => crate::aggregate::main(args, cli.settings.log_path.clone()),
         Some(Command::Demo(args)) => match cli.settings.demo_globals() {
             Ok(g) => crate::demo::demo_main(args, g),
             Err(msg) => {
@@ -283,6 +291,7 @@ pub fn main() -> i32 {
                 rank,
                 rank_source,
                 debug_mode: cli.node.debug_mode,
+                fresh: cli.node.fresh,
             };
             match node::run(&loaded, opts) {
                 Ok(()) => exit::DONE,

@@ -74,6 +74,8 @@ pub struct NodeOptions {
     /// Where the rank came from, e.g. `--worker 2` or `SLURM_NODEID`.
     pub rank_source: String,
     pub debug_mode: bool,
+    /// `--fresh`: set an existing run aside and start a new one.
+    pub fresh: bool,
 }
 
 pub(crate) struct Node {
