@@ -44,6 +44,31 @@ impl Layout {
         self.gen_dir(gen).join(format!("rank-{rank}.json"))
     }
 
+    /// Rank r's journal of completed work (append-only, one writer).
+    pub fn journal(&self, rank: u32) -> PathBuf {
+        self.state_dir()
+            .join("journal")
+            .join(format!("rank-{rank}.jsonl"))
+    }
+
+    /// One line per start of the cluster, appended by rank 0.
+    pub fn history(&self) -> PathBuf {
+        self.state_dir().join("history.jsonl")
+    }
+
+    /// Where `--fresh` sets an earlier run's files aside.
+    pub fn previous_runs(&self) -> PathBuf {
+        self.root.join("previous-runs")
+    }
+
+    /// The directories a run writes, which `--fresh` moves aside together.
+    pub fn run_dirs(&self) -> Vec<PathBuf> {
+        [".rl-node", "rollouts", "logs", "models", "train"]
+            .iter()
+            .map(|d| self.root.join(d))
+            .collect()
+    }
+
     /// The first-writer-wins abort record of a generation.
     pub fn abort(&self, gen: u64) -> PathBuf {
         self.gen_dir(gen).join("abort.json")

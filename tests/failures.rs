@@ -517,7 +517,9 @@ command = "if [ {rank} = 0 ]; then sleep 0.3; fi; echo '{{\"rank\": {rank}, \"it
 "#;
 
 /// Generation `gen` ran iterations 1..=last in lock-step on both ranks, to completion.
-fn assert_generation_ran(c: &TestCluster, gen: u64, last: u64) {
+/// Generation `gen` ran iterations `first..=last` to completion (a resumed generation
+/// starts past what earlier ones completed).
+fn assert_generation_ran(c: &TestCluster, gen: u64, first: u64, last: u64) {
     for r in 0..2 {
         let rec = read_json(&c.log_path.join(format!(".rl-node/gen-{gen}/rank-{r}.json")));
         assert_eq!(rec["gen"], gen, "{rec}");
@@ -526,7 +528,7 @@ fn assert_generation_ran(c: &TestCluster, gen: u64, last: u64) {
         assert_eq!(rec["phase"], "final-sync", "{rec}");
         assert!(rec["abort"].is_null(), "{rec}");
         let ev = gen_events(c, r, gen);
-        for it in 1..=last {
+        for it in first..=last {
             for name in [
                 "sync-start",
                 "rollout-complete",
@@ -558,7 +560,7 @@ fn assert_generation_ran(c: &TestCluster, gen: u64, last: u64) {
             "rank {r} gen {gen}"
         );
     }
-    for it in 1..=last {
+    for it in first..=last {
         // Rank 1 cannot pass rollout-complete before rank 0 committed its (slower) shard.
         let r0_commit = event_time(c, 0, gen, "commit", |e| {
             e["event"] == "commit" && e["iteration"] == it
@@ -603,11 +605,20 @@ fn a_restart_runs_a_new_generation_and_ignores_the_previous_ones_records() {
     let c = TestCluster::new(2, WRITE_ROLLOUT);
     run_to_completion(&c, &["--iterations", "1"]);
     assert_eq!(current_gen(&c), 1);
-    assert_generation_ran(&c, 1, 1);
+    assert_generation_ran(&c, 1, 1, 1);
 
+    // The same run, extended: generation 2 resumes after iteration 1 and never redoes it.
     run_to_completion(&c, &["--iterations", "2"]);
     assert_eq!(current_gen(&c), 2);
-    assert_generation_ran(&c, 2, 2);
+    assert_generation_ran(&c, 2, 2, 2);
+    for r in 0..2 {
+        assert!(
+            !gen_events(&c, r, 2)
+                .iter()
+                .any(|e| e["iteration"] == 1 && e["event"] != "generation"),
+            "rank {r} redid iteration 1 in generation 2"
+        );
+    }
     let cluster = read_json(&c.log_path.join(".rl-node/cluster.json"));
     assert!(
         cluster["previous"]
@@ -687,14 +698,32 @@ fn stale_records_of_other_runs_and_generations_do_not_confuse_a_fresh_cluster() 
         "generation 7 is already running without this rank",
         LIMIT,
     );
-    // …then rank 0 starts a new generation: past every existing gen-N directory (gen-8
-    // holds stale records), so nothing stale is ever read as current.
-    let mut master = c.spawn(0, &["--iterations", "2"]);
+    // …rank 0 refuses to mix a new cluster into that other run and writes nothing…
+    let before = fs::read_dir(&state).unwrap().count();
+    let mut refused = c.spawn(0, &["--iterations", "2"]);
+    assert_eq!(refused.wait(LIMIT), 2, "{}", refused.stderr());
+    assert!(
+        refused.stderr().contains("holds run 0ldrun") && refused.stderr().contains("--fresh"),
+        "{}",
+        refused.stderr()
+    );
+    assert_eq!(fs::read_dir(&state).unwrap().count(), before);
+    // …and with --fresh sets it aside (nothing deleted) and starts a new run; the waiting
+    // worker joins it.
+    let mut master = c.spawn(0, &["--iterations", "2", "--fresh"]);
     let exits = wait_exits(&mut [&mut master, &mut worker], LIMIT);
     assert_eq!(exits[0].0, 0, "rank 0:\n{}", master.stderr());
     assert_eq!(exits[1].0, 0, "rank 1:\n{}", worker.stderr());
     let cluster = read_json(&state.join("cluster.json"));
-    assert_eq!(cluster["gen"], 9, "{cluster}");
+    assert_eq!(cluster["gen"], 1, "{cluster}");
+    assert!(c
+        .log_path
+        .join("previous-runs/0ldrun/.rl-node/gen-7/rank-0.json")
+        .exists());
+    assert!(c
+        .log_path
+        .join("previous-runs/0ldrun/.rl-node/gen-8/rank-1.json")
+        .exists());
     assert!(
         cluster["previous"]
             .as_str()
@@ -707,7 +736,7 @@ fn stale_records_of_other_runs_and_generations_do_not_confuse_a_fresh_cluster() 
         assert_eq!(rec["run_id"], cluster["run_id"], "{rec}");
         assert_ne!(rec["nonce"], format!("stale{r}"), "{rec}");
     }
-    assert_generation_ran(&c, 9, 2);
+    assert_generation_ran(&c, 1, 1, 2);
 }
 
 /// `cluster.json` is the only record of which generations exist. When it is gone (deleted

@@ -213,6 +213,43 @@ impl Config {
         v
     }
 
+    /// What identifies a run across restarts: changing any of these mid-run would mix
+    /// shards planned differently. Timing, timeouts, commands and `iterations` may change,
+    /// and so may `rl-phase` / `rollout-split` (rollout and update clusters share a run).
+    pub fn run_identity(&self) -> serde_json::Value {
+        let c = &self.cluster;
+        serde_json::json!({
+            "cluster": {
+                "num-nodes": c.num_nodes,
+                "rank-weights": self.weights(),
+                "eval-interval": c.eval_interval,
+                "model": c.model,
+            }
+        })
+    }
+
+    /// The journal item that marks an iteration complete for this walk of the phases: a
+    /// rollout-only cluster completing iteration 3 says nothing about the update half.
+    pub fn walk_item(&self) -> String {
+        let split = match self.cluster.rollout_split {
+            RolloutSplit::All => "",
+            RolloutSplit::TrainOnly => "-train-only",
+            RolloutSplit::EvalOnly => "-eval-only",
+        };
+        let phase = match self.cluster.rl_phase {
+            RlPhase::Both => "both",
+            RlPhase::Rollout => "rollout",
+            RlPhase::Update => "update",
+        };
+        format!("iteration-complete:{phase}{split}")
+    }
+
+    pub fn run_fingerprint(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let canonical = serde_json::to_string(&self.run_identity()).expect("json");
+        hex::encode(&Sha256::digest(canonical.as_bytes())[..8])
+    }
+
     pub fn fingerprint(&self) -> String {
         use sha2::{Digest, Sha256};
         let canonical = serde_json::to_string(&self.shared_view()).expect("json");

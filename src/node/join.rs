@@ -116,7 +116,7 @@ impl Node {
             .flatten()
             .filter(|c| c.proto == PROTO);
         let mut previous = None;
-        let (run_id, gen) = match &prev {
+        let (run_id, gen): (Option<ClusterRecord>, u64) = match &prev {
             Some(p) => {
                 let r0 = store::read_json::<RankRecord>(&layout.rank_record(p.gen, 0))
                     .ok()
@@ -141,15 +141,30 @@ impl Node {
                         }
                     });
                 }
-                let run_id = if p.fingerprint == self.fingerprint {
-                    p.run_id.clone()
-                } else {
-                    random_hex(6)
-                };
-                (run_id, p.gen + 1)
+                (Some(p.clone()), p.gen + 1)
             }
-            None => (random_hex(6), 1),
+            None => (None, 1),
         };
+        let (run_id, gen) = self.choose_run(run_id, gen)?;
+        let resume = self.resume_point(&run_id);
+        if self.cfg.cluster.iterations > 0 && resume.iteration > self.cfg.cluster.iterations {
+            self.say(&format!(
+                "run {run_id} already completed iteration {} (--iterations {}): nothing to do",
+                resume.iteration - 1,
+                self.cfg.cluster.iterations
+            ));
+        } else if resume.iteration > 1 {
+            self.say(&format!(
+                "resuming run {run_id} at iteration {} (every rank completed iteration {}{})",
+                resume.iteration,
+                resume.iteration - 1,
+                if resume.train_done {
+                    "; training of this iteration is done everywhere"
+                } else {
+                    ""
+                }
+            ));
+        }
 
         let io_err = |what: String, e: std::io::Error| Stop {
             code: exit::FAILED,
@@ -190,6 +205,8 @@ impl Node {
             pid: self.pid,
             started_at: wall_now(),
             previous: previous.clone(),
+            run_fingerprint: self.cfg.run_fingerprint(),
+            resume,
         };
         self.cluster = Some(cluster.clone());
         let mut me = self.record(gen, &run_id, 0, NodeState::Joining);
@@ -209,6 +226,11 @@ impl Node {
             self.num_nodes() - 1
         ));
         self.event(json!({"event": "generation", "previous": previous}));
+        let history = json!({
+            "gen": gen, "run_id": run_id, "started_at": cluster.started_at, "host": self.host,
+            "pid": self.pid, "resume_iteration": cluster.resume.iteration, "previous": previous,
+        });
+        super::append_log(&layout.history(), &format!("{history}\n"));
 
         let deadline = Instant::now() + self.cfg.timing.join_timeout;
         let mut last = Vec::new();
@@ -284,6 +306,81 @@ impl Node {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Continue the run in the directory, start a new one (`--fresh`, setting the old
+    /// run's files aside), or refuse a restart whose configuration would change the run.
+    /// Returns the run id and the generation number to start from.
+    fn choose_run(&mut self, prev: Option<ClusterRecord>, gen: u64) -> Result<(String, u64), Stop> {
+        let Some(p) = prev else {
+            return Ok((random_hex(6), gen));
+        };
+        if self.fresh {
+            let aside = self.set_run_aside(&p.run_id).map_err(|e| Stop {
+                code: exit::FAILED,
+                message: format!("--fresh: cannot set run {} aside: {e}", p.run_id),
+                hint: None,
+                detail: None,
+            })?;
+            self.say(&format!(
+                "--fresh: run {} set aside in {} (nothing deleted); starting a new run",
+                p.run_id,
+                aside.display()
+            ));
+            return Ok((random_hex(6), 1));
+        }
+        if p.run_fingerprint == self.cfg.run_fingerprint() {
+            return Ok((p.run_id, gen));
+        }
+        let theirs = identity_of(&p);
+        let diffs = diff_json(&theirs, &self.cfg.run_identity(), "");
+        Err(Stop::usage(
+            format!(
+                "{} holds run {} with a different configuration; a restart would mix its work with this one's:\n  {}",
+                self.layout.root().display(),
+                p.run_id,
+                if diffs.is_empty() {
+                    "(recorded by an older rl-node)".to_string()
+                } else {
+                    diffs.join("\n  ").replace("rank 0 has", "the run has")
+                }
+            ),
+            Some(
+                "to continue that run, start every node with its configuration; to start a new run in this directory, add --fresh to rank 0 (the old run's files are moved to previous-runs/, nothing is deleted)".into(),
+            ),
+        ))
+    }
+
+    /// Move every directory of the run into `previous-runs/<run_id>/`.
+    fn set_run_aside(&self, run_id: &str) -> std::io::Result<std::path::PathBuf> {
+        let base = self.layout.previous_runs();
+        std::fs::create_dir_all(&base)?;
+        let mut dest = base.join(run_id);
+        let mut n = 1;
+        while dest.exists() {
+            n += 1;
+            dest = base.join(format!("{run_id}-{n}"));
+        }
+        std::fs::create_dir(&dest)?;
+        for dir in self.layout.run_dirs() {
+            if dir.exists() {
+                std::fs::rename(&dir, dest.join(dir.file_name().expect("named")))?;
+            }
+        }
+        crate::store::fsync_dir(self.layout.root())?;
+        Ok(dest)
+    }
+
+    /// Read every rank's journal and find where this generation begins.
+    fn resume_point(&self, run_id: &str) -> crate::protocol::journal::Resume {
+        let journals: Vec<_> = (0..self.num_nodes())
+            .map(|r| {
+                std::fs::read_to_string(self.layout.journal(r))
+                    .map(|t| crate::protocol::journal::parse(&t))
+                    .unwrap_or_default()
+            })
+            .collect();
+        crate::protocol::journal::resume_point(&journals, run_id, &self.cfg.walk_item())
     }
 
     /// While joining, heartbeat faster so workers on other hosts can tell a live rank 0
@@ -525,6 +622,19 @@ impl Node {
         }
         Ok(Some((c, r0)))
     }
+}
+
+/// The run identity recorded by an earlier generation, in `Config::run_identity`'s shape.
+fn identity_of(p: &ClusterRecord) -> Value {
+    let c = &p.config["cluster"];
+    json!({
+        "cluster": {
+            "num-nodes": p.num_nodes,
+            "rank-weights": p.rank_weights,
+            "eval-interval": c["eval-interval"],
+            "model": c["model"],
+        }
+    })
 }
 
 /// Key-by-key differences between rank 0's shared configuration and ours.

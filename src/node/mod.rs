@@ -19,6 +19,7 @@ mod watchdog;
 use crate::config::{Config, Loaded, PhaseCommand, RolloutSplit, Template};
 use crate::exit;
 use crate::layout::Layout;
+use crate::protocol::journal;
 pub use crate::protocol::wall_now;
 use crate::protocol::{
     missing_arrivals, phase::eval_due, AbortInfo, AbortKind, ClusterRecord, Liveness, Mark,
@@ -115,6 +116,10 @@ pub(crate) struct Node {
     server: Option<server::Server>,
     /// --debug-mode: leave the inference server alone.
     debug_mode: bool,
+    /// --fresh: set an existing run aside (rank 0 only).
+    fresh: bool,
+    /// This rank's journal entries of the current run.
+    journal: Vec<crate::protocol::journal::Entry>,
 }
 
 /// Run a node until it finishes (Ok) or stops (the error says why and with which code).
@@ -181,6 +186,8 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
         write_error: None,
         server: None,
         debug_mode: opts.debug_mode,
+        fresh: opts.fresh,
+        journal: Vec::new(),
         cfg,
     };
     node.say(&format!(
@@ -644,7 +651,19 @@ impl Node {
 
     fn run_iterations(&mut self) -> Result<(), Stop> {
         let last = self.cfg.cluster.iterations;
-        let mut iteration = 1;
+        let resume = self.cluster.as_ref().expect("joined").resume;
+        let mut iteration = resume.iteration.max(1);
+        let run_id = self.run_id().to_string();
+        self.journal = std::fs::read_to_string(self.layout.journal(self.rank))
+            .map(|t| journal::parse(&t))
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e.run_id == run_id)
+            .collect();
+        if last > 0 && iteration > last {
+            self.say(&format!("all {last} iteration(s) were already complete"));
+            return Ok(());
+        }
         // The newest published checkpoint, if any, is the model to serve and train from.
         if let Some(latest) = crate::checkpoint::latest(&self.layout.models()) {
             self.model = latest.display().to_string();
@@ -669,6 +688,8 @@ impl Node {
                 self.enter(phase);
                 self.run_phase(phase)?;
             }
+            let walk = self.cfg.walk_item();
+            self.journal_item(&walk)?;
             self.say(&format!(
                 "iteration {iteration} complete in {:.2}s",
                 started.elapsed().as_secs_f64()
@@ -702,12 +723,16 @@ impl Node {
             }
             Phase::TrainRollout => {
                 if split != RolloutSplit::EvalOnly {
-                    self.rollout("train", "rollout", &cfg.phases.rollout)?;
+                    self.once(journal::item::ROLLOUT_TRAIN, |n| {
+                        n.rollout("train", "rollout", &cfg.phases.rollout)
+                    })?;
                 }
             }
             Phase::AggregateTrain => {
                 if self.is_master() && split != RolloutSplit::EvalOnly {
-                    self.aggregate("train", cfg.phases.rollout.is_set())?;
+                    self.once(journal::item::AGGREGATE_TRAIN, |n| {
+                        n.aggregate("train", cfg.phases.rollout.is_set())
+                    })?;
                 }
             }
             Phase::EvalDecision => {
@@ -725,10 +750,14 @@ impl Node {
             }
             Phase::Eval => {
                 if self.eval_now {
-                    self.rollout("eval", "eval", &cfg.phases.eval)?;
+                    self.once(journal::item::ROLLOUT_EVAL, |n| {
+                        n.rollout("eval", "eval", &cfg.phases.eval)
+                    })?;
                     self.barrier("eval-complete", Value::Null, none)?;
                     if self.is_master() {
-                        self.aggregate("eval", cfg.phases.eval.is_set())?;
+                        self.once(journal::item::AGGREGATE_EVAL, |n| {
+                            n.aggregate("eval", cfg.phases.eval.is_set())
+                        })?;
                     }
                 }
             }
@@ -737,19 +766,31 @@ impl Node {
             Phase::PrepareData => {
                 if self.is_master() && cfg.phases.prepare.is_set() {
                     let out = self.layout.prepared(self.iteration);
-                    self.run_command("prepare", &cfg.phases.prepare, None, &out, false)?;
+                    self.once(journal::item::PREPARE, |n| {
+                        n.run_command("prepare", &cfg.phases.prepare, None, &out, false)
+                            .map(|_| ())
+                    })?;
                 }
             }
             Phase::Training => {
-                if cfg.phases.train.is_set() {
+                // All-or-nothing across ranks: skipped only when every rank journaled it
+                // (rank 0 found that in the journals when the generation started).
+                let resume = self.cluster.as_ref().expect("joined").resume;
+                if resume.train_done && resume.iteration == self.iteration {
+                    self.say(&format!(
+                        "iteration {}: training completed on every rank before the restart; not redone",
+                        self.iteration
+                    ));
+                } else if cfg.phases.train.is_set() {
                     let out = self.layout.train_output(self.iteration);
                     self.run_command("train", &cfg.phases.train, None, &out, true)?;
                 }
+                self.journal_item(journal::item::TRAIN)?;
                 self.barrier("training-complete", Value::Null, none)?;
             }
             Phase::Handoff => {
                 if self.is_master() {
-                    self.handoff()?;
+                    self.once(journal::item::HANDOFF, |n| n.handoff())?;
                 }
                 let model = self.model.clone();
                 let b = self.barrier(
@@ -848,6 +889,65 @@ impl Node {
                 None,
             )),
         }
+    }
+
+    /// Run `work` unless this rank journaled `item` for the current iteration; journal it
+    /// once its outputs are committed.
+    fn once(
+        &mut self,
+        item: &str,
+        work: impl FnOnce(&mut Node) -> Result<(), Stop>,
+    ) -> Result<(), Stop> {
+        if journal::has(&self.journal, self.run_id(), self.iteration, item) {
+            self.say(&format!(
+                "iteration {}: {item} was completed before the restart; reusing its output",
+                self.iteration
+            ));
+            self.event(json!({"event": "reused", "item": item}));
+            return Ok(());
+        }
+        work(self)?;
+        self.journal_item(item)
+    }
+
+    /// Append `item` for the current iteration to this rank's journal, durably.
+    fn journal_item(&mut self, item: &str) -> Result<(), Stop> {
+        if journal::has(&self.journal, self.run_id(), self.iteration, item) {
+            return Ok(());
+        }
+        let entry = journal::Entry {
+            run_id: self.run_id().to_string(),
+            gen: self.gen(),
+            rank: self.rank,
+            iteration: self.iteration,
+            item: item.to_string(),
+            at: wall_now(),
+        };
+        let path = self.layout.journal(self.rank);
+        self.watchdog.pet("writing the journal");
+        let line = format!("{}\n", serde_json::to_string(&entry).expect("json"));
+        let written = (|| {
+            use std::io::Write;
+            std::fs::create_dir_all(path.parent().expect("has parent"))?;
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)?;
+            f.write_all(line.as_bytes())?;
+            f.sync_all()
+        })();
+        if let Err(e) = written {
+            return Err(self.fail(
+                AbortKind::Error,
+                self.rank,
+                None,
+                format!("cannot write the journal {}: {e}", path.display()),
+                None,
+            ));
+        }
+        self.event(json!({"event": "journal", "item": item}));
+        self.journal.push(entry);
+        Ok(())
     }
 
     /// Rank 0 publishes the iteration's training output as an immutable checkpoint and

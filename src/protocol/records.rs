@@ -31,6 +31,12 @@ pub struct ClusterRecord {
     /// Why the previous generation ended, as far as rank 0 could tell.
     #[serde(default)]
     pub previous: Option<String>,
+    /// Fingerprint of what may not change across restarts of one run.
+    #[serde(default)]
+    pub run_fingerprint: String,
+    /// Where this generation begins (from the journals).
+    #[serde(default)]
+    pub resume: crate::protocol::journal::Resume,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

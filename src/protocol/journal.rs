@@ -1,0 +1,158 @@
+//! The journal: what each rank finished, and where a restarted cluster resumes.
+//!
+//! Each rank appends a line to its own journal (`.rl-node/journal/rank-R.jsonl`, one
+//! writer) after a piece of work's outputs are committed: its rollout shard, rank 0's
+//! aggregation, training, the hand-off, and the end of each iteration. A restart resumes
+//! at the first iteration not completed by every rank; inside it, each rank skips work it
+//! journaled, and training — all-or-nothing across ranks — is skipped only when every
+//! rank journaled it. The iteration number comes from here, never from file names.
+
+use serde::{Deserialize, Serialize};
+
+/// Work items a rank journals. Barrier phases are not journaled: walking a barrier again
+/// costs nothing and keeps every rank in lock-step.
+pub mod item {
+    pub const ROLLOUT_TRAIN: &str = "rollout-train";
+    pub const ROLLOUT_EVAL: &str = "rollout-eval";
+    pub const AGGREGATE_TRAIN: &str = "aggregate-train";
+    pub const AGGREGATE_EVAL: &str = "aggregate-eval";
+    pub const PREPARE: &str = "prepare";
+    pub const TRAIN: &str = "train";
+    pub const HANDOFF: &str = "handoff";
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Entry {
+    pub run_id: String,
+    pub gen: u64,
+    pub rank: u32,
+    pub iteration: u64,
+    pub item: String,
+    /// Wall-clock time, for display only.
+    #[serde(default)]
+    pub at: String,
+}
+
+/// Parse a journal file; a torn last line (a crash mid-append) is ignored.
+pub fn parse(text: &str) -> Vec<Entry> {
+    text.lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+pub fn has(entries: &[Entry], run_id: &str, iteration: u64, item: &str) -> bool {
+    entries
+        .iter()
+        .any(|e| e.run_id == run_id && e.iteration == iteration && e.item == item)
+}
+
+/// The last iteration a rank completed in this run (0: none), by the walk's completion
+/// item (`Config::walk_item`).
+pub fn last_complete(entries: &[Entry], run_id: &str, walk_item: &str) -> u64 {
+    entries
+        .iter()
+        .filter(|e| e.run_id == run_id && e.item == walk_item)
+        .map(|e| e.iteration)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Where a restarted cluster begins: the first iteration not completed by every rank,
+/// and whether every rank already finished training in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Resume {
+    pub iteration: u64,
+    pub train_done: bool,
+}
+
+pub fn resume_point(journals: &[Vec<Entry>], run_id: &str, walk_item: &str) -> Resume {
+    let iteration = journals
+        .iter()
+        .map(|j| last_complete(j, run_id, walk_item))
+        .min()
+        .unwrap_or(0)
+        + 1;
+    let train_done = !journals.is_empty()
+        && journals
+            .iter()
+            .all(|j| has(j, run_id, iteration, item::TRAIN));
+    Resume {
+        iteration,
+        train_done,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const ITERATION: &str = "iteration-complete:both";
+
+    fn e(rank: u32, iteration: u64, item: &str) -> Entry {
+        Entry {
+            run_id: "r".into(),
+            gen: 1,
+            rank,
+            iteration,
+            item: item.into(),
+            at: String::new(),
+        }
+    }
+
+    #[test]
+    fn resumes_at_the_first_iteration_not_complete_everywhere() {
+        let j0 = vec![
+            e(0, 1, ITERATION),
+            e(0, 2, item::ROLLOUT_TRAIN),
+            e(0, 2, item::TRAIN),
+        ];
+        let j1 = vec![e(1, 1, ITERATION), e(1, 2, item::TRAIN)];
+        assert_eq!(
+            resume_point(&[j0.clone(), j1.clone()], "r", ITERATION),
+            Resume {
+                iteration: 2,
+                train_done: true
+            }
+        );
+        // Training incomplete on one rank: redo it everywhere.
+        let j2 = vec![e(2, 1, ITERATION)];
+        assert_eq!(
+            resume_point(&[j0, j1, j2], "r", ITERATION),
+            Resume {
+                iteration: 2,
+                train_done: false
+            }
+        );
+        // Entries of another run do not count.
+        let other = vec![Entry {
+            run_id: "old".into(),
+            ..e(0, 5, ITERATION)
+        }];
+        assert_eq!(resume_point(&[other], "r", ITERATION).iteration, 1);
+    }
+
+    #[test]
+    fn a_torn_last_line_is_ignored() {
+        let text = format!(
+            "{}\n{{\"run_id\":\"r\",\"ge",
+            serde_json::to_string(&e(0, 1, item::TRAIN)).unwrap()
+        );
+        assert_eq!(parse(&text), vec![e(0, 1, item::TRAIN)]);
+    }
+
+    proptest! {
+        /// The resume iteration is one past the slowest rank's last complete iteration,
+        /// whatever the other entries say.
+        #[test]
+        fn resume_is_after_the_slowest_rank(lasts in proptest::collection::vec(0u64..20, 1..8)) {
+            let journals: Vec<Vec<Entry>> = lasts.iter().enumerate().map(|(r, &last)| {
+                let mut j: Vec<Entry> = (1..=last).map(|i| e(r as u32, i, ITERATION)).collect();
+                j.push(e(r as u32, last + 1, item::ROLLOUT_TRAIN));
+                j
+            }).collect();
+            let min = *lasts.iter().min().unwrap();
+            prop_assert_eq!(resume_point(&journals, "r", ITERATION).iteration, min + 1);
+        }
+    }
+}
