@@ -31,8 +31,9 @@ pub struct Manifest {
 }
 
 /// Test-only fault injection: `RL_NODE_TEST_CRASH_AT=<point>` aborts the process at that
-/// point of a hand-off, to prove a crash never leaves a half-published model.
-fn crash_point(point: &str) {
+/// point (of a hand-off, or between committing work and journaling it), to prove a crash
+/// there loses nothing and leaves nothing half-published.
+pub(crate) fn crash_point(point: &str) {
     if std::env::var("RL_NODE_TEST_CRASH_AT").is_ok_and(|v| v == point) {
         eprintln!("RL_NODE_TEST_CRASH_AT={point}: aborting");
         std::process::abort();

@@ -230,7 +230,9 @@ pub fn main() -> i32 {
     };
     match cli.command {
         Some(Command::Guard) => node::procs::guardian_main(),
-        Some(Command::Aggregate(args)) => crate::aggregate::main(args, cli.settings.log_path.clone()),
+        Some(Command::Aggregate(args)) => {
+            crate::aggregate::main(args, cli.settings.log_path.clone())
+        }
         Some(Command::Demo(args)) => match cli.settings.demo_globals() {
             Ok(g) => crate::demo::demo_main(args, g),
             Err(msg) => {

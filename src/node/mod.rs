@@ -685,7 +685,7 @@ impl Node {
             self.iteration = iteration;
             let started = Instant::now();
             for &phase in Phase::walk(self.cfg.cluster.rl_phase) {
-                self.enter(phase);
+                self.enter(phase)?;
                 self.run_phase(phase)?;
             }
             let walk = self.cfg.walk_item();
@@ -698,7 +698,7 @@ impl Node {
         }
     }
 
-    fn enter(&mut self, phase: Phase) {
+    fn enter(&mut self, phase: Phase) -> Result<(), Stop> {
         self.phase = Some(phase);
         let it = self.iteration;
         self.publisher().update(|r| {
@@ -707,6 +707,29 @@ impl Node {
             r.state = NodeState::Running;
         });
         self.event(json!({"event": "phase", "phase": phase.name(), "n": phase.number()}));
+        self.test_hold(phase)
+    }
+
+    /// Test-only fault injection: `RL_NODE_TEST_HOLD_AT=<phase>@<iteration>` parks the node
+    /// on entering that phase (heartbeat still running) so a test can kill it there, even
+    /// in a barrier phase that otherwise lasts microseconds.
+    fn test_hold(&mut self, phase: Phase) -> Result<(), Stop> {
+        let Ok(spec) = std::env::var("RL_NODE_TEST_HOLD_AT") else {
+            return Ok(());
+        };
+        if spec == format!("{}@{}", phase.name(), self.iteration) {
+            self.say(&format!(
+                "RL_NODE_TEST_HOLD_AT={spec}: holding here until killed"
+            ));
+            loop {
+                self.watchdog.pet("holding for a test");
+                // Signals still end the hold like any wait.
+                if let Ok(ev) = self.events.recv_timeout(Duration::from_millis(50)) {
+                    self.handle_event(ev)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     fn run_phase(&mut self, phase: Phase) -> Result<(), Stop> {
@@ -871,12 +894,13 @@ impl Node {
         if !have_shards {
             return Ok(());
         }
-        let shards: Vec<PathBuf> = (0..self.num_nodes())
-            .map(|r| self.layout.shard(it, split, r))
-            .collect();
         self.watchdog.pet("aggregating shards");
         let wd = self.watchdog.clone();
-        match crate::aggregate::concat_jsonl(&shards, &out, &mut || wd.pet("aggregating shards")) {
+        let opts = crate::aggregate::MergeOptions::default(); // allow_missing: false
+        let n = self.num_nodes();
+        match crate::aggregate::merge(&self.layout, it, split, n, &opts, &mut || {
+            wd.pet("aggregating shards")
+        }) {
             Ok(summary) => {
                 self.event(json!({"event": "aggregate", "split": split, "records": summary.records, "bytes": summary.bytes}));
                 Ok(())
@@ -907,6 +931,7 @@ impl Node {
             return Ok(());
         }
         work(self)?;
+        crate::checkpoint::crash_point(&format!("after-commit:{item}@{}", self.iteration));
         self.journal_item(item)
     }
 

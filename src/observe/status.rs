@@ -34,6 +34,9 @@ pub struct Status {
     /// Ranks rank 0 is waiting for at its current barrier.
     pub waiting_for: Vec<u32>,
     pub ranks: Vec<RankStatus>,
+    /// Every start of the cluster: generation, run, when, where, resume iteration, and why
+    /// the generation before it ended.
+    pub history: Vec<serde_json::Value>,
 }
 
 pub fn read(log_path: &Path) -> Result<Status, String> {
@@ -106,7 +109,13 @@ pub fn read(log_path: &Path) -> Result<Status, String> {
             },
         })
         .collect();
+    let history = std::fs::read_to_string(layout.history())
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
     Ok(Status {
+        history,
         run_id: c.run_id,
         gen: c.gen,
         num_nodes: c.num_nodes,
@@ -129,6 +138,24 @@ pub fn render(s: &Status) -> String {
     );
     if let Some(p) = &s.previous {
         out.push_str(&format!("previous: {p}\n"));
+    }
+    if !s.history.is_empty() {
+        out.push_str("history:\n");
+        for h in &s.history {
+            out.push_str(&format!(
+                "  generation {} of run {}: started {} on {} (pid {}) at iteration {}{}\n",
+                h["gen"],
+                h["run_id"].as_str().unwrap_or("?"),
+                h["started_at"].as_str().unwrap_or("?"),
+                h["host"].as_str().unwrap_or("?"),
+                h["pid"],
+                h["resume_iteration"],
+                h["previous"]
+                    .as_str()
+                    .map(|p| format!("; before it, {p}"))
+                    .unwrap_or_default()
+            ));
+        }
     }
     let overall = if let Some(a) = &s.abort {
         format!("STOPPED: {}", a.describe())

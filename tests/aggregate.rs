@@ -1,0 +1,597 @@
+//! `rl-node aggregate`: partial recovery of an iteration's rollout shards, through the real
+//! binary. Committed shards are `rollouts/iter-NNNN/<split>/rank-R.jsonl`, unfinished ones
+//! `rank-R.partial.jsonl`; the merge goes to `rollouts/iter-NNNN/<split>.jsonl` with a
+//! manifest `<that>.manifest.json` beside it.
+
+use proptest::prelude::*;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_rl-node");
+
+struct Run {
+    _tmp: tempfile::TempDir,
+    root: PathBuf,
+}
+
+impl Run {
+    /// A shared directory whose `.rl-node/cluster.json` says `num_nodes` (if any).
+    fn new(num_nodes: Option<u32>) -> Run {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("shared");
+        fs::create_dir_all(root.join("rollouts/iter-0001/train")).unwrap();
+        if let Some(n) = num_nodes {
+            fs::create_dir_all(root.join(".rl-node")).unwrap();
+            // Only num_nodes matters to the merge; the rest of rank 0's record is ignored.
+            let rec = serde_json::json!({"proto": 1, "gen": 4, "num_nodes": n, "run_id": "x"});
+            fs::write(root.join(".rl-node/cluster.json"), rec.to_string()).unwrap();
+        }
+        Run { _tmp: tmp, root }
+    }
+
+    fn split_dir(&self) -> PathBuf {
+        self.root.join("rollouts/iter-0001/train")
+    }
+
+    fn committed(&self, rank: u32, text: impl AsRef<[u8]>) -> &Self {
+        fs::write(self.split_dir().join(format!("rank-{rank}.jsonl")), text).unwrap();
+        self
+    }
+
+    fn partial(&self, rank: u32, text: impl AsRef<[u8]>) -> &Self {
+        fs::write(
+            self.split_dir().join(format!("rank-{rank}.partial.jsonl")),
+            text,
+        )
+        .unwrap();
+        self
+    }
+
+    fn out(&self) -> PathBuf {
+        self.root.join("rollouts/iter-0001/train.jsonl")
+    }
+
+    fn manifest_path(&self) -> PathBuf {
+        self.root
+            .join("rollouts/iter-0001/train.jsonl.manifest.json")
+    }
+
+    fn manifest(&self) -> Value {
+        serde_json::from_slice(&fs::read(self.manifest_path()).unwrap()).unwrap()
+    }
+
+    /// `rl-node aggregate --log-path ROOT --iteration 1 --split train EXTRA…`
+    fn aggregate(&self, extra: &[&str]) -> Output {
+        let mut c = Command::new(BIN);
+        c.arg("aggregate")
+            .arg("--log-path")
+            .arg(&self.root)
+            .args(["--iteration", "1", "--split", "train"])
+            .args(extra)
+            .env_remove("RL_NODE_CLUSTER_LOG_PATH");
+        c.output().unwrap()
+    }
+
+    /// Every name under `rollouts/iter-0001` (relative), temporary files included.
+    fn files(&self) -> BTreeSet<String> {
+        let base = self.root.join("rollouts/iter-0001");
+        let mut out = BTreeSet::new();
+        let mut stack = vec![base.clone()];
+        while let Some(d) = stack.pop() {
+            for e in fs::read_dir(&d).unwrap().flatten() {
+                let p = e.path();
+                out.insert(p.strip_prefix(&base).unwrap().display().to_string());
+                if p.is_dir() {
+                    stack.push(p);
+                }
+            }
+        }
+        out
+    }
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().expect("exited")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+fn set(names: &[&str]) -> BTreeSet<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+// ---------------------------------------------------------------------------- tests
+
+#[test]
+fn complete_ranks_merge_in_rank_order_with_a_manifest_and_are_byte_identical_when_rerun() {
+    let r = Run::new(Some(3));
+    // Blank lines are skipped; a valid last record without a newline gets one.
+    r.committed(2, "{\"r\":2,\"i\":0}\n")
+        .committed(0, "{\"r\":0,\"i\":0}\n\n{\"r\":0,\"i\":1}\n")
+        .committed(1, "  \n{\"r\":1,\"i\":0, \"s\": \"h\u{e9}\"}");
+    let o = r.aggregate(&["--json"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+
+    let parts = [
+        "{\"r\":0,\"i\":0}\n{\"r\":0,\"i\":1}\n".to_string(),
+        "{\"r\":1,\"i\":0, \"s\": \"h\u{e9}\"}\n".to_string(),
+        "{\"r\":2,\"i\":0}\n".to_string(),
+    ];
+    let merged = fs::read(r.out()).unwrap();
+    assert_eq!(merged, parts.concat().as_bytes());
+
+    let m = r.manifest();
+    assert_eq!(m["format"], "rl-node-aggregate/1");
+    assert_eq!(m["iteration"], 1);
+    assert_eq!(m["split"], "train");
+    assert_eq!(m["output"], "train.jsonl");
+    assert_eq!(m["num_ranks"], 3);
+    assert_eq!(m["complete"], true);
+    assert_eq!(m["records"], 4);
+    assert_eq!(m["bytes"], merged.len() as u64);
+    assert_eq!(m["torn_records"], 0);
+    assert_eq!(m["missing_ranks"], serde_json::json!([]));
+    let mut offset = 0;
+    for (rank, part) in parts.iter().enumerate() {
+        let e = &m["ranks"][rank];
+        assert_eq!(e["rank"], rank);
+        assert_eq!(e["status"], "complete");
+        assert_eq!(
+            e["source"],
+            format!("rollouts/iter-0001/train/rank-{rank}.jsonl")
+        );
+        assert_eq!(e["records"], if rank == 0 { 2 } else { 1 });
+        assert_eq!(e["bytes"], part.len());
+        assert_eq!(e["offset"], offset);
+        assert_eq!(e["sha256"], sha256(part.as_bytes()));
+        assert_eq!(e["dropped"], serde_json::json!([]));
+        offset += part.len();
+    }
+    // --json prints the manifest that was written.
+    let printed: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(printed, m);
+    // The human summary has a line per rank.
+    let err = stderr(&o);
+    for rank in 0..3 {
+        assert!(err.contains(&format!("rank {rank}")), "{err}");
+    }
+    assert_eq!(
+        r.files(),
+        set(&[
+            "train",
+            "train.jsonl",
+            "train.jsonl.manifest.json",
+            "train/rank-0.jsonl",
+            "train/rank-1.jsonl",
+            "train/rank-2.jsonl"
+        ])
+    );
+
+    // Again: byte-identical output and manifest.
+    let manifest_bytes = fs::read(r.manifest_path()).unwrap();
+    let o = r.aggregate(&[]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(fs::read(r.out()).unwrap(), merged);
+    assert_eq!(fs::read(r.manifest_path()).unwrap(), manifest_bytes);
+
+    // The shared directory mounted elsewhere gives the same manifest (paths are relative).
+    let moved = tempfile::tempdir().unwrap();
+    let other = moved.path().join("elsewhere");
+    assert!(Command::new("cp")
+        .arg("-a")
+        .arg(&r.root)
+        .arg(&other)
+        .status()
+        .unwrap()
+        .success());
+    fs::remove_file(other.join("rollouts/iter-0001/train.jsonl")).unwrap();
+    let o = Command::new(BIN)
+        .args(["aggregate", "--iteration", "1", "--split", "train"])
+        .env("RL_NODE_CLUSTER_LOG_PATH", &other) // the flag's environment form
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(
+        fs::read(other.join("rollouts/iter-0001/train.jsonl.manifest.json")).unwrap(),
+        manifest_bytes
+    );
+}
+
+#[test]
+fn a_partial_rank_with_a_torn_record_is_refused_unless_allow_missing() {
+    let r = Run::new(Some(3));
+    r.committed(0, "{\"r\":0}\n")
+        .partial(
+            1,
+            "{\"r\":1,\"i\":0}\n\n{\"r\":1,\"i\":1}\n{\"r\":1,\"i\":2,\"tok",
+        )
+        .committed(2, "{\"r\":2}\n");
+    let before = r.files();
+
+    let o = r.aggregate(&[]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("rank 1 has only a partial shard"), "{err}");
+    assert!(err.contains("rank-1.partial.jsonl"), "{err}");
+    assert!(err.contains("nothing was published"), "{err}");
+    assert_eq!(
+        r.files(),
+        before,
+        "nothing published, no temporary file left"
+    );
+
+    let o = r.aggregate(&["--allow-missing", "--json"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(
+        fs::read_to_string(r.out()).unwrap(),
+        "{\"r\":0}\n{\"r\":1,\"i\":0}\n{\"r\":1,\"i\":1}\n{\"r\":2}\n"
+    );
+    let err = stderr(&o);
+    assert!(
+        err.contains(
+            "rollouts/iter-0001/train/rank-1.partial.jsonl:4: torn last record dropped (17 bytes"
+        ),
+        "{err}"
+    );
+    let m = r.manifest();
+    assert_eq!(m["complete"], false);
+    assert_eq!(m["partial_ranks"], serde_json::json!([1]));
+    assert_eq!(m["torn_records"], 1);
+    assert_eq!(m["dropped_bytes"], 17);
+    let e = &m["ranks"][1];
+    assert_eq!(e["status"], "partial");
+    assert_eq!(e["source"], "rollouts/iter-0001/train/rank-1.partial.jsonl");
+    assert_eq!(e["records"], 2);
+    assert_eq!(e["dropped"][0]["kind"], "torn");
+    assert_eq!(e["dropped"][0]["line"], 4);
+    assert_eq!(e["dropped"][0]["bytes"], 17);
+    assert_eq!(
+        e["sha256"],
+        sha256(b"{\"r\":1,\"i\":0}\n{\"r\":1,\"i\":1}\n")
+    );
+    assert_eq!(serde_json::from_slice::<Value>(&o.stdout).unwrap(), m);
+}
+
+#[test]
+fn a_missing_rank_is_named_and_recorded_as_missing_with_allow_missing() {
+    let r = Run::new(Some(3));
+    r.committed(0, "{\"r\":0}\n").committed(1, "{\"r\":1}\n");
+    // An earlier attempt set aside is reported, never merged.
+    fs::write(
+        r.split_dir().join("rank-2.partial.jsonl.stale-gen3"),
+        "{\"old\":true}\n",
+    )
+    .unwrap();
+    let o = r.aggregate(&["--json"]);
+    assert_eq!(code(&o), 1);
+    let err = stderr(&o);
+    assert!(err.contains("rank 2 has no shard"), "{err}");
+    assert!(err.contains("rank-2.jsonl does not exist"), "{err}");
+    assert!(!r.out().exists() && !r.manifest_path().exists());
+    let j: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["kind"], "incomplete");
+    assert_eq!(j["published"], false);
+    assert_eq!(j["missing_ranks"], serde_json::json!([2]));
+
+    let o = r.aggregate(&["--allow-missing"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(
+        fs::read_to_string(r.out()).unwrap(),
+        "{\"r\":0}\n{\"r\":1}\n"
+    );
+    let m = r.manifest();
+    assert_eq!(m["missing_ranks"], serde_json::json!([2]));
+    let e = &m["ranks"][2];
+    assert_eq!(e["status"], "missing");
+    assert_eq!(e["source"], Value::Null);
+    assert_eq!(e["records"], 0);
+    assert_eq!(
+        e["set_aside"],
+        serde_json::json!(["rollouts/iter-0001/train/rank-2.partial.jsonl.stale-gen3"])
+    );
+    assert!(stderr(&o).contains("rank 2: missing"), "{}", stderr(&o));
+}
+
+#[test]
+fn invalid_json_mid_file_fails_a_committed_shard_and_ends_a_partial_one() {
+    let r = Run::new(Some(3));
+    r.committed(0, "{\"r\":0}\n")
+        .committed(1, "{\"r\":1}\n{\"r\":1 oops}\n{\"r\":1,\"i\":2}\n")
+        .committed(2, "{\"r\":2}\n");
+    fs::write(r.out(), "previous merge\n").unwrap();
+    let before = r.files();
+    for extra in [&[][..], &["--allow-missing"][..]] {
+        let o = r.aggregate(extra);
+        assert_eq!(code(&o), 1);
+        let err = stderr(&o);
+        assert!(
+            err.contains("rollouts/iter-0001/train/rank-1.jsonl:2 is not valid JSON"),
+            "{err}"
+        );
+        assert!(err.contains("nothing was published"), "{err}");
+        assert_eq!(fs::read_to_string(r.out()).unwrap(), "previous merge\n");
+        assert_eq!(r.files(), before);
+    }
+
+    // The same bytes in a partial file: the records before the bad line are kept.
+    fs::rename(
+        r.split_dir().join("rank-1.jsonl"),
+        r.split_dir().join("rank-1.partial.jsonl"),
+    )
+    .unwrap();
+    let o = r.aggregate(&["--allow-missing"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(
+        fs::read_to_string(r.out()).unwrap(),
+        "{\"r\":0}\n{\"r\":1}\n{\"r\":2}\n"
+    );
+    let err = stderr(&o);
+    assert!(
+        err.contains("rollouts/iter-0001/train/rank-1.partial.jsonl:2: not valid JSON"),
+        "{err}"
+    );
+    let e = &r.manifest()["ranks"][1];
+    assert_eq!(e["dropped"][0]["kind"], "invalid");
+    assert_eq!(e["dropped"][0]["line"], 2);
+    assert_eq!(e["dropped"][0]["bytes"], 27);
+}
+
+#[test]
+fn usage_errors_exit_2_and_write_nothing() {
+    let r = Run::new(None);
+    r.committed(0, "{}\n");
+    let before = r.files();
+    // No cluster.json and no --num-ranks.
+    let o = r.aggregate(&[]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("--num-ranks"), "{}", stderr(&o));
+    // Unknown split, bad iteration, no log path.
+    let run = |args: &[&str]| {
+        Command::new(BIN)
+            .arg("aggregate")
+            .args(args)
+            .env_remove("RL_NODE_CLUSTER_LOG_PATH")
+            .output()
+            .unwrap()
+    };
+    let root = r.root.to_str().unwrap();
+    for args in [
+        &["--log-path", root, "--iteration", "1", "--split", "test"][..],
+        &["--log-path", root, "--iteration", "0", "--split", "train"],
+        &["--log-path", root, "--iteration", "x", "--split", "train"],
+        &["--iteration", "1", "--split", "train", "--num-ranks", "1"],
+        &[
+            "--log-path",
+            "/nonexistent/dir",
+            "--iteration",
+            "1",
+            "--split",
+            "train",
+            "--num-ranks",
+            "1",
+        ],
+    ] {
+        let o = run(args);
+        assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));
+    }
+    assert_eq!(r.files(), before);
+
+    // --num-ranks stands in for cluster.json.
+    let o = r.aggregate(&["--num-ranks", "1"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(fs::read_to_string(r.out()).unwrap(), "{}\n");
+}
+
+#[test]
+fn out_puts_the_merge_and_its_manifest_elsewhere() {
+    let r = Run::new(Some(1));
+    r.committed(0, "[1]\n[2]\n");
+    let dest = r.root.join("recovered/iter1.jsonl");
+    let o = r.aggregate(&["--out", dest.to_str().unwrap()]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(fs::read_to_string(&dest).unwrap(), "[1]\n[2]\n");
+    let m: Value = serde_json::from_slice(
+        &fs::read(r.root.join("recovered/iter1.jsonl.manifest.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(m["output"], "iter1.jsonl");
+    assert_eq!(m["records"], 2);
+    assert!(!r.out().exists());
+}
+
+// ------------------------------------------------------------------ property
+
+#[derive(Debug, Clone)]
+enum Kind {
+    Committed,
+    Partial,
+    Missing,
+}
+
+#[derive(Debug, Clone)]
+struct Shard {
+    kind: Kind,
+    /// Records, each followed by this many blank lines.
+    records: Vec<(Value, u8)>,
+    /// Drop the newline after the last record (when there is no tail).
+    no_final_newline: bool,
+    /// An invalid line after the records, followed by more records that must not be merged.
+    garbage: Option<(String, Vec<Value>)>,
+    /// A torn last record: this many bytes of a record, no newline.
+    torn: Option<(Value, usize)>,
+}
+
+fn value() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(Value::from),
+        "\\PC{0,10}".prop_map(Value::String),
+    ];
+    let inner = leaf.prop_recursive(2, 12, 3, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..3).prop_map(Value::Array),
+            prop::collection::btree_map("[a-z]{1,3}", inner, 0..3)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    });
+    // Records are objects (as trajectories are), so every cut of one is torn.
+    prop::collection::btree_map("[a-z\u{e9}\"]{1,4}", inner, 1..4)
+        .prop_map(|m| Value::Object(m.into_iter().collect()))
+}
+
+fn shard() -> impl Strategy<Value = Shard> {
+    (
+        prop_oneof![
+            Just(Kind::Committed),
+            Just(Kind::Partial),
+            Just(Kind::Missing)
+        ],
+        prop::collection::vec((value(), 0u8..2), 0..5),
+        any::<bool>(),
+        prop::option::weighted(
+            0.3,
+            (
+                prop_oneof![
+                    Just("not json".to_string()),
+                    Just("{\"a\":".to_string()),
+                    Just("\u{0}\u{0}\u{0}".to_string()),
+                    Just("[1,2]]".to_string()),
+                    Just("{\"a\":1} {\"b\":2}".to_string()),
+                ],
+                prop::collection::vec(value(), 0..3),
+            ),
+        ),
+        prop::option::weighted(0.3, (value(), any::<prop::sample::Index>())),
+    )
+        .prop_map(|(kind, records, no_final_newline, garbage, torn)| Shard {
+            kind,
+            records,
+            no_final_newline,
+            garbage,
+            torn: torn.map(|(v, i)| {
+                let len = serde_json::to_string(&v).unwrap().len();
+                (v, 1 + i.index(len - 1))
+            }),
+        })
+}
+
+impl Shard {
+    fn bytes(&self) -> Vec<u8> {
+        let mut s = String::new();
+        for (i, (v, blanks)) in self.records.iter().enumerate() {
+            s += &serde_json::to_string(v).unwrap();
+            let last = i + 1 == self.records.len();
+            if !(last && self.no_final_newline && self.garbage.is_none() && self.torn.is_none()) {
+                s.push('\n');
+            }
+            for _ in 0..*blanks {
+                s.push('\n');
+            }
+        }
+        if let Some((g, after)) = &self.garbage {
+            s += g;
+            s.push('\n');
+            for v in after {
+                s += &serde_json::to_string(v).unwrap();
+                s.push('\n');
+            }
+        }
+        if let Some((v, cut)) = &self.torn {
+            s += &serde_json::to_string(v).unwrap()[..]
+                .char_indices()
+                .take_while(|(i, _)| i < cut)
+                .map(|(_, c)| c)
+                .collect::<String>();
+        }
+        s.into_bytes()
+    }
+
+    /// What the merge must take from this shard.
+    fn expected(&self) -> String {
+        if matches!(self.kind, Kind::Missing) {
+            return String::new();
+        }
+        self.records
+            .iter()
+            .map(|(v, _)| serde_json::to_string(v).unwrap() + "\n")
+            .collect()
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// For random shards, the merged file is each rank's valid records in rank order, or,
+    /// when a committed shard is corrupt, the merge fails and publishes nothing.
+    #[test]
+    fn merged_output_is_every_ranks_valid_records_in_order(
+        shards in prop::collection::vec(shard(), 1..5)
+    ) {
+        let r = Run::new(Some(shards.len() as u32));
+        for (rank, s) in shards.iter().enumerate() {
+            match s.kind {
+                Kind::Committed => { r.committed(rank as u32, s.bytes()); }
+                Kind::Partial => { r.partial(rank as u32, s.bytes()); }
+                Kind::Missing => {}
+            }
+        }
+        let o = r.aggregate(&["--allow-missing", "--json"]);
+        let corrupt = shards.iter().position(|s| matches!(s.kind, Kind::Committed) && s.garbage.is_some());
+        if let Some(rank) = corrupt {
+            prop_assert_eq!(code(&o), 1, "{}", stderr(&o));
+            prop_assert!(stderr(&o).contains(&format!("rank {rank}'s committed shard")), "{}", stderr(&o));
+            prop_assert!(!r.out().exists());
+            prop_assert!(!r.manifest_path().exists());
+        } else {
+            prop_assert_eq!(code(&o), 0, "{}", stderr(&o));
+            let expected: String = shards.iter().map(Shard::expected).collect();
+            prop_assert_eq!(fs::read_to_string(r.out()).unwrap(), expected);
+            let m = r.manifest();
+            for (rank, s) in shards.iter().enumerate() {
+                let e = &m["ranks"][rank];
+                let want = match s.kind {
+                    Kind::Committed => "complete",
+                    Kind::Partial => "partial",
+                    Kind::Missing => "missing",
+                };
+                prop_assert_eq!(&e["status"], want);
+                prop_assert_eq!(&e["records"], &Value::from(if matches!(s.kind, Kind::Missing) { 0 } else { s.records.len() }));
+                // Reading a partial file stops at its garbage line, before any torn tail.
+                let torn = !matches!(s.kind, Kind::Missing) && s.torn.is_some() && s.garbage.is_none();
+                prop_assert_eq!(m["ranks"][rank]["dropped"].as_array().unwrap().iter()
+                    .filter(|d| d["kind"] == "torn").count(), usize::from(torn));
+                if !matches!(s.kind, Kind::Missing) {
+                    prop_assert_eq!(&e["sha256"], &Value::from(sha256(s.expected().as_bytes())));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_node_publishes_a_manifest_beside_its_merge() {
+    // Exercised through the library call phase 3 uses (allow_missing off).
+    let r = Run::new(None);
+    r.committed(0, "{\"a\":1}\n").committed(1, "{\"b\":2}\n");
+    let layout = rl_node::layout::Layout::new(&r.root);
+    let opts = rl_node::aggregate::MergeOptions::default();
+    let m = rl_node::aggregate::merge(&layout, 1, "train", 2, &opts, &mut || {}).unwrap();
+    assert_eq!(m.records, 2);
+    assert!(r.manifest_path().exists());
+    let e = rl_node::aggregate::merge(&layout, 1, "train", 3, &opts, &mut || {}).unwrap_err();
+    assert!(
+        matches!(&e, rl_node::aggregate::AggregateError::Incomplete { missing, .. } if missing == &[2]),
+        "{e}"
+    );
+}
