@@ -2,9 +2,11 @@
 //!
 //! For each rank the merge takes the committed shard (`rank-R.jsonl`, status
 //! `complete`), else the file its command was writing when it stopped
-//! (`rank-R.partial.jsonl`, status `partial`), else nothing (`missing`). Records are
-//! streamed line by line (memory is bounded by the longest record, never by the file) into
-//! a temporary file beside the output, which is fsynced and renamed over
+//! (`rank-R.partial.jsonl`, status `partial`), else nothing (`missing`), and appends its
+//! records in rank order, then file order. Records are streamed line by line (memory is
+//! bounded by the longest record, never by the file; one thread reads and validates while
+//! another hashes and writes) into a temporary file beside the output, which is fsynced
+//! and renamed over
 //! `rollouts/iter-NNNN/<split>.jsonl`; a manifest `<out>.manifest.json` beside it says
 //! where every byte came from. A crash never leaves a half-written merged file under the
 //! final name, and a manifest, when present, describes the merged file beside it.
@@ -222,22 +224,26 @@ pub fn main(args: AggregateArgs, log_path: Option<String>) -> i32 {
 fn render_ranks(ranks: &[RankEntry]) -> String {
     let mut s = String::new();
     for r in ranks {
-        let _ = write!(s, "  rank {:<3} {:<9}", r.rank, r.status.as_str());
+        let mut l = format!("  rank {:<3} {:<9}", r.rank, r.status.as_str());
         match &r.source {
+            // Merged: what was taken.
             Some(src) if r.sha256.is_some() => {
-                let _ = writeln!(
-                    s,
+                let _ = write!(
+                    l,
                     " {:>9} record{} {:>10}  {src}",
                     r.records,
                     if r.records == 1 { " " } else { "s" },
                     human_bytes(r.bytes)
                 );
             }
+            // Not read (nothing was merged): what is there.
             Some(src) => {
-                let _ = writeln!(s, " {src} ({})", human_bytes(r.source_bytes));
+                let _ = write!(l, " {src} ({})", human_bytes(r.source_bytes));
             }
-            None => s.push('\n'),
+            None => {}
         }
+        s.push_str(l.trim_end());
+        s.push('\n');
     }
     s
 }
