@@ -89,6 +89,9 @@ enum Command {
     /// Merge whatever rank output of an iteration survived (committed shards, else partial
     /// files) into one file with a manifest.
     Aggregate(crate::aggregate::AggregateArgs),
+    /// Say where a stopped run stands, what a restart would redo, and (asked) set an
+    /// incomplete iteration aside.
+    Recover(crate::observe::recover::RecoverArgs),
     /// Run a small cluster on this machine with a built-in toy RL workload and watch it learn.
     Demo(crate::demo::DemoArgs),
     /// The demo's toy workload (inference server, rollout, training, eval).
@@ -232,6 +235,9 @@ pub fn main() -> i32 {
         Some(Command::Guard) => node::procs::guardian_main(),
         Some(Command::Aggregate(args)) => {
             crate::aggregate::main(args, cli.settings.log_path.clone())
+        }
+        Some(Command::Recover(args)) => {
+            crate::observe::recover::main(args, cli.settings.log_path.clone())
         }
         Some(Command::Demo(args)) => match cli.settings.demo_globals() {
             Ok(g) => crate::demo::demo_main(args, g),

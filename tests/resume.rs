@@ -414,3 +414,95 @@ fn a_worker_started_long_before_the_master_waits_for_it() {
     cl.assert_complete_and_exact("worker first");
     let _ = Path::new("");
 }
+
+fn recover(log_path: &Path, args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(BIN)
+        .arg("recover")
+        .arg("--log-path")
+        .arg(log_path)
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn recover_reports_what_a_restart_redoes_and_discards_an_incomplete_iteration() {
+    let cl = Cluster::new(2);
+    let mut nodes: Vec<NodeProc> = vec![
+        cl.spawn(0, &[]),
+        cl.spawn(
+            1,
+            &[("RL_NODE_TEST_HOLD_AT", "train-rollout@2".to_string())],
+        ),
+    ];
+    wait_until(LIMIT, "rank 1 to hold", || {
+        nodes[1].stderr().contains("RL_NODE_TEST_HOLD_AT")
+    });
+    // Rank 0 finishes its own rollout of iteration 2 and waits for rank 1.
+    wait_until(LIMIT, "rank 0 to commit its shard", || {
+        cl.journal(0)
+            .iter()
+            .any(|e| e["iteration"] == 2 && e["item"] == "rollout-train")
+    });
+    nodes[1].signal(libc::SIGKILL);
+    assert_eq!(nodes[0].wait(LIMIT), 3);
+    nodes[1].wait(LIMIT);
+    drop(nodes);
+    let partial =
+        cl.c.log_path
+            .join("rollouts/iter-0002/train/rank-1.partial.jsonl");
+    fs::write(&partial, "{\"task\": 3}\n{\"ta").unwrap();
+    let before = fs::read_to_string(cl.c.log_path.join(".rl-node/journal/rank-0.jsonl")).unwrap();
+
+    let (code, text, _) = recover(&cl.c.log_path, &[]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("a restart resumes at iteration 2"), "{text}");
+    assert!(text.contains("rank 0: reuses [rollout-train]"), "{text}");
+    assert!(
+        text.contains("rank 1: reuses [], redoes [rollout-train"),
+        "{text}"
+    );
+    assert!(text.contains("stale: pid"), "{text}");
+    assert!(
+        text.contains("rollouts/iter-0002/train/rank-1.partial.jsonl"),
+        "{text}"
+    );
+    // Read-only unless asked.
+    assert_eq!(
+        fs::read_to_string(cl.c.log_path.join(".rl-node/journal/rank-0.jsonl")).unwrap(),
+        before
+    );
+
+    let (code, _, err) = recover(&cl.c.log_path, &["--discard-iteration", "1"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("complete on every rank"), "{err}");
+
+    let (code, _, err) = recover(&cl.c.log_path, &["--discard-iteration", "2"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!cl.c.log_path.join("rollouts/iter-0002").exists(), "{err}");
+    assert!(!cl.journal(0).iter().any(|e| e["iteration"] == 2), "{err}");
+    let aside: Vec<_> = fs::read_dir(cl.c.log_path.join("previous-runs"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert_eq!(aside.len(), 1);
+    assert!(aside[0]
+        .path()
+        .join("rollouts/iter-0002/train/rank-1.partial.jsonl")
+        .exists());
+
+    let mut nodes = cl.spawn_all();
+    wait_done(&mut nodes, "after discard");
+    cl.assert_complete_and_exact("after discard");
+    // The discarded iteration's rollout was redone by rank 0 too.
+    assert!(!cl
+        .c
+        .events(0)
+        .iter()
+        .any(|e| e["event"] == "reused" && e["iteration"] == 2));
+}

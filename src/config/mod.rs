@@ -231,17 +231,7 @@ impl Config {
     /// The journal item that marks an iteration complete for this walk of the phases: a
     /// rollout-only cluster completing iteration 3 says nothing about the update half.
     pub fn walk_item(&self) -> String {
-        let split = match self.cluster.rollout_split {
-            RolloutSplit::All => "",
-            RolloutSplit::TrainOnly => "-train-only",
-            RolloutSplit::EvalOnly => "-eval-only",
-        };
-        let phase = match self.cluster.rl_phase {
-            RlPhase::Both => "both",
-            RlPhase::Rollout => "rollout",
-            RlPhase::Update => "update",
-        };
-        format!("iteration-complete:{phase}{split}")
+        walk_item(self.cluster.rl_phase, self.cluster.rollout_split)
     }
 
     pub fn run_fingerprint(&self) -> String {
@@ -255,6 +245,21 @@ impl Config {
         let canonical = serde_json::to_string(&self.shared_view()).expect("json");
         hex::encode(&Sha256::digest(canonical.as_bytes())[..8])
     }
+}
+
+/// `Config::walk_item` for a phase walk and split.
+pub fn walk_item(rl_phase: RlPhase, split: RolloutSplit) -> String {
+    let split = match split {
+        RolloutSplit::All => "",
+        RolloutSplit::TrainOnly => "-train-only",
+        RolloutSplit::EvalOnly => "-eval-only",
+    };
+    let phase = match rl_phase {
+        RlPhase::Both => "both",
+        RlPhase::Rollout => "rollout",
+        RlPhase::Update => "update",
+    };
+    format!("iteration-complete:{phase}{split}")
 }
 
 /// The effective configuration and where each key came from.

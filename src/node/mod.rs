@@ -1256,7 +1256,7 @@ pub(crate) fn random_hex(bytes: usize) -> String {
 }
 
 /// Is process `pid` on this host alive? A zombie (dead, not yet reaped) is not.
-pub(crate) fn pid_alive(pid: u32) -> bool {
+pub fn pid_alive(pid: u32) -> bool {
     if pid == 0 {
         return false;
     }

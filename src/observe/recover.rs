@@ -1,0 +1,423 @@
+//! `rl-node recover`: replaces the manual clean-up after a crash. It says where the run
+//! stands (per rank: last complete iteration, last journaled work, whether the process
+//! recorded as holding the rank is alive), what a restart would reuse and redo, and which
+//! incomplete files lie around. Read-only unless asked: `--discard-iteration N` sets an
+//! incomplete iteration aside (moved, never deleted) so a restart redoes it from scratch.
+
+use crate::config::{walk_item, RlPhase, RolloutSplit};
+use crate::layout::{iter_dir, Layout};
+use crate::protocol::journal::{self, item, Entry};
+use crate::protocol::{phase::eval_due, ClusterRecord, NodeState, RankRecord};
+use crate::store;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args, Debug)]
+pub struct RecoverArgs {
+    /// Set iteration N aside (its trajectories, training output, logs, hand-off and journal
+    /// entries, moved under previous-runs/), so a restart redoes it from scratch.
+    #[arg(long, value_name = "N")]
+    pub discard_iteration: Option<u64>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RankState {
+    pub rank: u32,
+    pub last_complete_iteration: u64,
+    pub last_work: Option<String>,
+    pub record_state: Option<NodeState>,
+    pub process: String,
+    /// For the resume iteration: work this rank would reuse and redo.
+    pub reuse: Vec<String>,
+    pub redo: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub run_id: String,
+    pub gen: u64,
+    pub resume_iteration: u64,
+    pub training_redone_everywhere: bool,
+    pub ranks: Vec<RankState>,
+    pub incomplete_files: Vec<String>,
+    pub latest_model: Option<String>,
+}
+
+struct Run {
+    layout: Layout,
+    cluster: ClusterRecord,
+    journals: Vec<Vec<Entry>>,
+    walk: String,
+    eval_interval: u64,
+}
+
+fn load(log_path: &Path) -> Result<Run, String> {
+    let layout = Layout::new(log_path);
+    let cluster: ClusterRecord = store::read_json(&layout.cluster())
+        .map_err(|e| format!("cannot read {}: {e}", layout.cluster().display()))?
+        .ok_or_else(|| {
+            format!(
+                "no rl-node run in {} (no {})",
+                log_path.display(),
+                layout.cluster().display()
+            )
+        })?;
+    let c = &cluster.config["cluster"];
+    let rl_phase: RlPhase = serde_json::from_value(c["rl-phase"].clone()).unwrap_or(RlPhase::Both);
+    let split: RolloutSplit =
+        serde_json::from_value(c["rollout-split"].clone()).unwrap_or(RolloutSplit::All);
+    let eval_interval = c["eval-interval"].as_u64().unwrap_or(1);
+    let journals = (0..cluster.num_nodes)
+        .map(|r| {
+            std::fs::read_to_string(layout.journal(r))
+                .map(|t| journal::parse(&t))
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|e| e.run_id == cluster.run_id)
+                .collect()
+        })
+        .collect();
+    Ok(Run {
+        layout,
+        cluster,
+        journals,
+        walk: walk_item(rl_phase, split),
+        eval_interval,
+    })
+}
+
+/// Whether the process a record names is alive: same host, ask the kernel; another host,
+/// watch its heartbeat sequence for a few heartbeat intervals.
+fn holder(layout: &Layout, rec: &RankRecord, heartbeat: Duration) -> String {
+    if rec.state.is_terminal() || rec.state == NodeState::Vacant {
+        return format!("{:?}", rec.state).to_lowercase();
+    }
+    let host = gethostname::gethostname().to_string_lossy().into_owned();
+    if rec.host == host {
+        return if crate::node::pid_alive(rec.pid) {
+            format!("LIVE (pid {} on {})", rec.pid, rec.host)
+        } else {
+            format!(
+                "stale: pid {} on {} is gone (it was {:?})",
+                rec.pid, rec.host, rec.state
+            )
+            .to_string()
+        };
+    }
+    let path = layout.rank_record(rec.gen, rec.rank);
+    let deadline = Instant::now() + heartbeat * 3;
+    while Instant::now() < deadline {
+        std::thread::sleep(heartbeat / 4);
+        if store::read_json::<RankRecord>(&path)
+            .ok()
+            .flatten()
+            .is_some_and(|r| r.seq != rec.seq)
+        {
+            return format!(
+                "LIVE (pid {} on {}: its heartbeat advances)",
+                rec.pid, rec.host
+            );
+        }
+    }
+    format!(
+        "stale: pid {} on {}: heartbeat still for {:?}",
+        rec.pid,
+        rec.host,
+        heartbeat * 3
+    )
+}
+
+fn report(run: &Run) -> Report {
+    let l = &run.layout;
+    let c = &run.cluster;
+    let resume = journal::resume_point(&run.journals, &c.run_id, &run.walk);
+    let it = resume.iteration;
+    let heartbeat = c.config["timing"]["heartbeat-interval"]
+        .as_str()
+        .and_then(|s| humantime::parse_duration(s).ok())
+        .unwrap_or(Duration::from_secs(5));
+    let eval = eval_due(it, run.eval_interval);
+    let ranks = (0..c.num_nodes)
+        .map(|r| {
+            let j = &run.journals[r as usize];
+            let rec = store::read_json::<RankRecord>(&l.rank_record(c.gen, r))
+                .ok()
+                .flatten();
+            let mut work = vec![item::ROLLOUT_TRAIN];
+            if eval {
+                work.push(item::ROLLOUT_EVAL);
+            }
+            if r == 0 {
+                work.extend([item::AGGREGATE_TRAIN, item::PREPARE]);
+                if eval {
+                    work.push(item::AGGREGATE_EVAL);
+                }
+            }
+            work.push(item::TRAIN);
+            if r == 0 {
+                work.push(item::HANDOFF);
+            }
+            let (mut reuse, mut redo) = (vec![], vec![]);
+            for w in work {
+                let done = if w == item::TRAIN {
+                    resume.train_done
+                } else {
+                    journal::has(j, &c.run_id, it, w)
+                };
+                if done {
+                    reuse.push(w.to_string());
+                } else {
+                    redo.push(w.to_string());
+                }
+            }
+            RankState {
+                rank: r,
+                last_complete_iteration: journal::last_complete(j, &c.run_id, &run.walk),
+                last_work: j.last().map(|e| {
+                    format!(
+                        "{} of iteration {} (generation {})",
+                        e.item, e.iteration, e.gen
+                    )
+                }),
+                record_state: rec.as_ref().map(|r| r.state),
+                process: rec
+                    .as_ref()
+                    .map(|rec| holder(l, rec, heartbeat))
+                    .unwrap_or_else(|| "no record".into()),
+                reuse,
+                redo,
+            }
+        })
+        .collect();
+    Report {
+        run_id: c.run_id.clone(),
+        gen: c.gen,
+        resume_iteration: it,
+        training_redone_everywhere: !resume.train_done,
+        ranks,
+        incomplete_files: incomplete_files(l),
+        latest_model: crate::checkpoint::latest(&l.models()).map(|p| p.display().to_string()),
+    }
+}
+
+/// Partial shards, unfinished hand-offs and temporary files left by crashes.
+fn incomplete_files(l: &Layout) -> Vec<String> {
+    let mut out = vec![];
+    let rel = |p: &Path| p.strip_prefix(l.root()).unwrap_or(p).display().to_string();
+    if let Ok(iters) = std::fs::read_dir(l.root().join("rollouts")) {
+        let mut iters: Vec<PathBuf> = iters.flatten().map(|e| e.path()).collect();
+        iters.sort();
+        for it in iters {
+            for split in ["train", "eval"] {
+                let Ok(files) = std::fs::read_dir(it.join(split)) else {
+                    continue;
+                };
+                let mut files: Vec<PathBuf> = files.flatten().map(|e| e.path()).collect();
+                files.sort();
+                for f in files {
+                    let name = f
+                        .file_name()
+                        .unwrap_or_default()
+                        .to_string_lossy()
+                        .into_owned();
+                    if name.contains(".partial.jsonl") {
+                        let bytes = f.metadata().map(|m| m.len()).unwrap_or(0);
+                        out.push(format!(
+                            "{} ({bytes} bytes): a rollout that did not finish; `rl-node aggregate --allow-missing` can merge it",
+                            rel(&f)
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    if let Ok(models) = std::fs::read_dir(l.models()) {
+        for e in models.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') && name.ends_with(".partial") {
+                out.push(format!("{}: a hand-off that did not finish (not a checkpoint; the next hand-off replaces it)", rel(&e.path())));
+            }
+        }
+    }
+    out
+}
+
+fn render(r: &Report) -> String {
+    let mut s = format!(
+        "run {}, generation {}\nlatest model: {}\n\n",
+        r.run_id,
+        r.gen,
+        r.latest_model
+            .as_deref()
+            .unwrap_or("(none published; cluster.model)")
+    );
+    s.push_str(&format!(
+        "{:<5} {:>9}  {:<44} {}\n",
+        "RANK", "COMPLETE", "LAST JOURNALED WORK", "PROCESS"
+    ));
+    for k in &r.ranks {
+        s.push_str(&format!(
+            "{:<5} {:>9}  {:<44} {}\n",
+            k.rank,
+            k.last_complete_iteration,
+            k.last_work.as_deref().unwrap_or("-"),
+            k.process
+        ));
+    }
+    s.push_str(&format!(
+        "\na restart resumes at iteration {}:\n",
+        r.resume_iteration
+    ));
+    for k in &r.ranks {
+        s.push_str(&format!(
+            "  rank {}: reuses [{}], redoes [{}]\n",
+            k.rank,
+            k.reuse.join(", "),
+            k.redo.join(", ")
+        ));
+    }
+    if r.training_redone_everywhere {
+        s.push_str("  (training is all-or-nothing: it is redone on every rank unless every rank finished it)\n");
+    }
+    if !r.incomplete_files.is_empty() {
+        s.push_str("\nincomplete files:\n");
+        for f in &r.incomplete_files {
+            s.push_str(&format!("  {f}\n"));
+        }
+    }
+    s
+}
+
+/// Move iteration `n`'s outputs under `previous-runs/` and drop its journal entries.
+fn discard(run: &Run, rep: &Report, n: u64) -> Result<Vec<String>, String> {
+    if let Some(live) = rep.ranks.iter().find(|k| k.process.starts_with("LIVE")) {
+        return Err(format!(
+            "rank {} is still running ({}): stop every node before discarding an iteration",
+            live.rank, live.process
+        ));
+    }
+    if n < rep.resume_iteration {
+        return Err(format!(
+            "iteration {n} is complete on every rank; only an incomplete iteration (≥ {}) can be discarded",
+            rep.resume_iteration
+        ));
+    }
+    let l = &run.layout;
+    let dest = l.previous_runs().join(format!(
+        "discarded-{}-{}-{}",
+        run.cluster.run_id,
+        iter_dir(n),
+        chrono::Local::now().format("%Y%m%d-%H%M%S")
+    ));
+    let mut moved = vec![];
+    let name = iter_dir(n);
+    for (what, src) in [
+        ("rollouts", l.root().join("rollouts").join(&name)),
+        ("train", l.root().join("train").join(&name)),
+        ("logs", l.root().join("logs").join(&name)),
+        ("models", l.models().join(&name)),
+    ] {
+        if src.exists() {
+            std::fs::create_dir_all(dest.join(what)).map_err(|e| e.to_string())?;
+            std::fs::rename(&src, dest.join(what).join(&name))
+                .map_err(|e| format!("moving {}: {e}", src.display()))?;
+            moved.push(format!("{what}/{name}"));
+        }
+    }
+    // LATEST must not name a checkpoint that was set aside.
+    if let Some(latest) = crate::checkpoint::latest(&l.models()) {
+        if !latest.exists() {
+            let mut earlier: Vec<PathBuf> = std::fs::read_dir(l.models())
+                .map(|d| d.flatten().map(|e| e.path()).collect())
+                .unwrap_or_default();
+            earlier.retain(|p| {
+                p.file_name()
+                    .is_some_and(|f| f.to_string_lossy().starts_with("iter-"))
+                    && crate::checkpoint::verify(p, &mut || {}).is_ok()
+            });
+            earlier.sort();
+            let pointer = l.models().join(crate::checkpoint::LATEST);
+            match earlier.last() {
+                Some(p) => {
+                    let name = p
+                        .file_name()
+                        .unwrap_or_default()
+                        .to_string_lossy()
+                        .into_owned();
+                    store::publish(&pointer, format!("{name}\n").as_bytes())
+                        .map_err(|e| e.to_string())?;
+                    moved.push(format!("models/LATEST now names {name}"));
+                }
+                None => {
+                    std::fs::rename(&pointer, dest.join("LATEST")).map_err(|e| e.to_string())?;
+                    moved.push("models/LATEST (no earlier checkpoint: the run restarts from cluster.model)".into());
+                }
+            }
+        }
+    }
+    for r in 0..run.cluster.num_nodes {
+        let path = l.journal(r);
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let kept: String = text
+            .lines()
+            .filter(|line| {
+                serde_json::from_str::<Entry>(line)
+                    .map(|e| e.run_id != run.cluster.run_id || e.iteration < n)
+                    .unwrap_or(true)
+            })
+            .map(|line| format!("{line}\n"))
+            .collect();
+        if kept.len() != text.len() {
+            std::fs::create_dir_all(dest.join("journal")).map_err(|e| e.to_string())?;
+            std::fs::write(dest.join("journal").join(format!("rank-{r}.jsonl")), &text)
+                .map_err(|e| e.to_string())?;
+            store::publish(&path, kept.as_bytes()).map_err(|e| e.to_string())?;
+            moved.push(format!("journal entries of iteration {n}+ of rank {r}"));
+        }
+    }
+    moved.push(format!("(all in {})", dest.display()));
+    Ok(moved)
+}
+
+pub fn main(args: RecoverArgs, log_path: Option<String>) -> i32 {
+    let Some(path) =
+        log_path.or_else(|| std::env::var(crate::config::env_name("cluster.log-path")).ok())
+    else {
+        eprintln!("error: rl-node recover needs --log-path DIR");
+        return crate::exit::USAGE;
+    };
+    let run = match load(Path::new(&path)) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return crate::exit::USAGE;
+        }
+    };
+    let rep = report(&run);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rep).expect("json"));
+    } else {
+        print!("{}", render(&rep));
+    }
+    if let Some(n) = args.discard_iteration {
+        match discard(&run, &rep, n) {
+            Ok(moved) => {
+                eprintln!("iteration {n} set aside:");
+                for m in moved {
+                    eprintln!("  {m}");
+                }
+            }
+            Err(e) => {
+                eprintln!("error: --discard-iteration {n}: {e}");
+                return crate::exit::USAGE;
+            }
+        }
+    }
+    crate::exit::DONE
+}
