@@ -1068,7 +1068,7 @@ impl Demo {
             let killed = rounds[0].killed.unwrap_or(0);
             out.push(if ok {
                 format!(
-                    "recovered: after rank {killed} was killed with SIGKILL and the cluster stopped, one restart of all {} node(s) completed {} iteration(s)",
+                    "recovered: after rank {killed} was killed with SIGKILL and the cluster stopped, one restart of all {} node(s) resumed where the journals said and completed the run through iteration {} (work committed before the crash was reused, not redone)",
                     p.nodes, p.iterations
                 )
             } else {
