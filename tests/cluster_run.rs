@@ -119,22 +119,9 @@ fn three_nodes_walk_every_phase_in_order() {
     assert_eq!(names(0), names(2));
     assert!(names(0).contains(&"3:\"final-sync\"".to_string()));
 
-    let out = std::process::Command::new(BIN)
-        .args(["status", "--log-path"])
-        .arg(&c.log_path)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && text.contains("state: completed"),
-        "{text}"
-    );
-    let out = std::process::Command::new(BIN)
-        .args(["status", "--json", "--log-path"])
-        .arg(&c.log_path)
-        .output()
-        .unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (ok, text) = status(&c.log_path, false);
+    assert!(ok && text.contains("state: completed"), "{text}");
+    let v: serde_json::Value = serde_json::from_str(&status(&c.log_path, true).1).unwrap();
     assert_eq!(v["ranks"].as_array().unwrap().len(), 3);
     assert_eq!(v["ranks"][2]["iteration"], 3);
 }

@@ -619,12 +619,7 @@ fn a_restart_runs_a_new_generation_and_ignores_the_previous_ones_records() {
             "rank {r} redid iteration 1 in generation 2"
         );
     }
-    let out = std::process::Command::new(BIN)
-        .args(["status", "--log-path"])
-        .arg(&c.log_path)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let (_, text) = status(&c.log_path, false);
     assert!(
         text.contains("generation 1 of run") && text.contains("at iteration 1"),
         "{text}"

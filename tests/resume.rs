@@ -360,12 +360,8 @@ fn restarting_only_some_nodes_waits_for_the_others_and_says_so() {
     // Only ranks 0 and 1 come back: they wait, and status says for whom.
     let mut first = vec![cl.spawn(0, &[]), cl.spawn(1, &[])];
     wait_until(LIMIT, "status to show rank 0 waiting for rank 2", || {
-        std::process::Command::new(BIN)
-            .args(["status", "--json", "--log-path"])
-            .arg(&cl.c.log_path)
-            .output()
+        serde_json::from_str::<serde_json::Value>(&status(&cl.c.log_path, true).1)
             .ok()
-            .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
             .is_some_and(|s| s["waiting_for"] == serde_json::json!([2]) && s["gen"] == 2)
     });
     for n in first.iter_mut() {
@@ -376,15 +372,7 @@ fn restarting_only_some_nodes_waits_for_the_others_and_says_so() {
             n.stderr()
         );
     }
-    let text = String::from_utf8(
-        std::process::Command::new(BIN)
-            .args(["status", "--log-path"])
-            .arg(&cl.c.log_path)
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap();
+    let (_, text) = status(&cl.c.log_path, false);
     assert!(text.contains("rank 0 is waiting for: rank 2"), "{text}");
     first.push(cl.spawn(2, &[]));
     wait_done(&mut first, "partial restart");

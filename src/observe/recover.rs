@@ -57,15 +57,7 @@ struct Run {
 
 fn load(log_path: &Path) -> Result<Run, String> {
     let layout = Layout::new(log_path);
-    let cluster: ClusterRecord = store::read_json(&layout.cluster())
-        .map_err(|e| format!("cannot read {}: {e}", layout.cluster().display()))?
-        .ok_or_else(|| {
-            format!(
-                "no rl-node run in {} (no {})",
-                log_path.display(),
-                layout.cluster().display()
-            )
-        })?;
+    let cluster = super::read_cluster(&layout)?;
     let c = &cluster.config["cluster"];
     let rl_phase: RlPhase = serde_json::from_value(c["rl-phase"].clone()).unwrap_or(RlPhase::Both);
     let split: RolloutSplit =

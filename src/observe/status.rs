@@ -2,7 +2,7 @@
 //! while nodes run, after they stopped, and with every node dead.
 
 use crate::layout::Layout;
-use crate::protocol::{AbortInfo, ClusterRecord, NodeState, RankRecord};
+use crate::protocol::{AbortInfo, NodeState, RankRecord};
 use crate::store;
 use serde::Serialize;
 use std::path::Path;
@@ -41,15 +41,7 @@ pub struct Status {
 
 pub fn read(log_path: &Path) -> Result<Status, String> {
     let layout = Layout::new(log_path);
-    let c: ClusterRecord = store::read_json(&layout.cluster())
-        .map_err(|e| format!("cannot read {}: {e}", layout.cluster().display()))?
-        .ok_or_else(|| {
-            format!(
-                "no rl-node run in {} (no {})",
-                log_path.display(),
-                layout.cluster().display()
-            )
-        })?;
+    let c = super::read_cluster(&layout)?;
     let records: Vec<Option<RankRecord>> = (0..c.num_nodes)
         .map(|r| {
             store::read_json::<RankRecord>(&layout.rank_record(c.gen, r))

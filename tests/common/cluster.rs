@@ -147,6 +147,20 @@ impl TestCluster {
     }
 }
 
+/// Run `rl-node status` (with `--json` if asked) on a shared directory: (success, stdout).
+pub fn status(log_path: &Path, json: bool) -> (bool, String) {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("status").arg("--log-path").arg(log_path);
+    if json {
+        cmd.arg("--json");
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
 /// A TCP port nothing listens on right now.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
