@@ -14,3 +14,4 @@ pub mod node;
 pub mod observe;
 pub mod protocol;
 pub mod store;
+pub mod work;

@@ -174,8 +174,42 @@ pub struct Server {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Tasks {
+    pub train: String,
+    pub eval: String,
+    pub id_field: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WorkMode {
+    PerRank,
+    PerTask,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Work {
+    pub strategy: crate::work::plan::Strategy,
+    pub tasks_per_iteration: u64,
+    pub samples_per_task: u32,
+    pub seed: u64,
+    pub mode: WorkMode,
+    pub max_workers: u32,
+    pub max_retries: u32,
+    pub retryable_exit_codes: Vec<i32>,
+    #[serde(with = "duration")]
+    pub retry_backoff: Duration,
+    pub max_failed_fraction: f64,
+    pub exact_budget: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct Config {
     pub cluster: Cluster,
+    pub tasks: Tasks,
+    pub work: Work,
     pub timing: Timing,
     pub phases: Phases,
     pub server: Server,
@@ -207,6 +241,12 @@ impl Config {
             c.remove("data-path");
             c.remove("master-addr");
         }
+        // Task files may live at different paths per node; the plan fingerprint checked
+        // at every iteration covers their content.
+        if let Some(t) = v.get_mut("tasks").and_then(|t| t.as_object_mut()) {
+            t.remove("train");
+            t.remove("eval");
+        }
         if let Some(obj) = v.as_object_mut() {
             obj.remove("server");
         }
@@ -224,6 +264,12 @@ impl Config {
                 "rank-weights": self.weights(),
                 "eval-interval": c.eval_interval,
                 "model": c.model,
+            },
+            "work": {
+                "strategy": self.work.strategy,
+                "seed": self.work.seed,
+                "tasks-per-iteration": self.work.tasks_per_iteration,
+                "samples-per-task": self.work.samples_per_task,
             }
         })
     }
@@ -462,6 +508,29 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
             ),
         ));
     }
+    let w = &c.work;
+    if w.samples_per_task == 0 {
+        return Err(l.invalid("work.samples-per-task", "must be at least 1"));
+    }
+    if w.max_workers == 0 {
+        return Err(l.invalid("work.max-workers", "must be at least 1"));
+    }
+    if !(0.0..=1.0).contains(&w.max_failed_fraction) {
+        return Err(l.invalid("work.max-failed-fraction", "must be between 0 and 1"));
+    }
+    let planned = !c.tasks.train.is_empty() || !c.tasks.eval.is_empty();
+    if !planned
+        && (w.mode == WorkMode::PerTask || w.strategy == crate::work::plan::Strategy::Dynamic)
+    {
+        return Err(l.invalid(
+            if w.mode == WorkMode::PerTask {
+                "work.mode"
+            } else {
+                "work.strategy"
+            },
+            "needs task files: set tasks.train (and tasks.eval)",
+        ));
+    }
     let t = &c.timing;
     for (key, d) in [
         ("timing.heartbeat-interval", t.heartbeat_interval),
@@ -537,8 +606,10 @@ fn set_path(root: &mut Value, key: &str, v: Value) {
 fn coerce(v: &Value, template: &Value) -> Result<Value, String> {
     match (template, v) {
         (Value::Array(_), Value::String(s)) => parse_as(s, template),
+        (Value::Float(_), Value::Integer(i)) => Ok(Value::Float(*i as f64)),
         (Value::String(_), Value::String(_))
         | (Value::Integer(_), Value::Integer(_))
+        | (Value::Float(_), Value::Float(_))
         | (Value::Boolean(_), Value::Boolean(_))
         | (Value::Array(_), Value::Array(_)) => Ok(v.clone()),
         _ => Err(format!(
@@ -570,6 +641,10 @@ fn parse_as(raw: &str, template: &Value) -> Result<Value, String> {
             .parse::<i64>()
             .map(Value::Integer)
             .map_err(|_| format!("expected an integer, got `{raw}`")),
+        Value::Float(_) => raw
+            .parse::<f64>()
+            .map(Value::Float)
+            .map_err(|_| format!("expected a number, got `{raw}`")),
         Value::Boolean(_) => match raw {
             "true" | "1" | "yes" => Ok(Value::Boolean(true)),
             "false" | "0" | "no" => Ok(Value::Boolean(false)),

@@ -67,6 +67,36 @@ pub const PLACEHOLDERS: &[(&str, &str, &str)] = &[
         "RL_NODE_GEN",
         "the cluster generation (grows at every start)",
     ),
+    (
+        "tasks",
+        "RL_NODE_TASKS",
+        "with [tasks]: this rank's task file for the split (JSONL, plan order)",
+    ),
+    (
+        "task_id",
+        "RL_NODE_TASK_ID",
+        "per-task mode: the item's task id",
+    ),
+    (
+        "task_json",
+        "RL_NODE_TASK_JSON",
+        "per-task mode: the item's task record (one JSON line)",
+    ),
+    (
+        "sample",
+        "RL_NODE_SAMPLE",
+        "per-task mode: the item's sample index (0..samples-per-task)",
+    ),
+    (
+        "sample_seed",
+        "RL_NODE_SAMPLE_SEED",
+        "per-task mode: the item's seed, from (seed, iteration, task id, sample)",
+    ),
+    (
+        "state",
+        "RL_NODE_STATE",
+        "per-task mode: initial-state index (rotate: a circular index)",
+    ),
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -633,6 +633,12 @@ fn identity_of(p: &ClusterRecord) -> Value {
             "rank-weights": p.rank_weights,
             "eval-interval": c["eval-interval"],
             "model": c["model"],
+        },
+        "work": {
+            "strategy": p.config["work"]["strategy"],
+            "seed": p.config["work"]["seed"],
+            "tasks-per-iteration": p.config["work"]["tasks-per-iteration"],
+            "samples-per-task": p.config["work"]["samples-per-task"],
         }
     })
 }

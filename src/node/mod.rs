@@ -15,6 +15,7 @@ pub mod procs;
 mod publisher;
 mod server;
 mod watchdog;
+mod work;
 
 use crate::config::{Config, Loaded, PhaseCommand, RolloutSplit, Template};
 use crate::exit;
@@ -120,6 +121,15 @@ pub(crate) struct Node {
     fresh: bool,
     /// This rank's journal entries of the current run.
     journal: Vec<crate::protocol::journal::Entry>,
+    /// Task files ([tasks]), loaded at start.
+    tasks: work::TaskSets,
+    /// Placeholder values of the running planned rollout ({tasks}, {task_id}, …).
+    extra: std::collections::BTreeMap<&'static str, String>,
+    /// Replacement items run for `exact-budget` in the current per-task rollout.
+    replacements: Vec<String>,
+    /// During a dynamic rollout a dead peer's items are taken over instead of stopping.
+    tolerate_dead: bool,
+    dead_peers: std::collections::BTreeSet<u32>,
 }
 
 /// Run a node until it finishes (Ok) or stops (the error says why and with which code).
@@ -147,6 +157,7 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
     }
     let layout = Layout::new(cfg.log_path());
     preflight_log_path(&layout, opts.rank)?;
+    let tasks = work::TaskSets::load(&cfg)?;
 
     let (tx, rx) = channel();
     procs::start_reaper(tx.clone());
@@ -188,8 +199,14 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
         debug_mode: opts.debug_mode,
         fresh: opts.fresh,
         journal: Vec::new(),
+        tasks: work::TaskSets::default(),
+        extra: Default::default(),
+        replacements: Vec::new(),
+        tolerate_dead: false,
+        dead_peers: Default::default(),
         cfg,
     };
+    node.tasks = tasks;
     node.say(&format!(
         "rank {} ({}) on {}, pid {}; shared directory {}",
         node.rank,
@@ -373,6 +390,10 @@ impl Node {
             let terminal = self.peers[r as usize]
                 .as_ref()
                 .is_some_and(|p| p.state.is_terminal());
+            if self.formed && !terminal && self.liveness.is_dead(r, now) && self.tolerate_dead {
+                self.dead_peers.insert(r);
+                continue;
+            }
             if self.formed && !terminal && self.liveness.is_dead(r, now) {
                 let silent = self.liveness.silent_for(r, now);
                 let last = self.peers[r as usize].clone();
@@ -737,8 +758,16 @@ impl Node {
         let cfg = self.cfg.clone();
         let none = |_: &[Value]| Value::Null;
         match phase {
-            Phase::SyncStart
-            | Phase::RolloutComplete
+            Phase::SyncStart => {
+                // Every node plans the iteration itself; rank 0's plan travels with the
+                // release and a worker whose plan differs stops.
+                let mine = self.plan_fingerprints();
+                let theirs = self.barrier(phase.name(), Value::Null, |_| mine.clone())?;
+                if !self.is_master() {
+                    self.check_plans(&theirs)?;
+                }
+            }
+            Phase::RolloutComplete
             | Phase::FilesReady
             | Phase::TrainingReady
             | Phase::FinalSync => {
@@ -747,14 +776,14 @@ impl Node {
             Phase::TrainRollout => {
                 if split != RolloutSplit::EvalOnly {
                     self.once(journal::item::ROLLOUT_TRAIN, |n| {
-                        n.rollout("train", "rollout", &cfg.phases.rollout)
+                        n.any_rollout("train", "rollout", &cfg.phases.rollout)
                     })?;
                 }
             }
             Phase::AggregateTrain => {
                 if self.is_master() && split != RolloutSplit::EvalOnly {
                     self.once(journal::item::AGGREGATE_TRAIN, |n| {
-                        n.aggregate("train", cfg.phases.rollout.is_set())
+                        n.any_aggregate("train", cfg.phases.rollout.is_set())
                     })?;
                 }
             }
@@ -774,12 +803,12 @@ impl Node {
             Phase::Eval => {
                 if self.eval_now {
                     self.once(journal::item::ROLLOUT_EVAL, |n| {
-                        n.rollout("eval", "eval", &cfg.phases.eval)
+                        n.any_rollout("eval", "eval", &cfg.phases.eval)
                     })?;
                     self.barrier("eval-complete", Value::Null, none)?;
                     if self.is_master() {
                         self.once(journal::item::AGGREGATE_EVAL, |n| {
-                            n.aggregate("eval", cfg.phases.eval.is_set())
+                            n.any_aggregate("eval", cfg.phases.eval.is_set())
                         })?;
                     }
                 }
@@ -827,6 +856,35 @@ impl Node {
             }
         }
         Ok(())
+    }
+
+    /// The rollout of `split`: planned when task files are configured, else one command
+    /// per rank that splits its own data.
+    fn any_rollout(&mut self, split: &str, phase: &str, pc: &PhaseCommand) -> Result<(), Stop> {
+        if !pc.is_set() {
+            return Ok(());
+        }
+        self.extra.clear();
+        let result = match self.plan_for(split) {
+            Some(plan) => self.planned_rollout(split, phase, pc, plan),
+            None => self.rollout(split, phase, pc),
+        };
+        self.extra.clear();
+        result
+    }
+
+    /// Rank 0's merge: a dynamic rollout's items, else the rank shards.
+    fn any_aggregate(&mut self, split: &str, have_shards: bool) -> Result<(), Stop> {
+        match self.plan_for(split) {
+            Some(plan)
+                if plan.strategy == crate::work::plan::Strategy::Dynamic
+                    && have_shards
+                    && !self.cfg.phases.aggregate.is_set() =>
+            {
+                self.aggregate_items(split, &plan)
+            }
+            _ => self.aggregate(split, have_shards),
+        }
     }
 
     /// Run this rank's rollout for `split` and commit its shard: the command writes
@@ -1189,6 +1247,9 @@ impl Node {
                 .join(","),
         );
         v.insert("gen", c.gen.to_string());
+        for (k, val) in &self.extra {
+            v.insert(k, val.clone());
+        }
         v
     }
 

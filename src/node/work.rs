@@ -1,0 +1,925 @@
+//! Planned rollouts: every node computes the same plan for each iteration from the task
+//! files (`crate::work::plan`), rank 0 broadcasts the plan's fingerprint with the release
+//! of `sync-start` and a worker whose plan differs stops, saying why. Then:
+//!
+//! - `per-rank` (default): the rank's share is written to a task file (`{tasks}`) and its
+//!   rollout command runs once, as without planning;
+//! - `per-task`: the command runs once per (task, sample), `max-workers` at a time; each
+//!   item's output is committed on its own (`items/…jsonl`, by rename), so a restart redoes
+//!   only unfinished items; retryable exit codes are retried with backoff and jitter;
+//! - `dynamic`: no split; nodes claim items from the shared directory by an exclusive
+//!   create of a lease named with the generation and an attempt number. When a claimant
+//!   dies (its heartbeat still for `dead-after`), the next attempt's lease can be created
+//!   by anyone, so its items are finished by the others in the same iteration. A committed
+//!   item is never run again; all attempts of an item write the same seed's output, and the
+//!   rename makes exactly one of them the item's file.
+
+use super::procs::ChildExit;
+use super::{Interrupt, Node, Stop};
+use crate::config::{PhaseCommand, WorkMode};
+use crate::protocol::AbortKind;
+use crate::store;
+use crate::work::plan::{self, Item, Plan, Strategy, Task};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The task files, loaded once at start.
+#[derive(Default)]
+pub(super) struct TaskSets {
+    pub train: Option<Vec<Task>>,
+    pub eval: Option<Vec<Task>>,
+}
+
+impl TaskSets {
+    /// Load the configured task files; a bad file is a usage error (exit 2, nothing written).
+    pub fn load(cfg: &crate::config::Config) -> Result<TaskSets, Stop> {
+        let load = |key: &str, path: &str| -> Result<Option<Vec<Task>>, Stop> {
+            if path.is_empty() {
+                return Ok(None);
+            }
+            plan::load_tasks(Path::new(path), &cfg.tasks.id_field)
+                .map(Some)
+                .map_err(|e| Stop::usage(format!("tasks.{key}: {e}"), None))
+        };
+        let sets = TaskSets {
+            train: load("train", &cfg.tasks.train)?,
+            eval: load("eval", &cfg.tasks.eval)?,
+        };
+        let budget = cfg.work.tasks_per_iteration;
+        if let Some(t) = &sets.train {
+            if budget as usize > t.len() {
+                return Err(Stop::usage(
+                    format!(
+                        "work.tasks-per-iteration is {budget} but {} holds only {} tasks",
+                        cfg.tasks.train,
+                        t.len()
+                    ),
+                    Some(
+                        "use at most the number of tasks (0 = all), or more samples-per-task"
+                            .into(),
+                    ),
+                ));
+            }
+        }
+        Ok(sets)
+    }
+
+    fn get(&self, split: &str) -> Option<&Vec<Task>> {
+        if split == "train" {
+            self.train.as_ref()
+        } else {
+            self.eval.as_ref()
+        }
+    }
+}
+
+/// What every item of one planned rollout shares.
+struct Job<'a> {
+    split: &'a str,
+    phase: &'a str,
+    pc: &'a PhaseCommand,
+    tasks: &'a [Task],
+}
+
+/// One running item of a per-task or dynamic rollout.
+struct Running {
+    pos: usize,
+    attempt: u32,
+    partial: PathBuf,
+}
+
+/// Counts of a planned rollout, for the summary and the heartbeat.
+#[derive(Default)]
+struct Tally {
+    total: usize,
+    committed: usize,
+    failed: Vec<String>,
+    retries: u32,
+}
+
+fn item_name(pos: usize, rank: Option<u32>) -> String {
+    match rank {
+        Some(r) => format!("r{r}-{pos:05}"),
+        None => format!("p{pos:05}"),
+    }
+}
+
+impl Node {
+    /// This iteration's plan for `split`, if tasks are configured for it.
+    pub(super) fn plan_for(&self, split: &str) -> Option<Plan> {
+        let tasks = self.tasks.get(split)?;
+        let w = &self.cfg.work;
+        let budget =
+            (split == "train" && w.tasks_per_iteration > 0).then_some(w.tasks_per_iteration);
+        Some(plan::plan(&plan::PlanInput {
+            tasks,
+            weights: &self.cfg.weights(),
+            budget,
+            samples: w.samples_per_task,
+            seed: w.seed,
+            iteration: self.iteration,
+            strategy: w.strategy,
+        }))
+    }
+
+    /// The fingerprints rank 0 broadcasts with the release of `sync-start`: the plans and
+    /// the task files' content (two files with the same ids plan alike but differ).
+    pub(super) fn plan_fingerprints(&self) -> Value {
+        let fp = |s: &str| self.plan_for(s).map(|p| p.fingerprint);
+        let files = |s: &str| self.tasks.get(s).map(|t| plan::tasks_fingerprint(t));
+        json!({"train": fp("train"), "eval": fp("eval"), "train-tasks": files("train"), "eval-tasks": files("eval")})
+    }
+
+    /// A worker compares rank 0's plan fingerprints with its own.
+    pub(super) fn check_plans(&mut self, rank0: &Value) -> Result<(), Stop> {
+        let mine = self.plan_fingerprints();
+        if &mine == rank0 || rank0.is_null() {
+            return Ok(());
+        }
+        let reason = format!(
+            "this rank's plan of iteration {} differs from rank 0's (rank 0: {rank0}, here: {mine}): the task files (tasks.train / tasks.eval) differ between nodes",
+            self.iteration
+        );
+        Err(self.fail(AbortKind::Error, self.rank, None, reason, None))
+    }
+
+    /// Run this rank's planned rollout of `split`.
+    pub(super) fn planned_rollout(
+        &mut self,
+        split: &str,
+        phase: &str,
+        pc: &PhaseCommand,
+        plan: Plan,
+    ) -> Result<(), Stop> {
+        let dir = self.layout.rollout_dir(self.iteration, split);
+        if let Err(e) = std::fs::create_dir_all(dir.join("tasks")) {
+            return Err(self.fail(
+                AbortKind::Error,
+                self.rank,
+                None,
+                format!("cannot create {}: {e}", dir.display()),
+                None,
+            ));
+        }
+        if self.is_master() {
+            let _ = store::publish_json(&dir.join("plan.json"), &plan);
+        }
+        if plan.strategy == Strategy::Dynamic {
+            return self.dynamic_rollout(split, phase, pc, &plan);
+        }
+        let items = plan.ranks[self.rank as usize].clone();
+        let tasks = self.tasks.get(split).expect("planned").clone();
+        // The rank's share: the task records themselves, in plan order, once per task.
+        let task_file = dir.join("tasks").join(format!("rank-{}.jsonl", self.rank));
+        let mut text = String::new();
+        let mut last = None;
+        for it in &items {
+            if last != Some(it.task_index) {
+                text.push_str(&tasks[it.task_index].raw);
+                text.push('\n');
+                last = Some(it.task_index);
+            }
+        }
+        if let Err(e) = store::publish(&task_file, text.as_bytes()) {
+            return Err(self.fail(
+                AbortKind::Error,
+                self.rank,
+                None,
+                format!("cannot write {}: {e}", task_file.display()),
+                None,
+            ));
+        }
+        self.extra.insert("tasks", task_file.display().to_string());
+        if items.is_empty() {
+            self.say(&format!(
+                "iteration {}: no {split} tasks for this rank ({:?} strategy); it takes part in every barrier",
+                self.iteration, plan.strategy
+            ));
+            let shard = self.layout.shard(self.iteration, split, self.rank);
+            return store::publish(&shard, b"").map_err(|e| {
+                self.fail(
+                    AbortKind::Error,
+                    self.rank,
+                    None,
+                    format!("cannot commit {}: {e}", shard.display()),
+                    None,
+                )
+            });
+        }
+        match self.cfg.work.mode {
+            WorkMode::PerRank => self.rollout(split, phase, pc),
+            WorkMode::PerTask => {
+                let names: Vec<(usize, Item)> = items.into_iter().enumerate().collect();
+                self.run_items(split, phase, pc, &tasks, names, Some(self.rank))?;
+                self.commit_rank_shard(split, &plan)
+            }
+        }
+    }
+
+    fn items_dir(&self, split: &str) -> PathBuf {
+        self.layout.rollout_dir(self.iteration, split).join("items")
+    }
+
+    /// Concatenate this rank's committed items (plan order) into its shard, so the
+    /// aggregation and `rl-node aggregate` see per-task output like any other.
+    fn commit_rank_shard(&mut self, split: &str, plan: &Plan) -> Result<(), Stop> {
+        let dir = self.items_dir(split);
+        let paths: Vec<PathBuf> = (0..plan.ranks[self.rank as usize].len())
+            .map(|pos| dir.join(format!("{}.jsonl", item_name(pos, Some(self.rank)))))
+            .chain(
+                self.replacements
+                    .iter()
+                    .map(|n| dir.join(format!("{n}.jsonl"))),
+            )
+            .filter(|p| p.exists())
+            .collect();
+        let shard = self.layout.shard(self.iteration, split, self.rank);
+        concat(&paths, &shard).map_err(|e| {
+            self.fail(
+                AbortKind::Error,
+                self.rank,
+                None,
+                format!("cannot commit {}: {e}", shard.display()),
+                None,
+            )
+        })
+    }
+
+    /// Rank 0 merges a dynamic rollout's committed items in pool order.
+    pub(super) fn aggregate_items(&mut self, split: &str, plan: &Plan) -> Result<(), Stop> {
+        let dir = self.items_dir(split);
+        let paths: Vec<PathBuf> = (0..plan.pool.len())
+            .map(|pos| dir.join(format!("{}.jsonl", item_name(pos, None))))
+            .filter(|p| p.exists())
+            .collect();
+        let missing = plan.pool.len() - paths.len();
+        if missing > 0 {
+            self.say(&format!(
+                "warning: {missing} of {} {split} items have no committed output",
+                plan.pool.len()
+            ));
+        }
+        let out = self.layout.aggregated(self.iteration, split);
+        concat(&paths, &out).map_err(|e| {
+            self.fail(
+                AbortKind::Error,
+                self.rank,
+                None,
+                format!("cannot write {}: {e}", out.display()),
+                None,
+            )
+        })?;
+        self.event(
+            json!({"event": "aggregate", "split": split, "items": paths.len(), "missing": missing}),
+        );
+        Ok(())
+    }
+
+    fn backoff(&self, attempt: u32) -> Duration {
+        let base = self.cfg.work.retry_backoff.as_secs_f64() * 2f64.powi(attempt as i32);
+        // Jitter in [0.5, 1.5) so retries of many items do not hit a rate limit together.
+        let jitter =
+            0.5 + (u64::from_str_radix(&super::random_hex(2), 16).unwrap_or(0) as f64 / 65536.0);
+        Duration::from_secs_f64((base * jitter).min(300.0))
+    }
+
+    fn spawn_item(
+        &mut self,
+        job: &Job,
+        item: &Item,
+        name: &str,
+        attempt: u32,
+    ) -> Result<(i32, PathBuf), Stop> {
+        let (split, phase, pc) = (job.split, job.phase, job.pc);
+        let task = &job.tasks[item.task_index];
+        let dir = self.items_dir(split);
+        let partial = dir.join(format!("{name}.partial.jsonl"));
+        let _ = std::fs::remove_file(&partial);
+        self.extra.insert("task_id", item.task.clone());
+        self.extra.insert("sample", item.sample.to_string());
+        self.extra.insert("sample_seed", item.seed.to_string());
+        self.extra.insert("state", item.state.to_string());
+        self.extra.insert("task_json", task.raw.clone());
+        let values = self.values(phase, Some(split), &partial);
+        let command = crate::config::Template::parse(&pc.command)
+            .expect("validated")
+            .render(&values);
+        let env = super::context::env_for(&values);
+        let log = self.layout.phase_log(self.iteration, self.rank, phase);
+        let header = format!(
+            "rank {} iteration {} {phase} item {name} (task {}, sample {}, attempt {})",
+            self.rank,
+            self.iteration,
+            item.task,
+            item.sample,
+            attempt + 1
+        );
+        let running = self.spawn_supervised(
+            &format!("the {phase} command"),
+            &command,
+            &env,
+            &log,
+            &header,
+        )?;
+        Ok((running.pid, partial))
+    }
+
+    fn commit_item(&mut self, split: &str, name: &str, partial: &Path) -> std::io::Result<()> {
+        let done = self.items_dir(split).join(format!("{name}.jsonl"));
+        if partial.exists() {
+            std::fs::File::open(partial)?.sync_all()?;
+            std::fs::rename(partial, &done)?;
+        } else {
+            store::publish(&done, b"")?;
+        }
+        store::fsync_dir(done.parent().expect("has parent"))
+    }
+
+    fn show_progress(&mut self, split: &str, t: &Tally) {
+        let p = format!("{}/{} {split} items", t.committed, t.total);
+        self.publisher().stage(|r| r.progress = Some(p.clone()));
+        if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+            let width = 30;
+            let filled = (t.committed * width).checked_div(t.total).unwrap_or(width);
+            eprint!(
+                "\r[rank {}] [{}{}] {p}{}   ",
+                self.rank,
+                "#".repeat(filled),
+                ".".repeat(width - filled),
+                if t.failed.is_empty() {
+                    String::new()
+                } else {
+                    format!(", {} failed", t.failed.len())
+                }
+            );
+        }
+    }
+
+    /// Run static items (`names`: position and item) `max-workers` at a time; skip the ones
+    /// committed before a restart; retry retryable failures; replace failures when
+    /// `exact-budget`. Fails the phase if too many items failed.
+    fn run_items(
+        &mut self,
+        split: &str,
+        phase: &str,
+        pc: &PhaseCommand,
+        tasks: &[Task],
+        names: Vec<(usize, Item)>,
+        rank: Option<u32>,
+    ) -> Result<(), Stop> {
+        let job = Job {
+            split,
+            phase,
+            pc,
+            tasks,
+        };
+        let dir = self.items_dir(split);
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            return Err(self.fail(
+                AbortKind::Error,
+                self.rank,
+                None,
+                format!("cannot create {}: {e}", dir.display()),
+                None,
+            ));
+        }
+        self.replacements.clear();
+        let mut tally = Tally {
+            total: names.len(),
+            ..Tally::default()
+        };
+        let mut queue: VecDeque<(String, Item, u32)> = VecDeque::new();
+        let mut reused = 0;
+        for (pos, item) in names {
+            let name = item_name(pos, rank);
+            if dir.join(format!("{name}.jsonl")).exists() {
+                tally.committed += 1;
+                reused += 1;
+            } else {
+                queue.push_back((name, item, 0));
+            }
+        }
+        if reused > 0 {
+            self.say(&format!(
+                "iteration {}: {reused} {split} item(s) committed before the restart are reused",
+                self.iteration
+            ));
+        }
+        let mut replacements = self.replacement_pool(split, tasks);
+        let mut delayed: Vec<(Instant, String, Item, u32)> = vec![];
+        let mut running: HashMap<i32, (String, Item, u32, PathBuf)> = HashMap::new();
+        let deadline = Instant::now() + pc.timeout;
+        let started = Instant::now();
+        loop {
+            let now = Instant::now();
+            delayed.retain(|(at, name, item, attempt)| {
+                if *at <= now {
+                    queue.push_back((name.clone(), item.clone(), *attempt));
+                    false
+                } else {
+                    true
+                }
+            });
+            while running.len() < self.cfg.work.max_workers as usize {
+                let Some((name, item, attempt)) = queue.pop_front() else {
+                    break;
+                };
+                let (pid, partial) = self.spawn_item(&job, &item, &name, attempt)?;
+                running.insert(pid, (name, item, attempt, partial));
+            }
+            self.show_progress(split, &tally);
+            if running.is_empty() && queue.is_empty() && delayed.is_empty() {
+                break;
+            }
+            let next_retry = delayed.iter().map(|d| d.0).min();
+            self.waiting_note = format!(
+                "{} {split} item(s) running, {} queued, {} waiting to retry",
+                running.len(),
+                queue.len(),
+                delayed.len()
+            );
+            let pids: Vec<i32> = running.keys().copied().collect();
+            let waited = self.wait_for(deadline, |n| {
+                if let Some(&pid) = pids.iter().find(|p| n.exited.contains_key(p)) {
+                    return Ok(Some(Some((pid, n.exited.remove(&pid).expect("present")))));
+                }
+                Ok(next_retry.filter(|t| Instant::now() >= *t).map(|_| None))
+            });
+            let (pid, exit) = match waited {
+                Ok(Some(x)) => x,
+                Ok(None) => continue,
+                Err(Interrupt::Stop(s)) => return Err(s),
+                Err(Interrupt::Deadline) => {
+                    return Err(self.fail(
+                        AbortKind::Timeout,
+                        self.rank,
+                        None,
+                        format!(
+                        "the {phase} items did not finish within phases.{phase}.timeout ({}): {}",
+                        humantime::format_duration(pc.timeout),
+                        self.waiting_note
+                    ),
+                        Some(&self.layout.phase_log(self.iteration, self.rank, phase)),
+                    ))
+                }
+            };
+            let (name, item, attempt, partial) = running.remove(&pid).expect("ours");
+            if super::procs::group_alive(pid) {
+                super::procs::stop_group(pid, self.cfg.timing.kill_grace);
+            }
+            self.registry.remove(pid);
+            match exit {
+                ChildExit::Success => {
+                    if let Err(e) = self.commit_item(split, &name, &partial) {
+                        return Err(self.fail(
+                            AbortKind::Error,
+                            self.rank,
+                            None,
+                            format!("cannot commit item {name}: {e}"),
+                            None,
+                        ));
+                    }
+                    tally.committed += 1;
+                }
+                ChildExit::Exit(code)
+                    if self.cfg.work.retryable_exit_codes.contains(&code)
+                        && attempt < self.cfg.work.max_retries =>
+                {
+                    let wait = self.backoff(attempt);
+                    tally.retries += 1;
+                    self.event(json!({"event": "retry", "item": name, "task": item.task, "attempt": attempt + 1, "exit": code, "delay_ms": wait.as_millis() as u64}));
+                    delayed.push((Instant::now() + wait, name, item, attempt + 1));
+                }
+                other => {
+                    tally.failed.push(format!(
+                        "{name} (task {}, sample {}): {other}",
+                        item.task, item.sample
+                    ));
+                    self.event(json!({"event": "item-failed", "item": name, "task": item.task, "exit": other.to_string()}));
+                    if self.cfg.work.exact_budget {
+                        if let Some((rname, ritem)) = replacements.pop_front() {
+                            self.replacements.push(rname.clone());
+                            tally.total += 1;
+                            queue.push_back((rname, ritem, 0));
+                        }
+                    }
+                }
+            }
+        }
+        if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+            eprintln!();
+        }
+        self.waiting_note.clear();
+        let failed = tally.failed.len();
+        let planned = tally.total - self.replacements.len();
+        self.say(&format!(
+            "iteration {}: {split} items: {}/{} committed, {failed} failed, {} retries, in {:.2}s{}",
+            self.iteration,
+            tally.committed,
+            tally.total,
+            tally.retries,
+            started.elapsed().as_secs_f64(),
+            if self.cfg.work.exact_budget && tally.committed < planned {
+                format!(" (exact-budget: {} of the planned {planned} collected; no more replacement tasks)", tally.committed)
+            } else {
+                String::new()
+            }
+        ));
+        self.event(json!({"event": "items", "split": split, "total": tally.total, "committed": tally.committed, "failed": failed, "retries": tally.retries}));
+        let fraction = failed as f64 / tally.total.max(1) as f64;
+        if failed > 0 && fraction > self.cfg.work.max_failed_fraction {
+            return Err(self.fail(
+                AbortKind::CommandFailed { exit: "item failures".into() },
+                self.rank,
+                None,
+                format!(
+                    "{failed} of {} {split} items failed, more than work.max-failed-fraction ({}): {}",
+                    tally.total,
+                    self.cfg.work.max_failed_fraction,
+                    tally.failed.iter().take(3).cloned().collect::<Vec<_>>().join("; ")
+                ),
+                Some(&self.layout.phase_log(self.iteration, self.rank, phase)),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Tasks outside this iteration's plan that this rank may use to replace failed items
+    /// (`exact-budget`): disjoint between ranks (task index mod ranks), deterministic.
+    fn replacement_pool(&self, split: &str, tasks: &[Task]) -> VecDeque<(String, Item)> {
+        if !self.cfg.work.exact_budget {
+            return VecDeque::new();
+        }
+        let Some(plan) = self.plan_for(split) else {
+            return VecDeque::new();
+        };
+        let used: std::collections::BTreeSet<usize> =
+            plan.ranks.iter().flatten().map(|i| i.task_index).collect();
+        let n = self.num_nodes() as usize;
+        tasks
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !used.contains(i) && i % n == self.rank as usize)
+            .enumerate()
+            .map(|(k, (i, t))| {
+                let item = Item {
+                    task: t.id.clone(),
+                    task_index: i,
+                    sample: 0,
+                    seed: plan::sample_seed(self.cfg.work.seed, self.iteration, &t.id, 0),
+                    state: 0,
+                };
+                (format!("r{}-x{k:05}", self.rank), item)
+            })
+            .collect()
+    }
+
+    // ------------------------------------------------------------------ dynamic leases
+
+    fn lease(&self, split: &str, pos: usize, attempt: u32) -> PathBuf {
+        self.layout
+            .rollout_dir(self.iteration, split)
+            .join("leases")
+            .join(format!(
+                "{}.g{}.a{attempt}",
+                item_name(pos, None),
+                self.gen()
+            ))
+    }
+
+    /// Try to claim item `pos` at `attempt`: an exclusive create, first writer wins.
+    fn claim(&mut self, split: &str, pos: usize, attempt: u32) -> Result<bool, Stop> {
+        let path = self.lease(split, pos, attempt);
+        let rec =
+            json!({"rank": self.rank, "gen": self.gen(), "nonce": self.nonce, "attempt": attempt});
+        match store::create_new_json(&path, &rec) {
+            Ok(won) => Ok(won),
+            Err(e) => Err(self.fail(
+                AbortKind::Error,
+                self.rank,
+                None,
+                format!("cannot create lease {}: {e}", path.display()),
+                None,
+            )),
+        }
+    }
+
+    /// The newest lease of item `pos` in this generation: (attempt, holder rank).
+    fn newest_lease(&self, split: &str, pos: usize) -> Option<(u32, u32)> {
+        let mut found = None;
+        for attempt in 0.. {
+            let Ok(Some(v)) = store::read_json::<Value>(&self.lease(split, pos, attempt)) else {
+                break;
+            };
+            found = Some((attempt, v["rank"].as_u64().unwrap_or(u64::MAX) as u32));
+        }
+        found
+    }
+
+    /// Read every peer's record to judge the liveness of lease holders (only needed while
+    /// taking over a dead node's items).
+    fn observe_all_peers(&mut self) {
+        let now = Instant::now();
+        for r in 0..self.num_nodes() {
+            if r == self.rank {
+                continue;
+            }
+            if let Ok(Some(rec)) = store::read_json::<crate::protocol::RankRecord>(
+                &self.layout.rank_record(self.gen(), r),
+            ) {
+                if rec.state.is_terminal() && rec.state != crate::protocol::NodeState::Done {
+                    self.dead_peers.insert(r);
+                }
+                self.liveness.observe(r, rec.seq, now);
+            } else {
+                self.liveness.watch(r, now);
+            }
+            if self.liveness.is_dead(r, now) {
+                self.dead_peers.insert(r);
+            }
+        }
+    }
+
+    fn dynamic_rollout(
+        &mut self,
+        split: &str,
+        phase: &str,
+        pc: &PhaseCommand,
+        plan: &Plan,
+    ) -> Result<(), Stop> {
+        let dir = self.items_dir(split);
+        for d in [dir.clone(), dir.with_file_name("leases")] {
+            if let Err(e) = std::fs::create_dir_all(&d) {
+                return Err(self.fail(
+                    AbortKind::Error,
+                    self.rank,
+                    None,
+                    format!("cannot create {}: {e}", d.display()),
+                    None,
+                ));
+            }
+        }
+        let tasks = self.tasks.get(split).expect("planned").clone();
+        let pool = plan.pool.clone();
+        // A peer dying now does not stop the cluster: its items are taken over. The next
+        // barrier still notices it.
+        self.tolerate_dead = true;
+        let result = self.dynamic_loop(split, phase, pc, &tasks, &pool);
+        self.tolerate_dead = false;
+        result
+    }
+
+    fn dynamic_loop(
+        &mut self,
+        split: &str,
+        phase: &str,
+        pc: &PhaseCommand,
+        tasks: &[Task],
+        pool: &[Item],
+    ) -> Result<(), Stop> {
+        let job = Job {
+            split,
+            phase,
+            pc,
+            tasks,
+        };
+        let dir = self.items_dir(split);
+        let committed = |pos: usize| dir.join(format!("{}.jsonl", item_name(pos, None))).exists();
+        let mut running: HashMap<i32, Running> = HashMap::new();
+        let mut attempts: BTreeMap<usize, u32> = BTreeMap::new();
+        let mut mine = 0usize;
+        let mut failed: Vec<String> = vec![];
+        let mut cursor = 0usize;
+        let deadline = Instant::now() + pc.timeout;
+        let started = Instant::now();
+        loop {
+            // Claim new items in pool order.
+            while running.len() < self.cfg.work.max_workers as usize && cursor < pool.len() {
+                let pos = cursor;
+                cursor += 1;
+                if committed(pos) || !self.claim(split, pos, 0)? {
+                    continue;
+                }
+                let (pid, partial) = self.spawn_item(&job, &pool[pos], &item_name(pos, None), 0)?;
+                running.insert(
+                    pid,
+                    Running {
+                        pos,
+                        attempt: 0,
+                        partial,
+                    },
+                );
+            }
+            // At the end of the pool, take over items whose claimant died.
+            let mut waiting_on_peers = 0;
+            if cursor >= pool.len() {
+                self.observe_all_peers();
+                for (pos, item) in pool.iter().enumerate() {
+                    if running.len() >= self.cfg.work.max_workers as usize {
+                        break;
+                    }
+                    if committed(pos) || running.values().any(|r| r.pos == pos) {
+                        continue;
+                    }
+                    match self.newest_lease(split, pos) {
+                        Some((attempt, holder))
+                            if holder != self.rank && !self.dead_peers.contains(&holder) =>
+                        {
+                            waiting_on_peers += 1;
+                            let _ = attempt;
+                        }
+                        Some((attempt, holder))
+                            if holder == self.rank
+                                && failed.iter().any(|f| f.starts_with(&item_name(pos, None))) =>
+                        {
+                            let _ = attempt; // our own failure: not retried by anyone
+                        }
+                        Some((attempt, _)) => {
+                            if self.claim(split, pos, attempt + 1)? {
+                                self.say(&format!(
+                                    "iteration {}: taking over item {} (its claimant is dead)",
+                                    self.iteration,
+                                    item_name(pos, None)
+                                ));
+                                let (pid, partial) = self.spawn_item(
+                                    &job,
+                                    item,
+                                    &item_name(pos, None),
+                                    attempt + 1,
+                                )?;
+                                running.insert(
+                                    pid,
+                                    Running {
+                                        pos,
+                                        attempt: attempt + 1,
+                                        partial,
+                                    },
+                                );
+                            }
+                        }
+                        None => {
+                            // Claimable in this generation (e.g. a lease of an earlier one only).
+                            if self.claim(split, pos, 0)? {
+                                let (pid, partial) =
+                                    self.spawn_item(&job, item, &item_name(pos, None), 0)?;
+                                running.insert(
+                                    pid,
+                                    Running {
+                                        pos,
+                                        attempt: 0,
+                                        partial,
+                                    },
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+            let done = (0..pool.len()).filter(|p| committed(*p)).count();
+            self.show_progress(
+                split,
+                &Tally {
+                    total: pool.len(),
+                    committed: done,
+                    failed: failed.clone(),
+                    retries: 0,
+                },
+            );
+            if running.is_empty() && cursor >= pool.len() && waiting_on_peers == 0 {
+                break;
+            }
+            self.waiting_note = format!(
+                "{} {split} item(s) running here, {waiting_on_peers} held by other ranks",
+                running.len()
+            );
+            let pids: Vec<i32> = running.keys().copied().collect();
+            let poll_until = Instant::now() + self.cfg.timing.poll_interval;
+            let waited = self.wait_for(deadline, |n| {
+                if let Some(&pid) = pids.iter().find(|p| n.exited.contains_key(p)) {
+                    return Ok(Some(Some((pid, n.exited.remove(&pid).expect("present")))));
+                }
+                Ok((pids.is_empty() && Instant::now() >= poll_until).then_some(None))
+            });
+            let (pid, exit) = match waited {
+                Ok(Some(x)) => x,
+                Ok(None) => continue,
+                Err(Interrupt::Stop(s)) => return Err(s),
+                Err(Interrupt::Deadline) => {
+                    return Err(self.fail(
+                        AbortKind::Timeout,
+                        self.rank,
+                        None,
+                        format!(
+                            "the dynamic {phase} did not finish within its timeout: {}",
+                            self.waiting_note
+                        ),
+                        None,
+                    ));
+                }
+            };
+            let r = running.remove(&pid).expect("ours");
+            if super::procs::group_alive(pid) {
+                super::procs::stop_group(pid, self.cfg.timing.kill_grace);
+            }
+            self.registry.remove(pid);
+            let name = item_name(r.pos, None);
+            match exit {
+                ChildExit::Success => {
+                    if let Err(e) = self.commit_item(split, &name, &r.partial) {
+                        return Err(self.fail(
+                            AbortKind::Error,
+                            self.rank,
+                            None,
+                            format!("cannot commit item {name}: {e}"),
+                            None,
+                        ));
+                    }
+                    mine += 1;
+                }
+                ChildExit::Exit(code)
+                    if self.cfg.work.retryable_exit_codes.contains(&code)
+                        && r.attempt < self.cfg.work.max_retries =>
+                {
+                    // Retry under the next attempt's lease, after a backoff.
+                    let wait = self.backoff(*attempts.entry(r.pos).or_default());
+                    *attempts.get_mut(&r.pos).expect("set") += 1;
+                    std::thread::sleep(wait.min(Duration::from_secs(5)));
+                    if self.claim(split, r.pos, r.attempt + 1)? {
+                        let (pid, partial) =
+                            self.spawn_item(&job, &pool[r.pos], &name, r.attempt + 1)?;
+                        running.insert(
+                            pid,
+                            Running {
+                                pos: r.pos,
+                                attempt: r.attempt + 1,
+                                partial,
+                            },
+                        );
+                    }
+                }
+                other => failed.push(format!("{name} (task {}): {other}", pool[r.pos].task)),
+            }
+        }
+        self.waiting_note.clear();
+        self.say(&format!(
+            "iteration {}: dynamic {split}: this rank committed {mine} of {} items in {:.2}s{}",
+            self.iteration,
+            pool.len(),
+            started.elapsed().as_secs_f64(),
+            if failed.is_empty() {
+                String::new()
+            } else {
+                format!(", {} failed", failed.len())
+            }
+        ));
+        self.event(json!({"event": "items", "split": split, "total": pool.len(), "committed": mine, "failed": failed.len(), "dynamic": true}));
+        let fraction = failed.len() as f64 / pool.len().max(1) as f64;
+        if !failed.is_empty() && fraction > self.cfg.work.max_failed_fraction {
+            return Err(self.fail(
+                AbortKind::CommandFailed {
+                    exit: "item failures".into(),
+                },
+                self.rank,
+                None,
+                format!(
+                    "{} {split} items failed here, more than work.max-failed-fraction: {}",
+                    failed.len(),
+                    failed
+                        .iter()
+                        .take(3)
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                ),
+                Some(&self.layout.phase_log(self.iteration, self.rank, phase)),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Concatenate files (each record ending in a newline) into `out`, atomically.
+fn concat(paths: &[PathBuf], out: &Path) -> std::io::Result<()> {
+    use std::io::{BufRead, BufReader, Write};
+    let mut buf = Vec::new();
+    for p in paths {
+        let mut r = BufReader::new(std::fs::File::open(p)?);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            if r.read_until(b'\n', &mut line)? == 0 {
+                break;
+            }
+            if line.iter().all(|b| b.is_ascii_whitespace()) {
+                continue;
+            }
+            if line.last() != Some(&b'\n') {
+                line.push(b'\n');
+            }
+            buf.write_all(&line)?;
+        }
+    }
+    store::publish(out, &buf)
+}

@@ -1,0 +1,18 @@
+//! Work planning: which rank does which task, with which seed, in each iteration.
+//!
+//! The rollout of an RL iteration is a list of tasks (one JSON object per line of a task
+//! file), each sampled a few times, spread over the ranks. [`plan`] decides that split
+//! exactly and deterministically from the task list, the rank weights, the seed and the
+//! iteration number alone, so every node computes the same plan without talking to the
+//! others, a restarted node recomputes the plan of the iteration it resumes, and an
+//! iteration's plan never depends on what earlier iterations did.
+//!
+//! This module is pure: nothing here touches the shared directory or runs commands. The
+//! only I/O is [`load_tasks`], which reads the task file.
+
+pub mod plan;
+
+pub use plan::{
+    iteration_tasks, load_tasks, plan, sample_seed, tasks_fingerprint, weighted_counts, Item, Plan,
+    PlanError, PlanInput, Strategy, Task, TaskError,
+};
