@@ -870,6 +870,7 @@ impl Node {
             None => self.rollout(split, phase, pc),
         };
         self.extra.clear();
+        self.publisher().stage(|r| r.progress = None);
         result
     }
 

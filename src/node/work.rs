@@ -21,7 +21,7 @@ use crate::protocol::AbortKind;
 use crate::store;
 use crate::work::plan::{self, Item, Plan, Strategy, Task};
 use serde_json::{json, Value};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -502,7 +502,12 @@ impl Node {
                         if let Some((rname, ritem)) = replacements.pop_front() {
                             self.replacements.push(rname.clone());
                             tally.total += 1;
-                            queue.push_back((rname, ritem, 0));
+                            // Committed before a restart: reuse it.
+                            if dir.join(format!("{rname}.jsonl")).exists() {
+                                tally.committed += 1;
+                            } else {
+                                queue.push_back((rname, ritem, 0));
+                            }
                         }
                     }
                 }
@@ -606,6 +611,14 @@ impl Node {
         }
     }
 
+    /// Marks an item that failed for good (not retryable), so nobody waits for it.
+    fn failed_marker(&self, split: &str, pos: usize) -> PathBuf {
+        self.layout
+            .rollout_dir(self.iteration, split)
+            .join("leases")
+            .join(format!("{}.g{}.failed", item_name(pos, None), self.gen()))
+    }
+
     /// The newest lease of item `pos` in this generation: (attempt, holder rank).
     fn newest_lease(&self, split: &str, pos: usize) -> Option<(u32, u32)> {
         let mut found = None;
@@ -688,13 +701,33 @@ impl Node {
         let dir = self.items_dir(split);
         let committed = |pos: usize| dir.join(format!("{}.jsonl", item_name(pos, None))).exists();
         let mut running: HashMap<i32, Running> = HashMap::new();
-        let mut attempts: BTreeMap<usize, u32> = BTreeMap::new();
+        // Retryable failures wait here (ready time, item, next attempt) instead of blocking.
+        let mut delayed: Vec<(Instant, usize, u32)> = vec![];
         let mut mine = 0usize;
         let mut failed: Vec<String> = vec![];
         let mut cursor = 0usize;
         let deadline = Instant::now() + pc.timeout;
         let started = Instant::now();
         loop {
+            // Retries whose backoff has passed, under the next attempt's lease.
+            let now = Instant::now();
+            let ready: Vec<(Instant, usize, u32)> =
+                delayed.iter().copied().filter(|d| d.0 <= now).collect();
+            delayed.retain(|d| d.0 > now);
+            for (_, pos, attempt) in ready {
+                if self.claim(split, pos, attempt)? {
+                    let (pid, partial) =
+                        self.spawn_item(&job, &pool[pos], &item_name(pos, None), attempt)?;
+                    running.insert(
+                        pid,
+                        Running {
+                            pos,
+                            attempt,
+                            partial,
+                        },
+                    );
+                }
+            }
             // Claim new items in pool order.
             while running.len() < self.cfg.work.max_workers as usize && cursor < pool.len() {
                 let pos = cursor;
@@ -720,7 +753,11 @@ impl Node {
                     if running.len() >= self.cfg.work.max_workers as usize {
                         break;
                     }
-                    if committed(pos) || running.values().any(|r| r.pos == pos) {
+                    if committed(pos)
+                        || running.values().any(|r| r.pos == pos)
+                        || delayed.iter().any(|d| d.1 == pos)
+                        || self.failed_marker(split, pos).exists()
+                    {
                         continue;
                     }
                     match self.newest_lease(split, pos) {
@@ -729,12 +766,6 @@ impl Node {
                         {
                             waiting_on_peers += 1;
                             let _ = attempt;
-                        }
-                        Some((attempt, holder))
-                            if holder == self.rank
-                                && failed.iter().any(|f| f.starts_with(&item_name(pos, None))) =>
-                        {
-                            let _ = attempt; // our own failure: not retried by anyone
                         }
                         Some((attempt, _)) => {
                             if self.claim(split, pos, attempt + 1)? {
@@ -787,7 +818,11 @@ impl Node {
                     retries: 0,
                 },
             );
-            if running.is_empty() && cursor >= pool.len() && waiting_on_peers == 0 {
+            if running.is_empty()
+                && delayed.is_empty()
+                && cursor >= pool.len()
+                && waiting_on_peers == 0
+            {
                 break;
             }
             self.waiting_note = format!(
@@ -795,12 +830,15 @@ impl Node {
                 running.len()
             );
             let pids: Vec<i32> = running.keys().copied().collect();
+            let next_retry = delayed.iter().map(|d| d.0).min();
             let poll_until = Instant::now() + self.cfg.timing.poll_interval;
             let waited = self.wait_for(deadline, |n| {
                 if let Some(&pid) = pids.iter().find(|p| n.exited.contains_key(p)) {
                     return Ok(Some(Some((pid, n.exited.remove(&pid).expect("present")))));
                 }
-                Ok((pids.is_empty() && Instant::now() >= poll_until).then_some(None))
+                let now = Instant::now();
+                let retry_due = next_retry.is_some_and(|t| now >= t);
+                Ok(((pids.is_empty() && now >= poll_until) || retry_due).then_some(None))
             });
             let (pid, exit) = match waited {
                 Ok(Some(x)) => x,
@@ -842,24 +880,17 @@ impl Node {
                     if self.cfg.work.retryable_exit_codes.contains(&code)
                         && r.attempt < self.cfg.work.max_retries =>
                 {
-                    // Retry under the next attempt's lease, after a backoff.
-                    let wait = self.backoff(*attempts.entry(r.pos).or_default());
-                    *attempts.get_mut(&r.pos).expect("set") += 1;
-                    std::thread::sleep(wait.min(Duration::from_secs(5)));
-                    if self.claim(split, r.pos, r.attempt + 1)? {
-                        let (pid, partial) =
-                            self.spawn_item(&job, &pool[r.pos], &name, r.attempt + 1)?;
-                        running.insert(
-                            pid,
-                            Running {
-                                pos: r.pos,
-                                attempt: r.attempt + 1,
-                                partial,
-                            },
-                        );
-                    }
+                    let wait = self.backoff(r.attempt);
+                    self.event(json!({"event": "retry", "item": name, "task": pool[r.pos].task, "attempt": r.attempt + 1, "exit": code, "delay_ms": wait.as_millis() as u64}));
+                    delayed.push((Instant::now() + wait, r.pos, r.attempt + 1));
                 }
-                other => failed.push(format!("{name} (task {}): {other}", pool[r.pos].task)),
+                other => {
+                    failed.push(format!("{name} (task {}): {other}", pool[r.pos].task));
+                    self.event(json!({"event": "item-failed", "item": name, "task": pool[r.pos].task, "exit": other.to_string()}));
+                    // Tell the other ranks not to wait for it.
+                    let marker = self.failed_marker(split, r.pos);
+                    let _ = store::create_new(&marker, other.to_string().as_bytes());
+                }
             }
         }
         self.waiting_note.clear();
@@ -900,10 +931,18 @@ impl Node {
     }
 }
 
-/// Concatenate files (each record ending in a newline) into `out`, atomically.
+/// Concatenate files (each record ending in a newline) into `out`, streaming through a
+/// temporary file that is renamed over `out`.
 fn concat(paths: &[PathBuf], out: &Path) -> std::io::Result<()> {
-    use std::io::{BufRead, BufReader, Write};
-    let mut buf = Vec::new();
+    use std::io::{BufRead, BufReader, BufWriter, Write};
+    let dir = out.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        out.file_name().unwrap_or_default().to_string_lossy(),
+        std::process::id()
+    ));
+    let mut w = BufWriter::new(std::fs::File::create(&tmp)?);
     for p in paths {
         let mut r = BufReader::new(std::fs::File::open(p)?);
         let mut line = Vec::new();
@@ -918,8 +957,10 @@ fn concat(paths: &[PathBuf], out: &Path) -> std::io::Result<()> {
             if line.last() != Some(&b'\n') {
                 line.push(b'\n');
             }
-            buf.write_all(&line)?;
+            w.write_all(&line)?;
         }
     }
-    store::publish(out, &buf)
+    w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+    std::fs::rename(&tmp, out)?;
+    store::fsync_dir(dir)
 }

@@ -15,6 +15,8 @@ pub struct RankStatus {
     pub pid: u32,
     pub iteration: u64,
     pub phase: Option<String>,
+    /// Work done in the current phase, e.g. "37/120 train items".
+    pub progress: Option<String>,
     /// Heartbeat age as the rank's observer saw it (rank 0 observes workers, rank 1
     /// observes rank 0), at the observer's last write.
     pub heartbeat_age_ms: Option<u64>,
@@ -80,6 +82,7 @@ pub fn read(log_path: &Path) -> Result<Status, String> {
                 pid: r.pid,
                 iteration: r.iteration,
                 phase: r.phase.map(|p| p.to_string()),
+                progress: r.progress.clone(),
                 heartbeat_age_ms: observed(i as u32),
                 last_write: r.wall.clone(),
                 waiting_at: r
@@ -95,6 +98,7 @@ pub fn read(log_path: &Path) -> Result<Status, String> {
                 pid: 0,
                 iteration: 0,
                 phase: None,
+                progress: None,
                 heartbeat_age_ms: None,
                 last_write: String::new(),
                 waiting_at: None,
@@ -163,7 +167,7 @@ pub fn render(s: &Status) -> String {
     }
     out.push_str(&format!(
         "\n{:<5} {:<9} {:<20} {:>8} {:>5}  {:<22} {:>10}  {}\n",
-        "RANK", "STATE", "HOST", "PID", "ITER", "PHASE", "HEARTBEAT", "WAITING AT"
+        "RANK", "STATE", "HOST", "PID", "ITER", "PHASE", "HEARTBEAT", "WAITING AT / PROGRESS"
     ));
     for r in &s.ranks {
         let state = r
@@ -183,7 +187,11 @@ pub fn render(s: &Status) -> String {
             r.iteration,
             r.phase.clone().unwrap_or_else(|| "-".into()),
             age,
-            r.waiting_at.clone().unwrap_or_default()
+            match (&r.waiting_at, &r.progress) {
+                (Some(w), _) => w.clone(),
+                (None, Some(p)) => p.clone(),
+                _ => String::new(),
+            }
         ));
     }
     out
