@@ -295,7 +295,13 @@ impl Node {
         let (split, phase, pc) = (job.split, job.phase, job.pc);
         let task = &job.tasks[item.task_index];
         let dir = self.items_dir(split);
-        let partial = dir.join(format!("{name}.partial.jsonl"));
+        // In dynamic mode a takeover or a backup may run an item while its first claimant
+        // still writes: every attempt writes its own partial file.
+        let partial = if name.starts_with('p') {
+            dir.join(format!("{name}.r{}.a{attempt}.partial.jsonl", self.rank))
+        } else {
+            dir.join(format!("{name}.partial.jsonl"))
+        };
         let _ = std::fs::remove_file(&partial);
         self.extra.insert("task_id", item.task.clone());
         self.extra.insert("sample", item.sample.to_string());
@@ -706,6 +712,13 @@ impl Node {
         let mut mine = 0usize;
         let mut failed: Vec<String> = vec![];
         let mut cursor = 0usize;
+        // End game: when this node is idle and a slower live peer has held an item for
+        // longer than this node's own average item time, run a backup attempt; the first
+        // commit wins and the other attempt is stopped.
+        let mut item_secs: Vec<f64> = vec![];
+        let mut first_seen: HashMap<usize, Instant> = HashMap::new();
+        let mut started_at: HashMap<i32, Instant> = HashMap::new();
+        let mut backups = 0usize;
         let deadline = Instant::now() + pc.timeout;
         let started = Instant::now();
         loop {
@@ -718,6 +731,7 @@ impl Node {
                 if self.claim(split, pos, attempt)? {
                     let (pid, partial) =
                         self.spawn_item(&job, &pool[pos], &item_name(pos, None), attempt)?;
+                    started_at.entry(pid).or_insert_with(Instant::now);
                     running.insert(
                         pid,
                         Running {
@@ -736,6 +750,7 @@ impl Node {
                     continue;
                 }
                 let (pid, partial) = self.spawn_item(&job, &pool[pos], &item_name(pos, None), 0)?;
+                started_at.entry(pid).or_insert_with(Instant::now);
                 running.insert(
                     pid,
                     Running {
@@ -745,8 +760,22 @@ impl Node {
                     },
                 );
             }
+            // Stop attempts whose item another rank committed meanwhile.
+            let superseded: Vec<i32> = running
+                .iter()
+                .filter(|(_, r)| committed(r.pos))
+                .map(|(pid, _)| *pid)
+                .collect();
+            for pid in superseded {
+                let r = running.remove(&pid).expect("listed");
+                super::procs::stop_group(pid, self.cfg.timing.kill_grace);
+                self.registry.remove(pid);
+                self.exited.remove(&pid);
+                let _ = std::fs::remove_file(&r.partial);
+            }
             // At the end of the pool, take over items whose claimant died.
             let mut waiting_on_peers = 0;
+            let mut awaited: Vec<usize> = vec![];
             if cursor >= pool.len() {
                 self.observe_all_peers();
                 for (pos, item) in pool.iter().enumerate() {
@@ -764,8 +793,36 @@ impl Node {
                         Some((attempt, holder))
                             if holder != self.rank && !self.dead_peers.contains(&holder) =>
                         {
-                            waiting_on_peers += 1;
-                            let _ = attempt;
+                            let seen = *first_seen.entry(pos).or_insert_with(Instant::now);
+                            let avg = (!item_secs.is_empty())
+                                .then(|| item_secs.iter().sum::<f64>() / item_secs.len() as f64);
+                            // One backup per item, of a first attempt only: a retry or a
+                            // takeover is not backed up again.
+                            let slower = attempt == 0
+                                && avg.is_some_and(|a| seen.elapsed().as_secs_f64() > a);
+                            if slower && self.claim(split, pos, attempt + 1)? {
+                                backups += 1;
+                                self.event(json!({"event": "backup", "item": item_name(pos, None), "holder": holder}));
+                                let (pid, partial) = self.spawn_item(
+                                    &job,
+                                    item,
+                                    &item_name(pos, None),
+                                    attempt + 1,
+                                )?;
+                                started_at.insert(pid, Instant::now());
+                                started_at.entry(pid).or_insert_with(Instant::now);
+                                running.insert(
+                                    pid,
+                                    Running {
+                                        pos,
+                                        attempt: attempt + 1,
+                                        partial,
+                                    },
+                                );
+                            } else {
+                                waiting_on_peers += 1;
+                                awaited.push(pos);
+                            }
                         }
                         Some((attempt, _)) => {
                             if self.claim(split, pos, attempt + 1)? {
@@ -780,6 +837,7 @@ impl Node {
                                     &item_name(pos, None),
                                     attempt + 1,
                                 )?;
+                                started_at.entry(pid).or_insert_with(Instant::now);
                                 running.insert(
                                     pid,
                                     Running {
@@ -795,6 +853,7 @@ impl Node {
                             if self.claim(split, pos, 0)? {
                                 let (pid, partial) =
                                     self.spawn_item(&job, item, &item_name(pos, None), 0)?;
+                                started_at.entry(pid).or_insert_with(Instant::now);
                                 running.insert(
                                     pid,
                                     Running {
@@ -831,14 +890,29 @@ impl Node {
             );
             let pids: Vec<i32> = running.keys().copied().collect();
             let next_retry = delayed.iter().map(|d| d.0).min();
+            // Look again (liveness of claimants, backups) at least every poll interval, and at
+            // once when an item another rank holds is committed or marked failed.
             let poll_until = Instant::now() + self.cfg.timing.poll_interval;
+            let awaited: Vec<(PathBuf, PathBuf)> = awaited
+                .iter()
+                .chain(running.values().map(|r| &r.pos))
+                .map(|&pos| {
+                    (
+                        dir.join(format!("{}.jsonl", item_name(pos, None))),
+                        self.failed_marker(split, pos),
+                    )
+                })
+                .collect();
             let waited = self.wait_for(deadline, |n| {
                 if let Some(&pid) = pids.iter().find(|p| n.exited.contains_key(p)) {
                     return Ok(Some(Some((pid, n.exited.remove(&pid).expect("present")))));
                 }
                 let now = Instant::now();
                 let retry_due = next_retry.is_some_and(|t| now >= t);
-                Ok(((pids.is_empty() && now >= poll_until) || retry_due).then_some(None))
+                let settled = awaited
+                    .iter()
+                    .any(|(done, failed)| done.exists() || failed.exists());
+                Ok((now >= poll_until || retry_due || settled).then_some(None))
             });
             let (pid, exit) = match waited {
                 Ok(Some(x)) => x,
@@ -862,8 +936,15 @@ impl Node {
                 super::procs::stop_group(pid, self.cfg.timing.kill_grace);
             }
             self.registry.remove(pid);
+            if let Some(t) = started_at.remove(&pid) {
+                item_secs.push(t.elapsed().as_secs_f64());
+            }
             let name = item_name(r.pos, None);
             match exit {
+                ChildExit::Success if committed(r.pos) => {
+                    // Another attempt (a takeover or a backup) committed first: one file.
+                    let _ = std::fs::remove_file(&r.partial);
+                }
                 ChildExit::Success => {
                     if let Err(e) = self.commit_item(split, &name, &r.partial) {
                         return Err(self.fail(
@@ -895,7 +976,7 @@ impl Node {
         }
         self.waiting_note.clear();
         self.say(&format!(
-            "iteration {}: dynamic {split}: this rank committed {mine} of {} items in {:.2}s{}",
+            "iteration {}: dynamic {split}: this rank committed {mine} of {} items in {:.2}s ({backups} backup attempt(s)){}",
             self.iteration,
             pool.len(),
             started.elapsed().as_secs_f64(),
@@ -905,7 +986,25 @@ impl Node {
                 format!(", {} failed", failed.len())
             }
         ));
-        self.event(json!({"event": "items", "split": split, "total": pool.len(), "committed": mine, "failed": failed.len(), "dynamic": true}));
+        self.event(json!({"event": "items", "split": split, "total": pool.len(), "committed": mine, "failed": failed.len(), "backups": backups, "dynamic": true}));
+        // A shard per rank (items whose position mod ranks is this rank, whoever ran them),
+        // so an aggregate command and `rl-node aggregate` see rank shards as usual.
+        let n = self.num_nodes() as usize;
+        let paths: Vec<PathBuf> = (0..pool.len())
+            .filter(|pos| pos % n == self.rank as usize)
+            .map(|pos| dir.join(format!("{}.jsonl", item_name(pos, None))))
+            .filter(|p| p.exists())
+            .collect();
+        let shard = self.layout.shard(self.iteration, split, self.rank);
+        if let Err(e) = concat(&paths, &shard) {
+            return Err(self.fail(
+                AbortKind::Error,
+                self.rank,
+                None,
+                format!("cannot commit {}: {e}", shard.display()),
+                None,
+            ));
+        }
         let fraction = failed.len() as f64 / pool.len().max(1) as f64;
         if !failed.is_empty() && fraction > self.cfg.work.max_failed_fraction {
             return Err(self.fail(
