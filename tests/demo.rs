@@ -233,13 +233,15 @@ fn demo_kill_node_stops_the_others_then_recovers() {
         Duration::from_secs(50),
     );
     assert!(out.status.success(), "{}", show(&out));
-    // Ranks 0 and 2 stopped in the first start with a message naming the dead rank.
+    // Ranks 0 and 2 stopped in the first start. Killing rank 1 inside the training
+    // all-reduce races two true reports: its heartbeat going still (after dead-after), or
+    // a peer's trainer failing at once on the broken connection; the first one wins, as
+    // with a real torchrun collective.
     for r in [0, 2] {
         let log = fs::read_to_string(d.path().join(format!("node-{r}.log"))).unwrap();
-        assert!(
-            log.contains("rank 1 on") && log.contains("is dead"),
-            "node-{r}.log:\n{log}"
-        );
+        let dead = log.contains("rank 1 on") && log.contains("is dead");
+        let collective = log.contains("failed in phase 10 (training) of iteration 2");
+        assert!(dead || collective, "node-{r}.log:\n{log}");
     }
     // The restart is a second generation that completed every iteration.
     let st = rl_node()
