@@ -13,5 +13,6 @@ pub mod layout;
 pub mod node;
 pub mod observe;
 pub mod protocol;
+pub mod shards;
 pub mod store;
 pub mod work;
