@@ -22,8 +22,22 @@
 //! The node's phase 3 calls [`merge`] with `allow_missing = false`; `rl-node aggregate`
 //! ([`main`]) is the same merge from the command line, for recovering what a failed
 //! iteration left behind.
+//!
+//! The above is the JSONL format, the default. The [`Layout`]'s naming (`[aggregate]`,
+//! see `crate::shards::naming`) chooses the file names and the format: `safetensors` and
+//! `torch` shards are dicts of tensors concatenated along dim 0 into one safetensors file
+//! (`crate::shards::safetensors`), and `command` hands the shard files to a user merge
+//! command (`crate::shards::command`). Surveying ranks, refusing gaps, the temporary file,
+//! the atomic publication and the manifest are the same for every format; a tensor shard
+//! that cannot be read (or an input the merge command reports unreadable) fails the merge
+//! naming it, or with `allow_missing` is left out and recorded (`DropKind::Unreadable`).
 
 use crate::layout::Layout;
+use crate::node::procs::Registry;
+use crate::shards::command::{self, CommandError};
+use crate::shards::naming::Format;
+use crate::shards::safetensors as st;
+use crate::shards::ShardError;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::fmt::Write as _;
@@ -31,6 +45,8 @@ use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read as _, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 /// The `format` of every manifest this version writes.
 pub const MANIFEST_FORMAT: &str = "rl-node-aggregate/1";
@@ -51,7 +67,7 @@ const TICK_BYTES: u64 = 16 << 20;
 /// partial files) into one JSONL file with a manifest.
 #[derive(clap::Args, Debug)]
 #[command(
-    after_help = "Exit codes: 0 merged (every rank complete, or --allow-missing), 1 a rank is missing or partial without --allow-missing (nothing published) or a committed shard is corrupt, 2 usage error."
+    after_help = "Shard format and names come from the [aggregate] section of --config (or --format): jsonl, safetensors, torch or command; see docs/formats.md.\n\nExit codes: 0 merged (every rank complete, or --allow-missing), 1 a rank is missing or partial, or a shard unreadable, without --allow-missing, ranks disagree on tensors, a committed JSONL shard is corrupt or the merge command failed (nothing published), 2 usage or configuration error."
 )]
 pub struct AggregateArgs {
     /// Iteration to merge (1, 2, …).
@@ -64,8 +80,8 @@ pub struct AggregateArgs {
     /// and publish nothing unless every rank committed its shard).
     #[arg(long)]
     pub allow_missing: bool,
-    /// The merged file (default: <log-path>/rollouts/iter-NNNN/<split>.jsonl); the
-    /// manifest goes beside it as <FILE>.manifest.json.
+    /// The merged file (default: aggregate.output-name, <log-path>/rollouts/iter-NNNN/<split>.jsonl
+    /// for JSONL); the manifest goes beside it as <FILE>.manifest.json.
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
     /// Number of ranks (default: num_nodes of <log-path>/.rl-node/cluster.json; required
@@ -82,6 +98,10 @@ pub struct AggregateArgs {
     /// Longest record accepted; a longer line counts as invalid.
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_RECORD_BYTES)]
     pub max_record_bytes: u64,
+    /// Shard format (overrides aggregate.format of --config / RL_NODE_AGGREGATE_FORMAT);
+    /// shard and merged file names come from the [aggregate] section.
+    #[arg(long, value_name = "FORMAT", value_parser = ["auto", "jsonl", "safetensors", "torch", "command"])]
+    pub format: Option<String>,
 }
 
 /// Minimal view of `.rl-node/cluster.json`: only the field the merge needs.
@@ -90,16 +110,44 @@ struct ClusterSize {
     num_nodes: u32,
 }
 
-pub fn main(args: AggregateArgs, log_path: Option<String>) -> i32 {
+/// `rl-node aggregate`. `config` is the global `--config` file: its `[aggregate]` section
+/// (with the `RL_NODE_AGGREGATE_*` environment and `--format`) names and formats the shards.
+pub fn main(args: AggregateArgs, log_path: Option<String>, config: Option<PathBuf>) -> i32 {
     use crate::exit;
+    let overrides: Vec<crate::config::CliOverride> = args
+        .format
+        .iter()
+        .map(|f| crate::config::CliOverride {
+            flag: "--format".into(),
+            key: "aggregate.format",
+            value: f.clone(),
+        })
+        .collect();
+    let loaded = match crate::config::load(
+        config.as_deref(),
+        &|name| std::env::var(name).ok(),
+        &overrides,
+    ) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit::USAGE;
+        }
+    };
     let Some(root) = log_path
-        .or_else(|| std::env::var(crate::config::env_name("cluster.log-path")).ok())
+        .or_else(|| Some(loaded.config.cluster.log_path.clone()))
         .filter(|p| !p.trim().is_empty())
     else {
         eprintln!("error: rl-node aggregate needs --log-path DIR (or RL_NODE_CLUSTER_LOG_PATH)");
         return exit::USAGE;
     };
-    let layout = Layout::new(&root);
+    let naming = loaded
+        .config
+        .aggregate
+        .naming()
+        .expect("validated when the configuration was loaded");
+    let format = naming.format();
+    let layout = Layout::new(&root).with_naming(naming);
     if !layout.root().is_dir() {
         eprintln!("error: --log-path {root}: no such directory");
         return exit::USAGE;
@@ -157,17 +205,28 @@ pub fn main(args: AggregateArgs, log_path: Option<String>) -> i32 {
         out: args.out.clone(),
         strict_json: args.strict_json,
         max_record_bytes: args.max_record_bytes.max(1),
+        ..MergeOptions::from_config(&loaded.config.aggregate)
     };
     let out = opts
         .out
         .clone()
         .unwrap_or_else(|| layout.aggregated(args.iteration, &args.split));
+    let shard_dir = layout
+        .shard(args.iteration, &args.split, 0)
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
     eprintln!(
-        "rl-node aggregate: iteration {}, {}, {num_ranks} rank{} in {}",
+        "rl-node aggregate: iteration {}, {}, {num_ranks} rank{} in {}{}",
         args.iteration,
         args.split,
         if num_ranks == 1 { "" } else { "s" },
-        layout.rollout_dir(args.iteration, &args.split).display()
+        shard_dir.display(),
+        if format == Format::Jsonl {
+            String::new()
+        } else {
+            format!(" ({format})")
+        }
     );
     match merge(
         &layout,
@@ -178,16 +237,46 @@ pub fn main(args: AggregateArgs, log_path: Option<String>) -> i32 {
         &mut || {},
     ) {
         Ok(m) => {
-            eprint!("{}", render_ranks(&m.ranks));
-            eprint!("{}", render_problems(&m));
-            eprintln!(
-                "merged {} record{} ({}) into {}; manifest {}",
-                m.records,
-                if m.records == 1 { "" } else { "s" },
-                human_bytes(m.bytes),
-                out.display(),
-                manifest_path(&out).display()
+            eprint!(
+                "{}",
+                render_ranks_in(&m.ranks, if format.is_tensor() { "row" } else { "record" })
             );
+            eprint!("{}", render_problems(&m));
+            if format.is_tensor() {
+                eprintln!(
+                    "merged {} tensor{}, {} row{} ({}) into {}; manifest {}",
+                    m.tensors.len(),
+                    if m.tensors.len() == 1 { "" } else { "s" },
+                    m.records,
+                    if m.records == 1 { "" } else { "s" },
+                    human_bytes(m.output_bytes.unwrap_or(m.bytes)),
+                    out.display(),
+                    manifest_path(&out).display()
+                );
+            } else if format == Format::Command {
+                eprintln!(
+                    "merged {} shard{} ({}) with the merge command into {} ({}); manifest {}",
+                    m.ranks.iter().filter(|r| r.sha256.is_some()).count(),
+                    if m.ranks.iter().filter(|r| r.sha256.is_some()).count() == 1 {
+                        ""
+                    } else {
+                        "s"
+                    },
+                    human_bytes(m.bytes),
+                    out.display(),
+                    human_bytes(m.output_bytes.unwrap_or(0)),
+                    manifest_path(&out).display()
+                );
+            } else {
+                eprintln!(
+                    "merged {} record{} ({}) into {}; manifest {}",
+                    m.records,
+                    if m.records == 1 { "" } else { "s" },
+                    human_bytes(m.bytes),
+                    out.display(),
+                    manifest_path(&out).display()
+                );
+            }
             if args.json {
                 println!("{}", serde_json::to_string_pretty(&m).expect("json"));
             }
@@ -206,9 +295,20 @@ pub fn main(args: AggregateArgs, log_path: Option<String>) -> i32 {
                 );
                 eprint!("{}", render_problems(&m));
                 eprintln!("error: {e}");
+                if let Some(hint) = other_format_hint(&layout, args.iteration, &args.split) {
+                    eprintln!("hint: {hint}");
+                }
                 eprintln!("(--allow-missing merges what exists)");
             } else {
                 eprintln!("error: {e}");
+                if let AggregateError::Command { source } = &e {
+                    if !source.tail().is_empty() {
+                        eprintln!("  last lines of the log:");
+                        for line in source.tail().lines() {
+                            eprintln!("  | {line}");
+                        }
+                    }
+                }
             }
             if args.json {
                 println!(
@@ -216,12 +316,48 @@ pub fn main(args: AggregateArgs, log_path: Option<String>) -> i32 {
                     serde_json::to_string_pretty(&e.to_json()).expect("json")
                 );
             }
-            exit::FAILED
+            if matches!(e, AggregateError::Unsupported { .. }) {
+                exit::USAGE
+            } else {
+                exit::FAILED
+            }
         }
     }
 }
 
+/// When no rank has a shard under the configured names but default-named shards of
+/// another format are there, say how to merge those.
+fn other_format_hint(layout: &Layout, iteration: u64, split: &str) -> Option<String> {
+    use crate::shards::naming::{Naming, DEFAULT_OUTPUT_NAME, DEFAULT_SHARD_NAME};
+    let dir = layout.rollout_dir(iteration, split);
+    let names = list_dir(&dir).ok()?;
+    for f in [Format::Jsonl, Format::Safetensors, Format::Torch] {
+        // (torch is refused by a build without the feature)
+        let Ok(naming) = Naming::new(f.name(), DEFAULT_SHARD_NAME, "", DEFAULT_OUTPUT_NAME) else {
+            continue;
+        };
+        if f == layout.naming().format() && naming == *layout.naming() {
+            continue;
+        }
+        if let Some(n) = names
+            .iter()
+            .find(|n| naming.rank_of(n, iteration, split, true, true).is_some())
+        {
+            return Some(format!(
+                "{} is a {f} shard: pass --format {f}, or --config with the run's [aggregate] section",
+                dir.join(n).display()
+            ));
+        }
+    }
+    None
+}
+
 fn render_ranks(ranks: &[RankEntry]) -> String {
+    render_ranks_in(ranks, "record")
+}
+
+/// Per rank: what was taken (`unit`s: records, or rows of tensor formats), else what is there.
+fn render_ranks_in(ranks: &[RankEntry], unit: &str) -> String {
     let mut s = String::new();
     for r in ranks {
         let mut l = format!("  rank {:<3} {:<9}", r.rank, r.status.as_str());
@@ -230,7 +366,7 @@ fn render_ranks(ranks: &[RankEntry]) -> String {
             Some(src) if r.sha256.is_some() => {
                 let _ = write!(
                     l,
-                    " {:>9} record{} {:>10}  {src}",
+                    " {:>9} {unit}{} {:>10}  {src}",
                     r.records,
                     if r.records == 1 { " " } else { "s" },
                     human_bytes(r.bytes)
@@ -283,10 +419,12 @@ fn human_bytes(b: u64) -> String {
 // ---------------------------------------------------------------------------------------
 // The merge
 
-#[derive(Debug, Clone)]
+/// How to merge. The format and file names come from the [`Layout`]'s naming.
+#[derive(Clone)]
 pub struct MergeOptions {
     /// Merge what exists when a rank is missing or only partial (otherwise that is
-    /// [`AggregateError::Incomplete`] and nothing is published).
+    /// [`AggregateError::Incomplete`] and nothing is published); also drop an unreadable
+    /// tensor shard (or one the merge command reports unreadable) instead of failing.
     pub allow_missing: bool,
     /// Merged file; default `Layout::aggregated(iteration, split)`.
     pub out: Option<PathBuf>,
@@ -294,6 +432,31 @@ pub struct MergeOptions {
     pub strict_json: bool,
     /// Longest record accepted; a longer line counts as invalid.
     pub max_record_bytes: u64,
+    /// Format `command`: the merge command (`[aggregate] command`) and its timeout.
+    pub command: String,
+    pub command_timeout: Duration,
+    /// Between SIGTERM and SIGKILL when the merge command is stopped.
+    pub kill_grace: Duration,
+    /// Where the merge command's output goes; `None`: rl-node's stderr.
+    pub command_log: Option<PathBuf>,
+    /// A node's process registry, so the merge command is stopped with the node.
+    pub registry: Option<Arc<Registry>>,
+}
+
+impl std::fmt::Debug for MergeOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MergeOptions")
+            .field("allow_missing", &self.allow_missing)
+            .field("out", &self.out)
+            .field("strict_json", &self.strict_json)
+            .field("max_record_bytes", &self.max_record_bytes)
+            .field("command", &self.command)
+            .field("command_timeout", &self.command_timeout)
+            .field("kill_grace", &self.kill_grace)
+            .field("command_log", &self.command_log)
+            .field("registry", &self.registry.is_some())
+            .finish()
+    }
 }
 
 impl Default for MergeOptions {
@@ -303,6 +466,22 @@ impl Default for MergeOptions {
             out: None,
             strict_json: false,
             max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
+            command: String::new(),
+            command_timeout: Duration::from_secs(3600),
+            kill_grace: Duration::from_secs(10),
+            command_log: None,
+            registry: None,
+        }
+    }
+}
+
+impl MergeOptions {
+    /// The defaults with the merge command of `[aggregate]`.
+    pub fn from_config(a: &crate::config::Aggregate) -> MergeOptions {
+        MergeOptions {
+            command: a.command.clone(),
+            command_timeout: a.timeout,
+            ..MergeOptions::default()
         }
     }
 }
@@ -335,6 +514,10 @@ pub enum DropKind {
     Torn,
     /// An invalid line in a partial file: it and everything after it were not read.
     Invalid,
+    /// A tensor shard that cannot be read (truncated, not a dict of tensors), or an input
+    /// the merge command reported unreadable: the whole file was left out
+    /// (`--allow-missing`).
+    Unreadable,
 }
 
 /// Bytes of a source that were not merged.
@@ -372,6 +555,28 @@ pub struct RankEntry {
     pub problems: Vec<String>,
 }
 
+/// One tensor of a merged safetensors file, and which rank's bytes are where in it (a
+/// rank's own tensor has shape `[rows, shape[1..]…]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MergedTensor {
+    pub name: String,
+    pub dtype: String,
+    pub shape: Vec<usize>,
+    /// `[begin, end)` in the data section, as in the file's header.
+    pub data_offsets: [u64; 2],
+    pub pieces: Vec<MergedPiece>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MergedPiece {
+    pub rank: u32,
+    /// dim 0 taken from this rank.
+    pub rows: u64,
+    /// Offset in the data section.
+    pub offset: u64,
+    pub bytes: u64,
+}
+
 /// `<out>.manifest.json`: deterministic (no timestamps, paths relative to the log path),
 /// so the same inputs give byte-identical output and manifest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -394,6 +599,27 @@ pub struct Manifest {
     pub ranks: Vec<RankEntry>,
     /// Problems not tied to one of the ranks (e.g. shards of ranks beyond `num_ranks`).
     pub problems: Vec<String>,
+    /// The shard format, when not JSONL (`safetensors`, `torch`, `command`). For tensor
+    /// formats `records` counts rows (dim 0) and `bytes` tensor data; for `command`,
+    /// `bytes` and `sha256` describe the files handed to the command and `records` what
+    /// its report said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard_format: Option<String>,
+    /// Ranks whose shard could not be read and was left out (`--allow-missing`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreadable_ranks: Vec<u32>,
+    /// Size of the merged file (non-JSONL formats).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_bytes: Option<u64>,
+    /// SHA-256 of the merged file (format `command`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_sha256: Option<String>,
+    /// The merge command template (format `command`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    /// The merged file's tensors (tensor formats).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tensors: Vec<MergedTensor>,
 }
 
 impl Manifest {
@@ -438,8 +664,18 @@ impl Manifest {
             dropped_bytes: sum(&|r| r.dropped.iter().map(|d| d.bytes).sum()),
             partial_ranks: with(RankStatus::Partial),
             missing_ranks: with(RankStatus::Missing),
+            unreadable_ranks: ranks
+                .iter()
+                .filter(|r| r.dropped.iter().any(|d| d.kind == DropKind::Unreadable))
+                .map(|r| r.rank)
+                .collect(),
             ranks,
             problems,
+            shard_format: None,
+            output_bytes: None,
+            output_sha256: None,
+            command: None,
+            tensors: Vec::new(),
         }
     }
 }
@@ -463,6 +699,28 @@ pub enum AggregateError {
         line: u64,
         reason: String,
     },
+    /// A tensor shard (or an input the merge command reported) that cannot be read;
+    /// without `allow_missing` nothing was published.
+    #[error("rank {rank}'s {} shard {} is unreadable ({format}): {reason}; nothing was published (--allow-missing merges the other ranks without it)", if *.committed { "committed" } else { "partial" }, .path.display())]
+    Unreadable {
+        rank: u32,
+        path: PathBuf,
+        format: String,
+        reason: String,
+        committed: bool,
+    },
+    /// Ranks disagree on tensor keys, dtypes or trailing dimensions; nothing was published.
+    #[error("the ranks' shards cannot be concatenated: {reason}; nothing was published")]
+    Mismatch { reason: String },
+    /// The merge command failed, timed out or wrote nothing; nothing was published.
+    #[error("{source}; nothing was published")]
+    Command {
+        #[source]
+        source: CommandError,
+    },
+    /// The configured format cannot be merged by this build or configuration.
+    #[error("{message}")]
+    Unsupported { message: String },
     #[error("cannot read {} (rank {rank}): {source}", .path.display())]
     Read {
         rank: u32,
@@ -513,7 +771,32 @@ impl AggregateError {
                 v["kind"] = json!("io");
                 v["path"] = json!(path.display().to_string());
             }
-            AggregateError::BadSplit { .. } | AggregateError::NoRanks => {
+            AggregateError::Unreadable {
+                rank,
+                path,
+                reason,
+                committed,
+                ..
+            } => {
+                v["kind"] = json!("unreadable");
+                v["rank"] = json!(rank);
+                v["path"] = json!(path.display().to_string());
+                v["reason"] = json!(reason);
+                v["committed"] = json!(committed);
+            }
+            AggregateError::Mismatch { reason } => {
+                v["kind"] = json!("mismatch");
+                v["reason"] = json!(reason);
+            }
+            AggregateError::Command { source } => {
+                v["kind"] = json!("command");
+                if !source.tail().is_empty() {
+                    v["log_tail"] = json!(source.tail());
+                }
+            }
+            AggregateError::BadSplit { .. }
+            | AggregateError::NoRanks
+            | AggregateError::Unsupported { .. } => {
                 v["kind"] = json!("usage");
             }
         }
@@ -547,21 +830,44 @@ pub fn merge(
     if num_ranks == 0 {
         return Err(AggregateError::NoRanks);
     }
-    let dir = layout.rollout_dir(iteration, split);
+    let format = layout.naming().format();
+    if format == Format::Command && opts.command.trim().is_empty() {
+        return Err(AggregateError::Unsupported {
+            message: "format command needs a merge command ([aggregate] command, e.g. \"python3 merge.py --output {output} {inputs}\")".into(),
+        });
+    }
+    if format == Format::Torch && !crate::shards::torch_available() {
+        return Err(AggregateError::Unsupported {
+            message: "format torch needs an rl-node built with the `torch` cargo feature (cargo build --release --features torch)".into(),
+        });
+    }
     let rel = |p: &Path| -> String {
         p.strip_prefix(layout.root())
             .unwrap_or(p)
             .display()
             .to_string()
     };
-    let listing = list_dir(&dir)?;
+    // Shards and partial files usually share a directory (rollouts/iter-NNNN/<split>/).
+    let dir_of = |p: PathBuf| p.parent().map(Path::to_path_buf).unwrap_or_default();
+    let shard_dir = dir_of(layout.shard(iteration, split, 0));
+    let partial_dir = dir_of(layout.shard_partial(iteration, split, 0));
+    let listing = list_dir(&shard_dir)?;
+    let partial_listing = if partial_dir == shard_dir {
+        None
+    } else {
+        Some(list_dir(&partial_dir)?)
+    };
     let mut problems = Vec::new();
     let mut ranks = Vec::with_capacity(num_ranks as usize);
     for rank in 0..num_ranks {
-        ranks.push(survey(layout, iteration, split, rank, &listing, &rel)?);
+        let names = partial_listing.as_ref().unwrap_or(&listing);
+        ranks.push(survey(layout, iteration, split, rank, names, &rel)?);
     }
-    for name in &listing {
-        if let Some((r, _)) = shard_name_rank(name) {
+    let mut extra = |dir: &Path, name: &String, in_shard: bool, in_partial: bool| {
+        let found = layout
+            .naming()
+            .rank_of(name, iteration, split, in_shard, in_partial);
+        if let Some((r, _)) = found {
             if r >= num_ranks {
                 problems.push(format!(
                     "{} exists but there {} only {num_ranks} rank{}: not merged",
@@ -571,6 +877,12 @@ pub fn merge(
                 ));
             }
         }
+    };
+    for name in &listing {
+        extra(&shard_dir, name, true, partial_listing.is_none());
+    }
+    for name in partial_listing.iter().flatten() {
+        extra(&partial_dir, name, false, true);
     }
 
     let gaps: Vec<&RankEntry> = ranks
@@ -623,7 +935,19 @@ pub fn merge(
     };
     std::fs::create_dir_all(&out_dir).map_err(werr(&out_dir))?;
     let tmp = temp_path(&out);
+    let mut extras = Extras::default();
     let written = (|| -> Result<(), AggregateError> {
+        match format {
+            Format::Jsonl => {}
+            Format::Safetensors | Format::Torch => {
+                extras = merge_tensors(layout, format, &mut ranks, opts, &tmp, tick)?;
+                return Ok(());
+            }
+            Format::Command => {
+                extras = merge_command(layout, iteration, split, &mut ranks, opts, &tmp, tick)?;
+                return Ok(());
+            }
+        }
         let f = File::create(&tmp).map_err(werr(&tmp))?;
         let (f, hashes) = with_writer(f, &tmp, |sink| {
             let mut offset = 0u64;
@@ -654,7 +978,15 @@ pub fn merge(
         return Err(e);
     }
 
-    let manifest = Manifest::new(iteration, split, &out, opts, ranks, problems);
+    problems.extend(std::mem::take(&mut extras.problems));
+    let mut manifest = Manifest::new(iteration, split, &out, opts, ranks, problems);
+    if format != Format::Jsonl {
+        manifest.shard_format = Some(format.name().to_string());
+        manifest.output_bytes = extras.output_bytes;
+        manifest.output_sha256 = extras.output_sha256;
+        manifest.command = extras.command;
+        manifest.tensors = extras.tensors;
+    }
     let mpath = manifest_path(&out);
     let published = (|| -> Result<(), AggregateError> {
         // An old manifest must not describe the new merged file, even for a moment.
@@ -672,6 +1004,299 @@ pub fn merge(
         return Err(e);
     }
     Ok(manifest)
+}
+
+/// What a non-JSONL merge adds to the manifest.
+#[derive(Default)]
+struct Extras {
+    tensors: Vec<MergedTensor>,
+    output_bytes: Option<u64>,
+    output_sha256: Option<String>,
+    command: Option<String>,
+    problems: Vec<String>,
+}
+
+/// A shard that cannot be read: fatal without `allow_missing`, else the rank is left out
+/// and that is recorded.
+fn unreadable(
+    entry: &mut RankEntry,
+    path: &Path,
+    what: &str,
+    reason: String,
+    opts: &MergeOptions,
+) -> Result<(), AggregateError> {
+    let committed = entry.status == RankStatus::Complete;
+    if !opts.allow_missing {
+        return Err(AggregateError::Unreadable {
+            rank: entry.rank,
+            path: path.to_path_buf(),
+            format: what.to_string(),
+            reason,
+            committed,
+        });
+    }
+    let shown = entry.source.clone().unwrap_or_default();
+    entry.problems.push(format!(
+        "{shown}: unreadable ({what}: {reason}); left out of the merge"
+    ));
+    entry.dropped.push(Dropped {
+        kind: DropKind::Unreadable,
+        line: 0,
+        bytes: entry.source_bytes,
+        reason,
+    });
+    entry.records = 0;
+    entry.bytes = 0;
+    entry.sha256 = None;
+    Ok(())
+}
+
+/// safetensors / torch: read every available rank's header (or tensors), check that they
+/// agree, and stream the concatenation into `tmp` (fsynced).
+fn merge_tensors(
+    layout: &Layout,
+    format: Format,
+    ranks: &mut [RankEntry],
+    opts: &MergeOptions,
+    tmp: &Path,
+    tick: &mut dyn FnMut(),
+) -> Result<Extras, AggregateError> {
+    let mut inputs: Vec<st::Input> = Vec::new();
+    let mut entry_of: Vec<usize> = Vec::new();
+    for (i, entry) in ranks.iter_mut().enumerate() {
+        if entry.status == RankStatus::Missing {
+            continue;
+        }
+        tick();
+        let path = layout
+            .root()
+            .join(entry.source.as_deref().unwrap_or_default());
+        let rerr = |source| AggregateError::Read {
+            rank: entry.rank,
+            path: path.clone(),
+            source,
+        };
+        let read = match format {
+            Format::Torch => {
+                let len = std::fs::metadata(&path).map_err(rerr)?.len();
+                if len == 0 {
+                    st::Shard::from_tensors(&path, Vec::new(), 0)
+                } else {
+                    crate::shards::read_torch_dict(&path)
+                        .and_then(|ts| st::Shard::from_tensors(&path, ts, len))
+                }
+            }
+            _ => st::Shard::open(&path),
+        };
+        match read {
+            Ok(shard) => {
+                entry.source_bytes = shard.file_len;
+                if shard.tensors.is_empty() {
+                    entry.problems.push(format!(
+                        "{}: {}: this rank contributes nothing",
+                        entry.source.as_deref().unwrap_or_default(),
+                        if shard.file_len == 0 {
+                            "empty file"
+                        } else {
+                            "no tensors"
+                        }
+                    ));
+                }
+                inputs.push(st::Input {
+                    rank: entry.rank,
+                    shard,
+                });
+                entry_of.push(i);
+            }
+            Err(ShardError::Unreadable { reason, .. }) => {
+                entry.source_bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+                unreadable(entry, &path, format.name(), reason, opts)?;
+            }
+            Err(ShardError::Io { source, .. }) => return Err(rerr(source)),
+            Err(ShardError::Mismatch { reason }) => {
+                return Err(AggregateError::Mismatch { reason })
+            }
+        }
+    }
+    let plan = st::plan(&inputs).map_err(|e| AggregateError::Mismatch {
+        reason: match e {
+            ShardError::Mismatch { reason } => reason,
+            other => other.to_string(),
+        },
+    })?;
+    let werr = |source| AggregateError::Write {
+        path: tmp.to_path_buf(),
+        source,
+    };
+    let f = File::create(tmp).map_err(werr)?;
+    let copied = st::write(&plan, &inputs, &f, tmp, tick).map_err(|e| {
+        let rank_of = |p: &Path| {
+            inputs
+                .iter()
+                .find(|i| i.shard.path == p)
+                .map(|i| i.rank)
+                .unwrap_or(0)
+        };
+        match e {
+            ShardError::Io { path, source } if path == tmp => {
+                AggregateError::Write { path, source }
+            }
+            ShardError::Io { path, source } => AggregateError::Read {
+                rank: rank_of(&path),
+                path,
+                source,
+            },
+            ShardError::Unreadable { path, reason } => {
+                let rank = rank_of(&path);
+                AggregateError::Unreadable {
+                    rank,
+                    committed: ranks[rank as usize].status == RankStatus::Complete,
+                    path,
+                    format: format.name().to_string(),
+                    reason,
+                }
+            }
+            ShardError::Mismatch { reason } => AggregateError::Mismatch { reason },
+        }
+    })?;
+    f.sync_all().map_err(werr)?;
+    for (k, input) in inputs.iter().enumerate() {
+        let e = &mut ranks[entry_of[k]];
+        e.bytes = copied[k].bytes;
+        e.sha256 = Some(copied[k].sha256.clone());
+        e.records = input.shard.rows().unwrap_or(0);
+    }
+    let mut problems = Vec::new();
+    if !plan.dropped_metadata.is_empty() {
+        problems.push(format!(
+            "__metadata__ entries that differ between ranks were left out of the merged file: {}",
+            plan.dropped_metadata.join(", ")
+        ));
+    }
+    Ok(Extras {
+        tensors: plan
+            .tensors
+            .iter()
+            .map(|t| MergedTensor {
+                name: t.name.clone(),
+                dtype: st::dtype_name(t.dtype),
+                shape: t.shape.clone(),
+                data_offsets: t.data_offsets,
+                pieces: t
+                    .pieces
+                    .iter()
+                    .map(|p| MergedPiece {
+                        rank: p.rank,
+                        rows: p.rows,
+                        offset: p.offset,
+                        bytes: p.bytes,
+                    })
+                    .collect(),
+            })
+            .collect(),
+        output_bytes: Some(plan.file_len()),
+        output_sha256: None,
+        command: None,
+        problems,
+    })
+}
+
+/// SHA-256 and size of a file, read in blocks.
+fn hash_file(path: &Path, tick: &mut dyn FnMut()) -> io::Result<(u64, String)> {
+    let mut f = File::open(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; IO_BUF];
+    let mut n = 0u64;
+    let mut since_tick = 0u64;
+    loop {
+        let k = match f.read(&mut buf) {
+            Ok(0) => break,
+            Ok(k) => k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        h.update(&buf[..k]);
+        n += k as u64;
+        since_tick += k as u64;
+        if since_tick >= TICK_BYTES {
+            since_tick = 0;
+            tick();
+        }
+    }
+    Ok((n, hex::encode(h.finalize())))
+}
+
+/// command: hash the available shards, hand them to the merge command in rank order, and
+/// take in its report; the command wrote `tmp` (fsynced here).
+fn merge_command(
+    layout: &Layout,
+    iteration: u64,
+    split: &str,
+    ranks: &mut [RankEntry],
+    opts: &MergeOptions,
+    tmp: &Path,
+    tick: &mut dyn FnMut(),
+) -> Result<Extras, AggregateError> {
+    let mut inputs = Vec::new();
+    let mut input_ranks = Vec::new();
+    let mut entry_of = Vec::new();
+    for (i, e) in ranks.iter_mut().enumerate() {
+        if e.status == RankStatus::Missing {
+            continue;
+        }
+        tick();
+        let path = layout.root().join(e.source.as_deref().unwrap_or_default());
+        let (bytes, sha) = hash_file(&path, tick).map_err(|source| AggregateError::Read {
+            rank: e.rank,
+            path: path.clone(),
+            source,
+        })?;
+        e.source_bytes = bytes;
+        e.bytes = bytes;
+        e.sha256 = Some(sha);
+        inputs.push(path);
+        input_ranks.push(e.rank);
+        entry_of.push(i);
+    }
+    let mut report = tmp.as_os_str().to_os_string();
+    report.push(".report.json");
+    let job = command::Job {
+        template: opts.command.clone(),
+        inputs,
+        input_ranks,
+        output: tmp.to_path_buf(),
+        report: PathBuf::from(report),
+        iteration,
+        split: split.to_string(),
+        num_ranks: ranks.len() as u32,
+        log_path: layout.root().to_path_buf(),
+        timeout: opts.command_timeout,
+        kill_grace: opts.kill_grace,
+        log: opts.command_log.clone(),
+        registry: opts.registry.clone(),
+    };
+    let reports = command::run(&job, tick).map_err(|source| AggregateError::Command { source })?;
+    for (k, r) in reports.into_iter().enumerate() {
+        let e = &mut ranks[entry_of[k]];
+        if let Some(n) = r.records {
+            e.records = n;
+        }
+        if let Some(why) = r.unreadable {
+            unreadable(e, &job.inputs[k], "merge command", why, opts)?;
+        }
+    }
+    let werr = |source| AggregateError::Write {
+        path: tmp.to_path_buf(),
+        source,
+    };
+    File::open(tmp).and_then(|f| f.sync_all()).map_err(werr)?;
+    let (bytes, sha) = hash_file(tmp, tick).map_err(werr)?;
+    Ok(Extras {
+        output_bytes: Some(bytes),
+        output_sha256: Some(sha),
+        command: Some(opts.command.clone()),
+        ..Extras::default()
+    })
 }
 
 fn temp_path(out: &Path) -> PathBuf {
@@ -710,21 +1335,22 @@ fn list_dir(dir: &Path) -> Result<Vec<String>, AggregateError> {
     Ok(names)
 }
 
-/// `rank-R.jsonl` → (R, false), `rank-R.partial.jsonl` → (R, true) (canonical decimal R only).
+/// `rank-R.jsonl` → (R, false), `rank-R.partial.jsonl` → (R, true) (canonical decimal R
+/// only), in the default layout.
+#[cfg(test)]
 fn shard_name_rank(name: &str) -> Option<(u32, bool)> {
-    let rest = name.strip_prefix("rank-")?;
-    let (num, partial) = if let Some(n) = rest.strip_suffix(".partial.jsonl") {
-        (n, true)
-    } else {
-        (rest.strip_suffix(".jsonl")?, false)
-    };
-    let r: u32 = num.parse().ok()?;
-    (r.to_string() == num).then_some((r, partial))
+    crate::shards::naming::Naming::default().rank_of(name, 1, "train", true, true)
 }
 
-/// Generation G of `rank-R.partial.jsonl.stale-genG` for this rank.
+/// Generation G of `rank-R.partial.jsonl.stale-genG` for this rank, in the default layout.
+#[cfg(test)]
 fn stale_gen(name: &str, rank: u32) -> Option<u64> {
-    let g = name.strip_prefix(&format!("rank-{rank}.partial.jsonl.stale-gen"))?;
+    stale_gen_of(name, &format!("rank-{rank}.partial.jsonl"))
+}
+
+/// Generation G of `<partial>.stale-genG` (see `Layout::stale_partial`).
+fn stale_gen_of(name: &str, partial: &str) -> Option<u64> {
+    let g = name.strip_prefix(partial)?.strip_prefix(".stale-gen")?;
     g.parse().ok()
 }
 
@@ -754,10 +1380,14 @@ fn survey(
     };
     let committed = layout.shard(iteration, split, rank);
     let partial = layout.shard_partial(iteration, split, rank);
-    let dir = layout.rollout_dir(iteration, split);
+    let dir = partial.parent().map(Path::to_path_buf).unwrap_or_default();
+    let partial_name = partial
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let mut stale: Vec<(u64, &String)> = listing
         .iter()
-        .filter_map(|n| stale_gen(n, rank).map(|g| (g, n)))
+        .filter_map(|n| stale_gen_of(n, &partial_name).map(|g| (g, n)))
         .collect();
     stale.sort();
     let set_aside: Vec<String> = stale.iter().map(|(_, n)| rel(&dir.join(n))).collect();

@@ -233,9 +233,11 @@ pub fn main() -> i32 {
     };
     match cli.command {
         Some(Command::Guard) => node::procs::guardian_main(),
-        Some(Command::Aggregate(args)) => {
-            crate::aggregate::main(args, cli.settings.log_path.clone())
-        }
+        Some(Command::Aggregate(args)) => crate::aggregate::main(
+            args,
+            cli.settings.log_path.clone(),
+            cli.settings.config.clone(),
+        ),
         Some(Command::Recover(args)) => {
             crate::observe::recover::main(args, cli.settings.log_path.clone())
         }

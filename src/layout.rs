@@ -4,11 +4,14 @@
 //! records are namespaced by generation so nothing from an earlier start is mistaken for
 //! current. User-facing outputs (trajectories, logs, models) live beside it.
 
+use crate::shards::naming::Naming;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, Clone)]
 pub struct Layout {
     root: PathBuf,
+    /// Names and format of rank shards and merged files (`[aggregate]`).
+    naming: Naming,
 }
 
 pub fn iter_dir(iteration: u64) -> String {
@@ -19,7 +22,18 @@ impl Layout {
     pub fn new(log_path: impl Into<PathBuf>) -> Layout {
         Layout {
             root: log_path.into(),
+            naming: Naming::default(),
         }
+    }
+
+    /// The same layout with shard and merged file names (and format) from `[aggregate]`.
+    pub fn with_naming(mut self, naming: Naming) -> Layout {
+        self.naming = naming;
+        self
+    }
+
+    pub fn naming(&self) -> &Naming {
+        &self.naming
     }
 
     pub fn root(&self) -> &Path {
@@ -81,24 +95,29 @@ impl Layout {
             .join(split)
     }
 
-    /// A rank's committed shard.
+    /// A rank's committed shard (default `rollout_dir/rank-R.jsonl`; `aggregate.shard-name`).
     pub fn shard(&self, iteration: u64, split: &str, rank: u32) -> PathBuf {
-        self.rollout_dir(iteration, split)
-            .join(format!("rank-{rank}.jsonl"))
+        self.naming.shard(&self.root, iteration, split, rank)
     }
 
-    /// Where a rank's command writes while it runs (`{output}`); renamed to `shard` on success.
+    /// Where a rank's command writes while it runs (`{output}`); renamed to `shard` on
+    /// success (default `rank-R.partial.jsonl`; `aggregate.partial-name`).
     pub fn shard_partial(&self, iteration: u64, split: &str, rank: u32) -> PathBuf {
-        self.rollout_dir(iteration, split)
-            .join(format!("rank-{rank}.partial.jsonl"))
+        self.naming.partial(&self.root, iteration, split, rank)
     }
 
-    /// The iteration's merged trajectories for a split.
+    /// Where an earlier attempt's partial shard is set aside in generation `gen`
+    /// (`<partial>.stale-genG`), never merged and never deleted.
+    pub fn stale_partial(&self, iteration: u64, split: &str, rank: u32, gen: u64) -> PathBuf {
+        let mut name = self.shard_partial(iteration, split, rank).into_os_string();
+        name.push(format!(".stale-gen{gen}"));
+        PathBuf::from(name)
+    }
+
+    /// The iteration's merged trajectories for a split (default
+    /// `rollouts/iter-NNNN/<split>.jsonl`; `aggregate.output-name`).
     pub fn aggregated(&self, iteration: u64, split: &str) -> PathBuf {
-        self.root
-            .join("rollouts")
-            .join(iter_dir(iteration))
-            .join(format!("{split}.jsonl"))
+        self.naming.output(&self.root, iteration, split)
     }
 
     pub fn prepared(&self, iteration: u64) -> PathBuf {

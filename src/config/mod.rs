@@ -204,6 +204,35 @@ pub struct Work {
     pub exact_budget: bool,
 }
 
+/// `[aggregate]`: how rank shards are named and merged (see `crate::shards::naming`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Aggregate {
+    /// auto | jsonl | safetensors | torch | command (checked in `validate`).
+    pub format: String,
+    pub shard_name: String,
+    pub partial_name: String,
+    pub output_name: String,
+    /// The merge command of format `command`.
+    pub command: String,
+    #[serde(with = "duration")]
+    pub timeout: Duration,
+}
+
+impl Aggregate {
+    /// The shard and merged file names (and format) these keys describe.
+    pub fn naming(
+        &self,
+    ) -> Result<crate::shards::naming::Naming, crate::shards::naming::NamingError> {
+        crate::shards::naming::Naming::new(
+            &self.format,
+            &self.shard_name,
+            &self.partial_name,
+            &self.output_name,
+        )
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct Config {
@@ -212,6 +241,7 @@ pub struct Config {
     pub work: Work,
     pub timing: Timing,
     pub phases: Phases,
+    pub aggregate: Aggregate,
     pub server: Server,
 }
 
@@ -562,6 +592,7 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
         let key = format!("phases.{name}.command");
         Template::parse(&p.command).map_err(|e| l.invalid(&key, e.to_string()))?;
     }
+    validate_aggregate(l)?;
     for key in ["server.command", "server.health-url"] {
         let text = if key == "server.command" {
             &c.server.command
@@ -569,6 +600,50 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
             &c.server.health_url
         };
         Template::parse(text).map_err(|e| l.invalid(key, e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// `[aggregate]`: names, format and merge command, and what the chosen format rules out.
+fn validate_aggregate(l: &Loaded) -> Result<(), ConfigError> {
+    use crate::shards::naming::Format;
+    let c = &l.config;
+    let a = &c.aggregate;
+    let naming = a
+        .naming()
+        .map_err(|e| l.invalid(e.key.config_key(), e.message))?;
+    let format = naming.format();
+    if format == Format::Command {
+        if a.command.trim().is_empty() {
+            return Err(l.invalid(
+                "aggregate.command",
+                "format is command, so a merge command is needed, e.g. \"python3 merge.py --output {output} {inputs}\"",
+            ));
+        }
+        crate::shards::command::check(&a.command).map_err(|m| l.invalid("aggregate.command", m))?;
+    } else if !a.command.trim().is_empty() {
+        return Err(l.invalid(
+            "aggregate.command",
+            format!(
+                "only used with format = \"command\", but the format is {format} (aggregate.format from {})",
+                l.source_of("aggregate.format")
+            ),
+        ));
+    }
+    if format != Format::Jsonl {
+        let w = &c.work;
+        let planned = !c.tasks.train.is_empty() || !c.tasks.eval.is_empty();
+        if planned
+            && (w.mode == WorkMode::PerTask || w.strategy == crate::work::plan::Strategy::Dynamic)
+        {
+            return Err(l.invalid(
+                if w.mode == WorkMode::PerTask { "work.mode" } else { "work.strategy" },
+                format!(
+                    "per-task mode and the dynamic strategy concatenate JSONL items, but aggregate.format is {format} (from {}): use per-rank mode with a static strategy",
+                    l.source_of("aggregate.format")
+                ),
+            ));
+        }
     }
     Ok(())
 }

@@ -155,7 +155,8 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
             None,
         ));
     }
-    let layout = Layout::new(cfg.log_path());
+    let layout =
+        Layout::new(cfg.log_path()).with_naming(cfg.aggregate.naming().expect("validated at load"));
     preflight_log_path(&layout, opts.rank)?;
     let tasks = work::TaskSets::load(&cfg)?;
 
@@ -911,7 +912,7 @@ impl Node {
         }
         if partial.exists() {
             // Left by an earlier attempt: keep it (never lose trajectories), out of the way.
-            let aside = partial.with_extension(format!("jsonl.stale-gen{}", self.gen()));
+            let aside = self.layout.stale_partial(it, split, rank, self.gen());
             let _ = std::fs::rename(&partial, &aside);
         }
         let log = self.run_command(phase, pc, Some(split), &partial, false)?;
@@ -955,7 +956,10 @@ impl Node {
         }
         self.watchdog.pet("aggregating shards");
         let wd = self.watchdog.clone();
-        let opts = crate::aggregate::MergeOptions::default(); // allow_missing: false
+        let mut opts = crate::aggregate::MergeOptions::from_config(&self.cfg.aggregate); // allow_missing: false
+        opts.command_log = Some(self.layout.phase_log(it, self.rank, "aggregate"));
+        (opts.registry, opts.kill_grace) =
+            (Some(self.registry.clone()), self.cfg.timing.kill_grace);
         let n = self.num_nodes();
         match crate::aggregate::merge(&self.layout, it, split, n, &opts, &mut || {
             wd.pet("aggregating shards")

@@ -6,7 +6,13 @@
 //! shard list to a user merge command (e.g. for pickles of Python objects).
 
 use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+pub mod command;
+pub mod naming;
+pub mod safetensors;
+#[cfg(feature = "torch")]
+pub mod torch;
 
 /// Element types the readers and the safetensors writer agree on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,6 +38,23 @@ impl DType {
             DType::F16 | DType::BF16 | DType::I16 => 2,
             DType::I8 | DType::U8 | DType::Bool => 1,
         }
+    }
+
+    /// The dtype a safetensors header name stands for, if rl-node has it.
+    pub fn from_safetensors_name(name: &str) -> Option<DType> {
+        Some(match name {
+            "F64" => DType::F64,
+            "F32" => DType::F32,
+            "F16" => DType::F16,
+            "BF16" => DType::BF16,
+            "I64" => DType::I64,
+            "I32" => DType::I32,
+            "I16" => DType::I16,
+            "I8" => DType::I8,
+            "U8" => DType::U8,
+            "BOOL" => DType::Bool,
+            _ => return None,
+        })
     }
 
     /// The dtype's name in a safetensors header.
@@ -73,4 +96,25 @@ pub enum ShardError {
         path: PathBuf,
         source: std::io::Error,
     },
+}
+
+/// Whether this build reads `torch.save` shards (the `torch` cargo feature).
+pub fn torch_available() -> bool {
+    cfg!(feature = "torch")
+}
+
+/// Read a `torch.save` dict of tensors with the `torch` feature; without it, say how to
+/// get one.
+pub fn read_torch_dict(path: &Path) -> Result<Vec<TensorData>, ShardError> {
+    #[cfg(feature = "torch")]
+    {
+        torch::read_torch_dict(path)
+    }
+    #[cfg(not(feature = "torch"))]
+    {
+        Err(ShardError::Unreadable {
+            path: path.to_path_buf(),
+            reason: "this rl-node was built without the `torch` cargo feature, so it cannot read torch.save files (cargo build --release --features torch)".into(),
+        })
+    }
 }

@@ -1,0 +1,893 @@
+//! Where rank shards, partial shards and merged files live, and in which format they are.
+//!
+//! The `[aggregate]` keys `format`, `shard-name`, `partial-name` and `output-name` become
+//! one [`Naming`], which [`crate::layout::Layout`] consults for `shard`, `shard_partial`
+//! and `aggregated`, so the rollout's `{output}`, the commit rename, phase 3, `rl-node
+//! aggregate` and `{trajectories}` all agree. The defaults give the JSONL layout
+//! (`rollouts/iter-NNNN/<split>/rank-R.jsonl`, `rank-R.partial.jsonl`,
+//! `rollouts/iter-NNNN/<split>.jsonl`).
+//!
+//! A name is a small template, not shell text: `{rank}`, `{iteration}` (1, 2, …),
+//! `{split}` and `{ext}` (the format's extension) are replaced; `{{` and `}}` are literal
+//! braces. Shard and partial names are relative to `rollouts/iter-NNNN/<split>/`, the
+//! output name to `rollouts/iter-NNNN/`; a name that starts with `{log_path}/` is relative
+//! to the shared directory instead, which is how the old run.sh's
+//! `train_trajectories.pt.iteration{N}_rank_{R}` files are named unchanged. No name may
+//! leave the shared directory (nodes mount it at different places, and it is all they
+//! share), `{rank}` appears exactly once, in the file name, of shard and partial names,
+//! and never in the output name.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// How rank shards are merged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Format {
+    /// One JSON record per line, concatenated in rank order.
+    Jsonl,
+    /// Dicts of tensors, concatenated along dim 0 into one safetensors file.
+    Safetensors,
+    /// Python `torch.save` dicts of tensors (the `torch` cargo feature), concatenated
+    /// along dim 0 into one safetensors file.
+    Torch,
+    /// Any other format: `[aggregate] command` merges the shards rl-node found.
+    Command,
+}
+
+impl Format {
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Jsonl => "jsonl",
+            Format::Safetensors => "safetensors",
+            Format::Torch => "torch",
+            Format::Command => "command",
+        }
+    }
+
+    /// `{ext}` in shard and partial names.
+    pub fn shard_ext(self) -> &'static str {
+        match self {
+            Format::Jsonl => "jsonl",
+            Format::Safetensors => "safetensors",
+            Format::Torch => "pt",
+            Format::Command => "bin",
+        }
+    }
+
+    /// `{ext}` in the output name: tensor formats are merged into safetensors.
+    pub fn output_ext(self) -> &'static str {
+        match self {
+            Format::Torch => "safetensors",
+            f => f.shard_ext(),
+        }
+    }
+
+    /// Whether the merged file is a safetensors file rl-node writes itself.
+    pub fn is_tensor(self) -> bool {
+        matches!(self, Format::Safetensors | Format::Torch)
+    }
+
+    /// The format a file extension stands for (`auto`), if any.
+    pub fn from_ext(ext: &str) -> Option<Format> {
+        match ext {
+            "jsonl" => Some(Format::Jsonl),
+            "safetensors" => Some(Format::Safetensors),
+            "pt" | "pth" => Some(Format::Torch),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Format {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The `[aggregate] format` setting: a format, or `auto` (by the shard name's extension).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FormatChoice {
+    Auto,
+    Fixed(Format),
+}
+
+impl FormatChoice {
+    pub const CHOICES: &'static str = "auto, jsonl, safetensors, torch or command";
+
+    pub fn parse(s: &str) -> Result<FormatChoice, String> {
+        Ok(match s.trim() {
+            "auto" | "" => FormatChoice::Auto,
+            "jsonl" => FormatChoice::Fixed(Format::Jsonl),
+            "safetensors" => FormatChoice::Fixed(Format::Safetensors),
+            "torch" => FormatChoice::Fixed(Format::Torch),
+            "command" => FormatChoice::Fixed(Format::Command),
+            other => {
+                return Err(format!(
+                    "unknown format `{other}`: expected {}",
+                    Self::CHOICES
+                ))
+            }
+        })
+    }
+}
+
+/// Which `[aggregate]` key a [`NamingError`] is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Key {
+    Format,
+    ShardName,
+    PartialName,
+    OutputName,
+}
+
+impl Key {
+    pub fn config_key(self) -> &'static str {
+        match self {
+            Key::Format => "aggregate.format",
+            Key::ShardName => "aggregate.shard-name",
+            Key::PartialName => "aggregate.partial-name",
+            Key::OutputName => "aggregate.output-name",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {message}", .key.config_key())]
+pub struct NamingError {
+    pub key: Key,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Piece {
+    Lit(String),
+    Rank,
+    Iteration,
+    Split,
+    Ext,
+}
+
+/// One parsed name template.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Name {
+    /// Starts with `{log_path}/`: relative to the shared directory.
+    anchored: bool,
+    pieces: Vec<Piece>,
+}
+
+/// Values substituted into a name.
+struct Values<'a> {
+    rank: Option<u32>,
+    iteration: u64,
+    split: &'a str,
+    ext: &'a str,
+}
+
+impl Name {
+    fn parse(text: &str) -> Result<Name, String> {
+        let (anchored, rest) = match text.strip_prefix("{log_path}") {
+            Some("") => {
+                return Err("`{log_path}` alone names the shared directory, not a file".into())
+            }
+            Some(r) if r.starts_with('/') => (true, r.trim_start_matches('/')),
+            Some(_) => return Err("`{log_path}` must be followed by `/`".into()),
+            None => (false, text),
+        };
+        if rest.is_empty() {
+            return Err("empty name".into());
+        }
+        if rest.starts_with('/') {
+            return Err(format!(
+                "`{text}` is an absolute path; write it relative to the directory it lives in, or as `{{log_path}}/…` (nodes may mount the shared directory at different places)"
+            ));
+        }
+        let mut pieces = Vec::new();
+        let mut lit = String::new();
+        let mut chars = rest.char_indices().peekable();
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '{' if chars.peek().map(|p| p.1) == Some('{') => {
+                    chars.next();
+                    lit.push('{');
+                }
+                '}' if chars.peek().map(|p| p.1) == Some('}') => {
+                    chars.next();
+                    lit.push('}');
+                }
+                '{' => {
+                    let end = rest[i..].find('}').ok_or_else(|| {
+                        format!("unclosed `{{` at byte {i}; write `{{{{` for a literal brace")
+                    })?;
+                    let var = &rest[i + 1..i + end];
+                    let piece = match var {
+                        "rank" => Piece::Rank,
+                        "iteration" => Piece::Iteration,
+                        "split" => Piece::Split,
+                        "ext" => Piece::Ext,
+                        "log_path" => {
+                            return Err("`{log_path}` may only start a name".into())
+                        }
+                        other => {
+                            return Err(format!(
+                                "unknown placeholder `{{{other}}}`; known: {{rank}} {{iteration}} {{split}} {{ext}}, and {{log_path}}/ at the start"
+                            ))
+                        }
+                    };
+                    if !lit.is_empty() {
+                        pieces.push(Piece::Lit(std::mem::take(&mut lit)));
+                    }
+                    pieces.push(piece);
+                    for _ in 0..end {
+                        chars.next();
+                    }
+                }
+                '}' => {
+                    return Err(format!(
+                        "unmatched `}}` at byte {i}; write `}}}}` for a literal brace"
+                    ))
+                }
+                '\0' => return Err("a name cannot contain a NUL byte".into()),
+                c => lit.push(c),
+            }
+        }
+        if !lit.is_empty() {
+            pieces.push(Piece::Lit(lit));
+        }
+        Ok(Name { anchored, pieces })
+    }
+
+    fn render(&self, v: &Values) -> String {
+        let mut s = String::new();
+        for p in &self.pieces {
+            match p {
+                Piece::Lit(t) => s.push_str(t),
+                Piece::Rank => s.push_str(&v.rank.map(|r| r.to_string()).unwrap_or_default()),
+                Piece::Iteration => s.push_str(&v.iteration.to_string()),
+                Piece::Split => s.push_str(v.split),
+                Piece::Ext => s.push_str(v.ext),
+            }
+        }
+        s
+    }
+
+    fn count(&self, what: &Piece) -> usize {
+        self.pieces.iter().filter(|p| *p == what).count()
+    }
+
+    /// Where the last path component starts: (piece index, byte offset in that literal).
+    fn last_component_start(&self) -> (usize, usize) {
+        for (i, p) in self.pieces.iter().enumerate().rev() {
+            if let Piece::Lit(t) = p {
+                if let Some(k) = t.rfind('/') {
+                    return (i, k + 1);
+                }
+            }
+        }
+        (0, 0)
+    }
+
+    /// The pieces of the file name (the last path component).
+    fn file_pieces(&self) -> Vec<Piece> {
+        let (i, k) = self.last_component_start();
+        let mut out = Vec::new();
+        for (j, p) in self.pieces.iter().enumerate().skip(i) {
+            match p {
+                Piece::Lit(t) if j == i => {
+                    if !t[k..].is_empty() {
+                        out.push(Piece::Lit(t[k..].to_string()));
+                    }
+                }
+                p => out.push(p.clone()),
+            }
+        }
+        out
+    }
+
+    /// The last extension of the file name: `Some("jsonl")`, `Some("{ext}")`, or `None`
+    /// when the name has none, or one with another placeholder in it.
+    fn extension(&self) -> Option<String> {
+        const OTHER: char = '\u{1}';
+        let mut file = String::new();
+        for p in self.file_pieces() {
+            match p {
+                Piece::Lit(t) => file.push_str(&t),
+                Piece::Ext => file.push_str("{ext}"),
+                _ => file.push(OTHER),
+            }
+        }
+        let dot = file.rfind('.')?;
+        let ext = &file[dot + 1..];
+        (dot > 0 && !ext.is_empty() && !ext.contains(OTHER)).then(|| ext.to_string())
+    }
+}
+
+/// Resolve `rendered` (a relative path, `/`-separated) against `base` (components under
+/// the shared directory), lexically. Err when it climbs out of the shared directory.
+fn resolve(base: &[String], rendered: &str) -> Result<Vec<String>, String> {
+    let mut parts: Vec<String> = base.to_vec();
+    for c in rendered.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                if parts.pop().is_none() {
+                    return Err(format!("`{rendered}` leaves the shared directory"));
+                }
+            }
+            c => parts.push(c.to_string()),
+        }
+    }
+    if parts.is_empty() {
+        return Err(format!("`{rendered}` names the shared directory itself"));
+    }
+    Ok(parts)
+}
+
+/// Shard names, partial names, merged file names and the format of one configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Naming {
+    format: Format,
+    shard: Name,
+    partial: Name,
+    output: Name,
+    /// The templates as configured (`partial` derived when it was empty), for messages.
+    texts: [String; 3],
+}
+
+/// The default shard name: `rank-{rank}.{ext}`.
+pub const DEFAULT_SHARD_NAME: &str = "rank-{rank}.{ext}";
+/// The default output name: `{split}.{ext}`.
+pub const DEFAULT_OUTPUT_NAME: &str = "{split}.{ext}";
+
+impl Default for Naming {
+    /// The JSONL layout: `rank-R.jsonl`, `rank-R.partial.jsonl`, `<split>.jsonl`.
+    fn default() -> Naming {
+        Naming::new("jsonl", DEFAULT_SHARD_NAME, "", DEFAULT_OUTPUT_NAME)
+            .expect("the default naming is valid")
+    }
+}
+
+impl Naming {
+    /// Build from the `[aggregate]` keys; `partial` empty means derived from `shard`
+    /// (`.partial` inserted before the extension, or appended when there is none).
+    /// `torch` (also by `auto`) is refused in a build without the `torch` feature.
+    pub fn new(
+        format: &str,
+        shard: &str,
+        partial: &str,
+        output: &str,
+    ) -> Result<Naming, NamingError> {
+        let err = |key: Key| move |message: String| NamingError { key, message };
+        let choice = FormatChoice::parse(format).map_err(err(Key::Format))?;
+        let shard_name = Name::parse(shard).map_err(err(Key::ShardName))?;
+        let format = match choice {
+            FormatChoice::Fixed(f) => f,
+            FormatChoice::Auto => shard_name
+                .extension()
+                .and_then(|e| Format::from_ext(&e))
+                .unwrap_or(Format::Jsonl),
+        };
+        if format == Format::Torch && !super::torch_available() {
+            return Err(NamingError {
+                key: Key::Format,
+                message: format!(
+                    "{}torch shards need an rl-node built with the `torch` cargo feature (cargo build --release --features torch); this one was built without it. Alternatives: write safetensors shards (format = \"safetensors\"), or merge with your own script (format = \"command\")",
+                    if choice == FormatChoice::Auto {
+                        format!("format auto picked torch for shard-name `{shard}`: ")
+                    } else {
+                        String::new()
+                    }
+                ),
+            });
+        }
+        let partial_text = if partial.trim().is_empty() {
+            derive_partial(shard)
+        } else {
+            partial.to_string()
+        };
+        let partial_name =
+            Name::parse(&partial_text).map_err(err(if partial.trim().is_empty() {
+                Key::ShardName
+            } else {
+                Key::PartialName
+            }))?;
+        let output_name = Name::parse(output).map_err(err(Key::OutputName))?;
+        let naming = Naming {
+            format,
+            shard: shard_name,
+            partial: partial_name,
+            output: output_name,
+            texts: [shard.to_string(), partial_text, output.to_string()],
+        };
+        naming.check()?;
+        Ok(naming)
+    }
+
+    fn check(&self) -> Result<(), NamingError> {
+        for (key, name, text) in [
+            (Key::ShardName, &self.shard, &self.texts[0]),
+            (Key::PartialName, &self.partial, &self.texts[1]),
+        ] {
+            let e = |message: String| NamingError { key, message };
+            if name.count(&Piece::Rank) != 1 {
+                return Err(e(format!(
+                    "`{text}` must contain {{rank}} exactly once (each rank needs its own file)"
+                )));
+            }
+            if !name.file_pieces().contains(&Piece::Rank) {
+                return Err(e(format!(
+                    "`{text}`: {{rank}} must be in the file name, not in a directory"
+                )));
+            }
+        }
+        if self.output.count(&Piece::Rank) > 0 {
+            return Err(NamingError {
+                key: Key::OutputName,
+                message: format!(
+                    "`{}` cannot contain {{rank}}: the merged file is one for all ranks",
+                    self.texts[2]
+                ),
+            });
+        }
+        // Try the names out on a sample, so a name that leaves the shared directory or
+        // collides is refused at start-up rather than in phase 3.
+        let root = Path::new("/r");
+        for it in [1, 12345] {
+            for split in ["train", "eval"] {
+                let shard = self
+                    .try_shard(root, it, split, 0)
+                    .map_err(|message| NamingError {
+                        key: Key::ShardName,
+                        message,
+                    })?;
+                let partial =
+                    self.try_partial(root, it, split, 0)
+                        .map_err(|message| NamingError {
+                            key: Key::PartialName,
+                            message,
+                        })?;
+                let out = self
+                    .try_output(root, it, split)
+                    .map_err(|message| NamingError {
+                        key: Key::OutputName,
+                        message,
+                    })?;
+                if shard == partial {
+                    return Err(NamingError {
+                        key: Key::PartialName,
+                        message: format!(
+                            "`{}` gives the same file as shard-name `{}`: a rank's unfinished output must not carry its committed name",
+                            self.texts[1], self.texts[0]
+                        ),
+                    });
+                }
+                if out == shard || out == partial {
+                    return Err(NamingError {
+                        key: Key::OutputName,
+                        message: format!(
+                            "`{}` gives the same file as rank 0's shard",
+                            self.texts[2]
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The default names with another format's extension (for tests and tools). Panics
+    /// for `Torch` in a build without the `torch` feature.
+    pub fn for_format(format: Format) -> Naming {
+        Naming::new(format.name(), DEFAULT_SHARD_NAME, "", DEFAULT_OUTPUT_NAME)
+            .expect("the default names are valid for every format")
+    }
+
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    /// The shard-name, partial-name and output-name templates in effect.
+    pub fn templates(&self) -> (&str, &str, &str) {
+        (&self.texts[0], &self.texts[1], &self.texts[2])
+    }
+
+    fn split_base(iteration: u64, split: &str) -> Vec<String> {
+        vec![
+            "rollouts".into(),
+            crate::layout::iter_dir(iteration),
+            split.to_string(),
+        ]
+    }
+
+    fn place(
+        &self,
+        root: &Path,
+        name: &Name,
+        base: Vec<String>,
+        v: &Values,
+    ) -> Result<PathBuf, String> {
+        let base = if name.anchored { Vec::new() } else { base };
+        let parts = resolve(&base, &name.render(v))?;
+        let mut p = root.to_path_buf();
+        p.extend(parts);
+        Ok(p)
+    }
+
+    fn try_shard(
+        &self,
+        root: &Path,
+        iteration: u64,
+        split: &str,
+        rank: u32,
+    ) -> Result<PathBuf, String> {
+        let v = Values {
+            rank: Some(rank),
+            iteration,
+            split,
+            ext: self.format.shard_ext(),
+        };
+        self.place(root, &self.shard, Self::split_base(iteration, split), &v)
+    }
+
+    fn try_partial(
+        &self,
+        root: &Path,
+        iteration: u64,
+        split: &str,
+        rank: u32,
+    ) -> Result<PathBuf, String> {
+        let v = Values {
+            rank: Some(rank),
+            iteration,
+            split,
+            ext: self.format.shard_ext(),
+        };
+        self.place(root, &self.partial, Self::split_base(iteration, split), &v)
+    }
+
+    fn try_output(&self, root: &Path, iteration: u64, split: &str) -> Result<PathBuf, String> {
+        let v = Values {
+            rank: None,
+            iteration,
+            split,
+            ext: self.format.output_ext(),
+        };
+        let mut base = Self::split_base(iteration, split);
+        base.pop();
+        self.place(root, &self.output, base, &v)
+    }
+
+    /// A rank's committed shard under the shared directory `root`.
+    pub fn shard(&self, root: &Path, iteration: u64, split: &str, rank: u32) -> PathBuf {
+        self.try_shard(root, iteration, split, rank)
+            .expect("names were checked when the naming was built")
+    }
+
+    /// Where a rank's command writes while it runs; renamed to [`Naming::shard`].
+    pub fn partial(&self, root: &Path, iteration: u64, split: &str, rank: u32) -> PathBuf {
+        self.try_partial(root, iteration, split, rank)
+            .expect("names were checked when the naming was built")
+    }
+
+    /// The merged file of an iteration's split.
+    pub fn output(&self, root: &Path, iteration: u64, split: &str) -> PathBuf {
+        self.try_output(root, iteration, split)
+            .expect("names were checked when the naming was built")
+    }
+
+    /// Which rank's shard (false) or partial file (true) a file name in the shard
+    /// (resp. partial) directory is, for ranks 0, 1, … written in canonical decimal.
+    /// `shard_dir` tells which of the two directories the name was listed in (they are
+    /// usually the same one).
+    pub fn rank_of(
+        &self,
+        name: &str,
+        iteration: u64,
+        split: &str,
+        in_shard_dir: bool,
+        in_partial_dir: bool,
+    ) -> Option<(u32, bool)> {
+        let try_one = |n: &Name| -> Option<u32> {
+            let v = Values {
+                rank: None,
+                iteration,
+                split,
+                ext: self.format.shard_ext(),
+            };
+            let file = n.file_pieces();
+            let at = file.iter().position(|p| *p == Piece::Rank)?;
+            let render = |ps: &[Piece]| {
+                Name {
+                    anchored: false,
+                    pieces: ps.to_vec(),
+                }
+                .render(&v)
+            };
+            let (pre, post) = (render(&file[..at]), render(&file[at + 1..]));
+            let num = name
+                .strip_prefix(pre.as_str())?
+                .strip_suffix(post.as_str())?;
+            let r: u32 = num.parse().ok()?;
+            (r.to_string() == num).then_some(r)
+        };
+        // A partial name is usually the shard name plus something, so try it first.
+        if in_partial_dir {
+            if let Some(r) = try_one(&self.partial) {
+                return Some((r, true));
+            }
+        }
+        if in_shard_dir {
+            if let Some(r) = try_one(&self.shard) {
+                return Some((r, false));
+            }
+        }
+        None
+    }
+}
+
+/// `rank-{rank}.{ext}` → `rank-{rank}.partial.{ext}`; `x.jsonl` → `x.partial.jsonl`; a
+/// name whose last extension holds a placeholder (or has none) gets `.partial` appended.
+pub fn derive_partial(shard: &str) -> String {
+    let file_start = shard.rfind('/').map(|k| k + 1).unwrap_or(0);
+    let file = &shard[file_start..];
+    if let Some(dot) = file.rfind('.') {
+        let ext = &file[dot + 1..];
+        let plain = !ext.is_empty()
+            && dot > 0
+            && (ext == "{ext}" || ext.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
+        if plain {
+            let at = file_start + dot;
+            return format!("{}.partial{}", &shard[..at], &shard[at..]);
+        }
+    }
+    format!("{shard}.partial")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn n(format: &str, shard: &str, partial: &str, output: &str) -> Result<Naming, NamingError> {
+        Naming::new(format, shard, partial, output)
+    }
+
+    #[test]
+    fn defaults_are_the_jsonl_layout() {
+        let d = Naming::default();
+        let root = Path::new("/nfs/exp");
+        assert_eq!(d.format(), Format::Jsonl);
+        assert_eq!(
+            d.shard(root, 3, "train", 2),
+            Path::new("/nfs/exp/rollouts/iter-0003/train/rank-2.jsonl")
+        );
+        assert_eq!(
+            d.partial(root, 3, "eval", 0),
+            Path::new("/nfs/exp/rollouts/iter-0003/eval/rank-0.partial.jsonl")
+        );
+        assert_eq!(
+            d.output(root, 3, "train"),
+            Path::new("/nfs/exp/rollouts/iter-0003/train.jsonl")
+        );
+        let s = Naming::for_format(Format::Safetensors);
+        assert_eq!(
+            s.shard(root, 1, "train", 0),
+            Path::new("/nfs/exp/rollouts/iter-0001/train/rank-0.safetensors")
+        );
+        assert_eq!(
+            s.partial(root, 1, "train", 0),
+            Path::new("/nfs/exp/rollouts/iter-0001/train/rank-0.partial.safetensors")
+        );
+        assert_eq!(
+            s.output(root, 1, "train"),
+            Path::new("/nfs/exp/rollouts/iter-0001/train.safetensors")
+        );
+    }
+
+    #[test]
+    fn auto_goes_by_the_shard_extension() {
+        let f = |shard: &str| n("auto", shard, "", DEFAULT_OUTPUT_NAME).unwrap().format();
+        assert_eq!(f("rank-{rank}.{ext}"), Format::Jsonl);
+        assert_eq!(f("rank-{rank}.jsonl"), Format::Jsonl);
+        assert_eq!(f("rank-{rank}.safetensors"), Format::Safetensors);
+        assert_eq!(f("r{rank}"), Format::Jsonl);
+        assert_eq!(
+            f("{log_path}/train_trajectories.pt.iteration{iteration}_rank_{rank}"),
+            Format::Jsonl
+        );
+        if !crate::shards::torch_available() {
+            let e = n("auto", "rank-{rank}.pt", "", DEFAULT_OUTPUT_NAME).unwrap_err();
+            assert_eq!(e.key, Key::Format);
+            assert!(e.message.contains("--features torch"), "{e}");
+            assert!(n("torch", DEFAULT_SHARD_NAME, "", DEFAULT_OUTPUT_NAME).is_err());
+        } else {
+            assert_eq!(f("rank-{rank}.pth"), Format::Torch);
+        }
+    }
+
+    #[test]
+    fn the_old_run_sh_layout_is_expressible() {
+        let old = n(
+            "command",
+            "{log_path}/{split}_trajectories.pt.iteration{iteration}_rank_{rank}",
+            "",
+            "{log_path}/{split}_trajectories.pt.iteration{iteration}",
+        )
+        .unwrap();
+        let root = Path::new("/nfs/exp");
+        assert_eq!(
+            old.shard(root, 7, "train", 1),
+            Path::new("/nfs/exp/train_trajectories.pt.iteration7_rank_1")
+        );
+        assert_eq!(
+            old.partial(root, 7, "train", 1),
+            Path::new("/nfs/exp/train_trajectories.pt.iteration7_rank_1.partial")
+        );
+        assert_eq!(
+            old.output(root, 7, "train"),
+            Path::new("/nfs/exp/train_trajectories.pt.iteration7")
+        );
+        // The same, relative to rollouts/iter-NNNN/<split>/.
+        let rel = n(
+            "command",
+            "../../../train_trajectories.pt.iteration{iteration}_rank_{rank}",
+            "",
+            "x",
+        )
+        .unwrap();
+        assert_eq!(
+            rel.shard(root, 7, "train", 1),
+            old.shard(root, 7, "train", 1)
+        );
+        assert_eq!(
+            old.rank_of(
+                "train_trajectories.pt.iteration7_rank_12",
+                7,
+                "train",
+                true,
+                true
+            ),
+            Some((12, false))
+        );
+        assert_eq!(
+            old.rank_of(
+                "train_trajectories.pt.iteration7_rank_1.partial",
+                7,
+                "train",
+                true,
+                true
+            ),
+            Some((1, true))
+        );
+        assert_eq!(
+            old.rank_of(
+                "train_trajectories.pt.iteration8_rank_1",
+                7,
+                "train",
+                true,
+                true
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn partial_names_are_derived() {
+        assert_eq!(
+            derive_partial("rank-{rank}.{ext}"),
+            "rank-{rank}.partial.{ext}"
+        );
+        assert_eq!(
+            derive_partial("a/rank-{rank}.jsonl"),
+            "a/rank-{rank}.partial.jsonl"
+        );
+        assert_eq!(
+            derive_partial("x.pt.iteration{iteration}_rank_{rank}"),
+            "x.pt.iteration{iteration}_rank_{rank}.partial"
+        );
+        assert_eq!(derive_partial("d.v/r{rank}"), "d.v/r{rank}.partial");
+        assert_eq!(derive_partial(".r{rank}"), ".r{rank}.partial");
+    }
+
+    #[test]
+    fn bad_names_are_refused_with_the_key() {
+        let cases = [
+            (
+                n("parquet", DEFAULT_SHARD_NAME, "", "o"),
+                Key::Format,
+                "unknown format",
+            ),
+            (
+                n("jsonl", "rank.jsonl", "", "o"),
+                Key::ShardName,
+                "exactly once",
+            ),
+            (
+                n("jsonl", "r{rank}/x{rank}", "", "o"),
+                Key::ShardName,
+                "exactly once",
+            ),
+            (
+                n("jsonl", "r{rank}/x.jsonl", "", "o"),
+                Key::ShardName,
+                "file name",
+            ),
+            (
+                n("jsonl", "/abs/r{rank}", "", "o"),
+                Key::ShardName,
+                "absolute",
+            ),
+            (
+                n("jsonl", "../../../../r{rank}", "", "o"),
+                Key::ShardName,
+                "leaves the shared directory",
+            ),
+            (
+                n("jsonl", "r{rank}{bad}", "", "o"),
+                Key::ShardName,
+                "unknown placeholder",
+            ),
+            (n("jsonl", "r{rank", "", "o"), Key::ShardName, "unclosed"),
+            (
+                n("jsonl", "a/{log_path}/r{rank}", "", "o"),
+                Key::ShardName,
+                "may only start",
+            ),
+            (
+                n("jsonl", DEFAULT_SHARD_NAME, "rank-{rank}.{ext}", "o"),
+                Key::PartialName,
+                "same file",
+            ),
+            (
+                n("jsonl", DEFAULT_SHARD_NAME, "", "{split}/rank-{rank}.x"),
+                Key::OutputName,
+                "cannot contain {rank}",
+            ),
+            (
+                n("jsonl", DEFAULT_SHARD_NAME, "", "{split}/rank-0.jsonl"),
+                Key::OutputName,
+                "same file",
+            ),
+            (
+                n("jsonl", DEFAULT_SHARD_NAME, "", "{log_path}"),
+                Key::OutputName,
+                "shared directory",
+            ),
+        ];
+        for (got, key, needle) in cases {
+            let e = got.unwrap_err();
+            assert_eq!(e.key, key, "{e}");
+            assert!(e.to_string().contains(needle), "{e}");
+            assert!(e.to_string().starts_with(key.config_key()), "{e}");
+        }
+    }
+
+    #[test]
+    fn ranks_are_recognised_in_canonical_decimal_only() {
+        let d = Naming::default();
+        assert_eq!(
+            d.rank_of("rank-3.jsonl", 1, "train", true, true),
+            Some((3, false))
+        );
+        assert_eq!(
+            d.rank_of("rank-12.partial.jsonl", 1, "train", true, true),
+            Some((12, true))
+        );
+        assert_eq!(
+            d.rank_of("rank-12.partial.jsonl", 1, "train", true, false),
+            None
+        );
+        assert_eq!(d.rank_of("rank-03.jsonl", 1, "train", true, true), None);
+        assert_eq!(
+            d.rank_of("rank-1.partial.jsonl.stale-gen2", 1, "train", true, true),
+            None
+        );
+        assert_eq!(
+            d.rank_of("rank-1.safetensors", 1, "train", true, true),
+            None
+        );
+        let literal_braces = n("jsonl", "r{{x}}{rank}.{ext}", "", "o").unwrap();
+        assert_eq!(
+            literal_braces.shard(Path::new("/r"), 1, "t", 4),
+            Path::new("/r/rollouts/iter-0001/t/r{x}4.jsonl")
+        );
+    }
+}
