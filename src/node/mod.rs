@@ -1123,6 +1123,22 @@ impl Node {
         }
     }
 
+    /// A command's leader exited: stop whatever it left behind in its process group
+    /// (noting it in `log`, if given) and forget the group.
+    fn reap(&mut self, pid: i32, log: Option<&Path>) {
+        if procs::group_alive(pid) {
+            if let Some(log) = log {
+                append_log(
+                    log,
+                    "### rl-node: the command left processes behind; stopping them\n",
+                );
+            }
+            self.watchdog.pet("stopping leftover processes");
+            procs::stop_group(pid, self.cfg.timing.kill_grace);
+        }
+        self.registry.remove(pid);
+    }
+
     /// Run a phase command in its own process group and wait for it, watching the cluster.
     /// Returns the log path.
     fn run_command(
@@ -1182,15 +1198,7 @@ impl Node {
                 ));
             }
         };
-        if procs::group_alive(pid) {
-            append_log(
-                &log,
-                "### rl-node: the command left processes behind; stopping them\n",
-            );
-            self.watchdog.pet("stopping leftover processes");
-            procs::stop_group(pid, self.cfg.timing.kill_grace);
-        }
-        self.registry.remove(pid);
+        self.reap(pid, Some(&log));
         let secs = running.started.elapsed().as_secs_f64();
         self.event(
             json!({"event": "command", "phase": phase, "exit": exit.to_string(), "secs": secs}),

@@ -285,6 +285,39 @@ impl Node {
         Duration::from_secs_f64((base * jitter).min(300.0))
     }
 
+    /// Wait until one of the items `pids` exits (`Some`), or `look_again` says there is
+    /// something else to do (`None`), watching the cluster like every wait.
+    fn wait_item(
+        &mut self,
+        deadline: Instant,
+        pids: &[i32],
+        mut look_again: impl FnMut() -> bool,
+    ) -> Result<Option<(i32, ChildExit)>, Interrupt> {
+        self.wait_for(deadline, |n| {
+            if let Some(&pid) = pids.iter().find(|p| n.exited.contains_key(p)) {
+                return Ok(Some(Some((pid, n.exited.remove(&pid).expect("present")))));
+            }
+            Ok(look_again().then_some(None))
+        })
+    }
+
+    fn retryable(&self, code: i32, attempt: u32) -> bool {
+        self.cfg.work.retryable_exit_codes.contains(&code) && attempt < self.cfg.work.max_retries
+    }
+
+    /// The delay before retrying an item that exited with a retryable `code`; recorded.
+    fn retry_delay(&mut self, name: &str, task: &str, attempt: u32, code: i32) -> Duration {
+        let wait = self.backoff(attempt);
+        self.event(json!({"event": "retry", "item": name, "task": task, "attempt": attempt + 1, "exit": code, "delay_ms": wait.as_millis() as u64}));
+        wait
+    }
+
+    fn item_failed(&mut self, name: &str, task: &str, exit: ChildExit) {
+        self.event(
+            json!({"event": "item-failed", "item": name, "task": task, "exit": exit.to_string()}),
+        );
+    }
+
     fn spawn_item(
         &mut self,
         job: &Job,
@@ -447,11 +480,8 @@ impl Node {
                 delayed.len()
             );
             let pids: Vec<i32> = running.keys().copied().collect();
-            let waited = self.wait_for(deadline, |n| {
-                if let Some(&pid) = pids.iter().find(|p| n.exited.contains_key(p)) {
-                    return Ok(Some(Some((pid, n.exited.remove(&pid).expect("present")))));
-                }
-                Ok(next_retry.filter(|t| Instant::now() >= *t).map(|_| None))
+            let waited = self.wait_item(deadline, &pids, || {
+                next_retry.is_some_and(|t| Instant::now() >= t)
             });
             let (pid, exit) = match waited {
                 Ok(Some(x)) => x,
@@ -472,10 +502,7 @@ impl Node {
                 }
             };
             let (name, item, attempt, partial) = running.remove(&pid).expect("ours");
-            if super::procs::group_alive(pid) {
-                super::procs::stop_group(pid, self.cfg.timing.kill_grace);
-            }
-            self.registry.remove(pid);
+            self.reap(pid, None);
             match exit {
                 ChildExit::Success => {
                     if let Err(e) = self.commit_item(split, &name, &partial) {
@@ -489,13 +516,9 @@ impl Node {
                     }
                     tally.committed += 1;
                 }
-                ChildExit::Exit(code)
-                    if self.cfg.work.retryable_exit_codes.contains(&code)
-                        && attempt < self.cfg.work.max_retries =>
-                {
-                    let wait = self.backoff(attempt);
+                ChildExit::Exit(code) if self.retryable(code, attempt) => {
+                    let wait = self.retry_delay(&name, &item.task, attempt, code);
                     tally.retries += 1;
-                    self.event(json!({"event": "retry", "item": name, "task": item.task, "attempt": attempt + 1, "exit": code, "delay_ms": wait.as_millis() as u64}));
                     delayed.push((Instant::now() + wait, name, item, attempt + 1));
                 }
                 other => {
@@ -503,7 +526,7 @@ impl Node {
                         "{name} (task {}, sample {}): {other}",
                         item.task, item.sample
                     ));
-                    self.event(json!({"event": "item-failed", "item": name, "task": item.task, "exit": other.to_string()}));
+                    self.item_failed(&name, &item.task, other);
                     if self.cfg.work.exact_budget {
                         if let Some((rname, ritem)) = replacements.pop_front() {
                             self.replacements.push(rname.clone());
@@ -903,16 +926,13 @@ impl Node {
                     )
                 })
                 .collect();
-            let waited = self.wait_for(deadline, |n| {
-                if let Some(&pid) = pids.iter().find(|p| n.exited.contains_key(p)) {
-                    return Ok(Some(Some((pid, n.exited.remove(&pid).expect("present")))));
-                }
+            let waited = self.wait_item(deadline, &pids, || {
                 let now = Instant::now();
                 let retry_due = next_retry.is_some_and(|t| now >= t);
                 let settled = awaited
                     .iter()
                     .any(|(done, failed)| done.exists() || failed.exists());
-                Ok((now >= poll_until || retry_due || settled).then_some(None))
+                now >= poll_until || retry_due || settled
             });
             let (pid, exit) = match waited {
                 Ok(Some(x)) => x,
@@ -932,10 +952,7 @@ impl Node {
                 }
             };
             let r = running.remove(&pid).expect("ours");
-            if super::procs::group_alive(pid) {
-                super::procs::stop_group(pid, self.cfg.timing.kill_grace);
-            }
-            self.registry.remove(pid);
+            self.reap(pid, None);
             if let Some(t) = started_at.remove(&pid) {
                 item_secs.push(t.elapsed().as_secs_f64());
             }
@@ -957,17 +974,13 @@ impl Node {
                     }
                     mine += 1;
                 }
-                ChildExit::Exit(code)
-                    if self.cfg.work.retryable_exit_codes.contains(&code)
-                        && r.attempt < self.cfg.work.max_retries =>
-                {
-                    let wait = self.backoff(r.attempt);
-                    self.event(json!({"event": "retry", "item": name, "task": pool[r.pos].task, "attempt": r.attempt + 1, "exit": code, "delay_ms": wait.as_millis() as u64}));
+                ChildExit::Exit(code) if self.retryable(code, r.attempt) => {
+                    let wait = self.retry_delay(&name, &pool[r.pos].task, r.attempt, code);
                     delayed.push((Instant::now() + wait, r.pos, r.attempt + 1));
                 }
                 other => {
                     failed.push(format!("{name} (task {}): {other}", pool[r.pos].task));
-                    self.event(json!({"event": "item-failed", "item": name, "task": pool[r.pos].task, "exit": other.to_string()}));
+                    self.item_failed(&name, &pool[r.pos].task, other);
                     // Tell the other ranks not to wait for it.
                     let marker = self.failed_marker(split, r.pos);
                     let _ = store::create_new(&marker, other.to_string().as_bytes());
