@@ -9,6 +9,7 @@ pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod exit;
+pub mod holder;
 pub mod layout;
 pub mod node;
 pub mod observe;

@@ -115,8 +115,151 @@ pub fn read(path: &Path) -> io::Result<Option<Vec<u8>>> {
 }
 
 /// Read and parse a JSON record; missing or unparsable (torn, half-copied) is `None`.
+/// For live records only, where a torn read means "not yet": the run's own state files
+/// (cluster record, journals, history) are read with [`read_strict`] instead.
 pub fn read_json<T: DeserializeOwned>(path: &Path) -> io::Result<Option<T>> {
     Ok(read(path)?.and_then(|b| serde_json::from_slice(&b).ok()))
+}
+
+/// What is wrong with a JSON document, in words a user can act on: empty, truncated
+/// (ends mid-record), not JSON at all, or JSON of the wrong shape (a missing or mistyped
+/// field).
+pub fn describe_json_error(bytes: &[u8], e: &serde_json::Error) -> String {
+    use serde_json::error::Category;
+    if bytes.iter().all(|b| b.is_ascii_whitespace()) {
+        return if bytes.is_empty() {
+            "it is empty (0 bytes)".to_string()
+        } else {
+            format!("it holds only whitespace ({} bytes)", bytes.len())
+        };
+    }
+    match e.classify() {
+        Category::Eof => format!(
+            "it is truncated: the JSON ends early at line {} column {} ({} bytes)",
+            e.line(),
+            e.column(),
+            bytes.len()
+        ),
+        Category::Syntax => format!(
+            "it is not valid JSON (line {} column {}: {})",
+            e.line(),
+            e.column(),
+            strip_position(&e.to_string())
+        ),
+        Category::Data => format!(
+            "it is JSON of the wrong shape: {}",
+            strip_position(&e.to_string())
+        ),
+        Category::Io => e.to_string(),
+    }
+}
+
+fn strip_position(msg: &str) -> String {
+    match msg.rfind(" at line ") {
+        Some(i) => msg[..i].to_string(),
+        None => msg.to_string(),
+    }
+}
+
+/// A state file that exists but cannot be used: which file and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{} is damaged: {what}", .path.display())]
+pub struct Damaged {
+    pub path: std::path::PathBuf,
+    pub what: String,
+}
+
+/// Read and parse one of the run's own state files. Missing is `Ok(None)`; present but
+/// empty, torn, garbage or of the wrong shape is `Err(Damaged)` naming the file and what is
+/// wrong — never "no file" (DESIGN.md §3.12). I/O errors other than not-found are
+/// reported as damage too, with the OS error.
+pub fn read_strict<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, Damaged> {
+    let bytes = match read(path) {
+        Ok(Some(b)) => b,
+        Ok(None) => return Ok(None),
+        Err(e) => {
+            return Err(Damaged {
+                path: path.to_path_buf(),
+                what: format!("it cannot be read: {e}"),
+            })
+        }
+    };
+    parse_strict(&bytes).map(Some).map_err(|what| Damaged {
+        path: path.to_path_buf(),
+        what,
+    })
+}
+
+/// Parse a state document: first as JSON (empty, truncated, garbage), then into `T`
+/// (wrong shape), so each kind of damage is named as what it is.
+pub fn parse_strict<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+    let value: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|e| describe_json_error(bytes, &e))?;
+    serde_json::from_value(value)
+        .map_err(|e| format!("it is JSON of the wrong shape: {}", strip_position(&e.to_string())))
+}
+
+/// Rename `src` to `dst` only if `dst` does not exist: a commit never replaces what
+/// another writer (an older generation, the command itself) put there. An existing
+/// `dst` is an error of kind `AlreadyExists`.
+///
+/// `renameat2(RENAME_NOREPLACE)` where the filesystem supports it (local disks); else,
+/// for files, `link` + `unlink` (an exclusive create on the server, atomic on NFS and
+/// Lustre); else (blob FUSE has neither) a check followed by a rename, which leaves a
+/// window of one round trip in which a concurrent writer's file could be replaced.
+/// Directories fall back to a plain rename, which cannot replace a non-empty directory.
+pub fn rename_noreplace(src: &Path, dst: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+    };
+    let (s, d) = (c(src)?, c(dst)?);
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            s.as_ptr(),
+            libc::AT_FDCWD,
+            d.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    let unsupported = matches!(
+        err.raw_os_error(),
+        Some(libc::EINVAL) | Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP)
+    );
+    if !unsupported {
+        return Err(exists_as_already(err));
+    }
+    if fs::symlink_metadata(src)?.is_dir() {
+        return fs::rename(src, dst).map_err(exists_as_already);
+    }
+    match fs::hard_link(src, dst) {
+        Ok(()) => fs::remove_file(src),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(e),
+        Err(_) => {
+            if fs::symlink_metadata(dst).is_ok() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!("{} exists", dst.display()),
+                ));
+            }
+            fs::rename(src, dst)
+        }
+    }
+}
+
+fn exists_as_already(e: io::Error) -> io::Error {
+    match e.raw_os_error() {
+        Some(libc::EEXIST) | Some(libc::ENOTEMPTY) => {
+            io::Error::new(io::ErrorKind::AlreadyExists, e)
+        }
+        _ => e,
+    }
 }
 
 #[cfg(test)]
@@ -141,6 +284,56 @@ mod tests {
         assert!(!create_new(&p, b"second").unwrap());
         assert_eq!(fs::read(&p).unwrap(), b"first");
         assert_eq!(fs::read_dir(d.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn strict_reads_say_what_is_wrong() {
+        #[derive(serde::Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct R {
+            gen: u64,
+        }
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("cluster.json");
+        assert!(read_strict::<R>(&p).unwrap().is_none());
+        for (bytes, says) in [
+            (&b""[..], "empty"),
+            (b"{\"gen\": 1", "truncated"),
+            (b"\x00\x01garbage", "not valid JSON"),
+            (b"{\"gen\": \"x\"}", "wrong shape"),
+            (b"[1, 2]", "wrong shape"),
+        ] {
+            fs::write(&p, bytes).unwrap();
+            let e = read_strict::<R>(&p).unwrap_err();
+            assert!(e.what.contains(says), "{bytes:?}: {e}");
+            assert!(e.to_string().contains("cluster.json is damaged"), "{e}");
+        }
+        fs::write(&p, b"{\"gen\": 3}").unwrap();
+        assert_eq!(read_strict::<R>(&p).unwrap().unwrap().gen, 3);
+    }
+
+    #[test]
+    fn rename_noreplace_never_replaces() {
+        let d = tempfile::tempdir().unwrap();
+        let (a, b) = (d.path().join("a"), d.path().join("b"));
+        fs::write(&a, b"new").unwrap();
+        fs::write(&b, b"old").unwrap();
+        let e = rename_noreplace(&a, &b).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
+        assert_eq!(fs::read(&b).unwrap(), b"old");
+        assert_eq!(fs::read(&a).unwrap(), b"new");
+        fs::remove_file(&b).unwrap();
+        rename_noreplace(&a, &b).unwrap();
+        assert_eq!(fs::read(&b).unwrap(), b"new");
+        assert!(!a.exists());
+        // Directories: a non-empty destination is never replaced.
+        let (x, y) = (d.path().join("x"), d.path().join("y"));
+        fs::create_dir_all(x.join("in")).unwrap();
+        fs::create_dir_all(y.join("in")).unwrap();
+        assert_eq!(
+            rename_noreplace(&x, &y).unwrap_err().kind(),
+            io::ErrorKind::AlreadyExists
+        );
     }
 
     #[test]

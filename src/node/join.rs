@@ -11,7 +11,8 @@
 //! its master simply waits. Refusals (different configuration, rank held by a live
 //! process) happen before the worker writes anything.
 
-use super::{pid_alive, random_hex, Interrupt, Node, Stop};
+use super::{random_hex, Interrupt, Node, Stop};
+use crate::holder;
 use crate::exit;
 use crate::protocol::{wall_now, ClusterRecord, Mark, NodeState, RankRecord, PROTO};
 use crate::store;
@@ -51,6 +52,12 @@ impl Node {
                 String::new()
             },
             pid: if rank == self.rank { self.pid } else { 0 },
+            machine: if rank == self.rank {
+                self.ident.machine.clone()
+            } else {
+                String::new()
+            },
+            pid_start: if rank == self.rank { self.ident.start } else { 0 },
             nonce: if rank == self.rank {
                 self.nonce.clone()
             } else {
@@ -79,15 +86,14 @@ impl Node {
         }
     }
 
-    /// Is the process behind `rec` alive? Same host: ask the kernel. Elsewhere: alive once
-    /// its sequence advances, gone if it stays still for `patience` of our own time.
+    /// Is the process behind `rec` alive? Written on this machine: ask the kernel about
+    /// that pid *and* its start time (a reused pid is another process). Elsewhere: alive
+    /// once its sequence advances, gone if it stays still for `patience` of our own time.
     fn judge(&self, seen: &mut Seen, rec: &RankRecord, patience: Duration) -> Holder {
-        if rec.host == self.host {
-            return if rec.pid != self.pid && pid_alive(rec.pid) {
-                Holder::Alive
-            } else {
-                Holder::Gone
-            };
+        match holder::local(&rec.holder()) {
+            holder::Local::Alive => return Holder::Alive,
+            holder::Local::Gone => return Holder::Gone,
+            holder::Local::Elsewhere => {}
         }
         let now = Instant::now();
         let e = seen
@@ -203,6 +209,8 @@ impl Node {
             master_port: self.cfg.cluster.master_port,
             host: self.host.clone(),
             pid: self.pid,
+            machine: self.ident.machine.clone(),
+            pid_start: self.ident.start,
             started_at: wall_now(),
             previous: previous.clone(),
             run_fingerprint: self.cfg.run_fingerprint(),

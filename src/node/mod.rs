@@ -86,6 +86,8 @@ pub(crate) struct Node {
     layout: Layout,
     host: String,
     pid: u32,
+    /// This process as recorded in its records (machine and start time with the pid).
+    ident: crate::holder::ProcessId,
     nonce: String,
     fingerprint: String,
     events: Receiver<Event>,
@@ -177,6 +179,7 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
         layout,
         host: hostname(),
         pid: std::process::id(),
+        ident: crate::holder::this_process(),
         nonce: random_hex(8),
         fingerprint: cfg.fingerprint(),
         events: rx,

@@ -82,23 +82,24 @@ fn load(log_path: &Path) -> Result<Run, String> {
     })
 }
 
-/// Whether the process a record names is alive: same host, ask the kernel; another host,
-/// watch its heartbeat sequence for a few heartbeat intervals.
+/// Whether the process a record names is alive: written on this machine, ask the kernel
+/// (pid and start time, so a reused pid is not taken for it); elsewhere, watch its
+/// heartbeat sequence for a few heartbeat intervals.
 fn holder(layout: &Layout, rec: &RankRecord, heartbeat: Duration) -> String {
     if rec.state.is_terminal() || rec.state == NodeState::Vacant {
         return format!("{:?}", rec.state).to_lowercase();
     }
-    let host = gethostname::gethostname().to_string_lossy().into_owned();
-    if rec.host == host {
-        return if crate::node::pid_alive(rec.pid) {
-            format!("LIVE (pid {} on {})", rec.pid, rec.host)
-        } else {
-            format!(
+    match crate::holder::local(&rec.holder()) {
+        crate::holder::Local::Alive => {
+            return format!("LIVE (pid {} on {})", rec.pid, rec.host);
+        }
+        crate::holder::Local::Gone => {
+            return format!(
                 "stale: pid {} on {} is gone (it was {:?})",
                 rec.pid, rec.host, rec.state
-            )
-            .to_string()
-        };
+            );
+        }
+        crate::holder::Local::Elsewhere => {}
     }
     let path = layout.rank_record(rec.gen, rec.rank);
     let deadline = Instant::now() + heartbeat * 3;

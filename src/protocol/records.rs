@@ -8,8 +8,10 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Protocol version; a record with another version is ignored.
-pub const PROTO: u32 = 1;
+/// Protocol version. A live record with another version is ignored; a run whose
+/// `cluster.json` has another version is refused (never read as "no run"). 2: generation-
+/// specific command outputs and partial checkpoints, holder identity by start time.
+pub const PROTO: u32 = 2;
 
 /// Rank 0's record of the current generation (`.rl-node/cluster.json`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -26,6 +28,12 @@ pub struct ClusterRecord {
     pub master_port: u16,
     pub host: String,
     pub pid: u32,
+    /// Rank 0's machine and start time (`crate::holder`), so a reused pid is not taken
+    /// for it.
+    #[serde(default)]
+    pub machine: String,
+    #[serde(default)]
+    pub pid_start: u64,
     /// Wall-clock time of the start, for display only.
     pub started_at: String,
     /// Why the previous generation ended, as far as rank 0 could tell.
@@ -151,6 +159,12 @@ pub struct RankRecord {
     pub rank: u32,
     pub host: String,
     pub pid: u32,
+    /// The holder's machine and start time (`crate::holder`): with host and pid, who
+    /// holds the rank, so a dead node's pid reused by another process is not taken for it.
+    #[serde(default)]
+    pub machine: String,
+    #[serde(default)]
+    pub pid_start: u64,
     /// Random per process: tells two processes claiming one rank apart.
     pub nonce: String,
     /// Grows at every write; liveness is judged by watching it advance.
@@ -181,6 +195,16 @@ pub struct RankRecord {
 impl RankRecord {
     pub fn belongs_to(&self, run_id: &str, gen: u64, rank: u32) -> bool {
         self.proto == PROTO && self.run_id == run_id && self.gen == gen && self.rank == rank
+    }
+
+    /// The process holding this record.
+    pub fn holder(&self) -> crate::holder::ProcessId {
+        crate::holder::ProcessId {
+            host: self.host.clone(),
+            machine: self.machine.clone(),
+            pid: self.pid,
+            start: self.pid_start,
+        }
     }
 
     pub fn arrived_at(&self, k: u64) -> bool {
@@ -222,6 +246,8 @@ mod tests {
             rank,
             host: "h".into(),
             pid: 1,
+            machine: String::new(),
+            pid_start: 0,
             nonce: "n".into(),
             seq: 0,
             state: NodeState::Running,
