@@ -53,6 +53,12 @@ impl Layout {
         self.state_dir().join(format!("gen-{gen}"))
     }
 
+    /// A copy of the generation's cluster record, written once when it starts, from which
+    /// `rl-node recover --repair` rebuilds a damaged `cluster.json`.
+    pub fn gen_cluster(&self, gen: u64) -> PathBuf {
+        self.gen_dir(gen).join("cluster.json")
+    }
+
     /// Rank r's live record in generation `gen`: heartbeat, position, release, abort.
     pub fn rank_record(&self, gen: u64, rank: u32) -> PathBuf {
         self.gen_dir(gen).join(format!("rank-{rank}.json"))

@@ -15,5 +15,6 @@ pub mod node;
 pub mod observe;
 pub mod protocol;
 pub mod shards;
+pub mod state;
 pub mod store;
 pub mod work;

@@ -677,7 +677,7 @@ fn stale_records_of_other_runs_and_generations_do_not_confuse_a_fresh_cluster() 
     write_json(
         &state.join("cluster.json"),
         &serde_json::json!({
-            "proto": 1, "run_id": "0ldrun", "gen": 7, "num_nodes": 2, "rank_weights": [1, 1],
+            "proto": 2, "run_id": "0ldrun", "gen": 7, "num_nodes": 2, "rank_weights": [1, 1],
             "fingerprint": "0000000000000000", "config": {}, "master_addr": "stale-host.invalid",
             "master_port": 29500, "host": "stale-host.invalid", "pid": 4000000,
             "started_at": "2020-01-01T00:00:00.000+00:00", "previous": null

@@ -15,6 +15,7 @@ use super::{random_hex, Interrupt, Node, Stop};
 use crate::holder;
 use crate::exit;
 use crate::protocol::{wall_now, ClusterRecord, Mark, NodeState, RankRecord, PROTO};
+use crate::state::{self, StateError};
 use crate::store;
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
@@ -117,16 +118,29 @@ impl Node {
 
     fn join_master(&mut self) -> Result<(), Stop> {
         let layout = self.layout.clone();
-        let prev = store::read_json::<ClusterRecord>(&layout.cluster())
-            .ok()
-            .flatten()
-            .filter(|c| c.proto == PROTO);
+        let state_err = |e: StateError| Stop::usage(e.to_string(), Some(e.hint(layout.root())));
+        // The run's own state is read strictly: damage is an error naming the file, never
+        // "no run" (a new run started over the old one). --fresh sets it all aside anyway.
+        let mut damaged = None;
+        let prev = match state::read_cluster(&layout) {
+            Ok(p) => p,
+            Err(e) if self.fresh => {
+                damaged = Some(e);
+                None
+            }
+            Err(e) => return Err(state_err(e)),
+        };
         let mut previous = None;
         let (run_id, gen): (Option<ClusterRecord>, u64) = match &prev {
             Some(p) => {
-                let r0 = store::read_json::<RankRecord>(&layout.rank_record(p.gen, 0))
-                    .ok()
-                    .flatten();
+                let r0 = match store::read_strict::<RankRecord>(&layout.rank_record(p.gen, 0)) {
+                    Ok(r0) => r0,
+                    Err(e) if self.fresh => {
+                        damaged = Some(e.into());
+                        None
+                    }
+                    Err(e) => return Err(state_err(e.into())),
+                };
                 if let Some(r0) = r0 {
                     previous = Some(match r0.state {
                         NodeState::Done => format!("generation {} completed", p.gen),
@@ -151,8 +165,29 @@ impl Node {
             }
             None => (None, 1),
         };
-        let (run_id, gen) = self.choose_run(run_id, gen)?;
-        let resume = self.resume_point(&run_id);
+        let checked = match &run_id {
+            Some(p) if !self.fresh => {
+                let checked = state::check_run(&layout, p, &self.cfg.walk_item()).map_err(state_err)?;
+                for t in &checked.torn {
+                    self.say(t);
+                }
+                Some(checked)
+            }
+            _ => None,
+        };
+        if let Some(e) = &damaged {
+            self.say(&format!("--fresh: {e}"));
+        }
+        let unreadable_run = damaged.is_some() || (run_id.is_none() && state::run_evidence(&layout).is_some());
+        let (run_id, gen) = if self.fresh && run_id.is_none() && unreadable_run {
+            self.set_aside_unreadable()?
+        } else {
+            self.choose_run(run_id, gen)?
+        };
+        let resume = match &checked {
+            Some(c) => crate::protocol::journal::resume_point(&c.journals, &run_id, &self.cfg.walk_item()),
+            None => self.resume_point(&run_id),
+        };
         if self.cfg.cluster.iterations > 0 && resume.iteration > self.cfg.cluster.iterations {
             self.say(&format!(
                 "run {run_id} already completed iteration {} (--iterations {}): nothing to do",
@@ -224,6 +259,9 @@ impl Node {
             super::Publisher::start(path.clone(), me, self.join_beat())
                 .map_err(|e| io_err(format!("cannot write {}", path.display()), e))?,
         );
+        let copy = layout.gen_cluster(gen);
+        store::publish_json(&copy, &cluster)
+            .map_err(|e| io_err(format!("cannot write {}", copy.display()), e))?;
         store::publish_json(&layout.cluster(), &cluster)
             .map_err(|e| io_err(format!("cannot write {}", layout.cluster().display()), e))?;
         if let Some(p) = &previous {
@@ -234,11 +272,32 @@ impl Node {
             self.num_nodes() - 1
         ));
         self.event(json!({"event": "generation", "previous": previous}));
-        let history = json!({
-            "gen": gen, "run_id": run_id, "started_at": cluster.started_at, "host": self.host,
-            "pid": self.pid, "resume_iteration": cluster.resume.iteration, "previous": previous,
-        });
-        super::append_log(&layout.history(), &format!("{history}\n"));
+        let history = state::HistoryEntry {
+            gen,
+            run_id: run_id.clone(),
+            started_at: cluster.started_at.clone(),
+            host: self.host.clone(),
+            pid: self.pid,
+            resume_iteration: cluster.resume.iteration,
+            previous: previous.clone(),
+            walk: self.cfg.walk_item(),
+            discarded_from: None,
+        };
+        // Rank 0 is history.jsonl's only writer: it sets an unfinished last line aside so
+        // this entry starts on a line of its own.
+        match state::repair_tail(&layout.history(), gen) {
+            Ok(Some(aside)) => self.say(&format!(
+                "set the unfinished last line of {} aside in {}",
+                layout.history().display(),
+                aside.display()
+            )),
+            Ok(None) => {}
+            Err(e) => self.say(&format!("warning: {e}")),
+        }
+        super::append_log(
+            &layout.history(),
+            &format!("{}\n", serde_json::to_string(&history).expect("json")),
+        );
 
         let deadline = Instant::now() + self.cfg.timing.join_timeout;
         let mut last = Vec::new();
@@ -357,6 +416,31 @@ impl Node {
                 "to continue that run, start every node with its configuration; to start a new run in this directory, add --fresh to rank 0 (the old run's files are moved to previous-runs/, nothing is deleted)".into(),
             ),
         ))
+    }
+
+    /// `--fresh` over a run whose cluster record is damaged or missing: set it aside under
+    /// the run id its history names (or `unknown-<time>`), and start a new run.
+    fn set_aside_unreadable(&mut self) -> Result<(String, u64), Stop> {
+        let run_id = std::fs::read_to_string(self.layout.history())
+            .ok()
+            .and_then(|t| {
+                t.lines()
+                    .rev()
+                    .find_map(|l| serde_json::from_str::<state::HistoryEntry>(l).ok())
+            })
+            .map(|h| h.run_id)
+            .unwrap_or_else(|| format!("unknown-{}", chrono::Local::now().format("%Y%m%dT%H%M%S")));
+        let aside = self.set_run_aside(&run_id).map_err(|e| Stop {
+            code: exit::FAILED,
+            message: format!("--fresh: cannot set run {run_id} aside: {e}"),
+            hint: None,
+            detail: None,
+        })?;
+        self.say(&format!(
+            "--fresh: run {run_id} set aside in {} (nothing deleted); starting a new run",
+            aside.display()
+        ));
+        Ok((random_hex(6), 1))
     }
 
     /// Move every directory of the run into `previous-runs/<run_id>/`.
@@ -537,15 +621,20 @@ impl Node {
         seen: &mut Seen,
     ) -> Result<Option<(ClusterRecord, RankRecord)>, Stop> {
         let layout = self.layout.clone();
-        let Some(c) = store::read_json::<ClusterRecord>(&layout.cluster())
-            .ok()
-            .flatten()
-        else {
-            self.waiting_note = format!(
-                "no cluster record at {} yet: is rank 0 started?",
-                layout.cluster().display()
-            );
-            return Ok(None);
+        let c = match state::read_cluster(&layout) {
+            Ok(Some(c)) => c,
+            Ok(None) | Err(StateError::MissingCluster { .. }) => {
+                self.waiting_note = format!(
+                    "no cluster record at {} yet: is rank 0 started?",
+                    layout.cluster().display()
+                );
+                return Ok(None);
+            }
+            Err(e) => {
+                // Rank 0 refuses to start over this; say so while waiting for it.
+                self.waiting_note = format!("{e} (rank 0 will not start until it is repaired)");
+                return Ok(None);
+            }
         };
         if rejected.contains(&c.gen) {
             return Ok(None);

@@ -679,12 +679,31 @@ impl Node {
         let resume = self.cluster.as_ref().expect("joined").resume;
         let mut iteration = resume.iteration.max(1);
         let run_id = self.run_id().to_string();
-        self.journal = std::fs::read_to_string(self.layout.journal(self.rank))
-            .map(|t| journal::parse(&t))
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|e| e.run_id == run_id)
-            .collect();
+        // This rank is its journal's only writer: an unfinished last line (a crash
+        // mid-append) is set aside first, so the next entry starts on a line of its own.
+        let path = self.layout.journal(self.rank);
+        match crate::state::repair_tail(&path, self.gen()) {
+            Ok(Some(aside)) => self.say(&format!(
+                "{}: the unfinished last line (a crash mid-append) was set aside in {}",
+                path.display(),
+                aside.display()
+            )),
+            Ok(None) => {}
+            Err(e) => return Err(self.fail(AbortKind::Error, self.rank, None, e, None)),
+        }
+        self.journal = match crate::state::read_lines::<journal::Entry>(&path) {
+            Ok(lines) => lines.entries,
+            Err(e) => {
+                let hint = e.hint(self.layout.root());
+                let mut stop = self.fail(AbortKind::Error, self.rank, None, e.to_string(), None);
+                stop.code = exit::USAGE;
+                stop.hint = Some(hint);
+                return Err(stop);
+            }
+        }
+        .into_iter()
+        .filter(|e| e.run_id == run_id)
+        .collect();
         if last > 0 && iteration > last {
             self.say(&format!("all {last} iteration(s) were already complete"));
             return Ok(());
@@ -1013,6 +1032,7 @@ impl Node {
             iteration: self.iteration,
             item: item.to_string(),
             at: wall_now(),
+            note: None,
         };
         let path = self.layout.journal(self.rank);
         self.watchdog.pet("writing the journal");

@@ -1,20 +1,27 @@
 //! What a person (or a script) sees about a run, read from the files alone.
 
 pub mod recover;
+pub mod repair;
 pub mod status;
 
 use crate::layout::Layout;
 use crate::protocol::ClusterRecord;
 
-/// The run's cluster record, or a message saying there is no run at `layout`'s path.
+/// The run's cluster record, or a message saying there is no run at `layout`'s path, or
+/// which state file is damaged and what to do (`rl-node recover`).
 pub(crate) fn read_cluster(layout: &Layout) -> Result<ClusterRecord, String> {
-    crate::store::read_json(&layout.cluster())
-        .map_err(|e| format!("cannot read {}: {e}", layout.cluster().display()))?
-        .ok_or_else(|| {
-            format!(
-                "no rl-node run in {} (no {})",
-                layout.root().display(),
-                layout.cluster().display()
-            )
-        })
+    match crate::state::read_cluster(layout) {
+        Ok(Some(c)) => Ok(c),
+        Ok(None) => Err(format!(
+            "no rl-node run in {} (no {})",
+            layout.root().display(),
+            layout.cluster().display()
+        )),
+        Err(e) => Err(state_message(layout, &e)),
+    }
+}
+
+/// A state error with its hint, for `status` and `recover`.
+pub(crate) fn state_message(layout: &Layout, e: &crate::state::StateError) -> String {
+    format!("{e}\nhint: {}", e.hint(layout.root()))
 }

@@ -22,6 +22,86 @@ pub struct RecoverArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Repair damaged state files: rebuild `cluster.json` from its generation copy, move
+    /// unreadable records and lines to side files, rebuild lost journal entries from the
+    /// other journals and the history. Nothing is deleted. Refused while a node runs.
+    #[arg(long)]
+    pub repair: bool,
+}
+
+struct Out;
+impl Out {
+    fn line(&self, s: &str) {
+        println!("{s}");
+    }
+}
+
+/// Report damaged state and what `--repair` does (or did) about it. `DONE` when the state
+/// is usable afterwards (the normal report follows).
+fn damaged_state(
+    layout: &Layout,
+    problems: &[super::repair::Problem],
+    cluster: Option<&ClusterRecord>,
+    repair: bool,
+    _args: &RecoverArgs,
+) -> i32 {
+    let out = Out;
+    out.line(&format!("the run's state in {} is damaged:", layout.root().display()));
+    for (i, p) in problems.iter().enumerate() {
+        out.line(&format!("  {}. {}", i + 1, p.what));
+        match &p.repair {
+            Some(r) => out.line(&format!("     repair: {}", r.describe(layout.root()))),
+            None => out.line("     repair: none possible from the files alone (see above)"),
+        }
+    }
+    let repairable = problems.iter().all(|p| p.repair.is_some());
+    if !repair {
+        out.line("");
+        if repairable {
+            out.line(&format!(
+                "run `rl-node recover --log-path {} --repair` to make these repairs (nothing is deleted), or add --fresh to rank 0 to set the whole run aside and start a new one",
+                layout.root().display()
+            ));
+        } else {
+            out.line("some of this cannot be repaired from the files alone: add --fresh to rank 0 to set the run aside (nothing is deleted) and start a new one");
+        }
+        return crate::exit::USAGE;
+    }
+    if !repairable {
+        out.line("error: --repair: some problems cannot be repaired (see above); nothing was changed");
+        return crate::exit::USAGE;
+    }
+    if let Some(c) = cluster {
+        let heartbeat = c.config["timing"]["heartbeat-interval"]
+            .as_str()
+            .and_then(|s| humantime::parse_duration(s).ok())
+            .unwrap_or(Duration::from_secs(5));
+        for r in 0..c.num_nodes {
+            let rec = store::read_json::<RankRecord>(&layout.rank_record(c.gen, r)).ok().flatten();
+            if let Some(rec) = rec {
+                let h = holder(layout, &rec, heartbeat);
+                if h.starts_with("LIVE") {
+                    out.line(&format!(
+                        "error: --repair: rank {r} is still running ({h}): stop every node first; nothing was changed"
+                    ));
+                    return crate::exit::USAGE;
+                }
+            }
+        }
+    }
+    out.line("");
+    for p in problems {
+        let r = p.repair.as_ref().expect("repairable");
+        match super::repair::apply(layout, r) {
+            Ok(did) => out.line(&format!("repaired: {did}")),
+            Err(e) => {
+                out.line(&format!("error: --repair: {e}"));
+                return crate::exit::FAILED;
+            }
+        }
+    }
+    out.line("");
+    crate::exit::DONE
 }
 
 #[derive(Debug, Serialize)]
@@ -374,6 +454,31 @@ fn discard(run: &Run, rep: &Report, n: u64) -> Result<Vec<String>, String> {
             moved.push(format!("journal entries of iteration {n}+ of rank {r}"));
         }
     }
+    // The history says iterations up to some resume point were complete everywhere;
+    // record that n and later were set aside, so that is not read as lost journals.
+    let mark = crate::state::HistoryEntry {
+        gen: 0,
+        run_id: run.cluster.run_id.clone(),
+        started_at: crate::protocol::wall_now(),
+        host: gethostname::gethostname().to_string_lossy().into_owned(),
+        pid: std::process::id(),
+        resume_iteration: 0,
+        previous: None,
+        walk: run.walk.clone(),
+        discarded_from: Some(n),
+    };
+    let _ = crate::state::repair_tail(&l.history(), run.cluster.gen);
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(l.history())
+            .map_err(|e| format!("cannot write {}: {e}", l.history().display()))?;
+        writeln!(f, "{}", serde_json::to_string(&mark).expect("json"))
+            .and_then(|()| f.sync_all())
+            .map_err(|e| format!("cannot write {}: {e}", l.history().display()))?;
+    }
     moved.push(format!("(all in {})", dest.display()));
     Ok(moved)
 }
@@ -385,6 +490,15 @@ pub fn main(args: RecoverArgs, log_path: Option<String>) -> i32 {
         eprintln!("error: rl-node recover needs --log-path DIR");
         return crate::exit::USAGE;
     };
+    let layout = Layout::new(&path);
+    if let Some((problems, cluster)) = super::repair::diagnose(&layout) {
+        if !problems.is_empty() {
+            let code = damaged_state(&layout, &problems, cluster.as_ref(), args.repair, &args);
+            if code != crate::exit::DONE {
+                return code;
+            }
+        }
+    }
     let run = match load(Path::new(&path)) {
         Ok(r) => r,
         Err(e) => {

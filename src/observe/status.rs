@@ -105,11 +105,10 @@ pub fn read(log_path: &Path) -> Result<Status, String> {
             },
         })
         .collect();
-    let history = std::fs::read_to_string(layout.history())
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect();
+    // Strict like every reader of the run's state: a damaged line is named, not skipped.
+    let history = crate::state::read_lines::<serde_json::Value>(&layout.history())
+        .map_err(|e| super::state_message(&layout, &e))?
+        .entries;
     Ok(Status {
         history,
         run_id: c.run_id,
@@ -138,6 +137,13 @@ pub fn render(s: &Status) -> String {
     if !s.history.is_empty() {
         out.push_str("history:\n");
         for h in &s.history {
+            if let Some(n) = h["discarded_from"].as_u64() {
+                out.push_str(&format!(
+                    "  iterations {n} and later of run {} were set aside (rl-node recover --discard-iteration)\n",
+                    h["run_id"].as_str().unwrap_or("?")
+                ));
+                continue;
+            }
             out.push_str(&format!(
                 "  generation {} of run {}: started {} on {} (pid {}) at iteration {}{}\n",
                 h["gen"],

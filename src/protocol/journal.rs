@@ -31,9 +31,85 @@ pub struct Entry {
     /// Wall-clock time, for display only.
     #[serde(default)]
     pub at: String,
+    /// Set on entries not written by the work itself, e.g. rebuilt by `rl-node recover
+    /// --repair` from the history after a journal was lost: says where it came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
-/// Parse a journal file; a torn last line (a crash mid-append) is ignored.
+/// A JSON-lines state file (a journal, `history.jsonl`) as read: its entries, and a torn
+/// last line if a crash interrupted an append.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Lines<T> {
+    pub entries: Vec<T>,
+    pub tail: Tail,
+    /// Byte length of the text up to and including the last complete line.
+    pub clean_len: usize,
+}
+
+impl<T> Default for Lines<T> {
+    fn default() -> Self {
+        Lines {
+            entries: Vec::new(),
+            tail: Tail::Clean,
+            clean_len: 0,
+        }
+    }
+}
+
+/// How a JSON-lines file ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tail {
+    /// With a newline after its last entry (or empty).
+    Clean,
+    /// With a fragment after the last newline that does not parse: an append the writer
+    /// did not finish (a crash mid-write). Tolerated; the writer sets it aside before its
+    /// next append so that append starts on a new line.
+    Torn(String),
+}
+
+/// A line in the middle of a JSON-lines file that cannot be read: damage no crash of the
+/// (append-only, single) writer can cause, so it is never skipped silently.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadLine {
+    /// 1-based line number.
+    pub line: usize,
+    pub what: String,
+    pub text: String,
+}
+
+/// Parse a JSON-lines state file strictly: every complete line must be an entry (blank
+/// lines are skipped); only an unfinished last line (no newline after it) is tolerated,
+/// and reported in `tail`. A last line that parses but lacks its newline is an entry.
+pub fn parse_lines<T: serde::de::DeserializeOwned>(text: &str) -> Result<Lines<T>, BadLine> {
+    let mut out = Lines::default();
+    let (complete, fragment) = match text.rfind('\n') {
+        Some(i) => (&text[..=i], &text[i + 1..]),
+        None => ("", text),
+    };
+    out.clean_len = complete.len();
+    for (i, line) in complete.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let entry = crate::store::parse_strict::<T>(line.as_bytes()).map_err(|what| BadLine {
+            line: i + 1,
+            what,
+            text: line.chars().take(120).collect(),
+        })?;
+        out.entries.push(entry);
+    }
+    if !fragment.trim().is_empty() {
+        match serde_json::from_str::<T>(fragment) {
+            // Complete but for its newline: an entry (its writer adds the newline).
+            Ok(entry) => out.entries.push(entry),
+            Err(_) => out.tail = Tail::Torn(fragment.to_string()),
+        }
+    }
+    Ok(out)
+}
+
+/// Parse a journal file leniently (display only: `status`); a torn last line is ignored.
 pub fn parse(text: &str) -> Vec<Entry> {
     text.lines()
         .filter_map(|l| serde_json::from_str(l).ok())
@@ -97,6 +173,7 @@ mod tests {
             iteration,
             item: item.into(),
             at: String::new(),
+            note: None,
         }
     }
 
@@ -139,6 +216,25 @@ mod tests {
             serde_json::to_string(&e(0, 1, item::TRAIN)).unwrap()
         );
         assert_eq!(parse(&text), vec![e(0, 1, item::TRAIN)]);
+    }
+
+    #[test]
+    fn strict_parsing_tolerates_only_a_torn_last_line() {
+        let good = serde_json::to_string(&e(0, 1, item::TRAIN)).unwrap();
+        let p = parse_lines::<Entry>(&format!("{good}\n{{\"run_id\":\"r\",\"ge")).unwrap();
+        assert_eq!(p.entries, vec![e(0, 1, item::TRAIN)]);
+        assert_eq!(p.tail, Tail::Torn("{\"run_id\":\"r\",\"ge".into()));
+        assert_eq!(p.clean_len, good.len() + 1);
+        // Damage in the middle is an error naming the line.
+        let bad = parse_lines::<Entry>(&format!("{good}\ngarbage\n{good}\n")).unwrap_err();
+        assert_eq!(bad.line, 2);
+        assert!(bad.what.contains("not valid JSON"), "{bad:?}");
+        // A complete line of the wrong shape too.
+        let bad = parse_lines::<Entry>(&format!("{good}\n{{\"run_id\":1}}\n")).unwrap_err();
+        assert!(bad.what.contains("wrong shape"), "{bad:?}");
+        // Blank lines are harmless; an empty file is clean.
+        assert_eq!(parse_lines::<Entry>(&format!("\n{good}\n\n")).unwrap().entries.len(), 1);
+        assert_eq!(parse_lines::<Entry>("").unwrap().tail, Tail::Clean);
     }
 
     proptest! {

@@ -1,0 +1,299 @@
+//! `rl-node recover` on damaged state: what is wrong with each of the run's own state files,
+//! how it can be repaired, and (`--repair`) the repair itself.
+//!
+//! Repairs never delete: a damaged file or line is moved to a side file
+//! (`<file>.damaged-<time>`) next to it, and what is rebuilt is rebuilt from evidence the
+//! run wrote itself: `cluster.json` from the copy each generation writes into its
+//! directory (`gen-G/cluster.json`), lost journal entries from the other journals and the
+//! history (an iteration every rank must have completed), marked with a note saying so.
+
+use crate::layout::Layout;
+use crate::protocol::journal::{Entry, Tail};
+use crate::protocol::{ClusterRecord, RankRecord, PROTO};
+use crate::state::{self, HistoryEntry, StateError};
+use crate::store;
+use std::path::{Path, PathBuf};
+
+/// One problem and what `--repair` does about it (`None`: it cannot; the message says
+/// what to do instead).
+pub struct Problem {
+    pub what: String,
+    pub repair: Option<Repair>,
+}
+
+pub enum Repair {
+    /// Replace `cluster.json` (set aside if present) by a generation's copy.
+    RebuildCluster { from: PathBuf },
+    /// Move a damaged record aside; the restart treats the generation as ended.
+    SetAside { path: PathBuf },
+    /// Move the lines of a JSON-lines file that cannot be read (and an unfinished last
+    /// line) to a side file.
+    DropBadLines { path: PathBuf, kind: LinesKind },
+    /// Append rebuilt completion entries to a rank's journal.
+    RebuildJournal {
+        rank: u32,
+        entries: Vec<Entry>,
+    },
+}
+
+#[derive(Clone, Copy)]
+pub enum LinesKind {
+    Journal,
+    History,
+}
+
+impl Repair {
+    pub fn describe(&self, root: &Path) -> String {
+        let rel = |p: &Path| p.strip_prefix(root).unwrap_or(p).display().to_string();
+        match self {
+            Repair::RebuildCluster { from } => format!(
+                "rebuild .rl-node/cluster.json from {} (the damaged file, if any, is kept next to it)",
+                rel(from)
+            ),
+            Repair::SetAside { path } => format!(
+                "set {} aside (kept next to it as .damaged-<time>); the restart treats its generation as ended",
+                rel(path)
+            ),
+            Repair::DropBadLines { path, .. } => format!(
+                "move the lines of {} that cannot be read to a side file next to it (.damaged-<time>), keeping every good line",
+                rel(path)
+            ),
+            Repair::RebuildJournal { rank, entries } => format!(
+                "append {} rebuilt completion entr{} to rank {rank}'s journal (iterations {}), each marked as rebuilt from the evidence",
+                entries.len(),
+                if entries.len() == 1 { "y" } else { "ies" },
+                iterations(entries)
+            ),
+        }
+    }
+}
+
+fn iterations(entries: &[Entry]) -> String {
+    match (entries.first(), entries.last()) {
+        (Some(a), Some(b)) if a.iteration != b.iteration => format!("{}-{}", a.iteration, b.iteration),
+        (Some(a), _) => a.iteration.to_string(),
+        _ => String::new(),
+    }
+}
+
+/// The newest generation copy of the cluster record that parses, if any.
+fn newest_copy(layout: &Layout) -> Option<(PathBuf, ClusterRecord)> {
+    let mut gens: Vec<u64> = std::fs::read_dir(layout.state_dir())
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.strip_prefix("gen-")?.parse().ok())
+        .collect();
+    gens.sort_unstable_by(|a, b| b.cmp(a));
+    gens.into_iter().find_map(|g| {
+        let p = layout.gen_cluster(g);
+        match store::read_strict::<ClusterRecord>(&p) {
+            Ok(Some(c)) if c.proto == PROTO => Some((p, c)),
+            _ => None,
+        }
+    })
+}
+
+/// Everything wrong with the run's state at `layout`, and the cluster record to judge the
+/// rest by (the real one, or the one a repair would rebuild). `Ok(None)`: no run at all.
+pub fn diagnose(layout: &Layout) -> Option<(Vec<Problem>, Option<ClusterRecord>)> {
+    let mut problems = Vec::new();
+    let cluster = match state::read_cluster(layout) {
+        Ok(Some(c)) => Some(c),
+        Ok(None) => return None,
+        Err(e @ StateError::OtherProto { .. }) => {
+            problems.push(Problem {
+                what: format!("{e}; {}", e.hint(layout.root())),
+                repair: None,
+            });
+            return Some((problems, None));
+        }
+        Err(e) => match newest_copy(layout) {
+            Some((from, c)) => {
+                problems.push(Problem {
+                    what: e.to_string(),
+                    repair: Some(Repair::RebuildCluster { from }),
+                });
+                Some(c)
+            }
+            None => {
+                problems.push(Problem {
+                    what: format!(
+                        "{e}; no generation directory holds a copy to rebuild it from (runs started by an older rl-node have none): add --fresh to rank 0 to set the run aside (nothing is deleted) and start a new one"
+                    ),
+                    repair: None,
+                });
+                None
+            }
+        },
+    };
+    let Some(c) = cluster.clone() else {
+        return Some((problems, cluster));
+    };
+    let r0 = layout.rank_record(c.gen, 0);
+    if let Err(e) = store::read_strict::<RankRecord>(&r0) {
+        problems.push(Problem {
+            what: e.to_string(),
+            repair: Some(Repair::SetAside { path: r0 }),
+        });
+    }
+    let mut journals: Vec<Vec<Entry>> = Vec::new();
+    let mut history: Vec<HistoryEntry> = Vec::new();
+    for (path, kind) in std::iter::once((layout.history(), LinesKind::History)).chain(
+        (0..c.num_nodes).map(|r| (layout.journal(r), LinesKind::Journal)),
+    ) {
+        let (entries, problem) = lines_problem(&path, kind);
+        if let Some(p) = problem {
+            problems.push(p);
+        }
+        match kind {
+            LinesKind::History => {
+                history = entries
+                    .iter()
+                    .filter_map(|v| serde_json::from_value(v.clone()).ok())
+                    .collect()
+            }
+            LinesKind::Journal => journals.push(
+                entries
+                    .iter()
+                    .filter_map(|v| serde_json::from_value(v.clone()).ok())
+                    .collect(),
+            ),
+        }
+    }
+    let walk = walk_of(&c);
+    for e in state::lost_journals(layout, &journals, &history, &c.run_id, &walk) {
+        let StateError::LostJournal { rank, .. } = &e else {
+            continue;
+        };
+        let rank = *rank;
+        let (floor, why) = state::evidence_floor(&journals, &history, &c.run_id, &walk);
+        let last = crate::protocol::journal::last_complete(&journals[rank as usize], &c.run_id, &walk);
+        let entries = (last + 1..=floor)
+            .map(|iteration| Entry {
+                run_id: c.run_id.clone(),
+                gen: c.gen,
+                rank,
+                iteration,
+                item: walk.clone(),
+                at: crate::protocol::wall_now(),
+                note: Some(format!("rebuilt by rl-node recover --repair: {why}")),
+            })
+            .collect();
+        problems.push(Problem {
+            what: e.to_string(),
+            repair: Some(Repair::RebuildJournal { rank, entries }),
+        });
+    }
+    Some((problems, cluster))
+}
+
+/// The walk's completion item recorded in a cluster record's configuration.
+pub fn walk_of(c: &ClusterRecord) -> String {
+    let cc = &c.config["cluster"];
+    let rl_phase = serde_json::from_value(cc["rl-phase"].clone()).unwrap_or(crate::config::RlPhase::Both);
+    let split = serde_json::from_value(cc["rollout-split"].clone())
+        .unwrap_or(crate::config::RolloutSplit::All);
+    crate::config::walk_item(rl_phase, split)
+}
+
+/// Read a JSON-lines file as values; any unreadable line is a problem.
+fn lines_problem(path: &Path, kind: LinesKind) -> (Vec<serde_json::Value>, Option<Problem>) {
+    let strict = match kind {
+        LinesKind::Journal => state::read_lines::<Entry>(path).map(|l| l.tail),
+        LinesKind::History => state::read_lines::<HistoryEntry>(path).map(|l| l.tail),
+    };
+    let text = std::fs::read(path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
+    let good: Vec<serde_json::Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let problem = match strict {
+        Ok(Tail::Clean) => None,
+        Ok(Tail::Torn(f)) => Some(Problem {
+            what: format!("{} (tolerated: its writer sets it aside at its next start)", state::torn_note(path, &f)),
+            repair: Some(Repair::DropBadLines { path: path.to_path_buf(), kind }),
+        }),
+        Err(e) => Some(Problem {
+            what: e.to_string(),
+            repair: Some(Repair::DropBadLines { path: path.to_path_buf(), kind }),
+        }),
+    };
+    (good, problem)
+}
+
+fn stamp() -> String {
+    chrono::Local::now().format("damaged-%Y%m%dT%H%M%S").to_string()
+}
+
+/// Carry out one repair; says what it did.
+pub fn apply(layout: &Layout, repair: &Repair) -> Result<String, String> {
+    let rel = |p: &Path| p.strip_prefix(layout.root()).unwrap_or(p).display().to_string();
+    match repair {
+        Repair::RebuildCluster { from } => {
+            let target = layout.cluster();
+            let mut note = String::new();
+            if target.exists() {
+                let aside = state::side_path(&target, &stamp());
+                std::fs::rename(&target, &aside).map_err(|e| format!("cannot move {}: {e}", target.display()))?;
+                note = format!(" (the damaged one is {})", rel(&aside));
+            }
+            let bytes = std::fs::read(from).map_err(|e| format!("cannot read {}: {e}", from.display()))?;
+            store::publish(&target, &bytes).map_err(|e| format!("cannot write {}: {e}", target.display()))?;
+            Ok(format!("rebuilt .rl-node/cluster.json from {}{note}", rel(from)))
+        }
+        Repair::SetAside { path } => {
+            let aside = state::side_path(path, &stamp());
+            std::fs::rename(path, &aside).map_err(|e| format!("cannot move {}: {e}", path.display()))?;
+            Ok(format!("set {} aside as {}", rel(path), rel(&aside)))
+        }
+        Repair::DropBadLines { path, kind } => {
+            let text = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            let text = String::from_utf8_lossy(&text).into_owned();
+            let ok = |l: &str| match kind {
+                LinesKind::Journal => store::parse_strict::<Entry>(l.as_bytes()).is_ok(),
+                LinesKind::History => store::parse_strict::<HistoryEntry>(l.as_bytes()).is_ok(),
+            };
+            let (mut keep, mut drop) = (String::new(), String::new());
+            let complete = text.ends_with('\n');
+            let lines: Vec<&str> = text.lines().collect();
+            for (i, l) in lines.iter().enumerate() {
+                let last_unterminated = i + 1 == lines.len() && !complete;
+                if l.trim().is_empty() {
+                    continue;
+                }
+                if ok(l) {
+                    keep.push_str(l);
+                    keep.push('\n');
+                } else {
+                    drop.push_str(&format!("line {}{}: {l}\n", i + 1, if last_unterminated { " (unfinished)" } else { "" }));
+                }
+            }
+            let aside = state::side_path(path, &stamp());
+            store::publish(&aside, drop.as_bytes()).map_err(|e| format!("cannot write {}: {e}", aside.display()))?;
+            store::publish(path, keep.as_bytes()).map_err(|e| format!("cannot rewrite {}: {e}", path.display()))?;
+            Ok(format!(
+                "moved {} unreadable line(s) of {} to {}",
+                drop.lines().count(),
+                rel(path),
+                rel(&aside)
+            ))
+        }
+        Repair::RebuildJournal { rank, entries } => {
+            let path = layout.journal(*rank);
+            let mut text = std::fs::read_to_string(&path).unwrap_or_default();
+            if !text.is_empty() && !text.ends_with('\n') {
+                text.push('\n');
+            }
+            for e in entries {
+                text.push_str(&serde_json::to_string(e).expect("json"));
+                text.push('\n');
+            }
+            store::publish(&path, text.as_bytes()).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            Ok(format!(
+                "appended rebuilt completion entries for iteration(s) {} to {}",
+                iterations(entries),
+                rel(&path)
+            ))
+        }
+    }
+}
