@@ -441,7 +441,13 @@ pub struct MergeOptions {
     pub command_log: Option<PathBuf>,
     /// A node's process registry, so the merge command is stopped with the node.
     pub registry: Option<Arc<Registry>>,
+    /// Called immediately before the merged file is published: an error (this node's
+    /// generation was replaced) stops the merge with nothing published.
+    pub fence: Option<Fence>,
 }
+
+/// A check that this node may still publish (see `node::fence`).
+pub type Fence = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
 impl std::fmt::Debug for MergeOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -471,6 +477,7 @@ impl Default for MergeOptions {
             kill_grace: Duration::from_secs(10),
             command_log: None,
             registry: None,
+            fence: None,
         }
     }
 }
@@ -549,8 +556,13 @@ pub struct RankEntry {
     /// when the merge stopped before reading it).
     pub sha256: Option<String>,
     pub dropped: Vec<Dropped>,
-    /// Earlier attempts of this rank set aside (`rank-R.partial.jsonl.stale-genG`); never merged.
+    /// Earlier attempts of this rank set aside (`rank-R.partial.jsonl.stale-genG`, older
+    /// generations' `rank-R.partial.gG.jsonl`); never merged.
     pub set_aside: Vec<String>,
+    /// Set when the rank's rollout command wrote the committed shard name itself (instead
+    /// of `{output}`) and rl-node adopted the file: says so, from the rank's journal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adopted: Option<String>,
     /// Every gap or oddity of this rank, for humans (file:line where it applies).
     pub problems: Vec<String>,
 }
@@ -896,7 +908,7 @@ pub fn merge(
                 RankStatus::Partial => format!(
                     "rank {} has only a partial shard {} (its command did not finish)",
                     r.rank,
-                    layout.shard_partial(iteration, split, r.rank).display()
+                    layout.root().join(r.source.as_deref().unwrap_or("")).display()
                 ),
                 _ => format!(
                     "rank {} has no shard ({} does not exist)",
@@ -994,6 +1006,9 @@ pub fn merge(
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(werr(&mpath)(e)),
+        }
+        if let Some(fence) = &opts.fence {
+            fence().map_err(|m| werr(&out)(io::Error::other(m)))?;
         }
         std::fs::rename(&tmp, &out).map_err(werr(&out))?;
         crate::store::fsync_dir(&out_dir).map_err(werr(&out_dir))?;
@@ -1348,6 +1363,18 @@ fn stale_gen(name: &str, rank: u32) -> Option<u64> {
     stale_gen_of(name, &format!("rank-{rank}.partial.jsonl"))
 }
 
+/// The journal note of a rank whose rollout command wrote its shard name itself.
+fn adopted_by_command(layout: &Layout, iteration: u64, split: &str, rank: u32) -> Option<String> {
+    let text = std::fs::read_to_string(layout.journal(rank)).ok()?;
+    let item = format!("rollout-{split}");
+    crate::protocol::journal::parse(&text)
+        .into_iter()
+        .rev()
+        .find(|e| e.iteration == iteration && e.item == item)
+        .and_then(|e| e.note)
+        .filter(|n| n.starts_with("adopted"))
+}
+
 /// Generation G of `<partial>.stale-genG` (see `Layout::stale_partial`).
 fn stale_gen_of(name: &str, partial: &str) -> Option<u64> {
     let g = name.strip_prefix(partial)?.strip_prefix(".stale-gen")?;
@@ -1379,9 +1406,9 @@ fn survey(
         }
     };
     let committed = layout.shard(iteration, split, rank);
-    let partial = layout.shard_partial(iteration, split, rank);
-    let dir = partial.parent().map(Path::to_path_buf).unwrap_or_default();
-    let partial_name = partial
+    let base = layout.shard_partial(iteration, split, rank);
+    let dir = base.parent().map(Path::to_path_buf).unwrap_or_default();
+    let partial_name = base
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
@@ -1390,7 +1417,25 @@ fn survey(
         .filter_map(|n| stale_gen_of(n, &partial_name).map(|g| (g, n)))
         .collect();
     stale.sort();
-    let set_aside: Vec<String> = stale.iter().map(|(_, n)| rel(&dir.join(n))).collect();
+    let mut set_aside: Vec<String> = stale.iter().map(|(_, n)| rel(&dir.join(n))).collect();
+    // Each generation writes its own partial file (`rank-R.partial.gG.jsonl`): the newest
+    // generation's is this rank's partial; older ones (a node that woke up late) are not.
+    let mut by_gen: Vec<(u64, &String)> = listing
+        .iter()
+        .filter_map(|n| crate::layout::gen_of(n, &partial_name).map(|g| (g, n)))
+        .collect();
+    by_gen.sort();
+    let partial = match by_gen.pop() {
+        Some((_, newest)) => {
+            if listing.contains(&partial_name) {
+                set_aside.push(rel(&base));
+            }
+            set_aside.extend(by_gen.iter().map(|(_, n)| rel(&dir.join(n))));
+            dir.join(newest)
+        }
+        None => base,
+    };
+    let adopted = adopted_by_command(layout, iteration, split, rank);
     let mut problems = Vec::new();
     let (status, source, source_bytes) = if let Some(n) = size(&committed)? {
         if let Some(p) = size(&partial)? {
@@ -1424,6 +1469,7 @@ fn survey(
     Ok(RankEntry {
         rank,
         status,
+        adopted: adopted.filter(|_| status == RankStatus::Complete),
         source,
         source_bytes,
         offset: 0,
@@ -1865,6 +1911,7 @@ mod tests {
             sha256: None,
             dropped: vec![],
             set_aside: vec![],
+            adopted: None,
             problems: vec![],
         };
         let (out, hashes) = with_writer(Vec::new(), Path::new("tmp"), |sink| {

@@ -33,10 +33,16 @@ pub struct Manifest {
 /// Test-only fault injection: `RL_NODE_TEST_CRASH_AT=<point>` aborts the process at that
 /// point (of a hand-off, or between committing work and journaling it), to prove a crash
 /// there loses nothing and leaves nothing half-published.
+/// `RL_NODE_TEST_STOP_AT=<point>` instead stops the whole process there (SIGSTOP), as a
+/// paused VM or a hung host would, until a test sends SIGCONT.
 pub(crate) fn crash_point(point: &str) {
     if std::env::var("RL_NODE_TEST_CRASH_AT").is_ok_and(|v| v == point) {
         eprintln!("RL_NODE_TEST_CRASH_AT={point}: aborting");
         std::process::abort();
+    }
+    if std::env::var("RL_NODE_TEST_STOP_AT").is_ok_and(|v| v == point) {
+        eprintln!("RL_NODE_TEST_STOP_AT={point}: stopping (SIGSTOP)");
+        unsafe { libc::raise(libc::SIGSTOP) };
     }
 }
 

@@ -112,6 +112,14 @@ impl Layout {
         self.naming.partial(&self.root, iteration, split, rank)
     }
 
+    /// Where generation `gen`'s command writes a rank's shard (`{output}`): the partial
+    /// name with `.gG` before its last extension (`rank-1.partial.g3.jsonl`). A node of an
+    /// older generation that wakes up (a frozen host) can only ever write its own
+    /// generation's file, which no newer generation commits.
+    pub fn shard_partial_gen(&self, iteration: u64, split: &str, rank: u32, gen: u64) -> PathBuf {
+        with_gen(&self.shard_partial(iteration, split, rank), gen)
+    }
+
     /// Where an earlier attempt's partial shard is set aside in generation `gen`
     /// (`<partial>.stale-genG`), never merged and never deleted.
     pub fn stale_partial(&self, iteration: u64, split: &str, rank: u32, gen: u64) -> PathBuf {
@@ -133,8 +141,26 @@ impl Layout {
             .join("prepared")
     }
 
-    pub fn train_output(&self, iteration: u64) -> PathBuf {
-        self.root.join("train").join(iter_dir(iteration))
+    /// Where generation `gen` trains iteration `iteration` (`train/iter-NNNN/gen-G`): a
+    /// per-generation directory, so an older generation's training that wakes up never
+    /// writes into the one the hand-off publishes.
+    pub fn train_output(&self, iteration: u64, gen: u64) -> PathBuf {
+        self.root
+            .join("train")
+            .join(iter_dir(iteration))
+            .join(format!("gen-{gen}"))
+    }
+
+    /// Where generation `gen`'s prepare command writes (`{output}`), renamed to
+    /// [`Layout::prepared`] when it exits 0.
+    pub fn prepared_partial(&self, iteration: u64, gen: u64) -> PathBuf {
+        with_gen(
+            &self.root
+                .join("rollouts")
+                .join(iter_dir(iteration))
+                .join("prepared.partial"),
+            gen,
+        )
     }
 
     /// Immutable published checkpoints and the `LATEST` pointer.
@@ -148,5 +174,53 @@ impl Layout {
             .join("logs")
             .join(iter_dir(iteration))
             .join(format!("rank-{rank}.{phase}.log"))
+    }
+}
+
+/// `path` with `.g{gen}` inserted before the last extension of its file name when that
+/// extension is plain (letters, digits, `_`), else appended: `rank-1.partial.jsonl` →
+/// `rank-1.partial.g3.jsonl`, `x_rank_1.partial` → `x_rank_1.g3.partial`.
+pub fn with_gen(path: &Path, gen: u64) -> PathBuf {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let (pre, post) = split_ext(&name);
+    path.with_file_name(format!("{pre}.g{gen}{post}"))
+}
+
+/// The generation of `name` if it is `base` with a generation inserted ([`with_gen`]).
+pub fn gen_of(name: &str, base: &str) -> Option<u64> {
+    let (pre, post) = split_ext(base);
+    let digits = name.strip_prefix(pre)?.strip_prefix(".g")?.strip_suffix(post)?;
+    (!digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit()))
+        .then(|| digits.parse().ok())
+        .flatten()
+}
+
+fn split_ext(name: &str) -> (&str, &str) {
+    match name.rfind('.') {
+        Some(dot)
+            if dot > 0
+                && dot + 1 < name.len()
+                && name[dot + 1..].chars().all(|c| c.is_ascii_alphanumeric() || c == '_') =>
+        {
+            (&name[..dot], &name[dot..])
+        }
+        _ => (name, ""),
+    }
+}
+
+#[cfg(test)]
+mod gen_tests {
+    use super::*;
+
+    #[test]
+    fn generation_specific_names() {
+        let p = Path::new("/x/rank-1.partial.jsonl");
+        assert_eq!(with_gen(p, 3), Path::new("/x/rank-1.partial.g3.jsonl"));
+        assert_eq!(gen_of("rank-1.partial.g3.jsonl", "rank-1.partial.jsonl"), Some(3));
+        assert_eq!(gen_of("rank-1.partial.jsonl", "rank-1.partial.jsonl"), None);
+        assert_eq!(gen_of("rank-1.partial.gx.jsonl", "rank-1.partial.jsonl"), None);
+        assert_eq!(with_gen(Path::new("a_rank_1.partial"), 2), Path::new("a_rank_1.g2.partial"));
+        assert_eq!(with_gen(Path::new("prep-"), 2), Path::new("prep-.g2"));
+        assert_eq!(gen_of("prep-.g2", "prep-"), Some(2));
     }
 }

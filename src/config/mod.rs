@@ -217,6 +217,8 @@ pub struct Aggregate {
     pub command: String,
     #[serde(with = "duration")]
     pub timeout: Duration,
+    /// A rollout that writes nothing commits an empty shard instead of failing.
+    pub allow_empty_shards: bool,
 }
 
 impl Aggregate {

@@ -301,7 +301,20 @@ impl Node {
 
         let deadline = Instant::now() + self.cfg.timing.join_timeout;
         let mut last = Vec::new();
+        let run = run_id.clone();
         let joined = self.wait_for(deadline, |n| {
+            // Two masters started at once both publish a generation; the last to write
+            // cluster.json owns the run. The other learns it here, at its next poll.
+            if let Err(why) = super::fence_check(&n.layout, gen, &run) {
+                n.publisher().update(|r| {
+                    r.state = NodeState::Left;
+                    r.waiting_for.clear();
+                });
+                return Err(Stop::usage(
+                    format!("another rank 0 owns this run: {why}; this rank 0 leaves its generation {gen}"),
+                    Some("start exactly one rank 0 (--master) per --log-path; `rl-node status` shows the one that runs".into()),
+                ));
+            }
             let missing = crate::protocol::missing_arrivals(&n.peers, 0);
             if missing.is_empty() {
                 return Ok(Some(()));
@@ -584,13 +597,20 @@ impl Node {
                 if n.peers[0].as_ref().is_some_and(|r| r.released_at(0)) {
                     return Ok(Some(true));
                 }
+                // Rank 0 left (another rank 0 took the run) or the generation was replaced:
+                // wait for the current one instead of for a dead-after.
+                if n.peers[0].as_ref().is_some_and(|r| r.state.is_terminal())
+                    || super::fence_check(&n.layout, gen, &cluster.run_id).is_err()
+                {
+                    return Ok(Some(false));
+                }
                 Ok(n.liveness.is_dead(0, Instant::now()).then_some(false))
             });
             match released {
                 Ok(true) => break,
                 Ok(false) => {
                     self.say(&format!(
-                        "rank 0 of generation {gen} stopped heartbeating before the cluster formed; waiting for a new generation"
+                        "rank 0 of generation {gen} left or stopped heartbeating before the cluster formed; waiting for a new generation"
                     ));
                     if let Some(p) = self.publisher.take() {
                         p.finish(|r| r.state = NodeState::Left, Duration::from_secs(5));

@@ -111,6 +111,8 @@ pub(crate) struct Node {
     exited: HashMap<i32, ChildExit>,
     /// What the current wait is waiting for, for "still waiting" lines.
     waiting_note: String,
+    /// A note for the next journal entry (e.g. that the shard was adopted).
+    journal_note: Option<String>,
     /// The generation formed (join released): from now on a silent peer is dead.
     formed: bool,
     /// The heartbeat thread's last write error, to report changes once.
@@ -197,6 +199,7 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
         eval_now: false,
         exited: HashMap::new(),
         waiting_note: String::new(),
+        journal_note: None,
         formed: false,
         write_error: None,
         server: None,
@@ -239,8 +242,44 @@ impl Node {
         self.cfg.cluster.num_nodes
     }
 
+    /// The model for messages: never an empty value.
+    fn model_label(&self) -> String {
+        if self.model.is_empty() {
+            "the base model (cluster.model is empty)".to_string()
+        } else {
+            self.model.clone()
+        }
+    }
+
     fn gen(&self) -> u64 {
         self.cluster.as_ref().map(|c| c.gen).unwrap_or(0)
+    }
+
+    /// Fencing: is this node still of the run's current generation? Checked immediately
+    /// before every commit (a shard, an item, the merged file, a journal entry, the
+    /// prepared data, a checkpoint and `LATEST`). A node of a generation that was
+    /// replaced while it was frozen (a paused VM, a hung kernel) stops here without
+    /// touching what the newer generation owns. The residual window — between this read
+    /// and the rename it guards — is documented in docs/shared-directory.md.
+    fn fence(&mut self, what: &str) -> Result<(), Stop> {
+        self.watchdog.pet("checking that this generation is current");
+        let check = fence_check(&self.layout, self.gen(), self.run_id());
+        self.watchdog.pet("checked the generation");
+        check.map_err(|why| {
+            self.event(json!({"event": "fenced", "what": what, "why": why}));
+            Stop {
+                code: exit::PEER_FAILED,
+                message: format!("{why}: this node did not {what}, and stops without touching the newer generation's files"),
+                hint: Some("nothing to do: the current generation carries on (rl-node status shows it)".into()),
+                detail: None,
+            }
+        })
+    }
+
+    /// A [`Node::fence`] that other threads (the merge) can call.
+    fn fence_fn(&self) -> crate::aggregate::Fence {
+        let (layout, gen, run) = (self.layout.clone(), self.gen(), self.run_id().to_string());
+        std::sync::Arc::new(move || fence_check(&layout, gen, &run))
     }
 
     fn run_id(&self) -> &str {
@@ -840,11 +879,7 @@ impl Node {
             Phase::RestartServer => self.start_server()?,
             Phase::PrepareData => {
                 if self.is_master() && cfg.phases.prepare.is_set() {
-                    let out = self.layout.prepared(self.iteration);
-                    self.once(journal::item::PREPARE, |n| {
-                        n.run_command("prepare", &cfg.phases.prepare, None, &out, false)
-                            .map(|_| ())
-                    })?;
+                    self.once(journal::item::PREPARE, |n| n.prepare(&cfg.phases.prepare))?;
                 }
             }
             Phase::Training => {
@@ -857,7 +892,7 @@ impl Node {
                         self.iteration
                     ));
                 } else if cfg.phases.train.is_set() {
-                    let out = self.layout.train_output(self.iteration);
+                    let out = self.layout.train_output(self.iteration, self.gen());
                     self.run_command("train", &cfg.phases.train, None, &out, true)?;
                 }
                 self.journal_item(journal::item::TRAIN)?;
@@ -912,54 +947,175 @@ impl Node {
     }
 
     /// Run this rank's rollout for `split` and commit its shard: the command writes
-    /// `rank-R.partial.jsonl` (`{output}`), which is renamed to `rank-R.jsonl` only after
-    /// the command exited 0.
+    /// this generation's partial file (`{output}`, `rank-R.partial.gG.jsonl`), which is
+    /// renamed to `rank-R.jsonl` only after the command exited 0 and only while this
+    /// generation is current. rl-node never replaces a file it did not write: a shard
+    /// left by an earlier attempt is set aside first, and a command that wrote the shard
+    /// name itself has that file adopted.
     fn rollout(&mut self, split: &str, phase: &str, pc: &PhaseCommand) -> Result<(), Stop> {
         if !pc.is_set() {
             return Ok(());
         }
-        let (it, rank) = (self.iteration, self.rank);
-        let partial = self.layout.shard_partial(it, split, rank);
+        let (it, rank, gen) = (self.iteration, self.rank, self.gen());
+        let partial = self.layout.shard_partial_gen(it, split, rank, gen);
         let shard = self.layout.shard(it, split, rank);
         let io = |n: &mut Node, what: String, e: std::io::Error| {
             n.fail(AbortKind::Error, n.rank, None, format!("{what}: {e}"), None)
         };
         self.watchdog.pet("preparing the rollout directory");
-        if let Err(e) = std::fs::create_dir_all(partial.parent().expect("has parent")) {
-            return Err(io(
-                self,
-                format!("cannot create {}", partial.parent().unwrap().display()),
-                e,
-            ));
+        for dir in [partial.parent(), shard.parent()].into_iter().flatten() {
+            if let Err(e) = std::fs::create_dir_all(dir) {
+                return Err(io(self, format!("cannot create {}", dir.display()), e));
+            }
         }
-        if partial.exists() {
-            // Left by an earlier attempt: keep it (never lose trajectories), out of the way.
-            let aside = self.layout.stale_partial(it, split, rank, self.gen());
-            let _ = std::fs::rename(&partial, &aside);
+        // Left by an earlier attempt (committed but not journaled, or this generation's
+        // own partial): kept (never lose trajectories), out of the way, never merged.
+        for (what, path) in [("shard", &shard), ("partial shard", &partial)] {
+            if std::fs::symlink_metadata(path).is_ok() {
+                let aside = crate::state::side_path(path, &format!("stale-gen{gen}"));
+                if let Err(e) = std::fs::rename(path, &aside) {
+                    return Err(io(self, format!("cannot set the earlier {what} {} aside", path.display()), e));
+                }
+                self.say(&format!(
+                    "an earlier attempt's {what} {} was set aside as {} (not merged)",
+                    path.display(),
+                    aside.display()
+                ));
+            }
         }
         let log = self.run_command(phase, pc, Some(split), &partial, false)?;
+        self.fence(&format!("commit its {split} shard of iteration {it}"))?;
         self.watchdog.pet("committing the shard");
-        let commit = if partial.exists() {
-            std::fs::File::open(&partial)
+        let wrote_output = std::fs::symlink_metadata(&partial).is_ok();
+        let wrote_shard = std::fs::symlink_metadata(&shard).is_ok();
+        let mut adopted = false;
+        let commit = match (wrote_output, wrote_shard) {
+            (true, true) => {
+                return Err(self.fail(
+                    AbortKind::Error,
+                    rank,
+                    None,
+                    format!(
+                        "the {phase} command wrote both {{output}} ({}) and the shard name itself ({}): rl-node does not know which is the shard and replaces neither",
+                        partial.display(),
+                        shard.display()
+                    ),
+                    Some(&log),
+                ))
+            }
+            (true, false) => std::fs::File::open(&partial)
                 .and_then(|f| f.sync_all())
-                .and_then(|()| std::fs::rename(&partial, &shard))
-        } else {
-            append_log(
-                &log,
-                &format!(
-                    "### rl-node warning: the command wrote no {}; committing an empty shard\n",
-                    partial.display()
-                ),
-            );
-            self.say(&format!(
-                "warning: the {phase} command wrote no output; empty shard committed"
-            ));
-            store::publish(&shard, b"")
+                .and_then(|()| store::rename_noreplace(&partial, &shard)),
+            (false, true) => {
+                // The command named its own file (webgym's rollout does): adopt it.
+                adopted = true;
+                append_log(
+                    &log,
+                    &format!(
+                        "### rl-node: the command wrote {} itself (not {{output}}); adopted as this rank's shard\n",
+                        shard.display()
+                    ),
+                );
+                self.say(&format!(
+                    "the {phase} command wrote the shard {} itself; adopted",
+                    shard.display()
+                ));
+                match std::fs::metadata(&shard) {
+                    Ok(m) if m.is_file() => std::fs::File::open(&shard).and_then(|f| f.sync_all()),
+                    Ok(_) => Err(std::io::Error::other("not a regular file")),
+                    Err(e) => Err(e),
+                }
+            }
+            (false, false) if self.cfg.aggregate.allow_empty_shards => {
+                append_log(
+                    &log,
+                    &format!(
+                        "### rl-node: the command wrote no {}; committing an empty shard (aggregate.allow-empty-shards)\n",
+                        partial.display()
+                    ),
+                );
+                self.say(&format!(
+                    "the {phase} command wrote no output; empty shard committed (aggregate.allow-empty-shards)"
+                ));
+                store::create_new(&shard, b"").and_then(|created| {
+                    if created {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, "appeared meanwhile"))
+                    }
+                })
+            }
+            (false, false) => {
+                return Err(self.fail(
+                    AbortKind::Error,
+                    rank,
+                    None,
+                    format!(
+                        "the {phase} command exited 0 but wrote no output: neither {{output}} ({}) nor {} exists",
+                        partial.display(),
+                        shard.display()
+                    ),
+                    Some(&log),
+                ))
+            }
         };
         if let Err(e) = commit.and_then(|()| store::fsync_dir(shard.parent().unwrap())) {
-            return Err(io(self, format!("cannot commit {}", shard.display()), e));
+            let what = if e.kind() == std::io::ErrorKind::AlreadyExists {
+                format!(
+                    "cannot commit {}: another writer created it while this rank's command ran (not replaced)",
+                    shard.display()
+                )
+            } else {
+                format!("cannot commit {}: {e}", shard.display())
+            };
+            return Err(self.fail(AbortKind::Error, rank, None, what, None));
         }
-        self.event(json!({"event": "commit", "split": split, "path": shard.display().to_string()}));
+        if adopted {
+            self.journal_note = Some(format!("adopted: the command wrote {} itself", shard.display()));
+        }
+        self.event(json!({"event": "commit", "split": split, "path": shard.display().to_string(), "adopted": adopted}));
+        Ok(())
+    }
+
+    /// Rank 0's prepare command writes this generation's `prepared.gG.partial` (`{output}`),
+    /// renamed to `rollouts/iter-NNNN/prepared` (a file or a directory) when it exits 0
+    /// and this generation is still current. A `prepared` left by an earlier attempt is
+    /// set aside first, never replaced.
+    fn prepare(&mut self, pc: &PhaseCommand) -> Result<(), Stop> {
+        let (it, gen) = (self.iteration, self.gen());
+        let out = self.layout.prepared_partial(it, gen);
+        let done = self.layout.prepared(it);
+        for path in [&done, &out] {
+            if std::fs::symlink_metadata(path).is_ok() {
+                let aside = crate::state::side_path(path, &format!("stale-gen{gen}"));
+                let _ = std::fs::create_dir_all(aside.parent().expect("has parent"));
+                if let Err(e) = std::fs::rename(path, &aside) {
+                    let reason = format!("cannot set the earlier {} aside: {e}", path.display());
+                    return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
+                }
+                self.say(&format!(
+                    "an earlier attempt's {} was set aside as {}",
+                    path.display(),
+                    aside.display()
+                ));
+            }
+        }
+        if let Some(dir) = out.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        self.run_command("prepare", pc, None, &out, false)?;
+        if std::fs::symlink_metadata(&out).is_err() {
+            // Prepare commands may write elsewhere (e.g. a data directory of their own).
+            return Ok(());
+        }
+        self.fence(&format!("commit the prepared data of iteration {it}"))?;
+        self.watchdog.pet("committing the prepared data");
+        if let Err(e) = store::rename_noreplace(&out, &done)
+            .and_then(|()| store::fsync_dir(done.parent().expect("has parent")))
+        {
+            let reason = format!("cannot commit {} as {}: {e}", out.display(), done.display());
+            return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
+        }
         Ok(())
     }
 
@@ -982,6 +1138,7 @@ impl Node {
         opts.command_log = Some(self.layout.phase_log(it, self.rank, "aggregate"));
         (opts.registry, opts.kill_grace) =
             (Some(self.registry.clone()), self.cfg.timing.kill_grace);
+        opts.fence = Some(self.fence_fn());
         let n = self.num_nodes();
         match crate::aggregate::merge(&self.layout, it, split, n, &opts, &mut || {
             wd.pet("aggregating shards")
@@ -1032,8 +1189,9 @@ impl Node {
             iteration: self.iteration,
             item: item.to_string(),
             at: wall_now(),
-            note: None,
+            note: self.journal_note.take(),
         };
+        self.fence(&format!("journal {item} of iteration {}", self.iteration))?;
         let path = self.layout.journal(self.rank);
         self.watchdog.pet("writing the journal");
         let line = format!("{}\n", serde_json::to_string(&entry).expect("json"));
@@ -1065,7 +1223,16 @@ impl Node {
     /// switches `models/LATEST` to it (see `crate::checkpoint`).
     fn handoff(&mut self) -> Result<(), Stop> {
         let cfg = self.cfg.phases.handoff.clone();
-        let train_out = self.layout.train_output(self.iteration);
+        // Training writes into its generation's directory; when it was not redone after a
+        // restart, the generation that trained is the one in rank 0's journal.
+        let trained_in = self
+            .journal
+            .iter()
+            .rev()
+            .find(|e| e.iteration == self.iteration && e.item == journal::item::TRAIN)
+            .map(|e| e.gen)
+            .unwrap_or(self.gen());
+        let train_out = self.layout.train_output(self.iteration, trained_in);
         if !cfg.command.trim().is_empty() {
             self.run_command("handoff", &cfg.as_phase(), None, &train_out, false)?;
         }
@@ -1077,12 +1244,13 @@ impl Node {
                 self.say(&format!(
                     "warning: training wrote nothing under {}; the model stays {}",
                     train_out.display(),
-                    self.model
+                    self.model_label()
                 ));
             }
             return Ok(());
         };
         let name = crate::layout::iter_dir(self.iteration);
+        self.fence(&format!("publish the checkpoint {name}"))?;
         self.watchdog.pet("publishing the checkpoint");
         let wd = self.watchdog.clone();
         let started = Instant::now();
@@ -1111,9 +1279,9 @@ impl Node {
             }
             Err(e) => {
                 let reason = format!(
-                    "publishing {} as {name} failed: {e}; models/LATEST still names {}",
+                    "publishing {} as {name} failed: {e}; the model stays {}",
                     source.display(),
-                    self.model
+                    self.model_label()
                 );
                 Err(self.fail(AbortKind::Error, self.rank, None, reason, None))
             }
@@ -1304,6 +1472,26 @@ impl Node {
             .join("events")
             .join(format!("rank-{}.jsonl", self.rank));
         append_log(&path, &format!("{e}\n"));
+    }
+}
+
+/// `Ok` when `cluster.json` still names generation `gen` of run `run_id`.
+pub(crate) fn fence_check(layout: &Layout, gen: u64, run_id: &str) -> Result<(), String> {
+    match crate::state::read_cluster(layout) {
+        Ok(Some(c)) if c.gen == gen && c.run_id == run_id => Ok(()),
+        Ok(Some(c)) if c.run_id == run_id => Err(format!(
+            "generation {gen} was replaced by generation {} (rank 0: pid {} on {}, started {})",
+            c.gen, c.pid, c.host, c.started_at
+        )),
+        Ok(Some(c)) => Err(format!(
+            "run {run_id} was replaced by run {} (generation {}, rank 0: pid {} on {})",
+            c.run_id, c.gen, c.pid, c.host
+        )),
+        Ok(None) | Err(crate::state::StateError::MissingCluster { .. }) => Err(format!(
+            "{} is gone (the run was set aside or reset), so generation {gen} is no longer current",
+            layout.cluster().display()
+        )),
+        Err(e) => Err(format!("cannot confirm that generation {gen} is still current: {e}")),
     }
 }
 

@@ -87,7 +87,8 @@ impl Node {
         let running = self.spawn_supervised("the server", &command, &env, &log, &header)?;
         let pid = running.pid;
         self.say(&format!(
-            "server starting on {model} (pid {pid}, port {port}, log {})",
+            "server starting on {} (pid {pid}, port {port}, log {})",
+            self.model_label(),
             log.display()
         ));
         let agent: ureq::Agent = ureq::Agent::config_builder()

@@ -236,6 +236,7 @@ impl Node {
             .filter(|p| p.exists())
             .collect();
         let shard = self.layout.shard(self.iteration, split, self.rank);
+        self.fence(&format!("commit its {split} shard of iteration {}", self.iteration))?;
         concat(&paths, &shard).map_err(|e| {
             self.fail(
                 AbortKind::Error,
@@ -262,6 +263,7 @@ impl Node {
             ));
         }
         let out = self.layout.aggregated(self.iteration, split);
+        self.fence(&format!("publish {}", out.display()))?;
         concat(&paths, &out).map_err(|e| {
             self.fail(
                 AbortKind::Error,
@@ -330,10 +332,13 @@ impl Node {
         let dir = self.items_dir(split);
         // In dynamic mode a takeover or a backup may run an item while its first claimant
         // still writes: every attempt writes its own partial file.
+        // Every generation writes its own too: a node of an older generation that wakes up
+        // (a frozen host) never writes the file a newer generation commits.
+        let gen = self.gen();
         let partial = if name.starts_with('p') {
-            dir.join(format!("{name}.r{}.a{attempt}.partial.jsonl", self.rank))
+            dir.join(format!("{name}.g{gen}.r{}.a{attempt}.partial.jsonl", self.rank))
         } else {
-            dir.join(format!("{name}.partial.jsonl"))
+            dir.join(format!("{name}.g{gen}.a{attempt}.partial.jsonl"))
         };
         let _ = std::fs::remove_file(&partial);
         self.extra.insert("task_id", item.task.clone());
@@ -365,15 +370,39 @@ impl Node {
         Ok((running.pid, partial))
     }
 
-    fn commit_item(&mut self, split: &str, name: &str, partial: &Path) -> std::io::Result<()> {
+    /// Commit an item's output while this generation is current, never replacing an
+    /// existing commit: when another attempt (a takeover, a backup, an older generation's
+    /// node inside the fencing window) committed first, its file stays and ours is dropped.
+    fn commit_item(&mut self, split: &str, name: &str, partial: &Path) -> Result<(), Stop> {
+        self.fence(&format!("commit item {name}"))?;
         let done = self.items_dir(split).join(format!("{name}.jsonl"));
-        if partial.exists() {
-            std::fs::File::open(partial)?.sync_all()?;
-            std::fs::rename(partial, &done)?;
-        } else {
-            store::publish(&done, b"")?;
-        }
-        store::fsync_dir(done.parent().expect("has parent"))
+        let result = (|| {
+            let committed = if partial.exists() {
+                std::fs::File::open(partial)?.sync_all()?;
+                store::rename_noreplace(partial, &done)
+            } else {
+                match store::create_new(&done, b"")? {
+                    true => Ok(()),
+                    false => Err(std::io::Error::from(std::io::ErrorKind::AlreadyExists)),
+                }
+            };
+            match committed {
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let _ = std::fs::remove_file(partial);
+                }
+                other => other?,
+            }
+            store::fsync_dir(done.parent().expect("has parent"))
+        })();
+        result.map_err(|e| {
+            self.fail(
+                AbortKind::Error,
+                self.rank,
+                None,
+                format!("cannot commit item {name}: {e}"),
+                None,
+            )
+        })
     }
 
     fn show_progress(&mut self, split: &str, t: &Tally) {
@@ -505,15 +534,7 @@ impl Node {
             self.reap(pid, None);
             match exit {
                 ChildExit::Success => {
-                    if let Err(e) = self.commit_item(split, &name, &partial) {
-                        return Err(self.fail(
-                            AbortKind::Error,
-                            self.rank,
-                            None,
-                            format!("cannot commit item {name}: {e}"),
-                            None,
-                        ));
-                    }
+                    self.commit_item(split, &name, &partial)?;
                     tally.committed += 1;
                 }
                 ChildExit::Exit(code) if self.retryable(code, attempt) => {
@@ -963,15 +984,7 @@ impl Node {
                     let _ = std::fs::remove_file(&r.partial);
                 }
                 ChildExit::Success => {
-                    if let Err(e) = self.commit_item(split, &name, &r.partial) {
-                        return Err(self.fail(
-                            AbortKind::Error,
-                            self.rank,
-                            None,
-                            format!("cannot commit item {name}: {e}"),
-                            None,
-                        ));
-                    }
+                    self.commit_item(split, &name, &r.partial)?;
                     mine += 1;
                 }
                 ChildExit::Exit(code) if self.retryable(code, r.attempt) => {
