@@ -166,7 +166,22 @@ pub fn diagnose(layout: &Layout) -> Option<(Vec<Problem>, Option<ClusterRecord>)
             continue;
         };
         let rank = *rank;
-        let (floor, why) = state::evidence_floor(&journals, &history, &c.run_id, &walk);
+        let (mut floor, mut why) = state::evidence_floor(&journals, &history, &c.run_id, &walk);
+        // A walk that ends at the final-sync barrier journals its completion only after
+        // every rank passed that barrier, i.e. finished the iteration's work: another
+        // rank's completion of N proves this rank's, not just N − 1's. Rebuilding only up to
+        // N − 1 would redo this rank's committed rollout of N and everyone's training.
+        if walk_ends_at_final_sync(&c) {
+            for (r, j) in journals.iter().enumerate() {
+                let n = crate::protocol::journal::last_complete(j, &c.run_id, &walk);
+                if r as u32 != rank && n > floor {
+                    floor = n;
+                    why = format!(
+                        "rank {r} completed iteration {n}, which it journals only after every rank passed that iteration's final-sync barrier"
+                    );
+                }
+            }
+        }
         let last = crate::protocol::journal::last_complete(&journals[rank as usize], &c.run_id, &walk);
         let entries = (last + 1..=floor)
             .map(|iteration| Entry {
@@ -194,6 +209,15 @@ pub fn walk_of(c: &ClusterRecord) -> String {
     let split = serde_json::from_value(cc["rollout-split"].clone())
         .unwrap_or(crate::config::RolloutSplit::All);
     crate::config::walk_item(rl_phase, split)
+}
+
+/// Whether the walk recorded in a cluster record ends with the final-sync barrier (every
+/// walk but a rollout-only one, which ends with each rank's own eval).
+fn walk_ends_at_final_sync(c: &ClusterRecord) -> bool {
+    let rl_phase = serde_json::from_value(c.config["cluster"]["rl-phase"].clone())
+        .unwrap_or(crate::config::RlPhase::Both);
+    crate::protocol::phase::Phase::walk(rl_phase).last()
+        == Some(&crate::protocol::phase::Phase::FinalSync)
 }
 
 /// Read a JSON-lines file as values; any unreadable line is a problem.
