@@ -423,6 +423,19 @@ fn a_torn_last_line_is_tolerated_reported_and_set_aside_so_the_next_entry_starts
         fs::write(p, t).unwrap();
     }
 
+    // recover, the tool for after a crash, notes the torn lines and still says where the
+    // run stands (read-only).
+    let before = snapshot(&c.log_path);
+    let (code, out, err) = tool("recover", &c, &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("note: ") && out.contains("rank-1.jsonl ends with an unfinished line"),
+        "{out}"
+    );
+    assert!(out.contains("history.jsonl ends with an unfinished line"), "{out}");
+    assert!(out.contains("a restart resumes at iteration 3"), "{out}");
+    assert_unchanged(&before, &snapshot(&c.log_path), &out);
+
     let errs = run(&c, 3, &[]);
     assert!(errs[0].contains(&format!("resuming run {id} at iteration 3")), "{}", errs[0]);
     assert!(

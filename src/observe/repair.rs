@@ -19,6 +19,9 @@ use std::path::{Path, PathBuf};
 pub struct Problem {
     pub what: String,
     pub repair: Option<Repair>,
+    /// A restart copes with it by itself (an unfinished last line, set aside by its
+    /// writer): reported, but not a reason to refuse or to withhold the report.
+    pub tolerated: bool,
 }
 
 pub enum Repair {
@@ -102,6 +105,7 @@ pub fn diagnose(layout: &Layout) -> Option<(Vec<Problem>, Option<ClusterRecord>)
         Ok(None) => return None,
         Err(e @ StateError::OtherProto { .. }) => {
             problems.push(Problem {
+                tolerated: false,
                 what: format!("{e}; {}", e.hint(layout.root())),
                 repair: None,
             });
@@ -110,6 +114,7 @@ pub fn diagnose(layout: &Layout) -> Option<(Vec<Problem>, Option<ClusterRecord>)
         Err(e) => match newest_copy(layout) {
             Some((from, c)) => {
                 problems.push(Problem {
+                    tolerated: false,
                     what: e.to_string(),
                     repair: Some(Repair::RebuildCluster { from }),
                 });
@@ -117,6 +122,7 @@ pub fn diagnose(layout: &Layout) -> Option<(Vec<Problem>, Option<ClusterRecord>)
             }
             None => {
                 problems.push(Problem {
+                    tolerated: false,
                     what: format!(
                         "{e}; no generation directory holds a copy to rebuild it from (runs started by an older rl-node have none): add --fresh to rank 0 to set the run aside (nothing is deleted) and start a new one"
                     ),
@@ -132,6 +138,7 @@ pub fn diagnose(layout: &Layout) -> Option<(Vec<Problem>, Option<ClusterRecord>)
     let r0 = layout.rank_record(c.gen, 0);
     if let Err(e) = store::read_strict::<RankRecord>(&r0) {
         problems.push(Problem {
+            tolerated: false,
             what: e.to_string(),
             repair: Some(Repair::SetAside { path: r0 }),
         });
@@ -195,6 +202,7 @@ pub fn diagnose(layout: &Layout) -> Option<(Vec<Problem>, Option<ClusterRecord>)
             })
             .collect();
         problems.push(Problem {
+            tolerated: false,
             what: e.to_string(),
             repair: Some(Repair::RebuildJournal { rank, entries }),
         });
@@ -234,10 +242,12 @@ fn lines_problem(path: &Path, kind: LinesKind) -> (Vec<serde_json::Value>, Optio
     let problem = match strict {
         Ok(Tail::Clean) => None,
         Ok(Tail::Torn(f)) => Some(Problem {
+            tolerated: true,
             what: format!("{} (tolerated: its writer sets it aside at its next start)", state::torn_note(path, &f)),
             repair: Some(Repair::DropBadLines { path: path.to_path_buf(), kind }),
         }),
         Err(e) => Some(Problem {
+            tolerated: false,
             what: e.to_string(),
             repair: Some(Repair::DropBadLines { path: path.to_path_buf(), kind }),
         }),
