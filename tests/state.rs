@@ -66,7 +66,10 @@ fn refused_restart(c: &TestCluster, n: u64) -> String {
         .collect();
     let code = master.wait(LIMIT);
     let err = master.stderr();
-    assert_eq!(code, 2, "rank 0 must refuse the damaged state; stderr:\n{err}");
+    assert_eq!(
+        code, 2,
+        "rank 0 must refuse the damaged state; stderr:\n{err}"
+    );
     for w in workers.iter_mut() {
         // Still waiting for a generation it can join: stop it (SIGTERM, as a user would).
         assert!(
@@ -116,7 +119,11 @@ fn snapshot(dir: &Path) -> BTreeMap<String, String> {
     out
 }
 
-fn assert_unchanged(before: &BTreeMap<String, String>, after: &BTreeMap<String, String>, ctx: &str) {
+fn assert_unchanged(
+    before: &BTreeMap<String, String>,
+    after: &BTreeMap<String, String>,
+    ctx: &str,
+) {
     let mut diffs = vec![];
     for (k, v) in before {
         match after.get(k) {
@@ -181,11 +188,17 @@ fn assert_each_iteration_once(c: &TestCluster, run: &str, n: u64, ctx: &str) {
         for e in journal(c, r) {
             assert_eq!(e["run_id"], run, "{ctx}: rank {r}: {e}");
             *seen
-                .entry((e["iteration"].as_u64().unwrap(), e["item"].as_str().unwrap().into()))
+                .entry((
+                    e["iteration"].as_u64().unwrap(),
+                    e["item"].as_str().unwrap().into(),
+                ))
                 .or_default() += 1;
         }
         let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
-        assert!(twice.is_empty(), "{ctx}: rank {r} journaled work twice: {twice:?}");
+        assert!(
+            twice.is_empty(),
+            "{ctx}: rank {r} journaled work twice: {twice:?}"
+        );
         for it in 1..=n {
             assert!(
                 seen.contains_key(&(it, WALK.to_string())),
@@ -220,7 +233,11 @@ fn a_damaged_cluster_record_is_refused_without_writing_and_rebuilt_by_recover() 
         ("empty", |_| vec![], "empty"),
         ("truncated", |b| b[..b.len() / 2].to_vec(), "truncated"),
         ("garbage", |_| b"not json at all".to_vec(), "not valid JSON"),
-        ("wrong shape", |_| br#"{"proto":2,"run_id":5}"#.to_vec(), "wrong shape"),
+        (
+            "wrong shape",
+            |_| br#"{"proto":2,"run_id":5}"#.to_vec(),
+            "wrong shape",
+        ),
     ];
     for (kind, damage, says) in kinds {
         let c = cluster(2);
@@ -236,30 +253,50 @@ fn a_damaged_cluster_record_is_refused_without_writing_and_rebuilt_by_recover() 
             err.contains(".rl-node/cluster.json") && err.contains(says),
             "{kind}: {err}"
         );
-        assert!(err.contains("rl-node recover"), "{kind}: the hint names recover: {err}");
+        assert!(
+            err.contains("rl-node recover"),
+            "{kind}: the hint names recover: {err}"
+        );
 
         // recover explains, read-only; status refuses and points at recover.
         let before = snapshot(&c.log_path);
         let (code, out, _) = tool("recover", &c, &[]);
         assert_eq!(code, 2, "{kind}: {out}");
-        assert!(out.contains(".rl-node/cluster.json") && out.contains(says), "{kind}: {out}");
+        assert!(
+            out.contains(".rl-node/cluster.json") && out.contains(says),
+            "{kind}: {out}"
+        );
         assert!(
             out.contains("repair: rebuild .rl-node/cluster.json from .rl-node/gen-1/cluster.json"),
             "{kind}: {out}"
         );
         let (code, sout, serr) = tool("status", &c, &[]);
         assert_eq!(code, 2, "{kind}: {sout}{serr}");
-        assert!(serr.contains(".rl-node/cluster.json") && serr.contains(says), "{kind}: {serr}");
+        assert!(
+            serr.contains(".rl-node/cluster.json") && serr.contains(says),
+            "{kind}: {serr}"
+        );
         assert!(serr.contains("rl-node recover"), "{kind}: {serr}");
         assert_unchanged(&before, &snapshot(&c.log_path), kind);
 
         let (code, out, err) = tool("recover", &c, &["--repair"]);
         assert_eq!(code, 0, "{kind}: {out}{err}");
-        assert!(out.contains("repaired: rebuilt .rl-node/cluster.json"), "{kind}: {out}");
+        assert!(
+            out.contains("repaired: rebuilt .rl-node/cluster.json"),
+            "{kind}: {out}"
+        );
         let kept = side_files(&path, "damaged-");
         assert_eq!(kept.len(), 1, "{kind}: {kept:?}");
-        assert_eq!(fs::read(&kept[0]).unwrap(), damaged, "{kind}: the damaged file is kept");
-        assert_eq!(fs::read(&path).unwrap(), original, "{kind}: rebuilt from the generation copy");
+        assert_eq!(
+            fs::read(&kept[0]).unwrap(),
+            damaged,
+            "{kind}: the damaged file is kept"
+        );
+        assert_eq!(
+            fs::read(&path).unwrap(),
+            original,
+            "{kind}: rebuilt from the generation copy"
+        );
 
         let errs = run(&c, 3, &[]);
         assert!(
@@ -290,15 +327,29 @@ fn a_cluster_record_of_another_protocol_version_is_refused_naming_both_and_fresh
             && err.contains("version 2"),
         "{err}"
     );
-    assert!(err.contains("--fresh") && err.contains("rl-node version that started it"), "{err}");
+    assert!(
+        err.contains("--fresh") && err.contains("rl-node version that started it"),
+        "{err}"
+    );
     let (code, out, _) = tool("recover", &c, &[]);
     assert_eq!(code, 2, "{out}");
-    assert!(out.contains("protocol version 1") && out.contains("--fresh"), "{out}");
+    assert!(
+        out.contains("protocol version 1") && out.contains("--fresh"),
+        "{out}"
+    );
 
     let errs = run(&c, 2, &["--fresh"]);
-    assert!(errs[0].contains(&format!("run {id} set aside")), "{}", errs[0]);
+    assert!(
+        errs[0].contains(&format!("run {id} set aside")),
+        "{}",
+        errs[0]
+    );
     let aside = c.log_path.join("previous-runs").join(&id);
-    assert!(aside.join(".rl-node/journal/rank-1.jsonl").exists(), "{}", errs[0]);
+    assert!(
+        aside.join(".rl-node/journal/rank-1.jsonl").exists(),
+        "{}",
+        errs[0]
+    );
     let kept: Value =
         serde_json::from_slice(&fs::read(aside.join(".rl-node/cluster.json")).unwrap()).unwrap();
     assert_eq!(kept["proto"], 1, "the old record is kept as it was");
@@ -319,11 +370,17 @@ fn a_damaged_rank_record_of_the_last_generation_is_refused_and_set_aside_by_reco
     fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
 
     let err = refused_restart(&c, 3);
-    assert!(err.contains(".rl-node/gen-1/rank-0.json") && err.contains("truncated"), "{err}");
+    assert!(
+        err.contains(".rl-node/gen-1/rank-0.json") && err.contains("truncated"),
+        "{err}"
+    );
 
     let (code, out, _) = tool("recover", &c, &[]);
     assert_eq!(code, 2, "{out}");
-    assert!(out.contains("gen-1/rank-0.json") && out.contains("repair: set"), "{out}");
+    assert!(
+        out.contains("gen-1/rank-0.json") && out.contains("repair: set"),
+        "{out}"
+    );
     let (code, out, err) = tool("recover", &c, &["--repair"]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(!path.exists());
@@ -332,7 +389,11 @@ fn a_damaged_rank_record_of_the_last_generation_is_refused_and_set_aside_by_reco
     assert_eq!(fs::read(&kept[0]).unwrap(), &bytes[..bytes.len() / 2]);
 
     let errs = run(&c, 3, &[]);
-    assert!(errs[0].contains(&format!("resuming run {id} at iteration 3")), "{}", errs[0]);
+    assert!(
+        errs[0].contains(&format!("resuming run {id} at iteration 3")),
+        "{}",
+        errs[0]
+    );
     assert_each_iteration_once(&c, &id, 3, "after setting the record aside");
 }
 
@@ -365,7 +426,10 @@ fn journal_lines_damaged_in_the_middle_are_refused_moved_aside_and_rebuilt_from_
     fs::write(&path, lines.join("\n") + "\n").unwrap();
 
     let err = refused_restart(&c, 4);
-    assert!(err.contains(".rl-node/journal/rank-1.jsonl") && err.contains("line 2"), "{err}");
+    assert!(
+        err.contains(".rl-node/journal/rank-1.jsonl") && err.contains("line 2"),
+        "{err}"
+    );
     assert!(err.contains("garbage of line 2"), "{err}");
 
     let (code, out, _) = tool("recover", &c, &[]);
@@ -386,25 +450,37 @@ fn journal_lines_damaged_in_the_middle_are_refused_moved_aside_and_rebuilt_from_
     );
     // Every good line kept as it was, then the rebuilt completions, each with a note.
     let repaired = journal(&c, 1);
-    let good: Vec<Value> = lines.iter().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    let good: Vec<Value> = lines
+        .iter()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
     assert_eq!(repaired[..good.len()], good[..]);
     let rebuilt = &repaired[good.len()..];
     assert_eq!(
-        rebuilt.iter().map(|e| e["iteration"].as_u64().unwrap()).collect::<Vec<_>>(),
+        rebuilt
+            .iter()
+            .map(|e| e["iteration"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
         vec![2, 3],
         "{rebuilt:?}"
     );
     for e in rebuilt {
         assert_eq!(e["item"], WALK, "{e}");
         assert!(
-            e["note"].as_str().is_some_and(|n| n.contains("rebuilt by rl-node recover --repair")
-                && n.contains("rank 0 completed iteration 3")),
+            e["note"]
+                .as_str()
+                .is_some_and(|n| n.contains("rebuilt by rl-node recover --repair")
+                    && n.contains("rank 0 completed iteration 3")),
             "{e}"
         );
     }
 
     let errs = run(&c, 4, &[]);
-    assert!(errs[0].contains(&format!("resuming run {id} at iteration 4")), "{}", errs[0]);
+    assert!(
+        errs[0].contains(&format!("resuming run {id} at iteration 4")),
+        "{}",
+        errs[0]
+    );
     assert_each_iteration_once(&c, &id, 4, "after repairing rank 1's journal");
 }
 
@@ -432,12 +508,19 @@ fn a_torn_last_line_is_tolerated_reported_and_set_aside_so_the_next_entry_starts
         out.contains("note: ") && out.contains("rank-1.jsonl ends with an unfinished line"),
         "{out}"
     );
-    assert!(out.contains("history.jsonl ends with an unfinished line"), "{out}");
+    assert!(
+        out.contains("history.jsonl ends with an unfinished line"),
+        "{out}"
+    );
     assert!(out.contains("a restart resumes at iteration 3"), "{out}");
     assert_unchanged(&before, &snapshot(&c.log_path), &out);
 
     let errs = run(&c, 3, &[]);
-    assert!(errs[0].contains(&format!("resuming run {id} at iteration 3")), "{}", errs[0]);
+    assert!(
+        errs[0].contains(&format!("resuming run {id} at iteration 3")),
+        "{}",
+        errs[0]
+    );
     assert!(
         errs[0].contains(".rl-node/journal/rank-1.jsonl ends with an unfinished line")
             && errs[0].contains(".rl-node/history.jsonl ends with an unfinished line"),
@@ -452,7 +535,12 @@ fn a_torn_last_line_is_tolerated_reported_and_set_aside_so_the_next_entry_starts
     for (p, frag) in [(&journal1, jfrag), (&history, hfrag)] {
         let torn = side_files(p, "torn-gen");
         assert_eq!(torn.len(), 1, "{torn:?}");
-        assert_eq!(fs::read_to_string(&torn[0]).unwrap(), frag, "{}", torn[0].display());
+        assert_eq!(
+            fs::read_to_string(&torn[0]).unwrap(),
+            frag,
+            "{}",
+            torn[0].display()
+        );
         let text = fs::read_to_string(p).unwrap();
         assert!(text.ends_with('\n') && !text.contains(frag), "{text}");
     }
@@ -471,7 +559,10 @@ fn a_torn_last_line_is_tolerated_reported_and_set_aside_so_the_next_entry_starts
 #[test]
 fn a_lost_worker_journal_is_refused_and_rebuilt_from_the_other_journal() {
     for (how, lose) in [
-        ("missing", (|p: &Path| fs::remove_file(p).unwrap()) as fn(&Path)),
+        (
+            "missing",
+            (|p: &Path| fs::remove_file(p).unwrap()) as fn(&Path),
+        ),
         ("empty", |p: &Path| fs::write(p, "").unwrap()),
     ] {
         let c = cluster(2);
@@ -490,16 +581,27 @@ fn a_lost_worker_journal_is_refused_and_rebuilt_from_the_other_journal() {
         );
         let (code, out, _) = tool("recover", &c, &[]);
         assert_eq!(code, 2, "{how}: {out}");
-        assert!(out.contains("rank 1's journal") && out.contains("rebuilt"), "{how}: {out}");
+        assert!(
+            out.contains("rank 1's journal") && out.contains("rebuilt"),
+            "{how}: {out}"
+        );
         let (code, out, err) = tool("recover", &c, &["--repair"]);
         assert_eq!(code, 0, "{how}: {out}{err}");
         let rebuilt = journal(&c, 1);
         assert_eq!(
-            rebuilt.iter().map(|e| e["iteration"].as_u64().unwrap()).collect::<Vec<_>>(),
+            rebuilt
+                .iter()
+                .map(|e| e["iteration"].as_u64().unwrap())
+                .collect::<Vec<_>>(),
             vec![1, 2, 3],
             "{how}: {rebuilt:?}"
         );
-        assert!(rebuilt.iter().all(|e| e["item"] == WALK && e["note"].is_string()), "{rebuilt:?}");
+        assert!(
+            rebuilt
+                .iter()
+                .all(|e| e["item"] == WALK && e["note"].is_string()),
+            "{rebuilt:?}"
+        );
 
         let errs = run(&c, 4, &[]);
         assert!(
@@ -531,13 +633,23 @@ fn a_lost_journal_of_a_single_node_is_refused_by_the_history() {
     );
     let (code, out, err) = tool("recover", &c, &["--repair"]);
     assert_eq!(code, 0, "{out}{err}");
-    assert!(out.contains("appended rebuilt completion entries for iteration(s) 1-2"), "{out}");
+    assert!(
+        out.contains("appended rebuilt completion entries for iteration(s) 1-2"),
+        "{out}"
+    );
 
     let errs = run(&c, 4, &[]);
-    assert!(errs[0].contains(&format!("resuming run {id} at iteration 3")), "{}", errs[0]);
+    assert!(
+        errs[0].contains(&format!("resuming run {id} at iteration 3")),
+        "{}",
+        errs[0]
+    );
     assert_each_iteration_once(&c, &id, 4, "single node");
     let j = journal(&c, 0);
-    assert!(j.iter().filter(|e| e["iteration"].as_u64() < Some(3)).all(|e| e["note"].is_string()));
+    assert!(j
+        .iter()
+        .filter(|e| e["iteration"].as_u64() < Some(3))
+        .all(|e| e["note"].is_string()));
 }
 
 // ------------------------------------------------------------------ missing cluster.json
@@ -559,11 +671,18 @@ fn a_missing_cluster_record_with_journals_is_refused_and_fresh_sets_the_run_asid
     assert!(out.contains("is missing"), "{out}");
 
     let errs = run(&c, 2, &["--fresh"]);
-    assert!(errs[0].contains(&format!("run {id} set aside")), "{}", errs[0]);
+    assert!(
+        errs[0].contains(&format!("run {id} set aside")),
+        "{}",
+        errs[0]
+    );
     let aside = c.log_path.join("previous-runs").join(&id);
     for r in 0..2 {
         let old = json_lines(&aside.join(format!(".rl-node/journal/rank-{r}.jsonl")));
-        assert!(old.iter().all(|e| e["run_id"] == id.as_str()) && old.len() > 2, "{old:?}");
+        assert!(
+            old.iter().all(|e| e["run_id"] == id.as_str()) && old.len() > 2,
+            "{old:?}"
+        );
     }
     let new = run_id(&c);
     assert_ne!(new, id);
@@ -591,10 +710,14 @@ fn a_damaged_middle_line_of_the_history_is_named_by_status_and_refused() {
     let (code, out, err) = tool("status", &c, &[]);
     assert_eq!(code, 2, "{out}{err}");
     assert!(
-        err.contains(".rl-node/history.jsonl is damaged at line 2") && err.contains("rl-node recover"),
+        err.contains(".rl-node/history.jsonl is damaged at line 2")
+            && err.contains("rl-node recover"),
         "{err}"
     );
     assert_unchanged(&before, &snapshot(&c.log_path), &err);
     let err = refused_restart(&c, 4);
-    assert!(err.contains(".rl-node/history.jsonl is damaged at line 2"), "{err}");
+    assert!(
+        err.contains(".rl-node/history.jsonl is damaged at line 2"),
+        "{err}"
+    );
 }
