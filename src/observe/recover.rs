@@ -46,6 +46,15 @@ fn damaged_state(
     _args: &RecoverArgs,
 ) -> i32 {
     let out = Out;
+    if !repair && problems.iter().all(|p| p.tolerated) {
+        // What a crash mid-append leaves: a restart copes with it, so this is a note, and
+        // the report of where the run stands (what recover is for after a crash) follows.
+        for p in problems {
+            out.line(&format!("note: {}", p.what));
+        }
+        out.line("");
+        return crate::exit::DONE;
+    }
     out.line(&format!("the run's state in {} is damaged:", layout.root().display()));
     for (i, p) in problems.iter().enumerate() {
         out.line(&format!("  {}. {}", i + 1, p.what));

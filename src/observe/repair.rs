@@ -19,6 +19,9 @@ use std::path::{Path, PathBuf};
 pub struct Problem {
     pub what: String,
     pub repair: Option<Repair>,
+    /// A restart copes with it by itself (an unfinished last line, set aside by its
+    /// writer): reported, but not a reason to refuse or to withhold the report.
+    pub tolerated: bool,
 }
 
 pub enum Repair {
@@ -102,6 +105,7 @@ pub fn diagnose(layout: &Layout) -> Option<(Vec<Problem>, Option<ClusterRecord>)
         Ok(None) => return None,
         Err(e @ StateError::OtherProto { .. }) => {
             problems.push(Problem {
+                tolerated: false,
                 what: format!("{e}; {}", e.hint(layout.root())),
                 repair: None,
             });
@@ -110,6 +114,7 @@ pub fn diagnose(layout: &Layout) -> Option<(Vec<Problem>, Option<ClusterRecord>)
         Err(e) => match newest_copy(layout) {
             Some((from, c)) => {
                 problems.push(Problem {
+                    tolerated: false,
                     what: e.to_string(),
                     repair: Some(Repair::RebuildCluster { from }),
                 });
@@ -117,6 +122,7 @@ pub fn diagnose(layout: &Layout) -> Option<(Vec<Problem>, Option<ClusterRecord>)
             }
             None => {
                 problems.push(Problem {
+                    tolerated: false,
                     what: format!(
                         "{e}; no generation directory holds a copy to rebuild it from (runs started by an older rl-node have none): add --fresh to rank 0 to set the run aside (nothing is deleted) and start a new one"
                     ),
@@ -132,6 +138,7 @@ pub fn diagnose(layout: &Layout) -> Option<(Vec<Problem>, Option<ClusterRecord>)
     let r0 = layout.rank_record(c.gen, 0);
     if let Err(e) = store::read_strict::<RankRecord>(&r0) {
         problems.push(Problem {
+            tolerated: false,
             what: e.to_string(),
             repair: Some(Repair::SetAside { path: r0 }),
         });
@@ -166,7 +173,22 @@ pub fn diagnose(layout: &Layout) -> Option<(Vec<Problem>, Option<ClusterRecord>)
             continue;
         };
         let rank = *rank;
-        let (floor, why) = state::evidence_floor(&journals, &history, &c.run_id, &walk);
+        let (mut floor, mut why) = state::evidence_floor(&journals, &history, &c.run_id, &walk);
+        // A walk that ends at the final-sync barrier journals its completion only after
+        // every rank passed that barrier, i.e. finished the iteration's work: another
+        // rank's completion of N proves this rank's, not just N − 1's. Rebuilding only up to
+        // N − 1 would redo this rank's committed rollout of N and everyone's training.
+        if walk_ends_at_final_sync(&c) {
+            for (r, j) in journals.iter().enumerate() {
+                let n = crate::protocol::journal::last_complete(j, &c.run_id, &walk);
+                if r as u32 != rank && n > floor {
+                    floor = n;
+                    why = format!(
+                        "rank {r} completed iteration {n}, which it journals only after every rank passed that iteration's final-sync barrier"
+                    );
+                }
+            }
+        }
         let last = crate::protocol::journal::last_complete(&journals[rank as usize], &c.run_id, &walk);
         let entries = (last + 1..=floor)
             .map(|iteration| Entry {
@@ -180,6 +202,7 @@ pub fn diagnose(layout: &Layout) -> Option<(Vec<Problem>, Option<ClusterRecord>)
             })
             .collect();
         problems.push(Problem {
+            tolerated: false,
             what: e.to_string(),
             repair: Some(Repair::RebuildJournal { rank, entries }),
         });
@@ -196,6 +219,15 @@ pub fn walk_of(c: &ClusterRecord) -> String {
     crate::config::walk_item(rl_phase, split)
 }
 
+/// Whether the walk recorded in a cluster record ends with the final-sync barrier (every
+/// walk but a rollout-only one, which ends with each rank's own eval).
+fn walk_ends_at_final_sync(c: &ClusterRecord) -> bool {
+    let rl_phase = serde_json::from_value(c.config["cluster"]["rl-phase"].clone())
+        .unwrap_or(crate::config::RlPhase::Both);
+    crate::protocol::phase::Phase::walk(rl_phase).last()
+        == Some(&crate::protocol::phase::Phase::FinalSync)
+}
+
 /// Read a JSON-lines file as values; any unreadable line is a problem.
 fn lines_problem(path: &Path, kind: LinesKind) -> (Vec<serde_json::Value>, Option<Problem>) {
     let strict = match kind {
@@ -210,10 +242,12 @@ fn lines_problem(path: &Path, kind: LinesKind) -> (Vec<serde_json::Value>, Optio
     let problem = match strict {
         Ok(Tail::Clean) => None,
         Ok(Tail::Torn(f)) => Some(Problem {
+            tolerated: true,
             what: format!("{} (tolerated: its writer sets it aside at its next start)", state::torn_note(path, &f)),
             repair: Some(Repair::DropBadLines { path: path.to_path_buf(), kind }),
         }),
         Err(e) => Some(Problem {
+            tolerated: false,
             what: e.to_string(),
             repair: Some(Repair::DropBadLines { path: path.to_path_buf(), kind }),
         }),
