@@ -98,7 +98,10 @@ enum Command {
     #[command(name = "__toy", hide = true)]
     Toy(crate::demo::ToyArgs),
     #[command(name = "__guard", hide = true)]
-    Guard,
+    Guard {
+        /// The node's nonce: processes whose RL_NODE_OWNER starts with it are stopped too.
+        nonce: Option<String>,
+    },
 }
 
 impl Settings {
@@ -232,7 +235,7 @@ pub fn main() -> i32 {
         }
     };
     match cli.command {
-        Some(Command::Guard) => node::procs::guardian_main(),
+        Some(Command::Guard { nonce }) => node::procs::guardian_main(nonce.as_deref()),
         Some(Command::Aggregate(args)) => crate::aggregate::main(
             args,
             cli.settings.log_path.clone(),

@@ -276,6 +276,11 @@ mod doc_tests {
                 "docs/commands.md misses {env}"
             );
         }
+        let owner = crate::node::context::OWNER_ENV;
+        assert!(
+            doc.contains(&format!("`{owner}=")),
+            "docs/commands.md misses {owner}"
+        );
     }
 }
 

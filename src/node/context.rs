@@ -3,6 +3,11 @@
 //! additionally gets the variables torchrun and llamafactory-cli read.
 
 use crate::config::template::PLACEHOLDERS;
+
+/// Set for every command the node starts, to `<node nonce>:<command id>`: descendants
+/// inherit it into any process group or session, so the node (and its guardian, after a
+/// `kill -9`) can find and stop them (`super::descendants`).
+pub const OWNER_ENV: &str = "RL_NODE_OWNER";
 use std::collections::BTreeMap;
 
 pub fn env_for(values: &BTreeMap<&'static str, String>) -> Vec<(String, String)> {

@@ -10,6 +10,7 @@
 //! the node if a filesystem call on the shared directory hangs.
 
 pub(crate) mod context;
+mod descendants;
 mod join;
 pub mod procs;
 mod publisher;
@@ -347,6 +348,12 @@ impl Node {
     fn handle_event(&mut self, ev: Event) -> Result<(), Stop> {
         match ev {
             Event::Reaped { pid, exit } => {
+                // Orphans re-parented to us are reaped too; only a registered command's
+                // exit is awaited. Keeping the others would let a later command that
+                // gets a reused pid seem to have exited at once.
+                if !self.registry.contains(pid) {
+                    return Ok(());
+                }
                 self.check_server_exit(pid, exit)?;
                 self.exited.insert(pid, exit);
                 Ok(())
@@ -593,6 +600,15 @@ impl Node {
             for h in handles {
                 let _ = h.join();
             }
+        }
+        // Descendants that left their groups (`setsid`), including those of commands that
+        // were still running.
+        self.watchdog.pet("stopping descendants");
+        let n = self.registry.stop_descendants(self.cfg.timing.kill_grace);
+        if n > 0 {
+            self.say(&format!(
+                "stopped {n} process(es) that had left their command's process group"
+            ));
         }
         if let Some(p) = self.publisher.take() {
             self.watchdog.pet("writing the final record");
@@ -1289,7 +1305,8 @@ impl Node {
     }
 
     /// Start `command` in its own process group, registered for stopping (also by the
-    /// guardian if this node is killed); a failure to start is this node's failure.
+    /// guardian if this node is killed) and marked with `RL_NODE_OWNER` so descendants
+    /// that leave the group are found too; a failure to start is this node's failure.
     fn spawn_supervised(
         &mut self,
         what: &str,
@@ -1299,9 +1316,12 @@ impl Node {
         header: &str,
     ) -> Result<procs::Running, Stop> {
         self.watchdog.pet("starting a command");
-        match procs::spawn_shell(command, env, log, header) {
+        let (id, owner) = self.registry.new_command();
+        let mut env = env.to_vec();
+        env.push(owner);
+        match procs::spawn_shell(command, &env, log, header) {
             Ok(running) => {
-                self.registry.add(running.pid);
+                self.registry.add(running.pid, id);
                 Ok(running)
             }
             Err(e) => Err(self.fail(
@@ -1314,20 +1334,21 @@ impl Node {
         }
     }
 
-    /// A command's leader exited: stop whatever it left behind in its process group
-    /// (noting it in `log`, if given) and forget the group.
+    /// A command's leader exited: stop whatever it left behind, in its process group or
+    /// outside it (noting it in `log`, if given), and forget the group.
     fn reap(&mut self, pid: i32, log: Option<&Path>) {
-        if procs::group_alive(pid) {
-            if let Some(log) = log {
-                append_log(
-                    log,
-                    "### rl-node: the command left processes behind; stopping them\n",
-                );
-            }
-            self.watchdog.pet("stopping leftover processes");
-            procs::stop_group(pid, self.cfg.timing.kill_grace);
+        self.watchdog.pet("stopping leftover processes");
+        let left = self.registry.stop(pid, self.cfg.timing.kill_grace);
+        if let (true, Some(log)) = (left.any(), log) {
+            let outside = match left.outside {
+                0 => String::new(),
+                n => format!(" ({n} outside its process group)"),
+            };
+            append_log(
+                log,
+                &format!("### rl-node: the command left processes behind{outside}; stopped them\n"),
+            );
         }
-        self.registry.remove(pid);
     }
 
     /// Run a phase command in its own process group and wait for it, watching the cluster.
@@ -1375,8 +1396,7 @@ impl Node {
             Err(Interrupt::Stop(s)) => return Err(s),
             Err(Interrupt::Deadline) => {
                 self.watchdog.pet("stopping a command");
-                procs::stop_group(pid, self.cfg.timing.kill_grace);
-                self.registry.remove(pid);
+                self.registry.stop(pid, self.cfg.timing.kill_grace);
                 return Err(self.fail(
                     AbortKind::Timeout,
                     self.rank,
@@ -1638,7 +1658,7 @@ fn start_signal_thread(tx: Sender<Event>, registry: Arc<Registry>, rank: u32) {
                             procs::signal_name(sig)
                         ),
                     );
-                    registry.signal_all(libc::SIGKILL);
+                    registry.kill_all_now();
                     std::process::exit(128 + sig);
                 }
             }

@@ -1,20 +1,26 @@
 //! Child processes: each command runs under `sh -c` in its own process group, output to a
 //! log file; stopping means SIGTERM to the group, a grace period, then SIGKILL.
 //!
-//! Three mechanisms make sure no child or grandchild outlives its node:
+//! Four mechanisms make sure no child or grandchild outlives its node:
 //! - rl-node is a child subreaper, so orphaned grandchildren are re-parented to it and a
 //!   single reaper thread collects them (nothing lingers as a zombie in a group we wait on);
 //! - every group is registered in a [`Registry`] that the signal thread and the watchdog
 //!   can kill without touching the filesystem;
-//! - a guardian process (`rl-node __guard`) holds the other end of a pipe and kills every
-//!   registered group when the pipe closes, which also happens when the node is `kill -9`ed.
+//! - every command carries `RL_NODE_OWNER=<nonce>:<command id>`, so a descendant that left
+//!   its group (`setsid`) is still found and stopped when its command ends or the node
+//!   shuts down ([`super::descendants`]);
+//! - a guardian process (`rl-node __guard <nonce>`) holds the other end of a pipe and, when
+//!   the pipe closes (also when the node is `kill -9`ed), kills every registered group and
+//!   every process whose environment carries the node's nonce.
 
-use std::collections::BTreeSet;
+use super::descendants;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::OpenOptions;
 use std::io::{self, BufRead, Write};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -72,17 +78,40 @@ pub enum Event {
     Signal(i32),
 }
 
-/// Process groups alive on this node, shared with the signal thread and the watchdog.
+/// Process groups alive on this node (each with the id of the command that leads it),
+/// shared with the signal thread and the watchdog.
 pub struct Registry {
-    groups: Mutex<BTreeSet<i32>>,
+    groups: Mutex<BTreeMap<i32, u64>>,
     guardian: Mutex<Option<ChildStdin>>,
+    guardian_pid: AtomicI32,
+    /// Names this node process in its commands' `RL_NODE_OWNER`.
+    nonce: String,
+    next_command: AtomicU64,
+}
+
+/// What a command left behind when it was stopped.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Leftovers {
+    /// Its process group still had members.
+    pub group: bool,
+    /// Descendants outside the group (`setsid`) that were stopped.
+    pub outside: usize,
+}
+
+impl Leftovers {
+    pub fn any(&self) -> bool {
+        self.group || self.outside > 0
+    }
 }
 
 impl Registry {
     pub fn new() -> Arc<Registry> {
         Arc::new(Registry {
-            groups: Mutex::new(BTreeSet::new()),
+            groups: Mutex::new(BTreeMap::new()),
             guardian: Mutex::new(None),
+            guardian_pid: AtomicI32::new(0),
+            nonce: descendants::new_nonce(),
+            next_command: AtomicU64::new(1),
         })
     }
 
@@ -92,11 +121,15 @@ impl Registry {
         let exe = std::env::current_exe()?;
         let mut child = Command::new(exe)
             .arg("__guard")
+            .arg(&self.nonce)
+            .env_remove(super::context::OWNER_ENV)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .process_group(0)
             .spawn()?;
+        self.guardian_pid
+            .store(child.id() as i32, Ordering::Relaxed);
         *self.guardian.lock().unwrap() = child.stdin.take();
         Ok(())
     }
@@ -108,18 +141,62 @@ impl Registry {
         }
     }
 
-    pub fn add(&self, pgid: i32) {
-        self.groups.lock().unwrap().insert(pgid);
+    /// A new command id and the `RL_NODE_OWNER` variable that marks the command's
+    /// processes as its own.
+    pub fn new_command(&self) -> (u64, (String, String)) {
+        let id = self.next_command.fetch_add(1, Ordering::Relaxed);
+        (
+            id,
+            (
+                super::context::OWNER_ENV.to_string(),
+                descendants::marker(&self.nonce, id),
+            ),
+        )
+    }
+
+    /// Register the group `pgid` led by command `command` (from [`Registry::new_command`]).
+    pub fn add(&self, pgid: i32, command: u64) {
+        self.groups.lock().unwrap().insert(pgid, command);
         self.tell_guardian(format!("+{pgid}\n"));
     }
 
-    pub fn remove(&self, pgid: i32) {
-        self.groups.lock().unwrap().remove(&pgid);
+    fn remove(&self, pgid: i32) -> Option<u64> {
+        let command = self.groups.lock().unwrap().remove(&pgid);
         self.tell_guardian(format!("-{pgid}\n"));
+        command
+    }
+
+    /// Is `pid` the leader of a registered group (a command whose exit someone awaits)?
+    pub fn contains(&self, pid: i32) -> bool {
+        self.groups.lock().unwrap().contains_key(&pid)
     }
 
     pub fn groups(&self) -> Vec<i32> {
-        self.groups.lock().unwrap().iter().copied().collect()
+        self.groups.lock().unwrap().keys().copied().collect()
+    }
+
+    /// The command of group `pgid` ended (its leader exited) or must end: stop what is
+    /// left of its group and its descendants outside the group (SIGTERM, `grace`,
+    /// SIGKILL), and forget it. Descendants of other commands are left alone.
+    pub fn stop(&self, pgid: i32, grace: Duration) -> Leftovers {
+        let group = group_alive(pgid);
+        if group {
+            stop_group(pgid, grace);
+        }
+        let command = self.groups.lock().unwrap().get(&pgid).copied();
+        let outside = command
+            .map(|c| descendants::stop(|| descendants::of_command(&self.nonce, c), grace))
+            .unwrap_or(0);
+        self.remove(pgid);
+        Leftovers { group, outside }
+    }
+
+    /// At shutdown, after the groups were stopped: stop every remaining descendant of this
+    /// process (except the guardian) and anything else that carries this node's nonce.
+    /// Returns how many there were.
+    pub fn stop_descendants(&self, grace: Duration) -> usize {
+        let spare = [self.guardian_pid.load(Ordering::Relaxed)];
+        descendants::stop(|| descendants::all(&self.nonce, &spare, true), grace)
     }
 
     /// Signal every registered group (no filesystem access: safe from any thread).
@@ -129,6 +206,15 @@ impl Registry {
                 libc::killpg(g, sig);
             }
         }
+    }
+
+    /// SIGKILL every group and every descendant (except the guardian) at once. Reads only
+    /// `/proc/*/task/*/children`, never another process's memory, so it cannot block on
+    /// a child stuck in the filesystem.
+    pub fn kill_all_now(&self) {
+        self.signal_all(libc::SIGKILL);
+        let spare = [self.guardian_pid.load(Ordering::Relaxed)];
+        descendants::kill(descendants::all(&self.nonce, &spare, false));
     }
 }
 
@@ -248,9 +334,11 @@ pub fn tail(path: &Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-/// `rl-node __guard`: read `+pgid` / `-pgid` lines from stdin; when stdin closes (the
-/// node exited or was killed), stop every group still registered.
-pub fn guardian_main() -> i32 {
+/// `rl-node __guard [NONCE]`: read `+pgid` / `-pgid` lines from stdin; when stdin closes
+/// (the node exited or was killed), stop every group still registered and every process
+/// whose environment carries `RL_NODE_OWNER=<NONCE>:` (descendants that left their group;
+/// after a `kill -9` they are no longer in the node's process tree).
+pub fn guardian_main(nonce: Option<&str>) -> i32 {
     unsafe {
         libc::signal(libc::SIGINT, libc::SIG_IGN);
         libc::signal(libc::SIGTERM, libc::SIG_IGN);
@@ -273,13 +361,18 @@ pub fn guardian_main() -> i32 {
             }
         }
     }
+    let grace = Duration::from_secs(2);
     let live: Vec<i32> = groups.into_iter().filter(|g| group_alive(*g)).collect();
     for g in &live {
         unsafe {
             libc::killpg(*g, libc::SIGTERM);
         }
     }
-    let deadline = Instant::now() + Duration::from_secs(2);
+    let deadline = Instant::now() + grace;
+    // The groups' grace runs meanwhile.
+    if let Some(nonce) = nonce.filter(|n| !n.is_empty()) {
+        descendants::stop(|| descendants::with_nonce(nonce), grace);
+    }
     while Instant::now() < deadline && live.iter().any(|g| group_alive(*g)) {
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -7,7 +7,7 @@
 //! otherwise answer the health check and serve the wrong model. A server that dies while
 //! it should be serving stops the cluster like any failed command.
 
-use super::procs::{self, ChildExit};
+use super::procs::ChildExit;
 use super::{Interrupt, Node, Stop};
 use crate::checkpoint;
 use crate::config::Template;
@@ -117,8 +117,7 @@ impl Node {
             Ok(()) => {}
             Err(Interrupt::Stop(s)) => return Err(s),
             Err(Interrupt::Deadline) => {
-                procs::stop_group(pid, self.cfg.server.stop_grace);
-                self.registry.remove(pid);
+                self.registry.stop(pid, self.cfg.server.stop_grace);
                 // A server that never becomes healthy is this node's failure (exit 1), not a
                 // cluster deadline.
                 return Err(self.fail(
@@ -150,8 +149,7 @@ impl Node {
         };
         self.watchdog.pet("stopping the server");
         let started = Instant::now();
-        procs::stop_group(server.pid, self.cfg.server.stop_grace);
-        self.registry.remove(server.pid);
+        self.registry.stop(server.pid, self.cfg.server.stop_grace);
         let port = self.cfg.server.port;
         let free_by = Instant::now() + Duration::from_secs(10);
         while port_in_use(port) {
@@ -217,7 +215,7 @@ impl Node {
             Some(s) if s.pid == pid => {
                 let log = s.log.clone();
                 self.server = None;
-                self.registry.remove(pid);
+                self.registry.stop(pid, self.cfg.server.stop_grace);
                 Err(self.fail(
                     AbortKind::CommandFailed {
                         exit: exit.to_string(),

@@ -812,8 +812,7 @@ impl Node {
                 .collect();
             for pid in superseded {
                 let r = running.remove(&pid).expect("listed");
-                super::procs::stop_group(pid, self.cfg.timing.kill_grace);
-                self.registry.remove(pid);
+                self.registry.stop(pid, self.cfg.timing.kill_grace);
                 self.exited.remove(&pid);
                 let _ = std::fs::remove_file(&r.partial);
             }

@@ -322,7 +322,10 @@ pub fn run(job: &Job, tick: &mut dyn FnMut()) -> Result<Vec<InputReport>, Comman
     }
     let (rfd, wfd) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
     let w = wfd.as_raw_fd();
+    // In a node, the command's mark for finding descendants that leave its group.
+    let owner = job.registry.as_ref().map(|r| r.new_command());
     let mut cmd = Command::new("sh");
+    cmd.envs(owner.iter().map(|(_, (k, v))| (k, v)));
     cmd.arg("-c")
         .arg(r#"sh -c "$1" 3>&-; echo "$?" >&3"#)
         .arg("rl-node-merge")
@@ -350,8 +353,8 @@ pub fn run(job: &Job, tick: &mut dyn FnMut()) -> Result<Vec<InputReport>, Comman
     drop(wfd);
     drop(cmd);
     let pid = child.id() as i32;
-    if let Some(r) = &job.registry {
-        r.add(pid);
+    if let (Some(r), Some((id, _))) = (&job.registry, &owner) {
+        r.add(pid, *id);
     }
     let started = Instant::now();
     let mut status = Vec::new();
@@ -398,7 +401,8 @@ pub fn run(job: &Job, tick: &mut dyn FnMut()) -> Result<Vec<InputReport>, Comman
         stop(&mut child, pid, job.kill_grace);
     }
     if let Some(r) = &job.registry {
-        r.remove(pid);
+        // The group is stopped above; this stops descendants that left it.
+        r.stop(pid, job.kill_grace);
     }
     let tail = job
         .log
