@@ -1,0 +1,206 @@
+//! Fencing: a node of an older generation never touches what a newer generation owns.
+//!
+//! Each test freezes real `rl-node` processes with SIGSTOP (what a paused VM or a hung
+//! host looks like to everyone else), lets the cluster restart without them, and wakes
+//! them with SIGCONT while the new generation is at work.
+
+mod common;
+
+use common::cluster::*;
+use std::fs;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// `pid` and every process below it (rl-node is a child subreaper, so its commands'
+/// descendants stay in its tree).
+fn tree(pid: i32) -> Vec<i32> {
+    let mut parent_of = Vec::new();
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r.to_string()) else {
+            continue;
+        };
+        let ppid: i32 = rest.split_whitespace().nth(1).unwrap().parse().unwrap();
+        parent_of.push((p, ppid));
+    }
+    let mut out = vec![pid];
+    let mut i = 0;
+    while i < out.len() {
+        let p = out[i];
+        out.extend(parent_of.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    out
+}
+
+/// Freeze (SIGSTOP) or wake (SIGCONT) a whole node: the process and all its descendants.
+fn signal_tree(pids: &[i32], sig: i32) {
+    for &p in pids {
+        unsafe { libc::kill(p, sig) };
+    }
+}
+
+fn stopped(pid: i32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').map(|(_, r)| r.trim_start().starts_with('T')))
+        .unwrap_or(false)
+}
+
+fn lines(path: &Path) -> Vec<serde_json::Value> {
+    fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{}: {l:?}: {e}", path.display())))
+        .collect()
+}
+
+fn wait_exit(n: &mut NodeProc) -> i32 {
+    n.wait(LIMIT)
+}
+
+/// The rollout: rank 1's first attempt rolls out forever and, when stopped, flushes a
+/// record into its `{output}` (like a Python rollout flushing on SIGTERM); every later
+/// attempt of rank 1 waits for the test's go-ahead, so it is mid-rollout when the frozen
+/// node wakes up.
+const ROLLOUT: &str = r#"#!/bin/sh
+rank=$1; out=$2; shared=$3
+if [ "$rank" = 1 ] && mkdir "$shared/first-attempt" 2>/dev/null; then
+  trap 'echo "{\"rank\":1,\"from\":\"dead-generation\"}" >> "$out"; exit 0' TERM
+  echo "{\"rank\":1,\"from\":\"dead-generation-start\"}" >> "$out"
+  while :; do sleep 0.05; done
+fi
+if [ "$rank" = 1 ]; then
+  touch "$shared/second-attempt"
+  while [ ! -e "$shared/go" ]; do sleep 0.05; done
+fi
+echo "{\"rank\":$rank,\"from\":\"live\"}" >> "$out"
+"#;
+
+#[test]
+fn a_host_frozen_mid_rollout_that_wakes_after_a_restart_does_not_reach_the_new_generations_trajectories()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("rollout.sh");
+    fs::write(&script, ROLLOUT).unwrap();
+    let c = TestCluster::new(
+        2,
+        &format!(
+            "[phases.rollout]\ncommand = \"sh {} {{rank}} {{output}} {{log_path}}\"\n",
+            script.display()
+        ),
+    );
+    fs::create_dir_all(&c.log_path).unwrap();
+    let mut first = c.spawn_all(&["--iterations", "1"]);
+    wait_until(LIMIT, "rank 1's first rollout to start", || {
+        c.log_path.join("first-attempt").exists()
+            && fs::read_dir(c.log_path.join("rollouts/iter-0001/train"))
+                .map(|d| d.flatten().any(|e| e.file_name().to_string_lossy().contains(".g1.")))
+                .unwrap_or(false)
+    });
+    // Freeze rank 1's whole host: the node, its guardian and its rollout.
+    let frozen = tree(first[1].pid());
+    signal_tree(&frozen, libc::SIGSTOP);
+    wait_until(LIMIT, "rank 1 to be stopped", || stopped(first[1].pid()));
+    // Rank 0 declares it dead and stops; the cluster is restarted without the frozen node.
+    let code = wait_exit(&mut first[0]);
+    assert_eq!(code, 3, "rank 0 of generation 1:\n{}", first[0].stderr());
+    let mut master = c.spawn(0, &["--iterations", "1"]);
+    let mut worker = c.spawn(1, &["--iterations", "1"]);
+    wait_until(LIMIT, "generation 2's rank 1 to be mid-rollout", || {
+        c.log_path.join("second-attempt").exists()
+    });
+    // The frozen host wakes up while generation 2 rolls out iteration 1.
+    signal_tree(&frozen, libc::SIGCONT);
+    let old = wait_exit(&mut first[1]);
+    assert_ne!(old, 0, "the woken node must stop:\n{}", first[1].stderr());
+    let train = c.log_path.join("rollouts/iter-0001/train");
+    assert!(
+        !train.join("rank-1.jsonl").exists(),
+        "the woken node of generation 1 committed a shard:\n{}",
+        first[1].stderr()
+    );
+    // What it flushed stays in its own generation's file, which nobody commits.
+    let old_partial = lines(&train.join("rank-1.partial.g1.jsonl"));
+    assert!(
+        old_partial.iter().any(|r| r["from"] == "dead-generation"),
+        "{old_partial:?}\n{}",
+        first[1].stderr()
+    );
+    // Generation 2 finishes its rollout and the run completes.
+    fs::write(c.log_path.join("go"), "").unwrap();
+    let started = Instant::now();
+    assert_eq!(wait_exit(&mut worker), 0, "rank 1:\n{}", worker.stderr());
+    assert_eq!(wait_exit(&mut master), 0, "rank 0:\n{}", master.stderr());
+    assert!(started.elapsed() < LIMIT);
+    let merged = lines(&c.log_path.join("rollouts/iter-0001/train.jsonl"));
+    assert_eq!(
+        merged,
+        vec![
+            serde_json::json!({"rank": 0, "from": "live"}),
+            serde_json::json!({"rank": 1, "from": "live"}),
+        ],
+        "train.jsonl must hold exactly the live generation's records"
+    );
+    let manifest: serde_json::Value = serde_json::from_slice(
+        &fs::read(c.log_path.join("rollouts/iter-0001/train.jsonl.manifest.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(manifest["ranks"][1]["source"], "rollouts/iter-0001/train/rank-1.jsonl", "{manifest}");
+}
+
+#[test]
+fn of_two_masters_started_at_once_the_one_that_does_not_own_the_run_leaves_within_a_poll() {
+    let c = TestCluster::new(
+        2,
+        "[phases.rollout]\ncommand = \"echo '{\\\"rank\\\": {rank}}' > {output}\"\n",
+    );
+    fs::create_dir_all(&c.log_path).unwrap();
+    // Two masters at the same instant, no worker yet.
+    let mut a = c.spawn(0, &["--iterations", "1"]);
+    let mut b = c.spawn(0, &["--iterations", "1"]);
+    // The one whose cluster.json was overwritten leaves quickly (not after join-timeout).
+    let started = Instant::now();
+    let loser = loop {
+        if a.child.try_wait().unwrap().is_some() {
+            break 0;
+        }
+        if b.child.try_wait().unwrap().is_some() {
+            break 1;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "neither master left:\n--- a\n{}\n--- b\n{}",
+            a.stderr(),
+            b.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (lost, won) = if loser == 0 { (&mut a, &mut b) } else { (&mut b, &mut a) };
+    assert_eq!(lost.wait(LIMIT), 2, "{}", lost.stderr());
+    let err = lost.stderr();
+    let cluster: serde_json::Value =
+        serde_json::from_slice(&fs::read(c.log_path.join(".rl-node/cluster.json")).unwrap()).unwrap();
+    if err.contains("already held by a live process") {
+        // Started a moment later, it saw the other's generation first: refused outright.
+        eprintln!("note: the second master saw the first one's generation and was refused");
+    } else {
+        assert!(err.contains("another rank 0 owns this run"), "{err}");
+        assert!(
+            err.contains(&format!("generation {}", cluster["gen"]))
+                && err.contains(&format!("pid {}", cluster["pid"])),
+            "the loser names the generation that owns the run ({cluster}):\n{err}"
+        );
+    }
+    // The winner forms the cluster with the worker and completes.
+    let mut worker = c.spawn(1, &["--iterations", "1"]);
+    assert_eq!(worker.wait(LIMIT), 0, "{}", worker.stderr());
+    assert_eq!(won.wait(LIMIT), 0, "{}", won.stderr());
+}
