@@ -686,11 +686,7 @@ impl Node {
             self.say(&format!("all {last} iteration(s) were already complete"));
             return Ok(());
         }
-        // The newest published checkpoint, if any, is the model to serve and train from.
-        if let Some(latest) = crate::checkpoint::latest(&self.layout.models()) {
-            self.model = latest.display().to_string();
-            self.say(&format!("model: {} (models/LATEST)", self.model));
-        }
+        self.use_latest_checkpoint()?;
         if self.cfg.cluster.rl_phase != crate::config::RlPhase::Update {
             self.start_server()?;
         }
@@ -717,6 +713,42 @@ impl Node {
                 started.elapsed().as_secs_f64()
             ));
             iteration += 1;
+        }
+    }
+
+    /// The newest published checkpoint that verifies, if any, is the model to serve and
+    /// train from (see `checkpoint::latest`); a damaged `models/LATEST` is reported.
+    fn use_latest_checkpoint(&mut self) -> Result<(), Stop> {
+        self.watchdog.pet("verifying the latest checkpoint");
+        let wd = self.watchdog.clone();
+        let latest = crate::checkpoint::latest(&self.layout.models(), &mut || {
+            wd.pet("verifying the latest checkpoint")
+        });
+        let base = self.cfg.cluster.model.clone();
+        if latest.no_model(&base) {
+            let reason = format!(
+                "{}: there is no model to serve or train from; repair models/LATEST or set cluster.model",
+                latest.warning(&base).unwrap_or_default()
+            );
+            return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
+        }
+        if let Some(warning) = latest.warning(&base) {
+            self.say(&format!("warning: {warning}"));
+            self.event(json!({"event": "latest-fallback", "warning": warning}));
+        }
+        if let Some(p) = latest.path() {
+            self.model = p.display().to_string();
+            self.say(&format!("model: {}", self.model));
+        }
+        Ok(())
+    }
+
+    /// The model for messages: never an empty value.
+    fn model_label(&self) -> String {
+        if self.model.is_empty() {
+            "the base model (cluster.model is empty)".into()
+        } else {
+            self.model.clone()
         }
     }
 
@@ -1054,7 +1086,7 @@ impl Node {
                 self.say(&format!(
                     "warning: training wrote nothing under {}; the model stays {}",
                     train_out.display(),
-                    self.model
+                    self.model_label()
                 ));
             }
             return Ok(());
@@ -1063,16 +1095,27 @@ impl Node {
         self.watchdog.pet("publishing the checkpoint");
         let wd = self.watchdog.clone();
         let started = Instant::now();
-        match crate::checkpoint::publish(&source, &self.layout.models(), &name, &mut || {
-            wd.pet("publishing the checkpoint")
-        }) {
+        let mut fence = self.generation_fence();
+        match crate::checkpoint::publish(
+            &source,
+            &self.layout.models(),
+            &name,
+            self.gen(),
+            &mut fence,
+            &mut || wd.pet("publishing the checkpoint"),
+        ) {
             Ok(published) => {
-                if let crate::checkpoint::Published::Kept(p) = &published {
-                    self.say(&format!(
+                match &published {
+                    crate::checkpoint::Published::Kept(p) => self.say(&format!(
                         "warning: {} was already published by an earlier attempt; checkpoints are immutable, so it is kept and {} is not published",
                         p.display(),
                         source.display()
-                    ));
+                    )),
+                    crate::checkpoint::Published::LatestAhead { latest, .. } => self.say(&format!(
+                        "warning: models/LATEST already names {}, a newer verified checkpoint; it only moves forward, so it is left alone",
+                        latest.display()
+                    )),
+                    crate::checkpoint::Published::New(_) => {}
                 }
                 let dest = published.path().to_path_buf();
                 self.model = dest.display().to_string();
@@ -1088,12 +1131,43 @@ impl Node {
             }
             Err(e) => {
                 let reason = format!(
-                    "publishing {} as {name} failed: {e}; models/LATEST still names {}",
+                    "publishing {} as {name} failed: {e}; the model stays {}",
                     source.display(),
-                    self.model
+                    self.model_label()
                 );
                 Err(self.fail(AbortKind::Error, self.rank, None, reason, None))
             }
+        }
+    }
+
+    /// A check that this node is still rank 0 of the current generation, made right before
+    /// the hand-off renames its checkpoint into place and before it switches `LATEST`:
+    /// `cluster.json` must still name this node's run and generation. (Rank 0 of a newer
+    /// generation rewrites it when it starts; what remains is the window between this read
+    /// and the rename, a few system calls.)
+    fn generation_fence(&self) -> impl FnMut() -> Result<(), String> {
+        let path = self.layout.cluster();
+        let (run_id, gen) = (self.run_id().to_string(), self.gen());
+        move || {
+            match store::read_json::<ClusterRecord>(&path) {
+            Ok(Some(c)) if c.run_id == run_id && c.gen == gen => Ok(()),
+            Ok(Some(c)) => Err(format!(
+                "generation {gen} of run {run_id} was replaced by generation {} of run {} (started on {} at {}, per {}); this node no longer owns the hand-off",
+                c.gen,
+                c.run_id,
+                c.host,
+                c.started_at,
+                path.display()
+            )),
+            Ok(None) => Err(format!(
+                "{} is missing or unreadable, so this node cannot confirm that generation {gen} still owns the hand-off",
+                path.display()
+            )),
+            Err(e) => Err(format!(
+                "cannot read {} ({e}), so this node cannot confirm that generation {gen} still owns the hand-off",
+                path.display()
+            )),
+        }
         }
     }
 
