@@ -54,9 +54,9 @@ fn published(c: &TestCluster) -> Vec<String> {
 fn model_seen(c: &TestCluster, iteration: u64) -> String {
     let text = fs::read_to_string(c.log_path.join("models-seen")).unwrap_or_default();
     text.lines()
+        .rev()
         .filter_map(|l| l.split_once(' '))
-        .filter(|(it, _)| *it == iteration.to_string())
-        .last()
+        .find(|(it, _)| *it == iteration.to_string())
         .map(|(_, m)| m.to_string())
         .unwrap_or_else(|| panic!("no training of iteration {iteration} in:\n{text}"))
 }
