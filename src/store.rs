@@ -60,6 +60,77 @@ pub fn publish(path: &Path, bytes: &[u8]) -> io::Result<()> {
     result
 }
 
+/// Rename `src` to `dst` only if nothing exists at `dst`: never replaces (error
+/// `AlreadyExists`, or `ENOTEMPTY` from some filesystems for a directory).
+///
+/// Atomic where the filesystem supports `renameat2(RENAME_NOREPLACE)` (local filesystems,
+/// NFS). Where it does not (`EINVAL`/`ENOSYS`/`EOPNOTSUPP`, e.g. FUSE): a file is hard-linked
+/// to `dst` (which fails if `dst` exists) and `src` removed; a directory is renamed after
+/// checking that `dst` does not exist. That leaves a window of one system call in which
+/// another writer can create `dst`; a plain rename then fails if `dst` is a non-empty
+/// directory, so only an *empty* directory created in that window could be replaced.
+pub fn rename_noreplace(src: &Path, dst: &Path) -> io::Result<()> {
+    match renameat2_noreplace(src, dst) {
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EINVAL) | Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP)
+            ) => {}
+        other => return other,
+    }
+    let exists = || {
+        io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!("{} already exists", dst.display()),
+        )
+    };
+    if fs::symlink_metadata(src)?.is_dir() {
+        if fs::symlink_metadata(dst).is_ok() {
+            return Err(exists());
+        }
+        return fs::rename(src, dst);
+    }
+    match fs::hard_link(src, dst) {
+        Ok(()) => fs::remove_file(src),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(e),
+        // No hard links (blob FUSE): check, then rename.
+        Err(_) => {
+            if fs::symlink_metadata(dst).is_ok() {
+                return Err(exists());
+            }
+            fs::rename(src, dst)
+        }
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn renameat2_noreplace(src: &Path, dst: &Path) -> io::Result<()> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let s = CString::new(src.as_os_str().as_bytes())?;
+    let d = CString::new(dst.as_os_str().as_bytes())?;
+    // SAFETY: both are valid NUL-terminated strings that outlive the call.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            s.as_ptr(),
+            libc::AT_FDCWD,
+            d.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn renameat2_noreplace(_: &Path, _: &Path) -> io::Result<()> {
+    Err(io::Error::from_raw_os_error(libc::ENOSYS))
+}
+
 pub fn publish_json<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
     let mut bytes = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
     bytes.push(b'\n');
@@ -199,69 +270,6 @@ pub fn parse_strict<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
         .map_err(|e| format!("it is JSON of the wrong shape: {}", strip_position(&e.to_string())))
 }
 
-/// Rename `src` to `dst` only if `dst` does not exist: a commit never replaces what
-/// another writer (an older generation, the command itself) put there. An existing
-/// `dst` is an error of kind `AlreadyExists`.
-///
-/// `renameat2(RENAME_NOREPLACE)` where the filesystem supports it (local disks); else,
-/// for files, `link` + `unlink` (an exclusive create on the server, atomic on NFS and
-/// Lustre); else (blob FUSE has neither) a check followed by a rename, which leaves a
-/// window of one round trip in which a concurrent writer's file could be replaced.
-/// Directories fall back to a plain rename, which cannot replace a non-empty directory.
-pub fn rename_noreplace(src: &Path, dst: &Path) -> io::Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = |p: &Path| {
-        std::ffi::CString::new(p.as_os_str().as_bytes())
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
-    };
-    let (s, d) = (c(src)?, c(dst)?);
-    let rc = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            s.as_ptr(),
-            libc::AT_FDCWD,
-            d.as_ptr(),
-            libc::RENAME_NOREPLACE,
-        )
-    };
-    if rc == 0 {
-        return Ok(());
-    }
-    let err = io::Error::last_os_error();
-    let unsupported = matches!(
-        err.raw_os_error(),
-        Some(libc::EINVAL) | Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP)
-    );
-    if !unsupported {
-        return Err(exists_as_already(err));
-    }
-    if fs::symlink_metadata(src)?.is_dir() {
-        return fs::rename(src, dst).map_err(exists_as_already);
-    }
-    match fs::hard_link(src, dst) {
-        Ok(()) => fs::remove_file(src),
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(e),
-        Err(_) => {
-            if fs::symlink_metadata(dst).is_ok() {
-                return Err(io::Error::new(
-                    io::ErrorKind::AlreadyExists,
-                    format!("{} exists", dst.display()),
-                ));
-            }
-            fs::rename(src, dst)
-        }
-    }
-}
-
-fn exists_as_already(e: io::Error) -> io::Error {
-    match e.raw_os_error() {
-        Some(libc::EEXIST) | Some(libc::ENOTEMPTY) => {
-            io::Error::new(io::ErrorKind::AlreadyExists, e)
-        }
-        _ => e,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -313,30 +321,6 @@ mod tests {
     }
 
     #[test]
-    fn rename_noreplace_never_replaces() {
-        let d = tempfile::tempdir().unwrap();
-        let (a, b) = (d.path().join("a"), d.path().join("b"));
-        fs::write(&a, b"new").unwrap();
-        fs::write(&b, b"old").unwrap();
-        let e = rename_noreplace(&a, &b).unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
-        assert_eq!(fs::read(&b).unwrap(), b"old");
-        assert_eq!(fs::read(&a).unwrap(), b"new");
-        fs::remove_file(&b).unwrap();
-        rename_noreplace(&a, &b).unwrap();
-        assert_eq!(fs::read(&b).unwrap(), b"new");
-        assert!(!a.exists());
-        // Directories: a non-empty destination is never replaced.
-        let (x, y) = (d.path().join("x"), d.path().join("y"));
-        fs::create_dir_all(x.join("in")).unwrap();
-        fs::create_dir_all(y.join("in")).unwrap();
-        assert_eq!(
-            rename_noreplace(&x, &y).unwrap_err().kind(),
-            io::ErrorKind::AlreadyExists
-        );
-    }
-
-    #[test]
     fn torn_json_reads_as_not_yet() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("x.json");
@@ -345,5 +329,32 @@ mod tests {
         assert!(read_json::<serde_json::Value>(&d.path().join("missing"))
             .unwrap()
             .is_none());
+    }
+
+    #[test]
+    fn rename_noreplace_never_replaces() {
+        let d = tempfile::tempdir().unwrap();
+        let (a, b) = (d.path().join("a"), d.path().join("b"));
+        fs::write(&a, b"new").unwrap();
+        rename_noreplace(&a, &b).unwrap();
+        assert!(!a.exists());
+        assert_eq!(fs::read(&b).unwrap(), b"new");
+        fs::write(&a, b"newer").unwrap();
+        let e = rename_noreplace(&a, &b).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists, "{e}");
+        assert_eq!(fs::read(&b).unwrap(), b"new");
+        assert_eq!(fs::read(&a).unwrap(), b"newer");
+        // Directories, including onto an empty one (which a plain rename would replace).
+        let (x, y) = (d.path().join("x"), d.path().join("y"));
+        fs::create_dir_all(x.join("sub")).unwrap();
+        fs::write(x.join("sub/f"), b"1").unwrap();
+        fs::create_dir(&y).unwrap();
+        let e = rename_noreplace(&x, &y).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists, "{e}");
+        assert!(x.join("sub/f").exists());
+        fs::remove_dir(&y).unwrap();
+        rename_noreplace(&x, &y).unwrap();
+        assert_eq!(fs::read(y.join("sub/f")).unwrap(), b"1");
+        assert!(!x.exists());
     }
 }

@@ -594,6 +594,8 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
         let key = format!("phases.{name}.command");
         Template::parse(&p.command).map_err(|e| l.invalid(&key, e.to_string()))?;
     }
+    crate::checkpoint::check_pick_pattern(&c.phases.handoff.pick)
+        .map_err(|e| l.invalid("phases.handoff.pick", e))?;
     validate_aggregate(l)?;
     for key in ["server.command", "server.health-url"] {
         let text = if key == "server.command" {
@@ -903,6 +905,23 @@ mod tests {
             e.contains("cluster.num-nodes") && e.contains("expected an integer"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn an_invalid_pick_pattern_is_a_config_error_naming_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.toml");
+        std::fs::write(&f, "[phases.handoff]\npick = \"checkpoint-[\"\n").unwrap();
+        let e = load(Some(&f), &no_env, &[]).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!(
+                "phases.handoff.pick (from {}): `checkpoint-[` is not a valid glob pattern",
+                f.display()
+            )),
+            "{e}"
+        );
+        std::fs::write(&f, "[phases.handoff]\npick = \"checkpoint-[0-9]*\"\n").unwrap();
+        assert!(load(Some(&f), &no_env, &[]).is_ok());
     }
 
     #[test]

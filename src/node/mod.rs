@@ -243,15 +243,6 @@ impl Node {
         self.cfg.cluster.num_nodes
     }
 
-    /// The model for messages: never an empty value.
-    fn model_label(&self) -> String {
-        if self.model.is_empty() {
-            "the base model (cluster.model is empty)".to_string()
-        } else {
-            self.model.clone()
-        }
-    }
-
     fn gen(&self) -> u64 {
         self.cluster.as_ref().map(|c| c.gen).unwrap_or(0)
     }
@@ -266,15 +257,18 @@ impl Node {
         self.watchdog.pet("checking that this generation is current");
         let check = fence_check(&self.layout, self.gen(), self.run_id());
         self.watchdog.pet("checked the generation");
-        check.map_err(|why| {
-            self.event(json!({"event": "fenced", "what": what, "why": why}));
-            Stop {
-                code: exit::PEER_FAILED,
-                message: format!("{why}: this node did not {what}, and stops without touching the newer generation's files"),
-                hint: Some("nothing to do: the current generation carries on (rl-node status shows it)".into()),
-                detail: None,
-            }
-        })
+        check.map_err(|why| self.fenced(&why, what))
+    }
+
+    /// The stop of a node whose generation was replaced (see [`Node::fence`]).
+    fn fenced(&mut self, why: &str, what: &str) -> Stop {
+        self.event(json!({"event": "fenced", "what": what, "why": why}));
+        Stop {
+            code: exit::PEER_FAILED,
+            message: format!("{why}: this node did not {what}, and stops without touching the newer generation's files"),
+            hint: Some("nothing to do: the current generation carries on (rl-node status shows it)".into()),
+            detail: None,
+        }
     }
 
     /// A [`Node::fence`] that other threads (the merge) can call.
@@ -763,11 +757,7 @@ impl Node {
             self.say(&format!("all {last} iteration(s) were already complete"));
             return Ok(());
         }
-        // The newest published checkpoint, if any, is the model to serve and train from.
-        if let Some(latest) = crate::checkpoint::latest(&self.layout.models()) {
-            self.model = latest.display().to_string();
-            self.say(&format!("model: {} (models/LATEST)", self.model));
-        }
+        self.use_latest_checkpoint()?;
         if self.cfg.cluster.rl_phase != crate::config::RlPhase::Update {
             self.start_server()?;
         }
@@ -794,6 +784,42 @@ impl Node {
                 started.elapsed().as_secs_f64()
             ));
             iteration += 1;
+        }
+    }
+
+    /// The newest published checkpoint that verifies, if any, is the model to serve and
+    /// train from (see `checkpoint::latest`); a damaged `models/LATEST` is reported.
+    fn use_latest_checkpoint(&mut self) -> Result<(), Stop> {
+        self.watchdog.pet("verifying the latest checkpoint");
+        let wd = self.watchdog.clone();
+        let latest = crate::checkpoint::latest(&self.layout.models(), &mut || {
+            wd.pet("verifying the latest checkpoint")
+        });
+        let base = self.cfg.cluster.model.clone();
+        if latest.no_model(&base) {
+            let reason = format!(
+                "{}: there is no model to serve or train from; repair models/LATEST or set cluster.model",
+                latest.warning(&base).unwrap_or_default()
+            );
+            return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
+        }
+        if let Some(warning) = latest.warning(&base) {
+            self.say(&format!("warning: {warning}"));
+            self.event(json!({"event": "latest-fallback", "warning": warning}));
+        }
+        if let Some(p) = latest.path() {
+            self.model = p.display().to_string();
+            self.say(&format!("model: {}", self.model));
+        }
+        Ok(())
+    }
+
+    /// The model for messages: never an empty value.
+    fn model_label(&self) -> String {
+        if self.model.is_empty() {
+            "the base model (cluster.model is empty)".into()
+        } else {
+            self.model.clone()
         }
     }
 
@@ -1266,20 +1292,32 @@ impl Node {
             return Ok(());
         };
         let name = crate::layout::iter_dir(self.iteration);
-        self.fence(&format!("publish the checkpoint {name}"))?;
         self.watchdog.pet("publishing the checkpoint");
         let wd = self.watchdog.clone();
         let started = Instant::now();
-        match crate::checkpoint::publish(&source, &self.layout.models(), &name, &mut || {
-            wd.pet("publishing the checkpoint")
-        }) {
+        // Checked again inside, right before the rename and before LATEST.
+        let (layout, gen, run) = (self.layout.clone(), self.gen(), self.run_id().to_string());
+        let mut fence = move || fence_check(&layout, gen, &run);
+        match crate::checkpoint::publish(
+            &source,
+            &self.layout.models(),
+            &name,
+            self.gen(),
+            &mut fence,
+            &mut || wd.pet("publishing the checkpoint"),
+        ) {
             Ok(published) => {
-                if let crate::checkpoint::Published::Kept(p) = &published {
-                    self.say(&format!(
+                match &published {
+                    crate::checkpoint::Published::Kept(p) => self.say(&format!(
                         "warning: {} was already published by an earlier attempt; checkpoints are immutable, so it is kept and {} is not published",
                         p.display(),
                         source.display()
-                    ));
+                    )),
+                    crate::checkpoint::Published::LatestAhead { latest, .. } => self.say(&format!(
+                        "warning: models/LATEST already names {}, a newer verified checkpoint; it only moves forward, so it is left alone",
+                        latest.display()
+                    )),
+                    crate::checkpoint::Published::New(_) => {}
                 }
                 let dest = published.path().to_path_buf();
                 self.model = dest.display().to_string();
@@ -1294,6 +1332,9 @@ impl Node {
                 Ok(())
             }
             Err(e) => {
+                if let Err(why) = fence_check(&self.layout, self.gen(), self.run_id()) {
+                    return Err(self.fenced(&why, &format!("publish the checkpoint {name}")));
+                }
                 let reason = format!(
                     "publishing {} as {name} failed: {e}; the model stays {}",
                     source.display(),

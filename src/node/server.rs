@@ -83,12 +83,12 @@ impl Node {
             .render_raw(&values);
         let env = super::context::env_for(&values);
         let log = self.layout.phase_log(self.iteration, self.rank, "server");
-        let header = format!("rank {} server on {model}", self.rank);
+        let label = self.model_label();
+        let header = format!("rank {} server on {label}", self.rank);
         let running = self.spawn_supervised("the server", &command, &env, &log, &header)?;
         let pid = running.pid;
         self.say(&format!(
-            "server starting on {} (pid {pid}, port {port}, log {})",
-            self.model_label(),
+            "server starting on {label} (pid {pid}, port {port}, log {})",
             log.display()
         ));
         let agent: ureq::Agent = ureq::Agent::config_builder()

@@ -282,7 +282,7 @@ fn report(run: &Run) -> Report {
         training_redone_everywhere: !resume.train_done,
         ranks,
         incomplete_files: incomplete_files(l),
-        latest_model: crate::checkpoint::latest(&l.models()).map(|p| p.display().to_string()),
+        latest_model: crate::checkpoint::latest_named(&l.models()).map(|p| p.display().to_string()),
     }
 }
 
@@ -320,8 +320,13 @@ fn incomplete_files(l: &Layout) -> Vec<String> {
     if let Ok(models) = std::fs::read_dir(l.models()) {
         for e in models.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with('.') && name.ends_with(".partial") {
-                out.push(format!("{}: a hand-off that did not finish (not a checkpoint; the next hand-off replaces it)", rel(&e.path())));
+            if crate::checkpoint::is_partial_dir_name(&name) {
+                let by = name
+                    .rsplit_once(".g")
+                    .and_then(|(_, g)| g.strip_suffix(".partial")?.parse::<u64>().ok())
+                    .map(|g| format!(" by generation {g}"))
+                    .unwrap_or_default();
+                out.push(format!("{}: a hand-off{by} that did not finish (not a checkpoint; delete it once no node of that generation runs)", rel(&e.path())));
             }
         }
     }
@@ -411,7 +416,7 @@ fn discard(run: &Run, rep: &Report, n: u64) -> Result<Vec<String>, String> {
         }
     }
     // LATEST must not name a checkpoint that was set aside.
-    if let Some(latest) = crate::checkpoint::latest(&l.models()) {
+    if let Some(latest) = crate::checkpoint::latest_named(&l.models()) {
         if !latest.exists() {
             let mut earlier: Vec<PathBuf> = std::fs::read_dir(l.models())
                 .map(|d| d.flatten().map(|e| e.path()).collect())

@@ -1,0 +1,315 @@
+//! Checkpoint hand-off with the real binary: training outputs laid out with symbolic links
+//! (Hugging Face snapshots), links that leave the checkpoint, dangle or loop, a checkpoint
+//! name that is taken, a hand-off fenced off because its generation was replaced, and a
+//! damaged `models/LATEST` on restart.
+
+mod common;
+use common::cluster::*;
+use std::fs;
+use std::path::PathBuf;
+use std::time::Duration;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// A one-node cluster whose training runs `train` (with the model it was given appended
+/// to `models-seen` in the shared directory, one `iteration model` line per training).
+fn cluster(train: &str, extra: &str) -> TestCluster {
+    let command = format!("echo {{iteration}} {{model}} >> {{log_path}}/models-seen && {train}");
+    TestCluster::new(
+        1,
+        &format!("[phases.train]\ncommand = '''{command}'''\n{extra}"),
+    )
+}
+
+fn run(c: &TestCluster, iterations: u64) -> NodeProc {
+    let mut n = c.spawn(0, &["--iterations", &iterations.to_string()]);
+    n.wait(LIMIT);
+    n
+}
+
+fn run_ok(c: &TestCluster, iterations: u64) -> NodeProc {
+    let mut n = run(c, iterations);
+    assert_eq!(n.wait(LIMIT), 0, "{}", n.stderr());
+    n
+}
+
+fn models(c: &TestCluster) -> PathBuf {
+    c.log_path.join("models")
+}
+
+/// The entries of `models/`, sorted.
+fn published(c: &TestCluster) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(models(c))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// The model the training of `iteration` was given (the last such line).
+fn model_seen(c: &TestCluster, iteration: u64) -> String {
+    let text = fs::read_to_string(c.log_path.join("models-seen")).unwrap_or_default();
+    text.lines()
+        .rev()
+        .filter_map(|l| l.split_once(' '))
+        .find(|(it, _)| *it == iteration.to_string())
+        .map(|(_, m)| m.to_string())
+        .unwrap_or_else(|| panic!("no training of iteration {iteration} in:\n{text}"))
+}
+
+#[test]
+fn a_hugging_face_snapshot_layout_is_published_with_the_content_of_its_links() {
+    let c = cluster(
+        "mkdir -p {output}/blobs {output}/snapshots/r1 && echo weights {iteration} > {output}/blobs/abc && ln -s ../../blobs/abc {output}/snapshots/r1/model.bin && ln -s snapshots/r1 {output}/current",
+        "",
+    );
+    run_ok(&c, 1);
+    let ckpt = models(&c).join("iter-0001");
+    let m = rl_node::checkpoint::verify(&ckpt, &mut || {}).unwrap();
+    let files: Vec<(String, Option<String>)> = m
+        .files
+        .iter()
+        .map(|f| (f.path.clone(), f.link_target.clone()))
+        .collect();
+    assert_eq!(
+        files,
+        vec![
+            ("blobs/abc".to_string(), None),
+            (
+                "current/model.bin".to_string(),
+                Some("blobs/abc".to_string())
+            ),
+            (
+                "snapshots/r1/model.bin".to_string(),
+                Some("blobs/abc".to_string())
+            ),
+        ]
+    );
+    for f in ["snapshots/r1/model.bin", "current/model.bin"] {
+        let p = ckpt.join(f);
+        assert!(!fs::symlink_metadata(&p).unwrap().is_symlink(), "{f}");
+        assert_eq!(fs::read_to_string(&p).unwrap(), "weights 1\n", "{f}");
+    }
+    assert_eq!(
+        fs::read_to_string(models(&c).join("LATEST")).unwrap(),
+        "iter-0001\n"
+    );
+}
+
+/// The run fails (exit 1) naming `needle`, and nothing is published.
+fn refused(train: &str, needles: &[&str]) {
+    let c = cluster(train, "");
+    let mut n = run(&c, 1);
+    let stderr = n.stderr();
+    assert_eq!(n.wait(LIMIT), 1, "{train}:\n{stderr}");
+    for needle in needles {
+        let needle = needle.replace(
+            "{out}",
+            &c.log_path.join("train/iter-0001/gen-1").display().to_string(),
+        );
+        assert!(
+            stderr.contains(&needle),
+            "{train}: expected `{needle}` in:\n{stderr}"
+        );
+    }
+    assert!(
+        stderr.contains("publishing")
+            && stderr.contains("the model stays the base model (cluster.model is empty)"),
+        "{stderr}"
+    );
+    assert_eq!(published(&c), Vec::<String>::new(), "{train}");
+}
+
+#[test]
+fn a_link_that_leaves_the_checkpoint_fails_the_run_naming_it() {
+    refused(
+        "mkdir -p {output}/checkpoint-1 && echo w > {output}/checkpoint-1/w.bin && echo secret > {output}/outside && ln -s ../outside {output}/checkpoint-1/tokenizer.json",
+        &["checkpoint link {out}/checkpoint-1/tokenizer.json -> ../outside leaves the checkpoint directory {out}/checkpoint-1"],
+    );
+    refused(
+        "mkdir -p {output} && echo w > {output}/w.bin && ln -s /etc/passwd {output}/config.json",
+        &["checkpoint link {out}/config.json -> /etc/passwd leaves the checkpoint directory {out}"],
+    );
+}
+
+#[test]
+fn a_dangling_or_looping_link_fails_the_run_naming_it() {
+    refused(
+        "mkdir -p {output}/checkpoint-1 && echo w > {output}/checkpoint-1/w.bin && ln -s ../../blobs/gone {output}/checkpoint-1/model.bin",
+        &["checkpoint link {out}/checkpoint-1/model.bin -> ../../blobs/gone is dangling: its target does not exist"],
+    );
+    refused(
+        "mkdir -p {output}/sub && echo w > {output}/w.bin && ln -s .. {output}/sub/again",
+        &["checkpoint link {out}/sub/again loops: it leads back to {out}"],
+    );
+}
+
+#[test]
+fn an_existing_checkpoint_that_does_not_verify_is_never_replaced() {
+    let c = cluster("mkdir -p {output} && echo w > {output}/w.bin", "");
+    let taken = models(&c).join("iter-0001");
+    fs::create_dir_all(&taken).unwrap();
+    fs::write(taken.join("w.bin"), b"someone else's").unwrap();
+    let mut n = run(&c, 1);
+    let stderr = n.stderr();
+    assert_eq!(n.wait(LIMIT), 1, "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{} already exists and does not verify",
+            taken.display()
+        )),
+        "{stderr}"
+    );
+    assert_eq!(published(&c), vec!["iter-0001"]);
+    assert_eq!(fs::read(taken.join("w.bin")).unwrap(), b"someone else's");
+}
+
+#[test]
+fn a_handoff_whose_generation_was_replaced_renames_nothing() {
+    // The handoff command plays the new master: it bumps the generation in cluster.json
+    // while this (now old) master is about to publish.
+    let bump = r#"python3 -c 'import json, sys; p = sys.argv[1]; c = json.load(open(p)); c["gen"] += 1; json.dump(c, open(p, "w"))' {log_path}/.rl-node/cluster.json"#;
+    let c = cluster(
+        "mkdir -p {output} && echo w > {output}/w.bin",
+        &format!("[phases.handoff]\ncommand = '''{bump}'''\n"),
+    );
+    let mut n = run(&c, 1);
+    let stderr = n.stderr();
+    // A replaced node stops like one whose peer failed (exit 3), naming the new generation.
+    assert_eq!(n.wait(LIMIT), 3, "{stderr}");
+    assert!(
+        stderr.contains("generation 1 was replaced by generation 2")
+            && stderr.contains("did not publish the checkpoint iter-0001"),
+        "{stderr}"
+    );
+    // Only generation 1's own partial directory is left: no iter-0001, no LATEST.
+    assert_eq!(published(&c), vec![".iter-0001.g1.partial"]);
+    let out = std::process::Command::new(BIN)
+        .args(["recover", "--log-path"])
+        .arg(&c.log_path)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        text.contains(
+            "models/.iter-0001.g1.partial: a hand-off by generation 1 that did not finish"
+        ),
+        "{text}"
+    );
+}
+
+fn set_latest(c: &TestCluster, text: &str) {
+    fs::write(models(c).join("LATEST"), text).unwrap();
+}
+
+fn spoil(c: &TestCluster, iteration: u64) {
+    fs::write(
+        models(c).join(format!("iter-{iteration:04}/w.bin")),
+        b"modified",
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_damaged_latest_is_never_used_the_newest_verified_checkpoint_is() {
+    let c = cluster(
+        "mkdir -p {output} && echo w{iteration} > {output}/w.bin",
+        "",
+    );
+    run_ok(&c, 2);
+    assert_eq!(
+        model_seen(&c, 2),
+        models(&c).join("iter-0001").display().to_string()
+    );
+    let model = |it: u64| {
+        models(&c)
+            .join(format!("iter-{it:04}"))
+            .display()
+            .to_string()
+    };
+
+    // Each case: damage LATEST, run one more iteration, which must train from the fallback.
+    let cases: [(&str, Option<u64>, &str, u64); 4] = [
+        ("", None, "models/LATEST is empty; using iter-0002, the newest verified checkpoint", 2),
+        (
+            "../../etc\n",
+            None,
+            "models/LATEST names `../../etc`, which is not a checkpoint in models/; using iter-0003, the newest verified checkpoint",
+            3,
+        ),
+        (
+            "iter-0009\n",
+            None,
+            "models/LATEST names iter-0009, which does not exist; using iter-0004, the newest verified checkpoint",
+            4,
+        ),
+        // LATEST names the newest checkpoint, but one of its files was modified.
+        (
+            "iter-0005\n",
+            Some(5),
+            "models/LATEST names iter-0005, which does not verify (",
+            4,
+        ),
+    ];
+    let mut iteration = 2;
+    for (latest, spoilt, warning, fallback) in cases {
+        set_latest(&c, latest);
+        if let Some(it) = spoilt {
+            spoil(&c, it);
+        }
+        iteration += 1;
+        let n = run_ok(&c, iteration);
+        let stderr = n.stderr();
+        assert!(
+            stderr.contains(&format!("warning: {warning}")),
+            "{latest:?}:\n{stderr}"
+        );
+        assert_eq!(
+            model_seen(&c, iteration),
+            model(fallback),
+            "{latest:?}:\n{stderr}"
+        );
+        let events = c.events(0);
+        assert!(
+            events.iter().any(|e| e["event"] == "latest-fallback"
+                && e["warning"]
+                    .as_str()
+                    .is_some_and(|w| w.starts_with(warning))),
+            "{latest:?}: {events:?}"
+        );
+        // The hand-off of this iteration published past the damage.
+        assert_eq!(
+            fs::read_to_string(models(&c).join("LATEST")).unwrap(),
+            format!("iter-{iteration:04}\n")
+        );
+    }
+}
+
+#[test]
+fn no_verified_checkpoint_and_no_base_model_is_a_clear_error() {
+    let c = cluster(
+        "mkdir -p {output} && echo w{iteration} > {output}/w.bin",
+        "",
+    );
+    run_ok(&c, 2);
+    spoil(&c, 1);
+    spoil(&c, 2);
+    let mut n = run(&c, 3);
+    let stderr = n.stderr();
+    assert_eq!(n.wait(LIMIT), 1, "{stderr}");
+    assert!(
+        stderr.contains("models/LATEST names iter-0002, which does not verify (")
+            && stderr.contains("), and no checkpoint under models/ verifies; there is no base model either (cluster.model is empty): there is no model to serve or train from; repair models/LATEST or set cluster.model"),
+        "{stderr}"
+    );
+    // Iteration 3 was never trained.
+    assert!(!fs::read_to_string(c.log_path.join("models-seen"))
+        .unwrap()
+        .lines()
+        .any(|l| l.starts_with("3 ")));
+}
