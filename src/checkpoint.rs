@@ -83,15 +83,19 @@ fn io_at(path: &Path) -> impl FnOnce(io::Error) -> PublishError + '_ {
 /// Test-only fault injection: `RL_NODE_TEST_CRASH_AT=<point>` aborts the process at that
 /// point (of a hand-off, or between committing work and journaling it), to prove a crash
 /// there loses nothing and leaves nothing half-published.
-/// `RL_NODE_TEST_STOP_AT=<point>` instead stops the whole process there (SIGSTOP), as a
-/// paused VM or a hung host would, until a test sends SIGCONT.
+/// `RL_NODE_TEST_STOP_AT=<point>` instead stops the whole process there (SIGSTOP) the
+/// first time it gets there, as a paused VM or a hung host would, until a test sends
+/// SIGCONT.
 pub(crate) fn crash_point(point: &str) {
     if std::env::var("RL_NODE_TEST_CRASH_AT").is_ok_and(|v| v == point) {
         eprintln!("RL_NODE_TEST_CRASH_AT={point}: aborting");
         std::process::abort();
     }
-    if std::env::var("RL_NODE_TEST_STOP_AT").is_ok_and(|v| v == point) {
-        eprintln!("RL_NODE_TEST_STOP_AT={point}: stopping (SIGSTOP)");
+    static STOPPED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if std::env::var("RL_NODE_TEST_STOP_AT").is_ok_and(|v| v == point)
+        && !STOPPED.swap(true, std::sync::atomic::Ordering::SeqCst)
+    {
+        eprintln!("RL_NODE_TEST_STOP_AT={point}: stopping (SIGSTOP), once");
         unsafe { libc::raise(libc::SIGSTOP) };
     }
 }

@@ -204,3 +204,86 @@ fn of_two_masters_started_at_once_the_one_that_does_not_own_the_run_leaves_withi
     assert_eq!(worker.wait(LIMIT), 0, "{}", worker.stderr());
     assert_eq!(won.wait(LIMIT), 0, "{}", won.stderr());
 }
+
+/// Start `rl-node --master` on another host name (a UTS namespace of its own), as a
+/// replacement master on another machine would be: it cannot ask this kernel about the
+/// old master and judges it by its heartbeat, like any remote holder.
+fn spawn_master_on(c: &TestCluster, host: &str, args: &[&str], env: &[(&str, &str)]) -> NodeProc {
+    let stderr_path = c.dir.path().join(format!("{host}.stderr"));
+    let mut cmd = std::process::Command::new("unshare");
+    cmd.arg("--uts")
+        .arg("sh")
+        .arg("-c")
+        .arg(format!("hostname {host} && exec \"$@\""))
+        .arg("sh")
+        .arg(BIN)
+        .arg("--master")
+        .arg("--config")
+        .arg(&c.config)
+        .arg("--log-path")
+        .arg(&c.log_path)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(fs::File::create(&stderr_path).unwrap());
+    for (k, _) in std::env::vars() {
+        if k.starts_with("RL_NODE_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.envs(env.iter().copied());
+    NodeProc::from_child(0, cmd.spawn().unwrap(), stderr_path)
+}
+
+fn unshare_works() -> bool {
+    std::process::Command::new("unshare")
+        .args(["--uts", "true"])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+#[test]
+fn a_master_frozen_mid_handoff_that_wakes_after_a_new_master_took_over_publishes_nothing() {
+    if !unshare_works() {
+        panic!("this test needs `unshare --uts` (root, util-linux) to give the new master another host name");
+    }
+    let c = TestCluster::new(
+        1,
+        "[phases.rollout]\ncommand = \"echo '{\\\"r\\\": 1}' > {output}\"\n\
+         [phases.train]\ncommand = \"mkdir -p {output}/checkpoint-1 && for f in a b c; do echo weights-$f > {output}/checkpoint-1/$f; done\"\n",
+    );
+    fs::create_dir_all(&c.log_path).unwrap();
+    let stop_mid_copy = [("RL_NODE_TEST_STOP_AT", "handoff:mid-copy")];
+    // The old master freezes after copying the first file of the checkpoint.
+    let mut old = spawn_master_on(&c, "host-a", &["--iterations", "1"], &stop_mid_copy);
+    wait_until(LIMIT, "the old master to freeze mid-copy", || stopped(old.pid()));
+    let models = c.log_path.join("models");
+    assert!(models.join(".iter-0001.g1.partial").is_dir());
+    // A new master on another host takes over, and freezes mid-copy too.
+    let mut new = spawn_master_on(&c, "host-b", &["--iterations", "1"], &stop_mid_copy);
+    wait_until(LIMIT, "the new master to freeze mid-copy", || stopped(new.pid()));
+    assert!(models.join(".iter-0001.g2.partial").is_dir(), "{}", new.stderr());
+    // The old master wakes first: it must not publish, switch LATEST or touch generation 2's copy.
+    unsafe { libc::kill(old.pid(), libc::SIGCONT) };
+    assert_eq!(old.wait(LIMIT), 3, "{}", old.stderr());
+    let err = old.stderr();
+    assert!(
+        err.contains("generation 1 was replaced by generation 2"),
+        "{err}"
+    );
+    assert!(!models.join("iter-0001").exists(), "the old master published:\n{err}");
+    assert!(!models.join("LATEST").exists(), "the old master switched LATEST:\n{err}");
+    // The new master finishes its publication.
+    unsafe { libc::kill(new.pid(), libc::SIGCONT) };
+    assert_eq!(new.wait(LIMIT), 0, "{}", new.stderr());
+    assert_eq!(fs::read_to_string(models.join("LATEST")).unwrap().trim(), "iter-0001");
+    for f in ["a", "b", "c"] {
+        assert_eq!(
+            fs::read_to_string(models.join("iter-0001").join(f)).unwrap(),
+            format!("weights-{f}\n")
+        );
+    }
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&fs::read(models.join("iter-0001/manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["files"].as_array().unwrap().len(), 3, "{manifest}");
+}

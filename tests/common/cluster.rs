@@ -181,6 +181,17 @@ fn rand_suffix() -> String {
 }
 
 impl NodeProc {
+    /// A node started some other way (e.g. under `unshare`), its stderr at `stderr_path`.
+    #[allow(dead_code)]
+    pub fn from_child(rank: u32, child: Child, stderr_path: PathBuf) -> NodeProc {
+        NodeProc {
+            rank,
+            child,
+            stderr_path,
+            code: None,
+        }
+    }
+
     pub fn pid(&self) -> i32 {
         self.child.id() as i32
     }
