@@ -908,7 +908,10 @@ pub fn merge(
                 RankStatus::Partial => format!(
                     "rank {} has only a partial shard {} (its command did not finish)",
                     r.rank,
-                    layout.root().join(r.source.as_deref().unwrap_or("")).display()
+                    layout
+                        .root()
+                        .join(r.source.as_deref().unwrap_or(""))
+                        .display()
                 ),
                 _ => format!(
                     "rank {} has no shard ({} does not exist)",

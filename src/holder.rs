@@ -95,7 +95,10 @@ mod tests {
 
     #[test]
     fn a_reused_pid_is_not_the_holder() {
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
         let pid = child.id();
         let mut holder = ProcessId {
             pid,

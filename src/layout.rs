@@ -155,7 +155,8 @@ impl Layout {
     /// [`Layout::prepared`] when it exits 0.
     pub fn prepared_partial(&self, iteration: u64, gen: u64) -> PathBuf {
         with_gen(
-            &self.root
+            &self
+                .root
                 .join("rollouts")
                 .join(iter_dir(iteration))
                 .join("prepared.partial"),
@@ -189,7 +190,10 @@ pub fn with_gen(path: &Path, gen: u64) -> PathBuf {
 /// The generation of `name` if it is `base` with a generation inserted ([`with_gen`]).
 pub fn gen_of(name: &str, base: &str) -> Option<u64> {
     let (pre, post) = split_ext(base);
-    let digits = name.strip_prefix(pre)?.strip_prefix(".g")?.strip_suffix(post)?;
+    let digits = name
+        .strip_prefix(pre)?
+        .strip_prefix(".g")?
+        .strip_suffix(post)?;
     (!digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit()))
         .then(|| digits.parse().ok())
         .flatten()
@@ -200,7 +204,9 @@ fn split_ext(name: &str) -> (&str, &str) {
         Some(dot)
             if dot > 0
                 && dot + 1 < name.len()
-                && name[dot + 1..].chars().all(|c| c.is_ascii_alphanumeric() || c == '_') =>
+                && name[dot + 1..]
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_') =>
         {
             (&name[..dot], &name[dot..])
         }
@@ -216,10 +222,19 @@ mod gen_tests {
     fn generation_specific_names() {
         let p = Path::new("/x/rank-1.partial.jsonl");
         assert_eq!(with_gen(p, 3), Path::new("/x/rank-1.partial.g3.jsonl"));
-        assert_eq!(gen_of("rank-1.partial.g3.jsonl", "rank-1.partial.jsonl"), Some(3));
+        assert_eq!(
+            gen_of("rank-1.partial.g3.jsonl", "rank-1.partial.jsonl"),
+            Some(3)
+        );
         assert_eq!(gen_of("rank-1.partial.jsonl", "rank-1.partial.jsonl"), None);
-        assert_eq!(gen_of("rank-1.partial.gx.jsonl", "rank-1.partial.jsonl"), None);
-        assert_eq!(with_gen(Path::new("a_rank_1.partial"), 2), Path::new("a_rank_1.g2.partial"));
+        assert_eq!(
+            gen_of("rank-1.partial.gx.jsonl", "rank-1.partial.jsonl"),
+            None
+        );
+        assert_eq!(
+            with_gen(Path::new("a_rank_1.partial"), 2),
+            Path::new("a_rank_1.g2.partial")
+        );
         assert_eq!(with_gen(Path::new("prep-"), 2), Path::new("prep-.g2"));
         assert_eq!(gen_of("prep-.g2", "prep-"), Some(2));
     }

@@ -166,7 +166,10 @@ pub fn read_lines<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Lines<T
     };
     let text = String::from_utf8(text).map_err(|e| store::Damaged {
         path: path.to_path_buf(),
-        what: format!("it is not UTF-8 text (byte {})", e.utf8_error().valid_up_to()),
+        what: format!(
+            "it is not UTF-8 text (byte {})",
+            e.utf8_error().valid_up_to()
+        ),
     })?;
     journal::parse_lines(&text).map_err(|b: BadLine| StateError::BadLine {
         path: path.to_path_buf(),
@@ -337,7 +340,12 @@ pub fn repair_tail(path: &Path, gen: u64) -> Result<Option<PathBuf>, String> {
     let (clean, fragment) = text.split_at(cut);
     store::publish(&aside, fragment.as_bytes())
         .and_then(|()| store::publish(path, clean.as_bytes()))
-        .map_err(|e| format!("cannot set the unfinished last line of {} aside: {e}", path.display()))?;
+        .map_err(|e| {
+            format!(
+                "cannot set the unfinished last line of {} aside: {e}",
+                path.display()
+            )
+        })?;
     Ok(Some(aside))
 }
 
@@ -398,7 +406,10 @@ mod tests {
         let lost = lost_journals(&l, &js, &[], "r", "done");
         assert_eq!(lost.len(), 1);
         let msg = lost[0].to_string();
-        assert!(msg.contains("rank 1's journal") && msg.contains("missing"), "{msg}");
+        assert!(
+            msg.contains("rank 1's journal") && msg.contains("missing"),
+            "{msg}"
+        );
         assert!(msg.contains("rank 0 completed iteration 3"), "{msg}");
         // One iteration apart is normal (a crash mid-iteration).
         let js = vec![vec![e(0, 1), e(0, 2)], vec![e(1, 1)]];
@@ -406,7 +417,13 @@ mod tests {
         // A single rank: only the history can tell.
         let js = vec![vec![]];
         let lost = lost_journals(&l, &js, &[h(1, 1), h(2, 4)], "r", "done");
-        assert!(lost[0].to_string().contains("generation 2 resumed at iteration 4"), "{}", lost[0]);
+        assert!(
+            lost[0]
+                .to_string()
+                .contains("generation 2 resumed at iteration 4"),
+            "{}",
+            lost[0]
+        );
         // …unless iterations were discarded since.
         let discard = HistoryEntry {
             discarded_from: Some(1),
@@ -428,6 +445,9 @@ mod tests {
         // A whole entry without its newline is kept.
         std::fs::write(&p, "{\"a\":1}\n{\"a\":2}").unwrap();
         assert_eq!(repair_tail(&p, 3).unwrap(), None);
-        assert_eq!(std::fs::read_to_string(&p).unwrap(), "{\"a\":1}\n{\"a\":2}\n");
+        assert_eq!(
+            std::fs::read_to_string(&p).unwrap(),
+            "{\"a\":1}\n{\"a\":2}\n"
+        );
     }
 }

@@ -266,8 +266,12 @@ pub fn read_strict<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, Damage
 pub fn parse_strict<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
     let value: serde_json::Value =
         serde_json::from_slice(bytes).map_err(|e| describe_json_error(bytes, &e))?;
-    serde_json::from_value(value)
-        .map_err(|e| format!("it is JSON of the wrong shape: {}", strip_position(&e.to_string())))
+    serde_json::from_value(value).map_err(|e| {
+        format!(
+            "it is JSON of the wrong shape: {}",
+            strip_position(&e.to_string())
+        )
+    })
 }
 
 #[cfg(test)]

@@ -109,7 +109,10 @@ fn refused(train: &str, needles: &[&str]) {
     for needle in needles {
         let needle = needle.replace(
             "{out}",
-            &c.log_path.join("train/iter-0001/gen-1").display().to_string(),
+            &c.log_path
+                .join("train/iter-0001/gen-1")
+                .display()
+                .to_string(),
         );
         assert!(
             stderr.contains(&needle),

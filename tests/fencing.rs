@@ -50,7 +50,10 @@ fn signal_tree(pids: &[i32], sig: i32) {
 fn stopped(pid: i32) -> bool {
     fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
-        .and_then(|s| s.rsplit_once(')').map(|(_, r)| r.trim_start().starts_with('T')))
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, r)| r.trim_start().starts_with('T'))
+        })
         .unwrap_or(false)
 }
 
@@ -58,7 +61,9 @@ fn lines(path: &Path) -> Vec<serde_json::Value> {
     fs::read_to_string(path)
         .unwrap_or_default()
         .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{}: {l:?}: {e}", path.display())))
+        .map(|l| {
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("{}: {l:?}: {e}", path.display()))
+        })
         .collect()
 }
 
@@ -85,8 +90,8 @@ echo "{\"rank\":$rank,\"from\":\"live\"}" >> "$out"
 "#;
 
 #[test]
-fn a_host_frozen_mid_rollout_that_wakes_after_a_restart_does_not_reach_the_new_generations_trajectories()
-{
+fn a_host_frozen_mid_rollout_that_wakes_after_a_restart_does_not_reach_the_new_generations_trajectories(
+) {
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("rollout.sh");
     fs::write(&script, ROLLOUT).unwrap();
@@ -102,7 +107,10 @@ fn a_host_frozen_mid_rollout_that_wakes_after_a_restart_does_not_reach_the_new_g
     wait_until(LIMIT, "rank 1's first rollout to start", || {
         c.log_path.join("first-attempt").exists()
             && fs::read_dir(c.log_path.join("rollouts/iter-0001/train"))
-                .map(|d| d.flatten().any(|e| e.file_name().to_string_lossy().contains(".g1.")))
+                .map(|d| {
+                    d.flatten()
+                        .any(|e| e.file_name().to_string_lossy().contains(".g1."))
+                })
                 .unwrap_or(false)
     });
     // Freeze rank 1's whole host: the node, its guardian and its rollout.
@@ -150,10 +158,17 @@ fn a_host_frozen_mid_rollout_that_wakes_after_a_restart_does_not_reach_the_new_g
         "train.jsonl must hold exactly the live generation's records"
     );
     let manifest: serde_json::Value = serde_json::from_slice(
-        &fs::read(c.log_path.join("rollouts/iter-0001/train.jsonl.manifest.json")).unwrap(),
+        &fs::read(
+            c.log_path
+                .join("rollouts/iter-0001/train.jsonl.manifest.json"),
+        )
+        .unwrap(),
     )
     .unwrap();
-    assert_eq!(manifest["ranks"][1]["source"], "rollouts/iter-0001/train/rank-1.jsonl", "{manifest}");
+    assert_eq!(
+        manifest["ranks"][1]["source"], "rollouts/iter-0001/train/rank-1.jsonl",
+        "{manifest}"
+    );
 }
 
 #[test]
@@ -183,11 +198,16 @@ fn of_two_masters_started_at_once_the_one_that_does_not_own_the_run_leaves_withi
         );
         std::thread::sleep(Duration::from_millis(20));
     };
-    let (lost, won) = if loser == 0 { (&mut a, &mut b) } else { (&mut b, &mut a) };
+    let (lost, won) = if loser == 0 {
+        (&mut a, &mut b)
+    } else {
+        (&mut b, &mut a)
+    };
     assert_eq!(lost.wait(LIMIT), 2, "{}", lost.stderr());
     let err = lost.stderr();
     let cluster: serde_json::Value =
-        serde_json::from_slice(&fs::read(c.log_path.join(".rl-node/cluster.json")).unwrap()).unwrap();
+        serde_json::from_slice(&fs::read(c.log_path.join(".rl-node/cluster.json")).unwrap())
+            .unwrap();
     if err.contains("already held by a live process") {
         // Started a moment later, it saw the other's generation first: refused outright.
         eprintln!("note: the second master saw the first one's generation and was refused");
@@ -256,13 +276,21 @@ fn a_master_frozen_mid_handoff_that_wakes_after_a_new_master_took_over_publishes
     let stop_mid_copy = [("RL_NODE_TEST_STOP_AT", "handoff:mid-copy")];
     // The old master freezes after copying the first file of the checkpoint.
     let mut old = spawn_master_on(&c, "host-a", &["--iterations", "1"], &stop_mid_copy);
-    wait_until(LIMIT, "the old master to freeze mid-copy", || stopped(old.pid()));
+    wait_until(LIMIT, "the old master to freeze mid-copy", || {
+        stopped(old.pid())
+    });
     let models = c.log_path.join("models");
     assert!(models.join(".iter-0001.g1.partial").is_dir());
     // A new master on another host takes over, and freezes mid-copy too.
     let mut new = spawn_master_on(&c, "host-b", &["--iterations", "1"], &stop_mid_copy);
-    wait_until(LIMIT, "the new master to freeze mid-copy", || stopped(new.pid()));
-    assert!(models.join(".iter-0001.g2.partial").is_dir(), "{}", new.stderr());
+    wait_until(LIMIT, "the new master to freeze mid-copy", || {
+        stopped(new.pid())
+    });
+    assert!(
+        models.join(".iter-0001.g2.partial").is_dir(),
+        "{}",
+        new.stderr()
+    );
     // The old master wakes first: it must not publish, switch LATEST or touch generation 2's copy.
     unsafe { libc::kill(old.pid(), libc::SIGCONT) };
     assert_eq!(old.wait(LIMIT), 3, "{}", old.stderr());
@@ -271,12 +299,21 @@ fn a_master_frozen_mid_handoff_that_wakes_after_a_new_master_took_over_publishes
         err.contains("generation 1 was replaced by generation 2"),
         "{err}"
     );
-    assert!(!models.join("iter-0001").exists(), "the old master published:\n{err}");
-    assert!(!models.join("LATEST").exists(), "the old master switched LATEST:\n{err}");
+    assert!(
+        !models.join("iter-0001").exists(),
+        "the old master published:\n{err}"
+    );
+    assert!(
+        !models.join("LATEST").exists(),
+        "the old master switched LATEST:\n{err}"
+    );
     // The new master finishes its publication.
     unsafe { libc::kill(new.pid(), libc::SIGCONT) };
     assert_eq!(new.wait(LIMIT), 0, "{}", new.stderr());
-    assert_eq!(fs::read_to_string(models.join("LATEST")).unwrap().trim(), "iter-0001");
+    assert_eq!(
+        fs::read_to_string(models.join("LATEST")).unwrap().trim(),
+        "iter-0001"
+    );
     for f in ["a", "b", "c"] {
         assert_eq!(
             fs::read_to_string(models.join("iter-0001").join(f)).unwrap(),

@@ -12,8 +12,8 @@
 //! process) happen before the worker writes anything.
 
 use super::{random_hex, Interrupt, Node, Stop};
-use crate::holder;
 use crate::exit;
+use crate::holder;
 use crate::protocol::{wall_now, ClusterRecord, Mark, NodeState, RankRecord, PROTO};
 use crate::state::{self, StateError};
 use crate::store;
@@ -58,7 +58,11 @@ impl Node {
             } else {
                 String::new()
             },
-            pid_start: if rank == self.rank { self.ident.start } else { 0 },
+            pid_start: if rank == self.rank {
+                self.ident.start
+            } else {
+                0
+            },
             nonce: if rank == self.rank {
                 self.nonce.clone()
             } else {
@@ -167,7 +171,8 @@ impl Node {
         };
         let checked = match &run_id {
             Some(p) if !self.fresh => {
-                let checked = state::check_run(&layout, p, &self.cfg.walk_item()).map_err(state_err)?;
+                let checked =
+                    state::check_run(&layout, p, &self.cfg.walk_item()).map_err(state_err)?;
                 for t in &checked.torn {
                     self.say(t);
                 }
@@ -178,14 +183,17 @@ impl Node {
         if let Some(e) = &damaged {
             self.say(&format!("--fresh: {e}"));
         }
-        let unreadable_run = damaged.is_some() || (run_id.is_none() && state::run_evidence(&layout).is_some());
+        let unreadable_run =
+            damaged.is_some() || (run_id.is_none() && state::run_evidence(&layout).is_some());
         let (run_id, gen) = if self.fresh && run_id.is_none() && unreadable_run {
             self.set_aside_unreadable()?
         } else {
             self.choose_run(run_id, gen)?
         };
         let resume = match &checked {
-            Some(c) => crate::protocol::journal::resume_point(&c.journals, &run_id, &self.cfg.walk_item()),
+            Some(c) => {
+                crate::protocol::journal::resume_point(&c.journals, &run_id, &self.cfg.walk_item())
+            }
             None => self.resume_point(&run_id),
         };
         if self.cfg.cluster.iterations > 0 && resume.iteration > self.cfg.cluster.iterations {

@@ -254,7 +254,8 @@ impl Node {
     /// touching what the newer generation owns. The residual window — between this read
     /// and the rename it guards — is documented in docs/shared-directory.md.
     fn fence(&mut self, what: &str) -> Result<(), Stop> {
-        self.watchdog.pet("checking that this generation is current");
+        self.watchdog
+            .pet("checking that this generation is current");
         let check = fence_check(&self.layout, self.gen(), self.run_id());
         self.watchdog.pet("checked the generation");
         check.map_err(|why| self.fenced(&why, what))
@@ -1016,7 +1017,11 @@ impl Node {
             if std::fs::symlink_metadata(path).is_ok() {
                 let aside = crate::state::side_path(path, &format!("stale-gen{gen}"));
                 if let Err(e) = std::fs::rename(path, &aside) {
-                    return Err(io(self, format!("cannot set the earlier {what} {} aside", path.display()), e));
+                    return Err(io(
+                        self,
+                        format!("cannot set the earlier {what} {} aside", path.display()),
+                        e,
+                    ));
                 }
                 self.say(&format!(
                     "an earlier attempt's {what} {} was set aside as {} (not merged)",
@@ -1113,7 +1118,10 @@ impl Node {
             return Err(self.fail(AbortKind::Error, rank, None, what, None));
         }
         if adopted {
-            self.journal_note = Some(format!("adopted: the command wrote {} itself", shard.display()));
+            self.journal_note = Some(format!(
+                "adopted: the command wrote {} itself",
+                shard.display()
+            ));
         }
         self.event(json!({"event": "commit", "split": split, "path": shard.display().to_string(), "adopted": adopted}));
         Ok(())
@@ -1552,7 +1560,9 @@ pub(crate) fn fence_check(layout: &Layout, gen: u64, run_id: &str) -> Result<(),
             "{} is gone (the run was set aside or reset), so generation {gen} is no longer current",
             layout.cluster().display()
         )),
-        Err(e) => Err(format!("cannot confirm that generation {gen} is still current: {e}")),
+        Err(e) => Err(format!(
+            "cannot confirm that generation {gen} is still current: {e}"
+        )),
     }
 }
 

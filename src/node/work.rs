@@ -236,7 +236,10 @@ impl Node {
             .filter(|p| p.exists())
             .collect();
         let shard = self.layout.shard(self.iteration, split, self.rank);
-        self.fence(&format!("commit its {split} shard of iteration {}", self.iteration))?;
+        self.fence(&format!(
+            "commit its {split} shard of iteration {}",
+            self.iteration
+        ))?;
         concat(&paths, &shard).map_err(|e| {
             self.fail(
                 AbortKind::Error,
@@ -336,7 +339,10 @@ impl Node {
         // (a frozen host) never writes the file a newer generation commits.
         let gen = self.gen();
         let partial = if name.starts_with('p') {
-            dir.join(format!("{name}.g{gen}.r{}.a{attempt}.partial.jsonl", self.rank))
+            dir.join(format!(
+                "{name}.g{gen}.r{}.a{attempt}.partial.jsonl",
+                self.rank
+            ))
         } else {
             dir.join(format!("{name}.g{gen}.a{attempt}.partial.jsonl"))
         };

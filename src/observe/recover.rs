@@ -55,7 +55,10 @@ fn damaged_state(
         out.line("");
         return crate::exit::DONE;
     }
-    out.line(&format!("the run's state in {} is damaged:", layout.root().display()));
+    out.line(&format!(
+        "the run's state in {} is damaged:",
+        layout.root().display()
+    ));
     for (i, p) in problems.iter().enumerate() {
         out.line(&format!("  {}. {}", i + 1, p.what));
         match &p.repair {
@@ -77,7 +80,9 @@ fn damaged_state(
         return crate::exit::USAGE;
     }
     if !repairable {
-        out.line("error: --repair: some problems cannot be repaired (see above); nothing was changed");
+        out.line(
+            "error: --repair: some problems cannot be repaired (see above); nothing was changed",
+        );
         return crate::exit::USAGE;
     }
     if let Some(c) = cluster {
@@ -86,7 +91,9 @@ fn damaged_state(
             .and_then(|s| humantime::parse_duration(s).ok())
             .unwrap_or(Duration::from_secs(5));
         for r in 0..c.num_nodes {
-            let rec = store::read_json::<RankRecord>(&layout.rank_record(c.gen, r)).ok().flatten();
+            let rec = store::read_json::<RankRecord>(&layout.rank_record(c.gen, r))
+                .ok()
+                .flatten();
             if let Some(rec) = rec {
                 let h = holder(layout, &rec, heartbeat);
                 if h.starts_with("LIVE") {

@@ -33,10 +33,7 @@ pub enum Repair {
     /// line) to a side file.
     DropBadLines { path: PathBuf, kind: LinesKind },
     /// Append rebuilt completion entries to a rank's journal.
-    RebuildJournal {
-        rank: u32,
-        entries: Vec<Entry>,
-    },
+    RebuildJournal { rank: u32, entries: Vec<Entry> },
 }
 
 #[derive(Clone, Copy)]
@@ -73,7 +70,9 @@ impl Repair {
 
 fn iterations(entries: &[Entry]) -> String {
     match (entries.first(), entries.last()) {
-        (Some(a), Some(b)) if a.iteration != b.iteration => format!("{}-{}", a.iteration, b.iteration),
+        (Some(a), Some(b)) if a.iteration != b.iteration => {
+            format!("{}-{}", a.iteration, b.iteration)
+        }
         (Some(a), _) => a.iteration.to_string(),
         _ => String::new(),
     }
@@ -145,9 +144,9 @@ pub fn diagnose(layout: &Layout) -> Option<(Vec<Problem>, Option<ClusterRecord>)
     }
     let mut journals: Vec<Vec<Entry>> = Vec::new();
     let mut history: Vec<HistoryEntry> = Vec::new();
-    for (path, kind) in std::iter::once((layout.history(), LinesKind::History)).chain(
-        (0..c.num_nodes).map(|r| (layout.journal(r), LinesKind::Journal)),
-    ) {
+    for (path, kind) in std::iter::once((layout.history(), LinesKind::History))
+        .chain((0..c.num_nodes).map(|r| (layout.journal(r), LinesKind::Journal)))
+    {
         let (entries, problem) = lines_problem(&path, kind);
         if let Some(p) = problem {
             problems.push(p);
@@ -189,7 +188,8 @@ pub fn diagnose(layout: &Layout) -> Option<(Vec<Problem>, Option<ClusterRecord>)
                 }
             }
         }
-        let last = crate::protocol::journal::last_complete(&journals[rank as usize], &c.run_id, &walk);
+        let last =
+            crate::protocol::journal::last_complete(&journals[rank as usize], &c.run_id, &walk);
         let entries = (last + 1..=floor)
             .map(|iteration| Entry {
                 run_id: c.run_id.clone(),
@@ -213,7 +213,8 @@ pub fn diagnose(layout: &Layout) -> Option<(Vec<Problem>, Option<ClusterRecord>)
 /// The walk's completion item recorded in a cluster record's configuration.
 pub fn walk_of(c: &ClusterRecord) -> String {
     let cc = &c.config["cluster"];
-    let rl_phase = serde_json::from_value(cc["rl-phase"].clone()).unwrap_or(crate::config::RlPhase::Both);
+    let rl_phase =
+        serde_json::from_value(cc["rl-phase"].clone()).unwrap_or(crate::config::RlPhase::Both);
     let split = serde_json::from_value(cc["rollout-split"].clone())
         .unwrap_or(crate::config::RolloutSplit::All);
     crate::config::walk_item(rl_phase, split)
@@ -234,7 +235,9 @@ fn lines_problem(path: &Path, kind: LinesKind) -> (Vec<serde_json::Value>, Optio
         LinesKind::Journal => state::read_lines::<Entry>(path).map(|l| l.tail),
         LinesKind::History => state::read_lines::<HistoryEntry>(path).map(|l| l.tail),
     };
-    let text = std::fs::read(path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
+    let text = std::fs::read(path)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
     let good: Vec<serde_json::Value> = text
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
@@ -243,45 +246,69 @@ fn lines_problem(path: &Path, kind: LinesKind) -> (Vec<serde_json::Value>, Optio
         Ok(Tail::Clean) => None,
         Ok(Tail::Torn(f)) => Some(Problem {
             tolerated: true,
-            what: format!("{} (tolerated: its writer sets it aside at its next start)", state::torn_note(path, &f)),
-            repair: Some(Repair::DropBadLines { path: path.to_path_buf(), kind }),
+            what: format!(
+                "{} (tolerated: its writer sets it aside at its next start)",
+                state::torn_note(path, &f)
+            ),
+            repair: Some(Repair::DropBadLines {
+                path: path.to_path_buf(),
+                kind,
+            }),
         }),
         Err(e) => Some(Problem {
             tolerated: false,
             what: e.to_string(),
-            repair: Some(Repair::DropBadLines { path: path.to_path_buf(), kind }),
+            repair: Some(Repair::DropBadLines {
+                path: path.to_path_buf(),
+                kind,
+            }),
         }),
     };
     (good, problem)
 }
 
 fn stamp() -> String {
-    chrono::Local::now().format("damaged-%Y%m%dT%H%M%S").to_string()
+    chrono::Local::now()
+        .format("damaged-%Y%m%dT%H%M%S")
+        .to_string()
 }
 
 /// Carry out one repair; says what it did.
 pub fn apply(layout: &Layout, repair: &Repair) -> Result<String, String> {
-    let rel = |p: &Path| p.strip_prefix(layout.root()).unwrap_or(p).display().to_string();
+    let rel = |p: &Path| {
+        p.strip_prefix(layout.root())
+            .unwrap_or(p)
+            .display()
+            .to_string()
+    };
     match repair {
         Repair::RebuildCluster { from } => {
             let target = layout.cluster();
             let mut note = String::new();
             if target.exists() {
                 let aside = state::side_path(&target, &stamp());
-                std::fs::rename(&target, &aside).map_err(|e| format!("cannot move {}: {e}", target.display()))?;
+                std::fs::rename(&target, &aside)
+                    .map_err(|e| format!("cannot move {}: {e}", target.display()))?;
                 note = format!(" (the damaged one is {})", rel(&aside));
             }
-            let bytes = std::fs::read(from).map_err(|e| format!("cannot read {}: {e}", from.display()))?;
-            store::publish(&target, &bytes).map_err(|e| format!("cannot write {}: {e}", target.display()))?;
-            Ok(format!("rebuilt .rl-node/cluster.json from {}{note}", rel(from)))
+            let bytes =
+                std::fs::read(from).map_err(|e| format!("cannot read {}: {e}", from.display()))?;
+            store::publish(&target, &bytes)
+                .map_err(|e| format!("cannot write {}: {e}", target.display()))?;
+            Ok(format!(
+                "rebuilt .rl-node/cluster.json from {}{note}",
+                rel(from)
+            ))
         }
         Repair::SetAside { path } => {
             let aside = state::side_path(path, &stamp());
-            std::fs::rename(path, &aside).map_err(|e| format!("cannot move {}: {e}", path.display()))?;
+            std::fs::rename(path, &aside)
+                .map_err(|e| format!("cannot move {}: {e}", path.display()))?;
             Ok(format!("set {} aside as {}", rel(path), rel(&aside)))
         }
         Repair::DropBadLines { path, kind } => {
-            let text = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            let text =
+                std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
             let text = String::from_utf8_lossy(&text).into_owned();
             let ok = |l: &str| match kind {
                 LinesKind::Journal => store::parse_strict::<Entry>(l.as_bytes()).is_ok(),
@@ -299,12 +326,22 @@ pub fn apply(layout: &Layout, repair: &Repair) -> Result<String, String> {
                     keep.push_str(l);
                     keep.push('\n');
                 } else {
-                    drop.push_str(&format!("line {}{}: {l}\n", i + 1, if last_unterminated { " (unfinished)" } else { "" }));
+                    drop.push_str(&format!(
+                        "line {}{}: {l}\n",
+                        i + 1,
+                        if last_unterminated {
+                            " (unfinished)"
+                        } else {
+                            ""
+                        }
+                    ));
                 }
             }
             let aside = state::side_path(path, &stamp());
-            store::publish(&aside, drop.as_bytes()).map_err(|e| format!("cannot write {}: {e}", aside.display()))?;
-            store::publish(path, keep.as_bytes()).map_err(|e| format!("cannot rewrite {}: {e}", path.display()))?;
+            store::publish(&aside, drop.as_bytes())
+                .map_err(|e| format!("cannot write {}: {e}", aside.display()))?;
+            store::publish(path, keep.as_bytes())
+                .map_err(|e| format!("cannot rewrite {}: {e}", path.display()))?;
             Ok(format!(
                 "moved {} unreadable line(s) of {} to {}",
                 drop.lines().count(),
@@ -322,7 +359,8 @@ pub fn apply(layout: &Layout, repair: &Repair) -> Result<String, String> {
                 text.push_str(&serde_json::to_string(e).expect("json"));
                 text.push('\n');
             }
-            store::publish(&path, text.as_bytes()).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            store::publish(&path, text.as_bytes())
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
             Ok(format!(
                 "appended rebuilt completion entries for iteration(s) {} to {}",
                 iterations(entries),

@@ -233,7 +233,13 @@ mod tests {
         let bad = parse_lines::<Entry>(&format!("{good}\n{{\"run_id\":1}}\n")).unwrap_err();
         assert!(bad.what.contains("wrong shape"), "{bad:?}");
         // Blank lines are harmless; an empty file is clean.
-        assert_eq!(parse_lines::<Entry>(&format!("\n{good}\n\n")).unwrap().entries.len(), 1);
+        assert_eq!(
+            parse_lines::<Entry>(&format!("\n{good}\n\n"))
+                .unwrap()
+                .entries
+                .len(),
+            1
+        );
         assert_eq!(parse_lines::<Entry>("").unwrap().tail, Tail::Clean);
     }
 
