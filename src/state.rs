@@ -82,9 +82,7 @@ impl StateError {
     pub fn hint(&self, log_path: &Path) -> String {
         let dir = log_path.display();
         match self {
-            StateError::OtherProto { .. } => format!(
-                "finish this run with the rl-node version that started it, or start a new run in this directory with --fresh on rank 0 (the old run's files are moved to previous-runs/, nothing is deleted)"
-            ),
+            StateError::OtherProto { .. } => "finish this run with the rl-node version that started it, or start a new run in this directory with --fresh on rank 0 (the old run's files are moved to previous-runs/, nothing is deleted)".to_string(),
             _ => format!(
                 "`rl-node recover --log-path {dir}` explains what is wrong and how to repair it (`--repair`); or add --fresh to rank 0 to set the run aside (nothing is deleted) and start a new one"
             ),

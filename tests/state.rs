@@ -229,7 +229,8 @@ fn side_files(path: &Path, prefix: &str) -> Vec<PathBuf> {
 
 #[test]
 fn a_damaged_cluster_record_is_refused_without_writing_and_rebuilt_by_recover() {
-    let kinds: [(&str, fn(&[u8]) -> Vec<u8>, &str); 4] = [
+    type Damage = fn(&[u8]) -> Vec<u8>;
+    let kinds: [(&str, Damage, &str); 4] = [
         ("empty", |_| vec![], "empty"),
         ("truncated", |b| b[..b.len() / 2].to_vec(), "truncated"),
         ("garbage", |_| b"not json at all".to_vec(), "not valid JSON"),
