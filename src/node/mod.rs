@@ -1014,21 +1014,7 @@ impl Node {
         // Left by an earlier attempt (committed but not journaled, or this generation's
         // own partial): kept (never lose trajectories), out of the way, never merged.
         for (what, path) in [("shard", &shard), ("partial shard", &partial)] {
-            if std::fs::symlink_metadata(path).is_ok() {
-                let aside = crate::state::side_path(path, &format!("stale-gen{gen}"));
-                if let Err(e) = std::fs::rename(path, &aside) {
-                    return Err(io(
-                        self,
-                        format!("cannot set the earlier {what} {} aside", path.display()),
-                        e,
-                    ));
-                }
-                self.say(&format!(
-                    "an earlier attempt's {what} {} was set aside as {} (not merged)",
-                    path.display(),
-                    aside.display()
-                ));
-            }
+            self.set_aside_earlier(what, path)?;
         }
         let log = self.run_command(phase, pc, Some(split), &partial, false)?;
         self.fence(&format!("commit its {split} shard of iteration {it}"))?;
@@ -1127,6 +1113,26 @@ impl Node {
         Ok(())
     }
 
+    /// Move a file an earlier attempt left at `path` (committed but not journaled, or this
+    /// generation's own partial) to `<path>.stale-genG`: kept, never lost, never merged,
+    /// and out of the way so a commit never has to replace it.
+    fn set_aside_earlier(&mut self, what: &str, path: &Path) -> Result<(), Stop> {
+        if std::fs::symlink_metadata(path).is_err() {
+            return Ok(());
+        }
+        let aside = crate::state::side_path(path, &format!("stale-gen{}", self.gen()));
+        if let Err(e) = std::fs::rename(path, &aside) {
+            let reason = format!("cannot set the earlier {what} {} aside: {e}", path.display());
+            return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
+        }
+        self.say(&format!(
+            "an earlier attempt's {what} {} was set aside as {} (kept, not used)",
+            path.display(),
+            aside.display()
+        ));
+        Ok(())
+    }
+
     /// Rank 0's prepare command writes this generation's `prepared.gG.partial` (`{output}`),
     /// renamed to `rollouts/iter-NNNN/prepared` (a file or a directory) when it exits 0
     /// and this generation is still current. A `prepared` left by an earlier attempt is
@@ -1135,21 +1141,8 @@ impl Node {
         let (it, gen) = (self.iteration, self.gen());
         let out = self.layout.prepared_partial(it, gen);
         let done = self.layout.prepared(it);
-        for path in [&done, &out] {
-            if std::fs::symlink_metadata(path).is_ok() {
-                let aside = crate::state::side_path(path, &format!("stale-gen{gen}"));
-                let _ = std::fs::create_dir_all(aside.parent().expect("has parent"));
-                if let Err(e) = std::fs::rename(path, &aside) {
-                    let reason = format!("cannot set the earlier {} aside: {e}", path.display());
-                    return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
-                }
-                self.say(&format!(
-                    "an earlier attempt's {} was set aside as {}",
-                    path.display(),
-                    aside.display()
-                ));
-            }
-        }
+        self.set_aside_earlier("prepared data", &done)?;
+        self.set_aside_earlier("prepared data", &out)?;
         if let Some(dir) = out.parent() {
             let _ = std::fs::create_dir_all(dir);
         }
