@@ -557,7 +557,8 @@ pub struct RankEntry {
     pub sha256: Option<String>,
     pub dropped: Vec<Dropped>,
     /// Earlier attempts of this rank set aside (`rank-R.partial.jsonl.stale-genG`, older
-    /// generations' `rank-R.partial.gG.jsonl`); never merged.
+    /// generations' `rank-R.partial.gG.jsonl`, a shard committed but not journaled before a
+    /// crash, `rank-R.jsonl.stale-genG`); never merged.
     pub set_aside: Vec<String>,
     /// Set when the rank's rollout command wrote the committed shard name itself (instead
     /// of `{output}`) and rl-node adopted the file: says so, from the rank's journal.
@@ -873,7 +874,9 @@ pub fn merge(
     let mut ranks = Vec::with_capacity(num_ranks as usize);
     for rank in 0..num_ranks {
         let names = partial_listing.as_ref().unwrap_or(&listing);
-        ranks.push(survey(layout, iteration, split, rank, names, &rel)?);
+        ranks.push(survey(
+            layout, iteration, split, rank, names, &listing, &rel,
+        )?);
     }
     let mut extra = |dir: &Path, name: &String, in_shard: bool, in_partial: bool| {
         let found = layout
@@ -1390,6 +1393,7 @@ fn survey(
     split: &str,
     rank: u32,
     listing: &[String],
+    shard_listing: &[String],
     rel: &dyn Fn(&Path) -> String,
 ) -> Result<RankEntry, AggregateError> {
     let size = |p: &Path| -> Result<Option<u64>, AggregateError> {
@@ -1421,6 +1425,19 @@ fn survey(
         .collect();
     stale.sort();
     let mut set_aside: Vec<String> = stale.iter().map(|(_, n)| rel(&dir.join(n))).collect();
+    // A shard committed by an attempt that crashed before journaling it is set aside by the
+    // redo (`rank-R.jsonl.stale-genG`): an earlier attempt too, never merged.
+    let committed_dir = committed.parent().map(Path::to_path_buf).unwrap_or_default();
+    let committed_name = committed
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut stale_shards: Vec<(u64, &String)> = shard_listing
+        .iter()
+        .filter_map(|n| stale_gen_of(n, &committed_name).map(|g| (g, n)))
+        .collect();
+    stale_shards.sort();
+    set_aside.extend(stale_shards.iter().map(|(_, n)| rel(&committed_dir.join(n))));
     // Each generation writes its own partial file (`rank-R.partial.gG.jsonl`): the newest
     // generation's is this rank's partial; older ones (a node that woke up late) are not.
     let mut by_gen: Vec<(u64, &String)> = listing
