@@ -130,7 +130,7 @@ pub fn main(args: AggregateArgs, log_path: Option<String>, config: Option<PathBu
     ) {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("error: {e}");
+            crate::errln!("error: {e}");
             return exit::USAGE;
         }
     };
@@ -138,7 +138,9 @@ pub fn main(args: AggregateArgs, log_path: Option<String>, config: Option<PathBu
         .or_else(|| Some(loaded.config.cluster.log_path.clone()))
         .filter(|p| !p.trim().is_empty())
     else {
-        eprintln!("error: rl-node aggregate needs --log-path DIR (or RL_NODE_CLUSTER_LOG_PATH)");
+        crate::errln!(
+            "error: rl-node aggregate needs --log-path DIR (or RL_NODE_CLUSTER_LOG_PATH)"
+        );
         return exit::USAGE;
     };
     let naming = loaded
@@ -149,7 +151,7 @@ pub fn main(args: AggregateArgs, log_path: Option<String>, config: Option<PathBu
     let format = naming.format();
     let layout = Layout::new(&root).with_naming(naming);
     if !layout.root().is_dir() {
-        eprintln!("error: --log-path {root}: no such directory");
+        crate::errln!("error: --log-path {root}: no such directory");
         return exit::USAGE;
     }
     let cluster = layout.cluster();
@@ -158,7 +160,7 @@ pub fn main(args: AggregateArgs, log_path: Option<String>, config: Option<PathBu
         Ok(Some(bytes)) => match serde_json::from_slice::<ClusterSize>(&bytes) {
             Ok(c) => Some(c.num_nodes),
             Err(e) if args.num_ranks.is_none() => {
-                eprintln!(
+                crate::errln!(
                     "error: cannot read num_nodes from {}: {e}; pass --num-ranks N",
                     cluster.display()
                 );
@@ -167,7 +169,7 @@ pub fn main(args: AggregateArgs, log_path: Option<String>, config: Option<PathBu
             Err(_) => None,
         },
         Err(e) if args.num_ranks.is_none() => {
-            eprintln!(
+            crate::errln!(
                 "error: cannot read {}: {e}; pass --num-ranks N",
                 cluster.display()
             );
@@ -177,7 +179,7 @@ pub fn main(args: AggregateArgs, log_path: Option<String>, config: Option<PathBu
     };
     let num_ranks = match (args.num_ranks, recorded) {
         (Some(n), Some(c)) if n != c => {
-            eprintln!(
+            crate::errln!(
                 "note: --num-ranks {n} overrides num_nodes {c} of {}",
                 cluster.display()
             );
@@ -186,14 +188,14 @@ pub fn main(args: AggregateArgs, log_path: Option<String>, config: Option<PathBu
         (Some(n), _) => n,
         (None, Some(c)) if c > 0 => c,
         (None, Some(_)) => {
-            eprintln!(
+            crate::errln!(
                 "error: {} says num_nodes 0; pass --num-ranks N",
                 cluster.display()
             );
             return exit::USAGE;
         }
         (None, None) => {
-            eprintln!(
+            crate::errln!(
                 "error: {} does not exist, so the number of ranks is unknown; pass --num-ranks N",
                 cluster.display()
             );
@@ -216,7 +218,7 @@ pub fn main(args: AggregateArgs, log_path: Option<String>, config: Option<PathBu
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_default();
-    eprintln!(
+    crate::errln!(
         "rl-node aggregate: iteration {}, {}, {num_ranks} rank{} in {}{}",
         args.iteration,
         args.split,
@@ -237,13 +239,13 @@ pub fn main(args: AggregateArgs, log_path: Option<String>, config: Option<PathBu
         &mut || {},
     ) {
         Ok(m) => {
-            eprint!(
+            crate::err!(
                 "{}",
                 render_ranks_in(&m.ranks, if format.is_tensor() { "row" } else { "record" })
             );
-            eprint!("{}", render_problems(&m));
+            crate::err!("{}", render_problems(&m));
             if format.is_tensor() {
-                eprintln!(
+                crate::errln!(
                     "merged {} tensor{}, {} row{} ({}) into {}; manifest {}",
                     m.tensors.len(),
                     if m.tensors.len() == 1 { "" } else { "s" },
@@ -254,7 +256,7 @@ pub fn main(args: AggregateArgs, log_path: Option<String>, config: Option<PathBu
                     manifest_path(&out).display()
                 );
             } else if format == Format::Command {
-                eprintln!(
+                crate::errln!(
                     "merged {} shard{} ({}) with the merge command into {} ({}); manifest {}",
                     m.ranks.iter().filter(|r| r.sha256.is_some()).count(),
                     if m.ranks.iter().filter(|r| r.sha256.is_some()).count() == 1 {
@@ -268,7 +270,7 @@ pub fn main(args: AggregateArgs, log_path: Option<String>, config: Option<PathBu
                     manifest_path(&out).display()
                 );
             } else {
-                eprintln!(
+                crate::errln!(
                     "merged {} record{} ({}) into {}; manifest {}",
                     m.records,
                     if m.records == 1 { "" } else { "s" },
@@ -278,13 +280,13 @@ pub fn main(args: AggregateArgs, log_path: Option<String>, config: Option<PathBu
                 );
             }
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&m).expect("json"));
+                crate::outln!("{}", serde_json::to_string_pretty(&m).expect("json"));
             }
             exit::DONE
         }
         Err(e) => {
             if let AggregateError::Incomplete { ranks, .. } = &e {
-                eprint!("{}", render_ranks(ranks));
+                crate::err!("{}", render_ranks(ranks));
                 let m = Manifest::new(
                     args.iteration,
                     &args.split,
@@ -293,25 +295,25 @@ pub fn main(args: AggregateArgs, log_path: Option<String>, config: Option<PathBu
                     ranks.clone(),
                     vec![],
                 );
-                eprint!("{}", render_problems(&m));
-                eprintln!("error: {e}");
+                crate::err!("{}", render_problems(&m));
+                crate::errln!("error: {e}");
                 if let Some(hint) = other_format_hint(&layout, args.iteration, &args.split) {
-                    eprintln!("hint: {hint}");
+                    crate::errln!("hint: {hint}");
                 }
-                eprintln!("(--allow-missing merges what exists)");
+                crate::errln!("(--allow-missing merges what exists)");
             } else {
-                eprintln!("error: {e}");
+                crate::errln!("error: {e}");
                 if let AggregateError::Command { source } = &e {
                     if !source.tail().is_empty() {
-                        eprintln!("  last lines of the log:");
+                        crate::errln!("  last lines of the log:");
                         for line in source.tail().lines() {
-                            eprintln!("  | {line}");
+                            crate::errln!("  | {line}");
                         }
                     }
                 }
             }
             if args.json {
-                println!(
+                crate::outln!(
                     "{}",
                     serde_json::to_string_pretty(&e.to_json()).expect("json")
                 );
@@ -1427,7 +1429,10 @@ fn survey(
     let mut set_aside: Vec<String> = stale.iter().map(|(_, n)| rel(&dir.join(n))).collect();
     // A shard committed by an attempt that crashed before journaling it is set aside by the
     // redo (`rank-R.jsonl.stale-genG`): an earlier attempt too, never merged.
-    let committed_dir = committed.parent().map(Path::to_path_buf).unwrap_or_default();
+    let committed_dir = committed
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
     let committed_name = committed
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -1437,7 +1442,11 @@ fn survey(
         .filter_map(|n| stale_gen_of(n, &committed_name).map(|g| (g, n)))
         .collect();
     stale_shards.sort();
-    set_aside.extend(stale_shards.iter().map(|(_, n)| rel(&committed_dir.join(n))));
+    set_aside.extend(
+        stale_shards
+            .iter()
+            .map(|(_, n)| rel(&committed_dir.join(n))),
+    );
     // Each generation writes its own partial file (`rank-R.partial.gG.jsonl`): the newest
     // generation's is this rank's partial; older ones (a node that woke up late) are not.
     let mut by_gen: Vec<(u64, &String)> = listing

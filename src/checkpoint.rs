@@ -88,14 +88,14 @@ fn io_at(path: &Path) -> impl FnOnce(io::Error) -> PublishError + '_ {
 /// SIGCONT.
 pub(crate) fn crash_point(point: &str) {
     if std::env::var("RL_NODE_TEST_CRASH_AT").is_ok_and(|v| v == point) {
-        eprintln!("RL_NODE_TEST_CRASH_AT={point}: aborting");
+        crate::errln!("RL_NODE_TEST_CRASH_AT={point}: aborting");
         std::process::abort();
     }
     static STOPPED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if std::env::var("RL_NODE_TEST_STOP_AT").is_ok_and(|v| v == point)
         && !STOPPED.swap(true, std::sync::atomic::Ordering::SeqCst)
     {
-        eprintln!("RL_NODE_TEST_STOP_AT={point}: stopping (SIGSTOP), once");
+        crate::errln!("RL_NODE_TEST_STOP_AT={point}: stopping (SIGSTOP), once");
         unsafe { libc::raise(libc::SIGSTOP) };
     }
 }

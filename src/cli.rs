@@ -202,22 +202,22 @@ fn resolve_rank(args: &NodeArgs) -> Result<(u32, String), Stop> {
 }
 
 fn print_stop(prefix: &str, s: &Stop) {
-    eprintln!("error: {prefix}{}", s.message);
+    crate::errln!("error: {prefix}{}", s.message);
     if let Some(d) = &s.detail {
-        eprintln!("  last lines of the log:");
+        crate::errln!("  last lines of the log:");
         for line in d.lines() {
-            eprintln!("  | {line}");
+            crate::errln!("  | {line}");
         }
     }
     if let Some(h) = &s.hint {
-        eprintln!("hint: {h}");
+        crate::errln!("hint: {h}");
     }
 }
 
 fn config_error(e: ConfigError) -> i32 {
-    eprintln!("error: {e}");
+    crate::errln!("error: {e}");
     if let ConfigError::UnknownKey { .. } = e {
-        eprintln!("hint: `rl-node show-config` prints every key with its current value");
+        crate::errln!("hint: `rl-node show-config` prints every key with its current value");
     }
     exit::USAGE
 }
@@ -247,14 +247,14 @@ pub fn main() -> i32 {
         Some(Command::Demo(args)) => match cli.settings.demo_globals() {
             Ok(g) => crate::demo::demo_main(args, g),
             Err(msg) => {
-                eprintln!("error: demo: {msg}");
+                crate::errln!("error: demo: {msg}");
                 exit::USAGE
             }
         },
         Some(Command::Toy(args)) => crate::demo::toy_main(args),
         Some(Command::ShowConfig) => match cli.settings.load() {
             Ok(l) => {
-                print!(
+                crate::out!(
                     "# effective rl-node configuration (fingerprint {})\n{}",
                     l.config.fingerprint(),
                     l.render()
@@ -270,20 +270,20 @@ pub fn main() -> i32 {
                 .clone()
                 .or_else(|| std::env::var(config::env_name("cluster.log-path")).ok())
             else {
-                eprintln!("error: rl-node status needs --log-path DIR");
+                crate::errln!("error: rl-node status needs --log-path DIR");
                 return exit::USAGE;
             };
             match crate::observe::status::read(std::path::Path::new(&path)) {
                 Ok(s) => {
                     if json {
-                        println!("{}", serde_json::to_string_pretty(&s).expect("json"));
+                        crate::outln!("{}", serde_json::to_string_pretty(&s).expect("json"));
                     } else {
-                        print!("{}", crate::observe::status::render(&s));
+                        crate::out!("{}", crate::observe::status::render(&s));
                     }
                     exit::DONE
                 }
                 Err(e) => {
-                    eprintln!("error: {e}");
+                    crate::errln!("error: {e}");
                     exit::USAGE
                 }
             }

@@ -10,6 +10,12 @@ pub const USAGE: i32 = 2;
 pub const PEER_FAILED: i32 = 3;
 /// A deadline passed (phase timeout, barrier or join timeout).
 pub const DEADLINE: i32 = 4;
+/// Stopped early on request, to be resumed: SIGUSR1 or SIGUSR2 (Slurm's
+/// `--signal=USR1@N` pre-timeout warning) reached a node, and every node stopped
+/// gracefully. 75 is EX_TEMPFAIL: "try again later" — restart (requeue) to resume.
+pub const TIME_LIMIT: i32 = 75;
+/// Interrupted by SIGHUP (a closed terminal or ssh session).
+pub const SIGHUP: i32 = 129;
 /// Interrupted by SIGINT.
 pub const SIGINT: i32 = 130;
 /// Interrupted by SIGTERM.

@@ -13,6 +13,7 @@ pub mod holder;
 pub mod layout;
 pub mod node;
 pub mod observe;
+pub mod output;
 pub mod protocol;
 pub mod shards;
 pub mod state;

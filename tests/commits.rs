@@ -270,7 +270,12 @@ fn crash_between_commit_and_journal(target: &str, context: &str) {
     // Rank 0 notices the crash after dead-after: keep it short.
     let fast = ("RL_NODE_TIMING_DEAD_AFTER", "1500ms".to_string());
     let mut nodes = vec![
-        c.spawn_env(0, &c.log_path, &["--iterations", "1"], std::slice::from_ref(&fast)),
+        c.spawn_env(
+            0,
+            &c.log_path,
+            &["--iterations", "1"],
+            std::slice::from_ref(&fast),
+        ),
         c.spawn_env(
             1,
             &c.log_path,

@@ -50,18 +50,18 @@ pub fn main(args: DemoArgs, globals: Globals) -> i32 {
     let mut plan = match plan(args, globals) {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("error: demo: {e}");
+            crate::errln!("error: demo: {e}");
             return exit::USAGE;
         }
     };
     if let Err(e) = prepare(&mut plan) {
-        eprintln!("error: demo: {e}");
+        crate::errln!("error: demo: {e}");
         return exit::FAILED;
     }
     match Demo::new(plan).run() {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: demo: {e}");
+            crate::errln!("error: demo: {e}");
             exit::FAILED
         }
     }

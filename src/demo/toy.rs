@@ -423,7 +423,7 @@ pub fn main(args: Vec<String>) -> i32 {
             crate::exit::DONE
         }
         Err(e) => {
-            eprintln!("error: toy {what}: {e}");
+            crate::errln!("error: toy {what}: {e}");
             crate::exit::FAILED
         }
     }
@@ -436,7 +436,7 @@ fn init_model(out: &Path, tasks: u32, actions: u32) -> Result<(), String> {
     Policy::uniform(tasks, actions)
         .save(out)
         .map_err(|e| format!("cannot write {}: {e}", out.join(POLICY_FILE).display()))?;
-    eprintln!(
+    crate::errln!(
         "toy init-model: wrote {} ({tasks} tasks, {actions} actions, uniform)",
         out.join(POLICY_FILE).display()
     );
@@ -509,9 +509,12 @@ fn serve(model: &Path, port: u16, seed: u64) -> Result<(), String> {
     let server =
         tiny_http::Server::http(&addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let model_s = model.display().to_string();
-    eprintln!(
+    crate::errln!(
         "toy server: serving {} (step {}, {} tasks x {} actions) on http://{addr}",
-        model_s, policy.step, policy.tasks, policy.actions
+        model_s,
+        policy.step,
+        policy.tasks,
+        policy.actions
     );
     let header = tiny_http::Header::from_bytes(&b"Content-Type"[..], &b"application/json"[..])
         .expect("static header");
@@ -636,7 +639,7 @@ fn rollout(a: &RolloutArgs) -> Result<(), String> {
     }
     let f = w.into_inner().map_err(|e| werr(e.into_error()))?;
     f.sync_all().map_err(werr)?;
-    eprintln!(
+    crate::errln!(
         "toy rollout: rank {} {} tasks {}..{}: {n} lines, mean {} {:.3}",
         a.rank,
         if a.eval { "eval" } else { "train" },
@@ -797,7 +800,7 @@ fn train_main(
         policy
             .save(&dir)
             .map_err(|e| format!("cannot write {}: {e}", dir.join(POLICY_FILE).display()))?;
-        eprintln!(
+        crate::errln!(
             "toy train: rank 0 of {nnodes}: {} samples (mean reward {mean:.3}), step {} written to {} in {:.2}s",
             samples.len(),
             policy.step,
@@ -805,7 +808,7 @@ fn train_main(
             started.elapsed().as_secs_f64()
         );
     } else {
-        eprintln!(
+        crate::errln!(
             "toy train: rank {rank} of {nnodes}: gradient of {} samples all-reduced in {:.2}s",
             samples.len().div_ceil(nnodes as usize),
             started.elapsed().as_secs_f64()
@@ -1006,7 +1009,7 @@ fn eval_score(file: &Path) -> Result<(), String> {
     if n == 0 {
         return Err(format!("{} has no eval lines", file.display()));
     }
-    println!("accuracy {:.4} ({ok}/{n})", ok as f64 / n as f64);
+    crate::outln!("accuracy {:.4} ({ok}/{n})", ok as f64 / n as f64);
     Ok(())
 }
 

@@ -215,6 +215,19 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
         cfg,
     };
     node.tasks = tasks;
+    let p = &node.cfg.phases;
+    if !(p.rollout.is_set()
+        || p.eval.is_set()
+        || p.aggregate.is_set()
+        || p.prepare.is_set()
+        || p.train.is_set()
+        || !p.handoff.command.trim().is_empty()
+        || !node.cfg.server.command.trim().is_empty())
+    {
+        node.say(
+            "warning: no phase command is configured (phases.*.command and server.command are all empty): every iteration does nothing; set them in --config, e.g. [phases.rollout] command = \"…\"",
+        );
+    }
     node.say(&format!(
         "rank {} ({}) on {}, pid {}; shared directory {}",
         node.rank,
@@ -354,16 +367,26 @@ impl Node {
                 Ok(())
             }
             Event::Signal(sig) => {
+                let time_limit = sig == libc::SIGUSR1 || sig == libc::SIGUSR2;
                 self.say(&format!(
-                    "received {}; stopping (children get {} to exit; signal again to kill them now)",
+                    "received {}{}; stopping (children get {} to exit; signal again to kill them now)",
                     procs::signal_name(sig),
+                    if time_limit { " (time limit approaching)" } else { "" },
                     humantime::format_duration(self.cfg.timing.kill_grace)
                 ));
+                let reason = if time_limit {
+                    format!(
+                        "time limit approaching ({} received): every node stops gracefully; restart the same commands (e.g. requeue the job) to resume",
+                        procs::signal_name(sig)
+                    )
+                } else {
+                    format!("interrupted by {}", procs::signal_name(sig))
+                };
                 Err(self.fail(
                     AbortKind::Signal { signal: sig },
                     self.rank,
                     None,
-                    format!("interrupted by {}", procs::signal_name(sig)),
+                    reason,
                     None,
                 ))
             }
@@ -825,6 +848,11 @@ impl Node {
     }
 
     fn enter(&mut self, phase: Phase) -> Result<(), Stop> {
+        // A run whose phases never wait (one node, no commands) must still see a signal:
+        // look at pending events at every phase, not only inside waits.
+        while let Ok(ev) = self.events.try_recv() {
+            self.handle_event(ev)?;
+        }
         self.phase = Some(phase);
         let it = self.iteration;
         self.publisher().update(|r| {
@@ -1122,7 +1150,10 @@ impl Node {
         }
         let aside = crate::state::side_path(path, &format!("stale-gen{}", self.gen()));
         if let Err(e) = std::fs::rename(path, &aside) {
-            let reason = format!("cannot set the earlier {what} {} aside: {e}", path.display());
+            let reason = format!(
+                "cannot set the earlier {what} {} aside: {e}",
+                path.display()
+            );
             return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
         }
         self.say(&format!(
@@ -1579,7 +1610,7 @@ fn ranks_list(ranks: &[u32]) -> String {
 }
 
 pub(crate) fn say(rank: u32, msg: &str) {
-    eprintln!(
+    crate::errln!(
         "{} [rank {rank}] {msg}",
         chrono::Local::now().format("%H:%M:%S%.3f")
     );
@@ -1675,17 +1706,22 @@ fn writable(p: &Path) -> bool {
 }
 
 fn start_signal_thread(tx: Sender<Event>, registry: Arc<Registry>, rank: u32) {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) {
-        Ok(s) => s,
-        Err(e) => {
-            say(
-                rank,
-                &format!("warning: cannot install signal handlers: {e}"),
-            );
-            return;
-        }
-    };
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
+    // SIGHUP (a closed terminal or ssh session) stops the node like SIGTERM, with an abort
+    // peers see within a poll; SIGUSR1/SIGUSR2 (a batch system's time-limit warning) stop
+    // every node gracefully with exit 75, to be resumed by a restart. `nohup` does not
+    // help: rl-node handles SIGHUP itself (run it under setsid, tmux or a batch system).
+    let mut signals =
+        match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2]) {
+            Ok(s) => s,
+            Err(e) => {
+                say(
+                    rank,
+                    &format!("warning: cannot install signal handlers: {e}"),
+                );
+                return;
+            }
+        };
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {

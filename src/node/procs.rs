@@ -65,6 +65,9 @@ pub fn signal_name(sig: i32) -> &'static str {
         libc::SIGABRT => "SIGABRT",
         libc::SIGHUP => "SIGHUP",
         libc::SIGBUS => "SIGBUS",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
         _ => "signal",
     }
 }
@@ -74,7 +77,7 @@ pub fn signal_name(sig: i32) -> &'static str {
 pub enum Event {
     /// A process that was our child ended (a command's leader, or an adopted orphan).
     Reaped { pid: i32, exit: ChildExit },
-    /// First SIGINT/SIGTERM.
+    /// First SIGINT, SIGTERM, SIGHUP, SIGUSR1 or SIGUSR2.
     Signal(i32),
 }
 

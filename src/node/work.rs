@@ -417,7 +417,7 @@ impl Node {
         if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
             let width = 30;
             let filled = (t.committed * width).checked_div(t.total).unwrap_or(width);
-            eprint!(
+            crate::err!(
                 "\r[rank {}] [{}{}] {p}{}   ",
                 self.rank,
                 "#".repeat(filled),
@@ -570,7 +570,7 @@ impl Node {
             }
         }
         if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-            eprintln!();
+            crate::errln!();
         }
         self.waiting_note.clear();
         let failed = tally.failed.len();

@@ -32,7 +32,7 @@ pub struct RecoverArgs {
 struct Out;
 impl Out {
     fn line(&self, s: &str) {
-        println!("{s}");
+        crate::outln!("{s}");
     }
 }
 
@@ -508,7 +508,7 @@ pub fn main(args: RecoverArgs, log_path: Option<String>) -> i32 {
     let Some(path) =
         log_path.or_else(|| std::env::var(crate::config::env_name("cluster.log-path")).ok())
     else {
-        eprintln!("error: rl-node recover needs --log-path DIR");
+        crate::errln!("error: rl-node recover needs --log-path DIR");
         return crate::exit::USAGE;
     };
     let layout = Layout::new(&path);
@@ -523,26 +523,26 @@ pub fn main(args: RecoverArgs, log_path: Option<String>) -> i32 {
     let run = match load(Path::new(&path)) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: {e}");
+            crate::errln!("error: {e}");
             return crate::exit::USAGE;
         }
     };
     let rep = report(&run);
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&rep).expect("json"));
+        crate::outln!("{}", serde_json::to_string_pretty(&rep).expect("json"));
     } else {
-        print!("{}", render(&rep));
+        crate::out!("{}", render(&rep));
     }
     if let Some(n) = args.discard_iteration {
         match discard(&run, &rep, n) {
             Ok(moved) => {
-                eprintln!("iteration {n} set aside:");
+                crate::errln!("iteration {n} set aside:");
                 for m in moved {
-                    eprintln!("  {m}");
+                    crate::errln!("  {m}");
                 }
             }
             Err(e) => {
-                eprintln!("error: --discard-iteration {n}: {e}");
+                crate::errln!("error: --discard-iteration {n}: {e}");
                 return crate::exit::USAGE;
             }
         }

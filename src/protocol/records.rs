@@ -113,6 +113,13 @@ pub struct AbortInfo {
 impl AbortInfo {
     /// The exit code of `rank` when it stops because of this abort (README: exit codes).
     pub fn exit_code_for(&self, rank: u32) -> i32 {
+        // A time-limit warning stops the whole cluster gracefully, to be resumed: every
+        // node says so with the same code, whichever received the signal.
+        if let AbortKind::Signal { signal } = self.kind {
+            if signal == libc::SIGUSR1 || signal == libc::SIGUSR2 {
+                return crate::exit::TIME_LIMIT;
+            }
+        }
         if self.culprit != rank || self.detected_by != rank {
             return crate::exit::PEER_FAILED;
         }

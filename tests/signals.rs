@@ -1,0 +1,163 @@
+//! Every way a node can end is reported: a closed stdout/stderr, SIGHUP, SIGUSR1/SIGUSR2
+//! (a batch system's time-limit warning), and a signal to a run that never waits.
+
+mod common;
+
+use common::cluster::*;
+use std::fs;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+const SLOW_ROLLOUT: &str =
+    "[phases.rollout]\ncommand = \"sleep 0.2; echo '{\\\"rank\\\": {rank}}' > {output}\"\n";
+
+fn wait_both(a: &mut NodeProc, b: &mut NodeProc) -> (i32, i32) {
+    (a.wait(LIMIT), b.wait(LIMIT))
+}
+
+#[test]
+fn a_node_whose_stdout_and_stderr_are_closed_keeps_running_and_completes() {
+    let c = TestCluster::new(2, SLOW_ROLLOUT);
+    fs::create_dir_all(&c.log_path).unwrap();
+    let mut master = c.spawn(0, &["--iterations", "3"]);
+    // Rank 1 writes into pipes whose readers are gone, like `rl-node … | head` after
+    // `head` exited: every write fails with EPIPE.
+    let mut cmd = Command::new(BIN);
+    cmd.args(["--worker", "1", "--config"])
+        .arg(&c.config)
+        .arg("--log-path")
+        .arg(&c.log_path)
+        .args(["--iterations", "3"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, _) in std::env::vars() {
+        if k.starts_with("RL_NODE_") {
+            cmd.env_remove(k);
+        }
+    }
+    let mut worker = cmd.spawn().unwrap();
+    drop(worker.stdout.take());
+    drop(worker.stderr.take());
+    let started = Instant::now();
+    let status = loop {
+        if let Some(s) = worker.try_wait().unwrap() {
+            break s;
+        }
+        assert!(started.elapsed() < LIMIT, "rank 1 did not finish");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "rank 1 must not die of its closed output ({status})"
+    );
+    assert_eq!(master.wait(LIMIT), 0, "{}", master.stderr());
+    let merged = fs::read_to_string(c.log_path.join("rollouts/iter-0003/train.jsonl")).unwrap();
+    assert_eq!(merged.lines().count(), 2, "{merged}");
+}
+
+#[test]
+fn sighup_stops_the_cluster_with_an_abort_naming_the_node_and_the_signal() {
+    let c = TestCluster::new(
+        2,
+        "[phases.rollout]\ncommand = \"sleep 60.71; echo '{}' > {output}\"\n",
+    );
+    fs::create_dir_all(&c.log_path).unwrap();
+    let mut nodes = c.spawn_all(&["--iterations", "1"]);
+    for r in 0..2 {
+        c.wait_phase(r, 1, "train-rollout", LIMIT);
+    }
+    let sent = Instant::now();
+    nodes[1].signal(libc::SIGHUP);
+    let (a, b) = {
+        let (x, y) = nodes.split_at_mut(1);
+        wait_both(&mut x[0], &mut y[0])
+    };
+    // Peers see the abort within a poll or two, far sooner than dead-after (3 s here).
+    assert!(
+        sent.elapsed() < Duration::from_millis(2500),
+        "{:?}",
+        sent.elapsed()
+    );
+    assert_eq!(b, 129, "rank 1:\n{}", nodes[1].stderr());
+    assert_eq!(a, 3, "rank 0:\n{}", nodes[0].stderr());
+    assert!(
+        nodes[0].stderr().contains("interrupted by SIGHUP"),
+        "{}",
+        nodes[0].stderr()
+    );
+    assert!(
+        !nodes[0].stderr().contains("is dead"),
+        "{}",
+        nodes[0].stderr()
+    );
+    wait_until(LIMIT, "the rollouts to be stopped", || {
+        process_alive_with("sleep 60.71").is_empty()
+    });
+}
+
+#[test]
+fn sigusr1_stops_every_node_gracefully_with_exit_75_and_a_restart_resumes() {
+    let c = TestCluster::new(
+        2,
+        "[phases.rollout]\ncommand = \"if [ {iteration} = 2 ] && [ ! -e {log_path}/warned ]; then touch {log_path}/warned; sleep 60.72; fi; echo '{\\\"rank\\\": {rank}}' > {output}\"\n",
+    );
+    fs::create_dir_all(&c.log_path).unwrap();
+    let mut nodes = c.spawn_all(&["--iterations", "2"]);
+    wait_until(LIMIT, "iteration 2's rollout", || {
+        c.log_path.join("warned").exists()
+    });
+    // Slurm's `--signal=USR1@N` sends the warning to the job's processes.
+    nodes[0].signal(libc::SIGUSR1);
+    let (a, b) = {
+        let (x, y) = nodes.split_at_mut(1);
+        wait_both(&mut x[0], &mut y[0])
+    };
+    assert_eq!(
+        (a, b),
+        (75, 75),
+        "rank 0:\n{}\nrank 1:\n{}",
+        nodes[0].stderr(),
+        nodes[1].stderr()
+    );
+    for n in &nodes {
+        assert!(
+            n.stderr()
+                .contains("time limit approaching (SIGUSR1 received)"),
+            "{}",
+            n.stderr()
+        );
+    }
+    // Requeued: the same commands resume at iteration 2 and finish.
+    let mut again = c.spawn_all(&["--iterations", "2"]);
+    for n in again.iter_mut() {
+        assert_eq!(n.wait(LIMIT), 0, "{}", n.stderr());
+    }
+    assert!(
+        again[0].stderr().contains("at iteration 2"),
+        "{}",
+        again[0].stderr()
+    );
+}
+
+#[test]
+fn a_one_node_run_without_commands_stops_on_the_first_sigterm_and_warns_at_start() {
+    let c = TestCluster::new(1, "");
+    fs::create_dir_all(&c.log_path).unwrap();
+    let mut node = c.spawn(0, &[]);
+    wait_until(LIMIT, "the node to loop", || {
+        c.record(0)
+            .is_some_and(|r| r["iteration"].as_u64() >= Some(3))
+    });
+    node.signal(libc::SIGTERM);
+    assert_eq!(node.wait(LIMIT), 143, "{}", node.stderr());
+    assert!(
+        node.stderr()
+            .contains("warning: no phase command is configured"),
+        "{}",
+        node.stderr()
+    );
+}
