@@ -507,10 +507,22 @@ pub fn load(
     Ok(loaded)
 }
 
+/// The largest cluster rl-node accepts (`cluster.num-nodes`).
+pub const MAX_NODES: u32 = 4096;
+
 fn validate(l: &Loaded) -> Result<(), ConfigError> {
     let c = &l.config;
     if c.cluster.num_nodes == 0 {
         return Err(l.invalid("cluster.num-nodes", "must be at least 1"));
+    }
+    if c.cluster.num_nodes > MAX_NODES {
+        return Err(l.invalid(
+            "cluster.num-nodes",
+            format!(
+                "{} is above the limit of {MAX_NODES} nodes (rank 0 writes a record per rank before anyone joins, and polls each one)",
+                c.cluster.num_nodes
+            ),
+        ));
     }
     let w = &c.cluster.rank_weights;
     if !w.is_empty() && w.len() != c.cluster.num_nodes as usize {
@@ -568,9 +580,15 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
         ("timing.heartbeat-interval", t.heartbeat_interval),
         ("timing.poll-interval", t.poll_interval),
         ("timing.dead-after", t.dead_after),
+        ("timing.join-timeout", t.join_timeout),
+        ("timing.barrier-timeout", t.barrier_timeout),
+        ("timing.fs-timeout", t.fs_timeout),
     ] {
         if d.is_zero() {
-            return Err(l.invalid(key, "must be greater than zero"));
+            return Err(l.invalid(
+                key,
+                "must be greater than zero (0s would end every wait at once; there is no \"no limit\" value: use a long duration such as \"30d\")",
+            ));
         }
     }
     if t.dead_after < t.heartbeat_interval * 2 {
@@ -748,6 +766,48 @@ fn parse_as(raw: &str, template: &Value) -> Result<Value, String> {
     }
 }
 
+/// rl-node's own `RL_NODE_*` variables that are not configuration keys: what every
+/// command sees (one per placeholder, and the owner marker), the test-suite switch and
+/// test-only fault injection (`RL_NODE_TEST_*`).
+fn own_variable(name: &str) -> bool {
+    name == crate::node::context::OWNER_ENV
+        || name == "RL_NODE_TORCH_TESTS"
+        || name.starts_with("RL_NODE_TEST_")
+        || template::PLACEHOLDERS
+            .iter()
+            .any(|(_, env, _)| *env == name)
+}
+
+/// An `RL_NODE_*` variable in `vars` that is neither a configuration key's variable nor
+/// one of rl-node's own is a mistake (a typo would otherwise be ignored silently): an
+/// error naming it, with the nearest key's variable suggested.
+pub fn check_env_names(vars: impl Iterator<Item = String>) -> Result<(), ConfigError> {
+    let defaults: Value = toml::from_str(DEFAULTS_TOML).expect("embedded defaults parse");
+    let mut schema = Vec::new();
+    leaf_paths(&defaults, "", &mut schema);
+    let known: Vec<String> = schema.iter().map(|(k, _)| env_name(k)).collect();
+    let mut names: Vec<String> = vars.filter(|n| n.starts_with("RL_NODE_")).collect();
+    names.sort();
+    for name in names {
+        if known.contains(&name) || own_variable(&name) {
+            continue;
+        }
+        let best = known
+            .iter()
+            .map(|k| (edit_distance(&name, k), k))
+            .min_by_key(|(d, _)| *d);
+        return Err(ConfigError::UnknownKey {
+            suggestion: match best {
+                Some((d, k)) if d <= 4 => format!(" (did you mean `{k}`?)"),
+                _ => " (configuration keys map to RL_NODE_<SECTION>_<KEY>, e.g. RL_NODE_TIMING_DEAD_AFTER; `rl-node config` lists the keys)".to_string(),
+            },
+            key: name,
+            source_name: "the environment".into(),
+        });
+    }
+    Ok(())
+}
+
 fn suggest(key: &str, schema: &[(String, Value)]) -> String {
     let best = schema
         .iter()
@@ -847,6 +907,34 @@ mod tests {
             &Source::Env("RL_NODE_CLUSTER_EVAL_INTERVAL".into())
         );
         assert!(l.render().contains("num-nodes = 4   # from --num-nodes"));
+    }
+
+    #[test]
+    fn unknown_environment_variables_are_reported_with_the_nearest_key() {
+        let e = check_env_names(["RL_NODE_TIMING_DEAD_AFTR".to_string()].into_iter())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`RL_NODE_TIMING_DEAD_AFTR` in the environment"),
+            "{e}"
+        );
+        assert!(
+            e.contains("did you mean `RL_NODE_TIMING_DEAD_AFTER`"),
+            "{e}"
+        );
+        // rl-node's own variables (what its commands see) and real keys are fine.
+        check_env_names(
+            [
+                "RL_NODE_RANK",
+                "RL_NODE_OWNER",
+                "RL_NODE_TIMING_DEAD_AFTER",
+                "RL_NODE_TEST_CRASH_AT",
+                "HOME",
+            ]
+            .iter()
+            .map(|s| s.to_string()),
+        )
+        .unwrap();
     }
 
     #[test]
