@@ -163,6 +163,7 @@ impl Settings {
     }
 
     fn load(&self) -> Result<config::Loaded, ConfigError> {
+        config::check_env_names(std::env::vars().map(|(k, _)| k))?;
         config::load(
             self.config.as_deref(),
             &|name| std::env::var(name).ok(),
@@ -274,7 +275,8 @@ pub fn main() -> i32 {
                 return exit::USAGE;
             };
             match crate::observe::status::read(std::path::Path::new(&path)) {
-                Ok(s) => {
+                Ok(mut s) => {
+                    crate::observe::status::judge(std::path::Path::new(&path), &mut s);
                     if json {
                         crate::outln!("{}", serde_json::to_string_pretty(&s).expect("json"));
                     } else {

@@ -6,6 +6,7 @@ use crate::protocol::{AbortInfo, NodeState, RankRecord};
 use crate::store;
 use serde::Serialize;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 #[derive(Debug, Serialize)]
 pub struct RankStatus {
@@ -22,6 +23,25 @@ pub struct RankStatus {
     pub heartbeat_age_ms: Option<u64>,
     pub last_write: String,
     pub waiting_at: Option<String>,
+    /// Whether the process holding the rank is alive, from evidence `status` checked
+    /// itself (see [`judge`]); `None` until judged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub process: Option<Process>,
+}
+
+/// What `status` could check about a rank's process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Process {
+    /// Its record says it finished or stopped (done, failed, left, vacant).
+    Ended,
+    /// On this machine, and the kernel has it; or elsewhere, and its heartbeat advanced.
+    Alive,
+    /// On this machine and gone (or its pid now belongs to another process); or elsewhere
+    /// and its heartbeat stood still for the whole watch.
+    Gone,
+    /// No record to judge by.
+    Unknown,
 }
 
 #[derive(Debug, Serialize)]
@@ -39,6 +59,11 @@ pub struct Status {
     /// Every start of the cluster: generation, run, when, where, resume iteration, and why
     /// the generation before it ended.
     pub history: Vec<serde_json::Value>,
+    /// How long `status` watched heartbeats of ranks on other machines (0: not needed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub watched_ms: Option<u64>,
+    #[serde(skip)]
+    pub heartbeat: Duration,
 }
 
 pub fn read(log_path: &Path) -> Result<Status, String> {
@@ -90,6 +115,7 @@ pub fn read(log_path: &Path) -> Result<Status, String> {
                     .as_ref()
                     .filter(|m| !records[0].as_ref().is_some_and(|r0| r0.released_at(m.k)))
                     .map(|m| m.name.clone()),
+                process: None,
             },
             None => RankStatus {
                 rank: i as u32,
@@ -102,6 +128,7 @@ pub fn read(log_path: &Path) -> Result<Status, String> {
                 heartbeat_age_ms: None,
                 last_write: String::new(),
                 waiting_at: None,
+                process: None,
             },
         })
         .collect();
@@ -123,7 +150,96 @@ pub fn read(log_path: &Path) -> Result<Status, String> {
         abort,
         waiting_for,
         ranks,
+        watched_ms: None,
+        heartbeat: c.config["timing"]["heartbeat-interval"]
+            .as_str()
+            .and_then(|h| humantime::parse_duration(h).ok())
+            .unwrap_or(Duration::from_secs(5)),
     })
+}
+
+/// Judge every rank's process from evidence: on this machine, the kernel (pid and start
+/// time); elsewhere, whether its heartbeat sequence advances while `status` watches all of
+/// them together for `window` (a few heartbeat intervals). A record's frozen heartbeat age
+/// alone proves nothing: it is what the last writer saw before it died.
+pub fn judge(log_path: &Path, s: &mut Status) {
+    let window = (s.heartbeat * 3).min(Duration::from_secs(10));
+    let layout = Layout::new(log_path);
+    let read = |r: u32| {
+        store::read_json::<RankRecord>(&layout.rank_record(s.gen, r))
+            .ok()
+            .flatten()
+            .filter(|rec| rec.belongs_to(&s.run_id, s.gen, r))
+    };
+    let first: Vec<Option<RankRecord>> = (0..s.num_nodes).map(read).collect();
+    let mut remote = Vec::new();
+    for (i, rec) in first.iter().enumerate() {
+        s.ranks[i].process = Some(match rec {
+            None => Process::Unknown,
+            Some(r) if r.state.is_terminal() || r.state == NodeState::Vacant => Process::Ended,
+            Some(r) => match crate::holder::local(&r.holder()) {
+                crate::holder::Local::Alive => Process::Alive,
+                crate::holder::Local::Gone => Process::Gone,
+                crate::holder::Local::Elsewhere => {
+                    remote.push(i);
+                    Process::Unknown
+                }
+            },
+        });
+    }
+    if remote.is_empty() {
+        return;
+    }
+    let started = Instant::now();
+    while started.elapsed() < window && !remote.is_empty() {
+        std::thread::sleep(Duration::from_millis(100).min(window));
+        remote.retain(|&i| {
+            let advanced = read(i as u32)
+                .zip(first[i].as_ref())
+                .is_some_and(|(now, then)| now.seq != then.seq);
+            if advanced {
+                s.ranks[i].process = Some(Process::Alive);
+            }
+            !advanced
+        });
+    }
+    for i in remote {
+        s.ranks[i].process = Some(Process::Gone);
+    }
+    s.watched_ms = Some(started.elapsed().as_millis() as u64);
+}
+
+/// The run's state in a few words, from the records and (when judged) the processes.
+pub fn overall(s: &Status) -> String {
+    if let Some(a) = &s.abort {
+        return format!("STOPPED: {}", a.describe());
+    }
+    if s.ranks.iter().all(|r| r.state == Some(NodeState::Done)) {
+        return "completed".to_string();
+    }
+    let judged: Vec<(u32, Process)> = s
+        .ranks
+        .iter()
+        .filter_map(|r| r.process.map(|p| (r.rank, p)))
+        .collect();
+    if judged.len() == s.ranks.len() {
+        let gone: Vec<String> = judged
+            .iter()
+            .filter(|(_, p)| *p == Process::Gone)
+            .map(|(r, _)| format!("rank {r}"))
+            .collect();
+        let alive = judged.iter().filter(|(_, p)| *p == Process::Alive).count();
+        if alive == 0 && !gone.is_empty() {
+            return "stopped (every node is gone: none is running and none stopped cleanly; restart every node to resume)".to_string();
+        }
+        if !gone.is_empty() {
+            return format!(
+                "stalled ({} gone; the others will stop once they notice, after dead-after)",
+                gone.join(", ")
+            );
+        }
+    }
+    "running".to_string()
 }
 
 pub fn render(s: &Status) -> String {
@@ -159,14 +275,13 @@ pub fn render(s: &Status) -> String {
             ));
         }
     }
-    let overall = if let Some(a) = &s.abort {
-        format!("STOPPED: {}", a.describe())
-    } else if s.ranks.iter().all(|r| r.state == Some(NodeState::Done)) {
-        "completed".to_string()
-    } else {
-        "running".to_string()
-    };
-    out.push_str(&format!("state: {overall}\n"));
+    out.push_str(&format!("state: {}\n", overall(s)));
+    if let Some(ms) = s.watched_ms {
+        out.push_str(&format!(
+            "(heartbeats of ranks on other machines watched for {:.1}s)\n",
+            ms as f64 / 1000.0
+        ));
+    }
     if !s.waiting_for.is_empty() {
         let w: Vec<String> = s.waiting_for.iter().map(|r| format!("rank {r}")).collect();
         out.push_str(&format!("rank 0 is waiting for: {}\n", w.join(", ")));
@@ -176,12 +291,18 @@ pub fn render(s: &Status) -> String {
         "RANK", "STATE", "HOST", "PID", "ITER", "PHASE", "HEARTBEAT", "WAITING AT / PROGRESS"
     ));
     for r in &s.ranks {
-        let state = r
-            .state
-            .map(|s| format!("{s:?}").to_lowercase())
-            .unwrap_or_else(|| "missing".into());
+        let gone = r.process == Some(Process::Gone);
+        let state = if gone {
+            "DEAD".to_string()
+        } else {
+            r.state
+                .map(|s| format!("{s:?}").to_lowercase())
+                .unwrap_or_else(|| "missing".into())
+        };
+        // A dead rank's last observed age is frozen: it says nothing now.
         let age = r
             .heartbeat_age_ms
+            .filter(|_| !gone)
             .map(|ms| format!("{:.1}s", ms as f64 / 1000.0))
             .unwrap_or_else(|| "-".into());
         out.push_str(&format!(

@@ -1,0 +1,107 @@
+//! `rl-node status` never lies: a rank is shown alive or dead from evidence status checks
+//! itself (the kernel for processes on this machine, a heartbeat that advances or not while
+//! it watches for ranks elsewhere), never from the heartbeat age a dead node last wrote.
+
+mod common;
+
+use common::cluster::*;
+use std::process::Command;
+use std::time::Duration;
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+const LONG_ROLLOUT: &str = "[phases.rollout]\ncommand = \"sleep 60.73; echo '{}' > {output}\"\n";
+
+/// `rl-node status` as run on this machine, or (`host`) from another host name, where the
+/// kernel cannot be asked and heartbeats must be watched.
+fn status_from(c: &TestCluster, host: Option<&str>) -> (i32, String) {
+    let out = match host {
+        None => Command::new(BIN)
+            .args(["status", "--log-path"])
+            .arg(&c.log_path)
+            .output()
+            .unwrap(),
+        Some(h) => Command::new("unshare")
+            .args([
+                "--uts",
+                "sh",
+                "-c",
+                &format!("hostname {h} && exec \"$@\""),
+                "sh",
+                BIN,
+                "status",
+                "--log-path",
+            ])
+            .arg(&c.log_path)
+            .output()
+            .unwrap(),
+    };
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+#[test]
+fn status_of_a_cluster_whose_nodes_were_all_killed_says_so() {
+    let c = TestCluster::new(2, LONG_ROLLOUT);
+    std::fs::create_dir_all(&c.log_path).unwrap();
+    let mut nodes = c.spawn_all(&["--iterations", "1"]);
+    for r in 0..2 {
+        c.wait_phase(r, 1, "train-rollout", LIMIT);
+    }
+    // While they run, both are alive, from here and from elsewhere.
+    let (code, text) = status_from(&c, None);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("state: running"), "{text}");
+    assert!(!text.contains("DEAD"), "{text}");
+    let (code, text) = status_from(&c, Some("elsewhere"));
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains("state: running") && text.contains("watched for"),
+        "{text}"
+    );
+
+    for n in nodes.iter_mut() {
+        n.signal(libc::SIGKILL);
+        n.wait(LIMIT);
+    }
+    let (code, text) = status_from(&c, None);
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains("state: stopped (every node is gone"),
+        "{text}"
+    );
+    assert_eq!(text.matches("DEAD").count(), 2, "{text}");
+    // From another host the kernel cannot tell; the still heartbeats do.
+    let (code, text) = status_from(&c, Some("elsewhere"));
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains("state: stopped (every node is gone"),
+        "{text}"
+    );
+    assert!(text.contains("watched for"), "{text}");
+    wait_until(LIMIT, "the rollouts to be stopped", || {
+        process_alive_with("sleep 60.73").is_empty()
+    });
+}
+
+#[test]
+fn status_of_a_cluster_with_one_node_killed_says_stalled_and_names_it() {
+    let c = TestCluster::new(2, LONG_ROLLOUT);
+    std::fs::create_dir_all(&c.log_path).unwrap();
+    let mut nodes = c.spawn_all(&["--iterations", "1"]);
+    for r in 0..2 {
+        c.wait_phase(r, 1, "train-rollout", LIMIT);
+    }
+    nodes[1].signal(libc::SIGKILL);
+    nodes[1].wait(LIMIT);
+    // Before rank 0 notices (dead-after is 3 s), status already knows.
+    let (code, text) = status_from(&c, None);
+    assert_eq!(code, 0, "{text}");
+    if !text.contains("STOPPED") {
+        assert!(text.contains("state: stalled (rank 1 gone"), "{text}");
+    }
+    nodes[0].signal(libc::SIGTERM);
+    nodes[0].wait(LIMIT);
+}
