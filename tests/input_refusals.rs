@@ -60,3 +60,35 @@ fn a_misspelt_rl_node_variable_is_an_error_with_the_nearest_key() {
         ],
     );
 }
+
+#[test]
+fn a_worker_refused_at_join_is_reported_by_rank_0_and_status_within_a_poll() {
+    let c = TestCluster::new(
+        2,
+        "[phases.rollout]\ncommand = \"echo '{\\\"r\\\": {rank}}' > {output}\"\n",
+    );
+    std::fs::create_dir_all(&c.log_path).unwrap();
+    let mut master = c.spawn(0, &["--iterations", "1"]);
+    wait_until(LIMIT, "rank 0 to start a generation", || {
+        c.log_path.join(".rl-node/cluster.json").exists()
+    });
+    let mut wrong = c.spawn_env(
+        1,
+        &c.log_path,
+        &["--iterations", "1"],
+        &[("RL_NODE_CLUSTER_EVAL_INTERVAL", "3".to_string())],
+    );
+    assert_eq!(wrong.wait(LIMIT), 2, "{}", wrong.stderr());
+    let expected = "rank 1 was refused: cluster.eval-interval differs (rank 0 has 1, rank 1 has 3)";
+    wait_until(
+        Duration::from_secs(10),
+        "rank 0 to report the refusal",
+        || master.stderr().contains(expected),
+    );
+    let (_, text) = status(&c.log_path, false);
+    assert!(text.contains(expected), "{text}");
+    // The refusal did not disturb the run: a correct worker joins and it completes.
+    let mut worker = c.spawn(1, &["--iterations", "1"]);
+    assert_eq!(worker.wait(LIMIT), 0, "{}", worker.stderr());
+    assert_eq!(master.wait(LIMIT), 0, "{}", master.stderr());
+}

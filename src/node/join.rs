@@ -78,6 +78,7 @@ impl Node {
             waiting_for: vec![],
             observed_ms: vec![],
             abort: None,
+            refused: None,
             wall: wall_now(),
         }
     }
@@ -310,6 +311,7 @@ impl Node {
         let deadline = Instant::now() + self.cfg.timing.join_timeout;
         let mut last = Vec::new();
         let run = run_id.clone();
+        let mut refusals = HashSet::new();
         let joined = self.wait_for(deadline, |n| {
             // Two masters started at once both publish a generation; the last to write
             // cluster.json owns the run. The other learns it here, at its next poll.
@@ -326,6 +328,20 @@ impl Node {
             let missing = crate::protocol::missing_arrivals(&n.peers, 0);
             if missing.is_empty() {
                 return Ok(Some(()));
+            }
+            // A worker refused at join leaves the reason in its vacant placeholder.
+            for &r in &missing {
+                let refusal = store::read_json::<RankRecord>(&n.layout.rank_record(gen, r))
+                    .ok()
+                    .flatten()
+                    .filter(|s| s.state == NodeState::Vacant)
+                    .and_then(|s| s.refused);
+                if let Some(why) = refusal {
+                    if refusals.insert(why.clone()) {
+                        n.say(&why);
+                        n.event(json!({"event": "refused", "rank": r, "why": why}));
+                    }
+                }
             }
             if missing != last {
                 n.waiting_note = format!(
@@ -735,6 +751,22 @@ impl Node {
         }
         if c.fingerprint != self.fingerprint {
             let diffs = diff_json(&c.config, &self.cfg.shared_view(), "");
+            self.leave_refusal(
+                &c,
+                if diffs.is_empty() {
+                    "its configuration differs from rank 0's (fingerprints differ)".to_string()
+                } else {
+                    diffs
+                        .iter()
+                        .map(|d| {
+                            d.replacen(": rank 0 has", " differs (rank 0 has", 1)
+                                .replace("this node has", &format!("rank {} has", self.rank))
+                                + ")"
+                        })
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                },
+            );
             return Err(Stop::usage(
                 format!(
                     "this node's configuration differs from rank 0's (generation {}, host {}):\n  {}",
@@ -746,6 +778,27 @@ impl Node {
             ));
         }
         Ok(Some((c, r0)))
+    }
+}
+
+impl Node {
+    /// Say why this process was refused its rank where rank 0 already reads: in the rank's
+    /// placeholder record, only while it is still vacant (a rank held by a live process is
+    /// not this process's to touch, and rank 0 is not waiting for it then).
+    fn leave_refusal(&self, c: &ClusterRecord, why: String) {
+        let path = self.layout.rank_record(c.gen, self.rank);
+        let Ok(Some(mut slot)) = store::read_json::<RankRecord>(&path) else {
+            return;
+        };
+        if slot.state != NodeState::Vacant || !slot.belongs_to(&c.run_id, c.gen, self.rank) {
+            return;
+        }
+        slot.refused = Some(format!(
+            "rank {} was refused: {why} (pid {} on {})",
+            self.rank, self.pid, self.host
+        ));
+        slot.wall = wall_now();
+        let _ = store::publish_json(&path, &slot);
     }
 }
 

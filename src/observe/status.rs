@@ -27,6 +27,9 @@ pub struct RankStatus {
     /// itself (see [`judge`]); `None` until judged.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub process: Option<Process>,
+    /// Why a process that tried to take this (still vacant) rank was refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }
 
 /// What `status` could check about a rank's process.
@@ -116,6 +119,7 @@ pub fn read(log_path: &Path) -> Result<Status, String> {
                     .filter(|m| !records[0].as_ref().is_some_and(|r0| r0.released_at(m.k)))
                     .map(|m| m.name.clone()),
                 process: None,
+                refused: r.refused.clone().filter(|_| r.state == NodeState::Vacant),
             },
             None => RankStatus {
                 rank: i as u32,
@@ -129,6 +133,7 @@ pub fn read(log_path: &Path) -> Result<Status, String> {
                 last_write: String::new(),
                 waiting_at: None,
                 process: None,
+                refused: None,
             },
         })
         .collect();
@@ -315,6 +320,7 @@ pub fn render(s: &Status) -> String {
             r.phase.clone().unwrap_or_else(|| "-".into()),
             age,
             match (&r.waiting_at, &r.progress) {
+                _ if r.refused.is_some() => r.refused.clone().unwrap_or_default(),
                 (Some(w), _) => w.clone(),
                 (None, Some(p)) => p.clone(),
                 _ => String::new(),

@@ -195,6 +195,11 @@ pub struct RankRecord {
     pub observed_ms: Vec<(u32, u64)>,
     #[serde(default)]
     pub abort: Option<AbortInfo>,
+    /// Written into a still-vacant placeholder by a process that was refused this rank
+    /// (e.g. its configuration differs), so rank 0 and `status` can say why the rank does
+    /// not join instead of waiting silently. Nothing else about the slot changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
     /// Wall-clock time of this write, for display only.
     pub wall: String,
 }
@@ -271,6 +276,7 @@ mod tests {
             waiting_for: vec![],
             observed_ms: vec![],
             abort: None,
+            refused: None,
             wall: String::new(),
         }
     }
