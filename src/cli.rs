@@ -164,11 +164,23 @@ impl Settings {
 
     fn load(&self) -> Result<config::Loaded, ConfigError> {
         config::check_env_names(std::env::vars().map(|(k, _)| k))?;
-        config::load(
-            self.config.as_deref(),
-            &|name| std::env::var(name).ok(),
-            &self.overrides(),
-        )
+        let env = |name: &str| std::env::var(name).ok();
+        let mut overrides = self.overrides();
+        let loaded = config::load(self.config.as_deref(), &env, &overrides)?;
+        // Like the rank: when nothing set num-nodes, the launcher's count is the default.
+        if *loaded.source_of("cluster.num-nodes") == config::Source::Default {
+            for var in ["WORLD_SIZE", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"] {
+                if let Ok(v) = std::env::var(var) {
+                    overrides.push(config::CliOverride {
+                        flag: format!("environment {var}"),
+                        key: "cluster.num-nodes",
+                        value: v.trim().to_string(),
+                    });
+                    return config::load(self.config.as_deref(), &env, &overrides);
+                }
+            }
+        }
+        Ok(loaded)
     }
 }
 

@@ -92,3 +92,73 @@ fn a_worker_refused_at_join_is_reported_by_rank_0_and_status_within_a_poll() {
     assert_eq!(worker.wait(LIMIT), 0, "{}", worker.stderr());
     assert_eq!(master.wait(LIMIT), 0, "{}", master.stderr());
 }
+
+#[test]
+fn a_log_path_inside_another_runs_directories_or_a_dangling_link_is_refused() {
+    let c = TestCluster::new(1, "[phases.rollout]\ncommand = \"echo '{}' > {output}\"\n");
+    let mut n = c.spawn(0, &["--iterations", "1"]);
+    assert_eq!(n.wait(LIMIT), 0, "{}", n.stderr());
+    for inside in [".rl-node", "rollouts/x", "models"] {
+        let path = c.log_path.join(inside);
+        let mut n = c.spawn_at(0, &path, &["--iterations", "1"]);
+        assert_eq!(n.wait(LIMIT), 2, "{}", n.stderr());
+        let err = n.stderr();
+        assert!(
+            err.contains("a directory of the rl-node run in")
+                && err.contains(&c.log_path.display().to_string()),
+            "{inside}: {err}"
+        );
+    }
+    let link = c.dir.path().join("shared-link");
+    std::os::unix::fs::symlink(c.dir.path().join("not-mounted"), &link).unwrap();
+    let mut n = c.spawn_at(0, &link, &["--iterations", "1"]);
+    assert_eq!(n.wait(LIMIT), 2, "{}", n.stderr());
+    assert!(
+        n.stderr().contains("is a symbolic link to") && n.stderr().contains("which does not exist"),
+        "{}",
+        n.stderr()
+    );
+}
+
+#[test]
+fn a_data_path_missing_on_the_node_is_refused_at_start() {
+    let c = TestCluster::new(1, "");
+    refused(
+        &c,
+        &["--data-path", "/nonexistent/rl-node-data"],
+        &[],
+        &[
+            "--data-path /nonexistent/rl-node-data",
+            "does not exist on this node",
+        ],
+    );
+}
+
+#[test]
+fn num_nodes_defaults_from_the_launchers_variables_and_says_so() {
+    let c = TestCluster::new(
+        1,
+        "[phases.rollout]\ncommand = \"echo '{\\\"r\\\": {rank}}' > {output}\"\n",
+    );
+    // The test cluster's config sets num-nodes; a config without it takes SLURM_NNODES.
+    std::fs::write(
+        &c.config,
+        std::fs::read_to_string(&c.config)
+            .unwrap()
+            .replace("num-nodes = 1\n", ""),
+    )
+    .unwrap();
+    std::fs::create_dir_all(&c.log_path).unwrap();
+    let env = [("SLURM_NNODES", "2".to_string())];
+    let mut master = c.spawn_env(0, &c.log_path, &["--iterations", "1"], &env);
+    let mut worker = c.spawn_env(1, &c.log_path, &["--iterations", "1"], &env);
+    assert_eq!(worker.wait(LIMIT), 0, "{}", worker.stderr());
+    assert_eq!(master.wait(LIMIT), 0, "{}", master.stderr());
+    assert!(
+        master
+            .stderr()
+            .contains("num-nodes 2 (from environment SLURM_NNODES)"),
+        "{}",
+        master.stderr()
+    );
+}

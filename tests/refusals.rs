@@ -122,15 +122,28 @@ fn a_worker_with_a_different_configuration_is_refused_and_writes_nothing() {
         before,
         "the refused worker must not create files"
     );
-    assert_eq!(
-        fs::read(&slot).unwrap(),
-        slot_before,
-        "rank 1's slot must stay untouched"
+    // The only write: why it was refused, in its still-vacant placeholder, where rank 0
+    // reads; everything else about the slot is as rank 0 wrote it.
+    let mut slot_now = read_json(&slot);
+    assert_eq!(slot_now["state"], "vacant");
+    let why = slot_now["refused"].as_str().unwrap_or_default().to_string();
+    assert!(
+        why.starts_with("rank 1 was refused: cluster.eval-interval differs (rank 0 has 3, rank 1 has 5)"),
+        "{slot_now}"
     );
-    assert_eq!(read_json(&slot)["state"], "vacant");
+    let mut was: serde_json::Value = serde_json::from_slice(&slot_before).unwrap();
+    for v in [&mut slot_now, &mut was] {
+        let o = v.as_object_mut().unwrap();
+        o.remove("refused");
+        o.remove("wall");
+    }
+    assert_eq!(slot_now, was, "rank 1's slot must otherwise stay untouched");
     assert!(!state.join("events/rank-1.jsonl").exists());
 
-    // Rank 0 is still waiting for its worker, unaware of the refused one.
+    // Rank 0 is still waiting for its worker, and says why rank 1 did not join.
+    wait_until(LIMIT, "rank 0 to report the refusal", || {
+        master.stderr().contains(&why)
+    });
     assert!(
         master.child.try_wait().unwrap().is_none(),
         "{}",

@@ -163,6 +163,19 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
     let layout =
         Layout::new(cfg.log_path()).with_naming(cfg.aggregate.naming().expect("validated at load"));
     preflight_log_path(&layout, opts.rank)?;
+    // Node-local input named on this node: discovered now, not by a command hours later.
+    let data = &cfg.cluster.data_path;
+    if !data.is_empty() && std::fs::metadata(data).is_err() {
+        return Err(Stop::usage(
+            format!(
+                "--data-path {data} (cluster.data-path) does not exist on this node ({})",
+                hostname()
+            ),
+            Some(
+                "data-path is node-local: check it exists on every node, or leave it empty".into(),
+            ),
+        ));
+    }
     let tasks = work::TaskSets::load(&cfg)?;
 
     let (tx, rx) = channel();
@@ -227,6 +240,13 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
         node.say(
             "warning: no phase command is configured (phases.*.command and server.command are all empty): every iteration does nothing; set them in --config, e.g. [phases.rollout] command = \"…\"",
         );
+    }
+    if *loaded.source_of("cluster.num-nodes") != crate::config::Source::Default {
+        node.say(&format!(
+            "num-nodes {} (from {})",
+            node.cfg.cluster.num_nodes,
+            loaded.source_of("cluster.num-nodes")
+        ));
     }
     node.say(&format!(
         "rank {} ({}) on {}, pid {}; shared directory {}",
@@ -1658,6 +1678,56 @@ fn preflight_log_path(layout: &Layout, rank: u32) -> Result<(), Stop> {
     let root = layout.root();
     let hint =
         Some("pass a --log-path on the shared filesystem that this user can write".to_string());
+    // Inside another run's own directories, this run would mix its files into that one's
+    // (and a --fresh there would move this run away): refuse.
+    for dir in root.ancestors() {
+        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
+        let parent = dir.parent();
+        let owner = parent
+            .filter(|p| p.join(".rl-node").is_dir() || p.join(".rl-node/cluster.json").exists());
+        if let (Some(name), Some(owner)) = (name, owner) {
+            if [
+                ".rl-node",
+                "rollouts",
+                "models",
+                "train",
+                "logs",
+                "previous-runs",
+            ]
+            .contains(&name.as_str())
+            {
+                return Err(Stop::usage(
+                    format!(
+                        "--log-path {} is inside {}/{name}, a directory of the rl-node run in {}",
+                        root.display(),
+                        owner.display(),
+                        owner.display()
+                    ),
+                    Some(
+                        "use a directory of its own (e.g. a sibling of that run's directory)"
+                            .into(),
+                    ),
+                ));
+            }
+        }
+    }
+    // A dangling symbolic link: say so (creating it would fail with "File exists").
+    if let Ok(m) = std::fs::symlink_metadata(root) {
+        if m.file_type().is_symlink() && std::fs::metadata(root).is_err() {
+            let target = std::fs::read_link(root).unwrap_or_default();
+            return Err(Stop::usage(
+                format!(
+                    "--log-path {} is a symbolic link to {}, which does not exist",
+                    root.display(),
+                    target.display()
+                ),
+                Some(
+                    "create the link's target (e.g. mount the shared filesystem) or fix the link"
+                        .into(),
+                ),
+            ));
+        }
+    }
     match std::fs::metadata(root) {
         Ok(m) if !m.is_dir() => Err(Stop::usage(
             format!("--log-path {} is not a directory", root.display()),

@@ -84,7 +84,17 @@ impl TestCluster {
             .stderr(fs::File::create(&stderr_path).unwrap());
         // Keep the test's own environment from leaking configuration in.
         for (k, _) in std::env::vars() {
-            if k.starts_with("RL_NODE_") || k == "RANK" || k == "NODE_RANK" || k == "SLURM_NODEID" {
+            if k.starts_with("RL_NODE_")
+                || [
+                    "RANK",
+                    "NODE_RANK",
+                    "SLURM_NODEID",
+                    "WORLD_SIZE",
+                    "SLURM_NNODES",
+                    "SLURM_JOB_NUM_NODES",
+                ]
+                .contains(&k.as_str())
+            {
                 cmd.env_remove(k);
             }
         }
