@@ -128,7 +128,9 @@ fn a_worker_with_a_different_configuration_is_refused_and_writes_nothing() {
     assert_eq!(slot_now["state"], "vacant");
     let why = slot_now["refused"].as_str().unwrap_or_default().to_string();
     assert!(
-        why.starts_with("rank 1 was refused: cluster.eval-interval differs (rank 0 has 3, rank 1 has 5)"),
+        why.starts_with(
+            "rank 1 was refused: cluster.eval-interval differs (rank 0 has 3, rank 1 has 5)"
+        ),
         "{slot_now}"
     );
     let mut was: serde_json::Value = serde_json::from_slice(&slot_before).unwrap();

@@ -105,3 +105,22 @@ fn status_of_a_cluster_with_one_node_killed_says_stalled_and_names_it() {
     nodes[0].signal(libc::SIGTERM);
     nodes[0].wait(LIMIT);
 }
+
+#[test]
+fn recover_on_a_completed_run_says_it_is_complete() {
+    let c = TestCluster::new(1, "[phases.rollout]\ncommand = \"echo '{}' > {output}\"\n");
+    let mut n = c.spawn(0, &["--iterations", "2"]);
+    assert_eq!(n.wait(LIMIT), 0, "{}", n.stderr());
+    let out = Command::new(BIN)
+        .args(["recover", "--log-path"])
+        .arg(&c.log_path)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("the run is complete: all 2 planned iteration(s) are done on every rank"),
+        "{text}"
+    );
+    assert!(!text.contains("a restart resumes"), "{text}");
+}

@@ -141,6 +141,10 @@ pub struct Report {
     pub ranks: Vec<RankState>,
     pub incomplete_files: Vec<String>,
     pub latest_model: Option<String>,
+    /// The run's planned last iteration (`--iterations`; 0: until stopped).
+    pub planned_iterations: u64,
+    /// Every planned iteration is complete on every rank: a restart has nothing to do.
+    pub complete: bool,
 }
 
 struct Run {
@@ -289,6 +293,11 @@ fn report(run: &Run) -> Report {
         training_redone_everywhere: !resume.train_done,
         ranks,
         incomplete_files: incomplete_files(l),
+        planned_iterations: c.config["cluster"]["iterations"].as_u64().unwrap_or(0),
+        complete: {
+            let planned = c.config["cluster"]["iterations"].as_u64().unwrap_or(0);
+            planned > 0 && it > planned
+        },
         latest_model: crate::checkpoint::latest_named(&l.models()).map(|p| p.display().to_string()),
     }
 }
@@ -361,6 +370,13 @@ fn render(r: &Report) -> String {
             k.last_work.as_deref().unwrap_or("-"),
             k.process
         ));
+    }
+    if r.complete {
+        s.push_str(&format!(
+            "\nthe run is complete: all {} planned iteration(s) are done on every rank; a restart with the same --iterations has nothing to do (a larger --iterations extends the run)\n",
+            r.planned_iterations
+        ));
+        return s;
     }
     s.push_str(&format!(
         "\na restart resumes at iteration {}:\n",
