@@ -71,7 +71,8 @@ fn server_restarts_on_each_published_checkpoint() {
     for n in &mut nodes {
         assert_eq!(n.wait(LIMIT), 0, "rank {}:\n{}", n.rank, n.stderr());
     }
-    // Started three times per node: on the initial model, then on each hand-off.
+    // Started twice per node: on the initial model, then on iteration 1's hand-off; not
+    // after the last iteration, whose server would only be stopped again.
     let log = |it: u32, r: u32| {
         fs::read_to_string(
             c.log_path
@@ -86,7 +87,7 @@ fn server_restarts_on_each_published_checkpoint() {
             log(0, r)
         );
         assert!(log(1, r).contains("models/iter-0001"), "{}", log(1, r));
-        assert!(log(2, r).contains("models/iter-0002"), "{}", log(2, r));
+        assert!(!log(2, r).contains("models/iter-0002"), "{}", log(2, r));
     }
     let models = c.log_path.join("models");
     assert_eq!(
@@ -286,4 +287,15 @@ fn a_crash_in_the_middle_of_the_handoff_leaves_a_valid_model_that_the_server_sta
             latest.display()
         );
     }
+}
+
+#[test]
+fn the_last_iteration_does_not_restart_the_server_only_to_stop_it() {
+    let c = TestCluster::new(1, &format!("{}{TRAIN}", server_toml("0")));
+    let (mut nodes, _) = spawn_with_ports(&c, &["--iterations", "2"]);
+    assert_eq!(nodes[0].wait(LIMIT), 0, "{}", nodes[0].stderr());
+    let err = nodes[0].stderr();
+    // Started at the beginning and after iteration 1's hand-off; not after iteration 2's.
+    assert_eq!(err.matches("server starting on").count(), 2, "{err}");
+    assert!(err.contains("last iteration: the server is not restarted"), "{err}");
 }

@@ -967,7 +967,19 @@ impl Node {
                 }
             }
             Phase::StopServer => self.stop_server()?,
-            Phase::RestartServer => self.start_server()?,
+            Phase::RestartServer => {
+                // After the last planned iteration the node stops the server at once:
+                // starting it on the new checkpoint only to stop it would waste minutes
+                // of a real model's load time.
+                let last = self.cfg.cluster.iterations;
+                if last > 0 && self.iteration >= last {
+                    if !self.cfg.server.command.trim().is_empty() {
+                        self.say("last iteration: the server is not restarted");
+                    }
+                } else {
+                    self.start_server()?
+                }
+            }
             Phase::PrepareData => {
                 if self.is_master() && cfg.phases.prepare.is_set() {
                     self.once(journal::item::PREPARE, |n| n.prepare(&cfg.phases.prepare))?;
