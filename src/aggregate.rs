@@ -70,6 +70,12 @@ const TICK_BYTES: u64 = 16 << 20;
     after_help = "Shard format and names come from the [aggregate] section of --config (or --format): jsonl, safetensors, torch or command; see docs/formats.md.\n\nExit codes: 0 merged (every rank complete, or --allow-missing), 1 a rank is missing or partial, or a shard unreadable, without --allow-missing, ranks disagree on tensors, a committed JSONL shard is corrupt or the merge command failed (nothing published), 2 usage or configuration error."
 )]
 pub struct AggregateArgs {
+    /// The run's shared directory.
+    #[arg(long, value_name = "DIR")]
+    pub log_path: Option<String>,
+    /// The run's configuration file, for its `[aggregate]` settings (shard names, format).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Iteration to merge (1, 2, …).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub iteration: u64,

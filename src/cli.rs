@@ -13,7 +13,7 @@ use std::path::PathBuf;
     name = "rl-node",
     version,
     about = "Run one node of a multi-node RL loop (rollout, aggregation, eval, training, hand-off) over a shared directory",
-    after_help = "Exit codes: 0 done, 1 this node failed, 2 usage or configuration error, 3 another node failed or died, 4 a deadline passed, 130/143 interrupted by SIGINT/SIGTERM."
+    after_help = "Exit codes: 0 done, 1 this node failed, 2 usage or configuration error, 3 another node failed or died, 4 a deadline passed, 75 stopped gracefully for a time limit (SIGUSR1/SIGUSR2; restart to resume), 129/130/143 interrupted by SIGHUP/SIGINT/SIGTERM."
 )]
 pub struct Cli {
     #[command(flatten)]
@@ -45,34 +45,34 @@ struct NodeArgs {
 #[derive(Args, Debug, Default)]
 struct Settings {
     /// TOML configuration file.
-    #[arg(long, value_name = "FILE", global = true)]
+    #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Shared directory for flags, logs, trajectories and checkpoints.
-    #[arg(long, value_name = "DIR", global = true)]
+    #[arg(long, value_name = "DIR")]
     log_path: Option<String>,
     /// Input data directory ({data_path}).
-    #[arg(long, value_name = "DIR", global = true)]
+    #[arg(long, value_name = "DIR")]
     data_path: Option<String>,
     /// Number of nodes in the cluster.
-    #[arg(long, value_name = "N", global = true)]
+    #[arg(long, value_name = "N")]
     num_nodes: Option<String>,
     /// Rollout weight of each rank, e.g. 2,1,1.
-    #[arg(long, value_name = "LIST", global = true, allow_hyphen_values = true)]
+    #[arg(long, value_name = "LIST", allow_hyphen_values = true)]
     rank_weights: Option<String>,
     /// Which part of the iteration to run.
-    #[arg(long, value_name = "PHASE", global = true, value_parser = ["both", "rollout", "update"])]
+    #[arg(long, value_name = "PHASE", value_parser = ["both", "rollout", "update"])]
     rl_phase: Option<String>,
     /// Run eval on iterations 1, 1+K, 1+2K, … (0: never).
-    #[arg(long, value_name = "K", global = true)]
+    #[arg(long, value_name = "K")]
     eval_interval: Option<String>,
     /// With --rl-phase rollout: only the train or only the eval rollout.
-    #[arg(long, value_name = "SPLIT", global = true, value_parser = ["train-only", "eval-only"])]
+    #[arg(long, value_name = "SPLIT", value_parser = ["train-only", "eval-only"])]
     rollout_split: Option<String>,
     /// Stop cleanly once iteration N is complete (default: run until stopped).
-    #[arg(long, value_name = "N", global = true)]
+    #[arg(long, value_name = "N")]
     iterations: Option<String>,
     /// Port of torchrun's rendezvous on rank 0 (MASTER_PORT).
-    #[arg(long, value_name = "PORT", global = true)]
+    #[arg(long, value_name = "PORT")]
     master_port: Option<String>,
 }
 
@@ -83,9 +83,12 @@ enum Command {
         /// Print JSON for scripts.
         #[arg(long)]
         json: bool,
+        /// The run's shared directory.
+        #[arg(long, value_name = "DIR")]
+        log_path: Option<String>,
     },
     /// Print the effective configuration and where each value came from.
-    ShowConfig,
+    ShowConfig(Settings),
     /// Merge whatever rank output of an iteration survived (committed shards, else partial
     /// files) into one file with a manifest.
     Aggregate(crate::aggregate::AggregateArgs),
@@ -134,32 +137,6 @@ impl Settings {
         add("--iterations", "cluster.iterations", &self.iterations);
         add("--master-port", "cluster.master-port", &self.master_port);
         v
-    }
-
-    /// The node flags `rl-node demo` honours; the others configure a node the demo writes
-    /// its own configuration for, so they are refused.
-    fn demo_globals(&self) -> Result<crate::demo::Globals, String> {
-        if self.num_nodes.is_some() {
-            return Err("the demo takes --nodes N, not --num-nodes".into());
-        }
-        let others = [
-            ("--config", self.config.is_some()),
-            ("--log-path", self.log_path.is_some()),
-            ("--data-path", self.data_path.is_some()),
-            ("--rl-phase", self.rl_phase.is_some()),
-            ("--rollout-split", self.rollout_split.is_some()),
-            ("--master-port", self.master_port.is_some()),
-        ];
-        if let Some((flag, _)) = others.iter().find(|(_, set)| *set) {
-            return Err(format!(
-                "the demo does not take {flag}: it writes its own configuration and directory (see --dir)"
-            ));
-        }
-        Ok(crate::demo::Globals {
-            iterations: self.iterations.clone(),
-            eval_interval: self.eval_interval.clone(),
-            rank_weights: self.rank_weights.clone(),
-        })
     }
 
     fn load(&self) -> Result<config::Loaded, ConfigError> {
@@ -235,7 +212,26 @@ fn config_error(e: ConfigError) -> i32 {
     exit::USAGE
 }
 
+/// What plain `rl-node` (no arguments) prints: the common commands, not an error about a
+/// missing rank.
+const SUMMARY: &str = "\
+rl-node: run one node of a multi-node RL loop over a shared directory
+
+  rl-node --master   --config rl.toml --log-path /nfs/exp1 --num-nodes 3   rank 0
+  rl-node --worker N --config rl.toml --log-path /nfs/exp1 --num-nodes 3   rank N
+  rl-node demo                             watch 3 nodes learn a toy task on this machine
+  rl-node status  --log-path DIR           what every rank is doing (or did)
+  rl-node recover --log-path DIR           where a stopped run stands, and repairs
+  rl-node aggregate --log-path DIR --iteration N --split train   merge what survived
+  rl-node show-config [--config FILE]      the effective configuration and its sources
+
+rl-node --help lists every option; the README has the details.";
+
 pub fn main() -> i32 {
+    if std::env::args_os().len() == 1 {
+        crate::errln!("{SUMMARY}");
+        return exit::USAGE;
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -249,23 +245,24 @@ pub fn main() -> i32 {
     };
     match cli.command {
         Some(Command::Guard { nonce }) => node::procs::guardian_main(nonce.as_deref()),
-        Some(Command::Aggregate(args)) => crate::aggregate::main(
-            args,
-            cli.settings.log_path.clone(),
-            cli.settings.config.clone(),
-        ),
-        Some(Command::Recover(args)) => {
-            crate::observe::recover::main(args, cli.settings.log_path.clone())
+        Some(Command::Aggregate(args)) => {
+            let (log_path, config) = (args.log_path.clone(), args.config.clone());
+            crate::aggregate::main(args, log_path, config)
         }
-        Some(Command::Demo(args)) => match cli.settings.demo_globals() {
-            Ok(g) => crate::demo::demo_main(args, g),
-            Err(msg) => {
-                crate::errln!("error: demo: {msg}");
-                exit::USAGE
-            }
-        },
+        Some(Command::Recover(args)) => {
+            let log_path = args.log_path.clone();
+            crate::observe::recover::main(args, log_path)
+        }
+        Some(Command::Demo(args)) => {
+            let g = crate::demo::Globals {
+                iterations: args.iterations.clone(),
+                eval_interval: args.eval_interval.clone(),
+                rank_weights: args.rank_weights.clone(),
+            };
+            crate::demo::demo_main(args, g)
+        }
         Some(Command::Toy(args)) => crate::demo::toy_main(args),
-        Some(Command::ShowConfig) => match cli.settings.load() {
+        Some(Command::ShowConfig(settings)) => match settings.load() {
             Ok(l) => {
                 crate::out!(
                     "# effective rl-node configuration (fingerprint {})\n{}",
@@ -276,12 +273,9 @@ pub fn main() -> i32 {
             }
             Err(e) => config_error(e),
         },
-        Some(Command::Status { json }) => {
-            let Some(path) = cli
-                .settings
-                .log_path
-                .clone()
-                .or_else(|| std::env::var(config::env_name("cluster.log-path")).ok())
+        Some(Command::Status { json, log_path }) => {
+            let Some(path) =
+                log_path.or_else(|| std::env::var(config::env_name("cluster.log-path")).ok())
             else {
                 crate::errln!("error: rl-node status needs --log-path DIR");
                 return exit::USAGE;

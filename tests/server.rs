@@ -297,5 +297,8 @@ fn the_last_iteration_does_not_restart_the_server_only_to_stop_it() {
     let err = nodes[0].stderr();
     // Started at the beginning and after iteration 1's hand-off; not after iteration 2's.
     assert_eq!(err.matches("server starting on").count(), 2, "{err}");
-    assert!(err.contains("last iteration: the server is not restarted"), "{err}");
+    assert!(
+        err.contains("last iteration: the server is not restarted"),
+        "{err}"
+    );
 }

@@ -17,14 +17,19 @@ use std::path::PathBuf;
 pub use progress::{iteration_report, IterationReport};
 
 #[derive(Args, Debug)]
-#[command(
-    after_help = "Also takes --iterations K (default 8), --eval-interval K (default 2: eval on \
-iterations 1, 3, 5, …) and --rank-weights LIST (default 2,1,1,… : rank 0 rolls out twice the share)."
-)]
 pub struct DemoArgs {
     /// Number of nodes to start on this machine.
     #[arg(long, value_name = "N", default_value_t = 3)]
     pub nodes: u32,
+    /// Iterations to run [default: 8].
+    #[arg(long, value_name = "K")]
+    pub iterations: Option<String>,
+    /// Eval on iterations 1, 1+K, 1+2K, … [default: 2].
+    #[arg(long, value_name = "K")]
+    pub eval_interval: Option<String>,
+    /// Rollout weight of each rank, e.g. 2,1,1 [default: rank 0 twice the others].
+    #[arg(long, value_name = "LIST", allow_hyphen_values = true)]
+    pub rank_weights: Option<String>,
     /// Directory for the run (config, shared directory, node logs); default: a fresh
     /// temporary directory, kept and printed. Must be empty or absent.
     #[arg(long, value_name = "PATH")]

@@ -15,6 +15,9 @@ use std::time::{Duration, Instant};
 
 #[derive(clap::Args, Debug)]
 pub struct RecoverArgs {
+    /// The run's shared directory.
+    #[arg(long, value_name = "DIR")]
+    pub log_path: Option<String>,
     /// Set iteration N aside (its trajectories, training output, logs, hand-off and journal
     /// entries, moved under previous-runs/), so a restart redoes it from scratch.
     #[arg(long, value_name = "N")]

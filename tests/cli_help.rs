@@ -1,0 +1,62 @@
+//! Each subcommand's `--help` lists only the options it accepts, and plain `rl-node`
+//! prints a short summary of the common commands.
+
+mod common;
+
+use common::cluster::BIN;
+use std::process::Command;
+
+fn help(args: &[&str]) -> String {
+    let out = Command::new(BIN).args(args).arg("--help").output().unwrap();
+    assert!(out.status.success());
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn subcommand_help_lists_only_what_the_subcommand_accepts() {
+    let node_only = [
+        "--num-nodes",
+        "--rl-phase",
+        "--master-port",
+        "--rollout-split",
+        "--data-path",
+    ];
+    for cmd in ["status", "recover", "aggregate", "demo"] {
+        let text = help(&[cmd]);
+        for flag in node_only {
+            assert!(
+                !text.contains(flag),
+                "`rl-node {cmd} --help` lists {flag}:\n{text}"
+            );
+        }
+    }
+    assert!(help(&["status"]).contains("--log-path"));
+    assert!(help(&["demo"]).contains("--iterations"));
+    // And what a subcommand does not list, it refuses (exit 2), instead of ignoring.
+    let out = Command::new(BIN)
+        .args(["status", "--num-nodes", "3"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    // The node flags are where they apply.
+    let text = help(&[]);
+    for flag in node_only.iter().chain(&["--master", "--worker", "--fresh"]) {
+        assert!(text.contains(flag), "{flag}:\n{text}");
+    }
+}
+
+#[test]
+fn plain_rl_node_prints_a_short_summary_of_the_common_commands() {
+    let out = Command::new(BIN).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for cmd in [
+        "rl-node --master",
+        "rl-node --worker N",
+        "rl-node demo",
+        "rl-node status",
+        "rl-node recover",
+    ] {
+        assert!(err.contains(cmd), "{err}");
+    }
+}
