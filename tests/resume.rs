@@ -179,17 +179,30 @@ impl Cluster {
             expected_iteration(n, ITERATIONS),
             "{context}"
         );
-        // Every node's last server start was on that model.
+        // Every node's last server start was on the newest model published before it (the
+        // last iteration does not restart the server only to stop it): that of iteration
+        // ITERATIONS - 1, or the last one when a restart began by serving it.
         for r in 0..n {
-            let log = fs::read_to_string(
-                self.c
-                    .log_path
-                    .join(format!("logs/iter-{:04}/rank-{r}.server.log", ITERATIONS)),
-            )
-            .unwrap_or_default();
+            let last_log = (0..=ITERATIONS)
+                .rev()
+                .map(|it| {
+                    self.c
+                        .log_path
+                        .join(format!("logs/iter-{it:04}/rank-{r}.server.log"))
+                })
+                .find(|p| p.exists())
+                .unwrap_or_else(|| panic!("{context}: rank {r} never started its server"));
+            let log = fs::read_to_string(&last_log).unwrap();
+            let served = log
+                .rsplit("models/iter-")
+                .next()
+                .and_then(|t| t.get(..4))
+                .and_then(|t| t.parse::<u64>().ok())
+                .unwrap_or(0);
             assert!(
-                log.contains(&latest.display().to_string()),
-                "{context}: rank {r} server log: {log}"
+                served + 1 >= ITERATIONS,
+                "{context}: rank {r}'s last server start ({}) was on iteration {served}'s model: {log}",
+                last_log.display()
             );
         }
     }

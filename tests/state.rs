@@ -513,7 +513,12 @@ fn a_torn_last_line_is_tolerated_reported_and_set_aside_so_the_next_entry_starts
         out.contains("history.jsonl ends with an unfinished line"),
         "{out}"
     );
-    assert!(out.contains("a restart resumes at iteration 3"), "{out}");
+    // The run was started with --iterations 2, so it is complete (a larger --iterations
+    // extends it, as below).
+    assert!(
+        out.contains("the run is complete: all 2 planned iteration(s) are done"),
+        "{out}"
+    );
     assert_unchanged(&before, &snapshot(&c.log_path), &out);
 
     let errs = run(&c, 3, &[]);
