@@ -97,6 +97,14 @@ enum Command {
     Recover(crate::observe::recover::RecoverArgs),
     /// Run a small cluster on this machine with a built-in toy RL workload and watch it learn.
     Demo(crate::demo::DemoArgs),
+    /// Print a shell completion script, e.g. `rl-node completions bash > /etc/bash_completion.d/rl-node`.
+    Completions {
+        /// The shell to complete for.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff), e.g. `rl-node man > /usr/local/share/man/man1/rl-node.1`.
+    Man,
     /// The demo's toy workload (inference server, rollout, training, eval).
     #[command(name = "__toy", hide = true)]
     Toy(crate::demo::ToyArgs),
@@ -262,6 +270,27 @@ pub fn main() -> i32 {
             crate::demo::demo_main(args, g)
         }
         Some(Command::Toy(args)) => crate::demo::toy_main(args),
+        Some(Command::Completions { shell }) => {
+            use clap::CommandFactory;
+            let mut buf = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "rl-node", &mut buf);
+            crate::out!("{}", String::from_utf8_lossy(&buf));
+            exit::DONE
+        }
+        Some(Command::Man) => {
+            use clap::CommandFactory;
+            let mut buf = Vec::new();
+            match clap_mangen::Man::new(Cli::command()).render(&mut buf) {
+                Ok(()) => {
+                    crate::out!("{}", String::from_utf8_lossy(&buf));
+                    exit::DONE
+                }
+                Err(e) => {
+                    crate::errln!("error: cannot render the man page: {e}");
+                    exit::FAILED
+                }
+            }
+        }
         Some(Command::ShowConfig(settings)) => match settings.load() {
             Ok(l) => {
                 crate::out!(
