@@ -64,14 +64,23 @@ fn plain_rl_node_prints_a_short_summary_of_the_common_commands() {
 #[test]
 fn completions_and_a_man_page_are_generated_from_the_command_line_definition() {
     for shell in ["bash", "zsh", "fish"] {
-        let out = Command::new(BIN).args(["completions", shell]).output().unwrap();
+        let out = Command::new(BIN)
+            .args(["completions", shell])
+            .output()
+            .unwrap();
         assert!(out.status.success(), "{shell}");
         let text = String::from_utf8_lossy(&out.stdout);
         // bash and zsh spell options `--master`, fish `-l master`.
-        assert!(text.contains("master") && text.contains("recover"), "{shell}:\n{text}");
+        assert!(
+            text.contains("master") && text.contains("recover"),
+            "{shell}:\n{text}"
+        );
     }
     let out = Command::new(BIN).arg("man").output().unwrap();
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains(".TH rl-node 1") && text.contains("\\-\\-worker"), "{text}");
+    assert!(
+        text.contains(".TH rl-node 1") && text.contains("\\-\\-worker"),
+        "{text}"
+    );
 }

@@ -162,3 +162,31 @@ fn num_nodes_defaults_from_the_launchers_variables_and_says_so() {
         master.stderr()
     );
 }
+
+#[test]
+fn a_placeholder_without_a_value_in_this_mode_or_case_is_refused_naming_the_key() {
+    let c = TestCluster::new(
+        1,
+        "[phases.rollout]\ncommand = \"run --task {task_id} --out {output}\"\n",
+    );
+    refused(
+        &c,
+        &[],
+        &[],
+        &[
+            "phases.rollout.command",
+            "{task_id} has a value only in rollout and eval commands with work.mode = \"per-task\"",
+            "work.mode is \"per-rank\"",
+        ],
+    );
+    let c = TestCluster::new(1, "[phases.train]\ncommand = \"train --rank {RANK}\"\n");
+    refused(
+        &c,
+        &[],
+        &[],
+        &[
+            "phases.train.command",
+            "`{RANK}`: placeholders are lower-case; did you mean `{rank}`?",
+        ],
+    );
+}

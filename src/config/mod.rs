@@ -610,7 +610,32 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
         ("handoff", &c.phases.handoff.as_phase()),
     ] {
         let key = format!("phases.{name}.command");
-        Template::parse(&p.command).map_err(|e| l.invalid(&key, e.to_string()))?;
+        let t = Template::parse(&p.command).map_err(|e| l.invalid(&key, e.to_string()))?;
+        // A placeholder with no value in this mode or phase would become an empty string.
+        for used in t.names() {
+            if template::PER_TASK.contains(&used) {
+                let rollout = name == "rollout" || name == "eval";
+                if !rollout || w.mode != WorkMode::PerTask {
+                    return Err(l.invalid(
+                        &key,
+                        format!(
+                            "{{{used}}} has a value only in rollout and eval commands with work.mode = \"per-task\" (one command per task and sample){}",
+                            if rollout {
+                                format!("; work.mode is \"per-rank\" (from {})", l.source_of("work.mode"))
+                            } else {
+                                String::new()
+                            }
+                        ),
+                    ));
+                }
+            }
+            if used == "tasks" && !planned {
+                return Err(l.invalid(
+                    &key,
+                    "{tasks} (this rank's task file) needs task files: set tasks.train (and tasks.eval)",
+                ));
+            }
+        }
     }
     crate::checkpoint::check_pick_pattern(&c.phases.handoff.pick)
         .map_err(|e| l.invalid("phases.handoff.pick", e))?;

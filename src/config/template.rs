@@ -105,7 +105,12 @@ pub enum TemplateError {
     Unknown { name: String, known: String },
     #[error("unclosed `{{` at byte {at}; write `{{{{` for a literal brace")]
     Unclosed { at: usize },
+    #[error("`{{{name}}}`: placeholders are lower-case; did you mean `{{{lower}}}`?")]
+    UpperCase { name: String, lower: String },
 }
+
+/// Placeholders that have a value only for one item of a per-task rollout.
+pub const PER_TASK: &[&str] = &["task_id", "task_json", "sample", "sample_seed", "state"];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Piece {
@@ -119,6 +124,17 @@ pub struct Template {
 }
 
 impl Template {
+    /// The placeholders the template uses.
+    pub fn names(&self) -> Vec<&str> {
+        self.pieces
+            .iter()
+            .filter_map(|p| match p {
+                Piece::Var(n) => Some(n.as_str()),
+                Piece::Text(_) => None,
+            })
+            .collect()
+    }
+
     pub fn parse(text: &str) -> Result<Template, TemplateError> {
         let mut pieces = Vec::new();
         let mut lit = String::new();
@@ -139,6 +155,21 @@ impl Template {
             let after_dollar = i > 0 && b[i - 1] == b'$';
             if c == b'{' && !after_dollar {
                 let rest = &text[i + 1..];
+                // `{RANK}` is not shell syntax either: a placeholder in the wrong case.
+                if let Some(e) = rest.find('}') {
+                    let name = &rest[..e];
+                    let lower = name.to_ascii_lowercase();
+                    if !name.is_empty()
+                        && name != lower
+                        && name.chars().all(|ch| ch.is_ascii_alphabetic() || ch == '_')
+                        && PLACEHOLDERS.iter().any(|(n, _, _)| *n == lower)
+                    {
+                        return Err(TemplateError::UpperCase {
+                            name: name.to_string(),
+                            lower,
+                        });
+                    }
+                }
                 let end = rest.find('}');
                 let name_len = rest
                     .find(|ch: char| !(ch.is_ascii_lowercase() || ch == '_'))
