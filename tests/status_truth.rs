@@ -124,3 +124,41 @@ fn recover_on_a_completed_run_says_it_is_complete() {
     );
     assert!(!text.contains("a restart resumes"), "{text}");
 }
+
+#[test]
+fn recover_lists_only_the_work_this_run_has() {
+    // Only a rollout command: no prepare, training or hand-off to redo.
+    let c = TestCluster::new(1, "[phases.rollout]\ncommand = \"echo '{}' > {output}\"\n");
+    std::fs::create_dir_all(&c.log_path).unwrap();
+    let mut n = c.spawn_env(
+        0,
+        &c.log_path,
+        &["--iterations", "3"],
+        &[("RL_NODE_TEST_HOLD_AT", "train-rollout@2".to_string())],
+    );
+    wait_until(LIMIT, "rank 0 to hold in iteration 2", || {
+        n.stderr().contains("RL_NODE_TEST_HOLD_AT")
+    });
+    n.signal(libc::SIGKILL);
+    n.wait(LIMIT);
+    let out = Command::new(BIN)
+        .args(["recover", "--log-path"])
+        .arg(&c.log_path)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("a restart resumes at iteration 2"), "{text}");
+    assert!(
+        text.contains("redoes [rollout-train, aggregate-train]"),
+        "{text}"
+    );
+    for absent in [
+        "prepare",
+        ", train",
+        "handoff",
+        "rollout-eval",
+        "training is all-or-nothing",
+    ] {
+        assert!(!text.contains(absent), "{absent}:\n{text}");
+    }
+}

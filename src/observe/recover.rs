@@ -243,18 +243,35 @@ fn report(run: &Run) -> Report {
             let rec = store::read_json::<RankRecord>(&l.rank_record(c.gen, r))
                 .ok()
                 .flatten();
-            let mut work = vec![item::ROLLOUT_TRAIN];
-            if eval {
+            // Only work this run has: a phase without a command does nothing to redo.
+            let has = |phase: &str| {
+                c.config["phases"][phase]["command"]
+                    .as_str()
+                    .is_some_and(|cmd| !cmd.trim().is_empty())
+            };
+            let (rollout, evals) = (has("rollout"), eval && has("eval"));
+            let mut work = vec![];
+            if rollout {
+                work.push(item::ROLLOUT_TRAIN);
+            }
+            if evals {
                 work.push(item::ROLLOUT_EVAL);
             }
             if r == 0 {
-                work.extend([item::AGGREGATE_TRAIN, item::PREPARE]);
-                if eval {
+                if rollout || has("aggregate") {
+                    work.push(item::AGGREGATE_TRAIN);
+                }
+                if has("prepare") {
+                    work.push(item::PREPARE);
+                }
+                if evals {
                     work.push(item::AGGREGATE_EVAL);
                 }
             }
-            work.push(item::TRAIN);
-            if r == 0 {
+            if has("train") {
+                work.push(item::TRAIN);
+            }
+            if r == 0 && (has("train") || has("handoff")) {
                 work.push(item::HANDOFF);
             }
             let (mut reuse, mut redo) = (vec![], vec![]);
@@ -293,7 +310,10 @@ fn report(run: &Run) -> Report {
         run_id: c.run_id.clone(),
         gen: c.gen,
         resume_iteration: it,
-        training_redone_everywhere: !resume.train_done,
+        training_redone_everywhere: !resume.train_done
+            && c.config["phases"]["train"]["command"]
+                .as_str()
+                .is_some_and(|cmd| !cmd.trim().is_empty()),
         ranks,
         incomplete_files: incomplete_files(l),
         planned_iterations: c.config["cluster"]["iterations"].as_u64().unwrap_or(0),
