@@ -200,6 +200,14 @@ fn resolve_rank(args: &NodeArgs) -> Result<(u32, String), Stop> {
 }
 
 fn print_stop(prefix: &str, s: &Stop) {
+    if s.code == exit::DONE {
+        // Not an error: e.g. a restart of a run that is already complete.
+        crate::errln!("{prefix}{}", s.message);
+        if let Some(h) = &s.hint {
+            crate::errln!("hint: {h}");
+        }
+        return;
+    }
     crate::errln!("error: {prefix}{}", s.message);
     if let Some(d) = &s.detail {
         crate::errln!("  last lines of the log:");

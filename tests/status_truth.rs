@@ -162,3 +162,31 @@ fn recover_lists_only_the_work_this_run_has() {
         assert!(!text.contains(absent), "{absent}:\n{text}");
     }
 }
+
+#[test]
+fn restarting_a_completed_run_starts_no_empty_generation() {
+    let c = TestCluster::new(2, "[phases.rollout]\ncommand = \"echo '{}' > {output}\"\n");
+    let mut first = c.spawn_all(&["--iterations", "2"]);
+    for n in first.iter_mut() {
+        assert_eq!(n.wait(LIMIT), 0, "{}", n.stderr());
+    }
+    let history = || std::fs::read_to_string(c.log_path.join(".rl-node/history.jsonl")).unwrap();
+    let before = history();
+    // The same commands again: both ranks say there is nothing to do and exit 0 at once.
+    let mut again = c.spawn_all(&["--iterations", "2"]);
+    for n in again.iter_mut() {
+        assert_eq!(n.wait(LIMIT), 0, "{}", n.stderr());
+        assert!(
+            n.stderr().contains("already completed iteration 2"),
+            "{}",
+            n.stderr()
+        );
+        assert!(!n.stderr().contains("error"), "{}", n.stderr());
+    }
+    assert_eq!(history(), before, "no new generation");
+    let (_, text) = status(&c.log_path, false);
+    assert!(
+        text.contains("generation 1") && text.contains("state: completed"),
+        "{text}"
+    );
+}

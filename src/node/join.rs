@@ -198,11 +198,18 @@ impl Node {
             None => self.resume_point(&run_id),
         };
         if self.cfg.cluster.iterations > 0 && resume.iteration > self.cfg.cluster.iterations {
-            self.say(&format!(
-                "run {run_id} already completed iteration {} (--iterations {}): nothing to do",
-                resume.iteration - 1,
-                self.cfg.cluster.iterations
-            ));
+            // Nothing to do: start no generation (an empty one would make `status` show
+            // iteration 0). Workers see the run complete and exit 0 as well.
+            return Err(Stop {
+                code: exit::DONE,
+                message: format!(
+                    "run {run_id} already completed iteration {} (--iterations {}): nothing to do; no new generation started",
+                    resume.iteration - 1,
+                    self.cfg.cluster.iterations
+                ),
+                hint: Some("a larger --iterations extends the run".into()),
+                detail: None,
+            });
         } else if resume.iteration > 1 {
             self.say(&format!(
                 "resuming run {run_id} at iteration {} (every rank completed iteration {}{})",
@@ -690,6 +697,22 @@ impl Node {
             return Ok(None);
         };
         if r0.state.is_terminal() {
+            let target = self.cfg.cluster.iterations;
+            if target > 0 && c.run_fingerprint == self.cfg.run_fingerprint() {
+                let resume = self.resume_point(&c.run_id);
+                if resume.iteration > target {
+                    return Err(Stop {
+                        code: exit::DONE,
+                        message: format!(
+                            "run {} already completed iteration {} (--iterations {target}): nothing to do",
+                            c.run_id,
+                            resume.iteration - 1
+                        ),
+                        hint: Some("a larger --iterations extends the run".into()),
+                        detail: None,
+                    });
+                }
+            }
             self.say(&format!(
                 "generation {} has ended ({:?}); waiting for rank 0 to start a new one",
                 c.gen, r0.state
