@@ -161,3 +161,81 @@ fn a_one_node_run_without_commands_stops_on_the_first_sigterm_and_warns_at_start
         node.stderr()
     );
 }
+
+/// A fake `nvidia-smi` that reports GPU memory still in use, so a node that stopped its
+/// server waits for the memory to drain (up to gpu-drain-timeout).
+fn busy_gpu(dir: &std::path::Path) -> String {
+    let bin = dir.join("fake-bin");
+    fs::create_dir_all(&bin).unwrap();
+    let smi = bin.join("nvidia-smi");
+    fs::write(&smi, "#!/bin/sh\necho 40000\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&smi, fs::Permissions::from_mode(0o755)).unwrap();
+    format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+#[test]
+fn sigint_and_a_peers_abort_are_honoured_within_a_poll_while_waiting_for_gpu_memory() {
+    for interrupt in ["sigint", "abort"] {
+        let c = TestCluster::new(
+            2,
+            &format!(
+                "[server]\ncommand = \"exec python3 {} {{server_port}} {{model}} 0\"\nstart-timeout = \"20s\"\nstop-grace = \"2s\"\ngpu-drain-mib = 1000\ngpu-drain-timeout = \"5m\"\n[phases.rollout]\ncommand = \"echo '{{}}' > {{output}}\"\n",
+                concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/health_server.py")
+            ),
+        );
+        fs::create_dir_all(&c.log_path).unwrap();
+        let path = busy_gpu(c.dir.path());
+        let nodes: Vec<NodeProc> = (0..2)
+            .map(|r| {
+                c.spawn_env(
+                    r,
+                    &c.log_path,
+                    &["--iterations", "1"],
+                    &[
+                        ("RL_NODE_SERVER_PORT", free_port().to_string()),
+                        ("PATH", path.clone()),
+                    ],
+                )
+            })
+            .collect();
+        let mut nodes = nodes;
+        wait_until(LIMIT, "rank 1 to wait for GPU memory", || {
+            nodes[1]
+                .stderr()
+                .contains("waiting for GPU memory to drain")
+        });
+        let sent = Instant::now();
+        if interrupt == "sigint" {
+            nodes[1].signal(libc::SIGINT);
+            assert_eq!(nodes[1].wait(LIMIT), 130, "{}", nodes[1].stderr());
+        } else {
+            // Rank 0 (also draining) is stopped: its abort must reach rank 1 now.
+            wait_until(LIMIT, "rank 0 to wait for GPU memory", || {
+                nodes[0]
+                    .stderr()
+                    .contains("waiting for GPU memory to drain")
+            });
+            nodes[0].signal(libc::SIGTERM);
+            assert_eq!(nodes[1].wait(LIMIT), 3, "{}", nodes[1].stderr());
+            assert!(
+                nodes[1].stderr().contains("interrupted by SIGTERM"),
+                "{}",
+                nodes[1].stderr()
+            );
+        }
+        assert!(
+            sent.elapsed() < Duration::from_secs(5),
+            "{interrupt}: rank 1 took {:?} (the drain wait is 5 minutes)",
+            sent.elapsed()
+        );
+        for n in nodes.iter_mut() {
+            n.signal(libc::SIGTERM);
+            n.wait(LIMIT);
+        }
+    }
+}

@@ -151,19 +151,24 @@ impl Node {
         let started = Instant::now();
         self.registry.stop(server.pid, self.cfg.server.stop_grace);
         let port = self.cfg.server.port;
+        // Through the node's one wait loop, so a peer's abort or a Ctrl-C is seen within a
+        // poll while the port frees.
         let free_by = Instant::now() + Duration::from_secs(10);
-        while port_in_use(port) {
-            if Instant::now() > free_by {
+        match self.wait_for(free_by, |n| {
+            n.watchdog.pet("waiting for the server port");
+            Ok((!port_in_use(port)).then_some(()))
+        }) {
+            Ok(()) => {}
+            Err(Interrupt::Stop(s)) => return Err(s),
+            Err(Interrupt::Deadline) => {
                 return Err(self.fail(
                     AbortKind::Error,
                     self.rank,
                     None,
                     format!("server port {port} is still in use 10s after the server stopped"),
                     Some(&server.log),
-                ));
+                ))
             }
-            self.watchdog.pet("waiting for the server port");
-            std::thread::sleep(Duration::from_millis(50));
         }
         self.event(
             serde_json::json!({"event": "server-stop", "secs": started.elapsed().as_secs_f64()}),
@@ -179,33 +184,43 @@ impl Node {
         }
         let deadline = Instant::now() + self.cfg.server.gpu_drain_timeout;
         let mut last = Vec::new();
-        loop {
-            let used = match query_gpu_memory() {
-                Some(u) => u,
-                None => return Ok(()), // no nvidia-smi or no GPU: nothing to wait for
+        let mut last_query: Option<Instant> = None;
+        // Through the node's one wait loop (up to gpu-drain-timeout, 5 minutes by
+        // default): a peer's abort or a Ctrl-C is honoured within a poll. nvidia-smi is
+        // asked at most twice a second.
+        let drained = self.wait_for(deadline, |n| {
+            if last_query.is_some_and(|t| t.elapsed() < Duration::from_millis(500)) {
+                return Ok(None);
+            }
+            last_query = Some(Instant::now());
+            n.watchdog.pet("waiting for GPU memory");
+            let Some(used) = query_gpu_memory() else {
+                return Ok(Some(())); // no nvidia-smi or no GPU: nothing to wait for
             };
             if used.iter().all(|m| *m < limit) {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                return Err(self.fail(
-                    AbortKind::Timeout,
-                    self.rank,
-                    None,
-                    format!(
-                        "GPU memory did not drain below {limit} MiB within server.gpu-drain-timeout (in use: {used:?} MiB)"
-                    ),
-                    None,
-                ));
+                return Ok(Some(()));
             }
             if used != last {
-                self.say(&format!(
+                n.say(&format!(
                     "waiting for GPU memory to drain: {used:?} MiB in use"
                 ));
                 last = used;
             }
-            self.watchdog.pet("waiting for GPU memory");
-            std::thread::sleep(Duration::from_millis(500));
+            Ok(None)
+        });
+        match drained {
+            Ok(()) => Ok(()),
+            Err(Interrupt::Stop(s)) => Err(s),
+            Err(Interrupt::Deadline) => Err(self.fail(
+                AbortKind::Timeout,
+                self.rank,
+                None,
+                format!(
+                    "GPU memory did not drain below {limit} MiB within server.gpu-drain-timeout ({}; in use: {last:?} MiB)",
+                    humantime::format_duration(self.cfg.server.gpu_drain_timeout)
+                ),
+                None,
+            )),
         }
     }
 
