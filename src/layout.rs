@@ -169,6 +169,23 @@ impl Layout {
         self.root.join("models")
     }
 
+    /// Captured output of one item (task, sample, attempt) of a per-task rollout: each
+    /// item has its own log, so concurrent items never interleave.
+    pub fn item_log(
+        &self,
+        iteration: u64,
+        rank: u32,
+        phase: &str,
+        item: &str,
+        attempt: u32,
+    ) -> PathBuf {
+        self.root
+            .join("logs")
+            .join(iter_dir(iteration))
+            .join(format!("rank-{rank}.{phase}.items"))
+            .join(format!("{item}.a{attempt}.log"))
+    }
+
     /// Captured output of one phase command of one rank.
     pub fn phase_log(&self, iteration: u64, rank: u32, phase: &str) -> PathBuf {
         self.root

@@ -1092,3 +1092,64 @@ fi"#;
     wait_ok(&mut nodes, "progress");
     assert_eq!(w.merged(1).len(), 4);
 }
+
+#[test]
+fn each_per_task_item_writes_its_own_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let tasks = dir.path().join("tasks.jsonl");
+    fs::write(
+        &tasks,
+        (0..6)
+            .map(|i| format!("{{\"id\": \"t{i}\"}}\n"))
+            .collect::<String>(),
+    )
+    .unwrap();
+    let c = common::cluster::TestCluster::new(
+        1,
+        &format!(
+            "[tasks]\ntrain = \"{}\"\n[work]\nmode = \"per-task\"\nmax-workers = 4\n[phases.rollout]\ncommand = \"for i in 1 2 3; do echo {{task_id}}-line-$i; sleep 0.02; done; echo '{{}}' > {{output}}\"\n",
+            tasks.display()
+        ),
+    );
+    let mut n = c.spawn(0, &["--iterations", "1"]);
+    assert_eq!(
+        n.wait(std::time::Duration::from_secs(60)),
+        0,
+        "{}",
+        n.stderr()
+    );
+    let items = c.log_path.join("logs/iter-0001/rank-0.rollout.items");
+    let mut logs: Vec<_> = fs::read_dir(&items)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    logs.sort();
+    assert_eq!(logs.len(), 6, "{logs:?}");
+    for log in &logs {
+        let text = fs::read_to_string(log).unwrap();
+        let task = text
+            .lines()
+            .find_map(|l| l.strip_suffix("-line-1"))
+            .unwrap_or_else(|| panic!("{}: {text}", log.display()))
+            .to_string();
+        // Only its own lines: concurrent items never interleave.
+        for l in text
+            .lines()
+            .filter(|l| !l.starts_with("###") && l.contains("-line-"))
+        {
+            assert!(
+                l.starts_with(&format!("{task}-line-")),
+                "{}: {text}",
+                log.display()
+            );
+        }
+    }
+    let phase_log =
+        fs::read_to_string(c.log_path.join("logs/iter-0001/rank-0.rollout.log")).unwrap();
+    assert_eq!(
+        phase_log.matches("rank-0.rollout.items/").count(),
+        6,
+        "{phase_log}"
+    );
+}

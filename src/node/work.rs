@@ -357,7 +357,9 @@ impl Node {
             .expect("validated")
             .render(&values);
         let env = super::context::env_for(&values);
-        let log = self.layout.phase_log(self.iteration, self.rank, phase);
+        let log = self
+            .layout
+            .item_log(self.iteration, self.rank, phase, name, attempt);
         let header = format!(
             "rank {} iteration {} {phase} item {name} (task {}, sample {}, attempt {})",
             self.rank,
@@ -365,6 +367,11 @@ impl Node {
             item.task,
             item.sample,
             attempt + 1
+        );
+        // The phase log says where each item's own log is.
+        super::append_log(
+            &self.layout.phase_log(self.iteration, self.rank, phase),
+            &format!("### {header}: log {}\n", log.display()),
         );
         let running = self.spawn_supervised(
             &format!("the {phase} command"),
@@ -550,8 +557,12 @@ impl Node {
                 }
                 other => {
                     tally.failed.push(format!(
-                        "{name} (task {}, sample {}): {other}",
-                        item.task, item.sample
+                        "{name} (task {}, sample {}): {other}, log {}",
+                        item.task,
+                        item.sample,
+                        self.layout
+                            .item_log(self.iteration, self.rank, phase, &name, attempt)
+                            .display()
                     ));
                     self.item_failed(&name, &item.task, other);
                     if self.cfg.work.exact_budget {
@@ -997,7 +1008,13 @@ impl Node {
                     delayed.push((Instant::now() + wait, r.pos, r.attempt + 1));
                 }
                 other => {
-                    failed.push(format!("{name} (task {}): {other}", pool[r.pos].task));
+                    failed.push(format!(
+                        "{name} (task {}): {other}, log {}",
+                        pool[r.pos].task,
+                        self.layout
+                            .item_log(self.iteration, self.rank, phase, &name, r.attempt)
+                            .display()
+                    ));
                     self.item_failed(&name, &pool[r.pos].task, other);
                     // Tell the other ranks not to wait for it.
                     let marker = self.failed_marker(split, r.pos);
