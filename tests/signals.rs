@@ -239,3 +239,27 @@ fn sigint_and_a_peers_abort_are_honoured_within_a_poll_while_waiting_for_gpu_mem
         }
     }
 }
+
+#[test]
+fn sigint_is_honoured_within_a_poll_while_rank_0_merges() {
+    let c = TestCluster::new(
+        1,
+        "[phases.rollout]\ncommand = \"echo x > {output}\"\n[aggregate]\nformat = \"command\"\ncommand = \"sleep 60.75; cat {inputs} > {output}\"\n",
+    );
+    fs::create_dir_all(&c.log_path).unwrap();
+    let mut n = c.spawn(0, &["--iterations", "1"]);
+    wait_until(LIMIT, "the merge command to run", || {
+        !process_alive_with("sleep 60.75").is_empty()
+    });
+    let sent = Instant::now();
+    n.signal(libc::SIGINT);
+    assert_eq!(n.wait(LIMIT), 130, "{}", n.stderr());
+    assert!(
+        sent.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        sent.elapsed()
+    );
+    wait_until(LIMIT, "the merge command to be stopped", || {
+        process_alive_with("sleep 60.75").is_empty()
+    });
+}

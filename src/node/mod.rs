@@ -1246,9 +1246,36 @@ impl Node {
             (Some(self.registry.clone()), self.cfg.timing.kill_grace);
         opts.fence = Some(self.fence_fn());
         let n = self.num_nodes();
-        match crate::aggregate::merge(&self.layout, it, split, n, &opts, &mut || {
-            wd.pet("aggregating shards")
+        // The merge runs on a thread the node's wait loop watches, so a peer's abort or a
+        // Ctrl-C is honoured within a poll even while a large merge (or a merge command)
+        // runs; its own deadline is the merge command's timeout, else none.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (layout, split_owned) = (self.layout.clone(), split.to_string());
+        std::thread::Builder::new()
+            .name("merge".into())
+            .spawn(move || {
+                let r = crate::aggregate::merge(&layout, it, &split_owned, n, &opts, &mut || {
+                    wd.pet("aggregating shards")
+                });
+                let _ = tx.send(r);
+            })
+            .expect("spawn the merge thread");
+        let far = Instant::now() + Duration::from_secs(365 * 24 * 3600);
+        let merged = match self.wait_for(far, |_| match rx.try_recv() {
+            Ok(r) => Ok(Some(r)),
+            Err(std::sync::mpsc::TryRecvError::Empty) => Ok(None),
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                Ok(Some(Err(crate::aggregate::AggregateError::Write {
+                    path: out.clone(),
+                    source: std::io::Error::other("the merge thread panicked"),
+                })))
+            }
         }) {
+            Ok(r) => r,
+            Err(Interrupt::Stop(s)) => return Err(s),
+            Err(Interrupt::Deadline) => unreachable!("no deadline"),
+        };
+        match merged {
             Ok(summary) => {
                 self.event(json!({"event": "aggregate", "split": split, "records": summary.records, "bytes": summary.bytes}));
                 Ok(())
