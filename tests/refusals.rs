@@ -95,8 +95,10 @@ fn stop_all(nodes: &mut [NodeProc]) {
 fn a_worker_with_a_different_configuration_is_refused_and_writes_nothing() {
     let c = TestCluster::new(2, "");
     let mut master = c.spawn(0, &["--num-nodes", "2", "--eval-interval", "3"]);
+    // Rank 0 has finished writing what a start writes (its history line comes last).
     wait_until(LIMIT, "rank 0 to open generation 1", || {
         c.record(0).is_some_and(|r| r["state"] == "joining")
+            && fs::metadata(c.log_path.join(".rl-node/history.jsonl")).is_ok_and(|m| m.len() > 0)
     });
     let state = c.log_path.join(".rl-node");
     let slot = state.join("gen-1/rank-1.json");
