@@ -756,6 +756,9 @@ pub enum AggregateError {
     BadSplit { split: String },
     #[error("the number of ranks must be at least 1")]
     NoRanks,
+    /// The fence refused (`MergeOptions::fence`): this node's generation was replaced.
+    #[error("stopped before publishing: {reason}; nothing was published")]
+    Fenced { reason: String },
 }
 
 impl AggregateError {
@@ -819,6 +822,9 @@ impl AggregateError {
             | AggregateError::NoRanks
             | AggregateError::Unsupported { .. } => {
                 v["kind"] = json!("usage");
+            }
+            AggregateError::Fenced { .. } => {
+                v["kind"] = json!("fenced");
             }
         }
         v
@@ -1022,7 +1028,7 @@ pub fn merge(
             Err(e) => return Err(werr(&mpath)(e)),
         }
         if let Some(fence) = &opts.fence {
-            fence().map_err(|m| werr(&out)(io::Error::other(m)))?;
+            fence().map_err(|reason| AggregateError::Fenced { reason })?;
         }
         std::fs::rename(&tmp, &out).map_err(werr(&out))?;
         crate::store::fsync_dir(&out_dir).map_err(werr(&out_dir))?;
@@ -1389,7 +1395,8 @@ fn adopted_by_command(layout: &Layout, iteration: u64, split: &str, rank: u32) -
         .filter(|n| n.starts_with("adopted"))
 }
 
-/// Generation G of `<partial>.stale-genG` (see `Layout::stale_partial`).
+/// Generation G of `<partial>.stale-genG`: an earlier attempt's partial file set aside
+/// (`Node::set_aside_earlier`; before partials were generation-specific, at this name).
 fn stale_gen_of(name: &str, partial: &str) -> Option<u64> {
     let g = name.strip_prefix(partial)?.strip_prefix(".stale-gen")?;
     g.parse().ok()

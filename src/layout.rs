@@ -83,10 +83,7 @@ impl Layout {
 
     /// The directories a run writes, which `--fresh` moves aside together.
     pub fn run_dirs(&self) -> Vec<PathBuf> {
-        [".rl-node", "rollouts", "logs", "models", "train"]
-            .iter()
-            .map(|d| self.root.join(d))
-            .collect()
+        RUN_DIRS.iter().map(|d| self.root.join(d)).collect()
     }
 
     /// The first-writer-wins abort record of a generation.
@@ -118,14 +115,6 @@ impl Layout {
     /// generation's file, which no newer generation commits.
     pub fn shard_partial_gen(&self, iteration: u64, split: &str, rank: u32, gen: u64) -> PathBuf {
         with_gen(&self.shard_partial(iteration, split, rank), gen)
-    }
-
-    /// Where an earlier attempt's partial shard is set aside in generation `gen`
-    /// (`<partial>.stale-genG`), never merged and never deleted.
-    pub fn stale_partial(&self, iteration: u64, split: &str, rank: u32, gen: u64) -> PathBuf {
-        let mut name = self.shard_partial(iteration, split, rank).into_os_string();
-        name.push(format!(".stale-gen{gen}"));
-        PathBuf::from(name)
     }
 
     /// The iteration's merged trajectories for a split (default
@@ -194,6 +183,9 @@ impl Layout {
             .join(format!("rank-{rank}.{phase}.log"))
     }
 }
+
+/// Names of the directories a run writes under its log path (see [`Layout::run_dirs`]).
+pub const RUN_DIRS: &[&str] = &[".rl-node", "rollouts", "logs", "models", "train"];
 
 /// `path` with `.g{gen}` inserted before the last extension of its file name when that
 /// extension is plain (letters, digits, `_`), else appended: `rank-1.partial.jsonl` →

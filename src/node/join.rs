@@ -336,14 +336,10 @@ impl Node {
             if missing.is_empty() {
                 return Ok(Some(()));
             }
-            // A worker refused at join leaves the reason in its vacant placeholder.
+            // A worker refused at join leaves the reason in its vacant placeholder, which
+            // the poll just read.
             for &r in &missing {
-                let refusal = store::read_json::<RankRecord>(&n.layout.rank_record(gen, r))
-                    .ok()
-                    .flatten()
-                    .filter(|s| s.state == NodeState::Vacant)
-                    .and_then(|s| s.refused);
-                if let Some(why) = refusal {
+                if let Some(why) = n.refused.get(&r).cloned() {
                     if refusals.insert(why.clone()) {
                         n.say(&why);
                         n.event(json!({"event": "refused", "rank": r, "why": why}));

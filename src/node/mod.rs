@@ -114,6 +114,8 @@ pub(crate) struct Node {
     waiting_note: String,
     /// A note for the next journal entry (e.g. that the shard was adopted).
     journal_note: Option<String>,
+    /// Why a process was refused a still-vacant rank, as read from its placeholder.
+    refused: HashMap<u32, String>,
     /// The generation formed (join released): from now on a silent peer is dead.
     formed: bool,
     /// The heartbeat thread's last write error, to report changes once.
@@ -214,6 +216,7 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
         exited: HashMap::new(),
         waiting_note: String::new(),
         journal_note: None,
+        refused: HashMap::new(),
         formed: false,
         write_error: None,
         server: None,
@@ -450,6 +453,10 @@ impl Node {
             let read = store::read_json::<RankRecord>(&path).ok().flatten();
             if let Some(rec) = read.filter(|rec| rec.belongs_to(&run_id, gen, r)) {
                 if rec.state == NodeState::Vacant {
+                    // A process refused this rank left why in the placeholder (join reports it).
+                    if let Some(why) = rec.refused {
+                        self.refused.insert(r, why);
+                    }
                     continue;
                 }
                 if let Some(expected) = self.nonces.get(&r) {
@@ -1280,6 +1287,9 @@ impl Node {
                 self.event(json!({"event": "aggregate", "split": split, "records": summary.records, "bytes": summary.bytes}));
                 Ok(())
             }
+            Err(crate::aggregate::AggregateError::Fenced { reason }) => {
+                Err(self.fenced(&reason, &format!("publish {}", out.display())))
+            }
             Err(e) => Err(self.fail(
                 AbortKind::Error,
                 self.rank,
@@ -1386,9 +1396,9 @@ impl Node {
         self.watchdog.pet("publishing the checkpoint");
         let wd = self.watchdog.clone();
         let started = Instant::now();
-        // Checked again inside, right before the rename and before LATEST.
-        let (layout, gen, run) = (self.layout.clone(), self.gen(), self.run_id().to_string());
-        let mut fence = move || fence_check(&layout, gen, &run);
+        // Checked inside, right before the rename and before LATEST.
+        let fence = self.fence_fn();
+        let mut fence = move || fence();
         match crate::checkpoint::publish(
             &source,
             &self.layout.models(),
@@ -1422,10 +1432,10 @@ impl Node {
                 self.event(json!({"event": "handoff", "model": self.model, "source": source.display().to_string()}));
                 Ok(())
             }
+            Err(crate::checkpoint::PublishError::Fenced { reason, .. }) => {
+                Err(self.fenced(&reason, &format!("publish the checkpoint {name}")))
+            }
             Err(e) => {
-                if let Err(why) = fence_check(&self.layout, self.gen(), self.run_id()) {
-                    return Err(self.fenced(&why, &format!("publish the checkpoint {name}")));
-                }
                 let reason = format!(
                     "publishing {} as {name} failed: {e}; the model stays {}",
                     source.display(),
@@ -1722,19 +1732,9 @@ fn preflight_log_path(layout: &Layout, rank: u32) -> Result<(), Stop> {
     for dir in root.ancestors() {
         let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
         let parent = dir.parent();
-        let owner = parent
-            .filter(|p| p.join(".rl-node").is_dir() || p.join(".rl-node/cluster.json").exists());
+        let owner = parent.filter(|p| p.join(".rl-node").is_dir());
         if let (Some(name), Some(owner)) = (name, owner) {
-            if [
-                ".rl-node",
-                "rollouts",
-                "models",
-                "train",
-                "logs",
-                "previous-runs",
-            ]
-            .contains(&name.as_str())
-            {
+            if crate::layout::RUN_DIRS.contains(&name.as_str()) || name == "previous-runs" {
                 return Err(Stop::usage(
                     format!(
                         "--log-path {} is inside {}/{name}, a directory of the rl-node run in {}",

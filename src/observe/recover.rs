@@ -4,7 +4,6 @@
 //! incomplete files lie around. Read-only unless asked: `--discard-iteration N` sets an
 //! incomplete iteration aside (moved, never deleted) so a restart redoes it from scratch.
 
-use crate::config::{walk_item, RlPhase, RolloutSplit};
 use crate::layout::{iter_dir, Layout};
 use crate::protocol::journal::{self, item, Entry};
 use crate::protocol::{phase::eval_due, ClusterRecord, NodeState, RankRecord};
@@ -161,11 +160,9 @@ struct Run {
 fn load(log_path: &Path) -> Result<Run, String> {
     let layout = Layout::new(log_path);
     let cluster = super::read_cluster(&layout)?;
-    let c = &cluster.config["cluster"];
-    let rl_phase: RlPhase = serde_json::from_value(c["rl-phase"].clone()).unwrap_or(RlPhase::Both);
-    let split: RolloutSplit =
-        serde_json::from_value(c["rollout-split"].clone()).unwrap_or(RolloutSplit::All);
-    let eval_interval = c["eval-interval"].as_u64().unwrap_or(1);
+    let eval_interval = cluster.config["cluster"]["eval-interval"]
+        .as_u64()
+        .unwrap_or(1);
     let journals = (0..cluster.num_nodes)
         .map(|r| {
             std::fs::read_to_string(layout.journal(r))
@@ -178,10 +175,10 @@ fn load(log_path: &Path) -> Result<Run, String> {
         .collect();
     Ok(Run {
         layout,
-        cluster,
         journals,
-        walk: walk_item(rl_phase, split),
+        walk: super::repair::walk_of(&cluster),
         eval_interval,
+        cluster,
     })
 }
 

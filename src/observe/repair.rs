@@ -142,29 +142,13 @@ pub fn diagnose(layout: &Layout) -> Option<(Vec<Problem>, Option<ClusterRecord>)
             repair: Some(Repair::SetAside { path: r0 }),
         });
     }
+    let (history, problem) = lines_problem::<HistoryEntry>(&layout.history(), LinesKind::History);
+    problems.extend(problem);
     let mut journals: Vec<Vec<Entry>> = Vec::new();
-    let mut history: Vec<HistoryEntry> = Vec::new();
-    for (path, kind) in std::iter::once((layout.history(), LinesKind::History))
-        .chain((0..c.num_nodes).map(|r| (layout.journal(r), LinesKind::Journal)))
-    {
-        let (entries, problem) = lines_problem(&path, kind);
-        if let Some(p) = problem {
-            problems.push(p);
-        }
-        match kind {
-            LinesKind::History => {
-                history = entries
-                    .iter()
-                    .filter_map(|v| serde_json::from_value(v.clone()).ok())
-                    .collect()
-            }
-            LinesKind::Journal => journals.push(
-                entries
-                    .iter()
-                    .filter_map(|v| serde_json::from_value(v.clone()).ok())
-                    .collect(),
-            ),
-        }
+    for r in 0..c.num_nodes {
+        let (entries, problem) = lines_problem::<Entry>(&layout.journal(r), LinesKind::Journal);
+        problems.extend(problem);
+        journals.push(entries);
     }
     let walk = walk_of(&c);
     for e in state::lost_journals(layout, &journals, &history, &c.run_id, &walk) {
@@ -229,16 +213,17 @@ fn walk_ends_at_final_sync(c: &ClusterRecord) -> bool {
         == Some(&crate::protocol::phase::Phase::FinalSync)
 }
 
-/// Read a JSON-lines file as values; any unreadable line is a problem.
-fn lines_problem(path: &Path, kind: LinesKind) -> (Vec<serde_json::Value>, Option<Problem>) {
-    let strict = match kind {
-        LinesKind::Journal => state::read_lines::<Entry>(path).map(|l| l.tail),
-        LinesKind::History => state::read_lines::<HistoryEntry>(path).map(|l| l.tail),
-    };
+/// The entries of a JSON-lines file that parse (to judge the rest by), and its problem:
+/// any unreadable line, or a torn last one.
+fn lines_problem<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    kind: LinesKind,
+) -> (Vec<T>, Option<Problem>) {
+    let strict = state::read_lines::<T>(path).map(|l| l.tail);
     let text = std::fs::read(path)
         .map(|b| String::from_utf8_lossy(&b).into_owned())
         .unwrap_or_default();
-    let good: Vec<serde_json::Value> = text
+    let good: Vec<T> = text
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect();
