@@ -137,14 +137,51 @@ pub fn publish_json<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
     publish(path, &bytes)
 }
 
+/// The last resort of a node that can no longer create files (a full disk, a quota):
+/// overwrite the existing file `path` in place with `value` as compact JSON, within the
+/// space the file already has (its length, or the blocks allocated to it), so no new space
+/// is needed on a filesystem that overwrites in place (ext4, xfs, tmpfs, NFS, Lustre; not
+/// copy-on-write ones). A shorter value is padded with spaces. Not atomic: a reader may see
+/// a mix for a moment, which the tolerant readers treat as "not yet". Fails with
+/// `FileTooLarge` when the value does not fit.
+pub fn overwrite_in_place<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    WRITES.fetch_add(1, Ordering::Relaxed);
+    let mut bytes = serde_json::to_vec(value).map_err(io::Error::other)?;
+    let mut f = OpenOptions::new().write(true).open(path)?;
+    let meta = f.metadata()?;
+    let old = meta.len() as usize;
+    let allocated = (meta.blocks() * 512) as usize;
+    if bytes.len() + 1 > old.max(allocated) {
+        return Err(io::Error::new(
+            io::ErrorKind::FileTooLarge,
+            format!(
+                "{} bytes do not fit in the {} bytes {} has",
+                bytes.len() + 1,
+                old.max(allocated),
+                path.display()
+            ),
+        ));
+    }
+    bytes.resize(old.max(bytes.len() + 1) - 1, b' ');
+    bytes.push(b'\n');
+    f.write_all(&bytes)?;
+    f.sync_all()
+}
+
 /// Create `path` with `bytes` only if it does not exist yet: first writer wins.
 /// Returns false when another writer got there first.
 pub fn create_new(path: &Path, bytes: &[u8]) -> io::Result<bool> {
     let tmp = tmp_name(path);
-    {
+    let written = (|| {
         let mut f = File::create(&tmp)?;
         f.write_all(bytes)?;
-        f.sync_all()?;
+        f.sync_all()
+    })();
+    if let Err(e) = written {
+        // A full disk leaves an empty file behind; nobody else would remove it.
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
     }
     let linked = fs::hard_link(&tmp, path);
     let _ = fs::remove_file(&tmp);

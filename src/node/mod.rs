@@ -120,6 +120,8 @@ pub(crate) struct Node {
     formed: bool,
     /// The heartbeat thread's last write error, to report changes once.
     write_error: Option<String>,
+    /// Since when the heartbeat writes have been failing.
+    write_error_since: Option<Instant>,
     /// The inference server, while it runs.
     server: Option<server::Server>,
     /// --debug-mode: leave the inference server alone.
@@ -219,6 +221,7 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
         refused: HashMap::new(),
         formed: false,
         write_error: None,
+        write_error_since: None,
         server: None,
         debug_mode: opts.debug_mode,
         fresh: opts.fresh,
@@ -425,9 +428,20 @@ impl Node {
         let write_error = publisher.last_error();
         if write_error != self.write_error {
             if let Some(e) = &write_error {
-                say(self.rank, &format!("warning: heartbeat write failed ({e}); peers will judge this node dead if it persists"));
+                say(self.rank, &format!("warning: heartbeat write failed: {e}"));
             }
+            self.write_error_since = write_error
+                .as_ref()
+                .map(|_| self.write_error_since.unwrap_or_else(Instant::now));
             self.write_error = write_error;
+        }
+        // A node that cannot write (full disk, read-only or failing filesystem) stops and
+        // says so before its peers would only find its heartbeat still.
+        if let (Some(e), Some(since)) = (&self.write_error, self.write_error_since) {
+            if since.elapsed() >= self.cfg.timing.dead_after / 2 {
+                let reason = format!("stopped writing to the shared directory: {e}");
+                return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
+            }
         }
         let Some(publisher) = &self.publisher else {
             return Ok(());
@@ -1778,11 +1792,12 @@ fn preflight_log_path(layout: &Layout, rank: u32) -> Result<(), Stop> {
             } else {
                 root.to_path_buf()
             };
-            if !writable(&probe) {
+            if let Err(e) = writable(&probe) {
                 return Err(Stop::usage(
                     format!(
-                        "--log-path {}: permission denied (cannot write to {})",
+                        "--log-path {}: {} (cannot write to {})",
                         root.display(),
+                        why_not_writable(&e),
                         probe.display()
                     ),
                     hint,
@@ -1793,9 +1808,14 @@ fn preflight_log_path(layout: &Layout, rank: u32) -> Result<(), Stop> {
         // A worker may start before rank 0 created the directory; rank 0 creates it.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let parent = root.ancestors().skip(1).find(|p| p.exists());
-            match parent {
-                Some(p) if rank == 0 && !writable(p) => Err(Stop::usage(
-                    format!("--log-path {} does not exist and cannot be created: permission denied on {}", root.display(), p.display()),
+            match parent.map(|p| (p, writable(p))) {
+                Some((p, Err(e))) if rank == 0 => Err(Stop::usage(
+                    format!(
+                        "--log-path {} does not exist and cannot be created: {} on {}",
+                        root.display(),
+                        why_not_writable(&e),
+                        p.display()
+                    ),
                     hint,
                 )),
                 _ => Ok(()),
@@ -1808,10 +1828,23 @@ fn preflight_log_path(layout: &Layout, rank: u32) -> Result<(), Stop> {
     }
 }
 
-fn writable(p: &Path) -> bool {
+/// Can this user create files in directory `p`? The error says why not.
+fn writable(p: &Path) -> std::io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap_or_default();
-    unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
+    match unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
+/// A read-only filesystem is not a permission problem: say which it is.
+fn why_not_writable(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::EROFS) => "the filesystem is mounted read-only".into(),
+        Some(libc::EACCES) | Some(libc::EPERM) => "permission denied".into(),
+        _ => e.to_string(),
+    }
 }
 
 fn start_signal_thread(tx: Sender<Event>, registry: Arc<Registry>, rank: u32) {

@@ -157,15 +157,68 @@ fn run(path: PathBuf, shared: Arc<(Mutex<Shared>, Condvar)>) {
                 }
             }
         }
-        let result = store::publish_json(&path, &record);
+        let result = store::publish_json(&path, &record).map_err(|e| {
+            let error = format!("{e} (writing {})", path.display());
+            // A stopping node that cannot create files (full disk, quota) still tells its
+            // peers why, over the record it already has (see `write_in_place`).
+            match record.abort.is_some() || record.state.is_terminal() {
+                true => match write_in_place(&path, &record) {
+                    Ok(()) => (error, true),
+                    Err(e2) => (format!("{error}; writing it in place: {e2}"), false),
+                },
+                false => (error, false),
+            }
+        });
         let mut s = m.lock().unwrap();
         match result {
             Ok(()) => {
                 s.written_seq = s.written_seq.max(record.seq);
                 s.last_error = None;
             }
-            Err(e) => s.last_error = Some(format!("writing {}: {e}", path.display())),
+            Err((error, in_place)) => {
+                if in_place {
+                    s.written_seq = s.written_seq.max(record.seq);
+                }
+                s.last_error = Some(error);
+            }
         }
         cv.notify_all();
+    }
+}
+
+/// Overwrite the record in place (`store::overwrite_in_place`), as little of it as peers
+/// need if the whole does not fit: identity, state, and the abort with a short reason.
+fn write_in_place(path: &std::path::Path, record: &RankRecord) -> std::io::Result<()> {
+    match store::overwrite_in_place(path, record) {
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::FileTooLarge | std::io::ErrorKind::StorageFull
+            ) =>
+        {
+            let mut slim = serde_json::to_value(record).map_err(std::io::Error::other)?;
+            if let Some(reason) = slim.pointer_mut("/abort/reason") {
+                if let Some(text) = reason.as_str() {
+                    // The cause, without the path ("… (writing /…/rank-1.json)").
+                    let short = text.split(" (writing ").next().unwrap_or(text);
+                    *reason = short.chars().take(160).collect::<String>().into();
+                }
+            }
+            strip_defaults(&mut slim);
+            store::overwrite_in_place(path, &slim)
+        }
+        other => other,
+    }
+}
+
+/// Drop what readers default anyway (nulls, empty lists, the holder details and
+/// barrier marks of a node that is stopping).
+fn strip_defaults(v: &mut serde_json::Value) {
+    if let Some(obj) = v.as_object_mut() {
+        for key in ["machine", "pid_start", "arrived", "released", "log"] {
+            obj.remove(key);
+        }
+        obj.retain(|_, x| !(x.is_null() || x.as_array().is_some_and(|a| a.is_empty())));
+        obj.values_mut().for_each(strip_defaults);
     }
 }

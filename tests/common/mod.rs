@@ -1,3 +1,4 @@
 #![allow(dead_code)]
 pub mod cluster;
+pub mod smallfs;
 pub mod sshfs;
