@@ -50,20 +50,15 @@ struct Settings {
     /// Shared directory for flags, logs, trajectories and checkpoints.
     #[arg(long, value_name = "DIR")]
     log_path: Option<String>,
-    /// Input data directory ({data_path}).
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", help = with_default("Input data directory ({data_path})", "data-path"))]
     data_path: Option<String>,
-    /// Number of nodes in the cluster.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", help = with_default("Number of nodes in the cluster (when neither this flag, RL_NODE_NUM_NODES nor the config file sets it: WORLD_SIZE, SLURM_NNODES or SLURM_JOB_NUM_NODES if set)", "num-nodes"))]
     num_nodes: Option<String>,
-    /// Rollout weight of each rank, e.g. 2,1,1.
-    #[arg(long, value_name = "LIST", allow_hyphen_values = true)]
+    #[arg(long, value_name = "LIST", allow_hyphen_values = true, help = with_default("Rollout weight of each rank, e.g. 2,1,1", "rank-weights"))]
     rank_weights: Option<String>,
-    /// Which part of the iteration to run.
-    #[arg(long, value_name = "PHASE", value_parser = ["both", "rollout", "update"])]
+    #[arg(long, value_name = "PHASE", value_parser = ["both", "rollout", "update"], help = with_default("Which part of the iteration to run", "rl-phase"))]
     rl_phase: Option<String>,
-    /// Run eval on iterations 1, 1+K, 1+2K, … (0: never).
-    #[arg(long, value_name = "K")]
+    #[arg(long, value_name = "K", help = with_default("Run eval on iterations 1, 1+K, 1+2K, … (0: never)", "eval-interval"))]
     eval_interval: Option<String>,
     /// With --rl-phase rollout: only the train or only the eval rollout.
     #[arg(long, value_name = "SPLIT", value_parser = ["train-only", "eval-only"])]
@@ -71,9 +66,26 @@ struct Settings {
     /// Stop cleanly once iteration N is complete (default: run until stopped).
     #[arg(long, value_name = "N")]
     iterations: Option<String>,
-    /// Port of torchrun's rendezvous on rank 0 (MASTER_PORT).
-    #[arg(long, value_name = "PORT")]
+    #[arg(long, value_name = "PORT", help = with_default("Port of torchrun's rendezvous on rank 0 (MASTER_PORT)", "master-port"))]
     master_port: Option<String>,
+}
+
+/// A node flag's help with its real default: the `[cluster]` key's value in the built-in
+/// defaults (`config::DEFAULTS_TOML`), which the flag overrides like the environment and
+/// the file do, so clap's own `default_value` (always set) cannot be used.
+fn with_default(help: &str, key: &str) -> String {
+    let defaults: toml::Table = toml::from_str(config::DEFAULTS_TOML).unwrap_or_default();
+    let value = defaults
+        .get("cluster")
+        .and_then(|c| c.get(key))
+        .map(|v| match v {
+            toml::Value::String(s) if s.is_empty() => "none".to_string(),
+            toml::Value::String(s) => s.clone(),
+            toml::Value::Array(a) if a.is_empty() => "every rank 1".to_string(),
+            other => other.to_string(),
+        })
+        .unwrap_or_else(|| "?".into());
+    format!("{help} (default: {value})")
 }
 
 #[derive(Subcommand, Debug)]

@@ -84,3 +84,110 @@ fn completions_and_a_man_page_are_generated_from_the_command_line_definition() {
         "{text}"
     );
 }
+
+/// `(default: V)` / `[default: V]` of `--flag` in a help text.
+fn shown_default(help: &str, flag: &str) -> Option<String> {
+    let line = help
+        .lines()
+        .find(|l| l.trim_start().starts_with(&format!("{flag} ")))?;
+    let (_, rest) = line
+        .split_once("(default: ")
+        .or_else(|| line.split_once("[default: "))?;
+    Some(rest.split([')', ']']).next()?.to_string())
+}
+
+/// `key = value` of a section in `rl-node show-config` output (value as printed).
+fn config_value(show: &str, section: &str, key: &str) -> String {
+    let mut inside = false;
+    for line in show.lines() {
+        if line.starts_with('[') {
+            inside = line == format!("[{section}]");
+        } else if inside {
+            if let Some(v) = line.strip_prefix(&format!("{key} = ")) {
+                return v.to_string();
+            }
+        }
+    }
+    panic!("no {section}.{key} in:\n{show}")
+}
+
+#[test]
+fn defaults_shown_in_help_are_the_real_defaults() {
+    // Node flags: what a node uses when neither flag, environment nor file sets the key.
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(BIN);
+    cmd.arg("show-config").current_dir(dir.path());
+    for (k, _) in std::env::vars() {
+        if k.starts_with("RL_NODE_")
+            || ["WORLD_SIZE", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"].contains(&k.as_str())
+        {
+            cmd.env_remove(k);
+        }
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let show = String::from_utf8_lossy(&out.stdout).into_owned();
+    let text = help(&[]);
+    let mut checked = 0;
+    for flag in [
+        "--data-path",
+        "--num-nodes",
+        "--rank-weights",
+        "--rl-phase",
+        "--eval-interval",
+        "--master-port",
+    ] {
+        let shown = shown_default(&text, flag)
+            .unwrap_or_else(|| panic!("{flag} shows no default:\n{text}"));
+        let real = config_value(&show, "cluster", flag.trim_start_matches("--"));
+        let real = match real.trim_matches('"') {
+            "" => "none".to_string(),
+            "[]" => "every rank 1".to_string(),
+            v => v.to_string(),
+        };
+        assert_eq!(shown, real, "{flag}: help says {shown}, a node uses {real}");
+        checked += 1;
+    }
+    assert_eq!(checked, 6);
+
+    // Demo flags: the defaults shown are what a plain `rl-node demo` runs.
+    let demo_help = help(&["demo"]);
+    let demo_dir = tempfile::tempdir().unwrap();
+    let run = demo_dir.path().join("run");
+    let out = Command::new(BIN)
+        .args(["demo", "--dir"])
+        .arg(&run)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let toml = std::fs::read_to_string(run.join("rl-node.toml")).unwrap();
+    let cluster_value = |key: &str| config_value(&toml, "cluster", key);
+    let d = |flag: &str| {
+        shown_default(&demo_help, flag).unwrap_or_else(|| panic!("demo {flag}:\n{demo_help}"))
+    };
+    assert_eq!(d("--nodes"), cluster_value("num-nodes"));
+    assert_eq!(d("--iterations"), cluster_value("iterations"));
+    assert_eq!(d("--eval-interval"), cluster_value("eval-interval"));
+    let weights = cluster_value("rank-weights");
+    assert_eq!(d("--rank-weights"), "rank 0 twice the others");
+    assert_eq!(weights, "[2, 1, 1]", "rank 0 twice the others of 3 nodes");
+    for (flag, arg) in [
+        ("--seed", "--seed"),
+        ("--samples", "--samples"),
+        ("--tasks", "--tasks"),
+    ] {
+        let shown = d(flag);
+        assert!(
+            toml.contains(&format!("{arg} {shown} ")),
+            "demo {flag} shows {shown}; the toy command is not run with it:\n{toml}"
+        );
+    }
+}
