@@ -4,6 +4,7 @@
 
 use crate::config::{self, CliOverride, ConfigError};
 use crate::exit;
+use crate::logging::{self, LogFormat, LogLevel};
 use crate::node::{self, NodeOptions, Stop};
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -39,6 +40,14 @@ struct NodeArgs {
     /// is deleted). Without it, a restart resumes the run that is there.
     #[arg(long)]
     fresh: bool,
+    /// Print the node's log lines (stderr) of this level and above (default info;
+    /// environment: RL_NODE_LOG_LEVEL).
+    #[arg(long, value_enum, value_name = "LEVEL")]
+    log_level: Option<LogLevel>,
+    /// How the node's log lines (stderr) are written (default text; environment:
+    /// RL_NODE_LOG_FORMAT).
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    log_format: Option<LogFormat>,
 }
 
 /// Flags that set configuration keys (they override the environment and the file).
@@ -211,7 +220,19 @@ fn resolve_rank(args: &NodeArgs) -> Result<(u32, String), Stop> {
     ))
 }
 
-fn print_stop(prefix: &str, s: &Stop) {
+/// A node's final report: plain `error: …`/`hint: …` lines, or one event when it logs JSON.
+fn print_stop(rank: Option<u32>, s: &Stop) {
+    if logging::json() {
+        logging::report(
+            rank,
+            s.code,
+            &s.message,
+            s.hint.as_deref(),
+            s.detail.as_deref(),
+        );
+        return;
+    }
+    let prefix = rank.map(|r| format!("rank {r}: ")).unwrap_or_default();
     if s.code == exit::DONE {
         // Not an error: e.g. a restart of a run that is already complete.
         crate::errln!("{prefix}{}", s.message);
@@ -233,9 +254,15 @@ fn print_stop(prefix: &str, s: &Stop) {
 }
 
 fn config_error(e: ConfigError) -> i32 {
+    let hint = matches!(e, ConfigError::UnknownKey { .. })
+        .then_some("`rl-node show-config` prints every key with its current value");
+    if logging::json() {
+        logging::report(None, exit::USAGE, &e.to_string(), hint, None);
+        return exit::USAGE;
+    }
     crate::errln!("error: {e}");
-    if let ConfigError::UnknownKey { .. } = e {
-        crate::errln!("hint: `rl-node show-config` prints every key with its current value");
+    if let Some(h) = hint {
+        crate::errln!("hint: {h}");
     }
     exit::USAGE
 }
@@ -346,6 +373,16 @@ pub fn main() -> i32 {
             }
         }
         None => {
+            let level = logging::resolve(cli.node.log_level, logging::LEVEL_ENV, LogLevel::Info);
+            let format =
+                logging::resolve(cli.node.log_format, logging::FORMAT_ENV, LogFormat::Text);
+            match (level, format) {
+                (Ok(level), Ok(format)) => logging::init(level, format),
+                (Err(e), _) | (_, Err(e)) => {
+                    crate::errln!("error: {e}");
+                    return exit::USAGE;
+                }
+            }
             let loaded = match cli.settings.load() {
                 Ok(l) => l,
                 Err(e) => return config_error(e),
@@ -353,7 +390,7 @@ pub fn main() -> i32 {
             let (rank, rank_source) = match resolve_rank(&cli.node) {
                 Ok(r) => r,
                 Err(s) => {
-                    print_stop("", &s);
+                    print_stop(None, &s);
                     return s.code;
                 }
             };
@@ -366,7 +403,7 @@ pub fn main() -> i32 {
             match node::run(&loaded, opts) {
                 Ok(()) => exit::DONE,
                 Err(s) => {
-                    print_stop(&format!("rank {rank}: "), &s);
+                    print_stop(Some(rank), &s);
                     s.code
                 }
             }

@@ -11,6 +11,7 @@ pub mod demo;
 pub mod exit;
 pub mod holder;
 pub mod layout;
+pub mod logging;
 pub mod node;
 pub mod observe;
 pub mod output;

@@ -26,6 +26,12 @@ pub fn stderr(args: std::fmt::Arguments, newline: bool) {
     }
 }
 
+/// Write bytes that are already formatted (a log line) to stderr, ignoring errors (see the
+/// module doc).
+pub fn stderr_bytes(buf: &[u8]) {
+    let _ = std::io::stderr().lock().write_all(buf);
+}
+
 /// `println!` that never panics.
 #[macro_export]
 macro_rules! outln {

@@ -20,6 +20,8 @@ fn subcommand_help_lists_only_what_the_subcommand_accepts() {
         "--master-port",
         "--rollout-split",
         "--data-path",
+        "--log-level",
+        "--log-format",
     ];
     for cmd in ["status", "recover", "aggregate", "demo"] {
         let text = help(&[cmd]);

@@ -792,10 +792,12 @@ fn parse_as(raw: &str, template: &Value) -> Result<Value, String> {
 }
 
 /// rl-node's own `RL_NODE_*` variables that are not configuration keys: what every
-/// command sees (one per placeholder, and the owner marker), the test-suite switch and
-/// test-only fault injection (`RL_NODE_TEST_*`).
+/// command sees (one per placeholder, and the owner marker), the node's log settings, the
+/// test-suite switch and test-only fault injection (`RL_NODE_TEST_*`).
 fn own_variable(name: &str) -> bool {
     name == crate::node::context::OWNER_ENV
+        || name == crate::logging::LEVEL_ENV
+        || name == crate::logging::FORMAT_ENV
         || name == "RL_NODE_TORCH_TESTS"
         || name.starts_with("RL_NODE_TEST_")
         || template::PLACEHOLDERS
@@ -952,6 +954,8 @@ mod tests {
             [
                 "RL_NODE_RANK",
                 "RL_NODE_OWNER",
+                "RL_NODE_LOG_LEVEL",
+                "RL_NODE_LOG_FORMAT",
                 "RL_NODE_TIMING_DEAD_AFTER",
                 "RL_NODE_TEST_CRASH_AT",
                 "HOME",

@@ -175,14 +175,14 @@ impl Node {
                 let checked =
                     state::check_run(&layout, p, &self.cfg.walk_item()).map_err(state_err)?;
                 for t in &checked.torn {
-                    self.say(t);
+                    self.warn(t);
                 }
                 Some(checked)
             }
             _ => None,
         };
         if let Some(e) = &damaged {
-            self.say(&format!("--fresh: {e}"));
+            self.info(&format!("--fresh: {e}"));
         }
         let unreadable_run =
             damaged.is_some() || (run_id.is_none() && state::run_evidence(&layout).is_some());
@@ -211,7 +211,7 @@ impl Node {
                 detail: None,
             });
         } else if resume.iteration > 1 {
-            self.say(&format!(
+            self.info(&format!(
                 "resuming run {run_id} at iteration {} (every rank completed iteration {}{})",
                 resume.iteration,
                 resume.iteration - 1,
@@ -281,9 +281,9 @@ impl Node {
         store::publish_json(&layout.cluster(), &cluster)
             .map_err(|e| io_err(format!("cannot write {}", layout.cluster().display()), e))?;
         if let Some(p) = &previous {
-            self.say(&format!("previous: {p}"));
+            self.info(&format!("previous: {p}"));
         }
-        self.say(&format!(
+        self.info(&format!(
             "started generation {gen} of run {run_id}; waiting for {} worker(s) to join",
             self.num_nodes() - 1
         ));
@@ -302,13 +302,13 @@ impl Node {
         // Rank 0 is history.jsonl's only writer: it sets an unfinished last line aside so
         // this entry starts on a line of its own.
         match state::repair_tail(&layout.history(), gen) {
-            Ok(Some(aside)) => self.say(&format!(
+            Ok(Some(aside)) => self.info(&format!(
                 "set the unfinished last line of {} aside in {}",
                 layout.history().display(),
                 aside.display()
             )),
             Ok(None) => {}
-            Err(e) => self.say(&format!("warning: {e}")),
+            Err(e) => self.warn(&e.to_string()),
         }
         super::append_log(
             &layout.history(),
@@ -341,7 +341,7 @@ impl Node {
             for &r in &missing {
                 if let Some(why) = n.refused.get(&r).cloned() {
                     if refusals.insert(why.clone()) {
-                        n.say(&why);
+                        n.warn(&why);
                         n.event(json!({"event": "refused", "rank": r, "why": why}));
                     }
                 }
@@ -383,7 +383,7 @@ impl Node {
         });
         self.publisher().set_interval(beat);
         self.waiting_note.clear();
-        self.say("all ranks joined");
+        self.info("all ranks joined");
         Ok(())
     }
 
@@ -429,7 +429,7 @@ impl Node {
                 hint: None,
                 detail: None,
             })?;
-            self.say(&format!(
+            self.info(&format!(
                 "--fresh: run {} set aside in {} (nothing deleted); starting a new run",
                 p.run_id,
                 aside.display()
@@ -476,7 +476,7 @@ impl Node {
             hint: None,
             detail: None,
         })?;
-        self.say(&format!(
+        self.info(&format!(
             "--fresh: run {run_id} set aside in {} (nothing deleted); starting a new run",
             aside.display()
         ));
@@ -529,7 +529,7 @@ impl Node {
         let mut seen = Seen::new();
         let patience = self.slot_patience();
         if r0.host != self.host {
-            self.say(&format!(
+            self.info(&format!(
                 "checking whether rank 0 of generation {} (pid {} on {}) is still running (up to {:.0}s)",
                 r0.gen, r0.pid, r0.host, patience.as_secs_f64()
             ));
@@ -569,7 +569,7 @@ impl Node {
         let deadline = Instant::now() + self.cfg.timing.join_timeout;
         let mut rejected = HashSet::new();
         let mut seen = Seen::new();
-        self.say(&format!(
+        self.info(&format!(
             "waiting for rank 0 to start a generation ({})",
             self.layout.cluster().display()
         ));
@@ -615,7 +615,7 @@ impl Node {
                         detail: None,
                     })?;
             self.publisher = Some(publisher);
-            self.say(&format!(
+            self.info(&format!(
                 "joined generation {gen} of run {} (rank 0 on {}, master address {})",
                 cluster.run_id, cluster.host, cluster.master_addr
             ));
@@ -636,7 +636,7 @@ impl Node {
             match released {
                 Ok(true) => break,
                 Ok(false) => {
-                    self.say(&format!(
+                    self.info(&format!(
                         "rank 0 of generation {gen} left or stopped heartbeating before the cluster formed; waiting for a new generation"
                     ));
                     if let Some(p) = self.publisher.take() {
@@ -709,7 +709,7 @@ impl Node {
                     });
                 }
             }
-            self.say(&format!(
+            self.info(&format!(
                 "generation {} has ended ({:?}); waiting for rank 0 to start a new one",
                 c.gen, r0.state
             ));
@@ -747,7 +747,7 @@ impl Node {
             }
         }
         if r0.state != NodeState::Joining {
-            self.say(&format!(
+            self.info(&format!(
                 "generation {} is already running without this rank; waiting for rank 0 to start a new generation",
                 c.gen
             ));

@@ -21,6 +21,7 @@ mod work;
 use crate::config::{Config, Loaded, PhaseCommand, RolloutSplit, Template};
 use crate::exit;
 use crate::layout::Layout;
+use crate::logging;
 use crate::protocol::journal;
 pub use crate::protocol::wall_now;
 use crate::protocol::{
@@ -186,9 +187,9 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
     procs::start_reaper(tx.clone());
     let registry = Registry::new();
     if let Err(e) = registry.start_guardian() {
-        say(
+        logging::warn(
             opts.rank,
-            &format!("warning: cannot start the guardian process ({e}); children may outlive a kill -9 of this node"),
+            &format!("cannot start the guardian process ({e}); children may outlive a kill -9 of this node"),
         );
     }
     start_signal_thread(tx.clone(), registry.clone(), opts.rank);
@@ -243,18 +244,18 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
         || !p.handoff.command.trim().is_empty()
         || !node.cfg.server.command.trim().is_empty())
     {
-        node.say(
-            "warning: no phase command is configured (phases.*.command and server.command are all empty): every iteration does nothing; set them in --config, e.g. [phases.rollout] command = \"…\"",
+        node.warn(
+            "no phase command is configured (phases.*.command and server.command are all empty): every iteration does nothing; set them in --config, e.g. [phases.rollout] command = \"…\"",
         );
     }
     if *loaded.source_of("cluster.num-nodes") != crate::config::Source::Default {
-        node.say(&format!(
+        node.info(&format!(
             "num-nodes {} (from {})",
             node.cfg.cluster.num_nodes,
             loaded.source_of("cluster.num-nodes")
         ));
     }
-    node.say(&format!(
+    node.info(&format!(
         "rank {} ({}) on {}, pid {}; shared directory {}",
         node.rank,
         opts.rank_source,
@@ -270,8 +271,16 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
 }
 
 impl Node {
-    fn say(&self, msg: &str) {
-        say(self.rank, msg);
+    fn info(&self, msg: &str) {
+        logging::info(self.rank, msg);
+    }
+
+    fn warn(&self, msg: &str) {
+        logging::warn(self.rank, msg);
+    }
+
+    fn debug(&self, msg: &str) {
+        logging::debug(self.rank, msg);
     }
 
     fn is_master(&self) -> bool {
@@ -359,7 +368,7 @@ impl Node {
                 return Err(Interrupt::Deadline);
             }
             if now - started >= next_note && !self.waiting_note.is_empty() {
-                self.say(&format!(
+                self.info(&format!(
                     "still waiting after {:.0}s: {}",
                     (now - started).as_secs_f64(),
                     self.waiting_note
@@ -394,7 +403,7 @@ impl Node {
             }
             Event::Signal(sig) => {
                 let time_limit = sig == libc::SIGUSR1 || sig == libc::SIGUSR2;
-                self.say(&format!(
+                self.info(&format!(
                     "received {}{}; stopping (children get {} to exit; signal again to kill them now)",
                     procs::signal_name(sig),
                     if time_limit { " (time limit approaching)" } else { "" },
@@ -428,7 +437,7 @@ impl Node {
         let write_error = publisher.last_error();
         if write_error != self.write_error {
             if let Some(e) = &write_error {
-                say(self.rank, &format!("warning: heartbeat write failed: {e}"));
+                self.warn(&format!("heartbeat write failed: {e}"));
             }
             self.write_error_since = write_error
                 .as_ref()
@@ -595,7 +604,7 @@ impl Node {
                         info = first;
                     }
                 }
-                Err(e) => self.say(&format!("warning: cannot write {}: {e}", path.display())),
+                Err(e) => self.warn(&format!("cannot write {}: {e}", path.display())),
             }
         }
         self.adopt_abort(info)
@@ -645,7 +654,7 @@ impl Node {
     fn shut_down(mut self, result: Result<(), Stop>) -> Result<(), Stop> {
         let groups = self.registry.groups();
         if !groups.is_empty() {
-            self.say(&format!(
+            self.info(&format!(
                 "stopping {} running command(s) (SIGTERM, then SIGKILL after {})",
                 groups.len(),
                 humantime::format_duration(self.cfg.timing.kill_grace)
@@ -665,7 +674,7 @@ impl Node {
         self.watchdog.pet("stopping descendants");
         let n = self.registry.stop_descendants(self.cfg.timing.kill_grace);
         if n > 0 {
-            self.say(&format!(
+            self.info(&format!(
                 "stopped {n} process(es) that had left their command's process group"
             ));
         }
@@ -762,7 +771,13 @@ impl Node {
             self.end_wait(waited, || format!("barrier {name} was not released"))?
         };
         self.waiting_note.clear();
-        self.event(json!({"event": "barrier", "name": name, "k": k, "waited_ms": started.elapsed().as_millis() as u64}));
+        let waited = started.elapsed();
+        self.debug(&format!(
+            "iteration {}: barrier {name} passed after {:.3}s",
+            self.iteration,
+            waited.as_secs_f64()
+        ));
+        self.event(json!({"event": "barrier", "name": name, "k": k, "waited_ms": waited.as_millis() as u64}));
         Ok(broadcast)
     }
 
@@ -797,7 +812,7 @@ impl Node {
         // mid-append) is set aside first, so the next entry starts on a line of its own.
         let path = self.layout.journal(self.rank);
         match crate::state::repair_tail(&path, self.gen()) {
-            Ok(Some(aside)) => self.say(&format!(
+            Ok(Some(aside)) => self.info(&format!(
                 "{}: the unfinished last line (a crash mid-append) was set aside in {}",
                 path.display(),
                 aside.display()
@@ -819,7 +834,7 @@ impl Node {
         .filter(|e| e.run_id == run_id)
         .collect();
         if last > 0 && iteration > last {
-            self.say(&format!("all {last} iteration(s) were already complete"));
+            self.info(&format!("all {last} iteration(s) were already complete"));
             return Ok(());
         }
         self.use_latest_checkpoint()?;
@@ -830,7 +845,7 @@ impl Node {
             if last > 0 && iteration > last {
                 self.stop_server()?;
                 let (reads, writes) = store::op_counts();
-                self.say(&format!(
+                self.info(&format!(
                     "all {last} iteration(s) complete ({} barriers; shared-directory operations: {reads} reads, {writes} writes)",
                     self.k
                 ));
@@ -844,7 +859,7 @@ impl Node {
             }
             let walk = self.cfg.walk_item();
             self.journal_item(&walk)?;
-            self.say(&format!(
+            self.info(&format!(
                 "iteration {iteration} complete in {:.2}s",
                 started.elapsed().as_secs_f64()
             ));
@@ -869,12 +884,12 @@ impl Node {
             return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
         }
         if let Some(warning) = latest.warning(&base) {
-            self.say(&format!("warning: {warning}"));
+            self.warn(&warning);
             self.event(json!({"event": "latest-fallback", "warning": warning}));
         }
         if let Some(p) = latest.path() {
             self.model = p.display().to_string();
-            self.say(&format!("model: {}", self.model));
+            self.info(&format!("model: {}", self.model));
         }
         Ok(())
     }
@@ -913,7 +928,7 @@ impl Node {
             return Ok(());
         };
         if spec == format!("{}@{}", phase.name(), self.iteration) {
-            self.say(&format!(
+            self.info(&format!(
                 "RL_NODE_TEST_HOLD_AT={spec}: holding here until killed"
             ));
             loop {
@@ -995,7 +1010,7 @@ impl Node {
                 let last = self.cfg.cluster.iterations;
                 if last > 0 && self.iteration >= last {
                     if !self.cfg.server.command.trim().is_empty() {
-                        self.say("last iteration: the server is not restarted");
+                        self.info("last iteration: the server is not restarted");
                     }
                 } else {
                     self.start_server()?
@@ -1011,7 +1026,7 @@ impl Node {
                 // (rank 0 found that in the journals when the generation started).
                 let resume = self.cluster.as_ref().expect("joined").resume;
                 if resume.train_done && resume.iteration == self.iteration {
-                    self.say(&format!(
+                    self.info(&format!(
                         "iteration {}: training completed on every rank before the restart; not redone",
                         self.iteration
                     ));
@@ -1130,7 +1145,7 @@ impl Node {
                         shard.display()
                     ),
                 );
-                self.say(&format!(
+                self.info(&format!(
                     "the {phase} command wrote the shard {} itself; adopted",
                     shard.display()
                 ));
@@ -1148,7 +1163,7 @@ impl Node {
                         partial.display()
                     ),
                 );
-                self.say(&format!(
+                self.info(&format!(
                     "the {phase} command wrote no output; empty shard committed (aggregate.allow-empty-shards)"
                 ));
                 store::create_new(&shard, b"").and_then(|created| {
@@ -1209,7 +1224,7 @@ impl Node {
             );
             return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
         }
-        self.say(&format!(
+        self.info(&format!(
             "an earlier attempt's {what} {} was set aside as {} (kept, not used)",
             path.display(),
             aside.display()
@@ -1322,7 +1337,7 @@ impl Node {
         work: impl FnOnce(&mut Node) -> Result<(), Stop>,
     ) -> Result<(), Stop> {
         if journal::has(&self.journal, self.run_id(), self.iteration, item) {
-            self.say(&format!(
+            self.info(&format!(
                 "iteration {}: {item} was completed before the restart; reusing its output",
                 self.iteration
             ));
@@ -1398,8 +1413,8 @@ impl Node {
             .or_else(|| has_files(&train_out).then(|| train_out.clone()));
         let Some(source) = source else {
             if self.cfg.phases.train.is_set() {
-                self.say(&format!(
-                    "warning: training wrote nothing under {}; the model stays {}",
+                self.warn(&format!(
+                    "training wrote nothing under {}; the model stays {}",
                     train_out.display(),
                     self.model_label()
                 ));
@@ -1423,20 +1438,20 @@ impl Node {
         ) {
             Ok(published) => {
                 match &published {
-                    crate::checkpoint::Published::Kept(p) => self.say(&format!(
-                        "warning: {} was already published by an earlier attempt; checkpoints are immutable, so it is kept and {} is not published",
+                    crate::checkpoint::Published::Kept(p) => self.warn(&format!(
+                        "{} was already published by an earlier attempt; checkpoints are immutable, so it is kept and {} is not published",
                         p.display(),
                         source.display()
                     )),
-                    crate::checkpoint::Published::LatestAhead { latest, .. } => self.say(&format!(
-                        "warning: models/LATEST already names {}, a newer verified checkpoint; it only moves forward, so it is left alone",
+                    crate::checkpoint::Published::LatestAhead { latest, .. } => self.warn(&format!(
+                        "models/LATEST already names {}, a newer verified checkpoint; it only moves forward, so it is left alone",
                         latest.display()
                     )),
                     crate::checkpoint::Published::New(_) => {}
                 }
                 let dest = published.path().to_path_buf();
                 self.model = dest.display().to_string();
-                self.say(&format!(
+                self.info(&format!(
                     "iteration {}: published checkpoint {} from {} in {:.2}s",
                     self.iteration,
                     dest.display(),
@@ -1538,7 +1553,7 @@ impl Node {
             &header,
         )?;
         let pid = running.pid;
-        self.say(&format!(
+        self.info(&format!(
             "iteration {}: {phase} started (pid {pid}, log {})",
             self.iteration,
             log.display()
@@ -1581,7 +1596,7 @@ impl Node {
                 Some(&log),
             ));
         }
-        self.say(&format!(
+        self.info(&format!(
             "iteration {}: {phase} finished in {secs:.2}s",
             self.iteration
         ));
@@ -1690,13 +1705,6 @@ fn append_log(path: &Path, text: &str) {
 fn ranks_list(ranks: &[u32]) -> String {
     let names: Vec<String> = ranks.iter().map(|r| format!("rank {r}")).collect();
     names.join(", ")
-}
-
-pub(crate) fn say(rank: u32, msg: &str) {
-    crate::errln!(
-        "{} [rank {rank}] {msg}",
-        chrono::Local::now().format("%H:%M:%S%.3f")
-    );
 }
 
 fn hostname() -> String {
@@ -1857,10 +1865,7 @@ fn start_signal_thread(tx: Sender<Event>, registry: Arc<Registry>, rank: u32) {
         match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2]) {
             Ok(s) => s,
             Err(e) => {
-                say(
-                    rank,
-                    &format!("warning: cannot install signal handlers: {e}"),
-                );
+                logging::warn(rank, &format!("cannot install signal handlers: {e}"));
                 return;
             }
         };
@@ -1873,7 +1878,7 @@ fn start_signal_thread(tx: Sender<Event>, registry: Arc<Registry>, rank: u32) {
                 if count == 1 {
                     let _ = tx.send(Event::Signal(sig));
                 } else {
-                    say(
+                    logging::info(
                         rank,
                         &format!(
                             "second {}: killing children now and exiting",

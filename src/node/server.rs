@@ -87,7 +87,7 @@ impl Node {
         let header = format!("rank {} server on {label}", self.rank);
         let running = self.spawn_supervised("the server", &command, &env, &log, &header)?;
         let pid = running.pid;
-        self.say(&format!(
+        self.info(&format!(
             "server starting on {label} (pid {pid}, port {port}, log {})",
             log.display()
         ));
@@ -132,7 +132,7 @@ impl Node {
                 ));
             }
         }
-        self.say(&format!(
+        self.info(&format!(
             "server healthy after {:.2}s",
             running.started.elapsed().as_secs_f64()
         ));
@@ -201,7 +201,7 @@ impl Node {
                 return Ok(Some(()));
             }
             if used != last {
-                n.say(&format!(
+                n.info(&format!(
                     "waiting for GPU memory to drain: {used:?} MiB in use"
                 ));
                 last = used;

@@ -29,10 +29,10 @@ impl Watchdog {
                     }
                     let stuck = since.elapsed();
                     if stuck > limit {
-                        super::say(
+                        crate::logging::error(
                             rank,
                             &format!(
-                                "error: stuck for {:.0}s while {what} (fs-timeout is {}): the shared directory is probably unreachable; killing children and exiting",
+                                "stuck for {:.0}s while {what} (fs-timeout is {}): the shared directory is probably unreachable; killing children and exiting",
                                 stuck.as_secs_f64(),
                                 humantime::format_duration(limit)
                             ),

@@ -193,7 +193,7 @@ impl Node {
         }
         self.extra.insert("tasks", task_file.display().to_string());
         if items.is_empty() {
-            self.say(&format!(
+            self.info(&format!(
                 "iteration {}: no {split} tasks for this rank ({:?} strategy); it takes part in every barrier",
                 self.iteration, plan.strategy
             ));
@@ -260,8 +260,8 @@ impl Node {
             .collect();
         let missing = plan.pool.len() - paths.len();
         if missing > 0 {
-            self.say(&format!(
-                "warning: {missing} of {} {split} items have no committed output",
+            self.warn(&format!(
+                "{missing} of {} {split} items have no committed output",
                 plan.pool.len()
             ));
         }
@@ -421,7 +421,7 @@ impl Node {
     fn show_progress(&mut self, split: &str, t: &Tally) {
         let p = format!("{}/{} {split} items", t.committed, t.total);
         self.publisher().stage(|r| r.progress = Some(p.clone()));
-        if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        if progress_bar() {
             let width = 30;
             let filled = (t.committed * width).checked_div(t.total).unwrap_or(width);
             crate::err!(
@@ -483,7 +483,7 @@ impl Node {
             }
         }
         if reused > 0 {
-            self.say(&format!(
+            self.info(&format!(
                 "iteration {}: {reused} {split} item(s) committed before the restart are reused",
                 self.iteration
             ));
@@ -580,13 +580,13 @@ impl Node {
                 }
             }
         }
-        if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        if progress_bar() {
             crate::errln!();
         }
         self.waiting_note.clear();
         let failed = tally.failed.len();
         let planned = tally.total - self.replacements.len();
-        self.say(&format!(
+        self.info(&format!(
             "iteration {}: {split} items: {}/{} committed, {failed} failed, {} retries, in {:.2}s{}",
             self.iteration,
             tally.committed,
@@ -886,7 +886,7 @@ impl Node {
                         }
                         Some((attempt, _)) => {
                             if self.claim(split, pos, attempt + 1)? {
-                                self.say(&format!(
+                                self.info(&format!(
                                     "iteration {}: taking over item {} (its claimant is dead)",
                                     self.iteration,
                                     item_name(pos, None)
@@ -1023,7 +1023,7 @@ impl Node {
             }
         }
         self.waiting_note.clear();
-        self.say(&format!(
+        self.info(&format!(
             "iteration {}: dynamic {split}: this rank committed {mine} of {} items in {:.2}s ({backups} backup attempt(s)){}",
             self.iteration,
             pool.len(),
@@ -1110,4 +1110,9 @@ fn concat(paths: &[PathBuf], out: &Path) -> std::io::Result<()> {
     w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
     std::fs::rename(&tmp, out)?;
     store::fsync_dir(dir)
+}
+
+/// A progress bar is drawn on a terminal, not between the lines of a JSON log.
+fn progress_bar() -> bool {
+    std::io::IsTerminal::is_terminal(&std::io::stderr()) && !crate::logging::json()
 }

@@ -1,0 +1,229 @@
+//! A running node's log lines: `tracing` events with a level and the node's rank, on
+//! stderr, each stamped with the date, the time to the millisecond and the UTC offset
+//! (RFC 3339), so that the lines of nodes in other time zones, or a log read days later,
+//! still say when. `--log-level` drops the lines below a level; `--log-format json` writes
+//! one JSON object per line for log shippers.
+//!
+//! The text format keeps the shape people grep for: `<time> [rank R] warning: …`, the level
+//! spelled out only for warnings, errors and debug lines. Only a node logs: what `status`,
+//! `recover`, `show-config` and the demo print is a report, written as plain output, and
+//! so is a node's final `error: …`/`hint: …` report in the text format. In the JSON format
+//! that report is an event too, so that every line a node writes parses.
+//!
+//! The writer goes through [`crate::output`]: a closed stderr loses the lines, never the
+//! node.
+
+use std::fmt::{self, Write as _};
+use std::sync::OnceLock;
+use tracing::field::{Field, Visit};
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::time::{ChronoLocal, FormatTime};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, MakeWriter};
+use tracing_subscriber::registry::LookupSpan;
+
+/// The environment variables that set `--log-level` and `--log-format` (the flags win).
+pub const LEVEL_ENV: &str = "RL_NODE_LOG_LEVEL";
+pub const FORMAT_ENV: &str = "RL_NODE_LOG_FORMAT";
+
+/// RFC 3339 with milliseconds and the offset: `2026-11-23T11:52:12.123+01:00`.
+const TIMESTAMP: &str = "%Y-%m-%dT%H:%M:%S%.3f%:z";
+
+/// The least severe lines a node prints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+}
+
+impl LogLevel {
+    fn filter(self) -> LevelFilter {
+        match self {
+            LogLevel::Error => LevelFilter::ERROR,
+            LogLevel::Warn => LevelFilter::WARN,
+            LogLevel::Info => LevelFilter::INFO,
+            LogLevel::Debug => LevelFilter::DEBUG,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// `<time> [rank R] <message>`, for people
+    Text,
+    /// one JSON object per line (timestamp, level, rank, message, fields), for log shippers
+    Json,
+}
+
+/// The flag's value, else the environment variable's, else `default`. A variable that is
+/// set to anything else is an error naming it (the flag's own values clap checks).
+pub fn resolve<T: clap::ValueEnum>(flag: Option<T>, var: &str, default: T) -> Result<T, String> {
+    if let Some(v) = flag {
+        return Ok(v);
+    }
+    let Some(raw) = std::env::var_os(var) else {
+        return Ok(default);
+    };
+    let raw = raw.to_string_lossy();
+    T::from_str(raw.trim(), true).map_err(|_| {
+        let names: Vec<String> = T::value_variants()
+            .iter()
+            .filter_map(|v| v.to_possible_value())
+            .map(|p| p.get_name().to_string())
+            .collect();
+        format!("{var}={raw}: expected one of {}", names.join(", "))
+    })
+}
+
+static FORMAT: OnceLock<LogFormat> = OnceLock::new();
+
+/// Install the process's subscriber (once; later calls do nothing).
+pub fn init(level: LogLevel, format: LogFormat) {
+    if FORMAT.set(format).is_err() {
+        return;
+    }
+    let timer = ChronoLocal::new(TIMESTAMP.into());
+    // Internal errors would be reported with eprintln!, which panics on a closed stderr.
+    let builder = tracing_subscriber::fmt()
+        .with_writer(Stderr)
+        .with_max_level(level.filter())
+        .log_internal_errors(false);
+    let _ = match format {
+        LogFormat::Text => {
+            tracing::subscriber::set_global_default(builder.event_format(Text { timer }).finish())
+        }
+        LogFormat::Json => tracing::subscriber::set_global_default(
+            builder
+                .json()
+                .flatten_event(true)
+                .with_current_span(false)
+                .with_span_list(false)
+                .with_target(false)
+                .with_timer(timer)
+                .finish(),
+        ),
+    };
+}
+
+/// Whether this process logs JSON: then a node's reports are events too, and it draws no
+/// progress bar.
+pub fn json() -> bool {
+    FORMAT.get() == Some(&LogFormat::Json)
+}
+
+pub(crate) fn error(rank: u32, msg: &str) {
+    tracing::error!(rank, "{msg}");
+}
+
+pub(crate) fn warn(rank: u32, msg: &str) {
+    tracing::warn!(rank, "{msg}");
+}
+
+pub(crate) fn info(rank: u32, msg: &str) {
+    tracing::info!(rank, "{msg}");
+}
+
+pub(crate) fn debug(rank: u32, msg: &str) {
+    tracing::debug!(rank, "{msg}");
+}
+
+/// A node's final report as one event (for the JSON format): an error, or information
+/// when the node had nothing to do (`exit_code` 0). The hint and the failed command's last
+/// log lines are fields of their own.
+pub(crate) fn report(
+    rank: Option<u32>,
+    exit_code: i32,
+    message: &str,
+    hint: Option<&str>,
+    log_tail: Option<&str>,
+) {
+    if exit_code == crate::exit::DONE {
+        tracing::info!(rank, exit_code, hint, "{message}");
+    } else {
+        tracing::error!(rank, exit_code, hint, log_tail, "{message}");
+    }
+}
+
+/// Writes each formatted event with one call through [`crate::output`], ignoring errors.
+#[derive(Clone, Copy)]
+struct Stderr;
+
+impl std::io::Write for Stderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        crate::output::stderr_bytes(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> MakeWriter<'a> for Stderr {
+    type Writer = Stderr;
+
+    fn make_writer(&'a self) -> Stderr {
+        Stderr
+    }
+}
+
+/// `<time> [rank R] <level: ><message>< key=value…>`.
+struct Text {
+    timer: ChronoLocal,
+}
+
+impl<S, N> FormatEvent<S, N> for Text
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        _ctx: &FmtContext<'_, S, N>,
+        mut w: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        self.timer.format_time(&mut w)?;
+        let mut fields = TextFields::default();
+        event.record(&mut fields);
+        if let Some(rank) = fields.rank {
+            write!(w, " [rank {rank}]")?;
+        }
+        let level = match *event.metadata().level() {
+            Level::ERROR => "error: ",
+            Level::WARN => "warning: ",
+            Level::DEBUG => "debug: ",
+            Level::TRACE => "trace: ",
+            _ => "",
+        };
+        writeln!(w, " {level}{}{}", fields.message, fields.rest)
+    }
+}
+
+#[derive(Default)]
+struct TextFields {
+    rank: Option<u64>,
+    message: String,
+    rest: String,
+}
+
+impl Visit for TextFields {
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        if field.name() == "rank" {
+            self.rank = Some(value);
+        } else {
+            self.record_debug(field, &value);
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        if field.name() == "message" {
+            let _ = write!(self.message, "{value:?}");
+        } else {
+            let _ = write!(self.rest, " {}={value:?}", field.name());
+        }
+    }
+}
