@@ -89,9 +89,17 @@ fn completions_and_a_man_page_are_generated_from_the_command_line_definition() {
 
 /// `(default: V)` / `[default: V]` of `--flag` in a help text.
 fn shown_default(help: &str, flag: &str) -> Option<String> {
-    let line = help
-        .lines()
-        .find(|l| l.trim_start().starts_with(&format!("{flag} ")))?;
+    // The flag's line and, in clap's long layout, the paragraph under it.
+    let lines: Vec<&str> = help.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.trim_start().starts_with(&format!("{flag} ")))?;
+    let line: String = lines[at..]
+        .iter()
+        .take_while(|l| !l.trim().is_empty())
+        .copied()
+        .collect::<Vec<_>>()
+        .join(" ");
     let (_, rest) = line
         .split_once("(default: ")
         .or_else(|| line.split_once("[default: "))?;
