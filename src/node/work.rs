@@ -19,7 +19,8 @@ use super::{Interrupt, Node, Stop};
 use crate::config::{PhaseCommand, WorkMode};
 use crate::protocol::AbortKind;
 use crate::store;
-use crate::work::plan::{self, Item, Plan, Strategy, Task};
+use crate::work::plan::{self, Item, Plan, Strategy};
+use crate::work::tasks::{self, Task};
 use serde_json::{json, Value};
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -39,7 +40,7 @@ impl TaskSets {
             if path.is_empty() {
                 return Ok(None);
             }
-            plan::load_tasks(Path::new(path), &cfg.tasks.id_field)
+            tasks::load_tasks(Path::new(path), &cfg.tasks.id_field)
                 .map(Some)
                 .map_err(|e| Stop::usage(format!("tasks.{key}: {e}"), None))
         };
@@ -128,7 +129,7 @@ impl Node {
     /// the task files' content (two files with the same ids plan alike but differ).
     pub(super) fn plan_fingerprints(&self) -> Value {
         let fp = |s: &str| self.plan_for(s).map(|p| p.fingerprint);
-        let files = |s: &str| self.tasks.get(s).map(|t| plan::tasks_fingerprint(t));
+        let files = |s: &str| self.tasks.get(s).map(|t| tasks::tasks_fingerprint(t));
         json!({"train": fp("train"), "eval": fp("eval"), "train-tasks": files("train"), "eval-tasks": files("eval")})
     }
 

@@ -11,8 +11,9 @@
 //! only I/O is [`load_tasks`], which reads the task file.
 
 pub mod plan;
+pub mod tasks;
 
 pub use plan::{
-    iteration_tasks, load_tasks, plan, sample_seed, tasks_fingerprint, weighted_counts, Item, Plan,
-    PlanError, PlanInput, Strategy, Task, TaskError,
+    iteration_tasks, plan, sample_seed, weighted_counts, Item, Plan, PlanError, PlanInput, Strategy,
 };
+pub use tasks::{load_tasks, tasks_fingerprint, Task, TaskError};
