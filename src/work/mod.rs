@@ -16,4 +16,4 @@ pub mod tasks;
 pub use plan::{
     iteration_tasks, plan, sample_seed, weighted_counts, Item, Plan, PlanError, PlanInput, Strategy,
 };
-pub use tasks::{load_tasks, tasks_fingerprint, Task, TaskError};
+pub use tasks::{load_tasks, TaskError, TaskFile, TaskIds};
