@@ -78,7 +78,7 @@ fn key(v: &Value) -> (String, u64) {
 }
 
 fn item_key(i: &work::Item) -> (String, u64) {
-    (i.task.clone(), u64::from(i.sample))
+    (i.task.to_string(), u64::from(i.sample))
 }
 
 fn mean(v: &[u64]) -> f64 {
@@ -374,7 +374,7 @@ fn per_task_items_follow_the_weighted_split_and_are_merged_exactly_once() {
             .ranks
             .concat()
             .iter()
-            .map(|i| i.task.clone())
+            .map(|i| i.task.to_string())
             .collect()
     };
     assert_ne!(order(1), order(2));
@@ -623,7 +623,7 @@ fn exact_budget_replaces_a_failed_task_with_one_outside_the_plan() {
         .ranks
         .iter()
         .flatten()
-        .map(|i| i.task.clone())
+        .map(|i| i.task.to_string())
         .collect();
     let outside: Vec<&&String> = ids.iter().filter(|t| !planned.contains(**t)).collect();
     assert_eq!(outside.len(), 1, "replacements: {outside:?}");

@@ -154,7 +154,7 @@ impl Node {
         split: &str,
         phase: &str,
         pc: &PhaseCommand,
-        plan: Plan,
+        mut plan: Plan,
     ) -> Result<(), Stop> {
         let dir = self.layout.rollout_dir(self.iteration, split);
         if let Err(e) = std::fs::create_dir_all(dir.join("tasks")) {
@@ -170,33 +170,48 @@ impl Node {
             let _ = store::publish_json(&dir.join("plan.json"), &plan);
         }
         if plan.strategy == Strategy::Dynamic {
-            return self.dynamic_rollout(split, phase, pc, &plan);
+            return self.dynamic_rollout(split, phase, pc, plan);
         }
-        let items = plan.ranks[self.rank as usize].clone();
+        // This rank's items only: the rest of the plan (every task's items when an iteration
+        // uses the whole file) is freed before the rollout runs.
+        let strategy = plan.strategy;
+        let items = std::mem::take(&mut plan.ranks[self.rank as usize]);
+        drop(plan);
         let tasks = Arc::clone(self.tasks.get(split).expect("planned"));
-        // The rank's share: the task records themselves, in plan order, once per task.
+        // The rank's share: the task records themselves, in plan order, once per task,
+        // streamed from the task file.
         let task_file = dir.join("tasks").join(format!("rank-{}.jsonl", self.rank));
-        let mut text = String::new();
-        let mut last = None;
-        for it in &items {
-            if last != Some(it.task_index) {
+        let mut task_error = None;
+        let written = store::publish_with(&task_file, |w| {
+            let mut last = None;
+            for it in &items {
+                if last == Some(it.task_index) {
+                    continue;
+                }
+                last = Some(it.task_index);
                 match tasks.raw(it.task_index) {
-                    Ok(raw) => text.push_str(&raw),
+                    Ok(raw) => {
+                        w.write_all(raw.as_bytes())?;
+                        w.write_all(b"\n")?;
+                    }
                     Err(e) => {
-                        return Err(self.fail(
-                            AbortKind::Error,
-                            self.rank,
-                            None,
-                            format!("tasks.{split}: {e}"),
-                            None,
-                        ))
+                        task_error = Some(e);
+                        return Err(std::io::Error::other("the task file"));
                     }
                 }
-                text.push('\n');
-                last = Some(it.task_index);
             }
+            Ok(())
+        });
+        if let Some(e) = task_error {
+            return Err(self.fail(
+                AbortKind::Error,
+                self.rank,
+                None,
+                format!("tasks.{split}: {e}"),
+                None,
+            ));
         }
-        if let Err(e) = store::publish(&task_file, text.as_bytes()) {
+        if let Err(e) = written {
             return Err(self.fail(
                 AbortKind::Error,
                 self.rank,
@@ -209,7 +224,7 @@ impl Node {
         if items.is_empty() {
             self.say(&format!(
                 "iteration {}: no {split} tasks for this rank ({:?} strategy); it takes part in every barrier",
-                self.iteration, plan.strategy
+                self.iteration, strategy
             ));
             let shard = self.layout.shard(self.iteration, split, self.rank);
             return store::publish(&shard, b"").map_err(|e| {
@@ -223,11 +238,15 @@ impl Node {
             });
         }
         match self.cfg.work.mode {
-            WorkMode::PerRank => self.rollout(split, phase, pc),
+            WorkMode::PerRank => {
+                drop(items);
+                self.rollout(split, phase, pc)
+            }
             WorkMode::PerTask => {
+                let planned = items.len();
                 let names: Vec<(usize, Item)> = items.into_iter().enumerate().collect();
                 self.run_items(split, phase, pc, &tasks, names, Some(self.rank))?;
-                self.commit_rank_shard(split, &plan)
+                self.commit_rank_shard(split, planned)
             }
         }
     }
@@ -236,11 +255,12 @@ impl Node {
         self.layout.rollout_dir(self.iteration, split).join("items")
     }
 
-    /// Concatenate this rank's committed items (plan order) into its shard, so the
-    /// aggregation and `rl-node aggregate` see per-task output like any other.
-    fn commit_rank_shard(&mut self, split: &str, plan: &Plan) -> Result<(), Stop> {
+    /// Concatenate this rank's `planned` committed items (plan order) and its replacements
+    /// into its shard, so the aggregation and `rl-node aggregate` see per-task output like
+    /// any other.
+    fn commit_rank_shard(&mut self, split: &str, planned: usize) -> Result<(), Stop> {
         let dir = self.items_dir(split);
-        let paths: Vec<PathBuf> = (0..plan.ranks[self.rank as usize].len())
+        let paths: Vec<PathBuf> = (0..planned)
             .map(|pos| dir.join(format!("{}.jsonl", item_name(pos, Some(self.rank)))))
             .chain(
                 self.replacements
@@ -370,7 +390,7 @@ impl Node {
             dir.join(format!("{name}.g{gen}.a{attempt}.partial.jsonl"))
         };
         let _ = std::fs::remove_file(&partial);
-        self.extra.insert("task_id", item.task.clone());
+        self.extra.insert("task_id", item.task.to_string());
         self.extra.insert("sample", item.sample.to_string());
         self.extra.insert("sample_seed", item.seed.to_string());
         self.extra.insert("state", item.state.to_string());
@@ -745,7 +765,7 @@ impl Node {
         split: &str,
         phase: &str,
         pc: &PhaseCommand,
-        plan: &Plan,
+        plan: Plan,
     ) -> Result<(), Stop> {
         let dir = self.items_dir(split);
         for d in [dir.clone(), dir.with_file_name("leases")] {
@@ -760,7 +780,7 @@ impl Node {
             }
         }
         let tasks = Arc::clone(self.tasks.get(split).expect("planned"));
-        let pool = plan.pool.clone();
+        let pool = plan.pool;
         // A peer dying now does not stop the cluster: its items are taken over. The next
         // barrier still notices it.
         self.tolerate_dead = true;
@@ -1126,7 +1146,7 @@ impl Iterator for Replacements<'_> {
             self.drawn += 1;
             let id = &self.ids[i];
             let item = Item {
-                task: id.to_owned(),
+                task: id.into(),
                 task_index: i,
                 sample: 0,
                 seed: plan::sample_seed(self.seed, self.iteration, id, 0),

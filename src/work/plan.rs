@@ -23,6 +23,7 @@
 //! [`Plan::fingerprint`] lets nodes check that they agree.
 
 use crate::work::tasks::TaskIds;
+use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -139,8 +140,9 @@ impl PlanInput<'_> {
 /// One unit of work: one sample of one task.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Item {
-    /// The task's id.
-    pub task: String,
+    /// The task's id; inline up to 24 bytes, so that a plan of every task of a large file
+    /// costs no allocation per item.
+    pub task: CompactString,
     /// The task's index in the task file (0-based, blank lines not counted).
     pub task_index: usize,
     pub sample: u32,
@@ -173,9 +175,15 @@ impl Plan {
 
 /// The canonical JSON is the array `[iteration, strategy, ranks, pool]` as serde_json
 /// writes it (struct fields in declaration order, no whitespace).
+/// Streamed into SHA-256, not held: it is about 100 bytes an item.
 fn fingerprint(iteration: u64, strategy: Strategy, ranks: &[Vec<Item>], pool: &[Item]) -> String {
-    let canonical = serde_json::to_string(&(iteration, strategy, ranks, pool)).expect("json");
-    hex::encode(&Sha256::digest(canonical.as_bytes())[..8])
+    let mut sha = Sha256::new();
+    serde_json::to_writer(
+        crate::work::ShaWriter(&mut sha),
+        &(iteration, strategy, ranks, pool),
+    )
+    .expect("json");
+    hex::encode(&sha.finalize()[..8])
 }
 
 /// The plan of one iteration.
@@ -193,7 +201,7 @@ pub fn plan(input: &PlanInput) -> Plan {
         let task = &input.tasks[task_index];
         for sample in 0..m {
             out.push(Item {
-                task: task.to_owned(),
+                task: task.into(),
                 task_index,
                 sample,
                 seed: sample_seed(input.seed, input.iteration, task, sample),
@@ -215,7 +223,9 @@ pub fn plan(input: &PlanInput) -> Plan {
         }
         Strategy::Dynamic => {
             let budget = input.budget.unwrap_or(t as u64);
-            for task_index in iteration_tasks(t, budget, input.seed, input.iteration) {
+            let order = iteration_tasks(t, budget, input.seed, input.iteration);
+            pool.reserve_exact(order.len() * m as usize);
+            for task_index in order {
                 items_of(task_index, 0, &mut pool);
             }
         }
@@ -224,6 +234,7 @@ pub fn plan(input: &PlanInput) -> Plan {
             let order = iteration_tasks(t, budget, input.seed, input.iteration);
             let assigned = assign(order.len(), input.weights, strategy);
             for (items, positions) in ranks.iter_mut().zip(assigned) {
+                items.reserve_exact(positions.len() * m as usize);
                 for p in positions {
                     items_of(order[p], 0, items);
                 }
@@ -347,7 +358,12 @@ pub fn iteration_tasks(n_tasks: usize, budget: u64, seed: u64, iteration: u64) -
         let offset = (pos % t) as usize;
         let take = (end - pos).min(t - offset as u128) as usize;
         let perm = permutation(n_tasks, seed, epoch);
-        out.extend_from_slice(&perm[offset..offset + take]);
+        if out.is_empty() && take == n_tasks {
+            // A whole epoch (every task in one iteration): no second copy of a large list.
+            out = perm;
+        } else {
+            out.extend_from_slice(&perm[offset..offset + take]);
+        }
         pos += take as u128;
     }
     out

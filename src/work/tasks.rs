@@ -16,7 +16,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use std::fs::File;
 use std::hash::Hasher;
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, BufRead, BufReader};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -348,26 +348,13 @@ impl FingerprintWriter {
             self.sha.update(b",");
         }
         self.empty = false;
-        serde_json::to_writer(ShaWriter(&mut self.sha), &(id, raw)).expect("hashing cannot fail");
+        serde_json::to_writer(super::ShaWriter(&mut self.sha), &(id, raw))
+            .expect("hashing cannot fail");
     }
 
     fn finish(mut self) -> String {
         self.sha.update(b"]");
         hex::encode(&self.sha.finalize()[..8])
-    }
-}
-
-/// An `io::Write` into a SHA-256.
-pub(crate) struct ShaWriter<'a>(pub(crate) &'a mut Sha256);
-
-impl Write for ShaWriter<'_> {
-    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-        self.0.update(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
     }
 }
 
