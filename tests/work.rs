@@ -1235,3 +1235,34 @@ printf '%s\n' "$RL_NODE_TASK_JSON" > "$RL_NODE_OUTPUT"
     }
     assert!(seen_last, "the plan holds the last task");
 }
+
+/// A task file edited in place during the rollout: the next item's line no longer is what
+/// the node loaded, and the node stops naming the file and line instead of handing the new
+/// line to the command as if it were the planned task.
+#[test]
+fn a_task_file_changed_in_place_stops_the_node_naming_the_line() {
+    // The first item rewrites the file in place (same inode, same length, other content).
+    let script = r#"#!/bin/sh
+sed 's/solve/SOLVE/' "@DIR@/tasks.jsonl" > "@DIR@/edited"
+cat "@DIR@/edited" > "@DIR@/tasks.jsonl"
+echo '{}' > "$RL_NODE_OUTPUT"
+"#;
+    let w = Work::new(
+        1,
+        &task_text(4, &[]),
+        "mode = \"per-task\"\nmax-workers = 1",
+        script,
+        "",
+    );
+    let mut nodes = w.c.spawn_all(ONE);
+    let code = nodes[0].wait(LIMIT);
+    let err = nodes[0].stderr();
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(&format!("tasks.train: task file {}:", w.tasks.display()))
+            && err.contains("changed after rl-node loaded it at start"),
+        "{err}"
+    );
+    // Exactly one item ran: the one that edited the file.
+    assert_eq!(w.committed(1, "r0-").len(), 1);
+}
