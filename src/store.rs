@@ -41,11 +41,21 @@ pub fn fsync_dir(dir: &Path) -> io::Result<()> {
 /// Write to a temporary file in the same directory, fsync, rename over `path`, fsync
 /// the directory. Readers see the old content or the new, never a mix (where rename is atomic).
 pub fn publish(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    publish_with(path, |w| w.write_all(bytes))
+}
+
+/// [`publish`] of what `write` writes (through a buffer), for content too large to hold
+/// in memory first. On an error, from `write` or the filesystem, `path` is left as it was.
+pub fn publish_with(
+    path: &Path,
+    write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+) -> io::Result<()> {
     WRITES.fetch_add(1, Ordering::Relaxed);
     let tmp = tmp_name(path);
     let result = (|| {
-        let mut f = File::create(&tmp)?;
-        f.write_all(bytes)?;
+        let mut w = io::BufWriter::new(File::create(&tmp)?);
+        write(&mut w)?;
+        let f = w.into_inner().map_err(io::IntoInnerError::into_error)?;
         f.sync_all()?;
         drop(f);
         fs::rename(&tmp, path)?;
@@ -132,9 +142,12 @@ fn renameat2_noreplace(_: &Path, _: &Path) -> io::Result<()> {
 }
 
 pub fn publish_json<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
-    let mut bytes = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
-    bytes.push(b'\n');
-    publish(path, &bytes)
+    // Streamed: a plan of a million items is over 100 MB of JSON.
+    publish_with(path, |w| {
+        // An I/O error comes back as itself (e.g. a full filesystem stays `StorageFull`).
+        serde_json::to_writer_pretty(&mut *w, value).map_err(io::Error::from)?;
+        w.write_all(b"\n")
+    })
 }
 
 /// The last resort of a node that can no longer create files (a full disk, a quota):
@@ -322,6 +335,26 @@ mod tests {
         publish(&p, b"one").unwrap();
         publish(&p, b"two").unwrap();
         assert_eq!(fs::read(&p).unwrap(), b"two");
+        assert_eq!(fs::read_dir(d.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn streamed_publishes_write_what_they_wrote_and_nothing_on_an_error() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("plan.json");
+        let value = serde_json::json!({"ranks": [[{"task": "t1", "seed": 7}], []], "pool": []});
+        publish_json(&p, &value).unwrap();
+        let mut expected = serde_json::to_vec_pretty(&value).unwrap();
+        expected.push(b'\n');
+        assert_eq!(fs::read(&p).unwrap(), expected);
+        // A writer that fails halfway: the old content stays, no temporary file is left.
+        let err = publish_with(&p, |w| {
+            w.write_all(b"half")?;
+            Err(io::Error::other("gave up"))
+        })
+        .unwrap_err();
+        assert_eq!(err.to_string(), "gave up");
+        assert_eq!(fs::read(&p).unwrap(), expected);
         assert_eq!(fs::read_dir(d.path()).unwrap().count(), 1);
     }
 

@@ -78,7 +78,7 @@ fn key(v: &Value) -> (String, u64) {
 }
 
 fn item_key(i: &work::Item) -> (String, u64) {
-    (i.task.clone(), u64::from(i.sample))
+    (i.task.to_string(), u64::from(i.sample))
 }
 
 fn mean(v: &[u64]) -> f64 {
@@ -152,7 +152,7 @@ impl Work {
             .unwrap()
     }
 
-    fn tasks(&self) -> Vec<work::Task> {
+    fn tasks(&self) -> work::TaskFile {
         work::load_tasks(&self.tasks, "id").unwrap()
     }
 
@@ -250,7 +250,7 @@ fn expected_plan(
 ) -> Plan {
     let tasks = w.tasks();
     work::plan(&work::PlanInput {
-        tasks: &tasks,
+        tasks: tasks.ids(),
         weights,
         budget,
         samples,
@@ -281,8 +281,9 @@ fn per_task_items_follow_the_weighted_split_and_are_merged_exactly_once() {
     wait_ok(&mut nodes, "weighted per-task");
     let tasks = w.tasks();
     let all: BTreeSet<(String, u64)> = tasks
+        .ids()
         .iter()
-        .flat_map(|t| (0..2).map(move |k| (t.id.clone(), k)))
+        .flat_map(|id| (0..2).map(move |k| (id.to_owned(), k)))
         .collect();
     for it in 1..=2u64 {
         let dir = w.train_dir(it);
@@ -319,7 +320,7 @@ fn per_task_items_follow_the_weighted_split_and_are_merged_exactly_once() {
             // The rank's task file holds the task records themselves, in plan order.
             let expected: String = order
                 .iter()
-                .map(|&t| format!("{}\n", tasks[t].raw))
+                .map(|&t| format!("{}\n", tasks.raw(t).unwrap()))
                 .collect();
             assert_eq!(
                 fs::read_to_string(dir.join(format!("tasks/rank-{r}.jsonl"))).unwrap(),
@@ -373,7 +374,7 @@ fn per_task_items_follow_the_weighted_split_and_are_merged_exactly_once() {
             .ranks
             .concat()
             .iter()
-            .map(|i| i.task.clone())
+            .map(|i| i.task.to_string())
             .collect()
     };
     assert_ne!(order(1), order(2));
@@ -622,7 +623,7 @@ fn exact_budget_replaces_a_failed_task_with_one_outside_the_plan() {
         .ranks
         .iter()
         .flatten()
-        .map(|i| i.task.clone())
+        .map(|i| i.task.to_string())
         .collect();
     let outside: Vec<&&String> = ids.iter().filter(|t| !planned.contains(**t)).collect();
     assert_eq!(outside.len(), 1, "replacements: {outside:?}");
@@ -1056,7 +1057,7 @@ done < "$1" > "$2"
     for (r, rec) in merged.iter().enumerate() {
         assert_eq!(rec["rank"], r);
         let expected: Value =
-            serde_json::from_str(&tasks[plan.ranks[r][0].task_index].raw).unwrap();
+            serde_json::from_str(&tasks.raw(plan.ranks[r][0].task_index).unwrap()).unwrap();
         assert_eq!(rec["task"], expected);
     }
 }
@@ -1152,4 +1153,116 @@ fn each_per_task_item_writes_its_own_log() {
         6,
         "{phase_log}"
     );
+}
+
+// ---------------------------------------------------------------------------- 10. task lines
+
+/// The task lines a per-task item receives (`RL_NODE_TASK_JSON`) and a rank's share
+/// (`tasks/rank-R.jsonl`) holds are those of the file, byte for byte, though the node keeps
+/// only their positions: including the file's last task, a line longer than the loader's
+/// 64 KiB buffer, behind a byte-order mark, CRLF endings, blank lines and stray spaces.
+#[test]
+fn items_and_shares_get_the_task_lines_byte_for_byte() {
+    let n = 5000;
+    let mut text = String::from("\u{feff}");
+    for i in 0..n - 1 {
+        if i % 700 == 3 {
+            text.push_str("\r\n  \r\n");
+        }
+        text.push_str(&format!(
+            " {{\"id\": \"task-{i:05}\",\t\"prompt\": \"what is {i} + {}? \\\"quoted\\\" $HOME `x` %s \\\\ é 日本\"}}  \r\n",
+            i % 89
+        ));
+    }
+    // The last task: longer than the loader's buffer, without a final line ending.
+    text.push_str(&format!(
+        "{{\"id\": \"the-last\", \"prompt\": \"{}\"}}",
+        "long ".repeat(14_000)
+    ));
+    // The file's task lines as they are: after the BOM, split at \n, trimmed, non-blank.
+    let lines: Vec<&str> = text
+        .trim_start_matches('\u{feff}')
+        .split('\n')
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    assert_eq!(lines.len(), n);
+    assert!(lines[n - 1].len() > 70_000);
+    // A seed whose first iteration of 16 tasks holds the last one.
+    let budget = 16;
+    let seed = (0..)
+        .find(|&s| work::iteration_tasks(n, budget, s, 1).contains(&(n - 1)))
+        .unwrap();
+    let script = r#"#!/bin/sh
+printf '%s\n' "$RL_NODE_TASK_JSON" > "$RL_NODE_OUTPUT"
+"#;
+    let w = Work::new(
+        2,
+        &text,
+        &format!(
+            "mode = \"per-task\"\ntasks-per-iteration = {budget}\nseed = {seed}\nmax-workers = 4"
+        ),
+        script,
+        "",
+    );
+    let mut nodes = w.c.spawn_all(ONE);
+    wait_ok(&mut nodes, "task lines");
+    let plan = w.plan(1);
+    let dir = w.train_dir(1);
+    let mut seen_last = false;
+    for (r, share) in plan.ranks.iter().enumerate() {
+        assert!(!share.is_empty(), "rank {r}");
+        let mut expected_share = String::new();
+        for (pos, item) in share.iter().enumerate() {
+            let line = lines[item.task_index];
+            seen_last |= item.task_index == n - 1;
+            let path = dir.join(format!("items/r{r}-{pos:05}.jsonl"));
+            assert_eq!(
+                fs::read_to_string(&path).unwrap(),
+                format!("{line}\n"),
+                "{}: task {}",
+                path.display(),
+                item.task
+            );
+            expected_share.push_str(line);
+            expected_share.push('\n');
+        }
+        assert_eq!(
+            fs::read_to_string(dir.join(format!("tasks/rank-{r}.jsonl"))).unwrap(),
+            expected_share,
+            "rank {r}'s share"
+        );
+    }
+    assert!(seen_last, "the plan holds the last task");
+}
+
+/// A task file edited in place during the rollout: the next item's line no longer is what
+/// the node loaded, and the node stops naming the file and line instead of handing the new
+/// line to the command as if it were the planned task.
+#[test]
+fn a_task_file_changed_in_place_stops_the_node_naming_the_line() {
+    // The first item rewrites the file in place (same inode, same length, other content).
+    let script = r#"#!/bin/sh
+sed 's/solve/SOLVE/' "@DIR@/tasks.jsonl" > "@DIR@/edited"
+cat "@DIR@/edited" > "@DIR@/tasks.jsonl"
+echo '{}' > "$RL_NODE_OUTPUT"
+"#;
+    let w = Work::new(
+        1,
+        &task_text(4, &[]),
+        "mode = \"per-task\"\nmax-workers = 1",
+        script,
+        "",
+    );
+    let mut nodes = w.c.spawn_all(ONE);
+    let code = nodes[0].wait(LIMIT);
+    let err = nodes[0].stderr();
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(&format!("tasks.train: task file {}:", w.tasks.display()))
+            && err.contains("changed after rl-node loaded it at start"),
+        "{err}"
+    );
+    // Exactly one item ran: the one that edited the file.
+    assert_eq!(w.committed(1, "r0-").len(), 1);
 }

@@ -19,28 +19,31 @@ use super::{Interrupt, Node, Stop};
 use crate::config::{PhaseCommand, WorkMode};
 use crate::protocol::AbortKind;
 use crate::store;
-use crate::work::plan::{self, Item, Plan, Strategy, Task};
+use crate::work::plan::{self, Item, Plan, Strategy};
+use crate::work::tasks::{self, TaskFile, TaskIds};
 use serde_json::{json, Value};
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The task files, loaded once at start.
+/// The task files, loaded once at start: ids and line positions (see `crate::work::tasks`),
+/// shared with each rollout without copying.
 #[derive(Default)]
 pub(super) struct TaskSets {
-    pub train: Option<Vec<Task>>,
-    pub eval: Option<Vec<Task>>,
+    pub train: Option<Arc<TaskFile>>,
+    pub eval: Option<Arc<TaskFile>>,
 }
 
 impl TaskSets {
     /// Load the configured task files; a bad file is a usage error (exit 2, nothing written).
     pub fn load(cfg: &crate::config::Config) -> Result<TaskSets, Stop> {
-        let load = |key: &str, path: &str| -> Result<Option<Vec<Task>>, Stop> {
+        let load = |key: &str, path: &str| -> Result<Option<Arc<TaskFile>>, Stop> {
             if path.is_empty() {
                 return Ok(None);
             }
-            plan::load_tasks(Path::new(path), &cfg.tasks.id_field)
-                .map(Some)
+            tasks::load_tasks(Path::new(path), &cfg.tasks.id_field)
+                .map(|t| Some(Arc::new(t)))
                 .map_err(|e| Stop::usage(format!("tasks.{key}: {e}"), None))
         };
         let sets = TaskSets {
@@ -66,7 +69,7 @@ impl TaskSets {
         Ok(sets)
     }
 
-    fn get(&self, split: &str) -> Option<&Vec<Task>> {
+    fn get(&self, split: &str) -> Option<&Arc<TaskFile>> {
         if split == "train" {
             self.train.as_ref()
         } else {
@@ -80,7 +83,7 @@ struct Job<'a> {
     split: &'a str,
     phase: &'a str,
     pc: &'a PhaseCommand,
-    tasks: &'a [Task],
+    tasks: &'a TaskFile,
 }
 
 /// One running item of a per-task or dynamic rollout.
@@ -114,7 +117,7 @@ impl Node {
         let budget =
             (split == "train" && w.tasks_per_iteration > 0).then_some(w.tasks_per_iteration);
         Some(plan::plan(&plan::PlanInput {
-            tasks,
+            tasks: tasks.ids(),
             weights: &self.cfg.weights(),
             budget,
             samples: w.samples_per_task,
@@ -128,7 +131,7 @@ impl Node {
     /// the task files' content (two files with the same ids plan alike but differ).
     pub(super) fn plan_fingerprints(&self) -> Value {
         let fp = |s: &str| self.plan_for(s).map(|p| p.fingerprint);
-        let files = |s: &str| self.tasks.get(s).map(|t| plan::tasks_fingerprint(t));
+        let files = |s: &str| self.tasks.get(s).map(|t| t.fingerprint().to_owned());
         json!({"train": fp("train"), "eval": fp("eval"), "train-tasks": files("train"), "eval-tasks": files("eval")})
     }
 
@@ -151,7 +154,7 @@ impl Node {
         split: &str,
         phase: &str,
         pc: &PhaseCommand,
-        plan: Plan,
+        mut plan: Plan,
     ) -> Result<(), Stop> {
         let dir = self.layout.rollout_dir(self.iteration, split);
         if let Err(e) = std::fs::create_dir_all(dir.join("tasks")) {
@@ -167,22 +170,48 @@ impl Node {
             let _ = store::publish_json(&dir.join("plan.json"), &plan);
         }
         if plan.strategy == Strategy::Dynamic {
-            return self.dynamic_rollout(split, phase, pc, &plan);
+            return self.dynamic_rollout(split, phase, pc, plan);
         }
-        let items = plan.ranks[self.rank as usize].clone();
-        let tasks = self.tasks.get(split).expect("planned").clone();
-        // The rank's share: the task records themselves, in plan order, once per task.
+        // This rank's items only: the rest of the plan (every task's items when an iteration
+        // uses the whole file) is freed before the rollout runs.
+        let strategy = plan.strategy;
+        let items = std::mem::take(&mut plan.ranks[self.rank as usize]);
+        drop(plan);
+        let tasks = Arc::clone(self.tasks.get(split).expect("planned"));
+        // The rank's share: the task records themselves, in plan order, once per task,
+        // streamed from the task file.
         let task_file = dir.join("tasks").join(format!("rank-{}.jsonl", self.rank));
-        let mut text = String::new();
-        let mut last = None;
-        for it in &items {
-            if last != Some(it.task_index) {
-                text.push_str(&tasks[it.task_index].raw);
-                text.push('\n');
+        let mut task_error = None;
+        let written = store::publish_with(&task_file, |w| {
+            let mut last = None;
+            for it in &items {
+                if last == Some(it.task_index) {
+                    continue;
+                }
                 last = Some(it.task_index);
+                match tasks.raw(it.task_index) {
+                    Ok(raw) => {
+                        w.write_all(raw.as_bytes())?;
+                        w.write_all(b"\n")?;
+                    }
+                    Err(e) => {
+                        task_error = Some(e);
+                        return Err(std::io::Error::other("the task file"));
+                    }
+                }
             }
+            Ok(())
+        });
+        if let Some(e) = task_error {
+            return Err(self.fail(
+                AbortKind::Error,
+                self.rank,
+                None,
+                format!("tasks.{split}: {e}"),
+                None,
+            ));
         }
-        if let Err(e) = store::publish(&task_file, text.as_bytes()) {
+        if let Err(e) = written {
             return Err(self.fail(
                 AbortKind::Error,
                 self.rank,
@@ -195,7 +224,7 @@ impl Node {
         if items.is_empty() {
             self.info(&format!(
                 "iteration {}: no {split} tasks for this rank ({:?} strategy); it takes part in every barrier",
-                self.iteration, plan.strategy
+                self.iteration, strategy
             ));
             let shard = self.layout.shard(self.iteration, split, self.rank);
             return store::publish(&shard, b"").map_err(|e| {
@@ -209,11 +238,15 @@ impl Node {
             });
         }
         match self.cfg.work.mode {
-            WorkMode::PerRank => self.rollout(split, phase, pc),
+            WorkMode::PerRank => {
+                drop(items);
+                self.rollout(split, phase, pc)
+            }
             WorkMode::PerTask => {
+                let planned = items.len();
                 let names: Vec<(usize, Item)> = items.into_iter().enumerate().collect();
                 self.run_items(split, phase, pc, &tasks, names, Some(self.rank))?;
-                self.commit_rank_shard(split, &plan)
+                self.commit_rank_shard(split, planned)
             }
         }
     }
@@ -222,11 +255,12 @@ impl Node {
         self.layout.rollout_dir(self.iteration, split).join("items")
     }
 
-    /// Concatenate this rank's committed items (plan order) into its shard, so the
-    /// aggregation and `rl-node aggregate` see per-task output like any other.
-    fn commit_rank_shard(&mut self, split: &str, plan: &Plan) -> Result<(), Stop> {
+    /// Concatenate this rank's `planned` committed items (plan order) and its replacements
+    /// into its shard, so the aggregation and `rl-node aggregate` see per-task output like
+    /// any other.
+    fn commit_rank_shard(&mut self, split: &str, planned: usize) -> Result<(), Stop> {
         let dir = self.items_dir(split);
-        let paths: Vec<PathBuf> = (0..plan.ranks[self.rank as usize].len())
+        let paths: Vec<PathBuf> = (0..planned)
             .map(|pos| dir.join(format!("{}.jsonl", item_name(pos, Some(self.rank)))))
             .chain(
                 self.replacements
@@ -331,7 +365,16 @@ impl Node {
         attempt: u32,
     ) -> Result<(i32, PathBuf), Stop> {
         let (split, phase, pc) = (job.split, job.phase, job.pc);
-        let task = &job.tasks[item.task_index];
+        // The line is read again from the task file: only its position was kept.
+        let task_json = job.tasks.raw(item.task_index).map_err(|e| {
+            self.fail(
+                AbortKind::Error,
+                self.rank,
+                None,
+                format!("tasks.{split}: {e}"),
+                None,
+            )
+        })?;
         let dir = self.items_dir(split);
         // In dynamic mode a takeover or a backup may run an item while its first claimant
         // still writes: every attempt writes its own partial file.
@@ -347,11 +390,11 @@ impl Node {
             dir.join(format!("{name}.g{gen}.a{attempt}.partial.jsonl"))
         };
         let _ = std::fs::remove_file(&partial);
-        self.extra.insert("task_id", item.task.clone());
+        self.extra.insert("task_id", item.task.to_string());
         self.extra.insert("sample", item.sample.to_string());
         self.extra.insert("sample_seed", item.seed.to_string());
         self.extra.insert("state", item.state.to_string());
-        self.extra.insert("task_json", task.raw.clone());
+        self.extra.insert("task_json", task_json);
         let values = self.values(phase, Some(split), &partial);
         let command = crate::config::Template::parse(&pc.command)
             .expect("validated")
@@ -446,7 +489,7 @@ impl Node {
         split: &str,
         phase: &str,
         pc: &PhaseCommand,
-        tasks: &[Task],
+        tasks: &TaskFile,
         names: Vec<(usize, Item)>,
         rank: Option<u32>,
     ) -> Result<(), Stop> {
@@ -488,7 +531,7 @@ impl Node {
                 self.iteration
             ));
         }
-        let mut replacements = self.replacement_pool(split, tasks);
+        let mut replacements = self.replacement_pool(split, tasks.ids());
         let mut delayed: Vec<(Instant, String, Item, u32)> = vec![];
         let mut running: HashMap<i32, (String, Item, u32, PathBuf)> = HashMap::new();
         let deadline = Instant::now() + pc.timeout;
@@ -566,7 +609,8 @@ impl Node {
                     ));
                     self.item_failed(&name, &item.task, other);
                     if self.cfg.work.exact_budget {
-                        if let Some((rname, ritem)) = replacements.pop_front() {
+                        if let Some((rname, ritem)) = replacements.as_mut().and_then(Iterator::next)
+                        {
                             self.replacements.push(rname.clone());
                             tally.total += 1;
                             // Committed before a restart: reuse it.
@@ -619,33 +663,27 @@ impl Node {
     }
 
     /// Tasks outside this iteration's plan that this rank may use to replace failed items
-    /// (`exact-budget`): disjoint between ranks (task index mod ranks), deterministic.
-    fn replacement_pool(&self, split: &str, tasks: &[Task]) -> VecDeque<(String, Item)> {
+    /// (`exact-budget`), if any: disjoint between ranks (task index mod ranks),
+    /// deterministic.
+    fn replacement_pool<'t>(&self, split: &str, ids: &'t TaskIds) -> Option<Replacements<'t>> {
         if !self.cfg.work.exact_budget {
-            return VecDeque::new();
+            return None;
         }
-        let Some(plan) = self.plan_for(split) else {
-            return VecDeque::new();
-        };
-        let used: std::collections::BTreeSet<usize> =
-            plan.ranks.iter().flatten().map(|i| i.task_index).collect();
-        let n = self.num_nodes() as usize;
-        tasks
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| !used.contains(i) && i % n == self.rank as usize)
-            .enumerate()
-            .map(|(k, (i, t))| {
-                let item = Item {
-                    task: t.id.clone(),
-                    task_index: i,
-                    sample: 0,
-                    seed: plan::sample_seed(self.cfg.work.seed, self.iteration, &t.id, 0),
-                    state: 0,
-                };
-                (format!("r{}-x{k:05}", self.rank), item)
-            })
-            .collect()
+        let plan = self.plan_for(split)?;
+        let mut used = vec![false; ids.len()];
+        for item in plan.ranks.iter().flatten() {
+            used[item.task_index] = true;
+        }
+        Some(Replacements {
+            ids,
+            used,
+            next: self.rank as usize,
+            step: self.num_nodes() as usize,
+            drawn: 0,
+            rank: self.rank,
+            seed: self.cfg.work.seed,
+            iteration: self.iteration,
+        })
     }
 
     // ------------------------------------------------------------------ dynamic leases
@@ -727,7 +765,7 @@ impl Node {
         split: &str,
         phase: &str,
         pc: &PhaseCommand,
-        plan: &Plan,
+        plan: Plan,
     ) -> Result<(), Stop> {
         let dir = self.items_dir(split);
         for d in [dir.clone(), dir.with_file_name("leases")] {
@@ -741,8 +779,8 @@ impl Node {
                 ));
             }
         }
-        let tasks = self.tasks.get(split).expect("planned").clone();
-        let pool = plan.pool.clone();
+        let tasks = Arc::clone(self.tasks.get(split).expect("planned"));
+        let pool = plan.pool;
         // A peer dying now does not stop the cluster: its items are taken over. The next
         // barrier still notices it.
         self.tolerate_dead = true;
@@ -756,7 +794,7 @@ impl Node {
         split: &str,
         phase: &str,
         pc: &PhaseCommand,
-        tasks: &[Task],
+        tasks: &TaskFile,
         pool: &[Item],
     ) -> Result<(), Stop> {
         let job = Job {
@@ -1075,6 +1113,48 @@ impl Node {
             ));
         }
         Ok(())
+    }
+}
+
+/// This rank's replacement items, in task order, drawn one at a time as items fail: a
+/// million-task file costs a flag per task here, not an item.
+struct Replacements<'t> {
+    ids: &'t TaskIds,
+    /// Whether each task is in this iteration's plan.
+    used: Vec<bool>,
+    /// The next candidate task index; candidates are `rank, rank + ranks, …`.
+    next: usize,
+    step: usize,
+    drawn: usize,
+    rank: u32,
+    seed: u64,
+    iteration: u64,
+}
+
+impl Iterator for Replacements<'_> {
+    /// The item's name and the item (sample 0).
+    type Item = (String, Item);
+
+    fn next(&mut self) -> Option<(String, Item)> {
+        while self.next < self.ids.len() {
+            let i = self.next;
+            self.next += self.step;
+            if self.used[i] {
+                continue;
+            }
+            let k = self.drawn;
+            self.drawn += 1;
+            let id = &self.ids[i];
+            let item = Item {
+                task: id.into(),
+                task_index: i,
+                sample: 0,
+                seed: plan::sample_seed(self.seed, self.iteration, id, 0),
+                state: 0,
+            };
+            return Some((format!("r{}-x{k:05}", self.rank), item));
+        }
+        None
     }
 }
 

@@ -11,8 +11,24 @@
 //! only I/O is [`load_tasks`], which reads the task file.
 
 pub mod plan;
+pub mod tasks;
 
 pub use plan::{
-    iteration_tasks, load_tasks, plan, sample_seed, tasks_fingerprint, weighted_counts, Item, Plan,
-    PlanError, PlanInput, Strategy, Task, TaskError,
+    iteration_tasks, plan, sample_seed, weighted_counts, Item, Plan, PlanError, PlanInput, Strategy,
 };
+pub use tasks::{load_tasks, TaskError, TaskFile, TaskIds};
+
+/// An `io::Write` into a SHA-256, so that fingerprints of large values (a plan of a million
+/// items, the contents of a task file) are computed from their JSON without holding it.
+pub(crate) struct ShaWriter<'a>(pub(crate) &'a mut sha2::Sha256);
+
+impl std::io::Write for ShaWriter<'_> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        sha2::Digest::update(self.0, bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
