@@ -6,8 +6,8 @@ mod common;
 
 use common::cluster::*;
 use std::fs;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 const LIMIT: Duration = Duration::from_secs(30);
 
@@ -224,25 +224,7 @@ fn json_debug_logging_into_a_closed_stderr_does_not_stop_the_node() {
             "json",
             "--log-level",
             "debug",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, _) in std::env::vars() {
-        if k.starts_with("RL_NODE_") {
-            cmd.env_remove(k);
-        }
-    }
-    let mut node = cmd.spawn().unwrap();
-    drop(node.stdout.take());
-    drop(node.stderr.take());
-    let started = Instant::now();
-    let status = loop {
-        if let Some(s) = node.try_wait().unwrap() {
-            break s;
-        }
-        assert!(started.elapsed() < LIMIT, "the node did not finish");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+        ]);
+    let status = run_with_closed_output(&mut cmd, LIMIT, "the node");
     assert_eq!(status.code(), Some(0), "{status}");
 }

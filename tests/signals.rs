@@ -5,7 +5,7 @@ mod common;
 
 use common::cluster::*;
 use std::fs;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -29,26 +29,8 @@ fn a_node_whose_stdout_and_stderr_are_closed_keeps_running_and_completes() {
         .arg(&c.config)
         .arg("--log-path")
         .arg(&c.log_path)
-        .args(["--iterations", "3"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, _) in std::env::vars() {
-        if k.starts_with("RL_NODE_") {
-            cmd.env_remove(k);
-        }
-    }
-    let mut worker = cmd.spawn().unwrap();
-    drop(worker.stdout.take());
-    drop(worker.stderr.take());
-    let started = Instant::now();
-    let status = loop {
-        if let Some(s) = worker.try_wait().unwrap() {
-            break s;
-        }
-        assert!(started.elapsed() < LIMIT, "rank 1 did not finish");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+        .args(["--iterations", "3"]);
+    let status = run_with_closed_output(&mut cmd, LIMIT, "rank 1");
     assert_eq!(
         status.code(),
         Some(0),

@@ -284,3 +284,36 @@ pub fn process_alive_with(needle: &str) -> Vec<i32> {
     }
     out
 }
+
+/// Run `cmd` (an rl-node) with its stdout and stderr pipes closed at once, like
+/// `rl-node … | head` after `head` exited: every console write fails with EPIPE. Returns
+/// its exit status; panics naming `what` if it does not finish within `limit`.
+pub fn run_with_closed_output(
+    cmd: &mut Command,
+    limit: Duration,
+    what: &str,
+) -> std::process::ExitStatus {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, _) in std::env::vars() {
+        if k.starts_with("RL_NODE_") {
+            cmd.env_remove(k);
+        }
+    }
+    let mut child = cmd.spawn().unwrap();
+    drop(child.stdout.take());
+    drop(child.stderr.take());
+    let started = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
