@@ -334,6 +334,19 @@ pub fn main() -> i32 {
             }
         }
         None => {
+            // Before anything else (it reads and removes the supervisor's variable):
+            // either this is the node process its supervisor started, or this process
+            // becomes the supervisor of one (node::supervisor says why).
+            let supervisor = match node::supervisor::Link::inherited() {
+                Some(link) => Some(link),
+                None => match node::supervisor::run_node_in_child() {
+                    Ok(code) => return code,
+                    Err(e) => {
+                        crate::errln!("warning: cannot start the node in a child process ({e}); running it in this one, which a hung shared filesystem can keep alive past fs-timeout");
+                        None
+                    }
+                },
+            };
             let loaded = match cli.settings.load() {
                 Ok(l) => l,
                 Err(e) => return config_error(e),
@@ -350,6 +363,7 @@ pub fn main() -> i32 {
                 rank_source,
                 debug_mode: cli.node.debug_mode,
                 fresh: cli.node.fresh,
+                supervisor,
             };
             match node::run(&loaded, opts) {
                 Ok(()) => exit::DONE,

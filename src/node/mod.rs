@@ -15,6 +15,7 @@ mod join;
 pub mod procs;
 mod publisher;
 mod server;
+pub mod supervisor;
 mod watchdog;
 mod work;
 
@@ -79,6 +80,9 @@ pub struct NodeOptions {
     pub debug_mode: bool,
     /// `--fresh`: set an existing run aside and start a new one.
     pub fresh: bool,
+    /// The link to this node's supervisor, the process a launcher sees (None: this process
+    /// is the one a launcher sees).
+    pub supervisor: Option<supervisor::Link>,
 }
 
 pub(crate) struct Node {
@@ -180,6 +184,13 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
     }
     let tasks = work::TaskSets::load(&cfg)?;
 
+    let supervisor = opts.supervisor;
+    if let Some(link) = &supervisor {
+        crate::holder::set_node_process(link.parent);
+        // This process is in a process group of its own, in the background of a terminal:
+        // with `stty tostop`, its first line to the terminal would stop it silently.
+        unsafe { libc::signal(libc::SIGTTOU, libc::SIG_IGN) };
+    }
     let (tx, rx) = channel();
     procs::start_reaper(tx.clone());
     let registry = Registry::new();
@@ -189,14 +200,24 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
             &format!("warning: cannot start the guardian process ({e}); children may outlive a kill -9 of this node"),
         );
     }
-    start_signal_thread(tx.clone(), registry.clone(), opts.rank);
-    let watchdog = watchdog::Watchdog::start(opts.rank, cfg.timing.fs_timeout, registry.clone());
+    start_signal_thread(
+        tx.clone(),
+        registry.clone(),
+        opts.rank,
+        supervisor.as_ref().map(|l| l.parent),
+    );
+    let watchdog = watchdog::Watchdog::start(
+        opts.rank,
+        cfg.timing.fs_timeout,
+        registry.clone(),
+        supervisor,
+    );
 
     let mut node = Node {
         rank: opts.rank,
         layout,
         host: hostname(),
-        pid: std::process::id(),
+        pid: crate::holder::node_process(),
         ident: crate::holder::this_process(),
         nonce: random_hex(8),
         fingerprint: cfg.fingerprint(),
@@ -251,8 +272,13 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
             loaded.source_of("cluster.num-nodes")
         ));
     }
+    let node_process = if node.pid == std::process::id() {
+        String::new()
+    } else {
+        format!(" (node process {})", std::process::id())
+    };
     node.say(&format!(
-        "rank {} ({}) on {}, pid {}; shared directory {}",
+        "rank {} ({}) on {}, pid {}{node_process}; shared directory {}",
         node.rank,
         opts.rank_source,
         node.host,
@@ -1814,14 +1840,20 @@ fn writable(p: &Path) -> bool {
     unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
 }
 
-fn start_signal_thread(tx: Sender<Event>, registry: Arc<Registry>, rank: u32) {
+fn start_signal_thread(
+    tx: Sender<Event>,
+    registry: Arc<Registry>,
+    rank: u32,
+    supervisor: Option<u32>,
+) {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
+    use signal_hook::iterator::{exfiltrator::WithRawSiginfo, SignalsInfo};
     // SIGHUP (a closed terminal or ssh session) stops the node like SIGTERM, with an abort
     // peers see within a poll; SIGUSR1/SIGUSR2 (a batch system's time-limit warning) stop
     // every node gracefully with exit 75, to be resumed by a restart. `nohup` does not
     // help: rl-node handles SIGHUP itself (run it under setsid, tmux or a batch system).
     let mut signals =
-        match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2]) {
+        match SignalsInfo::<WithRawSiginfo>::new([SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2]) {
             Ok(s) => s,
             Err(e) => {
                 say(
@@ -1831,11 +1863,20 @@ fn start_signal_thread(tx: Sender<Event>, registry: Arc<Registry>, rank: u32) {
                 return;
             }
         };
+    // The sender tells a signal passed on by the supervisor from a direct one.
+    let mut deliveries = supervisor::Deliveries::new(supervisor);
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
             let mut count = 0;
-            for sig in signals.forever() {
+            for info in signals.forever() {
+                let sig = info.si_signo;
+                // A sender pid is there for kill(2)/sigqueue(3) (si_code <= 0), not for
+                // signals the kernel generates (a terminal's Ctrl-C).
+                let sender = (info.si_code <= 0).then(|| unsafe { info.si_pid() });
+                if !deliveries.is_new(sig, sender, Instant::now()) {
+                    continue;
+                }
                 count += 1;
                 if count == 1 {
                     let _ = tx.send(Event::Signal(sig));

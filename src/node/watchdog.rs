@@ -4,11 +4,13 @@
 //! loop as anywhere. The loop pets this watchdog with a note of what it is about to do;
 //! if it goes silent for `fs-timeout`, the watchdog ends the node, naming the operation
 //! that hung. Its thread may itself be the only one of the process still running, so the
-//! order is: tell the guardian (a pipe), signal the commands, and only then print (stderr
-//! may be a file on the hung filesystem too). The process then exits with 4, which the
-//! kernel completes only once the stuck call returns.
+//! order is: tell the supervisor and the guardian (pipes), signal the commands, and only
+//! then print (stderr may be a file on the hung filesystem too). The process then exits
+//! with 4, which the kernel completes only once the stuck call returns; the supervisor
+//! exits 4 for it meanwhile.
 
 use super::procs::Registry;
+use super::supervisor::Link;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,7 +20,12 @@ pub struct Watchdog {
 }
 
 impl Watchdog {
-    pub fn start(rank: u32, limit: Duration, registry: Arc<Registry>) -> Watchdog {
+    pub fn start(
+        rank: u32,
+        limit: Duration,
+        registry: Arc<Registry>,
+        supervisor: Option<Link>,
+    ) -> Watchdog {
         let state = Arc::new(Mutex::new((Instant::now(), "starting", true)));
         let s = state.clone();
         std::thread::Builder::new()
@@ -35,6 +42,9 @@ impl Watchdog {
                 }
                 let stuck = since.elapsed();
                 if stuck > limit {
+                    if let Some(link) = &supervisor {
+                        link.stuck(rank, stuck, limit, what);
+                    }
                     registry.guardian_kill_now();
                     registry.signal_all(libc::SIGTERM);
                     let message = format!(
