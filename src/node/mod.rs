@@ -191,6 +191,8 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
         // with `stty tostop`, its first line to the terminal would stop it silently.
         unsafe { libc::signal(libc::SIGTTOU, libc::SIG_IGN) };
     }
+    // Before any thread exists, which then inherit it: see `start_signal_thread`.
+    set_stop_signals_mask(libc::SIG_BLOCK);
     let (tx, rx) = channel();
     procs::start_reaper(tx.clone());
     let registry = Registry::new();
@@ -1840,6 +1842,24 @@ fn writable(p: &Path) -> bool {
     unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
 }
 
+/// Block or unblock, in the calling thread, the signals that stop a node.
+fn set_stop_signals_mask(how: libc::c_int) {
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in [
+            libc::SIGINT,
+            libc::SIGTERM,
+            libc::SIGHUP,
+            libc::SIGUSR1,
+            libc::SIGUSR2,
+        ] {
+            libc::sigaddset(&mut set, sig);
+        }
+        libc::pthread_sigmask(how, &set, std::ptr::null_mut());
+    }
+}
+
 fn start_signal_thread(
     tx: Sender<Event>,
     registry: Arc<Registry>,
@@ -1863,11 +1883,16 @@ fn start_signal_thread(
                 return;
             }
         };
+    // The kernel offers a signal sent to the process to its main thread first; a main
+    // thread waiting in a hung filesystem call takes it, and then runs no handler until
+    // the filesystem answers. So these signals are blocked in every thread but this one
+    // (blocked in `run` before the first thread started, unblocked here).
     // The sender tells a signal passed on by the supervisor from a direct one.
     let mut deliveries = supervisor::Deliveries::new(supervisor);
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
+            set_stop_signals_mask(libc::SIG_UNBLOCK);
             let mut count = 0;
             for info in signals.forever() {
                 let sig = info.si_signo;

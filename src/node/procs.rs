@@ -124,7 +124,7 @@ impl Registry {
     /// leaves its children running, so failing to start it is reported by the caller.
     pub fn start_guardian(&self) -> io::Result<()> {
         let exe = std::env::current_exe()?;
-        let mut child = Command::new(exe)
+        let mut child = unblocked_signals(&mut Command::new(exe))
             .arg("__guard")
             .arg(&self.nonce)
             .env_remove(super::context::OWNER_ENV)
@@ -230,6 +230,20 @@ impl Registry {
     }
 }
 
+/// Start `cmd` with no signal blocked: the node blocks its stop signals in every thread
+/// but its signal thread (`node::start_signal_thread` says why), and a child would
+/// inherit that mask and never see SIGTERM.
+pub fn unblocked_signals(cmd: &mut Command) -> &mut Command {
+    unsafe {
+        cmd.pre_exec(|| {
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+            Ok(())
+        })
+    }
+}
+
 pub fn group_alive(pgid: i32) -> bool {
     unsafe { libc::killpg(pgid, 0) == 0 }
 }
@@ -319,7 +333,7 @@ pub fn spawn_shell(
         super::wall_now()
     )?;
     let err = out.try_clone()?;
-    let child: Child = Command::new("sh")
+    let child: Child = unblocked_signals(&mut Command::new("sh"))
         .arg("-c")
         .arg(command)
         .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
