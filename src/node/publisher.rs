@@ -4,8 +4,10 @@
 //! at once whenever the node loop changes it (arriving at a barrier, releasing one,
 //! aborting), so barrier latency is not tied to the heartbeat interval. Before each
 //! periodic write it reads the record back: another process's nonce there means two
-//! processes claim this rank.
+//! processes claim this rank. The watchdog watches each write: one that does not return
+//! within `fs-timeout` ends the node like a stuck node loop.
 
+use super::watchdog::Watchdog;
 use crate::protocol::RankRecord;
 use crate::store;
 use std::path::PathBuf;
@@ -35,6 +37,7 @@ impl Publisher {
         path: PathBuf,
         mut record: RankRecord,
         interval: Duration,
+        watchdog: Watchdog,
     ) -> std::io::Result<Publisher> {
         record.seq += 1;
         record.wall = crate::protocol::wall_now();
@@ -55,7 +58,7 @@ impl Publisher {
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("heartbeat".into())
-            .spawn(move || run(path, s))?;
+            .spawn(move || run(path, s, watchdog))?;
         Ok(Publisher {
             shared,
             thread: Some(thread),
@@ -121,7 +124,7 @@ impl Publisher {
     }
 }
 
-fn run(path: PathBuf, shared: Arc<(Mutex<Shared>, Condvar)>) {
+fn run(path: PathBuf, shared: Arc<(Mutex<Shared>, Condvar)>, watchdog: Watchdog) {
     let (m, cv) = &*shared;
     let mut next_beat = Instant::now();
     loop {
@@ -148,16 +151,19 @@ fn run(path: PathBuf, shared: Arc<(Mutex<Shared>, Condvar)>) {
             next_beat = Instant::now() + s.interval;
             (s.record.clone(), periodic)
         };
-        if periodic {
-            // Someone else writing our record means a second process claims this rank.
-            if let Ok(Some(on_disk)) = store::read_json::<RankRecord>(&path) {
-                if on_disk.nonce != record.nonce && on_disk.gen == record.gen {
-                    let mut s = m.lock().unwrap();
-                    s.intruder = Some((on_disk.host.clone(), on_disk.pid));
-                }
+        let (on_disk, result) = watchdog.heartbeat(|| {
+            let on_disk = periodic
+                .then(|| store::read_json::<RankRecord>(&path).ok().flatten())
+                .flatten();
+            (on_disk, store::publish_json(&path, &record))
+        });
+        // Someone else writing our record means a second process claims this rank.
+        if let Some(on_disk) = on_disk {
+            if on_disk.nonce != record.nonce && on_disk.gen == record.gen {
+                let mut s = m.lock().unwrap();
+                s.intruder = Some((on_disk.host.clone(), on_disk.pid));
             }
         }
-        let result = store::publish_json(&path, &record);
         let mut s = m.lock().unwrap();
         match result {
             Ok(()) => {
