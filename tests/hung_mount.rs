@@ -192,3 +192,31 @@ fn a_hung_mount_under_a_single_node_waiting_on_its_command_ends_with_exit_4_at_f
     );
     h.expect_stuck_then_thaw(frozen);
 }
+
+/// The user presses Ctrl-C twice at a node whose mount hangs (fs-timeout is far off): the
+/// second signal's exit cannot complete in the kernel either, and the launched process
+/// exits with its code at once instead.
+#[test]
+fn a_second_signal_to_a_node_stuck_on_a_hung_mount_ends_the_launched_process_at_once() {
+    if !sshfs::require(
+        "a_second_signal_to_a_node_stuck_on_a_hung_mount_ends_the_launched_process_at_once",
+    ) {
+        return;
+    }
+    let mut h = Hung::start(1, "83", "10m");
+    let frozen = h.fs.freeze_server();
+    h.nodes[0].signal(libc::SIGTERM);
+    // The first signal stops the node gracefully: it publishes an abort, which hangs.
+    wait_until(LIMIT, "the first SIGTERM to be handled", || {
+        h.nodes[0].stderr().contains("received SIGTERM; stopping")
+    });
+    let second = Instant::now();
+    h.nodes[0].signal(libc::SIGTERM);
+    let errs = h.expect_exits(143, (second, "the second signal"), Duration::from_secs(12));
+    assert!(
+        errs[0].contains("second SIGTERM: killing children now and exiting"),
+        "{}",
+        errs[0]
+    );
+    h.expect_stuck_then_thaw(frozen);
+}

@@ -82,7 +82,7 @@ pub struct NodeOptions {
     pub fresh: bool,
     /// The link to this node's supervisor, the process a launcher sees (None: this process
     /// is the one a launcher sees).
-    pub supervisor: Option<supervisor::Link>,
+    pub supervisor: Option<Arc<supervisor::Link>>,
 }
 
 pub(crate) struct Node {
@@ -202,12 +202,7 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
             &format!("warning: cannot start the guardian process ({e}); children may outlive a kill -9 of this node"),
         );
     }
-    start_signal_thread(
-        tx.clone(),
-        registry.clone(),
-        opts.rank,
-        supervisor.as_ref().map(|l| l.parent),
-    );
+    start_signal_thread(tx.clone(), registry.clone(), opts.rank, supervisor.clone());
     let watchdog = watchdog::Watchdog::start(
         opts.rank,
         cfg.timing.fs_timeout,
@@ -1864,7 +1859,7 @@ fn start_signal_thread(
     tx: Sender<Event>,
     registry: Arc<Registry>,
     rank: u32,
-    supervisor: Option<u32>,
+    supervisor: Option<Arc<supervisor::Link>>,
 ) {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
     use signal_hook::iterator::{exfiltrator::WithRawSiginfo, SignalsInfo};
@@ -1888,7 +1883,7 @@ fn start_signal_thread(
     // the filesystem answers. So these signals are blocked in every thread but this one
     // (blocked in `run` before the first thread started, unblocked here).
     // The sender tells a signal passed on by the supervisor from a direct one.
-    let mut deliveries = supervisor::Deliveries::new(supervisor);
+    let mut deliveries = supervisor::Deliveries::new(supervisor.as_ref().map(|l| l.parent));
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
@@ -1914,6 +1909,12 @@ fn start_signal_thread(
                         ),
                     );
                     registry.kill_all_now();
+                    // The exit may not complete while a thread waits on a hung filesystem
+                    // (the first signal's stop may be what hangs): the supervisor then
+                    // exits in its place.
+                    if let Some(link) = &supervisor {
+                        link.exiting(rank, 128 + sig);
+                    }
                     std::process::exit(128 + sig);
                 }
             }

@@ -13,9 +13,10 @@
 //!   SIGTSTP too before stopping itself. The child runs in its own process group, so a
 //!   terminal's Ctrl-C reaches it once, through here; a signal sent to every process of a
 //!   job (Slurm) reaches it twice, and [`Deliveries`] counts that as one;
-//! - when the child's watchdog fires, the child says so through a pipe. If it has not
-//!   exited a [`MOMENT`] later, it is stuck in the kernel: the parent prints what happened
-//!   and exits 4 on its behalf.
+//! - when the child's watchdog fires, or the child is about to exit, it says so through a
+//!   pipe. If it has not exited a [`MOMENT`] later, it is stuck in the kernel: the parent
+//!   prints what happened and exits on its behalf, with 4 (fs-timeout) or the code the
+//!   child was exiting with.
 //!
 //! The child dies with the parent (`PR_SET_PDEATHSIG`), so a `kill -9` of the pid a
 //! launcher knows still ends the node, whose guardian then stops its commands. Records and
@@ -84,8 +85,79 @@ impl Link {
             what: what.replace(['\t', '\n'], " "),
         }
         .line();
+        self.send(&line);
+    }
+
+    /// The node is about to exit with `code`: if the exit does not complete (a thread is
+    /// stuck in the filesystem), the supervisor exits with `code` in its place.
+    pub fn exiting(&self, rank: u32, code: i32) {
+        self.send(&Exiting { rank, code }.line());
+    }
+
+    fn send(&self, line: &str) {
         unsafe { libc::write(self.pipe.as_raw_fd(), line.as_ptr().cast(), line.len()) };
     }
+}
+
+/// What the node reports through the link.
+#[derive(Debug, PartialEq)]
+enum Report {
+    Stuck(Stuck),
+    Exiting(Exiting),
+}
+
+impl Report {
+    fn parse(line: &str) -> Option<Report> {
+        Stuck::parse(line)
+            .map(Report::Stuck)
+            .or_else(|| Exiting::parse(line).map(Report::Exiting))
+    }
+
+    /// The code to exit with, and the one line to print, when the node process has not
+    /// exited a moment after this report.
+    fn verdict(&self, pid: i32) -> (i32, String) {
+        match self {
+            Report::Stuck(s) => (crate::exit::DEADLINE, s.message(pid)),
+            Report::Exiting(e) => (e.code, e.message(pid)),
+        }
+    }
+}
+
+/// The node is exiting with a code.
+#[derive(Debug, PartialEq)]
+struct Exiting {
+    rank: u32,
+    code: i32,
+}
+
+impl Exiting {
+    fn line(&self) -> String {
+        format!("exiting\t{}\t{}\n", self.rank, self.code)
+    }
+
+    fn parse(line: &str) -> Option<Exiting> {
+        let mut f = line.trim_end_matches('\n').split('\t');
+        (f.next()? == "exiting").then_some(())?;
+        Some(Exiting {
+            rank: f.next()?.parse().ok()?,
+            code: f.next()?.parse().ok()?,
+        })
+    }
+
+    fn message(&self, pid: i32) -> String {
+        format!(
+            "{} [rank {}] error: node process {pid} is stuck in the kernel: it began to exit with code {} {}s ago and a thread of it still waits, most likely on the shared filesystem; it will exit when that answers; exiting with code {} on its behalf\n",
+            now(),
+            self.rank,
+            self.code,
+            MOMENT.as_secs(),
+            self.code,
+        )
+    }
+}
+
+fn now() -> impl std::fmt::Display {
+    chrono::Local::now().format("%H:%M:%S%.3f")
 }
 
 /// What the node's watchdog reports through the link.
@@ -126,7 +198,7 @@ impl Stuck {
     fn message(&self, pid: i32) -> String {
         format!(
             "{} [rank {}] error: node process {pid} is stuck in the kernel on the shared filesystem (no answer for {:.0}s while {}; fs-timeout is {}); its commands were killed, and it will exit when the filesystem answers; exiting with code 4 on its behalf\n",
-            chrono::Local::now().format("%H:%M:%S%.3f"),
+            now(),
             self.rank,
             self.stuck.as_secs_f64(),
             self.what,
@@ -199,7 +271,7 @@ pub fn run_node_in_child() -> io::Result<i32> {
         .spawn(move || {
             let lines = BufReader::new(std::fs::File::from(read)).lines();
             for line in lines.map_while(Result::ok) {
-                let Some(stuck) = Stuck::parse(&line) else {
+                let Some(report) = Report::parse(&line) else {
                     continue;
                 };
                 let (m, cv) = &*r;
@@ -211,8 +283,9 @@ pub fn run_node_in_child() -> io::Result<i32> {
                     return;
                 }
                 // Holding the lock: the main thread cannot exit with another code now.
-                write_detached(&stuck.message(pid));
-                std::process::exit(crate::exit::DEADLINE);
+                let (code, message) = report.verdict(pid);
+                write_detached(&message);
+                std::process::exit(code);
             }
         })?;
 
@@ -360,14 +433,16 @@ mod tests {
     }
 
     #[test]
-    fn the_stuck_report_survives_the_pipe() {
+    fn the_reports_survive_the_pipe() {
         let s = Stuck {
             rank: 3,
             stuck: Duration::from_millis(3250),
             limit: Duration::from_secs(3),
             what: "polling the shared directory".into(),
         };
-        assert_eq!(Stuck::parse(&s.line()), Some(s));
-        assert_eq!(Stuck::parse("hello"), None);
+        assert_eq!(Report::parse(&s.line()), Some(Report::Stuck(s)));
+        let e = Exiting { rank: 2, code: 143 };
+        assert_eq!(Report::parse(&e.line()), Some(Report::Exiting(e)));
+        assert_eq!(Report::parse("hello"), None);
     }
 }

@@ -52,7 +52,7 @@ impl Watchdog {
         rank: u32,
         limit: Duration,
         registry: Arc<Registry>,
-        supervisor: Option<Link>,
+        supervisor: Option<Arc<Link>>,
     ) -> Watchdog {
         let state = Arc::new(Mutex::new(State {
             petted: Instant::now(),
