@@ -284,8 +284,12 @@ fn lingering_job(tag: &str, linger: &str) -> (TestCluster, NodeProc) {
     use std::os::unix::process::CommandExt;
     cmd.process_group(0);
     let node = NodeProc::from_child(0, cmd.spawn().unwrap(), stderr);
+    // The `sleep` itself, not the `sh -c` whose command line names it too: it starts
+    // after the trap is set.
     wait_until(LIMIT, "the rollout to run", || {
-        !process_alive_with(&format!("sleep 300.{tag}")).is_empty()
+        process_alive_with(&format!("sleep 300.{tag}"))
+            .iter()
+            .any(|p| fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| c.starts_with(b"sleep")))
     });
     (c, node)
 }
