@@ -83,9 +83,9 @@ fn io_at(path: &Path) -> impl FnOnce(io::Error) -> PublishError + '_ {
 /// Test-only fault injection: `RL_NODE_TEST_CRASH_AT=<point>` aborts the process at that
 /// point (of a hand-off, or between committing work and journaling it), to prove a crash
 /// there loses nothing and leaves nothing half-published.
-/// `RL_NODE_TEST_STOP_AT=<point>` instead stops the whole process there (SIGSTOP) the
-/// first time it gets there, as a paused VM or a hung host would, until a test sends
-/// SIGCONT.
+/// `RL_NODE_TEST_STOP_AT=<point>` instead stops the whole node there (SIGSTOP: its
+/// supervisor, then this process) the first time it gets there, as a paused VM or a hung
+/// host would, until a test sends SIGCONT (to the supervisor, which passes it on).
 pub(crate) fn crash_point(point: &str) {
     if std::env::var("RL_NODE_TEST_CRASH_AT").is_ok_and(|v| v == point) {
         crate::errln!("RL_NODE_TEST_CRASH_AT={point}: aborting");
@@ -96,6 +96,10 @@ pub(crate) fn crash_point(point: &str) {
         && !STOPPED.swap(true, std::sync::atomic::Ordering::SeqCst)
     {
         crate::errln!("RL_NODE_TEST_STOP_AT={point}: stopping (SIGSTOP), once");
+        let node = crate::holder::node_process();
+        if node != std::process::id() {
+            unsafe { libc::kill(node as i32, libc::SIGSTOP) };
+        }
         unsafe { libc::raise(libc::SIGSTOP) };
     }
 }

@@ -383,6 +383,19 @@ pub fn main() -> i32 {
                     return exit::USAGE;
                 }
             }
+            // Before the configuration is read (this reads and removes the supervisor's variable):
+            // either this is the node process its supervisor started, or this process
+            // becomes the supervisor of one (node::supervisor says why).
+            let supervisor = match node::supervisor::Link::inherited() {
+                Some(link) => Some(std::sync::Arc::new(link)),
+                None => match node::supervisor::run_node_in_child() {
+                    Ok(code) => return code,
+                    Err(e) => {
+                        crate::errln!("warning: cannot start the node in a child process ({e}); running it in this one, which a hung shared filesystem can keep alive past fs-timeout");
+                        None
+                    }
+                },
+            };
             let loaded = match cli.settings.load() {
                 Ok(l) => l,
                 Err(e) => return config_error(e),
@@ -399,14 +412,19 @@ pub fn main() -> i32 {
                 rank_source,
                 debug_mode: cli.node.debug_mode,
                 fresh: cli.node.fresh,
+                supervisor: supervisor.clone(),
             };
-            match node::run(&loaded, opts) {
-                Ok(()) => exit::DONE,
-                Err(s) => {
-                    print_stop(Some(rank), &s);
-                    s.code
-                }
+            let result = node::run(&loaded, opts);
+            let code = result.as_ref().map_or_else(|s| s.code, |()| exit::DONE);
+            // First, as printing may block on a hung filesystem and so may the exit: the
+            // supervisor exits with this code if this process cannot.
+            if let Some(link) = &supervisor {
+                link.exiting(rank, code);
             }
+            if let Err(s) = result {
+                print_stop(Some(rank), &s);
+            }
+            code
         }
     }
 }

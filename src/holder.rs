@@ -33,9 +33,24 @@ pub enum Local {
     Elsewhere,
 }
 
-/// This process.
+/// The process that stands for this node to the outside: this process, or, when the node
+/// runs under its supervisor (`node::supervisor`), the supervisor, which lives exactly as
+/// long as the node can still act. Set once, before the node writes any record.
+static NODE_PROCESS: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+
+/// Record that `pid` (the supervisor) stands for this process.
+pub fn set_node_process(pid: u32) {
+    let _ = NODE_PROCESS.set(pid);
+}
+
+/// The pid records name for this node: the supervisor's, else this process's.
+pub fn node_process() -> u32 {
+    NODE_PROCESS.get().copied().unwrap_or_else(std::process::id)
+}
+
+/// This node's process as its records name it (see [`node_process`]).
 pub fn this_process() -> ProcessId {
-    let pid = std::process::id();
+    let pid = node_process();
     ProcessId {
         host: gethostname::gethostname().to_string_lossy().into_owned(),
         machine: machine_id(),

@@ -376,24 +376,15 @@ fn an_adopted_shard_committed_before_a_crash_is_set_aside_and_not_merged_twice()
 
 // ------------------------------------------------------------------ 5: pid reuse
 
-/// Children of `pid` whose command line contains `needle`.
-fn children_with(pid: i32, needle: &str) -> Vec<i32> {
-    let mut out = vec![];
-    for e in fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(p) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let stat = fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-        let ppid = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|s| s.parse::<i32>().ok());
-        let cmd = fs::read(e.path().join("cmdline")).unwrap_or_default();
-        if ppid == Some(pid) && String::from_utf8_lossy(&cmd).contains(needle) {
-            out.push(p);
-        }
-    }
-    out
+/// Descendants of `pid` whose command line contains `needle`.
+fn descendants_with(pid: i32, needle: &str) -> Vec<i32> {
+    descendants(pid)
+        .into_iter()
+        .filter(|p| {
+            let cmd = fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+            String::from_utf8_lossy(&cmd).contains(needle)
+        })
+        .collect()
 }
 
 /// Is `pid` a live (not zombie) process?
@@ -469,8 +460,10 @@ fn a_restart_after_kill_9_is_not_refused_when_the_dead_nodes_pid_was_reused() {
     let old_pid = node.pid();
     let rec = c.record(0).expect("rank 0's record");
     assert_eq!(rec["pid"], old_pid, "{rec}");
-    // Its guardian outlives it briefly (it stops the node's commands, then exits).
-    let guardians = children_with(old_pid, "__guard");
+    // Its guardian (a child of its node process) outlives it briefly (it stops the node's
+    // commands, then exits).
+    let guardians = descendants_with(old_pid, "__guard");
+    assert!(!guardians.is_empty(), "no guardian under pid {old_pid}");
     node.signal(libc::SIGKILL);
     assert_eq!(node.wait(LIMIT), 137);
     wait_until(LIMIT, "the killed node's guardian to exit", || {

@@ -245,3 +245,109 @@ fn sigint_is_honoured_within_a_poll_while_rank_0_merges() {
         process_alive_with("sleep 60.75").is_empty()
     });
 }
+
+/// One node whose rollout, on SIGTERM, takes `linger` seconds to finish (a graceful stop
+/// that takes that long), started in a process group of its own like a shell's job. Waits
+/// until the rollout runs. kill-grace is long, so only an escalation cuts the linger short.
+fn lingering_job(tag: &str, linger: &str) -> (TestCluster, NodeProc) {
+    let c = TestCluster::new(
+        1,
+        &format!(
+            "[phases.rollout]\ncommand = \"trap 'sleep {linger}; exit 0' TERM; sleep 300.{tag} & wait\"\n"
+        ),
+    );
+    fs::create_dir_all(&c.log_path).unwrap();
+    let (mut cmd, stderr) = c.command(
+        0,
+        &c.log_path,
+        &["--iterations", "1"],
+        &[("RL_NODE_TIMING_KILL_GRACE", "60s".to_string())],
+    );
+    use std::os::unix::process::CommandExt;
+    cmd.process_group(0);
+    let node = NodeProc::from_child(0, cmd.spawn().unwrap(), stderr);
+    // The `sleep` itself, not the `sh -c` whose command line names it too: it starts
+    // after the trap is set.
+    wait_until(LIMIT, "the rollout to run", || {
+        process_alive_with(&format!("sleep 300.{tag}"))
+            .iter()
+            .any(|p| fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| c.starts_with(b"sleep")))
+    });
+    (c, node)
+}
+
+/// A terminal's Ctrl-C reaches the whole foreground process group; `kill PID` reaches the
+/// launched process alone; Slurm signals every process of a job step, the node process
+/// included. Each is one delivery: one graceful stop (the rollout's trap runs to its end),
+/// never the second-signal escalation.
+#[test]
+fn ctrl_c_to_the_process_group_kill_of_the_pid_or_a_signal_to_every_process_stops_the_node_once() {
+    for (tag, delivery) in [("931", "group"), ("932", "pid"), ("933", "every process")] {
+        let (_c, mut node) = lingering_job(tag, "3");
+        let sig = if delivery == "every process" {
+            libc::SIGTERM
+        } else {
+            libc::SIGINT
+        };
+        let sent = Instant::now();
+        match delivery {
+            "group" => unsafe {
+                libc::kill(-node.pid(), sig);
+            },
+            "pid" => node.signal(sig),
+            _ => {
+                let inner = node.node_process();
+                node.signal(sig);
+                unsafe { libc::kill(inner, sig) };
+            }
+        }
+        let code = node.wait(LIMIT);
+        let err = node.stderr();
+        assert_eq!(code, 128 + sig, "{delivery}:\n{err}");
+        let name = if sig == libc::SIGINT {
+            "SIGINT"
+        } else {
+            "SIGTERM"
+        };
+        assert_eq!(
+            err.matches(&format!("received {name}; stopping")).count(),
+            1,
+            "{delivery}:\n{err}"
+        );
+        assert!(!err.contains("second"), "{delivery}: escalated:\n{err}");
+        // The graceful stop waited for the rollout's trap (3 s).
+        assert!(
+            sent.elapsed() >= Duration::from_millis(2500),
+            "{delivery}: stopped after {:?}, before the rollout's trap ended:\n{err}",
+            sent.elapsed()
+        );
+    }
+}
+
+/// The control: two Ctrl-Cs to the process group are two deliveries, and the second kills
+/// the rollout at once instead of waiting for its 60 s trap.
+#[test]
+fn a_second_ctrl_c_to_the_process_group_kills_at_once() {
+    let (_c, mut node) = lingering_job("934", "60.934");
+    let sent = Instant::now();
+    unsafe { libc::kill(-node.pid(), libc::SIGINT) };
+    wait_until(LIMIT, "the graceful stop to begin", || {
+        node.stderr().contains("received SIGINT; stopping")
+    });
+    unsafe { libc::kill(-node.pid(), libc::SIGINT) };
+    assert_eq!(node.wait(LIMIT), 130, "{}", node.stderr());
+    let err = node.stderr();
+    assert!(
+        err.contains("second SIGINT: killing children now and exiting"),
+        "{err}"
+    );
+    assert!(
+        sent.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        sent.elapsed()
+    );
+    wait_until(LIMIT, "the rollout to be killed", || {
+        process_alive_with("sleep 300.934").is_empty()
+            && process_alive_with("sleep 60.934").is_empty()
+    });
+}

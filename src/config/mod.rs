@@ -793,11 +793,13 @@ fn parse_as(raw: &str, template: &Value) -> Result<Value, String> {
 
 /// rl-node's own `RL_NODE_*` variables that are not configuration keys: what every
 /// command sees (one per placeholder, and the owner marker), the node's log settings, the
-/// test-suite switch and test-only fault injection (`RL_NODE_TEST_*`).
+/// mark of a node process started by its supervisor, the test-suite switch and test-only
+/// fault injection (`RL_NODE_TEST_*`).
 fn own_variable(name: &str) -> bool {
     name == crate::node::context::OWNER_ENV
         || name == crate::logging::LEVEL_ENV
         || name == crate::logging::FORMAT_ENV
+        || name == crate::node::supervisor::ENV
         || name == "RL_NODE_TORCH_TESTS"
         || name.starts_with("RL_NODE_TEST_")
         || template::PLACEHOLDERS

@@ -56,7 +56,7 @@ pub struct Proc {
 
 impl Proc {
     /// Pin `pid`; None if it is already gone.
-    fn open(pid: i32) -> Option<Proc> {
+    pub(crate) fn open(pid: i32) -> Option<Proc> {
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
         if fd >= 0 {
             return Some(Proc {
@@ -91,7 +91,7 @@ impl Proc {
         }
     }
 
-    fn signal(&self, sig: i32) {
+    pub(crate) fn signal(&self, sig: i32) {
         unsafe {
             match &self.fd {
                 Some(fd) => {
@@ -190,18 +190,15 @@ struct Member {
     command: Option<u64>,
 }
 
-/// Every live descendant of this process, parents before children. With `environ`, each
+/// Every live descendant of process `root`, parents before children. With `environ`, each
 /// one's marker is read (for this node's `nonce`); without, no process's memory is touched
 /// (reading `environ` can block on a process stuck in a page fault).
-fn tree(nonce: &str, environ: bool) -> Vec<Member> {
+fn tree(root: i32, nonce: &str, environ: bool) -> Vec<Member> {
     let children = Children::new();
     let prefix = format!("{nonce}:");
     let mut out: Vec<Member> = Vec::new();
-    let mut queue: Vec<(i32, Option<usize>)> = children
-        .of(std::process::id() as i32)
-        .into_iter()
-        .map(|c| (c, None))
-        .collect();
+    let mut queue: Vec<(i32, Option<usize>)> =
+        children.of(root).into_iter().map(|c| (c, None)).collect();
     let mut next = 0;
     while next < queue.len() {
         let (pid, parent) = queue[next];
@@ -210,7 +207,7 @@ fn tree(nonce: &str, environ: bool) -> Vec<Member> {
             continue;
         };
         // The pid may have been reused since its parent listed it.
-        let parent_pid = parent.map_or(std::process::id() as i32, |i| out[i].proc.pid);
+        let parent_pid = parent.map_or(root, |i| out[i].proc.pid);
         if proc.parent() != Some(parent_pid) {
             continue;
         }
@@ -237,7 +234,7 @@ fn tree(nonce: &str, environ: bool) -> Vec<Member> {
 
 /// Live descendants of this process that belong to command `command` of this node.
 pub fn of_command(nonce: &str, command: u64) -> Vec<Proc> {
-    let members = tree(nonce, true);
+    let members = tree(std::process::id() as i32, nonce, true);
     let mut owned = vec![false; members.len()];
     for (i, m) in members.iter().enumerate() {
         owned[i] = match m.command {
@@ -255,16 +252,7 @@ pub fn of_command(nonce: &str, command: u64) -> Vec<Proc> {
 /// Every live descendant of this process except `spare` (the guardian) and its own, then,
 /// with `environ`, any other process that carries this node's nonce.
 pub fn all(nonce: &str, spare: &[i32], environ: bool) -> Vec<Proc> {
-    let members = tree(nonce, false);
-    let mut spared = vec![false; members.len()];
-    for (i, m) in members.iter().enumerate() {
-        spared[i] = spare.contains(&m.proc.pid) || m.parent.is_some_and(|p| spared[p]);
-    }
-    let mut out: Vec<Proc> = members
-        .into_iter()
-        .zip(spared)
-        .filter_map(|(m, s)| (!s).then_some(m.proc))
-        .collect();
+    let mut out = under(std::process::id() as i32, spare);
     if environ {
         let known: BTreeSet<i32> = out.iter().map(|p| p.pid).collect();
         out.extend(
@@ -274,6 +262,22 @@ pub fn all(nonce: &str, spare: &[i32], environ: bool) -> Vec<Proc> {
         );
     }
     out
+}
+
+/// Every live descendant of process `root` except `spare` and their own, found without
+/// reading any process's memory (the guardian's look at its node's tree, while the node
+/// may be stuck in the filesystem).
+pub fn under(root: i32, spare: &[i32]) -> Vec<Proc> {
+    let members = tree(root, "", false);
+    let mut spared = vec![false; members.len()];
+    for (i, m) in members.iter().enumerate() {
+        spared[i] = spare.contains(&m.proc.pid) || m.parent.is_some_and(|p| spared[p]);
+    }
+    members
+        .into_iter()
+        .zip(spared)
+        .filter_map(|(m, s)| (!s).then_some(m.proc))
+        .collect()
 }
 
 /// Every live process of this user whose environment carries `nonce` (the guardian's

@@ -272,7 +272,7 @@ impl Node {
         me.arrived = Some(self.join_mark());
         let path = layout.rank_record(gen, 0);
         self.publisher = Some(
-            super::Publisher::start(path.clone(), me, self.join_beat())
+            super::Publisher::start(path.clone(), me, self.join_beat(), self.watchdog.clone())
                 .map_err(|e| io_err(format!("cannot write {}", path.display()), e))?,
         );
         let copy = layout.gen_cluster(gen);
@@ -604,16 +604,18 @@ impl Node {
             let mut me = self.record(gen, &cluster.run_id, self.rank, NodeState::Joining);
             me.arrived = Some(self.join_mark());
             let path = self.layout.rank_record(gen, self.rank);
-            let publisher =
-                super::Publisher::start(path.clone(), me, self.cfg.timing.heartbeat_interval)
-                    .map_err(|e| Stop {
-                        code: exit::FAILED,
-                        message: format!("cannot write {}: {e}", path.display()),
-                        hint: Some(
-                            "check that --log-path is on a writable shared filesystem".into(),
-                        ),
-                        detail: None,
-                    })?;
+            let publisher = super::Publisher::start(
+                path.clone(),
+                me,
+                self.cfg.timing.heartbeat_interval,
+                self.watchdog.clone(),
+            )
+            .map_err(|e| Stop {
+                code: exit::FAILED,
+                message: format!("cannot write {}: {e}", path.display()),
+                hint: Some("check that --log-path is on a writable shared filesystem".into()),
+                detail: None,
+            })?;
             self.publisher = Some(publisher);
             self.info(&format!(
                 "joined generation {gen} of run {} (rank 0 on {}, master address {})",

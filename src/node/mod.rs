@@ -15,6 +15,7 @@ mod join;
 pub mod procs;
 mod publisher;
 mod server;
+pub mod supervisor;
 mod watchdog;
 mod work;
 
@@ -80,6 +81,9 @@ pub struct NodeOptions {
     pub debug_mode: bool,
     /// `--fresh`: set an existing run aside and start a new one.
     pub fresh: bool,
+    /// The link to this node's supervisor, the process a launcher sees (None: this process
+    /// is the one a launcher sees).
+    pub supervisor: Option<Arc<supervisor::Link>>,
 }
 
 pub(crate) struct Node {
@@ -183,6 +187,15 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
     }
     let tasks = work::TaskSets::load(&cfg)?;
 
+    let supervisor = opts.supervisor;
+    if let Some(link) = &supervisor {
+        crate::holder::set_node_process(link.parent);
+        // This process is in a process group of its own, in the background of a terminal:
+        // with `stty tostop`, its first line to the terminal would stop it silently.
+        unsafe { libc::signal(libc::SIGTTOU, libc::SIG_IGN) };
+    }
+    // Before any thread exists, which then inherit it: see `start_signal_thread`.
+    set_stop_signals_mask(libc::SIG_BLOCK);
     let (tx, rx) = channel();
     procs::start_reaper(tx.clone());
     let registry = Registry::new();
@@ -192,14 +205,19 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
             &format!("cannot start the guardian process ({e}); children may outlive a kill -9 of this node"),
         );
     }
-    start_signal_thread(tx.clone(), registry.clone(), opts.rank);
-    let watchdog = watchdog::Watchdog::start(opts.rank, cfg.timing.fs_timeout, registry.clone());
+    start_signal_thread(tx.clone(), registry.clone(), opts.rank, supervisor.clone());
+    let watchdog = watchdog::Watchdog::start(
+        opts.rank,
+        cfg.timing.fs_timeout,
+        registry.clone(),
+        supervisor,
+    );
 
     let mut node = Node {
         rank: opts.rank,
         layout,
         host: hostname(),
-        pid: std::process::id(),
+        pid: crate::holder::node_process(),
         ident: crate::holder::this_process(),
         nonce: random_hex(8),
         fingerprint: cfg.fingerprint(),
@@ -255,8 +273,13 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
             loaded.source_of("cluster.num-nodes")
         ));
     }
+    let node_process = if node.pid == std::process::id() {
+        String::new()
+    } else {
+        format!(" (node process {})", std::process::id())
+    };
     node.info(&format!(
-        "rank {} ({}) on {}, pid {}; shared directory {}",
+        "rank {} ({}) on {}, pid {}{node_process}; shared directory {}",
         node.rank,
         opts.rank_source,
         node.host,
@@ -1855,25 +1878,63 @@ fn why_not_writable(e: &std::io::Error) -> String {
     }
 }
 
-fn start_signal_thread(tx: Sender<Event>, registry: Arc<Registry>, rank: u32) {
+/// Block or unblock, in the calling thread, the signals that stop a node.
+fn set_stop_signals_mask(how: libc::c_int) {
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in [
+            libc::SIGINT,
+            libc::SIGTERM,
+            libc::SIGHUP,
+            libc::SIGUSR1,
+            libc::SIGUSR2,
+        ] {
+            libc::sigaddset(&mut set, sig);
+        }
+        libc::pthread_sigmask(how, &set, std::ptr::null_mut());
+    }
+}
+
+fn start_signal_thread(
+    tx: Sender<Event>,
+    registry: Arc<Registry>,
+    rank: u32,
+    supervisor: Option<Arc<supervisor::Link>>,
+) {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
+    use signal_hook::iterator::{exfiltrator::WithRawSiginfo, SignalsInfo};
     // SIGHUP (a closed terminal or ssh session) stops the node like SIGTERM, with an abort
     // peers see within a poll; SIGUSR1/SIGUSR2 (a batch system's time-limit warning) stop
     // every node gracefully with exit 75, to be resumed by a restart. `nohup` does not
     // help: rl-node handles SIGHUP itself (run it under setsid, tmux or a batch system).
     let mut signals =
-        match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2]) {
+        match SignalsInfo::<WithRawSiginfo>::new([SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2]) {
             Ok(s) => s,
             Err(e) => {
                 logging::warn(rank, &format!("cannot install signal handlers: {e}"));
                 return;
             }
         };
+    // The kernel offers a signal sent to the process to its main thread first; a main
+    // thread waiting in a hung filesystem call takes it, and then runs no handler until
+    // the filesystem answers. So these signals are blocked in every thread but this one
+    // (blocked in `run` before the first thread started, unblocked here).
+    // The sender tells a signal passed on by the supervisor from a direct one.
+    let mut deliveries = supervisor::Deliveries::new(supervisor.as_ref().map(|l| l.parent));
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
+            set_stop_signals_mask(libc::SIG_UNBLOCK);
             let mut count = 0;
-            for sig in signals.forever() {
+            for info in signals.forever() {
+                let sig = info.si_signo;
+                // A sender pid is there for kill(2)/sigqueue(3) (si_code <= 0), not for
+                // signals the kernel generates (a terminal's Ctrl-C).
+                let sender = (info.si_code <= 0).then(|| unsafe { info.si_pid() });
+                if !deliveries.is_new(sig, sender, Instant::now()) {
+                    continue;
+                }
                 count += 1;
                 if count == 1 {
                     let _ = tx.send(Event::Signal(sig));
@@ -1886,6 +1947,12 @@ fn start_signal_thread(tx: Sender<Event>, registry: Arc<Registry>, rank: u32) {
                         ),
                     );
                     registry.kill_all_now();
+                    // The exit may not complete while a thread waits on a hung filesystem
+                    // (the first signal's stop may be what hangs): the supervisor then
+                    // exits in its place.
+                    if let Some(link) = &supervisor {
+                        link.exiting(rank, 128 + sig);
+                    }
                     std::process::exit(128 + sig);
                 }
             }

@@ -11,7 +11,9 @@
 //!   shuts down ([`super::descendants`]);
 //! - a guardian process (`rl-node __guard <nonce>`) holds the other end of a pipe and, when
 //!   the pipe closes (also when the node is `kill -9`ed), kills every registered group and
-//!   every process whose environment carries the node's nonce.
+//!   every process whose environment carries the node's nonce. When the node's watchdog
+//!   fires, it is told to stop the node's commands at once, as the node's own threads may
+//!   be stuck in the filesystem.
 
 use super::descendants;
 use std::collections::{BTreeMap, BTreeSet};
@@ -122,7 +124,7 @@ impl Registry {
     /// leaves its children running, so failing to start it is reported by the caller.
     pub fn start_guardian(&self) -> io::Result<()> {
         let exe = std::env::current_exe()?;
-        let mut child = Command::new(exe)
+        let mut child = unblocked_signals(&mut Command::new(exe))
             .arg("__guard")
             .arg(&self.nonce)
             .env_remove(super::context::OWNER_ENV)
@@ -142,6 +144,13 @@ impl Registry {
             let _ = g.write_all(line.as_bytes());
             let _ = g.flush();
         }
+    }
+
+    /// The watchdog fired: the guardian stops every registered group and every descendant
+    /// of the node now, without waiting for the node to exit (which a thread stuck in the
+    /// filesystem can delay until the filesystem answers).
+    pub fn guardian_kill_now(&self) {
+        self.tell_guardian("!\n".to_string());
     }
 
     /// A new command id and the `RL_NODE_OWNER` variable that marks the command's
@@ -218,6 +227,20 @@ impl Registry {
         self.signal_all(libc::SIGKILL);
         let spare = [self.guardian_pid.load(Ordering::Relaxed)];
         descendants::kill(descendants::all(&self.nonce, &spare, false));
+    }
+}
+
+/// Start `cmd` with no signal blocked: the node blocks its stop signals in every thread
+/// but its signal thread (`node::start_signal_thread` says why), and a child would
+/// inherit that mask and never see SIGTERM.
+pub fn unblocked_signals(cmd: &mut Command) -> &mut Command {
+    unsafe {
+        cmd.pre_exec(|| {
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+            Ok(())
+        })
     }
 }
 
@@ -310,7 +333,7 @@ pub fn spawn_shell(
         super::wall_now()
     )?;
     let err = out.try_clone()?;
-    let child: Child = Command::new("sh")
+    let child: Child = unblocked_signals(&mut Command::new("sh"))
         .arg("-c")
         .arg(command)
         .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
@@ -337,20 +360,26 @@ pub fn tail(path: &Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-/// `rl-node __guard [NONCE]`: read `+pgid` / `-pgid` lines from stdin; when stdin closes
-/// (the node exited or was killed), stop every group still registered and every process
-/// whose environment carries `RL_NODE_OWNER=<NONCE>:` (descendants that left their group;
-/// after a `kill -9` they are no longer in the node's process tree).
+/// `rl-node __guard [NONCE]`: read `+pgid` / `-pgid` lines from stdin; on a `!` line (the
+/// node's watchdog fired) stop the groups and the node's descendants at once; when stdin
+/// closes (the node exited or was killed), stop every group still registered and every
+/// process whose environment carries `RL_NODE_OWNER=<NONCE>:` (descendants that left their
+/// group; after a `kill -9` they are no longer in the node's process tree).
 pub fn guardian_main(nonce: Option<&str>) -> i32 {
     unsafe {
         libc::signal(libc::SIGINT, libc::SIG_IGN);
         libc::signal(libc::SIGTERM, libc::SIG_IGN);
         libc::signal(libc::SIGHUP, libc::SIG_IGN);
     }
+    let node = unsafe { libc::getppid() };
     let mut groups = BTreeSet::new();
     let stdin = io::stdin();
     for line in stdin.lock().lines() {
         let Ok(line) = line else { break };
+        if line == "!" {
+            stop_now(&groups, node);
+            continue;
+        }
         let (op, num) = line.split_at(1.min(line.len()));
         if let Ok(g) = num.trim().parse::<i32>() {
             match op {
@@ -385,4 +414,32 @@ pub fn guardian_main(nonce: Option<&str>) -> i32 {
         }
     }
     0
+}
+
+/// The node's watchdog fired: SIGTERM its groups and every descendant of the node but this
+/// guardian, SIGKILL what is left half a second later (as the watchdog does). Reads only
+/// `/proc/*/task/*/children` and `/proc/*/stat`, never a process's memory, so nothing here
+/// waits on a process stuck in the filesystem. Environments are scanned for the nonce only
+/// once the node is gone (end of input).
+fn stop_now(groups: &BTreeSet<i32>, node: i32) {
+    if unsafe { libc::getppid() } != node {
+        // The node is gone already; the end of input follows.
+        return;
+    }
+    for g in groups {
+        unsafe {
+            libc::killpg(*g, libc::SIGTERM);
+            libc::killpg(*g, libc::SIGCONT);
+        }
+    }
+    let me = std::process::id() as i32;
+    descendants::stop(
+        || descendants::under(node, &[me]),
+        Duration::from_millis(500),
+    );
+    for g in groups {
+        unsafe {
+            libc::killpg(*g, libc::SIGKILL);
+        }
+    }
 }

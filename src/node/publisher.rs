@@ -4,8 +4,10 @@
 //! at once whenever the node loop changes it (arriving at a barrier, releasing one,
 //! aborting), so barrier latency is not tied to the heartbeat interval. Before each
 //! periodic write it reads the record back: another process's nonce there means two
-//! processes claim this rank.
+//! processes claim this rank. The watchdog watches each write: one that does not return
+//! within `fs-timeout` ends the node like a stuck node loop.
 
+use super::watchdog::Watchdog;
 use crate::protocol::RankRecord;
 use crate::store;
 use std::path::PathBuf;
@@ -35,6 +37,7 @@ impl Publisher {
         path: PathBuf,
         mut record: RankRecord,
         interval: Duration,
+        watchdog: Watchdog,
     ) -> std::io::Result<Publisher> {
         record.seq += 1;
         record.wall = crate::protocol::wall_now();
@@ -55,7 +58,7 @@ impl Publisher {
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("heartbeat".into())
-            .spawn(move || run(path, s))?;
+            .spawn(move || run(path, s, watchdog))?;
         Ok(Publisher {
             shared,
             thread: Some(thread),
@@ -121,7 +124,7 @@ impl Publisher {
     }
 }
 
-fn run(path: PathBuf, shared: Arc<(Mutex<Shared>, Condvar)>) {
+fn run(path: PathBuf, shared: Arc<(Mutex<Shared>, Condvar)>, watchdog: Watchdog) {
     let (m, cv) = &*shared;
     let mut next_beat = Instant::now();
     loop {
@@ -148,27 +151,19 @@ fn run(path: PathBuf, shared: Arc<(Mutex<Shared>, Condvar)>) {
             next_beat = Instant::now() + s.interval;
             (s.record.clone(), periodic)
         };
-        if periodic {
-            // Someone else writing our record means a second process claims this rank.
-            if let Ok(Some(on_disk)) = store::read_json::<RankRecord>(&path) {
-                if on_disk.nonce != record.nonce && on_disk.gen == record.gen {
-                    let mut s = m.lock().unwrap();
-                    s.intruder = Some((on_disk.host.clone(), on_disk.pid));
-                }
+        let (on_disk, result) = watchdog.heartbeat(|| {
+            let on_disk = periodic
+                .then(|| store::read_json::<RankRecord>(&path).ok().flatten())
+                .flatten();
+            (on_disk, publish(&path, &record))
+        });
+        // Someone else writing our record means a second process claims this rank.
+        if let Some(on_disk) = on_disk {
+            if on_disk.nonce != record.nonce && on_disk.gen == record.gen {
+                let mut s = m.lock().unwrap();
+                s.intruder = Some((on_disk.host.clone(), on_disk.pid));
             }
         }
-        let result = store::publish_json(&path, &record).map_err(|e| {
-            let error = format!("{e} (writing {})", path.display());
-            // A stopping node that cannot create files (full disk, quota) still tells its
-            // peers why, over the record it already has (see `write_in_place`).
-            match record.abort.is_some() || record.state.is_terminal() {
-                true => match write_in_place(&path, &record) {
-                    Ok(()) => (error, true),
-                    Err(e2) => (format!("{error}; writing it in place: {e2}"), false),
-                },
-                false => (error, false),
-            }
-        });
         let mut s = m.lock().unwrap();
         match result {
             Ok(()) => {
@@ -184,6 +179,22 @@ fn run(path: PathBuf, shared: Arc<(Mutex<Shared>, Condvar)>) {
         }
         cv.notify_all();
     }
+}
+
+/// Publish the record; on failure, the error and whether the record went out in place.
+fn publish(path: &std::path::Path, record: &RankRecord) -> Result<(), (String, bool)> {
+    store::publish_json(path, record).map_err(|e| {
+        let error = format!("{e} (writing {})", path.display());
+        // A stopping node that cannot create files (full disk, quota) still tells its
+        // peers why, over the record it already has (see `write_in_place`).
+        match record.abort.is_some() || record.state.is_terminal() {
+            true => match write_in_place(path, record) {
+                Ok(()) => (error, true),
+                Err(e2) => (format!("{error}; writing it in place: {e2}"), false),
+            },
+            false => (error, false),
+        }
+    })
 }
 
 /// Overwrite the record in place (`store::overwrite_in_place`), as little of it as peers

@@ -251,7 +251,7 @@ impl Node {
 fn query_gpu_memory() -> Option<Vec<u64>> {
     let dir = tempfile_path();
     let out = dir.with_extension("out");
-    let status = std::process::Command::new("sh")
+    let status = super::procs::unblocked_signals(&mut std::process::Command::new("sh"))
         .arg("-c")
         .arg(format!(
             "command -v nvidia-smi >/dev/null || exit 127; nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits > '{}'",

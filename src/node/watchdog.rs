@@ -1,48 +1,95 @@
 //! The deadline enforcer that does no filesystem I/O.
 //!
 //! Any call on a hard-mounted NFS whose server is gone can block forever, in the node
-//! loop as anywhere. The loop pets this watchdog with a note of what it is about to do;
-//! if it goes silent for `fs-timeout`, the watchdog kills the children's process groups
-//! and exits the process, naming the operation that hung.
+//! loop as anywhere. The loop pets this watchdog with a note of what it is about to do,
+//! and the heartbeat thread marks each write of the node's record; if the loop goes silent
+//! or a heartbeat write does not return for `fs-timeout`, the watchdog ends the node,
+//! naming the operation that hung. (A node with no peer to poll, waiting on its command,
+//! touches the shared directory only through its heartbeat.) Its thread may itself be the
+//! only one of the process still running, so the order is: tell the supervisor and the
+//! guardian (pipes), signal the commands, and only then print (stderr may be a file on the
+//! hung filesystem too). The process then exits with 4, which the kernel completes only
+//! once the stuck call returns; the supervisor exits 4 for it meanwhile.
 
 use super::procs::Registry;
+use super::supervisor::Link;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+struct State {
+    /// The node loop's last pet, and what it was about to do.
+    petted: Instant,
+    what: &'static str,
+    armed: bool,
+    /// When the heartbeat write still in progress began.
+    heartbeat: Option<Instant>,
+}
+
+impl State {
+    /// What has been stuck for longer than `limit`, and for how long.
+    fn stuck(&self, limit: Duration) -> Option<(Duration, &'static str)> {
+        if !self.armed {
+            return None;
+        }
+        let heartbeat = self
+            .heartbeat
+            .map(|since| (since.elapsed(), "writing the heartbeat record"));
+        [Some((self.petted.elapsed(), self.what)), heartbeat]
+            .into_iter()
+            .flatten()
+            .filter(|(stuck, _)| *stuck > limit)
+            .max_by_key(|(stuck, _)| *stuck)
+    }
+}
+
 #[derive(Clone)]
 pub struct Watchdog {
-    state: Arc<Mutex<(Instant, &'static str, bool)>>,
+    state: Arc<Mutex<State>>,
 }
 
 impl Watchdog {
-    pub fn start(rank: u32, limit: Duration, registry: Arc<Registry>) -> Watchdog {
-        let state = Arc::new(Mutex::new((Instant::now(), "starting", true)));
+    pub fn start(
+        rank: u32,
+        limit: Duration,
+        registry: Arc<Registry>,
+        supervisor: Option<Arc<Link>>,
+    ) -> Watchdog {
+        let state = Arc::new(Mutex::new(State {
+            petted: Instant::now(),
+            what: "starting",
+            armed: true,
+            heartbeat: None,
+        }));
         let s = state.clone();
         std::thread::Builder::new()
             .name("watchdog".into())
-            .spawn(move || {
-                loop {
-                    std::thread::sleep(Duration::from_millis(250).min(limit / 4).max(Duration::from_millis(10)));
-                    let (since, what, armed) = *s.lock().unwrap();
-                    if !armed {
-                        continue;
-                    }
-                    let stuck = since.elapsed();
-                    if stuck > limit {
-                        crate::logging::error(
-                            rank,
-                            &format!(
-                                "stuck for {:.0}s while {what} (fs-timeout is {}): the shared directory is probably unreachable; killing children and exiting",
-                                stuck.as_secs_f64(),
-                                humantime::format_duration(limit)
-                            ),
-                        );
-                        registry.signal_all(libc::SIGTERM);
-                        std::thread::sleep(Duration::from_millis(500));
-                        registry.signal_all(libc::SIGKILL);
-                        std::process::exit(crate::exit::DEADLINE);
-                    }
+            .spawn(move || loop {
+                std::thread::sleep(
+                    Duration::from_millis(250)
+                        .min(limit / 4)
+                        .max(Duration::from_millis(10)),
+                );
+                let Some((stuck, what)) = s.lock().unwrap().stuck(limit) else {
+                    continue;
+                };
+                if let Some(link) = &supervisor {
+                    link.stuck(rank, stuck, limit, what);
                 }
+                registry.guardian_kill_now();
+                registry.signal_all(libc::SIGTERM);
+                let message = format!(
+                    "stuck for {:.0}s while {what} (fs-timeout is {}): the shared directory is probably unreachable; killing children and exiting",
+                    stuck.as_secs_f64(),
+                    humantime::format_duration(limit)
+                );
+                // Not awaited: a print blocked on a hung stderr must not hold up the rest.
+                let _ = std::thread::Builder::new()
+                    .name("watchdog-say".into())
+                    .spawn(move || crate::logging::error(rank, &message));
+                std::thread::sleep(Duration::from_millis(500));
+                registry.kill_all_now();
+                // No exit handlers or buffer flushing: nothing more may wait on anything.
+                unsafe { libc::_exit(crate::exit::DEADLINE) };
             })
             .expect("spawn watchdog thread");
         Watchdog { state }
@@ -50,12 +97,20 @@ impl Watchdog {
 
     pub fn pet(&self, what: &'static str) {
         let mut s = self.state.lock().unwrap();
-        s.0 = Instant::now();
-        s.1 = what;
-        s.2 = true;
+        s.petted = Instant::now();
+        s.what = what;
+        s.armed = true;
+    }
+
+    /// Run `write`, one heartbeat write of the node's record, under watch.
+    pub fn heartbeat<T>(&self, write: impl FnOnce() -> T) -> T {
+        self.state.lock().unwrap().heartbeat = Some(Instant::now());
+        let result = write();
+        self.state.lock().unwrap().heartbeat = None;
+        result
     }
 
     pub fn disarm(&self) {
-        self.state.lock().unwrap().2 = false;
+        self.state.lock().unwrap().armed = false;
     }
 }

@@ -325,6 +325,7 @@ pub fn run(job: &Job, tick: &mut dyn FnMut()) -> Result<Vec<InputReport>, Comman
     // In a node, the command's mark for finding descendants that leave its group.
     let owner = job.registry.as_ref().map(|r| r.new_command());
     let mut cmd = Command::new("sh");
+    crate::node::procs::unblocked_signals(&mut cmd);
     cmd.envs(owner.iter().map(|(_, (k, v))| (k, v)));
     cmd.arg("-c")
         .arg(r#"sh -c "$1" 3>&-; echo "$?" >&3"#)

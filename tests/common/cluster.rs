@@ -64,6 +64,24 @@ impl TestCluster {
         args: &[&str],
         env: &[(&str, String)],
     ) -> NodeProc {
+        let (mut cmd, stderr_path) = self.command(rank, log_path, args, env);
+        NodeProc {
+            rank,
+            child: cmd.spawn().unwrap(),
+            stderr_path,
+            code: None,
+        }
+    }
+
+    /// The command `spawn_env` runs, and where its stderr goes, for a test to adjust
+    /// (e.g. a process group of its own) before `NodeProc::from_child`.
+    pub fn command(
+        &self,
+        rank: u32,
+        log_path: &Path,
+        args: &[&str],
+        env: &[(&str, String)],
+    ) -> (Command, PathBuf) {
         let stderr_path = self
             .dir
             .path()
@@ -99,12 +117,7 @@ impl TestCluster {
             }
         }
         cmd.envs(env.iter().map(|(k, v)| (*k, v.as_str())));
-        NodeProc {
-            rank,
-            child: cmd.spawn().unwrap(),
-            stderr_path,
-            code: None,
-        }
+        (cmd, stderr_path)
     }
 
     pub fn spawn(&self, rank: u32, args: &[&str]) -> NodeProc {
@@ -202,8 +215,26 @@ impl NodeProc {
         }
     }
 
+    /// The pid the launcher knows: the node's supervisor.
     pub fn pid(&self) -> i32 {
         self.child.id() as i32
+    }
+
+    /// The process that does the node's work: the supervisor's child (waits for it).
+    pub fn node_process(&self) -> i32 {
+        let mut node = 0;
+        wait_until(
+            Duration::from_secs(30),
+            "the supervisor's node process",
+            || {
+                node = descendants(self.pid())
+                    .into_iter()
+                    .find(|p| parent_of(*p) == Some(self.pid()))
+                    .unwrap_or(0);
+                node > 0
+            },
+        );
+        node
     }
 
     /// Wait for exit with a generous limit; panics (with the node's stderr) on timeout.
@@ -260,6 +291,38 @@ pub fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The parent of `pid` (None if it is gone).
+pub fn parent_of(pid: i32) -> Option<i32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// Every live descendant of `pid`, parents before children.
+pub fn descendants(pid: i32) -> Vec<i32> {
+    let all: Vec<(i32, i32)> = fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let p = e.file_name().to_string_lossy().parse::<i32>().ok()?;
+            Some((p, parent_of(p)?))
+        })
+        .collect();
+    let mut out = vec![];
+    let mut parents = vec![pid];
+    while let Some(parent) = parents.pop() {
+        for (p, _) in all.iter().filter(|(_, pp)| *pp == parent) {
+            out.push(*p);
+            parents.push(*p);
+        }
+    }
+    out
 }
 
 /// Is any process alive whose command line contains `needle`? (zombies excluded)

@@ -160,6 +160,26 @@ impl SshfsCluster {
         self.port
     }
 
+    /// Freezes the server side of every mount: SIGSTOP to each process the test's sshd
+    /// started for a connection (the sftp sessions). A request a client already sent then
+    /// waits for an answer that does not come, as on a hard-mounted NFS whose server is
+    /// gone: the calling process sleeps in the kernel, and a fatal signal leaves it there
+    /// (state D) until the answer comes. The server thaws (SIGCONT) when the guard drops:
+    /// declare it after the cluster, so it drops first. The crash watchdog thaws it too.
+    pub fn freeze_server(&self) -> Frozen {
+        let sshd = self.sshd.as_ref().expect("sshd runs").id() as i32;
+        let pids = descendants(sshd);
+        assert!(!pids.is_empty(), "sshd {sshd} serves no connection");
+        let list: Vec<String> = pids.iter().map(i32::to_string).collect();
+        let root = self.export.parent().expect("export has a parent");
+        fs::write(root.join("frozen"), list.join(" ")).expect("note the frozen pids");
+        signal("STOP", &list);
+        Frozen {
+            pids: list,
+            note: root.join("frozen"),
+        }
+    }
+
     fn keygen(&self, root: &Path) -> Result<(), String> {
         for name in ["host_key", "client_key"] {
             let out = Command::new("ssh-keygen")
@@ -397,17 +417,73 @@ impl Drop for SshfsCluster {
     }
 }
 
+/// The server side of the mounts, frozen by [`SshfsCluster::freeze_server`] until dropped.
+pub struct Frozen {
+    pids: Vec<String>,
+    note: PathBuf,
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        signal("CONT", &self.pids);
+        let _ = fs::remove_file(&self.note);
+    }
+}
+
+/// `kill -SIG pids…`
+fn signal(sig: &str, pids: &[String]) {
+    let _ = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .args(pids)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// Every process below `pid` (children, their children, …).
+fn descendants(pid: i32) -> Vec<i32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let parent_of: Vec<(i32, i32)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let p = e.file_name().to_str()?.parse().ok()?;
+            let stat = fs::read_to_string(e.path().join("stat")).ok()?;
+            let ppid = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            Some((p, ppid))
+        })
+        .collect();
+    let mut out = Vec::new();
+    let mut todo = vec![pid];
+    while let Some(parent) = todo.pop() {
+        for (p, _) in parent_of.iter().filter(|(_, pp)| *pp == parent) {
+            out.push(*p);
+            todo.push(*p);
+        }
+    }
+    out
+}
+
 /// Cleanup script for a test process that dies without running `Drop` (for
 /// instance killed by nextest's slow-timeout). It blocks reading stdin, whose
 /// write end only the test process holds: a "done" line means the normal
-/// `Drop` cleaned up; EOF means the test process is gone, so it lazily
-/// unmounts every sshfs mount under the cluster's tempdir, kills that
+/// `Drop` cleaned up; EOF means the test process is gone, so it thaws a
+/// frozen server, lazily unmounts every sshfs mount under the cluster's tempdir, kills that
 /// cluster's sshd (only if its pid still runs with this cluster's config)
 /// and removes the tempdir once nothing is mounted there any more.
 const WATCHDOG_SH: &str = r#"
 root=$1
 IFS= read -r line
 [ "$line" = done ] && exit 0
+[ -f "$root/frozen" ] && kill -CONT $(cat "$root/frozen") 2>/dev/null
 mounted() { awk -v r="$root/" '$3 == "fuse.sshfs" && index($2, r) == 1 { print $2 }' /proc/mounts; }
 for m in $(mounted); do
     fusermount3 -uz "$m" 2>/dev/null || fusermount -uz "$m" 2>/dev/null || umount -l "$m" 2>/dev/null

@@ -1,0 +1,448 @@
+//! The process a launcher sees: a small parent that runs the node in a child process.
+//!
+//! A node whose shared directory hangs (a hard-mounted NFS whose server is gone, a FUSE
+//! daemon that stopped answering) has a thread in uninterruptible sleep in the kernel. Its
+//! watchdog notices at `fs-timeout`, stops its commands and exits, but the kernel cannot
+//! finish the exit of a process while one of its threads waits on the filesystem: a
+//! launcher (srun, a shell, a test) would see a live pid until the filesystem answers.
+//!
+//! So `rl-node --master|--worker N` starts itself again as a child that does the node's
+//! work, and stays its parent, touching nothing on the shared directory:
+//! - it exits with the child's exit code, or dies of the signal that killed the child;
+//! - it passes SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2 and SIGCONT on to the child, and
+//!   SIGTSTP too before stopping itself. The child runs in its own process group, so a
+//!   terminal's Ctrl-C reaches it once, through here; a signal sent to every process of a
+//!   job (Slurm) reaches it twice, and [`Deliveries`] counts that as one;
+//! - when the child's watchdog fires, or the child is about to exit, it says so through a
+//!   pipe. If it has not exited a [`MOMENT`] later, it is stuck in the kernel: the parent
+//!   prints what happened and exits on its behalf, with 4 (fs-timeout) or the code the
+//!   child was exiting with.
+//!
+//! The child dies with the parent (`PR_SET_PDEATHSIG`), so a `kill -9` of the pid a
+//! launcher knows still ends the node, whose guardian then stops its commands. Records and
+//! messages name the parent's pid: it lives exactly as long as the node can still act (a
+//! child left behind in the kernel has a fatal signal pending and never runs again).
+
+use super::descendants::Proc;
+use signal_hook::consts::{SIGCONT, SIGHUP, SIGINT, SIGTERM, SIGTSTP, SIGUSR1, SIGUSR2};
+use std::io::{self, BufRead, BufReader};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::Command;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// Marks the node process and names its link: `<supervisor pid>:<pipe fd>`. The node
+/// removes it from its environment at start, so no command inherits it.
+pub const ENV: &str = "RL_NODE_SUPERVISOR";
+
+/// How long a node whose watchdog fired gets to exit (it stops its commands in about half
+/// a second) before the supervisor calls it stuck.
+const MOMENT: Duration = Duration::from_secs(2);
+
+/// A direct delivery and a passed-on copy of one signal arrive this close together.
+const SAME_DELIVERY: Duration = Duration::from_secs(1);
+
+/// The node's end of the link to its supervisor.
+pub struct Link {
+    /// The supervisor's pid.
+    pub parent: u32,
+    pipe: OwnedFd,
+}
+
+impl Link {
+    /// In the node process: the link its supervisor left in the environment (removed from
+    /// it, so commands do not inherit it). None without one, or when the variable does not
+    /// name this process's parent and a pipe (set by hand, or inherited from elsewhere).
+    /// Call it while the process has a single thread.
+    pub fn inherited() -> Option<Link> {
+        let value = std::env::var(ENV).ok()?;
+        std::env::remove_var(ENV);
+        let (pid, fd) = value.split_once(':')?;
+        let (parent, fd): (u32, RawFd) = (pid.parse().ok()?, fd.parse().ok()?);
+        if unsafe { libc::getppid() } as u32 != parent {
+            return None;
+        }
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFIFO {
+            return None;
+        }
+        // Neither commands nor the guardian hold it: only this process writes to it.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+        Some(Link {
+            parent,
+            pipe: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    /// The watchdog fired: tell the supervisor. One short write to a pipe (atomic, and it
+    /// never waits on the filesystem).
+    pub fn stuck(&self, rank: u32, stuck: Duration, limit: Duration, what: &str) {
+        let line = Stuck {
+            rank,
+            stuck,
+            limit,
+            what: what.replace(['\t', '\n'], " "),
+        }
+        .line();
+        self.send(&line);
+    }
+
+    /// The node is about to exit with `code`: if the exit does not complete (a thread is
+    /// stuck in the filesystem), the supervisor exits with `code` in its place.
+    pub fn exiting(&self, rank: u32, code: i32) {
+        self.send(&Exiting { rank, code }.line());
+    }
+
+    fn send(&self, line: &str) {
+        unsafe { libc::write(self.pipe.as_raw_fd(), line.as_ptr().cast(), line.len()) };
+    }
+}
+
+/// What the node reports through the link.
+#[derive(Debug, PartialEq)]
+enum Report {
+    Stuck(Stuck),
+    Exiting(Exiting),
+}
+
+impl Report {
+    fn parse(line: &str) -> Option<Report> {
+        Stuck::parse(line)
+            .map(Report::Stuck)
+            .or_else(|| Exiting::parse(line).map(Report::Exiting))
+    }
+
+    /// The code to exit with, and the one line to print, when the node process has not
+    /// exited a moment after this report.
+    fn verdict(&self, pid: i32) -> (i32, String) {
+        match self {
+            Report::Stuck(s) => (crate::exit::DEADLINE, s.message(pid)),
+            Report::Exiting(e) => (e.code, e.message(pid)),
+        }
+    }
+}
+
+/// The node is exiting with a code.
+#[derive(Debug, PartialEq)]
+struct Exiting {
+    rank: u32,
+    code: i32,
+}
+
+impl Exiting {
+    fn line(&self) -> String {
+        format!("exiting\t{}\t{}\n", self.rank, self.code)
+    }
+
+    fn parse(line: &str) -> Option<Exiting> {
+        let mut f = line.trim_end_matches('\n').split('\t');
+        (f.next()? == "exiting").then_some(())?;
+        Some(Exiting {
+            rank: f.next()?.parse().ok()?,
+            code: f.next()?.parse().ok()?,
+        })
+    }
+
+    fn message(&self, pid: i32) -> String {
+        format!(
+            "{} [rank {}] error: node process {pid} is stuck in the kernel: it began to exit with code {} {}s ago and a thread of it still waits, most likely on the shared filesystem; it will exit when that answers; exiting with code {} on its behalf\n",
+            now(),
+            self.rank,
+            self.code,
+            MOMENT.as_secs(),
+            self.code,
+        )
+    }
+}
+
+fn now() -> impl std::fmt::Display {
+    chrono::Local::now().format("%H:%M:%S%.3f")
+}
+
+/// What the node's watchdog reports through the link.
+#[derive(Debug, PartialEq)]
+struct Stuck {
+    rank: u32,
+    stuck: Duration,
+    limit: Duration,
+    what: String,
+}
+
+impl Stuck {
+    fn line(&self) -> String {
+        format!(
+            "stuck\t{}\t{}\t{}\t{}\n",
+            self.rank,
+            self.stuck.as_millis(),
+            self.limit.as_millis(),
+            self.what
+        )
+    }
+
+    fn parse(line: &str) -> Option<Stuck> {
+        let mut f = line.trim_end_matches('\n').splitn(5, '\t');
+        (f.next()? == "stuck").then_some(())?;
+        let rank = f.next()?.parse().ok()?;
+        let stuck = Duration::from_millis(f.next()?.parse().ok()?);
+        let limit = Duration::from_millis(f.next()?.parse().ok()?);
+        Some(Stuck {
+            rank,
+            stuck,
+            limit,
+            what: f.next()?.to_string(),
+        })
+    }
+
+    /// The supervisor's one line about a node left in the kernel.
+    fn message(&self, pid: i32) -> String {
+        format!(
+            "{} [rank {}] error: node process {pid} is stuck in the kernel on the shared filesystem (no answer for {:.0}s while {}; fs-timeout is {}); its commands were killed, and it will exit when the filesystem answers; exiting with code 4 on its behalf\n",
+            now(),
+            self.rank,
+            self.stuck.as_secs_f64(),
+            self.what,
+            humantime::format_duration(self.limit),
+        )
+    }
+}
+
+/// Run this node in a child process and wait for it (see the module doc). Returns the
+/// exit code to exit with, or dies of the child's signal. Err when the child cannot be
+/// started.
+pub fn run_node_in_child() -> io::Result<i32> {
+    // Installed before the child exists, so a signal that comes meanwhile is passed on.
+    let mut signals = signal_hook::iterator::Signals::new([
+        SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGCONT, SIGTSTP,
+    ])?;
+    let (read, write) = pipe()?;
+    let me = std::process::id();
+    let write_fd = write.as_raw_fd();
+    let mut args = std::env::args_os();
+    // /proc/self/exe is this very binary, even if its file was replaced since.
+    let mut cmd = Command::new("/proc/self/exe");
+    if let Some(arg0) = args.next() {
+        cmd.arg0(arg0);
+    }
+    cmd.args(args)
+        .env(ENV, format!("{me}:{write_fd}"))
+        .process_group(0);
+    unsafe {
+        cmd.pre_exec(move || {
+            // Die with the supervisor: a kill -9 of it ends the node.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // It may have died before the line above.
+            if libc::getppid() as u32 != me {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            let flags = libc::fcntl(write_fd, libc::F_GETFD);
+            libc::fcntl(write_fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn()?;
+    drop(write);
+    let pid = child.id() as i32;
+    // Pinned before it can be reaped: a signal passed on never hits a reused pid.
+    let node = Arc::new(Proc::open(pid));
+
+    let n = node.clone();
+    std::thread::Builder::new()
+        .name("pass-signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                if let Some(n) = n.as_ref() {
+                    n.signal(sig);
+                }
+                if sig == SIGTSTP {
+                    // Ctrl-Z: the node stopped above; now this process, as a shell expects.
+                    unsafe { libc::raise(libc::SIGSTOP) };
+                }
+            }
+        })?;
+
+    // Set once the child is reaped: from then on its own exit status is the answer.
+    let reaped = Arc::new((Mutex::new(false), Condvar::new()));
+    let r = reaped.clone();
+    std::thread::Builder::new()
+        .name("node-link".into())
+        .spawn(move || {
+            let lines = BufReader::new(std::fs::File::from(read)).lines();
+            for line in lines.map_while(Result::ok) {
+                let Some(report) = Report::parse(&line) else {
+                    continue;
+                };
+                let (m, cv) = &*r;
+                let done = cv
+                    .wait_timeout_while(m.lock().unwrap(), MOMENT, |done| !*done)
+                    .unwrap()
+                    .0;
+                if *done {
+                    return;
+                }
+                // Holding the lock: the main thread cannot exit with another code now.
+                let (code, message) = report.verdict(pid);
+                write_detached(&message);
+                std::process::exit(code);
+            }
+        })?;
+
+    let status = child.wait()?;
+    let (m, cv) = &*reaped;
+    *m.lock().unwrap() = true;
+    cv.notify_all();
+    match (status.code(), status.signal()) {
+        (Some(code), _) => Ok(code),
+        (None, Some(sig)) => die_of(sig),
+        (None, None) => Ok(crate::exit::FAILED),
+    }
+}
+
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// End this process by signal `sig`, as the node ended, so a launcher sees the same.
+fn die_of(sig: i32) -> ! {
+    unsafe {
+        // The node may have crashed (SIGSEGV, SIGABRT): no core file of this process.
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+        libc::signal(sig, libc::SIG_DFL);
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, sig);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::kill(libc::getpid(), sig);
+    }
+    // A signal whose default action is not to end the process.
+    std::process::exit(128 + sig)
+}
+
+/// Write `text` to stderr from a forked process, waiting for it at most a second. When
+/// stderr is a file on the hung filesystem itself the write blocks in the kernel, and a
+/// process with a thread blocked there could not exit; the writer may stay behind instead,
+/// and prints when the filesystem answers.
+fn write_detached(text: &str) {
+    let bytes = text.as_bytes();
+    // The forked writer calls only write(2) and _exit(2), which is safe after a fork of a
+    // process with threads.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let mut done = 0;
+        while done < bytes.len() {
+            let n = unsafe { libc::write(2, bytes[done..].as_ptr().cast(), bytes.len() - done) };
+            if n <= 0 {
+                break;
+            }
+            done += n as usize;
+        }
+        unsafe { libc::_exit(0) };
+    }
+    if pid < 0 {
+        crate::err!("{text}");
+        return;
+    }
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < deadline {
+        let mut status = 0;
+        if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } != 0 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Tells one delivery of a signal to the node from two. A signal sent to every process of
+/// a job (Slurm does) reaches the node directly and again passed on by its supervisor; the
+/// node escalates on a second signal, so such a pair must count once. A passed-on copy and
+/// a direct delivery of the same signal within [`SAME_DELIVERY`] of each other are one
+/// delivery; two copies from the same side (two Ctrl-Cs) are two.
+pub struct Deliveries {
+    supervisor: Option<i32>,
+    /// The last delivery that was not paired yet: signal, passed on, when.
+    last: Option<(i32, bool, Instant)>,
+}
+
+impl Deliveries {
+    /// `supervisor`: the pid whose signals are passed-on copies (None: every signal counts).
+    pub fn new(supervisor: Option<u32>) -> Deliveries {
+        Deliveries {
+            supervisor: supervisor.map(|p| p as i32),
+            last: None,
+        }
+    }
+
+    /// Is this signal, sent by `sender` (None: the kernel or unknown), a new delivery?
+    pub fn is_new(&mut self, sig: i32, sender: Option<i32>, now: Instant) -> bool {
+        let Some(supervisor) = self.supervisor else {
+            return true;
+        };
+        let passed_on = sender == Some(supervisor);
+        if let Some((s, p, at)) = self.last.take() {
+            if s == sig && p != passed_on && now.saturating_duration_since(at) < SAME_DELIVERY {
+                return false;
+            }
+        }
+        self.last = Some((sig, passed_on, now));
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_direct_signal_and_its_passed_on_copy_are_one_delivery_in_either_order() {
+        let t = Instant::now();
+        let ms = Duration::from_millis;
+        let mut d = Deliveries::new(Some(10));
+        assert!(d.is_new(SIGTERM, Some(99), t));
+        assert!(!d.is_new(SIGTERM, Some(10), t + ms(5)));
+        let mut d = Deliveries::new(Some(10));
+        assert!(d.is_new(SIGTERM, Some(10), t));
+        assert!(!d.is_new(SIGTERM, None, t + ms(5)));
+        // A second pair is a second delivery.
+        assert!(d.is_new(SIGTERM, Some(10), t + ms(300)));
+        assert!(!d.is_new(SIGTERM, None, t + ms(301)));
+    }
+
+    #[test]
+    fn two_copies_from_one_side_another_signal_or_a_late_copy_are_two_deliveries() {
+        let t = Instant::now();
+        let ms = Duration::from_millis;
+        let mut d = Deliveries::new(Some(10));
+        assert!(d.is_new(SIGINT, Some(10), t));
+        assert!(d.is_new(SIGINT, Some(10), t + ms(100)));
+        let mut d = Deliveries::new(Some(10));
+        assert!(d.is_new(SIGINT, None, t));
+        assert!(d.is_new(SIGTERM, Some(10), t + ms(1)));
+        let mut d = Deliveries::new(Some(10));
+        assert!(d.is_new(SIGINT, None, t));
+        assert!(d.is_new(SIGINT, Some(10), t + ms(1500)));
+        // Without a supervisor every signal counts.
+        let mut d = Deliveries::new(None);
+        assert!(d.is_new(SIGINT, None, t));
+        assert!(d.is_new(SIGINT, Some(10), t + ms(1)));
+    }
+
+    #[test]
+    fn the_reports_survive_the_pipe() {
+        let s = Stuck {
+            rank: 3,
+            stuck: Duration::from_millis(3250),
+            limit: Duration::from_secs(3),
+            what: "polling the shared directory".into(),
+        };
+        assert_eq!(Report::parse(&s.line()), Some(Report::Stuck(s)));
+        let e = Exiting { rank: 2, code: 143 };
+        assert_eq!(Report::parse(&e.line()), Some(Report::Exiting(e)));
+        assert_eq!(Report::parse("hello"), None);
+    }
+}
