@@ -14,7 +14,8 @@
 //!   terminal's Ctrl-C reaches it once, through here; a signal sent to every process of a
 //!   job (Slurm) reaches it twice, and [`Deliveries`] counts that as one;
 //! - when the child's watchdog fires, or the child is about to exit, it says so through a
-//!   pipe. If it has not exited a [`MOMENT`] later, it is stuck in the kernel: the parent
+//!   pipe. If it has not exited a [`MOMENT`] later and a thread of it waits in the kernel
+//!   (state D; an exit that is merely slow gets up to [`SLOW_EXIT`] more), the parent
 //!   prints what happened and exits on its behalf, with 4 (fs-timeout) or the code the
 //!   child was exiting with.
 //!
@@ -275,10 +276,20 @@ pub fn run_node_in_child() -> io::Result<i32> {
                     continue;
                 };
                 let (m, cv) = &*r;
-                let done = cv
+                let mut done = cv
                     .wait_timeout_while(m.lock().unwrap(), MOMENT, |done| !*done)
                     .unwrap()
                     .0;
+                // An exit that is only slow (a loaded machine) is not one stuck in the
+                // kernel: while no thread of the node waits there (state D), give it up to
+                // SLOW_EXIT more before answering for it.
+                let slow_until = std::time::Instant::now() + SLOW_EXIT;
+                while !*done && !in_kernel_wait(pid) && std::time::Instant::now() < slow_until {
+                    done = cv
+                        .wait_timeout_while(done, MOMENT / 4, |done| !*done)
+                        .unwrap()
+                        .0;
+                }
                 if *done {
                     return;
                 }
@@ -298,6 +309,27 @@ pub fn run_node_in_child() -> io::Result<i32> {
         (None, Some(sig)) => die_of(sig),
         (None, None) => Ok(crate::exit::FAILED),
     }
+}
+
+/// The most the supervisor waits for a node that reported its exit but is not in the
+/// kernel (a slow exit, not a hung filesystem) before exiting on its behalf anyway.
+const SLOW_EXIT: Duration = Duration::from_secs(20);
+
+/// Does a thread of process `pid` wait uninterruptibly in the kernel (state D)? Reads only
+/// `/proc`, which does not hang with the shared filesystem.
+fn in_kernel_wait(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().any(|t| {
+        std::fs::read_to_string(t.path().join("stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .map(|(_, rest)| rest.trim_start().starts_with('D'))
+            })
+            .unwrap_or(false)
+    })
 }
 
 fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
