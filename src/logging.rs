@@ -28,7 +28,7 @@ pub const LEVEL_ENV: &str = "RL_NODE_LOG_LEVEL";
 pub const FORMAT_ENV: &str = "RL_NODE_LOG_FORMAT";
 
 /// RFC 3339 with milliseconds and the offset: `2026-11-23T11:52:12.123+01:00`.
-const TIMESTAMP: &str = "%Y-%m-%dT%H:%M:%S%.3f%:z";
+pub(crate) const TIMESTAMP: &str = "%Y-%m-%dT%H:%M:%S%.3f%:z";
 
 /// The least severe lines a node prints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

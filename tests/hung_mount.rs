@@ -121,6 +121,18 @@ impl Hung {
                 "rank {}: the launched process must say why it exits:\n{err}",
                 n.rank
             );
+            // In the node's log format: a dated, zoned time, then the rank.
+            let line = err
+                .lines()
+                .find(|l| l.contains(&format!("node process {pid} is stuck in the kernel")))
+                .unwrap();
+            let (stamp, rest) = line.split_once(' ').unwrap();
+            assert!(
+                chrono::DateTime::parse_from_rfc3339(stamp).is_ok()
+                    && rest.starts_with(&format!("[rank {}] error: ", n.rank)),
+                "rank {}: {line}",
+                n.rank
+            );
             out.push(err);
         }
         out

@@ -146,19 +146,31 @@ impl Exiting {
     }
 
     fn message(&self, pid: i32) -> String {
-        format!(
-            "{} [rank {}] error: node process {pid} is stuck in the kernel: it began to exit with code {} {}s ago and a thread of it still waits, most likely on the shared filesystem; it will exit when that answers; exiting with code {} on its behalf\n",
-            now(),
+        log_line(
             self.rank,
-            self.code,
-            MOMENT.as_secs(),
-            self.code,
+            &format!(
+                "node process {pid} is stuck in the kernel: it began to exit with code {} and a thread of it still waits there, most likely on the shared filesystem; it will exit when that answers; exiting with code {} on its behalf",
+                self.code, self.code,
+            ),
         )
     }
 }
 
-fn now() -> impl std::fmt::Display {
-    chrono::Local::now().format("%H:%M:%S%.3f")
+/// One error line in the node's log format (the supervisor writes it itself, from a
+/// forked helper, not through `tracing`).
+fn log_line(rank: u32, message: &str) -> String {
+    let timestamp = chrono::Local::now().format(crate::logging::TIMESTAMP);
+    if crate::logging::json() {
+        let line = serde_json::json!({
+            "timestamp": timestamp.to_string(),
+            "level": "ERROR",
+            "message": message,
+            "rank": rank,
+        });
+        format!("{line}\n")
+    } else {
+        format!("{timestamp} [rank {rank}] error: {message}\n")
+    }
 }
 
 /// What the node's watchdog reports through the link.
@@ -197,13 +209,14 @@ impl Stuck {
 
     /// The supervisor's one line about a node left in the kernel.
     fn message(&self, pid: i32) -> String {
-        format!(
-            "{} [rank {}] error: node process {pid} is stuck in the kernel on the shared filesystem (no answer for {:.0}s while {}; fs-timeout is {}); its commands were killed, and it will exit when the filesystem answers; exiting with code 4 on its behalf\n",
-            now(),
+        log_line(
             self.rank,
-            self.stuck.as_secs_f64(),
-            self.what,
-            humantime::format_duration(self.limit),
+            &format!(
+                "node process {pid} is stuck in the kernel on the shared filesystem (no answer for {:.0}s while {}; fs-timeout is {}); its commands were killed, and it will exit when the filesystem answers; exiting with code 4 on its behalf",
+                self.stuck.as_secs_f64(),
+                self.what,
+                humantime::format_duration(self.limit),
+            ),
         )
     }
 }
