@@ -92,6 +92,7 @@ pub struct Cluster {
     pub model: String,
     pub log_path: String,
     pub data_path: String,
+    pub gpus_per_node: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -272,6 +273,7 @@ impl Config {
             c.remove("log-path");
             c.remove("data-path");
             c.remove("master-addr");
+            c.remove("gpus-per-node");
         }
         // Task files may live at different paths per node; the plan fingerprint checked
         // at every iteration covers their content.
@@ -522,6 +524,13 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
                 "{} is above the limit of {MAX_NODES} nodes (rank 0 writes a record per rank before anyone joins, and polls each one)",
                 c.cluster.num_nodes
             ),
+        ));
+    }
+    let g = c.cluster.gpus_per_node.trim();
+    if g != "auto" && !g.parse::<u32>().is_ok_and(|n| n > 0) {
+        return Err(l.invalid(
+            "cluster.gpus-per-node",
+            format!("`{g}` is neither \"auto\" nor a number of processes from 1"),
         ));
     }
     let w = &c.cluster.rank_weights;

@@ -54,6 +54,11 @@ pub const PLACEHOLDERS: &[(&str, &str, &str)] = &[
         "rank 0's address, as published in the cluster record",
     ),
     ("master_port", "RL_NODE_MASTER_PORT", "cluster.master-port"),
+    (
+        "nproc_per_node",
+        "RL_NODE_NPROC_PER_NODE",
+        "training processes on this node (cluster.gpus-per-node; \"auto\": its GPUs)",
+    ),
     ("server_port", "RL_NODE_SERVER_PORT", "server.port"),
     ("rank_weight", "RL_NODE_RANK_WEIGHT", "this rank's weight"),
     ("total_weight", "RL_NODE_TOTAL_WEIGHT", "sum of all weights"),

@@ -23,6 +23,11 @@ pub const TORCHRUN_ENV: &[(&str, &str, &str)] = &[
     ("NODE_RANK", "rank", "this node's rank"),
     ("MASTER_ADDR", "master_addr", "rank 0's published address"),
     ("MASTER_PORT", "master_port", "cluster.master-port"),
+    (
+        "NPROC_PER_NODE",
+        "nproc_per_node",
+        "processes per node (cluster.gpus-per-node)",
+    ),
 ];
 
 pub fn torchrun_env(values: &BTreeMap<&'static str, String>) -> Vec<(String, String)> {
@@ -35,4 +40,98 @@ pub fn torchrun_env(values: &BTreeMap<&'static str, String>) -> Vec<(String, Str
             )
         })
         .collect()
+}
+
+/// Training processes on this node (`cluster.gpus-per-node`) and where the number came
+/// from: a number as given; "auto": the devices in `CUDA_VISIBLE_DEVICES` when set, else
+/// the GPUs `nvidia-smi --list-gpus` lists, else 1 (no GPU: one CPU process).
+pub fn nproc_per_node(setting: &str) -> (u32, String) {
+    if let Ok(n) = setting.trim().parse::<u32>() {
+        return (n, "cluster.gpus-per-node".into());
+    }
+    if let Ok(devices) = std::env::var("CUDA_VISIBLE_DEVICES") {
+        let n = devices.split(',').filter(|d| !d.trim().is_empty()).count() as u32;
+        if n > 0 {
+            return (n, format!("CUDA_VISIBLE_DEVICES={devices}"));
+        }
+    }
+    match list_gpus() {
+        Some(n) if n > 0 => (n, "nvidia-smi --list-gpus".into()),
+        _ => (1, "no GPU found".into()),
+    }
+}
+
+/// GPUs `nvidia-smi --list-gpus` lists; None without nvidia-smi, on failure, or after
+/// 30 s (a wedged driver must not keep the node from starting). Waits on its child
+/// itself: call it before the node's reaper thread starts.
+fn list_gpus() -> Option<u32> {
+    use std::process::{Command, Stdio};
+    let mut child = super::procs::unblocked_signals(&mut Command::new("nvidia-smi"))
+        .arg("--list-gpus")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) if status.success() => break,
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10))
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+        }
+    }
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take()?, &mut out).ok()?;
+    Some(out.lines().filter(|l| l.starts_with("GPU ")).count() as u32)
+}
+
+/// This host's first IP address that is not loopback or link-local, IPv4 before IPv6, in
+/// interface order: the address `hostname -I` prints first.
+pub fn first_ip_address() -> Option<String> {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let mut found: Vec<IpAddr> = Vec::new();
+    // SAFETY: getifaddrs fills a list that is read here and freed once.
+    unsafe {
+        let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+        if libc::getifaddrs(&mut head) != 0 {
+            return None;
+        }
+        let mut cur = head;
+        while !cur.is_null() {
+            let addr = (*cur).ifa_addr;
+            if !addr.is_null() {
+                match (*addr).sa_family as i32 {
+                    libc::AF_INET => {
+                        let a = &*(addr as *const libc::sockaddr_in);
+                        found.push(IpAddr::V4(Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr))));
+                    }
+                    libc::AF_INET6 => {
+                        let a = &*(addr as *const libc::sockaddr_in6);
+                        found.push(IpAddr::V6(Ipv6Addr::from(a.sin6_addr.s6_addr)));
+                    }
+                    _ => {}
+                }
+            }
+            cur = (*cur).ifa_next;
+        }
+        libc::freeifaddrs(head);
+    }
+    let usable = |ip: &IpAddr| match ip {
+        IpAddr::V4(v4) => !v4.is_loopback() && !v4.is_link_local() && !v4.is_unspecified(),
+        IpAddr::V6(v6) => {
+            !v6.is_loopback() && !v6.is_unspecified() && (v6.segments()[0] & 0xffc0) != 0xfe80
+        }
+    };
+    found
+        .iter()
+        .find(|ip| ip.is_ipv4() && usable(ip))
+        .or_else(|| found.iter().find(|ip| usable(ip)))
+        .map(|ip| ip.to_string())
 }

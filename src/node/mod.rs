@@ -139,6 +139,8 @@ pub(crate) struct Node {
     tasks: work::TaskSets,
     /// Placeholder values of the running planned rollout ({tasks}, {task_id}, …).
     extra: std::collections::BTreeMap<&'static str, String>,
+    /// Training processes on this node (`cluster.gpus-per-node`, counted at start).
+    nproc_per_node: u32,
     /// Replacement items run for `exact-budget` in the current per-task rollout.
     replacements: Vec<String>,
     /// During a dynamic rollout a dead peer's items are taken over instead of stopping.
@@ -186,6 +188,8 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
         ));
     }
     let tasks = work::TaskSets::load(&cfg)?;
+    // Before the reaper thread exists, which collects every child (nvidia-smi's too).
+    let (nproc, nproc_source) = context::nproc_per_node(&cfg.cluster.gpus_per_node);
 
     let supervisor = opts.supervisor;
     if let Some(link) = &supervisor {
@@ -247,6 +251,7 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
         journal: Vec::new(),
         tasks: work::TaskSets::default(),
         extra: Default::default(),
+        nproc_per_node: 0,
         replacements: Vec::new(),
         tolerate_dead: false,
         dead_peers: Default::default(),
@@ -271,6 +276,24 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
             "num-nodes {} (from {})",
             node.cfg.cluster.num_nodes,
             loaded.source_of("cluster.num-nodes")
+        ));
+    }
+    // Resolved before anything is written; the cluster record publishes the address.
+    if node.rank == 0 && node.cfg.cluster.master_addr == "ip" {
+        match context::first_ip_address() {
+            Some(ip) => node.cfg.cluster.master_addr = ip,
+            None => {
+                return Err(Stop::usage(
+                    "cluster.master-addr = \"ip\": this host has no IP address other than loopback and link-local ones",
+                    Some("set cluster.master-addr to an address workers can reach, or \"\" for the host name".into()),
+                ))
+            }
+        }
+    }
+    node.nproc_per_node = nproc;
+    if p.train.is_set() {
+        node.info(&format!(
+            "training processes on this node (NPROC_PER_NODE): {nproc} ({nproc_source})"
         ));
     }
     let node_process = if node.pid == std::process::id() {
@@ -1653,6 +1676,7 @@ impl Node {
         v.insert("model", self.model.clone());
         v.insert("master_addr", c.master_addr.clone());
         v.insert("master_port", c.master_port.to_string());
+        v.insert("nproc_per_node", self.nproc_per_node.to_string());
         v.insert("server_port", self.cfg.server.port.to_string());
         v.insert("rank_weight", weights[self.rank as usize].to_string());
         v.insert("total_weight", weights.iter().sum::<u64>().to_string());
