@@ -77,6 +77,10 @@ struct Settings {
     iterations: Option<String>,
     #[arg(long, value_name = "PORT", help = with_default("Port of torchrun's rendezvous on rank 0 (MASTER_PORT)", "master-port"))]
     master_port: Option<String>,
+    /// Extra arguments after `--` (e.g. Hydra overrides `env_config.max_steps=20`), passed
+    /// shell-quoted where a command says `{extra_args}`; every node must get the same.
+    #[arg(last = true, value_name = "ARGS")]
+    extra_args: Vec<String>,
 }
 
 /// A node flag's help with its real default: the `[cluster]` key's value in the built-in
@@ -95,6 +99,14 @@ fn with_default(help: &str, key: &str) -> String {
         })
         .unwrap_or_else(|| "?".into());
     format!("{help} (default: {value})")
+}
+
+/// `args` as one shell word each, space-separated: what `{extra_args}` expands to.
+fn shell_words(args: &[String]) -> String {
+    args.iter()
+        .map(|a| config::template::shell_word(a))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 #[derive(Subcommand, Debug)]
@@ -165,6 +177,13 @@ impl Settings {
         );
         add("--iterations", "cluster.iterations", &self.iterations);
         add("--master-port", "cluster.master-port", &self.master_port);
+        if !self.extra_args.is_empty() {
+            v.push(CliOverride {
+                flag: "-- (extra arguments)".into(),
+                key: "cluster.extra-args",
+                value: shell_words(&self.extra_args),
+            });
+        }
         v
     }
 

@@ -93,6 +93,7 @@ pub struct Cluster {
     pub log_path: String,
     pub data_path: String,
     pub gpus_per_node: String,
+    pub extra_args: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -55,6 +55,11 @@ pub const PLACEHOLDERS: &[(&str, &str, &str)] = &[
     ),
     ("master_port", "RL_NODE_MASTER_PORT", "cluster.master-port"),
     (
+        "extra_args",
+        "RL_NODE_EXTRA_ARGS",
+        "cluster.extra-args: the arguments after `--`, shell-quoted",
+    ),
+    (
         "nproc_per_node",
         "RL_NODE_NPROC_PER_NODE",
         "training processes on this node (cluster.gpus-per-node; \"auto\": its GPUs)",
@@ -217,15 +222,20 @@ impl Template {
     }
 
     /// Substitute values. A value with characters the shell would split or expand is
-    /// single-quoted, so paths with spaces stay one word.
+    /// single-quoted, so paths with spaces stay one word; a [`SHELL_TEXT`] value is
+    /// already shell words and goes in as it is.
     pub fn render(&self, values: &BTreeMap<&'static str, String>) -> String {
         let mut out = String::new();
         for p in &self.pieces {
             match p {
                 Piece::Text(t) => out.push_str(t),
-                Piece::Var(name) => out.push_str(&shell_word(
-                    values.get(name.as_str()).map(String::as_str).unwrap_or(""),
-                )),
+                Piece::Var(name) => {
+                    let v = values.get(name.as_str()).map(String::as_str).unwrap_or("");
+                    match SHELL_TEXT.contains(&name.as_str()) {
+                        true => out.push_str(v),
+                        false => out.push_str(&shell_word(v)),
+                    }
+                }
             }
         }
         out
@@ -246,7 +256,12 @@ impl Template {
     }
 }
 
-fn shell_word(v: &str) -> String {
+/// Placeholders whose value is shell text, already quoted word by word: `{extra_args}`
+/// expands to as many words as arguments were given.
+pub const SHELL_TEXT: &[&str] = &["extra_args"];
+
+/// `v` as one shell word: as it is when nothing in it is special, else single-quoted.
+pub fn shell_word(v: &str) -> String {
     let safe = !v.is_empty()
         && v.chars()
             .all(|c| c.is_ascii_alphanumeric() || "/._-+=:,@%".contains(c));

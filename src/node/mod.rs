@@ -1677,6 +1677,7 @@ impl Node {
         v.insert("master_addr", c.master_addr.clone());
         v.insert("master_port", c.master_port.to_string());
         v.insert("nproc_per_node", self.nproc_per_node.to_string());
+        v.insert("extra_args", self.cfg.cluster.extra_args.clone());
         v.insert("server_port", self.cfg.server.port.to_string());
         v.insert("rank_weight", weights[self.rank as usize].to_string());
         v.insert("total_weight", weights.iter().sum::<u64>().to_string());
