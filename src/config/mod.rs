@@ -639,6 +639,14 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
                     ));
                 }
             }
+            if used == "resume_from"
+                && !((name == "rollout" || name == "eval") && w.mode != WorkMode::PerTask)
+            {
+                return Err(l.invalid(
+                    &key,
+                    "{resume_from} (an earlier attempt's partial output) has a value only in rollout and eval commands with work.mode = \"per-rank\"; per-task items are redone one by one and need none",
+                ));
+            }
             if used == "tasks" && !planned {
                 return Err(l.invalid(
                     &key,

@@ -55,6 +55,11 @@ pub const PLACEHOLDERS: &[(&str, &str, &str)] = &[
     ),
     ("master_port", "RL_NODE_MASTER_PORT", "cluster.master-port"),
     (
+        "resume_from",
+        "RL_NODE_RESUME_FROM",
+        "per-rank rollout/eval: the newest earlier attempt's partial output of this rank, split and iteration, or empty",
+    ),
+    (
         "extra_args",
         "RL_NODE_EXTRA_ARGS",
         "cluster.extra-args: the arguments after `--`, shell-quoted",

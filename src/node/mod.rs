@@ -1158,7 +1158,27 @@ impl Node {
         for (what, path) in [("shard", &shard), ("partial shard", &partial)] {
             self.set_aside_earlier(what, path)?;
         }
-        let log = self.run_command(phase, pc, Some(split), &partial, false)?;
+        // An earlier generation's attempt left its partial output where it was (its name
+        // carries its generation): offered to the command to continue from, never changed.
+        let resume_from = (1..gen)
+            .rev()
+            .map(|g| self.layout.shard_partial_gen(it, split, rank, g))
+            .find(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 0 || m.is_dir()));
+        if let Some(p) = &resume_from {
+            self.info(&format!(
+                "iteration {it}: the {split} rollout may resume from the earlier attempt's {} ({{resume_from}})",
+                p.display()
+            ));
+        }
+        self.extra.insert(
+            "resume_from",
+            resume_from
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+        );
+        let log = self.run_command(phase, pc, Some(split), &partial, false);
+        self.extra.remove("resume_from");
+        let log = log?;
         self.fence(&format!("commit its {split} shard of iteration {it}"))?;
         self.watchdog.pet("committing the shard");
         let wrote_output = std::fs::symlink_metadata(&partial).is_ok();
