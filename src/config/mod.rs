@@ -148,11 +148,41 @@ impl PhaseCommand {
     }
 }
 
+/// A rollout or eval phase: a command, and optionally workers that start theirs only
+/// once rank 0's command says so (run.sh made workers wait for rank 0's rollout).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RolloutCommand {
+    pub command: String,
+    #[serde(with = "duration")]
+    pub timeout: Duration,
+    /// Workers wait until rank 0's command creates `{ready_file}` (or ends).
+    pub workers_wait: bool,
+    #[serde(with = "duration")]
+    pub workers_wait_timeout: Duration,
+    /// Then wait this long more before starting (run.sh waited 120 s).
+    #[serde(with = "duration")]
+    pub workers_delay: Duration,
+}
+
+impl RolloutCommand {
+    pub fn as_phase(&self) -> PhaseCommand {
+        PhaseCommand {
+            command: self.command.clone(),
+            timeout: self.timeout,
+        }
+    }
+
+    pub fn is_set(&self) -> bool {
+        !self.command.trim().is_empty()
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct Phases {
-    pub rollout: PhaseCommand,
-    pub eval: PhaseCommand,
+    pub rollout: RolloutCommand,
+    pub eval: RolloutCommand,
     pub aggregate: PhaseCommand,
     pub prepare: PhaseCommand,
     pub train: PhaseCommand,
@@ -612,8 +642,8 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
         ));
     }
     for (name, p) in [
-        ("rollout", &c.phases.rollout),
-        ("eval", &c.phases.eval),
+        ("rollout", &c.phases.rollout.as_phase()),
+        ("eval", &c.phases.eval.as_phase()),
         ("aggregate", &c.phases.aggregate),
         ("prepare", &c.phases.prepare),
         ("train", &c.phases.train),
@@ -639,6 +669,19 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
                     ));
                 }
             }
+            if used == "ready_file" {
+                let gated = match name {
+                    "rollout" => c.phases.rollout.workers_wait,
+                    "eval" => c.phases.eval.workers_wait,
+                    _ => false,
+                };
+                if !gated {
+                    return Err(l.invalid(
+                        &key,
+                        format!("{{ready_file}} has a value only in a rollout or eval command whose phase sets workers-wait = true (phases.{name}.workers-wait)"),
+                    ));
+                }
+            }
             if used == "resume_from"
                 && !((name == "rollout" || name == "eval") && w.mode != WorkMode::PerTask)
             {
@@ -653,6 +696,23 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
                     "{tasks} (this rank's task file) needs task files: set tasks.train (and tasks.eval)",
                 ));
             }
+        }
+    }
+    for (name, r) in [("rollout", &c.phases.rollout), ("eval", &c.phases.eval)] {
+        if !r.workers_wait {
+            continue;
+        }
+        if w.mode == WorkMode::PerTask {
+            return Err(l.invalid(
+                &format!("phases.{name}.workers-wait"),
+                format!("needs work.mode = \"per-rank\" (one command per rank, which rank 0's command releases); work.mode is \"per-task\" (from {})", l.source_of("work.mode")),
+            ));
+        }
+        if r.workers_wait_timeout.is_zero() {
+            return Err(l.invalid(
+                &format!("phases.{name}.workers-wait-timeout"),
+                "must be greater than zero (there is no \"no limit\" value: use a long duration such as \"30d\")",
+            ));
         }
     }
     crate::checkpoint::check_pick_pattern(&c.phases.handoff.pick)

@@ -55,6 +55,11 @@ pub const PLACEHOLDERS: &[(&str, &str, &str)] = &[
     ),
     ("master_port", "RL_NODE_MASTER_PORT", "cluster.master-port"),
     (
+        "ready_file",
+        "RL_NODE_READY_FILE",
+        "rollout/eval with workers-wait: the file rank 0's command creates to let the workers start",
+    ),
+    (
         "resume_from",
         "RL_NODE_RESUME_FROM",
         "per-rank rollout/eval: the newest earlier attempt's partial output of this rank, split and iteration, or empty",

@@ -1013,6 +1013,7 @@ impl Node {
                     self.once(journal::item::ROLLOUT_TRAIN, |n| {
                         n.any_rollout("train", "rollout", &cfg.phases.rollout)
                     })?;
+                    self.open_gate("train", &cfg.phases.rollout);
                 }
             }
             Phase::AggregateTrain => {
@@ -1040,6 +1041,7 @@ impl Node {
                     self.once(journal::item::ROLLOUT_EVAL, |n| {
                         n.any_rollout("eval", "eval", &cfg.phases.eval)
                     })?;
+                    self.open_gate("eval", &cfg.phases.eval);
                     self.barrier("eval-complete", Value::Null, none)?;
                     if self.is_master() {
                         self.once(journal::item::AGGREGATE_EVAL, |n| {
@@ -1103,11 +1105,26 @@ impl Node {
 
     /// The rollout of `split`: planned when task files are configured, else one command
     /// per rank that splits its own data.
-    fn any_rollout(&mut self, split: &str, phase: &str, pc: &PhaseCommand) -> Result<(), Stop> {
+    fn any_rollout(
+        &mut self,
+        split: &str,
+        phase: &str,
+        rc: &crate::config::RolloutCommand,
+    ) -> Result<(), Stop> {
+        let pc = &rc.as_phase();
         if !pc.is_set() {
             return Ok(());
         }
         self.extra.clear();
+        // Workers start only once rank 0's command lets them (`workers-wait`).
+        let gate = rc.workers_wait.then(|| self.ready_file(split));
+        if let Some(marker) = &gate {
+            self.extra
+                .insert("ready_file", marker.display().to_string());
+            if !self.is_master() {
+                self.wait_for_rank_0s_ready(split, phase, marker, rc)?;
+            }
+        }
         let result = match self.plan_for(split) {
             Some(plan) => self.planned_rollout(split, phase, pc, plan),
             None => self.rollout(split, phase, pc),
@@ -1115,6 +1132,80 @@ impl Node {
         self.extra.clear();
         self.publisher().stage(|r| r.progress = None);
         result
+    }
+
+    /// This generation's `{ready_file}` of the current iteration's `split` rollout.
+    fn ready_file(&self, split: &str) -> PathBuf {
+        self.layout
+            .gen_dir(self.gen())
+            .join(format!("ready-iter-{:04}-{split}", self.iteration))
+    }
+
+    /// Rank 0, once its rollout of `split` is done (now or before a restart): create the
+    /// ready file if its command did not, so no worker waits for a file that never comes.
+    fn open_gate(&mut self, split: &str, rc: &crate::config::RolloutCommand) {
+        if !rc.workers_wait || !self.is_master() || !rc.is_set() {
+            return;
+        }
+        let marker = self.ready_file(split);
+        self.watchdog.pet("publishing the ready file");
+        if store::read(&marker).ok().flatten().is_none() {
+            let _ = store::create_new(
+                &marker,
+                b"created by rl-node: rank 0's command ended without creating it\n",
+            );
+        }
+    }
+
+    /// A worker's wait for rank 0's `{ready_file}` (`phases.<phase>.workers-wait`), then
+    /// `workers-delay`; through the one wait loop, so an abort, a dead rank 0 or a signal
+    /// ends it within a poll.
+    fn wait_for_rank_0s_ready(
+        &mut self,
+        split: &str,
+        phase: &str,
+        marker: &Path,
+        rc: &crate::config::RolloutCommand,
+    ) -> Result<(), Stop> {
+        self.waiting_note = format!(
+            "waiting for rank 0's {phase} command to create {} (phases.{phase}.workers-wait)",
+            marker.display()
+        );
+        let note = self.waiting_note.clone();
+        self.publisher().update(|r| r.progress = Some(note));
+        let m = marker.to_path_buf();
+        let waited = self.wait_for(Instant::now() + rc.workers_wait_timeout, move |_| {
+            Ok(store::read(&m).ok().flatten().map(|_| ()))
+        });
+        match waited {
+            Ok(()) => {}
+            Err(Interrupt::Stop(s)) => return Err(s),
+            Err(Interrupt::Deadline) => {
+                let reason = format!(
+                    "rank 0's {phase} command did not create {} within phases.{phase}.workers-wait-timeout ({})",
+                    marker.display(),
+                    humantime::format_duration(rc.workers_wait_timeout)
+                );
+                return Err(self.fail(AbortKind::Timeout, self.rank, None, reason, None));
+            }
+        }
+        if !rc.workers_delay.is_zero() {
+            self.waiting_note = format!(
+                "phases.{phase}.workers-delay ({}) after rank 0's ready file",
+                humantime::format_duration(rc.workers_delay)
+            );
+            let waited = self.wait_for(Instant::now() + rc.workers_delay, |_| Ok(None::<()>));
+            if let Err(Interrupt::Stop(s)) = waited {
+                return Err(s);
+            }
+        }
+        self.info(&format!(
+            "iteration {}: rank 0's {split} rollout let the workers start",
+            self.iteration
+        ));
+        self.waiting_note.clear();
+        self.publisher().update(|r| r.progress = None);
+        Ok(())
     }
 
     /// Rank 0's merge: a dynamic rollout's items, else the rank shards.
