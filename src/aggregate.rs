@@ -149,11 +149,7 @@ pub fn main(args: AggregateArgs, log_path: Option<String>, config: Option<PathBu
         );
         return exit::USAGE;
     };
-    let naming = loaded
-        .config
-        .aggregate
-        .naming()
-        .expect("validated when the configuration was loaded");
+    let naming = loaded.config.naming();
     let format = naming.format();
     let layout = Layout::new(&root).with_naming(naming);
     if !layout.root().is_dir() {

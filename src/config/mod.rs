@@ -94,6 +94,8 @@ pub struct Cluster {
     pub data_path: String,
     pub gpus_per_node: String,
     pub extra_args: String,
+    /// The name of the eval split in `{split}` (run.sh: "test").
+    pub eval_split: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -163,6 +165,8 @@ pub struct RolloutCommand {
     /// Then wait this long more before starting (run.sh waited 120 s).
     #[serde(with = "duration")]
     pub workers_delay: Duration,
+    /// A file rank 0's command creates by itself that releases the workers (a template).
+    pub workers_wait_for: String,
 }
 
 impl RolloutCommand {
@@ -277,6 +281,8 @@ pub struct Config {
     pub phases: Phases,
     pub aggregate: Aggregate,
     pub server: Server,
+    /// Variables every command gets (values are templates).
+    pub env: BTreeMap<String, String>,
 }
 
 impl Config {
@@ -290,6 +296,18 @@ impl Config {
                 .map(|&w| w as u64)
                 .collect()
         }
+    }
+
+    /// Shard and merged file names, with the eval split's name and eval cadence.
+    pub fn naming(&self) -> crate::shards::naming::Naming {
+        let every = match self.cluster.rollout_split {
+            RolloutSplit::EvalOnly => 0,
+            _ => self.cluster.eval_interval,
+        };
+        self.aggregate
+            .naming()
+            .expect("validated at load")
+            .with_eval_split(&self.cluster.eval_split, every)
     }
 
     pub fn log_path(&self) -> PathBuf {
@@ -435,6 +453,42 @@ fn join_key(prefix: &str, k: &str) -> String {
     }
 }
 
+/// What `workers-wait-for` may name: values every rank has alike.
+pub const WAIT_FOR_PLACEHOLDERS: &[&str] = &[
+    "log_path",
+    "iteration",
+    "split",
+    "split_iteration",
+    "num_nodes",
+    "gen",
+];
+
+/// An `[env]` variable name: a shell name, and not one rl-node sets itself.
+fn check_env_name(name: &str) -> Result<(), String> {
+    let shell_name = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !shell_name {
+        return Err(format!(
+            "`{name}` is not an environment variable name (letters, digits and `_`, not starting with a digit)"
+        ));
+    }
+    if name.starts_with("RL_NODE_") {
+        return Err(format!("`{name}`: RL_NODE_* variables are set by rl-node"));
+    }
+    if let Some((_, key, _)) = crate::node::context::TORCHRUN_ENV
+        .iter()
+        .find(|(n, _, _)| *n == name)
+    {
+        return Err(format!(
+            "`{name}` is set by rl-node for the training command (from {{{key}}}); set the configuration key instead"
+        ));
+    }
+    Ok(())
+}
+
 /// `cluster.num-nodes` -> `RL_NODE_CLUSTER_NUM_NODES`.
 pub fn env_name(key: &str) -> String {
     format!("RL_NODE_{}", key.replace(['.', '-'], "_").to_uppercase())
@@ -472,6 +526,24 @@ pub fn load(
         let mut user_paths = Vec::new();
         leaf_paths(&user, "", &mut user_paths);
         for (key, v) in user_paths {
+            // `[env]` holds variable names of the user's choosing, each a string.
+            if let Some(name) = key.strip_prefix("env.") {
+                let Value::String(_) = v else {
+                    return Err(ConfigError::Invalid {
+                        key: key.clone(),
+                        source_name: path.display().to_string(),
+                        message: "an environment variable's value must be a string".into(),
+                    });
+                };
+                check_env_name(name).map_err(|message| ConfigError::Invalid {
+                    key: key.clone(),
+                    source_name: path.display().to_string(),
+                    message,
+                })?;
+                set_path(&mut value, &key, v);
+                sources.insert(key, Source::File(path.to_path_buf()));
+                continue;
+            }
             let Some((_, template)) = schema.iter().find(|(k, _)| *k == key) else {
                 return Err(ConfigError::UnknownKey {
                     suggestion: suggest(&key, &schema),
@@ -714,6 +786,51 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
                 "must be greater than zero (there is no \"no limit\" value: use a long duration such as \"30d\")",
             ));
         }
+    }
+    for (name, r) in [("rollout", &c.phases.rollout), ("eval", &c.phases.eval)] {
+        if r.workers_wait_for.trim().is_empty() {
+            continue;
+        }
+        let key = format!("phases.{name}.workers-wait-for");
+        if !r.workers_wait {
+            return Err(l.invalid(
+                &key,
+                format!("releases waiting workers, so it needs phases.{name}.workers-wait = true"),
+            ));
+        }
+        let t = Template::parse(&r.workers_wait_for).map_err(|e| l.invalid(&key, e.to_string()))?;
+        if let Some(bad) = t
+            .names()
+            .into_iter()
+            .find(|n| !WAIT_FOR_PLACEHOLDERS.contains(n))
+        {
+            return Err(l.invalid(
+                &key,
+                format!(
+                    "{{{bad}}} cannot be used in a file name every rank computes; use {}",
+                    WAIT_FOR_PLACEHOLDERS
+                        .iter()
+                        .map(|n| format!("{{{n}}}"))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                ),
+            ));
+        }
+    }
+    let es = &c.cluster.eval_split;
+    if es.is_empty()
+        || es == "train"
+        || !es
+            .chars()
+            .all(|ch| ch.is_ascii_alphanumeric() || ch == '_' || ch == '-')
+    {
+        return Err(l.invalid(
+            "cluster.eval-split",
+            format!("`{es}` cannot name the eval split: use letters, digits, `-` or `_`, and not \"train\""),
+        ));
+    }
+    for (name, text) in &c.env {
+        Template::parse(text).map_err(|e| l.invalid(&format!("env.{name}"), e.to_string()))?;
     }
     crate::checkpoint::check_pick_pattern(&c.phases.handoff.pick)
         .map_err(|e| l.invalid("phases.handoff.pick", e))?;

@@ -74,6 +74,21 @@ pub const PLACEHOLDERS: &[(&str, &str, &str)] = &[
         "RL_NODE_NPROC_PER_NODE",
         "training processes on this node (cluster.gpus-per-node; \"auto\": its GPUs)",
     ),
+    (
+        "split_iteration",
+        "RL_NODE_SPLIT_ITERATION",
+        "the how-many-th rollout of this split: the iteration for train, the number of evals so far for eval",
+    ),
+    (
+        "checkpoint_name",
+        "RL_NODE_CHECKPOINT_NAME",
+        "the directory name of {model} (`iter-NNNN`) when it is a checkpoint rl-node published, empty while it is cluster.model",
+    ),
+    (
+        "train_output",
+        "RL_NODE_TRAIN_OUTPUT",
+        "the directory this iteration's training writes (the train phase's {output})",
+    ),
     ("server_port", "RL_NODE_SERVER_PORT", "server.port"),
     ("rank_weight", "RL_NODE_RANK_WEIGHT", "this rank's weight"),
     ("total_weight", "RL_NODE_TOTAL_WEIGHT", "sum of all weights"),

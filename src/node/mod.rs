@@ -171,8 +171,7 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
             None,
         ));
     }
-    let layout =
-        Layout::new(cfg.log_path()).with_naming(cfg.aggregate.naming().expect("validated at load"));
+    let layout = Layout::new(cfg.log_path()).with_naming(cfg.naming());
     preflight_log_path(&layout, opts.rank)?;
     // Node-local input named on this node: discovered now, not by a command hours later.
     let data = &cfg.cluster.data_path;
@@ -1125,13 +1124,84 @@ impl Node {
                 self.wait_for_rank_0s_ready(split, phase, marker, rc)?;
             }
         }
+        let relay = match (&gate, self.is_master()) {
+            (Some(marker), true) if !rc.workers_wait_for.trim().is_empty() => {
+                Some(self.relay_ready(split, phase, rc, marker.clone())?)
+            }
+            _ => None,
+        };
         let result = match self.plan_for(split) {
             Some(plan) => self.planned_rollout(split, phase, pc, plan),
             None => self.rollout(split, phase, pc),
         };
+        if let Some((stop, thread)) = relay {
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let _ = thread.join();
+        }
         self.extra.clear();
         self.publisher().stage(|r| r.progress = None);
         result
+    }
+
+    /// Rank 0 with `workers-wait-for`: the file its command creates by itself (e.g.
+    /// webgym's `multinode_flags/train_sampling_complete_rank_0`) releases the workers.
+    /// A left-over one is removed before the command starts (only rank 0 removes and
+    /// watches it, so no worker can mistake an old one for this iteration's); a thread
+    /// watches for it while the command runs and then creates `{ready_file}`.
+    #[allow(clippy::type_complexity)]
+    fn relay_ready(
+        &mut self,
+        split: &str,
+        phase: &str,
+        rc: &crate::config::RolloutCommand,
+        marker: PathBuf,
+    ) -> Result<
+        (
+            std::sync::Arc<std::sync::atomic::AtomicBool>,
+            std::thread::JoinHandle<()>,
+        ),
+        Stop,
+    > {
+        let values = self.values(phase, Some(split), Path::new(""));
+        let watched = PathBuf::from(
+            Template::parse(&rc.workers_wait_for)
+                .expect("validated at load")
+                .render_raw(&values),
+        );
+        self.watchdog
+            .pet("removing a left-over workers-wait-for file");
+        match std::fs::remove_file(&watched) {
+            Ok(()) => self.info(&format!(
+                "removed the left-over {} before the {phase} command (phases.{phase}.workers-wait-for)",
+                watched.display()
+            )),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                let reason = format!(
+                    "cannot remove the left-over {} (phases.{phase}.workers-wait-for): {e}",
+                    watched.display()
+                );
+                return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
+            }
+        }
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let poll = self
+            .cfg
+            .timing
+            .poll_interval
+            .min(Duration::from_millis(500));
+        let (flag, phase) = (stop.clone(), phase.to_string());
+        let thread = std::thread::spawn(move || {
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                if std::fs::symlink_metadata(&watched).is_ok() {
+                    let note = format!("rank 0's {phase} command created {}\n", watched.display());
+                    let _ = store::create_new(&marker, note.as_bytes());
+                    return;
+                }
+                std::thread::sleep(poll);
+            }
+        });
+        Ok((stop, thread))
     }
 
     /// This generation's `{ready_file}` of the current iteration's `split` rollout.
@@ -1251,9 +1321,14 @@ impl Node {
         }
         // An earlier generation's attempt left its partial output where it was (its name
         // carries its generation): offered to the command to continue from, never changed.
-        let resume_from = (1..gen)
-            .rev()
-            .map(|g| self.layout.shard_partial_gen(it, split, rank, g))
+        // A command that names its own partial file (webgym's `….checkpoint`) left it
+        // under the configured partial name, without a generation: that one comes first.
+        let resume_from = std::iter::once(self.layout.shard_partial(it, split, rank))
+            .chain(
+                (1..gen)
+                    .rev()
+                    .map(|g| self.layout.shard_partial_gen(it, split, rank, g)),
+            )
             .find(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 0 || m.is_dir()));
         if let Some(p) = &resume_from {
             self.info(&format!(
@@ -1693,7 +1768,7 @@ impl Node {
         let command = Template::parse(&pc.command)
             .expect("validated at load")
             .render(&values);
-        let mut env = context::env_for(&values);
+        let mut env = self.command_env(&values);
         if torchrun_env {
             env.extend(context::torchrun_env(&values));
         }
@@ -1772,7 +1847,38 @@ impl Node {
         v.insert("rank", self.rank.to_string());
         v.insert("num_nodes", self.num_nodes().to_string());
         v.insert("iteration", self.iteration.to_string());
-        v.insert("split", split.unwrap_or("").to_string());
+        let naming = self.layout.naming();
+        v.insert(
+            "split",
+            split
+                .map(|s| naming.split_label(s))
+                .unwrap_or("")
+                .to_string(),
+        );
+        v.insert(
+            "split_iteration",
+            naming
+                .split_iteration(split.unwrap_or("train"), self.iteration)
+                .to_string(),
+        );
+        let models = self.layout.models();
+        v.insert(
+            "checkpoint_name",
+            Path::new(&self.model)
+                .strip_prefix(&models)
+                .ok()
+                .and_then(|rel| rel.to_str())
+                .filter(|rel| !rel.is_empty() && !rel.contains('/'))
+                .unwrap_or("")
+                .to_string(),
+        );
+        v.insert(
+            "train_output",
+            self.layout
+                .train_output(self.iteration, self.gen())
+                .display()
+                .to_string(),
+        );
         v.insert("phase", phase.to_string());
         v.insert("log_path", self.layout.root().display().to_string());
         v.insert("data_path", self.cfg.cluster.data_path.clone());
@@ -1805,6 +1911,25 @@ impl Node {
             v.insert(k, val.clone());
         }
         v
+    }
+
+    /// The environment a command gets besides the node's own: the `[env]` table, then
+    /// every placeholder's `RL_NODE_*` variable.
+    pub(super) fn command_env(
+        &self,
+        values: &std::collections::BTreeMap<&'static str, String>,
+    ) -> Vec<(String, String)> {
+        let mut env: Vec<(String, String)> = self
+            .cfg
+            .env
+            .iter()
+            .map(|(k, t)| {
+                let t = Template::parse(t).expect("validated at load");
+                (k.clone(), t.render_raw(values))
+            })
+            .collect();
+        env.extend(context::env_for(values));
+        env
     }
 
     /// Append one line to this rank's event log (`.rl-node/events/rank-R.jsonl`; one

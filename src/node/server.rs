@@ -81,7 +81,7 @@ impl Node {
         let url = Template::parse(&self.cfg.server.health_url)
             .expect("validated at load")
             .render_raw(&values);
-        let env = super::context::env_for(&values);
+        let env = self.command_env(&values);
         let log = self.layout.phase_log(self.iteration, self.rank, "server");
         let label = self.model_label();
         let header = format!("rank {} server on {label}", self.rank);

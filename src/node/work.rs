@@ -399,7 +399,7 @@ impl Node {
         let command = crate::config::Template::parse(&pc.command)
             .expect("validated")
             .render(&values);
-        let env = super::context::env_for(&values);
+        let env = self.command_env(&values);
         let log = self
             .layout
             .item_log(self.iteration, self.rank, phase, name, attempt);

@@ -144,6 +144,7 @@ enum Piece {
     Rank,
     Iteration,
     Split,
+    SplitIteration,
     Ext,
 }
 
@@ -159,7 +160,10 @@ struct Name {
 struct Values<'a> {
     rank: Option<u32>,
     iteration: u64,
+    /// The split's name as commands see it (`{split}`: `train`, or the eval split's name).
     split: &'a str,
+    /// `{split_iteration}`: the how-many-th rollout of this split.
+    split_iteration: u64,
     ext: &'a str,
 }
 
@@ -203,13 +207,14 @@ impl Name {
                         "rank" => Piece::Rank,
                         "iteration" => Piece::Iteration,
                         "split" => Piece::Split,
+                        "split_iteration" => Piece::SplitIteration,
                         "ext" => Piece::Ext,
                         "log_path" => {
                             return Err("`{log_path}` may only start a name".into())
                         }
                         other => {
                             return Err(format!(
-                                "unknown placeholder `{{{other}}}`; known: {{rank}} {{iteration}} {{split}} {{ext}}, and {{log_path}}/ at the start"
+                                "unknown placeholder `{{{other}}}`; known: {{rank}} {{iteration}} {{split}} {{split_iteration}} {{ext}}, and {{log_path}}/ at the start"
                             ))
                         }
                     };
@@ -244,6 +249,7 @@ impl Name {
                 Piece::Rank => s.push_str(&v.rank.map(|r| r.to_string()).unwrap_or_default()),
                 Piece::Iteration => s.push_str(&v.iteration.to_string()),
                 Piece::Split => s.push_str(v.split),
+                Piece::SplitIteration => s.push_str(&v.split_iteration.to_string()),
                 Piece::Ext => s.push_str(v.ext),
             }
         }
@@ -331,6 +337,11 @@ pub struct Naming {
     output: Name,
     /// The templates as configured (`partial` derived when it was empty), for messages.
     texts: [String; 3],
+    /// What `{split}` says for the eval split (`cluster.eval-split`).
+    eval_label: String,
+    /// Evals happen every this many iterations (`{split_iteration}` of eval counts them);
+    /// 0: every iteration's eval is its own (eval-only runs).
+    eval_every: u64,
 }
 
 /// The default shard name: `rank-{rank}.{ext}`.
@@ -397,9 +408,54 @@ impl Naming {
             partial: partial_name,
             output: output_name,
             texts: [shard.to_string(), partial_text, output.to_string()],
+            eval_label: "eval".into(),
+            eval_every: 1,
         };
         naming.check()?;
         Ok(naming)
+    }
+
+    /// The eval split's name in `{split}` and how often evals happen (for
+    /// `{split_iteration}`; 0: every iteration).
+    pub fn with_eval_split(mut self, label: &str, every: u64) -> Naming {
+        self.eval_label = label.to_string();
+        self.eval_every = every;
+        self
+    }
+
+    /// What `{split}` says for `split` (`train` or `eval`, rl-node's own names).
+    pub fn split_label<'a>(&'a self, split: &'a str) -> &'a str {
+        if split == "eval" {
+            &self.eval_label
+        } else {
+            split
+        }
+    }
+
+    /// `{split_iteration}`: the iteration for train; for eval, how many evals there have
+    /// been up to and including `iteration`'s (webgym numbers its test files so).
+    pub fn split_iteration(&self, split: &str, iteration: u64) -> u64 {
+        if split == "eval" && self.eval_every > 0 && iteration > 0 {
+            (iteration - 1) / self.eval_every + 1
+        } else {
+            iteration
+        }
+    }
+
+    fn values<'a>(
+        &'a self,
+        rank: Option<u32>,
+        iteration: u64,
+        split: &'a str,
+        ext: &'a str,
+    ) -> Values<'a> {
+        Values {
+            rank,
+            iteration,
+            split: self.split_label(split),
+            split_iteration: self.split_iteration(split, iteration),
+            ext,
+        }
     }
 
     fn check(&self) -> Result<(), NamingError> {
@@ -519,12 +575,7 @@ impl Naming {
         split: &str,
         rank: u32,
     ) -> Result<PathBuf, String> {
-        let v = Values {
-            rank: Some(rank),
-            iteration,
-            split,
-            ext: self.format.shard_ext(),
-        };
+        let v = self.values(Some(rank), iteration, split, self.format.shard_ext());
         self.place(root, &self.shard, Self::split_base(iteration, split), &v)
     }
 
@@ -535,22 +586,12 @@ impl Naming {
         split: &str,
         rank: u32,
     ) -> Result<PathBuf, String> {
-        let v = Values {
-            rank: Some(rank),
-            iteration,
-            split,
-            ext: self.format.shard_ext(),
-        };
+        let v = self.values(Some(rank), iteration, split, self.format.shard_ext());
         self.place(root, &self.partial, Self::split_base(iteration, split), &v)
     }
 
     fn try_output(&self, root: &Path, iteration: u64, split: &str) -> Result<PathBuf, String> {
-        let v = Values {
-            rank: None,
-            iteration,
-            split,
-            ext: self.format.output_ext(),
-        };
+        let v = self.values(None, iteration, split, self.format.output_ext());
         let mut base = Self::split_base(iteration, split);
         base.pop();
         self.place(root, &self.output, base, &v)
@@ -587,12 +628,7 @@ impl Naming {
         in_partial_dir: bool,
     ) -> Option<(u32, bool)> {
         let try_one = |n: &Name| -> Option<u32> {
-            let v = Values {
-                rank: None,
-                iteration,
-                split,
-                ext: self.format.shard_ext(),
-            };
+            let v = self.values(None, iteration, split, self.format.shard_ext());
             let file = n.file_pieces();
             let at = file.iter().position(|p| *p == Piece::Rank)?;
             let render = |ps: &[Piece]| {
