@@ -228,7 +228,7 @@ fn keep_model_logs_the_failure_keeps_the_model_and_runs_the_next_iteration() {
 fn keep_model_goes_on_when_every_rank_fails_by_timeout_or_signal() {
     // Iteration 1 publishes; in iteration 2 rank 0's training passes its timeout and rank
     // 1's is killed by a signal; iteration 3 trains on iteration 1's model.
-    let train = "if [ {iteration} = 2 ] && [ {rank} = 0 ]; then exec sleep 60; fi; if [ {iteration} = 2 ]; then kill -9 $$; fi; mkdir -p {output}/checkpoint-1 && echo weights-{iteration} > {output}/checkpoint-1/weights";
+    let train = "if [ {iteration} = 2 ] && [ {rank} = 0 ]; then exec sleep 60.57; fi; if [ {iteration} = 2 ]; then kill -9 $$; fi; mkdir -p {output}/checkpoint-1 && echo weights-{iteration} > {output}/checkpoint-1/weights";
     let (c, ports) = cluster(train, &format!("{KEEP_MODEL}\ntimeout = \"3s\""));
 
     let mut nodes: Vec<NodeProc> = (0..2).map(|r| spawn(&c, &ports, r, 3, &[])).collect();
@@ -273,7 +273,7 @@ fn keep_model_goes_on_when_every_rank_fails_by_timeout_or_signal() {
     assert!(text.contains(outcome), "{text}");
     // The timed-out command left nothing running.
     assert!(
-        process_alive_with("exec sleep 60").is_empty(),
+        process_alive_with("sleep 60.57").is_empty(),
         "the timed-out training is still running"
     );
 }
