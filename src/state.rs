@@ -378,6 +378,7 @@ mod tests {
             item: "done".into(),
             at: String::new(),
             note: None,
+            failed: None,
         }
     }
 

@@ -150,6 +150,54 @@ impl PhaseCommand {
     }
 }
 
+/// `[phases.train]`: the training command, and what a failed one does to the cluster.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct TrainCommand {
+    pub command: String,
+    #[serde(with = "duration")]
+    pub timeout: Duration,
+    /// `stop` | `keep-model` (checked in `validate`; read through [`TrainCommand::policy`]).
+    pub on_failure: String,
+}
+
+/// What a rank's failed training command (non-zero exit, signal, timeout) does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnTrainFailure {
+    /// Stop the whole cluster, like any failed command (the default).
+    Stop,
+    /// Log it, keep the previous model (no hand-off) and go on with the next iteration,
+    /// as webgym's run.sh did.
+    KeepModel,
+}
+
+impl TrainCommand {
+    pub fn as_phase(&self) -> PhaseCommand {
+        PhaseCommand {
+            command: self.command.clone(),
+            timeout: self.timeout,
+        }
+    }
+
+    pub fn is_set(&self) -> bool {
+        !self.command.trim().is_empty()
+    }
+
+    pub fn policy(&self) -> OnTrainFailure {
+        OnTrainFailure::parse(&self.on_failure).expect("validated at load")
+    }
+}
+
+impl OnTrainFailure {
+    pub fn parse(s: &str) -> Option<OnTrainFailure> {
+        match s {
+            "stop" => Some(OnTrainFailure::Stop),
+            "keep-model" => Some(OnTrainFailure::KeepModel),
+            _ => None,
+        }
+    }
+}
+
 /// A rollout or eval phase: a command, and optionally workers that start theirs only
 /// once rank 0's command says so (run.sh made workers wait for rank 0's rollout).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -189,7 +237,7 @@ pub struct Phases {
     pub eval: RolloutCommand,
     pub aggregate: PhaseCommand,
     pub prepare: PhaseCommand,
-    pub train: PhaseCommand,
+    pub train: TrainCommand,
     pub handoff: HandoffCommand,
 }
 
@@ -718,7 +766,7 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
         ("eval", &c.phases.eval.as_phase()),
         ("aggregate", &c.phases.aggregate),
         ("prepare", &c.phases.prepare),
-        ("train", &c.phases.train),
+        ("train", &c.phases.train.as_phase()),
         ("handoff", &c.phases.handoff.as_phase()),
     ] {
         let key = format!("phases.{name}.command");
@@ -831,6 +879,15 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
     }
     for (name, text) in &c.env {
         Template::parse(text).map_err(|e| l.invalid(&format!("env.{name}"), e.to_string()))?;
+    }
+    if OnTrainFailure::parse(&c.phases.train.on_failure).is_none() {
+        return Err(l.invalid(
+            "phases.train.on-failure",
+            format!(
+                "`{}` is neither \"stop\" (a failed training command stops the cluster) nor \"keep-model\" (it is logged, the previous model is kept and the next iteration runs)",
+                c.phases.train.on_failure
+            ),
+        ));
     }
     crate::checkpoint::check_pick_pattern(&c.phases.handoff.pick)
         .map_err(|e| l.invalid("phases.handoff.pick", e))?;
@@ -1236,6 +1293,36 @@ mod tests {
         );
         std::fs::write(&f, "[phases.handoff]\npick = \"checkpoint-[0-9]*\"\n").unwrap();
         assert!(load(Some(&f), &no_env, &[]).is_ok());
+    }
+
+    #[test]
+    fn train_on_failure_is_stop_by_default_and_checked() {
+        let d = load(None, &no_env, &[]).unwrap();
+        assert_eq!(d.config.phases.train.policy(), OnTrainFailure::Stop);
+        let keep = load(
+            None,
+            &|n: &str| (n == "RL_NODE_PHASES_TRAIN_ON_FAILURE").then(|| "keep-model".into()),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(keep.config.phases.train.policy(), OnTrainFailure::KeepModel);
+        // Every node must agree on it.
+        assert_ne!(d.config.fingerprint(), keep.config.fingerprint());
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.toml");
+        std::fs::write(&f, "[phases.train]\non-failure = \"retry\"\n").unwrap();
+        let e = load(Some(&f), &no_env, &[]).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!(
+                "phases.train.on-failure (from {}): `retry` is neither \"stop\"",
+                f.display()
+            )),
+            "{e}"
+        );
+        // Only training has the policy.
+        std::fs::write(&f, "[phases.prepare]\non-failure = \"keep-model\"\n").unwrap();
+        let e = load(Some(&f), &no_env, &[]).unwrap_err().to_string();
+        assert!(e.contains("unknown key `phases.prepare.on-failure`"), "{e}");
     }
 
     #[test]

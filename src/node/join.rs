@@ -215,10 +215,10 @@ impl Node {
                 "resuming run {run_id} at iteration {} (every rank completed iteration {}{})",
                 resume.iteration,
                 resume.iteration - 1,
-                if resume.train_done {
-                    "; training of this iteration is done everywhere"
-                } else {
-                    ""
+                match (resume.train_done, resume.train_failed) {
+                    (true, true) => "; training of this iteration is done everywhere, and failed on some rank: it is not redone and no checkpoint is handed off",
+                    (true, false) => "; training of this iteration is done everywhere",
+                    _ => "",
                 }
             ));
         }

@@ -74,6 +74,47 @@ impl From<Stop> for Interrupt {
     }
 }
 
+/// How a phase command ended when it did not succeed.
+#[derive(Debug, Clone, PartialEq)]
+enum CommandFailure {
+    /// It exited non-zero or was killed by a signal.
+    Exit(ChildExit),
+    /// It passed its phase timeout (and was stopped).
+    TimedOut(Duration),
+}
+
+impl CommandFailure {
+    fn abort_kind(&self) -> AbortKind {
+        match self {
+            CommandFailure::Exit(exit) => AbortKind::CommandFailed {
+                exit: exit.to_string(),
+            },
+            CommandFailure::TimedOut(_) => AbortKind::Timeout,
+        }
+    }
+
+    /// The sentence of the failure message.
+    fn reason(&self, phase: &str, pc: &PhaseCommand) -> String {
+        match self {
+            CommandFailure::Exit(exit) => format!("the {phase} command failed with {exit}"),
+            CommandFailure::TimedOut(_) => format!(
+                "the {phase} command did not finish within its timeout of {} (phases.{phase}.timeout)",
+                humantime::format_duration(pc.timeout)
+            ),
+        }
+    }
+
+    /// A few words for journals and summaries: `exit code 3`, `timed out after 10m`.
+    fn short(&self) -> String {
+        match self {
+            CommandFailure::Exit(exit) => exit.to_string(),
+            CommandFailure::TimedOut(t) => {
+                format!("timed out after {}", humantime::format_duration(*t))
+            }
+        }
+    }
+}
+
 pub struct NodeOptions {
     pub rank: u32,
     /// Where the rank came from, e.g. `--worker 2` or `SLURM_NODEID`.
@@ -146,6 +187,9 @@ pub(crate) struct Node {
     /// During a dynamic rollout a dead peer's items are taken over instead of stopping.
     tolerate_dead: bool,
     dead_peers: std::collections::BTreeSet<u32>,
+    /// This iteration's training failed on these ranks (with why), as rank 0's release
+    /// of `training-complete` said (`phases.train.on-failure = "keep-model"`).
+    train_failed: Vec<(u32, String)>,
 }
 
 /// Run a node until it finishes (Ok) or stops (the error says why and with which code).
@@ -254,6 +298,7 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
         replacements: Vec::new(),
         tolerate_dead: false,
         dead_peers: Default::default(),
+        train_failed: Vec::new(),
         cfg,
     };
     node.tasks = tasks;
@@ -897,6 +942,7 @@ impl Node {
                 return Ok(());
             }
             self.iteration = iteration;
+            self.train_failed.clear();
             let started = Instant::now();
             for &phase in Phase::walk(self.cfg.cluster.rl_phase) {
                 self.enter(phase)?;
@@ -905,8 +951,13 @@ impl Node {
             let walk = self.cfg.walk_item();
             self.journal_item(&walk)?;
             self.info(&format!(
-                "iteration {iteration} complete in {:.2}s",
-                started.elapsed().as_secs_f64()
+                "iteration {iteration} complete in {:.2}s{}",
+                started.elapsed().as_secs_f64(),
+                if self.train_failed.is_empty() {
+                    ""
+                } else {
+                    " (training failed: no new model)"
+                }
             ));
             iteration += 1;
         }
@@ -1070,22 +1121,72 @@ impl Node {
             }
             Phase::Training => {
                 // All-or-nothing across ranks: skipped only when every rank journaled it
-                // (rank 0 found that in the journals when the generation started).
+                // (rank 0 found that in the journals when the generation started), be it
+                // done or failed (`on-failure = "keep-model"`).
                 let resume = self.cluster.as_ref().expect("joined").resume;
-                if resume.train_done && resume.iteration == self.iteration {
+                let it = self.iteration;
+                let failed = if resume.train_done && resume.iteration == it {
+                    let failed = journal::latest_train(&self.journal, self.run_id(), it)
+                        .and_then(|e| e.failed.clone());
                     self.info(&format!(
-                        "iteration {}: training completed on every rank before the restart; not redone",
-                        self.iteration
+                        "iteration {it}: training completed on every rank before the restart; not redone{}",
+                        failed
+                            .as_ref()
+                            .map(|f| format!(" (it failed on this rank: {f})"))
+                            .unwrap_or_default()
                     ));
-                } else if cfg.phases.train.is_set() {
-                    let out = self.layout.train_output(self.iteration, self.gen());
-                    self.run_command("train", &cfg.phases.train, None, &out, true)?;
+                    failed
+                } else {
+                    let failed = if cfg.phases.train.is_set() {
+                        let out = self.layout.train_output(it, self.gen());
+                        self.train(&out)?
+                    } else {
+                        None
+                    };
+                    self.journal_train(failed.clone())?;
+                    failed
+                };
+                // Each rank says whether its training failed; rank 0's release lists the
+                // ranks where it did, so every rank knows whether a model is handed off.
+                let gather = failed
+                    .map(|why| json!({ "failed": why }))
+                    .unwrap_or(Value::Null);
+                let released = self.barrier("training-complete", gather, |arrivals| {
+                    let failed: Vec<Value> = arrivals
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(r, a)| {
+                            let why = a["failed"].as_str()?;
+                            Some(json!({ "rank": r, "failed": why }))
+                        })
+                        .collect();
+                    if failed.is_empty() {
+                        Value::Null
+                    } else {
+                        json!({ "failed": failed })
+                    }
+                })?;
+                self.train_failed = released["failed"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|f| {
+                                let rank = f["rank"].as_u64()? as u32;
+                                Some((rank, f["failed"].as_str()?.to_string()))
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                if !self.train_failed.is_empty() {
+                    let summary = self.train_failure_summary();
+                    self.warn(&format!("iteration {it}: {summary}"));
                 }
-                self.journal_item(journal::item::TRAIN)?;
-                self.barrier("training-complete", Value::Null, none)?;
             }
             Phase::Handoff => {
-                if self.is_master() {
+                if self.is_master() && !self.train_failed.is_empty() {
+                    // Nothing trained to hand off: the model stays, LATEST is unchanged.
+                    self.skip_handoff()?;
+                } else if self.is_master() {
                     self.once(journal::item::HANDOFF, |n| n.handoff())?;
                 }
                 let model = self.model.clone();
@@ -1581,11 +1682,18 @@ impl Node {
         self.journal_item(item)
     }
 
-    /// Append `item` for the current iteration to this rank's journal, durably.
+    /// Append `item` for the current iteration to this rank's journal, durably, unless it
+    /// is there.
     fn journal_item(&mut self, item: &str) -> Result<(), Stop> {
         if journal::has(&self.journal, self.run_id(), self.iteration, item) {
             return Ok(());
         }
+        self.append_journal(item, None)
+    }
+
+    /// Append `item` (with `failed`, for training) for the current iteration to this
+    /// rank's journal, durably.
+    fn append_journal(&mut self, item: &str, failed: Option<String>) -> Result<(), Stop> {
         let entry = journal::Entry {
             run_id: self.run_id().to_string(),
             gen: self.gen(),
@@ -1594,6 +1702,7 @@ impl Node {
             item: item.to_string(),
             at: wall_now(),
             note: self.journal_note.take(),
+            failed,
         };
         self.fence(&format!("journal {item} of iteration {}", self.iteration))?;
         let path = self.layout.journal(self.rank);
@@ -1621,6 +1730,125 @@ impl Node {
         self.event(json!({"event": "journal", "item": item}));
         self.journal.push(entry);
         Ok(())
+    }
+
+    /// This rank's training command (phase 10). A failure stops the cluster, unless
+    /// `phases.train.on-failure = "keep-model"`: then it is logged with the usual failure
+    /// message, recorded as an event, and returned (why, in a few words) so that it is
+    /// journaled and reported at the `training-complete` barrier.
+    fn train(&mut self, out: &Path) -> Result<Option<String>, Stop> {
+        let tc = self.cfg.phases.train.clone();
+        let pc = tc.as_phase();
+        let (log, ended) = self.run_command_to_end("train", &pc, None, out, true)?;
+        let Err(failure) = ended else {
+            return Ok(None);
+        };
+        if tc.policy() == crate::config::OnTrainFailure::Stop {
+            return Err(self.command_failed("train", &pc, &failure, &log));
+        }
+        let info = self.abort_info(
+            failure.abort_kind(),
+            self.rank,
+            None,
+            failure.reason("train", &pc),
+            Some(&log),
+        );
+        let mut message = info.describe();
+        let tail = procs::tail(&log, 20);
+        if !tail.is_empty() {
+            message.push_str("\n  last lines of the log:");
+            for line in tail.lines() {
+                message.push_str(&format!("\n  | {line}"));
+            }
+        }
+        message.push_str(&format!(
+            "\n  phases.train.on-failure = \"keep-model\": the cluster goes on; this iteration publishes no checkpoint and the model stays {}",
+            self.model_label()
+        ));
+        self.warn(&message);
+        self.event(json!({
+            "event": "train-failed",
+            "failed": failure.short(),
+            "reason": info.reason,
+            "log": log.display().to_string(),
+        }));
+        Ok(Some(failure.short()))
+    }
+
+    /// Journal this rank's outcome of training in the current iteration: its latest entry
+    /// is the outcome, so a redo appends one only when the outcome differs (a redo that
+    /// succeeds like the attempt before it leaves the journal as it was).
+    fn journal_train(&mut self, failed: Option<String>) -> Result<(), Stop> {
+        let latest = journal::latest_train(&self.journal, self.run_id(), self.iteration);
+        if latest.is_some_and(|e| e.failed == failed) {
+            return Ok(());
+        }
+        self.append_journal(journal::item::TRAIN, failed)
+    }
+
+    /// `training failed on rank(s) 1 (exit code 3); kept model iter-0002`, for the
+    /// current iteration's failures.
+    fn train_failure_summary(&self) -> String {
+        let ranks: Vec<String> = self
+            .train_failed
+            .iter()
+            .map(|(r, why)| format!("{r} ({why})"))
+            .collect();
+        format!(
+            "training failed on rank(s) {}; kept {}",
+            ranks.join(", "),
+            self.kept_model_label()
+        )
+    }
+
+    /// The current model as an iteration's outcome names it: `model iter-0002` for a
+    /// published checkpoint, `the base model (M)` for `cluster.model`.
+    fn kept_model_label(&self) -> String {
+        let model = Path::new(&self.model);
+        let models = self.layout.models();
+        match model.file_name() {
+            Some(name) if model.parent() == Some(models.as_path()) => {
+                format!("model {}", name.to_string_lossy())
+            }
+            _ if self.model.is_empty() => "the base model (cluster.model is empty)".into(),
+            _ if self.model == self.cfg.cluster.model => {
+                format!("the base model ({})", self.model)
+            }
+            _ => format!("model {}", self.model),
+        }
+    }
+
+    /// Rank 0, when this iteration's training failed somewhere: no hand-off command, no
+    /// publication, `models/LATEST` unchanged. Journaled (with the outcome as its note) so
+    /// `rl-node status` shows it.
+    fn skip_handoff(&mut self) -> Result<(), Stop> {
+        let summary = self.train_failure_summary();
+        let it = self.iteration;
+        if journal::has(
+            &self.journal,
+            self.run_id(),
+            it,
+            journal::item::HANDOFF_SKIPPED,
+        ) {
+            return Ok(());
+        }
+        self.info(&format!(
+            "iteration {it}: no checkpoint is handed off (phases.train.on-failure = \"keep-model\"); the model stays {}",
+            self.model_label()
+        ));
+        let failed: Vec<Value> = self
+            .train_failed
+            .iter()
+            .map(|(r, why)| json!({ "rank": r, "failed": why }))
+            .collect();
+        self.event(json!({
+            "event": "handoff-skipped",
+            "failed": failed,
+            "model": self.model,
+            "summary": summary,
+        }));
+        self.journal_note = Some(summary);
+        self.journal_item(journal::item::HANDOFF_SKIPPED)
     }
 
     /// Rank 0 publishes the iteration's training output as an immutable checkpoint and
@@ -1754,8 +1982,8 @@ impl Node {
         }
     }
 
-    /// Run a phase command in its own process group and wait for it, watching the cluster.
-    /// Returns the log path.
+    /// Run a phase command in its own process group and wait for it, watching the cluster;
+    /// its failure (non-zero exit, signal, timeout) stops the cluster. Returns the log path.
     fn run_command(
         &mut self,
         phase: &str,
@@ -1764,6 +1992,41 @@ impl Node {
         output: &Path,
         torchrun_env: bool,
     ) -> Result<PathBuf, Stop> {
+        let (log, ended) = self.run_command_to_end(phase, pc, split, output, torchrun_env)?;
+        match ended {
+            Ok(()) => Ok(log),
+            Err(failure) => Err(self.command_failed(phase, pc, &failure, &log)),
+        }
+    }
+
+    /// The stop of a node whose `phase` command failed: published as the abort.
+    fn command_failed(
+        &mut self,
+        phase: &str,
+        pc: &PhaseCommand,
+        failure: &CommandFailure,
+        log: &Path,
+    ) -> Stop {
+        self.fail(
+            failure.abort_kind(),
+            self.rank,
+            None,
+            failure.reason(phase, pc),
+            Some(log),
+        )
+    }
+
+    /// Run a phase command and wait for it like [`Node::run_command`], but hand its
+    /// failure back instead of stopping: the log path and how it ended. A stop of the
+    /// node or the cluster meanwhile (abort, dead peer, signal) is still a `Stop`.
+    fn run_command_to_end(
+        &mut self,
+        phase: &str,
+        pc: &PhaseCommand,
+        split: Option<&str>,
+        output: &Path,
+        torchrun_env: bool,
+    ) -> Result<(PathBuf, Result<(), CommandFailure>), Stop> {
         let values = self.values(phase, split, output);
         let command = Template::parse(&pc.command)
             .expect("validated at load")
@@ -1800,16 +2063,10 @@ impl Node {
             Err(Interrupt::Deadline) => {
                 self.watchdog.pet("stopping a command");
                 self.registry.stop(pid, self.cfg.timing.kill_grace);
-                return Err(self.fail(
-                    AbortKind::Timeout,
-                    self.rank,
-                    None,
-                    format!(
-                        "the {phase} command did not finish within its timeout of {} (phases.{phase}.timeout)",
-                        humantime::format_duration(pc.timeout)
-                    ),
-                    Some(&log),
-                ));
+                // The node may go on (a training failure with on-failure = "keep-model"):
+                // an exit of this pid must not be mistaken later for a new command's.
+                self.exited.remove(&pid);
+                return Ok((log, Err(CommandFailure::TimedOut(pc.timeout))));
             }
         };
         self.reap(pid, Some(&log));
@@ -1818,21 +2075,13 @@ impl Node {
             json!({"event": "command", "phase": phase, "exit": exit.to_string(), "secs": secs}),
         );
         if exit != ChildExit::Success {
-            return Err(self.fail(
-                AbortKind::CommandFailed {
-                    exit: exit.to_string(),
-                },
-                self.rank,
-                None,
-                format!("the {phase} command failed with {exit}"),
-                Some(&log),
-            ));
+            return Ok((log, Err(CommandFailure::Exit(exit))));
         }
         self.info(&format!(
             "iteration {}: {phase} finished in {secs:.2}s",
             self.iteration
         ));
-        Ok(log)
+        Ok((log, Ok(())))
     }
 
     fn values(

@@ -140,6 +140,10 @@ pub struct Report {
     pub gen: u64,
     pub resume_iteration: u64,
     pub training_redone_everywhere: bool,
+    /// The resume iteration's training is done everywhere but failed on these ranks
+    /// (`phases.train.on-failure = "keep-model"`): not redone, and nothing handed off.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub training_failures: Vec<String>,
     pub ranks: Vec<RankState>,
     pub incomplete_files: Vec<String>,
     pub latest_model: Option<String>,
@@ -268,7 +272,9 @@ fn report(run: &Run) -> Report {
             if has("train") {
                 work.push(item::TRAIN);
             }
-            if r == 0 && (has("train") || has("handoff")) {
+            // Training that failed (on-failure = "keep-model") and is done everywhere
+            // is never handed off.
+            if r == 0 && (has("train") || has("handoff")) && !resume.train_failed {
                 work.push(item::HANDOFF);
             }
             let (mut reuse, mut redo) = (vec![], vec![]);
@@ -307,6 +313,14 @@ fn report(run: &Run) -> Report {
         run_id: c.run_id.clone(),
         gen: c.gen,
         resume_iteration: it,
+        training_failures: if resume.train_failed {
+            journal::train_failures(&run.journals, &c.run_id, it)
+                .into_iter()
+                .map(|(r, why)| format!("rank {r}: {why}"))
+                .collect()
+        } else {
+            vec![]
+        },
         training_redone_everywhere: !resume.train_done
             && c.config["phases"]["train"]["command"]
                 .as_str()
@@ -408,6 +422,12 @@ fn render(r: &Report) -> String {
             k.rank,
             k.reuse.join(", "),
             k.redo.join(", ")
+        ));
+    }
+    if !r.training_failures.is_empty() {
+        s.push_str(&format!(
+            "  (training of this iteration failed ({}) and is not redone; no checkpoint is handed off, the model stays)\n",
+            r.training_failures.join(", ")
         ));
     }
     if r.training_redone_everywhere {

@@ -183,6 +183,7 @@ pub fn diagnose(layout: &Layout) -> Option<(Vec<Problem>, Option<ClusterRecord>)
                 item: walk.clone(),
                 at: crate::protocol::wall_now(),
                 note: Some(format!("rebuilt by rl-node recover --repair: {why}")),
+                failed: None,
             })
             .collect();
         problems.push(Problem {

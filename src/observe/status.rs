@@ -47,6 +47,14 @@ pub enum Process {
     Unknown,
 }
 
+/// An iteration whose training failed on some rank: no checkpoint was handed off.
+#[derive(Debug, Serialize)]
+pub struct TrainingFailure {
+    pub iteration: u64,
+    /// `training failed on rank(s) 1 (exit code 3); kept model iter-0002`.
+    pub outcome: String,
+}
+
 #[derive(Debug, Serialize)]
 pub struct Status {
     pub run_id: String,
@@ -62,6 +70,9 @@ pub struct Status {
     /// Every start of the cluster: generation, run, when, where, resume iteration, and why
     /// the generation before it ended.
     pub history: Vec<serde_json::Value>,
+    /// Iterations whose training failed somewhere and that went on with the model they had
+    /// (`phases.train.on-failure = "keep-model"`), from rank 0's journal.
+    pub training_failures: Vec<TrainingFailure>,
     /// How long `status` watched heartbeats of ranks on other machines (0: not needed).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub watched_ms: Option<u64>,
@@ -141,8 +152,22 @@ pub fn read(log_path: &Path) -> Result<Status, String> {
     let history = crate::state::read_lines::<serde_json::Value>(&layout.history())
         .map_err(|e| super::state_message(&layout, &e))?
         .entries;
+    let training_failures =
+        crate::state::read_lines::<crate::protocol::journal::Entry>(&layout.journal(0))
+            .map_err(|e| super::state_message(&layout, &e))?
+            .entries
+            .into_iter()
+            .filter(|e| {
+                e.run_id == c.run_id && e.item == crate::protocol::journal::item::HANDOFF_SKIPPED
+            })
+            .map(|e| TrainingFailure {
+                iteration: e.iteration,
+                outcome: e.note.unwrap_or_else(|| "training failed".into()),
+            })
+            .collect();
     Ok(Status {
         history,
+        training_failures,
         run_id: c.run_id,
         gen: c.gen,
         num_nodes: c.num_nodes,
@@ -278,6 +303,14 @@ pub fn render(s: &Status) -> String {
                     .map(|p| format!("; before it, {p}"))
                     .unwrap_or_default()
             ));
+        }
+    }
+    if !s.training_failures.is_empty() {
+        out.push_str(
+            "iterations that kept their model (phases.train.on-failure = \"keep-model\"):\n",
+        );
+        for f in &s.training_failures {
+            out.push_str(&format!("  iteration {}: {}\n", f.iteration, f.outcome));
         }
     }
     out.push_str(&format!("state: {}\n", overall(s)));

@@ -6,6 +6,12 @@
 //! at the first iteration not completed by every rank; inside it, each rank skips work it
 //! journaled, and training — all-or-nothing across ranks — is skipped only when every
 //! rank journaled it. The iteration number comes from here, never from file names.
+//!
+//! With `phases.train.on-failure = "keep-model"` a rank whose training command failed
+//! journals training too, marked `failed`: the attempt is over, and a restart does not
+//! redo it any more than a successful one. A rank's latest training entry of an iteration
+//! is its outcome (a redo whose outcome differs appends a new one), and an iteration whose
+//! training every rank journaled, failed on any, publishes no checkpoint.
 
 use serde::{Deserialize, Serialize};
 
@@ -19,6 +25,10 @@ pub mod item {
     pub const PREPARE: &str = "prepare";
     pub const TRAIN: &str = "train";
     pub const HANDOFF: &str = "handoff";
+    /// Rank 0 published no checkpoint because training failed on some rank
+    /// (`phases.train.on-failure = "keep-model"`); its note says where and which model
+    /// was kept.
+    pub const HANDOFF_SKIPPED: &str = "handoff-skipped";
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -35,6 +45,11 @@ pub struct Entry {
     /// --repair` from the history after a journal was lost: says where it came from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// On a training entry: this rank's training command failed (`exit code 3`, `killed
+    /// by signal 9 (SIGKILL)`, `timed out after 10m`) and the run went on without it
+    /// (`phases.train.on-failure = "keep-model"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<String>,
 }
 
 /// A JSON-lines state file (a journal, `history.jsonl`) as read: its entries, and a torn
@@ -122,6 +137,26 @@ pub fn has(entries: &[Entry], run_id: &str, iteration: u64, item: &str) -> bool 
         .any(|e| e.run_id == run_id && e.iteration == iteration && e.item == item)
 }
 
+/// A rank's outcome of training in `iteration`: its latest training entry, if any.
+pub fn latest_train<'a>(entries: &'a [Entry], run_id: &str, iteration: u64) -> Option<&'a Entry> {
+    entries
+        .iter()
+        .rev()
+        .find(|e| e.run_id == run_id && e.iteration == iteration && e.item == item::TRAIN)
+}
+
+/// The ranks (with why) whose latest training entry of `iteration` says it failed.
+pub fn train_failures(journals: &[Vec<Entry>], run_id: &str, iteration: u64) -> Vec<(u32, String)> {
+    journals
+        .iter()
+        .enumerate()
+        .filter_map(|(r, j)| {
+            let failed = latest_train(j, run_id, iteration)?.failed.clone()?;
+            Some((r as u32, failed))
+        })
+        .collect()
+}
+
 /// The last iteration a rank completed in this run (0: none), by the walk's completion
 /// item (`Config::walk_item`).
 pub fn last_complete(entries: &[Entry], run_id: &str, walk_item: &str) -> u64 {
@@ -139,6 +174,10 @@ pub fn last_complete(entries: &[Entry], run_id: &str, walk_item: &str) -> u64 {
 pub struct Resume {
     pub iteration: u64,
     pub train_done: bool,
+    /// Training is done everywhere, and failed on some rank (`on-failure = "keep-model"`):
+    /// the hand-off of this iteration is skipped, not run on the failed output.
+    #[serde(default)]
+    pub train_failed: bool,
 }
 
 pub fn resume_point(journals: &[Vec<Entry>], run_id: &str, walk_item: &str) -> Resume {
@@ -152,9 +191,11 @@ pub fn resume_point(journals: &[Vec<Entry>], run_id: &str, walk_item: &str) -> R
         && journals
             .iter()
             .all(|j| has(j, run_id, iteration, item::TRAIN));
+    let train_failed = train_done && !train_failures(journals, run_id, iteration).is_empty();
     Resume {
         iteration,
         train_done,
+        train_failed,
     }
 }
 
@@ -174,6 +215,14 @@ mod tests {
             item: item.into(),
             at: String::new(),
             note: None,
+            failed: None,
+        }
+    }
+
+    fn failed(rank: u32, iteration: u64, why: &str) -> Entry {
+        Entry {
+            failed: Some(why.into()),
+            ..e(rank, iteration, item::TRAIN)
         }
     }
 
@@ -189,7 +238,8 @@ mod tests {
             resume_point(&[j0.clone(), j1.clone()], "r", ITERATION),
             Resume {
                 iteration: 2,
-                train_done: true
+                train_done: true,
+                train_failed: false
             }
         );
         // Training incomplete on one rank: redo it everywhere.
@@ -198,7 +248,8 @@ mod tests {
             resume_point(&[j0, j1, j2], "r", ITERATION),
             Resume {
                 iteration: 2,
-                train_done: false
+                train_done: false,
+                train_failed: false
             }
         );
         // Entries of another run do not count.
@@ -207,6 +258,37 @@ mod tests {
             ..e(0, 5, ITERATION)
         }];
         assert_eq!(resume_point(&[other], "r", ITERATION).iteration, 1);
+    }
+
+    #[test]
+    fn a_failed_training_counts_as_done_and_its_latest_outcome_wins() {
+        let j0 = vec![e(0, 1, ITERATION), e(0, 2, item::TRAIN)];
+        // Failed on rank 1: done everywhere (not redone), and failed.
+        let j1 = vec![e(1, 1, ITERATION), failed(1, 2, "exit code 3")];
+        let r = resume_point(&[j0.clone(), j1.clone()], "r", ITERATION);
+        assert_eq!(
+            r,
+            Resume {
+                iteration: 2,
+                train_done: true,
+                train_failed: true
+            }
+        );
+        assert_eq!(
+            train_failures(&[j0.clone(), j1.clone()], "r", 2),
+            vec![(1, "exit code 3".to_string())]
+        );
+        // Journaled failed on one rank, not at all on another: redone everywhere, as a
+        // success would be.
+        let j2 = vec![e(2, 1, ITERATION)];
+        let r = resume_point(&[j0.clone(), j1.clone(), j2], "r", ITERATION);
+        assert!(!r.train_done && !r.train_failed, "{r:?}");
+        // A redo that succeeded after a failure: its newer entry is the outcome.
+        let mut j1 = j1;
+        j1.push(e(1, 2, item::TRAIN));
+        let r = resume_point(&[j0.clone(), j1.clone()], "r", ITERATION);
+        assert!(r.train_done && !r.train_failed, "{r:?}");
+        assert!(train_failures(&[j0, j1], "r", 2).is_empty());
     }
 
     #[test]
