@@ -302,3 +302,238 @@ fn the_last_iteration_does_not_restart_the_server_only_to_stop_it() {
         "{err}"
     );
 }
+
+/// `[server]` for tests/fixtures/flaky_server.py: its first `fails` starts on each rank
+/// fail (rank 0: the server exits; rank 1: it answers 503 while holding the port and
+/// leaves a grandchild in a session of its own).
+fn flaky_toml(c: &TestCluster, fails: u32, attempts: u32, delay: &str) -> String {
+    format!(
+        r#"
+[server]
+command = "exec python3 {} {{server_port}} {} {{rank}} {fails}"
+start-timeout = "8s"
+stop-grace = "2s"
+start-attempts = {attempts}
+start-retry-delay = "{delay}"
+"#,
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/flaky_server.py"
+        ),
+        c.dir.path().display(),
+    )
+}
+
+fn flaky_cluster(num_nodes: u32, fails: u32, attempts: u32, delay: &str) -> TestCluster {
+    let c = TestCluster::new(num_nodes, "");
+    let text = fs::read_to_string(&c.config).unwrap();
+    fs::write(
+        &c.config,
+        format!("{text}{}", flaky_toml(&c, fails, attempts, delay)),
+    )
+    .unwrap();
+    c
+}
+
+/// How many times rank r's flaky server was started.
+fn starts(c: &TestCluster, rank: u32) -> usize {
+    fs::read_to_string(c.dir.path().join(format!("attempts-{rank}")))
+        .unwrap_or_default()
+        .lines()
+        .count()
+}
+
+fn server_log(c: &TestCluster, rank: u32) -> String {
+    fs::read_to_string(
+        c.log_path
+            .join(format!("logs/iter-0000/rank-{rank}.server.log")),
+    )
+    .unwrap_or_default()
+}
+
+fn failed_starts(c: &TestCluster, rank: u32) -> Vec<serde_json::Value> {
+    c.events(rank)
+        .into_iter()
+        .filter(|e| e["event"] == "server-start-failed")
+        .collect()
+}
+
+#[test]
+fn a_server_start_that_fails_is_retried_and_the_run_completes() {
+    let c = flaky_cluster(2, 1, 2, "200ms");
+    let (mut nodes, ports) = spawn_with_ports(&c, &["--iterations", "1"]);
+    for n in &mut nodes {
+        assert_eq!(n.wait(LIMIT), 0, "rank {}:\n{}", n.rank, n.stderr());
+    }
+    // One failed start and one that served (the last iteration does not restart it).
+    assert_eq!((starts(&c, 0), starts(&c, 1)), (2, 2));
+    for (rank, why) in [
+        (0, "the server exited with exit code 3 while starting".to_string()),
+        (
+            1,
+            format!(
+                "the server did not answer http://127.0.0.1:{}/health with 2xx within server.start-timeout (8s)",
+                ports[1]
+            ),
+        ),
+    ] {
+        let err = nodes[rank].stderr();
+        assert!(
+            err.contains(&format!(
+                "warning: server start attempt 1 of 2 failed: {why}; retrying in 200ms"
+            )),
+            "rank {rank}:\n{err}"
+        );
+    }
+    for rank in 0..2 {
+        // Every attempt is in the server log, each under a line naming it.
+        let log = server_log(&c, rank);
+        let a1 = log
+            .find("start attempt 1 of 2\n")
+            .unwrap_or_else(|| panic!("{log}"));
+        let a2 = log
+            .find("start attempt 2 of 2\n")
+            .unwrap_or_else(|| panic!("{log}"));
+        assert!(a1 < a2, "{log}");
+        assert!(
+            log[a1..a2].contains(&format!("rank {rank} attempt 1 ")),
+            "{log}"
+        );
+        assert!(
+            log[a2..].contains(&format!("rank {rank} attempt 2 ")),
+            "{log}"
+        );
+        // rank 1's second attempt found its port free and the first attempt's
+        // grandchild (in a session of its own) gone, or it would have exited 9.
+        let failed = failed_starts(&c, rank);
+        assert_eq!(failed.len(), 1, "{failed:?}");
+        assert_eq!(
+            (
+                &failed[0]["attempt"],
+                &failed[0]["attempts"],
+                &failed[0]["retry"]
+            ),
+            (&1.into(), &2.into(), &true.into())
+        );
+        assert!(c
+            .events(rank)
+            .iter()
+            .any(|e| e["event"] == "server-start" && e["attempt"] == 2));
+    }
+}
+
+#[test]
+fn with_one_start_attempt_the_same_server_fails_the_run() {
+    let c = flaky_cluster(2, 1, 1, "200ms");
+    let (mut nodes, ports) = spawn_with_ports(&c, &["--iterations", "1"]);
+    let codes: Vec<i32> = nodes.iter_mut().map(|n| n.wait(LIMIT)).collect();
+    // Rank 0's server exits at once; rank 1's answers 503 for 8s, so rank 0 fails first.
+    assert_eq!(
+        codes,
+        vec![1, 3],
+        "{}\n{}",
+        nodes[0].stderr(),
+        nodes[1].stderr()
+    );
+    let err = nodes[0].stderr();
+    assert!(
+        err.contains("the server exited with exit code 3 while starting; gave up after 1 attempt (server.start-attempts = 1)"),
+        "{err}"
+    );
+    assert!(!err.contains("retrying"), "{err}");
+    assert_eq!(starts(&c, 0), 1);
+    wait_until(LIMIT, "rank 1's server and its grandchild to stop", || {
+        process_alive_with(&c.dir.path().display().to_string()).is_empty()
+            && process_alive_with(&format!("sleep 3600.1{}", ports[1])).is_empty()
+    });
+}
+
+#[test]
+fn a_server_that_fails_every_start_stops_after_exactly_start_attempts() {
+    let c = flaky_cluster(1, 100, 3, "100ms");
+    let (mut nodes, _) = spawn_with_ports(&c, &["--iterations", "1"]);
+    assert_eq!(nodes[0].wait(LIMIT), 1, "{}", nodes[0].stderr());
+    assert_eq!(starts(&c, 0), 3);
+    let err = nodes[0].stderr();
+    for attempt in 1..=2 {
+        assert!(
+            err.contains(&format!("server start attempt {attempt} of 3 failed: the server exited with exit code 3 while starting; retrying in 100ms")),
+            "{err}"
+        );
+    }
+    assert!(!err.contains("attempt 3 of 3 failed"), "{err}");
+    assert!(
+        err.contains("the server exited with exit code 3 while starting; gave up after 3 attempts (server.start-attempts = 3)"),
+        "{err}"
+    );
+    let failed = failed_starts(&c, 0);
+    let retries: Vec<_> = failed
+        .iter()
+        .map(|e| {
+            (
+                e["attempt"].as_u64().unwrap(),
+                e["retry"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(retries, vec![(1, true), (2, true), (3, false)]);
+    let log = server_log(&c, 0);
+    for attempt in 1..=3 {
+        assert_eq!(
+            log.matches(&format!("start attempt {attempt} of 3\n"))
+                .count(),
+            1,
+            "{log}"
+        );
+    }
+}
+
+#[test]
+fn the_retry_delay_keeps_the_heartbeat_and_ends_on_a_peers_abort() {
+    // Rank 1 fails its first start and then waits a retry delay of 10 minutes.
+    let c = flaky_cluster(2, 1, 2, "10m");
+    let ports = [free_port(), free_port()];
+    let mut nodes: Vec<NodeProc> = (0..2)
+        .map(|r| {
+            let mut env = vec![("RL_NODE_SERVER_PORT", ports[r as usize].to_string())];
+            if r == 0 {
+                // Rank 0 never fails: [server] is per node.
+                env.push(("RL_NODE_SERVER_START_RETRY_DELAY", "100ms".into()));
+            }
+            c.spawn_env(r, &c.log_path, &[], &env)
+        })
+        .collect();
+    wait_until(LIMIT, "rank 1's first start to fail", || {
+        !failed_starts(&c, 1).is_empty()
+    });
+    // Rank 1 heartbeats through the delay: its sequence advances over more than
+    // dead-after (3s at 200ms beats) and rank 0 does not declare it dead.
+    let seq = |c: &TestCluster| c.record(1).and_then(|r| r["seq"].as_u64()).unwrap_or(0);
+    let from = seq(&c);
+    wait_until(LIMIT, "rank 1's heartbeat to advance by 20 beats", || {
+        seq(&c) >= from + 20
+    });
+    assert!(
+        nodes[0].child.try_wait().unwrap().is_none(),
+        "{}",
+        nodes[0].stderr()
+    );
+    assert_eq!(starts(&c, 1), 1, "still in the delay");
+    nodes[0].signal(libc::SIGTERM);
+    assert_eq!(nodes[0].wait(LIMIT), 143, "{}", nodes[0].stderr());
+    assert_eq!(nodes[1].wait(LIMIT), 3, "{}", nodes[1].stderr());
+    assert_eq!(starts(&c, 1), 1, "no second start after the abort");
+}
+
+#[test]
+fn zero_start_attempts_is_a_configuration_error() {
+    let c = TestCluster::new(1, "[server]\nstart-attempts = 0\n");
+    let mut n = c.spawn(0, &[]);
+    assert_eq!(n.wait(LIMIT), 2, "{}", n.stderr());
+    assert!(
+        n.stderr().contains("server.start-attempts"),
+        "{}",
+        n.stderr()
+    );
+    assert!(!c.log_path.join(".rl-node").exists(), "nothing written");
+}

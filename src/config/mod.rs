@@ -249,6 +249,10 @@ pub struct Server {
     pub health_url: String,
     #[serde(with = "duration")]
     pub start_timeout: Duration,
+    /// Attempts to start the server, each with the full `start_timeout`.
+    pub start_attempts: u32,
+    #[serde(with = "duration")]
+    pub start_retry_delay: Duration,
     #[serde(with = "duration")]
     pub stop_grace: Duration,
     pub gpu_drain_mib: u64,
@@ -892,6 +896,12 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
     crate::checkpoint::check_pick_pattern(&c.phases.handoff.pick)
         .map_err(|e| l.invalid("phases.handoff.pick", e))?;
     validate_aggregate(l)?;
+    if c.server.start_attempts == 0 {
+        return Err(l.invalid(
+            "server.start-attempts",
+            "must be at least 1 (1: one attempt, no retry)",
+        ));
+    }
     for key in ["server.command", "server.health-url"] {
         let text = if key == "server.command" {
             &c.server.command

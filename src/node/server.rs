@@ -6,6 +6,12 @@
 //! already taken is refused before starting: a server left over from an earlier run would
 //! otherwise answer the health check and serve the wrong model. A server that dies while
 //! it should be serving stops the cluster like any failed command.
+//!
+//! A start that fails can be retried (`server.start-attempts`, as run.sh's `start_vllm`
+//! did three times): vLLM sometimes dies or hangs while loading for reasons a second try
+//! does not meet (a slow filesystem, a CUDA initialisation race). Each attempt is stopped
+//! the way phase 7 stops a server before the next one, so no half-started engine keeps the
+//! port or the GPU memory the next attempt needs.
 
 use super::procs::ChildExit;
 use super::{Interrupt, Node, Stop};
@@ -31,6 +37,38 @@ fn port_in_use(port: u16) -> bool {
     connect || TcpListener::bind(("0.0.0.0", port)).is_err()
 }
 
+/// Why one attempt to start the server failed.
+#[derive(Debug)]
+enum StartFailure {
+    /// It exited before its health URL answered.
+    Exited(ChildExit),
+    /// It did not answer 2xx within `server.start-timeout`.
+    NotHealthy,
+}
+
+impl StartFailure {
+    fn describe(&self, url: &str, timeout: Duration) -> String {
+        match self {
+            StartFailure::Exited(exit) => format!("the server exited with {exit} while starting"),
+            StartFailure::NotHealthy => format!(
+                "the server did not answer {url} with 2xx within server.start-timeout ({})",
+                humantime::format_duration(timeout)
+            ),
+        }
+    }
+
+    /// A server that never becomes healthy is this node's failure (exit 1), not a
+    /// cluster deadline.
+    fn abort_kind(&self) -> AbortKind {
+        match self {
+            StartFailure::Exited(exit) => AbortKind::CommandFailed {
+                exit: exit.to_string(),
+            },
+            StartFailure::NotHealthy => AbortKind::Error,
+        }
+    }
+}
+
 fn healthy(agent: &ureq::Agent, url: &str) -> bool {
     agent.get(url).call().is_ok_and(|r| r.status().is_success())
 }
@@ -40,7 +78,8 @@ impl Node {
         !self.cfg.server.command.trim().is_empty() && !self.debug_mode
     }
 
-    /// Start the server on `self.model` and wait until it is healthy.
+    /// Start the server on `self.model` and wait until it is healthy, in at most
+    /// `server.start-attempts` attempts, `start-retry-delay` apart.
     pub(super) fn start_server(&mut self) -> Result<(), Stop> {
         if !self.server_enabled() || self.server.is_some() {
             return Ok(());
@@ -83,12 +122,92 @@ impl Node {
             .render_raw(&values);
         let env = self.command_env(&values);
         let log = self.layout.phase_log(self.iteration, self.rank, "server");
+        let attempts = self.cfg.server.start_attempts;
+        let timeout = self.cfg.server.start_timeout;
+        let mut attempt = 1;
+        loop {
+            let (pid, failure) = self.start_attempt(attempt, &command, &env, &url, &log)?;
+            let Some(failure) = failure else {
+                self.server = Some(Server { pid, log });
+                return Ok(());
+            };
+            // The failed server is stopped as phase 7 stops one (its group, its descendants
+            // outside it, the port), so nothing of it answers the next attempt's health
+            // check or holds its port or GPU memory.
+            self.watchdog.pet("stopping the server");
+            self.registry.stop(pid, self.cfg.server.stop_grace);
+            self.exited.remove(&pid);
+            let why = failure.describe(&url, timeout);
+            let retry = attempt < attempts;
+            super::append_log(
+                &log,
+                &format!("### rl-node: start attempt {attempt} of {attempts} failed: {why}; stopped it\n"),
+            );
+            self.event(serde_json::json!({
+                "event": "server-start-failed",
+                "attempt": attempt,
+                "attempts": attempts,
+                "reason": why,
+                "retry": retry,
+            }));
+            if !retry {
+                return Err(self.fail(
+                    failure.abort_kind(),
+                    self.rank,
+                    None,
+                    format!(
+                        "{why}; gave up after {attempts} attempt{} (server.start-attempts = {attempts})",
+                        if attempts == 1 { "" } else { "s" }
+                    ),
+                    Some(&log),
+                ));
+            }
+            let delay = self.cfg.server.start_retry_delay;
+            self.warn(&format!(
+                "server start attempt {attempt} of {attempts} failed: {why}; retrying in {}",
+                humantime::format_duration(delay)
+            ));
+            self.wait_port_free(&format!("start attempt {attempt} failed"), &log)?;
+            // Through the node's one wait loop: peers, an abort or a signal end the delay
+            // within a poll, and the heartbeat goes on.
+            self.waiting_note = format!(
+                "server.start-retry-delay ({}) before server start attempt {} of {attempts}",
+                humantime::format_duration(delay),
+                attempt + 1
+            );
+            let waited = self.wait_for(Instant::now() + delay, |_| Ok(None::<()>));
+            self.waiting_note.clear();
+            if let Err(Interrupt::Stop(s)) = waited {
+                return Err(s);
+            }
+            attempt += 1;
+        }
+    }
+
+    /// One attempt to start the server: its pid, and why it failed (None: it is healthy).
+    fn start_attempt(
+        &mut self,
+        attempt: u32,
+        command: &str,
+        env: &[(String, String)],
+        url: &str,
+        log: &Path,
+    ) -> Result<(i32, Option<StartFailure>), Stop> {
+        let attempts = self.cfg.server.start_attempts;
         let label = self.model_label();
-        let header = format!("rank {} server on {label}", self.rank);
-        let running = self.spawn_supervised("the server", &command, &env, &log, &header)?;
+        let port = self.cfg.server.port;
+        // With retries, the log's header line of each start names its attempt: the log
+        // keeps every attempt's output, one after the other.
+        let of = if attempts > 1 {
+            format!(", start attempt {attempt} of {attempts}")
+        } else {
+            String::new()
+        };
+        let header = format!("rank {} server on {label}{of}", self.rank);
+        let running = self.spawn_supervised("the server", command, env, log, &header)?;
         let pid = running.pid;
         self.info(&format!(
-            "server starting on {label} (pid {pid}, port {port}, log {})",
+            "server starting on {label} (pid {pid}, port {port}, log {}{of})",
             log.display()
         ));
         let agent: ureq::Agent = ureq::Agent::config_builder()
@@ -100,45 +219,22 @@ impl Node {
         let deadline = running.started + self.cfg.server.start_timeout;
         let waited = self.wait_for(deadline, |n| {
             if let Some(exit) = n.exited.remove(&pid) {
-                return Err(n.fail(
-                    AbortKind::CommandFailed {
-                        exit: exit.to_string(),
-                    },
-                    n.rank,
-                    None,
-                    format!("the server exited with {exit} while starting"),
-                    Some(&log),
-                ));
+                return Ok(Some(Some(StartFailure::Exited(exit))));
             }
-            Ok(healthy(&agent, &url).then_some(()))
+            Ok(healthy(&agent, url).then_some(None))
         });
         self.waiting_note.clear();
-        match waited {
-            Ok(()) => {}
+        let failure = match waited {
+            Ok(failure) => failure,
             Err(Interrupt::Stop(s)) => return Err(s),
-            Err(Interrupt::Deadline) => {
-                self.registry.stop(pid, self.cfg.server.stop_grace);
-                // A server that never becomes healthy is this node's failure (exit 1), not a
-                // cluster deadline.
-                return Err(self.fail(
-                    AbortKind::Error,
-                    self.rank,
-                    None,
-                    format!(
-                        "the server did not answer {url} with 2xx within server.start-timeout ({})",
-                        humantime::format_duration(self.cfg.server.start_timeout)
-                    ),
-                    Some(&log),
-                ));
-            }
+            Err(Interrupt::Deadline) => Some(StartFailure::NotHealthy),
+        };
+        if failure.is_none() {
+            let secs = running.started.elapsed().as_secs_f64();
+            self.info(&format!("server healthy after {secs:.2}s"));
+            self.event(serde_json::json!({"event": "server-start", "model": self.model, "secs": secs, "attempt": attempt}));
         }
-        self.info(&format!(
-            "server healthy after {:.2}s",
-            running.started.elapsed().as_secs_f64()
-        ));
-        self.event(serde_json::json!({"event": "server-start", "model": model, "secs": running.started.elapsed().as_secs_f64()}));
-        self.server = Some(Server { pid, log });
-        Ok(())
+        Ok((pid, failure))
     }
 
     /// Stop the server: SIGTERM to its group, `stop-grace`, SIGKILL; then make sure the
@@ -150,6 +246,15 @@ impl Node {
         self.watchdog.pet("stopping the server");
         let started = Instant::now();
         self.registry.stop(server.pid, self.cfg.server.stop_grace);
+        self.wait_port_free("the server stopped", &server.log)?;
+        self.event(
+            serde_json::json!({"event": "server-stop", "secs": started.elapsed().as_secs_f64()}),
+        );
+        self.wait_gpu_drain()
+    }
+
+    /// Wait (at most 10 s) until the stopped server's port is free.
+    fn wait_port_free(&mut self, after: &str, log: &Path) -> Result<(), Stop> {
         let port = self.cfg.server.port;
         // Through the node's one wait loop, so a peer's abort or a Ctrl-C is seen within a
         // poll while the port frees.
@@ -158,22 +263,16 @@ impl Node {
             n.watchdog.pet("waiting for the server port");
             Ok((!port_in_use(port)).then_some(()))
         }) {
-            Ok(()) => {}
-            Err(Interrupt::Stop(s)) => return Err(s),
-            Err(Interrupt::Deadline) => {
-                return Err(self.fail(
-                    AbortKind::Error,
-                    self.rank,
-                    None,
-                    format!("server port {port} is still in use 10s after the server stopped"),
-                    Some(&server.log),
-                ))
-            }
+            Ok(()) => Ok(()),
+            Err(Interrupt::Stop(s)) => Err(s),
+            Err(Interrupt::Deadline) => Err(self.fail(
+                AbortKind::Error,
+                self.rank,
+                None,
+                format!("server port {port} is still in use 10s after {after}"),
+                Some(log),
+            )),
         }
-        self.event(
-            serde_json::json!({"event": "server-stop", "secs": started.elapsed().as_secs_f64()}),
-        );
-        self.wait_gpu_drain()
     }
 
     /// Wait until every GPU uses less than `server.gpu-drain-mib`, if nvidia-smi exists.
