@@ -209,6 +209,17 @@ pub fn main(args: AggregateArgs, log_path: Option<String>, config: Option<PathBu
         out: args.out.clone(),
         strict_json: args.strict_json,
         max_record_bytes: args.max_record_bytes.max(1),
+        // `[env]` as the merge command gets it in a node; outside one, node values
+        // such as {data_path} have none here.
+        env: loaded
+            .config
+            .env
+            .iter()
+            .map(|(k, t)| {
+                let t = crate::config::template::Template::parse(t).expect("validated at load");
+                (k.clone(), t.render_raw(&Default::default()))
+            })
+            .collect(),
         ..MergeOptions::from_config(&loaded.config.aggregate)
     };
     let out = opts
@@ -445,6 +456,8 @@ pub struct MergeOptions {
     pub command_log: Option<PathBuf>,
     /// A node's process registry, so the merge command is stopped with the node.
     pub registry: Option<Arc<Registry>>,
+    /// Variables the merge command gets besides its own (`[env]`).
+    pub env: Vec<(String, String)>,
     /// Called immediately before the merged file is published: an error (this node's
     /// generation was replaced) stops the merge with nothing published.
     pub fence: Option<Fence>,
@@ -481,6 +494,7 @@ impl Default for MergeOptions {
             kill_grace: Duration::from_secs(10),
             command_log: None,
             registry: None,
+            env: Vec::new(),
             fence: None,
         }
     }
@@ -1298,13 +1312,14 @@ fn merge_command(
         output: tmp.to_path_buf(),
         report: PathBuf::from(report),
         iteration,
-        split: split.to_string(),
+        split: layout.naming().split_label(split).to_string(),
         num_ranks: ranks.len() as u32,
         log_path: layout.root().to_path_buf(),
         timeout: opts.command_timeout,
         kill_grace: opts.kill_grace,
         log: opts.command_log.clone(),
         registry: opts.registry.clone(),
+        env: opts.env.clone(),
     };
     let reports = command::run(&job, tick).map_err(|source| AggregateError::Command { source })?;
     for (k, r) in reports.into_iter().enumerate() {

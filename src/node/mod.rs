@@ -1614,6 +1614,12 @@ impl Node {
         (opts.registry, opts.kill_grace) =
             (Some(self.registry.clone()), self.cfg.timing.kill_grace);
         opts.fence = Some(self.fence_fn());
+        let values = self.values("aggregate", Some(split), &out);
+        opts.env = self
+            .command_env(&values)
+            .into_iter()
+            .filter(|(k, _)| self.cfg.env.contains_key(k))
+            .collect();
         let n = self.num_nodes();
         // The merge runs on a thread the node's wait loop watches, so a peer's abort or a
         // Ctrl-C is honoured within a poll even while a large merge (or a merge command)

@@ -153,6 +153,8 @@ pub struct Job {
     pub log: Option<PathBuf>,
     /// In a node: register the command's process group so no kill leaves it behind.
     pub registry: Option<Arc<Registry>>,
+    /// `[env]`: set before the command's own variables.
+    pub env: Vec<(String, String)>,
 }
 
 impl Job {
@@ -331,6 +333,7 @@ pub fn run(job: &Job, tick: &mut dyn FnMut()) -> Result<Vec<InputReport>, Comman
         .arg(r#"sh -c "$1" 3>&-; echo "$?" >&3"#)
         .arg("rl-node-merge")
         .arg(&rendered)
+        .envs(job.env.iter().map(|(k, v)| (k, v)))
         .envs(job.env())
         .stdin(Stdio::null())
         .stdout(stdout)
@@ -549,6 +552,7 @@ mod tests {
             kill_grace: Duration::from_secs(1),
             log: Some(dir.join("merge.log")),
             registry: None,
+            env: Vec::new(),
         }
     }
 
