@@ -46,6 +46,20 @@ pub struct Manifest {
     pub source: String,
     pub files: Vec<FileEntry>,
     pub created_at: String,
+    /// Globs (relative paths) of files the programs that read the checkpoint rewrite in
+    /// place (`phases.handoff.mutable`, e.g. webgym's `scheduler.pt`): verification only
+    /// requires them to exist.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mutable: Vec<String>,
+}
+
+impl Manifest {
+    fn is_mutable(&self, rel: &str) -> bool {
+        self.mutable
+            .iter()
+            .filter_map(|g| glob::Pattern::new(g).ok())
+            .any(|g| g.matches(rel))
+    }
 }
 
 /// Why a hand-off did not publish. Nothing under `models/` changed unless said otherwise.
@@ -224,8 +238,9 @@ fn sha256_file(path: &Path, tick: &mut dyn FnMut()) -> io::Result<(u64, String)>
     Ok((size, hex::encode(h.finalize())))
 }
 
-/// Check every file the manifest lists (size and SHA-256). Files the manifest does not
-/// list are not allowed either, nor links: the directory must be exactly what was published.
+/// Check every file the manifest lists (size and SHA-256; a file the manifest calls
+/// mutable only has to exist). Files the manifest does not list are not allowed either,
+/// nor links: the directory must be exactly what was published.
 pub fn verify(dir: &Path, tick: &mut dyn FnMut()) -> Result<Manifest, String> {
     let mpath = dir.join(MANIFEST);
     let bytes = fs::read(&mpath).map_err(|e| format!("{}: {e}", mpath.display()))?;
@@ -243,6 +258,12 @@ pub fn verify(dir: &Path, tick: &mut dyn FnMut()) -> Result<Manifest, String> {
             ));
         }
         let p = dir.join(&f.path);
+        if m.is_mutable(&f.path) {
+            if !p.is_file() {
+                return Err(format!("{} is missing", p.display()));
+            }
+            continue;
+        }
         let (size, sha) = sha256_file(&p, tick).map_err(|e| format!("{}: {e}", p.display()))?;
         if size != f.size || sha != f.sha256 {
             return Err(format!(
@@ -453,6 +474,20 @@ pub fn publish(
     fence: &mut dyn FnMut() -> Result<(), String>,
     tick: &mut dyn FnMut(),
 ) -> Result<Published, PublishError> {
+    publish_with(source, models, name, gen, &[], fence, tick)
+}
+
+/// [`publish`], recording `mutable` (globs of files readers may rewrite in place) in the
+/// manifest.
+pub fn publish_with(
+    source: &Path,
+    models: &Path,
+    name: &str,
+    gen: u64,
+    mutable: &[String],
+    fence: &mut dyn FnMut() -> Result<(), String>,
+    tick: &mut dyn FnMut(),
+) -> Result<Published, PublishError> {
     fs::create_dir_all(models).map_err(io_at(models))?;
     let dest = models.join(name);
     if dest.exists() {
@@ -486,6 +521,7 @@ pub fn publish(
         source: source.display().to_string(),
         files,
         created_at: crate::protocol::wall_now(),
+        mutable: mutable.to_vec(),
     };
     let mpath = tmp.join(MANIFEST);
     (|| {
@@ -601,6 +637,40 @@ mod tests {
 
     fn open() -> Result<(), String> {
         Ok(())
+    }
+
+    /// A file the manifest calls mutable may be rewritten in place (webgym's
+    /// update_prepare.py rewrites the resumed model's scheduler.pt); any other change,
+    /// or its removal, still fails verification.
+    #[test]
+    fn mutable_files_may_change_but_not_vanish() {
+        let d = tempfile::tempdir().unwrap();
+        let (src, models) = (d.path().join("src"), d.path().join("models"));
+        tree(&src);
+        fs::write(src.join("scheduler.pt"), b"lr 1e-6").unwrap();
+        let mutable = vec!["scheduler.pt".to_string()];
+        publish_with(
+            &src,
+            &models,
+            "iter-0001",
+            1,
+            &mutable,
+            &mut open,
+            &mut || {},
+        )
+        .unwrap();
+        let dir = models.join("iter-0001");
+        let m = verify(&dir, &mut || {}).unwrap();
+        assert_eq!(m.mutable, mutable);
+        fs::write(dir.join("scheduler.pt"), b"lr 2e-6, rewritten in place").unwrap();
+        verify(&dir, &mut || {}).unwrap();
+        fs::remove_file(dir.join("scheduler.pt")).unwrap();
+        let e = verify(&dir, &mut || {}).unwrap_err();
+        assert!(e.contains("scheduler.pt is missing"), "{e}");
+        fs::write(dir.join("scheduler.pt"), b"back").unwrap();
+        fs::write(dir.join("weights.bin"), b"changed").unwrap();
+        let e = verify(&dir, &mut || {}).unwrap_err();
+        assert!(e.contains("weights.bin does not match the manifest"), "{e}");
     }
 
     fn publish_as(src: &Path, models: &Path, name: &str) -> Result<Published, PublishError> {

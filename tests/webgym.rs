@@ -605,3 +605,59 @@ fn a_crashed_rollout_resumes_from_its_checkpoint_file() {
     assert!(n(&fs::read(&shard).unwrap()) >= n(&before));
     check_files(&w, &[1]);
 }
+
+/// run.sh kept the previous model when training failed and went on (run.sh:1153, the
+/// copy only after rc 0): the example's `on-failure = "keep-model"`. update_prepare.py
+/// rewrote that model's scheduler.pt in place meanwhile, which the manifest allows
+/// (`mutable`), so the servers restart on it and iteration 3 trains from it.
+#[test]
+fn a_failed_training_keeps_the_previous_model() {
+    let w = webgym_cluster(6);
+    let mut nodes = w.spawn(
+        &[],
+        &[
+            ("WEBGYM_STANDIN_FAIL_TRAIN", "1:2".into()),
+            ("RL_NODE_CLUSTER_ITERATIONS", "3".into()),
+        ],
+    );
+    for n in nodes.iter_mut() {
+        assert_eq!(n.wait(LIMIT), 0, "rank {}: {}", n.rank, n.stderr());
+    }
+    let models = w.log.join("models");
+    assert!(models.join("iter-0001").is_dir());
+    assert!(
+        !models.join("iter-0002").exists(),
+        "a failed training published a model"
+    );
+    assert_eq!(
+        fs::read_to_string(models.join("LATEST")).unwrap().trim(),
+        "iter-0003"
+    );
+    let sched = fs::read_to_string(models.join("iter-0001/scheduler.pt")).unwrap();
+    assert!(sched.contains("rewritten"), "{sched}");
+    let kept = models.join("iter-0001").display().to_string();
+    for r in 0..3 {
+        let third = argv(&w.call("rollout.py", r, 3, Some("rollout_train")));
+        assert!(
+            third.contains(&format!("policy_config.base_model={kept}")),
+            "rank {r}: {third:?}"
+        );
+        let servers = w
+            .calls()
+            .into_iter()
+            .filter(|c| c["prog"] == "vllm" && c["env"]["RL_NODE_RANK"] == r.to_string())
+            .filter(|c| c["env"]["RL_NODE_MODEL"] == kept.as_str())
+            .count();
+        assert_eq!(
+            servers, 2,
+            "rank {r}: vLLM started on iter-0001 after iterations 1 and 2"
+        );
+    }
+    assert!(
+        nodes[0]
+            .stderr()
+            .contains("iteration 2: training failed on rank(s) 1"),
+        "{}",
+        nodes[0].stderr()
+    );
+}

@@ -133,6 +133,8 @@ pub struct HandoffCommand {
     pub timeout: Duration,
     /// Glob of the checkpoint directory to publish under the training output.
     pub pick: String,
+    /// Globs of checkpoint files that readers rewrite in place (not hash-verified).
+    pub mutable: Vec<String>,
 }
 
 impl HandoffCommand {
@@ -895,6 +897,10 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
     }
     crate::checkpoint::check_pick_pattern(&c.phases.handoff.pick)
         .map_err(|e| l.invalid("phases.handoff.pick", e))?;
+    for g in &c.phases.handoff.mutable {
+        crate::checkpoint::check_pick_pattern(g)
+            .map_err(|e| l.invalid("phases.handoff.mutable", e))?;
+    }
     validate_aggregate(l)?;
     if c.server.start_attempts == 0 {
         return Err(l.invalid(

@@ -1894,11 +1894,12 @@ impl Node {
         // Checked inside, right before the rename and before LATEST.
         let fence = self.fence_fn();
         let mut fence = move || fence();
-        match crate::checkpoint::publish(
+        match crate::checkpoint::publish_with(
             &source,
             &self.layout.models(),
             &name,
             self.gen(),
+            &self.cfg.phases.handoff.mutable,
             &mut fence,
             &mut || wd.pet("publishing the checkpoint"),
         ) {
