@@ -16,9 +16,12 @@ unless it was run with --allow-missing. Configuration (rl-node.toml):
 
     [aggregate]
     format = "command"
-    shard-name = "{log_path}/{split}_trajectories.pt.iteration{iteration}_rank_{rank}"
-    output-name = "{log_path}/{split}_trajectories.pt.iteration{iteration}"
-    command = "python3 examples/webgym/merge_pickles.py --output {output} {inputs}"
+    shard-name = "{log_path}/{split}_trajectories/{split}_trajectories.pt.iteration{split_iteration}_rank_{rank}"
+    partial-name = "{log_path}/{split}_trajectories/{split}_trajectories.pt.iteration{split_iteration}_rank_{rank}.checkpoint"
+    output-name = "{log_path}/{split}_trajectories/{split}_trajectories.pt.iteration{split_iteration}"
+    command = "python3 \"$WEBGYM_MERGE\" --output {output} {inputs}"
+
+(examples/webgym/rl-node.toml; WEBGYM_MERGE is this file's path, set in its [env].)
 
 Run it where the classes inside the trajectories can be imported (PYTHONPATH), as for the
 rollout itself: unpickling imports them. Pickles can run code when loaded; merge only

@@ -1236,6 +1236,52 @@ mod tests {
         .unwrap();
     }
 
+    /// `[env]` takes any variable name except rl-node's own; its values are templates;
+    /// the eval split's name and `workers-wait-for` are checked at load.
+    #[test]
+    fn env_table_eval_split_and_wait_for_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.toml");
+        let load_text = |text: &str| {
+            std::fs::write(&f, text).unwrap();
+            load(Some(&f), &no_env, &[]).map_err(|e| e.to_string())
+        };
+        let ok = load_text("[env]\nHF_HOME = \"{data_path}/hf\"\nX_1 = \"1\"\n").unwrap();
+        assert_eq!(ok.config.env["HF_HOME"], "{data_path}/hf");
+        for (text, want) in [
+            (
+                "[env]\nRL_NODE_RANK = \"3\"\n",
+                "RL_NODE_* variables are set by rl-node",
+            ),
+            (
+                "[env]\nNNODES = \"3\"\n",
+                "is set by rl-node for the training command",
+            ),
+            (
+                "[env]\n\"1X\" = \"3\"\n",
+                "is not an environment variable name",
+            ),
+            ("[env]\nX = 3\n", "must be a string"),
+            ("[env]\nX = \"{nope}\"\n", "env.X"),
+            ("[cluster]\neval-split = \"train\"\n", "cluster.eval-split"),
+            (
+                "[cluster]\neval-split = \"a b\"\n",
+                "cannot name the eval split",
+            ),
+            (
+                "[phases.rollout]\nworkers-wait-for = \"{log_path}/f\"\n",
+                "needs phases.rollout.workers-wait = true",
+            ),
+            (
+                "[phases.eval]\nworkers-wait = true\nworkers-wait-for = \"{log_path}/{output}\"\n",
+                "{output} cannot be used",
+            ),
+        ] {
+            let e = load_text(text).unwrap_err();
+            assert!(e.contains(want), "{text}: {e}");
+        }
+    }
+
     #[test]
     fn unknown_key_is_reported_with_suggestion() {
         let dir = tempfile::tempdir().unwrap();

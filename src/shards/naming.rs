@@ -686,6 +686,50 @@ mod tests {
         Naming::new(format, shard, partial, output)
     }
 
+    /// webgym's layout: the eval split is called `test` in names and counted by eval
+    /// round; rl-node's own directories keep `eval`.
+    #[test]
+    fn the_eval_split_has_its_own_name_and_numbering() {
+        let d = n(
+            "command",
+            "{log_path}/{split}_trajectories/{split}_trajectories.pt.iteration{split_iteration}_rank_{rank}",
+            "{log_path}/{split}_trajectories/{split}_trajectories.pt.iteration{split_iteration}_rank_{rank}.checkpoint",
+            "{log_path}/{split}_trajectories/{split}_trajectories.pt.iteration{split_iteration}",
+        )
+        .unwrap()
+        .with_eval_split("test", 6);
+        let root = Path::new("/s");
+        assert_eq!(
+            d.shard(root, 13, "eval", 1),
+            Path::new("/s/test_trajectories/test_trajectories.pt.iteration3_rank_1")
+        );
+        assert_eq!(
+            d.partial(root, 7, "eval", 2),
+            Path::new("/s/test_trajectories/test_trajectories.pt.iteration2_rank_2.checkpoint")
+        );
+        assert_eq!(
+            d.output(root, 7, "train"),
+            Path::new("/s/train_trajectories/train_trajectories.pt.iteration7")
+        );
+        assert_eq!(
+            d.rank_of(
+                "test_trajectories.pt.iteration3_rank_2",
+                13,
+                "eval",
+                true,
+                true
+            ),
+            Some((2, false))
+        );
+        assert_eq!(d.split_label("eval"), "test");
+        assert_eq!(d.split_label("train"), "train");
+        // Every iteration evaluates in an eval-only run: the round is the iteration.
+        let every = d.clone().with_eval_split("test", 0);
+        assert_eq!(every.split_iteration("eval", 5), 5);
+        assert_eq!(d.split_iteration("eval", 1), 1);
+        assert_eq!(d.split_iteration("eval", 12), 2);
+    }
+
     #[test]
     fn defaults_are_the_jsonl_layout() {
         let d = Naming::default();
