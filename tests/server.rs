@@ -425,9 +425,19 @@ fn a_server_start_that_fails_is_retried_and_the_run_completes() {
 #[test]
 fn with_one_start_attempt_the_same_server_fails_the_run() {
     let c = flaky_cluster(2, 1, 1, "200ms");
-    let (mut nodes, ports) = spawn_with_ports(&c, &["--iterations", "1"]);
+    let ports = [free_port(), free_port()];
+    // Rank 0's server exits at once; rank 1's answers 503 for longer than the test waits
+    // ([server] is per node), so rank 0 fails first.
+    let mut nodes: Vec<NodeProc> = (0..2)
+        .map(|r| {
+            let mut env = vec![("RL_NODE_SERVER_PORT", ports[r as usize].to_string())];
+            if r == 1 {
+                env.push(("RL_NODE_SERVER_START_TIMEOUT", "10m".into()));
+            }
+            c.spawn_env(r, &c.log_path, &["--iterations", "1"], &env)
+        })
+        .collect();
     let codes: Vec<i32> = nodes.iter_mut().map(|n| n.wait(LIMIT)).collect();
-    // Rank 0's server exits at once; rank 1's answers 503 for 8s, so rank 0 fails first.
     assert_eq!(
         codes,
         vec![1, 3],

@@ -1266,3 +1266,154 @@ echo '{}' > "$RL_NODE_OUTPUT"
     // Exactly one item ran: the one that edited the file.
     assert_eq!(w.committed(1, "r0-").len(), 1);
 }
+
+// ---------------------------------------------------------------------------- 11. workers per node
+
+/// An item's prefix that records how many items of its rank run at once: it makes a
+/// marker under `@DIR@/running-R/`, appends the number of markers there to
+/// `@DIR@/seen-R`, waits for `@DIR@/release` when asked to (`@HOLD@`), and removes its
+/// marker before it exits. A marker lives within its item's process, so the count never
+/// exceeds the items the node runs at once.
+const CONCURRENCY: &str = r#"run="@DIR@/running-$RL_NODE_RANK"
+mkdir -p "$run"
+mkdir "$run/$RL_NODE_TASK_ID-$RL_NODE_SAMPLE"
+ls "$run" | wc -l >> "@DIR@/seen-$RL_NODE_RANK"
+if [ "@HOLD@" = hold ]; then
+  while [ ! -e "@DIR@/release" ]; do sleep 0.02; done
+else
+  sleep 0.05
+fi
+rmdir "$run/$RL_NODE_TASK_ID-$RL_NODE_SAMPLE""#;
+
+fn concurrency(hold: bool) -> String {
+    CONCURRENCY.replace("@HOLD@", if hold { "hold" } else { "no" })
+}
+
+/// The counts of items running at once that rank r's items saw as they started.
+fn seen(w: &Work, rank: u32) -> Vec<usize> {
+    fs::read_to_string(w.dir().join(format!("seen-{rank}")))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// Rank r's items running now (their markers).
+fn running(w: &Work, rank: u32) -> usize {
+    fs::read_dir(w.dir().join(format!("running-{rank}")))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_node_with_its_own_max_workers_is_not_refused() {
+    let w = Work::per_task(
+        2,
+        &task_text(8, &[]),
+        "samples-per-task = 2\nmax-workers = 3",
+        &concurrency(false),
+    );
+    let mut nodes = vec![
+        w.c.spawn(0, ONE),
+        w.c.spawn_env(
+            1,
+            &w.c.log_path,
+            ONE,
+            &[("RL_NODE_WORK_MAX_WORKERS", "1".into())],
+        ),
+    ];
+    wait_ok(&mut nodes, "max-workers differs per node");
+    assert!(
+        nodes[1].stderr().contains(
+            "rollout items at once on this node: 1 (work.max-workers = 1 from environment RL_NODE_WORK_MAX_WORKERS)"
+        ),
+        "{}",
+        nodes[1].stderr()
+    );
+    assert!(
+        nodes[0]
+            .stderr()
+            .contains("rollout items at once on this node: 3 (work.max-workers = 3 from "),
+        "{}",
+        nodes[0].stderr()
+    );
+    let plan = w.plan(1);
+    for r in 0..2 {
+        let s = seen(&w, r);
+        assert_eq!(s.len(), plan.ranks[r as usize].len(), "rank {r}: {s:?}");
+        let limit = if r == 0 { 3 } else { 1 };
+        assert!(s.iter().all(|n| *n <= limit), "rank {r}: {s:?}");
+    }
+    let merged: Vec<(String, u64)> = w.merged(1).iter().map(key).collect();
+    assert_eq!(
+        merged,
+        plan.ranks
+            .iter()
+            .flatten()
+            .map(item_key)
+            .collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn max_workers_per_gpu_runs_k_items_per_gpu_of_the_node() {
+    // 14 items, "2/gpu" on a node of 3 GPUs: 6 at once. Each item holds until the test
+    // releases it, so the first 6 fill every slot and a 7th can start only after one ends.
+    let w = Work::per_task(
+        1,
+        &task_text(7, &[]),
+        "samples-per-task = 2\nmax-workers = \"2/gpu\"",
+        &concurrency(true),
+    );
+    let mut node = w.c.spawn_env(
+        0,
+        &w.c.log_path,
+        ONE,
+        &[("RL_NODE_CLUSTER_GPUS_PER_NODE", "3".into())],
+    );
+    // Until the release no marker goes away, so the last of the first 6 items to count
+    // sees all 6.
+    wait_until(LIMIT, "an item to see 6 items run at once", || {
+        seen(&w, 0).contains(&6)
+    });
+    assert_eq!(running(&w, 0), 6);
+    fs::write(w.dir().join("release"), "").unwrap();
+    assert_eq!(node.wait(LIMIT), 0, "{}", node.stderr());
+    let s = seen(&w, 0);
+    assert_eq!(s.len(), 14, "{s:?}");
+    assert_eq!(s.iter().max(), Some(&6), "{s:?}");
+    assert!(
+        node.stderr()
+            .contains("rollout items at once on this node: 6 (work.max-workers = \"2/gpu\" from ")
+            && node
+                .stderr()
+                .contains(", 3 GPU(s) from cluster.gpus-per-node)"),
+        "{}",
+        node.stderr()
+    );
+    assert_eq!(w.merged(1).len(), 14);
+}
+
+#[test]
+fn a_malformed_max_workers_is_refused_naming_the_key() {
+    for (work, env) in [
+        ("max-workers = \"4/node\"", None),
+        ("max-workers = \"0/gpu\"", None),
+        ("max-workers = 0", None),
+        ("max-workers = -3", None),
+        ("max-workers = 4", Some("four")),
+    ] {
+        let w = Work::per_task(1, &task_text(2, &[]), work, "");
+        let env: Vec<(&str, String)> = env
+            .map(|v| vec![("RL_NODE_WORK_MAX_WORKERS", v.to_string())])
+            .unwrap_or_default();
+        let mut node = w.c.spawn_env(0, &w.c.log_path, ONE, &env);
+        assert_eq!(node.wait(LIMIT), 2, "{work} {env:?}: {}", node.stderr());
+        assert!(
+            node.stderr().contains("work.max-workers"),
+            "{work} {env:?}: {}",
+            node.stderr()
+        );
+        assert!(!w.c.log_path.join(".rl-node").exists(), "nothing written");
+    }
+}

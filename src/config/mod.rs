@@ -285,13 +285,92 @@ pub struct Work {
     pub samples_per_task: u32,
     pub seed: u64,
     pub mode: WorkMode,
-    pub max_workers: u32,
+    /// Node-local: not part of the fingerprint.
+    pub max_workers: MaxWorkers,
     pub max_retries: u32,
     pub retryable_exit_codes: Vec<i32>,
     #[serde(with = "duration")]
     pub retry_backoff: Duration,
     pub max_failed_fraction: f64,
     pub exact_budget: bool,
+}
+
+/// `work.max-workers`: how many per-task items a node runs at once, a number or `"K/gpu"`.
+/// Node-local, as run.sh users scaled their rollout workers to each node's GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MaxWorkers {
+    Count(u32),
+    /// K per GPU of this node, counted as for `{nproc_per_node}` (`cluster.gpus-per-node`).
+    PerGpu(u32),
+}
+
+impl MaxWorkers {
+    pub const KEY: &'static str = "work.max-workers";
+
+    /// `"6"` or `"2/gpu"` (a zero is refused by `validate`, with the other limits).
+    pub fn parse(raw: &str) -> Result<MaxWorkers, String> {
+        let raw = raw.trim();
+        if let Ok(n) = raw.parse::<u32>() {
+            return Ok(MaxWorkers::Count(n));
+        }
+        raw.strip_suffix("/gpu")
+            .and_then(|k| k.trim().parse::<u32>().ok())
+            .map(MaxWorkers::PerGpu)
+            .ok_or_else(|| {
+                format!(
+                    "`{raw}` is neither a number of workers nor \"K/gpu\" (K workers per GPU of this node, e.g. \"4/gpu\")"
+                )
+            })
+    }
+
+    /// Workers on a node with `gpus` GPUs (as resolved for `{nproc_per_node}`).
+    pub fn resolve(self, gpus: u32) -> u32 {
+        match self {
+            MaxWorkers::Count(n) => n,
+            MaxWorkers::PerGpu(k) => k.saturating_mul(gpus),
+        }
+    }
+
+    /// As written in TOML: an integer, or the `"K/gpu"` string.
+    fn to_toml(self) -> Value {
+        match self {
+            MaxWorkers::Count(n) => Value::Integer(n.into()),
+            MaxWorkers::PerGpu(k) => Value::String(format!("{k}/gpu")),
+        }
+    }
+}
+
+impl fmt::Display for MaxWorkers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MaxWorkers::Count(n) => write!(f, "{n}"),
+            MaxWorkers::PerGpu(k) => write!(f, "\"{k}/gpu\""),
+        }
+    }
+}
+
+impl Serialize for MaxWorkers {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            MaxWorkers::Count(n) => s.serialize_u32(*n),
+            MaxWorkers::PerGpu(k) => s.serialize_str(&format!("{k}/gpu")),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for MaxWorkers {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<MaxWorkers, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Count(u32),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Count(n) => Ok(MaxWorkers::Count(n)),
+            Raw::Text(t) => MaxWorkers::parse(&t).map_err(serde::de::Error::custom),
+        }
+    }
 }
 
 /// `[aggregate]`: how rank shards are named and merged (see `crate::shards::naming`).
@@ -383,6 +462,10 @@ impl Config {
         if let Some(t) = v.get_mut("tasks").and_then(|t| t.as_object_mut()) {
             t.remove("train");
             t.remove("eval");
+        }
+        // How many items a node runs at once changes neither the plan nor any output.
+        if let Some(w) = v.get_mut("work").and_then(|w| w.as_object_mut()) {
+            w.remove("max-workers");
         }
         if let Some(obj) = v.as_object_mut() {
             obj.remove("server");
@@ -605,7 +688,17 @@ pub fn load(
                     source_name: path.display().to_string(),
                 });
             };
-            let v = coerce(&v, template).map_err(|message| ConfigError::Invalid {
+            let v = match (key.as_str(), &v) {
+                // A number or "K/gpu": the default (an integer) shows only one of them.
+                (MaxWorkers::KEY, Value::String(raw)) => {
+                    MaxWorkers::parse(raw).map(MaxWorkers::to_toml)
+                }
+                (MaxWorkers::KEY, Value::Integer(n)) => {
+                    MaxWorkers::parse(&n.to_string()).map(MaxWorkers::to_toml)
+                }
+                _ => coerce(&v, template),
+            }
+            .map_err(|message| ConfigError::Invalid {
                 key: key.clone(),
                 source_name: path.display().to_string(),
                 message,
@@ -618,7 +711,12 @@ pub fn load(
     for (key, template) in &schema {
         let name = env_name(key);
         if let Some(raw) = env(&name) {
-            let v = parse_as(&raw, template).map_err(|message| ConfigError::Invalid {
+            let v = if key == MaxWorkers::KEY {
+                MaxWorkers::parse(&raw).map(MaxWorkers::to_toml)
+            } else {
+                parse_as(&raw, template)
+            }
+            .map_err(|message| ConfigError::Invalid {
                 key: key.clone(),
                 source_name: format!("environment {name}"),
                 message,
@@ -722,8 +820,8 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
     if w.samples_per_task == 0 {
         return Err(l.invalid("work.samples-per-task", "must be at least 1"));
     }
-    if w.max_workers == 0 {
-        return Err(l.invalid("work.max-workers", "must be at least 1"));
+    if matches!(w.max_workers, MaxWorkers::Count(0) | MaxWorkers::PerGpu(0)) {
+        return Err(l.invalid(MaxWorkers::KEY, "must be at least 1"));
     }
     if !(0.0..=1.0).contains(&w.max_failed_fraction) {
         return Err(l.invalid("work.max-failed-fraction", "must be between 0 and 1"));
@@ -1425,5 +1523,37 @@ mod tests {
         )
         .unwrap();
         assert_ne!(a.config.fingerprint(), c.config.fingerprint());
+    }
+
+    #[test]
+    fn max_workers_is_a_number_or_k_per_gpu_and_node_local() {
+        assert_eq!(MaxWorkers::parse(" 6 "), Ok(MaxWorkers::Count(6)));
+        assert_eq!(MaxWorkers::parse("4/gpu"), Ok(MaxWorkers::PerGpu(4)));
+        assert_eq!(MaxWorkers::PerGpu(2).resolve(3), 6);
+        assert_eq!(MaxWorkers::Count(5).resolve(8), 5);
+        for bad in ["", "4/node", "/gpu", "-1", "x/gpu", "2.5", "-2/gpu"] {
+            assert!(MaxWorkers::parse(bad).is_err(), "{bad}");
+        }
+        let env = |v: &'static str| {
+            move |n: &str| (n == "RL_NODE_WORK_MAX_WORKERS").then(|| v.to_string())
+        };
+        let per_gpu = load(None, &env("2/gpu"), &[]).unwrap();
+        assert_eq!(per_gpu.config.work.max_workers, MaxWorkers::PerGpu(2));
+        let count = load(None, &env("7"), &[]).unwrap();
+        assert_eq!(count.config.work.max_workers, MaxWorkers::Count(7));
+        let default = load(None, &no_env, &[]).unwrap();
+        assert_eq!(default.config.work.max_workers, MaxWorkers::Count(4));
+        assert_eq!(per_gpu.config.fingerprint(), default.config.fingerprint());
+        assert_eq!(count.config.fingerprint(), default.config.fingerprint());
+        let e = load(None, &env("4/node"), &[]).unwrap_err().to_string();
+        assert!(
+            e.starts_with("work.max-workers (from environment RL_NODE_WORK_MAX_WORKERS): `4/node`"),
+            "{e}"
+        );
+        let e = load(None, &env("0/gpu"), &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("work.max-workers") && e.contains("at least 1"),
+            "{e}"
+        );
     }
 }

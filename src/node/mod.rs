@@ -340,6 +340,22 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
             "training processes on this node (NPROC_PER_NODE): {nproc} ({nproc_source})"
         ));
     }
+    let planned = node.tasks.train.is_some() || node.tasks.eval.is_some();
+    if planned
+        && (node.cfg.work.mode == crate::config::WorkMode::PerTask
+            || node.cfg.work.strategy == crate::work::plan::Strategy::Dynamic)
+    {
+        let per = match node.cfg.work.max_workers {
+            crate::config::MaxWorkers::PerGpu(_) => format!(", {nproc} GPU(s) from {nproc_source}"),
+            crate::config::MaxWorkers::Count(_) => String::new(),
+        };
+        node.info(&format!(
+            "rollout items at once on this node: {} (work.max-workers = {} from {}{per})",
+            node.max_workers(),
+            node.cfg.work.max_workers,
+            loaded.source_of(crate::config::MaxWorkers::KEY)
+        ));
+    }
     let node_process = if node.pid == std::process::id() {
         String::new()
     } else {

@@ -110,6 +110,12 @@ fn item_name(pos: usize, rank: Option<u32>) -> String {
 }
 
 impl Node {
+    /// Per-task items this node runs at once: `work.max-workers`, node-local, a number or
+    /// K per GPU of this node (the count `{nproc_per_node}` has).
+    pub(super) fn max_workers(&self) -> usize {
+        self.cfg.work.max_workers.resolve(self.nproc_per_node) as usize
+    }
+
     /// This iteration's plan for `split`, if tasks are configured for it.
     pub(super) fn plan_for(&self, split: &str) -> Option<Plan> {
         let tasks = self.tasks.get(split)?;
@@ -546,7 +552,7 @@ impl Node {
                     true
                 }
             });
-            while running.len() < self.cfg.work.max_workers as usize {
+            while running.len() < self.max_workers() {
                 let Some((name, item, attempt)) = queue.pop_front() else {
                     break;
                 };
@@ -842,7 +848,7 @@ impl Node {
                 }
             }
             // Claim new items in pool order.
-            while running.len() < self.cfg.work.max_workers as usize && cursor < pool.len() {
+            while running.len() < self.max_workers() && cursor < pool.len() {
                 let pos = cursor;
                 cursor += 1;
                 if committed(pos) || !self.claim(split, pos, 0)? {
@@ -877,7 +883,7 @@ impl Node {
             if cursor >= pool.len() {
                 self.observe_all_peers();
                 for (pos, item) in pool.iter().enumerate() {
-                    if running.len() >= self.cfg.work.max_workers as usize {
+                    if running.len() >= self.max_workers() {
                         break;
                     }
                     if committed(pos)
