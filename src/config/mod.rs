@@ -696,6 +696,8 @@ pub fn load(
                 (MaxWorkers::KEY, Value::Integer(n)) => {
                     MaxWorkers::parse(&n.to_string()).map(MaxWorkers::to_toml)
                 }
+                // `gpus-per-node = 8` reads as naturally as "8" or "auto".
+                ("cluster.gpus-per-node", Value::Integer(n)) => Ok(Value::String(n.to_string())),
                 _ => coerce(&v, template),
             }
             .map_err(|message| ConfigError::Invalid {
@@ -1378,6 +1380,15 @@ mod tests {
             let e = load_text(text).unwrap_err();
             assert!(e.contains(want), "{text}: {e}");
         }
+    }
+
+    #[test]
+    fn gpus_per_node_may_be_written_as_a_number() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.toml");
+        std::fs::write(&f, "[cluster]\ngpus-per-node = 8\n").unwrap();
+        let l = load(Some(&f), &no_env, &[]).unwrap();
+        assert_eq!(l.config.cluster.gpus_per_node, "8");
     }
 
     #[test]
