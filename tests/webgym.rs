@@ -16,7 +16,8 @@
 //! with trailing Hydra overrides, and eval off (eval-interval 6) without. run.sh's values
 //! map to rl-node's as the example documents: HOST_RUN_PATH = [env] WEBGYM, HOST_DATA_PATH
 //! = --log-path, MODEL_PATH (= $LOG/model.pt, a copy of the last checkpoint) =
-//! models/iter-0001, its basename = {checkpoint_name}, checkpoints/model_<timestamp> = this
+//! models/iter-0001, its path relative to save_path (run.sh: `basename`, the same thing for
+//! $LOG/model.pt) = {checkpoint_name}, checkpoints/model_<timestamp> = this
 //! iteration's training output, VLLM_PORT = server.port, NUM_GPUS = the node's GPUs.
 
 // The stand-ins record the environment as JSON strings: `value == n` would compare a
@@ -249,7 +250,7 @@ const GOLDEN_ROLLOUT_TRAIN: &str = r#"${HOST_RUN_PATH}/scripts/rollout.py \
 	    data_path=${DATA_PATH} \
         env_config.vllm_server_url=http://localhost:${VLLM_PORT} \
         policy_config.base_model=${MODEL_PATH} \
-        policy_config.checkpoint_path=$(basename ${MODEL_PATH}) +env_config.multinode_rank_suffix=_rank_${RANK} +env_config.multinode_rank=${RANK} +env_config.multinode_total_workers=${MULTINODE_NUM_WORKERS} +env_config.rank_load_weight=${WEIGHT} +env_config.total_load_weight=4 +env_config.all_rank_weights=\'2,1,1\' ${HYDRA_OVERRIDES}"#;
+        policy_config.checkpoint_path=${MODEL_PATH#${HOST_DATA_PATH}/} +env_config.multinode_rank_suffix=_rank_${RANK} +env_config.multinode_rank=${RANK} +env_config.multinode_total_workers=${MULTINODE_NUM_WORKERS} +env_config.rank_load_weight=${WEIGHT} +env_config.total_load_weight=4 +env_config.all_rank_weights=\'2,1,1\' ${HYDRA_OVERRIDES}"#;
 
 /// Golden: rollout_atomic_test (rollout_utils.sh:132-139 base command, 145-148 rank
 /// slicing keys, 160-166 load weights, 174-182 resume and HYDRA_OVERRIDES, 185 eval),
@@ -261,7 +262,7 @@ const GOLDEN_ROLLOUT_TEST: &str = r#"${HOST_RUN_PATH}/scripts/rollout.py \
         data_path=${DATA_PATH} \
         env_config.vllm_server_url=http://localhost:${VLLM_PORT} \
         policy_config.base_model=${MODEL_PATH} \
-        policy_config.checkpoint_path=$(basename ${MODEL_PATH}) +env_config.multinode_rank_suffix=_rank_${RANK} +env_config.test_rank=${RANK} +env_config.test_total_workers=3 +env_config.multinode_total_workers=3 +env_config.rank_load_weight=${WEIGHT} +env_config.total_load_weight=4 +env_config.all_rank_weights=\'2,1,1\' ${HYDRA_OVERRIDES}"#;
+        policy_config.checkpoint_path=${MODEL_PATH#${HOST_DATA_PATH}/} +env_config.multinode_rank_suffix=_rank_${RANK} +env_config.test_rank=${RANK} +env_config.test_total_workers=3 +env_config.multinode_total_workers=3 +env_config.rank_load_weight=${WEIGHT} +env_config.total_load_weight=4 +env_config.all_rank_weights=\'2,1,1\' ${HYDRA_OVERRIDES}"#;
 
 /// Golden: update_atomic's update_prepare call (training_utils.sh:219-227), from
 /// run.sh:1132 as update_atomic "$MODEL_TO_SERVE" update_online true 3; output_checkpoint_dir
@@ -271,7 +272,7 @@ const GOLDEN_UPDATE_PREPARE: &str = r#""${HOST_RUN_PATH}/scripts/update_prepare.
         --config-name "update_online" \
         hydra.job.chdir=False \
         policy_config.base_model="${MODEL_PATH}" \
-        policy_config.checkpoint_path="$(basename ${MODEL_PATH})" \
+        policy_config.checkpoint_path="${MODEL_PATH#${HOST_DATA_PATH}/}" \
         algorithm_config.model_output_name="${output_checkpoint_dir}" \
         +algorithm_config.num_nodes="3" \
         save_path="${HOST_DATA_PATH}""#;

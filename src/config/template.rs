@@ -82,7 +82,7 @@ pub const PLACEHOLDERS: &[(&str, &str, &str)] = &[
     (
         "checkpoint_name",
         "RL_NODE_CHECKPOINT_NAME",
-        "the directory name of {model} (`iter-NNNN`) when it is a checkpoint rl-node published, empty while it is cluster.model",
+        "{model} relative to the shared directory (`models/iter-NNNN`) when it is a checkpoint rl-node published, empty while it is cluster.model",
     ),
     (
         "train_output",

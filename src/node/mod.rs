@@ -2133,14 +2133,16 @@ impl Node {
                 .split_iteration(split.unwrap_or("train"), self.iteration)
                 .to_string(),
         );
-        let models = self.layout.models();
+        // run.sh's checkpoint_name: the model's path relative to save_path (the shared
+        // directory), which webgym joins with save_path to name the model it asks for.
+        let published = Path::new(&self.model).parent() == Some(self.layout.models().as_path());
         v.insert(
             "checkpoint_name",
             Path::new(&self.model)
-                .strip_prefix(&models)
+                .strip_prefix(self.layout.root())
                 .ok()
+                .filter(|_| published)
                 .and_then(|rel| rel.to_str())
-                .filter(|rel| !rel.is_empty() && !rel.contains('/'))
                 .unwrap_or("")
                 .to_string(),
         );
