@@ -662,3 +662,71 @@ fn a_failed_training_keeps_the_previous_model() {
         nodes[0].stderr()
     );
 }
+
+/// A directory run.sh used (iterations 1 and 2 done: merged train files 1–2, test file 1,
+/// its last model in model.pt) continues under rl-node at iteration 3
+/// (`cluster.first-iteration`), with webgym's own file numbering carrying on.
+#[test]
+fn a_run_sh_directory_continues_at_its_next_iteration() {
+    let w = webgym_cluster(6);
+    let pickle = |path: &Path, n: usize| {
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let out = Command::new("python3")
+            .arg("-c")
+            .arg("import pickle,sys; pickle.dump({'trajectories': [{'task_id': i} for i in range(int(sys.argv[2]))], 'metadata': {}}, open(sys.argv[1], 'wb'))")
+            .arg(path)
+            .arg(n.to_string())
+            .status()
+            .unwrap();
+        assert!(out.success());
+    };
+    pickle(
+        &w.log
+            .join("train_trajectories/train_trajectories.pt.iteration1"),
+        4,
+    );
+    pickle(
+        &w.log
+            .join("train_trajectories/train_trajectories.pt.iteration2"),
+        4,
+    );
+    pickle(
+        &w.log
+            .join("test_trajectories/test_trajectories.pt.iteration1"),
+        2,
+    );
+    let model = w.log.join("model.pt");
+    fs::create_dir_all(&model).unwrap();
+    fs::write(model.join("config.json"), "{}").unwrap();
+    let mut nodes = w.spawn(
+        &[],
+        &[
+            ("RL_NODE_CLUSTER_FIRST_ITERATION", "3".into()),
+            ("RL_NODE_CLUSTER_ITERATIONS", "3".into()),
+            ("RL_NODE_CLUSTER_MODEL", model.display().to_string()),
+        ],
+    );
+    for n in nodes.iter_mut() {
+        assert_eq!(n.wait(LIMIT), 0, "rank {}: {}", n.rank, n.stderr());
+    }
+    assert!(nodes[0]
+        .stderr()
+        .contains("at iteration 3 (cluster.first-iteration"));
+    let dir = w.log.join("train_trajectories");
+    for r in 0..3 {
+        assert!(dir
+            .join(format!("train_trajectories.pt.iteration3_rank_{r}"))
+            .is_file());
+    }
+    assert!(dir.join("train_trajectories.pt.iteration3").is_file());
+    // The rollouts asked for the model run.sh left, and rl-node published iteration 3's.
+    let first = argv(&w.call("rollout.py", 1, 3, Some("rollout_train")));
+    assert!(first.contains(&format!("policy_config.base_model={}", model.display())));
+    assert!(!w.log.join("rollouts/iter-0001").exists());
+    assert_eq!(
+        fs::read_to_string(w.log.join("models/LATEST"))
+            .unwrap()
+            .trim(),
+        "iter-0003"
+    );
+}

@@ -96,6 +96,8 @@ pub struct Cluster {
     pub extra_args: String,
     /// The name of the eval split in `{split}` (run.sh: "test").
     pub eval_split: String,
+    /// The first iteration rl-node runs; earlier ones ran before it (a run.sh directory).
+    pub first_iteration: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -971,6 +973,9 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
             ));
         }
     }
+    if c.cluster.first_iteration == 0 {
+        return Err(l.invalid("cluster.first-iteration", "iterations are numbered from 1"));
+    }
     let es = &c.cluster.eval_split;
     if es.is_empty()
         || es == "train"
@@ -1364,6 +1369,10 @@ mod tests {
             ("[env]\nX = 3\n", "must be a string"),
             ("[env]\nX = \"{nope}\"\n", "env.X"),
             ("[cluster]\neval-split = \"train\"\n", "cluster.eval-split"),
+            (
+                "[cluster]\nfirst-iteration = 0\n",
+                "cluster.first-iteration",
+            ),
             (
                 "[cluster]\neval-split = \"a b\"\n",
                 "cannot name the eval split",

@@ -194,6 +194,7 @@ impl Node {
         let resume = match &checked {
             Some(c) => {
                 crate::protocol::journal::resume_point(&c.journals, &run_id, &self.cfg.walk_item())
+                    .not_before(self.cfg.cluster.first_iteration)
             }
             None => self.resume_point(&run_id),
         };
@@ -210,6 +211,11 @@ impl Node {
                 hint: Some("a larger --iterations extends the run".into()),
                 detail: None,
             });
+        } else if resume.iteration == self.cfg.cluster.first_iteration && resume.iteration > 1 {
+            self.info(&format!(
+                "starting run {run_id} at iteration {} (cluster.first-iteration: the iterations before it ran before rl-node)",
+                resume.iteration
+            ));
         } else if resume.iteration > 1 {
             self.info(&format!(
                 "resuming run {run_id} at iteration {} (every rank completed iteration {}{})",
@@ -513,6 +519,7 @@ impl Node {
             })
             .collect();
         crate::protocol::journal::resume_point(&journals, run_id, &self.cfg.walk_item())
+            .not_before(self.cfg.cluster.first_iteration)
     }
 
     /// While joining, heartbeat faster so workers on other hosts can tell a live rank 0

@@ -180,6 +180,22 @@ pub struct Resume {
     pub train_failed: bool,
 }
 
+impl Resume {
+    /// A run that continues one begun without rl-node (`cluster.first-iteration`, e.g.
+    /// run.sh's iterations 1–30 in the same directory) starts at `first` at the earliest.
+    pub fn not_before(self, first: u64) -> Resume {
+        if self.iteration >= first {
+            self
+        } else {
+            Resume {
+                iteration: first,
+                train_done: false,
+                train_failed: false,
+            }
+        }
+    }
+}
+
 pub fn resume_point(journals: &[Vec<Entry>], run_id: &str, walk_item: &str) -> Resume {
     let iteration = journals
         .iter()
@@ -203,6 +219,25 @@ pub fn resume_point(journals: &[Vec<Entry>], run_id: &str, walk_item: &str) -> R
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// `cluster.first-iteration` only moves a run forward: a journal further on wins.
+    #[test]
+    fn first_iteration_is_a_lower_bound() {
+        let fresh = Resume {
+            iteration: 1,
+            train_done: false,
+            train_failed: false,
+        };
+        assert_eq!(fresh.not_before(31).iteration, 31);
+        let later = Resume {
+            iteration: 40,
+            train_done: true,
+            train_failed: false,
+        };
+        let r = later.not_before(31);
+        assert_eq!((r.iteration, r.train_done), (40, true));
+        assert_eq!(fresh.not_before(1).iteration, 1);
+    }
 
     const ITERATION: &str = "iteration-complete:both";
 
