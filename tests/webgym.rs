@@ -239,10 +239,11 @@ fn bash_argv(words: &str, vars: &[(&str, String)]) -> Vec<String> {
 }
 
 /// Golden: rollout_atomic_train (scripts/shell_functions/rollout_utils.sh:45-52 builds the
-/// base command, 58-60 the multinode rank keys, 64-80 the load weights, 88-96 resume and
-/// HYDRA_OVERRIDES, 99 evals it), called from run.sh:1030/1036 with
+/// base command, 59-61 the multinode rank keys, 64-79 the load weights, 88-91 resume and
+/// 94-96 HYDRA_OVERRIDES, 99 evals it), called from run.sh:1030/1036 with
 /// rank_suffix=_rank_${MULTINODE_RANK}; model_to_serve = MODEL_PATH (resolve_model_to_serve,
-/// common_utils.sh:56-58), checkpoint_name = basename MODEL_PATH (rollout_utils.sh:33-36).
+/// common_utils.sh:56-58), checkpoint_name = basename MODEL_PATH (rollout_utils.sh:33-36),
+/// which is MODEL_PATH relative to save_path ($LOG/model.pt), written so here.
 const GOLDEN_ROLLOUT_TRAIN: &str = r#"${HOST_RUN_PATH}/scripts/rollout.py \
         --config-path ${HOST_RUN_PATH}/scripts/config/main \
         --config-name rollout_train \
@@ -252,9 +253,9 @@ const GOLDEN_ROLLOUT_TRAIN: &str = r#"${HOST_RUN_PATH}/scripts/rollout.py \
         policy_config.base_model=${MODEL_PATH} \
         policy_config.checkpoint_path=${MODEL_PATH#${HOST_DATA_PATH}/} +env_config.multinode_rank_suffix=_rank_${RANK} +env_config.multinode_rank=${RANK} +env_config.multinode_total_workers=${MULTINODE_NUM_WORKERS} +env_config.rank_load_weight=${WEIGHT} +env_config.total_load_weight=4 +env_config.all_rank_weights=\'2,1,1\' ${HYDRA_OVERRIDES}"#;
 
-/// Golden: rollout_atomic_test (rollout_utils.sh:132-139 base command, 145-148 rank
-/// slicing keys, 160-166 load weights, 174-182 resume and HYDRA_OVERRIDES, 185 eval),
-/// called from run.sh:1083/1093 as rollout_atomic_test "$MODEL_TO_SERVE" RANK 3.
+/// Golden: rollout_atomic_test (rollout_utils.sh:132-139 base command, 145-147 rank
+/// slicing keys, 150-165 load weights, 174-182 resume and HYDRA_OVERRIDES, 185 eval),
+/// called from run.sh:1084/1093 as rollout_atomic_test "$MODEL_TO_SERVE" RANK 3.
 const GOLDEN_ROLLOUT_TEST: &str = r#"${HOST_RUN_PATH}/scripts/rollout.py \
         --config-path ${HOST_RUN_PATH}/scripts/config/main \
         --config-name rollout_test \
@@ -265,7 +266,7 @@ const GOLDEN_ROLLOUT_TEST: &str = r#"${HOST_RUN_PATH}/scripts/rollout.py \
         policy_config.checkpoint_path=${MODEL_PATH#${HOST_DATA_PATH}/} +env_config.multinode_rank_suffix=_rank_${RANK} +env_config.test_rank=${RANK} +env_config.test_total_workers=3 +env_config.multinode_total_workers=3 +env_config.rank_load_weight=${WEIGHT} +env_config.total_load_weight=4 +env_config.all_rank_weights=\'2,1,1\' ${HYDRA_OVERRIDES}"#;
 
 /// Golden: update_atomic's update_prepare call (training_utils.sh:219-227), from
-/// run.sh:1132 as update_atomic "$MODEL_TO_SERVE" update_online true 3; output_checkpoint_dir
+/// run.sh:1131 as update_atomic "$MODEL_TO_SERVE" update_online true 3; output_checkpoint_dir
 /// (training_utils.sh:203-204, checkpoints/model_<timestamp>) is the training output.
 const GOLDEN_UPDATE_PREPARE: &str = r#""${HOST_RUN_PATH}/scripts/update_prepare.py" \
         --config-path "${HOST_RUN_PATH}/scripts/config/main" \
