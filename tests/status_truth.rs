@@ -42,14 +42,20 @@ fn status_from(c: &TestCluster, host: Option<&str>) -> (i32, String) {
     )
 }
 
-#[test]
-fn status_of_a_cluster_whose_nodes_were_all_killed_says_so() {
+/// Two nodes, both inside their (long) rollout of iteration 1.
+fn two_nodes_in_their_rollout() -> (TestCluster, Vec<NodeProc>) {
     let c = TestCluster::new(2, LONG_ROLLOUT);
     std::fs::create_dir_all(&c.log_path).unwrap();
-    let mut nodes = c.spawn_all(&["--iterations", "1"]);
+    let nodes = c.spawn_all(&["--iterations", "1"]);
     for r in 0..2 {
         c.wait_phase(r, 1, "train-rollout", LIMIT);
     }
+    (c, nodes)
+}
+
+#[test]
+fn status_of_a_cluster_whose_nodes_were_all_killed_says_so() {
+    let (c, mut nodes) = two_nodes_in_their_rollout();
     // While they run, both are alive, from here and from elsewhere.
     let (code, text) = status_from(&c, None);
     assert_eq!(code, 0, "{text}");
@@ -88,12 +94,7 @@ fn status_of_a_cluster_whose_nodes_were_all_killed_says_so() {
 
 #[test]
 fn status_of_a_cluster_with_one_node_killed_says_stalled_and_names_it() {
-    let c = TestCluster::new(2, LONG_ROLLOUT);
-    std::fs::create_dir_all(&c.log_path).unwrap();
-    let mut nodes = c.spawn_all(&["--iterations", "1"]);
-    for r in 0..2 {
-        c.wait_phase(r, 1, "train-rollout", LIMIT);
-    }
+    let (c, mut nodes) = two_nodes_in_their_rollout();
     nodes[1].signal(libc::SIGKILL);
     nodes[1].wait(LIMIT);
     // Before rank 0 notices (dead-after is 3 s), status already knows.
