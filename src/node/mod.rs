@@ -26,8 +26,7 @@ use crate::logging;
 use crate::protocol::journal;
 pub use crate::protocol::wall_now;
 use crate::protocol::{
-    missing_arrivals, phase::eval_due, AbortInfo, AbortKind, ClusterRecord, Liveness, Mark,
-    NodeState, Phase, RankRecord,
+    phase::eval_due, AbortInfo, AbortKind, ClusterRecord, Liveness, NodeState, Phase, RankRecord,
 };
 use crate::store;
 #[cfg(test)]
@@ -816,47 +815,35 @@ impl Node {
     ) -> Result<Value, Stop> {
         self.k += 1;
         let k = self.k;
-        let mark = Mark {
-            k,
-            iteration: self.iteration,
-            name: name.to_string(),
-            payload: gather.clone(),
-        };
-        self.publisher().update(|r| r.arrived = Some(mark.clone()));
+        let barrier =
+            crate::protocol::barrier::Barrier::new(k, self.rank, self.iteration, name, gather);
+        self.publisher()
+            .update(|r| r.arrived = Some(barrier.arrival()));
         let deadline = Instant::now() + self.cfg.timing.barrier_timeout;
         let started = Instant::now();
+        use crate::protocol::barrier::Progress;
         let broadcast = if self.is_master() {
             let mut last_missing = Vec::new();
-            let waited = self.wait_for(deadline, |n| {
-                let missing = missing_arrivals(&n.peers, k);
-                if missing.is_empty() {
-                    return Ok(Some(()));
+            let waited = self.wait_for(deadline, |n| match barrier.on_records(&n.peers) {
+                Progress::Waiting { missing } => {
+                    if missing != last_missing {
+                        n.waiting_note = format!(
+                            "barrier {name} (iteration {}) waits for {}",
+                            n.iteration,
+                            ranks_list(&missing)
+                        );
+                        let m = missing.clone();
+                        n.publisher().update(|r| r.waiting_for = m);
+                        last_missing = missing;
+                    }
+                    Ok(None)
                 }
-                if missing != last_missing {
-                    n.waiting_note = format!(
-                        "barrier {name} (iteration {}) waits for {}",
-                        n.iteration,
-                        ranks_list(&missing)
-                    );
-                    let m = missing.clone();
-                    n.publisher().update(|r| r.waiting_for = m);
-                    last_missing = missing;
-                }
-                Ok(None)
+                Progress::Complete { payloads } => Ok(Some(payloads)),
+                Progress::Released { .. } => unreachable!("rank 0 releases, it is not released"),
             });
-            self.end_wait(waited, || format!("barrier {name} did not complete"))?;
-            let mut payloads = vec![gather];
-            payloads.extend(self.peers.iter().skip(1).map(|p| {
-                p.as_ref()
-                    .and_then(|p| p.arrived.as_ref())
-                    .map(|m| m.payload.clone())
-                    .unwrap_or(Value::Null)
-            }));
+            let payloads = self.end_wait(waited, || format!("barrier {name} did not complete"))?;
             let broadcast = decide(&payloads);
-            let release = Mark {
-                payload: broadcast.clone(),
-                ..mark
-            };
+            let release = barrier.release(broadcast.clone());
             self.publisher().update(|r| {
                 r.released = Some(release);
                 r.waiting_for.clear();
@@ -867,12 +854,9 @@ impl Node {
                 "rank 0 to release barrier {name} (iteration {})",
                 self.iteration
             );
-            let waited = self.wait_for(deadline, |n| {
-                Ok(n.peers[0]
-                    .as_ref()
-                    .and_then(|r0| r0.released.as_ref())
-                    .filter(|m| m.k >= k)
-                    .map(|m| m.payload.clone()))
+            let waited = self.wait_for(deadline, |n| match barrier.on_records(&n.peers) {
+                Progress::Released { broadcast } => Ok(Some(broadcast)),
+                _ => Ok(None),
             });
             self.end_wait(waited, || format!("barrier {name} was not released"))?
         };

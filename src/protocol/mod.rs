@@ -2,6 +2,7 @@
 //! real time, no file I/O. The node runtime (`crate::node`) feeds it what it read from
 //! the shared directory and the `Instant`s it observed, and acts on what it answers.
 
+pub mod barrier;
 pub mod journal;
 pub mod liveness;
 pub mod phase;

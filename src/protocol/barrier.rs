@@ -1,0 +1,225 @@
+//! One barrier with gather and broadcast, as a pure state machine.
+//!
+//! Every rank publishes its arrival (`Mark { k, payload }`, the gathered value) in its
+//! live record. Rank 0 completes barrier `k` once every other rank's record shows an
+//! arrival at `k` or later, computes the broadcast from the gathered payloads (in rank
+//! order) and publishes it as its release; a worker passes once rank 0's record shows a
+//! release at `k` or later. Arrival and release positions only grow, so a record read
+//! late (a stale cache) can only say "not yet", never "yes" too early.
+//!
+//! The machine owns no clock and does no I/O: the driver publishes [`Barrier::arrival`],
+//! feeds it the peers' records as read ([`Barrier::on_records`]) and acts on the
+//! [`Progress`] it answers (publish the release, keep waiting and say for whom, pass).
+//! The simulator (tests/sim.rs) drives the same machine over a simulated shared
+//! directory.
+
+use super::records::{missing_arrivals, Mark, RankRecord};
+use serde_json::Value;
+
+/// Where a barrier stands after the records were read.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Progress {
+    /// Still waiting: rank 0 for these ranks' arrivals; a worker for rank 0's release
+    /// (`missing` is `[0]`).
+    Waiting { missing: Vec<u32> },
+    /// Rank 0: every rank arrived. `payloads` are the gathered values in rank order
+    /// (rank 0's own first); the driver computes the broadcast and publishes
+    /// [`Barrier::release`] with it.
+    Complete { payloads: Vec<Value> },
+    /// A worker: rank 0 released the barrier with this broadcast.
+    Released { broadcast: Value },
+}
+
+/// A deliberately wrong barrier, for showing that the simulator catches it. Never set
+/// by the node.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mutation {
+    /// Rank 0 completes the barrier with one arrival still missing.
+    ReleaseOneEarly,
+    /// A worker passes on any release, also an older barrier's.
+    AcceptStaleRelease,
+}
+
+/// Barrier number `k` (the node's k-th barrier of the generation) as seen by `rank`.
+#[derive(Debug, Clone)]
+pub struct Barrier {
+    k: u64,
+    rank: u32,
+    iteration: u64,
+    name: String,
+    gather: Value,
+    mutation: Option<Mutation>,
+}
+
+impl Barrier {
+    pub fn new(k: u64, rank: u32, iteration: u64, name: &str, gather: Value) -> Barrier {
+        Barrier {
+            k,
+            rank,
+            iteration,
+            name: name.to_string(),
+            gather,
+            mutation: None,
+        }
+    }
+
+    #[doc(hidden)]
+    pub fn with_mutation(mut self, m: Option<Mutation>) -> Barrier {
+        self.mutation = m;
+        self
+    }
+
+    pub fn k(&self) -> u64 {
+        self.k
+    }
+
+    /// What this rank publishes as its arrival.
+    pub fn arrival(&self) -> Mark {
+        Mark {
+            k: self.k,
+            iteration: self.iteration,
+            name: self.name.clone(),
+            payload: self.gather.clone(),
+        }
+    }
+
+    /// What rank 0 publishes as its release, with the broadcast it computed.
+    pub fn release(&self, broadcast: Value) -> Mark {
+        Mark {
+            payload: broadcast,
+            ..self.arrival()
+        }
+    }
+
+    /// The barrier's progress given every rank's record as read (index = rank; this
+    /// rank's own entry is not looked at).
+    pub fn on_records(&self, records: &[Option<RankRecord>]) -> Progress {
+        if self.rank == 0 {
+            let missing = missing_arrivals(records, self.k);
+            let complete = match self.mutation {
+                Some(Mutation::ReleaseOneEarly) => missing.len() <= 1,
+                _ => missing.is_empty(),
+            };
+            if !complete {
+                return Progress::Waiting { missing };
+            }
+            let mut payloads = vec![self.gather.clone()];
+            payloads.extend(records.iter().skip(1).map(|r| {
+                r.as_ref()
+                    .and_then(|r| r.arrived.as_ref())
+                    .map(|m| m.payload.clone())
+                    .unwrap_or(Value::Null)
+            }));
+            Progress::Complete { payloads }
+        } else {
+            let wanted = match self.mutation {
+                Some(Mutation::AcceptStaleRelease) => 0,
+                _ => self.k,
+            };
+            match records
+                .first()
+                .and_then(|r0| r0.as_ref())
+                .and_then(|r0| r0.released.as_ref())
+                .filter(|m| m.k >= wanted)
+            {
+                Some(m) => Progress::Released {
+                    broadcast: m.payload.clone(),
+                },
+                None => Progress::Waiting { missing: vec![0] },
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{NodeState, PROTO};
+    use serde_json::json;
+
+    fn rec(rank: u32, arrived: Option<u64>, released: Option<(u64, Value)>) -> RankRecord {
+        let mark = |k: u64, payload: Value| Mark {
+            k,
+            iteration: 1,
+            name: "b".into(),
+            payload,
+        };
+        RankRecord {
+            proto: PROTO,
+            run_id: "r".into(),
+            gen: 1,
+            rank,
+            host: String::new(),
+            pid: 0,
+            machine: String::new(),
+            pid_start: 0,
+            nonce: String::new(),
+            seq: 0,
+            state: NodeState::Running,
+            iteration: 1,
+            phase: None,
+            progress: None,
+            arrived: arrived.map(|k| mark(k, json!(rank))),
+            released: released.map(|(k, p)| mark(k, p)),
+            waiting_for: vec![],
+            observed_ms: vec![],
+            abort: None,
+            refused: None,
+            wall: String::new(),
+        }
+    }
+
+    #[test]
+    fn rank_0_completes_only_when_every_rank_arrived_and_gathers_in_rank_order() {
+        let b = Barrier::new(3, 0, 1, "b", json!("zero"));
+        let mut recs = vec![
+            None,
+            Some(rec(1, Some(3), None)),
+            Some(rec(2, Some(2), None)),
+        ];
+        assert_eq!(b.on_records(&recs), Progress::Waiting { missing: vec![2] });
+        recs[2] = None;
+        assert_eq!(b.on_records(&recs), Progress::Waiting { missing: vec![2] });
+        recs[2] = Some(rec(2, Some(4), None));
+        assert_eq!(
+            b.on_records(&recs),
+            Progress::Complete {
+                payloads: vec![json!("zero"), json!(1), json!(2)]
+            }
+        );
+    }
+
+    #[test]
+    fn a_worker_passes_on_this_or_a_later_release_only() {
+        let b = Barrier::new(3, 2, 1, "b", Value::Null);
+        let r0 = |k| {
+            vec![
+                Some(rec(0, Some(k), Some((k, json!({"eval": true}))))),
+                None,
+                None,
+            ]
+        };
+        assert_eq!(b.on_records(&r0(2)), Progress::Waiting { missing: vec![0] });
+        assert_eq!(
+            b.on_records(&r0(3)),
+            Progress::Released {
+                broadcast: json!({"eval": true})
+            }
+        );
+        assert!(matches!(b.on_records(&r0(5)), Progress::Released { .. }));
+        assert_eq!(
+            b.on_records(&[None]),
+            Progress::Waiting { missing: vec![0] }
+        );
+        assert_eq!(
+            b.release(json!(7)),
+            Mark {
+                k: 3,
+                iteration: 1,
+                name: "b".into(),
+                payload: json!(7)
+            }
+        );
+    }
+}
