@@ -1,35 +1,51 @@
-//! A seeded, single-threaded simulation of rl-node's barrier over a simulated shared
-//! directory, checking invariants after every step.
+//! A seeded, single-threaded simulation of rl-node's barrier and liveness over a
+//! simulated shared directory, checking invariants as it goes.
 //!
-//! The nodes run the same pure barrier machine the real node drives
-//! (`rl_node::protocol::barrier::Barrier`): each rank publishes its arrival in its
-//! record, rank 0 completes a barrier once every record shows an arrival and publishes
-//! its release with the broadcast, the workers pass on the release. The simulated
-//! directory gives every node its own attribute cache of the others' records, as NFS
-//! clients have (a record read within the cache lifetime is the copy read before, however
-//! old), with a lifetime drawn per seed from 0 to 60 s; nodes are scheduled in a random
-//! order with random time steps, and some are frozen for a while (a stopped VM, a long GC
-//! pause). The same seed always replays the same run.
+//! The nodes run the same pure parts of the protocol core the real node drives: the
+//! barrier machine (`rl_node::protocol::barrier::Barrier`: arrivals in each rank's record,
+//! rank 0's release with the broadcast) and liveness by observation
+//! (`rl_node::protocol::Liveness`, fed each node's own monotonic clock, which runs up to
+//! 1 % fast or slow). Each node's heartbeat republishes its record every heartbeat
+//! interval of its own clock. A node that finds a peer's heartbeat still for dead-after
+//! creates `abort.json` exclusively (the first wins; later ones adopt it), and every node
+//! that finds the abort stops.
 //!
-//! Invariants, checked after every step against the directory's true content:
-//! - no rank passes barrier k before every rank has published its arrival at k;
+//! The simulated directory gives every node its own attribute cache of the others'
+//! records and its own negative-lookup cache of `abort.json`, as NFS clients have, with a
+//! lifetime drawn per seed from 0 to 60 s. Nodes are scheduled in a random order with
+//! random time steps. Some are frozen briefly (up to a quarter of dead-after); in one seed
+//! of four, one is stopped for three to five dead-afters and then resumes. The same seed
+//! always replays the same run.
+//!
+//! Invariants:
+//! - no rank passes barrier k before every rank has published its arrival at k (checked
+//!   against the directory's true content, not the passing node's view);
 //! - every rank passes barrier k with the broadcast rank 0 computed for k;
-//! - every run ends: all ranks pass all barriers within a bound of simulated time.
+//! - no live node is declared dead: the rank named in the abort was stopped for about
+//!   dead-after (less what caches and heartbeat spacing can hide), and had not finished;
+//! - a node stopped far longer than dead-after has been declared dead by the time it
+//!   comes back, whenever another node was running to see it;
+//! - every node that stops names the cause the abort names;
+//! - every run ends within a bound computed from the timing settings.
 //!
-//! Proof that it has teeth: two deliberately broken barriers (rank 0 releasing with one
-//! arrival missing; a worker taking an older barrier's release) are each caught within a
-//! bounded number of seeds.
+//! Proof that it has teeth: four deliberately broken variants are each caught within 200
+//! seeds. The barrier ones are rank 0 releasing with one arrival missing, and a worker
+//! taking an older barrier's release. The liveness ones are a judge that takes any read
+//! for a sign of life, and an impatient judge that waits a quarter of dead-after.
 //!
-//! This covers the barrier only: crashes and restarts, liveness, abort, the journal and
-//! the 14 phases are not in the simulated core yet (issue 12 is under way).
+//! Not simulated yet: crashes and restarts (new generations, fencing), the journal and
+//! resume points, leases, the 14 phases with their commands, torn writes and
+//! ENOSPC/EIO (issue 12 is under way).
 //!
 //! Long runs: `scripts/sim --seeds 100000 --nodes 64`; one seed:
 //! `scripts/sim --first-seed S --seeds 1 --nodes N` (the same output every time).
 
 use rl_node::protocol::barrier::{Barrier, Mutation, Progress};
-use rl_node::protocol::{Mark, NodeState, RankRecord, PROTO};
+use rl_node::protocol::liveness::Mutation as LivenessMutation;
+use rl_node::protocol::{Liveness, Mark, NodeState, RankRecord, PROTO};
 use serde_json::{json, Value};
 use std::collections::VecDeque;
+use std::time::Duration;
 
 /// SplitMix64: a small, well-known generator; enough for drawing schedules and faults.
 struct Rng(u64);
@@ -73,11 +89,19 @@ fn record(rank: u32) -> RankRecord {
     }
 }
 
+/// `abort.json`'s content: the rank that created it and the dead rank it names.
+type Abort = (u32, u32);
+
 /// The shared directory: each rank's record as it truly is, and each node's cached copy
 /// of every record with the time it was fetched.
 struct SharedDir {
     truth: Vec<RankRecord>,
     cache: Vec<Vec<Option<(u64, RankRecord)>>>,
+    /// `abort.json`: who created it and the dead rank it names; and each node's last
+    /// lookup of it (a "no such file" answer is cached like an attribute: negative
+    /// lookup caching).
+    abort: Option<Abort>,
+    abort_cache: Vec<Option<(u64, Option<Abort>)>>,
     lifetime_ms: u64,
     reads: u64,
     writes: u64,
@@ -88,6 +112,8 @@ impl SharedDir {
         SharedDir {
             truth: (0..n as u32).map(record).collect(),
             cache: vec![vec![None; n]; n],
+            abort: None,
+            abort_cache: vec![None; n],
             lifetime_ms,
             reads: 0,
             writes: 0,
@@ -101,6 +127,29 @@ impl SharedDir {
         self.truth[rank].seq += 1;
         self.cache[rank][rank] = Some((now, self.truth[rank].clone()));
         self.writes += 1;
+    }
+
+    /// `abort.json` as `observer` finds it now: a cached "no such file" younger than the
+    /// cache lifetime is believed.
+    fn read_abort(&mut self, observer: usize, now: u64) -> Option<(u32, u32)> {
+        if let Some((at, None)) = self.abort_cache[observer] {
+            if now.saturating_sub(at) < self.lifetime_ms {
+                return None;
+            }
+        }
+        self.reads += 1;
+        self.abort_cache[observer] = Some((now, self.abort));
+        self.abort
+    }
+
+    /// Exclusive create of `abort.json`; false when it exists (the caller adopts it).
+    fn create_abort(&mut self, by: u32, dead: u32) -> bool {
+        self.writes += 1;
+        if self.abort.is_some() {
+            return false;
+        }
+        self.abort = Some((by, dead));
+        true
     }
 
     /// Every record as `observer` reads it now: a cached copy younger than the attribute
@@ -134,17 +183,36 @@ enum Step {
     Arrive,
     /// Arrived; polling.
     Wait,
+    /// Passed every barrier.
+    Done,
+    /// Stopped by the cluster's abort (naming this dead rank).
+    Stopped(u32),
+}
+
+/// The broken variants a run may be given (never the node's).
+#[derive(Debug, Clone, Copy, Default)]
+struct Mutations {
+    barrier: Option<Mutation>,
+    liveness: Option<LivenessMutation>,
 }
 
 struct Sim {
     n: usize,
     barriers: u64,
-    mutation: Option<Mutation>,
+    mutations: Mutations,
     rng: Rng,
     now: u64,
     dir: SharedDir,
     k: Vec<u64>,
     step: Vec<Step>,
+    /// Heartbeat interval and dead-after, in ms; each node's clock rate in ppm of true time.
+    heartbeat_ms: u64,
+    dead_after_ms: u64,
+    rate_ppm: Vec<u64>,
+    next_beat: Vec<u64>,
+    liveness: Vec<Liveness>,
+    /// Each node's freezes so far: (start, end).
+    freezes: Vec<Vec<(u64, u64)>>,
     frozen_until: Vec<u64>,
     /// What rank 0 broadcast for each barrier (index k).
     broadcast: Vec<Option<Value>>,
@@ -181,22 +249,41 @@ struct Summary {
     sim_ms: u64,
     /// Simulated time times nodes, summed over runs.
     node_ms: u64,
+    /// Runs that ended with a node declared dead (a long freeze).
+    deaths: u64,
 }
 
 impl Sim {
-    fn new(seed: u64, n: usize, barriers: u64, mutation: Option<Mutation>) -> Sim {
+    fn new(seed: u64, n: usize, barriers: u64, mutations: Mutations) -> Sim {
         let mut rng = Rng(seed);
         // NFS attribute caches: none, the 3 s of acregmin, up to a minute.
         let lifetime_ms = [0, 100, 1_000, 3_000, 30_000, 60_000][rng.below(6) as usize];
+        let heartbeat_ms = 200 + rng.below(4_800);
+        // dead-after with the margin the documentation asks for over the cache lifetime
+        // and the heartbeat interval (docs/shared-directory.md), plus 5 s.
+        let dead_after_ms = 2 * (lifetime_ms + 2 * heartbeat_ms) + 5_000;
+        let rate_ppm: Vec<u64> = (0..n).map(|_| 990_000 + rng.below(20_001)).collect();
+        let liveness = (0..n)
+            .map(|_| {
+                Liveness::new(Duration::from_millis(dead_after_ms))
+                    .with_mutation(mutations.liveness)
+            })
+            .collect();
         Sim {
             n,
             barriers,
-            mutation,
+            mutations,
             rng,
             now: 0,
             dir: SharedDir::new(n, lifetime_ms),
             k: vec![1; n],
             step: vec![Step::Arrive; n],
+            heartbeat_ms,
+            dead_after_ms,
+            rate_ppm,
+            next_beat: vec![0; n],
+            liveness,
+            freezes: vec![Vec::new(); n],
             frozen_until: vec![0; n],
             broadcast: vec![None; barriers as usize + 1],
             trace: VecDeque::new(),
@@ -204,6 +291,11 @@ impl Sim {
             faults: 0,
             checks: 0,
         }
+    }
+
+    /// Node `r`'s monotonic clock: true time at its own rate (±1 %).
+    fn local(&self, r: usize) -> Duration {
+        Duration::from_micros(self.now * self.rate_ppm[r] / 1_000)
     }
 
     fn note(&mut self, s: String) {
@@ -221,44 +313,80 @@ impl Sim {
         }
     }
 
+    fn live(&self, r: usize) -> bool {
+        matches!(self.step[r], Step::Arrive | Step::Wait)
+    }
+
     fn run(mut self, seed: u64) -> Result<Summary, Violation> {
         // Every wait ends: a bound of simulated time for the whole run, from the cache
-        // lifetime and the scheduler's step, plus every freeze (each can delay everyone).
-        // A node acts about every n steps; a barrier takes a few turns of every node plus
-        // a cache lifetime for each of its two directions.
+        // lifetime, dead-after and the scheduler's step, plus every freeze (each can
+        // delay everyone).
         let max_step = 50 + self.dir.lifetime_ms / 20;
         let base_ms =
             (self.barriers + 2) * (2 * self.dir.lifetime_ms + 4 * self.n as u64 * max_step) * 4
+                + 4 * self.dead_after_ms
                 + 600_000;
         let mut frozen_total = 0;
-        while self.k.iter().any(|&k| k <= self.barriers) {
+        // At most one node of a run is stopped for longer than dead-after (a stopped
+        // VM), in one seed out of four; it resumes later.
+        let long_freeze = self.rng.below(4) == 0;
+        let mut long_done = false;
+        while (0..self.n).any(|r| self.live(r)) {
             let bound_ms = base_ms + frozen_total;
             if self.now > bound_ms {
                 let w = self.violation(
                     seed,
                     format!(
-                        "the run did not end within {bound_ms} ms of simulated time (ranks at barriers {:?})",
-                        self.k
+                        "the run did not end within {bound_ms} ms of simulated time (ranks at barriers {:?}, steps {:?})",
+                        self.k, self.step
                     ),
                 );
                 return Err(w);
             }
             self.steps += 1;
-            self.now += 1 + self.rng.below(50 + self.dir.lifetime_ms / 20 - 1);
+            let before = self.now;
+            self.now += 1 + self.rng.below(max_step - 1);
+            self.check_detection(before, max_step, seed)?;
+            self.heartbeats();
             let r = self.rng.below(self.n as u64) as usize;
-            if self.k[r] > self.barriers || self.frozen_until[r] > self.now {
+            if !self.live(r) || self.frozen_until[r] > self.now {
                 continue;
             }
-            if self.rng.below(1000) < 3 {
-                // Frozen: a stopped VM or a long pause, up to two minutes.
-                let d = 1 + self.rng.below(120_000);
+            let roll = self.rng.below(10_000);
+            if roll < 30 || (long_freeze && !long_done && roll < 60) {
+                // A pause: brief (a quarter of dead-after at most), or a stopped VM that
+                // comes back after two to four dead-afters.
+                let long = roll >= 30;
+                let d = if long {
+                    long_done = true;
+                    3 * self.dead_after_ms + self.rng.below(2 * self.dead_after_ms)
+                } else {
+                    1 + self.rng.below(self.dead_after_ms / 4)
+                };
                 frozen_total += d;
                 self.frozen_until[r] = self.now + d;
+                self.freezes[r].push((self.now, self.now + d));
                 self.faults += 1;
                 self.note(format!("rank {r} frozen for {d} ms"));
                 continue;
             }
             self.act(r, seed)?;
+        }
+        // Every node that stopped names the cause the abort file names.
+        if let Some((_, dead)) = self.dir.abort {
+            for r in 0..self.n {
+                self.checks += 1;
+                match self.step[r] {
+                    Step::Stopped(d) if d == dead => {}
+                    Step::Done => {}
+                    ref other => {
+                        return Err(self.violation(
+                            seed,
+                            format!("rank {r} ended as {other:?}, but the abort names rank {dead}"),
+                        ))
+                    }
+                }
+            }
         }
         Ok(Summary {
             steps: self.steps,
@@ -268,40 +396,172 @@ impl Sim {
             writes: self.dir.writes,
             sim_ms: self.now,
             node_ms: self.now * self.n as u64,
+            deaths: u64::from(self.dir.abort.is_some()),
         })
     }
 
+    /// Every wait ends: a node that was stopped for far longer than dead-after (by the
+    /// slowest clock, plus what caches and heartbeat spacing hide, plus two turns of
+    /// every node to look) must have been declared dead by the time it comes back, as
+    /// long as another node was running to see it.
+    fn check_detection(&mut self, before: u64, max_step: u64, seed: u64) -> Result<(), Violation> {
+        let turn = self.n as u64 * max_step;
+        let needed = self.dead_after_ms * 1_010 / 1_000
+            + self.dir.lifetime_ms
+            + 2 * self.heartbeat_ms
+            + 2 * turn;
+        for q in 0..self.n {
+            let Some(&(s, e)) = self.freezes[q].last() else {
+                continue;
+            };
+            if !(before < e && e <= self.now) || e - s < needed || self.dir.abort.is_some() {
+                continue;
+            }
+            let watchers = (0..self.n)
+                .filter(|&r| {
+                    r != q
+                        && self.live(r)
+                        && self.freezes[r].iter().all(|&(fs, fe)| fe <= s || fs >= e)
+                })
+                .count();
+            self.checks += 1;
+            if watchers > 0 {
+                return Err(self.violation(
+                    seed,
+                    format!(
+                        "rank {q} was stopped for {} ms (dead-after {} ms) and nobody declared it dead; the run did not end",
+                        e - s,
+                        self.dead_after_ms
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Each live, unfrozen node's heartbeat thread republishes its record every
+    /// heartbeat interval of its own clock.
+    fn heartbeats(&mut self) {
+        for r in 0..self.n {
+            if !self.live(r) || self.frozen_until[r] > self.now {
+                continue;
+            }
+            let local = self.local(r).as_millis() as u64;
+            if local >= self.next_beat[r] {
+                self.next_beat[r] = local + self.heartbeat_ms;
+                let now = self.now;
+                self.dir.publish(r, now, |_| {});
+            }
+        }
+    }
+
     fn act(&mut self, r: usize, seed: u64) -> Result<(), Violation> {
+        let now = self.now;
+        // The cluster's abort, as this node sees it (a negative lookup may be cached).
+        if let Some((by, dead)) = self.dir.read_abort(r, now) {
+            self.stop(r, dead);
+            self.note(format!(
+                "rank {r} stops: rank {by} declared rank {dead} dead"
+            ));
+            return Ok(());
+        }
+        let records = self.dir.read_all(r, now);
+        // Liveness by observation, with this node's own clock.
+        let local = self.local(r);
+        for (q, rec) in records.iter().enumerate() {
+            if q == r {
+                continue;
+            }
+            let rec = rec.as_ref().expect("every record exists");
+            if rec.state != NodeState::Running {
+                continue;
+            }
+            self.liveness[r].observe(q as u32, rec.seq, local);
+            if self.liveness[r].is_dead(q as u32, local) {
+                return self.declare_dead(r, q, seed);
+            }
+        }
         let k = self.k[r];
         let gather = json!(r * 10 + k as usize);
-        let barrier = Barrier::new(k, r as u32, 1, "sim", gather).with_mutation(self.mutation);
+        let barrier =
+            Barrier::new(k, r as u32, 1, "sim", gather).with_mutation(self.mutations.barrier);
         match self.step[r] {
             Step::Arrive => {
                 let mark = barrier.arrival();
-                let now = self.now;
                 self.dir.publish(r, now, |rec| rec.arrived = Some(mark));
                 self.step[r] = Step::Wait;
                 self.note(format!("rank {r} arrives at barrier {k}"));
             }
-            Step::Wait => {
-                let now = self.now;
-                let records = self.dir.read_all(r, now);
-                match barrier.on_records(&records) {
-                    Progress::Waiting { .. } => {}
-                    Progress::Complete { payloads } => {
-                        let broadcast = json!({ "k": k, "sum": payloads.iter().filter_map(Value::as_u64).sum::<u64>() });
-                        let release: Mark = barrier.release(broadcast.clone());
-                        self.dir.publish(r, now, |rec| rec.released = Some(release));
-                        self.broadcast[k as usize] = Some(broadcast.clone());
-                        self.note(format!("rank 0 releases barrier {k} with {broadcast}"));
-                        self.pass(r, k, &broadcast, seed)?;
-                    }
-                    Progress::Released { broadcast } => {
-                        self.note(format!("rank {r} passes barrier {k} with {broadcast}"));
-                        self.pass(r, k, &broadcast, seed)?;
-                    }
+            Step::Wait => match barrier.on_records(&records) {
+                Progress::Waiting { .. } => {}
+                Progress::Complete { payloads } => {
+                    let broadcast = json!({ "k": k, "sum": payloads.iter().filter_map(Value::as_u64).sum::<u64>() });
+                    let release: Mark = barrier.release(broadcast.clone());
+                    self.dir.publish(r, now, |rec| rec.released = Some(release));
+                    self.broadcast[k as usize] = Some(broadcast.clone());
+                    self.note(format!("rank 0 releases barrier {k} with {broadcast}"));
+                    self.pass(r, k, &broadcast, seed)?;
                 }
+                Progress::Released { broadcast } => {
+                    self.note(format!("rank {r} passes barrier {k} with {broadcast}"));
+                    self.pass(r, k, &broadcast, seed)?;
+                }
+            },
+            Step::Done | Step::Stopped(_) => {}
+        }
+        Ok(())
+    }
+
+    fn stop(&mut self, r: usize, dead: u32) {
+        self.step[r] = Step::Stopped(dead);
+        let now = self.now;
+        self.dir
+            .publish(r, now, |rec| rec.state = NodeState::Failed);
+    }
+
+    /// Node `r` found rank `q`'s heartbeat still for dead-after: it creates the abort
+    /// file (exclusively: the first one wins, a later one adopts it). Only a rank that
+    /// really stopped for about dead-after may be declared dead.
+    fn declare_dead(&mut self, r: usize, q: usize, seed: u64) -> Result<(), Violation> {
+        let now = self.now;
+        let created = self.dir.create_abort(r as u32, q as u32);
+        let dead = self.dir.abort.expect("exists now").1;
+        self.note(format!(
+            "rank {r} finds rank {q} dead{}",
+            if created {
+                ""
+            } else {
+                " (an abort exists: adopted)"
             }
+        ));
+        self.stop(r, dead);
+        if !created {
+            return Ok(());
+        }
+        self.checks += 1;
+        // How long q must have been stopped, at least, for a correct judge to say so:
+        // dead-after by the fastest clock, less what stale caches and heartbeat spacing
+        // can hide.
+        let hidden = self.dir.lifetime_ms + 2 * self.heartbeat_ms + 100;
+        let needed = (self.dead_after_ms * 1_000 / 1_010).saturating_sub(hidden);
+        let stopped = self.freezes[q]
+            .iter()
+            .any(|&(s, e)| e + hidden >= now && e - s >= needed);
+        let finished = !self.live(q);
+        if !stopped && !finished {
+            return Err(self.violation(
+                seed,
+                format!(
+                    "rank {r} declared rank {q} dead, but rank {q} was never stopped for {needed} ms (dead-after {} ms, cache {} ms, heartbeat {} ms); its freezes: {:?}",
+                    self.dead_after_ms, self.dir.lifetime_ms, self.heartbeat_ms, self.freezes[q]
+                ),
+            ));
+        }
+        if finished {
+            return Err(self.violation(
+                seed,
+                format!("rank {r} declared rank {q} dead after it had finished"),
+            ));
         }
         Ok(())
     }
@@ -331,6 +591,11 @@ impl Sim {
         }
         self.k[r] += 1;
         self.step[r] = Step::Arrive;
+        if self.k[r] > self.barriers {
+            self.step[r] = Step::Done;
+            let now = self.now;
+            self.dir.publish(r, now, |rec| rec.state = NodeState::Done);
+        }
         Ok(())
     }
 }
@@ -344,7 +609,7 @@ fn sweep(
     first: u64,
     seeds: u64,
     max_nodes: u64,
-    mutation: Option<Mutation>,
+    mutations: Mutations,
 ) -> Result<Summary, Violation> {
     let mut total = Summary {
         steps: 0,
@@ -354,9 +619,10 @@ fn sweep(
         writes: 0,
         sim_ms: 0,
         node_ms: 0,
+        deaths: 0,
     };
     for seed in first..first + seeds {
-        let s = Sim::new(seed, nodes_for(seed, max_nodes), 12, mutation).run(seed)?;
+        let s = Sim::new(seed, nodes_for(seed, max_nodes), 12, mutations).run(seed)?;
         total.steps += s.steps;
         total.faults += s.faults;
         total.checks += s.checks;
@@ -364,40 +630,50 @@ fn sweep(
         total.writes += s.writes;
         total.sim_ms += s.sim_ms;
         total.node_ms += s.node_ms;
+        total.deaths += s.deaths;
     }
     Ok(total)
 }
 
 #[test]
-fn a_thousand_seeds_of_3_to_16_nodes_keep_the_barrier_invariants() {
-    match sweep(1, 1_000, 16, None) {
-        Ok(s) => assert!(s.checks > 100_000 && s.faults > 0, "too little was checked"),
+fn a_thousand_seeds_of_3_to_16_nodes_keep_the_invariants() {
+    match sweep(1, 1_000, 16, Mutations::default()) {
+        Ok(s) => {
+            assert!(s.checks > 100_000 && s.faults > 0, "too little was checked");
+            // About one run in four stops a node for longer than dead-after: those must
+            // have ended with it declared dead, so deaths were really exercised.
+            assert!(s.deaths > 100, "only {} runs declared a death", s.deaths);
+        }
         Err(v) => panic!("{v}"),
     }
 }
 
 #[test]
 fn the_same_seed_replays_the_same_run() {
-    let a = Sim::new(42, 7, 12, None)
-        .run(42)
-        .map_err(|v| v.to_string())
-        .unwrap();
-    let b = Sim::new(42, 7, 12, None)
-        .run(42)
-        .map_err(|v| v.to_string())
-        .unwrap();
+    let run = || {
+        Sim::new(42, 7, 12, Mutations::default())
+            .run(42)
+            .map_err(|v| v.to_string())
+            .unwrap()
+    };
+    let (a, b) = (run(), run());
     assert_eq!(
-        (a.steps, a.faults, a.reads, a.writes, a.sim_ms),
-        (b.steps, b.faults, b.reads, b.writes, b.sim_ms)
+        (a.steps, a.faults, a.reads, a.writes, a.sim_ms, a.deaths),
+        (b.steps, b.faults, b.reads, b.writes, b.sim_ms, b.deaths)
     );
+}
+
+fn caught(m: Mutations) -> Violation {
+    sweep(1, 200, 16, m).err().expect("not caught in 200 seeds")
 }
 
 /// The simulator has teeth: a barrier that releases with one arrival missing is caught.
 #[test]
 fn a_barrier_released_one_arrival_early_is_caught() {
-    let v = sweep(1, 200, 16, Some(Mutation::ReleaseOneEarly))
-        .err()
-        .expect("not caught in 200 seeds");
+    let v = caught(Mutations {
+        barrier: Some(Mutation::ReleaseOneEarly),
+        ..Mutations::default()
+    });
     assert!(v.what.contains("before ranks"), "{v}");
     assert!(!v.trace.is_empty());
 }
@@ -405,10 +681,32 @@ fn a_barrier_released_one_arrival_early_is_caught() {
 /// … and so is a worker that passes on an older barrier's release.
 #[test]
 fn a_worker_taking_an_older_release_is_caught() {
-    let v = sweep(1, 200, 16, Some(Mutation::AcceptStaleRelease))
-        .err()
-        .expect("not caught in 200 seeds");
+    let v = caught(Mutations {
+        barrier: Some(Mutation::AcceptStaleRelease),
+        ..Mutations::default()
+    });
     assert!(v.what.contains("passed barrier"), "{v}");
+}
+
+/// … a liveness judge that takes any read for a sign of life (a stopped node is never
+/// found dead: the run never ends) …
+#[test]
+fn a_judge_fooled_by_unchanged_records_is_caught() {
+    let v = caught(Mutations {
+        liveness: Some(LivenessMutation::ResetOnEveryRead),
+        ..Mutations::default()
+    });
+    assert!(v.what.contains("did not end"), "{v}");
+}
+
+/// … and an impatient one (a live node behind a stale cache is declared dead).
+#[test]
+fn an_impatient_liveness_judge_is_caught() {
+    let v = caught(Mutations {
+        liveness: Some(LivenessMutation::Impatient),
+        ..Mutations::default()
+    });
+    assert!(v.what.contains("declared rank"), "{v}");
 }
 
 /// `scripts/sim`: SIM_FIRST_SEED, SIM_SEEDS, SIM_NODES (the largest cluster; seeds spread
@@ -425,15 +723,16 @@ fn long_run() {
     let (first, seeds, nodes) = (
         env("SIM_FIRST_SEED", 1),
         env("SIM_SEEDS", 1_000),
-        env("SIM_NODES", 16).max(3),
+        env("SIM_NODES", 16).max(4),
     );
-    match sweep(first, seeds, nodes.max(4), None) {
+    match sweep(first, seeds, nodes, Mutations::default()) {
         Ok(s) => {
             println!(
-                "seeds {first}..{}: {seeds} run(s) of 3..={nodes} nodes, 12 barriers each; {} steps, {} faults (frozen nodes), {} invariant checks, {:.1} simulated node-hours; shared-directory record reads {} (past the caches) and writes {}",
+                "seeds {first}..{}: {seeds} run(s) of 3..={nodes} nodes, 12 barriers each; {} steps, {} faults (frozen nodes), {} runs with a node declared dead, {} invariant checks, {:.1} simulated node-hours; shared-directory reads {} (past the caches) and writes {}",
                 first + seeds - 1,
                 s.steps,
                 s.faults,
+                s.deaths,
                 s.checks,
                 s.node_ms as f64 / 3.6e6,
                 s.reads,

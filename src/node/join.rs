@@ -640,7 +640,7 @@ impl Node {
                 {
                     return Ok(Some(false));
                 }
-                Ok(n.liveness.is_dead(0, Instant::now()).then_some(false))
+                Ok(n.liveness.is_dead(0, super::mono_now()).then_some(false))
             });
             match released {
                 Ok(true) => break,

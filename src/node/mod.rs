@@ -574,7 +574,7 @@ impl Node {
         } else {
             vec![0]
         };
-        let now = Instant::now();
+        let now = mono_now();
         let (run_id, gen) = (self.run_id().to_string(), self.gen());
         for r in watched {
             let path = self.layout.rank_record(gen, r);
@@ -2206,6 +2206,13 @@ impl Node {
             .join(format!("rank-{}.jsonl", self.rank));
         append_log(&path, &format!("{e}\n"));
     }
+}
+
+/// This process's monotonic time since its first call: the clock the protocol core
+/// (liveness) is fed, so the core itself reads none.
+pub(crate) fn mono_now() -> Duration {
+    static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    ORIGIN.get_or_init(Instant::now).elapsed()
 }
 
 /// `Ok` when `cluster.json` still names generation `gen` of run `run_id`.

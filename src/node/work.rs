@@ -745,7 +745,7 @@ impl Node {
     /// Read every peer's record to judge the liveness of lease holders (only needed while
     /// taking over a dead node's items).
     fn observe_all_peers(&mut self) {
-        let now = Instant::now();
+        let now = super::mono_now();
         for r in 0..self.num_nodes() {
             if r == self.rank {
                 continue;

@@ -1,14 +1,30 @@
 //! Liveness by observation: a peer is alive while its heartbeat sequence keeps advancing
 //! as measured by the observer's own monotonic clock. Peer wall-clock times and file
 //! mtimes are never compared with the local clock (clocks of nodes disagree).
+//!
+//! Pure: the observer passes its monotonic time as `now` (a [`Duration`] since an origin of
+//! its choosing: the node's process start, or the simulator's clock).
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[derive(Debug, Clone)]
 pub struct Liveness {
     dead_after: Duration,
-    seen: HashMap<u32, (u64, Instant)>,
+    seen: HashMap<u32, (u64, Duration)>,
+    mutation: Option<Mutation>,
+}
+
+/// A deliberately wrong liveness judgement, for showing that the simulator catches it.
+/// Never set by the node.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mutation {
+    /// Every read counts as a sign of life, changed or not: a dead peer is never seen.
+    ResetOnEveryRead,
+    /// A peer is judged after a quarter of dead-after: stale caches and slow heartbeats
+    /// then kill live peers.
+    Impatient,
 }
 
 impl Liveness {
@@ -16,14 +32,26 @@ impl Liveness {
         Liveness {
             dead_after,
             seen: HashMap::new(),
+            mutation: None,
         }
     }
 
+    #[doc(hidden)]
+    pub fn with_mutation(mut self, m: Option<Mutation>) -> Liveness {
+        if m == Some(Mutation::Impatient) {
+            self.dead_after /= 4;
+        }
+        self.mutation = m;
+        self
+    }
+
     /// Record the sequence number read for `rank` at `now`. Returns true if it advanced.
-    pub fn observe(&mut self, rank: u32, seq: u64, now: Instant) -> bool {
+    pub fn observe(&mut self, rank: u32, seq: u64, now: Duration) -> bool {
         match self.seen.get_mut(&rank) {
             Some((last, at)) if *last == seq => {
-                let _ = at;
+                if self.mutation == Some(Mutation::ResetOnEveryRead) {
+                    *at = now;
+                }
                 false
             }
             Some(entry) => {
@@ -40,19 +68,19 @@ impl Liveness {
     }
 
     /// Start watching a rank we have not read yet (e.g. its record is missing).
-    pub fn watch(&mut self, rank: u32, now: Instant) {
+    pub fn watch(&mut self, rank: u32, now: Duration) {
         self.seen.entry(rank).or_insert((u64::MAX, now));
     }
 
     /// How long the rank's sequence has been still, by our clock.
-    pub fn silent_for(&self, rank: u32, now: Instant) -> Duration {
+    pub fn silent_for(&self, rank: u32, now: Duration) -> Duration {
         self.seen
             .get(&rank)
-            .map(|(_, at)| now.saturating_duration_since(*at))
+            .map(|(_, at)| now.saturating_sub(*at))
             .unwrap_or_default()
     }
 
-    pub fn is_dead(&self, rank: u32, now: Instant) -> bool {
+    pub fn is_dead(&self, rank: u32, now: Duration) -> bool {
         self.seen.contains_key(&rank) && self.silent_for(rank, now) > self.dead_after
     }
 
@@ -67,7 +95,7 @@ mod tests {
 
     #[test]
     fn dead_only_after_sequence_stays_still_for_dead_after() {
-        let t0 = Instant::now();
+        let t0 = Duration::from_secs(100);
         let s = Duration::from_secs;
         let mut l = Liveness::new(s(10));
         l.observe(1, 5, t0);
@@ -83,7 +111,7 @@ mod tests {
 
     #[test]
     fn a_watched_missing_record_dies_after_dead_after() {
-        let t0 = Instant::now();
+        let t0 = Duration::from_secs(100);
         let mut l = Liveness::new(Duration::from_secs(3));
         l.watch(2, t0);
         assert!(l.is_dead(2, t0 + Duration::from_secs(4)));
