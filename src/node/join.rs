@@ -18,19 +18,14 @@ use crate::protocol::{wall_now, ClusterRecord, Mark, NodeState, RankRecord, PROT
 use crate::state::{self, StateError};
 use crate::store;
 use serde_json::{json, Value};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 /// What we can tell about the process holding a record.
-#[derive(Debug, PartialEq, Eq)]
-enum Holder {
-    Alive,
-    Gone,
-    Unknown,
-}
+use crate::protocol::liveness::{Holder, Holders};
 
 /// Sequence numbers seen per (generation, rank), to judge liveness by observation.
-type Seen = HashMap<(u64, u32), (u64, Instant, bool)>;
+type Seen = Holders;
 
 impl Node {
     pub(super) fn join(&mut self) -> Result<(), Stop> {
@@ -101,20 +96,7 @@ impl Node {
             holder::Local::Gone => return Holder::Gone,
             holder::Local::Elsewhere => {}
         }
-        let now = Instant::now();
-        let e = seen
-            .entry((rec.gen, rec.rank))
-            .or_insert((rec.seq, now, false));
-        if e.0 != rec.seq {
-            *e = (rec.seq, e.1, true);
-        }
-        if e.2 {
-            Holder::Alive
-        } else if now - e.1 > patience {
-            Holder::Gone
-        } else {
-            Holder::Unknown
-        }
+        seen.judge(rec.gen, rec.rank, rec.seq, super::mono_now(), patience)
     }
 
     fn slot_patience(&self) -> Duration {
@@ -533,7 +515,7 @@ impl Node {
 
     /// Refuse to start if the previous generation's rank 0 is still alive.
     fn check_previous_master(&mut self, r0: &RankRecord) -> Result<(), Stop> {
-        let mut seen = Seen::new();
+        let mut seen = Seen::default();
         let patience = self.slot_patience();
         if r0.host != self.host {
             self.info(&format!(
@@ -575,7 +557,7 @@ impl Node {
     fn join_worker(&mut self) -> Result<(), Stop> {
         let deadline = Instant::now() + self.cfg.timing.join_timeout;
         let mut rejected = HashSet::new();
-        let mut seen = Seen::new();
+        let mut seen = Seen::default();
         self.info(&format!(
             "waiting for rank 0 to start a generation ({})",
             self.layout.cluster().display()

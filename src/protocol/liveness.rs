@@ -89,9 +89,63 @@ impl Liveness {
     }
 }
 
+/// Whether the process behind a record is alive, judged the same way for a record no
+/// heartbeat has been seen from yet (a slot being claimed, a previous generation's rank 0):
+/// alive once its sequence advances while watched; gone if it stays still for `patience`
+/// from the first look. Keyed by (generation, rank).
+#[derive(Debug, Clone, Default)]
+pub struct Holders {
+    seen: HashMap<(u64, u32), (u64, Duration, bool)>,
+}
+
+/// What [`Holders::judge`] concluded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holder {
+    Alive,
+    Gone,
+    Unknown,
+}
+
+impl Holders {
+    pub fn judge(
+        &mut self,
+        gen: u64,
+        rank: u32,
+        seq: u64,
+        now: Duration,
+        patience: Duration,
+    ) -> Holder {
+        let e = self.seen.entry((gen, rank)).or_insert((seq, now, false));
+        if e.0 != seq {
+            *e = (seq, e.1, true);
+        }
+        if e.2 {
+            Holder::Alive
+        } else if now.saturating_sub(e.1) > patience {
+            Holder::Gone
+        } else {
+            Holder::Unknown
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_holder_is_alive_once_it_advances_and_gone_if_still_for_patience() {
+        let s = Duration::from_secs;
+        let mut h = Holders::default();
+        assert_eq!(h.judge(1, 0, 7, s(10), s(5)), Holder::Unknown);
+        assert_eq!(h.judge(1, 0, 7, s(15), s(5)), Holder::Unknown);
+        assert_eq!(h.judge(1, 0, 7, s(16), s(5)), Holder::Gone);
+        // Another generation's rank 0 is watched on its own.
+        assert_eq!(h.judge(2, 0, 7, s(16), s(5)), Holder::Unknown);
+        assert_eq!(h.judge(2, 0, 8, s(17), s(5)), Holder::Alive);
+        // Once seen advancing, it stays alive in this watch.
+        assert_eq!(h.judge(2, 0, 8, s(100), s(5)), Holder::Alive);
+    }
 
     #[test]
     fn dead_only_after_sequence_stays_still_for_dead_after() {
