@@ -16,6 +16,7 @@ pub mod node;
 pub mod observe;
 pub mod output;
 pub mod protocol;
+pub mod rng;
 pub mod shards;
 pub mod state;
 pub mod store;

@@ -43,25 +43,10 @@
 use rl_node::protocol::barrier::{Barrier, Mutation, Progress};
 use rl_node::protocol::liveness::Mutation as LivenessMutation;
 use rl_node::protocol::{Liveness, Mark, NodeState, RankRecord, PROTO};
+use rl_node::rng::SplitMix64 as Rng;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::time::Duration;
-
-/// SplitMix64: a small, well-known generator; enough for drawing schedules and faults.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 fn record(rank: u32) -> RankRecord {
     RankRecord {
@@ -255,7 +240,7 @@ struct Summary {
 
 impl Sim {
     fn new(seed: u64, n: usize, barriers: u64, mutations: Mutations) -> Sim {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         // NFS attribute caches: none, the 3 s of acregmin, up to a minute.
         let lifetime_ms = [0, 100, 1_000, 3_000, 30_000, 60_000][rng.below(6) as usize];
         let heartbeat_ms = 200 + rng.below(4_800);

@@ -28,31 +28,8 @@ const FORMAT: &str = "rl-node-toy-policy/1";
 
 // ------------------------------------------------------------------ randomness
 
-/// splitmix64: tiny, fast, and good enough for sampling; fully deterministic.
-#[derive(Debug, Clone)]
-pub struct SplitMix64(u64);
-
-impl SplitMix64 {
-    pub fn new(seed: u64) -> SplitMix64 {
-        SplitMix64(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        mix64(self.0)
-    }
-
-    /// Uniform in [0, 1) with 53 bits of precision.
-    pub fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-    }
-}
-
-fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+use crate::rng::mix64;
+pub use crate::rng::SplitMix64;
 
 /// Hash a sequence of integers into one (order matters).
 pub fn hash(parts: &[u64]) -> u64 {

@@ -376,7 +376,7 @@ fn permutation(n: usize, seed: u64, epoch: u128) -> Vec<usize> {
     h.update(b"rl-node/perm/v1\0");
     h.update(seed.to_le_bytes());
     h.update(epoch.to_le_bytes());
-    let mut rng = SplitMix64(first_u64(&h.finalize()));
+    let mut rng = crate::rng::SplitMix64::new(first_u64(&h.finalize()));
     let mut p: Vec<usize> = (0..n).collect();
     for i in (1..n).rev() {
         let j = rng.below(i as u64 + 1) as usize;
@@ -387,30 +387,6 @@ fn permutation(n: usize, seed: u64, epoch: u128) -> Vec<usize> {
 
 fn first_u64(digest: &[u8]) -> u64 {
     u64::from_le_bytes(digest[..8].try_into().expect("a digest has 8 bytes"))
-}
-
-/// splitmix64 (Steele, Lea, Flood 2014): tiny, fast, and the same on every platform.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (n > 0), without modulo bias (Lemire's multiply-and-reject).
-    fn below(&mut self, n: u64) -> u64 {
-        let threshold = n.wrapping_neg() % n;
-        loop {
-            let m = u128::from(self.next()) * u128::from(n);
-            if (m as u64) >= threshold {
-                return (m >> 64) as u64;
-            }
-        }
-    }
 }
 
 /// The seed of one sample: the first 8 bytes (little-endian) of SHA-256 of
