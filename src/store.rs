@@ -1,6 +1,6 @@
 //! Access to the shared directory: atomic publish, tolerant reads, exclusive create.
 //!
-//! Shared filesystems give few guarantees (see DESIGN.md §2): a rename within one
+//! Shared filesystems give few guarantees (docs/shared-directory.md): a rename within one
 //! directory is atomic on NFS and Lustre but a copy on blob FUSE, so readers treat a
 //! missing *or unparsable* file as "not yet" instead of trusting that a name implies
 //! complete content.
@@ -292,8 +292,9 @@ pub struct Damaged {
 
 /// Read and parse one of the run's own state files. Missing is `Ok(None)`; present but
 /// empty, torn, garbage or of the wrong shape is `Err(Damaged)` naming the file and what is
-/// wrong — never "no file" (DESIGN.md §3.12). I/O errors other than not-found are
-/// reported as damage too, with the OS error.
+/// wrong — never "no file" (docs/shared-directory.md, "The run's own state is
+/// validated"). I/O errors other than not-found are reported as damage too, with the OS
+/// error.
 pub fn read_strict<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, Damaged> {
     let bytes = match read(path) {
         Ok(Some(b)) => b,

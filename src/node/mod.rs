@@ -2215,25 +2215,16 @@ pub(crate) fn mono_now() -> Duration {
     ORIGIN.get_or_init(Instant::now).elapsed()
 }
 
-/// `Ok` when `cluster.json` still names generation `gen` of run `run_id`.
+/// `Ok` when `cluster.json` still names generation `gen` of run `run_id`: the read, with
+/// the decision in [`crate::protocol::fence`].
 pub(crate) fn fence_check(layout: &Layout, gen: u64, run_id: &str) -> Result<(), String> {
+    use crate::protocol::fence::{check, Seen};
     match crate::state::read_cluster(layout) {
-        Ok(Some(c)) if c.gen == gen && c.run_id == run_id => Ok(()),
-        Ok(Some(c)) if c.run_id == run_id => Err(format!(
-            "generation {gen} was replaced by generation {} (rank 0: pid {} on {}, started {})",
-            c.gen, c.pid, c.host, c.started_at
-        )),
-        Ok(Some(c)) => Err(format!(
-            "run {run_id} was replaced by run {} (generation {}, rank 0: pid {} on {})",
-            c.run_id, c.gen, c.pid, c.host
-        )),
-        Ok(None) | Err(crate::state::StateError::MissingCluster { .. }) => Err(format!(
-            "{} is gone (the run was set aside or reset), so generation {gen} is no longer current",
-            layout.cluster().display()
-        )),
-        Err(e) => Err(format!(
-            "cannot confirm that generation {gen} is still current: {e}"
-        )),
+        Ok(Some(c)) => check(gen, run_id, Seen::Cluster(&c)),
+        Ok(None) | Err(crate::state::StateError::MissingCluster { .. }) => {
+            check(gen, run_id, Seen::Missing(&layout.cluster()))
+        }
+        Err(e) => check(gen, run_id, Seen::Unreadable(&e.to_string())),
     }
 }
 

@@ -10,7 +10,7 @@
 //! The machine owns no clock and does no I/O: the driver publishes [`Barrier::arrival`],
 //! feeds it the peers' records as read ([`Barrier::on_records`]) and acts on the
 //! [`Progress`] it answers (publish the release, keep waiting and say for whom, pass).
-//! The simulator (tests/sim.rs) drives the same machine over a simulated shared
+//! The simulator (tests/sim/) drives the same machine over a simulated shared
 //! directory.
 
 use super::records::{missing_arrivals, Mark, RankRecord};

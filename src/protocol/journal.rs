@@ -197,12 +197,32 @@ impl Resume {
 }
 
 pub fn resume_point(journals: &[Vec<Entry>], run_id: &str, walk_item: &str) -> Resume {
-    let iteration = journals
-        .iter()
-        .map(|j| last_complete(j, run_id, walk_item))
-        .min()
-        .unwrap_or(0)
-        + 1;
+    resume_point_with(journals, run_id, walk_item, None)
+}
+
+/// A deliberately broken resume point, for the simulator's own tests (never set by the
+/// node): shows that the simulator catches work lost across a restart.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mutation {
+    /// Resume after the iteration the furthest rank completed, not the slowest.
+    FromFastest,
+}
+
+#[doc(hidden)]
+pub fn resume_point_with(
+    journals: &[Vec<Entry>],
+    run_id: &str,
+    walk_item: &str,
+    mutation: Option<Mutation>,
+) -> Resume {
+    let done = journals.iter().map(|j| last_complete(j, run_id, walk_item));
+    let done = if mutation == Some(Mutation::FromFastest) {
+        done.max()
+    } else {
+        done.min()
+    };
+    let iteration = done.unwrap_or(0) + 1;
     let train_done = !journals.is_empty()
         && journals
             .iter()

@@ -3,6 +3,7 @@
 //! the shared directory and the `Instant`s it observed, and acts on what it answers.
 
 pub mod barrier;
+pub mod fence;
 pub mod journal;
 pub mod liveness;
 pub mod phase;

@@ -1,4 +1,4 @@
-//! The 14 phases of one RL iteration (DESIGN.md §4).
+//! The 14 phases of one RL iteration (docs/phases.md).
 
 use crate::config::RlPhase;
 use serde::{Deserialize, Serialize};

@@ -4,7 +4,7 @@
 //! place: heartbeat sequence, phase, barrier position and — for rank 0 — barrier
 //! releases. Rewriting a name that exists from the start of the generation is seen at the
 //! next open by every NFS client, where waiting for a brand-new name can take a minute
-//! under negative lookup caching (DESIGN.md §2).
+//! under negative lookup caching (docs/shared-directory.md, "Why it is built this way").
 
 use serde::{Deserialize, Serialize};
 

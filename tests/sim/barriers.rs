@@ -33,13 +33,9 @@
 //! taking an older barrier's release. The liveness ones are a judge that takes any read
 //! for a sign of life, and an impatient judge that waits a quarter of dead-after.
 //!
-//! Not simulated yet: crashes and restarts (new generations, fencing), the journal and
-//! resume points, leases, the 14 phases with their commands, torn writes and
-//! ENOSPC/EIO (issue 12 is under way).
-//!
-//! Long runs: `scripts/sim --seeds 100000 --nodes 64`; one seed:
-//! `scripts/sim --first-seed S --seeds 1 --nodes N` (the same output every time).
+//! Crashes, restarts, generations and fencing are the other scenario's (`crashes.rs`).
 
+use super::{nodes_for, Violation};
 use rl_node::protocol::barrier::{Barrier, Mutation, Progress};
 use rl_node::protocol::liveness::Mutation as LivenessMutation;
 use rl_node::protocol::{Liveness, Mark, NodeState, RankRecord, PROTO};
@@ -176,7 +172,7 @@ enum Step {
 
 /// The broken variants a run may be given (never the node's).
 #[derive(Debug, Clone, Copy, Default)]
-struct Mutations {
+pub struct Mutations {
     barrier: Option<Mutation>,
     liveness: Option<LivenessMutation>,
 }
@@ -207,26 +203,8 @@ struct Sim {
     checks: u64,
 }
 
-#[derive(Debug)]
-struct Violation {
-    seed: u64,
-    what: String,
-    trace: Vec<String>,
-}
-
-impl std::fmt::Display for Violation {
-    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        writeln!(f, "seed {}: {}", self.seed, self.what)?;
-        writeln!(f, "last steps:")?;
-        for t in &self.trace {
-            writeln!(f, "  {t}")?;
-        }
-        Ok(())
-    }
-}
-
-struct Summary {
-    steps: u64,
+pub struct Summary {
+    pub steps: u64,
     faults: u64,
     checks: u64,
     reads: u64,
@@ -585,12 +563,8 @@ impl Sim {
     }
 }
 
-fn nodes_for(seed: u64, max: u64) -> usize {
-    3 + (seed % (max - 2)) as usize
-}
-
 /// Run `seeds` seeds from `first` with 3..=max_nodes nodes; the first violation.
-fn sweep(
+pub fn sweep(
     first: u64,
     seeds: u64,
     max_nodes: u64,
@@ -694,36 +668,17 @@ fn an_impatient_liveness_judge_is_caught() {
     assert!(v.what.contains("declared rank"), "{v}");
 }
 
-/// `scripts/sim`: SIM_FIRST_SEED, SIM_SEEDS, SIM_NODES (the largest cluster; seeds spread
-/// 3..=SIM_NODES nodes). Prints a summary, or the failing seed with its trace.
-#[test]
-#[ignore]
-fn long_run() {
-    let env = |k: &str, d: u64| {
-        std::env::var(k)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(d)
-    };
-    let (first, seeds, nodes) = (
-        env("SIM_FIRST_SEED", 1),
-        env("SIM_SEEDS", 1_000),
-        env("SIM_NODES", 16).max(4),
-    );
-    match sweep(first, seeds, nodes, Mutations::default()) {
-        Ok(s) => {
-            println!(
-                "seeds {first}..{}: {seeds} run(s) of 3..={nodes} nodes, 12 barriers each; {} steps, {} faults (frozen nodes), {} runs with a node declared dead, {} invariant checks, {:.1} simulated node-hours; shared-directory reads {} (past the caches) and writes {}",
-                first + seeds - 1,
-                s.steps,
-                s.faults,
-                s.deaths,
-                s.checks,
-                s.node_ms as f64 / 3.6e6,
-                s.reads,
-                s.writes,
-            );
-        }
-        Err(v) => panic!("{v}"),
+impl Summary {
+    pub fn line(&self) -> String {
+        format!(
+            "{} steps, {} faults (frozen nodes), {} runs with a node declared dead, {} invariant checks, {:.1} simulated node-hours; shared-directory reads {} (past the caches) and writes {}",
+            self.steps,
+            self.faults,
+            self.deaths,
+            self.checks,
+            self.node_ms as f64 / 3.6e6,
+            self.reads,
+            self.writes,
+        )
     }
 }
