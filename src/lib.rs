@@ -10,6 +10,7 @@ pub mod config;
 pub mod demo;
 pub mod exit;
 pub mod holder;
+pub mod json;
 pub mod layout;
 pub mod logging;
 pub mod node;

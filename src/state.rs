@@ -122,7 +122,7 @@ pub fn read_cluster(layout: &Layout) -> Result<Option<ClusterRecord>, StateError
             }
         }
     }
-    store::parse_strict::<ClusterRecord>(&bytes)
+    crate::json::parse_strict::<ClusterRecord>(&bytes)
         .map(Some)
         .map_err(|what| store::Damaged { path, what }.into())
 }

@@ -61,13 +61,7 @@ impl fmt::Display for Source {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum RlPhase {
-    Both,
-    Rollout,
-    Update,
-}
+pub use crate::protocol::phase::RlPhase;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

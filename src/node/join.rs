@@ -37,44 +37,21 @@ impl Node {
     }
 
     fn record(&self, gen: u64, run_id: &str, rank: u32, state: NodeState) -> RankRecord {
-        RankRecord {
-            proto: PROTO,
-            run_id: run_id.to_string(),
-            gen,
-            rank,
-            host: if rank == self.rank {
-                self.host.clone()
-            } else {
-                String::new()
-            },
-            pid: if rank == self.rank { self.pid } else { 0 },
-            machine: if rank == self.rank {
-                self.ident.machine.clone()
-            } else {
-                String::new()
-            },
-            pid_start: if rank == self.rank {
-                self.ident.start
-            } else {
-                0
-            },
-            nonce: if rank == self.rank {
-                self.nonce.clone()
-            } else {
-                String::new()
-            },
-            seq: 0,
+        let slot = RankRecord {
             state,
-            iteration: 0,
-            phase: None,
-            progress: None,
-            arrived: None,
-            released: None,
-            waiting_for: vec![],
-            observed_ms: vec![],
-            abort: None,
-            refused: None,
             wall: wall_now(),
+            ..RankRecord::vacant(run_id, gen, rank)
+        };
+        if rank != self.rank {
+            return slot;
+        }
+        RankRecord {
+            host: self.host.clone(),
+            pid: self.pid,
+            machine: self.ident.machine.clone(),
+            pid_start: self.ident.start,
+            nonce: self.nonce.clone(),
+            ..slot
         }
     }
 

@@ -297,8 +297,10 @@ pub fn apply(layout: &Layout, repair: &Repair) -> Result<String, String> {
                 std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
             let text = String::from_utf8_lossy(&text).into_owned();
             let ok = |l: &str| match kind {
-                LinesKind::Journal => store::parse_strict::<Entry>(l.as_bytes()).is_ok(),
-                LinesKind::History => store::parse_strict::<HistoryEntry>(l.as_bytes()).is_ok(),
+                LinesKind::Journal => crate::json::parse_strict::<Entry>(l.as_bytes()).is_ok(),
+                LinesKind::History => {
+                    crate::json::parse_strict::<HistoryEntry>(l.as_bytes()).is_ok()
+                }
             };
             let (mut keep, mut drop) = (String::new(), String::new());
             let complete = text.ends_with('\n');

@@ -135,7 +135,7 @@ impl Barrier {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{NodeState, PROTO};
+    use crate::protocol::NodeState;
     use serde_json::json;
 
     fn rec(rank: u32, arrived: Option<u64>, released: Option<(u64, Value)>) -> RankRecord {
@@ -146,27 +146,11 @@ mod tests {
             payload,
         };
         RankRecord {
-            proto: PROTO,
-            run_id: "r".into(),
-            gen: 1,
-            rank,
-            host: String::new(),
-            pid: 0,
-            machine: String::new(),
-            pid_start: 0,
-            nonce: String::new(),
-            seq: 0,
             state: NodeState::Running,
             iteration: 1,
-            phase: None,
-            progress: None,
             arrived: arrived.map(|k| mark(k, json!(rank))),
             released: released.map(|(k, p)| mark(k, p)),
-            waiting_for: vec![],
-            observed_ms: vec![],
-            abort: None,
-            refused: None,
-            wall: String::new(),
+            ..RankRecord::vacant("r", 1, rank)
         }
     }
 

@@ -107,7 +107,7 @@ pub fn parse_lines<T: serde::de::DeserializeOwned>(text: &str) -> Result<Lines<T
         if line.trim().is_empty() {
             continue;
         }
-        let entry = crate::store::parse_strict::<T>(line.as_bytes()).map_err(|what| BadLine {
+        let entry = crate::json::parse_strict::<T>(line.as_bytes()).map_err(|what| BadLine {
             line: i + 1,
             what,
             text: line.chars().take(120).collect(),

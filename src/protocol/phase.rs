@@ -1,7 +1,16 @@
 //! The 14 phases of one RL iteration (docs/phases.md).
 
-use crate::config::RlPhase;
 use serde::{Deserialize, Serialize};
+
+/// Which part of the iteration a node walks (`--rl-phase`): all of it, or the rollout or
+/// update half of a split cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RlPhase {
+    Both,
+    Rollout,
+    Update,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

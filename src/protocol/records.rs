@@ -205,6 +205,35 @@ pub struct RankRecord {
 }
 
 impl RankRecord {
+    /// Rank `rank`'s slot in generation `gen` of run `run_id` as rank 0 creates it before
+    /// anyone holds it: no holder, sequence 0, no barrier marks. The holder fills in its
+    /// identity and state (`RankRecord { state, host, ..RankRecord::vacant(…) }`).
+    pub fn vacant(run_id: &str, gen: u64, rank: u32) -> RankRecord {
+        RankRecord {
+            proto: PROTO,
+            run_id: run_id.to_string(),
+            gen,
+            rank,
+            host: String::new(),
+            pid: 0,
+            machine: String::new(),
+            pid_start: 0,
+            nonce: String::new(),
+            seq: 0,
+            state: NodeState::Vacant,
+            iteration: 0,
+            phase: None,
+            progress: None,
+            arrived: None,
+            released: None,
+            waiting_for: vec![],
+            observed_ms: vec![],
+            abort: None,
+            refused: None,
+            wall: String::new(),
+        }
+    }
+
     pub fn belongs_to(&self, run_id: &str, gen: u64, rank: u32) -> bool {
         self.proto == PROTO && self.run_id == run_id && self.gen == gen && self.rank == rank
     }
@@ -252,32 +281,15 @@ mod tests {
 
     fn rec(rank: u32, k: Option<u64>) -> RankRecord {
         RankRecord {
-            proto: PROTO,
-            run_id: "r".into(),
-            gen: 1,
-            rank,
-            host: "h".into(),
-            pid: 1,
-            machine: String::new(),
-            pid_start: 0,
-            nonce: "n".into(),
-            seq: 0,
             state: NodeState::Running,
             iteration: 1,
-            phase: None,
-            progress: None,
             arrived: k.map(|k| Mark {
                 k,
                 iteration: 1,
                 name: "b".into(),
                 payload: serde_json::Value::Null,
             }),
-            released: None,
-            waiting_for: vec![],
-            observed_ms: vec![],
-            abort: None,
-            refused: None,
-            wall: String::new(),
+            ..RankRecord::vacant("r", 1, rank)
         }
     }
 

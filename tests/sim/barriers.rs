@@ -38,7 +38,7 @@
 use super::{nodes_for, Violation};
 use rl_node::protocol::barrier::{Barrier, Mutation, Progress};
 use rl_node::protocol::liveness::Mutation as LivenessMutation;
-use rl_node::protocol::{Liveness, Mark, NodeState, RankRecord, PROTO};
+use rl_node::protocol::{Liveness, Mark, NodeState, RankRecord};
 use rl_node::rng::SplitMix64 as Rng;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
@@ -46,27 +46,10 @@ use std::time::Duration;
 
 fn record(rank: u32) -> RankRecord {
     RankRecord {
-        proto: PROTO,
-        run_id: "sim".into(),
-        gen: 1,
-        rank,
         host: format!("sim-{rank}"),
-        pid: 0,
-        machine: String::new(),
-        pid_start: 0,
-        nonce: String::new(),
-        seq: 0,
         state: NodeState::Running,
         iteration: 1,
-        phase: None,
-        progress: None,
-        arrived: None,
-        released: None,
-        waiting_for: vec![],
-        observed_ms: vec![],
-        abort: None,
-        refused: None,
-        wall: String::new(),
+        ..RankRecord::vacant("sim", 1, rank)
     }
 }
 
