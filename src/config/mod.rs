@@ -63,14 +63,7 @@ impl fmt::Display for Source {
 
 pub use crate::protocol::phase::RlPhase;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum RolloutSplit {
-    #[serde(rename = "")]
-    All,
-    TrainOnly,
-    EvalOnly,
-}
+pub use crate::protocol::walk::{walk_item, RolloutSplit};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -507,21 +500,6 @@ impl Config {
         let canonical = serde_json::to_string(&self.shared_view()).expect("json");
         hex::encode(&Sha256::digest(canonical.as_bytes())[..8])
     }
-}
-
-/// `Config::walk_item` for a phase walk and split.
-pub fn walk_item(rl_phase: RlPhase, split: RolloutSplit) -> String {
-    let split = match split {
-        RolloutSplit::All => "",
-        RolloutSplit::TrainOnly => "-train-only",
-        RolloutSplit::EvalOnly => "-eval-only",
-    };
-    let phase = match rl_phase {
-        RlPhase::Both => "both",
-        RlPhase::Rollout => "rollout",
-        RlPhase::Update => "update",
-    };
-    format!("iteration-complete:{phase}{split}")
 }
 
 /// The effective configuration and where each key came from.

@@ -19,14 +19,15 @@ pub mod supervisor;
 mod watchdog;
 mod work;
 
-use crate::config::{Config, Loaded, PhaseCommand, RolloutSplit, Template};
+use crate::config::{Config, Loaded, PhaseCommand, Template};
 use crate::exit;
 use crate::layout::Layout;
 use crate::logging;
 use crate::protocol::journal;
+use crate::protocol::walk::{self, Barrier as WalkBarrier, IterationWalk, Split, Step, WalkConfig};
 pub use crate::protocol::wall_now;
 use crate::protocol::{
-    phase::eval_due, AbortInfo, AbortKind, ClusterRecord, Liveness, NodeState, Phase, RankRecord,
+    AbortInfo, AbortKind, ClusterRecord, Liveness, NodeState, Phase, RankRecord,
 };
 use crate::store;
 #[cfg(test)]
@@ -152,7 +153,9 @@ pub(crate) struct Node {
     iteration: u64,
     phase: Option<Phase>,
     model: String,
-    eval_now: bool,
+    /// This rank's training outcome in the current iteration (`Some(why)`: failed),
+    /// gathered with `training-complete`.
+    train_outcome: Option<String>,
     /// Exits reaped but not yet claimed by the wait that expects them.
     exited: HashMap<i32, ChildExit>,
     /// What the current wait is waiting for, for "still waiting" lines.
@@ -279,7 +282,7 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
         iteration: 0,
         phase: None,
         model: cfg.cluster.model.clone(),
-        eval_now: false,
+        train_outcome: None,
         exited: HashMap::new(),
         waiting_note: String::new(),
         journal_note: None,
@@ -944,12 +947,11 @@ impl Node {
             self.iteration = iteration;
             self.train_failed.clear();
             let started = Instant::now();
-            for &phase in Phase::walk(self.cfg.cluster.rl_phase) {
-                self.enter(phase)?;
-                self.run_phase(phase)?;
+            let resume = self.cluster.as_ref().expect("joined").resume;
+            let mut walk = IterationWalk::new(self.walk_config(), iteration, resume);
+            while let Some(step) = walk.next_step() {
+                self.step(step, &mut walk)?;
             }
-            let walk = self.cfg.walk_item();
-            self.journal_item(&walk)?;
             self.info(&format!(
                 "iteration {iteration} complete in {:.2}s{}",
                 started.elapsed().as_secs_f64(),
@@ -1038,120 +1040,52 @@ impl Node {
         Ok(())
     }
 
-    fn run_phase(&mut self, phase: Phase) -> Result<(), Stop> {
-        let split = self.cfg.cluster.rollout_split;
+    /// What this node's walk of an iteration depends on.
+    fn walk_config(&self) -> WalkConfig {
+        WalkConfig {
+            rl_phase: self.cfg.cluster.rl_phase,
+            split: self.cfg.cluster.rollout_split,
+            rank_0: self.is_master(),
+            prepare: self.cfg.phases.prepare.is_set(),
+            iterations: self.cfg.cluster.iterations,
+        }
+    }
+
+    /// Perform one step of the iteration's walk (`protocol::walk`), feeding the walk the
+    /// decisions its barriers release.
+    fn step(&mut self, step: Step, walk: &mut IterationWalk) -> Result<(), Stop> {
         let cfg = self.cfg.clone();
         let none = |_: &[Value]| Value::Null;
-        match phase {
-            Phase::SyncStart => {
+        match step {
+            Step::Enter(phase) => self.enter(phase)?,
+            Step::Barrier(b @ WalkBarrier::SyncStart) => {
                 // Every node plans the iteration itself; rank 0's plan travels with the
                 // release and a worker whose plan differs stops.
                 let mine = self.plan_fingerprints();
-                let theirs = self.barrier(phase.name(), Value::Null, |_| mine.clone())?;
+                let theirs = self.barrier(b.name(), Value::Null, |_| mine.clone())?;
                 if !self.is_master() {
                     self.check_plans(&theirs)?;
                 }
             }
-            Phase::RolloutComplete
-            | Phase::FilesReady
-            | Phase::TrainingReady
-            | Phase::FinalSync => {
-                self.barrier(phase.name(), Value::Null, none)?;
-            }
-            Phase::TrainRollout => {
-                if split != RolloutSplit::EvalOnly {
-                    self.once(journal::item::ROLLOUT_TRAIN, |n| {
-                        n.any_rollout("train", "rollout", &cfg.phases.rollout)
-                    })?;
-                    self.open_gate("train", &cfg.phases.rollout);
-                }
-            }
-            Phase::AggregateTrain => {
-                if self.is_master() && split != RolloutSplit::EvalOnly {
-                    self.once(journal::item::AGGREGATE_TRAIN, |n| {
-                        n.any_aggregate("train", cfg.phases.rollout.is_set())
-                    })?;
-                }
-            }
-            Phase::EvalDecision => {
-                let iteration = self.iteration;
+            Step::Barrier(b @ WalkBarrier::EvalDecision) => {
+                let (split, iteration) = (cfg.cluster.rollout_split, self.iteration);
                 let interval = cfg.cluster.eval_interval;
-                let decision = self.barrier(phase.name(), Value::Null, |_| {
-                    let eval = match split {
-                        RolloutSplit::EvalOnly => true,
-                        RolloutSplit::TrainOnly => false,
-                        RolloutSplit::All => eval_due(iteration, interval),
-                    };
-                    json!({ "eval": eval })
-                })?;
-                self.eval_now = decision["eval"].as_bool().unwrap_or(false);
+                let decision = self.barrier(
+                    b.name(),
+                    Value::Null,
+                    |_| json!({ "eval": walk::eval_decision(split, iteration, interval) }),
+                )?;
+                walk.eval_decided(decision["eval"].as_bool().unwrap_or(false));
             }
-            Phase::Eval => {
-                if self.eval_now {
-                    self.once(journal::item::ROLLOUT_EVAL, |n| {
-                        n.any_rollout("eval", "eval", &cfg.phases.eval)
-                    })?;
-                    self.open_gate("eval", &cfg.phases.eval);
-                    self.barrier("eval-complete", Value::Null, none)?;
-                    if self.is_master() {
-                        self.once(journal::item::AGGREGATE_EVAL, |n| {
-                            n.any_aggregate("eval", cfg.phases.eval.is_set())
-                        })?;
-                    }
-                }
-            }
-            Phase::StopServer => self.stop_server()?,
-            Phase::RestartServer => {
-                // After the last planned iteration the node stops the server at once:
-                // starting it on the new checkpoint only to stop it would waste minutes
-                // of a real model's load time.
-                let last = self.cfg.cluster.iterations;
-                if last > 0 && self.iteration >= last {
-                    if !self.cfg.server.command.trim().is_empty() {
-                        self.info("last iteration: the server is not restarted");
-                    }
-                } else {
-                    self.start_server()?
-                }
-            }
-            Phase::PrepareData => {
-                if self.is_master() && cfg.phases.prepare.is_set() {
-                    self.once(journal::item::PREPARE, |n| n.prepare(&cfg.phases.prepare))?;
-                }
-            }
-            Phase::Training => {
-                // All-or-nothing across ranks: skipped only when every rank journaled it
-                // (rank 0 found that in the journals when the generation started), be it
-                // done or failed (`on-failure = "keep-model"`).
-                let resume = self.cluster.as_ref().expect("joined").resume;
-                let it = self.iteration;
-                let failed = if resume.train_done && resume.iteration == it {
-                    let failed = journal::latest_train(&self.journal, self.run_id(), it)
-                        .and_then(|e| e.failed.clone());
-                    self.info(&format!(
-                        "iteration {it}: training completed on every rank before the restart; not redone{}",
-                        failed
-                            .as_ref()
-                            .map(|f| format!(" (it failed on this rank: {f})"))
-                            .unwrap_or_default()
-                    ));
-                    failed
-                } else {
-                    let failed = if cfg.phases.train.is_set() {
-                        let out = self.layout.train_output(it, self.gen());
-                        self.train(&out)?
-                    } else {
-                        None
-                    };
-                    self.journal_train(failed.clone())?;
-                    failed
-                };
+            Step::Barrier(b @ WalkBarrier::TrainingComplete) => {
                 // Each rank says whether its training failed; rank 0's release lists the
                 // ranks where it did, so every rank knows whether a model is handed off.
-                let gather = failed
+                let gather = self
+                    .train_outcome
+                    .take()
                     .map(|why| json!({ "failed": why }))
                     .unwrap_or(Value::Null);
-                let released = self.barrier("training-complete", gather, |arrivals| {
+                let released = self.barrier(b.name(), gather, |arrivals| {
                     let failed: Vec<Value> = arrivals
                         .iter()
                         .enumerate()
@@ -1179,25 +1113,84 @@ impl Node {
                     .unwrap_or_default();
                 if !self.train_failed.is_empty() {
                     let summary = self.train_failure_summary();
-                    self.warn(&format!("iteration {it}: {summary}"));
+                    self.warn(&format!("iteration {}: {summary}", self.iteration));
                 }
+                walk.training_released(!self.train_failed.is_empty());
             }
-            Phase::Handoff => {
-                if self.is_master() && !self.train_failed.is_empty() {
-                    // Nothing trained to hand off: the model stays, LATEST is unchanged.
-                    self.skip_handoff()?;
-                } else if self.is_master() {
-                    self.once(journal::item::HANDOFF, |n| n.handoff())?;
-                }
+            Step::Barrier(b @ WalkBarrier::HandoffComplete) => {
                 let model = self.model.clone();
-                let b = self.barrier(
-                    "handoff-complete",
-                    Value::Null,
-                    |_| json!({ "model": model }),
-                )?;
+                let b = self.barrier(b.name(), Value::Null, |_| json!({ "model": model }))?;
                 if let Some(m) = b["model"].as_str() {
                     self.model = m.to_string();
                 }
+            }
+            Step::Barrier(b) => {
+                self.barrier(b.name(), Value::Null, none)?;
+            }
+            Step::Rollout(Split::Train) => {
+                self.once(journal::item::ROLLOUT_TRAIN, |n| {
+                    n.any_rollout("train", "rollout", &cfg.phases.rollout)
+                })?;
+                self.open_gate("train", &cfg.phases.rollout);
+            }
+            Step::Rollout(Split::Eval) => {
+                self.once(journal::item::ROLLOUT_EVAL, |n| {
+                    n.any_rollout("eval", "eval", &cfg.phases.eval)
+                })?;
+                self.open_gate("eval", &cfg.phases.eval);
+            }
+            Step::Aggregate(Split::Train) => {
+                self.once(journal::item::AGGREGATE_TRAIN, |n| {
+                    n.any_aggregate("train", cfg.phases.rollout.is_set())
+                })?;
+            }
+            Step::Aggregate(Split::Eval) => {
+                self.once(journal::item::AGGREGATE_EVAL, |n| {
+                    n.any_aggregate("eval", cfg.phases.eval.is_set())
+                })?;
+            }
+            Step::StopServer => self.stop_server()?,
+            Step::Prepare => {
+                self.once(journal::item::PREPARE, |n| n.prepare(&cfg.phases.prepare))?;
+            }
+            Step::Train { reuse: true } => {
+                let it = self.iteration;
+                let failed = journal::latest_train(&self.journal, self.run_id(), it)
+                    .and_then(|e| e.failed.clone());
+                self.info(&format!(
+                    "iteration {it}: training completed on every rank before the restart; not redone{}",
+                    failed
+                        .as_ref()
+                        .map(|f| format!(" (it failed on this rank: {f})"))
+                        .unwrap_or_default()
+                ));
+                self.train_outcome = failed;
+            }
+            Step::Train { reuse: false } => {
+                let failed = if cfg.phases.train.is_set() {
+                    let out = self.layout.train_output(self.iteration, self.gen());
+                    self.train(&out)?
+                } else {
+                    None
+                };
+                self.journal_train(failed.clone())?;
+                self.train_outcome = failed;
+            }
+            // Nothing trained to hand off: the model stays, LATEST is unchanged.
+            Step::SkipHandoff => self.skip_handoff()?,
+            Step::Handoff => self.once(journal::item::HANDOFF, |n| n.handoff())?,
+            Step::RestartServer { last: true } => {
+                // After the last planned iteration the node stops the server at once:
+                // starting it on the new checkpoint only to stop it would waste minutes
+                // of a real model's load time.
+                if !self.cfg.server.command.trim().is_empty() {
+                    self.info("last iteration: the server is not restarted");
+                }
+            }
+            Step::RestartServer { last: false } => self.start_server()?,
+            Step::Complete => {
+                let item = self.cfg.walk_item();
+                self.journal_item(&item)?;
             }
         }
         Ok(())

@@ -8,6 +8,7 @@ pub mod journal;
 pub mod liveness;
 pub mod phase;
 pub mod records;
+pub mod walk;
 
 pub use liveness::Liveness;
 pub use phase::Phase;

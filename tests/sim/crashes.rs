@@ -1,18 +1,17 @@
 //! Crashes, restarts, generations and fencing.
 //!
-//! N ranks walk I iterations of the loop's committing steps: each rank's rollout shard,
-//! rank 0's merge, every rank's training (all-or-nothing across ranks), rank 0's
-//! hand-off (checkpoint, then `LATEST`), and each rank's end of iteration, with the
-//! walk's barriers between them. A step that commits runs its command for a few ticks,
-//! then checks the fence, commits its output, and appends to its rank's journal, as
-//! `Node::once` does.
+//! N ranks walk I iterations of the node's own walk (`protocol::walk::IterationWalk`: the
+//! 14 phases with their barriers and sub-barriers, rank 0's merges, prepare and hand-off,
+//! the eval rollout on the iterations the eval decision picks). A step that commits runs
+//! its command for a few ticks, then checks the fence, commits its output, and appends
+//! to its rank's journal, as `Node::once` does. Server steps take no time here.
 //!
 //! The decisions are the core's own, on what the simulated directory holds:
 //! - the journals are parsed by `protocol::journal::parse_lines`, torn last lines
 //!   included, and set aside as `state::repair_tail` does;
 //! - where a restarted cluster begins is `protocol::journal::resume_point`;
-//! - which work a rank skips is `journal::has`, and whether training is redone is the
-//!   resume point's `train_done`;
+//! - which steps a rank takes, and whether training is redone, is the walk's; which
+//!   work it skips is `journal::has` of the step's item;
 //! - whether a node may still commit is `protocol::fence::check`, on the true
 //!   `cluster.json` (the fence opens the file: close-to-open consistency).
 //!
@@ -29,16 +28,19 @@
 //!   attempts), and never twice;
 //! - no generation trains an iteration every rank had journaled as trained when it began;
 //! - `LATEST` names a committed checkpoint;
-//! - the merge finds every rank's shard, the hand-off every rank's training output;
+//! - the merge finds every rank's shard, prepare the merged data, training the prepared
+//!   data, and the hand-off every rank's training output;
 //!
 //! and at the end: the run completed every iteration within a bound (one generation's
-//! worth of ticks per failure), and every
-//! iteration's merged data, training outputs, checkpoint and `LATEST` equal those of an
-//! uninterrupted run: nothing lost, nothing done twice.
+//! worth of ticks per failure), and every iteration's merged train and eval data,
+//! checkpoint and `LATEST` equal those of an uninterrupted run: nothing lost, nothing
+//! done twice.
 
 use super::{nodes_for, Violation};
 use rl_node::protocol::fence::{self, Seen};
 use rl_node::protocol::journal::{self, item, Entry, Lines, Tail};
+use rl_node::protocol::phase::RlPhase;
+use rl_node::protocol::walk::{self, Barrier, IterationWalk, RolloutSplit, Step, WalkConfig};
 use rl_node::protocol::{ClusterRecord, PROTO};
 use rl_node::rng::SplitMix64 as Rng;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -53,43 +55,15 @@ pub struct Mutations {
     pub resume: Option<journal::Mutation>,
 }
 
-/// The committing steps of one iteration and the barriers between them, in walk order.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Step {
-    Rollout,
-    Barrier(&'static str),
-    Aggregate,
-    Train,
-    Handoff,
-    Complete,
-}
+/// Steps a node takes per iteration, about: for the run's time bound.
+const STEPS_PER_ITERATION: u64 = 40;
 
-const WALK_STEPS: [Step; 9] = [
-    Step::Rollout,
-    Step::Barrier("rollout-complete"),
-    Step::Aggregate,
-    Step::Barrier("files-ready"),
-    Step::Train,
-    Step::Barrier("training"),
-    Step::Handoff,
-    Step::Barrier("final-sync"),
-    Step::Complete,
-];
-
-impl Step {
-    fn item(self) -> &'static str {
-        match self {
-            Step::Rollout => item::ROLLOUT_TRAIN,
-            Step::Aggregate => item::AGGREGATE_TRAIN,
-            Step::Train => item::TRAIN,
-            Step::Handoff => item::HANDOFF,
-            Step::Complete => WALK,
-            Step::Barrier(_) => unreachable!("barriers are not journaled"),
-        }
-    }
-
-    fn rank_0_only(self) -> bool {
-        matches!(self, Step::Aggregate | Step::Handoff)
+/// The journal item a committing step appends.
+fn item_of(step: Step) -> &'static str {
+    match step {
+        Step::Train { .. } => item::TRAIN,
+        Step::Complete => WALK,
+        s => s.once_item().expect("a committing step"),
     }
 }
 
@@ -121,10 +95,17 @@ struct Proc {
     gen: u64,
     journal: Vec<Entry>,
     resume: journal::Resume,
-    iteration: u64,
-    step: usize,
+    walk: IterationWalk,
+    /// The step under way (`None`: ask the walk for the next).
+    step: Option<Step>,
     sub: Sub,
     life: Life,
+}
+
+impl Proc {
+    fn iteration(&self) -> u64 {
+        self.walk.iteration()
+    }
 }
 
 /// A file an attempt wrote: the generation and rank that wrote it, and its content.
@@ -142,8 +123,10 @@ struct Disk {
     /// `cluster.json`'s generation.
     gen: u64,
     journals: Vec<String>,
-    shards: BTreeMap<(u64, u32), Output>,
-    merged: BTreeMap<u64, Output>,
+    /// Rollout shards by (split, iteration, rank); merged files by (split, iteration).
+    shards: BTreeMap<(&'static str, u64, u32), Output>,
+    merged: BTreeMap<(&'static str, u64), Output>,
+    prepared: BTreeMap<u64, Output>,
     trained: BTreeMap<(u64, u32), Output>,
     checkpoints: BTreeMap<u64, Output>,
     latest: Option<u64>,
@@ -159,14 +142,17 @@ fn mix(a: u64, b: u64) -> u64 {
 }
 
 /// What an uninterrupted run commits.
-fn shard_content(it: u64, rank: u32) -> u64 {
-    mix(it, rank as u64)
+fn shard_content(split: &str, it: u64, rank: u32) -> u64 {
+    mix(mix(it, rank as u64), split.len() as u64)
 }
 fn merged_content(shards: impl Iterator<Item = u64>) -> u64 {
     shards.fold(0, mix)
 }
-fn trained_content(merged: u64, rank: u32) -> u64 {
-    mix(merged, 1000 + rank as u64)
+fn prepared_content(merged: u64) -> u64 {
+    mix(merged, 99)
+}
+fn trained_content(prepared: u64, rank: u32) -> u64 {
+    mix(prepared, 1000 + rank as u64)
 }
 fn checkpoint_content(trained: impl Iterator<Item = u64>) -> u64 {
     trained.fold(7, mix)
@@ -221,6 +207,8 @@ struct Sim {
     restart_at: Option<u64>,
     /// One command in this many fails (0: none), drawn per seed.
     fail_one_in: u64,
+    /// `cluster.eval-interval`, drawn per seed (0: never).
+    eval_interval: u64,
     /// The iterations every rank had journaled training for when each generation began.
     trained_at_start: BTreeMap<u64, BTreeSet<u64>>,
     trace: VecDeque<String>,
@@ -232,10 +220,11 @@ impl Sim {
         let mut rng = Rng::new(seed ^ 0xC0A5_7E57);
         let iterations = 2 + rng.below(3);
         // About (n + 4) ticks per step of every rank: spread the kills over the run.
-        let length = iterations * WALK_STEPS.len() as u64 * (n as u64 * 4 + 8);
+        let length = iterations * STEPS_PER_ITERATION * (n as u64 * 2 + 4);
         let mut kills_at: Vec<u64> = (0..rng.below(4)).map(|_| rng.below(length)).collect();
         kills_at.sort_unstable();
         let fail_one_in = [0, 400, 100, 40][rng.below(4) as usize];
+        let eval_interval = rng.below(3);
         let mut sim = Sim {
             seed,
             n,
@@ -251,6 +240,7 @@ impl Sim {
             kills_at,
             restart_at: None,
             fail_one_in,
+            eval_interval,
             trained_at_start: BTreeMap::new(),
             trace: VecDeque::new(),
             s: Summary {
@@ -324,13 +314,14 @@ impl Sim {
             return false;
         }
         for (r, journal) in journals.into_iter().enumerate() {
+            let walk = IterationWalk::new(self.walk_config(r as u32), resume.iteration, resume);
             self.procs.push(Proc {
                 rank: r as u32,
                 gen,
                 journal,
                 resume,
-                iteration: resume.iteration,
-                step: 0,
+                walk,
+                step: None,
                 sub: Sub::Start,
                 life: Life::Running,
             });
@@ -387,8 +378,18 @@ impl Sim {
         self.s.kills += 1;
     }
 
-    fn step_of(&self, i: usize) -> Step {
-        WALK_STEPS[self.procs[i].step]
+    fn step_of(&self, i: usize) -> Option<Step> {
+        self.procs[i].step
+    }
+
+    fn walk_config(&self, rank: u32) -> WalkConfig {
+        WalkConfig {
+            rl_phase: RlPhase::Both,
+            split: RolloutSplit::All,
+            rank_0: rank == 0,
+            prepare: true,
+            iterations: self.iterations,
+        }
     }
 
     fn journal_line(&self, i: usize) -> String {
@@ -397,8 +398,8 @@ impl Sim {
             run_id: RUN.into(),
             gen: p.gen,
             rank: p.rank,
-            iteration: p.iteration,
-            item: self.step_of(i).item().into(),
+            iteration: p.iteration(),
+            item: item_of(self.step_of(i).expect("a step under way")).into(),
             at: String::new(),
             note: None,
             failed: None,
@@ -410,7 +411,7 @@ impl Sim {
         // Each generation walks every iteration at most once, with time to notice a
         // failure, restart and wake frozen nodes; every failure may cost one generation.
         let n = self.n as u64;
-        let generation = self.iterations * WALK_STEPS.len() as u64 * (n * 12 + 60)
+        let generation = self.iterations * STEPS_PER_ITERATION * (n * 6 + 30)
             + (8 * n + 20)
             + 50
             + (40 * n + 600);
@@ -571,48 +572,71 @@ impl Sim {
     }
 
     fn advance(&mut self, i: usize) -> Result<(), Violation> {
-        let step = self.step_of(i);
-        let (rank, gen, it) = (
-            self.procs[i].rank,
-            self.procs[i].gen,
-            self.procs[i].iteration,
-        );
-        if let Step::Barrier(name) = step {
-            let n = self.n;
-            let arrived = self
-                .disk
-                .arrived
-                .entry((gen, it, name))
-                .or_insert_with(|| vec![false; n]);
-            arrived[rank as usize] = true;
-            if arrived.iter().all(|a| *a) {
-                self.next_step(i);
+        let (rank, gen) = (self.procs[i].rank, self.procs[i].gen);
+        let it = self.procs[i].iteration();
+        let step = match self.procs[i].step {
+            Some(step) => step,
+            None => match self.procs[i].walk.next_step() {
+                Some(step) => {
+                    self.procs[i].step = Some(step);
+                    step
+                }
+                None => {
+                    self.next_iteration(i);
+                    return Ok(());
+                }
+            },
+        };
+        match step {
+            // Entering a phase and the server's steps take no time here.
+            Step::Enter(_) | Step::StopServer | Step::RestartServer { .. } => {
+                self.procs[i].step = None;
+                return Ok(());
             }
-            return Ok(());
-        }
-        if step.rank_0_only() && rank != 0 {
-            self.next_step(i);
-            return Ok(());
+            Step::Barrier(b) => {
+                let n = self.n;
+                let arrived = self
+                    .disk
+                    .arrived
+                    .entry((gen, it, b.name()))
+                    .or_insert_with(|| vec![false; n]);
+                arrived[rank as usize] = true;
+                if arrived.iter().all(|a| *a) {
+                    // What rank 0 broadcasts with the release.
+                    let interval = self.eval_interval;
+                    let walk = &mut self.procs[i].walk;
+                    match b {
+                        Barrier::EvalDecision => {
+                            walk.eval_decided(walk::eval_decision(RolloutSplit::All, it, interval))
+                        }
+                        Barrier::TrainingComplete => walk.training_released(false),
+                        _ => {}
+                    }
+                    self.procs[i].step = None;
+                }
+                return Ok(());
+            }
+            _ => {}
         }
         match self.procs[i].sub {
             Sub::Start => {
                 let p = &self.procs[i];
                 let skip = match step {
-                    // Training is all-or-nothing: redone unless every rank journaled it.
-                    Step::Train => p.iteration == p.resume.iteration && p.resume.train_done,
-                    _ => journal::has(&p.journal, RUN, it, step.item()),
+                    Step::Train { reuse } => reuse,
+                    // `Node::once`, and `journal_item` for the completion.
+                    s => journal::has(&p.journal, RUN, it, item_of(s)),
                 };
                 if skip {
                     self.note(format!(
                         "rank {rank} reuses {} of iteration {it}",
-                        step.item()
+                        item_of(step)
                     ));
-                    self.next_step(i);
+                    self.procs[i].step = None;
                     return Ok(());
                 }
                 // Training is a gang (torchrun): a generation redoes it together, and must
                 // not redo an iteration every rank had journaled as trained when it began.
-                if step == Step::Train
+                if matches!(step, Step::Train { .. })
                     && self
                         .trained_at_start
                         .get(&gen)
@@ -634,7 +658,7 @@ impl Sim {
                     self.s.failed_commands += 1;
                     self.note(format!(
                         "rank {rank}'s {} command of iteration {it} fails",
-                        step.item()
+                        item_of(step)
                     ));
                     self.procs[i].life = Life::Stopped;
                     if gen == self.disk.gen {
@@ -645,7 +669,7 @@ impl Sim {
                 self.procs[i].sub = Sub::Commit;
             }
             Sub::Commit => {
-                if !self.fence(i, &format!("commit {} of iteration {it}", step.item()))? {
+                if !self.fence(i, &format!("commit {} of iteration {it}", item_of(step)))? {
                     return Ok(());
                 }
                 self.commit(i, step)?;
@@ -664,12 +688,13 @@ impl Sim {
                 self.procs[i].sub = Sub::Journal;
             }
             Sub::Journal => {
-                let item = step.item();
+                let item = item_of(step);
                 if !self.fence(i, &format!("journal {item} of iteration {it}"))? {
                     return Ok(());
                 }
                 self.journal_append(i, step)?;
-                self.next_step(i);
+                self.procs[i].step = None;
+                self.procs[i].sub = Sub::Start;
             }
         }
         Ok(())
@@ -678,51 +703,58 @@ impl Sim {
     /// Commit process `i`'s output of `step`, as the node does: an earlier attempt's
     /// output (committed, not journaled) is set aside first, never replaced or merged.
     fn commit(&mut self, i: usize, step: Step) -> Result<(), Violation> {
-        let (rank, gen, it) = (
-            self.procs[i].rank,
-            self.procs[i].gen,
-            self.procs[i].iteration,
-        );
+        let (rank, gen) = (self.procs[i].rank, self.procs[i].gen);
+        let it = self.procs[i].iteration();
         let out = |content| Output { gen, rank, content };
         let n = self.n as u32;
         match step {
-            Step::Rollout => {
-                if self.disk.shards.remove(&(it, rank)).is_some() {
+            Step::Rollout(split) => {
+                let key = (split.name(), it, rank);
+                if self.disk.shards.remove(&key).is_some() {
                     self.disk.set_aside += 1;
                 }
-                self.disk
-                    .shards
-                    .insert((it, rank), out(shard_content(it, rank)));
+                let content = shard_content(split.name(), it, rank);
+                self.disk.shards.insert(key, out(content));
             }
-            Step::Aggregate => {
+            Step::Aggregate(split) => {
                 let mut parts = Vec::new();
                 for r in 0..n {
-                    match self.disk.shards.get(&(it, r)) {
+                    match self.disk.shards.get(&(split.name(), it, r)) {
                         Some(o) => parts.push(o.content),
-                        None => {
-                            return Err(self.violation(format!(
-                                "rank 0 merges iteration {it} without rank {r}'s shard"
-                            )))
-                        }
+                        None => return Err(self.violation(format!(
+                            "rank 0 merges the {} split of iteration {it} without rank {r}'s shard",
+                            split.name()
+                        ))),
                     }
                 }
-                if self.disk.merged.remove(&it).is_some() {
+                if self.disk.merged.remove(&(split.name(), it)).is_some() {
+                    self.disk.set_aside += 1;
+                }
+                let content = merged_content(parts.into_iter());
+                self.disk.merged.insert((split.name(), it), out(content));
+            }
+            Step::Prepare => {
+                let Some(m) = self.disk.merged.get(&("train", it)).copied() else {
+                    return Err(self.violation(format!(
+                        "rank 0 prepares iteration {it} with no merged training data"
+                    )));
+                };
+                if self.disk.prepared.remove(&it).is_some() {
                     self.disk.set_aside += 1;
                 }
                 self.disk
-                    .merged
-                    .insert(it, out(merged_content(parts.into_iter())));
+                    .prepared
+                    .insert(it, out(prepared_content(m.content)));
             }
-            Step::Train => {
-                let Some(m) = self.disk.merged.get(&it).copied() else {
+            Step::Train { .. } => {
+                let Some(p) = self.disk.prepared.get(&it).copied() else {
                     return Err(self.violation(format!(
-                        "rank {rank} trains iteration {it} with no merged data"
+                        "rank {rank} trains iteration {it} with no prepared data"
                     )));
                 };
                 // A training's output directory is its generation's own.
-                self.disk
-                    .trained
-                    .insert((it, rank), out(trained_content(m.content, rank)));
+                let content = trained_content(p.content, rank);
+                self.disk.trained.insert((it, rank), out(content));
             }
             Step::Handoff => {
                 let mut parts = Vec::new();
@@ -739,15 +771,14 @@ impl Sim {
                 if self.disk.checkpoints.remove(&it).is_some() {
                     self.disk.set_aside += 1;
                 }
-                self.disk
-                    .checkpoints
-                    .insert(it, out(checkpoint_content(parts.into_iter())));
+                let content = checkpoint_content(parts.into_iter());
+                self.disk.checkpoints.insert(it, out(content));
             }
-            Step::Complete | Step::Barrier(_) => unreachable!(),
+            other => unreachable!("{other:?} commits nothing"),
         }
         self.note(format!(
             "rank {rank} of generation {gen} commits {} of iteration {it}",
-            step.item()
+            item_of(step)
         ));
         Ok(())
     }
@@ -758,12 +789,12 @@ impl Sim {
         let (rank, gen, it) = (
             self.procs[i].rank,
             self.procs[i].gen,
-            self.procs[i].iteration,
+            self.procs[i].iteration(),
         );
-        let item = step.item();
+        let item = item_of(step);
         let on_disk = journal::parse(&self.disk.journals[rank as usize]);
         if journal::has(&on_disk, RUN, it, item) {
-            if step == Step::Train {
+            if matches!(step, Step::Train { .. }) {
                 // A redo of training that succeeded like the attempt before it leaves the
                 // journal as it was (`journal_train`).
                 return Ok(());
@@ -773,9 +804,10 @@ impl Sim {
             )));
         }
         let own = match step {
-            Step::Rollout => self.disk.shards.get(&(it, rank)),
-            Step::Aggregate => self.disk.merged.get(&it),
-            Step::Train => self.disk.trained.get(&(it, rank)),
+            Step::Rollout(split) => self.disk.shards.get(&(split.name(), it, rank)),
+            Step::Aggregate(split) => self.disk.merged.get(&(split.name(), it)),
+            Step::Prepare => self.disk.prepared.get(&it),
+            Step::Train { .. } => self.disk.trained.get(&(it, rank)),
             Step::Handoff => self.disk.checkpoints.get(&it),
             _ => None,
         };
@@ -791,33 +823,34 @@ impl Sim {
         Ok(())
     }
 
-    fn next_step(&mut self, i: usize) {
-        let p = &mut self.procs[i];
-        p.sub = Sub::Start;
-        p.step += 1;
-        if p.step == WALK_STEPS.len() {
-            p.step = 0;
-            p.iteration += 1;
-            if p.iteration > self.iterations {
-                p.life = Life::Done;
-                p.step = WALK_STEPS.len() - 1;
-            }
+    /// The walk of the current iteration is complete: on to the next, or done.
+    fn next_iteration(&mut self, i: usize) {
+        let next = self.procs[i].iteration() + 1;
+        if next > self.iterations {
+            self.procs[i].life = Life::Done;
+            return;
         }
+        let cfg = self.walk_config(self.procs[i].rank);
+        let resume = self.procs[i].resume;
+        self.procs[i].walk = IterationWalk::new(cfg, next, resume);
     }
 
     /// The end: what was committed equals what an uninterrupted run commits.
     fn finish(mut self) -> Result<Summary, Violation> {
         let n = self.n as u32;
         for it in 1..=self.iterations {
-            let shards: Vec<u64> = (0..n).map(|r| shard_content(it, r)).collect();
-            let merged = merged_content(shards.iter().copied());
-            let trained: Vec<u64> = (0..n).map(|r| trained_content(merged, r)).collect();
+            let merged = |split| merged_content((0..n).map(|r| shard_content(split, it, r)));
+            let prepared = prepared_content(merged("train"));
+            let trained: Vec<u64> = (0..n).map(|r| trained_content(prepared, r)).collect();
             let checkpoint = checkpoint_content(trained.iter().copied());
-            let got = self.disk.merged.get(&it).map(|o| o.content);
-            if got != Some(merged) {
-                return Err(self.violation(format!(
-                    "iteration {it}'s merged data is {got:?}, not what an uninterrupted run merges"
-                )));
+            let eval = walk::eval_decision(RolloutSplit::All, it, self.eval_interval);
+            for (split, due) in [("train", true), ("eval", eval)] {
+                let got = self.disk.merged.get(&(split, it)).map(|o| o.content);
+                if got != due.then(|| merged(split)) {
+                    return Err(self.violation(format!(
+                        "iteration {it}'s merged {split} data is {got:?}, not what an uninterrupted run merges"
+                    )));
+                }
             }
             let got = self.disk.checkpoints.get(&it).map(|o| o.content);
             if got != Some(checkpoint) {
