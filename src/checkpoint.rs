@@ -112,8 +112,11 @@ pub(crate) fn crash_point(point: &str) {
         crate::errln!("RL_NODE_TEST_STOP_AT={point}: stopping (SIGSTOP), once");
         let node = crate::holder::node_process();
         if node != std::process::id() {
+            // SAFETY: kill takes only integers and touches no memory of this process.
             unsafe { libc::kill(node as i32, libc::SIGSTOP) };
         }
+        // SAFETY: raise takes only a signal number; SIGSTOP runs no handler in this
+        // process.
         unsafe { libc::raise(libc::SIGSTOP) };
     }
 }

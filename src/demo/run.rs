@@ -412,6 +412,8 @@ fn spawn_node(p: &Plan, rank: u32) -> io::Result<NodeProc> {
     .stderr(f)
     // Own process group: Ctrl-C reaches the demo, which forwards it once.
     .process_group(0);
+    // SAFETY: the closure runs in the forked child before exec and makes one prctl system
+    // call, which is async-signal-safe (it neither allocates nor locks).
     unsafe {
         cmd.pre_exec(|| {
             // If the demo dies, its nodes stop too.
@@ -482,6 +484,7 @@ struct View {
 impl View {
     fn new() -> View {
         View {
+            // SAFETY: isatty takes only an fd number.
             tty: unsafe { libc::isatty(1) == 1 },
             drawn: 0,
             last_compact: String::new(),
@@ -535,7 +538,9 @@ impl View {
 }
 
 fn terminal_width() -> usize {
+    // SAFETY: winsize is four u16s, for which all zero bytes is a valid value.
     let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: TIOCGWINSZ writes a winsize into `ws`, a live local of that type.
     if unsafe { libc::ioctl(1, libc::TIOCGWINSZ, &mut ws) } == 0 && ws.ws_col > 0 {
         ws.ws_col as usize
     } else {
@@ -802,6 +807,8 @@ impl Demo {
                 interrupted = true;
                 let sig = self.last_signal.load(Ordering::SeqCst) as i32;
                 for n in nodes.iter().filter(|n| n.code.is_none()) {
+                    // SAFETY: kill takes only integers; the child is not reaped yet (no
+                    // exit code), so the pid is still its own.
                     unsafe { libc::kill(n.child.id() as i32, sig) };
                 }
                 self.say(&format!(
@@ -868,6 +875,8 @@ impl Demo {
                     .iter()
                     .filter(|n| n.code.is_none())
                     .map(|n| {
+                        // SAFETY: kill takes only integers; the child is not reaped yet (no
+                        // exit code), so the pid is still its own.
                         unsafe { libc::kill(n.child.id() as i32, libc::SIGTERM) };
                         format!("rank {}", n.rank)
                     })

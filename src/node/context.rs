@@ -97,7 +97,9 @@ fn list_gpus() -> Option<u32> {
 pub fn first_ip_address() -> Option<String> {
     use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
     let mut found: Vec<IpAddr> = Vec::new();
-    // SAFETY: getifaddrs fills a list that is read here and freed once.
+    // SAFETY: getifaddrs fills a list that is read here and freed once: each node and its
+    // address are read only when non-null and before the free, and an address is read as a
+    // sockaddr_in or sockaddr_in6 only when its sa_family says that is what it is.
     unsafe {
         let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
         if libc::getifaddrs(&mut head) != 0 {

@@ -57,10 +57,13 @@ pub struct Proc {
 impl Proc {
     /// Pin `pid`; None if it is already gone.
     pub(crate) fn open(pid: i32) -> Option<Proc> {
+        // SAFETY: pidfd_open takes a pid and flags (integers) and returns a new fd or -1.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
         if fd >= 0 {
             return Some(Proc {
                 pid,
+                // SAFETY: `fd` was just returned by pidfd_open, so it is open and owned by
+                // nothing else.
                 fd: Some(unsafe { OwnedFd::from_raw_fd(fd as i32) }),
             });
         }
@@ -80,9 +83,13 @@ impl Proc {
                     events: libc::POLLIN,
                     revents: 0,
                 };
+                // SAFETY: `p` is a live pollfd and the count is 1; its fd is owned by
+                // `self.fd`, so it is open.
                 unsafe { libc::poll(&mut p, 1, 0) != 0 }
             }
             None => {
+                // SAFETY: kill with signal 0 only checks that the process exists; it takes
+                // integers only.
                 let gone = unsafe { libc::kill(self.pid, 0) != 0 };
                 gone || std::fs::read_to_string(format!("/proc/{}/stat", self.pid))
                     .ok()
@@ -92,6 +99,9 @@ impl Proc {
     }
 
     pub(crate) fn signal(&self, sig: i32) {
+        // SAFETY: pidfd_send_signal gets an fd owned by `self.fd` (so open), a signal
+        // number and a null siginfo, which the kernel allows (the signal is sent as kill(2)
+        // would); kill takes integers only.
         unsafe {
             match &self.fd {
                 Some(fd) => {
@@ -136,6 +146,7 @@ enum Children {
 impl Children {
     fn new() -> Children {
         let me = std::process::id();
+        // SAFETY: gettid takes no arguments and cannot fail.
         let tid = unsafe { libc::syscall(libc::SYS_gettid) };
         if std::path::Path::new(&format!("/proc/{me}/task/{tid}/children")).exists() {
             return Children::Files;

@@ -241,6 +241,8 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
         crate::holder::set_node_process(link.parent);
         // This process is in a process group of its own, in the background of a terminal:
         // with `stty tostop`, its first line to the terminal would stop it silently.
+        // SAFETY: signal() with SIG_IGN installs no handler code; the arguments are
+        // integers.
         unsafe { libc::signal(libc::SIGTTOU, libc::SIG_IGN) };
     }
     // Before any thread exists, which then inherit it: see `start_signal_thread`.
@@ -2264,6 +2266,8 @@ pub fn pid_alive(pid: u32) -> bool {
     if pid == 0 {
         return false;
     }
+    // SAFETY: kill with signal 0 takes integers only; __errno_location returns a valid
+    // pointer to this thread's errno, read only when kill failed and so just set it.
     let exists =
         unsafe { libc::kill(pid as i32, 0) == 0 || *libc::__errno_location() == libc::EPERM };
     let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -2373,6 +2377,7 @@ fn preflight_log_path(layout: &Layout, rank: u32) -> Result<(), Stop> {
 fn writable(p: &Path) -> std::io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap_or_default();
+    // SAFETY: `c` is a NUL-terminated string that lives until after the call.
     match unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } {
         0 => Ok(()),
         _ => Err(std::io::Error::last_os_error()),
@@ -2390,6 +2395,9 @@ fn why_not_writable(e: &std::io::Error) -> String {
 
 /// Block or unblock, in the calling thread, the signals that stop a node.
 fn set_stop_signals_mask(how: libc::c_int) {
+    // SAFETY: signal-set calls on a local sigset_t (all zero bytes is a valid value);
+    // pthread_sigmask gets a pointer to it and a null pointer for the old mask, which it
+    // allows.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
@@ -2441,6 +2449,9 @@ fn start_signal_thread(
                 let sig = info.si_signo;
                 // A sender pid is there for kill(2)/sigqueue(3) (si_code <= 0), not for
                 // signals the kernel generates (a terminal's Ctrl-C).
+                // SAFETY: `info` is the siginfo_t the kernel filled in for this delivery,
+                // plain integers: si_pid reads an int of its union, which for a signal sent
+                // by kill(2) or sigqueue(3) (si_code <= 0) is the sender's pid.
                 let sender = (info.si_code <= 0).then(|| unsafe { info.si_pid() });
                 if !deliveries.is_new(sig, sender, Instant::now()) {
                     continue;

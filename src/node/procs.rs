@@ -214,6 +214,7 @@ impl Registry {
     /// Signal every registered group (no filesystem access: safe from any thread).
     pub fn signal_all(&self, sig: i32) {
         for g in self.groups() {
+            // SAFETY: killpg takes only integers and touches no memory of this process.
             unsafe {
                 libc::killpg(g, sig);
             }
@@ -234,6 +235,10 @@ impl Registry {
 /// but its signal thread (`node::start_signal_thread` says why), and a child would
 /// inherit that mask and never see SIGTERM.
 pub fn unblocked_signals(cmd: &mut Command) -> &mut Command {
+    // SAFETY: the closure runs in the forked child before exec, where only
+    // async-signal-safe calls are allowed: it allocates nothing and takes no lock, and
+    // calls only sigemptyset and pthread_sigmask (both async-signal-safe) on a local
+    // sigset_t, for which all zero bytes is a valid value.
     unsafe {
         cmd.pre_exec(|| {
             let mut none: libc::sigset_t = std::mem::zeroed();
@@ -245,12 +250,15 @@ pub fn unblocked_signals(cmd: &mut Command) -> &mut Command {
 }
 
 pub fn group_alive(pgid: i32) -> bool {
+    // SAFETY: killpg with signal 0 only checks that the group exists; it takes integers
+    // only.
     unsafe { libc::killpg(pgid, 0) == 0 }
 }
 
 /// SIGTERM the group, wait up to `grace` for it to empty, then SIGKILL and wait a little
 /// more. Returns true if the group is gone.
 pub fn stop_group(pgid: i32, grace: Duration) -> bool {
+    // SAFETY: killpg takes only integers and touches no memory of this process.
     unsafe {
         libc::killpg(pgid, libc::SIGTERM);
         // A process stopped by SIGSTOP would never act on SIGTERM.
@@ -259,6 +267,7 @@ pub fn stop_group(pgid: i32, grace: Duration) -> bool {
     if wait_group_empty(pgid, grace) {
         return true;
     }
+    // SAFETY: killpg takes only integers and touches no memory of this process.
     unsafe {
         libc::killpg(pgid, libc::SIGKILL);
     }
@@ -282,6 +291,8 @@ fn wait_group_empty(pgid: i32, limit: Duration) -> bool {
 /// that ends, sending `Event::Reaped`. Nothing else in the node process may wait on
 /// children (it would race with this thread).
 pub fn start_reaper(tx: Sender<Event>) {
+    // SAFETY: prctl(PR_SET_CHILD_SUBREAPER) takes integers only and sets an attribute of
+    // this process.
     unsafe {
         libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     }
@@ -290,6 +301,8 @@ pub fn start_reaper(tx: Sender<Event>) {
         .spawn(move || {
             loop {
                 let mut status: libc::c_int = 0;
+                // SAFETY: `status` is a live local c_int for waitpid to write the exit
+                // status into.
                 let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
                 if pid > 0 {
                     let exit = ChildExit::from_wait_status(status);
@@ -366,11 +379,13 @@ pub fn tail(path: &Path, n: usize) -> String {
 /// process whose environment carries `RL_NODE_OWNER=<NONCE>:` (descendants that left their
 /// group; after a `kill -9` they are no longer in the node's process tree).
 pub fn guardian_main(nonce: Option<&str>) -> i32 {
+    // SAFETY: signal() with SIG_IGN installs no handler code; the arguments are integers.
     unsafe {
         libc::signal(libc::SIGINT, libc::SIG_IGN);
         libc::signal(libc::SIGTERM, libc::SIG_IGN);
         libc::signal(libc::SIGHUP, libc::SIG_IGN);
     }
+    // SAFETY: getppid takes no arguments and cannot fail.
     let node = unsafe { libc::getppid() };
     let mut groups = BTreeSet::new();
     let stdin = io::stdin();
@@ -396,6 +411,7 @@ pub fn guardian_main(nonce: Option<&str>) -> i32 {
     let grace = Duration::from_secs(2);
     let live: Vec<i32> = groups.into_iter().filter(|g| group_alive(*g)).collect();
     for g in &live {
+        // SAFETY: killpg takes only integers and touches no memory of this process.
         unsafe {
             libc::killpg(*g, libc::SIGTERM);
         }
@@ -409,6 +425,7 @@ pub fn guardian_main(nonce: Option<&str>) -> i32 {
         std::thread::sleep(Duration::from_millis(20));
     }
     for g in &live {
+        // SAFETY: killpg takes only integers and touches no memory of this process.
         unsafe {
             libc::killpg(*g, libc::SIGKILL);
         }
@@ -422,11 +439,13 @@ pub fn guardian_main(nonce: Option<&str>) -> i32 {
 /// waits on a process stuck in the filesystem. Environments are scanned for the nonce only
 /// once the node is gone (end of input).
 fn stop_now(groups: &BTreeSet<i32>, node: i32) {
+    // SAFETY: getppid takes no arguments and cannot fail.
     if unsafe { libc::getppid() } != node {
         // The node is gone already; the end of input follows.
         return;
     }
     for g in groups {
+        // SAFETY: killpg takes only integers and touches no memory of this process.
         unsafe {
             libc::killpg(*g, libc::SIGTERM);
             libc::killpg(*g, libc::SIGCONT);
@@ -438,6 +457,7 @@ fn stop_now(groups: &BTreeSet<i32>, node: i32) {
         Duration::from_millis(500),
     );
     for g in groups {
+        // SAFETY: killpg takes only integers and touches no memory of this process.
         unsafe {
             libc::killpg(*g, libc::SIGKILL);
         }

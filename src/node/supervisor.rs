@@ -61,17 +61,27 @@ impl Link {
         std::env::remove_var(ENV);
         let (pid, fd) = value.split_once(':')?;
         let (parent, fd): (u32, RawFd) = (pid.parse().ok()?, fd.parse().ok()?);
+        // SAFETY: getppid takes no arguments and cannot fail.
         if unsafe { libc::getppid() } as u32 != parent {
             return None;
         }
+        // SAFETY: libc::stat is plain C data (integers), for which all zero bytes is a
+        // valid value.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fstat only writes into `st`, a live local of the type it expects; an fd
+        // that is not open gives EBADF.
         if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFIFO {
             return None;
         }
         // Neither commands nor the guardian hold it: only this process writes to it.
+        // SAFETY: fcntl(F_SETFD) takes integers only; fstat above showed that `fd` is open.
         unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
         Some(Link {
             parent,
+            // SAFETY: `fd` is open (fstat above) and a pipe, and the variable that named it
+            // names this process's parent: it is the supervisor's write end, inherited by
+            // number and claimed nowhere else in this process (the variable is removed, so
+            // this runs once), so the Link may own and close it.
             pipe: unsafe { OwnedFd::from_raw_fd(fd) },
         })
     }
@@ -96,6 +106,8 @@ impl Link {
     }
 
     fn send(&self, line: &str) {
+        // SAFETY: the pointer and length describe `line`, which outlives the call, and the
+        // fd is owned by `self.pipe`, so it is open.
         unsafe { libc::write(self.pipe.as_raw_fd(), line.as_ptr().cast(), line.len()) };
     }
 }
@@ -241,6 +253,10 @@ pub fn run_node_in_child() -> io::Result<i32> {
     cmd.args(args)
         .env(ENV, format!("{me}:{write_fd}"))
         .process_group(0);
+    // SAFETY: the closure runs in the forked child before exec, where only
+    // async-signal-safe calls are allowed: prctl, getppid and fcntl are plain system calls
+    // that neither allocate nor lock, the errors are built from errno without allocating,
+    // and `write_fd` is the child's inherited copy of the pipe's write end.
     unsafe {
         cmd.pre_exec(move || {
             // Die with the supervisor: a kill -9 of it ends the node.
@@ -272,6 +288,8 @@ pub fn run_node_in_child() -> io::Result<i32> {
                 }
                 if sig == SIGTSTP {
                     // Ctrl-Z: the node stopped above; now this process, as a shell expects.
+                    // SAFETY: raise takes only a signal number; SIGSTOP runs no handler in
+                    // this process.
                     unsafe { libc::raise(libc::SIGSTOP) };
                 }
             }
@@ -347,14 +365,20 @@ fn in_kernel_wait(pid: i32) -> bool {
 
 fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two fds into `fds`, an array of exactly two c_ints.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
         return Err(io::Error::last_os_error());
     }
+    // SAFETY: pipe2 succeeded, so both fds are new and open, and each is wrapped (owned)
+    // once.
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
 /// End this process by signal `sig`, as the node ended, so a launcher sees the same.
 fn die_of(sig: i32) -> ! {
+    // SAFETY: system calls with integer arguments, and signal-set calls on a local sigset_t
+    // (all zero bytes is a valid value) with a null pointer for the old mask, which
+    // pthread_sigmask allows; SIG_DFL installs no handler code.
     unsafe {
         // The node may have crashed (SIGSEGV, SIGABRT): no core file of this process.
         libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
@@ -375,18 +399,23 @@ fn die_of(sig: i32) -> ! {
 /// and prints when the filesystem answers.
 fn write_detached(text: &str) {
     let bytes = text.as_bytes();
-    // The forked writer calls only write(2) and _exit(2), which is safe after a fork of a
-    // process with threads.
+    // SAFETY: the forked writer calls only write(2) and _exit(2), which is safe after a
+    // fork of a process with threads (only async-signal-safe calls are), and reads `bytes`,
+    // its copy of this process's memory, without allocating.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
         let mut done = 0;
         while done < bytes.len() {
+            // SAFETY: the pointer and length describe the unwritten rest of `bytes` (`done
+            // < bytes.len()`).
             let n = unsafe { libc::write(2, bytes[done..].as_ptr().cast(), bytes.len() - done) };
             if n <= 0 {
                 break;
             }
             done += n as usize;
         }
+        // SAFETY: _exit takes only a status; it ends the forked child without running the
+        // atexit handlers or flushing the buffers it copied from this process.
         unsafe { libc::_exit(0) };
     }
     if pid < 0 {
@@ -396,6 +425,8 @@ fn write_detached(text: &str) {
     let deadline = Instant::now() + Duration::from_secs(1);
     while Instant::now() < deadline {
         let mut status = 0;
+        // SAFETY: `status` is a live local c_int for waitpid to write into; `pid` is our
+        // child.
         if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } != 0 {
             return;
         }

@@ -89,6 +89,8 @@ impl Watchdog {
                 std::thread::sleep(Duration::from_millis(500));
                 registry.kill_all_now();
                 // No exit handlers or buffer flushing: nothing more may wait on anything.
+                // SAFETY: _exit takes only a status and has no preconditions; that it runs
+                // no destructors or exit handlers is the point here.
                 unsafe { libc::_exit(crate::exit::DEADLINE) };
             })
             .expect("spawn watchdog thread");

@@ -304,10 +304,14 @@ pub fn run(job: &Job, tick: &mut dyn FnMut()) -> Result<Vec<InputReport>, Comman
             // stdout too goes to stderr: rl-node's own stdout may carry --json output.
             let err = io::stderr().as_raw_fd();
             let dup = |fd| -> io::Result<Stdio> {
+                // SAFETY: fcntl(F_DUPFD_CLOEXEC) takes integers only and returns a new fd
+                // or -1.
                 let d = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
                 if d < 0 {
                     return Err(io::Error::last_os_error());
                 }
+                // SAFETY: `d` was just returned by fcntl, so it is open and owned by
+                // nothing else.
                 Ok(Stdio::from(unsafe { OwnedFd::from_raw_fd(d) }))
             };
             (
@@ -319,9 +323,12 @@ pub fn run(job: &Job, tick: &mut dyn FnMut()) -> Result<Vec<InputReport>, Comman
 
     // The exit status of the command comes back as text through fd 3 of the wrapper.
     let mut fds = [0i32; 2];
+    // SAFETY: pipe2 writes two fds into `fds`, an array of exactly two c_ints.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
         return Err(CommandError::Spawn(io::Error::last_os_error()));
     }
+    // SAFETY: pipe2 succeeded, so both fds are new and open, and each is wrapped (owned)
+    // once.
     let (rfd, wfd) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
     let w = wfd.as_raw_fd();
     // In a node, the command's mark for finding descendants that leave its group.
@@ -339,6 +346,10 @@ pub fn run(job: &Job, tick: &mut dyn FnMut()) -> Result<Vec<InputReport>, Comman
         .stdout(stdout)
         .stderr(stderr)
         .process_group(0);
+    // SAFETY: the closure runs in the forked child before exec, where only
+    // async-signal-safe calls are allowed: fcntl and dup2 are plain system calls, the
+    // errors are built from errno without allocating, and `w` is the child's inherited copy
+    // of the pipe's write end.
     unsafe {
         cmd.pre_exec(move || {
             if w == 3 {
@@ -374,6 +385,8 @@ pub fn run(job: &Job, tick: &mut dyn FnMut()) -> Result<Vec<InputReport>, Comman
             revents: 0,
         };
         let ms = left.min(Duration::from_millis(250)).as_millis().max(1) as i32;
+        // SAFETY: `pfd` is a live pollfd and the count is 1; its fd belongs to `pipe`,
+        // which is open.
         let n = unsafe { libc::poll(&mut pfd, 1, ms) };
         tick();
         if n < 0 {
@@ -472,11 +485,13 @@ fn stop(child: &mut std::process::Child, pgid: i32, grace: Duration) {
             std::thread::sleep(Duration::from_millis(10));
         }
     };
+    // SAFETY: killpg takes only integers and touches no memory of this process.
     unsafe {
         libc::killpg(pgid, libc::SIGTERM);
         libc::killpg(pgid, libc::SIGCONT);
     }
     if !gone(child, grace) {
+        // SAFETY: killpg takes only integers and touches no memory of this process.
         unsafe {
             libc::killpg(pgid, libc::SIGKILL);
         }

@@ -738,6 +738,9 @@ fn copy_range(src: &File, src_off: u64, dst: &File, dst_off: u64, len: u64) -> i
     let mut done = 0u64;
     while done < len {
         let want = (len - done).min(1 << 30) as usize;
+        // SAFETY: both fds are open for the call (borrowed from `src` and `dst`), the
+        // offset pointers are live locals the kernel updates, and no user buffer is
+        // involved.
         let n = unsafe {
             libc::copy_file_range(
                 src.as_raw_fd(),
@@ -787,6 +790,8 @@ fn copy_unsupported(e: &io::Error) -> bool {
 /// the rename does not have to write the whole file at once. Best effort.
 fn start_writeback(f: &File, offset: u64, len: u64) {
     #[cfg(target_os = "linux")]
+    // SAFETY: sync_file_range takes an fd that is open for the call (borrowed from `f`) and
+    // integers only.
     unsafe {
         use std::os::fd::AsRawFd;
         libc::sync_file_range(

@@ -1,0 +1,231 @@
+//! What a merge returns and writes beside the merged file: the [`Manifest`]
+//! (`<out>.manifest.json`, see [`manifest_path`]) with one [`RankEntry`] per rank (its
+//! [`RankStatus`], the bytes [`Dropped`] from it) and, for tensor formats, where each
+//! rank's rows are in every [`MergedTensor`].
+
+use super::MergeOptions;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// The `format` of every manifest this version writes.
+pub const MANIFEST_FORMAT: &str = "rl-node-aggregate/1";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RankStatus {
+    /// The committed shard `rank-R.jsonl`.
+    Complete,
+    /// Only `rank-R.partial.jsonl`: the rank's command did not finish.
+    Partial,
+    /// Neither exists.
+    Missing,
+}
+
+impl RankStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RankStatus::Complete => "complete",
+            RankStatus::Partial => "partial",
+            RankStatus::Missing => "missing",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DropKind {
+    /// Last line, no trailing newline, not valid JSON: the writer died mid-record.
+    Torn,
+    /// An invalid line in a partial file: it and everything after it were not read.
+    Invalid,
+    /// A tensor shard that cannot be read (truncated, not a dict of tensors), or an input
+    /// the merge command reported unreadable: the whole file was left out
+    /// (`--allow-missing`).
+    Unreadable,
+}
+
+/// Bytes of a source that were not merged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dropped {
+    pub kind: DropKind,
+    /// 1-based line of the source where the dropped bytes start.
+    pub line: u64,
+    /// Bytes dropped (for `invalid`: from that line to the end of the file).
+    pub bytes: u64,
+    pub reason: String,
+}
+
+/// What the merge took from one rank.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankEntry {
+    pub rank: u32,
+    pub status: RankStatus,
+    /// The file read, relative to the log path (absent when missing).
+    pub source: Option<String>,
+    /// Size of that file when the merge opened it.
+    pub source_bytes: u64,
+    /// Where this rank's records start in the merged file.
+    pub offset: u64,
+    pub records: u64,
+    /// Bytes merged from this rank (a newline added to a last record counts).
+    pub bytes: u64,
+    /// SHA-256 of exactly the merged bytes taken from this rank (absent when missing, or
+    /// when the merge stopped before reading it).
+    pub sha256: Option<String>,
+    pub dropped: Vec<Dropped>,
+    /// Earlier attempts of this rank set aside (`rank-R.partial.jsonl.stale-genG`, older
+    /// generations' `rank-R.partial.gG.jsonl`, a shard committed but not journaled before a
+    /// crash, `rank-R.jsonl.stale-genG`); never merged.
+    pub set_aside: Vec<String>,
+    /// Set when the rank's rollout command wrote the committed shard name itself (instead
+    /// of `{output}`) and rl-node adopted the file: says so, from the rank's journal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adopted: Option<String>,
+    /// Every gap or oddity of this rank, for humans (file:line where it applies).
+    pub problems: Vec<String>,
+}
+
+/// One tensor of a merged safetensors file, and which rank's bytes are where in it (a
+/// rank's own tensor has shape `[rows, shape[1..]…]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MergedTensor {
+    pub name: String,
+    pub dtype: String,
+    pub shape: Vec<usize>,
+    /// `[begin, end)` in the data section, as in the file's header.
+    pub data_offsets: [u64; 2],
+    pub pieces: Vec<MergedPiece>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MergedPiece {
+    pub rank: u32,
+    /// dim 0 taken from this rank.
+    pub rows: u64,
+    /// Offset in the data section.
+    pub offset: u64,
+    pub bytes: u64,
+}
+
+/// `<out>.manifest.json`: deterministic (no timestamps, paths relative to the log path),
+/// so the same inputs give byte-identical output and manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: String,
+    pub iteration: u64,
+    pub split: String,
+    /// File name of the merged file (the manifest sits beside it).
+    pub output: String,
+    pub num_ranks: u32,
+    pub allow_missing: bool,
+    /// Every rank complete and nothing dropped.
+    pub complete: bool,
+    pub records: u64,
+    pub bytes: u64,
+    pub torn_records: u64,
+    pub dropped_bytes: u64,
+    pub partial_ranks: Vec<u32>,
+    pub missing_ranks: Vec<u32>,
+    pub ranks: Vec<RankEntry>,
+    /// Problems not tied to one of the ranks (e.g. shards of ranks beyond `num_ranks`).
+    pub problems: Vec<String>,
+    /// The shard format, when not JSONL (`safetensors`, `torch`, `command`). For tensor
+    /// formats `records` counts rows (dim 0) and `bytes` tensor data; for `command`,
+    /// `bytes` and `sha256` describe the files handed to the command and `records` what
+    /// its report said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard_format: Option<String>,
+    /// Ranks whose shard could not be read and was left out (`--allow-missing`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreadable_ranks: Vec<u32>,
+    /// Size of the merged file (non-JSONL formats).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_bytes: Option<u64>,
+    /// SHA-256 of the merged file (format `command`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_sha256: Option<String>,
+    /// The merge command template (format `command`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    /// The merged file's tensors (tensor formats).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tensors: Vec<MergedTensor>,
+}
+
+impl Manifest {
+    pub(super) fn new(
+        iteration: u64,
+        split: &str,
+        out: &Path,
+        opts: &MergeOptions,
+        ranks: Vec<RankEntry>,
+        problems: Vec<String>,
+    ) -> Manifest {
+        let sum = |f: &dyn Fn(&RankEntry) -> u64| ranks.iter().map(f).sum::<u64>();
+        let with = |s: RankStatus| -> Vec<u32> {
+            ranks
+                .iter()
+                .filter(|r| r.status == s)
+                .map(|r| r.rank)
+                .collect()
+        };
+        let complete = ranks
+            .iter()
+            .all(|r| r.status == RankStatus::Complete && r.dropped.is_empty());
+        Manifest {
+            format: MANIFEST_FORMAT.to_string(),
+            iteration,
+            split: split.to_string(),
+            output: out
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            num_ranks: ranks.len() as u32,
+            allow_missing: opts.allow_missing,
+            complete,
+            records: sum(&|r| r.records),
+            bytes: sum(&|r| r.bytes),
+            torn_records: sum(&|r| {
+                r.dropped
+                    .iter()
+                    .filter(|d| d.kind == DropKind::Torn)
+                    .count() as u64
+            }),
+            dropped_bytes: sum(&|r| r.dropped.iter().map(|d| d.bytes).sum()),
+            partial_ranks: with(RankStatus::Partial),
+            missing_ranks: with(RankStatus::Missing),
+            unreadable_ranks: ranks
+                .iter()
+                .filter(|r| r.dropped.iter().any(|d| d.kind == DropKind::Unreadable))
+                .map(|r| r.rank)
+                .collect(),
+            ranks,
+            problems,
+            shard_format: None,
+            output_bytes: None,
+            output_sha256: None,
+            command: None,
+            tensors: Vec::new(),
+        }
+    }
+}
+
+/// The manifest of merged file `out`: `<out>.manifest.json`.
+pub fn manifest_path(out: &Path) -> PathBuf {
+    let mut name = out.file_name().unwrap_or_default().to_os_string();
+    name.push(".manifest.json");
+    out.with_file_name(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manifest_path_is_beside_the_output() {
+        assert_eq!(
+            manifest_path(Path::new("/a/train.jsonl")),
+            Path::new("/a/train.jsonl.manifest.json")
+        );
+    }
+}

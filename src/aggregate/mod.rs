@@ -1,0 +1,466 @@
+//! Merging rank shards into one file per iteration and split, with partial recovery.
+//!
+//! For each rank the merge takes the committed shard (`rank-R.jsonl`, status
+//! `complete`), else the file its command was writing when it stopped
+//! (`rank-R.partial.jsonl`, status `partial`), else nothing (`missing`), and appends its
+//! records in rank order, then file order. Records are streamed line by line (memory is
+//! bounded by the longest record, never by the file; one thread reads and validates while
+//! another hashes and writes) into a temporary file beside the output, which is fsynced
+//! and renamed over
+//! `rollouts/iter-NNNN/<split>.jsonl`; a manifest `<out>.manifest.json` beside it says
+//! where every byte came from. A crash never leaves a half-written merged file under the
+//! final name, and a manifest, when present, describes the merged file beside it.
+//!
+//! What counts as a record: one JSON value per line, UTF-8. Blank lines are skipped. A
+//! last line without a trailing newline that is not valid JSON is a torn record (the
+//! writer died mid-write): it is dropped and reported. Any other invalid line is corrupt
+//! in a committed shard (the merge fails and publishes nothing) and, in a partial file,
+//! the point where reading that file stops (the records before it are kept). Unless
+//! `strict_json` is set, the `NaN`, `Infinity` and `-Infinity` that Python's `json`
+//! module writes and reads are accepted as they are.
+//!
+//! The node's phase 3 calls [`merge`] with `allow_missing = false`; `rl-node aggregate`
+//! ([`main`]) is the same merge from the command line, for recovering what a failed
+//! iteration left behind.
+//!
+//! The above is the JSONL format, the default. The [`Layout`]'s naming (`[aggregate]`,
+//! see `crate::shards::naming`) chooses the file names and the format: `safetensors` and
+//! `torch` shards are dicts of tensors concatenated along dim 0 into one safetensors file
+//! (`crate::shards::safetensors`), and `command` hands the shard files to a user merge
+//! command (`crate::shards::command`). Surveying ranks, refusing gaps, the temporary file,
+//! the atomic publication and the manifest are the same for every format; a tensor shard
+//! that cannot be read (or an input the merge command reports unreadable) fails the merge
+//! naming it, or with `allow_missing` is left out and recorded (`DropKind::Unreadable`).
+//!
+//! The pieces: `survey` finds what each rank left, `jsonl` streams and validates records,
+//! `tensors` and `command` merge the other formats, `manifest` and `error` are what a
+//! merge returns, and `cli` is `rl-node aggregate`; this module holds [`merge`], which
+//! runs them and publishes the result.
+
+mod cli;
+mod command;
+mod error;
+mod jsonl;
+mod manifest;
+mod survey;
+mod tensors;
+
+pub use cli::{main, AggregateArgs};
+pub use error::AggregateError;
+pub use manifest::{
+    manifest_path, DropKind, Dropped, Manifest, MergedPiece, MergedTensor, RankEntry, RankStatus,
+    MANIFEST_FORMAT,
+};
+
+use command::merge_command;
+use jsonl::{scan_source, with_writer};
+use survey::{list_dir, survey};
+use tensors::merge_tensors;
+
+use crate::layout::Layout;
+use crate::node::procs::Registry;
+use crate::shards::naming::Format;
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Longest record accepted by default (a longer line is treated as invalid).
+pub const DEFAULT_MAX_RECORD_BYTES: u64 = 1 << 30;
+
+const IO_BUF: usize = 1 << 20;
+/// Call `tick` at least this often (input bytes).
+const TICK_BYTES: u64 = 16 << 20;
+
+/// How to merge. The format and file names come from the [`Layout`]'s naming.
+#[derive(Clone)]
+pub struct MergeOptions {
+    /// Merge what exists when a rank is missing or only partial (otherwise that is
+    /// [`AggregateError::Incomplete`] and nothing is published); also drop an unreadable
+    /// tensor shard (or one the merge command reports unreadable) instead of failing.
+    pub allow_missing: bool,
+    /// Merged file; default `Layout::aggregated(iteration, split)`.
+    pub out: Option<PathBuf>,
+    /// Reject Python's NaN / Infinity / -Infinity.
+    pub strict_json: bool,
+    /// Longest record accepted; a longer line counts as invalid.
+    pub max_record_bytes: u64,
+    /// Format `command`: the merge command (`[aggregate] command`) and its timeout.
+    pub command: String,
+    pub command_timeout: Duration,
+    /// Between SIGTERM and SIGKILL when the merge command is stopped.
+    pub kill_grace: Duration,
+    /// Where the merge command's output goes; `None`: rl-node's stderr.
+    pub command_log: Option<PathBuf>,
+    /// A node's process registry, so the merge command is stopped with the node.
+    pub registry: Option<Arc<Registry>>,
+    /// Variables the merge command gets besides its own (`[env]`).
+    pub env: Vec<(String, String)>,
+    /// Called immediately before the merged file is published: an error (this node's
+    /// generation was replaced) stops the merge with nothing published.
+    pub fence: Option<Fence>,
+}
+
+/// A check that this node may still publish (see `node::fence`).
+pub type Fence = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+impl std::fmt::Debug for MergeOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MergeOptions")
+            .field("allow_missing", &self.allow_missing)
+            .field("out", &self.out)
+            .field("strict_json", &self.strict_json)
+            .field("max_record_bytes", &self.max_record_bytes)
+            .field("command", &self.command)
+            .field("command_timeout", &self.command_timeout)
+            .field("kill_grace", &self.kill_grace)
+            .field("command_log", &self.command_log)
+            .field("registry", &self.registry.is_some())
+            .finish()
+    }
+}
+
+impl Default for MergeOptions {
+    fn default() -> Self {
+        MergeOptions {
+            allow_missing: false,
+            out: None,
+            strict_json: false,
+            max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
+            command: String::new(),
+            command_timeout: Duration::from_secs(3600),
+            kill_grace: Duration::from_secs(10),
+            command_log: None,
+            registry: None,
+            env: Vec::new(),
+            fence: None,
+        }
+    }
+}
+
+impl MergeOptions {
+    /// The defaults with the merge command of `[aggregate]`.
+    pub fn from_config(a: &crate::config::Aggregate) -> MergeOptions {
+        MergeOptions {
+            command: a.command.clone(),
+            command_timeout: a.timeout,
+            ..MergeOptions::default()
+        }
+    }
+}
+
+/// Merge the shards of `split` of `iteration` for ranks `0..num_ranks` (see the module
+/// documentation) into `opts.out` (default `layout.aggregated(iteration, split)`) and its
+/// manifest. `tick` is called regularly so a long merge keeps a watchdog informed.
+pub fn merge(
+    layout: &Layout,
+    iteration: u64,
+    split: &str,
+    num_ranks: u32,
+    opts: &MergeOptions,
+    tick: &mut dyn FnMut(),
+) -> Result<Manifest, AggregateError> {
+    if split.is_empty() || split.contains(['/', '\\']) || split.starts_with('.') {
+        return Err(AggregateError::BadSplit {
+            split: split.to_string(),
+        });
+    }
+    if num_ranks == 0 {
+        return Err(AggregateError::NoRanks);
+    }
+    let format = layout.naming().format();
+    if format == Format::Command && opts.command.trim().is_empty() {
+        return Err(AggregateError::Unsupported {
+            message: "format command needs a merge command ([aggregate] command, e.g. \"python3 merge.py --output {output} {inputs}\")".into(),
+        });
+    }
+    if format == Format::Torch && !crate::shards::torch_available() {
+        return Err(AggregateError::Unsupported {
+            message: "format torch needs an rl-node built with the `torch` cargo feature (cargo build --release --features torch)".into(),
+        });
+    }
+    let rel = |p: &Path| -> String {
+        p.strip_prefix(layout.root())
+            .unwrap_or(p)
+            .display()
+            .to_string()
+    };
+    // Shards and partial files usually share a directory (rollouts/iter-NNNN/<split>/).
+    let dir_of = |p: PathBuf| p.parent().map(Path::to_path_buf).unwrap_or_default();
+    let shard_dir = dir_of(layout.shard(iteration, split, 0));
+    let partial_dir = dir_of(layout.shard_partial(iteration, split, 0));
+    let listing = list_dir(&shard_dir)?;
+    let partial_listing = if partial_dir == shard_dir {
+        None
+    } else {
+        Some(list_dir(&partial_dir)?)
+    };
+    let mut problems = Vec::new();
+    let mut ranks = Vec::with_capacity(num_ranks as usize);
+    for rank in 0..num_ranks {
+        let names = partial_listing.as_ref().unwrap_or(&listing);
+        ranks.push(survey(
+            layout, iteration, split, rank, names, &listing, &rel,
+        )?);
+    }
+    let mut extra = |dir: &Path, name: &String, in_shard: bool, in_partial: bool| {
+        let found = layout
+            .naming()
+            .rank_of(name, iteration, split, in_shard, in_partial);
+        if let Some((r, _)) = found {
+            if r >= num_ranks {
+                problems.push(format!(
+                    "{} exists but there {} only {num_ranks} rank{}: not merged",
+                    rel(&dir.join(name)),
+                    if num_ranks == 1 { "is" } else { "are" },
+                    if num_ranks == 1 { "" } else { "s" }
+                ));
+            }
+        }
+    };
+    for name in &listing {
+        extra(&shard_dir, name, true, partial_listing.is_none());
+    }
+    for name in partial_listing.iter().flatten() {
+        extra(&partial_dir, name, false, true);
+    }
+
+    let gaps: Vec<&RankEntry> = ranks
+        .iter()
+        .filter(|r| r.status != RankStatus::Complete)
+        .collect();
+    if !opts.allow_missing && !gaps.is_empty() {
+        let said: Vec<String> = gaps
+            .iter()
+            .map(|r| match r.status {
+                RankStatus::Partial => format!(
+                    "rank {} has only a partial shard {} (its command did not finish)",
+                    r.rank,
+                    layout
+                        .root()
+                        .join(r.source.as_deref().unwrap_or(""))
+                        .display()
+                ),
+                _ => format!(
+                    "rank {} has no shard ({} does not exist)",
+                    r.rank,
+                    layout.shard(iteration, split, r.rank).display()
+                ),
+            })
+            .collect();
+        return Err(AggregateError::Incomplete {
+            missing: gaps
+                .iter()
+                .filter(|r| r.status == RankStatus::Missing)
+                .map(|r| r.rank)
+                .collect(),
+            partial: gaps
+                .iter()
+                .filter(|r| r.status == RankStatus::Partial)
+                .map(|r| r.rank)
+                .collect(),
+            message: format!("{}; nothing was published", said.join(", ")),
+            ranks,
+        });
+    }
+
+    let out = opts
+        .out
+        .clone()
+        .unwrap_or_else(|| layout.aggregated(iteration, split));
+    let out_dir = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let werr = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| AggregateError::Write { path, source }
+    };
+    std::fs::create_dir_all(&out_dir).map_err(werr(&out_dir))?;
+    let tmp = temp_path(&out);
+    let mut extras = Extras::default();
+    let written = (|| -> Result<(), AggregateError> {
+        match format {
+            Format::Jsonl => {}
+            Format::Safetensors | Format::Torch => {
+                extras = merge_tensors(layout, format, &mut ranks, opts, &tmp, tick)?;
+                return Ok(());
+            }
+            Format::Command => {
+                extras = merge_command(layout, iteration, split, &mut ranks, opts, &tmp, tick)?;
+                return Ok(());
+            }
+        }
+        let f = File::create(&tmp).map_err(werr(&tmp))?;
+        let (f, hashes) = with_writer(f, &tmp, |sink| {
+            let mut offset = 0u64;
+            for entry in ranks.iter_mut() {
+                entry.offset = offset;
+                if entry.status == RankStatus::Missing {
+                    continue;
+                }
+                tick();
+                let path = layout
+                    .root()
+                    .join(entry.source.as_deref().unwrap_or_default());
+                scan_source(&path, entry, sink, opts, tick)?;
+                sink.end_source()?;
+                offset += entry.bytes;
+            }
+            Ok(())
+        })?;
+        let mut hashes = hashes.into_iter();
+        for entry in ranks.iter_mut().filter(|e| e.status != RankStatus::Missing) {
+            entry.sha256 = hashes.next();
+        }
+        f.sync_all().map_err(werr(&tmp))?;
+        Ok(())
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+
+    problems.extend(std::mem::take(&mut extras.problems));
+    let mut manifest = Manifest::new(iteration, split, &out, opts, ranks, problems);
+    if format != Format::Jsonl {
+        manifest.shard_format = Some(format.name().to_string());
+        manifest.output_bytes = extras.output_bytes;
+        manifest.output_sha256 = extras.output_sha256;
+        manifest.command = extras.command;
+        manifest.tensors = extras.tensors;
+    }
+    let mpath = manifest_path(&out);
+    let published = (|| -> Result<(), AggregateError> {
+        // An old manifest must not describe the new merged file, even for a moment.
+        match std::fs::remove_file(&mpath) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(werr(&mpath)(e)),
+        }
+        if let Some(fence) = &opts.fence {
+            fence().map_err(|reason| AggregateError::Fenced { reason })?;
+        }
+        std::fs::rename(&tmp, &out).map_err(werr(&out))?;
+        crate::store::fsync_dir(&out_dir).map_err(werr(&out_dir))?;
+        crate::store::publish_json(&mpath, &manifest).map_err(werr(&mpath))
+    })();
+    if let Err(e) = published {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    Ok(manifest)
+}
+
+/// What a non-JSONL merge adds to the manifest.
+#[derive(Default)]
+struct Extras {
+    tensors: Vec<MergedTensor>,
+    output_bytes: Option<u64>,
+    output_sha256: Option<String>,
+    command: Option<String>,
+    problems: Vec<String>,
+}
+
+/// A shard that cannot be read: fatal without `allow_missing`, else the rank is left out
+/// and that is recorded.
+fn unreadable(
+    entry: &mut RankEntry,
+    path: &Path,
+    what: &str,
+    reason: String,
+    opts: &MergeOptions,
+) -> Result<(), AggregateError> {
+    let committed = entry.status == RankStatus::Complete;
+    if !opts.allow_missing {
+        return Err(AggregateError::Unreadable {
+            rank: entry.rank,
+            path: path.to_path_buf(),
+            format: what.to_string(),
+            reason,
+            committed,
+        });
+    }
+    let shown = entry.source.clone().unwrap_or_default();
+    entry.problems.push(format!(
+        "{shown}: unreadable ({what}: {reason}); left out of the merge"
+    ));
+    entry.dropped.push(Dropped {
+        kind: DropKind::Unreadable,
+        line: 0,
+        bytes: entry.source_bytes,
+        reason,
+    });
+    entry.records = 0;
+    entry.bytes = 0;
+    entry.sha256 = None;
+    Ok(())
+}
+
+fn temp_path(out: &Path) -> PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let name = out.file_name().and_then(|s| s.to_str()).unwrap_or("out");
+    out.with_file_name(format!(
+        ".{name}.tmp-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts() -> MergeOptions {
+        MergeOptions::default()
+    }
+
+    #[test]
+    fn merge_refuses_gaps_without_touching_the_output() {
+        let d = tempfile::tempdir().unwrap();
+        let l = Layout::new(d.path());
+        std::fs::create_dir_all(l.rollout_dir(1, "train")).unwrap();
+        std::fs::write(l.shard(1, "train", 0), "{}\n").unwrap();
+        std::fs::write(l.aggregated(1, "train"), "old\n").unwrap();
+        let e = merge(&l, 1, "train", 2, &opts(), &mut || {}).unwrap_err();
+        assert!(matches!(&e, AggregateError::Incomplete { missing, .. } if missing == &[1]));
+        assert!(e.to_string().contains("rank 1 has no shard"), "{e}");
+        assert!(e.to_string().contains("rank-1.jsonl"), "{e}");
+        assert_eq!(
+            std::fs::read_to_string(l.aggregated(1, "train")).unwrap(),
+            "old\n"
+        );
+        let names: Vec<_> = std::fs::read_dir(d.path().join("rollouts/iter-0001"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+    }
+
+    #[test]
+    fn merge_publishes_in_rank_order_with_a_manifest() {
+        let d = tempfile::tempdir().unwrap();
+        let l = Layout::new(d.path());
+        std::fs::create_dir_all(l.rollout_dir(2, "eval")).unwrap();
+        std::fs::write(l.shard(2, "eval", 1), "{\"r\":1}\n").unwrap();
+        std::fs::write(l.shard(2, "eval", 0), "{\"r\":0}").unwrap();
+        let mut ticks = 0;
+        let m = merge(&l, 2, "eval", 2, &opts(), &mut || ticks += 1).unwrap();
+        assert!(ticks >= 2);
+        let out = l.aggregated(2, "eval");
+        assert_eq!(
+            std::fs::read_to_string(&out).unwrap(),
+            "{\"r\":0}\n{\"r\":1}\n"
+        );
+        assert!(m.complete);
+        assert_eq!((m.records, m.bytes), (2, 16));
+        assert_eq!(m.ranks[1].offset, 8);
+        let on_disk: Manifest =
+            serde_json::from_slice(&std::fs::read(manifest_path(&out)).unwrap()).unwrap();
+        assert_eq!(on_disk, m);
+        // No temporary file is left behind.
+        assert_eq!(std::fs::read_dir(out.parent().unwrap()).unwrap().count(), 3);
+    }
+}

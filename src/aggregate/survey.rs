@@ -1,0 +1,203 @@
+//! Surveying what each rank left before anything is read: its committed shard, else the
+//! newest generation's partial file, else nothing, plus earlier attempts set aside
+//! (`.stale-genG`, older generations' partials) and whether the rank's command wrote its
+//! shard name itself (adopted, from the rank's journal).
+
+use super::cli::human_bytes;
+use super::{AggregateError, RankEntry, RankStatus};
+use crate::layout::Layout;
+use std::io;
+use std::path::Path;
+
+/// Sorted file names of `dir` (empty when it does not exist).
+pub(super) fn list_dir(dir: &Path) -> Result<Vec<String>, AggregateError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(AggregateError::List {
+                path: dir.to_path_buf(),
+                source,
+            })
+        }
+    };
+    let mut names = Vec::new();
+    for e in entries {
+        let e = e.map_err(|source| AggregateError::List {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        if let Some(n) = e.file_name().to_str() {
+            names.push(n.to_string());
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// The journal note of a rank whose rollout command wrote its shard name itself.
+fn adopted_by_command(layout: &Layout, iteration: u64, split: &str, rank: u32) -> Option<String> {
+    let text = std::fs::read_to_string(layout.journal(rank)).ok()?;
+    let item = format!("rollout-{split}");
+    crate::protocol::journal::parse(&text)
+        .into_iter()
+        .rev()
+        .find(|e| e.iteration == iteration && e.item == item)
+        .and_then(|e| e.note)
+        .filter(|n| n.starts_with("adopted"))
+}
+
+/// Generation G of `<partial>.stale-genG`: an earlier attempt's partial file set aside
+/// (`Node::set_aside_earlier`; before partials were generation-specific, at this name).
+fn stale_gen_of(name: &str, partial: &str) -> Option<u64> {
+    let g = name.strip_prefix(partial)?.strip_prefix(".stale-gen")?;
+    g.parse().ok()
+}
+
+pub(super) fn survey(
+    layout: &Layout,
+    iteration: u64,
+    split: &str,
+    rank: u32,
+    listing: &[String],
+    shard_listing: &[String],
+    rel: &dyn Fn(&Path) -> String,
+) -> Result<RankEntry, AggregateError> {
+    let size = |p: &Path| -> Result<Option<u64>, AggregateError> {
+        match std::fs::metadata(p) {
+            Ok(m) if m.is_file() => Ok(Some(m.len())),
+            Ok(_) => Err(AggregateError::Read {
+                rank,
+                path: p.to_path_buf(),
+                source: io::Error::other("not a regular file"),
+            }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(AggregateError::Read {
+                rank,
+                path: p.to_path_buf(),
+                source,
+            }),
+        }
+    };
+    let committed = layout.shard(iteration, split, rank);
+    let base = layout.shard_partial(iteration, split, rank);
+    let dir = base.parent().map(Path::to_path_buf).unwrap_or_default();
+    let partial_name = base
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut stale: Vec<(u64, &String)> = listing
+        .iter()
+        .filter_map(|n| stale_gen_of(n, &partial_name).map(|g| (g, n)))
+        .collect();
+    stale.sort();
+    let mut set_aside: Vec<String> = stale.iter().map(|(_, n)| rel(&dir.join(n))).collect();
+    // A shard committed by an attempt that crashed before journaling it is set aside by the
+    // redo (`rank-R.jsonl.stale-genG`): an earlier attempt too, never merged.
+    let committed_dir = committed
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let committed_name = committed
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut stale_shards: Vec<(u64, &String)> = shard_listing
+        .iter()
+        .filter_map(|n| stale_gen_of(n, &committed_name).map(|g| (g, n)))
+        .collect();
+    stale_shards.sort();
+    set_aside.extend(
+        stale_shards
+            .iter()
+            .map(|(_, n)| rel(&committed_dir.join(n))),
+    );
+    // Each generation writes its own partial file (`rank-R.partial.gG.jsonl`): the newest
+    // generation's is this rank's partial; older ones (a node that woke up late) are not.
+    let mut by_gen: Vec<(u64, &String)> = listing
+        .iter()
+        .filter_map(|n| crate::layout::gen_of(n, &partial_name).map(|g| (g, n)))
+        .collect();
+    by_gen.sort();
+    let partial = match by_gen.pop() {
+        Some((_, newest)) => {
+            if listing.contains(&partial_name) {
+                set_aside.push(rel(&base));
+            }
+            set_aside.extend(by_gen.iter().map(|(_, n)| rel(&dir.join(n))));
+            dir.join(newest)
+        }
+        None => base,
+    };
+    let adopted = adopted_by_command(layout, iteration, split, rank);
+    let mut problems = Vec::new();
+    let (status, source, source_bytes) = if let Some(n) = size(&committed)? {
+        if let Some(p) = size(&partial)? {
+            problems.push(format!(
+                "a partial file also exists and was ignored: {} ({})",
+                rel(&partial),
+                human_bytes(p)
+            ));
+        }
+        (RankStatus::Complete, Some(rel(&committed)), n)
+    } else if let Some(n) = size(&partial)? {
+        problems.push(format!(
+            "only a partial file, {}: the rank's command did not finish",
+            rel(&partial)
+        ));
+        (RankStatus::Partial, Some(rel(&partial)), n)
+    } else {
+        problems.push(format!(
+            "missing: neither {} nor {} exists",
+            rel(&committed),
+            partial.file_name().unwrap().to_string_lossy()
+        ));
+        (RankStatus::Missing, None, 0)
+    };
+    if status != RankStatus::Complete && !set_aside.is_empty() {
+        problems.push(format!(
+            "earlier attempts set aside (not merged): {}",
+            set_aside.join(", ")
+        ));
+    }
+    Ok(RankEntry {
+        rank,
+        status,
+        adopted: adopted.filter(|_| status == RankStatus::Complete),
+        source,
+        source_bytes,
+        offset: 0,
+        records: 0,
+        bytes: 0,
+        sha256: None,
+        dropped: Vec::new(),
+        set_aside,
+        problems,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `rank-R.jsonl` → (R, false), `rank-R.partial.jsonl` → (R, true) (canonical decimal R
+    /// only), in the default layout.
+    fn shard_name_rank(name: &str) -> Option<(u32, bool)> {
+        crate::shards::naming::Naming::default().rank_of(name, 1, "train", true, true)
+    }
+
+    /// Generation G of `rank-R.partial.jsonl.stale-genG` for this rank, in the default layout.
+    fn stale_gen(name: &str, rank: u32) -> Option<u64> {
+        stale_gen_of(name, &format!("rank-{rank}.partial.jsonl"))
+    }
+
+    #[test]
+    fn shard_names() {
+        assert_eq!(shard_name_rank("rank-3.jsonl"), Some((3, false)));
+        assert_eq!(shard_name_rank("rank-12.partial.jsonl"), Some((12, true)));
+        assert_eq!(shard_name_rank("rank-03.jsonl"), None);
+        assert_eq!(shard_name_rank("rank-1.partial.jsonl.stale-gen2"), None);
+        assert_eq!(stale_gen("rank-1.partial.jsonl.stale-gen12", 1), Some(12));
+        assert_eq!(stale_gen("rank-1.partial.jsonl.stale-gen12", 2), None);
+    }
+}
