@@ -3,6 +3,9 @@
 //! The binary is a thin wrapper around [`cli::main`]; integration tests drive the same
 //! binary as separate node processes.
 
+// Every unsafe block says why it is sound, in a `// SAFETY:` comment above it.
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 pub mod aggregate;
 pub mod checkpoint;
 pub mod cli;
