@@ -17,7 +17,9 @@
 //!
 //! Faults, drawn per seed: kill -9 of any rank at any tick (sometimes two at once, often
 //! rank 0), a kill in the middle of a journal append (a torn last line), commands that
-//! fail (none, or one in 400, 100 or 40), and a survivor frozen through the restart that then wakes up still believing its
+//! fail (none, or one in 400, 100 or 40), writes that fail with ENOSPC or EIO (a journal
+//! append may leave part of its line), reads of `cluster.json` that hang (redone, or
+//! the node ended by its watchdog after fs-timeout), and a survivor frozen through the restart that then wakes up still believing its
 //! old generation. After a failure the other ranks of the generation stop within a
 //! detection delay (liveness is the barrier scenario's subject); then every rank is
 //! started again as a new generation.
@@ -86,6 +88,13 @@ enum Life {
     Frozen(u64),
     /// Stops at this tick: it has noticed its generation's failure.
     Stopping(u64),
+    /// Inside a filesystem call that hangs until this tick. With `watchdog`, the call
+    /// outlasts fs-timeout and the node's watchdog ends the node then; otherwise the call
+    /// returns and the node redoes the step it was in.
+    Hung {
+        until: u64,
+        watchdog: bool,
+    },
     Stopped,
     Done,
 }
@@ -185,6 +194,11 @@ pub struct Summary {
     pub kills: u64,
     pub torn: u64,
     pub failed_commands: u64,
+    /// Commits and journal appends that failed with ENOSPC or EIO.
+    pub store_errors: u64,
+    /// Filesystem calls that hung, and those that outlasted fs-timeout.
+    pub hangs: u64,
+    pub watchdog_ends: u64,
     pub frozen: u64,
     pub fenced: u64,
     pub generations: u64,
@@ -209,6 +223,14 @@ struct Sim {
     fail_one_in: u64,
     /// `cluster.eval-interval`, drawn per seed (0: never).
     eval_interval: u64,
+    /// One commit or journal append in this many fails with ENOSPC or EIO, and one
+    /// filesystem call in this many hangs (0: none); drawn per seed.
+    store_error_one_in: u64,
+    hang_one_in: u64,
+    /// The journals said the run is complete when the launcher restarted it.
+    complete: bool,
+    /// Generations that failed (their remaining ranks stop once they notice).
+    failed_generations: BTreeSet<u64>,
     /// The iterations every rank had journaled training for when each generation began.
     trained_at_start: BTreeMap<u64, BTreeSet<u64>>,
     trace: VecDeque<String>,
@@ -225,6 +247,8 @@ impl Sim {
         kills_at.sort_unstable();
         let fail_one_in = [0, 400, 100, 40][rng.below(4) as usize];
         let eval_interval = rng.below(3);
+        let store_error_one_in = [0, 300, 60][rng.below(3) as usize];
+        let hang_one_in = [0, 300, 60][rng.below(3) as usize];
         let mut sim = Sim {
             seed,
             n,
@@ -241,6 +265,10 @@ impl Sim {
             restart_at: None,
             fail_one_in,
             eval_interval,
+            store_error_one_in,
+            hang_one_in,
+            complete: false,
+            failed_generations: BTreeSet::new(),
             trained_at_start: BTreeMap::new(),
             trace: VecDeque::new(),
             s: Summary {
@@ -248,6 +276,9 @@ impl Sim {
                 kills: 0,
                 torn: 0,
                 failed_commands: 0,
+                store_errors: 0,
+                hangs: 0,
+                watchdog_ends: 0,
                 frozen: 0,
                 fenced: 0,
                 generations: 0,
@@ -278,9 +309,6 @@ impl Sim {
     /// `cluster.json`, every journal is read (a torn last line set aside), and all ranks
     /// begin at the resume point.
     fn start_generation(&mut self) -> bool {
-        self.disk.gen += 1;
-        self.s.generations += 1;
-        let gen = self.disk.gen;
         let mut journals = Vec::with_capacity(self.n);
         for r in 0..self.n {
             let lines: Lines<Entry> = journal::parse_lines(&self.disk.journals[r])
@@ -301,18 +329,30 @@ impl Sim {
                     .all(|j| journal::has(j, RUN, it, item::TRAIN))
             })
             .collect();
-        self.trained_at_start.insert(gen, trained);
         let resume = journal::resume_point_with(&journals, RUN, WALK, self.mutations.resume);
+        if resume.iteration > self.iterations {
+            // `rl-node` says the run is complete and starts no generation (exit 0).
+            self.note(format!(
+                "the journals say every iteration is complete: no generation {} starts",
+                self.disk.gen + 1
+            ));
+            return false;
+        }
+        self.disk.gen += 1;
+        self.s.generations += 1;
+        let gen = self.disk.gen;
+        self.trained_at_start.insert(gen, trained);
         self.note(format!(
             "generation {gen} starts at iteration {} (training done there: {})",
             resume.iteration, resume.train_done
         ));
         // Processes of older generations stay as they are (frozen ones wake up later).
-        self.procs
-            .retain(|p| matches!(p.life, Life::Frozen(_) | Life::Stopping(_) | Life::Running));
-        if resume.iteration > self.iterations {
-            return false;
-        }
+        self.procs.retain(|p| {
+            matches!(
+                p.life,
+                Life::Frozen(_) | Life::Stopping(_) | Life::Running | Life::Hung { .. }
+            )
+        });
         for (r, journal) in journals.into_iter().enumerate() {
             let walk = IterationWalk::new(self.walk_config(r as u32), resume.iteration, resume);
             self.procs.push(Proc {
@@ -333,6 +373,7 @@ impl Sim {
     /// other rank of it notices within a detection delay; one may instead be frozen
     /// through the restart.
     fn generation_fails(&mut self, gen: u64) {
+        self.failed_generations.insert(gen);
         let freeze_one = self.rng.below(3) == 0;
         let mut frozen = false;
         for i in 0..self.procs.len() {
@@ -417,12 +458,29 @@ impl Sim {
             + (40 * n + 600);
         loop {
             self.tick += 1;
-            let failures = self.s.kills + self.s.failed_commands;
+            let failures =
+                self.s.kills + self.s.failed_commands + self.s.store_errors + self.s.watchdog_ends;
             let bound = (failures + 1) * generation;
             if self.tick > bound {
+                let procs: Vec<String> = self
+                    .procs
+                    .iter()
+                    .map(|p| {
+                        format!(
+                            "rank {} of generation {} at iteration {} {:?} {:?}: {:?}",
+                            p.rank,
+                            p.gen,
+                            p.iteration(),
+                            p.step,
+                            p.sub,
+                            p.life
+                        )
+                    })
+                    .collect();
                 return Err(self.violation(format!(
-                    "the run did not end within {bound} ticks ({failures} failures, {} generations)",
-                    self.s.generations
+                    "the run did not end within {bound} ticks ({failures} failures, {} generations); the nodes:\n  {}",
+                    self.s.generations,
+                    procs.join("\n  ")
                 )));
             }
             // Kills.
@@ -468,6 +526,23 @@ impl Sim {
                         let at = self.tick + 1 + self.rng.below(8 * self.n as u64 + 20);
                         self.procs[i].life = Life::Stopping(at);
                     }
+                    Life::Hung { until, watchdog } if until <= self.tick => {
+                        let (r, g) = (self.procs[i].rank, self.procs[i].gen);
+                        if watchdog {
+                            self.note(format!("rank {r} of generation {g}: a filesystem call outlasted fs-timeout; its watchdog ends it"));
+                            self.s.watchdog_ends += 1;
+                            self.procs[i].life = Life::Stopped;
+                            if g == self.disk.gen {
+                                self.generation_fails(g);
+                            }
+                        } else if self.failed_generations.contains(&g) {
+                            // Its generation failed during the hang: it notices soon.
+                            let at = self.tick + 1 + self.rng.below(8 * self.n as u64 + 20);
+                            self.procs[i].life = Life::Stopping(at);
+                        } else {
+                            self.procs[i].life = Life::Running;
+                        }
+                    }
                     Life::Stopping(t) if t <= self.tick => {
                         self.procs[i].life = Life::Stopped;
                         let r = self.procs[i].rank;
@@ -482,7 +557,11 @@ impl Sim {
             self.procs.retain(|p| p.life != Life::Stopped);
             // The launcher, once no rank of the current generation runs.
             let current_runs = self.procs.iter().any(|p| {
-                p.gen == self.disk.gen && matches!(p.life, Life::Running | Life::Stopping(_))
+                p.gen == self.disk.gen
+                    && matches!(
+                        p.life,
+                        Life::Running | Life::Stopping(_) | Life::Hung { .. }
+                    )
             });
             let current_done = self
                 .procs
@@ -490,25 +569,23 @@ impl Sim {
                 .filter(|p| p.gen == self.disk.gen && p.life == Life::Done)
                 .count()
                 == self.n;
-            if current_done {
-                if self
-                    .procs
-                    .iter()
-                    .all(|p| p.gen == self.disk.gen || p.life == Life::Stopped)
-                {
-                    return self.finish();
-                }
+            let quiet = |p: &Proc| matches!(p.life, Life::Stopped | Life::Done);
+            let old_quiet = self
+                .procs
+                .iter()
+                .all(|p| p.gen == self.disk.gen || quiet(p));
+            if (current_done && old_quiet) || (self.complete && self.procs.iter().all(quiet)) {
+                return self.finish();
+            }
+            if current_done || self.complete {
+                // Waiting for older generations' nodes to end.
             } else if !current_runs {
                 match self.restart_at {
                     None => self.restart_at = Some(self.tick + 1 + self.rng.below(50)),
                     Some(t) if t <= self.tick => {
                         self.restart_at = None;
-                        if !self.start_generation() {
-                            return Err(self.violation(format!(
-                                "generation {} found nothing to do before the run completed",
-                                self.disk.gen
-                            )));
-                        }
+                        // A restart after the last commit finds the run complete.
+                        self.complete = !self.start_generation();
                     }
                     Some(_) => {}
                 }
@@ -669,7 +746,13 @@ impl Sim {
                 self.procs[i].sub = Sub::Commit;
             }
             Sub::Commit => {
+                if self.hangs(i, step, "commit") {
+                    return Ok(());
+                }
                 if !self.fence(i, &format!("commit {} of iteration {it}", item_of(step)))? {
+                    return Ok(());
+                }
+                if self.write_fails(i, step, "commit") {
                     return Ok(());
                 }
                 self.commit(i, step)?;
@@ -688,8 +771,14 @@ impl Sim {
                 self.procs[i].sub = Sub::Journal;
             }
             Sub::Journal => {
+                if self.hangs(i, step, "journal") {
+                    return Ok(());
+                }
                 let item = item_of(step);
                 if !self.fence(i, &format!("journal {item} of iteration {it}"))? {
+                    return Ok(());
+                }
+                if self.write_fails(i, step, "journal") {
                     return Ok(());
                 }
                 self.journal_append(i, step)?;
@@ -698,6 +787,55 @@ impl Sim {
             }
         }
         Ok(())
+    }
+
+    /// The fence's read of `cluster.json` before a commit or a journal append hangs: the
+    /// step is redone when the call returns, or the node's watchdog ends it after
+    /// fs-timeout. True when it hung.
+    fn hangs(&mut self, i: usize, step: Step, what: &str) -> bool {
+        const FS_TIMEOUT: u64 = 40;
+        if self.hang_one_in == 0 || self.rng.below(self.hang_one_in) != 0 {
+            return false;
+        }
+        let ticks = 1 + self.rng.below(2 * FS_TIMEOUT);
+        self.s.hangs += 1;
+        let rank = self.procs[i].rank;
+        self.note(format!(
+            "rank {rank}'s read of cluster.json before its {what} of {} hangs for {ticks} ticks",
+            item_of(step)
+        ));
+        self.procs[i].life = Life::Hung {
+            until: self.tick + ticks.min(FS_TIMEOUT),
+            watchdog: ticks >= FS_TIMEOUT,
+        };
+        true
+    }
+
+    /// The write of a commit or a journal append (after the fence) fails with ENOSPC or
+    /// EIO: the node stops with the error and its generation fails; a journal append may
+    /// have written part of its line. True when it failed.
+    fn write_fails(&mut self, i: usize, step: Step, what: &str) -> bool {
+        if self.store_error_one_in == 0 || self.rng.below(self.store_error_one_in) != 0 {
+            return false;
+        }
+        let (rank, gen) = (self.procs[i].rank, self.procs[i].gen);
+        let error = ["No space left on device", "Input/output error"][self.rng.below(2) as usize];
+        self.s.store_errors += 1;
+        if what == "journal" && self.rng.below(2) == 0 {
+            let line = self.journal_line(i);
+            let cut = 1 + self.rng.below(line.len() as u64 - 2) as usize;
+            self.disk.journals[rank as usize].push_str(&line[..cut]);
+            self.s.torn += 1;
+        }
+        self.note(format!(
+            "rank {rank} of generation {gen} cannot {what} {}: {error}; it stops",
+            item_of(step)
+        ));
+        self.procs[i].life = Life::Stopped;
+        if gen == self.disk.gen {
+            self.generation_fails(gen);
+        }
+        true
     }
 
     /// Commit process `i`'s output of `step`, as the node does: an earlier attempt's
@@ -721,10 +859,12 @@ impl Sim {
                 for r in 0..n {
                     match self.disk.shards.get(&(split.name(), it, r)) {
                         Some(o) => parts.push(o.content),
-                        None => return Err(self.violation(format!(
+                        None => {
+                            return Err(self.violation(format!(
                             "rank 0 merges the {} split of iteration {it} without rank {r}'s shard",
                             split.name()
-                        ))),
+                        )))
+                        }
                     }
                 }
                 if self.disk.merged.remove(&(split.name(), it)).is_some() {
@@ -897,6 +1037,9 @@ pub fn sweep(
         kills: 0,
         torn: 0,
         failed_commands: 0,
+        store_errors: 0,
+        hangs: 0,
+        watchdog_ends: 0,
         frozen: 0,
         fenced: 0,
         generations: 0,
@@ -909,6 +1052,9 @@ pub fn sweep(
         t.kills += s.kills;
         t.torn += s.torn;
         t.failed_commands += s.failed_commands;
+        t.store_errors += s.store_errors;
+        t.hangs += s.hangs;
+        t.watchdog_ends += s.watchdog_ends;
         t.frozen += s.frozen;
         t.fenced += s.fenced;
         t.generations += s.generations;
@@ -921,12 +1067,15 @@ pub fn sweep(
 impl Summary {
     pub fn line(&self) -> String {
         format!(
-            "{} ticks, {} generations; faults: {} kills (-9), {} torn journal appends, {} failed commands, {} nodes frozen through a restart; {} commits fenced, {} earlier outputs set aside; {} invariant checks",
+            "{} ticks, {} generations; faults: {} kills (-9), {} torn journal appends, {} failed commands, {} ENOSPC/EIO, {} hung calls ({} ended by the watchdog), {} nodes frozen through a restart; {} commits fenced, {} earlier outputs set aside; {} invariant checks",
             self.ticks,
             self.generations,
             self.kills,
             self.torn,
             self.failed_commands,
+            self.store_errors,
+            self.hangs,
+            self.watchdog_ends,
             self.frozen,
             self.fenced,
             self.set_aside,
