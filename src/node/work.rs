@@ -17,6 +17,7 @@
 use super::procs::ChildExit;
 use super::{Interrupt, Node, Stop};
 use crate::config::{PhaseCommand, WorkMode};
+use crate::protocol::lease::{self, Holder};
 use crate::protocol::AbortKind;
 use crate::store;
 use crate::work::plan::{self, Item, Plan, Strategy};
@@ -893,17 +894,24 @@ impl Node {
                     {
                         continue;
                     }
-                    match self.newest_lease(split, pos) {
-                        Some((attempt, holder))
-                            if holder != self.rank && !self.dead_peers.contains(&holder) =>
-                        {
+                    let dead = &self.dead_peers;
+                    let holder = lease::holder(self.newest_lease(split, pos), self.rank, |r| {
+                        dead.contains(&r)
+                    });
+                    match holder {
+                        Holder::Live {
+                            attempt,
+                            rank: holder,
+                        } => {
                             let seen = *first_seen.entry(pos).or_insert_with(Instant::now);
-                            let avg = (!item_secs.is_empty())
-                                .then(|| item_secs.iter().sum::<f64>() / item_secs.len() as f64);
+                            let avg = (!item_secs.is_empty()).then(|| {
+                                Duration::from_secs_f64(
+                                    item_secs.iter().sum::<f64>() / item_secs.len() as f64,
+                                )
+                            });
                             // One backup per item, of a first attempt only: a retry or a
                             // takeover is not backed up again.
-                            let slower = attempt == 0
-                                && avg.is_some_and(|a| seen.elapsed().as_secs_f64() > a);
+                            let slower = lease::backup_due(attempt, seen.elapsed(), avg);
                             if slower && self.claim(split, pos, attempt + 1)? {
                                 backups += 1;
                                 self.event(json!({"event": "backup", "item": item_name(pos, None), "holder": holder}));
@@ -928,7 +936,7 @@ impl Node {
                                 awaited.push(pos);
                             }
                         }
-                        Some((attempt, _)) => {
+                        Holder::Gone { attempt } => {
                             if self.claim(split, pos, attempt + 1)? {
                                 self.info(&format!(
                                     "iteration {}: taking over item {} (its claimant is dead)",
@@ -952,7 +960,7 @@ impl Node {
                                 );
                             }
                         }
-                        None => {
+                        Holder::Free => {
                             // Claimable in this generation (e.g. a lease of an earlier one only).
                             if self.claim(split, pos, 0)? {
                                 let (pid, partial) =

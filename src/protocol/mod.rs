@@ -5,6 +5,7 @@
 pub mod barrier;
 pub mod fence;
 pub mod journal;
+pub mod lease;
 pub mod liveness;
 pub mod phase;
 pub mod records;
