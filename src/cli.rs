@@ -104,7 +104,7 @@ fn with_default(help: &str, key: &str) -> String {
 /// `args` as one shell word each, space-separated: what `{extra_args}` expands to.
 fn shell_words(args: &[String]) -> String {
     args.iter()
-        .map(|a| config::template::shell_word(a))
+        .map(|a| crate::template::shell_word(a))
         .collect::<Vec<_>>()
         .join(" ")
 }

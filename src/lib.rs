@@ -24,4 +24,5 @@ pub mod rng;
 pub mod shards;
 pub mod state;
 pub mod store;
+pub mod template;
 pub mod work;

@@ -3,8 +3,11 @@
 //! Commands are shell text, so braces also appear in shell syntax (`${HOME}`,
 //! `{a,b}` globs). Only a lower-case `{name}` that is not preceded by `$` is a
 //! placeholder; `{{` and `}}` are literal braces. An unknown lower-case name is an error at
-//! start-up, so a typo never reaches a cluster run.
+//! start-up, so a typo never reaches a cluster run. The text is read by the crate's one
+//! template reader ([`crate::template`], shell braces); this module adds the names, the
+//! messages and the shell quoting.
 
+use crate::template::{self as engine, braced_list, shell_word, Braces, Dialect};
 use std::collections::BTreeMap;
 
 /// Every placeholder, with the environment variable that carries the same value and a
@@ -138,8 +141,9 @@ pub const PLACEHOLDERS: &[(&str, &str, &str)] = &[
 pub enum TemplateError {
     #[error("unknown placeholder `{{{name}}}`; known: {known}")]
     Unknown { name: String, known: String },
-    #[error("unclosed `{{` at byte {at}; write `{{{{` for a literal brace")]
-    Unclosed { at: usize },
+    /// An unclosed `{`.
+    #[error(transparent)]
+    Syntax(#[from] engine::SyntaxError),
     #[error("`{{{name}}}`: placeholders are lower-case; did you mean `{{{lower}}}`?")]
     UpperCase { name: String, lower: String },
 }
@@ -147,155 +151,80 @@ pub enum TemplateError {
 /// Placeholders that have a value only for one item of a per-task rollout.
 pub const PER_TASK: &[&str] = &["task_id", "task_json", "sample", "sample_seed", "state"];
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Piece {
-    Text(String),
-    Var(String),
+/// The entry of [`PLACEHOLDERS`] called `name`.
+fn placeholder(name: &str) -> Option<&'static str> {
+    PLACEHOLDERS.iter().map(|(n, _, _)| *n).find(|n| *n == name)
+}
+
+/// Phase and server commands (and `[env]` values): shell text with [`PLACEHOLDERS`].
+struct CommandLine;
+
+impl Dialect for CommandLine {
+    type Var = &'static str;
+    type Error = TemplateError;
+    const BRACES: Braces = Braces::Shell;
+
+    fn var(&self, name: &str) -> Result<&'static str, TemplateError> {
+        placeholder(name).ok_or_else(|| TemplateError::Unknown {
+            name: name.to_string(),
+            known: braced_list(PLACEHOLDERS.iter().map(|(n, _, _)| *n)),
+        })
+    }
+
+    /// `{RANK}` is not shell syntax either: a placeholder in the wrong case.
+    fn literal_brace(&self, word: Option<&str>) -> Result<(), TemplateError> {
+        let Some(name) = word else { return Ok(()) };
+        let lower = name.to_ascii_lowercase();
+        if !name.is_empty()
+            && name != lower
+            && name.chars().all(|ch| ch.is_ascii_alphabetic() || ch == '_')
+            && placeholder(&lower).is_some()
+        {
+            return Err(TemplateError::UpperCase {
+                name: name.to_string(),
+                lower,
+            });
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Template {
-    pieces: Vec<Piece>,
-}
+pub struct Template(engine::Template<&'static str>);
 
 impl Template {
     /// The placeholders the template uses.
     pub fn names(&self) -> Vec<&str> {
-        self.pieces
-            .iter()
-            .filter_map(|p| match p {
-                Piece::Var(n) => Some(n.as_str()),
-                Piece::Text(_) => None,
-            })
-            .collect()
+        self.0.vars().copied().collect()
     }
 
     pub fn parse(text: &str) -> Result<Template, TemplateError> {
-        let mut pieces = Vec::new();
-        let mut lit = String::new();
-        let b = text.as_bytes();
-        let mut i = 0;
-        while i < b.len() {
-            let c = b[i];
-            if c == b'{' && b.get(i + 1) == Some(&b'{') {
-                lit.push('{');
-                i += 2;
-                continue;
-            }
-            if c == b'}' && b.get(i + 1) == Some(&b'}') {
-                lit.push('}');
-                i += 2;
-                continue;
-            }
-            let after_dollar = i > 0 && b[i - 1] == b'$';
-            if c == b'{' && !after_dollar {
-                let rest = &text[i + 1..];
-                // `{RANK}` is not shell syntax either: a placeholder in the wrong case.
-                if let Some(e) = rest.find('}') {
-                    let name = &rest[..e];
-                    let lower = name.to_ascii_lowercase();
-                    if !name.is_empty()
-                        && name != lower
-                        && name.chars().all(|ch| ch.is_ascii_alphabetic() || ch == '_')
-                        && PLACEHOLDERS.iter().any(|(n, _, _)| *n == lower)
-                    {
-                        return Err(TemplateError::UpperCase {
-                            name: name.to_string(),
-                            lower,
-                        });
-                    }
-                }
-                let end = rest.find('}');
-                let name_len = rest
-                    .find(|ch: char| !(ch.is_ascii_lowercase() || ch == '_'))
-                    .unwrap_or(rest.len());
-                match end {
-                    Some(e) if e == name_len && e > 0 => {
-                        let name = &rest[..e];
-                        if !PLACEHOLDERS.iter().any(|(n, _, _)| *n == name) {
-                            return Err(TemplateError::Unknown {
-                                name: name.to_string(),
-                                known: PLACEHOLDERS
-                                    .iter()
-                                    .map(|(n, _, _)| format!("{{{n}}}"))
-                                    .collect::<Vec<_>>()
-                                    .join(" "),
-                            });
-                        }
-                        if !lit.is_empty() {
-                            pieces.push(Piece::Text(std::mem::take(&mut lit)));
-                        }
-                        pieces.push(Piece::Var(name.to_string()));
-                        i += e + 2;
-                        continue;
-                    }
-                    None if name_len == rest.len() && !rest.is_empty() => {
-                        return Err(TemplateError::Unclosed { at: i });
-                    }
-                    // Shell syntax such as `{a,b}` or `{ cmd; }`: keep as text.
-                    _ => {}
-                }
-            }
-            let ch = text[i..].chars().next().expect("in bounds");
-            lit.push(ch);
-            i += ch.len_utf8();
-        }
-        if !lit.is_empty() {
-            pieces.push(Piece::Text(lit));
-        }
-        Ok(Template { pieces })
+        engine::Template::parse(text, &CommandLine).map(Template)
     }
 
     /// Substitute values. A value with characters the shell would split or expand is
     /// single-quoted, so paths with spaces stay one word; a [`SHELL_TEXT`] value is
     /// already shell words and goes in as it is.
     pub fn render(&self, values: &BTreeMap<&'static str, String>) -> String {
-        let mut out = String::new();
-        for p in &self.pieces {
-            match p {
-                Piece::Text(t) => out.push_str(t),
-                Piece::Var(name) => {
-                    let v = values.get(name.as_str()).map(String::as_str).unwrap_or("");
-                    match SHELL_TEXT.contains(&name.as_str()) {
-                        true => out.push_str(v),
-                        false => out.push_str(&shell_word(v)),
-                    }
-                }
+        self.0.render(|name, out| {
+            let v = values.get(name).map(String::as_str).unwrap_or("");
+            match SHELL_TEXT.contains(name) {
+                true => out.push_str(v),
+                false => out.push_str(&shell_word(v)),
             }
-        }
-        out
+        })
     }
 
     /// Substitute values verbatim (for URLs, not shell text).
     pub fn render_raw(&self, values: &BTreeMap<&'static str, String>) -> String {
-        let mut out = String::new();
-        for p in &self.pieces {
-            match p {
-                Piece::Text(t) => out.push_str(t),
-                Piece::Var(name) => {
-                    out.push_str(values.get(name.as_str()).map(String::as_str).unwrap_or(""))
-                }
-            }
-        }
-        out
+        self.0
+            .render(|name, out| out.push_str(values.get(name).map(String::as_str).unwrap_or("")))
     }
 }
 
 /// Placeholders whose value is shell text, already quoted word by word: `{extra_args}`
 /// expands to as many words as arguments were given.
 pub const SHELL_TEXT: &[&str] = &["extra_args"];
-
-/// `v` as one shell word: as it is when nothing in it is special, else single-quoted.
-pub fn shell_word(v: &str) -> String {
-    let safe = !v.is_empty()
-        && v.chars()
-            .all(|c| c.is_ascii_alphanumeric() || "/._-+=:,@%".contains(c));
-    if safe {
-        v.to_string()
-    } else {
-        format!("'{}'", v.replace('\'', r"'\''"))
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -331,6 +260,36 @@ mod tests {
         let e = Template::parse("python x.py --r {rnak}").unwrap_err();
         assert!(matches!(e, TemplateError::Unknown { ref name, .. } if name == "rnak"));
         assert!(e.to_string().contains("{rank}"));
+    }
+
+    #[test]
+    fn case_and_brace_mistakes_are_named() {
+        let err = |t: &str| Template::parse(t).unwrap_err().to_string();
+        assert_eq!(
+            err("run {RANK}"),
+            "`{RANK}`: placeholders are lower-case; did you mean `{rank}`?"
+        );
+        assert_eq!(
+            err("run {Num_Nodes} {rnak}"),
+            "`{Num_Nodes}`: placeholders are lower-case; did you mean `{num_nodes}`?"
+        );
+        assert_eq!(
+            err("run {rank"),
+            "unclosed `{` at byte 4; write `{{` for a literal brace"
+        );
+        assert!(
+            err("{nope}").starts_with("unknown placeholder `{nope}`; known: {rank} {num_nodes} ")
+        );
+        // Shell syntax, or not a placeholder in any case: text.
+        for ok in [
+            "${RANK}", "{NOPE}", "{{RANK}}", "{a,b", "{}", "}", "{R-ANK}",
+        ] {
+            let t = Template::parse(ok).unwrap();
+            assert!(t.names().is_empty(), "{ok}");
+        }
+        let t = Template::parse("{rank}{iteration}").unwrap();
+        assert_eq!(t.names(), ["rank", "iteration"]);
+        assert_eq!(t.render(&vals()), "2''");
     }
 }
 

@@ -16,6 +16,7 @@
 //! a node process another thread reaps every child.
 
 use crate::node::procs::{self, Registry};
+use crate::template::{braced_list, shell_word, Braces, Dialect, Template};
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::io::{self, Read, Write};
@@ -54,85 +55,42 @@ pub const PLACEHOLDERS: &[(&str, &str, &str)] = &[
     ("log_path", "RL_NODE_LOG_PATH", "the shared directory"),
 ];
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Piece {
-    Text(String),
-    Var(&'static str),
+/// `[aggregate] command`: shell text with [`PLACEHOLDERS`], read by the crate's one
+/// template reader ([`crate::template`], shell braces, as phase commands are).
+struct MergeCommand;
+
+impl Dialect for MergeCommand {
+    type Var = &'static str;
+    type Error = String;
+    const BRACES: Braces = Braces::Shell;
+
+    fn var(&self, name: &str) -> Result<&'static str, String> {
+        PLACEHOLDERS
+            .iter()
+            .map(|(n, _, _)| *n)
+            .find(|n| *n == name)
+            .ok_or_else(|| {
+                format!(
+                    "unknown placeholder `{{{name}}}`; known: {}",
+                    braced_list(PLACEHOLDERS.iter().map(|(n, _, _)| *n))
+                )
+            })
+    }
 }
 
-fn parse(text: &str) -> Result<Vec<Piece>, String> {
-    let mut pieces = Vec::new();
-    let mut lit = String::new();
-    let b = text.as_bytes();
-    let mut i = 0;
-    while i < b.len() {
-        let c = b[i];
-        if (c == b'{' || c == b'}') && b.get(i + 1) == Some(&c) {
-            lit.push(c as char);
-            i += 2;
-            continue;
-        }
-        if c == b'{' && !(i > 0 && b[i - 1] == b'$') {
-            let rest = &text[i + 1..];
-            let name_len = rest
-                .find(|ch: char| !(ch.is_ascii_lowercase() || ch == '_'))
-                .unwrap_or(rest.len());
-            if name_len > 0 && rest[name_len..].starts_with('}') {
-                let name = &rest[..name_len];
-                let Some((known, _, _)) = PLACEHOLDERS.iter().find(|(n, _, _)| *n == name) else {
-                    return Err(format!(
-                        "unknown placeholder `{{{name}}}`; known: {}",
-                        PLACEHOLDERS
-                            .iter()
-                            .map(|(n, _, _)| format!("{{{n}}}"))
-                            .collect::<Vec<_>>()
-                            .join(" ")
-                    ));
-                };
-                if !lit.is_empty() {
-                    pieces.push(Piece::Text(std::mem::take(&mut lit)));
-                }
-                pieces.push(Piece::Var(known));
-                i += name_len + 2;
-                continue;
-            }
-            if name_len == rest.len() && name_len > 0 {
-                return Err(format!(
-                    "unclosed `{{` at byte {i}; write `{{{{` for a literal brace"
-                ));
-            }
-        }
-        let ch = text[i..].chars().next().expect("in bounds");
-        lit.push(ch);
-        i += ch.len_utf8();
-    }
-    if !lit.is_empty() {
-        pieces.push(Piece::Text(lit));
-    }
-    Ok(pieces)
+fn parse(text: &str) -> Result<Template<&'static str>, String> {
+    Template::parse(text, &MergeCommand)
 }
 
 /// Check a merge command template (for configuration validation).
 pub fn check(template: &str) -> Result<(), String> {
-    let pieces = parse(template)?;
-    if !pieces.contains(&Piece::Var("output")) {
+    let template = parse(template)?;
+    if !template.vars().any(|v| *v == "output") {
         return Err(
             "the merge command must write {output} (the temporary file rl-node publishes)".into(),
         );
     }
     Ok(())
-}
-
-/// A value as one shell word: single-quoted when the shell would split or expand it.
-pub fn shell_word(v: &str) -> String {
-    let safe = !v.is_empty()
-        && v.chars()
-            .all(|c| c.is_ascii_alphanumeric() || "/._-+=:,@%".contains(c));
-    if safe {
-        v.to_string()
-    } else {
-        format!("'{}'", v.replace('\'', r"'\''"))
-    }
 }
 
 /// One run of the merge command.
@@ -205,15 +163,9 @@ impl Job {
 
     /// The command line, placeholders substituted.
     pub fn render(&self) -> Result<String, String> {
+        let template = parse(&self.template)?;
         let values = self.values();
-        let mut out = String::new();
-        for p in parse(&self.template)? {
-            match p {
-                Piece::Text(t) => out.push_str(&t),
-                Piece::Var(name) => out.push_str(&values[name].0),
-            }
-        }
-        Ok(out)
+        Ok(template.render(|name, out| out.push_str(&values[name].0)))
     }
 
     fn env(&self) -> Vec<(&'static str, String)> {
@@ -606,6 +558,24 @@ mod tests {
             "{r}"
         );
         assert!(r.ends_with("-r 0,2 ${HOME} {x}"), "{r}");
+    }
+
+    #[test]
+    fn template_mistakes() {
+        assert_eq!(
+            check("x {output} {inputs").unwrap_err(),
+            "unclosed `{` at byte 11; write `{{` for a literal brace"
+        );
+        assert_eq!(
+            check("x {output} {rank}").unwrap_err(),
+            "unknown placeholder `{rank}`; known: {inputs} {output} {report} {iteration} {split} {num_ranks} {input_ranks} {log_path}"
+        );
+        // No case hint here (unlike phase commands): `{OUTPUT}` is shell text.
+        assert!(check("x {OUTPUT} {output}").is_ok());
+        assert!(check("{output}{{output}}").is_ok());
+        assert!(check("{{output}}")
+            .unwrap_err()
+            .contains("must write {output}"));
     }
 
     #[test]

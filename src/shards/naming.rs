@@ -17,6 +17,7 @@
 //! share), `{rank}` appears exactly once, in the file name, of shard and partial names,
 //! and never in the output name.
 
+use crate::template::{self, braced_list, Braces, Dialect, Template};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -138,9 +139,9 @@ pub struct NamingError {
     pub message: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Piece {
-    Lit(String),
+/// What a name's placeholder stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Field {
     Rank,
     Iteration,
     Split,
@@ -148,12 +149,53 @@ enum Piece {
     Ext,
 }
 
+/// The placeholders of a name (besides `{log_path}/` at its start).
+const FIELDS: &[(&str, Field)] = &[
+    ("rank", Field::Rank),
+    ("iteration", Field::Iteration),
+    ("split", Field::Split),
+    ("split_iteration", Field::SplitIteration),
+    ("ext", Field::Ext),
+];
+
+type Piece = template::Piece<Field>;
+
+/// Names: not shell text, so every brace is a placeholder's or an escape (strict braces
+/// of the crate's one template reader, [`crate::template`]), and a name has no NUL.
+struct FileName;
+
+impl Dialect for FileName {
+    type Var = Field;
+    type Error = String;
+    const BRACES: Braces = Braces::Strict;
+
+    fn var(&self, name: &str) -> Result<Field, String> {
+        if let Some((_, field)) = FIELDS.iter().find(|(n, _)| *n == name) {
+            return Ok(*field);
+        }
+        Err(match name {
+            "log_path" => "`{log_path}` may only start a name".into(),
+            other => format!(
+                "unknown placeholder `{{{other}}}`; known: {}, and {{log_path}}/ at the start",
+                braced_list(FIELDS.iter().map(|(n, _)| *n))
+            ),
+        })
+    }
+
+    fn text(&self, text: &str) -> Result<(), String> {
+        match text.contains('\0') {
+            true => Err("a name cannot contain a NUL byte".into()),
+            false => Ok(()),
+        }
+    }
+}
+
 /// One parsed name template.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Name {
     /// Starts with `{log_path}/`: relative to the shared directory.
     anchored: bool,
-    pieces: Vec<Piece>,
+    template: Template<Field>,
 }
 
 /// Values substituted into a name.
@@ -165,6 +207,19 @@ struct Values<'a> {
     /// `{split_iteration}`: the how-many-th rollout of this split.
     split_iteration: u64,
     ext: &'a str,
+}
+
+impl Values<'_> {
+    /// `pieces` with the values in: names are file names, so each value goes in as it is.
+    fn render(&self, pieces: &[Piece]) -> String {
+        template::render(pieces, |field, s| match field {
+            Field::Rank => s.push_str(&self.rank.map(|r| r.to_string()).unwrap_or_default()),
+            Field::Iteration => s.push_str(&self.iteration.to_string()),
+            Field::Split => s.push_str(self.split),
+            Field::SplitIteration => s.push_str(&self.split_iteration.to_string()),
+            Field::Ext => s.push_str(self.ext),
+        })
+    }
 }
 
 impl Name {
@@ -185,85 +240,28 @@ impl Name {
                 "`{text}` is an absolute path; write it relative to the directory it lives in, or as `{{log_path}}/…` (nodes may mount the shared directory at different places)"
             ));
         }
-        let mut pieces = Vec::new();
-        let mut lit = String::new();
-        let mut chars = rest.char_indices().peekable();
-        while let Some((i, c)) = chars.next() {
-            match c {
-                '{' if chars.peek().map(|p| p.1) == Some('{') => {
-                    chars.next();
-                    lit.push('{');
-                }
-                '}' if chars.peek().map(|p| p.1) == Some('}') => {
-                    chars.next();
-                    lit.push('}');
-                }
-                '{' => {
-                    let end = rest[i..].find('}').ok_or_else(|| {
-                        format!("unclosed `{{` at byte {i}; write `{{{{` for a literal brace")
-                    })?;
-                    let var = &rest[i + 1..i + end];
-                    let piece = match var {
-                        "rank" => Piece::Rank,
-                        "iteration" => Piece::Iteration,
-                        "split" => Piece::Split,
-                        "split_iteration" => Piece::SplitIteration,
-                        "ext" => Piece::Ext,
-                        "log_path" => {
-                            return Err("`{log_path}` may only start a name".into())
-                        }
-                        other => {
-                            return Err(format!(
-                                "unknown placeholder `{{{other}}}`; known: {{rank}} {{iteration}} {{split}} {{split_iteration}} {{ext}}, and {{log_path}}/ at the start"
-                            ))
-                        }
-                    };
-                    if !lit.is_empty() {
-                        pieces.push(Piece::Lit(std::mem::take(&mut lit)));
-                    }
-                    pieces.push(piece);
-                    for _ in 0..end {
-                        chars.next();
-                    }
-                }
-                '}' => {
-                    return Err(format!(
-                        "unmatched `}}` at byte {i}; write `}}}}` for a literal brace"
-                    ))
-                }
-                '\0' => return Err("a name cannot contain a NUL byte".into()),
-                c => lit.push(c),
-            }
-        }
-        if !lit.is_empty() {
-            pieces.push(Piece::Lit(lit));
-        }
-        Ok(Name { anchored, pieces })
+        Ok(Name {
+            anchored,
+            template: Template::parse(rest, &FileName)?,
+        })
+    }
+
+    fn pieces(&self) -> &[Piece] {
+        self.template.pieces()
     }
 
     fn render(&self, v: &Values) -> String {
-        let mut s = String::new();
-        for p in &self.pieces {
-            match p {
-                Piece::Lit(t) => s.push_str(t),
-                Piece::Rank => s.push_str(&v.rank.map(|r| r.to_string()).unwrap_or_default()),
-                Piece::Iteration => s.push_str(&v.iteration.to_string()),
-                Piece::Split => s.push_str(v.split),
-                Piece::SplitIteration => s.push_str(&v.split_iteration.to_string()),
-                Piece::Ext => s.push_str(v.ext),
-            }
-        }
-        s
+        v.render(self.pieces())
     }
 
-    fn count(&self, what: &Piece) -> usize {
-        self.pieces.iter().filter(|p| *p == what).count()
+    fn count(&self, what: Field) -> usize {
+        self.template.vars().filter(|f| **f == what).count()
     }
 
     /// Where the last path component starts: (piece index, byte offset in that literal).
     fn last_component_start(&self) -> (usize, usize) {
-        for (i, p) in self.pieces.iter().enumerate().rev() {
-            if let Piece::Lit(t) = p {
+        for (i, p) in self.pieces().iter().enumerate().rev() {
+            if let Piece::Text(t) = p {
                 if let Some(k) = t.rfind('/') {
                     return (i, k + 1);
                 }
@@ -276,11 +274,11 @@ impl Name {
     fn file_pieces(&self) -> Vec<Piece> {
         let (i, k) = self.last_component_start();
         let mut out = Vec::new();
-        for (j, p) in self.pieces.iter().enumerate().skip(i) {
+        for (j, p) in self.pieces().iter().enumerate().skip(i) {
             match p {
-                Piece::Lit(t) if j == i => {
+                Piece::Text(t) if j == i => {
                     if !t[k..].is_empty() {
-                        out.push(Piece::Lit(t[k..].to_string()));
+                        out.push(Piece::Text(t[k..].to_string()));
                     }
                 }
                 p => out.push(p.clone()),
@@ -296,9 +294,9 @@ impl Name {
         let mut file = String::new();
         for p in self.file_pieces() {
             match p {
-                Piece::Lit(t) => file.push_str(&t),
-                Piece::Ext => file.push_str("{ext}"),
-                _ => file.push(OTHER),
+                Piece::Text(t) => file.push_str(&t),
+                Piece::Var(Field::Ext) => file.push_str("{ext}"),
+                Piece::Var(_) => file.push(OTHER),
             }
         }
         let dot = file.rfind('.')?;
@@ -464,18 +462,18 @@ impl Naming {
             (Key::PartialName, &self.partial, &self.texts[1]),
         ] {
             let e = |message: String| NamingError { key, message };
-            if name.count(&Piece::Rank) != 1 {
+            if name.count(Field::Rank) != 1 {
                 return Err(e(format!(
                     "`{text}` must contain {{rank}} exactly once (each rank needs its own file)"
                 )));
             }
-            if !name.file_pieces().contains(&Piece::Rank) {
+            if !name.file_pieces().contains(&Piece::Var(Field::Rank)) {
                 return Err(e(format!(
                     "`{text}`: {{rank}} must be in the file name, not in a directory"
                 )));
             }
         }
-        if self.output.count(&Piece::Rank) > 0 {
+        if self.output.count(Field::Rank) > 0 {
             return Err(NamingError {
                 key: Key::OutputName,
                 message: format!(
@@ -630,15 +628,8 @@ impl Naming {
         let try_one = |n: &Name| -> Option<u32> {
             let v = self.values(None, iteration, split, self.format.shard_ext());
             let file = n.file_pieces();
-            let at = file.iter().position(|p| *p == Piece::Rank)?;
-            let render = |ps: &[Piece]| {
-                Name {
-                    anchored: false,
-                    pieces: ps.to_vec(),
-                }
-                .render(&v)
-            };
-            let (pre, post) = (render(&file[..at]), render(&file[at + 1..]));
+            let at = file.iter().position(|p| *p == Piece::Var(Field::Rank))?;
+            let (pre, post) = (v.render(&file[..at]), v.render(&file[at + 1..]));
             let num = name
                 .strip_prefix(pre.as_str())?
                 .strip_suffix(post.as_str())?;
@@ -938,6 +929,49 @@ mod tests {
             assert!(e.to_string().contains(needle), "{e}");
             assert!(e.to_string().starts_with(key.config_key()), "{e}");
         }
+    }
+
+    #[test]
+    fn name_syntax_messages() {
+        let err = |t: &str| Name::parse(t).unwrap_err();
+        assert_eq!(
+            err("r{rank}{}"),
+            "unknown placeholder `{}`; known: {rank} {iteration} {split} {split_iteration} {ext}, and {log_path}/ at the start"
+        );
+        assert_eq!(
+            err("{log_path}//r{rank"),
+            "unclosed `{` at byte 1; write `{{` for a literal brace"
+        );
+        assert_eq!(
+            err("r}{rank}"),
+            "unmatched `}` at byte 1; write `}}` for a literal brace"
+        );
+        assert_eq!(err("a\0{nope}"), "a name cannot contain a NUL byte");
+        assert!(err("{nope}a\0").starts_with("unknown placeholder `{nope}`"));
+        assert!(err("r{rank}{RANK}").starts_with("unknown placeholder `{RANK}`"));
+        assert_eq!(
+            err("a/{log_path}/r{rank}"),
+            "`{log_path}` may only start a name"
+        );
+        // `$` is no shell syntax in a name.
+        let n = Name::parse("${rank}").unwrap();
+        assert_eq!(
+            n.pieces(),
+            [Piece::Text("$".into()), Piece::Var(Field::Rank)]
+        );
+        let n = Name::parse("{log_path}/d{{x}}/{split}{rank}.{ext}").unwrap();
+        assert!(n.anchored);
+        assert_eq!(
+            n.pieces(),
+            [
+                Piece::Text("d{x}/".into()),
+                Piece::Var(Field::Split),
+                Piece::Var(Field::Rank),
+                Piece::Text(".".into()),
+                Piece::Var(Field::Ext)
+            ]
+        );
+        assert_eq!(n.extension().as_deref(), Some("{ext}"));
     }
 
     #[test]
