@@ -751,18 +751,21 @@ impl Node {
             if r == self.rank {
                 continue;
             }
-            if let Ok(Some(rec)) = store::read_json::<crate::protocol::RankRecord>(
+            let failed = if let Ok(Some(rec)) = store::read_json::<crate::protocol::RankRecord>(
                 &self.layout.rank_record(self.gen(), r),
             ) {
-                if rec.state.is_terminal() && rec.state != crate::protocol::NodeState::Done {
-                    self.dead_peers.insert(r);
-                }
                 self.liveness.observe(r, rec.seq, now);
+                rec.state.is_terminal() && rec.state != crate::protocol::NodeState::Done
             } else {
                 self.liveness.watch(r, now);
-            }
-            if self.liveness.is_dead(r, now) {
+                false
+            };
+            // A peer that heartbeats again after a long freeze holds its new leases: its
+            // items are not taken over at once (the simulator found that they were).
+            if failed || self.liveness.is_dead(r, now) {
                 self.dead_peers.insert(r);
+            } else {
+                self.dead_peers.remove(&r);
             }
         }
     }

@@ -6,13 +6,16 @@
 //!   drifting clocks, and frozen and stopped nodes;
 //! - `crashes`: kill -9 at any point, torn journal appends, failing commands, restarts as
 //!   new generations, and nodes that wake up in a replaced generation (fencing), with
-//!   the journal, the resume point and the fence deciding.
+//!   the journal, the resume point and the fence deciding;
+//! - `leases`: dynamic rollouts, items claimed by leases over negative-lookup caches,
+//!   taken over from killed and frozen nodes, backed up when slow.
 //!
 //! Long runs: `scripts/sim --seeds 100000 --nodes 64`; one seed:
 //! `scripts/sim --first-seed S --seeds 1 --nodes N` (the same output every time).
 
 mod barriers;
 mod crashes;
+mod leases;
 
 /// An invariant that did not hold: the seed, what, and the steps that led there.
 #[derive(Debug)]
@@ -39,7 +42,7 @@ pub fn nodes_for(seed: u64, max: u64) -> usize {
 }
 
 /// `scripts/sim`: SIM_FIRST_SEED, SIM_SEEDS, SIM_NODES (the largest cluster; seeds spread
-/// 3..=SIM_NODES nodes). Runs both scenarios; prints a summary of each, or the failing
+/// 3..=SIM_NODES nodes). Runs every scenario; prints a summary of each, or the failing
 /// seed with its trace.
 #[test]
 #[ignore]
@@ -69,5 +72,12 @@ fn long_run() {
             s.line()
         ),
         Err(v) => panic!("crashes: {v}"),
+    }
+    match leases::sweep(first, seeds, nodes, Default::default()) {
+        Ok(s) => println!(
+            "leases: seeds {first}..{last}: {seeds} run(s) of 3..={nodes} nodes; {}",
+            s.line()
+        ),
+        Err(v) => panic!("leases: {v}"),
     }
 }
