@@ -11,6 +11,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod demo;
+pub mod events;
 pub mod exit;
 pub mod holder;
 pub mod json;

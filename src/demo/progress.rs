@@ -1,22 +1,31 @@
 //! What the demo shows, read from the shared directory alone: the merged trajectories and
 //! eval results of each iteration, and rank 0's event log for the time per phase.
 
+use crate::events::{self, EventRecord};
 use crate::layout::Layout;
+use crate::protocol::walk::Barrier;
 use serde_json::Value;
 use std::path::Path;
 
-/// One line of `.rl-node/events/rank-R.jsonl`, as far as the demo cares.
+/// One line of `.rl-node/events/rank-R.jsonl`, with its time in seconds.
 #[derive(Debug, Clone)]
 pub struct Event {
     pub gen: u64,
     pub iteration: u64,
-    pub kind: String,
-    /// `phase` for phase and command events, `name` for barriers.
-    pub name: String,
+    pub event: events::Event,
     /// Seconds since the Unix epoch (millisecond resolution).
     pub t: f64,
 }
 
+impl Event {
+    /// Passing the last barrier of an iteration: the iteration is complete.
+    fn is_final_sync(&self) -> bool {
+        matches!(&self.event, events::Event::Barrier { name, .. } if name == Barrier::FinalSync.name())
+    }
+}
+
+/// Rank `rank`'s events. Lines that are not events this build knows (a torn last line,
+/// another version's event) are skipped, as are lines whose time does not parse.
 pub fn read_events(shared: &Path, rank: u32) -> Vec<Event> {
     let path = Layout::new(shared)
         .state_dir()
@@ -26,18 +35,13 @@ pub fn read_events(shared: &Path, rank: u32) -> Vec<Event> {
         return Vec::new();
     };
     text.lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter_map(|v| {
-            let t = chrono::DateTime::parse_from_rfc3339(v["t"].as_str()?).ok()?;
+        .filter_map(EventRecord::parse)
+        .filter_map(|r| {
+            let t = chrono::DateTime::parse_from_rfc3339(&r.t).ok()?;
             Some(Event {
-                gen: v["gen"].as_u64().unwrap_or(0),
-                iteration: v["iteration"].as_u64().unwrap_or(0),
-                kind: v["event"].as_str().unwrap_or("").to_string(),
-                name: v["phase"]
-                    .as_str()
-                    .or_else(|| v["name"].as_str())
-                    .unwrap_or("")
-                    .to_string(),
+                gen: r.gen,
+                iteration: r.iteration,
+                event: r.event,
                 t: t.timestamp_millis() as f64 / 1000.0,
             })
         })
@@ -48,7 +52,7 @@ pub fn read_events(shared: &Path, rank: u32) -> Vec<Event> {
 pub fn completed(events: &[Event], gen: u64) -> Vec<u64> {
     events
         .iter()
-        .filter(|e| e.gen == gen && e.kind == "barrier" && e.name == "final-sync")
+        .filter(|e| e.gen == gen && e.is_final_sync())
         .map(|e| e.iteration)
         .collect()
 }
@@ -64,16 +68,19 @@ pub fn phase_times(
         .iter()
         .filter(|e| e.gen == gen && e.iteration == iteration)
         .collect();
-    let end = mine
+    let end = mine.iter().find(|e| e.is_final_sync())?.t;
+    let phases: Vec<(crate::protocol::Phase, f64)> = mine
         .iter()
-        .find(|e| e.kind == "barrier" && e.name == "final-sync")?
-        .t;
-    let phases: Vec<&&Event> = mine.iter().filter(|e| e.kind == "phase").collect();
-    let start = phases.first()?.t;
+        .filter_map(|e| match e.event {
+            events::Event::Phase { phase, .. } => Some((phase, e.t)),
+            _ => None,
+        })
+        .collect();
+    let start = phases.first()?.1;
     let mut out = Vec::new();
-    for (i, p) in phases.iter().enumerate() {
-        let until = phases.get(i + 1).map(|n| n.t).unwrap_or(end);
-        out.push((p.name.clone(), (until - p.t).max(0.0)));
+    for (i, (phase, t)) in phases.iter().enumerate() {
+        let until = phases.get(i + 1).map(|n| n.1).unwrap_or(end);
+        out.push((phase.name().to_string(), (until - t).max(0.0)));
     }
     Some(((end - start).max(0.0), out))
 }
@@ -164,5 +171,93 @@ pub fn iteration_report(
         secs: times.as_ref().map(|t| t.0),
         groups,
         phases: times.map(|t| t.1).unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::EventRecord;
+    use crate::protocol::Phase;
+
+    fn line(gen: u64, iteration: u64, t: &str, event: events::Event) -> String {
+        EventRecord {
+            event,
+            gen,
+            iteration,
+            rank: 0,
+            t: t.into(),
+        }
+        .to_line()
+    }
+
+    fn phase(p: Phase) -> events::Event {
+        events::Event::Phase {
+            phase: p,
+            n: p.number(),
+        }
+    }
+
+    fn barrier(name: &str) -> events::Event {
+        events::Event::Barrier {
+            name: name.into(),
+            k: 1,
+            waited_ms: 0,
+        }
+    }
+
+    #[test]
+    fn phase_times_come_from_the_typed_lines_and_other_lines_are_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let events_dir = Layout::new(dir.path()).state_dir().join("events");
+        std::fs::create_dir_all(&events_dir).unwrap();
+        let mut text = String::new();
+        text += &line(
+            1,
+            1,
+            "2026-01-01T00:00:00.000+00:00",
+            phase(Phase::SyncStart),
+        );
+        text += "{\"event\":\"from-a-later-version\",\"gen\":1}\n";
+        text += &line(1, 1, "2026-01-01T00:00:01.000+00:00", barrier("sync-start"));
+        text += &line(
+            1,
+            1,
+            "2026-01-01T00:00:01.500+00:00",
+            phase(Phase::TrainRollout),
+        );
+        text += "not json\n";
+        text += &line(
+            1,
+            1,
+            "2026-01-01T00:00:04.000+00:00",
+            phase(Phase::FinalSync),
+        );
+        text += &line(1, 1, "2026-01-01T00:00:04.250+00:00", barrier("final-sync"));
+        // An iteration that did not pass final-sync, and a torn last line.
+        text += &line(
+            1,
+            2,
+            "2026-01-01T00:00:05.000+00:00",
+            phase(Phase::SyncStart),
+        );
+        text += "{\"event\":\"barrier\",\"name\":\"final-s";
+        std::fs::write(events_dir.join("rank-0.jsonl"), text).unwrap();
+
+        let events = read_events(dir.path(), 0);
+        assert_eq!(events.len(), 6);
+        assert_eq!(completed(&events, 1), [1]);
+        assert!(completed(&events, 2).is_empty());
+        let (total, phases) = phase_times(&events, 1, 1).unwrap();
+        assert_eq!(total, 4.25);
+        assert_eq!(
+            phases,
+            [
+                ("sync-start".to_string(), 1.5),
+                ("train-rollout".to_string(), 2.5),
+                ("final-sync".to_string(), 0.25),
+            ]
+        );
+        assert!(phase_times(&events, 1, 2).is_none());
     }
 }

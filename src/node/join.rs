@@ -12,6 +12,7 @@
 //! process) happen before the worker writes anything.
 
 use super::{random_hex, Interrupt, Node, Stop};
+use crate::events;
 use crate::exit;
 use crate::holder;
 use crate::protocol::{wall_now, ClusterRecord, Mark, NodeState, RankRecord, PROTO};
@@ -252,7 +253,9 @@ impl Node {
             "started generation {gen} of run {run_id}; waiting for {} worker(s) to join",
             self.num_nodes() - 1
         ));
-        self.event(json!({"event": "generation", "previous": previous}));
+        self.event(events::Event::Generation {
+            previous: previous.clone(),
+        });
         let history = state::HistoryEntry {
             gen,
             run_id: run_id.clone(),
@@ -307,7 +310,9 @@ impl Node {
                 if let Some(why) = n.refused.get(&r).cloned() {
                     if refusals.insert(why.clone()) {
                         n.warn(&why);
-                        n.event(json!({"event": "refused", "rank": r, "why": why}));
+                        // The line's `rank` is this rank 0's, like every line's;
+                        // `why` names the refused rank.
+                        n.event(events::Event::Refused { why });
                     }
                 }
             }

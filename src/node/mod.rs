@@ -20,6 +20,7 @@ mod watchdog;
 mod work;
 
 use crate::config::{Config, Loaded, PhaseCommand, Template};
+use crate::events;
 use crate::exit;
 use crate::layout::Layout;
 use crate::logging;
@@ -421,7 +422,10 @@ impl Node {
 
     /// The stop of a node whose generation was replaced (see [`Node::fence`]).
     fn fenced(&mut self, why: &str, what: &str) -> Stop {
-        self.event(json!({"event": "fenced", "what": what, "why": why}));
+        self.event(events::Event::Fenced {
+            what: what.to_string(),
+            why: why.to_string(),
+        });
         Stop {
             code: exit::PEER_FAILED,
             message: format!("{why}: this node did not {what}, and stops without touching the newer generation's files"),
@@ -872,7 +876,11 @@ impl Node {
             self.iteration,
             waited.as_secs_f64()
         ));
-        self.event(json!({"event": "barrier", "name": name, "k": k, "waited_ms": waited.as_millis() as u64}));
+        self.event(events::Event::Barrier {
+            name: name.to_string(),
+            k,
+            waited_ms: waited.as_millis() as u64,
+        });
         Ok(broadcast)
     }
 
@@ -985,7 +993,7 @@ impl Node {
         }
         if let Some(warning) = latest.warning(&base) {
             self.warn(&warning);
-            self.event(json!({"event": "latest-fallback", "warning": warning}));
+            self.event(events::Event::LatestFallback { warning });
         }
         if let Some(p) = latest.path() {
             self.model = p.display().to_string();
@@ -1016,7 +1024,10 @@ impl Node {
             r.iteration = it;
             r.state = NodeState::Running;
         });
-        self.event(json!({"event": "phase", "phase": phase.name(), "n": phase.number()}));
+        self.event(events::Event::Phase {
+            phase,
+            n: phase.number(),
+        });
         self.test_hold(phase)
     }
 
@@ -1533,7 +1544,11 @@ impl Node {
                 shard.display()
             ));
         }
-        self.event(json!({"event": "commit", "split": split, "path": shard.display().to_string(), "adopted": adopted}));
+        self.event(events::Event::Commit {
+            split: split.to_string(),
+            path: shard.display().to_string(),
+            adopted,
+        });
         Ok(())
     }
 
@@ -1647,7 +1662,13 @@ impl Node {
         };
         match merged {
             Ok(summary) => {
-                self.event(json!({"event": "aggregate", "split": split, "records": summary.records, "bytes": summary.bytes}));
+                self.event(events::Event::Aggregate {
+                    split: split.to_string(),
+                    merged: events::Aggregated::Shards {
+                        records: summary.records,
+                        bytes: summary.bytes,
+                    },
+                });
                 Ok(())
             }
             Err(crate::aggregate::AggregateError::Fenced { reason }) => {
@@ -1675,7 +1696,9 @@ impl Node {
                 "iteration {}: {item} was completed before the restart; reusing its output",
                 self.iteration
             ));
-            self.event(json!({"event": "reused", "item": item}));
+            self.event(events::Event::Reused {
+                item: item.to_string(),
+            });
             return Ok(());
         }
         work(self)?;
@@ -1728,7 +1751,9 @@ impl Node {
                 None,
             ));
         }
-        self.event(json!({"event": "journal", "item": item}));
+        self.event(events::Event::Journal {
+            item: item.to_string(),
+        });
         self.journal.push(entry);
         Ok(())
     }
@@ -1767,12 +1792,11 @@ impl Node {
             self.model_label()
         ));
         self.warn(&message);
-        self.event(json!({
-            "event": "train-failed",
-            "failed": failure.short(),
-            "reason": info.reason,
-            "log": log.display().to_string(),
-        }));
+        self.event(events::Event::TrainFailed {
+            failed: failure.short(),
+            reason: info.reason,
+            log: log.display().to_string(),
+        });
         Ok(Some(failure.short()))
     }
 
@@ -1837,17 +1861,19 @@ impl Node {
             "iteration {it}: no checkpoint is handed off (phases.train.on-failure = \"keep-model\"); the model stays {}",
             self.model_label()
         ));
-        let failed: Vec<Value> = self
+        let failed = self
             .train_failed
             .iter()
-            .map(|(r, why)| json!({ "rank": r, "failed": why }))
+            .map(|(r, why)| events::RankFailure {
+                rank: *r,
+                failed: why.clone(),
+            })
             .collect();
-        self.event(json!({
-            "event": "handoff-skipped",
-            "failed": failed,
-            "model": self.model,
-            "summary": summary,
-        }));
+        self.event(events::Event::HandoffSkipped {
+            failed,
+            model: self.model.clone(),
+            summary: summary.clone(),
+        });
         self.journal_note = Some(summary);
         self.journal_item(journal::item::HANDOFF_SKIPPED)
     }
@@ -1920,7 +1946,10 @@ impl Node {
                     source.display(),
                     started.elapsed().as_secs_f64()
                 ));
-                self.event(json!({"event": "handoff", "model": self.model, "source": source.display().to_string()}));
+                self.event(events::Event::Handoff {
+                    model: self.model.clone(),
+                    source: source.display().to_string(),
+                });
                 Ok(())
             }
             Err(crate::checkpoint::PublishError::Fenced { reason, .. }) => {
@@ -2073,9 +2102,11 @@ impl Node {
         };
         self.reap(pid, Some(&log));
         let secs = running.started.elapsed().as_secs_f64();
-        self.event(
-            json!({"event": "command", "phase": phase, "exit": exit.to_string(), "secs": secs}),
-        );
+        self.event(events::Event::Command {
+            phase: phase.to_string(),
+            exit: exit.to_string(),
+            secs,
+        });
         if exit != ChildExit::Success {
             return Ok((log, Err(CommandFailure::Exit(exit))));
         }
@@ -2187,19 +2218,20 @@ impl Node {
 
     /// Append one line to this rank's event log (`.rl-node/events/rank-R.jsonl`; one
     /// writer). Best effort: the event log is for people and tests, not the protocol.
-    fn event(&self, mut e: Value) {
-        if let Some(obj) = e.as_object_mut() {
-            obj.insert("gen".into(), json!(self.gen()));
-            obj.insert("iteration".into(), json!(self.iteration));
-            obj.insert("rank".into(), json!(self.rank));
-            obj.insert("t".into(), json!(wall_now()));
-        }
+    fn event(&self, event: events::Event) {
+        let record = events::EventRecord {
+            event,
+            gen: self.gen(),
+            iteration: self.iteration,
+            rank: self.rank,
+            t: wall_now(),
+        };
         let path = self
             .layout
             .state_dir()
             .join("events")
             .join(format!("rank-{}.jsonl", self.rank));
-        append_log(&path, &format!("{e}\n"));
+        append_log(&path, &record.to_line());
     }
 }
 

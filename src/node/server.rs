@@ -17,6 +17,7 @@ use super::procs::ChildExit;
 use super::{Interrupt, Node, Stop};
 use crate::checkpoint;
 use crate::config::Template;
+use crate::events;
 use crate::protocol::AbortKind;
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
@@ -143,13 +144,12 @@ impl Node {
                 &log,
                 &format!("### rl-node: start attempt {attempt} of {attempts} failed: {why}; stopped it\n"),
             );
-            self.event(serde_json::json!({
-                "event": "server-start-failed",
-                "attempt": attempt,
-                "attempts": attempts,
-                "reason": why,
-                "retry": retry,
-            }));
+            self.event(events::Event::ServerStartFailed {
+                attempt,
+                attempts,
+                reason: why.clone(),
+                retry,
+            });
             if !retry {
                 return Err(self.fail(
                     failure.abort_kind(),
@@ -232,7 +232,11 @@ impl Node {
         if failure.is_none() {
             let secs = running.started.elapsed().as_secs_f64();
             self.info(&format!("server healthy after {secs:.2}s"));
-            self.event(serde_json::json!({"event": "server-start", "model": self.model, "secs": secs, "attempt": attempt}));
+            self.event(events::Event::ServerStart {
+                model: self.model.clone(),
+                secs,
+                attempt,
+            });
         }
         Ok((pid, failure))
     }
@@ -247,9 +251,9 @@ impl Node {
         let started = Instant::now();
         self.registry.stop(server.pid, self.cfg.server.stop_grace);
         self.wait_port_free("the server stopped", &server.log)?;
-        self.event(
-            serde_json::json!({"event": "server-stop", "secs": started.elapsed().as_secs_f64()}),
-        );
+        self.event(events::Event::ServerStop {
+            secs: started.elapsed().as_secs_f64(),
+        });
         self.wait_gpu_drain()
     }
 

@@ -17,6 +17,7 @@
 use super::procs::ChildExit;
 use super::{Interrupt, Node, Stop};
 use crate::config::{PhaseCommand, WorkMode};
+use crate::events;
 use crate::protocol::lease::{self, Holder};
 use crate::protocol::AbortKind;
 use crate::store;
@@ -317,9 +318,13 @@ impl Node {
                 None,
             )
         })?;
-        self.event(
-            json!({"event": "aggregate", "split": split, "items": paths.len(), "missing": missing}),
-        );
+        self.event(events::Event::Aggregate {
+            split: split.to_string(),
+            merged: events::Aggregated::Items {
+                items: paths.len(),
+                missing,
+            },
+        });
         Ok(())
     }
 
@@ -354,14 +359,22 @@ impl Node {
     /// The delay before retrying an item that exited with a retryable `code`; recorded.
     fn retry_delay(&mut self, name: &str, task: &str, attempt: u32, code: i32) -> Duration {
         let wait = self.backoff(attempt);
-        self.event(json!({"event": "retry", "item": name, "task": task, "attempt": attempt + 1, "exit": code, "delay_ms": wait.as_millis() as u64}));
+        self.event(events::Event::Retry {
+            item: name.to_string(),
+            task: task.to_string(),
+            attempt: attempt + 1,
+            exit: code,
+            delay_ms: wait.as_millis() as u64,
+        });
         wait
     }
 
     fn item_failed(&mut self, name: &str, task: &str, exit: ChildExit) {
-        self.event(
-            json!({"event": "item-failed", "item": name, "task": task, "exit": exit.to_string()}),
-        );
+        self.event(events::Event::ItemFailed {
+            item: name.to_string(),
+            task: task.to_string(),
+            exit: exit.to_string(),
+        });
     }
 
     fn spawn_item(
@@ -650,7 +663,15 @@ impl Node {
                 String::new()
             }
         ));
-        self.event(json!({"event": "items", "split": split, "total": tally.total, "committed": tally.committed, "failed": failed, "retries": tally.retries}));
+        self.event(events::Event::Items {
+            split: split.to_string(),
+            total: tally.total,
+            committed: tally.committed,
+            failed,
+            mode: events::ItemsMode::Static {
+                retries: tally.retries,
+            },
+        });
         let fraction = failed as f64 / tally.total.max(1) as f64;
         if failed > 0 && fraction > self.cfg.work.max_failed_fraction {
             return Err(self.fail(
@@ -917,7 +938,10 @@ impl Node {
                             let slower = lease::backup_due(attempt, seen.elapsed(), avg);
                             if slower && self.claim(split, pos, attempt + 1)? {
                                 backups += 1;
-                                self.event(json!({"event": "backup", "item": item_name(pos, None), "holder": holder}));
+                                self.event(events::Event::Backup {
+                                    item: item_name(pos, None),
+                                    holder,
+                                });
                                 let (pid, partial) = self.spawn_item(
                                     &job,
                                     item,
@@ -1089,7 +1113,16 @@ impl Node {
                 format!(", {} failed", failed.len())
             }
         ));
-        self.event(json!({"event": "items", "split": split, "total": pool.len(), "committed": mine, "failed": failed.len(), "backups": backups, "dynamic": true}));
+        self.event(events::Event::Items {
+            split: split.to_string(),
+            total: pool.len(),
+            committed: mine,
+            failed: failed.len(),
+            mode: events::ItemsMode::Dynamic {
+                backups,
+                dynamic: true,
+            },
+        });
         // A shard per rank (items whose position mod ranks is this rank, whoever ran them),
         // so an aggregate command and `rl-node aggregate` see rank shards as usual.
         let n = self.num_nodes() as usize;
