@@ -457,11 +457,16 @@ impl Sim {
     }
 
     fn run(mut self) -> Result<Summary, Violation> {
-        let per_node = (self.items as u64 / self.n as u64 + 1) * 60;
-        let bound = per_node * 4
+        // The scheduler gives each node a round about every n ticks, and an attempt takes
+        // up to 45 ticks: a node's share of the pool takes about (share + 1) rounds of
+        // (45 + 2n) ticks. Allow four times that, the share of every killed node again,
+        // dead-after four times over, and the freeze.
+        let n = self.n as u64;
+        let share = (self.items as u64 / n + 1) * (45 + 2 * n);
+        let bound = 4 * share
+            + (self.kills_at.len() as u64) * 4 * share
             + self.dead_after * 4
-            + self.freeze.map_or(0, |f| f.2)
-            + (self.kills_at.len() as u64 + 1) * per_node * 2;
+            + self.freeze.map_or(0, |f| f.2);
         loop {
             self.tick += 1;
             if self.tick > bound {
