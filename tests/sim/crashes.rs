@@ -1025,7 +1025,7 @@ impl Sim {
     }
 }
 
-/// Run `seeds` seeds from `first` with 3..=max_nodes nodes; the first violation.
+/// Run `seeds` seeds from `first` with 1..=max_nodes nodes; the first violation.
 pub fn sweep(
     first: u64,
     seeds: u64,
