@@ -269,10 +269,9 @@ pub fn lost_journals(
         .collect()
 }
 
-/// Everything rank 0 checks before it starts a generation of `cluster`'s run, and the
-/// torn tails it found (tolerated; each writer repairs its own).
+/// The journals rank 0 checked (with the history) before it starts a generation of
+/// `cluster`'s run, and the torn tails it found (tolerated; each writer repairs its own).
 pub struct Checked {
-    pub history: Lines<HistoryEntry>,
     pub journals: Vec<Vec<Entry>>,
     pub torn: Vec<String>,
 }
@@ -302,7 +301,6 @@ pub fn check_run(
         return Err(e);
     }
     Ok(Checked {
-        history,
         journals,
         torn,
     })

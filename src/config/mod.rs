@@ -7,7 +7,7 @@
 
 pub mod template;
 
-pub use template::{Template, TemplateError};
+pub use template::Template;
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

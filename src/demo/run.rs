@@ -443,6 +443,8 @@ fn describe_code(code: i32) -> &'static str {
         exit::USAGE => "usage or configuration error",
         exit::PEER_FAILED => "stopped: another node failed or died",
         exit::DEADLINE => "a deadline passed",
+        exit::TIME_LIMIT => "stopped for its time limit (SIGUSR1/SIGUSR2); restart to resume",
+        exit::SIGHUP => "interrupted (SIGHUP)",
         exit::SIGINT => "interrupted (SIGINT)",
         exit::SIGTERM => "interrupted (SIGTERM)",
         137 => "killed (SIGKILL)",
