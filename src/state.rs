@@ -300,10 +300,7 @@ pub fn check_run(
     {
         return Err(e);
     }
-    Ok(Checked {
-        journals,
-        torn,
-    })
+    Ok(Checked { journals, torn })
 }
 
 pub fn torn_note(path: &Path, fragment: &str) -> String {

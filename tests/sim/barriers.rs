@@ -35,7 +35,7 @@
 //!
 //! Crashes, restarts, generations and fencing are the other scenario's (`crashes.rs`).
 
-use super::{nodes_for, Violation};
+use super::Violation;
 use rl_node::protocol::barrier::{Barrier, Mutation, Progress};
 use rl_node::protocol::liveness::Mutation as LivenessMutation;
 use rl_node::protocol::{Liveness, Mark, NodeState, RankRecord};
@@ -186,6 +186,7 @@ struct Sim {
     checks: u64,
 }
 
+#[derive(Default)]
 pub struct Summary {
     pub steps: u64,
     faults: u64,
@@ -553,28 +554,22 @@ pub fn sweep(
     max_nodes: u64,
     mutations: Mutations,
 ) -> Result<Summary, Violation> {
-    let mut total = Summary {
-        steps: 0,
-        faults: 0,
-        checks: 0,
-        reads: 0,
-        writes: 0,
-        sim_ms: 0,
-        node_ms: 0,
-        deaths: 0,
-    };
-    for seed in first..first + seeds {
-        let s = Sim::new(seed, nodes_for(seed, max_nodes), 12, mutations).run(seed)?;
-        total.steps += s.steps;
-        total.faults += s.faults;
-        total.checks += s.checks;
-        total.reads += s.reads;
-        total.writes += s.writes;
-        total.sim_ms += s.sim_ms;
-        total.node_ms += s.node_ms;
-        total.deaths += s.deaths;
+    super::sweep(first, seeds, max_nodes, |seed, n| {
+        Sim::new(seed, n, 12, mutations).run(seed)
+    })
+}
+
+impl std::ops::AddAssign for Summary {
+    fn add_assign(&mut self, o: Summary) {
+        self.steps += o.steps;
+        self.faults += o.faults;
+        self.checks += o.checks;
+        self.reads += o.reads;
+        self.writes += o.writes;
+        self.sim_ms += o.sim_ms;
+        self.node_ms += o.node_ms;
+        self.deaths += o.deaths;
     }
-    Ok(total)
 }
 
 #[test]

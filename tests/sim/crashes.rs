@@ -38,7 +38,7 @@
 //! checkpoint and `LATEST` equal those of an uninterrupted run: nothing lost, nothing
 //! done twice.
 
-use super::{nodes_for, Violation};
+use super::Violation;
 use rl_node::protocol::fence::{self, Seen};
 use rl_node::protocol::journal::{self, item, Entry, Lines, Tail};
 use rl_node::protocol::phase::RlPhase;
@@ -189,6 +189,7 @@ fn cluster(gen: u64) -> ClusterRecord {
     }
 }
 
+#[derive(Default)]
 pub struct Summary {
     pub ticks: u64,
     pub kills: u64,
@@ -271,20 +272,7 @@ impl Sim {
             failed_generations: BTreeSet::new(),
             trained_at_start: BTreeMap::new(),
             trace: VecDeque::new(),
-            s: Summary {
-                ticks: 0,
-                kills: 0,
-                torn: 0,
-                failed_commands: 0,
-                store_errors: 0,
-                hangs: 0,
-                watchdog_ends: 0,
-                frozen: 0,
-                fenced: 0,
-                generations: 0,
-                set_aside: 0,
-                checks: 0,
-            },
+            s: Summary::default(),
         };
         sim.start_generation();
         sim
@@ -1032,36 +1020,26 @@ pub fn sweep(
     max_nodes: u64,
     mutations: Mutations,
 ) -> Result<Summary, Violation> {
-    let mut t = Summary {
-        ticks: 0,
-        kills: 0,
-        torn: 0,
-        failed_commands: 0,
-        store_errors: 0,
-        hangs: 0,
-        watchdog_ends: 0,
-        frozen: 0,
-        fenced: 0,
-        generations: 0,
-        set_aside: 0,
-        checks: 0,
-    };
-    for seed in first..first + seeds {
-        let s = Sim::new(seed, nodes_for(seed, max_nodes), mutations).run()?;
-        t.ticks += s.ticks;
-        t.kills += s.kills;
-        t.torn += s.torn;
-        t.failed_commands += s.failed_commands;
-        t.store_errors += s.store_errors;
-        t.hangs += s.hangs;
-        t.watchdog_ends += s.watchdog_ends;
-        t.frozen += s.frozen;
-        t.fenced += s.fenced;
-        t.generations += s.generations;
-        t.set_aside += s.set_aside;
-        t.checks += s.checks;
+    super::sweep(first, seeds, max_nodes, |seed, n| {
+        Sim::new(seed, n, mutations).run()
+    })
+}
+
+impl std::ops::AddAssign for Summary {
+    fn add_assign(&mut self, o: Summary) {
+        self.ticks += o.ticks;
+        self.kills += o.kills;
+        self.torn += o.torn;
+        self.failed_commands += o.failed_commands;
+        self.store_errors += o.store_errors;
+        self.hangs += o.hangs;
+        self.watchdog_ends += o.watchdog_ends;
+        self.frozen += o.frozen;
+        self.fenced += o.fenced;
+        self.generations += o.generations;
+        self.set_aside += o.set_aside;
+        self.checks += o.checks;
     }
-    Ok(t)
 }
 
 impl Summary {
@@ -1126,7 +1104,6 @@ fn a_fenced_node_that_commits_is_caught() {
         ..Mutations::default()
     });
     assert!(v.what.contains("after generation"), "{v}");
-    eprintln!("{v}");
 }
 
 /// … and so is a restart that resumes where the furthest rank got, not the slowest.
@@ -1140,5 +1117,4 @@ fn a_resume_point_past_unfinished_work_is_caught() {
         v.what.contains("0 times") || v.what.contains("not what"),
         "{v}"
     );
-    eprintln!("{v}");
 }

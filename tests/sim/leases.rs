@@ -30,7 +30,7 @@
 //! - every item is committed exactly once, by one attempt;
 //! - every run ends: every live node finishes within a bound.
 
-use super::{nodes_for, Violation};
+use super::Violation;
 use rl_node::protocol::lease::{self, Holder};
 use rl_node::protocol::liveness::Mutation as LivenessMutation;
 use rl_node::protocol::Liveness;
@@ -89,6 +89,7 @@ enum Name {
     Lease(usize, u32),
 }
 
+#[derive(Default)]
 pub struct Summary {
     pub ticks: u64,
     pub items: u64,
@@ -186,16 +187,8 @@ impl Sim {
             frozen_spans: vec![vec![]; n],
             trace: VecDeque::new(),
             s: Summary {
-                ticks: 0,
                 items: items as u64,
-                attempts: 0,
-                retries: 0,
-                takeovers: 0,
-                backups: 0,
-                lost_commits: 0,
-                kills: 0,
-                freezes: 0,
-                checks: 0,
+                ..Summary::default()
             },
         }
     }
@@ -554,32 +547,24 @@ pub fn sweep(
     max_nodes: u64,
     mutations: Mutations,
 ) -> Result<Summary, Violation> {
-    let mut t = Summary {
-        ticks: 0,
-        items: 0,
-        attempts: 0,
-        retries: 0,
-        takeovers: 0,
-        backups: 0,
-        lost_commits: 0,
-        kills: 0,
-        freezes: 0,
-        checks: 0,
-    };
-    for seed in first..first + seeds {
-        let s = Sim::new(seed, nodes_for(seed, max_nodes), mutations).run()?;
-        t.ticks += s.ticks;
-        t.items += s.items;
-        t.attempts += s.attempts;
-        t.retries += s.retries;
-        t.takeovers += s.takeovers;
-        t.backups += s.backups;
-        t.lost_commits += s.lost_commits;
-        t.kills += s.kills;
-        t.freezes += s.freezes;
-        t.checks += s.checks;
+    super::sweep(first, seeds, max_nodes, |seed, n| {
+        Sim::new(seed, n, mutations).run()
+    })
+}
+
+impl std::ops::AddAssign for Summary {
+    fn add_assign(&mut self, o: Summary) {
+        self.ticks += o.ticks;
+        self.items += o.items;
+        self.attempts += o.attempts;
+        self.retries += o.retries;
+        self.takeovers += o.takeovers;
+        self.backups += o.backups;
+        self.lost_commits += o.lost_commits;
+        self.kills += o.kills;
+        self.freezes += o.freezes;
+        self.checks += o.checks;
     }
-    Ok(t)
 }
 
 impl Summary {

@@ -36,6 +36,21 @@ impl std::fmt::Display for Violation {
     }
 }
 
+/// Run `seeds` seeds from `first` with 1..=max_nodes nodes, adding up their summaries;
+/// the first violation.
+pub fn sweep<S: Default + std::ops::AddAssign>(
+    first: u64,
+    seeds: u64,
+    max_nodes: u64,
+    run: impl Fn(u64, usize) -> Result<S, Violation>,
+) -> Result<S, Violation> {
+    let mut total = S::default();
+    for seed in first..first + seeds {
+        total += run(seed, nodes_for(seed, max_nodes))?;
+    }
+    Ok(total)
+}
+
 /// The cluster size of a seed in a sweep of 1..=max nodes.
 pub fn nodes_for(seed: u64, max: u64) -> usize {
     1 + (seed % max) as usize
