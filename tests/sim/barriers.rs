@@ -601,7 +601,7 @@ fn the_same_seed_replays_the_same_run() {
 }
 
 fn caught(m: Mutations) -> Violation {
-    sweep(1, 200, 16, m).err().expect("not caught in 200 seeds")
+    super::caught(|first, seeds, nodes| sweep(first, seeds, nodes, m))
 }
 
 /// The simulator has teeth: a barrier that releases with one arrival missing is caught.

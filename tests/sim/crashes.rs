@@ -1080,19 +1080,15 @@ fn a_thousand_seeds_of_crashes_and_restarts_keep_the_invariants() {
 
 #[test]
 fn the_same_crash_seed_replays_the_same_run() {
-    let run = |seed| {
+    super::assert_replays(77, |seed| {
         Sim::new(seed, 9, Mutations::default())
             .run()
-            .map_err(|v| v.to_string())
-            .unwrap()
-            .line()
-    };
-    assert_eq!(run(77), run(77));
-    assert_ne!(run(77), run(78));
+            .map(|s| s.line())
+    });
 }
 
 fn caught(m: Mutations) -> Violation {
-    sweep(1, 200, 16, m).err().expect("not caught in 200 seeds")
+    super::caught(|first, seeds, nodes| sweep(first, seeds, nodes, m))
 }
 
 /// The simulator has teeth: a fence that lets a node of a replaced generation commit

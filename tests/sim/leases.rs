@@ -601,19 +601,15 @@ fn a_thousand_seeds_of_dynamic_rollouts_keep_the_invariants() {
 
 #[test]
 fn the_same_lease_seed_replays_the_same_run() {
-    let run = |seed| {
+    super::assert_replays(5, |seed| {
         Sim::new(seed, 8, Mutations::default())
             .run()
-            .map_err(|v| v.to_string())
-            .unwrap()
-            .line()
-    };
-    assert_eq!(run(5), run(5));
-    assert_ne!(run(5), run(6));
+            .map(|s| s.line())
+    });
 }
 
 fn caught(m: Mutations) -> Violation {
-    sweep(1, 200, 16, m).err().expect("not caught in 200 seeds")
+    super::caught(|first, seeds, nodes| sweep(first, seeds, nodes, m))
 }
 
 /// The simulator has teeth: a judge that never takes over a dead node's items leaves

@@ -51,6 +51,19 @@ pub fn sweep<S: Default + std::ops::AddAssign>(
     Ok(total)
 }
 
+/// A deliberately broken variant must be caught within 200 seeds of up to 16 nodes: the
+/// violation that caught it.
+pub fn caught<S>(sweep: impl Fn(u64, u64, u64) -> Result<S, Violation>) -> Violation {
+    sweep(1, 200, 16).err().expect("not caught in 200 seeds")
+}
+
+/// The same seed replays the same run (its summary line), and another seed does not.
+pub fn assert_replays(seed: u64, run: impl Fn(u64) -> Result<String, Violation>) {
+    let line = |seed| run(seed).map_err(|v| v.to_string()).unwrap();
+    assert_eq!(line(seed), line(seed));
+    assert_ne!(line(seed), line(seed + 1));
+}
+
 /// The cluster size of a seed in a sweep of 1..=max nodes.
 pub fn nodes_for(seed: u64, max: u64) -> usize {
     1 + (seed % max) as usize
