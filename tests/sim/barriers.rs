@@ -6,12 +6,14 @@
 //! rank 0's release with the broadcast) and liveness by observation
 //! (`rl_node::protocol::Liveness`, fed each node's own monotonic clock, which runs up to
 //! 1 % fast or slow). Each node's heartbeat republishes its record every heartbeat
-//! interval of its own clock. A node that finds a peer's heartbeat still for dead-after
-//! creates `abort.json` exclusively (the first wins; later ones adopt it), and every node
-//! that finds the abort stops.
+//! interval of its own clock. Each node watches what `Node::poll_cluster` watches: rank 0
+//! every rank's record, a worker only rank 0's. A node that finds a watched peer's
+//! heartbeat still for dead-after creates `abort.json` exclusively (the first wins; a
+//! later one adopts it) and stops with the abort in its record; rank 0 adopts a worker's
+//! abort and relays it in its own record, where every worker finds it.
 //!
 //! The simulated directory gives every node its own attribute cache of the others'
-//! records and its own negative-lookup cache of `abort.json`, as NFS clients have, with a
+//! records, as NFS clients have, with a
 //! lifetime drawn per seed from 0 to 60 s. Nodes are scheduled in a random order with
 //! random time steps. Some are frozen briefly (up to a quarter of dead-after); in one seed
 //! of four, one is stopped for three to five dead-afters and then resumes. The same seed
@@ -38,7 +40,7 @@
 use super::Violation;
 use rl_node::protocol::barrier::{Barrier, Mutation, Progress};
 use rl_node::protocol::liveness::Mutation as LivenessMutation;
-use rl_node::protocol::{Liveness, Mark, NodeState, RankRecord};
+use rl_node::protocol::{AbortInfo, AbortKind, Liveness, Mark, NodeState, RankRecord};
 use rl_node::rng::SplitMix64 as Rng;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
@@ -61,11 +63,9 @@ type Abort = (u32, u32);
 struct SharedDir {
     truth: Vec<RankRecord>,
     cache: Vec<Vec<Option<(u64, RankRecord)>>>,
-    /// `abort.json`: who created it and the dead rank it names; and each node's last
-    /// lookup of it (a "no such file" answer is cached like an attribute: negative
-    /// lookup caching).
+    /// `abort.json`: who created it and the dead rank it names. Nobody polls it: it only
+    /// decides which of two concurrent detections is the cause (the first creator).
     abort: Option<Abort>,
-    abort_cache: Vec<Option<(u64, Option<Abort>)>>,
     lifetime_ms: u64,
     reads: u64,
     writes: u64,
@@ -77,7 +77,6 @@ impl SharedDir {
             truth: (0..n as u32).map(record).collect(),
             cache: vec![vec![None; n]; n],
             abort: None,
-            abort_cache: vec![None; n],
             lifetime_ms,
             reads: 0,
             writes: 0,
@@ -93,19 +92,6 @@ impl SharedDir {
         self.writes += 1;
     }
 
-    /// `abort.json` as `observer` finds it now: a cached "no such file" younger than the
-    /// cache lifetime is believed.
-    fn read_abort(&mut self, observer: usize, now: u64) -> Option<(u32, u32)> {
-        if let Some((at, None)) = self.abort_cache[observer] {
-            if now.saturating_sub(at) < self.lifetime_ms {
-                return None;
-            }
-        }
-        self.reads += 1;
-        self.abort_cache[observer] = Some((now, self.abort));
-        self.abort
-    }
-
     /// Exclusive create of `abort.json`; false when it exists (the caller adopts it).
     fn create_abort(&mut self, by: u32, dead: u32) -> bool {
         self.writes += 1;
@@ -116,12 +102,16 @@ impl SharedDir {
         true
     }
 
-    /// Every record as `observer` reads it now: a cached copy younger than the attribute
-    /// cache lifetime is returned as it is.
-    fn read_all(&mut self, observer: usize, now: u64) -> Vec<Option<RankRecord>> {
+    /// The records `observer` watches, as it reads them now (`Node::poll_cluster`): rank 0
+    /// reads every rank's, a worker only rank 0's (the others are `None`). A cached copy
+    /// younger than the attribute cache lifetime is returned as it is.
+    fn read_watched(&mut self, observer: usize, now: u64) -> Vec<Option<RankRecord>> {
         let n = self.truth.len();
         (0..n)
             .map(|r| {
+                if observer != 0 && r != 0 && r != observer {
+                    return None;
+                }
                 let fresh = match &self.cache[observer][r] {
                     Some((at, rec))
                         if r == observer || now.saturating_sub(*at) < self.lifetime_ms =>
@@ -364,9 +354,11 @@ impl Sim {
             if !(before < e && e <= self.now) || e - s < needed || self.dir.abort.is_some() {
                 continue;
             }
+            // Rank 0 watches every worker; every worker watches rank 0.
             let watchers = (0..self.n)
                 .filter(|&r| {
                     r != q
+                        && (r == 0 || q == 0)
                         && self.live(r)
                         && self.freezes[r].iter().all(|&(fs, fe)| fe <= s || fs >= e)
                 })
@@ -404,22 +396,32 @@ impl Sim {
 
     fn act(&mut self, r: usize, seed: u64) -> Result<(), Violation> {
         let now = self.now;
-        // The cluster's abort, as this node sees it (a negative lookup may be cached).
-        if let Some((by, dead)) = self.dir.read_abort(r, now) {
-            self.stop(r, dead);
+        let records = self.dir.read_watched(r, now);
+        // An abort in a watched record: rank 0 adopts a worker's, a worker rank 0's (which
+        // relays any worker's).
+        for (q, rec) in records.iter().enumerate() {
+            let Some(abort) = rec.as_ref().and_then(|rec| rec.abort.as_ref()) else {
+                continue;
+            };
+            if q == r {
+                continue;
+            }
+            let (by, dead) = (abort.detected_by, abort.culprit);
+            self.stop(r, dead, by);
             self.note(format!(
-                "rank {r} stops: rank {by} declared rank {dead} dead"
+                "rank {r} stops: rank {by} declared rank {dead} dead (relayed by rank {q})"
             ));
             return Ok(());
         }
-        let records = self.dir.read_all(r, now);
         // Liveness by observation, with this node's own clock.
         let local = self.local(r);
         for (q, rec) in records.iter().enumerate() {
             if q == r {
                 continue;
             }
-            let rec = rec.as_ref().expect("every record exists");
+            let Some(rec) = rec.as_ref() else {
+                continue;
+            };
             if rec.state != NodeState::Running {
                 continue;
             }
@@ -459,11 +461,26 @@ impl Sim {
         Ok(())
     }
 
-    fn stop(&mut self, r: usize, dead: u32) {
+    /// Node `r` stops on the abort naming `dead` (found by `by`), and says so in its
+    /// record, where its watchers find it.
+    fn stop(&mut self, r: usize, dead: u32, by: u32) {
         self.step[r] = Step::Stopped(dead);
         let now = self.now;
-        self.dir
-            .publish(r, now, |rec| rec.state = NodeState::Failed);
+        self.dir.publish(r, now, |rec| {
+            rec.state = NodeState::Failed;
+            rec.abort = Some(AbortInfo {
+                kind: AbortKind::PeerDead,
+                culprit: dead,
+                culprit_host: format!("sim-{dead}"),
+                phase: "sim".into(),
+                iteration: 1,
+                reason: "heartbeat still for dead-after".into(),
+                log: None,
+                detected_by: by,
+                silent_ms: None,
+                at: String::new(),
+            });
+        });
     }
 
     /// Node `r` found rank `q`'s heartbeat still for dead-after: it creates the abort
@@ -472,7 +489,7 @@ impl Sim {
     fn declare_dead(&mut self, r: usize, q: usize, seed: u64) -> Result<(), Violation> {
         let now = self.now;
         let created = self.dir.create_abort(r as u32, q as u32);
-        let dead = self.dir.abort.expect("exists now").1;
+        let (by, dead) = self.dir.abort.expect("exists now");
         self.note(format!(
             "rank {r} finds rank {q} dead{}",
             if created {
@@ -481,7 +498,7 @@ impl Sim {
                 " (an abort exists: adopted)"
             }
         ));
-        self.stop(r, dead);
+        self.stop(r, dead, by);
         if !created {
             return Ok(());
         }
