@@ -13,11 +13,12 @@
 //! abort and relays it in its own record, where every worker finds it.
 //!
 //! The simulated directory gives every node its own attribute cache of the others'
-//! records, as NFS clients have, with a
-//! lifetime drawn per seed from 0 to 60 s. Nodes are scheduled in a random order with
-//! random time steps. Some are frozen briefly (up to a quarter of dead-after); in one seed
-//! of four, one is stopped for three to five dead-afters and then resumes. The same seed
-//! always replays the same run.
+//! records, as NFS clients have, with a lifetime drawn per seed from 0 to 60 s. Nodes are
+//! scheduled in a random order with random time steps; a node that has not had a turn for
+//! N steps' worth of time goes next (a real node polls at least every poll-interval).
+//! Some are frozen briefly (up to a quarter of dead-after); in one seed of four, one is
+//! stopped for three to five dead-afters and then resumes. The same seed always replays
+//! the same run.
 //!
 //! Invariants:
 //! - no rank passes barrier k before every rank has published its arrival at k (checked
@@ -168,6 +169,8 @@ struct Sim {
     /// Each node's freezes so far: (start, end).
     freezes: Vec<Vec<(u64, u64)>>,
     frozen_until: Vec<u64>,
+    /// When each node last had a turn (simulated time).
+    last_turn: Vec<u64>,
     /// What rank 0 broadcast for each barrier (index k).
     broadcast: Vec<Option<Value>>,
     trace: VecDeque<String>,
@@ -222,6 +225,7 @@ impl Sim {
             liveness,
             freezes: vec![Vec::new(); n],
             frozen_until: vec![0; n],
+            last_turn: vec![0; n],
             broadcast: vec![None; barriers as usize + 1],
             trace: VecDeque::new(),
             steps: 0,
@@ -285,10 +289,22 @@ impl Sim {
             self.now += 1 + self.rng.below(max_step - 1);
             self.check_detection(before, max_step, seed)?;
             self.heartbeats();
-            let r = self.rng.below(self.n as u64) as usize;
+            // A node polls at least once a turn, as a real node polls at least every
+            // poll-interval: one that has waited a whole turn goes next, else a random one.
+            let turn = self.n as u64 * max_step;
+            let starving = (0..self.n).find(|&q| {
+                self.live(q)
+                    && self.frozen_until[q] <= self.now
+                    && self.now - self.last_turn[q] >= turn
+            });
+            let r = match starving {
+                Some(q) => q,
+                None => self.rng.below(self.n as u64) as usize,
+            };
             if !self.live(r) || self.frozen_until[r] > self.now {
                 continue;
             }
+            self.last_turn[r] = self.now;
             let roll = self.rng.below(10_000);
             if roll < 30 || (long_freeze && !long_done && roll < 60) {
                 // A pause: brief (a quarter of dead-after at most), or a stopped VM that
