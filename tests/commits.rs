@@ -416,6 +416,7 @@ fn spawn_with_pid(pid: i32) -> Result<Child, String> {
             .map_err(|e| format!("cannot open {NS_LAST_PID}: {e}"))?;
         use std::io::Write;
         use std::os::fd::AsRawFd;
+        // SAFETY: flock(2) on the fd of a File that is open for the whole block; an error is only a return value.
         unsafe {
             libc::flock(f.as_raw_fd(), libc::LOCK_EX);
         }

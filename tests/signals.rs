@@ -291,6 +291,7 @@ fn ctrl_c_to_the_process_group_kill_of_the_pid_or_a_signal_to_every_process_stop
         };
         let sent = Instant::now();
         match delivery {
+            // SAFETY: kill(2) takes plain integers (a pid or process group, a signal number) and touches no memory of ours.
             "group" => unsafe {
                 libc::kill(-node.pid(), sig);
             },
@@ -298,6 +299,7 @@ fn ctrl_c_to_the_process_group_kill_of_the_pid_or_a_signal_to_every_process_stop
             _ => {
                 let inner = node.node_process();
                 node.signal(sig);
+                // SAFETY: kill(2) takes plain integers (a pid or process group, a signal number) and touches no memory of ours.
                 unsafe { libc::kill(inner, sig) };
             }
         }
@@ -330,10 +332,12 @@ fn ctrl_c_to_the_process_group_kill_of_the_pid_or_a_signal_to_every_process_stop
 fn a_second_ctrl_c_to_the_process_group_kills_at_once() {
     let (_c, mut node) = lingering_job("934", "60.934");
     let sent = Instant::now();
+    // SAFETY: kill(2) takes plain integers (a pid or process group, a signal number) and touches no memory of ours.
     unsafe { libc::kill(-node.pid(), libc::SIGINT) };
     wait_until(LIMIT, "the graceful stop to begin", || {
         node.stderr().contains("received SIGINT; stopping")
     });
+    // SAFETY: kill(2) takes plain integers (a pid or process group, a signal number) and touches no memory of ours.
     unsafe { libc::kill(-node.pid(), libc::SIGINT) };
     assert_eq!(node.wait(LIMIT), 130, "{}", node.stderr());
     let err = node.stderr();
