@@ -589,10 +589,7 @@ fn check_env_name(name: &str) -> Result<(), String> {
     if name.starts_with("RL_NODE_") {
         return Err(format!("`{name}`: RL_NODE_* variables are set by rl-node"));
     }
-    if let Some((_, key, _)) = crate::node::context::TORCHRUN_ENV
-        .iter()
-        .find(|(n, _, _)| *n == name)
-    {
+    if let Some((_, key, _)) = template::TORCHRUN_ENV.iter().find(|(n, _, _)| *n == name) {
         return Err(format!(
             "`{name}` is set by rl-node for the training command (from {{{key}}}); set the configuration key instead"
         ));
@@ -1141,10 +1138,10 @@ fn parse_as(raw: &str, template: &Value) -> Result<Value, String> {
 /// mark of a node process started by its supervisor, the test-suite switch and test-only
 /// fault injection (`RL_NODE_TEST_*`).
 fn own_variable(name: &str) -> bool {
-    name == crate::node::context::OWNER_ENV
+    name == template::OWNER_ENV
         || name == crate::logging::LEVEL_ENV
         || name == crate::logging::FORMAT_ENV
-        || name == crate::node::supervisor::ENV
+        || name == template::SUPERVISOR_ENV
         || name == "RL_NODE_TORCH_TESTS"
         || name.starts_with("RL_NODE_TEST_")
         || template::PLACEHOLDERS

@@ -10,6 +10,27 @@
 use crate::template::{self as engine, braced_list, shell_word, Braces, Dialect};
 use std::collections::BTreeMap;
 
+/// Set for every command the node starts, to `<node nonce>:<command id>`: descendants
+/// inherit it into any process group or session, so the node (and its guardian, after a
+/// `kill -9`) can find and stop them (`super::descendants`).
+pub const OWNER_ENV: &str = "RL_NODE_OWNER";
+/// The variables torchrun's env:// rendezvous (and llamafactory-cli) expect.
+pub const TORCHRUN_ENV: &[(&str, &str, &str)] = &[
+    ("NNODES", "num_nodes", "number of nodes"),
+    ("NODE_RANK", "rank", "this node's rank"),
+    ("MASTER_ADDR", "master_addr", "rank 0's published address"),
+    ("MASTER_PORT", "master_port", "cluster.master-port"),
+    (
+        "NPROC_PER_NODE",
+        "nproc_per_node",
+        "processes per node (cluster.gpus-per-node)",
+    ),
+];
+
+/// Marks the node process and names its link: `<supervisor pid>:<pipe fd>`. The node
+/// removes it from its environment at start, so no command inherits it.
+pub const SUPERVISOR_ENV: &str = "RL_NODE_SUPERVISOR";
+
 /// Every placeholder, with the environment variable that carries the same value and a
 /// description. docs/commands.md is written from this table.
 pub const PLACEHOLDERS: &[(&str, &str, &str)] = &[
@@ -305,13 +326,13 @@ mod doc_tests {
                 "docs/commands.md misses {{{name}}} / {env}"
             );
         }
-        for (env, _, _) in crate::node::TORCHRUN_ENV {
+        for (env, _, _) in super::TORCHRUN_ENV {
             assert!(
                 doc.contains(&format!("| `{env}` |")),
                 "docs/commands.md misses {env}"
             );
         }
-        let owner = crate::node::context::OWNER_ENV;
+        let owner = super::OWNER_ENV;
         assert!(
             doc.contains(&format!("`{owner}=")),
             "docs/commands.md misses {owner}"

@@ -3,11 +3,8 @@
 //! additionally gets the variables torchrun and llamafactory-cli read.
 
 use crate::config::template::PLACEHOLDERS;
+pub use crate::config::template::{OWNER_ENV, TORCHRUN_ENV};
 
-/// Set for every command the node starts, to `<node nonce>:<command id>`: descendants
-/// inherit it into any process group or session, so the node (and its guardian, after a
-/// `kill -9`) can find and stop them (`super::descendants`).
-pub const OWNER_ENV: &str = "RL_NODE_OWNER";
 use std::collections::BTreeMap;
 
 pub fn env_for(values: &BTreeMap<&'static str, String>) -> Vec<(String, String)> {
@@ -16,19 +13,6 @@ pub fn env_for(values: &BTreeMap<&'static str, String>) -> Vec<(String, String)>
         .filter_map(|(name, env, _)| values.get(name).map(|v| (env.to_string(), v.clone())))
         .collect()
 }
-
-/// The variables torchrun's env:// rendezvous (and llamafactory-cli) expect.
-pub const TORCHRUN_ENV: &[(&str, &str, &str)] = &[
-    ("NNODES", "num_nodes", "number of nodes"),
-    ("NODE_RANK", "rank", "this node's rank"),
-    ("MASTER_ADDR", "master_addr", "rank 0's published address"),
-    ("MASTER_PORT", "master_port", "cluster.master-port"),
-    (
-        "NPROC_PER_NODE",
-        "nproc_per_node",
-        "processes per node (cluster.gpus-per-node)",
-    ),
-];
 
 pub fn torchrun_env(values: &BTreeMap<&'static str, String>) -> Vec<(String, String)> {
     TORCHRUN_ENV

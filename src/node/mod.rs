@@ -31,8 +31,6 @@ use crate::protocol::{
     AbortInfo, AbortKind, ClusterRecord, Liveness, NodeState, Phase, RankRecord,
 };
 use crate::store;
-#[cfg(test)]
-pub(crate) use context::TORCHRUN_ENV;
 use procs::{ChildExit, Event, Registry};
 use publisher::Publisher;
 use serde_json::{json, Value};

@@ -33,9 +33,7 @@ use std::process::Command;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-/// Marks the node process and names its link: `<supervisor pid>:<pipe fd>`. The node
-/// removes it from its environment at start, so no command inherits it.
-pub const ENV: &str = "RL_NODE_SUPERVISOR";
+pub use crate::config::template::SUPERVISOR_ENV as ENV;
 
 /// How long a node whose watchdog fired gets to exit (it stops its commands in about half
 /// a second) before the supervisor calls it stuck.
