@@ -20,6 +20,7 @@ pub(crate) mod logging;
 pub(crate) mod node;
 pub(crate) mod observe;
 pub(crate) mod output;
+pub(crate) mod process;
 pub mod protocol;
 pub mod rng;
 pub mod shards;

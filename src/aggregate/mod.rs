@@ -58,7 +58,7 @@ use survey::{list_dir, survey};
 use tensors::merge_tensors;
 
 use crate::layout::Layout;
-use crate::node::procs::Registry;
+use crate::process::Registry;
 use crate::shards::naming::Format;
 use std::fs::File;
 use std::io;

@@ -3,7 +3,7 @@
 //! additionally gets the variables torchrun and llamafactory-cli read.
 
 use crate::config::template::PLACEHOLDERS;
-pub use crate::config::template::{OWNER_ENV, TORCHRUN_ENV};
+pub use crate::config::template::TORCHRUN_ENV;
 
 use std::collections::BTreeMap;
 

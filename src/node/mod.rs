@@ -10,9 +10,7 @@
 //! the node if a filesystem call on the shared directory hangs.
 
 pub(crate) mod context;
-mod descendants;
 mod join;
-pub mod procs;
 mod publisher;
 mod server;
 pub mod supervisor;
@@ -24,6 +22,7 @@ use crate::events;
 use crate::exit;
 use crate::layout::Layout;
 use crate::logging;
+pub(crate) use crate::process::{self as procs, descendants, random_hex};
 use crate::protocol::journal;
 use crate::protocol::walk::{self, Barrier as WalkBarrier, IterationWalk, Split, Step, WalkConfig};
 pub use crate::protocol::wall_now;
@@ -2274,21 +2273,6 @@ fn ranks_list(ranks: &[u32]) -> String {
 
 fn hostname() -> String {
     gethostname::gethostname().to_string_lossy().into_owned()
-}
-
-pub(crate) fn random_hex(bytes: usize) -> String {
-    let mut buf = vec![0u8; bytes];
-    if std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut buf))
-        .is_err()
-    {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos();
-        buf = (t ^ (std::process::id() as u128) << 64).to_le_bytes()[..bytes.min(16)].to_vec();
-    }
-    hex::encode(buf)
 }
 
 /// Is process `pid` on this host alive? A zombie (dead, not yet reaped) is not.

@@ -15,7 +15,7 @@
 //! commands. Its exit status comes back through a pipe rather than `waitpid`, because in
 //! a node process another thread reaps every child.
 
-use crate::node::procs::{self, Registry};
+use crate::process::{self as procs, Registry};
 use crate::template::{braced_list, shell_word, Braces, Dialect, Template};
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
@@ -286,7 +286,7 @@ pub fn run(job: &Job, tick: &mut dyn FnMut()) -> Result<Vec<InputReport>, Comman
     // In a node, the command's mark for finding descendants that leave its group.
     let owner = job.registry.as_ref().map(|r| r.new_command());
     let mut cmd = Command::new("sh");
-    crate::node::procs::unblocked_signals(&mut cmd);
+    crate::process::unblocked_signals(&mut cmd);
     cmd.envs(owner.iter().map(|(_, (k, v))| (k, v)));
     cmd.arg("-c")
         .arg(r#"sh -c "$1" 3>&-; echo "$?" >&3"#)

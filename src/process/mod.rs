@@ -8,14 +8,16 @@
 //!   can kill without touching the filesystem;
 //! - every command carries `RL_NODE_OWNER=<nonce>:<command id>`, so a descendant that left
 //!   its group (`setsid`) is still found and stopped when its command ends or the node
-//!   shuts down ([`super::descendants`]);
+//!   shuts down ([`descendants`]);
 //! - a guardian process (`rl-node __guard <nonce>`) holds the other end of a pipe and, when
 //!   the pipe closes (also when the node is `kill -9`ed), kills every registered group and
 //!   every process whose environment carries the node's nonce. When the node's watchdog
 //!   fires, it is told to stop the node's commands at once, as the node's own threads may
 //!   be stuck in the filesystem.
 
-use super::descendants;
+pub(crate) mod descendants;
+
+use crate::config::template::OWNER_ENV;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::OpenOptions;
 use std::io::{self, BufRead, Write};
@@ -127,7 +129,7 @@ impl Registry {
         let mut child = unblocked_signals(&mut Command::new(exe))
             .arg("__guard")
             .arg(&self.nonce)
-            .env_remove(super::context::OWNER_ENV)
+            .env_remove(OWNER_ENV)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -159,10 +161,7 @@ impl Registry {
         let id = self.next_command.fetch_add(1, Ordering::Relaxed);
         (
             id,
-            (
-                super::context::OWNER_ENV.to_string(),
-                descendants::marker(&self.nonce, id),
-            ),
+            (OWNER_ENV.to_string(), descendants::marker(&self.nonce, id)),
         )
     }
 
@@ -343,7 +342,7 @@ pub fn spawn_shell(
     writeln!(
         out,
         "### rl-node {} {header}\n### $ {command}",
-        super::wall_now()
+        crate::protocol::wall_now()
     )?;
     let err = out.try_clone()?;
     let child: Child = unblocked_signals(&mut Command::new("sh"))
@@ -462,4 +461,21 @@ fn stop_now(groups: &BTreeSet<i32>, node: i32) {
             libc::killpg(*g, libc::SIGKILL);
         }
     }
+}
+
+/// `bytes` random bytes from /dev/urandom, as hex (a clock-and-pid mix if it cannot be
+/// read): nonces naming a node's processes and records.
+pub(crate) fn random_hex(bytes: usize) -> String {
+    let mut buf = vec![0u8; bytes];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut buf))
+        .is_err()
+    {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        buf = (t ^ (std::process::id() as u128) << 64).to_le_bytes()[..bytes.min(16)].to_vec();
+    }
+    hex::encode(buf)
 }
