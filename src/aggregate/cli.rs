@@ -2,6 +2,7 @@
 //! configuration, works out the number of ranks, runs [`merge`] and maps its outcome to an
 //! exit code), and the per-rank summary and byte sizes it prints on stderr.
 
+use super::human_bytes;
 use super::survey::list_dir;
 use super::{
     manifest_path, merge, AggregateError, Manifest, MergeOptions, RankEntry,
@@ -364,19 +365,4 @@ fn render_problems(m: &Manifest) -> String {
         }
     }
     s
-}
-
-pub(super) fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
 }

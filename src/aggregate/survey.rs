@@ -3,7 +3,7 @@
 //! (`.stale-genG`, older generations' partials) and whether the rank's command wrote its
 //! shard name itself (adopted, from the rank's journal).
 
-use super::cli::human_bytes;
+use super::human_bytes;
 use super::{AggregateError, RankEntry, RankStatus};
 use crate::layout::Layout;
 use std::io;
