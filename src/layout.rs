@@ -14,9 +14,7 @@ pub struct Layout {
     naming: Naming,
 }
 
-pub fn iter_dir(iteration: u64) -> String {
-    format!("iter-{iteration:04}")
-}
+pub use crate::shards::naming::iter_dir;
 
 impl Layout {
     pub fn new(log_path: impl Into<PathBuf>) -> Layout {

@@ -10,10 +10,7 @@
 use crate::template::{self as engine, braced_list, shell_word, Braces, Dialect};
 use std::collections::BTreeMap;
 
-/// Set for every command the node starts, to `<node nonce>:<command id>`: descendants
-/// inherit it into any process group or session, so the node (and its guardian, after a
-/// `kill -9`) can find and stop them (`super::descendants`).
-pub const OWNER_ENV: &str = "RL_NODE_OWNER";
+pub use crate::process::OWNER_ENV;
 /// The variables torchrun's env:// rendezvous (and llamafactory-cli) expect.
 pub const TORCHRUN_ENV: &[(&str, &str, &str)] = &[
     ("NNODES", "num_nodes", "number of nodes"),

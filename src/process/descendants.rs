@@ -21,7 +21,7 @@
 //! Each process is pinned by a pidfd (Linux 5.3+) before it is examined, and signalled
 //! through it, so a pid reused between the scan and the signal is never hit.
 
-use crate::config::template::OWNER_ENV;
+use super::OWNER_ENV;
 use std::collections::{BTreeSet, HashMap};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};

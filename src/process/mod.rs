@@ -17,7 +17,11 @@
 
 pub(crate) mod descendants;
 
-use crate::config::template::OWNER_ENV;
+/// Set for every command the node starts, to `<node nonce>:<command id>`: descendants
+/// inherit it into any process group or session, so the node (and its guardian, after a
+/// `kill -9`) can find and stop them ([`descendants`]).
+pub const OWNER_ENV: &str = "RL_NODE_OWNER";
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::OpenOptions;
 use std::io::{self, BufRead, Write};

@@ -21,6 +21,12 @@ use crate::template::{self, braced_list, Braces, Dialect, Template};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+/// The directory of an iteration under `rollouts/`, `logs/`, `models/` and `train/`:
+/// `iter-0007`.
+pub fn iter_dir(iteration: u64) -> String {
+    format!("iter-{iteration:04}")
+}
+
 /// How rank shards are merged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Format {
@@ -545,11 +551,7 @@ impl Naming {
     }
 
     fn split_base(iteration: u64, split: &str) -> Vec<String> {
-        vec![
-            "rollouts".into(),
-            crate::layout::iter_dir(iteration),
-            split.to_string(),
-        ]
+        vec!["rollouts".into(), iter_dir(iteration), split.to_string()]
     }
 
     fn place(
