@@ -130,7 +130,7 @@ pub struct IterationReport {
     pub eval: Option<(u64, u64)>,
     /// Rank 0's wall time for the iteration.
     pub secs: Option<f64>,
-    /// Seconds per group of [`GROUPS`].
+    /// Seconds per group of phases (`GROUPS`).
     pub groups: Vec<(&'static str, f64)>,
     /// Seconds per phase, in walk order.
     pub phases: Vec<(String, f64)>,
