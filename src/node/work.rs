@@ -985,6 +985,12 @@ impl Node {
                                         partial,
                                     },
                                 );
+                            } else {
+                                // Someone took it over first (a lease this node's cache
+                                // did not show yet): wait for it like any live holder's,
+                                // or this node could finish while the taker dies too.
+                                waiting_on_peers += 1;
+                                awaited.push(pos);
                             }
                         }
                         Holder::Free => {
@@ -1001,6 +1007,10 @@ impl Node {
                                         partial,
                                     },
                                 );
+                            } else {
+                                // Claimed by another node meanwhile: wait for it.
+                                waiting_on_peers += 1;
+                                awaited.push(pos);
                             }
                         }
                     }

@@ -70,8 +70,8 @@ pub fn nodes_for(seed: u64, max: u64) -> usize {
 }
 
 /// `scripts/sim`: SIM_FIRST_SEED, SIM_SEEDS, SIM_NODES (the largest cluster; seeds spread
-/// 1..=SIM_NODES nodes). Runs every scenario; prints a summary of each, or the failing
-/// seed with its trace.
+/// 1..=SIM_NODES nodes), SIM_SCENARIO (barriers, crashes or leases; empty: all). Prints a
+/// summary of each scenario run, or the failing seed with its trace.
 #[test]
 #[ignore]
 fn long_run() {
@@ -87,25 +87,33 @@ fn long_run() {
         env("SIM_NODES", 16).max(1),
     );
     let last = first + seeds - 1;
-    match barriers::sweep(first, seeds, nodes, Default::default()) {
-        Ok(s) => println!(
-            "barriers: seeds {first}..{last}: {seeds} run(s) of 1..={nodes} nodes, 12 barriers each; {}",
-            s.line()
-        ),
-        Err(v) => panic!("barriers: {v}"),
+    let only = std::env::var("SIM_SCENARIO").unwrap_or_default();
+    let wanted = |name: &str| only.is_empty() || only == name;
+    if wanted("barriers") {
+        match barriers::sweep(first, seeds, nodes, Default::default()) {
+            Ok(s) => println!(
+                "barriers: seeds {first}..{last}: {seeds} run(s) of 1..={nodes} nodes, 12 barriers each; {}",
+                s.line()
+            ),
+            Err(v) => panic!("barriers: {v}"),
+        }
     }
-    match crashes::sweep(first, seeds, nodes, Default::default()) {
-        Ok(s) => println!(
-            "crashes: seeds {first}..{last}: {seeds} run(s) of 1..={nodes} nodes, 2 to 4 iterations each; {}",
-            s.line()
-        ),
-        Err(v) => panic!("crashes: {v}"),
+    if wanted("crashes") {
+        match crashes::sweep(first, seeds, nodes, Default::default()) {
+            Ok(s) => println!(
+                "crashes: seeds {first}..{last}: {seeds} run(s) of 1..={nodes} nodes, 2 to 4 iterations each; {}",
+                s.line()
+            ),
+            Err(v) => panic!("crashes: {v}"),
+        }
     }
-    match leases::sweep(first, seeds, nodes, Default::default()) {
-        Ok(s) => println!(
-            "leases: seeds {first}..{last}: {seeds} run(s) of 1..={nodes} nodes; {}",
-            s.line()
-        ),
-        Err(v) => panic!("leases: {v}"),
+    if wanted("leases") {
+        match leases::sweep(first, seeds, nodes, Default::default()) {
+            Ok(s) => println!(
+                "leases: seeds {first}..{last}: {seeds} run(s) of 1..={nodes} nodes; {}",
+                s.line()
+            ),
+            Err(v) => panic!("leases: {v}"),
+        }
     }
 }
