@@ -55,7 +55,7 @@ pub(super) fn merge_command(
             continue;
         }
         tick();
-        let path = layout.root().join(e.source.as_deref().unwrap_or_default());
+        let path = e.source_path(layout.root());
         let (bytes, sha) = hash_file(&path, tick).map_err(|source| AggregateError::Read {
             rank: e.rank,
             path: path.clone(),

@@ -85,6 +85,14 @@ pub struct RankEntry {
     pub problems: Vec<String>,
 }
 
+impl RankEntry {
+    /// The file this rank's data is read from: `source`, relative to the shared
+    /// directory `root`.
+    pub(super) fn source_path(&self, root: &Path) -> PathBuf {
+        root.join(self.source.as_deref().unwrap_or_default())
+    }
+}
+
 /// One tensor of a merged safetensors file, and which rank's bytes are where in it (a
 /// rank's own tensor has shape `[rows, shape[1..]…]`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

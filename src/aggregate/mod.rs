@@ -302,9 +302,7 @@ pub fn merge(
                     continue;
                 }
                 tick();
-                let path = layout
-                    .root()
-                    .join(entry.source.as_deref().unwrap_or_default());
+                let path = entry.source_path(layout.root());
                 scan_source(&path, entry, sink, opts, tick)?;
                 sink.end_source()?;
                 offset += entry.bytes;

@@ -29,9 +29,7 @@ pub(super) fn merge_tensors(
             continue;
         }
         tick();
-        let path = layout
-            .root()
-            .join(entry.source.as_deref().unwrap_or_default());
+        let path = entry.source_path(layout.root());
         let rerr = |source| AggregateError::Read {
             rank: entry.rank,
             path: path.clone(),
