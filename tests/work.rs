@@ -81,6 +81,19 @@ fn item_key(i: &work::Item) -> (String, u64) {
     (i.task.to_string(), u64::from(i.sample))
 }
 
+/// Iteration 1's merged records are the plan's items, rank by rank in plan order.
+fn assert_merged_in_plan_order(w: &Work, plan: &Plan) {
+    let merged: Vec<(String, u64)> = w.merged(1).iter().map(key).collect();
+    assert_eq!(
+        merged,
+        plan.ranks
+            .iter()
+            .flatten()
+            .map(item_key)
+            .collect::<Vec<_>>()
+    );
+}
+
 fn mean(v: &[u64]) -> f64 {
     v.iter().sum::<u64>() as f64 / v.len().max(1) as f64
 }
@@ -720,15 +733,7 @@ sleep 0.2"#;
     );
     assert!(twice.iter().all(|n| n.starts_with("r1-")), "{twice:?}");
     assert_eq!(log.len(), 8 + twice.len(), "{log:?}");
-    let merged: Vec<(String, u64)> = w.merged(1).iter().map(key).collect();
-    assert_eq!(
-        merged,
-        plan.ranks
-            .iter()
-            .flatten()
-            .map(item_key)
-            .collect::<Vec<_>>()
-    );
+    assert_merged_in_plan_order(&w, &plan);
 }
 
 // ---------------------------------------------------------------------------- 6. dynamic
@@ -1344,15 +1349,7 @@ fn a_node_with_its_own_max_workers_is_not_refused() {
         let limit = if r == 0 { 3 } else { 1 };
         assert!(s.iter().all(|n| *n <= limit), "rank {r}: {s:?}");
     }
-    let merged: Vec<(String, u64)> = w.merged(1).iter().map(key).collect();
-    assert_eq!(
-        merged,
-        plan.ranks
-            .iter()
-            .flatten()
-            .map(item_key)
-            .collect::<Vec<_>>()
-    );
+    assert_merged_in_plan_order(&w, &plan);
 }
 
 #[test]
