@@ -384,17 +384,34 @@ impl Sim {
         }
     }
 
+    /// Process `i` stops on a failure of its own; if its generation is the current one,
+    /// that generation fails.
+    fn fails(&mut self, i: usize) {
+        self.procs[i].life = Life::Stopped;
+        let gen = self.procs[i].gen;
+        if gen == self.disk.gen {
+            self.generation_fails(gen);
+        }
+    }
+
+    /// Part of process `i`'s journal line reaches the file (an interrupted append): how
+    /// many bytes of how many.
+    fn torn_append(&mut self, i: usize) -> (usize, usize) {
+        let line = self.journal_line(i);
+        let cut = 1 + self.rng.below(line.len() as u64 - 2) as usize;
+        let rank = self.procs[i].rank as usize;
+        self.disk.journals[rank].push_str(&line[..cut]);
+        self.s.torn += 1;
+        (cut, line.len())
+    }
+
     fn kill(&mut self, i: usize) {
         let (rank, gen) = (self.procs[i].rank, self.procs[i].gen);
         // Killed in the middle of a journal append: part of the line reached the file.
         if self.procs[i].sub == Sub::Journal && self.rng.below(2) == 0 {
-            let line = self.journal_line(i);
-            let cut = 1 + self.rng.below(line.len() as u64 - 2) as usize;
-            self.disk.journals[rank as usize].push_str(&line[..cut]);
-            self.s.torn += 1;
+            let (cut, len) = self.torn_append(i);
             self.note(format!(
-                "rank {rank} killed while appending to its journal ({cut} of {} bytes written)",
-                line.len()
+                "rank {rank} killed while appending to its journal ({cut} of {len} bytes written)"
             ));
         } else {
             self.note(format!(
@@ -519,10 +536,7 @@ impl Sim {
                         if watchdog {
                             self.note(format!("rank {r} of generation {g}: a filesystem call outlasted fs-timeout; its watchdog ends it"));
                             self.s.watchdog_ends += 1;
-                            self.procs[i].life = Life::Stopped;
-                            if g == self.disk.gen {
-                                self.generation_fails(g);
-                            }
+                            self.fails(i);
                         } else if self.failed_generations.contains(&g) {
                             // Its generation failed during the hang: it notices soon.
                             let at = self.tick + 1 + self.rng.below(8 * self.n as u64 + 20);
@@ -725,10 +739,7 @@ impl Sim {
                         "rank {rank}'s {} command of iteration {it} fails",
                         item_of(step)
                     ));
-                    self.procs[i].life = Life::Stopped;
-                    if gen == self.disk.gen {
-                        self.generation_fails(gen);
-                    }
+                    self.fails(i);
                     return Ok(());
                 }
                 self.procs[i].sub = Sub::Commit;
@@ -810,19 +821,13 @@ impl Sim {
         let error = ["No space left on device", "Input/output error"][self.rng.below(2) as usize];
         self.s.store_errors += 1;
         if what == "journal" && self.rng.below(2) == 0 {
-            let line = self.journal_line(i);
-            let cut = 1 + self.rng.below(line.len() as u64 - 2) as usize;
-            self.disk.journals[rank as usize].push_str(&line[..cut]);
-            self.s.torn += 1;
+            self.torn_append(i);
         }
         self.note(format!(
             "rank {rank} of generation {gen} cannot {what} {}: {error}; it stops",
             item_of(step)
         ));
-        self.procs[i].life = Life::Stopped;
-        if gen == self.disk.gen {
-            self.generation_fails(gen);
-        }
+        self.fails(i);
         true
     }
 
