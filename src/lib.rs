@@ -9,6 +9,7 @@
 pub mod aggregate;
 pub mod checkpoint;
 pub mod cli;
+pub mod clock;
 pub(crate) mod config;
 pub mod demo;
 pub(crate) mod events;
@@ -25,6 +26,6 @@ pub mod protocol;
 pub mod rng;
 pub mod shards;
 pub(crate) mod state;
-pub(crate) mod store;
+pub mod store;
 pub(crate) mod template;
 pub mod work;

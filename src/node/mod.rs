@@ -29,7 +29,8 @@ pub use crate::protocol::wall_now;
 use crate::protocol::{
     AbortInfo, AbortKind, ClusterRecord, Liveness, NodeState, Phase, RankRecord,
 };
-use crate::store;
+use crate::clock::Clock;
+use crate::store::{self, SharedDir};
 use procs::{ChildExit, Event, Registry};
 use publisher::Publisher;
 use serde_json::{json, Value};
@@ -127,6 +128,10 @@ pub struct NodeOptions {
 
 pub(crate) struct Node {
     cfg: Config,
+    /// The shared directory: every operation on it goes through here (and is counted).
+    store: Arc<dyn SharedDir>,
+    /// The clock every deadline and liveness judgement is measured with.
+    clock: Arc<dyn Clock>,
     rank: u32,
     layout: Layout,
     host: String,
@@ -263,6 +268,8 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
     );
 
     let mut node = Node {
+        store: Arc::new(crate::store::Fs),
+        clock: Arc::new(crate::clock::SystemClock),
         rank: opts.rank,
         layout,
         host: hostname(),
@@ -944,10 +951,10 @@ impl Node {
         loop {
             if last > 0 && iteration > last {
                 self.stop_server()?;
-                let (reads, writes) = store::op_counts();
                 self.info(&format!(
-                    "all {last} iteration(s) complete ({} barriers; shared-directory operations: {reads} reads, {writes} writes)",
-                    self.k
+                    "all {last} iteration(s) complete ({} barriers; shared-directory operations: {})",
+                    self.k,
+                    self.store.counts().summary()
                 ));
                 return Ok(());
             }

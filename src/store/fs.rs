@@ -1,27 +1,170 @@
-//! Access to the shared directory: atomic publish, tolerant reads, exclusive create.
+//! The real shared directory: the operations of [`SharedDir`] as system calls, each
+//! counted by class in this process's [`OpCounts`] (the figures the node reports at exit
+//! and the benchmarks print).
 //!
-//! Shared filesystems give few guarantees (docs/shared-directory.md): a rename within one
-//! directory is atomic on NFS and Lustre but a copy on blob FUSE, so readers treat a
-//! missing *or unparsable* file as "not yet" instead of trusting that a name implies
-//! complete content.
+//! The free functions are the same operations for the parts of rl-node that do not hold a
+//! store (aggregation, checkpoints, repair): they are counted too.
 
+use super::{Damaged, Kind, Meta, OpClass, OpCounts, SharedDir};
 use serde::{de::DeserializeOwned, Serialize};
+use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
-static READS: AtomicU64 = AtomicU64::new(0);
-static WRITES: AtomicU64 = AtomicU64::new(0);
+static COUNTS: [AtomicU64; 9] = [const { AtomicU64::new(0) }; 9];
 
-/// Shared-directory operations of this process so far: (reads, atomic writes). Reported
-/// at exit so the overhead benchmark can print operations per barrier.
-pub fn op_counts() -> (u64, u64) {
-    (
-        READS.load(Ordering::Relaxed),
-        WRITES.load(Ordering::Relaxed),
-    )
+fn count(class: OpClass) {
+    COUNTS[class as usize].fetch_add(1, Ordering::Relaxed);
+}
+
+/// Operations on the shared directory by this process so far, by class.
+pub fn op_counts() -> OpCounts {
+    let mut c = OpCounts::default();
+    for class in OpClass::ALL {
+        c.add(class, COUNTS[class as usize].load(Ordering::Relaxed));
+    }
+    c
+}
+
+/// The real shared directory (the OS's filesystem calls, counted).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Fs;
+
+impl SharedDir for Fs {
+    fn read(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
+        read(path)
+    }
+
+    fn publish_with(
+        &self,
+        path: &Path,
+        durable: bool,
+        write: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
+    ) -> io::Result<()> {
+        publish_inner(path, durable, write)
+    }
+
+    fn create_new(&self, path: &Path, bytes: &[u8]) -> io::Result<bool> {
+        create_new(path, bytes)
+    }
+
+    fn overwrite_in_place(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        overwrite_bytes_in_place(path, bytes)
+    }
+
+    fn append(&self, path: &Path, bytes: &[u8], sync: bool) -> io::Result<()> {
+        count(OpClass::Open);
+        let open = || OpenOptions::new().create(true).append(true).open(path);
+        let mut f = match open() {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if let Some(d) = path.parent() {
+                    self.create_dir_all(d)?;
+                }
+                count(OpClass::Open);
+                open()?
+            }
+            other => other?,
+        };
+        count(OpClass::Write);
+        f.write_all(bytes)?;
+        if sync {
+            count(OpClass::Fsync);
+            f.sync_all()?;
+        }
+        Ok(())
+    }
+
+    fn rename(&self, src: &Path, dst: &Path) -> io::Result<()> {
+        count(OpClass::Rename);
+        fs::rename(src, dst)
+    }
+
+    fn rename_noreplace(&self, src: &Path, dst: &Path) -> io::Result<()> {
+        rename_noreplace(src, dst)
+    }
+
+    fn create_dir(&self, path: &Path) -> io::Result<()> {
+        count(OpClass::Mkdir);
+        fs::create_dir(path)
+    }
+
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        // `create_dir_all` stats first and makes only what is missing: count it as one
+        // stat when the directory exists, and a mkdir per missing level otherwise.
+        count(OpClass::Stat);
+        if fs::metadata(path).is_ok_and(|m| m.is_dir()) {
+            return Ok(());
+        }
+        let missing = path
+            .ancestors()
+            .take_while(|a| fs::symlink_metadata(a).is_err())
+            .count();
+        for _ in 0..missing.max(1) {
+            count(OpClass::Mkdir);
+        }
+        fs::create_dir_all(path)
+    }
+
+    fn read_dir(&self, path: &Path) -> io::Result<Vec<OsString>> {
+        count(OpClass::Open);
+        count(OpClass::Readdir);
+        fs::read_dir(path)?
+            .map(|e| e.map(|e| e.file_name()))
+            .collect()
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        count(OpClass::Unlink);
+        fs::remove_file(path)
+    }
+
+    fn lstat(&self, path: &Path) -> io::Result<Option<Meta>> {
+        count(OpClass::Stat);
+        meta(fs::symlink_metadata(path))
+    }
+
+    fn stat(&self, path: &Path) -> io::Result<Option<Meta>> {
+        count(OpClass::Stat);
+        meta(fs::metadata(path))
+    }
+
+    fn sync_file(&self, path: &Path) -> io::Result<()> {
+        count(OpClass::Open);
+        let f = File::open(path)?;
+        count(OpClass::Fsync);
+        f.sync_all()
+    }
+
+    fn fsync_dir(&self, path: &Path) -> io::Result<()> {
+        fsync_dir(path)
+    }
+
+    fn counts(&self) -> OpCounts {
+        op_counts()
+    }
+}
+
+fn meta(m: io::Result<fs::Metadata>) -> io::Result<Option<Meta>> {
+    match m {
+        Ok(m) => {
+            let t = m.file_type();
+            let kind = if t.is_file() {
+                Kind::File
+            } else if t.is_dir() {
+                Kind::Dir
+            } else if t.is_symlink() {
+                Kind::Symlink
+            } else {
+                Kind::Other
+            };
+            Ok(Some(Meta { len: m.len(), kind }))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 fn tmp_name(path: &Path) -> std::path::PathBuf {
@@ -30,9 +173,21 @@ fn tmp_name(path: &Path) -> std::path::PathBuf {
     path.with_file_name(format!(".{name}.tmp-{}-{n}", std::process::id()))
 }
 
+fn remove_tmp(tmp: &Path) {
+    count(OpClass::Unlink);
+    let _ = fs::remove_file(tmp);
+}
+
 pub fn fsync_dir(dir: &Path) -> io::Result<()> {
     // Some FUSE filesystems refuse fsync on directories; durability is best effort there.
-    match File::open(dir).and_then(|d| d.sync_all()) {
+    count(OpClass::Open);
+    let d = match File::open(dir) {
+        Ok(d) => d,
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    count(OpClass::Fsync);
+    match d.sync_all() {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Ok(()),
         other => other,
     }
@@ -50,22 +205,40 @@ pub fn publish_with(
     path: &Path,
     write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
 ) -> io::Result<()> {
-    WRITES.fetch_add(1, Ordering::Relaxed);
+    let mut write = Some(write);
+    publish_inner(path, true, &mut |w| {
+        (write.take().expect("called once"))(w)
+    })
+}
+
+fn publish_inner(
+    path: &Path,
+    durable: bool,
+    write: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
+) -> io::Result<()> {
     let tmp = tmp_name(path);
     let result = (|| {
+        count(OpClass::Open);
         let mut w = io::BufWriter::new(File::create(&tmp)?);
+        count(OpClass::Write);
         write(&mut w)?;
         let f = w.into_inner().map_err(io::IntoInnerError::into_error)?;
-        f.sync_all()?;
+        if durable {
+            count(OpClass::Fsync);
+            f.sync_all()?;
+        }
         drop(f);
+        count(OpClass::Rename);
         fs::rename(&tmp, path)?;
-        if let Some(dir) = path.parent() {
-            fsync_dir(dir)?;
+        if durable {
+            if let Some(dir) = path.parent() {
+                fsync_dir(dir)?;
+            }
         }
         Ok(())
     })();
     if result.is_err() {
-        let _ = fs::remove_file(&tmp);
+        remove_tmp(&tmp);
     }
     result
 }
@@ -80,6 +253,7 @@ pub fn publish_with(
 /// another writer can create `dst`; a plain rename then fails if `dst` is a non-empty
 /// directory, so only an *empty* directory created in that window could be replaced.
 pub fn rename_noreplace(src: &Path, dst: &Path) -> io::Result<()> {
+    count(OpClass::Rename);
     match renameat2_noreplace(src, dst) {
         Err(e)
             if matches!(
@@ -94,20 +268,29 @@ pub fn rename_noreplace(src: &Path, dst: &Path) -> io::Result<()> {
             format!("{} already exists", dst.display()),
         )
     };
+    count(OpClass::Stat);
     if fs::symlink_metadata(src)?.is_dir() {
+        count(OpClass::Stat);
         if fs::symlink_metadata(dst).is_ok() {
             return Err(exists());
         }
+        count(OpClass::Rename);
         return fs::rename(src, dst);
     }
+    count(OpClass::Rename);
     match fs::hard_link(src, dst) {
-        Ok(()) => fs::remove_file(src),
+        Ok(()) => {
+            count(OpClass::Unlink);
+            fs::remove_file(src)
+        }
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(e),
         // No hard links (blob FUSE): check, then rename.
         Err(_) => {
+            count(OpClass::Stat);
             if fs::symlink_metadata(dst).is_ok() {
                 return Err(exists());
             }
+            count(OpClass::Rename);
             fs::rename(src, dst)
         }
     }
@@ -141,13 +324,22 @@ fn renameat2_noreplace(_: &Path, _: &Path) -> io::Result<()> {
     Err(io::Error::from_raw_os_error(libc::ENOSYS))
 }
 
+/// `value` as pretty JSON and a newline, written to `w` (an I/O error comes back as
+/// itself, so a full filesystem stays `StorageFull`).
+pub(crate) fn write_json<T: Serialize + ?Sized>(w: &mut dyn Write, value: &T) -> io::Result<()> {
+    serde_json::to_writer_pretty(&mut *w, value).map_err(io::Error::from)?;
+    w.write_all(b"\n")
+}
+
+pub(crate) fn json_bytes<T: Serialize + ?Sized>(value: &T) -> io::Result<Vec<u8>> {
+    let mut bytes = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
+    bytes.push(b'\n');
+    Ok(bytes)
+}
+
 pub fn publish_json<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
     // Streamed: a plan of a million items is over 100 MB of JSON.
-    publish_with(path, |w| {
-        // An I/O error comes back as itself (e.g. a full filesystem stays `StorageFull`).
-        serde_json::to_writer_pretty(&mut *w, value).map_err(io::Error::from)?;
-        w.write_all(b"\n")
-    })
+    publish_with(path, |w| write_json(w, value))
 }
 
 /// The last resort of a node that can no longer create files (a full disk, a quota):
@@ -158,10 +350,15 @@ pub fn publish_json<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
 /// a mix for a moment, which the tolerant readers treat as "not yet". Fails with
 /// `FileTooLarge` when the value does not fit.
 pub fn overwrite_in_place<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
+    overwrite_bytes_in_place(path, &serde_json::to_vec(value).map_err(io::Error::other)?)
+}
+
+fn overwrite_bytes_in_place(path: &Path, value: &[u8]) -> io::Result<()> {
     use std::os::unix::fs::MetadataExt;
-    WRITES.fetch_add(1, Ordering::Relaxed);
-    let mut bytes = serde_json::to_vec(value).map_err(io::Error::other)?;
+    let mut bytes = value.to_vec();
+    count(OpClass::Open);
     let mut f = OpenOptions::new().write(true).open(path)?;
+    count(OpClass::Stat);
     let meta = f.metadata()?;
     let old = meta.len() as usize;
     let allocated = (meta.blocks() * 512) as usize;
@@ -178,7 +375,9 @@ pub fn overwrite_in_place<T: Serialize>(path: &Path, value: &T) -> io::Result<()
     }
     bytes.resize(old.max(bytes.len() + 1) - 1, b' ');
     bytes.push(b'\n');
+    count(OpClass::Write);
     f.write_all(&bytes)?;
+    count(OpClass::Fsync);
     f.sync_all()
 }
 
@@ -187,17 +386,21 @@ pub fn overwrite_in_place<T: Serialize>(path: &Path, value: &T) -> io::Result<()
 pub fn create_new(path: &Path, bytes: &[u8]) -> io::Result<bool> {
     let tmp = tmp_name(path);
     let written = (|| {
+        count(OpClass::Open);
         let mut f = File::create(&tmp)?;
+        count(OpClass::Write);
         f.write_all(bytes)?;
+        count(OpClass::Fsync);
         f.sync_all()
     })();
     if let Err(e) = written {
         // A full disk leaves an empty file behind; nobody else would remove it.
-        let _ = fs::remove_file(&tmp);
+        remove_tmp(&tmp);
         return Err(e);
     }
+    count(OpClass::Rename);
     let linked = fs::hard_link(&tmp, path);
-    let _ = fs::remove_file(&tmp);
+    remove_tmp(&tmp);
     match linked {
         Ok(()) => {
             if let Some(dir) = path.parent() {
@@ -207,29 +410,37 @@ pub fn create_new(path: &Path, bytes: &[u8]) -> io::Result<bool> {
         }
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
         // Filesystems without hard links (blob FUSE): O_EXCL create; readers validate content.
-        Err(_) => match OpenOptions::new().write(true).create_new(true).open(path) {
-            Ok(mut f) => {
-                f.write_all(bytes)?;
-                f.sync_all()?;
-                Ok(true)
+        Err(_) => {
+            count(OpClass::Open);
+            match OpenOptions::new().write(true).create_new(true).open(path) {
+                Ok(mut f) => {
+                    count(OpClass::Write);
+                    f.write_all(bytes)?;
+                    count(OpClass::Fsync);
+                    f.sync_all()?;
+                    Ok(true)
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+                Err(e) => Err(e),
             }
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
-            Err(e) => Err(e),
-        },
+        }
     }
 }
 
 pub fn create_new_json<T: Serialize>(path: &Path, value: &T) -> io::Result<bool> {
-    let mut bytes = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
-    bytes.push(b'\n');
-    create_new(path, &bytes)
+    create_new(path, &json_bytes(value)?)
 }
 
-/// Read a file; a missing file is `None`.
+/// Read a file; a missing file is `None`. Counted as the open, the `stat` std does for
+/// the size and one read.
 pub fn read(path: &Path) -> io::Result<Option<Vec<u8>>> {
-    READS.fetch_add(1, Ordering::Relaxed);
+    count(OpClass::Open);
     match fs::read(path) {
-        Ok(b) => Ok(Some(b)),
+        Ok(b) => {
+            count(OpClass::Stat);
+            count(OpClass::Read);
+            Ok(Some(b))
+        }
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e),
     }
@@ -242,21 +453,20 @@ pub fn read_json<T: DeserializeOwned>(path: &Path) -> io::Result<Option<T>> {
     Ok(read(path)?.and_then(|b| serde_json::from_slice(&b).ok()))
 }
 
-/// A state file that exists but cannot be used: which file and what is wrong with it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{} is damaged: {what}", .path.display())]
-pub struct Damaged {
-    pub path: std::path::PathBuf,
-    pub what: String,
-}
-
 /// Read and parse one of the run's own state files. Missing is `Ok(None)`; present but
 /// empty, torn, garbage or of the wrong shape is `Err(Damaged)` naming the file and what is
 /// wrong — never "no file" (docs/shared-directory.md, "The run's own state is
 /// validated"). I/O errors other than not-found are reported as damage too, with the OS
 /// error.
 pub fn read_strict<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, Damaged> {
-    let bytes = match read(path) {
+    parse_strict_read(path, read(path))
+}
+
+pub(crate) fn parse_strict_read<T: DeserializeOwned>(
+    path: &Path,
+    read: io::Result<Option<Vec<u8>>>,
+) -> Result<Option<T>, Damaged> {
+    let bytes = match read {
         Ok(Some(b)) => b,
         Ok(None) => return Ok(None),
         Err(e) => {
@@ -277,6 +487,53 @@ pub fn read_strict<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, Damage
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What `f` did, by class (each nextest test is a process of its own, so nothing else
+    /// counts at the same time).
+    fn counted(f: impl FnOnce()) -> OpCounts {
+        let before = op_counts();
+        f();
+        op_counts() - before
+    }
+
+    #[test]
+    fn every_call_is_counted_by_class() {
+        let d = tempfile::tempdir().unwrap();
+        let store: &dyn SharedDir = &Fs;
+        let p = d.path().join("r.json");
+        let durable = counted(|| store.publish(&p, b"one").unwrap());
+        assert_eq!(
+            durable.summary(),
+            "open 2, write 1, rename 1, fsync 2",
+            "temporary file, its write and fsync, the rename, the directory's open and fsync"
+        );
+        let live = counted(|| {
+            store
+                .publish_with(&p, false, &mut |w| w.write_all(b"two"))
+                .unwrap()
+        });
+        assert_eq!(live.summary(), "open 1, write 1, rename 1");
+        let read = counted(|| assert_eq!(store.read(&p).unwrap().unwrap(), b"two"));
+        assert_eq!(read.summary(), "open 1, stat 1, read 1");
+        let missing = counted(|| assert!(store.read(&d.path().join("no")).unwrap().is_none()));
+        assert_eq!(missing.summary(), "open 1");
+        let log = d.path().join("events/rank-0.jsonl");
+        let first = counted(|| store.append(&log, b"a\n", false).unwrap());
+        assert_eq!(first.summary(), "open 2, stat 1, write 1, mkdir 1");
+        let next = counted(|| store.append(&log, b"b\n", true).unwrap());
+        assert_eq!(next.summary(), "open 1, write 1, fsync 1");
+        assert_eq!(fs::read(&log).unwrap(), b"a\nb\n");
+        let listed = counted(|| assert_eq!(store.read_dir(d.path()).unwrap().len(), 2));
+        assert_eq!(listed.summary(), "open 1, readdir 1");
+        assert_eq!(
+            store.lstat(&p).unwrap(),
+            Some(Meta {
+                len: 3,
+                kind: Kind::File
+            })
+        );
+        assert_eq!(store.lstat(&d.path().join("no")).unwrap(), None);
+    }
 
     #[test]
     fn publish_replaces_and_leaves_no_temp_files() {

@@ -1,0 +1,137 @@
+//! Time as the node sees it, behind one trait so that a simulation can run the node's
+//! timing on simulated time.
+//!
+//! - [`SystemClock`] is the real one: `Instant::now`, `thread::sleep`, `SystemTime::now`.
+//! - [`SimClock`] is simulated: time moves only when someone sleeps or the simulator
+//!   advances it, and it can run fast or slow and have its wall clock skewed, as the
+//!   clocks of different machines do.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime};
+
+pub trait Clock: Send + Sync {
+    /// Monotonic now: deadlines and liveness are measured with it.
+    fn now(&self) -> Instant;
+
+    /// Wait `d` of this clock's time.
+    fn sleep(&self, d: Duration);
+
+    /// Wall-clock time: only for what people read (timestamps in journals and logs), never
+    /// for a decision between nodes.
+    fn wall(&self) -> SystemTime;
+
+    /// Monotonic time since this clock's origin: what the protocol core is fed.
+    fn since_start(&self) -> Duration;
+}
+
+/// The machine's clocks.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+fn origin() -> Instant {
+    static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *ORIGIN.get_or_init(Instant::now)
+}
+
+impl Clock for SystemClock {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+
+    fn sleep(&self, d: Duration) {
+        std::thread::sleep(d)
+    }
+
+    fn wall(&self) -> SystemTime {
+        SystemTime::now()
+    }
+
+    fn since_start(&self) -> Duration {
+        origin().elapsed()
+    }
+}
+
+/// A simulated clock. Its time is simulated time (advanced by [`SimClock::advance`] or
+/// by sleeping) scaled by its rate: a rate of 1.01 runs 1 % fast. Its wall clock is the
+/// simulated time plus a fixed skew from an arbitrary epoch.
+#[derive(Debug)]
+pub struct SimClock {
+    origin: Instant,
+    /// Simulated (true) time since the origin.
+    elapsed: Mutex<Duration>,
+    rate: f64,
+    wall_origin: SystemTime,
+}
+
+impl SimClock {
+    /// A clock at simulated time zero, running at `rate` (1.0: exact), whose wall clock
+    /// reads `wall_origin` at time zero.
+    pub fn new(rate: f64, wall_origin: SystemTime) -> SimClock {
+        assert!(rate > 0.0, "a clock runs forwards");
+        SimClock {
+            origin: Instant::now(),
+            elapsed: Mutex::new(Duration::ZERO),
+            rate,
+            wall_origin,
+        }
+    }
+
+    /// Move true simulated time forwards by `d`.
+    pub fn advance(&self, d: Duration) {
+        *self.elapsed.lock().unwrap() += d;
+    }
+
+    /// True simulated time since the origin (what the simulator schedules by).
+    pub fn true_elapsed(&self) -> Duration {
+        *self.elapsed.lock().unwrap()
+    }
+}
+
+impl Clock for SimClock {
+    fn now(&self) -> Instant {
+        self.origin + self.since_start()
+    }
+
+    fn sleep(&self, d: Duration) {
+        // `d` of this clock's time is d / rate of true time.
+        self.advance(d.div_f64(self.rate));
+    }
+
+    fn wall(&self) -> SystemTime {
+        self.wall_origin + self.true_elapsed()
+    }
+
+    fn since_start(&self) -> Duration {
+        self.true_elapsed().mul_f64(self.rate)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_simulated_clock_moves_only_when_told_and_at_its_rate() {
+        let fast = SimClock::new(1.01, SystemTime::UNIX_EPOCH);
+        let t0 = fast.now();
+        assert_eq!(fast.now(), t0, "no real time passes on a simulated clock");
+        fast.advance(Duration::from_secs(100));
+        assert_eq!(fast.since_start(), Duration::from_secs(101));
+        assert_eq!(fast.now() - t0, Duration::from_secs(101));
+        assert_eq!(
+            fast.wall(),
+            SystemTime::UNIX_EPOCH + Duration::from_secs(100)
+        );
+        // Sleeping 10.1 s of a 1 % fast clock takes 10 s of true time.
+        fast.sleep(Duration::from_millis(10_100));
+        assert_eq!(fast.true_elapsed(), Duration::from_secs(110));
+    }
+
+    #[test]
+    fn the_system_clock_is_monotonic() {
+        let c = SystemClock;
+        let (a, b) = (c.since_start(), c.since_start());
+        assert!(b >= a);
+        assert!(c.now() <= Instant::now());
+    }
+}

@@ -1,0 +1,241 @@
+//! Access to the shared directory, behind one trait so that every operation on it is
+//! counted by class and a simulated directory can stand in for the real one.
+//!
+//! - [`SharedDir`] is what the node does to the shared directory: atomic publish, tolerant
+//!   and strict reads, exclusive create, rename without replacing, appends, directory
+//!   creation and listing. Every implementation counts what it does in [`OpCounts`].
+//! - [`fs`] is the real one (and the free functions the rest of the crate calls).
+//! - [`sim`] is a simulated one: one directory tree in memory seen by many clients, each
+//!   with the attribute and negative-lookup caches of an NFS client, on simulated time.
+//!
+//! Shared filesystems give few guarantees (docs/shared-directory.md): a rename within one
+//! directory is atomic on NFS and Lustre but a copy on blob FUSE, so readers treat a
+//! missing *or unparsable* file as "not yet" instead of trusting that a name implies
+//! complete content.
+
+pub mod fs;
+// pub mod sim;
+
+pub use fs::{
+    create_new, create_new_json, fsync_dir, overwrite_in_place, publish, publish_json,
+    publish_with, read, read_json, read_strict, rename_noreplace, Fs,
+};
+
+use serde::{de::DeserializeOwned, Serialize};
+use std::ffi::OsString;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+/// The classes of operation on the shared directory, one per kind of system call (what
+/// `strace -c` would list): opening a file, `stat`, reading, writing, `rename` (and
+/// `link`), `mkdir`, `fsync` (of a file or a directory), listing a directory, `unlink`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OpClass {
+    Open,
+    Stat,
+    Read,
+    Write,
+    Rename,
+    Mkdir,
+    Fsync,
+    Readdir,
+    Unlink,
+}
+
+impl OpClass {
+    pub const ALL: [OpClass; 9] = [
+        OpClass::Open,
+        OpClass::Stat,
+        OpClass::Read,
+        OpClass::Write,
+        OpClass::Rename,
+        OpClass::Mkdir,
+        OpClass::Fsync,
+        OpClass::Readdir,
+        OpClass::Unlink,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            OpClass::Open => "open",
+            OpClass::Stat => "stat",
+            OpClass::Read => "read",
+            OpClass::Write => "write",
+            OpClass::Rename => "rename",
+            OpClass::Mkdir => "mkdir",
+            OpClass::Fsync => "fsync",
+            OpClass::Readdir => "readdir",
+            OpClass::Unlink => "unlink",
+        }
+    }
+}
+
+/// Operations on the shared directory, by class. One call counts once whatever its size
+/// (a read of a large file that takes several `read` calls counts one).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OpCounts([u64; 9]);
+
+impl OpCounts {
+    pub fn get(&self, class: OpClass) -> u64 {
+        self.0[class as usize]
+    }
+
+    pub fn add(&mut self, class: OpClass, n: u64) {
+        self.0[class as usize] += n;
+    }
+
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+
+    /// `open 12, stat 3, …` (classes with a zero count left out), as the node's last line
+    /// and the benchmarks print it.
+    pub fn summary(&self) -> String {
+        let parts: Vec<String> = OpClass::ALL
+            .iter()
+            .filter(|c| self.get(**c) > 0)
+            .map(|c| format!("{} {}", c.name(), self.get(*c)))
+            .collect();
+        if parts.is_empty() {
+            "none".to_string()
+        } else {
+            parts.join(", ")
+        }
+    }
+}
+
+impl std::ops::Sub for OpCounts {
+    type Output = OpCounts;
+    fn sub(self, o: OpCounts) -> OpCounts {
+        let mut out = self;
+        for (a, b) in out.0.iter_mut().zip(o.0) {
+            *a = a.saturating_sub(b);
+        }
+        out
+    }
+}
+
+impl std::ops::AddAssign for OpCounts {
+    fn add_assign(&mut self, o: OpCounts) {
+        for (a, b) in self.0.iter_mut().zip(o.0) {
+            *a += b;
+        }
+    }
+}
+
+/// What `stat` says about a path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Meta {
+    pub len: u64,
+    pub kind: Kind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+/// The shared directory as the node uses it. Paths are absolute paths under the run's
+/// directory (the real implementation hands them to the OS as they are).
+///
+/// Generic conveniences (JSON in and out) are on `dyn SharedDir` itself, so the trait
+/// stays object-safe and the node holds an `Arc<dyn SharedDir>`.
+pub trait SharedDir: Send + Sync {
+    /// The whole file; a missing file is `None`.
+    fn read(&self, path: &Path) -> io::Result<Option<Vec<u8>>>;
+
+    /// Replace `path` atomically with what `write` writes: a temporary file in the same
+    /// directory, renamed over `path`. `durable` also fsyncs the file and the directory
+    /// (for commits; a live record only needs the atomic replacement). On an error `path`
+    /// is left as it was and no temporary file stays behind.
+    fn publish_with(
+        &self,
+        path: &Path,
+        durable: bool,
+        write: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
+    ) -> io::Result<()>;
+
+    /// Create `path` with `bytes` only if it does not exist yet: the first writer wins
+    /// (`false` when another got there first).
+    fn create_new(&self, path: &Path, bytes: &[u8]) -> io::Result<bool>;
+
+    /// Overwrite the existing `path` in place, within the space it already has (the last
+    /// resort of a node on a full disk; see [`fs::overwrite_in_place`]).
+    fn overwrite_in_place(&self, path: &Path, bytes: &[u8]) -> io::Result<()>;
+
+    /// Append `bytes` to `path`, creating it (and its directory) if needed; `sync` makes
+    /// the append durable before returning.
+    fn append(&self, path: &Path, bytes: &[u8], sync: bool) -> io::Result<()>;
+
+    /// A plain rename (replaces `dst`).
+    fn rename(&self, src: &Path, dst: &Path) -> io::Result<()>;
+
+    /// Rename `src` to `dst` only if nothing exists at `dst` (`AlreadyExists` otherwise).
+    fn rename_noreplace(&self, src: &Path, dst: &Path) -> io::Result<()>;
+
+    fn create_dir(&self, path: &Path) -> io::Result<()>;
+
+    fn create_dir_all(&self, path: &Path) -> io::Result<()>;
+
+    /// The names in a directory, in no particular order.
+    fn read_dir(&self, path: &Path) -> io::Result<Vec<OsString>>;
+
+    fn remove_file(&self, path: &Path) -> io::Result<()>;
+
+    /// `lstat` (a symlink is itself); `None` when nothing is there.
+    fn lstat(&self, path: &Path) -> io::Result<Option<Meta>>;
+
+    /// `stat` (a symlink is followed); `None` when nothing is there (or a dangling link).
+    fn stat(&self, path: &Path) -> io::Result<Option<Meta>>;
+
+    /// Make a file's content durable (open and fsync).
+    fn sync_file(&self, path: &Path) -> io::Result<()>;
+
+    /// Make a directory's entries durable (best effort where the filesystem refuses).
+    fn fsync_dir(&self, path: &Path) -> io::Result<()>;
+
+    /// What this store has done so far, by class.
+    fn counts(&self) -> OpCounts;
+}
+
+impl dyn SharedDir + '_ {
+    /// A durable [`SharedDir::publish_with`] of `bytes`.
+    pub fn publish(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        self.publish_with(path, true, &mut |w| w.write_all(bytes))
+    }
+
+    /// A durable publish of `value` as JSON (streamed: a plan can be over 100 MB).
+    pub fn publish_json<T: Serialize>(&self, path: &Path, value: &T) -> io::Result<()> {
+        self.publish_with(path, true, &mut |w| fs::write_json(w, value))
+    }
+
+    pub fn create_new_json<T: Serialize>(&self, path: &Path, value: &T) -> io::Result<bool> {
+        self.create_new(path, &fs::json_bytes(value)?)
+    }
+
+    /// A live record: missing or unparsable (torn, half-copied) is `None` ("not yet").
+    pub fn read_json<T: DeserializeOwned>(&self, path: &Path) -> io::Result<Option<T>> {
+        Ok(self.read(path)?.and_then(|b| serde_json::from_slice(&b).ok()))
+    }
+
+    /// One of the run's own state files: missing is `Ok(None)`, anything unusable is
+    /// `Err(Damaged)` naming the file and what is wrong (see [`fs::read_strict`]).
+    pub fn read_strict<T: DeserializeOwned>(&self, path: &Path) -> Result<Option<T>, Damaged> {
+        fs::parse_strict_read(path, self.read(path))
+    }
+
+    pub fn exists(&self, path: &Path) -> bool {
+        self.lstat(path).is_ok_and(|m| m.is_some())
+    }
+}
+
+/// A state file that exists but cannot be used: which file and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{} is damaged: {what}", .path.display())]
+pub struct Damaged {
+    pub path: PathBuf,
+    pub what: String,
+}
