@@ -523,7 +523,7 @@ pub fn publish_with(
         name: name.to_string(),
         source: source.display().to_string(),
         files,
-        created_at: crate::protocol::wall_now(),
+        created_at: crate::clock::wall_now(),
         mutable: mutable.to_vec(),
     };
     let mpath = tmp.join(MANIFEST);

@@ -29,7 +29,7 @@ pub struct EventRecord {
     pub iteration: u64,
     /// The rank that wrote the line.
     pub rank: u32,
-    /// Wall clock, RFC 3339 with milliseconds (`protocol::wall_now`).
+    /// Wall clock, RFC 3339 with milliseconds (`protocol::wall_stamp`).
     pub t: String,
 }
 

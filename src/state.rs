@@ -17,7 +17,7 @@
 use crate::layout::Layout;
 use crate::protocol::journal::{self, BadLine, Entry, Lines, Tail};
 use crate::protocol::{ClusterRecord, PROTO};
-use crate::store;
+use crate::store::{self, SharedDir};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -92,12 +92,15 @@ impl StateError {
 
 /// The cluster record, strictly: missing is `Ok(None)` only when nothing else says a run
 /// exists; another protocol version and any damage are errors.
-pub fn read_cluster(layout: &Layout) -> Result<Option<ClusterRecord>, StateError> {
+pub fn read_cluster(
+    store: &dyn SharedDir,
+    layout: &Layout,
+) -> Result<Option<ClusterRecord>, StateError> {
     let path = layout.cluster();
-    let bytes = match store::read(&path) {
+    let bytes = match store.read(&path) {
         Ok(Some(b)) => b,
         Ok(None) => {
-            return match run_evidence(layout) {
+            return match run_evidence(store, layout) {
                 Some(evidence) => Err(StateError::MissingCluster { path, evidence }),
                 None => Ok(None),
             }
@@ -129,19 +132,21 @@ pub fn read_cluster(layout: &Layout) -> Result<Option<ClusterRecord>, StateError
 
 /// What in the directory says a run committed work, if anything: non-empty journals or
 /// history. (Generation directories alone hold only live records.)
-pub fn run_evidence(layout: &Layout) -> Option<String> {
+pub fn run_evidence(store: &dyn SharedDir, layout: &Layout) -> Option<String> {
     let mut found = Vec::new();
-    if std::fs::metadata(layout.history()).is_ok_and(|m| m.len() > 0) {
+    let non_empty = |p: &Path| store.stat(p).ok().flatten().is_some_and(|m| m.len > 0);
+    if non_empty(&layout.history()) {
         found.push(layout.history().display().to_string());
     }
     let dir = layout.journal(0);
     let dir = dir.parent().expect("journal dir");
-    if let Ok(rd) = std::fs::read_dir(dir) {
-        let mut journals: Vec<String> = rd
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().ends_with(".jsonl"))
-            .filter(|e| e.metadata().is_ok_and(|m| m.len() > 0))
-            .map(|e| e.path().display().to_string())
+    if let Ok(names) = store.read_dir(dir) {
+        let mut journals: Vec<String> = names
+            .into_iter()
+            .filter(|n| n.to_string_lossy().ends_with(".jsonl"))
+            .map(|n| dir.join(n))
+            .filter(|p| store.lstat(p).ok().flatten().is_some_and(|m| m.len > 0))
+            .map(|p| p.display().to_string())
             .collect();
         journals.sort();
         found.extend(journals);
@@ -150,10 +155,13 @@ pub fn run_evidence(layout: &Layout) -> Option<String> {
 }
 
 /// Read a JSON-lines state file strictly (missing: empty).
-pub fn read_lines<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Lines<T>, StateError> {
-    let text = match std::fs::read(path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Lines::default()),
+pub fn read_lines<T: serde::de::DeserializeOwned>(
+    store: &dyn SharedDir,
+    path: &Path,
+) -> Result<Lines<T>, StateError> {
+    let text = match store.read(path) {
+        Ok(Some(b)) => b,
+        Ok(None) => return Ok(Lines::default()),
         Err(e) => {
             return Err(store::Damaged {
                 path: path.to_path_buf(),
@@ -177,14 +185,21 @@ pub fn read_lines<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Lines<T
     })
 }
 
-pub fn read_history(layout: &Layout) -> Result<Lines<HistoryEntry>, StateError> {
-    read_lines(&layout.history())
+pub fn read_history(
+    store: &dyn SharedDir,
+    layout: &Layout,
+) -> Result<Lines<HistoryEntry>, StateError> {
+    read_lines(store, &layout.history())
 }
 
 /// Every rank's journal (`num_nodes` of them), strictly.
-pub fn read_journals(layout: &Layout, num_nodes: u32) -> Result<Vec<Lines<Entry>>, StateError> {
+pub fn read_journals(
+    store: &dyn SharedDir,
+    layout: &Layout,
+    num_nodes: u32,
+) -> Result<Vec<Lines<Entry>>, StateError> {
     (0..num_nodes)
-        .map(|r| read_lines(&layout.journal(r)))
+        .map(|r| read_lines(store, &layout.journal(r)))
         .collect()
 }
 
@@ -235,6 +250,7 @@ pub fn evidence_floor(
 
 /// Ranks whose journal holds less than the evidence says they completed.
 pub fn lost_journals(
+    store: &dyn SharedDir,
     layout: &Layout,
     journals: &[Vec<Entry>],
     history: &[HistoryEntry],
@@ -249,7 +265,7 @@ pub fn lost_journals(
             let last = journal::last_complete(j, run_id, walk);
             (last < floor).then(|| {
                 let path = layout.journal(r as u32);
-                let state = if !path.exists() {
+                let state = if !store.exists(&path) {
                     "missing".to_string()
                 } else if j.is_empty() {
                     "empty".to_string()
@@ -278,12 +294,13 @@ pub struct Checked {
 
 /// Validate the journals and history of a run before a restart writes anything.
 pub fn check_run(
+    store: &dyn SharedDir,
     layout: &Layout,
     cluster: &ClusterRecord,
     walk: &str,
 ) -> Result<Checked, StateError> {
-    let history = read_history(layout)?;
-    let lines = read_journals(layout, cluster.num_nodes)?;
+    let history = read_history(store, layout)?;
+    let lines = read_journals(store, layout, cluster.num_nodes)?;
     let mut torn = Vec::new();
     if let Tail::Torn(f) = &history.tail {
         torn.push(torn_note(&layout.history(), f));
@@ -294,9 +311,16 @@ pub fn check_run(
         }
     }
     let journals: Vec<Vec<Entry>> = lines.into_iter().map(|l| l.entries).collect();
-    if let Some(e) = lost_journals(layout, &journals, &history.entries, &cluster.run_id, walk)
-        .into_iter()
-        .next()
+    if let Some(e) = lost_journals(
+        store,
+        layout,
+        &journals,
+        &history.entries,
+        &cluster.run_id,
+        walk,
+    )
+    .into_iter()
+    .next()
     {
         return Err(e);
     }
@@ -315,8 +339,12 @@ pub fn torn_note(path: &Path, fragment: &str) -> String {
 /// Set an unfinished last line of a JSON-lines file aside (`<file>.torn-genG`) and
 /// rewrite the file without it, so the next append starts on a new line. Returns where
 /// the fragment went, if there was one. Only the file's own writer calls this.
-pub fn repair_tail(path: &Path, gen: u64) -> Result<Option<PathBuf>, String> {
-    let Ok(text) = std::fs::read(path) else {
+pub fn repair_tail(
+    store: &dyn SharedDir,
+    path: &Path,
+    gen: u64,
+) -> Result<Option<PathBuf>, String> {
+    let Ok(Some(text)) = store.read(path) else {
         return Ok(None);
     };
     let text = String::from_utf8_lossy(&text).into_owned();
@@ -325,14 +353,16 @@ pub fn repair_tail(path: &Path, gen: u64) -> Result<Option<PathBuf>, String> {
     };
     if serde_json::from_str::<serde_json::Value>(&text[cut..]).is_ok() {
         // A complete entry that only lacks its newline: keep it, add the newline.
-        store::publish(path, format!("{text}\n").as_bytes())
+        store
+            .publish(path, format!("{text}\n").as_bytes())
             .map_err(|e| format!("cannot end {} with a newline: {e}", path.display()))?;
         return Ok(None);
     }
     let aside = side_path(path, &format!("torn-gen{gen}"));
     let (clean, fragment) = text.split_at(cut);
-    store::publish(&aside, fragment.as_bytes())
-        .and_then(|()| store::publish(path, clean.as_bytes()))
+    store
+        .publish(&aside, fragment.as_bytes())
+        .and_then(|()| store.publish(path, clean.as_bytes()))
         .map_err(|e| {
             format!(
                 "cannot set the unfinished last line of {} aside: {e}",
@@ -397,7 +427,7 @@ mod tests {
         let l = Layout::new(d.path());
         // Rank 0 completed 1..3, rank 1's journal is empty: rank 1 must have completed 2.
         let js = vec![vec![e(0, 1), e(0, 2), e(0, 3)], vec![]];
-        let lost = lost_journals(&l, &js, &[], "r", "done");
+        let lost = lost_journals(&crate::store::Fs, &l, &js, &[], "r", "done");
         assert_eq!(lost.len(), 1);
         let msg = lost[0].to_string();
         assert!(
@@ -407,10 +437,10 @@ mod tests {
         assert!(msg.contains("rank 0 completed iteration 3"), "{msg}");
         // One iteration apart is normal (a crash mid-iteration).
         let js = vec![vec![e(0, 1), e(0, 2)], vec![e(1, 1)]];
-        assert!(lost_journals(&l, &js, &[], "r", "done").is_empty());
+        assert!(lost_journals(&crate::store::Fs, &l, &js, &[], "r", "done").is_empty());
         // A single rank: only the history can tell.
         let js = vec![vec![]];
-        let lost = lost_journals(&l, &js, &[h(1, 1), h(2, 4)], "r", "done");
+        let lost = lost_journals(&crate::store::Fs, &l, &js, &[h(1, 1), h(2, 4)], "r", "done");
         assert!(
             lost[0]
                 .to_string()
@@ -423,7 +453,7 @@ mod tests {
             discarded_from: Some(1),
             ..h(0, 0)
         };
-        assert!(lost_journals(&l, &js, &[h(2, 4), discard], "r", "done").is_empty());
+        assert!(lost_journals(&crate::store::Fs, &l, &js, &[h(2, 4), discard], "r", "done").is_empty());
     }
 
     #[test]
@@ -431,14 +461,14 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("rank-0.jsonl");
         std::fs::write(&p, "{\"a\":1}\n{\"a\":").unwrap();
-        let aside = repair_tail(&p, 3).unwrap().unwrap();
+        let aside = repair_tail(&crate::store::Fs, &p, 3).unwrap().unwrap();
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "{\"a\":1}\n");
         assert_eq!(std::fs::read_to_string(&aside).unwrap(), "{\"a\":");
         assert!(aside.ends_with("rank-0.jsonl.torn-gen3"));
-        assert_eq!(repair_tail(&p, 3).unwrap(), None);
+        assert_eq!(repair_tail(&crate::store::Fs, &p, 3).unwrap(), None);
         // A whole entry without its newline is kept.
         std::fs::write(&p, "{\"a\":1}\n{\"a\":2}").unwrap();
-        assert_eq!(repair_tail(&p, 3).unwrap(), None);
+        assert_eq!(repair_tail(&crate::store::Fs, &p, 3).unwrap(), None);
         assert_eq!(
             std::fs::read_to_string(&p).unwrap(),
             "{\"a\":1}\n{\"a\":2}\n"

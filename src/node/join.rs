@@ -15,12 +15,11 @@ use super::{random_hex, Interrupt, Node, Stop};
 use crate::events;
 use crate::exit;
 use crate::holder;
-use crate::protocol::{wall_now, ClusterRecord, Mark, NodeState, RankRecord, PROTO};
+use crate::protocol::{ClusterRecord, Mark, NodeState, RankRecord, PROTO};
 use crate::state::{self, StateError};
-use crate::store;
 use serde_json::{json, Value};
 use std::collections::HashSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// What we can tell about the process holding a record.
 use crate::protocol::liveness::{Holder, Holders};
@@ -40,7 +39,7 @@ impl Node {
     fn record(&self, gen: u64, run_id: &str, rank: u32, state: NodeState) -> RankRecord {
         let slot = RankRecord {
             state,
-            wall: wall_now(),
+            wall: self.wall_stamp(),
             ..RankRecord::vacant(run_id, gen, rank)
         };
         if rank != self.rank {
@@ -74,7 +73,13 @@ impl Node {
             holder::Local::Gone => return Holder::Gone,
             holder::Local::Elsewhere => {}
         }
-        seen.judge(rec.gen, rec.rank, rec.seq, super::mono_now(), patience)
+        seen.judge(
+            rec.gen,
+            rec.rank,
+            rec.seq,
+            self.clock.since_start(),
+            patience,
+        )
     }
 
     fn slot_patience(&self) -> Duration {
@@ -87,7 +92,7 @@ impl Node {
         // The run's own state is read strictly: damage is an error naming the file, never
         // "no run" (a new run started over the old one). --fresh sets it all aside anyway.
         let mut damaged = None;
-        let prev = match state::read_cluster(&layout) {
+        let prev = match state::read_cluster(&*self.store, &layout) {
             Ok(p) => p,
             Err(e) if self.fresh => {
                 damaged = Some(e);
@@ -98,7 +103,10 @@ impl Node {
         let mut previous = None;
         let (run_id, gen): (Option<ClusterRecord>, u64) = match &prev {
             Some(p) => {
-                let r0 = match store::read_strict::<RankRecord>(&layout.rank_record(p.gen, 0)) {
+                let r0 = match self
+                    .store
+                    .read_strict::<RankRecord>(&layout.rank_record(p.gen, 0))
+                {
                     Ok(r0) => r0,
                     Err(e) if self.fresh => {
                         damaged = Some(e.into());
@@ -132,8 +140,8 @@ impl Node {
         };
         let checked = match &run_id {
             Some(p) if !self.fresh => {
-                let checked =
-                    state::check_run(&layout, p, &self.cfg.walk_item()).map_err(state_err)?;
+                let checked = state::check_run(&*self.store, &layout, p, &self.cfg.walk_item())
+                    .map_err(state_err)?;
                 for t in &checked.torn {
                     self.warn(t);
                 }
@@ -144,8 +152,8 @@ impl Node {
         if let Some(e) = &damaged {
             self.info(&format!("--fresh: {e}"));
         }
-        let unreadable_run =
-            damaged.is_some() || (run_id.is_none() && state::run_evidence(&layout).is_some());
+        let unreadable_run = damaged.is_some()
+            || (run_id.is_none() && state::run_evidence(&*self.store, &layout).is_some());
         let (run_id, gen) = if self.fresh && run_id.is_none() && unreadable_run {
             self.set_aside_unreadable()?
         } else {
@@ -206,7 +214,8 @@ impl Node {
         })?;
         for r in 1..self.num_nodes() {
             let path = layout.rank_record(gen, r);
-            store::publish_json(&path, &self.record(gen, &run_id, r, NodeState::Vacant))
+            self.store
+                .publish_json(&path, &self.record(gen, &run_id, r, NodeState::Vacant))
                 .map_err(|e| io_err(format!("cannot write {}", path.display()), e))?;
         }
         let master_addr = if self.cfg.cluster.master_addr.is_empty() {
@@ -228,7 +237,7 @@ impl Node {
             pid: self.pid,
             machine: self.ident.machine.clone(),
             pid_start: self.ident.start,
-            started_at: wall_now(),
+            started_at: self.wall_stamp(),
             previous: previous.clone(),
             run_fingerprint: self.cfg.run_fingerprint(),
             resume,
@@ -238,13 +247,22 @@ impl Node {
         me.arrived = Some(self.join_mark());
         let path = layout.rank_record(gen, 0);
         self.publisher = Some(
-            super::Publisher::start(path.clone(), me, self.join_beat(), self.watchdog.clone())
-                .map_err(|e| io_err(format!("cannot write {}", path.display()), e))?,
+            super::Publisher::start(
+                self.store.clone(),
+                self.clock.clone(),
+                path.clone(),
+                me,
+                self.join_beat(),
+                self.watchdog.clone(),
+            )
+            .map_err(|e| io_err(format!("cannot write {}", path.display()), e))?,
         );
         let copy = layout.gen_cluster(gen);
-        store::publish_json(&copy, &cluster)
+        self.store
+            .publish_json(&copy, &cluster)
             .map_err(|e| io_err(format!("cannot write {}", copy.display()), e))?;
-        store::publish_json(&layout.cluster(), &cluster)
+        self.store
+            .publish_json(&layout.cluster(), &cluster)
             .map_err(|e| io_err(format!("cannot write {}", layout.cluster().display()), e))?;
         if let Some(p) = &previous {
             self.info(&format!("previous: {p}"));
@@ -269,7 +287,7 @@ impl Node {
         };
         // Rank 0 is history.jsonl's only writer: it sets an unfinished last line aside so
         // this entry starts on a line of its own.
-        match state::repair_tail(&layout.history(), gen) {
+        match state::repair_tail(&*self.store, &layout.history(), gen) {
             Ok(Some(aside)) => self.info(&format!(
                 "set the unfinished last line of {} aside in {}",
                 layout.history().display(),
@@ -278,19 +296,19 @@ impl Node {
             Ok(None) => {}
             Err(e) => self.warn(&e.to_string()),
         }
-        super::append_log(
+        self.append_log(
             &layout.history(),
             &format!("{}\n", serde_json::to_string(&history).expect("json")),
         );
 
-        let deadline = Instant::now() + self.cfg.timing.join_timeout;
+        let deadline = self.clock.now() + self.cfg.timing.join_timeout;
         let mut last = Vec::new();
         let run = run_id.clone();
         let mut refusals = HashSet::new();
         let joined = self.wait_for(deadline, |n| {
             // Two masters started at once both publish a generation; the last to write
             // cluster.json owns the run. The other learns it here, at its next poll.
-            if let Err(why) = super::fence_check(&n.layout, gen, &run) {
+            if let Err(why) = super::fence_check(&*n.store, &n.layout, gen, &run) {
                 n.publisher().update(|r| {
                     r.state = NodeState::Left;
                     r.waiting_for.clear();
@@ -363,21 +381,17 @@ impl Node {
     /// exclusive `create_dir` is what guarantees the directory is new.
     fn claim_generation_dir(&self, wanted: u64) -> std::io::Result<u64> {
         let state = self.layout.state_dir();
-        std::fs::create_dir_all(&state)?;
-        let highest = std::fs::read_dir(&state)?
-            .flatten()
-            .filter_map(|e| {
-                e.file_name()
-                    .to_str()?
-                    .strip_prefix("gen-")?
-                    .parse::<u64>()
-                    .ok()
-            })
+        self.store.create_dir_all(&state)?;
+        let highest = self
+            .store
+            .read_dir(&state)?
+            .into_iter()
+            .filter_map(|name| name.to_str()?.strip_prefix("gen-")?.parse::<u64>().ok())
             .max()
             .unwrap_or(0);
         let mut gen = wanted.max(highest + 1);
         loop {
-            match std::fs::create_dir(self.layout.gen_dir(gen)) {
+            match self.store.create_dir(&self.layout.gen_dir(gen)) {
                 Ok(()) => return Ok(gen),
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => gen += 1,
                 Err(e) => return Err(e),
@@ -431,15 +445,22 @@ impl Node {
     /// `--fresh` over a run whose cluster record is damaged or missing: set it aside under
     /// the run id its history names (or `unknown-<time>`), and start a new run.
     fn set_aside_unreadable(&mut self) -> Result<(String, u64), Stop> {
-        let run_id = std::fs::read_to_string(self.layout.history())
+        let run_id = self
+            .store
+            .read(&self.layout.history())
             .ok()
+            .flatten()
+            .and_then(|t| String::from_utf8(t).ok())
             .and_then(|t| {
                 t.lines()
                     .rev()
                     .find_map(|l| serde_json::from_str::<state::HistoryEntry>(l).ok())
             })
             .map(|h| h.run_id)
-            .unwrap_or_else(|| format!("unknown-{}", chrono::Local::now().format("%Y%m%dT%H%M%S")));
+            .unwrap_or_else(|| {
+                let now = chrono::DateTime::<chrono::Local>::from(self.clock.wall());
+                format!("unknown-{}", now.format("%Y%m%dT%H%M%S"))
+            });
         let aside = self.set_run_aside(&run_id).map_err(|e| Stop {
             code: exit::FAILED,
             message: format!("--fresh: cannot set run {run_id} aside: {e}"),
@@ -456,20 +477,21 @@ impl Node {
     /// Move every directory of the run into `previous-runs/<run_id>/`.
     fn set_run_aside(&self, run_id: &str) -> std::io::Result<std::path::PathBuf> {
         let base = self.layout.previous_runs();
-        std::fs::create_dir_all(&base)?;
+        self.store.create_dir_all(&base)?;
         let mut dest = base.join(run_id);
         let mut n = 1;
-        while dest.exists() {
+        while self.store.exists(&dest) {
             n += 1;
             dest = base.join(format!("{run_id}-{n}"));
         }
-        std::fs::create_dir(&dest)?;
+        self.store.create_dir(&dest)?;
         for dir in self.layout.run_dirs() {
-            if dir.exists() {
-                std::fs::rename(&dir, dest.join(dir.file_name().expect("named")))?;
+            if self.store.exists(&dir) {
+                self.store
+                    .rename(&dir, &dest.join(dir.file_name().expect("named")))?;
             }
         }
-        crate::store::fsync_dir(self.layout.root())?;
+        self.store.fsync_dir(self.layout.root())?;
         Ok(dest)
     }
 
@@ -477,7 +499,11 @@ impl Node {
     fn resume_point(&self, run_id: &str) -> crate::protocol::journal::Resume {
         let journals: Vec<_> = (0..self.num_nodes())
             .map(|r| {
-                std::fs::read_to_string(self.layout.journal(r))
+                self.store
+                    .read(&self.layout.journal(r))
+                    .ok()
+                    .flatten()
+                    .and_then(|t| String::from_utf8(t).ok())
                     .map(|t| crate::protocol::journal::parse(&t))
                     .unwrap_or_default()
             })
@@ -507,8 +533,11 @@ impl Node {
         }
         let path = self.layout.rank_record(r0.gen, 0);
         let first = r0.clone();
-        let verdict = self.wait_for(Instant::now() + patience * 2, |n| {
-            let rec = store::read_json::<RankRecord>(&path)
+        let deadline = self.clock.now() + patience * 2;
+        let verdict = self.wait_for(deadline, |n| {
+            let rec = n
+                .store
+                .read_json::<RankRecord>(&path)
                 .ok()
                 .flatten()
                 .unwrap_or(first.clone());
@@ -537,7 +566,7 @@ impl Node {
     }
 
     fn join_worker(&mut self) -> Result<(), Stop> {
-        let deadline = Instant::now() + self.cfg.timing.join_timeout;
+        let deadline = self.clock.now() + self.cfg.timing.join_timeout;
         let mut rejected = HashSet::new();
         let mut seen = Seen::default();
         self.info(&format!(
@@ -576,6 +605,8 @@ impl Node {
             me.arrived = Some(self.join_mark());
             let path = self.layout.rank_record(gen, self.rank);
             let publisher = super::Publisher::start(
+                self.store.clone(),
+                self.clock.clone(),
                 path.clone(),
                 me,
                 self.cfg.timing.heartbeat_interval,
@@ -600,11 +631,13 @@ impl Node {
                 // Rank 0 left (another rank 0 took the run) or the generation was replaced:
                 // wait for the current one instead of for a dead-after.
                 if n.peers[0].as_ref().is_some_and(|r| r.state.is_terminal())
-                    || super::fence_check(&n.layout, gen, &cluster.run_id).is_err()
+                    || super::fence_check(&*n.store, &n.layout, gen, &cluster.run_id).is_err()
                 {
                     return Ok(Some(false));
                 }
-                Ok(n.liveness.is_dead(0, super::mono_now()).then_some(false))
+                Ok(n.liveness
+                    .is_dead(0, n.clock.since_start())
+                    .then_some(false))
             });
             match released {
                 Ok(true) => break,
@@ -641,7 +674,7 @@ impl Node {
         seen: &mut Seen,
     ) -> Result<Option<(ClusterRecord, RankRecord)>, Stop> {
         let layout = self.layout.clone();
-        let c = match state::read_cluster(&layout) {
+        let c = match state::read_cluster(&*self.store, &layout) {
             Ok(Some(c)) => c,
             Ok(None) | Err(StateError::MissingCluster { .. }) => {
                 self.waiting_note = format!(
@@ -659,7 +692,9 @@ impl Node {
         if rejected.contains(&c.gen) {
             return Ok(None);
         }
-        let Some(r0) = store::read_json::<RankRecord>(&layout.rank_record(c.gen, 0))
+        let Some(r0) = self
+            .store
+            .read_json::<RankRecord>(&layout.rank_record(c.gen, 0))
             .ok()
             .flatten()
         else {
@@ -689,7 +724,9 @@ impl Node {
             rejected.insert(c.gen);
             return Ok(None);
         }
-        let slot = store::read_json::<RankRecord>(&layout.rank_record(c.gen, self.rank))
+        let slot = self
+            .store
+            .read_json::<RankRecord>(&layout.rank_record(c.gen, self.rank))
             .ok()
             .flatten();
         if let Some(s) = slot.filter(|s| {
@@ -779,7 +816,7 @@ impl Node {
     /// not this process's to touch, and rank 0 is not waiting for it then).
     fn leave_refusal(&self, c: &ClusterRecord, why: String) {
         let path = self.layout.rank_record(c.gen, self.rank);
-        let Ok(Some(mut slot)) = store::read_json::<RankRecord>(&path) else {
+        let Ok(Some(mut slot)) = self.store.read_json::<RankRecord>(&path) else {
             return;
         };
         if slot.state != NodeState::Vacant || !slot.belongs_to(&c.run_id, c.gen, self.rank) {
@@ -789,8 +826,8 @@ impl Node {
             "rank {} was refused: {why} (pid {} on {})",
             self.rank, self.pid, self.host
         ));
-        slot.wall = wall_now();
-        let _ = store::publish_json(&path, &slot);
+        slot.wall = self.wall_stamp();
+        let _ = self.store.publish_json(&path, &slot);
     }
 }
 

@@ -17,6 +17,7 @@ pub mod supervisor;
 mod watchdog;
 mod work;
 
+use crate::clock::Clock;
 use crate::config::{Config, Loaded, PhaseCommand, Template};
 use crate::events;
 use crate::exit;
@@ -25,12 +26,10 @@ use crate::logging;
 pub(crate) use crate::process::{self as procs, descendants, random_hex};
 use crate::protocol::journal;
 use crate::protocol::walk::{self, Barrier as WalkBarrier, IterationWalk, Split, Step, WalkConfig};
-pub use crate::protocol::wall_now;
 use crate::protocol::{
     AbortInfo, AbortKind, ClusterRecord, Liveness, NodeState, Phase, RankRecord,
 };
-use crate::clock::Clock;
-use crate::store::{self, SharedDir};
+use crate::store::{Kind, SharedDir};
 use procs::{ChildExit, Event, Registry};
 use publisher::Publisher;
 use serde_json::{json, Value};
@@ -419,7 +418,7 @@ impl Node {
     fn fence(&mut self, what: &str) -> Result<(), Stop> {
         self.watchdog
             .pet("checking that this generation is current");
-        let check = fence_check(&self.layout, self.gen(), self.run_id());
+        let check = fence_check(&*self.store, &self.layout, self.gen(), self.run_id());
         self.watchdog.pet("checked the generation");
         check.map_err(|why| self.fenced(&why, what))
     }
@@ -440,8 +439,9 @@ impl Node {
 
     /// A [`Node::fence`] that other threads (the merge) can call.
     fn fence_fn(&self) -> crate::aggregate::Fence {
-        let (layout, gen, run) = (self.layout.clone(), self.gen(), self.run_id().to_string());
-        std::sync::Arc::new(move || fence_check(&layout, gen, &run))
+        let (store, layout) = (self.store.clone(), self.layout.clone());
+        let (gen, run) = (self.gen(), self.run_id().to_string());
+        std::sync::Arc::new(move || fence_check(&*store, &layout, gen, &run))
     }
 
     fn run_id(&self) -> &str {
@@ -473,7 +473,7 @@ impl Node {
     ) -> Result<T, Interrupt> {
         let max_step = self.cfg.timing.poll_interval;
         let mut step = Duration::from_micros(500).min(max_step);
-        let started = Instant::now();
+        let started = self.clock.now();
         let mut next_note = Duration::from_secs(10);
         loop {
             self.watchdog.pet("polling the shared directory");
@@ -481,7 +481,7 @@ impl Node {
             if let Some(v) = check(self)? {
                 return Ok(v);
             }
-            let now = Instant::now();
+            let now = self.clock.now();
             if now >= deadline {
                 return Err(Interrupt::Deadline);
             }
@@ -587,11 +587,11 @@ impl Node {
         } else {
             vec![0]
         };
-        let now = mono_now();
+        let now = self.clock.since_start();
         let (run_id, gen) = (self.run_id().to_string(), self.gen());
         for r in watched {
             let path = self.layout.rank_record(gen, r);
-            let read = store::read_json::<RankRecord>(&path).ok().flatten();
+            let read = self.store.read_json::<RankRecord>(&path).ok().flatten();
             if let Some(rec) = read.filter(|rec| rec.belongs_to(&run_id, gen, r)) {
                 if rec.state == NodeState::Vacant {
                     // A process refused this rank left why in the placeholder (join reports it).
@@ -692,7 +692,7 @@ impl Node {
             log: log.map(|p| p.display().to_string()),
             detected_by: self.rank,
             silent_ms: None,
-            at: wall_now(),
+            at: self.wall_stamp(),
         }
     }
 
@@ -714,11 +714,11 @@ impl Node {
         if self.publisher.is_some() {
             self.watchdog.pet("publishing the abort");
             let path = self.layout.abort(self.gen());
-            match store::create_new_json(&path, &info) {
+            match self.store.create_new_json(&path, &info) {
                 Ok(true) => {}
                 Ok(false) => {
                     // Someone failed first: theirs is the cause, ours a consequence.
-                    if let Ok(Some(first)) = store::read_json::<AbortInfo>(&path) {
+                    if let Ok(Some(first)) = self.store.read_json::<AbortInfo>(&path) {
                         info = first;
                     }
                 }
@@ -832,8 +832,8 @@ impl Node {
             crate::protocol::barrier::Barrier::new(k, self.rank, self.iteration, name, gather);
         self.publisher()
             .update(|r| r.arrived = Some(barrier.arrival()));
-        let deadline = Instant::now() + self.cfg.timing.barrier_timeout;
-        let started = Instant::now();
+        let deadline = self.clock.now() + self.cfg.timing.barrier_timeout;
+        let started = self.clock.now();
         use crate::protocol::barrier::Progress;
         let broadcast = if self.is_master() {
             let mut last_missing = Vec::new();
@@ -918,7 +918,7 @@ impl Node {
         // This rank is its journal's only writer: an unfinished last line (a crash
         // mid-append) is set aside first, so the next entry starts on a line of its own.
         let path = self.layout.journal(self.rank);
-        match crate::state::repair_tail(&path, self.gen()) {
+        match crate::state::repair_tail(&*self.store, &path, self.gen()) {
             Ok(Some(aside)) => self.info(&format!(
                 "{}: the unfinished last line (a crash mid-append) was set aside in {}",
                 path.display(),
@@ -927,7 +927,7 @@ impl Node {
             Ok(None) => {}
             Err(e) => return Err(self.fail(AbortKind::Error, self.rank, None, e, None)),
         }
-        self.journal = match crate::state::read_lines::<journal::Entry>(&path) {
+        self.journal = match crate::state::read_lines::<journal::Entry>(&*self.store, &path) {
             Ok(lines) => lines.entries,
             Err(e) => {
                 let hint = e.hint(self.layout.root());
@@ -960,7 +960,7 @@ impl Node {
             }
             self.iteration = iteration;
             self.train_failed.clear();
-            let started = Instant::now();
+            let started = self.clock.now();
             let resume = self.cluster.as_ref().expect("joined").resume;
             let mut walk = IterationWalk::new(self.walk_config(), iteration, resume);
             while let Some(step) = walk.next_step() {
@@ -1281,7 +1281,7 @@ impl Node {
         );
         self.watchdog
             .pet("removing a left-over workers-wait-for file");
-        match std::fs::remove_file(&watched) {
+        match self.store.remove_file(&watched) {
             Ok(()) => self.info(&format!(
                 "removed the left-over {} before the {phase} command (phases.{phase}.workers-wait-for)",
                 watched.display()
@@ -1301,12 +1301,12 @@ impl Node {
             .timing
             .poll_interval
             .min(Duration::from_millis(500));
-        let (flag, phase) = (stop.clone(), phase.to_string());
+        let (flag, phase, store) = (stop.clone(), phase.to_string(), self.store.clone());
         let thread = std::thread::spawn(move || {
             while !flag.load(std::sync::atomic::Ordering::Relaxed) {
-                if std::fs::symlink_metadata(&watched).is_ok() {
+                if store.exists(&watched) {
                     let note = format!("rank 0's {phase} command created {}\n", watched.display());
-                    let _ = store::create_new(&marker, note.as_bytes());
+                    let _ = store.create_new(&marker, note.as_bytes());
                     return;
                 }
                 std::thread::sleep(poll);
@@ -1330,8 +1330,8 @@ impl Node {
         }
         let marker = self.ready_file(split);
         self.watchdog.pet("publishing the ready file");
-        if store::read(&marker).ok().flatten().is_none() {
-            let _ = store::create_new(
+        if self.store.read(&marker).ok().flatten().is_none() {
+            let _ = self.store.create_new(
                 &marker,
                 b"created by rl-node: rank 0's command ended without creating it\n",
             );
@@ -1355,8 +1355,9 @@ impl Node {
         let note = self.waiting_note.clone();
         self.publisher().update(|r| r.progress = Some(note));
         let m = marker.to_path_buf();
-        let waited = self.wait_for(Instant::now() + rc.workers_wait_timeout, move |_| {
-            Ok(store::read(&m).ok().flatten().map(|_| ()))
+        let deadline = self.clock.now() + rc.workers_wait_timeout;
+        let waited = self.wait_for(deadline, move |n| {
+            Ok(n.store.read(&m).ok().flatten().map(|_| ()))
         });
         match waited {
             Ok(()) => {}
@@ -1375,7 +1376,8 @@ impl Node {
                 "phases.{phase}.workers-delay ({}) after rank 0's ready file",
                 humantime::format_duration(rc.workers_delay)
             );
-            let waited = self.wait_for(Instant::now() + rc.workers_delay, |_| Ok(None::<()>));
+            let deadline = self.clock.now() + rc.workers_delay;
+            let waited = self.wait_for(deadline, |_| Ok(None::<()>));
             if let Err(Interrupt::Stop(s)) = waited {
                 return Err(s);
             }
@@ -1421,7 +1423,7 @@ impl Node {
         };
         self.watchdog.pet("preparing the rollout directory");
         for dir in [partial.parent(), shard.parent()].into_iter().flatten() {
-            if let Err(e) = std::fs::create_dir_all(dir) {
+            if let Err(e) = self.store.create_dir_all(dir) {
                 return Err(io(self, format!("cannot create {}", dir.display()), e));
             }
         }
@@ -1440,7 +1442,13 @@ impl Node {
                     .rev()
                     .map(|g| self.layout.shard_partial_gen(it, split, rank, g)),
             )
-            .find(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 0 || m.is_dir()));
+            .find(|p| {
+                self.store
+                    .stat(p)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|m| m.len > 0 || m.kind == Kind::Dir)
+            });
         if let Some(p) = &resume_from {
             self.info(&format!(
                 "iteration {it}: the {split} rollout may resume from the earlier attempt's {} ({{resume_from}})",
@@ -1458,8 +1466,8 @@ impl Node {
         let log = log?;
         self.fence(&format!("commit its {split} shard of iteration {it}"))?;
         self.watchdog.pet("committing the shard");
-        let wrote_output = std::fs::symlink_metadata(&partial).is_ok();
-        let wrote_shard = std::fs::symlink_metadata(&shard).is_ok();
+        let wrote_output = self.store.exists(&partial);
+        let wrote_shard = self.store.exists(&shard);
         let mut adopted = false;
         let commit = match (wrote_output, wrote_shard) {
             (true, true) => {
@@ -1475,13 +1483,14 @@ impl Node {
                     Some(&log),
                 ))
             }
-            (true, false) => std::fs::File::open(&partial)
-                .and_then(|f| f.sync_all())
-                .and_then(|()| store::rename_noreplace(&partial, &shard)),
+            (true, false) => self
+                .store
+                .sync_file(&partial)
+                .and_then(|()| self.store.rename_noreplace(&partial, &shard)),
             (false, true) => {
                 // The command named its own file (webgym's rollout does): adopt it.
                 adopted = true;
-                append_log(
+                self.append_log(
                     &log,
                     &format!(
                         "### rl-node: the command wrote {} itself (not {{output}}); adopted as this rank's shard\n",
@@ -1492,14 +1501,15 @@ impl Node {
                     "the {phase} command wrote the shard {} itself; adopted",
                     shard.display()
                 ));
-                match std::fs::metadata(&shard) {
-                    Ok(m) if m.is_file() => std::fs::File::open(&shard).and_then(|f| f.sync_all()),
-                    Ok(_) => Err(std::io::Error::other("not a regular file")),
+                match self.store.stat(&shard) {
+                    Ok(Some(m)) if m.kind == Kind::File => self.store.sync_file(&shard),
+                    Ok(Some(_)) => Err(std::io::Error::other("not a regular file")),
+                    Ok(None) => Err(std::io::ErrorKind::NotFound.into()),
                     Err(e) => Err(e),
                 }
             }
             (false, false) if self.cfg.aggregate.allow_empty_shards => {
-                append_log(
+                self.append_log(
                     &log,
                     &format!(
                         "### rl-node: the command wrote no {}; committing an empty shard (aggregate.allow-empty-shards)\n",
@@ -1509,7 +1519,7 @@ impl Node {
                 self.info(&format!(
                     "the {phase} command wrote no output; empty shard committed (aggregate.allow-empty-shards)"
                 ));
-                store::create_new(&shard, b"").and_then(|created| {
+                self.store.create_new(&shard, b"").and_then(|created| {
                     if created {
                         Ok(())
                     } else {
@@ -1531,7 +1541,7 @@ impl Node {
                 ))
             }
         };
-        if let Err(e) = commit.and_then(|()| store::fsync_dir(shard.parent().unwrap())) {
+        if let Err(e) = commit.and_then(|()| self.store.fsync_dir(shard.parent().unwrap())) {
             let what = if e.kind() == std::io::ErrorKind::AlreadyExists {
                 format!(
                     "cannot commit {}: another writer created it while this rank's command ran (not replaced)",
@@ -1560,11 +1570,11 @@ impl Node {
     /// generation's own partial) to `<path>.stale-genG`: kept, never lost, never merged,
     /// and out of the way so a commit never has to replace it.
     fn set_aside_earlier(&mut self, what: &str, path: &Path) -> Result<(), Stop> {
-        if std::fs::symlink_metadata(path).is_err() {
+        if !self.store.exists(path) {
             return Ok(());
         }
         let aside = crate::state::side_path(path, &format!("stale-gen{}", self.gen()));
-        if let Err(e) = std::fs::rename(path, &aside) {
+        if let Err(e) = self.store.rename(path, &aside) {
             let reason = format!(
                 "cannot set the earlier {what} {} aside: {e}",
                 path.display()
@@ -1590,17 +1600,19 @@ impl Node {
         self.set_aside_earlier("prepared data", &done)?;
         self.set_aside_earlier("prepared data", &out)?;
         if let Some(dir) = out.parent() {
-            let _ = std::fs::create_dir_all(dir);
+            let _ = self.store.create_dir_all(dir);
         }
         self.run_command("prepare", pc, None, &out, false)?;
-        if std::fs::symlink_metadata(&out).is_err() {
+        if !self.store.exists(&out) {
             // Prepare commands may write elsewhere (e.g. a data directory of their own).
             return Ok(());
         }
         self.fence(&format!("commit the prepared data of iteration {it}"))?;
         self.watchdog.pet("committing the prepared data");
-        if let Err(e) = store::rename_noreplace(&out, &done)
-            .and_then(|()| store::fsync_dir(done.parent().expect("has parent")))
+        if let Err(e) = self
+            .store
+            .rename_noreplace(&out, &done)
+            .and_then(|()| self.store.fsync_dir(done.parent().expect("has parent")))
         {
             let reason = format!("cannot commit {} as {}: {e}", out.display(), done.display());
             return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
@@ -1649,7 +1661,7 @@ impl Node {
                 let _ = tx.send(r);
             })
             .expect("spawn the merge thread");
-        let far = Instant::now() + Duration::from_secs(365 * 24 * 3600);
+        let far = self.clock.now() + Duration::from_secs(365 * 24 * 3600);
         let merged = match self.wait_for(far, |_| match rx.try_recv() {
             Ok(r) => Ok(Some(r)),
             Err(std::sync::mpsc::TryRecvError::Empty) => Ok(None),
@@ -1728,7 +1740,7 @@ impl Node {
             rank: self.rank,
             iteration: self.iteration,
             item: item.to_string(),
-            at: wall_now(),
+            at: self.wall_stamp(),
             note: self.journal_note.take(),
             failed,
         };
@@ -1736,17 +1748,7 @@ impl Node {
         let path = self.layout.journal(self.rank);
         self.watchdog.pet("writing the journal");
         let line = format!("{}\n", serde_json::to_string(&entry).expect("json"));
-        let written = (|| {
-            use std::io::Write;
-            std::fs::create_dir_all(path.parent().expect("has parent"))?;
-            let mut f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&path)?;
-            f.write_all(line.as_bytes())?;
-            f.sync_all()
-        })();
-        if let Err(e) = written {
+        if let Err(e) = self.store.append(&path, line.as_bytes(), true) {
             return Err(self.fail(
                 AbortKind::Error,
                 self.rank,
@@ -1899,7 +1901,7 @@ impl Node {
         if !cfg.command.trim().is_empty() {
             self.run_command("handoff", &cfg.as_phase(), None, &train_out, false)?;
         }
-        let has_files = |d: &Path| std::fs::read_dir(d).is_ok_and(|mut e| e.next().is_some());
+        let has_files = |d: &Path| self.store.read_dir(d).is_ok_and(|e| !e.is_empty());
         let source = crate::checkpoint::pick(&train_out, &cfg.pick)
             .or_else(|| has_files(&train_out).then(|| train_out.clone()));
         let Some(source) = source else {
@@ -1915,7 +1917,7 @@ impl Node {
         let name = crate::layout::iter_dir(self.iteration);
         self.watchdog.pet("publishing the checkpoint");
         let wd = self.watchdog.clone();
-        let started = Instant::now();
+        let started = self.clock.now();
         // Checked inside, right before the rename and before LATEST.
         let fence = self.fence_fn();
         let mut fence = move || fence();
@@ -2010,7 +2012,7 @@ impl Node {
                 0 => String::new(),
                 n => format!(" ({n} outside its process group)"),
             };
-            append_log(
+            self.append_log(
                 log,
                 &format!("### rl-node: the command left processes behind{outside}; stopped them\n"),
             );
@@ -2228,48 +2230,45 @@ impl Node {
             gen: self.gen(),
             iteration: self.iteration,
             rank: self.rank,
-            t: wall_now(),
+            t: self.wall_stamp(),
         };
         let path = self
             .layout
             .state_dir()
             .join("events")
             .join(format!("rank-{}.jsonl", self.rank));
-        append_log(&path, &record.to_line());
+        self.append_log(&path, &record.to_line());
     }
 }
 
-/// This process's monotonic time since its first call: the clock the protocol core
-/// (liveness) is fed, so the core itself reads none.
-pub(crate) fn mono_now() -> Duration {
-    static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    ORIGIN.get_or_init(Instant::now).elapsed()
+impl Node {
+    /// Now on this node's wall clock, as records and journals stamp it.
+    fn wall_stamp(&self) -> String {
+        crate::protocol::wall_stamp(self.clock.wall())
+    }
+
+    /// Append a line to a log in the shared directory (an event log, a command's log):
+    /// best effort, a log never stops the node.
+    fn append_log(&self, path: &Path, text: &str) {
+        let _ = self.store.append(path, text.as_bytes(), false);
+    }
 }
 
 /// `Ok` when `cluster.json` still names generation `gen` of run `run_id`: the read, with
 /// the decision in [`crate::protocol::fence`].
-pub(crate) fn fence_check(layout: &Layout, gen: u64, run_id: &str) -> Result<(), String> {
+pub(crate) fn fence_check(
+    store: &dyn SharedDir,
+    layout: &Layout,
+    gen: u64,
+    run_id: &str,
+) -> Result<(), String> {
     use crate::protocol::fence::{check, Seen};
-    match crate::state::read_cluster(layout) {
+    match crate::state::read_cluster(store, layout) {
         Ok(Some(c)) => check(gen, run_id, Seen::Cluster(&c)),
         Ok(None) | Err(crate::state::StateError::MissingCluster { .. }) => {
             check(gen, run_id, Seen::Missing(&layout.cluster()))
         }
         Err(e) => check(gen, run_id, Seen::Unreadable(&e.to_string())),
-    }
-}
-
-fn append_log(path: &Path, text: &str) {
-    use std::io::Write;
-    if let Some(d) = path.parent() {
-        let _ = std::fs::create_dir_all(d);
-    }
-    if let Ok(mut f) = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-    {
-        let _ = f.write_all(text.as_bytes());
     }
 }
 

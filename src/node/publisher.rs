@@ -8,8 +8,9 @@
 //! within `fs-timeout` ends the node like a stuck node loop.
 
 use super::watchdog::Watchdog;
-use crate::protocol::RankRecord;
-use crate::store;
+use crate::clock::Clock;
+use crate::protocol::{wall_stamp, RankRecord};
+use crate::store::SharedDir;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -34,14 +35,16 @@ impl Publisher {
     /// Write the record once (synchronously, so errors surface to the caller), then keep
     /// it fresh from a dedicated thread.
     pub fn start(
+        store: Arc<dyn SharedDir>,
+        clock: Arc<dyn Clock>,
         path: PathBuf,
         mut record: RankRecord,
         interval: Duration,
         watchdog: Watchdog,
     ) -> std::io::Result<Publisher> {
         record.seq += 1;
-        record.wall = crate::protocol::wall_now();
-        store::publish_json(&path, &record)?;
+        record.wall = wall_stamp(clock.wall());
+        store.publish_json(&path, &record)?;
         let written_seq = record.seq;
         let shared = Arc::new((
             Mutex::new(Shared {
@@ -58,7 +61,7 @@ impl Publisher {
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("heartbeat".into())
-            .spawn(move || run(path, s, watchdog))?;
+            .spawn(move || run(&*store, &*clock, path, s, watchdog))?;
         Ok(Publisher {
             shared,
             thread: Some(thread),
@@ -124,7 +127,13 @@ impl Publisher {
     }
 }
 
-fn run(path: PathBuf, shared: Arc<(Mutex<Shared>, Condvar)>, watchdog: Watchdog) {
+fn run(
+    store: &dyn SharedDir,
+    clock: &dyn Clock,
+    path: PathBuf,
+    shared: Arc<(Mutex<Shared>, Condvar)>,
+    watchdog: Watchdog,
+) {
     let (m, cv) = &*shared;
     let mut next_beat = Instant::now();
     loop {
@@ -147,15 +156,15 @@ fn run(path: PathBuf, shared: Arc<(Mutex<Shared>, Condvar)>, watchdog: Watchdog)
             let periodic = !s.dirty;
             s.dirty = false;
             s.record.seq += 1;
-            s.record.wall = crate::protocol::wall_now();
+            s.record.wall = wall_stamp(clock.wall());
             next_beat = Instant::now() + s.interval;
             (s.record.clone(), periodic)
         };
         let (on_disk, result) = watchdog.heartbeat(|| {
             let on_disk = periodic
-                .then(|| store::read_json::<RankRecord>(&path).ok().flatten())
+                .then(|| store.read_json::<RankRecord>(&path).ok().flatten())
                 .flatten();
-            (on_disk, publish(&path, &record))
+            (on_disk, publish(store, &path, &record))
         });
         // Someone else writing our record means a second process claims this rank.
         if let Some(on_disk) = on_disk {
@@ -182,13 +191,17 @@ fn run(path: PathBuf, shared: Arc<(Mutex<Shared>, Condvar)>, watchdog: Watchdog)
 }
 
 /// Publish the record; on failure, the error and whether the record went out in place.
-fn publish(path: &std::path::Path, record: &RankRecord) -> Result<(), (String, bool)> {
-    store::publish_json(path, record).map_err(|e| {
+fn publish(
+    store: &dyn SharedDir,
+    path: &std::path::Path,
+    record: &RankRecord,
+) -> Result<(), (String, bool)> {
+    store.publish_json(path, record).map_err(|e| {
         let error = format!("{e} (writing {})", path.display());
         // A stopping node that cannot create files (full disk, quota) still tells its
         // peers why, over the record it already has (see `write_in_place`).
         match record.abort.is_some() || record.state.is_terminal() {
-            true => match write_in_place(path, record) {
+            true => match write_in_place(store, path, record) {
                 Ok(()) => (error, true),
                 Err(e2) => (format!("{error}; writing it in place: {e2}"), false),
             },
@@ -197,10 +210,14 @@ fn publish(path: &std::path::Path, record: &RankRecord) -> Result<(), (String, b
     })
 }
 
-/// Overwrite the record in place (`store::overwrite_in_place`), as little of it as peers
-/// need if the whole does not fit: identity, state, and the abort with a short reason.
-fn write_in_place(path: &std::path::Path, record: &RankRecord) -> std::io::Result<()> {
-    match store::overwrite_in_place(path, record) {
+/// Overwrite the record in place (`SharedDir::overwrite_in_place`), as little of it as
+/// peers need if the whole does not fit: identity, state, and the abort with a short reason.
+fn write_in_place(
+    store: &dyn SharedDir,
+    path: &std::path::Path,
+    record: &RankRecord,
+) -> std::io::Result<()> {
+    match store.overwrite_json_in_place(path, record) {
         Err(e)
             if matches!(
                 e.kind(),
@@ -216,7 +233,7 @@ fn write_in_place(path: &std::path::Path, record: &RankRecord) -> std::io::Resul
                 }
             }
             strip_defaults(&mut slim);
-            store::overwrite_in_place(path, &slim)
+            store.overwrite_json_in_place(path, &slim)
         }
         other => other,
     }

@@ -140,7 +140,7 @@ impl Node {
             self.exited.remove(&pid);
             let why = failure.describe(&url, timeout);
             let retry = attempt < attempts;
-            super::append_log(
+            self.append_log(
                 &log,
                 &format!("### rl-node: start attempt {attempt} of {attempts} failed: {why}; stopped it\n"),
             );
@@ -175,7 +175,8 @@ impl Node {
                 humantime::format_duration(delay),
                 attempt + 1
             );
-            let waited = self.wait_for(Instant::now() + delay, |_| Ok(None::<()>));
+            let deadline = self.clock.now() + delay;
+            let waited = self.wait_for(deadline, |_| Ok(None::<()>));
             self.waiting_note.clear();
             if let Err(Interrupt::Stop(s)) = waited {
                 return Err(s);
@@ -248,7 +249,7 @@ impl Node {
             return Ok(());
         };
         self.watchdog.pet("stopping the server");
-        let started = Instant::now();
+        let started = self.clock.now();
         self.registry.stop(server.pid, self.cfg.server.stop_grace);
         self.wait_port_free("the server stopped", &server.log)?;
         self.event(events::Event::ServerStop {
@@ -262,7 +263,7 @@ impl Node {
         let port = self.cfg.server.port;
         // Through the node's one wait loop, so a peer's abort or a Ctrl-C is seen within a
         // poll while the port frees.
-        let free_by = Instant::now() + Duration::from_secs(10);
+        let free_by = self.clock.now() + Duration::from_secs(10);
         match self.wait_for(free_by, |n| {
             n.watchdog.pet("waiting for the server port");
             Ok((!port_in_use(port)).then_some(()))
@@ -285,7 +286,7 @@ impl Node {
         if limit == 0 {
             return Ok(());
         }
-        let deadline = Instant::now() + self.cfg.server.gpu_drain_timeout;
+        let deadline = self.clock.now() + self.cfg.server.gpu_drain_timeout;
         let mut last = Vec::new();
         let mut last_query: Option<Instant> = None;
         // Through the node's one wait loop (up to gpu-drain-timeout, 5 minutes by
@@ -295,7 +296,7 @@ impl Node {
             if last_query.is_some_and(|t| t.elapsed() < Duration::from_millis(500)) {
                 return Ok(None);
             }
-            last_query = Some(Instant::now());
+            last_query = Some(n.clock.now());
             n.watchdog.pet("waiting for GPU memory");
             let Some(used) = query_gpu_memory() else {
                 return Ok(Some(())); // no nvidia-smi or no GPU: nothing to wait for

@@ -165,7 +165,7 @@ impl Node {
         mut plan: Plan,
     ) -> Result<(), Stop> {
         let dir = self.layout.rollout_dir(self.iteration, split);
-        if let Err(e) = std::fs::create_dir_all(dir.join("tasks")) {
+        if let Err(e) = self.store.create_dir_all(&dir.join("tasks")) {
             return Err(self.fail(
                 AbortKind::Error,
                 self.rank,
@@ -175,7 +175,7 @@ impl Node {
             ));
         }
         if self.is_master() {
-            let _ = store::publish_json(&dir.join("plan.json"), &plan);
+            let _ = self.store.publish_json(&dir.join("plan.json"), &plan);
         }
         if plan.strategy == Strategy::Dynamic {
             return self.dynamic_rollout(split, phase, pc, plan);
@@ -190,7 +190,7 @@ impl Node {
         // streamed from the task file.
         let task_file = dir.join("tasks").join(format!("rank-{}.jsonl", self.rank));
         let mut task_error = None;
-        let written = store::publish_with(&task_file, |w| {
+        let written = self.store.publish_with(&task_file, true, &mut |w| {
             let mut last = None;
             for it in &items {
                 if last == Some(it.task_index) {
@@ -235,7 +235,7 @@ impl Node {
                 self.iteration, strategy
             ));
             let shard = self.layout.shard(self.iteration, split, self.rank);
-            return store::publish(&shard, b"").map_err(|e| {
+            return self.store.publish(&shard, b"").map_err(|e| {
                 self.fail(
                     AbortKind::Error,
                     self.rank,
@@ -409,7 +409,7 @@ impl Node {
         } else {
             dir.join(format!("{name}.g{gen}.a{attempt}.partial.jsonl"))
         };
-        let _ = std::fs::remove_file(&partial);
+        let _ = self.store.remove_file(&partial);
         self.extra.insert("task_id", item.task.to_string());
         self.extra.insert("sample", item.sample.to_string());
         self.extra.insert("sample_seed", item.seed.to_string());
@@ -432,7 +432,7 @@ impl Node {
             attempt + 1
         );
         // The phase log says where each item's own log is.
-        super::append_log(
+        self.append_log(
             &self.layout.phase_log(self.iteration, self.rank, phase),
             &format!("### {header}: log {}\n", log.display()),
         );
@@ -453,22 +453,22 @@ impl Node {
         self.fence(&format!("commit item {name}"))?;
         let done = self.items_dir(split).join(format!("{name}.jsonl"));
         let result = (|| {
-            let committed = if partial.exists() {
-                std::fs::File::open(partial)?.sync_all()?;
-                store::rename_noreplace(partial, &done)
+            let committed = if self.store.stat(partial).is_ok_and(|m| m.is_some()) {
+                self.store.sync_file(partial)?;
+                self.store.rename_noreplace(partial, &done)
             } else {
-                match store::create_new(&done, b"")? {
+                match self.store.create_new(&done, b"")? {
                     true => Ok(()),
                     false => Err(std::io::Error::from(std::io::ErrorKind::AlreadyExists)),
                 }
             };
             match committed {
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    let _ = std::fs::remove_file(partial);
+                    let _ = self.store.remove_file(partial);
                 }
                 other => other?,
             }
-            store::fsync_dir(done.parent().expect("has parent"))
+            self.store.fsync_dir(done.parent().expect("has parent"))
         })();
         result.map_err(|e| {
             self.fail(
@@ -520,7 +520,7 @@ impl Node {
             tasks,
         };
         let dir = self.items_dir(split);
-        if let Err(e) = std::fs::create_dir_all(&dir) {
+        if let Err(e) = self.store.create_dir_all(&dir) {
             return Err(self.fail(
                 AbortKind::Error,
                 self.rank,
@@ -554,10 +554,10 @@ impl Node {
         let mut replacements = self.replacement_pool(split, tasks.ids());
         let mut delayed: Vec<(Instant, String, Item, u32)> = vec![];
         let mut running: HashMap<i32, (String, Item, u32, PathBuf)> = HashMap::new();
-        let deadline = Instant::now() + pc.timeout;
-        let started = Instant::now();
+        let deadline = self.clock.now() + pc.timeout;
+        let started = self.clock.now();
         loop {
-            let now = Instant::now();
+            let now = self.clock.now();
             delayed.retain(|(at, name, item, attempt)| {
                 if *at <= now {
                     queue.push_back((name.clone(), item.clone(), *attempt));
@@ -585,8 +585,9 @@ impl Node {
                 delayed.len()
             );
             let pids: Vec<i32> = running.keys().copied().collect();
+            let clock = self.clock.clone();
             let waited = self.wait_item(deadline, &pids, || {
-                next_retry.is_some_and(|t| Instant::now() >= t)
+                next_retry.is_some_and(|t| clock.now() >= t)
             });
             let (pid, exit) = match waited {
                 Ok(Some(x)) => x,
@@ -616,7 +617,7 @@ impl Node {
                 ChildExit::Exit(code) if self.retryable(code, attempt) => {
                     let wait = self.retry_delay(&name, &item.task, attempt, code);
                     tally.retries += 1;
-                    delayed.push((Instant::now() + wait, name, item, attempt + 1));
+                    delayed.push((self.clock.now() + wait, name, item, attempt + 1));
                 }
                 other => {
                     tally.failed.push(format!(
@@ -732,7 +733,7 @@ impl Node {
         let path = self.lease(split, pos, attempt);
         let rec =
             json!({"rank": self.rank, "gen": self.gen(), "nonce": self.nonce, "attempt": attempt});
-        match store::create_new_json(&path, &rec) {
+        match self.store.create_new_json(&path, &rec) {
             Ok(won) => Ok(won),
             Err(e) => Err(self.fail(
                 AbortKind::Error,
@@ -756,7 +757,10 @@ impl Node {
     fn newest_lease(&self, split: &str, pos: usize) -> Option<(u32, u32)> {
         let mut found = None;
         for attempt in 0.. {
-            let Ok(Some(v)) = store::read_json::<Value>(&self.lease(split, pos, attempt)) else {
+            let Ok(Some(v)) = self
+                .store
+                .read_json::<Value>(&self.lease(split, pos, attempt))
+            else {
                 break;
             };
             found = Some((attempt, v["rank"].as_u64().unwrap_or(u64::MAX) as u32));
@@ -767,14 +771,15 @@ impl Node {
     /// Read every peer's record to judge the liveness of lease holders (only needed while
     /// taking over a dead node's items).
     fn observe_all_peers(&mut self) {
-        let now = super::mono_now();
+        let now = self.clock.since_start();
         for r in 0..self.num_nodes() {
             if r == self.rank {
                 continue;
             }
-            let failed = if let Ok(Some(rec)) = store::read_json::<crate::protocol::RankRecord>(
-                &self.layout.rank_record(self.gen(), r),
-            ) {
+            let failed = if let Ok(Some(rec)) = self
+                .store
+                .read_json::<crate::protocol::RankRecord>(&self.layout.rank_record(self.gen(), r))
+            {
                 self.liveness.observe(r, rec.seq, now);
                 rec.state.is_terminal() && rec.state != crate::protocol::NodeState::Done
             } else {
@@ -800,7 +805,7 @@ impl Node {
     ) -> Result<(), Stop> {
         let dir = self.items_dir(split);
         for d in [dir.clone(), dir.with_file_name("leases")] {
-            if let Err(e) = std::fs::create_dir_all(&d) {
+            if let Err(e) = self.store.create_dir_all(&d) {
                 return Err(self.fail(
                     AbortKind::Error,
                     self.rank,
@@ -849,11 +854,11 @@ impl Node {
         let mut first_seen: HashMap<usize, Instant> = HashMap::new();
         let mut started_at: HashMap<i32, Instant> = HashMap::new();
         let mut backups = 0usize;
-        let deadline = Instant::now() + pc.timeout;
-        let started = Instant::now();
+        let deadline = self.clock.now() + pc.timeout;
+        let started = self.clock.now();
         loop {
             // Retries whose backoff has passed, under the next attempt's lease.
-            let now = Instant::now();
+            let now = self.clock.now();
             let ready: Vec<(Instant, usize, u32)> =
                 delayed.iter().copied().filter(|d| d.0 <= now).collect();
             delayed.retain(|d| d.0 > now);
@@ -900,7 +905,7 @@ impl Node {
                 let r = running.remove(&pid).expect("listed");
                 self.registry.stop(pid, self.cfg.timing.kill_grace);
                 self.exited.remove(&pid);
-                let _ = std::fs::remove_file(&r.partial);
+                let _ = self.store.remove_file(&r.partial);
             }
             // At the end of the pool, take over items whose claimant died.
             let mut waiting_on_peers = 0;
@@ -948,7 +953,7 @@ impl Node {
                                     &item_name(pos, None),
                                     attempt + 1,
                                 )?;
-                                started_at.insert(pid, Instant::now());
+                                started_at.insert(pid, self.clock.now());
                                 started_at.entry(pid).or_insert_with(Instant::now);
                                 running.insert(
                                     pid,
@@ -1041,7 +1046,7 @@ impl Node {
             let next_retry = delayed.iter().map(|d| d.0).min();
             // Look again (liveness of claimants, backups) at least every poll interval, and at
             // once when an item another rank holds is committed or marked failed.
-            let poll_until = Instant::now() + self.cfg.timing.poll_interval;
+            let poll_until = self.clock.now() + self.cfg.timing.poll_interval;
             let awaited: Vec<(PathBuf, PathBuf)> = awaited
                 .iter()
                 .chain(running.values().map(|r| &r.pos))
@@ -1052,8 +1057,9 @@ impl Node {
                     )
                 })
                 .collect();
+            let clock = self.clock.clone();
             let waited = self.wait_item(deadline, &pids, || {
-                let now = Instant::now();
+                let now = clock.now();
                 let retry_due = next_retry.is_some_and(|t| now >= t);
                 let settled = awaited
                     .iter()
@@ -1086,7 +1092,7 @@ impl Node {
             match exit {
                 ChildExit::Success if committed(r.pos) => {
                     // Another attempt (a takeover or a backup) committed first: one file.
-                    let _ = std::fs::remove_file(&r.partial);
+                    let _ = self.store.remove_file(&r.partial);
                 }
                 ChildExit::Success => {
                     self.commit_item(split, &name, &r.partial)?;
@@ -1094,7 +1100,7 @@ impl Node {
                 }
                 ChildExit::Exit(code) if self.retryable(code, r.attempt) => {
                     let wait = self.retry_delay(&name, &pool[r.pos].task, r.attempt, code);
-                    delayed.push((Instant::now() + wait, r.pos, r.attempt + 1));
+                    delayed.push((self.clock.now() + wait, r.pos, r.attempt + 1));
                 }
                 other => {
                     failed.push(format!(
@@ -1107,7 +1113,7 @@ impl Node {
                     self.item_failed(&name, &pool[r.pos].task, other);
                     // Tell the other ranks not to wait for it.
                     let marker = self.failed_marker(split, r.pos);
-                    let _ = store::create_new(&marker, other.to_string().as_bytes());
+                    let _ = self.store.create_new(&marker, other.to_string().as_bytes());
                 }
             }
         }

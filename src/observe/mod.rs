@@ -10,7 +10,7 @@ use crate::protocol::ClusterRecord;
 /// The run's cluster record, or a message saying there is no run at `layout`'s path, or
 /// which state file is damaged and what to do (`rl-node recover`).
 pub(crate) fn read_cluster(layout: &Layout) -> Result<ClusterRecord, String> {
-    match crate::state::read_cluster(layout) {
+    match crate::state::read_cluster(&crate::store::Fs, layout) {
         Ok(Some(c)) => Ok(c),
         Ok(None) => Err(format!(
             "no rl-node run in {} (no {})",

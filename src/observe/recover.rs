@@ -536,7 +536,7 @@ fn discard(run: &Run, rep: &Report, n: u64) -> Result<Vec<String>, String> {
     let mark = crate::state::HistoryEntry {
         gen: 0,
         run_id: run.cluster.run_id.clone(),
-        started_at: crate::protocol::wall_now(),
+        started_at: crate::clock::wall_now(),
         host: gethostname::gethostname().to_string_lossy().into_owned(),
         pid: std::process::id(),
         resume_iteration: 0,
@@ -544,7 +544,7 @@ fn discard(run: &Run, rep: &Report, n: u64) -> Result<Vec<String>, String> {
         walk: run.walk.clone(),
         discarded_from: Some(n),
     };
-    let _ = crate::state::repair_tail(&l.history(), run.cluster.gen);
+    let _ = crate::state::repair_tail(&crate::store::Fs, &l.history(), run.cluster.gen);
     {
         use std::io::Write;
         let mut f = std::fs::OpenOptions::new()

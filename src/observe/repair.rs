@@ -99,7 +99,7 @@ fn newest_copy(layout: &Layout) -> Option<(PathBuf, ClusterRecord)> {
 /// rest by (the real one, or the one a repair would rebuild). `Ok(None)`: no run at all.
 pub fn diagnose(layout: &Layout) -> Option<(Vec<Problem>, Option<ClusterRecord>)> {
     let mut problems = Vec::new();
-    let cluster = match state::read_cluster(layout) {
+    let cluster = match state::read_cluster(&crate::store::Fs, layout) {
         Ok(Some(c)) => Some(c),
         Ok(None) => return None,
         Err(e @ StateError::OtherProto { .. }) => {
@@ -151,7 +151,14 @@ pub fn diagnose(layout: &Layout) -> Option<(Vec<Problem>, Option<ClusterRecord>)
         journals.push(entries);
     }
     let walk = walk_of(&c);
-    for e in state::lost_journals(layout, &journals, &history, &c.run_id, &walk) {
+    for e in state::lost_journals(
+        &crate::store::Fs,
+        layout,
+        &journals,
+        &history,
+        &c.run_id,
+        &walk,
+    ) {
         let StateError::LostJournal { rank, .. } = &e else {
             continue;
         };
@@ -181,7 +188,7 @@ pub fn diagnose(layout: &Layout) -> Option<(Vec<Problem>, Option<ClusterRecord>)
                 rank,
                 iteration,
                 item: walk.clone(),
-                at: crate::protocol::wall_now(),
+                at: crate::clock::wall_now(),
                 note: Some(format!("rebuilt by rl-node recover --repair: {why}")),
                 failed: None,
             })
@@ -220,7 +227,7 @@ fn lines_problem<T: serde::de::DeserializeOwned>(
     path: &Path,
     kind: LinesKind,
 ) -> (Vec<T>, Option<Problem>) {
-    let strict = state::read_lines::<T>(path).map(|l| l.tail);
+    let strict = state::read_lines::<T>(&crate::store::Fs, path).map(|l| l.tail);
     let text = std::fs::read(path)
         .map(|b| String::from_utf8_lossy(&b).into_owned())
         .unwrap_or_default();

@@ -149,22 +149,23 @@ pub fn read(log_path: &Path) -> Result<Status, String> {
         })
         .collect();
     // Strict like every reader of the run's state: a damaged line is named, not skipped.
-    let history = crate::state::read_lines::<serde_json::Value>(&layout.history())
-        .map_err(|e| super::state_message(&layout, &e))?
-        .entries;
-    let training_failures =
-        crate::state::read_lines::<crate::protocol::journal::Entry>(&layout.journal(0))
+    let history =
+        crate::state::read_lines::<serde_json::Value>(&crate::store::Fs, &layout.history())
             .map_err(|e| super::state_message(&layout, &e))?
-            .entries
-            .into_iter()
-            .filter(|e| {
-                e.run_id == c.run_id && e.item == crate::protocol::journal::item::HANDOFF_SKIPPED
-            })
-            .map(|e| TrainingFailure {
-                iteration: e.iteration,
-                outcome: e.note.unwrap_or_else(|| "training failed".into()),
-            })
-            .collect();
+            .entries;
+    let training_failures = crate::state::read_lines::<crate::protocol::journal::Entry>(
+        &crate::store::Fs,
+        &layout.journal(0),
+    )
+    .map_err(|e| super::state_message(&layout, &e))?
+    .entries
+    .into_iter()
+    .filter(|e| e.run_id == c.run_id && e.item == crate::protocol::journal::item::HANDOFF_SKIPPED)
+    .map(|e| TrainingFailure {
+        iteration: e.iteration,
+        outcome: e.note.unwrap_or_else(|| "training failed".into()),
+    })
+    .collect();
     Ok(Status {
         history,
         training_failures,

@@ -346,7 +346,7 @@ pub fn spawn_shell(
     writeln!(
         out,
         "### rl-node {} {header}\n### $ {command}",
-        crate::protocol::wall_now()
+        crate::clock::wall_now()
     )?;
     let err = out.try_clone()?;
     let child: Child = unblocked_signals(&mut Command::new("sh"))

@@ -257,8 +257,10 @@ impl RankRecord {
     }
 }
 
-pub fn wall_now() -> String {
-    chrono::Local::now()
+/// A wall-clock time as records and journals carry it: RFC 3339 with milliseconds, in
+/// local time. The time is handed in; the core reads no clock.
+pub fn wall_stamp(t: std::time::SystemTime) -> String {
+    chrono::DateTime::<chrono::Local>::from(t)
         .format("%Y-%m-%dT%H:%M:%S%.3f%:z")
         .to_string()
 }

@@ -212,13 +212,20 @@ impl dyn SharedDir + '_ {
         self.publish_with(path, true, &mut |w| fs::write_json(w, value))
     }
 
+    /// [`SharedDir::overwrite_in_place`] of `value` as compact JSON.
+    pub fn overwrite_json_in_place<T: Serialize>(&self, path: &Path, value: &T) -> io::Result<()> {
+        self.overwrite_in_place(path, &serde_json::to_vec(value).map_err(io::Error::other)?)
+    }
+
     pub fn create_new_json<T: Serialize>(&self, path: &Path, value: &T) -> io::Result<bool> {
         self.create_new(path, &fs::json_bytes(value)?)
     }
 
     /// A live record: missing or unparsable (torn, half-copied) is `None` ("not yet").
     pub fn read_json<T: DeserializeOwned>(&self, path: &Path) -> io::Result<Option<T>> {
-        Ok(self.read(path)?.and_then(|b| serde_json::from_slice(&b).ok()))
+        Ok(self
+            .read(path)?
+            .and_then(|b| serde_json::from_slice(&b).ok()))
     }
 
     /// One of the run's own state files: missing is `Ok(None)`, anything unusable is
