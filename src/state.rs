@@ -453,7 +453,9 @@ mod tests {
             discarded_from: Some(1),
             ..h(0, 0)
         };
-        assert!(lost_journals(&crate::store::Fs, &l, &js, &[h(2, 4), discard], "r", "done").is_empty());
+        assert!(
+            lost_journals(&crate::store::Fs, &l, &js, &[h(2, 4), discard], "r", "done").is_empty()
+        );
     }
 
     #[test]

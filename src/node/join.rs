@@ -318,7 +318,7 @@ impl Node {
                     Some("start exactly one rank 0 (--master) per --log-path; `rl-node status` shows the one that runs".into()),
                 ));
             }
-            let missing = crate::protocol::missing_arrivals(&n.peers, 0);
+            let missing = crate::protocol::missing_arrivals(&n.watch.peers, 0);
             if missing.is_empty() {
                 return Ok(Some(()));
             }
@@ -358,8 +358,8 @@ impl Node {
             }
         }
         for r in 1..self.num_nodes() {
-            if let Some(p) = &self.peers[r as usize] {
-                self.nonces.insert(r, p.nonce.clone());
+            if let Some(p) = &self.watch.peers[r as usize] {
+                self.watch.nonces.insert(r, p.nonce.clone());
             }
         }
         let release = self.join_mark();
@@ -597,10 +597,10 @@ impl Node {
             };
             let gen = cluster.gen;
             self.cluster = Some(cluster.clone());
-            self.liveness = crate::protocol::Liveness::new(self.cfg.timing.dead_after);
-            self.peers = vec![None; self.num_nodes() as usize];
-            self.nonces.clear();
-            self.nonces.insert(0, r0.nonce.clone());
+            self.watch.liveness = crate::protocol::Liveness::new(self.cfg.timing.dead_after);
+            self.watch.peers = vec![None; self.num_nodes() as usize];
+            self.watch.nonces.clear();
+            self.watch.nonces.insert(0, r0.nonce.clone());
             let mut me = self.record(gen, &cluster.run_id, self.rank, NodeState::Joining);
             me.arrived = Some(self.join_mark());
             let path = self.layout.rank_record(gen, self.rank);
@@ -625,17 +625,20 @@ impl Node {
             ));
             self.waiting_note = format!("rank 0 to release the join of generation {gen}");
             let released = self.wait_for(deadline, |n| {
-                if n.peers[0].as_ref().is_some_and(|r| r.released_at(0)) {
+                if n.watch.peers[0].as_ref().is_some_and(|r| r.released_at(0)) {
                     return Ok(Some(true));
                 }
                 // Rank 0 left (another rank 0 took the run) or the generation was replaced:
                 // wait for the current one instead of for a dead-after.
-                if n.peers[0].as_ref().is_some_and(|r| r.state.is_terminal())
+                if n.watch.peers[0]
+                    .as_ref()
+                    .is_some_and(|r| r.state.is_terminal())
                     || super::fence_check(&*n.store, &n.layout, gen, &cluster.run_id).is_err()
                 {
                     return Ok(Some(false));
                 }
-                Ok(n.liveness
+                Ok(n.watch
+                    .liveness
                     .is_dead(0, n.clock.since_start())
                     .then_some(false))
             });

@@ -26,6 +26,7 @@ use crate::logging;
 pub(crate) use crate::process::{self as procs, descendants, random_hex};
 use crate::protocol::journal;
 use crate::protocol::walk::{self, Barrier as WalkBarrier, IterationWalk, Split, Step, WalkConfig};
+use crate::protocol::watch::{self as watching, Watch};
 use crate::protocol::{
     AbortInfo, AbortKind, ClusterRecord, Liveness, NodeState, Phase, RankRecord,
 };
@@ -145,11 +146,9 @@ pub(crate) struct Node {
     // Set once joined.
     cluster: Option<ClusterRecord>,
     publisher: Option<Publisher>,
-    /// Last valid record read for each rank (rank 0 reads all; workers read rank 0).
-    peers: Vec<Option<RankRecord>>,
-    /// Nonce of each peer's process as of the join: a change means it was replaced.
-    nonces: HashMap<u32, String>,
-    liveness: Liveness,
+    /// The peers as last read, the processes that joined, their liveness: what the core
+    /// judges each poll round with (`protocol::watch`).
+    watch: Watch,
     /// Barrier counter of the generation: every rank walks the same sequence.
     k: u64,
     iteration: u64,
@@ -166,8 +165,6 @@ pub(crate) struct Node {
     journal_note: Option<String>,
     /// Why a process was refused a still-vacant rank, as read from its placeholder.
     refused: HashMap<u32, String>,
-    /// The generation formed (join released): from now on a silent peer is dead.
-    formed: bool,
     /// The heartbeat thread's last write error, to report changes once.
     write_error: Option<String>,
     /// Since when the heartbeat writes have been failing.
@@ -188,8 +185,6 @@ pub(crate) struct Node {
     nproc_per_node: u32,
     /// Replacement items run for `exact-budget` in the current per-task rollout.
     replacements: Vec<String>,
-    /// During a dynamic rollout a dead peer's items are taken over instead of stopping.
-    tolerate_dead: bool,
     dead_peers: std::collections::BTreeSet<u32>,
     /// This iteration's training failed on these ranks (with why), as rank 0's release
     /// of `training-complete` said (`phases.train.on-failure = "keep-model"`).
@@ -281,9 +276,7 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
         watchdog,
         cluster: None,
         publisher: None,
-        peers: vec![None; num_nodes as usize],
-        nonces: HashMap::new(),
-        liveness: Liveness::new(cfg.timing.dead_after),
+        watch: Watch::new(num_nodes, Liveness::new(cfg.timing.dead_after)),
         k: 0,
         iteration: 0,
         phase: None,
@@ -293,7 +286,6 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
         waiting_note: String::new(),
         journal_note: None,
         refused: HashMap::new(),
-        formed: false,
         write_error: None,
         write_error_since: None,
         server: None,
@@ -304,7 +296,6 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
         extra: Default::default(),
         nproc_per_node: 0,
         replacements: Vec::new(),
-        tolerate_dead: false,
         dead_peers: Default::default(),
         train_failed: Vec::new(),
         cfg,
@@ -378,7 +369,7 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
         node.layout.root().display()
     ));
     let result = node.join().and_then(|()| {
-        node.formed = true;
+        node.watch.formed = true;
         node.run_iterations()
     });
     node.shut_down(result)
@@ -559,13 +550,13 @@ impl Node {
             }
             self.write_error_since = write_error
                 .as_ref()
-                .map(|_| self.write_error_since.unwrap_or_else(Instant::now));
+                .map(|_| self.write_error_since.unwrap_or_else(|| self.clock.now()));
             self.write_error = write_error;
         }
         // A node that cannot write (full disk, read-only or failing filesystem) stops and
         // says so before its peers would only find its heartbeat still.
         if let (Some(e), Some(since)) = (&self.write_error, self.write_error_since) {
-            if since.elapsed() >= self.cfg.timing.dead_after / 2 {
+            if self.clock.now().saturating_duration_since(since) >= self.cfg.timing.dead_after / 2 {
                 let reason = format!("stopped writing to the shared directory: {e}");
                 return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
             }
@@ -582,58 +573,43 @@ impl Node {
                 None,
             ));
         }
-        let watched: Vec<u32> = if self.is_master() {
-            (1..self.num_nodes()).collect()
-        } else {
-            vec![0]
-        };
         let now = self.clock.since_start();
-        let (run_id, gen) = (self.run_id().to_string(), self.gen());
-        for r in watched {
-            let path = self.layout.rank_record(gen, r);
-            let read = self.store.read_json::<RankRecord>(&path).ok().flatten();
-            if let Some(rec) = read.filter(|rec| rec.belongs_to(&run_id, gen, r)) {
-                if rec.state == NodeState::Vacant {
-                    // A process refused this rank left why in the placeholder (join reports it).
-                    if let Some(why) = rec.refused {
-                        self.refused.insert(r, why);
-                    }
-                    continue;
+        self.watch.run_id = self.run_id().to_string();
+        self.watch.gen = self.gen();
+        let gen = self.gen();
+        let reads = watching::watched(self.rank, self.num_nodes())
+            .map(|r| {
+                let path = self.layout.rank_record(gen, r);
+                (r, self.store.read_json::<RankRecord>(&path).ok().flatten())
+            })
+            .collect();
+        let round = self.watch.round(reads, now);
+        for note in round.notes {
+            match note {
+                // A process refused this rank left why in the placeholder (join reports it).
+                watching::Note::Refused { rank, why } => {
+                    self.refused.insert(rank, why);
                 }
-                if let Some(expected) = self.nonces.get(&r) {
-                    if *expected != rec.nonce && !rec.state.is_terminal() {
-                        return Err(self.fail(
-                            AbortKind::Error,
-                            r,
-                            Some(rec.host.clone()),
-                            format!(
-                                "rank {r} was taken over by another process (pid {} on {})",
-                                rec.pid, rec.host
-                            ),
-                            None,
-                        ));
-                    }
+                watching::Note::DeadTolerated(rank) => {
+                    self.dead_peers.insert(rank);
                 }
-                self.liveness.observe(r, rec.seq, now);
-                if let Some(a) = &rec.abort {
-                    return Err(self.adopt_abort(a.clone()));
-                }
-                self.peers[r as usize] = Some(rec);
-            } else if self.peers[r as usize].is_none() {
-                // Not joined yet (during join the wait itself decides); nothing to judge.
-                continue;
             }
-            let terminal = self.peers[r as usize]
-                .as_ref()
-                .is_some_and(|p| p.state.is_terminal());
-            if self.formed && !terminal && self.liveness.is_dead(r, now) && self.tolerate_dead {
-                self.dead_peers.insert(r);
-                continue;
+        }
+        match round.stop {
+            None => {}
+            Some(watching::Stop::TakenOver { rank, host, pid }) => {
+                return Err(self.fail(
+                    AbortKind::Error,
+                    rank,
+                    Some(host.clone()),
+                    format!("rank {rank} was taken over by another process (pid {pid} on {host})"),
+                    None,
+                ))
             }
-            if self.formed && !terminal && self.liveness.is_dead(r, now) {
-                let silent = self.liveness.silent_for(r, now);
-                let last = self.peers[r as usize].clone();
+            Some(watching::Stop::Abort(info)) => return Err(self.adopt_abort(info)),
+            Some(watching::Stop::Dead { rank, silent, last }) => {
                 let (host, phase, iteration) = last
+                    .map(|p| *p)
                     .map(|p| {
                         (
                             p.host,
@@ -646,7 +622,7 @@ impl Node {
                     .unwrap_or_else(|| ("?".into(), "?".into(), 0));
                 let mut info = self.abort_info(
                     AbortKind::PeerDead,
-                    r,
+                    rank,
                     Some(host),
                     format!("heartbeat still for {:.1}s", silent.as_secs_f64()),
                     None,
@@ -658,14 +634,7 @@ impl Node {
             }
         }
         // For `rl-node status`: heartbeat ages as this node observes them.
-        let watched = if self.is_master() {
-            1..self.num_nodes()
-        } else {
-            0..1
-        };
-        let observed: Vec<(u32, u64)> = watched
-            .map(|r| (r, self.liveness.silent_for(r, now).as_millis() as u64))
-            .collect();
+        let observed = self.watch.observed(self.rank, now);
         if let Some(p) = &self.publisher {
             p.stage(|rec| rec.observed_ms = observed);
         }
@@ -715,12 +684,12 @@ impl Node {
             self.watchdog.pet("publishing the abort");
             let path = self.layout.abort(self.gen());
             match self.store.create_new_json(&path, &info) {
-                Ok(true) => {}
-                Ok(false) => {
+                Ok(created) => {
                     // Someone failed first: theirs is the cause, ours a consequence.
-                    if let Ok(Some(first)) = self.store.read_json::<AbortInfo>(&path) {
-                        info = first;
-                    }
+                    let first = (!created)
+                        .then(|| self.store.read_json::<AbortInfo>(&path).ok().flatten())
+                        .flatten();
+                    info = crate::protocol::abort::cause(info, created, first);
                 }
                 Err(e) => self.warn(&format!("cannot write {}: {e}", path.display())),
             }
@@ -739,28 +708,13 @@ impl Node {
                 }
             });
         }
-        let code = info.exit_code_for(self.rank);
+        let (code, hint) = crate::protocol::abort::consequence(&info, self.rank);
         let detail = info
             .log
             .as_ref()
             .filter(|_| info.culprit == self.rank)
             .map(|l| procs::tail(Path::new(l), 20))
             .filter(|t| !t.is_empty());
-        let hint = match (&info.kind, code) {
-            (AbortKind::PeerDead, _) => Some(format!(
-                "check rank {}'s own output and its host; restart every node with the same command to start a new generation",
-                info.culprit
-            )),
-            (_, exit::PEER_FAILED) => Some(format!(
-                "the cause is on rank {}: see its output{}",
-                info.culprit,
-                info.log
-                    .as_ref()
-                    .map(|l| format!(" and {l}"))
-                    .unwrap_or_default()
-            )),
-            _ => None,
-        };
         Stop {
             code,
             message: info.describe(),
@@ -837,7 +791,7 @@ impl Node {
         use crate::protocol::barrier::Progress;
         let broadcast = if self.is_master() {
             let mut last_missing = Vec::new();
-            let waited = self.wait_for(deadline, |n| match barrier.on_records(&n.peers) {
+            let waited = self.wait_for(deadline, |n| match barrier.on_records(&n.watch.peers) {
                 Progress::Waiting { missing } => {
                     if missing != last_missing {
                         n.waiting_note = format!(
@@ -867,7 +821,7 @@ impl Node {
                 "rank 0 to release barrier {name} (iteration {})",
                 self.iteration
             );
-            let waited = self.wait_for(deadline, |n| match barrier.on_records(&n.peers) {
+            let waited = self.wait_for(deadline, |n| match barrier.on_records(&n.watch.peers) {
                 Progress::Released { broadcast } => Ok(Some(broadcast)),
                 _ => Ok(None),
             });

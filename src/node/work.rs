@@ -780,15 +780,15 @@ impl Node {
                 .store
                 .read_json::<crate::protocol::RankRecord>(&self.layout.rank_record(self.gen(), r))
             {
-                self.liveness.observe(r, rec.seq, now);
+                self.watch.liveness.observe(r, rec.seq, now);
                 rec.state.is_terminal() && rec.state != crate::protocol::NodeState::Done
             } else {
-                self.liveness.watch(r, now);
+                self.watch.liveness.watch(r, now);
                 false
             };
             // A peer that heartbeats again after a long freeze holds its new leases: its
             // items are not taken over at once (the simulator found that they were).
-            if failed || self.liveness.is_dead(r, now) {
+            if failed || self.watch.liveness.is_dead(r, now) {
                 self.dead_peers.insert(r);
             } else {
                 self.dead_peers.remove(&r);
@@ -819,9 +819,9 @@ impl Node {
         let pool = plan.pool;
         // A peer dying now does not stop the cluster: its items are taken over. The next
         // barrier still notices it.
-        self.tolerate_dead = true;
+        self.watch.tolerate_dead = true;
         let result = self.dynamic_loop(split, phase, pc, &tasks, &pool);
-        self.tolerate_dead = false;
+        self.watch.tolerate_dead = false;
         result
     }
 

@@ -2,6 +2,7 @@
 //! real time, no file I/O. The node runtime (`crate::node`) feeds it what it read from
 //! the shared directory and the `Instant`s it observed, and acts on what it answers.
 
+pub mod abort;
 pub mod barrier;
 pub mod fence;
 pub mod journal;
@@ -10,6 +11,7 @@ pub mod liveness;
 pub mod phase;
 pub mod records;
 pub mod walk;
+pub mod watch;
 
 pub use liveness::Liveness;
 pub use phase::Phase;

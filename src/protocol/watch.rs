@@ -1,0 +1,270 @@
+//! One round of watching peers: what a node concludes from the records it just read.
+//!
+//! Who watches whom is fixed ([`watched`]): rank 0 reads every worker's record, a worker
+//! reads only rank 0's (rank 0 relays what workers need to know, such as an abort). For
+//! each record read, in rank order, [`Watch::round`] decides: a process refused a vacant
+//! rank (noted), the rank was taken over by another process, the record carries an abort
+//! (adopt it), or, once the generation has formed, the rank's heartbeat has been still for
+//! dead-after (dead; during a dynamic rollout only noted, as its items are taken over).
+//! The first finding that stops the node ends the round.
+//!
+//! Pure: the records are handed in as read, time as the observer's monotonic
+//! [`Duration`]. The node performs the reads and acts on the findings
+//! (`Node::poll_cluster`); the simulator calls the same function.
+
+use super::{AbortInfo, Liveness, NodeState, RankRecord};
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// The ranks `me` watches in a cluster of `num_nodes`.
+pub fn watched(me: u32, num_nodes: u32) -> std::ops::Range<u32> {
+    if me == 0 {
+        1..num_nodes
+    } else {
+        0..1
+    }
+}
+
+/// What a node knows while it watches: the generation, its peers as last read, the
+/// processes that joined it, and their liveness.
+#[derive(Debug, Clone)]
+pub struct Watch {
+    pub run_id: String,
+    pub gen: u64,
+    /// The last valid record read of each rank.
+    pub peers: Vec<Option<RankRecord>>,
+    /// The nonce of each rank's process as of the join: a change means it was replaced.
+    pub nonces: HashMap<u32, String>,
+    pub liveness: Liveness,
+    /// The generation has formed (its join released): from now on a silent peer is dead.
+    pub formed: bool,
+    /// During a dynamic rollout a dead peer is noted, not a reason to stop.
+    pub tolerate_dead: bool,
+}
+
+/// A finding that does not stop the node.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Note {
+    /// A process refused this still-vacant rank and left why in the placeholder.
+    Refused { rank: u32, why: String },
+    /// The rank is dead, and tolerated (its work is taken over).
+    DeadTolerated(u32),
+}
+
+/// A finding that stops the node.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Stop {
+    /// Another process now writes the rank's record.
+    TakenOver { rank: u32, host: String, pid: u32 },
+    /// The record carries an abort: it is the cause, to be adopted.
+    Abort(AbortInfo),
+    /// The rank's heartbeat has been still for `silent`; `last` is how it was last seen.
+    Dead {
+        rank: u32,
+        silent: Duration,
+        last: Option<Box<RankRecord>>,
+    },
+}
+
+/// What one round concluded.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Round {
+    pub notes: Vec<Note>,
+    pub stop: Option<Stop>,
+}
+
+impl Watch {
+    pub fn new(num_nodes: u32, liveness: Liveness) -> Watch {
+        Watch {
+            run_id: String::new(),
+            gen: 0,
+            peers: vec![None; num_nodes as usize],
+            nonces: HashMap::new(),
+            liveness,
+            formed: false,
+            tolerate_dead: false,
+        }
+    }
+
+    /// Judge the records read at `now`, one `(rank, record as read)` per watched rank in
+    /// rank order (`None`: missing or unparsable).
+    pub fn round(&mut self, reads: Vec<(u32, Option<RankRecord>)>, now: Duration) -> Round {
+        let mut round = Round::default();
+        for (r, read) in reads {
+            let slot = r as usize;
+            if let Some(rec) = read.filter(|rec| rec.belongs_to(&self.run_id, self.gen, r)) {
+                if rec.state == NodeState::Vacant {
+                    if let Some(why) = rec.refused {
+                        round.notes.push(Note::Refused { rank: r, why });
+                    }
+                    continue;
+                }
+                if let Some(expected) = self.nonces.get(&r) {
+                    if *expected != rec.nonce && !rec.state.is_terminal() {
+                        round.stop = Some(Stop::TakenOver {
+                            rank: r,
+                            host: rec.host,
+                            pid: rec.pid,
+                        });
+                        return round;
+                    }
+                }
+                self.liveness.observe(r, rec.seq, now);
+                if let Some(a) = &rec.abort {
+                    round.stop = Some(Stop::Abort(a.clone()));
+                    return round;
+                }
+                self.peers[slot] = Some(rec);
+            } else if self.peers[slot].is_none() {
+                // Not joined yet (during the join the wait itself decides): nothing to judge.
+                continue;
+            }
+            let terminal = self.peers[slot]
+                .as_ref()
+                .is_some_and(|p| p.state.is_terminal());
+            if !self.formed || terminal || !self.liveness.is_dead(r, now) {
+                continue;
+            }
+            if self.tolerate_dead {
+                round.notes.push(Note::DeadTolerated(r));
+                continue;
+            }
+            round.stop = Some(Stop::Dead {
+                rank: r,
+                silent: self.liveness.silent_for(r, now),
+                last: self.peers[slot].clone().map(Box::new),
+            });
+            return round;
+        }
+        round
+    }
+
+    /// How long each watched rank's heartbeat has been still, as `rl-node status` shows.
+    pub fn observed(&self, me: u32, now: Duration) -> Vec<(u32, u64)> {
+        watched(me, self.peers.len() as u32)
+            .map(|r| (r, self.liveness.silent_for(r, now).as_millis() as u64))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{AbortKind, NodeState};
+
+    const S: Duration = Duration::from_secs(1);
+
+    fn rec(rank: u32, seq: u64) -> RankRecord {
+        RankRecord {
+            state: NodeState::Running,
+            seq,
+            nonce: format!("n{rank}"),
+            ..RankRecord::vacant("run", 2, rank)
+        }
+    }
+
+    fn watch(n: u32) -> Watch {
+        let mut w = Watch::new(n, Liveness::new(10 * S));
+        w.run_id = "run".into();
+        w.gen = 2;
+        w.nonces = (0..n).map(|r| (r, format!("n{r}"))).collect();
+        w.formed = true;
+        w
+    }
+
+    #[test]
+    fn rank_0_watches_every_worker_and_a_worker_only_rank_0() {
+        assert_eq!(watched(0, 4).collect::<Vec<_>>(), [1, 2, 3]);
+        assert_eq!(watched(2, 4).collect::<Vec<_>>(), [0]);
+        assert_eq!(watched(0, 1).count(), 0);
+    }
+
+    #[test]
+    fn a_still_heartbeat_is_dead_only_after_dead_after_and_only_once_formed() {
+        let mut w = watch(3);
+        w.formed = false;
+        let reads = |s1, s2| vec![(1, Some(rec(1, s1))), (2, Some(rec(2, s2)))];
+        assert_eq!(w.round(reads(1, 1), S), Round::default());
+        assert_eq!(w.round(reads(2, 1), 20 * S), Round::default(), "not formed");
+        w.formed = true;
+        assert_eq!(w.round(reads(3, 1), 10 * S), Round::default());
+        let r = w.round(reads(4, 1), 11 * S + Duration::from_millis(1));
+        match r.stop {
+            Some(Stop::Dead {
+                rank: 2,
+                silent,
+                last,
+            }) => {
+                assert!(silent > 10 * S);
+                assert_eq!(last.unwrap().seq, 1);
+            }
+            other => panic!("{other:?}"),
+        }
+        // A dynamic rollout notes it instead, and goes on to the next rank.
+        w.tolerate_dead = true;
+        let r = w.round(reads(5, 1), 12 * S);
+        assert_eq!(r.notes, [Note::DeadTolerated(2)]);
+        assert_eq!(r.stop, None);
+    }
+
+    #[test]
+    fn a_finished_peer_is_never_dead_and_a_foreign_record_is_not_its() {
+        let mut w = watch(2);
+        let mut done = rec(1, 1);
+        done.state = NodeState::Done;
+        w.round(vec![(1, Some(done.clone()))], S);
+        assert_eq!(w.round(vec![(1, Some(done))], 100 * S), Round::default());
+        // Another generation's record is not this rank's: it neither feeds liveness nor
+        // replaces what was last read.
+        let mut w = watch(2);
+        w.round(vec![(1, Some(rec(1, 1)))], S);
+        let mut old = rec(1, 9);
+        old.gen = 1;
+        assert!(matches!(
+            w.round(vec![(1, Some(old))], 12 * S).stop,
+            Some(Stop::Dead { rank: 1, .. })
+        ));
+    }
+
+    #[test]
+    fn a_replaced_process_an_abort_and_a_refusal_are_reported_in_rank_order() {
+        let mut w = watch(4);
+        let mut intruder = rec(1, 5);
+        intruder.nonce = "other".into();
+        intruder.host = "h9".into();
+        let mut aborting = rec(2, 1);
+        aborting.abort = Some(AbortInfo {
+            kind: AbortKind::Error,
+            culprit: 2,
+            culprit_host: "h2".into(),
+            phase: "rollout".into(),
+            iteration: 3,
+            reason: "boom".into(),
+            log: None,
+            detected_by: 2,
+            silent_ms: None,
+            at: String::new(),
+        });
+        let mut vacant = RankRecord::vacant("run", 2, 3);
+        vacant.refused = Some("another configuration".into());
+        let r = w.round(
+            vec![
+                (1, Some(intruder)),
+                (2, Some(aborting.clone())),
+                (3, Some(vacant.clone())),
+            ],
+            S,
+        );
+        assert!(matches!(r.stop, Some(Stop::TakenOver { rank: 1, ref host, .. }) if host == "h9"));
+        let r = w.round(vec![(2, Some(aborting)), (3, Some(vacant.clone()))], S);
+        assert!(matches!(r.stop, Some(Stop::Abort(ref a)) if a.reason == "boom"));
+        let r = w.round(vec![(3, Some(vacant))], S);
+        assert_eq!(
+            r.notes,
+            [Note::Refused {
+                rank: 3,
+                why: "another configuration".into()
+            }]
+        );
+    }
+}
