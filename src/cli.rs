@@ -3,6 +3,7 @@
 //! their names and meaning.
 
 use crate::config::{self, CliOverride, ConfigError};
+use crate::error::Failure;
 use crate::exit;
 use crate::logging::{self, LogFormat, LogLevel};
 use crate::node::{self, NodeOptions, Stop};
@@ -239,53 +240,6 @@ fn resolve_rank(args: &NodeArgs) -> Result<(u32, String), Stop> {
     ))
 }
 
-/// A node's final report: plain `error: …`/`hint: …` lines, or one event when it logs JSON.
-fn print_stop(rank: Option<u32>, s: &Stop) {
-    if logging::json() {
-        logging::report(
-            rank,
-            s.code,
-            &s.message,
-            s.hint.as_deref(),
-            s.detail.as_deref(),
-        );
-        return;
-    }
-    let prefix = rank.map(|r| format!("rank {r}: ")).unwrap_or_default();
-    if s.code == exit::DONE {
-        // Not an error: e.g. a restart of a run that is already complete.
-        crate::errln!("{prefix}{}", s.message);
-        if let Some(h) = &s.hint {
-            crate::errln!("hint: {h}");
-        }
-        return;
-    }
-    crate::errln!("error: {prefix}{}", s.message);
-    if let Some(d) = &s.detail {
-        crate::errln!("  last lines of the log:");
-        for line in d.lines() {
-            crate::errln!("  | {line}");
-        }
-    }
-    if let Some(h) = &s.hint {
-        crate::errln!("hint: {h}");
-    }
-}
-
-fn config_error(e: ConfigError) -> i32 {
-    let hint = matches!(e, ConfigError::UnknownKey { .. })
-        .then_some("`rl-node show-config` prints every key with its current value");
-    if logging::json() {
-        logging::report(None, exit::USAGE, &e.to_string(), hint, None);
-        return exit::USAGE;
-    }
-    crate::errln!("error: {e}");
-    if let Some(h) = hint {
-        crate::errln!("hint: {h}");
-    }
-    exit::USAGE
-}
-
 /// What plain `rl-node` (no arguments) prints: the common commands, not an error about a
 /// missing rank.
 const SUMMARY: &str = "\
@@ -302,23 +256,30 @@ rl-node: run one node of a multi-node RL loop over a shared directory
 rl-node --help lists every option; the README has the details.";
 
 pub fn main() -> i32 {
+    let (rank, result) = run();
+    crate::error::finish(rank, result)
+}
+
+/// Run the command line; the rank is the node's when one ran (its report names it).
+fn run() -> (Option<u32>, Result<i32, Failure>) {
     if std::env::args_os().len() == 1 {
         crate::errln!("{SUMMARY}");
-        return exit::USAGE;
+        return (None, Ok(exit::USAGE));
     }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();
-            return if e.use_stderr() {
+            let code = if e.use_stderr() {
                 exit::USAGE
             } else {
                 exit::DONE
             };
+            return (None, Ok(code));
         }
     };
-    match cli.command {
-        Some(Command::Guard { nonce }) => node::procs::guardian_main(nonce.as_deref()),
+    let result = match cli.command {
+        Some(Command::Guard { nonce }) => Ok(node::procs::guardian_main(nonce.as_deref())),
         Some(Command::Aggregate(args)) => {
             let (log_path, config) = (args.log_path.clone(), args.config.clone());
             crate::aggregate::main(args, log_path, config)
@@ -341,7 +302,7 @@ pub fn main() -> i32 {
             let mut buf = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "rl-node", &mut buf);
             crate::out!("{}", String::from_utf8_lossy(&buf));
-            exit::DONE
+            Ok(exit::DONE)
         }
         Some(Command::Man) => {
             use clap::CommandFactory;
@@ -349,101 +310,82 @@ pub fn main() -> i32 {
             match clap_mangen::Man::new(Cli::command()).render(&mut buf) {
                 Ok(()) => {
                     crate::out!("{}", String::from_utf8_lossy(&buf));
-                    exit::DONE
+                    Ok(exit::DONE)
                 }
-                Err(e) => {
-                    crate::errln!("error: cannot render the man page: {e}");
-                    exit::FAILED
-                }
+                Err(e) => Err(Failure::failed(format!("cannot render the man page: {e}"))),
             }
         }
-        Some(Command::ShowConfig(settings)) => match settings.load() {
-            Ok(l) => {
-                crate::out!(
-                    "# effective rl-node configuration (fingerprint {})\n{}",
-                    l.config.fingerprint(),
-                    l.render()
-                );
-                exit::DONE
-            }
-            Err(e) => config_error(e),
-        },
-        Some(Command::Status { json, log_path }) => {
-            let Some(path) =
-                log_path.or_else(|| std::env::var(config::env_name("cluster.log-path")).ok())
-            else {
-                crate::errln!("error: rl-node status needs --log-path DIR");
-                return exit::USAGE;
-            };
-            match crate::observe::status::read(std::path::Path::new(&path)) {
-                Ok(mut s) => {
-                    crate::observe::status::judge(std::path::Path::new(&path), &mut s);
-                    if json {
-                        crate::outln!("{}", serde_json::to_string_pretty(&s).expect("json"));
-                    } else {
-                        crate::out!("{}", crate::observe::status::render(&s));
-                    }
-                    exit::DONE
-                }
-                Err(e) => {
-                    crate::errln!("error: {e}");
-                    exit::USAGE
-                }
-            }
-        }
-        None => {
-            let level = logging::resolve(cli.node.log_level, logging::LEVEL_ENV, LogLevel::Info);
-            let format =
-                logging::resolve(cli.node.log_format, logging::FORMAT_ENV, LogFormat::Text);
-            match (level, format) {
-                (Ok(level), Ok(format)) => logging::init(level, format),
-                (Err(e), _) | (_, Err(e)) => {
-                    crate::errln!("error: {e}");
-                    return exit::USAGE;
-                }
-            }
-            // Before the configuration is read (this reads and removes the supervisor's variable):
-            // either this is the node process its supervisor started, or this process
-            // becomes the supervisor of one (node::supervisor says why).
-            let supervisor = match node::supervisor::Link::inherited() {
-                Some(link) => Some(std::sync::Arc::new(link)),
-                None => match node::supervisor::run_node_in_child() {
-                    Ok(code) => return code,
-                    Err(e) => {
-                        crate::errln!("warning: cannot start the node in a child process ({e}); running it in this one, which a hung shared filesystem can keep alive past fs-timeout");
-                        None
-                    }
-                },
-            };
-            let loaded = match cli.settings.load() {
-                Ok(l) => l,
-                Err(e) => return config_error(e),
-            };
-            let (rank, rank_source) = match resolve_rank(&cli.node) {
-                Ok(r) => r,
-                Err(s) => {
-                    print_stop(None, &s);
-                    return s.code;
-                }
-            };
-            let opts = NodeOptions {
-                rank,
-                rank_source,
-                debug_mode: cli.node.debug_mode,
-                fresh: cli.node.fresh,
-                supervisor: supervisor.clone(),
-            };
-            let result = node::run(&loaded, opts);
-            let code = result.as_ref().map_or_else(|s| s.code, |()| exit::DONE);
-            // First, as printing may block on a hung filesystem and so may the exit: the
-            // supervisor exits with this code if this process cannot.
-            if let Some(link) = &supervisor {
-                link.exiting(rank, code);
-            }
-            if let Err(s) = result {
-                print_stop(Some(rank), &s);
-            }
-            code
-        }
+        Some(Command::ShowConfig(settings)) => settings.load().map_err(Failure::from).map(|l| {
+            crate::out!(
+                "# effective rl-node configuration (fingerprint {})\n{}",
+                l.config.fingerprint(),
+                l.render()
+            );
+            exit::DONE
+        }),
+        Some(Command::Status { json, log_path }) => status(json, log_path),
+        None => return run_node(cli),
+    };
+    (None, result)
+}
+
+fn status(json: bool, log_path: Option<String>) -> Result<i32, Failure> {
+    let path = log_path
+        .or_else(|| std::env::var(config::env_name("cluster.log-path")).ok())
+        .ok_or_else(|| Failure::usage("rl-node status needs --log-path DIR", None))?;
+    let mut s = crate::observe::status::read(std::path::Path::new(&path))
+        .map_err(|e| Failure::usage(e.to_string(), None))?;
+    crate::observe::status::judge(std::path::Path::new(&path), &mut s);
+    if json {
+        crate::outln!("{}", serde_json::to_string_pretty(&s).expect("json"));
+    } else {
+        crate::out!("{}", crate::observe::status::render(&s));
     }
+    Ok(exit::DONE)
+}
+
+/// Run this process as a node (the default action).
+fn run_node(cli: Cli) -> (Option<u32>, Result<i32, Failure>) {
+    let level = logging::resolve(cli.node.log_level, logging::LEVEL_ENV, LogLevel::Info);
+    let format = logging::resolve(cli.node.log_format, logging::FORMAT_ENV, LogFormat::Text);
+    match (level, format) {
+        (Ok(level), Ok(format)) => logging::init(level, format),
+        (Err(e), _) | (_, Err(e)) => return (None, Err(Failure::usage(e.to_string(), None))),
+    }
+    // Before the configuration is read (this reads and removes the supervisor's variable):
+    // either this is the node process its supervisor started, or this process
+    // becomes the supervisor of one (node::supervisor says why).
+    let supervisor = match node::supervisor::Link::inherited() {
+        Some(link) => Some(std::sync::Arc::new(link)),
+        None => match node::supervisor::run_node_in_child() {
+            Ok(code) => return (None, Ok(code)),
+            Err(e) => {
+                crate::errln!("warning: cannot start the node in a child process ({e}); running it in this one, which a hung shared filesystem can keep alive past fs-timeout");
+                None
+            }
+        },
+    };
+    let loaded = match cli.settings.load() {
+        Ok(l) => l,
+        Err(e) => return (None, Err(e.into())),
+    };
+    let (rank, rank_source) = match resolve_rank(&cli.node) {
+        Ok(r) => r,
+        Err(s) => return (None, Err(s)),
+    };
+    let opts = NodeOptions {
+        rank,
+        rank_source,
+        debug_mode: cli.node.debug_mode,
+        fresh: cli.node.fresh,
+        supervisor: supervisor.clone(),
+    };
+    let result = node::run(&loaded, opts);
+    let code = result.as_ref().map_or_else(|s| s.code, |()| exit::DONE);
+    // First, as printing may block on a hung filesystem and so may the exit: the
+    // supervisor exits with this code if this process cannot.
+    if let Some(link) = &supervisor {
+        link.exiting(rank, code);
+    }
+    (Some(rank), result.map(|()| exit::DONE))
 }

@@ -12,6 +12,7 @@ pub mod cli;
 pub mod clock;
 pub(crate) mod config;
 pub mod demo;
+pub(crate) mod error;
 pub(crate) mod events;
 pub(crate) mod exit;
 pub(crate) mod holder;

@@ -8,6 +8,7 @@ use super::{
     manifest_path, merge, AggregateError, Manifest, MergeOptions, RankEntry,
     DEFAULT_MAX_RECORD_BYTES,
 };
+use crate::error::Failure;
 use crate::layout::Layout;
 use crate::shards::naming::Format;
 use serde::Deserialize;
@@ -69,7 +70,11 @@ struct ClusterSize {
 
 /// `rl-node aggregate`. `config` is the global `--config` file: its `[aggregate]` section
 /// (with the `RL_NODE_AGGREGATE_*` environment and `--format`) names and formats the shards.
-pub fn main(args: AggregateArgs, log_path: Option<String>, config: Option<PathBuf>) -> i32 {
+pub fn main(
+    args: AggregateArgs,
+    log_path: Option<String>,
+    config: Option<PathBuf>,
+) -> Result<i32, Failure> {
     use crate::exit;
     let overrides: Vec<crate::config::CliOverride> = args
         .format
@@ -86,26 +91,25 @@ pub fn main(args: AggregateArgs, log_path: Option<String>, config: Option<PathBu
         &overrides,
     ) {
         Ok(l) => l,
-        Err(e) => {
-            crate::errln!("error: {e}");
-            return exit::USAGE;
-        }
+        Err(e) => return Err(Failure::usage(e.to_string(), None)),
     };
     let Some(root) = log_path
         .or_else(|| Some(loaded.config.cluster.log_path.clone()))
         .filter(|p| !p.trim().is_empty())
     else {
-        crate::errln!(
-            "error: rl-node aggregate needs --log-path DIR (or RL_NODE_CLUSTER_LOG_PATH)"
-        );
-        return exit::USAGE;
+        return Err(Failure::usage(
+            "rl-node aggregate needs --log-path DIR (or RL_NODE_CLUSTER_LOG_PATH)",
+            None,
+        ));
     };
     let naming = loaded.config.naming();
     let format = naming.format();
     let layout = Layout::new(&root).with_naming(naming);
     if !layout.root().is_dir() {
-        crate::errln!("error: --log-path {root}: no such directory");
-        return exit::USAGE;
+        return Err(Failure::usage(
+            format!("--log-path {root}: no such directory"),
+            None,
+        ));
     }
     let cluster = layout.cluster();
     let recorded = match crate::store::read(&cluster) {
@@ -113,20 +117,21 @@ pub fn main(args: AggregateArgs, log_path: Option<String>, config: Option<PathBu
         Ok(Some(bytes)) => match serde_json::from_slice::<ClusterSize>(&bytes) {
             Ok(c) => Some(c.num_nodes),
             Err(e) if args.num_ranks.is_none() => {
-                crate::errln!(
-                    "error: cannot read num_nodes from {}: {e}; pass --num-ranks N",
-                    cluster.display()
-                );
-                return exit::USAGE;
+                return Err(Failure::usage(
+                    format!(
+                        "cannot read num_nodes from {}: {e}; pass --num-ranks N",
+                        cluster.display()
+                    ),
+                    None,
+                ));
             }
             Err(_) => None,
         },
         Err(e) if args.num_ranks.is_none() => {
-            crate::errln!(
-                "error: cannot read {}: {e}; pass --num-ranks N",
-                cluster.display()
-            );
-            return exit::USAGE;
+            return Err(Failure::usage(
+                format!("cannot read {}: {e}; pass --num-ranks N", cluster.display()),
+                None,
+            ));
         }
         Err(_) => None,
     };
@@ -141,18 +146,19 @@ pub fn main(args: AggregateArgs, log_path: Option<String>, config: Option<PathBu
         (Some(n), _) => n,
         (None, Some(c)) if c > 0 => c,
         (None, Some(_)) => {
-            crate::errln!(
-                "error: {} says num_nodes 0; pass --num-ranks N",
-                cluster.display()
-            );
-            return exit::USAGE;
+            return Err(Failure::usage(
+                format!("{} says num_nodes 0; pass --num-ranks N", cluster.display()),
+                None,
+            ));
         }
         (None, None) => {
-            crate::errln!(
-                "error: {} does not exist, so the number of ranks is unknown; pass --num-ranks N",
-                cluster.display()
-            );
-            return exit::USAGE;
+            return Err(Failure::usage(
+                format!(
+                    "{} does not exist, so the number of ranks is unknown; pass --num-ranks N",
+                    cluster.display()
+                ),
+                None,
+            ));
         }
     };
     let opts = MergeOptions {
@@ -246,9 +252,26 @@ pub fn main(args: AggregateArgs, log_path: Option<String>, config: Option<PathBu
             if args.json {
                 crate::outln!("{}", serde_json::to_string_pretty(&m).expect("json"));
             }
-            exit::DONE
+            Ok(exit::DONE)
         }
         Err(e) => {
+            if args.json {
+                crate::outln!(
+                    "{}",
+                    serde_json::to_string_pretty(&e.to_json()).expect("json")
+                );
+            }
+            let code = if matches!(e, AggregateError::Unsupported { .. }) {
+                exit::USAGE
+            } else {
+                exit::FAILED
+            };
+            let mut failure = Failure {
+                code,
+                message: e.to_string(),
+                hint: None,
+                detail: None,
+            };
             if let AggregateError::Incomplete { ranks, .. } = &e {
                 crate::err!("{}", render_ranks(ranks));
                 let m = Manifest::new(
@@ -260,33 +283,16 @@ pub fn main(args: AggregateArgs, log_path: Option<String>, config: Option<PathBu
                     vec![],
                 );
                 crate::err!("{}", render_problems(&m));
-                crate::errln!("error: {e}");
-                if let Some(hint) = other_format_hint(&layout, args.iteration, &args.split) {
-                    crate::errln!("hint: {hint}");
-                }
-                crate::errln!("(--allow-missing merges what exists)");
-            } else {
-                crate::errln!("error: {e}");
-                if let AggregateError::Command { source } = &e {
-                    if !source.tail().is_empty() {
-                        crate::errln!("  last lines of the log:");
-                        for line in source.tail().lines() {
-                            crate::errln!("  | {line}");
-                        }
-                    }
-                }
-            }
-            if args.json {
-                crate::outln!(
-                    "{}",
-                    serde_json::to_string_pretty(&e.to_json()).expect("json")
+                failure.hint = Some(
+                    match other_format_hint(&layout, args.iteration, &args.split) {
+                        Some(hint) => format!("{hint}\n(--allow-missing merges what exists)"),
+                        None => "--allow-missing merges what exists".to_string(),
+                    },
                 );
+            } else if let AggregateError::Command { source } = &e {
+                failure = failure.with_detail(source.tail());
             }
-            if matches!(e, AggregateError::Unsupported { .. }) {
-                exit::USAGE
-            } else {
-                exit::FAILED
-            }
+            Err(failure)
         }
     }
 }

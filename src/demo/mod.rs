@@ -67,10 +67,10 @@ pub struct ToyArgs {
 
 pub use run::Globals;
 
-pub fn demo_main(args: DemoArgs, globals: Globals) -> i32 {
+pub fn demo_main(args: DemoArgs, globals: Globals) -> Result<i32, crate::error::Failure> {
     run::main(args, globals)
 }
 
-pub fn toy_main(args: ToyArgs) -> i32 {
+pub fn toy_main(args: ToyArgs) -> Result<i32, crate::error::Failure> {
     toy::main(args.args)
 }

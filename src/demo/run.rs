@@ -3,6 +3,7 @@
 use super::progress::{self, IterationReport};
 use super::toy;
 use super::DemoArgs;
+use crate::error::Failure;
 use crate::exit;
 use crate::observe::status::{self, Status};
 use crate::protocol::phase::{eval_due, ALL as PHASES};
@@ -46,25 +47,12 @@ struct Plan {
     server_ports: Vec<u16>,
 }
 
-pub fn main(args: DemoArgs, globals: Globals) -> i32 {
-    let mut plan = match plan(args, globals) {
-        Ok(p) => p,
-        Err(e) => {
-            crate::errln!("error: demo: {e}");
-            return exit::USAGE;
-        }
-    };
-    if let Err(e) = prepare(&mut plan) {
-        crate::errln!("error: demo: {e}");
-        return exit::FAILED;
-    }
-    match Demo::new(plan).run() {
-        Ok(code) => code,
-        Err(e) => {
-            crate::errln!("error: demo: {e}");
-            exit::FAILED
-        }
-    }
+pub fn main(args: DemoArgs, globals: Globals) -> Result<i32, Failure> {
+    let mut plan = plan(args, globals).map_err(|e| Failure::usage(format!("demo: {e}"), None))?;
+    prepare(&mut plan).map_err(|e| Failure::failed(format!("demo: {e}")))?;
+    Demo::new(plan)
+        .run()
+        .map_err(|e| Failure::failed(format!("demo: {e}")))
 }
 
 // ------------------------------------------------------------------ options

@@ -326,17 +326,17 @@ enum ToyCmd {
     },
 }
 
-pub fn main(args: Vec<String>) -> i32 {
+pub fn main(args: Vec<String>) -> Result<i32, crate::error::Failure> {
     let argv = std::iter::once("rl-node __toy".to_string()).chain(args);
     let cli = match ToyCli::try_parse_from(argv) {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();
-            return if e.use_stderr() {
+            return Ok(if e.use_stderr() {
                 crate::exit::USAGE
             } else {
                 crate::exit::DONE
-            };
+            });
         }
     };
     let started = Instant::now();
@@ -397,12 +397,9 @@ pub fn main(args: Vec<String>) -> i32 {
                 let want = Duration::from_secs_f64(min_secs.min(3600.0));
                 std::thread::sleep(want.saturating_sub(started.elapsed()));
             }
-            crate::exit::DONE
+            Ok(crate::exit::DONE)
         }
-        Err(e) => {
-            crate::errln!("error: toy {what}: {e}");
-            crate::exit::FAILED
-        }
+        Err(e) => Err(crate::error::Failure::failed(format!("toy {what}: {e}"))),
     }
 }
 

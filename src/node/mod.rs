@@ -41,25 +41,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How a node run ends when it does not finish: the exit code and what to tell the user.
-#[derive(Debug)]
-pub struct Stop {
-    pub code: i32,
-    pub message: String,
-    pub hint: Option<String>,
-    /// The tail of the failing command's log, shown under the message.
-    pub detail: Option<String>,
-}
-
-impl Stop {
-    pub fn usage(message: impl Into<String>, hint: Option<String>) -> Stop {
-        Stop {
-            code: exit::USAGE,
-            message: message.into(),
-            hint,
-            detail: None,
-        }
-    }
-}
+pub type Stop = crate::error::Failure;
 
 /// Why a wait ended without its condition.
 enum Interrupt {

@@ -4,6 +4,7 @@
 //! incomplete files lie around. Read-only unless asked: `--discard-iteration N` sets an
 //! incomplete iteration aside (moved, never deleted) so a restart redoes it from scratch.
 
+use crate::error::Failure;
 use crate::layout::{iter_dir, Layout};
 use crate::protocol::journal::{self, item, Entry};
 use crate::protocol::{phase::eval_due, ClusterRecord, NodeState, RankRecord};
@@ -38,15 +39,15 @@ impl Out {
     }
 }
 
-/// Report damaged state and what `--repair` does (or did) about it. `DONE` when the state
-/// is usable afterwards (the normal report follows).
+/// Report damaged state and what `--repair` does (or did) about it. `None` when the state
+/// is usable afterwards (the normal report follows), else the exit code.
 fn damaged_state(
     layout: &Layout,
     problems: &[super::repair::Problem],
     cluster: Option<&ClusterRecord>,
     repair: bool,
     _args: &RecoverArgs,
-) -> i32 {
+) -> Result<Option<i32>, Failure> {
     let out = Out;
     if !repair && problems.iter().all(|p| p.tolerated) {
         // What a crash mid-append leaves: a restart copes with it, so this is a note, and
@@ -55,7 +56,7 @@ fn damaged_state(
             out.line(&format!("note: {}", p.what));
         }
         out.line("");
-        return crate::exit::DONE;
+        return Ok(None);
     }
     out.line(&format!(
         "the run's state in {} is damaged:",
@@ -79,13 +80,13 @@ fn damaged_state(
         } else {
             out.line("some of this cannot be repaired from the files alone: add --fresh to rank 0 to set the run aside (nothing is deleted) and start a new one");
         }
-        return crate::exit::USAGE;
+        return Ok(Some(crate::exit::USAGE));
     }
     if !repairable {
-        out.line(
-            "error: --repair: some problems cannot be repaired (see above); nothing was changed",
-        );
-        return crate::exit::USAGE;
+        return Err(Failure::usage(
+            "--repair: some problems cannot be repaired (see above); nothing was changed",
+            None,
+        ));
     }
     if let Some(c) = cluster {
         let heartbeat = c.config["timing"]["heartbeat-interval"]
@@ -99,10 +100,10 @@ fn damaged_state(
             if let Some(rec) = rec {
                 let h = holder(layout, &rec, heartbeat);
                 if h.starts_with("LIVE") {
-                    out.line(&format!(
-                        "error: --repair: rank {r} is still running ({h}): stop every node first; nothing was changed"
+                    return Err(Failure::usage(
+                        format!("--repair: rank {r} is still running ({h}): stop every node first; nothing was changed"),
+                        None,
                     ));
-                    return crate::exit::USAGE;
                 }
             }
         }
@@ -112,14 +113,11 @@ fn damaged_state(
         let r = p.repair.as_ref().expect("repairable");
         match super::repair::apply(layout, r) {
             Ok(did) => out.line(&format!("repaired: {did}")),
-            Err(e) => {
-                out.line(&format!("error: --repair: {e}"));
-                return crate::exit::FAILED;
-            }
+            Err(e) => return Err(Failure::failed(format!("--repair: {e}"))),
         }
     }
     out.line("");
-    crate::exit::DONE
+    Ok(None)
 }
 
 #[derive(Debug, Serialize)]
@@ -560,29 +558,21 @@ fn discard(run: &Run, rep: &Report, n: u64) -> Result<Vec<String>, String> {
     Ok(moved)
 }
 
-pub fn main(args: RecoverArgs, log_path: Option<String>) -> i32 {
-    let Some(path) =
-        log_path.or_else(|| std::env::var(crate::config::env_name("cluster.log-path")).ok())
-    else {
-        crate::errln!("error: rl-node recover needs --log-path DIR");
-        return crate::exit::USAGE;
-    };
+pub fn main(args: RecoverArgs, log_path: Option<String>) -> Result<i32, Failure> {
+    let path = log_path
+        .or_else(|| std::env::var(crate::config::env_name("cluster.log-path")).ok())
+        .ok_or_else(|| Failure::usage("rl-node recover needs --log-path DIR", None))?;
     let layout = Layout::new(&path);
     if let Some((problems, cluster)) = super::repair::diagnose(&layout) {
         if !problems.is_empty() {
-            let code = damaged_state(&layout, &problems, cluster.as_ref(), args.repair, &args);
-            if code != crate::exit::DONE {
-                return code;
+            if let Some(code) =
+                damaged_state(&layout, &problems, cluster.as_ref(), args.repair, &args)?
+            {
+                return Ok(code);
             }
         }
     }
-    let run = match load(Path::new(&path)) {
-        Ok(r) => r,
-        Err(e) => {
-            crate::errln!("error: {e}");
-            return crate::exit::USAGE;
-        }
-    };
+    let run = load(Path::new(&path)).map_err(|e| Failure::usage(e.to_string(), None))?;
     let rep = report(&run);
     if args.json {
         crate::outln!("{}", serde_json::to_string_pretty(&rep).expect("json"));
@@ -598,10 +588,12 @@ pub fn main(args: RecoverArgs, log_path: Option<String>) -> i32 {
                 }
             }
             Err(e) => {
-                crate::errln!("error: --discard-iteration {n}: {e}");
-                return crate::exit::USAGE;
+                return Err(Failure::usage(
+                    format!("--discard-iteration {n}: {e}"),
+                    None,
+                ))
             }
         }
     }
-    crate::exit::DONE
+    Ok(crate::exit::DONE)
 }
