@@ -17,7 +17,7 @@ use crate::exit;
 use crate::holder;
 use crate::protocol::{ClusterRecord, Mark, NodeState, RankRecord, PROTO};
 use crate::state::{self, StateError};
-use serde_json::{json, Value};
+use serde_json::json;
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -403,43 +403,32 @@ impl Node {
     /// run's files aside), or refuse a restart whose configuration would change the run.
     /// Returns the run id and the generation number to start from.
     fn choose_run(&mut self, prev: Option<ClusterRecord>, gen: u64) -> Result<(String, u64), Stop> {
-        let Some(p) = prev else {
-            return Ok((random_hex(6), gen));
-        };
-        if self.fresh {
-            let aside = self.set_run_aside(&p.run_id).map_err(|e| Stop {
-                code: exit::FAILED,
-                message: format!("--fresh: cannot set run {} aside: {e}", p.run_id),
-                hint: None,
-                detail: None,
-            })?;
-            self.info(&format!(
-                "--fresh: run {} set aside in {} (nothing deleted); starting a new run",
-                p.run_id,
-                aside.display()
-            ));
-            return Ok((random_hex(6), 1));
+        use crate::protocol::join::{choose_run, RunChoice};
+        let choice = choose_run(
+            prev.as_ref(),
+            self.fresh,
+            &self.cfg.run_fingerprint(),
+            &self.cfg.run_identity(),
+            self.layout.root(),
+        );
+        match choice {
+            RunChoice::New => Ok((random_hex(6), gen)),
+            RunChoice::Continue { run_id } => Ok((run_id, gen)),
+            RunChoice::SetAside { run_id } => {
+                let aside = self.set_run_aside(&run_id).map_err(|e| Stop {
+                    code: exit::FAILED,
+                    message: format!("--fresh: cannot set run {run_id} aside: {e}"),
+                    hint: None,
+                    detail: None,
+                })?;
+                self.info(&format!(
+                    "--fresh: run {run_id} set aside in {} (nothing deleted); starting a new run",
+                    aside.display()
+                ));
+                Ok((random_hex(6), 1))
+            }
+            RunChoice::Refuse { message, hint } => Err(Stop::usage(message, Some(hint))),
         }
-        if p.run_fingerprint == self.cfg.run_fingerprint() {
-            return Ok((p.run_id, gen));
-        }
-        let theirs = identity_of(&p);
-        let diffs = diff_json(&theirs, &self.cfg.run_identity(), "");
-        Err(Stop::usage(
-            format!(
-                "{} holds run {} with a different configuration; a restart would mix its work with this one's:\n  {}",
-                self.layout.root().display(),
-                p.run_id,
-                if diffs.is_empty() {
-                    "(recorded by an older rl-node)".to_string()
-                } else {
-                    diffs.join("\n  ").replace("rank 0 has", "the run has")
-                }
-            ),
-            Some(
-                "to continue that run, start every node with its configuration; to start a new run in this directory, add --fresh to rank 0 (the old run's files are moved to previous-runs/, nothing is deleted)".into(),
-            ),
-        ))
     }
 
     /// `--fresh` over a run whose cluster record is damaged or missing: set it aside under
@@ -670,146 +659,112 @@ impl Node {
         Ok(())
     }
 
-    /// One look at the shared directory for a generation this worker can join.
+    /// One look at the shared directory for a generation this worker can join: the reads,
+    /// with the decision in [`crate::protocol::join::look`].
     fn find_joinable(
         &mut self,
         rejected: &mut HashSet<u64>,
         seen: &mut Seen,
     ) -> Result<Option<(ClusterRecord, RankRecord)>, Stop> {
+        use crate::protocol::join::{look, ClusterSeen, Joiner, Look};
         let layout = self.layout.clone();
-        let c = match state::read_cluster(&*self.store, &layout) {
-            Ok(Some(c)) => c,
+        let read = state::read_cluster(&*self.store, &layout);
+        let unreadable;
+        let cluster_path = layout.cluster();
+        let seen_cluster = match &read {
+            Ok(Some(c)) => ClusterSeen::Cluster(c),
             Ok(None) | Err(StateError::MissingCluster { .. }) => {
-                self.waiting_note = format!(
-                    "no cluster record at {} yet: is rank 0 started?",
-                    layout.cluster().display()
-                );
-                return Ok(None);
+                ClusterSeen::Missing(&cluster_path)
             }
             Err(e) => {
-                // Rank 0 refuses to start over this; say so while waiting for it.
-                self.waiting_note = format!("{e} (rank 0 will not start until it is repaired)");
-                return Ok(None);
+                unreadable = e.to_string();
+                ClusterSeen::Unreadable(&unreadable)
             }
         };
-        if rejected.contains(&c.gen) {
-            return Ok(None);
+        let run_fingerprint = self.cfg.run_fingerprint();
+        let shared_view = || self.cfg.shared_view();
+        let me = Joiner {
+            rank: self.rank,
+            nonce: &self.nonce,
+            fingerprint: &self.fingerprint,
+            shared_view: &shared_view,
+            run_fingerprint: &run_fingerprint,
+            iterations: self.cfg.cluster.iterations,
+            slot_patience: self.slot_patience(),
+            dead_after: self.cfg.timing.dead_after,
+        };
+        let verdict = look(
+            seen_cluster,
+            rejected,
+            &me,
+            &mut NodeView { node: self, seen },
+        );
+        match verdict {
+            Look::Wait(note) => {
+                if let Some(note) = note {
+                    self.waiting_note = note;
+                }
+                Ok(None)
+            }
+            Look::Skip { gen, why } => {
+                if let Some(why) = why {
+                    self.info(&why);
+                }
+                rejected.insert(gen);
+                Ok(None)
+            }
+            Look::Complete { message, hint } => Err(Stop {
+                code: exit::DONE,
+                message,
+                hint: Some(hint),
+                detail: None,
+            }),
+            Look::Refused {
+                message,
+                hint,
+                note,
+            } => {
+                if let (Some(note), Ok(Some(c))) = (note, &read) {
+                    self.leave_refusal(c, note);
+                }
+                Err(Stop::usage(message, Some(hint)))
+            }
+            Look::Join(c, r0) => Ok(Some((*c, *r0))),
         }
-        let Some(r0) = self
+    }
+}
+
+/// The worker's reads for [`crate::protocol::join::look`], done when it asks.
+struct NodeView<'a> {
+    node: &'a Node,
+    seen: &'a mut Seen,
+}
+
+impl crate::protocol::join::JoinView for NodeView<'_> {
+    fn rank0(&mut self, gen: u64) -> Option<RankRecord> {
+        let path = self.node.layout.rank_record(gen, 0);
+        self.node
             .store
-            .read_json::<RankRecord>(&layout.rank_record(c.gen, 0))
+            .read_json::<RankRecord>(&path)
             .ok()
             .flatten()
-        else {
-            return Ok(None);
-        };
-        if r0.state.is_terminal() {
-            let target = self.cfg.cluster.iterations;
-            if target > 0 && c.run_fingerprint == self.cfg.run_fingerprint() {
-                let resume = self.resume_point(&c.run_id);
-                if resume.iteration > target {
-                    return Err(Stop {
-                        code: exit::DONE,
-                        message: format!(
-                            "run {} already completed iteration {} (--iterations {target}): nothing to do",
-                            c.run_id,
-                            resume.iteration - 1
-                        ),
-                        hint: Some("a larger --iterations extends the run".into()),
-                        detail: None,
-                    });
-                }
-            }
-            self.info(&format!(
-                "generation {} has ended ({:?}); waiting for rank 0 to start a new one",
-                c.gen, r0.state
-            ));
-            rejected.insert(c.gen);
-            return Ok(None);
-        }
-        let slot = self
+    }
+
+    fn slot(&mut self, gen: u64) -> Option<RankRecord> {
+        let path = self.node.layout.rank_record(gen, self.node.rank);
+        self.node
             .store
-            .read_json::<RankRecord>(&layout.rank_record(c.gen, self.rank))
+            .read_json::<RankRecord>(&path)
             .ok()
-            .flatten();
-        if let Some(s) = slot.filter(|s| {
-            !matches!(s.state, NodeState::Vacant) && !s.state.is_terminal() && s.nonce != self.nonce
-        }) {
-            match self.judge(seen, &s, self.slot_patience()) {
-                Holder::Alive => {
-                    return Err(Stop::usage(
-                        format!(
-                            "rank {} is already held by a live process: pid {} on {} (generation {}, phase {})",
-                            self.rank,
-                            s.pid,
-                            s.host,
-                            c.gen,
-                            s.phase.map(|p| p.to_string()).unwrap_or_else(|| "join".into())
-                        ),
-                        Some("each rank runs once per cluster: check --worker / RANK on this node".into()),
-                    ));
-                }
-                Holder::Unknown => {
-                    self.waiting_note = format!(
-                        "checking whether rank {}'s previous holder (pid {} on {}) is alive",
-                        self.rank, s.pid, s.host
-                    );
-                    return Ok(None);
-                }
-                Holder::Gone => {}
-            }
-        }
-        if r0.state != NodeState::Joining {
-            self.info(&format!(
-                "generation {} is already running without this rank; waiting for rank 0 to start a new generation",
-                c.gen
-            ));
-            rejected.insert(c.gen);
-            return Ok(None);
-        }
-        match self.judge(seen, &r0, self.cfg.timing.dead_after) {
-            Holder::Alive => {}
-            Holder::Unknown => {
-                self.waiting_note = format!(
-                    "checking that rank 0 of generation {} (pid {} on {}) is alive",
-                    c.gen, r0.pid, r0.host
-                );
-                return Ok(None);
-            }
-            Holder::Gone => {
-                rejected.insert(c.gen);
-                return Ok(None);
-            }
-        }
-        if c.fingerprint != self.fingerprint {
-            let diffs = diff_json(&c.config, &self.cfg.shared_view(), "");
-            self.leave_refusal(
-                &c,
-                if diffs.is_empty() {
-                    "its configuration differs from rank 0's (fingerprints differ)".to_string()
-                } else {
-                    diffs
-                        .iter()
-                        .map(|d| {
-                            d.replacen(": rank 0 has", " differs (rank 0 has", 1)
-                                .replace("this node has", &format!("rank {} has", self.rank))
-                                + ")"
-                        })
-                        .collect::<Vec<_>>()
-                        .join("; ")
-                },
-            );
-            return Err(Stop::usage(
-                format!(
-                    "this node's configuration differs from rank 0's (generation {}, host {}):\n  {}",
-                    c.gen,
-                    c.host,
-                    if diffs.is_empty() { "(fingerprints differ)".to_string() } else { diffs.join("\n  ") }
-                ),
-                Some("start every node with the same --config file and flags".into()),
-            ));
-        }
-        Ok(Some((c, r0)))
+            .flatten()
+    }
+
+    fn holder(&mut self, rec: &RankRecord, patience: Duration) -> Holder {
+        self.node.judge(self.seen, rec, patience)
+    }
+
+    fn resume_iteration(&mut self, run_id: &str) -> u64 {
+        self.node.resume_point(run_id).iteration
     }
 }
 
@@ -831,69 +786,5 @@ impl Node {
         ));
         slot.wall = self.wall_stamp();
         let _ = self.store.publish_json(&path, &slot);
-    }
-}
-
-/// The run identity recorded by an earlier generation, in `Config::run_identity`'s shape.
-fn identity_of(p: &ClusterRecord) -> Value {
-    let c = &p.config["cluster"];
-    json!({
-        "cluster": {
-            "num-nodes": p.num_nodes,
-            "rank-weights": p.rank_weights,
-            "eval-interval": c["eval-interval"],
-            "model": c["model"],
-        },
-        "work": {
-            "strategy": p.config["work"]["strategy"],
-            "seed": p.config["work"]["seed"],
-            "tasks-per-iteration": p.config["work"]["tasks-per-iteration"],
-            "samples-per-task": p.config["work"]["samples-per-task"],
-        }
-    })
-}
-
-/// Key-by-key differences between rank 0's shared configuration and ours.
-fn diff_json(theirs: &Value, ours: &Value, prefix: &str) -> Vec<String> {
-    match (theirs, ours) {
-        (Value::Object(a), Value::Object(b)) => {
-            let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
-            keys.sort();
-            keys.dedup();
-            keys.into_iter()
-                .flat_map(|k| {
-                    let p = if prefix.is_empty() {
-                        k.clone()
-                    } else {
-                        format!("{prefix}.{k}")
-                    };
-                    diff_json(
-                        a.get(k).unwrap_or(&Value::Null),
-                        b.get(k).unwrap_or(&Value::Null),
-                        &p,
-                    )
-                })
-                .collect()
-        }
-        (a, b) if a == b => vec![],
-        (a, b) => vec![format!("{prefix}: rank 0 has {a}, this node has {b}")],
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn diff_names_each_key() {
-        let a = json!({"cluster": {"num-nodes": 3, "eval-interval": 6}, "timing": {"x": "1s"}});
-        let b = json!({"cluster": {"num-nodes": 2, "eval-interval": 6}, "timing": {"x": "2s"}});
-        assert_eq!(
-            diff_json(&a, &b, ""),
-            vec![
-                "cluster.num-nodes: rank 0 has 3, this node has 2".to_string(),
-                "timing.x: rank 0 has \"1s\", this node has \"2s\"".to_string()
-            ]
-        );
     }
 }

@@ -5,6 +5,7 @@
 pub mod abort;
 pub mod barrier;
 pub mod fence;
+pub mod join;
 pub mod journal;
 pub mod lease;
 pub mod liveness;

@@ -1,0 +1,559 @@
+//! Joining a generation: what a worker concludes from one look at the shared directory,
+//! and which run rank 0 starts a generation of.
+//!
+//! A worker waits for a joinable generation: rank 0 alive and still joining. A generation
+//! that ended, or formed without this rank, is skipped, so a worker started long before
+//! its master simply waits. Refusals (a different configuration, the rank held by a live
+//! process) come before the worker writes anything, with words that name what differs.
+//!
+//! [`look`] is the worker's decision. It reads nothing itself: the records it needs are
+//! asked of a [`JoinView`] when (and only if) the decision gets to them, so a look at a
+//! generation already skipped costs one read, as before. The node's view reads the
+//! shared directory and judges a holder by its process and its heartbeat
+//! (`liveness::Holders`); a simulator's can answer from its own world.
+
+use super::liveness::Holder;
+use super::{ClusterRecord, NodeState, RankRecord};
+use serde_json::{json, Value};
+use std::collections::HashSet;
+use std::path::Path;
+use std::time::Duration;
+
+/// What was read of `cluster.json`.
+#[derive(Debug, Clone, Copy)]
+pub enum ClusterSeen<'a> {
+    /// It does not exist (yet): the path.
+    Missing(&'a Path),
+    /// It exists but cannot be used: why.
+    Unreadable(&'a str),
+    Cluster(&'a ClusterRecord),
+}
+
+/// The worker that looks.
+#[derive(Clone)]
+pub struct Joiner<'a> {
+    pub rank: u32,
+    pub nonce: &'a str,
+    /// The fingerprint of the configuration every node must share, and that view itself
+    /// (built only to word a refusal).
+    pub fingerprint: &'a str,
+    pub shared_view: &'a dyn Fn() -> Value,
+    /// The fingerprint of what may not change across restarts of one run.
+    pub run_fingerprint: &'a str,
+    /// `--iterations` (0: no target).
+    pub iterations: u64,
+    /// How long a previous holder of the rank may stay silent before it counts as gone.
+    pub slot_patience: Duration,
+    pub dead_after: Duration,
+}
+
+/// The reads a look may need, done when asked.
+pub trait JoinView {
+    /// Rank 0's record of generation `gen`, if it can be read.
+    fn rank0(&mut self, gen: u64) -> Option<RankRecord>;
+    /// This rank's own record (its placeholder, or a previous holder's) in generation `gen`.
+    fn slot(&mut self, gen: u64) -> Option<RankRecord>;
+    /// Is the process behind `rec` alive, gone, or not yet known (`patience` of silence
+    /// makes it gone)?
+    fn holder(&mut self, rec: &RankRecord, patience: Duration) -> Holder;
+    /// Where run `run_id` would resume: the first iteration not every rank completed.
+    fn resume_iteration(&mut self, run_id: &str) -> u64;
+}
+
+/// What one look concluded.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Look {
+    /// Keep waiting; the new "still waiting for" note, if it changed.
+    Wait(Option<String>),
+    /// Never join generation `gen`; why, for the log, if worth a line.
+    Skip { gen: u64, why: Option<String> },
+    /// The run is already complete up to `--iterations`: nothing to do (exit 0).
+    Complete { message: String, hint: String },
+    /// Refused: the rank is held by a live process, or the configuration differs. When
+    /// the rank's placeholder should say why (rank 0 reads it while it waits), `note`.
+    Refused {
+        message: String,
+        hint: String,
+        note: Option<String>,
+    },
+    /// Join this generation, whose rank 0 is `rank0`.
+    Join(Box<ClusterRecord>, Box<RankRecord>),
+}
+
+/// One look for a generation to join, given what was read of `cluster.json` and the
+/// generations already skipped.
+pub fn look(
+    seen: ClusterSeen,
+    skipped: &HashSet<u64>,
+    me: &Joiner,
+    view: &mut dyn JoinView,
+) -> Look {
+    let c = match seen {
+        ClusterSeen::Missing(path) => {
+            return Look::Wait(Some(format!(
+                "no cluster record at {} yet: is rank 0 started?",
+                path.display()
+            )))
+        }
+        ClusterSeen::Unreadable(why) => {
+            // Rank 0 refuses to start over this; say so while waiting for it.
+            return Look::Wait(Some(format!(
+                "{why} (rank 0 will not start until it is repaired)"
+            )));
+        }
+        ClusterSeen::Cluster(c) => c,
+    };
+    if skipped.contains(&c.gen) {
+        return Look::Wait(None);
+    }
+    let Some(r0) = view.rank0(c.gen) else {
+        return Look::Wait(None);
+    };
+    if r0.state.is_terminal() {
+        if me.iterations > 0 && c.run_fingerprint == me.run_fingerprint {
+            let resume = view.resume_iteration(&c.run_id);
+            if resume > me.iterations {
+                return Look::Complete {
+                    message: format!(
+                        "run {} already completed iteration {} (--iterations {}): nothing to do",
+                        c.run_id,
+                        resume - 1,
+                        me.iterations
+                    ),
+                    hint: "a larger --iterations extends the run".into(),
+                };
+            }
+        }
+        return Look::Skip {
+            gen: c.gen,
+            why: Some(format!(
+                "generation {} has ended ({:?}); waiting for rank 0 to start a new one",
+                c.gen, r0.state
+            )),
+        };
+    }
+    let held = view
+        .slot(c.gen)
+        .filter(|s| s.state != NodeState::Vacant && !s.state.is_terminal() && s.nonce != me.nonce);
+    if let Some(s) = held {
+        match view.holder(&s, me.slot_patience) {
+            Holder::Alive => {
+                return Look::Refused {
+                    message: format!(
+                        "rank {} is already held by a live process: pid {} on {} (generation {}, phase {})",
+                        me.rank,
+                        s.pid,
+                        s.host,
+                        c.gen,
+                        s.phase.map(|p| p.to_string()).unwrap_or_else(|| "join".into())
+                    ),
+                    hint: "each rank runs once per cluster: check --worker / RANK on this node"
+                        .into(),
+                    note: None,
+                }
+            }
+            Holder::Unknown => {
+                return Look::Wait(Some(format!(
+                    "checking whether rank {}'s previous holder (pid {} on {}) is alive",
+                    me.rank, s.pid, s.host
+                )))
+            }
+            Holder::Gone => {}
+        }
+    }
+    if r0.state != NodeState::Joining {
+        return Look::Skip {
+            gen: c.gen,
+            why: Some(format!(
+                "generation {} is already running without this rank; waiting for rank 0 to start a new generation",
+                c.gen
+            )),
+        };
+    }
+    match view.holder(&r0, me.dead_after) {
+        Holder::Alive => {}
+        Holder::Unknown => {
+            return Look::Wait(Some(format!(
+                "checking that rank 0 of generation {} (pid {} on {}) is alive",
+                c.gen, r0.pid, r0.host
+            )))
+        }
+        Holder::Gone => {
+            return Look::Skip {
+                gen: c.gen,
+                why: None,
+            }
+        }
+    }
+    if c.fingerprint != me.fingerprint {
+        return refused_configuration(c, me);
+    }
+    Look::Join(Box::new(c.clone()), Box::new(r0))
+}
+
+/// The worker's configuration differs from rank 0's: say which keys, to the worker and
+/// (in its placeholder) to rank 0.
+fn refused_configuration(c: &ClusterRecord, me: &Joiner) -> Look {
+    let diffs = diff_json(&c.config, &(me.shared_view)(), "");
+    let note = if diffs.is_empty() {
+        "its configuration differs from rank 0's (fingerprints differ)".to_string()
+    } else {
+        diffs
+            .iter()
+            .map(|d| {
+                d.replacen(": rank 0 has", " differs (rank 0 has", 1)
+                    .replace("this node has", &format!("rank {} has", me.rank))
+                    + ")"
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    Look::Refused {
+        message: format!(
+            "this node's configuration differs from rank 0's (generation {}, host {}):\n  {}",
+            c.gen,
+            c.host,
+            if diffs.is_empty() {
+                "(fingerprints differ)".to_string()
+            } else {
+                diffs.join("\n  ")
+            }
+        ),
+        hint: "start every node with the same --config file and flags".into(),
+        note: Some(note),
+    }
+}
+
+/// Which run rank 0 starts a generation of.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunChoice {
+    /// No run in the directory: a new one.
+    New,
+    /// Continue the run in the directory.
+    Continue { run_id: String },
+    /// `--fresh`: set run `run_id` aside and start a new one.
+    SetAside { run_id: String },
+    /// The restart's configuration would change the run: refuse.
+    Refuse { message: String, hint: String },
+}
+
+/// Rank 0's choice, given the directory's previous cluster record (if any), `--fresh`,
+/// and this configuration's run fingerprint and identity (`Config::run_identity`).
+pub fn choose_run(
+    prev: Option<&ClusterRecord>,
+    fresh: bool,
+    run_fingerprint: &str,
+    identity: &Value,
+    root: &Path,
+) -> RunChoice {
+    let Some(p) = prev else {
+        return RunChoice::New;
+    };
+    if fresh {
+        return RunChoice::SetAside {
+            run_id: p.run_id.clone(),
+        };
+    }
+    if p.run_fingerprint == run_fingerprint {
+        return RunChoice::Continue {
+            run_id: p.run_id.clone(),
+        };
+    }
+    let diffs = diff_json(&identity_of(p), identity, "");
+    RunChoice::Refuse {
+        message: format!(
+            "{} holds run {} with a different configuration; a restart would mix its work with this one's:\n  {}",
+            root.display(),
+            p.run_id,
+            if diffs.is_empty() {
+                "(recorded by an older rl-node)".to_string()
+            } else {
+                diffs.join("\n  ").replace("rank 0 has", "the run has")
+            }
+        ),
+        hint: "to continue that run, start every node with its configuration; to start a new run in this directory, add --fresh to rank 0 (the old run's files are moved to previous-runs/, nothing is deleted)".into(),
+    }
+}
+
+/// The run identity recorded by an earlier generation, in `Config::run_identity`'s shape.
+fn identity_of(p: &ClusterRecord) -> Value {
+    let c = &p.config["cluster"];
+    json!({
+        "cluster": {
+            "num-nodes": p.num_nodes,
+            "rank-weights": p.rank_weights,
+            "eval-interval": c["eval-interval"],
+            "model": c["model"],
+        },
+        "work": {
+            "strategy": p.config["work"]["strategy"],
+            "seed": p.config["work"]["seed"],
+            "tasks-per-iteration": p.config["work"]["tasks-per-iteration"],
+            "samples-per-task": p.config["work"]["samples-per-task"],
+        }
+    })
+}
+
+/// Key-by-key differences between rank 0's shared configuration and ours.
+fn diff_json(theirs: &Value, ours: &Value, prefix: &str) -> Vec<String> {
+    match (theirs, ours) {
+        (Value::Object(a), Value::Object(b)) => {
+            let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+            keys.sort();
+            keys.dedup();
+            keys.into_iter()
+                .flat_map(|k| {
+                    let p = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    diff_json(
+                        a.get(k).unwrap_or(&Value::Null),
+                        b.get(k).unwrap_or(&Value::Null),
+                        &p,
+                    )
+                })
+                .collect()
+        }
+        (a, b) if a == b => vec![],
+        (a, b) => vec![format!("{prefix}: rank 0 has {a}, this node has {b}")],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{Phase, PROTO};
+
+    #[test]
+    fn diff_names_each_key() {
+        let a = json!({"cluster": {"num-nodes": 3, "eval-interval": 6}, "timing": {"x": "1s"}});
+        let b = json!({"cluster": {"num-nodes": 2, "eval-interval": 6}, "timing": {"x": "2s"}});
+        assert_eq!(
+            diff_json(&a, &b, ""),
+            vec![
+                "cluster.num-nodes: rank 0 has 3, this node has 2".to_string(),
+                "timing.x: rank 0 has \"1s\", this node has \"2s\"".to_string()
+            ]
+        );
+    }
+
+    fn cluster(gen: u64) -> ClusterRecord {
+        ClusterRecord {
+            proto: PROTO,
+            run_id: "run".into(),
+            gen,
+            num_nodes: 3,
+            rank_weights: vec![],
+            fingerprint: "fp".into(),
+            config: json!({"timing": {"dead-after": "30s"}}),
+            master_addr: "h0".into(),
+            master_port: 29500,
+            host: "h0".into(),
+            pid: 100,
+            machine: String::new(),
+            pid_start: 0,
+            started_at: String::new(),
+            previous: None,
+            run_fingerprint: "run-fp".into(),
+            resume: Default::default(),
+        }
+    }
+
+    fn rec(rank: u32, state: NodeState, nonce: &str) -> RankRecord {
+        RankRecord {
+            state,
+            nonce: nonce.into(),
+            host: format!("h{rank}"),
+            pid: 100 + rank,
+            ..RankRecord::vacant("run", 2, rank)
+        }
+    }
+
+    /// A directory as a worker would find it, with the holder verdicts it would reach,
+    /// counting the reads a look makes.
+    #[derive(Default)]
+    struct View {
+        rank0: Option<RankRecord>,
+        slot: Option<RankRecord>,
+        holders: Vec<(u32, Holder)>,
+        resume: u64,
+        reads: u32,
+    }
+
+    impl JoinView for View {
+        fn rank0(&mut self, _: u64) -> Option<RankRecord> {
+            self.reads += 1;
+            self.rank0.clone()
+        }
+        fn slot(&mut self, _: u64) -> Option<RankRecord> {
+            self.reads += 1;
+            self.slot.clone()
+        }
+        fn holder(&mut self, rec: &RankRecord, _: Duration) -> Holder {
+            self.holders
+                .iter()
+                .find(|(r, _)| *r == rec.rank)
+                .map(|(_, h)| *h)
+                .unwrap_or(Holder::Unknown)
+        }
+        fn resume_iteration(&mut self, _: &str) -> u64 {
+            self.resume
+        }
+    }
+
+    fn me(view: &dyn Fn() -> Value) -> Joiner<'_> {
+        Joiner {
+            rank: 2,
+            nonce: "mine",
+            fingerprint: "fp",
+            shared_view: view,
+            run_fingerprint: "run-fp",
+            iterations: 0,
+            slot_patience: Duration::from_secs(12),
+            dead_after: Duration::from_secs(30),
+        }
+    }
+
+    #[test]
+    fn a_live_joining_rank_0_is_joined_and_a_skipped_generation_costs_no_read() {
+        let shared = || json!({});
+        let c = cluster(2);
+        let mut view = View {
+            rank0: Some(rec(0, NodeState::Joining, "r0")),
+            slot: Some(rec(2, NodeState::Vacant, "")),
+            holders: vec![(0, Holder::Alive)],
+            ..View::default()
+        };
+        let none = HashSet::new();
+        assert!(matches!(
+            look(ClusterSeen::Cluster(&c), &none, &me(&shared), &mut view),
+            Look::Join(ref joined, ref r0) if joined.gen == 2 && r0.nonce == "r0"
+        ));
+        let skipped: HashSet<u64> = [2].into();
+        view.reads = 0;
+        assert_eq!(
+            look(ClusterSeen::Cluster(&c), &skipped, &me(&shared), &mut view),
+            Look::Wait(None)
+        );
+        assert_eq!(view.reads, 0);
+        // Rank 0 not yet known alive: wait, saying so.
+        view.holders.clear();
+        assert!(matches!(
+            look(ClusterSeen::Cluster(&c), &none, &me(&shared), &mut view),
+            Look::Wait(Some(ref note)) if note.starts_with("checking that rank 0 of generation 2")
+        ));
+        view.holders = vec![(0, Holder::Gone)];
+        assert_eq!(
+            look(ClusterSeen::Cluster(&c), &none, &me(&shared), &mut view),
+            Look::Skip { gen: 2, why: None }
+        );
+    }
+
+    #[test]
+    fn ended_and_running_generations_are_skipped_and_a_complete_run_ends_the_wait() {
+        let shared = || json!({});
+        let c = cluster(2);
+        let none = HashSet::new();
+        let mut view = View {
+            rank0: Some(rec(0, NodeState::Done, "r0")),
+            resume: 11,
+            ..View::default()
+        };
+        assert!(matches!(
+            look(ClusterSeen::Cluster(&c), &none, &me(&shared), &mut view),
+            Look::Skip { gen: 2, why: Some(ref w) } if w.contains("has ended")
+        ));
+        let mut target = me(&shared);
+        target.iterations = 10;
+        assert!(matches!(
+            look(ClusterSeen::Cluster(&c), &none, &target, &mut view),
+            Look::Complete { ref message, .. } if message == "run run already completed iteration 10 (--iterations 10): nothing to do"
+        ));
+        let mut running = rec(0, NodeState::Running, "r0");
+        running.phase = Some(Phase::TrainRollout);
+        view.rank0 = Some(running);
+        assert!(matches!(
+            look(ClusterSeen::Cluster(&c), &none, &me(&shared), &mut view),
+            Look::Skip { gen: 2, why: Some(ref w) } if w.contains("already running without this rank")
+        ));
+    }
+
+    #[test]
+    fn refusals_name_the_live_holder_or_every_differing_key() {
+        let c = cluster(2);
+        let none = HashSet::new();
+        let mut view = View {
+            rank0: Some(rec(0, NodeState::Joining, "r0")),
+            slot: Some(rec(2, NodeState::Running, "theirs")),
+            holders: vec![(0, Holder::Alive), (2, Holder::Alive)],
+            ..View::default()
+        };
+        let shared = || json!({"timing": {"dead-after": "30s"}});
+        match look(ClusterSeen::Cluster(&c), &none, &me(&shared), &mut view) {
+            Look::Refused { message, note, .. } => {
+                assert_eq!(message, "rank 2 is already held by a live process: pid 102 on h2 (generation 2, phase join)");
+                assert_eq!(note, None);
+            }
+            other => panic!("{other:?}"),
+        }
+        view.holders = vec![(0, Holder::Alive), (2, Holder::Gone)];
+        let mut other = me(&shared);
+        other.fingerprint = "other";
+        let theirs = || json!({"timing": {"dead-after": "60s"}});
+        other.shared_view = &theirs;
+        match look(ClusterSeen::Cluster(&c), &none, &other, &mut view) {
+            Look::Refused { message, note, .. } => {
+                assert!(
+                    message
+                        .ends_with("timing.dead-after: rank 0 has \"30s\", this node has \"60s\""),
+                    "{message}"
+                );
+                assert_eq!(
+                    note.unwrap(),
+                    "timing.dead-after differs (rank 0 has \"30s\", rank 2 has \"60s\")"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn rank_0_continues_a_run_sets_it_aside_or_refuses_a_changed_one() {
+        let root = Path::new("/nfs/exp");
+        let id = json!({});
+        assert_eq!(choose_run(None, false, "x", &id, root), RunChoice::New);
+        let p = cluster(4);
+        assert_eq!(
+            choose_run(Some(&p), false, "run-fp", &id, root),
+            RunChoice::Continue {
+                run_id: "run".into()
+            }
+        );
+        assert_eq!(
+            choose_run(Some(&p), true, "other", &id, root),
+            RunChoice::SetAside {
+                run_id: "run".into()
+            }
+        );
+        match choose_run(
+            Some(&p),
+            false,
+            "other",
+            &json!({"cluster": {"num-nodes": 4}}),
+            root,
+        ) {
+            RunChoice::Refuse { message, .. } => {
+                assert!(
+                    message.starts_with("/nfs/exp holds run run with a different configuration")
+                );
+                assert!(
+                    message.contains("cluster.num-nodes: the run has 3, this node has 4"),
+                    "{message}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
