@@ -17,6 +17,7 @@ pub mod supervisor;
 mod watchdog;
 mod work;
 
+use crate::clock::Clock;
 use crate::config::{Config, Loaded, PhaseCommand, Template};
 use crate::events;
 use crate::exit;
@@ -29,7 +30,6 @@ pub use crate::protocol::wall_now;
 use crate::protocol::{
     AbortInfo, AbortKind, ClusterRecord, Liveness, NodeState, Phase, RankRecord,
 };
-use crate::clock::Clock;
 use crate::store::{self, SharedDir};
 use procs::{ChildExit, Event, Registry};
 use publisher::Publisher;

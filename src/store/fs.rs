@@ -206,9 +206,7 @@ pub fn publish_with(
     write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
 ) -> io::Result<()> {
     let mut write = Some(write);
-    publish_inner(path, true, &mut |w| {
-        (write.take().expect("called once"))(w)
-    })
+    publish_inner(path, true, &mut |w| (write.take().expect("called once"))(w))
 }
 
 fn publish_inner(

@@ -14,7 +14,7 @@
 //! complete content.
 
 pub mod fs;
-// pub mod sim;
+pub mod sim;
 
 pub use fs::{
     create_new, create_new_json, fsync_dir, overwrite_in_place, publish, publish_json,
@@ -218,7 +218,9 @@ impl dyn SharedDir + '_ {
 
     /// A live record: missing or unparsable (torn, half-copied) is `None` ("not yet").
     pub fn read_json<T: DeserializeOwned>(&self, path: &Path) -> io::Result<Option<T>> {
-        Ok(self.read(path)?.and_then(|b| serde_json::from_slice(&b).ok()))
+        Ok(self
+            .read(path)?
+            .and_then(|b| serde_json::from_slice(&b).ok()))
     }
 
     /// One of the run's own state files: missing is `Ok(None)`, anything unusable is
