@@ -39,12 +39,17 @@
 //! Crashes, restarts, generations and fencing are the other scenario's (`crashes.rs`).
 
 use super::Violation;
+use rl_node::layout::Layout;
 use rl_node::protocol::barrier::{Barrier, Mutation, Progress};
 use rl_node::protocol::liveness::Mutation as LivenessMutation;
 use rl_node::protocol::{AbortInfo, AbortKind, Liveness, Mark, NodeState, RankRecord};
 use rl_node::rng::SplitMix64 as Rng;
+use rl_node::store::sim::{SimClient, SimWorld};
+use rl_node::store::{OpClass, OpCounts, SharedDir};
 use serde_json::{json, Value};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 fn record(rank: u32) -> RankRecord {
@@ -59,76 +64,195 @@ fn record(rank: u32) -> RankRecord {
 /// `abort.json`'s content: the rank that created it and the dead rank it names.
 type Abort = (u32, u32);
 
-/// The shared directory: each rank's record as it truly is, and each node's cached copy
-/// of every record with the time it was fetched.
-struct SharedDir {
-    truth: Vec<RankRecord>,
-    cache: Vec<Vec<Option<(u64, RankRecord)>>>,
-    /// `abort.json`: who created it and the dead rank it names. Nobody polls it: it only
-    /// decides which of two concurrent detections is the cause (the first creator).
+/// The shared directory: one simulated NFS server (`SimWorld`) and one client per node
+/// (`SimClient`, with the run's attribute and negative-lookup cache lifetime), on the
+/// simulation's time. Records live where the real node keeps them
+/// (`<root>/.rl-node/gen-1/rank-R.json`), are published as the node's heartbeat thread
+/// publishes them (a durable atomic replacement of the JSON) and read as `poll_cluster`
+/// reads them (a read and a parse); `abort.json` is created exclusively. The clients count
+/// every operation as the real store does.
+struct Directory {
+    world: Arc<SimWorld>,
+    clients: Vec<SimClient>,
+    /// Simulated time in ms, which the clients' caches age by.
+    clock: Arc<AtomicU64>,
+    layout: Layout,
+    /// What each rank last published: its heartbeat thread's copy of its own record.
+    mine: Vec<RankRecord>,
+    /// `abort.json` as it was created: who created it and the dead rank it names. Nobody
+    /// polls it: it only decides which of two concurrent detections is the cause (the
+    /// first creator).
     abort: Option<Abort>,
     lifetime_ms: u64,
-    reads: u64,
-    writes: u64,
+    /// Barriers every rank is known (from the true content) to have arrived at.
+    all_arrived: Vec<bool>,
+    /// Each rank's record versions parsed lately, with their bytes: every read gets the
+    /// bytes, but the same bytes are parsed once (the debug build's serde is slow).
+    parsed: Vec<VecDeque<(Vec<u8>, RankRecord)>>,
 }
 
-impl SharedDir {
-    fn new(n: usize, lifetime_ms: u64) -> SharedDir {
-        SharedDir {
-            truth: (0..n as u32).map(record).collect(),
-            cache: vec![vec![None; n]; n],
+/// A record's bytes parsed (`None`: unparsable), through `memo`, the last few versions.
+fn parse(memo: &mut VecDeque<(Vec<u8>, RankRecord)>, bytes: Vec<u8>) -> Option<RankRecord> {
+    if let Some((_, rec)) = memo.iter().find(|(b, _)| *b == bytes) {
+        return Some(rec.clone());
+    }
+    let rec: RankRecord = serde_json::from_slice(&bytes).ok()?;
+    if memo.len() == 8 {
+        memo.pop_front();
+    }
+    memo.push_back((bytes, rec.clone()));
+    Some(rec)
+}
+
+impl Directory {
+    fn new(n: usize, lifetime_ms: u64) -> Directory {
+        let world = SimWorld::new();
+        let layout = Layout::new("/sim-run");
+        world
+            .create_dir_all(layout.rank_record(1, 0).parent().expect("in a directory"))
+            .expect("set up");
+        let clock = Arc::new(AtomicU64::new(0));
+        let lifetime = Duration::from_millis(lifetime_ms);
+        let clients = (0..n)
+            .map(|_| {
+                let c = clock.clone();
+                world.client(
+                    move || Duration::from_millis(c.load(Ordering::Relaxed)),
+                    lifetime,
+                    lifetime,
+                )
+            })
+            .collect();
+        let mut dir = Directory {
+            world,
+            clients,
+            clock,
+            layout,
+            mine: (0..n as u32).map(record).collect(),
             abort: None,
             lifetime_ms,
-            reads: 0,
-            writes: 0,
+            all_arrived: Vec::new(),
+            parsed: vec![VecDeque::new(); n],
+        };
+        // Each node writes its record once before the barriers (the join does).
+        for r in 0..n {
+            dir.write(r);
         }
+        dir
     }
 
-    /// An atomic replacement of `rank`'s record (write a temporary file, rename); the
-    /// writer's own cache sees it at once (close-to-open on its own client).
+    fn at(&self, now: u64) {
+        self.clock.store(now, Ordering::Relaxed);
+    }
+
+    fn write(&mut self, rank: usize) {
+        // `publish_json`'s bytes (pretty JSON and a newline) in its durable publish, kept
+        // with the record: the heartbeat's read-back finds them without a parse.
+        let mut bytes = serde_json::to_vec_pretty(&self.mine[rank]).expect("serializable");
+        bytes.push(b'\n');
+        let dir: &dyn SharedDir = &self.clients[rank];
+        dir.publish(&self.layout.rank_record(1, rank as u32), &bytes)
+            .expect("no faults injected here");
+        let memo = &mut self.parsed[rank];
+        if memo.len() == 8 {
+            memo.pop_front();
+        }
+        memo.push_back((bytes, self.mine[rank].clone()));
+    }
+
+    /// An atomic replacement of `rank`'s record; the writer's own cache sees it at once
+    /// (close-to-open on its own client).
     fn publish(&mut self, rank: usize, now: u64, f: impl FnOnce(&mut RankRecord)) {
-        f(&mut self.truth[rank]);
-        self.truth[rank].seq += 1;
-        self.cache[rank][rank] = Some((now, self.truth[rank].clone()));
-        self.writes += 1;
+        self.at(now);
+        f(&mut self.mine[rank]);
+        self.mine[rank].seq += 1;
+        self.write(rank);
     }
 
-    /// Exclusive create of `abort.json`; false when it exists (the caller adopts it).
-    fn create_abort(&mut self, by: u32, dead: u32) -> bool {
-        self.writes += 1;
-        if self.abort.is_some() {
-            return false;
-        }
-        self.abort = Some((by, dead));
-        true
+    /// A periodic heartbeat: the heartbeat thread reads the record back (another process's
+    /// nonce there would mean two claim this rank), then republishes it.
+    fn heartbeat(&mut self, rank: usize, now: u64) {
+        self.at(now);
+        let dir: &dyn SharedDir = &self.clients[rank];
+        let back = dir
+            .read(&self.layout.rank_record(1, rank as u32))
+            .expect("no faults injected here")
+            .and_then(|b| parse(&mut self.parsed[rank], b));
+        assert!(back.is_some_and(|b| b.nonce == self.mine[rank].nonce));
+        self.publish(rank, now, |_| {});
+    }
+
+    /// Exclusive create of `abort.json` by `by`; false when it exists (the caller adopts
+    /// it, as read back from the file).
+    fn create_abort(&mut self, by: u32, dead: u32, now: u64) -> bool {
+        self.at(now);
+        let dir: &dyn SharedDir = &self.clients[by as usize];
+        let path = self.layout.abort(1);
+        let created = dir
+            .create_new_json(&path, &json!({ "by": by, "dead": dead }))
+            .expect("no faults injected here");
+        let v: Value = dir
+            .read_json(&path)
+            .expect("no faults injected here")
+            .expect("exists now");
+        let field = |k: &str| v[k].as_u64().expect("written above") as u32;
+        let first = (field("by"), field("dead"));
+        assert!(self.abort.is_none_or(|a| a == first), "abort.json changed");
+        self.abort = Some(first);
+        created
     }
 
     /// The records `observer` watches, as it reads them now (`Node::poll_cluster`): rank 0
-    /// reads every rank's, a worker only rank 0's (the others are `None`). A cached copy
-    /// younger than the attribute cache lifetime is returned as it is.
+    /// reads every rank's, a worker only rank 0's (the others are `None`); its own is its
+    /// own copy. A copy its client fetched less than the attribute cache lifetime ago is
+    /// what it reads.
     fn read_watched(&mut self, observer: usize, now: u64) -> Vec<Option<RankRecord>> {
-        let n = self.truth.len();
-        (0..n)
+        self.at(now);
+        let dir: &dyn SharedDir = &self.clients[observer];
+        (0..self.mine.len())
             .map(|r| {
-                if observer != 0 && r != 0 && r != observer {
+                if r == observer {
+                    return Some(self.mine[r].clone());
+                }
+                if observer != 0 && r != 0 {
                     return None;
                 }
-                let fresh = match &self.cache[observer][r] {
-                    Some((at, rec))
-                        if r == observer || now.saturating_sub(*at) < self.lifetime_ms =>
-                    {
-                        rec.clone()
-                    }
-                    _ => {
-                        self.reads += 1;
-                        let rec = self.truth[r].clone();
-                        self.cache[observer][r] = Some((now, rec.clone()));
-                        rec
-                    }
-                };
-                Some(fresh)
+                let bytes = dir
+                    .read(&self.layout.rank_record(1, r as u32))
+                    .expect("no faults injected here")?;
+                parse(&mut self.parsed[r], bytes)
             })
             .collect()
+    }
+
+    /// Whether every rank's record truly (on the server, not in a cache) says it arrived
+    /// at barrier k: the first ranks that have not. Arrivals only move forwards, so once
+    /// all have arrived at k that is remembered.
+    fn not_arrived(&mut self, k: u64) -> Vec<usize> {
+        let k_ = k as usize;
+        if self.all_arrived.len() <= k_ {
+            self.all_arrived.resize(k_ + 1, false);
+        }
+        if self.all_arrived[k_] {
+            return Vec::new();
+        }
+        let missing: Vec<usize> = (0..self.mine.len())
+            .filter(|&q| {
+                let bytes = self
+                    .world
+                    .content(&self.layout.rank_record(1, q as u32))
+                    .expect("every rank wrote its record");
+                let rec: RankRecord = serde_json::from_slice(&bytes).expect("complete");
+                !rec.arrived_at(k)
+            })
+            .collect();
+        self.all_arrived[k_] = missing.is_empty();
+        missing
+    }
+
+    /// Operations that reached the server, from every client.
+    fn server(&self) -> OpCounts {
+        self.world.server_counts()
     }
 }
 
@@ -157,7 +281,7 @@ struct Sim {
     mutations: Mutations,
     rng: Rng,
     now: u64,
-    dir: SharedDir,
+    dir: Directory,
     k: Vec<u64>,
     step: Vec<Step>,
     /// Heartbeat interval and dead-after, in ms; each node's clock rate in ppm of true time.
@@ -215,7 +339,7 @@ impl Sim {
             mutations,
             rng,
             now: 0,
-            dir: SharedDir::new(n, lifetime_ms),
+            dir: Directory::new(n, lifetime_ms),
             k: vec![1; n],
             step: vec![Step::Arrive; n],
             heartbeat_ms,
@@ -345,8 +469,8 @@ impl Sim {
             steps: self.steps,
             faults: self.faults,
             checks: self.checks,
-            reads: self.dir.reads,
-            writes: self.dir.writes,
+            reads: self.dir.server().get(OpClass::Read),
+            writes: self.dir.server().get(OpClass::Write),
             sim_ms: self.now,
             node_ms: self.now * self.n as u64,
             deaths: u64::from(self.dir.abort.is_some()),
@@ -405,7 +529,7 @@ impl Sim {
             if local >= self.next_beat[r] {
                 self.next_beat[r] = local + self.heartbeat_ms;
                 let now = self.now;
-                self.dir.publish(r, now, |_| {});
+                self.dir.heartbeat(r, now);
             }
         }
     }
@@ -504,7 +628,7 @@ impl Sim {
     /// really stopped for about dead-after may be declared dead.
     fn declare_dead(&mut self, r: usize, q: usize, seed: u64) -> Result<(), Violation> {
         let now = self.now;
-        let created = self.dir.create_abort(r as u32, q as u32);
+        let created = self.dir.create_abort(r as u32, q as u32, now);
         let (by, dead) = self.dir.abort.expect("exists now");
         self.note(format!(
             "rank {r} finds rank {q} dead{}",
@@ -550,9 +674,7 @@ impl Sim {
     /// against the directory's true content.
     fn pass(&mut self, r: usize, k: u64, broadcast: &Value, seed: u64) -> Result<(), Violation> {
         self.checks += 1;
-        let not_arrived: Vec<usize> = (0..self.n)
-            .filter(|&q| !self.dir.truth[q].arrived_at(k))
-            .collect();
+        let not_arrived = self.dir.not_arrived(k);
         if !not_arrived.is_empty() {
             return Err(self.violation(
                 seed,
