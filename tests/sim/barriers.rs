@@ -295,6 +295,9 @@ struct Sim {
     frozen_until: Vec<u64>,
     /// When each node last had a turn (simulated time).
     last_turn: Vec<u64>,
+    /// Until when each node is busy computing (the figures' slow rank): its heartbeat
+    /// runs, it does not poll.
+    busy_until: Vec<u64>,
     /// What rank 0 broadcast for each barrier (index k).
     broadcast: Vec<Option<Value>>,
     trace: VecDeque<String>,
@@ -350,6 +353,7 @@ impl Sim {
             freezes: vec![Vec::new(); n],
             frozen_until: vec![0; n],
             last_turn: vec![0; n],
+            busy_until: vec![0; n],
             broadcast: vec![None; barriers as usize + 1],
             trace: VecDeque::new(),
             steps: 0,
@@ -814,4 +818,296 @@ impl Summary {
             self.writes,
         )
     }
+}
+
+/// The settings of the operation figures: the node's default timing (heartbeat 5 s, poll
+/// 1 s, dead-after 60 s) and NFS's default attribute cache (`acregmin` 3 s).
+#[derive(Debug, Clone, Copy)]
+pub struct OpsSettings {
+    pub lifetime_ms: u64,
+    pub heartbeat_ms: u64,
+    pub poll_ms: u64,
+    pub dead_after_ms: u64,
+    /// Barriers run back to back for the per-barrier figures.
+    pub barriers: u64,
+    /// How long every node waits at a barrier for the slow rank, for the idle figures.
+    pub idle_s: u64,
+}
+
+impl Default for OpsSettings {
+    fn default() -> OpsSettings {
+        OpsSettings {
+            lifetime_ms: 3_000,
+            heartbeat_ms: 5_000,
+            poll_ms: 1_000,
+            dead_after_ms: 60_000,
+            barriers: 4,
+            idle_s: 60,
+        }
+    }
+}
+
+/// Client-side (by class, as the real store counts) and server-side operations.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Ops {
+    pub client: OpCounts,
+    pub server: OpCounts,
+}
+
+impl std::ops::Sub for Ops {
+    type Output = Ops;
+    fn sub(self, o: Ops) -> Ops {
+        Ops {
+            client: self.client - o.client,
+            server: self.server - o.server,
+        }
+    }
+}
+
+/// Shared-directory operations of one cluster of `n` nodes, per node: per barrier (back
+/// to back) and per second of waiting at a barrier for a slow rank; rank 0 (the master)
+/// and the workers (averaged) apart.
+#[derive(Debug, Clone)]
+pub struct OpsFigures {
+    pub n: usize,
+    /// Simulated time a barrier took.
+    pub barrier_ms: f64,
+    /// Per barrier: the master's, all workers' (summed), over `barriers` barriers.
+    pub master_barriers: Ops,
+    pub workers_barriers: Ops,
+    pub barriers: u64,
+    /// Over `idle_s` seconds: the master's, and the waiting workers' summed (every worker
+    /// but the slow one).
+    pub master_idle: Ops,
+    pub workers_idle: Ops,
+    pub waiting_workers: u64,
+    pub idle_s: u64,
+}
+
+impl Sim {
+    /// A cluster for the figures: no randomness, exact clocks, the given timing.
+    fn for_figures(n: usize, barriers: u64, s: OpsSettings) -> Sim {
+        let mut sim = Sim::new(0, n, barriers, Mutations::default());
+        sim.dir = Directory::new(n, s.lifetime_ms);
+        sim.heartbeat_ms = s.heartbeat_ms;
+        sim.dead_after_ms = s.dead_after_ms;
+        sim.rate_ppm = vec![1_000_000; n];
+        sim.liveness = (0..n)
+            .map(|_| Liveness::new(Duration::from_millis(s.dead_after_ms)))
+            .collect();
+        sim
+    }
+
+    /// One poll interval: heartbeats, then every node that is not busy polls and acts, in
+    /// rank order.
+    fn tick(&mut self, poll_ms: u64) -> Result<(), Violation> {
+        self.now += poll_ms;
+        self.heartbeats();
+        for r in 0..self.n {
+            if self.live(r) && self.busy_until[r] <= self.now {
+                self.act(r, 0)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn ops(&self, r: usize) -> Ops {
+        Ops {
+            client: self.dir.clients[r].counts(),
+            server: self.dir.clients[r].server_counts(),
+        }
+    }
+
+    fn ops_of(&self, ranks: impl Iterator<Item = usize>) -> Ops {
+        let mut sum = Ops::default();
+        for r in ranks {
+            let o = self.ops(r);
+            sum.client += o.client;
+            sum.server += o.server;
+        }
+        sum
+    }
+}
+
+/// The figures for a cluster of `n` (at least 3) nodes.
+pub fn ops_figures(n: usize, s: OpsSettings) -> Result<OpsFigures, Violation> {
+    assert!(n >= 3, "a master, a waiting worker and a slow one");
+    let mut sim = Sim::for_figures(n, s.barriers + 1, s);
+    let bound = sim.now + 1_000 * s.dead_after_ms;
+    // Barriers back to back.
+    let (m0, w0, t0) = (sim.ops(0), sim.ops_of(1..n), sim.now);
+    while sim.k.iter().any(|&k| k <= s.barriers) {
+        sim.tick(s.poll_ms)?;
+        assert!(sim.now < bound, "the barriers did not end: {:?}", sim.step);
+    }
+    let (m1, w1, t1) = (sim.ops(0), sim.ops_of(1..n), sim.now);
+    // The last rank computes for the whole window; the others arrive and wait for it.
+    let slow = n - 1;
+    sim.busy_until[slow] = sim.now + 1_000 * s.idle_s + 2 * s.poll_ms;
+    sim.tick(s.poll_ms)?;
+    assert!((0..slow).all(|r| sim.step[r] == Step::Wait));
+    let (m2, w2) = (sim.ops(0), sim.ops_of(1..slow));
+    for _ in 0..1_000 * s.idle_s / s.poll_ms {
+        sim.tick(s.poll_ms)?;
+    }
+    let (m3, w3) = (sim.ops(0), sim.ops_of(1..slow));
+    assert!(
+        (0..slow).all(|r| sim.step[r] == Step::Wait),
+        "still waiting"
+    );
+    Ok(OpsFigures {
+        n,
+        barrier_ms: (t1 - t0) as f64 / s.barriers as f64,
+        master_barriers: m1 - m0,
+        workers_barriers: w1 - w0,
+        barriers: s.barriers,
+        master_idle: m3 - m2,
+        workers_idle: w3 - w2,
+        waiting_workers: (slow - 1) as u64,
+        idle_s: s.idle_s,
+    })
+}
+
+impl OpsFigures {
+    /// Per node: (master per barrier, worker per barrier, master per idle second, worker
+    /// per idle second), each as (client by class, server) divided out.
+    fn rows(&self) -> [(&'static str, &'static str, Ops, f64); 4] {
+        let b = self.barriers as f64;
+        let w = (self.n - 1) as f64;
+        let i = self.idle_s as f64;
+        [
+            ("per barrier", "master", self.master_barriers, b),
+            ("per barrier", "worker", self.workers_barriers, b * w),
+            ("per idle second", "master", self.master_idle, i),
+            (
+                "per idle second",
+                "worker",
+                self.workers_idle,
+                i * self.waiting_workers as f64,
+            ),
+        ]
+    }
+
+    pub fn per(&self, what: &str, role: &str) -> (f64, f64) {
+        let (_, _, ops, d) = self
+            .rows()
+            .into_iter()
+            .find(|(w, r, _, _)| *w == what && *r == role)
+            .expect("a row");
+        (ops.client.total() as f64 / d, ops.server.total() as f64 / d)
+    }
+
+    pub fn per_class(&self, what: &str, role: &str, server: bool, class: OpClass) -> f64 {
+        let (_, _, ops, d) = self
+            .rows()
+            .into_iter()
+            .find(|(w, r, _, _)| *w == what && *r == role)
+            .expect("a row");
+        let c = if server { ops.server } else { ops.client };
+        c.get(class) as f64 / d
+    }
+}
+
+fn by_class(c: OpCounts, d: f64) -> String {
+    OpClass::ALL
+        .iter()
+        .filter(|k| c.get(**k) > 0)
+        .map(|k| format!("{} {:.1}", k.name(), c.get(*k) as f64 / d))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The figures as a table (`scripts/sim --ops`).
+pub fn ops_table(figures: &[OpsFigures], s: OpsSettings) -> String {
+    let mut out = format!(
+        "Shared-directory operations per node (client side by class, as the real store counts them; server: what reached the NFS server past the caches).\n\
+         Attribute and negative-lookup cache {} ms, heartbeat {} ms, poll {} ms; {} barriers back to back; an idle stretch of {} s at a barrier waiting for one slow rank.\n",
+        s.lifetime_ms, s.heartbeat_ms, s.poll_ms, s.barriers, s.idle_s
+    );
+    for what in ["per barrier", "per idle second"] {
+        out += &format!("\n{what}:\n");
+        out += &format!(
+            "{:>6}  {:<6}  {:>8}  {:>8}  client by class\n",
+            "nodes", "role", "client", "server"
+        );
+        for f in figures {
+            for (w, role, ops, d) in f.rows() {
+                if w != what {
+                    continue;
+                }
+                out += &format!(
+                    "{:>6}  {:<6}  {:>8.1}  {:>8.1}  {}\n",
+                    f.n,
+                    role,
+                    ops.client.total() as f64 / d,
+                    ops.server.total() as f64 / d,
+                    by_class(ops.client, d)
+                );
+            }
+        }
+    }
+    out += "\nsimulated time per barrier:";
+    for f in figures {
+        out += &format!(" {} nodes {:.1} s;", f.n, f.barrier_ms / 1_000.0);
+    }
+    out.pop();
+    out.push('\n');
+    out
+}
+
+/// What the figures say about scaling, checked on small clusters: a worker's operations
+/// (per barrier and per idle second) do not grow with the cluster, the master's per idle
+/// second grow linearly (one record per worker), and the server sees each worker record
+/// once per attribute-cache lifetime.
+#[test]
+fn a_workers_operations_stay_flat_and_the_masters_grow_linearly() {
+    let s = OpsSettings {
+        idle_s: 30,
+        ..OpsSettings::default()
+    };
+    let f: Vec<OpsFigures> = [4, 8, 16]
+        .into_iter()
+        .map(|n| ops_figures(n, s).map_err(|v| v.to_string()).unwrap())
+        .collect();
+    let close = |a: f64, b: f64, tol: f64| (a - b).abs() <= tol * b.abs().max(1e-9);
+    for what in ["per barrier", "per idle second"] {
+        let w: Vec<(f64, f64)> = f.iter().map(|f| f.per(what, "worker")).collect();
+        assert!(
+            w.iter()
+                .all(|x| close(x.0, w[0].0, 0.05) && close(x.1, w[0].1, 0.05)),
+            "a worker's operations {what} grow with the cluster: {w:?}"
+        );
+    }
+    let m: Vec<f64> = f
+        .iter()
+        .map(|f| f.per("per idle second", "master").0)
+        .collect();
+    let (slope_a, slope_b) = ((m[1] - m[0]) / 4.0, (m[2] - m[1]) / 8.0);
+    assert!(
+        slope_a > 0.5 && close(slope_b, slope_a, 0.05),
+        "the master's idle operations per second are not linear in the workers: {m:?}"
+    );
+    // Every idle second the master reads every worker's record (open, stat, read: 3
+    // operations); the server sees that once per cache lifetime (3 s), plus the master's
+    // own read-back every heartbeat (5 s).
+    for f in &f {
+        let reads = f.per_class("per idle second", "master", true, OpClass::Read);
+        let expected = (f.n - 1) as f64 / 3.0 + 0.2;
+        assert!(
+            close(reads, expected, 0.1),
+            "{} nodes: {reads} server reads/s, expected {expected}",
+            f.n
+        );
+        let client_reads = f.per_class("per idle second", "master", false, OpClass::Read);
+        assert!(
+            close(client_reads, (f.n - 1) as f64 + 0.2, 0.05),
+            "{} nodes: {client_reads}",
+            f.n
+        );
+    }
+    let table = ops_table(&f, s);
+    assert!(
+        table.contains("per idle second") && table.lines().count() > 10,
+        "{table}"
+    );
 }
