@@ -14,7 +14,7 @@
 //! complete content.
 
 pub mod fs;
-// pub mod sim;
+pub mod sim;
 
 pub use fs::{
     create_new, create_new_json, fsync_dir, overwrite_in_place, publish, publish_json,

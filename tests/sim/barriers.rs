@@ -39,12 +39,17 @@
 //! Crashes, restarts, generations and fencing are the other scenario's (`crashes.rs`).
 
 use super::Violation;
+use rl_node::layout::Layout;
 use rl_node::protocol::barrier::{Barrier, Mutation, Progress};
 use rl_node::protocol::liveness::Mutation as LivenessMutation;
 use rl_node::protocol::{AbortInfo, AbortKind, Liveness, Mark, NodeState, RankRecord};
 use rl_node::rng::SplitMix64 as Rng;
+use rl_node::store::sim::{SimClient, SimWorld};
+use rl_node::store::{OpClass, OpCounts, SharedDir};
 use serde_json::{json, Value};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 fn record(rank: u32) -> RankRecord {
@@ -59,76 +64,195 @@ fn record(rank: u32) -> RankRecord {
 /// `abort.json`'s content: the rank that created it and the dead rank it names.
 type Abort = (u32, u32);
 
-/// The shared directory: each rank's record as it truly is, and each node's cached copy
-/// of every record with the time it was fetched.
-struct SharedDir {
-    truth: Vec<RankRecord>,
-    cache: Vec<Vec<Option<(u64, RankRecord)>>>,
-    /// `abort.json`: who created it and the dead rank it names. Nobody polls it: it only
-    /// decides which of two concurrent detections is the cause (the first creator).
+/// The shared directory: one simulated NFS server (`SimWorld`) and one client per node
+/// (`SimClient`, with the run's attribute and negative-lookup cache lifetime), on the
+/// simulation's time. Records live where the real node keeps them
+/// (`<root>/.rl-node/gen-1/rank-R.json`), are published as the node's heartbeat thread
+/// publishes them (a durable atomic replacement of the JSON) and read as `poll_cluster`
+/// reads them (a read and a parse); `abort.json` is created exclusively. The clients count
+/// every operation as the real store does.
+struct Directory {
+    world: Arc<SimWorld>,
+    clients: Vec<SimClient>,
+    /// Simulated time in ms, which the clients' caches age by.
+    clock: Arc<AtomicU64>,
+    layout: Layout,
+    /// What each rank last published: its heartbeat thread's copy of its own record.
+    mine: Vec<RankRecord>,
+    /// `abort.json` as it was created: who created it and the dead rank it names. Nobody
+    /// polls it: it only decides which of two concurrent detections is the cause (the
+    /// first creator).
     abort: Option<Abort>,
     lifetime_ms: u64,
-    reads: u64,
-    writes: u64,
+    /// Barriers every rank is known (from the true content) to have arrived at.
+    all_arrived: Vec<bool>,
+    /// Each rank's record versions parsed lately, with their bytes: every read gets the
+    /// bytes, but the same bytes are parsed once (the debug build's serde is slow).
+    parsed: Vec<VecDeque<(Vec<u8>, RankRecord)>>,
 }
 
-impl SharedDir {
-    fn new(n: usize, lifetime_ms: u64) -> SharedDir {
-        SharedDir {
-            truth: (0..n as u32).map(record).collect(),
-            cache: vec![vec![None; n]; n],
+/// A record's bytes parsed (`None`: unparsable), through `memo`, the last few versions.
+fn parse(memo: &mut VecDeque<(Vec<u8>, RankRecord)>, bytes: Vec<u8>) -> Option<RankRecord> {
+    if let Some((_, rec)) = memo.iter().find(|(b, _)| *b == bytes) {
+        return Some(rec.clone());
+    }
+    let rec: RankRecord = serde_json::from_slice(&bytes).ok()?;
+    if memo.len() == 8 {
+        memo.pop_front();
+    }
+    memo.push_back((bytes, rec.clone()));
+    Some(rec)
+}
+
+impl Directory {
+    fn new(n: usize, lifetime_ms: u64) -> Directory {
+        let world = SimWorld::new();
+        let layout = Layout::new("/sim-run");
+        world
+            .create_dir_all(layout.rank_record(1, 0).parent().expect("in a directory"))
+            .expect("set up");
+        let clock = Arc::new(AtomicU64::new(0));
+        let lifetime = Duration::from_millis(lifetime_ms);
+        let clients = (0..n)
+            .map(|_| {
+                let c = clock.clone();
+                world.client(
+                    move || Duration::from_millis(c.load(Ordering::Relaxed)),
+                    lifetime,
+                    lifetime,
+                )
+            })
+            .collect();
+        let mut dir = Directory {
+            world,
+            clients,
+            clock,
+            layout,
+            mine: (0..n as u32).map(record).collect(),
             abort: None,
             lifetime_ms,
-            reads: 0,
-            writes: 0,
+            all_arrived: Vec::new(),
+            parsed: vec![VecDeque::new(); n],
+        };
+        // Each node writes its record once before the barriers (the join does).
+        for r in 0..n {
+            dir.write(r);
         }
+        dir
     }
 
-    /// An atomic replacement of `rank`'s record (write a temporary file, rename); the
-    /// writer's own cache sees it at once (close-to-open on its own client).
+    fn at(&self, now: u64) {
+        self.clock.store(now, Ordering::Relaxed);
+    }
+
+    fn write(&mut self, rank: usize) {
+        // `publish_json`'s bytes (pretty JSON and a newline) in its durable publish, kept
+        // with the record: the heartbeat's read-back finds them without a parse.
+        let mut bytes = serde_json::to_vec_pretty(&self.mine[rank]).expect("serializable");
+        bytes.push(b'\n');
+        let dir: &dyn SharedDir = &self.clients[rank];
+        dir.publish(&self.layout.rank_record(1, rank as u32), &bytes)
+            .expect("no faults injected here");
+        let memo = &mut self.parsed[rank];
+        if memo.len() == 8 {
+            memo.pop_front();
+        }
+        memo.push_back((bytes, self.mine[rank].clone()));
+    }
+
+    /// An atomic replacement of `rank`'s record; the writer's own cache sees it at once
+    /// (close-to-open on its own client).
     fn publish(&mut self, rank: usize, now: u64, f: impl FnOnce(&mut RankRecord)) {
-        f(&mut self.truth[rank]);
-        self.truth[rank].seq += 1;
-        self.cache[rank][rank] = Some((now, self.truth[rank].clone()));
-        self.writes += 1;
+        self.at(now);
+        f(&mut self.mine[rank]);
+        self.mine[rank].seq += 1;
+        self.write(rank);
     }
 
-    /// Exclusive create of `abort.json`; false when it exists (the caller adopts it).
-    fn create_abort(&mut self, by: u32, dead: u32) -> bool {
-        self.writes += 1;
-        if self.abort.is_some() {
-            return false;
-        }
-        self.abort = Some((by, dead));
-        true
+    /// A periodic heartbeat: the heartbeat thread reads the record back (another process's
+    /// nonce there would mean two claim this rank), then republishes it.
+    fn heartbeat(&mut self, rank: usize, now: u64) {
+        self.at(now);
+        let dir: &dyn SharedDir = &self.clients[rank];
+        let back = dir
+            .read(&self.layout.rank_record(1, rank as u32))
+            .expect("no faults injected here")
+            .and_then(|b| parse(&mut self.parsed[rank], b));
+        assert!(back.is_some_and(|b| b.nonce == self.mine[rank].nonce));
+        self.publish(rank, now, |_| {});
+    }
+
+    /// Exclusive create of `abort.json` by `by`; false when it exists (the caller adopts
+    /// it, as read back from the file).
+    fn create_abort(&mut self, by: u32, dead: u32, now: u64) -> bool {
+        self.at(now);
+        let dir: &dyn SharedDir = &self.clients[by as usize];
+        let path = self.layout.abort(1);
+        let created = dir
+            .create_new_json(&path, &json!({ "by": by, "dead": dead }))
+            .expect("no faults injected here");
+        let v: Value = dir
+            .read_json(&path)
+            .expect("no faults injected here")
+            .expect("exists now");
+        let field = |k: &str| v[k].as_u64().expect("written above") as u32;
+        let first = (field("by"), field("dead"));
+        assert!(self.abort.is_none_or(|a| a == first), "abort.json changed");
+        self.abort = Some(first);
+        created
     }
 
     /// The records `observer` watches, as it reads them now (`Node::poll_cluster`): rank 0
-    /// reads every rank's, a worker only rank 0's (the others are `None`). A cached copy
-    /// younger than the attribute cache lifetime is returned as it is.
+    /// reads every rank's, a worker only rank 0's (the others are `None`); its own is its
+    /// own copy. A copy its client fetched less than the attribute cache lifetime ago is
+    /// what it reads.
     fn read_watched(&mut self, observer: usize, now: u64) -> Vec<Option<RankRecord>> {
-        let n = self.truth.len();
-        (0..n)
+        self.at(now);
+        let dir: &dyn SharedDir = &self.clients[observer];
+        (0..self.mine.len())
             .map(|r| {
-                if observer != 0 && r != 0 && r != observer {
+                if r == observer {
+                    return Some(self.mine[r].clone());
+                }
+                if observer != 0 && r != 0 {
                     return None;
                 }
-                let fresh = match &self.cache[observer][r] {
-                    Some((at, rec))
-                        if r == observer || now.saturating_sub(*at) < self.lifetime_ms =>
-                    {
-                        rec.clone()
-                    }
-                    _ => {
-                        self.reads += 1;
-                        let rec = self.truth[r].clone();
-                        self.cache[observer][r] = Some((now, rec.clone()));
-                        rec
-                    }
-                };
-                Some(fresh)
+                let bytes = dir
+                    .read(&self.layout.rank_record(1, r as u32))
+                    .expect("no faults injected here")?;
+                parse(&mut self.parsed[r], bytes)
             })
             .collect()
+    }
+
+    /// Whether every rank's record truly (on the server, not in a cache) says it arrived
+    /// at barrier k: the first ranks that have not. Arrivals only move forwards, so once
+    /// all have arrived at k that is remembered.
+    fn not_arrived(&mut self, k: u64) -> Vec<usize> {
+        let k_ = k as usize;
+        if self.all_arrived.len() <= k_ {
+            self.all_arrived.resize(k_ + 1, false);
+        }
+        if self.all_arrived[k_] {
+            return Vec::new();
+        }
+        let missing: Vec<usize> = (0..self.mine.len())
+            .filter(|&q| {
+                let bytes = self
+                    .world
+                    .content(&self.layout.rank_record(1, q as u32))
+                    .expect("every rank wrote its record");
+                let rec: RankRecord = serde_json::from_slice(&bytes).expect("complete");
+                !rec.arrived_at(k)
+            })
+            .collect();
+        self.all_arrived[k_] = missing.is_empty();
+        missing
+    }
+
+    /// Operations that reached the server, from every client.
+    fn server(&self) -> OpCounts {
+        self.world.server_counts()
     }
 }
 
@@ -157,7 +281,7 @@ struct Sim {
     mutations: Mutations,
     rng: Rng,
     now: u64,
-    dir: SharedDir,
+    dir: Directory,
     k: Vec<u64>,
     step: Vec<Step>,
     /// Heartbeat interval and dead-after, in ms; each node's clock rate in ppm of true time.
@@ -171,6 +295,9 @@ struct Sim {
     frozen_until: Vec<u64>,
     /// When each node last had a turn (simulated time).
     last_turn: Vec<u64>,
+    /// Until when each node is busy computing (the figures' slow rank): its heartbeat
+    /// runs, it does not poll.
+    busy_until: Vec<u64>,
     /// What rank 0 broadcast for each barrier (index k).
     broadcast: Vec<Option<Value>>,
     trace: VecDeque<String>,
@@ -215,7 +342,7 @@ impl Sim {
             mutations,
             rng,
             now: 0,
-            dir: SharedDir::new(n, lifetime_ms),
+            dir: Directory::new(n, lifetime_ms),
             k: vec![1; n],
             step: vec![Step::Arrive; n],
             heartbeat_ms,
@@ -226,6 +353,7 @@ impl Sim {
             freezes: vec![Vec::new(); n],
             frozen_until: vec![0; n],
             last_turn: vec![0; n],
+            busy_until: vec![0; n],
             broadcast: vec![None; barriers as usize + 1],
             trace: VecDeque::new(),
             steps: 0,
@@ -345,8 +473,8 @@ impl Sim {
             steps: self.steps,
             faults: self.faults,
             checks: self.checks,
-            reads: self.dir.reads,
-            writes: self.dir.writes,
+            reads: self.dir.server().get(OpClass::Read),
+            writes: self.dir.server().get(OpClass::Write),
             sim_ms: self.now,
             node_ms: self.now * self.n as u64,
             deaths: u64::from(self.dir.abort.is_some()),
@@ -405,7 +533,7 @@ impl Sim {
             if local >= self.next_beat[r] {
                 self.next_beat[r] = local + self.heartbeat_ms;
                 let now = self.now;
-                self.dir.publish(r, now, |_| {});
+                self.dir.heartbeat(r, now);
             }
         }
     }
@@ -504,7 +632,7 @@ impl Sim {
     /// really stopped for about dead-after may be declared dead.
     fn declare_dead(&mut self, r: usize, q: usize, seed: u64) -> Result<(), Violation> {
         let now = self.now;
-        let created = self.dir.create_abort(r as u32, q as u32);
+        let created = self.dir.create_abort(r as u32, q as u32, now);
         let (by, dead) = self.dir.abort.expect("exists now");
         self.note(format!(
             "rank {r} finds rank {q} dead{}",
@@ -550,9 +678,7 @@ impl Sim {
     /// against the directory's true content.
     fn pass(&mut self, r: usize, k: u64, broadcast: &Value, seed: u64) -> Result<(), Violation> {
         self.checks += 1;
-        let not_arrived: Vec<usize> = (0..self.n)
-            .filter(|&q| !self.dir.truth[q].arrived_at(k))
-            .collect();
+        let not_arrived = self.dir.not_arrived(k);
         if !not_arrived.is_empty() {
             return Err(self.violation(
                 seed,
@@ -692,4 +818,296 @@ impl Summary {
             self.writes,
         )
     }
+}
+
+/// The settings of the operation figures: the node's default timing (heartbeat 5 s, poll
+/// 1 s, dead-after 60 s) and NFS's default attribute cache (`acregmin` 3 s).
+#[derive(Debug, Clone, Copy)]
+pub struct OpsSettings {
+    pub lifetime_ms: u64,
+    pub heartbeat_ms: u64,
+    pub poll_ms: u64,
+    pub dead_after_ms: u64,
+    /// Barriers run back to back for the per-barrier figures.
+    pub barriers: u64,
+    /// How long every node waits at a barrier for the slow rank, for the idle figures.
+    pub idle_s: u64,
+}
+
+impl Default for OpsSettings {
+    fn default() -> OpsSettings {
+        OpsSettings {
+            lifetime_ms: 3_000,
+            heartbeat_ms: 5_000,
+            poll_ms: 1_000,
+            dead_after_ms: 60_000,
+            barriers: 4,
+            idle_s: 60,
+        }
+    }
+}
+
+/// Client-side (by class, as the real store counts) and server-side operations.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Ops {
+    pub client: OpCounts,
+    pub server: OpCounts,
+}
+
+impl std::ops::Sub for Ops {
+    type Output = Ops;
+    fn sub(self, o: Ops) -> Ops {
+        Ops {
+            client: self.client - o.client,
+            server: self.server - o.server,
+        }
+    }
+}
+
+/// Shared-directory operations of one cluster of `n` nodes, per node: per barrier (back
+/// to back) and per second of waiting at a barrier for a slow rank; rank 0 (the master)
+/// and the workers (averaged) apart.
+#[derive(Debug, Clone)]
+pub struct OpsFigures {
+    pub n: usize,
+    /// Simulated time a barrier took.
+    pub barrier_ms: f64,
+    /// Per barrier: the master's, all workers' (summed), over `barriers` barriers.
+    pub master_barriers: Ops,
+    pub workers_barriers: Ops,
+    pub barriers: u64,
+    /// Over `idle_s` seconds: the master's, and the waiting workers' summed (every worker
+    /// but the slow one).
+    pub master_idle: Ops,
+    pub workers_idle: Ops,
+    pub waiting_workers: u64,
+    pub idle_s: u64,
+}
+
+impl Sim {
+    /// A cluster for the figures: no randomness, exact clocks, the given timing.
+    fn for_figures(n: usize, barriers: u64, s: OpsSettings) -> Sim {
+        let mut sim = Sim::new(0, n, barriers, Mutations::default());
+        sim.dir = Directory::new(n, s.lifetime_ms);
+        sim.heartbeat_ms = s.heartbeat_ms;
+        sim.dead_after_ms = s.dead_after_ms;
+        sim.rate_ppm = vec![1_000_000; n];
+        sim.liveness = (0..n)
+            .map(|_| Liveness::new(Duration::from_millis(s.dead_after_ms)))
+            .collect();
+        sim
+    }
+
+    /// One poll interval: heartbeats, then every node that is not busy polls and acts, in
+    /// rank order.
+    fn tick(&mut self, poll_ms: u64) -> Result<(), Violation> {
+        self.now += poll_ms;
+        self.heartbeats();
+        for r in 0..self.n {
+            if self.live(r) && self.busy_until[r] <= self.now {
+                self.act(r, 0)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn ops(&self, r: usize) -> Ops {
+        Ops {
+            client: self.dir.clients[r].counts(),
+            server: self.dir.clients[r].server_counts(),
+        }
+    }
+
+    fn ops_of(&self, ranks: impl Iterator<Item = usize>) -> Ops {
+        let mut sum = Ops::default();
+        for r in ranks {
+            let o = self.ops(r);
+            sum.client += o.client;
+            sum.server += o.server;
+        }
+        sum
+    }
+}
+
+/// The figures for a cluster of `n` (at least 3) nodes.
+pub fn ops_figures(n: usize, s: OpsSettings) -> Result<OpsFigures, Violation> {
+    assert!(n >= 3, "a master, a waiting worker and a slow one");
+    let mut sim = Sim::for_figures(n, s.barriers + 1, s);
+    let bound = sim.now + 1_000 * s.dead_after_ms;
+    // Barriers back to back.
+    let (m0, w0, t0) = (sim.ops(0), sim.ops_of(1..n), sim.now);
+    while sim.k.iter().any(|&k| k <= s.barriers) {
+        sim.tick(s.poll_ms)?;
+        assert!(sim.now < bound, "the barriers did not end: {:?}", sim.step);
+    }
+    let (m1, w1, t1) = (sim.ops(0), sim.ops_of(1..n), sim.now);
+    // The last rank computes for the whole window; the others arrive and wait for it.
+    let slow = n - 1;
+    sim.busy_until[slow] = sim.now + 1_000 * s.idle_s + 2 * s.poll_ms;
+    sim.tick(s.poll_ms)?;
+    assert!((0..slow).all(|r| sim.step[r] == Step::Wait));
+    let (m2, w2) = (sim.ops(0), sim.ops_of(1..slow));
+    for _ in 0..1_000 * s.idle_s / s.poll_ms {
+        sim.tick(s.poll_ms)?;
+    }
+    let (m3, w3) = (sim.ops(0), sim.ops_of(1..slow));
+    assert!(
+        (0..slow).all(|r| sim.step[r] == Step::Wait),
+        "still waiting"
+    );
+    Ok(OpsFigures {
+        n,
+        barrier_ms: (t1 - t0) as f64 / s.barriers as f64,
+        master_barriers: m1 - m0,
+        workers_barriers: w1 - w0,
+        barriers: s.barriers,
+        master_idle: m3 - m2,
+        workers_idle: w3 - w2,
+        waiting_workers: (slow - 1) as u64,
+        idle_s: s.idle_s,
+    })
+}
+
+impl OpsFigures {
+    /// Per node: (master per barrier, worker per barrier, master per idle second, worker
+    /// per idle second), each as (client by class, server) divided out.
+    fn rows(&self) -> [(&'static str, &'static str, Ops, f64); 4] {
+        let b = self.barriers as f64;
+        let w = (self.n - 1) as f64;
+        let i = self.idle_s as f64;
+        [
+            ("per barrier", "master", self.master_barriers, b),
+            ("per barrier", "worker", self.workers_barriers, b * w),
+            ("per idle second", "master", self.master_idle, i),
+            (
+                "per idle second",
+                "worker",
+                self.workers_idle,
+                i * self.waiting_workers as f64,
+            ),
+        ]
+    }
+
+    pub fn per(&self, what: &str, role: &str) -> (f64, f64) {
+        let (_, _, ops, d) = self
+            .rows()
+            .into_iter()
+            .find(|(w, r, _, _)| *w == what && *r == role)
+            .expect("a row");
+        (ops.client.total() as f64 / d, ops.server.total() as f64 / d)
+    }
+
+    pub fn per_class(&self, what: &str, role: &str, server: bool, class: OpClass) -> f64 {
+        let (_, _, ops, d) = self
+            .rows()
+            .into_iter()
+            .find(|(w, r, _, _)| *w == what && *r == role)
+            .expect("a row");
+        let c = if server { ops.server } else { ops.client };
+        c.get(class) as f64 / d
+    }
+}
+
+fn by_class(c: OpCounts, d: f64) -> String {
+    OpClass::ALL
+        .iter()
+        .filter(|k| c.get(**k) > 0)
+        .map(|k| format!("{} {:.1}", k.name(), c.get(*k) as f64 / d))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The figures as a table (`scripts/sim --ops`).
+pub fn ops_table(figures: &[OpsFigures], s: OpsSettings) -> String {
+    let mut out = format!(
+        "Shared-directory operations per node (client side by class, as the real store counts them; server: what reached the NFS server past the caches).\n\
+         Attribute and negative-lookup cache {} ms, heartbeat {} ms, poll {} ms; {} barriers back to back; an idle stretch of {} s at a barrier waiting for one slow rank.\n",
+        s.lifetime_ms, s.heartbeat_ms, s.poll_ms, s.barriers, s.idle_s
+    );
+    for what in ["per barrier", "per idle second"] {
+        out += &format!("\n{what}:\n");
+        out += &format!(
+            "{:>6}  {:<6}  {:>8}  {:>8}  client by class\n",
+            "nodes", "role", "client", "server"
+        );
+        for f in figures {
+            for (w, role, ops, d) in f.rows() {
+                if w != what {
+                    continue;
+                }
+                out += &format!(
+                    "{:>6}  {:<6}  {:>8.1}  {:>8.1}  {}\n",
+                    f.n,
+                    role,
+                    ops.client.total() as f64 / d,
+                    ops.server.total() as f64 / d,
+                    by_class(ops.client, d)
+                );
+            }
+        }
+    }
+    out += "\nsimulated time per barrier:";
+    for f in figures {
+        out += &format!(" {} nodes {:.1} s;", f.n, f.barrier_ms / 1_000.0);
+    }
+    out.pop();
+    out.push('\n');
+    out
+}
+
+/// What the figures say about scaling, checked on small clusters: a worker's operations
+/// (per barrier and per idle second) do not grow with the cluster, the master's per idle
+/// second grow linearly (one record per worker), and the server sees each worker record
+/// once per attribute-cache lifetime.
+#[test]
+fn a_workers_operations_stay_flat_and_the_masters_grow_linearly() {
+    let s = OpsSettings {
+        idle_s: 30,
+        ..OpsSettings::default()
+    };
+    let f: Vec<OpsFigures> = [4, 8, 16]
+        .into_iter()
+        .map(|n| ops_figures(n, s).map_err(|v| v.to_string()).unwrap())
+        .collect();
+    let close = |a: f64, b: f64, tol: f64| (a - b).abs() <= tol * b.abs().max(1e-9);
+    for what in ["per barrier", "per idle second"] {
+        let w: Vec<(f64, f64)> = f.iter().map(|f| f.per(what, "worker")).collect();
+        assert!(
+            w.iter()
+                .all(|x| close(x.0, w[0].0, 0.05) && close(x.1, w[0].1, 0.05)),
+            "a worker's operations {what} grow with the cluster: {w:?}"
+        );
+    }
+    let m: Vec<f64> = f
+        .iter()
+        .map(|f| f.per("per idle second", "master").0)
+        .collect();
+    let (slope_a, slope_b) = ((m[1] - m[0]) / 4.0, (m[2] - m[1]) / 8.0);
+    assert!(
+        slope_a > 0.5 && close(slope_b, slope_a, 0.05),
+        "the master's idle operations per second are not linear in the workers: {m:?}"
+    );
+    // Every idle second the master reads every worker's record (open, stat, read: 3
+    // operations); the server sees that once per cache lifetime (3 s), plus the master's
+    // own read-back every heartbeat (5 s).
+    for f in &f {
+        let reads = f.per_class("per idle second", "master", true, OpClass::Read);
+        let expected = (f.n - 1) as f64 / 3.0 + 0.2;
+        assert!(
+            close(reads, expected, 0.1),
+            "{} nodes: {reads} server reads/s, expected {expected}",
+            f.n
+        );
+        let client_reads = f.per_class("per idle second", "master", false, OpClass::Read);
+        assert!(
+            close(client_reads, (f.n - 1) as f64 + 0.2, 0.05),
+            "{} nodes: {client_reads}",
+            f.n
+        );
+    }
+    let table = ops_table(&f, s);
+    assert!(
+        table.contains("per idle second") && table.lines().count() > 10,
+        "{table}"
+    );
 }

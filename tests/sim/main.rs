@@ -69,6 +69,23 @@ pub fn nodes_for(seed: u64, max: u64) -> usize {
     1 + (seed % max) as usize
 }
 
+/// `scripts/sim --ops`: shared-directory operations per node per barrier and per idle
+/// second at 16, 64, 256 and 1,024 nodes (SIM_OPS_NODES: another comma-separated list).
+#[test]
+#[ignore]
+fn ops_figures() {
+    let nodes: Vec<usize> = std::env::var("SIM_OPS_NODES")
+        .ok()
+        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![16, 64, 256, 1_024]);
+    let s = barriers::OpsSettings::default();
+    let figures: Vec<_> = nodes
+        .iter()
+        .map(|&n| barriers::ops_figures(n, s).unwrap_or_else(|v| panic!("{n} nodes: {v}")))
+        .collect();
+    print!("{}", barriers::ops_table(&figures, s));
+}
+
 /// `scripts/sim`: SIM_FIRST_SEED, SIM_SEEDS, SIM_NODES (the largest cluster; seeds spread
 /// 1..=SIM_NODES nodes), SIM_SCENARIO (barriers, crashes or leases; empty: all). Prints a
 /// summary of each scenario run, or the failing seed with its trace.

@@ -1,0 +1,1562 @@
+//! A simulated shared directory: one directory tree in memory (the server's true content,
+//! [`SimWorld`]) seen by many clients ([`SimClient`], one per simulated node), each with the
+//! caches of an NFS client, on simulated time. Deterministic: no threads, no real clock.
+//!
+//! What a client models:
+//! - **Attribute cache** (`actimeo`): a read or `stat` of a path this client fetched (or
+//!   wrote) less than the attribute lifetime ago is answered from its cache, possibly
+//!   stale; after that it asks the server again.
+//! - **Negative lookup cache** (`lookupcache`): a lookup that found nothing less than the
+//!   negative lifetime ago still says "not found", even if another client created the
+//!   file since.
+//! - **Its own writes** update its own cache at once (close-to-open on its own client).
+//! - **Mutations** always reach the server and act on the true content there: `rename`
+//!   within a directory is atomic, `create_new` is exclusive across clients (a hard link of
+//!   a temporary file, the first wins), `rename_noreplace` never replaces, errors are the
+//!   OS's (a missing parent is `NotFound`, `create_dir` on an existing path
+//!   `AlreadyExists`, ...). Files are inodes behind names, so a hard link and an in-place
+//!   overwrite behave as they do on a real filesystem.
+//!
+//! Counts: [`SharedDir::counts`] is what the client did, counted exactly as
+//! [`super::Fs`] counts the same call (so figures from the two compare);
+//! [`SimClient::server_counts`] and [`SimWorld::server_counts`] are the operations that
+//! reached the server (cache misses and every mutation), which is what loads an NFS server.
+//!
+//! Faults the simulator can inject: the next N operations of a class (or of any class)
+//! fail with an error kind or errno ([`SimClient::fail_next`]); each call takes a simulated
+//! latency ([`SimClient::set_latency`]); an append lands only a prefix of its bytes
+//! ([`SimClient::tear_next_append`]); and a client's machine crashes
+//! ([`SimClient::crash`]): what it wrote without a sync since the file was last synced
+//! (appends with `sync = false`, non-durable publishes) is lost from the world: such a
+//! file falls back to its last synced content, a non-durable publish to what the name
+//! held durably before it, and a file never synced is gone.
+//!
+//! Simplifications: a read or stat whose attributes are still valid costs the server
+//! nothing (a real client with close-to-open consistency sends a GETATTR on each open
+//! unless mounted `nocto`); `read_dir` always asks the server; there are no symlinks.
+
+use super::{Kind, Meta, OpClass, OpCounts, SharedDir};
+use crate::clock::{Clock, SimClock};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ffi::OsString;
+use std::io::{self, Write};
+use std::ops::Bound;
+use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// What a directory entry names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Entry {
+    Dir,
+    File(u64),
+}
+
+/// A file's content: what readers see now, what survives a crash (`None`: the file is
+/// gone after a crash), and the clients whose unsynced writes make the difference.
+#[derive(Debug, Default)]
+struct Inode {
+    data: Vec<u8>,
+    durable: Option<Vec<u8>>,
+    unsynced: BTreeSet<u64>,
+    links: u32,
+}
+
+#[derive(Debug)]
+struct World {
+    entries: BTreeMap<PathBuf, Entry>,
+    inodes: HashMap<u64, Inode>,
+    next_ino: u64,
+    next_client: u64,
+    server: OpCounts,
+}
+
+fn errno(e: i32) -> io::Error {
+    io::Error::from_raw_os_error(e)
+}
+
+/// `path` absolute and without `.` components (`..` is not resolved: nothing uses it).
+fn norm(path: &Path) -> PathBuf {
+    let mut out = PathBuf::from("/");
+    for c in path.components() {
+        match c {
+            Component::Normal(s) => out.push(s),
+            Component::ParentDir => out.push(".."),
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    out
+}
+
+impl World {
+    /// `dir` and every directory above it exist (the errors of a path walk otherwise).
+    fn walk(&self, dir: &Path) -> io::Result<()> {
+        let mut ancestors: Vec<&Path> = dir.ancestors().collect();
+        ancestors.reverse();
+        for a in ancestors {
+            match self.entries.get(a) {
+                Some(Entry::Dir) => {}
+                Some(Entry::File(_)) => return Err(errno(libc::ENOTDIR)),
+                None => return Err(errno(libc::ENOENT)),
+            }
+        }
+        Ok(())
+    }
+
+    /// What `path` names: `Ok(None)` when its directory exists but it does not.
+    fn lookup(&self, path: &Path) -> io::Result<Option<Entry>> {
+        if let Some(parent) = path.parent() {
+            self.walk(parent)?;
+        }
+        Ok(self.entries.get(path).copied())
+    }
+
+    fn data(&self, ino: u64) -> &[u8] {
+        &self.inodes[&ino].data
+    }
+
+    /// Open `path` for writing, creating it (empty) if it does not exist; `truncate`
+    /// empties an existing one.
+    fn open_create(&mut self, path: &Path, truncate: bool) -> io::Result<u64> {
+        match self.lookup(path)? {
+            Some(Entry::Dir) => Err(errno(libc::EISDIR)),
+            Some(Entry::File(ino)) => {
+                if truncate {
+                    self.inodes.get_mut(&ino).expect("linked").data.clear();
+                }
+                Ok(ino)
+            }
+            None => {
+                self.next_ino += 1;
+                let ino = self.next_ino;
+                self.inodes.insert(
+                    ino,
+                    Inode {
+                        links: 1,
+                        ..Inode::default()
+                    },
+                );
+                self.entries.insert(path.to_path_buf(), Entry::File(ino));
+                Ok(ino)
+            }
+        }
+    }
+
+    /// `O_CREAT | O_EXCL`.
+    fn create_excl(&mut self, path: &Path) -> io::Result<u64> {
+        if self.lookup(path)?.is_some() {
+            return Err(errno(libc::EEXIST));
+        }
+        self.open_create(path, false)
+    }
+
+    /// Write to a file as `client` without syncing.
+    fn write(&mut self, ino: u64, client: u64, f: impl FnOnce(&mut Vec<u8>)) {
+        let inode = self.inodes.get_mut(&ino).expect("open file");
+        f(&mut inode.data);
+        inode.unsynced.insert(client);
+    }
+
+    fn sync(&mut self, ino: u64) {
+        let inode = self.inodes.get_mut(&ino).expect("open file");
+        inode.durable = Some(inode.data.clone());
+        inode.unsynced.clear();
+    }
+
+    fn drop_link(&mut self, ino: u64) {
+        let inode = self.inodes.get_mut(&ino).expect("linked");
+        inode.links -= 1;
+        if inode.links == 0 {
+            self.inodes.remove(&ino);
+        }
+    }
+
+    fn unlink(&mut self, path: &Path) -> io::Result<()> {
+        match self.lookup(path)? {
+            None => Err(errno(libc::ENOENT)),
+            Some(Entry::Dir) => Err(errno(libc::EISDIR)),
+            Some(Entry::File(ino)) => {
+                self.entries.remove(path);
+                self.drop_link(ino);
+                Ok(())
+            }
+        }
+    }
+
+    fn hard_link(&mut self, src: &Path, dst: &Path) -> io::Result<()> {
+        let ino = match self.lookup(src)? {
+            None => return Err(errno(libc::ENOENT)),
+            Some(Entry::Dir) => return Err(errno(libc::EPERM)),
+            Some(Entry::File(ino)) => ino,
+        };
+        if self.lookup(dst)?.is_some() {
+            return Err(errno(libc::EEXIST));
+        }
+        self.entries.insert(dst.to_path_buf(), Entry::File(ino));
+        self.inodes.get_mut(&ino).expect("linked").links += 1;
+        Ok(())
+    }
+
+    /// The paths strictly below `dir`.
+    fn below(&self, dir: &Path) -> Vec<PathBuf> {
+        self.entries
+            .range::<Path, _>((Bound::Excluded(dir), Bound::Unbounded))
+            .map(|(p, _)| p)
+            .take_while(|p| p.starts_with(dir))
+            .cloned()
+            .collect()
+    }
+
+    /// `rename(2)`, or `renameat2(RENAME_NOREPLACE)`: atomic, with the OS's errors.
+    fn rename(&mut self, src: &Path, dst: &Path, noreplace: bool) -> io::Result<()> {
+        let s = self.lookup(src)?.ok_or_else(|| errno(libc::ENOENT))?;
+        let d = self.lookup(dst)?;
+        if noreplace && d.is_some() {
+            return Err(errno(libc::EEXIST));
+        }
+        if src == dst {
+            return Ok(());
+        }
+        if s == Entry::Dir && dst.starts_with(src) {
+            return Err(errno(libc::EINVAL));
+        }
+        match (s, d) {
+            (_, None) => {}
+            (Entry::File(a), Some(Entry::File(b))) if a == b => return Ok(()),
+            (Entry::File(a), Some(Entry::File(b))) => {
+                // Replacing a file with one never synced (a live publish): after a crash
+                // the name holds what it durably held before.
+                if self.inodes[&a].durable.is_none() {
+                    let before = self.inodes[&b].durable.clone();
+                    self.inodes.get_mut(&a).expect("linked").durable = before;
+                }
+                self.entries.remove(dst);
+                self.drop_link(b);
+            }
+            (Entry::File(_), Some(Entry::Dir)) => return Err(errno(libc::EISDIR)),
+            (Entry::Dir, Some(Entry::File(_))) => return Err(errno(libc::ENOTDIR)),
+            (Entry::Dir, Some(Entry::Dir)) => {
+                if !self.below(dst).is_empty() {
+                    return Err(errno(libc::ENOTEMPTY));
+                }
+                self.entries.remove(dst);
+            }
+        }
+        let mut moved = self.below(src);
+        moved.push(src.to_path_buf());
+        for p in moved {
+            let e = self.entries.remove(&p).expect("listed");
+            let to = dst.join(p.strip_prefix(src).expect("below"));
+            self.entries.insert(norm(&to), e);
+        }
+        Ok(())
+    }
+
+    fn mkdir(&mut self, path: &Path) -> io::Result<()> {
+        if self.lookup(path)?.is_some() {
+            return Err(errno(libc::EEXIST));
+        }
+        self.entries.insert(path.to_path_buf(), Entry::Dir);
+        Ok(())
+    }
+
+    /// `std::fs::create_dir_all`.
+    fn mkdir_all(&mut self, path: &Path) -> io::Result<()> {
+        match self.lookup(path) {
+            Ok(Some(Entry::Dir)) => Ok(()),
+            Ok(Some(Entry::File(_))) => Err(errno(libc::EEXIST)),
+            Ok(None) => self.mkdir(path),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                self.mkdir_all(path.parent().expect("the root exists"))?;
+                self.mkdir(path)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<OsString>> {
+        match self.lookup(dir)? {
+            None => Err(errno(libc::ENOENT)),
+            Some(Entry::File(_)) => Err(errno(libc::ENOTDIR)),
+            Some(Entry::Dir) => Ok(self
+                .below(dir)
+                .into_iter()
+                .filter(|p| p.parent() == Some(dir))
+                .map(|p| p.file_name().expect("named").to_os_string())
+                .collect()),
+        }
+    }
+
+    fn crash(&mut self, client: u64) {
+        let mut gone = Vec::new();
+        for (ino, inode) in self.inodes.iter_mut() {
+            if inode.unsynced.remove(&client) {
+                inode.unsynced.clear();
+                match &inode.durable {
+                    Some(d) => inode.data = d.clone(),
+                    None => gone.push(*ino),
+                }
+            }
+        }
+        if !gone.is_empty() {
+            self.entries
+                .retain(|_, e| !matches!(e, Entry::File(i) if gone.contains(i)));
+            for ino in gone {
+                self.inodes.remove(&ino);
+            }
+        }
+    }
+}
+
+/// The shared directory's true content, as its server holds it. Shared by the clients
+/// (`Arc<SimWorld>`); its own methods are the simulator's view and count nothing.
+#[derive(Debug)]
+pub struct SimWorld {
+    inner: Mutex<World>,
+}
+
+impl SimWorld {
+    /// An empty tree (only `/`).
+    pub fn new() -> Arc<SimWorld> {
+        let mut entries = BTreeMap::new();
+        entries.insert(PathBuf::from("/"), Entry::Dir);
+        Arc::new(SimWorld {
+            inner: Mutex::new(World {
+                entries,
+                inodes: HashMap::new(),
+                next_ino: 0,
+                next_client: 0,
+                server: OpCounts::default(),
+            }),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, World> {
+        self.inner.lock().unwrap()
+    }
+
+    /// A client on simulated time `now` (its cache ages by it) with the given attribute
+    /// cache and negative-lookup cache lifetimes (NFS's `actimeo` and `lookupcache`: 0 to
+    /// 60 s; zero caches nothing).
+    pub fn client(
+        self: &Arc<Self>,
+        now: impl Fn() -> Duration + Send + Sync + 'static,
+        attr_lifetime: Duration,
+        negative_lifetime: Duration,
+    ) -> SimClient {
+        let id = {
+            let mut w = self.lock();
+            w.next_client += 1;
+            w.next_client
+        };
+        SimClient {
+            id,
+            world: self.clone(),
+            now: Box::new(now),
+            clock: None,
+            attr_lifetime,
+            negative_lifetime,
+            state: Mutex::new(ClientState::default()),
+        }
+    }
+
+    /// A client on `clock`'s time, which its calls' latency advances.
+    pub fn client_with_clock(
+        self: &Arc<Self>,
+        clock: Arc<SimClock>,
+        attr_lifetime: Duration,
+        negative_lifetime: Duration,
+    ) -> SimClient {
+        let c = clock.clone();
+        let mut client = self.client(move || c.since_start(), attr_lifetime, negative_lifetime);
+        client.clock = Some(clock);
+        client
+    }
+
+    /// Make `path` and the directories above it (setting up a run, uncounted).
+    pub fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        self.lock().mkdir_all(&norm(path))
+    }
+
+    /// A file's true content now (`None`: no file there).
+    pub fn content(&self, path: &Path) -> Option<Vec<u8>> {
+        let w = self.lock();
+        match w.lookup(&norm(path)) {
+            Ok(Some(Entry::File(ino))) => Some(w.data(ino).to_vec()),
+            _ => None,
+        }
+    }
+
+    /// What a file would hold after every client crashed now (`None`: it would be gone).
+    pub fn durable_content(&self, path: &Path) -> Option<Vec<u8>> {
+        let w = self.lock();
+        match w.lookup(&norm(path)) {
+            Ok(Some(Entry::File(ino))) => w.inodes[&ino].durable.clone(),
+            _ => None,
+        }
+    }
+
+    /// The names in a directory, sorted.
+    pub fn list(&self, dir: &Path) -> io::Result<Vec<OsString>> {
+        self.lock().list(&norm(dir))
+    }
+
+    /// Every operation that reached the server, from all clients.
+    pub fn server_counts(&self) -> OpCounts {
+        self.lock().server
+    }
+}
+
+/// What a client has cached about a path.
+#[derive(Debug, Clone)]
+enum Cached {
+    File(Vec<u8>),
+    Dir,
+}
+
+impl Cached {
+    fn meta(&self) -> Meta {
+        match self {
+            Cached::File(d) => Meta {
+                len: d.len() as u64,
+                kind: Kind::File,
+            },
+            Cached::Dir => Meta {
+                len: 4096,
+                kind: Kind::Dir,
+            },
+        }
+    }
+}
+
+/// How an injected fault fails: an error kind, or an errno (`libc::ENOSPC` surfaces as
+/// `StorageFull`, `libc::EIO` as an I/O error), as the OS would return it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultError {
+    Kind(io::ErrorKind),
+    Errno(i32),
+}
+
+impl FaultError {
+    fn error(self) -> io::Error {
+        match self {
+            FaultError::Kind(k) => io::Error::new(k, "injected fault"),
+            FaultError::Errno(e) => errno(e),
+        }
+    }
+}
+
+impl From<io::ErrorKind> for FaultError {
+    fn from(k: io::ErrorKind) -> FaultError {
+        FaultError::Kind(k)
+    }
+}
+
+#[derive(Debug)]
+struct Fault {
+    class: Option<OpClass>,
+    left: u64,
+    error: FaultError,
+}
+
+#[derive(Debug, Default)]
+struct ClientState {
+    attr: HashMap<PathBuf, (Duration, Cached)>,
+    negative: HashMap<PathBuf, Duration>,
+    counts: OpCounts,
+    server: OpCounts,
+    faults: Vec<Fault>,
+    latency: Duration,
+    latency_spent: Duration,
+    tear: Option<usize>,
+    tmp: u64,
+}
+
+/// One simulated node's view of the shared directory (an NFS client).
+pub struct SimClient {
+    id: u64,
+    world: Arc<SimWorld>,
+    now: Box<dyn Fn() -> Duration + Send + Sync>,
+    clock: Option<Arc<SimClock>>,
+    attr_lifetime: Duration,
+    negative_lifetime: Duration,
+    state: Mutex<ClientState>,
+}
+
+impl std::fmt::Debug for SimClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.debug_struct("SimClient")
+            .field("id", &self.id)
+            .field("attr_lifetime", &self.attr_lifetime)
+            .field("negative_lifetime", &self.negative_lifetime)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SimClient {
+    /// This client's number in its world (what [`Inode::unsynced`] records).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub fn world(&self) -> &Arc<SimWorld> {
+        &self.world
+    }
+
+    /// What this client's calls made the server do (cache misses and every mutation).
+    pub fn server_counts(&self) -> OpCounts {
+        self.state.lock().unwrap().server
+    }
+
+    /// The next `n` operations of `class` (of any class: `None`) on this client fail with
+    /// `error`. Operations are the system calls [`SharedDir::counts`] counts; a call
+    /// whose operation fails gives up as the real one does (a publish removes its
+    /// temporary file).
+    pub fn fail_next(&self, class: Option<OpClass>, n: u64, error: impl Into<FaultError>) {
+        self.state.lock().unwrap().faults.push(Fault {
+            class,
+            left: n,
+            error: error.into(),
+        });
+    }
+
+    /// Each call from now on takes `latency` of simulated time: it advances this client's
+    /// clock when it has one ([`SimWorld::client_with_clock`]) and adds to
+    /// [`SimClient::latency_spent`] either way.
+    pub fn set_latency(&self, latency: Duration) {
+        self.state.lock().unwrap().latency = latency;
+    }
+
+    /// Simulated time this client's calls have taken so far.
+    pub fn latency_spent(&self) -> Duration {
+        self.state.lock().unwrap().latency_spent
+    }
+
+    /// The next append lands only its first `prefix` bytes (unsynced) and fails with EIO,
+    /// as a write cut short by a killed process or machine.
+    pub fn tear_next_append(&self, prefix: usize) {
+        self.state.lock().unwrap().tear = Some(prefix);
+    }
+
+    /// This client's machine crashes: every file it wrote without a sync since that file
+    /// was last synced falls back to its last synced content (a non-durable publish to
+    /// what the name held durably before; a file never synced is gone), and its caches
+    /// are gone. Pending faults and the latency stay.
+    pub fn crash(&self) {
+        let mut st = self.state.lock().unwrap();
+        st.attr.clear();
+        st.negative.clear();
+        st.tear = None;
+        self.world.lock().crash(self.id);
+    }
+
+    /// Forget everything cached (as `echo 3 > drop_caches` would).
+    pub fn drop_caches(&self) {
+        let mut st = self.state.lock().unwrap();
+        st.attr.clear();
+        st.negative.clear();
+    }
+
+    fn begin(&self) -> Call<'_> {
+        let mut st = self.state.lock().unwrap();
+        if !st.latency.is_zero() {
+            let l = st.latency;
+            st.latency_spent += l;
+            if let Some(clock) = &self.clock {
+                clock.advance(l);
+            }
+        }
+        let now = (self.now)();
+        let w = self.world.lock();
+        Call {
+            client: self,
+            st,
+            w,
+            now,
+        }
+    }
+}
+
+/// One call in progress: the client's state and the world, both locked.
+struct Call<'a> {
+    client: &'a SimClient,
+    st: MutexGuard<'a, ClientState>,
+    w: MutexGuard<'a, World>,
+    now: Duration,
+}
+
+impl Call<'_> {
+    fn fault(&mut self, class: OpClass) -> io::Result<()> {
+        let hit = self
+            .st
+            .faults
+            .iter_mut()
+            .find(|f| f.left > 0 && f.class.is_none_or(|c| c == class));
+        let result = match hit {
+            Some(f) => {
+                f.left -= 1;
+                Err(f.error.error())
+            }
+            None => Ok(()),
+        };
+        self.st.faults.retain(|f| f.left > 0);
+        result
+    }
+
+    /// One operation that reaches the server.
+    fn op(&mut self, class: OpClass) -> io::Result<()> {
+        self.st.counts.add(class, 1);
+        self.st.server.add(class, 1);
+        self.w.server.add(class, 1);
+        self.fault(class)
+    }
+
+    /// One operation answered from this client's cache.
+    fn cached(&mut self, class: OpClass) -> io::Result<()> {
+        self.st.counts.add(class, 1);
+        self.fault(class)
+    }
+
+    /// What the cache says about `path` now: `None` to ask the server, `Some(None)` for a
+    /// fresh negative entry, `Some(Some(..))` for fresh attributes (and content).
+    fn fresh(&self, path: &Path) -> Option<Option<Cached>> {
+        if let Some(at) = self.st.negative.get(path) {
+            if self.now.saturating_sub(*at) < self.client.negative_lifetime {
+                return Some(None);
+            }
+        }
+        match self.st.attr.get(path) {
+            Some((at, c)) if self.now.saturating_sub(*at) < self.client.attr_lifetime => {
+                Some(Some(c.clone()))
+            }
+            _ => None,
+        }
+    }
+
+    /// Cache what the server said about `path` (or what this client just wrote there).
+    fn remember(&mut self, path: &Path, what: Option<Cached>) {
+        let now = self.now;
+        match what {
+            Some(c) => {
+                self.st.negative.remove(path);
+                self.st.attr.insert(path.to_path_buf(), (now, c));
+            }
+            None => {
+                self.st.attr.remove(path);
+                self.st.negative.insert(path.to_path_buf(), now);
+            }
+        }
+    }
+
+    /// Drop what is cached about `path` and below it.
+    fn forget(&mut self, path: &Path) {
+        self.st.attr.retain(|p, _| !p.starts_with(path));
+        self.st.negative.retain(|p, _| !p.starts_with(path));
+    }
+
+    /// Cache `path` as the server has it now.
+    fn refresh(&mut self, path: &Path) {
+        let what = match self.w.lookup(path) {
+            Ok(Some(Entry::File(ino))) => Some(Cached::File(self.w.data(ino).to_vec())),
+            Ok(Some(Entry::Dir)) => Some(Cached::Dir),
+            _ => None,
+        };
+        self.forget(path);
+        if let Some(c) = what {
+            self.remember(path, Some(c));
+        }
+    }
+
+    fn tmp_name(&mut self, path: &Path) -> PathBuf {
+        self.st.tmp += 1;
+        let name = path.file_name().and_then(|s| s.to_str()).unwrap_or("file");
+        path.with_file_name(format!(".{name}.tmp-sim{}-{}", self.client.id, self.st.tmp))
+    }
+
+    /// Remove a temporary file after a failure (an error doing so leaves it, as it does
+    /// for the real store).
+    fn remove_tmp(&mut self, tmp: &Path) {
+        if self.op(OpClass::Unlink).is_ok() {
+            let _ = self.w.unlink(tmp);
+        }
+    }
+
+    /// [`super::fs::fsync_dir`]: best effort where the directory cannot be opened.
+    fn fsync_dir(&mut self, dir: &Path) -> io::Result<()> {
+        let opened = self
+            .op(OpClass::Open)
+            .and_then(|()| match self.w.lookup(dir)? {
+                Some(_) => Ok(()),
+                None => Err(errno(libc::ENOENT)),
+            });
+        match opened {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+            Ok(()) => {}
+        }
+        match self.op(OpClass::Fsync) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Ok(()),
+            other => other,
+        }
+    }
+
+    fn publish(
+        &mut self,
+        path: &Path,
+        tmp: &Path,
+        durable: bool,
+        write: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
+    ) -> io::Result<Vec<u8>> {
+        let id = self.client.id;
+        self.op(OpClass::Open)?;
+        let ino = self.w.open_create(tmp, true)?;
+        self.op(OpClass::Write)?;
+        let mut buf = Vec::new();
+        write(&mut buf)?;
+        self.w.write(ino, id, |d| d.clone_from(&buf));
+        if durable {
+            self.op(OpClass::Fsync)?;
+            self.w.sync(ino);
+        }
+        self.op(OpClass::Rename)?;
+        self.w.rename(tmp, path, false)?;
+        if durable {
+            if let Some(dir) = path.parent() {
+                self.fsync_dir(dir)?;
+            }
+        }
+        Ok(buf)
+    }
+
+    /// Write `bytes` to a new temporary file and fsync it (`create_new`'s first step).
+    fn write_tmp(&mut self, tmp: &Path, bytes: &[u8]) -> io::Result<()> {
+        let id = self.client.id;
+        self.op(OpClass::Open)?;
+        let ino = self.w.open_create(tmp, true)?;
+        self.op(OpClass::Write)?;
+        self.w.write(ino, id, |d| d.extend_from_slice(bytes));
+        self.op(OpClass::Fsync)?;
+        self.w.sync(ino);
+        Ok(())
+    }
+
+    /// `O_EXCL` create of `path` with `bytes`, fsynced (`create_new` without hard links).
+    fn create_excl(&mut self, path: &Path, bytes: &[u8]) -> io::Result<bool> {
+        let id = self.client.id;
+        self.op(OpClass::Open)?;
+        let ino = match self.w.create_excl(path) {
+            Ok(ino) => ino,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        self.op(OpClass::Write)?;
+        self.w.write(ino, id, |d| d.extend_from_slice(bytes));
+        self.op(OpClass::Fsync)?;
+        self.w.sync(ino);
+        self.remember(path, Some(Cached::File(bytes.to_vec())));
+        Ok(true)
+    }
+
+    /// [`super::fs`]'s `create_dir_all`: a stat, and a mkdir per missing level.
+    fn create_dir_all(&mut self, path: &Path) -> io::Result<()> {
+        match self.fresh(path) {
+            Some(Some(Cached::Dir)) => return self.cached(OpClass::Stat),
+            _ => self.op(OpClass::Stat)?,
+        }
+        if self.w.lookup(path).ok().flatten() == Some(Entry::Dir) {
+            self.remember(path, Some(Cached::Dir));
+            return Ok(());
+        }
+        let missing = path
+            .ancestors()
+            .take_while(|a| !matches!(self.w.lookup(a), Ok(Some(_))))
+            .count();
+        for _ in 0..missing.max(1) {
+            self.op(OpClass::Mkdir)?;
+        }
+        self.w.mkdir_all(path)?;
+        self.remember(path, Some(Cached::Dir));
+        Ok(())
+    }
+
+    fn stat(&mut self, path: &Path) -> io::Result<Option<Meta>> {
+        if let Some(fresh) = self.fresh(path) {
+            self.cached(OpClass::Stat)?;
+            return Ok(fresh.map(|c| c.meta()));
+        }
+        self.op(OpClass::Stat)?;
+        let what = match self.w.lookup(path) {
+            Ok(Some(Entry::File(ino))) => Some(Cached::File(self.w.data(ino).to_vec())),
+            Ok(Some(Entry::Dir)) => Some(Cached::Dir),
+            Ok(None) => None,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e),
+        };
+        let meta = what.as_ref().map(Cached::meta);
+        self.remember(path, what);
+        Ok(meta)
+    }
+}
+
+impl SharedDir for SimClient {
+    fn read(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
+        let path = norm(path);
+        let mut c = self.begin();
+        match c.fresh(&path) {
+            Some(None) => {
+                c.cached(OpClass::Open)?;
+                return Ok(None);
+            }
+            Some(Some(Cached::File(data))) => {
+                c.cached(OpClass::Open)?;
+                c.cached(OpClass::Stat)?;
+                c.cached(OpClass::Read)?;
+                return Ok(Some(data));
+            }
+            Some(Some(Cached::Dir)) => {
+                c.cached(OpClass::Open)?;
+                return Err(errno(libc::EISDIR));
+            }
+            None => {}
+        }
+        c.op(OpClass::Open)?;
+        match c.w.lookup(&path) {
+            Ok(None) => {
+                c.remember(&path, None);
+                Ok(None)
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                c.remember(&path, None);
+                Ok(None)
+            }
+            Err(e) => Err(e),
+            Ok(Some(Entry::Dir)) => {
+                c.remember(&path, Some(Cached::Dir));
+                Err(errno(libc::EISDIR))
+            }
+            Ok(Some(Entry::File(ino))) => {
+                c.op(OpClass::Stat)?;
+                c.op(OpClass::Read)?;
+                let data = c.w.data(ino).to_vec();
+                c.remember(&path, Some(Cached::File(data.clone())));
+                Ok(Some(data))
+            }
+        }
+    }
+
+    fn publish_with(
+        &self,
+        path: &Path,
+        durable: bool,
+        write: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
+    ) -> io::Result<()> {
+        let path = norm(path);
+        let mut c = self.begin();
+        let tmp = c.tmp_name(&path);
+        match c.publish(&path, &tmp, durable, write) {
+            Ok(data) => {
+                c.remember(&path, Some(Cached::File(data)));
+                Ok(())
+            }
+            Err(e) => {
+                c.remove_tmp(&tmp);
+                Err(e)
+            }
+        }
+    }
+
+    fn create_new(&self, path: &Path, bytes: &[u8]) -> io::Result<bool> {
+        let path = norm(path);
+        let mut c = self.begin();
+        let tmp = c.tmp_name(&path);
+        if let Err(e) = c.write_tmp(&tmp, bytes) {
+            c.remove_tmp(&tmp);
+            return Err(e);
+        }
+        let linked = c
+            .op(OpClass::Rename)
+            .and_then(|()| c.w.hard_link(&tmp, &path));
+        c.remove_tmp(&tmp);
+        match linked {
+            Ok(()) => {
+                c.remember(&path, Some(Cached::File(bytes.to_vec())));
+                if let Some(dir) = path.parent() {
+                    c.fsync_dir(dir)?;
+                }
+                Ok(true)
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                // The server said it exists: whatever this client cached about it is wrong.
+                c.forget(&path);
+                Ok(false)
+            }
+            Err(_) => c.create_excl(&path, bytes),
+        }
+    }
+
+    fn overwrite_in_place(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        let path = norm(path);
+        let mut c = self.begin();
+        c.op(OpClass::Open)?;
+        let ino = match c.w.lookup(&path)? {
+            None => return Err(errno(libc::ENOENT)),
+            Some(Entry::Dir) => return Err(errno(libc::EISDIR)),
+            Some(Entry::File(ino)) => ino,
+        };
+        c.op(OpClass::Stat)?;
+        let old = c.w.data(ino).len();
+        // Blocks of 4 KiB, as a local filesystem or NFS allocates them.
+        let allocated = old.div_ceil(4096) * 4096;
+        if bytes.len() + 1 > old.max(allocated) {
+            return Err(io::Error::new(
+                io::ErrorKind::FileTooLarge,
+                format!(
+                    "{} bytes do not fit in the {} bytes {} has",
+                    bytes.len() + 1,
+                    old.max(allocated),
+                    path.display()
+                ),
+            ));
+        }
+        let mut bytes = bytes.to_vec();
+        bytes.resize(old.max(bytes.len() + 1) - 1, b' ');
+        bytes.push(b'\n');
+        c.op(OpClass::Write)?;
+        let id = self.id;
+        c.w.write(ino, id, |d| d.clone_from(&bytes));
+        c.op(OpClass::Fsync)?;
+        c.w.sync(ino);
+        c.remember(&path, Some(Cached::File(bytes)));
+        Ok(())
+    }
+
+    fn append(&self, path: &Path, bytes: &[u8], sync: bool) -> io::Result<()> {
+        let path = norm(path);
+        let mut c = self.begin();
+        let opened = c
+            .op(OpClass::Open)
+            .and_then(|()| c.w.open_create(&path, false));
+        let ino = match opened {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if let Some(d) = path.parent() {
+                    c.create_dir_all(d)?;
+                }
+                c.op(OpClass::Open)?;
+                c.w.open_create(&path, false)?
+            }
+            other => other?,
+        };
+        c.op(OpClass::Write)?;
+        let id = self.id;
+        if let Some(prefix) = c.st.tear.take() {
+            let part = &bytes[..prefix.min(bytes.len())];
+            c.w.write(ino, id, |d| d.extend_from_slice(part));
+            c.forget(&path);
+            return Err(errno(libc::EIO));
+        }
+        c.w.write(ino, id, |d| d.extend_from_slice(bytes));
+        if sync {
+            c.op(OpClass::Fsync)?;
+            c.w.sync(ino);
+        }
+        let data = c.w.data(ino).to_vec();
+        c.remember(&path, Some(Cached::File(data)));
+        Ok(())
+    }
+
+    fn rename(&self, src: &Path, dst: &Path) -> io::Result<()> {
+        let (src, dst) = (norm(src), norm(dst));
+        let mut c = self.begin();
+        c.op(OpClass::Rename)?;
+        c.w.rename(&src, &dst, false)?;
+        c.forget(&src);
+        c.refresh(&dst);
+        Ok(())
+    }
+
+    fn rename_noreplace(&self, src: &Path, dst: &Path) -> io::Result<()> {
+        let (src, dst) = (norm(src), norm(dst));
+        let mut c = self.begin();
+        c.op(OpClass::Rename)?;
+        match c.w.rename(&src, &dst, true) {
+            Ok(()) => {
+                c.forget(&src);
+                c.refresh(&dst);
+                Ok(())
+            }
+            Err(e) => {
+                if e.kind() == io::ErrorKind::AlreadyExists {
+                    c.forget(&dst);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn create_dir(&self, path: &Path) -> io::Result<()> {
+        let path = norm(path);
+        let mut c = self.begin();
+        c.op(OpClass::Mkdir)?;
+        match c.w.mkdir(&path) {
+            Ok(()) => {
+                c.remember(&path, Some(Cached::Dir));
+                Ok(())
+            }
+            Err(e) => {
+                c.forget(&path);
+                Err(e)
+            }
+        }
+    }
+
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        let path = norm(path);
+        self.begin().create_dir_all(&path)
+    }
+
+    fn read_dir(&self, path: &Path) -> io::Result<Vec<OsString>> {
+        let path = norm(path);
+        let mut c = self.begin();
+        c.op(OpClass::Open)?;
+        c.op(OpClass::Readdir)?;
+        c.w.list(&path)
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        let path = norm(path);
+        let mut c = self.begin();
+        c.op(OpClass::Unlink)?;
+        c.w.unlink(&path)?;
+        c.forget(&path);
+        Ok(())
+    }
+
+    fn lstat(&self, path: &Path) -> io::Result<Option<Meta>> {
+        let path = norm(path);
+        self.begin().stat(&path)
+    }
+
+    fn stat(&self, path: &Path) -> io::Result<Option<Meta>> {
+        let path = norm(path);
+        self.begin().stat(&path)
+    }
+
+    fn sync_file(&self, path: &Path) -> io::Result<()> {
+        let path = norm(path);
+        let mut c = self.begin();
+        c.op(OpClass::Open)?;
+        let entry = c.w.lookup(&path)?.ok_or_else(|| errno(libc::ENOENT))?;
+        c.op(OpClass::Fsync)?;
+        if let Entry::File(ino) = entry {
+            c.w.sync(ino);
+        }
+        Ok(())
+    }
+
+    fn fsync_dir(&self, path: &Path) -> io::Result<()> {
+        let path = norm(path);
+        self.begin().fsync_dir(&path)
+    }
+
+    fn counts(&self) -> OpCounts {
+        self.state.lock().unwrap().counts
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::SystemTime;
+
+    const S: Duration = Duration::from_secs(1);
+
+    fn clock() -> Arc<SimClock> {
+        Arc::new(SimClock::new(1.0, SystemTime::UNIX_EPOCH))
+    }
+
+    /// A world with `/run` and two clients on one clock, with these cache lifetimes.
+    fn two(
+        attr: Duration,
+        negative: Duration,
+    ) -> (Arc<SimWorld>, Arc<SimClock>, SimClient, SimClient) {
+        let world = SimWorld::new();
+        world.create_dir_all(Path::new("/run")).unwrap();
+        let t = clock();
+        let a = world.client_with_clock(t.clone(), attr, negative);
+        let b = world.client_with_clock(t.clone(), attr, negative);
+        (world, t, a, b)
+    }
+
+    fn names(world: &SimWorld, dir: &str) -> Vec<String> {
+        world
+            .list(Path::new(dir))
+            .unwrap()
+            .into_iter()
+            .map(|n| n.into_string().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_read_within_the_attribute_lifetime_is_stale_then_fresh() {
+        let (world, t, a, b) = two(3 * S, 3 * S);
+        let (a, b): (&dyn SharedDir, &dyn SharedDir) = (&a, &b);
+        let p = Path::new("/run/r.json");
+        a.publish(p, b"one").unwrap();
+        assert_eq!(b.read(p).unwrap().unwrap(), b"one");
+        t.advance(S);
+        a.publish(p, b"two").unwrap();
+        assert_eq!(
+            a.read(p).unwrap().unwrap(),
+            b"two",
+            "a client sees its own write at once"
+        );
+        let server = world.server_counts();
+        t.advance(S);
+        assert_eq!(
+            b.read(p).unwrap().unwrap(),
+            b"one",
+            "2 s after b fetched it: cached"
+        );
+        assert_eq!(
+            world.server_counts(),
+            server,
+            "a cached read costs the server nothing"
+        );
+        t.advance(S);
+        assert_eq!(
+            b.read(p).unwrap().unwrap(),
+            b"two",
+            "3 s after: fetched again"
+        );
+        assert_eq!(
+            (world.server_counts() - server).summary(),
+            "open 1, stat 1, read 1"
+        );
+        // stat answers from the same cache.
+        a.publish(p, b"three!").unwrap();
+        assert_eq!(b.stat(p).unwrap().unwrap().len, 3);
+        t.advance(3 * S);
+        assert_eq!(b.stat(p).unwrap().unwrap().len, 6);
+    }
+
+    #[test]
+    fn no_attribute_cache_reads_the_server_every_time() {
+        let (world, _t, a, b) = two(Duration::ZERO, Duration::ZERO);
+        let (a, b): (&dyn SharedDir, &dyn SharedDir) = (&a, &b);
+        let p = Path::new("/run/r.json");
+        a.publish(p, b"one").unwrap();
+        assert_eq!(b.read(p).unwrap().unwrap(), b"one");
+        a.publish(p, b"two").unwrap();
+        assert_eq!(b.read(p).unwrap().unwrap(), b"two");
+        assert_eq!(world.content(p).unwrap(), b"two");
+    }
+
+    #[test]
+    fn the_negative_cache_hides_a_file_another_client_created_until_it_expires() {
+        let (_world, t, a, b) = two(Duration::ZERO, 5 * S);
+        let (a, b): (&dyn SharedDir, &dyn SharedDir) = (&a, &b);
+        let p = Path::new("/run/abort.json");
+        assert!(b.read(p).unwrap().is_none());
+        t.advance(S);
+        assert!(a.create_new(p, b"rank 3 is dead").unwrap());
+        assert_eq!(a.read(p).unwrap().unwrap(), b"rank 3 is dead");
+        t.advance(3 * S);
+        assert!(
+            b.read(p).unwrap().is_none(),
+            "4 s after the lookup: still not found"
+        );
+        assert!(!b.exists(p));
+        t.advance(S);
+        assert_eq!(b.read(p).unwrap().unwrap(), b"rank 3 is dead");
+        assert!(b.exists(p));
+    }
+
+    #[test]
+    fn create_new_is_first_writer_wins_across_clients() {
+        let (world, _t, a, b) = two(60 * S, 60 * S);
+        let (a, b): (&dyn SharedDir, &dyn SharedDir) = (&a, &b);
+        let p = Path::new("/run/abort.json");
+        // b's cache says nothing is there: the exclusive create goes to the server anyway.
+        assert!(b.read(p).unwrap().is_none());
+        assert!(a.create_new(p, b"first").unwrap());
+        assert!(!b.create_new(p, b"second").unwrap());
+        assert!(!a.create_new(p, b"third").unwrap());
+        assert_eq!(world.content(p).unwrap(), b"first");
+        assert_eq!(
+            b.read(p).unwrap().unwrap(),
+            b"first",
+            "losing dropped b's negative entry"
+        );
+        assert_eq!(
+            names(&world, "/run"),
+            ["abort.json"],
+            "no temporary file stays"
+        );
+        // A missing directory is the OS's NotFound.
+        let e = a
+            .create_new(Path::new("/run/gen-9/abort.json"), b"x")
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn rename_noreplace_never_replaces() {
+        let (world, _t, a, b) = two(60 * S, 60 * S);
+        let (a, b): (&dyn SharedDir, &dyn SharedDir) = (&a, &b);
+        let (x, y) = (Path::new("/run/x"), Path::new("/run/y"));
+        assert!(b.read(y).unwrap().is_none());
+        a.publish(x, b"a's").unwrap();
+        a.rename_noreplace(x, y).unwrap();
+        assert!(world.content(x).is_none());
+        b.publish(x, b"b's").unwrap();
+        let e = b.rename_noreplace(x, y).unwrap_err();
+        assert_eq!(
+            e.kind(),
+            io::ErrorKind::AlreadyExists,
+            "b's negative entry does not matter"
+        );
+        assert_eq!(world.content(y).unwrap(), b"a's");
+        assert_eq!(world.content(x).unwrap(), b"b's");
+        // A plain rename replaces.
+        b.rename(x, y).unwrap();
+        assert_eq!(world.content(y).unwrap(), b"b's");
+        // Directories: not onto an empty one either; a whole tree moves.
+        a.create_dir_all(Path::new("/run/d/sub")).unwrap();
+        a.publish(Path::new("/run/d/sub/f"), b"1").unwrap();
+        a.create_dir(Path::new("/run/e")).unwrap();
+        let e = b
+            .rename_noreplace(Path::new("/run/d"), Path::new("/run/e"))
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
+        let e = b.create_dir(Path::new("/run/e")).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
+        b.rename(Path::new("/run/d"), Path::new("/run/e")).unwrap();
+        assert_eq!(world.content(Path::new("/run/e/sub/f")).unwrap(), b"1");
+        assert!(world.list(Path::new("/run/d")).is_err());
+        assert_eq!(names(&world, "/run"), ["e", "y"]);
+    }
+
+    #[test]
+    fn a_crash_loses_unsynced_writes_and_keeps_synced_ones() {
+        let (world, _t, a, b) = two(Duration::ZERO, Duration::ZERO);
+        let (ad, b): (&dyn SharedDir, &dyn SharedDir) = (&a, &b);
+        let log = Path::new("/run/journal/rank-1.jsonl");
+        ad.append(log, b"a\n", true).unwrap();
+        ad.append(log, b"b\n", false).unwrap();
+        assert_eq!(
+            b.read(log).unwrap().unwrap(),
+            b"a\nb\n",
+            "visible before the crash"
+        );
+        // A durable record, then a live (unsynced) one over it; an unsynced new file.
+        let rec = Path::new("/run/rank-1.json");
+        ad.publish(rec, b"durable").unwrap();
+        ad.publish_with(rec, false, &mut |w| w.write_all(b"live"))
+            .unwrap();
+        let new = Path::new("/run/new.json");
+        ad.publish_with(new, false, &mut |w| w.write_all(b"never synced"))
+            .unwrap();
+        // Another client's unsynced write is not a's to lose.
+        let other = Path::new("/run/b.jsonl");
+        b.append(other, b"b's\n", false).unwrap();
+        a.crash();
+        assert_eq!(b.read(log).unwrap().unwrap(), b"a\n");
+        assert_eq!(b.read(rec).unwrap().unwrap(), b"durable");
+        assert!(b.read(new).unwrap().is_none(), "never synced: gone");
+        assert_eq!(world.content(other).unwrap(), b"b's\n");
+        // Synced afterwards: survives.
+        ad.append(log, b"c\n", false).unwrap();
+        ad.sync_file(log).unwrap();
+        a.crash();
+        assert_eq!(world.content(log).unwrap(), b"a\nc\n");
+    }
+
+    #[test]
+    fn a_torn_append_lands_a_prefix() {
+        let (world, _t, a, _b) = two(Duration::ZERO, Duration::ZERO);
+        let log = Path::new("/run/journal.jsonl");
+        let ad: &dyn SharedDir = &a;
+        ad.append(log, b"{\"done\": 1}\n", true).unwrap();
+        a.tear_next_append(5);
+        let e = ad.append(log, b"{\"done\": 2}\n", true).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EIO));
+        assert_eq!(world.content(log).unwrap(), b"{\"done\": 1}\n{\"don");
+        assert_eq!(ad.read(log).unwrap().unwrap(), b"{\"done\": 1}\n{\"don");
+        // Unsynced: a crash now takes the torn part away.
+        a.crash();
+        assert_eq!(world.content(log).unwrap(), b"{\"done\": 1}\n");
+    }
+
+    #[test]
+    fn an_injected_enospc_is_storage_full_and_leaves_no_temporary_file() {
+        let (world, _t, a, b) = two(Duration::ZERO, Duration::ZERO);
+        let (ad, bd): (&dyn SharedDir, &dyn SharedDir) = (&a, &b);
+        let p = Path::new("/run/rank-0.json");
+        ad.publish(p, b"old").unwrap();
+        a.fail_next(Some(OpClass::Write), 1, FaultError::Errno(libc::ENOSPC));
+        let before = a.counts();
+        let e = ad.publish(p, b"new").unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::StorageFull, "{e}");
+        assert_eq!((a.counts() - before).summary(), "open 1, write 1, unlink 1");
+        assert_eq!(bd.read(p).unwrap().unwrap(), b"old");
+        assert_eq!(bd.read_dir(Path::new("/run")).unwrap(), ["rank-0.json"]);
+        // On the fsync of create_new's temporary file; and the fault is used up.
+        a.fail_next(Some(OpClass::Fsync), 1, FaultError::Errno(libc::ENOSPC));
+        let abort = Path::new("/run/abort.json");
+        let e = ad.create_new(abort, b"x").unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::StorageFull);
+        assert_eq!(names(&world, "/run"), ["rank-0.json"]);
+        assert!(ad.create_new(abort, b"x").unwrap());
+        // Any class: the next two operations whatever they are.
+        a.fail_next(None, 2, FaultError::Errno(libc::EIO));
+        assert!(ad.read(p).is_err());
+        assert!(ad.stat(p).is_err());
+        assert!(ad.read(p).unwrap().is_some());
+        // A failed unlink of the temporary file leaves it, as on a real filesystem.
+        a.fail_next(Some(OpClass::Rename), 1, io::ErrorKind::PermissionDenied);
+        a.fail_next(Some(OpClass::Unlink), 1, io::ErrorKind::PermissionDenied);
+        assert!(ad.publish(p, b"newer").is_err());
+        assert_eq!(names(&world, "/run").len(), 3);
+    }
+
+    #[test]
+    fn latency_advances_the_clients_clock() {
+        let (_world, t, a, _b) = two(3 * S, 3 * S);
+        let p = Path::new("/run/r");
+        let ad: &dyn SharedDir = &a;
+        ad.publish(p, b"1").unwrap();
+        a.set_latency(Duration::from_millis(1_500));
+        let server = a.server_counts();
+        assert!(ad.read(p).unwrap().is_some());
+        assert_eq!(t.true_elapsed(), Duration::from_millis(1_500));
+        assert_eq!(a.server_counts(), server, "1.5 s after its publish: cached");
+        // The publish was 3 s ago by the time of this read: it goes to the server.
+        assert!(ad.read(p).unwrap().is_some());
+        assert_eq!(t.true_elapsed(), 3 * S);
+        assert_eq!(a.latency_spent(), 3 * S);
+        assert_eq!(
+            (a.server_counts() - server).summary(),
+            "open 1, stat 1, read 1"
+        );
+    }
+
+    /// The same calls on the real store (a temporary directory) and on a simulated one
+    /// rooted at the same path give the same results and the same counts, call by call.
+    #[test]
+    fn counts_and_results_equal_the_real_stores() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().to_path_buf();
+        let world = SimWorld::new();
+        world.create_dir_all(&root).unwrap();
+        let sim = world.client(|| Duration::ZERO, 3 * S, 3 * S);
+        type Step = Box<dyn Fn(&dyn SharedDir, &Path) -> String>;
+        fn show<T: std::fmt::Debug>(r: io::Result<T>) -> String {
+            format!("{:?}", r.map_err(|e| e.kind()))
+        }
+        let meta = |m: io::Result<Option<Meta>>| {
+            show(m.map(|m| m.map(|m| (m.kind, (m.kind == Kind::File).then_some(m.len)))))
+        };
+        let steps: Vec<(&str, Step)> = vec![
+            (
+                "mkdir -p two levels",
+                Box::new(|s, r| show(s.create_dir_all(&r.join("a/b")))),
+            ),
+            (
+                "mkdir -p existing",
+                Box::new(|s, r| show(s.create_dir_all(&r.join("a/b")))),
+            ),
+            (
+                "mkdir existing",
+                Box::new(|s, r| show(s.create_dir(&r.join("a")))),
+            ),
+            (
+                "mkdir missing parent",
+                Box::new(|s, r| show(s.create_dir(&r.join("x/y")))),
+            ),
+            ("mkdir", Box::new(|s, r| show(s.create_dir(&r.join("c"))))),
+            (
+                "durable publish",
+                Box::new(|s, r| show(s.publish(&r.join("a/r.json"), b"one"))),
+            ),
+            (
+                "live publish",
+                Box::new(|s, r| {
+                    show(s.publish_with(&r.join("a/r.json"), false, &mut |w| w.write_all(b"two")))
+                }),
+            ),
+            (
+                "publish, missing dir",
+                Box::new(|s, r| show(s.publish(&r.join("x/r.json"), b"1"))),
+            ),
+            (
+                "publish, writer fails",
+                Box::new(|s, r| {
+                    show(s.publish_with(&r.join("a/r.json"), true, &mut |_| {
+                        Err(io::Error::other("no"))
+                    }))
+                }),
+            ),
+            ("read", Box::new(|s, r| show(s.read(&r.join("a/r.json"))))),
+            (
+                "read missing",
+                Box::new(|s, r| show(s.read(&r.join("a/none")))),
+            ),
+            (
+                "read missing dir",
+                Box::new(|s, r| show(s.read(&r.join("x/none")))),
+            ),
+            (
+                "read a directory",
+                Box::new(|s, r| show(s.read(&r.join("a")))),
+            ),
+            (
+                "first append",
+                Box::new(|s, r| show(s.append(&r.join("ev/rank-0.jsonl"), b"a\n", false))),
+            ),
+            (
+                "synced append",
+                Box::new(|s, r| show(s.append(&r.join("ev/rank-0.jsonl"), b"b\n", true))),
+            ),
+            (
+                "read_dir",
+                Box::new(|s, r| {
+                    show(s.read_dir(r).map(|mut v| {
+                        v.sort();
+                        v
+                    }))
+                }),
+            ),
+            (
+                "read_dir missing",
+                Box::new(|s, r| show(s.read_dir(&r.join("x")))),
+            ),
+            (
+                "read_dir of a file",
+                Box::new(|s, r| show(s.read_dir(&r.join("a/r.json")))),
+            ),
+            (
+                "lstat file",
+                Box::new(move |s, r| meta(s.lstat(&r.join("a/r.json")))),
+            ),
+            ("stat dir", Box::new(move |s, r| meta(s.stat(&r.join("a"))))),
+            (
+                "stat missing",
+                Box::new(move |s, r| meta(s.stat(&r.join("none")))),
+            ),
+            (
+                "create_new",
+                Box::new(|s, r| show(s.create_new(&r.join("a/abort.json"), b"1"))),
+            ),
+            (
+                "create_new again",
+                Box::new(|s, r| show(s.create_new(&r.join("a/abort.json"), b"2"))),
+            ),
+            (
+                "create_new missing dir",
+                Box::new(|s, r| show(s.create_new(&r.join("x/abort"), b"2"))),
+            ),
+            (
+                "rename_noreplace",
+                Box::new(|s, r| show(s.rename_noreplace(&r.join("a/r.json"), &r.join("a/s.json")))),
+            ),
+            (
+                "rename_noreplace onto a file",
+                Box::new(|s, r| {
+                    show(s.rename_noreplace(&r.join("a/abort.json"), &r.join("a/s.json")))
+                }),
+            ),
+            (
+                "rename_noreplace onto an empty dir",
+                Box::new(|s, r| show(s.rename_noreplace(&r.join("a/b"), &r.join("c")))),
+            ),
+            (
+                "rename replacing",
+                Box::new(|s, r| show(s.rename(&r.join("a/abort.json"), &r.join("a/s.json")))),
+            ),
+            (
+                "rename missing",
+                Box::new(|s, r| show(s.rename(&r.join("a/abort.json"), &r.join("a/t")))),
+            ),
+            (
+                "rename a dir onto an empty one",
+                Box::new(|s, r| show(s.rename(&r.join("a/b"), &r.join("c")))),
+            ),
+            (
+                "sync_file",
+                Box::new(|s, r| show(s.sync_file(&r.join("a/s.json")))),
+            ),
+            (
+                "sync_file missing",
+                Box::new(|s, r| show(s.sync_file(&r.join("a/none")))),
+            ),
+            (
+                "fsync_dir",
+                Box::new(|s, r| show(s.fsync_dir(&r.join("a")))),
+            ),
+            (
+                "fsync_dir missing",
+                Box::new(|s, r| show(s.fsync_dir(&r.join("x")))),
+            ),
+            (
+                "overwrite in place",
+                Box::new(|s, r| show(s.overwrite_in_place(&r.join("a/s.json"), b"9"))),
+            ),
+            (
+                "overwrite too large",
+                Box::new(|s, r| show(s.overwrite_in_place(&r.join("a/s.json"), &[b'x'; 5000]))),
+            ),
+            (
+                "overwrite missing",
+                Box::new(|s, r| show(s.overwrite_in_place(&r.join("a/none"), b"9"))),
+            ),
+            (
+                "remove_file",
+                Box::new(|s, r| show(s.remove_file(&r.join("ev/rank-0.jsonl")))),
+            ),
+            (
+                "remove_file missing",
+                Box::new(|s, r| show(s.remove_file(&r.join("ev/rank-0.jsonl")))),
+            ),
+            (
+                "remove_file of a dir",
+                Box::new(|s, r| show(s.remove_file(&r.join("ev")))),
+            ),
+            (
+                "read after",
+                Box::new(|s, r| show(s.read(&r.join("a/s.json")))),
+            ),
+            (
+                "read_dir after",
+                Box::new(|s, r| {
+                    show(s.read_dir(&r.join("a")).map(|mut v| {
+                        v.sort();
+                        v
+                    }))
+                }),
+            ),
+        ];
+        let real = crate::store::Fs;
+        for (what, step) in &steps {
+            let before = (real.counts(), sim.counts());
+            let (r, s) = (step(&real, &root), step(&sim, &root));
+            let counts = (real.counts() - before.0, sim.counts() - before.1);
+            assert_eq!(s, r, "{what}: result");
+            assert_eq!(counts.1.summary(), counts.0.summary(), "{what}: counts");
+        }
+        // And the trees hold the same.
+        for dir in ["", "a", "c", "ev"] {
+            let mut real: Vec<_> = std::fs::read_dir(root.join(dir))
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            real.sort();
+            assert_eq!(world.list(&root.join(dir)).unwrap(), real, "{dir}");
+            for name in real {
+                let p = root.join(dir).join(name);
+                if p.is_file() {
+                    assert_eq!(world.content(&p).unwrap(), std::fs::read(&p).unwrap());
+                }
+            }
+        }
+    }
+}
