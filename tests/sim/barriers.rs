@@ -6,14 +6,18 @@
 //! rank 0's release with the broadcast) and liveness by observation
 //! (`rl_node::protocol::Liveness`, fed each node's own monotonic clock, which runs up to
 //! 1 % fast or slow). Each node's heartbeat republishes its record every heartbeat
-//! interval of its own clock. Each node watches what `Node::poll_cluster` watches: rank 0
-//! every rank's record, a worker only rank 0's. A node that finds a watched peer's
-//! heartbeat still for dead-after creates `abort.json` exclusively (the first wins; a
-//! later one adopts it) and stops with the abort in its record; rank 0 adopts a worker's
-//! abort and relays it in its own record, where every worker finds it.
+//! interval of its own clock. What a node concludes from the records it reads is the
+//! node's own judgement, `protocol::watch` (which `Node::poll_cluster` calls): rank 0
+//! watches every rank's record, a worker only rank 0's; an abort in a watched record is
+//! adopted, a heartbeat still for dead-after is a dead peer. A node that finds a dead peer
+//! creates `abort.json` exclusively (the first wins; a later one adopts it) and stops with
+//! the abort in its record; rank 0 adopts a worker's abort and relays it in its own
+//! record, where every worker finds it.
 //!
-//! The simulated directory gives every node its own attribute cache of the others'
-//! records, as NFS clients have, with a lifetime drawn per seed from 0 to 60 s. Nodes are
+//! The directory is `store::sim`: one `SimWorld`, and a `SimClient` per node with its own
+//! attribute cache, as NFS clients have, with a lifetime drawn per seed from 0 to 60 s.
+//! Records are published and read as the node does, so the client's counts are the
+//! operations the node would make (`ops_figures`, `scripts/sim --ops`). Nodes are
 //! scheduled in a random order with random time steps; a node that has not had a turn for
 //! N steps' worth of time goes next (a real node polls at least every poll-interval).
 //! Some are frozen briefly (up to a quarter of dead-after); in one seed of four, one is
@@ -42,6 +46,7 @@ use super::Violation;
 use rl_node::layout::Layout;
 use rl_node::protocol::barrier::{Barrier, Mutation, Progress};
 use rl_node::protocol::liveness::Mutation as LivenessMutation;
+use rl_node::protocol::watch::{self, Watch};
 use rl_node::protocol::{AbortInfo, AbortKind, Liveness, Mark, NodeState, RankRecord};
 use rl_node::rng::SplitMix64 as Rng;
 use rl_node::store::sim::{SimClient, SimWorld};
@@ -51,6 +56,15 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// A node's watch of its peers in the simulated generation, formed from the start.
+fn watch_of(n: usize, liveness: Liveness) -> Watch {
+    let mut w = Watch::new(n as u32, liveness);
+    w.run_id = "sim".into();
+    w.gen = 1;
+    w.formed = true;
+    w
+}
 
 fn record(rank: u32) -> RankRecord {
     RankRecord {
@@ -289,7 +303,8 @@ struct Sim {
     dead_after_ms: u64,
     rate_ppm: Vec<u64>,
     next_beat: Vec<u64>,
-    liveness: Vec<Liveness>,
+    /// Each node's watch of its peers (`protocol::watch`, as `Node::poll_cluster` has).
+    watch: Vec<Watch>,
     /// Each node's freezes so far: (start, end).
     freezes: Vec<Vec<(u64, u64)>>,
     frozen_until: Vec<u64>,
@@ -330,10 +345,13 @@ impl Sim {
         // and the heartbeat interval (docs/shared-directory.md), plus 5 s.
         let dead_after_ms = 2 * (lifetime_ms + 2 * heartbeat_ms) + 5_000;
         let rate_ppm: Vec<u64> = (0..n).map(|_| 990_000 + rng.below(20_001)).collect();
-        let liveness = (0..n)
+        let watch = (0..n)
             .map(|_| {
-                Liveness::new(Duration::from_millis(dead_after_ms))
-                    .with_mutation(mutations.liveness)
+                watch_of(
+                    n,
+                    Liveness::new(Duration::from_millis(dead_after_ms))
+                        .with_mutation(mutations.liveness),
+                )
             })
             .collect();
         Sim {
@@ -349,7 +367,7 @@ impl Sim {
             dead_after_ms,
             rate_ppm,
             next_beat: vec![0; n],
-            liveness,
+            watch,
             freezes: vec![Vec::new(); n],
             frozen_until: vec![0; n],
             last_turn: vec![0; n],
@@ -541,37 +559,31 @@ impl Sim {
     fn act(&mut self, r: usize, seed: u64) -> Result<(), Violation> {
         let now = self.now;
         let records = self.dir.read_watched(r, now);
-        // An abort in a watched record: rank 0 adopts a worker's, a worker rank 0's (which
-        // relays any worker's).
-        for (q, rec) in records.iter().enumerate() {
-            let Some(abort) = rec.as_ref().and_then(|rec| rec.abort.as_ref()) else {
-                continue;
-            };
-            if q == r {
-                continue;
-            }
-            let (by, dead) = (abort.detected_by, abort.culprit);
-            self.stop(r, dead, by);
-            self.note(format!(
-                "rank {r} stops: rank {by} declared rank {dead} dead (relayed by rank {q})"
-            ));
-            return Ok(());
-        }
-        // Liveness by observation, with this node's own clock.
+        // The node's own judgement of what it read (`Node::poll_cluster`), with this node's
+        // own clock: an abort in a watched record is adopted (rank 0 adopts a worker's, a
+        // worker rank 0's, which relays any worker's), a still heartbeat is a dead peer.
         let local = self.local(r);
-        for (q, rec) in records.iter().enumerate() {
-            if q == r {
-                continue;
+        let reads = watch::watched(r as u32, self.n as u32)
+            .map(|q| (q, records[q as usize].clone()))
+            .collect();
+        match self.watch[r].round(reads, local).stop {
+            None => {}
+            Some(watch::Stop::Abort(abort)) => {
+                let (by, dead) = (abort.detected_by, abort.culprit);
+                self.stop(r, dead, by);
+                self.note(format!(
+                    "rank {r} stops: rank {by} declared rank {dead} dead (relayed in a watched record)"
+                ));
+                return Ok(());
             }
-            let Some(rec) = rec.as_ref() else {
-                continue;
-            };
-            if rec.state != NodeState::Running {
-                continue;
+            Some(watch::Stop::Dead { rank, .. }) => {
+                return self.declare_dead(r, rank as usize, seed)
             }
-            self.liveness[r].observe(q as u32, rec.seq, local);
-            if self.liveness[r].is_dead(q as u32, local) {
-                return self.declare_dead(r, q, seed);
+            Some(other) => {
+                return Err(self.violation(
+                    seed,
+                    format!("rank {r} found {other:?}: no process was replaced here"),
+                ))
             }
         }
         let k = self.k[r];
@@ -892,8 +904,8 @@ impl Sim {
         sim.heartbeat_ms = s.heartbeat_ms;
         sim.dead_after_ms = s.dead_after_ms;
         sim.rate_ppm = vec![1_000_000; n];
-        sim.liveness = (0..n)
-            .map(|_| Liveness::new(Duration::from_millis(s.dead_after_ms)))
+        sim.watch = (0..n)
+            .map(|_| watch_of(n, Liveness::new(Duration::from_millis(s.dead_after_ms))))
             .collect();
         sim
     }
