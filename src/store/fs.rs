@@ -92,20 +92,14 @@ impl SharedDir for Fs {
     }
 
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        // `create_dir_all` stats first and makes only what is missing: count it as one
-        // stat when the directory exists, and a mkdir per missing level otherwise.
+        // As `std::fs::create_dir_all` does it, each system call counted: a stat, then a
+        // mkdir of the path; a missing parent is made first (the same way) and the mkdir
+        // tried again. So k missing levels cost 2k - 1 mkdirs.
         count(OpClass::Stat);
         if fs::metadata(path).is_ok_and(|m| m.is_dir()) {
             return Ok(());
         }
-        let missing = path
-            .ancestors()
-            .take_while(|a| fs::symlink_metadata(a).is_err())
-            .count();
-        for _ in 0..missing.max(1) {
-            count(OpClass::Mkdir);
-        }
-        fs::create_dir_all(path)
+        mkdir_p(path)
     }
 
     fn read_dir(&self, path: &Path) -> io::Result<Vec<OsString>> {
@@ -144,6 +138,42 @@ impl SharedDir for Fs {
 
     fn counts(&self) -> OpCounts {
         op_counts()
+    }
+}
+
+fn mkdir_p(path: &Path) -> io::Result<()> {
+    count(OpClass::Mkdir);
+    match fs::create_dir(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            match path.parent() {
+                Some(parent) if parent != path && !parent.as_os_str().is_empty() => {
+                    mkdir_p(parent)?
+                }
+                _ => return Err(e),
+            }
+            count(OpClass::Mkdir);
+            match fs::create_dir(path) {
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    count(OpClass::Stat);
+                    if path.is_dir() {
+                        Ok(())
+                    } else {
+                        Err(e)
+                    }
+                }
+                other => other,
+            }
+        }
+        Err(e) => {
+            // Another writer made it in the meantime, or something else is there.
+            count(OpClass::Stat);
+            if path.is_dir() {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        }
     }
 }
 

@@ -771,8 +771,13 @@ impl Call<'_> {
             .ancestors()
             .take_while(|a| !matches!(self.w.lookup(a), Ok(Some(_))))
             .count();
-        for _ in 0..missing.max(1) {
+        // As std (and `store::fs`) do it: k missing levels cost 2k - 1 mkdirs; a mkdir
+        // that fails because something else is there is followed by a stat.
+        for _ in 0..(2 * missing).saturating_sub(1).max(1) {
             self.op(OpClass::Mkdir)?;
+        }
+        if missing == 0 {
+            self.op(OpClass::Stat)?;
         }
         self.w.mkdir_all(path)?;
         self.remember(path, Some(Cached::Dir));
