@@ -414,19 +414,7 @@ impl Node {
         match choice {
             RunChoice::New => Ok((random_hex(6), gen)),
             RunChoice::Continue { run_id } => Ok((run_id, gen)),
-            RunChoice::SetAside { run_id } => {
-                let aside = self.set_run_aside(&run_id).map_err(|e| Stop {
-                    code: exit::FAILED,
-                    message: format!("--fresh: cannot set run {run_id} aside: {e}"),
-                    hint: None,
-                    detail: None,
-                })?;
-                self.info(&format!(
-                    "--fresh: run {run_id} set aside in {} (nothing deleted); starting a new run",
-                    aside.display()
-                ));
-                Ok((random_hex(6), 1))
-            }
+            RunChoice::SetAside { run_id } => self.start_over(&run_id),
             RunChoice::Refuse { message, hint } => Err(Stop::usage(message, Some(hint))),
         }
     }
@@ -450,12 +438,14 @@ impl Node {
                 let now = chrono::DateTime::<chrono::Local>::from(self.clock.wall());
                 format!("unknown-{}", now.format("%Y%m%dT%H%M%S"))
             });
-        let aside = self.set_run_aside(&run_id).map_err(|e| Stop {
-            code: exit::FAILED,
-            message: format!("--fresh: cannot set run {run_id} aside: {e}"),
-            hint: None,
-            detail: None,
-        })?;
+        self.start_over(&run_id)
+    }
+
+    /// `--fresh`: set run `run_id` aside and start a new run (its id, generation 1).
+    fn start_over(&mut self, run_id: &str) -> Result<(String, u64), Stop> {
+        let aside = self
+            .set_run_aside(run_id)
+            .map_err(|e| Stop::failed(format!("--fresh: cannot set run {run_id} aside: {e}")))?;
         self.info(&format!(
             "--fresh: run {run_id} set aside in {} (nothing deleted); starting a new run",
             aside.display()

@@ -383,26 +383,12 @@ pub fn overwrite_in_place<T: Serialize>(path: &Path, value: &T) -> io::Result<()
 
 fn overwrite_bytes_in_place(path: &Path, value: &[u8]) -> io::Result<()> {
     use std::os::unix::fs::MetadataExt;
-    let mut bytes = value.to_vec();
     count(OpClass::Open);
     let mut f = OpenOptions::new().write(true).open(path)?;
     count(OpClass::Stat);
     let meta = f.metadata()?;
-    let old = meta.len() as usize;
     let allocated = (meta.blocks() * 512) as usize;
-    if bytes.len() + 1 > old.max(allocated) {
-        return Err(io::Error::new(
-            io::ErrorKind::FileTooLarge,
-            format!(
-                "{} bytes do not fit in the {} bytes {} has",
-                bytes.len() + 1,
-                old.max(allocated),
-                path.display()
-            ),
-        ));
-    }
-    bytes.resize(old.max(bytes.len() + 1) - 1, b' ');
-    bytes.push(b'\n');
+    let bytes = super::in_place_bytes(value, meta.len() as usize, allocated, path)?;
     count(OpClass::Write);
     f.write_all(&bytes)?;
     count(OpClass::Fsync);

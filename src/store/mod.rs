@@ -239,6 +239,32 @@ impl dyn SharedDir + '_ {
     }
 }
 
+/// What an in-place overwrite writes over a file of `old` bytes with `allocated` bytes of
+/// blocks: `value`, padded with spaces to the old length and ended with a newline; or
+/// `FileTooLarge` when it does not fit (see [`fs::overwrite_in_place`]).
+pub(crate) fn in_place_bytes(
+    value: &[u8],
+    old: usize,
+    allocated: usize,
+    path: &Path,
+) -> io::Result<Vec<u8>> {
+    let room = old.max(allocated);
+    if value.len() + 1 > room {
+        return Err(io::Error::new(
+            io::ErrorKind::FileTooLarge,
+            format!(
+                "{} bytes do not fit in the {room} bytes {} has",
+                value.len() + 1,
+                path.display()
+            ),
+        ));
+    }
+    let mut bytes = value.to_vec();
+    bytes.resize(old.max(value.len() + 1) - 1, b' ');
+    bytes.push(b'\n');
+    Ok(bytes)
+}
+
 /// A state file that exists but cannot be used: which file and what is wrong with it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{} is damaged: {what}", .path.display())]

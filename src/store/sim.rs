@@ -912,20 +912,7 @@ impl SharedDir for SimClient {
         let old = c.w.data(ino).len();
         // Blocks of 4 KiB, as a local filesystem or NFS allocates them.
         let allocated = old.div_ceil(4096) * 4096;
-        if bytes.len() + 1 > old.max(allocated) {
-            return Err(io::Error::new(
-                io::ErrorKind::FileTooLarge,
-                format!(
-                    "{} bytes do not fit in the {} bytes {} has",
-                    bytes.len() + 1,
-                    old.max(allocated),
-                    path.display()
-                ),
-            ));
-        }
-        let mut bytes = bytes.to_vec();
-        bytes.resize(old.max(bytes.len() + 1) - 1, b' ');
-        bytes.push(b'\n');
+        let bytes = super::in_place_bytes(bytes, old, allocated, &path)?;
         c.op(OpClass::Write)?;
         let id = self.id;
         c.w.write(ino, id, |d| d.clone_from(&bytes));
