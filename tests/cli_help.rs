@@ -201,3 +201,68 @@ fn defaults_shown_in_help_are_the_real_defaults() {
         );
     }
 }
+
+/// Every subcommand reports a usage error the same way (one printer): `error: …` on
+/// stderr, nothing on stdout, exit 2, and a hint where there is one.
+#[test]
+fn every_subcommand_reports_a_usage_error_the_same_way() {
+    let missing = std::env::temp_dir().join("rl-node-no-such-dir-for-errors");
+    let missing = missing.to_str().unwrap();
+    let cases: [(&[&str], &str); 5] = [
+        (&["status"], "error: rl-node status needs --log-path DIR"),
+        (&["recover"], "error: rl-node recover needs --log-path DIR"),
+        (
+            &[
+                "aggregate",
+                "--log-path",
+                missing,
+                "--iteration",
+                "1",
+                "--split",
+                "train",
+            ],
+            "no such directory",
+        ),
+        (
+            &["show-config", "--config", "/nonexistent/rl-node.toml"],
+            "error: cannot read config file /nonexistent/rl-node.toml",
+        ),
+        (&["--master"], "error: "),
+    ];
+    for (args, says) in cases {
+        let out = Command::new(BIN)
+            .args(args)
+            .env_remove("RL_NODE_CLUSTER_LOG_PATH")
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stdout.is_empty(), "{args:?} printed to stdout: {stdout}");
+        assert!(stderr.starts_with("error: "), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+    // A hint follows the error on a line of its own.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("rl-node.toml");
+    std::fs::write(&config, "[cluster]\nno-such-key = 1\n").unwrap();
+    let out = Command::new(BIN)
+        .args(["show-config", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert!(
+        lines[0].starts_with("error: ") && lines[0].contains("no-such-key"),
+        "{stderr}"
+    );
+    assert_eq!(
+        lines.last().copied(),
+        Some("hint: `rl-node show-config` prints every key with its current value"),
+        "{stderr}"
+    );
+}
