@@ -124,6 +124,31 @@ fn three_nodes_walk_every_phase_in_order() {
     let v: serde_json::Value = serde_json::from_str(&status(&c.log_path, true).1).unwrap();
     assert_eq!(v["ranks"].as_array().unwrap().len(), 3);
     assert_eq!(v["ranks"][2]["iteration"], 3);
+    // Each node's last line counts what it did to the shared directory, by class: a
+    // worker at least read rank 0's record, published its own (write, fsync, rename) and
+    // appended its journal and events.
+    for n in &nodes {
+        let err = n.stderr();
+        let line = err
+            .lines()
+            .find(|l| l.contains("shared-directory operations: "))
+            .unwrap_or_else(|| panic!("rank {}: no counts in\n{err}", n.rank));
+        let counts = line.split("shared-directory operations: ").nth(1).unwrap();
+        let count = |class: &str| -> u64 {
+            counts
+                .trim_end_matches(')')
+                .split(", ")
+                .find_map(|p| p.strip_prefix(&format!("{class} ")))
+                .map(|n| n.parse().unwrap())
+                .unwrap_or(0)
+        };
+        for class in ["open", "stat", "read", "write", "rename", "fsync"] {
+            assert!(count(class) > 0, "rank {}: no {class} in {line}", n.rank);
+        }
+        // Journal entries and published records are each fsynced; reads outnumber
+        // publishes because every poll reads.
+        assert!(count("read") > count("rename"), "rank {}: {line}", n.rank);
+    }
 }
 
 #[test]
