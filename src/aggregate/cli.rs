@@ -173,7 +173,7 @@ pub fn main(
             .env
             .iter()
             .map(|(k, t)| {
-                let t = crate::config::template::Template::parse(t).expect("validated at load");
+                let t = loaded.config.template(t);
                 (k.clone(), t.render_raw(&Default::default()))
             })
             .collect(),

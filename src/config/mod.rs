@@ -405,9 +405,55 @@ pub struct Config {
     pub server: Server,
     /// Variables every command gets (values are templates).
     pub env: BTreeMap<String, String>,
+    /// Every template above, parsed once when the configuration is loaded and validated
+    /// ([`Config::template`]).
+    #[serde(skip)]
+    templates: Templates,
+}
+
+/// The configuration's templates, parsed: by their text.
+#[derive(Debug, Clone, Default)]
+struct Templates(std::collections::HashMap<String, Template>);
+
+impl Templates {
+    /// Parse every template `c` holds (validated already, so each parses).
+    fn of(c: &Config) -> Result<Templates, template::TemplateError> {
+        let p = &c.phases;
+        let texts = [
+            &p.rollout.command,
+            &p.eval.command,
+            &p.aggregate.command,
+            &p.prepare.command,
+            &p.train.command,
+            &p.handoff.command,
+            &p.rollout.workers_wait_for,
+            &p.eval.workers_wait_for,
+            &c.server.command,
+            &c.server.health_url,
+        ]
+        .into_iter()
+        .chain(c.env.values());
+        let mut parsed = std::collections::HashMap::new();
+        for text in texts {
+            if !parsed.contains_key(text) {
+                parsed.insert(text.clone(), Template::parse(text)?);
+            }
+        }
+        Ok(Templates(parsed))
+    }
 }
 
 impl Config {
+    /// The parsed template of `text`, one of this configuration's templates (a command,
+    /// `workers-wait-for`, the server's command or health URL, an `[env]` value), parsed
+    /// once at load.
+    pub fn template(&self, text: &str) -> &Template {
+        self.templates
+            .0
+            .get(text)
+            .unwrap_or_else(|| panic!("not a template of the loaded configuration: {text:?}"))
+    }
+
     pub fn weights(&self) -> Vec<u64> {
         if self.cluster.rank_weights.is_empty() {
             vec![1; self.cluster.num_nodes as usize]
@@ -728,12 +774,17 @@ pub fn load(
             message: msg.trim().to_string(),
         }
     })?;
-    let loaded = Loaded {
+    let mut loaded = Loaded {
         config,
         sources,
         value,
     };
     validate(&loaded)?;
+    loaded.config.templates = Templates::of(&loaded.config).map_err(|e| ConfigError::Invalid {
+        key: "a template".into(),
+        source_name: Source::Default.to_string(),
+        message: e.to_string(),
+    })?;
     Ok(loaded)
 }
 
@@ -1248,6 +1299,30 @@ mod tests {
             env_name("phases.rollout.command"),
             "RL_NODE_PHASES_ROLLOUT_COMMAND"
         );
+    }
+
+    #[test]
+    fn every_template_is_parsed_once_at_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.toml");
+        std::fs::write(
+            &f,
+            "[phases.train]\ncommand = \"train --rank {rank} --out {output}\"\n[env]\nRUN = \"{log_path}/run\"\n",
+        )
+        .unwrap();
+        let c = load(Some(&f), &no_env, &[]).unwrap().config;
+        assert_eq!(
+            c.template(&c.phases.train.command).names(),
+            ["rank", "output"]
+        );
+        assert_eq!(c.template(&c.env["RUN"]).names(), ["log_path"]);
+        assert_eq!(
+            c.template(&c.server.health_url),
+            &Template::parse(&c.server.health_url).unwrap()
+        );
+        // A copy of the configuration (each node holds one) keeps them.
+        let copy = c.clone();
+        assert_eq!(copy.template(&copy.phases.train.command).names().len(), 2);
     }
 
     #[test]

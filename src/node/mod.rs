@@ -18,7 +18,7 @@ mod watchdog;
 mod work;
 
 use crate::clock::Clock;
-use crate::config::{Config, Loaded, PhaseCommand, Template};
+use crate::config::{Config, Loaded, PhaseCommand};
 use crate::events;
 use crate::exit;
 use crate::layout::Layout;
@@ -1210,11 +1210,7 @@ impl Node {
         Stop,
     > {
         let values = self.values(phase, Some(split), Path::new(""));
-        let watched = PathBuf::from(
-            Template::parse(&rc.workers_wait_for)
-                .expect("validated at load")
-                .render_raw(&values),
-        );
+        let watched = PathBuf::from(self.cfg.template(&rc.workers_wait_for).render_raw(&values));
         self.watchdog
             .pet("removing a left-over workers-wait-for file");
         match self.store.remove_file(&watched) {
@@ -2001,9 +1997,7 @@ impl Node {
         torchrun_env: bool,
     ) -> Result<(PathBuf, Result<(), CommandFailure>), Stop> {
         let values = self.values(phase, split, output);
-        let command = Template::parse(&pc.command)
-            .expect("validated at load")
-            .render(&values);
+        let command = self.cfg.template(&pc.command).render(&values);
         let mut env = self.command_env(&values);
         if torchrun_env {
             env.extend(context::torchrun_env(&values));
@@ -2149,10 +2143,7 @@ impl Node {
             .cfg
             .env
             .iter()
-            .map(|(k, t)| {
-                let t = Template::parse(t).expect("validated at load");
-                (k.clone(), t.render_raw(values))
-            })
+            .map(|(k, t)| (k.clone(), self.cfg.template(t).render_raw(values)))
             .collect();
         env.extend(context::env_for(values));
         env

@@ -16,7 +16,6 @@
 use super::procs::ChildExit;
 use super::{Interrupt, Node, Stop};
 use crate::checkpoint;
-use crate::config::Template;
 use crate::events;
 use crate::protocol::AbortKind;
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
@@ -115,11 +114,10 @@ impl Node {
             }
         }
         let values = self.values("server", None, Path::new(&model));
-        let command = Template::parse(&self.cfg.server.command)
-            .expect("validated at load")
-            .render(&values);
-        let url = Template::parse(&self.cfg.server.health_url)
-            .expect("validated at load")
+        let command = self.cfg.template(&self.cfg.server.command).render(&values);
+        let url = self
+            .cfg
+            .template(&self.cfg.server.health_url)
             .render_raw(&values);
         let env = self.command_env(&values);
         let log = self.layout.phase_log(self.iteration, self.rank, "server");

@@ -416,9 +416,7 @@ impl Node {
         self.extra.insert("state", item.state.to_string());
         self.extra.insert("task_json", task_json);
         let values = self.values(phase, Some(split), &partial);
-        let command = crate::config::Template::parse(&pc.command)
-            .expect("validated")
-            .render(&values);
+        let command = self.cfg.template(&pc.command).render(&values);
         let env = self.command_env(&values);
         let log = self
             .layout
