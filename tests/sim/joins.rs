@@ -168,12 +168,15 @@ impl std::ops::AddAssign for Summary {
 /// (the debug build's serde is slow).
 #[derive(Default)]
 struct Memo {
-    records: HashMap<(u64, u32), VecDeque<(Vec<u8>, RankRecord)>>,
-    clusters: VecDeque<(Vec<u8>, ClusterRecord)>,
+    records: HashMap<(u64, u32), Versions<RankRecord>>,
+    clusters: Versions<ClusterRecord>,
 }
 
+/// A file's last few versions: bytes and what they parse to.
+type Versions<T> = VecDeque<(Vec<u8>, T)>;
+
 fn remembered<T: Clone>(
-    versions: &mut VecDeque<(Vec<u8>, T)>,
+    versions: &mut Versions<T>,
     bytes: Vec<u8>,
     parse: impl FnOnce(&[u8]) -> Option<T>,
 ) -> Option<T> {
@@ -601,6 +604,9 @@ impl Sim {
             self.now = next.max(self.now);
             self.clock.store(self.now, Ordering::Relaxed);
             self.s.steps += 1;
+            // Whether a role may have changed (a heartbeat changes none unless it found
+            // an intruder).
+            let mut changed = true;
             if let Some(i) = self.pending.iter().position(|s| s.at <= self.now) {
                 let st = self.pending.remove(i);
                 self.start(st);
@@ -642,14 +648,14 @@ impl Sim {
                             .map(|p| (p, false))
                     });
                 match p {
-                    Some((p, true)) => self.beat(p),
+                    Some((p, true)) => changed = self.beat(p),
                     Some((p, false)) => self.act(p)?,
                     None => unreachable!("an event was due"),
                 }
             }
             self.maybe_duplicate();
             self.check_holders()?;
-            if self.pending.is_empty() && self.worker_kill.is_none() && self.settled()? {
+            if changed && self.pending.is_empty() && self.worker_kill.is_none() && self.settled()? {
                 self.s.sim_ms = self.now;
                 return Ok(self.s);
             }
@@ -706,7 +712,8 @@ impl Sim {
         }
     }
 
-    fn beat(&mut self, p: usize) {
+    /// A heartbeat; true if it found an intruder (and stopped).
+    fn beat(&mut self, p: usize) -> bool {
         let interval = if self.procs[p].rank == 0 && self.procs[p].role != Role::Released {
             self.hb_ms.min(1_000)
         } else {
@@ -723,10 +730,11 @@ impl Sim {
                     back.pid, mine.gen
                 );
                 self.kill(p, &what);
-                return;
+                return true;
             }
         }
         self.publish(p, |_| {});
+        false
     }
 
     fn act(&mut self, p: usize) -> Result<(), Violation> {
@@ -1230,12 +1238,11 @@ impl Sim {
         if !ok {
             return Ok(false);
         }
-        if self.misconfigured.is_some() {
+        if let Some(m) = self.misconfigured {
             if self.procs[master].role != Role::Waiting {
                 return Ok(false);
             }
             // The misconfigured rank was refused with its note.
-            let m = self.misconfigured.expect("checked");
             let refused = self
                 .procs
                 .iter()
