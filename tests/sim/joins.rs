@@ -124,6 +124,8 @@ pub struct Summary {
     duplicates: u64,
     intruders: u64,
     failed_generations: u64,
+    /// Runs where rank 0 read a refusal's note in a placeholder.
+    notes_read: u64,
     checks: u64,
     sim_ms: u64,
 }
@@ -131,7 +133,7 @@ pub struct Summary {
 impl Summary {
     pub fn line(&self) -> String {
         format!(
-            "{} steps, {} generations ({} ended by a rank dead after it arrived), {:.0} s simulated; faults: {} kills/stops, {} restarts, {} second processes; {} refusals ({} for another configuration), {} intruders found by a heartbeat; {} invariant checks",
+            "{} steps, {} generations ({} ended by a rank dead after it arrived), {:.0} s simulated; faults: {} kills/stops, {} restarts, {} second processes; {} refusals ({} for another configuration; rank 0 read the note in {} runs), {} intruders found by a heartbeat; {} invariant checks",
             self.steps,
             self.generations,
             self.failed_generations,
@@ -141,6 +143,7 @@ impl Summary {
             self.duplicates,
             self.refusals,
             self.config_refusals,
+            self.notes_read,
             self.intruders,
             self.checks
         )
@@ -159,6 +162,7 @@ impl std::ops::AddAssign for Summary {
         self.duplicates += o.duplicates;
         self.intruders += o.intruders;
         self.failed_generations += o.failed_generations;
+        self.notes_read += o.notes_read;
         self.checks += o.checks;
         self.sim_ms += o.sim_ms;
     }
@@ -657,6 +661,7 @@ impl Sim {
             self.check_holders()?;
             if changed && self.pending.is_empty() && self.worker_kill.is_none() && self.settled()? {
                 self.s.sim_ms = self.now;
+                self.s.notes_read = self.procs.iter().any(|p| p.refusals_read > 0) as u64;
                 return Ok(self.s);
             }
             if self.now > self.last_start + bound && self.pending.is_empty() {
