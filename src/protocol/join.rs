@@ -42,7 +42,8 @@ pub struct Joiner<'a> {
     pub run_fingerprint: &'a str,
     /// `--iterations` (0: no target).
     pub iterations: u64,
-    /// How long a previous holder of the rank may stay silent before it counts as gone.
+    /// How long a previous holder of the rank may stay silent before it counts as gone;
+    /// never less than `dead_after` (a holder on another host is seen through a cache).
     pub slot_patience: Duration,
     pub dead_after: Duration,
 }
@@ -80,6 +81,22 @@ pub enum Look {
     Join(Box<ClusterRecord>, Box<RankRecord>),
 }
 
+/// A deliberately broken look, for the simulator's own tests (never set by the node):
+/// shows that the simulator (`tests/sim/joins.rs`) catches it.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mutation {
+    /// A generation whose rank 0 ended (a terminal record) or is gone (still for
+    /// dead-after) is joined anyway.
+    JoinEndedGenerations,
+    /// A rank held by another process is taken as free.
+    StealLiveSlots,
+    /// The rank's holder is judged by `slot_patience` alone, as before the simulator
+    /// found (tests/sim/joins.rs) that an attribute cache longer than that hides a live
+    /// holder's heartbeat.
+    SlotPatienceOnly,
+}
+
 /// One look for a generation to join, given what was read of `cluster.json` and the
 /// generations already skipped.
 pub fn look(
@@ -88,6 +105,18 @@ pub fn look(
     me: &Joiner,
     view: &mut dyn JoinView,
 ) -> Look {
+    look_with(seen, skipped, me, view, None)
+}
+
+#[doc(hidden)]
+pub fn look_with(
+    seen: ClusterSeen,
+    skipped: &HashSet<u64>,
+    me: &Joiner,
+    view: &mut dyn JoinView,
+    mutation: Option<Mutation>,
+) -> Look {
+    let join_ended = mutation == Some(Mutation::JoinEndedGenerations);
     let c = match seen {
         ClusterSeen::Missing(path) => {
             return Look::Wait(Some(format!(
@@ -109,7 +138,7 @@ pub fn look(
     let Some(r0) = view.rank0(c.gen) else {
         return Look::Wait(None);
     };
-    if r0.state.is_terminal() {
+    if r0.state.is_terminal() && !join_ended {
         if me.iterations > 0 && c.run_fingerprint == me.run_fingerprint {
             let resume = view.resume_iteration(&c.run_id);
             if resume > me.iterations {
@@ -134,9 +163,18 @@ pub fn look(
     }
     let held = view
         .slot(c.gen)
-        .filter(|s| s.state != NodeState::Vacant && !s.state.is_terminal() && s.nonce != me.nonce);
+        .filter(|s| s.state != NodeState::Vacant && !s.state.is_terminal() && s.nonce != me.nonce)
+        .filter(|_| mutation != Some(Mutation::StealLiveSlots));
     if let Some(s) = held {
-        match view.holder(&s, me.slot_patience) {
+        // A holder on another host is seen through an attribute cache that may hide its
+        // heartbeat for longer than `slot_patience` (up to a minute on NFS); dead-after
+        // is what the configuration sizes for that, as for rank 0.
+        let patience = if mutation == Some(Mutation::SlotPatienceOnly) {
+            me.slot_patience
+        } else {
+            me.slot_patience.max(me.dead_after)
+        };
+        match view.holder(&s, patience) {
             Holder::Alive => {
                 return Look::Refused {
                     message: format!(
@@ -161,7 +199,7 @@ pub fn look(
             Holder::Gone => {}
         }
     }
-    if r0.state != NodeState::Joining {
+    if r0.state != NodeState::Joining && !(join_ended && r0.state.is_terminal()) {
         return Look::Skip {
             gen: c.gen,
             why: Some(format!(
@@ -178,6 +216,7 @@ pub fn look(
                 c.gen, r0.pid, r0.host
             )))
         }
+        Holder::Gone if join_ended => {}
         Holder::Gone => {
             return Look::Skip {
                 gen: c.gen,
@@ -517,6 +556,42 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// A rank's holder on another host may look still for a whole attribute-cache
+    /// lifetime: it is judged with dead-after's patience at least, like rank 0.
+    #[test]
+    fn a_held_rank_is_judged_with_dead_afters_patience_at_least() {
+        struct Patience(Vec<(u32, Duration)>);
+        impl JoinView for Patience {
+            fn rank0(&mut self, _: u64) -> Option<RankRecord> {
+                Some(rec(0, NodeState::Joining, "r0"))
+            }
+            fn slot(&mut self, _: u64) -> Option<RankRecord> {
+                Some(rec(2, NodeState::Joining, "theirs"))
+            }
+            fn holder(&mut self, rec: &RankRecord, patience: Duration) -> Holder {
+                self.0.push((rec.rank, patience));
+                Holder::Unknown
+            }
+            fn resume_iteration(&mut self, _: &str) -> u64 {
+                1
+            }
+        }
+        let shared = || json!({});
+        let c = cluster(2);
+        let none = HashSet::new();
+        let mut view = Patience(vec![]);
+        assert!(matches!(
+            look(ClusterSeen::Cluster(&c), &none, &me(&shared), &mut view),
+            Look::Wait(Some(ref note)) if note.starts_with("checking whether rank 2's previous holder")
+        ));
+        assert_eq!(view.0, vec![(2, Duration::from_secs(30))]);
+        let mut patient = me(&shared);
+        patient.slot_patience = Duration::from_secs(90);
+        view.0.clear();
+        look(ClusterSeen::Cluster(&c), &none, &patient, &mut view);
+        assert_eq!(view.0, vec![(2, Duration::from_secs(90))]);
     }
 
     #[test]

@@ -1,20 +1,24 @@
 //! rl-node's deterministic simulator: seeded, single-threaded runs of the protocol core
 //! over a simulated shared directory, with invariants checked after every step.
 //!
-//! Two scenarios (docs/simulation.md):
+//! Four scenarios (docs/simulation.md):
 //! - `barriers`: the barrier and liveness over per-node NFS attribute and lookup caches,
 //!   drifting clocks, and frozen and stopped nodes;
 //! - `crashes`: kill -9 at any point, torn journal appends, failing commands, restarts as
 //!   new generations, and nodes that wake up in a replaced generation (fencing), with
 //!   the journal, the resume point and the fence deciding;
 //! - `leases`: dynamic rollouts, items claimed by leases over negative-lookup caches,
-//!   taken over from killed and frozen nodes, backed up when slow.
+//!   taken over from killed and frozen nodes, backed up when slow;
+//! - `joins`: workers joining generations with the core's `join::look` over stale
+//!   caches, with rank 0 and workers killed and restarted, second processes for a held
+//!   rank and misconfigured workers.
 //!
 //! Long runs: `scripts/sim --seeds 100000 --nodes 64`; one seed:
 //! `scripts/sim --first-seed S --seeds 1 --nodes N` (the same output every time).
 
 mod barriers;
 mod crashes;
+mod joins;
 mod leases;
 
 /// An invariant that did not hold: the seed, what, and the steps that led there.
@@ -87,7 +91,7 @@ fn ops_figures() {
 }
 
 /// `scripts/sim`: SIM_FIRST_SEED, SIM_SEEDS, SIM_NODES (the largest cluster; seeds spread
-/// 1..=SIM_NODES nodes), SIM_SCENARIO (barriers, crashes or leases; empty: all). Prints a
+/// 1..=SIM_NODES nodes), SIM_SCENARIO (barriers, crashes, leases or joins; empty: all). Prints a
 /// summary of each scenario run, or the failing seed with its trace.
 #[test]
 #[ignore]
@@ -131,6 +135,15 @@ fn long_run() {
                 s.line()
             ),
             Err(v) => panic!("leases: {v}"),
+        }
+    }
+    if wanted("joins") {
+        match joins::sweep(first, seeds, nodes, Default::default()) {
+            Ok(s) => println!(
+                "joins: seeds {first}..{last}: {seeds} run(s) of 1..={nodes} nodes; {}",
+                s.line()
+            ),
+            Err(v) => panic!("joins: {v}"),
         }
     }
 }

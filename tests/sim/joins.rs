@@ -1,0 +1,1361 @@
+//! Joining under stale caches, with restarts.
+//!
+//! Rank 0 forms generations as `Node::join_master` does: it picks a new `gen-G/` (above
+//! `cluster.json`'s and every listed one), writes a vacant placeholder for every other
+//! rank, its own record (joining, arrived at barrier 0, heartbeating every second), the
+//! generation's copy of the cluster record and then `cluster.json`, and waits until every
+//! rank's record, as it reads them through its client's cache, has arrived at barrier 0;
+//! then it releases. Workers decide with the node's own core, `protocol::join::look`,
+//! over a `JoinView` of their `SimClient` reads and a `liveness::Holders` fed their own
+//! monotonic clock; on `Look::Join` they publish their arrival in their own record, and
+//! then wait, as `Node::join_worker` does, for rank 0's release, leaving the generation
+//! (state left) when rank 0's record ends, goes still for dead-after or `cluster.json`
+//! names another generation. A refusal's note goes into the still-vacant placeholder.
+//!
+//! Each host has one NFS client (attribute and negative-lookup caches, lifetimes drawn
+//! per seed from 0 to 60 s); a restarted process runs on its old host and shares its
+//! cache. Nodes start in a random order at random times. Faults per seed: rank 0 killed
+//! (or stopped, leaving its record terminal) before it releases and started again (a new
+//! generation; the old records stay behind); a worker killed and restarted, fast or
+//! slow; a second process started on another host for a rank whose holder is alive; a
+//! worker with another configuration.
+//!
+//! Invariants, after every step:
+//! - no two live processes believe they hold the same rank of the same generation;
+//! - a worker joins only a generation `cluster.json` truly named within what its cache can
+//!   hide, whose rank 0 is alive or ended no longer ago than caches and dead-after can
+//!   hide; a misconfigured worker never joins and is refused with its note left in its
+//!   placeholder; a refusal for a held rank names a live process;
+//! - rank 0 releases only when every rank's record truly (on the server) arrived;
+//! - every run ends within a bound from the timing settings: every live, correctly
+//!   configured worker has joined the newest generation and it is released (or, with a
+//!   misconfigured rank, rank 0 still waits, having read the refusal).
+//!
+//! Teeth: `join::Mutation::JoinEndedGenerations` and `StealLiveSlots` are each caught
+//! within 200 seeds.
+
+use super::Violation;
+use rl_node::layout::Layout;
+use rl_node::protocol::join::{self, ClusterSeen, JoinView, Joiner, Look};
+use rl_node::protocol::liveness::{Holder, Holders};
+use rl_node::protocol::{
+    missing_arrivals, ClusterRecord, Liveness, Mark, NodeState, RankRecord, PROTO,
+};
+use rl_node::rng::SplitMix64 as Rng;
+use rl_node::store::sim::{SimClient, SimWorld};
+use rl_node::store::SharedDir;
+use serde_json::{json, Value};
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The broken variants a run may be given (never the node's).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Mutations {
+    pub look: Option<join::Mutation>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Role {
+    /// Rank 0 forming generation `gen`: the next creation stage (0: pick and create the
+    /// directory, 1..n: placeholders, then its record, the copy and `cluster.json`).
+    Forming { stage: u32 },
+    /// Rank 0 waiting for arrivals.
+    Waiting,
+    /// Rank 0 released (the generation formed).
+    Released,
+    /// A worker looking for a generation.
+    Looking,
+    /// A worker that joined `gen` and waits for the release.
+    Joined,
+    /// A worker past the release.
+    Passed,
+    /// Refused (exited): for a live holder, or another configuration.
+    Refused,
+    /// Stopped: killed, stopped cleanly, or found an intruder.
+    Dead,
+}
+
+struct Proc {
+    rank: u32,
+    host: usize,
+    pid: u32,
+    nonce: String,
+    good: bool,
+    /// Started on another host while the rank's holder was alive.
+    duplicate: bool,
+    role: Role,
+    gen: u64,
+    run_id: String,
+    /// The record its heartbeat republishes (the process's copy).
+    mine: Option<RankRecord>,
+    next_beat: u64,
+    next_poll: u64,
+    skipped: HashSet<u64>,
+    holders: Holders,
+    liveness: Liveness,
+    rate_ppm: u64,
+    died_at: Option<u64>,
+    /// Rank 0: the refusals read in placeholders.
+    refusals_read: u64,
+}
+
+/// A scheduled start of a process for `rank` (on `host`), at `at`.
+#[derive(Debug, Clone)]
+struct Start {
+    at: u64,
+    rank: u32,
+    host: usize,
+    good: bool,
+    duplicate: bool,
+}
+
+#[derive(Default)]
+pub struct Summary {
+    runs: u64,
+    steps: u64,
+    generations: u64,
+    kills: u64,
+    restarts: u64,
+    refusals: u64,
+    config_refusals: u64,
+    duplicates: u64,
+    intruders: u64,
+    failed_generations: u64,
+    /// Runs where rank 0 read a refusal's note in a placeholder.
+    notes_read: u64,
+    checks: u64,
+    sim_ms: u64,
+}
+
+impl Summary {
+    pub fn line(&self) -> String {
+        format!(
+            "{} steps, {} generations ({} ended by a rank dead after it arrived), {:.0} s simulated; faults: {} kills/stops, {} restarts, {} second processes; {} refusals ({} for another configuration; rank 0 read the note in {} runs), {} intruders found by a heartbeat; {} invariant checks",
+            self.steps,
+            self.generations,
+            self.failed_generations,
+            self.sim_ms as f64 / 1_000.0,
+            self.kills,
+            self.restarts,
+            self.duplicates,
+            self.refusals,
+            self.config_refusals,
+            self.notes_read,
+            self.intruders,
+            self.checks
+        )
+    }
+}
+
+impl std::ops::AddAssign for Summary {
+    fn add_assign(&mut self, o: Summary) {
+        self.runs += o.runs;
+        self.steps += o.steps;
+        self.generations += o.generations;
+        self.kills += o.kills;
+        self.restarts += o.restarts;
+        self.refusals += o.refusals;
+        self.config_refusals += o.config_refusals;
+        self.duplicates += o.duplicates;
+        self.intruders += o.intruders;
+        self.failed_generations += o.failed_generations;
+        self.notes_read += o.notes_read;
+        self.checks += o.checks;
+        self.sim_ms += o.sim_ms;
+    }
+}
+
+/// Parsed versions of each record and of `cluster.json`, the last few by their bytes
+/// (the debug build's serde is slow).
+#[derive(Default)]
+struct Memo {
+    records: HashMap<(u64, u32), Versions<RankRecord>>,
+    clusters: Versions<ClusterRecord>,
+}
+
+/// A file's last few versions: bytes and what they parse to.
+type Versions<T> = VecDeque<(Vec<u8>, T)>;
+
+fn remembered<T: Clone>(
+    versions: &mut Versions<T>,
+    bytes: Vec<u8>,
+    parse: impl FnOnce(&[u8]) -> Option<T>,
+) -> Option<T> {
+    if let Some((_, v)) = versions.iter().find(|(b, _)| *b == bytes) {
+        return Some(v.clone());
+    }
+    let v = parse(&bytes)?;
+    if versions.len() == 6 {
+        versions.pop_front();
+    }
+    versions.push_back((bytes, v.clone()));
+    Some(v)
+}
+
+impl Memo {
+    fn parse(&mut self, gen: u64, rank: u32, bytes: Vec<u8>) -> Option<RankRecord> {
+        remembered(self.records.entry((gen, rank)).or_default(), bytes, |b| {
+            serde_json::from_slice(b).ok()
+        })
+    }
+
+    fn cluster(&mut self, bytes: Vec<u8>) -> Option<ClusterRecord> {
+        remembered(&mut self.clusters, bytes, |b| {
+            serde_json::from_slice(b).ok()
+        })
+    }
+}
+
+/// A worker's reads for `look`, through its host's client, judged on its own clock.
+struct View<'a> {
+    client: &'a SimClient,
+    layout: &'a Layout,
+    rank: u32,
+    holders: &'a mut Holders,
+    local: Duration,
+    memo: &'a RefCell<Memo>,
+}
+
+impl View<'_> {
+    fn read(&self, gen: u64, rank: u32) -> Option<RankRecord> {
+        let dir: &dyn SharedDir = self.client;
+        let bytes = dir
+            .read(&self.layout.rank_record(gen, rank))
+            .expect("no faults injected here")?;
+        self.memo.borrow_mut().parse(gen, rank, bytes)
+    }
+}
+
+impl JoinView for View<'_> {
+    fn rank0(&mut self, gen: u64) -> Option<RankRecord> {
+        self.read(gen, 0)
+    }
+    fn slot(&mut self, gen: u64) -> Option<RankRecord> {
+        self.read(gen, self.rank)
+    }
+    fn holder(&mut self, rec: &RankRecord, patience: Duration) -> Holder {
+        self.holders
+            .judge(rec.gen, rec.rank, rec.seq, self.local, patience)
+    }
+    fn resume_iteration(&mut self, _: &str) -> u64 {
+        1
+    }
+}
+
+fn shared_view(good: bool) -> Value {
+    json!({"timing": {"dead-after": if good { "30s" } else { "60s" }}})
+}
+
+fn fingerprint(good: bool) -> &'static str {
+    if good {
+        "fp"
+    } else {
+        "fp-other"
+    }
+}
+
+struct Sim {
+    seed: u64,
+    n: usize,
+    mutations: Mutations,
+    rng: Rng,
+    now: u64,
+    clock: Arc<AtomicU64>,
+    world: Arc<SimWorld>,
+    layout: Layout,
+    clients: Vec<SimClient>,
+    procs: Vec<Proc>,
+    pending: Vec<Start>,
+    memo: RefCell<Memo>,
+    attr_ms: u64,
+    neg_ms: u64,
+    hb_ms: u64,
+    poll_ms: u64,
+    dead_after_ms: u64,
+    slot_patience_ms: u64,
+    /// Rank 0's planned faults: the number of its actions after which it is killed (or
+    /// stopped cleanly, leaving its record terminal), and the restart delay; one per
+    /// rank 0 process, in order.
+    r0_faults: VecDeque<(u64, bool, u64)>,
+    r0_actions: u64,
+    /// A worker kill: (rank, at, restart delay).
+    worker_kill: Option<(u32, u64, u64)>,
+    /// A second process for this rank, once its holder has joined, after a delay.
+    duplicate: Option<(u32, u64)>,
+    misconfigured: Option<u32>,
+    /// True history of `cluster.json`: (from time, generation).
+    cluster_history: Vec<(u64, u64)>,
+    /// When each generation's rank 0 ended (killed, or stopped with a terminal record).
+    r0_ended: HashMap<u64, u64>,
+    /// The last start or restart (the run's end is bounded from there).
+    last_start: u64,
+    trace: VecDeque<String>,
+    s: Summary,
+}
+
+impl Sim {
+    fn new(seed: u64, n: usize, mutations: Mutations) -> Sim {
+        let mut rng = Rng::new(seed);
+        let lifetimes = [0, 100, 1_000, 3_000, 30_000, 60_000];
+        let attr_ms = lifetimes[rng.below(6) as usize];
+        let neg_ms = lifetimes[rng.below(6) as usize];
+        let hb_ms = 1_000 + rng.below(4_000);
+        let poll_ms = 1_000 + rng.below(2_000);
+        let dead_after_ms = 2 * (attr_ms.max(neg_ms) + 2 * hb_ms) + 5_000;
+        // The node's `slot_patience`: two heartbeats and a poll.
+        let slot_patience_ms = 2 * hb_ms + poll_ms;
+        let world = SimWorld::new();
+        let layout = Layout::new("/sim-run");
+        world.create_dir_all(&layout.state_dir()).expect("set up");
+        let clock = Arc::new(AtomicU64::new(0));
+        let mut sim = Sim {
+            seed,
+            n,
+            mutations,
+            rng,
+            now: 0,
+            clock,
+            world,
+            layout,
+            clients: Vec::new(),
+            procs: Vec::new(),
+            pending: Vec::new(),
+            memo: RefCell::new(Memo::default()),
+            attr_ms,
+            neg_ms,
+            hb_ms,
+            poll_ms,
+            dead_after_ms,
+            slot_patience_ms,
+            r0_faults: VecDeque::new(),
+            r0_actions: 0,
+            worker_kill: None,
+            duplicate: None,
+            misconfigured: None,
+            cluster_history: Vec::new(),
+            r0_ended: HashMap::new(),
+            last_start: 0,
+            trace: VecDeque::new(),
+            s: Summary::default(),
+        };
+        for _ in 0..n {
+            sim.add_client();
+        }
+        // Start times: anywhere in a dead-after and a half, so workers start long before
+        // rank 0 or after it.
+        let span = 3 * dead_after_ms / 2;
+        for r in 0..n as u32 {
+            let at = sim.rng.below(span);
+            sim.pending.push(Start {
+                at,
+                rank: r,
+                host: r as usize,
+                good: true,
+                duplicate: false,
+            });
+        }
+        // Rank 0: killed or stopped before release in one seed of two, up to twice.
+        let mut k = 0;
+        while k < 2 && sim.rng.below(2) == 0 {
+            let after = sim.rng.below(n as u64 + 8);
+            let clean = sim.rng.below(3) == 0;
+            let delay = sim.rng.below(2 * dead_after_ms);
+            sim.r0_faults.push_back((after, clean, delay));
+            k += 1;
+        }
+        if n > 1 {
+            let workers: Vec<u32> = (1..n as u32).collect();
+            if sim.rng.below(2) == 0 {
+                let w = workers[sim.rng.below(workers.len() as u64) as usize];
+                let at = sim.rng.below(2 * dead_after_ms);
+                let delay = match sim.rng.below(3) {
+                    0 => 0,
+                    1 => sim.rng.below(slot_patience_ms),
+                    _ => sim.rng.below(2 * dead_after_ms),
+                };
+                sim.worker_kill = Some((w, at, delay));
+            }
+            let others: Vec<u32> = workers
+                .iter()
+                .copied()
+                .filter(|&r| Some(r) != sim.worker_kill.map(|w| w.0))
+                .collect();
+            if !others.is_empty() && sim.rng.below(3) == 0 {
+                let d = others[sim.rng.below(others.len() as u64) as usize];
+                let delay = if sim.rng.below(4) == 0 {
+                    sim.rng.below(dead_after_ms)
+                } else {
+                    sim.rng.below(4 * poll_ms)
+                };
+                sim.duplicate = Some((d, delay));
+            }
+            let rest: Vec<u32> = others
+                .iter()
+                .copied()
+                .filter(|&r| Some(r) != sim.duplicate.map(|d| d.0))
+                .collect();
+            if !rest.is_empty() && sim.rng.below(4) == 0 {
+                let m = rest[sim.rng.below(rest.len() as u64) as usize];
+                sim.misconfigured = Some(m);
+                for p in sim.pending.iter_mut().filter(|p| p.rank == m) {
+                    p.good = false;
+                }
+            }
+        }
+        sim
+    }
+
+    fn add_client(&mut self) -> usize {
+        let c = self.clock.clone();
+        self.clients.push(self.world.client(
+            move || Duration::from_millis(c.load(Ordering::Relaxed)),
+            Duration::from_millis(self.attr_ms),
+            Duration::from_millis(self.neg_ms),
+        ));
+        self.clients.len() - 1
+    }
+
+    fn note(&mut self, s: String) {
+        if self.trace.len() == 60 {
+            self.trace.pop_front();
+        }
+        self.trace.push_back(format!("t={}ms {s}", self.now));
+    }
+
+    fn violation(&self, what: String) -> Violation {
+        Violation {
+            seed: self.seed,
+            what: format!(
+                "{what} [{} nodes; caches: attributes {} ms, negative lookups {} ms; heartbeat {} ms, poll {} ms, dead-after {} ms, slot patience {} ms]",
+                self.n,
+                self.attr_ms,
+                self.neg_ms,
+                self.hb_ms,
+                self.poll_ms,
+                self.dead_after_ms,
+                self.slot_patience_ms
+            ),
+            trace: self.trace.iter().cloned().collect(),
+        }
+    }
+
+    fn local(&self, p: usize) -> Duration {
+        Duration::from_micros(self.now * self.procs[p].rate_ppm / 1_000)
+    }
+
+    fn live(&self, p: usize) -> bool {
+        !matches!(self.procs[p].role, Role::Dead | Role::Refused)
+    }
+
+    fn client(&self, p: usize) -> &SimClient {
+        &self.clients[self.procs[p].host]
+    }
+
+    /// What it takes longest to see: a cache lifetime.
+    fn hide_ms(&self) -> u64 {
+        self.attr_ms.max(self.neg_ms)
+    }
+
+    fn true_gen(&self) -> Option<u64> {
+        self.cluster_history.last().map(|h| h.1)
+    }
+
+    fn start(&mut self, st: Start) {
+        let pid = 1_000 + self.procs.len() as u32;
+        let rate_ppm = 990_000 + self.rng.below(20_001);
+        let nonce = format!("n{pid}");
+        self.note(format!(
+            "start rank {} pid {pid} on host-{}{}{}",
+            st.rank,
+            st.host,
+            if st.good {
+                ""
+            } else {
+                " (another configuration)"
+            },
+            if st.duplicate {
+                " (second process)"
+            } else {
+                ""
+            }
+        ));
+        let poll = self.now + self.rng.below(self.poll_ms);
+        self.procs.push(Proc {
+            rank: st.rank,
+            host: st.host,
+            pid,
+            nonce,
+            good: st.good,
+            duplicate: st.duplicate,
+            role: if st.rank == 0 {
+                Role::Forming { stage: 0 }
+            } else {
+                Role::Looking
+            },
+            gen: 0,
+            run_id: String::new(),
+            mine: None,
+            next_beat: u64::MAX,
+            next_poll: poll,
+            skipped: HashSet::new(),
+            holders: Holders::default(),
+            liveness: Liveness::new(Duration::from_millis(self.dead_after_ms)),
+            rate_ppm,
+            died_at: None,
+            refusals_read: 0,
+        });
+        self.last_start = self.now;
+    }
+
+    fn kill(&mut self, p: usize, why: &str) {
+        let pr = &mut self.procs[p];
+        pr.role = Role::Dead;
+        pr.died_at = Some(self.now);
+        pr.next_poll = u64::MAX;
+        pr.next_beat = u64::MAX;
+        let (rank, pid, gen) = (pr.rank, pr.pid, pr.gen);
+        if rank == 0 && gen > 0 {
+            self.r0_ended.entry(gen).or_insert(self.now);
+        }
+        self.note(format!("rank {rank} pid {pid} {why}"));
+    }
+
+    fn path(&self, gen: u64, rank: u32) -> std::path::PathBuf {
+        self.layout.rank_record(gen, rank)
+    }
+
+    /// Publish the process's own record (seq + 1), as its heartbeat thread does.
+    fn publish(&mut self, p: usize, f: impl FnOnce(&mut RankRecord)) {
+        let mut rec = self.procs[p].mine.clone().expect("a record to publish");
+        f(&mut rec);
+        rec.seq += 1;
+        let path = self.path(rec.gen, rec.rank);
+        let dir: &dyn SharedDir = &self.clients[self.procs[p].host];
+        // Compact JSON (the node's is pretty): the same record, serialized faster in the
+        // debug build.
+        let bytes = serde_json::to_vec(&rec).expect("serializable");
+        dir.publish(&path, &bytes).expect("no faults injected here");
+        self.procs[p].mine = Some(rec);
+    }
+
+    fn read_rec(&self, p: usize, gen: u64, rank: u32) -> Option<RankRecord> {
+        let dir: &dyn SharedDir = self.client(p);
+        let bytes = dir
+            .read(&self.path(gen, rank))
+            .expect("no faults injected here")?;
+        self.memo.borrow_mut().parse(gen, rank, bytes)
+    }
+
+    fn read_cluster(&self, p: usize) -> Option<ClusterRecord> {
+        let dir: &dyn SharedDir = self.client(p);
+        let bytes = dir
+            .read(&self.layout.cluster())
+            .expect("no faults injected here")?;
+        self.memo.borrow_mut().cluster(bytes)
+    }
+
+    fn truth(&self, gen: u64, rank: u32) -> Option<RankRecord> {
+        let bytes = self.world.content(&self.path(gen, rank))?;
+        self.memo.borrow_mut().parse(gen, rank, bytes)
+    }
+
+    fn join_mark(&self, p: usize) -> Mark {
+        Mark {
+            k: 0,
+            iteration: 0,
+            name: "join".into(),
+            payload: json!({"pid": self.procs[p].pid}),
+        }
+    }
+
+    fn own_record(&self, p: usize, gen: u64, run_id: &str) -> RankRecord {
+        let pr = &self.procs[p];
+        RankRecord {
+            state: NodeState::Joining,
+            host: format!("host-{}", pr.host),
+            pid: pr.pid,
+            nonce: pr.nonce.clone(),
+            arrived: Some(self.join_mark(p)),
+            ..RankRecord::vacant(run_id, gen, pr.rank)
+        }
+    }
+
+    fn run(mut self) -> Result<Summary, Violation> {
+        self.s.runs = 1;
+        let poll_max = self.poll_ms;
+        // Settling: starts, then stale caches, dead-afters, slot patience, polls.
+        let bound = 4 * (self.hide_ms() + poll_max + self.hb_ms)
+            + 2 * (self.dead_after_ms + self.slot_patience_ms)
+            + 10_000;
+        loop {
+            // The next event: a start, a worker kill, or a process's poll or beat.
+            let mut next = u64::MAX;
+            for st in &self.pending {
+                next = next.min(st.at);
+            }
+            if let Some((_, at, _)) = self.worker_kill {
+                next = next.min(at);
+            }
+            for pr in &self.procs {
+                next = next.min(pr.next_poll).min(pr.next_beat);
+            }
+            if next == u64::MAX {
+                return Err(self.violation("nothing left to run".into()));
+            }
+            self.now = next.max(self.now);
+            self.clock.store(self.now, Ordering::Relaxed);
+            self.s.steps += 1;
+            // Whether a role may have changed (a heartbeat changes none unless it found
+            // an intruder).
+            let mut changed = true;
+            if let Some(i) = self.pending.iter().position(|s| s.at <= self.now) {
+                let st = self.pending.remove(i);
+                self.start(st);
+            } else if self.worker_kill.is_some_and(|(_, at, _)| at <= self.now) {
+                let (w, _, delay) = self.worker_kill.take().expect("checked");
+                // Only before it passed (after, the generation runs without it).
+                let victim = (0..self.procs.len()).find(|&p| {
+                    self.procs[p].rank == w
+                        && !self.procs[p].duplicate
+                        && matches!(self.procs[p].role, Role::Looking | Role::Joined)
+                });
+                match victim {
+                    Some(p) => {
+                        self.kill(p, "killed (-9)");
+                        self.s.kills += 1;
+                        self.s.restarts += 1;
+                        let host = self.procs[p].host;
+                        self.pending.push(Start {
+                            at: self.now + delay,
+                            rank: w,
+                            host,
+                            good: true,
+                            duplicate: false,
+                        });
+                    }
+                    None if self.procs.iter().all(|pr| pr.rank != w) => {
+                        // Not started yet: try again later.
+                        self.worker_kill = Some((w, self.now + self.poll_ms, delay));
+                    }
+                    None => {}
+                }
+            } else {
+                let p = (0..self.procs.len())
+                    .find(|&p| self.procs[p].next_beat <= self.now)
+                    .map(|p| (p, true))
+                    .or_else(|| {
+                        (0..self.procs.len())
+                            .find(|&p| self.procs[p].next_poll <= self.now)
+                            .map(|p| (p, false))
+                    });
+                match p {
+                    Some((p, true)) => changed = self.beat(p),
+                    Some((p, false)) => self.act(p)?,
+                    None => unreachable!("an event was due"),
+                }
+            }
+            self.maybe_duplicate();
+            self.check_holders()?;
+            if changed && self.pending.is_empty() && self.worker_kill.is_none() && self.settled()? {
+                self.s.sim_ms = self.now;
+                self.s.notes_read = self.procs.iter().any(|p| p.refusals_read > 0) as u64;
+                return Ok(self.s);
+            }
+            if self.now > self.last_start + bound && self.pending.is_empty() {
+                if let Some(d) = self
+                    .procs
+                    .iter()
+                    .find(|p| p.duplicate && p.role == Role::Looking)
+                {
+                    return Err(self.violation(format!(
+                        "the second process for rank {} (pid {}), started while its holder was alive, was never refused",
+                        d.rank, d.pid
+                    )));
+                }
+                return Err(self.violation(format!(
+                    "the run did not end within {bound} ms of the last start: {}",
+                    self.states()
+                )));
+            }
+        }
+    }
+
+    fn states(&self) -> String {
+        self.procs
+            .iter()
+            .map(|p| format!("rank {} pid {} {:?} gen {}", p.rank, p.pid, p.role, p.gen))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    /// A second process for the duplicate rank, on a new host, once its holder has
+    /// joined and heartbeat.
+    fn maybe_duplicate(&mut self) {
+        let Some((d, delay)) = self.duplicate else {
+            return;
+        };
+        let holder = self.procs.iter().find(|p| {
+            p.rank == d
+                && !p.duplicate
+                && matches!(p.role, Role::Joined | Role::Passed)
+                && p.mine.as_ref().is_some_and(|m| m.seq >= 2)
+        });
+        if holder.is_some() {
+            self.duplicate = None;
+            let host = self.add_client();
+            self.pending.push(Start {
+                at: self.now + delay,
+                rank: d,
+                host,
+                good: true,
+                duplicate: true,
+            });
+            self.s.duplicates += 1;
+        }
+    }
+
+    /// A heartbeat; true if it found an intruder (and stopped).
+    fn beat(&mut self, p: usize) -> bool {
+        let interval = if self.procs[p].rank == 0 && self.procs[p].role != Role::Released {
+            self.hb_ms.min(1_000)
+        } else {
+            self.hb_ms
+        };
+        self.procs[p].next_beat = self.now + interval;
+        // The read-back: another process's nonce there means two claim this rank.
+        let mine = self.procs[p].mine.clone().expect("beats with a record");
+        if let Some(back) = self.read_rec(p, mine.gen, mine.rank) {
+            if back.nonce != mine.nonce && back.gen == mine.gen {
+                self.s.intruders += 1;
+                let what = format!(
+                    "found pid {} in its record of generation {}: stops",
+                    back.pid, mine.gen
+                );
+                self.kill(p, &what);
+                return true;
+            }
+        }
+        self.publish(p, |_| {});
+        false
+    }
+
+    fn act(&mut self, p: usize) -> Result<(), Violation> {
+        let jitter = self.poll_ms / 2 + self.rng.below(self.poll_ms / 2 + 1);
+        self.procs[p].next_poll = self.now + jitter;
+        match self.procs[p].role.clone() {
+            Role::Forming { stage } => self.form(p, stage),
+            Role::Waiting => self.master_wait(p),
+            Role::Looking => self.look(p),
+            Role::Joined => self.worker_wait(p),
+            Role::Released => {
+                self.master_watch(p);
+                Ok(())
+            }
+            Role::Passed => {
+                self.worker_watch(p);
+                Ok(())
+            }
+            Role::Refused | Role::Dead => Ok(()),
+        }
+    }
+
+    /// Rank 0's planned fault, before its next action (before it releases).
+    fn r0_fault(&mut self, p: usize) -> bool {
+        let Some(&(after, clean, delay)) = self.r0_faults.front() else {
+            return false;
+        };
+        self.r0_actions += 1;
+        if self.r0_actions <= after {
+            return false;
+        }
+        self.r0_faults.pop_front();
+        self.r0_actions = 0;
+        self.s.kills += 1;
+        self.s.restarts += 1;
+        if clean && self.procs[p].mine.is_some() {
+            // Stopped (interrupted): its record says it left.
+            self.publish(p, |r| r.state = NodeState::Left);
+            self.kill(p, "stopped (record left)");
+        } else {
+            self.kill(p, "killed (-9)");
+        }
+        self.pending.push(Start {
+            at: self.now + delay,
+            rank: 0,
+            host: 0,
+            good: true,
+            duplicate: false,
+        });
+        true
+    }
+
+    fn form(&mut self, p: usize, stage: u32) -> Result<(), Violation> {
+        if self.r0_fault(p) {
+            return Ok(());
+        }
+        self.procs[p].next_poll = self.now + 1 + self.rng.below(20);
+        let n = self.n as u32;
+        let dir: &dyn SharedDir = self.client(p);
+        if stage == 0 {
+            let prev = self.read_cluster(p);
+            let highest = dir
+                .read_dir(&self.layout.state_dir())
+                .expect("no faults injected here")
+                .into_iter()
+                .filter_map(|name| name.to_str()?.strip_prefix("gen-")?.parse::<u64>().ok())
+                .max()
+                .unwrap_or(0);
+            let mut gen = prev.as_ref().map_or(1, |c| c.gen + 1).max(highest + 1);
+            loop {
+                match dir.create_dir(&self.layout.gen_dir(gen)) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => gen += 1,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            let run_id = prev.map_or_else(|| "run".to_string(), |c| c.run_id);
+            self.procs[p].gen = gen;
+            self.procs[p].run_id = run_id;
+            self.s.generations += 1;
+            self.note(format!(
+                "rank 0 pid {} creates gen-{gen}",
+                self.procs[p].pid
+            ));
+        } else if stage < n {
+            let (gen, run_id) = (self.procs[p].gen, self.procs[p].run_id.clone());
+            dir.publish_json(
+                &self.path(gen, stage),
+                &RankRecord::vacant(&run_id, gen, stage),
+            )
+            .expect("no faults injected here");
+        } else if stage == n {
+            let (gen, run_id) = (self.procs[p].gen, self.procs[p].run_id.clone());
+            let me = self.own_record(p, gen, &run_id);
+            self.procs[p].mine = Some(RankRecord { seq: 0, ..me });
+            self.publish(p, |_| {});
+            self.procs[p].next_beat = self.now + self.hb_ms.min(1_000);
+        } else {
+            let pr = &self.procs[p];
+            let cluster = ClusterRecord {
+                proto: PROTO,
+                run_id: pr.run_id.clone(),
+                gen: pr.gen,
+                num_nodes: n,
+                rank_weights: vec![],
+                fingerprint: fingerprint(true).into(),
+                config: shared_view(true),
+                master_addr: "host-0".into(),
+                master_port: 29500,
+                host: format!("host-{}", pr.host),
+                pid: pr.pid,
+                machine: String::new(),
+                pid_start: 0,
+                started_at: String::new(),
+                previous: None,
+                run_fingerprint: "run-fp".into(),
+                resume: Default::default(),
+            };
+            let to = if stage == n + 1 {
+                self.layout.gen_cluster(pr.gen)
+            } else {
+                self.layout.cluster()
+            };
+            dir.publish_json(&to, &cluster)
+                .expect("no faults injected here");
+            if stage == n + 2 {
+                let gen = self.procs[p].gen;
+                self.cluster_history.push((self.now, gen));
+                self.note(format!("rank 0 publishes cluster.json: generation {gen}"));
+                self.procs[p].role = Role::Waiting;
+                return Ok(());
+            }
+        }
+        self.procs[p].role = Role::Forming { stage: stage + 1 };
+        Ok(())
+    }
+
+    fn master_wait(&mut self, p: usize) -> Result<(), Violation> {
+        if self.r0_fault(p) {
+            return Ok(());
+        }
+        let (gen, run_id) = (self.procs[p].gen, self.procs[p].run_id.clone());
+        let mut peers: Vec<Option<RankRecord>> = vec![self.procs[p].mine.clone()];
+        for r in 1..self.n as u32 {
+            let rec = self
+                .read_rec(p, gen, r)
+                .filter(|rec| rec.belongs_to(&run_id, gen, r) && !rec.state.is_terminal());
+            if rec
+                .as_ref()
+                .is_some_and(|rec| rec.state == NodeState::Vacant && rec.refused.is_some())
+            {
+                self.procs[p].refusals_read += 1;
+            }
+            peers.push(rec);
+        }
+        if !missing_arrivals(&peers, 0).is_empty() {
+            return Ok(());
+        }
+        // Every rank arrived, as rank 0 read it: check the server's truth.
+        self.s.checks += 1;
+        for r in 1..self.n as u32 {
+            let ok = self.truth(gen, r).is_some_and(|t| {
+                t.belongs_to(&run_id, gen, r) && t.arrived_at(0) && !t.state.is_terminal()
+            });
+            if !ok {
+                return Err(self.violation(format!(
+                    "rank 0 released generation {gen} but rank {r} has not truly arrived: {:?}",
+                    self.truth(gen, r)
+                        .map(|t| (t.state, t.pid, t.arrived.is_some()))
+                )));
+            }
+        }
+        let mark = self.join_mark(p);
+        self.publish(p, |r| {
+            r.released = Some(mark);
+            r.state = NodeState::Running;
+        });
+        self.procs[p].role = Role::Released;
+        self.procs[p].liveness = Liveness::new(Duration::from_millis(self.dead_after_ms));
+        self.note(format!("rank 0 releases generation {gen}"));
+        Ok(())
+    }
+
+    /// Rank 0 of a formed generation watches every rank: a rank still for dead-after
+    /// (a worker killed after it arrived) ends the generation, and rank 0's supervisor
+    /// starts it again (a new generation).
+    fn master_watch(&mut self, p: usize) {
+        let gen = self.procs[p].gen;
+        let local = self.local(p);
+        for r in 1..self.n as u32 {
+            match self.read_rec(p, gen, r) {
+                Some(rec) => {
+                    self.procs[p].liveness.observe(r, rec.seq, local);
+                }
+                None => self.procs[p].liveness.watch(r, local),
+            }
+            if self.procs[p].liveness.is_dead(r, local) {
+                self.publish(p, |rec| rec.state = NodeState::Failed);
+                let what = format!("ends generation {gen}: rank {r} is dead");
+                self.kill(p, &what);
+                self.s.failed_generations += 1;
+                self.restart(p);
+                return;
+            }
+        }
+    }
+
+    /// A worker of a formed generation watches rank 0: when its record ends, the worker
+    /// leaves and its supervisor starts it again.
+    fn worker_watch(&mut self, p: usize) {
+        let gen = self.procs[p].gen;
+        if self
+            .read_rec(p, gen, 0)
+            .is_some_and(|r| r.gen == gen && r.state.is_terminal())
+        {
+            self.publish(p, |r| r.state = NodeState::Left);
+            let what = format!("leaves generation {gen}: rank 0 ended it");
+            self.kill(p, &what);
+            self.restart(p);
+        }
+    }
+
+    /// A supervisor's restart of `p` on its host, within a poll.
+    fn restart(&mut self, p: usize) {
+        let at = self.now + 1 + self.rng.below(self.poll_ms);
+        let (rank, host, good) = (self.procs[p].rank, self.procs[p].host, self.procs[p].good);
+        self.s.restarts += 1;
+        self.pending.push(Start {
+            at,
+            rank,
+            host,
+            good,
+            duplicate: false,
+        });
+    }
+
+    fn look(&mut self, p: usize) -> Result<(), Violation> {
+        let seen_cluster = self.read_cluster(p);
+        let cluster_path = self.layout.cluster();
+        let seen = match &seen_cluster {
+            Some(c) => ClusterSeen::Cluster(c),
+            None => ClusterSeen::Missing(&cluster_path),
+        };
+        let good = self.procs[p].good;
+        let view_fn = move || shared_view(good);
+        let local = self.local(p);
+        let verdict = {
+            let pr = &mut self.procs[p];
+            let me = Joiner {
+                rank: pr.rank,
+                nonce: &pr.nonce,
+                fingerprint: fingerprint(good),
+                shared_view: &view_fn,
+                run_fingerprint: "run-fp",
+                iterations: 0,
+                slot_patience: Duration::from_millis(self.slot_patience_ms),
+                dead_after: Duration::from_millis(self.dead_after_ms),
+            };
+            let mut view = View {
+                client: &self.clients[pr.host],
+                layout: &self.layout,
+                rank: pr.rank,
+                holders: &mut pr.holders,
+                local,
+                memo: &self.memo,
+            };
+            join::look_with(seen, &pr.skipped, &me, &mut view, self.mutations.look)
+        };
+        let (rank, pid) = (self.procs[p].rank, self.procs[p].pid);
+        match verdict {
+            Look::Wait(_) => Ok(()),
+            Look::Skip { gen, why } => {
+                self.note(format!(
+                    "rank {rank} pid {pid} skips generation {gen}{}",
+                    why.map(|w| format!(": {w}")).unwrap_or_default()
+                ));
+                self.procs[p].skipped.insert(gen);
+                Ok(())
+            }
+            Look::Complete { message, .. } => {
+                Err(self.violation(format!("rank {rank} pid {pid}: {message}")))
+            }
+            Look::Refused { message, note, .. } => {
+                self.s.refusals += 1;
+                self.s.checks += 1;
+                self.note(format!("rank {rank} pid {pid} refused: {message}"));
+                self.procs[p].role = Role::Refused;
+                self.procs[p].died_at = Some(self.now);
+                self.procs[p].next_poll = u64::MAX;
+                let c = seen_cluster.expect("refused over a cluster record");
+                match note {
+                    Some(note) => {
+                        self.s.config_refusals += 1;
+                        if good {
+                            return Err(self.violation(format!(
+                                "rank {rank} pid {pid}, correctly configured, refused: {message}"
+                            )));
+                        }
+                        self.leave_refusal(p, &c, &note)
+                    }
+                    None => {
+                        // A held rank: the named holder is a live process (or died within
+                        // what a cache and a heartbeat can hide).
+                        let slack = self.hide_ms() + self.hb_ms + self.poll_ms;
+                        let named = self.procs.iter().any(|q| {
+                            q.rank == rank
+                                && message.contains(&format!("pid {} on host-{}", q.pid, q.host))
+                                && q.died_at.is_none_or(|d| self.now <= d + slack)
+                        });
+                        if !named {
+                            return Err(self.violation(format!(
+                                "rank {rank} pid {pid} refused for a holder that is not alive: {message}"
+                            )));
+                        }
+                        Ok(())
+                    }
+                }
+            }
+            Look::Join(c, r0) => {
+                self.s.checks += 1;
+                let gen = c.gen;
+                self.note(format!(
+                    "rank {rank} pid {pid} joins generation {gen} (rank 0 pid {})",
+                    r0.pid
+                ));
+                if !good {
+                    return Err(self.violation(format!(
+                        "rank {rank} pid {pid}, with another configuration, joined generation {gen}"
+                    )));
+                }
+                // cluster.json truly named it, within what the cache can hide.
+                let hide = self.hide_ms() + self.poll_ms;
+                let named = self
+                    .cluster_history
+                    .iter()
+                    .enumerate()
+                    .any(|(i, &(from, g))| {
+                        let until = self.cluster_history.get(i + 1).map_or(u64::MAX, |h| h.0);
+                        g == gen && from <= self.now && self.now <= until.saturating_add(hide)
+                    });
+                if !named {
+                    return Err(self.violation(format!(
+                        "rank {rank} pid {pid} joined generation {gen}, which cluster.json did not name (history {:?})",
+                        self.cluster_history
+                    )));
+                }
+                // Rank 0 alive, or ended no longer ago than caches and dead-after hide.
+                if let Some(&ended) = self.r0_ended.get(&gen) {
+                    let slack = self.hide_ms()
+                        + self.dead_after_ms
+                        + self.slot_patience_ms
+                        + 3 * self.poll_ms;
+                    if self.now > ended + slack {
+                        return Err(self.violation(format!(
+                            "rank {rank} pid {pid} joined generation {gen}, whose rank 0 ended {} ms ago",
+                            self.now - ended
+                        )));
+                    }
+                }
+                let me = self.own_record(p, gen, &c.run_id);
+                let pr = &mut self.procs[p];
+                pr.gen = gen;
+                pr.run_id = c.run_id.clone();
+                pr.role = Role::Joined;
+                pr.liveness = Liveness::new(Duration::from_millis(self.dead_after_ms));
+                pr.mine = Some(me);
+                pr.next_beat = self.now + self.hb_ms;
+                self.publish(p, |_| {});
+                Ok(())
+            }
+        }
+    }
+
+    /// `Node::leave_refusal`: the note into the still-vacant placeholder.
+    fn leave_refusal(&mut self, p: usize, c: &ClusterRecord, note: &str) -> Result<(), Violation> {
+        let (rank, pid, host) = (self.procs[p].rank, self.procs[p].pid, self.procs[p].host);
+        let Some(mut slot) = self.read_rec(p, c.gen, rank) else {
+            return Ok(());
+        };
+        if slot.state != NodeState::Vacant || !slot.belongs_to(&c.run_id, c.gen, rank) {
+            return Ok(());
+        }
+        slot.refused = Some(format!(
+            "rank {rank} was refused: {note} (pid {pid} on host-{host})"
+        ));
+        let dir: &dyn SharedDir = self.client(p);
+        dir.publish_json(&self.path(c.gen, rank), &slot)
+            .expect("no faults injected here");
+        let truth = self.truth(c.gen, rank);
+        if !truth
+            .as_ref()
+            .and_then(|t| t.refused.as_ref())
+            .is_some_and(|r| r.contains(note) && note.contains("timing.dead-after"))
+        {
+            return Err(self.violation(format!(
+                "rank {rank}'s refusal note is not in its placeholder: {truth:?}"
+            )));
+        }
+        Ok(())
+    }
+
+    fn worker_wait(&mut self, p: usize) -> Result<(), Violation> {
+        let gen = self.procs[p].gen;
+        let local = self.local(p);
+        let r0 = self
+            .read_rec(p, gen, 0)
+            .filter(|r| r.gen == gen && r.rank == 0);
+        match &r0 {
+            Some(r) => {
+                self.procs[p].liveness.observe(0, r.seq, local);
+            }
+            None => self.procs[p].liveness.watch(0, local),
+        }
+        if r0.as_ref().is_some_and(|r| r.released_at(0)) {
+            self.procs[p].role = Role::Passed;
+            let (rank, pid) = (self.procs[p].rank, self.procs[p].pid);
+            self.note(format!(
+                "rank {rank} pid {pid} passes the join of generation {gen}"
+            ));
+            return Ok(());
+        }
+        let replaced = self.read_cluster(p).is_none_or(|c| c.gen != gen);
+        if r0.as_ref().is_some_and(|r| r.state.is_terminal())
+            || replaced
+            || self.procs[p].liveness.is_dead(0, local)
+        {
+            let (rank, pid) = (self.procs[p].rank, self.procs[p].pid);
+            self.note(format!(
+                "rank {rank} pid {pid} leaves generation {gen} (rank 0 gone or replaced)"
+            ));
+            self.publish(p, |r| r.state = NodeState::Left);
+            let pr = &mut self.procs[p];
+            pr.mine = None;
+            pr.next_beat = u64::MAX;
+            pr.skipped.insert(gen);
+            pr.role = Role::Looking;
+        }
+        Ok(())
+    }
+
+    /// No two live processes believe they hold the same rank of the same generation.
+    fn check_holders(&mut self) -> Result<(), Violation> {
+        self.s.checks += 1;
+        let mut held: Vec<(u64, u32, u32)> = self
+            .procs
+            .iter()
+            .filter(|p| match p.role {
+                Role::Joined | Role::Passed | Role::Waiting | Role::Released => true,
+                Role::Forming { .. } => p.mine.is_some(),
+                _ => false,
+            })
+            .map(|p| (p.gen, p.rank, p.pid))
+            .collect();
+        held.sort_unstable();
+        if let Some(w) = held
+            .windows(2)
+            .find(|w| (w[0].0, w[0].1) == (w[1].0, w[1].1))
+        {
+            return Err(self.violation(format!(
+                "pids {} and {} both hold rank {} of generation {}",
+                w[0].2, w[1].2, w[0].1, w[0].0
+            )));
+        }
+        Ok(())
+    }
+
+    /// Has the run ended? Every live, correctly configured rank has joined the newest
+    /// generation and it is released (with a misconfigured rank: rank 0 still waits,
+    /// every other rank joined, the misconfigured one refused).
+    fn settled(&mut self) -> Result<bool, Violation> {
+        let Some(gen) = self.true_gen() else {
+            return Ok(false);
+        };
+        let live: Vec<usize> = (0..self.procs.len()).filter(|&p| self.live(p)).collect();
+        let Some(&master) = live.iter().find(|&&p| self.procs[p].rank == 0) else {
+            return Ok(false);
+        };
+        if self.procs[master].gen != gen {
+            return Ok(false);
+        }
+        let mut ok = true;
+        for r in 1..self.n as u32 {
+            let holders: Vec<usize> = live
+                .iter()
+                .copied()
+                .filter(|&p| self.procs[p].rank == r)
+                .collect();
+            if Some(r) == self.misconfigured {
+                ok &= holders.is_empty();
+                continue;
+            }
+            let want = if self.misconfigured.is_some() {
+                Role::Joined
+            } else {
+                Role::Passed
+            };
+            ok &= holders.len() == 1
+                && self.procs[holders[0]].role == want
+                && self.procs[holders[0]].gen == gen;
+        }
+        if !ok {
+            return Ok(false);
+        }
+        if let Some(m) = self.misconfigured {
+            if self.procs[master].role != Role::Waiting {
+                return Ok(false);
+            }
+            // The misconfigured rank was refused with its note.
+            let refused = self
+                .procs
+                .iter()
+                .any(|p| p.rank == m && p.role == Role::Refused);
+            if !refused {
+                return Err(self.violation(format!(
+                    "rank {m}, with another configuration, was never refused"
+                )));
+            }
+            return Ok(true);
+        }
+        Ok(self.procs[master].role == Role::Released)
+    }
+}
+
+pub fn sweep(
+    first: u64,
+    seeds: u64,
+    max_nodes: u64,
+    mutations: Mutations,
+) -> Result<Summary, Violation> {
+    super::sweep(first, seeds, max_nodes, |seed, n| {
+        Sim::new(seed, n, mutations).run()
+    })
+}
+
+#[test]
+fn a_thousand_seeds_of_joins_keep_the_invariants() {
+    match sweep(1, 1_000, 16, Mutations::default()) {
+        Ok(s) => {
+            println!("joins: {}", s.line());
+            assert!(
+                s.kills > 300 && s.refusals > 50 && s.config_refusals > 20,
+                "{}",
+                s.line()
+            );
+        }
+        Err(v) => panic!("{v}"),
+    }
+}
+
+#[test]
+fn the_same_join_seed_replays_the_same_run() {
+    super::assert_replays(7, |seed| {
+        Sim::new(seed, 8, Mutations::default())
+            .run()
+            .map(|s| s.line())
+    });
+}
+
+fn caught(m: Mutations) -> Violation {
+    super::caught(|first, seeds, nodes| sweep(first, seeds, nodes, m))
+}
+
+/// The simulator has teeth: a look that joins a generation whose rank 0 ended …
+#[test]
+fn joining_ended_generations_is_caught() {
+    let v = caught(Mutations {
+        look: Some(join::Mutation::JoinEndedGenerations),
+    });
+    assert!(v.what.contains("whose rank 0 ended"), "{v}");
+}
+
+/// … and one that takes a live process's rank.
+#[test]
+fn stealing_live_slots_is_caught() {
+    let v = caught(Mutations {
+        look: Some(join::Mutation::StealLiveSlots),
+    });
+    assert!(
+        v.what.contains("both hold rank") || v.what.contains("was never refused"),
+        "{v}"
+    );
+}
+
+/// This scenario found that `look` judged a rank's holder with `slot_patience` (two
+/// heartbeats and a poll) alone: through an attribute cache longer than that, a live
+/// holder on another host looks still, so a second process took its rank (or, once the
+/// generation formed, waited instead of being refused). The holder is now judged with
+/// dead-after's patience at least; the old judgement is still caught.
+#[test]
+fn a_holder_judged_by_slot_patience_alone_is_caught() {
+    let v = caught(Mutations {
+        look: Some(join::Mutation::SlotPatienceOnly),
+    });
+    assert!(
+        v.what.contains("both hold rank") || v.what.contains("was never refused"),
+        "{v}"
+    );
+}
+
+/// Seed 249 of a 16-node sweep (10 nodes, a 60 s attribute cache, slot patience 7 s): a
+/// second process for rank 7 joined generation 3 while rank 7's first process still
+/// waited in generation 1 for its dead rank 0; when that one came to generation 3 it
+/// judged the second (alive, heartbeating every 2.8 s behind its cache) gone after 7 s
+/// and took rank 7 too. Now it waits for dead-after and is refused.
+#[test]
+fn a_live_holder_behind_a_long_cache_is_not_taken() {
+    let old = Mutations {
+        look: Some(join::Mutation::SlotPatienceOnly),
+    };
+    let v = sweep(249, 1, 16, old)
+        .err()
+        .expect("the old judgement is caught");
+    assert!(
+        v.what
+            .contains("pids 1000 and 1011 both hold rank 7 of generation 3"),
+        "{v}"
+    );
+    sweep(249, 1, 16, Mutations::default()).unwrap_or_else(|v| panic!("{v}"));
+}
