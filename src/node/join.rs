@@ -503,7 +503,10 @@ impl Node {
     /// Refuse to start if the previous generation's rank 0 is still alive.
     fn check_previous_master(&mut self, r0: &RankRecord) -> Result<(), Stop> {
         let mut seen = Seen::default();
-        let patience = self.slot_patience();
+        // A rank 0 on another host is seen through an attribute cache that can hide its
+        // heartbeat for longer than slot-patience: judge it with dead-after at least, as
+        // `protocol::join::look` judges a rank's holder.
+        let patience = self.slot_patience().max(self.cfg.timing.dead_after);
         if r0.host != self.host {
             self.info(&format!(
                 "checking whether rank 0 of generation {} (pid {} on {}) is still running (up to {:.0}s)",
