@@ -363,7 +363,7 @@ fn diff_json(theirs: &Value, ours: &Value, prefix: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{Phase, PROTO};
+    use crate::protocol::Phase;
 
     #[test]
     fn diff_names_each_key() {
@@ -380,23 +380,12 @@ mod tests {
 
     fn cluster(gen: u64) -> ClusterRecord {
         ClusterRecord {
-            proto: PROTO,
-            run_id: "run".into(),
-            gen,
-            num_nodes: 3,
-            rank_weights: vec![],
             fingerprint: "fp".into(),
             config: json!({"timing": {"dead-after": "30s"}}),
-            master_addr: "h0".into(),
-            master_port: 29500,
             host: "h0".into(),
             pid: 100,
-            machine: String::new(),
-            pid_start: 0,
-            started_at: String::new(),
-            previous: None,
             run_fingerprint: "run-fp".into(),
-            resume: Default::default(),
+            ..ClusterRecord::bare("run", gen, 3)
         }
     }
 

@@ -47,6 +47,32 @@ pub struct ClusterRecord {
     pub resume: crate::protocol::journal::Resume,
 }
 
+impl ClusterRecord {
+    /// Generation `gen` of run `run_id` on `num_nodes` nodes, every other field empty:
+    /// what tests and the simulator fill in (`ClusterRecord { host, ..ClusterRecord::bare(…) }`).
+    pub fn bare(run_id: &str, gen: u64, num_nodes: u32) -> ClusterRecord {
+        ClusterRecord {
+            proto: PROTO,
+            run_id: run_id.to_string(),
+            gen,
+            num_nodes,
+            rank_weights: vec![],
+            fingerprint: String::new(),
+            config: serde_json::Value::Null,
+            master_addr: String::new(),
+            master_port: 0,
+            host: String::new(),
+            pid: 0,
+            machine: String::new(),
+            pid_start: 0,
+            started_at: String::new(),
+            previous: None,
+            run_fingerprint: String::new(),
+            resume: Default::default(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum NodeState {

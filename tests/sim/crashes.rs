@@ -43,7 +43,7 @@ use rl_node::protocol::fence::{self, Seen};
 use rl_node::protocol::journal::{self, item, Entry, Lines, Tail};
 use rl_node::protocol::phase::RlPhase;
 use rl_node::protocol::walk::{self, Barrier, IterationWalk, RolloutSplit, Step, WalkConfig};
-use rl_node::protocol::{ClusterRecord, PROTO};
+use rl_node::protocol::ClusterRecord;
 use rl_node::rng::SplitMix64 as Rng;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -169,23 +169,8 @@ fn checkpoint_content(trained: impl Iterator<Item = u64>) -> u64 {
 
 fn cluster(gen: u64) -> ClusterRecord {
     ClusterRecord {
-        proto: PROTO,
-        run_id: RUN.into(),
-        gen,
-        num_nodes: 0,
-        rank_weights: vec![],
-        fingerprint: String::new(),
-        config: serde_json::Value::Null,
-        master_addr: String::new(),
-        master_port: 0,
         host: "sim-0".into(),
-        pid: 0,
-        machine: String::new(),
-        pid_start: 0,
-        started_at: String::new(),
-        previous: None,
-        run_fingerprint: String::new(),
-        resume: Default::default(),
+        ..ClusterRecord::bare(RUN, gen, 0)
     }
 }
 

@@ -38,9 +38,7 @@ use super::Violation;
 use rl_node::layout::Layout;
 use rl_node::protocol::join::{self, ClusterSeen, JoinView, Joiner, Look};
 use rl_node::protocol::liveness::{Holder, Holders};
-use rl_node::protocol::{
-    missing_arrivals, ClusterRecord, Liveness, Mark, NodeState, RankRecord, PROTO,
-};
+use rl_node::protocol::{missing_arrivals, ClusterRecord, Liveness, Mark, NodeState, RankRecord};
 use rl_node::rng::SplitMix64 as Rng;
 use rl_node::store::sim::{SimClient, SimWorld};
 use rl_node::store::SharedDir;
@@ -840,23 +838,14 @@ impl Sim {
         } else {
             let pr = &self.procs[p];
             let cluster = ClusterRecord {
-                proto: PROTO,
-                run_id: pr.run_id.clone(),
-                gen: pr.gen,
-                num_nodes: n,
-                rank_weights: vec![],
                 fingerprint: fingerprint(true).into(),
                 config: shared_view(true),
                 master_addr: "host-0".into(),
                 master_port: 29500,
                 host: format!("host-{}", pr.host),
                 pid: pr.pid,
-                machine: String::new(),
-                pid_start: 0,
-                started_at: String::new(),
-                previous: None,
                 run_fingerprint: "run-fp".into(),
-                resume: Default::default(),
+                ..ClusterRecord::bare(&pr.run_id, pr.gen, n)
             };
             let to = if stage == n + 1 {
                 self.layout.gen_cluster(pr.gen)
