@@ -49,30 +49,15 @@ pub fn nproc_per_node(setting: &str) -> (u32, String) {
 /// 30 s (a wedged driver must not keep the node from starting). Waits on its child
 /// itself: call it before the node's reaper thread starts.
 fn list_gpus() -> Option<u32> {
-    use std::process::{Command, Stdio};
-    let mut child = super::procs::unblocked_signals(&mut Command::new("nvidia-smi"))
-        .arg("--list-gpus")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()?;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) if status.success() => break,
-            Ok(None) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(10))
-            }
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return None;
-            }
-        }
+    let (exit, out) = crate::process::capture(
+        "nvidia-smi",
+        &["--list-gpus"],
+        std::time::Duration::from_secs(30),
+    )?;
+    if exit != super::procs::ChildExit::Success {
+        return None;
     }
-    let mut out = String::new();
-    std::io::Read::read_to_string(&mut child.stdout.take()?, &mut out).ok()?;
+    let out = String::from_utf8_lossy(&out);
     Some(out.lines().filter(|l| l.starts_with("GPU ")).count() as u32)
 }
 

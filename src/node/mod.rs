@@ -2208,26 +2208,6 @@ fn hostname() -> String {
     gethostname::gethostname().to_string_lossy().into_owned()
 }
 
-/// Is process `pid` on this host alive? A zombie (dead, not yet reaped) is not.
-pub fn pid_alive(pid: u32) -> bool {
-    if pid == 0 {
-        return false;
-    }
-    // SAFETY: kill with signal 0 takes integers only; __errno_location returns a valid
-    // pointer to this thread's errno, read only when kill failed and so just set it.
-    let exists =
-        unsafe { libc::kill(pid as i32, 0) == 0 || *libc::__errno_location() == libc::EPERM };
-    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit(')')
-                .next()
-                .map(|rest| rest.trim_start().starts_with('Z'))
-        })
-        .unwrap_or(false);
-    exists && !zombie
-}
-
 /// Refuse a log path we cannot use before writing anything.
 fn preflight_log_path(layout: &Layout, rank: u32) -> Result<(), Stop> {
     let root = layout.root();

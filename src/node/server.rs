@@ -348,42 +348,20 @@ impl Node {
     }
 }
 
-/// Memory used per GPU in MiB, or None where nvidia-smi is absent or fails. Runs through
-/// the node's reaper-compatible spawning (nothing else may wait on children).
+/// Memory used per GPU in MiB, or None where nvidia-smi is absent or fails
+/// (`process::capture`, which the node's reaper hands the exit to).
 fn query_gpu_memory() -> Option<Vec<u64>> {
-    let dir = tempfile_path();
-    let out = dir.with_extension("out");
-    let status = super::procs::unblocked_signals(&mut std::process::Command::new("sh"))
-        .arg("-c")
-        .arg(format!(
-            "command -v nvidia-smi >/dev/null || exit 127; nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits > '{}'",
-            out.display()
-        ))
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .ok()?;
-    // The reaper thread collects the child; wait for its output file to be complete by
-    // polling the child's existence.
-    let pid = status.id() as i32;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while super::pid_alive(pid as u32) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
+    let (exit, out) = crate::process::capture(
+        "nvidia-smi",
+        &["--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+        Duration::from_secs(30),
+    )?;
+    if exit != super::procs::ChildExit::Success {
+        return None;
     }
-    let text = std::fs::read_to_string(&out).ok();
-    let _ = std::fs::remove_file(&out);
-    let used: Vec<u64> = text?
+    let used: Vec<u64> = String::from_utf8_lossy(&out)
         .lines()
         .filter_map(|l| l.trim().parse().ok())
         .collect();
     (!used.is_empty()).then_some(used)
-}
-
-fn tempfile_path() -> PathBuf {
-    std::env::temp_dir().join(format!(
-        "rl-node-gpu-{}-{}",
-        std::process::id(),
-        super::random_hex(4)
-    ))
 }

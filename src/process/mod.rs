@@ -294,6 +294,7 @@ fn wait_group_empty(pgid: i32, limit: Duration) -> bool {
 /// that ends, sending `Event::Reaped`. Nothing else in the node process may wait on
 /// children (it would race with this thread).
 pub fn start_reaper(tx: Sender<Event>) {
+    REAPER.store(true, Ordering::SeqCst);
     // SAFETY: prctl(PR_SET_CHILD_SUBREAPER) takes integers only and sets an attribute of
     // this process.
     unsafe {
@@ -309,6 +310,12 @@ pub fn start_reaper(tx: Sender<Event>) {
                 let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
                 if pid > 0 {
                     let exit = ChildExit::from_wait_status(status);
+                    // A child started by `capture` is its caller's to hear about.
+                    let waiter = WAITERS.lock().unwrap().remove(&pid);
+                    if let Some(w) = waiter {
+                        let _ = w.send(exit);
+                        continue;
+                    }
                     if tx.send(Event::Reaped { pid, exit }).is_err() {
                         return;
                     }
@@ -323,6 +330,95 @@ pub fn start_reaper(tx: Sender<Event>) {
             }
         })
         .expect("spawn reaper thread");
+}
+
+/// Whether this process's reaper runs (then nothing else may wait for a child).
+static REAPER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Children started by [`capture`] while the reaper runs, and where their exits go.
+static WAITERS: Mutex<BTreeMap<i32, Sender<ChildExit>>> = Mutex::new(BTreeMap::new());
+
+/// Run `program` with `args` to its end, at most `timeout`, and return its exit and its
+/// standard output (its standard error is discarded): for short helper programs such as
+/// `nvidia-smi`. A program that is not installed exits 127. `None` when it cannot be
+/// started or runs too long (it is then killed).
+///
+/// It works with or without the node's reaper: with it, the child is registered before
+/// the reaper can collect it, and the reaper hands its exit back here instead of to the
+/// node; without it, the child is waited for directly. The program runs under `sh`, which
+/// always starts: std waits for a child whose exec failed, which the reaper would have
+/// collected first.
+pub fn capture(program: &str, args: &[&str], timeout: Duration) -> Option<(ChildExit, Vec<u8>)> {
+    use std::sync::mpsc::channel;
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(r#"command -v "$0" >/dev/null || exit 127; exec "$0" "$@""#)
+        .arg(program)
+        .args(args);
+    unblocked_signals(&mut cmd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let deadline = Instant::now() + timeout;
+    // The reaper takes this lock before it looks for a waiter, so the child's exit cannot
+    // be collected before its waiter is in place.
+    let mut waiters = WAITERS.lock().unwrap();
+    let mut child = cmd.spawn().ok()?;
+    let pid = child.id() as i32;
+    let exits = REAPER.load(Ordering::SeqCst).then(|| {
+        let (tx, rx) = channel();
+        waiters.insert(pid, tx);
+        rx
+    });
+    drop(waiters);
+    let mut stdout = child.stdout.take()?;
+    // Read while it runs (a full pipe would stop it); a descendant that keeps the pipe
+    // open must not keep this caller waiting, hence the channel.
+    let (out_tx, out_rx) = channel();
+    std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut stdout, &mut out);
+        let _ = out_tx.send(out);
+    });
+    let exit = match &exits {
+        Some(rx) => rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .ok(),
+        None => loop {
+            match child.try_wait() {
+                Ok(Some(status)) => {
+                    use std::os::unix::process::ExitStatusExt;
+                    break Some(match (status.code(), status.signal()) {
+                        (Some(0), _) => ChildExit::Success,
+                        (Some(c), _) => ChildExit::Exit(c),
+                        (None, sig) => ChildExit::Signal(sig.unwrap_or(0)),
+                    });
+                }
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                _ => break None,
+            }
+        },
+    };
+    let Some(exit) = exit else {
+        // SAFETY: kill takes only integers; `pid` is our child, not yet collected (its
+        // waiter, or this function, would have its exit).
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        match exits {
+            // The reaper collects it, and its waiter goes with it.
+            Some(rx) => {
+                let _ = rx.recv_timeout(Duration::from_secs(5));
+            }
+            None => {
+                let _ = child.wait();
+            }
+        }
+        return None;
+    };
+    let left = deadline.saturating_duration_since(Instant::now());
+    let out = out_rx.recv_timeout(left.max(Duration::from_secs(1))).ok()?;
+    Some((exit, out))
 }
 
 /// A running command.
@@ -482,4 +578,54 @@ pub(crate) fn random_hex(bytes: usize) -> String {
         buf = (t ^ (std::process::id() as u128) << 64).to_le_bytes()[..bytes.min(16)].to_vec();
     }
     hex::encode(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc::channel;
+
+    fn sh(script: &str, timeout: Duration) -> Option<(ChildExit, Vec<u8>)> {
+        capture("sh", &["-c", script], timeout)
+    }
+
+    /// Each nextest test is a process of its own: this one has no reaper.
+    #[test]
+    fn capture_without_the_reaper_waits_for_its_child() {
+        let (exit, out) = sh("echo one; echo two; exit 3", Duration::from_secs(10)).expect("ran");
+        assert_eq!(exit, ChildExit::Exit(3));
+        assert_eq!(out, b"one\ntwo\n");
+        let missing = capture("no-such-program-here", &[], Duration::from_secs(10));
+        assert_eq!(missing, Some((ChildExit::Exit(127), vec![])));
+    }
+
+    /// With the node's reaper collecting every child, `capture` still gets its own
+    /// child's exit, and the node hears nothing of it; a program that is not installed
+    /// exits 127 (std would panic waiting for a child whose exec failed); a child that
+    /// runs too long is killed.
+    #[test]
+    fn capture_with_the_reaper_gets_its_childs_exit_and_the_node_does_not() {
+        let (tx, rx) = channel();
+        start_reaper(tx);
+        for _ in 0..20 {
+            let (exit, out) = sh("printf gpu; exit 0", Duration::from_secs(10)).expect("ran");
+            assert_eq!((exit, out.as_slice()), (ChildExit::Success, &b"gpu"[..]));
+        }
+        let missing = capture("no-such-program-here", &[], Duration::from_secs(10));
+        assert_eq!(missing, Some((ChildExit::Exit(127), vec![])));
+        let started = Instant::now();
+        assert!(sh("exec sleep 30", Duration::from_millis(200)).is_none());
+        assert!(started.elapsed() < Duration::from_secs(10));
+        // A child the node starts itself still reaches the node (the reaper collects it).
+        #[allow(clippy::zombie_processes)]
+        let other = Command::new("true").spawn().unwrap();
+        let pid = other.id() as i32;
+        match rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(Event::Reaped { pid: p, exit }) => {
+                assert_eq!((p, exit), (pid, ChildExit::Success));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(WAITERS.lock().unwrap().is_empty(), "no waiter left behind");
+    }
 }
