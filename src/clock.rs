@@ -22,6 +22,11 @@ pub trait Clock: Send + Sync {
 
     /// Monotonic time since this clock's origin: what the protocol core is fed.
     fn since_start(&self) -> Duration;
+
+    /// How long ago `since`, an instant of this clock, was.
+    fn elapsed(&self, since: Instant) -> Duration {
+        self.now().saturating_duration_since(since)
+    }
 }
 
 /// Now, as records and journals stamp it ([`crate::protocol::wall_stamp`]), for code

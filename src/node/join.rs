@@ -513,16 +513,10 @@ impl Node {
                 r0.gen, r0.pid, r0.host, patience.as_secs_f64()
             ));
         }
-        let path = self.layout.rank_record(r0.gen, 0);
         let first = r0.clone();
         let deadline = self.clock.now() + patience * 2;
         let verdict = self.wait_for(deadline, |n| {
-            let rec = n
-                .store
-                .read_json::<RankRecord>(&path)
-                .ok()
-                .flatten()
-                .unwrap_or(first.clone());
+            let rec = n.read_record(r0.gen, 0).unwrap_or(first.clone());
             if rec.state.is_terminal() {
                 return Ok(Some(Holder::Gone));
             }
@@ -674,7 +668,7 @@ impl Node {
                 ClusterSeen::Unreadable(&unreadable)
             }
         };
-        let run_fingerprint = self.cfg.run_fingerprint();
+        let run_fingerprint = || self.cfg.run_fingerprint();
         let shared_view = || self.cfg.shared_view();
         let me = Joiner {
             rank: self.rank,
@@ -735,21 +729,11 @@ struct NodeView<'a> {
 
 impl crate::protocol::join::JoinView for NodeView<'_> {
     fn rank0(&mut self, gen: u64) -> Option<RankRecord> {
-        let path = self.node.layout.rank_record(gen, 0);
-        self.node
-            .store
-            .read_json::<RankRecord>(&path)
-            .ok()
-            .flatten()
+        self.node.read_record(gen, 0)
     }
 
     fn slot(&mut self, gen: u64) -> Option<RankRecord> {
-        let path = self.node.layout.rank_record(gen, self.node.rank);
-        self.node
-            .store
-            .read_json::<RankRecord>(&path)
-            .ok()
-            .flatten()
+        self.node.read_record(gen, self.node.rank)
     }
 
     fn holder(&mut self, rec: &RankRecord, patience: Duration) -> Holder {

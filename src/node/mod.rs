@@ -556,16 +556,12 @@ impl Node {
             ));
         }
         let now = self.clock.since_start();
-        self.watch.run_id = self.run_id().to_string();
-        self.watch.gen = self.gen();
         let gen = self.gen();
         let reads = watching::watched(self.rank, self.num_nodes())
-            .map(|r| {
-                let path = self.layout.rank_record(gen, r);
-                (r, self.store.read_json::<RankRecord>(&path).ok().flatten())
-            })
+            .map(|r| (r, self.read_record(gen, r)))
             .collect();
-        let round = self.watch.round(reads, now);
+        let run_id = self.cluster.as_ref().map_or("", |c| c.run_id.as_str());
+        let round = self.watch.round(run_id, gen, reads, now);
         for note in round.notes {
             match note {
                 // A process refused this rank left why in the placeholder (join reports it).
@@ -591,7 +587,6 @@ impl Node {
             Some(watching::Stop::Abort(info)) => return Err(self.adopt_abort(info)),
             Some(watching::Stop::Dead { rank, silent, last }) => {
                 let (host, phase, iteration) = last
-                    .map(|p| *p)
                     .map(|p| {
                         (
                             p.host,
@@ -810,7 +805,7 @@ impl Node {
             self.end_wait(waited, || format!("barrier {name} was not released"))?
         };
         self.waiting_note.clear();
-        let waited = started.elapsed();
+        let waited = self.clock.elapsed(started);
         self.debug(&format!(
             "iteration {}: barrier {name} passed after {:.3}s",
             self.iteration,
@@ -904,7 +899,7 @@ impl Node {
             }
             self.info(&format!(
                 "iteration {iteration} complete in {:.2}s{}",
-                started.elapsed().as_secs_f64(),
+                self.clock.elapsed(started).as_secs_f64(),
                 if self.train_failed.is_empty() {
                     ""
                 } else {
@@ -1882,7 +1877,7 @@ impl Node {
                     self.iteration,
                     dest.display(),
                     source.display(),
-                    started.elapsed().as_secs_f64()
+                    self.clock.elapsed(started).as_secs_f64()
                 ));
                 self.event(events::Event::Handoff {
                     model: self.model.clone(),
@@ -2166,9 +2161,14 @@ impl Node {
             .join(format!("rank-{}.jsonl", self.rank));
         self.append_log(&path, &record.to_line());
     }
-}
 
-impl Node {
+    /// Rank `rank`'s record in generation `gen` as read now; missing, torn or unreadable
+    /// is `None` ("not yet": a live record is judged by what it says, not by its name).
+    fn read_record(&self, gen: u64, rank: u32) -> Option<RankRecord> {
+        let path = self.layout.rank_record(gen, rank);
+        self.store.read_json::<RankRecord>(&path).ok().flatten()
+    }
+
     /// Now on this node's wall clock, as records and journals stamp it.
     fn wall_stamp(&self) -> String {
         crate::protocol::wall_stamp(self.clock.wall())

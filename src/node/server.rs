@@ -251,7 +251,7 @@ impl Node {
         self.registry.stop(server.pid, self.cfg.server.stop_grace);
         self.wait_port_free("the server stopped", &server.log)?;
         self.event(events::Event::ServerStop {
-            secs: started.elapsed().as_secs_f64(),
+            secs: self.clock.elapsed(started).as_secs_f64(),
         });
         self.wait_gpu_drain()
     }
@@ -291,7 +291,7 @@ impl Node {
         // default): a peer's abort or a Ctrl-C is honoured within a poll. nvidia-smi is
         // asked at most twice a second.
         let drained = self.wait_for(deadline, |n| {
-            if last_query.is_some_and(|t| t.elapsed() < Duration::from_millis(500)) {
+            if last_query.is_some_and(|t| n.clock.elapsed(t) < Duration::from_millis(500)) {
                 return Ok(None);
             }
             last_query = Some(n.clock.now());

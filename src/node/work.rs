@@ -655,7 +655,7 @@ impl Node {
             tally.committed,
             tally.total,
             tally.retries,
-            started.elapsed().as_secs_f64(),
+            self.clock.elapsed(started).as_secs_f64(),
             if self.cfg.work.exact_budget && tally.committed < planned {
                 format!(" (exact-budget: {} of the planned {planned} collected; no more replacement tasks)", tally.committed)
             } else {
@@ -774,10 +774,7 @@ impl Node {
             if r == self.rank {
                 continue;
             }
-            let failed = if let Ok(Some(rec)) = self
-                .store
-                .read_json::<crate::protocol::RankRecord>(&self.layout.rank_record(self.gen(), r))
-            {
+            let failed = if let Some(rec) = self.read_record(self.gen(), r) {
                 self.watch.liveness.observe(r, rec.seq, now);
                 rec.state.is_terminal() && rec.state != crate::protocol::NodeState::Done
             } else {
@@ -864,7 +861,7 @@ impl Node {
                 if self.claim(split, pos, attempt)? {
                     let (pid, partial) =
                         self.spawn_item(&job, &pool[pos], &item_name(pos, None), attempt)?;
-                    started_at.entry(pid).or_insert_with(Instant::now);
+                    started_at.entry(pid).or_insert_with(|| self.clock.now());
                     running.insert(
                         pid,
                         Running {
@@ -883,7 +880,7 @@ impl Node {
                     continue;
                 }
                 let (pid, partial) = self.spawn_item(&job, &pool[pos], &item_name(pos, None), 0)?;
-                started_at.entry(pid).or_insert_with(Instant::now);
+                started_at.entry(pid).or_insert_with(|| self.clock.now());
                 running.insert(
                     pid,
                     Running {
@@ -930,7 +927,7 @@ impl Node {
                             attempt,
                             rank: holder,
                         } => {
-                            let seen = *first_seen.entry(pos).or_insert_with(Instant::now);
+                            let seen = *first_seen.entry(pos).or_insert_with(|| self.clock.now());
                             let avg = (!item_secs.is_empty()).then(|| {
                                 Duration::from_secs_f64(
                                     item_secs.iter().sum::<f64>() / item_secs.len() as f64,
@@ -938,7 +935,7 @@ impl Node {
                             });
                             // One backup per item, of a first attempt only: a retry or a
                             // takeover is not backed up again.
-                            let slower = lease::backup_due(attempt, seen.elapsed(), avg);
+                            let slower = lease::backup_due(attempt, self.clock.elapsed(seen), avg);
                             if slower && self.claim(split, pos, attempt + 1)? {
                                 backups += 1;
                                 self.event(events::Event::Backup {
@@ -952,7 +949,6 @@ impl Node {
                                     attempt + 1,
                                 )?;
                                 started_at.insert(pid, self.clock.now());
-                                started_at.entry(pid).or_insert_with(Instant::now);
                                 running.insert(
                                     pid,
                                     Running {
@@ -979,7 +975,7 @@ impl Node {
                                     &item_name(pos, None),
                                     attempt + 1,
                                 )?;
-                                started_at.entry(pid).or_insert_with(Instant::now);
+                                started_at.entry(pid).or_insert_with(|| self.clock.now());
                                 running.insert(
                                     pid,
                                     Running {
@@ -1001,7 +997,7 @@ impl Node {
                             if self.claim(split, pos, 0)? {
                                 let (pid, partial) =
                                     self.spawn_item(&job, item, &item_name(pos, None), 0)?;
-                                started_at.entry(pid).or_insert_with(Instant::now);
+                                started_at.entry(pid).or_insert_with(|| self.clock.now());
                                 running.insert(
                                     pid,
                                     Running {
@@ -1084,7 +1080,7 @@ impl Node {
             let r = running.remove(&pid).expect("ours");
             self.reap(pid, None);
             if let Some(t) = started_at.remove(&pid) {
-                item_secs.push(t.elapsed().as_secs_f64());
+                item_secs.push(self.clock.elapsed(t).as_secs_f64());
             }
             let name = item_name(r.pos, None);
             match exit {
@@ -1120,7 +1116,7 @@ impl Node {
             "iteration {}: dynamic {split}: this rank committed {mine} of {} items in {:.2}s ({backups} backup attempt(s)){}",
             self.iteration,
             pool.len(),
-            started.elapsed().as_secs_f64(),
+            self.clock.elapsed(started).as_secs_f64(),
             if failed.is_empty() {
                 String::new()
             } else {

@@ -38,8 +38,9 @@ pub struct Joiner<'a> {
     /// (built only to word a refusal).
     pub fingerprint: &'a str,
     pub shared_view: &'a dyn Fn() -> Value,
-    /// The fingerprint of what may not change across restarts of one run.
-    pub run_fingerprint: &'a str,
+    /// The fingerprint of what may not change across restarts of one run (computed only
+    /// when an ended run's completion is in question).
+    pub run_fingerprint: &'a dyn Fn() -> String,
     /// `--iterations` (0: no target).
     pub iterations: u64,
     /// How long a previous holder of the rank may stay silent before it counts as gone;
@@ -139,7 +140,7 @@ pub fn look_with(
         return Look::Wait(None);
     };
     if r0.state.is_terminal() && !join_ended {
-        if me.iterations > 0 && c.run_fingerprint == me.run_fingerprint {
+        if me.iterations > 0 && c.run_fingerprint == (me.run_fingerprint)() {
             let resume = view.resume_iteration(&c.run_id);
             if resume > me.iterations {
                 return Look::Complete {
@@ -437,7 +438,7 @@ mod tests {
             nonce: "mine",
             fingerprint: "fp",
             shared_view: view,
-            run_fingerprint: "run-fp",
+            run_fingerprint: &|| "run-fp".to_string(),
             iterations: 0,
             slot_patience: Duration::from_secs(12),
             dead_after: Duration::from_secs(30),

@@ -25,12 +25,10 @@ pub fn watched(me: u32, num_nodes: u32) -> std::ops::Range<u32> {
     }
 }
 
-/// What a node knows while it watches: the generation, its peers as last read, the
-/// processes that joined it, and their liveness.
+/// What a node knows while it watches: its peers as last read, the processes that
+/// joined its generation, and their liveness.
 #[derive(Debug, Clone)]
 pub struct Watch {
-    pub run_id: String,
-    pub gen: u64,
     /// The last valid record read of each rank.
     pub peers: Vec<Option<RankRecord>>,
     /// The nonce of each rank's process as of the join: a change means it was replaced.
@@ -76,8 +74,6 @@ pub struct Round {
 impl Watch {
     pub fn new(num_nodes: u32, liveness: Liveness) -> Watch {
         Watch {
-            run_id: String::new(),
-            gen: 0,
             peers: vec![None; num_nodes as usize],
             nonces: HashMap::new(),
             liveness,
@@ -86,13 +82,20 @@ impl Watch {
         }
     }
 
-    /// Judge the records read at `now`, one `(rank, record as read)` per watched rank in
-    /// rank order (`None`: missing or unparsable).
-    pub fn round(&mut self, reads: Vec<(u32, Option<RankRecord>)>, now: Duration) -> Round {
+    /// Judge the records read at `now` in generation `gen` of run `run_id`, one `(rank,
+    /// record as read)` per watched rank in rank order (`None`: missing or unparsable; a
+    /// record of another run or generation is not that rank's).
+    pub fn round(
+        &mut self,
+        run_id: &str,
+        gen: u64,
+        reads: Vec<(u32, Option<RankRecord>)>,
+        now: Duration,
+    ) -> Round {
         let mut round = Round::default();
         for (r, read) in reads {
             let slot = r as usize;
-            if let Some(rec) = read.filter(|rec| rec.belongs_to(&self.run_id, self.gen, r)) {
+            if let Some(rec) = read.filter(|rec| rec.belongs_to(run_id, gen, r)) {
                 if rec.state == NodeState::Vacant {
                     if let Some(why) = rec.refused {
                         round.notes.push(Note::Refused { rank: r, why });
@@ -153,20 +156,20 @@ mod tests {
     use crate::protocol::{AbortKind, NodeState};
 
     const S: Duration = Duration::from_secs(1);
+    const RUN: &str = "run";
+    const GEN: u64 = 2;
 
     fn rec(rank: u32, seq: u64) -> RankRecord {
         RankRecord {
             state: NodeState::Running,
             seq,
             nonce: format!("n{rank}"),
-            ..RankRecord::vacant("run", 2, rank)
+            ..RankRecord::vacant(RUN, GEN, rank)
         }
     }
 
     fn watch(n: u32) -> Watch {
         let mut w = Watch::new(n, Liveness::new(10 * S));
-        w.run_id = "run".into();
-        w.gen = 2;
         w.nonces = (0..n).map(|r| (r, format!("n{r}"))).collect();
         w.formed = true;
         w
@@ -184,11 +187,15 @@ mod tests {
         let mut w = watch(3);
         w.formed = false;
         let reads = |s1, s2| vec![(1, Some(rec(1, s1))), (2, Some(rec(2, s2)))];
-        assert_eq!(w.round(reads(1, 1), S), Round::default());
-        assert_eq!(w.round(reads(2, 1), 20 * S), Round::default(), "not formed");
+        assert_eq!(w.round(RUN, GEN, reads(1, 1), S), Round::default());
+        assert_eq!(
+            w.round(RUN, GEN, reads(2, 1), 20 * S),
+            Round::default(),
+            "not formed"
+        );
         w.formed = true;
-        assert_eq!(w.round(reads(3, 1), 10 * S), Round::default());
-        let r = w.round(reads(4, 1), 11 * S + Duration::from_millis(1));
+        assert_eq!(w.round(RUN, GEN, reads(3, 1), 10 * S), Round::default());
+        let r = w.round(RUN, GEN, reads(4, 1), 11 * S + Duration::from_millis(1));
         match r.stop {
             Some(Stop::Dead {
                 rank: 2,
@@ -202,7 +209,7 @@ mod tests {
         }
         // A dynamic rollout notes it instead, and goes on to the next rank.
         w.tolerate_dead = true;
-        let r = w.round(reads(5, 1), 12 * S);
+        let r = w.round(RUN, GEN, reads(5, 1), 12 * S);
         assert_eq!(r.notes, [Note::DeadTolerated(2)]);
         assert_eq!(r.stop, None);
     }
@@ -212,16 +219,19 @@ mod tests {
         let mut w = watch(2);
         let mut done = rec(1, 1);
         done.state = NodeState::Done;
-        w.round(vec![(1, Some(done.clone()))], S);
-        assert_eq!(w.round(vec![(1, Some(done))], 100 * S), Round::default());
+        w.round(RUN, GEN, vec![(1, Some(done.clone()))], S);
+        assert_eq!(
+            w.round(RUN, GEN, vec![(1, Some(done))], 100 * S),
+            Round::default()
+        );
         // Another generation's record is not this rank's: it neither feeds liveness nor
         // replaces what was last read.
         let mut w = watch(2);
-        w.round(vec![(1, Some(rec(1, 1)))], S);
+        w.round(RUN, GEN, vec![(1, Some(rec(1, 1)))], S);
         let mut old = rec(1, 9);
         old.gen = 1;
         assert!(matches!(
-            w.round(vec![(1, Some(old))], 12 * S).stop,
+            w.round(RUN, GEN, vec![(1, Some(old))], 12 * S).stop,
             Some(Stop::Dead { rank: 1, .. })
         ));
     }
@@ -248,6 +258,8 @@ mod tests {
         let mut vacant = RankRecord::vacant("run", 2, 3);
         vacant.refused = Some("another configuration".into());
         let r = w.round(
+            RUN,
+            GEN,
             vec![
                 (1, Some(intruder)),
                 (2, Some(aborting.clone())),
@@ -256,9 +268,14 @@ mod tests {
             S,
         );
         assert!(matches!(r.stop, Some(Stop::TakenOver { rank: 1, ref host, .. }) if host == "h9"));
-        let r = w.round(vec![(2, Some(aborting)), (3, Some(vacant.clone()))], S);
+        let r = w.round(
+            RUN,
+            GEN,
+            vec![(2, Some(aborting)), (3, Some(vacant.clone()))],
+            S,
+        );
         assert!(matches!(r.stop, Some(Stop::Abort(ref a)) if a.reason == "boom"));
-        let r = w.round(vec![(3, Some(vacant))], S);
+        let r = w.round(RUN, GEN, vec![(3, Some(vacant))], S);
         assert_eq!(
             r.notes,
             [Note::Refused {

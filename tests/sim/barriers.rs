@@ -60,8 +60,6 @@ use std::time::Duration;
 /// A node's watch of its peers in the simulated generation, formed from the start.
 fn watch_of(n: usize, liveness: Liveness) -> Watch {
     let mut w = Watch::new(n as u32, liveness);
-    w.run_id = "sim".into();
-    w.gen = 1;
     w.formed = true;
     w
 }
@@ -566,7 +564,7 @@ impl Sim {
         let reads = watch::watched(r as u32, self.n as u32)
             .map(|q| (q, records[q as usize].clone()))
             .collect();
-        match self.watch[r].round(reads, local).stop {
+        match self.watch[r].round("sim", 1, reads, local).stop {
             None => {}
             Some(watch::Stop::Abort(abort)) => {
                 let (by, dead) = (abort.detected_by, abort.culprit);

@@ -982,7 +982,7 @@ impl Sim {
                 nonce: &pr.nonce,
                 fingerprint: fingerprint(good),
                 shared_view: &view_fn,
-                run_fingerprint: "run-fp",
+                run_fingerprint: &|| "run-fp".to_string(),
                 iterations: 0,
                 slot_patience: Duration::from_millis(self.slot_patience_ms),
                 dead_after: Duration::from_millis(self.dead_after_ms),
