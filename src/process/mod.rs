@@ -388,11 +388,7 @@ pub fn capture(program: &str, args: &[&str], timeout: Duration) -> Option<(Child
             match child.try_wait() {
                 Ok(Some(status)) => {
                     use std::os::unix::process::ExitStatusExt;
-                    break Some(match (status.code(), status.signal()) {
-                        (Some(0), _) => ChildExit::Success,
-                        (Some(c), _) => ChildExit::Exit(c),
-                        (None, sig) => ChildExit::Signal(sig.unwrap_or(0)),
-                    });
+                    break Some(ChildExit::from_wait_status(status.into_raw()));
                 }
                 Ok(None) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(10))

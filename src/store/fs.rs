@@ -366,8 +366,7 @@ pub(crate) fn json_bytes<T: Serialize + ?Sized>(value: &T) -> io::Result<Vec<u8>
 }
 
 pub fn publish_json<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
-    // Streamed: a plan of a million items is over 100 MB of JSON.
-    publish_with(path, |w| write_json(w, value))
+    (&Fs as &dyn SharedDir).publish_json(path, value)
 }
 
 /// The last resort of a node that can no longer create files (a full disk, a quota):
@@ -378,7 +377,7 @@ pub fn publish_json<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
 /// a mix for a moment, which the tolerant readers treat as "not yet". Fails with
 /// `FileTooLarge` when the value does not fit.
 pub fn overwrite_in_place<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
-    overwrite_bytes_in_place(path, &serde_json::to_vec(value).map_err(io::Error::other)?)
+    (&Fs as &dyn SharedDir).overwrite_json_in_place(path, value)
 }
 
 fn overwrite_bytes_in_place(path: &Path, value: &[u8]) -> io::Result<()> {
@@ -442,7 +441,7 @@ pub fn create_new(path: &Path, bytes: &[u8]) -> io::Result<bool> {
 }
 
 pub fn create_new_json<T: Serialize>(path: &Path, value: &T) -> io::Result<bool> {
-    create_new(path, &json_bytes(value)?)
+    (&Fs as &dyn SharedDir).create_new_json(path, value)
 }
 
 /// Read a file; a missing file is `None`. Counted as the open, the `stat` std does for
@@ -464,7 +463,7 @@ pub fn read(path: &Path) -> io::Result<Option<Vec<u8>>> {
 /// For live records only, where a torn read means "not yet": the run's own state files
 /// (cluster record, journals, history) are read with [`read_strict`] instead.
 pub fn read_json<T: DeserializeOwned>(path: &Path) -> io::Result<Option<T>> {
-    Ok(read(path)?.and_then(|b| serde_json::from_slice(&b).ok()))
+    (&Fs as &dyn SharedDir).read_json(path)
 }
 
 /// Read and parse one of the run's own state files. Missing is `Ok(None)`; present but
@@ -473,7 +472,7 @@ pub fn read_json<T: DeserializeOwned>(path: &Path) -> io::Result<Option<T>> {
 /// validated"). I/O errors other than not-found are reported as damage too, with the OS
 /// error.
 pub fn read_strict<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, Damaged> {
-    parse_strict_read(path, read(path))
+    (&Fs as &dyn SharedDir).read_strict(path)
 }
 
 pub(crate) fn parse_strict_read<T: DeserializeOwned>(
