@@ -39,6 +39,10 @@ pub enum Mutation {
     ReleaseOneEarly,
     /// A worker passes on any release, also an older barrier's.
     AcceptStaleRelease,
+    /// Rank 0 counts as arrived every rank whose file it can list, whatever the file
+    /// says: the `ls | wc -l` of a flag-file barrier, where a file left by an earlier
+    /// barrier or a rank's join counts as an arrival.
+    CountListed,
 }
 
 /// Barrier number `k` (the node's k-th barrier of the generation) as seen by `rank`.
@@ -96,7 +100,12 @@ impl Barrier {
     /// rank's own entry is not looked at).
     pub fn on_records(&self, records: &[Option<RankRecord>]) -> Progress {
         if self.rank == 0 {
-            let missing = missing_arrivals(records, self.k);
+            let missing = match self.mutation {
+                Some(Mutation::CountListed) => (1..records.len() as u32)
+                    .filter(|&r| records[r as usize].is_none())
+                    .collect(),
+                _ => missing_arrivals(records, self.k),
+            };
             let complete = match self.mutation {
                 Some(Mutation::ReleaseOneEarly) => missing.len() <= 1,
                 _ => missing.is_empty(),

@@ -45,6 +45,10 @@ impl Liveness {
         self
     }
 
+    pub fn dead_after(&self) -> Duration {
+        self.dead_after
+    }
+
     /// Record the sequence number read for `rank` at `now`. Returns true if it advanced.
     pub fn observe(&mut self, rank: u32, seq: u64, now: Duration) -> bool {
         match self.seen.get_mut(&rank) {

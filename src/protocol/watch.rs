@@ -14,7 +14,7 @@
 
 use super::{AbortInfo, Liveness, NodeState, RankRecord};
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// The ranks `me` watches in a cluster of `num_nodes`.
 pub fn watched(me: u32, num_nodes: u32) -> std::ops::Range<u32> {
@@ -71,6 +71,25 @@ pub struct Round {
     pub stop: Option<Stop>,
 }
 
+/// A deliberately wrong judgement, for showing that the simulator catches it. Never set
+/// by the node.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mutation {
+    /// A peer is dead once the wall-clock stamp its record was written with is older than
+    /// dead-after by this node's wall clock, `now`: what a judge of written timestamps or
+    /// file mtimes does. The nodes' wall clocks disagree (by minutes on a badly kept
+    /// cluster), so a node whose clock is ahead finds live peers dead.
+    WallClock { now: SystemTime },
+}
+
+/// How old a record's wall-clock stamp is by the wall clock `now` (None: no stamp, or a
+/// stamp from `now`'s future).
+fn stamp_age(stamp: &str, now: SystemTime) -> Option<Duration> {
+    let written = chrono::DateTime::parse_from_rfc3339(stamp).ok()?;
+    now.duration_since(SystemTime::from(written)).ok()
+}
+
 impl Watch {
     pub fn new(num_nodes: u32, liveness: Liveness) -> Watch {
         Watch {
@@ -91,6 +110,18 @@ impl Watch {
         gen: u64,
         reads: Vec<(u32, Option<RankRecord>)>,
         now: Duration,
+    ) -> Round {
+        self.round_with(run_id, gen, reads, now, None)
+    }
+
+    #[doc(hidden)]
+    pub fn round_with(
+        &mut self,
+        run_id: &str,
+        gen: u64,
+        reads: Vec<(u32, Option<RankRecord>)>,
+        now: Duration,
+        mutation: Option<Mutation>,
     ) -> Round {
         let mut round = Round::default();
         for (r, read) in reads {
@@ -125,7 +156,18 @@ impl Watch {
             let terminal = self.peers[slot]
                 .as_ref()
                 .is_some_and(|p| p.state.is_terminal());
-            if !self.formed || terminal || !self.liveness.is_dead(r, now) {
+            let silent = match mutation {
+                Some(Mutation::WallClock { now: wall }) => self.peers[slot]
+                    .as_ref()
+                    .and_then(|p| stamp_age(&p.wall, wall))
+                    .unwrap_or_default(),
+                None => self.liveness.silent_for(r, now),
+            };
+            let dead = match mutation {
+                Some(Mutation::WallClock { .. }) => silent > self.liveness.dead_after(),
+                None => self.liveness.is_dead(r, now),
+            };
+            if !self.formed || terminal || !dead {
                 continue;
             }
             if self.tolerate_dead {
@@ -134,7 +176,7 @@ impl Watch {
             }
             round.stop = Some(Stop::Dead {
                 rank: r,
-                silent: self.liveness.silent_for(r, now),
+                silent,
                 last: self.peers[slot].clone().map(Box::new),
             });
             return round;
@@ -283,5 +325,36 @@ mod tests {
                 why: "another configuration".into()
             }]
         );
+    }
+
+    #[test]
+    fn wall_clock_stamps_never_decide_liveness_except_in_the_broken_variant() {
+        let mut w = watch(2);
+        let written = SystemTime::UNIX_EPOCH + 1_000_000 * S;
+        let mut peer = rec(1, 1);
+        peer.wall = crate::protocol::wall_stamp(written);
+        // The observer's wall clock is ten minutes ahead of the writer's.
+        let ahead = written + 600 * S;
+        assert_eq!(
+            w.round(RUN, GEN, vec![(1, Some(peer.clone()))], S),
+            Round::default()
+        );
+        peer.seq = 2;
+        assert_eq!(
+            w.round(RUN, GEN, vec![(1, Some(peer.clone()))], 2 * S),
+            Round::default(),
+            "the sequence advanced: alive, whatever the stamp says"
+        );
+        peer.seq = 3;
+        let broken = Some(Mutation::WallClock { now: ahead });
+        match w
+            .round_with(RUN, GEN, vec![(1, Some(peer))], 3 * S, broken)
+            .stop
+        {
+            Some(Stop::Dead {
+                rank: 1, silent, ..
+            }) => assert_eq!(silent, 600 * S),
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -22,7 +22,9 @@
 //! N steps' worth of time goes next (a real node polls at least every poll-interval).
 //! Some are frozen briefly (up to a quarter of dead-after); in one seed of four, one is
 //! stopped for three to five dead-afters and then resumes. The same seed always replays
-//! the same run.
+//! the same run. Wall clocks agree within 50 ms in one seed of two and are off by up to
+//! ten minutes in the other; records carry their writer's wall-clock stamp, which no
+//! correct judgement reads.
 //!
 //! Invariants:
 //! - no rank passes barrier k before every rank has published its arrival at k (checked
@@ -35,10 +37,12 @@
 //! - every node that stops names the cause the abort names;
 //! - every run ends within a bound computed from the timing settings.
 //!
-//! Proof that it has teeth: four deliberately broken variants are each caught within 200
-//! seeds. The barrier ones are rank 0 releasing with one arrival missing, and a worker
-//! taking an older barrier's release. The liveness ones are a judge that takes any read
-//! for a sign of life, and an impatient judge that waits a quarter of dead-after.
+//! Proof that it has teeth: six deliberately broken variants are each caught within 200
+//! seeds. The barrier ones are rank 0 releasing with one arrival missing, rank 0 counting
+//! the files it can list instead of the arrivals in them, and a worker taking an older
+//! barrier's release. The liveness ones are a judge that takes any read for a sign of
+//! life, an impatient judge that waits a quarter of dead-after, and a judge of the
+//! records' wall-clock stamps.
 //!
 //! Crashes, restarts, generations and fencing are the other scenario's (`crashes.rs`).
 
@@ -47,7 +51,7 @@ use rl_node::layout::Layout;
 use rl_node::protocol::barrier::{Barrier, Mutation, Progress};
 use rl_node::protocol::liveness::Mutation as LivenessMutation;
 use rl_node::protocol::watch::{self, Watch};
-use rl_node::protocol::{AbortInfo, AbortKind, Liveness, Mark, NodeState, RankRecord};
+use rl_node::protocol::{wall_stamp, AbortInfo, AbortKind, Liveness, Mark, NodeState, RankRecord};
 use rl_node::rng::SplitMix64 as Rng;
 use rl_node::store::sim::{SimClient, SimWorld};
 use rl_node::store::{OpClass, OpCounts, SharedDir};
@@ -55,7 +59,7 @@ use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// A node's watch of its peers in the simulated generation, formed from the start.
 fn watch_of(n: usize, liveness: Liveness) -> Watch {
@@ -101,7 +105,14 @@ struct Directory {
     /// Each rank's record versions parsed lately, with their bytes: every read gets the
     /// bytes, but the same bytes are parsed once (the debug build's serde is slow).
     parsed: Vec<VecDeque<(Vec<u8>, RankRecord)>>,
+    /// How far each node's wall clock is off true time, in ms (minutes on a cluster
+    /// without NTP). Records carry the writer's wall-clock stamp, as the node's do; no
+    /// correct judgement reads it.
+    wall_skew_ms: Vec<i64>,
 }
+
+/// The wall-clock time at the simulation's start: 2026-11-23.
+const WALL_ORIGIN_S: u64 = 1_795_392_000;
 
 /// A record's bytes parsed (`None`: unparsable), through `memo`, the last few versions.
 fn parse(memo: &mut VecDeque<(Vec<u8>, RankRecord)>, bytes: Vec<u8>) -> Option<RankRecord> {
@@ -117,7 +128,7 @@ fn parse(memo: &mut VecDeque<(Vec<u8>, RankRecord)>, bytes: Vec<u8>) -> Option<R
 }
 
 impl Directory {
-    fn new(n: usize, lifetime_ms: u64) -> Directory {
+    fn new(n: usize, lifetime_ms: u64, wall_skew_ms: Vec<i64>) -> Directory {
         let world = SimWorld::new();
         let layout = Layout::new("/sim-run");
         world
@@ -145,6 +156,7 @@ impl Directory {
             lifetime_ms,
             all_arrived: Vec::new(),
             parsed: vec![VecDeque::new(); n],
+            wall_skew_ms,
         };
         // Each node writes its record once before the barriers (the join does).
         for r in 0..n {
@@ -155,6 +167,12 @@ impl Directory {
 
     fn at(&self, now: u64) {
         self.clock.store(now, Ordering::Relaxed);
+    }
+
+    /// Node `rank`'s wall clock at true time `now` (ms).
+    fn wall(&self, rank: usize, now: u64) -> SystemTime {
+        let ms = (WALL_ORIGIN_S * 1_000 + now) as i64 + self.wall_skew_ms[rank];
+        SystemTime::UNIX_EPOCH + Duration::from_millis(ms as u64)
     }
 
     fn write(&mut self, rank: usize) {
@@ -178,6 +196,7 @@ impl Directory {
         self.at(now);
         f(&mut self.mine[rank]);
         self.mine[rank].seq += 1;
+        self.mine[rank].wall = wall_stamp(self.wall(rank, now));
         self.write(rank);
     }
 
@@ -285,6 +304,8 @@ enum Step {
 pub struct Mutations {
     barrier: Option<Mutation>,
     liveness: Option<LivenessMutation>,
+    /// Judge liveness by the records' wall-clock stamps (`watch::Mutation::WallClock`).
+    wall_clock: bool,
 }
 
 struct Sim {
@@ -343,6 +364,18 @@ impl Sim {
         // and the heartbeat interval (docs/shared-directory.md), plus 5 s.
         let dead_after_ms = 2 * (lifetime_ms + 2 * heartbeat_ms) + 5_000;
         let rate_ppm: Vec<u64> = (0..n).map(|_| 990_000 + rng.below(20_001)).collect();
+        // Wall clocks, from a stream of their own (the runs are those of the seeds before
+        // wall clocks were simulated): in one seed of two they are NTP-kept, within
+        // 50 ms of each other; otherwise each is off by up to ten minutes either way.
+        let mut wall_rng = Rng::new(seed ^ 0x3a11_c10c);
+        let spread_ms = if wall_rng.below(2) == 0 {
+            50
+        } else {
+            1_200_000
+        };
+        let wall_skew_ms = (0..n)
+            .map(|_| wall_rng.below(spread_ms + 1) as i64 - spread_ms as i64 / 2)
+            .collect();
         let watch = (0..n)
             .map(|_| {
                 watch_of(
@@ -358,7 +391,7 @@ impl Sim {
             mutations,
             rng,
             now: 0,
-            dir: Directory::new(n, lifetime_ms),
+            dir: Directory::new(n, lifetime_ms, wall_skew_ms),
             k: vec![1; n],
             step: vec![Step::Arrive; n],
             heartbeat_ms,
@@ -564,7 +597,15 @@ impl Sim {
         let reads = watch::watched(r as u32, self.n as u32)
             .map(|q| (q, records[q as usize].clone()))
             .collect();
-        match self.watch[r].round("sim", 1, reads, local).stop {
+        let wall = self.dir.wall(r, now);
+        let mutation = self
+            .mutations
+            .wall_clock
+            .then_some(watch::Mutation::WallClock { now: wall });
+        match self.watch[r]
+            .round_with("sim", 1, reads, local, mutation)
+            .stop
+        {
             None => {}
             Some(watch::Stop::Abort(abort)) => {
                 let (by, dead) = (abort.detected_by, abort.culprit);
@@ -805,7 +846,7 @@ fn a_judge_fooled_by_unchanged_records_is_caught() {
     assert!(v.what.contains("did not end"), "{v}");
 }
 
-/// … and an impatient one (a live node behind a stale cache is declared dead).
+/// … an impatient one (a live node behind a stale cache is declared dead) …
 #[test]
 fn an_impatient_liveness_judge_is_caught() {
     let v = caught(Mutations {
@@ -813,6 +854,27 @@ fn an_impatient_liveness_judge_is_caught() {
         ..Mutations::default()
     });
     assert!(v.what.contains("declared rank"), "{v}");
+}
+
+/// … one that judges by the wall-clock stamps in the records (a node whose clock is
+/// minutes ahead finds live peers dead) …
+#[test]
+fn a_judge_of_wall_clock_stamps_is_caught() {
+    let v = caught(Mutations {
+        wall_clock: true,
+        ..Mutations::default()
+    });
+    assert!(v.what.contains("declared rank"), "{v}");
+}
+
+/// … and a barrier that counts the files it can list instead of the arrivals in them.
+#[test]
+fn a_barrier_counting_listed_files_is_caught() {
+    let v = caught(Mutations {
+        barrier: Some(Mutation::CountListed),
+        ..Mutations::default()
+    });
+    assert!(v.what.contains("before ranks"), "{v}");
 }
 
 impl Summary {
@@ -898,7 +960,7 @@ impl Sim {
     /// A cluster for the figures: no randomness, exact clocks, the given timing.
     fn for_figures(n: usize, barriers: u64, s: OpsSettings) -> Sim {
         let mut sim = Sim::new(0, n, barriers, Mutations::default());
-        sim.dir = Directory::new(n, s.lifetime_ms);
+        sim.dir = Directory::new(n, s.lifetime_ms, vec![0; n]);
         sim.heartbeat_ms = s.heartbeat_ms;
         sim.dead_after_ms = s.dead_after_ms;
         sim.rate_ppm = vec![1_000_000; n];

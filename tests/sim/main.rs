@@ -3,7 +3,7 @@
 //!
 //! Four scenarios (docs/simulation.md):
 //! - `barriers`: the barrier and liveness over per-node NFS attribute and lookup caches,
-//!   drifting clocks, and frozen and stopped nodes;
+//!   drifting monotonic clocks, skewed wall clocks, and frozen and stopped nodes;
 //! - `crashes`: kill -9 at any point, torn journal appends, failing commands, restarts as
 //!   new generations, and nodes that wake up in a replaced generation (fencing), with
 //!   the journal, the resume point and the fence deciding;
