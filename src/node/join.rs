@@ -15,6 +15,7 @@ use super::{random_hex, Interrupt, Node, Stop};
 use crate::events;
 use crate::exit;
 use crate::holder;
+use crate::protocol::join;
 use crate::protocol::{ClusterRecord, Mark, NodeState, RankRecord, PROTO};
 use crate::state::{self, StateError};
 use serde_json::json;
@@ -500,13 +501,12 @@ impl Node {
             .min(Duration::from_secs(1))
     }
 
-    /// Refuse to start if the previous generation's rank 0 is still alive.
+    /// Refuse to start if the previous generation's rank 0 is still alive
+    /// (`protocol::join::previous_master` decides at each look).
     fn check_previous_master(&mut self, r0: &RankRecord) -> Result<(), Stop> {
         let mut seen = Seen::default();
-        // A rank 0 on another host is seen through an attribute cache that can hide its
-        // heartbeat for longer than slot-patience: judge it with dead-after at least, as
-        // `protocol::join::look` judges a rank's holder.
-        let patience = self.slot_patience().max(self.cfg.timing.dead_after);
+        let (slot_patience, dead_after) = (self.slot_patience(), self.cfg.timing.dead_after);
+        let patience = slot_patience.max(dead_after);
         if r0.host != self.host {
             self.info(&format!(
                 "checking whether rank 0 of generation {} (pid {} on {}) is still running (up to {:.0}s)",
@@ -517,25 +517,19 @@ impl Node {
         let deadline = self.clock.now() + patience * 2;
         let verdict = self.wait_for(deadline, |n| {
             let rec = n.read_record(r0.gen, 0).unwrap_or(first.clone());
-            if rec.state.is_terminal() {
-                return Ok(Some(Holder::Gone));
-            }
-            Ok(match n.judge(&mut seen, &rec, patience) {
-                Holder::Unknown => None,
-                h => Some(h),
-            })
+            let judge = |rec: &RankRecord, patience| n.judge(&mut seen, rec, patience);
+            Ok(
+                match join::previous_master(&rec, slot_patience, dead_after, judge, None) {
+                    Holder::Unknown => None,
+                    h => Some(h),
+                },
+            )
         });
         match verdict {
-            Ok(Holder::Alive) => Err(Stop::usage(
-                format!(
-                    "rank 0 is already held by a live process: pid {} on {} (generation {}, last phase {})",
-                    r0.pid,
-                    r0.host,
-                    r0.gen,
-                    r0.phase.map(|p| p.to_string()).unwrap_or_else(|| "join".into())
-                ),
-                Some("stop that process first, or use another --log-path for a separate run".into()),
-            )),
+            Ok(Holder::Alive) => {
+                let (message, hint) = join::previous_master_refusal(r0);
+                Err(Stop::usage(message, Some(hint)))
+            }
             Ok(_) | Err(Interrupt::Deadline) => Ok(()),
             Err(Interrupt::Stop(s)) => Err(s),
         }

@@ -96,6 +96,58 @@ pub enum Mutation {
     /// found (tests/sim/joins.rs) that an attribute cache longer than that hides a live
     /// holder's heartbeat.
     SlotPatienceOnly,
+    /// Rank 0 starts a new generation without asking whether the previous generation's
+    /// rank 0 still runs.
+    IgnorePreviousMaster,
+}
+
+/// How long a rank's previous holder (or a previous rank 0) may stay silent before it
+/// counts as gone. A holder on another host is seen through an attribute cache that may
+/// hide its heartbeat for longer than `slot_patience` (up to a minute on NFS); dead-after
+/// is what the configuration sizes for that.
+fn holder_patience(
+    slot_patience: Duration,
+    dead_after: Duration,
+    mutation: Option<Mutation>,
+) -> Duration {
+    if mutation == Some(Mutation::SlotPatienceOnly) {
+        slot_patience
+    } else {
+        slot_patience.max(dead_after)
+    }
+}
+
+/// Rank 0's look at the previous generation's rank 0 before it starts a new generation
+/// (`Node::check_previous_master`), given its record as read now: gone once the record
+/// ended; otherwise what `judge` says of the process behind it with the holder's patience
+/// (alive: refuse to start, with [`previous_master_refusal`]; unknown: look again).
+pub fn previous_master(
+    r0: &RankRecord,
+    slot_patience: Duration,
+    dead_after: Duration,
+    judge: impl FnOnce(&RankRecord, Duration) -> Holder,
+    mutation: Option<Mutation>,
+) -> Holder {
+    if r0.state.is_terminal() || mutation == Some(Mutation::IgnorePreviousMaster) {
+        return Holder::Gone;
+    }
+    judge(r0, holder_patience(slot_patience, dead_after, mutation))
+}
+
+/// The refusal (message, hint) of a rank 0 whose predecessor `r0` still runs.
+pub fn previous_master_refusal(r0: &RankRecord) -> (String, String) {
+    (
+        format!(
+            "rank 0 is already held by a live process: pid {} on {} (generation {}, last phase {})",
+            r0.pid,
+            r0.host,
+            r0.gen,
+            r0.phase
+                .map(|p| p.to_string())
+                .unwrap_or_else(|| "join".into())
+        ),
+        "stop that process first, or use another --log-path for a separate run".into(),
+    )
 }
 
 /// One look for a generation to join, given what was read of `cluster.json` and the
@@ -167,14 +219,7 @@ pub fn look_with(
         .filter(|s| s.state != NodeState::Vacant && !s.state.is_terminal() && s.nonce != me.nonce)
         .filter(|_| mutation != Some(Mutation::StealLiveSlots));
     if let Some(s) = held {
-        // A holder on another host is seen through an attribute cache that may hide its
-        // heartbeat for longer than `slot_patience` (up to a minute on NFS); dead-after
-        // is what the configuration sizes for that, as for rank 0.
-        let patience = if mutation == Some(Mutation::SlotPatienceOnly) {
-            me.slot_patience
-        } else {
-            me.slot_patience.max(me.dead_after)
-        };
+        let patience = holder_patience(me.slot_patience, me.dead_after, mutation);
         match view.holder(&s, patience) {
             Holder::Alive => {
                 return Look::Refused {

@@ -36,6 +36,7 @@
 
 use super::Violation;
 use rl_node::layout::Layout;
+use rl_node::protocol::fence;
 use rl_node::protocol::join::{self, ClusterSeen, JoinView, Joiner, Look};
 use rl_node::protocol::liveness::{Holder, Holders};
 use rl_node::protocol::{missing_arrivals, ClusterRecord, Liveness, Mark, NodeState, RankRecord};
@@ -53,10 +54,14 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Mutations {
     pub look: Option<join::Mutation>,
+    pub fence: Option<fence::Mutation>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
 enum Role {
+    /// Rank 0 asking whether the previous generation's rank 0 still runs
+    /// (`Node::check_previous_master`, with the core's `join::previous_master`).
+    Checking,
     /// Rank 0 forming generation `gen`: the next creation stage (0: pick and create the
     /// directory, 1..n: placeholders, then its record, the copy and `cluster.json`).
     Forming { stage: u32 },
@@ -98,6 +103,9 @@ struct Proc {
     died_at: Option<u64>,
     /// Rank 0: the refusals read in placeholders.
     refusals_read: u64,
+    started_at: u64,
+    /// Rank 0: when it published `cluster.json` naming its generation.
+    published_at: Option<u64>,
 }
 
 /// A scheduled start of a process for `rank` (on `host`), at `at`.
@@ -124,6 +132,11 @@ pub struct Summary {
     failed_generations: u64,
     /// Runs where rank 0 read a refusal's note in a placeholder.
     notes_read: u64,
+    /// Second rank 0 processes started; those refused because the first still ran; rank 0
+    /// processes that found another rank 0 owned the run (two started at once) and left.
+    second_masters: u64,
+    master_refusals: u64,
+    masters_left: u64,
     checks: u64,
     sim_ms: u64,
 }
@@ -131,7 +144,7 @@ pub struct Summary {
 impl Summary {
     pub fn line(&self) -> String {
         format!(
-            "{} steps, {} generations ({} ended by a rank dead after it arrived), {:.0} s simulated; faults: {} kills/stops, {} restarts, {} second processes; {} refusals ({} for another configuration; rank 0 read the note in {} runs), {} intruders found by a heartbeat; {} invariant checks",
+            "{} steps, {} generations ({} ended by a rank dead after it arrived), {:.0} s simulated; faults: {} kills/stops, {} restarts, {} second processes; {} refusals ({} for another configuration; rank 0 read the note in {} runs), {} intruders found by a heartbeat; {} second rank-0 processes ({} refused, {} rank 0s left a generation another owned); {} invariant checks",
             self.steps,
             self.generations,
             self.failed_generations,
@@ -143,6 +156,9 @@ impl Summary {
             self.config_refusals,
             self.notes_read,
             self.intruders,
+            self.second_masters,
+            self.master_refusals,
+            self.masters_left,
             self.checks
         )
     }
@@ -161,6 +177,9 @@ impl std::ops::AddAssign for Summary {
         self.intruders += o.intruders;
         self.failed_generations += o.failed_generations;
         self.notes_read += o.notes_read;
+        self.second_masters += o.second_masters;
+        self.master_refusals += o.master_refusals;
+        self.masters_left += o.masters_left;
         self.checks += o.checks;
         self.sim_ms += o.sim_ms;
     }
@@ -283,6 +302,9 @@ struct Sim {
     worker_kill: Option<(u32, u64, u64)>,
     /// A second process for this rank, once its holder has joined, after a delay.
     duplicate: Option<(u32, u64)>,
+    /// A second rank 0 started at once with the first: when the first goes on to form a
+    /// generation, after this delay (ms), on this host.
+    master_at_once: Option<(u64, usize)>,
     misconfigured: Option<u32>,
     /// True history of `cluster.json`: (from time, generation).
     cluster_history: Vec<(u64, u64)>,
@@ -332,6 +354,7 @@ impl Sim {
             r0_actions: 0,
             worker_kill: None,
             duplicate: None,
+            master_at_once: None,
             misconfigured: None,
             cluster_history: Vec::new(),
             r0_ended: HashMap::new(),
@@ -402,6 +425,27 @@ impl Sim {
                     p.good = false;
                 }
             }
+        }
+        // A second rank 0 process, on a host of its own, in one seed of three: in one case
+        // of two started at once with the first (as a launch script that runs `--master`
+        // twice: within 40 ms of the first one's look at `cluster.json`), else at any time
+        // up to three dead-afters. Drawn from a stream of its own: the seeds without one
+        // run as they did before second rank-0 processes were simulated.
+        let mut rng = Rng::new(seed ^ 0x5ec0_d0a5);
+        if rng.below(3) == 0 {
+            let host = sim.add_client();
+            if rng.below(2) == 0 {
+                sim.master_at_once = Some((rng.below(41), host));
+            } else {
+                sim.pending.push(Start {
+                    at: rng.below(3 * dead_after_ms),
+                    rank: 0,
+                    host,
+                    good: true,
+                    duplicate: true,
+                });
+            }
+            sim.s.second_masters += 1;
         }
         sim
     }
@@ -480,7 +524,11 @@ impl Sim {
                 ""
             }
         ));
-        let poll = self.now + self.rng.below(self.poll_ms);
+        let mut poll = self.now + self.rng.below(self.poll_ms);
+        if st.rank == 0 && st.duplicate {
+            // A second rank 0 looks at once (the first's start-up is its random poll).
+            poll = self.now;
+        }
         self.procs.push(Proc {
             rank: st.rank,
             host: st.host,
@@ -489,7 +537,7 @@ impl Sim {
             good: st.good,
             duplicate: st.duplicate,
             role: if st.rank == 0 {
-                Role::Forming { stage: 0 }
+                Role::Checking
             } else {
                 Role::Looking
             },
@@ -504,6 +552,8 @@ impl Sim {
             rate_ppm,
             died_at: None,
             refusals_read: 0,
+            started_at: self.now,
+            published_at: None,
         });
         self.last_start = self.now;
     }
@@ -657,6 +707,7 @@ impl Sim {
             }
             self.maybe_duplicate();
             self.check_holders()?;
+            self.check_masters()?;
             if changed && self.pending.is_empty() && self.worker_kill.is_none() && self.settled()? {
                 self.s.sim_ms = self.now;
                 self.s.notes_read = self.procs.iter().any(|p| p.refusals_read > 0) as u64;
@@ -744,12 +795,15 @@ impl Sim {
         let jitter = self.poll_ms / 2 + self.rng.below(self.poll_ms / 2 + 1);
         self.procs[p].next_poll = self.now + jitter;
         match self.procs[p].role.clone() {
+            Role::Checking => self.check_previous(p),
             Role::Forming { stage } => self.form(p, stage),
             Role::Waiting => self.master_wait(p),
             Role::Looking => self.look(p),
             Role::Joined => self.worker_wait(p),
             Role::Released => {
-                self.master_watch(p);
+                if !self.fenced_master(p) {
+                    self.master_watch(p);
+                }
                 Ok(())
             }
             Role::Passed => {
@@ -788,6 +842,165 @@ impl Sim {
             duplicate: false,
         });
         true
+    }
+
+    /// `Node::check_previous_master`: the previous generation's rank 0 (as `cluster.json`
+    /// names it, read through this host's cache) is judged by the core,
+    /// `join::previous_master`: on this process's own host the kernel answers; elsewhere
+    /// its heartbeat must advance within the patience. Alive: refuse; gone (or no
+    /// verdict within twice the patience): go on to form a generation.
+    fn check_previous(&mut self, p: usize) -> Result<(), Violation> {
+        let patience = self.slot_patience_ms.max(self.dead_after_ms);
+        let mut proceed = true;
+        if let Some(c) = self.read_cluster(p) {
+            if let Some(r0) = self
+                .read_rec(p, c.gen, 0)
+                .filter(|r| r.gen == c.gen && r.rank == 0)
+            {
+                let local = self.local(p);
+                let mine = format!("host-{}", self.procs[p].host);
+                let kernel = (r0.host == mine).then(|| {
+                    (0..self.procs.len()).any(|q| self.procs[q].pid == r0.pid && self.live(q))
+                });
+                let holders = &mut self.procs[p].holders;
+                let judge = |rec: &RankRecord, patience| match kernel {
+                    Some(true) => Holder::Alive,
+                    Some(false) => Holder::Gone,
+                    None => holders.judge(rec.gen, rec.rank, rec.seq, local, patience),
+                };
+                let verdict = join::previous_master(
+                    &r0,
+                    Duration::from_millis(self.slot_patience_ms),
+                    Duration::from_millis(self.dead_after_ms),
+                    judge,
+                    self.mutations.look,
+                );
+                match verdict {
+                    Holder::Alive => return self.refuse_master(p, &r0),
+                    Holder::Gone => {}
+                    Holder::Unknown => {
+                        proceed = self.now >= self.procs[p].started_at + 2 * patience;
+                    }
+                }
+            }
+        }
+        if !proceed {
+            return Ok(());
+        }
+        // A rank 0 that goes on while another rank 0 is alive, whose generation
+        // `cluster.json` truly named since before this one started (by more than a
+        // cache lifetime), would take a running cluster over.
+        self.s.checks += 1;
+        let started = self.procs[p].started_at;
+        let hide = self.hide_ms() + self.poll_ms;
+        let running = (0..self.procs.len()).find(|&q| {
+            q != p
+                && self.live(q)
+                && self.procs[q].rank == 0
+                && Some(self.procs[q].gen) == self.true_gen()
+                && self.procs[q]
+                    .published_at
+                    .is_some_and(|t| t + hide < started)
+        });
+        if let Some(q) = running {
+            return Err(self.violation(format!(
+                "rank 0 pid {} forms a new generation while rank 0 pid {} of generation {} (in cluster.json since before it started) is alive",
+                self.procs[p].pid, self.procs[q].pid, self.procs[q].gen
+            )));
+        }
+        if let Some((delay, host)) = self.master_at_once.take() {
+            self.pending.push(Start {
+                at: self.now + delay,
+                rank: 0,
+                host,
+                good: true,
+                duplicate: true,
+            });
+        }
+        self.procs[p].role = Role::Forming { stage: 0 };
+        self.form(p, 0)
+    }
+
+    /// A rank 0 refused because the previous generation's rank 0 still runs: the process
+    /// named must be alive (or have died within what a cache and a heartbeat hide).
+    fn refuse_master(&mut self, p: usize, r0: &RankRecord) -> Result<(), Violation> {
+        let (message, _) = join::previous_master_refusal(r0);
+        self.s.master_refusals += 1;
+        self.s.checks += 1;
+        let pid = self.procs[p].pid;
+        self.note(format!("rank 0 pid {pid} refused: {message}"));
+        let pr = &mut self.procs[p];
+        pr.role = Role::Refused;
+        pr.died_at = Some(self.now);
+        pr.next_poll = u64::MAX;
+        let slack = self.hide_ms() + self.hb_ms + self.poll_ms;
+        let named = self.procs.iter().any(|q| {
+            q.rank == 0 && q.pid == r0.pid && q.died_at.is_none_or(|d| self.now <= d + slack)
+        });
+        if !named {
+            return Err(self.violation(format!(
+                "rank 0 pid {pid} refused for a rank 0 that is not alive: {message}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The fence rank 0 checks at every poll of its join and before every commit
+    /// (`node::fence_check`): `cluster.json`, as read, names another generation or run
+    /// when another rank 0 started at the same time wrote it last. Then it leaves its
+    /// generation (record left) and exits. True if it left.
+    fn fenced_master(&mut self, p: usize) -> bool {
+        let (gen, run_id) = (self.procs[p].gen, self.procs[p].run_id.clone());
+        let path = self.layout.cluster();
+        let read = self.read_cluster(p);
+        let seen = match &read {
+            Some(c) => fence::Seen::Cluster(c),
+            None => fence::Seen::Missing(&path),
+        };
+        if fence::check_with(gen, &run_id, seen, self.mutations.fence).is_ok() {
+            return false;
+        }
+        self.publish(p, |r| {
+            r.state = NodeState::Left;
+            r.waiting_for.clear();
+        });
+        self.kill(
+            p,
+            &format!("finds another rank 0 owns the run: leaves generation {gen}"),
+        );
+        self.s.masters_left += 1;
+        true
+    }
+
+    /// A rank 0 whose generation `cluster.json` no longer names leaves within what its
+    /// cache hides and two polls.
+    fn check_masters(&mut self) -> Result<(), Violation> {
+        self.s.checks += 1;
+        let slack = self.hide_ms() + 2 * self.poll_ms + 1;
+        for q in 0..self.procs.len() {
+            let pr = &self.procs[q];
+            if pr.rank != 0 || !matches!(pr.role, Role::Waiting | Role::Released) {
+                continue;
+            }
+            // Since when `cluster.json` has named another generation for good.
+            let mut since = None;
+            for &(at, g) in &self.cluster_history {
+                if g == pr.gen {
+                    since = None;
+                } else if since.is_none() {
+                    since = Some(at);
+                }
+            }
+            if let Some(t) = since.filter(|&t| self.now > t + slack) {
+                return Err(self.violation(format!(
+                    "rank 0 pid {} still runs generation {} {} ms after cluster.json named another",
+                    pr.pid,
+                    pr.gen,
+                    self.now - t
+                )));
+            }
+        }
+        Ok(())
     }
 
     fn form(&mut self, p: usize, stage: u32) -> Result<(), Violation> {
@@ -857,7 +1070,11 @@ impl Sim {
             if stage == n + 2 {
                 let gen = self.procs[p].gen;
                 self.cluster_history.push((self.now, gen));
-                self.note(format!("rank 0 publishes cluster.json: generation {gen}"));
+                self.procs[p].published_at = Some(self.now);
+                self.note(format!(
+                    "rank 0 pid {} publishes cluster.json: generation {gen}",
+                    self.procs[p].pid
+                ));
                 self.procs[p].role = Role::Waiting;
                 return Ok(());
             }
@@ -867,7 +1084,7 @@ impl Sim {
     }
 
     fn master_wait(&mut self, p: usize) -> Result<(), Violation> {
-        if self.r0_fault(p) {
+        if self.r0_fault(p) || self.fenced_master(p) {
             return Ok(());
         }
         let (gen, run_id) = (self.procs[p].gen, self.procs[p].run_id.clone());
@@ -1203,7 +1420,12 @@ impl Sim {
             return Ok(false);
         };
         let live: Vec<usize> = (0..self.procs.len()).filter(|&p| self.live(p)).collect();
-        let Some(&master) = live.iter().find(|&&p| self.procs[p].rank == 0) else {
+        let masters: Vec<usize> = live
+            .iter()
+            .copied()
+            .filter(|&p| self.procs[p].rank == 0)
+            .collect();
+        let &[master] = masters.as_slice() else {
             return Ok(false);
         };
         if self.procs[master].gen != gen {
@@ -1273,6 +1495,13 @@ fn a_thousand_seeds_of_joins_keep_the_invariants() {
                 "{}",
                 s.line()
             );
+            // Second rank-0 processes: refused while the first runs, and, started at
+            // once, one of the two leaving the generation the other owns.
+            assert!(
+                s.master_refusals > 50 && s.masters_left > 20,
+                "{}",
+                s.line()
+            );
         }
         Err(v) => panic!("{v}"),
     }
@@ -1296,6 +1525,7 @@ fn caught(m: Mutations) -> Violation {
 fn joining_ended_generations_is_caught() {
     let v = caught(Mutations {
         look: Some(join::Mutation::JoinEndedGenerations),
+        ..Mutations::default()
     });
     assert!(v.what.contains("whose rank 0 ended"), "{v}");
 }
@@ -1305,6 +1535,7 @@ fn joining_ended_generations_is_caught() {
 fn stealing_live_slots_is_caught() {
     let v = caught(Mutations {
         look: Some(join::Mutation::StealLiveSlots),
+        ..Mutations::default()
     });
     assert!(
         v.what.contains("both hold rank") || v.what.contains("was never refused"),
@@ -1316,16 +1547,45 @@ fn stealing_live_slots_is_caught() {
 /// heartbeats and a poll) alone: through an attribute cache longer than that, a live
 /// holder on another host looks still, so a second process took its rank (or, once the
 /// generation formed, waited instead of being refused). The holder is now judged with
-/// dead-after's patience at least; the old judgement is still caught.
+/// dead-after's patience at least; the old judgement is still caught (it also misjudges
+/// a previous rank 0 on another host).
 #[test]
 fn a_holder_judged_by_slot_patience_alone_is_caught() {
     let v = caught(Mutations {
         look: Some(join::Mutation::SlotPatienceOnly),
+        ..Mutations::default()
     });
     assert!(
-        v.what.contains("both hold rank") || v.what.contains("was never refused"),
+        v.what.contains("both hold rank")
+            || v.what.contains("was never refused")
+            || v.what.contains("forms a new generation while rank 0"),
         "{v}"
     );
+}
+
+/// A rank 0 that does not ask whether the previous generation's rank 0 still runs takes
+/// a running cluster over when a second rank 0 is started.
+#[test]
+fn a_rank_0_ignoring_its_predecessor_is_caught() {
+    let v = caught(Mutations {
+        look: Some(join::Mutation::IgnorePreviousMaster),
+        ..Mutations::default()
+    });
+    assert!(
+        v.what.contains("forms a new generation while rank 0"),
+        "{v}"
+    );
+}
+
+/// Of two rank 0s started at once, the one whose `cluster.json` was overwritten must
+/// leave: with a fence that lets everything through, it runs on.
+#[test]
+fn a_rank_0_that_ignores_the_fence_is_caught() {
+    let v = caught(Mutations {
+        fence: Some(fence::Mutation::Open),
+        ..Mutations::default()
+    });
+    assert!(v.what.contains("after cluster.json named another"), "{v}");
 }
 
 /// Seed 249 of a 16-node sweep (10 nodes, a 60 s attribute cache, slot patience 7 s): a
@@ -1337,6 +1597,7 @@ fn a_holder_judged_by_slot_patience_alone_is_caught() {
 fn a_live_holder_behind_a_long_cache_is_not_taken() {
     let old = Mutations {
         look: Some(join::Mutation::SlotPatienceOnly),
+        ..Mutations::default()
     };
     let v = sweep(249, 1, 16, old)
         .err()
