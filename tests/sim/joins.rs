@@ -1,6 +1,8 @@
 //! Joining under stale caches, with restarts.
 //!
-//! Rank 0 forms generations as `Node::join_master` does: it picks a new `gen-G/` (above
+//! Rank 0 first asks the core (`join::previous_master`, as `Node::check_previous_master`
+//! does) whether the rank 0 `cluster.json` names still runs, and is refused if so; then
+//! it forms generations as `Node::join_master` does: it picks a new `gen-G/` (above
 //! `cluster.json`'s and every listed one), writes a vacant placeholder for every other
 //! rank, its own record (joining, arrived at barrier 0, heartbeating every second), the
 //! generation's copy of the cluster record and then `cluster.json`, and waits until every
@@ -18,7 +20,9 @@
 //! (or stopped, leaving its record terminal) before it releases and started again (a new
 //! generation; the old records stay behind); a worker killed and restarted, fast or
 //! slow; a second process started on another host for a rank whose holder is alive; a
-//! worker with another configuration.
+//! worker with another configuration; a second rank 0 on a host of its own, at any time
+//! or at once with the first (then the one whose `cluster.json` is overwritten leaves,
+//! by the core's fence).
 //!
 //! Invariants, after every step:
 //! - no two live processes believe they hold the same rank of the same generation;
@@ -27,12 +31,15 @@
 //!   hide; a misconfigured worker never joins and is refused with its note left in its
 //!   placeholder; a refusal for a held rank names a live process;
 //! - rank 0 releases only when every rank's record truly (on the server) arrived;
+//! - a rank 0 never forms a generation while a rank 0 that `cluster.json` named since
+//!   before it started runs; a rank 0 refused for a predecessor names a live one; a rank 0
+//!   whose `cluster.json` was overwritten leaves within a cache lifetime and two polls;
 //! - every run ends within a bound from the timing settings: every live, correctly
 //!   configured worker has joined the newest generation and it is released (or, with a
 //!   misconfigured rank, rank 0 still waits, having read the refusal).
 //!
-//! Teeth: `join::Mutation::JoinEndedGenerations` and `StealLiveSlots` are each caught
-//! within 200 seeds.
+//! Teeth: `join::Mutation::JoinEndedGenerations`, `StealLiveSlots`, `SlotPatienceOnly`,
+//! `IgnorePreviousMaster` and `fence::Mutation::Open` are each caught within 200 seeds.
 
 use super::Violation;
 use rl_node::layout::Layout;
