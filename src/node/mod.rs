@@ -3,11 +3,13 @@
 //! anything fails.
 //!
 //! One thread owns the node's state and runs every wait through [`Node::wait_for`], which
-//! turns child exits, signals and poll ticks into one decision: the condition holds, an
-//! abort appeared, an awaited peer is dead, or the deadline passed. Helper threads do only
-//! what must not depend on this one: the heartbeat thread writes our record, the reaper
-//! collects children, the signal thread escalates a second Ctrl-C, and the watchdog ends
-//! the node if a filesystem call on the shared directory hangs.
+//! turns child exits, signals, helper threads' wake-ups and poll ticks into one decision:
+//! the condition holds, an abort appeared, an awaited peer is dead, or the deadline
+//! passed. Each round also does the wait's periodic duties (the `workers-wait-for` relay).
+//! Helper threads do only what must not depend on this one: the heartbeat thread writes
+//! our record, the reaper collects children, the signal thread escalates a second
+//! Ctrl-C, the merge thread copies shards (and wakes the loop when done), and the
+//! watchdog ends the node if a filesystem call on the shared directory hangs.
 
 pub(crate) mod context;
 mod join;
@@ -108,6 +110,18 @@ pub struct NodeOptions {
     pub supervisor: Option<Arc<supervisor::Link>>,
 }
 
+/// How often the `workers-wait-for` relay looks for rank 0's file, at most.
+const RELAY_POLL: Duration = Duration::from_millis(500);
+
+/// Rank 0's relay of `workers-wait-for` (`Node::relay_ready`).
+struct Relay {
+    /// The file rank 0's command creates by itself.
+    watched: PathBuf,
+    /// The `{ready_file}` the workers wait for.
+    marker: PathBuf,
+    phase: String,
+}
+
 pub(crate) struct Node {
     cfg: Config,
     /// The shared directory: every operation on it goes through here (and is counted).
@@ -123,6 +137,8 @@ pub(crate) struct Node {
     nonce: String,
     fingerprint: String,
     events: Receiver<Event>,
+    /// For the node's helper threads (the merge) to wake the wait loop when they finish.
+    wake: Sender<Event>,
     registry: Arc<Registry>,
     watchdog: watchdog::Watchdog,
     // Set once joined.
@@ -143,6 +159,9 @@ pub(crate) struct Node {
     exited: HashMap<i32, ChildExit>,
     /// What the current wait is waiting for, for "still waiting" lines.
     waiting_note: String,
+    /// While rank 0's rollout command runs with `workers-wait-for`: the file it creates by
+    /// itself, which the wait loop turns into `{ready_file}` for the workers.
+    relay: Option<Relay>,
     /// A note for the next journal entry (e.g. that the shard was adopted).
     journal_note: Option<String>,
     /// Why a process was refused a still-vacant rank, as read from its placeholder.
@@ -254,6 +273,7 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
         nonce: random_hex(8),
         fingerprint: cfg.fingerprint(),
         events: rx,
+        wake: tx,
         registry,
         watchdog,
         cluster: None,
@@ -266,6 +286,7 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
         train_outcome: None,
         exited: HashMap::new(),
         waiting_note: String::new(),
+        relay: None,
         journal_note: None,
         refused: HashMap::new(),
         write_error: None,
@@ -444,13 +465,13 @@ impl Node {
         deadline: Instant,
         mut check: impl FnMut(&mut Node) -> Result<Option<T>, Stop>,
     ) -> Result<T, Interrupt> {
-        let max_step = self.cfg.timing.poll_interval;
-        let mut step = Duration::from_micros(500).min(max_step);
+        let mut step = Duration::from_micros(500).min(self.cfg.timing.poll_interval);
         let started = self.clock.now();
         let mut next_note = Duration::from_secs(10);
         loop {
             self.watchdog.pet("polling the shared directory");
             self.poll_cluster()?;
+            self.relay_round();
             if let Some(v) = check(self)? {
                 return Ok(v);
             }
@@ -467,6 +488,11 @@ impl Node {
                 next_note = (next_note * 3).min(next_note + Duration::from_secs(300));
             }
             let timeout = step.min(deadline - now);
+            let max_step = match self.relay {
+                // The relay looks at least twice a second.
+                Some(_) => RELAY_POLL.min(self.cfg.timing.poll_interval),
+                None => self.cfg.timing.poll_interval,
+            };
             step = (step * 3 / 2).min(max_step);
             match self.events.recv_timeout(timeout) {
                 Ok(ev) => self.handle_event(ev)?,
@@ -492,6 +518,7 @@ impl Node {
                 self.exited.insert(pid, exit);
                 Ok(())
             }
+            Event::Wake => Ok(()),
             Event::Signal(sig) => {
                 let time_limit = sig == libc::SIGUSR1 || sig == libc::SIGUSR2;
                 self.info(&format!(
@@ -1166,20 +1193,17 @@ impl Node {
                 self.wait_for_rank_0s_ready(split, phase, marker, rc)?;
             }
         }
-        let relay = match (&gate, self.is_master()) {
+        match (&gate, self.is_master()) {
             (Some(marker), true) if !rc.workers_wait_for.trim().is_empty() => {
-                Some(self.relay_ready(split, phase, rc, marker.clone())?)
+                self.relay_ready(split, phase, rc, marker.clone())?
             }
-            _ => None,
+            _ => {}
         };
         let result = match self.plan_for(split) {
             Some(plan) => self.planned_rollout(split, phase, pc, plan),
             None => self.rollout(split, phase, pc),
         };
-        if let Some((stop, thread)) = relay {
-            stop.store(true, std::sync::atomic::Ordering::Relaxed);
-            let _ = thread.join();
-        }
+        self.relay = None;
         self.extra.clear();
         self.publisher().stage(|r| r.progress = None);
         result
@@ -1188,22 +1212,16 @@ impl Node {
     /// Rank 0 with `workers-wait-for`: the file its command creates by itself (e.g.
     /// webgym's `multinode_flags/train_sampling_complete_rank_0`) releases the workers.
     /// A left-over one is removed before the command starts (only rank 0 removes and
-    /// watches it, so no worker can mistake an old one for this iteration's); a thread
-    /// watches for it while the command runs and then creates `{ready_file}`.
-    #[allow(clippy::type_complexity)]
+    /// watches it, so no worker can mistake an old one for this iteration's); while the
+    /// command runs, the wait loop looks for it (`relay_round`) and then creates
+    /// `{ready_file}`.
     fn relay_ready(
         &mut self,
         split: &str,
         phase: &str,
         rc: &crate::config::RolloutCommand,
         marker: PathBuf,
-    ) -> Result<
-        (
-            std::sync::Arc<std::sync::atomic::AtomicBool>,
-            std::thread::JoinHandle<()>,
-        ),
-        Stop,
-    > {
+    ) -> Result<(), Stop> {
         let values = self.values(phase, Some(split), Path::new(""));
         let watched = PathBuf::from(self.cfg.template(&rc.workers_wait_for).render_raw(&values));
         self.watchdog
@@ -1222,24 +1240,30 @@ impl Node {
                 return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
             }
         }
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let poll = self
-            .cfg
-            .timing
-            .poll_interval
-            .min(Duration::from_millis(500));
-        let (flag, phase, store) = (stop.clone(), phase.to_string(), self.store.clone());
-        let thread = std::thread::spawn(move || {
-            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
-                if store.exists(&watched) {
-                    let note = format!("rank 0's {phase} command created {}\n", watched.display());
-                    let _ = store.create_new(&marker, note.as_bytes());
-                    return;
-                }
-                std::thread::sleep(poll);
-            }
+        self.relay = Some(Relay {
+            watched,
+            marker,
+            phase: phase.to_string(),
         });
-        Ok((stop, thread))
+        Ok(())
+    }
+
+    /// One look of the relay, at each round of the wait loop: once rank 0's command has
+    /// created its file, create `{ready_file}` (once).
+    fn relay_round(&mut self) {
+        let Some(relay) = &self.relay else {
+            return;
+        };
+        if !self.store.exists(&relay.watched) {
+            return;
+        }
+        let note = format!(
+            "rank 0's {} command created {}\n",
+            relay.phase,
+            relay.watched.display()
+        );
+        let _ = self.store.create_new(&relay.marker, note.as_bytes());
+        self.relay = None;
     }
 
     /// This generation's `{ready_file}` of the current iteration's `split` rollout.
@@ -1579,6 +1603,7 @@ impl Node {
         // runs; its own deadline is the merge command's timeout, else none.
         let (tx, rx) = std::sync::mpsc::channel();
         let (layout, split_owned) = (self.layout.clone(), split.to_string());
+        let wake = self.wake.clone();
         std::thread::Builder::new()
             .name("merge".into())
             .spawn(move || {
@@ -1586,6 +1611,7 @@ impl Node {
                     wd.pet("aggregating shards")
                 });
                 let _ = tx.send(r);
+                let _ = wake.send(Event::Wake);
             })
             .expect("spawn the merge thread");
         let far = self.clock.now() + Duration::from_secs(365 * 24 * 3600);

@@ -87,6 +87,9 @@ pub enum Event {
     Reaped { pid: i32, exit: ChildExit },
     /// First SIGINT, SIGTERM, SIGHUP, SIGUSR1 or SIGUSR2.
     Signal(i32),
+    /// A helper thread of the node finished its work (a merge): look again now rather
+    /// than at the next poll.
+    Wake,
 }
 
 /// Process groups alive on this node (each with the id of the command that leads it),
