@@ -261,33 +261,42 @@ pub fn group_alive(pgid: i32) -> bool {
 /// SIGTERM the group, wait up to `grace` for it to empty, then SIGKILL and wait a little
 /// more. Returns true if the group is gone.
 pub fn stop_group(pgid: i32, grace: Duration) -> bool {
+    stop_group_collecting(pgid, grace, &mut || {})
+}
+
+/// [`stop_group`], calling `collect` before each look at the group (a caller that waits
+/// for the group's leader itself collects it there).
+fn stop_group_collecting(pgid: i32, grace: Duration, collect: &mut dyn FnMut()) -> bool {
     // SAFETY: killpg takes only integers and touches no memory of this process.
     unsafe {
         libc::killpg(pgid, libc::SIGTERM);
         // A process stopped by SIGSTOP would never act on SIGTERM.
         libc::killpg(pgid, libc::SIGCONT);
     }
-    if wait_group_empty(pgid, grace) {
+    if wait_group_empty(pgid, grace, collect) {
         return true;
     }
     // SAFETY: killpg takes only integers and touches no memory of this process.
     unsafe {
         libc::killpg(pgid, libc::SIGKILL);
     }
-    wait_group_empty(pgid, Duration::from_secs(5))
+    wait_group_empty(pgid, Duration::from_secs(5), collect)
 }
 
-fn wait_group_empty(pgid: i32, limit: Duration) -> bool {
+fn wait_group_empty(pgid: i32, limit: Duration, collect: &mut dyn FnMut()) -> bool {
     let start = Instant::now();
     let mut step = Duration::from_millis(1);
-    while group_alive(pgid) {
+    loop {
+        collect();
+        if !group_alive(pgid) {
+            return true;
+        }
         if start.elapsed() >= limit {
             return false;
         }
         std::thread::sleep(step);
         step = (step * 2).min(Duration::from_millis(50));
     }
-    true
 }
 
 /// Become the reaper of our descendants and start the thread that collects every child
@@ -378,6 +387,10 @@ pub(crate) fn spawn_waited(cmd: &mut Command) -> io::Result<Waited> {
 }
 
 impl Waited {
+    pub(crate) fn pid(&self) -> i32 {
+        self.pid
+    }
+
     /// The child's standard output, when it was piped.
     pub(crate) fn take_stdout(&mut self) -> Option<ChildStdout> {
         self.child.stdout.take()
@@ -423,6 +436,17 @@ impl Waited {
             unsafe { libc::kill(self.pid, libc::SIGKILL) };
         }
         self.wait_timeout(Duration::from_secs(5))
+    }
+
+    /// Stop the process group the child leads (started with `process_group(0)`) as
+    /// [`stop_group`] does, collecting the child meanwhile: a leader that exited but was
+    /// not collected stays in its group as a zombie and keeps the group alive. Returns true
+    /// if the group is gone.
+    pub(crate) fn stop_group(&mut self, grace: Duration) -> bool {
+        let pgid = self.pid;
+        stop_group_collecting(pgid, grace, &mut || {
+            self.wait_timeout(Duration::ZERO);
+        })
     }
 }
 
@@ -632,6 +656,8 @@ mod tests {
     }
 
     /// The life of [`Waited`] children, with or without the reaper: one that exits, one
+    /// that leads a group and ignores SIGTERM (stopped: SIGKILL after the grace, and the
+    /// leader collected meanwhile, else its zombie would keep the group alive), one
     /// killed. Returns their pids.
     fn waited_children() -> Vec<i32> {
         let mut quick = spawn_waited(Command::new("sh").args(["-c", "exit 4"])).unwrap();
@@ -639,9 +665,31 @@ mod tests {
         assert_eq!(quick.wait_timeout(Duration::from_secs(10)), four);
         assert_eq!(quick.wait_timeout(Duration::ZERO), four, "remembered");
 
+        let mut group = spawn_waited(
+            unblocked_signals(&mut Command::new("sh"))
+                .args(["-c", "trap '' TERM; echo started; exec sleep 30"])
+                .stdout(Stdio::piped())
+                .process_group(0),
+        )
+        .unwrap();
+        let mut line = String::new();
+        io::BufReader::new(group.take_stdout().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line, "started\n");
+        let started = Instant::now();
+        assert_eq!(group.wait_timeout(Duration::from_millis(100)), None);
+        assert!(started.elapsed() >= Duration::from_millis(100));
+        assert!(group.stop_group(Duration::from_millis(200)), "group gone");
+        assert!(!group_alive(group.pid()));
+        assert_eq!(
+            group.wait_timeout(Duration::ZERO),
+            Some(ChildExit::Signal(libc::SIGKILL))
+        );
+
         let mut killed = spawn_waited(Command::new("sh").args(["-c", "exec sleep 30"])).unwrap();
         assert_eq!(killed.kill(), Some(ChildExit::Signal(libc::SIGKILL)));
-        vec![quick.pid, killed.pid]
+        vec![quick.pid(), group.pid(), killed.pid()]
     }
 
     /// Each nextest test is a process of its own: this one has no reaper.
