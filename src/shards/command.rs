@@ -23,7 +23,7 @@ use crate::template::{braced_list, shell_word, Braces, Dialect, Template};
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::io::{self, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -257,21 +257,10 @@ pub fn run(job: &Job, tick: &mut dyn FnMut()) -> Result<Vec<InputReport>, Comman
         }
         None => {
             // stdout too goes to stderr: rl-node's own stdout may carry --json output.
-            let err = io::stderr().as_raw_fd();
-            let dup = |fd| -> io::Result<Stdio> {
-                // SAFETY: fcntl(F_DUPFD_CLOEXEC) takes integers only and returns a new fd
-                // or -1.
-                let d = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
-                if d < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                // SAFETY: `d` was just returned by fcntl, so it is open and owned by
-                // nothing else.
-                Ok(Stdio::from(unsafe { OwnedFd::from_raw_fd(d) }))
-            };
+            let dup = || io::stderr().as_fd().try_clone_to_owned().map(Stdio::from);
             (
-                dup(err).map_err(CommandError::Spawn)?,
-                dup(err).map_err(CommandError::Spawn)?,
+                dup().map_err(CommandError::Spawn)?,
+                dup().map_err(CommandError::Spawn)?,
             )
         }
     };
