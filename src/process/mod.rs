@@ -27,9 +27,9 @@ use std::fs::OpenOptions;
 use std::io::{self, BufRead, Write};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
-use std::sync::mpsc::Sender;
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -264,38 +264,48 @@ pub fn group_alive(pgid: i32) -> bool {
 /// SIGTERM the group, wait up to `grace` for it to empty, then SIGKILL and wait a little
 /// more. Returns true if the group is gone.
 pub fn stop_group(pgid: i32, grace: Duration) -> bool {
+    stop_group_collecting(pgid, grace, &mut || {})
+}
+
+/// [`stop_group`], calling `collect` before each look at the group (a caller that waits
+/// for the group's leader itself collects it there).
+fn stop_group_collecting(pgid: i32, grace: Duration, collect: &mut dyn FnMut()) -> bool {
     // SAFETY: killpg takes only integers and touches no memory of this process.
     unsafe {
         libc::killpg(pgid, libc::SIGTERM);
         // A process stopped by SIGSTOP would never act on SIGTERM.
         libc::killpg(pgid, libc::SIGCONT);
     }
-    if wait_group_empty(pgid, grace) {
+    if wait_group_empty(pgid, grace, collect) {
         return true;
     }
     // SAFETY: killpg takes only integers and touches no memory of this process.
     unsafe {
         libc::killpg(pgid, libc::SIGKILL);
     }
-    wait_group_empty(pgid, Duration::from_secs(5))
+    wait_group_empty(pgid, Duration::from_secs(5), collect)
 }
 
-fn wait_group_empty(pgid: i32, limit: Duration) -> bool {
+fn wait_group_empty(pgid: i32, limit: Duration, collect: &mut dyn FnMut()) -> bool {
     let start = Instant::now();
     let mut step = Duration::from_millis(1);
-    while group_alive(pgid) {
+    loop {
+        collect();
+        if !group_alive(pgid) {
+            return true;
+        }
         if start.elapsed() >= limit {
             return false;
         }
         std::thread::sleep(step);
         step = (step * 2).min(Duration::from_millis(50));
     }
-    true
 }
 
 /// Become the reaper of our descendants and start the thread that collects every child
-/// that ends, sending `Event::Reaped`. Nothing else in the node process may wait on
-/// children (it would race with this thread).
+/// that ends, sending `Event::Reaped`, except a [`Waited`] child's, whose exit goes to its
+/// starter. Nothing else in the node process may wait on children (it would race with this
+/// thread).
 pub fn start_reaper(tx: Sender<Event>) {
     REAPER.store(true, Ordering::SeqCst);
     // SAFETY: prctl(PR_SET_CHILD_SUBREAPER) takes integers only and sets an attribute of
@@ -313,7 +323,7 @@ pub fn start_reaper(tx: Sender<Event>) {
                 let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
                 if pid > 0 {
                     let exit = ChildExit::from_wait_status(status);
-                    // A child started by `capture` is its caller's to hear about.
+                    // A child started by `spawn_waited` is its starter's to hear about.
                     let waiter = WAITERS.lock().unwrap().remove(&pid);
                     if let Some(w) = waiter {
                         let _ = w.send(exit);
@@ -338,21 +348,119 @@ pub fn start_reaper(tx: Sender<Event>) {
 /// Whether this process's reaper runs (then nothing else may wait for a child).
 static REAPER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Children started by [`capture`] while the reaper runs, and where their exits go.
+/// Children started by [`spawn_waited`] while the reaper runs, and where their exits go.
 static WAITERS: Mutex<BTreeMap<i32, Sender<ChildExit>>> = Mutex::new(BTreeMap::new());
+
+/// A child whose exit its starter hears about, not the node: with the node's reaper
+/// running, the reaper hands the child's exit to this handle (its waiter); without it (a
+/// process with no reaper, such as `rl-node aggregate`), the handle waits for the child
+/// itself. Either way, nothing else may wait for it.
+pub(crate) struct Waited {
+    /// Waited for through std only when there is no reaper; with the reaper, std must
+    /// never wait for it (the two would race for its exit).
+    child: Child,
+    pid: i32,
+    /// With the reaper: where it sends the child's exit.
+    exits: Option<Receiver<ChildExit>>,
+    exit: Option<ChildExit>,
+}
+
+/// Start `cmd` as a [`Waited`] child. The child is registered as a waiter before the
+/// reaper can collect it (the reaper takes the same lock before it looks for a waiter),
+/// so its exit never reaches the node.
+///
+/// `cmd` must always exec (run it under `sh`, which is always there): std waits for a
+/// child whose exec failed, which the reaper would have collected first.
+pub(crate) fn spawn_waited(cmd: &mut Command) -> io::Result<Waited> {
+    let mut waiters = WAITERS.lock().unwrap();
+    let child = cmd.spawn()?;
+    let pid = child.id() as i32;
+    let exits = REAPER.load(Ordering::SeqCst).then(|| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        waiters.insert(pid, tx);
+        rx
+    });
+    drop(waiters);
+    Ok(Waited {
+        child,
+        pid,
+        exits,
+        exit: None,
+    })
+}
+
+impl Waited {
+    pub(crate) fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// The child's standard output, when it was piped.
+    pub(crate) fn take_stdout(&mut self) -> Option<ChildStdout> {
+        self.child.stdout.take()
+    }
+
+    /// Wait at most `limit` for the child's exit (`Duration::ZERO`: just look). Once it
+    /// is known, it is returned at once every time.
+    pub(crate) fn wait_timeout(&mut self, limit: Duration) -> Option<ChildExit> {
+        if self.exit.is_some() {
+            return self.exit;
+        }
+        self.exit = match &self.exits {
+            // The waiter stays registered until the reaper sends the exit, so the channel
+            // cannot be closed before the exit is in it.
+            Some(rx) => rx.recv_timeout(limit).ok(),
+            None => {
+                let deadline = Instant::now() + limit;
+                loop {
+                    // An error (the child is not ours to wait for, which cannot happen
+                    // without the reaper) counts as still running: callers keep their
+                    // deadlines.
+                    if let Ok(Some(status)) = self.child.try_wait() {
+                        use std::os::unix::process::ExitStatusExt;
+                        break Some(ChildExit::from_wait_status(status.into_raw()));
+                    }
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break None;
+                    }
+                    std::thread::sleep(left.min(Duration::from_millis(10)));
+                }
+            }
+        };
+        self.exit
+    }
+
+    /// SIGKILL the child (not its group) and wait up to 5 s for its exit.
+    pub(crate) fn kill(&mut self) -> Option<ChildExit> {
+        if self.exit.is_none() {
+            // SAFETY: kill takes only integers. `pid` is our child and its exit was not
+            // seen yet, so it was not collected (short of the reaper collecting it just
+            // now, before handing its exit over).
+            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        }
+        self.wait_timeout(Duration::from_secs(5))
+    }
+
+    /// Stop the process group the child leads (started with `process_group(0)`) as
+    /// [`stop_group`] does, collecting the child meanwhile: a leader that exited but was
+    /// not collected stays in its group as a zombie and keeps the group alive. Returns true
+    /// if the group is gone.
+    pub(crate) fn stop_group(&mut self, grace: Duration) -> bool {
+        let pgid = self.pid;
+        stop_group_collecting(pgid, grace, &mut || {
+            self.wait_timeout(Duration::ZERO);
+        })
+    }
+}
 
 /// Run `program` with `args` to its end, at most `timeout`, and return its exit and its
 /// standard output (its standard error is discarded): for short helper programs such as
 /// `nvidia-smi`. A program that is not installed exits 127. `None` when it cannot be
 /// started or runs too long (it is then killed).
 ///
-/// It works with or without the node's reaper: with it, the child is registered before
-/// the reaper can collect it, and the reaper hands its exit back here instead of to the
-/// node; without it, the child is waited for directly. The program runs under `sh`, which
-/// always starts: std waits for a child whose exec failed, which the reaper would have
-/// collected first.
+/// It works with or without the node's reaper, as a [`Waited`] child. The program runs
+/// under `sh`, which always starts, as [`spawn_waited`] requires.
 pub fn capture(program: &str, args: &[&str], timeout: Duration) -> Option<(ChildExit, Vec<u8>)> {
-    use std::sync::mpsc::channel;
     let mut cmd = Command::new("sh");
     cmd.arg("-c")
         .arg(r#"command -v "$0" >/dev/null || exit 127; exec "$0" "$@""#)
@@ -363,56 +471,18 @@ pub fn capture(program: &str, args: &[&str], timeout: Duration) -> Option<(Child
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
     let deadline = Instant::now() + timeout;
-    // The reaper takes this lock before it looks for a waiter, so the child's exit cannot
-    // be collected before its waiter is in place.
-    let mut waiters = WAITERS.lock().unwrap();
-    let mut child = cmd.spawn().ok()?;
-    let pid = child.id() as i32;
-    let exits = REAPER.load(Ordering::SeqCst).then(|| {
-        let (tx, rx) = channel();
-        waiters.insert(pid, tx);
-        rx
-    });
-    drop(waiters);
-    let mut stdout = child.stdout.take()?;
+    let mut child = spawn_waited(&mut cmd).ok()?;
+    let mut stdout = child.take_stdout()?;
     // Read while it runs (a full pipe would stop it); a descendant that keeps the pipe
     // open must not keep this caller waiting, hence the channel.
-    let (out_tx, out_rx) = channel();
+    let (out_tx, out_rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let mut out = Vec::new();
         let _ = std::io::Read::read_to_end(&mut stdout, &mut out);
         let _ = out_tx.send(out);
     });
-    let exit = match &exits {
-        Some(rx) => rx
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            .ok(),
-        None => loop {
-            match child.try_wait() {
-                Ok(Some(status)) => {
-                    use std::os::unix::process::ExitStatusExt;
-                    break Some(ChildExit::from_wait_status(status.into_raw()));
-                }
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(10))
-                }
-                _ => break None,
-            }
-        },
-    };
-    let Some(exit) = exit else {
-        // SAFETY: kill takes only integers; `pid` is our child, not yet collected (its
-        // waiter, or this function, would have its exit).
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-        match exits {
-            // The reaper collects it, and its waiter goes with it.
-            Some(rx) => {
-                let _ = rx.recv_timeout(Duration::from_secs(5));
-            }
-            None => {
-                let _ = child.wait();
-            }
-        }
+    let Some(exit) = child.wait_timeout(deadline.saturating_duration_since(Instant::now())) else {
+        child.kill();
         return None;
     };
     let left = deadline.saturating_duration_since(Instant::now());
@@ -586,6 +656,62 @@ mod tests {
 
     fn sh(script: &str, timeout: Duration) -> Option<(ChildExit, Vec<u8>)> {
         capture("sh", &["-c", script], timeout)
+    }
+
+    /// The life of [`Waited`] children, with or without the reaper: one that exits, one
+    /// that leads a group and ignores SIGTERM (stopped: SIGKILL after the grace, and the
+    /// leader collected meanwhile, else its zombie would keep the group alive), one
+    /// killed. Returns their pids.
+    fn waited_children() -> Vec<i32> {
+        let mut quick = spawn_waited(Command::new("sh").args(["-c", "exit 4"])).unwrap();
+        let four = Some(ChildExit::Exit(4));
+        assert_eq!(quick.wait_timeout(Duration::from_secs(10)), four);
+        assert_eq!(quick.wait_timeout(Duration::ZERO), four, "remembered");
+
+        let mut group = spawn_waited(
+            unblocked_signals(&mut Command::new("sh"))
+                .args(["-c", "trap '' TERM; echo started; exec sleep 30"])
+                .stdout(Stdio::piped())
+                .process_group(0),
+        )
+        .unwrap();
+        let mut line = String::new();
+        io::BufReader::new(group.take_stdout().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line, "started\n");
+        let started = Instant::now();
+        assert_eq!(group.wait_timeout(Duration::from_millis(100)), None);
+        assert!(started.elapsed() >= Duration::from_millis(100));
+        assert!(group.stop_group(Duration::from_millis(200)), "group gone");
+        assert!(!group_alive(group.pid()));
+        assert_eq!(
+            group.wait_timeout(Duration::ZERO),
+            Some(ChildExit::Signal(libc::SIGKILL))
+        );
+
+        let mut killed = spawn_waited(Command::new("sh").args(["-c", "exec sleep 30"])).unwrap();
+        assert_eq!(killed.kill(), Some(ChildExit::Signal(libc::SIGKILL)));
+        vec![quick.pid(), group.pid(), killed.pid()]
+    }
+
+    /// Each nextest test is a process of its own: this one has no reaper.
+    #[test]
+    fn waited_without_the_reaper_waits_for_its_child_itself() {
+        waited_children();
+    }
+
+    /// With the node's reaper collecting every child, a [`Waited`] child's exit still
+    /// reaches its starter, and never the node.
+    #[test]
+    fn waited_with_the_reaper_gets_its_childs_exit_and_the_node_does_not() {
+        let (tx, rx) = channel();
+        start_reaper(tx);
+        let pids = waited_children();
+        std::thread::sleep(Duration::from_millis(200));
+        let heard: Vec<_> = rx.try_iter().collect();
+        assert!(heard.is_empty(), "the node heard {heard:?} ({pids:?})");
+        assert!(WAITERS.lock().unwrap().is_empty(), "no waiter left behind");
     }
 
     /// Each nextest test is a process of its own: this one has no reaper.

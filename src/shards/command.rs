@@ -12,15 +12,18 @@
 //! any format (refused without `--allow-missing`, else dropped and listed).
 //!
 //! The command runs as `sh -c` in its own process group, with stdin closed, like phase
-//! commands. Its exit status comes back through a pipe rather than `waitpid`, because in
-//! a node process another thread reaps every child.
+//! commands. It is a [`procs::Waited`] child: in a node, whose reaper thread collects every
+//! child, the reaper hands the command's exit back here instead of to the node; in
+//! `rl-node aggregate`, which has no reaper, it is waited for directly. When it ends or
+//! times out, its group is stopped (SIGTERM, the grace, SIGKILL), and in a node also its
+//! descendants that left the group.
 
 use crate::process::{self as procs, Registry};
 use crate::template::{braced_list, shell_word, Braces, Dialect, Template};
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
-use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::io::{self, Write};
+use std::os::fd::AsFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -254,43 +257,20 @@ pub fn run(job: &Job, tick: &mut dyn FnMut()) -> Result<Vec<InputReport>, Comman
         }
         None => {
             // stdout too goes to stderr: rl-node's own stdout may carry --json output.
-            let err = io::stderr().as_raw_fd();
-            let dup = |fd| -> io::Result<Stdio> {
-                // SAFETY: fcntl(F_DUPFD_CLOEXEC) takes integers only and returns a new fd
-                // or -1.
-                let d = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
-                if d < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                // SAFETY: `d` was just returned by fcntl, so it is open and owned by
-                // nothing else.
-                Ok(Stdio::from(unsafe { OwnedFd::from_raw_fd(d) }))
-            };
+            let dup = || io::stderr().as_fd().try_clone_to_owned().map(Stdio::from);
             (
-                dup(err).map_err(CommandError::Spawn)?,
-                dup(err).map_err(CommandError::Spawn)?,
+                dup().map_err(CommandError::Spawn)?,
+                dup().map_err(CommandError::Spawn)?,
             )
         }
     };
 
-    // The exit status of the command comes back as text through fd 3 of the wrapper.
-    let mut fds = [0i32; 2];
-    // SAFETY: pipe2 writes two fds into `fds`, an array of exactly two c_ints.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(CommandError::Spawn(io::Error::last_os_error()));
-    }
-    // SAFETY: pipe2 succeeded, so both fds are new and open, and each is wrapped (owned)
-    // once.
-    let (rfd, wfd) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    let w = wfd.as_raw_fd();
     // In a node, the command's mark for finding descendants that leave its group.
     let owner = job.registry.as_ref().map(|r| r.new_command());
     let mut cmd = Command::new("sh");
-    crate::process::unblocked_signals(&mut cmd);
-    cmd.envs(owner.iter().map(|(_, (k, v))| (k, v)));
-    cmd.arg("-c")
-        .arg(r#"sh -c "$1" 3>&-; echo "$?" >&3"#)
-        .arg("rl-node-merge")
+    procs::unblocked_signals(&mut cmd)
+        .envs(owner.iter().map(|(_, (k, v))| (k, v)))
+        .arg("-c")
         .arg(&rendered)
         .envs(job.env.iter().map(|(k, v)| (k, v)))
         .envs(job.env())
@@ -298,76 +278,29 @@ pub fn run(job: &Job, tick: &mut dyn FnMut()) -> Result<Vec<InputReport>, Comman
         .stdout(stdout)
         .stderr(stderr)
         .process_group(0);
-    // SAFETY: the closure runs in the forked child before exec, where only
-    // async-signal-safe calls are allowed: fcntl and dup2 are plain system calls, the
-    // errors are built from errno without allocating, and `w` is the child's inherited copy
-    // of the pipe's write end.
-    unsafe {
-        cmd.pre_exec(move || {
-            if w == 3 {
-                let flags = libc::fcntl(3, libc::F_GETFD);
-                if flags < 0 || libc::fcntl(3, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-            } else if libc::dup2(w, 3) < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
     let _ = std::fs::remove_file(&job.report);
-    let mut child = cmd.spawn().map_err(CommandError::Spawn)?;
-    drop(wfd);
+    let mut child = procs::spawn_waited(&mut cmd).map_err(CommandError::Spawn)?;
     drop(cmd);
-    let pid = child.id() as i32;
+    let pid = child.pid();
     if let (Some(r), Some((id, _))) = (&job.registry, &owner) {
         r.add(pid, *id);
     }
     let started = Instant::now();
-    let mut status = Vec::new();
-    let mut pipe = std::fs::File::from(rfd);
-    let timed_out = loop {
+    let exit = loop {
         let left = job.timeout.saturating_sub(started.elapsed());
         if left.is_zero() {
-            break true;
+            break None;
         }
-        let mut pfd = libc::pollfd {
-            fd: pipe.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = left.min(Duration::from_millis(250)).as_millis().max(1) as i32;
-        // SAFETY: `pfd` is a live pollfd and the count is 1; its fd belongs to `pipe`,
-        // which is open.
-        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+        let exit = child.wait_timeout(left.min(Duration::from_millis(250)));
         tick();
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            break false;
-        }
-        if n == 0 {
-            continue;
-        }
-        let mut buf = [0u8; 64];
-        match pipe.read(&mut buf) {
-            Ok(0) => break false,
-            Ok(k) => status.extend_from_slice(&buf[..k]),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => break false,
+        if exit.is_some() {
+            break exit;
         }
     };
-    if timed_out {
-        stop(&mut child, pid, job.kill_grace);
-    }
-    // In rl-node aggregate nothing else reaps the child; in a node the reaper thread may
-    // have been first, and then this returns at once with an error.
-    let _ = child.wait();
-    if procs::group_alive(pid) {
-        // The command left processes behind (daemons, a backgrounded writer).
-        stop(&mut child, pid, job.kill_grace);
+    // Stop the group when the command timed out, and when it left processes behind
+    // (daemons, a backgrounded writer).
+    if exit.is_none() || procs::group_alive(pid) {
+        child.stop_group(job.kill_grace);
     }
     if let Some(r) = &job.registry {
         // The group is stopped above; this stops descendants that left it.
@@ -378,28 +311,15 @@ pub fn run(job: &Job, tick: &mut dyn FnMut()) -> Result<Vec<InputReport>, Comman
         .as_deref()
         .map(|l| procs::tail(l, 20))
         .unwrap_or_default();
-    if timed_out {
+    let Some(exit) = exit else {
         let _ = std::fs::remove_file(&job.report);
         return Err(CommandError::TimedOut {
             timeout: job.timeout,
             log: job.log.clone(),
             tail,
         });
-    }
-    let code: Option<i32> = std::str::from_utf8(&status)
-        .ok()
-        .and_then(|s| s.trim().parse().ok());
-    let exit = match code {
-        Some(0) => None,
-        Some(c) if c > 128 && c < 128 + 65 => Some(format!(
-            "exit code {c} (killed by signal {}, {})",
-            c - 128,
-            procs::signal_name(c - 128)
-        )),
-        Some(c) => Some(format!("exit code {c}")),
-        None => Some("its shell killed by a signal".into()),
     };
-    if let Some(exit) = exit {
+    if let Some(exit) = failure(exit) {
         let _ = std::fs::remove_file(&job.report);
         return Err(CommandError::Failed {
             exit,
@@ -421,34 +341,24 @@ pub fn run(job: &Job, tick: &mut dyn FnMut()) -> Result<Vec<InputReport>, Comman
     report
 }
 
-/// SIGTERM the group, `grace`, then SIGKILL; reap the leader meanwhile (an unreaped
-/// leader would keep the group "alive" as a zombie).
-fn stop(child: &mut std::process::Child, pgid: i32, grace: Duration) {
-    let gone = |child: &mut std::process::Child, limit: Duration| {
-        let start = Instant::now();
-        loop {
-            let _ = child.try_wait();
-            if !procs::group_alive(pgid) {
-                return true;
-            }
-            if start.elapsed() >= limit {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+/// How a command that did not succeed failed, in the shell's words: its exit code, and
+/// for a code above 128 the signal that code stands for. The command's shell killed by a
+/// signal itself reads as the code a shell reports for that (128 + the signal).
+fn failure(exit: procs::ChildExit) -> Option<String> {
+    let code = match exit {
+        procs::ChildExit::Success => return None,
+        procs::ChildExit::Exit(c) => c,
+        procs::ChildExit::Signal(s) => 128 + s,
     };
-    // SAFETY: killpg takes only integers and touches no memory of this process.
-    unsafe {
-        libc::killpg(pgid, libc::SIGTERM);
-        libc::killpg(pgid, libc::SIGCONT);
-    }
-    if !gone(child, grace) {
-        // SAFETY: killpg takes only integers and touches no memory of this process.
-        unsafe {
-            libc::killpg(pgid, libc::SIGKILL);
-        }
-        gone(child, Duration::from_secs(5));
-    }
+    Some(if code > 128 && code < 128 + 65 {
+        format!(
+            "exit code {code} (killed by signal {}, {})",
+            code - 128,
+            procs::signal_name(code - 128)
+        )
+    } else {
+        format!("exit code {code}")
+    })
 }
 
 fn read_report(job: &Job) -> Result<Vec<InputReport>, CommandError> {
@@ -613,5 +523,136 @@ mod tests {
         let e = run(&j, &mut || {}).unwrap_err();
         assert!(matches!(e, CommandError::TimedOut { .. }), "{e}");
         assert!(t.elapsed() < Duration::from_secs(10));
+    }
+
+    /// How a failed command's end reads, as a shell would say it: its exit code, and for a
+    /// code above 128 the signal it stands for, also when the command's own shell was
+    /// killed (there is no shell around it to say so).
+    #[test]
+    fn failures_read_as_a_shell_would_say_them() {
+        let d = tempfile::tempdir().unwrap();
+        for (template, exit) in [
+            ("exit 3; {output}", "exit code 3"),
+            ("exit 200; {output}", "exit code 200"),
+            (
+                "exit 130; {output}",
+                "exit code 130 (killed by signal 2, SIGINT)",
+            ),
+            (
+                "kill -9 $$; {output}",
+                "exit code 137 (killed by signal 9, SIGKILL)",
+            ),
+            (
+                "kill -TERM $$; {output}",
+                "exit code 143 (killed by signal 15, SIGTERM)",
+            ),
+        ] {
+            let j = job(d.path(), template);
+            let e = run(&j, &mut || {}).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "the merge command failed with {exit} (log: {})",
+                    d.path().join("merge.log").display()
+                ),
+                "{template}"
+            );
+        }
+    }
+
+    /// A command past its timeout is stopped with its whole group, SIGKILL for what
+    /// ignores SIGTERM, its leader collected (this test's process has no reaper), and
+    /// reported as timed out, while `tick` kept being called.
+    #[test]
+    fn a_command_past_its_timeout_is_stopped_with_its_group() {
+        let d = tempfile::tempdir().unwrap();
+        let mut j = job(
+            d.path(),
+            r#"trap '' TERM; echo $$ > "$RL_NODE_LOG_PATH/pid"; sleep 30 & sleep 31; touch {output}"#,
+        );
+        j.timeout = Duration::from_millis(600);
+        j.kill_grace = Duration::from_millis(200);
+        let t = Instant::now();
+        let mut ticks = 0;
+        let e = run(&j, &mut || ticks += 1).unwrap_err();
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+        assert!(
+            e.to_string().starts_with(
+                "the merge command did not finish within its timeout of 600ms (aggregate.timeout); it was stopped (log: "
+            ),
+            "{e}"
+        );
+        assert!(ticks >= 3, "{ticks} ticks");
+        let pid: i32 = std::fs::read_to_string(d.path().join("pid"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(!procs::group_alive(pid), "its group {pid} is gone");
+        assert!(!j.output.exists());
+    }
+
+    /// In a node, whose reaper collects every child, the command's exit still comes back
+    /// to `run` (never to the node) with the same messages, a timeout still stops it, and
+    /// its group is forgotten by the registry. (Each nextest test is a process of its own,
+    /// so the reaper started here collects no other test's children.)
+    #[test]
+    fn in_a_node_the_reaper_hands_the_commands_exit_back() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        procs::start_reaper(tx);
+        let registry = Registry::new();
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("a b"), "A").unwrap();
+        std::fs::write(d.path().join("c"), "C").unwrap();
+        let with = |template: &str| {
+            let mut j = job(
+                d.path(),
+                &format!(r#"echo $$ >> "$RL_NODE_LOG_PATH/pids"; {template}"#),
+            );
+            j.registry = Some(registry.clone());
+            j
+        };
+        let log = d.path().join("merge.log");
+        let j = with("cat {inputs} > {output}");
+        run(&j, &mut || {}).unwrap();
+        assert_eq!(std::fs::read_to_string(&j.output).unwrap(), "AC");
+        for (template, exit) in [
+            ("exit 3; {output}", "exit code 3"),
+            (
+                "kill -9 $$; {output}",
+                "exit code 137 (killed by signal 9, SIGKILL)",
+            ),
+        ] {
+            let e = run(&with(template), &mut || {}).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "the merge command failed with {exit} (log: {})",
+                    log.display()
+                )
+            );
+        }
+        let mut j = with("sleep 30; touch {output}");
+        j.timeout = Duration::from_millis(300);
+        let t = Instant::now();
+        let e = run(&j, &mut || {}).unwrap_err();
+        assert!(matches!(e, CommandError::TimedOut { .. }), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+
+        assert!(registry.groups().is_empty(), "{:?}", registry.groups());
+        let leaders: Vec<i32> = std::fs::read_to_string(d.path().join("pids"))
+            .unwrap()
+            .lines()
+            .map(|l| l.parse().unwrap())
+            .collect();
+        assert_eq!(leaders.len(), 4);
+        for pid in &leaders {
+            assert!(!procs::group_alive(*pid), "group {pid} is gone");
+        }
+        for ev in rx.try_iter() {
+            if let procs::Event::Reaped { pid, exit } = ev {
+                assert!(!leaders.contains(&pid), "the node heard of {pid}: {exit:?}");
+            }
+        }
     }
 }
