@@ -20,6 +20,8 @@ pub(crate) mod json;
 pub mod layout;
 pub(crate) mod logging;
 pub(crate) mod node;
+#[doc(hidden)]
+pub use node::run_in_process;
 pub(crate) mod observe;
 pub(crate) mod output;
 pub(crate) mod process;

@@ -626,10 +626,29 @@ impl Node {
                 }
                 Err(Interrupt::Stop(s)) => return Err(s),
                 Err(Interrupt::Deadline) => {
+                    // Rank 0's record says whom it still waited for: the cause, named.
+                    let missing = self.watch.peers[0]
+                        .as_ref()
+                        .map(|r| r.waiting_for.clone())
+                        .unwrap_or_default();
+                    let why = if missing.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            ": rank 0 was still waiting for {} to join",
+                            super::ranks_list(&missing)
+                        )
+                    };
                     return Err(Stop {
                         code: exit::DEADLINE,
-                        message: format!("generation {gen} did not form within join-timeout"),
-                        hint: None,
+                        message: format!(
+                            "generation {gen} did not form within join-timeout ({}){why}",
+                            humantime::format_duration(self.cfg.timing.join_timeout)
+                        ),
+                        hint: Some(
+                            "look at why those ranks did not join (their logs; `rl-node status` shows each rank)"
+                                .into(),
+                        ),
                         detail: None,
                     });
                 }

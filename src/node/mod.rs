@@ -262,47 +262,176 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
         supervisor,
     );
 
-    let mut node = Node {
+    let parts = Parts {
         store: Arc::new(crate::store::Fs),
         clock: Arc::new(crate::clock::SystemClock),
-        rank: opts.rank,
-        layout,
-        host: hostname(),
-        pid: crate::holder::node_process(),
-        ident: crate::holder::this_process(),
-        nonce: random_hex(8),
-        fingerprint: cfg.fingerprint(),
         events: rx,
         wake: tx,
         registry,
         watchdog,
-        cluster: None,
-        publisher: None,
-        watch: Watch::new(num_nodes, Liveness::new(cfg.timing.dead_after)),
-        k: 0,
-        iteration: 0,
-        phase: None,
-        model: cfg.cluster.model.clone(),
-        train_outcome: None,
-        exited: HashMap::new(),
-        waiting_note: String::new(),
-        relay: None,
-        journal_note: None,
-        refused: HashMap::new(),
-        write_error: None,
-        write_error_since: None,
-        server: None,
-        debug_mode: opts.debug_mode,
-        fresh: opts.fresh,
-        journal: Vec::new(),
-        tasks: work::TaskSets::default(),
-        extra: Default::default(),
-        nproc_per_node: 0,
-        replacements: Vec::new(),
-        dead_peers: Default::default(),
-        train_failed: Vec::new(),
-        cfg,
+        host: hostname(),
+        pid: crate::holder::node_process(),
+        ident: crate::holder::this_process(),
     };
+    let node = Node::assemble(cfg, layout, opts.rank, opts.debug_mode, opts.fresh, parts);
+    drive(
+        node,
+        loaded,
+        &opts.rank_source,
+        tasks,
+        (nproc, nproc_source),
+    )
+}
+
+/// Run rank `rank` of the configuration in the file `config` inside this process, on
+/// `store` and `clock`: the node's own driver (the join, the walk of every iteration, its
+/// barriers, watching peers, aborts, journals, the shut-down) without its process's
+/// plumbing (no supervisor, reaper, signal handling, guardian or watchdog). For the
+/// simulator (`tests/sim/driver.rs`), which runs a cluster of them on one simulated shared
+/// directory. Commands would run for real, outside the store, so a configuration with any
+/// is refused; so is one that names task files. `Err` is the exit code and the message.
+#[doc(hidden)]
+pub fn run_in_process(
+    config: &Path,
+    rank: u32,
+    store: Arc<dyn SharedDir>,
+    clock: Arc<dyn Clock>,
+) -> Result<(), (i32, String)> {
+    let level = logging::resolve(None, logging::LEVEL_ENV, logging::LogLevel::Info)
+        .unwrap_or(logging::LogLevel::Info);
+    logging::init(level, logging::LogFormat::Text);
+    let loaded = crate::config::load(Some(config), &|_| None, &[])
+        .map_err(|e| (exit::USAGE, e.to_string()))?;
+    let cfg = loaded.config.clone();
+    let p = &cfg.phases;
+    let commands = p.rollout.is_set()
+        || p.eval.is_set()
+        || p.aggregate.is_set()
+        || p.prepare.is_set()
+        || p.train.is_set()
+        || !p.handoff.command.trim().is_empty()
+        || !cfg.server.command.trim().is_empty();
+    if commands || !cfg.tasks.train.is_empty() || !cfg.tasks.eval.is_empty() {
+        return Err((
+            exit::USAGE,
+            "an in-process node runs no commands and reads no task files".into(),
+        ));
+    }
+    if rank >= cfg.cluster.num_nodes {
+        return Err((exit::USAGE, format!("rank {rank} is out of range")));
+    }
+    let layout = Layout::new(cfg.log_path()).with_naming(cfg.naming());
+    let (wake, events) = channel();
+    // Each rank is a process of a host of its own, as the others judge it: nodes of one
+    // process would otherwise take each other for themselves.
+    let host = format!("sim-host-{rank}");
+    let ident = crate::holder::ProcessId {
+        host: host.clone(),
+        machine: format!("sim-machine-{rank}"),
+        pid: 1_000 + rank,
+        start: 0,
+    };
+    let parts = Parts {
+        store,
+        clock,
+        events,
+        wake,
+        registry: Registry::new(),
+        watchdog: watchdog::Watchdog::inert(),
+        host,
+        pid: ident.pid,
+        ident,
+    };
+    let node = Node::assemble(cfg, layout, rank, false, false, parts);
+    let source = format!("in-process rank {rank}");
+    drive(
+        node,
+        &loaded,
+        &source,
+        work::TaskSets::default(),
+        (1, source.clone()),
+    )
+    .map_err(|s| (s.code, s.message))
+}
+
+/// What a node runs with besides its configuration: the shared directory and the clock,
+/// and its process's plumbing (the channel the reaper, the signal thread and helper threads
+/// send on, the process groups it started, the watchdog) and identity.
+struct Parts {
+    store: Arc<dyn SharedDir>,
+    clock: Arc<dyn Clock>,
+    events: Receiver<Event>,
+    wake: Sender<Event>,
+    registry: Arc<Registry>,
+    watchdog: watchdog::Watchdog,
+    host: String,
+    pid: u32,
+    ident: crate::holder::ProcessId,
+}
+
+impl Node {
+    fn assemble(
+        cfg: Config,
+        layout: Layout,
+        rank: u32,
+        debug_mode: bool,
+        fresh: bool,
+        parts: Parts,
+    ) -> Node {
+        let num_nodes = cfg.cluster.num_nodes;
+        Node {
+            store: parts.store,
+            clock: parts.clock,
+            rank,
+            layout,
+            host: parts.host,
+            pid: parts.pid,
+            ident: parts.ident,
+            nonce: random_hex(8),
+            fingerprint: cfg.fingerprint(),
+            events: parts.events,
+            wake: parts.wake,
+            registry: parts.registry,
+            watchdog: parts.watchdog,
+            cluster: None,
+            publisher: None,
+            watch: Watch::new(num_nodes, Liveness::new(cfg.timing.dead_after)),
+            k: 0,
+            iteration: 0,
+            phase: None,
+            model: cfg.cluster.model.clone(),
+            train_outcome: None,
+            exited: HashMap::new(),
+            waiting_note: String::new(),
+            relay: None,
+            journal_note: None,
+            refused: HashMap::new(),
+            write_error: None,
+            write_error_since: None,
+            server: None,
+            debug_mode,
+            fresh,
+            journal: Vec::new(),
+            tasks: work::TaskSets::default(),
+            extra: Default::default(),
+            nproc_per_node: 0,
+            replacements: Vec::new(),
+            dead_peers: Default::default(),
+            train_failed: Vec::new(),
+            cfg,
+        }
+    }
+}
+
+/// The node's life once assembled: what it says at start, the join, every iteration, and
+/// the shut-down.
+fn drive(
+    mut node: Node,
+    loaded: &Loaded,
+    rank_source: &str,
+    tasks: work::TaskSets,
+    (nproc, nproc_source): (u32, String),
+) -> Result<(), Stop> {
     node.tasks = tasks;
     let p = &node.cfg.phases;
     if !(p.rollout.is_set()
@@ -366,7 +495,7 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
     node.info(&format!(
         "rank {} ({}) on {}, pid {}{node_process}; shared directory {}",
         node.rank,
-        opts.rank_source,
+        rank_source,
         node.host,
         node.pid,
         node.layout.root().display()

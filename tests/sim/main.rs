@@ -13,11 +13,15 @@
 //!   caches, with rank 0 and workers killed and restarted, second processes for a held
 //!   rank and misconfigured workers.
 //!
+//! And `driver`: the node's own driver (`rl_node::run_in_process`), a cluster of threads
+//! on `store::sim`, through stale caches and write errors (real time, not seeded).
+//!
 //! Long runs: `scripts/sim --seeds 100000 --nodes 64`; one seed:
 //! `scripts/sim --first-seed S --seeds 1 --nodes N` (the same output every time).
 
 mod barriers;
 mod crashes;
+mod driver;
 mod joins;
 mod leases;
 

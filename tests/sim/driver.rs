@@ -1,0 +1,219 @@
+//! The node's own driver on the simulated shared directory.
+//!
+//! The other scenarios drive the protocol core's decisions; this one runs the real `Node`
+//! (`rl_node::run_in_process`: the join, the walk of every iteration with its barriers,
+//! watching peers, aborts, journals and the shut-down, without the process's plumbing) as
+//! a cluster of threads in one process, each node on its own `SimClient` of one
+//! `SimWorld`: NFS-like attribute and negative-lookup caches that age in real time, so
+//! every rank sees the others' records late, as over NFS. The clock is the real one and
+//! the threads are scheduled by the OS, so a run is not replayed step for step; what is
+//! checked is what must hold for every schedule:
+//!
+//! - with caches that hide changes for a while, the cluster completes every iteration,
+//!   and the shared directory then holds what an uninterrupted run leaves: one
+//!   generation in `history.jsonl`, `cluster.json` naming it, every rank's record done,
+//!   and every rank's journal complete for every iteration, each iteration once;
+//! - with write errors injected into one rank's client at a random moment (ENOSPC or EIO,
+//!   one to many calls), the cluster either completes as above (a heartbeat write that
+//!   failed and was retried) or every node stops, and every node that stops names the
+//!   same cause.
+//!
+//! No commands run (they would run for real, outside the store): the walk's phases are
+//! empty, its barriers are not.
+
+use rl_node::clock::{Clock, SystemClock};
+use rl_node::layout::Layout;
+use rl_node::protocol::journal;
+use rl_node::protocol::{NodeState, RankRecord};
+use rl_node::rng::SplitMix64 as Rng;
+use rl_node::store::sim::{SimClient, SimWorld};
+use rl_node::store::{OpClass, SharedDir};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const ROOT: &str = "/sim-run";
+
+/// A cluster's configuration: `nodes` ranks, `iterations` iterations, fast timing (a
+/// heartbeat every 50 ms, dead-after 3 s, well above the caches' lifetimes).
+fn config(dir: &Path, nodes: u32, iterations: u64) -> std::path::PathBuf {
+    let path = dir.join("rl.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[cluster]\nnum-nodes = {nodes}\nlog-path = \"{ROOT}\"\niterations = {iterations}\n\
+             [timing]\nheartbeat-interval = \"50ms\"\npoll-interval = \"20ms\"\ndead-after = \"3s\"\n\
+             join-timeout = \"8s\"\n"
+        ),
+    )
+    .expect("write the configuration");
+    path
+}
+
+/// A world with one client per node whose caches hide changes for `lifetime`.
+fn world(nodes: u32, lifetime: Duration) -> (Arc<SimWorld>, Vec<Arc<SimClient>>) {
+    let world = SimWorld::new();
+    world
+        .create_dir_all(Path::new(ROOT))
+        .expect("the shared directory");
+    let start = Instant::now();
+    let clients = (0..nodes)
+        .map(|_| Arc::new(world.client(move || start.elapsed(), lifetime, lifetime)))
+        .collect();
+    (world, clients)
+}
+
+/// Run every rank on its client, in threads; each rank's result.
+fn run(config: &Path, clients: &[Arc<SimClient>]) -> Vec<Result<(), (i32, String)>> {
+    let handles: Vec<_> = clients
+        .iter()
+        .enumerate()
+        .map(|(rank, client)| {
+            let (config, store) = (config.to_path_buf(), client.clone());
+            std::thread::Builder::new()
+                .name(format!("rank-{rank}"))
+                .spawn(move || {
+                    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+                    rl_node::run_in_process(&config, rank as u32, store, clock)
+                })
+                .expect("spawn a node")
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("a node panicked"))
+        .collect()
+}
+
+/// What an uninterrupted run of `iterations` iterations leaves in the directory (read on
+/// the server, not through a cache).
+fn assert_complete(world: &SimWorld, nodes: u32, iterations: u64) {
+    let layout = Layout::new(ROOT);
+    let text = |p: &Path| {
+        String::from_utf8(
+            world
+                .content(p)
+                .unwrap_or_else(|| panic!("{} is missing", p.display())),
+        )
+        .expect("utf-8")
+    };
+    let history = text(&layout.history());
+    assert_eq!(history.lines().count(), 1, "one generation: {history}");
+    let cluster: serde_json::Value =
+        serde_json::from_str(&text(&layout.cluster())).expect("cluster.json parses");
+    assert_eq!(cluster["gen"], 1, "{cluster}");
+    let run_id = cluster["run_id"].as_str().expect("a run id").to_string();
+    for rank in 0..nodes {
+        let rec: RankRecord =
+            serde_json::from_str(&text(&layout.rank_record(1, rank))).expect("a record");
+        assert_eq!(rec.state, NodeState::Done, "rank {rank}: {rec:?}");
+        let entries = journal::parse(&text(&layout.journal(rank)));
+        // The journal's last item of an iteration is the walk's end of it.
+        let last = entries.last().expect("entries").item.clone();
+        for it in 1..=iterations {
+            let done = entries
+                .iter()
+                .filter(|e| e.run_id == run_id && e.iteration == it && e.item == last)
+                .count();
+            assert_eq!(done, 1, "rank {rank}, iteration {it}: {entries:?}");
+        }
+        assert_eq!(
+            journal::last_complete(&entries, &run_id, &last),
+            iterations,
+            "rank {rank}"
+        );
+    }
+}
+
+/// The real driver over NFS-like caches (100 ms and 500 ms: every record a rank reads is
+/// up to that old) completes every iteration, and the directory holds what an
+/// uninterrupted run leaves.
+#[test]
+fn the_nodes_driver_completes_a_run_through_stale_caches() {
+    for (nodes, lifetime_ms) in [(3, 100), (4, 500)] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (world, clients) = world(nodes, Duration::from_millis(lifetime_ms));
+        let results = run(&config(dir.path(), nodes, 2), &clients);
+        for (rank, r) in results.iter().enumerate() {
+            assert!(
+                r.is_ok(),
+                "{nodes} nodes, {lifetime_ms} ms caches: rank {rank}: {r:?}"
+            );
+        }
+        assert_complete(&world, nodes, 2);
+        // Every rank's operations went through its client, and the caches answered some
+        // of its reads.
+        for (rank, c) in clients.iter().enumerate() {
+            let (client, server) = (c.counts(), c.server_counts());
+            assert!(client.get(OpClass::Rename) > 0, "rank {rank}: {client:?}");
+            assert!(
+                server.get(OpClass::Read) < client.get(OpClass::Read),
+                "rank {rank}: the cache answered no read: {client:?} vs {server:?}"
+            );
+        }
+    }
+}
+
+/// Write errors (ENOSPC or EIO) injected into one rank's client at a random moment: the
+/// run completes, or every node stops and all name the same cause. Eight seeded cases.
+#[test]
+fn write_errors_on_one_client_complete_or_stop_every_node_with_one_cause() {
+    for seed in 1..=8u64 {
+        let mut rng = Rng::new(seed);
+        let nodes = 3;
+        let victim = rng.below(nodes as u64) as usize;
+        let delay = Duration::from_millis(rng.below(1_500));
+        let calls = [1, 3, 1_000_000][rng.below(3) as usize];
+        let errno = if rng.below(2) == 0 {
+            libc::ENOSPC
+        } else {
+            libc::EIO
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (world, clients) = world(nodes, Duration::from_millis(100));
+        let cfg = config(dir.path(), nodes, 2);
+        let target = clients[victim].clone();
+        let injector = std::thread::spawn(move || {
+            std::thread::sleep(delay);
+            target.fail_next(
+                Some(OpClass::Write),
+                calls,
+                rl_node::store::sim::FaultError::Errno(errno),
+            );
+        });
+        let results = run(&cfg, &clients);
+        injector.join().expect("injector");
+        let case = format!(
+            "seed {seed}: rank {victim}'s writes fail ({} after {delay:?}, {calls} call(s))",
+            if errno == libc::ENOSPC {
+                "ENOSPC"
+            } else {
+                "EIO"
+            }
+        );
+        if results.iter().all(|r| r.is_ok()) {
+            println!("{case}: completed");
+            assert_complete(&world, nodes, 2);
+            continue;
+        }
+        println!("{case}: stopped: {results:?}");
+        let failures: Vec<(usize, &(i32, String))> = results
+            .iter()
+            .enumerate()
+            .filter_map(|(r, res)| res.as_ref().err().map(|e| (r, e)))
+            .collect();
+        assert_eq!(
+            failures.len(),
+            nodes as usize,
+            "{case}: some nodes stopped, others completed: {results:?}"
+        );
+        // Every node names the failing rank (the cause), not a different one.
+        for (rank, (code, message)) in &failures {
+            assert_ne!(*code, 0, "{case}");
+            let names_victim = message.contains(&format!("rank {victim}"))
+                || (*rank == victim
+                    && (message.contains("No space") || message.contains("Input/output")));
+            assert!(names_victim, "{case}: rank {rank} says: {message}");
+        }
+    }
+}
