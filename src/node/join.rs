@@ -297,10 +297,16 @@ impl Node {
             Ok(None) => {}
             Err(e) => self.warn(&e.to_string()),
         }
-        self.append_log(
-            &layout.history(),
-            &format!("{}\n", serde_json::to_string(&history).expect("json")),
-        );
+        // Synced, as a journal entry is: the history is evidence a restart checks the
+        // journals against and `recover --repair` rebuilds a lost journal from. Unsynced,
+        // a crash of rank 0's machine lost it (found by tests/sim/driver.rs).
+        let line = format!("{}\n", serde_json::to_string(&history).expect("json"));
+        if let Err(e) = self.store.append(&layout.history(), line.as_bytes(), true) {
+            self.warn(&format!(
+                "cannot append to {}: {e}",
+                layout.history().display()
+            ));
+        }
 
         let deadline = self.clock.now() + self.cfg.timing.join_timeout;
         let mut last = Vec::new();

@@ -325,10 +325,12 @@ pub fn run_in_process(
     // Each rank is a process of a host of its own, as the others judge it: nodes of one
     // process would otherwise take each other for themselves.
     let host = format!("sim-host-{rank}");
+    // A pid of its own per call: a restarted rank is another process.
+    static PIDS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1_000);
     let ident = crate::holder::ProcessId {
         host: host.clone(),
         machine: format!("sim-machine-{rank}"),
-        pid: 1_000 + rank,
+        pid: PIDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         start: 0,
     };
     let parts = Parts {

@@ -217,3 +217,123 @@ fn write_errors_on_one_client_complete_or_stop_every_node_with_one_cause() {
         }
     }
 }
+
+/// A node of the cluster "killed -9": from now on every call its client makes fails, so
+/// it writes nothing more (its thread runs on until it gives up, invisible to the others),
+/// and its machine crashes (what it wrote without a sync is lost).
+fn kill(client: &SimClient) {
+    client.fail_next(
+        None,
+        u64::MAX,
+        rl_node::store::sim::FaultError::Errno(libc::EIO),
+    );
+    client.crash();
+}
+
+/// Kills at random moments, and the job restarted whole each time it ends without
+/// completing (as a batch system's requeue does): the run resumes from the journals and
+/// ends complete, with no iteration's item journaled twice by a rank, one run, and a
+/// generation per start at most. Four seeded cases of one or two kills, rank 0's among
+/// them.
+#[test]
+fn kills_and_requeues_resume_without_redoing_work() {
+    for seed in 1..=4u64 {
+        let mut rng = Rng::new(seed);
+        let nodes = 3u32;
+        let iterations = 3;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = config(dir.path(), nodes, iterations);
+        let (world, _) = world(0, Duration::ZERO);
+        let start = Instant::now();
+        let lifetime = Duration::from_millis(100);
+        let kills = 1 + rng.below(2);
+        let mut starts = 0;
+        let mut log = Vec::new();
+        loop {
+            starts += 1;
+            assert!(
+                starts <= 6,
+                "seed {seed}: not complete after 5 requeues: {log:?}"
+            );
+            let clients: Vec<Arc<SimClient>> = (0..nodes)
+                .map(|_| Arc::new(world.client(move || start.elapsed(), lifetime, lifetime)))
+                .collect();
+            let killer = (starts as u64 <= kills).then(|| {
+                // Every rank in turn across the cases, rank 0 too.
+                let rank = (seed + starts as u64) as usize % nodes as usize;
+                let victim = clients[rank].clone();
+                let delay = Duration::from_millis(200 + rng.below(2_500));
+                log.push(format!("start {starts}: kill rank {rank} after {delay:?}"));
+                std::thread::spawn(move || {
+                    std::thread::sleep(delay);
+                    kill(&victim);
+                })
+            });
+            let results = run(&cfg, &clients);
+            if let Some(k) = killer {
+                k.join().expect("killer");
+            }
+            log.push(format!("start {starts}: {results:?}"));
+            // Done: every rank completed, or found the run complete (exit 0).
+            if results
+                .iter()
+                .all(|r| r.as_ref().err().is_none_or(|(code, _)| *code == 0))
+            {
+                break;
+            }
+        }
+        let layout = Layout::new(ROOT);
+        let text =
+            |p: &Path| String::from_utf8(world.content(p).unwrap_or_default()).expect("utf-8");
+        let history = text(&layout.history());
+        let cluster: serde_json::Value =
+            serde_json::from_str(&text(&layout.cluster())).expect("cluster.json");
+        let run_id = cluster["run_id"].as_str().expect("run id").to_string();
+        assert!(
+            history
+                .lines()
+                .all(|l| l.contains(&format!("\"run_id\":\"{run_id}\""))),
+            "seed {seed}: one run: {history}"
+        );
+        // Every generation formed is in the history (it is synced: a crash of rank 0's
+        // machine lost it before), at most one per start.
+        let generations = world
+            .list(&layout.state_dir())
+            .expect("the state directory")
+            .iter()
+            .filter(|n| n.to_string_lossy().starts_with("gen-"))
+            .count();
+        assert_eq!(
+            history.lines().count(),
+            generations,
+            "seed {seed}: the history has a line per generation: {history}\n{log:?}"
+        );
+        assert!(
+            generations <= starts,
+            "seed {seed}: a generation per start at most: {history}\n{log:?}"
+        );
+        for rank in 0..nodes {
+            let entries = journal::parse(&text(&layout.journal(rank)));
+            let last = entries.last().expect("entries").item.clone();
+            assert_eq!(
+                journal::last_complete(&entries, &run_id, &last),
+                iterations,
+                "seed {seed}: rank {rank}: {entries:?}\n{log:?}"
+            );
+            let mut seen = std::collections::HashSet::new();
+            for e in &entries {
+                assert!(
+                    seen.insert((e.iteration, e.item.clone())),
+                    "seed {seed}: rank {rank} journaled {} of iteration {} twice: {entries:?}\n{log:?}",
+                    e.item,
+                    e.iteration
+                );
+            }
+        }
+        println!(
+            "seed {seed}: {} start(s), {} generation(s): {log:?}",
+            starts,
+            history.lines().count()
+        );
+    }
+}
