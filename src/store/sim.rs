@@ -357,6 +357,7 @@ impl SimWorld {
             attr_lifetime,
             negative_lifetime,
             state: Mutex::new(ClientState::default()),
+            paused: (Mutex::new(false), std::sync::Condvar::new()),
         }
     }
 
@@ -481,6 +482,8 @@ pub struct SimClient {
     attr_lifetime: Duration,
     negative_lifetime: Duration,
     state: Mutex<ClientState>,
+    /// While true every call waits (a hung mount, a frozen machine): see [`SimClient::pause`].
+    paused: (Mutex<bool>, std::sync::Condvar),
 }
 
 impl std::fmt::Debug for SimClient {
@@ -550,6 +553,20 @@ impl SimClient {
         self.world.lock().crash(self.id);
     }
 
+    /// From now on every call of this client waits, until [`SimClient::resume`]: its
+    /// machine is frozen (a paused VM) or its mount hangs, as far as the shared directory
+    /// sees it. For clients used from several threads (the node's driver); a
+    /// single-threaded simulation would wait forever.
+    pub fn pause(&self) {
+        *self.paused.0.lock().unwrap() = true;
+    }
+
+    /// Let calls through again; the ones waiting go on.
+    pub fn resume(&self) {
+        *self.paused.0.lock().unwrap() = false;
+        self.paused.1.notify_all();
+    }
+
     /// Forget everything cached (as `echo 3 > drop_caches` would).
     pub fn drop_caches(&self) {
         let mut st = self.state.lock().unwrap();
@@ -558,6 +575,11 @@ impl SimClient {
     }
 
     fn begin(&self) -> Call<'_> {
+        let mut paused = self.paused.0.lock().unwrap();
+        while *paused {
+            paused = self.paused.1.wait(paused).unwrap();
+        }
+        drop(paused);
         let mut st = self.state.lock().unwrap();
         if !st.latency.is_zero() {
             let l = st.latency;

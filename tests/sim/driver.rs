@@ -337,3 +337,135 @@ fn kills_and_requeues_resume_without_redoing_work() {
         );
     }
 }
+
+/// Start every rank of `clients` in threads; their handles.
+fn spawn(
+    config: &Path,
+    clients: &[Arc<SimClient>],
+) -> Vec<std::thread::JoinHandle<Result<(), (i32, String)>>> {
+    clients
+        .iter()
+        .enumerate()
+        .map(|(rank, client)| {
+            let (config, store) = (config.to_path_buf(), client.clone());
+            std::thread::spawn(move || {
+                rl_node::run_in_process(&config, rank as u32, store, Arc::new(SystemClock))
+            })
+        })
+        .collect()
+}
+
+/// Wait (up to a minute) until `cond` holds.
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what}: not within a minute");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A node frozen (every call of its client waits: a paused VM, a hung mount) for longer
+/// than dead-after: the others stop; the job is started again and forms a new generation;
+/// then the frozen node wakes up in the replaced one. It must stop without committing:
+/// no journal entry of the old generation follows one of the new in any journal, and the
+/// new generation completes the run with nothing journaled twice. Three seeded cases,
+/// rank 0 frozen in one.
+#[test]
+fn a_node_frozen_past_dead_after_commits_nothing_when_it_wakes() {
+    for seed in 1..=3u64 {
+        let mut rng = Rng::new(seed);
+        let nodes = 3u32;
+        let iterations = 3;
+        let victim = (seed % nodes as u64) as usize;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = config(dir.path(), nodes, iterations);
+        let lifetime = Duration::from_millis(100);
+        let (world, first) = world(nodes, lifetime);
+        let layout = Layout::new(ROOT);
+        let round1 = spawn(&cfg, &first);
+        let delay = Duration::from_millis(300 + rng.below(1_200));
+        std::thread::sleep(delay);
+        first[victim].pause();
+        let mut frozen = None;
+        for (rank, h) in round1.into_iter().enumerate() {
+            if rank == victim {
+                frozen = Some(h);
+                continue;
+            }
+            let r = h.join().expect("a node panicked");
+            assert!(
+                r.as_ref()
+                    .is_err_and(|(_, m)| m.contains(&format!("rank {victim}"))),
+                "seed {seed}: rank {rank} went on without frozen rank {victim}: {r:?}"
+            );
+        }
+        // The job again, on clients of its own: a new generation.
+        let start = Instant::now();
+        let second: Vec<Arc<SimClient>> = (0..nodes)
+            .map(|_| Arc::new(world.client(move || start.elapsed(), lifetime, lifetime)))
+            .collect();
+        let round2 = spawn(&cfg, &second);
+        wait_until("a second generation", || {
+            world.content(&layout.cluster()).is_some_and(|b| {
+                serde_json::from_slice::<serde_json::Value>(&b)
+                    .is_ok_and(|c| c["gen"].as_u64() >= Some(2))
+            })
+        });
+        first[victim].resume();
+        for (rank, h) in round2.into_iter().enumerate() {
+            let r = h.join().expect("a node panicked");
+            assert!(
+                r.is_ok(),
+                "seed {seed}: rank {rank} of the new generation: {r:?}"
+            );
+        }
+        let woken = frozen.expect("the frozen node").join().expect("panicked");
+        assert!(
+            woken.is_err(),
+            "seed {seed}: the woken node completed: {woken:?}"
+        );
+        let text =
+            |p: &Path| String::from_utf8(world.content(p).unwrap_or_default()).expect("utf-8");
+        for rank in 0..nodes {
+            let entries = journal::parse(&text(&layout.journal(rank)));
+            if let Some(i) = entries.iter().position(|e| e.gen >= 2) {
+                let late: Vec<_> = entries[i..].iter().filter(|e| e.gen < 2).collect();
+                assert!(
+                    late.is_empty(),
+                    "seed {seed}: rank {rank} journaled for a replaced generation after the new one began: {late:?}"
+                );
+            }
+            let mut seen = std::collections::HashSet::new();
+            for e in &entries {
+                assert!(
+                    seen.insert((e.iteration, e.item.clone())),
+                    "seed {seed}: rank {rank} journaled {} of iteration {} twice: {entries:?}",
+                    e.item,
+                    e.iteration
+                );
+            }
+        }
+        assert_complete_resumed(&world, nodes, iterations);
+        println!(
+            "seed {seed}: rank {victim} frozen after {delay:?}; woke in the replaced generation: {woken:?}"
+        );
+    }
+}
+
+/// Every rank's journal complete for every iteration of the run `cluster.json` names.
+fn assert_complete_resumed(world: &SimWorld, nodes: u32, iterations: u64) {
+    let layout = Layout::new(ROOT);
+    let text = |p: &Path| String::from_utf8(world.content(p).unwrap_or_default()).expect("utf-8");
+    let cluster: serde_json::Value =
+        serde_json::from_str(&text(&layout.cluster())).expect("cluster.json");
+    let run_id = cluster["run_id"].as_str().expect("run id");
+    for rank in 0..nodes {
+        let entries = journal::parse(&text(&layout.journal(rank)));
+        let last = entries.last().expect("entries").item.clone();
+        assert_eq!(
+            journal::last_complete(&entries, run_id, &last),
+            iterations,
+            "rank {rank}: {entries:?}"
+        );
+    }
+}
