@@ -116,22 +116,11 @@ impl Node {
                     Err(e) => return Err(state_err(e.into())),
                 };
                 if let Some(r0) = r0 {
-                    previous = Some(match r0.state {
-                        NodeState::Done => format!("generation {} completed", p.gen),
-                        NodeState::Failed => format!(
-                            "generation {} stopped: {}",
-                            p.gen,
-                            r0.abort
-                                .as_ref()
-                                .map(|a| a.describe())
-                                .unwrap_or_else(|| "failure".into())
-                        ),
-                        _ => {
+                    previous = Some(match join::previous_end(p.gen, &r0) {
+                        join::PreviousEnd::Ended(words) => words,
+                        join::PreviousEnd::Unclean => {
                             self.check_previous_master(&r0)?;
-                            format!(
-                                "generation {} ended without a clean stop (rank 0, pid {} on {}, stopped heartbeating)",
-                                p.gen, r0.pid, r0.host
-                            )
+                            join::PreviousEnd::unclean(p.gen, &r0)
                         }
                     });
                 }
@@ -309,9 +298,8 @@ impl Node {
         }
 
         let deadline = self.clock.now() + self.cfg.timing.join_timeout;
-        let mut last = Vec::new();
         let run = run_id.clone();
-        let mut refusals = HashSet::new();
+        let mut forming = join::Forming::default();
         let joined = self.wait_for(deadline, |n| {
             // Two masters started at once both publish a generation; the last to write
             // cluster.json owns the run. The other learns it here, at its next poll.
@@ -325,30 +313,24 @@ impl Node {
                     Some("start exactly one rank 0 (--master) per --log-path; `rl-node status` shows the one that runs".into()),
                 ));
             }
-            let missing = crate::protocol::missing_arrivals(&n.watch.peers, 0);
-            if missing.is_empty() {
-                return Ok(Some(()));
-            }
             // A worker refused at join leaves the reason in its vacant placeholder, which
             // the poll just read.
-            for &r in &missing {
-                if let Some(why) = n.refused.get(&r).cloned() {
-                    if refusals.insert(why.clone()) {
-                        n.warn(&why);
-                        // The line's `rank` is this rank 0's, like every line's;
-                        // `why` names the refused rank.
-                        n.event(events::Event::Refused { why });
-                    }
-                }
+            let round = forming.round(&n.watch.peers, &n.refused);
+            if round.complete {
+                return Ok(Some(()));
             }
-            if missing != last {
+            for why in round.refusals {
+                n.warn(&why);
+                // The line's `rank` is this rank 0's, like every line's; `why` names the
+                // refused rank.
+                n.event(events::Event::Refused { why });
+            }
+            if let Some(missing) = round.waiting_for {
                 n.waiting_note = format!(
                     "waiting for {} to join generation {gen}",
                     super::ranks_list(&missing)
                 );
-                let m = missing.clone();
-                n.publisher().update(|r| r.waiting_for = m);
-                last = missing;
+                n.publisher().update(|r| r.waiting_for = missing);
             }
             Ok(None)
         });
@@ -358,7 +340,7 @@ impl Node {
             Err(Interrupt::Deadline) => {
                 let reason = format!(
                     "{} did not join within join-timeout ({})",
-                    super::ranks_list(&last),
+                    super::ranks_list(forming.missing()),
                     humantime::format_duration(self.cfg.timing.join_timeout)
                 );
                 return Err(self.fail(crate::protocol::AbortKind::Timeout, 0, None, reason, None));
@@ -389,14 +371,7 @@ impl Node {
     fn claim_generation_dir(&self, wanted: u64) -> std::io::Result<u64> {
         let state = self.layout.state_dir();
         self.store.create_dir_all(&state)?;
-        let highest = self
-            .store
-            .read_dir(&state)?
-            .into_iter()
-            .filter_map(|name| name.to_str()?.strip_prefix("gen-")?.parse::<u64>().ok())
-            .max()
-            .unwrap_or(0);
-        let mut gen = wanted.max(highest + 1);
+        let mut gen = join::first_free_generation(wanted, &self.store.read_dir(&state)?);
         loop {
             match self.store.create_dir(&self.layout.gen_dir(gen)) {
                 Ok(()) => return Ok(gen),

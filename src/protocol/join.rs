@@ -6,6 +6,11 @@
 //! its master simply waits. Refusals (a different configuration, the rank held by a live
 //! process) come before the worker writes anything, with words that name what differs.
 //!
+//! Rank 0's side: [`previous_master`] (does the previous generation's rank 0 still run?),
+//! [`previous_end`] (how the previous generation ended, for the history),
+//! [`first_free_generation`] (the number of the new generation's directory), and
+//! [`Forming`], one round of its wait for every rank to arrive.
+//!
 //! [`look`] is the worker's decision. It reads nothing itself: the records it needs are
 //! asked of a [`JoinView`] when (and only if) the decision gets to them, so a look at a
 //! generation already skipped costs one read, as before. The node's view reads the
@@ -15,7 +20,8 @@
 use super::liveness::Holder;
 use super::{ClusterRecord, NodeState, RankRecord};
 use serde_json::{json, Value};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsString;
 use std::path::Path;
 use std::time::Duration;
 
@@ -132,6 +138,112 @@ pub fn previous_master(
         return Holder::Gone;
     }
     judge(r0, holder_patience(slot_patience, dead_after, mutation))
+}
+
+/// How the previous generation ended, as its rank 0's record says.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PreviousEnd {
+    /// It completed or stopped: the words for the history and the log.
+    Ended(String),
+    /// Its rank 0 never wrote a terminal record: it may still run
+    /// ([`previous_master`] decides), else it crashed ([`PreviousEnd::unclean`] words it).
+    Unclean,
+}
+
+/// How generation `gen` ended, from its rank 0's record `r0`.
+pub fn previous_end(gen: u64, r0: &RankRecord) -> PreviousEnd {
+    match r0.state {
+        NodeState::Done => PreviousEnd::Ended(format!("generation {gen} completed")),
+        NodeState::Failed => PreviousEnd::Ended(format!(
+            "generation {gen} stopped: {}",
+            r0.abort
+                .as_ref()
+                .map(|a| a.describe())
+                .unwrap_or_else(|| "failure".into())
+        )),
+        _ => PreviousEnd::Unclean,
+    }
+}
+
+impl PreviousEnd {
+    /// The words for a generation whose rank 0 (`r0`) stopped heartbeating.
+    pub fn unclean(gen: u64, r0: &RankRecord) -> String {
+        format!(
+            "generation {gen} ended without a clean stop (rank 0, pid {} on {}, stopped heartbeating)",
+            r0.pid, r0.host
+        )
+    }
+}
+
+/// The number of the new generation's directory: at least `wanted` (one above
+/// `cluster.json`'s) and above every `gen-N` in `listing` (the state directory's names),
+/// so records left by an earlier start are never read as the new generation's. The caller
+/// creates `gen-N` exclusively and, if it exists after all (another rank 0 was quicker),
+/// tries the next number.
+pub fn first_free_generation(wanted: u64, listing: &[OsString]) -> u64 {
+    let highest = listing
+        .iter()
+        .filter_map(|name| name.to_str()?.strip_prefix("gen-")?.parse::<u64>().ok())
+        .max()
+        .unwrap_or(0);
+    wanted.max(highest + 1)
+}
+
+/// Rank 0's wait for every rank to arrive at the join (barrier 0), one round at a time.
+#[derive(Debug, Clone, Default)]
+pub struct Forming {
+    /// The ranks missing at the last round (what rank 0's record says it waits for).
+    last: Vec<u32>,
+    /// Refusals already reported.
+    reported: HashSet<String>,
+}
+
+/// What one round of [`Forming`] concluded.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct FormingRound {
+    /// Every rank arrived: release the join.
+    pub complete: bool,
+    /// The ranks still missing, when that changed since the last round (to publish as
+    /// `waiting_for`).
+    pub waiting_for: Option<Vec<u32>>,
+    /// Refusals read in missing ranks' placeholders for the first time (to report once).
+    pub refusals: Vec<String>,
+}
+
+impl Forming {
+    /// One round: `peers` as read (index = rank; rank 0's own first), `refused` the
+    /// refusal notes read in still-vacant placeholders.
+    pub fn round(
+        &mut self,
+        peers: &[Option<RankRecord>],
+        refused: &HashMap<u32, String>,
+    ) -> FormingRound {
+        let missing = super::missing_arrivals(peers, 0);
+        if missing.is_empty() {
+            return FormingRound {
+                complete: true,
+                ..FormingRound::default()
+            };
+        }
+        let refusals = missing
+            .iter()
+            .filter_map(|r| refused.get(r))
+            .filter(|why| self.reported.insert((*why).clone()))
+            .cloned()
+            .collect();
+        let waiting_for = (missing != self.last).then(|| missing.clone());
+        self.last = missing;
+        FormingRound {
+            complete: false,
+            waiting_for,
+            refusals,
+        }
+    }
+
+    /// The ranks missing at the last round.
+    pub fn missing(&self) -> &[u32] {
+        &self.last
+    }
 }
 
 /// The refusal (message, hint) of a rank 0 whose predecessor `r0` still runs.
@@ -665,5 +777,58 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn rank_0_picks_a_generation_above_every_listed_one_and_waits_for_each_arrival_once() {
+        let names = |v: &[&str]| v.iter().map(OsString::from).collect::<Vec<_>>();
+        assert_eq!(first_free_generation(1, &[]), 1);
+        assert_eq!(first_free_generation(3, &names(&["gen-1", "gen-2"])), 3);
+        assert_eq!(
+            first_free_generation(2, &names(&["gen-7", "cluster.json", "gen-x"])),
+            8,
+            "a directory left by an earlier start is never reused"
+        );
+
+        let arrived = |rank| RankRecord {
+            arrived: Some(crate::protocol::Mark {
+                k: 0,
+                iteration: 0,
+                name: "join".into(),
+                payload: Value::Null,
+            }),
+            ..rec(rank, NodeState::Joining, "n")
+        };
+        let mut f = Forming::default();
+        let mut refused = HashMap::new();
+        refused.insert(2, "rank 2 was refused: another configuration".to_string());
+        let peers = vec![Some(arrived(0)), None, Some(rec(2, NodeState::Vacant, ""))];
+        let r = f.round(&peers, &refused);
+        assert!(!r.complete);
+        assert_eq!(r.waiting_for, Some(vec![1, 2]));
+        assert_eq!(r.refusals, ["rank 2 was refused: another configuration"]);
+        // The same again: nothing new to publish or report.
+        assert_eq!(f.round(&peers, &refused), FormingRound::default());
+        let peers = vec![Some(arrived(0)), Some(arrived(1)), None];
+        let r = f.round(&peers, &refused);
+        assert_eq!((r.waiting_for, r.refusals.len()), (Some(vec![2]), 0));
+        assert_eq!(f.missing(), [2]);
+        let all = vec![Some(arrived(0)), Some(arrived(1)), Some(arrived(2))];
+        assert!(f.round(&all, &refused).complete);
+    }
+
+    #[test]
+    fn the_previous_generation_ended_cleanly_or_its_rank_0_is_in_question() {
+        let done = rec(0, NodeState::Done, "a");
+        assert_eq!(
+            previous_end(4, &done),
+            PreviousEnd::Ended("generation 4 completed".into())
+        );
+        let running = rec(0, NodeState::Running, "a");
+        assert_eq!(previous_end(4, &running), PreviousEnd::Unclean);
+        assert_eq!(
+            PreviousEnd::unclean(4, &running),
+            "generation 4 ended without a clean stop (rank 0, pid 100 on h0, stopped heartbeating)"
+        );
     }
 }

@@ -46,7 +46,7 @@ use rl_node::layout::Layout;
 use rl_node::protocol::fence;
 use rl_node::protocol::join::{self, ClusterSeen, JoinView, Joiner, Look};
 use rl_node::protocol::liveness::{Holder, Holders};
-use rl_node::protocol::{missing_arrivals, ClusterRecord, Liveness, Mark, NodeState, RankRecord};
+use rl_node::protocol::{ClusterRecord, Liveness, Mark, NodeState, RankRecord};
 use rl_node::rng::SplitMix64 as Rng;
 use rl_node::store::sim::{SimClient, SimWorld};
 use rl_node::store::SharedDir;
@@ -110,6 +110,8 @@ struct Proc {
     died_at: Option<u64>,
     /// Rank 0: the refusals read in placeholders.
     refusals_read: u64,
+    /// Rank 0: its wait for arrivals (the core's, as `Node::join_master` keeps it).
+    forming: join::Forming,
     started_at: u64,
     /// Rank 0: when it published `cluster.json` naming its generation.
     published_at: Option<u64>,
@@ -559,6 +561,7 @@ impl Sim {
             rate_ppm,
             died_at: None,
             refusals_read: 0,
+            forming: join::Forming::default(),
             started_at: self.now,
             published_at: None,
         });
@@ -1019,14 +1022,11 @@ impl Sim {
         let dir: &dyn SharedDir = self.client(p);
         if stage == 0 {
             let prev = self.read_cluster(p);
-            let highest = dir
+            let listing = dir
                 .read_dir(&self.layout.state_dir())
-                .expect("no faults injected here")
-                .into_iter()
-                .filter_map(|name| name.to_str()?.strip_prefix("gen-")?.parse::<u64>().ok())
-                .max()
-                .unwrap_or(0);
-            let mut gen = prev.as_ref().map_or(1, |c| c.gen + 1).max(highest + 1);
+                .expect("no faults injected here");
+            let wanted = prev.as_ref().map_or(1, |c| c.gen + 1);
+            let mut gen = join::first_free_generation(wanted, &listing);
             loop {
                 match dir.create_dir(&self.layout.gen_dir(gen)) {
                     Ok(()) => break,
@@ -1096,19 +1096,24 @@ impl Sim {
         }
         let (gen, run_id) = (self.procs[p].gen, self.procs[p].run_id.clone());
         let mut peers: Vec<Option<RankRecord>> = vec![self.procs[p].mine.clone()];
+        let mut refused = HashMap::new();
         for r in 1..self.n as u32 {
             let rec = self
                 .read_rec(p, gen, r)
                 .filter(|rec| rec.belongs_to(&run_id, gen, r) && !rec.state.is_terminal());
-            if rec
+            if let Some(why) = rec
                 .as_ref()
-                .is_some_and(|rec| rec.state == NodeState::Vacant && rec.refused.is_some())
+                .filter(|rec| rec.state == NodeState::Vacant)
+                .and_then(|rec| rec.refused.clone())
             {
-                self.procs[p].refusals_read += 1;
+                refused.insert(r, why);
             }
             peers.push(rec);
         }
-        if !missing_arrivals(&peers, 0).is_empty() {
+        // The core's round, as `Node::join_master` runs it.
+        let round = self.procs[p].forming.round(&peers, &refused);
+        self.procs[p].refusals_read += round.refusals.len() as u64;
+        if !round.complete {
             return Ok(());
         }
         // Every rank arrived, as rank 0 read it: check the server's truth.
