@@ -22,6 +22,8 @@ pub(crate) mod logging;
 pub(crate) mod node;
 #[doc(hidden)]
 pub use node::run_in_process;
+#[doc(hidden)]
+pub use process::{FakeRun, FakeScript};
 pub(crate) mod observe;
 pub(crate) mod output;
 pub(crate) mod process;

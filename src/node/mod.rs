@@ -139,7 +139,8 @@ pub(crate) struct Node {
     events: Receiver<Event>,
     /// For the node's helper threads (the merge) to wake the wait loop when they finish.
     wake: Sender<Event>,
-    registry: Arc<Registry>,
+    /// Starts, stops and knows the node's commands.
+    launcher: Arc<dyn procs::Launcher>,
     watchdog: watchdog::Watchdog,
     // Set once joined.
     cluster: Option<ClusterRecord>,
@@ -267,7 +268,7 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
         clock: Arc::new(crate::clock::SystemClock),
         events: rx,
         wake: tx,
-        registry,
+        launcher: Arc::new(procs::Processes::new(registry)),
         watchdog,
         host: hostname(),
         pid: crate::holder::node_process(),
@@ -288,14 +289,17 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
 /// barriers, watching peers, aborts, journals, the shut-down) without its process's
 /// plumbing (no supervisor, reaper, signal handling, guardian or watchdog). For the
 /// simulator (`tests/sim/driver.rs`), which runs a cluster of them on one simulated shared
-/// directory. Commands would run for real, outside the store, so a configuration with any
-/// is refused; so is one that names task files. `Err` is the exit code and the message.
+/// directory. Commands start no process: `commands` scripts what each does
+/// ([`procs::FakeLauncher`]). Only training commands are allowed (the others' outputs
+/// would be read and written outside the store), and no task files. `Err` is the exit
+/// code and the message.
 #[doc(hidden)]
 pub fn run_in_process(
     config: &Path,
     rank: u32,
     store: Arc<dyn SharedDir>,
     clock: Arc<dyn Clock>,
+    commands: Arc<procs::FakeScript>,
 ) -> Result<(), (i32, String)> {
     let level = logging::resolve(None, logging::LEVEL_ENV, logging::LogLevel::Info)
         .unwrap_or(logging::LogLevel::Info);
@@ -304,17 +308,16 @@ pub fn run_in_process(
         .map_err(|e| (exit::USAGE, e.to_string()))?;
     let cfg = loaded.config.clone();
     let p = &cfg.phases;
-    let commands = p.rollout.is_set()
+    let outside = p.rollout.is_set()
         || p.eval.is_set()
         || p.aggregate.is_set()
         || p.prepare.is_set()
-        || p.train.is_set()
         || !p.handoff.command.trim().is_empty()
         || !cfg.server.command.trim().is_empty();
-    if commands || !cfg.tasks.train.is_empty() || !cfg.tasks.eval.is_empty() {
+    if outside || !cfg.tasks.train.is_empty() || !cfg.tasks.eval.is_empty() {
         return Err((
             exit::USAGE,
-            "an in-process node runs no commands and reads no task files".into(),
+            "an in-process node runs only training commands and reads no task files".into(),
         ));
     }
     if rank >= cfg.cluster.num_nodes {
@@ -333,12 +336,13 @@ pub fn run_in_process(
         pid: PIDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         start: 0,
     };
+    let launcher = Arc::new(procs::FakeLauncher::new(wake.clone(), commands));
     let parts = Parts {
         store,
         clock,
         events,
         wake,
-        registry: Registry::new(),
+        launcher,
         watchdog: watchdog::Watchdog::inert(),
         host,
         pid: ident.pid,
@@ -364,7 +368,7 @@ struct Parts {
     clock: Arc<dyn Clock>,
     events: Receiver<Event>,
     wake: Sender<Event>,
-    registry: Arc<Registry>,
+    launcher: Arc<dyn procs::Launcher>,
     watchdog: watchdog::Watchdog,
     host: String,
     pid: u32,
@@ -393,7 +397,7 @@ impl Node {
             fingerprint: cfg.fingerprint(),
             events: parts.events,
             wake: parts.wake,
-            registry: parts.registry,
+            launcher: parts.launcher,
             watchdog: parts.watchdog,
             cluster: None,
             publisher: None,
@@ -642,7 +646,7 @@ impl Node {
                 // Orphans re-parented to us are reaped too; only a registered command's
                 // exit is awaited. Keeping the others would let a later command that
                 // gets a reused pid seem to have exited at once.
-                if !self.registry.contains(pid) {
+                if !self.launcher.contains(pid) {
                     return Ok(());
                 }
                 self.check_server_exit(pid, exit)?;
@@ -859,27 +863,17 @@ impl Node {
     }
 
     fn shut_down(mut self, result: Result<(), Stop>) -> Result<(), Stop> {
-        let groups = self.registry.groups();
-        if !groups.is_empty() {
+        // Running commands, then descendants that left their groups (`setsid`), including
+        // those of commands that were still running.
+        let groups = self.launcher.running();
+        if groups > 0 {
             self.info(&format!(
-                "stopping {} running command(s) (SIGTERM, then SIGKILL after {})",
-                groups.len(),
+                "stopping {groups} running command(s) (SIGTERM, then SIGKILL after {})",
                 humantime::format_duration(self.cfg.timing.kill_grace)
             ));
-            self.watchdog.pet("stopping children");
-            let grace = self.cfg.timing.kill_grace;
-            let handles: Vec<_> = groups
-                .into_iter()
-                .map(|g| std::thread::spawn(move || procs::stop_group(g, grace)))
-                .collect();
-            for h in handles {
-                let _ = h.join();
-            }
         }
-        // Descendants that left their groups (`setsid`), including those of commands that
-        // were still running.
-        self.watchdog.pet("stopping descendants");
-        let n = self.registry.stop_descendants(self.cfg.timing.kill_grace);
+        self.watchdog.pet("stopping children");
+        let n = self.launcher.stop_all(self.cfg.timing.kill_grace);
         if n > 0 {
             self.info(&format!(
                 "stopped {n} process(es) that had left their command's process group"
@@ -1719,8 +1713,7 @@ impl Node {
         let wd = self.watchdog.clone();
         let mut opts = crate::aggregate::MergeOptions::from_config(&self.cfg.aggregate); // allow_missing: false
         opts.command_log = Some(self.layout.phase_log(it, self.rank, "aggregate"));
-        (opts.registry, opts.kill_grace) =
-            (Some(self.registry.clone()), self.cfg.timing.kill_grace);
+        (opts.registry, opts.kill_grace) = (self.launcher.registry(), self.cfg.timing.kill_grace);
         opts.fence = Some(self.fence_fn());
         let values = self.values("aggregate", Some(split), &out);
         opts.env = self
@@ -2068,14 +2061,11 @@ impl Node {
         header: &str,
     ) -> Result<procs::Running, Stop> {
         self.watchdog.pet("starting a command");
-        let (id, owner) = self.registry.new_command();
-        let mut env = env.to_vec();
-        env.push(owner);
-        match procs::spawn_shell(command, &env, log, header) {
-            Ok(running) => {
-                self.registry.add(running.pid, id);
-                Ok(running)
-            }
+        match self.launcher.start(command, env, log, header) {
+            Ok(pid) => Ok(procs::Running {
+                pid,
+                started: self.clock.now(),
+            }),
             Err(e) => Err(self.fail(
                 AbortKind::Error,
                 self.rank,
@@ -2090,7 +2080,7 @@ impl Node {
     /// outside it (noting it in `log`, if given), and forget the group.
     fn reap(&mut self, pid: i32, log: Option<&Path>) {
         self.watchdog.pet("stopping leftover processes");
-        let left = self.registry.stop(pid, self.cfg.timing.kill_grace);
+        let left = self.launcher.stop(pid, self.cfg.timing.kill_grace);
         if let (true, Some(log)) = (left.any(), log) {
             let outside = match left.outside {
                 0 => String::new(),
@@ -2181,7 +2171,7 @@ impl Node {
             Err(Interrupt::Stop(s)) => return Err(s),
             Err(Interrupt::Deadline) => {
                 self.watchdog.pet("stopping a command");
-                self.registry.stop(pid, self.cfg.timing.kill_grace);
+                self.launcher.stop(pid, self.cfg.timing.kill_grace);
                 // The node may go on (a training failure with on-failure = "keep-model"):
                 // an exit of this pid must not be mistaken later for a new command's.
                 self.exited.remove(&pid);

@@ -134,7 +134,7 @@ impl Node {
             // outside it, the port), so nothing of it answers the next attempt's health
             // check or holds its port or GPU memory.
             self.watchdog.pet("stopping the server");
-            self.registry.stop(pid, self.cfg.server.stop_grace);
+            self.launcher.stop(pid, self.cfg.server.stop_grace);
             self.exited.remove(&pid);
             let why = failure.describe(&url, timeout);
             let retry = attempt < attempts;
@@ -248,7 +248,7 @@ impl Node {
         };
         self.watchdog.pet("stopping the server");
         let started = self.clock.now();
-        self.registry.stop(server.pid, self.cfg.server.stop_grace);
+        self.launcher.stop(server.pid, self.cfg.server.stop_grace);
         self.wait_port_free("the server stopped", &server.log)?;
         self.event(events::Event::ServerStop {
             secs: self.clock.elapsed(started).as_secs_f64(),
@@ -332,7 +332,7 @@ impl Node {
             Some(s) if s.pid == pid => {
                 let log = s.log.clone();
                 self.server = None;
-                self.registry.stop(pid, self.cfg.server.stop_grace);
+                self.launcher.stop(pid, self.cfg.server.stop_grace);
                 Err(self.fail(
                     AbortKind::CommandFailed {
                         exit: exit.to_string(),

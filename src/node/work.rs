@@ -898,7 +898,7 @@ impl Node {
                 .collect();
             for pid in superseded {
                 let r = running.remove(&pid).expect("listed");
-                self.registry.stop(pid, self.cfg.timing.kill_grace);
+                self.launcher.stop(pid, self.cfg.timing.kill_grace);
                 self.exited.remove(&pid);
                 let _ = self.store.remove_file(&r.partial);
             }

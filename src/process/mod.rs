@@ -16,6 +16,8 @@
 //!   be stuck in the filesystem.
 
 pub(crate) mod descendants;
+pub mod launcher;
+pub use launcher::{FakeLauncher, FakeRun, FakeScript, Launcher, Processes};
 
 /// Set for every command the node starts, to `<node nonce>:<command id>`: descendants
 /// inherit it into any process group or session, so the node (and its guardian, after a

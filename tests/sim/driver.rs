@@ -18,8 +18,13 @@
 //!   failed and was retried) or every node stops, and every node that stops names the
 //!   same cause.
 //!
-//! No commands run (they would run for real, outside the store): the walk's phases are
-//! empty, its barriers are not.
+//! - with training commands (started by the fake launcher: no process, a scripted exit),
+//!   a failing one stops every node naming its rank, phase and exit; with
+//!   `on-failure = "keep-model"` the run goes on and the failure is journaled; one that
+//!   runs past its timeout is stopped and named.
+//!
+//! Other phases have no command here: their outputs would be read and written outside
+//! the store. Their barriers run.
 
 use rl_node::clock::{Clock, SystemClock};
 use rl_node::layout::Layout;
@@ -28,6 +33,7 @@ use rl_node::protocol::{NodeState, RankRecord};
 use rl_node::rng::SplitMix64 as Rng;
 use rl_node::store::sim::{SimClient, SimWorld};
 use rl_node::store::{OpClass, SharedDir};
+use rl_node::{FakeRun, FakeScript};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -37,17 +43,30 @@ const ROOT: &str = "/sim-run";
 /// A cluster's configuration: `nodes` ranks, `iterations` iterations, fast timing (a
 /// heartbeat every 50 ms, dead-after 3 s, well above the caches' lifetimes).
 fn config(dir: &Path, nodes: u32, iterations: u64) -> std::path::PathBuf {
+    config_with(dir, nodes, iterations, "")
+}
+
+/// [`config`] with more TOML (e.g. a `[phases.train]` table).
+fn config_with(dir: &Path, nodes: u32, iterations: u64, more: &str) -> std::path::PathBuf {
     let path = dir.join("rl.toml");
     std::fs::write(
         &path,
         format!(
             "[cluster]\nnum-nodes = {nodes}\nlog-path = \"{ROOT}\"\niterations = {iterations}\n\
              [timing]\nheartbeat-interval = \"50ms\"\npoll-interval = \"20ms\"\ndead-after = \"3s\"\n\
-             join-timeout = \"8s\"\n"
+             join-timeout = \"8s\"\n{more}"
         ),
     )
     .expect("write the configuration");
     path
+}
+
+/// Every command exits 0 at once (there are none unless a test configures them).
+fn no_commands() -> Arc<FakeScript> {
+    Arc::new(|_, _| FakeRun::Exit {
+        after: Duration::ZERO,
+        code: 0,
+    })
 }
 
 /// A world with one client per node whose caches hide changes for `lifetime`.
@@ -65,21 +84,16 @@ fn world(nodes: u32, lifetime: Duration) -> (Arc<SimWorld>, Vec<Arc<SimClient>>)
 
 /// Run every rank on its client, in threads; each rank's result.
 fn run(config: &Path, clients: &[Arc<SimClient>]) -> Vec<Result<(), (i32, String)>> {
-    let handles: Vec<_> = clients
-        .iter()
-        .enumerate()
-        .map(|(rank, client)| {
-            let (config, store) = (config.to_path_buf(), client.clone());
-            std::thread::Builder::new()
-                .name(format!("rank-{rank}"))
-                .spawn(move || {
-                    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-                    rl_node::run_in_process(&config, rank as u32, store, clock)
-                })
-                .expect("spawn a node")
-        })
-        .collect();
-    handles
+    run_scripted(config, clients, no_commands())
+}
+
+/// [`run`] with commands doing what `script` says.
+fn run_scripted(
+    config: &Path,
+    clients: &[Arc<SimClient>],
+    script: Arc<FakeScript>,
+) -> Vec<Result<(), (i32, String)>> {
+    spawn_scripted(config, clients, script)
         .into_iter()
         .map(|h| h.join().expect("a node panicked"))
         .collect()
@@ -343,14 +357,24 @@ fn spawn(
     config: &Path,
     clients: &[Arc<SimClient>],
 ) -> Vec<std::thread::JoinHandle<Result<(), (i32, String)>>> {
+    spawn_scripted(config, clients, no_commands())
+}
+
+type Node = std::thread::JoinHandle<Result<(), (i32, String)>>;
+
+fn spawn_scripted(config: &Path, clients: &[Arc<SimClient>], script: Arc<FakeScript>) -> Vec<Node> {
     clients
         .iter()
         .enumerate()
         .map(|(rank, client)| {
-            let (config, store) = (config.to_path_buf(), client.clone());
-            std::thread::spawn(move || {
-                rl_node::run_in_process(&config, rank as u32, store, Arc::new(SystemClock))
-            })
+            let (config, store, script) = (config.to_path_buf(), client.clone(), script.clone());
+            std::thread::Builder::new()
+                .name(format!("rank-{rank}"))
+                .spawn(move || {
+                    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+                    rl_node::run_in_process(&config, rank as u32, store, clock, script)
+                })
+                .expect("spawn a node")
         })
         .collect()
 }
@@ -468,4 +492,137 @@ fn assert_complete_resumed(world: &SimWorld, nodes: u32, iterations: u64) {
             "rank {rank}: {entries:?}"
         );
     }
+}
+
+/// The training command of the tests: it says its rank and iteration.
+const TRAIN: &str = "[phases.train]\ncommand = \"train rank={rank} iteration={iteration}\"\n";
+
+/// The (rank, iteration) a fake training command was started for.
+fn train_of(command: &str) -> (u32, u64) {
+    let field = |k: &str| {
+        command
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{k} in {command:?}"))
+    };
+    (field("rank=") as u32, field("iteration="))
+}
+
+/// Training fails on rank 2 in iteration 2 (exit 3): every node stops, every one naming
+/// rank 2; rank 2 says the training command failed with exit code 3; iteration 1 is
+/// complete everywhere and iteration 2 nowhere.
+#[test]
+fn a_training_command_that_fails_stops_every_node_naming_its_rank() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = config_with(dir.path(), 3, 3, TRAIN);
+    let (world, clients) = world(3, Duration::from_millis(100));
+    let script: Arc<FakeScript> = Arc::new(|command, _| {
+        let code = if train_of(command) == (2, 2) { 3 } else { 0 };
+        FakeRun::Exit {
+            after: Duration::from_millis(30),
+            code,
+        }
+    });
+    let results = run_scripted(&cfg, &clients, script);
+    for (rank, r) in results.iter().enumerate() {
+        let (code, message) = r.as_ref().expect_err("every node stops");
+        assert!(
+            *code != 0 && message.contains("rank 2"),
+            "rank {rank}: {r:?}"
+        );
+    }
+    let (_, own) = results[2].as_ref().unwrap_err();
+    assert!(
+        own.contains("train") && own.contains("exit code 3"),
+        "{own}"
+    );
+    let layout = Layout::new(ROOT);
+    for rank in 0..3 {
+        let text = String::from_utf8(world.content(&layout.journal(rank)).unwrap_or_default())
+            .expect("utf-8");
+        let entries = journal::parse(&text);
+        assert!(
+            entries.iter().any(|e| e.iteration == 1)
+                && entries
+                    .iter()
+                    .all(|e| e.iteration == 1 || e.item != "train" || rank != 2),
+            "rank {rank}: {entries:?}"
+        );
+        let last = entries
+            .iter()
+            .rfind(|e| e.iteration == 1)
+            .expect("iteration 1")
+            .item
+            .clone();
+        assert!(
+            !entries.iter().any(|e| e.iteration == 2 && e.item == last),
+            "rank {rank} completed iteration 2: {entries:?}"
+        );
+    }
+}
+
+/// With `on-failure = "keep-model"` the same failure is journaled on rank 2 and the run
+/// completes every iteration.
+#[test]
+fn a_training_failure_with_keep_model_is_journaled_and_the_run_goes_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = config_with(
+        dir.path(),
+        3,
+        3,
+        &format!("{TRAIN}on-failure = \"keep-model\"\n"),
+    );
+    let (world, clients) = world(3, Duration::from_millis(100));
+    let script: Arc<FakeScript> = Arc::new(|command, _| {
+        let code = if train_of(command) == (2, 2) { 3 } else { 0 };
+        FakeRun::Exit {
+            after: Duration::from_millis(30),
+            code,
+        }
+    });
+    let results = run_scripted(&cfg, &clients, script);
+    assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+    assert_complete(&world, 3, 3);
+    let layout = Layout::new(ROOT);
+    let text =
+        String::from_utf8(world.content(&layout.journal(2)).expect("journal")).expect("utf-8");
+    let failed: Vec<_> = journal::parse(&text)
+        .into_iter()
+        .filter(|e| e.failed.is_some())
+        .map(|e| (e.iteration, e.item, e.failed.unwrap_or_default()))
+        .collect();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(
+        (failed[0].0, failed[0].1.as_str()),
+        (2, "train"),
+        "{failed:?}"
+    );
+    assert!(failed[0].2.contains("exit code 3"), "{failed:?}");
+}
+
+/// A training command that runs past `phases.train.timeout` on rank 1 is stopped by the
+/// launcher, and every node stops naming rank 1 and the timeout.
+#[test]
+fn a_training_command_past_its_timeout_is_stopped_and_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = config_with(dir.path(), 3, 2, &format!("{TRAIN}timeout = \"500ms\"\n"));
+    let (_world, clients) = world(3, Duration::from_millis(100));
+    let script: Arc<FakeScript> = Arc::new(|command, _| {
+        if train_of(command).0 == 1 {
+            FakeRun::Forever
+        } else {
+            FakeRun::Exit {
+                after: Duration::from_millis(30),
+                code: 0,
+            }
+        }
+    });
+    let results = run_scripted(&cfg, &clients, script);
+    for (rank, r) in results.iter().enumerate() {
+        let (_, message) = r.as_ref().expect_err("every node stops");
+        assert!(message.contains("rank 1"), "rank {rank}: {r:?}");
+    }
+    let (_, own) = results[1].as_ref().unwrap_err();
+    assert!(own.contains("timeout"), "{own}");
 }

@@ -1,0 +1,247 @@
+//! How a node starts its commands, stops them and knows them: one trait, [`Launcher`],
+//! with the real implementation ([`Processes`]: process groups, the node's reaper and the
+//! [`Registry`]) and a fake for the simulator ([`FakeLauncher`]: scripted exits on a
+//! timer, no process at all).
+//!
+//! A started command's end reaches the node as every child's does, as
+//! [`Event::Reaped`] on the node's event channel, so the node's one wait loop hears of
+//! real and fake commands alike.
+
+use super::{spawn_shell, stop_group, ChildExit, Event, Leftovers, Registry};
+use std::collections::HashMap;
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Starts, stops and knows a node's commands (see the module's documentation).
+pub trait Launcher: Send + Sync {
+    /// Start `sh -c command` with `env` in a process group of its own, its output
+    /// appended to `log` after a `header` line; its pid (the group's id). Its exit arrives
+    /// as [`Event::Reaped`].
+    fn start(
+        &self,
+        command: &str,
+        env: &[(String, String)],
+        log: &Path,
+        header: &str,
+    ) -> io::Result<i32>;
+
+    /// The command `pid` ended or must end: stop what is left of it (SIGTERM, `grace`,
+    /// SIGKILL) and forget it.
+    fn stop(&self, pid: i32, grace: Duration) -> Leftovers;
+
+    /// Whether `pid` is a command of this launcher not yet stopped (an exit of any other
+    /// pid, such as an adopted orphan's, is nobody's to wait for).
+    fn contains(&self, pid: i32) -> bool;
+
+    /// How many commands are running (not yet stopped).
+    fn running(&self) -> usize;
+
+    /// At shut-down: stop every command still running, at once, then what they left
+    /// outside their groups. How many leftovers outside the groups there were.
+    fn stop_all(&self, grace: Duration) -> usize;
+
+    /// The registry of the node's process groups, for what stops them from other threads
+    /// (the merge command); `None` for a fake.
+    fn registry(&self) -> Option<Arc<Registry>>;
+}
+
+/// The real launcher: `sh -c` in a process group of its own, registered (with the
+/// `RL_NODE_OWNER` mark, so descendants that leave the group are found) for stopping by
+/// the node, its guardian and its watchdog.
+pub struct Processes {
+    registry: Arc<Registry>,
+}
+
+impl Processes {
+    pub fn new(registry: Arc<Registry>) -> Processes {
+        Processes { registry }
+    }
+}
+
+impl Launcher for Processes {
+    fn start(
+        &self,
+        command: &str,
+        env: &[(String, String)],
+        log: &Path,
+        header: &str,
+    ) -> io::Result<i32> {
+        let (id, owner) = self.registry.new_command();
+        let mut env = env.to_vec();
+        env.push(owner);
+        let running = spawn_shell(command, &env, log, header)?;
+        self.registry.add(running.pid, id);
+        Ok(running.pid)
+    }
+
+    fn stop(&self, pid: i32, grace: Duration) -> Leftovers {
+        self.registry.stop(pid, grace)
+    }
+
+    fn contains(&self, pid: i32) -> bool {
+        self.registry.contains(pid)
+    }
+
+    fn running(&self) -> usize {
+        self.registry.groups().len()
+    }
+
+    fn stop_all(&self, grace: Duration) -> usize {
+        let handles: Vec<_> = self
+            .registry
+            .groups()
+            .into_iter()
+            .map(|g| std::thread::spawn(move || stop_group(g, grace)))
+            .collect();
+        for h in handles {
+            let _ = h.join();
+        }
+        self.registry.stop_descendants(grace)
+    }
+
+    fn registry(&self) -> Option<Arc<Registry>> {
+        Some(self.registry.clone())
+    }
+}
+
+/// What a fake command does: exit with `code` after `after`, or run until stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FakeRun {
+    Exit { after: Duration, code: i32 },
+    Forever,
+}
+
+/// The script of a [`FakeLauncher`]: what each command does, from its command line and
+/// environment (e.g. `RANK`).
+pub type FakeScript = dyn Fn(&str, &[(String, String)]) -> FakeRun + Send + Sync;
+
+/// A launcher that starts no process: each command does what the script says, on a timer
+/// thread, and its exit is sent to the node's channel as a real child's would be. A
+/// stopped command "dies of" SIGTERM. For running the node's driver in a simulation.
+pub struct FakeLauncher {
+    events: Mutex<Sender<Event>>,
+    script: Arc<FakeScript>,
+    next_pid: AtomicI32,
+    /// The commands not yet stopped, and whether each has exited.
+    running: Arc<Mutex<HashMap<i32, bool>>>,
+}
+
+impl FakeLauncher {
+    pub fn new(events: Sender<Event>, script: Arc<FakeScript>) -> FakeLauncher {
+        FakeLauncher {
+            events: Mutex::new(events),
+            script,
+            next_pid: AtomicI32::new(100_000),
+            running: Arc::default(),
+        }
+    }
+}
+
+impl Launcher for FakeLauncher {
+    fn start(
+        &self,
+        command: &str,
+        env: &[(String, String)],
+        _log: &Path,
+        _header: &str,
+    ) -> io::Result<i32> {
+        let pid = self.next_pid.fetch_add(1, Ordering::Relaxed);
+        self.running.lock().unwrap().insert(pid, false);
+        if let FakeRun::Exit { after, code } = (self.script)(command, env) {
+            let (events, running) = (self.events.lock().unwrap().clone(), self.running.clone());
+            std::thread::spawn(move || {
+                std::thread::sleep(after);
+                // Only a command still running exits (a stopped one already "died").
+                if let Some(exited) = running.lock().unwrap().get_mut(&pid) {
+                    *exited = true;
+                    let exit = match code {
+                        0 => ChildExit::Success,
+                        c => ChildExit::Exit(c),
+                    };
+                    let _ = events.send(Event::Reaped { pid, exit });
+                }
+            });
+        }
+        Ok(pid)
+    }
+
+    fn stop(&self, pid: i32, _grace: Duration) -> Leftovers {
+        let was = self.running.lock().unwrap().remove(&pid);
+        if was == Some(false) {
+            let _ = self.events.lock().unwrap().send(Event::Reaped {
+                pid,
+                exit: ChildExit::Signal(libc::SIGTERM),
+            });
+        }
+        Leftovers {
+            group: was == Some(false),
+            outside: 0,
+        }
+    }
+
+    fn contains(&self, pid: i32) -> bool {
+        self.running.lock().unwrap().contains_key(&pid)
+    }
+
+    fn running(&self) -> usize {
+        self.running.lock().unwrap().len()
+    }
+
+    fn stop_all(&self, grace: Duration) -> usize {
+        let pids: Vec<i32> = self.running.lock().unwrap().keys().copied().collect();
+        for pid in pids {
+            self.stop(pid, grace);
+        }
+        0
+    }
+
+    fn registry(&self) -> Option<Arc<Registry>> {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc::channel;
+
+    #[test]
+    fn a_fake_command_exits_as_scripted_or_dies_of_sigterm_when_stopped() {
+        let (tx, rx) = channel();
+        let script: Arc<FakeScript> = Arc::new(|command, env| {
+            if command == "forever" {
+                return FakeRun::Forever;
+            }
+            let code = env
+                .iter()
+                .find(|(k, _)| k == "CODE")
+                .map_or(0, |(_, v)| v.parse().unwrap());
+            FakeRun::Exit {
+                after: Duration::from_millis(5),
+                code,
+            }
+        });
+        let fake = FakeLauncher::new(tx, script);
+        let log = Path::new("/nonexistent/log");
+        let a = fake
+            .start("x", &[("CODE".into(), "3".into())], log, "")
+            .unwrap();
+        let b = fake.start("forever", &[], log, "").unwrap();
+        assert!(fake.contains(a) && fake.contains(b) && a != b);
+        let got = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(matches!(got, Event::Reaped { pid, exit: ChildExit::Exit(3) } if pid == a));
+        assert!(fake.contains(a), "known until the node stops it");
+        assert_eq!(fake.stop(a, Duration::ZERO), Leftovers::default());
+        assert!(!fake.contains(a));
+        assert!(fake.stop(b, Duration::ZERO).group);
+        let got = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(
+            matches!(got, Event::Reaped { pid, exit: ChildExit::Signal(s) } if pid == b && s == libc::SIGTERM)
+        );
+        assert_eq!((fake.running(), fake.stop_all(Duration::ZERO)), (0, 0));
+    }
+}
