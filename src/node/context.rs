@@ -54,7 +54,7 @@ fn list_gpus() -> Option<u32> {
         &["--list-gpus"],
         std::time::Duration::from_secs(30),
     )?;
-    if exit != super::procs::ChildExit::Success {
+    if exit != crate::process::ChildExit::Success {
         return None;
     }
     let out = String::from_utf8_lossy(&out);

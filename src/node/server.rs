@@ -13,10 +13,10 @@
 //! the way phase 7 stops a server before the next one, so no half-started engine keeps the
 //! port or the GPU memory the next attempt needs.
 
-use super::procs::ChildExit;
 use super::{Interrupt, Node, Stop};
 use crate::checkpoint;
 use crate::events;
+use crate::process::ChildExit;
 use crate::protocol::AbortKind;
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
@@ -356,7 +356,7 @@ fn query_gpu_memory() -> Option<Vec<u64>> {
         &["--query-gpu=memory.used", "--format=csv,noheader,nounits"],
         Duration::from_secs(30),
     )?;
-    if exit != super::procs::ChildExit::Success {
+    if exit != crate::process::ChildExit::Success {
         return None;
     }
     let used: Vec<u64> = String::from_utf8_lossy(&out)

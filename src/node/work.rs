@@ -14,10 +14,10 @@
 //!   item is never run again; all attempts of an item write the same seed's output, and the
 //!   rename makes exactly one of them the item's file.
 
-use super::procs::ChildExit;
 use super::{Interrupt, Node, Stop};
 use crate::config::{PhaseCommand, WorkMode};
 use crate::events;
+use crate::process::ChildExit;
 use crate::protocol::lease::{self, Holder};
 use crate::protocol::AbortKind;
 use crate::store;

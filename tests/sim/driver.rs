@@ -40,6 +40,29 @@ use std::time::{Duration, Instant};
 
 const ROOT: &str = "/sim-run";
 
+/// A file's content on the server ("" if it does not exist).
+fn text(world: &SimWorld, path: &Path) -> String {
+    String::from_utf8(world.content(path).unwrap_or_default()).expect("utf-8")
+}
+
+/// Rank `rank`'s journal entries, as the server holds them.
+fn journal_of(world: &SimWorld, rank: u32) -> Vec<journal::Entry> {
+    journal::parse(&text(world, &Layout::new(ROOT).journal(rank)))
+}
+
+/// No rank journaled an item of an iteration twice: nothing committed was redone.
+fn assert_nothing_twice(entries: &[journal::Entry], context: &str) {
+    let mut seen = std::collections::HashSet::new();
+    for e in entries {
+        assert!(
+            seen.insert((e.iteration, e.item.clone())),
+            "{context}: {} of iteration {} journaled twice: {entries:?}",
+            e.item,
+            e.iteration
+        );
+    }
+}
+
 /// A cluster's configuration: `nodes` ranks, `iterations` iterations, fast timing (a
 /// heartbeat every 50 ms, dead-after 3 s, well above the caches' lifetimes).
 fn config(dir: &Path, nodes: u32, iterations: u64) -> std::path::PathBuf {
@@ -104,12 +127,8 @@ fn run_scripted(
 fn assert_complete(world: &SimWorld, nodes: u32, iterations: u64) {
     let layout = Layout::new(ROOT);
     let text = |p: &Path| {
-        String::from_utf8(
-            world
-                .content(p)
-                .unwrap_or_else(|| panic!("{} is missing", p.display())),
-        )
-        .expect("utf-8")
+        assert!(world.content(p).is_some(), "{} is missing", p.display());
+        text(world, p)
     };
     let history = text(&layout.history());
     assert_eq!(history.lines().count(), 1, "one generation: {history}");
@@ -121,7 +140,7 @@ fn assert_complete(world: &SimWorld, nodes: u32, iterations: u64) {
         let rec: RankRecord =
             serde_json::from_str(&text(&layout.rank_record(1, rank))).expect("a record");
         assert_eq!(rec.state, NodeState::Done, "rank {rank}: {rec:?}");
-        let entries = journal::parse(&text(&layout.journal(rank)));
+        let entries = journal_of(world, rank);
         // The journal's last item of an iteration is the walk's end of it.
         let last = entries.last().expect("entries").item.clone();
         for it in 1..=iterations {
@@ -297,8 +316,7 @@ fn kills_and_requeues_resume_without_redoing_work() {
             }
         }
         let layout = Layout::new(ROOT);
-        let text =
-            |p: &Path| String::from_utf8(world.content(p).unwrap_or_default()).expect("utf-8");
+        let text = |p: &Path| text(&world, p);
         let history = text(&layout.history());
         let cluster: serde_json::Value =
             serde_json::from_str(&text(&layout.cluster())).expect("cluster.json");
@@ -327,22 +345,14 @@ fn kills_and_requeues_resume_without_redoing_work() {
             "seed {seed}: a generation per start at most: {history}\n{log:?}"
         );
         for rank in 0..nodes {
-            let entries = journal::parse(&text(&layout.journal(rank)));
+            let entries = journal_of(&world, rank);
             let last = entries.last().expect("entries").item.clone();
             assert_eq!(
                 journal::last_complete(&entries, &run_id, &last),
                 iterations,
                 "seed {seed}: rank {rank}: {entries:?}\n{log:?}"
             );
-            let mut seen = std::collections::HashSet::new();
-            for e in &entries {
-                assert!(
-                    seen.insert((e.iteration, e.item.clone())),
-                    "seed {seed}: rank {rank} journaled {} of iteration {} twice: {entries:?}\n{log:?}",
-                    e.item,
-                    e.iteration
-                );
-            }
+            assert_nothing_twice(&entries, &format!("seed {seed}: rank {rank} ({log:?})"));
         }
         println!(
             "seed {seed}: {} start(s), {} generation(s): {log:?}",
@@ -448,10 +458,8 @@ fn a_node_frozen_past_dead_after_commits_nothing_when_it_wakes() {
             woken.is_err(),
             "seed {seed}: the woken node completed: {woken:?}"
         );
-        let text =
-            |p: &Path| String::from_utf8(world.content(p).unwrap_or_default()).expect("utf-8");
         for rank in 0..nodes {
-            let entries = journal::parse(&text(&layout.journal(rank)));
+            let entries = journal_of(&world, rank);
             if let Some(i) = entries.iter().position(|e| e.gen >= 2) {
                 let late: Vec<_> = entries[i..].iter().filter(|e| e.gen < 2).collect();
                 assert!(
@@ -459,15 +467,7 @@ fn a_node_frozen_past_dead_after_commits_nothing_when_it_wakes() {
                     "seed {seed}: rank {rank} journaled for a replaced generation after the new one began: {late:?}"
                 );
             }
-            let mut seen = std::collections::HashSet::new();
-            for e in &entries {
-                assert!(
-                    seen.insert((e.iteration, e.item.clone())),
-                    "seed {seed}: rank {rank} journaled {} of iteration {} twice: {entries:?}",
-                    e.item,
-                    e.iteration
-                );
-            }
+            assert_nothing_twice(&entries, &format!("seed {seed}: rank {rank}"));
         }
         assert_complete_resumed(&world, nodes, iterations);
         println!(
@@ -479,12 +479,12 @@ fn a_node_frozen_past_dead_after_commits_nothing_when_it_wakes() {
 /// Every rank's journal complete for every iteration of the run `cluster.json` names.
 fn assert_complete_resumed(world: &SimWorld, nodes: u32, iterations: u64) {
     let layout = Layout::new(ROOT);
-    let text = |p: &Path| String::from_utf8(world.content(p).unwrap_or_default()).expect("utf-8");
+    let text = |p: &Path| text(world, p);
     let cluster: serde_json::Value =
         serde_json::from_str(&text(&layout.cluster())).expect("cluster.json");
     let run_id = cluster["run_id"].as_str().expect("run id");
     for rank in 0..nodes {
-        let entries = journal::parse(&text(&layout.journal(rank)));
+        let entries = journal_of(world, rank);
         let last = entries.last().expect("entries").item.clone();
         assert_eq!(
             journal::last_complete(&entries, run_id, &last),
@@ -509,6 +509,17 @@ fn train_of(command: &str) -> (u32, u64) {
     (field("rank=") as u32, field("iteration="))
 }
 
+/// Training takes 30 ms and exits 0, except on rank 2 in iteration 2: exit 3.
+fn rank_2_fails_in_iteration_2() -> Arc<FakeScript> {
+    Arc::new(|command, _| {
+        let code = if train_of(command) == (2, 2) { 3 } else { 0 };
+        FakeRun::Exit {
+            after: Duration::from_millis(30),
+            code,
+        }
+    })
+}
+
 /// Training fails on rank 2 in iteration 2 (exit 3): every node stops, every one naming
 /// rank 2; rank 2 says the training command failed with exit code 3; iteration 1 is
 /// complete everywhere and iteration 2 nowhere.
@@ -517,14 +528,7 @@ fn a_training_command_that_fails_stops_every_node_naming_its_rank() {
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg = config_with(dir.path(), 3, 3, TRAIN);
     let (world, clients) = world(3, Duration::from_millis(100));
-    let script: Arc<FakeScript> = Arc::new(|command, _| {
-        let code = if train_of(command) == (2, 2) { 3 } else { 0 };
-        FakeRun::Exit {
-            after: Duration::from_millis(30),
-            code,
-        }
-    });
-    let results = run_scripted(&cfg, &clients, script);
+    let results = run_scripted(&cfg, &clients, rank_2_fails_in_iteration_2());
     for (rank, r) in results.iter().enumerate() {
         let (code, message) = r.as_ref().expect_err("every node stops");
         assert!(
@@ -537,11 +541,8 @@ fn a_training_command_that_fails_stops_every_node_naming_its_rank() {
         own.contains("train") && own.contains("exit code 3"),
         "{own}"
     );
-    let layout = Layout::new(ROOT);
     for rank in 0..3 {
-        let text = String::from_utf8(world.content(&layout.journal(rank)).unwrap_or_default())
-            .expect("utf-8");
-        let entries = journal::parse(&text);
+        let entries = journal_of(&world, rank);
         assert!(
             entries.iter().any(|e| e.iteration == 1)
                 && entries
@@ -574,20 +575,10 @@ fn a_training_failure_with_keep_model_is_journaled_and_the_run_goes_on() {
         &format!("{TRAIN}on-failure = \"keep-model\"\n"),
     );
     let (world, clients) = world(3, Duration::from_millis(100));
-    let script: Arc<FakeScript> = Arc::new(|command, _| {
-        let code = if train_of(command) == (2, 2) { 3 } else { 0 };
-        FakeRun::Exit {
-            after: Duration::from_millis(30),
-            code,
-        }
-    });
-    let results = run_scripted(&cfg, &clients, script);
+    let results = run_scripted(&cfg, &clients, rank_2_fails_in_iteration_2());
     assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
     assert_complete(&world, 3, 3);
-    let layout = Layout::new(ROOT);
-    let text =
-        String::from_utf8(world.content(&layout.journal(2)).expect("journal")).expect("utf-8");
-    let failed: Vec<_> = journal::parse(&text)
+    let failed: Vec<_> = journal_of(&world, 2)
         .into_iter()
         .filter(|e| e.failed.is_some())
         .map(|e| (e.iteration, e.item, e.failed.unwrap_or_default()))
