@@ -31,9 +31,15 @@
 //! file falls back to its last synced content, a non-durable publish to what the name
 //! held durably before it, and a file never synced is gone.
 //!
-//! Simplifications: a read or stat whose attributes are still valid costs the server
-//! nothing (a real client with close-to-open consistency sends a GETATTR on each open
-//! unless mounted `nocto`); `read_dir` always asks the server; there are no symlinks.
+//! - **Close-to-open** (optional, [`SimClient::set_close_to_open`]): as an NFS client
+//!   mounted with `cto` (the default), each open of a file it has cached attributes for
+//!   asks the server for them again (a GETATTR, counted as a server `stat`), so a read sees
+//!   the latest content at once; `stat` without an open, and a cached "not found", still
+//!   answer from the caches. Off (the default here), a client behaves like sshfs with its
+//!   cache or blob FUSE: a read within the attribute lifetime returns the cached copy.
+//!
+//! Simplifications: without close-to-open, a read whose attributes are still valid costs
+//! the server nothing; `read_dir` always asks the server; there are no symlinks.
 
 use super::{Kind, Meta, OpClass, OpCounts, SharedDir};
 use crate::clock::{Clock, SimClock};
@@ -471,6 +477,7 @@ struct ClientState {
     latency_spent: Duration,
     tear: Option<usize>,
     tmp: u64,
+    close_to_open: bool,
 }
 
 /// One simulated node's view of the shared directory (an NFS client).
@@ -565,6 +572,12 @@ impl SimClient {
     pub fn resume(&self) {
         *self.paused.0.lock().unwrap() = false;
         self.paused.1.notify_all();
+    }
+
+    /// Revalidate a file's cached attributes with the server at every open, as an NFS
+    /// client with close-to-open consistency does (see the module's documentation).
+    pub fn set_close_to_open(&self, on: bool) {
+        self.state.lock().unwrap().close_to_open = on;
     }
 
     /// Forget everything cached (as `echo 3 > drop_caches` would).
@@ -829,7 +842,39 @@ impl SharedDir for SimClient {
     fn read(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
         let path = norm(path);
         let mut c = self.begin();
-        match c.fresh(&path) {
+        let fresh = c.fresh(&path);
+        if let (true, Some(Some(Cached::File(cached)))) = (c.st.close_to_open, &fresh) {
+            // Close-to-open: the open asks the server for the file's attributes (a GETATTR);
+            // its data is read again only if it changed.
+            c.cached(OpClass::Open)?;
+            c.op(OpClass::Stat)?;
+            return match c.w.lookup(&path) {
+                Ok(Some(Entry::File(ino))) => {
+                    let data = c.w.data(ino).to_vec();
+                    if data == *cached {
+                        c.cached(OpClass::Read)?;
+                    } else {
+                        c.op(OpClass::Read)?;
+                    }
+                    c.remember(&path, Some(Cached::File(data.clone())));
+                    Ok(Some(data))
+                }
+                Ok(Some(Entry::Dir)) => {
+                    c.remember(&path, Some(Cached::Dir));
+                    Err(errno(libc::EISDIR))
+                }
+                Ok(None) => {
+                    c.remember(&path, None);
+                    Ok(None)
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    c.remember(&path, None);
+                    Ok(None)
+                }
+                Err(e) => Err(e),
+            };
+        }
+        match fresh {
             Some(None) => {
                 c.cached(OpClass::Open)?;
                 return Ok(None);
@@ -1151,6 +1196,42 @@ mod tests {
         assert_eq!(b.stat(p).unwrap().unwrap().len, 3);
         t.advance(3 * S);
         assert_eq!(b.stat(p).unwrap().unwrap().len, 6);
+    }
+
+    #[test]
+    fn close_to_open_sees_a_change_at_the_next_open_and_rereads_only_changed_data() {
+        let (world, t, a, b) = two(3 * S, 3 * S);
+        b.set_close_to_open(true);
+        let (a, b): (&dyn SharedDir, &dyn SharedDir) = (&a, &b);
+        let p = Path::new("/run/r.json");
+        a.publish(p, b"one").unwrap();
+        assert_eq!(b.read(p).unwrap().unwrap(), b"one");
+        let server = world.server_counts();
+        assert_eq!(b.read(p).unwrap().unwrap(), b"one");
+        assert_eq!(
+            (world.server_counts() - server).summary(),
+            "stat 1",
+            "an unchanged file costs a GETATTR, its data comes from the cache"
+        );
+        t.advance(S);
+        a.publish(p, b"two").unwrap();
+        let server = world.server_counts();
+        assert_eq!(
+            b.read(p).unwrap().unwrap(),
+            b"two",
+            "within the attribute lifetime, the open sees the change"
+        );
+        assert_eq!((world.server_counts() - server).summary(), "stat 1, read 1");
+        // A cached "not found" still hides a file created since, and stat (no open) still
+        // answers from the attribute cache.
+        let q = Path::new("/run/later.json");
+        assert!(b.read(q).unwrap().is_none());
+        a.publish(q, b"x").unwrap();
+        assert!(b.read(q).unwrap().is_none());
+        a.publish(p, b"three!").unwrap();
+        assert_eq!(b.stat(p).unwrap().unwrap().len, 3);
+        a.remove_file(p).unwrap();
+        assert!(b.read(p).unwrap().is_none(), "the open finds it gone");
     }
 
     #[test]

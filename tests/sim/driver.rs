@@ -159,24 +159,28 @@ fn assert_complete(world: &SimWorld, nodes: u32, iterations: u64) {
 }
 
 /// The real driver over NFS-like caches (100 ms and 500 ms: every record a rank reads is
-/// up to that old) completes every iteration, and the directory holds what an
-/// uninterrupted run leaves.
+/// up to that old; then 500 ms with close-to-open, as NFS mounted with `cto`) completes
+/// every iteration, and the directory holds what an uninterrupted run leaves.
 #[test]
 fn the_nodes_driver_completes_a_run_through_stale_caches() {
-    for (nodes, lifetime_ms) in [(3, 100), (4, 500)] {
+    for (nodes, lifetime_ms, cto) in [(3, 100, false), (4, 500, false), (4, 500, true)] {
         let dir = tempfile::tempdir().expect("tempdir");
         let (world, clients) = world(nodes, Duration::from_millis(lifetime_ms));
+        for c in &clients {
+            c.set_close_to_open(cto);
+        }
         let started = Instant::now();
         let results = run(&config(dir.path(), nodes, 2), &clients);
         // `scripts/sim --driver` prints this line.
         println!(
-            "driver: {nodes} nodes, {lifetime_ms} ms caches: 2 iterations of 9 barriers in {:.2} s (join and shut-down included)",
+            "driver: {nodes} nodes, {lifetime_ms} ms caches{}: 2 iterations of 9 barriers in {:.2} s (join and shut-down included)",
+            if cto { " with close-to-open" } else { "" },
             started.elapsed().as_secs_f64()
         );
         for (rank, r) in results.iter().enumerate() {
             assert!(
                 r.is_ok(),
-                "{nodes} nodes, {lifetime_ms} ms caches: rank {rank}: {r:?}"
+                "{nodes} nodes, {lifetime_ms} ms caches, cto {cto}: rank {rank}: {r:?}"
             );
         }
         assert_complete(&world, nodes, 2);
