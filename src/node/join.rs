@@ -67,19 +67,27 @@ impl Node {
 
     /// Is the process behind `rec` alive? Written on this machine: ask the kernel about
     /// that pid *and* its start time (a reused pid is another process). Elsewhere: alive
-    /// once its sequence advances, gone if it stays still for `patience` of our own time.
-    fn judge(&self, seen: &mut Seen, rec: &RankRecord, patience: Duration) -> Holder {
+    /// once its sequence has advanced `advances` times, gone if that does not happen within
+    /// `patience` of our own time.
+    fn judge(
+        &self,
+        seen: &mut Seen,
+        rec: &RankRecord,
+        patience: Duration,
+        advances: u32,
+    ) -> Holder {
         match holder::local(&rec.holder()) {
             holder::Local::Alive => return Holder::Alive,
             holder::Local::Gone => return Holder::Gone,
             holder::Local::Elsewhere => {}
         }
-        seen.judge(
+        seen.judge_with(
             rec.gen,
             rec.rank,
             rec.seq,
             self.clock.since_start(),
             patience,
+            advances,
         )
     }
 
@@ -498,7 +506,8 @@ impl Node {
         let deadline = self.clock.now() + patience * 2;
         let verdict = self.wait_for(deadline, |n| {
             let rec = n.read_record(r0.gen, 0).unwrap_or(first.clone());
-            let judge = |rec: &RankRecord, patience| n.judge(&mut seen, rec, patience);
+            let judge =
+                |rec: &RankRecord, patience, advances| n.judge(&mut seen, rec, patience, advances);
             Ok(
                 match join::previous_master(&rec, slot_patience, dead_after, judge, None) {
                     Holder::Unknown => None,
@@ -730,8 +739,8 @@ impl crate::protocol::join::JoinView for NodeView<'_> {
         self.node.read_record(gen, self.node.rank)
     }
 
-    fn holder(&mut self, rec: &RankRecord, patience: Duration) -> Holder {
-        self.node.judge(self.seen, rec, patience)
+    fn holder(&mut self, rec: &RankRecord, patience: Duration, advances: u32) -> Holder {
+        self.node.judge(self.seen, rec, patience, advances)
     }
 
     fn resume_iteration(&mut self, run_id: &str) -> u64 {

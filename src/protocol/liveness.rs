@@ -95,12 +95,22 @@ impl Liveness {
 
 /// Whether the process behind a record is alive, judged the same way for a record no
 /// heartbeat has been seen from yet (a slot being claimed, a previous generation's rank 0):
-/// alive once its sequence advances while watched; gone if it stays still for `patience`
-/// from the first look. Keyed by (generation, rank).
+/// alive once its sequence has advanced `advances` times while watched; gone if that has
+/// not happened within `patience` from the first look. Keyed by (generation, rank).
+///
+/// Through an attribute cache one advance is no proof of life: the first look may return
+/// a stale copy, and the next the last write of a process that has died since. A second
+/// advance means it wrote after the watch began ([`PROOF_FOR_REFUSAL`]).
 #[derive(Debug, Clone, Default)]
 pub struct Holders {
-    seen: HashMap<(u64, u32), (u64, Duration, bool)>,
+    seen: HashMap<(u64, u32), (u64, Duration, u32)>,
 }
+
+/// The advances that prove a holder alive before a process is refused because of it (a
+/// refusal is final: the process exits). The join seed 78259 of a 100,000-seed run found
+/// a restarted rank 0 refused for a predecessor that had died before it started: its
+/// host's cache showed the predecessor's last heartbeat as an advance.
+pub const PROOF_FOR_REFUSAL: u32 = 2;
 
 /// What [`Holders::judge`] concluded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,6 +121,7 @@ pub enum Holder {
 }
 
 impl Holders {
+    /// [`Holders::judge_with`] one advance as proof.
     pub fn judge(
         &mut self,
         gen: u64,
@@ -119,11 +130,23 @@ impl Holders {
         now: Duration,
         patience: Duration,
     ) -> Holder {
-        let e = self.seen.entry((gen, rank)).or_insert((seq, now, false));
+        self.judge_with(gen, rank, seq, now, patience, 1)
+    }
+
+    pub fn judge_with(
+        &mut self,
+        gen: u64,
+        rank: u32,
+        seq: u64,
+        now: Duration,
+        patience: Duration,
+        advances: u32,
+    ) -> Holder {
+        let e = self.seen.entry((gen, rank)).or_insert((seq, now, 0));
         if e.0 != seq {
-            *e = (seq, e.1, true);
+            *e = (seq, e.1, e.2 + 1);
         }
-        if e.2 {
+        if e.2 >= advances {
             Holder::Alive
         } else if now.saturating_sub(e.1) > patience {
             Holder::Gone
@@ -149,6 +172,15 @@ mod tests {
         assert_eq!(h.judge(2, 0, 8, s(17), s(5)), Holder::Alive);
         // Once seen advancing, it stays alive in this watch.
         assert_eq!(h.judge(2, 0, 8, s(100), s(5)), Holder::Alive);
+        // Two advances needed: one (a stale copy, then a dead process's last write) is
+        // not enough, and the patience still ends the watch.
+        let mut h = Holders::default();
+        assert_eq!(h.judge_with(1, 0, 7, s(10), s(5), 2), Holder::Unknown);
+        assert_eq!(h.judge_with(1, 0, 8, s(11), s(5), 2), Holder::Unknown);
+        assert_eq!(h.judge_with(1, 0, 8, s(16), s(5), 2), Holder::Gone);
+        assert_eq!(h.judge_with(2, 0, 7, s(10), s(5), 2), Holder::Unknown);
+        assert_eq!(h.judge_with(2, 0, 8, s(11), s(5), 2), Holder::Unknown);
+        assert_eq!(h.judge_with(2, 0, 9, s(12), s(5), 2), Holder::Alive);
     }
 
     #[test]
