@@ -392,6 +392,18 @@ fn a_phase_timeout_stops_the_cluster_with_exit_4() {
 // ------------------------------------------------------------------ 5: signals
 
 /// A rollout whose grandchild ignores SIGTERM (`needle` must be unique to the test).
+/// Whether a process whose command line starts with `needle` runs (the command, not a
+/// shell that names it).
+fn sleep_started(needle: &str) -> bool {
+    process_alive_with(needle).into_iter().any(|pid| {
+        fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+            String::from_utf8_lossy(&c)
+                .replace('\0', " ")
+                .starts_with(needle)
+        })
+    })
+}
+
 fn term_ignoring_rollout(needle: &str) -> String {
     format!("[phases.rollout]\ncommand = '''sh -c 'trap \"\" TERM; {needle}' & wait'''\n")
 }
@@ -400,7 +412,9 @@ fn signal_stops_children_that_ignore_sigterm(sig: i32, expected: i32, needle: &s
     let c = TestCluster::new(1, &term_ignoring_rollout(needle));
     let mut node = c.spawn(0, &[]);
     c.wait_phase(0, 1, "train-rollout", LIMIT);
-    wait_until(LIMIT, needle, || !process_alive_with(needle).is_empty());
+    // The command itself (`sleep …`), not a shell whose command line names it: only once
+    // it runs has the shell set its trap, so it ignores SIGTERM.
+    wait_until(LIMIT, needle, || sleep_started(needle));
     wait_stderr(&node, "iteration 1: rollout started", LIMIT);
 
     let sent = Instant::now();
@@ -461,7 +475,9 @@ fn a_second_sigterm_kills_the_children_at_once() {
         })
     };
     c.wait_phase(0, 1, "train-rollout", LIMIT);
-    wait_until(LIMIT, needle, || !process_alive_with(needle).is_empty());
+    // The command itself (`sleep …`), not a shell whose command line names it: only once
+    // it runs has the shell set its trap, so it ignores SIGTERM.
+    wait_until(LIMIT, needle, || sleep_started(needle));
     wait_stderr("iteration 1: rollout started");
 
     let pid = child.0.id() as i32;
