@@ -843,38 +843,14 @@ impl SharedDir for SimClient {
         let path = norm(path);
         let mut c = self.begin();
         let fresh = c.fresh(&path);
-        if let (true, Some(Some(Cached::File(cached)))) = (c.st.close_to_open, &fresh) {
-            // Close-to-open: the open asks the server for the file's attributes (a GETATTR);
-            // its data is read again only if it changed.
-            c.cached(OpClass::Open)?;
-            c.op(OpClass::Stat)?;
-            return match c.w.lookup(&path) {
-                Ok(Some(Entry::File(ino))) => {
-                    let data = c.w.data(ino).to_vec();
-                    if data == *cached {
-                        c.cached(OpClass::Read)?;
-                    } else {
-                        c.op(OpClass::Read)?;
-                    }
-                    c.remember(&path, Some(Cached::File(data.clone())));
-                    Ok(Some(data))
-                }
-                Ok(Some(Entry::Dir)) => {
-                    c.remember(&path, Some(Cached::Dir));
-                    Err(errno(libc::EISDIR))
-                }
-                Ok(None) => {
-                    c.remember(&path, None);
-                    Ok(None)
-                }
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    c.remember(&path, None);
-                    Ok(None)
-                }
-                Err(e) => Err(e),
-            };
-        }
+        // Close-to-open: an open of a cached file asks the server for its attributes (a
+        // GETATTR, the `stat` below); its data is read again only if it changed.
+        let revalidating = match &fresh {
+            Some(Some(Cached::File(cached))) if c.st.close_to_open => Some(cached.clone()),
+            _ => None,
+        };
         match fresh {
+            _ if revalidating.is_some() => {}
             Some(None) => {
                 c.cached(OpClass::Open)?;
                 return Ok(None);
@@ -891,7 +867,11 @@ impl SharedDir for SimClient {
             }
             None => {}
         }
-        c.op(OpClass::Open)?;
+        if revalidating.is_some() {
+            c.cached(OpClass::Open)?;
+        } else {
+            c.op(OpClass::Open)?;
+        }
         match c.w.lookup(&path) {
             Ok(None) => {
                 c.remember(&path, None);
@@ -908,8 +888,12 @@ impl SharedDir for SimClient {
             }
             Ok(Some(Entry::File(ino))) => {
                 c.op(OpClass::Stat)?;
-                c.op(OpClass::Read)?;
                 let data = c.w.data(ino).to_vec();
+                if revalidating.as_ref() == Some(&data) {
+                    c.cached(OpClass::Read)?;
+                } else {
+                    c.op(OpClass::Read)?;
+                }
                 c.remember(&path, Some(Cached::File(data.clone())));
                 Ok(Some(data))
             }
