@@ -5,8 +5,13 @@
 //! - [`SimClock`] is simulated: time moves only when someone sleeps or the simulator
 //!   advances it, and it can run fast or slow and have its wall clock skewed, as the
 //!   clocks of different machines do.
+//! - [`crate::sched::SchedClock`] is simulated time under a scheduler whose threads take
+//!   turns: the node's waits ([`recv_timeout`], [`wait_timeout`]) and threads ([`spawn`])
+//!   go through the clock so that they take turns there.
 
-use std::sync::Mutex;
+use crate::sched::{Sched, TaskHandle};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 pub trait Clock: Send + Sync {
@@ -26,6 +31,101 @@ pub trait Clock: Send + Sync {
     /// How long ago `since`, an instant of this clock, was.
     fn elapsed(&self, since: Instant) -> Duration {
         self.now().saturating_duration_since(since)
+    }
+
+    /// The scheduler this clock's threads take turns under (`None`: the OS's threads).
+    fn sched(&self) -> Option<&Arc<Sched>> {
+        None
+    }
+
+    /// Under a scheduler: give up the turn until a [`notify`] or `deadline` (of this
+    /// clock). Otherwise nothing: callers wait with the OS's primitives.
+    fn wait_turn(&self, _deadline: Option<Instant>) {}
+}
+
+/// Receive from `rx`, waiting at most `timeout` of `clock`'s time.
+pub fn recv_timeout<T>(
+    clock: &dyn Clock,
+    rx: &Receiver<T>,
+    timeout: Duration,
+) -> Result<T, RecvTimeoutError> {
+    if clock.sched().is_none() {
+        return rx.recv_timeout(timeout);
+    }
+    let deadline = clock.now() + timeout;
+    loop {
+        match rx.try_recv() {
+            Ok(v) => return Ok(v),
+            Err(TryRecvError::Disconnected) => return Err(RecvTimeoutError::Disconnected),
+            Err(TryRecvError::Empty) if clock.now() >= deadline => {
+                return Err(RecvTimeoutError::Timeout)
+            }
+            Err(TryRecvError::Empty) => clock.wait_turn(Some(deadline)),
+        }
+    }
+}
+
+/// `cv.wait_timeout` until `deadline` of `clock`'s time (`None`: no deadline), for the
+/// `guard` of `lock`. May wake early, as a condition variable may: callers check again.
+pub fn wait_timeout<'a, T>(
+    clock: &dyn Clock,
+    lock: &'a Mutex<T>,
+    cv: &Condvar,
+    guard: MutexGuard<'a, T>,
+    deadline: Option<Instant>,
+) -> MutexGuard<'a, T> {
+    if clock.sched().is_some() {
+        drop(guard);
+        clock.wait_turn(deadline);
+        return lock.lock().unwrap();
+    }
+    match deadline {
+        None => cv.wait(guard).unwrap(),
+        Some(d) => {
+            let left = d.saturating_duration_since(clock.now());
+            cv.wait_timeout(guard, left).unwrap().0
+        }
+    }
+}
+
+/// Wake whoever waits on `cv`, through [`wait_timeout`] or [`recv_timeout`] too.
+pub fn notify(clock: &dyn Clock, cv: Option<&Condvar>) {
+    if let Some(cv) = cv {
+        cv.notify_all();
+    }
+    if let Some(s) = clock.sched() {
+        s.notify();
+    }
+}
+
+/// A thread started by [`spawn`].
+pub enum Thread {
+    Os(std::thread::JoinHandle<()>),
+    Task(TaskHandle<()>),
+}
+
+impl Thread {
+    /// Wait for the thread's end (taking turns, under a scheduler); false if it panicked.
+    pub fn join(self) -> bool {
+        match self {
+            Thread::Os(h) => h.join().is_ok(),
+            Thread::Task(t) => t.join().is_ok(),
+        }
+    }
+}
+
+/// Start a thread named `name`: an OS thread, or a task of `clock`'s scheduler.
+pub fn spawn(
+    clock: &dyn Clock,
+    name: &str,
+    f: impl FnOnce() + Send + 'static,
+) -> std::io::Result<Thread> {
+    match clock.sched() {
+        Some(s) => s.spawn(name, f).map(Thread::Task),
+        None => std::thread::Builder::new()
+            .name(name.to_string())
+            .spawn(f)
+            .map(Thread::Os),
     }
 }
 

@@ -21,7 +21,7 @@ pub mod layout;
 pub(crate) mod logging;
 pub(crate) mod node;
 #[doc(hidden)]
-pub use node::run_in_process;
+pub use node::{run_in_process, run_in_process_broken, Broken};
 #[doc(hidden)]
 pub use process::{FakeRun, FakeScript};
 pub(crate) mod observe;
@@ -29,6 +29,7 @@ pub(crate) mod output;
 pub(crate) mod process;
 pub mod protocol;
 pub mod rng;
+pub mod sched;
 pub mod shards;
 pub(crate) mod state;
 pub mod store;

@@ -11,7 +11,7 @@
 //! its master simply waits. Refusals (different configuration, rank held by a live
 //! process) happen before the worker writes anything.
 
-use super::{random_hex, Interrupt, Node, Stop};
+use super::{random_id, Interrupt, Node, Stop};
 use crate::events;
 use crate::exit;
 use crate::holder;
@@ -311,7 +311,7 @@ impl Node {
         let joined = self.wait_for(deadline, |n| {
             // Two masters started at once both publish a generation; the last to write
             // cluster.json owns the run. The other learns it here, at its next poll.
-            if let Err(why) = super::fence_check(&*n.store, &n.layout, gen, &run) {
+            if let Err(why) = super::fence_check(&*n.store, &n.layout, gen, &run, None) {
                 n.publisher().update(|r| {
                     r.state = NodeState::Left;
                     r.waiting_for.clear();
@@ -402,7 +402,7 @@ impl Node {
             self.layout.root(),
         );
         match choice {
-            RunChoice::New => Ok((random_hex(6), gen)),
+            RunChoice::New => Ok((random_id(&*self.clock, 6), gen)),
             RunChoice::Continue { run_id } => Ok((run_id, gen)),
             RunChoice::SetAside { run_id } => self.start_over(&run_id),
             RunChoice::Refuse { message, hint } => Err(Stop::usage(message, Some(hint))),
@@ -440,7 +440,7 @@ impl Node {
             "--fresh: run {run_id} set aside in {} (nothing deleted); starting a new run",
             aside.display()
         ));
-        Ok((random_hex(6), 1))
+        Ok((random_id(&*self.clock, 6), 1))
     }
 
     /// Move every directory of the run into `previous-runs/<run_id>/`.
@@ -593,7 +593,7 @@ impl Node {
                 if n.watch.peers[0]
                     .as_ref()
                     .is_some_and(|r| r.state.is_terminal())
-                    || super::fence_check(&*n.store, &n.layout, gen, &cluster.run_id).is_err()
+                    || super::fence_check(&*n.store, &n.layout, gen, &cluster.run_id, None).is_err()
                 {
                     return Ok(Some(false));
                 }

@@ -19,7 +19,7 @@ pub mod supervisor;
 mod watchdog;
 mod work;
 
-use crate::clock::Clock;
+use crate::clock::{self, Clock};
 use crate::config::{Config, Loaded, PhaseCommand};
 use crate::events;
 use crate::exit;
@@ -134,6 +134,8 @@ pub(crate) struct Node {
     pid: u32,
     /// This process as recorded in its records (machine and start time with the pid).
     ident: crate::holder::ProcessId,
+    /// Decisions broken on purpose (the simulator's own tests only).
+    broken: Broken,
     nonce: String,
     fingerprint: String,
     events: Receiver<Event>,
@@ -273,6 +275,7 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
         host: hostname(),
         pid: crate::holder::node_process(),
         ident: crate::holder::this_process(),
+        broken: Broken::default(),
     };
     let node = Node::assemble(cfg, layout, opts.rank, opts.debug_mode, opts.fresh, parts);
     drive(
@@ -300,6 +303,30 @@ pub fn run_in_process(
     store: Arc<dyn SharedDir>,
     clock: Arc<dyn Clock>,
     commands: Arc<procs::FakeScript>,
+) -> Result<(), (i32, String)> {
+    run_in_process_broken(config, rank, store, clock, commands, Broken::default())
+}
+
+/// Deliberately broken decisions of the protocol core, for showing that the simulator
+/// catches them in the node's own driver. Never set outside the simulator's tests.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Broken {
+    /// The fence before each commit ([`crate::protocol::fence`]).
+    pub fence: Option<crate::protocol::fence::Mutation>,
+    /// Every barrier's decisions ([`crate::protocol::barrier`]).
+    pub barrier: Option<crate::protocol::barrier::Mutation>,
+}
+
+/// [`run_in_process`] with some of the core's decisions broken on purpose.
+#[doc(hidden)]
+pub fn run_in_process_broken(
+    config: &Path,
+    rank: u32,
+    store: Arc<dyn SharedDir>,
+    clock: Arc<dyn Clock>,
+    commands: Arc<procs::FakeScript>,
+    broken: Broken,
 ) -> Result<(), (i32, String)> {
     let level = logging::resolve(None, logging::LEVEL_ENV, logging::LogLevel::Info)
         .unwrap_or(logging::LogLevel::Info);
@@ -333,10 +360,17 @@ pub fn run_in_process(
     let ident = crate::holder::ProcessId {
         host: host.clone(),
         machine: format!("sim-machine-{rank}"),
-        pid: PIDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        pid: match clock.sched() {
+            Some(s) => 1_000 + s.serial() as u32,
+            None => PIDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        },
         start: 0,
     };
-    let launcher = Arc::new(procs::FakeLauncher::new(wake.clone(), commands));
+    let launcher = Arc::new(procs::FakeLauncher::new(
+        wake.clone(),
+        commands,
+        clock.clone(),
+    ));
     let parts = Parts {
         store,
         clock,
@@ -347,6 +381,7 @@ pub fn run_in_process(
         host,
         pid: ident.pid,
         ident,
+        broken,
     };
     let node = Node::assemble(cfg, layout, rank, false, false, parts);
     let source = format!("in-process rank {rank}");
@@ -358,6 +393,15 @@ pub fn run_in_process(
         (1, source.clone()),
     )
     .map_err(|s| (s.code, s.message))
+}
+
+/// `n` random bytes in hex (nonces, run ids): drawn from the simulation's seed when the
+/// clock has a scheduler, so that a seed replays the same run, else at random.
+fn random_id(clock: &dyn Clock, n: usize) -> String {
+    match clock.sched() {
+        Some(s) => s.hex(n),
+        None => random_hex(n),
+    }
 }
 
 /// What a node runs with besides its configuration: the shared directory and the clock,
@@ -373,6 +417,7 @@ struct Parts {
     host: String,
     pid: u32,
     ident: crate::holder::ProcessId,
+    broken: Broken,
 }
 
 impl Node {
@@ -385,6 +430,7 @@ impl Node {
         parts: Parts,
     ) -> Node {
         let num_nodes = cfg.cluster.num_nodes;
+        let nonce = random_id(&*parts.clock, 8);
         Node {
             store: parts.store,
             clock: parts.clock,
@@ -393,7 +439,8 @@ impl Node {
             host: parts.host,
             pid: parts.pid,
             ident: parts.ident,
-            nonce: random_hex(8),
+            broken: parts.broken,
+            nonce,
             fingerprint: cfg.fingerprint(),
             events: parts.events,
             wake: parts.wake,
@@ -547,7 +594,13 @@ impl Node {
     fn fence(&mut self, what: &str) -> Result<(), Stop> {
         self.watchdog
             .pet("checking that this generation is current");
-        let check = fence_check(&*self.store, &self.layout, self.gen(), self.run_id());
+        let check = fence_check(
+            &*self.store,
+            &self.layout,
+            self.gen(),
+            self.run_id(),
+            self.broken.fence,
+        );
         self.watchdog.pet("checked the generation");
         check.map_err(|why| self.fenced(&why, what))
     }
@@ -570,7 +623,7 @@ impl Node {
     fn fence_fn(&self) -> crate::aggregate::Fence {
         let (store, layout) = (self.store.clone(), self.layout.clone());
         let (gen, run) = (self.gen(), self.run_id().to_string());
-        std::sync::Arc::new(move || fence_check(&*store, &layout, gen, &run))
+        std::sync::Arc::new(move || fence_check(&*store, &layout, gen, &run, None))
     }
 
     fn run_id(&self) -> &str {
@@ -629,7 +682,7 @@ impl Node {
                 None => self.cfg.timing.poll_interval,
             };
             step = (step * 3 / 2).min(max_step);
-            match self.events.recv_timeout(timeout) {
+            match clock::recv_timeout(&*self.clock, &self.events, timeout) {
                 Ok(ev) => self.handle_event(ev)?,
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => unreachable!("the reaper holds a sender"),
@@ -912,7 +965,8 @@ impl Node {
         self.k += 1;
         let k = self.k;
         let barrier =
-            crate::protocol::barrier::Barrier::new(k, self.rank, self.iteration, name, gather);
+            crate::protocol::barrier::Barrier::new(k, self.rank, self.iteration, name, gather)
+                .with_mutation(self.broken.barrier);
         self.publisher()
             .update(|r| r.arrived = Some(barrier.arrival()));
         let deadline = self.clock.now() + self.cfg.timing.barrier_timeout;
@@ -2335,8 +2389,10 @@ pub(crate) fn fence_check(
     layout: &Layout,
     gen: u64,
     run_id: &str,
+    broken: Option<crate::protocol::fence::Mutation>,
 ) -> Result<(), String> {
-    use crate::protocol::fence::{check, Seen};
+    use crate::protocol::fence::Seen;
+    let check = |gen, run_id, seen| crate::protocol::fence::check_with(gen, run_id, seen, broken);
     match crate::state::read_cluster(store, layout) {
         Ok(Some(c)) => check(gen, run_id, Seen::Cluster(&c)),
         Ok(None) | Err(crate::state::StateError::MissingCluster { .. }) => {

@@ -8,12 +8,12 @@
 //! within `fs-timeout` ends the node like a stuck node loop.
 
 use super::watchdog::Watchdog;
-use crate::clock::Clock;
+use crate::clock::{self, Clock};
 use crate::protocol::{wall_stamp, RankRecord};
 use crate::store::SharedDir;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 struct Shared {
     record: RankRecord,
@@ -28,7 +28,8 @@ struct Shared {
 
 pub struct Publisher {
     shared: Arc<(Mutex<Shared>, Condvar)>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    clock: Arc<dyn Clock>,
+    thread: Option<clock::Thread>,
 }
 
 impl Publisher {
@@ -58,12 +59,13 @@ impl Publisher {
             }),
             Condvar::new(),
         ));
-        let s = shared.clone();
-        let thread = std::thread::Builder::new()
-            .name("heartbeat".into())
-            .spawn(move || run(&*store, &*clock, path, s, watchdog))?;
+        let (s, c) = (shared.clone(), clock.clone());
+        let thread = clock::spawn(&*clock, "heartbeat", move || {
+            run(&*store, &*c, path, s, watchdog)
+        })?;
         Ok(Publisher {
             shared,
+            clock,
             thread: Some(thread),
         })
     }
@@ -74,7 +76,8 @@ impl Publisher {
         let mut s = m.lock().unwrap();
         f(&mut s.record);
         s.dirty = true;
-        cv.notify_all();
+        drop(s);
+        clock::notify(&*self.clock, Some(cv));
     }
 
     /// Change the record without forcing a write: it goes out with the next heartbeat.
@@ -85,7 +88,7 @@ impl Publisher {
     pub fn set_interval(&self, interval: Duration) {
         let (m, cv) = &*self.shared;
         m.lock().unwrap().interval = interval;
-        cv.notify_all();
+        clock::notify(&*self.clock, Some(cv));
     }
 
     pub fn intruder(&self) -> Option<(String, u32)> {
@@ -99,14 +102,13 @@ impl Publisher {
     /// Wait until everything changed so far is on the shared directory, at most `limit`.
     pub fn flush(&self, limit: Duration) -> bool {
         let (m, cv) = &*self.shared;
-        let deadline = Instant::now() + limit;
+        let deadline = self.clock.now() + limit;
         let mut s = m.lock().unwrap();
         while s.dirty || s.written_seq < s.record.seq {
-            let now = Instant::now();
-            if now >= deadline {
+            if self.clock.now() >= deadline {
                 return false;
             }
-            s = cv.wait_timeout(s, deadline - now).unwrap().0;
+            s = clock::wait_timeout(&*self.clock, m, cv, s, Some(deadline));
         }
         true
     }
@@ -117,7 +119,7 @@ impl Publisher {
         let ok = self.flush(limit);
         let (m, cv) = &*self.shared;
         m.lock().unwrap().stop = true;
-        cv.notify_all();
+        clock::notify(&*self.clock, Some(cv));
         if ok {
             if let Some(t) = self.thread.take() {
                 let _ = t.join();
@@ -135,11 +137,11 @@ fn run(
     watchdog: Watchdog,
 ) {
     let (m, cv) = &*shared;
-    let mut next_beat = Instant::now();
+    let mut next_beat = clock.now();
     loop {
         let (record, periodic) = {
             let mut s = m.lock().unwrap();
-            next_beat = next_beat.min(Instant::now() + s.interval);
+            next_beat = next_beat.min(clock.now() + s.interval);
             loop {
                 if s.stop && !s.dirty {
                     return;
@@ -147,17 +149,16 @@ fn run(
                 if s.dirty {
                     break;
                 }
-                let now = Instant::now();
-                if now >= next_beat {
+                if clock.now() >= next_beat {
                     break;
                 }
-                s = cv.wait_timeout(s, next_beat - now).unwrap().0;
+                s = clock::wait_timeout(clock, m, cv, s, Some(next_beat));
             }
             let periodic = !s.dirty;
             s.dirty = false;
             s.record.seq += 1;
             s.record.wall = wall_stamp(clock.wall());
-            next_beat = Instant::now() + s.interval;
+            next_beat = clock.now() + s.interval;
             (s.record.clone(), periodic)
         };
         let (on_disk, result) = watchdog.heartbeat(|| {
@@ -186,7 +187,8 @@ fn run(
                 s.last_error = Some(error);
             }
         }
-        cv.notify_all();
+        drop(s);
+        clock::notify(clock, Some(cv));
     }
 }
 

@@ -331,8 +331,9 @@ impl Node {
     fn backoff(&self, attempt: u32) -> Duration {
         let base = self.cfg.work.retry_backoff.as_secs_f64() * 2f64.powi(attempt as i32);
         // Jitter in [0.5, 1.5) so retries of many items do not hit a rate limit together.
-        let jitter =
-            0.5 + (u64::from_str_radix(&super::random_hex(2), 16).unwrap_or(0) as f64 / 65536.0);
+        let jitter = 0.5
+            + (u64::from_str_radix(&super::random_id(&*self.clock, 2), 16).unwrap_or(0) as f64
+                / 65536.0);
         Duration::from_secs_f64((base * jitter).min(300.0))
     }
 

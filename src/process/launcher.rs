@@ -8,6 +8,7 @@
 //! real and fake commands alike.
 
 use super::{spawn_shell, stop_group, ChildExit, Event, Leftovers, Registry};
+use crate::clock::{self, Clock};
 use std::collections::HashMap;
 use std::io;
 use std::path::Path;
@@ -124,6 +125,7 @@ pub type FakeScript = dyn Fn(&str, &[(String, String)]) -> FakeRun + Send + Sync
 /// stopped command "dies of" SIGTERM. For running the node's driver in a simulation.
 pub struct FakeLauncher {
     events: Mutex<Sender<Event>>,
+    clock: Arc<dyn Clock>,
     script: Arc<FakeScript>,
     next_pid: AtomicI32,
     /// The commands not yet stopped, and whether each has exited.
@@ -131,9 +133,15 @@ pub struct FakeLauncher {
 }
 
 impl FakeLauncher {
-    pub fn new(events: Sender<Event>, script: Arc<FakeScript>) -> FakeLauncher {
+    /// Commands' time passes on `clock`, and under its scheduler if it has one.
+    pub fn new(
+        events: Sender<Event>,
+        script: Arc<FakeScript>,
+        clock: Arc<dyn Clock>,
+    ) -> FakeLauncher {
         FakeLauncher {
             events: Mutex::new(events),
+            clock,
             script,
             next_pid: AtomicI32::new(100_000),
             running: Arc::default(),
@@ -153,8 +161,9 @@ impl Launcher for FakeLauncher {
         self.running.lock().unwrap().insert(pid, false);
         if let FakeRun::Exit { after, code } = (self.script)(command, env) {
             let (events, running) = (self.events.lock().unwrap().clone(), self.running.clone());
-            std::thread::spawn(move || {
-                std::thread::sleep(after);
+            let c = self.clock.clone();
+            clock::spawn(&*self.clock, &format!("command {pid}"), move || {
+                c.sleep(after);
                 // Only a command still running exits (a stopped one already "died").
                 if let Some(exited) = running.lock().unwrap().get_mut(&pid) {
                     *exited = true;
@@ -163,8 +172,9 @@ impl Launcher for FakeLauncher {
                         c => ChildExit::Exit(c),
                     };
                     let _ = events.send(Event::Reaped { pid, exit });
+                    clock::notify(&*c, None);
                 }
-            });
+            })?;
         }
         Ok(pid)
     }
@@ -225,7 +235,7 @@ mod tests {
                 code,
             }
         });
-        let fake = FakeLauncher::new(tx, script);
+        let fake = FakeLauncher::new(tx, script, Arc::new(crate::clock::SystemClock));
         let log = Path::new("/nonexistent/log");
         let a = fake
             .start("x", &[("CODE".into(), "3".into())], log, "")

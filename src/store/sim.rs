@@ -364,6 +364,7 @@ impl SimWorld {
             negative_lifetime,
             state: Mutex::new(ClientState::default()),
             paused: (Mutex::new(false), std::sync::Condvar::new()),
+            pause_at: Mutex::new(None),
         }
     }
 
@@ -491,6 +492,8 @@ pub struct SimClient {
     state: Mutex<ClientState>,
     /// While true every call waits (a hung mount, a frozen machine): see [`SimClient::pause`].
     paused: (Mutex<bool>, std::sync::Condvar),
+    /// Pause at the next call on a path containing this: see [`SimClient::pause_at`].
+    pause_at: Mutex<Option<String>>,
 }
 
 impl std::fmt::Debug for SimClient {
@@ -562,16 +565,29 @@ impl SimClient {
 
     /// From now on every call of this client waits, until [`SimClient::resume`]: its
     /// machine is frozen (a paused VM) or its mount hangs, as far as the shared directory
-    /// sees it. For clients used from several threads (the node's driver); a
-    /// single-threaded simulation would wait forever.
+    /// sees it. For clients used from several threads (the node's driver, also as tasks
+    /// of a [`crate::sched::Sched`]); a single-threaded simulation would wait forever.
     pub fn pause(&self) {
         *self.paused.0.lock().unwrap() = true;
     }
 
-    /// Let calls through again; the ones waiting go on.
+    /// Pause (as [`SimClient::pause`]) at the start of the next call on a path that
+    /// contains `fragment`: the machine freezes just as it reads or writes that file.
+    pub fn pause_at(&self, fragment: &str) {
+        *self.pause_at.lock().unwrap() = Some(fragment.to_string());
+    }
+
+    /// Whether calls wait now ([`SimClient::pause`], or a [`SimClient::pause_at`] that hit).
+    pub fn is_paused(&self) -> bool {
+        *self.paused.0.lock().unwrap()
+    }
+
+    /// Let calls through again; the ones waiting go on. Also disarms a [`SimClient::pause_at`].
     pub fn resume(&self) {
+        *self.pause_at.lock().unwrap() = None;
         *self.paused.0.lock().unwrap() = false;
         self.paused.1.notify_all();
+        crate::sched::notify_current();
     }
 
     /// Revalidate a file's cached attributes with the server at every open, as an NFS
@@ -587,9 +603,29 @@ impl SimClient {
         st.negative.clear();
     }
 
-    fn begin(&self) -> Call<'_> {
+    fn begin(&self, path: &Path) -> Call<'_> {
+        // Every call is a turn point of a simulation whose threads take turns.
+        crate::sched::turn();
+        let hit = {
+            let mut at = self.pause_at.lock().unwrap();
+            let hit = at
+                .as_deref()
+                .is_some_and(|f| path.to_string_lossy().contains(f));
+            if hit {
+                *at = None;
+            }
+            hit
+        };
         let mut paused = self.paused.0.lock().unwrap();
+        *paused |= hit;
         while *paused {
+            if crate::sched::is_task() {
+                // Wait for a turn, not holding the lock the other tasks need.
+                drop(paused);
+                crate::sched::wait_for_notify();
+                paused = self.paused.0.lock().unwrap();
+                continue;
+            }
             paused = self.paused.1.wait(paused).unwrap();
         }
         drop(paused);
@@ -841,7 +877,7 @@ impl Call<'_> {
 impl SharedDir for SimClient {
     fn read(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
         let path = norm(path);
-        let mut c = self.begin();
+        let mut c = self.begin(&path);
         let fresh = c.fresh(&path);
         // Close-to-open: an open of a cached file asks the server for its attributes (a
         // GETATTR, the `stat` below); its data is read again only if it changed.
@@ -907,7 +943,7 @@ impl SharedDir for SimClient {
         write: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
     ) -> io::Result<()> {
         let path = norm(path);
-        let mut c = self.begin();
+        let mut c = self.begin(&path);
         let tmp = c.tmp_name(&path);
         match c.publish(&path, &tmp, durable, write) {
             Ok(data) => {
@@ -923,7 +959,7 @@ impl SharedDir for SimClient {
 
     fn create_new(&self, path: &Path, bytes: &[u8]) -> io::Result<bool> {
         let path = norm(path);
-        let mut c = self.begin();
+        let mut c = self.begin(&path);
         let tmp = c.tmp_name(&path);
         if let Err(e) = c.write_tmp(&tmp, bytes) {
             c.remove_tmp(&tmp);
@@ -952,7 +988,7 @@ impl SharedDir for SimClient {
 
     fn overwrite_in_place(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
         let path = norm(path);
-        let mut c = self.begin();
+        let mut c = self.begin(&path);
         c.op(OpClass::Open)?;
         let ino = match c.w.lookup(&path)? {
             None => return Err(errno(libc::ENOENT)),
@@ -975,7 +1011,7 @@ impl SharedDir for SimClient {
 
     fn append(&self, path: &Path, bytes: &[u8], sync: bool) -> io::Result<()> {
         let path = norm(path);
-        let mut c = self.begin();
+        let mut c = self.begin(&path);
         let opened = c
             .op(OpClass::Open)
             .and_then(|()| c.w.open_create(&path, false));
@@ -1009,7 +1045,7 @@ impl SharedDir for SimClient {
 
     fn rename(&self, src: &Path, dst: &Path) -> io::Result<()> {
         let (src, dst) = (norm(src), norm(dst));
-        let mut c = self.begin();
+        let mut c = self.begin(&src);
         c.op(OpClass::Rename)?;
         c.w.rename(&src, &dst, false)?;
         c.forget(&src);
@@ -1019,7 +1055,7 @@ impl SharedDir for SimClient {
 
     fn rename_noreplace(&self, src: &Path, dst: &Path) -> io::Result<()> {
         let (src, dst) = (norm(src), norm(dst));
-        let mut c = self.begin();
+        let mut c = self.begin(&src);
         c.op(OpClass::Rename)?;
         match c.w.rename(&src, &dst, true) {
             Ok(()) => {
@@ -1038,7 +1074,7 @@ impl SharedDir for SimClient {
 
     fn create_dir(&self, path: &Path) -> io::Result<()> {
         let path = norm(path);
-        let mut c = self.begin();
+        let mut c = self.begin(&path);
         c.op(OpClass::Mkdir)?;
         match c.w.mkdir(&path) {
             Ok(()) => {
@@ -1054,12 +1090,12 @@ impl SharedDir for SimClient {
 
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
         let path = norm(path);
-        self.begin().create_dir_all(&path)
+        self.begin(&path).create_dir_all(&path)
     }
 
     fn read_dir(&self, path: &Path) -> io::Result<Vec<OsString>> {
         let path = norm(path);
-        let mut c = self.begin();
+        let mut c = self.begin(&path);
         c.op(OpClass::Open)?;
         c.op(OpClass::Readdir)?;
         c.w.list(&path)
@@ -1067,7 +1103,7 @@ impl SharedDir for SimClient {
 
     fn remove_file(&self, path: &Path) -> io::Result<()> {
         let path = norm(path);
-        let mut c = self.begin();
+        let mut c = self.begin(&path);
         c.op(OpClass::Unlink)?;
         c.w.unlink(&path)?;
         c.forget(&path);
@@ -1076,17 +1112,17 @@ impl SharedDir for SimClient {
 
     fn lstat(&self, path: &Path) -> io::Result<Option<Meta>> {
         let path = norm(path);
-        self.begin().stat(&path)
+        self.begin(&path).stat(&path)
     }
 
     fn stat(&self, path: &Path) -> io::Result<Option<Meta>> {
         let path = norm(path);
-        self.begin().stat(&path)
+        self.begin(&path).stat(&path)
     }
 
     fn sync_file(&self, path: &Path) -> io::Result<()> {
         let path = norm(path);
-        let mut c = self.begin();
+        let mut c = self.begin(&path);
         c.op(OpClass::Open)?;
         let entry = c.w.lookup(&path)?.ok_or_else(|| errno(libc::ENOENT))?;
         c.op(OpClass::Fsync)?;
@@ -1098,7 +1134,7 @@ impl SharedDir for SimClient {
 
     fn fsync_dir(&self, path: &Path) -> io::Result<()> {
         let path = norm(path);
-        self.begin().fsync_dir(&path)
+        self.begin(&path).fsync_dir(&path)
     }
 
     fn counts(&self) -> OpCounts {
