@@ -24,6 +24,7 @@ mod crashes;
 mod driver;
 mod joins;
 mod leases;
+mod nodes;
 
 /// An invariant that did not hold: the seed, what, and the steps that led there.
 #[derive(Debug)]
@@ -95,7 +96,7 @@ fn ops_figures() {
 }
 
 /// `scripts/sim`: SIM_FIRST_SEED, SIM_SEEDS, SIM_NODES (the largest cluster; seeds spread
-/// 1..=SIM_NODES nodes), SIM_SCENARIO (barriers, crashes, leases or joins; empty: all). Prints a
+/// 1..=SIM_NODES nodes), SIM_SCENARIO (barriers, crashes, leases, joins or nodes; empty: all). Prints a
 /// summary of each scenario run, or the failing seed with its trace.
 #[test]
 #[ignore]
@@ -139,6 +140,16 @@ fn long_run() {
                 s.line()
             ),
             Err(v) => panic!("leases: {v}"),
+        }
+    }
+    if wanted("nodes") {
+        match nodes::sweep(first, seeds, nodes.max(2)) {
+            Ok(s) => println!(
+                "nodes: seeds {first}..{last}: {seeds} job(s) of 2..={} nodes; {}",
+                nodes.max(2),
+                s.line()
+            ),
+            Err(v) => panic!("nodes: {v}"),
         }
     }
     if wanted("joins") {
