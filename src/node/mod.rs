@@ -770,13 +770,16 @@ impl Node {
                 None,
             ));
         }
-        let now = self.clock.since_start();
         let gen = self.gen();
+        // Each read is stamped with the time it returned (see `Watch::round_stamped`).
         let reads = watching::watched(self.rank, self.num_nodes())
-            .map(|r| (r, self.read_record(gen, r)))
+            .map(|r| {
+                let rec = self.read_record(gen, r);
+                (r, rec, self.clock.since_start())
+            })
             .collect();
         let run_id = self.cluster.as_ref().map_or("", |c| c.run_id.as_str());
-        let round = self.watch.round(run_id, gen, reads, now);
+        let round = self.watch.round_stamped(run_id, gen, reads, None);
         for note in round.notes {
             match note {
                 // A process refused this rank left why in the placeholder (join reports it).
@@ -800,6 +803,17 @@ impl Node {
                 ))
             }
             Some(watching::Stop::Abort(info)) => return Err(self.adopt_abort(info)),
+            Some(watching::Stop::Left { rank, host }) => {
+                return Err(self.fail(
+                    AbortKind::Error,
+                    rank,
+                    Some(host.clone()),
+                    format!(
+                        "rank {rank} on {host} left generation {gen} after joining it (it took rank 0 for gone before the generation formed; its log says why)"
+                    ),
+                    None,
+                ))
+            }
             Some(watching::Stop::Dead { rank, silent, last }) => {
                 let (host, phase, iteration) = last
                     .map(|p| {
@@ -826,7 +840,7 @@ impl Node {
             }
         }
         // For `rl-node status`: heartbeat ages as this node observes them.
-        let observed = self.watch.observed(self.rank, now);
+        let observed = self.watch.observed(self.rank, self.clock.since_start());
         if let Some(p) = &self.publisher {
             p.stage(|rec| rec.observed_ms = observed);
         }

@@ -770,12 +770,14 @@ impl Node {
     /// Read every peer's record to judge the liveness of lease holders (only needed while
     /// taking over a dead node's items).
     fn observe_all_peers(&mut self) {
-        let now = self.clock.since_start();
         for r in 0..self.num_nodes() {
             if r == self.rank {
                 continue;
             }
-            let failed = if let Some(rec) = self.read_record(self.gen(), r) {
+            // What a read shows is judged at the time it returned.
+            let read = self.read_record(self.gen(), r);
+            let now = self.clock.since_start();
+            let failed = if let Some(rec) = read {
                 self.watch.liveness.observe(r, rec.seq, now);
                 rec.state.is_terminal() && rec.state != crate::protocol::NodeState::Done
             } else {

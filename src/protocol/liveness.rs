@@ -2,6 +2,13 @@
 //! as measured by the observer's own monotonic clock. Peer wall-clock times and file
 //! mtimes are never compared with the local clock (clocks of nodes disagree).
 //!
+//! Silence counts only as far as it was witnessed: from the last change seen to the last
+//! look (a read of the peer's record, or of its absence), not to whenever the judgement
+//! happens. An observer frozen between a look and its judgement (a paused VM, a hung
+//! call) must look again before it may call a peer dead: the seeded driver simulation
+//! found a worker that woke from a 103 s freeze inside its join wait and took a live
+//! rank 0 for gone.
+//!
 //! Pure: the observer passes its monotonic time as `now` (a [`Duration`] since an origin of
 //! its choosing: the node's process start, or the simulator's clock).
 
@@ -11,8 +18,18 @@ use std::time::Duration;
 #[derive(Debug, Clone)]
 pub struct Liveness {
     dead_after: Duration,
-    seen: HashMap<u32, (u64, Duration)>,
+    seen: HashMap<u32, Seen>,
     mutation: Option<Mutation>,
+}
+
+/// What the observer knows of a rank's heartbeat.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    seq: u64,
+    /// When the sequence was last seen to change (or the watch began).
+    changed: Duration,
+    /// When the rank was last looked at.
+    looked: Duration,
 }
 
 /// A deliberately wrong liveness judgement, for showing that the simulator catches it.
@@ -52,35 +69,54 @@ impl Liveness {
     /// Record the sequence number read for `rank` at `now`. Returns true if it advanced.
     pub fn observe(&mut self, rank: u32, seq: u64, now: Duration) -> bool {
         match self.seen.get_mut(&rank) {
-            Some((last, at)) if *last == seq => {
+            Some(s) if s.seq == seq => {
+                s.looked = s.looked.max(now);
                 if self.mutation == Some(Mutation::ResetOnEveryRead) {
-                    *at = now;
+                    s.changed = now;
                 }
                 false
             }
-            Some(entry) => {
-                *entry = (seq, now);
+            Some(s) => {
+                *s = Seen {
+                    seq,
+                    changed: now,
+                    looked: s.looked.max(now),
+                };
                 true
             }
             None => {
                 // The first observation starts the clock: a peer gets a full dead-after
                 // from the moment we start watching it.
-                self.seen.insert(rank, (seq, now));
+                self.seen.insert(
+                    rank,
+                    Seen {
+                        seq,
+                        changed: now,
+                        looked: now,
+                    },
+                );
                 false
             }
         }
     }
 
-    /// Start watching a rank we have not read yet (e.g. its record is missing).
+    /// A look at a rank that found no heartbeat (its record missing, unreadable or not
+    /// its own): start watching it, or count the silence up to `now`.
     pub fn watch(&mut self, rank: u32, now: Duration) {
-        self.seen.entry(rank).or_insert((u64::MAX, now));
+        let s = self.seen.entry(rank).or_insert(Seen {
+            seq: u64::MAX,
+            changed: now,
+            looked: now,
+        });
+        s.looked = s.looked.max(now);
     }
 
-    /// How long the rank's sequence has been still, by our clock.
+    /// How long the rank's sequence has been seen still, by our clock: from its last
+    /// change to our last look at it (at most `now`).
     pub fn silent_for(&self, rank: u32, now: Duration) -> Duration {
         self.seen
             .get(&rank)
-            .map(|(_, at)| now.saturating_sub(*at))
+            .map(|s| s.looked.min(now).saturating_sub(s.changed))
             .unwrap_or_default()
     }
 
@@ -189,12 +225,16 @@ mod tests {
         let s = Duration::from_secs;
         let mut l = Liveness::new(s(10));
         l.observe(1, 5, t0);
+        l.observe(1, 5, t0 + s(10));
         assert!(!l.is_dead(1, t0 + s(10)));
+        l.observe(1, 5, t0 + s(11));
         assert!(l.is_dead(1, t0 + s(11)));
         // Advancing resets the clock.
-        assert!(l.observe(1, 6, t0 + s(9)));
-        assert!(!l.is_dead(1, t0 + s(18)));
-        assert!(l.is_dead(1, t0 + s(20)));
+        assert!(l.observe(1, 6, t0 + s(12)));
+        l.observe(1, 6, t0 + s(21));
+        assert!(!l.is_dead(1, t0 + s(21)));
+        l.observe(1, 6, t0 + s(23));
+        assert!(l.is_dead(1, t0 + s(23)));
         // Unknown ranks are never judged.
         assert!(!l.is_dead(7, t0 + s(1000)));
     }
@@ -204,8 +244,26 @@ mod tests {
         let t0 = Duration::from_secs(100);
         let mut l = Liveness::new(Duration::from_secs(3));
         l.watch(2, t0);
+        l.watch(2, t0 + Duration::from_secs(4));
         assert!(l.is_dead(2, t0 + Duration::from_secs(4)));
         assert!(l.observe(2, 0, t0 + Duration::from_secs(4)));
         assert!(!l.is_dead(2, t0 + Duration::from_secs(5)));
+    }
+
+    /// Silence is what was witnessed: an observer that looked at t0, froze, and judges at
+    /// t0 + 100 s has seen nothing; the next look decides.
+    #[test]
+    fn silence_counts_only_up_to_the_last_look() {
+        let s = Duration::from_secs;
+        let mut l = Liveness::new(s(10));
+        l.observe(1, 5, s(0));
+        l.observe(1, 5, s(1));
+        assert!(!l.is_dead(1, s(100)), "judged by the clock, not by looks");
+        assert_eq!(l.silent_for(1, s(100)), s(1));
+        assert!(l.observe(1, 6, s(100)), "the next look sees it alive");
+        assert!(!l.is_dead(1, s(100)));
+        // A look that finds nothing counts as witnessed silence.
+        l.watch(1, s(111));
+        assert!(l.is_dead(1, s(111)));
     }
 }

@@ -56,6 +56,9 @@ pub enum Stop {
     TakenOver { rank: u32, host: String, pid: u32 },
     /// The record carries an abort: it is the cause, to be adopted.
     Abort(AbortInfo),
+    /// The rank left the generation (gave up on it before it formed: it took rank 0 for
+    /// gone) after rank 0 had counted it as joined: it will never arrive anywhere.
+    Left { rank: u32, host: String },
     /// The rank's heartbeat has been still for `silent`; `last` is how it was last seen.
     Dead {
         rank: u32,
@@ -123,8 +126,24 @@ impl Watch {
         now: Duration,
         mutation: Option<Mutation>,
     ) -> Round {
+        let reads = reads.into_iter().map(|(r, rec)| (r, rec, now)).collect();
+        self.round_stamped(run_id, gen, reads, mutation)
+    }
+
+    /// [`Watch::round`] with each read stamped with the time it returned: what a read
+    /// shows is judged at that time. A node frozen in the middle of its reads (a paused
+    /// VM, a hung call) must not stamp what it read after waking with the time before: the
+    /// seeded driver simulation found a worker that did, and so saw rank 0's heartbeat
+    /// change 100 s before it had and judged it dead at the next look.
+    pub fn round_stamped(
+        &mut self,
+        run_id: &str,
+        gen: u64,
+        reads: Vec<(u32, Option<RankRecord>, Duration)>,
+        mutation: Option<Mutation>,
+    ) -> Round {
         let mut round = Round::default();
-        for (r, read) in reads {
+        for (r, read, now) in reads {
             let slot = r as usize;
             if let Some(rec) = read.filter(|rec| rec.belongs_to(run_id, gen, r)) {
                 if rec.state == NodeState::Vacant {
@@ -152,10 +171,26 @@ impl Watch {
             } else if self.peers[slot].is_none() {
                 // Not joined yet (during the join the wait itself decides): nothing to judge.
                 continue;
+            } else {
+                // A joined peer whose record is missing or not its own: a look that found
+                // no heartbeat.
+                self.liveness.watch(r, now);
             }
             let terminal = self.peers[slot]
                 .as_ref()
                 .is_some_and(|p| p.state.is_terminal());
+            // A rank that left a formed generation never arrives: waiting for it would be a
+            // hang until barrier-timeout (the seeded driver simulation found one).
+            if let Some(p) = self.peers[slot]
+                .as_ref()
+                .filter(|p| self.formed && p.state == NodeState::Left)
+            {
+                round.stop = Some(Stop::Left {
+                    rank: r,
+                    host: p.host.clone(),
+                });
+                return round;
+            }
             let silent = match mutation {
                 Some(Mutation::WallClock { now: wall }) => self.peers[slot]
                     .as_ref()
@@ -254,6 +289,28 @@ mod tests {
         let r = w.round(RUN, GEN, reads(5, 1), 12 * S);
         assert_eq!(r.notes, [Note::DeadTolerated(2)]);
         assert_eq!(r.stop, None);
+    }
+
+    #[test]
+    fn a_peer_that_left_a_formed_generation_stops_the_watch() {
+        let mut w = watch(3);
+        let mut left = rec(2, 4);
+        left.state = NodeState::Left;
+        left.host = "host-2".into();
+        w.formed = false;
+        assert_eq!(
+            w.round(RUN, GEN, vec![(2, Some(left.clone()))], S).stop,
+            None,
+            "before the generation forms, leaving is allowed"
+        );
+        w.formed = true;
+        assert_eq!(
+            w.round(RUN, GEN, vec![(2, Some(left))], S).stop,
+            Some(Stop::Left {
+                rank: 2,
+                host: "host-2".into()
+            })
+        );
     }
 
     #[test]

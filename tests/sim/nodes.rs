@@ -635,3 +635,14 @@ fn an_open_fence_in_the_nodes_is_caught() {
         .expect("an open fence not caught in 300 seeds");
     println!("caught: {v}");
 }
+
+/// Seed 26 of 2..=6 nodes (the 1,000-seed run found it): a worker frozen for 103 s inside
+/// its join wait stamped rank 0's heartbeat, read after it woke, with the time before,
+/// judged rank 0 gone at the next look and left the generation; rank 0 had counted it as
+/// joined and waited for it at the first barrier until barrier-timeout (24 h). Both are
+/// fixed (`Watch::round_stamped`, `watch::Stop::Left`); each fix alone ends this run.
+#[test]
+fn seed_26_a_worker_frozen_in_its_join_neither_leaves_nor_hangs_rank_0() {
+    let (s, line) = run_seed(26, 6).unwrap_or_else(|v| panic!("{v}"));
+    assert_eq!(s.starts, 3, "{line}");
+}
