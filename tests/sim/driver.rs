@@ -6,8 +6,9 @@
 //! a cluster of threads in one process, each node on its own `SimClient` of one
 //! `SimWorld`: NFS-like attribute and negative-lookup caches that age in real time, so
 //! every rank sees the others' records late, as over NFS. The clock is the real one and
-//! the threads are scheduled by the OS, so a run is not replayed step for step; what is
-//! checked is what must hold for every schedule:
+//! the threads are scheduled by the OS, so a run is not replayed step for step (the
+//! `nodes` scenario runs the same driver seeded and replayed); what is checked is what
+//! must hold for every schedule:
 //!
 //! - with caches that hide changes for a while, the cluster completes every iteration,
 //!   and the shared directory then holds what an uninterrupted run leaves: one
