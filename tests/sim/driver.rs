@@ -27,6 +27,7 @@
 //! Other phases have no command here: their outputs would be read and written outside
 //! the store. Their barriers run.
 
+use crate::train_of;
 use rl_node::clock::{Clock, SystemClock};
 use rl_node::layout::Layout;
 use rl_node::protocol::journal;
@@ -507,18 +508,6 @@ fn assert_complete_resumed(world: &SimWorld, nodes: u32, iterations: u64) {
 
 /// The training command of the tests: it says its rank and iteration.
 const TRAIN: &str = "[phases.train]\ncommand = \"train rank={rank} iteration={iteration}\"\n";
-
-/// The (rank, iteration) a fake training command was started for.
-fn train_of(command: &str) -> (u32, u64) {
-    let field = |k: &str| {
-        command
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix(k))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("{k} in {command:?}"))
-    };
-    (field("rank=") as u32, field("iteration="))
-}
 
 /// Training takes 30 ms and exits 0, except on rank 2 in iteration 2: exit 3.
 fn rank_2_fails_in_iteration_2() -> Arc<FakeScript> {

@@ -74,6 +74,18 @@ pub fn assert_replays(seed: u64, run: impl Fn(u64) -> Result<String, Violation>)
     assert_ne!(line(seed), line(seed + 1));
 }
 
+/// The (rank, iteration) a fake training command was started for.
+pub fn train_of(command: &str) -> (u32, u64) {
+    let field = |k: &str| {
+        command
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{k} in {command:?}"))
+    };
+    (field("rank=") as u32, field("iteration="))
+}
+
 /// The cluster size of a seed in a sweep of 1..=max nodes.
 pub fn nodes_for(seed: u64, max: u64) -> usize {
     1 + (seed % max) as usize

@@ -22,7 +22,7 @@
 //!   by a rank, and no journal entry of a generation after one of a later generation
 //!   (a fenced node committed nothing).
 
-use crate::Violation;
+use crate::{train_of, Violation};
 use rl_node::clock::Clock;
 use rl_node::layout::Layout;
 use rl_node::protocol::journal;
@@ -197,18 +197,6 @@ fn config(dir: &Path, case: &Case) -> PathBuf {
     )
     .expect("write the configuration");
     path
-}
-
-/// The (rank, iteration) a fake training command was started for.
-fn train_of(command: &str) -> (u32, u64) {
-    let field = |k: &str| {
-        command
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix(k))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("{k} in {command:?}"))
-    };
-    (field("rank=") as u32, field("iteration="))
 }
 
 type Outcome = Result<(), (i32, String)>;
