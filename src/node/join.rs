@@ -308,10 +308,32 @@ impl Node {
         let deadline = self.clock.now() + self.cfg.timing.join_timeout;
         let run = run_id.clone();
         let mut forming = join::Forming::default();
+        let mut unreadable: Option<String> = None;
         let joined = self.wait_for(deadline, |n| {
             // Two masters started at once both publish a generation; the last to write
             // cluster.json owns the run. The other learns it here, at its next poll.
-            if let Err(why) = super::fence_check(&*n.store, &n.layout, gen, &run, None) {
+            // A cluster.json this node cannot read (an I/O error) says nothing of another
+            // rank 0: it keeps its generation and reads again at the next poll (a failing
+            // mount ends it through its own write errors, or join-timeout does).
+            use crate::protocol::fence::{check, Seen};
+            let verdict = match crate::state::read_cluster(&*n.store, &n.layout) {
+                Ok(Some(c)) => check(gen, &run, Seen::Cluster(&c)),
+                Ok(None) | Err(crate::state::StateError::MissingCluster { .. }) => {
+                    check(gen, &run, Seen::Missing(&n.layout.cluster()))
+                }
+                Err(e) => {
+                    let e = e.to_string();
+                    if unreadable.as_ref() != Some(&e) {
+                        n.warn(&format!(
+                            "cannot check that generation {gen} is still this rank 0's: {e}; reading it again"
+                        ));
+                        unreadable = Some(e);
+                    }
+                    return Ok(None);
+                }
+            };
+            unreadable = None;
+            if let Err(why) = verdict {
                 n.publisher().update(|r| {
                     r.state = NodeState::Left;
                     r.waiting_for.clear();
