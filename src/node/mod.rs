@@ -1200,7 +1200,9 @@ impl Node {
             loop {
                 self.watchdog.pet("holding for a test");
                 // Signals still end the hold like any wait.
-                if let Ok(ev) = self.events.recv_timeout(Duration::from_millis(50)) {
+                if let Ok(ev) =
+                    clock::recv_timeout(&*self.clock, &self.events, Duration::from_millis(50))
+                {
                     self.handle_event(ev)?;
                 }
             }
