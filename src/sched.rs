@@ -306,10 +306,21 @@ impl Sched {
 
     fn fail(&self, st: &mut State, why: String) {
         let trace: Vec<&str> = st.recent.iter().map(String::as_str).collect();
+        let tasks: Vec<String> = st
+            .tasks
+            .iter()
+            .filter(|t| t.status != Status::Done)
+            .map(|t| match t.status {
+                Status::Waiting(Some(until)) => format!("{} (waits until {until:?})", t.name),
+                Status::Waiting(None) => format!("{} (waits for a notify)", t.name),
+                _ => format!("{} (ready)", t.name),
+            })
+            .collect();
         st.end = Some(Err(format!(
-            "{why} (simulated time {:?}, turn {}); the last turns:\n  {}",
+            "{why} (simulated time {:?}, turn {}); tasks not ended: {}; the last turns:\n  {}",
             st.now,
             st.turns,
+            tasks.join(", "),
             trace.join("\n  ")
         )));
         st.running = None;

@@ -803,16 +803,19 @@ impl Node {
                 ))
             }
             Some(watching::Stop::Abort(info)) => return Err(self.adopt_abort(info)),
-            Some(watching::Stop::Left { rank, host }) => {
+            Some(watching::Stop::Ended { rank, host, state }) => {
+                let what = match state {
+                    NodeState::Left => "left generation {gen} after joining it, giving up on the generation before it saw it form",
+                    _ => "stopped in generation {gen} without publishing why",
+                }
+                .replace("{gen}", &gen.to_string());
                 return Err(self.fail(
                     AbortKind::Error,
                     rank,
                     Some(host.clone()),
-                    format!(
-                        "rank {rank} on {host} left generation {gen} after joining it (it took rank 0 for gone before the generation formed; its log says why)"
-                    ),
+                    format!("rank {rank} on {host} {what} (its log says why)"),
                     None,
-                ))
+                ));
             }
             Some(watching::Stop::Dead { rank, silent, last }) => {
                 let (host, phase, iteration) = last
@@ -946,6 +949,20 @@ impl Node {
                 "stopped {n} process(es) that had left their command's process group"
             ));
         }
+        // A failure that published no abort (e.g. a worker's join-timeout after it joined)
+        // is published as this rank's own in its final record, so that its peers stop with
+        // its reason instead of finding only "failed" (the seeded driver simulation found
+        // rank 0 waiting for such a worker at the first barrier).
+        let own = match &result {
+            Err(stop) if stop.code != exit::DONE => Some(self.abort_info(
+                AbortKind::Error,
+                self.rank,
+                None,
+                stop.message.clone(),
+                None,
+            )),
+            _ => None,
+        };
         if let Some(p) = self.publisher.take() {
             self.watchdog.pet("writing the final record");
             let done = result.is_ok();
@@ -955,6 +972,9 @@ impl Node {
                         r.state = NodeState::Done;
                     } else if !r.state.is_terminal() {
                         r.state = NodeState::Failed;
+                        if r.abort.is_none() {
+                            r.abort = own;
+                        }
                     }
                     r.waiting_for.clear();
                 },

@@ -56,9 +56,15 @@ pub enum Stop {
     TakenOver { rank: u32, host: String, pid: u32 },
     /// The record carries an abort: it is the cause, to be adopted.
     Abort(AbortInfo),
-    /// The rank left the generation (gave up on it before it formed: it took rank 0 for
-    /// gone) after rank 0 had counted it as joined: it will never arrive anywhere.
-    Left { rank: u32, host: String },
+    /// The rank ended (`state`: left, or failed without an abort to say why) in a formed
+    /// generation: it will never arrive anywhere. E.g. a worker that gave up on the
+    /// generation (its join-timeout, or it took rank 0 for gone) just after rank 0
+    /// counted it as joined.
+    Ended {
+        rank: u32,
+        host: String,
+        state: NodeState,
+    },
     /// The rank's heartbeat has been still for `silent`; `last` is how it was last seen.
     Dead {
         rank: u32,
@@ -179,15 +185,18 @@ impl Watch {
             let terminal = self.peers[slot]
                 .as_ref()
                 .is_some_and(|p| p.state.is_terminal());
-            // A rank that left a formed generation never arrives: waiting for it would be a
-            // hang until barrier-timeout (the seeded driver simulation found one).
-            if let Some(p) = self.peers[slot]
-                .as_ref()
-                .filter(|p| self.formed && p.state == NodeState::Left)
-            {
-                round.stop = Some(Stop::Left {
+            // A rank that left a formed generation, or failed without an abort, never
+            // arrives: waiting for it would be a hang until barrier-timeout (the seeded
+            // driver simulation found both).
+            if let Some(p) = self.peers[slot].as_ref().filter(|p| {
+                self.formed
+                    && (p.state == NodeState::Left
+                        || (p.state == NodeState::Failed && p.abort.is_none()))
+            }) {
+                round.stop = Some(Stop::Ended {
                     rank: r,
                     host: p.host.clone(),
+                    state: p.state,
                 });
                 return round;
             }
@@ -292,25 +301,33 @@ mod tests {
     }
 
     #[test]
-    fn a_peer_that_left_a_formed_generation_stops_the_watch() {
+    fn a_peer_that_ended_in_a_formed_generation_without_a_cause_stops_the_watch() {
+        for state in [NodeState::Left, NodeState::Failed] {
+            let mut w = watch(3);
+            let mut ended = rec(2, 4);
+            ended.state = state;
+            ended.host = "host-2".into();
+            w.formed = false;
+            assert_eq!(
+                w.round(RUN, GEN, vec![(2, Some(ended.clone()))], S).stop,
+                None,
+                "before the generation forms, leaving is allowed"
+            );
+            w.formed = true;
+            assert_eq!(
+                w.round(RUN, GEN, vec![(2, Some(ended))], S).stop,
+                Some(Stop::Ended {
+                    rank: 2,
+                    host: "host-2".into(),
+                    state
+                })
+            );
+        }
+        // Done is no cause to stop, and a failure with an abort is that abort.
         let mut w = watch(3);
-        let mut left = rec(2, 4);
-        left.state = NodeState::Left;
-        left.host = "host-2".into();
-        w.formed = false;
-        assert_eq!(
-            w.round(RUN, GEN, vec![(2, Some(left.clone()))], S).stop,
-            None,
-            "before the generation forms, leaving is allowed"
-        );
-        w.formed = true;
-        assert_eq!(
-            w.round(RUN, GEN, vec![(2, Some(left))], S).stop,
-            Some(Stop::Left {
-                rank: 2,
-                host: "host-2".into()
-            })
-        );
+        let mut done = rec(2, 4);
+        done.state = NodeState::Done;
+        assert_eq!(w.round(RUN, GEN, vec![(2, Some(done))], S).stop, None);
     }
 
     #[test]

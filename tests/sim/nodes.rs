@@ -634,3 +634,19 @@ fn seed_26_a_worker_frozen_in_its_join_neither_leaves_nor_hangs_rank_0() {
     let (s, line) = run_seed(26, 6).unwrap_or_else(|v| panic!("{v}"));
     assert_eq!(s.starts, 3, "{line}");
 }
+
+/// Seed 2260 of 2..=6 nodes (the 10,000-seed run found it): rank 4 froze before joining,
+/// rank 0 waited for it, and workers that had joined reached their join-timeout just as
+/// rank 0 counted everyone in. They ended "failed" with no abort in their records, which
+/// rank 0 skipped as finished peers, and rank 0 waited at the first barrier until
+/// barrier-timeout. Now a failure that published no abort is published with the node's
+/// final record, and a peer that ended in a formed generation without one is a stop: every
+/// node names the cause ("rank 0 was still waiting for rank 4 to join").
+#[test]
+fn seed_2260_workers_that_time_out_as_the_generation_forms_stop_every_node_with_the_cause() {
+    let (_, line) = run_seed(2260, 6).unwrap_or_else(|v| panic!("{v}"));
+    assert!(
+        line.contains("rank 0 was still waiting for rank 4 to join"),
+        "{line}"
+    );
+}
