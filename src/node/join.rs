@@ -723,6 +723,10 @@ impl Node {
                     self.info(&why);
                 }
                 rejected.insert(gen);
+                // What this worker waits for now: not what an earlier look at the skipped
+                // generation waited for (seed 6474 of the seeded driver simulation timed
+                // out naming a previous holder it had long since found gone).
+                self.waiting_note = "rank 0 to publish a generation to join".into();
                 Ok(None)
             }
             Look::Complete { message, hint } => Err(Stop {

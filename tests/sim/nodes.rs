@@ -650,3 +650,13 @@ fn seed_2260_workers_that_time_out_as_the_generation_forms_stop_every_node_with_
         "{line}"
     );
 }
+
+/// Seed 6474 of 2..=6 nodes (the 10,000-seed run found it): rank 0 of the second start
+/// failed at once, and rank 1 timed out naming "checking whether rank 1's previous holder
+/// … is alive", a look it had finished long before (it had found the holder gone and
+/// skipped the generation). Its message now says what it last waited for: rank 0.
+#[test]
+fn seed_6474_a_worker_that_times_out_names_what_it_last_waited_for() {
+    let (_, line) = run_seed(6474, 6).unwrap_or_else(|v| panic!("{v}"));
+    assert!(!line.contains("previous holder"), "{line}");
+}
