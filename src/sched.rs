@@ -69,6 +69,17 @@ struct State {
     recent: VecDeque<String>,
 }
 
+impl State {
+    /// Every waiting task is ready again (each checks whether what it waits for happened).
+    fn wake_all(&mut self) {
+        for t in &mut self.tasks {
+            if let Status::Waiting(_) = t.status {
+                t.status = Status::Ready;
+            }
+        }
+    }
+}
+
 thread_local! {
     /// The scheduler and task this thread is, if it is one.
     static CURRENT: RefCell<Option<(Arc<Sched>, usize)>> = const { RefCell::new(None) };
@@ -237,12 +248,7 @@ impl Sched {
 
     /// Wake every waiting task (each checks again whether what it waits for happened).
     pub fn notify(&self) {
-        let mut st = self.lock();
-        for t in &mut st.tasks {
-            if let Status::Waiting(_) = t.status {
-                t.status = Status::Ready;
-            }
-        }
+        self.lock().wake_all();
     }
 
     /// Wait (the calling task) until a [`Sched::notify`] or the simulated time `until`.
@@ -296,11 +302,7 @@ impl Sched {
             return;
         }
         // A task's end may be what others wait for (a join).
-        for t in &mut st.tasks {
-            if let Status::Waiting(_) = t.status {
-                t.status = Status::Ready;
-            }
-        }
+        st.wake_all();
         self.pick(&mut st);
     }
 

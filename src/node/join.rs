@@ -81,7 +81,7 @@ impl Node {
             holder::Local::Gone => return Holder::Gone,
             holder::Local::Elsewhere => {}
         }
-        seen.judge_with(
+        seen.judge(
             rec.gen,
             rec.rank,
             rec.seq,
@@ -315,14 +315,12 @@ impl Node {
             // A cluster.json this node cannot read (an I/O error) says nothing of another
             // rank 0: it keeps its generation and reads again at the next poll (a failing
             // mount ends it through its own write errors, or join-timeout does).
-            use crate::protocol::fence::{check, Seen};
-            let verdict = match crate::state::read_cluster(&*n.store, &n.layout) {
-                Ok(Some(c)) => check(gen, &run, Seen::Cluster(&c)),
-                Ok(None) | Err(crate::state::StateError::MissingCluster { .. }) => {
-                    check(gen, &run, Seen::Missing(&n.layout.cluster()))
-                }
-                Err(e) => {
-                    let e = e.to_string();
+            match super::fence_check(&*n.store, &n.layout, gen, &run, None) {
+                Ok(()) => unreadable = None,
+                Err(super::Fenced {
+                    unreadable: Some(e),
+                    ..
+                }) => {
                     if unreadable.as_ref() != Some(&e) {
                         n.warn(&format!(
                             "cannot check that generation {gen} is still this rank 0's: {e}; reading it again"
@@ -331,17 +329,16 @@ impl Node {
                     }
                     return Ok(None);
                 }
-            };
-            unreadable = None;
-            if let Err(why) = verdict {
-                n.publisher().update(|r| {
-                    r.state = NodeState::Left;
-                    r.waiting_for.clear();
-                });
-                return Err(Stop::usage(
-                    format!("another rank 0 owns this run: {why}; this rank 0 leaves its generation {gen}"),
-                    Some("start exactly one rank 0 (--master) per --log-path; `rl-node status` shows the one that runs".into()),
-                ));
+                Err(super::Fenced { why, .. }) => {
+                    n.publisher().update(|r| {
+                        r.state = NodeState::Left;
+                        r.waiting_for.clear();
+                    });
+                    return Err(Stop::usage(
+                        format!("another rank 0 owns this run: {why}; this rank 0 leaves its generation {gen}"),
+                        Some("start exactly one rank 0 (--master) per --log-path; `rl-node status` shows the one that runs".into()),
+                    ));
+                }
             }
             // A worker refused at join leaves the reason in its vacant placeholder, which
             // the poll just read.

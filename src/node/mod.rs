@@ -602,7 +602,7 @@ impl Node {
             self.broken.fence,
         );
         self.watchdog.pet("checked the generation");
-        check.map_err(|why| self.fenced(&why, what))
+        check.map_err(|f| self.fenced(&f.why, what))
     }
 
     /// The stop of a node whose generation was replaced (see [`Node::fence`]).
@@ -623,7 +623,9 @@ impl Node {
     fn fence_fn(&self) -> crate::aggregate::Fence {
         let (store, layout) = (self.store.clone(), self.layout.clone());
         let (gen, run) = (self.gen(), self.run_id().to_string());
-        std::sync::Arc::new(move || fence_check(&*store, &layout, gen, &run, None))
+        std::sync::Arc::new(move || {
+            fence_check(&*store, &layout, gen, &run, None).map_err(|f| f.why)
+        })
     }
 
     fn run_id(&self) -> &str {
@@ -805,10 +807,9 @@ impl Node {
             Some(watching::Stop::Abort(info)) => return Err(self.adopt_abort(info)),
             Some(watching::Stop::Ended { rank, host, state }) => {
                 let what = match state {
-                    NodeState::Left => "left generation {gen} after joining it, giving up on the generation before it saw it form",
-                    _ => "stopped in generation {gen} without publishing why",
-                }
-                .replace("{gen}", &gen.to_string());
+                    NodeState::Left => format!("left generation {gen} after joining it, giving up on the generation before it saw it form"),
+                    _ => format!("stopped in generation {gen} without publishing why"),
+                };
                 return Err(self.fail(
                     AbortKind::Error,
                     rank,
@@ -2418,6 +2419,15 @@ impl Node {
     }
 }
 
+/// Why [`fence_check`] failed.
+pub(crate) struct Fenced {
+    /// In words, for the node's message.
+    pub why: String,
+    /// The read's error when `cluster.json` could not be read at all (an I/O error): that
+    /// fences a commit, but says nothing of another rank 0 owning the run.
+    pub unreadable: Option<String>,
+}
+
 /// `Ok` when `cluster.json` still names generation `gen` of run `run_id`: the read, with
 /// the decision in [`crate::protocol::fence`].
 pub(crate) fn fence_check(
@@ -2426,15 +2436,25 @@ pub(crate) fn fence_check(
     gen: u64,
     run_id: &str,
     broken: Option<crate::protocol::fence::Mutation>,
-) -> Result<(), String> {
+) -> Result<(), Fenced> {
     use crate::protocol::fence::Seen;
-    let check = |gen, run_id, seen| crate::protocol::fence::check_with(gen, run_id, seen, broken);
+    let check = |seen| crate::protocol::fence::check_with(gen, run_id, seen, broken);
+    let fenced = |why| Fenced {
+        why,
+        unreadable: None,
+    };
     match crate::state::read_cluster(store, layout) {
-        Ok(Some(c)) => check(gen, run_id, Seen::Cluster(&c)),
+        Ok(Some(c)) => check(Seen::Cluster(&c)).map_err(fenced),
         Ok(None) | Err(crate::state::StateError::MissingCluster { .. }) => {
-            check(gen, run_id, Seen::Missing(&layout.cluster()))
+            check(Seen::Missing(&layout.cluster())).map_err(fenced)
         }
-        Err(e) => check(gen, run_id, Seen::Unreadable(&e.to_string())),
+        Err(e) => {
+            let e = e.to_string();
+            check(Seen::Unreadable(&e)).map_err(|why| Fenced {
+                why,
+                unreadable: Some(e),
+            })
+        }
     }
 }
 

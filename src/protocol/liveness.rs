@@ -157,19 +157,9 @@ pub enum Holder {
 }
 
 impl Holders {
-    /// [`Holders::judge_with`] one advance as proof.
+    /// Alive once `seq` has advanced `advances` times since the first look at (`gen`,
+    /// `rank`), gone if not within `patience` of it, else unknown.
     pub fn judge(
-        &mut self,
-        gen: u64,
-        rank: u32,
-        seq: u64,
-        now: Duration,
-        patience: Duration,
-    ) -> Holder {
-        self.judge_with(gen, rank, seq, now, patience, 1)
-    }
-
-    pub fn judge_with(
         &mut self,
         gen: u64,
         rank: u32,
@@ -200,23 +190,23 @@ mod tests {
     fn a_holder_is_alive_once_it_advances_and_gone_if_still_for_patience() {
         let s = Duration::from_secs;
         let mut h = Holders::default();
-        assert_eq!(h.judge(1, 0, 7, s(10), s(5)), Holder::Unknown);
-        assert_eq!(h.judge(1, 0, 7, s(15), s(5)), Holder::Unknown);
-        assert_eq!(h.judge(1, 0, 7, s(16), s(5)), Holder::Gone);
+        assert_eq!(h.judge(1, 0, 7, s(10), s(5), 1), Holder::Unknown);
+        assert_eq!(h.judge(1, 0, 7, s(15), s(5), 1), Holder::Unknown);
+        assert_eq!(h.judge(1, 0, 7, s(16), s(5), 1), Holder::Gone);
         // Another generation's rank 0 is watched on its own.
-        assert_eq!(h.judge(2, 0, 7, s(16), s(5)), Holder::Unknown);
-        assert_eq!(h.judge(2, 0, 8, s(17), s(5)), Holder::Alive);
+        assert_eq!(h.judge(2, 0, 7, s(16), s(5), 1), Holder::Unknown);
+        assert_eq!(h.judge(2, 0, 8, s(17), s(5), 1), Holder::Alive);
         // Once seen advancing, it stays alive in this watch.
-        assert_eq!(h.judge(2, 0, 8, s(100), s(5)), Holder::Alive);
+        assert_eq!(h.judge(2, 0, 8, s(100), s(5), 1), Holder::Alive);
         // Two advances needed: one (a stale copy, then a dead process's last write) is
         // not enough, and the patience still ends the watch.
         let mut h = Holders::default();
-        assert_eq!(h.judge_with(1, 0, 7, s(10), s(5), 2), Holder::Unknown);
-        assert_eq!(h.judge_with(1, 0, 8, s(11), s(5), 2), Holder::Unknown);
-        assert_eq!(h.judge_with(1, 0, 8, s(16), s(5), 2), Holder::Gone);
-        assert_eq!(h.judge_with(2, 0, 7, s(10), s(5), 2), Holder::Unknown);
-        assert_eq!(h.judge_with(2, 0, 8, s(11), s(5), 2), Holder::Unknown);
-        assert_eq!(h.judge_with(2, 0, 9, s(12), s(5), 2), Holder::Alive);
+        assert_eq!(h.judge(1, 0, 7, s(10), s(5), 2), Holder::Unknown);
+        assert_eq!(h.judge(1, 0, 8, s(11), s(5), 2), Holder::Unknown);
+        assert_eq!(h.judge(1, 0, 8, s(16), s(5), 2), Holder::Gone);
+        assert_eq!(h.judge(2, 0, 7, s(10), s(5), 2), Holder::Unknown);
+        assert_eq!(h.judge(2, 0, 8, s(11), s(5), 2), Holder::Unknown);
+        assert_eq!(h.judge(2, 0, 9, s(12), s(5), 2), Holder::Alive);
     }
 
     #[test]

@@ -27,7 +27,7 @@
 //! Other phases have no command here: their outputs would be read and written outside
 //! the store. Their barriers run.
 
-use crate::train_of;
+use crate::{completed, train_of};
 use rl_node::clock::{Clock, SystemClock};
 use rl_node::layout::Layout;
 use rl_node::protocol::journal;
@@ -320,10 +320,7 @@ fn kills_and_requeues_resume_without_redoing_work() {
             }
             log.push(format!("start {starts}: {results:?}"));
             // Done: every rank completed, or found the run complete (exit 0).
-            if results
-                .iter()
-                .all(|r| r.as_ref().err().is_none_or(|(code, _)| *code == 0))
-            {
+            if results.iter().all(completed) {
                 break;
             }
         }

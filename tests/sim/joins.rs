@@ -264,7 +264,7 @@ impl JoinView for View<'_> {
     }
     fn holder(&mut self, rec: &RankRecord, patience: Duration, advances: u32) -> Holder {
         self.holders
-            .judge_with(rec.gen, rec.rank, rec.seq, self.local, patience, advances)
+            .judge(rec.gen, rec.rank, rec.seq, self.local, patience, advances)
     }
     fn resume_iteration(&mut self, _: &str) -> u64 {
         1
@@ -876,9 +876,7 @@ impl Sim {
                 let judge = |rec: &RankRecord, patience, advances| match kernel {
                     Some(true) => Holder::Alive,
                     Some(false) => Holder::Gone,
-                    None => {
-                        holders.judge_with(rec.gen, rec.rank, rec.seq, local, patience, advances)
-                    }
+                    None => holders.judge(rec.gen, rec.rank, rec.seq, local, patience, advances),
                 };
                 let verdict = join::previous_master(
                     &r0,

@@ -86,6 +86,11 @@ pub fn train_of(command: &str) -> (u32, u64) {
     (field("rank=") as u32, field("iteration="))
 }
 
+/// A rank's result counts as complete: it completed, or found the run complete (exit 0).
+pub fn completed(r: &Result<(), (i32, String)>) -> bool {
+    r.as_ref().err().is_none_or(|e| e.0 == 0)
+}
+
 /// The cluster size of a seed in a sweep of 1..=max nodes.
 pub fn nodes_for(seed: u64, max: u64) -> usize {
     1 + (seed % max) as usize

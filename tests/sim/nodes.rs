@@ -22,7 +22,7 @@
 //!   by a rank, and no journal entry of a generation after one of a later generation
 //!   (a fenced node committed nothing).
 
-use crate::{train_of, Violation};
+use crate::{completed, train_of, Violation};
 use rl_node::clock::Clock;
 use rl_node::layout::Layout;
 use rl_node::protocol::journal;
@@ -202,6 +202,7 @@ fn config(dir: &Path, case: &Case) -> PathBuf {
 type Outcome = Result<(), (i32, String)>;
 
 /// What one seed's job did: the log of starts, the results, the schedule.
+#[derive(Clone)]
 struct Job {
     log: Vec<String>,
     /// Each start's results, rank by rank (`None`: left behind frozen).
@@ -249,20 +250,8 @@ fn run_job(
     let ended = sched.run();
     let mut job = Arc::try_unwrap(job)
         .map(|m| m.into_inner().unwrap())
-        .unwrap_or_else(|shared| {
-            // A failed run leaves its tasks parked, holding the job.
-            let j = shared.lock().unwrap();
-            Job {
-                log: j.log.clone(),
-                starts: j.starts.clone(),
-                suspects: j.suspects.clone(),
-                woken: j.woken.clone(),
-                turns: 0,
-                digest: 0,
-                ended_at: Duration::ZERO,
-                faults: j.faults,
-            }
-        });
+        // A failed run leaves its tasks parked, holding the job.
+        .unwrap_or_else(|shared| shared.lock().unwrap().clone());
     job.turns = sched.turns();
     job.digest = sched.digest();
     job.ended_at = sched.now();
@@ -368,10 +357,8 @@ fn batch_system(
             "start {}: faults {faults:?}: {results:?}",
             start + 1
         ));
-        let complete = results.iter().all(|r| {
-            r.as_ref()
-                .is_none_or(|r| r.as_ref().err().is_none_or(|e| e.0 == 0))
-        }) && results.iter().any(Option::is_some);
+        let complete =
+            results.iter().flatten().all(completed) && results.iter().any(Option::is_some);
         job.lock().unwrap().starts.push(results);
         if complete && long_frozen.is_empty() {
             break;
@@ -507,10 +494,7 @@ fn run_seed_broken(
     // The job completed.
     let last = job.starts.last().expect("a start");
     checks += 1;
-    if !last.iter().all(|r| {
-        r.as_ref()
-            .is_some_and(|r| r.as_ref().err().is_none_or(|e| e.0 == 0))
-    }) {
+    if !last.iter().all(|r| r.as_ref().is_some_and(completed)) {
         return Err(violation(format!(
             "not complete after {} starts",
             job.starts.len()
