@@ -529,7 +529,7 @@ pub fn publish_with(
     let mpath = tmp.join(MANIFEST);
     (|| {
         let mut f = File::create(&mpath)?;
-        f.write_all(&serde_json::to_vec_pretty(&manifest).map_err(io::Error::other)?)?;
+        crate::store::fs::write_json(&mut f, &manifest)?;
         f.sync_all()
     })()
     .map_err(io_at(&mpath))?;

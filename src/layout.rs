@@ -84,6 +84,13 @@ impl Layout {
         RUN_DIRS.iter().map(|d| self.root.join(d)).collect()
     }
 
+    /// Rank 0's view of its peers in generation `gen`: the heartbeat age of each as rank 0
+    /// observes it, rewritten with rank 0's heartbeats, for `rl-node status` only (kept out
+    /// of rank 0's record, which every worker re-reads each poll round).
+    pub fn observed(&self, gen: u64) -> PathBuf {
+        self.gen_dir(gen).join("observed.json")
+    }
+
     /// The first-writer-wins abort record of a generation.
     pub fn abort(&self, gen: u64) -> PathBuf {
         self.gen_dir(gen).join("abort.json")

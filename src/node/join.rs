@@ -213,7 +213,7 @@ impl Node {
         for r in 1..self.num_nodes() {
             let path = layout.rank_record(gen, r);
             self.store
-                .publish_json(&path, &self.record(gen, &run_id, r, NodeState::Vacant))
+                .publish_live_json(&path, &self.record(gen, &run_id, r, NodeState::Vacant))
                 .map_err(|e| io_err(format!("cannot write {}", path.display()), e))?;
         }
         let master_addr = if self.cfg.cluster.master_addr.is_empty() {
@@ -788,6 +788,6 @@ impl Node {
             self.rank, self.pid, self.host
         ));
         slot.wall = self.wall_stamp();
-        let _ = self.store.publish_json(&path, &slot);
+        let _ = self.store.publish_live_json(&path, &slot);
     }
 }

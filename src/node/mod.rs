@@ -193,6 +193,44 @@ pub(crate) struct Node {
     /// This iteration's training failed on these ranks (with why), as rank 0's release
     /// of `training-complete` said (`phases.train.on-failure = "keep-model"`).
     train_failed: Vec<(u32, String)>,
+    /// This rank's event log, kept open.
+    event_log: EventLog,
+    /// The current wait is for this node's own command (see [`Node::wait_for`]).
+    idle_wait: bool,
+}
+
+/// A log in the shared directory written through one open handle: one `write` per line,
+/// no open, no directory creation (docs/shared-directory.md, "Durability": logs are not
+/// synced). Reopened when the generation changes (`--fresh` may have moved the run's
+/// directories aside) and after a failed write. Best effort: a log never stops the node.
+#[derive(Default)]
+struct EventLog {
+    handle: std::sync::Mutex<Option<(u64, Box<dyn std::io::Write + Send>)>>,
+}
+
+impl EventLog {
+    fn append(&self, store: &dyn SharedDir, path: &Path, gen: u64, line: &str) {
+        let mut handle = self.handle.lock().unwrap_or_else(|e| e.into_inner());
+        if handle.as_ref().is_some_and(|(g, _)| *g != gen) {
+            *handle = None;
+        }
+        if handle.is_none() {
+            match store.open_append(path) {
+                Ok(Some(w)) => *handle = Some((gen, w)),
+                // No handles here (the simulated directory): append by path.
+                Ok(None) => {
+                    let _ = store.append(path, line.as_bytes(), false);
+                    return;
+                }
+                Err(_) => return,
+            }
+        }
+        if let Some((_, w)) = handle.as_mut() {
+            if w.write_all(line.as_bytes()).is_err() {
+                *handle = None;
+            }
+        }
+    }
 }
 
 /// Run a node until it finishes (Ok) or stops (the error says why and with which code).
@@ -471,6 +509,8 @@ impl Node {
             replacements: Vec::new(),
             dead_peers: Default::default(),
             train_failed: Vec::new(),
+            event_log: EventLog::default(),
+            idle_wait: false,
             cfg,
         }
     }
@@ -678,10 +718,16 @@ impl Node {
                 next_note = (next_note * 3).min(next_note + Duration::from_secs(300));
             }
             let timeout = step.min(deadline - now);
+            let t = &self.cfg.timing;
             let max_step = match self.relay {
                 // The relay looks at least twice a second.
-                Some(_) => RELAY_POLL.min(self.cfg.timing.poll_interval),
-                None => self.cfg.timing.poll_interval,
+                Some(_) => RELAY_POLL.min(t.poll_interval),
+                // While this node's own command runs, peers are read every half
+                // heartbeat (2.5 s by default): that only delays noticing a failure
+                // elsewhere, and keeps an idle node's operations on the shared directory
+                // to about two a second (docs/shared-directory.md, "Cost").
+                None if self.idle_wait => t.poll_interval.max(t.heartbeat_interval / 2),
+                None => t.poll_interval,
             };
             step = (step * 3 / 2).min(max_step);
             match clock::recv_timeout(&*self.clock, &self.events, timeout) {
@@ -844,9 +890,14 @@ impl Node {
             }
         }
         // For `rl-node status`: heartbeat ages as this node observes them.
+        // Rank 0's (one entry per peer) goes to a file of its own, which workers never
+        // read; a worker's (rank 0 alone) stays in its record.
         let observed = self.watch.observed(self.rank, self.clock.since_start());
         if let Some(p) = &self.publisher {
-            p.stage(|rec| rec.observed_ms = observed);
+            match (self.rank, &self.cluster) {
+                (0, Some(c)) => p.stage_observed(&self.layout.observed(c.gen), observed),
+                _ => p.stage(|rec| rec.observed_ms = observed),
+            }
         }
         Ok(())
     }
@@ -2255,7 +2306,11 @@ impl Node {
         ));
         self.waiting_note = format!("the {phase} command (pid {pid})");
         let deadline = running.started + pc.timeout;
+        // Nothing waits on the peers while the command runs: read them at the idle
+        // cadence (its exit still wakes the loop at once).
+        self.idle_wait = true;
         let waited = self.wait_for(deadline, |n| Ok(n.exited.remove(&pid)));
+        self.idle_wait = false;
         self.waiting_note.clear();
         let exit = match waited {
             Ok(exit) => exit,
@@ -2383,7 +2438,8 @@ impl Node {
     }
 
     /// Append one line to this rank's event log (`.rl-node/events/rank-R.jsonl`; one
-    /// writer). Best effort: the event log is for people and tests, not the protocol.
+    /// writer, one open handle). Best effort: the event log is for people and tests, not
+    /// the protocol.
     fn event(&self, event: events::Event) {
         let record = events::EventRecord {
             event,
@@ -2397,7 +2453,8 @@ impl Node {
             .state_dir()
             .join("events")
             .join(format!("rank-{}.jsonl", self.rank));
-        self.append_log(&path, &record.to_line());
+        self.event_log
+            .append(&*self.store, &path, record.gen, &record.to_line());
     }
 
     /// Rank `rank`'s record in generation `gen` as read now; missing, torn or unreadable

@@ -2,18 +2,26 @@
 //!
 //! It republishes the record every heartbeat interval with a growing sequence number, and
 //! at once whenever the node loop changes it (arriving at a barrier, releasing one,
-//! aborting), so barrier latency is not tied to the heartbeat interval. Before each
-//! periodic write it reads the record back: another process's nonce there means two
-//! processes claim this rank. The watchdog watches each write: one that does not return
-//! within `fs-timeout` ends the node like a stuck node loop.
+//! aborting), so barrier latency is not tied to the heartbeat interval. Every sixth
+//! periodic write it reads the record back first: another process's nonce there means two
+//! processes claim this rank. Rank 0 also writes its view of its peers (`observed.json`)
+//! with its periodic beats. Records are written without fsync (a live record needs atomic
+//! replacement, not durability: docs/shared-directory.md, "Durability"). The watchdog
+//! watches each write: one that does not return within `fs-timeout` ends the node like a
+//! stuck node loop.
 
 use super::watchdog::Watchdog;
 use crate::clock::{self, Clock};
-use crate::protocol::{wall_stamp, RankRecord};
+use crate::protocol::{wall_stamp, ObservedFile, RankRecord};
 use crate::store::SharedDir;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
+
+/// How often (in periodic heartbeats) the heartbeat thread reads its record back to find
+/// another process writing it: one read every 6 beats (30 s at the default interval)
+/// instead of one per beat.
+const READ_BACK_EVERY: u64 = 6;
 
 struct Shared {
     record: RankRecord,
@@ -24,6 +32,15 @@ struct Shared {
     /// Set when another process wrote our record (nonce differs): (host, pid).
     intruder: Option<(String, u32)>,
     last_error: Option<String>,
+    /// Rank 0's observations of its peers (`Layout::observed`): written with periodic
+    /// heartbeats when they changed, never with the writes a barrier waits for.
+    observed: Option<Observed>,
+}
+
+struct Observed {
+    path: PathBuf,
+    ages_ms: Vec<(u32, u64)>,
+    changed: bool,
 }
 
 pub struct Publisher {
@@ -45,7 +62,7 @@ impl Publisher {
     ) -> std::io::Result<Publisher> {
         record.seq += 1;
         record.wall = wall_stamp(clock.wall());
-        store.publish_json(&path, &record)?;
+        store.publish_live_json(&path, &record)?;
         let written_seq = record.seq;
         let shared = Arc::new((
             Mutex::new(Shared {
@@ -56,6 +73,7 @@ impl Publisher {
                 interval,
                 intruder: None,
                 last_error: None,
+                observed: None,
             }),
             Condvar::new(),
         ));
@@ -83,6 +101,24 @@ impl Publisher {
     /// Change the record without forcing a write: it goes out with the next heartbeat.
     pub fn stage(&self, f: impl FnOnce(&mut RankRecord)) {
         f(&mut self.shared.0.lock().unwrap().record);
+    }
+
+    /// Rank 0's peer observations, for `path`: written with the next periodic heartbeat.
+    pub fn stage_observed(&self, path: &std::path::Path, ages_ms: Vec<(u32, u64)>) {
+        let mut s = self.shared.0.lock().unwrap();
+        match &mut s.observed {
+            Some(o) if o.path == path => {
+                o.changed |= o.ages_ms != ages_ms;
+                o.ages_ms = ages_ms;
+            }
+            slot => {
+                *slot = Some(Observed {
+                    path: path.to_path_buf(),
+                    ages_ms,
+                    changed: true,
+                })
+            }
+        }
     }
 
     pub fn set_interval(&self, interval: Duration) {
@@ -138,8 +174,10 @@ fn run(
 ) {
     let (m, cv) = &*shared;
     let mut next_beat = clock.now();
+    // Periodic beats written, for the read-back below (first one at the first beat).
+    let mut beats: u64 = u64::MAX;
     loop {
-        let (record, periodic) = {
+        let (record, periodic, observed) = {
             let mut s = m.lock().unwrap();
             next_beat = next_beat.min(clock.now() + s.interval);
             loop {
@@ -159,13 +197,31 @@ fn run(
             s.record.seq += 1;
             s.record.wall = wall_stamp(clock.wall());
             next_beat = clock.now() + s.interval;
-            (s.record.clone(), periodic)
+            let observed = match &mut s.observed {
+                Some(o) if periodic && o.changed => {
+                    o.changed = false;
+                    Some((o.path.clone(), o.ages_ms.clone()))
+                }
+                _ => None,
+            };
+            if periodic {
+                beats = beats.wrapping_add(1);
+            }
+            (s.record.clone(), periodic, observed)
         };
         let (on_disk, result) = watchdog.heartbeat(|| {
-            let on_disk = periodic
+            // Every READ_BACK_EVERY-th periodic beat (from the first): a second process
+            // is found within a few heartbeats without a read per beat.
+            let read_back = periodic && beats.is_multiple_of(READ_BACK_EVERY);
+            let on_disk = read_back
                 .then(|| store.read_json::<RankRecord>(&path).ok().flatten())
                 .flatten();
-            (on_disk, publish(store, &path, &record))
+            let result = publish(store, &path, &record);
+            if let Some((path, ages)) = &observed {
+                // For `status` only: a failure here is not the record's.
+                let _ = store.publish_live_json(path, &ObservedFile { ages_ms: ages });
+            }
+            (on_disk, result)
         });
         // Someone else writing our record means a second process claims this rank.
         if let Some(on_disk) = on_disk {
@@ -198,7 +254,7 @@ fn publish(
     path: &std::path::Path,
     record: &RankRecord,
 ) -> Result<(), (String, bool)> {
-    store.publish_json(path, record).map_err(|e| {
+    store.publish_live_json(path, record).map_err(|e| {
         let error = format!("{e} (writing {})", path.display());
         // A stopping node that cannot create files (full disk, quota) still tells its
         // peers why, over the record it already has (see `write_in_place`).

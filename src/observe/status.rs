@@ -2,7 +2,7 @@
 //! while nodes run, after they stopped, and with every node dead.
 
 use crate::layout::Layout;
-use crate::protocol::{AbortInfo, NodeState, RankRecord};
+use crate::protocol::{AbortInfo, NodeState, ObservedFile, RankRecord};
 use crate::store;
 use serde::Serialize;
 use std::path::Path;
@@ -91,15 +91,19 @@ pub fn read(log_path: &Path) -> Result<Status, String> {
                 .filter(|rec| rec.belongs_to(&c.run_id, c.gen, r))
         })
         .collect();
+    // Heartbeat ages as rank 0 observes its peers (its own file), and rank 0's as rank 1
+    // observes it (in rank 1's record).
+    let by_rank0: Vec<(u32, u64)> = store::read_json::<ObservedFile>(&layout.observed(c.gen))
+        .ok()
+        .flatten()
+        .map(|o| o.ages_ms)
+        .unwrap_or_default();
     let observed = |rank: u32| -> Option<u64> {
-        let observer = if rank == 0 { 1 } else { 0 };
-        records
-            .get(observer as usize)?
-            .as_ref()?
-            .observed_ms
-            .iter()
-            .find(|(r, _)| *r == rank)
-            .map(|(_, ms)| *ms)
+        let ages = match rank {
+            0 => &records.get(1)?.as_ref()?.observed_ms,
+            _ => &by_rank0,
+        };
+        ages.iter().find(|(r, _)| *r == rank).map(|(_, ms)| *ms)
     };
     let abort = store::read_json::<AbortInfo>(&layout.abort(c.gen))
         .ok()

@@ -230,6 +230,13 @@ pub struct RankRecord {
     pub wall: String,
 }
 
+/// What `Layout::observed` holds: rank 0's view of its peers' heartbeat ages (ms), for
+/// `rl-node status`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ObservedFile<A = Vec<(u32, u64)>> {
+    pub ages_ms: A,
+}
+
 impl RankRecord {
     /// Rank `rank`'s slot in generation `gen` of run `run_id` as rank 0 creates it before
     /// anyone holds it: no holder, sequence 0, no barrier marks. The holder fills in its

@@ -77,6 +77,22 @@ impl SharedDir for Fs {
         Ok(())
     }
 
+    fn open_append(&self, path: &Path) -> io::Result<Option<Box<dyn Write + Send>>> {
+        count(OpClass::Open);
+        let open = || OpenOptions::new().create(true).append(true).open(path);
+        let f = match open() {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if let Some(d) = path.parent() {
+                    self.create_dir_all(d)?;
+                }
+                count(OpClass::Open);
+                open()?
+            }
+            other => other?,
+        };
+        Ok(Some(Box::new(CountedFile(f))))
+    }
+
     fn rename(&self, src: &Path, dst: &Path) -> io::Result<()> {
         count(OpClass::Rename);
         fs::rename(src, dst)
@@ -138,6 +154,20 @@ impl SharedDir for Fs {
 
     fn counts(&self) -> OpCounts {
         op_counts()
+    }
+}
+
+/// A file whose writes are counted (each `write` call is one system call).
+struct CountedFile(File);
+
+impl Write for CountedFile {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        count(OpClass::Write);
+        self.0.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
     }
 }
 
@@ -352,15 +382,16 @@ fn renameat2_noreplace(_: &Path, _: &Path) -> io::Result<()> {
     Err(io::Error::from_raw_os_error(libc::ENOSYS))
 }
 
-/// `value` as pretty JSON and a newline, written to `w` (an I/O error comes back as
-/// itself, so a full filesystem stays `StorageFull`).
+/// `value` as compact JSON and a newline, written to `w` (an I/O error comes back as
+/// itself, so a full filesystem stays `StorageFull`). Compact: peers re-read live records
+/// every poll round, and `jq` prints any of these files readably.
 pub(crate) fn write_json<T: Serialize + ?Sized>(w: &mut dyn Write, value: &T) -> io::Result<()> {
-    serde_json::to_writer_pretty(&mut *w, value).map_err(io::Error::from)?;
+    serde_json::to_writer(&mut *w, value).map_err(io::Error::from)?;
     w.write_all(b"\n")
 }
 
 pub(crate) fn json_bytes<T: Serialize + ?Sized>(value: &T) -> io::Result<Vec<u8>> {
-    let mut bytes = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
+    let mut bytes = serde_json::to_vec(value).map_err(io::Error::other)?;
     bytes.push(b'\n');
     Ok(bytes)
 }
@@ -448,14 +479,39 @@ pub fn create_new_json<T: Serialize>(path: &Path, value: &T) -> io::Result<bool>
 /// the size and one read.
 pub fn read(path: &Path) -> io::Result<Option<Vec<u8>>> {
     count(OpClass::Open);
-    match fs::read(path) {
-        Ok(b) => {
-            count(OpClass::Stat);
-            count(OpClass::Read);
-            Ok(Some(b))
+    let mut f = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    read_to_end_counted(&mut f).map(Some)
+}
+
+/// The rest of a regular file, each `read` system call counted. No `fstat` for a size hint
+/// and no read that only confirms the end (what `std::fs::read` does): a live record is
+/// read in one call. A read that returns less than it asked for is the end of a regular
+/// file (local filesystems, NFS, Lustre and FUSE return short reads only there), and the
+/// file cannot grow under the reader that matters: records are replaced by rename.
+fn read_to_end_counted(f: &mut File) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut len = 0;
+    loop {
+        if len == buf.len() {
+            buf.resize(buf.len() * 2, 0);
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
+        count(OpClass::Read);
+        let n = match f.read(&mut buf[len..]) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        let asked = buf.len() - len;
+        len += n;
+        if n == 0 || n < asked {
+            buf.truncate(len);
+            return Ok(buf);
+        }
     }
 }
 
@@ -564,7 +620,7 @@ mod tests {
         let p = d.path().join("plan.json");
         let value = serde_json::json!({"ranks": [[{"task": "t1", "seed": 7}], []], "pool": []});
         publish_json(&p, &value).unwrap();
-        let mut expected = serde_json::to_vec_pretty(&value).unwrap();
+        let mut expected = serde_json::to_vec(&value).unwrap();
         expected.push(b'\n');
         assert_eq!(fs::read(&p).unwrap(), expected);
         // A writer that fails halfway: the old content stays, no temporary file is left.

@@ -170,6 +170,15 @@ pub trait SharedDir: Send + Sync {
     /// the append durable before returning.
     fn append(&self, path: &Path, bytes: &[u8], sync: bool) -> io::Result<()>;
 
+    /// An open handle on `path` for appending, creating the file (and its directory) if
+    /// needed: a log written line by line costs one `write` per line instead of an open
+    /// per line. Each write through it is counted. `None` where this store has no handles
+    /// (the simulated directory): the caller appends by path instead.
+    fn open_append(&self, path: &Path) -> io::Result<Option<Box<dyn Write + Send>>> {
+        let _ = path;
+        Ok(None)
+    }
+
     /// A plain rename (replaces `dst`).
     fn rename(&self, src: &Path, dst: &Path) -> io::Result<()>;
 
@@ -210,6 +219,14 @@ impl dyn SharedDir + '_ {
     /// A durable publish of `value` as JSON (streamed: a plan can be over 100 MB).
     pub fn publish_json<T: Serialize>(&self, path: &Path, value: &T) -> io::Result<()> {
         self.publish_with(path, true, &mut |w| fs::write_json(w, value))
+    }
+
+    /// A live record (a rank's heartbeat record, a placeholder): replaced atomically, not
+    /// made durable. Live records are transient: a node that loses one in a machine crash
+    /// starts a new generation anyway, and readers treat a missing or torn record as "not
+    /// yet" (docs/shared-directory.md, "Durability").
+    pub fn publish_live_json<T: Serialize>(&self, path: &Path, value: &T) -> io::Result<()> {
+        self.publish_with(path, false, &mut |w| fs::write_json(w, value))
     }
 
     /// [`SharedDir::overwrite_in_place`] of `value` as compact JSON.
