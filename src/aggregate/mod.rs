@@ -278,7 +278,7 @@ pub fn merge(
         let path = path.to_path_buf();
         move |source| AggregateError::Write { path, source }
     };
-    std::fs::create_dir_all(&out_dir).map_err(werr(&out_dir))?;
+    crate::store::SharedDir::create_dir_all(&crate::store::Fs, &out_dir).map_err(werr(&out_dir))?;
     let tmp = temp_path(&out);
     let mut extras = Extras::default();
     let written = (|| -> Result<(), AggregateError> {

@@ -6,12 +6,13 @@
 use super::human_bytes;
 use super::{AggregateError, RankEntry, RankStatus};
 use crate::layout::Layout;
+use crate::store::SharedDir;
 use std::io;
 use std::path::Path;
 
 /// Sorted file names of `dir` (empty when it does not exist).
 pub(super) fn list_dir(dir: &Path) -> Result<Vec<String>, AggregateError> {
-    let entries = match std::fs::read_dir(dir) {
+    let entries = match crate::store::Fs.read_dir(dir) {
         Ok(e) => e,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(source) => {
@@ -21,23 +22,18 @@ pub(super) fn list_dir(dir: &Path) -> Result<Vec<String>, AggregateError> {
             })
         }
     };
-    let mut names = Vec::new();
-    for e in entries {
-        let e = e.map_err(|source| AggregateError::List {
-            path: dir.to_path_buf(),
-            source,
-        })?;
-        if let Some(n) = e.file_name().to_str() {
-            names.push(n.to_string());
-        }
-    }
+    let mut names: Vec<String> = entries
+        .into_iter()
+        .filter_map(|n| n.to_str().map(str::to_string))
+        .collect();
     names.sort();
     Ok(names)
 }
 
 /// The journal note of a rank whose rollout command wrote its shard name itself.
 fn adopted_by_command(layout: &Layout, iteration: u64, split: &str, rank: u32) -> Option<String> {
-    let text = std::fs::read_to_string(layout.journal(rank)).ok()?;
+    let bytes = crate::store::fs::read(&layout.journal(rank)).ok()??;
+    let text = String::from_utf8_lossy(&bytes);
     let item = format!("rollout-{split}");
     crate::protocol::journal::parse(&text)
         .into_iter()
@@ -64,14 +60,14 @@ pub(super) fn survey(
     rel: &dyn Fn(&Path) -> String,
 ) -> Result<RankEntry, AggregateError> {
     let size = |p: &Path| -> Result<Option<u64>, AggregateError> {
-        match std::fs::metadata(p) {
-            Ok(m) if m.is_file() => Ok(Some(m.len())),
-            Ok(_) => Err(AggregateError::Read {
+        match crate::store::Fs.stat(p) {
+            Ok(Some(m)) if m.kind == crate::store::Kind::File => Ok(Some(m.len)),
+            Ok(None) => Ok(None),
+            Ok(Some(_)) => Err(AggregateError::Read {
                 rank,
                 path: p.to_path_buf(),
                 source: io::Error::other("not a regular file"),
             }),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(source) => Err(AggregateError::Read {
                 rank,
                 path: p.to_path_buf(),

@@ -25,7 +25,6 @@ pub use launcher::{FakeLauncher, FakeRun, FakeScript, Launcher, Processes};
 pub const OWNER_ENV: &str = "RL_NODE_OWNER";
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::OpenOptions;
 use std::io::{self, BufRead, Write};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -506,15 +505,16 @@ pub fn spawn_shell(
     log: &Path,
     header: &str,
 ) -> io::Result<Running> {
-    if let Some(dir) = log.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let mut out = OpenOptions::new().create(true).append(true).open(log)?;
-    writeln!(
-        out,
-        "### rl-node {} {header}\n### $ {command}",
-        crate::clock::wall_now()
+    // Counted like every operation on the shared directory; the header in one write.
+    let mut out = crate::store::fs::open_append(log)?;
+    out.write_all(
+        format!(
+            "### rl-node {} {header}\n### $ {command}\n",
+            crate::clock::wall_now()
+        )
+        .as_bytes(),
     )?;
+    let out = out.into_file();
     let err = out.try_clone()?;
     let child: Child = unblocked_signals(&mut Command::new("sh"))
         .arg("-c")

@@ -78,19 +78,7 @@ impl SharedDir for Fs {
     }
 
     fn open_append(&self, path: &Path) -> io::Result<Option<Box<dyn Write + Send>>> {
-        count(OpClass::Open);
-        let open = || OpenOptions::new().create(true).append(true).open(path);
-        let f = match open() {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                if let Some(d) = path.parent() {
-                    self.create_dir_all(d)?;
-                }
-                count(OpClass::Open);
-                open()?
-            }
-            other => other?,
-        };
-        Ok(Some(Box::new(CountedFile(f))))
+        Ok(Some(Box::new(open_append(path)?)))
     }
 
     fn rename(&self, src: &Path, dst: &Path) -> io::Result<()> {
@@ -157,8 +145,33 @@ impl SharedDir for Fs {
     }
 }
 
+/// `path` opened for appending, created (with its directory) if needed; its writes are
+/// counted. The directory is made only when the open says it is missing: no `stat` first.
+pub fn open_append(path: &Path) -> io::Result<CountedFile> {
+    count(OpClass::Open);
+    let open = || OpenOptions::new().create(true).append(true).open(path);
+    let f = match open() {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            if let Some(d) = path.parent() {
+                Fs.create_dir_all(d)?;
+            }
+            count(OpClass::Open);
+            open()?
+        }
+        other => other?,
+    };
+    Ok(CountedFile(f))
+}
+
 /// A file whose writes are counted (each `write` call is one system call).
-struct CountedFile(File);
+pub struct CountedFile(File);
+
+impl CountedFile {
+    /// The file itself (e.g. to hand to a child process as its output).
+    pub fn into_file(self) -> File {
+        self.0
+    }
+}
 
 impl Write for CountedFile {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
@@ -583,7 +596,34 @@ mod tests {
         });
         assert_eq!(live.summary(), "open 1, write 1, rename 1");
         let read = counted(|| assert_eq!(store.read(&p).unwrap().unwrap(), b"two"));
-        assert_eq!(read.summary(), "open 1, stat 1, read 1");
+        assert_eq!(
+            read.summary(),
+            "open 1, read 1",
+            "no fstat, no read to confirm the end"
+        );
+        // A file larger than the first read's buffer is read whole.
+        let big: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        let d2 = tempfile::tempdir().unwrap();
+        fs::write(d2.path().join("big"), &big).unwrap();
+        let read_big =
+            counted(|| assert_eq!(store.read(&d2.path().join("big")).unwrap().unwrap(), big));
+        assert_eq!(read_big.get(OpClass::Open), 1);
+        assert!(read_big.get(OpClass::Read) >= 2);
+        let events = d2.path().join("events/rank-0.jsonl");
+        let mut handle = None;
+        let opened = counted(|| handle = store.open_append(&events).unwrap());
+        assert_eq!(
+            opened.summary(),
+            "open 2, stat 1, mkdir 1",
+            "made its directory once"
+        );
+        let mut handle = handle.expect("the real store has handles");
+        let lines = counted(|| {
+            handle.write_all(b"x\n").unwrap();
+            handle.write_all(b"y\n").unwrap();
+        });
+        assert_eq!(lines.summary(), "write 2", "one write per line, no open");
+        assert_eq!(fs::read(&events).unwrap(), b"x\ny\n");
         let missing = counted(|| assert!(store.read(&d.path().join("no")).unwrap().is_none()));
         assert_eq!(missing.summary(), "open 1");
         let log = d.path().join("events/rank-0.jsonl");
