@@ -210,7 +210,7 @@ impl Directory {
     /// republishes it.
     fn heartbeat(&mut self, rank: usize, now: u64) {
         self.at(now);
-        if self.beats[rank] % 6 == 0 {
+        if self.beats[rank].is_multiple_of(6) {
             let dir: &dyn SharedDir = &self.clients[rank];
             let back = dir
                 .read(&self.layout.rank_record(1, rank as u32))
