@@ -56,19 +56,9 @@ impl SharedDir for Fs {
     }
 
     fn append(&self, path: &Path, bytes: &[u8], sync: bool) -> io::Result<()> {
-        count(OpClass::Open);
-        let open = || OpenOptions::new().create(true).append(true).open(path);
-        let mut f = match open() {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                if let Some(d) = path.parent() {
-                    self.create_dir_all(d)?;
-                }
-                count(OpClass::Open);
-                open()?
-            }
-            other => other?,
-        };
+        let f = open_append(path)?;
         count(OpClass::Write);
+        let mut f = f.into_file();
         f.write_all(bytes)?;
         if sync {
             count(OpClass::Fsync);
