@@ -69,6 +69,14 @@ impl Layout {
             .join(format!("rank-{rank}.jsonl"))
     }
 
+    /// The join doorbell: rank 0 appends a line for each generation it starts, after
+    /// `cluster.json`; a waiting worker opens it with `O_CREAT`, which no negative-lookup
+    /// cache answers, so it learns of the first generation at once (docs/shared-directory.md,
+    /// "A generation").
+    pub fn doorbell(&self) -> PathBuf {
+        self.state_dir().join("doorbell")
+    }
+
     /// One line per start of the cluster, appended by rank 0.
     pub fn history(&self) -> PathBuf {
         self.state_dir().join("history.jsonl")

@@ -80,3 +80,63 @@ command = "true"
     drop(nodes);
     drop(fs);
 }
+
+/// Workers started on a fresh directory before rank 0 look up `cluster.json` while it does
+/// not exist, and their clients cache that "no such file" (here for 60 s, NFS's longest
+/// default). Rank 0 rings the doorbell (`.rl-node/doorbell`) after publishing the
+/// generation; a waiting worker opens it with `O_CREAT`, which the server answers, and so
+/// joins without waiting out its cache.
+#[test]
+fn workers_started_first_join_a_fresh_run_without_waiting_out_their_lookup_cache() {
+    if !sshfs::require(
+        "workers_started_first_join_a_fresh_run_without_waiting_out_their_lookup_cache",
+    ) {
+        return;
+    }
+    const NEGATIVE_SECS: u32 = 60;
+    let fs = SshfsCluster::start(3, NEGATIVE_SECS).expect("sshfs substrate");
+    let c = TestCluster::new(3, "[phases.train]\ncommand = \"true\"\n");
+    std::fs::create_dir_all(fs.mount(0).join("exp")).unwrap();
+    let mut nodes: Vec<NodeProc> = (1..3u32)
+        .map(|r| c.spawn_at(r, &fs.mount(r as usize).join("exp"), &["--iterations", "1"]))
+        .collect();
+    // Both workers have looked for cluster.json (and found it missing): each rang for
+    // the doorbell, which its first look creates.
+    let bell = fs.export().join("exp/.rl-node/doorbell");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !(bell.exists()
+        && nodes.iter().all(|n| {
+            n.stderr()
+                .contains("waiting for rank 0 to start a generation")
+        }))
+    {
+        assert!(Instant::now() < deadline, "the workers did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let start = Instant::now();
+    nodes.insert(
+        0,
+        c.spawn_at(0, &fs.mount(0).join("exp"), &["--iterations", "1"]),
+    );
+    for n in &mut nodes {
+        assert_eq!(
+            n.wait(Duration::from_secs(180)),
+            0,
+            "rank {}:\n{}",
+            n.rank,
+            n.stderr()
+        );
+    }
+    let elapsed = start.elapsed();
+    // Without the doorbell no worker could see cluster.json before its cached "no such
+    // file" expired: 60 s after its look.
+    assert!(
+        elapsed < Duration::from_secs(NEGATIVE_SECS as u64 / 2),
+        "the run took {elapsed:?}: a worker waited out its {NEGATIVE_SECS} s lookup cache\n{}",
+        nodes[1].stderr()
+    );
+    let bell_text = std::fs::read_to_string(&bell).unwrap();
+    assert!(bell_text.starts_with("{\"gen\":1,"), "{bell_text}");
+    drop(nodes);
+    drop(fs);
+}

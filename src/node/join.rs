@@ -262,6 +262,18 @@ impl Node {
         self.store
             .publish_json(&layout.cluster(), &cluster)
             .map_err(|e| io_err(format!("cannot write {}", layout.cluster().display()), e))?;
+        // Ring the doorbell for workers waiting on a fresh directory (best effort: without
+        // it they find cluster.json once their lookup caches expire).
+        let bell = format!("{{\"gen\":{gen},\"run_id\":\"{run_id}\"}}\n");
+        if let Err(e) = self
+            .store
+            .append(&layout.doorbell(), bell.as_bytes(), false)
+        {
+            self.warn(&format!(
+                "cannot write {}: {e} (workers may take up to a lookup-cache period longer to join)",
+                layout.doorbell().display()
+            ));
+        }
         if let Some(p) = &previous {
             self.info(&format!("previous: {p}"));
         }
@@ -670,6 +682,20 @@ impl Node {
 
     /// One look at the shared directory for a generation this worker can join: the reads,
     /// with the decision in [`crate::protocol::join::look`].
+    /// With `cluster.json` missing as this node sees it: has rank 0 rung the doorbell
+    /// (`Layout::doorbell`)? Then `cluster.json` exists on the server, and this node's
+    /// lookup cache is made to see it. Best effort: an error is a "no".
+    fn doorbell_rang(&self) -> bool {
+        let rung = self
+            .store
+            .read_or_create(&self.layout.doorbell())
+            .is_ok_and(|b| !b.is_empty());
+        rung && self
+            .store
+            .revalidate(&self.layout.cluster())
+            .unwrap_or(false)
+    }
+
     fn find_joinable(
         &mut self,
         rejected: &mut HashSet<u64>,
@@ -677,7 +703,10 @@ impl Node {
     ) -> Result<Option<(ClusterRecord, RankRecord)>, Stop> {
         use crate::protocol::join::{look, ClusterSeen, Joiner, Look};
         let layout = self.layout.clone();
-        let read = state::read_cluster(&*self.store, &layout);
+        let mut read = state::read_cluster(&*self.store, &layout);
+        if matches!(read, Ok(None)) && self.doorbell_rang() {
+            read = state::read_cluster(&*self.store, &layout);
+        }
         let unreadable;
         let cluster_path = layout.cluster();
         let seen_cluster = match &read {

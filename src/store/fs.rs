@@ -71,6 +71,50 @@ impl SharedDir for Fs {
         Ok(Some(Box::new(open_append(path)?)))
     }
 
+    fn read_or_create(&self, path: &Path) -> io::Result<Vec<u8>> {
+        count(OpClass::Open);
+        let open = || {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(path)
+        };
+        let mut f = match open() {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if let Some(d) = path.parent() {
+                    self.create_dir_all(d)?;
+                }
+                count(OpClass::Open);
+                open()?
+            }
+            other => other?,
+        };
+        read_to_end_counted(&mut f)
+    }
+
+    fn revalidate(&self, path: &Path) -> io::Result<bool> {
+        use std::os::unix::fs::MetadataExt;
+        count(OpClass::Open);
+        match OpenOptions::new().write(true).create_new(true).open(path) {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+            Ok(f) => {
+                // It was not there, and now an empty file of ours is: remove it, unless the
+                // name was replaced in the meantime (then it is someone else's).
+                let mine = f.metadata()?.ino();
+                count(OpClass::Stat);
+                if fs::symlink_metadata(path).is_ok_and(|m| m.ino() == mine) {
+                    count(OpClass::Unlink);
+                    let _ = fs::remove_file(path);
+                }
+                Ok(false)
+            }
+        }
+    }
+
     fn rename(&self, src: &Path, dst: &Path) -> io::Result<()> {
         count(OpClass::Rename);
         fs::rename(src, dst)
@@ -632,6 +676,31 @@ mod tests {
             })
         );
         assert_eq!(store.lstat(&d.path().join("no")).unwrap(), None);
+    }
+
+    #[test]
+    fn read_or_create_makes_an_empty_file_once_and_revalidate_leaves_nothing_behind() {
+        let d = tempfile::tempdir().unwrap();
+        let store: &dyn SharedDir = &Fs;
+        let bell = d.path().join("state/bell");
+        assert_eq!(store.read_or_create(&bell).unwrap(), b"");
+        store.append(&bell, b"gen 1\n", false).unwrap();
+        assert_eq!(
+            store.read_or_create(&bell).unwrap(),
+            b"gen 1\n",
+            "not truncated"
+        );
+        let cluster = d.path().join("state/cluster.json");
+        assert!(!store.revalidate(&cluster).unwrap());
+        assert!(!cluster.exists(), "the probe's empty file was removed");
+        fs::write(&cluster, b"{}").unwrap();
+        assert!(store.revalidate(&cluster).unwrap());
+        assert_eq!(
+            fs::read(&cluster).unwrap(),
+            b"{}",
+            "an existing file is left as it is"
+        );
+        assert!(!store.revalidate(&d.path().join("no-dir/x")).unwrap());
     }
 
     #[test]

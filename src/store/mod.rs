@@ -179,6 +179,19 @@ pub trait SharedDir: Send + Sync {
         Ok(None)
     }
 
+    /// The whole of `path`, opened with `O_CREAT` (an empty file, and its directory, are
+    /// made when it is missing). An open that may create goes to the server whatever this
+    /// client's negative-lookup cache says, so a name another client created is seen at
+    /// once: the way a worker finds rank 0's first generation without waiting out that
+    /// cache (docs/shared-directory.md, "A generation").
+    fn read_or_create(&self, path: &Path) -> io::Result<Vec<u8>>;
+
+    /// Make this client see `path` as the server has it: an exclusive create that is
+    /// expected to fail (`EEXIST` drops a stale "no such file" from the lookup cache).
+    /// `true` when `path` exists. If it did not, the empty file the create made is removed
+    /// again (unless something replaced it meanwhile) and the answer is `false`.
+    fn revalidate(&self, path: &Path) -> io::Result<bool>;
+
     /// A plain rename (replaces `dst`).
     fn rename(&self, src: &Path, dst: &Path) -> io::Result<()>;
 

@@ -999,6 +999,37 @@ impl SharedDir for SimClient {
         }
     }
 
+    fn read_or_create(&self, path: &Path) -> io::Result<Vec<u8>> {
+        let path = norm(path);
+        let mut c = self.begin(&path);
+        // An open that may create is the server's to answer: no cache is consulted.
+        c.op(OpClass::Open)?;
+        let ino = match c.w.open_create(&path, false) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if let Some(d) = path.parent() {
+                    c.create_dir_all(d)?;
+                }
+                c.op(OpClass::Open)?;
+                c.w.open_create(&path, false)?
+            }
+            other => other?,
+        };
+        c.op(OpClass::Read)?;
+        let data = c.w.data(ino).to_vec();
+        c.remember(&path, Some(Cached::File(data.clone())));
+        Ok(data)
+    }
+
+    fn revalidate(&self, path: &Path) -> io::Result<bool> {
+        let path = norm(path);
+        let mut c = self.begin(&path);
+        c.op(OpClass::Open)?;
+        // The server's answer replaces what this client cached (the real create of an
+        // absent file and its removal are one step here).
+        c.refresh(&path);
+        Ok(matches!(c.w.lookup(&path), Ok(Some(_))))
+    }
+
     fn overwrite_in_place(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
         let path = norm(path);
         let mut c = self.begin(&path);
@@ -1277,6 +1308,37 @@ mod tests {
         a.publish(p, b"two").unwrap();
         assert_eq!(b.read(p).unwrap().unwrap(), b"two");
         assert_eq!(world.content(p).unwrap(), b"two");
+    }
+
+    #[test]
+    fn an_open_that_may_create_and_a_failed_exclusive_create_see_past_the_negative_cache() {
+        let (world, _t, a, b) = two(Duration::ZERO, 60 * S);
+        let (a, b): (&dyn SharedDir, &dyn SharedDir) = (&a, &b);
+        let (cluster, bell) = (Path::new("/run/s/cluster.json"), Path::new("/run/s/bell"));
+        // Worker `b` looks before rank 0 `a` starts: both names are "no such file" to it.
+        assert!(b.read(cluster).unwrap().is_none());
+        assert!(b.read(bell).unwrap().is_none());
+        assert_eq!(
+            b.read_or_create(bell).unwrap(),
+            b"",
+            "made empty, with its directory"
+        );
+        a.publish(cluster, b"gen 1").unwrap();
+        a.append(bell, b"gen 1\n", false).unwrap();
+        assert!(
+            b.read(cluster).unwrap().is_none(),
+            "still cached as missing"
+        );
+        assert_eq!(b.read_or_create(bell).unwrap(), b"gen 1\n");
+        assert!(b.revalidate(cluster).unwrap());
+        assert_eq!(b.read(cluster).unwrap().unwrap(), b"gen 1");
+        // A probe of a name that is not there leaves nothing behind.
+        assert!(!b.revalidate(Path::new("/run/s/other.json")).unwrap());
+        assert_eq!(
+            names(&world, "/run/s").len(),
+            2,
+            "bell and cluster.json only"
+        );
     }
 
     #[test]
