@@ -314,26 +314,53 @@ pub fn look_with(
         }
         ClusterSeen::Cluster(c) => c,
     };
+    // The run's journals say every iteration this worker was asked for is done: nothing
+    // to join (rank 0, started the same way, says the same and starts no generation).
+    let complete = |view: &mut dyn JoinView| -> Option<Look> {
+        if me.iterations == 0 || c.run_fingerprint != (me.run_fingerprint)() {
+            return None;
+        }
+        let resume = view.resume_iteration(&c.run_id);
+        (resume > me.iterations).then(|| Look::Complete {
+            message: format!(
+                "run {} already completed iteration {} (--iterations {}): nothing to do",
+                c.run_id,
+                resume - 1,
+                me.iterations
+            ),
+            hint: "a larger --iterations extends the run".into(),
+        })
+    };
     if skipped.contains(&c.gen) {
+        // A generation skipped while it ran may since have completed the run (one read
+        // of rank 0's record per look, and only when the run has an end).
+        let may_end = me.iterations > 0 && !join_ended;
+        if may_end
+            && view
+                .rank0(c.gen)
+                .is_some_and(|r0| r0.state == NodeState::Done)
+        {
+            if let Some(done) = complete(view) {
+                return done;
+            }
+        }
         return Look::Wait(None);
     }
     let Some(r0) = view.rank0(c.gen) else {
+        // Rank 0 publishes its record before cluster.json: missing now, it was lost (an
+        // unsynced live record on a machine that crashed) or damaged. The run may be
+        // complete all the same (seed 411 of the driver scenario); otherwise wait for
+        // rank 0 to start a new generation.
+        if !join_ended {
+            if let Some(done) = complete(view) {
+                return done;
+            }
+        }
         return Look::Wait(None);
     };
     if r0.state.is_terminal() && !join_ended {
-        if me.iterations > 0 && c.run_fingerprint == (me.run_fingerprint)() {
-            let resume = view.resume_iteration(&c.run_id);
-            if resume > me.iterations {
-                return Look::Complete {
-                    message: format!(
-                        "run {} already completed iteration {} (--iterations {}): nothing to do",
-                        c.run_id,
-                        resume - 1,
-                        me.iterations
-                    ),
-                    hint: "a larger --iterations extends the run".into(),
-                };
-            }
+        if let Some(done) = complete(view) {
+            return done;
         }
         return Look::Skip {
             gen: c.gen,
@@ -375,6 +402,13 @@ pub fn look_with(
         }
     }
     if r0.state != NodeState::Joining && !(join_ended && r0.state.is_terminal()) {
+        // Running, or its rank 0 died: the run may be complete all the same (a rank 0
+        // killed after the last iteration's commits never wrote "done").
+        if !join_ended {
+            if let Some(done) = complete(view) {
+                return done;
+            }
+        }
         return Look::Skip {
             gen: c.gen,
             why: Some(format!(
@@ -683,6 +717,45 @@ mod tests {
             look(ClusterSeen::Cluster(&c), &none, &me(&shared), &mut view),
             Look::Skip { gen: 2, why: Some(ref w) } if w.contains("already running without this rank")
         ));
+        // Rank 0 was killed after the last iteration's commits, so its record still says
+        // running. Rank 0, restarted, finds nothing to do and starts no generation; a
+        // worker that skipped the "running" one waited for a new one until join-timeout,
+        // at every restart. The journals decide instead.
+        assert!(matches!(
+            look(ClusterSeen::Cluster(&c), &none, &target, &mut view),
+            Look::Complete { ref message, .. } if message.contains("already completed iteration 10")
+        ));
+        // And a generation skipped while it ran ends the wait once its rank 0 is done.
+        let skipped = HashSet::from([2]);
+        assert_eq!(
+            look(ClusterSeen::Cluster(&c), &skipped, &target, &mut view),
+            Look::Wait(None),
+            "still running"
+        );
+        view.rank0 = Some(rec(0, NodeState::Done, "r0"));
+        assert!(matches!(
+            look(ClusterSeen::Cluster(&c), &skipped, &target, &mut view),
+            Look::Complete { .. }
+        ));
+        // Seed 411 of the driver scenario: rank 0's machine crashed after the run's last
+        // commit, and its unsynced record was lost with it.
+        view.rank0 = None;
+        assert!(matches!(
+            look(ClusterSeen::Cluster(&c), &none, &target, &mut view),
+            Look::Complete { .. }
+        ));
+        view.resume = 5;
+        assert_eq!(
+            look(ClusterSeen::Cluster(&c), &none, &target, &mut view),
+            Look::Wait(None),
+            "short of --iterations 10: wait for a new generation"
+        );
+        view.rank0 = Some(rec(0, NodeState::Done, "r0"));
+        assert_eq!(
+            look(ClusterSeen::Cluster(&c), &skipped, &target, &mut view),
+            Look::Wait(None),
+            "done, but short of --iterations 10"
+        );
     }
 
     #[test]

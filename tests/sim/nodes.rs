@@ -642,6 +642,24 @@ fn seed_83_workers_that_time_out_as_the_generation_forms_stop_every_node_with_th
     );
 }
 
+/// Seed 411 of 2..=6 nodes (a 1,000-seed run after live records stopped being fsynced
+/// found it): rank 0's machine froze and crashed after the run's last commit, and its
+/// unsynced record of generation 1 was lost with it. Restarted, rank 0 found nothing to
+/// do and started no generation; rank 1 found no rank 0 record to judge and waited for a
+/// new generation until join-timeout, at every restart. Now a worker that finds the run's
+/// journals complete says "nothing to do" whatever rank 0's record says.
+#[test]
+fn seed_411_a_worker_of_a_completed_run_whose_rank_0_record_was_lost_has_nothing_to_do() {
+    let (s, line) = run_seed(411, 6).unwrap_or_else(|v| panic!("{v}"));
+    assert_eq!(s.starts, 2, "{line}");
+    assert_eq!(
+        line.matches("already completed iteration 1 (--iterations 1): nothing to do")
+            .count(),
+        2,
+        "{line}"
+    );
+}
+
 /// Seed 6474 of 2..=6 nodes (the 10,000-seed run found it): rank 0 of the second start
 /// failed at once, and rank 1 timed out naming "checking whether rank 1's previous holder
 /// … is alive", a look it had finished long before (it had found the holder gone and
