@@ -197,6 +197,10 @@ pub(crate) struct Node {
     event_log: EventLog,
     /// The current wait is for this node's own command (see [`Node::wait_for`]).
     idle_wait: bool,
+    /// Rank 0 waits at this barrier (see `watching::to_read`).
+    barrier_wait: Option<u64>,
+    /// When each rank's record was last read (the node's monotonic time since start).
+    last_read: Vec<Option<Duration>>,
 }
 
 /// A log in the shared directory written through one open handle: one `write` per line,
@@ -511,6 +515,8 @@ impl Node {
             train_failed: Vec::new(),
             event_log: EventLog::default(),
             idle_wait: false,
+            barrier_wait: None,
+            last_read: Vec::new(),
             cfg,
         }
     }
@@ -820,10 +826,25 @@ impl Node {
         }
         let gen = self.gen();
         // Each read is stamped with the time it returned (see `Watch::round_stamped`).
-        let reads = watching::watched(self.rank, self.num_nodes())
+        // At a barrier, rank 0 reads the ranks still missing, and the others once per
+        // half heartbeat (`watching::to_read`).
+        self.last_read.resize(self.num_nodes() as usize, None);
+        let ranks = watching::to_read(
+            self.rank,
+            self.num_nodes(),
+            &self.watch.peers,
+            self.barrier_wait,
+            &self.last_read,
+            self.clock.since_start(),
+            self.cfg.timing.heartbeat_interval / 2,
+        );
+        let reads = ranks
+            .into_iter()
             .map(|r| {
                 let rec = self.read_record(gen, r);
-                (r, rec, self.clock.since_start())
+                let at = self.clock.since_start();
+                self.last_read[r as usize] = Some(at);
+                (r, rec, at)
             })
             .collect();
         let run_id = self.cluster.as_ref().map_or("", |c| c.run_id.as_str());
@@ -1060,6 +1081,7 @@ impl Node {
         use crate::protocol::barrier::Progress;
         let broadcast = if self.is_master() {
             let mut last_missing = Vec::new();
+            self.barrier_wait = Some(k);
             let waited = self.wait_for(deadline, |n| match barrier.on_records(&n.watch.peers) {
                 Progress::Waiting { missing } => {
                     if missing != last_missing {
@@ -1068,8 +1090,11 @@ impl Node {
                             n.iteration,
                             ranks_list(&missing)
                         );
+                        // For `status` only: it goes out with the next heartbeat (or is
+                        // cleared by the release), not as a write of its own that the
+                        // release could queue behind.
                         let m = missing.clone();
-                        n.publisher().update(|r| r.waiting_for = m);
+                        n.publisher().stage(|r| r.waiting_for = m);
                         last_missing = missing;
                     }
                     Ok(None)
@@ -1077,6 +1102,7 @@ impl Node {
                 Progress::Complete { payloads } => Ok(Some(payloads)),
                 Progress::Released { .. } => unreachable!("rank 0 releases, it is not released"),
             });
+            self.barrier_wait = None;
             let payloads = self.end_wait(waited, || format!("barrier {name} did not complete"))?;
             let broadcast = decide(&payloads);
             let release = barrier.release(broadcast.clone());

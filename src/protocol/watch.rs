@@ -25,6 +25,40 @@ pub fn watched(me: u32, num_nodes: u32) -> std::ops::Range<u32> {
     }
 }
 
+/// The ranks `me` reads this round: [`watched`], except that rank 0 waiting at barrier
+/// `waiting_at` skips a worker whose last record read shows it arrived there (an arrival
+/// stands until the release) and which it read less than `refresh` ago. So a barrier
+/// round reads the ranks still missing, plus every rank once per `refresh` for its
+/// heartbeat and an abort. `last_read[r]` is when rank r's record was last read.
+pub fn to_read(
+    me: u32,
+    num_nodes: u32,
+    peers: &[Option<RankRecord>],
+    waiting_at: Option<u64>,
+    last_read: &[Option<Duration>],
+    now: Duration,
+    refresh: Duration,
+) -> Vec<u32> {
+    watched(me, num_nodes)
+        .filter(|&r| {
+            let Some(k) = waiting_at.filter(|_| me == 0) else {
+                return true;
+            };
+            let arrived = peers
+                .get(r as usize)
+                .and_then(|p| p.as_ref())
+                .and_then(|p| p.arrived.as_ref())
+                .is_some_and(|m| m.k >= k);
+            let recent = last_read
+                .get(r as usize)
+                .copied()
+                .flatten()
+                .is_some_and(|t| now.saturating_sub(t) < refresh);
+            !(arrived && recent)
+        })
+        .collect()
+}
+
 /// What a node knows while it watches: its peers as last read, the processes that
 /// joined its generation, and their liveness.
 #[derive(Debug, Clone)]
@@ -239,6 +273,48 @@ impl Watch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rank_0_at_a_barrier_rereads_arrived_ranks_only_once_per_refresh() {
+        let rec = |k: u64| {
+            let mut r = RankRecord::vacant("run", 1, 1);
+            r.arrived = Some(crate::protocol::Mark {
+                k,
+                iteration: 1,
+                name: "b".into(),
+                payload: serde_json::Value::Null,
+            });
+            Some(r)
+        };
+        // Rank 1 arrived at 5, rank 2 only at 4, rank 3 never read.
+        let peers = vec![None, rec(5), rec(4), None];
+        let s = Duration::from_secs;
+        let read = |waiting_at, last: &[Option<Duration>], now| {
+            to_read(0, 4, &peers, waiting_at, last, now, s(2))
+        };
+        let last = [None, Some(s(10)), Some(s(10)), None];
+        assert_eq!(
+            read(Some(5), &last, s(11)),
+            vec![2, 3],
+            "rank 1 is in, read 1 s ago"
+        );
+        assert_eq!(
+            read(Some(5), &last, s(12)),
+            vec![1, 2, 3],
+            "2 s: read it again"
+        );
+        assert_eq!(
+            read(None, &last, s(11)),
+            vec![1, 2, 3],
+            "not at a barrier: everyone"
+        );
+        assert_eq!(read(Some(4), &last, s(11)), vec![3], "both arrived at 4");
+        assert_eq!(
+            to_read(2, 4, &peers, Some(5), &last, s(11), s(2)),
+            vec![0],
+            "a worker reads rank 0"
+        );
+    }
     use crate::protocol::{AbortKind, NodeState};
 
     const S: Duration = Duration::from_secs(1);
