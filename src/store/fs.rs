@@ -72,25 +72,14 @@ impl SharedDir for Fs {
     }
 
     fn read_or_create(&self, path: &Path) -> io::Result<Vec<u8>> {
-        count(OpClass::Open);
-        let open = || {
+        let mut f = open_creating(
+            path,
             OpenOptions::new()
                 .read(true)
                 .write(true)
                 .create(true)
-                .truncate(false)
-                .open(path)
-        };
-        let mut f = match open() {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                if let Some(d) = path.parent() {
-                    self.create_dir_all(d)?;
-                }
-                count(OpClass::Open);
-                open()?
-            }
-            other => other?,
-        };
+                .truncate(false),
+        )?;
         read_to_end_counted(&mut f)
     }
 
@@ -182,19 +171,23 @@ impl SharedDir for Fs {
 /// `path` opened for appending, created (with its directory) if needed; its writes are
 /// counted. The directory is made only when the open says it is missing: no `stat` first.
 pub fn open_append(path: &Path) -> io::Result<CountedFile> {
+    open_creating(path, OpenOptions::new().create(true).append(true)).map(CountedFile)
+}
+
+/// Open `path` with `options` (which create), making its directory first only when the
+/// open says it is missing; each open counted.
+fn open_creating(path: &Path, options: &OpenOptions) -> io::Result<File> {
     count(OpClass::Open);
-    let open = || OpenOptions::new().create(true).append(true).open(path);
-    let f = match open() {
+    match options.open(path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             if let Some(d) = path.parent() {
                 Fs.create_dir_all(d)?;
             }
             count(OpClass::Open);
-            open()?
+            options.open(path)
         }
-        other => other?,
-    };
-    Ok(CountedFile(f))
+        other => other,
+    }
 }
 
 /// A file whose writes are counted (each `write` call is one system call).

@@ -691,6 +691,24 @@ impl Call<'_> {
         self.fault(class)
     }
 
+    /// Open `path` creating it (not truncating), making its directory first only when the
+    /// open says it is missing, as `store::fs` does; the inode.
+    fn open_creating(&mut self, path: &Path) -> io::Result<u64> {
+        let opened = self
+            .op(OpClass::Open)
+            .and_then(|()| self.w.open_create(path, false));
+        match opened {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if let Some(d) = path.parent() {
+                    self.create_dir_all(d)?;
+                }
+                self.op(OpClass::Open)?;
+                self.w.open_create(path, false)
+            }
+            other => other,
+        }
+    }
+
     /// One operation answered from this client's cache.
     fn cached(&mut self, class: OpClass) -> io::Result<()> {
         self.st.counts.add(class, 1);
@@ -1003,17 +1021,7 @@ impl SharedDir for SimClient {
         let path = norm(path);
         let mut c = self.begin(&path);
         // An open that may create is the server's to answer: no cache is consulted.
-        c.op(OpClass::Open)?;
-        let ino = match c.w.open_create(&path, false) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                if let Some(d) = path.parent() {
-                    c.create_dir_all(d)?;
-                }
-                c.op(OpClass::Open)?;
-                c.w.open_create(&path, false)?
-            }
-            other => other?,
-        };
+        let ino = c.open_creating(&path)?;
         c.op(OpClass::Read)?;
         let data = c.w.data(ino).to_vec();
         c.remember(&path, Some(Cached::File(data.clone())));
@@ -1056,19 +1064,7 @@ impl SharedDir for SimClient {
     fn append(&self, path: &Path, bytes: &[u8], sync: bool) -> io::Result<()> {
         let path = norm(path);
         let mut c = self.begin(&path);
-        let opened = c
-            .op(OpClass::Open)
-            .and_then(|()| c.w.open_create(&path, false));
-        let ino = match opened {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                if let Some(d) = path.parent() {
-                    c.create_dir_all(d)?;
-                }
-                c.op(OpClass::Open)?;
-                c.w.open_create(&path, false)?
-            }
-            other => other?,
-        };
+        let ino = c.open_creating(&path)?;
         c.op(OpClass::Write)?;
         let id = self.id;
         if let Some(prefix) = c.st.tear.take() {
