@@ -306,7 +306,7 @@ const PREFIX_MARGIN: usize = 16;
 
 /// Whether a prefix of a line (more bytes follow) already proves the line invalid.
 fn prefix_invalid(prefix: &[u8], strict: bool) -> Option<String> {
-    if let Err(e) = std::str::from_utf8(prefix) {
+    if let Err(e) = simdutf8::compat::from_utf8(prefix) {
         if e.error_len().is_some() {
             return Some(format!("invalid UTF-8 at byte {}", e.valid_up_to() + 1));
         }
@@ -328,7 +328,7 @@ fn prefix_invalid(prefix: &[u8], strict: bool) -> Option<String> {
 
 /// Whether `line` (one line, possibly with its newline) is one JSON value in UTF-8.
 fn validate(line: &[u8], strict: bool) -> Result<(), String> {
-    if let Err(e) = std::str::from_utf8(line) {
+    if let Err(e) = simdutf8::compat::from_utf8(line) {
         return Err(format!("invalid UTF-8 at byte {}", e.valid_up_to() + 1));
     }
     match serde_json::from_slice::<serde::de::IgnoredAny>(line) {
