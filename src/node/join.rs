@@ -264,7 +264,7 @@ impl Node {
             .map_err(|e| io_err(format!("cannot write {}", layout.cluster().display()), e))?;
         // Ring the doorbell for workers waiting on a fresh directory (best effort: without
         // it they find cluster.json once their lookup caches expire).
-        let bell = format!("{{\"gen\":{gen},\"run_id\":\"{run_id}\"}}\n");
+        let bell = format!("{}\n", serde_json::json!({ "gen": gen, "run_id": run_id }));
         if let Err(e) = self
             .store
             .append(&layout.doorbell(), bell.as_bytes(), false)

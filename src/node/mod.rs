@@ -731,7 +731,8 @@ impl Node {
                 // While this node's own command runs, peers are read every half
                 // heartbeat (2.5 s by default): that only delays noticing a failure
                 // elsewhere, and keeps an idle node's operations on the shared directory
-                // to about two a second (docs/shared-directory.md, "Cost").
+                // to about two a second (docs/shared-directory.md, "What a node does to the
+                // directory, counted").
                 None if self.idle_wait => t.poll_interval.max(t.heartbeat_interval / 2),
                 None => t.poll_interval,
             };

@@ -174,10 +174,11 @@ fn run(
 ) {
     let (m, cv) = &*shared;
     let mut next_beat = clock.now();
-    // Periodic beats written, for the read-back below (first one at the first beat).
-    let mut beats: u64 = u64::MAX;
+    // Periodic beats written so far, for the read-back (at the first and every
+    // READ_BACK_EVERY-th after it).
+    let mut beats: u64 = 0;
     loop {
-        let (record, periodic, observed) = {
+        let (record, read_back, observed) = {
             let mut s = m.lock().unwrap();
             next_beat = next_beat.min(clock.now() + s.interval);
             loop {
@@ -204,15 +205,12 @@ fn run(
                 }
                 _ => None,
             };
-            if periodic {
-                beats = beats.wrapping_add(1);
-            }
-            (s.record.clone(), periodic, observed)
+            // A second process is found within a few heartbeats without a read per beat.
+            let read_back = periodic && beats.is_multiple_of(READ_BACK_EVERY);
+            beats += u64::from(periodic);
+            (s.record.clone(), read_back, observed)
         };
         let (on_disk, result) = watchdog.heartbeat(|| {
-            // Every READ_BACK_EVERY-th periodic beat (from the first): a second process
-            // is found within a few heartbeats without a read per beat.
-            let read_back = periodic && beats.is_multiple_of(READ_BACK_EVERY);
             let on_disk = read_back
                 .then(|| store.read_json::<RankRecord>(&path).ok().flatten())
                 .flatten();

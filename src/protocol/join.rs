@@ -316,8 +316,9 @@ pub fn look_with(
     };
     // The run's journals say every iteration this worker was asked for is done: nothing
     // to join (rank 0, started the same way, says the same and starts no generation).
+    let may_end = me.iterations > 0 && !join_ended;
     let complete = |view: &mut dyn JoinView| -> Option<Look> {
-        if me.iterations == 0 || c.run_fingerprint != (me.run_fingerprint)() {
+        if !may_end || c.run_fingerprint != (me.run_fingerprint)() {
             return None;
         }
         let resume = view.resume_iteration(&c.run_id);
@@ -334,7 +335,6 @@ pub fn look_with(
     if skipped.contains(&c.gen) {
         // A generation skipped while it ran may since have completed the run (one read
         // of rank 0's record per look, and only when the run has an end).
-        let may_end = me.iterations > 0 && !join_ended;
         if may_end
             && view
                 .rank0(c.gen)
@@ -351,10 +351,8 @@ pub fn look_with(
         // unsynced live record on a machine that crashed) or damaged. The run may be
         // complete all the same (seed 411 of the driver scenario); otherwise wait for
         // rank 0 to start a new generation.
-        if !join_ended {
-            if let Some(done) = complete(view) {
-                return done;
-            }
+        if let Some(done) = complete(view) {
+            return done;
         }
         return Look::Wait(None);
     };
@@ -404,10 +402,8 @@ pub fn look_with(
     if r0.state != NodeState::Joining && !(join_ended && r0.state.is_terminal()) {
         // Running, or its rank 0 died: the run may be complete all the same (a rank 0
         // killed after the last iteration's commits never wrote "done").
-        if !join_ended {
-            if let Some(done) = complete(view) {
-                return done;
-            }
+        if let Some(done) = complete(view) {
+            return done;
         }
         return Look::Skip {
             gen: c.gen,

@@ -56,13 +56,11 @@ impl SharedDir for Fs {
     }
 
     fn append(&self, path: &Path, bytes: &[u8], sync: bool) -> io::Result<()> {
-        let f = open_append(path)?;
-        count(OpClass::Write);
-        let mut f = f.into_file();
+        let mut f = open_append(path)?;
         f.write_all(bytes)?;
         if sync {
             count(OpClass::Fsync);
-            f.sync_all()?;
+            f.into_file().sync_all()?;
         }
         Ok(())
     }
