@@ -1,228 +1,567 @@
-//! The JSONL merge: one source at a time, lines are read into blocks (never buffering more
-//! than the longest accepted record), validated as JSON (Python's `NaN`/`Infinity`
-//! accepted unless strict) and classified as records, blank, torn or invalid, while a
-//! second thread hashes and writes the blocks ([`with_writer`]).
+//! The JSONL merge, as a pipeline of threads so that the work of a merge (reading, JSON
+//! validation, SHA-256, writing) is spread over the machine's cores:
+//!
+//! - the calling thread reads each source into blocks of whole lines (about [`BLOCK`]
+//!   bytes; a line longer than a step is checked as it grows and never buffered past
+//!   `max_record_bytes`, see [`read_record`]);
+//! - validator threads check the lines of a block as UTF-8 and JSON (Python's
+//!   `NaN`/`Infinity` accepted unless strict), blocks in parallel;
+//! - the sequencer thread takes the judged blocks back in order, does the accounting
+//!   (records, blank, torn and invalid lines, where a partial source stops, a corrupt
+//!   committed one), drops what is not a record and hashes each source's merged bytes;
+//! - the writer thread writes them and asks the kernel to start writing them back as it
+//!   goes, so the final fsync has little left to do.
+//!
+//! Memory is bounded: blocks come from a fixed pool ([`POOL`] per validator) that the
+//! reader waits on, so a slow writer slows the reader instead of buffering the merge.
 
 use super::{AggregateError, DropKind, Dropped, MergeOptions, RankEntry, RankStatus};
 use super::{IO_BUF, TICK_BYTES};
 use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read as _, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender};
+use std::sync::{Arc, Mutex};
 
 /// A line longer than this is checked as it grows (at 1, 2, 4, … MiB) so that garbage
 /// without newlines (e.g. the zero-filled tail a crash can leave) is not buffered whole.
 const FIRST_STEP: u64 = 1 << 20;
 
-/// Blocks of merged bytes handed from the reading thread to the writing one.
+/// Bytes of whole lines per block handed from the reader to the validators.
 const BLOCK: usize = 1 << 20;
 
-enum Msg {
-    Data(Vec<u8>),
-    /// The current source is done: record the hash of its bytes.
-    EndSource,
+/// Blocks in flight per validator thread (reading, judging, hashing, writing).
+const POOL: usize = 3;
+
+/// Ask the kernel to write the merged file back every this many bytes.
+const WRITEBACK: u64 = 8 << 20;
+
+/// Where the merged bytes go: a file (written back as it grows) or, in tests, memory.
+pub(super) trait Output: Write + Send {
+    /// `upto` bytes have been written so far.
+    fn written(&mut self, _upto: u64) {}
 }
 
-/// The reading half's end of the pipeline: records are read straight into `block` (so a
-/// valid one is never copied again and an invalid one is cut off with `truncate`), and
-/// full blocks go to the writing thread, which hashes and writes them.
-pub(super) struct Sink {
-    block: Vec<u8>,
-    tx: std::sync::mpsc::SyncSender<Msg>,
-    recycled: std::sync::mpsc::Receiver<Vec<u8>>,
-    tmp: PathBuf,
-}
+impl Output for Vec<u8> {}
 
-impl Sink {
-    fn gone(&self) -> AggregateError {
-        AggregateError::Write {
-            path: self.tmp.clone(),
-            source: io::Error::other("the writing thread stopped"),
-        }
-    }
-
-    fn flush(&mut self) -> Result<(), AggregateError> {
-        if self.block.is_empty() {
-            return Ok(());
-        }
-        let next = self
-            .recycled
-            .try_recv()
-            .unwrap_or_else(|_| Vec::with_capacity(BLOCK + (BLOCK >> 2)));
-        let full = std::mem::replace(&mut self.block, next);
-        self.tx.send(Msg::Data(full)).map_err(|_| self.gone())
-    }
-
-    pub(super) fn end_source(&mut self) -> Result<(), AggregateError> {
-        self.flush()?;
-        self.tx.send(Msg::EndSource).map_err(|_| self.gone())
+impl Output for File {
+    fn written(&mut self, upto: u64) {
+        start_writeback(self, upto);
     }
 }
 
-/// Run `produce` (on this thread) with a [`Sink`] whose bytes a second thread hashes and
-/// writes to `w`, so that validating and hashing + writing overlap. Returns `w` and the
-/// SHA-256 of the bytes of each source, in the order of `end_source` calls.
-pub(super) fn with_writer<W: Write + Send>(
-    w: W,
+/// Ask the kernel to start writing `f` back up to `upto` (Linux), so that the fsync before
+/// the rename does not have to write the whole file at once. Best effort.
+fn start_writeback(f: &File, upto: u64) {
+    #[cfg(target_os = "linux")]
+    // SAFETY: sync_file_range takes an fd that is open for the call (borrowed from `f`) and
+    // integers only.
+    unsafe {
+        use std::os::fd::AsRawFd;
+        libc::sync_file_range(
+            f.as_raw_fd(),
+            0,
+            upto as libc::off64_t,
+            libc::SYNC_FILE_RANGE_WRITE,
+        );
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (f, upto);
+}
+
+/// A line as the reader found it.
+enum Line {
+    /// In the block's bytes, ending at `end` (with its newline when it had one).
+    Text {
+        end: usize,
+        newline: bool,
+        verdict: Verdict,
+    },
+    /// Known to be invalid before its end was read (garbage, or longer than the limit):
+    /// consumed without being buffered.
+    Bad {
+        bytes: u64,
+        newline: bool,
+        why: String,
+    },
+}
+
+enum Verdict {
+    /// Not judged (yet, or because an earlier line of the block ends the source).
+    Unjudged,
+    Record,
+    Blank,
+    Invalid(String),
+}
+
+/// Consecutive lines of one source.
+struct Block {
+    data: Vec<u8>,
+    lines: Vec<Line>,
+}
+
+/// What the reader sends down the pipeline, in order (`seq`).
+enum Item {
+    Start(Source),
+    Block(Block),
+    End,
+}
+
+/// One source, as the sequencer needs to account for it.
+struct Source {
+    rank: u32,
+    path: PathBuf,
+    shown: String,
+    committed: bool,
+    /// Its size when the reader opened it.
+    len: u64,
+}
+
+/// What the sequencer found in one source.
+#[derive(Default)]
+struct Tally {
+    records: u64,
+    bytes: u64,
+    dropped: Vec<Dropped>,
+    problems: Vec<String>,
+    sha256: String,
+}
+
+/// The merge of `entries`' sources, in order, into `out`: fills each entry's offset,
+/// source size, counts, drops, problems and SHA-256 (a missing entry only gets its
+/// offset), and returns `out` with everything written (not synced).
+pub(super) fn merge_sources<W: Output>(
+    out: W,
     tmp: &Path,
-    produce: impl FnOnce(&mut Sink) -> Result<(), AggregateError>,
-) -> Result<(W, Vec<String>), AggregateError> {
-    use std::sync::mpsc::sync_channel;
-    std::thread::scope(|s| {
-        let (tx, rx) = sync_channel::<Msg>(4);
-        let (give_back, recycled) = sync_channel::<Vec<u8>>(4);
-        let writer = s.spawn(move || -> io::Result<(W, Vec<String>)> {
-            let mut w = w;
-            let mut hasher = Sha256::new();
-            let mut hashes = Vec::new();
-            for m in rx {
-                match m {
-                    Msg::Data(mut b) => {
-                        hasher.update(&b);
-                        w.write_all(&b)?;
-                        if b.capacity() <= 4 * BLOCK {
-                            b.clear();
-                            let _ = give_back.try_send(b);
-                        }
-                    }
-                    Msg::EndSource => hashes.push(hex::encode(hasher.finalize_reset())),
-                }
-            }
-            w.flush()?;
-            Ok((w, hashes))
-        });
-        let mut sink = Sink {
-            block: Vec::with_capacity(BLOCK + (BLOCK >> 2)),
-            tx,
-            recycled,
-            tmp: tmp.to_path_buf(),
-        };
-        let produced = produce(&mut sink);
-        drop(sink); // ends the writer's loop
-        let written = writer.join().expect("the aggregate writer thread panicked");
-        match (produced, written) {
-            (Ok(()), Ok(done)) => Ok(done),
-            // The writer's error is the cause of the reader's "writer stopped".
-            (Ok(()) | Err(AggregateError::Write { .. }), Err(source)) => {
-                Err(AggregateError::Write {
-                    path: tmp.to_path_buf(),
-                    source,
-                })
-            }
-            (Err(e), _) => Err(e),
-        }
-    })
+    root: &Path,
+    entries: &mut [RankEntry],
+    opts: &MergeOptions,
+    tick: &mut dyn FnMut(),
+) -> Result<W, AggregateError> {
+    merge_in_blocks(BLOCK, out, tmp, root, entries, opts, tick)
 }
 
-/// Stream the valid records of one source into `sink`, filling `entry`'s counts, drops
-/// and problems (the caller ends the source, which records its hash).
-pub(super) fn scan_source(
-    path: &Path,
+/// [`merge_sources`] with blocks of about `block` bytes (tests use tiny ones).
+fn merge_in_blocks<W: Output>(
+    block: usize,
+    out: W,
+    tmp: &Path,
+    root: &Path,
+    entries: &mut [RankEntry],
+    opts: &MergeOptions,
+    tick: &mut dyn FnMut(),
+) -> Result<W, AggregateError> {
+    let validators = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, 4);
+    let strict = opts.strict_json;
+    // The number (from 1) of the last source the sequencer stopped reading.
+    let stopped = AtomicUsize::new(0);
+    let gone = || AggregateError::Write {
+        path: tmp.to_path_buf(),
+        source: io::Error::other("the writing thread stopped"),
+    };
+    let (tallies, written) = std::thread::scope(|s| {
+        let (work_tx, work_rx) = sync_channel::<(u64, Item)>(validators * POOL);
+        let work_rx = Arc::new(Mutex::new(work_rx));
+        let (judged_tx, judged_rx) = channel::<(u64, Item)>();
+        let (write_tx, write_rx) = sync_channel::<Vec<u8>>(POOL);
+        let (recycle_tx, recycle_rx) = channel::<Vec<u8>>();
+        for _ in 0..validators {
+            let work_rx = Arc::clone(&work_rx);
+            let judged_tx = judged_tx.clone();
+            s.spawn(move || loop {
+                let next = work_rx.lock().map(|rx| rx.recv());
+                let Ok(Ok((seq, mut item))) = next else { break };
+                if let Item::Block(b) = &mut item {
+                    judge(b, strict);
+                }
+                if judged_tx.send((seq, item)).is_err() {
+                    break;
+                }
+            });
+        }
+        // Only the validators hold the work queue: if they all stop (the sequencer failed),
+        // the reader's next send fails instead of waiting forever.
+        drop(work_rx);
+        drop(judged_tx);
+        let recycle = recycle_tx.clone();
+        let stopped = &stopped;
+        let sequencer = s.spawn(move || sequence(judged_rx, write_tx, recycle, stopped));
+        let writer = s.spawn(move || -> io::Result<W> {
+            let mut out = out;
+            let (mut total, mut synced) = (0u64, 0u64);
+            for data in write_rx {
+                out.write_all(&data)?;
+                total += data.len() as u64;
+                if total - synced >= WRITEBACK {
+                    out.written(total);
+                    synced = total;
+                }
+                give_back(&recycle_tx, data);
+            }
+            out.flush()?;
+            Ok(out)
+        });
+        let mut reader = Reader {
+            work: work_tx,
+            seq: 0,
+            recycled: recycle_rx,
+            allocated: 0,
+            pool: validators * POOL,
+            block,
+        };
+        let mut read = Ok(());
+        let mut number = 0;
+        for entry in entries.iter_mut() {
+            if entry.status == RankStatus::Missing {
+                continue;
+            }
+            tick();
+            number += 1;
+            read = read_source(root, number, entry, &mut reader, stopped, opts, tick);
+            if read.is_err() {
+                break;
+            }
+        }
+        drop(reader); // ends the pipeline
+        let tallies = sequencer.join().expect("the aggregate sequencer panicked");
+        let written = writer.join().expect("the aggregate writer panicked");
+        (tallies.and_then(|t| read.map(|()| t)), written)
+    });
+    let tallies = match (tallies, written) {
+        (Ok(t), Ok(out)) => (t, out),
+        // The writer's error is the cause of the others' "writer stopped".
+        (Ok(_) | Err(AggregateError::Write { .. }), Err(source)) => {
+            return Err(AggregateError::Write {
+                path: tmp.to_path_buf(),
+                source,
+            })
+        }
+        (Err(e), _) => return Err(e),
+    };
+    let (tallies, out) = tallies;
+    let mut tallies = tallies.into_iter();
+    let mut offset = 0;
+    for entry in entries.iter_mut() {
+        entry.offset = offset;
+        if entry.status == RankStatus::Missing {
+            continue;
+        }
+        let t = tallies.next().ok_or_else(gone)?;
+        entry.records = t.records;
+        entry.bytes = t.bytes;
+        entry.dropped.extend(t.dropped);
+        entry.problems.extend(t.problems);
+        entry.sha256 = Some(t.sha256);
+        offset += t.bytes;
+    }
+    Ok(out)
+}
+
+/// The reader's end of the pipeline: numbers what it sends, and hands out blocks from
+/// the pool (waiting for one to come back when all are in flight).
+struct Reader {
+    work: SyncSender<(u64, Item)>,
+    seq: u64,
+    recycled: Receiver<Vec<u8>>,
+    allocated: usize,
+    pool: usize,
+    /// Bytes per block.
+    block: usize,
+}
+
+impl Reader {
+    fn send(&mut self, item: Item) -> Result<(), ()> {
+        self.seq += 1;
+        self.work.send((self.seq, item)).map_err(|_| ())
+    }
+
+    fn buffer(&mut self) -> Result<Vec<u8>, ()> {
+        if let Ok(b) = self.recycled.try_recv() {
+            return Ok(b);
+        }
+        if self.allocated < self.pool {
+            self.allocated += 1;
+            return Ok(Vec::with_capacity(self.block + (self.block >> 2)));
+        }
+        self.recycled.recv().map_err(|_| ())
+    }
+}
+
+/// Return a block's buffer to the pool, empty; one grown by a huge record is not kept.
+fn give_back(pool: &Sender<Vec<u8>>, mut data: Vec<u8>) {
+    if data.capacity() > 4 * BLOCK {
+        data = Vec::new();
+    }
+    data.clear();
+    let _ = pool.send(data);
+}
+
+/// Read the source of `entry` (the `number`th, from 1) into blocks of lines for the
+/// pipeline; stops early when the sequencer says the source ended at an invalid line.
+fn read_source(
+    root: &Path,
+    number: usize,
     entry: &mut RankEntry,
-    sink: &mut Sink,
+    reader: &mut Reader,
+    stopped: &AtomicUsize,
     opts: &MergeOptions,
     tick: &mut dyn FnMut(),
 ) -> Result<(), AggregateError> {
+    let path = entry.source_path(root);
     let rank = entry.rank;
     let rerr = |source| AggregateError::Read {
         rank,
-        path: path.to_path_buf(),
+        path: path.clone(),
         source,
     };
-    let f = File::open(path).map_err(rerr)?;
+    // The pipeline only breaks when the sequencer or the writer stopped: their error is
+    // the one reported.
+    let broken = || AggregateError::Write {
+        path: PathBuf::new(),
+        source: io::Error::other("the merge pipeline stopped"),
+    };
+    let f = File::open(&path).map_err(rerr)?;
     let len = f.metadata().map_err(rerr)?.len();
     entry.source_bytes = len;
-    let committed = entry.status == RankStatus::Complete;
-    let shown = entry.source.clone().unwrap_or_default();
+    reader
+        .send(Item::Start(Source {
+            rank,
+            path: path.clone(),
+            shown: entry.source.clone().unwrap_or_default(),
+            committed: entry.status == RankStatus::Complete,
+            len,
+        }))
+        .map_err(|()| broken())?;
     let mut r = BufReader::with_capacity(IO_BUF, f);
-    let mut lineno = 0u64;
-    let mut pos = 0u64; // byte offset of the current line in the source
     let mut since_tick = 0u64;
+    let mut block = Block {
+        data: reader.buffer().map_err(|()| broken())?,
+        lines: Vec::new(),
+    };
     loop {
-        let start = sink.block.len();
-        lineno += 1;
-        let got = read_record(&mut r, &mut sink.block, start, opts).map_err(rerr)?;
-        let (raw, newline, invalid) = match got {
+        let start = block.data.len();
+        let line = match read_record(&mut r, &mut block.data, start, opts).map_err(rerr)? {
             Record::Eof => break,
-            Record::Line { newline } => {
-                let line = &sink.block[start..];
-                let raw = line.len() as u64;
-                if line.iter().all(|b| b.is_ascii_whitespace()) {
-                    sink.block.truncate(start);
-                    pos += raw;
-                    continue;
-                }
-                match validate(line, opts.strict_json) {
-                    Ok(()) => {
-                        if !newline {
-                            sink.block.push(b'\n');
-                        }
-                        entry.records += 1;
-                        entry.bytes += (sink.block.len() - start) as u64;
-                        pos += raw;
-                        since_tick += raw;
-                        if sink.block.len() >= BLOCK {
-                            sink.flush()?;
-                        }
-                        if since_tick >= TICK_BYTES {
-                            since_tick = 0;
-                            tick();
-                        }
-                        continue;
-                    }
-                    Err(why) => {
-                        sink.block.truncate(start);
-                        (raw, newline, why)
-                    }
-                }
-            }
+            Record::Line { newline } => Line::Text {
+                end: block.data.len(),
+                newline,
+                verdict: Verdict::Unjudged,
+            },
             Record::Bad {
                 bytes,
                 newline,
                 why,
-            } => {
-                sink.block.truncate(start);
-                (bytes, newline, why)
-            }
+            } => Line::Bad {
+                bytes,
+                newline,
+                why,
+            },
         };
-        // `invalid` is the reason the line at `lineno` (`raw` bytes) is not a record.
+        since_tick += match &line {
+            Line::Text { end, .. } => (end - start) as u64,
+            Line::Bad { bytes, .. } => *bytes,
+        };
+        block.lines.push(line);
+        if since_tick >= TICK_BYTES {
+            since_tick = 0;
+            tick();
+        }
+        if block.data.len() >= reader.block || block.lines.len() >= BLOCK / 16 {
+            let next = Block {
+                data: reader.buffer().map_err(|()| broken())?,
+                lines: Vec::new(),
+            };
+            let full = std::mem::replace(&mut block, next);
+            reader.send(Item::Block(full)).map_err(|()| broken())?;
+            if stopped.load(Ordering::Relaxed) == number {
+                break;
+            }
+        }
+    }
+    // Sent even without lines: the sequencer gives its buffer back to the pool.
+    reader.send(Item::Block(block)).map_err(|()| broken())?;
+    reader.send(Item::End).map_err(|()| broken())
+}
+
+/// Judge each line of `b` until the first that is not a record (which ends its source).
+fn judge(b: &mut Block, strict: bool) {
+    let mut start = 0;
+    for line in &mut b.lines {
+        match line {
+            Line::Text { end, verdict, .. } => {
+                let text = &b.data[start..*end];
+                start = *end;
+                if text.iter().all(|c| c.is_ascii_whitespace()) {
+                    *verdict = Verdict::Blank;
+                } else if let Err(why) = validate(text, strict) {
+                    *verdict = Verdict::Invalid(why);
+                    return;
+                } else {
+                    *verdict = Verdict::Record;
+                }
+            }
+            Line::Bad { .. } => return,
+        }
+    }
+}
+
+/// The sequencer: takes judged items back in order, accounts for every line, keeps the
+/// records' bytes (a last record gets its missing newline), hashes them per source and
+/// passes them to the writer. Returns one tally per source.
+fn sequence(
+    judged: Receiver<(u64, Item)>,
+    write: SyncSender<Vec<u8>>,
+    recycle: Sender<Vec<u8>>,
+    stopped: &AtomicUsize,
+) -> Result<Vec<Tally>, AggregateError> {
+    let mut early: BTreeMap<u64, Item> = BTreeMap::new();
+    let mut next = 1u64;
+    let mut tallies: Vec<Tally> = Vec::new();
+    let mut source: Option<Source> = None;
+    let mut hasher = Sha256::new();
+    let mut tally = Tally::default();
+    // Per source: lines seen, bytes of the source before the current line, and whether it
+    // ended (at an invalid line) before its end.
+    let (mut lineno, mut pos, mut done) = (0u64, 0u64, false);
+    let mut sources = 0usize;
+    let writer_gone = || AggregateError::Write {
+        path: PathBuf::new(),
+        source: io::Error::other("the writing thread stopped"),
+    };
+    for (seq, item) in judged {
+        early.insert(seq, item);
+        while let Some(item) = early.remove(&next) {
+            next += 1;
+            match item {
+                Item::Start(s) => {
+                    source = Some(s);
+                    sources += 1;
+                    tally = Tally::default();
+                    (lineno, pos, done) = (0, 0, false);
+                }
+                Item::End => {
+                    tally.sha256 = hex::encode(hasher.finalize_reset());
+                    tallies.push(std::mem::take(&mut tally));
+                }
+                Item::Block(mut b) => {
+                    let src = source.as_ref().expect("a block follows its source's start");
+                    if !done {
+                        done = account(&mut b, src, &mut tally, &mut lineno, &mut pos)?;
+                        if done {
+                            stopped.store(sources, Ordering::Relaxed);
+                        }
+                        if !b.data.is_empty() {
+                            hasher.update(&b.data);
+                            write.send(b.data).map_err(|_| writer_gone())?;
+                            continue;
+                        }
+                    }
+                    give_back(&recycle, b.data);
+                }
+            }
+        }
+    }
+    Ok(tallies)
+}
+
+/// Account for the lines of `b` (of source `src`), leaving in `b.data` only the bytes
+/// merged. Returns whether the source ends in this block (at a line that is not a
+/// record); a committed source with an invalid line is [`AggregateError::Corrupt`].
+fn account(
+    b: &mut Block,
+    src: &Source,
+    tally: &mut Tally,
+    lineno: &mut u64,
+    pos: &mut u64,
+) -> Result<bool, AggregateError> {
+    let (mut start, mut kept) = (0usize, 0usize);
+    let mut ended = false;
+    let mut add_newline = false;
+    for line in &b.lines {
+        *lineno += 1;
+        let (raw, newline, why) = match line {
+            Line::Text {
+                end,
+                newline,
+                verdict,
+            } => {
+                let (from, to) = (start, *end);
+                start = to;
+                match verdict {
+                    Verdict::Record => {
+                        if kept != from {
+                            b.data.copy_within(from..to, kept);
+                        }
+                        kept += to - from;
+                        tally.records += 1;
+                        tally.bytes += (to - from) as u64;
+                        if !newline {
+                            // Only the last line of a source lacks its newline.
+                            add_newline = true;
+                            tally.bytes += 1;
+                        }
+                        *pos += (to - from) as u64;
+                        continue;
+                    }
+                    Verdict::Blank => {
+                        *pos += (to - from) as u64;
+                        continue;
+                    }
+                    Verdict::Invalid(why) => ((to - from) as u64, *newline, why.clone()),
+                    Verdict::Unjudged => unreachable!("lines after an invalid one are not read"),
+                }
+            }
+            Line::Bad {
+                bytes,
+                newline,
+                why,
+            } => (*bytes, *newline, why.clone()),
+        };
+        // The line at `lineno` (`raw` bytes) is not a record: it ends the source.
+        let shown = &src.shown;
+        let line_no = *lineno;
         if !newline {
-            entry.dropped.push(Dropped {
+            tally.dropped.push(Dropped {
                 kind: DropKind::Torn,
-                line: lineno,
+                line: line_no,
                 bytes: raw,
-                reason: invalid.clone(),
+                reason: why.clone(),
             });
-            entry.problems.push(format!(
-                "{shown}:{lineno}: torn last record dropped ({raw} bytes, no trailing newline, not valid JSON: {invalid})"
+            tally.problems.push(format!(
+                "{shown}:{line_no}: torn last record dropped ({raw} bytes, no trailing newline, not valid JSON: {why})"
             ));
-        } else if committed {
+        } else if src.committed {
             return Err(AggregateError::Corrupt {
-                rank,
-                path: path.to_path_buf(),
-                line: lineno,
-                reason: invalid,
+                rank: src.rank,
+                path: src.path.clone(),
+                line: line_no,
+                reason: why,
             });
         } else {
-            let rest = len.saturating_sub(pos).max(raw);
-            entry.dropped.push(Dropped {
+            let rest = src.len.saturating_sub(*pos).max(raw);
+            tally.dropped.push(Dropped {
                 kind: DropKind::Invalid,
-                line: lineno,
+                line: line_no,
                 bytes: rest,
-                reason: invalid.clone(),
+                reason: why.clone(),
             });
-            entry.problems.push(format!(
-                "{shown}:{lineno}: not valid JSON ({invalid}); stopped reading this partial file there ({rest} bytes from line {lineno} to the end dropped)"
+            tally.problems.push(format!(
+                "{shown}:{line_no}: not valid JSON ({why}); stopped reading this partial file there ({rest} bytes from line {line_no} to the end dropped)"
             ));
         }
+        ended = true;
         break;
     }
-    if sink.block.capacity() > 64 << 20 {
-        // After a huge record, do not keep its buffer for the rest of the merge.
-        sink.flush()?;
-        sink.block = Vec::with_capacity(BLOCK + (BLOCK >> 2));
+    b.data.truncate(kept);
+    if add_newline {
+        b.data.push(b'\n');
     }
-    Ok(())
+    Ok(ended)
 }
 
 enum Record {
@@ -428,7 +767,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("src.jsonl");
         std::fs::write(&p, bytes).unwrap();
-        let mut e = RankEntry {
+        let e = RankEntry {
             rank: 0,
             status: if committed {
                 RankStatus::Complete
@@ -446,13 +785,209 @@ mod tests {
             adopted: None,
             problems: vec![],
         };
-        let (out, hashes) = with_writer(Vec::new(), Path::new("tmp"), |sink| {
-            scan_source(&p, &mut e, sink, o, &mut || {})?;
-            sink.end_source()
-        })?;
-        assert_eq!(hashes, vec![hex::encode(Sha256::digest(&out))]);
+        let mut entries = [e];
+        let out = merge_sources(
+            Vec::new(),
+            Path::new("tmp"),
+            d.path(),
+            &mut entries,
+            o,
+            &mut || {},
+        )?;
+        let [e] = entries;
+        assert_eq!(e.sha256, Some(hex::encode(Sha256::digest(&out))));
         assert_eq!(e.bytes, out.len() as u64);
         Ok((out, e))
+    }
+
+    /// Merged bytes, records, and the drop (kind, line, bytes) if any.
+    type Modelled = (Vec<u8>, u64, Option<(DropKind, u64, u64)>);
+
+    /// What the merge of one source must give, line by line as documented (the model the
+    /// pipeline is checked against): merged bytes, records, and the drop or the line of a
+    /// corrupt committed source.
+    fn model(bytes: &[u8], committed: bool) -> Result<Modelled, u64> {
+        let mut out = Vec::new();
+        let (mut records, mut pos, mut lineno) = (0, 0u64, 0u64);
+        for line in bytes.split_inclusive(|&b| b == b'\n') {
+            lineno += 1;
+            let newline = line.ends_with(b"\n");
+            if line.iter().all(|b| b.is_ascii_whitespace()) {
+            } else if validate(line, false).is_ok() {
+                out.extend_from_slice(line);
+                if !newline {
+                    out.push(b'\n');
+                }
+                records += 1;
+            } else if !newline {
+                return Ok((
+                    out,
+                    records,
+                    Some((DropKind::Torn, lineno, line.len() as u64)),
+                ));
+            } else if committed {
+                return Err(lineno);
+            } else {
+                let rest = bytes.len() as u64 - pos;
+                return Ok((out, records, Some((DropKind::Invalid, lineno, rest))));
+            }
+            pos += line.len() as u64;
+        }
+        Ok((out, records, None))
+    }
+
+    fn entry(rank: u32, committed: bool) -> RankEntry {
+        RankEntry {
+            rank,
+            status: if committed {
+                RankStatus::Complete
+            } else {
+                RankStatus::Partial
+            },
+            source: Some(format!("rank-{rank}.jsonl")),
+            source_bytes: 0,
+            offset: 0,
+            records: 0,
+            bytes: 0,
+            sha256: None,
+            dropped: vec![],
+            set_aside: vec![],
+            adopted: None,
+            problems: vec![],
+        }
+    }
+
+    /// Merge `sources` (bytes, committed) with blocks of `block` bytes; a source given as
+    /// `None` is a missing rank.
+    fn merge_all(
+        sources: &[Option<(Vec<u8>, bool)>],
+        block: usize,
+    ) -> Result<(Vec<u8>, Vec<RankEntry>), AggregateError> {
+        let d = tempfile::tempdir().unwrap();
+        let mut entries = Vec::new();
+        for (rank, s) in sources.iter().enumerate() {
+            let mut e = entry(rank as u32, s.as_ref().is_some_and(|s| s.1));
+            match s {
+                Some((bytes, _)) => {
+                    std::fs::write(d.path().join(format!("rank-{rank}.jsonl")), bytes).unwrap()
+                }
+                None => {
+                    e.status = RankStatus::Missing;
+                    e.source = None;
+                }
+            }
+            entries.push(e);
+        }
+        let out = merge_in_blocks(
+            block,
+            Vec::new(),
+            Path::new("tmp"),
+            d.path(),
+            &mut entries,
+            &opts(),
+            &mut || {},
+        )?;
+        Ok((out, entries))
+    }
+
+    /// Check a merge of `sources` against the model, source by source.
+    fn check_against_model(sources: &[Option<(Vec<u8>, bool)>], block: usize) {
+        let mut want = Vec::new();
+        let mut corrupt = None;
+        for (rank, s) in sources.iter().enumerate() {
+            let Some((bytes, committed)) = s else {
+                continue;
+            };
+            match model(bytes, *committed) {
+                Ok(m) => want.push((rank, m)),
+                Err(line) => {
+                    corrupt = Some((rank, line));
+                    break;
+                }
+            }
+        }
+        let got = merge_all(sources, block);
+        if let Some((rank, line)) = corrupt {
+            match got {
+                Err(AggregateError::Corrupt {
+                    rank: r, line: l, ..
+                }) => assert_eq!((r as usize, l), (rank, line)),
+                other => panic!(
+                    "rank {rank} line {line} should be corrupt: {:?}",
+                    other.map(|o| o.0.len())
+                ),
+            }
+            return;
+        }
+        let (out, entries) = got.unwrap();
+        let mut whole = Vec::new();
+        for (rank, (bytes, records, drop)) in want {
+            let e = &entries[rank];
+            assert_eq!(e.offset, whole.len() as u64, "rank {rank}");
+            assert_eq!(
+                (e.records, e.bytes),
+                (records, bytes.len() as u64),
+                "rank {rank}"
+            );
+            assert_eq!(
+                e.sha256,
+                Some(hex::encode(Sha256::digest(&bytes))),
+                "rank {rank}"
+            );
+            let dropped: Vec<_> = e
+                .dropped
+                .iter()
+                .map(|d| (d.kind, d.line, d.bytes))
+                .collect();
+            assert_eq!(dropped, drop.into_iter().collect::<Vec<_>>(), "rank {rank}");
+            whole.extend_from_slice(&bytes);
+        }
+        assert_eq!(out, whole);
+    }
+
+    /// `n` records of about 100 bytes each, numbered from `from`.
+    fn records(from: usize, n: usize) -> Vec<u8> {
+        (from..from + n)
+            .map(|i| format!("{{\"i\": {i}, \"text\": \"{}\"}}\n", "é→x".repeat(i % 30)))
+            .collect::<String>()
+            .into_bytes()
+    }
+
+    #[test]
+    fn many_blocks_of_several_sources_come_out_in_order_with_their_accounting() {
+        let mut partial = records(0, 5000);
+        partial.extend_from_slice(b"{\"cut\": \n");
+        partial.extend(records(5000, 5000));
+        let mut committed = records(10_000, 3000);
+        committed.extend_from_slice(b"\n  \n");
+        committed.extend(records(13_000, 3000));
+        committed.extend_from_slice(b"[\"no newline\"]");
+        let torn = [records(20_000, 4000), b"{\"torn\": [1,".to_vec()].concat();
+        let sources = vec![
+            Some((committed.clone(), true)),
+            None,
+            Some((partial, false)),
+            Some((torn, false)),
+            Some((committed, true)),
+        ];
+        for block in [1 << 20, 4096, 100] {
+            check_against_model(&sources, block);
+        }
+    }
+
+    #[test]
+    fn a_corrupt_line_deep_in_a_committed_source_fails_the_merge_at_its_line() {
+        let mut bad = records(0, 8000);
+        bad.extend_from_slice(b"not json\n");
+        bad.extend(records(8000, 100));
+        let sources = vec![Some((records(0, 10), true)), Some((bad, true))];
+        for block in [1 << 20, 4096] {
+            check_against_model(&sources, block);
+        }
+        match merge_all(&sources, 4096).unwrap_err() {
+            AggregateError::Corrupt { rank, line, .. } => assert_eq!((rank, line), (1, 8001)),
+            e => panic!("{e}"),
+        }
     }
 
     #[test]
@@ -578,6 +1113,33 @@ mod tests {
             let k = cut.index(bytes.len() + 1);
             prop_assert!(validate(bytes, true).is_ok());
             prop_assert_eq!(prefix_invalid(&bytes[..k], true), None);
+        }
+
+        /// Whatever the lines and however they fall into blocks, the pipeline merges what
+        /// the line-by-line model says, with the same counts, drops and hashes.
+        #[test]
+        fn the_pipeline_merges_what_the_line_model_says(
+            sources in prop::collection::vec(
+                (prop::collection::vec(prop_oneof![
+                    4 => json_value().prop_map(|v| format!("{v}\n")),
+                    1 => Just("\n".to_string()),
+                    1 => Just(" \t\n".to_string()),
+                    1 => Just("{\"a\": 1\n".to_string()),
+                    1 => Just("[NaN, Infinity]\n".to_string()),
+                ], 0..40),
+                prop_oneof![Just(""), Just("[1"), Just("[1]"), Just("  ")],
+                any::<bool>(),
+                any::<bool>()),
+                1..4),
+            block in 1usize..400,
+        ) {
+            let sources: Vec<_> = sources
+                .into_iter()
+                .map(|(lines, tail, committed, missing)| {
+                    (!missing).then(|| ([lines.concat().into_bytes(), tail.as_bytes().to_vec()].concat(), committed))
+                })
+                .collect();
+            check_against_model(&sources, block);
         }
 
         /// The validator agrees with serde_json + UTF-8 on arbitrary (often invalid) bytes.

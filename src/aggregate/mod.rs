@@ -4,8 +4,8 @@
 //! `complete`), else the file its command was writing when it stopped
 //! (`rank-R.partial.jsonl`, status `partial`), else nothing (`missing`), and appends its
 //! records in rank order, then file order. Records are streamed line by line (memory is
-//! bounded by the longest record, never by the file; one thread reads and validates while
-//! another hashes and writes) into a temporary file beside the output, which is fsynced
+//! bounded by the longest record, never by the file; reading, validating, hashing and
+//! writing run on threads of their own, see `jsonl`) into a temporary file beside the output, which is fsynced
 //! and renamed over
 //! `rollouts/iter-NNNN/<split>.jsonl`; a manifest `<out>.manifest.json` beside it says
 //! where every byte came from. A crash never leaves a half-written merged file under the
@@ -53,7 +53,7 @@ pub use manifest::{
 };
 
 use command::merge_command;
-use jsonl::{scan_source, with_writer};
+use jsonl::merge_sources;
 use survey::{list_dir, survey};
 use tensors::merge_tensors;
 
@@ -294,25 +294,7 @@ pub fn merge(
             }
         }
         let f = File::create(&tmp).map_err(werr(&tmp))?;
-        let (f, hashes) = with_writer(f, &tmp, |sink| {
-            let mut offset = 0u64;
-            for entry in ranks.iter_mut() {
-                entry.offset = offset;
-                if entry.status == RankStatus::Missing {
-                    continue;
-                }
-                tick();
-                let path = entry.source_path(layout.root());
-                scan_source(&path, entry, sink, opts, tick)?;
-                sink.end_source()?;
-                offset += entry.bytes;
-            }
-            Ok(())
-        })?;
-        let mut hashes = hashes.into_iter();
-        for entry in ranks.iter_mut().filter(|e| e.status != RankStatus::Missing) {
-            entry.sha256 = hashes.next();
-        }
+        let f = merge_sources(f, &tmp, layout.root(), &mut ranks, opts, tick)?;
         f.sync_all().map_err(werr(&tmp))?;
         Ok(())
     })();
