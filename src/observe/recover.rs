@@ -374,7 +374,11 @@ fn incomplete_files(l: &Layout) -> Vec<String> {
                     .and_then(|(_, g)| g.strip_suffix(".partial")?.parse::<u64>().ok())
                     .map(|g| format!(" by generation {g}"))
                     .unwrap_or_default();
-                out.push(format!("{}: a hand-off{by} that did not finish (not a checkpoint; delete it once no node of that generation runs)", rel(&e.path())));
+                match crate::checkpoint::moved_from(&e.path()) {
+                    // The training output itself, moved there: the next start publishes it.
+                    Some(from) => out.push(format!("{}: a hand-off{by} that did not finish; it holds the checkpoint it moved out of {} (the only copy: do not delete it), which the next start of the run publishes", rel(&e.path()), from.display())),
+                    None => out.push(format!("{}: a hand-off{by} that did not finish (not a checkpoint; delete it once no node of that generation runs)", rel(&e.path()))),
+                }
             }
         }
     }
