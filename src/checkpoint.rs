@@ -1103,13 +1103,15 @@ fn point_latest(
 }
 
 /// Copy `src` to `dst` (fsynced) and return its size and SHA-256, hashed from the same
-/// buffers on a second thread while the next one is read: one pass over the data.
+/// buffers on a second thread while the next one is read: one pass over the data. The
+/// kernel is asked to write back as it goes, so the final fsync has little left to do.
 fn copy_hashed(
     src: &Path,
     dst: &Path,
     tick: &mut dyn FnMut(),
 ) -> Result<(u64, String), PublishError> {
     const CHUNK: usize = 4 << 20;
+    const WRITEBACK: u64 = 32 << 20;
     let mut r = File::open(src).map_err(io_at(src))?;
     let mut w = File::create(dst).map_err(io_at(dst))?;
     let (full, to_hash) = std::sync::mpsc::sync_channel::<Vec<u8>>(2);
@@ -1134,7 +1136,11 @@ fn copy_hashed(
                 }
                 buf.truncate(n);
                 w.write_all(&buf).map_err(io_at(dst))?;
+                let synced = size - size % WRITEBACK;
                 size += n as u64;
+                if size - synced >= WRITEBACK {
+                    crate::shards::safetensors::start_writeback(&w, synced, size - synced);
+                }
                 if full.send(buf).is_err() {
                     unreachable!("the hasher outlives the copy");
                 }
