@@ -496,3 +496,74 @@ fn a_checkpoint_on_another_filesystem_is_copied() {
         .exists());
     rl_node::checkpoint::verify(&models(&c).join("iter-0001"), &mut || {}).unwrap();
 }
+
+/// `rl-node recover --discard-iteration` sets aside a moved checkpoint an interrupted
+/// hand-off of that iteration left, so the redone iteration publishes its own training.
+#[test]
+fn discarding_an_iteration_sets_aside_its_moved_checkpoint() {
+    let c = cluster(
+        "mkdir -p {output}/checkpoint-1 && cat {log_path}/attempt > {output}/checkpoint-1/w.bin",
+        "[phases.handoff]\ncommand = 'echo handoff >> {log_path}/handoffs'\n",
+    );
+    fs::create_dir_all(&c.log_path).unwrap();
+    fs::write(c.log_path.join("attempt"), "first\n").unwrap();
+    let mut n = c.spawn_env(
+        0,
+        &c.log_path,
+        &["--iterations", "1"],
+        &[("RL_NODE_TEST_CRASH_AT", "handoff:after-move".to_string())],
+    );
+    assert_eq!(n.wait(LIMIT), 134, "{}", n.stderr());
+    assert_eq!(published(&c), vec![".iter-0001.g1.partial"]);
+    let out = std::process::Command::new(BIN)
+        .args(["recover", "--log-path"])
+        .arg(&c.log_path)
+        .args(["--discard-iteration", "1"])
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("models/.iter-0001.g1.partial"), "{text}");
+    assert_eq!(published(&c), Vec::<String>::new());
+    fs::write(c.log_path.join("attempt"), "second\n").unwrap();
+    let n = run_ok(&c, 1);
+    assert_eq!(last_handoff(&c).0, "move", "{}", n.stderr());
+    assert_eq!(
+        fs::read_to_string(models(&c).join("iter-0001/w.bin")).unwrap(),
+        "second\n"
+    );
+    // The handoff command ran once per attempt that got to it.
+    assert_eq!(
+        fs::read_to_string(c.log_path.join("handoffs")).unwrap(),
+        "handoff\nhandoff\n"
+    );
+}
+
+/// A restart that finishes a moved hand-off does not run the handoff command again: it
+/// ran before the checkpoint was moved, and the checkpoint is no longer where it looked.
+#[test]
+fn finishing_a_moved_handoff_does_not_run_the_handoff_command_again() {
+    let c = cluster(
+        "mkdir -p {output}/checkpoint-1 && echo w > {output}/checkpoint-1/w.bin",
+        "[phases.handoff]\ncommand = 'test -f {output}/checkpoint-1/w.bin && echo handoff >> {log_path}/handoffs'\n",
+    );
+    let mut n = c.spawn_env(
+        0,
+        &c.log_path,
+        &["--iterations", "1"],
+        &[("RL_NODE_TEST_CRASH_AT", "handoff:after-move".to_string())],
+    );
+    assert_eq!(n.wait(LIMIT), 134, "{}", n.stderr());
+    let n = run_ok(&c, 1);
+    assert!(
+        n.stderr().contains("a hand-off interrupted after moving the checkpoint is finished; the handoff command is not run again"),
+        "{}",
+        n.stderr()
+    );
+    assert_eq!(last_handoff(&c).0, "resume");
+    assert_eq!(
+        fs::read_to_string(c.log_path.join("handoffs")).unwrap(),
+        "handoff\n"
+    );
+}

@@ -2168,15 +2168,21 @@ impl Node {
             .map(|e| e.gen)
             .unwrap_or(self.gen());
         let train_out = self.layout.train_output(self.iteration, trained_in);
-        if !cfg.command.trim().is_empty() {
-            self.run_command("handoff", &cfg.as_phase(), None, &train_out, false)?;
-        }
         let name = crate::layout::iter_dir(self.iteration);
         let models = self.layout.models();
         // A checkpoint an interrupted hand-off moved out of the training output is there no
         // more: publishing it (or keeping the one published) comes before any pick.
-        let unfinished = models.join(&name).exists()
-            || crate::checkpoint::pending_move(&models, &name, self.gen()).is_some();
+        let moved = crate::checkpoint::pending_move(&models, &name, self.gen()).is_some();
+        let unfinished = moved || models.join(&name).exists();
+        if moved {
+            // The handoff command had finished before the checkpoint was moved.
+            self.info(&format!(
+                "iteration {}: a hand-off interrupted after moving the checkpoint is finished; the handoff command is not run again",
+                self.iteration
+            ));
+        } else if !cfg.command.trim().is_empty() {
+            self.run_command("handoff", &cfg.as_phase(), None, &train_out, false)?;
+        }
         let has_files = |d: &Path| self.store.read_dir(d).is_ok_and(|e| !e.is_empty());
         let source = if unfinished {
             Some(train_out.clone())

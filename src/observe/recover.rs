@@ -480,6 +480,26 @@ fn discard(run: &Run, rep: &Report, n: u64) -> Result<Vec<String>, String> {
             moved.push(format!("{what}/{name}"));
         }
     }
+    // A hand-off of this iteration that moved its checkpoint out of the training output
+    // and did not finish: the redo would publish it instead of its own.
+    let partials: Vec<String> = std::fs::read_dir(l.models())
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|f| {
+                    f.starts_with(&format!(".{name}.g"))
+                        && crate::checkpoint::is_partial_dir_name(f)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    for partial in partials {
+        let src = l.models().join(&partial);
+        std::fs::create_dir_all(dest.join("models")).map_err(|e| e.to_string())?;
+        std::fs::rename(&src, dest.join("models").join(&partial))
+            .map_err(|e| format!("moving {}: {e}", src.display()))?;
+        moved.push(format!("models/{partial}"));
+    }
     // LATEST must not name a checkpoint that was set aside.
     if let Some(latest) = crate::checkpoint::latest_named(&l.models()) {
         if !latest.exists() {
