@@ -385,7 +385,7 @@ mod tests {
             );
         }
         // Every variant (Aggregate and Items twice, once per shape).
-        assert_eq!(tags.len(), 21, "{tags:?}");
+        assert_eq!(tags.len(), 22, "{tags:?}");
     }
 
     /// Every kind's line (both shapes of `aggregate` and `items`) is the text the ad-hoc
@@ -610,7 +610,7 @@ mod tests {
         }
         assert_eq!(
             covered.len(),
-            21,
+            22,
             "a kind without its line here: {covered:?}"
         );
     }
