@@ -873,20 +873,20 @@ fn finish_moved(
     })?;
     let moved = tmp.join(MOVED);
     let excluded = put_back_excluded(&moved, &from, opts)?;
-    let mut files = Vec::new();
-    for f in checkpoint_files(&moved)? {
-        if f.rel == Path::new(MANIFEST) || f.rel == Path::new(MANIFEST_DIGEST) {
-            continue; // an interrupted attempt's, rewritten below
-        }
-        let (size, sha256) = sha256_synced(&f.src, tick).map_err(io_at(&f.src))?;
-        files.push(FileEntry {
+    let mut sources = checkpoint_files(&moved)?;
+    // An interrupted attempt's manifest is rewritten below.
+    sources.retain(|f| f.rel != Path::new(MANIFEST) && f.rel != Path::new(MANIFEST_DIGEST));
+    let hashed = hash_in_place(&sources, tick)?;
+    let files = sources
+        .into_iter()
+        .zip(hashed)
+        .map(|(f, (size, sha256))| FileEntry {
             path: f.rel.to_string_lossy().into_owned(),
             size,
             sha256,
             link_target: None,
-        });
-        crash_point("handoff:mid-copy");
-    }
+        })
+        .collect();
     // The trainer's directories were never synced either.
     for d in walkdir::WalkDir::new(&moved).contents_first(true) {
         let d = d.map_err(|e| walk_error(&moved, e))?;
@@ -900,6 +900,77 @@ fn finish_moved(
         how,
         excluded,
         source: from,
+    })
+}
+
+/// Hash (and fsync) `files` in place, several at once (the largest first, one thread per
+/// core, at most 4): a moved checkpoint's only pass over its data, which a copy's I/O does
+/// not hide. Returns each file's size and SHA-256, in the order of `files`. This thread
+/// waits for the hashers, calling `tick` only when their bytes advance (a read hung on the
+/// filesystem is not hidden from the watchdog), and the crash point after each file.
+fn hash_in_place(
+    files: &[SourceFile],
+    tick: &mut dyn FnMut(),
+) -> Result<Vec<(u64, String)>, PublishError> {
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    use std::sync::mpsc::RecvTimeoutError;
+    let mut order: Vec<usize> = (0..files.len()).collect();
+    let size = |i: &usize| fs::metadata(&files[*i].src).map_or(0, |m| m.len());
+    order.sort_by_key(|i| std::cmp::Reverse(size(i)));
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, 4)
+        .min(files.len().max(1));
+    let next = AtomicUsize::new(0);
+    let chunks = AtomicU64::new(0);
+    let (done, results) = std::sync::mpsc::channel::<(usize, io::Result<(u64, String)>)>();
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            let done = done.clone();
+            let (order, next, chunks) = (&order, &next, &chunks);
+            s.spawn(move || loop {
+                let Some(&i) = order.get(next.fetch_add(1, Ordering::SeqCst)) else {
+                    return;
+                };
+                let hashed = sha256_synced(&files[i].src, &mut || {
+                    chunks.fetch_add(1, Ordering::Relaxed);
+                });
+                if done.send((i, hashed)).is_err() {
+                    return;
+                }
+            });
+        }
+        drop(done);
+        let mut out: Vec<Option<(u64, String)>> = vec![None; files.len()];
+        let mut failed = None;
+        let mut seen = 0;
+        loop {
+            match results.recv_timeout(std::time::Duration::from_millis(100)) {
+                Ok((i, Ok(hashed))) => {
+                    out[i] = Some(hashed);
+                    crash_point("handoff:mid-copy");
+                }
+                Ok((i, Err(e))) => {
+                    // Stop handing out files; the first failure is the one reported.
+                    next.store(files.len(), Ordering::SeqCst);
+                    failed.get_or_insert_with(|| io_at(&files[i].src)(e));
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+            let now = chunks.load(Ordering::Relaxed);
+            if now != seen {
+                seen = now;
+                tick();
+            }
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(out
+                .into_iter()
+                .map(|h| h.expect("every file was hashed"))
+                .collect()),
+        }
     })
 }
 
