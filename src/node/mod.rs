@@ -1238,9 +1238,11 @@ impl Node {
         self.watchdog.pet("verifying the latest checkpoint");
         let wd = self.watchdog.clone();
         let check = self.cfg.phases.handoff.check();
+        let started = self.clock.now();
         let latest = crate::checkpoint::latest_as(&self.layout.models(), check, &mut || {
             wd.pet("verifying the latest checkpoint")
         });
+        let checked = self.clock.elapsed(started).as_secs_f64();
         let base = self.cfg.cluster.model.clone();
         if latest.no_model(&base) {
             let reason = format!(
@@ -1255,7 +1257,10 @@ impl Node {
         }
         if let Some(p) = latest.path() {
             self.model = p.display().to_string();
-            self.info(&format!("model: {}", self.model));
+            self.info(&format!(
+                "model: {} (checked in {checked:.4}s, phases.handoff.verify = \"{}\")",
+                self.model, self.cfg.phases.handoff.verify
+            ));
         }
         Ok(())
     }
