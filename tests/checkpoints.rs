@@ -567,3 +567,38 @@ fn finishing_a_moved_handoff_does_not_run_the_handoff_command_again() {
         "handoff\n"
     );
 }
+
+/// A crash while deleting old checkpoints (after they were renamed to `.trash-…`, before
+/// they were removed) leaves no checkpoint half-deleted under its name; rank 0's next start
+/// finishes the deletion.
+#[test]
+fn a_crash_mid_deletion_is_finished_at_the_next_start() {
+    let c = cluster(
+        "mkdir -p {output} && echo w{iteration} > {output}/w.bin",
+        "[phases.handoff]\nkeep-last = 1\n",
+    );
+    let args = ["--iterations", "3", "--eval-interval", "0"];
+    let mut n = c.spawn_env(
+        0,
+        &c.log_path,
+        &args,
+        &[("RL_NODE_TEST_CRASH_AT", "prune:before-remove".to_string())],
+    );
+    assert_eq!(n.wait(LIMIT), 134, "{}", n.stderr());
+    // Iteration 3's hand-off deleted iter-0001 (iter-0002 was served until then).
+    assert_eq!(
+        published(&c),
+        vec![".trash-iter-0001", "LATEST", "iter-0002", "iter-0003"]
+    );
+    let mut n = c.spawn(0, &args);
+    assert_eq!(n.wait(LIMIT), 0, "{}", n.stderr());
+    assert!(
+        n.stderr()
+            .contains("finished deleting .trash-iter-0001 (interrupted by a crash)"),
+        "{}",
+        n.stderr()
+    );
+    // The restart served iter-0003 from its start, so the hand-off it finished no longer
+    // spares iter-0002 as the model served before it.
+    assert_eq!(published(&c), vec!["LATEST", "iter-0003"]);
+}
