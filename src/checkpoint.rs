@@ -1,24 +1,45 @@
 //! Immutable model checkpoints: `models/iter-NNNN/` with a `manifest.json` (every file's
-//! size and SHA-256) and a `models/LATEST` pointer switched atomically.
+//! size and SHA-256), its digest `manifest.sha256`, and a `models/LATEST` pointer switched
+//! atomically.
 //!
 //! A hand-off walks the training output (the *checkpoint root*) with `walkdir`, refusing
-//! anything it cannot copy faithfully before it writes a byte: a symbolic link is followed
+//! anything it cannot publish faithfully before it writes a byte: a symbolic link is followed
 //! only while its target stays inside the root (Hugging Face snapshot layouts link
 //! `snapshots/<rev>/file -> ../../blobs/<hash>`, which is fine when the root holds both),
-//! and a link that leaves the root, dangles or loops is an error naming it. The content
-//! is copied into a hidden directory private to the publishing generation
-//! (`models/.iter-NNNN.gG.partial`), the manifest is written, and the directory is renamed
-//! to its final name without ever replacing an existing checkpoint; only then is `LATEST`
-//! rewritten, and never to an older checkpoint than a verified one it names. Both the
-//! rename and the `LATEST` switch are preceded by a caller-supplied fence that checks this
-//! node still owns the hand-off (is the current generation's rank 0): an older generation
-//! that wakes up mid-copy stops there. The window between the fence and the rename (or the
-//! `LATEST` write) is a few system calls; it is not closed, only made that small.
+//! and a link that leaves the root, dangles or loops is an error naming it.
+//!
+//! The content reaches a hidden directory private to the publishing generation
+//! (`models/.iter-NNNN.gG.partial`) in one of two ways. *Moved* (the default,
+//! [`Transfer::Move`]): the picked directory is renamed to `.iter-NNNN.gG.partial/moved`
+//! (next to a `moved-from` file naming where it came from, written first), which costs
+//! nothing however large the checkpoint; files the pick leaves out (`exclude`) are renamed
+//! back to where they were, and every other file is hashed (and fsynced) once, in place.
+//! A checkpoint holding symbolic links (whose content the checkpoint must hold, not the
+//! link), or on another filesystem than `models/` (`EXDEV`), is *copied* instead, hashing
+//! each buffer as it is copied, on a second thread. A moved checkpoint exists only in the
+//! partial directory until it is published, so a hand-off that starts first finishes any
+//! moved checkpoint an interrupted one left, whatever generation moved it
+//! ([`pending_move`]), before it picks anything.
+//!
+//! Then the manifest is written, and the directory is renamed to its final name without
+//! ever replacing an existing checkpoint; only then is `LATEST` rewritten, and never to an
+//! older checkpoint than a verified one it names. Both the rename and the `LATEST` switch
+//! are preceded by a caller-supplied fence that checks this node still owns the hand-off
+//! (is the current generation's rank 0): an older generation that wakes up mid-copy stops
+//! there. The window between the fence and the rename (or the `LATEST` write) is a few
+//! system calls; it is not closed, only made that small.
 //!
 //! A crash at any point leaves `LATEST` naming a complete, verifiable checkpoint (the old
 //! or the new one); and a `LATEST` that is damaged anyway (empty, naming something outside
 //! `models/`, missing, or not matching its manifest) is never served: [`latest`] falls
-//! back to the newest checkpoint that verifies.
+//! back to the newest checkpoint that verifies. Verifying is cheap by default
+//! ([`Check::Sizes`]: the manifest against its digest, every file's existence and size);
+//! [`Check::Hash`] re-hashes every file.
+//!
+//! [`prune`] keeps `models/` from growing without bound: it deletes checkpoints beyond the
+//! newest N (never the one `LATEST` names, nor those the caller spares) by renaming each to
+//! a hidden `.trash-` name first, so a crash mid-deletion leaves no half-deleted checkpoint
+//! under a checkpoint's name; [`empty_trash`] finishes such a deletion.
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -27,7 +48,91 @@ use std::io::{self, Read, Write};
 use std::path::{Component, Path, PathBuf};
 
 pub const MANIFEST: &str = "manifest.json";
+/// The manifest's SHA-256, as `sha256sum` writes it (`sha256sum -c manifest.sha256` in the
+/// checkpoint checks it): what lets a node trust the manifest without re-hashing the files.
+pub const MANIFEST_DIGEST: &str = "manifest.sha256";
 pub const LATEST: &str = "LATEST";
+/// In a moved hand-off's partial directory: the picked directory itself…
+const MOVED: &str = "moved";
+/// …and where it was, written before it is moved (excluded files go back there).
+const MOVED_FROM: &str = "moved-from";
+/// The prefix of a checkpoint being deleted (see [`prune`]).
+const TRASH: &str = ".trash-";
+
+/// How the picked checkpoint reaches `models/` (`phases.handoff.transfer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Transfer {
+    /// Rename it into `models/` (on the same filesystem, holding no links); else copy.
+    #[default]
+    Move,
+    /// Always copy it: the training output stays as the trainer left it.
+    Copy,
+}
+
+impl Transfer {
+    pub fn parse(s: &str) -> Option<Transfer> {
+        match s {
+            "move" => Some(Transfer::Move),
+            "copy" => Some(Transfer::Copy),
+            _ => None,
+        }
+    }
+}
+
+/// How much a node checks of a checkpoint before it serves or trains from it
+/// (`phases.handoff.verify`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Check {
+    /// The manifest against `manifest.sha256`, every listed file's existence and size, and
+    /// no file the manifest does not list. A checkpoint without a digest (published by an
+    /// earlier version) is checked as [`Check::Hash`].
+    #[default]
+    Sizes,
+    /// All of that, and every file's SHA-256.
+    Hash,
+}
+
+impl Check {
+    pub fn parse(s: &str) -> Option<Check> {
+        match s {
+            "sizes" => Some(Check::Sizes),
+            "hash" => Some(Check::Hash),
+            _ => None,
+        }
+    }
+}
+
+/// What a hand-off publishes, and how.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Globs of files readers rewrite in place (recorded in the manifest, see [`Manifest`]).
+    pub mutable: Vec<String>,
+    /// Globs of files (or, ending in `/`, directories) the checkpoint leaves out, e.g.
+    /// optimizer states. Relative to the checkpoint root, like `mutable`.
+    pub exclude: Vec<String>,
+    pub transfer: Transfer,
+}
+
+impl Options {
+    fn excludes(&self, rel: &Path) -> bool {
+        excluded_by(&self.exclude, rel)
+    }
+}
+
+/// Whether one of the globs `exclude` leaves out the file at `rel`: a glob matches the
+/// file's relative path, or, ending in `/`, the relative path of a directory above it.
+pub fn excluded_by(exclude: &[String], rel: &Path) -> bool {
+    let rel_s = rel.to_string_lossy();
+    exclude.iter().any(|g| match g.strip_suffix('/') {
+        Some(dir) => glob::Pattern::new(dir).is_ok_and(|p| {
+            rel.ancestors()
+                .skip(1)
+                .filter(|a| !a.as_os_str().is_empty())
+                .any(|a| p.matches(&a.to_string_lossy()))
+        }),
+        None => glob::Pattern::new(g).is_ok_and(|p| p.matches(&rel_s)),
+    })
+}
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct FileEntry {
@@ -77,6 +182,8 @@ pub enum PublishError {
     Loop { link: PathBuf, what: String },
     #[error("{} is neither a file, a directory nor a link to one; it cannot be part of a checkpoint", path.display())]
     Special { path: PathBuf },
+    #[error("every file of {} is left out by phases.handoff.exclude: there is nothing to publish", root.display())]
+    NothingLeft { root: PathBuf },
     #[error("{} already exists and does not verify ({problem}); checkpoints are never replaced: move it aside to publish again", path.display())]
     Exists { path: PathBuf, problem: String },
     /// The fence refused: this node no longer owns the hand-off. The partial directory is
@@ -225,7 +332,19 @@ fn walk_error(root: &Path, e: walkdir::Error) -> PublishError {
 }
 
 fn sha256_file(path: &Path, tick: &mut dyn FnMut()) -> io::Result<(u64, String)> {
+    sha256_of(&mut File::open(path)?, tick)
+}
+
+/// [`sha256_file`], and fsync the file: a moved checkpoint's files are the trainer's,
+/// which nothing synced.
+fn sha256_synced(path: &Path, tick: &mut dyn FnMut()) -> io::Result<(u64, String)> {
     let mut f = File::open(path)?;
+    let hashed = sha256_of(&mut f, tick)?;
+    f.sync_all()?;
+    Ok(hashed)
+}
+
+fn sha256_of(f: &mut File, tick: &mut dyn FnMut()) -> io::Result<(u64, String)> {
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut size = 0u64;
@@ -245,8 +364,32 @@ fn sha256_file(path: &Path, tick: &mut dyn FnMut()) -> io::Result<(u64, String)>
 /// mutable only has to exist). Files the manifest does not list are not allowed either,
 /// nor links: the directory must be exactly what was published.
 pub fn verify(dir: &Path, tick: &mut dyn FnMut()) -> Result<Manifest, String> {
+    verify_as(dir, Check::Hash, tick)
+}
+
+/// [`verify`], hashing every file only with [`Check::Hash`] (or when the checkpoint has
+/// no manifest digest); with [`Check::Sizes`] the manifest must match its digest and
+/// every file its size.
+pub fn verify_as(dir: &Path, check: Check, tick: &mut dyn FnMut()) -> Result<Manifest, String> {
     let mpath = dir.join(MANIFEST);
     let bytes = fs::read(&mpath).map_err(|e| format!("{}: {e}", mpath.display()))?;
+    let dpath = dir.join(MANIFEST_DIGEST);
+    let digest = match fs::read_to_string(&dpath) {
+        Ok(text) => Some(text),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(format!("{}: {e}", dpath.display())),
+    };
+    if let Some(text) = &digest {
+        let want = text.split_whitespace().next().unwrap_or_default();
+        if want != hex::encode(Sha256::digest(&bytes)) {
+            return Err(format!(
+                "{} does not match {} (the manifest was changed or is incomplete)",
+                mpath.display(),
+                MANIFEST_DIGEST
+            ));
+        }
+    }
+    let hash = check == Check::Hash || digest.is_none();
     let m: Manifest = serde_json::from_slice(&bytes)
         .map_err(|e| format!("{} is not a valid manifest: {e}", mpath.display()))?;
     for f in &m.files {
@@ -267,13 +410,24 @@ pub fn verify(dir: &Path, tick: &mut dyn FnMut()) -> Result<Manifest, String> {
             }
             continue;
         }
-        let (size, sha) = sha256_file(&p, tick).map_err(|e| format!("{}: {e}", p.display()))?;
-        if size != f.size || sha != f.sha256 {
-            return Err(format!(
+        let mismatch = |size: u64| {
+            format!(
                 "{} does not match the manifest (size {size}, expected {})",
                 p.display(),
                 f.size
-            ));
+            )
+        };
+        if hash {
+            let (size, sha) = sha256_file(&p, tick).map_err(|e| format!("{}: {e}", p.display()))?;
+            if size != f.size || sha != f.sha256 {
+                return Err(mismatch(size));
+            }
+        } else {
+            let meta = fs::symlink_metadata(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+            if !meta.is_file() || meta.len() != f.size {
+                return Err(mismatch(meta.len()));
+            }
+            tick();
         }
     }
     let listed = m.files.len();
@@ -286,7 +440,7 @@ pub fn verify(dir: &Path, tick: &mut dyn FnMut()) -> Result<Manifest, String> {
                 e.path().display()
             ));
         }
-        if !e.file_type().is_dir() && e.path() != mpath {
+        if !e.file_type().is_dir() && e.path() != mpath && e.path() != dpath {
             present += 1;
         }
     }
@@ -380,6 +534,11 @@ impl Latest {
 /// verify against its manifest is never used: the newest `models/iter-NNNN` (by iteration
 /// number) that verifies is, with the problem reported in [`Latest::Damaged`].
 pub fn latest(models: &Path, tick: &mut dyn FnMut()) -> Latest {
+    latest_as(models, Check::Hash, tick)
+}
+
+/// [`latest`], verifying as `check` says.
+pub fn latest_as(models: &Path, check: Check, tick: &mut dyn FnMut()) -> Latest {
     let pointer = models.join(LATEST);
     let problem = match fs::read(&pointer) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Latest::Base,
@@ -396,7 +555,7 @@ pub fn latest(models: &Path, tick: &mut dyn FnMut()) -> Latest {
                 if !dir.exists() {
                     format!("models/LATEST names {name}, which does not exist")
                 } else {
-                    match verify(&dir, tick) {
+                    match verify_as(&dir, check, tick) {
                         Ok(_) => return Latest::Checkpoint(dir),
                         Err(e) => {
                             format!("models/LATEST names {name}, which does not verify ({e})")
@@ -408,12 +567,12 @@ pub fn latest(models: &Path, tick: &mut dyn FnMut()) -> Latest {
     };
     Latest::Damaged {
         problem,
-        fallback: newest_verified(models, tick),
+        fallback: newest_verified(models, check, tick),
     }
 }
 
 /// The `models/iter-NNNN` with the highest iteration that verifies.
-fn newest_verified(models: &Path, tick: &mut dyn FnMut()) -> Option<PathBuf> {
+fn newest_verified(models: &Path, check: Check, tick: &mut dyn FnMut()) -> Option<PathBuf> {
     let mut found: Vec<(u64, PathBuf)> = fs::read_dir(models)
         .ok()?
         .flatten()
@@ -424,16 +583,16 @@ fn newest_verified(models: &Path, tick: &mut dyn FnMut()) -> Option<PathBuf> {
         .into_iter()
         .rev()
         .map(|(_, p)| p)
-        .find(|p| verify(p, tick).is_ok())
+        .find(|p| verify_as(p, check, tick).is_ok())
 }
 
 /// What `publish` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Published {
-    /// `source` was copied into a new checkpoint and `LATEST` names it.
+    /// `source` became a new checkpoint and `LATEST` names it.
     New(PathBuf),
     /// A complete, verified checkpoint of that name existed already (an earlier attempt
-    /// published it); checkpoints are immutable, so it was kept and `source` was not copied.
+    /// published it); checkpoints are immutable, so it was kept and `source` was not used.
     Kept(PathBuf),
     /// The checkpoint `path` is published (new or kept) but `LATEST` already names a newer
     /// checkpoint that verifies, `latest`, and was left alone: it only moves forward.
@@ -449,6 +608,44 @@ impl Published {
     }
 }
 
+/// How a hand-off's content reached `models/`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum How {
+    /// The picked directory was renamed into `models/`.
+    Moved,
+    /// A checkpoint an interrupted hand-off had moved (see [`pending_move`]) was published.
+    Resumed,
+    /// Copied; `why` says why it was not moved (`None`: `transfer = "copy"`).
+    Copied { why: Option<String> },
+    /// Nothing was published: the checkpoint existed already.
+    Existing,
+}
+
+impl How {
+    /// One word for events and benchmarks.
+    pub fn label(&self) -> &'static str {
+        match self {
+            How::Moved => "move",
+            How::Resumed => "resume",
+            How::Copied { .. } => "copy",
+            How::Existing => "kept",
+        }
+    }
+}
+
+/// What [`publish_opts`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    pub published: Published,
+    pub how: How,
+    /// Files the pick left out (`Options::exclude`): not copied, or, when moved, put back
+    /// where they were in the training output.
+    pub excluded: usize,
+    /// Where the checkpoint came from (for a resumed one: the training output it was
+    /// moved from).
+    pub source: PathBuf,
+}
+
 /// The hidden directory generation `gen` fills while publishing `name`. Per generation, so
 /// an older generation's rank 0 that wakes up mid-copy never writes into (or renames) the
 /// directory the current one is filling.
@@ -462,9 +659,32 @@ pub fn is_partial_dir_name(file_name: &str) -> bool {
     file_name.starts_with(".iter-") && file_name.ends_with(".partial")
 }
 
-/// Publish `source` (the checkpoint root) as `models/<name>` and point `LATEST` at it, as
-/// generation `gen`. `fence` is called immediately before the final rename and before the
-/// `LATEST` switch; if it fails nothing more is done and its reason is returned.
+/// Whether the partial directory `dir` holds a checkpoint moved out of the training
+/// output (which exists nowhere else until it is published), and where it was moved from.
+pub fn moved_from(dir: &Path) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStringExt;
+    if !dir.join(MOVED).is_dir() {
+        return None;
+    }
+    let bytes = fs::read(dir.join(MOVED_FROM)).ok()?;
+    Some(PathBuf::from(std::ffi::OsString::from_vec(bytes)))
+}
+
+/// The partial directory of a hand-off of `name` by generation `gen` or an earlier one that
+/// moved the checkpoint out of the training output and did not finish: the newest such
+/// generation's. Found by exact names, not by listing `models/` (a listing on a shared
+/// filesystem can miss an entry another client created for up to a minute).
+pub fn pending_move(models: &Path, name: &str, gen: u64) -> Option<PathBuf> {
+    (1..=gen)
+        .rev()
+        .map(|g| partial_dir(models, name, g))
+        .find(|p| moved_from(p).is_some())
+}
+
+/// Publish `source` (the checkpoint root) as `models/<name>` by copying it, and point
+/// `LATEST` at it, as generation `gen`. `fence` is called immediately before the final
+/// rename and before the `LATEST` switch; if it fails nothing more is done and its reason
+/// is returned.
 ///
 /// Idempotent: a complete, verified `models/<name>` from an earlier attempt is kept. An
 /// existing `models/<name>` that does not verify is an error: a checkpoint is never
@@ -491,26 +711,329 @@ pub fn publish_with(
     fence: &mut dyn FnMut() -> Result<(), String>,
     tick: &mut dyn FnMut(),
 ) -> Result<Published, PublishError> {
+    let opts = Options {
+        mutable: mutable.to_vec(),
+        transfer: Transfer::Copy,
+        ..Options::default()
+    };
+    publish_opts(source, models, name, gen, &opts, fence, tick).map(|o| o.published)
+}
+
+/// [`publish`] as `opts` say: moved or copied, leaving out excluded files. A moved
+/// checkpoint an interrupted hand-off of `name` left (see [`pending_move`]) is published
+/// first, instead of `source`.
+pub fn publish_opts(
+    source: &Path,
+    models: &Path,
+    name: &str,
+    gen: u64,
+    opts: &Options,
+    fence: &mut dyn FnMut() -> Result<(), String>,
+    tick: &mut dyn FnMut(),
+) -> Result<Outcome, PublishError> {
     fs::create_dir_all(models).map_err(io_at(models))?;
     let dest = models.join(name);
     if dest.exists() {
-        return keep_existing(models, name, &dest, fence, tick);
+        return Ok(Outcome {
+            published: keep_existing(models, name, &dest, fence, tick)?,
+            how: How::Existing,
+            excluded: 0,
+            source: source.to_path_buf(),
+        });
+    }
+    let tmp = partial_dir(models, name, gen);
+    if let Some(pending) = pending_move(models, name, gen) {
+        claim(models, &pending, &tmp)?;
+        return finish_moved(&tmp, models, name, opts, How::Resumed, fence, tick);
     }
     // Everything is checked before anything is written: a refused link leaves no trace.
     let sources = checkpoint_files(source)?;
-    let tmp = partial_dir(models, name, gen);
+    if sources.iter().all(|f| opts.excludes(&f.rel)) {
+        return Err(PublishError::NothingLeft {
+            root: source.to_path_buf(),
+        });
+    }
     if tmp.exists() {
-        // This generation's own debris from a crashed attempt: not a checkpoint.
+        // This generation's own debris from a crashed copy (a moved checkpoint in it was
+        // found above): not a checkpoint.
         fs::remove_dir_all(&tmp).map_err(io_at(&tmp))?;
     }
-    fs::create_dir_all(&tmp).map_err(io_at(&tmp))?;
+    let why = match opts.transfer {
+        Transfer::Copy => None,
+        Transfer::Move => match not_movable(source) {
+            Some(why) => Some(why),
+            None => match move_into(models, source, &tmp) {
+                Ok(()) => {
+                    crash_point("handoff:after-move");
+                    return finish_moved(&tmp, models, name, opts, How::Moved, fence, tick);
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
+                    Some("it is on another filesystem than models/".to_string())
+                }
+                Err(e) => return Err(io_at(source)(e)),
+            },
+        },
+    };
+    copy_into(sources, &tmp, opts, tick).and_then(|(files, excluded)| {
+        write_manifest(&tmp, name, source, files, opts)?;
+        Ok(Outcome {
+            published: commit(&tmp, models, name, true, fence, tick)?,
+            how: How::Copied { why },
+            excluded,
+            source: source.to_path_buf(),
+        })
+    })
+}
+
+/// Why `source` cannot be renamed into `models/` as it is, if it cannot: a checkpoint
+/// holds the content of the links its training output had, never the links.
+fn not_movable(source: &Path) -> Option<String> {
+    if fs::symlink_metadata(source).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Some("it is a symbolic link".into());
+    }
+    walkdir::WalkDir::new(source)
+        .into_iter()
+        .flatten()
+        .find(|e| e.path_is_symlink())
+        .map(|e| {
+            format!(
+                "it holds a symbolic link ({}), whose content a checkpoint must hold instead",
+                e.path().display()
+            )
+        })
+}
+
+/// Rename `source` to `tmp/moved`, having written `tmp/moved-from` (durably) first: from
+/// the rename on, the partial directory says by itself what it holds and where it came from.
+/// Nothing is left behind when the rename fails.
+fn move_into(models: &Path, source: &Path, tmp: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    fs::create_dir(tmp)?;
+    let moved = (|| {
+        let mut f = File::create(tmp.join(MOVED_FROM))?;
+        f.write_all(source.as_os_str().as_bytes())?;
+        f.sync_all()?;
+        crate::store::fsync_dir(tmp)?;
+        crate::store::fsync_dir(models)?;
+        fs::rename(source, tmp.join(MOVED))
+    })();
+    if let Err(e) = moved {
+        let _ = fs::remove_dir_all(tmp);
+        return Err(e);
+    }
+    crate::store::fsync_dir(tmp)?;
+    if let Some(parent) = source.parent() {
+        crate::store::fsync_dir(parent)?;
+    }
+    Ok(())
+}
+
+/// Take over the moved checkpoint in `pending` (another generation's partial directory,
+/// or this one's) into this generation's `tmp`: by renaming, so an older generation that
+/// wakes up finds nothing left to publish.
+fn claim(models: &Path, pending: &Path, tmp: &Path) -> Result<(), PublishError> {
+    if pending == tmp {
+        return Ok(());
+    }
+    if tmp.exists() {
+        fs::remove_dir_all(tmp).map_err(io_at(tmp))?;
+    }
+    fs::create_dir(tmp).map_err(io_at(tmp))?;
+    let from = pending.join(MOVED_FROM);
+    let to = tmp.join(MOVED_FROM);
+    (|| {
+        fs::copy(&from, &to)?;
+        File::open(&to)?.sync_all()?;
+        crate::store::fsync_dir(tmp)?;
+        crate::store::fsync_dir(models)
+    })()
+    .map_err(io_at(&to))?;
+    let moved = pending.join(MOVED);
+    fs::rename(&moved, tmp.join(MOVED)).map_err(io_at(&moved))?;
+    crate::store::fsync_dir(tmp).map_err(io_at(tmp))?;
+    // What is left of the other generation's directory is its note of where it came from.
+    let _ = fs::remove_dir_all(pending);
+    Ok(())
+}
+
+/// Publish the checkpoint moved into `tmp/moved`: put excluded files back where they
+/// were, hash (and fsync) the rest once, write the manifest, rename, point `LATEST`.
+fn finish_moved(
+    tmp: &Path,
+    models: &Path,
+    name: &str,
+    opts: &Options,
+    how: How,
+    fence: &mut dyn FnMut() -> Result<(), String>,
+    tick: &mut dyn FnMut(),
+) -> Result<Outcome, PublishError> {
+    let from = moved_from(tmp).ok_or_else(|| PublishError::Io {
+        path: tmp.join(MOVED_FROM),
+        source: io::Error::new(io::ErrorKind::NotFound, "the moved checkpoint is missing"),
+    })?;
+    let moved = tmp.join(MOVED);
+    let excluded = put_back_excluded(&moved, &from, opts)?;
+    let mut sources = checkpoint_files(&moved)?;
+    // An interrupted attempt's manifest is rewritten below.
+    sources.retain(|f| f.rel != Path::new(MANIFEST) && f.rel != Path::new(MANIFEST_DIGEST));
+    let hashed = hash_in_place(&sources, tick)?;
+    let files = sources
+        .into_iter()
+        .zip(hashed)
+        .map(|(f, (size, sha256))| FileEntry {
+            path: f.rel.to_string_lossy().into_owned(),
+            size,
+            sha256,
+            link_target: None,
+        })
+        .collect();
+    // The trainer's directories were never synced either.
+    for d in walkdir::WalkDir::new(&moved).contents_first(true) {
+        let d = d.map_err(|e| walk_error(&moved, e))?;
+        if d.file_type().is_dir() {
+            crate::store::fsync_dir(d.path()).map_err(io_at(d.path()))?;
+        }
+    }
+    write_manifest(&moved, name, &from, files, opts)?;
+    Ok(Outcome {
+        published: commit(&moved, models, name, false, fence, tick)?,
+        how,
+        excluded,
+        source: from,
+    })
+}
+
+/// Hash (and fsync) `files` in place, several at once (the largest first, one thread per
+/// core, at most 4): a moved checkpoint's only pass over its data, which a copy's I/O does
+/// not hide. Returns each file's size and SHA-256, in the order of `files`. This thread
+/// waits for the hashers, calling `tick` only when their bytes advance (a read hung on the
+/// filesystem is not hidden from the watchdog), and the crash point after each file.
+fn hash_in_place(
+    files: &[SourceFile],
+    tick: &mut dyn FnMut(),
+) -> Result<Vec<(u64, String)>, PublishError> {
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    use std::sync::mpsc::RecvTimeoutError;
+    let mut order: Vec<usize> = (0..files.len()).collect();
+    let size = |i: &usize| fs::metadata(&files[*i].src).map_or(0, |m| m.len());
+    order.sort_by_key(|i| std::cmp::Reverse(size(i)));
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, 4)
+        .min(files.len().max(1));
+    let next = AtomicUsize::new(0);
+    let chunks = AtomicU64::new(0);
+    let (done, results) = std::sync::mpsc::channel::<(usize, io::Result<(u64, String)>)>();
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            let done = done.clone();
+            let (order, next, chunks) = (&order, &next, &chunks);
+            s.spawn(move || loop {
+                let Some(&i) = order.get(next.fetch_add(1, Ordering::SeqCst)) else {
+                    return;
+                };
+                let hashed = sha256_synced(&files[i].src, &mut || {
+                    chunks.fetch_add(1, Ordering::Relaxed);
+                });
+                if done.send((i, hashed)).is_err() {
+                    return;
+                }
+            });
+        }
+        drop(done);
+        let mut out: Vec<Option<(u64, String)>> = vec![None; files.len()];
+        let mut failed = None;
+        let mut seen = 0;
+        loop {
+            match results.recv_timeout(std::time::Duration::from_millis(100)) {
+                Ok((i, Ok(hashed))) => {
+                    out[i] = Some(hashed);
+                    crash_point("handoff:mid-copy");
+                }
+                Ok((i, Err(e))) => {
+                    // Stop handing out files; the first failure is the one reported.
+                    next.store(files.len(), Ordering::SeqCst);
+                    failed.get_or_insert_with(|| io_at(&files[i].src)(e));
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+            let now = chunks.load(Ordering::Relaxed);
+            if now != seen {
+                seen = now;
+                tick();
+            }
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(out
+                .into_iter()
+                .map(|h| h.expect("every file was hashed"))
+                .collect()),
+        }
+    })
+}
+
+/// Rename the files of `moved` that `opts` exclude back to the same relative path under
+/// `from`, the training output (recreating its directories), and remove the directories
+/// that leaves empty. Idempotent: a resumed hand-off puts back what a crash left.
+fn put_back_excluded(moved: &Path, from: &Path, opts: &Options) -> Result<usize, PublishError> {
+    if opts.exclude.is_empty() {
+        return Ok(0);
+    }
+    let mut excluded = Vec::new();
+    for e in walkdir::WalkDir::new(moved)
+        .min_depth(1)
+        .sort_by_file_name()
+    {
+        let e = e.map_err(|e| walk_error(moved, e))?;
+        let rel = e.path().strip_prefix(moved).expect("under its root");
+        if !e.file_type().is_dir() && opts.excludes(rel) {
+            excluded.push(rel.to_path_buf());
+        }
+    }
+    for rel in &excluded {
+        let back = from.join(rel);
+        let parent = back.parent().expect("has a parent");
+        fs::create_dir_all(parent).map_err(io_at(parent))?;
+        crate::store::rename_noreplace(&moved.join(rel), &back).map_err(io_at(&back))?;
+    }
+    // Directories emptied by it (a DeepSpeed global_step*/ of optimizer states).
+    for e in walkdir::WalkDir::new(moved)
+        .min_depth(1)
+        .contents_first(true)
+        .into_iter()
+        .flatten()
+    {
+        if e.file_type().is_dir() {
+            let _ = fs::remove_dir(e.path());
+        }
+    }
+    if !excluded.is_empty() {
+        crate::store::fsync_dir(from).map_err(io_at(from))?;
+    }
+    Ok(excluded.len())
+}
+
+/// Copy the files of `sources` that `opts` keep into `tmp`, hashing each as it is copied.
+fn copy_into(
+    sources: Vec<SourceFile>,
+    tmp: &Path,
+    opts: &Options,
+    tick: &mut dyn FnMut(),
+) -> Result<(Vec<FileEntry>, usize), PublishError> {
+    fs::create_dir_all(tmp).map_err(io_at(tmp))?;
     let mut files = Vec::new();
+    let mut excluded = 0;
     for f in sources {
+        if opts.excludes(&f.rel) {
+            excluded += 1;
+            continue;
+        }
         let dst = tmp.join(&f.rel);
         let parent = dst.parent().expect("has parent");
         fs::create_dir_all(parent).map_err(io_at(parent))?;
-        copy_synced(&f.src, &dst, tick)?;
-        let (size, sha256) = sha256_file(&dst, tick).map_err(io_at(&dst))?;
+        let (size, sha256) = copy_hashed(&f.src, &dst, tick)?;
         files.push(FileEntry {
             path: f.rel.to_string_lossy().into_owned(),
             size,
@@ -519,39 +1042,77 @@ pub fn publish_with(
         });
         crash_point("handoff:mid-copy");
     }
+    Ok((files, excluded))
+}
+
+/// Write `dir/manifest.json` and its digest `dir/manifest.sha256`, durably.
+fn write_manifest(
+    dir: &Path,
+    name: &str,
+    source: &Path,
+    files: Vec<FileEntry>,
+    opts: &Options,
+) -> Result<(), PublishError> {
     let manifest = Manifest {
         name: name.to_string(),
         source: source.display().to_string(),
         files,
         created_at: crate::clock::wall_now(),
-        mutable: mutable.to_vec(),
+        mutable: opts.mutable.clone(),
     };
-    let mpath = tmp.join(MANIFEST);
-    (|| {
-        let mut f = File::create(&mpath)?;
-        crate::store::fs::write_json(&mut f, &manifest)?;
-        f.sync_all()
-    })()
-    .map_err(io_at(&mpath))?;
-    crate::store::fsync_dir(&tmp).map_err(io_at(&tmp))?;
+    let mpath = dir.join(MANIFEST);
+    let bytes = crate::store::fs::json_bytes(&manifest).map_err(io_at(&mpath))?;
+    let write = |path: &Path, bytes: &[u8]| -> Result<(), PublishError> {
+        (|| {
+            let mut f = File::create(path)?;
+            f.write_all(bytes)?;
+            f.sync_all()
+        })()
+        .map_err(io_at(path))
+    };
+    write(&mpath, &bytes)?;
+    let digest = format!("{}  {MANIFEST}\n", hex::encode(Sha256::digest(&bytes)));
+    write(&dir.join(MANIFEST_DIGEST), digest.as_bytes())?;
+    crate::store::fsync_dir(dir).map_err(io_at(dir))
+}
+
+/// Rename the complete checkpoint `ready` to `models/<name>` (never replacing one) and
+/// point `LATEST` at it; the fence is checked right before each. When `name` was
+/// published meanwhile and verifies, it is kept, and `ready` removed if `discard` (a copy;
+/// a moved checkpoint is left where it is).
+fn commit(
+    ready: &Path,
+    models: &Path,
+    name: &str,
+    discard: bool,
+    fence: &mut dyn FnMut() -> Result<(), String>,
+    tick: &mut dyn FnMut(),
+) -> Result<Published, PublishError> {
+    let dest = models.join(name);
     crash_point("handoff:before-rename");
     fence().map_err(|reason| PublishError::Fenced {
-        step: format!("renaming {} to {name}", tmp.display()),
+        step: format!("renaming {} to {name}", ready.display()),
         reason,
     })?;
-    match crate::store::rename_noreplace(&tmp, &dest) {
+    match crate::store::rename_noreplace(ready, &dest) {
         Ok(()) => {}
         Err(e) if is_exists(&e) => {
             // Published meanwhile by someone else: theirs stands if it verifies.
             let kept = keep_existing(models, name, &dest, fence, tick);
-            if kept.is_ok() {
-                let _ = fs::remove_dir_all(&tmp);
+            if kept.is_ok() && discard {
+                let _ = fs::remove_dir_all(ready);
             }
             return kept;
         }
         Err(e) => return Err(io_at(&dest)(e)),
     }
     crate::store::fsync_dir(models).map_err(io_at(models))?;
+    if !discard {
+        // A moved checkpoint's partial directory now holds only its `moved-from` note.
+        if let Some(tmp) = ready.parent() {
+            let _ = fs::remove_dir_all(tmp);
+        }
+    }
     crash_point("handoff:before-latest");
     Ok(match point_latest(models, name, fence, tick)? {
         None => Published::New(dest),
@@ -612,19 +1173,145 @@ fn point_latest(
     Ok(None)
 }
 
-fn copy_synced(src: &Path, dst: &Path, tick: &mut dyn FnMut()) -> Result<(), PublishError> {
+/// Copy `src` to `dst` (fsynced) and return its size and SHA-256, hashed from the same
+/// buffers on a second thread while the next one is read: one pass over the data. The
+/// kernel is asked to write back as it goes, so the final fsync has little left to do.
+fn copy_hashed(
+    src: &Path,
+    dst: &Path,
+    tick: &mut dyn FnMut(),
+) -> Result<(u64, String), PublishError> {
+    const CHUNK: usize = 4 << 20;
+    const WRITEBACK: u64 = 32 << 20;
     let mut r = File::open(src).map_err(io_at(src))?;
     let mut w = File::create(dst).map_err(io_at(dst))?;
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = r.read(&mut buf).map_err(io_at(src))?;
-        if n == 0 {
-            break;
+    let (full, to_hash) = std::sync::mpsc::sync_channel::<Vec<u8>>(2);
+    let (give_back, empty) = std::sync::mpsc::channel::<Vec<u8>>();
+    let (copied, sha) = std::thread::scope(|s| {
+        let hasher = s.spawn(move || {
+            let mut h = Sha256::new();
+            for buf in to_hash {
+                h.update(&buf);
+                let _ = give_back.send(buf);
+            }
+            hex::encode(h.finalize())
+        });
+        let copied = (|| -> Result<u64, PublishError> {
+            let mut size = 0u64;
+            loop {
+                let mut buf = empty.try_recv().unwrap_or_default();
+                buf.resize(CHUNK, 0);
+                let n = read_full(&mut r, &mut buf).map_err(io_at(src))?;
+                if n == 0 {
+                    return Ok(size);
+                }
+                buf.truncate(n);
+                w.write_all(&buf).map_err(io_at(dst))?;
+                let synced = size - size % WRITEBACK;
+                size += n as u64;
+                if size - synced >= WRITEBACK {
+                    crate::shards::safetensors::start_writeback(&w, synced, size - synced);
+                }
+                if full.send(buf).is_err() {
+                    unreachable!("the hasher outlives the copy");
+                }
+                tick();
+            }
+        })();
+        drop(full);
+        (copied, hasher.join().expect("the hasher does not panic"))
+    });
+    let size = copied?;
+    w.sync_all().map_err(io_at(dst))?;
+    Ok((size, sha))
+}
+
+/// Read until `buf` is full or the file ends; the number of bytes read.
+fn read_full(r: &mut File, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
-        w.write_all(&buf[..n]).map_err(io_at(dst))?;
-        tick();
     }
-    w.sync_all().map_err(io_at(dst))
+    Ok(n)
+}
+
+/// Delete the checkpoints of `models/` beyond the newest `keep_last` (by iteration), except
+/// the one `LATEST` names and those `spare` keeps (by iteration). Each is first renamed to
+/// `.trash-iter-NNNN` and `models/` fsynced, then removed: a crash mid-deletion leaves a
+/// hidden name that [`empty_trash`] removes, never a half-deleted `iter-NNNN` that would
+/// fail verification. `fence` is checked before the first rename. Returns the names
+/// deleted; `keep_last = 0` keeps everything.
+pub fn prune(
+    models: &Path,
+    keep_last: usize,
+    spare: &dyn Fn(u64) -> bool,
+    fence: &mut dyn FnMut() -> Result<(), String>,
+) -> Result<Vec<String>, PublishError> {
+    if keep_last == 0 {
+        return Ok(vec![]);
+    }
+    let latest = latest_named(models).and_then(|p| Some(p.file_name()?.to_owned()));
+    let mut found: Vec<(u64, String)> = fs::read_dir(models)
+        .map_err(io_at(models))?
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            Some((iteration_of(&name)?, name))
+        })
+        .collect();
+    found.sort();
+    let doomed: Vec<String> = found
+        .into_iter()
+        .rev()
+        .skip(keep_last)
+        .filter(|(it, name)| latest.as_deref() != Some(name.as_ref()) && !spare(*it))
+        .map(|(_, name)| name)
+        .collect();
+    if doomed.is_empty() {
+        return Ok(doomed);
+    }
+    fence().map_err(|reason| PublishError::Fenced {
+        step: format!("deleting {}", doomed.join(", ")),
+        reason,
+    })?;
+    for name in &doomed {
+        let trash = models.join(format!("{TRASH}{name}"));
+        if trash.exists() {
+            fs::remove_dir_all(&trash).map_err(io_at(&trash))?;
+        }
+        crate::store::rename_noreplace(&models.join(name), &trash).map_err(io_at(&trash))?;
+    }
+    crate::store::fsync_dir(models).map_err(io_at(models))?;
+    crash_point("prune:before-remove");
+    empty_trash(models)?;
+    Ok(doomed)
+}
+
+/// Remove what a [`prune`] renamed to `.trash-…` and did not finish removing; returns the
+/// names removed.
+pub fn empty_trash(models: &Path) -> Result<Vec<String>, PublishError> {
+    let mut removed = Vec::new();
+    let Ok(entries) = fs::read_dir(models) else {
+        return Ok(removed);
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with(TRASH) {
+            match fs::remove_dir_all(e.path()) {
+                Ok(()) => removed.push(name),
+                Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+                Err(err) => return Err(io_at(&e.path())(err)),
+            }
+        }
+    }
+    removed.sort();
+    Ok(removed)
 }
 
 #[cfg(test)]
@@ -1018,6 +1705,413 @@ mod tests {
         assert_eq!(
             partial_dir(Path::new("/m"), "iter-0001", 3),
             Path::new("/m/.iter-0001.g3.partial")
+        );
+    }
+
+    fn moving(exclude: &[&str]) -> Options {
+        Options {
+            exclude: exclude.iter().map(|s| s.to_string()).collect(),
+            ..Options::default()
+        }
+    }
+
+    fn publish_moving(
+        src: &Path,
+        models: &Path,
+        name: &str,
+        gen: u64,
+        opts: &Options,
+    ) -> Result<Outcome, PublishError> {
+        publish_opts(src, models, name, gen, opts, &mut open, &mut || {})
+    }
+
+    /// A training output with two checkpoints, the newer one with optimizer states.
+    fn train_out(root: &Path) -> PathBuf {
+        let older = root.join("checkpoint-10");
+        tree(&older);
+        let newer = root.join("checkpoint-20");
+        tree(&newer);
+        fs::write(newer.join("weights.bin"), vec![9u8; 5000]).unwrap();
+        fs::write(newer.join("optimizer.pt"), vec![1u8; 7000]).unwrap();
+        fs::create_dir_all(newer.join("global_step20")).unwrap();
+        fs::write(newer.join("global_step20/optim_states.pt"), b"adam").unwrap();
+        newer
+    }
+
+    #[test]
+    fn a_checkpoint_on_the_same_filesystem_is_moved_and_hashed_once() {
+        let d = tempfile::tempdir().unwrap();
+        let out = d.path().join("train/iter-0001/gen-1");
+        let src = train_out(&out);
+        let models = d.path().join("models");
+        let o = publish_moving(&src, &models, "iter-0001", 1, &moving(&[])).unwrap();
+        assert_eq!(o.how, How::Moved);
+        assert_eq!(o.source, src);
+        let dir = models.join("iter-0001");
+        assert_eq!(o.published, Published::New(dir.clone()));
+        // The pick left the training output; its sibling stayed.
+        assert!(!src.exists());
+        assert_eq!(names(&out), vec!["checkpoint-10"]);
+        assert_eq!(names(&models), vec!["LATEST", "iter-0001"]);
+        let m = verify(&dir, &mut || {}).unwrap();
+        assert_eq!(m.source, src.display().to_string());
+        let listed: Vec<&str> = m.files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(
+            listed,
+            vec![
+                "global_step20/optim_states.pt",
+                "optimizer.pt",
+                "sub/config.json",
+                "weights.bin"
+            ]
+        );
+        assert_eq!(fs::read(dir.join("weights.bin")).unwrap(), vec![9u8; 5000]);
+        verify_as(&dir, Check::Sizes, &mut || {}).unwrap();
+        // The digest is sha256sum's format.
+        let digest = fs::read_to_string(dir.join(MANIFEST_DIGEST)).unwrap();
+        let sum = hex::encode(Sha256::digest(fs::read(dir.join(MANIFEST)).unwrap()));
+        assert_eq!(digest, format!("{sum}  manifest.json\n"));
+
+        // The pick may be the training output itself (nothing matched `pick`).
+        let gen_dir = d.path().join("train/iter-0002/gen-1");
+        tree(&gen_dir);
+        let o = publish_moving(&gen_dir, &models, "iter-0002", 1, &moving(&[])).unwrap();
+        assert_eq!(o.how, How::Moved);
+        assert!(!gen_dir.exists());
+        verify(&models.join("iter-0002"), &mut || {}).unwrap();
+    }
+
+    #[test]
+    fn links_or_asking_for_it_copy_instead_of_moving() {
+        let d = tempfile::tempdir().unwrap();
+        let models = d.path().join("models");
+        let src = d.path().join("snapshot");
+        tree(&src);
+        symlink("weights.bin", src.join("model.bin")).unwrap();
+        let o = publish_moving(&src, &models, "iter-0001", 1, &moving(&[])).unwrap();
+        assert_eq!(
+            o.how,
+            How::Copied {
+                why: Some(format!(
+                    "it holds a symbolic link ({}), whose content a checkpoint must hold instead",
+                    src.join("model.bin").display()
+                ))
+            }
+        );
+        assert!(src.join("model.bin").is_symlink());
+        verify(&models.join("iter-0001"), &mut || {}).unwrap();
+
+        let src = d.path().join("plain");
+        tree(&src);
+        let copy = Options {
+            transfer: Transfer::Copy,
+            ..Options::default()
+        };
+        let o = publish_moving(&src, &models, "iter-0002", 1, &copy).unwrap();
+        assert_eq!(o.how, How::Copied { why: None });
+        assert_eq!(names(&src), vec!["sub", "weights.bin"]);
+        let m = verify_as(&models.join("iter-0002"), Check::Sizes, &mut || {}).unwrap();
+        let sha = hex::encode(Sha256::digest(vec![7u8; 3000]));
+        assert_eq!(m.files[1].sha256, sha, "hashed while copying");
+    }
+
+    /// `models/` on another filesystem than the training output (tmpfs `/dev/shm` against
+    /// the temporary directory, on disk): the rename fails with `EXDEV` and the checkpoint is
+    /// copied. Skipped, saying so, where the two are one filesystem or `/dev/shm` is missing.
+    #[test]
+    fn across_filesystems_the_checkpoint_is_copied() {
+        use std::os::unix::fs::MetadataExt;
+        let d = tempfile::tempdir().unwrap();
+        let Ok(shm) = tempfile::tempdir_in("/dev/shm") else {
+            eprintln!("skipped: no /dev/shm to put models/ on another filesystem");
+            return;
+        };
+        let dev = |p: &Path| fs::metadata(p).unwrap().dev();
+        if dev(d.path()) == dev(shm.path()) {
+            eprintln!("skipped: /dev/shm is on the same filesystem as the temporary directory");
+            return;
+        }
+        let src = d.path().join("checkpoint-1");
+        tree(&src);
+        let models = shm.path().join("models");
+        let o = publish_moving(&src, &models, "iter-0001", 1, &moving(&[])).unwrap();
+        assert_eq!(
+            o.how,
+            How::Copied {
+                why: Some("it is on another filesystem than models/".into())
+            }
+        );
+        assert_eq!(names(&src), vec!["sub", "weights.bin"]);
+        assert_eq!(names(&models), vec!["LATEST", "iter-0001"]);
+        verify(&models.join("iter-0001"), &mut || {}).unwrap();
+    }
+
+    #[test]
+    fn excluded_files_are_not_published_and_a_moved_checkpoint_leaves_them_behind() {
+        let opts = moving(&["optimizer*.pt", "global_step*/"]);
+        for transfer in [Transfer::Move, Transfer::Copy] {
+            let d = tempfile::tempdir().unwrap();
+            let src = train_out(&d.path().join("out"));
+            let models = d.path().join("models");
+            let opts = Options {
+                transfer,
+                ..opts.clone()
+            };
+            let o = publish_moving(&src, &models, "iter-0001", 1, &opts).unwrap();
+            assert_eq!(o.excluded, 2, "{transfer:?}");
+            let dir = models.join("iter-0001");
+            let m = verify(&dir, &mut || {}).unwrap();
+            let listed: Vec<&str> = m.files.iter().map(|f| f.path.as_str()).collect();
+            assert_eq!(
+                listed,
+                vec!["sub/config.json", "weights.bin"],
+                "{transfer:?}"
+            );
+            assert_eq!(
+                names(&dir),
+                vec![MANIFEST, MANIFEST_DIGEST, "sub", "weights.bin"]
+            );
+            // They stay in the training output, where they were.
+            assert_eq!(
+                fs::read(src.join("optimizer.pt")).unwrap(),
+                vec![1u8; 7000],
+                "{transfer:?}"
+            );
+            assert_eq!(
+                fs::read(src.join("global_step20/optim_states.pt")).unwrap(),
+                b"adam"
+            );
+            if transfer == Transfer::Move {
+                assert_eq!(names(&src), vec!["global_step20", "optimizer.pt"]);
+            }
+        }
+        assert!(excluded_by(&["a/".into()], Path::new("a/b/c")));
+        assert!(!excluded_by(&["a/".into()], Path::new("a")));
+        assert!(!excluded_by(&["b/".into()], Path::new("a/b")));
+        assert!(excluded_by(&["*/b/".into()], Path::new("a/b/c")));
+        assert!(!excluded_by(
+            &["optimizer.pt".into()],
+            Path::new("sub/optimizer.pt")
+        ));
+
+        let d = tempfile::tempdir().unwrap();
+        let src = d.path().join("out");
+        tree(&src);
+        let models = d.path().join("models");
+        let err = publish_moving(&src, &models, "iter-0001", 1, &moving(&["*"])).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "every file of {} is left out by phases.handoff.exclude: there is nothing to publish",
+                src.display()
+            )
+        );
+        assert!(names(&models).is_empty());
+        assert_eq!(names(&src), vec!["sub", "weights.bin"]);
+    }
+
+    /// Each state a crash can leave a moved hand-off in, rebuilt by hand (a crash point
+    /// aborts the process; tests/checkpoints.rs crashes the real binary there): the next
+    /// generation publishes the moved checkpoint, not what it would pick now.
+    #[test]
+    fn a_moved_checkpoint_an_interrupted_handoff_left_is_published_by_the_next_one() {
+        let opts = moving(&["optimizer.pt"]);
+        for state in [
+            "after-move",
+            "excluded-half-put-back",
+            "before-rename",
+            "before-latest",
+        ] {
+            let d = tempfile::tempdir().unwrap();
+            let out = d.path().join("out");
+            let src = train_out(&out);
+            let models = d.path().join("models");
+            fs::create_dir_all(&models).unwrap();
+            let g1 = partial_dir(&models, "iter-0001", 1);
+            match state {
+                "after-move" => move_into(&models, &src, &g1).unwrap(),
+                "excluded-half-put-back" => {
+                    move_into(&models, &src, &g1).unwrap();
+                    fs::create_dir_all(&src).unwrap();
+                    fs::rename(g1.join("moved/optimizer.pt"), src.join("optimizer.pt")).unwrap();
+                }
+                "before-rename" => {
+                    let mut fenced = || Err("replaced".to_string());
+                    let e = publish_opts(
+                        &src,
+                        &models,
+                        "iter-0001",
+                        1,
+                        &opts,
+                        &mut fenced,
+                        &mut || {},
+                    )
+                    .unwrap_err();
+                    assert!(matches!(e, PublishError::Fenced { .. }), "{e}");
+                    assert!(g1.join("moved").join(MANIFEST).exists());
+                }
+                _ => {
+                    let mut calls = 0;
+                    let mut second_fails = || {
+                        calls += 1;
+                        if calls == 1 {
+                            Ok(())
+                        } else {
+                            Err("replaced".to_string())
+                        }
+                    };
+                    publish_opts(
+                        &src,
+                        &models,
+                        "iter-0001",
+                        1,
+                        &opts,
+                        &mut second_fails,
+                        &mut || {},
+                    )
+                    .unwrap_err();
+                    assert!(models.join("iter-0001").exists() && !models.join(LATEST).exists());
+                }
+            }
+            assert!(!src.join("weights.bin").exists(), "{state}");
+            // What a pick would find now is the older checkpoint: it must not be published.
+            let older = out.join("checkpoint-10");
+            let o = publish_moving(&older, &models, "iter-0001", 2, &opts).unwrap();
+            let dir = models.join("iter-0001");
+            assert_eq!(latest(&models, &mut || {}), Latest::Checkpoint(dir.clone()));
+            assert_eq!(
+                fs::read(dir.join("weights.bin")).unwrap(),
+                vec![9u8; 5000],
+                "{state}"
+            );
+            if state == "before-latest" {
+                assert_eq!(o.how, How::Existing);
+            } else {
+                assert_eq!(o.how, How::Resumed, "{state}");
+                assert_eq!(o.source, src, "{state}");
+                // Only what is still in the moved checkpoint is put back now.
+                assert_eq!(o.excluded, usize::from(state == "after-move"), "{state}");
+            }
+            assert_eq!(names(&models), vec!["LATEST", "iter-0001"], "{state}");
+            assert!(!verify(&dir, &mut || {})
+                .unwrap()
+                .files
+                .iter()
+                .any(|f| f.path == "optimizer.pt"));
+            assert_eq!(fs::read(src.join("optimizer.pt")).unwrap(), vec![1u8; 7000]);
+            assert_eq!(names(&older), vec!["sub", "weights.bin"], "{state}");
+        }
+    }
+
+    #[test]
+    fn sizes_catch_a_missing_or_truncated_file_and_a_changed_manifest_hash_catches_content() {
+        let d = tempfile::tempdir().unwrap();
+        let src = d.path().join("out");
+        tree(&src);
+        let models = d.path().join("models");
+        publish_moving(&src, &models, "iter-0001", 1, &moving(&[])).unwrap();
+        let dir = models.join("iter-0001");
+        let w = dir.join("weights.bin");
+        let sizes = |dir: &Path| verify_as(dir, Check::Sizes, &mut || {});
+        let hash = |dir: &Path| verify_as(dir, Check::Hash, &mut || {});
+        sizes(&dir).unwrap();
+
+        // Same size, other content: only a re-hash sees it.
+        fs::write(&w, vec![8u8; 3000]).unwrap();
+        sizes(&dir).unwrap();
+        let e = hash(&dir).unwrap_err();
+        assert_eq!(
+            e,
+            format!(
+                "{} does not match the manifest (size 3000, expected 3000)",
+                w.display()
+            )
+        );
+        // Truncated.
+        fs::write(&w, vec![7u8; 2999]).unwrap();
+        let e = sizes(&dir).unwrap_err();
+        assert_eq!(
+            e,
+            format!(
+                "{} does not match the manifest (size 2999, expected 3000)",
+                w.display()
+            )
+        );
+        // Missing.
+        fs::remove_file(&w).unwrap();
+        let e = sizes(&dir).unwrap_err();
+        assert!(e.starts_with(&format!("{}: ", w.display())), "{e}");
+        fs::write(&w, vec![7u8; 3000]).unwrap();
+        hash(&dir).unwrap();
+        // A manifest changed to fit a changed file no longer matches its digest.
+        let mpath = dir.join(MANIFEST);
+        let text = fs::read_to_string(&mpath).unwrap();
+        fs::write(&mpath, text.replace("\"size\":3000", "\"size\":2999")).unwrap();
+        fs::write(&w, vec![7u8; 2999]).unwrap();
+        let e = sizes(&dir).unwrap_err();
+        assert_eq!(
+            e,
+            format!(
+                "{} does not match manifest.sha256 (the manifest was changed or is incomplete)",
+                mpath.display()
+            )
+        );
+        // Without a digest (an earlier version's checkpoint) every file is hashed.
+        fs::remove_file(dir.join(MANIFEST_DIGEST)).unwrap();
+        let e = sizes(&dir).unwrap_err();
+        assert!(
+            e.contains("weights.bin does not match the manifest (size 2999"),
+            "{e}"
+        );
+        fs::write(&mpath, text).unwrap();
+        fs::write(&w, vec![8u8; 3000]).unwrap();
+        assert!(sizes(&dir)
+            .unwrap_err()
+            .contains("does not match the manifest"));
+    }
+
+    #[test]
+    fn pruning_keeps_the_newest_the_spared_and_latest_and_finishes_after_a_crash() {
+        let d = tempfile::tempdir().unwrap();
+        let src = d.path().join("out");
+        tree(&src);
+        let models = d.path().join("models");
+        for it in 1..=8 {
+            publish_as(&src, &models, &format!("iter-{it:04}")).unwrap();
+        }
+        // LATEST names an older one (a fallback after damage, say).
+        fs::write(models.join(LATEST), "iter-0003\n").unwrap();
+        assert_eq!(
+            prune(&models, 0, &|_| false, &mut open).unwrap(),
+            Vec::<String>::new()
+        );
+        let mut fenced = || Err("replaced".to_string());
+        assert!(matches!(
+            prune(&models, 2, &|_| false, &mut fenced),
+            Err(PublishError::Fenced { .. })
+        ));
+        assert_eq!(names(&models).len(), 9);
+        // Spared: eval iterations (here 1 and 5, say).
+        let deleted = prune(&models, 2, &|it| it == 1 || it == 5, &mut open).unwrap();
+        assert_eq!(deleted, vec!["iter-0006", "iter-0004", "iter-0002"]);
+        assert_eq!(
+            names(&models),
+            vec![
+                "LATEST",
+                "iter-0001",
+                "iter-0003",
+                "iter-0005",
+                "iter-0007",
+                "iter-0008"
+            ]
+        );
+        // A crash between the rename to trash and the removal: the next start finishes it.
+        fs::rename(models.join("iter-0007"), models.join(".trash-iter-0007")).unwrap();
+        assert_eq!(empty_trash(&models).unwrap(), vec![".trash-iter-0007"]);
+        assert!(!names(&models).iter().any(|n| n.contains("0007")));
+        assert_eq!(
+            latest(&models, &mut || {}),
+            Latest::Checkpoint(models.join("iter-0003"))
         );
     }
 }

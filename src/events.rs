@@ -103,8 +103,18 @@ pub enum Event {
         model: String,
         summary: String,
     },
-    /// Rank 0 published `model`, a checkpoint of `source`.
-    Handoff { model: String, source: String },
+    /// Rank 0 published `model`, a checkpoint of `source`, in `secs`: by `transfer`
+    /// (`move`, `copy`, `resume`: a checkpoint an interrupted hand-off had moved, `kept`:
+    /// published already), leaving out `excluded` files.
+    Handoff {
+        model: String,
+        source: String,
+        transfer: String,
+        excluded: usize,
+        secs: f64,
+    },
+    /// Rank 0 deleted these checkpoints (`phases.handoff.keep-last`).
+    CheckpointsDeleted { names: Vec<String> },
     /// `models/LATEST` could not be used and the node fell back to an older model.
     LatestFallback { warning: String },
     /// The rank's generation was replaced while it was about to do `what`.
@@ -260,6 +270,12 @@ mod tests {
             Event::Handoff {
                 model: "/s/models/iter-0002".into(),
                 source: "/s/train-out".into(),
+                transfer: "move".into(),
+                excluded: 1,
+                secs: 0.5,
+            },
+            Event::CheckpointsDeleted {
+                names: vec!["iter-0001".into()],
             },
             Event::LatestFallback {
                 warning: "models/LATEST names a missing checkpoint".into(),
@@ -332,6 +348,7 @@ mod tests {
             Event::TrainFailed { .. } => "train-failed",
             Event::HandoffSkipped { .. } => "handoff-skipped",
             Event::Handoff { .. } => "handoff",
+            Event::CheckpointsDeleted { .. } => "checkpoints-deleted",
             Event::LatestFallback { .. } => "latest-fallback",
             Event::Fenced { .. } => "fenced",
             Event::ServerStart { .. } => "server-start",
@@ -368,7 +385,7 @@ mod tests {
             );
         }
         // Every variant (Aggregate and Items twice, once per shape).
-        assert_eq!(tags.len(), 21, "{tags:?}");
+        assert_eq!(tags.len(), 22, "{tags:?}");
     }
 
     /// Every kind's line (both shapes of `aggregate` and `items`) is the text the ad-hoc
@@ -511,8 +528,18 @@ mod tests {
                 Event::Handoff {
                     model: "/s/models/iter-0002".into(),
                     source: "/s/train/ckpt".into(),
+                    transfer: "copy".into(),
+                    excluded: 0,
+                    secs: 1.5,
                 },
-                json!({"event": "handoff", "model": "/s/models/iter-0002", "source": "/s/train/ckpt"}),
+                json!({"event": "handoff", "model": "/s/models/iter-0002", "source": "/s/train/ckpt",
+                       "transfer": "copy", "excluded": 0, "secs": 1.5}),
+            ),
+            (
+                Event::CheckpointsDeleted {
+                    names: vec!["iter-0001".into()],
+                },
+                json!({"event": "checkpoints-deleted", "names": ["iter-0001"]}),
             ),
             (
                 Event::LatestFallback {
@@ -583,7 +610,7 @@ mod tests {
         }
         assert_eq!(
             covered.len(),
-            21,
+            22,
             "a kind without its line here: {covered:?}"
         );
     }

@@ -1,7 +1,9 @@
 //! Checkpoint hand-off with the real binary: training outputs laid out with symbolic links
 //! (Hugging Face snapshots), links that leave the checkpoint, dangle or loop, a checkpoint
-//! name that is taken, a hand-off fenced off because its generation was replaced, and a
-//! damaged `models/LATEST` on restart.
+//! name that is taken, a hand-off fenced off because its generation was replaced, a
+//! damaged `models/LATEST` on restart; a checkpoint moved (not copied) leaving excluded
+//! files behind, with `keep-last` deleting old ones; a crash at each point of a moved
+//! hand-off; `verify = "sizes"` against `"hash"`; and a copy across filesystems.
 
 mod common;
 use common::cluster::*;
@@ -204,6 +206,15 @@ fn a_handoff_whose_generation_was_replaced_renames_nothing() {
         ),
         "{text}"
     );
+    // It had moved the training output there: recover says not to delete it (the crash
+    // tests below show the next start publishing such a checkpoint).
+    assert!(
+        text.contains(&format!(
+            "it holds the checkpoint it moved out of {} (the only copy: do not delete it)",
+            c.log_path.join("train/iter-0001/gen-1").display()
+        )),
+        "{text}"
+    );
 }
 
 fn set_latest(c: &TestCluster, text: &str) {
@@ -315,4 +326,279 @@ fn no_verified_checkpoint_and_no_base_model_is_a_clear_error() {
         .unwrap()
         .lines()
         .any(|l| l.starts_with("3 ")));
+}
+
+/// The handoff event of rank 0's last run, as `(transfer, excluded)`.
+fn last_handoff(c: &TestCluster) -> (String, u64) {
+    let e = c
+        .events(0)
+        .into_iter()
+        .rfind(|e| e["event"] == "handoff")
+        .expect("a handoff event");
+    assert!(e["secs"].as_f64().is_some(), "{e}");
+    (
+        e["transfer"].as_str().unwrap_or_default().to_string(),
+        e["excluded"].as_u64().unwrap_or(99),
+    )
+}
+
+#[test]
+fn a_checkpoint_is_moved_leaving_excluded_files_behind_and_old_ones_are_deleted() {
+    let c = cluster(
+        "mkdir -p {output}/checkpoint-1 && echo w{iteration} > {output}/checkpoint-1/w.bin && head -c 5000 /dev/zero > {output}/checkpoint-1/optimizer.pt",
+        "[phases.handoff]\nexclude = [\"optimizer*.pt\"]\nkeep-last = 1\n",
+    );
+    // Evals at iterations 1, 4, 7: they measure iter-0003 and iter-0006.
+    let mut n = c.spawn(0, &["--iterations", "5", "--eval-interval", "3"]);
+    assert_eq!(n.wait(LIMIT), 0, "{}", n.stderr());
+    let stderr = n.stderr();
+    assert!(
+        stderr.contains("(moved; 1 file(s) left out by phases.handoff.exclude stay in "),
+        "{stderr}"
+    );
+    assert_eq!(last_handoff(&c), ("move".into(), 1));
+    let out = c.log_path.join("train/iter-0005/gen-1/checkpoint-1");
+    assert_eq!(fs::read(out.join("optimizer.pt")).unwrap().len(), 5000);
+    assert!(!out.join("w.bin").exists());
+    let ckpt = models(&c).join("iter-0005");
+    assert_eq!(fs::read_to_string(ckpt.join("w.bin")).unwrap(), "w5\n");
+    assert!(!ckpt.join("optimizer.pt").exists());
+    // The newest (LATEST), the one served before it, and the one an eval measured.
+    assert_eq!(
+        published(&c),
+        vec!["LATEST", "iter-0003", "iter-0004", "iter-0005"]
+    );
+    let deleted: Vec<serde_json::Value> = c
+        .events(0)
+        .into_iter()
+        .filter(|e| e["event"] == "checkpoints-deleted")
+        .flat_map(|e| e["names"].as_array().cloned().unwrap_or_default())
+        .collect();
+    assert_eq!(deleted, vec!["iter-0001", "iter-0002"]);
+    // Each iteration trained from the previous one's checkpoint.
+    assert_eq!(
+        model_seen(&c, 5),
+        models(&c).join("iter-0004").display().to_string()
+    );
+}
+
+/// A crash at each point of a moved hand-off leaves `LATEST` valid (or absent: the base
+/// model), and the restart publishes the moved checkpoint, not the older one a pick would
+/// now find in the training output.
+#[test]
+fn a_crash_at_any_point_of_a_moved_handoff_is_finished_by_the_restart() {
+    for (point, resumed) in [
+        ("handoff:after-move", "resume"),
+        ("handoff:mid-copy", "resume"),
+        ("handoff:before-rename", "resume"),
+        ("handoff:before-latest", "kept"),
+    ] {
+        let c = cluster(
+            "mkdir -p {output}/checkpoint-0 {output}/checkpoint-1 && echo old > {output}/checkpoint-0/w.bin && for f in a b; do echo new-$f > {output}/checkpoint-1/$f; done",
+            "[phases.handoff]\nexclude = [\"b\"]\n",
+        );
+        let mut n = c.spawn_env(
+            0,
+            &c.log_path,
+            &["--iterations", "1"],
+            &[("RL_NODE_TEST_CRASH_AT", point.to_string())],
+        );
+        assert_eq!(n.wait(LIMIT), 134, "{point}: {}", n.stderr());
+        if let Ok(latest) = fs::read_to_string(models(&c).join("LATEST")) {
+            rl_node::checkpoint::verify(&models(&c).join(latest.trim()), &mut || {})
+                .unwrap_or_else(|e| panic!("{point}: LATEST is not valid: {e}"));
+        }
+        let n = run_ok(&c, 1);
+        assert_eq!(last_handoff(&c).0, resumed, "{point}: {}", n.stderr());
+        let ckpt = models(&c).join("iter-0001");
+        let m = rl_node::checkpoint::verify(&ckpt, &mut || {}).unwrap();
+        let files: Vec<&str> = m.files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(files, vec!["a"], "{point}");
+        assert_eq!(fs::read_to_string(ckpt.join("a")).unwrap(), "new-a\n");
+        assert_eq!(published(&c), vec!["LATEST", "iter-0001"], "{point}");
+        let out = c.log_path.join("train/iter-0001/gen-1");
+        assert_eq!(
+            fs::read_to_string(out.join("checkpoint-1/b")).unwrap(),
+            "new-b\n",
+            "{point}: the excluded file is back in the training output"
+        );
+        assert!(out.join("checkpoint-0/w.bin").exists(), "{point}");
+    }
+}
+
+#[test]
+fn nodes_check_sizes_unless_asked_to_hash() {
+    let c = cluster(
+        "mkdir -p {output} && echo w{iteration} > {output}/w.bin",
+        "",
+    );
+    run_ok(&c, 1);
+    // Same size, other content: the default check (sizes) does not read the content.
+    let w = models(&c).join("iter-0001/w.bin");
+    fs::write(&w, "X1\n").unwrap();
+    run_ok(&c, 2);
+    assert_eq!(
+        model_seen(&c, 2),
+        models(&c).join("iter-0001").display().to_string()
+    );
+    // With verify = "hash" it is caught, and the newest checkpoint that verifies is used.
+    fs::write(models(&c).join("iter-0002/w.bin"), "X2\n").unwrap();
+    fs::write(&w, "w1\n").unwrap();
+    let mut n = c.spawn_env(
+        0,
+        &c.log_path,
+        &["--iterations", "3"],
+        &[("RL_NODE_PHASES_HANDOFF_VERIFY", "hash".to_string())],
+    );
+    assert_eq!(n.wait(LIMIT), 0, "{}", n.stderr());
+    let stderr = n.stderr();
+    assert!(
+        stderr.contains("warning: models/LATEST names iter-0002, which does not verify (")
+            && stderr.contains("; using iter-0001, the newest verified checkpoint"),
+        "{stderr}"
+    );
+    assert_eq!(
+        model_seen(&c, 3),
+        models(&c).join("iter-0001").display().to_string()
+    );
+}
+
+/// `models/` on another filesystem (a link to tmpfs `/dev/shm`) than the training output
+/// (the test's temporary directory, on disk): the checkpoint is copied, and says why.
+#[test]
+fn a_checkpoint_on_another_filesystem_is_copied() {
+    use std::os::unix::fs::MetadataExt;
+    let c = cluster(
+        "mkdir -p {output}/checkpoint-1 && echo w > {output}/checkpoint-1/w.bin",
+        "",
+    );
+    let Ok(shm) = tempfile::tempdir_in("/dev/shm") else {
+        eprintln!("skipped: no /dev/shm to put models/ on another filesystem");
+        return;
+    };
+    if fs::metadata(c.dir.path()).unwrap().dev() == fs::metadata(shm.path()).unwrap().dev() {
+        eprintln!("skipped: /dev/shm is on the same filesystem as the temporary directory");
+        return;
+    }
+    fs::create_dir_all(&c.log_path).unwrap();
+    std::os::unix::fs::symlink(shm.path(), models(&c)).unwrap();
+    let n = run_ok(&c, 1);
+    assert!(
+        n.stderr()
+            .contains("(copied, not moved: it is on another filesystem than models/)"),
+        "{}",
+        n.stderr()
+    );
+    assert_eq!(last_handoff(&c), ("copy".into(), 0));
+    assert!(c
+        .log_path
+        .join("train/iter-0001/gen-1/checkpoint-1/w.bin")
+        .exists());
+    rl_node::checkpoint::verify(&models(&c).join("iter-0001"), &mut || {}).unwrap();
+}
+
+/// `rl-node recover --discard-iteration` sets aside a moved checkpoint an interrupted
+/// hand-off of that iteration left, so the redone iteration publishes its own training.
+#[test]
+fn discarding_an_iteration_sets_aside_its_moved_checkpoint() {
+    let c = cluster(
+        "mkdir -p {output}/checkpoint-1 && cat {log_path}/attempt > {output}/checkpoint-1/w.bin",
+        "[phases.handoff]\ncommand = 'echo handoff >> {log_path}/handoffs'\n",
+    );
+    fs::create_dir_all(&c.log_path).unwrap();
+    fs::write(c.log_path.join("attempt"), "first\n").unwrap();
+    let mut n = c.spawn_env(
+        0,
+        &c.log_path,
+        &["--iterations", "1"],
+        &[("RL_NODE_TEST_CRASH_AT", "handoff:after-move".to_string())],
+    );
+    assert_eq!(n.wait(LIMIT), 134, "{}", n.stderr());
+    assert_eq!(published(&c), vec![".iter-0001.g1.partial"]);
+    let out = std::process::Command::new(BIN)
+        .args(["recover", "--log-path"])
+        .arg(&c.log_path)
+        .args(["--discard-iteration", "1"])
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("models/.iter-0001.g1.partial"), "{text}");
+    assert_eq!(published(&c), Vec::<String>::new());
+    fs::write(c.log_path.join("attempt"), "second\n").unwrap();
+    let n = run_ok(&c, 1);
+    assert_eq!(last_handoff(&c).0, "move", "{}", n.stderr());
+    assert_eq!(
+        fs::read_to_string(models(&c).join("iter-0001/w.bin")).unwrap(),
+        "second\n"
+    );
+    // The handoff command ran once per attempt that got to it.
+    assert_eq!(
+        fs::read_to_string(c.log_path.join("handoffs")).unwrap(),
+        "handoff\nhandoff\n"
+    );
+}
+
+/// A restart that finishes a moved hand-off does not run the handoff command again: it
+/// ran before the checkpoint was moved, and the checkpoint is no longer where it looked.
+#[test]
+fn finishing_a_moved_handoff_does_not_run_the_handoff_command_again() {
+    let c = cluster(
+        "mkdir -p {output}/checkpoint-1 && echo w > {output}/checkpoint-1/w.bin",
+        "[phases.handoff]\ncommand = 'test -f {output}/checkpoint-1/w.bin && echo handoff >> {log_path}/handoffs'\n",
+    );
+    let mut n = c.spawn_env(
+        0,
+        &c.log_path,
+        &["--iterations", "1"],
+        &[("RL_NODE_TEST_CRASH_AT", "handoff:after-move".to_string())],
+    );
+    assert_eq!(n.wait(LIMIT), 134, "{}", n.stderr());
+    let n = run_ok(&c, 1);
+    assert!(
+        n.stderr().contains("a hand-off interrupted after moving the checkpoint is finished; the handoff command is not run again"),
+        "{}",
+        n.stderr()
+    );
+    assert_eq!(last_handoff(&c).0, "resume");
+    assert_eq!(
+        fs::read_to_string(c.log_path.join("handoffs")).unwrap(),
+        "handoff\n"
+    );
+}
+
+/// A crash while deleting old checkpoints (after they were renamed to `.trash-…`, before
+/// they were removed) leaves no checkpoint half-deleted under its name; rank 0's next start
+/// finishes the deletion.
+#[test]
+fn a_crash_mid_deletion_is_finished_at_the_next_start() {
+    let c = cluster(
+        "mkdir -p {output} && echo w{iteration} > {output}/w.bin",
+        "[phases.handoff]\nkeep-last = 1\n",
+    );
+    let args = ["--iterations", "3", "--eval-interval", "0"];
+    let mut n = c.spawn_env(
+        0,
+        &c.log_path,
+        &args,
+        &[("RL_NODE_TEST_CRASH_AT", "prune:before-remove".to_string())],
+    );
+    assert_eq!(n.wait(LIMIT), 134, "{}", n.stderr());
+    // Iteration 3's hand-off deleted iter-0001 (iter-0002 was served until then).
+    assert_eq!(
+        published(&c),
+        vec![".trash-iter-0001", "LATEST", "iter-0002", "iter-0003"]
+    );
+    let mut n = c.spawn(0, &args);
+    assert_eq!(n.wait(LIMIT), 0, "{}", n.stderr());
+    assert!(
+        n.stderr()
+            .contains("finished deleting .trash-iter-0001 (interrupted by a crash)"),
+        "{}",
+        n.stderr()
+    );
+    // The restart served iter-0003 from its start, so the hand-off it finished no longer
+    // spares iter-0002 as the model served before it.
+    assert_eq!(published(&c), vec!["LATEST", "iter-0003"]);
 }

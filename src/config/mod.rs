@@ -124,9 +124,33 @@ pub struct HandoffCommand {
     pub pick: String,
     /// Globs of checkpoint files that readers rewrite in place (not hash-verified).
     pub mutable: Vec<String>,
+    /// `move` | `copy` (checked in `validate`; read through [`HandoffCommand::options`]).
+    pub transfer: String,
+    /// Globs of checkpoint files (or, ending in `/`, directories) not published.
+    pub exclude: Vec<String>,
+    /// `sizes` | `hash`: what a node checks before serving a checkpoint (see
+    /// [`HandoffCommand::check`]).
+    pub verify: String,
+    /// How many of the newest checkpoints to keep (0: all).
+    pub keep_last: u64,
 }
 
 impl HandoffCommand {
+    /// What a hand-off publishes and how.
+    pub fn options(&self) -> crate::checkpoint::Options {
+        crate::checkpoint::Options {
+            mutable: self.mutable.clone(),
+            exclude: self.exclude.clone(),
+            transfer: crate::checkpoint::Transfer::parse(&self.transfer)
+                .expect("validated at load"),
+        }
+    }
+
+    /// What a node checks of a checkpoint before it serves or trains from it.
+    pub fn check(&self) -> crate::checkpoint::Check {
+        crate::checkpoint::Check::parse(&self.verify).expect("validated at load")
+    }
+
     pub fn as_phase(&self) -> PhaseCommand {
         PhaseCommand {
             command: self.command.clone(),
@@ -1024,6 +1048,35 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
         crate::checkpoint::check_pick_pattern(g)
             .map_err(|e| l.invalid("phases.handoff.mutable", e))?;
     }
+    for g in &c.phases.handoff.exclude {
+        let glob = g.strip_suffix('/').unwrap_or(g);
+        if glob.is_empty() {
+            return Err(l.invalid(
+                "phases.handoff.exclude",
+                "an empty pattern would leave out nothing (or, as \"/\", everything)",
+            ));
+        }
+        crate::checkpoint::check_pick_pattern(glob)
+            .map_err(|e| l.invalid("phases.handoff.exclude", e))?;
+    }
+    if crate::checkpoint::Transfer::parse(&c.phases.handoff.transfer).is_none() {
+        return Err(l.invalid(
+            "phases.handoff.transfer",
+            format!(
+                "`{}` is neither \"move\" (rename the checkpoint into models/ when it can, else copy) nor \"copy\" (always copy; the training output stays as it is)",
+                c.phases.handoff.transfer
+            ),
+        ));
+    }
+    if crate::checkpoint::Check::parse(&c.phases.handoff.verify).is_none() {
+        return Err(l.invalid(
+            "phases.handoff.verify",
+            format!(
+                "`{}` is neither \"sizes\" (the manifest's digest and every file's size) nor \"hash\" (every file's SHA-256)",
+                c.phases.handoff.verify
+            ),
+        ));
+    }
     validate_aggregate(l)?;
     if c.server.start_attempts == 0 {
         return Err(l.invalid(
@@ -1545,6 +1598,54 @@ mod tests {
         std::fs::write(&f, "[phases.prepare]\non-failure = \"keep-model\"\n").unwrap();
         let e = load(Some(&f), &no_env, &[]).unwrap_err().to_string();
         assert!(e.contains("unknown key `phases.prepare.on-failure`"), "{e}");
+    }
+
+    #[test]
+    fn handoff_options_have_defaults_and_are_checked() {
+        use crate::checkpoint::{Check, Transfer};
+        let d = load(None, &no_env, &[]).unwrap().config.phases.handoff;
+        let o = d.options();
+        assert_eq!(o.transfer, Transfer::Move);
+        assert!(o.exclude.is_empty());
+        assert_eq!(d.check(), Check::Sizes);
+        assert_eq!(d.keep_last, 0);
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.toml");
+        std::fs::write(
+            &f,
+            "[phases.handoff]\ntransfer = \"copy\"\nverify = \"hash\"\nkeep-last = 3\nexclude = [\"optimizer*.pt\", \"global_step*/\"]\n",
+        )
+        .unwrap();
+        let h = load(Some(&f), &no_env, &[]).unwrap().config.phases.handoff;
+        assert_eq!(h.options().transfer, Transfer::Copy);
+        assert_eq!(h.options().exclude, vec!["optimizer*.pt", "global_step*/"]);
+        assert_eq!((h.check(), h.keep_last), (Check::Hash, 3));
+        for (text, key, says) in [
+            (
+                "transfer = \"rename\"",
+                "transfer",
+                "`rename` is neither \"move\"",
+            ),
+            ("verify = \"none\"", "verify", "`none` is neither \"sizes\""),
+            (
+                "exclude = [\"opt[\"]",
+                "exclude",
+                "`opt[` is not a valid glob pattern",
+            ),
+            (
+                "exclude = [\"/\"]",
+                "exclude",
+                "an empty pattern would leave out nothing",
+            ),
+            ("keep-last = -1", "keep-last", ""),
+        ] {
+            std::fs::write(&f, format!("[phases.handoff]\n{text}\n")).unwrap();
+            let e = load(Some(&f), &no_env, &[]).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("phases.handoff.{key}")) && e.contains(says),
+                "{text}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -1194,6 +1194,9 @@ impl Node {
             self.info(&format!("all {last} iteration(s) were already complete"));
             return Ok(());
         }
+        if self.rank == 0 {
+            self.empty_checkpoint_trash()?;
+        }
         self.use_latest_checkpoint()?;
         if self.cfg.cluster.rl_phase != crate::config::RlPhase::Update {
             self.start_server()?;
@@ -1234,9 +1237,12 @@ impl Node {
     fn use_latest_checkpoint(&mut self) -> Result<(), Stop> {
         self.watchdog.pet("verifying the latest checkpoint");
         let wd = self.watchdog.clone();
-        let latest = crate::checkpoint::latest(&self.layout.models(), &mut || {
+        let check = self.cfg.phases.handoff.check();
+        let started = self.clock.now();
+        let latest = crate::checkpoint::latest_as(&self.layout.models(), check, &mut || {
             wd.pet("verifying the latest checkpoint")
         });
+        let checked = self.clock.elapsed(started).as_secs_f64();
         let base = self.cfg.cluster.model.clone();
         if latest.no_model(&base) {
             let reason = format!(
@@ -1251,9 +1257,32 @@ impl Node {
         }
         if let Some(p) = latest.path() {
             self.model = p.display().to_string();
-            self.info(&format!("model: {}", self.model));
+            self.info(&format!(
+                "model: {} (checked in {checked:.4}s, phases.handoff.verify = \"{}\")",
+                self.model, self.cfg.phases.handoff.verify
+            ));
         }
         Ok(())
+    }
+
+    /// Rank 0, at start: finish deleting the checkpoints a crash interrupted the deletion of
+    /// (`phases.handoff.keep-last`; see `checkpoint::prune`).
+    fn empty_checkpoint_trash(&mut self) -> Result<(), Stop> {
+        self.watchdog.pet("deleting old checkpoints");
+        match crate::checkpoint::empty_trash(&self.layout.models()) {
+            Ok(removed) if removed.is_empty() => Ok(()),
+            Ok(removed) => {
+                self.info(&format!(
+                    "finished deleting {} (interrupted by a crash)",
+                    removed.join(", ")
+                ));
+                Ok(())
+            }
+            Err(e) => {
+                let reason = format!("deleting old checkpoints failed: {e}");
+                Err(self.fail(AbortKind::Error, self.rank, None, reason, None))
+            }
+        }
     }
 
     /// The model for messages: never an empty value.
@@ -2144,12 +2173,28 @@ impl Node {
             .map(|e| e.gen)
             .unwrap_or(self.gen());
         let train_out = self.layout.train_output(self.iteration, trained_in);
-        if !cfg.command.trim().is_empty() {
+        let name = crate::layout::iter_dir(self.iteration);
+        let models = self.layout.models();
+        // A checkpoint an interrupted hand-off moved out of the training output is there no
+        // more: publishing it (or keeping the one published) comes before any pick.
+        let moved = crate::checkpoint::pending_move(&models, &name, self.gen()).is_some();
+        let unfinished = moved || models.join(&name).exists();
+        if moved {
+            // The handoff command had finished before the checkpoint was moved.
+            self.info(&format!(
+                "iteration {}: a hand-off interrupted after moving the checkpoint is finished; the handoff command is not run again",
+                self.iteration
+            ));
+        } else if !cfg.command.trim().is_empty() {
             self.run_command("handoff", &cfg.as_phase(), None, &train_out, false)?;
         }
         let has_files = |d: &Path| self.store.read_dir(d).is_ok_and(|e| !e.is_empty());
-        let source = crate::checkpoint::pick(&train_out, &cfg.pick)
-            .or_else(|| has_files(&train_out).then(|| train_out.clone()));
+        let source = if unfinished {
+            Some(train_out.clone())
+        } else {
+            crate::checkpoint::pick(&train_out, &cfg.pick)
+                .or_else(|| has_files(&train_out).then(|| train_out.clone()))
+        };
         let Some(source) = source else {
             if self.cfg.phases.train.is_set() {
                 self.warn(&format!(
@@ -2160,59 +2205,132 @@ impl Node {
             }
             return Ok(());
         };
-        let name = crate::layout::iter_dir(self.iteration);
         self.watchdog.pet("publishing the checkpoint");
         let wd = self.watchdog.clone();
         let started = self.clock.now();
         // Checked inside, right before the rename and before LATEST.
         let fence = self.fence_fn();
         let mut fence = move || fence();
-        match crate::checkpoint::publish_with(
+        let previous = self.model.clone();
+        let outcome = crate::checkpoint::publish_opts(
             &source,
-            &self.layout.models(),
+            &models,
             &name,
             self.gen(),
-            &self.cfg.phases.handoff.mutable,
+            &cfg.options(),
             &mut fence,
             &mut || wd.pet("publishing the checkpoint"),
-        ) {
-            Ok(published) => {
-                match &published {
-                    crate::checkpoint::Published::Kept(p) => self.warn(&format!(
-                        "{} was already published by an earlier attempt; checkpoints are immutable, so it is kept and {} is not published",
-                        p.display(),
-                        source.display()
-                    )),
-                    crate::checkpoint::Published::LatestAhead { latest, .. } => self.warn(&format!(
-                        "models/LATEST already names {}, a newer verified checkpoint; it only moves forward, so it is left alone",
-                        latest.display()
-                    )),
-                    crate::checkpoint::Published::New(_) => {}
-                }
-                let dest = published.path().to_path_buf();
-                self.model = dest.display().to_string();
-                self.info(&format!(
-                    "iteration {}: published checkpoint {} from {} in {:.2}s",
-                    self.iteration,
-                    dest.display(),
-                    source.display(),
-                    self.clock.elapsed(started).as_secs_f64()
-                ));
-                self.event(events::Event::Handoff {
-                    model: self.model.clone(),
-                    source: source.display().to_string(),
-                });
-                Ok(())
-            }
+        );
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
             Err(crate::checkpoint::PublishError::Fenced { reason, .. }) => {
-                Err(self.fenced(&reason, &format!("publish the checkpoint {name}")))
+                return Err(self.fenced(&reason, &format!("publish the checkpoint {name}")));
             }
             Err(e) => {
+                // An older generation woken mid-publication finds its partial directory
+                // taken over: that is being fenced off, not a failure of its own.
+                if let Err(reason) = fence() {
+                    return Err(self.fenced(&reason, &format!("publish the checkpoint {name}")));
+                }
                 let reason = format!(
                     "publishing {} as {name} failed: {e}; the model stays {}",
                     source.display(),
                     self.model_label()
                 );
+                return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
+            }
+        };
+        let secs = self.clock.elapsed(started).as_secs_f64();
+        let source = outcome.source.clone();
+        match &outcome.published {
+            crate::checkpoint::Published::Kept(p) => self.warn(&format!(
+                "{} was already published by an earlier attempt; checkpoints are immutable, so it is kept and {} is not published",
+                p.display(),
+                source.display()
+            )),
+            crate::checkpoint::Published::LatestAhead { latest, .. } => self.warn(&format!(
+                "models/LATEST already names {}, a newer verified checkpoint; it only moves forward, so it is left alone",
+                latest.display()
+            )),
+            crate::checkpoint::Published::New(_) => {}
+        }
+        let dest = outcome.published.path().to_path_buf();
+        self.model = dest.display().to_string();
+        let how = match &outcome.how {
+            crate::checkpoint::How::Moved => "moved".to_string(),
+            crate::checkpoint::How::Resumed => {
+                "moved by an interrupted hand-off, finished".to_string()
+            }
+            crate::checkpoint::How::Copied { why: None } => {
+                "copied (phases.handoff.transfer = \"copy\")".to_string()
+            }
+            crate::checkpoint::How::Copied { why: Some(why) } => {
+                format!("copied, not moved: {why}")
+            }
+            crate::checkpoint::How::Existing => "kept".to_string(),
+        };
+        let excluded = match outcome.excluded {
+            0 => String::new(),
+            n => format!(
+                "; {n} file(s) left out by phases.handoff.exclude stay in {}",
+                source.display()
+            ),
+        };
+        self.info(&format!(
+            "iteration {}: published checkpoint {} from {} in {secs:.2}s ({how}{excluded})",
+            self.iteration,
+            dest.display(),
+            source.display(),
+        ));
+        self.event(events::Event::Handoff {
+            model: self.model.clone(),
+            source: source.display().to_string(),
+            transfer: outcome.how.label().to_string(),
+            excluded: outcome.excluded,
+            secs,
+        });
+        self.prune_checkpoints(&previous)
+    }
+
+    /// Rank 0, after a hand-off: delete checkpoints beyond `phases.handoff.keep-last`
+    /// (see `checkpoint::prune`), sparing the eval iterations' and `previous`, the model
+    /// served until this hand-off (the fallback until the new one is live).
+    fn prune_checkpoints(&mut self, previous: &str) -> Result<(), Stop> {
+        let keep_last = self.cfg.phases.handoff.keep_last as usize;
+        if keep_last == 0 {
+            return Ok(());
+        }
+        let models = self.layout.models();
+        let previous = Path::new(previous)
+            .strip_prefix(&models)
+            .ok()
+            .and_then(|p| crate::checkpoint::iteration_of(&p.to_string_lossy()));
+        let (split, interval) = (
+            self.cfg.cluster.rollout_split,
+            self.cfg.cluster.eval_interval,
+        );
+        // iter-NNNN is served through iteration NNNN + 1: what that iteration's eval measured.
+        let spare = move |it: u64| {
+            Some(it) == previous || crate::protocol::walk::eval_decision(split, it + 1, interval)
+        };
+        self.watchdog.pet("deleting old checkpoints");
+        let fence = self.fence_fn();
+        let mut fence = move || fence();
+        match crate::checkpoint::prune(&models, keep_last, &spare, &mut fence) {
+            Ok(deleted) if deleted.is_empty() => Ok(()),
+            Ok(deleted) => {
+                self.info(&format!(
+                    "deleted checkpoint(s) {} (phases.handoff.keep-last = {keep_last})",
+                    deleted.join(", ")
+                ));
+                self.event(events::Event::CheckpointsDeleted { names: deleted });
+                Ok(())
+            }
+            Err(crate::checkpoint::PublishError::Fenced { reason, .. }) => {
+                Err(self.fenced(&reason, "delete old checkpoints"))
+            }
+            Err(e) => {
+                let reason = format!("deleting old checkpoints failed: {e}");
                 Err(self.fail(AbortKind::Error, self.rank, None, reason, None))
             }
         }

@@ -101,9 +101,10 @@ impl Node {
         if Path::new(&model).join(checkpoint::MANIFEST).exists() {
             self.watchdog.pet("verifying the model");
             let wd = self.watchdog.clone();
-            if let Err(e) =
-                checkpoint::verify(Path::new(&model), &mut || wd.pet("verifying the model"))
-            {
+            let check = self.cfg.phases.handoff.check();
+            if let Err(e) = checkpoint::verify_as(Path::new(&model), check, &mut || {
+                wd.pet("verifying the model")
+            }) {
                 return Err(self.fail(
                     AbortKind::Error,
                     self.rank,

@@ -374,7 +374,11 @@ fn incomplete_files(l: &Layout) -> Vec<String> {
                     .and_then(|(_, g)| g.strip_suffix(".partial")?.parse::<u64>().ok())
                     .map(|g| format!(" by generation {g}"))
                     .unwrap_or_default();
-                out.push(format!("{}: a hand-off{by} that did not finish (not a checkpoint; delete it once no node of that generation runs)", rel(&e.path())));
+                match crate::checkpoint::moved_from(&e.path()) {
+                    // The training output itself, moved there: the next start publishes it.
+                    Some(from) => out.push(format!("{}: a hand-off{by} that did not finish; it holds the checkpoint it moved out of {} (the only copy: do not delete it), which the next start of the run publishes", rel(&e.path()), from.display())),
+                    None => out.push(format!("{}: a hand-off{by} that did not finish (not a checkpoint; delete it once no node of that generation runs)", rel(&e.path()))),
+                }
             }
         }
     }
@@ -475,6 +479,26 @@ fn discard(run: &Run, rep: &Report, n: u64) -> Result<Vec<String>, String> {
                 .map_err(|e| format!("moving {}: {e}", src.display()))?;
             moved.push(format!("{what}/{name}"));
         }
+    }
+    // A hand-off of this iteration that moved its checkpoint out of the training output
+    // and did not finish: the redo would publish it instead of its own.
+    let partials: Vec<String> = std::fs::read_dir(l.models())
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|f| {
+                    f.starts_with(&format!(".{name}.g"))
+                        && crate::checkpoint::is_partial_dir_name(f)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    for partial in partials {
+        let src = l.models().join(&partial);
+        std::fs::create_dir_all(dest.join("models")).map_err(|e| e.to_string())?;
+        std::fs::rename(&src, dest.join("models").join(&partial))
+            .map_err(|e| format!("moving {}: {e}", src.display()))?;
+        moved.push(format!("models/{partial}"));
     }
     // LATEST must not name a checkpoint that was set aside.
     if let Some(latest) = crate::checkpoint::latest_named(&l.models()) {

@@ -788,7 +788,7 @@ fn copy_unsupported(e: &io::Error) -> bool {
 
 /// Ask the kernel to start writing a range of `f` back now (Linux), so the fsync before
 /// the rename does not have to write the whole file at once. Best effort.
-fn start_writeback(f: &File, offset: u64, len: u64) {
+pub(crate) fn start_writeback(f: &File, offset: u64, len: u64) {
     #[cfg(target_os = "linux")]
     // SAFETY: sync_file_range takes an fd that is open for the call (borrowed from `f`) and
     // integers only.
