@@ -602,3 +602,32 @@ fn a_crash_mid_deletion_is_finished_at_the_next_start() {
     // spares iter-0002 as the model served before it.
     assert_eq!(published(&c), vec!["LATEST", "iter-0003"]);
 }
+
+/// With eval in every iteration (the default), `keep-last` alone would keep every
+/// checkpoint (each is one an eval measured): the start refuses it, naming the key, and
+/// `keep-eval = false` deletes all but the newest (and the one served until the last
+/// hand-off).
+#[test]
+fn keep_last_with_eval_every_iteration_needs_keep_eval_false() {
+    let c = cluster(
+        "mkdir -p {output} && echo w{iteration} > {output}/w.bin",
+        "[phases.handoff]\nkeep-last = 1\n",
+    );
+    let mut n = c.spawn(0, &["--iterations", "3"]);
+    assert_eq!(n.wait(LIMIT), 2, "{}", n.stderr());
+    assert!(
+        n.stderr().contains("phases.handoff.keep-last")
+            && n.stderr().contains("keep-eval = false"),
+        "{}",
+        n.stderr()
+    );
+    assert!(!c.log_path.join("models").join("iter-0001").exists());
+
+    let c = cluster(
+        "mkdir -p {output} && echo w{iteration} > {output}/w.bin",
+        "[phases.handoff]\nkeep-last = 1\nkeep-eval = false\n",
+    );
+    let mut n = c.spawn(0, &["--iterations", "3"]);
+    assert_eq!(n.wait(LIMIT), 0, "{}", n.stderr());
+    assert_eq!(published(&c), vec!["LATEST", "iter-0002", "iter-0003"]);
+}

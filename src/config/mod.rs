@@ -133,6 +133,8 @@ pub struct HandoffCommand {
     pub verify: String,
     /// How many of the newest checkpoints to keep (0: all).
     pub keep_last: u64,
+    /// Whether `keep-last` spares the checkpoints that an eval measured.
+    pub keep_eval: bool,
 }
 
 impl HandoffCommand {
@@ -1068,6 +1070,21 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
             ),
         ));
     }
+    let h = &c.phases.handoff;
+    let (split, interval) = (c.cluster.rollout_split, c.cluster.eval_interval);
+    if h.keep_last > 0
+        && h.keep_eval
+        && (2..=9).all(|it| crate::protocol::walk::eval_decision(split, it, interval))
+    {
+        // Every checkpoint is one an eval measured: keep-last would never delete anything.
+        return Err(l.invalid(
+            "phases.handoff.keep-last",
+            format!(
+                "keep-last = {} would delete nothing: every iteration runs eval (cluster.eval-interval = {interval}, or the eval-only split) and keep-eval = true keeps every checkpoint an eval measured; set phases.handoff.keep-eval = false to keep only the newest {}, or a larger cluster.eval-interval",
+                h.keep_last, h.keep_last
+            ),
+        ));
+    }
     if crate::checkpoint::Check::parse(&c.phases.handoff.verify).is_none() {
         return Err(l.invalid(
             "phases.handoff.verify",
@@ -1613,13 +1630,22 @@ mod tests {
         let f = dir.path().join("c.toml");
         std::fs::write(
             &f,
-            "[phases.handoff]\ntransfer = \"copy\"\nverify = \"hash\"\nkeep-last = 3\nexclude = [\"optimizer*.pt\", \"global_step*/\"]\n",
+            "[phases.handoff]\ntransfer = \"copy\"\nverify = \"hash\"\nkeep-last = 3\nkeep-eval = false\nexclude = [\"optimizer*.pt\", \"global_step*/\"]\n",
         )
         .unwrap();
         let h = load(Some(&f), &no_env, &[]).unwrap().config.phases.handoff;
         assert_eq!(h.options().transfer, Transfer::Copy);
         assert_eq!(h.options().exclude, vec!["optimizer*.pt", "global_step*/"]);
         assert_eq!((h.check(), h.keep_last), (Check::Hash, 3));
+        assert!(!h.keep_eval, "the test file sets keep-eval = false");
+        // With eval every few iterations, keep-eval has something to spare.
+        std::fs::write(
+            &f,
+            "[cluster]\neval-interval = 5\n[phases.handoff]\nkeep-last = 2\n",
+        )
+        .unwrap();
+        let h = load(Some(&f), &no_env, &[]).unwrap().config.phases.handoff;
+        assert!(h.keep_eval && h.keep_last == 2);
         for (text, key, says) in [
             (
                 "transfer = \"rename\"",
@@ -1638,6 +1664,11 @@ mod tests {
                 "an empty pattern would leave out nothing",
             ),
             ("keep-last = -1", "keep-last", ""),
+            (
+                "keep-last = 2",
+                "keep-last",
+                "keep-last = 2 would delete nothing",
+            ),
         ] {
             std::fs::write(&f, format!("[phases.handoff]\n{text}\n")).unwrap();
             let e = load(Some(&f), &no_env, &[]).unwrap_err().to_string();

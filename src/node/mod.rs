@@ -2310,8 +2310,10 @@ impl Node {
             self.cfg.cluster.eval_interval,
         );
         // iter-NNNN is served through iteration NNNN + 1: what that iteration's eval measured.
+        let keep_eval = self.cfg.phases.handoff.keep_eval;
         let spare = move |it: u64| {
-            Some(it) == previous || crate::protocol::walk::eval_decision(split, it + 1, interval)
+            Some(it) == previous
+                || (keep_eval && crate::protocol::walk::eval_decision(split, it + 1, interval))
         };
         self.watchdog.pet("deleting old checkpoints");
         let fence = self.fence_fn();
