@@ -184,6 +184,8 @@ pub enum PublishError {
     Special { path: PathBuf },
     #[error("every file of {} is left out by phases.handoff.exclude: there is nothing to publish", root.display())]
     NothingLeft { root: PathBuf },
+    #[error("{} has the name of rl-node's own manifest at the top of the checkpoint; publishing would replace it: rename it in the trainer, or leave it out with phases.handoff.exclude", path.display())]
+    Reserved { path: PathBuf },
     #[error("{} already exists and does not verify ({problem}); checkpoints are never replaced: move it aside to publish again", path.display())]
     Exists { path: PathBuf, problem: String },
     /// The fence refused: this node no longer owns the hand-off. The partial directory is
@@ -751,6 +753,14 @@ pub fn publish_opts(
     if sources.iter().all(|f| opts.excludes(&f.rel)) {
         return Err(PublishError::NothingLeft {
             root: source.to_path_buf(),
+        });
+    }
+    if let Some(f) = sources.iter().find(|f| {
+        (f.rel == Path::new(MANIFEST) || f.rel == Path::new(MANIFEST_DIGEST))
+            && !opts.excludes(&f.rel)
+    }) {
+        return Err(PublishError::Reserved {
+            path: source.join(&f.rel),
         });
     }
     if tmp.exists() {
@@ -1908,6 +1918,44 @@ mod tests {
         );
         assert!(names(&models).is_empty());
         assert_eq!(names(&src), vec!["sub", "weights.bin"]);
+    }
+
+    #[test]
+    fn a_trainer_file_named_like_the_manifest_is_refused_unless_left_out() {
+        for transfer in [Transfer::Move, Transfer::Copy] {
+            let d = tempfile::tempdir().unwrap();
+            let src = d.path().join("out");
+            tree(&src);
+            fs::write(src.join(MANIFEST), b"{\"trainer\": true}").unwrap();
+            let models = d.path().join("models");
+            let opts = Options {
+                transfer,
+                ..Options::default()
+            };
+            let err = publish_moving(&src, &models, "iter-0001", 1, &opts).unwrap_err();
+            assert!(
+                matches!(&err, PublishError::Reserved { path } if path == &src.join(MANIFEST)),
+                "{err}"
+            );
+            assert!(err.to_string().contains("phases.handoff.exclude"), "{err}");
+            // Nothing moved or written: the trainer's file is where it was.
+            assert!(!models.join("iter-0001").exists());
+            assert_eq!(
+                fs::read(src.join(MANIFEST)).unwrap(),
+                b"{\"trainer\": true}"
+            );
+            // Left out, it stays in the training output and the rest is published.
+            let opts = Options {
+                exclude: vec![MANIFEST.to_string()],
+                ..opts
+            };
+            publish_moving(&src, &models, "iter-0001", 1, &opts).unwrap();
+            verify(&models.join("iter-0001"), &mut || {}).unwrap();
+            assert_eq!(
+                fs::read(src.join(MANIFEST)).unwrap(),
+                b"{\"trainer\": true}"
+            );
+        }
     }
 
     /// Each state a crash can leave a moved hand-off in, rebuilt by hand (a crash point

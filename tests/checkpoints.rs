@@ -616,8 +616,7 @@ fn keep_last_with_eval_every_iteration_needs_keep_eval_false() {
     let mut n = c.spawn(0, &["--iterations", "3"]);
     assert_eq!(n.wait(LIMIT), 2, "{}", n.stderr());
     assert!(
-        n.stderr().contains("phases.handoff.keep-last")
-            && n.stderr().contains("keep-eval = false"),
+        n.stderr().contains("phases.handoff.keep-last") && n.stderr().contains("keep-eval = false"),
         "{}",
         n.stderr()
     );
