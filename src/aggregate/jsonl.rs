@@ -765,26 +765,8 @@ mod tests {
         o: &MergeOptions,
     ) -> Result<(Vec<u8>, RankEntry), AggregateError> {
         let d = tempfile::tempdir().unwrap();
-        let p = d.path().join("src.jsonl");
-        std::fs::write(&p, bytes).unwrap();
-        let e = RankEntry {
-            rank: 0,
-            status: if committed {
-                RankStatus::Complete
-            } else {
-                RankStatus::Partial
-            },
-            source: Some("src.jsonl".into()),
-            source_bytes: 0,
-            offset: 0,
-            records: 0,
-            bytes: 0,
-            sha256: None,
-            dropped: vec![],
-            set_aside: vec![],
-            adopted: None,
-            problems: vec![],
-        };
+        std::fs::write(d.path().join("rank-0.jsonl"), bytes).unwrap();
+        let e = entry(0, committed);
         let mut entries = [e];
         let out = merge_sources(
             Vec::new(),
@@ -1006,7 +988,7 @@ mod tests {
         let d = &e.dropped[0];
         assert_eq!((d.kind, d.line, d.bytes), (DropKind::Torn, 3, 16));
         assert!(
-            e.problems[0].contains("src.jsonl:3: torn last record"),
+            e.problems[0].contains("rank-0.jsonl:3: torn last record"),
             "{:?}",
             e.problems
         );
@@ -1024,7 +1006,7 @@ mod tests {
         assert_eq!(e.dropped[0].kind, DropKind::Invalid);
         assert_eq!(e.dropped[0].line, 3);
         assert_eq!(e.dropped[0].bytes, 17);
-        assert!(e.problems[0].contains("src.jsonl:3: not valid JSON"));
+        assert!(e.problems[0].contains("rank-0.jsonl:3: not valid JSON"));
     }
 
     #[test]
