@@ -12,7 +12,9 @@
 //!   dies (its heartbeat still for `dead-after`), the next attempt's lease can be created
 //!   by anyone, so its items are finished by the others in the same iteration. A committed
 //!   item is never run again; all attempts of an item write the same seed's output, and the
-//!   rename makes exactly one of them the item's file.
+//!   rename makes exactly one of them the item's file. Each lease carries its holder's
+//!   pace, and a node leaves the pool's last items to faster live peers when they would
+//!   finish them first (`protocol::lease::take_next`, with a bounded patience).
 
 use super::{Interrupt, Node, Stop};
 use crate::config::{PhaseCommand, WorkMode};
@@ -103,6 +105,10 @@ struct Tally {
     failed: Vec<String>,
     retries: u32,
 }
+
+/// The shortest time between two looks at the items a node awaits from its peers (each
+/// look reads every peer's record and the leases of the items not committed yet).
+const AWAITED_LOOK_MIN: Duration = Duration::from_millis(2);
 
 fn item_name(pos: usize, rank: Option<u32>) -> String {
     match rank {
@@ -1162,13 +1168,13 @@ impl Node {
             // once when an item another rank holds is committed or marked failed.
             // While an item is left to faster peers: look again when its patience may have
             // run out, and at once when a peer claims it. While a peer's item is awaited:
-            // a quarter of its pace at most (each look starts polling afresh, at about a
-            // millisecond), so its commit is seen within a few milliseconds, not a growing
-            // fraction of the wait.
+            // a quarter of its pace at most (not under 2 ms; each look starts polling
+            // afresh, at about a millisecond), so its commit is seen within a few
+            // milliseconds, not a growing fraction of the wait.
             let now = self.clock.now();
             let poll_until = (now + self.cfg.timing.poll_interval)
                 .min(recheck.unwrap_or(deadline))
-                .min(awaited_pace.map_or(deadline, |p| now + p / 4));
+                .min(awaited_pace.map_or(deadline, |p| now + (p / 4).max(AWAITED_LOOK_MIN)));
             let leaving = recheck.map(|_| self.lease(split, cursor, 0));
             let awaited: Vec<(PathBuf, PathBuf)> = awaited
                 .iter()
