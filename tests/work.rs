@@ -966,10 +966,12 @@ case "$RL_NODE_RANK" in 0) sleep 0.4 ;; 1) sleep 0.2 ;; *) sleep 0.1 ;; esac"#;
             .get(&r)
             .map_or(f64::MAX, |p| p.iter().cloned().fold(f64::MAX, f64::min))
     };
+    // An item's time is taken from just after its command was started (a node descheduled
+    // right after the fork sees a little less than the sleep).
     for r in 0..3u64 {
         let sleep = [400.0, 200.0, 100.0][r as usize];
         assert!(
-            fastest(r) >= sleep,
+            fastest(r) >= 0.9 * sleep,
             "rank {r}: paces {paces:?}; leases {leases:?}"
         );
     }
