@@ -915,8 +915,7 @@ impl Node {
         let mut started_at: HashMap<i32, Instant> = HashMap::new();
         let mut backups = 0usize;
         // Speed-aware end game: the peers' paces as their leases published them, and the
-        // item this node leaves to faster peers (position, since when), with the time to
-        // look at it again.
+        // item this node leaves to faster peers (position, since when).
         let mut paces: HashMap<u32, lease::Pace> = HashMap::new();
         let mut left: Option<(usize, Instant)> = None;
         let mut left_items = 0usize;
