@@ -916,6 +916,86 @@ n=$(cat "$f" 2>/dev/null || echo 0); n=$((n + 1)); echo "$n" > "$f"
     );
 }
 
+/// Ranks of speeds 1:2:4 share the pool (the slow one leaving the last items to the faster
+/// ones, `lease::take_next`): every item is committed exactly once, each lease after a
+/// rank's first item publishes its pace, and a restart runs nothing again.
+#[test]
+fn dynamic_ranks_of_unequal_speed_commit_every_item_exactly_once() {
+    let prefix = r#"echo "$RL_NODE_TASK_ID $RL_NODE_SAMPLE $$ $RL_NODE_GEN $RL_NODE_RANK" >> "@DIR@/executed.log"
+case "$RL_NODE_RANK" in 0) sleep 0.4 ;; 1) sleep 0.2 ;; *) sleep 0.1 ;; esac"#;
+    let w = Work::per_task(
+        3,
+        &task_text(18, &[]),
+        "strategy = \"dynamic\"\nmax-workers = 1",
+        prefix,
+    );
+    let mut nodes = w.c.spawn_all(ONE);
+    wait_ok(&mut nodes, "unequal speeds");
+    let plan = w.plan(1);
+    assert_eq!(plan.pool.len(), 18);
+    let all: BTreeSet<String> = (0..18).map(|p| format!("p{p:05}")).collect();
+    assert_eq!(w.committed(1, "p"), all);
+    assert!(w.partials(1).is_empty(), "{:?}", w.partials(1));
+    let merged: Vec<(String, u64)> = w.merged(1).iter().map(key).collect();
+    assert_eq!(
+        merged,
+        plan.pool.iter().map(item_key).collect::<Vec<_>>(),
+        "every task once, in pool order"
+    );
+    // Each item has one first lease; a rank's leases after its first item carry its pace.
+    let leases = lease_files(&w);
+    let firsts: Vec<&(String, Value)> = leases.iter().filter(|(n, _)| n.ends_with(".a0")).collect();
+    assert_eq!(firsts.len(), 18, "{leases:?}");
+    let mut paces: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
+    for (n, v) in &leases {
+        assert_eq!(v["workers"], 1, "{n}: {v}");
+        if let Some(ms) = v["item_ms"].as_f64() {
+            paces
+                .entry(v["rank"].as_u64().unwrap())
+                .or_default()
+                .push(ms);
+        }
+    }
+    let slowest = |r: u64| {
+        paces
+            .get(&r)
+            .map_or(0.0, |p| p.iter().cloned().fold(0.0, f64::max))
+    };
+    let fastest = |r: u64| {
+        paces
+            .get(&r)
+            .map_or(f64::MAX, |p| p.iter().cloned().fold(f64::MAX, f64::min))
+    };
+    // An item's time is taken from just after its command was started (a node descheduled
+    // right after the fork sees a little less than the sleep).
+    for r in 0..3u64 {
+        let sleep = [400.0, 200.0, 100.0][r as usize];
+        assert!(
+            fastest(r) >= 0.9 * sleep,
+            "rank {r}: paces {paces:?}; leases {leases:?}"
+        );
+    }
+    assert!(slowest(2) < fastest(0), "{paces:?}; leases {leases:?}");
+    // Every item ran, at most twice (a backup of a slow attempt).
+    let log = w.executed_log();
+    let mut count: BTreeMap<String, usize> = BTreeMap::new();
+    for l in &log {
+        *count.entry(l[0].clone()).or_default() += 1;
+    }
+    assert_eq!(count.len(), 18, "{log:?}");
+    assert!(count.values().all(|c| *c <= 2), "{count:?}");
+    drop(nodes);
+
+    let mut nodes = w.c.spawn_all(ONE);
+    wait_ok(&mut nodes, "restart after a complete dynamic rollout");
+    assert_eq!(
+        w.executed_log().len(),
+        log.len(),
+        "ran again after the restart"
+    );
+    assert_eq!(w.merged(1).len(), 18);
+}
+
 /// Wall-clock seconds of an event's `t`.
 fn event_secs(e: &Value) -> f64 {
     let t = e["t"].as_str().unwrap();

@@ -12,13 +12,15 @@
 //!   dies (its heartbeat still for `dead-after`), the next attempt's lease can be created
 //!   by anyone, so its items are finished by the others in the same iteration. A committed
 //!   item is never run again; all attempts of an item write the same seed's output, and the
-//!   rename makes exactly one of them the item's file.
+//!   rename makes exactly one of them the item's file. Each lease carries its holder's
+//!   pace, and a node leaves the pool's last items to faster live peers when they would
+//!   finish them first (`protocol::lease::take_next`, with a bounded patience).
 
 use super::{Interrupt, Node, Stop};
 use crate::config::{PhaseCommand, WorkMode};
 use crate::events;
 use crate::process::ChildExit;
-use crate::protocol::lease::{self, Holder};
+use crate::protocol::lease::{self, Holder, Take};
 use crate::protocol::AbortKind;
 use crate::store;
 use crate::work::plan::{self, Item, Plan, Strategy};
@@ -103,6 +105,10 @@ struct Tally {
     failed: Vec<String>,
     retries: u32,
 }
+
+/// The shortest time between two looks at the items a node awaits from its peers (each
+/// look reads every peer's record and the leases of the items not committed yet).
+const AWAITED_LOOK_MIN: Duration = Duration::from_millis(2);
 
 fn item_name(pos: usize, rank: Option<u32>) -> String {
     match rank {
@@ -727,12 +733,27 @@ impl Node {
             ))
     }
 
-    /// Try to claim item `pos` at `attempt`: an exclusive create, first writer wins.
-    fn claim(&mut self, split: &str, pos: usize, attempt: u32) -> Result<bool, Stop> {
+    /// Try to claim item `pos` at `attempt`: an exclusive create, first writer wins. The
+    /// lease carries this node's pace (mean item time so far, items at once), which the
+    /// peers walking past it use in the end game (`lease::take_next`).
+    fn claim(
+        &mut self,
+        split: &str,
+        pos: usize,
+        attempt: u32,
+        pace: Option<lease::Pace>,
+    ) -> Result<bool, Stop> {
         let path = self.lease(split, pos, attempt);
-        let rec =
-            json!({"rank": self.rank, "gen": self.gen(), "nonce": self.nonce, "attempt": attempt});
-        match self.store.create_new_json(&path, &rec) {
+        let rec = json!({
+            "rank": self.rank,
+            "gen": self.gen(),
+            "nonce": self.nonce,
+            "attempt": attempt,
+            "item_ms": pace.map(|p| p.item.as_secs_f64() * 1000.0),
+            "workers": self.max_workers(),
+        });
+        // No fsync: a lease is a live record (docs/shared-directory.md, "Durability").
+        match self.store.create_new_live_json(&path, &rec) {
             Ok(won) => Ok(won),
             Err(e) => Err(self.fail(
                 AbortKind::Error,
@@ -765,6 +786,47 @@ impl Node {
             found = Some((attempt, v["rank"].as_u64().unwrap_or(u64::MAX) as u32));
         }
         found
+    }
+
+    /// Item `pos`'s attempt-0 lease in this generation, if it exists: its holder and the
+    /// pace the holder published in it.
+    fn first_lease(&self, split: &str, pos: usize) -> Option<(u32, Option<lease::Pace>)> {
+        let v = self
+            .store
+            .read_json::<Value>(&self.lease(split, pos, 0))
+            .ok()??;
+        let rank = v["rank"].as_u64().unwrap_or(u64::MAX) as u32;
+        let pace = v["item_ms"]
+            .as_f64()
+            .filter(|ms| ms.is_finite() && *ms > 0.0)
+            .map(|ms| lease::Pace {
+                item: Duration::from_secs_f64(ms / 1000.0),
+                workers: v["workers"].as_u64().unwrap_or(1).min(u32::MAX as u64) as u32,
+            });
+        Some((rank, pace))
+    }
+
+    /// The end game's decision for the item at the head of the pool
+    /// ([`lease::take_next`]): first with every pace known; a leave is judged again with
+    /// the live peers only (their records read now), so a dead peer is not waited for.
+    fn take_next(
+        &mut self,
+        me: Option<lease::Pace>,
+        paces: &HashMap<u32, lease::Pace>,
+        unclaimed: usize,
+        waited: Duration,
+    ) -> Take {
+        let all: Vec<lease::Pace> = paces.values().copied().collect();
+        if lease::take_next(me, &all, unclaimed, waited) == Take::Claim {
+            return Take::Claim;
+        }
+        self.observe_all_peers();
+        let live: Vec<lease::Pace> = paces
+            .iter()
+            .filter(|(r, _)| !self.dead_peers.contains(r))
+            .map(|(_, p)| *p)
+            .collect();
+        lease::take_next(me, &live, unclaimed, waited)
     }
 
     /// Read every peer's record to judge the liveness of lease holders (only needed while
@@ -852,16 +914,29 @@ impl Node {
         let mut first_seen: HashMap<usize, Instant> = HashMap::new();
         let mut started_at: HashMap<i32, Instant> = HashMap::new();
         let mut backups = 0usize;
+        // Speed-aware end game: the peers' paces as their leases published them, and the
+        // item this node leaves to faster peers (position, since when).
+        let mut paces: HashMap<u32, lease::Pace> = HashMap::new();
+        let mut left: Option<(usize, Instant)> = None;
+        let mut left_items = 0usize;
+        // Attempts that exited 0, committed once this node's next items have started.
+        let mut finished: Vec<Running> = vec![];
         let deadline = self.clock.now() + pc.timeout;
         let started = self.clock.now();
         loop {
+            let my_pace = (!item_secs.is_empty()).then(|| lease::Pace {
+                item: Duration::from_secs_f64(
+                    item_secs.iter().sum::<f64>() / item_secs.len() as f64,
+                ),
+                workers: self.max_workers() as u32,
+            });
             // Retries whose backoff has passed, under the next attempt's lease.
             let now = self.clock.now();
             let ready: Vec<(Instant, usize, u32)> =
                 delayed.iter().copied().filter(|d| d.0 <= now).collect();
             delayed.retain(|d| d.0 > now);
             for (_, pos, attempt) in ready {
-                if self.claim(split, pos, attempt)? {
+                if self.claim(split, pos, attempt, my_pace)? {
                     let (pid, partial) =
                         self.spawn_item(&job, &pool[pos], &item_name(pos, None), attempt)?;
                     started_at.entry(pid).or_insert_with(|| self.clock.now());
@@ -875,11 +950,40 @@ impl Node {
                     );
                 }
             }
-            // Claim new items in pool order.
+            // Claim new items in pool order. An item claimed already (the usual case behind
+            // faster peers) is passed by reading its lease, which says how fast its holder
+            // is; the last ones may be left to faster peers (`lease::take_next`).
+            let mut recheck: Option<Instant> = None;
             while running.len() < self.max_workers() && cursor < pool.len() {
                 let pos = cursor;
+                if let Some((holder, pace)) = self.first_lease(split, pos) {
+                    if let (Some(p), true) = (pace, holder != self.rank) {
+                        paces.insert(holder, p);
+                    }
+                    cursor += 1;
+                    continue;
+                }
+                if committed(pos) {
+                    cursor += 1;
+                    continue;
+                }
+                let since = match left {
+                    Some((p, t)) if p == pos => t,
+                    _ => self.clock.now(),
+                };
+                let waited = self.clock.elapsed(since);
+                if let Take::Leave { recheck: after } =
+                    self.take_next(my_pace, &paces, pool.len() - pos, waited)
+                {
+                    if left.is_none_or(|l| l.0 != pos) {
+                        left_items += 1;
+                    }
+                    left = Some((pos, since));
+                    recheck = Some(self.clock.now() + after);
+                    break;
+                }
                 cursor += 1;
-                if committed(pos) || !self.claim(split, pos, 0)? {
+                if !self.claim(split, pos, 0, my_pace)? {
                     continue;
                 }
                 let (pid, partial) = self.spawn_item(&job, &pool[pos], &item_name(pos, None), 0)?;
@@ -892,6 +996,17 @@ impl Node {
                         partial,
                     },
                 );
+            }
+            // Commit what finished, now that this node's next items run: the commit's
+            // fsyncs are not between one item and the next.
+            for r in std::mem::take(&mut finished) {
+                if committed(r.pos) {
+                    // Another attempt (a takeover or a backup) committed first: one file.
+                    let _ = self.store.remove_file(&r.partial);
+                } else {
+                    self.commit_item(split, &item_name(r.pos, None), &r.partial)?;
+                    mine += 1;
+                }
             }
             // Stop attempts whose item another rank committed meanwhile.
             let superseded: Vec<i32> = running
@@ -908,6 +1023,9 @@ impl Node {
             // At the end of the pool, take over items whose claimant died.
             let mut waiting_on_peers = 0;
             let mut awaited: Vec<usize> = vec![];
+            // The fastest pace among the live holders awaited: their commits are looked
+            // for at least four times per item of theirs.
+            let mut awaited_pace: Option<Duration> = None;
             if cursor >= pool.len() {
                 self.observe_all_peers();
                 for (pos, item) in pool.iter().enumerate() {
@@ -939,7 +1057,7 @@ impl Node {
                             // One backup per item, of a first attempt only: a retry or a
                             // takeover is not backed up again.
                             let slower = lease::backup_due(attempt, self.clock.elapsed(seen), avg);
-                            if slower && self.claim(split, pos, attempt + 1)? {
+                            if slower && self.claim(split, pos, attempt + 1, my_pace)? {
                                 backups += 1;
                                 self.event(events::Event::Backup {
                                     item: item_name(pos, None),
@@ -963,10 +1081,14 @@ impl Node {
                             } else {
                                 waiting_on_peers += 1;
                                 awaited.push(pos);
+                                if let Some(p) = paces.get(&holder) {
+                                    awaited_pace =
+                                        Some(awaited_pace.map_or(p.item, |a| a.min(p.item)));
+                                }
                             }
                         }
                         Holder::Gone { attempt } => {
-                            if self.claim(split, pos, attempt + 1)? {
+                            if self.claim(split, pos, attempt + 1, my_pace)? {
                                 self.info(&format!(
                                     "iteration {}: taking over item {} (its claimant is dead)",
                                     self.iteration,
@@ -997,7 +1119,7 @@ impl Node {
                         }
                         Holder::Free => {
                             // Claimable in this generation (e.g. a lease of an earlier one only).
-                            if self.claim(split, pos, 0)? {
+                            if self.claim(split, pos, 0, my_pace)? {
                                 let (pid, partial) =
                                     self.spawn_item(&job, item, &item_name(pos, None), 0)?;
                                 started_at.entry(pid).or_insert_with(|| self.clock.now());
@@ -1043,7 +1165,16 @@ impl Node {
             let next_retry = delayed.iter().map(|d| d.0).min();
             // Look again (liveness of claimants, backups) at least every poll interval, and at
             // once when an item another rank holds is committed or marked failed.
-            let poll_until = self.clock.now() + self.cfg.timing.poll_interval;
+            // While an item is left to faster peers: look again when its patience may have
+            // run out, and at once when a peer claims it. While a peer's item is awaited:
+            // a quarter of its pace at most (not under 2 ms; each look starts polling
+            // afresh, at about a millisecond), so its commit is seen within a few
+            // milliseconds, not a growing fraction of the wait.
+            let now = self.clock.now();
+            let poll_until = (now + self.cfg.timing.poll_interval)
+                .min(recheck.unwrap_or(deadline))
+                .min(awaited_pace.map_or(deadline, |p| now + (p / 4).max(AWAITED_LOOK_MIN)));
+            let leaving = recheck.map(|_| self.lease(split, cursor, 0));
             let awaited: Vec<(PathBuf, PathBuf)> = awaited
                 .iter()
                 .chain(running.values().map(|r| &r.pos))
@@ -1061,7 +1192,8 @@ impl Node {
                 let settled = awaited
                     .iter()
                     .any(|(done, failed)| done.exists() || failed.exists());
-                now >= poll_until || retry_due || settled
+                let taken = leaving.as_ref().is_some_and(|l| l.exists());
+                now >= poll_until || retry_due || settled || taken
             });
             let (pid, exit) = match waited {
                 Ok(Some(x)) => x,
@@ -1087,14 +1219,7 @@ impl Node {
             }
             let name = item_name(r.pos, None);
             match exit {
-                ChildExit::Success if committed(r.pos) => {
-                    // Another attempt (a takeover or a backup) committed first: one file.
-                    let _ = self.store.remove_file(&r.partial);
-                }
-                ChildExit::Success => {
-                    self.commit_item(split, &name, &r.partial)?;
-                    mine += 1;
-                }
+                ChildExit::Success => finished.push(r),
                 ChildExit::Exit(code) if self.retryable(code, r.attempt) => {
                     let wait = self.retry_delay(&name, &pool[r.pos].task, r.attempt, code);
                     delayed.push((self.clock.now() + wait, r.pos, r.attempt + 1));
@@ -1116,7 +1241,7 @@ impl Node {
         }
         self.waiting_note.clear();
         self.info(&format!(
-            "iteration {}: dynamic {split}: this rank committed {mine} of {} items in {:.2}s ({backups} backup attempt(s)){}",
+            "iteration {}: dynamic {split}: this rank committed {mine} of {} items in {:.2}s ({backups} backup attempt(s), {left_items} left to faster ranks){}",
             self.iteration,
             pool.len(),
             self.clock.elapsed(started).as_secs_f64(),

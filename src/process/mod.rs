@@ -516,7 +516,12 @@ pub fn spawn_shell(
     )?;
     let out = out.into_file();
     let err = out.try_clone()?;
-    let child: Child = unblocked_signals(&mut Command::new("sh"))
+    let sh = match env.iter().any(|(k, _)| k == "PATH") {
+        // The command's own PATH decides which `sh` runs, as with any program name.
+        true => Path::new("sh"),
+        false => shell(),
+    };
+    let child: Child = unblocked_signals(&mut Command::new(sh))
         .arg("-c")
         .arg(command)
         .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
@@ -529,6 +534,26 @@ pub fn spawn_shell(
     Ok(Running {
         pid: child.id() as i32,
         started: Instant::now(),
+    })
+}
+
+/// `sh` as found on this process's PATH, looked up once: a program name is otherwise
+/// searched for in the forked child before every command (an `execve` per PATH entry
+/// that lacks it: about a millisecond per per-task item on a long PATH).
+fn shell() -> &'static Path {
+    static SHELL: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    SHELL.get_or_init(|| {
+        use std::os::unix::fs::PermissionsExt;
+        std::env::var_os("PATH")
+            .iter()
+            .flat_map(std::env::split_paths)
+            .filter(|d| d.is_absolute())
+            .map(|d| d.join("sh"))
+            .find(|p| {
+                std::fs::metadata(p)
+                    .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            })
+            .unwrap_or_else(|| "sh".into())
     })
 }
 

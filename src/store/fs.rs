@@ -51,6 +51,10 @@ impl SharedDir for Fs {
         create_new(path, bytes)
     }
 
+    fn create_new_live(&self, path: &Path, bytes: &[u8]) -> io::Result<bool> {
+        create_new_with(path, bytes, false)
+    }
+
     fn overwrite_in_place(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
         overwrite_bytes_in_place(path, bytes)
     }
@@ -466,12 +470,20 @@ fn overwrite_bytes_in_place(path: &Path, value: &[u8]) -> io::Result<()> {
 /// Create `path` with `bytes` only if it does not exist yet: first writer wins.
 /// Returns false when another writer got there first.
 pub fn create_new(path: &Path, bytes: &[u8]) -> io::Result<bool> {
+    create_new_with(path, bytes, true)
+}
+
+/// [`create_new`], with the file and its directory fsynced only if `durable`.
+fn create_new_with(path: &Path, bytes: &[u8], durable: bool) -> io::Result<bool> {
     let tmp = tmp_name(path);
     let written = (|| {
         count(OpClass::Open);
         let mut f = File::create(&tmp)?;
         count(OpClass::Write);
         f.write_all(bytes)?;
+        if !durable {
+            return Ok(());
+        }
         count(OpClass::Fsync);
         f.sync_all()
     })();
@@ -485,7 +497,7 @@ pub fn create_new(path: &Path, bytes: &[u8]) -> io::Result<bool> {
     remove_tmp(&tmp);
     match linked {
         Ok(()) => {
-            if let Some(dir) = path.parent() {
+            if let (Some(dir), true) = (path.parent(), durable) {
                 fsync_dir(dir)?;
             }
             Ok(true)
@@ -498,8 +510,10 @@ pub fn create_new(path: &Path, bytes: &[u8]) -> io::Result<bool> {
                 Ok(mut f) => {
                     count(OpClass::Write);
                     f.write_all(bytes)?;
-                    count(OpClass::Fsync);
-                    f.sync_all()?;
+                    if durable {
+                        count(OpClass::Fsync);
+                        f.sync_all()?;
+                    }
                     Ok(true)
                 }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),

@@ -162,6 +162,11 @@ pub trait SharedDir: Send + Sync {
     /// (`false` when another got there first).
     fn create_new(&self, path: &Path, bytes: &[u8]) -> io::Result<bool>;
 
+    /// [`SharedDir::create_new`] without fsync, for a transient claim that needs only
+    /// "first writer wins" (a dynamic rollout's lease: lost in a crash of the server, it
+    /// costs a second attempt of the item, whose commit still keeps exactly one file).
+    fn create_new_live(&self, path: &Path, bytes: &[u8]) -> io::Result<bool>;
+
     /// Overwrite the existing `path` in place, within the space it already has (the last
     /// resort of a node on a full disk; see [`fs::overwrite_in_place`]).
     fn overwrite_in_place(&self, path: &Path, bytes: &[u8]) -> io::Result<()>;
@@ -249,6 +254,11 @@ impl dyn SharedDir + '_ {
 
     pub fn create_new_json<T: Serialize>(&self, path: &Path, value: &T) -> io::Result<bool> {
         self.create_new(path, &fs::json_bytes(value)?)
+    }
+
+    /// [`SharedDir::create_new_live`] of `value` as JSON.
+    pub fn create_new_live_json<T: Serialize>(&self, path: &Path, value: &T) -> io::Result<bool> {
+        self.create_new_live(path, &fs::json_bytes(value)?)
     }
 
     /// A live record: missing or unparsable (torn, half-copied) is `None` ("not yet").

@@ -507,6 +507,37 @@ impl std::fmt::Debug for SimClient {
 }
 
 impl SimClient {
+    /// `create_new`: a temporary file hard-linked to `path` (an `O_EXCL` create where
+    /// links fail), fsynced with its directory if `durable`.
+    fn create_new_with(&self, path: &Path, bytes: &[u8], durable: bool) -> io::Result<bool> {
+        let path = norm(path);
+        let mut c = self.begin(&path);
+        let tmp = c.tmp_name(&path);
+        if let Err(e) = c.write_tmp(&tmp, bytes, durable) {
+            c.remove_tmp(&tmp);
+            return Err(e);
+        }
+        let linked = c
+            .op(OpClass::Rename)
+            .and_then(|()| c.w.hard_link(&tmp, &path));
+        c.remove_tmp(&tmp);
+        match linked {
+            Ok(()) => {
+                c.remember(&path, Some(Cached::File(bytes.to_vec())));
+                if let (Some(dir), true) = (path.parent(), durable) {
+                    c.fsync_dir(dir)?;
+                }
+                Ok(true)
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                // The server said it exists: whatever this client cached about it is wrong.
+                c.forget(&path);
+                Ok(false)
+            }
+            Err(_) => c.create_excl(&path, bytes, durable),
+        }
+    }
+
     /// This client's number in its world (what [`Inode::unsynced`] records).
     pub fn id(&self) -> u64 {
         self.id
@@ -826,20 +857,24 @@ impl Call<'_> {
         Ok(buf)
     }
 
-    /// Write `bytes` to a new temporary file and fsync it (`create_new`'s first step).
-    fn write_tmp(&mut self, tmp: &Path, bytes: &[u8]) -> io::Result<()> {
+    /// Write `bytes` to a new temporary file and fsync it if `durable` (`create_new`'s
+    /// first step).
+    fn write_tmp(&mut self, tmp: &Path, bytes: &[u8], durable: bool) -> io::Result<()> {
         let id = self.client.id;
         self.op(OpClass::Open)?;
         let ino = self.w.open_create(tmp, true)?;
         self.op(OpClass::Write)?;
         self.w.write(ino, id, |d| d.extend_from_slice(bytes));
-        self.op(OpClass::Fsync)?;
-        self.w.sync(ino);
+        if durable {
+            self.op(OpClass::Fsync)?;
+            self.w.sync(ino);
+        }
         Ok(())
     }
 
-    /// `O_EXCL` create of `path` with `bytes`, fsynced (`create_new` without hard links).
-    fn create_excl(&mut self, path: &Path, bytes: &[u8]) -> io::Result<bool> {
+    /// `O_EXCL` create of `path` with `bytes`, fsynced if `durable` (`create_new` without
+    /// hard links).
+    fn create_excl(&mut self, path: &Path, bytes: &[u8], durable: bool) -> io::Result<bool> {
         let id = self.client.id;
         self.op(OpClass::Open)?;
         let ino = match self.w.create_excl(path) {
@@ -849,8 +884,10 @@ impl Call<'_> {
         };
         self.op(OpClass::Write)?;
         self.w.write(ino, id, |d| d.extend_from_slice(bytes));
-        self.op(OpClass::Fsync)?;
-        self.w.sync(ino);
+        if durable {
+            self.op(OpClass::Fsync)?;
+            self.w.sync(ino);
+        }
         self.remember(path, Some(Cached::File(bytes.to_vec())));
         Ok(true)
     }
@@ -989,32 +1026,11 @@ impl SharedDir for SimClient {
     }
 
     fn create_new(&self, path: &Path, bytes: &[u8]) -> io::Result<bool> {
-        let path = norm(path);
-        let mut c = self.begin(&path);
-        let tmp = c.tmp_name(&path);
-        if let Err(e) = c.write_tmp(&tmp, bytes) {
-            c.remove_tmp(&tmp);
-            return Err(e);
-        }
-        let linked = c
-            .op(OpClass::Rename)
-            .and_then(|()| c.w.hard_link(&tmp, &path));
-        c.remove_tmp(&tmp);
-        match linked {
-            Ok(()) => {
-                c.remember(&path, Some(Cached::File(bytes.to_vec())));
-                if let Some(dir) = path.parent() {
-                    c.fsync_dir(dir)?;
-                }
-                Ok(true)
-            }
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                // The server said it exists: whatever this client cached about it is wrong.
-                c.forget(&path);
-                Ok(false)
-            }
-            Err(_) => c.create_excl(&path, bytes),
-        }
+        self.create_new_with(path, bytes, true)
+    }
+
+    fn create_new_live(&self, path: &Path, bytes: &[u8]) -> io::Result<bool> {
+        self.create_new_with(path, bytes, false)
     }
 
     fn read_or_create(&self, path: &Path) -> io::Result<Vec<u8>> {

@@ -16,6 +16,13 @@
 //! A finished attempt is committed by a rename that never replaces, so the first commit
 //! wins. Items fail now and then and are retried under the next attempt after a delay.
 //!
+//! The end game is speed-aware, as the node's: in one seed of two the nodes run at
+//! different speeds (items 1 to 4 times as long), every lease carries its creator's pace
+//! (mean item time so far), a node passes claimed items by finding their leases and
+//! learns the peers' paces from them, and before claiming the pool's next unclaimed item
+//! it asks the core (`lease::take_next`, with the paces of the peers it judges live)
+//! whether to leave it to faster peers, for at most the core's patience.
+//!
 //! The directory is seen as an NFS client sees it. Each node has its own attribute cache
 //! of the others' records and its own negative-lookup cache of item and lease names ("no
 //! such file" is believed for the cache lifetime). Exclusive creates and renames are
@@ -28,10 +35,11 @@
 //! - no node takes over an item from a holder that is alive: the holder was killed, or
 //!   frozen for about dead-after (less what caches and heartbeat spacing can hide);
 //! - every item is committed exactly once, by one attempt;
-//! - every run ends: every live node finishes within a bound.
+//! - every run ends: every live node finishes within a bound (so no item is left to a
+//!   faster peer for good: one that died or froze, or that leaves it too).
 
 use super::Violation;
-use rl_node::protocol::lease::{self, Holder};
+use rl_node::protocol::lease::{self, Holder, Take};
 use rl_node::protocol::liveness::Mutation as LivenessMutation;
 use rl_node::protocol::Liveness;
 use rl_node::rng::SplitMix64 as Rng;
@@ -46,6 +54,10 @@ pub struct Mutations {
     /// The node's end-of-pool loop as it was before the 100,000-seed run (seed 27650):
     /// a lost takeover claim did not count as waiting for a peer.
     pub lease_loss_ends_wait: bool,
+    /// The node and the scenario as they were before the speed-aware end game: every node
+    /// at one speed, no paces, every free worker claims (each seed's run is then the
+    /// one it was before).
+    pub without_end_game: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -75,6 +87,12 @@ struct Node {
     delayed: Vec<(u64, usize, u32)>,
     item_ticks: Vec<u64>,
     first_seen: BTreeMap<usize, u64>,
+    /// How much longer this node's items take (1 to 4).
+    slowness: u64,
+    /// The peers' paces as their leases said: rank → mean item ticks, workers.
+    paces: BTreeMap<u32, lease::Pace>,
+    /// The item this node leaves to faster peers, and since when.
+    left: Option<(usize, u64)>,
     liveness: Liveness,
     dead: BTreeSet<u32>,
     /// Heartbeat sequence and the tick of its last beat.
@@ -100,6 +118,10 @@ pub struct Summary {
     pub retries: u64,
     pub takeovers: u64,
     pub backups: u64,
+    /// Items a node left to faster peers (once per node and item), and of those the ones
+    /// it claimed itself after all when its patience ran out.
+    pub left: u64,
+    pub claimed_after_leaving: u64,
     /// Attempts whose commit found the item committed by another attempt.
     pub lost_commits: u64,
     pub kills: u64,
@@ -119,9 +141,10 @@ struct Sim {
     heartbeat: u64,
     dead_after: u64,
     nodes: Vec<Node>,
-    /// The server's truth: leases (item, attempt) → holder, and committed items →
-    /// (rank, attempt).
+    /// The server's truth: leases (item, attempt) → holder and the pace it published,
+    /// and committed items → (rank, attempt).
     leases: BTreeMap<(usize, u32), u32>,
+    lease_paces: BTreeMap<(usize, u32), Option<lease::Pace>>,
     committed: BTreeMap<usize, (u32, u32)>,
     /// Ticks at which a node is killed, and the one long freeze: (tick, rank, length).
     kills_at: Vec<(u64, u32)>,
@@ -154,8 +177,14 @@ impl Sim {
             let rank = rng.below(n as u64) as u32;
             (at, rank, dead_after * (2 + rng.below(3)))
         });
+        // Speeds from a stream of their own, so a seed without them runs as it did before.
+        let mut speeds = Rng::new(seed ^ 0x5BEED5);
+        let unequal = !mutations.without_end_game && speeds.below(2) == 0;
         let nodes = (0..n)
             .map(|_| Node {
+                slowness: if unequal { 1 + speeds.below(4) } else { 1 },
+                paces: BTreeMap::new(),
+                left: None,
                 life: Life::Running,
                 cursor: 0,
                 running: vec![],
@@ -184,6 +213,7 @@ impl Sim {
             dead_after,
             nodes,
             leases: BTreeMap::new(),
+            lease_paces: BTreeMap::new(),
             committed: BTreeMap::new(),
             kills_at,
             freeze,
@@ -231,12 +261,22 @@ impl Sim {
         there
     }
 
-    /// Exclusive create of a lease: decided by the server.
+    /// This node's pace: the mean of its items so far (a tick is a millisecond).
+    fn pace(&self, r: usize) -> Option<lease::Pace> {
+        let ticks = &self.nodes[r].item_ticks;
+        (!self.mutations.without_end_game && !ticks.is_empty()).then(|| lease::Pace {
+            item: Duration::from_millis(ticks.iter().sum::<u64>() / ticks.len() as u64),
+            workers: self.max_workers as u32,
+        })
+    }
+
+    /// Exclusive create of a lease, carrying the creator's pace: decided by the server.
     fn claim(&mut self, r: usize, pos: usize, attempt: u32) -> bool {
         if self.leases.contains_key(&(pos, attempt)) {
             return false;
         }
         self.leases.insert((pos, attempt), r as u32);
+        self.lease_paces.insert((pos, attempt), self.pace(r));
         self.nodes[r].missing.remove(&Name::Lease(pos, attempt));
         true
     }
@@ -255,7 +295,7 @@ impl Sim {
     }
 
     fn start(&mut self, r: usize, pos: usize, attempt: u32) {
-        let ends = self.tick + 5 + self.rng.below(40);
+        let ends = self.tick + (5 + self.rng.below(40)) * self.nodes[r].slowness;
         let fails = self.rng.below(12) == 0;
         self.nodes[r].running.push(Attempt {
             pos,
@@ -358,11 +398,66 @@ impl Sim {
                 self.start(r, pos, attempt);
             }
         }
-        // New items in pool order.
+        // New items in pool order: an item with a lease is passed (its lease tells its
+        // holder's pace); the last ones may be left to faster peers.
         while self.nodes[r].running.len() < self.max_workers && self.nodes[r].cursor < self.items {
             let pos = self.nodes[r].cursor;
+            if self.mutations.without_end_game {
+                self.nodes[r].cursor += 1;
+                if self.exists(r, Name::Item(pos)) || !self.claim(r, pos, 0) {
+                    continue;
+                }
+                self.start(r, pos, 0);
+                continue;
+            }
+            if self.exists(r, Name::Lease(pos, 0)) {
+                let holder = self.leases[&(pos, 0)];
+                if let (Some(p), true) = (self.lease_paces[&(pos, 0)], holder != r as u32) {
+                    self.nodes[r].paces.insert(holder, p);
+                }
+                self.nodes[r].cursor += 1;
+                continue;
+            }
+            if self.exists(r, Name::Item(pos)) {
+                self.nodes[r].cursor += 1;
+                continue;
+            }
+            let since = match self.nodes[r].left {
+                Some((p, t)) if p == pos => t,
+                _ => self.tick,
+            };
+            let waited = Duration::from_millis(self.tick - since);
+            let me = self.pace(r);
+            let unclaimed = self.items - pos;
+            let all: Vec<lease::Pace> = self.nodes[r].paces.values().copied().collect();
+            let mut take = lease::take_next_with(me, &all, unclaimed, waited, self.mutations.lease);
+            if take != Take::Claim {
+                // As the node: judged again with the live peers only.
+                self.observe_all_peers(r);
+                let node = &self.nodes[r];
+                let live: Vec<lease::Pace> = node
+                    .paces
+                    .iter()
+                    .filter(|(q, _)| !node.dead.contains(q))
+                    .map(|(_, p)| *p)
+                    .collect();
+                take = lease::take_next_with(me, &live, unclaimed, waited, self.mutations.lease);
+            }
+            if take != Take::Claim {
+                if self.nodes[r].left.is_none_or(|l| l.0 != pos) {
+                    self.s.left += 1;
+                    self.note(format!(
+                        "rank {r} leaves item {pos} to faster peers ({unclaimed} unclaimed)"
+                    ));
+                }
+                self.nodes[r].left = Some((pos, since));
+                break;
+            }
+            if self.nodes[r].left.is_some_and(|l| l.0 == pos) {
+                self.s.claimed_after_leaving += 1;
+            }
             self.nodes[r].cursor += 1;
-            if self.exists(r, Name::Item(pos)) || !self.claim(r, pos, 0) {
+            if !self.claim(r, pos, 0) {
                 continue;
             }
             self.start(r, pos, 0);
@@ -462,11 +557,13 @@ impl Sim {
 
     fn run(mut self) -> Result<Summary, Violation> {
         // The scheduler gives each node a round about every n ticks, and an attempt takes
-        // up to 45 ticks: a node's share of the pool takes about (share + 1) rounds of
-        // (45 + 2n) ticks. Allow four times that, the share of every killed node again,
-        // dead-after four times over, and the freeze.
+        // up to 45 ticks (times the slowest node's slowness): a node's share of the pool
+        // takes about (share + 1) rounds of (45 + 2n) ticks. Allow four times that, the
+        // share of every killed node again, dead-after four times over, and the freeze.
+        // (An item left to faster peers waits at most one item time of its leaver.)
         let n = self.n as u64;
-        let share = (self.items as u64 / n + 1) * (45 + 2 * n);
+        let slowest = self.nodes.iter().map(|n| n.slowness).max().unwrap_or(1);
+        let share = (self.items as u64 / n + 1) * (45 * slowest + 2 * n);
         let bound = 4 * share
             + (self.kills_at.len() as u64) * 4 * share
             + self.dead_after * 4
@@ -571,6 +668,8 @@ impl std::ops::AddAssign for Summary {
         self.retries += o.retries;
         self.takeovers += o.takeovers;
         self.backups += o.backups;
+        self.left += o.left;
+        self.claimed_after_leaving += o.claimed_after_leaving;
         self.lost_commits += o.lost_commits;
         self.kills += o.kills;
         self.freezes += o.freezes;
@@ -581,7 +680,7 @@ impl std::ops::AddAssign for Summary {
 impl Summary {
     pub fn line(&self) -> String {
         format!(
-            "{} ticks, {} items in {} attempts ({} retries, {} takeovers, {} backups, {} commits lost to an earlier one); faults: {} kills (-9), {} long freezes; {} invariant checks",
+            "{} ticks, {} items in {} attempts ({} retries, {} takeovers, {} backups, {} commits lost to an earlier one); end game: {} items left to faster peers, {} of them claimed after all; faults: {} kills (-9), {} long freezes; {} invariant checks",
             self.ticks,
             self.items,
             self.attempts,
@@ -589,6 +688,8 @@ impl Summary {
             self.takeovers,
             self.backups,
             self.lost_commits,
+            self.left,
+            self.claimed_after_leaving,
             self.kills,
             self.freezes,
             self.checks
@@ -601,7 +702,11 @@ fn a_thousand_seeds_of_dynamic_rollouts_keep_the_invariants() {
     match sweep(1, 1_000, 16, Mutations::default()) {
         Ok(s) => {
             assert!(
-                s.kills > 300 && s.takeovers > 100 && s.backups > 100,
+                s.kills > 300
+                    && s.takeovers > 100
+                    && s.backups > 100
+                    && s.left > 100
+                    && s.claimed_after_leaving > 10,
                 "{}",
                 s.line()
             );
@@ -634,6 +739,17 @@ fn a_judge_that_trusts_dead_holders_is_caught() {
     assert!(v.what.contains("did not end"), "{v}");
 }
 
+/// … an end game without patience leaves an item to a faster peer that died, froze or
+/// leaves it too, for good …
+#[test]
+fn an_end_game_without_patience_is_caught() {
+    let v = caught(Mutations {
+        lease: Some(lease::Mutation::LeaveForever),
+        ..Mutations::default()
+    });
+    assert!(v.what.contains("did not end"), "{v}");
+}
+
 /// … and an impatient liveness judge takes over a live node's item.
 #[test]
 fn an_impatient_takeover_is_caught() {
@@ -651,13 +767,19 @@ fn an_impatient_takeover_is_caught() {
 /// passes it.
 #[test]
 fn a_lost_takeover_claim_is_waited_for() {
+    // The schedule of that seed as it was then, before the speed-aware end game.
+    let then = Mutations {
+        without_end_game: true,
+        ..Mutations::default()
+    };
     let old = Mutations {
         lease_loss_ends_wait: true,
-        ..Mutations::default()
+        ..then
     };
     let v = sweep(27650, 1, 64, old)
         .err()
         .expect("the old loop is caught");
     assert!(v.what.contains("never committed"), "{v}");
+    sweep(27650, 1, 64, then).unwrap_or_else(|v| panic!("{v}"));
     sweep(27650, 1, 64, Mutations::default()).unwrap_or_else(|v| panic!("{v}"));
 }
