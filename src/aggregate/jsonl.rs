@@ -3,7 +3,7 @@
 //!
 //! - the calling thread reads each source into blocks of whole lines (about [`BLOCK`]
 //!   bytes; a line longer than a step is checked as it grows and never buffered past
-//!   `max_record_bytes`, see [`read_record`]);
+//!   `max_record_bytes`, see [`read_source`]);
 //! - validator threads check the lines of a block as UTF-8 and JSON (Python's
 //!   `NaN`/`Infinity` accepted unless strict), blocks in parallel;
 //! - the sequencer thread takes the judged blocks back in order, does the accounting
@@ -15,12 +15,12 @@
 //! Memory is bounded: blocks come from a fixed pool ([`POOL`] per validator) that the
 //! reader waits on, so a slow writer slows the reader instead of buffering the merge.
 
+use super::TICK_BYTES;
 use super::{AggregateError, DropKind, Dropped, MergeOptions, RankEntry, RankStatus};
-use super::{IO_BUF, TICK_BYTES};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, Read as _, Write};
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender};
@@ -32,6 +32,9 @@ const FIRST_STEP: u64 = 1 << 20;
 
 /// Bytes of whole lines per block handed from the reader to the validators.
 const BLOCK: usize = 1 << 20;
+
+/// Bytes asked of the kernel per read.
+const READ: usize = 256 << 10;
 
 /// Blocks in flight per validator thread (reading, judging, hashing, writing).
 const POOL: usize = 3;
@@ -303,6 +306,12 @@ fn give_back(pool: &Sender<Vec<u8>>, mut data: Vec<u8>) {
 
 /// Read the source of `entry` (the `number`th, from 1) into blocks of lines for the
 /// pipeline; stops early when the sequencer says the source ended at an invalid line.
+///
+/// The file is read straight into the block (no copy through a second buffer), a
+/// kernel read at a time; complete lines are found with `memchr`, and the unfinished
+/// last line of a full block moves to the next one. A line still unfinished at
+/// 1, 2, 4, … MiB (or past `max_record_bytes`) is checked as it stands, and when that
+/// proves it invalid it is consumed without being buffered (see [`skip_line`]).
 fn read_source(
     root: &Path,
     number: usize,
@@ -337,55 +346,156 @@ fn read_source(
             len,
         }))
         .map_err(|()| broken())?;
-    let mut r = BufReader::with_capacity(IO_BUF, f);
-    let mut since_tick = 0u64;
+    let cap = opts.max_record_bytes;
+    let first_check = FIRST_STEP.min(cap.saturating_add(1));
+    let chunk = READ.min(reader.block).max(1);
     let mut block = Block {
         data: reader.buffer().map_err(|()| broken())?,
         lines: Vec::new(),
     };
+    // The unfinished line is `block.data[start..]`; its first `scanned` bytes hold no
+    // newline, and it is checked when it reaches `check_at` bytes.
+    let (mut start, mut scanned, mut check_at) = (0usize, 0usize, first_check);
+    let mut since_tick = 0u64;
+    let mut eof = false;
     loop {
-        let start = block.data.len();
-        let line = match read_record(&mut r, &mut block.data, start, opts).map_err(rerr)? {
-            Record::Eof => break,
-            Record::Line { newline } => Line::Text {
-                end: block.data.len(),
-                newline,
-                verdict: Verdict::Unjudged,
-            },
-            Record::Bad {
-                bytes,
-                newline,
-                why,
-            } => Line::Bad {
-                bytes,
-                newline,
-                why,
-            },
-        };
-        since_tick += match &line {
-            Line::Text { end, .. } => (end - start) as u64,
-            Line::Bad { bytes, .. } => *bytes,
-        };
-        block.lines.push(line);
+        while let Some(i) = memchr::memchr(b'\n', &block.data[start + scanned..]) {
+            let end = start + scanned + i + 1;
+            let bytes = (end - start) as u64;
+            if bytes - 1 > cap {
+                // Ended within the last read, but longer than any record may be.
+                block.data.drain(start..end);
+                block.lines.push(Line::Bad {
+                    bytes,
+                    newline: true,
+                    why: format!("record longer than {cap} bytes"),
+                });
+            } else {
+                block.lines.push(Line::Text {
+                    end,
+                    newline: true,
+                    verdict: Verdict::Unjudged,
+                });
+                start = end;
+            }
+            since_tick += bytes;
+            (scanned, check_at) = (0, first_check);
+        }
+        scanned = block.data.len() - start;
         if since_tick >= TICK_BYTES {
             since_tick = 0;
             tick();
         }
-        if block.data.len() >= reader.block || block.lines.len() >= BLOCK / 16 {
-            let next = Block {
-                data: reader.buffer().map_err(|()| broken())?,
-                lines: Vec::new(),
-            };
-            let full = std::mem::replace(&mut block, next);
+        if start >= reader.block || block.lines.len() >= BLOCK / 16 {
+            // Send the complete lines; the unfinished one starts the next block.
+            let mut next = reader.buffer().map_err(|()| broken())?;
+            next.extend_from_slice(&block.data[start..]);
+            block.data.truncate(start);
+            let full = std::mem::replace(
+                &mut block,
+                Block {
+                    data: next,
+                    lines: Vec::new(),
+                },
+            );
             reader.send(Item::Block(full)).map_err(|()| broken())?;
+            start = 0;
             if stopped.load(Ordering::Relaxed) == number {
+                block.data.clear();
                 break;
             }
         }
+        let unfinished = (block.data.len() - start) as u64;
+        if eof {
+            if unfinished > cap {
+                block.data.truncate(start);
+                block.lines.push(Line::Bad {
+                    bytes: unfinished,
+                    newline: false,
+                    why: format!("record longer than {cap} bytes"),
+                });
+            } else if unfinished > 0 {
+                block.lines.push(Line::Text {
+                    end: block.data.len(),
+                    newline: false,
+                    verdict: Verdict::Unjudged,
+                });
+            }
+            break;
+        }
+        if unfinished >= check_at {
+            let why = if unfinished > cap {
+                Some(format!("record longer than {cap} bytes"))
+            } else {
+                prefix_invalid(&block.data[start..], opts.strict_json)
+            };
+            if let Some(why) = why {
+                block.data.truncate(start);
+                let (rest, newline) = skip_line(&f, &mut block.data, chunk).map_err(rerr)?;
+                block.lines.push(Line::Bad {
+                    bytes: unfinished + rest,
+                    newline,
+                    why,
+                });
+                since_tick += unfinished + rest;
+                (scanned, check_at) = (0, first_check);
+                eof = !newline;
+                continue;
+            }
+            check_at = unfinished.saturating_mul(2).min(cap.saturating_add(1));
+        }
+        eof = read_more(&f, &mut block.data, chunk).map_err(rerr)? == 0;
     }
     // Sent even without lines: the sequencer gives its buffer back to the pool.
     reader.send(Item::Block(block)).map_err(|()| broken())?;
     reader.send(Item::End).map_err(|()| broken())
+}
+
+/// Read at most `max` bytes of `f` (from its offset) onto the end of `buf`, straight
+/// into its spare capacity. Returns how many; 0 at the end of the file.
+fn read_more(f: &File, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    buf.reserve(max);
+    let spare = buf.spare_capacity_mut();
+    let (ptr, room) = (spare.as_mut_ptr(), spare.len().min(max));
+    loop {
+        // SAFETY: `ptr` points at `room` bytes of `buf`'s spare capacity, valid for
+        // writes and not otherwise borrowed during the call; the fd is open (borrowed
+        // from `f`).
+        let n = unsafe { libc::read(f.as_raw_fd(), ptr.cast(), room) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        let n = n as usize;
+        // SAFETY: the kernel initialized exactly the first `n` (<= `room`) spare bytes.
+        unsafe { buf.set_len(buf.len() + n) };
+        return Ok(n);
+    }
+}
+
+/// Consume the rest of a line known to be invalid, reading into `buf`'s spare room and
+/// keeping none of it; the bytes after its newline stay at the end of `buf`. Returns the
+/// bytes consumed (with the newline) and whether there was a newline (else: end of file).
+fn skip_line(f: &File, buf: &mut Vec<u8>, chunk: usize) -> io::Result<(u64, bool)> {
+    let keep = buf.len();
+    let mut bytes = 0u64;
+    loop {
+        let n = read_more(f, buf, chunk)?;
+        if n == 0 {
+            return Ok((bytes, false));
+        }
+        if let Some(i) = memchr::memchr(b'\n', &buf[keep..]) {
+            bytes += i as u64 + 1;
+            buf.drain(keep..keep + i + 1);
+            return Ok((bytes, true));
+        }
+        bytes += n as u64;
+        buf.truncate(keep);
+    }
 }
 
 /// Judge each line of `b` until the first that is not a record (which ends its source).
@@ -564,81 +674,6 @@ fn account(
     Ok(ended)
 }
 
-enum Record {
-    Eof,
-    /// The line is in the buffer (with its newline when it had one).
-    Line {
-        newline: bool,
-    },
-    /// A line known to be invalid before its end was read (garbage, or longer than the
-    /// limit); it has been consumed without being buffered whole.
-    Bad {
-        bytes: u64,
-        newline: bool,
-        why: String,
-    },
-}
-
-/// Read one line, appending it to `buf` (whose record starts at `start`), buffering at
-/// most `max_record_bytes` (+ a step) of it.
-fn read_record<R: BufRead>(
-    r: &mut R,
-    buf: &mut Vec<u8>,
-    start: usize,
-    opts: &MergeOptions,
-) -> io::Result<Record> {
-    let cap = opts.max_record_bytes;
-    let mut step = FIRST_STEP.min(cap.saturating_add(1));
-    let why = loop {
-        let n = r.by_ref().take(step).read_until(b'\n', buf)? as u64;
-        if buf.len() > start && buf.last() == Some(&b'\n') {
-            return Ok(Record::Line { newline: true });
-        }
-        if n < step {
-            // End of file.
-            return Ok(if buf.len() == start {
-                Record::Eof
-            } else {
-                Record::Line { newline: false }
-            });
-        }
-        let have = (buf.len() - start) as u64;
-        if have > cap {
-            break format!("record longer than {cap} bytes");
-        }
-        if let Some(why) = prefix_invalid(&buf[start..], opts.strict_json) {
-            break why;
-        }
-        step = have.min(cap.saturating_add(1) - have).max(1);
-    };
-    // Consume the rest of the line without keeping it.
-    let mut bytes = (buf.len() - start) as u64;
-    buf.truncate(start);
-    let mut scratch = Vec::with_capacity(1 << 16);
-    loop {
-        scratch.clear();
-        let n = r
-            .by_ref()
-            .take(IO_BUF as u64)
-            .read_until(b'\n', &mut scratch)?;
-        bytes += n as u64;
-        if scratch.last() == Some(&b'\n') {
-            return Ok(Record::Bad {
-                bytes,
-                newline: true,
-                why,
-            });
-        }
-        if n == 0 {
-            return Ok(Record::Bad {
-                bytes,
-                newline: false,
-                why,
-            });
-        }
-    }
-}
-
 /// Errors reported this close to the end of a prefix may be artefacts of the cut (e.g. a
 /// number cut after its `-`), so they do not prove the whole line invalid.
 const PREFIX_MARGIN: usize = 16;
@@ -782,20 +817,24 @@ mod tests {
         Ok((out, e))
     }
 
+    const DEFAULT: u64 = super::super::DEFAULT_MAX_RECORD_BYTES;
+
     /// Merged bytes, records, and the drop (kind, line, bytes) if any.
     type Modelled = (Vec<u8>, u64, Option<(DropKind, u64, u64)>);
 
     /// What the merge of one source must give, line by line as documented (the model the
     /// pipeline is checked against): merged bytes, records, and the drop or the line of a
     /// corrupt committed source.
-    fn model(bytes: &[u8], committed: bool) -> Result<Modelled, u64> {
+    fn model(bytes: &[u8], committed: bool, cap: u64) -> Result<Modelled, u64> {
         let mut out = Vec::new();
         let (mut records, mut pos, mut lineno) = (0, 0u64, 0u64);
         for line in bytes.split_inclusive(|&b| b == b'\n') {
             lineno += 1;
             let newline = line.ends_with(b"\n");
-            if line.iter().all(|b| b.is_ascii_whitespace()) {
-            } else if validate(line, false).is_ok() {
+            // A line longer than the cap is not a record, blank or not.
+            let within = (line.len() - usize::from(newline)) as u64 <= cap;
+            if within && line.iter().all(|b| b.is_ascii_whitespace()) {
+            } else if within && validate(line, false).is_ok() {
                 out.extend_from_slice(line);
                 if !newline {
                     out.push(b'\n');
@@ -844,6 +883,7 @@ mod tests {
     fn merge_all(
         sources: &[Option<(Vec<u8>, bool)>],
         block: usize,
+        cap: u64,
     ) -> Result<(Vec<u8>, Vec<RankEntry>), AggregateError> {
         let d = tempfile::tempdir().unwrap();
         let mut entries = Vec::new();
@@ -866,21 +906,24 @@ mod tests {
             Path::new("tmp"),
             d.path(),
             &mut entries,
-            &opts(),
+            &MergeOptions {
+                max_record_bytes: cap,
+                ..opts()
+            },
             &mut || {},
         )?;
         Ok((out, entries))
     }
 
     /// Check a merge of `sources` against the model, source by source.
-    fn check_against_model(sources: &[Option<(Vec<u8>, bool)>], block: usize) {
+    fn check_against_model(sources: &[Option<(Vec<u8>, bool)>], block: usize, cap: u64) {
         let mut want = Vec::new();
         let mut corrupt = None;
         for (rank, s) in sources.iter().enumerate() {
             let Some((bytes, committed)) = s else {
                 continue;
             };
-            match model(bytes, *committed) {
+            match model(bytes, *committed, cap) {
                 Ok(m) => want.push((rank, m)),
                 Err(line) => {
                     corrupt = Some((rank, line));
@@ -888,7 +931,7 @@ mod tests {
                 }
             }
         }
-        let got = merge_all(sources, block);
+        let got = merge_all(sources, block, cap);
         if let Some((rank, line)) = corrupt {
             match got {
                 Err(AggregateError::Corrupt {
@@ -953,7 +996,7 @@ mod tests {
             Some((committed, true)),
         ];
         for block in [1 << 20, 4096, 100] {
-            check_against_model(&sources, block);
+            check_against_model(&sources, block, DEFAULT);
         }
     }
 
@@ -964,9 +1007,9 @@ mod tests {
         bad.extend(records(8000, 100));
         let sources = vec![Some((records(0, 10), true)), Some((bad, true))];
         for block in [1 << 20, 4096] {
-            check_against_model(&sources, block);
+            check_against_model(&sources, block, DEFAULT);
         }
-        match merge_all(&sources, 4096).unwrap_err() {
+        match merge_all(&sources, 4096, DEFAULT).unwrap_err() {
             AggregateError::Corrupt { rank, line, .. } => assert_eq!((rank, line), (1, 8001)),
             e => panic!("{e}"),
         }
@@ -1114,6 +1157,7 @@ mod tests {
                 any::<bool>()),
                 1..4),
             block in 1usize..400,
+            cap in prop_oneof![Just(DEFAULT), 0u64..40],
         ) {
             let sources: Vec<_> = sources
                 .into_iter()
@@ -1121,7 +1165,7 @@ mod tests {
                     (!missing).then(|| ([lines.concat().into_bytes(), tail.as_bytes().to_vec()].concat(), committed))
                 })
                 .collect();
-            check_against_model(&sources, block);
+            check_against_model(&sources, block, cap);
         }
 
         /// The validator agrees with serde_json + UTF-8 on arbitrary (often invalid) bytes.
