@@ -1302,7 +1302,10 @@ impl Node {
         }
         self.phase = Some(phase);
         let it = self.iteration;
-        self.publisher().update(|r| {
+        // Written with what comes next (a barrier arrival, a command's start) when that
+        // is within publisher::FOLD, on its own otherwise: one write instead of two per
+        // barrier phase, and the record never says an old phase for more than FOLD.
+        self.publisher().soon(|r| {
             r.phase = Some(phase);
             r.iteration = it;
             r.state = NodeState::Running;

@@ -16,16 +16,22 @@ use crate::protocol::{wall_stamp, ObservedFile, RankRecord};
 use crate::store::SharedDir;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How often (in periodic heartbeats) the heartbeat thread reads its record back to find
 /// another process writing it: one read every 6 beats (30 s at the default interval)
 /// instead of one per beat.
 const READ_BACK_EVERY: u64 = 6;
 
+/// How long a change made with [`Publisher::soon`] may wait for a write it can share (a
+/// barrier arrival, a command's start) before it is written on its own.
+pub const FOLD: Duration = Duration::from_millis(20);
+
 struct Shared {
     record: RankRecord,
     dirty: bool,
+    /// A change made with [`Publisher::soon`] is written by then at the latest.
+    due: Option<Instant>,
     stop: bool,
     written_seq: u64,
     interval: Duration,
@@ -68,6 +74,7 @@ impl Publisher {
             Mutex::new(Shared {
                 record,
                 dirty: false,
+                due: None,
                 stop: false,
                 written_seq,
                 interval,
@@ -96,6 +103,21 @@ impl Publisher {
         s.dirty = true;
         drop(s);
         clock::notify(&*self.clock, Some(cv));
+    }
+
+    /// Change the record and have it written within [`FOLD`]: with the next write if one
+    /// comes by then (a phase entry goes out with the barrier arrival or the command
+    /// start right after it), on its own otherwise.
+    pub fn soon(&self, f: impl FnOnce(&mut RankRecord)) {
+        let (m, cv) = &*self.shared;
+        let mut s = m.lock().unwrap();
+        f(&mut s.record);
+        if s.due.is_none() {
+            s.due = Some(self.clock.now() + FOLD);
+            drop(s);
+            // The heartbeat thread waits until the next beat: it must wait until `due`.
+            clock::notify(&*self.clock, Some(cv));
+        }
     }
 
     /// Change the record without forcing a write: it goes out with the next heartbeat.
@@ -140,7 +162,7 @@ impl Publisher {
         let (m, cv) = &*self.shared;
         let deadline = self.clock.now() + limit;
         let mut s = m.lock().unwrap();
-        while s.dirty || s.written_seq < s.record.seq {
+        while s.dirty || s.due.is_some() || s.written_seq < s.record.seq {
             if self.clock.now() >= deadline {
                 return false;
             }
@@ -188,13 +210,16 @@ fn run(
                 if s.dirty {
                     break;
                 }
-                if clock.now() >= next_beat {
+                let now = clock.now();
+                if now >= next_beat || s.due.is_some_and(|d| now >= d) {
                     break;
                 }
-                s = clock::wait_timeout(clock, m, cv, s, Some(next_beat));
+                let until = s.due.map_or(next_beat, |d| d.min(next_beat));
+                s = clock::wait_timeout(clock, m, cv, s, Some(until));
             }
-            let periodic = !s.dirty;
+            let periodic = !s.dirty && s.due.is_none();
             s.dirty = false;
+            s.due = None;
             s.record.seq += 1;
             s.record.wall = wall_stamp(clock.wall());
             next_beat = clock.now() + s.interval;
@@ -304,5 +329,71 @@ fn strip_defaults(v: &mut serde_json::Value) {
         }
         obj.retain(|_, x| !(x.is_null() || x.as_array().is_some_and(|a| a.is_empty())));
         obj.values_mut().for_each(strip_defaults);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::Phase;
+    use crate::store::Fs;
+
+    fn on_disk(path: &std::path::Path) -> RankRecord {
+        crate::store::fs::read_json::<RankRecord>(path)
+            .unwrap()
+            .unwrap()
+    }
+
+    /// With a heartbeat far away, only `soon`'s deadline or a forced write can write.
+    fn start(dir: &std::path::Path) -> (Publisher, PathBuf) {
+        let path = dir.join("rank-0.json");
+        let clock: Arc<dyn Clock> = Arc::new(clock::SystemClock);
+        let p = Publisher::start(
+            Arc::new(Fs),
+            clock,
+            path.clone(),
+            RankRecord::vacant("run", 1, 0),
+            Duration::from_secs(3600),
+            Watchdog::inert(),
+        )
+        .unwrap();
+        (p, path)
+    }
+
+    #[test]
+    fn a_change_made_soon_shares_the_next_forced_write() {
+        let d = tempfile::tempdir().unwrap();
+        let (p, path) = start(d.path());
+        // The heartbeat thread beats once as it starts; after that, an hour of quiet.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while on_disk(&path).seq < 2 {
+            assert!(std::time::Instant::now() < deadline, "no first beat");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let first = on_disk(&path).seq;
+        p.soon(|r| r.phase = Some(Phase::TrainRollout));
+        p.update(|r| r.iteration = 7);
+        assert!(p.flush(Duration::from_secs(60)));
+        let r = on_disk(&path);
+        assert_eq!((r.phase, r.iteration), (Some(Phase::TrainRollout), 7));
+        assert_eq!(
+            r.seq,
+            first + 1,
+            "the phase and the forced change in one write"
+        );
+    }
+
+    #[test]
+    fn a_change_made_soon_is_written_on_its_own_when_nothing_else_comes() {
+        let d = tempfile::tempdir().unwrap();
+        let (p, path) = start(d.path());
+        p.soon(|r| r.phase = Some(Phase::TrainRollout));
+        // No forced write follows and the heartbeat is an hour away: only FOLD's deadline
+        // can write it (waited for with a generous limit, not timed).
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while on_disk(&path).phase != Some(Phase::TrainRollout) {
+            assert!(std::time::Instant::now() < deadline, "never written");
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 }
