@@ -1220,7 +1220,7 @@ fn copy_hashed(
                 let synced = size - size % WRITEBACK;
                 size += n as u64;
                 if size - synced >= WRITEBACK {
-                    crate::shards::safetensors::start_writeback(&w, synced, size - synced);
+                    crate::store::fs::start_writeback(&w, synced, size - synced);
                 }
                 if full.send(buf).is_err() {
                     unreachable!("the hasher outlives the copy");

@@ -44,35 +44,16 @@ const WRITEBACK: u64 = 8 << 20;
 
 /// Where the merged bytes go: a file (written back as it grows) or, in tests, memory.
 pub(super) trait Output: Write + Send {
-    /// `upto` bytes have been written so far.
-    fn written(&mut self, _upto: u64) {}
+    /// `len` bytes from `offset` on have been written.
+    fn written(&mut self, _offset: u64, _len: u64) {}
 }
 
 impl Output for Vec<u8> {}
 
 impl Output for File {
-    fn written(&mut self, upto: u64) {
-        start_writeback(self, upto);
+    fn written(&mut self, offset: u64, len: u64) {
+        crate::store::fs::start_writeback(self, offset, len);
     }
-}
-
-/// Ask the kernel to start writing `f` back up to `upto` (Linux), so that the fsync before
-/// the rename does not have to write the whole file at once. Best effort.
-fn start_writeback(f: &File, upto: u64) {
-    #[cfg(target_os = "linux")]
-    // SAFETY: sync_file_range takes an fd that is open for the call (borrowed from `f`) and
-    // integers only.
-    unsafe {
-        use std::os::fd::AsRawFd;
-        libc::sync_file_range(
-            f.as_raw_fd(),
-            0,
-            upto as libc::off64_t,
-            libc::SYNC_FILE_RANGE_WRITE,
-        );
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = (f, upto);
 }
 
 /// A line as the reader found it.
@@ -201,7 +182,7 @@ fn merge_in_blocks<W: Output>(
                 out.write_all(&data)?;
                 total += data.len() as u64;
                 if total - synced >= WRITEBACK {
-                    out.written(total);
+                    out.written(synced, total - synced);
                     synced = total;
                 }
                 give_back(&recycle_tx, data);
@@ -235,7 +216,7 @@ fn merge_in_blocks<W: Output>(
         let written = writer.join().expect("the aggregate writer panicked");
         (tallies.and_then(|t| read.map(|()| t)), written)
     });
-    let tallies = match (tallies, written) {
+    let (tallies, out) = match (tallies, written) {
         (Ok(t), Ok(out)) => (t, out),
         // The writer's error is the cause of the others' "writer stopped".
         (Ok(_) | Err(AggregateError::Write { .. }), Err(source)) => {
@@ -246,7 +227,6 @@ fn merge_in_blocks<W: Output>(
         }
         (Err(e), _) => return Err(e),
     };
-    let (tallies, out) = tallies;
     let mut tallies = tallies.into_iter();
     let mut offset = 0;
     for entry in entries.iter_mut() {

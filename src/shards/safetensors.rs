@@ -704,7 +704,7 @@ fn write_with(
                         }
                         let end = at + n;
                         if end - synced >= WRITEBACK_BYTES {
-                            start_writeback(out, synced, end - synced);
+                            crate::store::fs::start_writeback(out, synced, end - synced);
                             synced = end;
                         }
                     }
@@ -784,25 +784,6 @@ fn copy_unsupported(e: &io::Error) -> bool {
         e.raw_os_error(),
         Some(libc::ENOSYS | libc::EXDEV | libc::EINVAL | libc::EOPNOTSUPP | libc::EBADF)
     )
-}
-
-/// Ask the kernel to start writing a range of `f` back now (Linux), so the fsync before
-/// the rename does not have to write the whole file at once. Best effort.
-pub(crate) fn start_writeback(f: &File, offset: u64, len: u64) {
-    #[cfg(target_os = "linux")]
-    // SAFETY: sync_file_range takes an fd that is open for the call (borrowed from `f`) and
-    // integers only.
-    unsafe {
-        use std::os::fd::AsRawFd;
-        libc::sync_file_range(
-            f.as_raw_fd(),
-            offset as libc::off64_t,
-            len as libc::off64_t,
-            libc::SYNC_FILE_RANGE_WRITE,
-        );
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = (f, offset, len);
 }
 
 /// Serialize tensors to safetensors bytes (for tests and small fixtures; large merges go

@@ -280,6 +280,26 @@ fn remove_tmp(tmp: &Path) {
     let _ = fs::remove_file(tmp);
 }
 
+/// Ask the kernel to start writing a range of `f` back now (Linux), so the fsync before
+/// the rename does not have to write the whole file at once (the data plane: merges,
+/// checkpoint copies; not counted). Best effort.
+pub fn start_writeback(f: &File, offset: u64, len: u64) {
+    #[cfg(target_os = "linux")]
+    // SAFETY: sync_file_range takes an fd that is open for the call (borrowed from `f`) and
+    // integers only.
+    unsafe {
+        use std::os::fd::AsRawFd;
+        libc::sync_file_range(
+            f.as_raw_fd(),
+            offset as libc::off64_t,
+            len as libc::off64_t,
+            libc::SYNC_FILE_RANGE_WRITE,
+        );
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (f, offset, len);
+}
+
 pub fn fsync_dir(dir: &Path) -> io::Result<()> {
     // Some FUSE filesystems refuse fsync on directories; durability is best effort there.
     count(OpClass::Open);
