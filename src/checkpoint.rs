@@ -575,10 +575,23 @@ pub fn latest_as(models: &Path, check: Check, tick: &mut dyn FnMut()) -> Latest 
 
 /// The `models/iter-NNNN` with the highest iteration that verifies.
 fn newest_verified(models: &Path, check: Check, tick: &mut dyn FnMut()) -> Option<PathBuf> {
+    newest_at_most(models, u64::MAX, check, tick)
+}
+
+/// The `models/iter-NNNN` with the highest iteration at most `iteration` that verifies:
+/// the model as it was once iteration `iteration` was trained (a failed training
+/// publishes nothing, so the one before stands).
+pub fn newest_at_most(
+    models: &Path,
+    iteration: u64,
+    check: Check,
+    tick: &mut dyn FnMut(),
+) -> Option<PathBuf> {
     let mut found: Vec<(u64, PathBuf)> = fs::read_dir(models)
         .ok()?
         .flatten()
         .filter_map(|e| Some((iteration_of(e.file_name().to_str()?)?, e.path())))
+        .filter(|(i, _)| *i <= iteration)
         .collect();
     found.sort();
     found

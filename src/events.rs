@@ -113,6 +113,14 @@ pub enum Event {
         excluded: usize,
         secs: f64,
     },
+    /// Pipelined mode: rank 0 waited `secs` for the other cluster (`what`).
+    PipelineWait { what: String, secs: f64 },
+    /// Pipelined mode: the model this iteration is rolled out with.
+    RolloutModel {
+        model: String,
+        model_version: u64,
+        staleness: u64,
+    },
     /// Rank 0 deleted these checkpoints (`phases.handoff.keep-last`).
     CheckpointsDeleted { names: Vec<String> },
     /// `models/LATEST` could not be used and the node fell back to an older model.
@@ -329,6 +337,15 @@ mod tests {
                 item: "p00004".into(),
                 holder: 2,
             },
+            Event::PipelineWait {
+                what: "the update cluster to finish training iteration 3".into(),
+                secs: 1.5,
+            },
+            Event::RolloutModel {
+                model: "/nfs/exp1/models/iter-0003".into(),
+                model_version: 3,
+                staleness: 1,
+            },
         ]
     }
 
@@ -358,6 +375,8 @@ mod tests {
             Event::ItemFailed { .. } => "item-failed",
             Event::Items { .. } => "items",
             Event::Backup { .. } => "backup",
+            Event::PipelineWait { .. } => "pipeline-wait",
+            Event::RolloutModel { .. } => "rollout-model",
         }
     }
 
@@ -385,7 +404,7 @@ mod tests {
             );
         }
         // Every variant (Aggregate and Items twice, once per shape).
-        assert_eq!(tags.len(), 22, "{tags:?}");
+        assert_eq!(tags.len(), 24, "{tags:?}");
     }
 
     /// Every kind's line (both shapes of `aggregate` and `items`) is the text the ad-hoc

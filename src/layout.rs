@@ -12,6 +12,9 @@ pub struct Layout {
     root: PathBuf,
     /// Names and format of rank shards and merged files (`[aggregate]`).
     naming: Naming,
+    /// In a pipelined run, the cluster (`rollout` or `update`) whose protocol state this
+    /// layout addresses: `.rl-node/<cluster>/` instead of `.rl-node/`.
+    cluster: Option<&'static str>,
 }
 
 pub use crate::shards::naming::iter_dir;
@@ -21,7 +24,48 @@ impl Layout {
         Layout {
             root: log_path.into(),
             naming: Naming::default(),
+            cluster: None,
         }
+    }
+
+    /// The same layout with the protocol state of one cluster of a pipelined run
+    /// (`Config::pipeline_cluster`): each cluster has its own cluster record, generations
+    /// and journals; trajectories, checkpoints and logs stay shared.
+    pub fn with_cluster(mut self, cluster: Option<&'static str>) -> Layout {
+        self.cluster = cluster;
+        self
+    }
+
+    pub fn cluster_name(&self) -> Option<&'static str> {
+        self.cluster
+    }
+
+    /// The other cluster of a pipelined run.
+    pub fn other_cluster(&self) -> Option<Layout> {
+        let other = match self.cluster? {
+            "rollout" => "update",
+            _ => "rollout",
+        };
+        Some(self.clone().with_cluster(Some(other)))
+    }
+
+    /// The hand-over records of a pipelined run, one per cluster, written by its rank 0
+    /// (`.rl-node/pipeline/<cluster>.json`; `protocol::pipeline`).
+    pub fn queue(&self, cluster: &str) -> PathBuf {
+        self.root
+            .join(".rl-node")
+            .join("pipeline")
+            .join(format!("{cluster}.json"))
+    }
+
+    /// Which model an iteration of a pipelined run was rolled out with
+    /// (`rollouts/iter-NNNN/model.json`), written by the rollout cluster's rank 0 before
+    /// the rollout starts.
+    pub fn rollout_model(&self, iteration: u64) -> PathBuf {
+        self.root
+            .join("rollouts")
+            .join(iter_dir(iteration))
+            .join("model.json")
     }
 
     /// The same layout with shard and merged file names (and format) from `[aggregate]`.
@@ -39,7 +83,10 @@ impl Layout {
     }
 
     pub fn state_dir(&self) -> PathBuf {
-        self.root.join(".rl-node")
+        match self.cluster {
+            None => self.root.join(".rl-node"),
+            Some(c) => self.root.join(".rl-node").join(c),
+        }
     }
 
     /// Rank 0's record of the current generation (rewritten at every start).

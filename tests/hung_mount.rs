@@ -179,12 +179,15 @@ fn a_hung_mount_ends_the_launched_processes_with_exit_4_at_fs_timeout_and_kills_
     // reached the frozen mount first is the one stuck longest and the one named.
     for err in errs {
         assert!(
-            ["polling the shared directory", "writing the heartbeat record"]
-                .iter()
-                .any(|what| err.contains(&format!(
-                    "on the shared filesystem (no answer for 3s while {what}; fs-timeout is 3s)"
-                )))
-                && err.contains("its commands were killed, and it will exit when the filesystem answers"),
+            [
+                "polling the shared directory",
+                "writing the heartbeat record"
+            ]
+            .iter()
+            .any(|what| err.contains(&format!(
+                "on the shared filesystem (no answer for 3s while {what}; fs-timeout is 3s)"
+            ))) && err
+                .contains("its commands were killed, and it will exit when the filesystem answers"),
             "{err}"
         );
     }

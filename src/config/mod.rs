@@ -277,6 +277,23 @@ pub struct Server {
     pub gpu_drain_timeout: Duration,
 }
 
+/// `[pipeline]`: a rollout cluster and an update cluster overlapping (docs/pipeline.md).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Pipeline {
+    /// -1: not pipelined.
+    pub staleness: i64,
+    pub model: PipelineModel,
+}
+
+/// Which model a pipelined rollout uses (`pipeline.model`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PipelineModel {
+    Exact,
+    Newest,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct Tasks {
@@ -428,6 +445,7 @@ pub struct Config {
     pub timing: Timing,
     pub phases: Phases,
     pub aggregate: Aggregate,
+    pub pipeline: Pipeline,
     pub server: Server,
     /// Variables every command gets (values are templates).
     pub env: BTreeMap<String, String>,
@@ -561,6 +579,36 @@ impl Config {
     /// rollout-only cluster completing iteration 3 says nothing about the update half.
     pub fn walk_item(&self) -> String {
         walk_item(self.cluster.rl_phase, self.cluster.rollout_split)
+    }
+
+    /// `pipeline.staleness` when the run is pipelined.
+    pub fn staleness(&self) -> Option<u64> {
+        u64::try_from(self.pipeline.staleness).ok()
+    }
+
+    /// In a pipelined run, which of its two clusters this node belongs to: its state
+    /// lives under `.rl-node/<cluster>/` (`Layout::with_cluster`).
+    pub fn pipeline_cluster(&self) -> Option<&'static str> {
+        self.staleness()?;
+        match self.cluster.rl_phase {
+            RlPhase::Rollout => Some("rollout"),
+            RlPhase::Update => Some("update"),
+            RlPhase::Both => None,
+        }
+    }
+
+    /// What the two clusters of a pipelined run must agree on: the shared view without
+    /// what may differ between them (which half each walks, and its own nodes).
+    pub fn pipeline_fingerprint(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut v = self.shared_view();
+        if let Some(c) = v.get_mut("cluster").and_then(|c| c.as_object_mut()) {
+            for k in ["rl-phase", "num-nodes", "rank-weights", "rollout-split"] {
+                c.remove(k);
+            }
+        }
+        let canonical = serde_json::to_string(&v).expect("json");
+        hex::encode(&Sha256::digest(canonical.as_bytes())[..8])
     }
 
     pub fn run_fingerprint(&self) -> String {
@@ -863,6 +911,43 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
                 l.source_of("cluster.rl-phase")
             ),
         ));
+    }
+    if c.pipeline.staleness < -1 {
+        return Err(l.invalid(
+            "pipeline.staleness",
+            format!(
+                "{} is not a staleness: give 0, 1, 2 … (how many model versions rollouts may lag) or -1 for the synchronous loop",
+                c.pipeline.staleness
+            ),
+        ));
+    }
+    if let Some(s) = c.staleness() {
+        if c.cluster.rl_phase == RlPhase::Both {
+            return Err(l.invalid(
+                "cluster.rl-phase",
+                format!(
+                    "a pipelined run (pipeline.staleness = {s}, from {}) has a rollout cluster and an update cluster: start each node with --rl-phase rollout or --rl-phase update",
+                    l.source_of("pipeline.staleness")
+                ),
+            ));
+        }
+        if c.cluster.rollout_split != RolloutSplit::All {
+            return Err(l.invalid(
+                "cluster.rollout-split",
+                "a pipelined rollout cluster runs both splits (eval on the iterations cluster.eval-interval names); leave rollout-split empty",
+            ));
+        }
+        let keep = c.phases.handoff.keep_last;
+        if keep > 0 && keep < s + 2 {
+            return Err(l.invalid(
+                "phases.handoff.keep-last",
+                format!(
+                    "keep-last = {keep} could delete a checkpoint the rollout cluster still needs: with pipeline.staleness = {s} it rolls out on a model up to {} versions old; keep at least {}",
+                    s + 1,
+                    s + 2
+                ),
+            ));
+        }
     }
     let w = &c.work;
     if w.samples_per_task == 0 {

@@ -106,6 +106,16 @@ pub const PLACEHOLDERS: &[(&str, &str, &str)] = &[
         "{model} relative to the shared directory (`models/iter-NNNN`) when it is a checkpoint rl-node published, empty while it is cluster.model",
     ),
     (
+        "model_version",
+        "RL_NODE_MODEL_VERSION",
+        "the iteration whose training produced {model} (0: the base model); in a pipelined run, the version the staleness rule gives this iteration",
+    ),
+    (
+        "staleness",
+        "RL_NODE_STALENESS",
+        "how many model versions {model} lags this iteration's rollout (pipelined runs; 0 otherwise)",
+    ),
+    (
         "train_output",
         "RL_NODE_TRAIN_OUTPUT",
         "the directory this iteration's training writes (the train phase's {output})",

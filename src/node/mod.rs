@@ -13,6 +13,7 @@
 
 pub(crate) mod context;
 mod join;
+mod pipeline;
 mod publisher;
 mod server;
 pub mod supervisor;
@@ -201,6 +202,10 @@ pub(crate) struct Node {
     barrier_wait: Option<u64>,
     /// When each rank's record was last read (the node's monotonic time since start).
     last_read: Vec<Option<Duration>>,
+    /// Pipelined mode, rank 0: the other cluster, as watched.
+    other: Option<pipeline::Other>,
+    /// Pipelined mode, rollout cluster: the model of the current iteration.
+    rollout_model: Option<pipeline::RolloutModel>,
 }
 
 /// A log in the shared directory written through one open handle: one `write` per line,
@@ -260,7 +265,9 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
             None,
         ));
     }
-    let layout = Layout::new(cfg.log_path()).with_naming(cfg.naming());
+    let layout = Layout::new(cfg.log_path())
+        .with_naming(cfg.naming())
+        .with_cluster(cfg.pipeline_cluster());
     preflight_log_path(&layout, opts.rank)?;
     // Node-local input named on this node: discovered now, not by a command hours later.
     let data = &cfg.cluster.data_path;
@@ -392,7 +399,9 @@ pub fn run_in_process_broken(
     if rank >= cfg.cluster.num_nodes {
         return Err((exit::USAGE, format!("rank {rank} is out of range")));
     }
-    let layout = Layout::new(cfg.log_path()).with_naming(cfg.naming());
+    let layout = Layout::new(cfg.log_path())
+        .with_naming(cfg.naming())
+        .with_cluster(cfg.pipeline_cluster());
     let (wake, events) = channel();
     // Each rank is a process of a host of its own, as the others judge it: nodes of one
     // process would otherwise take each other for themselves.
@@ -517,6 +526,8 @@ impl Node {
             idle_wait: false,
             barrier_wait: None,
             last_read: Vec::new(),
+            other: None,
+            rollout_model: None,
             cfg,
         }
     }
@@ -921,7 +932,8 @@ impl Node {
                 _ => p.stage(|rec| rec.observed_ms = observed),
             }
         }
-        Ok(())
+        // Pipelined mode: the other cluster's abort stops this one too.
+        self.watch_other(false)
     }
 
     // ---------------------------------------------------------------- failure
@@ -945,6 +957,8 @@ impl Node {
             detected_by: self.rank,
             silent_ms: None,
             at: self.wall_stamp(),
+            cluster: self.layout.cluster_name().map(str::to_string),
+            detected_in: None,
         }
     }
 
@@ -991,7 +1005,25 @@ impl Node {
                 }
             });
         }
-        let (code, hint) = crate::protocol::abort::consequence(&info, self.rank);
+        let (mut code, mut hint) = crate::protocol::abort::consequence(&info, self.rank);
+        // Pipelined: a failure in the other cluster is a peer's, whatever its rank number.
+        if let Some(c) = info
+            .cluster
+            .as_deref()
+            .filter(|c| Some(*c) != self.layout.cluster_name())
+        {
+            if code != exit::TIME_LIMIT {
+                code = exit::PEER_FAILED;
+            }
+            hint = Some(format!(
+                "the cause is in the {c} cluster, on its rank {}: see that node's output{}; restart both clusters with the same commands to resume",
+                info.culprit,
+                info.log
+                    .as_ref()
+                    .map(|l| format!(" and {l}"))
+                    .unwrap_or_default()
+            ));
+        }
         let detail = info
             .log
             .as_ref()
@@ -1198,7 +1230,12 @@ impl Node {
             self.empty_checkpoint_trash()?;
         }
         self.use_latest_checkpoint()?;
-        if self.cfg.cluster.rl_phase != crate::config::RlPhase::Update {
+        self.pipeline_begin()?;
+        // A pipelined rollout cluster starts its server on the model the staleness rule
+        // gives the first iteration it runs (`use_rollout_model`); an update cluster has none.
+        if self.cfg.cluster.rl_phase != crate::config::RlPhase::Update
+            && self.cfg.staleness().is_none()
+        {
             self.start_server()?;
         }
         loop {
@@ -1363,10 +1400,25 @@ impl Node {
                 // Every node plans the iteration itself; rank 0's plan travels with the
                 // release and a worker whose plan differs stops.
                 let mine = self.plan_fingerprints();
-                let theirs = self.barrier(b.name(), Value::Null, |_| mine.clone())?;
+                // Pipelined rollout cluster: rank 0 also releases the model the staleness
+                // rule gives this iteration (waiting for the update cluster first).
+                let model = self.choose_rollout_model()?;
+                let theirs = self.barrier(b.name(), Value::Null, |_| {
+                    let mut v = mine.clone();
+                    if !model.is_null() {
+                        v["pipeline"] = model.clone();
+                    }
+                    v
+                })?;
+                let mut plans = theirs.clone();
+                let model = plans
+                    .as_object_mut()
+                    .and_then(|o| o.remove("pipeline"))
+                    .unwrap_or(Value::Null);
                 if !self.is_master() {
-                    self.check_plans(&theirs)?;
+                    self.check_plans(&plans)?;
                 }
+                self.use_rollout_model(&model)?;
             }
             Step::Barrier(b @ WalkBarrier::EvalDecision) => {
                 let (split, iteration) = (cfg.cluster.rollout_split, self.iteration);
@@ -1444,11 +1496,18 @@ impl Node {
                 self.once(journal::item::AGGREGATE_TRAIN, |n| {
                     n.any_aggregate("train", cfg.phases.rollout.is_set())
                 })?;
+                // Pipelined: the update cluster may train this iteration now.
+                self.queue_advanced()?;
             }
             Step::Aggregate(Split::Eval) => {
                 self.once(journal::item::AGGREGATE_EVAL, |n| {
                     n.any_aggregate("eval", cfg.phases.eval.is_set())
                 })?;
+            }
+            // Pipelined update cluster: no server to stop; its iteration starts once the
+            // rollout cluster committed the trajectories.
+            Step::StopServer if self.cfg.staleness().is_some() => {
+                self.wait_for_trajectories()?;
             }
             Step::StopServer => self.stop_server()?,
             Step::Prepare => {
@@ -1488,10 +1547,13 @@ impl Node {
                     self.info("last iteration: the server is not restarted");
                 }
             }
+            // The pipelined rollout cluster restarts its servers (`use_rollout_model`).
+            Step::RestartServer { .. } if self.cfg.staleness().is_some() => {}
             Step::RestartServer { last: false } => self.start_server()?,
             Step::Complete => {
                 let item = self.cfg.walk_item();
                 self.journal_item(&item)?;
+                self.queue_advanced()?;
             }
         }
         Ok(())
@@ -2565,6 +2627,21 @@ impl Node {
                 .join(","),
         );
         v.insert("gen", c.gen.to_string());
+        // The model's version: the iteration whose training produced it (0: the base
+        // model), and how many versions it lags the iteration (pipelined rollouts).
+        let (version, staleness) = match &self.rollout_model {
+            Some(m) if m.iteration == self.iteration => (m.model_version, m.staleness),
+            _ => (
+                Path::new(&self.model)
+                    .file_name()
+                    .and_then(|n| crate::checkpoint::iteration_of(&n.to_string_lossy()))
+                    .filter(|_| published)
+                    .unwrap_or(0),
+                0,
+            ),
+        };
+        v.insert("model_version", version.to_string());
+        v.insert("staleness", staleness.to_string());
         for (k, val) in &self.extra {
             v.insert(k, val.clone());
         }

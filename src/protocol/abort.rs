@@ -56,6 +56,8 @@ mod tests {
             detected_by,
             silent_ms: None,
             at: String::new(),
+            cluster: None,
+            detected_in: None,
         }
     }
 

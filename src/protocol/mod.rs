@@ -10,6 +10,7 @@ pub mod journal;
 pub mod lease;
 pub mod liveness;
 pub mod phase;
+pub mod pipeline;
 pub mod records;
 pub mod walk;
 pub mod watch;

@@ -134,6 +134,13 @@ pub struct AbortInfo {
     #[serde(default)]
     pub silent_ms: Option<u64>,
     pub at: String,
+    /// In a pipelined run, the cluster (`rollout`, `update`) the culprit belongs to, so
+    /// both clusters stop with the same diagnosis.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
+    /// The cluster of `detected_by`, when it differs from the culprit's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detected_in: Option<String>,
 }
 
 impl AbortInfo {
@@ -159,9 +166,15 @@ impl AbortInfo {
 
     /// One paragraph a user can act on.
     pub fn describe(&self) -> String {
+        let whose = |c: &Option<String>| {
+            c.as_ref()
+                .map(|c| format!("the {c} cluster's "))
+                .unwrap_or_default()
+        };
+        let culprit = whose(&self.cluster);
         let mut s = match &self.kind {
             AbortKind::PeerDead => format!(
-                "rank {} on {} is dead: its heartbeat has been still for {} (last seen in phase {} of iteration {}); noticed by rank {}",
+                "{culprit}rank {} on {} is dead: its heartbeat has been still for {} (last seen in phase {} of iteration {}); noticed by {}rank {}",
                 self.culprit,
                 self.culprit_host,
                 self.silent_ms
@@ -169,10 +182,11 @@ impl AbortInfo {
                     .unwrap_or_else(|| "?".into()),
                 self.phase,
                 self.iteration,
+                whose(&self.detected_in.clone().or(self.cluster.clone())),
                 self.detected_by
             ),
             _ => format!(
-                "rank {} on {} failed in phase {} of iteration {}: {}",
+                "{culprit}rank {} on {} failed in phase {} of iteration {}: {}",
                 self.culprit, self.culprit_host, self.phase, self.iteration, self.reason
             ),
         };
@@ -353,6 +367,8 @@ mod tests {
             detected_by: 2,
             silent_ms: None,
             at: String::new(),
+            cluster: None,
+            detected_in: None,
         };
         assert_eq!(a.exit_code_for(2), 1);
         assert_eq!(a.exit_code_for(0), 3);

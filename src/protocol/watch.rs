@@ -446,6 +446,8 @@ mod tests {
             detected_by: 2,
             silent_ms: None,
             at: String::new(),
+            cluster: None,
+            detected_in: None,
         });
         let mut vacant = RankRecord::vacant("run", 2, 3);
         vacant.refused = Some("another configuration".into());

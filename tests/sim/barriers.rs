@@ -683,6 +683,8 @@ impl Sim {
                 detected_by: by,
                 silent_ms: None,
                 at: String::new(),
+                cluster: None,
+                detected_in: None,
             });
         });
     }

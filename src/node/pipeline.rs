@@ -1,0 +1,500 @@
+//! Pipelined mode on a node (docs/pipeline.md): the rollout cluster and the update
+//! cluster hand iterations over through their queue records (`protocol::pipeline`), and
+//! each cluster's rank 0 watches the other cluster: its aborts (both clusters stop with
+//! the same diagnosis) and, while it waits on it, its rank 0's heartbeat.
+
+use super::{Interrupt, Node, Stop};
+use crate::events;
+use crate::layout::Layout;
+use crate::protocol::journal;
+use crate::protocol::pipeline::{self, QueueRecord, RolloutGate};
+use crate::protocol::records::{AbortInfo, AbortKind, ClusterRecord, NodeState, RankRecord};
+use serde_json::Value;
+use std::time::{Duration, Instant};
+
+/// Rank 0's view of the other cluster.
+pub(super) struct Other {
+    layout: Layout,
+    name: &'static str,
+    /// A generation of the other cluster that had already ended (an abort, or all its
+    /// iterations done) when this node started: its abort is not news, and it is not
+    /// the cluster to wait for; a restart of the other cluster starts a newer one.
+    ended_gen: Option<u64>,
+    /// The other rank 0's record as last seen, (generation, seq), and since when (by this
+    /// node's clock) it has not changed.
+    seen: Option<((u64, u64), Instant)>,
+    /// When the other cluster was last looked at outside a wait.
+    checked: Option<Instant>,
+    /// Since when a wait has found no live generation of the other cluster.
+    absent_since: Option<Instant>,
+}
+
+/// Which model an iteration is rolled out with, as rank 0 releases it at `sync-start`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(super) struct RolloutModel {
+    pub iteration: u64,
+    /// The iteration whose training produced the model; 0: the base model.
+    pub model_version: u64,
+    pub staleness: u64,
+    /// The model's path ({model}).
+    pub model: String,
+    /// `exact` or `newest` (`pipeline.model`).
+    pub rule: String,
+}
+
+impl Node {
+    /// At start, in a pipelined run: rank 0 rewrites its cluster's queue record from the
+    /// journal and notes the other cluster's state.
+    pub(super) fn pipeline_begin(&mut self) -> Result<(), Stop> {
+        let (Some(_), Some(other)) = (self.cfg.staleness(), self.layout.other_cluster()) else {
+            return Ok(());
+        };
+        if !self.is_master() {
+            return Ok(());
+        }
+        let name = other.cluster_name().expect("a cluster");
+        let ended_gen = self.read_other_cluster(&other).and_then(|c| {
+            let ended = self
+                .store
+                .read_json::<AbortInfo>(&other.abort(c.gen))
+                .ok()
+                .flatten()
+                .is_some()
+                || self
+                    .store
+                    .read_json::<RankRecord>(&other.rank_record(c.gen, 0))
+                    .ok()
+                    .flatten()
+                    .is_some_and(|r| r.state.is_terminal());
+            ended.then_some(c.gen)
+        });
+        self.other = Some(Other {
+            layout: other,
+            name,
+            ended_gen,
+            seen: None,
+            checked: None,
+            absent_since: None,
+        });
+        let done = self.queue_done();
+        self.publish_queue(done, 0)
+    }
+
+    /// How far this cluster's journal shows the hand-over done: train trajectories
+    /// committed (rollout), iterations complete (update).
+    fn queue_done(&self) -> u64 {
+        let item = match self.layout.cluster_name() {
+            Some("rollout") => journal::item::AGGREGATE_TRAIN.to_string(),
+            _ => self.cfg.walk_item(),
+        };
+        let first = self.cfg.cluster.first_iteration.max(1);
+        pipeline::done_through(
+            first,
+            self.journal
+                .iter()
+                .filter(|e| e.item == item && e.failed.is_none())
+                .map(|e| e.iteration),
+        )
+    }
+
+    /// Rank 0: rewrite this cluster's queue record (a commit: the other cluster acts on it).
+    pub(super) fn publish_queue(&mut self, done: u64, current: u64) -> Result<(), Stop> {
+        let Some(cluster) = self.layout.cluster_name() else {
+            return Ok(());
+        };
+        let path = self.layout.queue(cluster);
+        let mut versions = self
+            .store
+            .read_json::<QueueRecord>(&path)
+            .ok()
+            .flatten()
+            .map(|q| q.versions)
+            .unwrap_or_default();
+        if let Some(m) = &self.rollout_model {
+            versions.retain(|(i, _)| *i != m.iteration);
+            versions.push((m.iteration, m.model_version));
+            versions.sort_unstable();
+            let keep = versions.len().saturating_sub(64);
+            versions.drain(..keep);
+        }
+        let record = QueueRecord {
+            cluster: cluster.to_string(),
+            fingerprint: self.cfg.pipeline_fingerprint(),
+            staleness: self.cfg.staleness().unwrap_or(0),
+            done,
+            versions,
+            current,
+            last: self.cfg.cluster.iterations,
+            at: self.wall_stamp(),
+        };
+        self.watchdog.pet("writing the pipeline queue record");
+        let written = path
+            .parent()
+            .map_or(Ok(()), |d| self.store.create_dir_all(d))
+            .and_then(|_| self.store.publish_json(&path, &record));
+        if let Err(e) = written {
+            let reason = format!("cannot write {}: {e}", path.display());
+            return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
+        }
+        Ok(())
+    }
+
+    fn read_other_cluster(&self, other: &Layout) -> Option<ClusterRecord> {
+        self.store
+            .read_json::<ClusterRecord>(&other.cluster())
+            .ok()
+            .flatten()
+    }
+
+    /// The other cluster's queue record: opened with `O_CREAT` (an empty file until its
+    /// rank 0 first writes it), so no negative-lookup cache delays seeing it appear.
+    fn read_other_queue(&mut self) -> Result<Option<QueueRecord>, Stop> {
+        let Some(other) = &self.other else {
+            return Ok(None);
+        };
+        let path = self.layout.queue(other.name);
+        let name = other.name;
+        if let Some(d) = path.parent() {
+            let _ = self.store.create_dir_all(d);
+        }
+        let bytes = match self.store.read_or_create(&path) {
+            Ok(b) => b,
+            Err(e) => {
+                let reason = format!("cannot read {}: {e}", path.display());
+                return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
+            }
+        };
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(None);
+        }
+        let q: QueueRecord = match serde_json::from_slice(&bytes) {
+            Ok(q) => q,
+            Err(e) => {
+                let reason = format!("{} is damaged: {e}", path.display());
+                return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
+            }
+        };
+        let mine = self.cfg.pipeline_fingerprint();
+        if q.fingerprint != mine {
+            let reason = format!(
+                "the {name} cluster runs another configuration (fingerprint {} in {}, here {mine}): both clusters of a pipelined run must be started with the same configuration; only cluster.rl-phase, num-nodes and rank-weights may differ",
+                q.fingerprint,
+                path.display()
+            );
+            let mut stop = self.fail(AbortKind::Error, self.rank, None, reason, None);
+            stop.code = crate::exit::USAGE;
+            return Err(stop);
+        }
+        Ok(Some(q))
+    }
+
+    /// Rank 0, every poll round: look at the other cluster (at most once per heartbeat
+    /// interval unless `waiting`), and stop on its abort; while `waiting`, also on its
+    /// rank 0's silence for `dead-after`, or its absence for `join-timeout`.
+    pub(super) fn watch_other(&mut self, waiting: bool) -> Result<(), Stop> {
+        let Some(other) = &mut self.other else {
+            return Ok(());
+        };
+        let now = self.clock.now();
+        let recent = other
+            .checked
+            .is_some_and(|t| now.saturating_duration_since(t) < self.cfg.timing.heartbeat_interval);
+        if !waiting && recent {
+            return Ok(());
+        }
+        other.checked = Some(now);
+        let (layout, name, ended_gen) = (other.layout.clone(), other.name, other.ended_gen);
+        let live = self
+            .read_other_cluster(&layout)
+            .filter(|c| Some(c.gen) != ended_gen);
+        let Some(c) = live else {
+            if waiting {
+                return self.other_absent(name, now);
+            }
+            return Ok(());
+        };
+        if let Some(info) = self
+            .store
+            .read_json::<AbortInfo>(&layout.abort(c.gen))
+            .ok()
+            .flatten()
+        {
+            return Err(self.adopt_other_abort(info, name));
+        }
+        let rec = self
+            .store
+            .read_json::<RankRecord>(&layout.rank_record(c.gen, 0))
+            .ok()
+            .flatten();
+        let Some(rec) = rec else {
+            if waiting {
+                return self.other_absent(name, now);
+            }
+            return Ok(());
+        };
+        if let Some(info) = rec.abort.clone() {
+            return Err(self.adopt_other_abort(info, name));
+        }
+        let other = self.other.as_mut().expect("set");
+        other.absent_since = None;
+        if rec.state == NodeState::Done {
+            other.ended_gen = Some(c.gen);
+            if waiting {
+                let reason = format!(
+                    "the {name} cluster finished its iterations (generation {}, iteration {}) while this cluster still waits for it: were both started with the same cluster.iterations?",
+                    c.gen, rec.iteration
+                );
+                return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
+            }
+            return Ok(());
+        }
+        if !waiting {
+            return Ok(());
+        }
+        let key = (c.gen, rec.seq);
+        match other.seen {
+            Some((k, _)) if k == key => {}
+            _ => other.seen = Some((key, now)),
+        }
+        let (_, since) = other.seen.expect("set");
+        let silent = now.saturating_duration_since(since);
+        if silent >= self.cfg.timing.dead_after {
+            let mut info = self.abort_info(
+                AbortKind::PeerDead,
+                0,
+                Some(rec.host.clone()),
+                format!("heartbeat still for {:.1}s", silent.as_secs_f64()),
+                None,
+            );
+            info.phase = rec
+                .phase
+                .map(|p| p.to_string())
+                .unwrap_or_else(|| "join".into());
+            info.iteration = rec.iteration;
+            info.silent_ms = Some(silent.as_millis() as u64);
+            info.detected_in = info.cluster.take();
+            info.cluster = Some(name.to_string());
+            return Err(self.publish_abort(info));
+        }
+        Ok(())
+    }
+
+    /// While waiting: no live generation of the other cluster. It may be starting or
+    /// restarting; after `join-timeout` this cluster stops and says so.
+    fn other_absent(&mut self, name: &str, now: Instant) -> Result<(), Stop> {
+        let other = self.other.as_mut().expect("set");
+        let since = *other.absent_since.get_or_insert(now);
+        let limit = self.cfg.timing.join_timeout;
+        if now.saturating_duration_since(since) >= limit {
+            let reason = format!(
+                "the {name} cluster has not been running for {} (timing.join-timeout) while this cluster waits for it: start its nodes with --rl-phase {name} and the same --log-path and configuration",
+                humantime::format_duration(limit)
+            );
+            return Err(self.fail(AbortKind::Timeout, self.rank, None, reason, None));
+        }
+        self.waiting_note = format!(
+            "the {name} cluster, which is not running (no live generation under {})",
+            self.layout
+                .other_cluster()
+                .map(|l| l.state_dir().display().to_string())
+                .unwrap_or_default()
+        );
+        Ok(())
+    }
+
+    /// The other cluster stopped: this one stops with the same diagnosis, published in
+    /// its own generation so its workers stop with it.
+    fn adopt_other_abort(&mut self, mut info: AbortInfo, name: &str) -> Stop {
+        if info.cluster.is_none() {
+            info.cluster = Some(name.to_string());
+        }
+        self.info(&format!(
+            "the {name} cluster stopped; stopping this one with it"
+        ));
+        self.publish_abort(info)
+    }
+
+    /// Rank 0: wait until the other cluster's queue record satisfies `ready`, watching it.
+    fn wait_other(
+        &mut self,
+        what: String,
+        ready: impl Fn(&QueueRecord) -> bool,
+    ) -> Result<QueueRecord, Stop> {
+        let started = self.clock.now();
+        if let Some(q) = self.read_other_queue()?.filter(|q| ready(q)) {
+            return Ok(q);
+        }
+        self.info(&format!("waiting for {what}"));
+        if let Some(o) = self.other.as_mut() {
+            o.seen = None;
+            o.absent_since = None;
+        }
+        self.waiting_note = what.clone();
+        let far = self.clock.now() + Duration::from_secs(100 * 365 * 24 * 3600);
+        let got = self.wait_for(far, |n| {
+            n.watch_other(true)?;
+            if let Some(q) = n.read_other_queue()?.filter(|q| ready(q)) {
+                return Ok(Some(q));
+            }
+            n.waiting_note = what.clone();
+            Ok(None)
+        });
+        if let Some(o) = self.other.as_mut() {
+            o.seen = None;
+            o.absent_since = None;
+        }
+        self.waiting_note.clear();
+        match got {
+            Ok(q) => {
+                let secs = self.clock.elapsed(started).as_secs_f64();
+                self.info(&format!("waited {secs:.2}s for {what}"));
+                self.event(events::Event::PipelineWait { what, secs });
+                Ok(q)
+            }
+            Err(Interrupt::Stop(s)) => Err(s),
+            Err(Interrupt::Deadline) => unreachable!("no deadline"),
+        }
+    }
+
+    /// Rollout cluster, rank 0, before `sync-start`: which model this iteration is rolled
+    /// out with, waiting for the update cluster as the staleness rule says. Recorded in
+    /// `rollouts/iter-NNNN/model.json` before any rollout starts, and reused as recorded
+    /// when the iteration is resumed.
+    pub(super) fn choose_rollout_model(&mut self) -> Result<Value, Stop> {
+        let Some(staleness) = self.cfg.staleness() else {
+            return Ok(Value::Null);
+        };
+        if self.layout.cluster_name() != Some("rollout") || !self.is_master() {
+            return Ok(Value::Null);
+        }
+        let it = self.iteration;
+        let path = self.layout.rollout_model(it);
+        if let Some(m) = self.store.read_json::<RolloutModel>(&path).ok().flatten() {
+            self.info(&format!(
+                "iteration {it}: rolled out on {} (model version {}), as recorded before the restart",
+                m.model, m.model_version
+            ));
+            return Ok(serde_json::to_value(m).expect("json"));
+        }
+        let first = self.cfg.cluster.first_iteration.max(1);
+        let newest = self.cfg.pipeline.model == crate::config::PipelineModel::Newest;
+        let trained = self.read_other_queue()?.map_or(0, |q| q.done);
+        let version = match pipeline::rollout_gate(it, staleness, first, trained, newest) {
+            RolloutGate::Go { version } => version,
+            RolloutGate::Wait { needs } => {
+                let what = format!(
+                    "the update cluster to finish training iteration {needs} (iteration {it} is rolled out on its model, pipeline.staleness = {staleness})"
+                );
+                let q = self.wait_other(what, |q| q.done >= needs)?;
+                match pipeline::rollout_gate(it, staleness, first, q.done, newest) {
+                    RolloutGate::Go { version } => version,
+                    RolloutGate::Wait { .. } => unreachable!("waited for it"),
+                }
+            }
+        };
+        let model = self.model_of_version(version, first)?;
+        let m = RolloutModel {
+            iteration: it,
+            model_version: version,
+            staleness: pipeline::staleness_of(it, version, first),
+            model,
+            rule: if newest { "newest" } else { "exact" }.into(),
+        };
+        self.watchdog.pet("recording the rollout model");
+        let written = path
+            .parent()
+            .map_or(Ok(()), |d| self.store.create_dir_all(d))
+            .and_then(|_| self.store.publish_json(&path, &m));
+        if let Err(e) = written {
+            let reason = format!("cannot write {}: {e}", path.display());
+            return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
+        }
+        Ok(serde_json::to_value(m).expect("json"))
+    }
+
+    /// The model as it was once iteration `version` was trained: the newest checkpoint
+    /// published up to it that verifies, else the base model (`cluster.model`).
+    fn model_of_version(&mut self, version: u64, first: u64) -> Result<String, Stop> {
+        self.watchdog.pet("verifying the rollout model");
+        let wd = self.watchdog.clone();
+        let up_to = version.max(first - 1);
+        let found = crate::checkpoint::newest_at_most(
+            &self.layout.models(),
+            up_to,
+            self.cfg.phases.handoff.check(),
+            &mut || wd.pet("verifying the rollout model"),
+        );
+        match found {
+            Some(p) => Ok(p.display().to_string()),
+            None if version > 0 && self.cfg.cluster.model.is_empty() => {
+                let reason = format!(
+                    "no checkpoint up to iteration {version} under {} verifies, and there is no base model (cluster.model is empty)",
+                    self.layout.models().display()
+                );
+                Err(self.fail(AbortKind::Error, self.rank, None, reason, None))
+            }
+            None => Ok(self.cfg.cluster.model.clone()),
+        }
+    }
+
+    /// Rollout cluster, every rank, after `sync-start`: serve the model rank 0 chose,
+    /// restarting the inference server when it changed (between iterations only).
+    pub(super) fn use_rollout_model(&mut self, released: &Value) -> Result<(), Stop> {
+        let Ok(m) = serde_json::from_value::<RolloutModel>(released.clone()) else {
+            return Ok(());
+        };
+        if m.model != self.model || self.server.is_none() {
+            if m.model != self.model && self.server.is_some() {
+                self.info(&format!(
+                    "iteration {}: restarting the server on {} (model version {}, staleness {})",
+                    m.iteration, m.model, m.model_version, m.staleness
+                ));
+                self.stop_server()?;
+            }
+            self.model = m.model.clone();
+            self.start_server()?;
+        }
+        self.event(events::Event::RolloutModel {
+            model: m.model.clone(),
+            model_version: m.model_version,
+            staleness: m.staleness,
+        });
+        self.rollout_model = Some(m);
+        Ok(())
+    }
+
+    /// Update cluster, rank 0, at the start of an iteration: wait until the rollout
+    /// cluster has committed its trajectories.
+    pub(super) fn wait_for_trajectories(&mut self) -> Result<(), Stop> {
+        if self.cfg.staleness().is_none()
+            || self.layout.cluster_name() != Some("update")
+            || !self.is_master()
+        {
+            return Ok(());
+        }
+        let it = self.iteration;
+        self.publish_queue(self.queue_done(), it)?;
+        if let Some(q) = self.read_other_queue()? {
+            if pipeline::update_ready(it, q.done) {
+                return Ok(());
+            }
+        }
+        let what = format!("the rollout cluster to commit the trajectories of iteration {it}");
+        self.wait_other(what, |q| pipeline::update_ready(it, q.done))?;
+        Ok(())
+    }
+
+    /// Rank 0, when this cluster's part of the hand-over for the current iteration is
+    /// committed (and journaled): tell the other cluster.
+    pub(super) fn queue_advanced(&mut self) -> Result<(), Stop> {
+        if self.cfg.staleness().is_none() || !self.is_master() {
+            return Ok(());
+        }
+        let done = self.queue_done();
+        let current = match self.layout.cluster_name() {
+            Some("rollout") => self.iteration,
+            _ => 0,
+        };
+        self.publish_queue(done, current)
+    }
+}
