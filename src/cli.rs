@@ -333,6 +333,16 @@ fn status(json: bool, log_path: Option<String>) -> Result<i32, Failure> {
     let path = log_path
         .or_else(|| std::env::var(config::env_name("cluster.log-path")).ok())
         .ok_or_else(|| Failure::usage("rl-node status needs --log-path DIR", None))?;
+    let root = std::path::Path::new(&path);
+    if crate::observe::status::is_pipelined(root) {
+        let p = crate::observe::status::read_pipeline(root);
+        if json {
+            crate::outln!("{}", serde_json::to_string_pretty(&p).expect("json"));
+        } else {
+            crate::out!("{}", crate::observe::status::render_pipeline(&p));
+        }
+        return Ok(exit::DONE);
+    }
     let mut s = crate::observe::status::read(std::path::Path::new(&path))
         .map_err(|e| Failure::usage(e.to_string(), None))?;
     crate::observe::status::judge(std::path::Path::new(&path), &mut s);

@@ -158,6 +158,19 @@ pub struct Manifest {
     /// The merged file's tensors (tensor formats).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tensors: Vec<MergedTensor>,
+    /// Pipelined runs: the model these trajectories were rolled out with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout_model: Option<RolloutModel>,
+}
+
+/// The model a pipelined iteration was rolled out with (docs/pipeline.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RolloutModel {
+    pub model: String,
+    /// The iteration whose training produced it; 0: the base model.
+    pub model_version: u64,
+    /// How many versions it lags the iteration.
+    pub staleness: u64,
 }
 
 impl Manifest {
@@ -214,6 +227,7 @@ impl Manifest {
             output_sha256: None,
             command: None,
             tensors: Vec::new(),
+            rollout_model: opts.rollout_model.clone(),
         }
     }
 }

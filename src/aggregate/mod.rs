@@ -49,7 +49,7 @@ pub use cli::{main, AggregateArgs};
 pub use error::AggregateError;
 pub use manifest::{
     manifest_path, DropKind, Dropped, Manifest, MergedPiece, MergedTensor, RankEntry, RankStatus,
-    MANIFEST_FORMAT,
+    RolloutModel, MANIFEST_FORMAT,
 };
 
 use command::merge_command;
@@ -101,6 +101,8 @@ pub struct MergeOptions {
     /// Called immediately before the merged file is published: an error (this node's
     /// generation was replaced) stops the merge with nothing published.
     pub fence: Option<Fence>,
+    /// Pipelined runs: recorded in the manifest.
+    pub rollout_model: Option<manifest::RolloutModel>,
 }
 
 /// A check that this node may still publish (see `node::fence`).
@@ -118,6 +120,7 @@ impl std::fmt::Debug for MergeOptions {
             .field("kill_grace", &self.kill_grace)
             .field("command_log", &self.command_log)
             .field("registry", &self.registry.is_some())
+            .field("rollout_model", &self.rollout_model)
             .finish()
     }
 }
@@ -136,6 +139,7 @@ impl Default for MergeOptions {
             registry: None,
             env: Vec::new(),
             fence: None,
+            rollout_model: None,
         }
     }
 }

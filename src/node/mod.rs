@@ -1978,6 +1978,19 @@ impl Node {
         opts.command_log = Some(self.layout.phase_log(it, self.rank, "aggregate"));
         (opts.registry, opts.kill_grace) = (self.launcher.registry(), self.cfg.timing.kill_grace);
         opts.fence = Some(self.fence_fn());
+        opts.rollout_model = self
+            .rollout_model
+            .as_ref()
+            .filter(|m| m.iteration == it)
+            .map(|m| crate::aggregate::RolloutModel {
+                // Relative to the shared directory, like every path of a manifest.
+                model: Path::new(&m.model)
+                    .strip_prefix(self.layout.root())
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|_| m.model.clone()),
+                model_version: m.model_version,
+                staleness: m.staleness,
+            });
         let values = self.values("aggregate", Some(split), &out);
         opts.env = self
             .command_env(&values)

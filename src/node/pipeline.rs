@@ -325,6 +325,9 @@ impl Node {
             return Ok(q);
         }
         self.info(&format!("waiting for {what}"));
+        // For `status`: what this cluster waits on.
+        let note = format!("waiting for {what}");
+        self.publisher().update(|r| r.progress = Some(note));
         if let Some(o) = self.other.as_mut() {
             o.seen = None;
             o.absent_since = None;
@@ -344,6 +347,7 @@ impl Node {
             o.absent_since = None;
         }
         self.waiting_note.clear();
+        self.publisher().update(|r| r.progress = None);
         match got {
             Ok(q) => {
                 let secs = self.clock.elapsed(started).as_secs_f64();

@@ -81,7 +81,13 @@ pub struct Status {
 }
 
 pub fn read(log_path: &Path) -> Result<Status, String> {
-    let layout = Layout::new(log_path);
+    read_layout(&Layout::new(log_path))
+}
+
+/// The status of the cluster whose protocol state `layout` addresses (one cluster of a
+/// pipelined run: `Layout::with_cluster`).
+pub fn read_layout(layout: &Layout) -> Result<Status, String> {
+    let layout = layout.clone();
     let c = super::read_cluster(&layout)?;
     let records: Vec<Option<RankRecord>> = (0..c.num_nodes)
         .map(|r| {
@@ -198,8 +204,12 @@ pub fn read(log_path: &Path) -> Result<Status, String> {
 /// them together for `window` (a few heartbeat intervals). A record's frozen heartbeat age
 /// alone proves nothing: it is what the last writer saw before it died.
 pub fn judge(log_path: &Path, s: &mut Status) {
+    judge_layout(&Layout::new(log_path), s)
+}
+
+/// [`judge`] for the cluster `layout` addresses.
+pub fn judge_layout(layout: &Layout, s: &mut Status) {
     let window = (s.heartbeat * 3).min(Duration::from_secs(10));
-    let layout = Layout::new(log_path);
     let read = |r: u32| {
         store::read_json::<RankRecord>(&layout.rank_record(s.gen, r))
             .ok()
@@ -364,6 +374,140 @@ pub fn render(s: &Status) -> String {
                 _ => String::new(),
             }
         ));
+    }
+    out
+}
+
+/// A pipelined run (docs/pipeline.md): both clusters, and the hand-over between them.
+#[derive(Debug, Serialize)]
+pub struct PipelineStatus {
+    pub staleness: Option<u64>,
+    /// Each cluster's status, or why it cannot be read (e.g. not started yet).
+    pub rollout: Result<Status, String>,
+    pub update: Result<Status, String>,
+    /// The newest iteration whose train trajectories are committed (0: none).
+    pub rolled_out: u64,
+    /// The iteration the rollout cluster works on (0: none).
+    pub rolling_out: u64,
+    /// The newest iteration whose training is complete, its model published (0: none).
+    pub trained: u64,
+    /// The iteration the update cluster trains or waits to train (0: none).
+    pub training: u64,
+    /// (iteration, model version, staleness) of the recent rollouts.
+    pub versions: Vec<(u64, u64, u64)>,
+}
+
+/// Whether `log_path` holds a pipelined run: no cluster record of its own, but clusters
+/// under `.rl-node/rollout/` or `.rl-node/update/`.
+pub fn is_pipelined(log_path: &Path) -> bool {
+    let l = Layout::new(log_path);
+    !l.cluster().exists()
+        && ["rollout", "update"]
+            .iter()
+            .any(|c| l.clone().with_cluster(Some(c)).cluster().exists())
+}
+
+pub fn read_pipeline(log_path: &Path) -> PipelineStatus {
+    let base = Layout::new(log_path);
+    let cluster = |c: &'static str| {
+        let l = base.clone().with_cluster(Some(c));
+        let mut s = read_layout(&l)?;
+        judge_layout(&l, &mut s);
+        Ok(s)
+    };
+    let (rollout, update) = (cluster("rollout"), cluster("update"));
+    let queue = |c: &str| {
+        store::read_json::<crate::protocol::pipeline::QueueRecord>(&base.queue(c))
+            .ok()
+            .flatten()
+    };
+    let (rq, uq) = (queue("rollout"), queue("update"));
+    let first = |s: &Result<Status, String>| {
+        s.as_ref()
+            .ok()
+            .and_then(|s| s.ranks.first())
+            .map(|r| r.iteration)
+            .unwrap_or(0)
+    };
+    let trained = uq.as_ref().map_or(0, |q| q.done);
+    let staleness = rq.as_ref().or(uq.as_ref()).map(|q| q.staleness);
+    let versions = rq
+        .as_ref()
+        .map(|q| {
+            q.versions
+                .iter()
+                .rev()
+                .take(8)
+                .rev()
+                .map(|&(i, v)| {
+                    let first_it = 1;
+                    (i, v, crate::protocol::pipeline::staleness_of(i, v, first_it))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let training = match &update {
+        Ok(s) if !overall(s).starts_with("completed") => first(&update).max(trained + 1),
+        _ => 0,
+    };
+    let rolling_out = match &rollout {
+        Ok(s) if !overall(s).starts_with("completed") => first(&rollout),
+        _ => 0,
+    };
+    PipelineStatus {
+        staleness,
+        rolled_out: rq.as_ref().map_or(0, |q| q.done),
+        rolling_out,
+        trained,
+        training,
+        versions,
+        rollout,
+        update,
+    }
+}
+
+pub fn render_pipeline(p: &PipelineStatus) -> String {
+    let mut out = format!(
+        "pipelined run (pipeline.staleness = {})\n",
+        p.staleness
+            .map(|s| s.to_string())
+            .unwrap_or_else(|| "?".into())
+    );
+    let or_none = |i: u64| {
+        if i == 0 {
+            "none".to_string()
+        } else {
+            format!("iteration {i}")
+        }
+    };
+    out.push_str(&format!(
+        "queue: trajectories committed up to {}; rolling out {}; training {}; models published up to {}\n",
+        or_none(p.rolled_out),
+        or_none(p.rolling_out),
+        or_none(p.training),
+        or_none(p.trained),
+    ));
+    if !p.versions.is_empty() {
+        let v: Vec<String> = p
+            .versions
+            .iter()
+            .map(|(i, v, s)| {
+                let model = if *v == 0 {
+                    "base model".to_string()
+                } else {
+                    format!("model {v}")
+                };
+                format!("{i} on {model} (staleness {s})")
+            })
+            .collect();
+        out.push_str(&format!("rolled out: {}\n", v.join(", ")));
+    }
+    for (name, s) in [("rollout", &p.rollout), ("update", &p.update)] {
+        out.push_str(&format!("\n== {name} cluster ==\n"));
+        match s {
+            Ok(s) => out.push_str(&render(s)),
+            Err(e) => out.push_str(&format!("{e}\n")),
+        }
     }
     out
 }
