@@ -246,6 +246,14 @@ impl EventLog {
 pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
     let cfg = loaded.config.clone();
     let num_nodes = cfg.cluster.num_nodes;
+    // Setting a run aside moves the shared directories both clusters use, while the other
+    // cluster may be running on them.
+    if opts.fresh && cfg.staleness().is_some() {
+        return Err(Stop::usage(
+            "--fresh is refused in a pipelined run (pipeline.staleness is set): it would move the directories the other cluster is using",
+            Some("start both clusters with a new --log-path, or stop both and move the old directory aside yourself".into()),
+        ));
+    }
     if opts.rank >= num_nodes {
         return Err(Stop::usage(
             format!(
