@@ -30,6 +30,9 @@ pub struct RecoverArgs {
     /// other journals and the history. Nothing is deleted. Refused while a node runs.
     #[arg(long)]
     pub repair: bool,
+    /// In a pipelined run (docs/pipeline.md): the cluster to look at, `rollout` or `update`.
+    #[arg(long, value_name = "NAME", value_parser = ["rollout", "update"])]
+    pub cluster: Option<String>,
 }
 
 struct Out;
@@ -159,8 +162,8 @@ struct Run {
     eval_interval: u64,
 }
 
-fn load(log_path: &Path) -> Result<Run, String> {
-    let layout = Layout::new(log_path);
+fn load(layout: &Layout) -> Result<Run, String> {
+    let layout = layout.clone();
     let cluster = super::read_cluster(&layout)?;
     let eval_interval = cluster.config["cluster"]["eval-interval"]
         .as_u64()
@@ -586,7 +589,24 @@ pub fn main(args: RecoverArgs, log_path: Option<String>) -> Result<i32, Failure>
     let path = log_path
         .or_else(|| std::env::var(crate::config::env_name("cluster.log-path")).ok())
         .ok_or_else(|| Failure::usage("rl-node recover needs --log-path DIR", None))?;
-    let layout = Layout::new(&path);
+    let cluster: Option<&'static str> = match args.cluster.as_deref() {
+        Some("rollout") => Some("rollout"),
+        Some("update") => Some("update"),
+        _ => None,
+    };
+    if cluster.is_none() && super::status::is_pipelined(Path::new(&path)) {
+        return Err(Failure::usage(
+            format!("{path} holds a pipelined run: name one of its clusters"),
+            Some("rl-node recover --log-path DIR --cluster rollout (or --cluster update)".into()),
+        ));
+    }
+    if cluster.is_some() && args.discard_iteration.is_some() {
+        return Err(Failure::usage(
+            "--discard-iteration is refused in a pipelined run: the iteration's files are shared by both clusters, and the other may have used them",
+            Some("stop both clusters and start over in a new --log-path, or set the files aside by hand".into()),
+        ));
+    }
+    let layout = Layout::new(&path).with_cluster(cluster);
     if let Some((problems, cluster)) = super::repair::diagnose(&layout) {
         if !problems.is_empty() {
             if let Some(code) =
@@ -596,7 +616,7 @@ pub fn main(args: RecoverArgs, log_path: Option<String>) -> Result<i32, Failure>
             }
         }
     }
-    let run = load(Path::new(&path)).map_err(|e| Failure::usage(e.to_string(), None))?;
+    let run = load(&layout).map_err(|e| Failure::usage(e.to_string(), None))?;
     let rep = report(&run);
     if args.json {
         crate::outln!("{}", serde_json::to_string_pretty(&rep).expect("json"));

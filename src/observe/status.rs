@@ -441,7 +441,11 @@ pub fn read_pipeline(log_path: &Path) -> PipelineStatus {
                 .rev()
                 .map(|&(i, v)| {
                     let first_it = 1;
-                    (i, v, crate::protocol::pipeline::staleness_of(i, v, first_it))
+                    (
+                        i,
+                        v,
+                        crate::protocol::pipeline::staleness_of(i, v, first_it),
+                    )
                 })
                 .collect()
         })
