@@ -1781,6 +1781,63 @@ mod tests {
     }
 
     #[test]
+    fn a_pipelined_run_needs_a_half_per_cluster_and_enough_kept_checkpoints() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("rl.toml");
+        let load_text = |text: &str| {
+            std::fs::write(&f, text).unwrap();
+            load(Some(&f), &no_env, &[])
+        };
+        let off = load_text("").unwrap().config;
+        assert_eq!((off.staleness(), off.pipeline_cluster()), (None, None));
+        let rollout = load_text(
+            "[cluster]\nrl-phase = \"rollout\"\nnum-nodes = 2\n[pipeline]\nstaleness = 1\n",
+        )
+        .unwrap()
+        .config;
+        assert_eq!(
+            (rollout.staleness(), rollout.pipeline_cluster()),
+            (Some(1), Some("rollout"))
+        );
+        let update = load_text("[cluster]\nrl-phase = \"update\"\nnum-nodes = 3\nrank-weights = [1, 1, 2]\n[pipeline]\nstaleness = 1\n")
+            .unwrap()
+            .config;
+        assert_eq!(update.pipeline_cluster(), Some("update"));
+        // The halves and their node counts may differ; the rest may not.
+        assert_eq!(
+            rollout.pipeline_fingerprint(),
+            update.pipeline_fingerprint()
+        );
+        assert_ne!(rollout.fingerprint(), update.fingerprint());
+        let other_seed = load_text(
+            "[cluster]\nrl-phase = \"update\"\n[work]\nseed = 9\n[pipeline]\nstaleness = 1\n",
+        )
+        .unwrap()
+        .config;
+        assert_ne!(
+            rollout.pipeline_fingerprint(),
+            other_seed.pipeline_fingerprint()
+        );
+        for (text, says) in [
+            ("[pipeline]\nstaleness = 1\n", "cluster.rl-phase (from defaults): a pipelined run (pipeline.staleness = 1, from"),
+            ("[pipeline]\nstaleness = -2\n", "pipeline.staleness (from"),
+            (
+                "[cluster]\nrl-phase = \"rollout\"\nrollout-split = \"train-only\"\n[pipeline]\nstaleness = 0\n",
+                "cluster.rollout-split (from",
+            ),
+            (
+                "[cluster]\nrl-phase = \"update\"\neval-interval = 5\n[pipeline]\nstaleness = 2\n[phases.handoff]\nkeep-last = 3\n",
+                "keep-last = 3 could delete a checkpoint the rollout cluster still needs",
+            ),
+            ("[pipeline]\nmodel = \"latest\"\n", "pipeline.model"),
+        ] {
+            let e = load_text(text).unwrap_err().to_string();
+            assert!(e.contains(says), "{text}: {e}");
+        }
+        assert!(load_text("[cluster]\nrl-phase = \"update\"\neval-interval = 5\n[pipeline]\nstaleness = 2\n[phases.handoff]\nkeep-last = 4\n").is_ok());
+    }
+
+    #[test]
     fn fingerprint_ignores_paths_but_not_commands() {
         let a = load(
             None,

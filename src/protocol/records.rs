@@ -380,4 +380,42 @@ mod tests {
         a.detected_by = 0;
         assert_eq!(a.exit_code_for(0), 3);
     }
+
+    /// In a pipelined run both clusters print one diagnosis, naming the culprit's cluster
+    /// (and the detector's, when it is the other one).
+    #[test]
+    fn a_pipelined_abort_names_the_cluster() {
+        let mut a = AbortInfo {
+            kind: AbortKind::CommandFailed { exit: "1".into() },
+            culprit: 1,
+            culprit_host: "host-b".into(),
+            phase: "10 (training)".into(),
+            iteration: 7,
+            reason: "the train command failed with exit code 1".into(),
+            log: None,
+            detected_by: 1,
+            silent_ms: None,
+            at: String::new(),
+            cluster: Some("update".into()),
+            detected_in: None,
+        };
+        assert_eq!(
+            a.describe(),
+            "the update cluster's rank 1 on host-b failed in phase 10 (training) of iteration 7: the train command failed with exit code 1"
+        );
+        a.kind = AbortKind::PeerDead;
+        a.culprit = 0;
+        a.silent_ms = Some(60_000);
+        a.detected_by = 0;
+        a.detected_in = Some("rollout".into());
+        assert_eq!(
+            a.describe(),
+            "the update cluster's rank 0 on host-b is dead: its heartbeat has been still for 60.0s (last seen in phase 10 (training) of iteration 7); noticed by the rollout cluster's rank 0"
+        );
+        // Unchanged outside pipelined runs.
+        a.cluster = None;
+        a.detected_in = None;
+        assert!(a.describe().starts_with("rank 0 on host-b is dead"));
+        assert!(a.describe().ends_with("noticed by rank 0"));
+    }
 }
