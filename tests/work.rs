@@ -651,6 +651,41 @@ fn exact_budget_replaces_a_failed_task_with_one_outside_the_plan() {
     assert_eq!(w.items_event(1 - culprit, 1)["committed"], 3);
 }
 
+#[test]
+fn per_rank_commands_get_the_iterations_seed_and_sample_count() {
+    let script = r#"#!/bin/sh
+# sh rollout.sh {output} {seed} {samples}
+[ "$2" = "$RL_NODE_SEED" ] && [ "$3" = "$RL_NODE_SAMPLES" ] || { echo "placeholders and variables disagree: $*" >&2; exit 9; }
+printf '{"rank": %s, "iteration": %s, "seed": "%s", "samples": "%s"}\n' "$RL_NODE_RANK" "$RL_NODE_ITERATION" "$2" "$3" > "$1"
+"#;
+    let w = Work::new(
+        2,
+        &task_text(4, &[]),
+        "samples-per-task = 3\nseed = 42",
+        script,
+        "{output} {seed} {samples}",
+    );
+    let mut nodes =
+        w.c.spawn_all(&["--iterations", "2", "--eval-interval", "0"]);
+    wait_ok(&mut nodes, "seed and samples");
+    // The documented example (docs/commands.md).
+    assert_eq!(work::iteration_seed(42, 1), 525683850799873524);
+    for it in 1..=2u64 {
+        let merged = w.merged(it);
+        assert_eq!(merged.len(), 2, "{merged:?}");
+        for rec in &merged {
+            assert_eq!(rec["iteration"], it);
+            assert_eq!(
+                rec["seed"],
+                work::iteration_seed(42, it).to_string(),
+                "{rec}"
+            );
+            assert_eq!(rec["samples"], "3", "{rec}");
+        }
+    }
+    assert_ne!(work::iteration_seed(42, 1), work::iteration_seed(42, 2));
+}
+
 // ---------------------------------------------------------------------------- 5. restart
 
 #[test]

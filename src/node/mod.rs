@@ -2565,6 +2565,11 @@ impl Node {
                 .join(","),
         );
         v.insert("gen", c.gen.to_string());
+        v.insert(
+            "seed",
+            crate::work::iteration_seed(self.cfg.work.seed, self.iteration).to_string(),
+        );
+        v.insert("samples", self.cfg.work.samples_per_task.to_string());
         for (k, val) in &self.extra {
             v.insert(k, val.clone());
         }
