@@ -184,11 +184,27 @@ pub enum Aggregated {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum ItemsMode {
-    /// A static plan: the retries of this rank's items.
-    Static { retries: u32 },
+    /// A static plan: the retries of this rank's items, and with `work.exact-budget` its
+    /// groups (a task's samples, kept or dropped whole).
+    Static {
+        retries: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        groups: Option<Groups>,
+    },
     /// A dynamic pool (`work.mode = "dynamic"`): the backup attempts this rank started.
     /// `dynamic` is always `true`; it is in the line to say which tally this is.
     Dynamic { backups: usize, dynamic: bool },
+}
+
+/// `exact-budget`'s count of one rank's groups in an `items` event: `planned` groups of
+/// the plan, `complete` ones in the shard (all their samples committed), `dropped` ones
+/// (a sample failed for good; their committed samples set aside) and `replacements` drawn.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Groups {
+    pub planned: usize,
+    pub complete: usize,
+    pub dropped: usize,
+    pub replacements: usize,
 }
 
 /// One rank's training failure in a `handoff-skipped` event.
@@ -321,7 +337,15 @@ mod tests {
                 total: 6,
                 committed: 5,
                 failed: 1,
-                mode: ItemsMode::Static { retries: 2 },
+                mode: ItemsMode::Static {
+                    retries: 2,
+                    groups: Some(Groups {
+                        planned: 3,
+                        complete: 3,
+                        dropped: 1,
+                        replacements: 1,
+                    }),
+                },
             },
             Event::Items {
                 split: "train".into(),
@@ -600,9 +624,18 @@ mod tests {
                     total: 4,
                     committed: 3,
                     failed: 1,
-                    mode: ItemsMode::Static { retries: 2 },
+                    mode: ItemsMode::Static {
+                        retries: 2,
+                        groups: Some(Groups {
+                            planned: 3,
+                            complete: 3,
+                            dropped: 1,
+                            replacements: 1,
+                        }),
+                    },
                 },
-                json!({"event": "items", "split": "eval", "total": 4, "committed": 3, "failed": 1, "retries": 2}),
+                json!({"event": "items", "split": "eval", "total": 4, "committed": 3, "failed": 1, "retries": 2,
+                       "groups": {"planned": 3, "complete": 3, "dropped": 1, "replacements": 1}}),
             ),
             (
                 Event::Backup {

@@ -1,6 +1,8 @@
 //! Work planning with real node processes (docs/work.md): per-task items split by rank
 //! weight, retries with backoff and jitter (and their limit), item failures within and
-//! beyond `max-failed-fraction`, exact budgets, a node killed in the middle of a per-task
+//! beyond `max-failed-fraction`, exact budgets of whole groups (a failed sample drops its
+//! task's group, even across a restart, and a replacement task's group runs instead,
+//! per-rank `{seed}` and `{samples}`), a node killed in the middle of a per-task
 //! or a dynamic rollout, dynamic retries and permanent failures, how soon dynamic ranks
 //! leave the pool, nodes whose task files differ, a rank with no tasks, and progress in
 //! `rl-node status`.
@@ -649,6 +651,279 @@ fn exact_budget_replaces_a_failed_task_with_one_outside_the_plan() {
     assert_eq!(ev["total"], 4, "{ev}");
     assert_eq!(ev["committed"], 3, "{ev}");
     assert_eq!(w.items_event(1 - culprit, 1)["committed"], 3);
+}
+
+/// Records of a merge, by task: their sample numbers and seeds, in merge order.
+fn by_task(merged: &[Value]) -> BTreeMap<String, Vec<(u64, u64)>> {
+    let mut m: BTreeMap<String, Vec<(u64, u64)>> = BTreeMap::new();
+    for v in merged {
+        m.entry(v["task"].as_str().unwrap().to_string())
+            .or_default()
+            .push((v["sample"].as_u64().unwrap(), v["seed"].as_u64().unwrap()));
+    }
+    m
+}
+
+/// Every sample of `task`, with its seed from (seed, iteration 1, task, sample).
+fn whole_group(seed: u64, task: &str, samples: u32) -> Vec<(u64, u64)> {
+    (0..samples)
+        .map(|s| (u64::from(s), work::sample_seed(seed, 1, task, s)))
+        .collect()
+}
+
+/// A prefix that fails (exit 3) sample 1 of task `id` only.
+fn fail_sample_one(id: &str) -> String {
+    format!(
+        r#"echo "$RL_NODE_TASK_ID $RL_NODE_SAMPLE $$ $RL_NODE_GEN $RL_NODE_RANK" >> "@DIR@/executed.log"
+if [ "$RL_NODE_TASK_ID" = "{id}" ] && [ "$RL_NODE_SAMPLE" = 1 ]; then echo "sample 1 of {id} always fails" >&2; exit 3; fi"#
+    )
+}
+
+#[test]
+fn exact_budget_drops_a_failed_samples_whole_group_and_runs_a_whole_replacement_group() {
+    const SEED: u64 = 5;
+    const SAMPLES: u32 = 3;
+    let probe = Work::per_task(2, &task_text(12, &[]), "", "");
+    let plan = expected_plan(
+        &probe,
+        &[1, 1],
+        Some(4),
+        SAMPLES,
+        SEED,
+        1,
+        Strategy::Weighted,
+    );
+    drop(probe);
+    let used: BTreeSet<usize> = plan.ranks.iter().flatten().map(|i| i.task_index).collect();
+    // A rank with replacement candidates (index ≡ rank mod 2, outside the plan); its
+    // first task's sample 1 fails.
+    let culprit = (0..2u32)
+        .find(|&r| (0..12).any(|i| !used.contains(&i) && i % 2 == r as usize))
+        .expect("a rank with replacement candidates");
+    let failing = plan.ranks[culprit as usize][0].task.to_string();
+    // One item at a time: sample 0 commits before sample 1 fails, sample 2 never starts.
+    let w = Work::per_task(
+        2,
+        &task_text(12, &[]),
+        &format!(
+            "tasks-per-iteration = 4\nsamples-per-task = {SAMPLES}\nseed = {SEED}\nexact-budget = true\nmax-failed-fraction = 0.5\nmax-workers = 1"
+        ),
+        &fail_sample_one(&failing),
+    );
+    let mut nodes = w.c.spawn_all(ONE);
+    wait_ok(&mut nodes, "exact budget of groups");
+    assert_eq!(w.plan(1), plan);
+    let merged = w.merged(1);
+    // The budget: tasks-per-iteration × samples-per-task, in complete groups only.
+    assert_eq!(merged.len(), 4 * SAMPLES as usize, "{merged:?}");
+    let groups = by_task(&merged);
+    assert_eq!(groups.len(), 4, "{groups:?}");
+    for (task, samples) in &groups {
+        assert_eq!(samples, &whole_group(SEED, task, SAMPLES), "task {task}");
+    }
+    assert!(!groups.contains_key(&failing), "{groups:?}");
+    let planned: BTreeSet<String> = plan
+        .ranks
+        .iter()
+        .flatten()
+        .map(|i| i.task.to_string())
+        .collect();
+    let outside: Vec<&String> = groups.keys().filter(|t| !planned.contains(*t)).collect();
+    assert_eq!(outside.len(), 1, "replacements: {outside:?}");
+    let idx: usize = outside[0][1..].parse().unwrap();
+    assert_eq!(idx % 2, culprit as usize, "replacement {}", outside[0]);
+    assert!(!used.contains(&idx));
+    // The failed group: its committed sample 0 is set aside (kept, not merged), its
+    // sample 2 never ran, and the decision is recorded.
+    let items = w.train_dir(1).join("items");
+    let aside = jsonl(&items.join(format!("r{culprit}-00000.jsonl.dropped")));
+    assert_eq!(key(&aside[0]), (failing.clone(), 0));
+    let record: Value = serde_json::from_slice(
+        &fs::read(items.join(format!("r{culprit}-g00000.dropped.json"))).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(record["task"], failing.as_str(), "{record}");
+    let ran: Vec<u64> = w
+        .executed_log()
+        .iter()
+        .filter(|l| l[0] == failing)
+        .map(|l| l[1].parse().unwrap())
+        .collect();
+    assert_eq!(ran, [0, 1], "the failed group's samples that ran");
+    // The replacement group's items, named from the replacement positions.
+    for s in 0..SAMPLES {
+        let rec = jsonl(&items.join(format!("r{culprit}-x{s:05}.jsonl")));
+        assert_eq!(key(&rec[0]), (outside[0].clone(), u64::from(s)));
+    }
+    let ev = w.items_event(culprit, 1);
+    assert_eq!(ev["failed"], 1, "{ev}");
+    assert_eq!(ev["total"], 3 * SAMPLES, "{ev}");
+    assert_eq!(ev["committed"], 2 * SAMPLES, "{ev}");
+    assert_eq!(
+        ev["groups"],
+        serde_json::json!({"planned": 2, "complete": 2, "dropped": 1, "replacements": 1}),
+        "{ev}"
+    );
+    let other = w.items_event(1 - culprit, 1);
+    assert_eq!(other["committed"], 2 * SAMPLES, "{other}");
+    assert_eq!(other["groups"]["dropped"], 0, "{other}");
+    let err = nodes[culprit as usize].stderr();
+    assert!(
+        err.contains(&format!(
+            "task {failing}'s group r{culprit}-g00000 is dropped"
+        )),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_dropped_groups_running_samples_are_stopped_not_waited_for() {
+    let probe = Work::per_task(1, &task_text(4, &[]), "", "");
+    let plan = expected_plan(&probe, &[1], Some(1), 3, 0, 1, Strategy::Weighted);
+    drop(probe);
+    let a = plan.ranks[0][0].task.to_string();
+    // Samples 0 and 2 of the one planned task would run for a minute; sample 1 fails at
+    // once. The rollout ends in time only if the node stops them when it drops the group.
+    let prefix = format!(
+        "{}\nif [ \"$RL_NODE_TASK_ID\" = \"{a}\" ]; then sleep 60; fi",
+        fail_sample_one(&a)
+    );
+    let w = Work::per_task(
+        1,
+        &task_text(4, &[]),
+        "tasks-per-iteration = 1\nsamples-per-task = 3\nexact-budget = true\nmax-failed-fraction = 0.5\nmax-workers = 3",
+        &prefix,
+    );
+    let mut nodes = w.c.spawn_all(ONE);
+    wait_ok(&mut nodes, "siblings stopped");
+    let groups = by_task(&w.merged(1));
+    assert_eq!(groups.len(), 1, "{groups:?}");
+    assert!(!groups.contains_key(&a), "{groups:?}");
+    let logs = w.c.log_path.join("logs/iter-0001/rank-0.rollout.items");
+    for item in ["r0-00000", "r0-00002"] {
+        let log = fs::read_to_string(logs.join(format!("{item}.a0.log"))).unwrap();
+        assert!(
+            log.contains(&format!("so task {a}'s group r0-g00000 is dropped")),
+            "{item}: {log}"
+        );
+    }
+    let err = nodes[0].stderr();
+    assert!(err.contains("2 running one(s) stopped"), "{err}");
+}
+
+#[test]
+fn a_replacement_group_committed_before_a_crash_is_reused_and_the_drop_stays() {
+    const SEED: u64 = 11;
+    let probe = Work::per_task(1, &task_text(6, &[]), "", "");
+    let plan = expected_plan(&probe, &[1], Some(2), 2, SEED, 1, Strategy::Weighted);
+    drop(probe);
+    let (a, b) = (
+        plan.ranks[0][0].task.to_string(),
+        plan.ranks[0][2].task.to_string(),
+    );
+    // Sample 1 of A fails; sample 1 of B hangs in generation 1 until the node is killed,
+    // after the replacement group has committed.
+    let prefix = format!(
+        "{}\nif [ \"$RL_NODE_GEN\" = 1 ] && [ \"$RL_NODE_TASK_ID\" = \"{b}\" ] && [ \"$RL_NODE_SAMPLE\" = 1 ]; then sleep 30; fi",
+        fail_sample_one(&a)
+    );
+    let w = Work::per_task(
+        1,
+        &task_text(6, &[]),
+        &format!(
+            "tasks-per-iteration = 2\nsamples-per-task = 2\nseed = {SEED}\nexact-budget = true\nmax-failed-fraction = 0.5\nmax-workers = 2"
+        ),
+        &prefix,
+    );
+    let mut nodes = w.c.spawn_all(ONE);
+    wait_until(LIMIT, "the replacement group to commit", || {
+        w.committed(1, "r0-x").len() == 2
+    });
+    nodes[0].signal(libc::SIGKILL);
+    assert_eq!(nodes[0].wait(LIMIT), 137);
+    drop(nodes);
+    assert!(
+        !w.committed(1, "r0-").contains("r0-00003"),
+        "B's sample 1 hung"
+    );
+
+    let mut nodes = w.c.spawn_all(ONE);
+    wait_ok(&mut nodes, "restart");
+    let err = nodes[0].stderr();
+    assert!(
+        err.contains("1 train group(s) dropped before the restart stay dropped"),
+        "{err}"
+    );
+    assert!(
+        err.contains("3 train item(s) committed before the restart are reused"),
+        "{err}"
+    );
+    // Generation 2 ran B's sample 1 only: not A's group, not the replacement.
+    let log = w.executed_log();
+    let gen2: Vec<(String, String)> = log
+        .iter()
+        .filter(|l| l[3] == "2")
+        .map(|l| (l[0].clone(), l[1].clone()))
+        .collect();
+    assert_eq!(gen2, [(b.clone(), "1".to_string())], "{log:?}");
+    let groups = by_task(&w.merged(1));
+    assert_eq!(groups.len(), 2, "{groups:?}");
+    assert!(!groups.contains_key(&a), "{groups:?}");
+    for (task, samples) in &groups {
+        assert_eq!(samples, &whole_group(SEED, task, 2), "task {task}");
+    }
+    // The uninterrupted run's counts.
+    let ev = w.items_event(0, 1);
+    assert_eq!(ev["gen"], 2, "{ev}");
+    assert_eq!(
+        (
+            ev["total"].as_u64(),
+            ev["committed"].as_u64(),
+            ev["failed"].as_u64()
+        ),
+        (Some(6), Some(4), Some(1)),
+        "{ev}"
+    );
+    assert_eq!(
+        ev["groups"],
+        serde_json::json!({"planned": 2, "complete": 2, "dropped": 1, "replacements": 1}),
+        "{ev}"
+    );
+}
+
+#[test]
+fn per_rank_commands_get_the_iterations_seed_and_sample_count() {
+    let script = r#"#!/bin/sh
+# sh rollout.sh {output} {seed} {samples}
+[ "$2" = "$RL_NODE_SEED" ] && [ "$3" = "$RL_NODE_SAMPLES" ] || { echo "placeholders and variables disagree: $*" >&2; exit 9; }
+printf '{"rank": %s, "iteration": %s, "seed": "%s", "samples": "%s"}\n' "$RL_NODE_RANK" "$RL_NODE_ITERATION" "$2" "$3" > "$1"
+"#;
+    let w = Work::new(
+        2,
+        &task_text(4, &[]),
+        "samples-per-task = 3\nseed = 42",
+        script,
+        "{output} {seed} {samples}",
+    );
+    let mut nodes =
+        w.c.spawn_all(&["--iterations", "2", "--eval-interval", "0"]);
+    wait_ok(&mut nodes, "seed and samples");
+    // The documented example (docs/commands.md).
+    assert_eq!(work::iteration_seed(42, 1), 525683850799873524);
+    for it in 1..=2u64 {
+        let merged = w.merged(it);
+        assert_eq!(merged.len(), 2, "{merged:?}");
+        for rec in &merged {
+            assert_eq!(rec["iteration"], it);
+            assert_eq!(
+                rec["seed"],
+                work::iteration_seed(42, it).to_string(),
+                "{rec}"
+            );
+            assert_eq!(rec["samples"], "3", "{rec}");
+        }
+    }
+    assert_ne!(work::iteration_seed(42, 1), work::iteration_seed(42, 2));
 }
 
 // ---------------------------------------------------------------------------- 5. restart

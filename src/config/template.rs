@@ -163,6 +163,16 @@ pub const PLACEHOLDERS: &[(&str, &str, &str)] = &[
         "RL_NODE_STATE",
         "per-task mode: initial-state index (rotate: a circular index)",
     ),
+    (
+        "seed",
+        "RL_NODE_SEED",
+        "the iteration's seed, derived from (work.seed, iteration)",
+    ),
+    (
+        "samples",
+        "RL_NODE_SAMPLES",
+        "work.samples-per-task",
+    ),
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -2663,6 +2663,11 @@ impl Node {
         };
         v.insert("model_version", version.to_string());
         v.insert("staleness", staleness.to_string());
+        v.insert(
+            "seed",
+            crate::work::iteration_seed(self.cfg.work.seed, self.iteration).to_string(),
+        );
+        v.insert("samples", self.cfg.work.samples_per_task.to_string());
         for (k, val) in &self.extra {
             v.insert(k, val.clone());
         }

@@ -7,6 +7,8 @@
 //! - `per-task`: the command runs once per (task, sample), `max-workers` at a time; each
 //!   item's output is committed on its own (`items/…jsonl`, by rename), so a restart redoes
 //!   only unfinished items; retryable exit codes are retried with backoff and jitter;
+//!   with `exact-budget` a task's samples are kept or dropped as one group (GRPO and RLOO
+//!   compare them with each other), and a dropped group is replaced by another task's;
 //! - `dynamic`: no split; nodes claim items from the shared directory by an exclusive
 //!   create of a lease named with the generation and an attempt number. When a claimant
 //!   dies (its heartbeat still for `dead-after`), the next attempt's lease can be created
@@ -25,6 +27,7 @@ use crate::protocol::AbortKind;
 use crate::store;
 use crate::work::plan::{self, Item, Plan, Strategy};
 use crate::work::tasks::{self, TaskFile, TaskIds};
+use compact_str::CompactString;
 use serde_json::{json, Value};
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -100,10 +103,68 @@ struct Running {
 /// Counts of a planned rollout, for the summary and the heartbeat.
 #[derive(Default)]
 struct Tally {
+    /// Items of every group taken into the rollout, dropped ones included.
     total: usize,
+    /// Items committed and kept (a dropped group's are set aside, so not counted).
     committed: usize,
     failed: Vec<String>,
     retries: u32,
+    /// Items committed before a restart.
+    reused: usize,
+    /// `exact-budget`: groups dropped, and replacement groups drawn.
+    dropped: usize,
+    replacements: usize,
+}
+
+/// A task's samples on this rank: the unit `exact-budget` keeps or drops whole. Its items
+/// are named from its first position, so a group costs no names until it is dropped.
+struct Group {
+    /// The k-th replacement group, or the k-th planned one.
+    replacement: bool,
+    k: usize,
+    /// Its first item's position (among the rank's planned items, or the replacement
+    /// items) and how many it has.
+    first: usize,
+    len: usize,
+    task: CompactString,
+    dropped: bool,
+}
+
+impl Group {
+    /// `r{rank}-g{k}` for a planned group, `r{rank}-xg{k}` for a replacement; its record,
+    /// once dropped, is `items/<name>.dropped.json`.
+    fn name(&self, rank: u32) -> String {
+        match self.replacement {
+            true => format!("r{rank}-xg{:05}", self.k),
+            false => format!("r{rank}-g{:05}", self.k),
+        }
+    }
+
+    /// Its j-th item's name: `r{rank}-{pos}`, or `r{rank}-x{pos}` for a replacement (with
+    /// one sample per task, the k-th replacement is `x{k}`, as before groups).
+    fn item(&self, rank: u32, j: usize) -> String {
+        match self.replacement {
+            true => format!("r{rank}-x{:05}", self.first + j),
+            false => item_name(self.first + j, Some(rank)),
+        }
+    }
+}
+
+/// A static item waiting to run (or to be retried), with its group's index.
+struct Queued {
+    name: String,
+    item: Item,
+    attempt: u32,
+    group: usize,
+}
+
+/// What a group's drop changes while static items run.
+struct Live<'a> {
+    groups: &'a mut Vec<Group>,
+    running: &'a mut HashMap<i32, (Queued, PathBuf)>,
+    queue: &'a mut VecDeque<Queued>,
+    delayed: &'a mut Vec<(Instant, Queued)>,
+    tally: &'a mut Tally,
 }
 
 /// The shortest time between two looks at the items a node awaits from its peers (each
@@ -259,7 +320,7 @@ impl Node {
             WorkMode::PerTask => {
                 let planned = items.len();
                 let names: Vec<(usize, Item)> = items.into_iter().enumerate().collect();
-                self.run_items(split, phase, pc, &tasks, names, Some(self.rank))?;
+                self.run_items(split, phase, pc, &tasks, names)?;
                 self.commit_rank_shard(split, planned)
             }
         }
@@ -506,9 +567,11 @@ impl Node {
         }
     }
 
-    /// Run static items (`names`: position and item) `max-workers` at a time; skip the ones
-    /// committed before a restart; retry retryable failures; replace failures when
-    /// `exact-budget`. Fails the phase if too many items failed.
+    /// Run this rank's static items (`names`: position and item) `max-workers` at a time;
+    /// skip the ones committed before a restart; retry retryable failures. With
+    /// `exact-budget` the unit is a task's group of samples: an item that fails for good
+    /// drops its whole group (`drop_group`) and a replacement task's whole group runs
+    /// instead. Fails the phase if too many items (groups, with `exact-budget`) failed.
     fn run_items(
         &mut self,
         split: &str,
@@ -516,7 +579,6 @@ impl Node {
         pc: &PhaseCommand,
         tasks: &TaskFile,
         names: Vec<(usize, Item)>,
-        rank: Option<u32>,
     ) -> Result<(), Stop> {
         let job = Job {
             split,
@@ -534,49 +596,76 @@ impl Node {
                 None,
             ));
         }
+        let exact = self.cfg.work.exact_budget;
         self.replacements.clear();
-        let mut tally = Tally {
-            total: names.len(),
-            ..Tally::default()
-        };
-        let mut queue: VecDeque<(String, Item, u32)> = VecDeque::new();
-        let mut reused = 0;
-        for (pos, item) in names {
-            let name = item_name(pos, rank);
-            if dir.join(format!("{name}.jsonl")).exists() {
-                tally.committed += 1;
-                reused += 1;
-            } else {
-                queue.push_back((name, item, 0));
-            }
+        let mut tally = Tally::default();
+        let mut groups: Vec<Group> = vec![];
+        let mut queue: VecDeque<Queued> = VecDeque::new();
+        // Every sample of a task is consecutive in a rank's items (the plan's invariant): a
+        // group starts at each sample 0, or where the task changes.
+        let starts: Vec<usize> = (0..names.len())
+            .filter(|&i| {
+                i == 0
+                    || names[i].1.sample == 0
+                    || names[i].1.task_index != names[i - 1].1.task_index
+            })
+            .collect();
+        let count = names.len();
+        let mut names = names.into_iter();
+        for (k, &start) in starts.iter().enumerate() {
+            let end = starts.get(k + 1).copied().unwrap_or(count);
+            let items: Vec<(usize, Item)> = names.by_ref().take(end - start).collect();
+            let group = Group {
+                replacement: false,
+                k,
+                first: items[0].0,
+                len: items.len(),
+                task: items[0].1.task.clone(),
+                dropped: false,
+            };
+            let items = items.into_iter().map(|(_, item)| item).collect();
+            self.enter_group(&dir, group, items, &mut groups, &mut queue, &mut tally)?;
         }
-        if reused > 0 {
+        // Groups dropped before a restart are replaced again, by the same tasks: the k-th
+        // drop always takes the k-th candidate, and a replacement committed then is reused.
+        let mut replacements = self.replacement_pool(split, tasks.ids());
+        let owed = tally.dropped;
+        self.draw_replacements(
+            owed,
+            &mut replacements,
+            &dir,
+            &mut groups,
+            &mut queue,
+            &mut tally,
+        )?;
+        if tally.reused > 0 {
             self.info(&format!(
-                "iteration {}: {reused} {split} item(s) committed before the restart are reused",
-                self.iteration
+                "iteration {}: {} {split} item(s) committed before the restart are reused",
+                self.iteration, tally.reused
             ));
         }
-        let mut replacements = self.replacement_pool(split, tasks.ids());
-        let mut delayed: Vec<(Instant, String, Item, u32)> = vec![];
-        let mut running: HashMap<i32, (String, Item, u32, PathBuf)> = HashMap::new();
+        if tally.dropped > 0 {
+            self.info(&format!(
+                "iteration {}: {} {split} group(s) dropped before the restart stay dropped (exact-budget)",
+                self.iteration, tally.dropped
+            ));
+        }
+        let mut delayed: Vec<(Instant, Queued)> = vec![];
+        let mut running: HashMap<i32, (Queued, PathBuf)> = HashMap::new();
         let deadline = self.clock.now() + pc.timeout;
         let started = self.clock.now();
         loop {
             let now = self.clock.now();
-            delayed.retain(|(at, name, item, attempt)| {
-                if *at <= now {
-                    queue.push_back((name.clone(), item.clone(), *attempt));
-                    false
-                } else {
-                    true
-                }
-            });
+            let (due, later): (Vec<_>, Vec<_>) =
+                delayed.into_iter().partition(|(at, _)| *at <= now);
+            delayed = later;
+            queue.extend(due.into_iter().map(|(_, q)| q));
             while running.len() < self.max_workers() {
-                let Some((name, item, attempt)) = queue.pop_front() else {
+                let Some(q) = queue.pop_front() else {
                     break;
                 };
-                let (pid, partial) = self.spawn_item(&job, &item, &name, attempt)?;
-                running.insert(pid, (name, item, attempt, partial));
+                let (pid, partial) = self.spawn_item(&job, &q.item, &q.name, q.attempt)?;
+                running.insert(pid, (q, partial));
             }
             self.show_progress(split, &tally);
             if running.is_empty() && queue.is_empty() && delayed.is_empty() {
@@ -612,40 +701,54 @@ impl Node {
                     ))
                 }
             };
-            let (name, item, attempt, partial) = running.remove(&pid).expect("ours");
+            let (q, partial) = running.remove(&pid).expect("ours");
             self.reap(pid, None);
             match exit {
                 ChildExit::Success => {
-                    self.commit_item(split, &name, &partial)?;
+                    self.commit_item(split, &q.name, &partial)?;
                     tally.committed += 1;
                 }
-                ChildExit::Exit(code) if self.retryable(code, attempt) => {
-                    let wait = self.retry_delay(&name, &item.task, attempt, code);
+                ChildExit::Exit(code) if self.retryable(code, q.attempt) => {
+                    let wait = self.retry_delay(&q.name, &q.item.task, q.attempt, code);
                     tally.retries += 1;
-                    delayed.push((self.clock.now() + wait, name, item, attempt + 1));
+                    let at = self.clock.now() + wait;
+                    delayed.push((
+                        at,
+                        Queued {
+                            attempt: q.attempt + 1,
+                            ..q
+                        },
+                    ));
                 }
                 other => {
-                    tally.failed.push(format!(
-                        "{name} (task {}, sample {}): {other}, log {}",
-                        item.task,
-                        item.sample,
+                    let failure = format!(
+                        "{} (task {}, sample {}): {other}, log {}",
+                        q.name,
+                        q.item.task,
+                        q.item.sample,
                         self.layout
-                            .item_log(self.iteration, self.rank, phase, &name, attempt)
+                            .item_log(self.iteration, self.rank, phase, &q.name, q.attempt)
                             .display()
-                    ));
-                    self.item_failed(&name, &item.task, other);
-                    if self.cfg.work.exact_budget {
-                        if let Some((rname, ritem)) = replacements.as_mut().and_then(Iterator::next)
-                        {
-                            self.replacements.push(rname.clone());
-                            tally.total += 1;
-                            // Committed before a restart: reuse it.
-                            if dir.join(format!("{rname}.jsonl")).exists() {
-                                tally.committed += 1;
-                            } else {
-                                queue.push_back((rname, ritem, 0));
-                            }
-                        }
+                    );
+                    tally.failed.push(failure.clone());
+                    self.item_failed(&q.name, &q.item.task, other);
+                    if exact {
+                        let mut live = Live {
+                            groups: &mut groups,
+                            running: &mut running,
+                            queue: &mut queue,
+                            delayed: &mut delayed,
+                            tally: &mut tally,
+                        };
+                        self.drop_group(phase, &dir, q.group, &failure, &mut live)?;
+                        self.draw_replacements(
+                            1,
+                            &mut replacements,
+                            &dir,
+                            &mut groups,
+                            &mut queue,
+                            &mut tally,
+                        )?;
                     }
                 }
             }
@@ -655,19 +758,29 @@ impl Node {
         }
         self.waiting_note.clear();
         let failed = tally.failed.len();
-        let planned = tally.total - self.replacements.len();
+        let planned_groups = groups.iter().filter(|g| !g.replacement).count();
+        let complete = groups.iter().filter(|g| !g.dropped).count();
+        let budget = if exact {
+            format!(
+                "; exact-budget: {complete} complete group(s) for {planned_groups} planned, {} dropped, {} replacement(s){}",
+                tally.dropped,
+                tally.replacements,
+                if complete < planned_groups {
+                    format!(" ({complete} of the planned {planned_groups} groups collected; no more replacement tasks)")
+                } else {
+                    String::new()
+                }
+            )
+        } else {
+            String::new()
+        };
         self.info(&format!(
-            "iteration {}: {split} items: {}/{} committed, {failed} failed, {} retries, in {:.2}s{}",
+            "iteration {}: {split} items: {}/{} committed, {failed} failed, {} retries, in {:.2}s{budget}",
             self.iteration,
             tally.committed,
             tally.total,
             tally.retries,
             self.clock.elapsed(started).as_secs_f64(),
-            if self.cfg.work.exact_budget && tally.committed < planned {
-                format!(" (exact-budget: {} of the planned {planned} collected; no more replacement tasks)", tally.committed)
-            } else {
-                String::new()
-            }
         ));
         self.event(events::Event::Items {
             split: split.to_string(),
@@ -676,19 +789,38 @@ impl Node {
             failed,
             mode: events::ItemsMode::Static {
                 retries: tally.retries,
+                groups: exact.then_some(events::Groups {
+                    planned: planned_groups,
+                    complete,
+                    dropped: tally.dropped,
+                    replacements: tally.replacements,
+                }),
             },
         });
-        let fraction = failed as f64 / tally.total.max(1) as f64;
-        if failed > 0 && fraction > self.cfg.work.max_failed_fraction {
+        // With exact-budget a failure costs its whole group: count groups.
+        let (lost, of, unit) = if exact {
+            (tally.dropped, groups.len(), "groups (an item failed)")
+        } else {
+            (failed, tally.total, "items failed")
+        };
+        let fraction = lost as f64 / of.max(1) as f64;
+        if lost > 0 && fraction > self.cfg.work.max_failed_fraction {
             return Err(self.fail(
-                AbortKind::CommandFailed { exit: "item failures".into() },
+                AbortKind::CommandFailed {
+                    exit: "item failures".into(),
+                },
                 self.rank,
                 None,
                 format!(
-                    "{failed} of {} {split} items failed, more than work.max-failed-fraction ({}): {}",
-                    tally.total,
+                    "{lost} of {of} {split} {unit}, more than work.max-failed-fraction ({}): {}",
                     self.cfg.work.max_failed_fraction,
-                    tally.failed.iter().take(3).cloned().collect::<Vec<_>>().join("; ")
+                    tally
+                        .failed
+                        .iter()
+                        .take(3)
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join("; ")
                 ),
                 Some(&self.layout.phase_log(self.iteration, self.rank, phase)),
             ));
@@ -696,7 +828,190 @@ impl Node {
         Ok(())
     }
 
-    /// Tasks outside this iteration's plan that this rank may use to replace failed items
+    /// Take a group into the rollout. With `exact-budget` a group dropped before a restart
+    /// stays dropped (its record says so, and a set-aside the crash interrupted is
+    /// finished); otherwise its items committed before a restart are reused and the others
+    /// queued.
+    fn enter_group(
+        &mut self,
+        dir: &Path,
+        group: Group,
+        items: Vec<Item>,
+        groups: &mut Vec<Group>,
+        queue: &mut VecDeque<Queued>,
+        tally: &mut Tally,
+    ) -> Result<(), Stop> {
+        let gi = groups.len();
+        tally.total += group.len;
+        if self.cfg.work.exact_budget {
+            let record = dir.join(format!("{}.dropped.json", group.name(self.rank)));
+            if self.store.exists(&record) {
+                let why = self
+                    .store
+                    .read_json::<Value>(&record)
+                    .ok()
+                    .flatten()
+                    .and_then(|v| v["failed"].as_str().map(str::to_string))
+                    .unwrap_or_else(|| record.display().to_string());
+                tally.failed.push(format!("{why} (before the restart)"));
+                tally.dropped += 1;
+                self.set_aside(dir, &group)?;
+                groups.push(Group {
+                    dropped: true,
+                    ..group
+                });
+                return Ok(());
+            }
+        }
+        for (j, item) in items.into_iter().enumerate() {
+            let name = group.item(self.rank, j);
+            if dir.join(format!("{name}.jsonl")).exists() {
+                tally.committed += 1;
+                tally.reused += 1;
+            } else {
+                queue.push_back(Queued {
+                    name,
+                    item,
+                    attempt: 0,
+                    group: gi,
+                });
+            }
+        }
+        groups.push(group);
+        Ok(())
+    }
+
+    /// Draw `owed` replacement groups from the pool, and one more for each that was
+    /// dropped before a restart; when the pool runs out the budget stays short.
+    fn draw_replacements(
+        &mut self,
+        mut owed: usize,
+        pool: &mut Option<Replacements>,
+        dir: &Path,
+        groups: &mut Vec<Group>,
+        queue: &mut VecDeque<Queued>,
+        tally: &mut Tally,
+    ) -> Result<(), Stop> {
+        while owed > 0 {
+            let Some((k, items)) = pool.as_mut().and_then(Iterator::next) else {
+                return Ok(());
+            };
+            owed -= 1;
+            let group = Group {
+                replacement: true,
+                k,
+                first: k * items.len(),
+                len: items.len(),
+                task: items[0].task.clone(),
+                dropped: false,
+            };
+            self.replacements
+                .extend((0..group.len).map(|j| group.item(self.rank, j)));
+            tally.replacements += 1;
+            let before = tally.dropped;
+            self.enter_group(dir, group, items, groups, queue, tally)?;
+            owed += tally.dropped - before;
+        }
+        Ok(())
+    }
+
+    /// `exact-budget`: an item of group `gi` failed for good, so the whole group leaves the
+    /// iteration (GRPO and RLOO compare a task's samples with each other; a group missing a
+    /// sample is not one). The decision is recorded first, durably
+    /// (`<group>.dropped.json`), so a restart keeps it; then the group's running samples are
+    /// stopped (their output would be set aside anyway), its queued ones forgotten, and its
+    /// committed ones set aside (`<item>.jsonl.dropped`: kept, never merged).
+    fn drop_group(
+        &mut self,
+        phase: &str,
+        dir: &Path,
+        gi: usize,
+        failure: &str,
+        live: &mut Live,
+    ) -> Result<(), Stop> {
+        let name = live.groups[gi].name(self.rank);
+        let task = live.groups[gi].task.clone();
+        self.fence(&format!("drop the group {name}"))?;
+        let record = dir.join(format!("{name}.dropped.json"));
+        let items: Vec<String> = (0..live.groups[gi].len)
+            .map(|j| live.groups[gi].item(self.rank, j))
+            .collect();
+        let rec =
+            json!({"task": task.as_str(), "items": items, "failed": failure, "gen": self.gen()});
+        if let Err(e) = self.store.create_new_json(&record, &rec) {
+            return Err(self.fail(
+                AbortKind::Error,
+                self.rank,
+                None,
+                format!("cannot record {}: {e}", record.display()),
+                None,
+            ));
+        }
+        live.groups[gi].dropped = true;
+        let siblings: Vec<i32> = live
+            .running
+            .iter()
+            .filter(|(_, (q, _))| q.group == gi)
+            .map(|(pid, _)| *pid)
+            .collect();
+        for pid in &siblings {
+            let (q, _) = live.running.remove(pid).expect("listed");
+            self.launcher.stop(*pid, self.cfg.timing.kill_grace);
+            self.exited.remove(pid);
+            self.append_log(
+                &self
+                    .layout
+                    .item_log(self.iteration, self.rank, phase, &q.name, q.attempt),
+                &format!("### rl-node: stopped: {failure} failed for good, so task {task}'s group {name} is dropped (exact-budget)\n"),
+            );
+        }
+        live.queue.retain(|q| q.group != gi);
+        live.delayed.retain(|(_, q)| q.group != gi);
+        let set_aside = self.set_aside(dir, &live.groups[gi])?;
+        live.tally.committed -= set_aside;
+        live.tally.dropped += 1;
+        self.info(&format!(
+            "iteration {}: task {task}'s group {name} is dropped (exact-budget: its samples are used together or not at all): {} committed sample(s) set aside as <item>.jsonl.dropped, {} running one(s) stopped",
+            self.iteration,
+            set_aside,
+            siblings.len()
+        ));
+        Ok(())
+    }
+
+    /// Rename a dropped group's committed items to `<item>.jsonl.dropped`, so no shard
+    /// includes them and they stay for inspection. Returns how many there were.
+    fn set_aside(&mut self, dir: &Path, group: &Group) -> Result<usize, Stop> {
+        let mut moved = 0;
+        for j in 0..group.len {
+            let name = group.item(self.rank, j);
+            let done = dir.join(format!("{name}.jsonl"));
+            if !done.exists() {
+                continue;
+            }
+            let aside = dir.join(format!("{name}.jsonl.dropped"));
+            if let Err(e) = self.store.rename_noreplace(&done, &aside) {
+                return Err(self.fail(
+                    AbortKind::Error,
+                    self.rank,
+                    None,
+                    format!(
+                        "cannot set {} aside as {}: {e}",
+                        done.display(),
+                        aside.display()
+                    ),
+                    None,
+                ));
+            }
+            moved += 1;
+        }
+        if moved > 0 {
+            let _ = self.store.fsync_dir(dir);
+        }
+        Ok(moved)
+    }
+
+    /// Tasks outside this iteration's plan that this rank may use to replace failed groups
     /// (`exact-budget`), if any: disjoint between ranks (task index mod ranks),
     /// deterministic.
     fn replacement_pool<'t>(&self, split: &str, ids: &'t TaskIds) -> Option<Replacements<'t>> {
@@ -714,7 +1029,7 @@ impl Node {
             next: self.rank as usize,
             step: self.num_nodes() as usize,
             drawn: 0,
-            rank: self.rank,
+            samples: self.cfg.work.samples_per_task,
             seed: self.cfg.work.seed,
             iteration: self.iteration,
         })
@@ -1147,7 +1462,7 @@ impl Node {
                     total: pool.len(),
                     committed: done,
                     failed: failed.clone(),
-                    retries: 0,
+                    ..Tally::default()
                 },
             );
             if running.is_empty()
@@ -1304,8 +1619,8 @@ impl Node {
     }
 }
 
-/// This rank's replacement items, in task order, drawn one at a time as items fail: a
-/// million-task file costs a flag per task here, not an item.
+/// This rank's replacement groups, in task order, drawn one at a time as groups are
+/// dropped: a million-task file costs a flag per task here, not an item.
 struct Replacements<'t> {
     ids: &'t TaskIds,
     /// Whether each task is in this iteration's plan.
@@ -1314,16 +1629,17 @@ struct Replacements<'t> {
     next: usize,
     step: usize,
     drawn: usize,
-    rank: u32,
+    samples: u32,
     seed: u64,
     iteration: u64,
 }
 
 impl Iterator for Replacements<'_> {
-    /// The item's name and the item (sample 0).
-    type Item = (String, Item);
+    /// The k-th replacement group: k, and every sample of its task, seeded from (seed,
+    /// iteration, task id, sample) like a planned task's.
+    type Item = (usize, Vec<Item>);
 
-    fn next(&mut self) -> Option<(String, Item)> {
+    fn next(&mut self) -> Option<(usize, Vec<Item>)> {
         while self.next < self.ids.len() {
             let i = self.next;
             self.next += self.step;
@@ -1333,19 +1649,20 @@ impl Iterator for Replacements<'_> {
             let k = self.drawn;
             self.drawn += 1;
             let id = &self.ids[i];
-            let item = Item {
-                task: id.into(),
-                task_index: i,
-                sample: 0,
-                seed: plan::sample_seed(self.seed, self.iteration, id, 0),
-                state: 0,
-            };
-            return Some((format!("r{}-x{k:05}", self.rank), item));
+            let items = (0..self.samples.max(1))
+                .map(|sample| Item {
+                    task: id.into(),
+                    task_index: i,
+                    sample,
+                    seed: plan::sample_seed(self.seed, self.iteration, id, sample),
+                    state: u64::from(sample),
+                })
+                .collect();
+            return Some((k, items));
         }
         None
     }
 }
-
 /// Concatenate files (each record ending in a newline) into `out`, streaming through a
 /// temporary file that is renamed over `out`.
 fn concat(paths: &[PathBuf], out: &Path) -> std::io::Result<()> {

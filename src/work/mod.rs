@@ -14,7 +14,8 @@ pub mod plan;
 pub mod tasks;
 
 pub use plan::{
-    iteration_tasks, plan, sample_seed, weighted_counts, Item, Plan, PlanError, PlanInput, Strategy,
+    iteration_seed, iteration_tasks, plan, sample_seed, weighted_counts, Item, Plan, PlanError,
+    PlanInput, Strategy,
 };
 pub use tasks::{load_tasks, TaskError, TaskFile, TaskIds};
 

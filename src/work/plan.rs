@@ -403,6 +403,18 @@ pub fn sample_seed(seed: u64, iteration: u64, task: &str, sample: u32) -> u64 {
     first_u64(&h.finalize())
 }
 
+/// The seed of one iteration, as commands get it in `{seed}`: the first 8 bytes
+/// (little-endian) of SHA-256 of `"rl-node/iteration-seed/v1\0" ‖ seed (u64 LE) ‖
+/// iteration (u64 LE)`, derived like [`sample_seed`] (its own domain string, so it never
+/// equals a sample's seed by construction).
+pub fn iteration_seed(seed: u64, iteration: u64) -> u64 {
+    let mut h = Sha256::new();
+    h.update(b"rl-node/iteration-seed/v1\0");
+    h.update(seed.to_le_bytes());
+    h.update(iteration.to_le_bytes());
+    first_u64(&h.finalize())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -649,12 +661,14 @@ mod tests {
     #[test]
     fn outputs_are_pinned() {
         assert_eq!(sample_seed(42, 1, "task-1", 0), PINNED_SAMPLE_SEED);
+        assert_eq!(iteration_seed(42, 1), PINNED_ITERATION_SEED);
         assert_eq!(iteration_tasks(10, 10, 42, 1), PINNED_PERM);
         assert_eq!(iteration_tasks(10, 4, 42, 3), PINNED_WRAP);
     }
     // Cross-checked against an independent implementation (Python: hashlib + the
     // splitmix64 / Lemire / Fisher–Yates steps as documented above).
     const PINNED_SAMPLE_SEED: u64 = 8510437985749027410;
+    const PINNED_ITERATION_SEED: u64 = 525683850799873524;
     const PINNED_PERM: [usize; 10] = [4, 3, 9, 8, 5, 2, 0, 1, 7, 6];
     // Positions 8..12: the last two of epoch 0, then the first two of epoch 1.
     const PINNED_WRAP: [usize; 4] = [7, 6, 2, 3];
