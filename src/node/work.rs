@@ -954,9 +954,11 @@ impl Node {
             .filter(|(_, (q, _))| q.group == gi)
             .map(|(pid, _)| *pid)
             .collect();
+        // All at once: siblings that ignore SIGTERM cost one kill-grace together.
+        self.launcher
+            .stop_many(&siblings, self.cfg.timing.kill_grace);
         for pid in &siblings {
             let (q, _) = live.running.remove(pid).expect("listed");
-            self.launcher.stop(*pid, self.cfg.timing.kill_grace);
             self.exited.remove(pid);
             self.append_log(
                 &self

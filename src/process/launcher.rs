@@ -34,6 +34,14 @@ pub trait Launcher: Send + Sync {
     /// SIGKILL) and forget it.
     fn stop(&self, pid: i32, grace: Duration) -> Leftovers;
 
+    /// [`Launcher::stop`] for several commands at once: each gets `grace` from the same
+    /// moment, so stopping N commands that ignore SIGTERM costs one `grace`, not N.
+    fn stop_many(&self, pids: &[i32], grace: Duration) {
+        for &pid in pids {
+            self.stop(pid, grace);
+        }
+    }
+
     /// Whether `pid` is a command of this launcher not yet stopped (an exit of any other
     /// pid, such as an adopted orphan's, is nobody's to wait for).
     fn contains(&self, pid: i32) -> bool;
@@ -81,6 +89,15 @@ impl Launcher for Processes {
 
     fn stop(&self, pid: i32, grace: Duration) -> Leftovers {
         self.registry.stop(pid, grace)
+    }
+
+    fn stop_many(&self, pids: &[i32], grace: Duration) {
+        std::thread::scope(|s| {
+            for &pid in pids {
+                let registry = &self.registry;
+                s.spawn(move || registry.stop(pid, grace));
+            }
+        });
     }
 
     fn contains(&self, pid: i32) -> bool {
