@@ -80,6 +80,9 @@ impl Node {
             absent_since: None,
             finished: None,
         });
+        // A cluster started with another configuration than the running one is refused
+        // before it publishes anything the running one would act on (or refuse in turn).
+        self.read_other_queue()?;
         let done = self.queue_done();
         self.publish_queue(done, 0)
     }
