@@ -350,6 +350,24 @@ fn host_of(run: &Run, side: Side, rank: u32) -> String {
         .expect("the victim's record")
 }
 
+/// The journal item after which a rank never runs its command of an iteration again: a
+/// rollout shard is committed (and reused) on its own; training only with the iteration
+/// (a rank's `train` entry is redone when another rank's training was interrupted).
+fn committed_item(side: Side) -> &'static str {
+    match side {
+        Side::Rollout => "rollout-train",
+        Side::Update => "iteration-complete:update",
+    }
+}
+
+/// The trace file of a cluster's command.
+fn trace_of(side: Side) -> &'static str {
+    match side {
+        Side::Rollout => "trace-rollout",
+        Side::Update => "trace-train",
+    }
+}
+
 /// Kill -9 rank 1 of `side` (2 + 2 nodes, staleness 1) when it enters `phase`, check that
 /// every other node of both clusters stops with the diagnosis naming it, restart all of
 /// them with the same commands, and compare with an uninterrupted run.
@@ -401,8 +419,45 @@ fn kill_and_resume(side: Side, phase: &str) {
         );
     }
     drop(nodes);
+    // What was committed before the stop (journaled), and how often each command had run.
+    let committed_before: Vec<(Side, u32, u64)> = [Side::Rollout, Side::Update]
+        .into_iter()
+        .flat_map(|s| (0..2).map(move |r| (s, r)))
+        .flat_map(|(s, r)| {
+            let item = committed_item(s);
+            run.journal(s, r)
+                .into_iter()
+                .filter(move |e| e["item"] == item)
+                .map(move |e| (s, r, e["iteration"].as_u64().unwrap()))
+        })
+        .collect();
+    assert!(
+        !committed_before.is_empty(),
+        "{context}: nothing was committed before the kill"
+    );
+    let runs_before = |run: &Run, (s, r, i): (Side, u32, u64)| {
+        run.trace(trace_of(s))
+            .iter()
+            .filter(|l| l[0] == i.to_string() && l[1] == r.to_string())
+            .count()
+    };
+    let counts_before: Vec<usize> = committed_before
+        .iter()
+        .map(|&k| runs_before(&run, k))
+        .collect();
     let mut nodes = run.spawn_pipeline(2, 2);
     wait_all(&mut nodes, &format!("{context}: after the restart"));
+    // Nothing committed before the stop ran again after the restart.
+    for (k, before) in committed_before.iter().zip(counts_before) {
+        assert_eq!(
+            runs_before(&run, *k),
+            before,
+            "{context}: {} rank {} redid iteration {} after the restart, though it was committed",
+            k.0.name(),
+            k.1,
+            k.2
+        );
+    }
     wait_all(&mut ref_nodes, &format!("{context}: the reference run"));
     assert_pipelined_run(&reference, 2, 2, staleness, "the reference run");
     assert_eq!(
@@ -423,7 +478,12 @@ fn kill_and_resume(side: Side, phase: &str) {
     for s in [Side::Rollout, Side::Update] {
         for r in 0..2 {
             let mut seen: BTreeMap<(u64, String), usize> = BTreeMap::new();
-            for e in run.journal(s, r) {
+            // Training interrupted on another rank is redone, and journaled again.
+            for e in run
+                .journal(s, r)
+                .into_iter()
+                .filter(|e| e["item"] != "train")
+            {
                 *seen
                     .entry((
                         e["iteration"].as_u64().unwrap(),
@@ -436,10 +496,7 @@ fn kill_and_resume(side: Side, phase: &str) {
                 "{context}: {} rank {r} journaled work twice: {seen:?}",
                 s.name()
             );
-            let item = match s {
-                Side::Rollout => "rollout-train",
-                Side::Update => "train",
-            };
+            let item = committed_item(s);
             for i in 1..=iterations {
                 assert_eq!(
                     seen.get(&(i, item.to_string())),
@@ -454,6 +511,13 @@ fn kill_and_resume(side: Side, phase: &str) {
     for i in 1..=iterations {
         let n = handoffs.iter().filter(|l| l[0] == i.to_string()).count();
         assert_eq!(n, 1, "{context}: iteration {i} handed off {n} times");
+    }
+    // Every training, the interrupted ones too, ran on its iteration's committed
+    // trajectories.
+    for l in run.trace("trace-train") {
+        let i: u64 = l[0].parse().unwrap();
+        let traj = run.read(&format!("rollouts/iter-{i:04}/train.jsonl"));
+        assert_eq!(l[2], sha16(traj.as_bytes()), "{context}: {l:?}");
     }
     for name in ["trace-rollout", "trace-train"] {
         let mut seen: BTreeMap<(String, String, String), usize> = BTreeMap::new();
@@ -523,8 +587,9 @@ fn slow_training_staleness_2_keeps_the_bound() {
     never_more_than_staleness_ahead(2);
 }
 
-#[test]
-fn clusters_with_different_configurations_are_refused() {
+/// The update cluster is started with `other` configuration text while the rollout
+/// cluster runs the test's own.
+fn different_configurations_are_refused(other: &str, what: &str) {
     let run = Run::new(Some(0), 3, "");
     let mut rollout = run.spawn(Some(Side::Rollout), 1, 0, &[]);
     // The rollout cluster has committed iteration 1 and waits for its model.
@@ -534,22 +599,37 @@ fn clusters_with_different_configurations_are_refused() {
             .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
             .is_some_and(|q| q["done"] == 1)
     });
-    // The update cluster is started with another seed.
-    let mut second = Run::with_config(&config(Some(0), "", 8), 3);
+    let mut second = Run::with_config(other, 3);
     second.c.log_path = run.c.log_path.clone();
     let mut update = second.spawn(Some(Side::Update), 1, 0, &[]);
     let code = update.wait(LIMIT);
     let err = update.stderr();
-    assert_eq!(code, 2, "the second cluster:\n{err}");
+    assert_eq!(code, 2, "{what}: the second cluster:\n{err}");
     assert!(
-        err.contains("runs another configuration (fingerprint"),
-        "the second cluster:\n{err}"
+        err.contains("the rollout cluster runs another configuration (fingerprint"),
+        "{what}: the second cluster:\n{err}"
     );
-    // The first cluster does not wait forever either: it stops with the diagnosis.
+    // The first cluster does not wait forever either: it stops with the same diagnosis,
+    // as caused by the update cluster.
     let code = rollout.wait(LIMIT);
     let rerr = rollout.stderr();
-    assert_ne!(code, 0, "the first cluster:\n{rerr}");
-    assert!(rerr.contains("fingerprint"), "the first cluster:\n{rerr}");
+    assert_eq!(code, 3, "{what}: the first cluster:\n{rerr}");
+    assert!(
+        rerr.contains("the update cluster's rank 0 on ")
+            && rerr.contains("runs another configuration (fingerprint"),
+        "{what}: the first cluster:\n{rerr}"
+    );
+}
+
+#[test]
+fn clusters_with_different_seeds_are_refused() {
+    different_configurations_are_refused(&config(Some(0), "", 8), "work.seed");
+}
+
+#[test]
+fn clusters_with_different_train_commands_are_refused() {
+    // The same commands but for a pause in training.
+    different_configurations_are_refused(&config(Some(0), "0", 7), "phases.train.command");
 }
 
 #[test]
