@@ -12,7 +12,7 @@ use common::cluster::*;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::fs;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -29,7 +29,7 @@ command = '''echo {iteration} {rank} $(sha256sum < {trajectories} | cut -c1-16) 
 command = '''echo {iteration} g{gen} >> {log_path}/trace-handoff'''
 "#;
 
-/// One run directory and its configuration. `staleness` None: the synchronous loop.
+/// One run directory, its configuration and its number of iterations.
 struct Run {
     c: TestCluster,
     iterations: u64,
@@ -50,7 +50,9 @@ impl Side {
     }
 }
 
-/// The configuration text: `extra` goes into `[cluster]`'s neighbours (e.g. `[work]`).
+/// The configuration's tables after `[cluster]`: the commands (training pausing
+/// `train_sleep` seconds, if given), `work.seed`, and `[pipeline] staleness` (None: the
+/// synchronous loop).
 fn config(staleness: Option<u64>, train_sleep: &str, seed: u64) -> String {
     let sleep = if train_sleep.is_empty() {
         String::new()
@@ -292,11 +294,11 @@ fn pipeline(rollout: u32, update: u32, staleness: u64) {
     let context = format!("{rollout}+{update} nodes, staleness {staleness}");
     let iterations = 4;
     let run = Run::new(Some(staleness), iterations, "");
-    let started = Instant::now();
     let mut nodes = run.spawn_pipeline(rollout, update);
     // The synchronous reference runs meanwhile, in a directory of its own.
     let sync = (staleness == 0).then(|| {
         let s = Run::new(None, iterations, "");
+        // (Labelled "rollout" in messages only: these nodes walk whole iterations.)
         let mut n: Vec<(Side, NodeProc)> = (0..rollout)
             .map(|r| (Side::Rollout, s.spawn(None, rollout, r, &[])))
             .collect();
@@ -304,7 +306,6 @@ fn pipeline(rollout: u32, update: u32, staleness: u64) {
         s
     });
     wait_all(&mut nodes, &context);
-    eprintln!("{context}: {:?}", started.elapsed());
     assert_pipelined_run(&run, rollout, update, staleness, &context);
     if let Some(sync) = sync {
         assert_eq!(
@@ -339,6 +340,11 @@ mod pipelines {
     #[test]
     fn two_plus_two_staleness_2() {
         super::pipeline(2, 2, 2);
+    }
+    /// The clusters' sizes differ.
+    #[test]
+    fn two_plus_one_staleness_1() {
+        super::pipeline(2, 1, 1);
     }
 }
 
