@@ -27,6 +27,9 @@ pub(super) struct Other {
     checked: Option<Instant>,
     /// Since when a wait has found no live generation of the other cluster.
     absent_since: Option<Instant>,
+    /// The other cluster's generation and last iteration when it was seen finished: a
+    /// wait fails on it only once the queue record, read after, still does not suffice.
+    finished: Option<(u64, u64)>,
 }
 
 /// Which model an iteration is rolled out with, as rank 0 releases it at `sync-start`.
@@ -75,7 +78,11 @@ impl Node {
             seen: None,
             checked: None,
             absent_since: None,
+            finished: None,
         });
+        // A cluster started with another configuration than the running one is refused
+        // before it publishes anything the running one would act on (or refuse in turn).
+        self.read_other_queue()?;
         let done = self.queue_done();
         self.publish_queue(done, 0)
     }
@@ -237,15 +244,13 @@ impl Node {
         }
         let other = self.other.as_mut().expect("set");
         other.absent_since = None;
+        // A newer generation runs: the one seen finished was restarted.
+        other.finished = None;
         if rec.state == NodeState::Done {
+            // Its last queue record was written before it finished: `wait_other` reads
+            // it again before it calls this a failure.
             other.ended_gen = Some(c.gen);
-            if waiting {
-                let reason = format!(
-                    "the {name} cluster finished its iterations (generation {}, iteration {}) while this cluster still waits for it: were both started with the same cluster.iterations?",
-                    c.gen, rec.iteration
-                );
-                return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
-            }
+            other.finished = Some((c.gen, rec.iteration));
             return Ok(());
         }
         if !waiting {
@@ -336,8 +341,16 @@ impl Node {
         let far = self.clock.now() + Duration::from_secs(100 * 365 * 24 * 3600);
         let got = self.wait_for(far, |n| {
             n.watch_other(true)?;
+            // Read after the watch: a cluster seen finished wrote its last record before.
             if let Some(q) = n.read_other_queue()?.filter(|q| ready(q)) {
                 return Ok(Some(q));
+            }
+            if let Some((gen, it)) = n.other.as_ref().and_then(|o| o.finished) {
+                let name = n.other.as_ref().map_or("other", |o| o.name);
+                let reason = format!(
+                    "the {name} cluster finished its iterations (generation {gen}, iteration {it}) while this cluster still waits for it: were both started with the same cluster.iterations?"
+                );
+                return Err(n.fail(AbortKind::Error, n.rank, None, reason, None));
             }
             n.waiting_note = what.clone();
             Ok(None)

@@ -130,18 +130,21 @@ impl TestCluster {
 
     /// Read rank r's live record of the current generation (None if not there yet).
     pub fn record(&self, rank: u32) -> Option<serde_json::Value> {
+        self.record_in(None, rank)
+    }
+
+    /// Like `record`, for one cluster of a pipelined run (`rollout` or `update`: its
+    /// state lives under `.rl-node/<cluster>/`); None: the synchronous layout.
+    pub fn record_in(&self, cluster: Option<&str>, rank: u32) -> Option<serde_json::Value> {
+        let state = match cluster {
+            Some(c) => self.log_path.join(".rl-node").join(c),
+            None => self.log_path.join(".rl-node"),
+        };
         let c: serde_json::Value =
-            serde_json::from_slice(&fs::read(self.log_path.join(".rl-node/cluster.json")).ok()?)
-                .ok()?;
+            serde_json::from_slice(&fs::read(state.join("cluster.json")).ok()?).ok()?;
         let gen = c["gen"].as_u64()?;
-        serde_json::from_slice(
-            &fs::read(
-                self.log_path
-                    .join(format!(".rl-node/gen-{gen}/rank-{rank}.json")),
-            )
-            .ok()?,
-        )
-        .ok()
+        serde_json::from_slice(&fs::read(state.join(format!("gen-{gen}/rank-{rank}.json"))).ok()?)
+            .ok()
     }
 
     /// Wait until rank r's record shows `phase` (by name, e.g. "training") in `iteration`.
