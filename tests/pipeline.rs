@@ -651,3 +651,100 @@ fn a_pipelined_configuration_with_rl_phase_both_is_refused() {
         "something was written: {err}"
     );
 }
+
+/// After a pipelined run, `status` shows both clusters and the queue with each
+/// iteration's model version; `recover` asks which cluster and reports it; a cluster
+/// restarted after the other finished every iteration has nothing to wait for.
+#[test]
+fn status_and_recover_show_both_clusters_of_a_finished_pipeline() {
+    let run = Run::new(Some(1), 3, "");
+    let mut nodes = run.spawn_pipeline(1, 1);
+    wait_all(&mut nodes, "1+1 nodes, staleness 1");
+    let (ok, text) = status(&run.c.log_path, false);
+    assert!(ok, "{text}");
+    for want in [
+        "pipelined run (pipeline.staleness = 1)",
+        "queue: trajectories committed up to iteration 3; rolling out none; training none; models published up to iteration 3",
+        "rolled out: 1 on base model (staleness 0), 2 on base model (staleness 1), 3 on model 1 (staleness 1)",
+        "== rollout cluster ==",
+        "== update cluster ==",
+    ] {
+        assert!(text.contains(want), "missing {want:?} in:\n{text}");
+    }
+    assert_eq!(text.matches("state: completed").count(), 2, "{text}");
+    let (ok, json) = status(&run.c.log_path, true);
+    assert!(ok, "{json}");
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(
+        (v["rolled_out"].as_u64(), v["trained"].as_u64()),
+        (Some(3), Some(3))
+    );
+    assert_eq!(v["rollout"]["Ok"]["num_nodes"], 1, "{v}");
+    assert_eq!(v["versions"][2], serde_json::json!([3, 1, 1]), "{v}");
+
+    let recover = |args: &[&str]| {
+        let out = std::process::Command::new(BIN)
+            .arg("recover")
+            .arg("--log-path")
+            .arg(&run.c.log_path)
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (code, text) = recover(&[]);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(
+        text.contains("holds a pipelined run") && text.contains("--cluster rollout"),
+        "{text}"
+    );
+    let (code, text) = recover(&["--cluster", "update"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("the run is complete"), "{text}");
+    let (code, text) = recover(&["--cluster", "rollout", "--discard-iteration", "2"]);
+    assert_eq!(code, Some(2), "{text}");
+
+    // Both restarted with more iterations, the update cluster alone: the rollout cluster
+    // finished earlier and is not running, so the update cluster's wait for iteration 4
+    // ends with a message that says the rollout cluster is not running, not a hang.
+    let mut update = run.c.spawn_env(
+        0,
+        &run.c.log_path,
+        &[
+            "--iterations",
+            "4",
+            "--num-nodes",
+            "1",
+            "--rl-phase",
+            "update",
+        ],
+        &[("RL_NODE_TIMING_JOIN_TIMEOUT", "2s".to_string())],
+    );
+    let code = update.wait(LIMIT);
+    let err = update.stderr();
+    assert_ne!(code, 0, "{err}");
+    assert!(
+        err.contains("the rollout cluster finished its iterations"),
+        "{err}"
+    );
+}
+
+/// `pipeline.model = "newest"`: an iteration never gets an older model than the exact
+/// rule's, and model.json says which rule chose it.
+#[test]
+fn the_newest_rule_never_rolls_out_on_an_older_model_than_the_exact_one() {
+    let run = Run::with_config(&(config(Some(2), "", 7) + "model = \"newest\"\n"), 4);
+    let mut nodes = run.spawn_pipeline(1, 1);
+    wait_all(&mut nodes, "1+1 nodes, staleness 2, newest");
+    for i in 1..=4u64 {
+        let m = run.model_json(i);
+        let v = m["model_version"].as_u64().unwrap();
+        assert_eq!(m["rule"], "newest", "{m}");
+        assert!(v >= exact(i, 2) && v < i, "iteration {i}: {m}");
+        assert_eq!(m["staleness"].as_u64().unwrap(), (i - 1) - v.max(0), "{m}");
+    }
+}

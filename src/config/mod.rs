@@ -598,14 +598,25 @@ impl Config {
     }
 
     /// What the two clusters of a pipelined run must agree on: the shared view without
-    /// what may differ between them (which half each walks, and its own nodes).
+    /// what may differ between them: which half each walks, its own nodes, its timing
+    /// (each cluster judges its own nodes), and `iterations` (a cluster that stops earlier
+    /// is reported by the one still waiting for it; a restart may extend the run).
     pub fn pipeline_fingerprint(&self) -> String {
         use sha2::{Digest, Sha256};
         let mut v = self.shared_view();
         if let Some(c) = v.get_mut("cluster").and_then(|c| c.as_object_mut()) {
-            for k in ["rl-phase", "num-nodes", "rank-weights", "rollout-split"] {
+            for k in [
+                "rl-phase",
+                "num-nodes",
+                "rank-weights",
+                "rollout-split",
+                "iterations",
+            ] {
                 c.remove(k);
             }
+        }
+        if let Some(o) = v.as_object_mut() {
+            o.remove("timing");
         }
         let canonical = serde_json::to_string(&v).expect("json");
         hex::encode(&Sha256::digest(canonical.as_bytes())[..8])

@@ -56,29 +56,35 @@ impl Node {
             return Ok(());
         }
         let name = other.cluster_name().expect("a cluster");
-        let ended_gen = self.read_other_cluster(&other).and_then(|c| {
-            let ended = self
+        // (generation, whether it finished every iteration, its rank 0's iteration)
+        let ended = self.read_other_cluster(&other).and_then(|c| {
+            let rank0 = self
+                .store
+                .read_json::<RankRecord>(&other.rank_record(c.gen, 0))
+                .ok()
+                .flatten();
+            let aborted = self
                 .store
                 .read_json::<AbortInfo>(&other.abort(c.gen))
                 .ok()
                 .flatten()
-                .is_some()
-                || self
-                    .store
-                    .read_json::<RankRecord>(&other.rank_record(c.gen, 0))
-                    .ok()
-                    .flatten()
-                    .is_some_and(|r| r.state.is_terminal());
-            ended.then_some(c.gen)
+                .is_some();
+            let done = rank0.as_ref().is_some_and(|r| r.state == NodeState::Done);
+            let terminal = rank0.as_ref().is_some_and(|r| r.state.is_terminal());
+            (aborted || terminal).then(|| (c.gen, done, rank0.map_or(0, |r| r.iteration)))
         });
         self.other = Some(Other {
             layout: other,
             name,
-            ended_gen,
+            ended_gen: ended.map(|(gen, _, _)| gen),
             seen: None,
             checked: None,
             absent_since: None,
-            finished: None,
+            // Finished before this cluster started: a wait it cannot satisfy says so at
+            // once instead of waiting for a restart until join-timeout.
+            finished: ended
+                .filter(|(_, done, _)| *done)
+                .map(|(gen, _, it)| (gen, it)),
         });
         // A cluster started with another configuration than the running one is refused
         // before it publishes anything the running one would act on (or refuse in turn).
@@ -184,7 +190,7 @@ impl Node {
         let mine = self.cfg.pipeline_fingerprint();
         if q.fingerprint != mine {
             let reason = format!(
-                "the {name} cluster runs another configuration (fingerprint {} in {}, here {mine}): both clusters of a pipelined run must be started with the same configuration; only cluster.rl-phase, num-nodes and rank-weights may differ",
+                "the {name} cluster runs another configuration (fingerprint {} in {}, here {mine}): both clusters of a pipelined run must be started with the same configuration; only cluster.rl-phase, num-nodes, rank-weights, iterations and [timing] may differ",
                 q.fingerprint,
                 path.display()
             );
