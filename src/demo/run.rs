@@ -1290,6 +1290,13 @@ impl Demo {
                     Some(code) => format!("exited {code}"),
                     None => state,
                 };
+                // The update cluster has no server to stop: in that phase it waits for
+                // the rollout cluster's trajectories.
+                let phase = if *c == Some("update") && phase_name(&phase) == "stop-server" {
+                    phase.replace("stop-server", "awaiting rollout")
+                } else {
+                    phase
+                };
                 let num = phase_number(&phase).map(|x| x as usize + 1).unwrap_or(0);
                 let done_frac = if total == 0 {
                     0.0
