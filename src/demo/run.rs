@@ -1687,7 +1687,7 @@ mod tests {
         fs::write(&piped.config, config_toml(&plan, &piped)).unwrap();
         let loaded = crate::config::load(
             Some(&piped.config),
-            &|n: &str| (n == "RL_NODE_RL_PHASE").then(|| "rollout".to_string()),
+            &|n: &str| (n == "RL_NODE_CLUSTER_RL_PHASE").then(|| "rollout".to_string()),
             &[],
         )
         .unwrap();
