@@ -199,6 +199,125 @@ fn demo_learns_and_is_deterministic() {
     }
 }
 
+/// The `model_version` and `staleness` every line of an iteration's merged train
+/// trajectories carries (distinct pairs).
+fn stamped_versions(shared: &Path, iteration: u64) -> Vec<(u64, u64)> {
+    let path = shared
+        .join("rollouts")
+        .join(format!("iter-{iteration:04}"))
+        .join("train.jsonl");
+    let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut v: Vec<(u64, u64)> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let field = |k: &str| {
+                v[k].as_u64()
+                    .unwrap_or_else(|| panic!("{}: a line without {k}: {l}", path.display()))
+            };
+            (field("model_version"), field("staleness"))
+        })
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+#[test]
+fn demo_pipeline_compares_with_the_synchronous_loop_and_still_learns() {
+    let d = tempfile::tempdir().unwrap();
+    let args = [
+        "--pipeline",
+        "--nodes",
+        "4",
+        "--iterations",
+        "4",
+        "--eval-interval",
+        "2",
+        "--seed",
+        "7",
+        "--pace",
+        "0.2",
+    ];
+    let out = run_demo(d.path(), &args, Duration::from_secs(150));
+    assert!(out.status.success(), "{}", show(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+
+    // The ratio line. Its value depends on the machine's load: the benchmark
+    // (scripts/bench-pipeline) judges it, the test only that it was measured.
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("time per iteration: pipelined"))
+        .unwrap_or_else(|| panic!("no ratio line\n{}", show(&out)));
+    let ratio: f64 = line
+        .split("ratio ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|r| r.parse().ok())
+        .unwrap_or_else(|| panic!("no ratio in {line:?}"));
+    assert!(ratio > 0.0 && ratio.is_finite(), "{line}");
+    assert!(line.contains("2 + 2 nodes vs 4 nodes"), "{line}");
+
+    // Both clusters' lanes were shown (output is not a terminal: the compact form).
+    assert!(
+        stdout.lines().any(|l| l.contains("rollout: r0 it")
+            && l.contains("r1 it")
+            && l.contains("|| update: r0 it")),
+        "{}",
+        show(&out)
+    );
+    assert!(stdout.contains("update rank 1: 0"), "{}", show(&out));
+
+    // The pipelined run learned from stale-by-one rollouts, and said so.
+    let piped = d.path().join("pipelined").join("shared");
+    let sync = d.path().join("sync").join("shared");
+    let curve: Vec<f64> = (1..=4).map(|i| mean(&train_lines(&piped, i))).collect();
+    assert!(
+        curve[3] >= curve[0] + 0.2,
+        "the pipelined run's mean reward did not rise clearly: {curve:?}"
+    );
+    assert!(stdout.contains("it still rises"), "{}", show(&out));
+    for i in 1..=4 {
+        assert_eq!(train_lines(&piped, i).len(), 32 * 4, "iteration {i}");
+    }
+
+    // Every trajectory says which model rolled it out: with staleness 1, iteration i ran
+    // on the model of iteration i-2 (the base model, version 0, for the first two); in
+    // the synchronous loop on that of i-1.
+    for i in 1..=4u64 {
+        let exact = i.saturating_sub(2);
+        let lag = if i >= 2 { 1 } else { 0 };
+        assert_eq!(stamped_versions(&piped, i), [(exact, lag)], "iteration {i}");
+        assert_eq!(stamped_versions(&sync, i), [(i - 1, 0)], "iteration {i}");
+    }
+    // Iteration 1 ran on the base model in both runs, with the same seeds: the same
+    // samples, however the tasks were split between the nodes.
+    let sorted = |mut v: Vec<(u64, u64, f64)>| {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v
+    };
+    assert_eq!(
+        sorted(train_lines(&piped, 1)),
+        sorted(train_lines(&sync, 1))
+    );
+}
+
+#[test]
+fn demo_pipeline_refuses_an_odd_node_count() {
+    for n in ["3", "1"] {
+        let d = tempfile::tempdir().unwrap();
+        let out = run_demo(
+            d.path(),
+            &["--pipeline", "--nodes", n],
+            Duration::from_secs(20),
+        );
+        assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("even number, at least 2"), "{err}");
+    }
+}
+
 #[test]
 fn demo_refuses_a_non_empty_dir_and_bad_kill_spec() {
     let d = tempfile::tempdir().unwrap();

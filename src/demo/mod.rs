@@ -6,6 +6,11 @@
 //! server per node, rollout and eval commands that query it and write JSONL, and a
 //! data-parallel trainer that all-reduces over TCP. It shows the nodes' phases live, the
 //! reward and eval accuracy per iteration, and ends with a summary.
+//!
+//! `--pipeline` runs the same task twice in one invocation, so the two are measured on the
+//! same machine at the same time of day: first the synchronous loop on all N nodes, then
+//! a pipelined run (docs/pipeline.md) with N/2 rollout and N/2 update nodes, and compares
+//! their time per iteration and their learning curves.
 
 mod progress;
 mod run;
@@ -18,9 +23,17 @@ pub use progress::{iteration_report, IterationReport};
 
 #[derive(Args, Debug)]
 pub struct DemoArgs {
-    /// Number of nodes to start on this machine.
-    #[arg(long, value_name = "N", default_value_t = 3)]
-    pub nodes: u32,
+    /// Number of nodes to start on this machine [default: 3, or 4 with --pipeline: 2
+    /// rollout + 2 update nodes].
+    #[arg(long, value_name = "N")]
+    pub nodes: Option<u32>,
+    /// Run the synchronous loop on N nodes, then a pipelined run with N/2 rollout nodes
+    /// and N/2 update nodes (N even), and compare their time per iteration.
+    #[arg(long)]
+    pub pipeline: bool,
+    /// With --pipeline: how many model versions the rollouts may lag (pipeline.staleness).
+    #[arg(long, value_name = "K", default_value_t = 1, requires = "pipeline")]
+    pub staleness: u64,
     /// Iterations to run [default: 8].
     #[arg(long, value_name = "K")]
     pub iterations: Option<String>,
@@ -51,9 +64,10 @@ pub struct DemoArgs {
     #[arg(long, value_name = "K", default_value_t = 4)]
     pub samples: u32,
     /// Make every rollout, eval and training command take at least this many seconds,
-    /// to watch the phases go by (the default run takes about a second).
-    #[arg(long, value_name = "SECS", default_value_t = 0.0)]
-    pub pace: f64,
+    /// to watch the phases go by (the default run takes about a second) [default: 0, or
+    /// 0.5 with --pipeline, so that rollout and training cost enough to overlap].
+    #[arg(long, value_name = "SECS")]
+    pub pace: Option<f64>,
     /// Learning rate of the REINFORCE step.
     #[arg(long, value_name = "X", default_value_t = 4.0)]
     pub lr: f64,

@@ -1,5 +1,7 @@
 //! What the demo shows, read from the shared directory alone: the merged trajectories and
-//! eval results of each iteration, and rank 0's event log for the time per phase.
+//! eval results of each iteration, and rank 0's event log for the time per phase. In a
+//! pipelined run each cluster has its own event log (`.rl-node/<cluster>/events/`); an
+//! iteration's phases are split between them, so its report sums both.
 
 use crate::events::{self, EventRecord};
 use crate::layout::Layout;
@@ -22,12 +24,21 @@ impl Event {
     fn is_final_sync(&self) -> bool {
         matches!(&self.event, events::Event::Barrier { name, .. } if name == Barrier::FinalSync.name())
     }
+
+    /// A pipelined rollout cluster has no final barrier: its iteration ends when rank 0
+    /// journals `iteration-complete:rollout`.
+    fn ends_iteration(&self) -> bool {
+        self.is_final_sync()
+            || matches!(&self.event, events::Event::Journal { item } if item.starts_with("iteration-complete"))
+    }
 }
 
-/// Rank `rank`'s events. Lines that are not events this build knows (a torn last line,
-/// another version's event) are skipped, as are lines whose time does not parse.
-pub fn read_events(shared: &Path, rank: u32) -> Vec<Event> {
+/// Rank `rank`'s events in one cluster of a pipelined run (`None`: the synchronous loop).
+/// Lines that are not events this build knows (a torn last line, another version's event)
+/// are skipped, as are lines whose time does not parse.
+pub fn read_cluster_events(shared: &Path, cluster: Option<&'static str>, rank: u32) -> Vec<Event> {
     let path = Layout::new(shared)
+        .with_cluster(cluster)
         .state_dir()
         .join("events")
         .join(format!("rank-{rank}.jsonl"));
@@ -68,7 +79,7 @@ pub fn phase_times(
         .iter()
         .filter(|e| e.gen == gen && e.iteration == iteration)
         .collect();
-    let end = mine.iter().find(|e| e.is_final_sync())?.t;
+    let end = mine.iter().find(|e| e.ends_iteration())?.t;
     let phases: Vec<(crate::protocol::Phase, f64)> = mine
         .iter()
         .filter_map(|e| match e.event {
@@ -112,6 +123,22 @@ pub fn mean_reward(shared: &Path, iteration: u64) -> Option<(f64, u64)> {
     (n > 0).then(|| (sum / n as f64, n))
 }
 
+/// The model version every line of `rollouts/iter-NNNN/train.jsonl` says it was rolled
+/// out with; None if a line has none or they disagree.
+pub fn model_version(shared: &Path, iteration: u64) -> Option<u64> {
+    let text = std::fs::read_to_string(Layout::new(shared).aggregated(iteration, "train")).ok()?;
+    let mut version = None;
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let v: Value = serde_json::from_str(line).ok()?;
+        let this = v["model_version"].as_u64()?;
+        if version.is_some_and(|seen| seen != this) {
+            return None;
+        }
+        version = Some(this);
+    }
+    version
+}
+
 /// (correct, total) of `rollouts/iter-NNNN/eval.jsonl`, if eval ran.
 pub fn eval_accuracy(shared: &Path, iteration: u64) -> Option<(u64, u64)> {
     let path = Layout::new(shared).aggregated(iteration, "eval");
@@ -127,6 +154,8 @@ pub struct IterationReport {
     pub iteration: u64,
     pub mean_reward: Option<f64>,
     pub train_samples: u64,
+    /// The model the train rollout ran on, as its trajectories say.
+    pub model_version: Option<u64>,
     pub eval: Option<(u64, u64)>,
     /// Rank 0's wall time for the iteration.
     pub secs: Option<f64>,
@@ -149,29 +178,70 @@ pub fn iteration_report(
     gen: u64,
     iteration: u64,
 ) -> IterationReport {
+    cluster_report(shared, &[(events, gen)], iteration)
+}
+
+/// Report on `iteration` from the event logs of every cluster that worked on it, each
+/// with its generation: one for the synchronous loop, the rollout cluster's and the
+/// update cluster's for a pipelined run. The phases are those of the clusters in turn;
+/// `secs` is the last cluster's wall time for the iteration.
+pub fn cluster_report(
+    shared: &Path,
+    clusters: &[(&[Event], u64)],
+    iteration: u64,
+) -> IterationReport {
     let (mean_reward, train_samples) = match mean_reward(shared, iteration) {
         Some((m, n)) => (Some(m), n),
         None => (None, 0),
     };
-    let times = phase_times(events, gen, iteration);
     let mut groups: Vec<(&'static str, f64)> = GROUPS.iter().map(|g| (*g, 0.0)).collect();
-    if let Some((_, phases)) = &times {
-        for (p, s) in phases {
-            let g = group_of(p);
-            if let Some(slot) = groups.iter_mut().find(|(n, _)| *n == g) {
-                slot.1 += s;
+    let mut phases = Vec::new();
+    let mut secs = None;
+    for (events, gen) in clusters {
+        let times = phase_times(events, *gen, iteration);
+        if let Some((total, ps)) = times {
+            for (p, s) in &ps {
+                let g = group_of(p);
+                if let Some(slot) = groups.iter_mut().find(|(n, _)| *n == g) {
+                    slot.1 += s;
+                }
             }
+            phases.extend(ps);
+            secs = Some(total);
         }
     }
     IterationReport {
         iteration,
         mean_reward,
         train_samples,
+        model_version: model_version(shared, iteration),
         eval: eval_accuracy(shared, iteration),
-        secs: times.as_ref().map(|t| t.0),
+        secs,
         groups,
-        phases: times.map(|t| t.1).unwrap_or_default(),
+        phases,
     }
+}
+
+/// When rank 0 of a cluster ended each iteration of generation `gen`, and when it entered
+/// its first phase: (first phase, [(iteration, end)]). The makespan of a run is the
+/// last end minus the first start.
+pub fn iteration_ends(events: &[Event], gen: u64) -> (Option<f64>, Vec<(u64, f64)>) {
+    let start = events
+        .iter()
+        .find(|e| e.gen == gen && matches!(e.event, events::Event::Phase { .. }))
+        .map(|e| e.t);
+    let ends = events
+        .iter()
+        .filter(|e| e.gen == gen && e.ends_iteration())
+        .fold(Vec::<(u64, f64)>::new(), |mut v, e| {
+            // The update cluster ends an iteration twice (final barrier, then its journal):
+            // the first is the end.
+            if !v.iter().any(|(i, _)| *i == e.iteration) {
+                v.push((e.iteration, e.t));
+            }
+            v
+        });
+    (start, ends)
 }
 
 #[cfg(test)]
@@ -244,7 +314,7 @@ mod tests {
         text += "{\"event\":\"barrier\",\"name\":\"final-s";
         std::fs::write(events_dir.join("rank-0.jsonl"), text).unwrap();
 
-        let events = read_events(dir.path(), 0);
+        let events = read_cluster_events(dir.path(), None, 0);
         assert_eq!(events.len(), 6);
         assert_eq!(completed(&events, 1), [1]);
         assert!(completed(&events, 2).is_empty());

@@ -5,14 +5,16 @@ use super::toy;
 use super::DemoArgs;
 use crate::error::Failure;
 use crate::exit;
-use crate::observe::status::{self, Status};
+use crate::layout::Layout;
 use crate::protocol::phase::{eval_due, ALL as PHASES};
+use crate::protocol::records::{AbortInfo, RankRecord};
 use crate::protocol::NodeState;
+use crate::store;
 use std::fs;
 use std::io::{self, Read, Seek, Write};
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -32,7 +34,6 @@ struct Plan {
     iterations: u64,
     eval_interval: u64,
     seed: u64,
-    weights: Vec<u64>,
     tasks: u32,
     actions: u32,
     samples: u32,
@@ -40,11 +41,95 @@ struct Plan {
     pace: f64,
     kill: Option<(u32, &'static str)>,
     dir: PathBuf,
+    exe: PathBuf,
+    /// What the demo starts, in turn: the synchronous loop, and with `--pipeline` a
+    /// pipelined run after it.
+    runs: Vec<RunSpec>,
+}
+
+/// The clusters of a pipelined run, in the order an iteration passes through them.
+const PIPELINE_CLUSTERS: [&str; 2] = ["rollout", "update"];
+
+/// One run of the demo over its own shared directory: the synchronous loop (one cluster
+/// of `nodes` nodes) or a pipelined run (a rollout and an update cluster of `nodes` each).
+#[derive(Clone, Debug)]
+struct RunSpec {
+    /// `None`: the synchronous loop; else `pipeline.staleness`.
+    staleness: Option<u64>,
+    /// Holds the run's config, shared directory and node logs.
+    dir: PathBuf,
     shared: PathBuf,
     config: PathBuf,
-    exe: PathBuf,
+    /// Nodes per cluster.
+    nodes: u32,
+    weights: Vec<u64>,
     master_port: u16,
+    /// The inference server port of each rank that runs one (the synchronous loop's
+    /// ranks; the rollout cluster's: the update cluster has no server).
     server_ports: Vec<u16>,
+}
+
+/// One node process of a run: its cluster (`None` in the synchronous loop) and rank.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Lane {
+    cluster: Option<&'static str>,
+    rank: u32,
+}
+
+impl Lane {
+    fn label(&self) -> String {
+        match self.cluster {
+            None => format!("rank {}", self.rank),
+            Some(c) => format!("{c} rank {}", self.rank),
+        }
+    }
+}
+
+impl RunSpec {
+    fn label(&self) -> String {
+        match self.staleness {
+            None => "synchronous".into(),
+            Some(k) => format!("pipelined (staleness {k})"),
+        }
+    }
+
+    /// The run's clusters; the last one completes an iteration (its final barrier).
+    fn clusters(&self) -> Vec<Option<&'static str>> {
+        match self.staleness {
+            None => vec![None],
+            Some(_) => PIPELINE_CLUSTERS.iter().map(|c| Some(*c)).collect(),
+        }
+    }
+
+    fn lanes(&self) -> Vec<Lane> {
+        self.clusters()
+            .into_iter()
+            .flat_map(|cluster| (0..self.nodes).map(move |rank| Lane { cluster, rank }))
+            .collect()
+    }
+
+    fn log(&self, lane: Lane) -> PathBuf {
+        self.dir.join(match lane.cluster {
+            None => format!("node-{}.log", lane.rank),
+            Some(c) => format!("{c}-{}.log", lane.rank),
+        })
+    }
+
+    fn server_port(&self, lane: Lane) -> Option<u16> {
+        match lane.cluster {
+            None | Some("rollout") => self.server_ports.get(lane.rank as usize).copied(),
+            Some(_) => None,
+        }
+    }
+}
+
+/// Rollout weights of `n` nodes like the README's example: rank 0 takes twice the share.
+fn default_weights(n: u32) -> Vec<u64> {
+    if n > 1 {
+        (0..n).map(|r| if r == 0 { 2 } else { 1 }).collect()
+    } else {
+        vec![1]
+    }
 }
 
 pub fn main(args: DemoArgs, globals: Globals) -> Result<i32, Failure> {
@@ -106,18 +191,35 @@ fn plan(args: DemoArgs, g: Globals) -> Result<Plan, String> {
     };
     let iterations = num("--iterations", g.iterations, 8)?;
     let eval_interval = num("--eval-interval", g.eval_interval, 2)?;
-    let nodes = args.nodes;
+    let nodes = args.nodes.unwrap_or(if args.pipeline { 4 } else { 3 });
     if !(1..=32).contains(&nodes) {
         return Err(format!("--nodes {nodes}: the demo runs 1 to 32 nodes"));
     }
+    if args.pipeline {
+        if nodes < 2 || nodes % 2 == 1 {
+            return Err(format!(
+                "--pipeline --nodes {nodes}: a pipelined run splits the nodes evenly into a rollout cluster and an update cluster, so it needs an even number, at least 2 (e.g. --nodes 2 for 1 + 1, --nodes 4 for 2 + 2)"
+            ));
+        }
+        if args.kill_node.is_some() {
+            return Err("--kill-node is not available with --pipeline".into());
+        }
+        if g.rank_weights.is_some() {
+            return Err(
+                "--rank-weights is not available with --pipeline (each cluster gives rank 0 twice the share of the others)"
+                    .into(),
+            );
+        }
+    }
+    let pace = args.pace.unwrap_or(if args.pipeline { 0.5 } else { 0.0 });
     if iterations == 0 {
         return Err("--iterations 0: the demo needs at least one iteration".into());
     }
     if args.tasks == 0 || args.actions < 2 || args.samples == 0 {
         return Err("need --tasks ≥ 1, --actions ≥ 2 and --samples ≥ 1".into());
     }
-    if !(args.pace.is_finite() && (0.0..=60.0).contains(&args.pace)) {
-        return Err(format!("--pace {}: must be 0 to 60 seconds", args.pace));
+    if !(pace.is_finite() && (0.0..=60.0).contains(&pace)) {
+        return Err(format!("--pace {pace}: must be 0 to 60 seconds"));
     }
     if !(args.lr.is_finite() && args.lr > 0.0) {
         return Err(format!("--lr {}: must be a positive number", args.lr));
@@ -136,9 +238,7 @@ fn plan(args: DemoArgs, g: Globals) -> Result<Plan, String> {
             }
             w
         }
-        // Like the README's example: rank 0 takes twice the share of the others.
-        None if nodes > 1 => (0..nodes).map(|r| if r == 0 { 2 } else { 1 }).collect(),
-        None => vec![1],
+        None => default_weights(nodes),
     };
     let kill = match &args.kill_node {
         None => None,
@@ -182,24 +282,47 @@ fn plan(args: DemoArgs, g: Globals) -> Result<Plan, String> {
     let dir = dir
         .canonicalize()
         .map_err(|e| format!("{}: {e}", dir.display()))?;
+    let run = |staleness: Option<u64>, sub: Option<&str>, nodes: u32, weights: Vec<u64>| {
+        let d = sub.map_or(dir.clone(), |s| dir.join(s));
+        RunSpec {
+            staleness,
+            shared: d.join("shared"),
+            config: d.join("rl-node.toml"),
+            dir: d,
+            nodes,
+            weights,
+            master_port: 0,
+            server_ports: Vec::new(),
+        }
+    };
+    // The synchronous run keeps the demo's usual layout unless a pipelined one follows.
+    let runs = if args.pipeline {
+        vec![
+            run(None, Some("sync"), nodes, weights),
+            run(
+                Some(args.staleness),
+                Some("pipelined"),
+                nodes / 2,
+                default_weights(nodes / 2),
+            ),
+        ]
+    } else {
+        vec![run(None, None, nodes, weights)]
+    };
     Ok(Plan {
         nodes,
         iterations,
         eval_interval,
         seed: args.seed,
-        weights,
         tasks: args.tasks,
         actions: args.actions,
         samples: args.samples,
         lr: args.lr,
-        pace: args.pace,
+        pace,
         kill,
-        shared: dir.join("shared"),
-        config: dir.join("rl-node.toml"),
         dir,
         exe,
-        master_port: 0,
-        server_ports: Vec::new(),
+        runs,
     })
 }
 
@@ -259,7 +382,7 @@ fn toml_str(s: &str) -> String {
     serde_json::to_string(s).expect("string")
 }
 
-fn config_toml(p: &Plan) -> String {
+fn config_toml(p: &Plan, r: &RunSpec) -> String {
     let exe = command_word(&p.exe.display().to_string());
     let pace = if p.pace > 0.0 {
         format!(" --min-secs {}", p.pace)
@@ -269,7 +392,8 @@ fn config_toml(p: &Plan) -> String {
     let rollout = format!(
         "{exe} __toy rollout --server http://127.0.0.1:{{server_port}} --split {{split}} --rank {{rank}} \
          --num-nodes {{num_nodes}} --rank-weights {{rank_weights}} --iteration {{iteration}} \
-         --seed {} --samples {} --tasks {} --out {{output}}{pace}",
+         --seed {} --samples {} --tasks {} --model-version {{model_version}} --staleness {{staleness}} \
+         --out {{output}}{pace}",
         p.seed, p.samples, p.tasks
     );
     let train = format!(
@@ -280,11 +404,23 @@ fn config_toml(p: &Plan) -> String {
         "{exe} __toy server --model {{model}} --port {{server_port}} --seed {}",
         p.seed
     );
-    let weights: Vec<String> = p.weights.iter().map(|w| w.to_string()).collect();
+    let weights: Vec<String> = r.weights.iter().map(|w| w.to_string()).collect();
+    let (what, pipeline) = match r.staleness {
+        None => (format!("{} node(s)", r.nodes), String::new()),
+        Some(k) => (
+            format!(
+                "a pipelined run, {n} rollout node(s) (--rl-phase rollout) and {n} update node(s) (--rl-phase update),",
+                n = r.nodes
+            ),
+            format!(
+                "\n# Iteration i is rolled out on the model trained on iteration i-1-{k}, while\n# the update cluster trains earlier iterations.\n[pipeline]\nstaleness = {k}\n"
+            ),
+        ),
+    };
     format!(
-        r#"# Written by `rl-node demo`: {nodes} node(s) on this machine running the built-in toy
+        r#"# Written by `rl-node demo`: {what} on this machine running the built-in toy
 # workload (a {tasks}-task, {actions}-action contextual bandit learned with REINFORCE).
-# Each node gets its own inference-server port through RL_NODE_SERVER_PORT
+# Each node that runs an inference server gets its own port through RL_NODE_SERVER_PORT
 # (the environment overrides server.port below, which is rank 0's).
 
 [cluster]
@@ -327,40 +463,50 @@ health-url = "http://127.0.0.1:{{server_port}}/health"
 start-timeout = "30s"
 stop-grace = "2s"
 gpu-drain-mib = 0
-"#,
-        nodes = p.nodes,
+{pipeline}"#,
+        nodes = r.nodes,
         tasks = p.tasks,
         actions = p.actions,
         weights = weights.join(", "),
         eval_interval = p.eval_interval,
         iterations = p.iterations,
-        master_port = p.master_port,
+        master_port = r.master_port,
         model = toml_str(&p.dir.join("model-0").display().to_string()),
         rollout = toml_str(&rollout),
         train = toml_str(&train),
         server = toml_str(&server),
-        port0 = p.server_ports[0],
+        port0 = r.server_ports[0],
     )
 }
 
+/// Ports (distinct for every run: one run's servers may still be letting theirs go when
+/// the next starts), the initial model both runs start from, and each run's config.
 fn prepare(p: &mut Plan) -> Result<(), String> {
-    let ports =
-        free_ports(p.nodes as usize + 1).map_err(|e| format!("cannot find free ports: {e}"))?;
-    p.master_port = ports[0];
-    p.server_ports = ports[1..].to_vec();
+    let wanted: usize = p.runs.iter().map(|r| r.nodes as usize + 1).sum();
+    let mut ports = free_ports(wanted)
+        .map_err(|e| format!("cannot find free ports: {e}"))?
+        .into_iter();
+    for r in &mut p.runs {
+        r.master_port = ports.next().expect("a port");
+        r.server_ports = ports.by_ref().take(r.nodes as usize).collect();
+    }
     let model = p.dir.join("model-0");
     toy::Policy::uniform(p.tasks, p.actions)
         .save(&model)
         .map_err(|e| format!("cannot write the initial model in {}: {e}", model.display()))?;
-    fs::write(&p.config, config_toml(p))
-        .map_err(|e| format!("cannot write {}: {e}", p.config.display()))?;
+    for r in &p.runs {
+        fs::create_dir_all(&r.dir)
+            .map_err(|e| format!("cannot create {}: {e}", r.dir.display()))?;
+        fs::write(&r.config, config_toml(p, r))
+            .map_err(|e| format!("cannot write {}: {e}", r.config.display()))?;
+    }
     Ok(())
 }
 
 // ------------------------------------------------------------------ nodes
 
 struct NodeProc {
-    rank: u32,
+    lane: Lane,
     child: Child,
     code: Option<i32>,
     log: PathBuf,
@@ -368,8 +514,9 @@ struct NodeProc {
     offset: u64,
 }
 
-fn spawn_node(p: &Plan, rank: u32) -> io::Result<NodeProc> {
-    let log = p.dir.join(format!("node-{rank}.log"));
+fn spawn_node(p: &Plan, run: &RunSpec, lane: Lane) -> io::Result<NodeProc> {
+    let rank = lane.rank;
+    let log = run.log(lane);
     let mut f = fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -382,24 +529,26 @@ fn spawn_node(p: &Plan, rank: u32) -> io::Result<NodeProc> {
         cmd.arg("--worker").arg(rank.to_string());
     }
     cmd.arg("--config")
-        .arg(&p.config)
+        .arg(&run.config)
         .arg("--log-path")
-        .arg(&p.shared);
+        .arg(&run.shared);
+    if let Some(c) = lane.cluster {
+        cmd.arg("--rl-phase").arg(c);
+    }
     // The demo's configuration is the file; nothing from this shell leaks in.
     for (k, _) in std::env::vars_os() {
         if k.to_string_lossy().starts_with("RL_NODE_") {
             cmd.env_remove(&k);
         }
     }
-    cmd.env(
-        "RL_NODE_SERVER_PORT",
-        p.server_ports[rank as usize].to_string(),
-    )
-    .stdin(Stdio::null())
-    .stdout(f.try_clone()?)
-    .stderr(f)
-    // Own process group: Ctrl-C reaches the demo, which forwards it once.
-    .process_group(0);
+    if let Some(port) = run.server_port(lane) {
+        cmd.env("RL_NODE_SERVER_PORT", port.to_string());
+    }
+    cmd.stdin(Stdio::null())
+        .stdout(f.try_clone()?)
+        .stderr(f)
+        // Own process group: Ctrl-C reaches the demo, which forwards it once.
+        .process_group(0);
     // SAFETY: the closure runs in the forked child before exec and makes one prctl system
     // call, which is async-signal-safe (it neither allocates nor locks).
     unsafe {
@@ -411,7 +560,7 @@ fn spawn_node(p: &Plan, rank: u32) -> io::Result<NodeProc> {
     }
     let child = cmd.spawn()?;
     Ok(NodeProc {
-        rank,
+        lane,
         child,
         code: None,
         log,
@@ -563,18 +712,23 @@ fn fmt_opt(v: Option<f64>, width: usize, prec: usize) -> String {
     }
 }
 
-fn table_header() -> String {
+/// The per-iteration table; a pipelined run's also names the model each iteration was
+/// rolled out with.
+fn table_header(pipelined: bool) -> String {
     let mut s = format!(
         "  {:>4}  {:>6} {:<10}  {:>5}  {:>6}  ",
         "iter", "reward", "", "eval", "secs"
     );
+    if pipelined {
+        s.push_str(&format!("{:>6}", "model"));
+    }
     for g in progress::GROUPS {
         s.push_str(&format!("{g:>8}"));
     }
     s
 }
 
-fn table_row(r: &IterationReport) -> String {
+fn table_row(r: &IterationReport, pipelined: bool) -> String {
     let mut s = format!(
         "  {:>4}  {} {:<10}  {}  {}  ",
         r.iteration,
@@ -583,6 +737,13 @@ fn table_row(r: &IterationReport) -> String {
         fmt_opt(r.eval_accuracy(), 5, 2),
         fmt_opt(r.secs, 6, 2),
     );
+    if pipelined {
+        let v = r
+            .model_version
+            .map(|v| format!("v{v}"))
+            .unwrap_or_else(|| "-".into());
+        s.push_str(&format!("{v:>6}"));
+    }
     for (_, secs) in &r.groups {
         s.push_str(&format!("{secs:>8.2}"));
     }
@@ -591,12 +752,69 @@ fn table_row(r: &IterationReport) -> String {
 
 // ------------------------------------------------------------------ the run
 
-/// How one start of the cluster ended.
+/// How one start of a run's nodes ended.
 struct Round {
+    /// The generation of the cluster that completes iterations (the synchronous loop's,
+    /// or the update cluster's).
     gen: Option<u64>,
-    codes: Vec<i32>,
+    /// Exit code of each lane, in `RunSpec::lanes` order.
+    codes: Vec<(Lane, i32)>,
     killed: Option<u32>,
     interrupted: bool,
+}
+
+/// What one run (`RunSpec`) left for the summary.
+struct RunResult {
+    spec: RunSpec,
+    rounds: Vec<Round>,
+    reports: Vec<IterationReport>,
+    /// From the first phase any node entered to the end of the last iteration (rank 0's
+    /// event logs), in the last round.
+    makespan: Option<f64>,
+}
+
+impl RunResult {
+    fn ok(&self) -> bool {
+        self.rounds
+            .last()
+            .is_some_and(|r| r.codes.iter().all(|(_, c)| *c == exit::DONE))
+    }
+
+    fn rewards(&self) -> Option<(f64, f64)> {
+        Some((
+            self.reports.first()?.mean_reward?,
+            self.reports.last()?.mean_reward?,
+        ))
+    }
+}
+
+/// One cluster's state as its records say (`rl-node status` for one cluster of a run).
+struct ClusterView {
+    gen: u64,
+    ranks: Vec<Option<RankRecord>>,
+    abort: Option<AbortInfo>,
+}
+
+fn cluster_view(shared: &Path, cluster: Option<&'static str>) -> Option<ClusterView> {
+    let layout = Layout::new(shared).with_cluster(cluster);
+    let c = crate::observe::read_cluster(&layout).ok()?;
+    let ranks: Vec<Option<RankRecord>> = (0..c.num_nodes)
+        .map(|r| {
+            store::read_json::<RankRecord>(&layout.rank_record(c.gen, r))
+                .ok()
+                .flatten()
+                .filter(|rec| rec.belongs_to(&c.run_id, c.gen, r))
+        })
+        .collect();
+    let abort = store::read_json::<AbortInfo>(&layout.abort(c.gen))
+        .ok()
+        .flatten()
+        .or_else(|| ranks.iter().flatten().find_map(|r| r.abort.clone()));
+    Some(ClusterView {
+        gen: c.gen,
+        ranks,
+        abort,
+    })
 }
 
 struct Demo {
@@ -604,7 +822,7 @@ struct Demo {
     view: View,
     signals: Arc<AtomicUsize>,
     last_signal: Arc<AtomicUsize>,
-    /// Per-iteration reports of the current generation, as they complete.
+    /// Per-iteration reports of the current round, as they complete.
     reports: Vec<IterationReport>,
     header_shown: bool,
 }
@@ -647,8 +865,9 @@ impl Demo {
             .filter(|i| eval_due(*i, p.eval_interval))
             .map(|i| i.to_string())
             .collect();
-        let weights: Vec<String> = p.weights.iter().map(|w| w.to_string()).collect();
-        let lines = vec![
+        let sync = &p.runs[0];
+        let weights: Vec<String> = sync.weights.iter().map(|w| w.to_string()).collect();
+        let mut lines = vec![
             format!(
                 "rl-node demo: {} node(s) on this machine, {} iteration(s), eval on iteration(s) {}, seed {}",
                 p.nodes,
@@ -666,23 +885,46 @@ impl Demo {
                 weights.join(",")
             ),
             format!("  directory: {} (kept)", p.dir.display()),
-            format!(
-                "  config: {}   node output: {}",
-                p.config.display(),
-                p.dir.join("node-R.log").display()
-            ),
-            format!(
-                "  ports: training rendezvous {}, inference servers {}",
-                p.master_port,
-                p.server_ports
+        ];
+        for r in &p.runs {
+            let lead = if p.runs.len() > 1 {
+                format!("  {}: ", r.label())
+            } else {
+                "  ".into()
+            };
+            let logs = match r.staleness {
+                None => r.dir.join("node-R.log"),
+                Some(_) => r.dir.join("{rollout,update}-R.log"),
+            };
+            lines.push(format!(
+                "{lead}config: {}   node output: {}",
+                r.config.display(),
+                logs.display()
+            ));
+            let servers_of = if r.staleness.is_some() {
+                "rollout rank"
+            } else {
+                "rank"
+            };
+            lines.push(format!(
+                "{}ports: training rendezvous {}, inference servers {}",
+                " ".repeat(lead.len()),
+                r.master_port,
+                r.server_ports
                     .iter()
                     .enumerate()
-                    .map(|(r, port)| format!("{port} (rank {r})"))
+                    .map(|(rank, port)| format!("{port} ({servers_of} {rank})"))
                     .collect::<Vec<_>>()
                     .join(", ")
-            ),
-        ];
-        let mut lines = lines;
+            ));
+        }
+        if let Some(k) = p.runs.iter().find_map(|r| r.staleness) {
+            let half = p.nodes / 2;
+            lines.push(format!(
+                "  --pipeline: first the synchronous loop on {} nodes, then a pipelined run: {half} rollout node(s) keep their inference servers up and roll out iteration i on the model trained on iteration i-1-{k}, while {half} update node(s) train the iterations before it",
+                p.nodes
+            ));
+        }
         lines.push(if p.pace > 0.0 {
             format!(
                 "  pace: every rollout, eval and training command takes at least {}s",
@@ -706,55 +948,89 @@ impl Demo {
     fn run(mut self) -> Result<i32, String> {
         let started = Instant::now();
         self.intro();
-        let first = self.round(self.plan.kill, None)?;
-        let mut rounds = vec![first];
-        let first = &rounds[0];
-        if first.killed.is_some() && !first.interrupted {
-            let gen = first.gen;
-            self.restart_pause();
-            let second = self.round(None, gen)?;
-            rounds.push(second);
+        let mut results = Vec::new();
+        let multi = self.plan.runs.len() > 1;
+        for spec in self.plan.runs.clone() {
+            if multi {
+                self.say(&format!("== {} run ({})", spec.label(), spec.dir.display()));
+            }
+            let kill = if spec.staleness.is_none() {
+                self.plan.kill
+            } else {
+                None
+            };
+            let first = self.round(&spec, kill, None)?;
+            let mut rounds = vec![first];
+            let first = &rounds[0];
+            if first.killed.is_some() && !first.interrupted {
+                let gen = first.gen;
+                self.restart_pause(&spec);
+                let second = self.round(&spec, None, gen)?;
+                rounds.push(second);
+            }
+            self.view.end_live();
+            let makespan = rounds
+                .last()
+                .and_then(|r| r.gen)
+                .and_then(|_| makespan(&spec));
+            let result = RunResult {
+                spec,
+                rounds,
+                reports: std::mem::take(&mut self.reports),
+                makespan,
+            };
+            let stop = !result.ok() || result.rounds.last().is_some_and(|r| r.interrupted);
+            results.push(result);
+            if stop {
+                break;
+            }
+            if multi {
+                self.say("");
+            }
         }
-        self.view.end_live();
-        self.summary(&rounds, started.elapsed());
-        let last = rounds.last().expect("one round");
-        if last.interrupted {
+        self.summary(&results, started.elapsed());
+        let last = results.last().expect("one run");
+        if last.rounds.last().is_some_and(|r| r.interrupted) {
             return Ok(exit::SIGINT);
         }
-        Ok(if last.codes.iter().all(|&c| c == exit::DONE) {
-            exit::DONE
-        } else {
-            exit::FAILED
-        })
+        Ok(
+            if results.len() == self.plan.runs.len() && results.iter().all(RunResult::ok) {
+                exit::DONE
+            } else {
+                exit::FAILED
+            },
+        )
     }
 
     /// Before restarting, let the ports of the old servers and trainers go.
-    fn restart_pause(&mut self) {
+    fn restart_pause(&mut self, run: &RunSpec) {
         let deadline = Instant::now() + Duration::from_secs(15);
-        let mut ports = self.plan.server_ports.clone();
-        ports.push(self.plan.master_port);
+        let mut ports = run.server_ports.clone();
+        ports.push(run.master_port);
         for port in ports {
             while TcpListener::bind(("127.0.0.1", port)).is_err() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
-        let n = self.plan.nodes;
+        let n = run.lanes().len();
         self.say("");
         self.say(&format!(
             ">> restarting all {n} node(s) with the same commands over the same shared directory: a new generation (the earlier one's records are ignored)"
         ));
     }
 
-    /// Start every node, watch them until all have exited. `kill`: kill -9 that rank when
-    /// it reaches that phase in iteration 2. `prev_gen`: the generation of an earlier start.
+    /// Start every node of `run`, watch them until all have exited. `kill`: kill -9 that
+    /// rank when it reaches that phase in iteration 2. `prev_gen`: the generation of an
+    /// earlier start.
     fn round(
         &mut self,
+        run: &RunSpec,
         kill: Option<(u32, &'static str)>,
         prev_gen: Option<u64>,
     ) -> Result<Round, String> {
         let mut nodes = Vec::new();
-        for r in 0..self.plan.nodes {
-            match spawn_node(&self.plan, r) {
+        for lane in run.lanes() {
+            match spawn_node(&self.plan, run, lane) {
                 Ok(n) => nodes.push(n),
                 Err(e) => {
                     for n in &mut nodes {
@@ -762,7 +1038,8 @@ impl Demo {
                         let _ = n.child.wait();
                     }
                     return Err(format!(
-                        "cannot start node {r} ({}): {e}",
+                        "cannot start node {} ({}): {e}",
+                        lane.label(),
                         self.plan.exe.display()
                     ));
                 }
@@ -770,7 +1047,7 @@ impl Demo {
         }
         let pids: Vec<String> = nodes
             .iter()
-            .map(|n| format!("rank {} pid {}", n.rank, n.child.id()))
+            .map(|n| format!("{} pid {}", n.lane.label(), n.child.id()))
             .collect();
         self.say(&format!(
             "started {} node(s): {}",
@@ -780,12 +1057,15 @@ impl Demo {
         self.reports.clear();
         self.header_shown = false;
 
+        let clusters = run.clusters();
+        // The cluster whose final barrier completes an iteration.
+        let last_cluster = *clusters.last().expect("a cluster");
         let mut kill = kill;
         let mut killed = None;
         let mut killed_at: Option<Instant> = None;
         let mut forwarded = 0;
         let mut interrupted = false;
-        let mut gen = None;
+        let mut gens: Vec<Option<u64>> = vec![None; clusters.len()];
         let mut shown: Vec<u64> = Vec::new();
         let mut last_render = Instant::now() - REFRESH;
         loop {
@@ -811,8 +1091,8 @@ impl Demo {
                     let code = exit_code(st);
                     n.code = Some(code);
                     let msg = format!(
-                        "rank {} exited with code {code} ({})",
-                        n.rank,
+                        "{} exited with code {code} ({})",
+                        n.lane.label(),
                         describe_code(code)
                     );
                     if code != exit::DONE || killed.is_some() {
@@ -820,29 +1100,38 @@ impl Demo {
                     }
                 }
             }
-            let st = status::read(&self.plan.shared)
-                .ok()
-                .filter(|s| prev_gen.is_none_or(|g| s.gen > g));
-            if let Some(s) = &st {
-                gen = Some(s.gen);
+            let views: Vec<Option<ClusterView>> = clusters
+                .iter()
+                .map(|c| {
+                    cluster_view(&run.shared, *c).filter(|s| prev_gen.is_none_or(|g| s.gen > g))
+                })
+                .collect();
+            for (g, v) in gens.iter_mut().zip(&views) {
+                if let Some(v) = v {
+                    *g = Some(v.gen);
+                }
             }
 
-            if let (Some((kr, kphase)), Some(s)) = (kill, &st) {
+            if let (Some((kr, kphase)), Some(s)) = (kill, &views[0]) {
                 // Strike in the named phase of iteration 2; a phase can pass between two
                 // looks, so if the rank is already beyond it, strike at once and say so.
                 let target = PHASES.iter().position(|p| p.name() == kphase).unwrap_or(0) as u8;
-                let now = s.ranks.get(kr as usize).filter(|r| {
-                    r.state == Some(NodeState::Running)
-                        && r.phase.as_deref().and_then(phase_number).is_some_and(|n| {
-                            (r.iteration == KILL_ITERATION && n >= target)
-                                || r.iteration > KILL_ITERATION
-                        })
-                });
+                let now = s
+                    .ranks
+                    .get(kr as usize)
+                    .and_then(|r| r.as_ref())
+                    .filter(|r| {
+                        r.state == NodeState::Running
+                            && r.phase.is_some_and(|p| {
+                                (r.iteration == KILL_ITERATION && p.number() >= target)
+                                    || r.iteration > KILL_ITERATION
+                            })
+                    });
                 let node = &mut nodes[kr as usize];
                 if let (Some(r), None) = (now, node.code) {
                     let pid = node.child.id();
                     let _ = node.child.kill();
-                    let ph = r.phase.clone().unwrap_or_default();
+                    let ph = r.phase.map(|p| p.to_string()).unwrap_or_default();
                     let late = if phase_name(&ph) == kphase {
                         String::new()
                     } else {
@@ -868,7 +1157,7 @@ impl Demo {
                         // SAFETY: kill takes only integers; the child is not reaped yet (no
                         // exit code), so the pid is still its own.
                         unsafe { libc::kill(n.child.id() as i32, libc::SIGTERM) };
-                        format!("rank {}", n.rank)
+                        n.lane.label()
                     })
                     .collect();
                 if !left.is_empty() {
@@ -881,17 +1170,31 @@ impl Demo {
             }
 
             let all_done = nodes.iter().all(|n| n.code.is_some());
-            if let Some(g) = gen {
-                let events = progress::read_events(&self.plan.shared, 0);
-                for it in progress::completed(&events, g) {
+            if let Some(g) = *gens.last().expect("a cluster") {
+                let events: Vec<(Vec<progress::Event>, u64)> = clusters
+                    .iter()
+                    .zip(&gens)
+                    .filter_map(|(c, g)| {
+                        Some((progress::read_cluster_events(&run.shared, *c, 0), (*g)?))
+                    })
+                    .collect();
+                let last_events = progress::read_cluster_events(&run.shared, last_cluster, 0);
+                for it in progress::completed(&last_events, g) {
                     if !shown.contains(&it) {
                         shown.push(it);
-                        let r = progress::iteration_report(&self.plan.shared, &events, g, it);
+                        let parts: Vec<(&[progress::Event], u64)> =
+                            events.iter().map(|(e, g)| (e.as_slice(), *g)).collect();
+                        let mut r = progress::cluster_report(&run.shared, &parts, it);
+                        if run.staleness.is_some() {
+                            // The clusters overlap: what an iteration costs is the time
+                            // between two models, not the sum of its phases.
+                            r.secs = iteration_interval(&parts, &last_events, g, it);
+                        }
                         if !self.header_shown {
                             self.header_shown = true;
-                            self.view.line(&table_header());
+                            self.view.line(&table_header(run.staleness.is_some()));
                         }
-                        self.view.line(&table_row(&r));
+                        self.view.line(&table_row(&r, run.staleness.is_some()));
                         self.reports.push(r);
                     }
                 }
@@ -901,7 +1204,7 @@ impl Demo {
             }
             if last_render.elapsed() >= REFRESH {
                 last_render = Instant::now();
-                let (block, compact) = self.live_block(st.as_ref(), &nodes);
+                let (block, compact) = self.live_block(&clusters, &views, &nodes);
                 self.view.live(&block, &compact);
             }
             std::thread::sleep(if kill.is_some() {
@@ -911,22 +1214,25 @@ impl Demo {
             });
         }
         self.view.end_live();
-        let codes: Vec<i32> = nodes.iter().map(|n| n.code.unwrap_or(-1)).collect();
-        if codes.iter().any(|&c| c != exit::DONE) && !interrupted {
+        let codes: Vec<(Lane, i32)> = nodes
+            .iter()
+            .map(|n| (n.lane, n.code.unwrap_or(-1)))
+            .collect();
+        if codes.iter().any(|(_, c)| *c != exit::DONE) && !interrupted {
             self.say("");
             for n in &nodes {
                 if n.code == Some(exit::DONE) {
                     continue;
                 }
-                if killed == Some(n.rank) {
+                if killed == Some(n.lane.rank) && n.lane.cluster.is_none() {
                     self.say(&format!(
                         "rank {} (killed by the demo): exit {}",
-                        n.rank,
+                        n.lane.rank,
                         n.code.unwrap_or(-1)
                     ));
                     continue;
                 }
-                self.say(&format!("rank {} said ({}):", n.rank, n.log.display()));
+                self.say(&format!("{} said ({}):", n.lane.label(), n.log.display()));
                 for l in failure_lines(n) {
                     self.say(&format!("    {l}"));
                 }
@@ -938,169 +1244,369 @@ impl Demo {
             ));
         }
         Ok(Round {
-            gen,
+            gen: *gens.last().expect("a cluster"),
             codes,
             killed,
             interrupted,
         })
     }
 
-    fn live_block(&self, st: Option<&Status>, nodes: &[NodeProc]) -> (Vec<String>, String) {
-        let mut block = Vec::new();
-        let mut compact = Vec::new();
+    /// One line per node, the clusters of a pipelined run side by side (stacked when the
+    /// terminal is too narrow), and a compact form for output that is not a terminal.
+    fn live_block(
+        &self,
+        clusters: &[Option<&'static str>],
+        views: &[Option<ClusterView>],
+        nodes: &[NodeProc],
+    ) -> (Vec<String>, String) {
         let total = self.plan.iterations;
-        for n in nodes {
-            let rs = st.and_then(|s| s.ranks.get(n.rank as usize));
-            let (iteration, phase, state) = match rs {
-                Some(r) if r.state.is_some() => (
-                    r.iteration,
-                    r.phase.clone().unwrap_or_else(|| "joining".into()),
-                    format!("{:?}", r.state.unwrap()).to_lowercase(),
-                ),
-                _ => (0, "starting".into(), "starting".into()),
-            };
-            let state = match n.code {
-                Some(c) => format!("exited {c}"),
-                None => state,
-            };
-            let num = phase_number(&phase).map(|x| x as usize + 1).unwrap_or(0);
-            let done_frac = if total == 0 {
-                0.0
-            } else {
-                ((iteration.max(1) - 1) as f64 * 14.0 + num as f64) / (total as f64 * 14.0)
-            };
-            block.push(format!(
-                "  rank {:<2} iteration {:>2}/{total} [{}] {:<20} {}",
-                n.rank,
-                iteration,
-                bar(done_frac, 16),
-                phase,
-                state
-            ));
-            compact.push(format!(
-                "r{} it{} {}",
-                n.rank,
-                iteration,
-                if n.code.is_some() {
-                    state.clone()
+        let mut columns: Vec<Vec<String>> = Vec::new();
+        let mut compact = Vec::new();
+        for (c, view) in clusters.iter().zip(views) {
+            let mut column = Vec::new();
+            let mut parts = Vec::new();
+            if let Some(name) = c {
+                column.push(format!(
+                    "  {name} cluster ({} node(s))",
+                    nodes.iter().filter(|n| n.lane.cluster == *c).count()
+                ));
+            }
+            for n in nodes.iter().filter(|n| n.lane.cluster == *c) {
+                let rec = view
+                    .as_ref()
+                    .and_then(|v| v.ranks.get(n.lane.rank as usize))
+                    .and_then(|r| r.as_ref());
+                let (iteration, phase, state) = match rec {
+                    Some(r) => (
+                        r.iteration,
+                        r.phase
+                            .map(|p| p.to_string())
+                            .unwrap_or_else(|| "joining".into()),
+                        format!("{:?}", r.state).to_lowercase(),
+                    ),
+                    None => (0, "starting".into(), "starting".into()),
+                };
+                let state = match n.code {
+                    Some(code) => format!("exited {code}"),
+                    None => state,
+                };
+                // The update cluster has no server to stop: in that phase it waits for
+                // the rollout cluster's trajectories.
+                let phase = if *c == Some("update") && phase_name(&phase) == "stop-server" {
+                    phase.replace("stop-server", "awaiting rollout")
                 } else {
-                    phase_name(&phase).to_string()
-                }
-            ));
+                    phase
+                };
+                let num = phase_number(&phase).map(|x| x as usize + 1).unwrap_or(0);
+                let done_frac = if total == 0 {
+                    0.0
+                } else {
+                    ((iteration.max(1) - 1) as f64 * 14.0 + num as f64) / (total as f64 * 14.0)
+                };
+                let name = match c {
+                    None => format!("rank {:<2}", n.lane.rank),
+                    Some(_) => format!("r{:<2}", n.lane.rank),
+                };
+                column.push(if c.is_none() {
+                    format!(
+                        "  {name} iteration {:>2}/{total} [{}] {:<20} {}",
+                        iteration,
+                        bar(done_frac, 16),
+                        phase,
+                        state
+                    )
+                } else {
+                    format!(
+                        "  {name} it {:>2}/{total} [{}] {:<20} {:<8}",
+                        iteration,
+                        bar(done_frac, 8),
+                        phase,
+                        state
+                    )
+                });
+                parts.push(format!(
+                    "r{} it{} {}",
+                    n.lane.rank,
+                    iteration,
+                    if n.code.is_some() {
+                        state.clone()
+                    } else {
+                        phase_name(&phase).to_string()
+                    }
+                ));
+            }
+            compact.push(match c {
+                None => parts.join(" | "),
+                Some(name) => format!("{name}: {}", parts.join(", ")),
+            });
+            columns.push(column);
         }
-        if let Some(s) = st {
-            if let Some(a) = &s.abort {
+        let width = columns
+            .iter()
+            .flatten()
+            .map(|l| l.chars().count())
+            .max()
+            .unwrap_or(0);
+        let mut block = Vec::new();
+        if columns.len() > 1 && (width + 2) * columns.len() <= terminal_width() {
+            let rows = columns.iter().map(Vec::len).max().unwrap_or(0);
+            for i in 0..rows {
+                let mut line = String::new();
+                for (j, col) in columns.iter().enumerate() {
+                    let cell = col.get(i).map(String::as_str).unwrap_or("");
+                    if j + 1 < columns.len() {
+                        line.push_str(&format!("{cell:<w$}  ", w = width));
+                    } else {
+                        line.push_str(cell);
+                    }
+                }
+                block.push(line.trim_end().to_string());
+            }
+        } else {
+            block.extend(columns.into_iter().flatten());
+        }
+        for (c, v) in clusters.iter().zip(views) {
+            if let Some(a) = v.as_ref().and_then(|v| v.abort.as_ref()) {
                 let first = a.describe();
                 let first = first.lines().next().unwrap_or_default().to_string();
-                block.push(format!("  stopping: {first}"));
-                compact.push(format!("stopping: {first}"));
+                let who = c.map(|c| format!(" ({c} cluster)")).unwrap_or_default();
+                block.push(format!("  stopping{who}: {first}"));
+                compact.push(format!("stopping{who}: {first}"));
             }
         }
         block.push(format!(
             "  elapsed {:.1}s",
             self.view.started.elapsed().as_secs_f64()
         ));
-        (block, compact.join(" | "))
+        (block, compact.join(" || "))
     }
 
-    fn summary(&mut self, rounds: &[Round], elapsed: Duration) {
+    fn summary(&mut self, results: &[RunResult], elapsed: Duration) {
         let p = &self.plan;
-        let last = rounds.last().expect("a round");
+        let multi = results.len() > 1 || p.runs.len() > 1;
         let mut out = Vec::new();
-        out.push(String::new());
-        out.push(format!(
-            "summary{}:",
-            last.gen
-                .map(|g| format!(" (generation {g})"))
-                .unwrap_or_default()
-        ));
-        if self.reports.is_empty() {
-            out.push("  no iteration completed".into());
-        } else {
-            out.push(table_header());
-            for r in &self.reports {
-                out.push(table_row(r));
-            }
-            let first = self.reports.first().and_then(|r| r.mean_reward);
-            let lastr = self.reports.last().and_then(|r| r.mean_reward);
-            let evals: Vec<String> = self
-                .reports
-                .iter()
-                .filter_map(|r| {
-                    r.eval_accuracy()
-                        .map(|a| format!("{a:.2} (it {})", r.iteration))
-                })
-                .collect();
-            if let (Some(a), Some(b)) = (first, lastr) {
-                out.push(format!(
-                    "  mean train reward {a:.3} -> {b:.3} (chance {:.3}); eval accuracy {}",
-                    1.0 / p.actions as f64,
-                    if evals.is_empty() {
-                        "-".into()
-                    } else {
-                        evals.join(", ")
-                    }
-                ));
-            }
-        }
-        out.push(String::new());
-        for (i, r) in rounds.iter().enumerate() {
-            let label = if rounds.len() > 1 {
-                if i == 0 {
-                    "first start"
+        for res in results {
+            let last = res.rounds.last().expect("a round");
+            out.push(String::new());
+            out.push(format!(
+                "summary{}{}:",
+                if multi {
+                    format!(" of the {} run", res.spec.label())
                 } else {
-                    "after the restart"
+                    String::new()
+                },
+                last.gen
+                    .map(|g| format!(" (generation {g})"))
+                    .unwrap_or_default()
+            ));
+            let pipelined = res.spec.staleness.is_some();
+            if res.reports.is_empty() {
+                out.push("  no iteration completed".into());
+            } else {
+                out.push(table_header(pipelined));
+                for r in &res.reports {
+                    out.push(table_row(r, pipelined));
                 }
-            } else {
-                "nodes"
-            };
-            let codes: Vec<String> = r
-                .codes
-                .iter()
-                .enumerate()
-                .map(|(rank, c)| format!("rank {rank}: {c}"))
-                .collect();
-            out.push(format!("exit codes ({label}): {}", codes.join(", ")));
+                if pipelined {
+                    out.push(
+                        "  (secs: from the previous model to this one; the columns add up to more, as the clusters overlap)"
+                            .into(),
+                    );
+                }
+                let evals: Vec<String> = res
+                    .reports
+                    .iter()
+                    .filter_map(|r| {
+                        r.eval_accuracy()
+                            .map(|a| format!("{a:.2} (it {})", r.iteration))
+                    })
+                    .collect();
+                if let Some((a, b)) = res.rewards() {
+                    out.push(format!(
+                        "  mean train reward {a:.3} -> {b:.3} (chance {:.3}); eval accuracy {}",
+                        1.0 / p.actions as f64,
+                        if evals.is_empty() {
+                            "-".into()
+                        } else {
+                            evals.join(", ")
+                        }
+                    ));
+                }
+            }
+            out.push(String::new());
+            for (i, r) in res.rounds.iter().enumerate() {
+                let label = if res.rounds.len() > 1 {
+                    if i == 0 {
+                        "first start"
+                    } else {
+                        "after the restart"
+                    }
+                } else {
+                    "nodes"
+                };
+                let codes: Vec<String> = r
+                    .codes
+                    .iter()
+                    .map(|(lane, c)| format!("{}: {c}", lane.label()))
+                    .collect();
+                out.push(format!("exit codes ({label}): {}", codes.join(", ")));
+            }
+            if res.rounds.len() > 1 {
+                let killed = res.rounds[0].killed.unwrap_or(0);
+                out.push(if res.ok() {
+                    format!(
+                        "recovered: after rank {killed} was killed with SIGKILL and the cluster stopped, one restart of all {} node(s) resumed where the journals said and completed the run through iteration {} (work committed before the crash was reused, not redone)",
+                        res.spec.nodes, p.iterations
+                    )
+                } else {
+                    "NOT recovered: the restarted cluster did not complete (see the messages above)".into()
+                });
+            }
         }
-        if rounds.len() > 1 {
-            let ok = last.codes.iter().all(|&c| c == exit::DONE);
-            let killed = rounds[0].killed.unwrap_or(0);
-            out.push(if ok {
-                format!(
-                    "recovered: after rank {killed} was killed with SIGKILL and the cluster stopped, one restart of all {} node(s) resumed where the journals said and completed the run through iteration {} (work committed before the crash was reused, not redone)",
-                    p.nodes, p.iterations
-                )
-            } else {
-                "NOT recovered: the restarted cluster did not complete (see the messages above)".into()
-            });
+        if let [sync, piped] = results {
+            out.push(String::new());
+            out.extend(comparison(p, sync, piped));
         }
         out.push(format!("time: {:.1}s", elapsed.as_secs_f64()));
         out.push(String::new());
         let d = p.dir.display();
         out.push(format!("files, in {d}:"));
-        for (name, what) in [
-            ("rl-node.toml", "the configuration every node ran with"),
-            ("node-R.log", "each node's own output"),
-            (
-                "shared/rollouts/iter-NNNN/",
-                "train.jsonl (and eval.jsonl) of each iteration",
-            ),
-            (
-                "shared/logs/iter-NNNN/",
-                "each command's output, rank-R.<phase>.log",
-            ),
-            (
-                "shared/models/",
-                "the checkpoint each iteration handed off, and LATEST",
-            ),
-        ] {
-            out.push(format!("  {name:<28} {what}"));
+        let sub = |res: &RunSpec| -> String {
+            res.dir
+                .strip_prefix(&p.dir)
+                .ok()
+                .filter(|s| !s.as_os_str().is_empty())
+                .map(|s| format!("{}/", s.display()))
+                .unwrap_or_default()
+        };
+        for spec in &p.runs {
+            let s = sub(spec);
+            let logs = if spec.staleness.is_some() {
+                "rollout-R.log, update-R.log"
+            } else {
+                "node-R.log"
+            };
+            for (name, what) in [
+                (
+                    format!("{s}rl-node.toml"),
+                    "the configuration every node ran with",
+                ),
+                (format!("{s}{logs}"), "each node's own output"),
+                (
+                    format!("{s}shared/rollouts/iter-NNNN/"),
+                    "train.jsonl (and eval.jsonl) of each iteration",
+                ),
+                (
+                    format!("{s}shared/logs/iter-NNNN/"),
+                    "each command's output, rank-R.<phase>.log",
+                ),
+                (
+                    format!("{s}shared/models/"),
+                    "the checkpoint each iteration handed off, and LATEST",
+                ),
+            ] {
+                out.push(format!("  {name:<38} {what}"));
+            }
+            if spec.staleness.is_none() {
+                out.push(format!(
+                    "  rl-node status --log-path {}",
+                    spec.shared.display()
+                ));
+            }
         }
-        out.push(format!("  rl-node status --log-path {d}/shared"));
         for l in out {
             self.view.line(&l);
         }
     }
+}
+
+/// Seconds from the previous model (or the run's first phase) to iteration `it`'s model.
+fn iteration_interval(
+    clusters: &[(&[progress::Event], u64)],
+    last: &[progress::Event],
+    gen: u64,
+    it: u64,
+) -> Option<f64> {
+    let (_, ends) = progress::iteration_ends(last, gen);
+    let end = ends.iter().find(|(i, _)| *i == it)?.1;
+    let before = ends
+        .iter()
+        .filter(|(i, _)| *i < it)
+        .map(|(_, t)| *t)
+        .fold(None, |m: Option<f64>, t| Some(m.map_or(t, |m| m.max(t))));
+    let start = before.or_else(|| {
+        clusters
+            .iter()
+            .filter_map(|(e, g)| progress::iteration_ends(e, *g).0)
+            .reduce(f64::min)
+    })?;
+    Some((end - start).max(0.0))
+}
+
+/// A run's makespan from its event logs: from the first phase any cluster's rank 0
+/// entered to the end of the last iteration, in the clusters' newest generations.
+fn makespan(run: &RunSpec) -> Option<f64> {
+    let mut start: Option<f64> = None;
+    let mut end: Option<f64> = None;
+    for c in run.clusters() {
+        let gen = cluster_view(&run.shared, c)?.gen;
+        let events = progress::read_cluster_events(&run.shared, c, 0);
+        let (s, ends) = progress::iteration_ends(&events, gen);
+        start = match (start, s) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if let Some(t) = ends.iter().map(|(_, t)| *t).reduce(f64::max) {
+            end = Some(end.map_or(t, |e: f64| e.max(t)));
+        }
+    }
+    Some(end? - start?)
+}
+
+/// The lines comparing the synchronous run with the pipelined one.
+fn comparison(p: &Plan, sync: &RunResult, piped: &RunResult) -> Vec<String> {
+    let mut out = Vec::new();
+    let k = piped.spec.staleness.unwrap_or(0);
+    let n = p.iterations as f64;
+    match (sync.makespan, piped.makespan) {
+        (Some(a), Some(b)) if a > 0.0 => out.push(format!(
+            "time per iteration: pipelined {:.2}s vs synchronous {:.2}s: ratio {:.2} (pipelined / synchronous; {} + {} nodes vs {} nodes, {} iterations, pace {}s)",
+            b / n,
+            a / n,
+            b / a,
+            piped.spec.nodes,
+            piped.spec.nodes,
+            sync.spec.nodes,
+            p.iterations,
+            p.pace
+        )),
+        _ => out.push("time per iteration: not measured (a run did not complete)".into()),
+    }
+    let versions: Vec<String> = piped
+        .reports
+        .iter()
+        .map(|r| {
+            r.model_version
+                .map(|v| format!("{}:v{v}", r.iteration))
+                .unwrap_or_else(|| format!("{}:?", r.iteration))
+        })
+        .collect();
+    out.push(format!(
+        "model each pipelined iteration was rolled out with (iteration:version, from its trajectories): {}",
+        versions.join(" ")
+    ));
+    if let (Some((s0, s1)), Some((p0, p1))) = (sync.rewards(), piped.rewards()) {
+        let rises = p1 > p0 + 0.05;
+        out.push(format!(
+            "learning from stale data: the pipelined run's mean train reward went {p0:.3} -> {p1:.3} (synchronous {s0:.3} -> {s1:.3}): {}",
+            if rises {
+                format!("it still rises with rollouts up to {k} model version(s) behind")
+            } else {
+                format!("it did NOT rise with rollouts {k} model version(s) behind")
+            }
+        ));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -1127,29 +1633,35 @@ mod tests {
     #[test]
     fn the_config_loads() {
         let dir = std::env::temp_dir().join(format!("demo-config-{}", std::process::id()));
+        let run = RunSpec {
+            staleness: None,
+            shared: dir.join("shared"),
+            config: dir.join("rl-node.toml"),
+            dir: dir.clone(),
+            nodes: 3,
+            weights: vec![2, 1, 1],
+            master_port: 29511,
+            server_ports: vec![20001, 20002, 20003],
+        };
         let plan = Plan {
             nodes: 3,
             iterations: 8,
             eval_interval: 2,
             seed: 1,
-            weights: vec![2, 1, 1],
             tasks: 32,
             actions: 4,
             samples: 4,
             lr: 4.0,
             pace: 0.0,
             kill: None,
-            shared: dir.join("shared"),
-            config: dir.join("rl-node.toml"),
             dir: dir.clone(),
             exe: PathBuf::from("/opt/my bin/rl-node"),
-            master_port: 29511,
-            server_ports: vec![20001, 20002, 20003],
+            runs: vec![run.clone()],
         };
         fs::create_dir_all(&dir).unwrap();
-        fs::write(&plan.config, config_toml(&plan)).unwrap();
+        fs::write(&run.config, config_toml(&plan, &run)).unwrap();
         let loaded = crate::config::load(
-            Some(&plan.config),
+            Some(&run.config),
             &|n: &str| (n == "RL_NODE_SERVER_PORT").then(|| "20002".to_string()),
             &[],
         )
@@ -1162,6 +1674,34 @@ mod tests {
             .rollout
             .command
             .contains("'/opt/my bin/rl-node' __toy rollout"));
+        assert_eq!(loaded.config.staleness(), None);
+
+        // The pipelined run's: 2 nodes per cluster, staleness 1.
+        let piped = RunSpec {
+            staleness: Some(1),
+            nodes: 2,
+            weights: vec![2, 1],
+            server_ports: vec![20004, 20005],
+            ..run
+        };
+        fs::write(&piped.config, config_toml(&plan, &piped)).unwrap();
+        let loaded = crate::config::load(
+            Some(&piped.config),
+            &|n: &str| (n == "RL_NODE_CLUSTER_RL_PHASE").then(|| "rollout".to_string()),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(loaded.config.staleness(), Some(1));
+        assert_eq!(loaded.config.cluster.num_nodes, 2);
+        assert_eq!(loaded.config.server.port, 20004);
+        assert_eq!(
+            piped
+                .lanes()
+                .iter()
+                .map(|l| piped.server_port(*l))
+                .collect::<Vec<_>>(),
+            [Some(20004), Some(20005), None, None]
+        );
         fs::remove_dir_all(&dir).unwrap();
     }
 }

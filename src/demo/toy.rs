@@ -298,6 +298,14 @@ enum ToyCmd {
         tasks: u32,
         #[arg(long)]
         out: PathBuf,
+        /// The version of the model the server runs (`{model_version}`: the iteration
+        /// that trained it, 0 for the base model), stamped into every record so training
+        /// can tell how stale its data is.
+        #[arg(long, default_value_t = 0)]
+        model_version: u64,
+        /// How many versions the model lags the iteration (`{staleness}`), stamped too.
+        #[arg(long, default_value_t = 0)]
+        staleness: u64,
         /// Take at least this many seconds (to slow a demo down enough to watch).
         #[arg(long, default_value_t = 0.0)]
         min_secs: f64,
@@ -362,10 +370,14 @@ pub fn main(args: Vec<String>) -> Result<i32, crate::error::Failure> {
             samples,
             tasks,
             out,
+            model_version,
+            staleness,
             min_secs: _,
         } => (
             "rollout",
             rollout(&RolloutArgs {
+                model_version,
+                staleness,
                 server,
                 eval: split == "eval",
                 rank,
@@ -519,6 +531,8 @@ struct RolloutArgs {
     samples: u32,
     tasks: u32,
     out: PathBuf,
+    model_version: u64,
+    staleness: u64,
 }
 
 #[derive(Deserialize)]
@@ -594,7 +608,8 @@ fn rollout(a: &RolloutArgs) -> Result<(), String> {
             total += if correct { 1.0 } else { 0.0 };
             n += 1;
             let line = serde_json::json!({"task": task, "action": act.action, "correct": correct,
-                                          "iteration": a.iteration, "rank": a.rank});
+                                          "iteration": a.iteration, "rank": a.rank,
+                                          "model_version": a.model_version, "staleness": a.staleness});
             writeln!(w, "{line}").map_err(werr)?;
         } else {
             for j in 0..a.samples {
@@ -605,7 +620,8 @@ fn rollout(a: &RolloutArgs) -> Result<(), String> {
                 n += 1;
                 let line = serde_json::json!({"task": task, "action": act.action, "reward": r,
                                               "sample_seed": s, "prob": act.prob,
-                                              "iteration": a.iteration, "rank": a.rank});
+                                              "iteration": a.iteration, "rank": a.rank,
+                                              "model_version": a.model_version, "staleness": a.staleness});
                 writeln!(w, "{line}").map_err(werr)?;
             }
         }
