@@ -284,6 +284,9 @@ pub struct Pipeline {
     /// -1: not pipelined.
     pub staleness: i64,
     pub model: PipelineModel,
+    /// The poll of a wait for the other cluster.
+    #[serde(with = "duration")]
+    pub poll_interval: Duration,
 }
 
 /// Which model a pipelined rollout uses (`pipeline.model`).
@@ -991,6 +994,7 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
         ("timing.join-timeout", t.join_timeout),
         ("timing.barrier-timeout", t.barrier_timeout),
         ("timing.fs-timeout", t.fs_timeout),
+        ("pipeline.poll-interval", c.pipeline.poll_interval),
     ] {
         if d.is_zero() {
             return Err(l.invalid(

@@ -206,6 +206,9 @@ pub(crate) struct Node {
     other: Option<pipeline::Other>,
     /// Pipelined mode, rollout cluster: the model of the current iteration.
     rollout_model: Option<pipeline::RolloutModel>,
+    /// The longest poll step of the current wait, when it must notice sooner than
+    /// `poll-interval` (a wait for the other cluster of a pipelined run).
+    poll_cap: Option<Duration>,
 }
 
 /// A log in the shared directory written through one open handle: one `write` per line,
@@ -536,6 +539,7 @@ impl Node {
             last_read: Vec::new(),
             other: None,
             rollout_model: None,
+            poll_cap: None,
             cfg,
         }
     }
@@ -752,6 +756,10 @@ impl Node {
                 // elsewhere, and keeps an idle node's operations on the shared directory
                 // to about two a second (docs/shared-directory.md, "What a node does to the
                 // directory, counted").
+                None if self.poll_cap.is_some() => self
+                    .poll_cap
+                    .unwrap_or(t.poll_interval)
+                    .min(t.poll_interval),
                 None if self.idle_wait => t.poll_interval.max(t.heartbeat_interval / 2),
                 None => t.poll_interval,
             };
@@ -1409,7 +1417,8 @@ impl Node {
                 // release and a worker whose plan differs stops.
                 let mine = self.plan_fingerprints();
                 // Pipelined rollout cluster: rank 0 also releases the model the staleness
-                // rule gives this iteration (waiting for the update cluster first).
+                // rule gives this iteration (waiting for the update cluster first; its
+                // workers wait for the same themselves, so all arrive together).
                 let model = self.choose_rollout_model()?;
                 let theirs = self.barrier(b.name(), Value::Null, |_| {
                     let mut v = mine.clone();

@@ -52,10 +52,26 @@ impl Node {
         let (Some(_), Some(other)) = (self.cfg.staleness(), self.layout.other_cluster()) else {
             return Ok(());
         };
+        let name = other.cluster_name().expect("a cluster");
+        // Once, so that each read of the other cluster's queue record is one open.
+        let dir = self.layout.queue(name);
+        if let Some(Err(e)) = dir.parent().map(|d| self.store.create_dir_all(d)) {
+            let reason = format!("cannot create {}: {e}", dir.display());
+            return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
+        }
         if !self.is_master() {
+            // A worker only reads the other cluster's queue record, to wait with rank 0.
+            self.other = Some(Other {
+                layout: other,
+                name,
+                ended_gen: None,
+                seen: None,
+                checked: None,
+                absent_since: None,
+                finished: None,
+            });
             return Ok(());
         }
-        let name = other.cluster_name().expect("a cluster");
         // (generation, whether it finished every iteration, its rank 0's iteration)
         let ended = self.read_other_cluster(&other).and_then(|c| {
             let rank0 = self
@@ -167,9 +183,6 @@ impl Node {
         };
         let path = self.layout.queue(other.name);
         let name = other.name;
-        if let Some(d) = path.parent() {
-            let _ = self.store.create_dir_all(d);
-        }
         let bytes = match self.store.read_or_create(&path) {
             Ok(b) => b,
             Err(e) => {
@@ -205,6 +218,9 @@ impl Node {
     /// interval unless `waiting`), and stop on its abort; while `waiting`, also on its
     /// rank 0's silence for `dead-after`, or its absence for `join-timeout`.
     pub(super) fn watch_other(&mut self, waiting: bool) -> Result<(), Stop> {
+        if !self.is_master() {
+            return Ok(());
+        }
         let Some(other) = &mut self.other else {
             return Ok(());
         };
@@ -345,6 +361,9 @@ impl Node {
         }
         self.waiting_note = what.clone();
         let far = self.clock.now() + Duration::from_secs(100 * 365 * 24 * 3600);
+        // Noticed within pipeline.poll-interval: the other cluster's hand-over is what
+        // this cluster's next iteration starts on.
+        self.poll_cap = Some(self.cfg.pipeline.poll_interval);
         let got = self.wait_for(far, |n| {
             n.watch_other(true)?;
             // Read after the watch: a cluster seen finished wrote its last record before.
@@ -361,6 +380,7 @@ impl Node {
             n.waiting_note = what.clone();
             Ok(None)
         });
+        self.poll_cap = None;
         if let Some(o) = self.other.as_mut() {
             o.seen = None;
             o.absent_since = None;
@@ -387,11 +407,25 @@ impl Node {
         let Some(staleness) = self.cfg.staleness() else {
             return Ok(Value::Null);
         };
-        if self.layout.cluster_name() != Some("rollout") || !self.is_master() {
+        if self.layout.cluster_name() != Some("rollout") {
             return Ok(Value::Null);
         }
         let it = self.iteration;
         let path = self.layout.rollout_model(it);
+        let first = self.cfg.cluster.first_iteration.max(1);
+        if !self.is_master() {
+            // A worker waits for what rank 0 waits for (rank 0 decides the model and
+            // watches the other cluster): all then arrive at sync-start together, instead
+            // of noticing rank 0's release a whole backed-off poll late.
+            let needs = pipeline::exact_version(it, staleness, first);
+            if needs > 0 && !self.store.exists(&path) {
+                let what = format!(
+                    "the update cluster to finish training iteration {needs} (with rank 0)"
+                );
+                self.wait_other(what, |q| q.done >= needs)?;
+            }
+            return Ok(Value::Null);
+        }
         if let Some(m) = self.store.read_json::<RolloutModel>(&path).ok().flatten() {
             self.info(&format!(
                 "iteration {it}: rolled out on {} (model version {}), as recorded before the restart",
@@ -399,7 +433,6 @@ impl Node {
             ));
             return Ok(serde_json::to_value(m).expect("json"));
         }
-        let first = self.cfg.cluster.first_iteration.max(1);
         let newest = self.cfg.pipeline.model == crate::config::PipelineModel::Newest;
         let trained = self.read_other_queue()?.map_or(0, |q| q.done);
         let version = match pipeline::rollout_gate(it, staleness, first, trained, newest) {
@@ -486,17 +519,17 @@ impl Node {
         Ok(())
     }
 
-    /// Update cluster, rank 0, at the start of an iteration: wait until the rollout
+    /// Update cluster, every rank, at the start of an iteration: wait until the rollout
     /// cluster has committed its trajectories.
     pub(super) fn wait_for_trajectories(&mut self) -> Result<(), Stop> {
-        if self.cfg.staleness().is_none()
-            || self.layout.cluster_name() != Some("update")
-            || !self.is_master()
-        {
+        if self.cfg.staleness().is_none() || self.layout.cluster_name() != Some("update") {
             return Ok(());
         }
         let it = self.iteration;
-        self.publish_queue(self.queue_done(), it)?;
+        // Workers wait too, so that every rank reaches training-ready together.
+        if self.is_master() {
+            self.publish_queue(self.queue_done(), it)?;
+        }
         if let Some(q) = self.read_other_queue()? {
             if pipeline::update_ready(it, q.done) {
                 return Ok(());
