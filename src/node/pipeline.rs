@@ -27,6 +27,9 @@ pub(super) struct Other {
     checked: Option<Instant>,
     /// Since when a wait has found no live generation of the other cluster.
     absent_since: Option<Instant>,
+    /// A wait found the other cluster finished: why this one stops, unless the read of
+    /// its queue record that follows ends the wait.
+    finished: Option<String>,
 }
 
 /// Which model an iteration is rolled out with, as rank 0 releases it at `sync-start`.
@@ -75,6 +78,7 @@ impl Node {
             seen: None,
             checked: None,
             absent_since: None,
+            finished: None,
         });
         let done = self.queue_done();
         self.publish_queue(done, 0)
@@ -240,11 +244,12 @@ impl Node {
         if rec.state == NodeState::Done {
             other.ended_gen = Some(c.gen);
             if waiting {
-                let reason = format!(
+                // Not a stop yet: it committed its queue record before it finished, so the
+                // read of that record which follows this look may end the wait.
+                other.finished = Some(format!(
                     "the {name} cluster finished its iterations (generation {}, iteration {}) while this cluster still waits for it: were both started with the same cluster.iterations?",
                     c.gen, rec.iteration
-                );
-                return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
+                ));
             }
             return Ok(());
         }
@@ -331,6 +336,7 @@ impl Node {
         if let Some(o) = self.other.as_mut() {
             o.seen = None;
             o.absent_since = None;
+            o.finished = None;
         }
         self.waiting_note = what.clone();
         let far = self.clock.now() + Duration::from_secs(100 * 365 * 24 * 3600);
@@ -339,12 +345,16 @@ impl Node {
             if let Some(q) = n.read_other_queue()?.filter(|q| ready(q)) {
                 return Ok(Some(q));
             }
+            if let Some(reason) = n.other.as_mut().and_then(|o| o.finished.take()) {
+                return Err(n.fail(AbortKind::Error, n.rank, None, reason, None));
+            }
             n.waiting_note = what.clone();
             Ok(None)
         });
         if let Some(o) = self.other.as_mut() {
             o.seen = None;
             o.absent_since = None;
+            o.finished = None;
         }
         self.waiting_note.clear();
         self.publisher().update(|r| r.progress = None);
