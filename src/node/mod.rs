@@ -413,12 +413,19 @@ pub fn run_in_process_broken(
     let (wake, events) = channel();
     // Each rank is a process of a host of its own, as the others judge it: nodes of one
     // process would otherwise take each other for themselves.
-    let host = format!("sim-host-{rank}");
+    // The two clusters of a pipelined run are machines of their own.
+    let (host, machine) = match cfg.pipeline_cluster() {
+        Some(c) => (
+            format!("sim-{c}-host-{rank}"),
+            format!("sim-{c}-machine-{rank}"),
+        ),
+        None => (format!("sim-host-{rank}"), format!("sim-machine-{rank}")),
+    };
     // A pid of its own per call: a restarted rank is another process.
     static PIDS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1_000);
     let ident = crate::holder::ProcessId {
         host: host.clone(),
-        machine: format!("sim-machine-{rank}"),
+        machine,
         pid: match clock.sched() {
             Some(s) => 1_000 + s.serial() as u32,
             None => PIDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
