@@ -2565,7 +2565,7 @@ impl Node {
             }
         };
         self.reap(pid, Some(&log));
-        let secs = running.started.elapsed().as_secs_f64();
+        let secs = self.clock.elapsed(running.started).as_secs_f64();
         self.event(events::Event::Command {
             phase: phase.to_string(),
             exit: exit.to_string(),
