@@ -373,6 +373,8 @@ pub struct Broken {
     pub fence: Option<crate::protocol::fence::Mutation>,
     /// Every barrier's decisions ([`crate::protocol::barrier`]).
     pub barrier: Option<crate::protocol::barrier::Mutation>,
+    /// The pipelined rollout gate ([`crate::protocol::pipeline`]).
+    pub pipeline: Option<crate::protocol::pipeline::Mutation>,
 }
 
 /// [`run_in_process`] with some of the core's decisions broken on purpose.

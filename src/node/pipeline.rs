@@ -393,14 +393,17 @@ impl Node {
         let first = self.cfg.cluster.first_iteration.max(1);
         let newest = self.cfg.pipeline.model == crate::config::PipelineModel::Newest;
         let trained = self.read_other_queue()?.map_or(0, |q| q.done);
-        let version = match pipeline::rollout_gate(it, staleness, first, trained, newest) {
+        let broken = self.broken.pipeline;
+        let version = match pipeline::rollout_gate_with(
+            it, staleness, first, trained, newest, broken,
+        ) {
             RolloutGate::Go { version } => version,
             RolloutGate::Wait { needs } => {
                 let what = format!(
                     "the update cluster to finish training iteration {needs} (iteration {it} is rolled out on its model, pipeline.staleness = {staleness})"
                 );
                 let q = self.wait_other(what, |q| q.done >= needs)?;
-                match pipeline::rollout_gate(it, staleness, first, q.done, newest) {
+                match pipeline::rollout_gate_with(it, staleness, first, q.done, newest, broken) {
                     RolloutGate::Go { version } => version,
                     RolloutGate::Wait { .. } => unreachable!("waited for it"),
                 }

@@ -26,6 +26,7 @@ mod driver;
 mod joins;
 mod leases;
 mod nodes;
+mod pipeline;
 
 /// An invariant that did not hold: the seed, what, and the steps that led there.
 #[derive(Debug)]
@@ -177,6 +178,22 @@ fn long_run() {
                 s.line()
             ),
             Err(v) => panic!("nodes: {v}"),
+        }
+    }
+    // Pipelined runs of the node's driver (two clusters, two jobs): only when asked for.
+    if only == "pipeline" {
+        if seeds == 1 {
+            match pipeline::run_seed(first) {
+                Ok((_, line)) => println!("{line}"),
+                Err(v) => panic!("pipeline: {v}"),
+            }
+        }
+        match pipeline::sweep(first, seeds) {
+            Ok(s) => println!(
+                "pipeline: seeds {first}..{last}: {seeds} pipelined run(s) of 1..=3 + 1..=3 nodes; {}",
+                s.line()
+            ),
+            Err(v) => panic!("pipeline: {v}"),
         }
     }
     if wanted("joins") {
