@@ -213,7 +213,7 @@ impl Node {
             .filter(|c| Some(c.gen) != ended_gen);
         let Some(c) = live else {
             if waiting {
-                return self.other_absent(name, now);
+                return self.other_absent(name, self.clock.now());
             }
             return Ok(());
         };
@@ -232,7 +232,7 @@ impl Node {
             .flatten();
         let Some(rec) = rec else {
             if waiting {
-                return self.other_absent(name, now);
+                return self.other_absent(name, self.clock.now());
             }
             return Ok(());
         };
@@ -256,6 +256,9 @@ impl Node {
         if !waiting {
             return Ok(());
         }
+        // Stamped after the reads: a freeze of this node inside one (a paused VM, a hung
+        // mount) is not the other rank 0's silence.
+        let now = self.clock.now();
         let key = (c.gen, rec.seq);
         match other.seen {
             Some((k, _)) if k == key => {}
