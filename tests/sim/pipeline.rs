@@ -21,7 +21,7 @@
 //!   cluster and one of its faulty ranks ("the update cluster's rank 1 on …");
 //! - a start that stopped on the other cluster's failure names it as the other cluster's
 //!   own ranks do (the same diagnosis);
-//! - while the job runs (a checker task reads the server's copy every 100 ms) and at the
+//! - while the job runs (a checker task reads the server's copy every 250 ms) and at the
 //!   end, the hand-over: the queue records only move forward; the rollout cluster's
 //!   `done` never exceeds the update cluster's by more than staleness + 1; the update
 //!   cluster's `done` never exceeds the rollout cluster's; every iteration's
@@ -66,6 +66,8 @@ pub struct Summary {
     pub checks: u64,
     /// Starts that stopped on the other cluster's failure.
     pub adopted: u64,
+    /// Aborts whose stopping the other cluster's start was asserted.
+    pub crossed: u64,
 }
 
 impl std::ops::AddAssign for Summary {
@@ -77,15 +79,17 @@ impl std::ops::AddAssign for Summary {
         self.node_seconds += o.node_seconds;
         self.checks += o.checks;
         self.adopted += o.adopted;
+        self.crossed += o.crossed;
     }
 }
 
 impl Summary {
     pub fn line(&self) -> String {
         format!(
-            "{} starts ({} stopped by the other cluster), {} faults, {} turns, {} invariant checks, {:.1} simulated node-hours",
+            "{} starts ({} stopped by the other cluster; {} such stops required), {} faults, {} turns, {} invariant checks, {:.1} simulated node-hours",
             self.starts,
             self.adopted,
+            self.crossed,
             self.faults,
             self.turns,
             self.checks,
@@ -526,7 +530,7 @@ struct Abort {
     /// The cluster whose generation it stopped.
     cluster: usize,
     gen: u64,
-    /// When the checker first saw it (at most 100 ms after it was written).
+    /// When the checker first saw it (at most 250 ms after it was written).
     at: Duration,
     /// The cluster of its culprit, the culprit, its host and the reason.
     culprit_cluster: String,
@@ -559,6 +563,8 @@ struct Seen {
     trained: u64,
     models: Vec<Option<String>>,
     aborts: Vec<Abort>,
+    /// Each cluster's generations, and when the checker first saw each in `cluster.json`.
+    gens: Vec<(usize, u64, Duration)>,
 }
 
 /// Note the aborts of both clusters' generations not seen before.
@@ -571,7 +577,11 @@ fn look_for_aborts(world: &SimWorld, now: Duration, seen: &mut Seen) -> Result<(
         }
         let record: serde_json::Value =
             serde_json::from_str(&record).map_err(|e| format!("{name} cluster.json: {e}"))?;
-        for gen in 1..=record["gen"].as_u64().unwrap_or(0) {
+        let current = record["gen"].as_u64().unwrap_or(0);
+        if !seen.gens.iter().any(|g| g.0 == c && g.1 == current) {
+            seen.gens.push((c, current, now));
+        }
+        for gen in 1..=current {
             if seen.aborts.iter().any(|a| a.cluster == c && a.gen == gen) {
                 continue;
             }
@@ -656,7 +666,7 @@ fn look(world: &SimWorld, case: &Case, seen: &mut Seen) -> Result<u64, String> {
                 "iteration {i} (staleness {s}) recorded {got:?}, not {want:?}: {t}"
             ));
         }
-        // Seen at most 100 ms after it was written: the model was complete before (the
+        // Seen at most 250 ms after it was written: the model was complete before (the
         // records only move forward), and the iteration before was committed.
         if trained < version || rolled + 1 < i {
             return Err(format!(
@@ -668,7 +678,7 @@ fn look(world: &SimWorld, case: &Case, seen: &mut Seen) -> Result<u64, String> {
     Ok(checks)
 }
 
-/// Looks at the hand-over every 100 ms of simulated time until both jobs are over.
+/// Looks at the hand-over every 250 ms of simulated time until both jobs are over.
 fn checker(sched: &Arc<Sched>, world: &SimWorld, job: &Mutex<Job>, case: &Case, over: &AtomicBool) {
     let mut seen = Seen::default();
     let mut checks = 0;
@@ -685,7 +695,7 @@ fn checker(sched: &Arc<Sched>, world: &SimWorld, job: &Mutex<Job>, case: &Case, 
                 return;
             }
         }
-        sched.sleep(Duration::from_millis(100));
+        sched.sleep(Duration::from_millis(250));
     }
     let mut j = job.lock().unwrap();
     j.checks += checks;
@@ -812,6 +822,7 @@ fn run_seed_broken(seed: u64, broken: Broken) -> Result<(Summary, String), Viola
     // own for long enough to see it (a look per heartbeat interval, through its caches),
     // unless the failing cluster was restarted before (a new generation hides the abort).
     let slack = Duration::from_secs(3) + case.lifetime * 3;
+    let mut crossed = 0;
     for a in aborts
         .iter()
         .filter(|a| a.culprit_cluster == CLUSTERS[a.cluster])
@@ -823,11 +834,28 @@ fn run_seed_broken(seed: u64, broken: Broken) -> Result<(Summary, String), Viola
         if restarted {
             continue;
         }
+        // The other cluster's generation at the time, if it had formed well before (a
+        // cluster that starts after the abort takes it for an old one, by design: it
+        // waits for the failed cluster's restart instead of stopping again).
+        let formed = Duration::from_secs(5) + case.dead_after + case.lifetime * 3;
+        let Some(&(_, _, gen_at)) = job
+            .seen
+            .gens
+            .iter()
+            .filter(|g| g.0 == b && g.2 <= a.at)
+            .max_by_key(|g| g.2)
+        else {
+            continue;
+        };
+        if gen_at + formed > a.at {
+            continue;
+        }
         for (i, s) in job.starts[b].iter().enumerate() {
-            if s.began > a.at || s.ended <= a.at + slack || !s.suspects.is_empty() {
+            if s.began > gen_at || s.ended <= a.at + slack || !s.suspects.is_empty() {
                 continue;
             }
             checks += 1;
+            crossed += 1;
             let stopped = s.results.first().and_then(|r| r.as_ref()).is_some_and(|r| {
                 r.as_ref().err().is_some_and(|(code, m)| {
                     *code != 0
@@ -948,6 +976,7 @@ fn run_seed_broken(seed: u64, broken: Broken) -> Result<(Summary, String), Viola
         node_seconds: job.ended_at.as_secs_f64() * (case.nodes[0] + case.nodes[1]) as f64,
         checks,
         adopted,
+        crossed,
     };
     let results: Vec<Vec<_>> = job
         .starts
