@@ -18,10 +18,15 @@
 //! Checked for every seed:
 //! - the run ends (no deadlock, within the simulated time limit);
 //! - in every start of either cluster, every rank completes, or every rank that stops
-//!   names a rank a fault of its cluster hit (or is that rank), or names the other
-//!   cluster and one of its faulty ranks ("the update cluster's rank 1 on …");
-//! - a start that stopped on the other cluster's failure names it as the other cluster's
-//!   own ranks do (the same diagnosis);
+//!   names a rank a fault of its cluster hit (or is that rank), or names an abort of the
+//!   other cluster as that abort says it, the same diagnosis ("the update cluster's rank
+//!   1 on … failed …"), whose culprit (or the rank its reason names) a fault of the other
+//!   cluster hit; or says the other cluster has not been running for join-timeout, when
+//!   that cluster's starts had faults;
+//! - a start running, with no fault of its own, in a generation formed before the other
+//!   cluster published an abort for a cause of its own stops naming it, or finishes its
+//!   iterations before it could see it (unless the failing cluster restarted before: a
+//!   cluster started after the abort takes it for an old one and waits, by design);
 //! - while the job runs (a checker task reads the server's copy every 250 ms) and at the
 //!   end, the hand-over: the queue records only move forward; the rollout cluster's
 //!   `done` never exceeds the update cluster's by more than staleness + 1; the update
