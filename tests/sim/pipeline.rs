@@ -847,7 +847,14 @@ fn run_seed_broken(seed: u64, broken: Broken) -> Result<(Summary, String), Viola
         let restarted = job.starts[a.cluster].iter().any(|s| {
             s.began > a.at.saturating_sub(Duration::from_millis(200)) && s.began < a.at + slack
         });
-        if restarted {
+        // An abort in a generation already replaced (a frozen rank 0 waking in it: seed
+        // 2966) stops nothing: the other cluster looks at the current one.
+        let replaced = job
+            .seen
+            .gens
+            .iter()
+            .any(|g| g.0 == a.cluster && g.1 > a.gen && g.2 <= a.at);
+        if restarted || replaced {
             continue;
         }
         // The other cluster's generation at the time, if it had formed well before (a
