@@ -376,6 +376,8 @@ pub struct Broken {
     pub fence: Option<crate::protocol::fence::Mutation>,
     /// Every barrier's decisions ([`crate::protocol::barrier`]).
     pub barrier: Option<crate::protocol::barrier::Mutation>,
+    /// The pipelined rollout gate ([`crate::protocol::pipeline`]).
+    pub pipeline: Option<crate::protocol::pipeline::Mutation>,
 }
 
 /// [`run_in_process`] with some of the core's decisions broken on purpose.
@@ -416,12 +418,19 @@ pub fn run_in_process_broken(
     let (wake, events) = channel();
     // Each rank is a process of a host of its own, as the others judge it: nodes of one
     // process would otherwise take each other for themselves.
-    let host = format!("sim-host-{rank}");
+    // The two clusters of a pipelined run are machines of their own.
+    let (host, machine) = match cfg.pipeline_cluster() {
+        Some(c) => (
+            format!("sim-{c}-host-{rank}"),
+            format!("sim-{c}-machine-{rank}"),
+        ),
+        None => (format!("sim-host-{rank}"), format!("sim-machine-{rank}")),
+    };
     // A pid of its own per call: a restarted rank is another process.
     static PIDS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1_000);
     let ident = crate::holder::ProcessId {
         host: host.clone(),
-        machine: format!("sim-machine-{rank}"),
+        machine,
         pid: match clock.sched() {
             Some(s) => 1_000 + s.serial() as u32,
             None => PIDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
@@ -2567,7 +2576,7 @@ impl Node {
             }
         };
         self.reap(pid, Some(&log));
-        let secs = running.started.elapsed().as_secs_f64();
+        let secs = self.clock.elapsed(running.started).as_secs_f64();
         self.event(events::Event::Command {
             phase: phase.to_string(),
             exit: exit.to_string(),

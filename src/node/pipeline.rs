@@ -238,7 +238,7 @@ impl Node {
             .filter(|c| Some(c.gen) != ended_gen);
         let Some(c) = live else {
             if waiting {
-                return self.other_absent(name, now);
+                return self.other_absent(name, self.clock.now());
             }
             return Ok(());
         };
@@ -257,7 +257,7 @@ impl Node {
             .flatten();
         let Some(rec) = rec else {
             if waiting {
-                return self.other_absent(name, now);
+                return self.other_absent(name, self.clock.now());
             }
             return Ok(());
         };
@@ -278,6 +278,9 @@ impl Node {
         if !waiting {
             return Ok(());
         }
+        // Stamped after the reads: a freeze of this node inside one (a paused VM, a hung
+        // mount) is not the other rank 0's silence.
+        let now = self.clock.now();
         let key = (c.gen, rec.seq);
         match other.seen {
             Some((k, _)) if k == key => {}
@@ -435,14 +438,17 @@ impl Node {
         }
         let newest = self.cfg.pipeline.model == crate::config::PipelineModel::Newest;
         let trained = self.read_other_queue()?.map_or(0, |q| q.done);
-        let version = match pipeline::rollout_gate(it, staleness, first, trained, newest) {
+        let broken = self.broken.pipeline;
+        let version = match pipeline::rollout_gate_with(
+            it, staleness, first, trained, newest, broken,
+        ) {
             RolloutGate::Go { version } => version,
             RolloutGate::Wait { needs } => {
                 let what = format!(
                     "the update cluster to finish training iteration {needs} (iteration {it} is rolled out on its model, pipeline.staleness = {staleness})"
                 );
                 let q = self.wait_other(what, |q| q.done >= needs)?;
-                match pipeline::rollout_gate(it, staleness, first, q.done, newest) {
+                match pipeline::rollout_gate_with(it, staleness, first, q.done, newest, broken) {
                     RolloutGate::Go { version } => version,
                     RolloutGate::Wait { .. } => unreachable!("waited for it"),
                 }

@@ -84,6 +84,32 @@ pub fn rollout_gate(
     RolloutGate::Go { version }
 }
 
+/// A deliberately broken rollout gate, for the simulator's own tests (never set by the
+/// node): shows that the simulator catches a rollout cluster that runs ahead.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mutation {
+    /// The gate counts one iteration more trained than the update cluster's record says.
+    OneAhead,
+}
+
+/// [`rollout_gate`], broken on purpose when `mutation` is set.
+#[doc(hidden)]
+pub fn rollout_gate_with(
+    iteration: u64,
+    staleness: u64,
+    first_iteration: u64,
+    trained: u64,
+    newest: bool,
+    mutation: Option<Mutation>,
+) -> RolloutGate {
+    let trained = match mutation {
+        Some(Mutation::OneAhead) => trained + 1,
+        None => trained,
+    };
+    rollout_gate(iteration, staleness, first_iteration, trained, newest)
+}
+
 /// Whether the update cluster may train `iteration`, given the rollout cluster's `done`.
 pub fn update_ready(iteration: u64, rolled_out: u64) -> bool {
     rolled_out >= iteration

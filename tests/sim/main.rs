@@ -15,7 +15,8 @@
 //!
 //! And two of the node's own driver (`rl_node::run_in_process`) on `store::sim`:
 //! `driver`, a cluster of threads on the real clock (not seeded), and `nodes`, whole jobs
-//! of it under a seeded scheduler on simulated time (replayed exactly by the seed).
+//! of it under a seeded scheduler on simulated time (replayed exactly by the seed), and
+//! `pipeline`, pipelined runs of it: a rollout cluster and an update cluster, two jobs.
 //!
 //! Long runs: `scripts/sim --seeds 100000 --nodes 64`; one seed:
 //! `scripts/sim --first-seed S --seeds 1 --nodes N` (the same output every time).
@@ -26,6 +27,7 @@ mod driver;
 mod joins;
 mod leases;
 mod nodes;
+mod pipeline;
 
 /// An invariant that did not hold: the seed, what, and the steps that led there.
 #[derive(Debug)]
@@ -114,7 +116,8 @@ fn ops_figures() {
 }
 
 /// `scripts/sim`: SIM_FIRST_SEED, SIM_SEEDS, SIM_NODES (the largest cluster; seeds spread
-/// 1..=SIM_NODES nodes), SIM_SCENARIO (barriers, crashes, leases, joins or nodes; empty: all but nodes). Prints a
+/// 1..=SIM_NODES nodes), SIM_SCENARIO (barriers, crashes, leases, joins, nodes or pipeline;
+/// empty: all but nodes and pipeline). Prints a
 /// summary of each scenario run, or the failing seed with its trace.
 #[test]
 #[ignore]
@@ -177,6 +180,22 @@ fn long_run() {
                 s.line()
             ),
             Err(v) => panic!("nodes: {v}"),
+        }
+    }
+    // Pipelined runs of the node's driver (two clusters, two jobs): only when asked for.
+    if only == "pipeline" {
+        if seeds == 1 {
+            match pipeline::run_seed(first) {
+                Ok((_, line)) => println!("{line}"),
+                Err(v) => panic!("pipeline: {v}"),
+            }
+        }
+        match pipeline::sweep(first, seeds) {
+            Ok(s) => println!(
+                "pipeline: seeds {first}..{last}: {seeds} pipelined run(s) of 1..=3 + 1..=3 nodes; {}",
+                s.line()
+            ),
+            Err(v) => panic!("pipeline: {v}"),
         }
     }
     if wanted("joins") {
