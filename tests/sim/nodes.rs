@@ -73,9 +73,9 @@ impl Summary {
     }
 }
 
-/// A fault of one start.
+/// A fault of one start (of one cluster, in the pipelined scenario).
 #[derive(Debug, Clone)]
-enum Fault {
+pub(crate) enum Fault {
     Kill {
         rank: u32,
         at: Duration,
@@ -102,7 +102,7 @@ enum Fault {
 }
 
 impl Fault {
-    fn rank(&self) -> u32 {
+    pub(crate) fn rank(&self) -> u32 {
         match *self {
             Fault::Kill { rank, .. }
             | Fault::Freeze { rank, .. }
@@ -372,7 +372,7 @@ fn batch_system(
 
 /// Inject a start's faults at their times (kills, freezes, write errors; failing
 /// training commands are the script's).
-fn inject(sched: &Arc<Sched>, clients: &[Arc<SimClient>], mut faults: Vec<Fault>) {
+pub(crate) fn inject(sched: &Arc<Sched>, clients: &[Arc<SimClient>], mut faults: Vec<Fault>) {
     let at = |f: &Fault| match *f {
         Fault::Kill { at, .. } | Fault::Freeze { at, .. } | Fault::WriteErrors { at, .. } => at,
         Fault::TrainFails { .. } => Duration::ZERO,
@@ -419,12 +419,12 @@ fn inject(sched: &Arc<Sched>, clients: &[Arc<SimClient>], mut faults: Vec<Fault>
     }
 }
 
-fn text(world: &SimWorld, path: &Path) -> String {
+pub(crate) fn text(world: &SimWorld, path: &Path) -> String {
     String::from_utf8(world.content(path).unwrap_or_default()).expect("utf-8")
 }
 
 /// Every file under `dir` and its content, in name order (the directory's whole state).
-fn snapshot(world: &SimWorld, dir: &Path, out: &mut Vec<(PathBuf, Vec<u8>)>) {
+pub(crate) fn snapshot(world: &SimWorld, dir: &Path, out: &mut Vec<(PathBuf, Vec<u8>)>) {
     for name in world.list(dir).unwrap_or_default() {
         let path = dir.join(name);
         match world.content(&path) {
@@ -436,9 +436,14 @@ fn snapshot(world: &SimWorld, dir: &Path, out: &mut Vec<(PathBuf, Vec<u8>)>) {
 
 /// A digest of the directory's whole state.
 fn world_digest(world: &SimWorld) -> u64 {
+    digest(world, Path::new(ROOT))
+}
+
+/// A digest of everything under `root` (names and contents).
+pub(crate) fn digest(world: &SimWorld, root: &Path) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut files = Vec::new();
-    snapshot(world, Path::new(ROOT), &mut files);
+    snapshot(world, root, &mut files);
     let mut h = std::hash::DefaultHasher::new();
     files.hash(&mut h);
     h.finish()

@@ -40,6 +40,7 @@
 //!   iteration trained exactly once on every update rank and aggregated once by the
 //!   rollout cluster's rank 0, and both queue records at the last iteration.
 
+use crate::nodes::{inject, snapshot, text, Fault};
 use crate::{completed, train_of, Violation};
 use rl_node::clock::Clock;
 use rl_node::layout::Layout;
@@ -47,8 +48,7 @@ use rl_node::protocol::journal;
 use rl_node::protocol::pipeline::{exact_version, staleness_of, QueueRecord};
 use rl_node::rng::SplitMix64 as Rng;
 use rl_node::sched::{Sched, SchedClock};
-use rl_node::store::sim::{FaultError, SimClient, SimWorld};
-use rl_node::store::OpClass;
+use rl_node::store::sim::{SimClient, SimWorld};
 use rl_node::{Broken, FakeRun, FakeScript};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -101,44 +101,6 @@ impl Summary {
             self.checks,
             self.node_seconds / 3600.0
         )
-    }
-}
-
-/// A fault of one start of one cluster.
-#[derive(Debug, Clone)]
-enum Fault {
-    Kill {
-        rank: u32,
-        at: Duration,
-    },
-    /// Frozen at `at`, or (`on`) at its first call after `at` on a path containing `on`.
-    Freeze {
-        rank: u32,
-        at: Duration,
-        for_: Duration,
-        on: Option<&'static str>,
-    },
-    WriteErrors {
-        rank: u32,
-        at: Duration,
-        calls: u64,
-        errno: i32,
-    },
-    TrainFails {
-        rank: u32,
-        iteration: u64,
-        code: i32,
-    },
-}
-
-impl Fault {
-    fn rank(&self) -> u32 {
-        match *self {
-            Fault::Kill { rank, .. }
-            | Fault::Freeze { rank, .. }
-            | Fault::WriteErrors { rank, .. }
-            | Fault::TrainFails { rank, .. } => rank,
-        }
     }
 }
 
@@ -468,57 +430,6 @@ fn batch_system(
     }
 }
 
-/// Inject a start's faults at their times (kills, freezes, write errors; failing
-/// training commands are the script's).
-fn inject(sched: &Arc<Sched>, clients: &[Arc<SimClient>], mut faults: Vec<Fault>) {
-    let at = |f: &Fault| match *f {
-        Fault::Kill { at, .. } | Fault::Freeze { at, .. } | Fault::WriteErrors { at, .. } => at,
-        Fault::TrainFails { .. } => Duration::ZERO,
-    };
-    faults.sort_by_key(at);
-    let t0 = sched.now();
-    let mut thaw = Vec::new();
-    for f in faults {
-        let when = t0 + at(&f);
-        sched.sleep(when.saturating_sub(sched.now()));
-        let client = &clients[f.rank() as usize];
-        match f {
-            Fault::Kill { .. } => {
-                client.fail_next(None, u64::MAX, FaultError::Errno(libc::EIO));
-                client.crash();
-            }
-            Fault::Freeze { for_, on, .. } => {
-                match on {
-                    Some(fragment) => client.pause_at(fragment),
-                    None => client.pause(),
-                }
-                thaw.push((for_, client.clone()));
-            }
-            Fault::WriteErrors { calls, errno, .. } => {
-                client.fail_next(Some(OpClass::Write), calls, FaultError::Errno(errno))
-            }
-            Fault::TrainFails { .. } => {}
-        }
-    }
-    for (for_, client) in thaw {
-        let s = sched.clone();
-        sched
-            .spawn("thaw", move || {
-                let give_up = s.now() + Duration::from_secs(600);
-                while !client.is_paused() && s.now() < give_up {
-                    s.sleep(Duration::from_millis(100));
-                }
-                s.sleep(for_);
-                client.resume();
-            })
-            .expect("spawn a thaw");
-    }
-}
-
-fn text(world: &SimWorld, path: &Path) -> String {
-    String::from_utf8(world.content(path).unwrap_or_default()).expect("utf-8")
-}
-
 /// A queue record as the server holds it (`done` 0 while absent or still empty).
 fn queue(world: &SimWorld, cluster: &str) -> Result<u64, String> {
     let path = Layout::new(ROOT).queue(cluster);
@@ -709,24 +620,8 @@ fn checker(sched: &Arc<Sched>, world: &SimWorld, job: &Mutex<Job>, case: &Case, 
     j.seen = seen;
 }
 
-/// Every file under `dir` and its content, in name order.
-fn snapshot(world: &SimWorld, dir: &Path, out: &mut Vec<(PathBuf, Vec<u8>)>) {
-    for name in world.list(dir).unwrap_or_default() {
-        let path = dir.join(name);
-        match world.content(&path) {
-            Some(data) => out.push((path, data)),
-            None => snapshot(world, &path, out),
-        }
-    }
-}
-
 fn world_digest(world: &SimWorld) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut files = Vec::new();
-    snapshot(world, Path::new(ROOT), &mut files);
-    let mut h = std::hash::DefaultHasher::new();
-    files.hash(&mut h);
-    h.finish()
+    crate::nodes::digest(world, Path::new(ROOT))
 }
 
 /// Whether `message` names one of `ranks` of its own cluster (`rank R`, not another
