@@ -120,6 +120,13 @@ enum Command {
         /// The run's shared directory.
         #[arg(long, value_name = "DIR")]
         log_path: Option<String>,
+        /// Keep showing the state until the run ends (redrawn on a terminal, a line per
+        /// change when piped); exit 0 when it completed, 1 when it stopped.
+        #[arg(long, conflicts_with = "json")]
+        watch: bool,
+        /// With --watch: how often to refresh.
+        #[arg(long, value_name = "DURATION", default_value = "2s", requires = "watch", value_parser = humantime::parse_duration)]
+        every: std::time::Duration,
     },
     /// Print the effective configuration and where each value came from.
     ShowConfig(Settings),
@@ -323,10 +330,34 @@ fn run() -> (Option<u32>, Result<i32, Failure>) {
             );
             exit::DONE
         }),
-        Some(Command::Status { json, log_path }) => status(json, log_path),
+        Some(Command::Status {
+            json,
+            log_path,
+            watch,
+            every,
+        }) => {
+            if watch {
+                watch_status(log_path, every)
+            } else {
+                status(json, log_path)
+            }
+        }
         None => return run_node(cli),
     };
     (None, result)
+}
+
+fn watch_status(log_path: Option<String>, every: std::time::Duration) -> Result<i32, Failure> {
+    let path = log_path
+        .or_else(|| std::env::var(config::env_name("cluster.log-path")).ok())
+        .ok_or_else(|| Failure::usage("rl-node status needs --log-path DIR", None))?;
+    if every.is_zero() {
+        return Err(Failure::usage("--every must be above zero", None));
+    }
+    Ok(crate::observe::live::watch(
+        std::path::Path::new(&path),
+        every,
+    ))
 }
 
 fn status(json: bool, log_path: Option<String>) -> Result<i32, Failure> {

@@ -1,5 +1,7 @@
 //! What a person (or a script) sees about a run, read from the files alone.
 
+pub mod eventlog;
+pub mod live;
 pub mod recover;
 pub mod repair;
 pub mod status;
