@@ -94,16 +94,30 @@ pub(crate) struct Mount {
     pub mount_point: String,
     pub fs_type: String,
     pub options: Vec<String>,
+    /// A FUSE mount's caching options live in its daemon, not in /proc/mounts: the `-o`
+    /// options of the daemon process on this host whose arguments name the mount point.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub daemon: Option<FuseDaemon>,
+}
+
+#[derive(Serialize, Debug, Clone, PartialEq)]
+pub(crate) struct FuseDaemon {
+    pub pid: u32,
+    pub options: Vec<String>,
 }
 
 impl Mount {
     /// The value of option `key=value`, or `Some("")` for a bare flag `key`.
     fn option(&self, key: &str) -> Option<&str> {
-        self.options.iter().find_map(|o| match o.split_once('=') {
-            Some((k, v)) if k == key => Some(v),
-            None if o == key => Some(""),
-            _ => None,
-        })
+        let daemon = self.daemon.iter().flat_map(|d| d.options.iter());
+        self.options
+            .iter()
+            .chain(daemon)
+            .find_map(|o| match o.split_once('=') {
+                Some((k, v)) if k == key => Some(v),
+                None if o == key => Some(""),
+                _ => None,
+            })
     }
     fn secs(&self, key: &str) -> Option<u64> {
         self.option(key).and_then(|v| v.parse().ok())
@@ -241,6 +255,12 @@ fn run(dir: &Path) -> Result<Report, Failure> {
     let mount = read_mounts()
         .ok()
         .and_then(|m| mount_of(&m, &fs::canonicalize(dir).unwrap_or(dir.to_path_buf())));
+    let mount = mount.map(|mut m| {
+        if m.fs_type.starts_with("fuse") {
+            m.daemon = fuse_daemon(&m.mount_point);
+        }
+        m
+    });
     let caches = mount.as_ref().map(caches_of).unwrap_or_default();
     let scratch = Scratch::create(dir)?;
     let s = &scratch.dir;
@@ -283,6 +303,7 @@ pub(crate) fn parse_mounts(text: &str) -> Vec<Mount> {
                 mount_point: unescape(point),
                 fs_type: ty.to_string(),
                 options: opts.split(',').map(str::to_string).collect(),
+                daemon: None,
             })
         })
         .collect()
@@ -306,6 +327,62 @@ fn unescape(s: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The FUSE daemon serving `mount_point`, found by its command line among this host's
+/// processes (sshfs, s3fs, blobfuse2 and the like take the mount point as an argument and
+/// their caching options as `-o`).
+fn fuse_daemon(mount_point: &str) -> Option<FuseDaemon> {
+    let want = Path::new(mount_point);
+    for entry in fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(raw) = fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = raw
+            .split(|&b| b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let cwd = fs::read_link(entry.path().join("cwd")).unwrap_or_default();
+        let names_it = args.iter().skip(1).any(|a| {
+            let a = Path::new(a);
+            a == want || (a.is_relative() && cwd.join(a) == want)
+        });
+        if names_it && pid != std::process::id() {
+            return Some(FuseDaemon {
+                pid,
+                options: daemon_options(&args),
+            });
+        }
+    }
+    None
+}
+
+/// The `-o a,b` and `-oa,b` options of a FUSE daemon's arguments.
+pub(crate) fn daemon_options(args: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let list = match a.as_str() {
+            "-o" => it.next().map(String::as_str),
+            s => s.strip_prefix("-o"),
+        };
+        if let Some(list) = list {
+            out.extend(
+                list.split(',')
+                    .filter(|o| !o.is_empty())
+                    .map(str::to_string),
+            );
+        }
+    }
+    out
 }
 
 /// The mount holding `path` (canonical): the longest mount point that is a prefix of it,
@@ -420,8 +497,15 @@ pub(crate) fn caches_of(m: &Mount) -> Caches {
         let neg = m.secs("negative_timeout");
         c.attribute_secs = attr;
         c.negative_secs = neg;
+        let from = match &m.daemon {
+            Some(d) => format!(
+                "/proc/mounts and the FUSE daemon's command line (pid {})",
+                d.pid
+            ),
+            None => "/proc/mounts".to_string(),
+        };
         if shown.is_empty() {
-            c.notes.push(format!("{ty}: /proc/mounts shows no caching options (the FUSE daemon keeps them); its caches may delay other nodes' changes by its own timeouts (blob FUSE: minutes)"));
+            c.notes.push(format!("{ty}: {from} show no caching options (the FUSE daemon keeps them); its caches may delay other nodes' changes by its own timeouts (blob FUSE: minutes)"));
         } else {
             c.notes
                 .push(format!("{ty} caching options: {}", shown.join(", ")));
@@ -433,6 +517,7 @@ pub(crate) fn caches_of(m: &Mount) -> Caches {
         }
         if let Some(n) = neg.filter(|n| *n > 0) {
             c.notes.push(format!("negative_timeout={n}: a name looked up while missing stays missing for up to {n}s, so each wait for a new file can cost that much"));
+            c.advice.push(format!("mount with negative_timeout=0 so a new name is seen at its next lookup (now up to {n}s per wait for a new file)"));
         }
         c.notes.push("rename on some FUSE filesystems (blob storage) is copy + delete: see the rename-over check".into());
     } else {
@@ -850,6 +935,28 @@ mod tests {
         assert_eq!((c.attribute_secs, c.negative_secs), (Some(5), Some(7)));
         let c = caches_of(&mount("fuse.sshfs", "rw,user_id=0"));
         assert_eq!((c.attribute_secs, c.negative_secs), (None, None));
+        let args: Vec<String> = [
+            "sshfs",
+            "-f",
+            "-o",
+            "a=1,negative_timeout=4",
+            "-oattr_timeout=0",
+            "h:/x",
+            "/m",
+        ]
+        .map(String::from)
+        .into();
+        let mut m = mount("fuse.sshfs", "rw");
+        m.daemon = Some(FuseDaemon {
+            pid: 1,
+            options: daemon_options(&args),
+        });
+        assert_eq!(
+            m.daemon.as_ref().unwrap().options,
+            ["a=1", "negative_timeout=4", "attr_timeout=0"]
+        );
+        let c = caches_of(&m);
+        assert_eq!((c.attribute_secs, c.negative_secs), (Some(0), Some(4)));
     }
 
     #[test]
