@@ -627,7 +627,7 @@ fn rename_over(dir: &Path) -> Check {
     if missing == 0 && torn == 0 && other.is_none() {
         Check::ok(NAME, evidence)
     } else {
-        Check::not_ok(NAME, Verdict::Fail, evidence, "rename over an existing name is not atomic here (blob FUSE copies, then deletes): readers see records vanish or half-written; put the shared directory on NFS, Lustre or GPFS, or a FUSE mount with atomic rename".into())
+        Check::not_ok(NAME, Verdict::Fail, evidence, "rl-node publishes every record by rename over the old one and expects a reader to find the old or the new one, never none or half of one; here a reader on this very client did not (blob FUSE renames by copy + delete; a FUSE client may drop the name while it renames): put the shared directory on NFS, Lustre or GPFS, or a FUSE mount whose rename is atomic for readers".into())
     }
 }
 
