@@ -2,7 +2,7 @@
 //! shared filesystem (docs/shared-directory.md, "Checking a filesystem"), before a run finds
 //! out the hard way.
 //!
-//! Every probe works in a scratch directory of its own, `DIR/.rl-node/doctor/<host>-<pid>/`,
+//! Every probe works in a scratch directory of its own, `DIR/.rl-node/doctor/<host>-<pid>-<nonce>/`,
 //! which is removed at the end (and so are `doctor/` and `.rl-node/` when this command
 //! created them): a run's files are never opened, let alone written. Each check yields a
 //! verdict with the measured evidence and, when not ok, what to change; the mount options
@@ -215,7 +215,12 @@ impl Scratch {
         let host = gethostname::gethostname().to_string_lossy().into_owned();
         let base = root.join(".rl-node");
         let doctor = base.join("doctor");
-        let dir = doctor.join(format!("{host}-{}", std::process::id()));
+        // The clock's nanoseconds as well: a pid reused after a doctor was killed must not
+        // collide with what that one left.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let dir = doctor.join(format!("{host}-{}-{nanos:08x}", std::process::id()));
         let mut created = Vec::new();
         for d in [&base, &doctor, &dir] {
             match fs::create_dir(d) {
@@ -680,7 +685,7 @@ fn hard_link(dir: &Path) -> Check {
         );
     }
     match fs::hard_link(&a, &target) {
-        Err(e) => Check::not_ok(NAME, Verdict::Warn, format!("no hard links here: link failed with {e}"), "rl-node falls back to check-then-rename for first-writer-wins files (the abort), which two nodes failing at the same instant can both win; prefer a filesystem with hard links (NFS, Lustre, GPFS)".into()),
+        Err(e) => Check::not_ok(NAME, Verdict::Warn, format!("no hard links here: link failed with {e}"), "rl-node then falls back to an O_EXCL create for first-writer-wins files (the abort), which a reader may find before it is fully written, and to check-then-rename when it moves output into place, which is not atomic; prefer a filesystem with hard links (NFS, Lustre, GPFS)".into()),
         Ok(()) => match fs::hard_link(&b, &target) {
             Err(e) if e.kind() == ErrorKind::AlreadyExists => {
                 let same = fs::read(&target).map(|t| t == b"a").unwrap_or(false);
