@@ -137,6 +137,22 @@ fn local_disk_passes_and_leaves_nothing_behind() {
     let tmp = tempfile::tempdir().unwrap();
     let t = check_dir(tmp.path(), false);
     assert!(!tmp.path().join(".rl-node").exists(), "{t}");
+    // The [timing] block is a configuration rl-node itself accepts.
+    let block: String = t
+        .lines()
+        .skip_while(|l| *l != "[timing]")
+        .take_while(|l| !l.is_empty())
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let config = tempfile::tempdir().unwrap();
+    let file = config.path().join("rl-node.toml");
+    fs::write(&file, &block).unwrap();
+    let out = Command::new(BIN)
+        .args(["show-config", "--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{block}\n{}", text(&out));
 }
 
 #[test]
