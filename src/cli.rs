@@ -136,6 +136,9 @@ enum Command {
     /// Say where a stopped run stands, what a restart would redo, and (asked) set an
     /// incomplete iteration aside.
     Recover(crate::observe::recover::RecoverArgs),
+    /// Check the shared filesystem rl-node relies on (atomic rename, exclusive create, hard
+    /// links, fsync, free space, mount options) and recommend a `[timing]` for it.
+    Doctor(crate::observe::doctor::DoctorArgs),
     /// Run a small cluster on this machine with a built-in toy RL workload and watch it learn.
     Demo(crate::demo::DemoArgs),
     /// Print a shell completion script, e.g. `rl-node completions bash > /etc/bash_completion.d/rl-node`.
@@ -257,6 +260,7 @@ rl-node: run one node of a multi-node RL loop over a shared directory
   rl-node demo                             watch 3 nodes learn a toy task on this machine
   rl-node status  --log-path DIR           what every rank is doing (or did)
   rl-node recover --log-path DIR           where a stopped run stands, and repairs
+  rl-node doctor  --log-path DIR           check the shared filesystem rl-node relies on
   rl-node aggregate --log-path DIR --iteration N --split train   merge what survived
   rl-node show-config [--config FILE]      the effective configuration and its sources
 
@@ -295,6 +299,7 @@ fn run() -> (Option<u32>, Result<i32, Failure>) {
             let log_path = args.log_path.clone();
             crate::observe::recover::main(args, log_path)
         }
+        Some(Command::Doctor(args)) => crate::observe::doctor::main(args),
         Some(Command::Demo(args)) => {
             let g = crate::demo::Globals {
                 iterations: args.iterations.clone(),

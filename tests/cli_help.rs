@@ -23,7 +23,7 @@ fn subcommand_help_lists_only_what_the_subcommand_accepts() {
         "--log-level",
         "--log-format",
     ];
-    for cmd in ["status", "recover", "aggregate", "demo"] {
+    for cmd in ["status", "recover", "aggregate", "demo", "doctor"] {
         let text = help(&[cmd]);
         for flag in node_only {
             assert!(
@@ -58,6 +58,7 @@ fn plain_rl_node_prints_a_short_summary_of_the_common_commands() {
         "rl-node demo",
         "rl-node status",
         "rl-node recover",
+        "rl-node doctor",
     ] {
         assert!(err.contains(cmd), "{err}");
     }
@@ -214,8 +215,10 @@ fn defaults_shown_in_help_are_the_real_defaults() {
 fn every_subcommand_reports_a_usage_error_the_same_way() {
     let missing = std::env::temp_dir().join("rl-node-no-such-dir-for-errors");
     let missing = missing.to_str().unwrap();
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 7] = [
         (&["status"], "error: rl-node status needs --log-path DIR"),
+        (&["doctor"], "error: rl-node doctor needs --log-path DIR"),
+        (&["doctor", "--log-path", missing], "does not exist"),
         (&["recover"], "error: rl-node recover needs --log-path DIR"),
         (
             &[

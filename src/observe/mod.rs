@@ -1,5 +1,6 @@
 //! What a person (or a script) sees about a run, read from the files alone.
 
+pub mod doctor;
 pub mod eventlog;
 pub mod live;
 pub mod recover;
