@@ -33,6 +33,8 @@ pub(crate) struct Collector {
     retries: u64,
     items_seen: bool,
     eval_ran: bool,
+    /// The model's version and staleness the iteration ran with.
+    model: (u64, u64),
 }
 
 impl Collector {
@@ -72,6 +74,12 @@ impl Collector {
             }
             _ => {}
         }
+    }
+
+    /// The model the iteration rolls out or trains with: its version (the iteration that
+    /// trained it, 0 for the base model) and how many versions it lags.
+    pub(crate) fn model_used(&mut self, version: u64, staleness: u64) {
+        self.model = (version, staleness);
     }
 
     /// Rank 0's eval decision, as `eval-decision` released it.
@@ -119,8 +127,8 @@ impl Collector {
         };
         m.insert("rollout/failed".into(), items(self.failed));
         m.insert("rollout/retries".into(), items(self.retries));
-        m.insert("model/version".into(), fixed.model_version.into());
-        m.insert("model/staleness".into(), fixed.staleness.into());
+        m.insert("model/version".into(), self.model.0.into());
+        m.insert("model/staleness".into(), self.model.1.into());
         m.insert("eval/ran".into(), self.eval_ran.into());
         for (field, s) in &stats.fields {
             let f = |v: Option<f64>| v.map(Value::from).unwrap_or(Value::Null);
@@ -146,8 +154,6 @@ pub(crate) struct Fixed {
     pub elapsed: Duration,
     /// Planned train items (tasks × samples), when tasks are planned.
     pub budget: Option<u64>,
-    pub model_version: u64,
-    pub staleness: u64,
 }
 
 /// Running mean, min and max of one field.
@@ -315,6 +321,7 @@ mod tests {
             },
             t0,
         );
+        c.model_used(1, 0);
         c.close(t0 + Duration::from_secs(3));
         let fixed = Fixed {
             iteration: 2,
@@ -323,8 +330,6 @@ mod tests {
             t: "now".into(),
             elapsed: Duration::from_millis(3500),
             budget: Some(4),
-            model_version: 1,
-            staleness: 0,
         };
         let v: Value = serde_json::from_str(&c.line(
             &fixed,

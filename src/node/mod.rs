@@ -1298,6 +1298,7 @@ impl Node {
             self.train_failed.clear();
             let started = self.clock.now();
             self.metrics_collector().reset();
+            self.note_model_used();
             let resume = self.cluster.as_ref().expect("joined").resume;
             let mut walk = IterationWalk::new(self.walk_config(), iteration, resume);
             while let Some(step) = walk.next_step() {
@@ -1468,6 +1469,7 @@ impl Node {
                     self.check_plans(&plans)?;
                 }
                 self.use_rollout_model(&model)?;
+                self.note_model_used();
             }
             Step::Barrier(b @ WalkBarrier::EvalDecision) => {
                 let (split, iteration) = (cfg.cluster.rollout_split, self.iteration);
@@ -2762,6 +2764,19 @@ impl Node {
         self.metrics.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Rank 0: the model this iteration runs with, as `{model_version}` and `{staleness}`
+    /// say now (at its start, and again once a pipelined rollout chose its model), before
+    /// the hand-off replaces it.
+    fn note_model_used(&mut self) {
+        if !self.is_master() {
+            return;
+        }
+        let values = self.values("metrics", None, Path::new(""));
+        let num = |k: &str| values.get(k).and_then(|v| v.parse().ok()).unwrap_or(0);
+        let (version, staleness) = (num("model_version"), num("staleness"));
+        self.metrics_collector().model_used(version, staleness);
+    }
+
     /// Rank 0, after the train split is merged: read it for `[observe] metrics-fields` on
     /// a thread, while the iteration goes on (joined by [`Node::write_metrics`]).
     fn start_field_stats(&mut self) {
@@ -2799,8 +2814,6 @@ impl Node {
         let now = self.clock.now();
         let mut collector = self.metrics_collector();
         collector.close(now);
-        let values = self.values("metrics", None, Path::new(""));
-        let num = |k: &str| values.get(k).and_then(|v| v.parse().ok()).unwrap_or(0);
         let fixed = metrics::Fixed {
             iteration: self.iteration,
             run: self.run_id().to_string(),
@@ -2810,8 +2823,6 @@ impl Node {
             budget: self
                 .plan_for("train")
                 .map(|p| (p.pool.len() + p.ranks.iter().map(Vec::len).sum::<usize>()) as u64),
-            model_version: num("model_version"),
-            staleness: num("staleness"),
         };
         let mut line = collector.line(&fixed, &stats);
         drop(collector);
