@@ -129,6 +129,12 @@ impl Layout {
         self.state_dir().join("history.jsonl")
     }
 
+    /// Rank 0's line per iteration for dashboards (`node::metrics`; docs/metrics.md). Not
+    /// moved by `--fresh`: its lines name their run.
+    pub fn metrics(&self) -> PathBuf {
+        self.root.join("metrics.jsonl")
+    }
+
     /// Where `--fresh` sets an earlier run's files aside.
     pub fn previous_runs(&self) -> PathBuf {
         self.root.join("previous-runs")

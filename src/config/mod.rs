@@ -289,6 +289,15 @@ pub struct Pipeline {
     pub poll_interval: Duration,
 }
 
+/// `[observe]`: what rank 0 reports about each iteration (docs/metrics.md).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Observe {
+    /// Top-level numeric fields of the merged train records summarised in
+    /// `metrics.jsonl` (mean, min, max).
+    pub metrics_fields: Vec<String>,
+}
+
 /// Which model a pipelined rollout uses (`pipeline.model`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -449,6 +458,7 @@ pub struct Config {
     pub phases: Phases,
     pub aggregate: Aggregate,
     pub pipeline: Pipeline,
+    pub observe: Observe,
     pub server: Server,
     /// Variables every command gets (values are templates).
     pub env: BTreeMap<String, String>,
@@ -553,6 +563,8 @@ impl Config {
         }
         if let Some(obj) = v.as_object_mut() {
             obj.remove("server");
+            // Only rank 0 reads it, for its report; outputs do not depend on it.
+            obj.remove("observe");
         }
         v
     }

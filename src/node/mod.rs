@@ -13,6 +13,7 @@
 
 pub(crate) mod context;
 mod join;
+mod metrics;
 mod pipeline;
 mod publisher;
 mod server;
@@ -196,6 +197,15 @@ pub(crate) struct Node {
     train_failed: Vec<(u32, String)>,
     /// This rank's event log, kept open.
     event_log: EventLog,
+    /// Rank 0: what `metrics.jsonl` gets at the end of the current iteration.
+    metrics: std::sync::Mutex<metrics::Collector>,
+    /// Rank 0: `metrics.jsonl`, kept open.
+    metrics_log: EventLog,
+    /// Rank 0: the iterations `metrics.jsonl` had a line for when the node started.
+    metrics_written: metrics::Written,
+    /// Rank 0: the configured fields' statistics of the merged train split, computed
+    /// while the iteration goes on.
+    metrics_stats: Option<std::thread::JoinHandle<metrics::FieldStats>>,
     /// The current wait is for this node's own command (see [`Node::wait_for`]).
     idle_wait: bool,
     /// Rank 0 waits at this barrier (see `watching::to_read`).
@@ -543,6 +553,10 @@ impl Node {
             dead_peers: Default::default(),
             train_failed: Vec::new(),
             event_log: EventLog::default(),
+            metrics: Default::default(),
+            metrics_log: EventLog::default(),
+            metrics_written: Default::default(),
+            metrics_stats: None,
             idle_wait: false,
             barrier_wait: None,
             last_read: Vec::new(),
@@ -1253,6 +1267,13 @@ impl Node {
         }
         if self.rank == 0 {
             self.empty_checkpoint_trash()?;
+            // One read per start: a small file, one line per iteration.
+            let bytes = self.store.read(&self.layout.metrics()).ok().flatten();
+            self.metrics_written = metrics::Written::read(
+                bytes.as_deref().unwrap_or_default(),
+                &run_id,
+                self.cfg.pipeline_cluster(),
+            );
         }
         self.use_latest_checkpoint()?;
         self.pipeline_begin()?;
@@ -1276,11 +1297,14 @@ impl Node {
             self.iteration = iteration;
             self.train_failed.clear();
             let started = self.clock.now();
+            self.metrics_collector().reset();
+            self.note_model_used();
             let resume = self.cluster.as_ref().expect("joined").resume;
             let mut walk = IterationWalk::new(self.walk_config(), iteration, resume);
             while let Some(step) = walk.next_step() {
                 self.step(step, &mut walk)?;
             }
+            self.write_metrics(started);
             self.info(&format!(
                 "iteration {iteration} complete in {:.2}s{}",
                 self.clock.elapsed(started).as_secs_f64(),
@@ -1445,6 +1469,7 @@ impl Node {
                     self.check_plans(&plans)?;
                 }
                 self.use_rollout_model(&model)?;
+                self.note_model_used();
             }
             Step::Barrier(b @ WalkBarrier::EvalDecision) => {
                 let (split, iteration) = (cfg.cluster.rollout_split, self.iteration);
@@ -1454,7 +1479,9 @@ impl Node {
                     Value::Null,
                     |_| json!({ "eval": walk::eval_decision(split, iteration, interval) }),
                 )?;
-                walk.eval_decided(decision["eval"].as_bool().unwrap_or(false));
+                let eval = decision["eval"].as_bool().unwrap_or(false);
+                self.metrics_collector().eval_decided(eval);
+                walk.eval_decided(eval);
             }
             Step::Barrier(b @ WalkBarrier::TrainingComplete) => {
                 // Each rank says whether its training failed; rank 0's release lists the
@@ -1522,6 +1549,7 @@ impl Node {
                 self.once(journal::item::AGGREGATE_TRAIN, |n| {
                     n.any_aggregate("train", cfg.phases.rollout.is_set())
                 })?;
+                self.start_field_stats();
                 // Pipelined: the update cluster may train this iteration now.
                 self.queue_advanced()?;
             }
@@ -2724,8 +2752,87 @@ impl Node {
             .state_dir()
             .join("events")
             .join(format!("rank-{}.jsonl", self.rank));
+        if self.is_master() {
+            self.metrics_collector()
+                .observe(&record.event, self.clock.now());
+        }
         self.event_log
             .append(&*self.store, &path, record.gen, &record.to_line());
+    }
+
+    fn metrics_collector(&self) -> std::sync::MutexGuard<'_, metrics::Collector> {
+        self.metrics.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Rank 0: the model this iteration runs with, as `{model_version}` and `{staleness}`
+    /// say now (at its start, and again once a pipelined rollout chose its model), before
+    /// the hand-off replaces it.
+    fn note_model_used(&mut self) {
+        if !self.is_master() {
+            return;
+        }
+        let values = self.values("metrics", None, Path::new(""));
+        let num = |k: &str| values.get(k).and_then(|v| v.parse().ok()).unwrap_or(0);
+        let (version, staleness) = (num("model_version"), num("staleness"));
+        self.metrics_collector().model_used(version, staleness);
+    }
+
+    /// Rank 0, after the train split is merged: read it for `[observe] metrics-fields` on
+    /// a thread, while the iteration goes on (joined by [`Node::write_metrics`]).
+    fn start_field_stats(&mut self) {
+        let fields = self.cfg.observe.metrics_fields.clone();
+        let path = self.layout.aggregated(self.iteration, "train");
+        // Only a JSONL merge has records to read; tensor formats have none.
+        if !self.is_master() || fields.is_empty() || path.extension() != Some("jsonl".as_ref()) {
+            return;
+        }
+        self.metrics_stats = std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || metrics::file_stats(&path, &fields))
+            .ok();
+    }
+
+    /// Rank 0, at the end of an iteration: append its line to `metrics.jsonl` unless the
+    /// file had one for it already (a restarted run). Best effort, like any log.
+    fn write_metrics(&mut self, started: Instant) {
+        if !self.is_master() {
+            return;
+        }
+        let fields = &self.cfg.observe.metrics_fields;
+        let stats = self
+            .metrics_stats
+            .take()
+            .and_then(|h| h.join().ok())
+            .unwrap_or_else(|| metrics::FieldStats::empty(fields));
+        if self.metrics_written.iterations.contains(&self.iteration) {
+            self.debug(&format!(
+                "iteration {}: metrics.jsonl has its line already",
+                self.iteration
+            ));
+            return;
+        }
+        let now = self.clock.now();
+        let mut collector = self.metrics_collector();
+        collector.close(now);
+        let fixed = metrics::Fixed {
+            iteration: self.iteration,
+            run: self.run_id().to_string(),
+            cluster: self.cfg.pipeline_cluster(),
+            t: self.wall_stamp(),
+            elapsed: now.saturating_duration_since(started),
+            budget: self
+                .plan_for("train")
+                .map(|p| (p.pool.len() + p.ranks.iter().map(Vec::len).sum::<usize>()) as u64),
+        };
+        let mut line = collector.line(&fixed, &stats);
+        drop(collector);
+        line.push('\n');
+        if std::mem::take(&mut self.metrics_written.torn_tail) {
+            line.insert(0, '\n');
+        }
+        self.metrics_log
+            .append(&*self.store, &self.layout.metrics(), self.gen(), &line);
+        self.metrics_written.iterations.insert(self.iteration);
     }
 
     /// Rank `rank`'s record in generation `gen` as read now; missing, torn or unreadable

@@ -1,0 +1,357 @@
+//! `metrics.jsonl`: one JSON line per completed iteration, appended by rank 0 (of each
+//! cluster, in a pipelined run) to the shared directory, for dashboards and people
+//! (docs/metrics.md has the scheme).
+//!
+//! Rank 0 builds the line from what it already sees during the iteration: the events it
+//! logs ([`Collector::observe`] is fed by `Node::event`), so no log is read back. The only
+//! extra work is reading the merged train split once for the configured numeric fields
+//! ([`field_stats`]), which runs on a thread started after the merge and joined at the
+//! iteration's end, while the other ranks train: the line costs the barriers one append.
+//!
+//! A restarted rank 0 reads the file once at start ([`Written::read`]) and skips
+//! iterations that already have a line, so a resumed run never writes one twice.
+
+use crate::events::{Aggregated, Event, ItemsMode};
+use serde_json::{Map, Value};
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::BufRead;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// What rank 0 gathers during one iteration.
+#[derive(Debug, Default)]
+pub(crate) struct Collector {
+    /// Phases in walk order with their wall time so far.
+    phases: Vec<(String, Duration)>,
+    /// The phase being timed and since when.
+    current: Option<(String, Instant)>,
+    barrier_wait: Duration,
+    /// Train split's merge: (records, bytes), or items for a dynamic concatenation.
+    records: Option<u64>,
+    bytes: Option<u64>,
+    failed: u64,
+    retries: u64,
+    items_seen: bool,
+    eval_ran: bool,
+    /// The model's version and staleness the iteration ran with.
+    model: (u64, u64),
+}
+
+impl Collector {
+    /// Start a new iteration.
+    pub(crate) fn reset(&mut self) {
+        *self = Collector::default();
+    }
+
+    /// Take in one event this rank logged at `now`.
+    pub(crate) fn observe(&mut self, event: &Event, now: Instant) {
+        match event {
+            Event::Phase { phase, .. } => {
+                self.close(now);
+                self.current = Some((phase.name().replace('-', "_"), now));
+            }
+            Event::Barrier { waited_ms, .. } => {
+                self.barrier_wait += Duration::from_millis(*waited_ms);
+            }
+            Event::Aggregate { split, merged } if split == "train" => match merged {
+                Aggregated::Shards { records, bytes } => {
+                    self.records = Some(*records);
+                    self.bytes = Some(*bytes);
+                }
+                Aggregated::Items { items, .. } => self.records = Some(*items as u64),
+            },
+            Event::Items {
+                split,
+                failed,
+                mode,
+                ..
+            } if split == "train" => {
+                self.items_seen = true;
+                self.failed += *failed as u64;
+                if let ItemsMode::Static { retries, .. } = mode {
+                    self.retries += u64::from(*retries);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The model the iteration rolls out or trains with: its version (the iteration that
+    /// trained it, 0 for the base model) and how many versions it lags.
+    pub(crate) fn model_used(&mut self, version: u64, staleness: u64) {
+        self.model = (version, staleness);
+    }
+
+    /// Rank 0's eval decision, as `eval-decision` released it.
+    pub(crate) fn eval_decided(&mut self, eval: bool) {
+        self.eval_ran = eval;
+    }
+
+    /// Stop timing the current phase at `now`.
+    pub(crate) fn close(&mut self, now: Instant) {
+        if let Some((name, since)) = self.current.take() {
+            let d = now.saturating_duration_since(since);
+            match self.phases.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, t)) => *t += d,
+                None => self.phases.push((name, d)),
+            }
+        }
+    }
+
+    /// The iteration's line (without its newline). Keys are sorted (serde_json's map),
+    /// times in seconds rounded to milliseconds.
+    pub(crate) fn line(&self, fixed: &Fixed, stats: &FieldStats) -> String {
+        let secs = |d: Duration| Value::from((d.as_secs_f64() * 1000.0).round() / 1000.0);
+        let mut m = Map::new();
+        m.insert("iteration".into(), fixed.iteration.into());
+        m.insert("run".into(), fixed.run.clone().into());
+        if let Some(c) = fixed.cluster {
+            m.insert("cluster".into(), c.into());
+        }
+        m.insert("t".into(), fixed.t.clone().into());
+        m.insert("time/iteration_s".into(), secs(fixed.elapsed));
+        for (name, d) in &self.phases {
+            m.insert(format!("time/{name}_s"), secs(*d));
+        }
+        m.insert("barrier/wait_s".into(), secs(self.barrier_wait));
+        m.insert("rollout/records".into(), self.records.into());
+        m.insert("rollout/bytes".into(), self.bytes.into());
+        m.insert("rollout/raw".into(), self.records.into());
+        m.insert("rollout/budget".into(), fixed.budget.into());
+        let items = |n: u64| {
+            if self.items_seen {
+                Value::from(n)
+            } else {
+                Value::Null
+            }
+        };
+        m.insert("rollout/failed".into(), items(self.failed));
+        m.insert("rollout/retries".into(), items(self.retries));
+        m.insert("model/version".into(), self.model.0.into());
+        m.insert("model/staleness".into(), self.model.1.into());
+        m.insert("eval/ran".into(), self.eval_ran.into());
+        for (field, s) in &stats.fields {
+            let f = |v: Option<f64>| v.map(Value::from).unwrap_or(Value::Null);
+            m.insert(format!("rollout/{field}_mean"), f(s.mean()));
+            m.insert(format!("rollout/{field}_min"), f(s.min));
+            m.insert(format!("rollout/{field}_max"), f(s.max));
+            m.insert(format!("rollout/{field}_skipped"), s.skipped.into());
+        }
+        Value::Object(m).to_string()
+    }
+}
+
+/// What the node knows of the iteration besides its events.
+#[derive(Debug, Clone)]
+pub(crate) struct Fixed {
+    pub iteration: u64,
+    /// The run's id: `--fresh` starts a new run beside the old one's lines.
+    pub run: String,
+    /// `rollout` or `update` in a pipelined run.
+    pub cluster: Option<&'static str>,
+    /// Wall clock at the end, RFC 3339.
+    pub t: String,
+    pub elapsed: Duration,
+    /// Planned train items (tasks × samples), when tasks are planned.
+    pub budget: Option<u64>,
+}
+
+/// Running mean, min and max of one field.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Stat {
+    pub count: u64,
+    pub sum: f64,
+    pub min: Option<f64>,
+    pub max: Option<f64>,
+    /// Records where the field was missing or not a number.
+    pub skipped: u64,
+}
+
+impl Stat {
+    fn add(&mut self, v: Option<f64>) {
+        let Some(v) = v.filter(|v| v.is_finite()) else {
+            self.skipped += 1;
+            return;
+        };
+        self.count += 1;
+        self.sum += v;
+        self.min = Some(self.min.map_or(v, |m| m.min(v)));
+        self.max = Some(self.max.map_or(v, |m| m.max(v)));
+    }
+
+    pub(crate) fn mean(&self) -> Option<f64> {
+        (self.count > 0).then(|| self.sum / self.count as f64)
+    }
+}
+
+/// The configured fields' statistics over one merged file (in configuration order).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct FieldStats {
+    pub fields: Vec<(String, Stat)>,
+}
+
+impl FieldStats {
+    /// Every field with no value: the file was not read (no merge, not JSONL).
+    pub(crate) fn empty(fields: &[String]) -> FieldStats {
+        FieldStats {
+            fields: fields
+                .iter()
+                .map(|f| (f.clone(), Stat::default()))
+                .collect(),
+        }
+    }
+}
+
+/// Mean, min and max of each top-level numeric `fields` of the JSONL records `input`
+/// yields, one record at a time (memory: one line). A line that is not a JSON object
+/// counts as skipped for every field.
+pub(crate) fn field_stats(input: impl BufRead, fields: &[String]) -> std::io::Result<FieldStats> {
+    let mut out = FieldStats::empty(fields);
+    if fields.is_empty() {
+        return Ok(out);
+    }
+    for line in input.lines() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let record: Option<BTreeMap<String, Value>> = serde_json::from_str(&line).ok();
+        for (name, stat) in &mut out.fields {
+            stat.add(record.as_ref().and_then(|r| r.get(name)?.as_f64()));
+        }
+    }
+    Ok(out)
+}
+
+/// [`field_stats`] of a file; an unreadable file gives empty statistics (metrics are best
+/// effort, never a reason to stop).
+pub(crate) fn file_stats(path: &Path, fields: &[String]) -> FieldStats {
+    std::fs::File::open(path)
+        .and_then(|f| field_stats(std::io::BufReader::new(f), fields))
+        .unwrap_or_else(|_| FieldStats::empty(fields))
+}
+
+/// The iterations `metrics.jsonl` already has a line for (of this run and cluster), and whether
+/// its last line is unfinished (a crash mid-append), so the next line starts on its own.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub(crate) struct Written {
+    pub iterations: BTreeSet<u64>,
+    pub torn_tail: bool,
+}
+
+impl Written {
+    pub(crate) fn read(bytes: &[u8], run: &str, cluster: Option<&str>) -> Written {
+        let text = String::from_utf8_lossy(bytes);
+        let iterations = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v["run"].as_str() == Some(run) && v["cluster"].as_str() == cluster)
+            .filter_map(|v| v["iteration"].as_u64())
+            .collect();
+        Written {
+            iterations,
+            torn_tail: !bytes.is_empty() && !bytes.ends_with(b"\n"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::Phase;
+
+    fn fields(f: &[&str]) -> Vec<String> {
+        f.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn stats_skip_missing_and_non_numeric_values() {
+        let input = "{\"reward\": 1}\n{\"reward\": 0.5, \"len\": 3}\n{\"reward\": \"x\"}\nnot json\n\n{\"len\": 5}\n";
+        let s = field_stats(input.as_bytes(), &fields(&["reward", "len", "absent"])).unwrap();
+        let (r, l, a) = (&s.fields[0].1, &s.fields[1].1, &s.fields[2].1);
+        assert_eq!(
+            (r.count, r.skipped, r.min, r.max),
+            (2, 3, Some(0.5), Some(1.0))
+        );
+        assert_eq!(r.mean(), Some(0.75));
+        assert_eq!((l.count, l.skipped, l.mean()), (2, 3, Some(4.0)));
+        assert_eq!((a.count, a.skipped, a.mean()), (0, 5, None));
+    }
+
+    #[test]
+    fn written_iterations_are_per_cluster_and_a_torn_tail_is_seen() {
+        let text = b"{\"run\":\"a\",\"iteration\":1}\n{\"run\":\"b\",\"iteration\":3}\n{\"run\":\"a\",\"iteration\":1,\"cluster\":\"rollout\"}\n{\"run\":\"a\",\"iteration\":2,\"clu";
+        let w = Written::read(text, "a", None);
+        assert_eq!(w.iterations, BTreeSet::from([1]));
+        assert!(w.torn_tail);
+        let r = Written::read(text, "a", Some("rollout"));
+        assert_eq!(r.iterations, BTreeSet::from([1]));
+        assert_eq!(
+            Written::read(text, "b", None).iterations,
+            BTreeSet::from([3])
+        );
+        assert!(!Written::read(b"", "a", None).torn_tail);
+    }
+
+    #[test]
+    fn a_line_has_every_documented_key() {
+        let mut c = Collector::default();
+        let t0 = Instant::now();
+        let ev = |phase: Phase| Event::Phase {
+            phase,
+            n: phase.number(),
+        };
+        c.observe(&ev(Phase::SyncStart), t0);
+        c.observe(
+            &Event::Barrier {
+                name: "sync-start".into(),
+                k: 1,
+                waited_ms: 250,
+            },
+            t0,
+        );
+        c.observe(&ev(Phase::TrainRollout), t0 + Duration::from_secs(1));
+        c.observe(
+            &Event::Aggregate {
+                split: "train".into(),
+                merged: Aggregated::Shards {
+                    records: 4,
+                    bytes: 100,
+                },
+            },
+            t0,
+        );
+        c.model_used(1, 0);
+        c.close(t0 + Duration::from_secs(3));
+        let fixed = Fixed {
+            iteration: 2,
+            run: "r1".into(),
+            cluster: Some("rollout"),
+            t: "now".into(),
+            elapsed: Duration::from_millis(3500),
+            budget: Some(4),
+        };
+        let v: Value = serde_json::from_str(&c.line(
+            &fixed,
+            &file_stats(Path::new("/nonexistent"), &fields(&["reward"])),
+        ))
+        .unwrap();
+        assert_eq!(v["iteration"], 2);
+        assert_eq!(v["cluster"], "rollout");
+        assert_eq!(v["time/iteration_s"], 3.5);
+        assert_eq!(v["time/sync_start_s"], 1.0);
+        assert_eq!(v["time/train_rollout_s"], 2.0);
+        assert_eq!(v["barrier/wait_s"], 0.25);
+        assert_eq!(
+            (v["rollout/records"].clone(), v["rollout/bytes"].clone()),
+            (4.into(), 100.into())
+        );
+        assert_eq!(v["rollout/raw"], 4);
+        assert_eq!(v["rollout/budget"], 4);
+        assert_eq!(v["rollout/failed"], Value::Null);
+        assert_eq!(v["model/version"], 1);
+        assert_eq!(v["eval/ran"], false);
+        assert_eq!(v["rollout/reward_mean"], Value::Null);
+        assert_eq!(v["rollout/reward_skipped"], 0);
+    }
+}
