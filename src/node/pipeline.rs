@@ -156,6 +156,8 @@ impl Node {
             last: self.cfg.cluster.iterations,
             at: self.wall_stamp(),
         };
+        // A commit the other cluster acts on: never from a replaced generation.
+        self.fence(&format!("write {}", path.display()))?;
         self.watchdog.pet("writing the pipeline queue record");
         let written = path
             .parent()
@@ -462,6 +464,7 @@ impl Node {
             model,
             rule: if newest { "newest" } else { "exact" }.into(),
         };
+        self.fence(&format!("record the model of iteration {it}"))?;
         self.watchdog.pet("recording the rollout model");
         let written = path
             .parent()
