@@ -9,7 +9,6 @@ use crate::layout::Layout;
 use crate::protocol::phase::{eval_due, ALL as PHASES};
 use crate::protocol::records::{AbortInfo, RankRecord};
 use crate::protocol::NodeState;
-use crate::store;
 use std::fs;
 use std::io::{self, Read, Seek, Write};
 use std::net::TcpListener;
@@ -798,18 +797,8 @@ struct ClusterView {
 fn cluster_view(shared: &Path, cluster: Option<&'static str>) -> Option<ClusterView> {
     let layout = Layout::new(shared).with_cluster(cluster);
     let c = crate::observe::read_cluster(&layout).ok()?;
-    let ranks: Vec<Option<RankRecord>> = (0..c.num_nodes)
-        .map(|r| {
-            store::read_json::<RankRecord>(&layout.rank_record(c.gen, r))
-                .ok()
-                .flatten()
-                .filter(|rec| rec.belongs_to(&c.run_id, c.gen, r))
-        })
-        .collect();
-    let abort = store::read_json::<AbortInfo>(&layout.abort(c.gen))
-        .ok()
-        .flatten()
-        .or_else(|| ranks.iter().flatten().find_map(|r| r.abort.clone()));
+    let ranks = crate::observe::status::read_records(&layout, &c);
+    let abort = crate::observe::status::read_abort(&layout, c.gen, &ranks);
     Some(ClusterView {
         gen: c.gen,
         ranks,

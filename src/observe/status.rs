@@ -2,7 +2,7 @@
 //! while nodes run, after they stopped, and with every node dead.
 
 use crate::layout::Layout;
-use crate::protocol::{AbortInfo, NodeState, ObservedFile, RankRecord};
+use crate::protocol::{AbortInfo, ClusterRecord, NodeState, ObservedFile, RankRecord};
 use crate::store;
 use serde::Serialize;
 use std::path::Path;
@@ -84,19 +84,33 @@ pub fn read(log_path: &Path) -> Result<Status, String> {
     read_layout(&Layout::new(log_path))
 }
 
-/// The status of the cluster whose protocol state `layout` addresses (one cluster of a
-/// pipelined run: `Layout::with_cluster`).
-pub fn read_layout(layout: &Layout) -> Result<Status, String> {
-    let layout = layout.clone();
-    let c = super::read_cluster(&layout)?;
-    let records: Vec<Option<RankRecord>> = (0..c.num_nodes)
+/// Every rank's record in the cluster's current generation (`None`: missing, or not
+/// this run's and generation's).
+pub fn read_records(layout: &Layout, c: &ClusterRecord) -> Vec<Option<RankRecord>> {
+    (0..c.num_nodes)
         .map(|r| {
             store::read_json::<RankRecord>(&layout.rank_record(c.gen, r))
                 .ok()
                 .flatten()
                 .filter(|rec| rec.belongs_to(&c.run_id, c.gen, r))
         })
-        .collect();
+        .collect()
+}
+
+/// Generation `gen`'s abort: its abort record, else one a rank relayed in its record.
+pub fn read_abort(layout: &Layout, gen: u64, records: &[Option<RankRecord>]) -> Option<AbortInfo> {
+    store::read_json::<AbortInfo>(&layout.abort(gen))
+        .ok()
+        .flatten()
+        .or_else(|| records.iter().flatten().find_map(|r| r.abort.clone()))
+}
+
+/// The status of the cluster whose protocol state `layout` addresses (one cluster of a
+/// pipelined run: `Layout::with_cluster`).
+pub fn read_layout(layout: &Layout) -> Result<Status, String> {
+    let layout = layout.clone();
+    let c = super::read_cluster(&layout)?;
+    let records = read_records(&layout, &c);
     // Heartbeat ages as rank 0 observes its peers (its own file), and rank 0's as rank 1
     // observes it (in rank 1's record).
     let by_rank0: Vec<(u32, u64)> = store::read_json::<ObservedFile>(&layout.observed(c.gen))
@@ -111,10 +125,7 @@ pub fn read_layout(layout: &Layout) -> Result<Status, String> {
         };
         ages.iter().find(|(r, _)| *r == rank).map(|(_, ms)| *ms)
     };
-    let abort = store::read_json::<AbortInfo>(&layout.abort(c.gen))
-        .ok()
-        .flatten()
-        .or_else(|| records.iter().flatten().find_map(|r| r.abort.clone()));
+    let abort = read_abort(&layout, c.gen, &records);
     let waiting_for = records
         .first()
         .and_then(|r| r.as_ref())
