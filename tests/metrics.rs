@@ -119,6 +119,55 @@ fn two_nodes_write_one_line_per_iteration_matching_the_merged_records() {
     assert_eq!(evals, [true, false, true]);
 }
 
+/// Rank 1's rollout is slow: rank 0 waits for it at rollout-complete. The spread over
+/// ranks shows it (the slow rank's rollout time is the max, rank 0's the min, rank 0's
+/// barrier wait covers it); the trainer's report becomes `trainer/*`; `train/*` says
+/// what was trained.
+#[test]
+fn the_spread_over_ranks_and_the_trainers_numbers_are_in_each_line() {
+    let commands = r#"
+[phases.rollout]
+command = '''if [ {rank} = 1 ]; then sleep 0.8; fi; printf '{"reward": 1}\n{"reward": 2}\n' > {output}'''
+[phases.train]
+command = '''mkdir -p {output}/checkpoint-1 && echo {iteration} > {output}/checkpoint-1/w && printf '{"train_loss": 0.{iteration}, "Epoch": 1, "note": "x"}' > {output}/all_results.json'''
+"#;
+    let c = TestCluster::new(2, commands);
+    let mut nodes = c.spawn_all(&["--iterations", "2"]);
+    wait_all(&mut nodes);
+    let lines = lines(&c);
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    for l in &lines {
+        let it = l["iteration"].as_u64().unwrap();
+        let num = |k: &str| l[k].as_f64().unwrap_or_else(|| panic!("no {k} in {l}"));
+        // The slow rank's rollout (>= 0.8 s) is the max; rank 0's (no sleep) the min.
+        assert!(num("time/train_rollout_max_s") >= 0.8, "{l}");
+        assert!(num("time/train_rollout_min_s") < 0.5, "{l}");
+        let med = num("time/train_rollout_median_s");
+        let mid = (num("time/train_rollout_min_s") + num("time/train_rollout_max_s")) / 2.0;
+        assert!(
+            (med - mid).abs() < 0.002,
+            "median of two is their mean: {l}"
+        );
+        let waits = l["barrier/wait_by_rank_s"]
+            .as_array()
+            .expect("wait_by_rank");
+        assert_eq!(waits.len(), 2, "{l}");
+        // Rank 0 waited for rank 1's rollout; rank 1 hardly waited for anyone.
+        assert!(waits[0].as_f64().unwrap() >= 0.5, "{l}");
+        assert!(
+            waits[1].as_f64().unwrap() < waits[0].as_f64().unwrap(),
+            "{l}"
+        );
+        assert_eq!(l["train/ran"], true, "{l}");
+        assert_eq!(l["train/samples_total"], 4, "{l}");
+        assert_eq!(l["train/samples_total"], l["rollout/records"], "{l}");
+        assert_eq!(l["train/failed_ranks"], 0, "{l}");
+        assert_eq!(num("trainer/train_loss"), it as f64 / 10.0, "{l}");
+        assert_eq!(l["trainer/epoch"], 1.0, "{l}");
+        assert!(l.get("trainer/note").is_none(), "{l}");
+    }
+}
+
 /// Both nodes are killed at the start of iteration 3 and rank 1's journal loses its
 /// completion of iteration 2 (as if it had died before journaling it), so the restarted
 /// cluster walks iteration 2 again, on rank 0 too: rank 0 must not write its line again.

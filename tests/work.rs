@@ -413,7 +413,7 @@ n=$(cat "$f" 2>/dev/null || echo 0); n=$((n + 1)); echo "$n" > "$f"
     let mut nodes = w.c.spawn_all(ONE);
     wait_ok(&mut nodes, "retries");
     let (mut first, mut second) = (vec![], vec![]);
-    let mut items = 0u64;
+    let (mut items, mut retries) = (0u64, 0u64);
     for r in 0..2 {
         let ev = w.items_event(r, 1);
         let total = ev["total"].as_u64().unwrap();
@@ -421,6 +421,7 @@ n=$(cat "$f" 2>/dev/null || echo 0); n=$((n + 1)); echo "$n" > "$f"
         assert_eq!(ev["failed"], 0, "rank {r}: {ev}");
         assert_eq!(ev["retries"], 2 * total, "rank {r}: {ev}");
         items += total;
+        retries += 2 * total;
         let mut attempts: BTreeMap<String, Vec<u64>> = BTreeMap::new();
         for e in w.events(r, "retry", 1) {
             assert_eq!(e["exit"], 75, "{e}");
@@ -456,6 +457,18 @@ n=$(cat "$f" 2>/dev/null || echo 0); n=$((n + 1)); echo "$n" > "$f"
         );
     }
     assert_eq!(items, 8);
+    // metrics.jsonl counts every rank's retries, not only rank 0's (they travel to rank
+    // 0 with the final-sync arrivals).
+    let line: serde_json::Value = serde_json::from_str(
+        fs::read_to_string(w.c.log_path.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(line["rollout/retries"], retries, "{line}");
+    assert_eq!(line["rollout/failed"], 0, "{line}");
     assert!(
         mean(&second) > mean(&first),
         "backoff did not grow: attempt 1 delays {first:?}, attempt 2 delays {second:?}"

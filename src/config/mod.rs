@@ -296,6 +296,12 @@ pub struct Observe {
     /// Top-level numeric fields of the merged train records summarised in
     /// `metrics.jsonl` (mean, min, max).
     pub metrics_fields: Vec<String>,
+    /// A JSON file the train command writes (a template): its top-level numbers go into
+    /// `metrics.jsonl` as `trainer/<key>`. Empty: none.
+    pub train_metrics: String,
+    /// Where each node rewrites its Prometheus text-format file for node_exporter's
+    /// textfile collector (a template; `{rank}` tells ranks on one host apart). Empty: off.
+    pub prometheus_textfile: String,
 }
 
 /// Which model a pipelined rollout uses (`pipeline.model`).
@@ -488,6 +494,8 @@ impl Templates {
             &p.eval.workers_wait_for,
             &c.server.command,
             &c.server.health_url,
+            &c.observe.train_metrics,
+            &c.observe.prometheus_textfile,
         ]
         .into_iter()
         .chain(c.env.values());
@@ -1213,12 +1221,15 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
             "must be at least 1 (1: one attempt, no retry)",
         ));
     }
-    for key in ["server.command", "server.health-url"] {
-        let text = if key == "server.command" {
-            &c.server.command
-        } else {
-            &c.server.health_url
-        };
+    for (key, text) in [
+        ("server.command", &c.server.command),
+        ("server.health-url", &c.server.health_url),
+        ("observe.train-metrics", &c.observe.train_metrics),
+        (
+            "observe.prometheus-textfile",
+            &c.observe.prometheus_textfile,
+        ),
+    ] {
         Template::parse(text).map_err(|e| l.invalid(key, e.to_string()))?;
     }
     Ok(())

@@ -12,6 +12,7 @@
 //! iterations that already have a line, so a resumed run never writes one twice.
 
 use crate::events::{Aggregated, Event, ItemsMode};
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::BufRead;
@@ -35,6 +36,57 @@ pub(crate) struct Collector {
     eval_ran: bool,
     /// The model's version and staleness the iteration ran with.
     model: (u64, u64),
+    /// Rank 0: every rank's numbers as gathered at `final-sync` (index = rank; `None`
+    /// for a rank whose arrival carried none, e.g. a node of an older version).
+    ranks: Vec<Option<RankNumbers>>,
+    /// Rank 0: what training did, when the iteration trained.
+    train: Option<Trained>,
+    /// Rank 0: the trainer's own numbers (`[observe] train-metrics`).
+    trainer: BTreeMap<String, f64>,
+}
+
+/// One rank's numbers for the iteration, carried by its `final-sync` arrival to rank 0:
+/// its wall time in each phase it walked before `final-sync`, its wait at the barriers
+/// before it, and its own items' failures and retries.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct RankNumbers {
+    /// Seconds per phase (names as in `time/<phase>_s`), rounded to milliseconds.
+    #[serde(default)]
+    pub phases: BTreeMap<String, f64>,
+    #[serde(default)]
+    pub wait_s: f64,
+    /// Whether the rank ran planned items (per-task mode) this iteration.
+    #[serde(default)]
+    pub items: bool,
+    #[serde(default)]
+    pub failed: u64,
+    #[serde(default)]
+    pub retries: u64,
+}
+
+/// What training did in the iteration, as rank 0 knows it after `training-complete`.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Trained {
+    /// Records of the train split it trained on (the merge's manifest), if readable.
+    pub samples: Option<u64>,
+    /// Ranks whose training failed.
+    pub failed_ranks: usize,
+}
+
+/// Round to milliseconds, as every `_s` key is.
+fn ms(secs: f64) -> f64 {
+    (secs * 1000.0).round() / 1000.0
+}
+
+/// The median of `v` (sorted in place; the mean of the middle two for an even count).
+fn median(v: &mut [f64]) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
 }
 
 impl Collector {
@@ -87,6 +139,45 @@ impl Collector {
         self.eval_ran = eval;
     }
 
+    /// This rank's numbers so far, for its `final-sync` arrival: the phases it closed
+    /// (not the one it is in), its barrier waits, its items.
+    pub(crate) fn numbers(&self) -> RankNumbers {
+        RankNumbers {
+            phases: self
+                .phases
+                .iter()
+                .map(|(n, d)| (n.clone(), ms(d.as_secs_f64())))
+                .collect(),
+            wait_s: ms(self.barrier_wait.as_secs_f64()),
+            items: self.items_seen,
+            failed: self.failed,
+            retries: self.retries,
+        }
+    }
+
+    /// Rank 0: the ranks' `final-sync` payloads (index = rank), each carrying its
+    /// numbers under `"metrics"`.
+    pub(crate) fn gathered(&mut self, payloads: &[Value]) {
+        self.ranks = payloads
+            .iter()
+            .map(|p| serde_json::from_value(p.get("metrics")?.clone()).ok())
+            .collect();
+    }
+
+    /// Rank 0: the iteration trained (`failed_ranks` of its ranks failed), on a train
+    /// split of `samples` records.
+    pub(crate) fn trained(&mut self, samples: Option<u64>, failed_ranks: usize) {
+        self.train = Some(Trained {
+            samples,
+            failed_ranks,
+        });
+    }
+
+    /// Rank 0: the trainer's own numbers, from its `[observe] train-metrics` file.
+    pub(crate) fn trainer(&mut self, numbers: BTreeMap<String, f64>) {
+        self.trainer = numbers;
+    }
+
     /// Stop timing the current phase at `now`.
     pub(crate) fn close(&mut self, now: Instant) {
         if let Some((name, since)) = self.current.take() {
@@ -114,22 +205,72 @@ impl Collector {
             m.insert(format!("time/{name}_s"), secs(*d));
         }
         m.insert("barrier/wait_s".into(), secs(self.barrier_wait));
+        let reported: Vec<&RankNumbers> = self.ranks.iter().flatten().collect();
+        // The spread over ranks of each phase any rank walked (before final-sync).
+        let names: BTreeSet<&String> = reported.iter().flat_map(|r| r.phases.keys()).collect();
+        for name in names {
+            let mut v: Vec<f64> = reported
+                .iter()
+                .filter_map(|r| r.phases.get(name).copied())
+                .collect();
+            let (min, max) = (
+                v.iter().copied().reduce(f64::min),
+                v.iter().copied().reduce(f64::max),
+            );
+            m.insert(format!("time/{name}_min_s"), min.into());
+            m.insert(
+                format!("time/{name}_median_s"),
+                median(&mut v).map(ms).into(),
+            );
+            m.insert(format!("time/{name}_max_s"), max.into());
+        }
+        if !self.ranks.is_empty() {
+            let waits: Vec<Value> = self
+                .ranks
+                .iter()
+                .map(|r| r.as_ref().map(|r| r.wait_s).into())
+                .collect();
+            m.insert("barrier/wait_by_rank_s".into(), waits.into());
+        }
         m.insert("rollout/records".into(), self.records.into());
         m.insert("rollout/bytes".into(), self.bytes.into());
         m.insert("rollout/raw".into(), self.records.into());
         m.insert("rollout/budget".into(), fixed.budget.into());
+        // Every rank's items when the ranks reported their numbers, else rank 0's.
+        let (items_seen, failed, retries) = if reported.is_empty() {
+            (self.items_seen, self.failed, self.retries)
+        } else {
+            (
+                reported.iter().any(|r| r.items),
+                reported.iter().map(|r| r.failed).sum(),
+                reported.iter().map(|r| r.retries).sum(),
+            )
+        };
         let items = |n: u64| {
-            if self.items_seen {
+            if items_seen {
                 Value::from(n)
             } else {
                 Value::Null
             }
         };
-        m.insert("rollout/failed".into(), items(self.failed));
-        m.insert("rollout/retries".into(), items(self.retries));
+        m.insert("rollout/failed".into(), items(failed));
+        m.insert("rollout/retries".into(), items(retries));
         m.insert("model/version".into(), self.model.0.into());
         m.insert("model/staleness".into(), self.model.1.into());
         m.insert("eval/ran".into(), self.eval_ran.into());
+        let t = self.train.as_ref();
+        m.insert("train/ran".into(), t.is_some().into());
+        m.insert(
+            "train/samples_total".into(),
+            t.and_then(|t| t.samples).into(),
+        );
+        m.insert(
+            "train/failed_ranks".into(),
+            t.map(|t| t.failed_ranks).into(),
+        );
+        for (key, v) in &self.trainer {
+            m.insert(format!("trainer/{key}"), (*v).into());
+        }
         for (field, s) in &stats.fields {
             let f = |v: Option<f64>| v.map(Value::from).unwrap_or(Value::Null);
             m.insert(format!("rollout/{field}_mean"), f(s.mean()));
@@ -229,6 +370,33 @@ pub(crate) fn file_stats(path: &Path, fields: &[String]) -> FieldStats {
     std::fs::File::open(path)
         .and_then(|f| field_stats(std::io::BufReader::new(f), fields))
         .unwrap_or_else(|_| FieldStats::empty(fields))
+}
+
+/// The top-level numbers of a trainer's JSON report (`[observe] train-metrics`, e.g.
+/// Hugging Face's `all_results.json`: `{"epoch": 1.0, "train_loss": 0.42, …}`), by key made
+/// fit for the metrics scheme (lower case; anything but letters, digits and `_` becomes
+/// `_`). Anything but a JSON object gives none; non-numbers and non-finite numbers are
+/// left out.
+pub(crate) fn trainer_numbers(bytes: &[u8]) -> BTreeMap<String, f64> {
+    let Ok(Value::Object(obj)) = serde_json::from_slice::<Value>(bytes) else {
+        return BTreeMap::new();
+    };
+    obj.iter()
+        .filter_map(|(k, v)| {
+            let v = v.as_f64().filter(|v| v.is_finite())?;
+            let key: String = k
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '_' {
+                        c.to_ascii_lowercase()
+                    } else {
+                        '_'
+                    }
+                })
+                .collect();
+            Some((key, v))
+        })
+        .collect()
 }
 
 /// The iterations `metrics.jsonl` already has a line for (of this run and cluster), and whether
@@ -353,5 +521,67 @@ mod tests {
         assert_eq!(v["eval/ran"], false);
         assert_eq!(v["rollout/reward_mean"], Value::Null);
         assert_eq!(v["rollout/reward_skipped"], 0);
+    }
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(&mut []), None);
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), Some(2.5));
+    }
+
+    #[test]
+    fn trainer_numbers_keep_finite_numbers_under_scheme_keys() {
+        let n = trainer_numbers(br#"{"train_loss": 0.25, "Epoch": 1, "eval/acc": 0.5, "note": "x", "ok": true, "nested": {"a": 1}}"#);
+        assert_eq!(
+            n.into_iter().collect::<Vec<_>>(),
+            [
+                ("epoch".to_string(), 1.0),
+                ("eval_acc".to_string(), 0.5),
+                ("train_loss".to_string(), 0.25)
+            ]
+        );
+        assert!(trainer_numbers(b"[1, 2]").is_empty());
+        assert!(trainer_numbers(b"not json").is_empty());
+    }
+
+    #[test]
+    fn the_spread_is_over_the_ranks_that_reported_and_items_are_summed() {
+        let mut c = Collector::default();
+        let rank = |train: f64, wait: f64, failed: u64, retries: u64| {
+            serde_json::json!({ "metrics": RankNumbers {
+                phases: BTreeMap::from([("train_rollout".to_string(), train)]),
+                wait_s: wait,
+                items: true,
+                failed,
+                retries,
+            }})
+        };
+        c.gathered(&[
+            rank(1.0, 0.5, 0, 1),
+            Value::Null,
+            rank(3.0, 0.0, 2, 3),
+            rank(2.0, 0.25, 1, 0),
+        ]);
+        let fixed = Fixed {
+            iteration: 1,
+            run: "r".into(),
+            cluster: None,
+            t: "now".into(),
+            elapsed: Duration::from_secs(4),
+            budget: None,
+        };
+        let v: Value = serde_json::from_str(&c.line(&fixed, &FieldStats::default())).unwrap();
+        assert_eq!(v["time/train_rollout_min_s"], 1.0);
+        assert_eq!(v["time/train_rollout_median_s"], 2.0);
+        assert_eq!(v["time/train_rollout_max_s"], 3.0);
+        assert_eq!(
+            v["barrier/wait_by_rank_s"],
+            serde_json::json!([0.5, null, 0.0, 0.25])
+        );
+        assert_eq!(v["rollout/failed"], 3);
+        assert_eq!(v["rollout/retries"], 4);
+        assert_eq!(v["train/ran"], false);
+        assert_eq!(v["train/samples_total"], Value::Null);
     }
 }

@@ -1521,6 +1521,9 @@ impl Node {
                     let summary = self.train_failure_summary();
                     self.warn(&format!("iteration {}: {summary}", self.iteration));
                 }
+                if self.is_master() && cfg.phases.train.is_set() {
+                    self.note_trained();
+                }
                 walk.training_released(!self.train_failed.is_empty());
             }
             Step::Barrier(b @ WalkBarrier::HandoffComplete) => {
@@ -1528,6 +1531,19 @@ impl Node {
                 let b = self.barrier(b.name(), Value::Null, |_| json!({ "model": model }))?;
                 if let Some(m) = b["model"].as_str() {
                     self.model = m.to_string();
+                }
+            }
+            Step::Barrier(b @ WalkBarrier::FinalSync) => {
+                // Each rank's numbers for metrics.jsonl travel with its arrival.
+                let numbers = self.metrics_collector().numbers();
+                let gather = json!({ "metrics": numbers });
+                let mut gathered = None;
+                self.barrier(b.name(), gather, |arrivals| {
+                    gathered = Some(arrivals.to_vec());
+                    Value::Null
+                })?;
+                if let Some(arrivals) = gathered {
+                    self.metrics_collector().gathered(&arrivals);
                 }
             }
             Step::Barrier(b) => {
@@ -2752,10 +2768,10 @@ impl Node {
             .state_dir()
             .join("events")
             .join(format!("rank-{}.jsonl", self.rank));
-        if self.is_master() {
-            self.metrics_collector()
-                .observe(&record.event, self.clock.now());
-        }
+        // Every rank keeps its numbers: rank 0 for its line, workers for their
+        // `final-sync` arrival (the spread over ranks).
+        self.metrics_collector()
+            .observe(&record.event, self.clock.now());
         self.event_log
             .append(&*self.store, &path, record.gen, &record.to_line());
     }
@@ -2775,6 +2791,42 @@ impl Node {
         let num = |k: &str| values.get(k).and_then(|v| v.parse().ok()).unwrap_or(0);
         let (version, staleness) = (num("model_version"), num("staleness"));
         self.metrics_collector().model_used(version, staleness);
+    }
+
+    /// Rank 0, once `training-complete` is released: what training did, for
+    /// `metrics.jsonl`: the records of the train split it trained on (its merge's
+    /// manifest), the ranks where it failed, and the trainer's own numbers from the
+    /// `[observe] train-metrics` file, read before the hand-off moves the output away.
+    /// Two small reads; a missing or unreadable file only leaves keys out.
+    fn note_trained(&mut self) {
+        let manifest =
+            crate::aggregate::manifest_path(&self.layout.aggregated(self.iteration, "train"));
+        let samples = self
+            .store
+            .read_json::<crate::aggregate::Manifest>(&manifest)
+            .ok()
+            .flatten()
+            .map(|m| m.records);
+        let trainer = if self.cfg.observe.train_metrics.trim().is_empty() {
+            Default::default()
+        } else {
+            let out = self.layout.train_output(self.iteration, self.gen());
+            let values = self.values("train", Some("train"), &out);
+            let path = self
+                .cfg
+                .template(&self.cfg.observe.train_metrics)
+                .render_raw(&values);
+            self.store
+                .read(Path::new(&path))
+                .ok()
+                .flatten()
+                .map(|b| metrics::trainer_numbers(&b))
+                .unwrap_or_default()
+        };
+        let failed = self.train_failed.len();
+        let mut c = self.metrics_collector();
+        c.trained(samples, failed);
+        c.trainer(trainer);
     }
 
     /// Rank 0, after the train split is merged: read it for `[observe] metrics-fields` on
