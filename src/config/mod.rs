@@ -1232,6 +1232,13 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
     ] {
         Template::parse(text).map_err(|e| l.invalid(key, e.to_string()))?;
     }
+    let prom = Template::parse(&c.observe.prometheus_textfile).expect("parsed above");
+    if let Some(name) = prom.names().into_iter().find(|n| *n != "rank") {
+        return Err(l.invalid(
+            "observe.prometheus-textfile",
+            format!("only {{rank}} can be used in this path, not {{{name}}}: the file is opened once, when the node starts"),
+        ));
+    }
     Ok(())
 }
 

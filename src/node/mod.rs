@@ -18,6 +18,7 @@ mod pipeline;
 mod publisher;
 mod server;
 pub mod supervisor;
+mod textfile;
 mod watchdog;
 mod work;
 
@@ -206,6 +207,8 @@ pub(crate) struct Node {
     /// Rank 0: the configured fields' statistics of the merged train split, computed
     /// while the iteration goes on.
     metrics_stats: Option<std::thread::JoinHandle<metrics::FieldStats>>,
+    /// `[observe] prometheus-textfile`, when set (not in the simulator).
+    textfile: std::sync::Mutex<Option<textfile::Textfile>>,
     /// The current wait is for this node's own command (see [`Node::wait_for`]).
     idle_wait: bool,
     /// Rank 0 waits at this barrier (see `watching::to_read`).
@@ -304,6 +307,7 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
         ));
     }
     let tasks = work::TaskSets::load(&cfg)?;
+    let textfile = open_textfile(&cfg, opts.rank)?;
     // Before the reaper thread exists, which collects every child (nvidia-smi's too).
     let (nproc, nproc_source) = context::nproc_per_node(&cfg.cluster.gpus_per_node);
 
@@ -348,6 +352,7 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
         broken: Broken::default(),
     };
     let node = Node::assemble(cfg, layout, opts.rank, opts.debug_mode, opts.fresh, parts);
+    *node.textfile.lock().unwrap_or_else(|e| e.into_inner()) = textfile;
     drive(
         node,
         loaded,
@@ -355,6 +360,25 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
         tasks,
         (nproc, nproc_source),
     )
+}
+
+/// `[observe] prometheus-textfile` for rank `rank`, written once now so that a path this
+/// node cannot write is refused (exit 2) before it joins anything.
+fn open_textfile(cfg: &Config, rank: u32) -> Result<Option<textfile::Textfile>, Stop> {
+    let text = &cfg.observe.prometheus_textfile;
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    let values = std::collections::BTreeMap::from([("rank", rank.to_string())]);
+    let path = PathBuf::from(cfg.template(text).render_raw(&values));
+    textfile::Textfile::open(&path, rank, cfg.pipeline_cluster(), &hostname())
+        .map(Some)
+        .map_err(|e| {
+            Stop::usage(
+                format!("observe.prometheus-textfile: {}", e.0),
+                Some("the file is node-local: its directory must exist and be writable on every node (node_exporter's --collector.textfile.directory), or set prometheus-textfile = \"\"".into()),
+            )
+        })
 }
 
 /// Run rank `rank` of the configuration in the file `config` inside this process, on
@@ -557,6 +581,7 @@ impl Node {
             metrics_log: EventLog::default(),
             metrics_written: Default::default(),
             metrics_stats: None,
+            textfile: Default::default(),
             idle_wait: false,
             barrier_wait: None,
             last_read: Vec::new(),
@@ -754,6 +779,7 @@ impl Node {
             self.watchdog.pet("polling the shared directory");
             self.poll_cluster()?;
             self.relay_round();
+            self.textfile_round();
             if let Some(v) = check(self)? {
                 return Ok(v);
             }
@@ -795,6 +821,32 @@ impl Node {
             while let Ok(ev) = self.events.try_recv() {
                 self.handle_event(ev)?;
             }
+        }
+    }
+
+    /// Rewrite the Prometheus textfile if it is due (`textfile::Textfile::tick`); a
+    /// failed write is reported when its message changes, and never stops the node.
+    fn textfile_round(&mut self) {
+        let refresh = self.cfg.timing.heartbeat_interval;
+        let now = Instant::now();
+        let Some(t) = self
+            .textfile
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+        else {
+            return;
+        };
+        let result = t.tick(now, refresh).err();
+        if result != t.last_error {
+            let msg = match &result {
+                Some(e) => {
+                    format!("observe.prometheus-textfile: cannot write {e}; the node goes on")
+                }
+                None => "observe.prometheus-textfile: written again".to_string(),
+            };
+            t.last_error = result;
+            self.warn(&msg);
         }
     }
 
@@ -965,6 +1017,14 @@ impl Node {
         // Rank 0's (one entry per peer) goes to a file of its own, which workers never
         // read; a worker's (rank 0 alone) stays in its record.
         let observed = self.watch.observed(self.rank, self.clock.since_start());
+        if let Some(t) = self
+            .textfile
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+        {
+            t.peer_ages(&observed);
+        }
         if let Some(p) = &self.publisher {
             match (self.rank, &self.cluster) {
                 (0, Some(c)) => p.stage_observed(&self.layout.observed(c.gen), observed),
@@ -2772,6 +2832,14 @@ impl Node {
         // `final-sync` arrival (the spread over ranks).
         self.metrics_collector()
             .observe(&record.event, self.clock.now());
+        if let Some(t) = self
+            .textfile
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+        {
+            t.observe(&record.event, record.iteration, record.gen);
+        }
         self.event_log
             .append(&*self.store, &path, record.gen, &record.to_line());
     }

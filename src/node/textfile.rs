@@ -1,0 +1,468 @@
+//! `[observe] prometheus-textfile`: each node rewrites a Prometheus text-format file with
+//! its own gauges and counters, for node_exporter's textfile collector (docs/metrics.md,
+//! "Prometheus").
+//!
+//! The file is node-local (node_exporter reads it on the same machine), so it is written
+//! with plain file calls, not through the shared directory's store, and never waits on
+//! the shared filesystem. A rewrite is a temporary file in the same directory renamed over
+//! the old one, so the collector never reads half a file; the temporary file's name does
+//! not end in `.prom`, which the collector ignores.
+//!
+//! The node feeds it the events it logs ([`Textfile::observe`]) and the heartbeat ages it
+//! observes ([`Textfile::peer_ages`]); its wait loop calls [`Textfile::tick`], which
+//! rewrites the file when something changed (at most every [`MIN_GAP`]) and at least
+//! every `heartbeat-interval` (the ages grow on their own). The exposition format is the
+//! `prometheus` crate's text encoder (format 0.0.4, what the collector parses).
+
+use crate::events::Event;
+use crate::protocol::Phase;
+use prometheus::{
+    Counter, Encoder, Gauge, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// The shortest time between two rewrites for a change (a burst of events is one write).
+pub(crate) const MIN_GAP: Duration = Duration::from_millis(200);
+
+/// Every phase's name, for the one-hot `rl_node_phase` gauge.
+const PHASES: [Phase; 14] = [
+    Phase::SyncStart,
+    Phase::TrainRollout,
+    Phase::RolloutComplete,
+    Phase::AggregateTrain,
+    Phase::FilesReady,
+    Phase::EvalDecision,
+    Phase::Eval,
+    Phase::StopServer,
+    Phase::PrepareData,
+    Phase::TrainingReady,
+    Phase::Training,
+    Phase::Handoff,
+    Phase::RestartServer,
+    Phase::FinalSync,
+];
+
+/// One node's metrics and the file they go to.
+pub(crate) struct Textfile {
+    path: PathBuf,
+    registry: Registry,
+    running: IntGauge,
+    iteration: IntGauge,
+    generation: IntGauge,
+    phase: IntGaugeVec,
+    phase_number: IntGauge,
+    peer_age: GaugeVec,
+    commands: IntCounterVec,
+    commands_failed: IntCounterVec,
+    barriers: IntCounter,
+    barrier_wait: Counter,
+    retries: IntCounter,
+    items_failed: IntCounter,
+    server_starts: IntCounter,
+    written_at: Gauge,
+    /// The peers whose age is in `peer_age` (to drop one that is no longer reported).
+    peers: Vec<u32>,
+    changed: bool,
+    last_write: Option<Instant>,
+    /// The last write's error, reported once per kind of failure by the caller.
+    pub(crate) last_error: Option<String>,
+}
+
+/// Why the file cannot be used, for the node's exit-2 message.
+#[derive(Debug)]
+pub(crate) struct Unusable(pub String);
+
+impl Textfile {
+    /// Metrics of rank `rank` (of `cluster`, in a pipelined run) on `host`, written to
+    /// `path`. Writes the file once now, so a path that cannot be written is found
+    /// before the node joins anything.
+    pub(crate) fn open(
+        path: &Path,
+        rank: u32,
+        cluster: Option<&str>,
+        host: &str,
+    ) -> Result<Textfile, Unusable> {
+        let mut labels = std::collections::HashMap::from([("rank".to_string(), rank.to_string())]);
+        if let Some(c) = cluster {
+            labels.insert("cluster".into(), c.to_string());
+        }
+        let registry =
+            Registry::new_custom(Some("rl_node".into()), Some(labels)).expect("valid labels");
+        let info = IntGaugeVec::new(
+            Opts::new(
+                "info",
+                "This node: always 1, with its host and rl-node's version.",
+            ),
+            &["host", "version"],
+        )
+        .expect("valid");
+        info.with_label_values(&[host, env!("CARGO_PKG_VERSION")])
+            .set(1);
+        registry
+            .register(Box::new(info))
+            .expect("metric names are distinct");
+        let g = |name: &str, help: &str| IntGauge::new(name, help).expect("valid");
+        let c = |name: &str, help: &str| IntCounter::new(name, help).expect("valid");
+        let t = Textfile {
+            path: path.to_path_buf(),
+            running: g("running", "1 while the node runs; 0 once it has ended."),
+            iteration: g("iteration", "The iteration the node is in (0 before the first)."),
+            generation: g("generation", "The generation (start of the cluster) the node is in."),
+            phase: IntGaugeVec::new(
+                Opts::new("phase", "1 for the phase the node is in, 0 for the others."),
+                &["phase"],
+            )
+            .expect("valid"),
+            phase_number: g(
+                "phase_number",
+                "The number of the phase the node is in (0 sync-start .. 13 final-sync; -1 none).",
+            ),
+            peer_age: GaugeVec::new(
+                Opts::new(
+                    "peer_heartbeat_age_seconds",
+                    "Age of each peer's heartbeat as this node observes it (rank 0 sees every rank, a worker rank 0).",
+                ),
+                &["peer"],
+            )
+            .expect("valid"),
+            commands: IntCounterVec::new(
+                Opts::new("commands_total", "Phase commands that ended, by phase."),
+                &["phase"],
+            )
+            .expect("valid"),
+            commands_failed: IntCounterVec::new(
+                Opts::new(
+                    "commands_failed_total",
+                    "Phase commands that ended with a non-zero exit or a signal, by phase.",
+                ),
+                &["phase"],
+            )
+            .expect("valid"),
+            barriers: c("barriers_total", "Barriers passed."),
+            barrier_wait: Counter::new(
+                "barrier_wait_seconds_total",
+                "Seconds spent waiting at barriers.",
+            )
+            .expect("valid"),
+            retries: c("item_retries_total", "Retries of planned items (per-task rollouts)."),
+            items_failed: c(
+                "items_failed_total",
+                "Planned items that failed for good (per-task rollouts).",
+            ),
+            server_starts: c("server_starts_total", "Inference server starts."),
+            written_at: Gauge::new(
+                "textfile_written_timestamp_seconds",
+                "When this file was written (Unix time): a stale value means the node stopped writing.",
+            )
+            .expect("valid"),
+            registry,
+            peers: Vec::new(),
+            changed: true,
+            last_write: None,
+            last_error: None,
+        };
+        let reg = |c: Box<dyn prometheus::core::Collector>| {
+            t.registry.register(c).expect("metric names are distinct");
+        };
+        for m in [&t.running, &t.iteration, &t.generation, &t.phase_number] {
+            reg(Box::new(m.clone()));
+        }
+        reg(Box::new(t.phase.clone()));
+        reg(Box::new(t.peer_age.clone()));
+        reg(Box::new(t.commands.clone()));
+        reg(Box::new(t.commands_failed.clone()));
+        for m in [&t.barriers, &t.retries, &t.items_failed, &t.server_starts] {
+            reg(Box::new(m.clone()));
+        }
+        reg(Box::new(t.barrier_wait.clone()));
+        reg(Box::new(t.written_at.clone()));
+        let mut t = t;
+        t.running.set(1);
+        t.phase_number.set(-1);
+        for p in PHASES {
+            t.phase.with_label_values(&[p.name()]).set(0);
+        }
+        t.write(Instant::now())
+            .map_err(|e| Unusable(format!("cannot write {}: {e}", path.display())))?;
+        Ok(t)
+    }
+
+    /// Take in one event the node logged in `iteration` of generation `gen`.
+    pub(crate) fn observe(&mut self, event: &Event, iteration: u64, gen: u64) {
+        self.iteration.set(iteration as i64);
+        self.generation.set(gen as i64);
+        match event {
+            Event::Phase { phase, n } => {
+                for p in PHASES {
+                    self.phase
+                        .with_label_values(&[p.name()])
+                        .set(i64::from(p == *phase));
+                }
+                self.phase_number.set(i64::from(*n));
+            }
+            Event::Barrier { waited_ms, .. } => {
+                self.barriers.inc();
+                self.barrier_wait.inc_by(*waited_ms as f64 / 1000.0);
+            }
+            Event::Command { phase, exit, .. } => {
+                self.commands.with_label_values(&[phase]).inc();
+                if exit != "exit code 0" {
+                    self.commands_failed.with_label_values(&[phase]).inc();
+                }
+            }
+            Event::Retry { .. } => self.retries.inc(),
+            Event::ItemFailed { .. } => self.items_failed.inc(),
+            Event::ServerStart { .. } => self.server_starts.inc(),
+            _ => return,
+        }
+        self.changed = true;
+    }
+
+    /// The heartbeat ages this node observes now: (rank, milliseconds).
+    pub(crate) fn peer_ages(&mut self, ages: &[(u32, u64)]) {
+        let now: Vec<u32> = ages.iter().map(|(r, _)| *r).collect();
+        for gone in self.peers.iter().filter(|r| !now.contains(r)) {
+            let _ = self.peer_age.remove_label_values(&[&gone.to_string()]);
+        }
+        for (rank, ms) in ages {
+            self.peer_age
+                .with_label_values(&[&rank.to_string()])
+                .set(*ms as f64 / 1000.0);
+        }
+        self.peers = now;
+    }
+
+    /// Rewrite the file if something changed (at most every [`MIN_GAP`]) or `refresh`
+    /// has passed since the last write. `Err` only for a failed write, with its message.
+    pub(crate) fn tick(&mut self, now: Instant, refresh: Duration) -> Result<(), String> {
+        let since = self.last_write.map(|t| now.saturating_duration_since(t));
+        let due = match since {
+            None => true,
+            Some(s) => (self.changed && s >= MIN_GAP) || s >= refresh,
+        };
+        if !due {
+            return Ok(());
+        }
+        self.write(now)
+            .map_err(|e| format!("{}: {e}", self.path.display()))
+    }
+
+    /// The node has ended: say so in the file (best effort). Also done on drop.
+    pub(crate) fn finish(&mut self) {
+        self.running.set(0);
+        self.phase_number.set(-1);
+        for p in PHASES {
+            self.phase.with_label_values(&[p.name()]).set(0);
+        }
+        let _ = self.write(Instant::now());
+    }
+
+    /// The file's text now.
+    pub(crate) fn render(&self) -> String {
+        let mut buf = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .expect("writing to a Vec");
+        String::from_utf8(buf).expect("the text encoder writes UTF-8")
+    }
+
+    fn write(&mut self, now: Instant) -> std::io::Result<()> {
+        let unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        self.written_at.set(unix);
+        let text = self.render();
+        let dir = self.path.parent().filter(|p| !p.as_os_str().is_empty());
+        let name = self
+            .path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let tmp = dir
+            .unwrap_or(Path::new("."))
+            .join(format!(".{name}.{}.tmp", std::process::id()));
+        self.last_write = Some(now);
+        self.changed = false;
+        let result = std::fs::write(&tmp, text).and_then(|_| std::fs::rename(&tmp, &self.path));
+        if result.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        result
+    }
+}
+
+impl Drop for Textfile {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    /// The samples of a text-format file: (name, labels) → value. Comment lines are
+    /// skipped; every other line must be a sample.
+    fn samples(text: &str) -> BTreeMap<(String, BTreeMap<String, String>), f64> {
+        let mut out = BTreeMap::new();
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let (series, value) = line.rsplit_once(' ').expect("a sample line");
+            let (name, labels) = match series.split_once('{') {
+                Some((n, rest)) => {
+                    let body = rest.strip_suffix('}').expect("closed labels");
+                    let labels = body
+                        .split(',')
+                        .map(|kv| {
+                            let (k, v) = kv.split_once('=').expect("k=v");
+                            (k.to_string(), v.trim_matches('"').to_string())
+                        })
+                        .collect();
+                    (n.to_string(), labels)
+                }
+                None => (series.to_string(), BTreeMap::new()),
+            };
+            out.insert((name, labels), value.parse().expect("a number"));
+        }
+        out
+    }
+
+    fn get(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let labels = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        samples(text).get(&(name.to_string(), labels)).copied()
+    }
+
+    #[test]
+    fn events_become_gauges_and_counters() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rl-node.prom");
+        let mut t = Textfile::open(&path, 2, Some("update"), "host-a").unwrap();
+        let me = [("rank", "2"), ("cluster", "update")];
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let mut v = me.to_vec();
+            v.extend_from_slice(extra);
+            v
+        };
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(get(&text, "rl_node_running", &me), Some(1.0), "{text}");
+        assert_eq!(
+            get(
+                &text,
+                "rl_node_info",
+                &with(&[("host", "host-a"), ("version", env!("CARGO_PKG_VERSION"))])
+            ),
+            Some(1.0),
+            "{text}"
+        );
+        t.observe(
+            &Event::Phase {
+                phase: Phase::Training,
+                n: 10,
+            },
+            3,
+            1,
+        );
+        for exit in ["exit code 0", "exit code 1"] {
+            t.observe(
+                &Event::Command {
+                    phase: "train".into(),
+                    exit: exit.into(),
+                    secs: 1.0,
+                },
+                3,
+                1,
+            );
+        }
+        t.observe(
+            &Event::Barrier {
+                name: "training-ready".into(),
+                k: 9,
+                waited_ms: 1500,
+            },
+            3,
+            1,
+        );
+        t.peer_ages(&[(0, 1200), (1, 300)]);
+        // A change right after a write waits for MIN_GAP; then it is written.
+        let now = Instant::now();
+        t.tick(now, Duration::from_secs(5)).unwrap();
+        t.tick(now + MIN_GAP, Duration::from_secs(5)).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        type Want<'a> = (&'a str, Vec<(&'a str, &'a str)>, f64);
+        let want: &[Want] = &[
+            ("rl_node_iteration", with(&[]), 3.0),
+            ("rl_node_generation", with(&[]), 1.0),
+            ("rl_node_phase", with(&[("phase", "training")]), 1.0),
+            ("rl_node_phase", with(&[("phase", "rollout-complete")]), 0.0),
+            ("rl_node_phase_number", with(&[]), 10.0),
+            ("rl_node_commands_total", with(&[("phase", "train")]), 2.0),
+            (
+                "rl_node_commands_failed_total",
+                with(&[("phase", "train")]),
+                1.0,
+            ),
+            ("rl_node_barriers_total", with(&[]), 1.0),
+            ("rl_node_barrier_wait_seconds_total", with(&[]), 1.5),
+            (
+                "rl_node_peer_heartbeat_age_seconds",
+                with(&[("peer", "0")]),
+                1.2,
+            ),
+            (
+                "rl_node_peer_heartbeat_age_seconds",
+                with(&[("peer", "1")]),
+                0.3,
+            ),
+        ];
+        for (name, labels, value) in want {
+            assert_eq!(
+                get(&text, name, labels),
+                Some(*value),
+                "{name} {labels:?} in:\n{text}"
+            );
+        }
+        assert_eq!(
+            samples(&text)
+                .keys()
+                .filter(|(n, _)| n == "rl_node_phase")
+                .count(),
+            14
+        );
+        // A peer no longer reported leaves the file; dropping it says the node ended.
+        t.peer_ages(&[(0, 100)]);
+        drop(t);
+        let end = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(
+            get(
+                &end,
+                "rl_node_peer_heartbeat_age_seconds",
+                &with(&[("peer", "1")])
+            ),
+            None,
+            "{end}"
+        );
+        assert_eq!(get(&end, "rl_node_running", &me), Some(0.0), "{end}");
+        assert_eq!(
+            get(&end, "rl_node_phase", &with(&[("phase", "training")])),
+            Some(0.0),
+            "{end}"
+        );
+        // Only the file itself is left in the directory (the temporary one was renamed).
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
+        assert_eq!(names.len(), 1);
+    }
+
+    #[test]
+    fn an_unwritable_path_is_refused_at_open() {
+        let e = Textfile::open(Path::new("/nonexistent-dir/x.prom"), 0, None, "h")
+            .err()
+            .expect("refused");
+        assert!(e.0.contains("/nonexistent-dir/x.prom"), "{}", e.0);
+    }
+}
