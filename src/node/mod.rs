@@ -12,6 +12,7 @@
 //! watchdog ends the node if a filesystem call on the shared directory hangs.
 
 pub(crate) mod context;
+mod forensics;
 mod join;
 mod metrics;
 mod pipeline;
@@ -219,6 +220,10 @@ pub(crate) struct Node {
     /// The longest poll step of the current wait, when it must notice sooner than
     /// `poll-interval` (a wait for the other cluster of a pipelined run).
     poll_cap: Option<Duration>,
+    /// Hang reports: when they are due, and their threads (`forensics`).
+    hang: forensics::Reporter,
+    /// The barrier or phase command the current wait is watched for overrunning.
+    hang_wait: Option<forensics::Watched>,
 }
 
 /// A log in the shared directory written through one open handle: one `write` per line,
@@ -512,6 +517,14 @@ impl Node {
     ) -> Node {
         let num_nodes = cfg.cluster.num_nodes;
         let nonce = random_id(&*parts.clock, 8);
+        // Only a node with processes of its own (not the simulator's) has any to report on.
+        let hang = forensics::Reporter::new(
+            cfg.timing.hang_report_at,
+            parts
+                .launcher
+                .registry()
+                .map(|r| (std::process::id() as i32, vec![r.guardian()])),
+        );
         Node {
             store: parts.store,
             clock: parts.clock,
@@ -563,6 +576,8 @@ impl Node {
             other: None,
             rollout_model: None,
             poll_cap: None,
+            hang,
+            hang_wait: None,
             cfg,
         }
     }
@@ -753,6 +768,7 @@ impl Node {
         loop {
             self.watchdog.pet("polling the shared directory");
             self.poll_cluster()?;
+            self.hang_round();
             self.relay_round();
             if let Some(v) = check(self)? {
                 return Ok(v);
@@ -1094,6 +1110,8 @@ impl Node {
                 "stopped {n} process(es) that had left their command's process group"
             ));
         }
+        // Reports started before the stop belong with it (their event, the record).
+        self.settle_hang_reports(forensics::SETTLE);
         // A failure that published no abort (e.g. a worker's join-timeout after it joined)
         // is published as this rank's own in its final record, so that its peers stop with
         // its reason instead of finding only "failed" (the seeded driver simulation found
@@ -1150,6 +1168,12 @@ impl Node {
             .update(|r| r.arrived = Some(barrier.arrival()));
         let deadline = self.clock.now() + self.cfg.timing.barrier_timeout;
         let started = self.clock.now();
+        self.watch_wait(
+            format!("barrier {name} (iteration {})", self.iteration),
+            "timing.barrier-timeout".into(),
+            self.cfg.timing.barrier_timeout,
+            started,
+        );
         use crate::protocol::barrier::Progress;
         let broadcast = if self.is_master() {
             let mut last_missing = Vec::new();
@@ -1175,6 +1199,7 @@ impl Node {
                 Progress::Released { .. } => unreachable!("rank 0 releases, it is not released"),
             });
             self.barrier_wait = None;
+            self.unwatch_wait();
             let payloads = self.end_wait(waited, || format!("barrier {name} did not complete"))?;
             let broadcast = decide(&payloads);
             let release = barrier.release(broadcast.clone());
@@ -1192,6 +1217,7 @@ impl Node {
                 Progress::Released { broadcast } => Ok(Some(broadcast)),
                 _ => Ok(None),
             });
+            self.unwatch_wait();
             self.end_wait(waited, || format!("barrier {name} was not released"))?
         };
         self.waiting_note.clear();
@@ -1387,6 +1413,7 @@ impl Node {
             self.handle_event(ev)?;
         }
         self.phase = Some(phase);
+        self.unwatch_wait();
         let it = self.iteration;
         // Written with what comes next (a barrier arrival, a command's start) when that
         // is within publisher::FOLD, on its own otherwise: one write instead of two per
@@ -2588,7 +2615,14 @@ impl Node {
         // Nothing waits on the peers while the command runs: read them at the idle
         // cadence (its exit still wakes the loop at once).
         self.idle_wait = true;
+        self.watch_wait(
+            format!("the {phase} command (pid {pid})"),
+            format!("phases.{phase}.timeout"),
+            pc.timeout,
+            running.started,
+        );
         let waited = self.wait_for(deadline, |n| Ok(n.exited.remove(&pid)));
+        self.unwatch_wait();
         self.idle_wait = false;
         self.waiting_note.clear();
         let exit = match waited {

@@ -240,6 +240,10 @@ pub struct RankRecord {
     /// not join instead of waiting silently. Nothing else about the slot changes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refused: Option<String>,
+    /// The newest hang report this rank wrote, relative to the log path
+    /// (docs/forensics.md), for `status`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hang_report: Option<String>,
     /// Wall-clock time of this write, for display only.
     pub wall: String,
 }
@@ -277,6 +281,7 @@ impl RankRecord {
             observed_ms: vec![],
             abort: None,
             refused: None,
+            hang_report: None,
             wall: String::new(),
         }
     }

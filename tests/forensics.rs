@@ -1,0 +1,341 @@
+//! Hang forensics (docs/forensics.md) with real processes: a phase command that hangs, a
+//! barrier that overruns, a peer frozen with SIGSTOP, and Python children asked about
+//! through a `py-spy` placed first on the node's PATH (one that answers, one that hangs
+//! and must be cut off). Each node writes `logs/iter-NNNN/rank-R.hang-K.txt` at
+//! `timing.hang-report-at` of the timeout (here set through the environment), and the run
+//! ends as it would have without the report.
+
+mod common;
+
+use common::cluster::*;
+use std::fs;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Generous limit for anything that should happen within a few seconds.
+const LIMIT: Duration = Duration::from_secs(30);
+
+fn report_path(c: &TestCluster, iteration: u64, rank: u32, k: u32) -> PathBuf {
+    c.log_path
+        .join(format!("logs/iter-{iteration:04}/rank-{rank}.hang-{k}.txt"))
+}
+
+/// The report once it exists (written whole: it appears by an atomic link).
+fn wait_report(c: &TestCluster, iteration: u64, rank: u32, k: u32) -> String {
+    let path = report_path(c, iteration, rank, k);
+    wait_until(LIMIT, &format!("{}", path.display()), || path.exists());
+    fs::read_to_string(&path).unwrap()
+}
+
+/// The lines of the report's section about the process whose command line is `cmdline`:
+/// its pid and the lines up to the next process.
+fn process_section<'a>(report: &'a str, cmdline: &str) -> Option<(i32, Vec<&'a str>)> {
+    let mut lines = report.lines();
+    while let Some(l) = lines.next() {
+        let Some(rest) = l.strip_prefix("### pid ") else {
+            continue;
+        };
+        if rest.split_once("): ").map(|(_, c)| c) != Some(cmdline) {
+            continue;
+        }
+        let pid = rest.split(' ').next().unwrap().parse().unwrap();
+        let body = lines
+            .by_ref()
+            .take_while(|l| !l.starts_with("### ") && !l.starts_with("## "))
+            .collect();
+        return Some((pid, body));
+    }
+    None
+}
+
+fn env(pairs: &[(&'static str, &str)]) -> Vec<(&'static str, String)> {
+    pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
+}
+
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .any(|d| d.join(program).is_file())
+}
+
+#[test]
+fn a_hanging_phase_command_gets_a_report_and_still_fails_at_its_timeout() {
+    let c = TestCluster::new(
+        1,
+        "[phases.rollout]\ncommand = \"sleep 1000; true\"\ntimeout = \"3s\"\n",
+    );
+    let mut node = c.spawn_env(
+        0,
+        &c.log_path,
+        &["--iterations", "1"],
+        &env(&[("RL_NODE_TIMING_HANG_REPORT_AT", "0.3")]),
+    );
+    let report = wait_report(&c, 1, 0, 1);
+    // Written at 0.9 s of the 3 s timeout: the command is still running then.
+    let code = node.wait(LIMIT);
+    let err = node.stderr();
+    assert_eq!(code, 4, "a phase timeout still exits 4:\n{err}");
+    assert!(err.contains("did not finish within its timeout"), "{err}");
+
+    assert!(report.starts_with("# rl-node hang report\n"), "{report}");
+    assert!(
+        report.contains("why: the rollout command (pid ")
+            && report.contains("of its timeout of 3s (phases.rollout.timeout)"),
+        "{report}"
+    );
+    for field in [
+        "time: ",
+        "host: ",
+        "rank: 0\n",
+        "generation: 1\n",
+        "iteration: 1\n",
+    ] {
+        assert!(report.contains(field), "no {field:?} in:\n{report}");
+    }
+    let (pid, sleep) = process_section(&report, "sleep 1000")
+        .unwrap_or_else(|| panic!("no section for sleep 1000:\n{report}"));
+    assert!(pid > 0);
+    assert!(sleep.contains(&"state: S (sleeping)"), "{sleep:?}");
+    assert!(sleep.iter().any(|l| l.starts_with("wchan: ")), "{sleep:?}");
+    assert!(sleep.contains(&"threads: 1"), "{sleep:?}");
+    assert!(
+        sleep.iter().any(|l| l.starts_with("kernel stack")),
+        "{sleep:?}"
+    );
+    // Its parent, the command's shell, is in the report too.
+    assert!(
+        report.lines().any(|l| l.starts_with("### pid ")
+            && l.ends_with("sh -c sleep 1000; true")
+            && !l.contains(&format!("pid {pid} "))),
+        "{report}"
+    );
+    assert!(
+        report.contains("## py-spy\n(no Python process)\n"),
+        "{report}"
+    );
+    assert!(report.contains("## nvidia-smi\n"), "{report}");
+    if !on_path("nvidia-smi") {
+        assert!(
+            report.contains("nvidia-smi: not installed (not on PATH)"),
+            "{report}"
+        );
+    }
+    // One report for the one overrun, and the event and the log line that point to it.
+    assert!(!report_path(&c, 1, 0, 2).exists());
+    let events = c.events(0);
+    let hang: Vec<_> = events
+        .iter()
+        .filter(|e| e["event"] == "hang-report")
+        .collect();
+    assert_eq!(hang.len(), 1, "{events:?}");
+    assert_eq!(hang[0]["path"], "logs/iter-0001/rank-0.hang-1.txt");
+    assert!(
+        hang[0]["why"]
+            .as_str()
+            .unwrap()
+            .contains("phases.rollout.timeout"),
+        "{hang:?}"
+    );
+    assert!(
+        err.contains("hang report logs/iter-0001/rank-0.hang-1.txt"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_barrier_wait_past_its_fraction_gets_a_report_naming_the_barrier() {
+    // Rank 1's rollout takes 4 s; rank 0 waits for it at rollout-complete, past 0.2 of
+    // the 10 s barrier-timeout, and the run still succeeds.
+    let c = TestCluster::new(
+        2,
+        "[phases.rollout]\ncommand = \"if [ {rank} = 1 ]; then sleep 4; fi; echo '{\\\"rank\\\": {rank}}' > {output}\"\n",
+    );
+    let vars = env(&[
+        ("RL_NODE_TIMING_HANG_REPORT_AT", "0.2"),
+        ("RL_NODE_TIMING_BARRIER_TIMEOUT", "10s"),
+    ]);
+    let mut nodes: Vec<NodeProc> = (0..2)
+        .map(|r| c.spawn_env(r, &c.log_path, &["--iterations", "1"], &vars))
+        .collect();
+    for n in &mut nodes {
+        let code = n.wait(LIMIT);
+        assert_eq!(code, 0, "rank {}:\n{}", n.rank, n.stderr());
+    }
+    let report = fs::read_to_string(report_path(&c, 1, 0, 1))
+        .unwrap_or_else(|e| panic!("no report of rank 0 ({e}):\n{}", nodes[0].stderr()));
+    assert!(
+        report.contains("why: barrier rollout-complete (iteration 1) waits for rank 1: ")
+            && report.contains("of its timeout of 10s (timing.barrier-timeout)"),
+        "{report}"
+    );
+    assert!(report.contains("phase: 2 (rollout-complete)\n"), "{report}");
+    // Rank 1 never waited long: no report of its own.
+    assert!(!report_path(&c, 1, 1, 1).exists());
+    assert!(c
+        .events(0)
+        .iter()
+        .any(|e| e["event"] == "hang-report" && e["path"] == "logs/iter-0001/rank-0.hang-1.txt"));
+}
+
+fn stopped(pid: i32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, r)| r.trim_start().starts_with('T'))
+        })
+        .unwrap_or(false)
+}
+
+#[test]
+fn a_peer_frozen_by_sigstop_is_named_in_the_survivors_report_and_status_points_to_it() {
+    let c = TestCluster::new(2, "[phases.rollout]\ncommand = \"sleep 1000; true\"\n");
+    // dead-after is 3 s (the tests' fast timing): a report at 0.9 s of silence.
+    let vars = env(&[("RL_NODE_TIMING_HANG_REPORT_AT", "0.3")]);
+    let mut nodes: Vec<NodeProc> = (0..2)
+        .map(|r| c.spawn_env(r, &c.log_path, &["--iterations", "1"], &vars))
+        .collect();
+    c.wait_phase(1, 1, "train-rollout", LIMIT);
+    c.wait_phase(0, 1, "train-rollout", LIMIT);
+    let frozen = nodes[1].node_process();
+    // SAFETY: kill(2) takes plain integers and touches no memory of ours.
+    unsafe { libc::kill(frozen, libc::SIGSTOP) };
+    wait_until(LIMIT, "rank 1's node process to be stopped", || {
+        stopped(frozen)
+    });
+    let report = wait_report(&c, 1, 0, 1);
+    assert!(
+        report.contains("why: rank 1 on ")
+            && report.contains(" is silent: its heartbeat has been still for ")
+            && report.contains("(dead at dead-after = 3s)"),
+        "{report}"
+    );
+    // The survivor's own command, as it was while it waited.
+    assert!(process_section(&report, "sleep 1000").is_some(), "{report}");
+    // Then rank 1 is declared dead as before.
+    let code = nodes[0].wait(LIMIT);
+    assert_eq!(code, 3, "{}", nodes[0].stderr());
+    assert!(
+        nodes[0].stderr().contains("is dead"),
+        "{}",
+        nodes[0].stderr()
+    );
+    let (_, text) = status(&c.log_path, false);
+    assert!(
+        text.contains("rank 0: hang report logs/iter-0001/rank-0.hang-1.txt"),
+        "{text}"
+    );
+    let (_, json) = status(&c.log_path, true);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(
+        v["ranks"][0]["hang_report"], "logs/iter-0001/rank-0.hang-1.txt",
+        "{json}"
+    );
+    // SAFETY: as above.
+    unsafe { libc::kill(frozen, libc::SIGCONT) };
+    let code = nodes[1].wait(LIMIT);
+    assert_ne!(code, 0, "{}", nodes[1].stderr());
+}
+
+/// A stand-in for py-spy: answers for a Python process whose command line says `answer`
+/// and hangs (as a py-spy stuck on a process might) for one that says `hang`.
+const FAKE_PY_SPY: &str = r#"#!/bin/sh
+# py-spy dump --pid PID
+pid=$3
+if tr '\0' ' ' < /proc/$pid/cmdline | grep -q hang; then exec sleep 999.25; fi
+echo "FAKE-PY-SPY-DUMP pid=$pid args=$*"
+echo "Thread 1 (idle): MainThread"
+"#;
+
+#[test]
+fn py_spy_on_path_is_asked_about_python_children_and_cut_off_when_it_hangs() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("bin");
+    fs::create_dir_all(&bin).unwrap();
+    let fake = bin.join("py-spy");
+    fs::write(&fake, FAKE_PY_SPY).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&fake, fs::Permissions::from_mode(0o755)).unwrap();
+    let sleeper = "import sys, time; time.sleep(1000)";
+    let c = TestCluster::new(
+        1,
+        &format!(
+            "[phases.rollout]\ncommand = \"python3 -c '{sleeper}' answer & python3 -c '{sleeper}' hang & wait\"\ntimeout = \"10s\"\n"
+        ),
+    );
+    let path = std::env::join_paths(std::iter::once(bin.clone()).chain(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    )))
+    .unwrap();
+    // A report at 2 s; the hanging py-spy is cut off 5 s later, before the 10 s timeout.
+    let mut node = c.spawn_env(
+        0,
+        &c.log_path,
+        &["--iterations", "1"],
+        &env(&[
+            ("RL_NODE_TIMING_HANG_REPORT_AT", "0.2"),
+            ("PATH", path.to_str().unwrap()),
+        ]),
+    );
+    let report = wait_report(&c, 1, 0, 1);
+    // The stuck py-spy was killed (its process group), not left behind until the node
+    // stops: the report is written after the cut-off, while the node still runs.
+    assert!(
+        process_alive_with("sleep 999.25").is_empty(),
+        "a stuck py-spy still runs"
+    );
+    let code = node.wait(LIMIT);
+    assert_eq!(code, 4, "{}", node.stderr());
+    let python = |tag: &str| {
+        report
+            .lines()
+            .filter_map(|l| l.strip_prefix("### pid "))
+            .find(|l| l.contains("python") && l.ends_with(&format!("time.sleep(1000) {tag}")))
+            .and_then(|l| l.split(' ').next()?.parse::<i32>().ok())
+            .unwrap_or_else(|| panic!("no python process `{tag}` in:\n{report}"))
+    };
+    let (answer, hang) = (python("answer"), python("hang"));
+    assert!(
+        report.contains(&format!(
+            "$ py-spy dump --pid {answer}\nFAKE-PY-SPY-DUMP pid={answer} args=dump --pid {answer}\nThread 1 (idle): MainThread\n"
+        )),
+        "{report}"
+    );
+    assert!(
+        report.contains(&format!(
+            "$ py-spy dump --pid {hang}\n(py-spy dump --pid {hang}: no answer within its time limit of 5s; killed)\n"
+        )),
+        "{report}"
+    );
+}
+
+#[test]
+fn hang_report_at_off_writes_no_report_and_a_bad_value_is_refused_naming_the_key() {
+    let c = TestCluster::new(
+        1,
+        "[phases.rollout]\ncommand = \"sleep 1000; true\"\ntimeout = \"2s\"\n",
+    );
+    let mut node = c.spawn_env(
+        0,
+        &c.log_path,
+        &["--iterations", "1"],
+        &env(&[("RL_NODE_TIMING_HANG_REPORT_AT", "off")]),
+    );
+    assert_eq!(node.wait(LIMIT), 4, "{}", node.stderr());
+    assert!(!report_path(&c, 1, 0, 1).exists());
+    assert!(!c.events(0).iter().any(|e| e["event"] == "hang-report"));
+
+    let mut bad = c.spawn_env(
+        0,
+        &c.log_path,
+        &["--iterations", "1"],
+        &env(&[("RL_NODE_TIMING_HANG_REPORT_AT", "1.5")]),
+    );
+    assert_eq!(bad.wait(LIMIT), 2);
+    let err = bad.stderr();
+    assert!(
+        err.contains("timing.hang-report-at") && err.contains("RL_NODE_TIMING_HANG_REPORT_AT"),
+        "{err}"
+    );
+}
