@@ -339,3 +339,130 @@ fn hang_report_at_off_writes_no_report_and_a_bad_value_is_refused_naming_the_key
         "{err}"
     );
 }
+
+// ------------------------------------------------------------------ hung filesystems
+
+/// Every thread of `pid` is gone (or a zombie).
+fn gone(pid: i32) -> bool {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return true;
+    };
+    tasks.flatten().all(|t| {
+        fs::read_to_string(t.path().join("stat"))
+            .ok()
+            .and_then(|s| s.rsplit_once(')')?.1.trim_start().chars().next())
+            .is_none_or(|c| c == 'Z' || c == 'X')
+    })
+}
+
+/// A command blocked on a mount whose server does not answer (not the shared directory):
+/// the report shows it asleep in the kernel, in FUSE, which is what a hung NFS or FUSE
+/// mount looks like from a node.
+#[test]
+fn a_command_stuck_on_a_hung_mount_is_reported_asleep_in_the_filesystem() {
+    let test = "a_command_stuck_on_a_hung_mount_is_reported_asleep_in_the_filesystem";
+    if !common::sshfs::require(test) {
+        return;
+    }
+    let mount = common::sshfs::SshfsCluster::start(1, 1).expect("sshfs substrate");
+    let target = mount.mount(0).join("never-looked-up");
+    let c = TestCluster::new(
+        1,
+        &format!(
+            "[phases.rollout]\ncommand = \"stat {}; sleep 1000; true\"\ntimeout = \"8s\"\n",
+            target.display()
+        ),
+    );
+    // A first use of the mount, so that its server's session runs when frozen.
+    fs::create_dir_all(mount.mount(0).join("warm")).unwrap();
+    let frozen = mount.freeze_server();
+    let mut node = c.spawn_env(
+        0,
+        &c.log_path,
+        &["--iterations", "1"],
+        &env(&[("RL_NODE_TIMING_HANG_REPORT_AT", "0.2")]),
+    );
+    let report = wait_report(&c, 1, 0, 1);
+    // The stat gets its answer now, and the command goes on to its timeout as before.
+    drop(frozen);
+    let code = node.wait(LIMIT);
+    assert_eq!(code, 4, "{}", node.stderr());
+    eprintln!("{report}");
+    let (_, stat) = process_section(&report, &format!("stat {}", target.display()))
+        .unwrap_or_else(|| panic!("no section for the stat:\n{report}"));
+    let state = stat.iter().find_map(|l| l.strip_prefix("state: ")).unwrap();
+    assert!(
+        state.starts_with('S') || state.starts_with('D'),
+        "asleep in the kernel, not {state}: {stat:?}"
+    );
+    let stack: Vec<&&str> = stat.iter().filter(|l| l.starts_with("  [<")).collect();
+    assert!(
+        stack.iter().any(|l| l.contains("fuse")),
+        "its kernel stack is in FUSE: {stat:?}"
+    );
+    let wchan = stat.iter().find_map(|l| l.strip_prefix("wchan: ")).unwrap();
+    assert!(!wchan.starts_with('0'), "{stat:?}");
+}
+
+/// The shared directory itself stops answering after a report was due: the report is
+/// collected (its summary reaches the node's console) and its write hangs on a thread of
+/// its own, while the watchdog ends the node at fs-timeout as it always did.
+#[test]
+fn a_report_whose_write_hangs_on_the_shared_directory_does_not_hold_up_the_watchdog() {
+    let test = "a_report_whose_write_hangs_on_the_shared_directory_does_not_hold_up_the_watchdog";
+    if !common::sshfs::require(test) {
+        return;
+    }
+    let mount = common::sshfs::SshfsCluster::start(1, 1).expect("sshfs substrate");
+    let marks = tempfile::tempdir().unwrap();
+    let c = TestCluster::new(
+        1,
+        &format!(
+            "[phases.rollout]\ncommand = \"touch {}/started; exec sleep 300.91\"\ntimeout = \"10s\"\n",
+            marks.path().display()
+        ),
+    );
+    let shared = mount.mount(0).join("exp");
+    fs::create_dir_all(&shared).unwrap();
+    // A report 2 s into the command; the heartbeat's write hangs at once, so the
+    // watchdog fires at 5 s.
+    let mut node = c.spawn_env(
+        0,
+        &shared,
+        &["--iterations", "1"],
+        &env(&[
+            ("RL_NODE_TIMING_HANG_REPORT_AT", "0.2"),
+            ("RL_NODE_TIMING_FS_TIMEOUT", "5s"),
+        ]),
+    );
+    wait_until(LIMIT, "the rollout to run", || {
+        marks.path().join("started").exists()
+    });
+    let inner = node.node_process();
+    let frozen = mount.freeze_server();
+    let froze = std::time::Instant::now();
+    let code = node.wait(LIMIT);
+    let after = froze.elapsed();
+    let err = node.stderr();
+    assert_eq!(code, 4, "{err}");
+    assert!(after < Duration::from_secs(5 + 12), "{after:?}:\n{err}");
+    assert!(
+        err.contains("writing a hang report: the rollout command"),
+        "{err}"
+    );
+    assert!(
+        err.lines()
+            .any(|l| l.contains("hang report: ") && l.contains("S sleep 300.91")),
+        "the summary comes before the write:\n{err}"
+    );
+    assert!(err.contains("fs-timeout is 5s"), "{err}");
+    assert!(
+        !err.contains("hang report logs/"),
+        "the report cannot have been written:\n{err}"
+    );
+    wait_until(LIMIT, "the rollout to be killed", || {
+        process_alive_with("sleep 300.91").is_empty()
+    });
+    drop(frozen);
+    wait_until(LIMIT, "the node process to exit", || gone(inner));
+}
