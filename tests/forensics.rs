@@ -170,12 +170,70 @@ fn a_barrier_wait_past_its_fraction_gets_a_report_naming_the_barrier() {
         "{report}"
     );
     assert!(report.contains("phase: 2 (rollout-complete)\n"), "{report}");
-    // Rank 1 never waited long: no report of its own.
-    assert!(!report_path(&c, 1, 1, 1).exists());
+    // Rank 0's call reached rank 1, whose report shows what its rollout was doing.
+    let slow = fs::read_to_string(report_path(&c, 1, 1, 1))
+        .unwrap_or_else(|e| panic!("no report of rank 1 ({e}):\n{}", nodes[1].stderr()));
+    assert!(
+        slow.contains(
+            "why: rank 0 called for hang reports: barrier rollout-complete (iteration 1) waits for rank 1: "
+        ),
+        "{slow}"
+    );
+    assert!(slow.contains("phase: 1 (train-rollout)\n"), "{slow}");
+    assert!(process_section(&slow, "sleep 4").is_some(), "{slow}");
+    // One report each: a call is answered once.
+    assert!(!report_path(&c, 1, 0, 2).exists() && !report_path(&c, 1, 1, 2).exists());
     assert!(c
         .events(0)
         .iter()
         .any(|e| e["event"] == "hang-report" && e["path"] == "logs/iter-0001/rank-0.hang-1.txt"));
+}
+
+/// A worker's call reaches the other workers through rank 0: rank 1 waits for the release
+/// of rollout-complete past its fraction while rank 2's rollout is still running; rank 0
+/// answers rank 1's call and relays it, and rank 2's report shows its slow rollout.
+#[test]
+fn a_workers_call_is_answered_by_rank_0_and_relayed_to_the_other_workers() {
+    let c = TestCluster::new(
+        3,
+        "[phases.rollout]\ncommand = \"case {rank} in 0) sleep 1;; 2) sleep 5;; esac; echo '{\\\"rank\\\": {rank}}' > {output}\"\n",
+    );
+    let vars = env(&[
+        ("RL_NODE_TIMING_HANG_REPORT_AT", "0.2"),
+        ("RL_NODE_TIMING_BARRIER_TIMEOUT", "10s"),
+    ]);
+    let mut nodes: Vec<NodeProc> = (0..3)
+        .map(|r| c.spawn_env(r, &c.log_path, &["--iterations", "1"], &vars))
+        .collect();
+    for n in &mut nodes {
+        let code = n.wait(LIMIT);
+        assert_eq!(code, 0, "rank {}:\n{}", n.rank, n.stderr());
+    }
+    let read = |rank: u32, k: u32| {
+        fs::read_to_string(report_path(&c, 1, rank, k))
+            .unwrap_or_else(|e| panic!("no report {k} of rank {rank}: {e}"))
+    };
+    let first = read(1, 1);
+    assert!(
+        first.contains("why: barrier rollout-complete (iteration 1): ")
+            && first.contains(
+                "(timing.barrier-timeout); waiting for rank 0 to release barrier rollout-complete (iteration 1)\n"
+            ),
+        "{first}"
+    );
+    let answer = read(0, 1);
+    assert!(
+        answer.contains("why: rank 1 called for hang reports: barrier rollout-complete"),
+        "{answer}"
+    );
+    let relayed = read(2, 1);
+    assert!(
+        relayed.contains("why: rank 1 called for hang reports: barrier rollout-complete"),
+        "{relayed}"
+    );
+    assert!(process_section(&relayed, "sleep 5").is_some(), "{relayed}");
+    // Rank 1 answers no call of its own stall.
+    assert!(!report_path(&c, 1, 1, 2).exists(), "{}", read(1, 2));
 }
 
 fn stopped(pid: i32) -> bool {
@@ -189,21 +247,23 @@ fn stopped(pid: i32) -> bool {
 }
 
 #[test]
-fn a_peer_frozen_by_sigstop_is_named_in_the_survivors_report_and_status_points_to_it() {
-    let c = TestCluster::new(2, "[phases.rollout]\ncommand = \"sleep 1000; true\"\n");
+fn a_peer_frozen_by_sigstop_is_named_in_the_survivors_reports_and_status_points_to_them() {
+    let c = TestCluster::new(3, "[phases.rollout]\ncommand = \"sleep 1000; true\"\n");
     // dead-after is 3 s (the tests' fast timing): a report at 0.9 s of silence.
     let vars = env(&[("RL_NODE_TIMING_HANG_REPORT_AT", "0.3")]);
-    let mut nodes: Vec<NodeProc> = (0..2)
+    let mut nodes: Vec<NodeProc> = (0..3)
         .map(|r| c.spawn_env(r, &c.log_path, &["--iterations", "1"], &vars))
         .collect();
-    c.wait_phase(1, 1, "train-rollout", LIMIT);
-    c.wait_phase(0, 1, "train-rollout", LIMIT);
+    for r in 0..3 {
+        c.wait_phase(r, 1, "train-rollout", LIMIT);
+    }
     let frozen = nodes[1].node_process();
     // SAFETY: kill(2) takes plain integers and touches no memory of ours.
     unsafe { libc::kill(frozen, libc::SIGSTOP) };
     wait_until(LIMIT, "rank 1's node process to be stopped", || {
         stopped(frozen)
     });
+    // Rank 0 watches rank 1 and finds it silent.
     let report = wait_report(&c, 1, 0, 1);
     assert!(
         report.contains("why: rank 1 on ")
@@ -213,19 +273,34 @@ fn a_peer_frozen_by_sigstop_is_named_in_the_survivors_report_and_status_points_t
     );
     // The survivor's own command, as it was while it waited.
     assert!(process_section(&report, "sleep 1000").is_some(), "{report}");
+    // Rank 2 watches only rank 0, and reports on rank 0's call.
+    let other = wait_report(&c, 1, 2, 1);
+    assert!(
+        other.contains("why: rank 0 called for hang reports: rank 1 on ")
+            && other.contains(" is silent: "),
+        "{other}"
+    );
+    assert!(process_section(&other, "sleep 1000").is_some(), "{other}");
     // Then rank 1 is declared dead as before.
-    let code = nodes[0].wait(LIMIT);
-    assert_eq!(code, 3, "{}", nodes[0].stderr());
+    for n in [0, 2] {
+        let code = nodes[n].wait(LIMIT);
+        assert_eq!(code, 3, "rank {n}:\n{}", nodes[n].stderr());
+    }
     assert!(
         nodes[0].stderr().contains("is dead"),
         "{}",
         nodes[0].stderr()
     );
+    assert!(!report_path(&c, 1, 1, 1).exists(), "rank 1 was frozen");
     let (_, text) = status(&c.log_path, false);
-    assert!(
-        text.contains("rank 0: hang report logs/iter-0001/rank-0.hang-1.txt"),
-        "{text}"
-    );
+    for r in [0, 2] {
+        assert!(
+            text.contains(&format!(
+                "rank {r}: hang report logs/iter-0001/rank-{r}.hang-1.txt"
+            )),
+            "{text}"
+        );
+    }
     let (_, json) = status(&c.log_path, true);
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(

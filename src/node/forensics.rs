@@ -9,6 +9,13 @@
 //! counting): one report per overrunning wait and per silent spell of a peer, at most
 //! [`MAX_PER_ITERATION`] per iteration.
 //!
+//! The node that finds the hang is rarely the one whose processes explain it (rank 0
+//! waits at a barrier; the slow rank's rollout is what hangs). So it also publishes a call
+//! ([`HangCall`]) in its record, and every node that reads it writes a report of its own:
+//! workers read rank 0's record, and rank 0 reads every worker's and relays a worker's
+//! call in its own record. A node frozen or stuck cannot answer, which is itself the
+//! finding.
+//!
 //! The loop only decides and starts a thread; the thread collects (bounded by time limits)
 //! and then writes the file. A write that hangs on the shared directory holds that thread
 //! only: the loop goes on, and the watchdog judges the loop as before. When the thread is
@@ -20,6 +27,7 @@ use crate::events;
 use crate::logging;
 use crate::process::forensics as collect;
 use crate::protocol::watch as watching;
+use crate::protocol::HangCall;
 use crate::store::SharedDir;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -78,6 +86,8 @@ pub(crate) enum Trigger {
         silent: Duration,
         dead_after: Duration,
     },
+    /// Another node's call for reports.
+    Called(HangCall),
 }
 
 impl Trigger {
@@ -120,6 +130,7 @@ impl Trigger {
                 t(silent),
                 t(dead_after)
             ),
+            Trigger::Called(c) => format!("rank {} called for hang reports: {}", c.rank, c.why),
         }
     }
 }
@@ -143,6 +154,12 @@ pub(crate) struct Reporter {
     count: u32,
     /// Peers reported silent in their current silent spell.
     silent: BTreeSet<u32>,
+    /// This node's calls so far.
+    calls: u64,
+    /// Calls answered (or made) already: (rank, n).
+    answered: BTreeSet<(u32, u64)>,
+    /// Where the calls answered or made were made: (iteration, phase).
+    stalls: BTreeSet<(u64, String)>,
     in_flight: usize,
     tx: Sender<Written>,
     rx: Receiver<Written>,
@@ -157,6 +174,9 @@ impl Reporter {
             iteration: 0,
             count: 0,
             silent: BTreeSet::new(),
+            calls: 0,
+            answered: BTreeSet::new(),
+            stalls: BTreeSet::new(),
             in_flight: 0,
             tx,
             rx,
@@ -180,6 +200,33 @@ impl Reporter {
         }
         self.count += 1;
         Some(self.count)
+    }
+
+    /// This node's next call, for a report it starts on its own finding (`why`) in
+    /// `iteration` and `phase`.
+    fn call(&mut self, rank: u32, iteration: u64, phase: &str, why: &str) -> HangCall {
+        self.calls += 1;
+        self.answered.insert((rank, self.calls));
+        self.stalls.insert((iteration, phase.to_string()));
+        HangCall {
+            rank,
+            n: self.calls,
+            iteration,
+            phase: phase.to_string(),
+            why: why.to_string(),
+        }
+    }
+
+    /// The calls of `seen` (as the peers' records carry them) to answer: each call once,
+    /// whoever carries it (its maker, or rank 0 relaying it), and one per place the
+    /// callers were (iteration and phase), which this node's own call counts for too:
+    /// every worker waiting at a barrier for a slow rank 0 calls, and rank 0's one report
+    /// answers them all.
+    fn unanswered(&mut self, seen: impl IntoIterator<Item = HangCall>) -> Vec<HangCall> {
+        seen.into_iter()
+            .filter(|c| self.answered.insert((c.rank, c.n)))
+            .filter(|c| self.stalls.insert((c.iteration, c.phase.clone())))
+            .collect()
     }
 
     /// The peers of `silent_for` (rank, how long its heartbeat has been still) that have
@@ -276,6 +323,39 @@ impl Node {
                 });
             }
         }
+        // Own findings call every other node to report too.
+        if !triggers.is_empty() {
+            let why = triggers
+                .iter()
+                .map(Trigger::why)
+                .collect::<Vec<_>>()
+                .join("; ");
+            let phase = self.phase_label();
+            let call = self.hang.call(self.rank, self.iteration, &phase, &why);
+            if let Some(p) = &self.publisher {
+                p.update(|r| r.hang_call = Some(call));
+            }
+        }
+        if self.watch.formed {
+            let seen: Vec<HangCall> = self
+                .watch
+                .peers
+                .iter()
+                .enumerate()
+                .filter(|(r, _)| *r as u32 != self.rank)
+                .filter_map(|(_, p)| p.as_ref()?.hang_call.clone())
+                .collect();
+            for call in self.hang.unanswered(seen) {
+                // Workers read only rank 0's record: it passes a worker's call on.
+                if self.is_master() {
+                    if let Some(p) = &self.publisher {
+                        let relayed = call.clone();
+                        p.update(|r| r.hang_call = Some(relayed));
+                    }
+                }
+                triggers.push(Trigger::Called(call));
+            }
+        }
         for t in triggers {
             self.start_hang_report(t);
         }
@@ -320,10 +400,19 @@ impl Node {
             why: why.clone(),
             tx: self.hang.tx.clone(),
         };
+        let (tx, first, what) = (job.tx.clone(), job.first.clone(), why.clone());
         match std::thread::Builder::new()
             .name("hang-report".into())
-            .spawn(move || job.run())
-        {
+            .spawn(move || {
+                // The loop counts reports in flight: it must hear of this one in any case.
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run())).is_err() {
+                    let _ = tx.send(Written {
+                        path: first,
+                        why: what,
+                        result: Err("the report's thread panicked".into()),
+                    });
+                }
+            }) {
             Ok(_) => {
                 self.hang.in_flight += 1;
                 self.info(&format!("writing a hang report: {why}"));
@@ -502,6 +591,37 @@ mod tests {
     }
 
     #[test]
+    fn each_call_is_answered_once_whoever_carries_it() {
+        let mut r = Reporter::new(0.5, Some((1, vec![])));
+        let call = |rank, n, iteration, phase: &str| HangCall {
+            rank,
+            n,
+            iteration,
+            phase: phase.into(),
+            why: format!("{rank}/{n}"),
+        };
+        // Its own calls count from 1 and are never answered by itself.
+        let own = r.call(2, 1, "2 (rollout-complete)", "barrier x");
+        assert_eq!((own.rank, own.n), (2, 1));
+        assert!(r.unanswered([own.clone()]).is_empty());
+        // Rank 0's call, read again at every round: answered once.
+        let c0 = call(0, 1, 1, "1 (train-rollout)");
+        assert_eq!(r.unanswered([c0.clone()]), std::slice::from_ref(&c0));
+        assert!(r.unanswered([c0]).is_empty());
+        // Rank 1's call as rank 1 made it and as rank 0 relays it: one answer.
+        let c1 = call(1, 1, 2, "1 (train-rollout)");
+        assert_eq!(r.unanswered([c1.clone(), c1.clone()]), [c1]);
+        // Another worker's call from the same stall as this node's own: no second report.
+        assert!(r
+            .unanswered([call(3, 1, 1, "2 (rollout-complete)")])
+            .is_empty());
+        // A later call of the same rank, from elsewhere, is a new one.
+        let later = call(0, 2, 1, "10 (training)");
+        assert_eq!(r.unanswered([later.clone()]), [later]);
+        assert_eq!(r.call(2, 1, "10 (training)", "y").n, 2);
+    }
+
+    #[test]
     fn the_reason_names_the_wait_its_timeout_and_key_or_the_silent_peer() {
         let w = Trigger::Wait {
             what: "barrier rollout-complete (iteration 3)".into(),
@@ -534,6 +654,17 @@ mod tests {
         assert_eq!(
             s.why(),
             "rank 1 on node-b is silent: its heartbeat has been still for 1s 500ms (dead at dead-after = 4s)"
+        );
+        let c = Trigger::Called(HangCall {
+            rank: 0,
+            n: 1,
+            iteration: 1,
+            phase: "2 (rollout-complete)".into(),
+            why: "barrier b (iteration 1) waits for rank 1: 2s of its timeout of 10s (timing.barrier-timeout)".into(),
+        });
+        assert_eq!(
+            c.why(),
+            "rank 0 called for hang reports: barrier b (iteration 1) waits for rank 1: 2s of its timeout of 10s (timing.barrier-timeout)"
         );
     }
 }
