@@ -1110,8 +1110,10 @@ impl Node {
                 "stopped {n} process(es) that had left their command's process group"
             ));
         }
-        // Reports started before the stop belong with it (their event, the record).
-        self.settle_hang_reports(forensics::SETTLE);
+        // Reports started before the stop belong with it (their event, the record); a
+        // write that hangs is left behind well before the watchdog would call it stuck.
+        self.watchdog.pet("waiting for hang reports being written");
+        self.settle_hang_reports(forensics::SETTLE.min(self.cfg.timing.fs_timeout / 2));
         // A failure that published no abort (e.g. a worker's join-timeout after it joined)
         // is published as this rank's own in its final record, so that its peers stop with
         // its reason instead of finding only "failed" (the seeded driver simulation found
