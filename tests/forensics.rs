@@ -145,15 +145,15 @@ fn a_hanging_phase_command_gets_a_report_and_still_fails_at_its_timeout() {
 
 #[test]
 fn a_barrier_wait_past_its_fraction_gets_a_report_naming_the_barrier() {
-    // Rank 1's rollout takes 4 s; rank 0 waits for it at rollout-complete, past 0.2 of
-    // the 10 s barrier-timeout, and the run still succeeds.
+    // Rank 1's rollout takes 6 s; rank 0 waits for it at rollout-complete, past 0.1 of
+    // the 20 s barrier-timeout, and the run still succeeds.
     let c = TestCluster::new(
         2,
-        "[phases.rollout]\ncommand = \"if [ {rank} = 1 ]; then sleep 4; fi; echo '{\\\"rank\\\": {rank}}' > {output}\"\n",
+        "[phases.rollout]\ncommand = \"if [ {rank} = 1 ]; then sleep 6; fi; echo '{\\\"rank\\\": {rank}}' > {output}\"\n",
     );
     let vars = env(&[
-        ("RL_NODE_TIMING_HANG_REPORT_AT", "0.2"),
-        ("RL_NODE_TIMING_BARRIER_TIMEOUT", "10s"),
+        ("RL_NODE_TIMING_HANG_REPORT_AT", "0.1"),
+        ("RL_NODE_TIMING_BARRIER_TIMEOUT", "20s"),
     ]);
     let mut nodes: Vec<NodeProc> = (0..2)
         .map(|r| c.spawn_env(r, &c.log_path, &["--iterations", "1"], &vars))
@@ -166,7 +166,7 @@ fn a_barrier_wait_past_its_fraction_gets_a_report_naming_the_barrier() {
         .unwrap_or_else(|e| panic!("no report of rank 0 ({e}):\n{}", nodes[0].stderr()));
     assert!(
         report.contains("why: barrier rollout-complete (iteration 1) waits for rank 1: ")
-            && report.contains("of its timeout of 10s (timing.barrier-timeout)"),
+            && report.contains("of its timeout of 20s (timing.barrier-timeout)"),
         "{report}"
     );
     assert!(report.contains("phase: 2 (rollout-complete)\n"), "{report}");
@@ -180,7 +180,7 @@ fn a_barrier_wait_past_its_fraction_gets_a_report_naming_the_barrier() {
         "{slow}"
     );
     assert!(slow.contains("phase: 1 (train-rollout)\n"), "{slow}");
-    assert!(process_section(&slow, "sleep 4").is_some(), "{slow}");
+    assert!(process_section(&slow, "sleep 6").is_some(), "{slow}");
     // One report each: a call is answered once.
     assert!(!report_path(&c, 1, 0, 2).exists() && !report_path(&c, 1, 1, 2).exists());
     assert!(c
@@ -196,11 +196,11 @@ fn a_barrier_wait_past_its_fraction_gets_a_report_naming_the_barrier() {
 fn a_workers_call_is_answered_by_rank_0_and_relayed_to_the_other_workers() {
     let c = TestCluster::new(
         3,
-        "[phases.rollout]\ncommand = \"case {rank} in 0) sleep 1;; 2) sleep 5;; esac; echo '{\\\"rank\\\": {rank}}' > {output}\"\n",
+        "[phases.rollout]\ncommand = \"case {rank} in 0) sleep 1;; 2) sleep 8;; esac; echo '{\\\"rank\\\": {rank}}' > {output}\"\n",
     );
     let vars = env(&[
-        ("RL_NODE_TIMING_HANG_REPORT_AT", "0.2"),
-        ("RL_NODE_TIMING_BARRIER_TIMEOUT", "10s"),
+        ("RL_NODE_TIMING_HANG_REPORT_AT", "0.1"),
+        ("RL_NODE_TIMING_BARRIER_TIMEOUT", "20s"),
     ]);
     let mut nodes: Vec<NodeProc> = (0..3)
         .map(|r| c.spawn_env(r, &c.log_path, &["--iterations", "1"], &vars))
@@ -231,7 +231,7 @@ fn a_workers_call_is_answered_by_rank_0_and_relayed_to_the_other_workers() {
         relayed.contains("why: rank 1 called for hang reports: barrier rollout-complete"),
         "{relayed}"
     );
-    assert!(process_section(&relayed, "sleep 5").is_some(), "{relayed}");
+    assert!(process_section(&relayed, "sleep 8").is_some(), "{relayed}");
     // Rank 1 answers no call of its own stall.
     assert!(!report_path(&c, 1, 1, 2).exists(), "{}", read(1, 2));
 }
@@ -249,8 +249,11 @@ fn stopped(pid: i32) -> bool {
 #[test]
 fn a_peer_frozen_by_sigstop_is_named_in_the_survivors_reports_and_status_points_to_them() {
     let c = TestCluster::new(3, "[phases.rollout]\ncommand = \"sleep 1000; true\"\n");
-    // dead-after is 3 s (the tests' fast timing): a report at 0.9 s of silence.
-    let vars = env(&[("RL_NODE_TIMING_HANG_REPORT_AT", "0.3")]);
+    // dead-after 6 s: a report at 1.5 s of silence, with time to answer its call.
+    let vars = env(&[
+        ("RL_NODE_TIMING_HANG_REPORT_AT", "0.25"),
+        ("RL_NODE_TIMING_DEAD_AFTER", "6s"),
+    ]);
     let mut nodes: Vec<NodeProc> = (0..3)
         .map(|r| c.spawn_env(r, &c.log_path, &["--iterations", "1"], &vars))
         .collect();
@@ -268,7 +271,7 @@ fn a_peer_frozen_by_sigstop_is_named_in_the_survivors_reports_and_status_points_
     assert!(
         report.contains("why: rank 1 on ")
             && report.contains(" is silent: its heartbeat has been still for ")
-            && report.contains("(dead at dead-after = 3s)"),
+            && report.contains("(dead at dead-after = 6s)"),
         "{report}"
     );
     // The survivor's own command, as it was while it waited.
