@@ -8,7 +8,8 @@
 //! passed. Each round also does the wait's periodic duties (the `workers-wait-for` relay).
 //! Helper threads do only what must not depend on this one: the heartbeat thread writes
 //! our record, the reaper collects children, the signal thread escalates a second
-//! Ctrl-C, the merge thread copies shards (and wakes the loop when done), and the
+//! Ctrl-C, the merge thread copies shards (and wakes the loop when done), a hang report's
+//! thread collects and writes what the node's processes are doing (`forensics`), and the
 //! watchdog ends the node if a filesystem call on the shared directory hangs.
 
 pub(crate) mod context;
