@@ -168,6 +168,9 @@ pub enum Event {
     },
     /// The rank started a backup attempt of `item`, held by the slower rank `holder`.
     Backup { item: String, holder: u32 },
+    /// The rank wrote a hang report (docs/forensics.md): `path` relative to the log path
+    /// (`logs/iter-0003/rank-1.hang-1.txt`), `why` the overrunning wait or silent peer.
+    HangReport { path: String, why: String },
 }
 
 /// What an `aggregate` event reports: the two merges write different keys.
@@ -370,6 +373,10 @@ mod tests {
                 model_version: 3,
                 staleness: 1,
             },
+            Event::HangReport {
+                path: "logs/iter-0002/rank-1.hang-1.txt".into(),
+                why: "barrier rollout-complete waited 5s".into(),
+            },
         ]
     }
 
@@ -401,6 +408,7 @@ mod tests {
             Event::Backup { .. } => "backup",
             Event::PipelineWait { .. } => "pipeline-wait",
             Event::RolloutModel { .. } => "rollout-model",
+            Event::HangReport { .. } => "hang-report",
         }
     }
 
@@ -428,7 +436,7 @@ mod tests {
             );
         }
         // Every variant (Aggregate and Items twice, once per shape).
-        assert_eq!(tags.len(), 24, "{tags:?}");
+        assert_eq!(tags.len(), 25, "{tags:?}");
     }
 
     /// Every kind's line (both shapes of `aggregate` and `items`) is the text the ad-hoc

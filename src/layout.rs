@@ -248,6 +248,14 @@ impl Layout {
             .join(iter_dir(iteration))
             .join(format!("rank-{rank}.{phase}.log"))
     }
+
+    /// The `k`-th hang report (1, 2, …) of one rank in one iteration (docs/forensics.md).
+    pub fn hang_report(&self, iteration: u64, rank: u32, k: u32) -> PathBuf {
+        self.root
+            .join("logs")
+            .join(iter_dir(iteration))
+            .join(format!("rank-{rank}.hang-{k}.txt"))
+    }
 }
 
 /// Names of the directories a run writes under its log path (see [`Layout::run_dirs`]).

@@ -104,6 +104,23 @@ pub struct Timing {
     pub kill_grace: Duration,
     #[serde(with = "duration")]
     pub fs_timeout: Duration,
+    /// Hang forensics: the fraction of a timeout (or of dead-after) at which a node writes
+    /// a hang report; 0: never (`"off"` in the file). See [`HANG_REPORT_AT`].
+    pub hang_report_at: f64,
+}
+
+/// `timing.hang-report-at`: a fraction, or `"off"` (read as 0).
+pub const HANG_REPORT_AT: &str = "timing.hang-report-at";
+
+/// `timing.hang-report-at` as written in the file or the environment: a number, or `off`.
+fn parse_hang_report_at(raw: &str) -> Result<Value, String> {
+    let raw = raw.trim();
+    if raw.eq_ignore_ascii_case("off") {
+        return Ok(Value::Float(0.0));
+    }
+    raw.parse::<f64>()
+        .map(Value::Float)
+        .map_err(|_| format!("`{raw}` is neither a fraction of the timeout (e.g. 0.5) nor \"off\""))
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -569,6 +586,10 @@ impl Config {
         if let Some(w) = v.get_mut("work").and_then(|w| w.as_object_mut()) {
             w.remove("max-workers");
         }
+        // When a node writes a hang report changes nothing another node sees.
+        if let Some(t) = v.get_mut("timing").and_then(|t| t.as_object_mut()) {
+            t.remove("hang-report-at");
+        }
         if let Some(obj) = v.as_object_mut() {
             obj.remove("server");
             // Only rank 0 reads it, for its report; outputs do not depend on it.
@@ -823,6 +844,7 @@ pub fn load(
                 (MaxWorkers::KEY, Value::Integer(n)) => {
                     MaxWorkers::parse(&n.to_string()).map(MaxWorkers::to_toml)
                 }
+                (HANG_REPORT_AT, Value::String(raw)) => parse_hang_report_at(raw),
                 // `gpus-per-node = 8` reads as naturally as "8" or "auto".
                 ("cluster.gpus-per-node", Value::Integer(n)) => Ok(Value::String(n.to_string())),
                 _ => coerce(&v, template),
@@ -842,6 +864,8 @@ pub fn load(
         if let Some(raw) = env(&name) {
             let v = if key == MaxWorkers::KEY {
                 MaxWorkers::parse(&raw).map(MaxWorkers::to_toml)
+            } else if key == HANG_REPORT_AT {
+                parse_hang_report_at(&raw)
             } else {
                 parse_as(&raw, template)
             }
@@ -989,6 +1013,15 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
     }
     if matches!(w.max_workers, MaxWorkers::Count(0) | MaxWorkers::PerGpu(0)) {
         return Err(l.invalid(MaxWorkers::KEY, "must be at least 1"));
+    }
+    if !(0.0..1.0).contains(&c.timing.hang_report_at) {
+        return Err(l.invalid(
+            HANG_REPORT_AT,
+            format!(
+                "{} is not a fraction of a timeout: give a number from 0 to below 1 (e.g. 0.5: a report at half of the timeout), or 0 or \"off\" for no reports",
+                c.timing.hang_report_at
+            ),
+        ));
     }
     if !(0.0..=1.0).contains(&w.max_failed_fraction) {
         return Err(l.invalid("work.max-failed-fraction", "must be between 0 and 1"));
@@ -1934,6 +1967,57 @@ mod tests {
         let e = load(None, &env("0/gpu"), &[]).unwrap_err().to_string();
         assert!(
             e.contains("work.max-workers") && e.contains("at least 1"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn hang_report_at_is_a_fraction_or_off_and_node_local() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.toml");
+        let load_text = |text: &str| {
+            std::fs::write(&f, text).unwrap();
+            load(Some(&f), &no_env, &[]).map_err(|e| e.to_string())
+        };
+        let default = load(None, &no_env, &[]).unwrap();
+        assert_eq!(default.config.timing.hang_report_at, 0.5);
+        for (text, want) in [("0.3", 0.3), ("0", 0.0), ("\"off\"", 0.0), ("\"OFF\"", 0.0)] {
+            let l = load_text(&format!("[timing]\nhang-report-at = {text}\n")).unwrap();
+            assert_eq!(l.config.timing.hang_report_at, want, "{text}");
+            assert_eq!(
+                l.config.fingerprint(),
+                default.config.fingerprint(),
+                "{text}"
+            );
+        }
+        let env = |v: &'static str| {
+            move |n: &str| (n == "RL_NODE_TIMING_HANG_REPORT_AT").then(|| v.to_string())
+        };
+        assert_eq!(
+            load(None, &env("off"), &[])
+                .unwrap()
+                .config
+                .timing
+                .hang_report_at,
+            0.0
+        );
+        assert_eq!(
+            load(None, &env("0.25"), &[])
+                .unwrap()
+                .config
+                .timing
+                .hang_report_at,
+            0.25
+        );
+        for text in ["1", "1.5", "-0.1", "\"half\"", "\"nan\""] {
+            let e = load_text(&format!("[timing]\nhang-report-at = {text}\n")).unwrap_err();
+            assert!(e.starts_with("timing.hang-report-at"), "{text}: {e}");
+        }
+        let e = load(None, &env("soon"), &[]).unwrap_err().to_string();
+        assert!(
+            e.starts_with(
+                "timing.hang-report-at (from environment RL_NODE_TIMING_HANG_REPORT_AT): `soon`"
+            ),
             "{e}"
         );
     }

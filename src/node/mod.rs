@@ -8,10 +8,12 @@
 //! passed. Each round also does the wait's periodic duties (the `workers-wait-for` relay).
 //! Helper threads do only what must not depend on this one: the heartbeat thread writes
 //! our record, the reaper collects children, the signal thread escalates a second
-//! Ctrl-C, the merge thread copies shards (and wakes the loop when done), and the
+//! Ctrl-C, the merge thread copies shards (and wakes the loop when done), a hang report's
+//! thread collects and writes what the node's processes are doing (`forensics`), and the
 //! watchdog ends the node if a filesystem call on the shared directory hangs.
 
 pub(crate) mod context;
+mod forensics;
 mod join;
 mod metrics;
 mod pipeline;
@@ -222,6 +224,10 @@ pub(crate) struct Node {
     /// The longest poll step of the current wait, when it must notice sooner than
     /// `poll-interval` (a wait for the other cluster of a pipelined run).
     poll_cap: Option<Duration>,
+    /// Hang reports: when they are due, and their threads (`forensics`).
+    hang: forensics::Reporter,
+    /// The barrier or phase command the current wait is watched for overrunning.
+    hang_wait: Option<forensics::Watched>,
 }
 
 /// A log in the shared directory written through one open handle: one `write` per line,
@@ -536,6 +542,14 @@ impl Node {
     ) -> Node {
         let num_nodes = cfg.cluster.num_nodes;
         let nonce = random_id(&*parts.clock, 8);
+        // Only a node with processes of its own (not the simulator's) has any to report on.
+        let hang = forensics::Reporter::new(
+            cfg.timing.hang_report_at,
+            parts
+                .launcher
+                .registry()
+                .map(|r| (std::process::id() as i32, vec![r.guardian()])),
+        );
         Node {
             store: parts.store,
             clock: parts.clock,
@@ -588,6 +602,8 @@ impl Node {
             other: None,
             rollout_model: None,
             poll_cap: None,
+            hang,
+            hang_wait: None,
             cfg,
         }
     }
@@ -778,6 +794,7 @@ impl Node {
         loop {
             self.watchdog.pet("polling the shared directory");
             self.poll_cluster()?;
+            self.hang_round();
             self.relay_round();
             self.textfile_round();
             if let Some(v) = check(self)? {
@@ -1154,6 +1171,10 @@ impl Node {
                 "stopped {n} process(es) that had left their command's process group"
             ));
         }
+        // Reports started before the stop belong with it (their event, the record); a
+        // write that hangs is left behind well before the watchdog would call it stuck.
+        self.watchdog.pet("waiting for hang reports being written");
+        self.settle_hang_reports(forensics::SETTLE.min(self.cfg.timing.fs_timeout / 2));
         // A failure that published no abort (e.g. a worker's join-timeout after it joined)
         // is published as this rank's own in its final record, so that its peers stop with
         // its reason instead of finding only "failed" (the seeded driver simulation found
@@ -1210,6 +1231,12 @@ impl Node {
             .update(|r| r.arrived = Some(barrier.arrival()));
         let deadline = self.clock.now() + self.cfg.timing.barrier_timeout;
         let started = self.clock.now();
+        self.watch_wait(
+            format!("barrier {name} (iteration {})", self.iteration),
+            "timing.barrier-timeout".into(),
+            self.cfg.timing.barrier_timeout,
+            started,
+        );
         use crate::protocol::barrier::Progress;
         let broadcast = if self.is_master() {
             let mut last_missing = Vec::new();
@@ -1235,6 +1262,7 @@ impl Node {
                 Progress::Released { .. } => unreachable!("rank 0 releases, it is not released"),
             });
             self.barrier_wait = None;
+            self.unwatch_wait();
             let payloads = self.end_wait(waited, || format!("barrier {name} did not complete"))?;
             let broadcast = decide(&payloads);
             let release = barrier.release(broadcast.clone());
@@ -1252,6 +1280,7 @@ impl Node {
                 Progress::Released { broadcast } => Ok(Some(broadcast)),
                 _ => Ok(None),
             });
+            self.unwatch_wait();
             self.end_wait(waited, || format!("barrier {name} was not released"))?
         };
         self.waiting_note.clear();
@@ -1447,6 +1476,7 @@ impl Node {
             self.handle_event(ev)?;
         }
         self.phase = Some(phase);
+        self.unwatch_wait();
         let it = self.iteration;
         // Written with what comes next (a barrier arrival, a command's start) when that
         // is within publisher::FOLD, on its own otherwise: one write instead of two per
@@ -2664,7 +2694,14 @@ impl Node {
         // Nothing waits on the peers while the command runs: read them at the idle
         // cadence (its exit still wakes the loop at once).
         self.idle_wait = true;
+        self.watch_wait(
+            format!("the {phase} command (pid {pid})"),
+            format!("phases.{phase}.timeout"),
+            pc.timeout,
+            running.started,
+        );
         let waited = self.wait_for(deadline, |n| Ok(n.exited.remove(&pid)));
+        self.unwatch_wait();
         self.idle_wait = false;
         self.waiting_note.clear();
         let exit = match waited {

@@ -61,6 +61,7 @@ pub(crate) struct Textfile {
     retries: IntCounter,
     items_failed: IntCounter,
     server_starts: IntCounter,
+    hang_reports: IntCounter,
     written_at: Gauge,
     /// The peers whose age is in `peer_age` (to drop one that is no longer reported).
     peers: Vec<u32>,
@@ -152,6 +153,10 @@ impl Textfile {
                 "Planned items that failed for good (per-task rollouts).",
             ),
             server_starts: c("server_starts_total", "Inference server starts."),
+            hang_reports: c(
+                "hang_reports_total",
+                "Hang reports this node wrote (docs/forensics.md).",
+            ),
             written_at: Gauge::new(
                 "textfile_written_timestamp_seconds",
                 "When this file was written (Unix time): a stale value means the node stopped writing.",
@@ -173,7 +178,13 @@ impl Textfile {
         reg(Box::new(t.peer_age.clone()));
         reg(Box::new(t.commands.clone()));
         reg(Box::new(t.commands_failed.clone()));
-        for m in [&t.barriers, &t.retries, &t.items_failed, &t.server_starts] {
+        for m in [
+            &t.barriers,
+            &t.retries,
+            &t.items_failed,
+            &t.server_starts,
+            &t.hang_reports,
+        ] {
             reg(Box::new(m.clone()));
         }
         reg(Box::new(t.barrier_wait.clone()));
@@ -215,6 +226,7 @@ impl Textfile {
             Event::Retry { .. } => self.retries.inc(),
             Event::ItemFailed { .. } => self.items_failed.inc(),
             Event::ServerStart { .. } => self.server_starts.inc(),
+            Event::HangReport { .. } => self.hang_reports.inc(),
             _ => return,
         }
         self.changed = true;

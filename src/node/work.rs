@@ -654,6 +654,13 @@ impl Node {
         let mut running: HashMap<i32, (Queued, PathBuf)> = HashMap::new();
         let deadline = self.clock.now() + pc.timeout;
         let started = self.clock.now();
+        // Until the next phase: a report when the items overrun hang-report-at.
+        self.watch_wait(
+            format!("the {phase} items of iteration {}", self.iteration),
+            format!("phases.{phase}.timeout"),
+            pc.timeout,
+            started,
+        );
         loop {
             let now = self.clock.now();
             let (due, later): (Vec<_>, Vec<_>) =
@@ -1240,6 +1247,13 @@ impl Node {
         let mut finished: Vec<Running> = vec![];
         let deadline = self.clock.now() + pc.timeout;
         let started = self.clock.now();
+        // Until the next phase: a report when the items overrun hang-report-at.
+        self.watch_wait(
+            format!("the {phase} items of iteration {}", self.iteration),
+            format!("phases.{phase}.timeout"),
+            pc.timeout,
+            started,
+        );
         loop {
             let my_pace = (!item_secs.is_empty()).then(|| lease::Pace {
                 item: Duration::from_secs_f64(

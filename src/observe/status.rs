@@ -30,6 +30,10 @@ pub struct RankStatus {
     /// Why a process that tried to take this (still vacant) rank was refused.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refused: Option<String>,
+    /// The newest hang report the rank wrote, relative to the log path
+    /// (docs/forensics.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hang_report: Option<String>,
 }
 
 /// What `status` could check about a rank's process.
@@ -152,6 +156,7 @@ pub fn read_layout(layout: &Layout) -> Result<Status, String> {
                     .map(|m| m.name.clone()),
                 process: None,
                 refused: r.refused.clone().filter(|_| r.state == NodeState::Vacant),
+                hang_report: r.hang_report.clone(),
             },
             None => RankStatus {
                 rank: i as u32,
@@ -166,6 +171,7 @@ pub fn read_layout(layout: &Layout) -> Result<Status, String> {
                 waiting_at: None,
                 process: None,
                 refused: None,
+                hang_report: None,
             },
         })
         .collect();
@@ -385,6 +391,12 @@ pub fn render(s: &Status) -> String {
                 _ => String::new(),
             }
         ));
+    }
+    // What each rank's processes were doing when a wait overran or a peer fell silent.
+    for r in &s.ranks {
+        if let Some(h) = &r.hang_report {
+            out.push_str(&format!("rank {}: hang report {h}\n", r.rank));
+        }
     }
     out
 }

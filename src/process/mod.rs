@@ -16,6 +16,7 @@
 //!   be stuck in the filesystem.
 
 pub(crate) mod descendants;
+pub(crate) mod forensics;
 pub mod launcher;
 pub use launcher::{FakeLauncher, FakeRun, FakeScript, Launcher, Processes};
 
@@ -216,6 +217,11 @@ impl Registry {
     pub fn stop_descendants(&self, grace: Duration) -> usize {
         let spare = [self.guardian_pid.load(Ordering::Relaxed)];
         descendants::stop(|| descendants::all(&self.nonce, &spare, true), grace)
+    }
+
+    /// The guardian's pid (0: none): a descendant of the node that is no command's.
+    pub fn guardian(&self) -> i32 {
+        self.guardian_pid.load(Ordering::Relaxed)
     }
 
     /// Signal every registered group (no filesystem access: safe from any thread).

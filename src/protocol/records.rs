@@ -115,6 +115,24 @@ pub enum AbortKind {
     Error,
 }
 
+/// A node's call for hang reports (docs/forensics.md): a wait of `rank` overran its
+/// fraction of its timeout, or a peer fell silent; every node that reads the call writes
+/// a report of its own processes, once per (`rank`, `n`) and at most once per
+/// (`iteration`, `phase`). Rank 0 relays a worker's call
+/// in its own record, since workers read only rank 0's.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HangCall {
+    /// The rank whose wait or whose watch found the hang.
+    pub rank: u32,
+    /// Counts that rank's calls (1, 2, …).
+    pub n: u64,
+    /// Where the caller was: one stall makes several nodes call (every worker waiting for
+    /// a slow rank 0), and a node answers one call per iteration and phase of the caller.
+    pub iteration: u64,
+    pub phase: String,
+    pub why: String,
+}
+
 /// Who stopped the cluster and why. The first abort of a generation wins.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct AbortInfo {
@@ -240,6 +258,13 @@ pub struct RankRecord {
     /// not join instead of waiting silently. Nothing else about the slot changes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refused: Option<String>,
+    /// The newest hang report this rank wrote, relative to the log path
+    /// (docs/forensics.md), for `status`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hang_report: Option<String>,
+    /// The newest call for hang reports this rank made or (rank 0) relays.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hang_call: Option<HangCall>,
     /// Wall-clock time of this write, for display only.
     pub wall: String,
 }
@@ -277,6 +302,8 @@ impl RankRecord {
             observed_ms: vec![],
             abort: None,
             refused: None,
+            hang_report: None,
+            hang_call: None,
             wall: String::new(),
         }
     }

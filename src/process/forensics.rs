@@ -1,0 +1,470 @@
+//! What a node's processes are doing, for a hang report (docs/forensics.md).
+//!
+//! Finding the rank that hangs used to mean logging into every node and running `ps`,
+//! `cat /proc/PID/stack` and `py-spy dump` by hand. A report collects the same, for every
+//! descendant of the node process: pid, parent, command line, state, `wchan`, the kernel
+//! stack (which shows a process in `D` state stuck on a hung filesystem) and the thread
+//! count from `/proc`; `py-spy dump` of each Python process and `nvidia-smi`, where those
+//! programs are on PATH.
+//!
+//! Nothing here may stall the node, so everything is bounded: the tree is walked without
+//! reading any process's memory ([`super::descendants::under`]); the reads that can block
+//! (a command line needs the process's memory lock, held by a process stuck in a page
+//! fault) run on a thread of their own that the caller gives up on after a limit, keeping
+//! what it had; each tool runs in a process group of its own that is killed at its time
+//! limit. A missing tool is a line of the report, not an error. The caller runs all of this
+//! off the node's loop and writes the text afterwards (the write may hang on the shared
+//! directory itself; the collection never waits for it).
+
+use super::descendants;
+use super::{spawn_waited, unblocked_signals, ChildExit};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// How long `py-spy dump` and `nvidia-smi` may run before they are killed.
+pub const TOOL_LIMIT: Duration = Duration::from_secs(5);
+
+/// How long reading `/proc` for every descendant may take before the report goes out with
+/// what was read so far.
+pub const PROC_LIMIT: Duration = Duration::from_secs(5);
+
+/// At most this many Python processes get a `py-spy dump` (each takes up to
+/// [`TOOL_LIMIT`], all at once): a node running hundreds of them gets the first ones.
+pub const MAX_PY_SPY: usize = 16;
+
+/// At most this many bytes of one tool's output go into a report.
+const MAX_TOOL_OUTPUT: usize = 256 * 1024;
+
+/// One process as `/proc` shows it. Every field says why when it could not be read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProcInfo {
+    pub pid: i32,
+    pub ppid: Option<i32>,
+    /// The name the kernel keeps (`comm`, at most 15 bytes).
+    pub name: String,
+    /// Arguments joined by spaces; `[name]` when it has none (a zombie).
+    pub cmdline: String,
+    /// `S (sleeping)`, `D (disk sleep)`… as `status` says it.
+    pub state: String,
+    pub wchan: String,
+    /// The kernel stack, or `unreadable: <why>`.
+    pub stack: Result<String, String>,
+    pub threads: Option<u32>,
+}
+
+impl ProcInfo {
+    /// Whether to ask `py-spy` about it: its program is a Python interpreter.
+    pub fn is_python(&self) -> bool {
+        let argv0 = self.cmdline.split(' ').next().unwrap_or("");
+        let base = argv0.rsplit('/').next().unwrap_or("");
+        self.name.starts_with("python") || base.starts_with("python")
+    }
+}
+
+/// The `n`-th field (0 = state) after the command name in a `/proc/<pid>/stat` line.
+fn stat_field(stat: &str, n: usize) -> Option<&str> {
+    stat.rsplit_once(')')?.1.split_whitespace().nth(n)
+}
+
+/// The name between the parentheses of a `/proc/<pid>/stat` line.
+fn stat_name(stat: &str) -> Option<&str> {
+    let start = stat.find('(')? + 1;
+    let end = stat.rfind(')')?;
+    stat.get(start..end)
+}
+
+/// A `Key:\tvalue` line of `/proc/<pid>/status`.
+fn status_field<'a>(status: &'a str, key: &str) -> Option<&'a str> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':').map(str::trim))
+}
+
+fn why(e: &std::io::Error) -> String {
+    format!("unreadable: {e}")
+}
+
+/// Read what `/proc` says about `pid` (may block on a process stuck holding its memory
+/// lock: see the module's documentation).
+pub fn look(pid: i32) -> ProcInfo {
+    let dir = PathBuf::from(format!("/proc/{pid}"));
+    let stat = std::fs::read_to_string(dir.join("stat"));
+    let status = std::fs::read_to_string(dir.join("status"));
+    let name = stat
+        .as_deref()
+        .ok()
+        .and_then(stat_name)
+        .unwrap_or("?")
+        .to_string();
+    let ppid = stat
+        .as_deref()
+        .ok()
+        .and_then(|s| stat_field(s, 1)?.parse().ok());
+    let from_status = status
+        .as_deref()
+        .ok()
+        .and_then(|s| status_field(s, "State"));
+    let state = match (from_status, &stat) {
+        (Some(s), _) => s.to_string(),
+        (None, Ok(s)) => stat_field(s, 0).unwrap_or("?").to_string(),
+        (None, Err(e)) => why(e),
+    };
+    let threads = status
+        .as_deref()
+        .ok()
+        .and_then(|s| status_field(s, "Threads")?.parse().ok());
+    let wchan = match std::fs::read_to_string(dir.join("wchan")) {
+        // "0": running, or a kernel that hides addresses.
+        Ok(w) if w.trim().is_empty() || w.trim() == "0" => {
+            "0 (running, or hidden by the kernel)".into()
+        }
+        Ok(w) => w.trim().to_string(),
+        Err(e) => why(&e),
+    };
+    let stack = std::fs::read_to_string(dir.join("stack"))
+        .map(|s| s.trim_end().to_string())
+        .map_err(|e| why(&e));
+    let cmdline = match std::fs::read(dir.join("cmdline")) {
+        Ok(raw) if !raw.is_empty() => raw
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect::<Vec<_>>()
+            .join(" "),
+        Ok(_) => format!("[{name}]"),
+        Err(e) => why(&e),
+    };
+    ProcInfo {
+        pid,
+        ppid,
+        name,
+        cmdline,
+        state,
+        wchan,
+        stack,
+        threads,
+    }
+}
+
+/// Every descendant of process `root` except `spare` (and theirs), as `/proc` shows them,
+/// parents before children; at most `limit` is spent reading. The second value says what
+/// was left out when the limit passed.
+pub fn snapshot(root: i32, spare: &[i32], limit: Duration) -> (Vec<ProcInfo>, Option<String>) {
+    let deadline = Instant::now() + limit;
+    let (tx, rx) = mpsc::channel();
+    let spare = spare.to_vec();
+    let spawned = std::thread::Builder::new()
+        .name("hang-proc".into())
+        .spawn(move || {
+            let pids: Vec<i32> = descendants::under(root, &spare)
+                .iter()
+                .map(|p| p.pid)
+                .collect();
+            let _ = tx.send(Err(pids.len()));
+            for pid in pids {
+                if tx.send(Ok(look(pid))).is_err() {
+                    return;
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        return (
+            vec![],
+            Some(format!("cannot start a thread to read /proc: {e}")),
+        );
+    }
+    let mut out = Vec::new();
+    let mut total = None;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(Err(n)) => total = Some(n),
+            Ok(Ok(p)) => out.push(p),
+            // The thread is done: everything was read.
+            Err(mpsc::RecvTimeoutError::Disconnected) => return (out, None),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let missing = match total {
+                    Some(n) => format!("{} of {n} processes", n - out.len()),
+                    None => "the list of processes".into(),
+                };
+                return (
+                    out,
+                    Some(format!(
+                        "reading /proc did not finish within {}s ({missing} not read: a process may be stuck in the kernel holding its memory lock)",
+                        limit.as_secs_f64()
+                    )),
+                );
+            }
+        }
+    }
+}
+
+/// `name` as found on this process's PATH (an executable file), like the shell would.
+pub fn find_program(name: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|d| d.join(name))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
+/// How a tool run ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolRun {
+    /// It ended by itself: its exit and its output (stdout and stderr together).
+    Ended(ChildExit, String),
+    /// It passed its time limit and was killed (its process group).
+    TimedOut(Duration),
+    /// It could not be started.
+    CannotStart(String),
+}
+
+/// Run `program args…` with stdout and stderr together, in a process group of its own
+/// that is killed at `limit`. Works with or without the node's reaper.
+pub fn run_tool(program: &Path, args: &[&str], limit: Duration) -> ToolRun {
+    let mut cmd = Command::new("sh");
+    // Under `sh`, which always starts (as `spawn_waited` requires); `exec` keeps one
+    // process, and `2>&1` puts its complaints next to its output.
+    cmd.arg("-c")
+        .arg(r#"exec "$0" "$@" 2>&1"#)
+        .arg(program)
+        .args(args);
+    use std::os::unix::process::CommandExt;
+    unblocked_signals(&mut cmd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .process_group(0);
+    let deadline = Instant::now() + limit;
+    let mut child = match spawn_waited(&mut cmd) {
+        Ok(c) => c,
+        Err(e) => return ToolRun::CannotStart(e.to_string()),
+    };
+    let Some(mut stdout) = child.take_stdout() else {
+        child.kill();
+        return ToolRun::CannotStart("no pipe for its output".into());
+    };
+    // Read while it runs (a full pipe would stop it); a descendant that keeps the pipe
+    // open must not keep the caller waiting, hence the channel.
+    let (out_tx, out_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let _ = std::io::Read::read_to_end(
+            &mut std::io::Read::take(&mut stdout, MAX_TOOL_OUTPUT as u64),
+            &mut out,
+        );
+        let _ = out_tx.send(out);
+    });
+    let Some(exit) = child.wait_timeout(deadline.saturating_duration_since(Instant::now())) else {
+        child.stop_group(Duration::ZERO);
+        return ToolRun::TimedOut(limit);
+    };
+    let left = deadline.saturating_duration_since(Instant::now());
+    let out = out_rx
+        .recv_timeout(left.max(Duration::from_millis(500)))
+        .unwrap_or_default();
+    ToolRun::Ended(exit, String::from_utf8_lossy(&out).into_owned())
+}
+
+/// The report's section for one tool run, headed by the command line.
+fn tool_section(out: &mut String, shown: &str, run: &ToolRun) {
+    let _ = writeln!(out, "$ {shown}");
+    match run {
+        ToolRun::Ended(exit, text) => {
+            out.push_str(text.trim_end());
+            out.push('\n');
+            if *exit != ChildExit::Success {
+                let _ = writeln!(out, "({shown} ended with {exit})");
+            }
+        }
+        ToolRun::TimedOut(limit) => {
+            let _ = writeln!(
+                out,
+                "({shown}: no answer within its time limit of {}s; killed)",
+                limit.as_secs_f64()
+            );
+        }
+        ToolRun::CannotStart(e) => {
+            let _ = writeln!(out, "({shown}: cannot start: {e})");
+        }
+    }
+}
+
+/// Everything a hang report says after its header: each descendant of `root` (except
+/// `spare`) from `/proc`, `py-spy dump` of the Python ones and `nvidia-smi`.
+pub fn collect(root: i32, spare: &[i32]) -> String {
+    let (procs, unfinished) = snapshot(root, spare, PROC_LIMIT);
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "## processes under the node process {root}: {}",
+        procs.len()
+    );
+    if let Some(u) = &unfinished {
+        let _ = writeln!(out, "({u})");
+    }
+    for p in &procs {
+        out.push('\n');
+        let ppid = p.ppid.map_or("?".to_string(), |p| p.to_string());
+        let _ = writeln!(out, "### pid {} (ppid {ppid}): {}", p.pid, p.cmdline);
+        let _ = writeln!(out, "state: {}", p.state);
+        let threads = p.threads.map_or("?".to_string(), |t| t.to_string());
+        let _ = writeln!(out, "threads: {threads}");
+        let _ = writeln!(out, "wchan: {}", p.wchan);
+        match &p.stack {
+            Ok(s) if s.is_empty() => out.push_str("kernel stack: (empty)\n"),
+            Ok(s) => {
+                out.push_str("kernel stack:\n");
+                for l in s.lines() {
+                    let _ = writeln!(out, "  {l}");
+                }
+            }
+            Err(e) => {
+                let _ = writeln!(out, "kernel stack: {e}");
+            }
+        }
+    }
+
+    out.push_str("\n## py-spy\n");
+    let python: Vec<&ProcInfo> = procs.iter().filter(|p| p.is_python()).collect();
+    match find_program("py-spy") {
+        _ if python.is_empty() => out.push_str("(no Python process)\n"),
+        None => out.push_str("py-spy: not installed (not on PATH)\n"),
+        Some(py_spy) => {
+            let shown = python.len().min(MAX_PY_SPY);
+            if python.len() > shown {
+                let _ = writeln!(
+                    out,
+                    "({} Python processes; the first {shown} are dumped)",
+                    python.len()
+                );
+            }
+            // All at once: N stuck dumps cost one time limit, not N.
+            let runs: Vec<(i32, ToolRun)> = std::thread::scope(|s| {
+                let handles: Vec<_> = python[..shown]
+                    .iter()
+                    .map(|p| {
+                        let (pid, py_spy) = (p.pid, &py_spy);
+                        s.spawn(move || {
+                            let pid_arg = pid.to_string();
+                            (
+                                pid,
+                                run_tool(py_spy, &["dump", "--pid", &pid_arg], TOOL_LIMIT),
+                            )
+                        })
+                    })
+                    .collect();
+                handles.into_iter().filter_map(|h| h.join().ok()).collect()
+            });
+            for (pid, run) in runs {
+                tool_section(&mut out, &format!("py-spy dump --pid {pid}"), &run);
+            }
+        }
+    }
+
+    out.push_str("\n## nvidia-smi\n");
+    match find_program("nvidia-smi") {
+        None => out.push_str("nvidia-smi: not installed (not on PATH)\n"),
+        Some(smi) => tool_section(&mut out, "nvidia-smi", &run_tool(&smi, &[], TOOL_LIMIT)),
+    }
+    out
+}
+
+/// One line naming each process and what it waits on, for the node's own log (which may
+/// be readable when the report's write hangs on the shared directory).
+pub fn summary(report: &str) -> String {
+    let mut parts = Vec::new();
+    let mut current: Option<(String, String, String)> = None;
+    for l in report.lines() {
+        if let Some(rest) = l.strip_prefix("### pid ") {
+            if let Some(c) = current.take() {
+                parts.push(c);
+            }
+            let pid = rest.split(' ').next().unwrap_or("?").to_string();
+            let cmd = rest.split_once("): ").map_or("", |(_, c)| c);
+            let cmd: String = cmd.chars().take(40).collect();
+            current = Some((pid, cmd, String::new()));
+        } else if let (Some(state), Some(c)) = (l.strip_prefix("state: "), current.as_mut()) {
+            c.2 = state.split(' ').next().unwrap_or("?").to_string();
+        }
+    }
+    parts.extend(current);
+    if parts.is_empty() {
+        return "no processes".into();
+    }
+    parts
+        .iter()
+        .map(|(pid, cmd, state)| format!("{pid} {state} {cmd}"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_and_status_fields_are_read_as_the_kernel_writes_them() {
+        let stat = "42 (py (x) thon) S 7 42 42 0 -1";
+        assert_eq!(stat_name(stat), Some("py (x) thon"));
+        assert_eq!(stat_field(stat, 0), Some("S"));
+        assert_eq!(stat_field(stat, 1), Some("7"));
+        let status = "Name:\tsleep\nState:\tD (disk sleep)\nThreads:\t3\n";
+        assert_eq!(status_field(status, "State"), Some("D (disk sleep)"));
+        assert_eq!(status_field(status, "Threads"), Some("3"));
+        assert_eq!(status_field(status, "Thread"), None);
+    }
+
+    #[test]
+    fn python_is_recognised_by_its_name_or_its_program() {
+        let p = |name: &str, cmdline: &str| ProcInfo {
+            pid: 1,
+            ppid: None,
+            name: name.into(),
+            cmdline: cmdline.into(),
+            state: "S".into(),
+            wchan: "0".into(),
+            stack: Ok(String::new()),
+            threads: Some(1),
+        };
+        assert!(p("python3", "python3 -c x").is_python());
+        assert!(p("pt_main_thread", "/usr/bin/python3.11 train.py").is_python());
+        assert!(!p("sh", "sh -c python3 x.py").is_python());
+        assert!(!p("sleep", "sleep 1000").is_python());
+    }
+
+    #[test]
+    fn a_tool_that_hangs_is_killed_at_its_limit_and_one_that_ends_is_read() {
+        let sh = find_program("sh").expect("sh on PATH");
+        let started = Instant::now();
+        let run = run_tool(&sh, &["-c", "echo out; echo err >&2; exit 3"], TOOL_LIMIT);
+        match run {
+            ToolRun::Ended(exit, text) => {
+                assert_eq!(exit, ChildExit::Exit(3));
+                assert!(text.contains("out") && text.contains("err"), "{text}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let limit = Duration::from_millis(300);
+        let run = run_tool(&sh, &["-c", "sleep 100 & exec sleep 100"], limit);
+        assert_eq!(run, ToolRun::TimedOut(limit));
+        assert!(
+            started.elapsed() < Duration::from_secs(4),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[test]
+    fn the_summary_names_each_process_with_its_state() {
+        let report = "## processes\n\n### pid 7 (ppid 1): sleep 1000\nstate: S (sleeping)\nwchan: x\n\n### pid 8 (ppid 7): cat\nstate: D (disk sleep)\n";
+        assert_eq!(summary(report), "7 S sleep 1000; 8 D cat");
+        assert_eq!(summary("## processes: 0\n"), "no processes");
+    }
+}
