@@ -638,3 +638,21 @@ fn session_flags_are_checked() {
     }
     assert!(!tmp.path().join(".rl-node").exists());
 }
+
+#[test]
+fn doctors_started_with_different_node_counts_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let a = spawn_doctor(dir, &["--nodes", "2", "--session", "m", "--timeout", "60s"]);
+    let b = spawn_doctor(dir, &["--nodes", "3", "--session", "m", "--timeout", "60s"]);
+    for o in [finish(a, SESSION_LIMIT), finish(b, SESSION_LIMIT)] {
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{t}");
+        assert!(
+            t.contains("was started with --nodes 3, this one with --nodes 2")
+                || t.contains("was started with --nodes 2, this one with --nodes 3"),
+            "{t}"
+        );
+    }
+    assert!(!dir.join(".rl-node").exists());
+}
