@@ -656,3 +656,67 @@ fn doctors_started_with_different_node_counts_are_refused() {
     }
     assert!(!dir.join(".rl-node").exists());
 }
+
+#[test]
+fn an_interrupted_rank_tells_the_others_and_leaves_nothing() {
+    let test = "an_interrupted_rank_tells_the_others_and_leaves_nothing";
+    if !sshfs::require(test) {
+        return;
+    }
+    let c = SshfsCluster::start(2, 2).unwrap_or_else(|e| panic!("{test}: start: {e}"));
+    let args = ["--nodes", "2", "--session", "i", "--timeout", "60s"];
+    let mut kids = vec![
+        spawn_doctor(c.mount(0), &args),
+        spawn_doctor(c.mount(1), &args),
+    ];
+    let session = c.export().join(".rl-node/doctor/i");
+    let deadline = Instant::now() + SESSION_LIMIT;
+    while !session.join("new-0-1-0").exists() {
+        assert!(Instant::now() < deadline, "the measurements never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let rank1: serde_json::Value =
+        serde_json::from_slice(&fs::read(session.join("rank-1.json")).unwrap()).unwrap();
+    let pid = rank1["pid"].as_u64().unwrap() as u32;
+    let i = kids.iter().position(|k| k.id() == pid).unwrap();
+    let interrupted = kids.remove(i);
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGINT) }, 0);
+    let start = Instant::now();
+    let o = finish(interrupted, SESSION_LIMIT);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(130), "{t}");
+    assert!(
+        t.contains("doctor session i: rank 1 interrupted by SIGINT"),
+        "{t}"
+    );
+    let o = finish(kids.remove(0), SESSION_LIMIT);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(3), "{t}");
+    assert!(
+        t.contains(&format!(
+            "pid {pid}) stopped: doctor session i: rank 1 interrupted by SIGINT"
+        )),
+        "{t}"
+    );
+    // Well before the 60 s timeout: the abort, not the deadline, stopped rank 0.
+    assert!(start.elapsed() < Duration::from_secs(30), "{t}");
+    assert!(!session.exists(), "{t}");
+}
+
+#[test]
+fn three_nodes_measure_all_six_ordered_pairs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let v = session(d, &[d, d, d], &["--session", "three"], &[0]);
+    for w in 0..3 {
+        for o in (0..3).filter(|o| *o != w) {
+            let p = pair(&v, w, o);
+            for what in ["rewrite", "new_name", "round_trip"] {
+                assert!(median(p, what) < 250.0, "{what} {w} → {o}: {v:#}");
+            }
+        }
+    }
+    assert_eq!(v["session"]["clock_offsets"].as_array().unwrap().len(), 3);
+    assert!(!d.join(".rl-node/doctor").exists());
+}

@@ -27,6 +27,8 @@ use serde::{Deserialize, Serialize};
 use std::fs::{self, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// How often a waiting rank re-reads a peer's file or looks up the awaited name: the
@@ -325,6 +327,9 @@ struct Member {
     own: Vec<PathBuf>,
     /// Every rank's last message read (rank 0 uses their `created` for the cleanup).
     peers: Vec<Option<Msg>>,
+    /// The signal (SIGINT, SIGTERM, SIGHUP) that arrived during the session, or 0: every
+    /// wait checks it, so that an interrupted rank tells the others and removes its files.
+    signal: Arc<AtomicUsize>,
 }
 
 /// Runs this rank's part of the session; `summary` is its own single-node findings.
@@ -410,7 +415,13 @@ impl Member {
             opts,
             me,
             own: Vec::new(),
+            signal: Arc::new(AtomicUsize::new(0)),
         };
+        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+        for sig in [SIGINT, SIGTERM, SIGHUP] {
+            // Without the handler, a signal only ends the session as a kill would.
+            let _ = signal_hook::flag::register_usize(sig, Arc::clone(&m.signal), sig as usize);
+        }
         let ranks: Vec<u32> = match m.opts.rank {
             Some(r) => vec![r],
             None => (0..n).collect(),
@@ -434,7 +445,13 @@ impl Member {
                 }
                 Err(e) if e.kind() == ErrorKind::AlreadyExists => {
                     holders.push(match read(&path) {
-                        Some(h) => format!("rank {r} by {} pid {}", h.host, h.pid),
+                        Some(h) => {
+                            // Only on this host can a pid tell that its doctor is gone.
+                            let gone = h.host == m.me.host
+                                && !Path::new(&format!("/proc/{}", h.pid)).exists();
+                            let gone = if gone { ", no longer running" } else { "" };
+                            format!("rank {r} by {} pid {}{gone}", h.host, h.pid)
+                        }
                         None => format!("rank {r}"),
                     });
                 }
@@ -527,6 +544,7 @@ impl Member {
             if missing.is_empty() {
                 return Ok(());
             }
+            self.interrupted()?;
             if Instant::now() >= deadline {
                 let joined: Vec<String> = (0..n)
                     .filter(|r| self.peers[*r as usize].is_some())
@@ -571,10 +589,33 @@ impl Member {
                     deadline = Instant::now() + self.opts.timeout;
                 }
             }
+            self.interrupted()?;
             if Instant::now() >= deadline {
                 return Err(self.silent(rank, what));
             }
             std::thread::sleep(POLL);
+        }
+    }
+
+    /// A signal that arrived ends this rank's part (exit 128 + signal).
+    fn interrupted(&self) -> Result<(), Failure> {
+        match self.signal.load(Ordering::Relaxed) {
+            0 => Ok(()),
+            sig => Err(Failure {
+                code: 128 + sig as i32,
+                message: format!(
+                    "doctor session {}: rank {} interrupted by {}",
+                    self.opts.session,
+                    self.me.rank,
+                    match sig as i32 {
+                        signal_hook::consts::SIGINT => "SIGINT",
+                        signal_hook::consts::SIGTERM => "SIGTERM",
+                        _ => "SIGHUP",
+                    }
+                ),
+                hint: None,
+                detail: None,
+            }),
         }
     }
 
@@ -796,6 +837,7 @@ impl Member {
                     )))
                 }
             }
+            self.interrupted()?;
             if checked.elapsed() >= ABORT_CHECK {
                 checked = Instant::now();
                 if let Some(p) = read(&self.file(w)) {
