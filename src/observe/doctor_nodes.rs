@@ -73,6 +73,9 @@ struct Msg {
     rank: u32,
     host: String,
     pid: u32,
+    /// Rank 0's names the new names of this session, so that a client still caching a
+    /// name of an earlier session of the same name cannot find it early.
+    nonce: u32,
     pos: Pos,
     /// Pong: when the ping was seen, and when the pong was written (wall clock, ns).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -401,6 +404,10 @@ impl Member {
             rank: 0,
             host: summary.host.clone(),
             pid: std::process::id(),
+            nonce: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos())
+                ^ std::process::id().rotate_left(16),
             pos: (CLAIMED, 0, 0, 0),
             pong: None,
             created,
@@ -798,14 +805,18 @@ impl Member {
     }
 
     fn name(&self, w: u32, o: u32, k: u32) -> PathBuf {
-        self.dir.join(format!("new-{w}-{o}-{k}"))
+        let nonce = self.peers[0].as_ref().map_or(0, |p| p.nonce);
+        self.dir.join(format!("new-{nonce:08x}-{w}-{o}-{k}"))
     }
 
     /// Creates the observer's new name whole (written aside, renamed into place), holding
     /// the wall time just before the rename.
     fn create_name(&mut self, w: u32, o: u32, k: u32) -> Result<(), Failure> {
         let name = self.name(w, o, k);
-        let tmp = self.dir.join(format!(".new-{w}-{o}-{k}.tmp"));
+        let tmp = self.dir.join(format!(
+            ".{}.tmp",
+            name.file_name().expect("a name").to_string_lossy()
+        ));
         self.own.push(tmp.clone());
         self.own.push(name.clone());
         fs::write(&tmp, b"")
