@@ -78,10 +78,10 @@ impl Verdict {
 
 #[derive(Serialize, Debug)]
 pub(crate) struct Check {
-    name: &'static str,
-    verdict: Verdict,
+    pub(crate) name: &'static str,
+    pub(crate) verdict: Verdict,
     /// What was measured.
-    evidence: String,
+    pub(crate) evidence: String,
     /// What to change, when the verdict is not ok.
     #[serde(skip_serializing_if = "Option::is_none")]
     advice: Option<String>,

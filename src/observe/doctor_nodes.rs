@@ -1054,7 +1054,7 @@ pub(crate) fn render(s: &mut String, r: &SessionReport) {
     if let Some(by) = &r.reported_by {
         let _ = writeln!(
             s,
-            "{by} prints the measurements between all nodes (this rank's own checks are above)"
+            "{by} prints the measurements between all nodes and the [timing] for all of them (this rank's own checks are above)"
         );
         return;
     }
@@ -1190,6 +1190,79 @@ mod tests {
             .unwrap();
         assert!((p10.rewrite.unwrap().median_ms - 5.0).abs() < 1e-6);
         assert!(p10.new_name.is_none());
+    }
+
+    fn member(rank: u32, fs: &str, failed: &[&str]) -> NodeSummary {
+        NodeSummary {
+            rank,
+            host: format!("node-{rank}"),
+            pid: 100 + rank,
+            filesystem: Some(fs.into()),
+            options_visibility_secs: 0,
+            slowest_fsync_ms: 1.0,
+            failed: failed.iter().map(|s| s.to_string()).collect(),
+            warned: Vec::new(),
+        }
+    }
+
+    fn stat(ms: f64) -> Option<Stat> {
+        Stat::of(vec![ms])
+    }
+
+    #[test]
+    fn verdicts_name_the_node_and_the_slow_pair() {
+        let pairs = vec![
+            PairReport {
+                writer: 0,
+                observer: 1,
+                rewrite: stat(3.0),
+                new_name: stat(2000.0),
+                new_name_after_miss: stat(2003.0),
+                round_trip: stat(6.0),
+            },
+            PairReport {
+                writer: 1,
+                observer: 0,
+                rewrite: stat(2.0),
+                new_name: stat(5.0),
+                new_name_after_miss: stat(8.0),
+                round_trip: stat(5.0),
+            },
+        ];
+        let offsets = vec![Offset {
+            a: 0,
+            b: 1,
+            offset_ms: 40_000.0,
+            uncertainty_ms: 3.0,
+        }];
+        let members = [
+            member(0, "nfs4 at /a", &[]),
+            member(1, "nfs4 at /a", &["rename-over"]),
+        ];
+        let c = cross_checks(&members, &pairs, &offsets);
+        let by = |n: &str| c.iter().find(|c| c.name == n).unwrap();
+        assert_eq!(by("nodes").verdict, Verdict::Fail);
+        assert!(by("nodes")
+            .evidence
+            .contains("rank 1 on node-1: FAIL rename-over"));
+        assert_eq!(by("cross-rewrite").verdict, Verdict::Ok);
+        assert_eq!(by("cross-new-name").verdict, Verdict::Warn);
+        assert!(by("cross-new-name").evidence.contains("rank 0 → rank 1"));
+        // A clock 40 s off is reported, never judged.
+        assert_eq!(by("clock-offset").verdict, Verdict::Ok);
+        assert!(by("clock-offset").evidence.contains("+40000.0ms"));
+        // Mounted differently: a warning naming both.
+        let members = [
+            member(0, "nfs4 at /a", &[]),
+            member(1, "fuse.sshfs at /a", &[]),
+        ];
+        let c = cross_checks(&members, &pairs[1..], &[]);
+        assert_eq!(c[0].verdict, Verdict::Warn);
+        assert!(
+            c[0].evidence.contains("nfs4 at /a | fuse.sshfs at /a")
+                || c[0].evidence.contains("fuse.sshfs at /a | nfs4 at /a")
+        );
+        assert_eq!(c.len(), 3, "no clock-offset check without offsets");
     }
 
     #[test]
