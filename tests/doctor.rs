@@ -478,6 +478,9 @@ fn two_sshfs_clients_measure_the_negative_cache() {
         "one host, one clock: {off}"
     );
     assert_eq!(check(&v, "cross-new-name")["verdict"], "warn", "{v:#}");
+    // Two clients with the same options, at different mount points: alike.
+    let nodes = check(&v, "nodes")["evidence"].as_str().unwrap();
+    assert!(nodes.contains("all 2 nodes mount it alike"), "{nodes}");
     assert!(
         v["timing"]["rule"]
             .as_str()

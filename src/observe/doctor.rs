@@ -325,6 +325,19 @@ fn summary(r: &Report, rank: Option<u32>) -> super::doctor_nodes::NodeSummary {
                 m.options.join(",")
             )
         }),
+        mount: r.filesystem.as_ref().map(|m| {
+            format!(
+                "{} ({}); attribute cache {}, negative cache {}",
+                m.fs_type,
+                m.options.join(","),
+                r.caches
+                    .attribute_secs
+                    .map_or("unknown".into(), |s| format!("{s}s")),
+                r.caches
+                    .negative_secs
+                    .map_or("unknown".into(), |s| format!("{s}s")),
+            )
+        }),
         options_visibility_secs: r.caches.visibility_secs(),
         slowest_fsync_ms: r.slowest_fsync.as_secs_f64() * 1000.0,
         failed: names(Verdict::Fail),

@@ -126,6 +126,9 @@ pub(crate) struct NodeSummary {
     pub pid: u32,
     /// Filesystem type, mount point and options, as /proc/mounts of that node shows them.
     pub filesystem: Option<String>,
+    /// What must be alike on every node: the type, the mount options and the cache
+    /// delays they imply (not the mount point or the server's name for it).
+    pub mount: Option<String>,
     /// The longest cache delay that node's mount options imply, seconds.
     pub options_visibility_secs: u64,
     pub slowest_fsync_ms: f64,
@@ -943,30 +946,29 @@ fn cross_checks(members: &[NodeSummary], pairs: &[PairReport], offsets: &[Offset
     let mut bad = Vec::new();
     let mut verdict = Verdict::Ok;
     for m in members {
+        let mut what = Vec::new();
         if !m.failed.is_empty() {
             verdict = Verdict::Fail;
-            bad.push(format!(
-                "rank {} on {}: FAIL {}",
-                m.rank,
-                m.host,
-                m.failed.join(", ")
-            ));
+            what.push(format!("FAIL {}", m.failed.join(", ")));
         }
         if !m.warned.is_empty() {
             if verdict == Verdict::Ok {
                 verdict = Verdict::Warn;
             }
+            what.push(format!("warn {}", m.warned.join(", ")));
+        }
+        if !what.is_empty() {
             bad.push(format!(
-                "rank {} on {}: warn {}",
+                "rank {} on {}: {}",
                 m.rank,
                 m.host,
-                m.warned.join(", ")
+                what.join(", ")
             ));
         }
     }
     let mut kinds: Vec<&str> = members
         .iter()
-        .map(|m| m.filesystem.as_deref().unwrap_or("unknown"))
+        .map(|m| m.mount.as_deref().unwrap_or("unknown"))
         .collect();
     kinds.sort();
     kinds.dedup();
@@ -1197,7 +1199,8 @@ mod tests {
             rank,
             host: format!("node-{rank}"),
             pid: 100 + rank,
-            filesystem: Some(fs.into()),
+            filesystem: Some(format!("{fs} at /mnt/{rank}")),
+            mount: Some(fs.into()),
             options_visibility_secs: 0,
             slowest_fsync_ms: 1.0,
             failed: failed.iter().map(|s| s.to_string()).collect(),
@@ -1236,15 +1239,15 @@ mod tests {
             uncertainty_ms: 3.0,
         }];
         let members = [
-            member(0, "nfs4 at /a", &[]),
-            member(1, "nfs4 at /a", &["rename-over"]),
+            member(0, "nfs4 (rw)", &[]),
+            member(1, "nfs4 (rw)", &["rename-over"]),
         ];
         let c = cross_checks(&members, &pairs, &offsets);
         let by = |n: &str| c.iter().find(|c| c.name == n).unwrap();
         assert_eq!(by("nodes").verdict, Verdict::Fail);
-        assert!(by("nodes")
-            .evidence
-            .contains("rank 1 on node-1: FAIL rename-over"));
+        let ev = &by("nodes").evidence;
+        assert!(ev.contains("rank 1 on node-1: FAIL rename-over;"), "{ev}");
+        assert!(ev.contains("mount it alike (nfs4 (rw))"), "{ev}");
         assert_eq!(by("cross-rewrite").verdict, Verdict::Ok);
         assert_eq!(by("cross-new-name").verdict, Verdict::Warn);
         assert!(by("cross-new-name").evidence.contains("rank 0 → rank 1"));
@@ -1253,15 +1256,12 @@ mod tests {
         assert!(by("clock-offset").evidence.contains("+40000.0ms"));
         // Mounted differently: a warning naming both.
         let members = [
-            member(0, "nfs4 at /a", &[]),
-            member(1, "fuse.sshfs at /a", &[]),
+            member(0, "nfs4 (rw)", &[]),
+            member(1, "fuse.sshfs (rw)", &[]),
         ];
         let c = cross_checks(&members, &pairs[1..], &[]);
         assert_eq!(c[0].verdict, Verdict::Warn);
-        assert!(
-            c[0].evidence.contains("nfs4 at /a | fuse.sshfs at /a")
-                || c[0].evidence.contains("fuse.sshfs at /a | nfs4 at /a")
-        );
+        assert!(c[0].evidence.contains("fuse.sshfs (rw) | nfs4 (rw)"));
         assert_eq!(c.len(), 3, "no clock-offset check without offsets");
     }
 
