@@ -581,7 +581,9 @@ fn a_claimed_rank_is_refused_naming_its_holder() {
             && t.contains(&format!("pid {}", first.id())),
         "{t}"
     );
-    // The first one is not disturbed: its partner arrives and both finish.
+    // The first one is not disturbed: its claim stays, its partner arrives, both finish.
+    let held: serde_json::Value = serde_json::from_slice(&fs::read(&claim).unwrap()).unwrap();
+    assert_eq!(held["pid"].as_u64(), Some(u64::from(first.id())));
     let partner = spawn_doctor(dir, &["--nodes", "2", "--rank", "1", "--session", "c"]);
     for o in [finish(first, SESSION_LIMIT), finish(partner, SESSION_LIMIT)] {
         assert_eq!(o.status.code(), Some(0), "{}", text(&o));

@@ -881,8 +881,11 @@ impl Member {
     /// Success: rank 0, having every rank's results, removes the session; the others leave
     /// their files to it.
     fn finish(&mut self, ok: bool) {
-        if self.me.rank == 0 || !ok {
-            if self.me.rank == 0 {
+        // Only a rank 0 that holds its claim speaks for the session: a doctor refused its
+        // rank must not remove the session of the one that holds it.
+        let coordinator = self.me.rank == 0 && !self.own.is_empty();
+        if coordinator || !ok {
+            if coordinator {
                 let _ = fs::remove_dir_all(&self.dir);
             } else {
                 for p in &self.own {
