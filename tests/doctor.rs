@@ -735,3 +735,48 @@ fn three_nodes_measure_all_six_ordered_pairs() {
     assert_eq!(v["session"]["clock_offsets"].as_array().unwrap().len(), 3);
     assert!(!d.join(".rl-node/doctor").exists());
 }
+
+#[test]
+fn rank_0_stopping_stops_ranks_busy_with_each_other() {
+    let test = "rank_0_stopping_stops_ranks_busy_with_each_other";
+    if !sshfs::require(test) {
+        return;
+    }
+    // Three clients: the round-robin order measures rank 1 ↔ rank 2 first, while rank 0
+    // waits for rank 2. Rank 0 is interrupted then: ranks 1 and 2, who wait only for each
+    // other, must stop at once all the same.
+    let c = SshfsCluster::start(3, 2).unwrap_or_else(|e| panic!("{test}: start: {e}"));
+    let args = ["--nodes", "3", "--session", "z", "--timeout", "60s"];
+    let mut kids: Vec<Child> = (0..3).map(|i| spawn_doctor(c.mount(i), &args)).collect();
+    let session = c.export().join(".rl-node/doctor/z");
+    let deadline = Instant::now() + SESSION_LIMIT;
+    while !new_name_exists(&session, "-1-2-0") {
+        assert!(Instant::now() < deadline, "the measurements never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let rank0: serde_json::Value =
+        serde_json::from_slice(&fs::read(session.join("rank-0.json")).unwrap()).unwrap();
+    let pid = rank0["pid"].as_u64().unwrap() as u32;
+    let i = kids.iter().position(|k| k.id() == pid).unwrap();
+    let interrupted = kids.remove(i);
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGINT) }, 0);
+    let start = Instant::now();
+    let o = finish(interrupted, SESSION_LIMIT);
+    assert_eq!(o.status.code(), Some(130), "{}", text(&o));
+    for k in kids {
+        let o = finish(k, SESSION_LIMIT);
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(3), "{t}");
+        assert!(
+            t.contains("doctor session z: rank 0 (")
+                && (t.contains("interrupted by SIGINT") || t.contains("was removed")),
+            "{t}"
+        );
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "not at --timeout"
+    );
+    assert!(!session.exists());
+}

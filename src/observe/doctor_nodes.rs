@@ -587,7 +587,12 @@ impl Member {
         let path = self.file(rank);
         let mut last: Option<Pos> = None;
         let mut deadline = Instant::now() + self.opts.timeout;
+        let mut checked = Instant::now();
         loop {
+            if checked.elapsed() >= ABORT_CHECK {
+                checked = Instant::now();
+                self.watch_coordinator(rank)?;
+            }
             if let Some(p) = read(&path) {
                 self.check_peer(&p)?;
                 if p.pos >= at {
@@ -604,6 +609,30 @@ impl Member {
                 return Err(self.silent(rank, what));
             }
             std::thread::sleep(POLL);
+        }
+    }
+
+    /// While waiting for `peer`, a look at rank 0 as well: a rank that fails stops its
+    /// partners, they stop theirs, and rank 0 stops everyone else, who all watch it. Rank 0
+    /// removes the session when it fails: that stops them too.
+    fn watch_coordinator(&self, peer: u32) -> Result<(), Failure> {
+        if self.me.rank == 0 || peer == 0 {
+            return Ok(());
+        }
+        match read(&self.file(0)) {
+            Some(p) => self.check_peer(&p),
+            None if !self.dir.exists() => Err(Failure {
+                code: exit::PEER_FAILED,
+                message: format!(
+                    "doctor session {}: the session directory {} was removed (by {}, stopping?)",
+                    self.opts.session,
+                    self.dir.display(),
+                    self.who(0)
+                ),
+                hint: None,
+                detail: None,
+            }),
+            None => Ok(()),
         }
     }
 
@@ -857,6 +886,7 @@ impl Member {
                 if let Some(p) = read(&self.file(w)) {
                     self.check_peer(&p)?;
                 }
+                self.watch_coordinator(w)?;
             }
             if start.elapsed() >= self.opts.timeout {
                 return Err(Failure {
