@@ -257,6 +257,7 @@ fn spawn_doctor(dir: &Path, args: &[&str]) -> Child {
         .arg(dir)
         .args(args)
         .env_remove("RL_NODE_CLUSTER_LOG_PATH")
+        .env_remove("SLURM_JOB_ID")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -627,6 +628,34 @@ fn a_rank_killed_midway_stops_the_others_at_the_deadline() {
     );
     assert!(start.elapsed() < Duration::from_secs(60), "{t}");
     assert!(!session.exists(), "rank 0 removes the session: {t}");
+}
+
+#[test]
+fn doctors_of_one_slurm_job_meet_in_its_session() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let spawn = |job: &str| {
+        Command::new(BIN)
+            .args(["doctor", "--nodes", "2", "--json", "--log-path"])
+            .arg(dir)
+            .env_remove("RL_NODE_CLUSTER_LOG_PATH")
+            .env("SLURM_JOB_ID", job)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // Two jobs sharing the directory, two nodes each: each job's pair meets.
+    let kids = [spawn("77"), spawn("78"), spawn("77"), spawn("78")];
+    for (i, k) in kids.into_iter().enumerate() {
+        let o = finish(k, SESSION_LIMIT);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let want = if i % 2 == 0 { "slurm-77" } else { "slurm-78" };
+        assert_eq!(v["session"]["session"], want, "{v:#}");
+    }
+    assert!(!dir.join(".rl-node").exists());
 }
 
 #[test]

@@ -36,9 +36,11 @@ pub struct DoctorArgs {
     #[arg(long, value_name = "R")]
     pub rank: Option<u32>,
     /// The session the N doctors meet in, `DIR/.rl-node/doctor/<NAME>/` (letters, digits,
-    /// `.`, `_`, `-`): give each concurrent group of doctors its own.
-    #[arg(long, value_name = "NAME", default_value = "default")]
-    pub session: String,
+    /// `.`, `_`, `-`): give each concurrent group of doctors its own. Default:
+    /// `slurm-<SLURM_JOB_ID>` inside a Slurm job (so that jobs sharing DIR do not mix),
+    /// else `default`.
+    #[arg(long, value_name = "NAME")]
+    pub session: Option<String>,
     /// Samples per ordered pair of nodes (each costs up to a negative-lookup cache time).
     #[arg(long, value_name = "K", default_value_t = 3)]
     pub samples: u32,
@@ -279,11 +281,18 @@ fn session_options(a: &DoctorArgs) -> Result<Option<super::doctor_nodes::Options
             None,
         ));
     }
-    if !valid_session(&a.session) {
+    // Every rank of one Slurm job sees the same job id; another job's doctors another.
+    let session = a.session.clone().unwrap_or_else(|| {
+        std::env::var("SLURM_JOB_ID")
+            .ok()
+            .map(|id| format!("slurm-{id}"))
+            .filter(|s| valid_session(s))
+            .unwrap_or_else(|| "default".into())
+    });
+    if !valid_session(&session) {
         return Err(Failure::usage(
             format!(
-                "--session {:?} is not a plain name (letters, digits, `.`, `_`, `-`; at most 64)",
-                a.session
+                "--session {session:?} is not a plain name (letters, digits, `.`, `_`, `-`; at most 64)"
             ),
             None,
         ));
@@ -297,7 +306,7 @@ fn session_options(a: &DoctorArgs) -> Result<Option<super::doctor_nodes::Options
     Ok(Some(Options {
         nodes: a.nodes,
         rank: a.rank,
-        session: a.session.clone(),
+        session,
         samples: a.samples,
         timeout: a.timeout,
     }))
