@@ -7,8 +7,9 @@ mod common;
 use common::cluster::BIN;
 use common::sshfs::{self, SshfsCluster};
 use std::fs;
-use std::path::Path;
-use std::process::{Command, Output};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant, SystemTime};
 
 const CHECKS: [&str; 8] = [
     "mount",
@@ -243,4 +244,568 @@ fn sshfs_mount_is_named_with_its_cache_options() {
         !c.export().join(".rl-node").exists(),
         "left behind on the server: {t}"
     );
+}
+
+// ---- Several nodes at once (`--nodes N`): one doctor process per node. ----
+
+/// Generous: a loaded CI machine, and sshfs samples that each wait out a negative cache.
+const SESSION_LIMIT: Duration = Duration::from_secs(180);
+
+fn spawn_doctor(dir: &Path, args: &[&str]) -> Child {
+    Command::new(BIN)
+        .args(["doctor", "--log-path"])
+        .arg(dir)
+        .args(args)
+        .env_remove("RL_NODE_CLUSTER_LOG_PATH")
+        .env_remove("SLURM_JOB_ID")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for a doctor to exit (killing it past `limit`) and returns its output.
+fn finish(mut c: Child, limit: Duration) -> Output {
+    let deadline = Instant::now() + limit;
+    while c.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = c.kill();
+            let o = c.wait_with_output().unwrap();
+            panic!("doctor still running after {limit:?}:\n{}", text(&o));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    c.wait_with_output().unwrap()
+}
+
+/// Every file and directory under `dir` except `.rl-node/doctor/`, with content and mtime:
+/// what a run owns, which doctor must not touch.
+fn tree(dir: &Path) -> Vec<(PathBuf, Option<Vec<u8>>, SystemTime)> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            let rel = p.strip_prefix(dir).unwrap().to_path_buf();
+            if rel == Path::new(".rl-node/doctor") {
+                continue;
+            }
+            let m = fs::metadata(&p).unwrap();
+            if m.is_dir() {
+                todo.push(p.clone());
+                // `.rl-node/` gains and loses `doctor/`: its mtime moves, its content not.
+                let mtime = if rel == Path::new(".rl-node") {
+                    SystemTime::UNIX_EPOCH
+                } else {
+                    m.modified().unwrap()
+                };
+                out.push((rel, None, mtime));
+            } else {
+                out.push((rel, Some(fs::read(&p).unwrap()), m.modified().unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Runs doctors on `dirs` (one per node: the same directory, or one mount per node) with
+/// `--nodes dirs.len() --json` and `args`; checks that every one finished with a report and
+/// exit `codes`, that they found each other, that the run's files planted in `root` are
+/// untouched and the session is gone; returns rank 0's JSON report.
+fn session(root: &Path, dirs: &[&Path], args: &[&str], codes: &[i32]) -> serde_json::Value {
+    plant_run(root);
+    let before = tree(root);
+    let n = dirs.len().to_string();
+    let mut all = vec!["--nodes", &n, "--json"];
+    all.extend_from_slice(args);
+    let children: Vec<Child> = dirs.iter().map(|d| spawn_doctor(d, &all)).collect();
+    let pids: Vec<u64> = children.iter().map(|c| u64::from(c.id())).collect();
+    let outs: Vec<Output> = children
+        .into_iter()
+        .map(|c| finish(c, SESSION_LIMIT))
+        .collect();
+    let mut rank0 = None;
+    let mut ranks = Vec::new();
+    for o in &outs {
+        let t = text(o);
+        assert!(
+            o.status.code().is_some_and(|c| codes.contains(&c)),
+            "exit {:?}:\n{t}",
+            o.status
+        );
+        let v: serde_json::Value =
+            serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}:\n{t}"));
+        let s = &v["session"];
+        ranks.push(s["rank"].as_u64().unwrap());
+        assert_eq!(s["nodes"].as_u64(), Some(dirs.len() as u64), "{t}");
+        if s["rank"] == 0 {
+            rank0 = Some(v.clone());
+        } else {
+            assert!(
+                s["reported_by"].as_str().unwrap().starts_with("rank 0 ("),
+                "{t}"
+            );
+            assert!(s["pairs"].as_array().unwrap().is_empty(), "{t}");
+        }
+    }
+    ranks.sort();
+    assert_eq!(ranks, (0..dirs.len() as u64).collect::<Vec<_>>());
+    let v = rank0.expect("a rank 0");
+    // Rank 0 reports exactly these processes: no other session's.
+    let mut members: Vec<u64> = v["session"]["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["pid"].as_u64().unwrap())
+        .collect();
+    members.sort();
+    let mut want = pids.clone();
+    want.sort();
+    assert_eq!(members, want, "{v:#}");
+    let pairs = v["session"]["pairs"].as_array().unwrap();
+    assert_eq!(pairs.len(), dirs.len() * (dirs.len() - 1), "{v:#}");
+    assert_eq!(before, tree(root), "the run's files changed");
+    v
+}
+
+/// Whether the session holds a new name ending in `suffix` (`-W-O-K`).
+fn new_name_exists(session: &Path, suffix: &str) -> bool {
+    fs::read_dir(session).is_ok_and(|d| {
+        d.flatten().any(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.starts_with("new-") && n.ends_with(suffix)
+        })
+    })
+}
+
+fn pair(v: &serde_json::Value, w: u64, o: u64) -> &serde_json::Value {
+    v["session"]["pairs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["writer"] == w && p["observer"] == o)
+        .unwrap_or_else(|| panic!("no pair {w} → {o}: {v:#}"))
+}
+
+fn median(p: &serde_json::Value, what: &str) -> f64 {
+    assert_eq!(p[what]["samples"], 3, "{what}: {p:#}");
+    p[what]["median_ms"].as_f64().unwrap()
+}
+
+fn check<'a>(v: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no {name} check: {v:#}"))
+}
+
+/// Two processes on one host's directory: every change is seen within a few polls, and
+/// the two clocks are one.
+fn two_local_processes(dir: &Path) {
+    let v = session(dir, &[dir, dir], &["--session", "local"], &[0]);
+    for (w, o) in [(0, 1), (1, 0)] {
+        let p = pair(&v, w, o);
+        for what in ["rewrite", "new_name", "new_name_after_miss", "round_trip"] {
+            let m = median(p, what);
+            assert!(m < 250.0, "{what} {w} → {o}: {m} ms\n{v:#}");
+        }
+    }
+    let off = &v["session"]["clock_offsets"][0];
+    assert!(
+        off["offset_ms"].as_f64().unwrap().abs() < 50.0,
+        "one host, one clock: {off}"
+    );
+    for c in ["nodes", "cross-rewrite", "cross-new-name", "clock-offset"] {
+        assert_eq!(check(&v, c)["verdict"], "ok", "{v:#}");
+    }
+    assert!(v.get("not_measured").is_none(), "{v:#}");
+    assert!(!dir.join(".rl-node/doctor").exists(), "session left behind");
+}
+
+#[test]
+fn two_processes_on_local_disk_see_each_other_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    two_local_processes(tmp.path());
+}
+
+#[test]
+fn two_processes_on_tmpfs_see_each_other_at_once() {
+    let shm = Path::new("/dev/shm");
+    if !shm.is_dir() {
+        eprintln!("SKIP: no /dev/shm");
+        return;
+    }
+    let tmp = tempfile::tempdir_in(shm).unwrap();
+    two_local_processes(tmp.path());
+}
+
+#[test]
+fn two_sshfs_clients_measure_the_negative_cache() {
+    let test = "two_sshfs_clients_measure_the_negative_cache";
+    if !sshfs::require(test) {
+        return;
+    }
+    // Two clients with negative_timeout=2 (and cache_timeout=2, attr_timeout=0).
+    let c = SshfsCluster::start(2, 2).unwrap_or_else(|e| panic!("{test}: start: {e}"));
+    // rename-over may fail on one sshfs client (see the single-node test): exit 0 or 1.
+    let v = session(
+        c.export(),
+        &[c.mount(0), c.mount(1)],
+        &["--session", "sshfs", "--timeout", "60s"],
+        &[0, 1],
+    );
+    for (w, o) in [(0, 1), (1, 0)] {
+        let p = pair(&v, w, o);
+        let new = median(p, "new_name");
+        assert!(
+            (1000.0..=4000.0).contains(&new),
+            "a new name {w} → {o} after a miss should take about negative_timeout=2s: {new} ms\n{v:#}"
+        );
+        let miss = median(p, "new_name_after_miss");
+        assert!((1000.0..=4000.0).contains(&miss), "{miss} ms\n{v:#}");
+        let rewrite = median(p, "rewrite");
+        assert!(
+            rewrite < new / 2.0,
+            "a rewrite is no new name: {rewrite} ms\n{v:#}"
+        );
+    }
+    let off = &v["session"]["clock_offsets"][0];
+    assert!(
+        off["offset_ms"].as_f64().unwrap().abs() < 200.0,
+        "one host, one clock: {off}"
+    );
+    assert_eq!(check(&v, "cross-new-name")["verdict"], "warn", "{v:#}");
+    // Two clients with the same options, at different mount points: alike.
+    let nodes = check(&v, "nodes")["evidence"].as_str().unwrap();
+    assert!(nodes.contains("all 2 nodes mount it alike"), "{nodes}");
+    assert!(
+        v["timing"]["rule"]
+            .as_str()
+            .unwrap()
+            .contains("measured between nodes"),
+        "{v:#}"
+    );
+    assert!(!c.export().join(".rl-node/doctor").exists());
+}
+
+#[test]
+fn a_rank_that_never_arrives_is_named_at_the_join_deadline() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let args = ["--nodes", "3", "--session", "short", "--timeout", "3s"];
+    let a = spawn_doctor(dir, &args);
+    let b = spawn_doctor(dir, &args);
+    for o in [finish(a, SESSION_LIMIT), finish(b, SESSION_LIMIT)] {
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(4), "{t}");
+        assert!(
+            t.contains("doctor session short: rank 2 never joined within 3s"),
+            "{t}"
+        );
+    }
+    assert!(!dir.join(".rl-node").exists(), "left behind");
+}
+
+#[test]
+fn two_sessions_in_one_directory_do_not_mix() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    plant_run(dir);
+    let before = tree(dir);
+    let spawn = |s: &str| -> Vec<Child> {
+        (0..2)
+            .map(|_| spawn_doctor(dir, &["--nodes", "2", "--json", "--session", s]))
+            .collect()
+    };
+    let (a, b) = (spawn("a"), spawn("b"));
+    for (name, group) in [("a", a), ("b", b)] {
+        let mut pids: Vec<u64> = group.iter().map(|c| u64::from(c.id())).collect();
+        pids.sort();
+        let mut members = None;
+        for c in group {
+            let o = finish(c, SESSION_LIMIT);
+            assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+            assert_eq!(v["session"]["session"], name);
+            if v["session"]["rank"] == 0 {
+                let mut m: Vec<u64> = v["session"]["members"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|m| m["pid"].as_u64().unwrap())
+                    .collect();
+                m.sort();
+                members = Some(m);
+            }
+        }
+        assert_eq!(members, Some(pids), "session {name}");
+    }
+    assert_eq!(before, tree(dir));
+    assert!(!dir.join(".rl-node/doctor").exists());
+}
+
+#[test]
+fn a_claimed_rank_is_refused_naming_its_holder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let first = spawn_doctor(
+        dir,
+        &[
+            "--nodes",
+            "2",
+            "--rank",
+            "0",
+            "--session",
+            "c",
+            "--timeout",
+            "60s",
+        ],
+    );
+    let claim = dir.join(".rl-node/doctor/c/rank-0.json");
+    let deadline = Instant::now() + SESSION_LIMIT;
+    while !fs::read_to_string(&claim).is_ok_and(|s| s.contains("\"pid\"")) {
+        assert!(Instant::now() < deadline, "no claim of rank 0");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let second = finish(
+        spawn_doctor(dir, &["--nodes", "2", "--rank", "0", "--session", "c"]),
+        SESSION_LIMIT,
+    );
+    let t = text(&second);
+    assert_eq!(second.status.code(), Some(2), "{t}");
+    assert!(
+        t.contains("--rank 0 of doctor session c is already claimed")
+            && t.contains(&format!("pid {}", first.id())),
+        "{t}"
+    );
+    // The first one is not disturbed: its claim stays, its partner arrives, both finish.
+    let held: serde_json::Value = serde_json::from_slice(&fs::read(&claim).unwrap()).unwrap();
+    assert_eq!(held["pid"].as_u64(), Some(u64::from(first.id())));
+    let partner = spawn_doctor(dir, &["--nodes", "2", "--rank", "1", "--session", "c"]);
+    for o in [finish(first, SESSION_LIMIT), finish(partner, SESSION_LIMIT)] {
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    }
+    assert!(!dir.join(".rl-node").exists());
+}
+
+#[test]
+fn a_rank_killed_midway_stops_the_others_at_the_deadline() {
+    let test = "a_rank_killed_midway_stops_the_others_at_the_deadline";
+    if !sshfs::require(test) {
+        return;
+    }
+    // A 2 s negative cache keeps the session going for seconds: time to kill rank 1.
+    let c = SshfsCluster::start(2, 2).unwrap_or_else(|e| panic!("{test}: start: {e}"));
+    let args = ["--nodes", "2", "--session", "k", "--timeout", "5s"];
+    let mut kids = vec![
+        spawn_doctor(c.mount(0), &args),
+        spawn_doctor(c.mount(1), &args),
+    ];
+    let session = c.export().join(".rl-node/doctor/k");
+    let deadline = Instant::now() + SESSION_LIMIT;
+    while !new_name_exists(&session, "-0-1-0") {
+        assert!(Instant::now() < deadline, "the measurements never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let rank1: serde_json::Value =
+        serde_json::from_slice(&fs::read(session.join("rank-1.json")).unwrap()).unwrap();
+    let pid = rank1["pid"].as_u64().unwrap() as u32;
+    let i = kids.iter().position(|k| k.id() == pid).unwrap();
+    let mut killed = kids.remove(i);
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    let start = Instant::now();
+    let o = finish(kids.remove(0), SESSION_LIMIT);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(4), "{t}");
+    assert!(
+        t.contains("rank 1 (") && t.contains(&format!("pid {pid}) made no progress for 5s")),
+        "{t}"
+    );
+    assert!(start.elapsed() < Duration::from_secs(60), "{t}");
+    assert!(!session.exists(), "rank 0 removes the session: {t}");
+}
+
+#[test]
+fn doctors_of_one_slurm_job_meet_in_its_session() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let spawn = |job: &str| {
+        Command::new(BIN)
+            .args(["doctor", "--nodes", "2", "--json", "--log-path"])
+            .arg(dir)
+            .env_remove("RL_NODE_CLUSTER_LOG_PATH")
+            .env("SLURM_JOB_ID", job)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // Two jobs sharing the directory, two nodes each: each job's pair meets.
+    let kids = [spawn("77"), spawn("78"), spawn("77"), spawn("78")];
+    for (i, k) in kids.into_iter().enumerate() {
+        let o = finish(k, SESSION_LIMIT);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let want = if i % 2 == 0 { "slurm-77" } else { "slurm-78" };
+        assert_eq!(v["session"]["session"], want, "{v:#}");
+    }
+    assert!(!dir.join(".rl-node").exists());
+}
+
+#[test]
+fn session_flags_are_checked() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (args, want) in [
+        (
+            &["--nodes", "2", "--rank", "2"][..],
+            "--rank 2 is out of range for --nodes 2",
+        ),
+        (
+            &["--rank", "1"][..],
+            "--rank 1 needs --nodes N of 2 or more",
+        ),
+        (
+            &["--nodes", "2", "--session", "../x"][..],
+            "--session \"../x\" is not a plain name",
+        ),
+        (&["--nodes", "0"][..], "--nodes must be 1 or more"),
+    ] {
+        let o = finish(spawn_doctor(tmp.path(), args), SESSION_LIMIT);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        assert!(text(&o).contains(want), "{args:?}: {}", text(&o));
+    }
+    assert!(!tmp.path().join(".rl-node").exists());
+}
+
+#[test]
+fn doctors_started_with_different_node_counts_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let a = spawn_doctor(dir, &["--nodes", "2", "--session", "m", "--timeout", "60s"]);
+    let b = spawn_doctor(dir, &["--nodes", "3", "--session", "m", "--timeout", "60s"]);
+    for o in [finish(a, SESSION_LIMIT), finish(b, SESSION_LIMIT)] {
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{t}");
+        assert!(
+            t.contains("was started with --nodes 3, this one with --nodes 2")
+                || t.contains("was started with --nodes 2, this one with --nodes 3"),
+            "{t}"
+        );
+    }
+    assert!(!dir.join(".rl-node").exists());
+}
+
+#[test]
+fn an_interrupted_rank_tells_the_others_and_leaves_nothing() {
+    let test = "an_interrupted_rank_tells_the_others_and_leaves_nothing";
+    if !sshfs::require(test) {
+        return;
+    }
+    let c = SshfsCluster::start(2, 2).unwrap_or_else(|e| panic!("{test}: start: {e}"));
+    let args = ["--nodes", "2", "--session", "i", "--timeout", "60s"];
+    let mut kids = vec![
+        spawn_doctor(c.mount(0), &args),
+        spawn_doctor(c.mount(1), &args),
+    ];
+    let session = c.export().join(".rl-node/doctor/i");
+    let deadline = Instant::now() + SESSION_LIMIT;
+    while !new_name_exists(&session, "-0-1-0") {
+        assert!(Instant::now() < deadline, "the measurements never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let rank1: serde_json::Value =
+        serde_json::from_slice(&fs::read(session.join("rank-1.json")).unwrap()).unwrap();
+    let pid = rank1["pid"].as_u64().unwrap() as u32;
+    let i = kids.iter().position(|k| k.id() == pid).unwrap();
+    let interrupted = kids.remove(i);
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGINT) }, 0);
+    let start = Instant::now();
+    let o = finish(interrupted, SESSION_LIMIT);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(130), "{t}");
+    assert!(
+        t.contains("doctor session i: rank 1 interrupted by SIGINT"),
+        "{t}"
+    );
+    let o = finish(kids.remove(0), SESSION_LIMIT);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(3), "{t}");
+    assert!(
+        t.contains(&format!(
+            "pid {pid}) stopped: doctor session i: rank 1 interrupted by SIGINT"
+        )),
+        "{t}"
+    );
+    // Well before the 60 s timeout: the abort, not the deadline, stopped rank 0.
+    assert!(start.elapsed() < Duration::from_secs(30), "{t}");
+    assert!(!session.exists(), "{t}");
+}
+
+#[test]
+fn three_nodes_measure_all_six_ordered_pairs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let v = session(d, &[d, d, d], &["--session", "three"], &[0]);
+    for w in 0..3 {
+        for o in (0..3).filter(|o| *o != w) {
+            let p = pair(&v, w, o);
+            for what in ["rewrite", "new_name", "round_trip"] {
+                assert!(median(p, what) < 250.0, "{what} {w} → {o}: {v:#}");
+            }
+        }
+    }
+    assert_eq!(v["session"]["clock_offsets"].as_array().unwrap().len(), 3);
+    assert!(!d.join(".rl-node/doctor").exists());
+}
+
+#[test]
+fn rank_0_stopping_stops_ranks_busy_with_each_other() {
+    let test = "rank_0_stopping_stops_ranks_busy_with_each_other";
+    if !sshfs::require(test) {
+        return;
+    }
+    // Three clients: the round-robin order measures rank 1 ↔ rank 2 first, while rank 0
+    // waits for rank 2. Rank 0 is interrupted then: ranks 1 and 2, who wait only for each
+    // other, must stop at once all the same.
+    let c = SshfsCluster::start(3, 2).unwrap_or_else(|e| panic!("{test}: start: {e}"));
+    let args = ["--nodes", "3", "--session", "z", "--timeout", "60s"];
+    let mut kids: Vec<Child> = (0..3).map(|i| spawn_doctor(c.mount(i), &args)).collect();
+    let session = c.export().join(".rl-node/doctor/z");
+    let deadline = Instant::now() + SESSION_LIMIT;
+    while !new_name_exists(&session, "-1-2-0") {
+        assert!(Instant::now() < deadline, "the measurements never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let rank0: serde_json::Value =
+        serde_json::from_slice(&fs::read(session.join("rank-0.json")).unwrap()).unwrap();
+    let pid = rank0["pid"].as_u64().unwrap() as u32;
+    let i = kids.iter().position(|k| k.id() == pid).unwrap();
+    let interrupted = kids.remove(i);
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGINT) }, 0);
+    let start = Instant::now();
+    let o = finish(interrupted, SESSION_LIMIT);
+    assert_eq!(o.status.code(), Some(130), "{}", text(&o));
+    for k in kids {
+        let o = finish(k, SESSION_LIMIT);
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(3), "{t}");
+        assert!(
+            t.contains("doctor session z: rank 0 (")
+                && (t.contains("interrupted by SIGINT") || t.contains("was removed")),
+            "{t}"
+        );
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "not at --timeout"
+    );
+    assert!(!session.exists());
 }

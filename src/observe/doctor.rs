@@ -8,7 +8,8 @@
 //! verdict with the measured evidence and, when not ok, what to change; the mount options
 //! read from /proc/mounts and the measured fsync latency give a recommended `[timing]`.
 //! What only several nodes can measure (how long one node's write takes to become visible
-//! on another, clock offsets) is out of reach of a single process and is said to be so.
+//! on another, clock offsets) is out of reach of a single process and is said to be so,
+//! unless the doctor runs on every node at once with `--nodes N` (`doctor_nodes`).
 
 use crate::error::Failure;
 use crate::exit;
@@ -27,6 +28,26 @@ pub struct DoctorArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Run on N nodes at once (one doctor per node, started within --timeout of each other)
+    /// and measure what one node cannot: visibility between nodes, clock offsets.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub nodes: u32,
+    /// This node's rank (0..N-1); by default the first free one is claimed.
+    #[arg(long, value_name = "R")]
+    pub rank: Option<u32>,
+    /// The session the N doctors meet in, `DIR/.rl-node/doctor/<NAME>/` (letters, digits,
+    /// `.`, `_`, `-`): give each concurrent group of doctors its own. Default:
+    /// `slurm-<SLURM_JOB_ID>` inside a Slurm job (so that jobs sharing DIR do not mix),
+    /// else `default`.
+    #[arg(long, value_name = "NAME")]
+    pub session: Option<String>,
+    /// Samples per ordered pair of nodes (each costs up to a negative-lookup cache time).
+    #[arg(long, value_name = "K", default_value_t = 3)]
+    pub samples: u32,
+    /// Every wait for another node (the join, each answer, each new name) ends after this
+    /// long without progress.
+    #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
 }
 
 /// How many times the writer renames over the record while a reader re-reads it.
@@ -59,17 +80,17 @@ impl Verdict {
 
 #[derive(Serialize, Debug)]
 pub(crate) struct Check {
-    name: &'static str,
-    verdict: Verdict,
+    pub(crate) name: &'static str,
+    pub(crate) verdict: Verdict,
     /// What was measured.
-    evidence: String,
+    pub(crate) evidence: String,
     /// What to change, when the verdict is not ok.
     #[serde(skip_serializing_if = "Option::is_none")]
     advice: Option<String>,
 }
 
 impl Check {
-    fn ok(name: &'static str, evidence: String) -> Check {
+    pub(crate) fn ok(name: &'static str, evidence: String) -> Check {
         Check {
             name,
             verdict: Verdict::Ok,
@@ -77,7 +98,12 @@ impl Check {
             advice: None,
         }
     }
-    fn not_ok(name: &'static str, verdict: Verdict, evidence: String, advice: String) -> Check {
+    pub(crate) fn not_ok(
+        name: &'static str,
+        verdict: Verdict,
+        evidence: String,
+        advice: String,
+    ) -> Check {
         Check {
             name,
             verdict,
@@ -140,7 +166,7 @@ pub(crate) struct Caches {
 
 impl Caches {
     /// The longest delay before another node sees a change, as far as the options tell.
-    fn visibility_secs(&self) -> u64 {
+    pub(crate) fn visibility_secs(&self) -> u64 {
         self.attribute_secs
             .unwrap_or(0)
             .max(self.negative_secs.unwrap_or(0))
@@ -166,14 +192,24 @@ pub(crate) struct Report {
     caches: Caches,
     checks: Vec<Check>,
     timing: Timing,
-    not_measured: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    session: Option<super::doctor_nodes::SessionReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    not_measured: Option<String>,
+    /// The slowest fsync measured, for a session's `[timing]`.
+    #[serde(skip)]
+    slowest_fsync: Duration,
+    /// `.rl-node` and `doctor` when this process created them but could not remove them.
+    #[serde(skip)]
+    left_dirs: Vec<String>,
 }
 
-const NOT_MEASURED: &str = "not measured by a single node: how long a write on one node takes to become visible on another, and the clock offset between nodes (run it on every node of the cluster to compare mounts)";
+const NOT_MEASURED: &str = "not measured by a single node: how long a write on one node takes to become visible on another, and the clock offset between nodes (run `rl-node doctor --nodes N` on every node at once to measure them)";
 
 pub fn main(args: DoctorArgs) -> Result<i32, Failure> {
     let path = args
         .log_path
+        .clone()
         .or_else(|| std::env::var(crate::config::env_name("cluster.log-path")).ok())
         .ok_or_else(|| Failure::usage("rl-node doctor needs --log-path DIR", None))?;
     let dir = PathBuf::from(&path);
@@ -194,7 +230,23 @@ pub fn main(args: DoctorArgs) -> Result<i32, Failure> {
             ))
         }
     }
-    let report = run(&dir)?;
+    let session = session_options(&args)?;
+    let mut report = run(&dir)?;
+    if let Some(opts) = session {
+        report.not_measured = None;
+        let summary = summary(&report, opts.rank);
+        let outcome = super::doctor_nodes::run(&dir, opts, summary, &report.left_dirs)?;
+        report.checks.extend(outcome.checks);
+        report.timing = recommend_with(
+            report
+                .caches
+                .visibility_secs()
+                .max(outcome.options_visibility_secs),
+            outcome.measured_visibility,
+            report.slowest_fsync.max(outcome.slowest_fsync),
+        );
+        report.session = Some(outcome.report);
+    }
     if args.json {
         crate::outln!("{}", serde_json::to_string_pretty(&report).expect("json"));
     } else {
@@ -202,6 +254,104 @@ pub fn main(args: DoctorArgs) -> Result<i32, Failure> {
     }
     let failed = report.checks.iter().any(|c| c.verdict == Verdict::Fail);
     Ok(if failed { exit::FAILED } else { exit::DONE })
+}
+
+/// The session a multi-node doctor joins, or none for one node; bad flags are usage errors.
+fn session_options(a: &DoctorArgs) -> Result<Option<super::doctor_nodes::Options>, Failure> {
+    use super::doctor_nodes::{valid_session, Options};
+    if a.nodes == 0 {
+        return Err(Failure::usage("--nodes must be 1 or more", None));
+    }
+    if a.nodes == 1 {
+        if let Some(r) = a.rank {
+            return Err(Failure::usage(
+                format!("--rank {r} needs --nodes N of 2 or more"),
+                None,
+            ));
+        }
+        return Ok(None);
+    }
+    if let Some(r) = a.rank.filter(|r| *r >= a.nodes) {
+        return Err(Failure::usage(
+            format!(
+                "--rank {r} is out of range for --nodes {} (0..{})",
+                a.nodes,
+                a.nodes - 1
+            ),
+            None,
+        ));
+    }
+    // Every rank of one Slurm job sees the same job id; another job's doctors another.
+    let session = a.session.clone().unwrap_or_else(|| {
+        std::env::var("SLURM_JOB_ID")
+            .ok()
+            .map(|id| format!("slurm-{id}"))
+            .filter(|s| valid_session(s))
+            .unwrap_or_else(|| "default".into())
+    });
+    if !valid_session(&session) {
+        return Err(Failure::usage(
+            format!(
+                "--session {session:?} is not a plain name (letters, digits, `.`, `_`, `-`; at most 64)"
+            ),
+            None,
+        ));
+    }
+    if !(1..=1000).contains(&a.samples) {
+        return Err(Failure::usage("--samples must be within 1..1000", None));
+    }
+    if a.timeout.is_zero() {
+        return Err(Failure::usage("--timeout must be more than 0", None));
+    }
+    Ok(Some(Options {
+        nodes: a.nodes,
+        rank: a.rank,
+        session,
+        samples: a.samples,
+        timeout: a.timeout,
+    }))
+}
+
+/// This node's own findings, for rank 0's report (`rank` is filled in by the claim).
+fn summary(r: &Report, rank: Option<u32>) -> super::doctor_nodes::NodeSummary {
+    let names = |v: Verdict| {
+        r.checks
+            .iter()
+            .filter(|c| c.verdict == v)
+            .map(|c| c.name.to_string())
+            .collect()
+    };
+    super::doctor_nodes::NodeSummary {
+        rank: rank.unwrap_or(0),
+        host: gethostname::gethostname().to_string_lossy().into_owned(),
+        pid: std::process::id(),
+        filesystem: r.filesystem.as_ref().map(|m| {
+            format!(
+                "{} at {} from {} ({})",
+                m.fs_type,
+                m.mount_point,
+                m.source,
+                m.options.join(",")
+            )
+        }),
+        mount: r.filesystem.as_ref().map(|m| {
+            format!(
+                "{} ({}); attribute cache {}, negative cache {}",
+                m.fs_type,
+                m.options.join(","),
+                r.caches
+                    .attribute_secs
+                    .map_or("unknown".into(), |s| format!("{s}s")),
+                r.caches
+                    .negative_secs
+                    .map_or("unknown".into(), |s| format!("{s}s")),
+            )
+        }),
+        options_visibility_secs: r.caches.visibility_secs(),
+        slowest_fsync_ms: r.slowest_fsync.as_secs_f64() * 1000.0,
+        failed: names(Verdict::Fail),
+        warned: names(Verdict::Warn),
+    }
 }
 
 /// What `run` created and must remove, innermost last.
@@ -256,6 +406,24 @@ impl Drop for Scratch {
     }
 }
 
+impl Scratch {
+    /// Removes it (as dropping does) and names the parents this run created that are still
+    /// there (another doctor was in them), so that a session can remove them at its end.
+    fn remove(mut self) -> Vec<String> {
+        let created = std::mem::take(&mut self.created);
+        let dir = self.dir.clone();
+        drop(Scratch {
+            created: created.clone(),
+            dir,
+        });
+        created
+            .iter()
+            .filter(|d| **d != self.dir && d.exists())
+            .filter_map(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .collect()
+    }
+}
+
 fn run(dir: &Path) -> Result<Report, Failure> {
     let mount = read_mounts()
         .ok()
@@ -281,7 +449,7 @@ fn run(dir: &Path) -> Result<Report, Failure> {
     let slowest = file_max.max(dir_max);
     let timing = recommend(&caches, slowest);
     let scratch_shown = s.display().to_string();
-    drop(scratch);
+    let left_dirs = scratch.remove();
     Ok(Report {
         dir: dir.display().to_string(),
         scratch: scratch_shown,
@@ -289,7 +457,10 @@ fn run(dir: &Path) -> Result<Report, Failure> {
         caches,
         checks,
         timing,
-        not_measured: NOT_MEASURED.into(),
+        session: None,
+        not_measured: Some(NOT_MEASURED.into()),
+        slowest_fsync: slowest,
+        left_dirs,
     })
 }
 
@@ -810,7 +981,18 @@ fn free_space(dir: &Path) -> Vec<Check> {
 ///
 /// Each is rounded up to whole seconds (minutes from 2 m on).
 pub(crate) fn recommend(c: &Caches, slowest_fsync: Duration) -> Timing {
-    let v = c.visibility_secs() as f64;
+    recommend_with(c.visibility_secs(), None, slowest_fsync)
+}
+
+/// As [`recommend`], with V the larger of what the mount options imply (`options_secs`) and
+/// the slowest visibility measured between nodes (a rewrite or a new name), if any.
+pub(crate) fn recommend_with(
+    options_secs: u64,
+    measured: Option<Duration>,
+    slowest_fsync: Duration,
+) -> Timing {
+    let measured_secs = measured.map(|d| d.as_secs_f64());
+    let v = (options_secs as f64).max(measured_secs.unwrap_or(0.0));
     let f = slowest_fsync.as_secs_f64();
     let poll = (v / 10.0).clamp(1.0, 10.0);
     let dead = (3.0 * v + 10.0 + 10.0 * f).max(60.0);
@@ -820,8 +1002,8 @@ pub(crate) fn recommend(c: &Caches, slowest_fsync: Duration) -> Timing {
         dead_after: duration(dead),
         fs_timeout: duration(fs_timeout),
         rule: format!(
-            "V = longest cache delay from the mount options ({}s), F = slowest fsync ({}); poll-interval = V/10 within 1s..10s; dead-after = max(60s, 3V + 2 heartbeats (10s) + 10F); fs-timeout = max(2m, 100F)",
-            c.visibility_secs(),
+            "V = longest cache delay from the mount options ({options_secs}s){}, F = slowest fsync ({}); poll-interval = V/10 within 1s..10s; dead-after = max(60s, 3V + 2 heartbeats (10s) + 10F); fs-timeout = max(2m, 100F)",
+            measured.map(|d| format!(" or measured between nodes ({}), the larger", ms(d))).unwrap_or_default(),
             ms(slowest_fsync)
         ),
     }
@@ -836,7 +1018,7 @@ fn duration(secs: f64) -> String {
     }
 }
 
-fn ms(d: Duration) -> String {
+pub(crate) fn ms(d: Duration) -> String {
     let ms = d.as_secs_f64() * 1000.0;
     if ms < 10.0 {
         format!("{ms:.2}ms")
@@ -867,6 +1049,9 @@ fn render(r: &Report) -> String {
             let _ = writeln!(s, "      {:<17} change: {a}", "");
         }
     }
+    if let Some(n) = &r.session {
+        super::doctor_nodes::render(&mut s, n);
+    }
     let (fails, warns) = (
         r.checks
             .iter()
@@ -892,7 +1077,9 @@ fn render(r: &Report) -> String {
     let _ = writeln!(s, "poll-interval = \"{}\"", r.timing.poll_interval);
     let _ = writeln!(s, "dead-after = \"{}\"", r.timing.dead_after);
     let _ = writeln!(s, "fs-timeout = \"{}\"", r.timing.fs_timeout);
-    let _ = writeln!(s, "\nNote: {}.", r.not_measured);
+    if let Some(n) = &r.not_measured {
+        let _ = writeln!(s, "\nNote: {n}.");
+    }
     s
 }
 
@@ -984,6 +1171,30 @@ mod tests {
                 t.fs_timeout.as_str()
             ),
             ("6s", "4m", "4m")
+        );
+    }
+
+    #[test]
+    fn a_measured_delay_raises_v_over_the_options() {
+        // sshfs negative_timeout=2 measured at 2.3 s, options saying 2 s: V = 2.3 s.
+        let t = recommend_with(2, Some(Duration::from_millis(2300)), Duration::ZERO);
+        assert_eq!(t.poll_interval, "1s");
+        assert!(
+            t.rule.contains("measured between nodes (2300ms)"),
+            "{}",
+            t.rule
+        );
+        // A default NFS mount measured slow: 90 s of new-name delay beats acdirmax 60 s.
+        let t = recommend_with(60, Some(Duration::from_secs(90)), Duration::ZERO);
+        assert_eq!(
+            (t.poll_interval.as_str(), t.dead_after.as_str()),
+            ("9s", "5m")
+        );
+        // Measured faster than the options say: the options still bound it.
+        let t = recommend_with(60, Some(Duration::from_millis(5)), Duration::ZERO);
+        assert_eq!(
+            (t.poll_interval.as_str(), t.dead_after.as_str()),
+            ("6s", "4m")
         );
     }
 

@@ -1,6 +1,7 @@
 //! What a person (or a script) sees about a run, read from the files alone.
 
 pub mod doctor;
+pub mod doctor_nodes;
 pub mod eventlog;
 pub mod live;
 pub mod recover;

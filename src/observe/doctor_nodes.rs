@@ -1,0 +1,1322 @@
+//! `rl-node doctor --nodes N`: what only several nodes can measure of a shared directory,
+//! run by one doctor per node that meet in `DIR/.rl-node/doctor/<session>/`
+//! (docs/shared-directory.md, "Checking a filesystem").
+//!
+//! The ranks talk only through files there, as rl-node's nodes do: each rank claims
+//! `rank-R.json` by exclusive create and from then on rewrites it (rename over) with its
+//! latest message, stamped with a position that only grows. A rank waits for a peer by
+//! re-reading the peer's file until its position reaches the one expected; every wait ends
+//! at `--timeout` without progress from that peer, and a rank that fails says so in its
+//! file (an abort position beyond every other), so no rank waits for a dead one for long.
+//!
+//! The ordered pairs (writer, observer) are measured in a round-robin order that every rank
+//! follows, so pairs of distinct ranks run at the same time and none can wait for another
+//! in a cycle. Per sample: the writer rewrites its file (ping); the observer, on seeing
+//! it, looks up a name that does not exist yet (priming its negative-lookup cache) and
+//! answers (pong); the writer then creates that name, and the observer polls it until it
+//! appears, then acknowledges. Clocks are not trusted: the round trip is measured on the
+//! writer's monotonic clock, the clock offset of each pair is taken NTP-style from the
+//! exchange with the shortest round trip, and one-way latencies are wall-clock differences
+//! corrected by that offset (uncertain by at most half that round trip). The new name's
+//! delay is also given from the observer's miss, on its own monotonic clock alone.
+
+use super::doctor::{Check, Verdict};
+use crate::error::Failure;
+use crate::exit;
+use serde::{Deserialize, Serialize};
+use std::fs::{self, OpenOptions};
+use std::io::{ErrorKind, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// How often a waiting rank re-reads a peer's file or looks up the awaited name: the
+/// resolution of every latency measured. Every 2 ms for the first 200 ms of a wait, then
+/// every 10 ms: a wait that long is a cache's, measured well enough at 1 %, and a
+/// server polled 500 times a second by every waiting rank for seconds would notice.
+const POLL: Duration = Duration::from_millis(2);
+const POLL_SLOW: Duration = Duration::from_millis(10);
+const FAST_FOR: Duration = Duration::from_millis(200);
+
+/// Sleeps until the next poll of a wait begun at `start`.
+fn pause(start: Instant) {
+    std::thread::sleep(if start.elapsed() < FAST_FOR {
+        POLL
+    } else {
+        POLL_SLOW
+    });
+}
+/// How often a rank polling a new name also reads its writer's file for an abort.
+const ABORT_CHECK: Duration = Duration::from_millis(200);
+/// How long a failing rank waits for its peers to see its abort before removing its files.
+const LEAVE_GRACE: Duration = Duration::from_secs(5);
+/// Above these, the cross-node checks warn.
+const SLOW_REWRITE: Duration = Duration::from_secs(1);
+const SLOW_NEW_NAME: Duration = Duration::from_secs(1);
+
+/// Stages of a rank's messages; a position compares stage first.
+const CLAIMED: u8 = 0;
+const MEASURING: u8 = 1;
+const DONE: u8 = 2;
+const ABORTED: u8 = 3;
+/// Steps of one sample.
+const PING: u8 = 0;
+const PONG: u8 = 1;
+const ACK: u8 = 2;
+
+/// What the command line asked of a session.
+#[derive(Debug, Clone)]
+pub(crate) struct Options {
+    pub nodes: u32,
+    pub rank: Option<u32>,
+    pub session: String,
+    pub samples: u32,
+    pub timeout: Duration,
+}
+
+/// A rank's place in its sequence of messages: (stage, pair, sample, step).
+type Pos = (u8, u32, u32, u8);
+
+/// The content of `rank-R.json`: who holds the rank and its latest message.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+struct Msg {
+    session: String,
+    nodes: u32,
+    rank: u32,
+    host: String,
+    pid: u32,
+    /// Rank 0's names the new names of this session, so that a client still caching a
+    /// name of an earlier session of the same name cannot find it early.
+    nonce: u32,
+    pos: Pos,
+    /// Pong: when the ping was seen, and when the pong was written (wall clock, ns).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pong: Option<(i64, i64)>,
+    /// The directories this rank created (`.rl-node`, `.rl-node/doctor`), for the cleanup.
+    #[serde(default)]
+    created: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    done: Option<Done>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    abort: Option<String>,
+}
+
+/// What a rank hands rank 0 at the end: its own checks and its raw samples.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+struct Done {
+    node: NodeSummary,
+    /// As writer: t1 ping written, t2 ping seen, t3 pong written, t4 pong seen (wall, ns;
+    /// t2 and t3 on the observer's clock), and the round trip on the writer's monotonic one.
+    pings: Vec<PingSample>,
+    /// As observer.
+    names: Vec<NameSample>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub(crate) struct PingSample {
+    observer: u32,
+    t: [i64; 4],
+    rtt_ns: u64,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub(crate) struct NameSample {
+    writer: u32,
+    /// The writer's wall clock just before the rename that created the name.
+    created_ns: i64,
+    /// This rank's wall clock when it first found the name.
+    seen_ns: i64,
+    /// From this rank's failed lookup to its finding the name, on its monotonic clock.
+    after_miss_ns: u64,
+}
+
+/// One rank's own (single-node) findings, as rank 0 shows them.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub(crate) struct NodeSummary {
+    pub rank: u32,
+    pub host: String,
+    pub pid: u32,
+    /// Filesystem type, mount point and options, as /proc/mounts of that node shows them.
+    pub filesystem: Option<String>,
+    /// What must be alike on every node: the type, the mount options and the cache
+    /// delays they imply (not the mount point or the server's name for it).
+    pub mount: Option<String>,
+    /// The longest cache delay that node's mount options imply, seconds.
+    pub options_visibility_secs: u64,
+    pub slowest_fsync_ms: f64,
+    pub failed: Vec<String>,
+    pub warned: Vec<String>,
+}
+
+/// Median, max and min of some samples, in milliseconds.
+#[derive(Serialize, Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Stat {
+    pub median_ms: f64,
+    pub max_ms: f64,
+    pub min_ms: f64,
+    pub samples: usize,
+}
+
+impl Stat {
+    fn of(mut v: Vec<f64>) -> Option<Stat> {
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let median = if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        };
+        Some(Stat {
+            median_ms: median,
+            max_ms: v[n - 1],
+            min_ms: v[0],
+            samples: n,
+        })
+    }
+}
+
+/// Visibility from one node (writer) to another (observer).
+#[derive(Serialize, Debug, Clone)]
+pub(crate) struct PairReport {
+    pub writer: u32,
+    pub observer: u32,
+    /// A file rewritten by rename over an existing name, until the observer reads the new
+    /// content (offset-corrected).
+    pub rewrite: Option<Stat>,
+    /// A new name, from its creation until the observer finds it (offset-corrected).
+    pub new_name: Option<Stat>,
+    /// A new name, from the observer's failed lookup until it finds it (observer's clock
+    /// only; includes the writer's reaction).
+    pub new_name_after_miss: Option<Stat>,
+    /// Ping + pong, on the writer's monotonic clock.
+    pub round_trip: Option<Stat>,
+}
+
+/// How far rank `b`'s wall clock is ahead of rank `a`'s.
+#[derive(Serialize, Debug, Clone)]
+pub(crate) struct Offset {
+    pub a: u32,
+    pub b: u32,
+    pub offset_ms: f64,
+    /// Half the shortest round trip: the offset is right within this.
+    pub uncertainty_ms: f64,
+}
+
+/// The session part of a doctor's report.
+#[derive(Serialize, Debug)]
+pub(crate) struct SessionReport {
+    pub session: String,
+    pub nodes: u32,
+    pub rank: u32,
+    pub samples: u32,
+    /// Every rank's own findings (rank 0's report; the others list only themselves).
+    pub members: Vec<NodeSummary>,
+    /// Rank 0's report only.
+    pub pairs: Vec<PairReport>,
+    pub clock_offsets: Vec<Offset>,
+    /// For ranks other than 0: who prints the whole report.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reported_by: Option<String>,
+    pub method: &'static str,
+}
+
+const METHOD: &str = "ranks take turns per ordered pair (writer, observer); per sample the writer rewrites its file by rename over (ping), the observer answers (pong) after looking up a name that does not exist yet, the writer then creates that name and the observer polls it until found. Round trips are timed on the writer's monotonic clock; each pair's clock offset is taken NTP-style from its exchange with the shortest round trip; one-way latencies are wall-clock differences corrected by that offset (right within half that round trip); new_name_after_miss uses the observer's clock alone";
+
+/// What the measurements add to a report: the cross-node checks, the largest visibility
+/// delay measured, and the slowest fsync and longest option-implied delay of any rank.
+pub(crate) struct Outcome {
+    pub checks: Vec<Check>,
+    pub report: SessionReport,
+    pub measured_visibility: Option<Duration>,
+    pub options_visibility_secs: u64,
+    pub slowest_fsync: Duration,
+}
+
+/// The round-robin order of the ordered pairs: round r of the circle method gives ⌊n/2⌋
+/// disjoint pairs, measured one way then the other. Every rank walks this list in order.
+pub(crate) fn schedule(n: u32) -> Vec<(u32, u32)> {
+    let m = n + n % 2; // a dummy rank evens out an odd count
+    let mut ring: Vec<u32> = (0..m).collect();
+    let mut out = Vec::new();
+    for _ in 0..m.saturating_sub(1) {
+        let round: Vec<(u32, u32)> = (0..m as usize / 2)
+            .map(|i| (ring[i], ring[m as usize - 1 - i]))
+            .filter(|&(a, b)| a < n && b < n)
+            .map(|(a, b)| (a.min(b), a.max(b)))
+            .collect();
+        out.extend(round.iter().copied());
+        out.extend(round.iter().map(|&(a, b)| (b, a)));
+        ring[1..].rotate_right(1);
+    }
+    out
+}
+
+/// Rank 0's reading of every rank's samples: per ordered pair, and the clock offsets.
+pub(crate) fn analyse(
+    n: u32,
+    pings: &[(u32, PingSample)],
+    names: &[(u32, NameSample)],
+) -> (Vec<PairReport>, Vec<Offset>) {
+    let ms = |ns: f64| ns / 1e6;
+    // θ(b − a) for a < b, from the exchange with the shortest round trip either way.
+    let mut offsets = Vec::new();
+    let mut theta = std::collections::HashMap::new();
+    for a in 0..n {
+        for b in a + 1..n {
+            let best = pings
+                .iter()
+                .filter(|(w, p)| (*w == a && p.observer == b) || (*w == b && p.observer == a))
+                .map(|(w, p)| {
+                    let [t1, t2, t3, t4] = p.t.map(|x| x as f64);
+                    let th = ((t2 - t1) + (t3 - t4)) / 2.0; // observer − writer
+                    let delay = ((t4 - t1) - (t3 - t2)).max(0.0);
+                    (if *w == a { th } else { -th }, delay)
+                })
+                .min_by(|x, y| x.1.total_cmp(&y.1));
+            if let Some((th, delay)) = best {
+                theta.insert((a, b), th);
+                offsets.push(Offset {
+                    a,
+                    b,
+                    offset_ms: ms(th),
+                    uncertainty_ms: ms(delay / 2.0),
+                });
+            }
+        }
+    }
+    // How far o's clock is ahead of w's.
+    let off = |w: u32, o: u32| -> f64 {
+        if w < o {
+            theta.get(&(w, o)).copied().unwrap_or(0.0)
+        } else {
+            -theta.get(&(o, w)).copied().unwrap_or(0.0)
+        }
+    };
+    let mut pairs = Vec::new();
+    for (w, o) in schedule(n) {
+        let mine: Vec<&PingSample> = pings
+            .iter()
+            .filter(|(pw, p)| *pw == w && p.observer == o)
+            .map(|(_, p)| p)
+            .collect();
+        let seen: Vec<&NameSample> = names
+            .iter()
+            .filter(|(po, s)| *po == o && s.writer == w)
+            .map(|(_, s)| s)
+            .collect();
+        pairs.push(PairReport {
+            writer: w,
+            observer: o,
+            rewrite: Stat::of(
+                mine.iter()
+                    .map(|p| ms((p.t[1] - p.t[0]) as f64 - off(w, o)).max(0.0))
+                    .collect(),
+            ),
+            new_name: Stat::of(
+                seen.iter()
+                    .map(|s| ms((s.seen_ns - s.created_ns) as f64 - off(w, o)).max(0.0))
+                    .collect(),
+            ),
+            new_name_after_miss: Stat::of(
+                seen.iter().map(|s| ms(s.after_miss_ns as f64)).collect(),
+            ),
+            round_trip: Stat::of(mine.iter().map(|p| ms(p.rtt_ns as f64)).collect()),
+        });
+    }
+    (pairs, offsets)
+}
+
+fn wall_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64)
+}
+
+/// A rank's part in a session, from its claim to its cleanup.
+struct Member {
+    root: PathBuf,
+    dir: PathBuf,
+    opts: Options,
+    me: Msg,
+    /// Names this rank created in the session directory (its own file, the new names).
+    own: Vec<PathBuf>,
+    /// Every rank's last message read (rank 0 uses their `created` for the cleanup).
+    peers: Vec<Option<Msg>>,
+    /// The signal (SIGINT, SIGTERM, SIGHUP) that arrived during the session, or 0: every
+    /// wait checks it, so that an interrupted rank tells the others and removes its files.
+    signal: Arc<AtomicUsize>,
+}
+
+/// Runs this rank's part of the session; `summary` is its own single-node findings.
+/// `left_dirs`: the parents (`.rl-node`, `doctor`) its single-node checks created and
+/// could not remove, which the session's cleanup removes when empty.
+pub(crate) fn run(
+    root: &Path,
+    opts: Options,
+    summary: NodeSummary,
+    left_dirs: &[String],
+) -> Result<Outcome, Failure> {
+    let mut m = Member::join(root, opts, summary.clone(), left_dirs)?;
+    let result = m.measure(summary);
+    match result {
+        Ok(outcome) => {
+            m.finish(true);
+            Ok(outcome)
+        }
+        Err(f) => {
+            m.leave(&f.message);
+            Err(f)
+        }
+    }
+}
+
+impl Member {
+    fn join(
+        root: &Path,
+        opts: Options,
+        summary: NodeSummary,
+        left_dirs: &[String],
+    ) -> Result<Member, Failure> {
+        let base = root.join(".rl-node");
+        let doctor = base.join("doctor");
+        let dir = doctor.join(&opts.session);
+        // Another rank's single-node checks may remove `doctor/` (and `.rl-node/`) they
+        // created just as this one creates the session in it: try again.
+        let mut created = left_dirs.to_vec();
+        let mut attempts = 0;
+        loop {
+            let mut err = None;
+            for (d, name) in [(&base, ".rl-node"), (&doctor, "doctor"), (&dir, "")] {
+                match fs::create_dir(d) {
+                    Ok(()) if !name.is_empty() => created.push(name.to_string()),
+                    Ok(()) => {}
+                    Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+                    Err(e) => {
+                        err = Some((d.clone(), e));
+                        break;
+                    }
+                }
+            }
+            match err {
+                None => break,
+                Some((_, e)) if e.kind() == ErrorKind::NotFound && attempts < 20 => {
+                    attempts += 1;
+                }
+                Some((d, e)) => {
+                    return Err(Failure::failed(format!(
+                        "cannot create {} ({e}): rl-node could not write its state there either",
+                        d.display()
+                    )))
+                }
+            }
+        }
+        let me = Msg {
+            session: opts.session.clone(),
+            nodes: opts.nodes,
+            rank: 0,
+            host: summary.host.clone(),
+            pid: std::process::id(),
+            nonce: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos())
+                ^ std::process::id().rotate_left(16),
+            pos: (CLAIMED, 0, 0, 0),
+            pong: None,
+            created,
+            done: None,
+            abort: None,
+        };
+        let n = opts.nodes;
+        let mut m = Member {
+            root: root.to_path_buf(),
+            dir,
+            peers: vec![None; n as usize],
+            opts,
+            me,
+            own: Vec::new(),
+            signal: Arc::new(AtomicUsize::new(0)),
+        };
+        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+        for sig in [SIGINT, SIGTERM, SIGHUP] {
+            // Without the handler, a signal only ends the session as a kill would.
+            let _ = signal_hook::flag::register_usize(sig, Arc::clone(&m.signal), sig as usize);
+        }
+        let ranks: Vec<u32> = match m.opts.rank {
+            Some(r) => vec![r],
+            None => (0..n).collect(),
+        };
+        let mut holders = Vec::new();
+        for r in ranks {
+            m.me.rank = r;
+            let path = m.file(r);
+            let body = serde_json::to_vec(&m.me).expect("json");
+            match OpenOptions::new().write(true).create_new(true).open(&path) {
+                Ok(mut f) => {
+                    m.own.push(path.clone());
+                    if let Err(e) = f.write_all(&body) {
+                        m.leave("");
+                        return Err(Failure::failed(format!(
+                            "cannot write {}: {e}",
+                            path.display()
+                        )));
+                    }
+                    break;
+                }
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                    holders.push(match read(&path) {
+                        Some(h) => {
+                            // Only on this host can a pid tell that its doctor is gone.
+                            let gone = h.host == m.me.host
+                                && !Path::new(&format!("/proc/{}", h.pid)).exists();
+                            let gone = if gone { ", no longer running" } else { "" };
+                            format!("rank {r} by {} pid {}{gone}", h.host, h.pid)
+                        }
+                        None => format!("rank {r}"),
+                    });
+                }
+                Err(e) => {
+                    m.leave("");
+                    return Err(Failure::failed(format!(
+                        "cannot create {}: {e}",
+                        path.display()
+                    )));
+                }
+            }
+        }
+        if m.own.is_empty() {
+            let what = match m.opts.rank {
+                Some(r) => format!(
+                    "--rank {r} of doctor session {} is already claimed",
+                    m.opts.session
+                ),
+                None => format!(
+                    "every rank of doctor session {} (--nodes {n}) is already claimed",
+                    m.opts.session
+                ),
+            };
+            let f = Failure::usage(
+                format!("{what} ({})", holders.join(", ")),
+                Some(format!(
+                    "another doctor is using it, or one was killed and left it: pick another --session, or remove {}",
+                    m.dir.display()
+                )),
+            );
+            m.leave("");
+            return Err(f);
+        }
+        m.wait_all_joined().inspect_err(|f| m.leave(&f.message))?;
+        Ok(m)
+    }
+
+    fn file(&self, rank: u32) -> PathBuf {
+        self.dir.join(format!("rank-{rank}.json"))
+    }
+
+    fn who(&self, rank: u32) -> String {
+        match &self.peers[rank as usize] {
+            Some(p) => format!("rank {rank} ({} pid {})", p.host, p.pid),
+            None => format!("rank {rank}"),
+        }
+    }
+
+    /// Rewrites this rank's file by rename over.
+    fn send(&mut self) -> Result<(), Failure> {
+        let path = self.file(self.me.rank);
+        let tmp = self.dir.join(format!(".rank-{}.json.tmp", self.me.rank));
+        let body = serde_json::to_vec(&self.me).expect("json");
+        fs::write(&tmp, &body)
+            .and_then(|()| fs::rename(&tmp, &path))
+            .map_err(|e| {
+                let _ = fs::remove_file(&tmp);
+                Failure::failed(format!("cannot rewrite {}: {e}", path.display()))
+            })
+    }
+
+    /// Re-reads every rank's file until each holds a claim of this session, or the
+    /// timeout passes without a new rank arriving.
+    fn wait_all_joined(&mut self) -> Result<(), Failure> {
+        let n = self.opts.nodes;
+        let mut deadline = Instant::now() + self.opts.timeout;
+        loop {
+            let mut missing = Vec::new();
+            for r in 0..n {
+                if self.peers[r as usize].is_some() {
+                    continue;
+                }
+                match read(&self.file(r)) {
+                    Some(p) => {
+                        if p.nodes != n {
+                            return Err(Failure::usage(
+                                format!(
+                                    "rank {r} of doctor session {} ({} pid {}) was started with --nodes {}, this one with --nodes {n}",
+                                    self.opts.session, p.host, p.pid, p.nodes
+                                ),
+                                Some("start every node's doctor with the same --nodes".into()),
+                            ));
+                        }
+                        deadline = Instant::now() + self.opts.timeout;
+                        self.peers[r as usize] = Some(p);
+                    }
+                    None => missing.push(r),
+                }
+            }
+            if missing.is_empty() {
+                return Ok(());
+            }
+            self.interrupted()?;
+            if Instant::now() >= deadline {
+                let joined: Vec<String> = (0..n)
+                    .filter(|r| self.peers[*r as usize].is_some())
+                    .map(|r| self.who(r))
+                    .collect();
+                let list: Vec<String> = missing.iter().map(u32::to_string).collect();
+                return Err(Failure {
+                    code: exit::DEADLINE,
+                    message: format!(
+                        "doctor session {}: rank{} {} never joined within {} (joined: {})",
+                        self.opts.session,
+                        if missing.len() > 1 { "s" } else { "" },
+                        list.join(", "),
+                        humantime::format_duration(self.opts.timeout),
+                        joined.join(", ")
+                    ),
+                    hint: Some(format!(
+                        "start `rl-node doctor --log-path DIR --nodes {n}` on every node within --timeout of each other (or raise --timeout)"
+                    )),
+                    detail: None,
+                });
+            }
+            std::thread::sleep(POLL_SLOW);
+        }
+    }
+
+    /// Waits until `rank`'s position reaches `at`; returns its message. The timeout counts
+    /// from the peer's last progress, so a peer busy with other pairs is waited for.
+    fn wait(&mut self, rank: u32, at: Pos, what: &str) -> Result<Msg, Failure> {
+        let path = self.file(rank);
+        let mut last: Option<Pos> = None;
+        let mut deadline = Instant::now() + self.opts.timeout;
+        let started = Instant::now();
+        let mut checked = Instant::now();
+        loop {
+            if checked.elapsed() >= ABORT_CHECK {
+                checked = Instant::now();
+                self.watch_coordinator(rank)?;
+            }
+            if let Some(p) = read(&path) {
+                self.check_peer(&p)?;
+                if p.pos >= at {
+                    self.peers[rank as usize] = Some(p.clone());
+                    return Ok(p);
+                }
+                if last != Some(p.pos) {
+                    last = Some(p.pos);
+                    deadline = Instant::now() + self.opts.timeout;
+                }
+            }
+            self.interrupted()?;
+            if Instant::now() >= deadline {
+                return Err(self.silent(rank, what));
+            }
+            pause(started);
+        }
+    }
+
+    /// While waiting for `peer`, a look at rank 0 as well: a rank that fails stops its
+    /// partners, they stop theirs, and rank 0 stops everyone else, who all watch it. Rank 0
+    /// removes the session when it fails: that stops them too.
+    fn watch_coordinator(&self, peer: u32) -> Result<(), Failure> {
+        if self.me.rank == 0 || peer == 0 {
+            return Ok(());
+        }
+        match read(&self.file(0)) {
+            Some(p) => self.check_peer(&p),
+            None if !self.dir.exists() => Err(Failure {
+                code: exit::PEER_FAILED,
+                message: format!(
+                    "doctor session {}: the session directory {} was removed (by {}, stopping?)",
+                    self.opts.session,
+                    self.dir.display(),
+                    self.who(0)
+                ),
+                hint: None,
+                detail: None,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// A signal that arrived ends this rank's part (exit 128 + signal).
+    fn interrupted(&self) -> Result<(), Failure> {
+        match self.signal.load(Ordering::Relaxed) {
+            0 => Ok(()),
+            sig => Err(Failure {
+                code: 128 + sig as i32,
+                message: format!(
+                    "doctor session {}: rank {} interrupted by {}",
+                    self.opts.session,
+                    self.me.rank,
+                    match sig as i32 {
+                        signal_hook::consts::SIGINT => "SIGINT",
+                        signal_hook::consts::SIGTERM => "SIGTERM",
+                        _ => "SIGHUP",
+                    }
+                ),
+                hint: None,
+                detail: None,
+            }),
+        }
+    }
+
+    fn check_peer(&self, p: &Msg) -> Result<(), Failure> {
+        match &p.abort {
+            Some(why) if p.pos.0 == ABORTED => Err(Failure {
+                code: exit::PEER_FAILED,
+                message: format!(
+                    "doctor session {}: rank {} ({} pid {}) stopped: {why}",
+                    self.opts.session, p.rank, p.host, p.pid
+                ),
+                hint: None,
+                detail: None,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    fn silent(&self, rank: u32, what: &str) -> Failure {
+        Failure {
+            code: exit::DEADLINE,
+            message: format!(
+                "doctor session {}: {} made no progress for {} ({what})",
+                self.opts.session,
+                self.who(rank),
+                humantime::format_duration(self.opts.timeout)
+            ),
+            hint: Some("is its doctor still running? raise --timeout on a slow filesystem".into()),
+            detail: None,
+        }
+    }
+
+    fn measure(&mut self, mut summary: NodeSummary) -> Result<Outcome, Failure> {
+        let me = self.me.rank;
+        summary.rank = me;
+        let (mut pings, mut names) = (Vec::new(), Vec::new());
+        for (pi, (w, o)) in schedule(self.opts.nodes).into_iter().enumerate() {
+            for k in 0..self.opts.samples {
+                let at = |step| (MEASURING, pi as u32, k, step);
+                if w == me {
+                    self.me.pos = at(PING);
+                    self.me.pong = None;
+                    let t1 = wall_ns();
+                    let start = Instant::now();
+                    self.send()?;
+                    let what = format!("its answer to ping {k} of rank {w} → rank {o}");
+                    let pong = self.wait(o, at(PONG), &what)?;
+                    let (t4, rtt) = (wall_ns(), start.elapsed());
+                    let Some((t2, t3)) = pong.pong.filter(|_| pong.pos == at(PONG)) else {
+                        return Err(Failure::failed(format!(
+                            "doctor session {}: rank {o} skipped sample {k} of rank {w} → rank {o} (is another doctor using rank {o}?)",
+                            self.opts.session
+                        )));
+                    };
+                    pings.push(PingSample {
+                        observer: o,
+                        t: [t1, t2, t3, t4],
+                        rtt_ns: rtt.as_nanos() as u64,
+                    });
+                    self.create_name(w, o, k)?;
+                    self.wait(
+                        o,
+                        at(ACK),
+                        &format!("it to find new name {k} of rank {w} → rank {o}"),
+                    )?;
+                } else if o == me {
+                    self.wait(w, at(PING), &format!("its ping {k} of rank {w} → rank {o}"))?;
+                    let t2 = wall_ns();
+                    let name = self.name(w, o, k);
+                    match fs::metadata(&name) {
+                        Err(e) if e.kind() == ErrorKind::NotFound => {}
+                        Ok(_) => {
+                            return Err(Failure::failed(format!(
+                            "{} exists before its writer created it: another doctor in session {}?",
+                            name.display(),
+                            self.opts.session
+                        )))
+                        }
+                        Err(e) => {
+                            return Err(Failure::failed(format!(
+                                "cannot look up {}: {e}",
+                                name.display()
+                            )))
+                        }
+                    }
+                    let missed = Instant::now();
+                    self.me.pos = at(PONG);
+                    self.me.pong = Some((t2, wall_ns()));
+                    self.send()?;
+                    let created_ns = self.poll_name(w, &name, k)?;
+                    names.push(NameSample {
+                        writer: w,
+                        created_ns,
+                        seen_ns: wall_ns(),
+                        after_miss_ns: missed.elapsed().as_nanos() as u64,
+                    });
+                    self.me.pos = at(ACK);
+                    self.me.pong = None;
+                    self.send()?;
+                }
+            }
+        }
+        self.me.pos = (DONE, 0, 0, 0);
+        self.me.done = Some(Done {
+            node: summary,
+            pings,
+            names,
+        });
+        self.send()?;
+        let n = self.opts.nodes;
+        let mut members = Vec::new();
+        let mut all_pings = Vec::new();
+        let mut all_names = Vec::new();
+        let mut reported_by = None;
+        if me == 0 {
+            for r in 0..n {
+                let msg = if r == 0 {
+                    self.me.clone()
+                } else {
+                    self.wait(r, (DONE, 0, 0, 0), "its results")?
+                };
+                let Some(d) = msg.done else {
+                    return Err(Failure::failed(format!(
+                        "doctor session {}: rank {r} ended without results",
+                        self.opts.session
+                    )));
+                };
+                members.push(d.node);
+                all_pings.extend(d.pings.into_iter().map(|p| (r, p)));
+                all_names.extend(d.names.into_iter().map(|s| (r, s)));
+            }
+        } else {
+            members.push(self.me.done.as_ref().expect("set above").node.clone());
+            reported_by = Some(self.who(0));
+        }
+        let (pairs, clock_offsets) = if me == 0 {
+            analyse(n, &all_pings, &all_names)
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        let checks = if me == 0 {
+            cross_checks(&members, &pairs, &clock_offsets)
+        } else {
+            Vec::new()
+        };
+        let measured_visibility = pairs
+            .iter()
+            .flat_map(|p| [p.rewrite, p.new_name])
+            .flatten()
+            .map(|s| s.max_ms)
+            .max_by(f64::total_cmp)
+            .map(|ms| Duration::from_secs_f64(ms / 1000.0));
+        Ok(Outcome {
+            checks,
+            measured_visibility,
+            options_visibility_secs: members
+                .iter()
+                .map(|m| m.options_visibility_secs)
+                .max()
+                .unwrap_or(0),
+            slowest_fsync: Duration::from_secs_f64(
+                members
+                    .iter()
+                    .map(|m| m.slowest_fsync_ms)
+                    .fold(0.0, f64::max)
+                    / 1000.0,
+            ),
+            report: SessionReport {
+                session: self.opts.session.clone(),
+                nodes: n,
+                rank: me,
+                samples: self.opts.samples,
+                members,
+                pairs,
+                clock_offsets,
+                reported_by,
+                method: METHOD,
+            },
+        })
+    }
+
+    fn name(&self, w: u32, o: u32, k: u32) -> PathBuf {
+        let nonce = self.peers[0].as_ref().map_or(0, |p| p.nonce);
+        self.dir.join(format!("new-{nonce:08x}-{w}-{o}-{k}"))
+    }
+
+    /// Creates the observer's new name whole (written aside, renamed into place), holding
+    /// the wall time just before the rename.
+    fn create_name(&mut self, w: u32, o: u32, k: u32) -> Result<(), Failure> {
+        let name = self.name(w, o, k);
+        let tmp = self.dir.join(format!(
+            ".{}.tmp",
+            name.file_name().expect("a name").to_string_lossy()
+        ));
+        self.own.push(tmp.clone());
+        self.own.push(name.clone());
+        fs::write(&tmp, b"")
+            .and_then(|()| {
+                let mut f = OpenOptions::new().write(true).open(&tmp)?;
+                f.write_all(wall_ns().to_string().as_bytes())?;
+                drop(f);
+                fs::rename(&tmp, &name)
+            })
+            .map_err(|e| Failure::failed(format!("cannot create {}: {e}", name.display())))
+    }
+
+    /// Polls the new name until it is found; returns its writer's creation time.
+    fn poll_name(&mut self, w: u32, name: &Path, k: u32) -> Result<i64, Failure> {
+        let start = Instant::now();
+        let mut checked = Instant::now();
+        loop {
+            match fs::read(name) {
+                Ok(b) => {
+                    if let Some(t) = std::str::from_utf8(&b).ok().and_then(|s| s.parse().ok()) {
+                        return Ok(t);
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(Failure::failed(format!(
+                        "cannot read {}: {e}",
+                        name.display()
+                    )))
+                }
+            }
+            self.interrupted()?;
+            if checked.elapsed() >= ABORT_CHECK {
+                checked = Instant::now();
+                if let Some(p) = read(&self.file(w)) {
+                    self.check_peer(&p)?;
+                }
+                self.watch_coordinator(w)?;
+            }
+            if start.elapsed() >= self.opts.timeout {
+                return Err(Failure {
+                    code: exit::DEADLINE,
+                    message: format!(
+                        "doctor session {}: new name {} from {} not seen within {}",
+                        self.opts.session,
+                        name.display(),
+                        self.who(w),
+                        humantime::format_duration(self.opts.timeout)
+                    ),
+                    hint: Some(format!(
+                        "sample {k}: a negative-lookup cache longer than --timeout? raise --timeout"
+                    )),
+                    detail: None,
+                });
+            }
+            pause(start);
+        }
+    }
+
+    /// Success: rank 0, having every rank's results, removes the session; the others leave
+    /// their files to it.
+    fn finish(&mut self, ok: bool) {
+        // Only a rank 0 that holds its claim speaks for the session: a doctor refused its
+        // rank must not remove the session of the one that holds it.
+        let coordinator = self.me.rank == 0 && !self.own.is_empty();
+        if coordinator || !ok {
+            if coordinator {
+                let _ = fs::remove_dir_all(&self.dir);
+            } else {
+                for p in &self.own {
+                    let _ = fs::remove_file(p);
+                }
+                let _ = fs::remove_file(self.dir.join(format!(".rank-{}.json.tmp", self.me.rank)));
+                let _ = fs::remove_dir(&self.dir);
+            }
+            let mut created: Vec<String> = self.me.created.clone();
+            for p in self.peers.iter().flatten() {
+                created.extend(p.created.iter().cloned());
+            }
+            // `doctor/` is the doctors' own (no run writes there): removed when empty, even
+            // if a doctor of another session made it. `.rl-node/` only if a rank of this
+            // session made it: an empty one may be a run's that is starting.
+            let base = self.root.join(".rl-node");
+            let _ = fs::remove_dir(base.join("doctor"));
+            if created.iter().any(|c| c == ".rl-node") {
+                let _ = fs::remove_dir(&base);
+            }
+        }
+    }
+
+    /// Failure: say so in this rank's file, give the peers a moment to read it, then
+    /// remove this rank's files (rank 0: the whole session, which none can finish now).
+    fn leave(&mut self, why: &str) {
+        if !self.own.is_empty() && !why.is_empty() {
+            self.me.pos = (ABORTED, 0, 0, 0);
+            self.me.abort = Some(why.lines().next().unwrap_or(why).to_string());
+            if self.send().is_ok() {
+                let deadline = Instant::now() + LEAVE_GRACE.min(self.opts.timeout);
+                let others: Vec<u32> = (0..self.opts.nodes)
+                    .filter(|r| *r != self.me.rank)
+                    .collect();
+                while Instant::now() < deadline {
+                    let waiting = others.iter().any(|r| {
+                        read(&self.file(*r))
+                            .is_some_and(|p| p.pos.0 == MEASURING || p.pos.0 == CLAIMED)
+                    });
+                    if !waiting {
+                        break;
+                    }
+                    std::thread::sleep(POLL * 10);
+                }
+            }
+        }
+        self.finish(false);
+    }
+}
+
+fn read(path: &Path) -> Option<Msg> {
+    fs::read(path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+}
+
+/// The cross-node verdicts (rank 0).
+fn cross_checks(members: &[NodeSummary], pairs: &[PairReport], offsets: &[Offset]) -> Vec<Check> {
+    let mut checks = Vec::new();
+    // Every node's own checks, and whether they mount the directory alike.
+    let mut bad = Vec::new();
+    let mut verdict = Verdict::Ok;
+    for m in members {
+        let mut what = Vec::new();
+        if !m.failed.is_empty() {
+            verdict = Verdict::Fail;
+            what.push(format!("FAIL {}", m.failed.join(", ")));
+        }
+        if !m.warned.is_empty() {
+            if verdict == Verdict::Ok {
+                verdict = Verdict::Warn;
+            }
+            what.push(format!("warn {}", m.warned.join(", ")));
+        }
+        if !what.is_empty() {
+            bad.push(format!(
+                "rank {} on {}: {}",
+                m.rank,
+                m.host,
+                what.join(", ")
+            ));
+        }
+    }
+    let mut kinds: Vec<&str> = members
+        .iter()
+        .map(|m| m.mount.as_deref().unwrap_or("unknown"))
+        .collect();
+    kinds.sort();
+    kinds.dedup();
+    let alike = if kinds.len() == 1 {
+        format!("all {} nodes mount it alike ({})", members.len(), kinds[0])
+    } else {
+        if verdict == Verdict::Ok {
+            verdict = Verdict::Warn;
+        }
+        format!("the nodes mount it differently: {}", kinds.join(" | "))
+    };
+    let evidence = if bad.is_empty() {
+        format!("every node's own checks passed; {alike}")
+    } else {
+        format!("{}; {alike}", bad.join("; "))
+    };
+    checks.push(if verdict == Verdict::Ok {
+        Check::ok("nodes", evidence)
+    } else {
+        Check::not_ok("nodes", verdict, evidence, "run `rl-node doctor` on the named node for the evidence and what to change; mount the directory with the same options everywhere".into())
+    });
+
+    let worst = |f: fn(&PairReport) -> Option<Stat>| -> Option<(f64, f64, String)> {
+        let all: Vec<(Stat, String)> = pairs
+            .iter()
+            .filter_map(|p| f(p).map(|s| (s, format!("rank {} → rank {}", p.writer, p.observer))))
+            .collect();
+        let max = all
+            .iter()
+            .max_by(|a, b| a.0.max_ms.total_cmp(&b.0.max_ms))?;
+        let med = all.iter().map(|a| a.0.median_ms).fold(0.0, f64::max);
+        Some((med, max.0.max_ms, max.1.clone()))
+    };
+    let ms = |v: f64| super::doctor::ms(Duration::from_secs_f64(v / 1000.0));
+    if let Some((med, max, at)) = worst(|p| p.rewrite) {
+        let ev = format!(
+            "a file renamed over by one node was read anew by the other within {} (largest median of {} ordered pairs), at worst {} ({at})",
+            ms(med),
+            pairs.len(),
+            ms(max)
+        );
+        checks.push(if max <= SLOW_REWRITE.as_secs_f64() * 1000.0 {
+            Check::ok("cross-rewrite", ev)
+        } else {
+            Check::not_ok("cross-rewrite", Verdict::Warn, ev, "every heartbeat and barrier position is such a rewrite: shorten the attribute cache (NFS actimeo/acregmax, FUSE attr_timeout/cache_timeout); the [timing] below allows for it".into())
+        });
+    }
+    if let Some((med, max, at)) = worst(|p| p.new_name) {
+        let ev = format!(
+            "a name created by one node after the other looked it up and missed was found within {} (largest median), at worst {} ({at}): the other node's negative-lookup cache",
+            ms(med),
+            ms(max)
+        );
+        checks.push(if max <= SLOW_NEW_NAME.as_secs_f64() * 1000.0 {
+            Check::ok("cross-new-name", ev)
+        } else {
+            Check::not_ok("cross-new-name", Verdict::Warn, ev, "each wait for a brand-new file (a barrier release, a checkpoint) can cost this much: mount NFS with lookupcache=positive, FUSE with negative_timeout=0".into())
+        });
+    }
+    if !offsets.is_empty() {
+        let worst = offsets
+            .iter()
+            .max_by(|a, b| a.offset_ms.abs().total_cmp(&b.offset_ms.abs()))
+            .expect("not empty");
+        checks.push(Check::ok(
+            "clock-offset",
+            format!(
+                "largest between rank {} and rank {}: {:+.1}ms (±{:.1}ms); for information: rl-node never compares clocks of different nodes",
+                worst.a, worst.b, worst.offset_ms, worst.uncertainty_ms
+            ),
+        ));
+    }
+    checks
+}
+
+/// The session's part of the text report.
+pub(crate) fn render(s: &mut String, r: &SessionReport) {
+    use std::fmt::Write;
+    let ms = |v: f64| super::doctor::ms(Duration::from_secs_f64(v.max(0.0) / 1000.0));
+    let _ = writeln!(
+        s,
+        "\ndoctor session {}: rank {} of {} nodes, {} samples per ordered pair",
+        r.session, r.rank, r.nodes, r.samples
+    );
+    if let Some(by) = &r.reported_by {
+        let _ = writeln!(
+            s,
+            "{by} prints the measurements between all nodes and the [timing] for all of them (this rank's own checks are above)"
+        );
+        return;
+    }
+    for m in &r.members {
+        let _ = writeln!(
+            s,
+            "  rank {} on {} (pid {}): {}",
+            m.rank,
+            m.host,
+            m.pid,
+            m.filesystem.as_deref().unwrap_or("filesystem unknown")
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\n  writer → observer   rewrite median/max      new name median/max     new name since miss     round trip median"
+    );
+    let pair = |st: Option<Stat>| {
+        st.map_or("-".to_string(), |s| {
+            format!("{} / {}", ms(s.median_ms), ms(s.max_ms))
+        })
+    };
+    for p in &r.pairs {
+        let _ = writeln!(
+            s,
+            "  rank {} → rank {}    {:<23} {:<23} {:<23} {}",
+            p.writer,
+            p.observer,
+            pair(p.rewrite),
+            pair(p.new_name),
+            pair(p.new_name_after_miss),
+            p.round_trip.map_or("-".into(), |s| ms(s.median_ms))
+        );
+    }
+    for o in &r.clock_offsets {
+        let _ = writeln!(
+            s,
+            "  clock of rank {} − clock of rank {}: {:+.1}ms (±{:.1}ms)",
+            o.b, o.a, o.offset_ms, o.uncertainty_ms
+        );
+    }
+    let _ = writeln!(s, "  method: {}", r.method);
+}
+
+/// A session name is one path component of letters, digits, `.`, `_` and `-`.
+pub(crate) fn valid_session(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_schedule_has_every_ordered_pair_once_in_disjoint_rounds() {
+        for n in 2..=9 {
+            let s = schedule(n);
+            let mut all: Vec<(u32, u32)> = s.clone();
+            all.sort();
+            let want: Vec<(u32, u32)> = (0..n)
+                .flat_map(|a| (0..n).filter(move |b| *b != a).map(move |b| (a, b)))
+                .collect();
+            assert_eq!(all, want, "n = {n}");
+            // Consecutive blocks of ⌊n/2⌋ pairs share no rank: they run at once.
+            for block in s.chunks((n / 2) as usize) {
+                let mut ranks: Vec<u32> = block.iter().flat_map(|&(a, b)| [a, b]).collect();
+                ranks.sort();
+                let len = ranks.len();
+                ranks.dedup();
+                assert_eq!(ranks.len(), len, "n = {n}: {block:?}");
+            }
+        }
+        assert_eq!(schedule(2), [(0, 1), (1, 0)]);
+        assert!(schedule(1).is_empty());
+    }
+
+    fn ping(observer: u32, t: [i64; 4]) -> PingSample {
+        PingSample {
+            observer,
+            t,
+            rtt_ns: (t[3] - t[0]) as u64,
+        }
+    }
+
+    #[test]
+    fn offsets_and_one_way_latencies_survive_a_skewed_clock() {
+        // Rank 1's clock is 1 s ahead; each rewrite takes 5 ms one way, the observer
+        // answers 1 ms after seeing the ping. A second exchange is slower (20 ms out).
+        let skew = 1_000_000_000;
+        let ms = 1_000_000;
+        let pings = vec![
+            (0, ping(1, [0, 5 * ms + skew, 6 * ms + skew, 11 * ms])),
+            (
+                0,
+                ping(1, [100 * ms, 120 * ms + skew, 121 * ms + skew, 126 * ms]),
+            ),
+            (1, ping(0, [skew, 5 * ms, 6 * ms, 11 * ms + skew])),
+        ];
+        let names = vec![(
+            1,
+            NameSample {
+                writer: 0,
+                created_ns: 200 * ms,
+                seen_ns: 2200 * ms + skew,
+                after_miss_ns: 2010 * ms as u64,
+            },
+        )];
+        let (pairs, offsets) = analyse(2, &pings, &names);
+        assert_eq!(offsets.len(), 1);
+        assert!((offsets[0].offset_ms - 1000.0).abs() < 1e-6, "{offsets:?}");
+        assert!((offsets[0].uncertainty_ms - 5.0).abs() < 1e-6);
+        let p01 = pairs
+            .iter()
+            .find(|p| (p.writer, p.observer) == (0, 1))
+            .unwrap();
+        let rw = p01.rewrite.unwrap();
+        assert_eq!(rw.samples, 2);
+        assert!(
+            (rw.min_ms - 5.0).abs() < 1e-6 && (rw.max_ms - 20.0).abs() < 1e-6,
+            "{rw:?}"
+        );
+        let nn = p01.new_name.unwrap();
+        assert!((nn.median_ms - 2000.0).abs() < 1e-6, "{nn:?}");
+        assert!((p01.new_name_after_miss.unwrap().median_ms - 2010.0).abs() < 1e-6);
+        assert!((p01.round_trip.unwrap().max_ms - 26.0).abs() < 1e-6);
+        let p10 = pairs
+            .iter()
+            .find(|p| (p.writer, p.observer) == (1, 0))
+            .unwrap();
+        assert!((p10.rewrite.unwrap().median_ms - 5.0).abs() < 1e-6);
+        assert!(p10.new_name.is_none());
+    }
+
+    fn member(rank: u32, fs: &str, failed: &[&str]) -> NodeSummary {
+        NodeSummary {
+            rank,
+            host: format!("node-{rank}"),
+            pid: 100 + rank,
+            filesystem: Some(format!("{fs} at /mnt/{rank}")),
+            mount: Some(fs.into()),
+            options_visibility_secs: 0,
+            slowest_fsync_ms: 1.0,
+            failed: failed.iter().map(|s| s.to_string()).collect(),
+            warned: Vec::new(),
+        }
+    }
+
+    fn stat(ms: f64) -> Option<Stat> {
+        Stat::of(vec![ms])
+    }
+
+    #[test]
+    fn verdicts_name_the_node_and_the_slow_pair() {
+        let pairs = vec![
+            PairReport {
+                writer: 0,
+                observer: 1,
+                rewrite: stat(3.0),
+                new_name: stat(2000.0),
+                new_name_after_miss: stat(2003.0),
+                round_trip: stat(6.0),
+            },
+            PairReport {
+                writer: 1,
+                observer: 0,
+                rewrite: stat(2.0),
+                new_name: stat(5.0),
+                new_name_after_miss: stat(8.0),
+                round_trip: stat(5.0),
+            },
+        ];
+        let offsets = vec![Offset {
+            a: 0,
+            b: 1,
+            offset_ms: 40_000.0,
+            uncertainty_ms: 3.0,
+        }];
+        let members = [
+            member(0, "nfs4 (rw)", &[]),
+            member(1, "nfs4 (rw)", &["rename-over"]),
+        ];
+        let c = cross_checks(&members, &pairs, &offsets);
+        let by = |n: &str| c.iter().find(|c| c.name == n).unwrap();
+        assert_eq!(by("nodes").verdict, Verdict::Fail);
+        let ev = &by("nodes").evidence;
+        assert!(ev.contains("rank 1 on node-1: FAIL rename-over;"), "{ev}");
+        assert!(ev.contains("mount it alike (nfs4 (rw))"), "{ev}");
+        assert_eq!(by("cross-rewrite").verdict, Verdict::Ok);
+        assert_eq!(by("cross-new-name").verdict, Verdict::Warn);
+        assert!(by("cross-new-name").evidence.contains("rank 0 → rank 1"));
+        // A clock 40 s off is reported, never judged.
+        assert_eq!(by("clock-offset").verdict, Verdict::Ok);
+        assert!(by("clock-offset").evidence.contains("+40000.0ms"));
+        // Mounted differently: a warning naming both.
+        let members = [
+            member(0, "nfs4 (rw)", &[]),
+            member(1, "fuse.sshfs (rw)", &[]),
+        ];
+        let c = cross_checks(&members, &pairs[1..], &[]);
+        assert_eq!(c[0].verdict, Verdict::Warn);
+        assert!(c[0].evidence.contains("fuse.sshfs (rw) | nfs4 (rw)"));
+        assert_eq!(c.len(), 3, "no clock-offset check without offsets");
+    }
+
+    #[test]
+    fn session_names_are_one_plain_component() {
+        assert!(valid_session("default") && valid_session("job-42.a_b"));
+        for bad in ["", "..", ".x", "a/b", "a b", &"x".repeat(65)] {
+            assert!(!valid_session(bad), "{bad}");
+        }
+    }
+}
