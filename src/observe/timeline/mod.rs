@@ -88,10 +88,14 @@ pub fn main(args: TimelineArgs) -> Result<i32, Failure> {
         .map(parse_range)
         .transpose()
         .map_err(|e| Failure::usage(e, None))?;
-    let out = args
+    let mut out = args
         .out
         .clone()
         .unwrap_or_else(|| root.join("timeline.html"));
+    // A bare file name is in the current directory (whose fsync the atomic write needs).
+    if out.parent().is_some_and(|p| p.as_os_str().is_empty()) {
+        out = Path::new(".").join(out);
+    }
     let (page, counts) = render_run(&root, range, args.cluster.as_deref(), args.field.as_deref())
         .map_err(|e| Failure::usage(e, None))?;
     store::fs::publish(&out, page.as_bytes()).map_err(|e| {

@@ -22,7 +22,7 @@ const CHART_H: f64 = 90.0;
 /// Blocks narrower than this are merged into mixed blocks.
 pub const MIN_PX: f64 = 1.0;
 /// A mixed block grows until it is this wide.
-pub const GROUP_PX: f64 = 3.0;
+pub const GROUP_PX: f64 = 8.0;
 
 /// One colour per phase, in walk order (ALL).
 const COLOURS: [&str; 14] = [
@@ -317,6 +317,10 @@ fn iteration_chart(
             }
             let _ = write!(tip, "\n{p} {}", secs(*d));
             let h = d / max * CHART_H;
+            // Too thin to see: in the hover text only.
+            if h < 0.2 {
+                continue;
+            }
             yy -= h;
             let _ = write!(
                 rects,
@@ -506,30 +510,40 @@ fn axis(svg: &mut String, y: f64, t: &Timeline, scale: &Scale) -> f64 {
     y + 36.0
 }
 
-/// A run of consecutive narrow blocks (or waits) of one lane, drawn as one.
+/// A run of consecutive narrow blocks of one lane, drawn as one.
 struct Group {
     x0: f64,
     x1: f64,
-    /// Time per phase (or per barrier), and how many.
-    time: BTreeMap<String, f64>,
+    t0: f64,
+    t1: f64,
+    /// Time per phase, and how many blocks.
+    time: BTreeMap<&'static str, f64>,
     n: usize,
     iterations: (u64, u64),
+    /// Barrier waits too narrow to draw that began in the group's time.
+    waited: f64,
+    waits: usize,
 }
 
 impl Group {
-    fn new(x0: f64, x1: f64, iteration: u64) -> Group {
+    fn new(x0: f64, t0: f64, iteration: u64) -> Group {
         Group {
             x0,
-            x1,
+            x1: x0,
+            t0,
+            t1: t0,
             time: BTreeMap::new(),
             n: 0,
             iterations: (iteration, iteration),
+            waited: 0.0,
+            waits: 0,
         }
     }
 
-    fn add(&mut self, x1: f64, what: &str, d: f64, iteration: u64) {
+    fn add(&mut self, x1: f64, t1: f64, phase: &'static str, d: f64, iteration: u64) {
         self.x1 = self.x1.max(x1);
-        *self.time.entry(what.to_string()).or_default() += d;
+        self.t1 = self.t1.max(t1);
+        *self.time.entry(phase).or_default() += d;
         self.n += 1;
         self.iterations.0 = self.iterations.0.min(iteration);
         self.iterations.1 = self.iterations.1.max(iteration);
@@ -539,12 +553,13 @@ impl Group {
         self.time
             .iter()
             .max_by(|a, b| a.1.total_cmp(b.1))
-            .map_or("", |(k, _)| k.as_str())
+            .map_or("", |(k, _)| k)
     }
 
-    fn describe(&self, who: &str, what: &str) -> String {
+    /// The hover text: short, as a large run has tens of thousands of these.
+    fn describe(&self, who: &str) -> String {
         let total: f64 = self.time.values().sum::<f64>().max(1e-9);
-        let mut parts: Vec<(&String, &f64)> = self.time.iter().collect();
+        let mut parts: Vec<(&&str, &f64)> = self.time.iter().collect();
         parts.sort_by(|a, b| b.1.total_cmp(a.1));
         let its = if self.iterations.0 == self.iterations.1 {
             format!("iteration {}", self.iterations.0)
@@ -553,27 +568,36 @@ impl Group {
         };
         let list: Vec<String> = parts
             .iter()
-            .take(5)
+            .take(3)
             .map(|(k, v)| format!("{k} {:.0}%", **v / total * 100.0))
             .collect();
-        format!(
-            "{who}, {its}: {} {what} too short to draw, {} in all: {}",
+        let mut s = format!(
+            "{who} · {its} · {} blocks, {}: {}",
             self.n,
             secs(total),
             list.join(", ")
-        )
+        );
+        if self.waits > 0 {
+            let _ = write!(
+                s,
+                "; {} barrier waits {:.0}%",
+                self.waits,
+                self.waited / total * 100.0
+            );
+        }
+        s
     }
 }
 
 fn draw_lane(svg: &mut String, lane: &Lane, y: f64, scale: &Scale, counts: &mut Counts) {
+    // The lane's elements are placed relative to its top (a `translate`).
     let who = lane.label();
     let _ = write!(
         svg,
-        r#"<g class="lane" data-lane="{}" data-rank="{}" data-cluster="{}"><text x="{MARGIN}" y="{:.1}">{}</text>"#,
+        r#"<g class="lane" data-lane="{}" data-rank="{}" data-cluster="{}" transform="translate(0 {y:.1})"><text x="{MARGIN}" y="12">{}</text>"#,
         esc(&who),
         lane.rank,
         lane.cluster.unwrap_or(""),
-        y + 12.0,
         esc(&format!(
             "{who} · {}{}",
             short(&lane.host, 24),
@@ -585,22 +609,48 @@ fn draw_lane(svg: &mut String, lane: &Lane, y: f64, scale: &Scale, counts: &mut 
     );
     let _ = write!(
         svg,
-        r##"<rect x="{LABEL_W}" y="{y:.1}" width="{PLOT_W}" height="{LANE_H}" fill="#f4f4f4"/>"##
+        r##"<rect x="{LABEL_W}" width="{PLOT_W}" height="{LANE_H}" fill="#f4f4f4"/>"##
     );
 
-    // Phase blocks.
+    // Phase blocks; narrow ones merged into mixed blocks, with the narrow barrier waits
+    // of their stretch of time summed up in the same hover text (and hatched in
+    // proportion), so that a large run's page stays small.
+    let (wide, mut narrow): (Vec<&Wait>, Vec<&Wait>) = lane
+        .waits
+        .iter()
+        .filter(|w| w.end > w.start)
+        .partition(|w| (w.end - w.start) * scale.px_per_s >= MIN_PX);
+    narrow.sort_by(|a, b| a.start.total_cmp(&b.start));
+    let mut narrow = narrow.into_iter().peekable();
     let mut group: Option<Group> = None;
-    let flush = |svg: &mut String, g: Group, counts: &mut Counts| {
+    let mut flush = |svg: &mut String, mut g: Group, counts: &mut Counts| {
+        // The narrow waits that began within the group's time.
+        while let Some(w) = narrow.next_if(|w| w.start < g.t1) {
+            if w.start >= g.t0 {
+                g.waited += w.end - w.start;
+                g.waits += 1;
+            }
+        }
+        let width = (g.x1 - g.x0).max(MIN_PX);
         let _ = write!(
             svg,
-            r#"<rect class="block mixed" data-phase="{}" data-n="{}" x="{:.1}" y="{y:.1}" width="{:.1}" height="{LANE_H}" fill="{}"><title>{}</title></rect>"#,
-            g.dominant(),
+            r#"<rect class="block mixed" data-n="{}" x="{:.1}" width="{width:.1}" height="{LANE_H}" fill="{}"><title>{}</title></rect>"#,
             g.n,
             g.x0,
-            (g.x1 - g.x0).max(MIN_PX),
             colour(g.dominant()),
-            esc(&g.describe(&who, "blocks"))
+            esc(&g.describe(&who))
         );
+        let f = (g.waited / (g.t1 - g.t0).max(1e-9)).min(1.0);
+        if f >= 0.1 {
+            let _ = write!(
+                svg,
+                r#"<rect class="wait mixed" x="{:.1}" y="{:.1}" width="{width:.1}" height="{:.1}" fill="url(#hatch)" pointer-events="none"/>"#,
+                g.x0,
+                LANE_H * (1.0 - f),
+                LANE_H * f
+            );
+            counts.waits += 1;
+        }
         counts.blocks += 1;
         counts.mixed += 1;
     };
@@ -610,7 +660,7 @@ fn draw_lane(svg: &mut String, lane: &Lane, y: f64, scale: &Scale, counts: &mut 
             if let Some(g) = group.take() {
                 flush(svg, g, counts);
             }
-            draw_block(svg, lane, b, x0, x1, y, scale);
+            draw_block(svg, lane, b, x0, x1, scale);
             counts.blocks += 1;
             continue;
         }
@@ -619,48 +669,16 @@ fn draw_lane(svg: &mut String, lane: &Lane, y: f64, scale: &Scale, counts: &mut 
                 flush(svg, group.take().expect("a group"), counts);
             }
         }
-        let g = group.get_or_insert_with(|| Group::new(x0, x1, b.iteration));
-        g.add(x1, b.phase.name(), b.end - b.start, b.iteration);
+        let g = group.get_or_insert_with(|| Group::new(x0, b.start, b.iteration));
+        g.add(x1, b.end, b.phase.name(), b.end - b.start, b.iteration);
     }
     if let Some(g) = group.take() {
         flush(svg, g, counts);
     }
-
-    // Barrier waits, hatched over the blocks.
-    let mut group: Option<Group> = None;
-    let flush = |svg: &mut String, g: Group, counts: &mut Counts| {
-        let _ = write!(
-            svg,
-            r##"<rect class="wait mixed" x="{:.1}" y="{y:.1}" width="{:.1}" height="{LANE_H}" fill="url(#hatch)"><title>{}</title></rect>"##,
-            g.x0,
-            (g.x1 - g.x0).max(MIN_PX),
-            esc(&g.describe(&who, "barrier waits"))
-        );
+    // Barrier waits wide enough to see, hatched over the blocks.
+    for w in wide {
+        draw_wait(svg, lane, w, scale.x(w.start), scale.x(w.end));
         counts.waits += 1;
-    };
-    for w in &lane.waits {
-        let (x0, x1) = (scale.x(w.start), scale.x(w.end));
-        if w.end <= w.start {
-            continue;
-        }
-        if x1 - x0 >= MIN_PX {
-            if let Some(g) = group.take() {
-                flush(svg, g, counts);
-            }
-            draw_wait(svg, lane, w, x0, x1, y);
-            counts.waits += 1;
-            continue;
-        }
-        if let Some(g) = &group {
-            if x0 - g.x1 > MIN_PX || g.x1 - g.x0 >= GROUP_PX {
-                flush(svg, group.take().expect("a group"), counts);
-            }
-        }
-        let g = group.get_or_insert_with(|| Group::new(x0, x1, w.iteration));
-        g.add(x1, &w.barrier, w.end - w.start, w.iteration);
-    }
-    if let Some(g) = group.take() {
-        flush(svg, g, counts);
     }
 
     // Marks: those of one kind within a few pixels of each other are drawn as one.
@@ -674,14 +692,14 @@ fn draw_lane(svg: &mut String, lane: &Lane, y: f64, scale: &Scale, counts: &mut 
         while j < marks.len() && marks[j].kind == first.kind && scale.x(marks[j].t) - x < GROUP_PX {
             j += 1;
         }
-        draw_mark(svg, lane, &marks[i..j], x, y);
+        draw_mark(svg, lane, &marks[i..j], x, 0.0);
         counts.marks += 1;
         i = j;
     }
     svg.push_str("</g>");
 }
 
-fn draw_block(svg: &mut String, lane: &Lane, b: &Block, x0: f64, x1: f64, y: f64, scale: &Scale) {
+fn draw_block(svg: &mut String, lane: &Lane, b: &Block, x0: f64, x1: f64, scale: &Scale) {
     let mut tip = format!(
         "{} · {} · iteration {} · generation {}\nhost {}\nstart {} (+{})\nduration {}{}",
         b.phase.name(),
@@ -706,7 +724,7 @@ fn draw_block(svg: &mut String, lane: &Lane, b: &Block, x0: f64, x1: f64, y: f64
     }
     let _ = write!(
         svg,
-        r#"<rect class="block{}" data-phase="{}" data-iteration="{}" data-gen="{}" x="{x0:.1}" y="{y:.1}" width="{:.1}" height="{LANE_H}" fill="{}"><title>{}</title></rect>"#,
+        r#"<rect class="block{}" data-phase="{}" data-iteration="{}" data-gen="{}" x="{x0:.1}" width="{:.1}" height="{LANE_H}" fill="{}"><title>{}</title></rect>"#,
         if b.open { " open" } else { "" },
         b.phase.name(),
         b.iteration,
@@ -717,7 +735,7 @@ fn draw_block(svg: &mut String, lane: &Lane, b: &Block, x0: f64, x1: f64, y: f64
     );
 }
 
-fn draw_wait(svg: &mut String, lane: &Lane, w: &Wait, x0: f64, x1: f64, y: f64) {
+fn draw_wait(svg: &mut String, lane: &Lane, w: &Wait, x0: f64, x1: f64) {
     let whom = if w.waited_for.is_empty() {
         if lane.rank == 0 {
             "nobody: it arrived last".to_string()
@@ -744,7 +762,7 @@ fn draw_wait(svg: &mut String, lane: &Lane, w: &Wait, x0: f64, x1: f64, y: f64) 
     let waited: Vec<String> = w.waited_for.iter().map(|r| r.to_string()).collect();
     let _ = write!(
         svg,
-        r##"<rect class="wait" data-barrier="{}" data-waited-for="{}" x="{x0:.1}" y="{y:.1}" width="{:.1}" height="{LANE_H}" fill="url(#hatch)"><title>{}</title></rect>"##,
+        r##"<rect class="wait" data-barrier="{}" data-waited-for="{}" x="{x0:.1}" width="{:.1}" height="{LANE_H}" fill="url(#hatch)"><title>{}</title></rect>"##,
         esc(&w.barrier),
         waited.join(","),
         x1 - x0,
