@@ -154,6 +154,7 @@ fn a_running_then_finished_run_has_a_lane_per_rank_and_a_block_per_phase() {
     for r in 0..3 {
         c.wait_phase(r, 2, "training", LIMIT);
     }
+    trained_a_second(&c, &[0, 1, 2]);
 
     // Running: every lane ends in an open training block of iteration 2.
     let page = draw(&c.log_path, &out, &[]);
@@ -311,6 +312,29 @@ fn a_running_then_finished_run_has_a_lane_per_rank_and_a_block_per_phase() {
     );
 }
 
+/// Wait until each of `ranks` has been training for a second by its record's last write
+/// (the heartbeat rewrites it), so that its open training block is wide enough to be
+/// drawn on its own, not merged into a mixed block.
+fn trained_a_second(c: &TestCluster, ranks: &[u32]) {
+    let t = |s: &str| {
+        chrono::DateTime::parse_from_rfc3339(s)
+            .unwrap()
+            .timestamp_millis()
+    };
+    wait_until(LIMIT, "the ranks to train for a second", || {
+        ranks.iter().all(|&r| {
+            let entered = c
+                .events(r)
+                .iter()
+                .rev()
+                .find(|e| e["event"] == "phase" && e["phase"] == "training")
+                .map(|e| t(e["t"].as_str().unwrap()));
+            let wall = c.record(r).map(|rec| t(rec["wall"].as_str().unwrap()));
+            matches!((entered, wall), (Some(a), Some(b)) if b - a >= 1000)
+        })
+    });
+}
+
 fn gethost() -> String {
     let out = Command::new("hostname").output().unwrap();
     String::from_utf8_lossy(&out.stdout).trim().to_string()
@@ -327,6 +351,7 @@ fn a_crashed_run_marks_the_failure_and_its_restart_is_a_second_generation() {
     open_gate(&c.log_path, 1);
     let mut nodes = c.spawn_all(&["--iterations", "2"]);
     c.wait_phase(2, 2, "training", LIMIT);
+    trained_a_second(&c, &[2]);
     nodes[2].signal(libc::SIGKILL);
     let codes = wait_all(&mut nodes);
     assert_ne!(codes[0], 0);

@@ -165,10 +165,33 @@ pub fn render_run(
         .or(default_field)
         .unwrap_or_else(|| "reward".into());
     let metrics = read_metrics(&Layout::new(root).metrics(), &run_ids, &field, cluster);
+    // The field's mean from the merged train splits where metrics.jsonl has none.
+    let rollout_side = clusters
+        .iter()
+        .find(|c| c.name.is_none_or(|n| n == "rollout"));
+    let mut wanted: BTreeSet<u64> = rollout_side
+        .and_then(|c| c.events.first())
+        .map(|e| {
+            e.iter()
+                .filter(|e| e.ends_iteration())
+                .map(|e| e.iteration)
+                .collect()
+        })
+        .unwrap_or_default();
+    for m in &metrics {
+        if m.value.is_some() {
+            wanted.remove(&m.iteration);
+        }
+    }
+    if let Some(r) = &range {
+        wanted.retain(|i| r.contains(i));
+    }
+    let values = split_means(&Layout::new(root), &wanted, &field);
     let timeline = model::build(Input {
         clusters,
         metrics,
         field,
+        values,
         iterations: range.clone(),
     });
     if let Some(r) = &range {
@@ -234,6 +257,7 @@ fn read_cluster_input(layout: &Layout, c: &crate::protocol::ClusterRecord) -> Cl
         .chain([c.gen])
         .collect();
     let mut hosts = HashMap::new();
+    let mut walls = HashMap::new();
     let mut aborts = BTreeMap::new();
     for &gen in &gens {
         let records: Vec<Option<RankRecord>> = (0..n)
@@ -246,6 +270,9 @@ fn read_cluster_input(layout: &Layout, c: &crate::protocol::ClusterRecord) -> Cl
             .collect();
         for rec in records.iter().flatten() {
             hosts.insert((gen, rec.rank), rec.host.clone());
+            if let Ok(t) = chrono::DateTime::parse_from_rfc3339(&rec.wall) {
+                walls.insert((gen, rec.rank), t.timestamp_millis() as f64 / 1000.0);
+            }
         }
         if let Some(a) = super::status::read_abort(layout, gen, &records) {
             aborts.insert(gen, a);
@@ -274,11 +301,50 @@ fn read_cluster_input(layout: &Layout, c: &crate::protocol::ClusterRecord) -> Cl
         name,
         events,
         hosts,
+        walls,
         aborts,
         gen: c.gen,
         live,
         waiting_for,
     }
+}
+
+/// Read no more than this of merged train splits for the field's means: a run without
+/// `metrics.jsonl` values can hold gigabytes of trajectories, and the page is not worth
+/// reading them all.
+const SPLIT_BUDGET: u64 = 256 << 20;
+
+/// The mean of `field` over the records of each iteration's merged train split (JSONL,
+/// the default name) that has one, for `iterations`, until [`SPLIT_BUDGET`] is read.
+fn split_means(layout: &Layout, iterations: &BTreeSet<u64>, field: &str) -> BTreeMap<u64, f64> {
+    use std::io::BufRead;
+    let mut out = BTreeMap::new();
+    let mut read = 0u64;
+    for &it in iterations {
+        let path = layout.aggregated(it, "train");
+        let Ok(f) = std::fs::File::open(&path) else {
+            continue;
+        };
+        read += f.metadata().map_or(0, |m| m.len());
+        if read > SPLIT_BUDGET {
+            break;
+        }
+        let (mut sum, mut n) = (0.0, 0u64);
+        for line in std::io::BufReader::new(f).lines() {
+            let Ok(line) = line else { break };
+            if let Some(v) = serde_json::from_str::<serde_json::Value>(&line)
+                .ok()
+                .and_then(|v| v.get(field).and_then(|x| x.as_f64()))
+            {
+                sum += v;
+                n += 1;
+            }
+        }
+        if n > 0 {
+            out.insert(it, sum / n as f64);
+        }
+    }
+    out
 }
 
 /// The lines of `metrics.jsonl` of the current run(s), reduced to what is drawn (lines

@@ -19,6 +19,9 @@ pub struct ClusterInput {
     pub events: Vec<Vec<Event>>,
     /// Host of (generation, rank), from the rank records that still exist.
     pub hosts: HashMap<(u64, u32), String>,
+    /// Last write of (generation, rank)'s record (seconds since the epoch): how long a
+    /// rank was alive after its last event.
+    pub walls: HashMap<(u64, u32), f64>,
     /// Each generation's abort, where one was published or relayed.
     pub aborts: BTreeMap<u64, AbortInfo>,
     /// The current generation.
@@ -56,6 +59,9 @@ pub struct Input {
     pub metrics: Vec<MetricsLine>,
     /// The numeric field shown above the lanes (`rollout/<field>_mean`).
     pub field: String,
+    /// The field's mean per iteration from the merged train splits, for iterations whose
+    /// metrics line has none.
+    pub values: BTreeMap<u64, f64>,
     pub iterations: Option<RangeInclusive<u64>>,
 }
 
@@ -70,6 +76,8 @@ pub struct Timeline {
     pub field: String,
     /// Whether the per-iteration numbers come from `metrics.jsonl` (else rank 0's events).
     pub from_metrics: bool,
+    /// Whether some of the field's means come from the merged train splits.
+    pub values_from_splits: bool,
 }
 
 #[derive(Debug)]
@@ -252,6 +260,13 @@ pub fn build(input: Input) -> Timeline {
         iterations = from_events(&input.clusters);
     }
     iterations.retain(|s| in_range(s.iteration));
+    let mut values_from_splits = false;
+    for s in &mut iterations {
+        if s.value.is_none() && s.cluster.as_deref().is_none_or(|c| c == "rollout") {
+            s.value = input.values.get(&s.iteration).copied();
+            values_from_splits |= s.value.is_some();
+        }
+    }
 
     // Keep what lies in the asked iterations; the picture spans what is kept.
     if input.iterations.is_some() {
@@ -292,6 +307,7 @@ pub fn build(input: Input) -> Timeline {
         iterations,
         field: input.field,
         from_metrics,
+        values_from_splits,
     }
 }
 
@@ -479,22 +495,19 @@ fn lane(c: &ClusterInput, rank: u32, events: &[Event]) -> Lane {
     // last sign of life in it (its last event, or in the current generation its record's
     // last write).
     let live = c.live.get(rank as usize).cloned().flatten();
+    let last_sign = |gen: u64, start: f64| {
+        let event = last_t.get(&gen).copied().unwrap_or(start);
+        c.walls.get(&(gen, rank)).map_or(event, |w| event.max(*w))
+    };
     if let Some(i) = current {
-        let b = &mut blocks[i];
-        let mut end = last_t.get(&b.gen).copied().unwrap_or(b.start);
-        if b.gen == c.gen {
-            if let Some(l) = &live {
-                end = end.max(l.wall);
-            }
-        }
-        b.end = end;
-        b.open = true;
+        blocks[i].end = last_sign(blocks[i].gen, blocks[i].start);
+        blocks[i].open = true;
     }
     // Blocks cut short by a restart (their generation ended while they were in them).
     for i in 0..blocks.len() {
         let next_gen = blocks.get(i + 1).map(|n| n.gen);
         if blocks[i].end == blocks[i].start && next_gen.is_some_and(|g| g != blocks[i].gen) {
-            blocks[i].end = last_t.get(&blocks[i].gen).copied().unwrap_or(blocks[i].end);
+            blocks[i].end = last_sign(blocks[i].gen, blocks[i].start);
             blocks[i].open = true;
         }
     }
@@ -719,6 +732,7 @@ mod tests {
                 hosts: [((1, 0), "h0".to_string()), ((2, 1), "h1".to_string())]
                     .into_iter()
                     .collect(),
+                walls: [((2, 1), 205.0)].into_iter().collect(),
                 aborts: [(2, abort)].into_iter().collect(),
                 gen: 2,
                 live: vec![None, None],
@@ -726,6 +740,7 @@ mod tests {
             }],
             metrics: vec![],
             field: "reward".into(),
+            values: BTreeMap::new(),
             iterations: None,
         }
     }
@@ -763,9 +778,10 @@ mod tests {
             "{:?}",
             rollout.notes
         );
-        // Its generation-2 block is open: ended by the command event, its last.
+        // Its generation-2 block is open: it lasts until the rank's record's last write,
+        // after its last event.
         let last = t.lanes[1].blocks.last().unwrap();
-        assert_eq!((last.gen, last.end, last.open), (2, 201.0, true));
+        assert_eq!((last.gen, last.end, last.open), (2, 205.0, true));
     }
 
     #[test]
@@ -804,7 +820,7 @@ mod tests {
             .map(|g| (g.gen, g.previous.as_deref()))
             .collect();
         assert_eq!(gens, [(1, None), (2, Some("generation 1 stopped"))]);
-        assert_eq!((t.start, t.end), (100.0, 201.5));
+        assert_eq!((t.start, t.end), (100.0, 205.0));
     }
 
     #[test]

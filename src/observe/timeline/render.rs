@@ -120,7 +120,14 @@ pub fn html(t: &Timeline, title: &str) -> (String, Counts) {
     }
     let with_value: Vec<&super::model::IterStat> =
         t.iterations.iter().filter(|s| s.value.is_some()).collect();
-    y = field_chart(&mut svg, y, &t.field, &with_value, t.from_metrics);
+    y = field_chart(
+        &mut svg,
+        y,
+        &t.field,
+        &with_value,
+        t.from_metrics,
+        t.values_from_splits,
+    );
     y = legend(&mut svg, y);
     y = axis(&mut svg, y, t, &scale);
     let lanes_top = y;
@@ -158,6 +165,8 @@ pub fn html(t: &Timeline, title: &str) -> (String, Counts) {
             continue;
         };
         let x = scale.x(g.t);
+        // Labels of late generations run leftwards, to stay on the page.
+        let right = x > LABEL_W + PLOT_W * 0.6;
         let why = match (&g.previous, &g.ended) {
             (_, Some(e)) => format!("the previous generation ended: {e}"),
             (Some(p), None) => format!("before it: {p}"),
@@ -176,12 +185,13 @@ pub fn html(t: &Timeline, title: &str) -> (String, Counts) {
         }
         let _ = write!(
             svg,
-            r##"<g class="gen" data-gen="{}"><title>{}</title><line x1="{x:.1}" x2="{x:.1}" y1="{:.1}" y2="{bottom:.1}" stroke="#000" stroke-width="1.5" stroke-dasharray="4 2"/><text x="{:.1}" y="{:.1}" font-size="10">generation {}{}</text></g>"##,
+            r##"<g class="gen" data-gen="{}"><title>{}</title><line x1="{x:.1}" x2="{x:.1}" y1="{:.1}" y2="{bottom:.1}" stroke="#000" stroke-width="1.5" stroke-dasharray="4 2"/><text x="{:.1}" y="{:.1}" font-size="10" text-anchor="{}">generation {}{}</text></g>"##,
             g.gen,
             esc(&tip),
             top - 4.0,
-            x + 2.0,
+            if right { x - 2.0 } else { x + 2.0 },
             top - 6.0,
+            if right { "end" } else { "start" },
             g.gen,
             if g.gen > 1 {
                 esc(&format!(": {}", short(&why, 60)))
@@ -356,6 +366,7 @@ fn field_chart(
     field: &str,
     stats: &[&super::model::IterStat],
     from_metrics: bool,
+    from_splits: bool,
 ) -> f64 {
     let top = y + 14.0;
     if stats.is_empty() {
@@ -365,9 +376,9 @@ fn field_chart(
             y + 10.0,
             esc(field),
             if from_metrics {
-                format!("metrics.jsonl has no number under rollout/{field}_mean")
+                format!("metrics.jsonl has no number under rollout/{field}_mean, nor the merged train splits under {field}")
             } else {
-                "no metrics.jsonl".to_string()
+                format!("no metrics.jsonl, and no number under {field} in the merged train splits")
             }
         );
         return y + 22.0;
@@ -384,12 +395,17 @@ fn field_chart(
     let h = CHART_H * 0.7;
     let _ = write!(
         svg,
-        r#"<g id="field" data-field="{}"><text x="{MARGIN}" y="{:.1}" font-weight="bold">mean {} per iteration ({} … {})</text>"#,
+        r#"<g id="field" data-field="{}"><text x="{MARGIN}" y="{:.1}" font-weight="bold">mean {} per iteration ({} … {}; {})</text>"#,
         esc(field),
         y + 10.0,
         esc(field),
         fmt_num(lo),
-        fmt_num(hi)
+        fmt_num(hi),
+        if from_splits {
+            "from the merged train splits where metrics.jsonl has none"
+        } else {
+            "metrics.jsonl"
+        }
     );
     let mut points = String::new();
     for (i, s) in stats.iter().enumerate() {
@@ -797,13 +813,23 @@ fn draw_mark(svg: &mut String, lane: &Lane, marks: &[&Mark], x: f64, y: f64) {
         }
     }
     let shape = match kind {
+        // The message beside the mark, on the side with more room, on a white halo.
         MarkKind::Failure => format!(
-            r##"<line x1="{x:.1}" x2="{x:.1}" y1="{:.1}" y2="{:.1}" stroke="#d00" stroke-width="3"/><text x="{:.1}" y="{:.1}" fill="#d00" font-weight="bold">{}</text>"##,
+            r##"<line x1="{x:.1}" x2="{x:.1}" y1="{:.1}" y2="{:.1}" stroke="#d00" stroke-width="3"/><text x="{:.1}" y="{:.1}" text-anchor="{}" fill="#d00" font-weight="bold" stroke="#fff" stroke-width="3" paint-order="stroke">{}</text>"##,
             y - 2.0,
             y + LANE_H + 2.0,
-            x + 4.0,
+            if x > LABEL_W + PLOT_W / 2.0 {
+                x - 4.0
+            } else {
+                x + 4.0
+            },
             y + 12.0,
-            esc(&short(&marks[0].text, 90))
+            if x > LABEL_W + PLOT_W / 2.0 {
+                "end"
+            } else {
+                "start"
+            },
+            esc(&short(&marks[0].text, 110))
         ),
         MarkKind::CommandFailed => format!(
             r##"<rect x="{:.1}" y="{y:.1}" width="4" height="{LANE_H}" fill="#d00"/>"##,
