@@ -396,3 +396,21 @@ fn read_metrics(
     }
     by.into_values().collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::parse_range;
+
+    #[test]
+    fn iteration_ranges() {
+        assert_eq!(parse_range("3..7"), Ok(3..=7));
+        assert_eq!(parse_range("3..=7"), Ok(3..=7));
+        assert_eq!(parse_range("5"), Ok(5..=5));
+        assert_eq!(parse_range("4.."), Ok(4..=u64::MAX));
+        assert_eq!(parse_range("..2"), Ok(0..=2));
+        for bad in ["", "7..3", "a..3", "1..b", "x", "-1"] {
+            let e = parse_range(bad).unwrap_err();
+            assert!(e.starts_with("--iterations"), "{bad}: {e}");
+        }
+    }
+}

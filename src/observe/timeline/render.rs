@@ -856,3 +856,144 @@ fn draw_mark(svg: &mut String, lane: &Lane, marks: &[&Mark], x: f64, y: f64) {
         esc(&tip)
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::model::{GenStart, IterStat};
+    use super::*;
+    use crate::protocol::Phase;
+
+    fn block(phase: Phase, iteration: u64, start: f64, end: f64) -> Block {
+        Block {
+            phase,
+            gen: 1,
+            iteration,
+            host: "h<&>".into(),
+            start,
+            end,
+            open: false,
+            notes: vec!["rollout command: exit code 0 after 1.000s".into()],
+            log: Some("logs/iter-0001/rank-0.rollout.log".into()),
+        }
+    }
+
+    fn timeline(lanes: Vec<Lane>, end: f64) -> Timeline {
+        Timeline {
+            start: 0.0,
+            end,
+            lanes,
+            generations: vec![GenStart {
+                cluster: None,
+                gen: 1,
+                t: 0.0,
+                previous: None,
+                ended: None,
+            }],
+            iterations: vec![IterStat {
+                cluster: None,
+                iteration: 1,
+                total: 2.0,
+                phases: vec![("train-rollout".into(), 1.5), ("training".into(), 0.5)],
+                value: Some(0.5),
+            }],
+            field: "reward".into(),
+            from_metrics: true,
+            values_from_splits: false,
+        }
+    }
+
+    fn lane(blocks: Vec<Block>, marks: Vec<Mark>) -> Lane {
+        Lane {
+            cluster: None,
+            rank: 0,
+            host: "h<&>".into(),
+            blocks,
+            waits: vec![],
+            marks,
+            state: Some("done".into()),
+        }
+    }
+
+    fn svg(page: &str) -> &str {
+        &page[page.find("<svg").unwrap()..page.find("</svg>").unwrap() + 6]
+    }
+
+    /// Text with markup characters in it (a host, a failure message) stays text.
+    #[test]
+    fn the_svg_is_well_formed_and_escapes_what_it_shows() {
+        let mark = Mark {
+            kind: MarkKind::Failure,
+            t: 5.0,
+            gen: 1,
+            iteration: 1,
+            text: r#"rank 0 failed: <exit "3"> & more"#.into(),
+        };
+        let t = timeline(
+            vec![lane(
+                vec![block(Phase::TrainRollout, 1, 0.0, 5.0)],
+                vec![mark],
+            )],
+            10.0,
+        );
+        let (page, counts) = html(&t, "a <title> & more");
+        let doc = roxmltree::Document::parse(svg(&page)).unwrap();
+        assert_eq!((counts.lanes, counts.blocks, counts.mixed), (1, 1, 0));
+        let failure = doc
+            .descendants()
+            .find(|n| n.attribute("class") == Some("mark failure"))
+            .unwrap();
+        let title = failure.first_element_child().unwrap().text().unwrap();
+        assert!(
+            title.ends_with(r#"rank 0 failed: <exit "3"> & more"#),
+            "{title}"
+        );
+        let block = doc
+            .descendants()
+            .find(|n| n.attribute("class") == Some("block"))
+            .unwrap();
+        let title = block.first_element_child().unwrap().text().unwrap();
+        assert!(title.contains("host h<&>"), "{title}");
+        assert!(page.contains("<title>a &lt;title&gt; &amp; more</title>"));
+    }
+
+    /// 10,000 blocks of a tenth of a pixel: merged into mixed blocks of about GROUP_PX,
+    /// which together stand for every one of them.
+    #[test]
+    fn narrow_blocks_are_merged_into_few_mixed_blocks() {
+        let n = 10_000;
+        let blocks: Vec<Block> = (0..n)
+            .map(|i| {
+                let p = if i % 2 == 0 {
+                    Phase::TrainRollout
+                } else {
+                    Phase::Training
+                };
+                block(p, 1 + i as u64 / 14, i as f64, i as f64 + 1.0)
+            })
+            .collect();
+        let t = timeline(vec![lane(blocks, vec![])], n as f64);
+        let (page, counts) = html(&t, "big");
+        let doc = roxmltree::Document::parse(svg(&page)).unwrap();
+        let mixed: Vec<_> = doc
+            .descendants()
+            .filter(|n| n.attribute("class") == Some("block mixed"))
+            .collect();
+        assert_eq!(mixed.len(), counts.mixed);
+        assert!(
+            mixed.len() <= (PLOT_W / GROUP_PX) as usize + 2,
+            "{} mixed blocks",
+            mixed.len()
+        );
+        assert!(mixed.len() >= (PLOT_W / (GROUP_PX + 1.0)) as usize);
+        let merged: usize = mixed
+            .iter()
+            .map(|m| m.attribute("data-n").unwrap().parse::<usize>().unwrap())
+            .sum();
+        assert_eq!(merged, n);
+        let title = mixed[0].first_element_child().unwrap().text().unwrap();
+        assert!(
+            title.contains("train-rollout 50%") && title.contains("training 50%"),
+            "{title}"
+        );
+    }
+}
