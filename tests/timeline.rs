@@ -13,11 +13,11 @@ use std::time::Duration;
 const LIMIT: Duration = Duration::from_secs(90);
 
 /// Rank 2's rollout is slower than the others', so ranks 0 and 1 wait for it at the
-/// `rollout-complete` barrier. Training waits for a gate file, so a test can look at the
-/// run while every node is in it.
+/// `rollout-complete` barrier; it starts only once its gate file exists. Training waits
+/// for a gate file too, so a test can look at the run while every node is in it.
 const COMMANDS: &str = r#"
 [phases.rollout]
-command = '''if [ {rank} = 2 ]; then sleep 0.8; else sleep 0.2; fi; printf '{"reward": {iteration}.{rank}5}\n' > {output}'''
+command = '''if [ {rank} = 2 ]; then while [ ! -e {log_path}/../rollout-gate-{iteration} ]; do sleep 0.05; done; sleep 0.8; else sleep 0.2; fi; printf '{"reward": {iteration}.{rank}5}\n' > {output}'''
 [phases.train]
 command = "while [ ! -e {log_path}/../gate-{iteration} ]; do sleep 0.05; done; sleep 0.2; mkdir -p {output}/checkpoint-1; echo {iteration} > {output}/checkpoint-1/w"
 [observe]
@@ -124,6 +124,14 @@ fn open_gate(log_path: &Path, iteration: u64) {
     .unwrap();
 }
 
+/// Let rank 2's rollout of `iterations` go on.
+fn open_rollout_gates(log_path: &Path, iterations: &[u64]) {
+    for i in iterations {
+        let gate = log_path.parent().unwrap().join(format!("rollout-gate-{i}"));
+        fs::write(gate, "").unwrap();
+    }
+}
+
 fn wait_all(nodes: &mut [NodeProc]) -> Vec<i32> {
     nodes.iter_mut().map(|n| n.wait(LIMIT)).collect()
 }
@@ -141,8 +149,9 @@ fn chromium() -> Option<PathBuf> {
         })
 }
 
-/// A run of three nodes, looked at while every node trains in iteration 2 (running),
-/// then once it finished: a lane per rank with the host; a block per phase event; rank
+/// A run of three nodes, looked at while ranks 0 and 1 wait for rank 2 at a barrier of
+/// iteration 2 (an open wait naming rank 2), while every node trains in iteration 2
+/// (open blocks), then once it finished: a lane per rank with the host; a block per phase event; rank
 /// 2's slow rollout hatched as the others' wait, naming rank 2; the commands' exits and
 /// log paths in the hover text; iteration times and the reward from metrics.jsonl.
 #[test]
@@ -150,11 +159,40 @@ fn a_running_then_finished_run_has_a_lane_per_rank_and_a_block_per_phase() {
     let c = TestCluster::new(3, COMMANDS);
     let out = c.dir.path().join("run.html");
     open_gate(&c.log_path, 1);
+    open_rollout_gates(&c.log_path, &[1]);
     let mut nodes = c.spawn_all(&["--iterations", "2"]);
+
+    // Running, ranks 0 and 1 waiting for rank 2 at rollout-complete of iteration 2 (for
+    // a second, so that the wait is wide enough to be drawn on its own): an open wait
+    // naming rank 2, from rank 0's record.
+    wait_until(LIMIT, "rank 0 to wait for rank 2", || {
+        c.record(0)
+            .is_some_and(|r| r["iteration"] == 2 && r["waiting_for"] == serde_json::json!([2]))
+    });
+    lasted_a_second(&c, &[0, 1], "rollout-complete");
+    let page = draw(&c.log_path, &out, &[]);
+    let text = svg(&page);
+    let doc = roxmltree::Document::parse(&text).unwrap();
+    for l in &lanes(&doc)[..2] {
+        let open: Vec<_> = in_lane(l, "wait")
+            .into_iter()
+            .filter(|w| class_has(w, "open"))
+            .collect();
+        assert_eq!(open.len(), 1, "{}", l.attribute("data-lane").unwrap());
+        assert_eq!(open[0].attribute("data-barrier"), Some("rollout-complete"));
+        assert_eq!(open[0].attribute("data-waited-for"), Some("2"));
+        assert!(
+            title(&open[0]).contains("still waiting"),
+            "{}",
+            title(&open[0])
+        );
+    }
+    open_rollout_gates(&c.log_path, &[2]);
+
     for r in 0..3 {
         c.wait_phase(r, 2, "training", LIMIT);
     }
-    trained_a_second(&c, &[0, 1, 2]);
+    lasted_a_second(&c, &[0, 1, 2], "training");
 
     // Running: every lane ends in an open training block of iteration 2.
     let page = draw(&c.log_path, &out, &[]);
@@ -312,27 +350,31 @@ fn a_running_then_finished_run_has_a_lane_per_rank_and_a_block_per_phase() {
     );
 }
 
-/// Wait until each of `ranks` has been training for a second by its record's last write
-/// (the heartbeat rewrites it), so that its open training block is wide enough to be
+/// Wait until each of `ranks` has been in `phase` for a second by its record's last write
+/// (the heartbeat rewrites it), so that its open block (or wait) is wide enough to be
 /// drawn on its own, not merged into a mixed block.
-fn trained_a_second(c: &TestCluster, ranks: &[u32]) {
+fn lasted_a_second(c: &TestCluster, ranks: &[u32], phase: &str) {
     let t = |s: &str| {
         chrono::DateTime::parse_from_rfc3339(s)
             .unwrap()
             .timestamp_millis()
     };
-    wait_until(LIMIT, "the ranks to train for a second", || {
-        ranks.iter().all(|&r| {
-            let entered = c
-                .events(r)
-                .iter()
-                .rev()
-                .find(|e| e["event"] == "phase" && e["phase"] == "training")
-                .map(|e| t(e["t"].as_str().unwrap()));
-            let wall = c.record(r).map(|rec| t(rec["wall"].as_str().unwrap()));
-            matches!((entered, wall), (Some(a), Some(b)) if b - a >= 1000)
-        })
-    });
+    wait_until(
+        LIMIT,
+        &format!("the ranks to be in {phase} for a second"),
+        || {
+            ranks.iter().all(|&r| {
+                let entered = c
+                    .events(r)
+                    .iter()
+                    .rev()
+                    .find(|e| e["event"] == "phase" && e["phase"] == phase)
+                    .map(|e| t(e["t"].as_str().unwrap()));
+                let wall = c.record(r).map(|rec| t(rec["wall"].as_str().unwrap()));
+                matches!((entered, wall), (Some(a), Some(b)) if b - a >= 1000)
+            })
+        },
+    );
 }
 
 fn gethost() -> String {
@@ -349,9 +391,10 @@ fn a_crashed_run_marks_the_failure_and_its_restart_is_a_second_generation() {
     let c = TestCluster::new(3, COMMANDS);
     let out = c.dir.path().join("run.html");
     open_gate(&c.log_path, 1);
+    open_rollout_gates(&c.log_path, &[1, 2]);
     let mut nodes = c.spawn_all(&["--iterations", "2"]);
     c.wait_phase(2, 2, "training", LIMIT);
-    trained_a_second(&c, &[2]);
+    lasted_a_second(&c, &[2], "training");
     nodes[2].signal(libc::SIGKILL);
     let codes = wait_all(&mut nodes);
     assert_ne!(codes[0], 0);

@@ -778,7 +778,8 @@ fn draw_wait(svg: &mut String, lane: &Lane, w: &Wait, x0: f64, x1: f64) {
     let waited: Vec<String> = w.waited_for.iter().map(|r| r.to_string()).collect();
     let _ = write!(
         svg,
-        r##"<rect class="wait" data-barrier="{}" data-waited-for="{}" x="{x0:.1}" width="{:.1}" height="{LANE_H}" fill="url(#hatch)"><title>{}</title></rect>"##,
+        r##"<rect class="wait{}" data-barrier="{}" data-waited-for="{}" x="{x0:.1}" width="{:.1}" height="{LANE_H}" fill="url(#hatch)"><title>{}</title></rect>"##,
+        if w.open { " open" } else { "" },
         esc(&w.barrier),
         waited.join(","),
         x1 - x0,
