@@ -139,6 +139,9 @@ enum Command {
     /// Check the shared filesystem rl-node relies on (atomic rename, exclusive create, hard
     /// links, fsync, free space, mount options) and recommend a `[timing]` for it.
     Doctor(crate::observe::doctor::DoctorArgs),
+    /// Draw a run as one self-contained HTML page: a lane per rank with its phases,
+    /// barrier waits, failures and restarts, and the time and reward of each iteration.
+    Timeline(crate::observe::timeline::TimelineArgs),
     /// Run a small cluster on this machine with a built-in toy RL workload and watch it learn.
     Demo(crate::demo::DemoArgs),
     /// Print a shell completion script, e.g. `rl-node completions bash > /etc/bash_completion.d/rl-node`.
@@ -261,6 +264,7 @@ rl-node: run one node of a multi-node RL loop over a shared directory
   rl-node status  --log-path DIR           what every rank is doing (or did)
   rl-node recover --log-path DIR           where a stopped run stands, and repairs
   rl-node doctor  --log-path DIR           check the shared filesystem rl-node relies on
+  rl-node timeline --log-path DIR          draw the run as one HTML page (DIR/timeline.html)
   rl-node aggregate --log-path DIR --iteration N --split train   merge what survived
   rl-node show-config [--config FILE]      the effective configuration and its sources
 
@@ -300,6 +304,7 @@ fn run() -> (Option<u32>, Result<i32, Failure>) {
             crate::observe::recover::main(args, log_path)
         }
         Some(Command::Doctor(args)) => crate::observe::doctor::main(args),
+        Some(Command::Timeline(args)) => crate::observe::timeline::main(args),
         Some(Command::Demo(args)) => {
             let g = crate::demo::Globals {
                 iterations: args.iterations.clone(),

@@ -23,7 +23,14 @@ fn subcommand_help_lists_only_what_the_subcommand_accepts() {
         "--log-level",
         "--log-format",
     ];
-    for cmd in ["status", "recover", "aggregate", "demo", "doctor"] {
+    for cmd in [
+        "status",
+        "recover",
+        "aggregate",
+        "demo",
+        "doctor",
+        "timeline",
+    ] {
         let text = help(&[cmd]);
         for flag in node_only {
             assert!(
@@ -59,6 +66,7 @@ fn plain_rl_node_prints_a_short_summary_of_the_common_commands() {
         "rl-node status",
         "rl-node recover",
         "rl-node doctor",
+        "rl-node timeline",
     ] {
         assert!(err.contains(cmd), "{err}");
     }
@@ -215,8 +223,16 @@ fn defaults_shown_in_help_are_the_real_defaults() {
 fn every_subcommand_reports_a_usage_error_the_same_way() {
     let missing = std::env::temp_dir().join("rl-node-no-such-dir-for-errors");
     let missing = missing.to_str().unwrap();
-    let cases: [(&[&str], &str); 7] = [
+    let cases: [(&[&str], &str); 9] = [
         (&["status"], "error: rl-node status needs --log-path DIR"),
+        (
+            &["timeline"],
+            "error: rl-node timeline needs --log-path DIR",
+        ),
+        (
+            &["timeline", "--log-path", missing],
+            "error: no rl-node run in",
+        ),
         (&["doctor"], "error: rl-node doctor needs --log-path DIR"),
         (&["doctor", "--log-path", missing], "does not exist"),
         (&["recover"], "error: rl-node recover needs --log-path DIR"),

@@ -186,6 +186,19 @@ fn demo_learns_and_is_deterministic() {
     let policy: serde_json::Value =
         serde_json::from_str(&fs::read_to_string(model.join("policy.json")).unwrap()).unwrap();
     assert_eq!(policy["step"], 4, "{}", model.display());
+    // The demo drew its run (`rl-node timeline`) and said where: a lane per node.
+    let timeline = shared_a.join("timeline.html");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&format!("timeline: {}", timeline.display())),
+        "{}",
+        show(&out)
+    );
+    let page = fs::read_to_string(&timeline).unwrap();
+    assert!(
+        page.contains(r#"data-lanes="3""#),
+        "{}",
+        &page[..page.len().min(2000)]
+    );
 
     let out = run_demo(b.path(), &args, Duration::from_secs(45));
     assert!(out.status.success(), "{}", show(&out));

@@ -66,8 +66,14 @@ fn a_full_shared_disk_is_reported_as_the_cause_not_as_a_dead_node() {
             "rank {}'s final error names the cause:\n{err}",
             n.rank
         );
+        // A hang report may say that a peer went silent (it did: its heartbeat could not
+        // be written either); no conclusion may blame a dead node.
+        let blames = err
+            .lines()
+            .filter(|l| !l.contains("hang report"))
+            .any(|l| l.contains("is dead") || l.contains("heartbeat has been still"));
         assert!(
-            !err.contains("is dead") && !err.contains("heartbeat has been still"),
+            !blames,
             "rank {} blames a dead node instead of the full disk:\n{err}",
             n.rank
         );

@@ -1503,10 +1503,29 @@ impl Demo {
                 ));
             }
         }
+        // The timeline of each run that started (open it in a browser).
+        for spec in &p.runs {
+            if !spec.shared.join(".rl-node").exists() {
+                continue;
+            }
+            out.push(match write_timeline(&spec.shared) {
+                Ok(path) => format!("timeline: {}", path.display()),
+                Err(e) => format!("timeline: not written: {e}"),
+            });
+        }
         for l in out {
             self.view.line(&l);
         }
     }
+}
+
+/// Draw the run in `shared` into `shared/timeline.html` (as `rl-node timeline` does).
+fn write_timeline(shared: &Path) -> Result<PathBuf, String> {
+    let (page, _) = crate::observe::timeline::render_run(shared, None, None, None)?;
+    let path = shared.join("timeline.html");
+    crate::store::fs::publish(&path, page.as_bytes())
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(path)
 }
 
 /// Seconds from the previous model (or the run's first phase) to iteration `it`'s model.

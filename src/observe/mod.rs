@@ -7,6 +7,7 @@ pub mod live;
 pub mod recover;
 pub mod repair;
 pub mod status;
+pub mod timeline;
 
 use crate::layout::Layout;
 use crate::protocol::ClusterRecord;

@@ -1,0 +1,859 @@
+//! The timeline's data: every rank's event log turned into lanes of blocks (one per phase
+//! walked), barrier waits, marks (failed commands, retries, server restarts, failures) and
+//! generation starts, plus the per-iteration numbers drawn above the lanes.
+//!
+//! Pure: [`build`] takes what [`super::gather`] read from the files and does no I/O, so
+//! that what the picture says can be tested on hand-made input.
+
+use crate::events::Event as Ev;
+use crate::observe::eventlog::Event;
+use crate::protocol::{AbortInfo, Phase};
+use std::collections::{BTreeMap, HashMap};
+use std::ops::RangeInclusive;
+
+/// What the files of one cluster say (the synchronous loop is one cluster named `None`).
+#[derive(Debug, Default)]
+pub struct ClusterInput {
+    pub name: Option<&'static str>,
+    /// Each rank's events, index = rank (empty: no event log).
+    pub events: Vec<Vec<Event>>,
+    /// Host of (generation, rank), from the rank records that still exist.
+    pub hosts: HashMap<(u64, u32), String>,
+    /// Last write of (generation, rank)'s record (seconds since the epoch): how long a
+    /// rank was alive after its last event.
+    pub walls: HashMap<(u64, u32), f64>,
+    /// Each generation's abort, where one was published or relayed.
+    pub aborts: BTreeMap<u64, AbortInfo>,
+    /// The current generation.
+    pub gen: u64,
+    /// In the current generation: each rank's last write (seconds since the epoch), its
+    /// state (`running`, `done`, `failed`…) and the barrier it waits at, if any.
+    pub live: Vec<Option<LiveRank>>,
+    /// Whom rank 0 waits for at its current barrier.
+    pub waiting_for: Vec<u32>,
+}
+
+/// A rank's record in the current generation, as far as the timeline needs it.
+#[derive(Debug, Clone)]
+pub struct LiveRank {
+    pub wall: f64,
+    pub state: String,
+    pub waiting_at: Option<String>,
+}
+
+/// One line of `metrics.jsonl` reduced to what is drawn.
+#[derive(Debug, Clone)]
+pub struct MetricsLine {
+    pub cluster: Option<String>,
+    pub iteration: u64,
+    pub total: f64,
+    /// Phase name (`train-rollout`) and seconds, in walk order.
+    pub phases: Vec<(String, f64)>,
+    pub value: Option<f64>,
+}
+
+#[derive(Debug)]
+pub struct Input {
+    pub clusters: Vec<ClusterInput>,
+    /// The current run's lines of `metrics.jsonl` (empty: none, use the events).
+    pub metrics: Vec<MetricsLine>,
+    /// The numeric field shown above the lanes (`rollout/<field>_mean`).
+    pub field: String,
+    /// The field's mean per iteration from the merged train splits, for iterations whose
+    /// metrics line has none.
+    pub values: BTreeMap<u64, f64>,
+    pub iterations: Option<RangeInclusive<u64>>,
+}
+
+#[derive(Debug)]
+pub struct Timeline {
+    /// Seconds since the epoch of the first and last thing drawn.
+    pub start: f64,
+    pub end: f64,
+    pub lanes: Vec<Lane>,
+    pub generations: Vec<GenStart>,
+    pub iterations: Vec<IterStat>,
+    pub field: String,
+    /// Whether the per-iteration numbers come from `metrics.jsonl` (else rank 0's events).
+    pub from_metrics: bool,
+    /// Whether some of the field's means come from the merged train splits.
+    pub values_from_splits: bool,
+}
+
+#[derive(Debug)]
+pub struct Lane {
+    pub cluster: Option<&'static str>,
+    pub rank: u32,
+    /// The host of the newest generation that has one.
+    pub host: String,
+    pub blocks: Vec<Block>,
+    pub waits: Vec<Wait>,
+    pub marks: Vec<Mark>,
+    /// Its state in the current generation (`done`, `failed`, `running`…), if known.
+    pub state: Option<String>,
+}
+
+impl Lane {
+    pub fn label(&self) -> String {
+        match self.cluster {
+            Some(c) => format!("{c} rank {}", self.rank),
+            None => format!("rank {}", self.rank),
+        }
+    }
+}
+
+/// The time a rank spent in one phase of one iteration.
+#[derive(Debug, Clone)]
+pub struct Block {
+    pub phase: Phase,
+    pub gen: u64,
+    pub iteration: u64,
+    pub host: String,
+    pub start: f64,
+    pub end: f64,
+    /// Not ended by a later event: the rank was still in it at its last write (running),
+    /// or stopped in it (crashed, stopped).
+    pub open: bool,
+    /// What happened inside: commands with their exit, server starts, the hand-off…
+    pub notes: Vec<String>,
+    /// The command log of the phase's command, relative to the log path.
+    pub log: Option<String>,
+}
+
+/// A wait at a barrier (hatched over the phase block it ends).
+#[derive(Debug, Clone)]
+pub struct Wait {
+    pub barrier: String,
+    pub gen: u64,
+    pub iteration: u64,
+    pub k: Option<u64>,
+    pub start: f64,
+    pub end: f64,
+    pub open: bool,
+    /// The rank(s) that arrived last (whom rank 0, and so everyone, waited for).
+    pub waited_for: Vec<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MarkKind {
+    /// The generation stopped here because of this rank (the abort's culprit).
+    Failure,
+    /// A command exited other than with code 0, or a work item failed for good.
+    CommandFailed,
+    Retry,
+    /// The inference server failed to start, or started on a later attempt.
+    ServerRestart,
+    /// The rank's generation was replaced while it worked.
+    Fenced,
+    /// The rank wrote a hang report (docs/forensics.md); the text names its file.
+    HangReport,
+}
+
+impl MarkKind {
+    pub fn class(self) -> &'static str {
+        match self {
+            MarkKind::Failure => "failure",
+            MarkKind::CommandFailed => "command-failed",
+            MarkKind::Retry => "retry",
+            MarkKind::ServerRestart => "server-restart",
+            MarkKind::Fenced => "fenced",
+            MarkKind::HangReport => "hang-report",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Mark {
+    pub kind: MarkKind,
+    pub t: f64,
+    pub gen: u64,
+    pub iteration: u64,
+    pub text: String,
+}
+
+/// A generation's start in one cluster, and why the one before it ended.
+#[derive(Debug, Clone)]
+pub struct GenStart {
+    pub cluster: Option<&'static str>,
+    pub gen: u64,
+    pub t: f64,
+    /// The `generation` event's `previous`.
+    pub previous: Option<String>,
+    /// The previous generation's abort, described.
+    pub ended: Option<String>,
+}
+
+/// One iteration's time, its split into phases, and the chosen field's mean.
+#[derive(Debug, Clone)]
+pub struct IterStat {
+    pub cluster: Option<String>,
+    pub iteration: u64,
+    pub total: f64,
+    pub phases: Vec<(String, f64)>,
+    pub value: Option<f64>,
+}
+
+/// The barrier arrivals of one cluster within this many seconds of the last one count as
+/// last too: ranks that arrive within one poll of each other all held the barrier up.
+const LAST_ARRIVAL_SLACK: f64 = 0.01;
+
+pub fn build(input: Input) -> Timeline {
+    let in_range = |it: u64| input.iterations.as_ref().is_none_or(|r| r.contains(&it));
+    let mut lanes = Vec::new();
+    let mut generations = Vec::new();
+    for c in &input.clusters {
+        let first_lane = lanes.len();
+        for (rank, events) in c.events.iter().enumerate() {
+            lanes.push(lane(c, rank as u32, events));
+        }
+        attribute_waits(&mut lanes[first_lane..], c);
+        // Failures: each generation's abort, on its culprit's lane of this cluster.
+        for (gen, a) in &c.aborts {
+            let culprit_here = a.cluster.as_deref().is_none_or(|n| Some(n) == c.name);
+            if !culprit_here {
+                continue;
+            }
+            if let Some(l) = lanes[first_lane..].iter_mut().find(|l| l.rank == a.culprit) {
+                let t = parse_t(&a.at)
+                    .or_else(|| l.blocks.iter().rev().find(|b| b.gen == *gen).map(|b| b.end))
+                    .unwrap_or(0.0);
+                l.marks.push(Mark {
+                    kind: MarkKind::Failure,
+                    t,
+                    gen: *gen,
+                    iteration: a.iteration,
+                    text: a.describe(),
+                });
+            }
+        }
+        // Generations: rank 0's `generation` events.
+        if let Some(events) = c.events.first() {
+            for e in events {
+                if let Ev::Generation { previous } = &e.event {
+                    generations.push(GenStart {
+                        cluster: c.name,
+                        gen: e.gen,
+                        t: e.t,
+                        previous: previous.clone(),
+                        ended: c
+                            .aborts
+                            .get(&e.gen.saturating_sub(1))
+                            .filter(|_| e.gen > 1)
+                            .map(|a| a.describe()),
+                    });
+                }
+            }
+        }
+    }
+    let mut from_metrics = !input.metrics.is_empty();
+    let mut iterations: Vec<IterStat> = input
+        .metrics
+        .iter()
+        .filter(|m| in_range(m.iteration))
+        .map(|m| IterStat {
+            cluster: m.cluster.clone(),
+            iteration: m.iteration,
+            total: m.total,
+            phases: m.phases.clone(),
+            value: m.value,
+        })
+        .collect();
+    if iterations.is_empty() {
+        from_metrics = false;
+        iterations = from_events(&input.clusters);
+    }
+    iterations.retain(|s| in_range(s.iteration));
+    let mut values_from_splits = false;
+    for s in &mut iterations {
+        if s.value.is_none() && s.cluster.as_deref().is_none_or(|c| c == "rollout") {
+            s.value = input.values.get(&s.iteration).copied();
+            values_from_splits |= s.value.is_some();
+        }
+    }
+
+    // Keep what lies in the asked iterations; the picture spans what is kept.
+    if input.iterations.is_some() {
+        for l in &mut lanes {
+            l.blocks.retain(|b| in_range(b.iteration));
+            l.waits.retain(|w| in_range(w.iteration));
+            l.marks.retain(|m| in_range(m.iteration));
+        }
+    }
+    let times = lanes.iter().flat_map(|l| {
+        l.blocks
+            .iter()
+            .flat_map(|b| [b.start, b.end])
+            .chain(l.waits.iter().flat_map(|w| [w.start, w.end]))
+            .chain(l.marks.iter().map(|m| m.t))
+    });
+    let (mut start, mut end) = (f64::INFINITY, f64::NEG_INFINITY);
+    for t in times {
+        start = start.min(t);
+        end = end.max(t);
+    }
+    if input.iterations.is_none() {
+        for g in &generations {
+            start = start.min(g.t);
+            end = end.max(g.t);
+        }
+    } else {
+        generations.retain(|g| g.t >= start && g.t <= end);
+    }
+    if !start.is_finite() {
+        (start, end) = (0.0, 0.0);
+    }
+    Timeline {
+        start,
+        end,
+        lanes,
+        generations,
+        iterations,
+        field: input.field,
+        from_metrics,
+        values_from_splits,
+    }
+}
+
+fn parse_t(s: &str) -> Option<f64> {
+    chrono::DateTime::parse_from_rfc3339(s)
+        .ok()
+        .map(|t| t.timestamp_millis() as f64 / 1000.0)
+}
+
+/// Does `e` end the iteration it belongs to (the final barrier, or a pipelined rollout
+/// cluster's completion)?
+fn ends_iteration(e: &Event) -> bool {
+    e.ends_iteration()
+}
+
+fn lane(c: &ClusterInput, rank: u32, events: &[Event]) -> Lane {
+    let host_of = |gen: u64| {
+        c.hosts
+            .get(&(gen, rank))
+            .cloned()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "?".into())
+    };
+    let mut blocks: Vec<Block> = Vec::new();
+    let mut waits = Vec::new();
+    let mut marks = Vec::new();
+    // The block the rank is in (index into `blocks`), if it has not ended.
+    let mut current: Option<usize> = None;
+    let mut last_t: HashMap<u64, f64> = HashMap::new();
+    for e in events {
+        let lt = last_t.entry(e.gen).or_insert(e.t);
+        *lt = lt.max(e.t);
+        // A block of an earlier generation never continues into this one.
+        if let Some(i) = current {
+            if blocks[i].gen != e.gen {
+                current = None;
+            }
+        }
+        let mark = |kind: MarkKind, text: String| Mark {
+            kind,
+            t: e.t,
+            gen: e.gen,
+            iteration: e.iteration,
+            text,
+        };
+        match &e.event {
+            Ev::Phase { phase, .. } => {
+                if let Some(i) = current {
+                    blocks[i].end = e.t;
+                }
+                blocks.push(Block {
+                    phase: *phase,
+                    gen: e.gen,
+                    iteration: e.iteration,
+                    host: host_of(e.gen),
+                    start: e.t,
+                    end: e.t,
+                    open: false,
+                    notes: Vec::new(),
+                    log: None,
+                });
+                current = Some(blocks.len() - 1);
+            }
+            Ev::Barrier { name, k, waited_ms } => {
+                waits.push(Wait {
+                    barrier: name.clone(),
+                    gen: e.gen,
+                    iteration: e.iteration,
+                    k: Some(*k),
+                    start: e.t - *waited_ms as f64 / 1000.0,
+                    end: e.t,
+                    open: false,
+                    waited_for: Vec::new(),
+                });
+            }
+            Ev::Command { phase, exit, secs } => {
+                let log = format!(
+                    "logs/{}/rank-{rank}.{phase}.log",
+                    crate::layout::iter_dir(e.iteration)
+                );
+                if let Some(i) = current {
+                    blocks[i]
+                        .notes
+                        .push(format!("{phase} command: {exit} after {secs:.3}s"));
+                    blocks[i].log = Some(log.clone());
+                }
+                if exit != "exit code 0" {
+                    marks.push(mark(
+                        MarkKind::CommandFailed,
+                        format!("{phase} command: {exit} after {secs:.3}s; log {log}"),
+                    ));
+                }
+            }
+            Ev::Retry {
+                item,
+                task,
+                attempt,
+                exit,
+                delay_ms,
+            } => marks.push(mark(
+                MarkKind::Retry,
+                format!("retry {attempt} of item {item} (task {task}) after exit code {exit}, in {delay_ms}ms"),
+            )),
+            Ev::ItemFailed { item, task, exit } => marks.push(mark(
+                MarkKind::CommandFailed,
+                format!("item {item} (task {task}) failed for good: {exit}"),
+            )),
+            Ev::TrainFailed {
+                failed,
+                reason,
+                log,
+            } => marks.push(mark(
+                MarkKind::CommandFailed,
+                format!("training failed ({failed}): {reason}; log {log}"),
+            )),
+            Ev::ServerStartFailed {
+                attempt,
+                attempts,
+                reason,
+                retry,
+            } => marks.push(mark(
+                MarkKind::ServerRestart,
+                format!(
+                    "inference server start {attempt}/{attempts} failed: {reason}{}",
+                    if *retry { "; retrying" } else { "" }
+                ),
+            )),
+            Ev::ServerStart {
+                model,
+                secs,
+                attempt,
+            } => {
+                let text = format!("inference server up in {secs:.2}s (attempt {attempt}, {model})");
+                if *attempt > 1 {
+                    marks.push(mark(MarkKind::ServerRestart, text.clone()));
+                }
+                if let Some(i) = current {
+                    blocks[i].notes.push(text);
+                }
+            }
+            Ev::ServerStop { secs } => {
+                if let Some(i) = current {
+                    blocks[i]
+                        .notes
+                        .push(format!("inference server stopped in {secs:.2}s"));
+                }
+            }
+            Ev::Fenced { what, why } => {
+                marks.push(mark(MarkKind::Fenced, format!("fenced: {what}: {why}")))
+            }
+            Ev::Refused { why } => marks.push(mark(MarkKind::Fenced, why.clone())),
+            Ev::HangReport { path, why } => marks.push(mark(
+                MarkKind::HangReport,
+                format!("hang report {path}: {why}"),
+            )),
+            Ev::Handoff {
+                model,
+                transfer,
+                secs,
+                ..
+            } => {
+                if let Some(i) = current {
+                    blocks[i]
+                        .notes
+                        .push(format!("handed off {model} ({transfer}) in {secs:.2}s"));
+                }
+            }
+            Ev::HandoffSkipped { summary, .. } => {
+                if let Some(i) = current {
+                    blocks[i].notes.push(format!("no hand-off: {summary}"));
+                }
+            }
+            Ev::PipelineWait { what, secs } => {
+                if let Some(i) = current {
+                    blocks[i]
+                        .notes
+                        .push(format!("waited {secs:.2}s for {what}"));
+                }
+            }
+            _ => {}
+        }
+        if ends_iteration(e) {
+            if let Some(i) = current.take() {
+                blocks[i].end = e.t;
+            }
+        }
+    }
+    // The block a rank was still in at the end of a generation: open until the rank's
+    // last sign of life in it (its last event, or in the current generation its record's
+    // last write).
+    let live = c.live.get(rank as usize).cloned().flatten();
+    let last_sign = |gen: u64, start: f64| {
+        let event = last_t.get(&gen).copied().unwrap_or(start);
+        c.walls.get(&(gen, rank)).map_or(event, |w| event.max(*w))
+    };
+    if let Some(i) = current {
+        blocks[i].end = last_sign(blocks[i].gen, blocks[i].start);
+        blocks[i].open = true;
+    }
+    // Blocks cut short by a restart (their generation ended while they were in them).
+    for i in 0..blocks.len() {
+        let next_gen = blocks.get(i + 1).map(|n| n.gen);
+        if blocks[i].end == blocks[i].start && next_gen.is_some_and(|g| g != blocks[i].gen) {
+            blocks[i].end = last_sign(blocks[i].gen, blocks[i].start);
+            blocks[i].open = true;
+        }
+    }
+    // A rank of the current generation waiting at a barrier right now.
+    if let (Some(l), Some(b)) = (&live, blocks.last()) {
+        if let (Some(at), true) = (&l.waiting_at, b.gen == c.gen) {
+            if l.state == "running" {
+                waits.push(Wait {
+                    barrier: at.clone(),
+                    gen: b.gen,
+                    iteration: b.iteration,
+                    k: None,
+                    start: events.last().map_or(b.start, |e| e.t).min(l.wall),
+                    end: l.wall,
+                    open: true,
+                    waited_for: c.waiting_for.clone(),
+                });
+            }
+        }
+    }
+    let host = blocks
+        .last()
+        .map(|b| b.host.clone())
+        .unwrap_or_else(|| host_of(c.gen));
+    Lane {
+        cluster: c.name,
+        rank,
+        host,
+        blocks,
+        waits,
+        marks,
+        state: live.map(|l| l.state),
+    }
+}
+
+/// Who each barrier wait was for: the rank(s) whose arrival (pass time minus wait) came
+/// last at that barrier of that generation. Arrival times come from different nodes'
+/// clocks, so on a real cluster this is as good as the clocks agree.
+fn attribute_waits(lanes: &mut [Lane], c: &ClusterInput) {
+    let mut arrivals: HashMap<(u64, u64), Vec<(u32, f64)>> = HashMap::new();
+    for l in lanes.iter() {
+        for w in &l.waits {
+            if let Some(k) = w.k {
+                arrivals
+                    .entry((w.gen, k))
+                    .or_default()
+                    .push((l.rank, w.start));
+            }
+        }
+    }
+    let last: HashMap<(u64, u64), Vec<u32>> = arrivals
+        .into_iter()
+        .map(|(key, a)| {
+            let latest = a.iter().map(|x| x.1).fold(f64::NEG_INFINITY, f64::max);
+            let mut who: Vec<u32> = a
+                .iter()
+                .filter(|x| x.1 >= latest - LAST_ARRIVAL_SLACK)
+                .map(|x| x.0)
+                .collect();
+            who.sort_unstable();
+            (key, who)
+        })
+        .collect();
+    let _ = c;
+    for l in lanes.iter_mut() {
+        let rank = l.rank;
+        for w in &mut l.waits {
+            if let Some(k) = w.k {
+                if let Some(who) = last.get(&(w.gen, k)) {
+                    w.waited_for = who.iter().copied().filter(|r| *r != rank).collect();
+                }
+            }
+        }
+    }
+}
+
+/// Per-iteration times from rank 0's events, where `metrics.jsonl` has none: the newest
+/// generation's walk of each iteration.
+fn from_events(clusters: &[ClusterInput]) -> Vec<IterStat> {
+    let mut out = Vec::new();
+    for c in clusters {
+        let Some(events) = c.events.first() else {
+            continue;
+        };
+        let mut by_it: BTreeMap<u64, IterStat> = BTreeMap::new();
+        let mut done: Vec<(u64, u64)> = events
+            .iter()
+            .filter(|e| e.ends_iteration())
+            .map(|e| (e.gen, e.iteration))
+            .collect();
+        done.dedup();
+        for (gen, it) in done {
+            if let Some((total, phases)) = crate::observe::eventlog::phase_times(events, gen, it) {
+                by_it.insert(
+                    it,
+                    IterStat {
+                        cluster: c.name.map(str::to_string),
+                        iteration: it,
+                        total,
+                        phases,
+                        value: None,
+                    },
+                );
+            }
+        }
+        out.extend(by_it.into_values());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::AbortKind;
+
+    fn ev(gen: u64, iteration: u64, t: f64, event: Ev) -> Event {
+        Event {
+            gen,
+            iteration,
+            event,
+            t,
+        }
+    }
+
+    fn phase(gen: u64, it: u64, t: f64, p: Phase) -> Event {
+        ev(
+            gen,
+            it,
+            t,
+            Ev::Phase {
+                phase: p,
+                n: p.number(),
+            },
+        )
+    }
+
+    fn barrier(gen: u64, it: u64, t: f64, name: &str, k: u64, waited_ms: u64) -> Event {
+        ev(
+            gen,
+            it,
+            t,
+            Ev::Barrier {
+                name: name.into(),
+                k,
+                waited_ms,
+            },
+        )
+    }
+
+    /// Two ranks, one iteration: rank 1 arrives late at `rollout-complete`, so rank 0
+    /// waits for it; rank 1's rollout command fails in generation 2 after a restart.
+    fn input() -> Input {
+        let r0 = vec![
+            ev(1, 0, 100.0, Ev::Generation { previous: None }),
+            phase(1, 1, 100.0, Phase::SyncStart),
+            barrier(1, 1, 100.5, "sync-start", 1, 500),
+            phase(1, 1, 100.5, Phase::TrainRollout),
+            phase(1, 1, 101.0, Phase::RolloutComplete),
+            barrier(1, 1, 104.0, "rollout-complete", 2, 3000),
+            phase(1, 1, 104.0, Phase::FinalSync),
+            barrier(1, 1, 104.1, "final-sync", 3, 100),
+            ev(
+                2,
+                0,
+                200.0,
+                Ev::Generation {
+                    previous: Some("generation 1 stopped".into()),
+                },
+            ),
+            phase(2, 2, 200.0, Phase::SyncStart),
+        ];
+        let r1 = vec![
+            phase(1, 1, 100.0, Phase::SyncStart),
+            barrier(1, 1, 100.5, "sync-start", 1, 0),
+            phase(1, 1, 100.5, Phase::TrainRollout),
+            ev(
+                1,
+                1,
+                103.9,
+                Ev::Command {
+                    phase: "rollout".into(),
+                    exit: "exit code 0".into(),
+                    secs: 3.4,
+                },
+            ),
+            phase(1, 1, 103.9, Phase::RolloutComplete),
+            barrier(1, 1, 104.0, "rollout-complete", 2, 0),
+            phase(1, 1, 104.0, Phase::FinalSync),
+            barrier(1, 1, 104.1, "final-sync", 3, 0),
+            phase(2, 2, 200.1, Phase::TrainRollout),
+            ev(
+                2,
+                2,
+                201.0,
+                Ev::Command {
+                    phase: "rollout".into(),
+                    exit: "exit code 3".into(),
+                    secs: 0.9,
+                },
+            ),
+        ];
+        let abort = AbortInfo {
+            kind: AbortKind::CommandFailed {
+                exit: "exit code 3".into(),
+            },
+            culprit: 1,
+            culprit_host: "h1".into(),
+            phase: "train-rollout".into(),
+            iteration: 2,
+            reason: "the rollout command failed with exit code 3".into(),
+            log: None,
+            detected_by: 1,
+            silent_ms: None,
+            at: "1970-01-01T00:03:21.500+00:00".into(),
+            cluster: None,
+            detected_in: None,
+        };
+        Input {
+            clusters: vec![ClusterInput {
+                name: None,
+                events: vec![r0, r1],
+                hosts: [((1, 0), "h0".to_string()), ((2, 1), "h1".to_string())]
+                    .into_iter()
+                    .collect(),
+                walls: [((2, 1), 205.0)].into_iter().collect(),
+                aborts: [(2, abort)].into_iter().collect(),
+                gen: 2,
+                live: vec![None, None],
+                waiting_for: vec![],
+            }],
+            metrics: vec![],
+            field: "reward".into(),
+            values: BTreeMap::new(),
+            iterations: None,
+        }
+    }
+
+    #[test]
+    fn blocks_follow_phases_and_end_at_the_final_barrier() {
+        let t = build(input());
+        assert_eq!(t.lanes.len(), 2);
+        let b: Vec<(Phase, f64, f64)> = t.lanes[0]
+            .blocks
+            .iter()
+            .map(|b| (b.phase, b.start, b.end))
+            .collect();
+        assert_eq!(
+            b,
+            [
+                (Phase::SyncStart, 100.0, 100.5),
+                (Phase::TrainRollout, 100.5, 101.0),
+                (Phase::RolloutComplete, 101.0, 104.0),
+                (Phase::FinalSync, 104.0, 104.1),
+                (Phase::SyncStart, 200.0, 200.0),
+            ]
+        );
+        assert!(t.lanes[0].blocks[4].open);
+        assert_eq!(t.lanes[0].blocks[0].host, "h0");
+        assert_eq!(t.lanes[1].host, "h1");
+        // Rank 1's rollout block has its command and log.
+        let rollout = &t.lanes[1].blocks[1];
+        assert_eq!(
+            rollout.log.as_deref(),
+            Some("logs/iter-0001/rank-1.rollout.log")
+        );
+        assert!(
+            rollout.notes[0].contains("exit code 0"),
+            "{:?}",
+            rollout.notes
+        );
+        // Its generation-2 block is open: it lasts until the rank's record's last write,
+        // after its last event.
+        let last = t.lanes[1].blocks.last().unwrap();
+        assert_eq!((last.gen, last.end, last.open), (2, 205.0, true));
+    }
+
+    #[test]
+    fn a_wait_names_the_rank_that_arrived_last() {
+        let t = build(input());
+        let w = t.lanes[0]
+            .waits
+            .iter()
+            .find(|w| w.barrier == "rollout-complete")
+            .unwrap();
+        assert_eq!((w.start, w.end), (101.0, 104.0));
+        assert_eq!(w.waited_for, [1]);
+        // Rank 1 arrived last: it waited for nobody else.
+        let w1 = t.lanes[1]
+            .waits
+            .iter()
+            .find(|w| w.barrier == "rollout-complete")
+            .unwrap();
+        assert!(w1.waited_for.is_empty(), "{:?}", w1.waited_for);
+    }
+
+    #[test]
+    fn failures_and_generations_are_marked_with_their_reason() {
+        let t = build(input());
+        let marks = &t.lanes[1].marks;
+        assert!(marks
+            .iter()
+            .any(|m| m.kind == MarkKind::CommandFailed && m.text.contains("exit code 3")));
+        let f = marks.iter().find(|m| m.kind == MarkKind::Failure).unwrap();
+        assert_eq!(f.t, 201.5);
+        assert!(f.text.contains("exit code 3"), "{}", f.text);
+        assert!(t.lanes[0].marks.is_empty());
+        let gens: Vec<(u64, Option<&str>)> = t
+            .generations
+            .iter()
+            .map(|g| (g.gen, g.previous.as_deref()))
+            .collect();
+        assert_eq!(gens, [(1, None), (2, Some("generation 1 stopped"))]);
+        assert_eq!((t.start, t.end), (100.0, 205.0));
+    }
+
+    #[test]
+    fn iteration_times_fall_back_to_rank_0s_events() {
+        let t = build(input());
+        assert!(!t.from_metrics);
+        assert_eq!(t.iterations.len(), 1);
+        let s = &t.iterations[0];
+        assert_eq!(s.iteration, 1);
+        assert!((s.total - 4.1).abs() < 1e-9, "{}", s.total);
+        assert_eq!(s.phases[0].0, "sync-start");
+    }
+
+    #[test]
+    fn an_iteration_range_keeps_only_its_blocks() {
+        let mut i = input();
+        i.iterations = Some(2..=2);
+        let t = build(i);
+        assert!(t
+            .lanes
+            .iter()
+            .all(|l| l.blocks.iter().all(|b| b.iteration == 2)));
+        assert_eq!(t.lanes[0].blocks.len(), 1);
+        assert_eq!(t.start, 200.0);
+        assert!(t.iterations.is_empty());
+        let gens: Vec<u64> = t.generations.iter().map(|g| g.gen).collect();
+        assert_eq!(gens, [2]);
+    }
+}

@@ -1,0 +1,597 @@
+//! `rl-node timeline` on real runs (issue 15): a running and then finished run, a crashed
+//! run (a node killed with SIGKILL, every node gone) and its restart (two generations), a
+//! pipelined run; the SVG is parsed and checked against the event logs, and the page is
+//! loaded in headless Chromium (scripts/test installs it) to see it run without errors.
+
+mod common;
+use common::cluster::*;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+const LIMIT: Duration = Duration::from_secs(90);
+
+/// Rank 2's rollout is slower than the others', so ranks 0 and 1 wait for it at the
+/// `rollout-complete` barrier; it starts only once its gate file exists. Training waits
+/// for a gate file too, so a test can look at the run while every node is in it.
+const COMMANDS: &str = r#"
+[phases.rollout]
+command = '''if [ {rank} = 2 ]; then while [ ! -e {log_path}/../rollout-gate-{iteration} ]; do sleep 0.05; done; sleep 0.8; else sleep 0.2; fi; printf '{"reward": {iteration}.{rank}5}\n' > {output}'''
+[phases.train]
+command = "while [ ! -e {log_path}/../gate-{iteration} ]; do sleep 0.05; done; sleep 0.2; mkdir -p {output}/checkpoint-1; echo {iteration} > {output}/checkpoint-1/w"
+[observe]
+metrics-fields = ["reward"]
+"#;
+
+/// Run `rl-node timeline` with `args`: (exit code, stdout, stderr).
+fn timeline(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN)
+        .arg("timeline")
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Draw the run in `log_path` into `out` and return the page.
+fn draw(log_path: &Path, out: &Path, extra: &[&str]) -> String {
+    let mut args = vec![
+        "--log-path",
+        log_path.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let (code, stdout, stderr) = timeline(&args);
+    assert_eq!(code, 0, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(
+        stdout.contains(&format!("wrote {}", out.display())),
+        "{stdout}"
+    );
+    fs::read_to_string(out).unwrap()
+}
+
+/// The page's SVG, parsed as XML (it must be well-formed).
+fn svg(page: &str) -> String {
+    let start = page.find("<svg").expect("an <svg>");
+    let end = page.find("</svg>").expect("</svg>") + "</svg>".len();
+    page[start..end].to_string()
+}
+
+fn class_has(n: &roxmltree::Node, c: &str) -> bool {
+    n.attribute("class")
+        .is_some_and(|v| v.split(' ').any(|x| x == c))
+}
+
+fn title(n: &roxmltree::Node) -> String {
+    n.children()
+        .find(|c| c.has_tag_name("title"))
+        .and_then(|t| t.text())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Lanes by label (`rank 0`, `rollout rank 1`…), in page order.
+fn lanes<'a>(doc: &'a roxmltree::Document<'a>) -> Vec<roxmltree::Node<'a, 'a>> {
+    doc.descendants()
+        .filter(|n| n.has_tag_name("g") && class_has(n, "lane"))
+        .collect()
+}
+
+fn in_lane<'a>(lane: &roxmltree::Node<'a, 'a>, class: &str) -> Vec<roxmltree::Node<'a, 'a>> {
+    lane.descendants().filter(|n| class_has(n, class)).collect()
+}
+
+/// How many phase blocks a lane stands for: plain ones, plus what each mixed one merged.
+fn phase_blocks(lane: &roxmltree::Node) -> usize {
+    in_lane(lane, "block")
+        .iter()
+        .map(|b| {
+            if class_has(b, "mixed") {
+                b.attribute("data-n").unwrap().parse::<usize>().unwrap()
+            } else {
+                1
+            }
+        })
+        .sum()
+}
+
+/// Phase events in rank `rank`'s event log (of one cluster), of generations `gens`.
+fn phase_events(log_path: &Path, cluster: Option<&str>, rank: u32) -> usize {
+    let dir = match cluster {
+        Some(c) => log_path.join(".rl-node").join(c).join("events"),
+        None => log_path.join(".rl-node/events"),
+    };
+    fs::read_to_string(dir.join(format!("rank-{rank}.jsonl")))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["event"] == "phase")
+        .count()
+}
+
+/// Let training of `iteration` go on (the gate sits beside the shared directory).
+fn open_gate(log_path: &Path, iteration: u64) {
+    fs::write(
+        log_path.parent().unwrap().join(format!("gate-{iteration}")),
+        "",
+    )
+    .unwrap();
+}
+
+/// Let rank 2's rollout of `iterations` go on.
+fn open_rollout_gates(log_path: &Path, iterations: &[u64]) {
+    for i in iterations {
+        let gate = log_path.parent().unwrap().join(format!("rollout-gate-{i}"));
+        fs::write(gate, "").unwrap();
+    }
+}
+
+fn wait_all(nodes: &mut [NodeProc]) -> Vec<i32> {
+    nodes.iter_mut().map(|n| n.wait(LIMIT)).collect()
+}
+
+/// Chromium's binary, if installed.
+fn chromium() -> Option<PathBuf> {
+    ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .find_map(|name| {
+            std::env::var_os("PATH").and_then(|paths| {
+                std::env::split_paths(&paths)
+                    .map(|p| p.join(name))
+                    .find(|p| p.is_file())
+            })
+        })
+}
+
+/// A run of three nodes, looked at while ranks 0 and 1 wait for rank 2 at a barrier of
+/// iteration 2 (an open wait naming rank 2), while every node trains in iteration 2
+/// (open blocks), then once it finished: a lane per rank with the host; a block per phase event; rank
+/// 2's slow rollout hatched as the others' wait, naming rank 2; the commands' exits and
+/// log paths in the hover text; iteration times and the reward from metrics.jsonl.
+#[test]
+fn a_running_then_finished_run_has_a_lane_per_rank_and_a_block_per_phase() {
+    let c = TestCluster::new(3, COMMANDS);
+    let out = c.dir.path().join("run.html");
+    open_gate(&c.log_path, 1);
+    open_rollout_gates(&c.log_path, &[1]);
+    let mut nodes = c.spawn_all(&["--iterations", "2"]);
+
+    // Running, ranks 0 and 1 waiting for rank 2 at rollout-complete of iteration 2 (for
+    // a second, so that the wait is wide enough to be drawn on its own): an open wait
+    // naming rank 2, from rank 0's record.
+    wait_until(LIMIT, "rank 0 to wait for rank 2", || {
+        c.record(0)
+            .is_some_and(|r| r["iteration"] == 2 && r["waiting_for"] == serde_json::json!([2]))
+    });
+    lasted_a_second(&c, &[0, 1], "rollout-complete");
+    let page = draw(&c.log_path, &out, &[]);
+    let text = svg(&page);
+    let doc = roxmltree::Document::parse(&text).unwrap();
+    for l in &lanes(&doc)[..2] {
+        let open: Vec<_> = in_lane(l, "wait")
+            .into_iter()
+            .filter(|w| class_has(w, "open"))
+            .collect();
+        assert_eq!(open.len(), 1, "{}", l.attribute("data-lane").unwrap());
+        assert_eq!(open[0].attribute("data-barrier"), Some("rollout-complete"));
+        assert_eq!(open[0].attribute("data-waited-for"), Some("2"));
+        assert!(
+            title(&open[0]).contains("still waiting"),
+            "{}",
+            title(&open[0])
+        );
+    }
+    open_rollout_gates(&c.log_path, &[2]);
+
+    for r in 0..3 {
+        c.wait_phase(r, 2, "training", LIMIT);
+    }
+    lasted_a_second(&c, &[0, 1, 2], "training");
+
+    // Running: every lane ends in an open training block of iteration 2.
+    let page = draw(&c.log_path, &out, &[]);
+    let text = svg(&page);
+    let doc = roxmltree::Document::parse(&text).unwrap();
+    let ls = lanes(&doc);
+    assert_eq!(ls.len(), 3);
+    for l in &ls {
+        let last = in_lane(l, "block").pop().unwrap();
+        assert!(class_has(&last, "open"), "{}", title(&last));
+        assert_eq!(last.attribute("data-phase"), Some("training"));
+        assert_eq!(last.attribute("data-iteration"), Some("2"));
+        let label = l.descendants().find_map(|n| n.text()).unwrap_or_default();
+        assert!(
+            label.starts_with(&format!("{} · ", l.attribute("data-lane").unwrap()))
+                && label.ends_with(" · running"),
+            "{label}"
+        );
+    }
+
+    open_gate(&c.log_path, 2);
+    let codes = wait_all(&mut nodes);
+    assert_eq!(codes, [0, 0, 0]);
+    let page = draw(&c.log_path, &out, &[]);
+    let text = svg(&page);
+    let doc = roxmltree::Document::parse(&text).unwrap();
+    let ls = lanes(&doc);
+    let ranks: Vec<&str> = ls
+        .iter()
+        .map(|l| l.attribute("data-rank").unwrap())
+        .collect();
+    assert_eq!(ranks, ["0", "1", "2"]);
+    let svg_el = doc.root_element();
+    assert_eq!(svg_el.attribute("data-lanes"), Some("3"));
+    for (r, l) in ls.iter().enumerate() {
+        // Every phase event is drawn, on its own or inside a mixed block.
+        assert_eq!(
+            phase_blocks(l),
+            phase_events(&c.log_path, None, r as u32),
+            "rank {r}"
+        );
+        // Rollout and training last long enough to be blocks of their own, one per
+        // iteration, with what the hover shows.
+        for phase in ["train-rollout", "training"] {
+            let blocks: Vec<_> = in_lane(l, "block")
+                .into_iter()
+                .filter(|b| !class_has(b, "mixed") && b.attribute("data-phase") == Some(phase))
+                .collect();
+            assert_eq!(blocks.len(), 2, "rank {r} {phase}");
+            for (i, b) in blocks.iter().enumerate() {
+                let t = title(b);
+                let cmd = if phase == "training" {
+                    "train"
+                } else {
+                    "rollout"
+                };
+                for want in [
+                    format!("{phase} · rank {r} · iteration {}", i + 1),
+                    format!("host {}", gethost()),
+                    "start 20".to_string(),
+                    "duration ".to_string(),
+                    format!("log: logs/iter-000{}/rank-{r}.{cmd}.log", i + 1),
+                    format!("{cmd} command: exit code 0"),
+                ] {
+                    assert!(t.contains(&want), "rank {r}: no {want:?} in {t}");
+                }
+                assert!(!class_has(b, "open"), "{t}");
+            }
+        }
+        assert!(
+            in_lane(l, "mark").is_empty(),
+            "rank {r}: marks in a clean run"
+        );
+    }
+    // Ranks 0 and 1 waited for rank 2 at rollout-complete, hatched, in both iterations.
+    for r in [0, 1] {
+        let waits: Vec<_> = in_lane(&ls[r], "wait")
+            .into_iter()
+            .filter(|w| w.attribute("data-barrier") == Some("rollout-complete"))
+            .collect();
+        assert_eq!(waits.len(), 2, "rank {r}");
+        for w in waits {
+            assert_eq!(w.attribute("fill"), Some("url(#hatch)"));
+            assert_eq!(w.attribute("data-waited-for"), Some("2"), "{}", title(&w));
+            assert!(title(&w).contains("waiting for rank(s) 2"), "{}", title(&w));
+            let width: f64 = w.attribute("width").unwrap().parse().unwrap();
+            assert!(width > 10.0, "{width}");
+        }
+    }
+    // The hatch is a pattern of the page.
+    assert!(doc
+        .descendants()
+        .any(|n| n.has_tag_name("pattern") && n.attribute("id") == Some("hatch")));
+    // One generation; iteration times from metrics.jsonl, and the mean reward.
+    let gens: Vec<_> = doc.descendants().filter(|n| class_has(n, "gen")).collect();
+    assert_eq!(gens.len(), 1);
+    let its: Vec<_> = doc
+        .descendants()
+        .filter(|n| class_has(n, "iteration"))
+        .collect();
+    assert_eq!(its.len(), 2);
+    assert!(
+        title(&its[1]).starts_with("iteration 2: "),
+        "{}",
+        title(&its[1])
+    );
+    assert!(title(&its[1]).contains("\ntraining "), "{}", title(&its[1]));
+    let values: Vec<String> = doc
+        .descendants()
+        .filter(|n| class_has(n, "value"))
+        .map(|n| title(&n))
+        .collect();
+    // Mean of 1.05, 1.15, 1.25 and of 2.05, 2.15, 2.25.
+    assert_eq!(
+        values,
+        [
+            "iteration 1: mean reward 1.150",
+            "iteration 2: mean reward 2.150"
+        ]
+    );
+
+    // Only iteration 2: half the blocks, none of iteration 1.
+    let page2 = draw(&c.log_path, &out, &["--iterations", "2..2"]);
+    let text2 = svg(&page2);
+    let doc2 = roxmltree::Document::parse(&text2).unwrap();
+    for l in lanes(&doc2) {
+        assert!(in_lane(&l, "block")
+            .iter()
+            .all(|b| b.attribute("data-iteration").is_none_or(|i| i == "2")));
+        assert!(phase_blocks(&l) > 0 && phase_blocks(&l) < phase_blocks(&ls[0]));
+    }
+
+    // In a real browser: the script ran without errors and sees the same lanes and
+    // blocks as the SVG says.
+    let Some(chrome) = chromium() else {
+        eprintln!("browser check skipped: chromium is not installed (scripts/test installs it)");
+        return;
+    };
+    let dom = Command::new(chrome)
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--dump-dom"])
+        .arg(format!("file://{}", out.display()))
+        .output()
+        .unwrap();
+    // The page of the last draw (iteration 2 only).
+    let dom = String::from_utf8_lossy(&dom.stdout).into_owned();
+    let body = &dom[dom.find("<body").expect("a body")..];
+    let body = &body[..body.find('>').unwrap()];
+    assert!(body.contains(r#"data-timeline="ok""#), "{body}");
+    assert!(!body.contains("data-error"), "{body}");
+    assert!(body.contains(r#"data-lanes="3""#), "{body}");
+    let blocks = doc2.root_element().attribute("data-blocks").unwrap();
+    assert!(
+        body.contains(&format!(r#"data-blocks="{blocks}""#)),
+        "{body} vs {blocks}"
+    );
+}
+
+/// Wait until each of `ranks` has been in `phase` for a second by its record's last write
+/// (the heartbeat rewrites it), so that its open block (or wait) is wide enough to be
+/// drawn on its own, not merged into a mixed block.
+fn lasted_a_second(c: &TestCluster, ranks: &[u32], phase: &str) {
+    let t = |s: &str| {
+        chrono::DateTime::parse_from_rfc3339(s)
+            .unwrap()
+            .timestamp_millis()
+    };
+    wait_until(
+        LIMIT,
+        &format!("the ranks to be in {phase} for a second"),
+        || {
+            ranks.iter().all(|&r| {
+                let entered = c
+                    .events(r)
+                    .iter()
+                    .rev()
+                    .find(|e| e["event"] == "phase" && e["phase"] == phase)
+                    .map(|e| t(e["t"].as_str().unwrap()));
+                let wall = c.record(r).map(|rec| t(rec["wall"].as_str().unwrap()));
+                matches!((entered, wall), (Some(a), Some(b)) if b - a >= 1000)
+            })
+        },
+    );
+}
+
+fn gethost() -> String {
+    let out = Command::new("hostname").output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Rank 2 is killed with SIGKILL while training in iteration 2; the others notice and
+/// stop, so every node is gone. The page marks rank 2's lane with the failure and its
+/// message, and its training block is open. Restarted, the run completes in a second
+/// generation: the page separates the two and says why the first ended.
+#[test]
+fn a_crashed_run_marks_the_failure_and_its_restart_is_a_second_generation() {
+    let c = TestCluster::new(3, COMMANDS);
+    let out = c.dir.path().join("run.html");
+    open_gate(&c.log_path, 1);
+    open_rollout_gates(&c.log_path, &[1, 2]);
+    let mut nodes = c.spawn_all(&["--iterations", "2"]);
+    c.wait_phase(2, 2, "training", LIMIT);
+    lasted_a_second(&c, &[2], "training");
+    nodes[2].signal(libc::SIGKILL);
+    let codes = wait_all(&mut nodes);
+    assert_ne!(codes[0], 0);
+    assert_ne!(codes[1], 0);
+
+    let page = draw(&c.log_path, &out, &[]);
+    let text = svg(&page);
+    let doc = roxmltree::Document::parse(&text).unwrap();
+    let ls = lanes(&doc);
+    assert_eq!(ls.len(), 3);
+    let failures: Vec<(usize, String)> = ls
+        .iter()
+        .enumerate()
+        .flat_map(|(r, l)| {
+            in_lane(l, "failure")
+                .into_iter()
+                .map(move |m| (r, title(&m)))
+        })
+        .collect();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    let (r, msg) = &failures[0];
+    assert_eq!(*r, 2);
+    assert!(
+        msg.contains("rank 2 on") && msg.contains("is dead"),
+        "{msg}"
+    );
+    // The message is on the page, not only in the hover text.
+    let shown = in_lane(&ls[2], "failure")[0]
+        .descendants()
+        .find(|n| n.has_tag_name("text"))
+        .and_then(|t| t.text())
+        .unwrap()
+        .to_string();
+    assert!(
+        shown.starts_with("the") || shown.starts_with("rank 2"),
+        "{shown}"
+    );
+    let last = in_lane(&ls[2], "block").pop().unwrap();
+    assert_eq!(last.attribute("data-phase"), Some("training"));
+    assert!(class_has(&last, "open"), "{}", title(&last));
+    for l in &ls {
+        assert!(in_lane(l, "block")
+            .iter()
+            .all(|b| b.attribute("data-gen").is_none_or(|g| g == "1")));
+    }
+
+    // Restart every node: the run resumes and completes in generation 2.
+    open_gate(&c.log_path, 2);
+    let mut nodes = c.spawn_all(&["--iterations", "2"]);
+    assert_eq!(wait_all(&mut nodes), [0, 0, 0]);
+    let page = draw(&c.log_path, &out, &[]);
+    let text = svg(&page);
+    let doc = roxmltree::Document::parse(&text).unwrap();
+    let gens: Vec<(String, String)> = doc
+        .descendants()
+        .filter(|n| class_has(n, "gen"))
+        .map(|n| (n.attribute("data-gen").unwrap().to_string(), title(&n)))
+        .collect();
+    assert_eq!(gens.len(), 2, "{gens:?}");
+    assert_eq!(gens[0].0, "1");
+    assert_eq!(gens[1].0, "2");
+    assert!(
+        gens[1].1.contains("the previous generation ended:") && gens[1].1.contains("is dead"),
+        "{}",
+        gens[1].1
+    );
+    let ls = lanes(&doc);
+    for (r, l) in ls.iter().enumerate() {
+        assert_eq!(
+            phase_blocks(l),
+            phase_events(&c.log_path, None, r as u32),
+            "rank {r}"
+        );
+        let gens: std::collections::BTreeSet<&str> = in_lane(l, "block")
+            .iter()
+            .filter_map(|b| b.attribute("data-gen"))
+            .collect();
+        assert!(
+            gens.contains("1") && gens.contains("2"),
+            "rank {r}: {gens:?}"
+        );
+    }
+    // The failure of generation 1 is still marked.
+    assert_eq!(in_lane(&ls[2], "failure").len(), 1);
+}
+
+/// A pipelined run (one rollout node, one update node): both clusters' lanes, labelled;
+/// `--cluster` keeps one.
+#[test]
+fn a_pipelined_run_has_both_clusters_lanes() {
+    let extra = r#"
+[phases.rollout]
+command = '''sleep 0.1; printf '{"reward": {iteration}}\n' > {output}'''
+[phases.train]
+command = "sleep 0.1; mkdir -p {output}/checkpoint-1; echo {iteration} > {output}/checkpoint-1/w"
+[observe]
+metrics-fields = ["reward"]
+[pipeline]
+staleness = 1
+"#;
+    let c = TestCluster::new(1, extra);
+    let t = fs::read_to_string(&c.config).unwrap();
+    fs::write(
+        &c.config,
+        t.replacen("[cluster]\n", "[cluster]\nmodel = \"base\"\n", 1),
+    )
+    .unwrap();
+    let mut nodes: Vec<NodeProc> = ["rollout", "update"]
+        .iter()
+        .map(|side| {
+            c.spawn(
+                0,
+                &["--iterations", "2", "--num-nodes", "1", "--rl-phase", side],
+            )
+        })
+        .collect();
+    assert_eq!(wait_all(&mut nodes), [0, 0]);
+    let out = c.dir.path().join("run.html");
+    let page = draw(&c.log_path, &out, &[]);
+    let text = svg(&page);
+    let doc = roxmltree::Document::parse(&text).unwrap();
+    let ls = lanes(&doc);
+    let labels: Vec<&str> = ls
+        .iter()
+        .map(|l| l.attribute("data-lane").unwrap())
+        .collect();
+    assert_eq!(labels, ["rollout rank 0", "update rank 0"]);
+    for (l, cluster) in ls.iter().zip(["rollout", "update"]) {
+        assert_eq!(l.attribute("data-cluster"), Some(cluster));
+        assert_eq!(phase_blocks(l), phase_events(&c.log_path, Some(cluster), 0));
+        assert!(phase_blocks(l) > 0);
+    }
+    // Cluster headings, a generation per cluster, iteration times per cluster.
+    let headings: Vec<&str> = doc
+        .descendants()
+        .filter(|n| class_has(n, "cluster"))
+        .filter_map(|n| n.text())
+        .collect();
+    assert_eq!(headings, ["rollout cluster", "update cluster"]);
+    assert_eq!(doc.descendants().filter(|n| class_has(n, "gen")).count(), 2);
+    let charts: Vec<&str> = doc
+        .descendants()
+        .filter(|n| n.attribute("id") == Some("iteration-times"))
+        .filter_map(|n| n.attribute("data-cluster"))
+        .collect();
+    assert_eq!(charts, ["rollout", "update"]);
+
+    let page = draw(&c.log_path, &out, &["--cluster", "update"]);
+    let text = svg(&page);
+    let doc = roxmltree::Document::parse(&text).unwrap();
+    let labels: Vec<String> = lanes(&doc)
+        .iter()
+        .map(|l| l.attribute("data-lane").unwrap().to_string())
+        .collect();
+    assert_eq!(labels, ["update rank 0"]);
+}
+
+/// Bad input: exit 2, naming what is wrong; nothing written.
+#[test]
+fn bad_input_is_refused_with_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().to_str().unwrap();
+    let (code, _, err) = timeline(&["--log-path", p]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("no rl-node run in"), "{err}");
+    assert!(!dir.path().join("timeline.html").exists());
+    let (code, _, err) = timeline(&[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--log-path"), "{err}");
+
+    // A finished one-node run, then bad flags on it.
+    let c = TestCluster::new(1, "");
+    let mut n = c.spawn_all(&["--iterations", "1"]);
+    assert_eq!(wait_all(&mut n), [0]);
+    let lp = c.log_path.to_str().unwrap();
+    for (range, want) in [
+        ("5..3", "--iterations 5..3: the range is empty"),
+        ("x..3", "--iterations x..3"),
+        (
+            "7..9",
+            "--iterations 7..9: the run has no event of those iterations",
+        ),
+    ] {
+        let (code, _, err) = timeline(&["--log-path", lp, "--iterations", range]);
+        assert_eq!(code, 2, "{range}: {err}");
+        assert!(err.contains(want), "{range}: {err}");
+    }
+    let (code, _, err) = timeline(&["--log-path", lp, "--cluster", "rollout"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--cluster rollout") && err.contains("not pipelined"),
+        "{err}"
+    );
+    assert!(!c.log_path.join("timeline.html").exists());
+    // And a good one: the default place.
+    let (code, out, err) = timeline(&["--log-path", lp, "--iterations", "1"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("timeline.html"), "{out}");
+    assert!(c.log_path.join("timeline.html").exists());
+}
