@@ -150,9 +150,16 @@ fn a_hanging_phase_command_gets_a_report_and_still_fails_at_its_timeout() {
         .arg(&page)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let html = std::fs::read_to_string(&page).unwrap();
-    let marks: Vec<&str> = html.match_indices(r#"<g class="mark hang-report""#).map(|(i, _)| &html[i..i + 600.min(html.len() - i)]).collect();
+    let marks: Vec<&str> = html
+        .match_indices(r#"<g class="mark hang-report""#)
+        .map(|(i, _)| &html[i..i + 600.min(html.len() - i)])
+        .collect();
     assert_eq!(marks.len(), 1, "{html}");
     assert!(
         marks[0].contains("hang report logs/iter-0001/rank-0.hang-1.txt"),
