@@ -592,22 +592,29 @@ fn a_claimed_rank_is_refused_naming_its_holder() {
     assert!(!dir.join(".rl-node").exists());
 }
 
-#[test]
-fn a_rank_killed_midway_stops_the_others_at_the_deadline() {
-    let test = "a_rank_killed_midway_stops_the_others_at_the_deadline";
-    if !sshfs::require(test) {
-        return;
-    }
-    // A 2 s negative cache keeps the session going for seconds: time to kill rank 1.
+/// Two doctors of session `name` (with `--timeout timeout`) on a pair of sshfs clients
+/// whose 2 s negative cache keeps the session going for seconds, once their measurements
+/// have started: the cluster, the session directory, rank 0's doctor and rank 1's.
+fn midway(test: &str, name: &str, timeout: &str) -> (SshfsCluster, PathBuf, Child, Child) {
     let c = SshfsCluster::start(2, 2).unwrap_or_else(|e| panic!("{test}: start: {e}"));
-    let args = ["--nodes", "2", "--session", "k", "--timeout", "5s"];
+    let args = ["--nodes", "2", "--session", name, "--timeout", timeout];
     let mut kids = vec![
         spawn_doctor(c.mount(0), &args),
         spawn_doctor(c.mount(1), &args),
     ];
-    let session = c.export().join(".rl-node/doctor/k");
+    let session = c.export().join(format!(".rl-node/doctor/{name}"));
     let deadline = Instant::now() + SESSION_LIMIT;
     while !new_name_exists(&session, "-0-1-0") {
+        if let Some(i) = kids
+            .iter_mut()
+            .position(|k| k.try_wait().unwrap().is_some())
+        {
+            let o = kids.remove(i).wait_with_output().unwrap();
+            panic!(
+                "a doctor ended before the measurements started:\n{}",
+                text(&o)
+            );
+        }
         assert!(Instant::now() < deadline, "the measurements never started");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -615,11 +622,22 @@ fn a_rank_killed_midway_stops_the_others_at_the_deadline() {
         serde_json::from_slice(&fs::read(session.join("rank-1.json")).unwrap()).unwrap();
     let pid = rank1["pid"].as_u64().unwrap() as u32;
     let i = kids.iter().position(|k| k.id() == pid).unwrap();
-    let mut killed = kids.remove(i);
+    let rank1 = kids.remove(i);
+    (c, session, kids.remove(0), rank1)
+}
+
+#[test]
+fn a_rank_killed_midway_stops_the_others_at_the_deadline() {
+    let test = "a_rank_killed_midway_stops_the_others_at_the_deadline";
+    if !sshfs::require(test) {
+        return;
+    }
+    let (_c, session, rank0, mut killed) = midway(test, "k", "5s");
+    let pid = killed.id();
     killed.kill().unwrap();
     killed.wait().unwrap();
     let start = Instant::now();
-    let o = finish(kids.remove(0), SESSION_LIMIT);
+    let o = finish(rank0, SESSION_LIMIT);
     let t = text(&o);
     assert_eq!(o.status.code(), Some(4), "{t}");
     assert!(
@@ -713,23 +731,8 @@ fn an_interrupted_rank_tells_the_others_and_leaves_nothing() {
     if !sshfs::require(test) {
         return;
     }
-    let c = SshfsCluster::start(2, 2).unwrap_or_else(|e| panic!("{test}: start: {e}"));
-    let args = ["--nodes", "2", "--session", "i", "--timeout", "60s"];
-    let mut kids = vec![
-        spawn_doctor(c.mount(0), &args),
-        spawn_doctor(c.mount(1), &args),
-    ];
-    let session = c.export().join(".rl-node/doctor/i");
-    let deadline = Instant::now() + SESSION_LIMIT;
-    while !new_name_exists(&session, "-0-1-0") {
-        assert!(Instant::now() < deadline, "the measurements never started");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let rank1: serde_json::Value =
-        serde_json::from_slice(&fs::read(session.join("rank-1.json")).unwrap()).unwrap();
-    let pid = rank1["pid"].as_u64().unwrap() as u32;
-    let i = kids.iter().position(|k| k.id() == pid).unwrap();
-    let interrupted = kids.remove(i);
+    let (_c, session, rank0, interrupted) = midway(test, "i", "60s");
+    let pid = interrupted.id();
     // SAFETY: kill(2) on our own child's pid.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGINT) }, 0);
     let start = Instant::now();
@@ -740,7 +743,7 @@ fn an_interrupted_rank_tells_the_others_and_leaves_nothing() {
         t.contains("doctor session i: rank 1 interrupted by SIGINT"),
         "{t}"
     );
-    let o = finish(kids.remove(0), SESSION_LIMIT);
+    let o = finish(rank0, SESSION_LIMIT);
     let t = text(&o);
     assert_eq!(o.status.code(), Some(3), "{t}");
     assert!(

@@ -15,7 +15,6 @@
 //! `prometheus` crate's text encoder (format 0.0.4, what the collector parses).
 
 use crate::events::Event;
-use crate::protocol::Phase;
 use prometheus::{
     Counter, Encoder, Gauge, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
@@ -26,23 +25,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// The shortest time between two rewrites for a change (a burst of events is one write).
 pub(crate) const MIN_GAP: Duration = Duration::from_millis(200);
 
-/// Every phase's name, for the one-hot `rl_node_phase` gauge.
-const PHASES: [Phase; 14] = [
-    Phase::SyncStart,
-    Phase::TrainRollout,
-    Phase::RolloutComplete,
-    Phase::AggregateTrain,
-    Phase::FilesReady,
-    Phase::EvalDecision,
-    Phase::Eval,
-    Phase::StopServer,
-    Phase::PrepareData,
-    Phase::TrainingReady,
-    Phase::Training,
-    Phase::Handoff,
-    Phase::RestartServer,
-    Phase::FinalSync,
-];
+/// Every phase, for the one-hot `rl_node_phase` gauge.
+use crate::protocol::phase::ALL as PHASES;
 
 /// One node's metrics and the file they go to.
 pub(crate) struct Textfile {
@@ -315,6 +299,7 @@ impl Drop for Textfile {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::Phase;
     use std::collections::BTreeMap;
 
     /// The samples of a text-format file: (name, labels) → value. Comment lines are
