@@ -455,6 +455,10 @@ timeout = "2m"
 timeout = "2m"
 pick = "checkpoint-*"
 
+# metrics.jsonl (one line per iteration) summarises each record's reward.
+[observe]
+metrics-fields = ["reward"]
+
 [server]
 command = {server}
 port = {port0}
