@@ -315,6 +315,16 @@ fn tree(dir: &Path) -> Vec<(PathBuf, Option<Vec<u8>>, SystemTime)> {
 /// exit `codes`, that they found each other, that the run's files planted in `root` are
 /// untouched and the session is gone; returns rank 0's JSON report.
 fn session(root: &Path, dirs: &[&Path], args: &[&str], codes: &[i32]) -> serde_json::Value {
+    session_outputs(root, dirs, args, codes).0
+}
+
+/// `session`, also returning every doctor's stderr (its progress lines), by rank.
+fn session_outputs(
+    root: &Path,
+    dirs: &[&Path],
+    args: &[&str],
+    codes: &[i32],
+) -> (serde_json::Value, Vec<String>) {
     plant_run(root);
     let before = tree(root);
     let n = dirs.len().to_string();
@@ -328,6 +338,7 @@ fn session(root: &Path, dirs: &[&Path], args: &[&str], codes: &[i32]) -> serde_j
         .collect();
     let mut rank0 = None;
     let mut ranks = Vec::new();
+    let mut stderrs = vec![String::new(); dirs.len()];
     for o in &outs {
         let t = text(o);
         assert!(
@@ -339,6 +350,7 @@ fn session(root: &Path, dirs: &[&Path], args: &[&str], codes: &[i32]) -> serde_j
             serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}:\n{t}"));
         let s = &v["session"];
         ranks.push(s["rank"].as_u64().unwrap());
+        stderrs[s["rank"].as_u64().unwrap() as usize] = String::from_utf8_lossy(&o.stderr).into();
         assert_eq!(s["nodes"].as_u64(), Some(dirs.len() as u64), "{t}");
         if s["rank"] == 0 {
             rank0 = Some(v.clone());
@@ -367,7 +379,7 @@ fn session(root: &Path, dirs: &[&Path], args: &[&str], codes: &[i32]) -> serde_j
     let pairs = v["session"]["pairs"].as_array().unwrap();
     assert_eq!(pairs.len(), dirs.len() * (dirs.len() - 1), "{v:#}");
     assert_eq!(before, tree(root), "the run's files changed");
-    v
+    (v, stderrs)
 }
 
 /// Whether the session holds a new name ending in `suffix` (`-W-O-K`).
@@ -452,12 +464,14 @@ fn two_sshfs_clients_measure_the_negative_cache() {
     // Two clients with negative_timeout=2 (and cache_timeout=2, attr_timeout=0).
     let c = SshfsCluster::start(2, 2).unwrap_or_else(|e| panic!("{test}: start: {e}"));
     // rename-over may fail on one sshfs client (see the single-node test): exit 0 or 1.
-    let v = session(
+    let start = Instant::now();
+    let (v, stderrs) = session_outputs(
         c.export(),
         &[c.mount(0), c.mount(1)],
         &["--session", "sshfs", "--timeout", "60s"],
         &[0, 1],
     );
+    let took = start.elapsed();
     for (w, o) in [(0, 1), (1, 0)] {
         let p = pair(&v, w, o);
         let new = median(p, "new_name");
@@ -490,6 +504,61 @@ fn two_sshfs_clients_measure_the_negative_cache() {
         "{v:#}"
     );
     assert!(!c.export().join(".rl-node/doctor").exists());
+    // The 3 new names of a pair are taken at once: each pair waits out the 2 s negative
+    // cache once, not 3 times (2 pairs: about 4 s of the session, not 12).
+    assert!(
+        took < Duration::from_secs(10),
+        "the session took {took:?}\n{v:#}"
+    );
+    // Progress on stderr (stdout held the JSON, parsed above): the plan, every sample
+    // of each rank's pairs, and rank 0's estimate of the rest after its first pair.
+    for (rank, err) in stderrs.iter().enumerate() {
+        assert!(
+            err.contains("doctor session sshfs: 2 nodes, 3 samples per ordered pair, 2 rounds"),
+            "rank {rank}:\n{err}"
+        );
+        for (w, o) in [(0, 1), (1, 0)] {
+            let round = format!("round {}/2: rank {w} → rank {o}", w + 1);
+            let lines = |what: &str| {
+                err.lines()
+                    .filter(|l| l.contains(&round) && l.contains(what))
+                    .count()
+            };
+            if w == rank {
+                assert_eq!(lines(": rewrite "), 3, "rank {rank}:\n{err}");
+                assert!(
+                    err.contains(&format!("{round}: rewrite 3/3: seen and answered after ")),
+                    "rank {rank}:\n{err}"
+                );
+                assert_eq!(
+                    lines("found all 3 new names after "),
+                    1,
+                    "rank {rank}:\n{err}"
+                );
+            } else {
+                assert_eq!(lines(": new name "), 3, "rank {rank}:\n{err}");
+                assert!(
+                    err.contains(&format!("{round}: new name 3/3 seen ")),
+                    "rank {rank}:\n{err}"
+                );
+            }
+        }
+    }
+    let est = stderrs[0]
+        .lines()
+        .find(|l| l.contains("a new name takes about "))
+        .unwrap_or_else(|| panic!("no estimate:\n{}", stderrs[0]));
+    assert!(
+        est.contains("to be seen by rank 1 (negative-lookup cache)")
+            && est.contains("the session will take about ")
+            && est.contains("(1 of 2 rounds left)"),
+        "{est}"
+    );
+    assert!(
+        !stderrs[1].contains("a new name takes about "),
+        "only rank 0 estimates: {}",
+        stderrs[1]
+    );
 }
 
 #[test]

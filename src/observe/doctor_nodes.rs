@@ -11,10 +11,13 @@
 //!
 //! The ordered pairs (writer, observer) are measured in a round-robin order that every rank
 //! follows, so pairs of distinct ranks run at the same time and none can wait for another
-//! in a cycle. Per sample: the writer rewrites its file (ping); the observer, on seeing
-//! it, looks up a name that does not exist yet (priming its negative-lookup cache) and
-//! answers (pong); the writer then creates that name, and the observer polls it until it
-//! appears, then acknowledges. Clocks are not trusted: the round trip is measured on the
+//! in a cycle. Per pair, K rewrite samples one after the other: the writer rewrites its
+//! file (ping), the observer answers (pong). Then the K new-name samples at once, so that
+//! a pair waits out the observer's negative-lookup cache once rather than K times: the
+//! observer looks up K names that do not exist yet (priming its cache for each) and
+//! answers; the writer creates the K names, and the observer polls each until it appears,
+//! timing each on its own, then acknowledges. Every step is said on stderr (a session on
+//! a default NFS mount lasts minutes). Clocks are not trusted: the round trip is measured on the
 //! writer's monotonic clock, the clock offset of each pair is taken NTP-style from the
 //! exchange with the shortest round trip, and one-way latencies are wall-clock differences
 //! corrected by that offset (uncertain by at most half that round trip). The new name's
@@ -47,6 +50,8 @@ fn pause(start: Instant) {
         POLL_SLOW
     });
 }
+/// How often a rank waiting long says so on stderr.
+const NOTE_EVERY: Duration = Duration::from_secs(10);
 /// How often a rank polling a new name also reads its writer's file for an abort.
 const ABORT_CHECK: Duration = Duration::from_millis(200);
 /// How long a failing rank waits for its peers to see its abort before removing its files.
@@ -224,7 +229,7 @@ pub(crate) struct SessionReport {
     pub method: &'static str,
 }
 
-const METHOD: &str = "ranks take turns per ordered pair (writer, observer); per sample the writer rewrites its file by rename over (ping), the observer answers (pong) after looking up a name that does not exist yet, the writer then creates that name and the observer polls it until found. Round trips are timed on the writer's monotonic clock; each pair's clock offset is taken NTP-style from its exchange with the shortest round trip; one-way latencies are wall-clock differences corrected by that offset (right within half that round trip); new_name_after_miss uses the observer's clock alone";
+const METHOD: &str = "ranks take turns per ordered pair (writer, observer); per rewrite sample the writer rewrites its file by rename over (ping) and the observer answers (pong); for the new-name samples, all at once, the observer looks up one name per sample that does not exist yet, the writer then creates those names and the observer polls each until found, timing each. Round trips are timed on the writer's monotonic clock; each pair's clock offset is taken NTP-style from its exchange with the shortest round trip; one-way latencies are wall-clock differences corrected by that offset (right within half that round trip); new_name_after_miss uses the observer's clock alone";
 
 /// What the measurements add to a report: the cross-node checks, the largest visibility
 /// delay measured, and the slowest fsync and longest option-implied delay of any rank.
@@ -328,6 +333,15 @@ pub(crate) fn analyse(
         });
     }
     (pairs, offsets)
+}
+
+/// A duration for the progress lines: ms below a second, seconds below 2 minutes.
+fn secs(d: Duration) -> String {
+    match d.as_secs_f64() {
+        s if s < 1.0 => super::doctor::ms(d),
+        s if s < 120.0 => format!("{s:.2}s"),
+        s => format!("{:.0} min", s / 60.0),
+    }
 }
 
 fn wall_ns() -> i64 {
@@ -541,6 +555,8 @@ impl Member {
     fn wait_all_joined(&mut self) -> Result<(), Failure> {
         let n = self.opts.nodes;
         let mut deadline = Instant::now() + self.opts.timeout;
+        let started = Instant::now();
+        let mut note = started + NOTE_EVERY;
         loop {
             let mut missing = Vec::new();
             for r in 0..n {
@@ -590,6 +606,17 @@ impl Member {
                     detail: None,
                 });
             }
+            if Instant::now() >= note {
+                note += NOTE_EVERY;
+                let list: Vec<String> = missing.iter().map(u32::to_string).collect();
+                self.say(format!(
+                    "waiting for rank{} {} to join ({} so far, --timeout {})",
+                    if missing.len() > 1 { "s" } else { "" },
+                    list.join(", "),
+                    secs(started.elapsed()),
+                    humantime::format_duration(self.opts.timeout)
+                ));
+            }
             std::thread::sleep(POLL_SLOW);
         }
     }
@@ -602,10 +629,19 @@ impl Member {
         let mut deadline = Instant::now() + self.opts.timeout;
         let started = Instant::now();
         let mut checked = Instant::now();
+        let mut note = started + NOTE_EVERY;
         loop {
             if checked.elapsed() >= ABORT_CHECK {
                 checked = Instant::now();
                 self.watch_coordinator(rank)?;
+            }
+            if Instant::now() >= note {
+                note += NOTE_EVERY;
+                self.say(format!(
+                    "still waiting for {} ({what}) after {}",
+                    self.who(rank),
+                    secs(started.elapsed())
+                ));
             }
             if let Some(p) = read(&path) {
                 self.check_peer(&p)?;
@@ -701,23 +737,87 @@ impl Member {
         }
     }
 
+    /// A line of progress on stderr (stdout holds the report): a session can last
+    /// minutes, and must not look hung.
+    fn say(&self, what: String) {
+        eprintln!("doctor session {}: {what}", self.opts.session);
+    }
+
+    /// Rank 0, after its first pair's new names: what the rest of the session will cost.
+    /// `took`: how long `observer` took to find them; `elapsed` since the measurements
+    /// began, over `done` of `rounds` rounds.
+    fn estimate(
+        &self,
+        observer: u32,
+        took: Duration,
+        elapsed: Duration,
+        done: usize,
+        rounds: usize,
+    ) {
+        let left = elapsed.mul_f64((rounds - done) as f64 / done as f64);
+        let why = if took >= SLOW_NEW_NAME {
+            " (negative-lookup cache); NFS lookupcache=positive or FUSE negative_timeout=0 would shorten the session"
+        } else {
+            ""
+        };
+        self.say(format!(
+            "a new name takes about {} to be seen by rank {observer}{why}; the session will take about {} more ({} of {rounds} rounds left)",
+            secs(took),
+            secs(left),
+            rounds - done
+        ));
+    }
+
+    /// The observer's lookup that misses a new name before its writer creates it.
+    fn miss(&self, name: &Path) -> Result<(), Failure> {
+        match fs::metadata(name) {
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            Ok(_) => Err(Failure::failed(format!(
+                "{} exists before its writer created it: another doctor in session {}?",
+                name.display(),
+                self.opts.session
+            ))),
+            Err(e) => Err(Failure::failed(format!(
+                "cannot look up {}: {e}",
+                name.display()
+            ))),
+        }
+    }
+
     fn measure(&mut self, mut summary: NodeSummary) -> Result<Outcome, Failure> {
         let me = self.me.rank;
         summary.rank = me;
         let (mut pings, mut names) = (Vec::new(), Vec::new());
-        for (pi, (w, o)) in schedule(self.opts.nodes).into_iter().enumerate() {
-            for k in 0..self.opts.samples {
-                let at = |step| (MEASURING, pi as u32, k, step);
+        let k_all = self.opts.samples;
+        let schedule = schedule(self.opts.nodes);
+        // ⌊N/2⌋ pairs run at once: a round.
+        let per_round = (self.opts.nodes / 2).max(1) as usize;
+        let rounds = schedule.len().div_ceil(per_round);
+        let started = Instant::now();
+        self.say(format!(
+            "{} nodes, {k_all} samples per ordered pair, {rounds} rounds; this is rank {me}",
+            self.opts.nodes
+        ));
+        let mut estimated = me != 0;
+        for (pi, (w, o)) in schedule.into_iter().enumerate() {
+            if w != me && o != me {
+                continue;
+            }
+            let round = format!("round {}/{rounds}: rank {w} → rank {o}", pi / per_round + 1);
+            let at = |k, step| (MEASURING, pi as u32, k, step);
+            // Rewrites, one after the other: each is seen within a poll or an attribute
+            // cache, so they are quick.
+            for k in 0..k_all {
                 if w == me {
-                    self.me.pos = at(PING);
+                    self.me.pos = at(k, PING);
                     self.me.pong = None;
                     let t1 = wall_ns();
                     let start = Instant::now();
                     self.send()?;
                     let what = format!("its answer to ping {k} of rank {w} → rank {o}");
-                    let pong = self.wait(o, at(PONG), &what)?;
+                    let pong = self.wait(o, at(k, PONG), &what)?;
                     let (t4, rtt) = (wall_ns(), start.elapsed());
-                    let Some((t2, t3)) = pong.pong.filter(|_| pong.pos == at(PONG)) else {
+                    let Some((t2, t3)) = pong.pong.filter(|_| pong.pos == at(k, PONG)) else {
                         return Err(Failure::failed(format!(
                             "doctor session {}: rank {o} skipped sample {k} of rank {w} → rank {o} (is another doctor using rank {o}?)",
                             self.opts.session
@@ -728,49 +828,91 @@ impl Member {
                         t: [t1, t2, t3, t4],
                         rtt_ns: rtt.as_nanos() as u64,
                     });
-                    self.create_name(w, o, k)?;
+                    self.say(format!(
+                        "{round}: rewrite {}/{k_all}: seen and answered after {} (round trip)",
+                        k + 1,
+                        secs(rtt)
+                    ));
+                } else {
                     self.wait(
-                        o,
-                        at(ACK),
-                        &format!("it to find new name {k} of rank {w} → rank {o}"),
+                        w,
+                        at(k, PING),
+                        &format!("its ping {k} of rank {w} → rank {o}"),
                     )?;
-                } else if o == me {
-                    self.wait(w, at(PING), &format!("its ping {k} of rank {w} → rank {o}"))?;
                     let t2 = wall_ns();
-                    let name = self.name(w, o, k);
-                    match fs::metadata(&name) {
-                        Err(e) if e.kind() == ErrorKind::NotFound => {}
-                        Ok(_) => {
-                            return Err(Failure::failed(format!(
-                            "{} exists before its writer created it: another doctor in session {}?",
-                            name.display(),
-                            self.opts.session
-                        )))
-                        }
-                        Err(e) => {
-                            return Err(Failure::failed(format!(
-                                "cannot look up {}: {e}",
-                                name.display()
-                            )))
-                        }
-                    }
-                    let missed = Instant::now();
-                    self.me.pos = at(PONG);
+                    self.me.pos = at(k, PONG);
                     self.me.pong = Some((t2, wall_ns()));
-                    self.send()?;
-                    let created_ns = self.poll_name(w, &name, k)?;
-                    names.push(NameSample {
-                        writer: w,
-                        created_ns,
-                        seen_ns: wall_ns(),
-                        after_miss_ns: missed.elapsed().as_nanos() as u64,
-                    });
-                    self.me.pos = at(ACK);
-                    self.me.pong = None;
                     self.send()?;
                 }
             }
+            // New names, all K at once (step K): each one a name of its own that the
+            // observer looked up and missed before its writer created it, and whose
+            // delay is measured on its own; taking them together waits out the
+            // negative-lookup cache once per pair instead of K times.
+            if w == me {
+                self.me.pos = at(k_all, PING);
+                self.me.pong = None;
+                self.send()?;
+                self.wait(
+                    o,
+                    at(k_all, PONG),
+                    &format!("it to look up the new names of rank {w} → rank {o}"),
+                )?;
+                let created = Instant::now();
+                for k in 0..k_all {
+                    self.create_name(w, o, k)?;
+                }
+                self.say(format!(
+                    "{round}: created {k_all} new names; rank {o} polls them"
+                ));
+                self.wait(
+                    o,
+                    at(k_all, ACK),
+                    &format!("it to find the new names of rank {w} → rank {o}"),
+                )?;
+                let took = created.elapsed();
+                self.say(format!(
+                    "{round}: rank {o} found all {k_all} new names after {}",
+                    secs(took)
+                ));
+                if !estimated {
+                    estimated = true;
+                    let done = pi / per_round + 1;
+                    self.estimate(o, took, started.elapsed(), done, rounds);
+                }
+            } else {
+                self.wait(
+                    w,
+                    at(k_all, PING),
+                    &format!("its new names of rank {w} → rank {o}"),
+                )?;
+                let mut missed = Vec::new();
+                for k in 0..k_all {
+                    let name = self.name(w, o, k);
+                    self.miss(&name)?;
+                    missed.push((name, Instant::now()));
+                }
+                self.me.pos = at(k_all, PONG);
+                self.send()?;
+                names.extend(self.poll_names(w, missed, &round)?);
+                if !estimated {
+                    estimated = true;
+                    let took = names
+                        .iter()
+                        .map(|s: &NameSample| Duration::from_nanos(s.after_miss_ns))
+                        .max()
+                        .unwrap_or_default();
+                    let done = pi / per_round + 1;
+                    self.estimate(me, took, started.elapsed(), done, rounds);
+                }
+                self.me.pos = at(k_all, ACK);
+                self.send()?;
+            }
         }
+        self.say(format!(
+            "rank {me}'s measurements done after {}",
+            secs(started.elapsed())
+        ));
         self.me.pos = (DONE, 0, 0, 0);
         self.me.done = Some(Done {
             node: summary,
@@ -875,24 +1017,56 @@ impl Member {
             .map_err(|e| Failure::failed(format!("cannot create {}: {e}", name.display())))
     }
 
-    /// Polls the new name until it is found; returns its writer's creation time.
-    fn poll_name(&mut self, w: u32, name: &Path, k: u32) -> Result<i64, Failure> {
+    /// Polls the new names of `w`, each missed at its instant, until every one is found;
+    /// each sample is that name's own (its writer's creation time is in it).
+    fn poll_names(
+        &mut self,
+        w: u32,
+        mut missed: Vec<(PathBuf, Instant)>,
+        round: &str,
+    ) -> Result<Vec<NameSample>, Failure> {
+        let k_all = missed.len();
+        let mut found = Vec::new();
         let start = Instant::now();
+        let mut deadline = start + self.opts.timeout;
         let mut checked = Instant::now();
-        loop {
-            match fs::read(name) {
-                Ok(b) => {
-                    if let Some(t) = std::str::from_utf8(&b).ok().and_then(|s| s.parse().ok()) {
-                        return Ok(t);
+        let mut note = start + NOTE_EVERY;
+        while !missed.is_empty() {
+            let mut i = 0;
+            while i < missed.len() {
+                let (name, at) = &missed[i];
+                match fs::read(name) {
+                    Ok(b) => {
+                        if let Some(t) = std::str::from_utf8(&b).ok().and_then(|s| s.parse().ok()) {
+                            let after = at.elapsed();
+                            found.push(NameSample {
+                                writer: w,
+                                created_ns: t,
+                                seen_ns: wall_ns(),
+                                after_miss_ns: after.as_nanos() as u64,
+                            });
+                            self.say(format!(
+                                "{round}: new name {}/{k_all} seen {} after its miss",
+                                found.len(),
+                                secs(after)
+                            ));
+                            missed.remove(i);
+                            deadline = Instant::now() + self.opts.timeout;
+                            continue;
+                        }
+                    }
+                    Err(e) if e.kind() == ErrorKind::NotFound => {}
+                    Err(e) => {
+                        return Err(Failure::failed(format!(
+                            "cannot read {}: {e}",
+                            name.display()
+                        )))
                     }
                 }
-                Err(e) if e.kind() == ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(Failure::failed(format!(
-                        "cannot read {}: {e}",
-                        name.display()
-                    )))
-                }
+                i += 1;
+            }
+            if missed.is_empty() {
+                break;
             }
             self.interrupted()?;
             if checked.elapsed() >= ABORT_CHECK {
@@ -902,24 +1076,33 @@ impl Member {
                 }
                 self.watch_coordinator(w)?;
             }
-            if start.elapsed() >= self.opts.timeout {
+            if Instant::now() >= note {
+                note += NOTE_EVERY;
+                self.say(format!(
+                    "{round}: {} of {k_all} new names not seen yet after {} (a negative-lookup cache)",
+                    missed.len(),
+                    secs(start.elapsed())
+                ));
+            }
+            if Instant::now() >= deadline {
                 return Err(Failure {
                     code: exit::DEADLINE,
                     message: format!(
                         "doctor session {}: new name {} from {} not seen within {}",
                         self.opts.session,
-                        name.display(),
+                        missed[0].0.display(),
                         self.who(w),
                         humantime::format_duration(self.opts.timeout)
                     ),
-                    hint: Some(format!(
-                        "sample {k}: a negative-lookup cache longer than --timeout? raise --timeout"
-                    )),
+                    hint: Some(
+                        "a negative-lookup cache longer than --timeout? raise --timeout".into(),
+                    ),
                     detail: None,
                 });
             }
             pause(start);
         }
+        Ok(found)
     }
 
     /// Success: rank 0, having every rank's results, removes the session; the others leave
