@@ -561,6 +561,64 @@ fn two_sshfs_clients_measure_the_negative_cache() {
     );
 }
 
+/// A long wait is never silent: a doctor waiting for its peer to join says so on stderr
+/// every 10 s, and the session goes on once the peer arrives.
+#[test]
+fn a_long_wait_is_said_on_stderr() {
+    use std::io::{BufRead, BufReader};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let args = [
+        "--nodes",
+        "2",
+        "--session",
+        "late",
+        "--timeout",
+        "60s",
+        "--json",
+    ];
+    let mut a = spawn_doctor(dir, &args);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let err = a.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(err).lines() {
+            let line = line.unwrap();
+            all.push_str(&line);
+            all.push('\n');
+            let _ = tx.send(line);
+        }
+        all
+    });
+    let note = "doctor session late: waiting for rank 1 to join (";
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(l) if l.starts_with(note) => {
+                assert!(l.contains(" so far, --timeout 1m)"), "{l}");
+                break;
+            }
+            Ok(_) => {}
+            Err(e) => panic!("no `{note}` line ({e})"),
+        }
+    }
+    let b = spawn_doctor(dir, &args);
+    for (c, name) in [(a, "rank 0"), (b, "rank 1")] {
+        let o = finish(c, SESSION_LIMIT);
+        assert_eq!(o.status.code(), Some(0), "{name}: {}", text(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["session"]["nodes"], 2);
+    }
+    let err = reader.join().unwrap();
+    assert!(
+        err.contains(
+            "doctor session late: 2 nodes, 3 samples per ordered pair, 2 rounds; this is rank 0"
+        ),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_rank_that_never_arrives_is_named_at_the_join_deadline() {
     let tmp = tempfile::tempdir().unwrap();
