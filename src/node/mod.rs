@@ -200,7 +200,8 @@ pub(crate) struct Node {
     train_failed: Vec<(u32, String)>,
     /// This rank's event log, kept open.
     event_log: EventLog,
-    /// Rank 0: what `metrics.jsonl` gets at the end of the current iteration.
+    /// This rank's numbers of the current iteration: rank 0's `metrics.jsonl` line, a
+    /// worker's `final-sync` arrival.
     metrics: std::sync::Mutex<metrics::Collector>,
     /// Rank 0: `metrics.jsonl`, kept open.
     metrics_log: EventLog,
@@ -846,16 +847,11 @@ impl Node {
     fn textfile_round(&mut self) {
         let refresh = self.cfg.timing.heartbeat_interval;
         let now = Instant::now();
-        let Some(t) = self
-            .textfile
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_mut()
-        else {
-            return;
-        };
-        let result = t.tick(now, refresh).err();
-        if result != t.last_error {
+        let msg = self.with_textfile(|t| {
+            let result = t.tick(now, refresh).err();
+            if result == t.last_error {
+                return None;
+            }
             let msg = match &result {
                 Some(e) => {
                     format!("observe.prometheus-textfile: cannot write {e}; the node goes on")
@@ -863,8 +859,20 @@ impl Node {
                 None => "observe.prometheus-textfile: written again".to_string(),
             };
             t.last_error = result;
+            Some(msg)
+        });
+        if let Some(msg) = msg.flatten() {
             self.warn(&msg);
         }
+    }
+
+    /// `f` on the Prometheus textfile, if one is configured.
+    fn with_textfile<T>(&self, f: impl FnOnce(&mut textfile::Textfile) -> T) -> Option<T> {
+        self.textfile
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+            .map(f)
     }
 
     fn handle_event(&mut self, ev: Event) -> Result<(), Stop> {
@@ -1034,14 +1042,7 @@ impl Node {
         // Rank 0's (one entry per peer) goes to a file of its own, which workers never
         // read; a worker's (rank 0 alone) stays in its record.
         let observed = self.watch.observed(self.rank, self.clock.since_start());
-        if let Some(t) = self
-            .textfile
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_mut()
-        {
-            t.peer_ages(&observed);
-        }
+        self.with_textfile(|t| t.peer_ages(&observed));
         if let Some(p) = &self.publisher {
             match (self.rank, &self.cluster) {
                 (0, Some(c)) => p.stage_observed(&self.layout.observed(c.gen), observed),
@@ -2869,14 +2870,7 @@ impl Node {
         // `final-sync` arrival (the spread over ranks).
         self.metrics_collector()
             .observe(&record.event, self.clock.now());
-        if let Some(t) = self
-            .textfile
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_mut()
-        {
-            t.observe(&record.event, record.iteration, record.gen);
-        }
+        self.with_textfile(|t| t.observe(&record.event, record.iteration, record.gen));
         self.event_log
             .append(&*self.store, &path, record.gen, &record.to_line());
     }

@@ -15,6 +15,7 @@
 //! `prometheus` crate's text encoder (format 0.0.4, what the collector parses).
 
 use crate::events::Event;
+use crate::protocol::Phase;
 use prometheus::{
     Counter, Encoder, Gauge, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
@@ -47,8 +48,8 @@ pub(crate) struct Textfile {
     server_starts: IntCounter,
     hang_reports: IntCounter,
     written_at: Gauge,
-    /// The peers whose age is in `peer_age` (to drop one that is no longer reported).
-    peers: Vec<u32>,
+    /// The peers' heartbeat ages (rank, ms) as last observed; into `peer_age` at a write.
+    ages: Vec<(u32, u64)>,
     changed: bool,
     last_write: Option<Instant>,
     /// The last write's error, reported once per kind of failure by the caller.
@@ -75,62 +76,77 @@ impl Textfile {
         }
         let registry =
             Registry::new_custom(Some("rl_node".into()), Some(labels)).expect("valid labels");
-        let info = IntGaugeVec::new(
-            Opts::new(
-                "info",
-                "This node: always 1, with its host and rl-node's version.",
-            ),
-            &["host", "version"],
-        )
-        .expect("valid");
+        // Each metric is registered as it is made, so none can be left out of the file.
+        fn reg<M: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: M) -> M {
+            r.register(Box::new(m.clone()))
+                .expect("metric names are distinct");
+            m
+        }
+        let info = reg(
+            &registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "info",
+                    "This node: always 1, with its host and rl-node's version.",
+                ),
+                &["host", "version"],
+            )
+            .expect("valid"),
+        );
         info.with_label_values(&[host, env!("CARGO_PKG_VERSION")])
             .set(1);
-        registry
-            .register(Box::new(info))
-            .expect("metric names are distinct");
-        let g = |name: &str, help: &str| IntGauge::new(name, help).expect("valid");
-        let c = |name: &str, help: &str| IntCounter::new(name, help).expect("valid");
-        let t = Textfile {
+        let g = |name: &str, help: &str| reg(&registry, IntGauge::new(name, help).expect("valid"));
+        let c =
+            |name: &str, help: &str| reg(&registry, IntCounter::new(name, help).expect("valid"));
+        let by = |name: &str, help: &str, label: &str| {
+            reg(
+                &registry,
+                IntCounterVec::new(Opts::new(name, help), &[label]).expect("valid"),
+            )
+        };
+        let mut t = Textfile {
             path: path.to_path_buf(),
             running: g("running", "1 while the node runs; 0 once it has ended."),
             iteration: g("iteration", "The iteration the node is in (0 before the first)."),
             generation: g("generation", "The generation (start of the cluster) the node is in."),
-            phase: IntGaugeVec::new(
-                Opts::new("phase", "1 for the phase the node is in, 0 for the others."),
-                &["phase"],
-            )
-            .expect("valid"),
+            phase: reg(
+                &registry,
+                IntGaugeVec::new(
+                    Opts::new("phase", "1 for the phase the node is in, 0 for the others."),
+                    &["phase"],
+                )
+                .expect("valid"),
+            ),
             phase_number: g(
                 "phase_number",
                 "The number of the phase the node is in (0 sync-start .. 13 final-sync; -1 none).",
             ),
-            peer_age: GaugeVec::new(
-                Opts::new(
-                    "peer_heartbeat_age_seconds",
-                    "Age of each peer's heartbeat as this node observes it (rank 0 sees every rank, a worker rank 0).",
-                ),
-                &["peer"],
-            )
-            .expect("valid"),
-            commands: IntCounterVec::new(
-                Opts::new("commands_total", "Phase commands that ended, by phase."),
-                &["phase"],
-            )
-            .expect("valid"),
-            commands_failed: IntCounterVec::new(
-                Opts::new(
-                    "commands_failed_total",
-                    "Phase commands that ended with a non-zero exit or a signal, by phase.",
-                ),
-                &["phase"],
-            )
-            .expect("valid"),
+            peer_age: reg(
+                &registry,
+                GaugeVec::new(
+                    Opts::new(
+                        "peer_heartbeat_age_seconds",
+                        "Age of each peer's heartbeat as this node observes it (rank 0 sees every rank, a worker rank 0).",
+                    ),
+                    &["peer"],
+                )
+                .expect("valid"),
+            ),
+            commands: by("commands_total", "Phase commands that ended, by phase.", "phase"),
+            commands_failed: by(
+                "commands_failed_total",
+                "Phase commands that ended with a non-zero exit or a signal, by phase.",
+                "phase",
+            ),
             barriers: c("barriers_total", "Barriers passed."),
-            barrier_wait: Counter::new(
-                "barrier_wait_seconds_total",
-                "Seconds spent waiting at barriers.",
-            )
-            .expect("valid"),
+            barrier_wait: reg(
+                &registry,
+                Counter::new(
+                    "barrier_wait_seconds_total",
+                    "Seconds spent waiting at barriers.",
+                )
+                .expect("valid"),
+            ),
             retries: c("item_retries_total", "Retries of planned items (per-task rollouts)."),
             items_failed: c(
                 "items_failed_total",
@@ -141,44 +157,22 @@ impl Textfile {
                 "hang_reports_total",
                 "Hang reports this node wrote (docs/forensics.md).",
             ),
-            written_at: Gauge::new(
-                "textfile_written_timestamp_seconds",
-                "When this file was written (Unix time): a stale value means the node stopped writing.",
-            )
-            .expect("valid"),
+            written_at: reg(
+                &registry,
+                Gauge::new(
+                    "textfile_written_timestamp_seconds",
+                    "When this file was written (Unix time): a stale value means the node stopped writing.",
+                )
+                .expect("valid"),
+            ),
             registry,
-            peers: Vec::new(),
+            ages: Vec::new(),
             changed: true,
             last_write: None,
             last_error: None,
         };
-        let reg = |c: Box<dyn prometheus::core::Collector>| {
-            t.registry.register(c).expect("metric names are distinct");
-        };
-        for m in [&t.running, &t.iteration, &t.generation, &t.phase_number] {
-            reg(Box::new(m.clone()));
-        }
-        reg(Box::new(t.phase.clone()));
-        reg(Box::new(t.peer_age.clone()));
-        reg(Box::new(t.commands.clone()));
-        reg(Box::new(t.commands_failed.clone()));
-        for m in [
-            &t.barriers,
-            &t.retries,
-            &t.items_failed,
-            &t.server_starts,
-            &t.hang_reports,
-        ] {
-            reg(Box::new(m.clone()));
-        }
-        reg(Box::new(t.barrier_wait.clone()));
-        reg(Box::new(t.written_at.clone()));
-        let mut t = t;
         t.running.set(1);
-        t.phase_number.set(-1);
-        for p in PHASES {
-            t.phase.with_label_values(&[p.name()]).set(0);
-        }
+        t.set_phase(None);
         t.write(Instant::now())
             .map_err(|e| Unusable(format!("cannot write {}: {e}", path.display())))?;
         Ok(t)
@@ -189,21 +183,14 @@ impl Textfile {
         self.iteration.set(iteration as i64);
         self.generation.set(gen as i64);
         match event {
-            Event::Phase { phase, n } => {
-                for p in PHASES {
-                    self.phase
-                        .with_label_values(&[p.name()])
-                        .set(i64::from(p == *phase));
-                }
-                self.phase_number.set(i64::from(*n));
-            }
+            Event::Phase { phase, .. } => self.set_phase(Some(*phase)),
             Event::Barrier { waited_ms, .. } => {
                 self.barriers.inc();
                 self.barrier_wait.inc_by(*waited_ms as f64 / 1000.0);
             }
             Event::Command { phase, exit, .. } => {
                 self.commands.with_label_values(&[phase]).inc();
-                if exit != "exit code 0" {
+                if exit != crate::process::EXIT_SUCCESS {
                     self.commands_failed.with_label_values(&[phase]).inc();
                 }
             }
@@ -216,18 +203,22 @@ impl Textfile {
         self.changed = true;
     }
 
-    /// The heartbeat ages this node observes now: (rank, milliseconds).
+    /// The heartbeat ages this node observes now: (rank, milliseconds). Kept until the
+    /// next write (this is called at every poll round; a write is rarer).
     pub(crate) fn peer_ages(&mut self, ages: &[(u32, u64)]) {
-        let now: Vec<u32> = ages.iter().map(|(r, _)| *r).collect();
-        for gone in self.peers.iter().filter(|r| !now.contains(r)) {
-            let _ = self.peer_age.remove_label_values(&[&gone.to_string()]);
+        self.ages.clear();
+        self.ages.extend_from_slice(ages);
+    }
+
+    /// The one-hot phase gauges and the phase number: `phase`, or none.
+    fn set_phase(&self, phase: Option<Phase>) {
+        for p in PHASES {
+            self.phase
+                .with_label_values(&[p.name()])
+                .set(i64::from(Some(p) == phase));
         }
-        for (rank, ms) in ages {
-            self.peer_age
-                .with_label_values(&[&rank.to_string()])
-                .set(*ms as f64 / 1000.0);
-        }
-        self.peers = now;
+        self.phase_number
+            .set(phase.map_or(-1, |p| i64::from(p.number())));
     }
 
     /// Rewrite the file if something changed (at most every [`MIN_GAP`]) or `refresh`
@@ -248,10 +239,7 @@ impl Textfile {
     /// The node has ended: say so in the file (best effort). Also done on drop.
     pub(crate) fn finish(&mut self) {
         self.running.set(0);
-        self.phase_number.set(-1);
-        for p in PHASES {
-            self.phase.with_label_values(&[p.name()]).set(0);
-        }
+        self.set_phase(None);
         let _ = self.write(Instant::now());
     }
 
@@ -270,6 +258,13 @@ impl Textfile {
             .map(|d| d.as_secs_f64())
             .unwrap_or(0.0);
         self.written_at.set(unix);
+        // Only the peers observed last: one no longer reported leaves the file.
+        self.peer_age.reset();
+        for (rank, ms) in &self.ages {
+            self.peer_age
+                .with_label_values(&[&rank.to_string()])
+                .set(*ms as f64 / 1000.0);
+        }
         let text = self.render();
         let dir = self.path.parent().filter(|p| !p.as_os_str().is_empty());
         let name = self
@@ -299,7 +294,6 @@ impl Drop for Textfile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::Phase;
     use std::collections::BTreeMap;
 
     /// The samples of a text-format file: (name, labels) → value. Comment lines are

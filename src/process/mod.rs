@@ -56,10 +56,14 @@ impl ChildExit {
     }
 }
 
+/// How a successful exit reads ([`ChildExit::Success`] displayed): what readers of the
+/// event log's `command` events compare an `exit` with.
+pub const EXIT_SUCCESS: &str = "exit code 0";
+
 impl std::fmt::Display for ChildExit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ChildExit::Success => write!(f, "exit code 0"),
+            ChildExit::Success => f.write_str(EXIT_SUCCESS),
             ChildExit::Exit(c) => write!(f, "exit code {c}"),
             ChildExit::Signal(s) => write!(f, "killed by signal {s} ({})", signal_name(*s)),
         }

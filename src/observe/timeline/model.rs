@@ -397,7 +397,7 @@ fn lane(c: &ClusterInput, rank: u32, events: &[Event]) -> Lane {
                         .push(format!("{phase} command: {exit} after {secs:.3}s"));
                     blocks[i].log = Some(log.clone());
                 }
-                if exit != "exit code 0" {
+                if exit != crate::process::EXIT_SUCCESS {
                     marks.push(mark(
                         MarkKind::CommandFailed,
                         format!("{phase} command: {exit} after {secs:.3}s; log {log}"),
