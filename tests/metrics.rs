@@ -47,6 +47,14 @@ fn lines(c: &TestCluster) -> Vec<Value> {
         .collect()
 }
 
+/// The iteration of each line, in order.
+fn iterations(lines: &[Value]) -> Vec<u64> {
+    lines
+        .iter()
+        .map(|l| l["iteration"].as_u64().unwrap())
+        .collect()
+}
+
 fn wait_all(nodes: &mut [NodeProc]) {
     for n in nodes {
         assert_eq!(n.wait(LIMIT), 0, "rank {} failed:\n{}", n.rank, n.stderr());
@@ -94,11 +102,7 @@ fn two_nodes_write_one_line_per_iteration_matching_the_merged_records() {
     let mut nodes = c.spawn_all(&["--iterations", "3", "--eval-interval", "2"]);
     wait_all(&mut nodes);
     let lines = lines(&c);
-    let its: Vec<u64> = lines
-        .iter()
-        .map(|l| l["iteration"].as_u64().unwrap())
-        .collect();
-    assert_eq!(its, [1, 2, 3], "{lines:#?}");
+    assert_eq!(iterations(&lines), [1, 2, 3], "{lines:#?}");
     for l in &lines {
         check_line(&c, l);
         assert!(l.get("cluster").is_none(), "{l}");
@@ -201,11 +205,7 @@ fn a_resumed_run_does_not_repeat_a_line() {
         nodes[0].stderr()
     );
     let lines = lines(&c);
-    let its: Vec<u64> = lines
-        .iter()
-        .map(|l| l["iteration"].as_u64().unwrap())
-        .collect();
-    assert_eq!(its, [1, 2, 3], "{lines:#?}");
+    assert_eq!(iterations(&lines), [1, 2, 3], "{lines:#?}");
     for l in &lines {
         check_line(&c, l);
     }
@@ -216,22 +216,8 @@ fn a_resumed_run_does_not_repeat_a_line() {
 #[test]
 fn a_pipelined_run_has_lines_from_both_clusters() {
     let extra = format!("{COMMANDS}\n[pipeline]\nstaleness = 1\n");
-    let c = TestCluster::new(1, &extra);
-    let t = fs::read_to_string(&c.config).unwrap();
-    fs::write(
-        &c.config,
-        t.replacen("[cluster]\n", "[cluster]\nmodel = \"base\"\n", 1),
-    )
-    .unwrap();
-    let mut nodes: Vec<NodeProc> = ["rollout", "update"]
-        .iter()
-        .map(|side| {
-            c.spawn(
-                0,
-                &["--iterations", "3", "--num-nodes", "1", "--rl-phase", side],
-            )
-        })
-        .collect();
+    let c = TestCluster::pipelined(&extra);
+    let mut nodes = c.spawn_rollout_and_update(3);
     wait_all(&mut nodes);
     let lines = lines(&c);
     for side in ["rollout", "update"] {

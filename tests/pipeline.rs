@@ -73,15 +73,10 @@ impl Run {
     }
 
     fn with_config(text: &str, iterations: u64) -> Run {
-        let c = TestCluster::new(1, text);
-        // The base model goes into the file's own [cluster] table.
-        let t = fs::read_to_string(&c.config).unwrap();
-        fs::write(
-            &c.config,
-            t.replacen("[cluster]\n", "[cluster]\nmodel = \"base\"\n", 1),
-        )
-        .unwrap();
-        Run { c, iterations }
+        Run {
+            c: TestCluster::pipelined(text),
+            iterations,
+        }
     }
 
     /// Start rank `rank` of one cluster of `nodes` nodes (`None`: the synchronous loop).

@@ -495,22 +495,8 @@ metrics-fields = ["reward"]
 [pipeline]
 staleness = 1
 "#;
-    let c = TestCluster::new(1, extra);
-    let t = fs::read_to_string(&c.config).unwrap();
-    fs::write(
-        &c.config,
-        t.replacen("[cluster]\n", "[cluster]\nmodel = \"base\"\n", 1),
-    )
-    .unwrap();
-    let mut nodes: Vec<NodeProc> = ["rollout", "update"]
-        .iter()
-        .map(|side| {
-            c.spawn(
-                0,
-                &["--iterations", "2", "--num-nodes", "1", "--rl-phase", side],
-            )
-        })
-        .collect();
+    let c = TestCluster::pipelined(extra);
+    let mut nodes = c.spawn_rollout_and_update(2);
     assert_eq!(wait_all(&mut nodes), [0, 0]);
     let out = c.dir.path().join("run.html");
     let page = draw(&c.log_path, &out, &[]);

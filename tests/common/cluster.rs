@@ -128,6 +128,34 @@ impl TestCluster {
         (0..self.num_nodes).map(|r| self.spawn(r, args)).collect()
     }
 
+    /// A cluster of one node per side for a pipelined run (`extra` sets `[pipeline]
+    /// staleness`), whose base model, `base`, goes into the file's own `[cluster]` table.
+    pub fn pipelined(extra: &str) -> TestCluster {
+        let c = TestCluster::new(1, extra);
+        let t = fs::read_to_string(&c.config).unwrap();
+        fs::write(
+            &c.config,
+            t.replacen("[cluster]\n", "[cluster]\nmodel = \"base\"\n", 1),
+        )
+        .unwrap();
+        c
+    }
+
+    /// One rollout node and one update node, each rank 0 of a cluster of one, running
+    /// `iterations` iterations.
+    pub fn spawn_rollout_and_update(&self, iterations: u64) -> Vec<NodeProc> {
+        let its = iterations.to_string();
+        ["rollout", "update"]
+            .iter()
+            .map(|side| {
+                self.spawn(
+                    0,
+                    &["--iterations", &its, "--num-nodes", "1", "--rl-phase", side],
+                )
+            })
+            .collect()
+    }
+
     /// Read rank r's live record of the current generation (None if not there yet).
     pub fn record(&self, rank: u32) -> Option<serde_json::Value> {
         self.record_in(None, rank)
