@@ -990,7 +990,16 @@ impl Node {
 
     /// Rename a dropped group's committed items to `<item>.jsonl.dropped`, so no shard
     /// includes them and they stay for inspection. Returns how many there were.
+    ///
+    /// Fenced here, immediately before the renames: the items directory is shared by
+    /// every generation, and a node that paused since its last check (in `drop_group`,
+    /// during the kill-grace wait for the group's running samples) must not rename items
+    /// a newer generation committed.
     fn set_aside(&mut self, dir: &Path, group: &Group) -> Result<usize, Stop> {
+        self.fence(&format!(
+            "set aside the group {}'s items",
+            group.name(self.rank)
+        ))?;
         let mut moved = 0;
         for j in 0..group.len {
             let name = group.item(self.rank, j);
