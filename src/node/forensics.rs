@@ -484,11 +484,8 @@ impl Job {
     fn run(self) {
         // Everything is collected before the shared directory is touched.
         let body = collect::collect(self.root, &self.spare);
-        logging::info(
-            self.rank,
-            &format!("hang report: {}", collect::summary(&body)),
-        );
-        let text = format!("{}\n{body}", self.header);
+        logging::info(self.rank, &format!("hang report: {}", body.summary));
+        let text = format!("{}\n{}", self.header, body.text);
         let (path, result) = self.write(text.as_bytes());
         let _ = self.tx.send(Written {
             path,
