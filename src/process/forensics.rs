@@ -21,7 +21,8 @@ use super::{spawn_waited, unblocked_signals, which, ChildExit};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 /// How long `py-spy dump` and `nvidia-smi` may run before they are killed.
@@ -144,26 +145,70 @@ pub fn look(pid: i32) -> ProcInfo {
     }
 }
 
+/// How many `/proc` readers of earlier reports passed their time limit and are still
+/// blocked (a process stuck in the kernel holding its memory lock can keep one blocked
+/// for good). While one is, a new report skips `/proc` instead of leaving one more thread
+/// behind at each report. A count, not a flag: two reports can get stuck at once, and
+/// the first to come free must not clear the other's mark.
+static STUCK_READERS: AtomicUsize = AtomicUsize::new(0);
+
+/// What [`read_bounded`]'s thread sends: the number of processes, then each one.
+type Read = Result<ProcInfo, usize>;
+
 /// Every descendant of process `root` except `spare` (and theirs), as `/proc` shows them,
 /// parents before children; at most `limit` is spent reading. The second value says what
-/// was left out when the limit passed.
+/// was left out when the limit passed (or why nothing was read).
 pub fn snapshot(root: i32, spare: &[i32], limit: Duration) -> (Vec<ProcInfo>, Option<String>) {
+    let spare = spare.to_vec();
+    read_bounded(limit, move |tx| {
+        let pids: Vec<i32> = descendants::under(root, &spare)
+            .iter()
+            .map(|p| p.pid)
+            .collect();
+        let _ = tx.send(Err(pids.len()));
+        for pid in pids {
+            if tx.send(Ok(look(pid))).is_err() {
+                return;
+            }
+        }
+    })
+}
+
+/// Run `read` on a thread of its own and keep what it sends within `limit`. A thread still
+/// running at the limit is left behind and counted in [`STUCK_READERS`] until it ends;
+/// while any is, `read` is not started at all.
+fn read_bounded(
+    limit: Duration,
+    read: impl FnOnce(&mpsc::Sender<Read>) + Send + 'static,
+) -> (Vec<ProcInfo>, Option<String>) {
+    if STUCK_READERS.load(Ordering::SeqCst) > 0 {
+        return (
+            vec![],
+            Some("/proc not read: the reader of an earlier report is still blocked (a process may be stuck in the kernel holding its memory lock)".into()),
+        );
+    }
+    // Who leaves last counts the stuck reader down: the thread when it ends after the
+    // caller gave up on it, or the caller when the thread ended in between.
+    const RUNNING: u8 = 0;
+    const DONE: u8 = 1;
+    const ABANDONED: u8 = 2;
+    let state = Arc::new(AtomicU8::new(RUNNING));
+    struct Ends(Arc<AtomicU8>);
+    impl Drop for Ends {
+        fn drop(&mut self) {
+            if self.0.swap(DONE, Ordering::SeqCst) == ABANDONED {
+                STUCK_READERS.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
     let deadline = Instant::now() + limit;
     let (tx, rx) = mpsc::channel();
-    let spare = spare.to_vec();
+    let ends = Ends(state.clone());
     let spawned = std::thread::Builder::new()
         .name("hang-proc".into())
         .spawn(move || {
-            let pids: Vec<i32> = descendants::under(root, &spare)
-                .iter()
-                .map(|p| p.pid)
-                .collect();
-            let _ = tx.send(Err(pids.len()));
-            for pid in pids {
-                if tx.send(Ok(look(pid))).is_err() {
-                    return;
-                }
-            }
+            let _ends = ends;
+            read(&tx);
         });
     if let Err(e) = spawned {
         return (
@@ -181,6 +226,10 @@ pub fn snapshot(root: i32, spare: &[i32], limit: Duration) -> (Vec<ProcInfo>, Op
             // The thread is done: everything was read.
             Err(mpsc::RecvTimeoutError::Disconnected) => return (out, None),
             Err(mpsc::RecvTimeoutError::Timeout) => {
+                STUCK_READERS.fetch_add(1, Ordering::SeqCst);
+                if state.swap(ABANDONED, Ordering::SeqCst) == DONE {
+                    STUCK_READERS.fetch_sub(1, Ordering::SeqCst);
+                }
                 let missing = match total {
                     Some(n) => format!("{} of {n} processes", n - out.len()),
                     None => "the list of processes".into(),
@@ -463,5 +512,44 @@ mod tests {
         // The command line is cut at 40 characters.
         let long = proc(9, &"a".repeat(50), "R (running)");
         assert_eq!(summary(&[long]), format!("9 R {}", "a".repeat(40)));
+    }
+
+    #[test]
+    fn a_proc_reader_stuck_past_its_limit_makes_later_reports_skip_proc_until_it_ends() {
+        let limit = Duration::from_millis(100);
+        let (unblock, blocked) = mpsc::channel::<()>();
+        // A reader that blocks, as one on a process stuck in the kernel would.
+        let (procs, why) = read_bounded(limit, move |tx| {
+            let _ = tx.send(Err(1));
+            let _ = blocked.recv();
+        });
+        assert!(procs.is_empty());
+        let why = why.expect("the limit passed");
+        assert!(why.contains("1 of 1 processes not read"), "{why}");
+        // While it is blocked, the next report does not start another reader.
+        let started = Arc::new(AtomicUsize::new(0));
+        let s = started.clone();
+        let (_, why) = read_bounded(limit, move |_| {
+            s.fetch_add(1, Ordering::SeqCst);
+        });
+        assert!(why.expect("skipped").contains("still blocked"));
+        assert_eq!(started.load(Ordering::SeqCst), 0);
+        // Once it ends, reports read /proc again.
+        unblock.send(()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while STUCK_READERS.load(Ordering::SeqCst) > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the stuck reader was never counted down"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let s = started.clone();
+        let (procs, why) = read_bounded(limit, move |tx| {
+            s.fetch_add(1, Ordering::SeqCst);
+            let _ = tx.send(Err(0));
+        });
+        assert_eq!((procs, why), (vec![], None));
+        assert_eq!(started.load(Ordering::SeqCst), 1);
     }
 }
