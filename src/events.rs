@@ -222,6 +222,14 @@ mod tests {
     use super::*;
     use serde_json::{json, Value};
 
+    /// The exact-budget groups of the `items` examples: one dropped and replaced.
+    const GROUPS: Groups = Groups {
+        planned: 3,
+        complete: 3,
+        dropped: 1,
+        replacements: 1,
+    };
+
     fn record(event: Event) -> EventRecord {
         EventRecord {
             event,
@@ -342,12 +350,7 @@ mod tests {
                 failed: 1,
                 mode: ItemsMode::Static {
                     retries: 2,
-                    groups: Some(Groups {
-                        planned: 3,
-                        complete: 3,
-                        dropped: 1,
-                        replacements: 1,
-                    }),
+                    groups: Some(GROUPS),
                 },
             },
             Event::Items {
@@ -634,12 +637,7 @@ mod tests {
                     failed: 1,
                     mode: ItemsMode::Static {
                         retries: 2,
-                        groups: Some(Groups {
-                            planned: 3,
-                            complete: 3,
-                            dropped: 1,
-                            replacements: 1,
-                        }),
+                        groups: Some(GROUPS),
                     },
                 },
                 json!({"event": "items", "split": "eval", "total": 4, "committed": 3, "failed": 1, "retries": 2,

@@ -48,16 +48,6 @@ fn signal_tree(pids: &[i32], sig: i32) {
     }
 }
 
-fn stopped(pid: i32) -> bool {
-    fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .map(|(_, r)| r.trim_start().starts_with('T'))
-        })
-        .unwrap_or(false)
-}
-
 fn lines(path: &Path) -> Vec<serde_json::Value> {
     fs::read_to_string(path)
         .unwrap_or_default()

@@ -261,16 +261,6 @@ fn a_workers_call_is_answered_by_rank_0_and_relayed_to_the_other_workers() {
     assert!(!report_path(&c, 1, 1, 2).exists(), "{}", read(1, 2));
 }
 
-fn stopped(pid: i32) -> bool {
-    fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .map(|(_, r)| r.trim_start().starts_with('T'))
-        })
-        .unwrap_or(false)
-}
-
 #[test]
 fn a_peer_frozen_by_sigstop_is_named_in_the_survivors_reports_and_status_points_to_them() {
     let c = TestCluster::new(3, "[phases.rollout]\ncommand = \"sleep 1000; true\"\n");

@@ -222,10 +222,14 @@ impl Reporter {
     /// callers were (iteration and phase), which this node's own call counts for too:
     /// every worker waiting at a barrier for a slow rank 0 calls, and rank 0's one report
     /// answers them all.
-    fn unanswered(&mut self, seen: impl IntoIterator<Item = HangCall>) -> Vec<HangCall> {
+    ///
+    /// Takes the calls by reference and clones only the new ones: this runs every poll
+    /// round, and nearly every call seen has been answered already.
+    fn unanswered<'c>(&mut self, seen: impl IntoIterator<Item = &'c HangCall>) -> Vec<HangCall> {
         seen.into_iter()
             .filter(|c| self.answered.insert((c.rank, c.n)))
             .filter(|c| self.stalls.insert((c.iteration, c.phase.clone())))
+            .cloned()
             .collect()
     }
 
@@ -337,14 +341,14 @@ impl Node {
             }
         }
         if self.watch.formed {
-            let seen: Vec<HangCall> = self
+            let rank = self.rank;
+            let seen = self
                 .watch
                 .peers
                 .iter()
                 .enumerate()
-                .filter(|(r, _)| *r as u32 != self.rank)
-                .filter_map(|(_, p)| p.as_ref()?.hang_call.clone())
-                .collect();
+                .filter(|(r, _)| *r as u32 != rank)
+                .filter_map(|(_, p)| p.as_ref()?.hang_call.as_ref());
             for call in self.hang.unanswered(seen) {
                 // Workers read only rank 0's record: it passes a worker's call on.
                 if self.is_master() {
@@ -480,11 +484,8 @@ impl Job {
     fn run(self) {
         // Everything is collected before the shared directory is touched.
         let body = collect::collect(self.root, &self.spare);
-        logging::info(
-            self.rank,
-            &format!("hang report: {}", collect::summary(&body)),
-        );
-        let text = format!("{}\n{body}", self.header);
+        logging::info(self.rank, &format!("hang report: {}", body.summary));
+        let text = format!("{}\n{}", self.header, body.text);
         let (path, result) = self.write(text.as_bytes());
         let _ = self.tx.send(Written {
             path,
@@ -603,21 +604,21 @@ mod tests {
         // Its own calls count from 1 and are never answered by itself.
         let own = r.call(2, 1, "2 (rollout-complete)", "barrier x");
         assert_eq!((own.rank, own.n), (2, 1));
-        assert!(r.unanswered([own.clone()]).is_empty());
+        assert!(r.unanswered([&own]).is_empty());
         // Rank 0's call, read again at every round: answered once.
         let c0 = call(0, 1, 1, "1 (train-rollout)");
-        assert_eq!(r.unanswered([c0.clone()]), std::slice::from_ref(&c0));
-        assert!(r.unanswered([c0]).is_empty());
+        assert_eq!(r.unanswered([&c0]), std::slice::from_ref(&c0));
+        assert!(r.unanswered([&c0]).is_empty());
         // Rank 1's call as rank 1 made it and as rank 0 relays it: one answer.
         let c1 = call(1, 1, 2, "1 (train-rollout)");
-        assert_eq!(r.unanswered([c1.clone(), c1.clone()]), [c1]);
+        assert_eq!(r.unanswered([&c1, &c1]), [c1]);
         // Another worker's call from the same stall as this node's own: no second report.
         assert!(r
-            .unanswered([call(3, 1, 1, "2 (rollout-complete)")])
+            .unanswered([&call(3, 1, 1, "2 (rollout-complete)")])
             .is_empty());
         // A later call of the same rank, from elsewhere, is a new one.
         let later = call(0, 2, 1, "10 (training)");
-        assert_eq!(r.unanswered([later.clone()]), [later]);
+        assert_eq!(r.unanswered([&later]), [later]);
         assert_eq!(r.call(2, 1, "10 (training)", "y").n, 2);
     }
 

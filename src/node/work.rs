@@ -654,13 +654,7 @@ impl Node {
         let mut running: HashMap<i32, (Queued, PathBuf)> = HashMap::new();
         let deadline = self.clock.now() + pc.timeout;
         let started = self.clock.now();
-        // Until the next phase: a report when the items overrun hang-report-at.
-        self.watch_wait(
-            format!("the {phase} items of iteration {}", self.iteration),
-            format!("phases.{phase}.timeout"),
-            pc.timeout,
-            started,
-        );
+        self.watch_items(phase, pc.timeout, started);
         loop {
             let now = self.clock.now();
             let (due, later): (Vec<_>, Vec<_>) =
@@ -760,6 +754,7 @@ impl Node {
                 }
             }
         }
+        self.unwatch_wait();
         if progress_bar() {
             crate::errln!();
         }
@@ -988,9 +983,29 @@ impl Node {
         Ok(())
     }
 
+    /// While the items of `phase` run (until [`Node::unwatch_wait`] after their loop): a
+    /// hang report when they overrun hang-report-at of the phase's `timeout`.
+    fn watch_items(&mut self, phase: &str, timeout: Duration, started: Instant) {
+        self.watch_wait(
+            format!("the {phase} items of iteration {}", self.iteration),
+            format!("phases.{phase}.timeout"),
+            timeout,
+            started,
+        );
+    }
+
     /// Rename a dropped group's committed items to `<item>.jsonl.dropped`, so no shard
     /// includes them and they stay for inspection. Returns how many there were.
+    ///
+    /// Fenced here, immediately before the renames: the items directory is shared by
+    /// every generation, and a node that paused since its last check (in `drop_group`,
+    /// during the kill-grace wait for the group's running samples) must not rename items
+    /// a newer generation committed.
     fn set_aside(&mut self, dir: &Path, group: &Group) -> Result<usize, Stop> {
+        self.fence(&format!(
+            "set aside the group {}'s items",
+            group.name(self.rank)
+        ))?;
         let mut moved = 0;
         for j in 0..group.len {
             let name = group.item(self.rank, j);
@@ -1247,13 +1262,7 @@ impl Node {
         let mut finished: Vec<Running> = vec![];
         let deadline = self.clock.now() + pc.timeout;
         let started = self.clock.now();
-        // Until the next phase: a report when the items overrun hang-report-at.
-        self.watch_wait(
-            format!("the {phase} items of iteration {}", self.iteration),
-            format!("phases.{phase}.timeout"),
-            pc.timeout,
-            started,
-        );
+        self.watch_items(phase, pc.timeout, started);
         loop {
             let my_pace = (!item_secs.is_empty()).then(|| lease::Pace {
                 item: Duration::from_secs_f64(
@@ -1570,6 +1579,7 @@ impl Node {
                 }
             }
         }
+        self.unwatch_wait();
         self.waiting_note.clear();
         self.info(&format!(
             "iteration {}: dynamic {split}: this rank committed {mine} of {} items in {:.2}s ({backups} backup attempt(s), {left_items} left to faster ranks){}",

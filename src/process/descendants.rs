@@ -43,7 +43,7 @@ pub fn marker(nonce: &str, command: u64) -> String {
 }
 
 /// The `n`-th field (0 = state) after the command name in a `/proc/<pid>/stat` line.
-fn stat_field(stat: &str, n: usize) -> Option<&str> {
+pub(super) fn stat_field(stat: &str, n: usize) -> Option<&str> {
     stat.rsplit_once(')')?.1.split_whitespace().nth(n)
 }
 

@@ -16,12 +16,13 @@
 //! off the node's loop and writes the text afterwards (the write may hang on the shared
 //! directory itself; the collection never waits for it).
 
-use super::descendants;
-use super::{spawn_waited, unblocked_signals, ChildExit};
+use super::descendants::{self, stat_field};
+use super::{spawn_waited, unblocked_signals, which, ChildExit};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 /// How long `py-spy dump` and `nvidia-smi` may run before they are killed.
@@ -62,11 +63,6 @@ impl ProcInfo {
         let base = argv0.rsplit('/').next().unwrap_or("");
         self.name.starts_with("python") || base.starts_with("python")
     }
-}
-
-/// The `n`-th field (0 = state) after the command name in a `/proc/<pid>/stat` line.
-fn stat_field(stat: &str, n: usize) -> Option<&str> {
-    stat.rsplit_once(')')?.1.split_whitespace().nth(n)
 }
 
 /// The name between the parentheses of a `/proc/<pid>/stat` line.
@@ -149,26 +145,70 @@ pub fn look(pid: i32) -> ProcInfo {
     }
 }
 
+/// How many `/proc` readers of earlier reports passed their time limit and are still
+/// blocked (a process stuck in the kernel holding its memory lock can keep one blocked
+/// for good). While one is, a new report skips `/proc` instead of leaving one more thread
+/// behind at each report. A count, not a flag: two reports can get stuck at once, and
+/// the first to come free must not clear the other's mark.
+static STUCK_READERS: AtomicUsize = AtomicUsize::new(0);
+
+/// What [`read_bounded`]'s thread sends: the number of processes, then each one.
+type Read = Result<ProcInfo, usize>;
+
 /// Every descendant of process `root` except `spare` (and theirs), as `/proc` shows them,
 /// parents before children; at most `limit` is spent reading. The second value says what
-/// was left out when the limit passed.
+/// was left out when the limit passed (or why nothing was read).
 pub fn snapshot(root: i32, spare: &[i32], limit: Duration) -> (Vec<ProcInfo>, Option<String>) {
+    let spare = spare.to_vec();
+    read_bounded(limit, move |tx| {
+        let pids: Vec<i32> = descendants::under(root, &spare)
+            .iter()
+            .map(|p| p.pid)
+            .collect();
+        let _ = tx.send(Err(pids.len()));
+        for pid in pids {
+            if tx.send(Ok(look(pid))).is_err() {
+                return;
+            }
+        }
+    })
+}
+
+/// Run `read` on a thread of its own and keep what it sends within `limit`. A thread still
+/// running at the limit is left behind and counted in [`STUCK_READERS`] until it ends;
+/// while any is, `read` is not started at all.
+fn read_bounded(
+    limit: Duration,
+    read: impl FnOnce(&mpsc::Sender<Read>) + Send + 'static,
+) -> (Vec<ProcInfo>, Option<String>) {
+    if STUCK_READERS.load(Ordering::SeqCst) > 0 {
+        return (
+            vec![],
+            Some("/proc not read: the reader of an earlier report is still blocked (a process may be stuck in the kernel holding its memory lock)".into()),
+        );
+    }
+    // Who leaves last counts the stuck reader down: the thread when it ends after the
+    // caller gave up on it, or the caller when the thread ended in between.
+    const RUNNING: u8 = 0;
+    const DONE: u8 = 1;
+    const ABANDONED: u8 = 2;
+    let state = Arc::new(AtomicU8::new(RUNNING));
+    struct Ends(Arc<AtomicU8>);
+    impl Drop for Ends {
+        fn drop(&mut self) {
+            if self.0.swap(DONE, Ordering::SeqCst) == ABANDONED {
+                STUCK_READERS.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
     let deadline = Instant::now() + limit;
     let (tx, rx) = mpsc::channel();
-    let spare = spare.to_vec();
+    let ends = Ends(state.clone());
     let spawned = std::thread::Builder::new()
         .name("hang-proc".into())
         .spawn(move || {
-            let pids: Vec<i32> = descendants::under(root, &spare)
-                .iter()
-                .map(|p| p.pid)
-                .collect();
-            let _ = tx.send(Err(pids.len()));
-            for pid in pids {
-                if tx.send(Ok(look(pid))).is_err() {
-                    return;
-                }
-            }
+            let _ends = ends;
+            read(&tx);
         });
     if let Err(e) = spawned {
         return (
@@ -186,6 +226,10 @@ pub fn snapshot(root: i32, spare: &[i32], limit: Duration) -> (Vec<ProcInfo>, Op
             // The thread is done: everything was read.
             Err(mpsc::RecvTimeoutError::Disconnected) => return (out, None),
             Err(mpsc::RecvTimeoutError::Timeout) => {
+                STUCK_READERS.fetch_add(1, Ordering::SeqCst);
+                if state.swap(ABANDONED, Ordering::SeqCst) == DONE {
+                    STUCK_READERS.fetch_sub(1, Ordering::SeqCst);
+                }
                 let missing = match total {
                     Some(n) => format!("{} of {n} processes", n - out.len()),
                     None => "the list of processes".into(),
@@ -200,18 +244,6 @@ pub fn snapshot(root: i32, spare: &[i32], limit: Duration) -> (Vec<ProcInfo>, Op
             }
         }
     }
-}
-
-/// `name` as found on this process's PATH (an executable file), like the shell would.
-pub fn find_program(name: &str) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|d| d.join(name))
-        .find(|p| {
-            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
 }
 
 /// How a tool run ended.
@@ -296,9 +328,16 @@ fn tool_section(out: &mut String, shown: &str, run: &ToolRun) {
     }
 }
 
+/// What a hang report says after its header, and the one line for the node's log.
+pub struct Collected {
+    pub text: String,
+    /// See [`summary`].
+    pub summary: String,
+}
+
 /// Everything a hang report says after its header: each descendant of `root` (except
 /// `spare`) from `/proc`, `py-spy dump` of the Python ones and `nvidia-smi`.
-pub fn collect(root: i32, spare: &[i32]) -> String {
+pub fn collect(root: i32, spare: &[i32]) -> Collected {
     let (procs, unfinished) = snapshot(root, spare, PROC_LIMIT);
     let mut out = String::new();
     let _ = writeln!(
@@ -333,7 +372,7 @@ pub fn collect(root: i32, spare: &[i32]) -> String {
 
     out.push_str("\n## py-spy\n");
     let python: Vec<&ProcInfo> = procs.iter().filter(|p| p.is_python()).collect();
-    match find_program("py-spy") {
+    match which("py-spy") {
         _ if python.is_empty() => out.push_str("(no Python process)\n"),
         None => out.push_str("py-spy: not installed (not on PATH)\n"),
         Some(py_spy) => {
@@ -369,38 +408,29 @@ pub fn collect(root: i32, spare: &[i32]) -> String {
     }
 
     out.push_str("\n## nvidia-smi\n");
-    match find_program("nvidia-smi") {
+    match which("nvidia-smi") {
         None => out.push_str("nvidia-smi: not installed (not on PATH)\n"),
         Some(smi) => tool_section(&mut out, "nvidia-smi", &run_tool(&smi, &[], TOOL_LIMIT)),
     }
-    out
+    Collected {
+        text: out,
+        summary: summary(&procs),
+    }
 }
 
 /// One line naming each process and what it waits on, for the node's own log (which may
 /// be readable when the report's write hangs on the shared directory).
-pub fn summary(report: &str) -> String {
-    let mut parts = Vec::new();
-    let mut current: Option<(String, String, String)> = None;
-    for l in report.lines() {
-        if let Some(rest) = l.strip_prefix("### pid ") {
-            if let Some(c) = current.take() {
-                parts.push(c);
-            }
-            let pid = rest.split(' ').next().unwrap_or("?").to_string();
-            let cmd = rest.split_once("): ").map_or("", |(_, c)| c);
-            let cmd: String = cmd.chars().take(40).collect();
-            current = Some((pid, cmd, String::new()));
-        } else if let (Some(state), Some(c)) = (l.strip_prefix("state: "), current.as_mut()) {
-            c.2 = state.split(' ').next().unwrap_or("?").to_string();
-        }
-    }
-    parts.extend(current);
-    if parts.is_empty() {
+pub fn summary(procs: &[ProcInfo]) -> String {
+    if procs.is_empty() {
         return "no processes".into();
     }
-    parts
+    procs
         .iter()
-        .map(|(pid, cmd, state)| format!("{pid} {state} {cmd}"))
+        .map(|p| {
+            let state = p.state.split(' ').next().unwrap_or("?");
+            let cmd: String = p.cmdline.chars().take(40).collect();
+            format!("{} {state} {cmd}", p.pid)
+        })
         .collect::<Vec<_>>()
         .join("; ")
 }
@@ -441,7 +471,7 @@ mod tests {
 
     #[test]
     fn a_tool_that_hangs_is_killed_at_its_limit_and_one_that_ends_is_read() {
-        let sh = find_program("sh").expect("sh on PATH");
+        let sh = which("sh").expect("sh on PATH");
         let started = Instant::now();
         let run = run_tool(&sh, &["-c", "echo out; echo err >&2; exit 3"], TOOL_LIMIT);
         match run {
@@ -463,8 +493,63 @@ mod tests {
 
     #[test]
     fn the_summary_names_each_process_with_its_state() {
-        let report = "## processes\n\n### pid 7 (ppid 1): sleep 1000\nstate: S (sleeping)\nwchan: x\n\n### pid 8 (ppid 7): cat\nstate: D (disk sleep)\n";
-        assert_eq!(summary(report), "7 S sleep 1000; 8 D cat");
-        assert_eq!(summary("## processes: 0\n"), "no processes");
+        let proc = |pid, cmdline: &str, state: &str| ProcInfo {
+            pid,
+            ppid: Some(1),
+            name: "x".into(),
+            cmdline: cmdline.into(),
+            state: state.into(),
+            wchan: "x".into(),
+            stack: Ok(String::new()),
+            threads: Some(1),
+        };
+        let procs = [
+            proc(7, "sleep 1000", "S (sleeping)"),
+            proc(8, "cat", "D (disk sleep)"),
+        ];
+        assert_eq!(summary(&procs), "7 S sleep 1000; 8 D cat");
+        assert_eq!(summary(&[]), "no processes");
+        // The command line is cut at 40 characters.
+        let long = proc(9, &"a".repeat(50), "R (running)");
+        assert_eq!(summary(&[long]), format!("9 R {}", "a".repeat(40)));
+    }
+
+    #[test]
+    fn a_proc_reader_stuck_past_its_limit_makes_later_reports_skip_proc_until_it_ends() {
+        let limit = Duration::from_millis(100);
+        let (unblock, blocked) = mpsc::channel::<()>();
+        // A reader that blocks, as one on a process stuck in the kernel would.
+        let (procs, why) = read_bounded(limit, move |tx| {
+            let _ = tx.send(Err(1));
+            let _ = blocked.recv();
+        });
+        assert!(procs.is_empty());
+        let why = why.expect("the limit passed");
+        assert!(why.contains("1 of 1 processes not read"), "{why}");
+        // While it is blocked, the next report does not start another reader.
+        let started = Arc::new(AtomicUsize::new(0));
+        let s = started.clone();
+        let (_, why) = read_bounded(limit, move |_| {
+            s.fetch_add(1, Ordering::SeqCst);
+        });
+        assert!(why.expect("skipped").contains("still blocked"));
+        assert_eq!(started.load(Ordering::SeqCst), 0);
+        // Once it ends, reports read /proc again.
+        unblock.send(()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while STUCK_READERS.load(Ordering::SeqCst) > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the stuck reader was never counted down"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let s = started.clone();
+        let (procs, why) = read_bounded(limit, move |tx| {
+            s.fetch_add(1, Ordering::SeqCst);
+            let _ = tx.send(Err(0));
+        });
+        assert_eq!((procs, why), (vec![], None));
+        assert_eq!(started.load(Ordering::SeqCst), 1);
     }
 }

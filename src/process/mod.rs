@@ -552,19 +552,22 @@ pub fn spawn_shell(
 /// that lacks it: about a millisecond per per-task item on a long PATH).
 fn shell() -> &'static Path {
     static SHELL: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-    SHELL.get_or_init(|| {
-        use std::os::unix::fs::PermissionsExt;
-        std::env::var_os("PATH")
-            .iter()
-            .flat_map(std::env::split_paths)
-            .filter(|d| d.is_absolute())
-            .map(|d| d.join("sh"))
-            .find(|p| {
-                std::fs::metadata(p)
-                    .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-            })
-            .unwrap_or_else(|| "sh".into())
-    })
+    SHELL.get_or_init(|| which("sh").unwrap_or_else(|| "sh".into()))
+}
+
+/// `name` as found on this process's PATH, like the shell would: the first executable
+/// file of that name in one of its (absolute) directories. A relative PATH entry is
+/// skipped: what it names depends on the directory a command later runs in.
+pub fn which(name: &str) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .filter(|d| d.is_absolute())
+        .map(|d| d.join(name))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
 }
 
 /// The last `n` lines of a log file, for failure messages.

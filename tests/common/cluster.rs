@@ -336,6 +336,17 @@ pub fn parent_of(pid: i32) -> Option<i32> {
         .ok()
 }
 
+/// Whether `pid` is stopped (state `T`: SIGSTOP), as `/proc` says; false once it is gone.
+pub fn stopped(pid: i32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, r)| r.trim_start().starts_with('T'))
+        })
+        .unwrap_or(false)
+}
+
 /// Every live descendant of `pid`, parents before children.
 pub fn descendants(pid: i32) -> Vec<i32> {
     let all: Vec<(i32, i32)> = fs::read_dir("/proc")
