@@ -559,6 +559,11 @@ fn bad_input_is_refused_with_exit_2() {
     for (range, want) in [
         ("5..3", "--iterations 5..3: the range is empty"),
         ("x..3", "--iterations x..3"),
+        ("..", "--iterations ..: give at least one end"),
+        (
+            "5..",
+            "--iterations 5..: the run has no event of those iterations",
+        ),
         (
             "7..9",
             "--iterations 7..9: the run has no event of those iterations",

@@ -60,6 +60,12 @@ pub fn parse_range(s: &str) -> Result<RangeInclusive<u64>, String> {
             .map_err(|_| format!("--iterations {s}: {p:?} is not an iteration number"))
     };
     let (a, b) = match s.split_once("..") {
+        // A range with neither end would mean every iteration: leave the flag out instead.
+        Some((a, b)) if a.trim().is_empty() && b.trim_start_matches('=').trim().is_empty() => {
+            return Err(format!(
+                "--iterations {s}: give at least one end (A..B, A.., ..B or N)"
+            ));
+        }
         Some((a, b)) => (num(a, 0)?, num(b.trim_start_matches('='), u64::MAX)?),
         None => {
             let n = num(s, 0)?;
@@ -73,6 +79,15 @@ pub fn parse_range(s: &str) -> Result<RangeInclusive<u64>, String> {
         return Err(format!("--iterations {s}: the range is empty ({a} > {b})"));
     }
     Ok(a..=b)
+}
+
+/// A range as `--iterations` takes it, `A..` for one without an end.
+fn range_label(r: &RangeInclusive<u64>) -> String {
+    match (*r.start(), *r.end()) {
+        (a, b) if a == b => a.to_string(),
+        (a, u64::MAX) => format!("{a}.."),
+        (a, b) => format!("{a}..{b}"),
+    }
 }
 
 pub fn main(args: TimelineArgs) -> Result<i32, Failure> {
@@ -154,7 +169,11 @@ pub fn render_run(
                 }
                 clusters.push(read_cluster_input(&layout, &c));
             }
-            Err(e) => errors.push(e),
+            // Name the flag when it chose a cluster that is not there.
+            Err(e) => errors.push(match cluster {
+                Some(c) => format!("--cluster {c}: {e}"),
+                None => e,
+            }),
         }
     }
     if clusters.is_empty() {
@@ -197,9 +216,8 @@ pub fn render_run(
     if let Some(r) = &range {
         if timeline.lanes.iter().all(|l| l.blocks.is_empty()) {
             return Err(format!(
-                "--iterations {}..{}: the run has no event of those iterations in {}",
-                r.start(),
-                r.end(),
+                "--iterations {}: the run has no event of those iterations in {}",
+                range_label(r),
                 root.display()
             ));
         }
@@ -209,8 +227,7 @@ pub fn render_run(
         root.display(),
         match &range {
             Some(r) if r.start() == r.end() => format!(", iteration {}", r.start()),
-            Some(r) if *r.end() == u64::MAX => format!(", iterations {}..", r.start()),
-            Some(r) => format!(", iterations {}..{}", r.start(), r.end()),
+            Some(r) => format!(", iterations {}", range_label(r)),
             None => String::new(),
         }
     );
@@ -399,7 +416,7 @@ fn read_metrics(
 
 #[cfg(test)]
 mod tests {
-    use super::parse_range;
+    use super::{parse_range, range_label};
 
     #[test]
     fn iteration_ranges() {
@@ -408,7 +425,10 @@ mod tests {
         assert_eq!(parse_range("5"), Ok(5..=5));
         assert_eq!(parse_range("4.."), Ok(4..=u64::MAX));
         assert_eq!(parse_range("..2"), Ok(0..=2));
-        for bad in ["", "7..3", "a..3", "1..b", "x", "-1"] {
+        assert_eq!(range_label(&(4..=u64::MAX)), "4..");
+        assert_eq!(range_label(&(3..=7)), "3..7");
+        assert_eq!(range_label(&(5..=5)), "5");
+        for bad in ["", "..", " ..= ", "7..3", "a..3", "1..b", "x", "-1"] {
             let e = parse_range(bad).unwrap_err();
             assert!(e.starts_with("--iterations"), "{bad}: {e}");
         }
