@@ -334,31 +334,21 @@ const SPLIT_BUDGET: u64 = 256 << 20;
 /// The mean of `field` over the records of each iteration's merged train split (JSONL,
 /// the default name) that has one, for `iterations`, until [`SPLIT_BUDGET`] is read.
 fn split_means(layout: &Layout, iterations: &BTreeSet<u64>, field: &str) -> BTreeMap<u64, f64> {
-    use std::io::BufRead;
+    let fields = [field.to_string()];
     let mut out = BTreeMap::new();
     let mut read = 0u64;
     for &it in iterations {
         let path = layout.aggregated(it, "train");
-        let Ok(f) = std::fs::File::open(&path) else {
+        let Ok(meta) = std::fs::metadata(&path) else {
             continue;
         };
-        read += f.metadata().map_or(0, |m| m.len());
+        read += meta.len();
         if read > SPLIT_BUDGET {
             break;
         }
-        let (mut sum, mut n) = (0.0, 0u64);
-        for line in std::io::BufReader::new(f).lines() {
-            let Ok(line) = line else { break };
-            if let Some(v) = serde_json::from_str::<serde_json::Value>(&line)
-                .ok()
-                .and_then(|v| v.get(field).and_then(|x| x.as_f64()))
-            {
-                sum += v;
-                n += 1;
-            }
-        }
-        if n > 0 {
-            out.insert(it, sum / n as f64);
+        let stats = crate::node::metrics::file_stats(&path, &fields);
+        if let Some(mean) = stats.fields.first().and_then(|(_, s)| s.mean()) {
+            out.insert(it, mean);
         }
     }
     out
@@ -396,8 +386,9 @@ fn read_metrics(
         let phases = crate::protocol::phase::ALL
             .iter()
             .filter_map(|p| {
-                let k = format!("time/{}_s", p.name().replace('-', "_"));
-                v[k.as_str()].as_f64().map(|s| (p.name().to_string(), s))
+                v[crate::node::metrics::phase_key(p.name()).as_str()]
+                    .as_f64()
+                    .map(|s| (p.name().to_string(), s))
             })
             .collect();
         by.insert(
@@ -416,7 +407,24 @@ fn read_metrics(
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_range, range_label};
+    use super::{parse_range, range_label, split_means};
+    use crate::layout::Layout;
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn split_means_average_the_field_over_each_merged_train_split() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::new(dir.path());
+        let path = layout.aggregated(2, "train");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(
+            &path,
+            "{\"reward\": 1.0}\nnot json\n{\"reward\": 2.0}\n{}\n",
+        )
+        .unwrap();
+        let means = split_means(&layout, &BTreeSet::from([1, 2]), "reward");
+        assert_eq!(means.into_iter().collect::<Vec<_>>(), [(2, 1.5)]);
+    }
 
     #[test]
     fn iteration_ranges() {
