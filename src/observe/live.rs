@@ -107,12 +107,7 @@ fn pipelined(log_path: &Path) -> View {
     for (name, s) in [("rollout", &p.rollout), ("update", &p.update)] {
         match s {
             Ok(s) => {
-                let cluster = if name == "rollout" {
-                    Some("rollout")
-                } else {
-                    Some("update")
-                };
-                let times = recent_times(log_path, cluster, s.gen);
+                let times = recent_times(log_path, Some(name), s.gen);
                 if !times.is_empty() {
                     full.push_str(&format!("{name} cluster: {times}"));
                 }

@@ -132,7 +132,6 @@ pub fn html(t: &Timeline, title: &str) -> (String, Counts) {
     );
     y = legend(&mut svg, y);
     y = axis(&mut svg, y, t, &scale);
-    let lanes_top = y;
 
     // The lanes.
     let _ = write!(svg, r#"<g id="lanes">"#);
@@ -206,7 +205,6 @@ pub fn html(t: &Timeline, title: &str) -> (String, Counts) {
     counts.lanes = t.lanes.len();
     let height = y + MARGIN;
     let width = LABEL_W + PLOT_W + 2.0 * MARGIN + 60.0;
-    let _ = lanes_top;
 
     let mut page = String::with_capacity(svg.len() + 4096);
     let _ = write!(
