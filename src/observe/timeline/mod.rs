@@ -276,6 +276,9 @@ fn read_cluster_input(layout: &Layout, c: &crate::protocol::ClusterRecord) -> Cl
     let mut hosts = HashMap::new();
     let mut walls = HashMap::new();
     let mut aborts = BTreeMap::new();
+    // The current generation's records, kept from the loop below (read once): those of
+    // the cluster's ranks that belong to this run, as `status::read_records` selects.
+    let mut current: Vec<Option<RankRecord>> = vec![None; c.num_nodes as usize];
     for &gen in &gens {
         let records: Vec<Option<RankRecord>> = (0..n)
             .map(|r| {
@@ -294,8 +297,15 @@ fn read_cluster_input(layout: &Layout, c: &crate::protocol::ClusterRecord) -> Cl
         if let Some(a) = super::status::read_abort(layout, gen, &records) {
             aborts.insert(gen, a);
         }
+        if gen == c.gen {
+            for (r, rec) in records.iter().take(c.num_nodes as usize).enumerate() {
+                current[r] = rec
+                    .clone()
+                    .filter(|rec| rec.belongs_to(&c.run_id, gen, r as u32));
+            }
+        }
     }
-    let records = super::status::read_records(layout, c);
+    let records = current;
     let released0 = records.first().cloned().flatten();
     let live = records
         .iter()
