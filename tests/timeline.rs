@@ -139,14 +139,8 @@ fn wait_all(nodes: &mut [NodeProc]) -> Vec<i32> {
 /// Chromium's binary, if installed.
 fn chromium() -> Option<PathBuf> {
     ["chromium", "chromium-browser", "google-chrome"]
-        .iter()
-        .find_map(|name| {
-            std::env::var_os("PATH").and_then(|paths| {
-                std::env::split_paths(&paths)
-                    .map(|p| p.join(name))
-                    .find(|p| p.is_file())
-            })
-        })
+        .into_iter()
+        .find_map(common::find_in_path)
 }
 
 /// A run of three nodes, looked at while ranks 0 and 1 wait for rank 2 at a barrier of
