@@ -580,3 +580,39 @@ fn bad_input_is_refused_with_exit_2() {
     assert!(out.contains("timeline.html"), "{out}");
     assert!(c.log_path.join("timeline.html").exists());
 }
+
+/// `--cluster rollout` on a pipelined run whose rollout cluster never started: refused
+/// with exit 2, the message naming the flag (not only "no rl-node run …").
+#[test]
+fn a_cluster_that_never_started_is_refused_naming_the_flag() {
+    let c = TestCluster::pipelined("[pipeline]\nstaleness = 1\n");
+    let update = c.spawn(
+        0,
+        &[
+            "--iterations",
+            "1",
+            "--num-nodes",
+            "1",
+            "--rl-phase",
+            "update",
+        ],
+    );
+    let lp = c.log_path.to_str().unwrap();
+    // Until the update cluster's record exists the run is not yet a pipelined one.
+    let start = std::time::Instant::now();
+    let (code, err) = loop {
+        let (code, _, err) = timeline(&["--log-path", lp, "--cluster", "rollout"]);
+        if !err.contains("is not pipelined") {
+            break (code, err);
+        }
+        assert!(
+            start.elapsed() < LIMIT,
+            "the update cluster did not start: {err}\nits node: {}",
+            update.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--cluster rollout: no rl-node run"), "{err}");
+    assert!(!c.log_path.join("timeline.html").exists());
+}
