@@ -139,14 +139,8 @@ fn wait_all(nodes: &mut [NodeProc]) -> Vec<i32> {
 /// Chromium's binary, if installed.
 fn chromium() -> Option<PathBuf> {
     ["chromium", "chromium-browser", "google-chrome"]
-        .iter()
-        .find_map(|name| {
-            std::env::var_os("PATH").and_then(|paths| {
-                std::env::split_paths(&paths)
-                    .map(|p| p.join(name))
-                    .find(|p| p.is_file())
-            })
-        })
+        .into_iter()
+        .find_map(common::find_in_path)
 }
 
 /// A run of three nodes, looked at while ranks 0 and 1 wait for rank 2 at a barrier of
@@ -559,6 +553,11 @@ fn bad_input_is_refused_with_exit_2() {
     for (range, want) in [
         ("5..3", "--iterations 5..3: the range is empty"),
         ("x..3", "--iterations x..3"),
+        ("..", "--iterations ..: give at least one end"),
+        (
+            "5..",
+            "--iterations 5..: the run has no event of those iterations",
+        ),
         (
             "7..9",
             "--iterations 7..9: the run has no event of those iterations",
@@ -580,4 +579,40 @@ fn bad_input_is_refused_with_exit_2() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("timeline.html"), "{out}");
     assert!(c.log_path.join("timeline.html").exists());
+}
+
+/// `--cluster rollout` on a pipelined run whose rollout cluster never started: refused
+/// with exit 2, the message naming the flag (not only "no rl-node run …").
+#[test]
+fn a_cluster_that_never_started_is_refused_naming_the_flag() {
+    let c = TestCluster::pipelined("[pipeline]\nstaleness = 1\n");
+    let update = c.spawn(
+        0,
+        &[
+            "--iterations",
+            "1",
+            "--num-nodes",
+            "1",
+            "--rl-phase",
+            "update",
+        ],
+    );
+    let lp = c.log_path.to_str().unwrap();
+    // Until the update cluster's record exists the run is not yet a pipelined one.
+    let start = std::time::Instant::now();
+    let (code, err) = loop {
+        let (code, _, err) = timeline(&["--log-path", lp, "--cluster", "rollout"]);
+        if !err.contains("is not pipelined") {
+            break (code, err);
+        }
+        assert!(
+            start.elapsed() < LIMIT,
+            "the update cluster did not start: {err}\nits node: {}",
+            update.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--cluster rollout: no rl-node run"), "{err}");
+    assert!(!c.log_path.join("timeline.html").exists());
 }

@@ -1051,8 +1051,6 @@ impl Demo {
         self.header_shown = false;
 
         let clusters = run.clusters();
-        // The cluster whose final barrier completes an iteration.
-        let last_cluster = *clusters.last().expect("a cluster");
         let mut kill = kill;
         let mut killed = None;
         let mut killed_at: Option<Instant> = None;
@@ -1171,8 +1169,10 @@ impl Demo {
                         Some((progress::read_cluster_events(&run.shared, *c, 0), (*g)?))
                     })
                     .collect();
-                let last_events = progress::read_cluster_events(&run.shared, last_cluster, 0);
-                for it in progress::completed(&last_events, g) {
+                // The last cluster's final barrier completes an iteration; it has a
+                // generation (g), so its events are the last of those read.
+                let last_events = &events.last().expect("the last cluster's events").0;
+                for it in progress::completed(last_events, g) {
                     if !shown.contains(&it) {
                         shown.push(it);
                         let parts: Vec<(&[progress::Event], u64)> =
@@ -1181,7 +1181,7 @@ impl Demo {
                         if run.staleness.is_some() {
                             // The clusters overlap: what an iteration costs is the time
                             // between two models, not the sum of its phases.
-                            r.secs = iteration_interval(&parts, &last_events, g, it);
+                            r.secs = iteration_interval(&parts, last_events, g, it);
                         }
                         if !self.header_shown {
                             self.header_shown = true;

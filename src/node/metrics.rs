@@ -73,6 +73,17 @@ pub(crate) struct Trained {
     pub failed_ranks: usize,
 }
 
+/// A phase's name as the keys of `metrics.jsonl` spell it: `sync-start` → `sync_start`.
+fn phase_slug(name: &str) -> String {
+    name.replace('-', "_")
+}
+
+/// The key of a phase's wall time in a `metrics.jsonl` line: `sync-start` (or
+/// `sync_start`) → `time/sync_start_s`.
+pub(crate) fn phase_key(name: &str) -> String {
+    format!("time/{}_s", phase_slug(name))
+}
+
 /// Round to milliseconds, as every `_s` key is.
 fn ms(secs: f64) -> f64 {
     (secs * 1000.0).round() / 1000.0
@@ -100,7 +111,7 @@ impl Collector {
         match event {
             Event::Phase { phase, .. } => {
                 self.close(now);
-                self.current = Some((phase.name().replace('-', "_"), now));
+                self.current = Some((phase_slug(phase.name()), now));
             }
             Event::Barrier { waited_ms, .. } => {
                 self.barrier_wait += Duration::from_millis(*waited_ms);
@@ -202,7 +213,7 @@ impl Collector {
         m.insert("t".into(), fixed.t.clone().into());
         m.insert("time/iteration_s".into(), secs(fixed.elapsed));
         for (name, d) in &self.phases {
-            m.insert(format!("time/{name}_s"), secs(*d));
+            m.insert(phase_key(name), secs(*d));
         }
         m.insert("barrier/wait_s".into(), secs(self.barrier_wait));
         let reported: Vec<&RankNumbers> = self.ranks.iter().flatten().collect();

@@ -78,19 +78,38 @@ fn summary(prefix: &str, s: &Status) -> String {
     format!("{prefix}{}{waiting}", ranks.join(" | "))
 }
 
-/// What one refresh shows: the full view, the change line, and whether (how) it ended.
+/// What one refresh shows: the full view (without the recent iteration times, which
+/// read rank 0's whole event log: added by [`View::full`] only when it is printed), the
+/// change line, and whether (how) it ended.
 struct View {
-    full: String,
+    status: String,
+    /// Whose recent times the full view ends with: (label, cluster, generation).
+    times: Vec<(&'static str, Option<&'static str>, u64)>,
     line: String,
     ended: Option<bool>,
+}
+
+impl View {
+    /// The full view: the status, then each cluster's last iterations' times.
+    fn full(&self, log_path: &Path) -> String {
+        let mut full = self.status.clone();
+        for &(label, cluster, gen) in &self.times {
+            let times = recent_times(log_path, cluster, gen);
+            if !times.is_empty() {
+                full.push_str(label);
+                full.push_str(&times);
+            }
+        }
+        full
+    }
 }
 
 fn single(log_path: &Path) -> Result<View, String> {
     let mut s = status::read(log_path)?;
     status::judge(log_path, &mut s);
-    let times = recent_times(log_path, None, s.gen);
     Ok(View {
-        full: format!("{}{times}", status::render(&s)),
+        status: status::render(&s),
+        times: vec![("", None, s.gen)],
         line: format!("{} | {}", summary("", &s), status::overall(&s)),
         ended: ended(&s),
     })
@@ -98,24 +117,20 @@ fn single(log_path: &Path) -> Result<View, String> {
 
 fn pipelined(log_path: &Path) -> View {
     let p: PipelineStatus = status::read_pipeline(log_path);
-    let mut full = status::render_pipeline(&p);
+    let full = status::render_pipeline(&p);
+    let mut times = Vec::new();
     let mut lines = vec![format!(
         "queue: committed {}, trained {}",
         p.rolled_out, p.trained
     )];
     let mut ends = Vec::new();
-    for (name, s) in [("rollout", &p.rollout), ("update", &p.update)] {
+    for (name, label, s) in [
+        ("rollout", "rollout cluster: ", &p.rollout),
+        ("update", "update cluster: ", &p.update),
+    ] {
         match s {
             Ok(s) => {
-                let cluster = if name == "rollout" {
-                    Some("rollout")
-                } else {
-                    Some("update")
-                };
-                let times = recent_times(log_path, cluster, s.gen);
-                if !times.is_empty() {
-                    full.push_str(&format!("{name} cluster: {times}"));
-                }
+                times.push((label, Some(name), s.gen));
                 lines.push(summary(&format!("{name}: "), s));
                 ends.push(ended(s));
             }
@@ -140,7 +155,8 @@ fn pipelined(log_path: &Path) -> View {
         _ => None,
     };
     View {
-        full,
+        status: full,
+        times,
         line: lines.join(" || "),
         ended,
     }
@@ -164,14 +180,14 @@ pub fn watch(log_path: &Path, every: Duration) -> i32 {
                     if tty {
                         crate::out!("\x1b[H\x1b[2J");
                     }
-                    crate::out!("{}", v.full);
+                    crate::out!("{}", v.full(log_path));
                     return if done { 0 } else { 1 };
                 }
                 if tty {
                     crate::out!(
                         "\x1b[H\x1b[2J{now}  (refreshing every {}; Ctrl-C to leave)\n{}",
                         humantime::format_duration(every),
-                        v.full
+                        v.full(log_path)
                     );
                 } else if v.line != last_line {
                     crate::outln!("{now} {}", v.line);

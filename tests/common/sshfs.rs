@@ -21,6 +21,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::{find_in_path, is_executable};
+
 const SSHD: &str = "/usr/sbin/sshd";
 /// How long to wait for sshd to accept TCP connections.
 const SSHD_START_DEADLINE: Duration = Duration::from_secs(20);
@@ -638,21 +640,6 @@ fn current_user() -> String {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "root".to_string())
-}
-
-fn find_in_path(prog: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from))
-        .map(|d| d.join(prog))
-        .find(|p| is_executable(p))
-}
-
-fn is_executable(p: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    fs::metadata(p)
-        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        .unwrap_or(false)
 }
 
 /// Last `lines` lines of a (small) log file; empty if unreadable.

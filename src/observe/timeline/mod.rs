@@ -60,6 +60,12 @@ pub fn parse_range(s: &str) -> Result<RangeInclusive<u64>, String> {
             .map_err(|_| format!("--iterations {s}: {p:?} is not an iteration number"))
     };
     let (a, b) = match s.split_once("..") {
+        // A range with neither end would mean every iteration: leave the flag out instead.
+        Some((a, b)) if a.trim().is_empty() && b.trim_start_matches('=').trim().is_empty() => {
+            return Err(format!(
+                "--iterations {s}: give at least one end (A..B, A.., ..B or N)"
+            ));
+        }
         Some((a, b)) => (num(a, 0)?, num(b.trim_start_matches('='), u64::MAX)?),
         None => {
             let n = num(s, 0)?;
@@ -73,6 +79,15 @@ pub fn parse_range(s: &str) -> Result<RangeInclusive<u64>, String> {
         return Err(format!("--iterations {s}: the range is empty ({a} > {b})"));
     }
     Ok(a..=b)
+}
+
+/// A range as `--iterations` takes it, `A..` for one without an end.
+fn range_label(r: &RangeInclusive<u64>) -> String {
+    match (*r.start(), *r.end()) {
+        (a, b) if a == b => a.to_string(),
+        (a, u64::MAX) => format!("{a}.."),
+        (a, b) => format!("{a}..{b}"),
+    }
 }
 
 pub fn main(args: TimelineArgs) -> Result<i32, Failure> {
@@ -154,7 +169,11 @@ pub fn render_run(
                 }
                 clusters.push(read_cluster_input(&layout, &c));
             }
-            Err(e) => errors.push(e),
+            // Name the flag when it chose a cluster that is not there.
+            Err(e) => errors.push(match cluster {
+                Some(c) => format!("--cluster {c}: {e}"),
+                None => e,
+            }),
         }
     }
     if clusters.is_empty() {
@@ -197,9 +216,8 @@ pub fn render_run(
     if let Some(r) = &range {
         if timeline.lanes.iter().all(|l| l.blocks.is_empty()) {
             return Err(format!(
-                "--iterations {}..{}: the run has no event of those iterations in {}",
-                r.start(),
-                r.end(),
+                "--iterations {}: the run has no event of those iterations in {}",
+                range_label(r),
                 root.display()
             ));
         }
@@ -209,8 +227,7 @@ pub fn render_run(
         root.display(),
         match &range {
             Some(r) if r.start() == r.end() => format!(", iteration {}", r.start()),
-            Some(r) if *r.end() == u64::MAX => format!(", iterations {}..", r.start()),
-            Some(r) => format!(", iterations {}..{}", r.start(), r.end()),
+            Some(r) => format!(", iterations {}", range_label(r)),
             None => String::new(),
         }
     );
@@ -259,6 +276,9 @@ fn read_cluster_input(layout: &Layout, c: &crate::protocol::ClusterRecord) -> Cl
     let mut hosts = HashMap::new();
     let mut walls = HashMap::new();
     let mut aborts = BTreeMap::new();
+    // The current generation's records, kept from the loop below (read once): those of
+    // the cluster's ranks that belong to this run, as `status::read_records` selects.
+    let mut current: Vec<Option<RankRecord>> = vec![None; c.num_nodes as usize];
     for &gen in &gens {
         let records: Vec<Option<RankRecord>> = (0..n)
             .map(|r| {
@@ -277,8 +297,15 @@ fn read_cluster_input(layout: &Layout, c: &crate::protocol::ClusterRecord) -> Cl
         if let Some(a) = super::status::read_abort(layout, gen, &records) {
             aborts.insert(gen, a);
         }
+        if gen == c.gen {
+            for (r, rec) in records.iter().take(c.num_nodes as usize).enumerate() {
+                current[r] = rec
+                    .clone()
+                    .filter(|rec| rec.belongs_to(&c.run_id, gen, r as u32));
+            }
+        }
     }
-    let records = super::status::read_records(layout, c);
+    let records = current;
     let released0 = records.first().cloned().flatten();
     let live = records
         .iter()
@@ -317,31 +344,21 @@ const SPLIT_BUDGET: u64 = 256 << 20;
 /// The mean of `field` over the records of each iteration's merged train split (JSONL,
 /// the default name) that has one, for `iterations`, until [`SPLIT_BUDGET`] is read.
 fn split_means(layout: &Layout, iterations: &BTreeSet<u64>, field: &str) -> BTreeMap<u64, f64> {
-    use std::io::BufRead;
+    let fields = [field.to_string()];
     let mut out = BTreeMap::new();
     let mut read = 0u64;
     for &it in iterations {
         let path = layout.aggregated(it, "train");
-        let Ok(f) = std::fs::File::open(&path) else {
+        let Ok(meta) = std::fs::metadata(&path) else {
             continue;
         };
-        read += f.metadata().map_or(0, |m| m.len());
+        read += meta.len();
         if read > SPLIT_BUDGET {
             break;
         }
-        let (mut sum, mut n) = (0.0, 0u64);
-        for line in std::io::BufReader::new(f).lines() {
-            let Ok(line) = line else { break };
-            if let Some(v) = serde_json::from_str::<serde_json::Value>(&line)
-                .ok()
-                .and_then(|v| v.get(field).and_then(|x| x.as_f64()))
-            {
-                sum += v;
-                n += 1;
-            }
-        }
-        if n > 0 {
-            out.insert(it, sum / n as f64);
+        let stats = crate::node::metrics::file_stats(&path, &fields);
+        if let Some(mean) = stats.fields.first().and_then(|(_, s)| s.mean()) {
+            out.insert(it, mean);
         }
     }
     out
@@ -379,8 +396,9 @@ fn read_metrics(
         let phases = crate::protocol::phase::ALL
             .iter()
             .filter_map(|p| {
-                let k = format!("time/{}_s", p.name().replace('-', "_"));
-                v[k.as_str()].as_f64().map(|s| (p.name().to_string(), s))
+                v[crate::node::metrics::phase_key(p.name()).as_str()]
+                    .as_f64()
+                    .map(|s| (p.name().to_string(), s))
             })
             .collect();
         by.insert(
@@ -399,7 +417,24 @@ fn read_metrics(
 
 #[cfg(test)]
 mod tests {
-    use super::parse_range;
+    use super::{parse_range, range_label, split_means};
+    use crate::layout::Layout;
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn split_means_average_the_field_over_each_merged_train_split() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::new(dir.path());
+        let path = layout.aggregated(2, "train");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(
+            &path,
+            "{\"reward\": 1.0}\nnot json\n{\"reward\": 2.0}\n{}\n",
+        )
+        .unwrap();
+        let means = split_means(&layout, &BTreeSet::from([1, 2]), "reward");
+        assert_eq!(means.into_iter().collect::<Vec<_>>(), [(2, 1.5)]);
+    }
 
     #[test]
     fn iteration_ranges() {
@@ -408,7 +443,10 @@ mod tests {
         assert_eq!(parse_range("5"), Ok(5..=5));
         assert_eq!(parse_range("4.."), Ok(4..=u64::MAX));
         assert_eq!(parse_range("..2"), Ok(0..=2));
-        for bad in ["", "7..3", "a..3", "1..b", "x", "-1"] {
+        assert_eq!(range_label(&(4..=u64::MAX)), "4..");
+        assert_eq!(range_label(&(3..=7)), "3..7");
+        assert_eq!(range_label(&(5..=5)), "5");
+        for bad in ["", "..", " ..= ", "7..3", "a..3", "1..b", "x", "-1"] {
             let e = parse_range(bad).unwrap_err();
             assert!(e.starts_with("--iterations"), "{bad}: {e}");
         }

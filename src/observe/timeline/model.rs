@@ -2,7 +2,7 @@
 //! walked), barrier waits, marks (failed commands, retries, server restarts, failures) and
 //! generation starts, plus the per-iteration numbers drawn above the lanes.
 //!
-//! Pure: [`build`] takes what [`super::gather`] read from the files and does no I/O, so
+//! Pure: [`build`] takes what [`super::render_run`] read from the files and does no I/O, so
 //! that what the picture says can be tested on hand-made input.
 
 use crate::events::Event as Ev;
@@ -206,7 +206,7 @@ pub fn build(input: Input) -> Timeline {
         for (rank, events) in c.events.iter().enumerate() {
             lanes.push(lane(c, rank as u32, events));
         }
-        attribute_waits(&mut lanes[first_lane..], c);
+        attribute_waits(&mut lanes[first_lane..]);
         // Failures: each generation's abort, on its culprit's lane of this cluster.
         for (gen, a) in &c.aborts {
             let culprit_here = a.cluster.as_deref().is_none_or(|n| Some(n) == c.name);
@@ -318,12 +318,6 @@ fn parse_t(s: &str) -> Option<f64> {
     chrono::DateTime::parse_from_rfc3339(s)
         .ok()
         .map(|t| t.timestamp_millis() as f64 / 1000.0)
-}
-
-/// Does `e` end the iteration it belongs to (the final barrier, or a pipelined rollout
-/// cluster's completion)?
-fn ends_iteration(e: &Event) -> bool {
-    e.ends_iteration()
 }
 
 fn lane(c: &ClusterInput, rank: u32, events: &[Event]) -> Lane {
@@ -492,7 +486,7 @@ fn lane(c: &ClusterInput, rank: u32, events: &[Event]) -> Lane {
             }
             _ => {}
         }
-        if ends_iteration(e) {
+        if e.ends_iteration() {
             if let Some(i) = current.take() {
                 blocks[i].end = e.t;
             }
@@ -553,7 +547,7 @@ fn lane(c: &ClusterInput, rank: u32, events: &[Event]) -> Lane {
 /// Who each barrier wait was for: the rank(s) whose arrival (pass time minus wait) came
 /// last at that barrier of that generation. Arrival times come from different nodes'
 /// clocks, so on a real cluster this is as good as the clocks agree.
-fn attribute_waits(lanes: &mut [Lane], c: &ClusterInput) {
+fn attribute_waits(lanes: &mut [Lane]) {
     let mut arrivals: HashMap<(u64, u64), Vec<(u32, f64)>> = HashMap::new();
     for l in lanes.iter() {
         for w in &l.waits {
@@ -578,7 +572,6 @@ fn attribute_waits(lanes: &mut [Lane], c: &ClusterInput) {
             (key, who)
         })
         .collect();
-    let _ = c;
     for l in lanes.iter_mut() {
         let rank = l.rank;
         for w in &mut l.waits {

@@ -69,7 +69,9 @@ fn wall(t: f64) -> String {
 
 fn secs(s: f64) -> String {
     if s >= 120.0 {
-        format!("{}m{:02.0}s", (s / 60.0).floor(), s % 60.0)
+        // Round once, then split: rounding the seconds alone turns 179.7 into "2m60s".
+        let r = s.round() as u64;
+        format!("{}m{:02}s", r / 60, r % 60)
     } else if s >= 10.0 {
         format!("{s:.1}s")
     } else {
@@ -130,7 +132,6 @@ pub fn html(t: &Timeline, title: &str) -> (String, Counts) {
     );
     y = legend(&mut svg, y);
     y = axis(&mut svg, y, t, &scale);
-    let lanes_top = y;
 
     // The lanes.
     let _ = write!(svg, r#"<g id="lanes">"#);
@@ -204,7 +205,6 @@ pub fn html(t: &Timeline, title: &str) -> (String, Counts) {
     counts.lanes = t.lanes.len();
     let height = y + MARGIN;
     let width = LABEL_W + PLOT_W + 2.0 * MARGIN + 60.0;
-    let _ = lanes_top;
 
     let mut page = String::with_capacity(svg.len() + 4096);
     let _ = write!(
@@ -885,6 +885,15 @@ mod tests {
             notes: vec!["rollout command: exit code 0 after 1.000s".into()],
             log: Some("logs/iter-0001/rank-0.rollout.log".into()),
         }
+    }
+
+    #[test]
+    fn durations_of_minutes_carry_rounded_seconds_into_the_minute() {
+        assert_eq!(secs(179.7), "3m00s");
+        assert_eq!(secs(179.4), "2m59s");
+        assert_eq!(secs(120.0), "2m00s");
+        assert_eq!(secs(3725.2), "62m05s");
+        assert_eq!(secs(12.34), "12.3s");
     }
 
     fn timeline(lanes: Vec<Lane>, end: f64) -> Timeline {
