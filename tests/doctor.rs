@@ -826,6 +826,15 @@ fn session_flags_are_checked() {
             "--session \"../x\" is not a plain name",
         ),
         (&["--nodes", "0"][..], "--nodes must be 1 or more"),
+        // Refused before anything is created, not an abort on a huge allocation.
+        (
+            &["--nodes", "4000000000"][..],
+            "--nodes 4000000000 is out of range (1..10000)",
+        ),
+        (
+            &["--nodes", "10001", "--rank", "0"][..],
+            "--nodes 10001 is out of range (1..10000)",
+        ),
     ] {
         let o = finish(spawn_doctor(tmp.path(), args), SESSION_LIMIT);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));

@@ -29,7 +29,8 @@ pub struct DoctorArgs {
     #[arg(long)]
     pub json: bool,
     /// Run on N nodes at once (one doctor per node, started within --timeout of each other)
-    /// and measure what one node cannot: visibility between nodes, clock offsets.
+    /// and measure what one node cannot: visibility between nodes, clock offsets. At most
+    /// 10000 (the pairs measured grow as N²).
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub nodes: u32,
     /// This node's rank (0..N-1); by default the first free one is claimed.
@@ -258,9 +259,19 @@ pub fn main(args: DoctorArgs) -> Result<i32, Failure> {
 
 /// The session a multi-node doctor joins, or none for one node; bad flags are usage errors.
 fn session_options(a: &DoctorArgs) -> Result<Option<super::doctor_nodes::Options>, Failure> {
-    use super::doctor_nodes::{valid_session, Options};
+    use super::doctor_nodes::{valid_session, Options, MAX_NODES};
     if a.nodes == 0 {
         return Err(Failure::usage("--nodes must be 1 or more", None));
+    }
+    // Checked before anything is created: the pair schedule (and its tables) grow as N².
+    if a.nodes > MAX_NODES {
+        return Err(Failure::usage(
+            format!(
+                "--nodes {} is out of range (1..{MAX_NODES}): a session measures every ordered pair, N×(N−1) of them",
+                a.nodes
+            ),
+            None,
+        ));
     }
     if a.nodes == 1 {
         if let Some(r) = a.rank {

@@ -60,6 +60,9 @@ const LEAVE_GRACE: Duration = Duration::from_secs(5);
 const SLOW_REWRITE: Duration = Duration::from_secs(1);
 const SLOW_NEW_NAME: Duration = Duration::from_secs(1);
 
+/// The most ranks a session takes: its pair schedule and per-rank tables grow as N².
+pub(crate) const MAX_NODES: u32 = 10_000;
+
 /// Stages of a rank's messages; a position compares stage first.
 const CLAIMED: u8 = 0;
 const MEASURING: u8 = 1;
