@@ -826,6 +826,19 @@ fn session_flags_are_checked() {
             "--session \"../x\" is not a plain name",
         ),
         (&["--nodes", "0"][..], "--nodes must be 1 or more"),
+        // Session flags without a session are refused, not silently ignored.
+        (
+            &["--session", "../x", "--samples", "0", "--timeout", "0s"][..],
+            "--session ../x needs --nodes N of 2 or more",
+        ),
+        (
+            &["--samples", "0"][..],
+            "--samples 0 needs --nodes N of 2 or more",
+        ),
+        (
+            &["--nodes", "1", "--timeout", "5s"][..],
+            "--timeout 5s needs --nodes N of 2 or more",
+        ),
         // Refused before anything is created, not an abort on a huge allocation.
         (
             &["--nodes", "4000000000"][..],

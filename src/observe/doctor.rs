@@ -43,14 +43,18 @@ pub struct DoctorArgs {
     #[arg(long, value_name = "NAME")]
     pub session: Option<String>,
     /// Samples per ordered pair of nodes (each costs up to a negative-lookup cache time).
-    #[arg(long, value_name = "K", default_value_t = 3)]
-    pub samples: u32,
+    /// Default: 3.
+    #[arg(long, value_name = "K")]
+    pub samples: Option<u32>,
     /// Every wait for another node (the join, each answer, each new name) ends after this
-    /// long without progress.
-    #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = humantime::parse_duration)]
-    pub timeout: Duration,
+    /// long without progress. Default: 2m.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub timeout: Option<Duration>,
 }
 
+/// A session's `--samples` and `--timeout` when not given.
+const DEFAULT_SAMPLES: u32 = 3;
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 /// How many times the writer renames over the record while a reader re-reads it.
 const RENAMES: usize = 200;
 /// How many fsyncs are timed (of a file, and of the directory).
@@ -274,9 +278,17 @@ fn session_options(a: &DoctorArgs) -> Result<Option<super::doctor_nodes::Options
         ));
     }
     if a.nodes == 1 {
-        if let Some(r) = a.rank {
+        // A session flag without a session would be silently ignored: refuse it instead.
+        let given = [
+            a.rank.map(|r| format!("--rank {r}")),
+            a.session.as_ref().map(|s| format!("--session {s}")),
+            a.samples.map(|k| format!("--samples {k}")),
+            a.timeout
+                .map(|t| format!("--timeout {}", humantime::format_duration(t))),
+        ];
+        if let Some(flag) = given.into_iter().flatten().next() {
             return Err(Failure::usage(
-                format!("--rank {r} needs --nodes N of 2 or more"),
+                format!("{flag} needs --nodes N of 2 or more"),
                 None,
             ));
         }
@@ -308,18 +320,20 @@ fn session_options(a: &DoctorArgs) -> Result<Option<super::doctor_nodes::Options
             None,
         ));
     }
-    if !(1..=1000).contains(&a.samples) {
+    let samples = a.samples.unwrap_or(DEFAULT_SAMPLES);
+    if !(1..=1000).contains(&samples) {
         return Err(Failure::usage("--samples must be within 1..1000", None));
     }
-    if a.timeout.is_zero() {
+    let timeout = a.timeout.unwrap_or(DEFAULT_TIMEOUT);
+    if timeout.is_zero() {
         return Err(Failure::usage("--timeout must be more than 0", None));
     }
     Ok(Some(Options {
         nodes: a.nodes,
         rank: a.rank,
         session,
-        samples: a.samples,
-        timeout: a.timeout,
+        samples,
+        timeout,
     }))
 }
 
