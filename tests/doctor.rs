@@ -906,6 +906,58 @@ fn an_interrupted_rank_tells_the_others_and_leaves_nothing() {
     assert!(!session.exists(), "{t}");
 }
 
+/// A rank interrupted while the session waits for a rank still to join: the ranks already
+/// joined see it at once (they re-read each other while waiting), not at the join timeout.
+#[test]
+fn a_rank_interrupted_during_the_join_is_seen_by_the_others() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let args = |r: &'static str| {
+        [
+            "--nodes",
+            "3",
+            "--session",
+            "j",
+            "--timeout",
+            "60s",
+            "--rank",
+            r,
+        ]
+    };
+    let rank0 = spawn_doctor(dir, &args("0"));
+    let rank1 = spawn_doctor(dir, &args("1"));
+    // Rank 2 never starts: both wait in the join once their claims exist.
+    let session = dir.join(".rl-node/doctor/j");
+    let deadline = Instant::now() + SESSION_LIMIT;
+    while !(session.join("rank-0.json").exists() && session.join("rank-1.json").exists()) {
+        assert!(Instant::now() < deadline, "the two ranks never claimed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = rank1.id();
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGINT) }, 0);
+    let start = Instant::now();
+    let o = finish(rank1, SESSION_LIMIT);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(130), "{t}");
+    assert!(
+        t.contains("doctor session j: rank 1 interrupted by SIGINT"),
+        "{t}"
+    );
+    let o = finish(rank0, SESSION_LIMIT);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(3), "{t}");
+    assert!(
+        t.contains(&format!(
+            "pid {pid}) stopped: doctor session j: rank 1 interrupted by SIGINT"
+        )),
+        "{t}"
+    );
+    // Well before the 60 s timeout: the abort, not the deadline, stopped rank 0.
+    assert!(start.elapsed() < Duration::from_secs(30), "{t}");
+    assert!(!dir.join(".rl-node").exists(), "{t}");
+}
+
 #[test]
 fn three_nodes_measure_all_six_ordered_pairs() {
     let tmp = tempfile::tempdir().unwrap();

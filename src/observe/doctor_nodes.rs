@@ -108,6 +108,10 @@ struct Msg {
     done: Option<Done>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     abort: Option<String>,
+    /// The abort's exit code: a peer that gave up waiting for the same missing rank is
+    /// this rank's own deadline, not a peer's failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    abort_code: Option<i32>,
 }
 
 /// What a rank hands rank 0 at the end: its own checks and its raw samples.
@@ -385,7 +389,7 @@ pub(crate) fn run(
             Ok(outcome)
         }
         Err(f) => {
-            m.leave(&f.message);
+            m.leave(Some(&f));
             Err(f)
         }
     }
@@ -446,6 +450,7 @@ impl Member {
             created,
             done: None,
             abort: None,
+            abort_code: None,
         };
         let n = opts.nodes;
         let mut m = Member {
@@ -475,7 +480,7 @@ impl Member {
                 Ok(mut f) => {
                     m.own.push(path.clone());
                     if let Err(e) = f.write_all(&body) {
-                        m.leave("");
+                        m.leave(None);
                         return Err(Failure::failed(format!(
                             "cannot write {}: {e}",
                             path.display()
@@ -496,7 +501,7 @@ impl Member {
                     });
                 }
                 Err(e) => {
-                    m.leave("");
+                    m.leave(None);
                     return Err(Failure::failed(format!(
                         "cannot create {}: {e}",
                         path.display()
@@ -522,10 +527,10 @@ impl Member {
                     m.dir.display()
                 )),
             );
-            m.leave("");
+            m.leave(None);
             return Err(f);
         }
-        m.wait_all_joined().inspect_err(|f| m.leave(&f.message))?;
+        m.wait_all_joined().inspect_err(|f| m.leave(Some(f)))?;
         Ok(m)
     }
 
@@ -562,10 +567,14 @@ impl Member {
         let mut note = started + NOTE_EVERY;
         loop {
             let mut missing = Vec::new();
+            let mut gave_up = None;
             for r in 0..n {
-                if self.peers[r as usize].is_some() {
+                let seen = self.peers[r as usize].is_some();
+                if seen && r == self.me.rank {
                     continue;
                 }
+                // A rank already joined is read again each round: it may stop (an abort, a
+                // Ctrl-C) while the others are awaited, and must not go unseen.
                 match read(&self.file(r)) {
                     Some(p) => {
                         if p.nodes != n {
@@ -577,17 +586,33 @@ impl Member {
                                 Some("start every node's doctor with the same --nodes".into()),
                             ));
                         }
-                        deadline = Instant::now() + self.opts.timeout;
+                        if p.abort_code == Some(exit::DEADLINE) {
+                            gave_up = Some(p.clone());
+                        } else {
+                            self.check_peer(&p)?;
+                        }
+                        if !seen {
+                            deadline = Instant::now() + self.opts.timeout;
+                        }
                         self.peers[r as usize] = Some(p);
                     }
+                    // Rank 0 removes the session when it fails, as the other waits watch.
+                    None if seen && r == 0 && !self.dir.exists() => {
+                        return Err(self.session_removed())
+                    }
+                    None if seen => {}
                     None => missing.push(r),
                 }
             }
             if missing.is_empty() {
-                return Ok(());
+                return match gave_up {
+                    Some(p) => self.check_peer(&p),
+                    None => Ok(()),
+                };
             }
             self.interrupted()?;
-            if Instant::now() >= deadline {
+            // A peer that gave up waiting for the same ranks met this rank's deadline too.
+            if Instant::now() >= deadline || gave_up.is_some() {
                 let joined: Vec<String> = (0..n)
                     .filter(|r| self.peers[*r as usize].is_some())
                     .map(|r| self.who(r))
@@ -674,18 +699,22 @@ impl Member {
         }
         match read(&self.file(0)) {
             Some(p) => self.check_peer(&p),
-            None if !self.dir.exists() => Err(Failure {
-                code: exit::PEER_FAILED,
-                message: format!(
-                    "doctor session {}: the session directory {} was removed (by {}, stopping?)",
-                    self.opts.session,
-                    self.dir.display(),
-                    self.who(0)
-                ),
-                hint: None,
-                detail: None,
-            }),
+            None if !self.dir.exists() => Err(self.session_removed()),
             None => Ok(()),
+        }
+    }
+
+    fn session_removed(&self) -> Failure {
+        Failure {
+            code: exit::PEER_FAILED,
+            message: format!(
+                "doctor session {}: the session directory {} was removed (by {}, stopping?)",
+                self.opts.session,
+                self.dir.display(),
+                self.who(0)
+            ),
+            hint: None,
+            detail: None,
         }
     }
 
@@ -1141,19 +1170,26 @@ impl Member {
 
     /// Failure: say so in this rank's file, give the peers a moment to read it, then
     /// remove this rank's files (rank 0: the whole session, which none can finish now).
-    fn leave(&mut self, why: &str) {
-        if !self.own.is_empty() && !why.is_empty() {
+    fn leave(&mut self, failure: Option<&Failure>) {
+        if let Some(f) = failure.filter(|_| !self.own.is_empty()) {
+            let why = &f.message;
             self.me.pos = (ABORTED, 0, 0, 0);
             self.me.abort = Some(why.lines().next().unwrap_or(why).to_string());
+            self.me.abort_code = Some(f.code);
             if self.send().is_ok() {
                 let deadline = Instant::now() + LEAVE_GRACE.min(self.opts.timeout);
                 let others: Vec<u32> = (0..self.opts.nodes)
                     .filter(|r| *r != self.me.rank)
                     .collect();
                 while Instant::now() < deadline {
+                    // Rank 0 at DONE is still reading the others' results, this one's
+                    // included: it must find the abort, not a file gone.
                     let waiting = others.iter().any(|r| {
-                        read(&self.file(*r))
-                            .is_some_and(|p| p.pos.0 == MEASURING || p.pos.0 == CLAIMED)
+                        read(&self.file(*r)).is_some_and(|p| {
+                            p.pos.0 == MEASURING
+                                || p.pos.0 == CLAIMED
+                                || (*r == 0 && p.pos.0 == DONE)
+                        })
                     });
                     if !waiting {
                         break;
