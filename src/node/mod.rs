@@ -15,7 +15,7 @@
 pub(crate) mod context;
 mod forensics;
 mod join;
-mod metrics;
+pub(crate) mod metrics;
 mod pipeline;
 mod publisher;
 mod server;

@@ -239,7 +239,7 @@ pub fn main(args: DoctorArgs) -> Result<i32, Failure> {
     let mut report = run(&dir)?;
     if let Some(opts) = session {
         report.not_measured = None;
-        let summary = summary(&report, opts.rank);
+        let summary = summary(&report);
         let outcome = super::doctor_nodes::run(&dir, opts, summary, &report.left_dirs)?;
         report.checks.extend(outcome.checks);
         report.timing = recommend_with(
@@ -337,8 +337,9 @@ fn session_options(a: &DoctorArgs) -> Result<Option<super::doctor_nodes::Options
     }))
 }
 
-/// This node's own findings, for rank 0's report (`rank` is filled in by the claim).
-fn summary(r: &Report, rank: Option<u32>) -> super::doctor_nodes::NodeSummary {
+/// This node's own findings, for rank 0's report (`rank` is filled in by the session,
+/// once this node has claimed one).
+fn summary(r: &Report) -> super::doctor_nodes::NodeSummary {
     let names = |v: Verdict| {
         r.checks
             .iter()
@@ -347,7 +348,7 @@ fn summary(r: &Report, rank: Option<u32>) -> super::doctor_nodes::NodeSummary {
             .collect()
     };
     super::doctor_nodes::NodeSummary {
-        rank: rank.unwrap_or(0),
+        rank: 0,
         host: gethostname::gethostname().to_string_lossy().into_owned(),
         pid: std::process::id(),
         filesystem: r.filesystem.as_ref().map(|m| {

@@ -172,16 +172,9 @@ pub(crate) struct Stat {
 
 impl Stat {
     fn of(mut v: Vec<f64>) -> Option<Stat> {
-        if v.is_empty() {
-            return None;
-        }
-        v.sort_by(f64::total_cmp);
+        // Sorts `v`, so its ends are the extremes.
+        let median = crate::node::metrics::median(&mut v)?;
         let n = v.len();
-        let median = if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        };
         Some(Stat {
             median_ms: median,
             max_ms: v[n - 1],
@@ -728,11 +721,7 @@ impl Member {
                     "doctor session {}: rank {} interrupted by {}",
                     self.opts.session,
                     self.me.rank,
-                    match sig as i32 {
-                        signal_hook::consts::SIGINT => "SIGINT",
-                        signal_hook::consts::SIGTERM => "SIGTERM",
-                        _ => "SIGHUP",
-                    }
+                    crate::process::signal_name(sig as i32)
                 ),
                 hint: None,
                 detail: None,
@@ -881,7 +870,8 @@ impl Member {
             // observer looked up and missed before its writer created it, and whose
             // delay is measured on its own; taking them together waits out the
             // negative-lookup cache once per pair instead of K times.
-            if w == me {
+            // Who found the new names, and how long the slowest took.
+            let (observer, took) = if w == me {
                 self.me.pos = at(k_all, PING);
                 self.me.pong = None;
                 self.send()?;
@@ -907,11 +897,7 @@ impl Member {
                     "{round}: rank {o} found all {k_all} new names after {}",
                     secs(took)
                 ));
-                if !estimated {
-                    estimated = true;
-                    let done = pi / per_round + 1;
-                    self.estimate(o, took, started.elapsed(), done, rounds);
-                }
+                (o, took)
             } else {
                 self.wait(
                     w,
@@ -926,19 +912,21 @@ impl Member {
                 }
                 self.me.pos = at(k_all, PONG);
                 self.send()?;
-                names.extend(self.poll_names(w, missed, &round)?);
-                if !estimated {
-                    estimated = true;
-                    let took = names
-                        .iter()
-                        .map(|s: &NameSample| Duration::from_nanos(s.after_miss_ns))
-                        .max()
-                        .unwrap_or_default();
-                    let done = pi / per_round + 1;
-                    self.estimate(me, took, started.elapsed(), done, rounds);
-                }
+                let found = self.poll_names(w, missed, &round)?;
+                let took = found
+                    .iter()
+                    .map(|s: &NameSample| Duration::from_nanos(s.after_miss_ns))
+                    .max()
+                    .unwrap_or_default();
+                names.extend(found);
                 self.me.pos = at(k_all, ACK);
                 self.send()?;
+                (me, took)
+            };
+            if !estimated {
+                estimated = true;
+                let done = pi / per_round + 1;
+                self.estimate(observer, took, started.elapsed(), done, rounds);
             }
         }
         self.say(format!(
