@@ -468,20 +468,13 @@ impl Member {
         for r in ranks {
             m.me.rank = r;
             let path = m.file(r);
-            let body = serde_json::to_vec(&m.me).expect("json");
-            match OpenOptions::new().write(true).create_new(true).open(&path) {
-                Ok(mut f) => {
+            // First writer wins (an exclusive create), and the claim appears whole.
+            match store().create_new_live_json(&path, &m.me) {
+                Ok(true) => {
                     m.own.push(path.clone());
-                    if let Err(e) = f.write_all(&body) {
-                        m.leave(None);
-                        return Err(Failure::failed(format!(
-                            "cannot write {}: {e}",
-                            path.display()
-                        )));
-                    }
                     break;
                 }
-                Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                Ok(false) => {
                     holders.push(match read(&path) {
                         Some(h) => {
                             // Only on this host can a pid tell that its doctor is gone.
@@ -541,14 +534,9 @@ impl Member {
     /// Rewrites this rank's file by rename over.
     fn send(&mut self) -> Result<(), Failure> {
         let path = self.file(self.me.rank);
-        let tmp = self.dir.join(format!(".rank-{}.json.tmp", self.me.rank));
-        let body = serde_json::to_vec(&self.me).expect("json");
-        fs::write(&tmp, &body)
-            .and_then(|()| fs::rename(&tmp, &path))
-            .map_err(|e| {
-                let _ = fs::remove_file(&tmp);
-                Failure::failed(format!("cannot rewrite {}: {e}", path.display()))
-            })
+        store()
+            .publish_live_json(&path, &self.me)
+            .map_err(|e| Failure::failed(format!("cannot rewrite {}: {e}", path.display())))
     }
 
     /// Re-reads every rank's file until each holds a claim of this session, or the
@@ -1138,7 +1126,6 @@ impl Member {
                 for p in &self.own {
                     let _ = fs::remove_file(p);
                 }
-                let _ = fs::remove_file(self.dir.join(format!(".rank-{}.json.tmp", self.me.rank)));
                 let _ = fs::remove_dir(&self.dir);
             }
             let mut created: Vec<String> = self.me.created.clone();
@@ -1190,10 +1177,15 @@ impl Member {
     }
 }
 
+/// A rank's file: missing, unreadable or torn is `None` ("not yet").
 fn read(path: &Path) -> Option<Msg> {
-    fs::read(path)
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
+    store().read_json(path).ok().flatten()
+}
+
+/// The shared directory's helpers (a rank's file is a live record: replaced whole, not
+/// fsynced; a claim is an exclusive create), as the nodes' records use them.
+fn store() -> &'static dyn crate::store::SharedDir {
+    &crate::store::fs::Fs
 }
 
 /// The cross-node verdicts (rank 0).
