@@ -775,6 +775,93 @@ fn a_rank_killed_midway_stops_the_others_at_the_deadline() {
     assert!(!session.exists(), "rank 0 removes the session: {t}");
 }
 
+/// A rank's position in its file: `[stage, pair, sample, step]` (stage 2 = done).
+fn position(session: &Path, rank: u32) -> Option<Vec<u64>> {
+    let b = fs::read(session.join(format!("rank-{rank}.json"))).ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&b).ok()?;
+    v["pos"]
+        .as_array()
+        .map(|a| a.iter().map(|x| x.as_u64().unwrap()).collect())
+}
+
+/// Rank 0 done and collecting results while ranks 2 and 3 still measure the last round:
+/// rank 3 is interrupted, rank 2 stops because of it, and rank 0, waiting for rank 2's
+/// results, is told why (exit 3) instead of finding rank 2's file gone and waiting out
+/// --timeout (exit 4): a failing rank keeps its file (up to its 5 s grace) while rank 0
+/// is at DONE.
+#[test]
+fn rank_0_collecting_results_is_told_of_an_abort_in_the_last_round() {
+    let test = "rank_0_collecting_results_is_told_of_an_abort_in_the_last_round";
+    if !sshfs::require(test) {
+        return;
+    }
+    // A new name waits out a 2 s negative cache: each pair's last step takes seconds.
+    let c = SshfsCluster::start(4, 2).unwrap_or_else(|e| panic!("{test}: start: {e}"));
+    let kids: Vec<Child> = (0..4)
+        .map(|r| {
+            let r = r.to_string();
+            let args = [
+                "--nodes",
+                "4",
+                "--session",
+                "l",
+                "--timeout",
+                "60s",
+                "--rank",
+                &r,
+            ];
+            spawn_doctor(c.mount(r.parse().unwrap()), &args)
+        })
+        .collect();
+    let session = c.export().join(".rl-node/doctor/l");
+    // 12 ordered pairs, two at a time: the last round is pairs 10 and 11, (1, 0) and (3, 2).
+    let deadline = Instant::now() + SESSION_LIMIT;
+    while !position(&session, 3).is_some_and(|p| p[0] == 1 && p[1] >= 10) {
+        assert!(
+            Instant::now() < deadline,
+            "rank 3 never reached the last round"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid3 = kids[3].id() as i32;
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(pid3, libc::SIGSTOP) }, 0);
+    let p3 = position(&session, 3).unwrap();
+    assert_eq!(p3[0], 1, "rank 3 finished before it was stopped: {p3:?}");
+    while position(&session, 0).is_none_or(|p| p[0] != 2) {
+        assert!(Instant::now() < deadline, "rank 0 never got done");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Rank 0 is held while rank 2 stops, so that it reads rank 2's file only after rank 2
+    // has left or is waiting for it to read the abort: never by chance in between.
+    let pid0 = kids[0].id() as i32;
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid0, libc::SIGSTOP) }, 0);
+    assert_eq!(unsafe { libc::kill(pid3, libc::SIGINT) }, 0);
+    assert_eq!(unsafe { libc::kill(pid3, libc::SIGCONT) }, 0);
+    while position(&session, 2).is_some_and(|p| p[0] != 3) {
+        assert!(Instant::now() < deadline, "rank 2 never stopped");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(unsafe { libc::kill(pid0, libc::SIGCONT) }, 0);
+    let start = Instant::now();
+    let mut kids = kids.into_iter();
+    let rank0 = kids.next().unwrap();
+    let o = finish(rank0, SESSION_LIMIT);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(3), "{t}");
+    assert!(
+        t.contains("rank 2 (") && t.contains("stopped: doctor session l: rank 3 ("),
+        "{t}"
+    );
+    // Well before the 60 s timeout: the abort, not the deadline, stopped rank 0.
+    assert!(start.elapsed() < Duration::from_secs(30), "{t}");
+    for k in kids {
+        finish(k, SESSION_LIMIT);
+    }
+    assert!(!session.exists(), "{t}");
+}
+
 #[test]
 fn doctors_of_one_slurm_job_meet_in_its_session() {
     let tmp = tempfile::tempdir().unwrap();
@@ -826,6 +913,28 @@ fn session_flags_are_checked() {
             "--session \"../x\" is not a plain name",
         ),
         (&["--nodes", "0"][..], "--nodes must be 1 or more"),
+        // Session flags without a session are refused, not silently ignored.
+        (
+            &["--session", "../x", "--samples", "0", "--timeout", "0s"][..],
+            "--session ../x needs --nodes N of 2 or more",
+        ),
+        (
+            &["--samples", "0"][..],
+            "--samples 0 needs --nodes N of 2 or more",
+        ),
+        (
+            &["--nodes", "1", "--timeout", "5s"][..],
+            "--timeout 5s needs --nodes N of 2 or more",
+        ),
+        // Refused before anything is created, not an abort on a huge allocation.
+        (
+            &["--nodes", "4000000000"][..],
+            "--nodes 4000000000 is out of range (1..10000)",
+        ),
+        (
+            &["--nodes", "10001", "--rank", "0"][..],
+            "--nodes 10001 is out of range (1..10000)",
+        ),
     ] {
         let o = finish(spawn_doctor(tmp.path(), args), SESSION_LIMIT);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
@@ -882,6 +991,58 @@ fn an_interrupted_rank_tells_the_others_and_leaves_nothing() {
     // Well before the 60 s timeout: the abort, not the deadline, stopped rank 0.
     assert!(start.elapsed() < Duration::from_secs(30), "{t}");
     assert!(!session.exists(), "{t}");
+}
+
+/// A rank interrupted while the session waits for a rank still to join: the ranks already
+/// joined see it at once (they re-read each other while waiting), not at the join timeout.
+#[test]
+fn a_rank_interrupted_during_the_join_is_seen_by_the_others() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let args = |r: &'static str| {
+        [
+            "--nodes",
+            "3",
+            "--session",
+            "j",
+            "--timeout",
+            "60s",
+            "--rank",
+            r,
+        ]
+    };
+    let rank0 = spawn_doctor(dir, &args("0"));
+    let rank1 = spawn_doctor(dir, &args("1"));
+    // Rank 2 never starts: both wait in the join once their claims exist.
+    let session = dir.join(".rl-node/doctor/j");
+    let deadline = Instant::now() + SESSION_LIMIT;
+    while !(session.join("rank-0.json").exists() && session.join("rank-1.json").exists()) {
+        assert!(Instant::now() < deadline, "the two ranks never claimed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = rank1.id();
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGINT) }, 0);
+    let start = Instant::now();
+    let o = finish(rank1, SESSION_LIMIT);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(130), "{t}");
+    assert!(
+        t.contains("doctor session j: rank 1 interrupted by SIGINT"),
+        "{t}"
+    );
+    let o = finish(rank0, SESSION_LIMIT);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(3), "{t}");
+    assert!(
+        t.contains(&format!(
+            "pid {pid}) stopped: doctor session j: rank 1 interrupted by SIGINT"
+        )),
+        "{t}"
+    );
+    // Well before the 60 s timeout: the abort, not the deadline, stopped rank 0.
+    assert!(start.elapsed() < Duration::from_secs(30), "{t}");
+    assert!(!dir.join(".rl-node").exists(), "{t}");
 }
 
 #[test]

@@ -90,7 +90,7 @@ fn ms(secs: f64) -> f64 {
 }
 
 /// The median of `v` (sorted in place; the mean of the middle two for an even count).
-fn median(v: &mut [f64]) -> Option<f64> {
+pub(crate) fn median(v: &mut [f64]) -> Option<f64> {
     v.sort_by(f64::total_cmp);
     let n = v.len();
     match n {

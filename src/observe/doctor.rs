@@ -29,7 +29,8 @@ pub struct DoctorArgs {
     #[arg(long)]
     pub json: bool,
     /// Run on N nodes at once (one doctor per node, started within --timeout of each other)
-    /// and measure what one node cannot: visibility between nodes, clock offsets.
+    /// and measure what one node cannot: visibility between nodes, clock offsets. At most
+    /// 10000 (the pairs measured grow as N²).
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub nodes: u32,
     /// This node's rank (0..N-1); by default the first free one is claimed.
@@ -42,14 +43,18 @@ pub struct DoctorArgs {
     #[arg(long, value_name = "NAME")]
     pub session: Option<String>,
     /// Samples per ordered pair of nodes (each costs up to a negative-lookup cache time).
-    #[arg(long, value_name = "K", default_value_t = 3)]
-    pub samples: u32,
+    /// Default: 3.
+    #[arg(long, value_name = "K")]
+    pub samples: Option<u32>,
     /// Every wait for another node (the join, each answer, each new name) ends after this
-    /// long without progress.
-    #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = humantime::parse_duration)]
-    pub timeout: Duration,
+    /// long without progress. Default: 2m.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub timeout: Option<Duration>,
 }
 
+/// A session's `--samples` and `--timeout` when not given.
+const DEFAULT_SAMPLES: u32 = 3;
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 /// How many times the writer renames over the record while a reader re-reads it.
 const RENAMES: usize = 200;
 /// How many fsyncs are timed (of a file, and of the directory).
@@ -234,7 +239,7 @@ pub fn main(args: DoctorArgs) -> Result<i32, Failure> {
     let mut report = run(&dir)?;
     if let Some(opts) = session {
         report.not_measured = None;
-        let summary = summary(&report, opts.rank);
+        let summary = summary(&report);
         let outcome = super::doctor_nodes::run(&dir, opts, summary, &report.left_dirs)?;
         report.checks.extend(outcome.checks);
         report.timing = recommend_with(
@@ -258,14 +263,32 @@ pub fn main(args: DoctorArgs) -> Result<i32, Failure> {
 
 /// The session a multi-node doctor joins, or none for one node; bad flags are usage errors.
 fn session_options(a: &DoctorArgs) -> Result<Option<super::doctor_nodes::Options>, Failure> {
-    use super::doctor_nodes::{valid_session, Options};
+    use super::doctor_nodes::{valid_session, Options, MAX_NODES};
     if a.nodes == 0 {
         return Err(Failure::usage("--nodes must be 1 or more", None));
     }
+    // Checked before anything is created: the pair schedule (and its tables) grow as N².
+    if a.nodes > MAX_NODES {
+        return Err(Failure::usage(
+            format!(
+                "--nodes {} is out of range (1..{MAX_NODES}): a session measures every ordered pair, N×(N−1) of them",
+                a.nodes
+            ),
+            None,
+        ));
+    }
     if a.nodes == 1 {
-        if let Some(r) = a.rank {
+        // A session flag without a session would be silently ignored: refuse it instead.
+        let given = [
+            a.rank.map(|r| format!("--rank {r}")),
+            a.session.as_ref().map(|s| format!("--session {s}")),
+            a.samples.map(|k| format!("--samples {k}")),
+            a.timeout
+                .map(|t| format!("--timeout {}", humantime::format_duration(t))),
+        ];
+        if let Some(flag) = given.into_iter().flatten().next() {
             return Err(Failure::usage(
-                format!("--rank {r} needs --nodes N of 2 or more"),
+                format!("{flag} needs --nodes N of 2 or more"),
                 None,
             ));
         }
@@ -297,23 +320,26 @@ fn session_options(a: &DoctorArgs) -> Result<Option<super::doctor_nodes::Options
             None,
         ));
     }
-    if !(1..=1000).contains(&a.samples) {
+    let samples = a.samples.unwrap_or(DEFAULT_SAMPLES);
+    if !(1..=1000).contains(&samples) {
         return Err(Failure::usage("--samples must be within 1..1000", None));
     }
-    if a.timeout.is_zero() {
+    let timeout = a.timeout.unwrap_or(DEFAULT_TIMEOUT);
+    if timeout.is_zero() {
         return Err(Failure::usage("--timeout must be more than 0", None));
     }
     Ok(Some(Options {
         nodes: a.nodes,
         rank: a.rank,
         session,
-        samples: a.samples,
-        timeout: a.timeout,
+        samples,
+        timeout,
     }))
 }
 
-/// This node's own findings, for rank 0's report (`rank` is filled in by the claim).
-fn summary(r: &Report, rank: Option<u32>) -> super::doctor_nodes::NodeSummary {
+/// This node's own findings, for rank 0's report (`rank` is filled in by the session,
+/// once this node has claimed one).
+fn summary(r: &Report) -> super::doctor_nodes::NodeSummary {
     let names = |v: Verdict| {
         r.checks
             .iter()
@@ -322,7 +348,7 @@ fn summary(r: &Report, rank: Option<u32>) -> super::doctor_nodes::NodeSummary {
             .collect()
     };
     super::doctor_nodes::NodeSummary {
-        rank: rank.unwrap_or(0),
+        rank: 0,
         host: gethostname::gethostname().to_string_lossy().into_owned(),
         pid: std::process::id(),
         filesystem: r.filesystem.as_ref().map(|m| {

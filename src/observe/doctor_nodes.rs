@@ -60,6 +60,9 @@ const LEAVE_GRACE: Duration = Duration::from_secs(5);
 const SLOW_REWRITE: Duration = Duration::from_secs(1);
 const SLOW_NEW_NAME: Duration = Duration::from_secs(1);
 
+/// The most ranks a session takes: its pair schedule and per-rank tables grow as N².
+pub(crate) const MAX_NODES: u32 = 10_000;
+
 /// Stages of a rank's messages; a position compares stage first.
 const CLAIMED: u8 = 0;
 const MEASURING: u8 = 1;
@@ -105,6 +108,10 @@ struct Msg {
     done: Option<Done>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     abort: Option<String>,
+    /// The abort's exit code: a peer that gave up waiting for the same missing rank is
+    /// this rank's own deadline, not a peer's failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    abort_code: Option<i32>,
 }
 
 /// What a rank hands rank 0 at the end: its own checks and its raw samples.
@@ -165,16 +172,9 @@ pub(crate) struct Stat {
 
 impl Stat {
     fn of(mut v: Vec<f64>) -> Option<Stat> {
-        if v.is_empty() {
-            return None;
-        }
-        v.sort_by(f64::total_cmp);
+        // Sorts `v`, so its ends are the extremes.
+        let median = crate::node::metrics::median(&mut v)?;
         let n = v.len();
-        let median = if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        };
         Some(Stat {
             median_ms: median,
             max_ms: v[n - 1],
@@ -382,7 +382,7 @@ pub(crate) fn run(
             Ok(outcome)
         }
         Err(f) => {
-            m.leave(&f.message);
+            m.leave(Some(&f));
             Err(f)
         }
     }
@@ -443,6 +443,7 @@ impl Member {
             created,
             done: None,
             abort: None,
+            abort_code: None,
         };
         let n = opts.nodes;
         let mut m = Member {
@@ -467,20 +468,13 @@ impl Member {
         for r in ranks {
             m.me.rank = r;
             let path = m.file(r);
-            let body = serde_json::to_vec(&m.me).expect("json");
-            match OpenOptions::new().write(true).create_new(true).open(&path) {
-                Ok(mut f) => {
+            // First writer wins (an exclusive create), and the claim appears whole.
+            match store().create_new_live_json(&path, &m.me) {
+                Ok(true) => {
                     m.own.push(path.clone());
-                    if let Err(e) = f.write_all(&body) {
-                        m.leave("");
-                        return Err(Failure::failed(format!(
-                            "cannot write {}: {e}",
-                            path.display()
-                        )));
-                    }
                     break;
                 }
-                Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                Ok(false) => {
                     holders.push(match read(&path) {
                         Some(h) => {
                             // Only on this host can a pid tell that its doctor is gone.
@@ -493,7 +487,7 @@ impl Member {
                     });
                 }
                 Err(e) => {
-                    m.leave("");
+                    m.leave(None);
                     return Err(Failure::failed(format!(
                         "cannot create {}: {e}",
                         path.display()
@@ -519,10 +513,10 @@ impl Member {
                     m.dir.display()
                 )),
             );
-            m.leave("");
+            m.leave(None);
             return Err(f);
         }
-        m.wait_all_joined().inspect_err(|f| m.leave(&f.message))?;
+        m.wait_all_joined().inspect_err(|f| m.leave(Some(f)))?;
         Ok(m)
     }
 
@@ -540,14 +534,9 @@ impl Member {
     /// Rewrites this rank's file by rename over.
     fn send(&mut self) -> Result<(), Failure> {
         let path = self.file(self.me.rank);
-        let tmp = self.dir.join(format!(".rank-{}.json.tmp", self.me.rank));
-        let body = serde_json::to_vec(&self.me).expect("json");
-        fs::write(&tmp, &body)
-            .and_then(|()| fs::rename(&tmp, &path))
-            .map_err(|e| {
-                let _ = fs::remove_file(&tmp);
-                Failure::failed(format!("cannot rewrite {}: {e}", path.display()))
-            })
+        store()
+            .publish_live_json(&path, &self.me)
+            .map_err(|e| Failure::failed(format!("cannot rewrite {}: {e}", path.display())))
     }
 
     /// Re-reads every rank's file until each holds a claim of this session, or the
@@ -559,10 +548,14 @@ impl Member {
         let mut note = started + NOTE_EVERY;
         loop {
             let mut missing = Vec::new();
+            let mut gave_up = None;
             for r in 0..n {
-                if self.peers[r as usize].is_some() {
+                let seen = self.peers[r as usize].is_some();
+                if seen && r == self.me.rank {
                     continue;
                 }
+                // A rank already joined is read again each round: it may stop (an abort, a
+                // Ctrl-C) while the others are awaited, and must not go unseen.
                 match read(&self.file(r)) {
                     Some(p) => {
                         if p.nodes != n {
@@ -574,17 +567,33 @@ impl Member {
                                 Some("start every node's doctor with the same --nodes".into()),
                             ));
                         }
-                        deadline = Instant::now() + self.opts.timeout;
+                        if p.abort_code == Some(exit::DEADLINE) {
+                            gave_up = Some(p.clone());
+                        } else {
+                            self.check_peer(&p)?;
+                        }
+                        if !seen {
+                            deadline = Instant::now() + self.opts.timeout;
+                        }
                         self.peers[r as usize] = Some(p);
                     }
+                    // Rank 0 removes the session when it fails, as the other waits watch.
+                    None if seen && r == 0 && !self.dir.exists() => {
+                        return Err(self.session_removed())
+                    }
+                    None if seen => {}
                     None => missing.push(r),
                 }
             }
             if missing.is_empty() {
-                return Ok(());
+                return match gave_up {
+                    Some(p) => self.check_peer(&p),
+                    None => Ok(()),
+                };
             }
             self.interrupted()?;
-            if Instant::now() >= deadline {
+            // A peer that gave up waiting for the same ranks met this rank's deadline too.
+            if Instant::now() >= deadline || gave_up.is_some() {
                 let joined: Vec<String> = (0..n)
                     .filter(|r| self.peers[*r as usize].is_some())
                     .map(|r| self.who(r))
@@ -671,18 +680,22 @@ impl Member {
         }
         match read(&self.file(0)) {
             Some(p) => self.check_peer(&p),
-            None if !self.dir.exists() => Err(Failure {
-                code: exit::PEER_FAILED,
-                message: format!(
-                    "doctor session {}: the session directory {} was removed (by {}, stopping?)",
-                    self.opts.session,
-                    self.dir.display(),
-                    self.who(0)
-                ),
-                hint: None,
-                detail: None,
-            }),
+            None if !self.dir.exists() => Err(self.session_removed()),
             None => Ok(()),
+        }
+    }
+
+    fn session_removed(&self) -> Failure {
+        Failure {
+            code: exit::PEER_FAILED,
+            message: format!(
+                "doctor session {}: the session directory {} was removed (by {}, stopping?)",
+                self.opts.session,
+                self.dir.display(),
+                self.who(0)
+            ),
+            hint: None,
+            detail: None,
         }
     }
 
@@ -696,11 +709,7 @@ impl Member {
                     "doctor session {}: rank {} interrupted by {}",
                     self.opts.session,
                     self.me.rank,
-                    match sig as i32 {
-                        signal_hook::consts::SIGINT => "SIGINT",
-                        signal_hook::consts::SIGTERM => "SIGTERM",
-                        _ => "SIGHUP",
-                    }
+                    crate::process::signal_name(sig as i32)
                 ),
                 hint: None,
                 detail: None,
@@ -849,7 +858,8 @@ impl Member {
             // observer looked up and missed before its writer created it, and whose
             // delay is measured on its own; taking them together waits out the
             // negative-lookup cache once per pair instead of K times.
-            if w == me {
+            // Who found the new names, and how long the slowest took.
+            let (observer, took) = if w == me {
                 self.me.pos = at(k_all, PING);
                 self.me.pong = None;
                 self.send()?;
@@ -875,11 +885,7 @@ impl Member {
                     "{round}: rank {o} found all {k_all} new names after {}",
                     secs(took)
                 ));
-                if !estimated {
-                    estimated = true;
-                    let done = pi / per_round + 1;
-                    self.estimate(o, took, started.elapsed(), done, rounds);
-                }
+                (o, took)
             } else {
                 self.wait(
                     w,
@@ -894,19 +900,21 @@ impl Member {
                 }
                 self.me.pos = at(k_all, PONG);
                 self.send()?;
-                names.extend(self.poll_names(w, missed, &round)?);
-                if !estimated {
-                    estimated = true;
-                    let took = names
-                        .iter()
-                        .map(|s: &NameSample| Duration::from_nanos(s.after_miss_ns))
-                        .max()
-                        .unwrap_or_default();
-                    let done = pi / per_round + 1;
-                    self.estimate(me, took, started.elapsed(), done, rounds);
-                }
+                let found = self.poll_names(w, missed, &round)?;
+                let took = found
+                    .iter()
+                    .map(|s: &NameSample| Duration::from_nanos(s.after_miss_ns))
+                    .max()
+                    .unwrap_or_default();
+                names.extend(found);
                 self.me.pos = at(k_all, ACK);
                 self.send()?;
+                (me, took)
+            };
+            if !estimated {
+                estimated = true;
+                let done = pi / per_round + 1;
+                self.estimate(observer, took, started.elapsed(), done, rounds);
             }
         }
         self.say(format!(
@@ -1118,7 +1126,6 @@ impl Member {
                 for p in &self.own {
                     let _ = fs::remove_file(p);
                 }
-                let _ = fs::remove_file(self.dir.join(format!(".rank-{}.json.tmp", self.me.rank)));
                 let _ = fs::remove_dir(&self.dir);
             }
             let mut created: Vec<String> = self.me.created.clone();
@@ -1138,19 +1145,26 @@ impl Member {
 
     /// Failure: say so in this rank's file, give the peers a moment to read it, then
     /// remove this rank's files (rank 0: the whole session, which none can finish now).
-    fn leave(&mut self, why: &str) {
-        if !self.own.is_empty() && !why.is_empty() {
+    fn leave(&mut self, failure: Option<&Failure>) {
+        if let Some(f) = failure.filter(|_| !self.own.is_empty()) {
+            let why = &f.message;
             self.me.pos = (ABORTED, 0, 0, 0);
             self.me.abort = Some(why.lines().next().unwrap_or(why).to_string());
+            self.me.abort_code = Some(f.code);
             if self.send().is_ok() {
                 let deadline = Instant::now() + LEAVE_GRACE.min(self.opts.timeout);
                 let others: Vec<u32> = (0..self.opts.nodes)
                     .filter(|r| *r != self.me.rank)
                     .collect();
                 while Instant::now() < deadline {
+                    // Rank 0 at DONE is still reading the others' results, this one's
+                    // included: it must find the abort, not a file gone.
                     let waiting = others.iter().any(|r| {
-                        read(&self.file(*r))
-                            .is_some_and(|p| p.pos.0 == MEASURING || p.pos.0 == CLAIMED)
+                        read(&self.file(*r)).is_some_and(|p| {
+                            p.pos.0 == MEASURING
+                                || p.pos.0 == CLAIMED
+                                || (*r == 0 && p.pos.0 == DONE)
+                        })
                     });
                     if !waiting {
                         break;
@@ -1163,10 +1177,15 @@ impl Member {
     }
 }
 
+/// A rank's file: missing, unreadable or torn is `None` ("not yet").
 fn read(path: &Path) -> Option<Msg> {
-    fs::read(path)
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
+    store().read_json(path).ok().flatten()
+}
+
+/// The shared directory's helpers (a rank's file is a live record: replaced whole, not
+/// fsynced; a claim is an exclusive create), as the nodes' records use them.
+fn store() -> &'static dyn crate::store::SharedDir {
+    &crate::store::fs::Fs
 }
 
 /// The cross-node verdicts (rank 0).
