@@ -968,15 +968,25 @@ fn an_interrupted_rank_tells_the_others_and_leaves_nothing() {
         return;
     }
     let (_c, session, rank0, interrupted) = midway(test, "i", "60s");
-    let pid = interrupted.id();
+    let t = interrupt_rank_1(rank0, interrupted, "i");
+    assert!(!session.exists(), "{t}");
+}
+
+/// SIGINT to rank 1's doctor of session `name` (its peer `rank0` runs with a 60 s
+/// `--timeout`): rank 1 exits 130 saying so, and rank 0 exits 3 with rank 1's reason,
+/// well before its timeout. Rank 0's output.
+fn interrupt_rank_1(rank0: Child, rank1: Child, name: &str) -> String {
+    let pid = rank1.id();
     // SAFETY: kill(2) on our own child's pid.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGINT) }, 0);
     let start = Instant::now();
-    let o = finish(interrupted, SESSION_LIMIT);
+    let o = finish(rank1, SESSION_LIMIT);
     let t = text(&o);
     assert_eq!(o.status.code(), Some(130), "{t}");
     assert!(
-        t.contains("doctor session i: rank 1 interrupted by SIGINT"),
+        t.contains(&format!(
+            "doctor session {name}: rank 1 interrupted by SIGINT"
+        )),
         "{t}"
     );
     let o = finish(rank0, SESSION_LIMIT);
@@ -984,13 +994,13 @@ fn an_interrupted_rank_tells_the_others_and_leaves_nothing() {
     assert_eq!(o.status.code(), Some(3), "{t}");
     assert!(
         t.contains(&format!(
-            "pid {pid}) stopped: doctor session i: rank 1 interrupted by SIGINT"
+            "pid {pid}) stopped: doctor session {name}: rank 1 interrupted by SIGINT"
         )),
         "{t}"
     );
     // Well before the 60 s timeout: the abort, not the deadline, stopped rank 0.
     assert!(start.elapsed() < Duration::from_secs(30), "{t}");
-    assert!(!session.exists(), "{t}");
+    t
 }
 
 /// A rank interrupted while the session waits for a rank still to join: the ranks already
@@ -1020,28 +1030,7 @@ fn a_rank_interrupted_during_the_join_is_seen_by_the_others() {
         assert!(Instant::now() < deadline, "the two ranks never claimed");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let pid = rank1.id();
-    // SAFETY: kill(2) on our own child's pid.
-    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGINT) }, 0);
-    let start = Instant::now();
-    let o = finish(rank1, SESSION_LIMIT);
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(130), "{t}");
-    assert!(
-        t.contains("doctor session j: rank 1 interrupted by SIGINT"),
-        "{t}"
-    );
-    let o = finish(rank0, SESSION_LIMIT);
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(3), "{t}");
-    assert!(
-        t.contains(&format!(
-            "pid {pid}) stopped: doctor session j: rank 1 interrupted by SIGINT"
-        )),
-        "{t}"
-    );
-    // Well before the 60 s timeout: the abort, not the deadline, stopped rank 0.
-    assert!(start.elapsed() < Duration::from_secs(30), "{t}");
+    let t = interrupt_rank_1(rank0, rank1, "j");
     assert!(!dir.join(".rl-node").exists(), "{t}");
 }
 
