@@ -20,9 +20,13 @@ pub struct Layout {
 pub use crate::shards::naming::iter_dir;
 
 impl Layout {
+    /// The layout of the run in `log_path`, which becomes a confined root: no write below
+    /// it follows a symbolic link (`store::beneath`).
     pub fn new(log_path: impl Into<PathBuf>) -> Layout {
+        let root = log_path.into();
+        crate::store::confine(&root);
         Layout {
-            root: log_path.into(),
+            root,
             naming: Naming::default(),
             cluster: None,
         }

@@ -234,27 +234,43 @@ pub(crate) struct Node {
 /// A log in the shared directory written through one open handle: one `write` per line,
 /// no open, no directory creation (docs/shared-directory.md, "Durability": logs are not
 /// synced). Reopened when the generation changes (`--fresh` may have moved the run's
-/// directories aside) and after a failed write. Best effort: a log never stops the node.
+/// directories aside) and after a failed write. Best effort: a log never stops the node,
+/// and is never written through a planted link (one is set aside, `SharedDir::open_log`).
 #[derive(Default)]
 struct EventLog {
     handle: std::sync::Mutex<Option<(u64, Box<dyn std::io::Write + Send>)>>,
+    /// A log refused at this name is said once, not at every line.
+    refused: std::sync::atomic::AtomicBool,
 }
 
 impl EventLog {
-    fn append(&self, store: &dyn SharedDir, path: &Path, gen: u64, line: &str) {
+    /// Append `line`; what the node should warn about (a planted link set aside, or a log
+    /// that cannot be written safely), once.
+    fn append(&self, store: &dyn SharedDir, path: &Path, gen: u64, line: &str) -> Option<String> {
         let mut handle = self.handle.lock().unwrap_or_else(|e| e.into_inner());
         if handle.as_ref().is_some_and(|(g, _)| *g != gen) {
             *handle = None;
         }
+        let mut note = None;
         if handle.is_none() {
-            match store.open_append(path) {
-                Ok(Some(w)) => *handle = Some((gen, w)),
-                // No handles here (the simulated directory): append by path.
-                Ok(None) => {
-                    let _ = store.append(path, line.as_bytes(), false);
-                    return;
+            match store.open_log(path) {
+                Ok((Some(w), said)) => {
+                    *handle = Some((gen, w));
+                    note = said;
                 }
-                Err(_) => return,
+                // No handles here (the simulated directory): append by path.
+                Ok((None, _)) => {
+                    let _ = store.append(path, line.as_bytes(), false);
+                    return None;
+                }
+                Err(e) => {
+                    let first = !self
+                        .refused
+                        .swap(true, std::sync::atomic::Ordering::Relaxed);
+                    let untrusted = crate::store::Untrusted::of(&e).is_some();
+                    return (first && untrusted)
+                        .then(|| format!("not writing {}: {e}", path.display()));
+                }
             }
         }
         if let Some((_, w)) = handle.as_mut() {
@@ -262,6 +278,7 @@ impl EventLog {
                 *handle = None;
             }
         }
+        note
     }
 }
 
@@ -300,6 +317,7 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
         .with_naming(cfg.naming())
         .with_cluster(cfg.pipeline_cluster());
     preflight_log_path(&layout, opts.rank)?;
+    preflight_state(&layout, opts.rank)?;
     // Node-local input named on this node: discovered now, not by a command hours later.
     let data = &cfg.cluster.data_path;
     if !data.is_empty() && std::fs::metadata(data).is_err() {
@@ -2589,7 +2607,21 @@ impl Node {
         header: &str,
     ) -> Result<procs::Running, Stop> {
         self.watchdog.pet("starting a command");
-        match self.launcher.start(command, env, log, header) {
+        let mut started = self.launcher.start(command, env, log, header);
+        // A link or a foreign file planted at the log's name (or on the way) is set aside,
+        // never written through; the command then gets a new log (docs/shared-directory.md,
+        // "What rl-node trusts").
+        if let Some(refused) = started.as_ref().err().and_then(crate::store::Untrusted::of) {
+            let refused = refused.clone();
+            match self.store.set_aside_untrusted(&refused) {
+                Ok(aside) => {
+                    self.warn(&crate::store::set_aside_note(&refused, &aside));
+                    started = self.launcher.start(command, env, log, header);
+                }
+                Err(e) => self.warn(&format!("{refused}; cannot move it aside: {e}")),
+            }
+        }
+        match started {
             Ok(pid) => Ok(procs::Running {
                 pid,
                 started: self.clock.now(),
@@ -2871,8 +2903,12 @@ impl Node {
         self.metrics_collector()
             .observe(&record.event, self.clock.now());
         self.with_textfile(|t| t.observe(&record.event, record.iteration, record.gen));
-        self.event_log
-            .append(&*self.store, &path, record.gen, &record.to_line());
+        if let Some(note) =
+            self.event_log
+                .append(&*self.store, &path, record.gen, &record.to_line())
+        {
+            self.warn(&note);
+        }
     }
 
     fn metrics_collector(&self) -> std::sync::MutexGuard<'_, metrics::Collector> {
@@ -2981,8 +3017,12 @@ impl Node {
         if std::mem::take(&mut self.metrics_written.torn_tail) {
             line.insert(0, '\n');
         }
-        self.metrics_log
-            .append(&*self.store, &self.layout.metrics(), self.gen(), &line);
+        if let Some(note) =
+            self.metrics_log
+                .append(&*self.store, &self.layout.metrics(), self.gen(), &line)
+        {
+            self.warn(&note);
+        }
         self.metrics_written.iterations.insert(self.iteration);
     }
 
@@ -3141,6 +3181,44 @@ fn preflight_log_path(layout: &Layout, rank: u32) -> Result<(), Stop> {
         Err(e) => Err(Stop::usage(
             format!("--log-path {}: {e}", root.display()),
             hint,
+        )),
+    }
+}
+
+/// Refuse to start (exit 2, before anything is written) when a directory of the run, or a
+/// state file this rank writes, is a symbolic link, or a file that is not this node's own:
+/// others may write the shared directory, and rl-node must never write through what they
+/// planted (docs/shared-directory.md, "What rl-node trusts"). Logs (commands' logs, event
+/// logs, `metrics.jsonl`) are not checked here: one refused later is set aside and written
+/// anew.
+fn preflight_state(layout: &Layout, rank: u32) -> Result<(), Stop> {
+    use crate::store::fs::{check_dir, check_own_file};
+    let state = layout.state_dir();
+    let mut dirs: Vec<PathBuf> = layout
+        .run_dirs()
+        .into_iter()
+        .filter(|d| !d.ends_with("logs"))
+        .collect();
+    dirs.extend([state.clone(), state.join("journal")]);
+    let mut files = vec![layout.journal(rank)];
+    if rank == 0 {
+        files.extend([layout.cluster(), layout.doorbell(), layout.history()]);
+    }
+    let refused = dirs
+        .iter()
+        .find_map(|d| check_dir(d).err())
+        .or_else(|| files.iter().find_map(|f| check_own_file(f).err()));
+    match refused {
+        None => Ok(()),
+        Some(e) => Err(Stop::usage(
+            format!("the run's directory is not safe to write: {e}"),
+            Some(match crate::store::Untrusted::of(&e) {
+                Some(u) => format!(
+                    "rl-node did not make {}: move it out of the run's directory (or start the run in a directory only you can write)",
+                    u.at.display()
+                ),
+                None => "check the path and its permissions".into(),
+            }),
         )),
     }
 }

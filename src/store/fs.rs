@@ -2,21 +2,30 @@
 //! counted by class in this process's [`OpCounts`] (the figures the node reports at exit
 //! and the benchmarks print).
 //!
+//! Every write reaches its name through [`beneath`]: below a run's root no symbolic link
+//! is followed, new files are created with `O_EXCL`, and a file that is appended to or
+//! rewritten in place must be a regular file of this node's own. Every read takes at most a
+//! bounded number of bytes ([`ReadLimit`]) and never follows a link at the last component.
+//!
 //! The free functions are the same operations for the parts of rl-node that do not hold a
 //! store (aggregation, checkpoints, repair): they are counted too.
 
-use super::{Damaged, Kind, Meta, OpClass, OpCounts, SharedDir};
+use super::beneath::{self, At};
+use super::{Damaged, Kind, Meta, OpClass, OpCounts, ReadLimit, SharedDir, TooLarge};
+use rustix::fd::{AsFd, OwnedFd};
+use rustix::fs::{self as rfs, AtFlags, Mode, OFlags, RenameFlags};
+use rustix::io::Errno;
 use serde::{de::DeserializeOwned, Serialize};
-use std::ffi::OsString;
-use std::fs::{self, File, OpenOptions};
+use std::ffi::{OsStr, OsString};
+use std::fs::{self, File};
 use std::io::{self, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 static COUNTS: [AtomicU64; 9] = [const { AtomicU64::new(0) }; 9];
 
-fn count(class: OpClass) {
+pub(crate) fn count(class: OpClass) {
     COUNTS[class as usize].fetch_add(1, Ordering::Relaxed);
 }
 
@@ -34,8 +43,8 @@ pub fn op_counts() -> OpCounts {
 pub struct Fs;
 
 impl SharedDir for Fs {
-    fn read(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
-        read(path)
+    fn read_limited(&self, path: &Path, limit: ReadLimit) -> io::Result<Option<Vec<u8>>> {
+        read_limited(path, limit)
     }
 
     fn publish_with(
@@ -74,32 +83,30 @@ impl SharedDir for Fs {
     }
 
     fn read_or_create(&self, path: &Path) -> io::Result<Vec<u8>> {
-        let mut f = open_creating(
-            path,
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false),
-        )?;
-        read_to_end_counted(&mut f)
+        let mut f = open_creating(path, OFlags::RDWR)?;
+        read_to_end_counted(&mut f, path, ReadLimit::Record)
     }
 
     fn revalidate(&self, path: &Path) -> io::Result<bool> {
-        use std::os::unix::fs::MetadataExt;
+        let at = match beneath::at(path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            other => other?,
+        };
         count(OpClass::Open);
-        match OpenOptions::new().write(true).create_new(true).open(path) {
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(e),
-            Ok(f) => {
+        match rfs::openat(at.fd(), at.name, excl(OFlags::WRONLY), file_mode()) {
+            Err(Errno::EXIST) => Ok(true),
+            Err(Errno::NOENT) => Ok(false),
+            Err(e) => Err(e.into()),
+            Ok(fd) => {
                 // It was not there, and now an empty file of ours is: remove it, unless the
                 // name was replaced in the meantime (then it is someone else's).
-                let mine = f.metadata()?.ino();
+                let mine = rfs::fstat(&fd)?.st_ino;
                 count(OpClass::Stat);
-                if fs::symlink_metadata(path).is_ok_and(|m| m.ino() == mine) {
+                if rfs::statat(at.fd(), at.name, AtFlags::SYMLINK_NOFOLLOW)
+                    .is_ok_and(|s| s.st_ino == mine)
+                {
                     count(OpClass::Unlink);
-                    let _ = fs::remove_file(path);
+                    let _ = rfs::unlinkat(at.fd(), at.name, AtFlags::empty());
                 }
                 Ok(false)
             }
@@ -107,8 +114,7 @@ impl SharedDir for Fs {
     }
 
     fn rename(&self, src: &Path, dst: &Path) -> io::Result<()> {
-        count(OpClass::Rename);
-        fs::rename(src, dst)
+        rename(src, dst)
     }
 
     fn rename_noreplace(&self, src: &Path, dst: &Path) -> io::Result<()> {
@@ -116,32 +122,21 @@ impl SharedDir for Fs {
     }
 
     fn create_dir(&self, path: &Path) -> io::Result<()> {
+        let at = beneath::at(path)?;
         count(OpClass::Mkdir);
-        fs::create_dir(path)
+        Ok(rfs::mkdirat(at.fd(), at.name, dir_mode())?)
     }
 
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        // As `std::fs::create_dir_all` does it, each system call counted: a stat, then a
-        // mkdir of the path; a missing parent is made first (the same way) and the mkdir
-        // tried again. So k missing levels cost 2k - 1 mkdirs.
-        count(OpClass::Stat);
-        if fs::metadata(path).is_ok_and(|m| m.is_dir()) {
-            return Ok(());
-        }
-        mkdir_p(path)
+        create_dir_all(path)
     }
 
     fn read_dir(&self, path: &Path) -> io::Result<Vec<OsString>> {
-        count(OpClass::Open);
-        count(OpClass::Readdir);
-        fs::read_dir(path)?
-            .map(|e| e.map(|e| e.file_name()))
-            .collect()
+        read_dir(path)
     }
 
     fn remove_file(&self, path: &Path) -> io::Result<()> {
-        count(OpClass::Unlink);
-        fs::remove_file(path)
+        remove_file(path)
     }
 
     fn lstat(&self, path: &Path) -> io::Result<Option<Meta>> {
@@ -156,9 +151,10 @@ impl SharedDir for Fs {
 
     fn sync_file(&self, path: &Path) -> io::Result<()> {
         count(OpClass::Open);
-        let f = File::open(path)?;
+        let fd = rfs::open(path, read_flags(), Mode::empty())
+            .map_err(|e| beneath::nofollow_error(path, e))?;
         count(OpClass::Fsync);
-        f.sync_all()
+        File::from(fd).sync_all()
     }
 
     fn fsync_dir(&self, path: &Path) -> io::Result<()> {
@@ -170,25 +166,103 @@ impl SharedDir for Fs {
     }
 }
 
-/// `path` opened for appending, created (with its directory) if needed; its writes are
-/// counted. The directory is made only when the open says it is missing: no `stat` first.
-pub fn open_append(path: &Path) -> io::Result<CountedFile> {
-    open_creating(path, OpenOptions::new().create(true).append(true)).map(CountedFile)
+/// New files: `rw-rw-rw-` less the umask, as `File::create` makes them.
+fn file_mode() -> Mode {
+    Mode::from_raw_mode(0o666)
 }
 
-/// Open `path` with `options` (which create), making its directory first only when the
-/// open says it is missing; each open counted.
-fn open_creating(path: &Path, options: &OpenOptions) -> io::Result<File> {
-    count(OpClass::Open);
-    match options.open(path) {
+fn dir_mode() -> Mode {
+    Mode::from_raw_mode(0o777)
+}
+
+/// `flags` for an exclusive create, which fails on anything already at the name (a
+/// symbolic link included, which it never follows).
+fn excl(flags: OFlags) -> OFlags {
+    flags | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC
+}
+
+/// Reads never follow a link at the last component, and never wait on a named pipe
+/// planted at a record's name.
+fn read_flags() -> OFlags {
+    OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC
+}
+
+/// `path` opened for appending, created (with its directory) if needed; its writes are
+/// counted. Refused ([`beneath::Untrusted`]) when the name is a symbolic link or a file
+/// that is not this node's own (a hard link, a pipe, another user's file).
+pub fn open_append(path: &Path) -> io::Result<CountedFile> {
+    open_creating(path, OFlags::WRONLY | OFlags::APPEND).map(CountedFile)
+}
+
+/// [`open_append`] for a command's log ([`SharedDir::open_log`]): a planted link or foreign
+/// file at its name is set aside first; the note says so.
+pub fn open_log(path: &Path) -> io::Result<(CountedFile, Option<String>)> {
+    match open_append(path) {
+        Err(e) => match beneath::Untrusted::of(&e) {
+            Some(refused) => {
+                let aside = (&Fs as &dyn SharedDir).set_aside_untrusted(refused)?;
+                let note = super::set_aside_note(refused, &aside);
+                Ok((open_append(path)?, Some(note)))
+            }
+            None => Err(e),
+        },
+        Ok(f) => Ok((f, None)),
+    }
+}
+
+/// Open `path` with `flags` and `O_CREAT` (never following a link), making its directory
+/// first only when the open says it is missing; then check that it is a file this node may
+/// write ([`beneath::check_writable`]).
+fn open_creating(path: &Path, flags: OFlags) -> io::Result<File> {
+    let flags = flags | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    let open = |at: &At<'_>| {
+        count(OpClass::Open);
+        rfs::openat(at.fd(), at.name, flags, file_mode())
+            .map_err(|e| beneath::nofollow_error(path, e))
+    };
+    let first = beneath::at(path).and_then(|at| open(&at).map(|fd| (at, fd)));
+    let (at, fd) = match first {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             if let Some(d) = path.parent() {
-                Fs.create_dir_all(d)?;
+                create_dir_all(d)?;
             }
-            count(OpClass::Open);
-            options.open(path)
+            let at = beneath::at(path)?;
+            let fd = open(&at)?;
+            (at, fd)
         }
-        other => other,
+        other => other?,
+    };
+    beneath::check_writable(fd.as_fd(), &at)?;
+    // Blocking again: the file may be handed to a command as its output.
+    rfs::fcntl_setfl(&fd, rfs::fcntl_getfl(&fd)? - OFlags::NONBLOCK)?;
+    Ok(File::from(fd))
+}
+
+/// Whether rl-node could write `path` safely: `Ok` when nothing is there yet or when it is
+/// a regular file of this node's own (as [`open_append`] requires), reached without a link;
+/// else the refusal ([`beneath::Untrusted`]). Opens nothing for writing, creates nothing
+/// (but a probe file where the owner must be learnt). For a node's check of its state files
+/// before it writes anything.
+pub fn check_own_file(path: &Path) -> io::Result<()> {
+    let at = match beneath::at(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        other => other?,
+    };
+    count(OpClass::Open);
+    match rfs::openat(at.fd(), at.name, read_flags(), Mode::empty()) {
+        Err(Errno::NOENT) => Ok(()),
+        Err(e) => Err(beneath::nofollow_error(path, e)),
+        Ok(fd) => beneath::check_writable(fd.as_fd(), &at),
+    }
+}
+
+/// Whether `path` is a directory reached without a link below its root (`Ok` when it is
+/// missing, to be made); else why not.
+pub fn check_dir(path: &Path) -> io::Result<()> {
+    match beneath::dir_below(path, OFlags::PATH) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
     }
 }
 
@@ -213,10 +287,56 @@ impl Write for CountedFile {
     }
 }
 
+/// `path` and every missing directory above it. Below a run's root the existing part is
+/// opened without following a link (one open when it all exists); elsewhere as
+/// `std::fs::create_dir_all` does it: a stat, then a mkdir of each missing level.
+pub fn create_dir_all(path: &Path) -> io::Result<()> {
+    match beneath::dir_below(path, OFlags::PATH) {
+        Ok(Some(_)) => return Ok(()),
+        Ok(None) => {
+            count(OpClass::Stat);
+            if fs::metadata(path).is_ok_and(|m| m.is_dir()) {
+                return Ok(());
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    mkdir_p(path)
+}
+
+/// Make `path`, making its missing parents first (each the same way). A name that is
+/// already there counts as made only if it is a directory and not a link to one.
 fn mkdir_p(path: &Path) -> io::Result<()> {
-    count(OpClass::Mkdir);
-    match fs::create_dir(path) {
-        Ok(()) => Ok(()),
+    let mkdir = || -> io::Result<()> {
+        let at = beneath::at(path)?;
+        count(OpClass::Mkdir);
+        match rfs::mkdirat(at.fd(), at.name, dir_mode()) {
+            Ok(()) => Ok(()),
+            // Another writer made it in the meantime, or something else is there.
+            Err(Errno::EXIST) => {
+                count(OpClass::Stat);
+                match rfs::statat(at.fd(), at.name, AtFlags::SYMLINK_NOFOLLOW) {
+                    Ok(st) if rfs::FileType::from_raw_mode(st.st_mode).is_dir() => Ok(()),
+                    Ok(st)
+                        if rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::Symlink =>
+                    {
+                        if matches!(at.dir, beneath::Dir::Cwd)
+                            && fs::metadata(path).is_ok_and(|m| m.is_dir())
+                        {
+                            // Outside any run's root a link to a directory is the user's own.
+                            Ok(())
+                        } else {
+                            Err(beneath::link_refused(path))
+                        }
+                    }
+                    _ => Err(Errno::EXIST.into()),
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
+    };
+    match mkdir() {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             match path.parent() {
                 Some(parent) if parent != path && !parent.as_os_str().is_empty() => {
@@ -224,29 +344,50 @@ fn mkdir_p(path: &Path) -> io::Result<()> {
                 }
                 _ => return Err(e),
             }
-            count(OpClass::Mkdir);
-            match fs::create_dir(path) {
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                    count(OpClass::Stat);
-                    if path.is_dir() {
-                        Ok(())
-                    } else {
-                        Err(e)
-                    }
-                }
-                other => other,
-            }
+            mkdir()
         }
-        Err(e) => {
-            // Another writer made it in the meantime, or something else is there.
-            count(OpClass::Stat);
-            if path.is_dir() {
-                Ok(())
-            } else {
-                Err(e)
-            }
+        other => other,
+    }
+}
+
+/// The names in directory `path` (reached as every write reaches its directory).
+pub fn read_dir(path: &Path) -> io::Result<Vec<OsString>> {
+    use std::os::unix::ffi::OsStrExt;
+    let fd = match beneath::dir_below(path, OFlags::RDONLY)? {
+        Some(fd) => fd,
+        None => {
+            count(OpClass::Open);
+            rfs::open(
+                path,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )?
+        }
+    };
+    count(OpClass::Readdir);
+    let mut names = Vec::new();
+    for entry in rfs::Dir::read_from(&fd)? {
+        let entry = entry?;
+        let name = entry.file_name().to_bytes();
+        if name != b"." && name != b".." {
+            names.push(OsStr::from_bytes(name).to_os_string());
         }
     }
+    Ok(names)
+}
+
+/// Remove the name `path` (a link itself, never what it points to).
+pub fn remove_file(path: &Path) -> io::Result<()> {
+    let at = beneath::at(path)?;
+    count(OpClass::Unlink);
+    Ok(rfs::unlinkat(at.fd(), at.name, AtFlags::empty())?)
+}
+
+/// A plain rename (replaces `dst`), each side reached without following a link.
+pub fn rename(src: &Path, dst: &Path) -> io::Result<()> {
+    let (from, to) = (beneath::at(src)?, beneath::at(dst)?);
+    count(OpClass::Rename);
+    Ok(rfs::renameat(from.fd(), from.name, to.fd(), to.name)?)
 }
 
 fn meta(m: io::Result<fs::Metadata>) -> io::Result<Option<Meta>> {
@@ -269,15 +410,38 @@ fn meta(m: io::Result<fs::Metadata>) -> io::Result<Option<Meta>> {
     }
 }
 
-fn tmp_name(path: &Path) -> std::path::PathBuf {
+/// A temporary name beside `name` (the same directory): hidden, with this process's pid.
+/// The caller creates it exclusively and asks again if a leftover of an earlier process
+/// with the same pid holds it.
+pub(crate) fn tmp_name(name: &Path) -> PathBuf {
     let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-    let name = path.file_name().and_then(|s| s.to_str()).unwrap_or("file");
-    path.with_file_name(format!(".{name}.tmp-{}-{n}", std::process::id()))
+    let base = name.file_name().and_then(|s| s.to_str()).unwrap_or("file");
+    name.with_file_name(format!(".{base}.tmp-{}-{n}", std::process::id()))
 }
 
-fn remove_tmp(tmp: &Path) {
+/// Tries at a fresh temporary name before giving up (leftovers of a crashed process with
+/// the same pid, which a container gives every start).
+const TMP_TRIES: usize = 64;
+
+/// A new temporary file beside `at`'s name, created exclusively: its name (relative to
+/// `at`'s directory) and the open file.
+fn create_tmp(at: &At<'_>) -> io::Result<(PathBuf, File)> {
+    let mut last = None;
+    for _ in 0..TMP_TRIES {
+        let tmp = tmp_name(at.name);
+        count(OpClass::Open);
+        match rfs::openat(at.fd(), &tmp, excl(OFlags::WRONLY), file_mode()) {
+            Ok(fd) => return Ok((tmp, File::from(fd))),
+            Err(Errno::EXIST) => last = Some(Errno::EXIST),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(last.unwrap_or(Errno::EXIST).into())
+}
+
+fn remove_tmp(at: &At<'_>, tmp: &Path) {
     count(OpClass::Unlink);
-    let _ = fs::remove_file(tmp);
+    let _ = rfs::unlinkat(at.fd(), tmp, AtFlags::empty());
 }
 
 /// Ask the kernel to start writing a range of `f` back now (Linux), so the fsync before
@@ -308,10 +472,24 @@ pub fn fsync_dir(dir: &Path) -> io::Result<()> {
         Err(e) if e.kind() != io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e),
     };
+    sync_dir_fd(d.into())
+}
+
+/// fsync an open directory, best effort (see [`fsync_dir`]).
+fn sync_dir_fd(d: OwnedFd) -> io::Result<()> {
     count(OpClass::Fsync);
-    match d.sync_all() {
+    match File::from(d).sync_all() {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Ok(()),
         other => other,
+    }
+}
+
+/// fsync the directory that holds `at`'s name.
+fn sync_parent(at: &At<'_>) -> io::Result<()> {
+    match at.open_dir() {
+        Ok(d) => sync_dir_fd(d),
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
     }
 }
 
@@ -331,15 +509,17 @@ pub fn publish_with(
     publish_inner(path, true, &mut |w| (write.take().expect("called once"))(w))
 }
 
+/// The rename over `path` replaces whatever name is there (a planted link is replaced,
+/// never followed); the temporary file is new, made with `O_EXCL`.
 fn publish_inner(
     path: &Path,
     durable: bool,
     write: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
 ) -> io::Result<()> {
-    let tmp = tmp_name(path);
+    let at = beneath::at(path)?;
+    let (tmp, f) = create_tmp(&at)?;
     let result = (|| {
-        count(OpClass::Open);
-        let mut w = io::BufWriter::new(File::create(&tmp)?);
+        let mut w = io::BufWriter::new(f);
         count(OpClass::Write);
         write(&mut w)?;
         let f = w.into_inner().map_err(io::IntoInnerError::into_error)?;
@@ -349,16 +529,14 @@ fn publish_inner(
         }
         drop(f);
         count(OpClass::Rename);
-        fs::rename(&tmp, path)?;
+        rfs::renameat(at.fd(), &tmp, at.fd(), at.name)?;
         if durable {
-            if let Some(dir) = path.parent() {
-                fsync_dir(dir)?;
-            }
+            sync_parent(&at)?;
         }
         Ok(())
     })();
     if result.is_err() {
-        remove_tmp(&tmp);
+        remove_tmp(&at, &tmp);
     }
     result
 }
@@ -373,14 +551,17 @@ fn publish_inner(
 /// another writer can create `dst`; a plain rename then fails if `dst` is a non-empty
 /// directory, so only an *empty* directory created in that window could be replaced.
 pub fn rename_noreplace(src: &Path, dst: &Path) -> io::Result<()> {
+    let (from, to) = (beneath::at(src)?, beneath::at(dst)?);
     count(OpClass::Rename);
-    match renameat2_noreplace(src, dst) {
-        Err(e)
-            if matches!(
-                e.raw_os_error(),
-                Some(libc::EINVAL) | Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP)
-            ) => {}
-        other => return other,
+    match rfs::renameat_with(
+        from.fd(),
+        from.name,
+        to.fd(),
+        to.name,
+        RenameFlags::NOREPLACE,
+    ) {
+        Err(Errno::INVAL) | Err(Errno::NOSYS) | Err(Errno::OPNOTSUPP) => {}
+        other => return Ok(other?),
     }
     let exists = || {
         io::Error::new(
@@ -388,60 +569,33 @@ pub fn rename_noreplace(src: &Path, dst: &Path) -> io::Result<()> {
             format!("{} already exists", dst.display()),
         )
     };
-    count(OpClass::Stat);
-    if fs::symlink_metadata(src)?.is_dir() {
+    let there = |at: &At<'_>| {
         count(OpClass::Stat);
-        if fs::symlink_metadata(dst).is_ok() {
+        rfs::statat(at.fd(), at.name, AtFlags::SYMLINK_NOFOLLOW)
+    };
+    if rfs::FileType::from_raw_mode(there(&from)?.st_mode).is_dir() {
+        if there(&to).is_ok() {
             return Err(exists());
         }
         count(OpClass::Rename);
-        return fs::rename(src, dst);
+        return Ok(rfs::renameat(from.fd(), from.name, to.fd(), to.name)?);
     }
     count(OpClass::Rename);
-    match fs::hard_link(src, dst) {
+    match rfs::linkat(from.fd(), from.name, to.fd(), to.name, AtFlags::empty()) {
         Ok(()) => {
             count(OpClass::Unlink);
-            fs::remove_file(src)
+            Ok(rfs::unlinkat(from.fd(), from.name, AtFlags::empty())?)
         }
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(e),
+        Err(Errno::EXIST) => Err(Errno::EXIST.into()),
         // No hard links (blob FUSE): check, then rename.
         Err(_) => {
-            count(OpClass::Stat);
-            if fs::symlink_metadata(dst).is_ok() {
+            if there(&to).is_ok() {
                 return Err(exists());
             }
             count(OpClass::Rename);
-            fs::rename(src, dst)
+            Ok(rfs::renameat(from.fd(), from.name, to.fd(), to.name)?)
         }
     }
-}
-
-#[cfg(target_os = "linux")]
-fn renameat2_noreplace(src: &Path, dst: &Path) -> io::Result<()> {
-    use std::ffi::CString;
-    use std::os::unix::ffi::OsStrExt;
-    let s = CString::new(src.as_os_str().as_bytes())?;
-    let d = CString::new(dst.as_os_str().as_bytes())?;
-    // SAFETY: both are valid NUL-terminated strings that outlive the call.
-    let r = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            s.as_ptr(),
-            libc::AT_FDCWD,
-            d.as_ptr(),
-            libc::RENAME_NOREPLACE,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn renameat2_noreplace(_: &Path, _: &Path) -> io::Result<()> {
-    Err(io::Error::from_raw_os_error(libc::ENOSYS))
 }
 
 /// `value` as compact JSON and a newline, written to `w` (an I/O error comes back as
@@ -473,14 +627,19 @@ pub fn overwrite_in_place<T: Serialize>(path: &Path, value: &T) -> io::Result<()
     (&Fs as &dyn SharedDir).overwrite_json_in_place(path, value)
 }
 
+/// The existing file is opened without following a link and must be this node's own
+/// ([`beneath::check_writable`]).
 fn overwrite_bytes_in_place(path: &Path, value: &[u8]) -> io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
+    let at = beneath::at(path)?;
     count(OpClass::Open);
-    let mut f = OpenOptions::new().write(true).open(path)?;
-    count(OpClass::Stat);
-    let meta = f.metadata()?;
-    let allocated = (meta.blocks() * 512) as usize;
-    let bytes = super::in_place_bytes(value, meta.len() as usize, allocated, path)?;
+    let flags = OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    let fd = rfs::openat(at.fd(), at.name, flags, Mode::empty())
+        .map_err(|e| beneath::nofollow_error(path, e))?;
+    beneath::check_writable(fd.as_fd(), &at)?;
+    let meta = rfs::fstat(&fd)?;
+    let mut f = File::from(fd);
+    let allocated = (meta.st_blocks as u64 * 512) as usize;
+    let bytes = super::in_place_bytes(value, meta.st_size as usize, allocated, path)?;
     count(OpClass::Write);
     f.write_all(&bytes)?;
     count(OpClass::Fsync);
@@ -493,12 +652,13 @@ pub fn create_new(path: &Path, bytes: &[u8]) -> io::Result<bool> {
     create_new_with(path, bytes, true)
 }
 
-/// [`create_new`], with the file and its directory fsynced only if `durable`.
+/// [`create_new`], with the file and its directory fsynced only if `durable`. The content
+/// is written to a new temporary file first and hard-linked to `path` (which fails if
+/// anything, a link included, is there), so a reader never meets a half-written claim.
 fn create_new_with(path: &Path, bytes: &[u8], durable: bool) -> io::Result<bool> {
-    let tmp = tmp_name(path);
+    let at = beneath::at(path)?;
+    let (tmp, mut f) = create_tmp(&at)?;
     let written = (|| {
-        count(OpClass::Open);
-        let mut f = File::create(&tmp)?;
         count(OpClass::Write);
         f.write_all(bytes)?;
         if !durable {
@@ -507,27 +667,29 @@ fn create_new_with(path: &Path, bytes: &[u8], durable: bool) -> io::Result<bool>
         count(OpClass::Fsync);
         f.sync_all()
     })();
+    drop(f);
     if let Err(e) = written {
         // A full disk leaves an empty file behind; nobody else would remove it.
-        remove_tmp(&tmp);
+        remove_tmp(&at, &tmp);
         return Err(e);
     }
     count(OpClass::Rename);
-    let linked = fs::hard_link(&tmp, path);
-    remove_tmp(&tmp);
+    let linked = rfs::linkat(at.fd(), &tmp, at.fd(), at.name, AtFlags::empty());
+    remove_tmp(&at, &tmp);
     match linked {
         Ok(()) => {
-            if let (Some(dir), true) = (path.parent(), durable) {
-                fsync_dir(dir)?;
+            if durable {
+                sync_parent(&at)?;
             }
             Ok(true)
         }
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+        Err(Errno::EXIST) => Ok(false),
         // Filesystems without hard links (blob FUSE): O_EXCL create; readers validate content.
         Err(_) => {
             count(OpClass::Open);
-            match OpenOptions::new().write(true).create_new(true).open(path) {
-                Ok(mut f) => {
+            match rfs::openat(at.fd(), at.name, excl(OFlags::WRONLY), file_mode()) {
+                Ok(fd) => {
+                    let mut f = File::from(fd);
                     count(OpClass::Write);
                     f.write_all(bytes)?;
                     if durable {
@@ -536,8 +698,8 @@ fn create_new_with(path: &Path, bytes: &[u8], durable: bool) -> io::Result<bool>
                     }
                     Ok(true)
                 }
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
-                Err(e) => Err(e),
+                Err(Errno::EXIST) => Ok(false),
+                Err(e) => Err(e.into()),
             }
         }
     }
@@ -547,39 +709,56 @@ pub fn create_new_json<T: Serialize>(path: &Path, value: &T) -> io::Result<bool>
     (&Fs as &dyn SharedDir).create_new_json(path, value)
 }
 
-/// Read a file; a missing file is `None`. Counted as the open, the `stat` std does for
-/// the size and one read.
+/// Read a file of the record class ([`ReadLimit::Record`]); a missing file is `None`.
 pub fn read(path: &Path) -> io::Result<Option<Vec<u8>>> {
-    count(OpClass::Open);
-    let mut f = match File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    read_to_end_counted(&mut f).map(Some)
+    read_limited(path, ReadLimit::Record)
 }
 
-/// The rest of a regular file, each `read` system call counted. No `fstat` for a size hint
-/// and no read that only confirms the end (what `std::fs::read` does): a live record is
-/// read in one call. A read that returns less than it asked for is the end of a regular
-/// file (local filesystems, NFS, Lustre and FUSE return short reads only there), and the
-/// file cannot grow under the reader that matters: records are replaced by rename.
-fn read_to_end_counted(f: &mut File) -> io::Result<Vec<u8>> {
+/// Read a file of at most `limit`'s bytes; a missing file is `None`, a larger one an error
+/// ([`TooLarge`]) that names it. A symbolic link at `path` is refused, not followed.
+/// Counted as the open and each read.
+pub fn read_limited(path: &Path, limit: ReadLimit) -> io::Result<Option<Vec<u8>>> {
+    count(OpClass::Open);
+    let mut f = match rfs::open(path, read_flags(), Mode::empty()) {
+        Ok(fd) => File::from(fd),
+        Err(Errno::NOENT) => return Ok(None),
+        Err(e) => return Err(beneath::nofollow_error(path, e)),
+    };
+    read_to_end_counted(&mut f, path, limit).map(Some)
+}
+
+/// The rest of a file, at most `limit`'s bytes, each `read` system call counted. No
+/// `fstat` for a size hint and no read that only confirms the end (what `std::fs::read`
+/// does): a live record is read in one call. A read that returns less than it asked for
+/// is the end of a regular file (local filesystems, NFS, Lustre and FUSE return short
+/// reads only there), and the file cannot grow under the reader that matters: records are
+/// replaced by rename.
+fn read_to_end_counted(f: &mut File, path: &Path, limit: ReadLimit) -> io::Result<Vec<u8>> {
     use std::io::Read;
+    let max = limit.bytes();
     let mut buf = vec![0u8; 16 * 1024];
     let mut len = 0;
     loop {
         if len == buf.len() {
-            buf.resize(buf.len() * 2, 0);
+            if len as u64 > max {
+                return Err(TooLarge::error(path, limit));
+            }
+            let grown = (buf.len() * 2).min(usize::try_from(max + 1).unwrap_or(usize::MAX));
+            buf.resize(grown.max(len + 1), 0);
         }
         count(OpClass::Read);
         let n = match f.read(&mut buf[len..]) {
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            // A named pipe planted at the name, opened without waiting for a writer.
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
             Err(e) => return Err(e),
         };
         let asked = buf.len() - len;
         len += n;
+        if len as u64 > max {
+            return Err(TooLarge::error(path, limit));
+        }
         if n == 0 || n < asked {
             buf.truncate(len);
             return Ok(buf);
@@ -673,8 +852,8 @@ mod tests {
         let opened = counted(|| handle = store.open_append(&events).unwrap());
         assert_eq!(
             opened.summary(),
-            "open 2, stat 1, mkdir 1",
-            "made its directory once"
+            "open 2, stat 2, mkdir 1",
+            "made its directory once; one fstat checks the file is its own"
         );
         let mut handle = handle.expect("the real store has handles");
         let lines = counted(|| {
@@ -687,9 +866,9 @@ mod tests {
         assert_eq!(missing.summary(), "open 1");
         let log = d.path().join("events/rank-0.jsonl");
         let first = counted(|| store.append(&log, b"a\n", false).unwrap());
-        assert_eq!(first.summary(), "open 2, stat 1, write 1, mkdir 1");
+        assert_eq!(first.summary(), "open 2, stat 2, write 1, mkdir 1");
         let next = counted(|| store.append(&log, b"b\n", true).unwrap());
-        assert_eq!(next.summary(), "open 1, write 1, fsync 1");
+        assert_eq!(next.summary(), "open 1, stat 1, write 1, fsync 1");
         assert_eq!(fs::read(&log).unwrap(), b"a\nb\n");
         let listed = counted(|| assert_eq!(store.read_dir(d.path()).unwrap().len(), 2));
         assert_eq!(listed.summary(), "open 1, readdir 1");

@@ -4,7 +4,8 @@
 //! - [`SharedDir`] is what the node does to the shared directory: atomic publish, tolerant
 //!   and strict reads, exclusive create, rename without replacing, appends, directory
 //!   creation and listing. Every implementation counts what it does in [`OpCounts`].
-//! - [`fs`] is the real one (and the free functions the rest of the crate calls).
+//! - [`fs`] is the real one (and the free functions the rest of the crate calls); it reaches
+//!   every name it writes through [`beneath`], which never follows a link inside a run.
 //! - [`sim`] is a simulated one: one directory tree in memory seen by many clients, each
 //!   with the attribute and negative-lookup caches of an NFS client, on simulated time.
 //!
@@ -13,12 +14,14 @@
 //! missing *or unparsable* file as "not yet" instead of trusting that a name implies
 //! complete content.
 
+pub mod beneath;
 pub mod fs;
 pub mod sim;
 
+pub use beneath::{confine, Untrusted};
 pub use fs::{
     create_new, create_new_json, fsync_dir, overwrite_in_place, publish, publish_json,
-    publish_with, read, read_json, read_strict, rename_noreplace, Fs,
+    publish_with, read, read_json, read_limited, read_strict, rename_noreplace, Fs,
 };
 
 use serde::{de::DeserializeOwned, Serialize};
@@ -144,8 +147,15 @@ pub enum Kind {
 /// Generic conveniences (JSON in and out) are on `dyn SharedDir` itself, so the trait
 /// stays object-safe and the node holds an `Arc<dyn SharedDir>`.
 pub trait SharedDir: Send + Sync {
-    /// The whole file; a missing file is `None`.
-    fn read(&self, path: &Path) -> io::Result<Option<Vec<u8>>>;
+    /// The whole file, if it is no larger than `limit` allows (else a [`TooLarge`] error
+    /// naming it); a missing file is `None`. A symbolic link at `path` is not followed.
+    fn read_limited(&self, path: &Path, limit: ReadLimit) -> io::Result<Option<Vec<u8>>>;
+
+    /// [`SharedDir::read_limited`] of a file of the record class (live records, the cluster
+    /// record, aborts, leases, pointers).
+    fn read(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
+        self.read_limited(path, ReadLimit::Record)
+    }
 
     /// Replace `path` atomically with what `write` writes: a temporary file in the same
     /// directory, renamed over `path`. `durable` also fsyncs the file and the directory
@@ -277,6 +287,59 @@ impl dyn SharedDir + '_ {
     pub fn exists(&self, path: &Path) -> bool {
         self.lstat(path).is_ok_and(|m| m.is_some())
     }
+
+    /// Move the name a refusal is about (a planted link, a foreign file; [`Untrusted::at`])
+    /// out of the way, to `<name>.untrusted-<pid>-<n>` beside it: renamed, never followed
+    /// nor deleted, so whoever looks finds it. Where it went.
+    pub fn set_aside_untrusted(&self, refused: &Untrusted) -> io::Result<PathBuf> {
+        let name = refused
+            .at
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let mut last = None;
+        for n in 0..16 {
+            let aside = refused
+                .at
+                .with_file_name(format!("{name}.untrusted-{}-{n}", std::process::id()));
+            match self.rename_noreplace(&refused.at, &aside) {
+                Ok(()) => return Ok(aside),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| io::Error::from(io::ErrorKind::AlreadyExists)))
+    }
+
+    /// [`SharedDir::open_append`] for a log: where a planted link or a foreign file stands at
+    /// its name (or on the way to it), that is set aside ([`Self::set_aside_untrusted`]) and
+    /// a new log begun; the note says so, for the node to warn. A log is never written
+    /// through such a name, and never stops the node for one.
+    pub fn open_log(
+        &self,
+        path: &Path,
+    ) -> io::Result<(Option<Box<dyn Write + Send>>, Option<String>)> {
+        match self.open_append(path) {
+            Err(e) => match Untrusted::of(&e) {
+                Some(refused) => {
+                    let aside = self.set_aside_untrusted(refused)?;
+                    let note = set_aside_note(refused, &aside);
+                    Ok((self.open_append(path)?, Some(note)))
+                }
+                None => Err(e),
+            },
+            Ok(w) => Ok((w, None)),
+        }
+    }
+}
+
+/// What a node says after it set `refused.at` aside as `aside` and began a new log.
+pub fn set_aside_note(refused: &Untrusted, aside: &Path) -> String {
+    format!(
+        "{refused}; moved it aside to {} and wrote {} anew",
+        aside.display(),
+        refused.path.display()
+    )
 }
 
 /// What an in-place overwrite writes over a file of `old` bytes with `allocated` bytes of
@@ -303,6 +366,98 @@ pub(crate) fn in_place_bytes(
     bytes.resize(old.max(value.len() + 1) - 1, b' ');
     bytes.push(b'\n');
     Ok(bytes)
+}
+
+/// What a file rl-node reads from the shared directory is, for how many of its bytes
+/// rl-node reads at most. Anyone who can write the shared directory can plant a file of any
+/// size at a name rl-node reads (docs/shared-directory.md, "What rl-node trusts"), and a
+/// node or `rl-node status` must not read a gigabyte into memory because of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadLimit {
+    /// Live records, the cluster record, aborts, leases, pointers, the doorbell: written by
+    /// rl-node itself and small at any cluster size (4 MiB; not configurable).
+    Record,
+    /// Append-only state that grows with the run: journals, the start history,
+    /// `metrics.jsonl`, event logs (`[limits] journal-mib`, 256 MiB).
+    Journal,
+    /// Manifests of checkpoints and merged files, which grow with their files and ranks
+    /// (`[limits] manifest-mib`, 64 MiB).
+    Manifest,
+}
+
+static LIMIT_MIB: [std::sync::atomic::AtomicU64; 3] = [
+    std::sync::atomic::AtomicU64::new(4),
+    std::sync::atomic::AtomicU64::new(256),
+    std::sync::atomic::AtomicU64::new(64),
+];
+
+impl ReadLimit {
+    /// The most bytes read of a file of this class.
+    pub fn bytes(self) -> u64 {
+        self.mib() << 20
+    }
+
+    pub fn mib(self) -> u64 {
+        LIMIT_MIB[self as usize].load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The configuration key that raises it, if one does.
+    pub fn key(self) -> Option<&'static str> {
+        match self {
+            ReadLimit::Record => None,
+            ReadLimit::Journal => Some("limits.journal-mib"),
+            ReadLimit::Manifest => Some("limits.manifest-mib"),
+        }
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            ReadLimit::Record => "record",
+            ReadLimit::Journal => "journal or log",
+            ReadLimit::Manifest => "manifest",
+        }
+    }
+
+    /// Set the configurable limits (`[limits]`), in MiB; for this process.
+    pub fn configure(journal_mib: u64, manifest_mib: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        LIMIT_MIB[ReadLimit::Journal as usize].store(journal_mib, Relaxed);
+        LIMIT_MIB[ReadLimit::Manifest as usize].store(manifest_mib, Relaxed);
+    }
+}
+
+/// A file larger than its class allows ([`ReadLimit`]): not read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{} is larger than {} MiB, the most rl-node reads of a {} ({})", .path.display(), .limit.mib(), .limit.what(), advice(.limit))]
+pub struct TooLarge {
+    pub path: PathBuf,
+    pub limit: ReadLimit,
+}
+
+impl TooLarge {
+    pub(crate) fn error(path: &Path, limit: ReadLimit) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::FileTooLarge,
+            TooLarge {
+                path: path.to_path_buf(),
+                limit,
+            },
+        )
+    }
+
+    /// The refusal inside `e`, if `e` is one.
+    pub fn of(e: &io::Error) -> Option<&TooLarge> {
+        e.get_ref().and_then(|e| e.downcast_ref::<TooLarge>())
+    }
+}
+
+fn advice(limit: &ReadLimit) -> String {
+    match limit.key() {
+        Some(key) => format!(
+            "raise {key} if this run really has one that large; else something else wrote it"
+        ),
+        None => "rl-node never writes one that large: something else wrote it".into(),
+    }
 }
 
 /// A state file that exists but cannot be used: which file and what is wrong with it.

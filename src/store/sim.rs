@@ -728,7 +728,7 @@ impl Call<'_> {
         let opened = self
             .op(OpClass::Open)
             .and_then(|()| self.w.open_create(path, false));
-        match opened {
+        let ino = match opened {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 if let Some(d) = path.parent() {
                     self.create_dir_all(d)?;
@@ -737,7 +737,11 @@ impl Call<'_> {
                 self.w.open_create(path, false)
             }
             other => other,
-        }
+        }?;
+        // The real store's check that the file is a regular one of its own (an `fstat` of
+        // the open file, answered with the attributes the open brought).
+        self.cached(OpClass::Stat)?;
+        Ok(ino)
     }
 
     /// One operation answered from this client's cache.
@@ -804,7 +808,12 @@ impl Call<'_> {
 
     /// Remove a temporary file after a failure (an error doing so leaves it, as it does
     /// for the real store).
+    /// Remove a temporary file this client made, if it made it (the real store removes
+    /// one only after its exclusive create succeeded).
     fn remove_tmp(&mut self, tmp: &Path) {
+        if !matches!(self.w.lookup(tmp), Ok(Some(_))) {
+            return;
+        }
         if self.op(OpClass::Unlink).is_ok() {
             let _ = self.w.unlink(tmp);
         }
@@ -938,8 +947,9 @@ impl Call<'_> {
     }
 }
 
-impl SharedDir for SimClient {
-    fn read(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
+impl SimClient {
+    /// The whole file as this client sees it (caches, close-to-open), or `None`.
+    fn read_whole(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
         let path = norm(path);
         let mut c = self.begin(&path);
         let fresh = c.fresh(&path);
@@ -1001,6 +1011,16 @@ impl SharedDir for SimClient {
                 c.remember(&path, Some(Cached::File(data.clone())));
                 Ok(Some(data))
             }
+        }
+    }
+}
+
+impl SharedDir for SimClient {
+    fn read_limited(&self, path: &Path, limit: super::ReadLimit) -> io::Result<Option<Vec<u8>>> {
+        let data = self.read_whole(path)?;
+        match data {
+            Some(d) if d.len() as u64 > limit.bytes() => Err(super::TooLarge::error(path, limit)),
+            other => Ok(other),
         }
     }
 
@@ -1153,8 +1173,10 @@ impl SharedDir for SimClient {
         let path = norm(path);
         let mut c = self.begin(&path);
         c.op(OpClass::Open)?;
+        // A missing directory fails at the open, before any readdir (as on a real client).
+        let names = c.w.list(&path)?;
         c.op(OpClass::Readdir)?;
-        c.w.list(&path)
+        Ok(names)
     }
 
     fn remove_file(&self, path: &Path) -> io::Result<()> {
