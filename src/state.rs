@@ -159,7 +159,7 @@ pub fn read_lines<T: serde::de::DeserializeOwned>(
     store: &dyn SharedDir,
     path: &Path,
 ) -> Result<Lines<T>, StateError> {
-    let text = match store.read(path) {
+    let text = match store.read_limited(path, store::ReadLimit::Journal) {
         Ok(Some(b)) => b,
         Ok(None) => return Ok(Lines::default()),
         Err(e) => {
@@ -344,7 +344,7 @@ pub fn repair_tail(
     path: &Path,
     gen: u64,
 ) -> Result<Option<PathBuf>, String> {
-    let Ok(Some(text)) = store.read(path) else {
+    let Ok(Some(text)) = store.read_limited(path, store::ReadLimit::Journal) else {
         return Ok(None);
     };
     let text = String::from_utf8_lossy(&text).into_owned();

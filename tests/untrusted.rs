@@ -222,3 +222,122 @@ fn walkdir(dir: &Path) -> Vec<String> {
     }
     out
 }
+
+/// The peak resident memory of process `pid` so far, in MiB (`VmHWM`).
+fn peak_rss_mib(pid: i32) -> u64 {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb / 1024
+}
+
+/// The largest peak resident memory of this process's waited-for children, in MiB.
+fn children_peak_rss_mib() -> u64 {
+    // SAFETY: getrusage fills the zeroed struct we pass; plain integers in it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
+    usage.ru_maxrss as u64 / 1024
+}
+
+/// A gigabyte-sized file (sparse: it takes no disk) at `path`, replacing what was there.
+fn plant_huge(path: &Path) {
+    let tmp = path.with_extension("planting");
+    let f = fs::File::create(&tmp).unwrap();
+    f.set_len(1 << 30).unwrap();
+    fs::rename(&tmp, path).unwrap();
+}
+
+/// A 1 GiB file planted as a peer's record is refused by rank 0 with a warning that names
+/// it, and neither rank 0 nor `rl-node status` reads it into memory.
+#[test]
+fn a_planted_huge_record_is_refused_in_bounded_memory() {
+    let c = TestCluster::new(2, COMMANDS);
+    let mut rank0 = c.spawn(0, &["--iterations", "1"]);
+    let record = c.log_path.join(".rl-node/gen-1/rank-1.json");
+    wait_until(LIMIT, "rank 0's first generation", || record.exists());
+    plant_huge(&record);
+    wait_until(LIMIT, "rank 0's warning about the record", || {
+        rank0.stderr().contains("rank-1.json is larger than 4 MiB")
+    });
+    let node = rank0.node_process();
+    // Rank 0 goes on polling the planted record; give it a few rounds.
+    let polls = fs::read_to_string(format!("/proc/{node}/stat")).unwrap();
+    wait_until(LIMIT, "a few more poll rounds", || {
+        fs::read_to_string(format!("/proc/{node}/stat")).unwrap() != polls
+    });
+    let peak = peak_rss_mib(node);
+    assert!(peak < 128, "rank 0's peak memory is {peak} MiB");
+    let out = std::process::Command::new(BIN)
+        .args(["status", "--log-path"])
+        .arg(&c.log_path)
+        .output()
+        .unwrap();
+    let status_peak = children_peak_rss_mib();
+    assert!(
+        status_peak < 128,
+        "status's peak memory is {status_peak} MiB"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("rank-1.json is larger than 4 MiB"),
+        "status did not say what it refused:\n{err}"
+    );
+    rank0.signal(libc::SIGTERM);
+    rank0.wait(LIMIT);
+}
+
+/// A journal larger than `[limits] journal-mib` stops its node at start, naming the file
+/// and the key that sets the limit, without reading it into memory.
+#[test]
+fn a_journal_over_the_limit_is_refused_naming_the_key() {
+    let c = TestCluster::new(1, COMMANDS);
+    let mut first = c.spawn(0, &["--iterations", "1", "--eval-interval", "0"]);
+    assert_eq!(first.wait(LIMIT), 0, "{}", first.stderr());
+    let journal = c.log_path.join(".rl-node/journal/rank-0.jsonl");
+    // The journal grown to 300 MiB (sparse: no disk): over the default limit of 256 MiB.
+    let grow = |len: u64| {
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&journal)
+            .unwrap()
+            .set_len(len)
+            .unwrap()
+    };
+    grow(300 << 20);
+    let mut node = c.spawn(0, &["--iterations", "2", "--eval-interval", "0"]);
+    let code = node.wait(LIMIT);
+    let err = node.stderr();
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("rank-0.jsonl is larger than 256 MiB") && err.contains("limits.journal-mib"),
+        "{err}"
+    );
+    let peak = children_peak_rss_mib();
+    assert!(peak < 128, "the node's peak memory is {peak} MiB");
+    // The key decides: 2 MiB is refused at a 1 MiB limit, and read at the default.
+    grow(2 << 20);
+    let mut lowered = c.spawn_env(
+        0,
+        &c.log_path,
+        &["--iterations", "2", "--eval-interval", "0"],
+        &[("RL_NODE_LIMITS_JOURNAL_MIB", "1".into())],
+    );
+    assert_eq!(lowered.wait(LIMIT), 2);
+    assert!(
+        lowered
+            .stderr()
+            .contains("rank-0.jsonl is larger than 1 MiB"),
+        "{}",
+        lowered.stderr()
+    );
+    let mut raised = c.spawn(0, &["--iterations", "2", "--eval-interval", "0"]);
+    raised.wait(LIMIT);
+    let err = raised.stderr();
+    assert!(
+        !err.contains("is larger than"),
+        "the raised limit was not used:\n{err}"
+    );
+}

@@ -32,7 +32,9 @@ pub(super) fn list_dir(dir: &Path) -> Result<Vec<String>, AggregateError> {
 
 /// The journal note of a rank whose rollout command wrote its shard name itself.
 fn adopted_by_command(layout: &Layout, iteration: u64, split: &str, rank: u32) -> Option<String> {
-    let bytes = crate::store::fs::read(&layout.journal(rank)).ok()??;
+    let bytes =
+        crate::store::fs::read_limited(&layout.journal(rank), crate::store::ReadLimit::Journal)
+            .ok()??;
     let text = String::from_utf8_lossy(&bytes);
     let item = format!("rollout-{split}");
     crate::protocol::journal::parse(&text)

@@ -321,6 +321,28 @@ pub struct Observe {
     pub prometheus_textfile: String,
 }
 
+/// `[limits]`: the most rl-node reads of one file from the shared directory, by class
+/// (`store::ReadLimit`; docs/shared-directory.md, "What rl-node trusts").
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Limits {
+    /// Journals, the start history, `metrics.jsonl`, event logs (MiB).
+    pub journal_mib: u64,
+    /// Manifests of checkpoints and merged files (MiB).
+    pub manifest_mib: u64,
+}
+
+impl Limits {
+    /// The range of both keys, in MiB: a limit must leave room for what a real run writes,
+    /// and stay far below what would exhaust a node's memory.
+    pub const RANGE_MIB: std::ops::RangeInclusive<u64> = 1..=65536;
+
+    /// Make these the limits of this process's reads (`store::ReadLimit`).
+    pub fn apply(&self) {
+        crate::store::ReadLimit::configure(self.journal_mib, self.manifest_mib);
+    }
+}
+
 /// Which model a pipelined rollout uses (`pipeline.model`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -482,6 +504,7 @@ pub struct Config {
     pub aggregate: Aggregate,
     pub pipeline: Pipeline,
     pub observe: Observe,
+    pub limits: Limits,
     pub server: Server,
     /// Variables every command gets (values are templates).
     pub env: BTreeMap<String, String>,
@@ -934,6 +957,21 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
                 c.cluster.num_nodes
             ),
         ));
+    }
+    for (key, mib) in [
+        ("limits.journal-mib", c.limits.journal_mib),
+        ("limits.manifest-mib", c.limits.manifest_mib),
+    ] {
+        if !Limits::RANGE_MIB.contains(&mib) {
+            return Err(l.invalid(
+                key,
+                format!(
+                    "{mib} is outside {}..={} (MiB)",
+                    Limits::RANGE_MIB.start(),
+                    Limits::RANGE_MIB.end()
+                ),
+            ));
+        }
     }
     let g = c.cluster.gpus_per_node.trim();
     if g != "auto" && !g.parse::<u32>().is_ok_and(|n| n > 0) {

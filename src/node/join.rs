@@ -445,7 +445,7 @@ impl Node {
     fn set_aside_unreadable(&mut self) -> Result<(String, u64), Stop> {
         let run_id = self
             .store
-            .read(&self.layout.history())
+            .read_limited(&self.layout.history(), crate::store::ReadLimit::Journal)
             .ok()
             .flatten()
             .and_then(|t| String::from_utf8(t).ok())
@@ -500,7 +500,7 @@ impl Node {
         let journals: Vec<_> = (0..self.num_nodes())
             .map(|r| {
                 self.store
-                    .read(&self.layout.journal(r))
+                    .read_limited(&self.layout.journal(r), crate::store::ReadLimit::Journal)
                     .ok()
                     .flatten()
                     .and_then(|t| String::from_utf8(t).ok())

@@ -313,6 +313,11 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
             None,
         ));
     }
+    cfg.limits.apply();
+    {
+        let rank = opts.rank;
+        crate::store::on_refusal(move |msg| logging::warn(rank, msg));
+    }
     let layout = Layout::new(cfg.log_path())
         .with_naming(cfg.naming())
         .with_cluster(cfg.pipeline_cluster());
@@ -1376,7 +1381,11 @@ impl Node {
         if self.rank == 0 {
             self.empty_checkpoint_trash()?;
             // One read per start: a small file, one line per iteration.
-            let bytes = self.store.read(&self.layout.metrics()).ok().flatten();
+            let bytes = self
+                .store
+                .read_limited(&self.layout.metrics(), crate::store::ReadLimit::Journal)
+                .ok()
+                .flatten();
             self.metrics_written = metrics::Written::read(
                 bytes.as_deref().unwrap_or_default(),
                 &run_id,
@@ -2938,9 +2947,10 @@ impl Node {
             crate::aggregate::manifest_path(&self.layout.aggregated(self.iteration, "train"));
         let samples = self
             .store
-            .read_json::<crate::aggregate::Manifest>(&manifest)
+            .read_limited(&manifest, crate::store::ReadLimit::Manifest)
             .ok()
             .flatten()
+            .and_then(|b| serde_json::from_slice::<crate::aggregate::Manifest>(&b).ok())
             .map(|m| m.records);
         let trainer = if self.cfg.observe.train_metrics.trim().is_empty() {
             Default::default()

@@ -33,16 +33,19 @@ impl Event {
 
 /// Rank `rank`'s events in one cluster of a pipelined run (`None`: the synchronous loop).
 /// Lines that are not events this build knows (a torn last line, another version's event)
-/// are skipped, as are lines whose time does not parse.
+/// are skipped, as are lines whose time does not parse. Of a log larger than
+/// `[limits] journal-mib` only that much of its end is read (the latest events).
 pub fn read_cluster_events(shared: &Path, cluster: Option<&'static str>, rank: u32) -> Vec<Event> {
     let path = Layout::new(shared)
         .with_cluster(cluster)
         .state_dir()
         .join("events")
         .join(format!("rank-{rank}.jsonl"));
-    let Ok(text) = std::fs::read_to_string(path) else {
+    let limit = crate::store::ReadLimit::Journal.bytes();
+    let Ok(Some(bytes)) = crate::store::fs::read_tail(&path, limit) else {
         return Vec::new();
     };
+    let text = String::from_utf8_lossy(&bytes);
     text.lines()
         .filter_map(EventRecord::parse)
         .filter_map(|r| {

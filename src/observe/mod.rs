@@ -14,9 +14,21 @@ use crate::protocol::ClusterRecord;
 
 /// The run's cluster record, or a message saying there is no run at `layout`'s path, or
 /// which state file is damaged and what to do (`rl-node recover`).
+/// The run's own `[limits]` (from its record) become this process's, so a view reads what
+/// the run's nodes read.
 pub(crate) fn read_cluster(layout: &Layout) -> Result<ClusterRecord, String> {
     match crate::state::read_cluster(&crate::store::Fs, layout) {
-        Ok(Some(c)) => Ok(c),
+        Ok(Some(c)) => {
+            let mib = |key: &str| {
+                c.config["limits"][key]
+                    .as_u64()
+                    .filter(|m| crate::config::Limits::RANGE_MIB.contains(m))
+            };
+            if let (Some(journal), Some(manifest)) = (mib("journal-mib"), mib("manifest-mib")) {
+                crate::store::ReadLimit::configure(journal, manifest);
+            }
+            Ok(c)
+        }
         Ok(None) => Err(format!(
             "no rl-node run in {} (no {})",
             layout.root().display(),

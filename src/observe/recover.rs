@@ -170,7 +170,7 @@ fn load(layout: &Layout) -> Result<Run, String> {
         .unwrap_or(1);
     let journals = (0..cluster.num_nodes)
         .map(|r| {
-            std::fs::read_to_string(layout.journal(r))
+            crate::store::fs::read_text(&layout.journal(r), crate::store::ReadLimit::Journal)
                 .map(|t| journal::parse(&t))
                 .unwrap_or_default()
                 .into_iter()
@@ -477,8 +477,8 @@ fn discard(run: &Run, rep: &Report, n: u64) -> Result<Vec<String>, String> {
         ("models", l.models().join(&name)),
     ] {
         if src.exists() {
-            std::fs::create_dir_all(dest.join(what)).map_err(|e| e.to_string())?;
-            std::fs::rename(&src, dest.join(what).join(&name))
+            crate::store::fs::create_dir_all(dest.join(what)).map_err(|e| e.to_string())?;
+            crate::store::fs::rename(&src, dest.join(what).join(&name))
                 .map_err(|e| format!("moving {}: {e}", src.display()))?;
             moved.push(format!("{what}/{name}"));
         }
@@ -498,8 +498,8 @@ fn discard(run: &Run, rep: &Report, n: u64) -> Result<Vec<String>, String> {
         .unwrap_or_default();
     for partial in partials {
         let src = l.models().join(&partial);
-        std::fs::create_dir_all(dest.join("models")).map_err(|e| e.to_string())?;
-        std::fs::rename(&src, dest.join("models").join(&partial))
+        crate::store::fs::create_dir_all(dest.join("models")).map_err(|e| e.to_string())?;
+        crate::store::fs::rename(&src, dest.join("models").join(&partial))
             .map_err(|e| format!("moving {}: {e}", src.display()))?;
         moved.push(format!("models/{partial}"));
     }
@@ -528,7 +528,8 @@ fn discard(run: &Run, rep: &Report, n: u64) -> Result<Vec<String>, String> {
                     moved.push(format!("models/LATEST now names {name}"));
                 }
                 None => {
-                    std::fs::rename(&pointer, dest.join("LATEST")).map_err(|e| e.to_string())?;
+                    crate::store::fs::rename(pointer, dest.join("LATEST"))
+                        .map_err(|e| e.to_string())?;
                     moved.push("models/LATEST (no earlier checkpoint: the run restarts from cluster.model)".into());
                 }
             }
@@ -536,7 +537,7 @@ fn discard(run: &Run, rep: &Report, n: u64) -> Result<Vec<String>, String> {
     }
     for r in 0..run.cluster.num_nodes {
         let path = l.journal(r);
-        let Ok(text) = std::fs::read_to_string(&path) else {
+        let Ok(text) = crate::store::fs::read_text(&path, crate::store::ReadLimit::Journal) else {
             continue;
         };
         let kept: String = text
@@ -549,9 +550,12 @@ fn discard(run: &Run, rep: &Report, n: u64) -> Result<Vec<String>, String> {
             .map(|line| format!("{line}\n"))
             .collect();
         if kept.len() != text.len() {
-            std::fs::create_dir_all(dest.join("journal")).map_err(|e| e.to_string())?;
-            std::fs::write(dest.join("journal").join(format!("rank-{r}.jsonl")), &text)
-                .map_err(|e| e.to_string())?;
+            crate::store::fs::create_dir_all(dest.join("journal")).map_err(|e| e.to_string())?;
+            crate::store::publish(
+                &dest.join("journal").join(format!("rank-{r}.jsonl")),
+                text.as_bytes(),
+            )
+            .map_err(|e| e.to_string())?;
             store::publish(&path, kept.as_bytes()).map_err(|e| e.to_string())?;
             moved.push(format!("journal entries of iteration {n}+ of rank {r}"));
         }
@@ -571,14 +575,10 @@ fn discard(run: &Run, rep: &Report, n: u64) -> Result<Vec<String>, String> {
     };
     let _ = crate::state::repair_tail(&crate::store::Fs, &l.history(), run.cluster.gen);
     {
-        use std::io::Write;
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(l.history())
-            .map_err(|e| format!("cannot write {}: {e}", l.history().display()))?;
-        writeln!(f, "{}", serde_json::to_string(&mark).expect("json"))
-            .and_then(|()| f.sync_all())
+        let line = format!("{}\n", serde_json::to_string(&mark).expect("json"));
+        let store: &dyn crate::store::SharedDir = &crate::store::Fs;
+        store
+            .append(&l.history(), line.as_bytes(), true)
             .map_err(|e| format!("cannot write {}: {e}", l.history().display()))?;
     }
     moved.push(format!("(all in {})", dest.display()));

@@ -228,7 +228,7 @@ fn lines_problem<T: serde::de::DeserializeOwned>(
     kind: LinesKind,
 ) -> (Vec<T>, Option<Problem>) {
     let strict = state::read_lines::<T>(&crate::store::Fs, path).map(|l| l.tail);
-    let text = std::fs::read(path)
+    let text = crate::store::fs::read_file(path, crate::store::ReadLimit::Journal)
         .map(|b| String::from_utf8_lossy(&b).into_owned())
         .unwrap_or_default();
     let good: Vec<T> = text
@@ -280,12 +280,12 @@ pub fn apply(layout: &Layout, repair: &Repair) -> Result<String, String> {
             let mut note = String::new();
             if target.exists() {
                 let aside = state::side_path(&target, &stamp());
-                std::fs::rename(&target, &aside)
+                crate::store::fs::rename(&target, &aside)
                     .map_err(|e| format!("cannot move {}: {e}", target.display()))?;
                 note = format!(" (the damaged one is {})", rel(&aside));
             }
-            let bytes =
-                std::fs::read(from).map_err(|e| format!("cannot read {}: {e}", from.display()))?;
+            let bytes = crate::store::fs::read_file(from, crate::store::ReadLimit::Record)
+                .map_err(|e| format!("cannot read {}: {e}", from.display()))?;
             store::publish(&target, &bytes)
                 .map_err(|e| format!("cannot write {}: {e}", target.display()))?;
             Ok(format!(
@@ -295,13 +295,13 @@ pub fn apply(layout: &Layout, repair: &Repair) -> Result<String, String> {
         }
         Repair::SetAside { path } => {
             let aside = state::side_path(path, &stamp());
-            std::fs::rename(path, &aside)
+            crate::store::fs::rename(path, &aside)
                 .map_err(|e| format!("cannot move {}: {e}", path.display()))?;
             Ok(format!("set {} aside as {}", rel(path), rel(&aside)))
         }
         Repair::DropBadLines { path, kind } => {
-            let text =
-                std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            let text = crate::store::fs::read_file(path, crate::store::ReadLimit::Journal)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
             let text = String::from_utf8_lossy(&text).into_owned();
             let ok = |l: &str| match kind {
                 LinesKind::Journal => crate::json::parse_strict::<Entry>(l.as_bytes()).is_ok(),
@@ -346,7 +346,8 @@ pub fn apply(layout: &Layout, repair: &Repair) -> Result<String, String> {
         }
         Repair::RebuildJournal { rank, entries } => {
             let path = layout.journal(*rank);
-            let mut text = std::fs::read_to_string(&path).unwrap_or_default();
+            let mut text = crate::store::fs::read_text(&path, crate::store::ReadLimit::Journal)
+                .unwrap_or_default();
             if !text.is_empty() && !text.ends_with('\n') {
                 text.push('\n');
             }

@@ -571,12 +571,12 @@ pub fn which(name: &str) -> Option<std::path::PathBuf> {
 }
 
 /// The last `n` lines of a log file, for failure messages.
+/// Only the last 64 KiB are read, whatever the log's size.
 pub fn tail(path: &Path, n: usize) -> String {
-    let Ok(text) = std::fs::read(path) else {
+    let Ok(Some(text)) = crate::store::fs::read_tail(path, 64 * 1024) else {
         return String::new();
     };
-    let start = text.len().saturating_sub(64 * 1024);
-    let text = String::from_utf8_lossy(&text[start..]);
+    let text = String::from_utf8_lossy(&text);
     let lines: Vec<&str> = text.lines().filter(|l| !l.starts_with("### ")).collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
 }

@@ -290,7 +290,8 @@ impl Write for CountedFile {
 /// `path` and every missing directory above it. Below a run's root the existing part is
 /// opened without following a link (one open when it all exists); elsewhere as
 /// `std::fs::create_dir_all` does it: a stat, then a mkdir of each missing level.
-pub fn create_dir_all(path: &Path) -> io::Result<()> {
+pub fn create_dir_all(path: impl AsRef<Path>) -> io::Result<()> {
+    let path = path.as_ref();
     match beneath::dir_below(path, OFlags::PATH) {
         Ok(Some(_)) => return Ok(()),
         Ok(None) => {
@@ -384,7 +385,8 @@ pub fn remove_file(path: &Path) -> io::Result<()> {
 }
 
 /// A plain rename (replaces `dst`), each side reached without following a link.
-pub fn rename(src: &Path, dst: &Path) -> io::Result<()> {
+pub fn rename(src: impl AsRef<Path>, dst: impl AsRef<Path>) -> io::Result<()> {
+    let (src, dst) = (src.as_ref(), dst.as_ref());
     let (from, to) = (beneath::at(src)?, beneath::at(dst)?);
     count(OpClass::Rename);
     Ok(rfs::renameat(from.fd(), from.name, to.fd(), to.name)?)
@@ -719,12 +721,70 @@ pub fn read(path: &Path) -> io::Result<Option<Vec<u8>>> {
 /// Counted as the open and each read.
 pub fn read_limited(path: &Path, limit: ReadLimit) -> io::Result<Option<Vec<u8>>> {
     count(OpClass::Open);
+    let read = match rfs::open(path, read_flags(), Mode::empty()) {
+        // A file of a large class is measured first, so one over its limit is not read at
+        // all; a record (small, and read at every poll) is not: at most 4 MiB are read.
+        Ok(fd) if limit != ReadLimit::Record => {
+            count(OpClass::Stat);
+            match rfs::fstat(&fd) {
+                Ok(st) if st.st_size as u64 > limit.bytes() => Err(TooLarge::error(path, limit)),
+                _ => read_to_end_counted(&mut File::from(fd), path, limit).map(Some),
+            }
+        }
+        Ok(fd) => read_to_end_counted(&mut File::from(fd), path, limit).map(Some),
+        Err(Errno::NOENT) => return Ok(None),
+        Err(e) => Err(beneath::nofollow_error(path, e)),
+    };
+    if let Err(e) = &read {
+        if TooLarge::of(e).is_some() || beneath::Untrusted::of(e).is_some() {
+            super::report_refusal(path, e);
+        }
+    }
+    read
+}
+
+/// [`read_limited`] as `std::fs::read` answers: a missing file is a `NotFound` error.
+pub fn read_file(path: &Path, limit: ReadLimit) -> io::Result<Vec<u8>> {
+    read_limited(path, limit)?.ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{} does not exist", path.display()),
+        )
+    })
+}
+
+/// [`read_file`] as `std::fs::read_to_string` answers (invalid UTF-8 is `InvalidData`).
+pub fn read_text(path: &Path, limit: ReadLimit) -> io::Result<String> {
+    String::from_utf8(read_file(path, limit)?)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// The last `max` bytes of `path` at most (all of it when it is smaller), never following a
+/// link at the last component; a missing file is `None`. For logs that may be larger than
+/// anything worth holding (a command's log, an event log read back): where it was cut, the
+/// partial first line is dropped.
+pub fn read_tail(path: &Path, max: u64) -> io::Result<Option<Vec<u8>>> {
+    use std::io::{Read, Seek, SeekFrom};
+    count(OpClass::Open);
     let mut f = match rfs::open(path, read_flags(), Mode::empty()) {
         Ok(fd) => File::from(fd),
         Err(Errno::NOENT) => return Ok(None),
         Err(e) => return Err(beneath::nofollow_error(path, e)),
     };
-    read_to_end_counted(&mut f, path, limit).map(Some)
+    count(OpClass::Stat);
+    let len = f.metadata()?.len();
+    let start = len.saturating_sub(max);
+    if start > 0 {
+        f.seek(SeekFrom::Start(start))?;
+    }
+    let mut buf = Vec::new();
+    count(OpClass::Read);
+    (&mut f).take(max).read_to_end(&mut buf)?;
+    if start > 0 {
+        let cut = memchr::memchr(b'\n', &buf).map_or(buf.len(), |i| i + 1);
+        buf.drain(..cut);
+    }
+    Ok(Some(buf))
 }
 
 /// The rest of a file, at most `limit`'s bytes, each `read` system call counted. No

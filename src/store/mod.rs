@@ -451,6 +451,35 @@ impl TooLarge {
     }
 }
 
+/// Who hears of a read refused because of what stood at the name (too large, a link): a
+/// node's own warning, set at its start ([`on_refusal`]); else a `warning:` line on stderr.
+static REPORTER: std::sync::OnceLock<Box<dyn Fn(&str) + Send + Sync>> = std::sync::OnceLock::new();
+
+/// Names already reported (each once per process; bounded).
+static REPORTED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// Route this process's reports of refused reads to `report` (once; later calls do nothing).
+pub fn on_refusal(report: impl Fn(&str) + Send + Sync + 'static) {
+    let _ = REPORTER.set(Box::new(report));
+}
+
+/// Say, once per name, that a read of `path` was refused (`e`): a reader that treats the
+/// file as "not yet" (a live record) would otherwise wait without a word.
+pub(crate) fn report_refusal(path: &Path, e: &io::Error) {
+    {
+        let mut seen = REPORTED.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.iter().any(|p| p == path) || seen.len() >= 1024 {
+            return;
+        }
+        seen.push(path.to_path_buf());
+    }
+    let msg = format!("not reading {}: {e}", path.display());
+    match REPORTER.get() {
+        Some(report) => report(&msg),
+        None => crate::errln!("warning: {msg}"),
+    }
+}
+
 fn advice(limit: &ReadLimit) -> String {
     match limit.key() {
         Some(key) => format!(

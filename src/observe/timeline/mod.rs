@@ -373,9 +373,11 @@ fn read_metrics(
     field: &str,
     cluster: Option<&str>,
 ) -> Vec<MetricsLine> {
-    let Ok(text) = std::fs::read_to_string(path) else {
+    let limit = crate::store::ReadLimit::Journal.bytes();
+    let Ok(Some(bytes)) = store::fs::read_tail(path, limit) else {
         return Vec::new();
     };
+    let text = String::from_utf8_lossy(&bytes);
     let key = format!("rollout/{field}_mean");
     let mut by: BTreeMap<(Option<String>, u64), MetricsLine> = BTreeMap::new();
     for line in text.lines() {
