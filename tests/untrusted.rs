@@ -31,10 +31,21 @@ fn victim(c: &TestCluster, name: &str) -> (PathBuf, Vec<u8>) {
     (path, content)
 }
 
+/// A symbolic link at `at` to `target`, planted by another user (`nobody`): rl-node
+/// follows links of its own user (the user's own arrangement), never anyone else's.
 fn plant_link(at: &Path, target: &Path) {
     fs::create_dir_all(at.parent().unwrap()).unwrap();
     symlink(target, at).unwrap();
+    // SAFETY: geteuid takes no arguments.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "planting a link as another user needs root (scripts/test runs the suite as root)"
+    );
+    std::os::unix::fs::lchown(at, Some(NOBODY), Some(NOBODY)).unwrap();
 }
+
+const NOBODY: u32 = 65534;
 
 /// What is now at `dir`'s names that start with `prefix` and carry `.untrusted-`.
 fn set_aside_in(dir: &Path, prefix: &str) -> Vec<PathBuf> {
@@ -110,6 +121,20 @@ fn a_linked_logs_directory_is_never_entered() {
     let text = fs::read_to_string(c.log_path.join("logs/iter-0001/rank-0.rollout.log")).unwrap();
     assert!(text.contains("rollout-output-0"), "{text}");
     assert_eq!(set_aside_in(&c.log_path, "logs").len(), 1);
+}
+
+/// The same link, made by the node's own user, is the user's arrangement and is followed.
+#[test]
+fn a_directory_link_of_the_users_own_is_followed() {
+    let c = TestCluster::new(1, COMMANDS);
+    let elsewhere = c.dir.path().join("logs-elsewhere");
+    fs::create_dir_all(&elsewhere).unwrap();
+    fs::create_dir_all(&c.log_path).unwrap();
+    symlink(&elsewhere, c.log_path.join("logs")).unwrap();
+    run_to_end(&c, &["--iterations", "1", "--eval-interval", "0"]);
+    let text = fs::read_to_string(elsewhere.join("iter-0001/rank-0.rollout.log")).unwrap();
+    assert!(text.contains("rollout-output-0"), "{text}");
+    assert!(set_aside_in(&c.log_path, "logs").is_empty());
 }
 
 #[test]

@@ -264,7 +264,8 @@ fn open_beneath(fd: &OwnedFd, root: &Path, rel: &Path, flags: OFlags) -> io::Res
                     NO_OPENAT2.store(true, Ordering::Relaxed);
                     break;
                 }
-                Err(Errno::LOOP) | Err(Errno::XDEV) => return Err(link_on_the_way(root, rel)),
+                // A link on the way: the walk tells the user's own links from planted ones.
+                Err(Errno::LOOP) | Err(Errno::XDEV) => break,
                 Err(e) => return Err(e.into()),
             }
         }
@@ -272,7 +273,10 @@ fn open_beneath(fd: &OwnedFd, root: &Path, rel: &Path, flags: OFlags) -> io::Res
     walk(fd, root, rel, flags)
 }
 
-/// [`open_beneath`] one component at a time, each opened with `O_NOFOLLOW`.
+/// [`open_beneath`] one component at a time, each opened with `O_NOFOLLOW`. A symbolic
+/// link on the way to a directory is followed only if it belongs to this node's user (the
+/// owner its own files get there): the user's own arrangement (`models/` linked to another
+/// filesystem, say), which nobody else can make; anyone else's is refused.
 fn walk(fd: &OwnedFd, root: &Path, rel: &Path, flags: OFlags) -> io::Result<OwnedFd> {
     let parts: Vec<&OsStr> = rel
         .components()
@@ -294,15 +298,28 @@ fn walk(fd: &OwnedFd, root: &Path, rel: &Path, flags: OFlags) -> io::Result<Owne
         };
         let dir = cur.as_ref().map_or(fd.as_fd(), |d| d.as_fd());
         super::fs::count(super::OpClass::Open);
-        match rfs::openat(dir, *part, f, Mode::empty()) {
-            Ok(next) => cur = Some(next),
+        let next = match rfs::openat(dir, *part, f, Mode::empty()) {
+            Ok(next) => next,
             Err(Errno::LOOP) | Err(Errno::NOTDIR) if is_link_at(dir, part) => {
-                return Err(link_on_the_way(root, rel))
+                let to_dir = !last || f.contains(OFlags::DIRECTORY);
+                if !(to_dir && own_link(dir, part)?) {
+                    return Err(link_on_the_way(root, rel));
+                }
+                super::fs::count(super::OpClass::Open);
+                rfs::openat(dir, *part, f - OFlags::NOFOLLOW, Mode::empty())?
             }
             Err(e) => return Err(e.into()),
-        }
+        };
+        cur = Some(next);
     }
     cur.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "empty path"))
+}
+
+/// Whether the link `name` in `dir` belongs to this node's user (see [`check_writable`]).
+fn own_link(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<bool> {
+    super::fs::count(super::OpClass::Stat);
+    let st = rfs::statat(dir, name, rfs::AtFlags::SYMLINK_NOFOLLOW)?;
+    Ok(st.st_uid == own_owner(st.st_uid, st.st_dev, dir)?)
 }
 
 fn is_link_at(dir: BorrowedFd<'_>, name: &OsStr) -> bool {
@@ -401,15 +418,12 @@ pub(crate) fn check_writable(fd: BorrowedFd<'_>, at: &At<'_>) -> io::Result<()> 
             ),
         ));
     }
-    // Files this process creates are usually its effective user's; where the filesystem
-    // says otherwise (root on an NFS export that squashes root), it is asked once.
-    let own = if st.st_uid == rustix::process::geteuid().as_raw() {
-        st.st_uid
-    } else {
-        match known_owner(st.st_dev) {
-            Some(uid) => uid,
-            None => probe_owner(at)?,
+    let own = match &at.dir {
+        // The name is a whole path: a probe goes into its directory, not the working one.
+        Dir::Cwd if st.st_uid != rustix::process::geteuid().as_raw() => {
+            own_owner(st.st_uid, st.st_dev, at.open_dir()?.as_fd())?
         }
+        dir => own_owner(st.st_uid, st.st_dev, dir.fd())?,
     };
     if st.st_uid != own {
         return Err(Untrusted::error(
@@ -424,12 +438,25 @@ pub(crate) fn check_writable(fd: BorrowedFd<'_>, at: &At<'_>) -> io::Result<()> 
     Ok(())
 }
 
-/// Create (and remove) an empty file beside `at` to learn who owns this process's files.
-fn probe_owner(at: &At<'_>) -> io::Result<u32> {
-    let name = super::fs::tmp_name(at.name);
+/// The owner this process's own files get on the filesystem `dev` (`uid` is the owner of
+/// the name in question): usually its effective user; where the filesystem says otherwise
+/// (root on an NFS export that squashes root), a file made in `dir` tells, once.
+fn own_owner(uid: u32, dev: u64, dir: BorrowedFd<'_>) -> io::Result<u32> {
+    if uid == rustix::process::geteuid().as_raw() {
+        return Ok(uid);
+    }
+    match known_owner(dev) {
+        Some(own) => Ok(own),
+        None => probe_owner(dir),
+    }
+}
+
+/// Create (and remove) an empty file in `dir` to learn who owns this process's files.
+fn probe_owner(dir: BorrowedFd<'_>) -> io::Result<u32> {
+    let name = super::fs::tmp_name(Path::new("owner-probe"));
     super::fs::count(super::OpClass::Open);
     let fd = rfs::openat(
-        at.fd(),
+        dir,
         &name,
         OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::from_raw_mode(0o600),
@@ -437,7 +464,7 @@ fn probe_owner(at: &At<'_>) -> io::Result<u32> {
     learn_owner(fd.as_fd());
     let uid = rfs::fstat(&fd).map(|s| s.st_uid);
     super::fs::count(super::OpClass::Unlink);
-    let _ = rfs::unlinkat(at.fd(), &name, rfs::AtFlags::empty());
+    let _ = rfs::unlinkat(dir, &name, rfs::AtFlags::empty());
     Ok(uid?)
 }
 
