@@ -30,7 +30,11 @@ command = "if [ {rank} = 1 ]; then printf 'tail\\033]0;pwned\\007\\n'; until ls 
 /// A control character other than a line break, with what precedes it, if `text` has one.
 fn raw_control(text: &str) -> Option<String> {
     let at = text.find(|c: char| c.is_control() && c != '\n')?;
-    Some(format!("{:?}", &text[at.saturating_sub(60)..]))
+    let from = (0..=at.saturating_sub(60))
+        .rev()
+        .find(|&i| text.is_char_boundary(i))
+        .unwrap_or(0);
+    Some(format!("{:?}", &text[from..]))
 }
 
 fn assert_no_raw_control(what: &str, text: &str) {
