@@ -11,7 +11,8 @@
 //! that report is an event too, so that every line a node writes parses.
 //!
 //! The writer goes through [`crate::output`]: a closed stderr loses the lines, never the
-//! node.
+//! node, and a control character in a line (from a peer's host name, an abort reason) is
+//! escaped there, in the text and the JSON format alike.
 
 use std::fmt::{self, Write as _};
 use std::sync::OnceLock;

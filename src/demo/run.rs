@@ -645,7 +645,7 @@ impl View {
     fn line(&mut self, s: &str) {
         let mut out = io::stdout().lock();
         self.clear_block(&mut out);
-        let _ = writeln!(out, "{s}");
+        let _ = writeln!(out, "{}", crate::output::escape_lines(s));
         let _ = out.flush();
     }
 
@@ -657,15 +657,16 @@ impl View {
             // A wrapped line would break the redraw: cut lines to the terminal's width.
             let width = terminal_width().saturating_sub(1).max(20);
             for l in block {
-                let cut: String = l.chars().take(width).collect();
+                let cut: String = crate::output::escape(l).chars().take(width).collect();
                 let _ = writeln!(out, "{cut}");
             }
             self.drawn = block.len();
         } else if compact != self.last_compact {
             let _ = writeln!(
                 out,
-                "  [{:6.1}s] {compact}",
-                self.started.elapsed().as_secs_f64()
+                "  [{:6.1}s] {}",
+                self.started.elapsed().as_secs_f64(),
+                crate::output::escape(compact)
             );
             self.last_compact = compact.to_string();
         }

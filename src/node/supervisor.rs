@@ -394,8 +394,10 @@ fn die_of(sig: i32) -> ! {
 /// Write `text` to stderr from a forked process, waiting for it at most a second. When
 /// stderr is a file on the hung filesystem itself the write blocks in the kernel, and a
 /// process with a thread blocked there could not exit; the writer may stay behind instead,
-/// and prints when the filesystem answers.
+/// and prints when the filesystem answers. Escaped like all output (`crate::output`): the
+/// line names what the node was doing, which can hold a path from the shared directory.
 fn write_detached(text: &str) {
+    let text = crate::output::escape_lines(text);
     let bytes = text.as_bytes();
     // SAFETY: the forked writer calls only write(2) and _exit(2), which is safe after a
     // fork of a process with threads (only async-signal-safe calls are), and reads `bytes`,

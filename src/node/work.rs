@@ -553,16 +553,21 @@ impl Node {
         if progress_bar() {
             let width = 30;
             let filled = (t.committed * width).checked_div(t.total).unwrap_or(width);
-            crate::err!(
-                "\r[rank {}] [{}{}] {p}{}   ",
-                self.rank,
-                "#".repeat(filled),
-                ".".repeat(width - filled),
-                if t.failed.is_empty() {
-                    String::new()
-                } else {
-                    format!(", {} failed", t.failed.len())
-                }
+            crate::output::stderr_after(
+                "\r",
+                format_args!(
+                    "[rank {}] [{}{}] {}{}   ",
+                    self.rank,
+                    "#".repeat(filled),
+                    ".".repeat(width - filled),
+                    crate::output::escape(&p),
+                    if t.failed.is_empty() {
+                        String::new()
+                    } else {
+                        format!(", {} failed", t.failed.len())
+                    }
+                ),
+                false,
             );
         }
     }

@@ -749,7 +749,7 @@ impl Member {
     /// A line of progress on stderr (stdout holds the report): a session can last
     /// minutes, and must not look hung.
     fn say(&self, what: String) {
-        eprintln!("doctor session {}: {what}", self.opts.session);
+        crate::errln!("doctor session {}: {what}", self.opts.session);
     }
 
     /// Rank 0, after its first pair's new names: what the rest of the session will cost.

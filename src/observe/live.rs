@@ -162,6 +162,9 @@ fn pipelined(log_path: &Path) -> View {
     }
 }
 
+/// Cursor home, clear the screen: a terminal watch redraws the whole view.
+const CLEAR: &str = "\x1b[H\x1b[2J";
+
 /// Watch the run in `log_path`, refreshing every `every`, until it ends. Returns the
 /// exit code: 0 when the run completed, 1 when it stopped.
 pub fn watch(log_path: &Path, every: Duration) -> i32 {
@@ -177,17 +180,19 @@ pub fn watch(log_path: &Path, every: Duration) -> i32 {
         match view {
             Ok(v) => {
                 if let Some(done) = v.ended {
-                    if tty {
-                        crate::out!("\x1b[H\x1b[2J");
-                    }
-                    crate::out!("{}", v.full(log_path));
+                    let clear = if tty { CLEAR } else { "" };
+                    crate::output::stdout_after(clear, format_args!("{}", v.full(log_path)), false);
                     return if done { 0 } else { 1 };
                 }
                 if tty {
-                    crate::out!(
-                        "\x1b[H\x1b[2J{now}  (refreshing every {}; Ctrl-C to leave)\n{}",
-                        humantime::format_duration(every),
-                        v.full(log_path)
+                    crate::output::stdout_after(
+                        CLEAR,
+                        format_args!(
+                            "{now}  (refreshing every {}; Ctrl-C to leave)\n{}",
+                            humantime::format_duration(every),
+                            v.full(log_path)
+                        ),
+                        false,
                     );
                 } else if v.line != last_line {
                     crate::outln!("{now} {}", v.line);
