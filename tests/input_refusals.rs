@@ -292,3 +292,34 @@ fn an_iteration_of_too_many_items_is_refused_naming_the_task_file() {
         ],
     );
 }
+
+/// A task id holding a control character (here NUL and ESC, written as JSON escapes on
+/// line 3) would reach commands, their environment and the logs: it is refused at load,
+/// naming the task file and the line, before anything is written.
+#[test]
+fn a_task_id_with_a_control_character_is_refused_naming_the_file_and_line() {
+    for escape in ["\\u0000", "\\u001b"] {
+        let c = TestCluster::new(
+            1,
+            "[work]\nmode = \"per-task\"\n[phases.rollout]\ncommand = \"echo '{}' > {output}\"\n",
+        );
+        let tasks = c.dir.path().join("tasks.jsonl");
+        std::fs::write(
+            &tasks,
+            format!("{{\"id\": \"a\"}}\n{{\"id\": \"b\"}}\n{{\"id\": \"c{escape}[31md\"}}\n"),
+        )
+        .unwrap();
+        let mut text = std::fs::read_to_string(&c.config).unwrap();
+        text.push_str(&format!("\n[tasks]\ntrain = '{}'\n", tasks.display()));
+        std::fs::write(&c.config, text).unwrap();
+        refused_untouched(
+            &c,
+            &["--iterations", "1"],
+            &[],
+            &[
+                &format!("task file {}:3", tasks.display()),
+                "control character",
+            ],
+        );
+    }
+}
