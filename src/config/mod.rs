@@ -3,7 +3,9 @@
 //!
 //! Layering happens on `toml::Value` trees so every key has exactly one spelling (its
 //! dotted path in `defaults.toml`), one environment name derived from it, and a recorded
-//! source. The defaults file is also the schema: a key it does not list is unknown.
+//! source. The defaults file is also the schema: a key it does not list is unknown. Every
+//! numeric and duration key has a range ([`ranges`]), checked on the layered values before
+//! anything else, so that no value a run cannot use gets past the load.
 
 pub(crate) mod ranges;
 pub mod template;
