@@ -273,6 +273,25 @@ impl Range {
     }
 }
 
+/// Where a refused value falls.
+#[derive(Debug, Clone, Copy)]
+enum Side {
+    /// A zero duration where the least is above zero: "greater than zero" says why.
+    Zero,
+    Below,
+    Above,
+}
+
+impl Side {
+    fn of(below: bool) -> Side {
+        if below {
+            Side::Below
+        } else {
+            Side::Above
+        }
+    }
+}
+
 impl Bound {
     /// Check the layered value of the key. A value of another type passes: the typed
     /// deserialisation that follows reports it.
@@ -280,14 +299,14 @@ impl Bound {
         let int_in = |n: i64, min: i64, max: i64| (min..=max).contains(&n);
         match (self.range, v) {
             (Range::Int { min, max }, Value::Integer(n)) if !int_in(*n, min, max) => {
-                Err(self.refuse(&n.to_string(), *n < min, false))
+                Err(self.refuse(&n.to_string(), Side::of(*n < min), false))
             }
             (Range::Ints { min, max, each }, Value::Array(items)) => {
                 for (i, item) in items.iter().enumerate() {
                     if let Value::Integer(n) = item {
                         if !int_in(*n, min, max) {
                             let subject = format!("{} is {n}", each.replace("{i}", &i.to_string()));
-                            return Err(self.refuse(&subject, *n < min, true));
+                            return Err(self.refuse(&subject, Side::of(*n < min), true));
                         }
                     }
                 }
@@ -304,13 +323,14 @@ impl Bound {
                 let inside = *x >= min && if below_max { *x < max } else { *x <= max };
                 match inside {
                     true => Ok(()),
-                    false => Err(self.refuse(&x.to_string(), *x < min, false)),
+                    false => Err(self.refuse(&x.to_string(), Side::of(*x < min), false)),
                 }
             }
             (Range::Duration { min, max }, Value::String(s)) => {
                 let d = parse_duration(s)?;
                 match d < min || d > max {
-                    true => Err(self.refuse(s, d < min, false)),
+                    true if d.is_zero() => Err(self.refuse(s, Side::Zero, false)),
+                    true => Err(self.refuse(s, Side::of(d < min), false)),
                     false => Ok(()),
                 }
             }
@@ -321,7 +341,7 @@ impl Bound {
                 }
                 match s.parse::<i64>() {
                     Ok(n) if int_in(n, min, max) => Ok(()),
-                    Ok(n) => Err(self.refuse(s, n < min, false)),
+                    Ok(n) => Err(self.refuse(s, Side::of(n < min), false)),
                     Err(_) => Err(format!(
                         "`{s}` is neither \"{word}\" nor a number (range: {})",
                         self.range.text()
@@ -329,7 +349,7 @@ impl Bound {
                 }
             }
             (Range::Workers { min, max }, Value::Integer(n)) if !int_in(*n, min, max) => {
-                Err(self.refuse(&n.to_string(), *n < min, false))
+                Err(self.refuse(&n.to_string(), Side::of(*n < min), false))
             }
             (Range::Workers { min, max }, Value::String(s)) => {
                 let k = s
@@ -337,7 +357,9 @@ impl Bound {
                     .strip_suffix("/gpu")
                     .and_then(|k| k.trim().parse::<i64>().ok());
                 match k {
-                    Some(k) if !int_in(k, min, max) => Err(self.refuse(s, k < min, false)),
+                    Some(k) if !int_in(k, min, max) => {
+                        Err(self.refuse(s, Side::of(k < min), false))
+                    }
                     _ => Ok(()),
                 }
             }
@@ -347,7 +369,7 @@ impl Bound {
 
     /// The message for a refused value: `shown` (the value, or for a list "the weight of
     /// rank 1 is 0"), which side of the range it falls on, the range and why.
-    fn refuse(&self, shown: &str, low: bool, list: bool) -> String {
+    fn refuse(&self, shown: &str, side: Side, list: bool) -> String {
         let unit = self.unit;
         let (min, max) = match self.range {
             Range::Int { min, max }
@@ -357,12 +379,11 @@ impl Bound {
             Range::Number { min, max, .. } => (min.to_string(), max.to_string()),
             Range::Duration { min, max } => (show(min), show(max)),
         };
-        let zero_refused = matches!(self.range, Range::Duration { min, .. } if !min.is_zero());
         let sep = if list { "," } else { " is" };
-        let what = match (low, zero_refused) {
-            (true, true) => format!("{shown}{sep} out of range: it must be greater than zero"),
-            (true, false) => format!("{shown}{sep} out of range: it must be at least {min}{unit}"),
-            (false, _) => format!("{shown}{sep} above the limit of {max}{unit}"),
+        let what = match side {
+            Side::Zero => format!("{shown}{sep} out of range: it must be greater than zero"),
+            Side::Below => format!("{shown}{sep} out of range: it must be at least {min}{unit}"),
+            Side::Above => format!("{shown}{sep} above the limit of {max}{unit}"),
         };
         let why = match self.why {
             "" => String::new(),
@@ -431,7 +452,11 @@ mod tests {
         assert!(check("timing.barrier-timeout", s("366days")).is_err());
         let e = check("timing.fs-timeout", s("0s")).unwrap_err();
         assert!(e.contains("must be greater than zero"), "{e}");
-        assert!(check("timing.fs-timeout", s("500us")).is_err());
+        let e = check("timing.fs-timeout", s("500us")).unwrap_err();
+        assert!(
+            e.starts_with("500us is out of range: it must be at least 1ms"),
+            "{e}"
+        );
         // A grace or a delay may be zero.
         assert!(check("timing.kill-grace", s("0s")).is_ok());
         assert!(check("server.stop-grace", s("400000000000years")).is_err());
