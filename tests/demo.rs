@@ -331,6 +331,32 @@ fn demo_pipeline_refuses_an_odd_node_count() {
     }
 }
 
+/// Sizes no toy run needs, which used to abort allocating the toy's tables (or run for
+/// hours), are refused at once naming the flag and its range.
+#[test]
+fn demo_refuses_absurd_sizes_naming_the_flag() {
+    for (flags, says) in [
+        (
+            &["--samples", "4294967295"][..],
+            "--samples 4294967295: the demo takes 1 to 1000",
+        ),
+        (
+            &["--tasks", "4294967295", "--actions", "4294967295"][..],
+            "--tasks 4294967295: the demo takes 1 to 100000",
+        ),
+        (
+            &["--iterations", "100000000000"][..],
+            "--iterations 100000000000: the demo takes 1 to 1000",
+        ),
+    ] {
+        let d = tempfile::tempdir().unwrap();
+        let out = run_demo(d.path(), flags, Duration::from_secs(20));
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {}", show(&out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{flags:?}: {err}");
+    }
+}
+
 #[test]
 fn demo_refuses_a_non_empty_dir_and_bad_kill_spec() {
     let d = tempfile::tempdir().unwrap();

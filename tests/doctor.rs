@@ -210,6 +210,35 @@ fn a_missing_directory_is_a_usage_error_naming_it() {
     assert!(!missing.exists());
 }
 
+/// A session timeout beyond any deadline the clock can hold (it used to panic adding it
+/// to now, after the session directory was created) is refused before anything is written.
+#[test]
+fn an_absurd_session_timeout_is_refused_before_anything_is_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args(["doctor", "--log-path"])
+        .arg(tmp.path())
+        .args([
+            "--nodes",
+            "2",
+            "--rank",
+            "0",
+            "--timeout",
+            "400000000000years",
+        ])
+        .env_remove("RL_NODE_CLUSTER_LOG_PATH")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out)
+            .contains("--timeout 400000000000years is out of range: more than 0 and at most 1year"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+}
+
 #[test]
 fn sshfs_mount_is_named_with_its_cache_options() {
     let test = "sshfs_mount_is_named_with_its_cache_options";

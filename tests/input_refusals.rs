@@ -190,3 +190,136 @@ fn a_placeholder_without_a_value_in_this_mode_or_case_is_refused_naming_the_key(
         ],
     );
 }
+
+/// `refused`, and the shared directory not even created: the refusal came at load.
+fn refused_untouched(c: &TestCluster, args: &[&str], env: &[(&str, String)], needles: &[&str]) {
+    refused(c, args, env, needles);
+    assert!(
+        !c.log_path.exists(),
+        "a refused start created the shared directory {}",
+        c.log_path.display()
+    );
+}
+
+/// A cluster whose config also names a two-task train file, for the values a plan uses.
+fn with_tasks(extra: &str) -> TestCluster {
+    let c = TestCluster::new(1, extra);
+    let tasks = c.dir.path().join("tasks.jsonl");
+    std::fs::write(&tasks, "{\"id\": \"a\"}\n{\"id\": \"b\"}\n").unwrap();
+    let mut text = std::fs::read_to_string(&c.config).unwrap();
+    text.push_str(&format!("\n[tasks]\ntrain = '{}'\n", tasks.display()));
+    std::fs::write(&c.config, text).unwrap();
+    c
+}
+
+/// A duration that overflowed the clock (exit 101 once the run's state was written) and a
+/// sample count whose plan could not be allocated (an abort) are refused at load with exit
+/// 2, naming the key, the value, the accepted range and where the value came from: the
+/// file, a variable or a flag.
+#[test]
+fn absurd_durations_and_counts_are_refused_at_load_naming_key_value_range_and_source() {
+    let c = TestCluster::new(1, "");
+    let text = std::fs::read_to_string(&c.config).unwrap().replace(
+        "[timing]\n",
+        "[timing]\nbarrier-timeout = \"400000000000years\"\n",
+    );
+    std::fs::write(&c.config, text).unwrap();
+    let file = format!("(from {})", c.config.display());
+    refused_untouched(
+        &c,
+        &["--iterations", "1"],
+        &[],
+        &[
+            "timing.barrier-timeout",
+            &file,
+            "400000000000years",
+            "1ms to 1year",
+        ],
+    );
+    let c = with_tasks("[work]\nsamples-per-task = 4294967295\n");
+    let file = format!("(from {})", c.config.display());
+    refused_untouched(
+        &c,
+        &["--iterations", "1"],
+        &[],
+        &["work.samples-per-task", &file, "4294967295", "1 to 100000"],
+    );
+    let c = TestCluster::new(1, "[phases.rollout]\ncommand = \"true\"\n");
+    refused_untouched(
+        &c,
+        &["--iterations", "1"],
+        &[(
+            "RL_NODE_PHASES_ROLLOUT_TIMEOUT",
+            "400000000000years".to_string(),
+        )],
+        &[
+            "phases.rollout.timeout (from environment RL_NODE_PHASES_ROLLOUT_TIMEOUT)",
+            "400000000000years",
+            "1ms to 1year",
+        ],
+    );
+    let c = TestCluster::new(1, "");
+    refused_untouched(
+        &c,
+        &["--iterations", "1", "--eval-interval", "100000000000"],
+        &[],
+        &[
+            "cluster.eval-interval (from --eval-interval)",
+            "100000000000",
+            "0 to 1000000",
+        ],
+    );
+}
+
+/// Every task of the file (tasks-per-iteration = 0) times samples-per-task is the plan each
+/// node holds in memory: above its limit, refused at load naming the file and the key.
+#[test]
+fn an_iteration_of_too_many_items_is_refused_naming_the_task_file() {
+    let c = with_tasks("[work]\nsamples-per-task = 100000\n");
+    let tasks = c.dir.path().join("tasks.jsonl");
+    let lines: String = (0..101)
+        .map(|i| format!("{{\"id\": \"t{i}\"}}\n"))
+        .collect();
+    std::fs::write(&tasks, lines).unwrap();
+    refused_untouched(
+        &c,
+        &["--iterations", "1"],
+        &[],
+        &[
+            &format!("tasks.train: {} holds 101 tasks", tasks.display()),
+            "work.samples-per-task = 100000",
+            "10100000 items, above the limit of 10000000",
+        ],
+    );
+}
+
+/// A task id holding a control character (here NUL and ESC, written as JSON escapes on
+/// line 3) would reach commands, their environment and the logs: it is refused at load,
+/// naming the task file and the line, before anything is written.
+#[test]
+fn a_task_id_with_a_control_character_is_refused_naming_the_file_and_line() {
+    for escape in ["\\u0000", "\\u001b"] {
+        let c = TestCluster::new(
+            1,
+            "[work]\nmode = \"per-task\"\n[phases.rollout]\ncommand = \"echo '{}' > {output}\"\n",
+        );
+        let tasks = c.dir.path().join("tasks.jsonl");
+        std::fs::write(
+            &tasks,
+            format!("{{\"id\": \"a\"}}\n{{\"id\": \"b\"}}\n{{\"id\": \"c{escape}[31md\"}}\n"),
+        )
+        .unwrap();
+        let mut text = std::fs::read_to_string(&c.config).unwrap();
+        text.push_str(&format!("\n[tasks]\ntrain = '{}'\n", tasks.display()));
+        std::fs::write(&c.config, text).unwrap();
+        refused_untouched(
+            &c,
+            &["--iterations", "1"],
+            &[],
+            &[
+                &format!("task file {}:3", tasks.display()),
+                "control character",
+            ],
+        );
+    }
+}

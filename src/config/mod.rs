@@ -3,8 +3,11 @@
 //!
 //! Layering happens on `toml::Value` trees so every key has exactly one spelling (its
 //! dotted path in `defaults.toml`), one environment name derived from it, and a recorded
-//! source. The defaults file is also the schema: a key it does not list is unknown.
+//! source. The defaults file is also the schema: a key it does not list is unknown. Every
+//! numeric and duration key has a range ([`ranges`]), checked on the layered values before
+//! anything else, so that no value a run cannot use gets past the load.
 
+pub(crate) mod ranges;
 pub mod template;
 
 pub use template::Template;
@@ -396,7 +399,7 @@ pub enum MaxWorkers {
 impl MaxWorkers {
     pub const KEY: &'static str = "work.max-workers";
 
-    /// `"6"` or `"2/gpu"` (a zero is refused by `validate`, with the other limits).
+    /// `"6"` or `"2/gpu"` (a zero or too many is refused by its range, `ranges::RANGES`).
     pub fn parse(raw: &str) -> Result<MaxWorkers, String> {
         let raw = raw.trim();
         if let Ok(n) = raw.parse::<u32>() {
@@ -916,6 +919,16 @@ pub fn load(
         sources.insert(o.key.to_string(), Source::Cli(o.flag.clone()));
     }
 
+    // Before the typed values exist: a number too large for its type (a port of 70000, a
+    // u32 of 2^32) is reported with its range like any other value outside it.
+    for b in ranges::RANGES {
+        let v = get_path(&value, b.key).expect("every range is a key's");
+        b.check(v).map_err(|message| ConfigError::Invalid {
+            key: b.key.to_string(),
+            source_name: sources.get(b.key).unwrap_or(&Source::Default).to_string(),
+            message,
+        })?;
+    }
     let config: Config = value.clone().try_into().map_err(|e: toml::de::Error| {
         // serde names the field; find which layer set it to say where the bad value came from.
         let msg = e.to_string();
@@ -941,45 +954,10 @@ pub fn load(
     Ok(loaded)
 }
 
-/// The largest cluster rl-node accepts (`cluster.num-nodes`).
-pub const MAX_NODES: u32 = 4096;
-
+/// Checks that involve more than one key, or more than a key's range (`ranges::RANGES`,
+/// checked before).
 fn validate(l: &Loaded) -> Result<(), ConfigError> {
     let c = &l.config;
-    if c.cluster.num_nodes == 0 {
-        return Err(l.invalid("cluster.num-nodes", "must be at least 1"));
-    }
-    if c.cluster.num_nodes > MAX_NODES {
-        return Err(l.invalid(
-            "cluster.num-nodes",
-            format!(
-                "{} is above the limit of {MAX_NODES} nodes (rank 0 writes a record per rank before anyone joins, and polls each one)",
-                c.cluster.num_nodes
-            ),
-        ));
-    }
-    for (key, mib) in [
-        ("limits.journal-mib", c.limits.journal_mib),
-        ("limits.manifest-mib", c.limits.manifest_mib),
-    ] {
-        if !Limits::RANGE_MIB.contains(&mib) {
-            return Err(l.invalid(
-                key,
-                format!(
-                    "{mib} is outside {}..={} (MiB)",
-                    Limits::RANGE_MIB.start(),
-                    Limits::RANGE_MIB.end()
-                ),
-            ));
-        }
-    }
-    let g = c.cluster.gpus_per_node.trim();
-    if g != "auto" && !g.parse::<u32>().is_ok_and(|n| n > 0) {
-        return Err(l.invalid(
-            "cluster.gpus-per-node",
-            format!("`{g}` is neither \"auto\" nor a number of processes from 1"),
-        ));
-    }
     let w = &c.cluster.rank_weights;
     if !w.is_empty() && w.len() != c.cluster.num_nodes as usize {
         return Err(l.invalid(
@@ -992,12 +970,6 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
             ),
         ));
     }
-    if let Some((i, bad)) = w.iter().enumerate().find(|(_, w)| **w <= 0) {
-        return Err(l.invalid(
-            "cluster.rank-weights",
-            format!("the weight of rank {i} is {bad}: every weight must be a positive integer"),
-        ));
-    }
     if c.cluster.rl_phase != RlPhase::Rollout && c.cluster.rollout_split != RolloutSplit::All {
         return Err(l.invalid(
             "cluster.rollout-split",
@@ -1005,15 +977,6 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
                 "only applies with rl-phase = rollout, but rl-phase is {} (from {})",
                 format!("{:?}", c.cluster.rl_phase).to_lowercase(),
                 l.source_of("cluster.rl-phase")
-            ),
-        ));
-    }
-    if c.pipeline.staleness < -1 {
-        return Err(l.invalid(
-            "pipeline.staleness",
-            format!(
-                "{} is not a staleness: give 0, 1, 2 … (how many model versions rollouts may lag) or -1 for the synchronous loop",
-                c.pipeline.staleness
             ),
         ));
     }
@@ -1046,23 +1009,20 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
         }
     }
     let w = &c.work;
-    if w.samples_per_task == 0 {
-        return Err(l.invalid("work.samples-per-task", "must be at least 1"));
-    }
-    if matches!(w.max_workers, MaxWorkers::Count(0) | MaxWorkers::PerGpu(0)) {
-        return Err(l.invalid(MaxWorkers::KEY, "must be at least 1"));
-    }
-    if !(0.0..1.0).contains(&c.timing.hang_report_at) {
+    let items = w
+        .tasks_per_iteration
+        .saturating_mul(w.samples_per_task.into());
+    if items > ranges::MAX_ITEMS {
         return Err(l.invalid(
-            HANG_REPORT_AT,
+            "work.samples-per-task",
             format!(
-                "{} is not a fraction of a timeout: give a number from 0 to below 1 (e.g. 0.5: a report at half of the timeout), or 0 or \"off\" for no reports",
-                c.timing.hang_report_at
+                "{} × tasks-per-iteration {} (from {}) is {items} items an iteration, above the limit of {} (every node holds an iteration's plan in memory)",
+                w.samples_per_task,
+                w.tasks_per_iteration,
+                l.source_of("work.tasks-per-iteration"),
+                ranges::MAX_ITEMS
             ),
         ));
-    }
-    if !(0.0..=1.0).contains(&w.max_failed_fraction) {
-        return Err(l.invalid("work.max-failed-fraction", "must be between 0 and 1"));
     }
     let planned = !c.tasks.train.is_empty() || !c.tasks.eval.is_empty();
     if !planned
@@ -1078,22 +1038,6 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
         ));
     }
     let t = &c.timing;
-    for (key, d) in [
-        ("timing.heartbeat-interval", t.heartbeat_interval),
-        ("timing.poll-interval", t.poll_interval),
-        ("timing.dead-after", t.dead_after),
-        ("timing.join-timeout", t.join_timeout),
-        ("timing.barrier-timeout", t.barrier_timeout),
-        ("timing.fs-timeout", t.fs_timeout),
-        ("pipeline.poll-interval", c.pipeline.poll_interval),
-    ] {
-        if d.is_zero() {
-            return Err(l.invalid(
-                key,
-                "must be greater than zero (0s would end every wait at once; there is no \"no limit\" value: use a long duration such as \"30d\")",
-            ));
-        }
-    }
     if t.dead_after < t.heartbeat_interval * 2 {
         return Err(l.invalid(
             "timing.dead-after",
@@ -1171,12 +1115,6 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
                 format!("needs work.mode = \"per-rank\" (one command per rank, which rank 0's command releases); work.mode is \"per-task\" (from {})", l.source_of("work.mode")),
             ));
         }
-        if r.workers_wait_timeout.is_zero() {
-            return Err(l.invalid(
-                &format!("phases.{name}.workers-wait-timeout"),
-                "must be greater than zero (there is no \"no limit\" value: use a long duration such as \"30d\")",
-            ));
-        }
     }
     for (name, r) in [("rollout", &c.phases.rollout), ("eval", &c.phases.eval)] {
         if r.workers_wait_for.trim().is_empty() {
@@ -1207,9 +1145,6 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
                 ),
             ));
         }
-    }
-    if c.cluster.first_iteration == 0 {
-        return Err(l.invalid("cluster.first-iteration", "iterations are numbered from 1"));
     }
     let es = &c.cluster.eval_split;
     if es.is_empty()
@@ -1286,12 +1221,6 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
         ));
     }
     validate_aggregate(l)?;
-    if c.server.start_attempts == 0 {
-        return Err(l.invalid(
-            "server.start-attempts",
-            "must be at least 1 (1: one attempt, no retry)",
-        ));
-    }
     for (key, text) in [
         ("server.command", &c.server.command),
         ("server.health-url", &c.server.health_url),
@@ -1368,6 +1297,10 @@ fn leaf_paths(v: &Value, prefix: &str, out: &mut Vec<(String, Value)>) {
             }
         }
     }
+}
+
+fn get_path<'v>(root: &'v Value, key: &str) -> Option<&'v Value> {
+    key.split('.').try_fold(root, |v, part| v.get(part))
 }
 
 fn set_path(root: &mut Value, key: &str, v: Value) {
@@ -1535,11 +1468,7 @@ pub mod duration {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let s = String::deserialize(d)?;
-        humantime::parse_duration(&s).map_err(|e| {
-            serde::de::Error::custom(format!(
-                "invalid duration `{s}` ({e}); write it like \"500ms\", \"30s\", \"10m\" or \"4h\""
-            ))
-        })
+        super::ranges::parse_duration(&s).map_err(serde::de::Error::custom)
     }
 }
 
@@ -1721,6 +1650,76 @@ mod tests {
         let e = load(Some(&f), &no_env, &[]).unwrap_err().to_string();
         assert!(e.contains("unknown key `phases.rollout.comand`"), "{e}");
         assert!(e.contains("did you mean `phases.rollout.command`"), "{e}");
+    }
+
+    /// Each layer's value is checked against its key's range before any typed value
+    /// exists: the message names the key, the layer, the value and the range.
+    #[test]
+    fn a_value_outside_its_range_is_refused_naming_key_source_value_and_range() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.toml");
+        std::fs::write(&f, "[work]\nsamples-per-task = 4294967295\n").unwrap();
+        let e = load(Some(&f), &no_env, &[]).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!(
+                "work.samples-per-task (from {}): 4294967295 is above the limit of 100000 (range: 1 to 100000)",
+                f.display()
+            )),
+            "{e}"
+        );
+        let env = |n: &str| {
+            (n == "RL_NODE_TIMING_BARRIER_TIMEOUT").then(|| "400000000000years".to_string())
+        };
+        let e = load(None, &env, &[]).unwrap_err().to_string();
+        assert!(
+            e.starts_with("timing.barrier-timeout (from environment RL_NODE_TIMING_BARRIER_TIMEOUT): 400000000000years is above the limit of 1year (range: 1ms to 1year)"),
+            "{e}"
+        );
+        // Too large for its type (u16) is a range error too, not serde's.
+        let e = load(
+            None,
+            &no_env,
+            &[cli("--master-port", "cluster.master-port", "70000")],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("cluster.master-port (from --master-port): 70000 is above the limit of 65535 (range: 1 to 65535)"),
+            "{e}"
+        );
+        let e = load(
+            None,
+            &no_env,
+            &[cli("--iterations", "cluster.iterations", "-1")],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with(
+                "cluster.iterations (from --iterations): -1 is out of range: it must be at least 0"
+            ),
+            "{e}"
+        );
+        // The plan of an iteration: tasks × samples.
+        std::fs::write(
+            &f,
+            "[work]\ntasks-per-iteration = 100000\nsamples-per-task = 101\n",
+        )
+        .unwrap();
+        let e = load(Some(&f), &no_env, &[]).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!(
+                "work.samples-per-task (from {0}): 101 × tasks-per-iteration 100000 (from {0}) is 10100000 items an iteration, above the limit of 10000000",
+                f.display()
+            )),
+            "{e}"
+        );
+        std::fs::write(
+            &f,
+            "[work]\ntasks-per-iteration = 100000\nsamples-per-task = 100\n",
+        )
+        .unwrap();
+        assert!(load(Some(&f), &no_env, &[]).is_ok());
     }
 
     #[test]

@@ -178,6 +178,41 @@ fn parse_kill(s: &str, nodes: u32) -> Result<(u32, &'static str), String> {
     Ok((rank, phase.name()))
 }
 
+/// The demo's sizes: each flag within a range a toy run on one machine can use, and the
+/// toy's tables (a policy of tasks × actions, tasks × samples trajectories an iteration)
+/// bounded, so that an absurd value is refused instead of aborting an allocation.
+fn check_sizes(args: &DemoArgs, iterations: u64, eval_interval: u64) -> Result<(), String> {
+    const MOST: u64 = 1_000_000;
+    let (tasks, actions, samples) = (
+        u64::from(args.tasks),
+        u64::from(args.actions),
+        u64::from(args.samples),
+    );
+    for (flag, value, min, max) in [
+        ("--iterations", iterations, 1, 1000),
+        ("--eval-interval", eval_interval, 0, 1000),
+        ("--tasks", tasks, 1, 100_000),
+        ("--actions", actions, 2, 1000),
+        ("--samples", samples, 1, 1000),
+        ("--staleness", args.staleness, 0, 100),
+    ] {
+        if !(min..=max).contains(&value) {
+            return Err(format!("{flag} {value}: the demo takes {min} to {max}"));
+        }
+    }
+    for (what, product) in [
+        ("--tasks × --actions", tasks * actions),
+        ("--tasks × --samples", tasks * samples),
+    ] {
+        if product > MOST {
+            return Err(format!(
+                "{what} is {product}: the toy holds at most {MOST} (use fewer tasks)"
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn plan(args: DemoArgs, g: Globals) -> Result<Plan, String> {
     let num = |flag: &str, v: Option<String>, default: u64| -> Result<u64, String> {
         match v {
@@ -217,6 +252,7 @@ fn plan(args: DemoArgs, g: Globals) -> Result<Plan, String> {
     if args.tasks == 0 || args.actions < 2 || args.samples == 0 {
         return Err("need --tasks ≥ 1, --actions ≥ 2 and --samples ≥ 1".into());
     }
+    check_sizes(&args, iterations, eval_interval)?;
     if !(pace.is_finite() && (0.0..=60.0).contains(&pace)) {
         return Err(format!("--pace {pace}: must be 0 to 60 seconds"));
     }
@@ -1625,6 +1661,33 @@ fn comparison(p: &Plan, sync: &RunResult, piped: &RunResult) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn absurd_sizes_are_refused_naming_the_flag() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            demo: DemoArgs,
+        }
+        let sizes = |flags: &[&str]| {
+            let cli =
+                Cli::try_parse_from(std::iter::once("demo").chain(flags.iter().copied())).unwrap();
+            check_sizes(&cli.demo, 8, 2)
+        };
+        assert_eq!(sizes(&[]), Ok(()));
+        let e = sizes(&["--samples", "4294967295"]).unwrap_err();
+        assert_eq!(e, "--samples 4294967295: the demo takes 1 to 1000");
+        let e = sizes(&["--tasks", "100000", "--actions", "1000"]).unwrap_err();
+        assert!(e.starts_with("--tasks × --actions is 100000000"), "{e}");
+        assert!(sizes(&["--pipeline", "--staleness", "101"]).is_err());
+        assert!(check_sizes(
+            &Cli::try_parse_from(["demo"]).unwrap().demo,
+            100_000_000_000,
+            2
+        )
+        .is_err());
+    }
 
     #[test]
     fn kill_spec() {

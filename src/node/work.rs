@@ -58,6 +58,29 @@ impl TaskSets {
             eval: load("eval", &cfg.tasks.eval)?,
         };
         let budget = cfg.work.tasks_per_iteration;
+        let samples = u64::from(cfg.work.samples_per_task);
+        for (split, file, tasks) in [
+            ("train", &cfg.tasks.train, &sets.train),
+            ("eval", &cfg.tasks.eval, &sets.eval),
+        ] {
+            // Each node holds an iteration's plan in memory: every item of it.
+            let Some(t) = tasks else { continue };
+            let planned = match split {
+                "train" if budget > 0 => budget.min(t.len() as u64),
+                _ => t.len() as u64,
+            };
+            let items = planned.saturating_mul(samples);
+            if items > crate::config::ranges::MAX_ITEMS {
+                return Err(Stop::usage(
+                    format!(
+                        "tasks.{split}: {file} holds {} tasks; with work.samples-per-task = {samples} an iteration would have {items} items, above the limit of {}",
+                        t.len(),
+                        crate::config::ranges::MAX_ITEMS
+                    ),
+                    Some("set work.tasks-per-iteration (train), or use fewer samples-per-task or a smaller task file".into()),
+                ));
+            }
+        }
         if let Some(t) = &sets.train {
             if budget as usize > t.len() {
                 return Err(Stop::usage(
@@ -401,7 +424,8 @@ impl Node {
         let jitter = 0.5
             + (u64::from_str_radix(&super::random_id(&*self.clock, 2), 16).unwrap_or(0) as f64
                 / 65536.0);
-        Duration::from_secs_f64((base * jitter).min(300.0))
+        let most = crate::config::ranges::MAX_RETRY_DELAY.as_secs_f64();
+        Duration::from_secs_f64((base * jitter).min(most))
     }
 
     /// Wait until one of the items `pids` exits (`Some`), or `look_again` says there is

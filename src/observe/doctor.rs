@@ -325,8 +325,17 @@ fn session_options(a: &DoctorArgs) -> Result<Option<super::doctor_nodes::Options
         return Err(Failure::usage("--samples must be within 1..1000", None));
     }
     let timeout = a.timeout.unwrap_or(DEFAULT_TIMEOUT);
-    if timeout.is_zero() {
-        return Err(Failure::usage("--timeout must be more than 0", None));
+    // A deadline is now + timeout: the same bound as every duration of the configuration.
+    let most = crate::config::ranges::MAX_DURATION;
+    if timeout.is_zero() || timeout > most {
+        return Err(Failure::usage(
+            format!(
+                "--timeout {} is out of range: more than 0 and at most {}",
+                humantime::format_duration(timeout),
+                humantime::format_duration(most)
+            ),
+            None,
+        ));
     }
     Ok(Some(Options {
         nodes: a.nodes,

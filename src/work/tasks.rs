@@ -181,6 +181,19 @@ pub enum TaskError {
         /// The offending value, as JSON.
         found: String,
     },
+    #[error(
+        "task file {}:{line}: the id `{id}` (field `{field}`) holds the control character U+{code:04X}: an id reaches commands, their environment and log lines, so it must be printable text",
+        .path.display(),
+        id = .id.escape_debug(),
+        code = u32::from(*.control)
+    )]
+    ControlInId {
+        path: PathBuf,
+        line: u64,
+        field: String,
+        id: String,
+        control: char,
+    },
     #[error("task file {}: task id {id:?} appears on line {first} and again on line {second}", .path.display())]
     DuplicateId {
         path: PathBuf,
@@ -201,9 +214,10 @@ pub enum TaskError {
 /// mark at the start of the file is ignored; lines are trimmed, so `\r\n` endings do). A
 /// task's id is the value of `id_field` when present — a non-empty string as is, an
 /// integer in decimal — else its 1-based line number. Ids must be unique (an explicit id
-/// `"7"` and the id of an id-less task on line 7 collide). Errors: the file cannot be
-/// read, a line is not a JSON object (file and line reported), an id field of another
-/// type, a duplicate id (both lines reported), no tasks. When there are several, the error
+/// `"7"` and the id of an id-less task on line 7 collide) and hold no control character
+/// ([`control_in_id`]). Errors: the file cannot be read, a line is not a JSON object (file
+/// and line reported), an id field of another type or with a control character, a
+/// duplicate id (both lines reported), no tasks. When there are several, the error
 /// reported is the first one met reading the file from the top.
 pub fn load_tasks(path: &Path, id_field: &str) -> Result<TaskFile, TaskError> {
     let read_error = |source| TaskError::Read {
@@ -268,6 +282,15 @@ pub fn load_tasks(path: &Path, id_field: &str) -> Result<TaskFile, TaskError> {
                 }
             },
         };
+        if let Some(control) = control_in_id(&id) {
+            return fail(TaskError::ControlInId {
+                path: path.to_owned(),
+                line,
+                field: id_field.to_owned(),
+                id,
+                control,
+            });
+        }
         let trimmed_at = text.as_ptr() as usize - untrimmed.as_ptr() as usize;
         spans.push(Span {
             offset: start + bom + trimmed_at as u64,
@@ -295,6 +318,15 @@ pub fn load_tasks(path: &Path, id_field: &str) -> Result<TaskFile, TaskError> {
         spans,
         fingerprint: fingerprint.finish(),
     })
+}
+
+/// The first control character of an id (C0 including NUL, DEL, C1), if any. An id
+/// becomes a command's argument and `RL_NODE_TASK_ID` (where a NUL cannot be passed at
+/// all), a log line and a line of `rl-node status`, where an escape sequence would reach
+/// the operator's terminal. JSON strings may carry any of them (`\u0000`, `\u001b`).
+/// A `/` is fine: item files are named from their position in the plan, never from ids.
+pub(crate) fn control_in_id(id: &str) -> Option<char> {
+    id.chars().find(|c| c.is_control())
 }
 
 /// The duplicate id met first reading from the top: the smallest line whose id an earlier
@@ -540,7 +572,8 @@ mod tests {
     }
 
     /// The loader before issue 10, which kept every line in memory, verbatim but for its
-    /// result ([`Loaded`]). The bounded loader must agree with it on every file.
+    /// result ([`Loaded`]) and the later refusal of ids with control characters. The
+    /// bounded loader must agree with it on every file.
     fn old_load_tasks(path: &Path, id_field: &str) -> Loaded {
         let bytes = std::fs::read(path).map_err(|source| {
             TaskError::Read {
@@ -597,6 +630,16 @@ mod tests {
                     .to_string())
                 }
             };
+            if let Some(control) = control_in_id(&id) {
+                return Err(TaskError::ControlInId {
+                    path: path.to_owned(),
+                    line,
+                    field: id_field.to_owned(),
+                    id,
+                    control,
+                }
+                .to_string());
+            }
             if let Some(&first) = seen.get(&id) {
                 return Err(TaskError::DuplicateId {
                     path: path.to_owned(),
@@ -651,6 +694,12 @@ mod tests {
         br#"{"id": 1, "id": "z"}"#,
         br#"{"id": "q", "id": 2.5}"#,
         br#"{"i\u0064": "escaped-key"}"#,
+        br#"{"id": "c\u0000d"}"#,
+        br#"{"id": "\u001b[31mred"}"#,
+        br#"{"id": "del\u007f"}"#,
+        br#"{"id": "c1\u0085"}"#,
+        "{\"id\": \"raw-c1-\u{9b}\"}".as_bytes(),
+        br#"{"id": "a/b", "name": "\u0007"}"#,
         br#"{}"#,
         br#"{"x": 2}"#,
         br#"{"name": "n1"}"#,
@@ -816,6 +865,44 @@ mod tests {
         std::fs::write(&raw, b"{}\n{\"id\": \"\xff\"}\n").unwrap();
         let err = load_tasks(&raw, "id").unwrap_err();
         assert!(matches!(err, TaskError::BadLine { line: 2, .. }), "{err:?}");
+    }
+
+    #[test]
+    fn an_id_with_a_control_character_is_refused_naming_file_and_line() {
+        for (escape, code) in [
+            ("\\u0000", 0x00),
+            ("\\u001b", 0x1b),
+            ("\\u007f", 0x7f),
+            ("\\u009b", 0x9b),
+            ("\u{85}", 0x85),
+        ] {
+            let (_d, path) = file(&format!(
+                "{{\"id\": \"a\"}}\n{{\"id\": \"b\"}}\n{{\"id\": \"c{escape}[31md\"}}\n"
+            ));
+            let err = load_tasks(&path, "id").unwrap_err();
+            assert!(
+                matches!(&err, TaskError::ControlInId { line: 3, control, .. } if u32::from(*control) == code),
+                "{escape}: {err:?}"
+            );
+            let msg = err.to_string();
+            assert!(
+                msg.starts_with(&format!("task file {}:3: the id `c", path.display()))
+                    && msg.contains(&format!("holds the control character U+{code:04X}")),
+                "{msg}"
+            );
+            // The id is shown escaped: the message itself carries no control character.
+            assert!(!msg.chars().any(char::is_control), "{msg:?}");
+        }
+        // Printable ids pass, `/` and non-ASCII letters included; other fields may hold
+        // any JSON string.
+        let (_d, path) = file("{\"id\": \"a/b\", \"p\": \"\\u0000\\u001b\"}\n{\"id\": \"日本\"}\n");
+        let ids: Vec<String> = load_tasks(&path, "id")
+            .unwrap()
+            .ids()
+            .iter()
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(ids, ["a/b", "日本"]);
     }
 
     #[test]
