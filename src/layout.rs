@@ -310,6 +310,49 @@ impl Layout {
     }
 }
 
+/// Why `path` cannot be resolved when a symbolic-link loop is in the way (`ELOOP`): the
+/// link that loops (`path` itself or a directory above it) and the links it goes through,
+/// e.g. `/shared/run is a symbolic-link loop (/shared/run → b → run; ELOOP: too many
+/// levels of symbolic links)`. `None` when `path` resolves (or fails for another reason).
+pub fn symlink_loop(path: &Path) -> Option<String> {
+    let eloop =
+        |p: &Path| std::fs::metadata(p).is_err_and(|e| e.raw_os_error() == Some(libc::ELOOP));
+    if !eloop(path) {
+        return None;
+    }
+    // The first link from the top whose target loops: the one to fix.
+    let mut looping = path;
+    for a in path.ancestors().collect::<Vec<_>>().into_iter().rev() {
+        let link = std::fs::symlink_metadata(a).is_ok_and(|m| m.file_type().is_symlink());
+        if link && eloop(a) {
+            looping = a;
+            break;
+        }
+    }
+    // Its chain of targets, until one repeats (a loop may also be too long a chain).
+    let mut chain = vec![looping.display().to_string()];
+    let mut seen = std::collections::BTreeSet::from([looping.to_path_buf()]);
+    let mut at = looping.to_path_buf();
+    while chain.len() <= 40 {
+        let Ok(target) = std::fs::read_link(&at) else {
+            break;
+        };
+        chain.push(target.display().to_string());
+        at = at.parent().unwrap_or(Path::new("/")).join(&target);
+        if !seen.insert(at.clone()) {
+            break;
+        }
+    }
+    let what = match looping == path {
+        true => format!("{} is", path.display()),
+        false => format!("{} is inside {},", path.display(), looping.display()),
+    };
+    Some(format!(
+        "{what} a symbolic-link loop ({}; ELOOP: too many levels of symbolic links)",
+        chain.join(" → ")
+    ))
+}
+
 /// Names of the directories a run writes under its log path (see [`Layout::run_dirs`]).
 pub const RUN_DIRS: &[&str] = &[".rl-node", "rollouts", "logs", "models", "train"];
 
@@ -451,6 +494,29 @@ mod gen_tests {
         ] {
             assert_eq!(without_gen(not), None, "{not}");
         }
+    }
+
+    #[test]
+    fn a_symbolic_link_loop_is_described_with_the_link_that_loops() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::os::unix::fs::symlink("b", &a).unwrap();
+        std::os::unix::fs::symlink("a", &b).unwrap();
+        let at = a.display();
+        assert_eq!(
+            symlink_loop(&a).as_deref(),
+            Some(format!("{at} is a symbolic-link loop ({at} → b → a; ELOOP: too many levels of symbolic links)").as_str())
+        );
+        let below = a.join("run");
+        assert_eq!(
+            symlink_loop(&below).as_deref(),
+            Some(format!("{} is inside {at}, a symbolic-link loop ({at} → b → a; ELOOP: too many levels of symbolic links)", below.display()).as_str())
+        );
+        // A dangling link, a missing path, a real directory: no loop.
+        std::os::unix::fs::symlink("nowhere", dir.path().join("d")).unwrap();
+        assert_eq!(symlink_loop(&dir.path().join("d")), None);
+        assert_eq!(symlink_loop(&dir.path().join("missing")), None);
+        assert_eq!(symlink_loop(dir.path()), None);
     }
 
     #[test]

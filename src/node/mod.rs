@@ -3085,6 +3085,13 @@ fn preflight_log_path(layout: &Layout, rank: u32) -> Result<(), Stop> {
             }
         }
     }
+    // A symbolic-link loop is not a missing directory: name the link to fix.
+    if let Some(why) = crate::layout::symlink_loop(root) {
+        return Err(Stop::usage(
+            format!("--log-path {why}"),
+            Some("fix the link so that it leads to the shared directory".into()),
+        ));
+    }
     // A dangling symbolic link: say so (creating it would fail with "File exists").
     if let Ok(m) = std::fs::symlink_metadata(root) {
         if m.file_type().is_symlink() && std::fs::metadata(root).is_err() {

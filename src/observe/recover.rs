@@ -700,6 +700,7 @@ pub fn main(args: RecoverArgs, log_path: Option<String>) -> Result<i32, Failure>
     let path = log_path
         .or_else(|| std::env::var(crate::config::env_name("cluster.log-path")).ok())
         .ok_or_else(|| Failure::usage("rl-node recover needs --log-path DIR", None))?;
+    super::check_log_path(Path::new(&path))?;
     let cluster: Option<&'static str> = match args.cluster.as_deref() {
         Some("rollout") => Some("rollout"),
         Some("update") => Some("update"),
