@@ -1159,6 +1159,7 @@ impl Node {
     fn shut_down(mut self, result: Result<(), Stop>) -> Result<(), Stop> {
         // A report's tool that hangs is killed now, not at its time limit: its report is
         // then written before the node is gone, and the tool does not outlive it.
+        self.watchdog.pet("stopping the hang reports' tools");
         self.hang.stop_tools();
         // Running commands, then descendants that left their groups (`setsid`), including
         // those of commands that were still running.
