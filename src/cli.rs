@@ -364,6 +364,7 @@ fn watch_status(log_path: Option<String>, every: std::time::Duration) -> Result<
     if every.is_zero() {
         return Err(Failure::usage("--every must be above zero", None));
     }
+    crate::observe::check_log_path(std::path::Path::new(&path))?;
     Ok(crate::observe::live::watch(
         std::path::Path::new(&path),
         every,
@@ -375,6 +376,7 @@ fn status(json: bool, log_path: Option<String>) -> Result<i32, Failure> {
         .or_else(|| std::env::var(config::env_name("cluster.log-path")).ok())
         .ok_or_else(|| Failure::usage("rl-node status needs --log-path DIR", None))?;
     let root = std::path::Path::new(&path);
+    crate::observe::check_log_path(root)?;
     if crate::observe::status::is_pipelined(root) {
         let p = crate::observe::status::read_pipeline(root);
         if json {

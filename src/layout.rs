@@ -187,6 +187,27 @@ impl Layout {
         with_gen(&self.shard_partial(iteration, split, rank), gen)
     }
 
+    /// Which rank's partial shard of `iteration`'s `split` the file `name` in the partial
+    /// directory ([`Layout::shard_partial`]'s) is, and of which generation
+    /// ([`Layout::shard_partial_gen`]; `None`: the name without one, of earlier versions).
+    pub fn shard_partial_of(
+        &self,
+        iteration: u64,
+        split: &str,
+        name: &str,
+    ) -> Option<(u32, Option<u64>)> {
+        let partial = |n: &str| match self.naming.rank_of(n, iteration, split, false, true) {
+            Some((rank, true)) => Some(rank),
+            _ => None,
+        };
+        if let Some((base, gen)) = without_gen(name) {
+            if let Some(rank) = partial(&base) {
+                return Some((rank, Some(gen)));
+            }
+        }
+        partial(name).map(|rank| (rank, None))
+    }
+
     /// The iteration's merged trajectories for a split (default
     /// `rollouts/iter-NNNN/<split>.jsonl`; `aggregate.output-name`).
     pub fn aggregated(&self, iteration: u64, split: &str) -> PathBuf {
@@ -213,14 +234,45 @@ impl Layout {
     /// Where generation `gen`'s prepare command writes (`{output}`), renamed to
     /// [`Layout::prepared`] when it exits 0.
     pub fn prepared_partial(&self, iteration: u64, gen: u64) -> PathBuf {
-        with_gen(
-            &self
-                .root
-                .join("rollouts")
-                .join(iter_dir(iteration))
-                .join("prepared.partial"),
-            gen,
-        )
+        with_gen(&self.prepared_partial_base(iteration), gen)
+    }
+
+    /// The generation of `name` if it is a prepare command's output in the directory of
+    /// [`Layout::prepared_partial`].
+    pub fn prepared_partial_of(&self, iteration: u64, name: &str) -> Option<u64> {
+        let base = self.prepared_partial_base(iteration);
+        gen_of(name, &base.file_name()?.to_string_lossy())
+    }
+
+    fn prepared_partial_base(&self, iteration: u64) -> PathBuf {
+        self.root
+            .join("rollouts")
+            .join(iter_dir(iteration))
+            .join("prepared.partial")
+    }
+
+    /// Where a per-task rollout of `split` commits each item's output (`<item>.jsonl`)
+    /// before the rank's shard is made of them.
+    pub fn items_dir(&self, iteration: u64, split: &str) -> PathBuf {
+        self.rollout_dir(iteration, split).join("items")
+    }
+
+    /// Where attempt `attempt` of item `item` writes in generation `gen` (`{output}`), in
+    /// [`Layout::items_dir`]: `<item>.gG.aA.partial.jsonl`, with `.rR` (the rank running
+    /// it) after the generation for an item any rank may run (dynamic mode's), so that
+    /// attempts, generations and ranks never share a file.
+    pub fn item_partial(
+        &self,
+        iteration: u64,
+        split: &str,
+        item: &str,
+        gen: u64,
+        rank: Option<u32>,
+        attempt: u32,
+    ) -> PathBuf {
+        let rank = rank.map(|r| format!(".r{r}")).unwrap_or_default();
+        self.items_dir(iteration, split)
+            .join(format!("{item}.g{gen}{rank}.a{attempt}.partial.jsonl"))
     }
 
     /// Immutable published checkpoints and the `LATEST` pointer.
@@ -262,8 +314,89 @@ impl Layout {
     }
 }
 
+/// Why `path` cannot be resolved when a symbolic-link loop is in the way (`ELOOP`): the
+/// link that loops (`path` itself or a directory above it) and the links it goes through,
+/// e.g. `/shared/run is a symbolic-link loop (/shared/run → b → run; ELOOP: too many
+/// levels of symbolic links)`. `None` when `path` resolves (or fails for another reason).
+pub fn symlink_loop(path: &Path) -> Option<String> {
+    let eloop =
+        |p: &Path| std::fs::metadata(p).is_err_and(|e| e.raw_os_error() == Some(libc::ELOOP));
+    if !eloop(path) {
+        return None;
+    }
+    // The first link from the top whose target loops: the one to fix.
+    let mut looping = path;
+    for a in path.ancestors().collect::<Vec<_>>().into_iter().rev() {
+        let link = std::fs::symlink_metadata(a).is_ok_and(|m| m.file_type().is_symlink());
+        if link && eloop(a) {
+            looping = a;
+            break;
+        }
+    }
+    // Its chain of targets, until one repeats (a loop may also be too long a chain).
+    let mut chain = vec![looping.display().to_string()];
+    let mut seen = std::collections::BTreeSet::from([looping.to_path_buf()]);
+    let mut at = looping.to_path_buf();
+    while chain.len() <= 40 {
+        let Ok(target) = std::fs::read_link(&at) else {
+            break;
+        };
+        chain.push(target.display().to_string());
+        at = at.parent().unwrap_or(Path::new("/")).join(&target);
+        if !seen.insert(at.clone()) {
+            break;
+        }
+    }
+    let what = match looping == path {
+        true => format!("{} is", path.display()),
+        false => format!("{} is inside {},", path.display(), looping.display()),
+    };
+    Some(format!(
+        "{what} a symbolic-link loop ({}; ELOOP: too many levels of symbolic links)",
+        chain.join(" → ")
+    ))
+}
+
 /// Names of the directories a run writes under its log path (see [`Layout::run_dirs`]).
 pub const RUN_DIRS: &[&str] = &[".rl-node", "rollouts", "logs", "models", "train"];
+
+/// Where a write of `target` goes before it is renamed (or linked) to its name:
+/// `.<name>.tmp-<tag>` beside it (hidden, and never taken for the file itself). Only a
+/// crash mid-write leaves one behind ([`is_temp_of`]).
+pub fn temp_path(target: &Path, tag: &str) -> PathBuf {
+    let name = target.file_name().unwrap_or_default().to_string_lossy();
+    target.with_file_name(format!(".{name}.tmp-{tag}"))
+}
+
+/// Whether `name` is a temporary file of a write of the file named `target`
+/// ([`temp_path`]).
+pub fn is_temp_of(name: &str, target: &str) -> bool {
+    name.strip_prefix('.')
+        .and_then(|n| n.strip_prefix(target))
+        .and_then(|n| n.strip_prefix(".tmp-"))
+        .is_some_and(|tag| !tag.is_empty())
+}
+
+/// The item and generation of `name` if it is an item's partial output
+/// ([`Layout::item_partial`]).
+pub fn item_partial_of(name: &str) -> Option<(&str, u64)> {
+    let rest = name.strip_suffix(".partial.jsonl")?;
+    let (rest, attempt) = rest.rsplit_once(".a")?;
+    let number = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_digit());
+    if !number(attempt) {
+        return None;
+    }
+    // `.rR` after the generation, for an item any rank may run.
+    let rest = match rest.rsplit_once(".r") {
+        Some((r, rank)) if number(rank) => r,
+        _ => rest,
+    };
+    let (item, gen) = rest.rsplit_once(".g")?;
+    if item.is_empty() || !number(gen) {
+        return None;
+    }
+    Some((item, gen.parse().ok()?))
+}
 
 /// `path` with `.g{gen}` inserted before the last extension of its file name when that
 /// extension is plain (letters, digits, `_`), else appended: `rank-1.partial.jsonl` →
@@ -284,6 +417,22 @@ pub fn gen_of(name: &str, base: &str) -> Option<u64> {
     (!digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit()))
         .then(|| digits.parse().ok())
         .flatten()
+}
+
+/// The name [`with_gen`] made `name` from, and the generation it inserted, if it is one.
+pub fn without_gen(name: &str) -> Option<(String, u64)> {
+    let (pre, post) = split_ext(name);
+    let candidates = [
+        // `.gG` before the last extension.
+        pre.rsplit_once(".g")
+            .map(|(base, _)| format!("{base}{post}")),
+        // `.gG` appended to a name without a plain extension.
+        post.starts_with(".g").then(|| pre.to_string()),
+    ];
+    candidates
+        .into_iter()
+        .flatten()
+        .find_map(|base| gen_of(name, &base).map(|gen| (base, gen)))
 }
 
 fn split_ext(name: &str) -> (&str, &str) {
@@ -324,5 +473,112 @@ mod gen_tests {
         );
         assert_eq!(with_gen(Path::new("prep-"), 2), Path::new("prep-.g2"));
         assert_eq!(gen_of("prep-.g2", "prep-"), Some(2));
+    }
+
+    #[test]
+    fn a_generation_specific_name_gives_back_its_base_and_generation() {
+        for base in [
+            "rank-1.partial.jsonl",
+            "a_rank_1.partial",
+            "prep-",
+            "foo.g3",
+            "x.y.g.partial.pt",
+        ] {
+            for gen in [1, 12] {
+                let name = with_gen(Path::new(base), gen);
+                let name = name.to_str().unwrap();
+                assert_eq!(without_gen(name), Some((base.to_string(), gen)), "{name}");
+            }
+        }
+        for not in [
+            "rank-1.partial.jsonl",
+            "rank-1.partial.gx.jsonl",
+            "a.g.jsonl",
+            "g3",
+        ] {
+            assert_eq!(without_gen(not), None, "{not}");
+        }
+    }
+
+    #[test]
+    fn a_symbolic_link_loop_is_described_with_the_link_that_loops() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::os::unix::fs::symlink("b", &a).unwrap();
+        std::os::unix::fs::symlink("a", &b).unwrap();
+        let at = a.display();
+        assert_eq!(
+            symlink_loop(&a).as_deref(),
+            Some(format!("{at} is a symbolic-link loop ({at} → b → a; ELOOP: too many levels of symbolic links)").as_str())
+        );
+        let below = a.join("run");
+        assert_eq!(
+            symlink_loop(&below).as_deref(),
+            Some(format!("{} is inside {at}, a symbolic-link loop ({at} → b → a; ELOOP: too many levels of symbolic links)", below.display()).as_str())
+        );
+        // A dangling link, a missing path, a real directory: no loop.
+        std::os::unix::fs::symlink("nowhere", dir.path().join("d")).unwrap();
+        assert_eq!(symlink_loop(&dir.path().join("d")), None);
+        assert_eq!(symlink_loop(&dir.path().join("missing")), None);
+        assert_eq!(symlink_loop(dir.path()), None);
+    }
+
+    #[test]
+    fn temporary_files_are_recognised_by_their_target() {
+        let t = temp_path(Path::new("/r/rollouts/iter-0001/train.jsonl"), "42-0");
+        assert_eq!(t, Path::new("/r/rollouts/iter-0001/.train.jsonl.tmp-42-0"));
+        assert!(is_temp_of(".train.jsonl.tmp-42-0", "train.jsonl"));
+        assert!(!is_temp_of(".train.jsonl.tmp-", "train.jsonl"));
+        assert!(!is_temp_of(".eval.jsonl.tmp-1", "train.jsonl"));
+        assert!(!is_temp_of("train.jsonl", "train.jsonl"));
+    }
+
+    #[test]
+    fn item_partials_are_named_and_recognised() {
+        let l = Layout::new("/r");
+        let p = l.item_partial(3, "train", "p00007", 2, Some(1), 0);
+        assert_eq!(
+            p,
+            Path::new("/r/rollouts/iter-0003/train/items/p00007.g2.r1.a0.partial.jsonl")
+        );
+        let name = p.file_name().unwrap().to_str().unwrap();
+        assert_eq!(item_partial_of(name), Some(("p00007", 2)));
+        let p = l.item_partial(3, "eval", "r1-00002", 5, None, 3);
+        let name = p.file_name().unwrap().to_str().unwrap();
+        assert_eq!(name, "r1-00002.g5.a3.partial.jsonl");
+        assert_eq!(item_partial_of(name), Some(("r1-00002", 5)));
+        for not in [
+            "p00007.jsonl",
+            "p00007.g2.partial.jsonl",
+            "p00007.gx.a0.partial.jsonl",
+            ".g2.a0.partial.jsonl",
+        ] {
+            assert_eq!(item_partial_of(not), None, "{not}");
+        }
+    }
+
+    #[test]
+    fn partial_shards_and_prepared_data_are_recognised_by_the_names_given_them() {
+        let l = Layout::new("/r");
+        let name = |p: PathBuf| p.file_name().unwrap().to_str().unwrap().to_string();
+        let shard = name(l.shard_partial_gen(2, "train", 3, 4));
+        assert_eq!(shard, "rank-3.partial.g4.jsonl");
+        assert_eq!(l.shard_partial_of(2, "train", &shard), Some((3, Some(4))));
+        assert_eq!(
+            l.shard_partial_of(2, "eval", "rank-3.partial.jsonl"),
+            Some((3, None))
+        );
+        assert_eq!(l.shard_partial_of(2, "train", "rank-3.jsonl"), None);
+        assert_eq!(l.shard_partial_of(2, "train", "train.jsonl"), None);
+        let custom =
+            Naming::new("jsonl", "out_{rank}_{iteration}.jsonl", "", "{split}.jsonl").unwrap();
+        let l = l.with_naming(custom);
+        let shard = name(l.shard_partial_gen(2, "train", 0, 1));
+        assert_eq!(shard, "out_0_2.partial.g1.jsonl");
+        assert_eq!(l.shard_partial_of(2, "train", &shard), Some((0, Some(1))));
+        assert_eq!(l.shard_partial_of(3, "train", &shard), None);
+        let prepared = name(l.prepared_partial(2, 7));
+        assert_eq!(l.prepared_partial_of(2, &prepared), Some(7));
+        assert_eq!(l.prepared_partial_of(2, "prepared"), None);
     }
 }

@@ -291,3 +291,65 @@ fn every_subcommand_reports_a_usage_error_the_same_way() {
         "{stderr}"
     );
 }
+
+/// Every `` `rl-node <subcommand>` `` that an error, a hint, a help text or a document names
+/// is one `rl-node --help` lists: a hint naming a command that does not exist sends the
+/// user nowhere.
+#[test]
+fn every_subcommand_named_in_messages_and_docs_exists() {
+    let help = help(&[]);
+    let commands: Vec<&str> = help
+        .split_once("Commands:\n")
+        .expect("a Commands section")
+        .1
+        .lines()
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert!(commands.contains(&"show-config"), "{commands:?}");
+    fn files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                files(&p, out);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut paths = vec![root.join("README.md")];
+    for dir in ["src", "docs", "scripts", "examples"] {
+        files(&root.join(dir), &mut paths);
+    }
+    let mut named = 0;
+    let mut unknown = vec![];
+    for path in paths {
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        for (at, _) in text.match_indices("`rl-node ") {
+            let word: String = text[at + "`rl-node ".len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || *c == '-')
+                .collect();
+            if word.is_empty() || word.starts_with('-') {
+                continue;
+            }
+            named += 1;
+            if !commands.contains(&word.as_str()) {
+                let line = text[..at].lines().count();
+                unknown.push(format!(
+                    "{}:{line}: `rl-node {word}`",
+                    path.strip_prefix(root).unwrap().display()
+                ));
+            }
+        }
+    }
+    assert!(named > 20, "only {named} found: is the scan looking?");
+    assert!(
+        unknown.is_empty(),
+        "no such subcommand:\n{}",
+        unknown.join("\n")
+    );
+}

@@ -246,3 +246,30 @@ fn shipped_example_configs_load() {
         );
     }
 }
+
+/// examples/local/run.sh runs the binary `RL_NODE_BIN` names; exported for it, the
+/// variable reaches the nodes too, which accept it (it is no configuration key).
+#[test]
+fn the_local_example_runs_with_rl_node_bin_exported() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("shared");
+    let mut cmd = std::process::Command::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/local/run.sh"
+    ));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("RL_NODE_") {
+            cmd.env_remove(k);
+        }
+    }
+    let out = cmd.arg(&shared).env("RL_NODE_BIN", BIN).output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let merged = std::fs::read_to_string(shared.join("rollouts/iter-0004/train.jsonl"))
+        .unwrap_or_else(|e| panic!("{e}:\n{stdout}\n{stderr}"));
+    // rank-weights = [2, 1, 1]: one record per unit of weight.
+    assert_eq!(merged.lines().count(), 4, "{merged}");
+}

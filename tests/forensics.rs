@@ -403,6 +403,172 @@ fn py_spy_on_path_is_asked_about_python_children_and_cut_off_when_it_hangs() {
     );
 }
 
+/// A stand-in for a tool that never answers (a py-spy stuck on a process, an nvidia-smi
+/// stuck on a driver): it says it started, starts a child of its own that hangs too, and
+/// hangs. The leader sleeps `996.<ID>N1` and the child `996.<ID>N2` (ID: the test's pid,
+/// N: 1 for py-spy, 2 for nvidia-smi), so the test can look for what is left of either.
+const FAKE_HANGING_TOOL: &str = r#"#!/bin/sh
+tool=$(basename "$0")
+case $tool in py-spy) n=1;; *) n=2;; esac
+echo "FAKE-$tool started"
+sleep 996.<ID>${n}2 &
+exec sleep 996.<ID>${n}1
+"#;
+
+/// A bin directory with the hanging tool as `py-spy` and `nvidia-smi`, and `sleep` as
+/// `python-standin` (a process py-spy is asked about, which starts at once), and PATH with
+/// it first.
+fn hanging_tools(dir: &std::path::Path) -> String {
+    let bin = dir.join("bin");
+    fs::create_dir_all(&bin).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    for tool in ["py-spy", "nvidia-smi"] {
+        let fake = bin.join(tool);
+        let script = FAKE_HANGING_TOOL.replace("<ID>", &std::process::id().to_string());
+        fs::write(&fake, script).unwrap();
+        fs::set_permissions(&fake, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let sleep = std::process::Command::new("sh")
+        .args(["-c", "command -v sleep"])
+        .output()
+        .unwrap();
+    let sleep = String::from_utf8(sleep.stdout).unwrap();
+    std::os::unix::fs::symlink(sleep.trim(), bin.join("python-standin")).unwrap();
+    std::env::join_paths(std::iter::once(bin).chain(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    )))
+    .unwrap()
+    .into_string()
+    .unwrap()
+}
+
+/// Processes of this test's hanging tools still alive, by what they are (`py-spy` or
+/// `nvidia-smi`, `leader` or `child`).
+fn tools_left() -> Vec<(i32, &'static str)> {
+    [
+        ("11", "py-spy leader"),
+        ("12", "py-spy child"),
+        ("21", "nvidia-smi leader"),
+        ("22", "nvidia-smi child"),
+    ]
+    .into_iter()
+    .flat_map(|(n, what)| {
+        process_alive_with(&format!("sleep 996.{}{n}", std::process::id()))
+            .into_iter()
+            .map(move |p| (p, what))
+    })
+    .collect()
+}
+
+/// Whether the two processes of `tool` (its leader and its child) run.
+fn tool_runs(tool: &str) -> bool {
+    let left = tools_left();
+    ["leader", "child"]
+        .iter()
+        .all(|w| left.iter().any(|(_, t)| *t == format!("{tool} {w}")))
+}
+
+/// A node that stops while its report's tools hang kills them (their whole process
+/// groups), starts none after, and writes the report with what it had, naming the tool
+/// that was killed: the node's stop does not wait for a tool's time limit, and no tool
+/// outlives the node.
+#[test]
+fn a_node_that_stops_while_its_report_tools_hang_kills_them_and_writes_the_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = hanging_tools(dir.path());
+    let go = dir.path().join("go");
+    // The rollout fails once the test says so: after py-spy was started for the report.
+    let c = TestCluster::new(
+        1,
+        &format!(
+            "[phases.rollout]\ncommand = \"python-standin 1000.5 & while [ ! -e {} ]; do sleep 0.05; done; exit 1\"\ntimeout = \"20s\"\n",
+            go.display()
+        ),
+    );
+    let mut node = c.spawn_env(
+        0,
+        &c.log_path,
+        &["--iterations", "1"],
+        &env(&[
+            ("RL_NODE_TIMING_HANG_REPORT_AT", "0.05"),
+            ("PATH", path.as_str()),
+            // Not "auto": the node would ask the hanging nvidia-smi at start.
+            ("RL_NODE_CLUSTER_GPUS_PER_NODE", "1"),
+        ]),
+    );
+    wait_until(LIMIT, "py-spy to run for the hang report", || {
+        tool_runs("py-spy")
+    });
+    fs::write(&go, "").unwrap();
+    let code = node.wait(LIMIT);
+    let err = node.stderr();
+    assert_ne!(code, 0, "{err}");
+    // Nothing of either tool outlives the node.
+    let left = tools_left();
+    assert!(left.is_empty(), "left behind: {left:?}\n{err}");
+    let path = report_path(&c, 1, 0, 1);
+    let report = fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("no report {} ({e}):\n{err}", path.display()));
+    let pid = report
+        .lines()
+        .filter_map(|l| l.strip_prefix("### pid "))
+        .find(|l| l.ends_with("python-standin 1000.5"))
+        .and_then(|l| l.split(' ').next()?.parse::<i32>().ok())
+        .unwrap_or_else(|| panic!("no python process in:\n{report}"));
+    assert!(
+        report.contains(&format!(
+            "$ py-spy dump --pid {pid}\nFAKE-py-spy started\n(py-spy dump --pid {pid}: no answer before the node stopped; killed)\n"
+        )),
+        "{report}"
+    );
+    assert!(
+        report
+            .contains("## nvidia-smi\n$ nvidia-smi\n(nvidia-smi: not run: the node is stopping)\n"),
+        "{report}"
+    );
+    assert!(
+        err.contains("hang report logs/iter-0001/rank-0.hang-1.txt"),
+        "{err}"
+    );
+    // The tools are stopped as tools, not found later as leftovers of a command.
+    assert!(!err.contains("left their command's process group"), "{err}");
+}
+
+/// A node killed with SIGKILL while its report's tool hangs: its guardian kills the
+/// tool's process group, child included, as it kills the node's commands.
+#[test]
+fn a_node_killed_while_its_report_tool_hangs_leaves_no_tool_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = hanging_tools(dir.path());
+    let c = TestCluster::new(
+        1,
+        "[phases.rollout]\ncommand = \"sleep 1000; true\"\ntimeout = \"20s\"\n",
+    );
+    let mut node = c.spawn_env(
+        0,
+        &c.log_path,
+        &["--iterations", "1"],
+        &env(&[
+            ("RL_NODE_TIMING_HANG_REPORT_AT", "0.05"),
+            ("PATH", path.as_str()),
+            // Not "auto": the node would ask the hanging nvidia-smi at start.
+            ("RL_NODE_CLUSTER_GPUS_PER_NODE", "1"),
+        ]),
+    );
+    // No Python process: nvidia-smi is the tool that runs.
+    wait_until(LIMIT, "nvidia-smi to run for the hang report", || {
+        tool_runs("nvidia-smi")
+    });
+    let inner = node.node_process();
+    // SAFETY: kill(2) takes plain integers and touches no memory of ours.
+    unsafe { libc::kill(inner, libc::SIGKILL) };
+    let code = node.wait(LIMIT);
+    assert_eq!(code, 128 + libc::SIGKILL, "{}", node.stderr());
+    wait_until(LIMIT, "the hanging tool to be killed", || {
+        tools_left().is_empty()
+    });
+}
+
 #[test]
 fn hang_report_at_off_writes_no_report_and_a_bad_value_is_refused_naming_the_key() {
     let c = TestCluster::new(

@@ -120,6 +120,52 @@ fn a_log_path_inside_another_runs_directories_or_a_dangling_link_is_refused() {
     );
 }
 
+/// A `--log-path` that is a symbolic-link loop (or lies under one) is refused as a loop,
+/// naming the link that loops, by a node (exit 2, nothing written) and by the tools that
+/// read a run, not as a directory that does not exist or a damaged run.
+#[test]
+fn a_log_path_that_is_a_symbolic_link_loop_is_refused_as_one() {
+    let c = TestCluster::new(1, "");
+    let (a, b) = (c.dir.path().join("a"), c.dir.path().join("b"));
+    std::os::unix::fs::symlink("b", &a).unwrap();
+    std::os::unix::fs::symlink("a", &b).unwrap();
+    let looping = format!(
+        "{} is a symbolic-link loop ({} → b → a; ELOOP",
+        a.display(),
+        a.display()
+    );
+    for path in [a.clone(), a.join("run")] {
+        let mut n = c.spawn_at(0, &path, &["--iterations", "1"]);
+        assert_eq!(n.wait(LIMIT), 2, "{}", n.stderr());
+        let err = n.stderr();
+        assert!(!err.contains("does not exist"), "{err}");
+        let want = match path == a {
+            true => format!("--log-path {looping}"),
+            false => format!(
+                "--log-path {} is inside {}, a symbolic-link loop ({} → b → a; ELOOP",
+                path.display(),
+                a.display(),
+                a.display()
+            ),
+        };
+        assert!(err.contains(&want), "expected `{want}` in:\n{err}");
+    }
+    for tool in ["status", "recover", "timeline"] {
+        let out = std::process::Command::new(BIN)
+            .args([tool, "--log-path"])
+            .arg(&a)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{tool}: {err}");
+        assert!(
+            err.contains(&format!("--log-path {looping}")),
+            "{tool}: {err}"
+        );
+    }
+    assert!(!c.dir.path().join("b").is_dir());
+}
+
 #[test]
 fn a_data_path_missing_on_the_node_is_refused_at_start() {
     let c = TestCluster::new(1, "");

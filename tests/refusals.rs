@@ -478,6 +478,29 @@ fn an_unknown_config_key_is_refused_with_a_suggestion() {
     assert!(err.contains("unknown key `phases.rollout.comand`"), "{err}");
 }
 
+/// An `RL_NODE_*` variable far from every key: the hint names the subcommand that lists
+/// the keys as it is really called.
+#[test]
+fn an_unknown_environment_variable_is_refused_naming_show_config() {
+    let c = TestCluster::new(1, "");
+    let node = c.spawn_env(
+        0,
+        &c.log_path,
+        &[],
+        &[("RL_NODE_QQQQQQQQ", "1".to_string())],
+    );
+    let err = refused(node);
+    assert!(!c.log_path.exists());
+    assert!(
+        err.contains("unknown key `RL_NODE_QQQQQQQQ` in the environment"),
+        "{err}"
+    );
+    assert!(
+        err.contains("`rl-node show-config` lists the keys"),
+        "{err}"
+    );
+}
+
 // ------------------------------------------------------------------ 15: no usable rank
 
 #[test]

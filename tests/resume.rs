@@ -507,3 +507,57 @@ fn recover_reports_what_a_restart_redoes_and_discards_an_incomplete_iteration() 
         .iter()
         .any(|e| e["event"] == "reused" && e["iteration"] == 2));
 }
+
+/// A rollout killed after it wrote part of its shard leaves its generation's partial file
+/// (`rank-R.partial.gG.jsonl`); `recover` lists it under that name, in its report and in
+/// `--json`'s `incomplete_files`.
+#[test]
+fn recover_lists_the_partial_shard_of_a_killed_rollout_under_its_real_name() {
+    let marks = tempfile::tempdir().unwrap();
+    let started = marks.path().join("started");
+    let c = TestCluster::new(
+        1,
+        &format!(
+            "[phases.rollout]\ncommand = \"echo '{{\\\"task\\\": 1}}' > {{output}}; touch {}; exec sleep 1000\"\n",
+            started.display()
+        ),
+    );
+    let mut node = c.spawn(0, &["--iterations", "1"]);
+    wait_until(LIMIT, "the rollout to write part of its shard", || {
+        started.exists()
+    });
+    node.signal(libc::SIGKILL);
+    node.wait(LIMIT);
+    let partial = "rollouts/iter-0001/train/rank-0.partial.g1.jsonl";
+    let bytes = fs::metadata(c.log_path.join(partial))
+        .unwrap_or_else(|e| panic!("{partial}: {e}\n{}", node.stderr()))
+        .len();
+    assert!(bytes > 0);
+
+    let (code, text, err) = recover(&c.log_path, &[]);
+    assert_eq!(code, 0, "{text}{err}");
+    let listed = text
+        .split_once("\nincomplete files:\n")
+        .map(|(_, l)| l)
+        .unwrap_or_else(|| panic!("no incomplete files listed:\n{text}"));
+    assert!(
+        listed.lines().any(|l| l
+            .trim_start()
+            .starts_with(&format!("{partial} ({bytes} bytes): "))),
+        "{text}"
+    );
+    let (code, json, err) = recover(&c.log_path, &["--json"]);
+    assert_eq!(code, 0, "{json}{err}");
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let files: Vec<&str> = v["incomplete_files"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{json}"))
+        .iter()
+        .filter_map(|f| f.as_str())
+        .collect();
+    assert_eq!(files.len(), 1, "{json}");
+    assert!(
+        files[0].starts_with(&format!("{partial} ({bytes} bytes): ")),
+        "{json}"
+    );
+}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Start a 3-node rl-node cluster on this machine over one directory and wait for it.
 # Usage: examples/local/run.sh [DIR]   (default: a fresh temporary directory)
+# RL_NODE_BIN: the rl-node binary to run (default: this checkout's release build).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bin="${RL_NODE_BIN:-$here/../../target/release/rl-node}"

@@ -385,12 +385,14 @@ fn unreadable(
 
 fn temp_path(out: &Path) -> PathBuf {
     static N: AtomicU64 = AtomicU64::new(0);
-    let name = out.file_name().and_then(|s| s.to_str()).unwrap_or("out");
-    out.with_file_name(format!(
-        ".{name}.tmp-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ))
+    crate::layout::temp_path(
+        out,
+        &format!(
+            "{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ),
+    )
 }
 
 /// A byte count for people: `512 B`, `1.5 MiB`.

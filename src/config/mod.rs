@@ -1386,12 +1386,17 @@ fn parse_as(raw: &str, template: &Value) -> Result<Value, String> {
     }
 }
 
+/// The rl-node binary the scripts shipped with rl-node run (`examples/local/run.sh`,
+/// `scripts/doctor-nodes`): a user exports it for them, and rl-node itself ignores it.
+pub const BIN_ENV: &str = "RL_NODE_BIN";
+
 /// rl-node's own `RL_NODE_*` variables that are not configuration keys: what every
 /// command sees (one per placeholder, and the owner marker), the node's log settings, the
-/// mark of a node process started by its supervisor, the test-suite switch and test-only
-/// fault injection (`RL_NODE_TEST_*`).
+/// mark of a node process started by its supervisor, the binary its scripts run, the
+/// test-suite switch and test-only fault injection (`RL_NODE_TEST_*`).
 fn own_variable(name: &str) -> bool {
     name == template::OWNER_ENV
+        || name == BIN_ENV
         || name == crate::logging::LEVEL_ENV
         || name == crate::logging::FORMAT_ENV
         || name == template::SUPERVISOR_ENV
@@ -1423,7 +1428,7 @@ pub fn check_env_names(vars: impl Iterator<Item = String>) -> Result<(), ConfigE
         return Err(ConfigError::UnknownKey {
             suggestion: match best {
                 Some((d, k)) if d <= 4 => format!(" (did you mean `{k}`?)"),
-                _ => " (configuration keys map to RL_NODE_<SECTION>_<KEY>, e.g. RL_NODE_TIMING_DEAD_AFTER; `rl-node config` lists the keys)".to_string(),
+                _ => " (configuration keys map to RL_NODE_<SECTION>_<KEY>, e.g. RL_NODE_TIMING_DEAD_AFTER; `rl-node show-config` lists the keys)".to_string(),
             },
             key: name,
             source_name: "the environment".into(),
@@ -1573,6 +1578,7 @@ mod tests {
                 "RL_NODE_OWNER",
                 "RL_NODE_LOG_LEVEL",
                 "RL_NODE_LOG_FORMAT",
+                "RL_NODE_BIN",
                 "RL_NODE_TIMING_DEAD_AFTER",
                 "RL_NODE_TEST_CRASH_AT",
                 "HOME",

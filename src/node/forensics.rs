@@ -21,6 +21,10 @@
 //! only: the loop goes on, and the watchdog judges the loop as before. When the thread is
 //! done the loop hears of it at its next round: it logs the path, appends a `hang-report`
 //! event and puts the path in the rank's record, where `rl-node status` finds it.
+//!
+//! When the node stops, it first stops the reports' tools ([`Reporter::stop_tools`]): a
+//! `py-spy` or `nvidia-smi` that hangs is killed then rather than at its time limit, after
+//! the node is gone, so the report is written within the stop's wait for it.
 
 use super::Node;
 use crate::events;
@@ -161,16 +165,19 @@ pub(crate) struct Reporter {
     /// Where the calls answered or made were made: (iteration, phase).
     stalls: BTreeSet<(u64, String)>,
     in_flight: usize,
+    /// Where the reports run their tools.
+    tools: collect::Tools,
     tx: Sender<Written>,
     rx: Receiver<Written>,
 }
 
 impl Reporter {
-    pub fn new(fraction: f64, procs: Option<(i32, Vec<i32>)>) -> Reporter {
+    pub fn new(fraction: f64, procs: Option<(i32, Vec<i32>)>, tools: collect::Tools) -> Reporter {
         let (tx, rx) = channel();
         Reporter {
             fraction,
             procs,
+            tools,
             iteration: 0,
             count: 0,
             silent: BTreeSet::new(),
@@ -181,6 +188,13 @@ impl Reporter {
             tx,
             rx,
         }
+    }
+
+    /// The node is stopping: kill the tools of the reports being collected (returns once
+    /// they are gone) and start none, so that those reports are written now with what
+    /// they have.
+    pub fn stop_tools(&self) {
+        self.tools.stop();
     }
 
     fn enabled(&self) -> bool {
@@ -401,6 +415,7 @@ impl Node {
             header,
             root,
             spare,
+            tools: self.hang.tools.clone(),
             why: why.clone(),
             tx: self.hang.tx.clone(),
         };
@@ -476,6 +491,7 @@ struct Job {
     header: String,
     root: i32,
     spare: Vec<i32>,
+    tools: collect::Tools,
     why: String,
     tx: Sender<Written>,
 }
@@ -483,7 +499,7 @@ struct Job {
 impl Job {
     fn run(self) {
         // Everything is collected before the shared directory is touched.
-        let body = collect::collect(self.root, &self.spare);
+        let body = collect::collect(self.root, &self.spare, &self.tools);
         logging::info(self.rank, &format!("hang report: {}", body.summary));
         let text = format!("{}\n{}", self.header, body.text);
         let (path, result) = self.write(text.as_bytes());
@@ -543,7 +559,7 @@ mod tests {
 
     #[test]
     fn reports_are_counted_per_iteration_and_bounded() {
-        let mut r = Reporter::new(0.5, Some((1, vec![])));
+        let mut r = Reporter::new(0.5, Some((1, vec![])), collect::Tools::default());
         let ks: Vec<Option<u32>> = (0..7)
             .map(|_| {
                 let k = r.allow(3);
@@ -567,7 +583,7 @@ mod tests {
 
     #[test]
     fn a_silent_peer_is_reported_once_per_silent_spell() {
-        let mut r = Reporter::new(0.5, Some((1, vec![])));
+        let mut r = Reporter::new(0.5, Some((1, vec![])), collect::Tools::default());
         let dead_after = S(10);
         let ms = Duration::from_millis;
         assert_eq!(
@@ -587,13 +603,13 @@ mod tests {
         );
         assert_eq!(r.newly_silent(&[(1, S(6)), (2, S(6))], dead_after), [1, 2]);
         // Off: nobody is ever due.
-        let mut off = Reporter::new(0.0, Some((1, vec![])));
+        let mut off = Reporter::new(0.0, Some((1, vec![])), collect::Tools::default());
         assert!(off.newly_silent(&[(1, S(60))], dead_after).is_empty());
     }
 
     #[test]
     fn each_call_is_answered_once_whoever_carries_it() {
-        let mut r = Reporter::new(0.5, Some((1, vec![])));
+        let mut r = Reporter::new(0.5, Some((1, vec![])), collect::Tools::default());
         let call = |rank, n, iteration, phase: &str| HangCall {
             rank,
             n,

@@ -567,12 +567,13 @@ impl Node {
         let num_nodes = cfg.cluster.num_nodes;
         let nonce = random_id(&*parts.clock, 8);
         // Only a node with processes of its own (not the simulator's) has any to report on.
+        let registry = parts.launcher.registry();
         let hang = forensics::Reporter::new(
             cfg.timing.hang_report_at,
-            parts
-                .launcher
-                .registry()
+            registry
+                .as_ref()
                 .map(|r| (std::process::id() as i32, vec![r.guardian()])),
+            crate::process::forensics::Tools::new(registry),
         );
         Node {
             store: parts.store,
@@ -1179,6 +1180,10 @@ impl Node {
     }
 
     fn shut_down(mut self, result: Result<(), Stop>) -> Result<(), Stop> {
+        // A report's tool that hangs is killed now, not at its time limit: its report is
+        // then written before the node is gone, and the tool does not outlive it.
+        self.watchdog.pet("stopping the hang reports' tools");
+        self.hang.stop_tools();
         // Running commands, then descendants that left their groups (`setsid`), including
         // those of commands that were still running.
         let groups = self.launcher.running();
@@ -3130,6 +3135,13 @@ fn preflight_log_path(layout: &Layout, rank: u32) -> Result<(), Stop> {
                 ));
             }
         }
+    }
+    // A symbolic-link loop is not a missing directory: name the link to fix.
+    if let Some(why) = crate::layout::symlink_loop(root) {
+        return Err(Stop::usage(
+            format!("--log-path {why}"),
+            Some("fix the link so that it leads to the shared directory".into()),
+        ));
     }
     // A dangling symbolic link: say so (creating it would fail with "File exists").
     if let Ok(m) = std::fs::symlink_metadata(root) {

@@ -350,7 +350,7 @@ impl Node {
     }
 
     fn items_dir(&self, split: &str) -> PathBuf {
-        self.layout.rollout_dir(self.iteration, split).join("items")
+        self.layout.items_dir(self.iteration, split)
     }
 
     /// Concatenate this rank's `planned` committed items (plan order) and its replacements
@@ -487,20 +487,19 @@ impl Node {
                 None,
             )
         })?;
-        let dir = self.items_dir(split);
         // In dynamic mode a takeover or a backup may run an item while its first claimant
         // still writes: every attempt writes its own partial file.
         // Every generation writes its own too: a node of an older generation that wakes up
         // (a frozen host) never writes the file a newer generation commits.
-        let gen = self.gen();
-        let partial = if name.starts_with('p') {
-            dir.join(format!(
-                "{name}.g{gen}.r{}.a{attempt}.partial.jsonl",
-                self.rank
-            ))
-        } else {
-            dir.join(format!("{name}.g{gen}.a{attempt}.partial.jsonl"))
-        };
+        let dynamic = name.starts_with('p');
+        let partial = self.layout.item_partial(
+            self.iteration,
+            split,
+            name,
+            self.gen(),
+            dynamic.then_some(self.rank),
+            attempt,
+        );
         let _ = self.store.remove_file(&partial);
         self.extra.insert("task_id", item.task.to_string());
         self.extra.insert("sample", item.sample.to_string());
@@ -1724,11 +1723,7 @@ fn concat(paths: &[PathBuf], out: &Path) -> std::io::Result<()> {
     use std::io::{BufRead, BufReader, BufWriter, Write};
     let dir = out.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        out.file_name().unwrap_or_default().to_string_lossy(),
-        std::process::id()
-    ));
+    let tmp = crate::layout::temp_path(out, &std::process::id().to_string());
     let mut w = BufWriter::new(std::fs::File::create(&tmp)?);
     for p in paths {
         let mut r = BufReader::new(std::fs::File::open(p)?);

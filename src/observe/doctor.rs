@@ -218,6 +218,7 @@ pub fn main(args: DoctorArgs) -> Result<i32, Failure> {
         .or_else(|| std::env::var(crate::config::env_name("cluster.log-path")).ok())
         .ok_or_else(|| Failure::usage("rl-node doctor needs --log-path DIR", None))?;
     let dir = PathBuf::from(&path);
+    super::check_log_path(&dir)?;
     match fs::metadata(&dir) {
         Ok(m) if m.is_dir() => {}
         Ok(_) => {

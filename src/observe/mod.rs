@@ -12,6 +12,18 @@ pub mod timeline;
 use crate::layout::Layout;
 use crate::protocol::ClusterRecord;
 
+/// `--log-path` refused when it cannot be resolved for a symbolic-link loop: otherwise the
+/// loop shows as a damaged or missing state file, which sends the user the wrong way.
+pub(crate) fn check_log_path(path: &std::path::Path) -> Result<(), crate::error::Failure> {
+    match crate::layout::symlink_loop(path) {
+        Some(why) => Err(crate::error::Failure::usage(
+            format!("--log-path {why}"),
+            Some("fix the link so that it leads to the shared directory".into()),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// The run's cluster record, or a message saying there is no run at `layout`'s path, or
 /// which state file is damaged and what to do (`rl-node recover`).
 /// The run's own `[limits]` (from its record) become this process's, so a view reads what

@@ -7,9 +7,12 @@
 use crate::error::Failure;
 use crate::layout::{iter_dir, Layout};
 use crate::protocol::journal::{self, item, Entry};
+use crate::protocol::walk::RolloutSplit;
 use crate::protocol::{phase::eval_due, ClusterRecord, NodeState, RankRecord};
+use crate::shards::naming::Naming;
 use crate::store;
 use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -163,8 +166,8 @@ struct Run {
 }
 
 fn load(layout: &Layout) -> Result<Run, String> {
-    let layout = layout.clone();
-    let cluster = super::read_cluster(&layout)?;
+    let cluster = super::read_cluster(layout)?;
+    let layout = layout.clone().with_naming(naming_of(&cluster.config));
     let eval_interval = cluster.config["cluster"]["eval-interval"]
         .as_u64()
         .unwrap_or(1);
@@ -327,7 +330,7 @@ fn report(run: &Run) -> Report {
                 .as_str()
                 .is_some_and(|cmd| !cmd.trim().is_empty()),
         ranks,
-        incomplete_files: incomplete_files(l),
+        incomplete_files: incomplete_files(l, it),
         planned_iterations: c.config["cluster"]["iterations"].as_u64().unwrap_or(0),
         complete: {
             let planned = c.config["cluster"]["iterations"].as_u64().unwrap_or(0);
@@ -337,37 +340,145 @@ fn report(run: &Run) -> Report {
     }
 }
 
-/// Partial shards, unfinished hand-offs and temporary files left by crashes.
-fn incomplete_files(l: &Layout) -> Vec<String> {
-    let mut out = vec![];
-    let rel = |p: &Path| p.strip_prefix(l.root()).unwrap_or(p).display().to_string();
-    if let Ok(iters) = std::fs::read_dir(l.root().join("rollouts")) {
-        let mut iters: Vec<PathBuf> = iters.flatten().map(|e| e.path()).collect();
-        iters.sort();
-        for it in iters {
-            for split in ["train", "eval"] {
-                let Ok(files) = std::fs::read_dir(it.join(split)) else {
-                    continue;
-                };
-                let mut files: Vec<PathBuf> = files.flatten().map(|e| e.path()).collect();
-                files.sort();
-                for f in files {
-                    let name = f
-                        .file_name()
-                        .unwrap_or_default()
-                        .to_string_lossy()
-                        .into_owned();
-                    if name.contains(".partial.jsonl") {
-                        let bytes = f.metadata().map(|m| m.len()).unwrap_or(0);
-                        out.push(format!(
-                            "{} ({bytes} bytes): a rollout that did not finish; `rl-node aggregate --allow-missing` can merge it",
-                            rel(&f)
-                        ));
-                    }
-                }
+/// The run's shard names, as its nodes make them: `[aggregate]` and the eval split of the
+/// configuration in its cluster record (the default names where it has none).
+fn naming_of(config: &serde_json::Value) -> Naming {
+    let naming = serde_json::from_value::<crate::config::Aggregate>(config["aggregate"].clone())
+        .ok()
+        .and_then(|a| a.naming().ok())
+        .unwrap_or_default();
+    let cluster = &config["cluster"];
+    let every = match serde_json::from_value(cluster["rollout-split"].clone()) {
+        Ok(RolloutSplit::EvalOnly) => 0,
+        _ => cluster["eval-interval"].as_u64().unwrap_or(1),
+    };
+    naming.with_eval_split(cluster["eval-split"].as_str().unwrap_or("eval"), every)
+}
+
+/// The iterations whose files to look through: every one up to `resume` (a custom shard
+/// name may place shards outside `rollouts/`) and those with a directory under
+/// `rollouts/`, which the second set holds.
+fn iterations_to_look_at(l: &Layout, resume: u64) -> (BTreeSet<u64>, BTreeSet<u64>) {
+    let dirs: BTreeSet<u64> = std::fs::read_dir(l.root().join("rollouts"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| {
+                    let name = e.file_name().into_string().ok()?;
+                    let n: u64 = name.strip_prefix("iter-")?.parse().ok()?;
+                    (iter_dir(n) == name).then_some(n)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let all = (1..=resume).chain(dirs.iter().copied()).collect();
+    (all, dirs)
+}
+
+/// Incomplete files found so far: each directory is listed once, each file reported once
+/// (a name without `{iteration}` places every iteration's file in one directory).
+struct Found<'l> {
+    layout: &'l Layout,
+    listed: BTreeMap<PathBuf, Vec<String>>,
+    files: BTreeSet<PathBuf>,
+    out: Vec<String>,
+}
+
+impl Found<'_> {
+    /// Report each file of `dir` that `what` describes (what it is, from its name).
+    fn look(&mut self, dir: Option<&Path>, what: impl Fn(&str) -> Option<String>) {
+        let Some(dir) = dir else { return };
+        let names = self.listed.entry(dir.to_path_buf()).or_insert_with(|| {
+            let mut names: Vec<String> = std::fs::read_dir(dir)
+                .map(|d| {
+                    d.flatten()
+                        .filter_map(|e| e.file_name().into_string().ok())
+                        .collect()
+                })
+                .unwrap_or_default();
+            names.sort();
+            names
+        });
+        for name in names.iter() {
+            let Some(what) = what(name) else { continue };
+            let f = dir.join(name);
+            if !self.files.insert(f.clone()) {
+                continue;
             }
+            let size = match std::fs::symlink_metadata(&f) {
+                Ok(m) if m.is_file() => format!(" ({} bytes)", m.len()),
+                _ => String::new(),
+            };
+            let rel = f.strip_prefix(self.layout.root()).unwrap_or(&f);
+            self.out.push(format!("{}{size}: {what}", rel.display()));
         }
     }
+}
+
+/// Every file a crash (or a stop) can leave unfinished, under the names the run's layout
+/// gives them: partial shards of both splits, per-task items, merges' temporary files,
+/// prepared data and hand-offs. `resume` is the iteration a restart resumes at.
+fn incomplete_files(l: &Layout, resume: u64) -> Vec<String> {
+    let mut found = Found {
+        layout: l,
+        listed: BTreeMap::new(),
+        files: BTreeSet::new(),
+        out: vec![],
+    };
+    let by = |gen: Option<u64>| {
+        gen.map(|g| format!(" of generation {g}"))
+            .unwrap_or_default()
+    };
+    let (iterations, with_dir) = iterations_to_look_at(l, resume);
+    for it in iterations {
+        let iteration = l.root().join("rollouts").join(iter_dir(it));
+        // Nothing to list under an iteration's directory that does not exist.
+        let listable = |d: &Path| !d.starts_with(&iteration) || with_dir.contains(&it);
+        for split in ["train", "eval"] {
+            let label = l.naming().split_label(split);
+            let partial = l.shard_partial(it, split, 0);
+            found.look(partial.parent().filter(|d| listable(d)), |name| {
+                let (rank, gen) = l.shard_partial_of(it, split, name)?;
+                Some(format!(
+                    "rank {rank}'s {label} rollout{} that did not finish; `rl-node aggregate --allow-missing` can merge it",
+                    by(gen)
+                ))
+            });
+            let items = l.items_dir(it, split);
+            found.look(Some(items.as_path()).filter(|d| listable(d)), |name| {
+                let (item, gen) = crate::layout::item_partial_of(name)?;
+                Some(format!(
+                    "item {item} of a per-task {label} rollout{} that did not finish; a restart runs it again",
+                    by(Some(gen))
+                ))
+            });
+            let merged = l.aggregated(it, split);
+            let target = merged.file_name().unwrap_or_default().to_string_lossy();
+            let shown = merged.strip_prefix(l.root()).unwrap_or(&merged).display();
+            found.look(merged.parent().filter(|d| listable(d)), |name| {
+                crate::layout::is_temp_of(name, &target).then(|| {
+                    format!(
+                        "a merge into {shown} that did not finish (delete it once no node runs)"
+                    )
+                })
+            });
+        }
+        found.look(Some(iteration.as_path()).filter(|d| listable(d)), |name| {
+            let gen = l.prepared_partial_of(it, name)?;
+            Some(format!(
+                "prepared data{} that did not finish; a restart prepares it again",
+                by(Some(gen))
+            ))
+        });
+    }
+    let mut out = found.out;
+    out.extend(incomplete_handoffs(l));
+    out
+}
+
+/// Hand-offs that did not finish (`models/.iter-NNNN.gG.partial`).
+fn incomplete_handoffs(l: &Layout) -> Vec<String> {
+    let mut out = vec![];
+    let rel = |p: &Path| p.strip_prefix(l.root()).unwrap_or(p).display().to_string();
     if let Ok(models) = std::fs::read_dir(l.models()) {
         for e in models.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
@@ -589,6 +700,7 @@ pub fn main(args: RecoverArgs, log_path: Option<String>) -> Result<i32, Failure>
     let path = log_path
         .or_else(|| std::env::var(crate::config::env_name("cluster.log-path")).ok())
         .ok_or_else(|| Failure::usage("rl-node recover needs --log-path DIR", None))?;
+    super::check_log_path(Path::new(&path))?;
     let cluster: Option<&'static str> = match args.cluster.as_deref() {
         Some("rollout") => Some("rollout"),
         Some("update") => Some("update"),
@@ -640,4 +752,105 @@ pub fn main(args: RecoverArgs, log_path: Option<String>) -> Result<i32, Failure>
         }
     }
     Ok(crate::exit::DONE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    /// The configuration a cluster record holds, with `env` set (`RL_NODE_*` variables).
+    fn recorded_config(env: &[(&str, &str)]) -> serde_json::Value {
+        let lookup = |name: &str| {
+            env.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        };
+        crate::config::load(None, &lookup, &[])
+            .expect("valid configuration")
+            .config
+            .shared_view()
+    }
+
+    fn touch(path: &Path, bytes: &[u8]) {
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, bytes).unwrap();
+    }
+
+    /// A partial file of each kind the layout names, with the run's own shard names and
+    /// eval split, next to committed files of the same places: each partial is listed
+    /// once, under its name, and nothing committed is.
+    #[test]
+    fn every_incomplete_file_is_listed_under_the_name_the_layout_gives_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = recorded_config(&[
+            ("RL_NODE_AGGREGATE_SHARD_NAME", "out_{rank}.{ext}"),
+            ("RL_NODE_CLUSTER_EVAL_SPLIT", "test"),
+        ]);
+        let l = Layout::new(dir.path()).with_naming(naming_of(&config));
+        let partials = [
+            l.shard_partial_gen(1, "train", 1, 2),
+            l.shard_partial_gen(2, "eval", 0, 3),
+            l.shard_partial(2, "train", 0),
+            l.item_partial(2, "train", "p00003", 3, Some(1), 0),
+            l.item_partial(2, "eval", "r0-00001", 3, None, 2),
+            crate::layout::temp_path(&l.aggregated(2, "train"), "77-0"),
+            l.prepared_partial(2, 3),
+        ];
+        for p in &partials {
+            touch(p, b"{\"a\": 1}\n");
+        }
+        let committed = [
+            l.shard(1, "train", 1),
+            l.shard(2, "eval", 0),
+            l.items_dir(2, "train").join("p00003.jsonl"),
+            l.aggregated(1, "train"),
+            l.prepared(1),
+        ];
+        for p in &committed {
+            touch(p, b"{}\n");
+        }
+        let listed = incomplete_files(&l, 2);
+        let rel = |p: &Path| p.strip_prefix(dir.path()).unwrap().display().to_string();
+        assert_eq!(listed.len(), partials.len(), "{listed:#?}");
+        for p in &partials {
+            let name = rel(p);
+            assert!(
+                listed
+                    .iter()
+                    .any(|l| l.starts_with(&format!("{name} (9 bytes): "))),
+                "{name} not in {listed:#?}"
+            );
+        }
+        assert_eq!(
+            rel(&partials[0]),
+            "rollouts/iter-0001/train/out_1.partial.g2.jsonl"
+        );
+        let eval = listed
+            .iter()
+            .find(|f| f.starts_with("rollouts/iter-0002/eval/out_0.partial.g3.jsonl"))
+            .unwrap();
+        assert!(
+            eval.ends_with(": rank 0's test rollout of generation 3 that did not finish; `rl-node aggregate --allow-missing` can merge it"),
+            "{eval}"
+        );
+        assert!(
+            listed.iter().any(|f| f.ends_with(
+                ": item p00003 of a per-task train rollout of generation 3 that did not finish; a restart runs it again"
+            )),
+            "{listed:#?}"
+        );
+        assert!(
+            listed.iter().any(|f| f.ends_with(
+                ": a merge into rollouts/iter-0002/train.jsonl that did not finish (delete it once no node runs)"
+            )),
+            "{listed:#?}"
+        );
+        assert!(
+            listed.iter().any(|f| f.ends_with(
+                ": prepared data of generation 3 that did not finish; a restart prepares it again"
+            )),
+            "{listed:#?}"
+        );
+    }
 }

@@ -182,7 +182,7 @@ impl Children {
     }
 }
 
-fn all_pids() -> Vec<i32> {
+pub(super) fn all_pids() -> Vec<i32> {
     std::fs::read_dir("/proc")
         .map(|d| {
             d.flatten()

@@ -15,18 +15,34 @@
 //! limit. A missing tool is a line of the report, not an error. The caller runs all of this
 //! off the node's loop and writes the text afterwards (the write may hang on the shared
 //! directory itself; the collection never waits for it).
+//!
+//! A tool that hangs must not outlive the node, nor hold up its stop: while it runs, its
+//! group is registered with the node's [`Registry`] (so the signal thread, the watchdog
+//! and, after a `kill -9`, the guardian kill it with the commands), and when the node
+//! stops ([`Tools::stop`]) every tool still running is killed at once and none starts, so
+//! the report goes out with what was gathered, saying which tool was cut off.
 
 use super::descendants::{self, stat_field};
-use super::{spawn_waited, unblocked_signals, which, ChildExit};
+use super::{
+    group_alive, spawn_waited, stop_group, unblocked_signals, which, ChildExit, Registry, Waited,
+};
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How long `py-spy dump` and `nvidia-smi` may run before they are killed.
 pub const TOOL_LIMIT: Duration = Duration::from_secs(5);
+
+/// How long a tool being killed gets between SIGTERM and SIGKILL, as commands get
+/// `kill-grace`: a moment to end cleanly (py-spy, to let go of the process it reads).
+const TOOL_GRACE: Duration = Duration::from_millis(300);
+
+/// How often a wait for a tool or for `/proc` looks whether the node is stopping.
+const TICK: Duration = Duration::from_millis(50);
 
 /// How long reading `/proc` for every descendant may take before the report goes out with
 /// what was read so far.
@@ -38,6 +54,43 @@ pub const MAX_PY_SPY: usize = 16;
 
 /// At most this many bytes of one tool's output go into a report.
 const MAX_TOOL_OUTPUT: usize = 256 * 1024;
+
+/// Where a node's hang reports run their tools: the registry their process groups join
+/// while they run (none outside a node), the groups running, and whether the node is
+/// stopping.
+#[derive(Clone, Default)]
+pub(crate) struct Tools {
+    registry: Option<Arc<Registry>>,
+    running: Arc<Mutex<BTreeSet<i32>>>,
+    stopping: Arc<AtomicBool>,
+}
+
+impl Tools {
+    pub(crate) fn new(registry: Option<Arc<Registry>>) -> Tools {
+        Tools {
+            registry,
+            ..Tools::default()
+        }
+    }
+
+    /// The node is stopping: kill every tool running, its whole group (SIGTERM,
+    /// [`TOOL_GRACE`], SIGKILL), and return once they are gone; from now on none starts
+    /// and reading `/proc` gives up, so that the reports being collected go out with what
+    /// they have.
+    pub(crate) fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        let groups: Vec<i32> = self.running.lock().unwrap().iter().copied().collect();
+        std::thread::scope(|s| {
+            for g in groups {
+                s.spawn(move || stop_group(g, TOOL_GRACE));
+            }
+        });
+    }
+
+    fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+}
 
 /// One process as `/proc` shows it. Every field says why when it could not be read.
 #[derive(Debug, Clone, PartialEq)]
@@ -156,11 +209,16 @@ static STUCK_READERS: AtomicUsize = AtomicUsize::new(0);
 type Read = Result<ProcInfo, usize>;
 
 /// Every descendant of process `root` except `spare` (and theirs), as `/proc` shows them,
-/// parents before children; at most `limit` is spent reading. The second value says what
-/// was left out when the limit passed (or why nothing was read).
-pub fn snapshot(root: i32, spare: &[i32], limit: Duration) -> (Vec<ProcInfo>, Option<String>) {
+/// parents before children; at most `limit` is spent reading, less if the node stops. The
+/// second value says what was left out when the limit passed (or why nothing was read).
+pub(crate) fn snapshot(
+    root: i32,
+    spare: &[i32],
+    limit: Duration,
+    tools: &Tools,
+) -> (Vec<ProcInfo>, Option<String>) {
     let spare = spare.to_vec();
-    read_bounded(limit, move |tx| {
+    read_bounded(limit, tools, move |tx| {
         let pids: Vec<i32> = descendants::under(root, &spare)
             .iter()
             .map(|p| p.pid)
@@ -174,11 +232,12 @@ pub fn snapshot(root: i32, spare: &[i32], limit: Duration) -> (Vec<ProcInfo>, Op
     })
 }
 
-/// Run `read` on a thread of its own and keep what it sends within `limit`. A thread still
-/// running at the limit is left behind and counted in [`STUCK_READERS`] until it ends;
-/// while any is, `read` is not started at all.
+/// Run `read` on a thread of its own and keep what it sends within `limit` (or until the
+/// node stops). A thread still running then is left behind and counted in
+/// [`STUCK_READERS`] until it ends; while any is, `read` is not started at all.
 fn read_bounded(
     limit: Duration,
+    tools: &Tools,
     read: impl FnOnce(&mpsc::Sender<Read>) + Send + 'static,
 ) -> (Vec<ProcInfo>, Option<String>) {
     if STUCK_READERS.load(Ordering::SeqCst) > 0 {
@@ -220,11 +279,20 @@ fn read_bounded(
     let mut total = None;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
+        let stopping = tools.stopping();
+        let got = match (left.is_zero(), stopping) {
+            (false, false) => rx.recv_timeout(left.min(TICK)),
+            _ => rx.try_recv().map_err(|e| match e {
+                mpsc::TryRecvError::Empty => mpsc::RecvTimeoutError::Timeout,
+                mpsc::TryRecvError::Disconnected => mpsc::RecvTimeoutError::Disconnected,
+            }),
+        };
+        match got {
             Ok(Err(n)) => total = Some(n),
             Ok(Ok(p)) => out.push(p),
             // The thread is done: everything was read.
             Err(mpsc::RecvTimeoutError::Disconnected) => return (out, None),
+            Err(mpsc::RecvTimeoutError::Timeout) if !left.is_zero() && !stopping => {}
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 STUCK_READERS.fetch_add(1, Ordering::SeqCst);
                 if state.swap(ABANDONED, Ordering::SeqCst) == DONE {
@@ -234,13 +302,14 @@ fn read_bounded(
                     Some(n) => format!("{} of {n} processes", n - out.len()),
                     None => "the list of processes".into(),
                 };
-                return (
-                    out,
-                    Some(format!(
+                let why = match stopping {
+                    true => format!("the node stopped while /proc was read ({missing} not read)"),
+                    false => format!(
                         "reading /proc did not finish within {}s ({missing} not read: a process may be stuck in the kernel holding its memory lock)",
                         limit.as_secs_f64()
-                    )),
-                );
+                    ),
+                };
+                return (out, Some(why));
             }
         }
     }
@@ -251,15 +320,68 @@ fn read_bounded(
 pub enum ToolRun {
     /// It ended by itself: its exit and its output (stdout and stderr together).
     Ended(ChildExit, String),
-    /// It passed its time limit and was killed (its process group).
-    TimedOut(Duration),
+    /// It was killed (its process group) before it ended, with what it wrote until then.
+    Killed(Cut, String),
+    /// It was not started: the node was stopping.
+    NotStarted,
     /// It could not be started.
     CannotStart(String),
 }
 
+/// Why a tool was killed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Cut {
+    /// It passed its time limit.
+    TimeLimit(Duration),
+    /// The node stopped ([`Tools::stop`]).
+    NodeStopping,
+}
+
+/// A tool's process group while it runs: registered with the node's registry, and killed
+/// (what is left of it) when dropped, however the run ends, a panic included.
+struct ToolGroup<'t> {
+    child: Waited,
+    tools: &'t Tools,
+}
+
+impl ToolGroup<'_> {
+    fn start<'a>(cmd: &mut Command, tools: &'a Tools) -> std::io::Result<ToolGroup<'a>> {
+        // Its descendants carry the node's mark, so that one that leaves the group is
+        // still found, and its group is known to the guardian.
+        if let Some(r) = &tools.registry {
+            let (_, (key, mark)) = r.new_command();
+            cmd.env(key, mark);
+        }
+        let child = spawn_waited(cmd)?;
+        if let Some(r) = &tools.registry {
+            r.add_tool(child.pid());
+        }
+        tools.running.lock().unwrap().insert(child.pid());
+        Ok(ToolGroup { child, tools })
+    }
+}
+
+impl Drop for ToolGroup<'_> {
+    fn drop(&mut self) {
+        let pgid = self.child.pid();
+        // Also after its leader ended: what it left running may hold the output pipe.
+        if group_alive(pgid) {
+            self.child.stop_group(TOOL_GRACE);
+        }
+        self.tools.running.lock().unwrap().remove(&pgid);
+        if let Some(r) = &self.tools.registry {
+            r.remove_tool(pgid);
+        }
+    }
+}
+
 /// Run `program args…` with stdout and stderr together, in a process group of its own
-/// that is killed at `limit`. Works with or without the node's reaper.
-pub fn run_tool(program: &Path, args: &[&str], limit: Duration) -> ToolRun {
+/// that is killed at `limit` or when the node stops (`tools`). Works with or without the
+/// node's reaper.
+pub(crate) fn run_tool(program: &Path, args: &[&str], limit: Duration, tools: &Tools) -> ToolRun {
+    if tools.stopping() {
+        return ToolRun::NotStarted;
+    }
     let mut cmd = Command::new("sh");
     // Under `sh`, which always starts (as `spawn_waited` requires); `exec` keeps one
     // process, and `2>&1` puts its complaints next to its output.
@@ -274,12 +396,11 @@ pub fn run_tool(program: &Path, args: &[&str], limit: Duration) -> ToolRun {
         .stderr(Stdio::null())
         .process_group(0);
     let deadline = Instant::now() + limit;
-    let mut child = match spawn_waited(&mut cmd) {
-        Ok(c) => c,
+    let mut group = match ToolGroup::start(&mut cmd, tools) {
+        Ok(g) => g,
         Err(e) => return ToolRun::CannotStart(e.to_string()),
     };
-    let Some(mut stdout) = child.take_stdout() else {
-        child.kill();
+    let Some(mut stdout) = group.child.take_stdout() else {
         return ToolRun::CannotStart("no pipe for its output".into());
     };
     // Read while it runs (a full pipe would stop it); a descendant that keeps the pipe
@@ -293,15 +414,33 @@ pub fn run_tool(program: &Path, args: &[&str], limit: Duration) -> ToolRun {
         );
         let _ = out_tx.send(out);
     });
-    let Some(exit) = child.wait_timeout(deadline.saturating_duration_since(Instant::now())) else {
-        child.stop_group(Duration::ZERO);
-        return ToolRun::TimedOut(limit);
+    let ended = loop {
+        if tools.stopping() {
+            break Err(Cut::NodeStopping);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break Err(Cut::TimeLimit(limit));
+        }
+        if let Some(exit) = group.child.wait_timeout(left.min(TICK)) {
+            // Killed by the node's own stop of its descendants, which may come first.
+            if tools.stopping() && matches!(exit, ChildExit::Signal(_)) {
+                break Err(Cut::NodeStopping);
+            }
+            break Ok(exit);
+        }
     };
+    // What is left of its group goes now, and with it the pipe's last writers.
+    drop(group);
     let left = deadline.saturating_duration_since(Instant::now());
     let out = out_rx
         .recv_timeout(left.max(Duration::from_millis(500)))
         .unwrap_or_default();
-    ToolRun::Ended(exit, String::from_utf8_lossy(&out).into_owned())
+    let out = String::from_utf8_lossy(&out).into_owned();
+    match ended {
+        Ok(exit) => ToolRun::Ended(exit, out),
+        Err(cut) => ToolRun::Killed(cut, out),
+    }
 }
 
 /// The report's section for one tool run, headed by the command line.
@@ -315,12 +454,24 @@ fn tool_section(out: &mut String, shown: &str, run: &ToolRun) {
                 let _ = writeln!(out, "({shown} ended with {exit})");
             }
         }
-        ToolRun::TimedOut(limit) => {
-            let _ = writeln!(
-                out,
-                "({shown}: no answer within its time limit of {}s; killed)",
-                limit.as_secs_f64()
-            );
+        ToolRun::Killed(cut, text) => {
+            if !text.trim().is_empty() {
+                out.push_str(text.trim_end());
+                out.push('\n');
+            }
+            let why = match cut {
+                Cut::TimeLimit(limit) => {
+                    format!(
+                        "no answer within its time limit of {}s",
+                        limit.as_secs_f64()
+                    )
+                }
+                Cut::NodeStopping => "no answer before the node stopped".into(),
+            };
+            let _ = writeln!(out, "({shown}: {why}; killed)");
+        }
+        ToolRun::NotStarted => {
+            let _ = writeln!(out, "({shown}: not run: the node is stopping)");
         }
         ToolRun::CannotStart(e) => {
             let _ = writeln!(out, "({shown}: cannot start: {e})");
@@ -336,9 +487,10 @@ pub struct Collected {
 }
 
 /// Everything a hang report says after its header: each descendant of `root` (except
-/// `spare`) from `/proc`, `py-spy dump` of the Python ones and `nvidia-smi`.
-pub fn collect(root: i32, spare: &[i32]) -> Collected {
-    let (procs, unfinished) = snapshot(root, spare, PROC_LIMIT);
+/// `spare`) from `/proc`, `py-spy dump` of the Python ones and `nvidia-smi`, the tools run
+/// as `tools` says.
+pub(crate) fn collect(root: i32, spare: &[i32], tools: &Tools) -> Collected {
+    let (procs, unfinished) = snapshot(root, spare, PROC_LIMIT, tools);
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -394,7 +546,7 @@ pub fn collect(root: i32, spare: &[i32]) -> Collected {
                             let pid_arg = pid.to_string();
                             (
                                 pid,
-                                run_tool(py_spy, &["dump", "--pid", &pid_arg], TOOL_LIMIT),
+                                run_tool(py_spy, &["dump", "--pid", &pid_arg], TOOL_LIMIT, tools),
                             )
                         })
                     })
@@ -410,7 +562,11 @@ pub fn collect(root: i32, spare: &[i32]) -> Collected {
     out.push_str("\n## nvidia-smi\n");
     match which("nvidia-smi") {
         None => out.push_str("nvidia-smi: not installed (not on PATH)\n"),
-        Some(smi) => tool_section(&mut out, "nvidia-smi", &run_tool(&smi, &[], TOOL_LIMIT)),
+        Some(smi) => tool_section(
+            &mut out,
+            "nvidia-smi",
+            &run_tool(&smi, &[], TOOL_LIMIT, tools),
+        ),
     }
     Collected {
         text: out,
@@ -437,6 +593,7 @@ pub fn summary(procs: &[ProcInfo]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::alive_with;
     use super::*;
 
     #[test]
@@ -470,10 +627,16 @@ mod tests {
     }
 
     #[test]
-    fn a_tool_that_hangs_is_killed_at_its_limit_and_one_that_ends_is_read() {
+    fn a_tool_that_hangs_is_killed_at_its_limit_with_its_group_and_one_that_ends_is_read() {
         let sh = which("sh").expect("sh on PATH");
+        let tools = Tools::default();
         let started = Instant::now();
-        let run = run_tool(&sh, &["-c", "echo out; echo err >&2; exit 3"], TOOL_LIMIT);
+        let run = run_tool(
+            &sh,
+            &["-c", "echo out; echo err >&2; exit 3"],
+            TOOL_LIMIT,
+            &tools,
+        );
         match run {
             ToolRun::Ended(exit, text) => {
                 assert_eq!(exit, ChildExit::Exit(3));
@@ -482,12 +645,72 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let limit = Duration::from_millis(300);
-        let run = run_tool(&sh, &["-c", "sleep 100 & exec sleep 100"], limit);
-        assert_eq!(run, ToolRun::TimedOut(limit));
+        let (child, leader) = hanging("a");
+        let script = format!("echo before; {child} & exec {leader}");
+        let run = run_tool(&sh, &["-c", &script], limit, &tools);
+        // What it wrote before it was killed is kept.
+        assert_eq!(
+            run,
+            ToolRun::Killed(Cut::TimeLimit(limit), "before\n".into())
+        );
         assert!(
             started.elapsed() < Duration::from_secs(4),
             "{:?}",
             started.elapsed()
+        );
+        assert_eq!(alive_with(&leader), Vec::<i32>::new());
+        assert_eq!(alive_with(&child), Vec::<i32>::new(), "its child too");
+        let mut text = String::new();
+        tool_section(&mut text, "x", &run);
+        assert_eq!(
+            text,
+            "$ x\nbefore\n(x: no answer within its time limit of 0.3s; killed)\n"
+        );
+    }
+
+    /// Two `sleep` command lines unique to this test process and `tag`: a tool's child
+    /// and its leader.
+    fn hanging(tag: &str) -> (String, String) {
+        let id = std::process::id();
+        let n = match tag {
+            "a" => 1,
+            _ => 2,
+        };
+        (format!("sleep 200.{id}{n}1"), format!("sleep 200.{id}{n}2"))
+    }
+
+    /// When the node stops, a tool running is killed at once with its group, long before
+    /// its time limit, and no tool starts after.
+    #[test]
+    fn a_tool_running_when_the_node_stops_is_killed_and_none_starts_after() {
+        let sh = which("sh").expect("sh on PATH");
+        let tools = Tools::default();
+        let (child, leader) = hanging("b");
+        let script = format!("echo started; {child} & exec {leader}");
+        let started = Instant::now();
+        let run = std::thread::scope(|s| {
+            let running = s.spawn(|| run_tool(&sh, &["-c", &script], TOOL_LIMIT * 10, &tools));
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while alive_with(&leader).is_empty() || alive_with(&child).is_empty() {
+                assert!(Instant::now() < deadline, "the tool never started");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            tools.stop();
+            running.join().unwrap()
+        });
+        assert_eq!(run, ToolRun::Killed(Cut::NodeStopping, "started\n".into()));
+        assert!(started.elapsed() < TOOL_LIMIT, "{:?}", started.elapsed());
+        assert_eq!(alive_with(&leader), Vec::<i32>::new());
+        assert_eq!(alive_with(&child), Vec::<i32>::new(), "its child too");
+        let mut text = String::new();
+        tool_section(&mut text, "x", &run);
+        assert_eq!(
+            text,
+            "$ x\nstarted\n(x: no answer before the node stopped; killed)\n"
+        );
+        assert_eq!(
+            run_tool(&sh, &["-c", "echo never"], TOOL_LIMIT, &tools),
+            ToolRun::NotStarted
         );
     }
 
@@ -519,7 +742,8 @@ mod tests {
         let limit = Duration::from_millis(100);
         let (unblock, blocked) = mpsc::channel::<()>();
         // A reader that blocks, as one on a process stuck in the kernel would.
-        let (procs, why) = read_bounded(limit, move |tx| {
+        let tools = Tools::default();
+        let (procs, why) = read_bounded(limit, &tools, move |tx| {
             let _ = tx.send(Err(1));
             let _ = blocked.recv();
         });
@@ -529,7 +753,7 @@ mod tests {
         // While it is blocked, the next report does not start another reader.
         let started = Arc::new(AtomicUsize::new(0));
         let s = started.clone();
-        let (_, why) = read_bounded(limit, move |_| {
+        let (_, why) = read_bounded(limit, &tools, move |_| {
             s.fetch_add(1, Ordering::SeqCst);
         });
         assert!(why.expect("skipped").contains("still blocked"));
@@ -545,7 +769,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         let s = started.clone();
-        let (procs, why) = read_bounded(limit, move |tx| {
+        let (procs, why) = read_bounded(limit, &tools, move |tx| {
             s.fetch_add(1, Ordering::SeqCst);
             let _ = tx.send(Err(0));
         });

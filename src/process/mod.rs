@@ -102,6 +102,10 @@ pub enum Event {
 /// shared with the signal thread and the watchdog.
 pub struct Registry {
     groups: Mutex<BTreeMap<i32, u64>>,
+    /// Groups of hang reports' tools (`py-spy`, `nvidia-smi`): no command's, and no exit
+    /// the node waits for, but killed with the commands (by the signal thread, the
+    /// watchdog, the guardian), so that a tool that hangs never outlives the node.
+    tools: Mutex<BTreeSet<i32>>,
     guardian: Mutex<Option<ChildStdin>>,
     guardian_pid: AtomicI32,
     /// Names this node process in its commands' `RL_NODE_OWNER`.
@@ -128,6 +132,7 @@ impl Registry {
     pub fn new() -> Arc<Registry> {
         Arc::new(Registry {
             groups: Mutex::new(BTreeMap::new()),
+            tools: Mutex::new(BTreeSet::new()),
             guardian: Mutex::new(None),
             guardian_pid: AtomicI32::new(0),
             nonce: descendants::new_nonce(),
@@ -190,6 +195,18 @@ impl Registry {
         command
     }
 
+    /// Register the group `pgid` of a hang report's tool until [`Registry::remove_tool`]:
+    /// the guardian knows it as it knows the commands' groups.
+    pub(crate) fn add_tool(&self, pgid: i32) {
+        self.tools.lock().unwrap().insert(pgid);
+        self.tell_guardian(format!("+{pgid}\n"));
+    }
+
+    pub(crate) fn remove_tool(&self, pgid: i32) {
+        self.tools.lock().unwrap().remove(&pgid);
+        self.tell_guardian(format!("-{pgid}\n"));
+    }
+
     /// Is `pid` the leader of a registered group (a command whose exit someone awaits)?
     pub fn contains(&self, pid: i32) -> bool {
         self.groups.lock().unwrap().contains_key(&pid)
@@ -228,9 +245,11 @@ impl Registry {
         self.guardian_pid.load(Ordering::Relaxed)
     }
 
-    /// Signal every registered group (no filesystem access: safe from any thread).
+    /// Signal every registered group, the tools' too (no filesystem access: safe from any
+    /// thread).
     pub fn signal_all(&self, sig: i32) {
-        for g in self.groups() {
+        let tools: Vec<i32> = self.tools.lock().unwrap().iter().copied().collect();
+        for g in self.groups().into_iter().chain(tools) {
             // SAFETY: killpg takes only integers and touches no memory of this process.
             unsafe {
                 libc::killpg(g, sig);
@@ -441,17 +460,6 @@ impl Waited {
         self.exit
     }
 
-    /// SIGKILL the child (not its group) and wait up to 5 s for its exit.
-    pub(crate) fn kill(&mut self) -> Option<ChildExit> {
-        if self.exit.is_none() {
-            // SAFETY: kill takes only integers. `pid` is our child and its exit was not
-            // seen yet, so it was not collected (short of the reaper collecting it just
-            // now, before handing its exit over).
-            unsafe { libc::kill(self.pid, libc::SIGKILL) };
-        }
-        self.wait_timeout(Duration::from_secs(5))
-    }
-
     /// Stop the process group the child leads (started with `process_group(0)`) as
     /// [`stop_group`] does, collecting the child meanwhile: a leader that exited but was
     /// not collected stays in its group as a zombie and keeps the group alive. Returns true
@@ -469,6 +477,9 @@ impl Waited {
 /// `nvidia-smi`. A program that is not installed exits 127. `None` when it cannot be
 /// started or runs too long (it is then killed).
 ///
+/// It runs in a process group of its own, killed when the program ends or runs too long:
+/// a hanging `nvidia-smi` that started a child of its own leaves nothing behind.
+///
 /// It works with or without the node's reaper, as a [`Waited`] child. The program runs
 /// under `sh`, which always starts, as [`spawn_waited`] requires.
 pub fn capture(program: &str, args: &[&str], timeout: Duration) -> Option<(ChildExit, Vec<u8>)> {
@@ -480,7 +491,8 @@ pub fn capture(program: &str, args: &[&str], timeout: Duration) -> Option<(Child
     unblocked_signals(&mut cmd)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null());
+        .stderr(Stdio::null())
+        .process_group(0);
     let deadline = Instant::now() + timeout;
     let mut child = spawn_waited(&mut cmd).ok()?;
     let mut stdout = child.take_stdout()?;
@@ -492,10 +504,13 @@ pub fn capture(program: &str, args: &[&str], timeout: Duration) -> Option<(Child
         let _ = std::io::Read::read_to_end(&mut stdout, &mut out);
         let _ = out_tx.send(out);
     });
-    let Some(exit) = child.wait_timeout(deadline.saturating_duration_since(Instant::now())) else {
-        child.kill();
-        return None;
-    };
+    let exit = child.wait_timeout(deadline.saturating_duration_since(Instant::now()));
+    // What it left running (all of it, when it runs too long), which may also hold the
+    // pipe open.
+    if group_alive(child.pid()) {
+        child.stop_group(Duration::ZERO);
+    }
+    let exit = exit?;
     let left = deadline.saturating_duration_since(Instant::now());
     let out = out_rx.recv_timeout(left.max(Duration::from_secs(1))).ok()?;
     Some((exit, out))
@@ -698,10 +713,28 @@ mod tests {
         capture("sh", &["-c", script], timeout)
     }
 
-    /// The life of [`Waited`] children, with or without the reaper: one that exits, one
-    /// that leads a group and ignores SIGTERM (stopped: SIGKILL after the grace, and the
-    /// leader collected meanwhile, else its zombie would keep the group alive), one
-    /// killed. Returns their pids.
+    /// Live processes (not zombies) whose command line contains `needle`.
+    pub(super) fn alive_with(needle: &str) -> Vec<i32> {
+        descendants::all_pids()
+            .into_iter()
+            .filter(|pid| {
+                let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .ok()
+                    .and_then(|s| descendants::stat_field(&s, 0).map(|f| f == "Z"))
+                    .unwrap_or(true);
+                !zombie
+                    && String::from_utf8_lossy(&cmd)
+                        .replace('\0', " ")
+                        .contains(needle)
+            })
+            .collect()
+    }
+
+    /// The life of [`Waited`] children, with or without the reaper: one that exits, and
+    /// one that leads a group and ignores SIGTERM (stopped: SIGKILL after the grace, and
+    /// the leader collected meanwhile, else its zombie would keep the group alive).
+    /// Returns their pids.
     fn waited_children() -> Vec<i32> {
         let mut quick = spawn_waited(Command::new("sh").args(["-c", "exit 4"])).unwrap();
         let four = Some(ChildExit::Exit(4));
@@ -729,10 +762,7 @@ mod tests {
             group.wait_timeout(Duration::ZERO),
             Some(ChildExit::Signal(libc::SIGKILL))
         );
-
-        let mut killed = spawn_waited(Command::new("sh").args(["-c", "exec sleep 30"])).unwrap();
-        assert_eq!(killed.kill(), Some(ChildExit::Signal(libc::SIGKILL)));
-        vec![quick.pid(), group.pid(), killed.pid()]
+        vec![quick.pid(), group.pid()]
     }
 
     /// Each nextest test is a process of its own: this one has no reaper.
@@ -752,6 +782,23 @@ mod tests {
         let heard: Vec<_> = rx.try_iter().collect();
         assert!(heard.is_empty(), "the node heard {heard:?} ({pids:?})");
         assert!(WAITERS.lock().unwrap().is_empty(), "no waiter left behind");
+    }
+
+    /// A program that runs too long is killed with its process group: a hanging
+    /// `nvidia-smi` leaves no child of its own behind.
+    #[test]
+    fn capture_kills_the_group_of_a_program_that_runs_too_long() {
+        let child = format!("sleep 300.{}1", std::process::id());
+        let leader = format!("sleep 300.{}2", std::process::id());
+        let started = Instant::now();
+        assert!(sh(
+            &format!("{child} & exec {leader}"),
+            Duration::from_millis(300)
+        )
+        .is_none());
+        assert!(started.elapsed() < Duration::from_secs(10));
+        assert_eq!(alive_with(&leader), Vec::<i32>::new());
+        assert_eq!(alive_with(&child), Vec::<i32>::new());
     }
 
     /// Each nextest test is a process of its own: this one has no reaper.

@@ -97,6 +97,7 @@ pub fn main(args: TimelineArgs) -> Result<i32, Failure> {
         .or_else(|| std::env::var(crate::config::env_name("cluster.log-path")).ok())
         .ok_or_else(|| Failure::usage("rl-node timeline needs --log-path DIR", None))?;
     let root = PathBuf::from(&path);
+    crate::observe::check_log_path(&root)?;
     let range = args
         .iterations
         .as_deref()
