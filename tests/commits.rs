@@ -376,9 +376,6 @@ fn an_adopted_shard_committed_before_a_crash_is_set_aside_and_not_merged_twice()
     crash_between_commit_and_journal("$(dirname {output})/rank-{rank}.jsonl", "adopted");
 }
 
-// ------------------------------------------------------------------ 5: pid reuse
-
-/// Descendants of `pid` whose command line contains `needle`.
 // ------------------------------------------------------------------ 5: the custom merge
 
 /// `[phases.aggregate] command`: each attempt writes one distinct record (nanoseconds) to
@@ -467,6 +464,9 @@ fn a_custom_merge_that_does_not_write_its_output_fails_naming_it() {
     }
 }
 
+// ------------------------------------------------------------------ 6: pid reuse
+
+/// Descendants of `pid` whose command line contains `needle`.
 fn descendants_with(pid: i32, needle: &str) -> Vec<i32> {
     descendants(pid)
         .into_iter()
