@@ -2132,6 +2132,10 @@ impl Node {
         if !have_shards {
             return Ok(());
         }
+        // Committed by an attempt that crashed before journaling it: kept, out of the
+        // way, so the merge never replaces a file (it may have been used meanwhile).
+        self.set_aside_earlier("merged file", &out)?;
+        self.set_aside_earlier("merge manifest", &crate::aggregate::manifest_path(&out))?;
         self.watchdog.pet("aggregating shards");
         let wd = self.watchdog.clone();
         let mut opts = crate::aggregate::MergeOptions::from_config(&self.cfg.aggregate); // allow_missing: false
