@@ -214,6 +214,19 @@ impl Layout {
         self.naming.output(&self.root, iteration, split)
     }
 
+    /// Where generation `gen`'s `[phases.aggregate] command` writes the merged file
+    /// (`{output}`): in the merged file's directory, its name with `.partial.gG` before
+    /// the last extension (`train.partial.g3.jsonl`). Renamed to [`Layout::aggregated`]
+    /// only when the command exits 0 and `gen` is still current, so a merge of an older
+    /// generation that wakes up (a frozen host) writes a file nobody commits.
+    pub fn aggregated_partial(&self, iteration: u64, split: &str, gen: u64) -> PathBuf {
+        let out = self.aggregated(iteration, split);
+        let name = out.file_name().unwrap_or_default().to_string_lossy();
+        let (pre, post) = split_ext(&name);
+        let partial = out.with_file_name(format!("{pre}.partial{post}"));
+        with_gen(&partial, gen)
+    }
+
     pub fn prepared(&self, iteration: u64) -> PathBuf {
         self.root
             .join("rollouts")
@@ -580,5 +593,38 @@ mod gen_tests {
         let prepared = name(l.prepared_partial(2, 7));
         assert_eq!(l.prepared_partial_of(2, &prepared), Some(7));
         assert_eq!(l.prepared_partial_of(2, "prepared"), None);
+    }
+
+    #[test]
+    fn the_custom_merge_writes_a_partial_of_its_generation_beside_the_merged_file() {
+        let l = Layout::new("/r");
+        assert_eq!(
+            l.aggregated_partial(3, "train", 2),
+            Path::new("/r/rollouts/iter-0003/train.partial.g2.jsonl")
+        );
+        assert_eq!(
+            l.aggregated_partial(3, "eval", 7),
+            Path::new("/r/rollouts/iter-0003/eval.partial.g7.jsonl")
+        );
+        // Whatever the output name, the partial sits beside it and differs per generation.
+        let naming = Naming::new(
+            "command",
+            "{log_path}/{split}_trajectories.pt.iteration{iteration}_rank_{rank}",
+            "",
+            "{log_path}/{split}_trajectories.pt.iteration{iteration}",
+        )
+        .unwrap();
+        let l = Layout::new("/r").with_naming(naming);
+        let (g1, g2) = (
+            l.aggregated_partial(4, "train", 1),
+            l.aggregated_partial(4, "train", 2),
+        );
+        assert_eq!(g1.parent(), l.aggregated(4, "train").parent());
+        assert_ne!(g1, g2);
+        assert_ne!(g1, l.aggregated(4, "train"));
+        assert_eq!(
+            g1,
+            Path::new("/r/train_trajectories.pt.partial.g1.iteration4")
+        );
     }
 }

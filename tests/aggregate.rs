@@ -1,8 +1,12 @@
 //! `rl-node aggregate`: partial recovery of an iteration's rollout shards, through the real
 //! binary. Committed shards are `rollouts/iter-NNNN/<split>/rank-R.jsonl`, unfinished ones
-//! `rank-R.partial.jsonl`; the merge goes to `rollouts/iter-NNNN/<split>.jsonl` with a
-//! manifest `<that>.manifest.json` beside it.
+//! `rank-R.partial.jsonl`; the merge goes to `rollouts/iter-NNNN/<split>.salvaged.jsonl`
+//! with a manifest `<that>.manifest.json` beside it, never over the run's merged file
+//! (`<split>.jsonl`) nor any existing file unless asked, and never into a live run.
 
+mod common;
+
+use common::cluster::{descendants, wait_until, NodeProc, TestCluster};
 use proptest::prelude::*;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -51,13 +55,19 @@ impl Run {
         self
     }
 
+    /// Where `rl-node aggregate` writes by default.
     fn out(&self) -> PathBuf {
-        self.root.join("rollouts/iter-0001/train.jsonl")
+        self.root.join("rollouts/iter-0001/train.salvaged.jsonl")
     }
 
     fn manifest_path(&self) -> PathBuf {
         self.root
-            .join("rollouts/iter-0001/train.jsonl.manifest.json")
+            .join("rollouts/iter-0001/train.salvaged.jsonl.manifest.json")
+    }
+
+    /// The run's own merged file (what phase 3 commits).
+    fn merged(&self) -> PathBuf {
+        self.root.join("rollouts/iter-0001/train.jsonl")
     }
 
     fn manifest(&self) -> Value {
@@ -134,7 +144,7 @@ fn complete_ranks_merge_in_rank_order_with_a_manifest_and_are_byte_identical_whe
     assert_eq!(m["format"], "rl-node-aggregate/1");
     assert_eq!(m["iteration"], 1);
     assert_eq!(m["split"], "train");
-    assert_eq!(m["output"], "train.jsonl");
+    assert_eq!(m["output"], "train.salvaged.jsonl");
     assert_eq!(m["num_ranks"], 3);
     assert_eq!(m["complete"], true);
     assert_eq!(m["records"], 4);
@@ -169,17 +179,17 @@ fn complete_ranks_merge_in_rank_order_with_a_manifest_and_are_byte_identical_whe
         r.files(),
         set(&[
             "train",
-            "train.jsonl",
-            "train.jsonl.manifest.json",
+            "train.salvaged.jsonl",
+            "train.salvaged.jsonl.manifest.json",
             "train/rank-0.jsonl",
             "train/rank-1.jsonl",
             "train/rank-2.jsonl"
         ])
     );
 
-    // Again: byte-identical output and manifest.
+    // Again, replacing the first salvage: byte-identical output and manifest.
     let manifest_bytes = fs::read(r.manifest_path()).unwrap();
-    let o = r.aggregate(&[]);
+    let o = r.aggregate(&["--overwrite"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert_eq!(fs::read(r.out()).unwrap(), merged);
     assert_eq!(fs::read(r.manifest_path()).unwrap(), manifest_bytes);
@@ -194,7 +204,7 @@ fn complete_ranks_merge_in_rank_order_with_a_manifest_and_are_byte_identical_whe
         .status()
         .unwrap()
         .success());
-    fs::remove_file(other.join("rollouts/iter-0001/train.jsonl")).unwrap();
+    fs::remove_file(other.join("rollouts/iter-0001/train.salvaged.jsonl")).unwrap();
     let o = Command::new(BIN)
         .args(["aggregate", "--iteration", "1", "--split", "train"])
         .env("RL_NODE_CLUSTER_LOG_PATH", &other) // the flag's environment form
@@ -202,7 +212,7 @@ fn complete_ranks_merge_in_rank_order_with_a_manifest_and_are_byte_identical_whe
         .unwrap();
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert_eq!(
-        fs::read(other.join("rollouts/iter-0001/train.jsonl.manifest.json")).unwrap(),
+        fs::read(other.join("rollouts/iter-0001/train.salvaged.jsonl.manifest.json")).unwrap(),
         manifest_bytes
     );
 }
@@ -308,9 +318,13 @@ fn invalid_json_mid_file_fails_a_committed_shard_and_ends_a_partial_one() {
     r.committed(0, "{\"r\":0}\n")
         .committed(1, "{\"r\":1}\n{\"r\":1 oops}\n{\"r\":1,\"i\":2}\n")
         .committed(2, "{\"r\":2}\n");
+    // An earlier salvage, which only --overwrite may replace: a failed merge keeps it.
     fs::write(r.out(), "previous merge\n").unwrap();
     let before = r.files();
-    for extra in [&[][..], &["--allow-missing"][..]] {
+    for extra in [
+        &["--overwrite"][..],
+        &["--allow-missing", "--overwrite"][..],
+    ] {
         let o = r.aggregate(extra);
         assert_eq!(code(&o), 1);
         let err = stderr(&o);
@@ -329,7 +343,7 @@ fn invalid_json_mid_file_fails_a_committed_shard_and_ends_a_partial_one() {
         r.split_dir().join("rank-1.partial.jsonl"),
     )
     .unwrap();
-    let o = r.aggregate(&["--allow-missing"]);
+    let o = r.aggregate(&["--allow-missing", "--overwrite"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert_eq!(
         fs::read_to_string(r.out()).unwrap(),
@@ -406,7 +420,7 @@ fn out_puts_the_merge_and_its_manifest_elsewhere() {
     .unwrap();
     assert_eq!(m["output"], "iter1.jsonl");
     assert_eq!(m["records"], 2);
-    assert!(!r.out().exists());
+    assert!(!r.out().exists() && !r.merged().exists());
 }
 
 // ------------------------------------------------------------------ property
@@ -588,10 +602,247 @@ fn the_node_publishes_a_manifest_beside_its_merge() {
     let opts = rl_node::aggregate::MergeOptions::default();
     let m = rl_node::aggregate::merge(&layout, 1, "train", 2, &opts, &mut || {}).unwrap();
     assert_eq!(m.records, 2);
-    assert!(r.manifest_path().exists());
+    assert!(r.merged().exists());
+    assert!(r
+        .root
+        .join("rollouts/iter-0001/train.jsonl.manifest.json")
+        .exists());
     let e = rl_node::aggregate::merge(&layout, 1, "train", 3, &opts, &mut || {}).unwrap_err();
     assert!(
         matches!(&e, rl_node::aggregate::AggregateError::Incomplete { missing, .. } if missing == &[2]),
         "{e}"
     );
+}
+
+// ------------------------------------------------------------------ a real run's files
+
+/// `rl-node aggregate --log-path <c.log_path> --iteration 1 --split train EXTRA…`
+fn aggregate_run(c: &TestCluster, extra: &[&str]) -> Output {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("aggregate")
+        .arg("--log-path")
+        .arg(&c.log_path)
+        .args(["--iteration", "1", "--split", "train"])
+        .args(extra);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("RL_NODE_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.output().unwrap()
+}
+
+/// Every file under `dir` (relative) with its bytes.
+fn snapshot(dir: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let rel = p.strip_prefix(dir).unwrap().display().to_string();
+                out.insert(rel, fs::read(&p).unwrap());
+            }
+        }
+    }
+    out
+}
+
+const LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+#[test]
+fn a_committed_journaled_merge_is_never_touched_and_the_salvage_lands_beside_it() {
+    let c = TestCluster::new(
+        2,
+        "[phases.rollout]\ncommand = \"echo '{\\\"rank\\\": {rank}}' > {output}\"\n",
+    );
+    let mut nodes = c.spawn_all(&["--iterations", "1"]);
+    for n in &mut nodes {
+        assert_eq!(n.wait(LIMIT), 0, "rank {}: {}", n.rank, n.stderr());
+    }
+    let it = c.log_path.join("rollouts/iter-0001");
+    let merged = it.join("train.jsonl");
+    let journal = fs::read_to_string(c.log_path.join(".rl-node/journal/rank-0.jsonl")).unwrap();
+    assert!(journal.contains("\"aggregate-train\""), "{journal}");
+    let committed = fs::read(&merged).unwrap();
+    let committed_manifest = fs::read(it.join("train.jsonl.manifest.json")).unwrap();
+    let untouched = |context: &str| {
+        assert_eq!(fs::read(&merged).unwrap(), committed, "{context}");
+        assert_eq!(
+            fs::read(it.join("train.jsonl.manifest.json")).unwrap(),
+            committed_manifest,
+            "{context}"
+        );
+    };
+
+    // By default the salvage goes beside the merged file.
+    let o = aggregate_run(&c, &[]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let salvaged = it.join("train.salvaged.jsonl");
+    assert_eq!(fs::read(&salvaged).unwrap(), committed);
+    assert!(it.join("train.salvaged.jsonl.manifest.json").exists());
+    assert!(
+        stderr(&o).contains(&salvaged.display().to_string()),
+        "{}",
+        stderr(&o)
+    );
+    untouched("rl-node aggregate");
+
+    // A rank's shard goes missing: --allow-missing merges the rest, into the salvage only.
+    fs::rename(
+        it.join("train/rank-1.jsonl"),
+        c.dir.path().join("rank-1.jsonl"),
+    )
+    .unwrap();
+    let o = aggregate_run(&c, &["--allow-missing"]);
+    assert_eq!(
+        code(&o),
+        2,
+        "the earlier salvage is not replaced: {}",
+        stderr(&o)
+    );
+    assert!(stderr(&o).contains("--overwrite"), "{}", stderr(&o));
+    let o = aggregate_run(&c, &["--allow-missing", "--overwrite"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(fs::read_to_string(&salvaged).unwrap(), "{\"rank\": 0}\n");
+    untouched("rl-node aggregate --allow-missing");
+
+    // Asking for the run's merged file by any name is refused, nothing written.
+    let merged_arg = merged.display().to_string();
+    let dotted = it.join("train/../train.jsonl").display().to_string();
+    for args in [
+        &["--commit", "--allow-missing"][..],
+        &["--out", &merged_arg, "--allow-missing"],
+        &["--out", &merged_arg, "--overwrite", "--allow-missing"],
+        &["--out", &dotted, "--overwrite", "--allow-missing"],
+    ] {
+        let before = snapshot(&c.log_path);
+        let o = aggregate_run(&c, args);
+        assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("train.jsonl"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+        assert_eq!(snapshot(&c.log_path), before, "{args:?} wrote something");
+    }
+    // Even when the merged file is gone, rank 0's journal says it was made (and trained
+    // on): --commit does not make another one.
+    fs::rename(&merged, c.dir.path().join("train.jsonl")).unwrap();
+    let o = aggregate_run(&c, &["--commit", "--allow-missing"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("journaled") && stderr(&o).contains("rank-0.jsonl"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!merged.exists());
+}
+
+/// Two nodes whose rank 1 rolls out until `<shared>/go` exists, having written one record
+/// to its partial file; rank 0 has committed its shard.
+fn a_run_mid_rollout() -> (TestCluster, Vec<NodeProc>) {
+    let c = TestCluster::new(
+        2,
+        "[phases.rollout]\ncommand = \"echo '{\\\"rank\\\": {rank}}' > {output}; if [ {rank} = 1 ]; then touch {log_path}/rolling; while [ ! -e {log_path}/go ]; do sleep 0.05; done; fi\"\n",
+    );
+    let nodes = c.spawn_all(&["--iterations", "1"]);
+    wait_until(
+        LIMIT,
+        "rank 1 mid-rollout, rank 0's shard committed",
+        || {
+            c.log_path.join("rolling").exists()
+                && c.log_path
+                    .join("rollouts/iter-0001/train/rank-0.jsonl")
+                    .exists()
+        },
+    );
+    (c, nodes)
+}
+
+#[test]
+fn a_live_run_is_refused_naming_its_running_ranks_and_nothing_is_written() {
+    let (c, mut nodes) = a_run_mid_rollout();
+    let before = snapshot(&c.log_path.join("rollouts"));
+    for extra in [
+        &[][..],
+        &["--allow-missing"],
+        &["--commit", "--allow-missing"],
+    ] {
+        let o = aggregate_run(&c, extra);
+        assert_eq!(code(&o), 2, "{extra:?}: {}", stderr(&o));
+        let err = stderr(&o);
+        let pids = [nodes[0].pid(), nodes[1].pid()];
+        assert!(
+            err.contains("is live")
+                && err.contains("generation 1")
+                && err.contains(&format!("rank 0 (pid {}", pids[0]))
+                && err.contains(&format!("rank 1 (pid {}", pids[1]))
+                && err.contains("stop every node"),
+            "{extra:?}: {err}"
+        );
+        assert_eq!(snapshot(&c.log_path.join("rollouts")), before, "{extra:?}");
+    }
+    // The run itself is not disturbed.
+    fs::write(c.log_path.join("go"), "").unwrap();
+    for n in &mut nodes {
+        assert_eq!(n.wait(LIMIT), 0, "rank {}: {}", n.rank, n.stderr());
+    }
+}
+
+#[test]
+fn a_dead_run_that_never_merged_is_salvaged_and_can_be_committed_once() {
+    let (c, nodes) = a_run_mid_rollout();
+    // Every process of both nodes dies at once (kill -9 of the hosts' jobs).
+    for n in &nodes {
+        let mut all = descendants(n.pid());
+        all.push(n.pid());
+        for p in all {
+            // SAFETY: kill(2) takes plain integers (a pid, a signal number) and touches no memory of ours.
+            unsafe { libc::kill(p, libc::SIGKILL) };
+        }
+    }
+    drop(nodes);
+    let it = c.log_path.join("rollouts/iter-0001");
+    let o = aggregate_run(&c, &[]);
+    assert_eq!(code(&o), 1, "rank 1 is only partial: {}", stderr(&o));
+    let o = aggregate_run(&c, &["--allow-missing"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let salvage = fs::read_to_string(it.join("train.salvaged.jsonl")).unwrap();
+    assert_eq!(salvage, "{\"rank\": 0}\n{\"rank\": 1}\n");
+    assert!(!it.join("train.jsonl").exists());
+    // The iteration was never merged: --commit makes the salvage the run's merged file...
+    let o = aggregate_run(&c, &["--commit", "--allow-missing"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(fs::read_to_string(it.join("train.jsonl")).unwrap(), salvage);
+    let m: Value =
+        serde_json::from_slice(&fs::read(it.join("train.jsonl.manifest.json")).unwrap()).unwrap();
+    assert_eq!(m["partial_ranks"], serde_json::json!([1]));
+    // ...once: it never replaces it.
+    let o = aggregate_run(&c, &["--commit", "--allow-missing"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("already exists"), "{}", stderr(&o));
+    assert_eq!(fs::read_to_string(it.join("train.jsonl")).unwrap(), salvage);
+
+    // Restarted, the run redoes the merge it never journaled; the salvage is set aside,
+    // not replaced.
+    fs::write(c.log_path.join("go"), "").unwrap();
+    let mut nodes = c.spawn_all(&["--iterations", "1"]);
+    for n in &mut nodes {
+        assert_eq!(n.wait(LIMIT), 0, "rank {}: {}", n.rank, n.stderr());
+    }
+    assert_eq!(
+        fs::read_to_string(it.join("train.jsonl.stale-gen2")).unwrap(),
+        salvage
+    );
+    assert!(it.join("train.jsonl.manifest.json.stale-gen2").exists());
+    assert_eq!(
+        fs::read_to_string(it.join("train.jsonl")).unwrap(),
+        "{\"rank\": 0}\n{\"rank\": 1}\n"
+    );
+    let m: Value =
+        serde_json::from_slice(&fs::read(it.join("train.jsonl.manifest.json")).unwrap()).unwrap();
+    assert_eq!(m["complete"], true, "{m}");
 }

@@ -1,7 +1,9 @@
 //! How a rank's rollout shard is committed, with the real binary: a command that writes the
 //! shard name itself has it adopted (never replaced by an empty shard), writing both names
 //! or neither is an error (unless empty shards are expected), a shard committed by a
-//! crashed attempt is set aside and not merged twice; a restart after `kill -9` is not
+//! crashed attempt is set aside and not merged twice; the custom merge's output is
+//! committed the same way (never written to the merged file's name directly, an earlier
+//! attempt's merged file set aside); a restart after `kill -9` is not
 //! refused because the dead node's pid now belongs to an unrelated process; and messages
 //! never show an empty model.
 
@@ -374,7 +376,95 @@ fn an_adopted_shard_committed_before_a_crash_is_set_aside_and_not_merged_twice()
     crash_between_commit_and_journal("$(dirname {output})/rank-{rank}.jsonl", "adopted");
 }
 
-// ------------------------------------------------------------------ 5: pid reuse
+// ------------------------------------------------------------------ 5: the custom merge
+
+/// `[phases.aggregate] command`: each attempt writes one distinct record (nanoseconds) to
+/// `target` (a shell word).
+fn custom_merge(target: &str) -> String {
+    format!(
+        "{}[phases.aggregate]\ncommand = \"echo '{{\\\"attempt\\\": '$(date +%s%N)'}}' > {target}\"\n",
+        rollout("{output}")
+    )
+}
+
+/// The custom merge's `{output}` is its generation's partial file, committed as the merged
+/// file; a merged file committed by an attempt that crashed before journaling it is set
+/// aside (content kept), never replaced, and the redo is committed in its place.
+#[test]
+fn a_custom_merge_committed_before_a_crash_is_set_aside_and_the_redo_committed() {
+    let c = TestCluster::new(1, &custom_merge("{output}"));
+    let mut first = c.spawn_env(
+        0,
+        &c.log_path,
+        &["--iterations", "1"],
+        &[(
+            "RL_NODE_TEST_CRASH_AT",
+            "after-commit:aggregate-train@1".to_string(),
+        )],
+    );
+    assert_eq!(first.wait(LIMIT), 134, "{}", first.stderr());
+    let earlier = fs::read_to_string(merged(&c, 1)).unwrap();
+    assert!(earlier.contains("\"attempt\""), "{earlier}");
+    // Committed from generation 1's own partial, which is gone.
+    assert!(!iter_dir(&c, 1).join("train.partial.g1.jsonl").exists());
+    let mut again = c.spawn(0, &["--iterations", "1"]);
+    assert_eq!(again.wait(LIMIT), 0, "{}", again.stderr());
+    assert_eq!(
+        fs::read_to_string(iter_dir(&c, 1).join("train.jsonl.stale-gen2")).unwrap(),
+        earlier,
+        "the earlier merge is kept aside"
+    );
+    let redo = fs::read_to_string(merged(&c, 1)).unwrap();
+    assert_ne!(redo, earlier, "the merge was not redone");
+    assert!(!iter_dir(&c, 1).join("train.partial.g2.jsonl").exists());
+    assert_eq!(
+        journal(&c, 0)
+            .iter()
+            .filter(|e| e["iteration"] == 1 && e["item"] == "aggregate-train")
+            .count(),
+        1
+    );
+}
+
+/// A custom merge that writes the merged file's name itself (here through
+/// `{trajectories}`) instead of `{output}`, or writes nothing, fails naming the files;
+/// rl-node commits nothing and removes nothing.
+#[test]
+fn a_custom_merge_that_does_not_write_its_output_fails_naming_it() {
+    for (target, says) in [
+        ("{trajectories}", "itself instead of {output}"),
+        ("/dev/null", "wrote no output"),
+    ] {
+        let c = TestCluster::new(1, &custom_merge(target));
+        let mut node = c.spawn(0, &["--iterations", "1"]);
+        assert_eq!(node.wait(LIMIT), 1, "{target}: {}", node.stderr());
+        let err = node.stderr();
+        let line = err
+            .lines()
+            .find(|l| l.contains(says))
+            .unwrap_or_else(|| panic!("{target}: no '{says}' line:\n{err}"));
+        let partial = iter_dir(&c, 1).join("train.partial.g1.jsonl");
+        assert!(line.contains(&partial.display().to_string()), "{line}");
+        assert!(!partial.exists(), "{target}");
+        if target == "{trajectories}" {
+            assert!(
+                line.contains(&merged(&c, 1).display().to_string()),
+                "{line}"
+            );
+            // What the command wrote is left as it is.
+            assert!(fs::read_to_string(merged(&c, 1))
+                .unwrap()
+                .contains("\"attempt\""));
+        } else {
+            assert!(!merged(&c, 1).exists(), "{target}");
+        }
+        assert!(!journal(&c, 0)
+            .iter()
+            .any(|e| e["item"] == "aggregate-train"));
+    }
+}
+
+// ------------------------------------------------------------------ 6: pid reuse
 
 /// Descendants of `pid` whose command line contains `needle`.
 fn descendants_with(pid: i32, needle: &str) -> Vec<i32> {

@@ -317,3 +317,100 @@ fn a_master_frozen_mid_handoff_that_wakes_after_a_new_master_took_over_publishes
         serde_json::from_slice(&fs::read(models.join("iter-0001/manifest.json")).unwrap()).unwrap();
     assert_eq!(manifest["files"].as_array().unwrap().len(), 3, "{manifest}");
 }
+
+/// The custom merge (`[phases.aggregate] command`): the first attempt (generation 1's)
+/// waits for the test's go-ahead and then writes eight records of its own; every later
+/// attempt merges at once, writing four.
+const MERGE: &str = r#"#!/bin/sh
+out=$1; shared=$2
+if mkdir "$shared/first-merge" 2>/dev/null; then
+  touch "$shared/old-merging"
+  while [ ! -e "$shared/wake-old-merge" ]; do sleep 0.05; done
+  : > "$out"
+  for i in 1 2 3 4 5 6 7 8; do echo "{\"from\":\"old-generation\",\"i\":$i}" >> "$out"; done
+  touch "$shared/old-merge-done"
+  exit 0
+fi
+for i in 1 2 3 4; do echo "{\"from\":\"new-generation\",\"i\":$i}" >> "$out"; done
+"#;
+
+/// The pids among `pids` whose command line contains `needle`.
+fn running(pids: &[i32], needle: &str) -> Vec<i32> {
+    pids.iter()
+        .copied()
+        .filter(|p| {
+            fs::read(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(needle))
+        })
+        .collect()
+}
+
+#[test]
+fn a_master_frozen_mid_merge_that_wakes_after_a_new_master_trained_on_the_merge_does_not_overwrite_it(
+) {
+    if !unshare_works() {
+        panic!("this test needs `unshare --uts` (root, util-linux) to give the new master another host name");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("merge.sh");
+    fs::write(&script, MERGE).unwrap();
+    let c = TestCluster::new(
+        1,
+        &format!(
+            "[phases.rollout]\ncommand = \"echo '{{\\\"r\\\": 1}}' > {{output}}\"\n\
+             [phases.aggregate]\ncommand = \"sh {} {{output}} {{log_path}}\"\n\
+             [phases.train]\ncommand = \"mkdir -p {{output}}/checkpoint-1 && cp {{trajectories}} {{output}}/checkpoint-1/trained-on.jsonl\"\n",
+            script.display()
+        ),
+    );
+    fs::create_dir_all(&c.log_path).unwrap();
+    // Generation 1's master starts its merge, and its host freezes in the middle of it.
+    let mut old = spawn_master_on(&c, "host-a", &["--iterations", "1"], &[]);
+    wait_until(LIMIT, "the old master's merge to start", || {
+        c.log_path.join("old-merging").exists()
+    });
+    let frozen = tree(old.pid());
+    signal_tree(&frozen, libc::SIGSTOP);
+    wait_until(LIMIT, "the old master to be stopped", || stopped(old.pid()));
+    // A new master on another host takes the run over once the old one's heartbeat stood
+    // still for dead-after, merges, trains on the merged file and completes.
+    let mut new = spawn_master_on(&c, "host-b", &["--iterations", "1"], &[]);
+    assert_eq!(new.wait(LIMIT), 0, "{}", new.stderr());
+    let merged = c.log_path.join("rollouts/iter-0001/train.jsonl");
+    let committed = fs::read_to_string(&merged).unwrap();
+    let records = lines(&merged);
+    assert_eq!(records.len(), 4, "{records:?}");
+    assert!(records.iter().all(|r| r["from"] == "new-generation"));
+    assert_eq!(
+        fs::read_to_string(c.log_path.join("models/iter-0001/trained-on.jsonl")).unwrap(),
+        committed,
+        "generation 2 trained on its merge"
+    );
+    // The old host wakes: its merge command runs first and finishes (what a woken host
+    // may well do before the node notices anything), then the node itself.
+    fs::write(c.log_path.join("wake-old-merge"), "").unwrap();
+    let merge_cmd = running(&frozen, "merge.sh");
+    assert!(!merge_cmd.is_empty(), "the old merge command is gone");
+    let merge_tree: Vec<i32> = merge_cmd.iter().flat_map(|&p| tree(p)).collect();
+    signal_tree(&merge_tree, libc::SIGCONT);
+    wait_until(LIMIT, "the old merge command to finish", || {
+        c.log_path.join("old-merge-done").exists()
+    });
+    signal_tree(&frozen, libc::SIGCONT);
+    assert_eq!(old.wait(LIMIT), 3, "{}", old.stderr());
+    let err = old.stderr();
+    assert!(
+        err.contains("generation 1 was replaced by generation 2")
+            && err.contains("did not commit the merged train file of iteration 1"),
+        "{err}"
+    );
+    assert_eq!(
+        fs::read_to_string(&merged).unwrap(),
+        committed,
+        "the old master's merge replaced the merged file generation 2 trained on:\n{err}"
+    );
+    // What the old merge wrote stays in its own generation's file, which nobody commits.
+    let old_partial = lines(&c.log_path.join("rollouts/iter-0001/train.partial.g1.jsonl"));
+    assert_eq!(old_partial.len(), 8, "{old_partial:?}");
+    assert!(old_partial.iter().all(|r| r["from"] == "old-generation"));
+}

@@ -206,7 +206,7 @@ fn safetensors_shards_of_several_dtypes_concatenate_along_dim_0_and_read_back() 
         "{}",
         stderr(&o)
     );
-    let out = r.root.join("rollouts/iter-0001/train.safetensors");
+    let out = r.root.join("rollouts/iter-0001/train.salvaged.safetensors");
     let got = read_back(&out);
     assert_eq!(got, concat(&[&shards[0], &shards[1], &shards[2]]));
     // The safetensors crate (what Python's package runs) accepts the file as a whole.
@@ -266,15 +266,16 @@ fn safetensors_shards_of_several_dtypes_concatenate_along_dim_0_and_read_back() 
     }
     assert_eq!(m["ranks"][1]["sha256"], sha256(&rank1));
 
-    // Run twice: the same bytes, the same manifest, no temporary file left.
+    // Run twice (replacing the first salvage): the same bytes, the same manifest, no
+    // temporary file left.
     let first = (bytes.clone(), m.clone());
-    assert_eq!(code(&r.aggregate(&[])), 0);
+    assert_eq!(code(&r.aggregate(&["--overwrite"])), 0);
     assert_eq!((fs::read(&out).unwrap(), r.manifest(&out)), first);
     assert_eq!(
         r.files(),
         vec![
-            "rollouts/iter-0001/train.safetensors",
-            "rollouts/iter-0001/train.safetensors.manifest.json",
+            "rollouts/iter-0001/train.salvaged.safetensors",
+            "rollouts/iter-0001/train.salvaged.safetensors.manifest.json",
             "rollouts/iter-0001/train/rank-0.safetensors",
             "rollouts/iter-0001/train/rank-1.safetensors",
             "rollouts/iter-0001/train/rank-2.safetensors",
@@ -412,7 +413,10 @@ fn unreadable_shards_are_reported_and_allow_missing_merges_the_rest() {
     let err = stderr(&o);
     assert!(err.contains("rank 2 has only a partial shard"), "{err}");
     assert!(err.contains("rank 3 has only a partial shard"), "{err}");
-    assert!(!r.root.join("rollouts/iter-0001/train.safetensors").exists());
+    assert!(!r
+        .root
+        .join("rollouts/iter-0001/train.salvaged.safetensors")
+        .exists());
 
     // Without the run's [aggregate] settings, rl-node says what it sees.
     let o = Command::new(BIN)
@@ -472,7 +476,7 @@ fn unreadable_shards_are_reported_and_allow_missing_merges_the_rest() {
         err.contains("rank 2: rollouts/iter-0001/train/rank-2.partial.safetensors: unreadable"),
         "{err}"
     );
-    let out = r.root.join("rollouts/iter-0001/train.safetensors");
+    let out = r.root.join("rollouts/iter-0001/train.salvaged.safetensors");
     assert_eq!(read_back(&out), concat(&[&s0, &s3]));
     let m = r.manifest(&out);
     assert_eq!(m["complete"], false);
@@ -549,7 +553,7 @@ fn configured_names_place_shards_and_the_merge_anywhere_under_the_shared_directo
         "{}",
         stderr(&o)
     );
-    let out = r.root.join("tensors/train.iteration1.safetensors");
+    let out = r.root.join("tensors/train.iteration1.salvaged.safetensors");
     assert_eq!(read_back(&out), concat(&[&a, &b]));
     assert_eq!(
         r.manifest(&out)["ranks"][1]["source"],
@@ -642,7 +646,7 @@ fn the_command_format_merges_the_old_run_sh_pickles_with_the_example_script() {
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let err = stderr(&o);
     assert!(err.contains("rank 3: train_trajectories.pt.iteration1_rank_3.partial: unreadable (merge command: truncated or corrupt pickle"), "{err}");
-    let out = r.root.join("train_trajectories.pt.iteration1");
+    let out = r.root.join("train_trajectories.pt.salvaged.iteration1");
     let show = Command::new(python())
         .args(["-c", SHOW_PICKLE])
         .arg(&out)
@@ -685,13 +689,14 @@ fn the_command_format_merges_the_old_run_sh_pickles_with_the_example_script() {
     assert_eq!(m["output_sha256"], sha256(&fs::read(&out).unwrap()));
     assert!(m["command"].as_str().unwrap().contains("merge_pickles.py"));
 
-    // A committed shard the script cannot read is refused by name without --allow-missing.
+    // A committed shard the script cannot read is refused by name without --allow-missing
+    // (--overwrite: the salvage above may be replaced).
     fs::write(
         r.root.join("train_trajectories.pt.iteration1_rank_3"),
         b"\x80\x04K\x05.",
     )
     .unwrap(); // pickle of 5
-    let o = r.aggregate(&[]);
+    let o = r.aggregate(&["--overwrite"]);
     assert_eq!(code(&o), 1, "{}", stderr(&o));
     assert!(
         stderr(&o).contains("rank 3's committed shard")
@@ -709,7 +714,7 @@ fn the_command_format_merges_the_old_run_sh_pickles_with_the_example_script() {
          command = \"echo disk full >&2; echo partial > {output}; exit 7\"\n",
     )
     .unwrap();
-    let o = r.aggregate(&["--allow-missing"]);
+    let o = r.aggregate(&["--allow-missing", "--overwrite"]);
     assert_eq!(code(&o), 1, "{}", stderr(&o));
     assert!(
         stderr(&o).contains("the merge command failed with exit code 7"),
@@ -732,7 +737,7 @@ fn jsonl_is_still_the_default_and_the_config_is_checked() {
     r.put("rollouts/iter-0001/train/rank-0.jsonl", "{\"a\":1}\n");
     let o = r.aggregate(&[]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
-    let m = r.manifest(&r.root.join("rollouts/iter-0001/train.jsonl"));
+    let m = r.manifest(&r.root.join("rollouts/iter-0001/train.salvaged.jsonl"));
     assert!(
         m.get("shard_format").is_none() && m.get("tensors").is_none(),
         "{m}"
@@ -862,7 +867,7 @@ fn torch_shards_merge_into_safetensors_and_bad_ones_are_named() {
     let o = r.aggregate(&[]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let one = rl_node::shards::read_torch_dict(&fx.path().join("rank-0.pt")).unwrap();
-    let out = r.root.join("rollouts/iter-0001/train.safetensors");
+    let out = r.root.join("rollouts/iter-0001/train.salvaged.safetensors");
     assert_eq!(read_back(&out), concat(&[&one, &one]));
     assert_eq!(r.manifest(&out)["shard_format"], "torch");
 
@@ -901,7 +906,7 @@ fn torch_shards_merge_into_safetensors_and_bad_ones_are_named() {
     );
     let o = r.aggregate(&["--allow-missing"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
-    let out = r.root.join("rollouts/iter-0001/train.safetensors");
+    let out = r.root.join("rollouts/iter-0001/train.salvaged.safetensors");
     assert_eq!(read_back(&out), concat(&[&one]));
     assert_eq!(r.manifest(&out)["unreadable_ranks"], serde_json::json!([1]));
 }

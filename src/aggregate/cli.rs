@@ -1,6 +1,13 @@
 //! `rl-node aggregate`: the command-line arguments, [`main`] (which loads the
 //! configuration, works out the number of ranks, runs [`merge`] and maps its outcome to an
 //! exit code), and the per-rank summary and byte sizes it prints on stderr.
+//!
+//! It salvages what a stopped run left, so it must never destroy what the run committed:
+//! by default it writes beside the run's merged file (`train.salvaged.jsonl`), never over
+//! an existing file (`--overwrite` replaces an earlier salvage, never the run's merged
+//! file or a shard), never the run's merged file once rank 0 journaled that merge
+//! (`--commit` writes it only when it was never made), and never while a node of the run
+//! still runs, judged as `rl-node status` judges it.
 
 use super::human_bytes;
 use super::survey::list_dir;
@@ -19,7 +26,7 @@ use std::path::{Path, PathBuf};
 /// partial files) into one JSONL file with a manifest.
 #[derive(clap::Args, Debug)]
 #[command(
-    after_help = "Shard format and names come from the [aggregate] section of --config (or --format): jsonl, safetensors, torch or command; see docs/formats.md.\n\nExit codes: 0 merged (every rank complete, or --allow-missing), 1 a rank is missing or partial, or a shard unreadable, without --allow-missing, ranks disagree on tensors, a committed JSONL shard is corrupt or the merge command failed (nothing published), 2 usage or configuration error."
+    after_help = "Shard format and names come from the [aggregate] section of --config (or --format): jsonl, safetensors, torch or command; see docs/formats.md.\n\nThe merge goes to <log-path>/rollouts/iter-NNNN/<split>.salvaged.jsonl (the merged file's name with .salvaged before its extension) unless --out or --commit says otherwise; the run's own merged file is never replaced.\n\nExit codes: 0 merged (every rank complete, or --allow-missing), 1 a rank is missing or partial, or a shard unreadable, without --allow-missing, ranks disagree on tensors, a committed JSONL shard is corrupt or the merge command failed (nothing published), 2 usage or configuration error, the output exists (not replaced), a node of the run is still running, or --commit of an iteration whose merge rank 0 journaled (nothing written)."
 )]
 pub struct AggregateArgs {
     /// The run's shared directory.
@@ -38,10 +45,22 @@ pub struct AggregateArgs {
     /// and publish nothing unless every rank committed its shard).
     #[arg(long)]
     pub allow_missing: bool,
-    /// The merged file (default: aggregate.output-name, <log-path>/rollouts/iter-NNNN/<split>.jsonl
-    /// for JSONL); the manifest goes beside it as <FILE>.manifest.json.
-    #[arg(long, value_name = "FILE")]
+    /// Where to write the merge (default: beside the run's merged file, its name with
+    /// `.salvaged` before the extension: <log-path>/rollouts/iter-NNNN/<split>.salvaged.jsonl
+    /// for JSONL); the manifest goes beside it as <FILE>.manifest.json. An existing FILE is
+    /// not replaced (exit 2) unless --overwrite.
+    #[arg(long, value_name = "FILE", conflicts_with = "commit")]
     pub out: Option<PathBuf>,
+    /// Replace the output (the default one or --out FILE) if it exists, e.g. an earlier
+    /// salvage. Refused for the run's merged file and for rank shards.
+    #[arg(long, conflicts_with = "commit")]
+    pub overwrite: bool,
+    /// Write the run's own merged file (<log-path>/rollouts/iter-NNNN/<split>.jsonl,
+    /// aggregate.output-name), for a stopped run that never merged this iteration: only if
+    /// that file does not exist and rank 0 did not journal the iteration's merge; renamed
+    /// into place without replacing anything.
+    #[arg(long)]
+    pub commit: bool,
     /// Number of ranks (default: num_nodes of <log-path>/.rl-node/cluster.json; required
     /// when that file is absent).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
@@ -111,59 +130,19 @@ pub fn main(
             None,
         ));
     }
-    let cluster = layout.cluster();
-    let recorded = match crate::store::read(&cluster) {
-        Ok(None) => None,
-        Ok(Some(bytes)) => match serde_json::from_slice::<ClusterSize>(&bytes) {
-            Ok(c) => Some(c.num_nodes),
-            Err(e) if args.num_ranks.is_none() => {
-                return Err(Failure::usage(
-                    format!(
-                        "cannot read num_nodes from {}: {e}; pass --num-ranks N",
-                        cluster.display()
-                    ),
-                    None,
-                ));
-            }
-            Err(_) => None,
-        },
-        Err(e) if args.num_ranks.is_none() => {
-            return Err(Failure::usage(
-                format!("cannot read {}: {e}; pass --num-ranks N", cluster.display()),
-                None,
-            ));
-        }
-        Err(_) => None,
+    let num_ranks = num_ranks(&args, &layout)?;
+    let merged = layout.aggregated(args.iteration, &args.split);
+    let out = match (&args.out, args.commit) {
+        (Some(f), _) => f.clone(),
+        (None, true) => merged.clone(),
+        (None, false) => salvaged(&merged),
     };
-    let num_ranks = match (args.num_ranks, recorded) {
-        (Some(n), Some(c)) if n != c => {
-            crate::errln!(
-                "note: --num-ranks {n} overrides num_nodes {c} of {}",
-                cluster.display()
-            );
-            n
-        }
-        (Some(n), _) => n,
-        (None, Some(c)) if c > 0 => c,
-        (None, Some(_)) => {
-            return Err(Failure::usage(
-                format!("{} says num_nodes 0; pass --num-ranks N", cluster.display()),
-                None,
-            ));
-        }
-        (None, None) => {
-            return Err(Failure::usage(
-                format!(
-                    "{} does not exist, so the number of ranks is unknown; pass --num-ranks N",
-                    cluster.display()
-                ),
-                None,
-            ));
-        }
-    };
+    check_target(&layout, &args, num_ranks, &out)?;
+    refuse_live(&layout)?;
     let opts = MergeOptions {
         allow_missing: args.allow_missing,
-        out: args.out.clone(),
+        out: Some(out.clone()),
+        replace: args.overwrite,
         strict_json: args.strict_json,
         max_record_bytes: args.max_record_bytes.max(1),
         // `[env]` as the merge command gets it in a node; outside one, node values
@@ -179,10 +158,6 @@ pub fn main(
             .collect(),
         ..MergeOptions::from_config(&loaded.config.aggregate)
     };
-    let out = opts
-        .out
-        .clone()
-        .unwrap_or_else(|| layout.aggregated(args.iteration, &args.split));
     let shard_dir = layout
         .shard(args.iteration, &args.split, 0)
         .parent()
@@ -209,46 +184,7 @@ pub fn main(
         &mut || {},
     ) {
         Ok(m) => {
-            crate::err!(
-                "{}",
-                render_ranks_in(&m.ranks, if format.is_tensor() { "row" } else { "record" })
-            );
-            crate::err!("{}", render_problems(&m));
-            if format.is_tensor() {
-                crate::errln!(
-                    "merged {} tensor{}, {} row{} ({}) into {}; manifest {}",
-                    m.tensors.len(),
-                    if m.tensors.len() == 1 { "" } else { "s" },
-                    m.records,
-                    if m.records == 1 { "" } else { "s" },
-                    human_bytes(m.output_bytes.unwrap_or(m.bytes)),
-                    out.display(),
-                    manifest_path(&out).display()
-                );
-            } else if format == Format::Command {
-                crate::errln!(
-                    "merged {} shard{} ({}) with the merge command into {} ({}); manifest {}",
-                    m.ranks.iter().filter(|r| r.sha256.is_some()).count(),
-                    if m.ranks.iter().filter(|r| r.sha256.is_some()).count() == 1 {
-                        ""
-                    } else {
-                        "s"
-                    },
-                    human_bytes(m.bytes),
-                    out.display(),
-                    human_bytes(m.output_bytes.unwrap_or(0)),
-                    manifest_path(&out).display()
-                );
-            } else {
-                crate::errln!(
-                    "merged {} record{} ({}) into {}; manifest {}",
-                    m.records,
-                    if m.records == 1 { "" } else { "s" },
-                    human_bytes(m.bytes),
-                    out.display(),
-                    manifest_path(&out).display()
-                );
-            }
+            crate::err!("{}", summary(&m, format, &out));
             if args.json {
                 crate::outln!("{}", serde_json::to_string_pretty(&m).expect("json"));
             }
@@ -261,10 +197,9 @@ pub fn main(
                     serde_json::to_string_pretty(&e.to_json()).expect("json")
                 );
             }
-            let code = if matches!(e, AggregateError::Unsupported { .. }) {
-                exit::USAGE
-            } else {
-                exit::FAILED
+            let code = match e {
+                AggregateError::Unsupported { .. } | AggregateError::Exists { .. } => exit::USAGE,
+                _ => exit::FAILED,
             };
             let mut failure = Failure {
                 code,
@@ -291,10 +226,311 @@ pub fn main(
                 );
             } else if let AggregateError::Command { source } = &e {
                 failure = failure.with_detail(source.tail());
+            } else if let AggregateError::Exists { path } = &e {
+                failure.hint = Some(exists_hint(path, &merged));
             }
             Err(failure)
         }
     }
+}
+
+/// The number of ranks: `--num-ranks`, else `num_nodes` of the run's `cluster.json`.
+fn num_ranks(args: &AggregateArgs, layout: &Layout) -> Result<u32, Failure> {
+    let cluster = layout.cluster();
+    let recorded = match crate::store::read(&cluster) {
+        Ok(None) => None,
+        Ok(Some(bytes)) => match serde_json::from_slice::<ClusterSize>(&bytes) {
+            Ok(c) => Some(c.num_nodes),
+            Err(e) if args.num_ranks.is_none() => {
+                return Err(Failure::usage(
+                    format!(
+                        "cannot read num_nodes from {}: {e}; pass --num-ranks N",
+                        cluster.display()
+                    ),
+                    None,
+                ));
+            }
+            Err(_) => None,
+        },
+        Err(e) if args.num_ranks.is_none() => {
+            return Err(Failure::usage(
+                format!("cannot read {}: {e}; pass --num-ranks N", cluster.display()),
+                None,
+            ));
+        }
+        Err(_) => None,
+    };
+    match (args.num_ranks, recorded) {
+        (Some(n), Some(c)) if n != c => {
+            crate::errln!(
+                "note: --num-ranks {n} overrides num_nodes {c} of {}",
+                cluster.display()
+            );
+            Ok(n)
+        }
+        (Some(n), _) => Ok(n),
+        (None, Some(c)) if c > 0 => Ok(c),
+        (None, Some(_)) => Err(Failure::usage(
+            format!("{} says num_nodes 0; pass --num-ranks N", cluster.display()),
+            None,
+        )),
+        (None, None) => Err(Failure::usage(
+            format!(
+                "{} does not exist, so the number of ranks is unknown; pass --num-ranks N",
+                cluster.display()
+            ),
+            None,
+        )),
+    }
+}
+
+/// The default output: the run's merged file with `.salvaged` before its extension
+/// (`train.salvaged.jsonl`), or appended when it has none.
+fn salvaged(merged: &Path) -> PathBuf {
+    let name = match (merged.file_stem(), merged.extension()) {
+        (Some(stem), Some(ext)) => format!(
+            "{}.salvaged.{}",
+            stem.to_string_lossy(),
+            ext.to_string_lossy()
+        ),
+        _ => format!(
+            "{}.salvaged",
+            merged.file_name().unwrap_or_default().to_string_lossy()
+        ),
+    };
+    merged.with_file_name(name)
+}
+
+/// Whether `a` and `b` name the same directory entry (their directories resolved, so
+/// `x/../train.jsonl` or a symlinked directory is seen through).
+fn same_place(a: &Path, b: &Path) -> bool {
+    let resolve = |p: &Path| -> Option<PathBuf> {
+        let dir = match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        Some(dir.canonicalize().ok()?.join(p.file_name()?))
+    };
+    match (resolve(a), resolve(b)) {
+        (Some(a), Some(b)) => a == b,
+        _ => a == b,
+    }
+}
+
+/// What the run committed (or its ranks left to merge) at `out`, if anything: the merged
+/// file of either split or its manifest, or a rank's shard or partial file.
+fn committed_at(layout: &Layout, iteration: u64, num_ranks: u32, out: &Path) -> Option<String> {
+    let name = out.file_name()?.to_string_lossy().into_owned();
+    for split in ["train", "eval"] {
+        let merged = layout.aggregated(iteration, split);
+        if same_place(out, &merged) {
+            return Some(format!("the run's merged {split} file"));
+        }
+        if same_place(out, &manifest_path(&merged)) {
+            return Some(format!("the manifest of the run's merged {split} file"));
+        }
+        for rank in 0..num_ranks {
+            let shard = layout.shard(iteration, split, rank);
+            let partial = layout.shard_partial(iteration, split, rank);
+            // A partial file carries the generation that wrote it (`rank-R.partial.gG.jsonl`).
+            let partial_of_a_gen = partial.file_name().is_some_and(|p| {
+                crate::layout::gen_of(&name, &p.to_string_lossy()).is_some()
+                    && same_place(out, &partial.with_file_name(&name))
+            });
+            if same_place(out, &shard) {
+                return Some(format!("rank {rank}'s {split} shard"));
+            }
+            if same_place(out, &partial) || partial_of_a_gen {
+                return Some(format!("rank {rank}'s partial {split} shard"));
+            }
+        }
+    }
+    None
+}
+
+/// Refuse (exit 2, nothing written) a target rl-node aggregate must not write: any
+/// existing file without `--overwrite`; with it, anything the run committed; and the
+/// run's merged file once rank 0 journaled its merge (it may have been trained on).
+fn check_target(
+    layout: &Layout,
+    args: &AggregateArgs,
+    num_ranks: u32,
+    out: &Path,
+) -> Result<(), Failure> {
+    let merged = layout.aggregated(args.iteration, &args.split);
+    if args.overwrite {
+        if let Some(what) = committed_at(layout, args.iteration, num_ranks, out) {
+            return Err(Failure::usage(
+                format!(
+                    "--overwrite: {} is {what}; rl-node aggregate never replaces it; nothing was written",
+                    out.display()
+                ),
+                Some(format!(
+                    "write the merge elsewhere: drop --out for the default {}, or pass another --out FILE",
+                    salvaged(&merged).display()
+                )),
+            ));
+        }
+    } else if std::fs::symlink_metadata(out).is_ok() {
+        return Err(Failure::usage(
+            format!(
+                "{} already exists and rl-node aggregate does not replace it; nothing was written",
+                out.display()
+            ),
+            Some(exists_hint(out, &merged)),
+        ));
+    }
+    if same_place(out, &merged) {
+        if let Some(journal) = merge_journaled(layout, args.iteration, &args.split) {
+            return Err(Failure::usage(
+                format!(
+                    "{} is iteration {}'s merged {} file, whose merge rank 0 journaled ({}): the run may have trained on it, so rl-node aggregate does not write it; nothing was written",
+                    out.display(),
+                    args.iteration,
+                    args.split,
+                    journal.display()
+                ),
+                Some(format!(
+                    "salvage without --commit (or --out): the merge goes to {}",
+                    salvaged(&merged).display()
+                )),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// What to do about an output that exists.
+fn exists_hint(out: &Path, merged: &Path) -> String {
+    if same_place(out, merged) {
+        format!(
+            "it is the run's merged file, which may have been trained on: salvage without --commit (or --out) to write {}, or pass another --out FILE",
+            salvaged(merged).display()
+        )
+    } else {
+        "pass another --out FILE, or add --overwrite to replace this earlier salvage".into()
+    }
+}
+
+/// Rank 0's journal, if it records the merge of `split` of `iteration` (in a pipelined
+/// run, the rollout cluster's rank 0 merges).
+fn merge_journaled(layout: &Layout, iteration: u64, split: &str) -> Option<PathBuf> {
+    use crate::protocol::journal::{self, item};
+    let wanted = if split == "eval" {
+        item::AGGREGATE_EVAL
+    } else {
+        item::AGGREGATE_TRAIN
+    };
+    [layout.clone(), layout.clone().with_cluster(Some("rollout"))]
+        .into_iter()
+        .map(|l| l.journal(0))
+        .find(|path| {
+            let text = std::fs::read(path).unwrap_or_default();
+            journal::parse(&String::from_utf8_lossy(&text))
+                .iter()
+                .any(|e| e.iteration == iteration && e.item == wanted)
+        })
+}
+
+/// Refuse (exit 2, nothing written) while a node of the run runs, judged as `rl-node
+/// status` judges it: the kernel for a node on this machine, else a heartbeat that still
+/// advances. A run that stopped, crashed or whose nodes all died can be salvaged.
+fn refuse_live(layout: &Layout) -> Result<(), Failure> {
+    use crate::observe::status;
+    let root = layout.root();
+    let clusters: Vec<(&str, Layout)> = if status::is_pipelined(root) {
+        ["rollout", "update"]
+            .into_iter()
+            .map(|c| (c, layout.clone().with_cluster(Some(c))))
+            .collect()
+    } else {
+        vec![("", layout.clone())]
+    };
+    let mut live = Vec::new();
+    for (name, l) in clusters {
+        if !l.cluster().exists() {
+            continue;
+        }
+        let mut s = match status::read_layout(&l) {
+            Ok(s) => s,
+            Err(e) => {
+                crate::errln!(
+                    "note: cannot tell whether the run's nodes are running ({}); make sure every node stopped",
+                    e.lines().next().unwrap_or_default()
+                );
+                continue;
+            }
+        };
+        status::judge_layout(&l, &mut s);
+        let ranks: Vec<String> = s
+            .ranks
+            .iter()
+            .filter(|r| r.process == Some(status::Process::Alive))
+            .map(|r| format!("rank {} (pid {} on {})", r.rank, r.pid, r.host))
+            .collect();
+        if !ranks.is_empty() {
+            let cluster = match name {
+                "" => String::new(),
+                n => format!("the {n} cluster's "),
+            };
+            live.push(format!(
+                "{cluster}generation {} has {} running",
+                s.gen,
+                ranks.join(", ")
+            ));
+        }
+    }
+    if live.is_empty() {
+        return Ok(());
+    }
+    Err(Failure::usage(
+        format!(
+            "the run in {} is live: {}; rl-node aggregate does not touch a running run, and wrote nothing",
+            root.display(),
+            live.join("; ")
+        ),
+        Some(format!(
+            "stop every node (or wait until the run ends), then salvage; `rl-node status --log-path {}` shows what runs",
+            root.display()
+        )),
+    ))
+}
+
+/// What was merged, per rank and in total, and where it went (stderr).
+fn summary(m: &Manifest, format: Format, out: &Path) -> String {
+    let mut s = render_ranks_in(&m.ranks, if format.is_tensor() { "row" } else { "record" });
+    s.push_str(&render_problems(m));
+    let merged = m.ranks.iter().filter(|r| r.sha256.is_some()).count();
+    let plural = |n: usize| if n == 1 { "" } else { "s" };
+    let line = if format.is_tensor() {
+        format!(
+            "merged {} tensor{}, {} row{} ({}) into {}",
+            m.tensors.len(),
+            plural(m.tensors.len()),
+            m.records,
+            plural(m.records as usize),
+            human_bytes(m.output_bytes.unwrap_or(m.bytes)),
+            out.display(),
+        )
+    } else if format == Format::Command {
+        format!(
+            "merged {merged} shard{} ({}) with the merge command into {} ({})",
+            plural(merged),
+            human_bytes(m.bytes),
+            out.display(),
+            human_bytes(m.output_bytes.unwrap_or(0)),
+        )
+    } else {
+        format!(
+            "merged {} record{} ({}) into {}",
+            m.records,
+            plural(m.records as usize),
+            human_bytes(m.bytes),
+            out.display(),
+        )
+    };
+    let _ = writeln!(s, "{line}; manifest {}", manifest_path(out).display());
+    s
 }
 
 /// When no rank has a shard under the configured names but default-named shards of
@@ -371,4 +607,60 @@ fn render_problems(m: &Manifest) -> String {
         }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_salvage_goes_beside_the_merged_file_with_salvaged_before_its_extension() {
+        assert_eq!(
+            salvaged(Path::new("/r/rollouts/iter-0001/train.jsonl")),
+            Path::new("/r/rollouts/iter-0001/train.salvaged.jsonl")
+        );
+        assert_eq!(
+            salvaged(Path::new("/r/train_trajectories.pt.iteration3")),
+            Path::new("/r/train_trajectories.pt.salvaged.iteration3")
+        );
+        assert_eq!(
+            salvaged(Path::new("/r/merged")),
+            Path::new("/r/merged.salvaged")
+        );
+    }
+
+    #[test]
+    fn committed_files_are_recognised_by_any_spelling_of_their_path() {
+        let d = tempfile::tempdir().unwrap();
+        let l = Layout::new(d.path());
+        std::fs::create_dir_all(l.rollout_dir(2, "train")).unwrap();
+        std::fs::create_dir_all(l.rollout_dir(2, "eval")).unwrap();
+        let it = d.path().join("rollouts/iter-0002");
+        for (path, what) in [
+            (it.join("train.jsonl"), "the run's merged train file"),
+            (it.join("eval/../eval.jsonl"), "the run's merged eval file"),
+            (
+                it.join("train.jsonl.manifest.json"),
+                "the manifest of the run's merged train file",
+            ),
+            (it.join("train/rank-1.jsonl"), "rank 1's train shard"),
+            (
+                it.join("train/rank-1.partial.g4.jsonl"),
+                "rank 1's partial train shard",
+            ),
+        ] {
+            assert_eq!(
+                committed_at(&l, 2, 2, &path).as_deref(),
+                Some(what),
+                "{path:?}"
+            );
+        }
+        for path in [
+            it.join("train.salvaged.jsonl"),
+            it.join("train/rank-2.jsonl"),
+            d.path().join("rollouts/iter-0001/train.jsonl"),
+        ] {
+            assert_eq!(committed_at(&l, 2, 2, &path), None, "{path:?}");
+        }
+    }
 }

@@ -61,6 +61,9 @@ pub enum AggregateError {
     BadSplit { split: String },
     #[error("the number of ranks must be at least 1")]
     NoRanks,
+    /// The output exists and `MergeOptions::replace` is off; nothing was published.
+    #[error("{} already exists and is not replaced; nothing was published", .path.display())]
+    Exists { path: PathBuf },
     /// The fence refused (`MergeOptions::fence`): this node's generation was replaced.
     #[error("stopped before publishing: {reason}; nothing was published")]
     Fenced { reason: String },
@@ -94,6 +97,10 @@ impl AggregateError {
             AggregateError::Read { rank, path, .. } => {
                 v["kind"] = json!("read");
                 v["rank"] = json!(rank);
+                v["path"] = json!(path.display().to_string());
+            }
+            AggregateError::Exists { path } => {
+                v["kind"] = json!("exists");
                 v["path"] = json!(path.display().to_string());
             }
             AggregateError::List { path, .. } | AggregateError::Write { path, .. } => {

@@ -6,10 +6,12 @@
 //! records in rank order, then file order. Records are streamed line by line (memory is
 //! bounded by the longest record, never by the file; reading, validating, hashing and
 //! writing run on threads of their own, see `jsonl`) into a temporary file beside the output, which is fsynced
-//! and renamed over
+//! and renamed to
 //! `rollouts/iter-NNNN/<split>.jsonl`; a manifest `<out>.manifest.json` beside it says
 //! where every byte came from. A crash never leaves a half-written merged file under the
-//! final name, and a manifest, when present, describes the merged file beside it.
+//! final name, and a manifest, when present, describes the merged file beside it. An
+//! existing merged file is never replaced (it may have been trained on) unless the caller
+//! asks (`MergeOptions::replace`, `rl-node aggregate --overwrite` of an earlier salvage).
 //!
 //! What counts as a record: one JSON value per line, UTF-8. Blank lines are skipped. A
 //! last line without a trailing newline that is not valid JSON is a torn record (the
@@ -83,6 +85,10 @@ pub struct MergeOptions {
     pub allow_missing: bool,
     /// Merged file; default `Layout::aggregated(iteration, split)`.
     pub out: Option<PathBuf>,
+    /// Replace an existing merged file (`rl-node aggregate --overwrite`). Otherwise an
+    /// existing one is refused before anything is read ([`AggregateError::Exists`]) and
+    /// the merge is renamed into place without replacing anything created meanwhile.
+    pub replace: bool,
     /// Reject Python's NaN / Infinity / -Infinity.
     pub strict_json: bool,
     /// Longest record accepted; a longer line counts as invalid.
@@ -113,6 +119,7 @@ impl std::fmt::Debug for MergeOptions {
         f.debug_struct("MergeOptions")
             .field("allow_missing", &self.allow_missing)
             .field("out", &self.out)
+            .field("replace", &self.replace)
             .field("strict_json", &self.strict_json)
             .field("max_record_bytes", &self.max_record_bytes)
             .field("command", &self.command)
@@ -130,6 +137,7 @@ impl Default for MergeOptions {
         MergeOptions {
             allow_missing: false,
             out: None,
+            replace: false,
             strict_json: false,
             max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
             command: String::new(),
@@ -282,6 +290,13 @@ pub fn merge(
         let path = path.to_path_buf();
         move |source| AggregateError::Write { path, source }
     };
+    if !opts.replace {
+        match std::fs::symlink_metadata(&out) {
+            Ok(_) => return Err(AggregateError::Exists { path: out }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(werr(&out)(e)),
+        }
+    }
     crate::store::SharedDir::create_dir_all(&crate::store::Fs, &out_dir).map_err(werr(&out_dir))?;
     let tmp = temp_path(&out);
     let mut extras = Extras::default();
@@ -327,7 +342,15 @@ pub fn merge(
         if let Some(fence) = &opts.fence {
             fence().map_err(|reason| AggregateError::Fenced { reason })?;
         }
-        std::fs::rename(&tmp, &out).map_err(werr(&out))?;
+        let renamed = if opts.replace {
+            std::fs::rename(&tmp, &out)
+        } else {
+            crate::store::rename_noreplace(&tmp, &out)
+        };
+        renamed.map_err(|e| match e.kind() {
+            io::ErrorKind::AlreadyExists => AggregateError::Exists { path: out.clone() },
+            _ => werr(&out)(e),
+        })?;
         crate::store::fsync_dir(&out_dir).map_err(werr(&out_dir))?;
         crate::store::publish_json(&mpath, &manifest).map_err(werr(&mpath))
     })();
@@ -439,6 +462,38 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names.len(), 2, "{names:?}");
+    }
+
+    #[test]
+    fn merge_never_replaces_an_existing_output_unless_asked() {
+        let d = tempfile::tempdir().unwrap();
+        let l = Layout::new(d.path());
+        std::fs::create_dir_all(l.rollout_dir(1, "train")).unwrap();
+        std::fs::write(l.shard(1, "train", 0), "{\"new\":1}\n").unwrap();
+        let out = l.aggregated(1, "train");
+        std::fs::write(&out, "trained on\n").unwrap();
+        let e = merge(&l, 1, "train", 1, &opts(), &mut || {}).unwrap_err();
+        assert!(
+            matches!(&e, AggregateError::Exists { path } if path == &out),
+            "{e}"
+        );
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "trained on\n");
+        assert!(!manifest_path(&out).exists());
+        assert_eq!(std::fs::read_dir(out.parent().unwrap()).unwrap().count(), 2);
+        // A symlink at the output counts as a file there: not followed, not replaced.
+        std::fs::remove_file(&out).unwrap();
+        std::os::unix::fs::symlink(d.path().join("elsewhere"), &out).unwrap();
+        let e = merge(&l, 1, "train", 1, &opts(), &mut || {}).unwrap_err();
+        assert!(matches!(e, AggregateError::Exists { .. }), "{e}");
+        assert!(!d.path().join("elsewhere").exists());
+        std::fs::remove_file(&out).unwrap();
+        std::fs::write(&out, "an earlier salvage\n").unwrap();
+        let replace = MergeOptions {
+            replace: true,
+            ..opts()
+        };
+        merge(&l, 1, "train", 1, &replace, &mut || {}).unwrap();
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "{\"new\":1}\n");
     }
 
     #[test]

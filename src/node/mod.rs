@@ -2159,12 +2159,15 @@ impl Node {
         let out = self.layout.aggregated(it, split);
         let pc = self.cfg.phases.aggregate.clone();
         if pc.is_set() {
-            self.run_command("aggregate", &pc, Some(split), &out, false)?;
-            return Ok(());
+            return self.aggregate_command(split, &pc);
         }
         if !have_shards {
             return Ok(());
         }
+        // Committed by an attempt that crashed before journaling it: kept, out of the
+        // way, so the merge never replaces a file (it may have been used meanwhile).
+        self.set_aside_earlier("merged file", &out)?;
+        self.set_aside_earlier("merge manifest", &crate::aggregate::manifest_path(&out))?;
         self.watchdog.pet("aggregating shards");
         let wd = self.watchdog.clone();
         let mut opts = crate::aggregate::MergeOptions::from_config(&self.cfg.aggregate); // allow_missing: false
@@ -2244,6 +2247,72 @@ impl Node {
                 None,
             )),
         }
+    }
+
+    /// Rank 0's `[phases.aggregate] command` writes this generation's partial merged file
+    /// (`{output}`, `train.partial.gG.jsonl`), renamed to the merged file only after the
+    /// command exited 0 and only while this generation is current, never over an existing
+    /// file: a merge of an older generation that wakes up (a frozen host) writes its own
+    /// partial, which nobody commits. A merged file an earlier attempt committed but did
+    /// not journal is set aside first; older generations' partials stay where they are.
+    fn aggregate_command(&mut self, split: &str, pc: &PhaseCommand) -> Result<(), Stop> {
+        let (it, gen) = (self.iteration, self.gen());
+        let out = self.layout.aggregated_partial(it, split, gen);
+        let done = self.layout.aggregated(it, split);
+        self.set_aside_earlier("merged file", &done)?;
+        self.set_aside_earlier("partial merged file", &out)?;
+        if let Some(dir) = out.parent() {
+            if let Err(e) = self.store.create_dir_all(dir) {
+                let reason = format!("cannot create {}: {e}", dir.display());
+                return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
+            }
+        }
+        let log = self.run_command("aggregate", pc, Some(split), &out, false)?;
+        self.fence(&format!("commit the merged {split} file of iteration {it}"))?;
+        self.watchdog.pet("committing the merged file");
+        let wrote = self.store.lstat(&out);
+        let problem = match (wrote, self.store.exists(&done)) {
+            (Ok(Some(m)), false) if matches!(m.kind, Kind::File | Kind::Dir) => None,
+            (Ok(Some(_)), false) => Some(format!(
+                "the aggregate command's {{output}} {} is not a regular file or a directory; not committed",
+                out.display()
+            )),
+            (Ok(Some(_)), true) => Some(format!(
+                "the aggregate command wrote both {{output}} ({}) and the merged file's name itself ({}): rl-node does not know which is the merge and replaces neither",
+                out.display(),
+                done.display()
+            )),
+            (Ok(None), true) => Some(format!(
+                "the aggregate command wrote the merged file {} itself instead of {{output}} ({}): rl-node commits only {{output}}, which it renames into place after the command exits 0",
+                done.display(),
+                out.display()
+            )),
+            (Ok(None), false) => Some(format!(
+                "the aggregate command exited 0 but wrote no output: {{output}} ({}) does not exist",
+                out.display()
+            )),
+            (Err(e), _) => Some(format!("cannot inspect {}: {e}", out.display())),
+        };
+        if let Some(reason) = problem {
+            return Err(self.fail(AbortKind::Error, self.rank, None, reason, Some(&log)));
+        }
+        let committed = self
+            .store
+            .sync_file(&out)
+            .and_then(|()| self.store.rename_noreplace(&out, &done))
+            .and_then(|()| self.store.fsync_dir(done.parent().expect("has parent")));
+        if let Err(e) = committed {
+            let reason = if e.kind() == std::io::ErrorKind::AlreadyExists {
+                format!(
+                    "cannot commit {}: another writer created it while the aggregate command ran (not replaced)",
+                    done.display()
+                )
+            } else {
+                format!("cannot commit {} as {}: {e}", out.display(), done.display())
+            };
+            return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
+        }
+        Ok(())
     }
 
     /// Run `work` unless this rank journaled `item` for the current iteration; journal it

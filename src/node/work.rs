@@ -398,6 +398,8 @@ impl Node {
             ));
         }
         let out = self.layout.aggregated(self.iteration, split);
+        // Committed by an attempt that crashed before journaling it: kept, out of the way.
+        self.set_aside_earlier("merged file", &out)?;
         self.fence(&format!("publish {}", out.display()))?;
         concat(&paths, &out).map_err(|e| {
             self.fail(
@@ -1743,7 +1745,10 @@ fn concat(paths: &[PathBuf], out: &Path) -> std::io::Result<()> {
         }
     }
     w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-    std::fs::rename(&tmp, out)?;
+    if let Err(e) = store::rename_noreplace(&tmp, out) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
     store::fsync_dir(dir)
 }
 
