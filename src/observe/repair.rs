@@ -191,6 +191,7 @@ pub fn diagnose(layout: &Layout) -> Option<(Vec<Problem>, Option<ClusterRecord>)
                 at: crate::clock::wall_now(),
                 note: Some(format!("rebuilt by rl-node recover --repair: {why}")),
                 failed: None,
+                checkpoint: None,
             })
             .collect();
         problems.push(Problem {
