@@ -30,11 +30,13 @@
 //! system calls; it is not closed, only made that small.
 //!
 //! A crash at any point leaves `LATEST` naming a complete, verifiable checkpoint (the old
-//! or the new one); and a `LATEST` that is damaged anyway (empty, naming something outside
-//! `models/`, missing, or not matching its manifest) is never served: [`latest`] falls
-//! back to the newest checkpoint that verifies. Verifying is cheap by default
-//! ([`Check::Sizes`]: the manifest against its digest, every file's existence and size);
-//! [`Check::Hash`] re-hashes every file.
+//! or the new one); and a `LATEST` that is deleted or damaged anyway (empty, naming
+//! something outside `models/` or a missing directory, or not matching its manifest) is
+//! never served: [`latest_as`] falls back to the newest checkpoint that verifies, checked
+//! against what rank 0's journal says was published ([`Journaled`]), so that a lost
+//! `LATEST` never silently sends the run back to its base model. Verifying is cheap by
+//! default ([`Check::Sizes`]: the manifest against its digest, every file's existence and
+//! size); [`Check::Hash`] re-hashes every file.
 //!
 //! [`prune`] keeps `models/` from growing without bound: it deletes checkpoints beyond the
 //! newest N (never the one `LATEST` names, nor those the caller spares) by renaming each to
