@@ -30,11 +30,13 @@
 //! system calls; it is not closed, only made that small.
 //!
 //! A crash at any point leaves `LATEST` naming a complete, verifiable checkpoint (the old
-//! or the new one); and a `LATEST` that is damaged anyway (empty, naming something outside
-//! `models/`, missing, or not matching its manifest) is never served: [`latest`] falls
-//! back to the newest checkpoint that verifies. Verifying is cheap by default
-//! ([`Check::Sizes`]: the manifest against its digest, every file's existence and size);
-//! [`Check::Hash`] re-hashes every file.
+//! or the new one); and a `LATEST` that is deleted or damaged anyway (empty, naming
+//! something outside `models/` or a missing directory, or not matching its manifest) is
+//! never served: [`latest_as`] falls back to the newest checkpoint that verifies, checked
+//! against what rank 0's journal says was published ([`Journaled`]), so that a lost
+//! `LATEST` never silently sends the run back to its base model. Verifying is cheap by
+//! default ([`Check::Sizes`]: the manifest against its digest, every file's existence and
+//! size); [`Check::Hash`] re-hashes every file.
 //!
 //! [`prune`] keeps `models/` from growing without bound: it deletes checkpoints beyond the
 //! newest N (never the one `LATEST` names, nor those the caller spares) by renaming each to
@@ -477,18 +479,70 @@ fn is_plain_name(name: &str) -> bool {
     !name.is_empty() && !name.contains('/') && name != "." && name != ".." && !name.contains('\0')
 }
 
-/// The model to serve and train from, according to `models/`.
+/// What rank 0's journal says about the run's hand-offs: the evidence a fallback from an
+/// unusable `models/LATEST` is bounded by and checked against (the run's own state is
+/// evidence, never a default). [`Journaled::default`]: no journal to go by, no bound.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Journaled {
+    /// The newest iteration whose hand-off rank 0 journaled (published, skipped, or the
+    /// whole iteration complete): no checkpoint of a later iteration was ever published as
+    /// far as the run knows. `None`: no bound.
+    pub through: Option<u64>,
+    /// The newest checkpoint (`iter-NNNN`) a journaled hand-off published.
+    pub published: Option<String>,
+}
+
+impl Journaled {
+    /// From rank 0's journal entries of this run, for a walk that hands off; `walk_item`
+    /// is its completion item (`Config::walk_item`).
+    pub fn from_journal(entries: &[crate::protocol::journal::Entry], walk_item: &str) -> Journaled {
+        use crate::protocol::journal::item;
+        let through = entries
+            .iter()
+            .filter(|e| {
+                [item::HANDOFF, item::HANDOFF_SKIPPED, walk_item].contains(&e.item.as_str())
+            })
+            .map(|e| e.iteration)
+            .max()
+            .unwrap_or(0);
+        let published = entries
+            .iter()
+            .filter(|e| e.item == item::HANDOFF)
+            .filter_map(|e| {
+                let name = e.checkpoint.as_deref()?;
+                (is_plain_name(name) && iteration_of(name).is_some())
+                    .then(|| (e.iteration, name.to_string()))
+            })
+            .max()
+            .map(|(_, name)| name);
+        Journaled {
+            through: Some(through),
+            published,
+        }
+    }
+}
+
+/// The model to serve and train from, according to `models/` and rank 0's journal.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Latest {
     /// `models/LATEST` names this checkpoint and it verifies.
     Checkpoint(PathBuf),
-    /// There is no `models/LATEST`: nothing was published yet, the base model applies.
+    /// Nothing was published yet (no `models/LATEST`, and no checkpoint the journal
+    /// knows of): the base model applies.
     Base,
-    /// `models/LATEST` cannot be used (`problem` says why); `fallback` is the newest
-    /// checkpoint that verifies, or `None` when there is none (the base model applies).
+    /// `models/LATEST` names `path`, which verifies, but is older than `published`, the
+    /// newest checkpoint rank 0's journal records as published. rl-node only moves
+    /// `LATEST` forward, so someone wrote it (to go back on purpose): it is used, and said.
+    Behind { path: PathBuf, published: String },
+    /// `models/LATEST` is missing or cannot be used (`problem` says why). `fallback`: the
+    /// newest checkpoint that verifies and that the journal does not place after its last
+    /// hand-off, or why there is none (the base model applies). `published`: the newest
+    /// checkpoint rank 0's journal records as published, when the fallback is older than
+    /// it (training goes back), or there is none (see [`Latest::stop`]).
     Damaged {
         problem: String,
-        fallback: Option<PathBuf>,
+        fallback: Result<PathBuf, String>,
+        published: Option<String>,
     },
 }
 
@@ -496,86 +550,265 @@ impl Latest {
     /// The checkpoint to use; `None`: the base model (`cluster.model`).
     pub fn path(&self) -> Option<&Path> {
         match self {
-            Latest::Checkpoint(p) => Some(p),
+            Latest::Checkpoint(p) | Latest::Behind { path: p, .. } => Some(p),
             Latest::Damaged {
-                fallback: Some(p), ..
+                fallback: Ok(p), ..
             } => Some(p),
             _ => None,
         }
     }
 
-    /// What to tell the user when `LATEST` was not usable; `base` is `cluster.model`.
-    /// `None` when there is nothing to say. (When `fallback` is `None` and `base` is empty
-    /// there is no model at all: the caller must stop, see [`Latest::no_model`].)
+    /// What to tell the user when `LATEST` was not used as it is; `base` is
+    /// `cluster.model`. `None` when there is nothing to say. When [`Latest::stop`] says
+    /// to stop, that is the message instead.
     pub fn warning(&self, base: &str) -> Option<String> {
-        let Latest::Damaged { problem, fallback } = self else {
+        let name = |p: &Path| {
+            p.file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned()
+        };
+        match self {
+            Latest::Checkpoint(_) | Latest::Base => None,
+            Latest::Behind { path, published } => Some(format!(
+                "models/LATEST names {}, older than {published}, which rank 0's journal records as published (rl-node only moves LATEST forward, so it was written by hand); using {}, as LATEST says",
+                name(path),
+                name(path)
+            )),
+            Latest::Damaged {
+                problem,
+                fallback: Ok(p),
+                published,
+            } => Some(format!(
+                "{problem}; using {}, the newest verified checkpoint{}",
+                name(p),
+                published
+                    .as_ref()
+                    .map(|k| format!(
+                        ", older than {k}, which rank 0's journal records as published: training goes back to an older model"
+                    ))
+                    .unwrap_or_default()
+            )),
+            Latest::Damaged {
+                problem,
+                fallback: Err(none),
+                ..
+            } => Some(if base.trim().is_empty() {
+                format!("{problem}, and {none}; there is no base model either (cluster.model is empty)")
+            } else {
+                format!("{problem}, and {none}; using the base model {base} (cluster.model)")
+            }),
+        }
+    }
+
+    /// Why the node must stop instead of serving anything, if it must: `LATEST` is
+    /// unusable, no checkpoint verifies, and either there is no base model, or rank 0's
+    /// journal records a published checkpoint, so going on from the base model would
+    /// silently throw every iteration of training away.
+    pub fn stop(&self, base: &str) -> Option<String> {
+        let Latest::Damaged {
+            problem,
+            fallback: Err(none),
+            published,
+        } = self
+        else {
             return None;
         };
-        Some(match fallback {
-            Some(p) => format!(
-                "{problem}; using {}, the newest verified checkpoint",
-                p.file_name().unwrap_or_default().to_string_lossy()
-            ),
-            None if base.is_empty() => format!(
-                "{problem}, and no checkpoint under models/ verifies; there is no base model either (cluster.model is empty)"
-            ),
-            None => format!(
-                "{problem}, and no checkpoint under models/ verifies; using the base model {base} (cluster.model)"
-            ),
-        })
-    }
-
-    /// `LATEST` is unusable, nothing verifies and there is no base model to fall back on.
-    pub fn no_model(&self, base: &str) -> bool {
-        matches!(self, Latest::Damaged { fallback: None, .. }) && base.trim().is_empty()
-    }
-}
-
-/// Resolve `models/LATEST` to a checkpoint that verifies. A `LATEST` that is empty,
-/// names something outside `models/`, names a missing directory or one that does not
-/// verify against its manifest is never used: the newest `models/iter-NNNN` (by iteration
-/// number) that verifies is, with the problem reported in [`Latest::Damaged`].
-pub fn latest(models: &Path, tick: &mut dyn FnMut()) -> Latest {
-    latest_as(models, Check::Hash, tick)
-}
-
-/// [`latest`], verifying as `check` says.
-pub fn latest_as(models: &Path, check: Check, tick: &mut dyn FnMut()) -> Latest {
-    let pointer = models.join(LATEST);
-    let problem = match fs::read(&pointer) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Latest::Base,
-        Err(e) => format!("models/LATEST cannot be read ({e})"),
-        Ok(bytes) => {
-            let text = String::from_utf8_lossy(&bytes);
-            let name = text.trim();
-            if name.is_empty() {
-                "models/LATEST is empty".to_string()
-            } else if !is_plain_name(name) {
-                format!("models/LATEST names `{name}`, which is not a checkpoint in models/")
-            } else {
-                let dir = models.join(name);
-                if !dir.exists() {
-                    format!("models/LATEST names {name}, which does not exist")
-                } else {
-                    match verify_as(&dir, check, tick) {
-                        Ok(_) => return Latest::Checkpoint(dir),
-                        Err(e) => {
-                            format!("models/LATEST names {name}, which does not verify ({e})")
-                        }
-                    }
-                }
-            }
+        match published {
+            Some(k) => Some(format!(
+                "{problem}, and {none}, but rank 0's journal records {k} as published: going on from the base model would throw away the training of every iteration so far; restore models/{k} (with its manifest) from a copy, or start the run over with --fresh on rank 0 (the old run is set aside, nothing is deleted)"
+            )),
+            None if base.trim().is_empty() => Some(format!(
+                "{}: there is no model to serve or train from; repair models/LATEST or set cluster.model",
+                self.warning(base).unwrap_or_default()
+            )),
+            None => None,
         }
+    }
+}
+
+/// Resolve `models/LATEST` to a checkpoint that verifies, without evidence from a journal
+/// (see [`latest_as`]).
+pub fn latest(models: &Path, tick: &mut dyn FnMut()) -> Latest {
+    latest_as(models, Check::Hash, &Journaled::default(), tick)
+}
+
+/// Resolve `models/LATEST` to a checkpoint that verifies (as `check` says). A `LATEST`
+/// that is missing, empty, names something outside `models/`, a missing directory or one
+/// that does not verify is never used: the newest `models/iter-NNNN` (by iteration number)
+/// that verifies is, with the problem reported in [`Latest::Damaged`].
+///
+/// `journaled` bounds that fallback. A checkpoint under its final name is complete: it is
+/// renamed there only once every file is written, fsynced and listed in its manifest (a
+/// copy in progress lives under `.iter-NNNN.gG.partial`, which is no checkpoint name), so
+/// a half-copied leftover never verifies. But a complete one may still not be the run's
+/// model yet: a hand-off interrupted after its rename, before it journaled, is redone
+/// by the restart (it keeps the checkpoint and points `LATEST` at it then), and one
+/// placed in `models/` by someone else was never the run's at all. So the fallback is the
+/// newest that verifies among those of iterations whose hand-off the journal records,
+/// never a newer one. A missing `LATEST` with no such checkpoint and nothing published
+/// according to the journal is the ordinary state before the first hand-off: `Base`,
+/// said by nobody.
+pub fn latest_as(
+    models: &Path,
+    check: Check,
+    journaled: &Journaled,
+    tick: &mut dyn FnMut(),
+) -> Latest {
+    let problem = match pointer(models, check, tick) {
+        Ok(dir) => return behind(dir, journaled),
+        Err(problem) => problem,
     };
+    let found = newest_verified(models, journaled.through, check, tick);
+    let problem = match problem {
+        Some(p) => p,
+        None if found.candidates == 0 && journaled.published.is_none() => return Latest::Base,
+        None => "models/LATEST is missing".to_string(),
+    };
+    let fallback = found
+        .fallback
+        .clone()
+        .ok_or_else(|| found.none(&problem, journaled.through));
+    // Training goes back when the fallback is older than what the journal says was
+    // published (or there is none).
+    let iteration = |p: &PathBuf| {
+        p.file_name()
+            .and_then(|n| iteration_of(&n.to_string_lossy()))
+    };
+    let published = journaled.published.clone().filter(|k| {
+        let k = iteration_of(k);
+        fallback.as_ref().map_or(true, |p| iteration(p) < k)
+    });
     Latest::Damaged {
         problem,
-        fallback: newest_verified(models, check, tick),
+        fallback,
+        published,
     }
 }
 
-/// The `models/iter-NNNN` with the highest iteration that verifies.
-fn newest_verified(models: &Path, check: Check, tick: &mut dyn FnMut()) -> Option<PathBuf> {
-    newest_at_most(models, u64::MAX, check, tick)
+/// What `models/LATEST` names, if that is a checkpoint that verifies; else what is wrong
+/// with it (`None`: there is no `LATEST`).
+fn pointer(models: &Path, check: Check, tick: &mut dyn FnMut()) -> Result<PathBuf, Option<String>> {
+    let bytes = match fs::read(models.join(LATEST)) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(None),
+        Err(e) => return Err(Some(format!("models/LATEST cannot be read ({e})"))),
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let name = text.trim();
+    if name.is_empty() {
+        return Err(Some("models/LATEST is empty".to_string()));
+    }
+    if !is_plain_name(name) {
+        return Err(Some(format!(
+            "models/LATEST names `{name}`, which is not a checkpoint in models/"
+        )));
+    }
+    let dir = models.join(name);
+    if !dir.exists() {
+        return Err(Some(format!(
+            "models/LATEST names {name}, which does not exist"
+        )));
+    }
+    match verify_as(&dir, check, tick) {
+        Ok(_) => Ok(dir),
+        Err(e) => Err(Some(format!(
+            "models/LATEST names {name}, which does not verify ({e})"
+        ))),
+    }
+}
+
+/// `LATEST` verifies: [`Latest::Checkpoint`], or [`Latest::Behind`] when it names an
+/// older checkpoint than the journal's newest published one.
+fn behind(dir: PathBuf, journaled: &Journaled) -> Latest {
+    let ours = dir
+        .file_name()
+        .and_then(|n| iteration_of(&n.to_string_lossy()));
+    match &journaled.published {
+        Some(k) if ours.is_some_and(|ours| iteration_of(k).is_some_and(|k| ours < k)) => {
+            Latest::Behind {
+                path: dir,
+                published: k.clone(),
+            }
+        }
+        _ => Latest::Checkpoint(dir),
+    }
+}
+
+/// The outcome of looking for a fallback.
+struct Found {
+    /// The newest checkpoint that verifies.
+    fallback: Option<PathBuf>,
+    /// How many checkpoints were looked at, and how many newer ones were not.
+    candidates: usize,
+    newer: usize,
+    /// The newest one looked at, when it does not verify: its name and why.
+    newest_error: Option<(String, String)>,
+}
+
+impl Found {
+    /// Why there is no fallback, for a message after `problem`.
+    fn none(&self, problem: &str, through: Option<u64>) -> String {
+        match (self.candidates, &self.newest_error) {
+            (0, _) if self.newer == 0 => "models/ holds no checkpoint".to_string(),
+            (0, _) => format!(
+                "models/ holds no checkpoint of an iteration whose hand-off rank 0's journal records (iteration {} or earlier; the hand-off of a newer one did not finish)",
+                through.unwrap_or_default()
+            ),
+            (n, Some((name, e))) if !problem.contains(e.as_str()) => format!(
+                "none of the {n} checkpoint(s) in models/ verifies (the newest, {name}: {e})"
+            ),
+            (n, _) => format!("none of the {n} checkpoint(s) in models/ verifies"),
+        }
+    }
+}
+
+/// The `models/iter-NNNN` with the highest iteration (at most `through`, if given) that
+/// verifies.
+fn newest_verified(
+    models: &Path,
+    through: Option<u64>,
+    check: Check,
+    tick: &mut dyn FnMut(),
+) -> Found {
+    let all = checkpoints(models);
+    let candidates: Vec<&(u64, PathBuf)> = all
+        .iter()
+        .filter(|(i, _)| through.is_none_or(|t| *i <= t))
+        .collect();
+    let mut found = Found {
+        fallback: None,
+        candidates: candidates.len(),
+        newer: all.len() - candidates.len(),
+        newest_error: None,
+    };
+    for (_, p) in candidates.iter().rev() {
+        match verify_as(p, check, tick) {
+            Ok(_) => {
+                found.fallback = Some(p.clone());
+                break;
+            }
+            Err(e) if found.newest_error.is_none() => {
+                let name = p.file_name().unwrap_or_default().to_string_lossy();
+                found.newest_error = Some((name.into_owned(), e));
+            }
+            Err(_) => {}
+        }
+    }
+    found
+}
+
+/// Every `models/iter-NNNN`, by iteration.
+fn checkpoints(models: &Path) -> Vec<(u64, PathBuf)> {
+    let mut found: Vec<(u64, PathBuf)> = fs::read_dir(models)
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| Some((iteration_of(e.file_name().to_str()?)?, e.path())))
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    found
 }
 
 /// The `models/iter-NNNN` with the highest iteration at most `iteration` that verifies:
@@ -587,18 +820,7 @@ pub fn newest_at_most(
     check: Check,
     tick: &mut dyn FnMut(),
 ) -> Option<PathBuf> {
-    let mut found: Vec<(u64, PathBuf)> = fs::read_dir(models)
-        .ok()?
-        .flatten()
-        .filter_map(|e| Some((iteration_of(e.file_name().to_str()?)?, e.path())))
-        .filter(|(i, _)| *i <= iteration)
-        .collect();
-    found.sort();
-    found
-        .into_iter()
-        .rev()
-        .map(|(_, p)| p)
-        .find(|p| verify_as(p, check, tick).is_ok())
+    newest_verified(models, Some(iteration), check, tick).fallback
 }
 
 /// What `publish` did.
@@ -1650,7 +1872,8 @@ mod tests {
                 l,
                 Latest::Damaged {
                     problem: problem.into(),
-                    fallback: Some(newest.clone())
+                    fallback: Ok(newest.clone()),
+                    published: None,
                 },
                 "{text:?}"
             );
@@ -1670,19 +1893,166 @@ mod tests {
                 && w.ends_with("); using iter-0002, the newest verified checkpoint"),
             "{w}"
         );
-        assert!(!l.no_model(""));
+        assert_eq!(l.stop(""), None);
         // Nothing verifies: the base model, or no model at all.
         for it in [1, 2] {
             fs::write(models.join(format!("iter-{it:04}/weights.bin")), b"changed").unwrap();
         }
         let l = latest(&models, &mut || {});
         assert_eq!(l.path(), None);
-        assert!(l.no_model("") && !l.no_model("/models/base"));
-        assert!(l
-            .warning("/models/base")
-            .unwrap()
-            .ends_with("no checkpoint under models/ verifies; using the base model /models/base (cluster.model)"));
+        assert!(l.stop("").is_some_and(|s| s.ends_with(
+            "there is no base model either (cluster.model is empty): there is no model to serve or train from; repair models/LATEST or set cluster.model"
+        )));
+        assert_eq!(l.stop("/models/base"), None);
+        let w = l.warning("/models/base").unwrap();
+        assert!(
+            w.ends_with(", and none of the 3 checkpoint(s) in models/ verifies; using the base model /models/base (cluster.model)"),
+            "{w}"
+        );
         assert!(!l.warning("").unwrap().contains("  "));
+    }
+
+    #[test]
+    fn a_missing_latest_falls_back_to_the_newest_verified_checkpoint() {
+        let d = tempfile::tempdir().unwrap();
+        let src = d.path().join("out");
+        tree(&src);
+        let models = d.path().join("models");
+        for it in [1, 2, 3] {
+            publish_as(&src, &models, &format!("iter-{it:04}")).unwrap();
+        }
+        fs::remove_file(models.join(LATEST)).unwrap();
+        // The newest one does not verify: it is skipped for the newest that does.
+        fs::write(models.join("iter-0003/weights.bin"), b"changed").unwrap();
+        let l = latest(&models, &mut || {});
+        assert_eq!(
+            l,
+            Latest::Damaged {
+                problem: "models/LATEST is missing".into(),
+                fallback: Ok(models.join("iter-0002")),
+                published: None,
+            }
+        );
+        assert_eq!(
+            l.warning("base").as_deref(),
+            Some("models/LATEST is missing; using iter-0002, the newest verified checkpoint")
+        );
+        assert_eq!(l.stop(""), None);
+        // None verifies: the base model, said.
+        fs::write(models.join("iter-0002/weights.bin"), b"changed").unwrap();
+        fs::write(models.join("iter-0001/weights.bin"), b"changed").unwrap();
+        let l = latest(&models, &mut || {});
+        assert_eq!(l.path(), None);
+        let w = l.warning("/base").unwrap();
+        assert!(
+            w.starts_with("models/LATEST is missing, and none of the 3 checkpoint(s) in models/ verifies (the newest, iter-0003: ")
+                && w.ends_with("; using the base model /base (cluster.model)"),
+            "{w}"
+        );
+        // An empty models/ (or none): the first start, nothing to say.
+        let empty = d.path().join("empty");
+        fs::create_dir_all(&empty).unwrap();
+        assert_eq!(latest(&empty, &mut || {}), Latest::Base);
+        assert_eq!(Latest::Base.warning("/base"), None);
+    }
+
+    fn handoff(iteration: u64, checkpoint: Option<&str>) -> crate::protocol::journal::Entry {
+        crate::protocol::journal::Entry {
+            run_id: "r".into(),
+            gen: 1,
+            rank: 0,
+            iteration,
+            item: crate::protocol::journal::item::HANDOFF.into(),
+            at: String::new(),
+            note: None,
+            failed: None,
+            checkpoint: checkpoint.map(str::to_string),
+        }
+    }
+
+    /// The journal's evidence: the fallback never goes past the last journaled hand-off,
+    /// a missing `LATEST` before the first one is quiet, and a published checkpoint that
+    /// is gone stops the node instead of restarting from the base model.
+    #[test]
+    fn the_journal_bounds_and_checks_the_fallback() {
+        let d = tempfile::tempdir().unwrap();
+        let src = d.path().join("out");
+        tree(&src);
+        let models = d.path().join("models");
+        let walk = "iteration-complete:both";
+        let j = |n: u64| {
+            let entries: Vec<_> = (1..=n)
+                .map(|it| handoff(it, Some(&format!("iter-{it:04}"))))
+                .collect();
+            Journaled::from_journal(&entries, walk)
+        };
+        assert_eq!(
+            j(2),
+            Journaled {
+                through: Some(2),
+                published: Some("iter-0002".into())
+            }
+        );
+        let resolve = |j: &Journaled| latest_as(&models, Check::Sizes, j, &mut || {});
+        // A first hand-off interrupted after its rename, before LATEST and its journal
+        // entry: the restart redoes it; until then the base model, quietly.
+        publish_as(&src, &models, "iter-0001").unwrap();
+        fs::remove_file(models.join(LATEST)).unwrap();
+        assert_eq!(resolve(&j(0)), Latest::Base);
+        // Journaled up to 2, iter-0003 complete but not journaled (or put there by
+        // someone else): never newer than the journal.
+        for it in [2, 3] {
+            publish_as(&src, &models, &format!("iter-{it:04}")).unwrap();
+        }
+        fs::remove_file(models.join(LATEST)).unwrap();
+        let l = resolve(&j(2));
+        assert_eq!(l.path(), Some(models.join("iter-0002").as_path()));
+        assert_eq!(
+            l.warning("").as_deref(),
+            Some("models/LATEST is missing; using iter-0002, the newest verified checkpoint")
+        );
+        // Hand-offs that published nothing (training wrote nothing) bound it too.
+        let nothing =
+            Journaled::from_journal(&[handoff(1, Some("iter-0001")), handoff(2, None)], walk);
+        assert_eq!(
+            resolve(&nothing).path(),
+            Some(models.join("iter-0002").as_path())
+        );
+        // The journal's newest checkpoint does not verify: an older one, said so.
+        fs::write(models.join("iter-0002/weights.bin"), b"changed").unwrap();
+        let l = resolve(&j(2));
+        assert_eq!(l.path(), Some(models.join("iter-0001").as_path()));
+        assert_eq!(
+            l.warning("").as_deref(),
+            Some("models/LATEST is missing; using iter-0001, the newest verified checkpoint, older than iter-0002, which rank 0's journal records as published: training goes back to an older model")
+        );
+        // LATEST written by hand to an older checkpoint: used, and said.
+        fs::write(models.join(LATEST), "iter-0001\n").unwrap();
+        let l = resolve(&j(2));
+        assert_eq!(
+            l,
+            Latest::Behind {
+                path: models.join("iter-0001"),
+                published: "iter-0002".into()
+            }
+        );
+        assert!(l.warning("").unwrap().contains("older than iter-0002"));
+        fs::remove_file(models.join(LATEST)).unwrap();
+        // Nothing the journal published verifies, or models/ is empty: a stop, with or
+        // without a base model, never a silent restart from it.
+        fs::write(models.join("iter-0001/weights.bin"), b"changed").unwrap();
+        let stop = resolve(&j(2)).stop("/base").unwrap();
+        assert!(
+            stop.starts_with("models/LATEST is missing, and none of the 2 checkpoint(s) in models/ verifies (the newest, iter-0002: ")
+                && stop.contains("but rank 0's journal records iter-0002 as published: going on from the base model would throw away the training of every iteration so far"),
+            "{stop}"
+        );
+        fs::remove_dir_all(&models).unwrap();
+        let stop = resolve(&j(2)).stop("/base").unwrap();
+        assert!(
+            stop.starts_with("models/LATEST is missing, and models/ holds no checkpoint, but rank 0's journal records iter-0002 as published"),
+            "{stop}"
+        );
     }
 
     #[test]

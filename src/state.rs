@@ -404,6 +404,7 @@ mod tests {
             at: String::new(),
             note: None,
             failed: None,
+            checkpoint: None,
         }
     }
 

@@ -1,7 +1,8 @@
 //! Checkpoint hand-off with the real binary: training outputs laid out with symbolic links
 //! (Hugging Face snapshots), links that leave the checkpoint, dangle or loop, a checkpoint
 //! name that is taken, a hand-off fenced off because its generation was replaced, a
-//! damaged `models/LATEST` on restart; a checkpoint moved (not copied) leaving excluded
+//! damaged or deleted `models/LATEST` on restart (checked against the journal, reported and
+//! repaired by `recover`); a checkpoint moved (not copied) leaving excluded
 //! files behind, with `keep-last` deleting old ones; a crash at each point of a moved
 //! hand-off; `verify = "sizes"` against `"hash"`; and a copy across filesystems.
 
@@ -316,9 +317,11 @@ fn no_verified_checkpoint_and_no_base_model_is_a_clear_error() {
     let mut n = run(&c, 3);
     let stderr = n.stderr();
     assert_eq!(n.wait(LIMIT), 1, "{stderr}");
+    // Rank 0's journal records iter-0002 as published: no model to go on from, and the
+    // base model would not do either (it would throw the training away).
     assert!(
         stderr.contains("models/LATEST names iter-0002, which does not verify (")
-            && stderr.contains("), and no checkpoint under models/ verifies; there is no base model either (cluster.model is empty): there is no model to serve or train from; repair models/LATEST or set cluster.model"),
+            && stderr.contains("), and none of the 2 checkpoint(s) in models/ verifies, but rank 0's journal records iter-0002 as published: going on from the base model would throw away the training of every iteration so far; restore models/iter-0002"),
         "{stderr}"
     );
     // Iteration 3 was never trained.
@@ -629,4 +632,183 @@ fn keep_last_with_eval_every_iteration_needs_keep_eval_false() {
     let mut n = c.spawn(0, &["--iterations", "3"]);
     assert_eq!(n.wait(LIMIT), 0, "{}", n.stderr());
     assert_eq!(published(&c), vec!["LATEST", "iter-0002", "iter-0003"]);
+}
+
+/// `rl-node recover --log-path` on the cluster's directory, with `args`: (exit code,
+/// stdout and stderr).
+fn recover(c: &TestCluster, args: &[&str]) -> (i32, String) {
+    let out = std::process::Command::new(BIN)
+        .args(["recover", "--log-path"])
+        .arg(&c.log_path)
+        .args(args)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code().unwrap_or(-1), text)
+}
+
+/// A deleted `models/LATEST` on a two-node cluster: the restart trains and serves from the
+/// newest verified checkpoint (not from the base model, not from a checkpoint newer than
+/// the journal's last hand-off), and every node says so; `recover` reports it.
+#[test]
+fn a_deleted_latest_resumes_from_the_newest_verified_checkpoint_and_says_so() {
+    let server = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/health_server.py"
+    );
+    let c = TestCluster::new(
+        2,
+        &format!(
+            r#"
+[phases.train]
+command = '''echo {{rank}} {{iteration}} {{model}} >> {{log_path}}/trained && mkdir -p {{output}} && echo w{{iteration}} > {{output}}/w.bin'''
+[server]
+command = '''echo {{rank}} {{model}} >> {{log_path}}/served && exec python3 {server} {{server_port}} {{model}}'''
+start-timeout = "20s"
+stop-grace = "2s"
+"#
+        ),
+    );
+    let base = c.dir.path().join("base-model");
+    fs::create_dir_all(&base).unwrap();
+    let toml = fs::read_to_string(&c.config).unwrap();
+    let toml = toml.replacen(
+        "[cluster]\n",
+        &format!("[cluster]\nmodel = \"{}\"\n", base.display()),
+        1,
+    );
+    fs::write(&c.config, toml).unwrap();
+    let ports: Vec<String> = (0..2).map(|_| free_port().to_string()).collect();
+    let start = |iterations: &str| -> Vec<NodeProc> {
+        (0..2)
+            .map(|r| {
+                c.spawn_env(
+                    r,
+                    &c.log_path,
+                    &["--iterations", iterations],
+                    &[("RL_NODE_SERVER_PORT", ports[r as usize].clone())],
+                )
+            })
+            .collect()
+    };
+    for mut n in start("3") {
+        assert_eq!(n.wait(LIMIT), 0, "rank {}: {}", n.rank, n.stderr());
+        // The first start has no LATEST either: nothing to say about it.
+        assert!(!n.stderr().contains("LATEST"), "{}", n.stderr());
+    }
+    let checkpoint = |it: u64| models(&c).join(format!("iter-{it:04}"));
+    // A complete checkpoint newer than any hand-off the journal records.
+    fs::create_dir_all(checkpoint(7)).unwrap();
+    for f in ["w.bin", "manifest.json", "manifest.sha256"] {
+        fs::copy(checkpoint(3).join(f), checkpoint(7).join(f)).unwrap();
+    }
+    rl_node::checkpoint::verify(&checkpoint(7), &mut || {}).unwrap();
+    fs::remove_file(models(&c).join("LATEST")).unwrap();
+
+    let (code, text) = recover(&c, &[]);
+    assert_eq!(code, 0, "{text}");
+    let warning = "models/LATEST is missing; using iter-0003, the newest verified checkpoint";
+    assert!(text.contains(warning), "{text}");
+    assert!(
+        text.contains(&format!("latest model: {}", checkpoint(3).display())),
+        "{text}"
+    );
+
+    let served_before = fs::read_to_string(c.log_path.join("served")).unwrap();
+    for mut n in start("4") {
+        assert_eq!(n.wait(LIMIT), 0, "rank {}: {}", n.rank, n.stderr());
+        assert!(
+            n.stderr().contains(&format!("warning: {warning}")),
+            "rank {}: {}",
+            n.rank,
+            n.stderr()
+        );
+    }
+    let trained = fs::read_to_string(c.log_path.join("trained")).unwrap();
+    for r in 0..2 {
+        assert!(
+            trained.contains(&format!("{r} 4 {}\n", checkpoint(3).display())),
+            "rank {r}:\n{trained}"
+        );
+        // The server each node started on restart (the last iteration restarts none).
+        let served = fs::read_to_string(c.log_path.join("served")).unwrap();
+        let restarted: Vec<&str> = served[served_before.len()..]
+            .lines()
+            .filter(|l| l.starts_with(&format!("{r} ")))
+            .collect();
+        assert_eq!(
+            restarted,
+            vec![format!("{r} {}", checkpoint(3).display())],
+            "{served}"
+        );
+    }
+    assert_eq!(
+        fs::read_to_string(models(&c).join("LATEST")).unwrap(),
+        "iter-0004\n"
+    );
+}
+
+/// Every checkpoint gone while the journal records published ones: the restart stops,
+/// naming what is missing, instead of training on from the base model; `recover` reports
+/// it as damage.
+#[test]
+fn a_run_whose_published_checkpoints_are_gone_stops_instead_of_restarting_from_the_base_model() {
+    let c = cluster(
+        "mkdir -p {output} && echo w{iteration} > {output}/w.bin",
+        "",
+    );
+    let base = c.dir.path().join("base-model");
+    fs::create_dir_all(&base).unwrap();
+    let toml = fs::read_to_string(&c.config).unwrap().replacen(
+        "[cluster]\n",
+        &format!("[cluster]\nmodel = \"{}\"\n", base.display()),
+        1,
+    );
+    fs::write(&c.config, toml).unwrap();
+    run_ok(&c, 2);
+    fs::remove_dir_all(models(&c)).unwrap();
+    let mut n = run(&c, 3);
+    let stderr = n.stderr();
+    assert_eq!(n.wait(LIMIT), 1, "{stderr}");
+    let why = "models/LATEST is missing, and models/ holds no checkpoint, but rank 0's journal records iter-0002 as published";
+    assert!(stderr.contains(why), "{stderr}");
+    assert!(
+        !fs::read_to_string(c.log_path.join("models-seen"))
+            .unwrap()
+            .lines()
+            .any(|l| l.starts_with("3 ")),
+        "iteration 3 was trained"
+    );
+    let (code, text) = recover(&c, &[]);
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains(why), "{text}");
+}
+
+/// `recover --repair` points a missing `models/LATEST` at the checkpoint a restart would
+/// fall back to; the restart then has nothing to warn about.
+#[test]
+fn recover_repair_points_a_missing_latest_at_the_newest_verified_checkpoint() {
+    let c = cluster(
+        "mkdir -p {output} && echo w{iteration} > {output}/w.bin",
+        "",
+    );
+    run_ok(&c, 2);
+    fs::remove_file(models(&c).join("LATEST")).unwrap();
+    let (code, text) = recover(&c, &["--repair"]);
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains("repaired: models/LATEST now names iter-0002"),
+        "{text}"
+    );
+    assert_eq!(
+        fs::read_to_string(models(&c).join("LATEST")).unwrap(),
+        "iter-0002\n"
+    );
+    let n = run_ok(&c, 3);
+    assert!(!n.stderr().contains("LATEST"), "{}", n.stderr());
+    assert_eq!(
+        model_seen(&c, 3),
+        models(&c).join("iter-0002").display().to_string()
+    );
 }

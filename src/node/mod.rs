@@ -172,6 +172,8 @@ pub(crate) struct Node {
     relay: Option<Relay>,
     /// A note for the next journal entry (e.g. that the shard was adopted).
     journal_note: Option<String>,
+    /// The checkpoint the hand-off published, for its journal entry.
+    journal_checkpoint: Option<String>,
     /// Why a process was refused a still-vacant rank, as read from its placeholder.
     refused: HashMap<u32, String>,
     /// The heartbeat thread's last write error, to report changes once.
@@ -602,6 +604,7 @@ impl Node {
             waiting_note: String::new(),
             relay: None,
             journal_note: None,
+            journal_checkpoint: None,
             refused: HashMap::new(),
             write_error: None,
             write_error_since: None,
@@ -1441,22 +1444,21 @@ impl Node {
     }
 
     /// The newest published checkpoint that verifies, if any, is the model to serve and
-    /// train from (see `checkpoint::latest`); a damaged `models/LATEST` is reported.
+    /// train from (see `checkpoint::latest_as`); a missing or damaged `models/LATEST` is
+    /// reported, and checked against what rank 0's journal says was published.
     fn use_latest_checkpoint(&mut self) -> Result<(), Stop> {
         self.watchdog.pet("verifying the latest checkpoint");
+        let journaled = self.journaled_handoffs();
         let wd = self.watchdog.clone();
         let check = self.cfg.phases.handoff.check();
         let started = self.clock.now();
-        let latest = crate::checkpoint::latest_as(&self.layout.models(), check, &mut || {
-            wd.pet("verifying the latest checkpoint")
-        });
+        let latest =
+            crate::checkpoint::latest_as(&self.layout.models(), check, &journaled, &mut || {
+                wd.pet("verifying the latest checkpoint")
+            });
         let checked = self.clock.elapsed(started).as_secs_f64();
         let base = self.cfg.cluster.model.clone();
-        if latest.no_model(&base) {
-            let reason = format!(
-                "{}: there is no model to serve or train from; repair models/LATEST or set cluster.model",
-                latest.warning(&base).unwrap_or_default()
-            );
+        if let Some(reason) = latest.stop(&base) {
             return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
         }
         if let Some(warning) = latest.warning(&base) {
@@ -1471,6 +1473,33 @@ impl Node {
             ));
         }
         Ok(())
+    }
+
+    /// What rank 0's journal says about this run's hand-offs (every rank reads the same
+    /// file, so all resolve `models/LATEST` alike). A rollout-only walk hands nothing off:
+    /// its journal says nothing about `models/`, and a pipelined rollout cluster serves
+    /// each iteration's model by version anyway (`model_of_version`).
+    fn journaled_handoffs(&mut self) -> crate::checkpoint::Journaled {
+        if self.cfg.cluster.rl_phase == crate::config::RlPhase::Rollout {
+            return Default::default();
+        }
+        let walk = self.cfg.walk_item();
+        if self.rank == 0 {
+            return crate::checkpoint::Journaled::from_journal(&self.journal, &walk);
+        }
+        self.watchdog.pet("reading rank 0's journal");
+        let run_id = self.run_id().to_string();
+        let entries: Vec<journal::Entry> = self
+            .store
+            .read(&self.layout.journal(0))
+            .ok()
+            .flatten()
+            .map(|b| journal::parse(&String::from_utf8_lossy(&b)))
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e.run_id == run_id)
+            .collect();
+        crate::checkpoint::Journaled::from_journal(&entries, &walk)
     }
 
     /// Rank 0, at start: finish deleting the checkpoints a crash interrupted the deletion of
@@ -2358,6 +2387,7 @@ impl Node {
             at: self.wall_stamp(),
             note: self.journal_note.take(),
             failed,
+            checkpoint: self.journal_checkpoint.take(),
         };
         self.fence(&format!("journal {item} of iteration {}", self.iteration))?;
         let path = self.layout.journal(self.rank);
@@ -2596,6 +2626,7 @@ impl Node {
         }
         let dest = outcome.published.path().to_path_buf();
         self.model = dest.display().to_string();
+        self.journal_checkpoint = Some(name.clone());
         let how = match &outcome.how {
             crate::checkpoint::How::Moved => "moved".to_string(),
             crate::checkpoint::How::Resumed => {

@@ -150,7 +150,12 @@ pub struct Report {
     pub training_failures: Vec<String>,
     pub ranks: Vec<RankState>,
     pub incomplete_files: Vec<String>,
+    /// The checkpoint a restart serves and trains from (`None`: the base model), as it
+    /// resolves `models/LATEST` against rank 0's journal.
     pub latest_model: Option<String>,
+    /// Why that is not simply what `models/LATEST` names, or why a restart would stop.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub latest_warning: Option<String>,
     /// The run's planned last iteration (`--iterations`; 0: until stopped).
     pub planned_iterations: u64,
     /// Every planned iteration is complete on every rank: a restart has nothing to do.
@@ -235,6 +240,9 @@ fn holder(layout: &Layout, rec: &RankRecord, heartbeat: Duration) -> String {
 fn report(run: &Run) -> Report {
     let l = &run.layout;
     let c = &run.cluster;
+    let rank_0 = run.journals.first().map(Vec::as_slice).unwrap_or_default();
+    let latest = super::repair::resolve_latest(l, c, rank_0);
+    let base = c.config["cluster"]["model"].as_str().unwrap_or_default();
     let resume = journal::resume_point(&run.journals, &c.run_id, &run.walk);
     let it = resume.iteration;
     let heartbeat = c.config["timing"]["heartbeat-interval"]
@@ -336,7 +344,11 @@ fn report(run: &Run) -> Report {
             let planned = c.config["cluster"]["iterations"].as_u64().unwrap_or(0);
             planned > 0 && it > planned
         },
-        latest_model: crate::checkpoint::latest_named(&l.models()).map(|p| p.display().to_string()),
+        latest_model: latest
+            .as_ref()
+            .and_then(|l| l.path())
+            .map(|p| p.display().to_string()),
+        latest_warning: latest.and_then(|l| l.stop(base).or_else(|| l.warning(base))),
     }
 }
 
@@ -501,13 +513,17 @@ fn incomplete_handoffs(l: &Layout) -> Vec<String> {
 
 fn render(r: &Report) -> String {
     let mut s = format!(
-        "run {}, generation {}\nlatest model: {}\n\n",
+        "run {}, generation {}\nlatest model: {}\n",
         r.run_id,
         r.gen,
         r.latest_model
             .as_deref()
             .unwrap_or("(none published; cluster.model)")
     );
+    if let Some(w) = &r.latest_warning {
+        s.push_str(&format!("  warning: {w}\n"));
+    }
+    s.push('\n');
     s.push_str(&format!(
         "{:<5} {:>9}  {:<44} {}\n",
         "RANK", "COMPLETE", "LAST JOURNALED WORK", "PROCESS"

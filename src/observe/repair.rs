@@ -34,6 +34,9 @@ pub enum Repair {
     DropBadLines { path: PathBuf, kind: LinesKind },
     /// Append rebuilt completion entries to a rank's journal.
     RebuildJournal { rank: u32, entries: Vec<Entry> },
+    /// Point a missing or damaged `models/LATEST` (set aside if present) at the checkpoint
+    /// a restart falls back to.
+    PointLatest { checkpoint: PathBuf },
 }
 
 #[derive(Clone, Copy)]
@@ -63,6 +66,10 @@ impl Repair {
                 entries.len(),
                 if entries.len() == 1 { "y" } else { "ies" },
                 iterations(entries)
+            ),
+            Repair::PointLatest { checkpoint } => format!(
+                "point models/LATEST at {} (a damaged LATEST is kept next to it as .damaged-<time>)",
+                checkpoint.file_name().unwrap_or_default().to_string_lossy()
             ),
         }
     }
@@ -191,6 +198,7 @@ pub fn diagnose(layout: &Layout) -> Option<(Vec<Problem>, Option<ClusterRecord>)
                 at: crate::clock::wall_now(),
                 note: Some(format!("rebuilt by rl-node recover --repair: {why}")),
                 failed: None,
+                checkpoint: None,
             })
             .collect();
         problems.push(Problem {
@@ -199,7 +207,69 @@ pub fn diagnose(layout: &Layout) -> Option<(Vec<Problem>, Option<ClusterRecord>)
             repair: Some(Repair::RebuildJournal { rank, entries }),
         });
     }
+    let rank_0: Vec<Entry> = journals
+        .first()
+        .map(|j| j.iter().filter(|e| e.run_id == c.run_id).cloned().collect())
+        .unwrap_or_default();
+    problems.extend(latest_problem(layout, &c, &rank_0));
     Some((problems, cluster))
+}
+
+/// `models/LATEST` as a restart resolves it, with rank 0's journal entries of the run
+/// (`rank_0`) as evidence; `None` for a rollout-only cluster, which hands nothing off.
+pub fn resolve_latest(
+    layout: &Layout,
+    c: &ClusterRecord,
+    rank_0: &[Entry],
+) -> Option<crate::checkpoint::Latest> {
+    let rl_phase: crate::config::RlPhase =
+        serde_json::from_value(c.config["cluster"]["rl-phase"].clone())
+            .unwrap_or(crate::config::RlPhase::Both);
+    if rl_phase == crate::config::RlPhase::Rollout {
+        return None;
+    }
+    let check = c.config["phases"]["handoff"]["verify"]
+        .as_str()
+        .and_then(crate::checkpoint::Check::parse)
+        .unwrap_or_default();
+    let journaled = crate::checkpoint::Journaled::from_journal(rank_0, &walk_of(c));
+    Some(crate::checkpoint::latest_as(
+        &layout.models(),
+        check,
+        &journaled,
+        &mut || {},
+    ))
+}
+
+/// A restart that falls back from a missing or damaged `models/LATEST` to a verified
+/// checkpoint copes by itself (tolerated; `--repair` points `LATEST` there); one that
+/// would have to stop instead is damage no repair can undo.
+fn latest_problem(layout: &Layout, c: &ClusterRecord, rank_0: &[Entry]) -> Option<Problem> {
+    let latest = resolve_latest(layout, c, rank_0)?;
+    let base = c.config["cluster"]["model"].as_str().unwrap_or_default();
+    if let Some(reason) = latest.stop(base) {
+        return Some(Problem {
+            what: format!("a restart stops: {reason}"),
+            repair: None,
+            tolerated: false,
+        });
+    }
+    let crate::checkpoint::Latest::Damaged {
+        fallback: Ok(p), ..
+    } = &latest
+    else {
+        return None;
+    };
+    Some(Problem {
+        what: format!(
+            "{} (a restart does so by itself; --repair points models/LATEST at it)",
+            latest.warning(base).unwrap_or_default()
+        ),
+        repair: Some(Repair::PointLatest {
+            checkpoint: p.clone(),
+        }),
+        tolerated: true,
+    })
 }
 
 /// The walk's completion item recorded in a cluster record's configuration.
@@ -362,6 +432,20 @@ pub fn apply(layout: &Layout, repair: &Repair) -> Result<String, String> {
                 iterations(entries),
                 rel(&path)
             ))
+        }
+        Repair::PointLatest { checkpoint } => {
+            let pointer = layout.models().join(crate::checkpoint::LATEST);
+            let mut note = String::new();
+            if std::fs::symlink_metadata(&pointer).is_ok() {
+                let aside = state::side_path(&pointer, &stamp());
+                std::fs::rename(&pointer, &aside)
+                    .map_err(|e| format!("cannot move {}: {e}", pointer.display()))?;
+                note = format!(" (the damaged one is {})", rel(&aside));
+            }
+            let name = checkpoint.file_name().unwrap_or_default().to_string_lossy();
+            store::publish(&pointer, format!("{name}\n").as_bytes())
+                .map_err(|e| format!("cannot write {}: {e}", pointer.display()))?;
+            Ok(format!("models/LATEST now names {name}{note}"))
         }
     }
 }

@@ -50,6 +50,11 @@ pub struct Entry {
     /// (`phases.train.on-failure = "keep-model"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed: Option<String>,
+    /// On a hand-off entry: the checkpoint it published (`iter-NNNN`), the evidence a
+    /// restart checks `models/LATEST` against (`checkpoint::Journaled`). Absent when
+    /// nothing was published (training wrote nothing) and on entries of earlier versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<String>,
 }
 
 /// A JSON-lines state file (a journal, `history.jsonl`) as read: its entries, and a torn
@@ -271,6 +276,7 @@ mod tests {
             at: String::new(),
             note: None,
             failed: None,
+            checkpoint: None,
         }
     }
 

@@ -434,6 +434,7 @@ impl Sim {
             at: String::new(),
             note: None,
             failed: None,
+            checkpoint: None,
         };
         format!("{}\n", serde_json::to_string(&e).unwrap())
     }
