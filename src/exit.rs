@@ -1,4 +1,11 @@
 //! The exit codes rl-node documents (README: "Exit codes"), in one place.
+//!
+//! A node exits with one of these and nothing else: its stop's cause decides
+//! (`AbortInfo::exit_code_for`), and when signals follow one another the first decides
+//! (`node::signals`). Two more outcomes come from outside the code's decisions, and the
+//! README lists them too: 101 when rl-node panics (a bug), and death by a signal the node
+//! does not handle (`kill -9`, the OOM killer, a crash), which the supervisor passes on by
+//! dying of the same signal (a shell shows 128 + its number).
 
 /// Every planned iteration is complete.
 pub const DONE: i32 = 0;

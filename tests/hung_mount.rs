@@ -215,8 +215,9 @@ fn a_hung_mount_under_a_single_node_waiting_on_its_command_ends_with_exit_4_at_f
 }
 
 /// The user presses Ctrl-C twice at a node whose mount hangs (fs-timeout is far off): the
-/// second signal's exit cannot complete in the kernel either, and the launched process
-/// exits with its code at once instead.
+/// second signal's exit, after its bounded wait for the first one's abort to be written,
+/// cannot complete in the kernel either, and the launched process exits with its code
+/// instead.
 #[test]
 fn a_second_signal_to_a_node_stuck_on_a_hung_mount_ends_the_launched_process_at_once() {
     if !sshfs::require(
@@ -236,6 +237,12 @@ fn a_second_signal_to_a_node_stuck_on_a_hung_mount_ends_the_launched_process_at_
     let errs = h.expect_exits(143, (second, "the second signal"), Duration::from_secs(12));
     assert!(
         errs[0].contains("second SIGTERM: killing children now and exiting"),
+        "{}",
+        errs[0]
+    );
+    // Its abort could not be written: the node says so before it gives up on it.
+    assert!(
+        errs[0].contains("the abort could not be written to this node's record within 2s"),
         "{}",
         errs[0]
     );

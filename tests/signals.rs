@@ -355,3 +355,157 @@ fn a_second_ctrl_c_to_the_process_group_kills_at_once() {
             && process_alive_with("sleep 60.934").is_empty()
     });
 }
+
+/// Peers would call a silent rank dead only after this: a minute, so that a peer reporting
+/// anything within [`WELL_BEFORE_DEAD`] learned it from the signalled node's abort.
+const LONG_DEAD_AFTER: &str = "60s";
+const WELL_BEFORE_DEAD: Duration = Duration::from_secs(25);
+
+/// `n` nodes with a long dead-after whose rollouts sleep (`sleep 300.<tag>`), each waited
+/// for until it runs its rollout.
+fn nodes_in_their_rollout(n: u32, tag: &str) -> (TestCluster, Vec<NodeProc>) {
+    let c = TestCluster::new(
+        n,
+        &format!("[phases.rollout]\ncommand = \"sleep 300.{tag}; echo '{{}}' > {{output}}\"\n"),
+    );
+    fs::create_dir_all(&c.log_path).unwrap();
+    let nodes: Vec<NodeProc> = (0..n)
+        .map(|r| {
+            c.spawn_env(
+                r,
+                &c.log_path,
+                &["--iterations", "1"],
+                &[("RL_NODE_TIMING_DEAD_AFTER", LONG_DEAD_AFTER.to_string())],
+            )
+        })
+        .collect();
+    for r in 0..n {
+        c.wait_phase(r, 1, "train-rollout", LIMIT);
+    }
+    wait_until(LIMIT, "every rollout to run", || {
+        process_alive_with(&format!("sleep 300.{tag}")).len() >= n as usize
+    });
+    (c, nodes)
+}
+
+/// Whether signal `sig` is pending for process `pid` (`ShdPnd` in its `/proc` status).
+fn pending(pid: i32, sig: i32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("ShdPnd:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .is_some_and(|mask| mask & (1 << (sig - 1)) != 0)
+}
+
+/// A peer stopped because of the signalled rank's abort: its exit code, a message naming
+/// the rank and the signal, and no "dead".
+fn assert_peer_names_the_signal(peer: &mut NodeProc, rank: u32, code: i32, signal: &str) {
+    let got = peer.wait(WELL_BEFORE_DEAD);
+    let err = peer.stderr();
+    assert_eq!(got, code, "rank {}:\n{err}", peer.rank);
+    assert!(
+        err.contains(&format!("rank {rank} on")) && err.contains(signal),
+        "rank {} does not name rank {rank} and {signal}:\n{err}",
+        peer.rank
+    );
+    assert!(!err.contains("is dead"), "rank {}:\n{err}", peer.rank);
+}
+
+/// Two signals back to back at a worker in its rollout: the first decides (its abort is
+/// published before the node exits, and its code, `own`, is the node's), the second only
+/// kills the rollout at once. Rank 0 stops with the first signal's abort (`peer`, a
+/// message with `named`) well before dead-after.
+fn the_first_of_two_signals_decides(
+    tag: &str,
+    (first, second): (i32, i32),
+    own: i32,
+    peer: i32,
+    named: &str,
+) {
+    let (_c, mut nodes) = nodes_in_their_rollout(2, tag);
+    let sent = Instant::now();
+    // The second follows as soon as the first left the pending set: two signals pending
+    // at the same moment have no order (the kernel hands over the lowest number first).
+    nodes[1].signal(first);
+    wait_until(LIMIT, "the first signal to be taken", || {
+        !pending(nodes[1].pid(), first)
+    });
+    nodes[1].signal(second);
+    let code = nodes[1].wait(WELL_BEFORE_DEAD);
+    let err = nodes[1].stderr();
+    assert_eq!(code, own, "rank 1:\n{err}");
+    assert_peer_names_the_signal(&mut nodes[0], 1, peer, named);
+    // It says why it stopped, and that it escalated.
+    assert!(err.contains(named), "rank 1:\n{err}");
+    assert!(
+        err.contains("killing children now"),
+        "not escalated:\n{err}"
+    );
+    assert!(sent.elapsed() < WELL_BEFORE_DEAD, "{:?}", sent.elapsed());
+    wait_until(LIMIT, "the rollouts to be stopped", || {
+        process_alive_with(&format!("sleep 300.{tag}")).is_empty()
+    });
+}
+
+#[test]
+fn sigterm_then_sigint_exits_143_and_peers_learn_of_the_sigterm() {
+    the_first_of_two_signals_decides(
+        "941",
+        (libc::SIGTERM, libc::SIGINT),
+        143,
+        3,
+        "interrupted by SIGTERM",
+    );
+}
+
+#[test]
+fn sigint_twice_exits_130_and_peers_learn_of_the_sigint() {
+    the_first_of_two_signals_decides(
+        "942",
+        (libc::SIGINT, libc::SIGINT),
+        130,
+        3,
+        "interrupted by SIGINT",
+    );
+}
+
+/// A time-limit warning followed by SIGTERM (a batch system's warning, then its kill):
+/// still a graceful stop to be resumed, 75 everywhere, never 128 + a signal.
+#[test]
+fn sigusr1_then_sigterm_exits_75_everywhere() {
+    the_first_of_two_signals_decides(
+        "943",
+        (libc::SIGUSR1, libc::SIGTERM),
+        75,
+        75,
+        "(SIGUSR1 received)",
+    );
+}
+
+/// A storm of SIGTERMs (a script's `kill` in a loop) at rank 0 during a long command:
+/// every worker stops with rank 0's SIGTERM as the cause, never as a dead rank 0, and
+/// rank 0 exits 143.
+#[test]
+fn a_storm_of_sigterms_at_rank_0_is_reported_as_its_signal_not_as_its_death() {
+    let (_c, mut nodes) = nodes_in_their_rollout(3, "944");
+    let node_process = nodes[0].node_process();
+    for i in 0..200 {
+        nodes[0].signal(libc::SIGTERM);
+        // Some reach the node process directly too, as a batch system's would.
+        if i % 4 == 0 {
+            // SAFETY: kill(2) takes plain integers (a pid, a signal number) and touches no memory of ours.
+            unsafe { libc::kill(node_process, libc::SIGTERM) };
+        }
+    }
+    let code = nodes[0].wait(WELL_BEFORE_DEAD);
+    assert_eq!(code, 143, "rank 0:\n{}", nodes[0].stderr());
+    for w in nodes[1..].iter_mut() {
+        assert_peer_names_the_signal(w, 0, 3, "interrupted by SIGTERM");
+    }
+    wait_until(LIMIT, "the rollouts to be stopped", || {
+        process_alive_with("sleep 300.944").is_empty()
+    });
+}

@@ -244,17 +244,16 @@ impl Node {
         let mut me = self.record(gen, &run_id, 0, NodeState::Joining);
         me.arrived = Some(self.join_mark());
         let path = layout.rank_record(gen, 0);
-        self.publisher = Some(
-            super::Publisher::start(
-                self.store.clone(),
-                self.clock.clone(),
-                path.clone(),
-                me,
-                self.join_beat(),
-                self.watchdog.clone(),
-            )
-            .map_err(|e| io_err(format!("cannot write {}", path.display()), e))?,
-        );
+        let publisher = super::Publisher::start(
+            self.store.clone(),
+            self.clock.clone(),
+            path.clone(),
+            me,
+            self.join_beat(),
+            self.watchdog.clone(),
+        )
+        .map_err(|e| io_err(format!("cannot write {}", path.display()), e))?;
+        self.set_publisher(publisher);
         let copy = layout.gen_cluster(gen);
         self.store
             .publish_json(&copy, &cluster)
@@ -609,7 +608,7 @@ impl Node {
                 hint: Some("check that --log-path is on a writable shared filesystem".into()),
                 detail: None,
             })?;
-            self.publisher = Some(publisher);
+            self.set_publisher(publisher);
             self.info(&format!(
                 "joined generation {gen} of run {} (rank 0 on {}, master address {})",
                 cluster.run_id, cluster.host, cluster.master_addr

@@ -19,6 +19,7 @@ pub(crate) mod metrics;
 mod pipeline;
 mod publisher;
 mod server;
+mod signals;
 pub mod supervisor;
 mod textfile;
 mod watchdog;
@@ -141,6 +142,9 @@ pub(crate) struct Node {
     ident: crate::holder::ProcessId,
     /// Decisions broken on purpose (the simulator's own tests only).
     broken: Broken,
+    /// Shared with the signal thread: decides the exit code once, whichever side stops
+    /// first (`signals`).
+    stopping: Arc<signals::Stopping>,
     nonce: String,
     fingerprint: String,
     events: Receiver<Event>,
@@ -352,8 +356,8 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
         // integers.
         unsafe { libc::signal(libc::SIGTTOU, libc::SIG_IGN) };
     }
-    // Before any thread exists, which then inherit it: see `start_signal_thread`.
-    set_stop_signals_mask(libc::SIG_BLOCK);
+    // Before any thread exists, which then inherit it (`signals::block_stop_signals`).
+    signals::block_stop_signals();
     let (tx, rx) = channel();
     procs::start_reaper(tx.clone());
     let registry = Registry::new();
@@ -363,7 +367,15 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
             &format!("cannot start the guardian process ({e}); children may outlive a kill -9 of this node"),
         );
     }
-    start_signal_thread(tx.clone(), registry.clone(), opts.rank, supervisor.clone());
+    let host = hostname();
+    let stopping = signals::Stopping::new(opts.rank, &host);
+    signals::start_signal_thread(signals::SignalParts {
+        tx: tx.clone(),
+        registry: registry.clone(),
+        rank: opts.rank,
+        supervisor: supervisor.clone(),
+        stopping: stopping.clone(),
+    });
     let watchdog = watchdog::Watchdog::start(
         opts.rank,
         cfg.timing.fs_timeout,
@@ -378,20 +390,23 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
         wake: tx,
         launcher: Arc::new(procs::Processes::new(registry)),
         watchdog,
-        host: hostname(),
+        host,
         pid: crate::holder::node_process(),
         ident: crate::holder::this_process(),
         broken: Broken::default(),
+        stopping: stopping.clone(),
     };
     let node = Node::assemble(cfg, layout, opts.rank, opts.debug_mode, opts.fresh, parts);
     *node.textfile.lock().unwrap_or_else(|e| e.into_inner()) = textfile;
-    drive(
+    let result = drive(
         node,
         loaded,
         &opts.rank_source,
         tasks,
         (nproc, nproc_source),
-    )
+    );
+    stopping.loop_done();
+    result
 }
 
 /// `[observe] prometheus-textfile` for rank `rank`, written once now so that a path this
@@ -515,6 +530,7 @@ pub fn run_in_process_broken(
         wake,
         launcher,
         watchdog: watchdog::Watchdog::inert(),
+        stopping: signals::Stopping::new(rank, &host),
         host,
         pid: ident.pid,
         ident,
@@ -555,6 +571,8 @@ struct Parts {
     pid: u32,
     ident: crate::holder::ProcessId,
     broken: Broken,
+    /// Shared with the signal thread: the exit code, decided once.
+    stopping: Arc<signals::Stopping>,
 }
 
 impl Node {
@@ -586,6 +604,7 @@ impl Node {
             pid: parts.pid,
             ident: parts.ident,
             broken: parts.broken,
+            stopping: parts.stopping,
             nonce,
             fingerprint: cfg.fingerprint(),
             events: parts.events,
@@ -635,6 +654,27 @@ impl Node {
             cfg,
         }
     }
+}
+
+/// What stopping because of `info` means for rank `rank` of the cluster `cluster` (a
+/// pipelined run's side; None otherwise): its exit code and a hint.
+fn stop_code(info: &AbortInfo, rank: u32, cluster: Option<&str>) -> (i32, Option<String>) {
+    let (mut code, mut hint) = crate::protocol::abort::consequence(info, rank);
+    // Pipelined: a failure in the other cluster is a peer's, whatever its rank number.
+    if let Some(c) = info.cluster.as_deref().filter(|c| Some(*c) != cluster) {
+        if code != exit::TIME_LIMIT {
+            code = exit::PEER_FAILED;
+        }
+        hint = Some(format!(
+            "the cause is in the {c} cluster, on its rank {}: see that node's output{}; restart both clusters with the same commands to resume",
+            info.culprit,
+            info.log
+                .as_ref()
+                .map(|l| format!(" and {l}"))
+                .unwrap_or_default()
+        ));
+    }
+    (code, hint)
 }
 
 /// The node's life once assembled: what it says at start, the join, every iteration, and
@@ -796,6 +836,14 @@ impl Node {
             .unwrap_or("")
     }
 
+    /// The record of the generation just joined, from now on also where a second
+    /// signal puts the first one's abort if this loop has not (`signals`).
+    fn set_publisher(&mut self, publisher: Publisher) {
+        let cluster = self.layout.cluster_name().map(str::to_string);
+        self.stopping.joined(publisher.handle(), cluster);
+        self.publisher = Some(publisher);
+    }
+
     fn publisher(&self) -> &Publisher {
         self.publisher.as_ref().expect("joined")
     }
@@ -917,28 +965,14 @@ impl Node {
             }
             Event::Wake => Ok(()),
             Event::Signal(sig) => {
-                let time_limit = sig == libc::SIGUSR1 || sig == libc::SIGUSR2;
                 self.info(&format!(
                     "received {}{}; stopping (children get {} to exit; signal again to kill them now)",
                     procs::signal_name(sig),
-                    if time_limit { " (time limit approaching)" } else { "" },
+                    if signals::time_limit(sig) { " (time limit approaching)" } else { "" },
                     humantime::format_duration(self.cfg.timing.kill_grace)
                 ));
-                let reason = if time_limit {
-                    format!(
-                        "time limit approaching ({} received): every node stops gracefully; restart the same commands (e.g. requeue the job) to resume",
-                        procs::signal_name(sig)
-                    )
-                } else {
-                    format!("interrupted by {}", procs::signal_name(sig))
-                };
-                Err(self.fail(
-                    AbortKind::Signal { signal: sig },
-                    self.rank,
-                    None,
-                    reason,
-                    None,
-                ))
+                let (kind, reason) = signals::abort_for(sig);
+                Err(self.fail(kind, self.rank, None, reason, None))
             }
         }
     }
@@ -1140,34 +1174,13 @@ impl Node {
 
     /// Stop because of `info`, telling our watchers (rank 0 relays it to every worker).
     fn adopt_abort(&mut self, info: AbortInfo) -> Stop {
-        if let Some(p) = &self.publisher {
-            let relayed = info.clone();
-            p.update(|r| {
-                r.state = NodeState::Failed;
-                if r.abort.is_none() {
-                    r.abort = Some(relayed);
-                }
-            });
-        }
-        let (mut code, mut hint) = crate::protocol::abort::consequence(&info, self.rank);
-        // Pipelined: a failure in the other cluster is a peer's, whatever its rank number.
-        if let Some(c) = info
-            .cluster
-            .as_deref()
-            .filter(|c| Some(*c) != self.layout.cluster_name())
-        {
-            if code != exit::TIME_LIMIT {
-                code = exit::PEER_FAILED;
-            }
-            hint = Some(format!(
-                "the cause is in the {c} cluster, on its rank {}: see that node's output{}; restart both clusters with the same commands to resume",
-                info.culprit,
-                info.log
-                    .as_ref()
-                    .map(|l| format!(" and {l}"))
-                    .unwrap_or_default()
-            ));
-        }
+        // The record's first abort is the cause: a second signal may have put the first
+        // one's there while this loop was busy (`signals`).
+        let info = match &self.publisher {
+            Some(p) => p.handle().fail_with(info),
+            None => info,
+        };
+        let (code, hint) = stop_code(&info, self.rank, self.layout.cluster_name());
         let detail = info
             .log
             .as_ref()
@@ -1183,6 +1196,12 @@ impl Node {
     }
 
     fn shut_down(mut self, result: Result<(), Stop>) -> Result<(), Stop> {
+        let result = self.decide(result);
+        // A second signal leaves no grace.
+        let grace = match self.stopping.escalated() {
+            true => Duration::ZERO,
+            false => self.cfg.timing.kill_grace,
+        };
         // A report's tool that hangs is killed now, not at its time limit: its report is
         // then written before the node is gone, and the tool does not outlive it.
         self.watchdog.pet("stopping the hang reports' tools");
@@ -1193,11 +1212,11 @@ impl Node {
         if groups > 0 {
             self.info(&format!(
                 "stopping {groups} running command(s) (SIGTERM, then SIGKILL after {})",
-                humantime::format_duration(self.cfg.timing.kill_grace)
+                humantime::format_duration(grace)
             ));
         }
         self.watchdog.pet("stopping children");
-        let n = self.launcher.stop_all(self.cfg.timing.kill_grace);
+        let n = self.launcher.stop_all(grace);
         if n > 0 {
             self.info(&format!(
                 "stopped {n} process(es) that had left their command's process group"
@@ -1241,6 +1260,24 @@ impl Node {
         }
         self.watchdog.disarm();
         result
+    }
+
+    /// The loop's outcome, decided once with the signal side (`signals::Stopping`): an
+    /// escalation that found the loop busy before it stopped put the first signal's abort
+    /// in the record, and that abort, not what the loop ran into since, is the outcome.
+    fn decide(&mut self, result: Result<(), Stop>) -> Result<(), Stop> {
+        let code = result.as_ref().map_or_else(|s| s.code, |()| exit::DONE);
+        if self.stopping.decide(code) == code {
+            return result;
+        }
+        let first = self
+            .publisher
+            .as_ref()
+            .and_then(|p| p.handle().read(|r| r.abort.clone()));
+        match first {
+            Some(info) => Err(self.adopt_abort(info)),
+            None => result,
+        }
     }
 
     // ---------------------------------------------------------------- barriers
@@ -3363,92 +3400,4 @@ fn why_not_writable(e: &std::io::Error) -> String {
         Some(libc::EACCES) | Some(libc::EPERM) => "permission denied".into(),
         _ => e.to_string(),
     }
-}
-
-/// Block or unblock, in the calling thread, the signals that stop a node.
-fn set_stop_signals_mask(how: libc::c_int) {
-    // SAFETY: signal-set calls on a local sigset_t (all zero bytes is a valid value);
-    // pthread_sigmask gets a pointer to it and a null pointer for the old mask, which it
-    // allows.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for sig in [
-            libc::SIGINT,
-            libc::SIGTERM,
-            libc::SIGHUP,
-            libc::SIGUSR1,
-            libc::SIGUSR2,
-        ] {
-            libc::sigaddset(&mut set, sig);
-        }
-        libc::pthread_sigmask(how, &set, std::ptr::null_mut());
-    }
-}
-
-fn start_signal_thread(
-    tx: Sender<Event>,
-    registry: Arc<Registry>,
-    rank: u32,
-    supervisor: Option<Arc<supervisor::Link>>,
-) {
-    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
-    use signal_hook::iterator::{exfiltrator::WithRawSiginfo, SignalsInfo};
-    // SIGHUP (a closed terminal or ssh session) stops the node like SIGTERM, with an abort
-    // peers see within a poll; SIGUSR1/SIGUSR2 (a batch system's time-limit warning) stop
-    // every node gracefully with exit 75, to be resumed by a restart. `nohup` does not
-    // help: rl-node handles SIGHUP itself (run it under setsid, tmux or a batch system).
-    let mut signals =
-        match SignalsInfo::<WithRawSiginfo>::new([SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2]) {
-            Ok(s) => s,
-            Err(e) => {
-                logging::warn(rank, &format!("cannot install signal handlers: {e}"));
-                return;
-            }
-        };
-    // The kernel offers a signal sent to the process to its main thread first; a main
-    // thread waiting in a hung filesystem call takes it, and then runs no handler until
-    // the filesystem answers. So these signals are blocked in every thread but this one
-    // (blocked in `run` before the first thread started, unblocked here).
-    // The sender tells a signal passed on by the supervisor from a direct one.
-    let mut deliveries = supervisor::Deliveries::new(supervisor.as_ref().map(|l| l.parent));
-    std::thread::Builder::new()
-        .name("signals".into())
-        .spawn(move || {
-            set_stop_signals_mask(libc::SIG_UNBLOCK);
-            let mut count = 0;
-            for info in signals.forever() {
-                let sig = info.si_signo;
-                // A sender pid is there for kill(2)/sigqueue(3) (si_code <= 0), not for
-                // signals the kernel generates (a terminal's Ctrl-C).
-                // SAFETY: `info` is the siginfo_t the kernel filled in for this delivery,
-                // plain integers: si_pid reads an int of its union, which for a signal sent
-                // by kill(2) or sigqueue(3) (si_code <= 0) is the sender's pid.
-                let sender = (info.si_code <= 0).then(|| unsafe { info.si_pid() });
-                if !deliveries.is_new(sig, sender, Instant::now()) {
-                    continue;
-                }
-                count += 1;
-                if count == 1 {
-                    let _ = tx.send(Event::Signal(sig));
-                } else {
-                    logging::info(
-                        rank,
-                        &format!(
-                            "second {}: killing children now and exiting",
-                            procs::signal_name(sig)
-                        ),
-                    );
-                    registry.kill_all_now();
-                    // The exit may not complete while a thread waits on a hung filesystem
-                    // (the first signal's stop may be what hangs): the supervisor then
-                    // exits in its place.
-                    if let Some(link) = &supervisor {
-                        link.exiting(rank, 128 + sig);
-                    }
-                    std::process::exit(128 + sig);
-                }
-            }
-        })
-        .expect("spawn signal thread");
 }

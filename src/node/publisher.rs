@@ -12,7 +12,7 @@
 
 use super::watchdog::Watchdog;
 use crate::clock::{self, Clock};
-use crate::protocol::{wall_stamp, ObservedFile, RankRecord};
+use crate::protocol::{wall_stamp, AbortInfo, NodeState, ObservedFile, RankRecord};
 use crate::store::SharedDir;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
@@ -53,6 +53,51 @@ pub struct Publisher {
     shared: Arc<(Mutex<Shared>, Condvar)>,
     clock: Arc<dyn Clock>,
     thread: Option<clock::Thread>,
+}
+
+/// The record as another thread than the node loop reaches it: a node's signal thread,
+/// escalating a second signal while the loop is busy (a checkpoint copy) or stuck, marks
+/// the record failed with the first signal's abort itself. Touches no file: the heartbeat
+/// thread writes what it changes.
+#[derive(Clone)]
+pub(crate) struct RecordHandle {
+    shared: Arc<(Mutex<Shared>, Condvar)>,
+    clock: Arc<dyn Clock>,
+}
+
+impl RecordHandle {
+    /// Mark the record failed with `abort` unless it carries an abort already, and have it
+    /// written at once. Returns the abort the record carries now: the first one wins, as
+    /// for `abort.json`.
+    pub(crate) fn fail_with(&self, abort: AbortInfo) -> AbortInfo {
+        let (m, cv) = &*self.shared;
+        let mut s = m.lock().unwrap();
+        s.record.state = NodeState::Failed;
+        let first = s.record.abort.get_or_insert(abort).clone();
+        s.dirty = true;
+        drop(s);
+        clock::notify(&*self.clock, Some(cv));
+        first
+    }
+
+    /// `f` on the record as it stands (staged changes included).
+    pub(crate) fn read<T>(&self, f: impl FnOnce(&RankRecord) -> T) -> T {
+        f(&self.shared.0.lock().unwrap().record)
+    }
+
+    /// Wait until everything changed so far is on the shared directory, at most `limit`.
+    pub(crate) fn flush(&self, limit: Duration) -> bool {
+        let (m, cv) = &*self.shared;
+        let deadline = self.clock.now() + limit;
+        let mut s = m.lock().unwrap();
+        while s.dirty || s.due.is_some() || s.written_seq < s.record.seq {
+            if self.clock.now() >= deadline {
+                return false;
+            }
+            s = clock::wait_timeout(&*self.clock, m, cv, s, Some(deadline));
+        }
+        true
+    }
 }
 
 impl Publisher {
@@ -159,16 +204,15 @@ impl Publisher {
 
     /// Wait until everything changed so far is on the shared directory, at most `limit`.
     pub fn flush(&self, limit: Duration) -> bool {
-        let (m, cv) = &*self.shared;
-        let deadline = self.clock.now() + limit;
-        let mut s = m.lock().unwrap();
-        while s.dirty || s.due.is_some() || s.written_seq < s.record.seq {
-            if self.clock.now() >= deadline {
-                return false;
-            }
-            s = clock::wait_timeout(&*self.clock, m, cv, s, Some(deadline));
+        self.handle().flush(limit)
+    }
+
+    /// The record for another thread (see [`RecordHandle`]).
+    pub(crate) fn handle(&self) -> RecordHandle {
+        RecordHandle {
+            shared: self.shared.clone(),
+            clock: self.clock.clone(),
         }
-        true
     }
 
     /// Final write and stop. Bounded: a hung filesystem must not keep the node alive.

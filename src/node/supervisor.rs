@@ -12,7 +12,10 @@
 //! - it passes SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2 and SIGCONT on to the child, and
 //!   SIGTSTP too before stopping itself. The child runs in its own process group, so a
 //!   terminal's Ctrl-C reaches it once, through here; a signal sent to every process of a
-//!   job (Slurm) reaches it twice, and [`Deliveries`] counts that as one;
+//!   job (Slurm) reaches it twice, and [`Deliveries`] counts that as one. Signals keep
+//!   their order on the way (the node's first stop signal decides its exit): they are
+//!   taken one at a time ([`next_signal`]), and each is passed on only once the node took
+//!   the one before;
 //! - when the child's watchdog fires, or the child is about to exit, it says so through a
 //!   pipe. If it has not exited a [`MOMENT`] later and a thread of it waits in the kernel
 //!   (state D; an exit that is merely slow gets up to [`SLOW_EXIT`] more), the parent
@@ -25,7 +28,7 @@
 //! child left behind in the kernel has a fatal signal pending and never runs again).
 
 use super::descendants::Proc;
-use signal_hook::consts::{SIGCONT, SIGHUP, SIGINT, SIGTERM, SIGTSTP, SIGUSR1, SIGUSR2};
+use libc::{SIGCONT, SIGHUP, SIGINT, SIGTERM, SIGTSTP, SIGUSR1, SIGUSR2};
 use std::io::{self, BufRead, BufReader};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -41,6 +44,13 @@ const MOMENT: Duration = Duration::from_secs(2);
 
 /// A direct delivery and a passed-on copy of one signal arrive this close together.
 const SAME_DELIVERY: Duration = Duration::from_secs(1);
+
+/// The signals passed on to the node.
+const PASSED_ON: [i32; 7] = [SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGCONT, SIGTSTP];
+
+/// The most the supervisor waits for the node to take a signal it passed on before it
+/// passes on the next one (a stopped node takes none).
+const TAKEN_LIMIT: Duration = Duration::from_millis(100);
 
 /// The node's end of the link to its supervisor.
 pub struct Link {
@@ -235,11 +245,15 @@ impl Stuck {
 /// exit code to exit with, or dies of the child's signal. Err when the child cannot be
 /// started.
 pub fn run_node_in_child() -> io::Result<i32> {
-    // Installed before the child exists, so a signal that comes meanwhile is passed on.
-    let mut signals = signal_hook::iterator::Signals::new([
-        SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGCONT, SIGTSTP,
-    ])?;
+    // Blocked before the child and any thread exist, so a signal that comes meanwhile
+    // waits to be passed on; the child gets the mask this process started with.
+    // Nothing handles them, so a thread that did not block them would die of them.
+    debug_assert!(
+        std::fs::read_dir("/proc/self/task").map_or(true, |t| t.count() == 1),
+        "the supervisor blocks its signals while it has a single thread"
+    );
     let (read, write) = pipe()?;
+    let (set, original) = block_signals(&PASSED_ON);
     let me = std::process::id();
     let write_fd = write.as_raw_fd();
     let mut args = std::env::args_os();
@@ -252,9 +266,10 @@ pub fn run_node_in_child() -> io::Result<i32> {
         .env(ENV, format!("{me}:{write_fd}"))
         .process_group(0);
     // SAFETY: the closure runs in the forked child before exec, where only
-    // async-signal-safe calls are allowed: prctl, getppid and fcntl are plain system calls
-    // that neither allocate nor lock, the errors are built from errno without allocating,
-    // and `write_fd` is the child's inherited copy of the pipe's write end.
+    // async-signal-safe calls are allowed: prctl, getppid, fcntl and pthread_sigmask are
+    // plain system calls that neither allocate nor lock (the mask is a copy of
+    // `original`, plain data), the errors are built from errno without allocating, and
+    // `write_fd` is the child's inherited copy of the pipe's write end.
     unsafe {
         cmd.pre_exec(move || {
             // Die with the supervisor: a kill -9 of it ends the node.
@@ -267,10 +282,15 @@ pub fn run_node_in_child() -> io::Result<i32> {
             }
             let flags = libc::fcntl(write_fd, libc::F_GETFD);
             libc::fcntl(write_fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &original, std::ptr::null_mut());
             Ok(())
         });
     }
-    let mut child = cmd.spawn()?;
+    let mut child = cmd.spawn().inspect_err(|_| {
+        // This process runs the node itself then (`cli`): as it started.
+        // SAFETY: pthread_sigmask reads `original`, a live local, and writes no old mask.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &original, std::ptr::null_mut()) };
+    })?;
     drop(write);
     let pid = child.id() as i32;
     // Pinned before it can be reaped: a signal passed on never hits a reused pid.
@@ -279,17 +299,17 @@ pub fn run_node_in_child() -> io::Result<i32> {
     let n = node.clone();
     std::thread::Builder::new()
         .name("pass-signals".into())
-        .spawn(move || {
-            for sig in signals.forever() {
-                if let Some(n) = n.as_ref() {
-                    n.signal(sig);
-                }
-                if sig == SIGTSTP {
-                    // Ctrl-Z: the node stopped above; now this process, as a shell expects.
-                    // SAFETY: raise takes only a signal number; SIGSTOP runs no handler in
-                    // this process.
-                    unsafe { libc::raise(libc::SIGSTOP) };
-                }
+        .spawn(move || loop {
+            let (sig, _) = next_signal(&set);
+            if let Some(n) = n.as_ref() {
+                n.signal(sig);
+                wait_taken(pid, sig, TAKEN_LIMIT);
+            }
+            if sig == SIGTSTP {
+                // Ctrl-Z: the node stopped above; now this process, as a shell expects.
+                // SAFETY: raise takes only a signal number; SIGSTOP runs no handler in
+                // this process.
+                unsafe { libc::raise(libc::SIGSTOP) };
             }
         })?;
 
@@ -385,10 +405,72 @@ fn die_of(sig: i32) -> ! {
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, sig);
         libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
-        libc::kill(libc::getpid(), sig);
+        // To this thread, which alone does not block it: a thread waiting for it in
+        // `next_signal` would take it instead of dying of it.
+        libc::raise(sig);
     }
     // A signal whose default action is not to end the process.
     std::process::exit(128 + sig)
+}
+
+/// Block `signals` in the calling thread (and so in the threads it starts from now on).
+/// Returns the set, for [`next_signal`], and the mask the thread had before.
+pub(crate) fn block_signals(signals: &[i32]) -> (libc::sigset_t, libc::sigset_t) {
+    // SAFETY: signal-set calls on local sigset_t values (all zero bytes is a valid value);
+    // pthread_sigmask reads `set` and writes the old mask into `old`, both live locals.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for &sig in signals {
+            libc::sigaddset(&mut set, sig);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+        (set, old)
+    }
+}
+
+/// The next of the signals in `set` (blocked in every thread: [`block_signals`]) sent to
+/// this process, and its sender's pid when a process sent it with kill(2) or sigqueue(3)
+/// (not for signals the kernel generates, such as a terminal's Ctrl-C). Signals are taken
+/// one at a time in the order they come; only signals pending at the same moment come
+/// lowest number first (the kernel's order), and one sent again while still pending
+/// counts once.
+pub(crate) fn next_signal(set: &libc::sigset_t) -> (i32, Option<i32>) {
+    loop {
+        // SAFETY: libc::siginfo_t is plain C data for which all zero bytes is a valid
+        // value; sigwaitinfo reads `set` and writes into `info`, both live; si_pid reads
+        // an int of the union the kernel filled in, which for si_code <= 0 (kill(2),
+        // sigqueue(3)) is the sender's pid.
+        unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            let sig = libc::sigwaitinfo(set, &mut info);
+            if sig > 0 {
+                return (sig, (info.si_code <= 0).then(|| info.si_pid()));
+            }
+        }
+        // EINTR: interrupted by another signal's handler; wait again.
+    }
+}
+
+/// Wait, at most `limit`, until process `pid` has taken signal `sig` (it is no longer
+/// pending for the process: `ShdPnd` in `/proc/<pid>/status`). Reads only `/proc`.
+fn wait_taken(pid: i32, sig: i32, limit: Duration) {
+    let until = Instant::now() + limit;
+    let bit = 1u64 << (sig - 1);
+    while Instant::now() < until {
+        let pending = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("ShdPnd:"))
+                    .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            });
+        match pending {
+            Some(mask) if mask & bit != 0 => std::thread::sleep(Duration::from_micros(200)),
+            _ => return,
+        }
+    }
 }
 
 /// Write `text` to stderr from a forked process, waiting for it at most a second. When

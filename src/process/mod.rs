@@ -268,8 +268,8 @@ impl Registry {
 }
 
 /// Start `cmd` with no signal blocked: the node blocks its stop signals in every thread
-/// but its signal thread (`node::start_signal_thread` says why), and a child would
-/// inherit that mask and never see SIGTERM.
+/// (its signal thread takes them: `node::signals` says why), and a child would inherit
+/// that mask and never see SIGTERM.
 pub fn unblocked_signals(cmd: &mut Command) -> &mut Command {
     // SAFETY: the closure runs in the forked child before exec, where only
     // async-signal-safe calls are allowed: it allocates nothing and takes no lock, and
