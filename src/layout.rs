@@ -227,6 +227,14 @@ impl Layout {
         with_gen(&partial, gen)
     }
 
+    /// The generation of a custom merge's partial named `name` (see
+    /// [`Layout::aggregated_partial`]) of `split` in `iteration`, if it is one.
+    pub fn aggregated_partial_of(&self, iteration: u64, split: &str, name: &str) -> Option<u64> {
+        let base = self.aggregated_partial(iteration, split, 0);
+        let base = without_gen(base.file_name()?.to_str()?)?.0;
+        without_gen(name).filter(|(b, _)| *b == base).map(|(_, g)| g)
+    }
+
     pub fn prepared(&self, iteration: u64) -> PathBuf {
         self.root
             .join("rollouts")
@@ -622,6 +630,10 @@ mod gen_tests {
         assert_eq!(g1.parent(), l.aggregated(4, "train").parent());
         assert_ne!(g1, g2);
         assert_ne!(g1, l.aggregated(4, "train"));
+        let name = g2.file_name().unwrap().to_str().unwrap();
+        assert_eq!(l.aggregated_partial_of(4, "train", name), Some(2));
+        assert_eq!(l.aggregated_partial_of(4, "eval", name), None);
+        assert_eq!(l.aggregated_partial_of(4, "train", "train.jsonl"), None);
         assert_eq!(
             g1,
             Path::new("/r/train_trajectories.pt.partial.g1.iteration4")

@@ -1528,7 +1528,7 @@ impl Node {
         let run_id = self.run_id().to_string();
         let entries: Vec<journal::Entry> = self
             .store
-            .read(&self.layout.journal(0))
+            .read_limited(&self.layout.journal(0), crate::store::ReadLimit::Journal)
             .ok()
             .flatten()
             .map(|b| journal::parse(&String::from_utf8_lossy(&b)))

@@ -473,6 +473,13 @@ fn incomplete_files(l: &Layout, resume: u64) -> Vec<String> {
                     )
                 })
             });
+            found.look(merged.parent().filter(|d| listable(d)), |name| {
+                let gen = l.aggregated_partial_of(it, split, name)?;
+                Some(format!(
+                    "the merge command's output for {shown}{} that was not committed; a restart merges again",
+                    by(Some(gen))
+                ))
+            });
         }
         found.look(Some(iteration.as_path()).filter(|d| listable(d)), |name| {
             let gen = l.prepared_partial_of(it, name)?;
@@ -811,6 +818,7 @@ mod tests {
             l.item_partial(2, "train", "p00003", 3, Some(1), 0),
             l.item_partial(2, "eval", "r0-00001", 3, None, 2),
             crate::layout::temp_path(&l.aggregated(2, "train"), "77-0"),
+            l.aggregated_partial(2, "train", 3),
             l.prepared_partial(2, 3),
         ];
         for p in &partials {
