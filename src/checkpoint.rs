@@ -376,9 +376,10 @@ pub fn verify(dir: &Path, tick: &mut dyn FnMut()) -> Result<Manifest, String> {
 /// every file its size.
 pub fn verify_as(dir: &Path, check: Check, tick: &mut dyn FnMut()) -> Result<Manifest, String> {
     let mpath = dir.join(MANIFEST);
-    let bytes = fs::read(&mpath).map_err(|e| format!("{}: {e}", mpath.display()))?;
+    let bytes = crate::store::fs::read_file(&mpath, crate::store::ReadLimit::Manifest)
+        .map_err(|e| format!("{}: {e}", mpath.display()))?;
     let dpath = dir.join(MANIFEST_DIGEST);
-    let digest = match fs::read_to_string(&dpath) {
+    let digest = match crate::store::fs::read_text(&dpath, crate::store::ReadLimit::Record) {
         Ok(text) => Some(text),
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,
         Err(e) => return Err(format!("{}: {e}", dpath.display())),
@@ -469,7 +470,8 @@ pub fn iteration_of(name: &str) -> Option<u64> {
 /// The checkpoint `models/LATEST` names, as written, without checking it (for reports and
 /// repairs; [`latest`] is what may be served).
 pub fn latest_named(models: &Path) -> Option<PathBuf> {
-    let name = fs::read_to_string(models.join(LATEST)).ok()?;
+    let name =
+        crate::store::fs::read_text(&models.join(LATEST), crate::store::ReadLimit::Record).ok()?;
     let name = name.trim();
     is_plain_name(name).then(|| models.join(name))
 }
@@ -689,11 +691,12 @@ pub fn latest_as(
 /// What `models/LATEST` names, if that is a checkpoint that verifies; else what is wrong
 /// with it (`None`: there is no `LATEST`).
 fn pointer(models: &Path, check: Check, tick: &mut dyn FnMut()) -> Result<PathBuf, Option<String>> {
-    let bytes = match fs::read(models.join(LATEST)) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(None),
-        Err(e) => return Err(Some(format!("models/LATEST cannot be read ({e})"))),
-    };
+    let bytes =
+        match crate::store::fs::read_file(&models.join(LATEST), crate::store::ReadLimit::Record) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(None),
+            Err(e) => return Err(Some(format!("models/LATEST cannot be read ({e})"))),
+        };
     let text = String::from_utf8_lossy(&bytes);
     let name = text.trim();
     if name.is_empty() {
@@ -903,7 +906,8 @@ pub fn moved_from(dir: &Path) -> Option<PathBuf> {
     if !dir.join(MOVED).is_dir() {
         return None;
     }
-    let bytes = fs::read(dir.join(MOVED_FROM)).ok()?;
+    let bytes =
+        crate::store::fs::read_file(&dir.join(MOVED_FROM), crate::store::ReadLimit::Record).ok()?;
     Some(PathBuf::from(std::ffi::OsString::from_vec(bytes)))
 }
 
@@ -968,7 +972,7 @@ pub fn publish_opts(
     fence: &mut dyn FnMut() -> Result<(), String>,
     tick: &mut dyn FnMut(),
 ) -> Result<Outcome, PublishError> {
-    fs::create_dir_all(models).map_err(io_at(models))?;
+    crate::store::fs::create_dir_all(models).map_err(io_at(models))?;
     let dest = models.join(name);
     if dest.exists() {
         return Ok(Outcome {
@@ -1053,14 +1057,14 @@ fn not_movable(source: &Path) -> Option<String> {
 /// Nothing is left behind when the rename fails.
 fn move_into(models: &Path, source: &Path, tmp: &Path) -> io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
-    fs::create_dir(tmp)?;
+    crate::store::fs::create_dir(tmp)?;
     let moved = (|| {
-        let mut f = File::create(tmp.join(MOVED_FROM))?;
+        let mut f = crate::store::fs::create_file(tmp.join(MOVED_FROM))?;
         f.write_all(source.as_os_str().as_bytes())?;
         f.sync_all()?;
         crate::store::fsync_dir(tmp)?;
         crate::store::fsync_dir(models)?;
-        fs::rename(source, tmp.join(MOVED))
+        crate::store::fs::rename(source, tmp.join(MOVED))
     })();
     if let Err(e) = moved {
         let _ = fs::remove_dir_all(tmp);
@@ -1083,18 +1087,18 @@ fn claim(models: &Path, pending: &Path, tmp: &Path) -> Result<(), PublishError> 
     if tmp.exists() {
         fs::remove_dir_all(tmp).map_err(io_at(tmp))?;
     }
-    fs::create_dir(tmp).map_err(io_at(tmp))?;
+    crate::store::fs::create_dir(tmp).map_err(io_at(tmp))?;
     let from = pending.join(MOVED_FROM);
     let to = tmp.join(MOVED_FROM);
     (|| {
-        fs::copy(&from, &to)?;
+        crate::store::fs::copy_file(&from, &to)?;
         File::open(&to)?.sync_all()?;
         crate::store::fsync_dir(tmp)?;
         crate::store::fsync_dir(models)
     })()
     .map_err(io_at(&to))?;
     let moved = pending.join(MOVED);
-    fs::rename(&moved, tmp.join(MOVED)).map_err(io_at(&moved))?;
+    crate::store::fs::rename(&moved, tmp.join(MOVED)).map_err(io_at(&moved))?;
     crate::store::fsync_dir(tmp).map_err(io_at(tmp))?;
     // What is left of the other generation's directory is its note of where it came from.
     let _ = fs::remove_dir_all(pending);
@@ -1240,7 +1244,7 @@ fn put_back_excluded(moved: &Path, from: &Path, opts: &Options) -> Result<usize,
     for rel in &excluded {
         let back = from.join(rel);
         let parent = back.parent().expect("has a parent");
-        fs::create_dir_all(parent).map_err(io_at(parent))?;
+        crate::store::fs::create_dir_all(parent).map_err(io_at(parent))?;
         crate::store::rename_noreplace(&moved.join(rel), &back).map_err(io_at(&back))?;
     }
     // Directories emptied by it (a DeepSpeed global_step*/ of optimizer states).
@@ -1267,7 +1271,7 @@ fn copy_into(
     opts: &Options,
     tick: &mut dyn FnMut(),
 ) -> Result<(Vec<FileEntry>, usize), PublishError> {
-    fs::create_dir_all(tmp).map_err(io_at(tmp))?;
+    crate::store::fs::create_dir_all(tmp).map_err(io_at(tmp))?;
     let mut files = Vec::new();
     let mut excluded = 0;
     for f in sources {
@@ -1277,7 +1281,7 @@ fn copy_into(
         }
         let dst = tmp.join(&f.rel);
         let parent = dst.parent().expect("has parent");
-        fs::create_dir_all(parent).map_err(io_at(parent))?;
+        crate::store::fs::create_dir_all(parent).map_err(io_at(parent))?;
         let (size, sha256) = copy_hashed(&f.src, &dst, tick)?;
         files.push(FileEntry {
             path: f.rel.to_string_lossy().into_owned(),
@@ -1309,7 +1313,7 @@ fn write_manifest(
     let bytes = crate::store::fs::json_bytes(&manifest).map_err(io_at(&mpath))?;
     let write = |path: &Path, bytes: &[u8]| -> Result<(), PublishError> {
         (|| {
-            let mut f = File::create(path)?;
+            let mut f = crate::store::fs::create_file(path)?;
             f.write_all(bytes)?;
             f.sync_all()
         })()
@@ -1429,7 +1433,7 @@ fn copy_hashed(
     const CHUNK: usize = 4 << 20;
     const WRITEBACK: u64 = 32 << 20;
     let mut r = File::open(src).map_err(io_at(src))?;
-    let mut w = File::create(dst).map_err(io_at(dst))?;
+    let mut w = crate::store::fs::create_file(dst).map_err(io_at(dst))?;
     let (full, to_hash) = std::sync::mpsc::sync_channel::<Vec<u8>>(2);
     let (give_back, empty) = std::sync::mpsc::channel::<Vec<u8>>();
     let (copied, sha) = std::thread::scope(|s| {

@@ -232,7 +232,9 @@ impl Layout {
     pub fn aggregated_partial_of(&self, iteration: u64, split: &str, name: &str) -> Option<u64> {
         let base = self.aggregated_partial(iteration, split, 0);
         let base = without_gen(base.file_name()?.to_str()?)?.0;
-        without_gen(name).filter(|(b, _)| *b == base).map(|(_, g)| g)
+        without_gen(name)
+            .filter(|(b, _)| *b == base)
+            .map(|(_, g)| g)
     }
 
     pub fn prepared(&self, iteration: u64) -> PathBuf {

@@ -366,3 +366,26 @@ fn a_journal_over_the_limit_is_refused_naming_the_key() {
         "the raised limit was not used:\n{err}"
     );
 }
+
+/// `rl-node doctor` makes its scratch directory under `.rl-node/doctor/`: a planted link
+/// there does not take its probes outside the run.
+#[test]
+fn doctor_does_not_follow_a_planted_scratch_directory() {
+    let c = TestCluster::new(1, "");
+    let victim_dir = c.dir.path().join("victim-dir");
+    fs::create_dir_all(&victim_dir).unwrap();
+    plant_link(&c.log_path.join(".rl-node/doctor"), &victim_dir);
+    let out = std::process::Command::new(BIN)
+        .args(["doctor", "--log-path"])
+        .arg(&c.log_path)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("doctor is a symbolic link"), "{err}");
+    assert_eq!(
+        fs::read_dir(&victim_dir).unwrap().count(),
+        0,
+        "doctor wrote into the link's target"
+    );
+}

@@ -62,7 +62,6 @@ use tensors::merge_tensors;
 use crate::layout::Layout;
 use crate::process::Registry;
 use crate::shards::naming::Format;
-use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -312,13 +311,13 @@ pub fn merge(
                 return Ok(());
             }
         }
-        let f = File::create(&tmp).map_err(werr(&tmp))?;
+        let f = crate::store::fs::create_file(&tmp).map_err(werr(&tmp))?;
         let f = merge_sources(f, &tmp, layout.root(), &mut ranks, opts, tick)?;
         f.sync_all().map_err(werr(&tmp))?;
         Ok(())
     })();
     if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
+        let _ = crate::store::fs::remove_file(&tmp);
         return Err(e);
     }
 
@@ -334,7 +333,7 @@ pub fn merge(
     let mpath = manifest_path(&out);
     let published = (|| -> Result<(), AggregateError> {
         // An old manifest must not describe the new merged file, even for a moment.
-        match std::fs::remove_file(&mpath) {
+        match crate::store::fs::remove_file(&mpath) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(werr(&mpath)(e)),
@@ -343,7 +342,7 @@ pub fn merge(
             fence().map_err(|reason| AggregateError::Fenced { reason })?;
         }
         let renamed = if opts.replace {
-            std::fs::rename(&tmp, &out)
+            crate::store::fs::rename(&tmp, &out)
         } else {
             crate::store::rename_noreplace(&tmp, &out)
         };
@@ -355,7 +354,7 @@ pub fn merge(
         crate::store::publish_json(&mpath, &manifest).map_err(werr(&mpath))
     })();
     if let Err(e) = published {
-        let _ = std::fs::remove_file(&tmp);
+        let _ = crate::store::fs::remove_file(&tmp);
         return Err(e);
     }
     Ok(manifest)

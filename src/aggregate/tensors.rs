@@ -9,7 +9,6 @@ use crate::layout::Layout;
 use crate::shards::naming::Format;
 use crate::shards::safetensors as st;
 use crate::shards::ShardError;
-use std::fs::File;
 use std::path::Path;
 
 /// safetensors / torch: read every available rank's header (or tensors), check that they
@@ -87,7 +86,7 @@ pub(super) fn merge_tensors(
         path: tmp.to_path_buf(),
         source,
     };
-    let f = File::create(tmp).map_err(werr)?;
+    let f = crate::store::fs::create_file(tmp).map_err(werr)?;
     let copied = st::write(&plan, &inputs, &f, tmp, tick).map_err(|e| {
         let rank_of = |p: &Path| {
             inputs

@@ -266,22 +266,12 @@ impl Textfile {
                 .set(*ms as f64 / 1000.0);
         }
         let text = self.render();
-        let dir = self.path.parent().filter(|p| !p.as_os_str().is_empty());
-        let name = self
-            .path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let tmp = dir
-            .unwrap_or(Path::new("."))
-            .join(format!(".{name}.{}.tmp", std::process::id()));
         self.last_write = Some(now);
         self.changed = false;
-        let result = std::fs::write(&tmp, text).and_then(|_| std::fs::rename(&tmp, &self.path));
-        if result.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        result
+        // A node-local file, rewritten often: replaced atomically through a temporary file
+        // (`.NAME.tmp-…`, which the collector ignores) made with `O_EXCL`; not synced.
+        let store: &dyn crate::store::SharedDir = &crate::store::Fs;
+        store.publish_with(&self.path, false, &mut |w| w.write_all(text.as_bytes()))
     }
 }
 

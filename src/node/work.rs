@@ -1724,9 +1724,9 @@ impl Iterator for Replacements<'_> {
 fn concat(paths: &[PathBuf], out: &Path) -> std::io::Result<()> {
     use std::io::{BufRead, BufReader, BufWriter, Write};
     let dir = out.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
+    crate::store::fs::create_dir_all(dir)?;
     let tmp = crate::layout::temp_path(out, &std::process::id().to_string());
-    let mut w = BufWriter::new(std::fs::File::create(&tmp)?);
+    let mut w = BufWriter::new(crate::store::fs::create_file(&tmp)?);
     for p in paths {
         let mut r = BufReader::new(std::fs::File::open(p)?);
         let mut line = Vec::new();
@@ -1746,7 +1746,7 @@ fn concat(paths: &[PathBuf], out: &Path) -> std::io::Result<()> {
     }
     w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
     if let Err(e) = store::rename_noreplace(&tmp, out) {
-        let _ = std::fs::remove_file(&tmp);
+        let _ = crate::store::fs::remove_file(&tmp);
         return Err(e);
     }
     store::fsync_dir(dir)

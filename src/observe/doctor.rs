@@ -408,8 +408,10 @@ impl Scratch {
             .map_or(0, |d| d.subsec_nanos());
         let dir = doctor.join(format!("{host}-{}-{nanos:08x}", std::process::id()));
         let mut created = Vec::new();
+        // No link someone planted at `.rl-node` or `doctor/` takes the probes elsewhere.
+        crate::store::confine(root);
         for d in [&base, &doctor, &dir] {
-            match fs::create_dir(d) {
+            match crate::store::fs::create_dir(d) {
                 Ok(()) => created.push(d.clone()),
                 Err(e) if e.kind() == ErrorKind::AlreadyExists && d != &dir => {}
                 Err(e) => {

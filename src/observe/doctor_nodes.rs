@@ -27,7 +27,7 @@ use super::doctor::{Check, Verdict};
 use crate::error::Failure;
 use crate::exit;
 use serde::{Deserialize, Serialize};
-use std::fs::{self, OpenOptions};
+use std::fs;
 use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -402,10 +402,12 @@ impl Member {
         // created just as this one creates the session in it: try again.
         let mut created = left_dirs.to_vec();
         let mut attempts = 0;
+        // No link someone planted at `.rl-node` or `doctor/` takes the session elsewhere.
+        crate::store::confine(root);
         loop {
             let mut err = None;
             for (d, name) in [(&base, ".rl-node"), (&doctor, "doctor"), (&dir, "")] {
-                match fs::create_dir(d) {
+                match crate::store::fs::create_dir(d) {
                     Ok(()) if !name.is_empty() => created.push(name.to_string()),
                     Ok(()) => {}
                     Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
@@ -1015,12 +1017,11 @@ impl Member {
         ));
         self.own.push(tmp.clone());
         self.own.push(name.clone());
-        fs::write(&tmp, b"")
-            .and_then(|()| {
-                let mut f = OpenOptions::new().write(true).open(&tmp)?;
+        crate::store::fs::create_file(&tmp)
+            .and_then(|mut f| {
                 f.write_all(wall_ns().to_string().as_bytes())?;
                 drop(f);
-                fs::rename(&tmp, &name)
+                crate::store::fs::rename(&tmp, &name)
             })
             .map_err(|e| Failure::failed(format!("cannot create {}: {e}", name.display())))
     }

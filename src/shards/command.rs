@@ -21,7 +21,6 @@
 use crate::process::{self as procs, Registry};
 use crate::template::{braced_list, shell_word, Braces, Dialect, Template};
 use std::collections::BTreeMap;
-use std::fs::OpenOptions;
 use std::io::{self, Write};
 use std::os::fd::AsFd;
 use std::os::unix::process::CommandExt;
@@ -237,13 +236,12 @@ pub fn run(job: &Job, tick: &mut dyn FnMut()) -> Result<Vec<InputReport>, Comman
     let (stdout, stderr) = match &job.log {
         Some(log) => {
             if let Some(dir) = log.parent() {
-                std::fs::create_dir_all(dir).map_err(CommandError::Spawn)?;
+                crate::store::fs::create_dir_all(dir).map_err(CommandError::Spawn)?;
             }
-            let mut f = OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(log)
-                .map_err(CommandError::Spawn)?;
+            let mut f = crate::store::fs::open_log(log)
+                .map_err(CommandError::Spawn)?
+                .0
+                .into_file();
             writeln!(
                 f,
                 "### rl-node {} merge command (iteration {}, {})\n### $ {rendered}",
@@ -278,7 +276,7 @@ pub fn run(job: &Job, tick: &mut dyn FnMut()) -> Result<Vec<InputReport>, Comman
         .stdout(stdout)
         .stderr(stderr)
         .process_group(0);
-    let _ = std::fs::remove_file(&job.report);
+    let _ = crate::store::fs::remove_file(&job.report);
     let mut child = procs::spawn_waited(&mut cmd).map_err(CommandError::Spawn)?;
     drop(cmd);
     let pid = child.pid();
@@ -312,7 +310,7 @@ pub fn run(job: &Job, tick: &mut dyn FnMut()) -> Result<Vec<InputReport>, Comman
         .map(|l| procs::tail(l, 20))
         .unwrap_or_default();
     let Some(exit) = exit else {
-        let _ = std::fs::remove_file(&job.report);
+        let _ = crate::store::fs::remove_file(&job.report);
         return Err(CommandError::TimedOut {
             timeout: job.timeout,
             log: job.log.clone(),
@@ -320,7 +318,7 @@ pub fn run(job: &Job, tick: &mut dyn FnMut()) -> Result<Vec<InputReport>, Comman
         });
     };
     if let Some(exit) = failure(exit) {
-        let _ = std::fs::remove_file(&job.report);
+        let _ = crate::store::fs::remove_file(&job.report);
         return Err(CommandError::Failed {
             exit,
             log: job.log.clone(),
@@ -330,14 +328,14 @@ pub fn run(job: &Job, tick: &mut dyn FnMut()) -> Result<Vec<InputReport>, Comman
     match std::fs::metadata(&job.output) {
         Ok(m) if m.is_file() => {}
         _ => {
-            let _ = std::fs::remove_file(&job.report);
+            let _ = crate::store::fs::remove_file(&job.report);
             return Err(CommandError::NoOutput {
                 path: job.output.clone(),
             });
         }
     }
     let report = read_report(job);
-    let _ = std::fs::remove_file(&job.report);
+    let _ = crate::store::fs::remove_file(&job.report);
     report
 }
 

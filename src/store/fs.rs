@@ -351,6 +351,50 @@ fn mkdir_p(path: &Path) -> io::Result<()> {
     }
 }
 
+/// `mkdir` of `path`, reached as every write reaches its name (no link followed below a
+/// run's root).
+pub fn create_dir(path: impl AsRef<Path>) -> io::Result<()> {
+    let path = path.as_ref();
+    let at = beneath::at(path)?;
+    count(OpClass::Mkdir);
+    Ok(rfs::mkdirat(at.fd(), at.name, dir_mode())?)
+}
+
+/// A new, empty file at `path` for writing, as `File::create` makes one but never through a
+/// link: whatever is at the name (a leftover of an earlier attempt, or something planted)
+/// is removed first (a link itself, never what it points to), then the file is created
+/// exclusively. For the data plane's files inside directories rl-node made.
+pub fn create_file(path: impl AsRef<Path>) -> io::Result<File> {
+    let path = path.as_ref();
+    let at = beneath::at(path)?;
+    for _ in 0..8 {
+        count(OpClass::Open);
+        match rfs::openat(at.fd(), at.name, excl(OFlags::WRONLY), file_mode()) {
+            Ok(fd) => return Ok(File::from(fd)),
+            Err(Errno::EXIST) => {
+                count(OpClass::Unlink);
+                match rfs::unlinkat(at.fd(), at.name, AtFlags::empty()) {
+                    Ok(()) | Err(Errno::NOENT) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Err(e) => return Err(beneath::nofollow_error(path, e)),
+        }
+    }
+    Err(Errno::EXIST.into())
+}
+
+/// Copy the file `from` to a new file `to` ([`create_file`]), with its permissions, the
+/// bytes moved by the kernel where it can (`copy_file_range`, through `std::io::copy`).
+pub fn copy_file(from: impl AsRef<Path>, to: impl AsRef<Path>) -> io::Result<u64> {
+    let (from, to) = (from.as_ref(), to.as_ref());
+    let mut src = File::open(from)?;
+    let mut dst = create_file(to)?;
+    let n = io::copy(&mut src, &mut dst)?;
+    dst.set_permissions(src.metadata()?.permissions())?;
+    Ok(n)
+}
+
 /// The names in directory `path` (reached as every write reaches its directory).
 pub fn read_dir(path: &Path) -> io::Result<Vec<OsString>> {
     use std::os::unix::ffi::OsStrExt;
