@@ -16,7 +16,8 @@ const LIMIT: Duration = Duration::from_secs(30);
 // ------------------------------------------------------------------ helpers
 
 /// Every file and directory under `root`, relative, except the short-lived temporary
-/// files an atomic publish makes (`.name.tmp-PID-N`) while a running node heartbeats.
+/// files an atomic publish makes (`.name.tmp-PID-N`) while a running node heartbeats, and
+/// rank 0's `observed.json`, which appears at one of its poll rounds.
 fn tree(root: &Path) -> BTreeSet<PathBuf> {
     fn walk(root: &Path, dir: &Path, out: &mut BTreeSet<PathBuf>) {
         let Ok(entries) = fs::read_dir(dir) else {
@@ -24,7 +25,9 @@ fn tree(root: &Path) -> BTreeSet<PathBuf> {
         };
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if name.contains(".tmp-") {
+            // Temporary files, and rank 0's view of its peers for `status`, which rank 0
+            // (not a refused node) writes first at some poll round of its own.
+            if name.contains(".tmp-") || name == "observed.json" {
                 continue;
             }
             let p = e.path();

@@ -362,11 +362,12 @@ const LONG_DEAD_AFTER: &str = "60s";
 const WELL_BEFORE_DEAD: Duration = Duration::from_secs(25);
 
 /// `n` nodes with a long dead-after whose rollouts sleep (`sleep 300.<tag>`), each waited
-/// for until it runs its rollout.
+/// for until it runs its rollout. The rollouts ignore SIGTERM, so a node's graceful stop
+/// lasts its kill-grace: a second signal sent meanwhile always finds it still stopping.
 fn nodes_in_their_rollout(n: u32, tag: &str) -> (TestCluster, Vec<NodeProc>) {
     let c = TestCluster::new(
         n,
-        &format!("[phases.rollout]\ncommand = \"sleep 300.{tag}; echo '{{}}' > {{output}}\"\n"),
+        &format!("[phases.rollout]\ncommand = \"trap '' TERM; sleep 300.{tag}; echo '{{}}' > {{output}}\"\n"),
     );
     fs::create_dir_all(&c.log_path).unwrap();
     let nodes: Vec<NodeProc> = (0..n)

@@ -357,22 +357,67 @@ impl FieldStats {
 /// Mean, min and max of each top-level numeric `fields` of the JSONL records `input`
 /// yields, one record at a time (memory: one line). A line that is not a JSON object
 /// counts as skipped for every field.
-pub(crate) fn field_stats(input: impl BufRead, fields: &[String]) -> std::io::Result<FieldStats> {
+pub(crate) fn field_stats(mut input: impl BufRead, fields: &[String]) -> std::io::Result<FieldStats> {
     let mut out = FieldStats::empty(fields);
     if fields.is_empty() {
         return Ok(out);
     }
-    for line in input.lines() {
-        let line = line?;
-        if line.trim().is_empty() {
+    let mut line = Vec::new();
+    while let Some(whole) = next_line(&mut input, &mut line, MAX_LINE)? {
+        // As `BufRead::lines` would: a file that is not UTF-8 gives no statistics.
+        std::str::from_utf8(&line)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+        if whole && line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let record: Option<BTreeMap<String, Value>> = serde_json::from_str(&line).ok();
+        // A line past the bound is not read into memory: its fields count as skipped.
+        let record: Option<BTreeMap<String, Value>> =
+            whole.then(|| serde_json::from_slice(&line).ok()).flatten();
         for (name, stat) in &mut out.fields {
             stat.add(record.as_ref().and_then(|r| r.get(name)?.as_f64()));
         }
     }
     Ok(out)
+}
+
+/// The longest record whose fields the metrics read (a merged file written by a custom
+/// merge command is not checked line by line as the built-in merge checks it).
+const MAX_LINE: u64 = 64 << 20;
+
+/// The next line of `input` into `line` (without its newline), at most `max` bytes:
+/// `Some(true)`, or `Some(false)` for a longer line, whose rest is skipped unread into
+/// memory; `None` at the end.
+fn next_line(input: &mut impl BufRead, line: &mut Vec<u8>, max: u64) -> std::io::Result<Option<bool>> {
+    use std::io::Read;
+    line.clear();
+    let n = input.by_ref().take(max + 1).read_until(b'\n', line)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if line.last() == Some(&b'\n') {
+        line.pop();
+        return Ok(Some(true));
+    }
+    if (line.len() as u64) <= max {
+        return Ok(Some(true));
+    }
+    line.clear();
+    loop {
+        let buf = input.fill_buf()?;
+        if buf.is_empty() {
+            return Ok(Some(false));
+        }
+        match memchr::memchr(b'\n', buf) {
+            Some(i) => {
+                input.consume(i + 1);
+                return Ok(Some(false));
+            }
+            None => {
+                let len = buf.len();
+                input.consume(len);
+            }
+        }
+    }
 }
 
 /// [`field_stats`] of a file; an unreadable file gives empty statistics (metrics are best
@@ -431,6 +476,31 @@ impl Written {
             iterations,
             torn_tail: !bytes.is_empty() && !bytes.ends_with(b"\n"),
         }
+    }
+}
+
+#[cfg(test)]
+mod line_tests {
+    use super::next_line;
+
+    #[test]
+    fn lines_past_the_bound_are_skipped_unread() {
+        let text = b"{\"a\": 1}\n0123456789abcdef\n{\"a\": 2}\nlast";
+        let mut input = std::io::BufReader::with_capacity(4, &text[..]);
+        let mut line = Vec::new();
+        let mut seen = vec![];
+        while let Some(whole) = next_line(&mut input, &mut line, 10).unwrap() {
+            seen.push((whole, String::from_utf8(line.clone()).unwrap()));
+        }
+        assert_eq!(
+            seen,
+            [
+                (true, "{\"a\": 1}".to_string()),
+                (false, String::new()),
+                (true, "{\"a\": 2}".to_string()),
+                (true, "last".to_string()),
+            ]
+        );
     }
 }
 

@@ -1044,7 +1044,7 @@ impl Member {
             let mut i = 0;
             while i < missed.len() {
                 let (name, at) = &missed[i];
-                match fs::read(name) {
+                match crate::store::fs::read_file(name, crate::store::ReadLimit::Record) {
                     Ok(b) => {
                         if let Some(t) = std::str::from_utf8(&b).ok().and_then(|s| s.parse().ok()) {
                             let after = at.elapsed();

@@ -361,7 +361,8 @@ fn failure(exit: procs::ChildExit) -> Option<String> {
 
 fn read_report(job: &Job) -> Result<Vec<InputReport>, CommandError> {
     let mut out = vec![InputReport::default(); job.inputs.len()];
-    let text = match std::fs::read(&job.report) {
+    // One line per input: a manifest's size class.
+    let text = match crate::store::fs::read_file(&job.report, crate::store::ReadLimit::Manifest) {
         Ok(t) => t,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
         Err(e) => {
