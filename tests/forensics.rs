@@ -418,6 +418,17 @@ exec sleep 996.<ID>${n}1
 /// A bin directory with the hanging tool as `py-spy` and `nvidia-smi`, and `sleep` as
 /// `python-standin` (a process py-spy is asked about, which starts at once), and PATH with
 /// it first.
+/// A node's environment for a hang report of the tools [`hanging_tools`] put on `path`:
+/// reports early, and no question to nvidia-smi at start.
+fn with_hanging_tools(path: &str) -> Vec<(&'static str, String)> {
+    env(&[
+        ("RL_NODE_TIMING_HANG_REPORT_AT", "0.05"),
+        ("PATH", path),
+        // Not "auto": the node would ask the hanging nvidia-smi at start.
+        ("RL_NODE_CLUSTER_GPUS_PER_NODE", "1"),
+    ])
+}
+
 fn hanging_tools(dir: &std::path::Path) -> String {
     let bin = dir.join("bin");
     fs::create_dir_all(&bin).unwrap();
@@ -489,12 +500,7 @@ fn a_node_that_stops_while_its_report_tools_hang_kills_them_and_writes_the_repor
         0,
         &c.log_path,
         &["--iterations", "1"],
-        &env(&[
-            ("RL_NODE_TIMING_HANG_REPORT_AT", "0.05"),
-            ("PATH", path.as_str()),
-            // Not "auto": the node would ask the hanging nvidia-smi at start.
-            ("RL_NODE_CLUSTER_GPUS_PER_NODE", "1"),
-        ]),
+        &with_hanging_tools(&path),
     );
     wait_until(LIMIT, "py-spy to run for the hang report", || {
         tool_runs("py-spy")
@@ -548,12 +554,7 @@ fn a_node_killed_while_its_report_tool_hangs_leaves_no_tool_behind() {
         0,
         &c.log_path,
         &["--iterations", "1"],
-        &env(&[
-            ("RL_NODE_TIMING_HANG_REPORT_AT", "0.05"),
-            ("PATH", path.as_str()),
-            // Not "auto": the node would ask the hanging nvidia-smi at start.
-            ("RL_NODE_CLUSTER_GPUS_PER_NODE", "1"),
-        ]),
+        &with_hanging_tools(&path),
     );
     // No Python process: nvidia-smi is the tool that runs.
     wait_until(LIMIT, "nvidia-smi to run for the hang report", || {

@@ -357,7 +357,10 @@ impl FieldStats {
 /// Mean, min and max of each top-level numeric `fields` of the JSONL records `input`
 /// yields, one record at a time (memory: one line). A line that is not a JSON object
 /// counts as skipped for every field.
-pub(crate) fn field_stats(mut input: impl BufRead, fields: &[String]) -> std::io::Result<FieldStats> {
+pub(crate) fn field_stats(
+    mut input: impl BufRead,
+    fields: &[String],
+) -> std::io::Result<FieldStats> {
     let mut out = FieldStats::empty(fields);
     if fields.is_empty() {
         return Ok(out);
@@ -387,7 +390,11 @@ const MAX_LINE: u64 = 64 << 20;
 /// The next line of `input` into `line` (without its newline), at most `max` bytes:
 /// `Some(true)`, or `Some(false)` for a longer line, whose rest is skipped unread into
 /// memory; `None` at the end.
-fn next_line(input: &mut impl BufRead, line: &mut Vec<u8>, max: u64) -> std::io::Result<Option<bool>> {
+fn next_line(
+    input: &mut impl BufRead,
+    line: &mut Vec<u8>,
+    max: u64,
+) -> std::io::Result<Option<bool>> {
     use std::io::Read;
     line.clear();
     let n = input.by_ref().take(max + 1).read_until(b'\n', line)?;

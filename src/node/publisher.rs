@@ -377,12 +377,13 @@ fn strip_defaults(v: &mut serde_json::Value) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::protocol::Phase;
     use crate::store::Fs;
 
-    fn on_disk(path: &std::path::Path) -> RankRecord {
+    /// The record at `path` as a reader finds it (also for `node::signals`' tests).
+    pub(crate) fn on_disk(path: &std::path::Path) -> RankRecord {
         crate::store::fs::read_json::<RankRecord>(path)
             .unwrap()
             .unwrap()

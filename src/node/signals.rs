@@ -397,11 +397,7 @@ mod tests {
     use crate::node::watchdog::Watchdog;
     use crate::protocol::{NodeState, Phase, RankRecord};
 
-    fn on_disk(path: &std::path::Path) -> RankRecord {
-        crate::store::fs::read_json::<RankRecord>(path)
-            .unwrap()
-            .unwrap()
-    }
+    use crate::node::publisher::tests::on_disk;
 
     /// Rank 1's record in a tempdir, in phase 1 of iteration 3, its heartbeat an hour away.
     fn record(dir: &std::path::Path) -> (Publisher, std::path::PathBuf) {
