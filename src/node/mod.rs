@@ -1027,6 +1027,11 @@ impl Node {
             self.clock.since_start(),
             self.cfg.timing.heartbeat_interval / 2,
         );
+        // A FUSE client may serve a peer's record from its entry cache (the file a rename
+        // replaced): one listing of the generation's directory refreshes every name in it.
+        if !ranks.is_empty() {
+            let _ = self.store.refresh(&self.layout.gen_dir(gen));
+        }
         let reads = ranks
             .into_iter()
             .map(|r| {
@@ -1161,8 +1166,12 @@ impl Node {
             match self.store.create_new_json(&path, &info) {
                 Ok(created) => {
                     // Someone failed first: theirs is the cause, ours a consequence.
+                    // (Seen past a negative-lookup cache: the create said it exists.)
                     let first = (!created)
-                        .then(|| self.store.read_json::<AbortInfo>(&path).ok().flatten())
+                        .then(|| {
+                            let _ = self.store.refresh(&self.layout.gen_dir(self.gen()));
+                            self.store.read_json::<AbortInfo>(&path).ok().flatten()
+                        })
                         .flatten();
                     info = crate::protocol::abort::cause(info, created, first);
                 }

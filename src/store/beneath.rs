@@ -77,6 +77,9 @@ struct Root {
     path: PathBuf,
     /// Opened at the first write below it (a worker may start before rank 0 made it).
     fd: Option<Arc<OwnedFd>>,
+    /// Whether it is on a FUSE filesystem, whose kernel client caches lookups (learnt
+    /// when `fd` is opened).
+    fuse: bool,
 }
 
 static ROOTS: Mutex<Vec<Root>> = Mutex::new(Vec::new());
@@ -104,6 +107,7 @@ pub fn confine(root: &Path) {
     roots.push(Root {
         path: root.to_path_buf(),
         fd: None,
+        fuse: false,
     });
 }
 
@@ -138,8 +142,29 @@ fn root_fd(root: &Path, stale: bool) -> io::Result<Arc<OwnedFd>> {
     )?);
     if let Some(entry) = entry {
         entry.fd = Some(Arc::clone(&fd));
+        entry.fuse = rfs::fstatfs(&*fd).is_ok_and(|s| s.f_type as i64 == FUSE_SUPER_MAGIC);
     }
     Ok(fd)
+}
+
+/// `statfs`'s `f_type` of a FUSE filesystem (linux/magic.h).
+const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+
+/// Whether a client's kernel may answer lookups of names under `path` from its own cache
+/// past another client's changes: a FUSE filesystem (MooseFS, GlusterFS, blobfuse,
+/// gcsfuse, sshfs), whose entry and negative-entry timeouts the kernel trusts without
+/// asking (docs/shared-directory.md). NFS revalidates at open; a local filesystem has
+/// no other client.
+pub(crate) fn lookups_cached(path: &Path) -> bool {
+    match root_of(path) {
+        Some((root, _)) => {
+            if root_fd(&root, false).is_err() {
+                return false;
+            }
+            roots().iter().any(|r| r.path == root && r.fuse)
+        }
+        None => rfs::statfs(path).is_ok_and(|s| s.f_type as i64 == FUSE_SUPER_MAGIC),
+    }
 }
 
 /// Whether the directory at `root` is still the one `fd` holds.

@@ -21,6 +21,7 @@ use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 static COUNTS: [AtomicU64; 9] = [const { AtomicU64::new(0) }; 9];
@@ -135,6 +136,10 @@ impl SharedDir for Fs {
         read_dir(path)
     }
 
+    fn refresh(&self, dir: &Path) -> io::Result<()> {
+        refresh(dir)
+    }
+
     fn remove_file(&self, path: &Path) -> io::Result<()> {
         remove_file(path)
     }
@@ -215,10 +220,17 @@ pub fn open_log(path: &Path) -> io::Result<(CountedFile, Option<String>)> {
 /// write ([`beneath::check_writable`]).
 fn open_creating(path: &Path, flags: OFlags) -> io::Result<File> {
     let flags = flags | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    // `O_CREAT` of a name another client made may answer EEXIST while this client's
+    // negative-lookup cache still says it is missing (FUSE): seen past that cache.
     let open = |at: &At<'_>| {
-        count(OpClass::Open);
-        rfs::openat(at.fd(), at.name, flags, file_mode())
-            .map_err(|e| beneath::nofollow_error(path, e))
+        let once = || {
+            count(OpClass::Open);
+            rfs::openat(at.fd(), at.name, flags, file_mode())
+        };
+        match once() {
+            Err(Errno::EXIST) => past_negative_cache(path, once),
+            other => other.map_err(|e| beneath::nofollow_error(path, e)),
+        }
     };
     let first = beneath::at(path).and_then(|at| open(&at).map(|fd| (at, fd)));
     let (at, fd) = match first {
@@ -236,6 +248,59 @@ fn open_creating(path: &Path, flags: OFlags) -> io::Result<File> {
     // Blocking again: the file may be handed to a command as its output.
     rfs::fcntl_setfl(&fd, rfs::fcntl_getfl(&fd)? - OFlags::NONBLOCK)?;
     Ok(File::from(fd))
+}
+
+/// How long a name the server says exists (`EEXIST`) may stay invisible to this client's
+/// lookups before rl-node gives up on it: longer than a negative-lookup cache a mount
+/// would sensibly have, and bounded, so a node never waits without saying why.
+const INVISIBLE_WAIT: Duration = Duration::from_secs(30);
+
+/// `look` again (it answered that the name `path` does not exist, while the server said it
+/// does: a negative-lookup cache, docs/shared-directory.md) until it finds it: first after a
+/// listing of the directory, which refreshes a FUSE client's cached lookups at once
+/// ([`refresh`]), then every 50 ms for at most [`INVISIBLE_WAIT`]; then an error saying
+/// which cache is lying.
+fn past_negative_cache<T>(
+    path: &Path,
+    mut look: impl FnMut() -> Result<T, Errno>,
+) -> io::Result<T> {
+    let start = Instant::now();
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        let _ = refresh(dir);
+    }
+    loop {
+        match look() {
+            Err(Errno::NOENT) | Err(Errno::EXIST) if start.elapsed() < INVISIBLE_WAIT => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(Errno::NOENT) | Err(Errno::EXIST) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "{} exists on the server (it answers EEXIST) but stayed invisible to this client for {}s: \
+                         the mount's negative-lookup cache hides it (MooseFS mfsnegentrycacheto, \
+                         FUSE negative_timeout, NFS lookupcache); mount with a shorter one",
+                        path.display(),
+                        INVISIBLE_WAIT.as_secs()
+                    ),
+                ))
+            }
+            Err(e) => return Err(beneath::nofollow_error(path, e)),
+            Ok(v) => return Ok(v),
+        }
+    }
+}
+
+/// Make this client see the names in directory `dir` as the server has them now, where its
+/// kernel may answer lookups from a cache past other clients' changes: on a FUSE mount
+/// (entry and negative-entry timeouts), a listing of the directory (readdirplus) refreshes
+/// every name in it at once. Elsewhere nothing: NFS revalidates a name at open, and a local
+/// filesystem has no other client. Counted as the listing.
+pub fn refresh(dir: &Path) -> io::Result<()> {
+    if !beneath::lookups_cached(dir) {
+        return Ok(());
+    }
+    read_dir(dir).map(drop)
 }
 
 /// Whether rl-node could write `path` safely: `Ok` when nothing is there yet or when it is
@@ -314,10 +379,14 @@ fn mkdir_p(path: &Path) -> io::Result<()> {
         count(OpClass::Mkdir);
         match rfs::mkdirat(at.fd(), at.name, dir_mode()) {
             Ok(()) => Ok(()),
-            // Another writer made it in the meantime, or something else is there.
+            // Another writer made it in the meantime, or something else is there (which
+            // a negative-lookup cache may hide for a while).
             Err(Errno::EXIST) => {
-                count(OpClass::Stat);
-                match rfs::statat(at.fd(), at.name, AtFlags::SYMLINK_NOFOLLOW) {
+                let there = past_negative_cache(path, || {
+                    count(OpClass::Stat);
+                    rfs::statat(at.fd(), at.name, AtFlags::SYMLINK_NOFOLLOW)
+                });
+                match there {
                     Ok(st) if rfs::FileType::from_raw_mode(st.st_mode).is_dir() => Ok(()),
                     Ok(st)
                         if rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::Symlink =>
@@ -331,7 +400,8 @@ fn mkdir_p(path: &Path) -> io::Result<()> {
                             Err(beneath::link_refused(path))
                         }
                     }
-                    _ => Err(Errno::EXIST.into()),
+                    Ok(_) => Err(Errno::EXIST.into()),
+                    Err(e) => Err(e),
                 }
             }
             Err(e) => Err(e.into()),

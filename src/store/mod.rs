@@ -21,7 +21,7 @@ pub mod sim;
 pub use beneath::{confine, Untrusted};
 pub use fs::{
     create_new, create_new_json, fsync_dir, overwrite_in_place, publish, publish_json,
-    publish_with, read, read_json, read_limited, read_strict, rename_noreplace, Fs,
+    publish_with, read, read_json, read_limited, read_strict, refresh, rename_noreplace, Fs,
 };
 
 use serde::{de::DeserializeOwned, Serialize};
@@ -206,6 +206,14 @@ pub trait SharedDir: Send + Sync {
     /// `true` when `path` exists. If it did not, the empty file the create made is removed
     /// again (unless something replaced it meanwhile) and the answer is `false`.
     fn revalidate(&self, path: &Path) -> io::Result<bool>;
+
+    /// Make this client see the names in directory `dir` as the server has them now (see
+    /// [`fs::refresh`]): before reading what other nodes wrote there, on a filesystem whose
+    /// clients cache lookups. Nothing where no such cache applies (the default).
+    fn refresh(&self, dir: &Path) -> io::Result<()> {
+        let _ = dir;
+        Ok(())
+    }
 
     /// A plain rename (replaces `dst`).
     fn rename(&self, src: &Path, dst: &Path) -> io::Result<()>;

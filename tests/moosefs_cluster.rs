@@ -1,0 +1,236 @@
+//! The cluster on a real distributed filesystem: MooseFS (a master and chunkservers, like
+//! Lustre's MDS and OSS), each node on its own `mfsmount` client, with MooseFS's default
+//! caches and with 1 s attribute, entry, directory-entry and negative caches, as FUSE
+//! filesystems are often mounted. Under those caches a rename over a record is read stale
+//! for up to the entry timeout and a name another client made stays invisible to lookups
+//! (while mkdir answers EEXIST) for up to the negative timeout; rl-node must pay neither
+//! per barrier, and must never fail a start on them.
+
+mod common;
+use common::cluster::*;
+use common::moosefs::{self, Caches, MooseFs};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+const LIMIT: Duration = Duration::from_secs(180);
+
+fn substrate(test: &str, caches: Option<Caches>) -> Option<MooseFs> {
+    if !moosefs::require(test) {
+        return None;
+    }
+    Some(MooseFs::start(3, caches).unwrap_or_else(|e| panic!("{test}: {e}")))
+}
+
+/// Every phase with a command: rollouts write a record, training writes a checkpoint that
+/// the hand-off publishes, eval writes its record.
+const COMMANDS: &str = r#"
+[phases.rollout]
+command = "echo '{\"rank\": {rank}, \"iteration\": {iteration}, \"model\": \"{model_version}\"}' > {output}"
+[phases.eval]
+command = "echo '{\"eval\": {rank}}' > {output}"
+[phases.train]
+command = "mkdir -p {output}/checkpoint-{rank} && echo w{iteration} > {output}/checkpoint-{rank}/weights"
+"#;
+
+/// The shared directory as node `rank` sees it: its own client's mount.
+fn shared(fs: &MooseFs, rank: u32, name: &str) -> PathBuf {
+    fs.mount(rank as usize).join(name)
+}
+
+fn run_all(c: &TestCluster, fs: &MooseFs, name: &str, args: &[&str]) -> Duration {
+    std::fs::create_dir_all(shared(fs, 0, name)).unwrap();
+    let start = Instant::now();
+    let mut nodes: Vec<NodeProc> = (0..3u32)
+        .map(|r| c.spawn_at(r, &shared(fs, r, name), args))
+        .collect();
+    for n in &mut nodes {
+        assert_eq!(n.wait(LIMIT), 0, "rank {}:\n{}", n.rank, n.stderr());
+    }
+    start.elapsed()
+}
+
+/// Three iterations with eval, training and the hand-off of a checkpoint, each node on
+/// its own client: every merged file complete, every iteration's model the one handed off
+/// before it, and the time per iteration far below a cache period per barrier.
+fn three_iterations(test: &str, caches: Option<Caches>, per_iteration: Duration) {
+    let Some(fs) = substrate(test, caches) else {
+        return;
+    };
+    let c = TestCluster::new(3, COMMANDS);
+    let iterations = 3u64;
+    let took = run_all(&c, &fs, "exp", &["--iterations", "3", "--eval-interval", "2"]);
+    let root = shared(&fs, 0, "exp");
+    for i in 1..=iterations {
+        let merged =
+            std::fs::read_to_string(root.join(format!("rollouts/iter-{i:04}/train.jsonl")))
+                .unwrap();
+        let lines: Vec<serde_json::Value> = merged
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 3, "iteration {i}: {merged}");
+        for l in &lines {
+            assert_eq!(l["model"], (i - 1).to_string(), "iteration {i}: {merged}");
+        }
+    }
+    let latest = std::fs::read_to_string(root.join("models/LATEST")).unwrap();
+    assert_eq!(latest.trim(), "iter-0003");
+    eprintln!("{test}: {iterations} iterations in {took:?}");
+    assert!(
+        took < per_iteration * iterations as u32 + Duration::from_secs(5),
+        "took {took:?} for {iterations} iterations"
+    );
+}
+
+#[test]
+fn three_nodes_on_moosefs_with_default_caches() {
+    three_iterations(
+        "three_nodes_on_moosefs_with_default_caches",
+        None,
+        Duration::from_secs(3),
+    );
+}
+
+#[test]
+fn three_nodes_on_moosefs_with_one_second_caches() {
+    three_iterations(
+        "three_nodes_on_moosefs_with_one_second_caches",
+        Some(Caches::all(1.0)),
+        Duration::from_secs(3),
+    );
+}
+
+/// Workers started before rank 0 on a fresh directory look up `cluster.json` while it does
+/// not exist, and their clients cache that (here for 30 s); on FUSE an `O_CREAT` of the
+/// doorbell answers EEXIST for it too. They still join at once: a listing of the state
+/// directory refreshes their lookups.
+#[test]
+fn workers_started_first_join_past_their_negative_cache() {
+    let test = "workers_started_first_join_past_their_negative_cache";
+    const NEGATIVE_SECS: f64 = 30.0;
+    let caches = Caches {
+        negentry: NEGATIVE_SECS,
+        ..Caches::all(1.0)
+    };
+    let Some(fs) = substrate(test, Some(caches)) else {
+        return;
+    };
+    let c = TestCluster::new(3, "[phases.train]\ncommand = \"true\"\n");
+    std::fs::create_dir_all(shared(&fs, 0, "exp")).unwrap();
+    let mut nodes: Vec<NodeProc> = (1..3u32)
+        .map(|r| c.spawn_at(r, &shared(&fs, r, "exp"), &["--iterations", "1"]))
+        .collect();
+    wait_until(LIMIT, "the workers to wait for rank 0", || {
+        nodes.iter().all(|n| {
+            n.stderr()
+                .contains("waiting for rank 0 to start a generation")
+        })
+    });
+    let start = Instant::now();
+    nodes.insert(
+        0,
+        c.spawn_at(0, &shared(&fs, 0, "exp"), &["--iterations", "1"]),
+    );
+    for n in &mut nodes {
+        assert_eq!(n.wait(LIMIT), 0, "rank {}:\n{}", n.rank, n.stderr());
+    }
+    let took = start.elapsed();
+    assert!(
+        took < Duration::from_secs_f64(NEGATIVE_SECS / 2.0),
+        "the run took {took:?}: a worker waited out its {NEGATIVE_SECS} s negative cache\n{}",
+        nodes[1].stderr()
+    );
+}
+
+/// A worker killed (-9) in its rollout of iteration 2 on 1 s caches: the others stop
+/// naming it, a restart of the same commands finishes the run, and iteration 1, complete
+/// before the kill, is not redone.
+#[test]
+fn a_run_killed_mid_rollout_resumes_without_redoing_finished_work() {
+    let test = "a_run_killed_mid_rollout_resumes_without_redoing_finished_work";
+    let Some(fs) = substrate(test, Some(Caches::all(1.0))) else {
+        return;
+    };
+    let c = TestCluster::new(
+        3,
+        &format!(
+            "{COMMANDS}\n[phases.prepare]\ncommand = \"cp {{trajectories}} {{output}}\"\n"
+        )
+        .replace(
+            "[phases.rollout]\ncommand = \"",
+            "[phases.rollout]\ncommand = \"echo {iteration} >> {log_path}/trace-{rank}; ",
+        ),
+    );
+    std::fs::create_dir_all(shared(&fs, 0, "exp")).unwrap();
+    let args = ["--iterations", "3", "--eval-interval", "0"];
+    let mut nodes: Vec<NodeProc> = (0..3u32)
+        .map(|r| {
+            let hold = [("RL_NODE_TEST_HOLD_AT", "train-rollout@2".to_string())];
+            c.spawn_env(r, &shared(&fs, r, "exp"), &args, if r == 1 { &hold } else { &[] })
+        })
+        .collect();
+    wait_until(LIMIT, "rank 1 to hold in its rollout", || {
+        nodes[1].stderr().contains("RL_NODE_TEST_HOLD_AT")
+    });
+    nodes[1].signal(libc::SIGKILL);
+    assert_eq!(nodes[1].wait(LIMIT), 137);
+    for r in [0, 2] {
+        let code = nodes[r].wait(LIMIT);
+        let err = nodes[r].stderr();
+        assert_eq!(code, 3, "rank {r}:\n{err}");
+        assert!(err.contains("rank 1 on ") && err.contains("is dead"), "rank {r}:\n{err}");
+    }
+    drop(nodes);
+    run_all(&c, &fs, "exp", &args);
+    let root = shared(&fs, 0, "exp");
+    for r in 0..3 {
+        let trace = std::fs::read_to_string(root.join(format!("trace-{r}"))).unwrap();
+        let ones = trace.lines().filter(|l| *l == "1").count();
+        assert_eq!(ones, 1, "rank {r} redid iteration 1's rollout: {trace}");
+    }
+    for i in 1..=3 {
+        let merged =
+            std::fs::read_to_string(root.join(format!("rollouts/iter-{i:04}/train.jsonl")))
+                .unwrap();
+        assert_eq!(merged.lines().count(), 3, "iteration {i}: {merged}");
+    }
+}
+
+/// A pipelined run (a rollout cluster and an update cluster of one node each), each node
+/// on its own client with 1 s caches: every iteration's trajectories reach training.
+#[test]
+fn a_pipelined_run_on_moosefs_with_one_second_caches() {
+    let test = "a_pipelined_run_on_moosefs_with_one_second_caches";
+    let Some(fs) = substrate(test, Some(Caches::all(1.0))) else {
+        return;
+    };
+    let c = TestCluster::pipelined(&format!(
+        "{COMMANDS}\n[pipeline]\nstaleness = 1\n"
+    ));
+    std::fs::create_dir_all(shared(&fs, 0, "exp")).unwrap();
+    let mut nodes: Vec<NodeProc> = ["rollout", "update"]
+        .iter()
+        .enumerate()
+        .map(|(i, side)| {
+            c.spawn_at(
+                0,
+                &shared(&fs, i as u32, "exp"),
+                &["--iterations", "3", "--num-nodes", "1", "--rl-phase", side],
+            )
+        })
+        .collect();
+    for n in &mut nodes {
+        assert_eq!(n.wait(LIMIT), 0, "{}", n.stderr());
+    }
+    let root = shared(&fs, 2, "exp");
+    for i in 1..=3 {
+        let merged =
+            std::fs::read_to_string(root.join(format!("rollouts/iter-{i:04}/train.jsonl")))
+                .unwrap();
+        assert_eq!(merged.lines().count(), 1, "iteration {i}: {merged}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(root.join("models/LATEST")).unwrap().trim(),
+        "iter-0003"
+    );
+}
