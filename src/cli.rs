@@ -37,8 +37,9 @@ struct NodeArgs {
     /// Leave the inference server alone (do not stop or start it).
     #[arg(long)]
     debug_mode: bool,
-    /// Start a new run in this directory, setting the previous run's files aside (nothing
-    /// is deleted). Without it, a restart resumes the run that is there.
+    /// Start a new run in this directory: rank 0 sets the previous run's files aside
+    /// (nothing is deleted), a worker waits for the new run. Without it, a restart resumes
+    /// the run that is there. Give it to every node started together (srun does).
     #[arg(long)]
     fresh: bool,
     /// Print the node's log lines (stderr) of this level and above (default info;

@@ -9,7 +9,9 @@
 //! A worker waits for a joinable generation: rank 0 alive and still joining. A generation
 //! that ended, or formed without this rank, is skipped, so a worker started long before
 //! its master simply waits. Refusals (different configuration, rank held by a live
-//! process) happen before the worker writes anything.
+//! process) happen before the worker writes anything. A worker started with `--fresh`
+//! (every node is, under srun) never ends at the run it found first: rank 0 sets that one
+//! aside, perhaps only after the worker looked.
 
 use super::{random_id, Interrupt, Node, Stop};
 use crate::events;
@@ -19,7 +21,6 @@ use crate::protocol::join;
 use crate::protocol::{ClusterRecord, Mark, NodeState, RankRecord, PROTO};
 use crate::state::{self, StateError};
 use serde_json::json;
-use std::collections::HashSet;
 use std::time::Duration;
 
 /// What we can tell about the process holding a record.
@@ -557,16 +558,20 @@ impl Node {
 
     fn join_worker(&mut self) -> Result<(), Stop> {
         let deadline = self.clock.now() + self.cfg.timing.join_timeout;
-        let mut rejected = HashSet::new();
+        let mut rejected = join::Skipped::default();
         let mut seen = Seen::default();
+        // With --fresh: the run found at the first look, which rank 0 sets aside.
+        let mut found: Option<String> = None;
         self.info(&format!(
             "waiting for rank 0 to start a generation ({})",
             self.layout.cluster().display()
         ));
         loop {
             self.waiting_note = "rank 0 to publish a generation to join".into();
-            let found = self.wait_for(deadline, |n| n.find_joinable(&mut rejected, &mut seen));
-            let (cluster, r0) = match found {
+            let joinable = self.wait_for(deadline, |n| {
+                n.find_joinable(&mut rejected, &mut seen, &mut found)
+            });
+            let (cluster, r0) = match joinable {
                 Ok(found) => found,
                 Err(Interrupt::Stop(s)) => return Err(s),
                 Err(Interrupt::Deadline) => {
@@ -642,7 +647,7 @@ impl Node {
                         p.finish(|r| r.state = NodeState::Left, Duration::from_secs(5));
                     }
                     self.cluster = None;
-                    rejected.insert(gen);
+                    rejected.insert(&cluster.run_id, gen);
                 }
                 Err(Interrupt::Stop(s)) => return Err(s),
                 Err(Interrupt::Deadline) => {
@@ -698,16 +703,24 @@ impl Node {
             .unwrap_or(false)
     }
 
+    /// `found`: with --fresh, the run read at the first look that read one.
     fn find_joinable(
         &mut self,
-        rejected: &mut HashSet<u64>,
+        rejected: &mut join::Skipped,
         seen: &mut Seen,
+        found: &mut Option<String>,
     ) -> Result<Option<(ClusterRecord, RankRecord)>, Stop> {
         use crate::protocol::join::{look, ClusterSeen, Joiner, Look};
         let layout = self.layout.clone();
         let mut read = state::read_cluster(&*self.store, &layout);
         if matches!(read, Ok(None)) && self.doorbell_rang() {
             read = state::read_cluster(&*self.store, &layout);
+        }
+        // The first run read is the one a --fresh rank 0 sets aside, unless rank 0 was
+        // quicker: then it is the new run, which cannot be complete without this rank
+        // either. A look that read no run (none yet, or rank 0 moving it) decides nothing.
+        if let (true, None, Ok(Some(c))) = (self.fresh, &found, &read) {
+            *found = Some(c.run_id.clone());
         }
         let unreadable;
         let cluster_path = layout.cluster();
@@ -732,6 +745,7 @@ impl Node {
             iterations: self.cfg.cluster.iterations,
             slot_patience: self.slot_patience(),
             dead_after: self.cfg.timing.dead_after,
+            set_aside: found.as_deref(),
         };
         let verdict = look(
             seen_cluster,
@@ -746,15 +760,20 @@ impl Node {
                 }
                 Ok(None)
             }
-            Look::Skip { gen, why } => {
+            Look::Skip { run_id, gen, why } => {
                 if let Some(why) = why {
                     self.info(&why);
                 }
-                rejected.insert(gen);
+                rejected.insert(&run_id, gen);
                 // What this worker waits for now: not what an earlier look at the skipped
                 // generation waited for (seed 6474 of the seeded driver simulation timed
                 // out naming a previous holder it had long since found gone).
-                self.waiting_note = "rank 0 to publish a generation to join".into();
+                self.waiting_note = match found {
+                    Some(aside) if *aside == run_id => {
+                        format!("rank 0 (--fresh) to set run {run_id} aside and start a new run")
+                    }
+                    _ => "rank 0 to publish a generation to join".into(),
+                };
                 Ok(None)
             }
             Look::Complete { message, hint } => Err(Stop {

@@ -188,8 +188,10 @@ pub(crate) struct Node {
     server: Option<server::Server>,
     /// --debug-mode: leave the inference server alone.
     debug_mode: bool,
-    /// --fresh: set an existing run aside (rank 0 only).
+    /// --fresh: rank 0 sets an existing run aside; a worker waits for the new run.
     fresh: bool,
+    /// Where `timing.dead-after` came from, for a node told it was declared dead.
+    dead_after_source: crate::config::Source,
     /// This rank's journal entries of the current run.
     journal: Vec<crate::protocol::journal::Entry>,
     /// Task files ([tasks]), loaded at start.
@@ -630,6 +632,7 @@ impl Node {
             server: None,
             debug_mode,
             fresh,
+            dead_after_source: crate::config::Source::Default,
             journal: Vec::new(),
             tasks: work::TaskSets::default(),
             extra: Default::default(),
@@ -687,6 +690,7 @@ fn drive(
     (nproc, nproc_source): (u32, String),
 ) -> Result<(), Stop> {
     node.tasks = tasks;
+    node.dead_after_source = loaded.source_of("timing.dead-after").clone();
     let p = &node.cfg.phases;
     if !(p.rollout.is_set()
         || p.eval.is_set()
@@ -1190,6 +1194,21 @@ impl Node {
             None => info,
         };
         let (code, hint) = stop_code(&info, self.rank, self.layout.cluster_name());
+        // Declared dead while alive: what happened, as this node can tell it.
+        let dead_after = format!(
+            "{}, timing.dead-after from {}",
+            humantime::format_duration(self.cfg.timing.dead_after),
+            self.dead_after_source
+        );
+        let (message, hint) = match crate::protocol::abort::declared_dead(
+            &info,
+            self.rank,
+            self.layout.cluster_name(),
+            &dead_after,
+        ) {
+            Some((message, hint)) => (message, Some(hint)),
+            None => (info.describe(), hint),
+        };
         let detail = info
             .log
             .as_ref()
@@ -1198,7 +1217,7 @@ impl Node {
             .filter(|t| !t.is_empty());
         Stop {
             code,
-            message: info.describe(),
+            message,
             hint,
             detail,
         }

@@ -40,6 +40,43 @@ pub fn consequence(info: &AbortInfo, me: u32) -> (i32, Option<String>) {
     (code, hint)
 }
 
+/// What a live node named dead by a peer (`info`: a dead-peer abort whose culprit is `me`
+/// of `cluster`, detected by another rank) is told: the detector stopped seeing its
+/// heartbeat for `dead_after` (the value and where it was set, e.g. "5s, timing.dead-after
+/// from rl-node.toml"), although this node ran; why a live node's heartbeat looks still,
+/// and what to change. None for any other abort: "rank 2 is dead … check rank 2's own
+/// output" sent rank 2 to look at itself for a failure it did not have.
+pub fn declared_dead(
+    info: &AbortInfo,
+    me: u32,
+    cluster: Option<&str>,
+    dead_after: &str,
+) -> Option<(String, String)> {
+    if info.kind != AbortKind::PeerDead
+        || info.culprit != me
+        || info.cluster.as_deref() != cluster
+        || (info.detected_by == me && info.detected_in.is_none())
+    {
+        return None;
+    }
+    let detector = match &info.detected_in {
+        Some(c) => format!("the {c} cluster's rank {}", info.detected_by),
+        None => format!("rank {}", info.detected_by),
+    };
+    let silent = info
+        .silent_ms
+        .map(|ms| format!(" for {:.1}s", ms as f64 / 1000.0))
+        .unwrap_or_default();
+    let message = format!(
+        "{detector} declared this node (rank {me} on {}) dead: it saw this node's heartbeat still{silent}, longer than dead-after ({dead_after}), while this node was alive and writing it (last seen in phase {} of iteration {})",
+        info.culprit_host, info.phase, info.iteration
+    );
+    let hint = format!(
+        "a live node's heartbeat looks still to {detector} when its writes stay invisible there for longer than dead-after: a cache of the shared filesystem mount (attribute, entry or data cache, on either node's mount) still showing an older record, writes of this node that stalled (an overloaded or unreachable file server), or this host paused (a suspended VM, SIGSTOP, heavy swapping). Raise timing.dead-after above twice the mount's longest attribute or entry cache plus one heartbeat-interval, or mount with smaller caches; `rl-node doctor --nodes N`, run on every node at once, measures how long a rewrite takes to be seen. Then restart every node with the same command to start a new generation"
+    );
+    Some((message, hint))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -86,5 +123,51 @@ mod tests {
         assert!(hint.unwrap().starts_with("check rank 2's own output"));
         let late = abort(0, 0, AbortKind::Timeout);
         assert_eq!(consequence(&late, 0), (exit::DEADLINE, None));
+    }
+
+    #[test]
+    fn a_live_rank_named_dead_is_told_what_its_detector_saw_and_what_to_change() {
+        let mut dead = abort(2, 0, AbortKind::PeerDead);
+        dead.silent_ms = Some(5_120);
+        let words = "5s, timing.dead-after from rl-node.toml";
+        let (message, hint) = declared_dead(&dead, 2, None, words).unwrap();
+        assert_eq!(
+            message,
+            "rank 0 declared this node (rank 2 on h2) dead: it saw this node's heartbeat still for 5.1s, longer than dead-after (5s, timing.dead-after from rl-node.toml), while this node was alive and writing it (last seen in phase train of iteration 4)"
+        );
+        assert!(
+            hint.contains("a cache of the shared filesystem mount"),
+            "{hint}"
+        );
+        assert!(
+            hint.contains("Raise timing.dead-after above twice"),
+            "{hint}"
+        );
+        // Everyone else, and any other abort, keeps the usual words.
+        assert_eq!(declared_dead(&dead, 1, None, words), None);
+        assert_eq!(declared_dead(&dead, 0, None, words), None);
+        let failed = abort(2, 2, AbortKind::Error);
+        assert_eq!(declared_dead(&failed, 2, None, words), None);
+        // Pipelined: rank 2 of the other cluster is another node; a detector in the other
+        // cluster is named with its cluster.
+        dead.cluster = Some("rollout".into());
+        assert_eq!(declared_dead(&dead, 2, Some("update"), words), None);
+        let (message, _) = declared_dead(&dead, 2, Some("rollout"), words).unwrap();
+        assert!(
+            message.starts_with("rank 0 declared this node"),
+            "{message}"
+        );
+        dead.detected_in = Some("update".into());
+        dead.detected_by = 2;
+        let (message, hint) = declared_dead(&dead, 2, Some("rollout"), words).unwrap();
+        assert!(
+            message
+                .starts_with("the update cluster's rank 2 declared this node (rank 2 on h2) dead"),
+            "{message}"
+        );
+        assert!(
+            hint.contains("looks still to the update cluster's rank 2"),
+            "{hint}"
+        );
     }
 }

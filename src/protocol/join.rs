@@ -35,6 +35,23 @@ pub enum ClusterSeen<'a> {
     Cluster(&'a ClusterRecord),
 }
 
+/// The generations a worker decided never to join, each named by its run and number: a
+/// new run (`--fresh`) starts at generation 1 again, which a skipped generation 1 of the
+/// run it set aside must not hide (the worker then waited for the new run's rank 0 until
+/// join-timeout).
+#[derive(Debug, Clone, Default)]
+pub struct Skipped(HashSet<(String, u64)>);
+
+impl Skipped {
+    pub fn insert(&mut self, run_id: &str, gen: u64) {
+        self.0.insert((run_id.to_string(), gen));
+    }
+
+    pub fn contains(&self, run_id: &str, gen: u64) -> bool {
+        self.0.iter().any(|(r, g)| *g == gen && r == run_id)
+    }
+}
+
 /// The worker that looks.
 #[derive(Clone)]
 pub struct Joiner<'a> {
@@ -53,6 +70,12 @@ pub struct Joiner<'a> {
     /// never less than `dead_after` (a holder on another host is seen through a cache).
     pub slot_patience: Duration,
     pub dead_after: Duration,
+    /// Started with `--fresh`: the run this worker found at its first look, which rank 0,
+    /// started with `--fresh` as well, sets aside. Never taken as complete: a worker that
+    /// looked before rank 0 set it aside ended with "nothing to do" while rank 0 waited
+    /// for it in the new run. (It is still joined while its rank 0 forms a generation: then
+    /// it is the new run, or a live rank 0 keeps it, and rank 0 refuses to start.)
+    pub set_aside: Option<&'a str>,
 }
 
 /// The reads a look may need, done when asked.
@@ -73,8 +96,12 @@ pub trait JoinView {
 pub enum Look {
     /// Keep waiting; the new "still waiting for" note, if it changed.
     Wait(Option<String>),
-    /// Never join generation `gen`; why, for the log, if worth a line.
-    Skip { gen: u64, why: Option<String> },
+    /// Never join generation `gen` of run `run_id`; why, for the log, if worth a line.
+    Skip {
+        run_id: String,
+        gen: u64,
+        why: Option<String>,
+    },
     /// The run is already complete up to `--iterations`: nothing to do (exit 0).
     Complete { message: String, hint: String },
     /// Refused: the rank is held by a live process, or the configuration differs. When
@@ -281,19 +308,14 @@ pub fn previous_master_refusal(r0: &RankRecord) -> (String, String) {
 
 /// One look for a generation to join, given what was read of `cluster.json` and the
 /// generations already skipped.
-pub fn look(
-    seen: ClusterSeen,
-    skipped: &HashSet<u64>,
-    me: &Joiner,
-    view: &mut dyn JoinView,
-) -> Look {
+pub fn look(seen: ClusterSeen, skipped: &Skipped, me: &Joiner, view: &mut dyn JoinView) -> Look {
     look_with(seen, skipped, me, view, None)
 }
 
 #[doc(hidden)]
 pub fn look_with(
     seen: ClusterSeen,
-    skipped: &HashSet<u64>,
+    skipped: &Skipped,
     me: &Joiner,
     view: &mut dyn JoinView,
     mutation: Option<Mutation>,
@@ -316,7 +338,9 @@ pub fn look_with(
     };
     // The run's journals say every iteration this worker was asked for is done: nothing
     // to join (rank 0, started the same way, says the same and starts no generation).
-    let may_end = me.iterations > 0 && !join_ended;
+    // Not the run a --fresh start sets aside, though: that one ends nothing.
+    let aside = me.set_aside == Some(c.run_id.as_str());
+    let may_end = me.iterations > 0 && !join_ended && !aside;
     let complete = |view: &mut dyn JoinView| -> Option<Look> {
         if !may_end || c.run_fingerprint != (me.run_fingerprint)() {
             return None;
@@ -329,16 +353,16 @@ pub fn look_with(
                 resume - 1,
                 me.iterations
             ),
-            hint: "a larger --iterations extends the run".into(),
+            hint: "a larger --iterations extends the run; to start a new run instead, give --fresh to every node".into(),
         })
     };
-    if skipped.contains(&c.gen) {
+    if skipped.contains(&c.run_id, c.gen) {
         // A generation skipped while it ran may since have completed the run (one read
         // of rank 0's record per look, and only when the run has an end).
         if may_end
             && view
                 .rank0(c.gen)
-                .is_some_and(|r0| r0.state == NodeState::Done)
+                .is_some_and(|r0| r0.state == NodeState::Done && r0.run_id == c.run_id)
         {
             if let Some(done) = complete(view) {
                 return done;
@@ -346,58 +370,38 @@ pub fn look_with(
         }
         return Look::Wait(None);
     }
-    let Some(r0) = view.rank0(c.gen) else {
-        // Rank 0 publishes its record before cluster.json: missing now, it was lost (an
-        // unsynced live record on a machine that crashed) or damaged. The run may be
-        // complete all the same (seed 411 of the driver scenario); otherwise wait for
-        // rank 0 to start a new generation.
-        if let Some(done) = complete(view) {
-            return done;
+    let r0 = match view.rank0(c.gen) {
+        // Another run's: cluster.json was replaced since it was read (a --fresh rank 0
+        // set this run aside and started generation 1 of a new one). Read it again.
+        Some(r0) if r0.run_id != c.run_id => return Look::Wait(None),
+        Some(r0) => r0,
+        None => {
+            // Rank 0 publishes its record before cluster.json: missing now, it was lost
+            // (an unsynced live record on a machine that crashed) or damaged. The run may
+            // be complete all the same (seed 411 of the driver scenario); otherwise wait
+            // for rank 0 to start a new generation.
+            if let Some(done) = complete(view) {
+                return done;
+            }
+            return Look::Wait(None);
         }
-        return Look::Wait(None);
     };
     if r0.state.is_terminal() && !join_ended {
         if let Some(done) = complete(view) {
             return done;
         }
         return Look::Skip {
+            run_id: c.run_id.clone(),
             gen: c.gen,
-            why: Some(format!(
-                "generation {} has ended ({:?}); waiting for rank 0 to start a new one",
-                c.gen, r0.state
+            why: Some(waiting_for_new(
+                c,
+                aside,
+                &format!("has ended ({:?})", r0.state),
             )),
         };
     }
-    let held = view
-        .slot(c.gen)
-        .filter(|s| s.state != NodeState::Vacant && !s.state.is_terminal() && s.nonce != me.nonce)
-        .filter(|_| mutation != Some(Mutation::StealLiveSlots));
-    if let Some(s) = held {
-        let patience = holder_patience(me.slot_patience, me.dead_after, mutation);
-        match view.holder(&s, patience, refusal_proof(mutation)) {
-            Holder::Alive => {
-                return Look::Refused {
-                    message: format!(
-                        "rank {} is already held by a live process: pid {} on {} (generation {}, phase {})",
-                        me.rank,
-                        s.pid,
-                        s.host,
-                        c.gen,
-                        s.phase.map(|p| p.to_string()).unwrap_or_else(|| "join".into())
-                    ),
-                    hint: "each rank runs once per cluster: check --worker / RANK on this node"
-                        .into(),
-                    note: None,
-                }
-            }
-            Holder::Unknown => {
-                return Look::Wait(Some(format!(
-                    "checking whether rank {}'s previous holder (pid {} on {}) is alive",
-                    me.rank, s.pid, s.host
-                )))
-            }
-            Holder::Gone => {}
-        }
+    if let Some(look) = held_elsewhere(c, me, view, mutation) {
+        return look;
     }
     if r0.state != NodeState::Joining && !(join_ended && r0.state.is_terminal()) {
         // Running, or its rank 0 died: the run may be complete all the same (a rank 0
@@ -406,10 +410,12 @@ pub fn look_with(
             return done;
         }
         return Look::Skip {
+            run_id: c.run_id.clone(),
             gen: c.gen,
-            why: Some(format!(
-                "generation {} is already running without this rank; waiting for rank 0 to start a new generation",
-                c.gen
+            why: Some(waiting_for_new(
+                c,
+                aside,
+                "is already running without this rank",
             )),
         };
     }
@@ -426,6 +432,7 @@ pub fn look_with(
         Holder::Gone if join_ended => {}
         Holder::Gone => {
             return Look::Skip {
+                run_id: c.run_id.clone(),
                 gen: c.gen,
                 why: None,
             }
@@ -435,6 +442,60 @@ pub fn look_with(
         return refused_configuration(c, me);
     }
     Look::Join(Box::new(c.clone()), Box::new(r0))
+}
+
+/// Is this rank held in generation `c.gen` by another process (not a placeholder, not
+/// ended)? Alive: refused; not yet known: wait; gone, or not held: None (look on).
+fn held_elsewhere(
+    c: &ClusterRecord,
+    me: &Joiner,
+    view: &mut dyn JoinView,
+    mutation: Option<Mutation>,
+) -> Option<Look> {
+    let s = view
+        .slot(c.gen)
+        .filter(|s| s.run_id == c.run_id)
+        .filter(|s| s.state != NodeState::Vacant && !s.state.is_terminal() && s.nonce != me.nonce)
+        .filter(|_| mutation != Some(Mutation::StealLiveSlots))?;
+    let patience = holder_patience(me.slot_patience, me.dead_after, mutation);
+    match view.holder(&s, patience, refusal_proof(mutation)) {
+        Holder::Alive => {
+            Some(Look::Refused {
+                message: format!(
+                "rank {} is already held by a live process: pid {} on {} (generation {}, phase {})",
+                me.rank,
+                s.pid,
+                s.host,
+                c.gen,
+                s.phase.map(|p| p.to_string()).unwrap_or_else(|| "join".into())
+            ),
+                hint: "each rank runs once per cluster: check --worker / RANK on this node".into(),
+                note: None,
+            })
+        }
+        Holder::Unknown => Some(Look::Wait(Some(format!(
+            "checking whether rank {}'s previous holder (pid {} on {}) is alive",
+            me.rank, s.pid, s.host
+        )))),
+        Holder::Gone => None,
+    }
+}
+
+/// Why a worker skips generation `c.gen`, which `what` (has ended, runs without it), and
+/// what it waits for instead: a new generation, or (`aside`) the new run of a --fresh
+/// start.
+fn waiting_for_new(c: &ClusterRecord, aside: bool, what: &str) -> String {
+    if aside {
+        format!(
+            "generation {} of run {} {what}; --fresh: waiting for rank 0 to set run {} aside and start a new run",
+            c.gen, c.run_id, c.run_id
+        )
+    } else {
+        format!(
+            "generation {} {what}; waiting for rank 0 to start a new generation",
+            c.gen
+        )
+    }
 }
 
 /// The worker's configuration differs from rank 0's: say which keys, to the worker and
@@ -648,6 +709,7 @@ mod tests {
             iterations: 0,
             slot_patience: Duration::from_secs(12),
             dead_after: Duration::from_secs(30),
+            set_aside: None,
         }
     }
 
@@ -661,12 +723,13 @@ mod tests {
             holders: vec![(0, Holder::Alive)],
             ..View::default()
         };
-        let none = HashSet::new();
+        let none = Skipped::default();
         assert!(matches!(
             look(ClusterSeen::Cluster(&c), &none, &me(&shared), &mut view),
             Look::Join(ref joined, ref r0) if joined.gen == 2 && r0.nonce == "r0"
         ));
-        let skipped: HashSet<u64> = [2].into();
+        let mut skipped = Skipped::default();
+        skipped.insert("run", 2);
         view.reads = 0;
         assert_eq!(
             look(ClusterSeen::Cluster(&c), &skipped, &me(&shared), &mut view),
@@ -682,7 +745,11 @@ mod tests {
         view.holders = vec![(0, Holder::Gone)];
         assert_eq!(
             look(ClusterSeen::Cluster(&c), &none, &me(&shared), &mut view),
-            Look::Skip { gen: 2, why: None }
+            Look::Skip {
+                run_id: "run".into(),
+                gen: 2,
+                why: None
+            }
         );
     }
 
@@ -690,7 +757,7 @@ mod tests {
     fn ended_and_running_generations_are_skipped_and_a_complete_run_ends_the_wait() {
         let shared = || json!({});
         let c = cluster(2);
-        let none = HashSet::new();
+        let none = Skipped::default();
         let mut view = View {
             rank0: Some(rec(0, NodeState::Done, "r0")),
             resume: 11,
@@ -698,7 +765,7 @@ mod tests {
         };
         assert!(matches!(
             look(ClusterSeen::Cluster(&c), &none, &me(&shared), &mut view),
-            Look::Skip { gen: 2, why: Some(ref w) } if w.contains("has ended")
+            Look::Skip { gen: 2, why: Some(ref w), .. } if w.contains("has ended")
         ));
         let mut target = me(&shared);
         target.iterations = 10;
@@ -711,7 +778,7 @@ mod tests {
         view.rank0 = Some(running);
         assert!(matches!(
             look(ClusterSeen::Cluster(&c), &none, &me(&shared), &mut view),
-            Look::Skip { gen: 2, why: Some(ref w) } if w.contains("already running without this rank")
+            Look::Skip { gen: 2, why: Some(ref w), .. } if w.contains("already running without this rank")
         ));
         // Rank 0 was killed after the last iteration's commits, so its record still says
         // running. Rank 0, restarted, finds nothing to do and starts no generation; a
@@ -722,7 +789,8 @@ mod tests {
             Look::Complete { ref message, .. } if message.contains("already completed iteration 10")
         ));
         // And a generation skipped while it ran ends the wait once its rank 0 is done.
-        let skipped = HashSet::from([2]);
+        let mut skipped = Skipped::default();
+        skipped.insert("run", 2);
         assert_eq!(
             look(ClusterSeen::Cluster(&c), &skipped, &target, &mut view),
             Look::Wait(None),
@@ -754,10 +822,78 @@ mod tests {
         );
     }
 
+    /// Every node started at once with --fresh (srun): a worker may look before rank 0
+    /// sets the old run aside, and after.
+    #[test]
+    fn a_fresh_start_is_waited_for_not_ended_at_the_run_it_sets_aside() {
+        let shared = || json!({});
+        let old = cluster(1);
+        let mut fresh = me(&shared);
+        fresh.iterations = 1;
+        fresh.set_aside = Some("run");
+        let mut view = View {
+            rank0: Some(rec(0, NodeState::Done, "r0")),
+            resume: 2,
+            ..View::default()
+        };
+        // The old run is complete, but rank 0 is about to set it aside: skip, saying so.
+        let mut skipped = Skipped::default();
+        match look(ClusterSeen::Cluster(&old), &skipped, &fresh, &mut view) {
+            Look::Skip { run_id, gen, why } => {
+                assert_eq!((run_id.as_str(), gen), ("run", 1));
+                assert_eq!(why.unwrap(), "generation 1 of run run has ended (Done); --fresh: waiting for rank 0 to set run run aside and start a new run");
+            }
+            other => panic!("{other:?}"),
+        }
+        skipped.insert("run", 1);
+        assert_eq!(
+            look(ClusterSeen::Cluster(&old), &skipped, &fresh, &mut view),
+            Look::Wait(None)
+        );
+        // A worker without --fresh continues the run it finds: complete, it ends, and
+        // says how to start a new run.
+        let mut plain = fresh.clone();
+        plain.set_aside = None;
+        assert!(matches!(
+            look(ClusterSeen::Cluster(&old), &Skipped::default(), &plain, &mut view),
+            Look::Complete { ref hint, .. } if hint.ends_with("give --fresh to every node")
+        ));
+        // The new run starts at generation 1 again: generation 1 of the old run, skipped,
+        // does not hide it.
+        let new = ClusterRecord {
+            run_id: "new".into(),
+            ..cluster(1)
+        };
+        view.rank0 = Some(RankRecord {
+            run_id: "new".into(),
+            ..rec(0, NodeState::Joining, "r0-new")
+        });
+        view.slot = None;
+        view.holders = vec![(0, Holder::Alive)];
+        assert!(matches!(
+            look(ClusterSeen::Cluster(&new), &skipped, &fresh, &mut view),
+            Look::Join(ref c, ref r0) if c.run_id == "new" && r0.nonce == "r0-new"
+        ));
+        // cluster.json of the old run read just before rank 0 replaced it, and then the
+        // new run's rank 0 record at the same generation number: neither joined nor
+        // skipped, read again.
+        let mut plain_skipped = Skipped::default();
+        plain_skipped.insert("other", 1);
+        assert_eq!(
+            look(
+                ClusterSeen::Cluster(&old),
+                &plain_skipped,
+                &plain,
+                &mut view
+            ),
+            Look::Wait(None)
+        );
+    }
+
     #[test]
     fn refusals_name_the_live_holder_or_every_differing_key() {
         let c = cluster(2);
-        let none = HashSet::new();
+        let none = Skipped::default();
         let mut view = View {
             rank0: Some(rec(0, NodeState::Joining, "r0")),
             slot: Some(rec(2, NodeState::Running, "theirs")),
@@ -815,7 +951,7 @@ mod tests {
         }
         let shared = || json!({});
         let c = cluster(2);
-        let none = HashSet::new();
+        let none = Skipped::default();
         let mut view = Patience(vec![]);
         assert!(matches!(
             look(ClusterSeen::Cluster(&c), &none, &me(&shared), &mut view),

@@ -52,7 +52,7 @@ use rl_node::store::sim::{SimClient, SimWorld};
 use rl_node::store::SharedDir;
 use serde_json::{json, Value};
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -103,7 +103,7 @@ struct Proc {
     mine: Option<RankRecord>,
     next_beat: u64,
     next_poll: u64,
-    skipped: HashSet<u64>,
+    skipped: join::Skipped,
     holders: Holders,
     liveness: Liveness,
     rate_ppm: u64,
@@ -555,7 +555,7 @@ impl Sim {
             mine: None,
             next_beat: u64::MAX,
             next_poll: poll,
-            skipped: HashSet::new(),
+            skipped: join::Skipped::default(),
             holders: Holders::default(),
             liveness: Liveness::new(Duration::from_millis(self.dead_after_ms)),
             rate_ppm,
@@ -1215,6 +1215,7 @@ impl Sim {
                 iterations: 0,
                 slot_patience: Duration::from_millis(self.slot_patience_ms),
                 dead_after: Duration::from_millis(self.dead_after_ms),
+                set_aside: None,
             };
             let mut view = View {
                 client: &self.clients[pr.host],
@@ -1229,12 +1230,12 @@ impl Sim {
         let (rank, pid) = (self.procs[p].rank, self.procs[p].pid);
         match verdict {
             Look::Wait(_) => Ok(()),
-            Look::Skip { gen, why } => {
+            Look::Skip { run_id, gen, why } => {
                 self.note(format!(
                     "rank {rank} pid {pid} skips generation {gen}{}",
                     why.map(|w| format!(": {w}")).unwrap_or_default()
                 ));
-                self.procs[p].skipped.insert(gen);
+                self.procs[p].skipped.insert(&run_id, gen);
                 Ok(())
             }
             Look::Complete { message, .. } => {
@@ -1392,7 +1393,7 @@ impl Sim {
             let pr = &mut self.procs[p];
             pr.mine = None;
             pr.next_beat = u64::MAX;
-            pr.skipped.insert(gen);
+            pr.skipped.insert(&pr.run_id.clone(), gen);
             pr.role = Role::Looking;
         }
         Ok(())
