@@ -203,12 +203,11 @@ fn assert_pipelined_run(run: &Run, rollout: u32, update: u32, staleness: u64, co
         assert_eq!(m["staleness"], i - 1 - v, "{ctx}: {m}");
         assert!(m["staleness"].as_u64().unwrap() <= staleness, "{ctx}: {m}");
         assert_eq!(m["rule"], "exact", "{ctx}: {m}");
+        // Relative to the shared directory: each node resolves it on its own mount.
         let model_dir = if v == 0 {
             "base".to_string()
         } else {
-            run.path(&format!("models/iter-{v:04}"))
-                .display()
-                .to_string()
+            format!("models/iter-{v:04}")
         };
         assert_eq!(m["model"], model_dir.as_str(), "{ctx}: {m}");
         // The trajectories: one record per rollout rank, in rank order, made with that model.
