@@ -901,6 +901,11 @@ pub fn is_partial_dir_name(file_name: &str) -> bool {
 
 /// Whether the partial directory `dir` holds a checkpoint moved out of the training
 /// output (which exists nowhere else until it is published), and where it was moved from.
+///
+/// `moved-from` holds that place relative to the shared directory (the parent of
+/// `models/`), since the rank 0 that finishes the hand-off after a restart may be another
+/// machine, mounting the directory elsewhere. An absolute path (a source outside the
+/// shared directory, or a partial directory of an earlier version) is used as it is.
 pub fn moved_from(dir: &Path) -> Option<PathBuf> {
     use std::os::unix::ffi::OsStringExt;
     if !dir.join(MOVED).is_dir() {
@@ -908,7 +913,22 @@ pub fn moved_from(dir: &Path) -> Option<PathBuf> {
     }
     let bytes =
         crate::store::fs::read_file(&dir.join(MOVED_FROM), crate::store::ReadLimit::Record).ok()?;
-    Some(PathBuf::from(std::ffi::OsString::from_vec(bytes)))
+    let recorded = PathBuf::from(std::ffi::OsString::from_vec(bytes));
+    if recorded.is_absolute() {
+        return Some(recorded);
+    }
+    let root = dir.parent()?.parent()?;
+    crate::layout::resolve_recorded(root, &recorded).ok()
+}
+
+/// `source` as a checkpoint's records name it (`moved-from`, the manifest's `source`):
+/// relative to the shared directory `models/` is in, when it is inside it.
+fn recorded_source(models: &Path, source: &Path) -> PathBuf {
+    models
+        .parent()
+        .and_then(|root| source.strip_prefix(root).ok())
+        .filter(|rel| !rel.as_os_str().is_empty())
+        .map_or_else(|| source.to_path_buf(), Path::to_path_buf)
 }
 
 /// The partial directory of a hand-off of `name` by generation `gen` or an earlier one that
@@ -1023,8 +1043,9 @@ pub fn publish_opts(
             },
         },
     };
+    let recorded = recorded_source(models, source);
     copy_into(sources, &tmp, opts, tick).and_then(|(files, excluded)| {
-        write_manifest(&tmp, name, source, files, opts)?;
+        write_manifest(&tmp, name, &recorded, files, opts)?;
         Ok(Outcome {
             published: commit(&tmp, models, name, true, fence, tick)?,
             how: How::Copied { why },
@@ -1060,7 +1081,7 @@ fn move_into(models: &Path, source: &Path, tmp: &Path) -> io::Result<()> {
     crate::store::fs::create_dir(tmp)?;
     let moved = (|| {
         let mut f = crate::store::fs::create_file(tmp.join(MOVED_FROM))?;
-        f.write_all(source.as_os_str().as_bytes())?;
+        f.write_all(recorded_source(models, source).as_os_str().as_bytes())?;
         f.sync_all()?;
         crate::store::fsync_dir(tmp)?;
         crate::store::fsync_dir(models)?;
@@ -1143,7 +1164,7 @@ fn finish_moved(
             crate::store::fsync_dir(d.path()).map_err(io_at(d.path()))?;
         }
     }
-    write_manifest(&moved, name, &from, files, opts)?;
+    write_manifest(&moved, name, &recorded_source(models, &from), files, opts)?;
     Ok(Outcome {
         published: commit(&moved, models, name, false, fence, tick)?,
         how,
@@ -1294,7 +1315,8 @@ fn copy_into(
     Ok((files, excluded))
 }
 
-/// Write `dir/manifest.json` and its digest `dir/manifest.sha256`, durably.
+/// Write `dir/manifest.json` and its digest `dir/manifest.sha256`, durably. `source` as
+/// [`recorded_source`] gives it.
 fn write_manifest(
     dir: &Path,
     name: &str,
@@ -2151,7 +2173,8 @@ mod tests {
         assert_eq!(names(&out), vec!["checkpoint-10"]);
         assert_eq!(names(&models), vec!["LATEST", "iter-0001"]);
         let m = verify(&dir, &mut || {}).unwrap();
-        assert_eq!(m.source, src.display().to_string());
+        // Relative to the shared directory, which other nodes mount elsewhere.
+        assert_eq!(m.source, "train/iter-0001/gen-1/checkpoint-20");
         let listed: Vec<&str> = m.files.iter().map(|f| f.path.as_str()).collect();
         assert_eq!(
             listed,
@@ -2436,6 +2459,36 @@ mod tests {
             assert_eq!(fs::read(src.join("optimizer.pt")).unwrap(), vec![1u8; 7000]);
             assert_eq!(names(&older), vec!["sub", "weights.bin"], "{state}");
         }
+    }
+
+    /// A hand-off interrupted after the move is finished by a rank 0 that mounts the
+    /// shared directory elsewhere (here: the directory itself moved): `moved-from` is
+    /// relative to it, so the excluded files go back into the training output as that
+    /// rank 0 sees it.
+    #[test]
+    fn an_interrupted_move_is_finished_from_another_mount_point() {
+        let d = tempfile::tempdir().unwrap();
+        let (here, there) = (d.path().join("mnt-a"), d.path().join("mnt-b"));
+        let src = train_out(&here.join("train/iter-0001/gen-1"));
+        let models = here.join("models");
+        fs::create_dir_all(&models).unwrap();
+        let g1 = partial_dir(&models, "iter-0001", 1);
+        move_into(&models, &src, &g1).unwrap();
+        assert_eq!(
+            fs::read_to_string(g1.join(MOVED_FROM)).unwrap(),
+            "train/iter-0001/gen-1/checkpoint-20"
+        );
+        fs::rename(&here, &there).unwrap();
+        let models = there.join("models");
+        let src = there.join("train/iter-0001/gen-1/checkpoint-20");
+        let older = there.join("train/iter-0001/gen-1/checkpoint-10");
+        let o =
+            publish_moving(&older, &models, "iter-0001", 2, &moving(&["optimizer.pt"])).unwrap();
+        assert_eq!(o.how, How::Resumed);
+        assert_eq!(o.source, src);
+        assert_eq!(fs::read(src.join("optimizer.pt")).unwrap(), vec![1u8; 7000]);
+        let m = verify(&models.join("iter-0001"), &mut || {}).unwrap();
+        assert_eq!(m.source, "train/iter-0001/gen-1/checkpoint-20");
     }
 
     #[test]

@@ -303,6 +303,28 @@ impl Layout {
         self.root.join("models")
     }
 
+    /// `path` as records carry it between nodes ([`shared_relative`]); a path outside the
+    /// shared directory as it is.
+    pub fn relative(&self, path: &Path) -> String {
+        shared_relative(&self.root, path).unwrap_or_else(|| path.display().to_string())
+    }
+
+    /// Where a path a record carries is on this node ([`resolve_recorded`]).
+    pub fn resolve(&self, recorded: &str) -> Result<PathBuf, String> {
+        resolve_recorded(&self.root, Path::new(recorded))
+    }
+
+    /// Whether `model` is a checkpoint rl-node published (`models/iter-NNNN` under this
+    /// node's shared directory), as opposed to `cluster.model`.
+    pub fn is_published(&self, model: &Path) -> bool {
+        model.parent() == Some(self.models().as_path())
+            && model
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(crate::checkpoint::iteration_of)
+                .is_some()
+    }
+
     /// Captured output of one item (task, sample, attempt) of a per-task rollout: each
     /// item has its own log, so concurrent items never interleave.
     pub fn item_log(
@@ -382,6 +404,60 @@ pub fn symlink_loop(path: &Path) -> Option<String> {
 
 /// Names of the directories a run writes under its log path (see [`Layout::run_dirs`]).
 pub const RUN_DIRS: &[&str] = &[".rl-node", "rollouts", "logs", "models", "train"];
+
+/// `path` as a record carries it to other nodes: relative to the shared directory `root`,
+/// since every node may mount that directory at a path of its own (`/nfs/exp1` on one,
+/// `/mnt/exp1` on another); `None` when `path` is not under `root`. Read back with
+/// [`resolve_recorded`].
+pub fn shared_relative(root: &Path, path: &Path) -> Option<String> {
+    let rel = path.strip_prefix(root).ok()?;
+    let rel = rel.to_str()?;
+    (!rel.is_empty()).then(|| rel.to_string())
+}
+
+/// Where a path a record carries ([`shared_relative`]) is on this node, whose shared
+/// directory is `root`.
+///
+/// A relative path is joined to `root`; one that would leave it (`..`) is refused: the
+/// shared directory is not trusted. An absolute path was written by an rl-node from before
+/// paths crossed between nodes relative, and is read so: under `root` it is used as it
+/// is (that node mounted the directory where this one does); elsewhere it is re-rooted at
+/// its last component that names a directory a run writes ([`RUN_DIRS`]:
+/// `/nfs/exp1/models/iter-0003` is `models/iter-0003` here), because that is the only
+/// place such a path can point to inside a run. An absolute path with no such component
+/// is refused, naming it.
+pub fn resolve_recorded(root: &Path, recorded: &Path) -> Result<PathBuf, String> {
+    use std::path::Component;
+    let shown = recorded.display();
+    if recorded.as_os_str().is_empty() {
+        return Err("an empty path".into());
+    }
+    if !recorded.is_absolute() {
+        let inside = recorded
+            .components()
+            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
+        return match inside {
+            true => Ok(root.join(recorded)),
+            false => Err(format!("`{shown}` leaves the shared directory")),
+        };
+    }
+    if recorded.starts_with(root) {
+        return Ok(recorded.to_path_buf());
+    }
+    let parts: Vec<Component> = recorded.components().collect();
+    let top = parts.iter().rposition(|c| {
+        matches!(c, Component::Normal(n) if RUN_DIRS.iter().any(|d| std::ffi::OsStr::new(d) == *n))
+    });
+    match top {
+        Some(i) if parts[i + 1..].iter().all(|c| matches!(c, Component::Normal(_))) => {
+            Ok(parts[i..].iter().fold(root.to_path_buf(), |p, c| p.join(c)))
+        }
+        _ => Err(format!(
+            "`{shown}` is an absolute path outside this node's shared directory {}, and names no directory of a run in it",
+            root.display()
+        )),
+    }
+}
 
 /// Where a write of `target` goes before it is renamed (or linked) to its name:
 /// `.<name>.tmp-<tag>` beside it (hidden, and never taken for the file itself). Only a
@@ -640,5 +716,65 @@ mod gen_tests {
             g1,
             Path::new("/r/train_trajectories.pt.partial.g1.iteration4")
         );
+    }
+}
+
+#[cfg(test)]
+mod shared_path_tests {
+    use super::*;
+
+    /// A node that mounts the shared directory at `/mnt/b` reads what a node that mounts
+    /// it at `/nfs/a` wrote: relative paths travel, absolute ones from earlier versions
+    /// are re-rooted, and nothing leads out of the shared directory.
+    #[test]
+    fn recorded_paths_resolve_against_each_nodes_own_mount() {
+        let a = Layout::new("/nfs/a");
+        let b = Path::new("/mnt/b");
+        let ckpt = a.models().join("iter-0003");
+        let rel = a.relative(&ckpt);
+        assert_eq!(rel, "models/iter-0003");
+        assert_eq!(
+            resolve_recorded(b, Path::new(&rel)).unwrap(),
+            Path::new("/mnt/b/models/iter-0003")
+        );
+        // Outside the shared directory: as it is.
+        assert_eq!(a.relative(Path::new("/opt/base-model")), "/opt/base-model");
+        // Written by an older version: under this node's root, used as it is; elsewhere
+        // re-rooted at the last directory a run writes.
+        assert_eq!(
+            resolve_recorded(b, Path::new("/mnt/b/models/iter-0003")).unwrap(),
+            Path::new("/mnt/b/models/iter-0003")
+        );
+        assert_eq!(
+            resolve_recorded(b, &ckpt).unwrap(),
+            Path::new("/mnt/b/models/iter-0003")
+        );
+        assert_eq!(
+            resolve_recorded(
+                b,
+                Path::new("/scratch/logs/exp/logs/iter-0001/rank-1.train.log")
+            )
+            .unwrap(),
+            Path::new("/mnt/b/logs/iter-0001/rank-1.train.log")
+        );
+        for (bad, why) in [
+            ("../etc/passwd", "leaves the shared directory"),
+            ("models/../../x", "leaves the shared directory"),
+            ("/etc/passwd", "names no directory of a run"),
+            ("/x/models/../../etc", "names no directory of a run"),
+            ("", "an empty path"),
+        ] {
+            let err = resolve_recorded(b, Path::new(bad)).unwrap_err();
+            assert!(err.contains(why), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn only_checkpoints_under_models_are_published_ones() {
+        let l = Layout::new("/mnt/b");
+        assert!(l.is_published(Path::new("/mnt/b/models/iter-0002")));
+        assert!(!l.is_published(Path::new("/nfs/a/models/iter-0002")));
+        assert!(!l.is_published(Path::new("/mnt/b/models/LATEST")));
+        assert!(!l.is_published(Path::new("base-model")));
     }
 }

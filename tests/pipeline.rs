@@ -9,6 +9,7 @@
 
 mod common;
 use common::cluster::*;
+use common::mountns::{self, PrivateViews};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::fs;
@@ -104,6 +105,35 @@ impl Run {
             (0..update).map(|r| (Side::Update, self.spawn(Some(Side::Update), update, r, &[]))),
         );
         v
+    }
+
+    /// [`Run::spawn_pipeline`] with each node in a mount namespace of its own, seeing the
+    /// shared directory only at a path of its own (`common::mountns`).
+    fn spawn_pipeline_in_views(
+        &self,
+        views: &PrivateViews,
+        rollout: u32,
+        update: u32,
+    ) -> Vec<(Side, NodeProc)> {
+        let its = self.iterations.to_string();
+        let sides = (0..rollout)
+            .map(|r| (Side::Rollout, rollout, r))
+            .chain((0..update).map(|r| (Side::Update, update, r)));
+        sides
+            .map(|(side, nodes, r)| {
+                let n = nodes.to_string();
+                let args = [
+                    "--iterations",
+                    &its,
+                    "--num-nodes",
+                    &n,
+                    "--rl-phase",
+                    side.name(),
+                ];
+                let node = format!("{}-{r}", side.name());
+                (side, views.spawn_node(&self.c, &node, r, &args, &[], ""))
+            })
+            .collect()
     }
 
     fn path(&self, rel: &str) -> std::path::PathBuf {
@@ -203,12 +233,11 @@ fn assert_pipelined_run(run: &Run, rollout: u32, update: u32, staleness: u64, co
         assert_eq!(m["staleness"], i - 1 - v, "{ctx}: {m}");
         assert!(m["staleness"].as_u64().unwrap() <= staleness, "{ctx}: {m}");
         assert_eq!(m["rule"], "exact", "{ctx}: {m}");
+        // Relative to the shared directory: each node resolves it on its own mount.
         let model_dir = if v == 0 {
             "base".to_string()
         } else {
-            run.path(&format!("models/iter-{v:04}"))
-                .display()
-                .to_string()
+            format!("models/iter-{v:04}")
         };
         assert_eq!(m["model"], model_dir.as_str(), "{ctx}: {m}");
         // The trajectories: one record per rollout rank, in rank order, made with that model.
@@ -341,6 +370,19 @@ mod pipelines {
     fn two_plus_one_staleness_1() {
         super::pipeline(2, 1, 1);
     }
+}
+
+/// Every node of both clusters sees the shared directory at a path of its own, and only
+/// there: each rollout node is told the model of each iteration on its own mount, and the
+/// run is the one the staleness rule gives.
+#[test]
+fn two_plus_one_with_each_node_mounting_the_share_at_its_own_path() {
+    mountns::require("two_plus_one_with_each_node_mounting_the_share_at_its_own_path");
+    let run = Run::new(Some(1), 4, "");
+    let views = PrivateViews::new(&run.c.log_path);
+    let mut nodes = run.spawn_pipeline_in_views(&views, 2, 1);
+    wait_all(&mut nodes, "2+1 nodes on their own mount points");
+    assert_pipelined_run(&run, 2, 1, 1, "2+1 nodes on their own mount points");
 }
 
 /// The host a cluster's rank runs on, from its live record.

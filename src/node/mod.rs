@@ -16,6 +16,7 @@ pub(crate) mod context;
 mod forensics;
 mod join;
 pub(crate) mod metrics;
+mod model;
 mod pipeline;
 mod publisher;
 mod server;
@@ -163,7 +164,11 @@ pub(crate) struct Node {
     k: u64,
     iteration: u64,
     phase: Option<Phase>,
+    /// The model `{model}` names and the server serves, as this node sees it (its own
+    /// mount of the shared directory).
     model: String,
+    /// The model last found complete and verified on this node (`Node::check_model`).
+    model_checked: Option<String>,
     /// This rank's training outcome in the current iteration (`Some(why)`: failed),
     /// gathered with `training-complete`.
     train_outcome: Option<String>,
@@ -620,6 +625,7 @@ impl Node {
             iteration: 0,
             phase: None,
             model: cfg.cluster.model.clone(),
+            model_checked: None,
             train_outcome: None,
             exited: HashMap::new(),
             waiting_note: String::new(),
@@ -1140,7 +1146,8 @@ impl Node {
             phase: self.phase_label(),
             iteration: self.iteration,
             reason,
-            log: log.map(|p| p.display().to_string()),
+            // Relative: the other nodes mount the shared directory where they like.
+            log: log.map(|p| self.layout.relative(p)),
             detected_by: self.rank,
             silent_ms: None,
             at: self.wall_stamp(),
@@ -1193,6 +1200,8 @@ impl Node {
             Some(p) => p.handle().fail_with(info),
             None => info,
         };
+        // Said with the log where this node finds it.
+        let info = info.seen_from(self.layout.root());
         let (code, hint) = stop_code(&info, self.rank, self.layout.cluster_name());
         // Declared dead while alive: what happened, as this node can tell it.
         let dead_after = format!(
@@ -1532,6 +1541,8 @@ impl Node {
         }
         if let Some(p) = latest.path() {
             self.model = p.display().to_string();
+            // `latest_as` verified it, as `phases.handoff.verify` says.
+            self.model_checked = Some(self.model.clone());
             self.info(&format!(
                 "model: {} (checked in {checked:.4}s, phases.handoff.verify = \"{}\")",
                 self.model, self.cfg.phases.handoff.verify
@@ -1744,10 +1755,11 @@ impl Node {
                 walk.training_released(!self.train_failed.is_empty());
             }
             Step::Barrier(b @ WalkBarrier::HandoffComplete) => {
-                let model = self.model.clone();
+                // Relative to the shared directory: each node resolves it on its own mount.
+                let model = self.model_record(&self.model);
                 let b = self.barrier(b.name(), Value::Null, |_| json!({ "model": model }))?;
-                if let Some(m) = b["model"].as_str() {
-                    self.model = m.to_string();
+                if let (Some(m), false) = (b["model"].as_str(), self.is_master()) {
+                    self.adopt_model(m)?;
                 }
             }
             Step::Barrier(b @ WalkBarrier::FinalSync) => {
@@ -2273,10 +2285,11 @@ impl Node {
             .as_ref()
             .filter(|m| m.iteration == it)
             .map(|m| crate::aggregate::RolloutModel {
-                // Relative to the shared directory, like every path of a manifest.
-                model: Path::new(&m.model)
-                    .strip_prefix(self.layout.root())
-                    .map(|p| p.display().to_string())
+                // Relative to the shared directory, like every path of a manifest (a
+                // `model.json` of an earlier version holds an absolute one).
+                model: self
+                    .model_from_record(&m.model)
+                    .map(|p| self.model_record(&p))
                     .unwrap_or_else(|_| m.model.clone()),
                 model_version: m.model_version,
                 staleness: m.staleness,

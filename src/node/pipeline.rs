@@ -39,7 +39,9 @@ pub(super) struct RolloutModel {
     /// The iteration whose training produced the model; 0: the base model.
     pub model_version: u64,
     pub staleness: u64,
-    /// The model's path ({model}).
+    /// The model: a checkpoint rl-node published relative to the shared directory
+    /// (`models/iter-0001`; each node resolves it on its own mount, see `node::model`),
+    /// else `cluster.model`. Records of earlier versions hold an absolute path.
     pub model: String,
     /// `exact` or `newest` (`pipeline.model`).
     pub rule: String,
@@ -461,7 +463,7 @@ impl Node {
             iteration: it,
             model_version: version,
             staleness: pipeline::staleness_of(it, version, first),
-            model,
+            model: self.model_record(&model),
             rule: if newest { "newest" } else { "exact" }.into(),
         };
         self.fence(&format!("record the model of iteration {it}"))?;
@@ -508,19 +510,21 @@ impl Node {
         let Ok(m) = serde_json::from_value::<RolloutModel>(released.clone()) else {
             return Ok(());
         };
-        if m.model != self.model || self.server.is_none() {
-            if m.model != self.model && self.server.is_some() {
+        let previous = self.model.clone();
+        self.adopt_model(&m.model)?;
+        let changed = self.model != previous;
+        if changed || self.server.is_none() {
+            if changed && self.server.is_some() {
                 self.info(&format!(
                     "iteration {}: restarting the server on {} (model version {}, staleness {})",
-                    m.iteration, m.model, m.model_version, m.staleness
+                    m.iteration, self.model, m.model_version, m.staleness
                 ));
                 self.stop_server()?;
             }
-            self.model = m.model.clone();
             self.start_server()?;
         }
         self.event(events::Event::RolloutModel {
-            model: m.model.clone(),
+            model: self.model.clone(),
             model_version: m.model_version,
             staleness: m.staleness,
         });

@@ -14,7 +14,6 @@
 //! port or the GPU memory the next attempt needs.
 
 use super::{Interrupt, Node, Stop};
-use crate::checkpoint;
 use crate::events;
 use crate::process::ChildExit;
 use crate::protocol::AbortKind;
@@ -84,6 +83,9 @@ impl Node {
         if !self.server_enabled() || self.server.is_some() {
             return Ok(());
         }
+        // Never on a model this node does not see complete: refused here, before any
+        // server starts, so the failure names the model, not the server.
+        self.check_model()?;
         let port = self.cfg.server.port;
         self.watchdog.pet("checking the server port");
         if port_in_use(port) {
@@ -98,22 +100,6 @@ impl Node {
             ));
         }
         let model = self.model.clone();
-        if Path::new(&model).join(checkpoint::MANIFEST).exists() {
-            self.watchdog.pet("verifying the model");
-            let wd = self.watchdog.clone();
-            let check = self.cfg.phases.handoff.check();
-            if let Err(e) = checkpoint::verify_as(Path::new(&model), check, &mut || {
-                wd.pet("verifying the model")
-            }) {
-                return Err(self.fail(
-                    AbortKind::Error,
-                    self.rank,
-                    None,
-                    format!("refusing to start the server on an unverified model: {e}"),
-                    None,
-                ));
-            }
-        }
         let values = self.values("server", None, Path::new(&model));
         let command = self.cfg.template(&self.cfg.server.command).render(&values);
         let url = self

@@ -82,11 +82,32 @@ impl TestCluster {
         args: &[&str],
         env: &[(&str, String)],
     ) -> (Command, PathBuf) {
+        self.command_via(&[], rank, log_path, args, env)
+    }
+
+    /// Like `command`, with the node started through `launcher`: a program and its
+    /// arguments, to which the node's command line is appended (e.g. `unshare -m sh -c
+    /// SCRIPT sh`, whose script ends with `exec "$@"`). Empty: the node itself.
+    pub fn command_via(
+        &self,
+        launcher: &[String],
+        rank: u32,
+        log_path: &Path,
+        args: &[&str],
+        env: &[(&str, String)],
+    ) -> (Command, PathBuf) {
         let stderr_path = self
             .dir
             .path()
             .join(format!("rank-{rank}-{}.stderr", rand_suffix()));
-        let mut cmd = Command::new(BIN);
+        let mut cmd = match launcher.split_first() {
+            None => Command::new(BIN),
+            Some((program, rest)) => {
+                let mut c = Command::new(program);
+                c.args(rest).arg(BIN);
+                c
+            }
+        };
         if rank == 0 {
             cmd.arg("--master");
         } else {

@@ -1,6 +1,7 @@
 #![allow(dead_code)]
 pub mod cluster;
 pub mod moosefs;
+pub mod mountns;
 pub mod smallfs;
 pub mod sshfs;
 
