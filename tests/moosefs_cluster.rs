@@ -43,10 +43,16 @@ fn run_all(c: &TestCluster, fs: &MooseFs, name: &str, args: &[&str]) -> Duration
     let mut nodes: Vec<NodeProc> = (0..3u32)
         .map(|r| c.spawn_at(r, &shared(fs, r, name), args))
         .collect();
-    for n in &mut nodes {
-        assert_eq!(n.wait(LIMIT), 0, "rank {}:\n{}", n.rank, n.stderr());
+    let codes: Vec<i32> = nodes.iter_mut().map(|n| n.wait(LIMIT)).collect();
+    let took = start.elapsed();
+    if codes.iter().any(|c| *c != 0) {
+        let all: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("--- rank {} ---\n{}", n.rank, n.stderr()))
+            .collect();
+        panic!("exit codes {codes:?}:\n{}", all.join("\n"));
     }
-    start.elapsed()
+    took
 }
 
 /// Three iterations with eval, training and the hand-off of a checkpoint, each node on
@@ -58,7 +64,12 @@ fn three_iterations(test: &str, caches: Option<Caches>, per_iteration: Duration)
     };
     let c = TestCluster::new(3, COMMANDS);
     let iterations = 3u64;
-    let took = run_all(&c, &fs, "exp", &["--iterations", "3", "--eval-interval", "2"]);
+    let took = run_all(
+        &c,
+        &fs,
+        "exp",
+        &["--iterations", "3", "--eval-interval", "2"],
+    );
     let root = shared(&fs, 0, "exp");
     for i in 1..=iterations {
         let merged =
@@ -153,20 +164,23 @@ fn a_run_killed_mid_rollout_resumes_without_redoing_finished_work() {
     };
     let c = TestCluster::new(
         3,
-        &format!(
-            "{COMMANDS}\n[phases.prepare]\ncommand = \"cp {{trajectories}} {{output}}\"\n"
-        )
-        .replace(
-            "[phases.rollout]\ncommand = \"",
-            "[phases.rollout]\ncommand = \"echo {iteration} >> {log_path}/trace-{rank}; ",
-        ),
+        &format!("{COMMANDS}\n[phases.prepare]\ncommand = \"cp {{trajectories}} {{output}}\"\n")
+            .replace(
+                "[phases.rollout]\ncommand = \"",
+                "[phases.rollout]\ncommand = \"echo {iteration} >> {log_path}/trace-{rank}; ",
+            ),
     );
     std::fs::create_dir_all(shared(&fs, 0, "exp")).unwrap();
     let args = ["--iterations", "3", "--eval-interval", "0"];
     let mut nodes: Vec<NodeProc> = (0..3u32)
         .map(|r| {
             let hold = [("RL_NODE_TEST_HOLD_AT", "train-rollout@2".to_string())];
-            c.spawn_env(r, &shared(&fs, r, "exp"), &args, if r == 1 { &hold } else { &[] })
+            c.spawn_env(
+                r,
+                &shared(&fs, r, "exp"),
+                &args,
+                if r == 1 { &hold } else { &[] },
+            )
         })
         .collect();
     wait_until(LIMIT, "rank 1 to hold in its rollout", || {
@@ -178,7 +192,10 @@ fn a_run_killed_mid_rollout_resumes_without_redoing_finished_work() {
         let code = nodes[r].wait(LIMIT);
         let err = nodes[r].stderr();
         assert_eq!(code, 3, "rank {r}:\n{err}");
-        assert!(err.contains("rank 1 on ") && err.contains("is dead"), "rank {r}:\n{err}");
+        assert!(
+            err.contains("rank 1 on ") && err.contains("is dead"),
+            "rank {r}:\n{err}"
+        );
     }
     drop(nodes);
     run_all(&c, &fs, "exp", &args);
@@ -204,9 +221,7 @@ fn a_pipelined_run_on_moosefs_with_one_second_caches() {
     let Some(fs) = substrate(test, Some(Caches::all(1.0))) else {
         return;
     };
-    let c = TestCluster::pipelined(&format!(
-        "{COMMANDS}\n[pipeline]\nstaleness = 1\n"
-    ));
+    let c = TestCluster::pipelined(&format!("{COMMANDS}\n[pipeline]\nstaleness = 1\n"));
     std::fs::create_dir_all(shared(&fs, 0, "exp")).unwrap();
     let mut nodes: Vec<NodeProc> = ["rollout", "update"]
         .iter()
@@ -230,7 +245,9 @@ fn a_pipelined_run_on_moosefs_with_one_second_caches() {
         assert_eq!(merged.lines().count(), 1, "iteration {i}: {merged}");
     }
     assert_eq!(
-        std::fs::read_to_string(root.join("models/LATEST")).unwrap().trim(),
+        std::fs::read_to_string(root.join("models/LATEST"))
+            .unwrap()
+            .trim(),
         "iter-0003"
     );
 }

@@ -68,7 +68,11 @@ fn an_entry_cache_reads_a_rename_over_stale_but_a_rewrite_in_place_at_once() {
     rename_over(&a, b"one");
     assert_eq!(fs::read(&b).unwrap(), b"one");
     rename_over(&a, b"two");
-    assert_eq!(fs::read(&b).unwrap(), b"one", "the entry cache still names the old file");
+    assert_eq!(
+        fs::read(&b).unwrap(),
+        b"one",
+        "the entry cache still names the old file"
+    );
     let stale = until(|| fs::read(&b).unwrap() == b"two");
     assert!(stale > Duration::from_millis(500), "{stale:?}");
     // The same file rewritten in place (same inode): no entry to be stale.
@@ -88,7 +92,10 @@ fn a_negative_cache_answers_eexist_to_mkdir_while_stat_answers_enoent() {
     let (a, b) = (c.mount(0).join("gen-1"), c.mount(1).join("gen-1"));
     assert_eq!(fs::metadata(&b).unwrap_err().kind(), ErrorKind::NotFound);
     fs::create_dir(&a).unwrap();
-    assert_eq!(fs::create_dir(&b).unwrap_err().kind(), ErrorKind::AlreadyExists);
+    assert_eq!(
+        fs::create_dir(&b).unwrap_err().kind(),
+        ErrorKind::AlreadyExists
+    );
     assert_eq!(fs::metadata(&b).unwrap_err().kind(), ErrorKind::NotFound);
     // O_CREAT of a name cached as missing: EEXIST too.
     let f = c.mount(1).join("bell");

@@ -2494,6 +2494,13 @@ impl Node {
     fn train(&mut self, out: &Path) -> Result<Option<String>, Stop> {
         let tc = self.cfg.phases.train.clone();
         let pc = tc.as_phase();
+        // `{output}` exists, as this node's client sees it, before the command runs: every
+        // rank's trainer writes into it, and on a FUSE mount a `mkdir -p` of a directory
+        // another rank's client made can fail with "File exists" while it stays invisible.
+        if let Err(e) = self.store.create_dir_all(out) {
+            let reason = format!("cannot create {}: {e}", out.display());
+            return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
+        }
         let (log, ended) = self.run_command_to_end("train", &pc, None, out, true)?;
         let Err(failure) = ended else {
             return Ok(None);
@@ -3392,7 +3399,7 @@ fn preflight_log_path(layout: &Layout, rank: u32) -> Result<(), Stop> {
 /// logs, `metrics.jsonl`) are not checked here: one refused later is set aside and written
 /// anew.
 fn preflight_state(layout: &Layout, rank: u32) -> Result<(), Stop> {
-    use crate::store::fs::{check_dir, check_own_file};
+    use crate::store::fs::{check_dir, check_own_file, read_dir};
     let state = layout.state_dir();
     let mut dirs: Vec<PathBuf> = layout
         .run_dirs()
@@ -3404,10 +3411,25 @@ fn preflight_state(layout: &Layout, rank: u32) -> Result<(), Stop> {
     if rank == 0 {
         files.extend([layout.cluster(), layout.doorbell(), layout.history()]);
     }
+    // Only names a listing shows are looked at: a lookup of a name that is not there yet
+    // would leave a "missing" in a FUSE client's negative cache, where rank 0 is about to
+    // make it (a `mkdir -p` of it by a command would then fail with "File exists").
+    let listed = |p: &Path| {
+        let (Some(dir), Some(name)) = (p.parent(), p.file_name()) else {
+            return false;
+        };
+        read_dir(dir).is_ok_and(|names| names.iter().any(|n| n == name))
+    };
     let refused = dirs
         .iter()
+        .filter(|d| listed(d))
         .find_map(|d| check_dir(d).err())
-        .or_else(|| files.iter().find_map(|f| check_own_file(f).err()));
+        .or_else(|| {
+            files
+                .iter()
+                .filter(|f| listed(f))
+                .find_map(|f| check_own_file(f).err())
+        });
     match refused {
         None => Ok(()),
         Some(e) => Err(Stop::usage(

@@ -93,6 +93,10 @@ impl Node {
     /// What is wrong with the checkpoint at `path` as this node sees it, if anything.
     fn model_problem(&mut self, path: &Path) -> Option<String> {
         self.watchdog.pet("verifying the model");
+        // Rank 0 made it on another client: a FUSE mount may still cache it as missing.
+        if let Some(models) = path.parent() {
+            let _ = self.store.refresh(models);
+        }
         if !path.is_dir() {
             return Some("does not exist".into());
         }

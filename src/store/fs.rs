@@ -84,11 +84,26 @@ impl SharedDir for Fs {
     }
 
     fn read_or_create(&self, path: &Path) -> io::Result<Vec<u8>> {
+        // On FUSE a create of a name another client made answers EEXIST while the name
+        // stays invisible (and can leave it so): a listing shows it, and it is read as is.
+        if let Some(dir) = fuse_parent(path) {
+            refresh(dir)?;
+            if let Some(bytes) = read_limited(path, ReadLimit::Record)? {
+                return Ok(bytes);
+            }
+        }
         let mut f = open_creating(path, OFlags::RDWR)?;
         read_to_end_counted(&mut f, path, ReadLimit::Record)
     }
 
     fn revalidate(&self, path: &Path) -> io::Result<bool> {
+        // The exclusive-create probe below is what an NFS client's negative cache needs;
+        // on FUSE it can leave the name invisible instead, and a listing does the work.
+        if let Some(dir) = fuse_parent(path) {
+            refresh(dir)?;
+            count(OpClass::Stat);
+            return Ok(fs::symlink_metadata(path).is_ok());
+        }
         let at = match beneath::at(path) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
             other => other?,
@@ -291,16 +306,35 @@ fn past_negative_cache<T>(
     }
 }
 
+/// The directory holding `path`, when it is on a mount whose kernel caches lookups (FUSE).
+fn fuse_parent(path: &Path) -> Option<&Path> {
+    path.parent()
+        .filter(|d| !d.as_os_str().is_empty() && beneath::lookups_cached(d))
+}
+
 /// Make this client see the names in directory `dir` as the server has them now, where its
 /// kernel may answer lookups from a cache past other clients' changes: on a FUSE mount
 /// (entry and negative-entry timeouts), a listing of the directory (readdirplus) refreshes
 /// every name in it at once. Elsewhere nothing: NFS revalidates a name at open, and a local
 /// filesystem has no other client. Counted as the listing.
+/// A directory the cache still calls missing is seen by listing its parent first (up to
+/// a run's root, or the first directory that lists).
 pub fn refresh(dir: &Path) -> io::Result<()> {
     if !beneath::lookups_cached(dir) {
         return Ok(());
     }
-    read_dir(dir).map(drop)
+    match read_dir(dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
+            match parent {
+                Some(p) if beneath::lookups_cached(p) && refresh(p).is_ok() => {
+                    read_dir(dir).map(drop)
+                }
+                _ => Err(e),
+            }
+        }
+        other => other.map(drop),
+    }
 }
 
 /// Whether rl-node could write `path` safely: `Ok` when nothing is there yet or when it is

@@ -242,7 +242,15 @@ impl MooseFs {
         run("ip", &["-n", &self.netns, "link", "set", "lo", "up"])?;
         run(
             "ip",
-            &["-n", &self.netns, "addr", "add", &format!("{ADDR}/32"), "dev", "lo"],
+            &[
+                "-n",
+                &self.netns,
+                "addr",
+                "add",
+                &format!("{ADDR}/32"),
+                "dev",
+                "lo",
+            ],
         )
     }
 
@@ -291,7 +299,11 @@ impl MooseFs {
                     r.display()
                 ),
             )?;
-            self.daemon(&format!("cs{n}"), "mfschunkserver", &r.join(format!("cs{n}.cfg")))?;
+            self.daemon(
+                &format!("cs{n}"),
+                "mfschunkserver",
+                &r.join(format!("cs{n}.cfg")),
+            )?;
         }
         for n in 1..=2 {
             self.wait_log(&format!("cs{n}"), "connected to Master")?;
@@ -310,7 +322,10 @@ impl MooseFs {
                 }
             }
             if Instant::now() >= deadline {
-                return Err(format!("MooseFS {name} did not say `{what}`: {}", self.logs()));
+                return Err(format!(
+                    "MooseFS {name} did not say `{what}`: {}",
+                    self.logs()
+                ));
             }
             std::thread::sleep(POLL_STEP);
         }
@@ -345,15 +360,18 @@ impl MooseFs {
         let seen = last.dir.join(".substrate-probe");
         let deadline = Instant::now() + START_DEADLINE;
         loop {
-            let ok = fs::write(&probe, b"ready").is_ok()
-                && fs::read(&seen).is_ok_and(|b| b == b"ready");
+            let ok =
+                fs::write(&probe, b"ready").is_ok() && fs::read(&seen).is_ok_and(|b| b == b"ready");
             if ok {
                 let _ = fs::remove_file(&probe);
                 return Ok(());
             }
             for (i, d) in self.daemons.iter_mut().enumerate() {
                 if let Ok(Some(status)) = d.try_wait() {
-                    return Err(format!("MooseFS daemon {i} exited ({status}): {}", self.logs()));
+                    return Err(format!(
+                        "MooseFS daemon {i} exited ({status}): {}",
+                        self.logs()
+                    ));
                 }
             }
             if Instant::now() >= deadline {
@@ -369,7 +387,12 @@ impl MooseFs {
     fn logs(&self) -> String {
         ["master", "cs1", "cs2"]
             .iter()
-            .map(|n| format!("\n--- {n} ---\n{}", tail(&self.root.join(format!("{n}.log")))))
+            .map(|n| {
+                format!(
+                    "\n--- {n} ---\n{}",
+                    tail(&self.root.join(format!("{n}.log")))
+                )
+            })
             .collect()
     }
 }
