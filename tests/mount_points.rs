@@ -6,6 +6,7 @@
 
 mod common;
 use common::cluster::*;
+use common::moosefs::{self, Caches, MooseFs};
 use common::mountns::{self, PrivateViews};
 use serde_json::Value;
 use std::fs;
@@ -101,9 +102,34 @@ fn nodes_that_each_mount_the_share_at_their_own_path_are_each_told_their_own_mod
     );
     let c = probed_cluster(3);
     let views = PrivateViews::new(&c.log_path);
+    each_told_their_own_model(&c, &views, &c.log_path);
+}
+
+/// The same on MooseFS, each node with its own `mfsmount` client (1 s caches) in its own
+/// mount namespace, seeing only that client: what a real cluster's nodes do.
+#[test]
+fn nodes_each_with_their_own_moosefs_client_are_each_told_their_own_model() {
+    let test = "nodes_each_with_their_own_moosefs_client_are_each_told_their_own_model";
+    mountns::require(test);
+    if !moosefs::require(test) {
+        return;
+    }
+    let fs = MooseFs::start(1, Some(Caches::all(1.0))).unwrap_or_else(|e| panic!("{e}"));
+    let real = fs.mount(0).join("exp");
+    let c = probed_cluster(3);
+    let caches = Some(Caches::all(1.0));
+    let client = fs.client_shell(Path::new("{at}"), "/exp", caches);
+    let views = PrivateViews::with_client(&real, move |at| {
+        client.replace("{at}", &at.display().to_string())
+    });
+    each_told_their_own_model(&c, &views, &real);
+}
+
+/// Run 3 iterations with every node in its view; `real` is where the test sees the share.
+fn each_told_their_own_model(c: &TestCluster, views: &PrivateViews, real: &Path) {
     let probes = tempfile::tempdir().unwrap();
     let iterations = 3u64;
-    let mut nodes = spawn_views(&c, &views, probes.path(), iterations, |_| String::new());
+    let mut nodes = spawn_views(c, views, probes.path(), iterations, |_| String::new());
     for n in &mut nodes {
         assert_eq!(n.wait(LIMIT), 0, "rank {}:\n{}", n.rank, n.stderr());
     }
@@ -155,7 +181,7 @@ fn nodes_that_each_mount_the_share_at_their_own_path_are_each_told_their_own_mod
         // Each server after a hand-off loaded the checkpoint through this node's own mount.
         for i in 1..iterations {
             let log = fs::read_to_string(
-                c.log_path
+                real
                     .join(format!("logs/iter-{i:04}/rank-{r}.server.log")),
             )
             .unwrap_or_default();
@@ -172,7 +198,7 @@ fn nodes_that_each_mount_the_share_at_their_own_path_are_each_told_their_own_mod
     // The trajectories carry the version of the model each rank rolled out with.
     for i in 1..=iterations {
         let merged =
-            fs::read_to_string(c.log_path.join(format!("rollouts/iter-{i:04}/train.jsonl")))
+            fs::read_to_string(real.join(format!("rollouts/iter-{i:04}/train.jsonl")))
                 .unwrap();
         let records: Vec<Value> = merged
             .lines()
@@ -195,7 +221,7 @@ fn nodes_that_each_mount_the_share_at_their_own_path_are_each_told_their_own_mod
     }
     // No node's mount point is in what the nodes exchange.
     let views_dir = views.at(0).parent().unwrap().display().to_string();
-    let leaked = state_files_holding(&c.log_path, &views_dir);
+    let leaked = state_files_holding(real, &views_dir);
     assert!(leaked.is_empty(), "absolute paths in {leaked:?}");
 }
 

@@ -237,6 +237,19 @@ impl MooseFs {
         v
     }
 
+    /// The shell that mounts one more client of this filesystem at `at`, showing its
+    /// directory `subfolder` (e.g. `/exp`), as a daemon: for a node that mounts the share
+    /// in a mount namespace of its own (`common::mountns`). Stopped with the cluster.
+    pub fn client_shell(&self, at: &Path, subfolder: &str, caches: Option<Caches>) -> String {
+        let opts = caches.map(|c| format!(" -o {}", c.options())).unwrap_or_default();
+        format!(
+            "nsenter --net=/run/netns/{} {} '{}' -H {ADDR} -S {subfolder}{opts}",
+            self.netns,
+            sbin("mfsmount").display(),
+            at.display()
+        )
+    }
+
     fn make_netns(&self) -> Result<(), String> {
         run("ip", &["netns", "add", &self.netns])?;
         run("ip", &["-n", &self.netns, "link", "set", "lo", "up"])?;
@@ -407,6 +420,20 @@ impl Drop for MooseFs {
             }
             if is_mfs_mount(&m.dir) {
                 unmount(&m.dir);
+            }
+        }
+        // Clients that nodes mounted in namespaces of their own ([`MooseFs::client_shell`])
+        // run in this network namespace too.
+        let ours: Vec<u32> = self.daemons.iter().map(Child::id).collect();
+        if let Ok(out) = Command::new("ip").args(["netns", "pids", &self.netns]).output() {
+            for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                match pid.parse::<u32>() {
+                    Ok(p) if !ours.contains(&p) => {
+                        // SAFETY: kill(2) with a pid and a signal number.
+                        unsafe { libc::kill(p as i32, libc::SIGTERM) };
+                    }
+                    _ => {}
+                }
             }
         }
         for d in self.daemons.iter_mut().rev() {

@@ -39,10 +39,21 @@ pub struct PrivateViews {
     parent: tempfile::TempDir,
     /// The shared directory itself, hidden in every node's namespace.
     real: PathBuf,
+    /// The shell that makes the share appear at a node's mount point ([`attach`] unless a
+    /// filesystem client of each node's own replaces it).
+    attach: Box<dyn Fn(&Path) -> String>,
 }
 
 impl PrivateViews {
     pub fn new(real: &Path) -> PrivateViews {
+        let bind = real.to_path_buf();
+        PrivateViews::with_client(real, move |at| attach(&bind, at))
+    }
+
+    /// Views whose node each mounts the share with a client of its own: `client(at)` is
+    /// the shell that mounts it at `at` (e.g. one `mfsmount` per node). `real` is where
+    /// the test itself sees the share (hidden from the nodes).
+    pub fn with_client(real: &Path, client: impl Fn(&Path) -> String + 'static) -> PrivateViews {
         std::fs::create_dir_all(real).unwrap();
         PrivateViews {
             parent: tempfile::Builder::new()
@@ -50,6 +61,7 @@ impl PrivateViews {
                 .tempdir()
                 .unwrap(),
             real: real.to_path_buf(),
+            attach: Box::new(client),
         }
     }
 
@@ -94,7 +106,7 @@ impl PrivateViews {
             "set -e\nmount -t tmpfs -o size=1m,mode=0755 rl-node-views {parent}\nmkdir {at}\n{attach}\nmount -t tmpfs -o size=1m,mode=0755 rl-node-hidden {real}\n{extra}\nexec \"$@\"\n",
             parent = quote(self.parent.path()),
             at = quote(&at),
-            attach = attach(&self.real, &at),
+            attach = (self.attach)(&at),
             real = quote(&self.real),
         );
         let launcher: Vec<String> = ["unshare", "-m", "--propagation", "private", "sh", "-c"]
