@@ -180,11 +180,9 @@ fn each_told_their_own_model(c: &TestCluster, views: &PrivateViews, real: &Path)
         }
         // Each server after a hand-off loaded the checkpoint through this node's own mount.
         for i in 1..iterations {
-            let log = fs::read_to_string(
-                real
-                    .join(format!("logs/iter-{i:04}/rank-{r}.server.log")),
-            )
-            .unwrap_or_default();
+            let log =
+                fs::read_to_string(real.join(format!("logs/iter-{i:04}/rank-{r}.server.log")))
+                    .unwrap_or_default();
             let at = mine.join(format!("models/iter-{i:04}"));
             assert!(
                 log.contains(&format!(
@@ -198,8 +196,7 @@ fn each_told_their_own_model(c: &TestCluster, views: &PrivateViews, real: &Path)
     // The trajectories carry the version of the model each rank rolled out with.
     for i in 1..=iterations {
         let merged =
-            fs::read_to_string(real.join(format!("rollouts/iter-{i:04}/train.jsonl")))
-                .unwrap();
+            fs::read_to_string(real.join(format!("rollouts/iter-{i:04}/train.jsonl"))).unwrap();
         let records: Vec<Value> = merged
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())

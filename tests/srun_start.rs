@@ -11,8 +11,9 @@
 mod common;
 
 use common::cluster::*;
+use common::moosefs::{self, Caches, MooseFs};
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 const TRIES: usize = 20;
@@ -54,6 +55,66 @@ fn run_id(c: &TestCluster) -> String {
 fn start_at_once(c: &TestCluster, master_last: bool, args: &[&str]) -> Vec<NodeProc> {
     let order: &[u32] = if master_last { &[1, 2, 0] } else { &[0, 1, 2] };
     order.iter().map(|&r| c.spawn(r, args)).collect()
+}
+
+/// [`start_at_once`] with rank r on its own view of the share, `views[r]`.
+fn start_at_once_on(
+    c: &TestCluster,
+    views: &[PathBuf],
+    master_last: bool,
+    args: &[&str],
+) -> Vec<NodeProc> {
+    let order: &[u32] = if master_last { &[1, 2, 0] } else { &[0, 1, 2] };
+    order
+        .iter()
+        .map(|&r| c.spawn_at(r, &views[r as usize], args))
+        .collect()
+}
+
+/// On MooseFS, each node on its own client with 5 s negative (and 1 s other) caches: a
+/// worker that looked for the new run's files before rank 0 made them caches "missing",
+/// and `mkdir` of what rank 0 made answers EEXIST while it stays invisible. Twenty starts
+/// at once over a finished run still form the new run every time.
+#[test]
+fn every_node_started_at_once_with_fresh_on_moosefs_with_negative_caches_forms_the_new_run() {
+    let test =
+        "every_node_started_at_once_with_fresh_on_moosefs_with_negative_caches_forms_the_new_run";
+    if !moosefs::require(test) {
+        return;
+    }
+    let caches = Caches {
+        negentry: 5.0,
+        ..Caches::all(1.0)
+    };
+    let fs = MooseFs::start(3, Some(caches)).unwrap_or_else(|e| panic!("{test}: {e}"));
+    let c = cluster();
+    let views: Vec<PathBuf> = (0..3).map(|r| fs.mount(r).join("exp")).collect();
+    std::fs::create_dir_all(&views[0]).unwrap();
+    let run_id = || {
+        read_json(&views[0].join(".rl-node/cluster.json"))["run_id"]
+            .as_str()
+            .expect("run_id")
+            .to_string()
+    };
+    let mut first = start_at_once_on(&c, &views, false, &["--iterations", "1"]);
+    assert_all_ran(&mut first, "the first run");
+    let mut old = run_id();
+    for i in 0..TRIES {
+        let what = format!(
+            "try {} of {TRIES} on MooseFS (rank 0 {})",
+            i + 1,
+            ["first", "last"][i % 2]
+        );
+        let mut nodes = start_at_once_on(&c, &views, i % 2 == 1, &["--iterations", "1", "--fresh"]);
+        assert_all_ran(&mut nodes, &what);
+        let new = run_id();
+        assert_ne!(new, old, "{what}: the run was not started afresh");
+        assert!(
+            views[0].join("previous-runs").join(&old).is_dir(),
+            "{what}: run {old} is not set aside"
+        );
+        old = new;
+    }
 }
 
 /// Wait for every node; panic with every node's output unless all exit 0 having run

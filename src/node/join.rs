@@ -489,6 +489,14 @@ impl Node {
             if self.store.exists(&dir) {
                 self.store
                     .rename(&dir, &dest.join(dir.file_name().expect("named")))?;
+                // On FUSE, another node's client trusts its cached entry for this name
+                // (the directory just moved aside) for an entry timeout: made again now, a
+                // new directory under the old name is what that node's listing of the
+                // root (when it joins) finds, replacing the stale entry. Otherwise it could
+                // write this run's files into the old run's directories.
+                if self.store.caches_lookups(self.layout.root()) {
+                    self.store.create_dir(&dir)?;
+                }
             }
         }
         self.store.fsync_dir(self.layout.root())?;
@@ -614,6 +622,11 @@ impl Node {
                 detail: None,
             })?;
             self.set_publisher(publisher);
+            // `--fresh` on rank 0 may just have renamed the run's directories aside: a
+            // FUSE client trusts its cached entries for them (pointing at the old ones, now
+            // under previous-runs/) for the entry timeout. A listing of the root refreshes
+            // them before this node writes anything there.
+            let _ = self.store.refresh(self.layout.root());
             self.info(&format!(
                 "joined generation {gen} of run {} (rank 0 on {}, master address {})",
                 cluster.run_id, cluster.host, cluster.master_addr
@@ -805,6 +818,8 @@ struct NodeView<'a> {
 
 impl crate::protocol::join::JoinView for NodeView<'_> {
     fn rank0(&mut self, gen: u64) -> Option<RankRecord> {
+        // Rank 0 writes it through another client: on FUSE, seen past this one's caches.
+        let _ = self.node.store.refresh(&self.node.layout.gen_dir(gen));
         self.node.read_record(gen, 0)
     }
 

@@ -1674,6 +1674,7 @@ impl Node {
         match step {
             Step::Enter(phase) => self.enter(phase)?,
             Step::Barrier(b @ WalkBarrier::SyncStart) => {
+                self.make_iteration_dirs()?;
                 // Every node plans the iteration itself; rank 0's plan travels with the
                 // release and a worker whose plan differs stops.
                 let mine = self.plan_fingerprints();
@@ -2264,6 +2265,12 @@ impl Node {
         let it = self.iteration;
         let out = self.layout.aggregated(it, split);
         let pc = self.cfg.phases.aggregate.clone();
+        // The shards (and items) were committed by other ranks' clients: a FUSE mount may
+        // still answer lookups of them from its cache (a run's names set aside by --fresh,
+        // names looked up before they existed).
+        let shards = self.layout.rollout_dir(it, split);
+        let _ = self.store.refresh(&shards);
+        let _ = self.store.refresh(&self.layout.items_dir(it, split));
         if pc.is_set() {
             return self.aggregate_command(split, &pc);
         }
@@ -2307,9 +2314,24 @@ impl Node {
         let (tx, rx) = std::sync::mpsc::channel();
         let (layout, split_owned) = (self.layout.clone(), split.to_string());
         let wake = self.wake.clone();
+        let rank = self.rank;
         std::thread::Builder::new()
             .name("merge".into())
             .spawn(move || {
+                // Every rank committed its shard before it arrived at the barrier that let
+                // this merge start: on a FUSE mount, this client may still say one is missing.
+                let shards: Vec<PathBuf> =
+                    (0..n).map(|r| layout.shard(it, &split_owned, r)).collect();
+                wd.pet("waiting for the shards to be visible");
+                if let (Some(waited), _) = crate::store::fs::await_visible(&shards) {
+                    logging::warn(
+                        rank,
+                        &format!(
+                            "waited {:.1}s for this node's client to see the {split_owned} shards other ranks committed (its negative-lookup cache; a shorter negative timeout on the mount avoids the wait)",
+                            waited.as_secs_f64()
+                        ),
+                    );
+                }
                 let r = crate::aggregate::merge(&layout, it, &split_owned, n, &opts, &mut || {
                     wd.pet("aggregating shards")
                 });
@@ -2491,6 +2513,39 @@ impl Node {
     /// `phases.train.on-failure = "keep-model"`: then it is logged with the usual failure
     /// message, recorded as an event, and returned (why, in a few words) so that it is
     /// journaled and reported at the `training-complete` barrier.
+    /// Rank 0, on a mount whose client caches lookups (FUSE): make the directories every
+    /// rank writes into this iteration before the barrier that lets them. A directory
+    /// another client made can stay invisible to a node that looked for it too early (its
+    /// negative cache), and to rank 0 itself when it set an earlier one aside (`--fresh`);
+    /// made here, by rank 0 first, no node's cache ever held it as missing while it was
+    /// made. Elsewhere each rank makes what it needs when it needs it.
+    fn make_iteration_dirs(&mut self) -> Result<(), Stop> {
+        if !self.is_master() || !self.store.caches_lookups(self.layout.root()) {
+            return Ok(());
+        }
+        let (it, l) = (self.iteration, &self.layout);
+        let mut dirs = vec![];
+        if let Some(logs) = l.phase_log(it, 0, "rollout").parent() {
+            dirs.push(logs.to_path_buf());
+        }
+        if self.cfg.cluster.rl_phase != crate::config::RlPhase::Rollout {
+            dirs.push(l.train_output(it, self.gen()));
+        }
+        if self.cfg.cluster.rl_phase != crate::config::RlPhase::Update {
+            dirs.push(l.rollout_dir(it, "train"));
+            if crate::protocol::phase::eval_due(it, self.cfg.cluster.eval_interval) {
+                dirs.push(l.rollout_dir(it, "eval"));
+            }
+        }
+        for d in dirs {
+            if let Err(e) = self.store.create_dir_all(&d) {
+                let reason = format!("cannot create {}: {e}", d.display());
+                return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
+            }
+        }
+        Ok(())
+    }
+
     fn train(&mut self, out: &Path) -> Result<Option<String>, Stop> {
         let tc = self.cfg.phases.train.clone();
         let pc = tc.as_phase();
@@ -3269,6 +3324,9 @@ pub(crate) fn fence_check(
         why,
         unreadable: None,
     };
+    // `cluster.json` is replaced by rename: a FUSE client's entry cache could answer with
+    // the file it replaced (another generation's), fencing out a current node.
+    let _ = store.refresh(&layout.state_dir());
     match crate::state::read_cluster(store, layout) {
         Ok(Some(c)) => check(Seen::Cluster(&c)).map_err(fenced),
         Ok(None) | Err(crate::state::StateError::MissingCluster { .. }) => {

@@ -155,6 +155,10 @@ impl SharedDir for Fs {
         refresh(dir)
     }
 
+    fn caches_lookups(&self, path: &Path) -> bool {
+        beneath::lookups_cached(path)
+    }
+
     fn remove_file(&self, path: &Path) -> io::Result<()> {
         remove_file(path)
     }
@@ -304,6 +308,39 @@ fn past_negative_cache<T>(
             Ok(v) => return Ok(v),
         }
     }
+}
+
+/// Files other nodes committed, which the protocol says exist: on a mount whose client
+/// caches lookups (FUSE), wait until this client sees every one of them, at most
+/// [`INVISIBLE_WAIT`] (a name it looked up while it was missing stays missing to it, in its
+/// kernel and in its FUSE daemon, for the mount's negative timeout; a listing makes it
+/// visible only for an entry timeout, too short to merge from). Elsewhere nothing waits.
+/// How long it waited (`None`: not at all) and the paths still missing.
+pub fn await_visible(paths: &[PathBuf]) -> (Option<Duration>, Vec<PathBuf>) {
+    let dir = paths.first().and_then(|p| p.parent());
+    if !dir.is_some_and(beneath::lookups_cached) {
+        return (None, vec![]);
+    }
+    let start = Instant::now();
+    let missing = |paths: &[PathBuf]| -> Vec<PathBuf> {
+        paths
+            .iter()
+            .filter(|p| {
+                count(OpClass::Stat);
+                fs::symlink_metadata(p).is_err()
+            })
+            .cloned()
+            .collect()
+    };
+    let mut left = missing(paths);
+    if left.is_empty() {
+        return (None, left);
+    }
+    while !left.is_empty() && start.elapsed() < INVISIBLE_WAIT {
+        std::thread::sleep(Duration::from_millis(100));
+        left = missing(&left);
+    }
+    (Some(start.elapsed()), left)
 }
 
 /// The directory holding `path`, when it is on a mount whose kernel caches lookups (FUSE).

@@ -215,6 +215,13 @@ pub trait SharedDir: Send + Sync {
         Ok(())
     }
 
+    /// Whether this client may answer lookups under `path` from a cache past other
+    /// clients' changes (a FUSE mount; see [`fs::refresh`]).
+    fn caches_lookups(&self, path: &Path) -> bool {
+        let _ = path;
+        false
+    }
+
     /// A plain rename (replaces `dst`).
     fn rename(&self, src: &Path, dst: &Path) -> io::Result<()>;
 

@@ -241,7 +241,9 @@ impl MooseFs {
     /// directory `subfolder` (e.g. `/exp`), as a daemon: for a node that mounts the share
     /// in a mount namespace of its own (`common::mountns`). Stopped with the cluster.
     pub fn client_shell(&self, at: &Path, subfolder: &str, caches: Option<Caches>) -> String {
-        let opts = caches.map(|c| format!(" -o {}", c.options())).unwrap_or_default();
+        let opts = caches
+            .map(|c| format!(" -o {}", c.options()))
+            .unwrap_or_default();
         format!(
             "nsenter --net=/run/netns/{} {} '{}' -H {ADDR} -S {subfolder}{opts}",
             self.netns,
@@ -425,7 +427,10 @@ impl Drop for MooseFs {
         // Clients that nodes mounted in namespaces of their own ([`MooseFs::client_shell`])
         // run in this network namespace too.
         let ours: Vec<u32> = self.daemons.iter().map(Child::id).collect();
-        if let Ok(out) = Command::new("ip").args(["netns", "pids", &self.netns]).output() {
+        if let Ok(out) = Command::new("ip")
+            .args(["netns", "pids", &self.netns])
+            .output()
+        {
             for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
                 match pid.parse::<u32>() {
                     Ok(p) if !ours.contains(&p) => {
