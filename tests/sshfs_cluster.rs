@@ -110,7 +110,13 @@ fn workers_started_first_join_a_fresh_run_without_waiting_out_their_lookup_cache
                 .contains("waiting for rank 0 to start a generation")
         }))
     {
-        assert!(Instant::now() < deadline, "the workers did not start");
+        assert!(
+            Instant::now() < deadline,
+            "the workers did not start: bell {}\n{}\n{}",
+            bell.exists(),
+            nodes[0].stderr(),
+            nodes[1].stderr()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let start = Instant::now();

@@ -87,22 +87,27 @@ impl SharedDir for Fs {
         // On FUSE a create of a name another client made answers EEXIST while the name
         // stays invisible (and can leave it so): a listing shows it, and it is read as is.
         if let Some(dir) = fuse_parent(path) {
-            refresh(dir)?;
+            // (A directory not there yet is made below.)
+            let _ = refresh(dir);
             if let Some(bytes) = read_limited(path, ReadLimit::Record)? {
                 return Ok(bytes);
             }
         }
-        let mut f = open_creating(path, OFlags::RDWR)?;
+        // Polled by a waiting node: a name its cache hides is a "not yet", not a wait here.
+        let mut f = open_creating(path, OFlags::RDWR, Duration::ZERO)?;
         read_to_end_counted(&mut f, path, ReadLimit::Record)
     }
 
     fn revalidate(&self, path: &Path) -> io::Result<bool> {
-        // The exclusive-create probe below is what an NFS client's negative cache needs;
-        // on FUSE it can leave the name invisible instead, and a listing does the work.
+        // The exclusive-create probe below is what an NFS (or sshfs) client's negative cache
+        // needs; on MooseFS it can leave the name invisible instead, and a listing does the
+        // work there: tried first.
         if let Some(dir) = fuse_parent(path) {
-            refresh(dir)?;
+            let _ = refresh(dir);
             count(OpClass::Stat);
-            return Ok(fs::symlink_metadata(path).is_ok());
+            if fs::symlink_metadata(path).is_ok() {
+                return Ok(true);
+            }
         }
         let at = match beneath::at(path) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
@@ -215,7 +220,7 @@ fn read_flags() -> OFlags {
 /// counted. Refused ([`beneath::Untrusted`]) when the name is a symbolic link or a file
 /// that is not this node's own (a hard link, a pipe, another user's file).
 pub fn open_append(path: &Path) -> io::Result<CountedFile> {
-    open_creating(path, OFlags::WRONLY | OFlags::APPEND).map(CountedFile)
+    open_creating(path, OFlags::WRONLY | OFlags::APPEND, INVISIBLE_WAIT).map(CountedFile)
 }
 
 /// [`open_append`] for a command's log ([`SharedDir::open_log`]): a planted link or foreign
@@ -237,7 +242,9 @@ pub fn open_log(path: &Path) -> io::Result<(CountedFile, Option<String>)> {
 /// Open `path` with `flags` and `O_CREAT` (never following a link), making its directory
 /// first only when the open says it is missing; then check that it is a file this node may
 /// write ([`beneath::check_writable`]).
-fn open_creating(path: &Path, flags: OFlags) -> io::Result<File> {
+/// `bound`: how long a name another client made may stay invisible before this gives up
+/// ([`past_negative_cache`]).
+fn open_creating(path: &Path, flags: OFlags, bound: Duration) -> io::Result<File> {
     let flags = flags | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
     // `O_CREAT` of a name another client made may answer EEXIST while this client's
     // negative-lookup cache still says it is missing (FUSE): seen past that cache.
@@ -247,7 +254,7 @@ fn open_creating(path: &Path, flags: OFlags) -> io::Result<File> {
             rfs::openat(at.fd(), at.name, flags, file_mode())
         };
         match once() {
-            Err(Errno::EXIST) => past_negative_cache(path, once),
+            Err(Errno::EXIST) => past_negative_cache(path, bound, once),
             other => other.map_err(|e| beneath::nofollow_error(path, e)),
         }
     };
@@ -255,7 +262,7 @@ fn open_creating(path: &Path, flags: OFlags) -> io::Result<File> {
     let (at, fd) = match first {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             if let Some(d) = path.parent() {
-                create_dir_all(d)?;
+                create_dir_all_within(d, bound)?;
             }
             let at = beneath::at(path)?;
             let fd = open(&at)?;
@@ -272,7 +279,7 @@ fn open_creating(path: &Path, flags: OFlags) -> io::Result<File> {
 /// How long a name the server says exists (`EEXIST`) may stay invisible to this client's
 /// lookups before rl-node gives up on it: longer than a negative-lookup cache a mount
 /// would sensibly have, and bounded, so a node never waits without saying why.
-const INVISIBLE_WAIT: Duration = Duration::from_secs(30);
+const INVISIBLE_WAIT: Duration = Duration::from_secs(10);
 
 /// `look` again (it answered that the name `path` does not exist, while the server said it
 /// does: a negative-lookup cache, docs/shared-directory.md) until it finds it: first after a
@@ -281,6 +288,7 @@ const INVISIBLE_WAIT: Duration = Duration::from_secs(30);
 /// which cache is lying.
 fn past_negative_cache<T>(
     path: &Path,
+    bound: Duration,
     mut look: impl FnMut() -> Result<T, Errno>,
 ) -> io::Result<T> {
     let start = Instant::now();
@@ -289,18 +297,18 @@ fn past_negative_cache<T>(
     }
     loop {
         match look() {
-            Err(Errno::NOENT) | Err(Errno::EXIST) if start.elapsed() < INVISIBLE_WAIT => {
+            Err(Errno::NOENT) | Err(Errno::EXIST) if start.elapsed() < bound => {
                 std::thread::sleep(Duration::from_millis(50))
             }
             Err(Errno::NOENT) | Err(Errno::EXIST) => {
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     format!(
-                        "{} exists on the server (it answers EEXIST) but stayed invisible to this client for {}s: \
+                        "{} exists on the server (it answers EEXIST) but stayed invisible to this client for {:.1}s: \
                          the mount's negative-lookup cache hides it (MooseFS mfsnegentrycacheto, \
                          FUSE negative_timeout, NFS lookupcache); mount with a shorter one",
                         path.display(),
-                        INVISIBLE_WAIT.as_secs()
+                        start.elapsed().as_secs_f64()
                     ),
                 ))
             }
@@ -427,7 +435,12 @@ impl Write for CountedFile {
 /// opened without following a link (one open when it all exists); elsewhere as
 /// `std::fs::create_dir_all` does it: a stat, then a mkdir of each missing level.
 pub fn create_dir_all(path: impl AsRef<Path>) -> io::Result<()> {
-    let path = path.as_ref();
+    create_dir_all_within(path.as_ref(), INVISIBLE_WAIT)
+}
+
+/// [`create_dir_all`], giving a directory another client made at most `bound` to become
+/// visible to this one.
+fn create_dir_all_within(path: &Path, bound: Duration) -> io::Result<()> {
     match beneath::dir_below(path, OFlags::PATH) {
         Ok(Some(_)) => return Ok(()),
         Ok(None) => {
@@ -439,12 +452,12 @@ pub fn create_dir_all(path: impl AsRef<Path>) -> io::Result<()> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    mkdir_p(path)
+    mkdir_p(path, bound)
 }
 
 /// Make `path`, making its missing parents first (each the same way). A name that is
 /// already there counts as made only if it is a directory and not a link to one.
-fn mkdir_p(path: &Path) -> io::Result<()> {
+fn mkdir_p(path: &Path, bound: Duration) -> io::Result<()> {
     let mkdir = || -> io::Result<()> {
         let at = beneath::at(path)?;
         count(OpClass::Mkdir);
@@ -453,7 +466,7 @@ fn mkdir_p(path: &Path) -> io::Result<()> {
             // Another writer made it in the meantime, or something else is there (which
             // a negative-lookup cache may hide for a while).
             Err(Errno::EXIST) => {
-                let there = past_negative_cache(path, || {
+                let there = past_negative_cache(path, bound, || {
                     count(OpClass::Stat);
                     rfs::statat(at.fd(), at.name, AtFlags::SYMLINK_NOFOLLOW)
                 });
@@ -482,7 +495,7 @@ fn mkdir_p(path: &Path) -> io::Result<()> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             match path.parent() {
                 Some(parent) if parent != path && !parent.as_os_str().is_empty() => {
-                    mkdir_p(parent)?
+                    mkdir_p(parent, bound)?
                 }
                 _ => return Err(e),
             }
