@@ -11,8 +11,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-const CHECKS: [&str; 8] = [
+const CHECKS: [&str; 10] = [
     "mount",
+    "eexist-enoent",
+    "stale-rename",
     "rename-over",
     "exclusive-create",
     "hard-link",
@@ -252,8 +254,38 @@ fn sshfs_mount_is_named_with_its_cache_options() {
     assert!(matches!(out.status.code(), Some(0 | 1)), "{t}");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["filesystem"]["fs_type"], "fuse.sshfs", "{t}");
-    assert_eq!(v["caches"]["negative_secs"], 5, "{t}");
-    assert_eq!(v["caches"]["attribute_secs"], 5, "{t}");
+    assert_eq!(v["caches"]["negative_secs"].as_f64(), Some(5.0), "{t}");
+    assert_eq!(v["caches"]["attribute_secs"].as_f64(), Some(5.0), "{t}");
+    // sshfs is not given an entry_timeout here: unknown, and said so, not taken for 0 s.
+    assert!(v["caches"]["entry_secs"].is_null(), "{t}");
+    let stale = v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "stale-rename")
+        .unwrap();
+    assert_eq!(stale["verdict"], "warn", "{t}");
+    assert!(
+        stale["evidence"]
+            .as_str()
+            .unwrap()
+            .starts_with("entry cache unknown (entry_timeout not shown)"),
+        "{t}"
+    );
+    assert!(
+        stale["advice"]
+            .as_str()
+            .unwrap()
+            .contains("entry_timeout=0"),
+        "{t}"
+    );
+    assert!(
+        v["timing"]["rule"]
+            .as_str()
+            .unwrap()
+            .contains("unknown: entry cache, not counted"),
+        "{t}"
+    );
     let mount = v["checks"]
         .as_array()
         .unwrap()
@@ -1061,6 +1093,53 @@ fn a_rank_interrupted_during_the_join_is_seen_by_the_others() {
     }
     let t = interrupt_rank_1(rank0, rank1, "j");
     assert!(!dir.join(".rl-node").exists(), "{t}");
+}
+
+/// A pair's clock starts only once both ranks have begun it. With three ranks the
+/// round-robin order is (1, 2), (2, 1), (0, 2), …: rank 1 is held for 2 s right after it
+/// claims its rank, so rank 2 is busy with its first two pairs that long while rank 0,
+/// idle, begins (0, 2) at once. Rank 0's first rewrite sample to rank 2 must not count that
+/// wait (it was taken for a 2 s rewrite, a `cross-rewrite` warning and a longer
+/// dead-after).
+#[test]
+fn a_pairs_first_rewrite_does_not_count_the_observers_previous_pairs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let kids: Vec<Child> = (0..3)
+        .map(|r| {
+            let r = r.to_string();
+            spawn_doctor(
+                dir,
+                &["--nodes", "3", "--session", "clock", "--json", "--rank", &r],
+            )
+        })
+        .collect();
+    let claim = dir.join(".rl-node/doctor/clock/rank-1.json");
+    let deadline = Instant::now() + SESSION_LIMIT;
+    while !claim.exists() {
+        assert!(Instant::now() < deadline, "rank 1 never claimed");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let pid1 = kids[1].id() as i32;
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(pid1, libc::SIGSTOP) }, 0);
+    // The stall under test (not a wait for a condition): rank 2 cannot finish its pairs
+    // with rank 1 meanwhile.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(unsafe { libc::kill(pid1, libc::SIGCONT) }, 0);
+    let outs: Vec<Output> = kids.into_iter().map(|k| finish(k, SESSION_LIMIT)).collect();
+    let o = &outs[0];
+    assert_eq!(o.status.code(), Some(0), "{}", text(o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let p = pair(&v, 0, 2);
+    let max = p["rewrite"]["max_ms"].as_f64().unwrap();
+    assert!(
+        max < 1000.0,
+        "rank 0 → rank 2 rewrite at worst {max} ms:\n{v:#}"
+    );
+    assert_eq!(check(&v, "cross-rewrite")["verdict"], "ok", "{v:#}");
+    assert_eq!(v["timing"]["dead-after"], "60s", "{v:#}");
+    assert!(!dir.join(".rl-node").exists());
 }
 
 #[test]

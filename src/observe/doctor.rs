@@ -11,6 +11,8 @@
 //! on another, clock offsets) is out of reach of a single process and is said to be so,
 //! unless the doctor runs on every node at once with `--nodes N` (`doctor_nodes`).
 
+use super::doctor_caches::{secs, Family};
+use super::doctor_dirs::DirWait;
 use crate::error::Failure;
 use crate::exit;
 use serde::Serialize;
@@ -139,7 +141,7 @@ pub(crate) struct FuseDaemon {
 
 impl Mount {
     /// The value of option `key=value`, or `Some("")` for a bare flag `key`.
-    fn option(&self, key: &str) -> Option<&str> {
+    pub(crate) fn option(&self, key: &str) -> Option<&str> {
         let daemon = self.daemon.iter().flat_map(|d| d.options.iter());
         self.options
             .iter()
@@ -150,19 +152,25 @@ impl Mount {
                 _ => None,
             })
     }
-    fn secs(&self, key: &str) -> Option<u64> {
-        self.option(key).and_then(|v| v.parse().ok())
+    fn secs(&self, key: &str) -> Option<f64> {
+        self.option(key)
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s >= 0.0)
     }
 }
 
 /// What the mount's caches imply for barriers: the longest a rewritten record and a new
-/// name can stay unseen by another node, when they can be told from the options.
+/// name can stay unseen by another node, when they can be told from the options. `None`
+/// is unknown (never 0 s).
 #[derive(Serialize, Debug, Clone, Default, PartialEq)]
 pub(crate) struct Caches {
     /// Attribute cache (a rewritten file's new size/mtime), seconds.
-    pub attribute_secs: Option<u64>,
+    pub attribute_secs: Option<f64>,
+    /// Entry cache (a name → file mapping trusted without asking: a record renamed over
+    /// is read stale meanwhile), seconds.
+    pub entry_secs: Option<f64>,
     /// Negative lookup cache (a name looked up while missing), seconds.
-    pub negative_secs: Option<u64>,
+    pub negative_secs: Option<f64>,
     /// One line per option that matters, and what it means.
     pub notes: Vec<String>,
     /// Something to change on the mount, if any.
@@ -170,11 +178,43 @@ pub(crate) struct Caches {
 }
 
 impl Caches {
-    /// The longest delay before another node sees a change, as far as the options tell.
-    pub(crate) fn visibility_secs(&self) -> u64 {
-        self.attribute_secs
-            .unwrap_or(0)
-            .max(self.negative_secs.unwrap_or(0))
+    /// The longest delay before another node sees a change, as far as the options tell
+    /// (the known caches only: see [`Caches::unknown`]).
+    pub(crate) fn visibility_secs(&self) -> f64 {
+        [self.attribute_secs, self.entry_secs, self.negative_secs]
+            .into_iter()
+            .flatten()
+            .fold(0.0, f64::max)
+    }
+
+    /// The caches whose value the options do not tell.
+    pub(crate) fn unknown(&self) -> Vec<&'static str> {
+        [
+            ("attribute", self.attribute_secs),
+            ("entry", self.entry_secs),
+            ("negative", self.negative_secs),
+        ]
+        .into_iter()
+        .filter(|(_, v)| v.is_none())
+        .map(|(k, _)| k)
+        .collect()
+    }
+
+    /// The bound and the words of a wait for a directory another doctor made.
+    fn dir_wait(&self, family: Option<Family>) -> DirWait {
+        let f = family.unwrap_or(Family::Local);
+        let (entry_key, negative_key) = f.keys();
+        let longest = [self.entry_secs, self.negative_secs]
+            .into_iter()
+            .collect::<Option<Vec<f64>>>()
+            .map(|v| v.into_iter().fold(0.0, f64::max));
+        DirWait {
+            bound: DirWait::for_caches(longest),
+            negative: format!("{negative_key} {}", secs(self.negative_secs)),
+            negative_fix: f.negative_fix().into(),
+            entry: format!("{entry_key} {}", secs(self.entry_secs)),
+            entry_fix: f.entry_fix().into(),
+        }
     }
 }
 
@@ -207,6 +247,11 @@ pub(crate) struct Report {
     /// `.rl-node` and `doctor` when this process created them but could not remove them.
     #[serde(skip)]
     left_dirs: Vec<String>,
+    #[serde(skip)]
+    family: Option<Family>,
+    /// MooseFS with a trash time its tools could read.
+    #[serde(skip)]
+    keeps_trash: bool,
 }
 
 const NOT_MEASURED: &str = "not measured by a single node: how long a write on one node takes to become visible on another, and the clock offset between nodes (run `rl-node doctor --nodes N` on every node at once to measure them)";
@@ -241,13 +286,26 @@ pub fn main(args: DoctorArgs) -> Result<i32, Failure> {
     if let Some(opts) = session {
         report.not_measured = None;
         let summary = summary(&report);
-        let outcome = super::doctor_nodes::run(&dir, opts, summary, &report.left_dirs)?;
+        let outcome = super::doctor_nodes::run(
+            &dir,
+            opts,
+            summary,
+            &report.left_dirs,
+            &report.caches.dir_wait(report.family),
+        )?;
         report.checks.extend(outcome.checks);
+        let mut unknown = report.caches.unknown();
+        for u in &outcome.options_unknown {
+            if !unknown.contains(&u.as_str()) {
+                unknown.push(u);
+            }
+        }
         report.timing = recommend_with(
             report
                 .caches
                 .visibility_secs()
                 .max(outcome.options_visibility_secs),
+            &unknown,
             outcome.measured_visibility,
             report.slowest_fsync.max(outcome.slowest_fsync),
         );
@@ -372,18 +430,19 @@ fn summary(r: &Report) -> super::doctor_nodes::NodeSummary {
         }),
         mount: r.filesystem.as_ref().map(|m| {
             format!(
-                "{} ({}); attribute cache {}, negative cache {}",
+                "{} ({}); attribute cache {}, entry cache {}, negative cache {}",
                 m.fs_type,
                 m.options.join(","),
-                r.caches
-                    .attribute_secs
-                    .map_or("unknown".into(), |s| format!("{s}s")),
-                r.caches
-                    .negative_secs
-                    .map_or("unknown".into(), |s| format!("{s}s")),
+                secs(r.caches.attribute_secs),
+                secs(r.caches.entry_secs),
+                secs(r.caches.negative_secs),
             )
         }),
         options_visibility_secs: r.caches.visibility_secs(),
+        options_unknown: r.caches.unknown().iter().map(|u| u.to_string()).collect(),
+        entry_fix: r.family.unwrap_or(Family::Local).entry_fix().into(),
+        negative_fix: r.family.unwrap_or(Family::Local).negative_fix().into(),
+        keeps_trash: r.keeps_trash,
         slowest_fsync_ms: r.slowest_fsync.as_secs_f64() * 1000.0,
         failed: names(Verdict::Fail),
         warned: names(Verdict::Warn),
@@ -397,7 +456,9 @@ struct Scratch {
 }
 
 impl Scratch {
-    fn create(root: &Path) -> Result<Scratch, Failure> {
+    /// `wait`: how long a directory another doctor made may stay unseen through this
+    /// client's caches, and what to say if it stays so longer.
+    fn create(root: &Path, wait: &DirWait) -> Result<Scratch, Failure> {
         let host = gethostname::gethostname().to_string_lossy().into_owned();
         let base = root.join(".rl-node");
         let doctor = base.join("doctor");
@@ -407,26 +468,10 @@ impl Scratch {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
         let dir = doctor.join(format!("{host}-{}-{nanos:08x}", std::process::id()));
-        let mut created = Vec::new();
         // No link someone planted at `.rl-node` or `doctor/` takes the probes elsewhere.
         crate::store::confine(root);
-        for d in [&base, &doctor, &dir] {
-            match crate::store::fs::create_dir(d) {
-                Ok(()) => created.push(d.clone()),
-                Err(e) if e.kind() == ErrorKind::AlreadyExists && d != &dir => {}
-                Err(e) => {
-                    let s = Scratch {
-                        created,
-                        dir: dir.clone(),
-                    };
-                    drop(s);
-                    return Err(Failure::failed(format!(
-                        "cannot create {} ({e}): rl-node could not write its state there either",
-                        d.display()
-                    )));
-                }
-            }
-        }
+        // Doctors on other nodes make and remove `.rl-node/` and `doctor/` meanwhile.
+        let created = super::doctor_dirs::make_dirs(&[base, doctor, dir.clone()], true, wait)?;
         Ok(Scratch { created, dir })
     }
 }
@@ -473,9 +518,22 @@ fn run(dir: &Path) -> Result<Report, Failure> {
         m
     });
     let caches = mount.as_ref().map(caches_of).unwrap_or_default();
-    let scratch = Scratch::create(dir)?;
+    let family = mount.as_ref().map(Family::of);
+    // Asked before the scratch exists: `.rl-node/` is then a run's, if there.
+    let (trash, trash_secs) = super::doctor_caches::trash_check(family, dir).unzip();
+    let keeps_trash = trash_secs.flatten().is_some_and(|t| t > 0);
+    let scratch = Scratch::create(dir, &caches.dir_wait(family))?;
     let s = &scratch.dir;
+    if keeps_trash {
+        super::doctor_caches::no_trash(s);
+    }
     let mut checks = vec![mount_check(mount.as_ref(), &caches)];
+    checks.extend(super::doctor_caches::configured_checks(
+        family,
+        caches.entry_secs,
+        caches.negative_secs,
+    ));
+    checks.extend(trash);
     checks.push(rename_over(s));
     checks.push(exclusive_create(s));
     checks.push(hard_link(s));
@@ -499,6 +557,8 @@ fn run(dir: &Path) -> Result<Report, Failure> {
         not_measured: Some(NOT_MEASURED.into()),
         slowest_fsync: slowest,
         left_dirs,
+        family,
+        keeps_trash,
     })
 }
 
@@ -586,6 +646,11 @@ pub(crate) fn daemon_options(args: &[String]) -> Vec<String> {
     while let Some(a) = it.next() {
         let list = match a.as_str() {
             "-o" => it.next().map(String::as_str),
+            // GlusterFS's client: `--entry-timeout=0`.
+            s if s.starts_with("--") && s.contains('=') => {
+                out.push(s[2..].to_string());
+                continue;
+            }
             s => s.strip_prefix("-o"),
         };
         if let Some(list) = list {
@@ -617,17 +682,24 @@ pub(crate) fn mount_of(mounts: &[Mount], path: &Path) -> Option<Mount> {
 pub(crate) fn caches_of(m: &Mount) -> Caches {
     let mut c = Caches::default();
     let ty = m.fs_type.as_str();
-    if ty == "nfs" || ty == "nfs4" {
+    let family = Family::of(m);
+    if family == Family::MooseFs {
+        moosefs_caches(m, &mut c);
+    } else if family == Family::GlusterFs {
+        glusterfs_caches(m, &mut c);
+    } else if ty == "nfs" || ty == "nfs4" {
+        // Close-to-open: an open revalidates the name, so a rename over is seen at once.
+        c.entry_secs = Some(0.0);
         // Linux NFS defaults: acregmax 60 s, acdirmax 60 s; actimeo sets all four.
         let actimeo = m.secs("actimeo");
         if m.option("noac").is_some() {
-            c.attribute_secs = Some(0);
+            c.attribute_secs = Some(0.0);
             c.notes.push(
                 "noac: no attribute caching; every stat asks the server (fresh, slower)".into(),
             );
         } else {
-            let reg = m.secs("acregmax").or(actimeo).unwrap_or(60);
-            let dir = m.secs("acdirmax").or(actimeo).unwrap_or(60);
+            let reg = m.secs("acregmax").or(actimeo).unwrap_or(60.0);
+            let dir = m.secs("acdirmax").or(actimeo).unwrap_or(60.0);
             c.attribute_secs = Some(reg.max(dir));
             c.notes.push(format!(
                 "attribute cache: acregmax {reg}s, acdirmax {dir}s: a rewritten record's size and mtime may look unchanged for up to {}s (an open revalidates it: close-to-open), and a listing may be {dir}s stale",
@@ -637,17 +709,17 @@ pub(crate) fn caches_of(m: &Mount) -> Caches {
         let lookup = m.option("lookupcache").unwrap_or("all");
         match lookup {
             "none" | "pos" | "positive" => {
-                c.negative_secs = Some(0);
+                c.negative_secs = Some(0.0);
                 c.notes.push(format!("lookupcache={lookup}: a missing name is looked up again at every open, so a new file is seen at once"));
             }
             _ => {
                 let dir = if m.option("noac").is_some() {
-                    0
+                    0.0
                 } else {
-                    m.secs("acdirmax").or(actimeo).unwrap_or(60)
+                    m.secs("acdirmax").or(actimeo).unwrap_or(60.0)
                 };
                 c.negative_secs = Some(dir);
-                if dir > 0 {
+                if dir > 0.0 {
                     c.notes.push(format!("lookupcache={lookup}: a name looked up while missing stays missing for up to {dir}s (acdirmax), so each wait for a new file can cost that much"));
                     c.advice.push(
                         "mount with lookupcache=positive so a new name is seen at its next lookup"
@@ -667,8 +739,9 @@ pub(crate) fn caches_of(m: &Mount) -> Caches {
             c.notes.push("hard: a call to an unreachable server hangs until it answers; rl-node's fs-timeout stops the node's commands meanwhile".into());
         }
     } else if ty == "lustre" {
-        c.attribute_secs = Some(0);
-        c.negative_secs = Some(0);
+        c.attribute_secs = Some(0.0);
+        c.entry_secs = Some(0.0);
+        c.negative_secs = Some(0.0);
         let lock = ["flock", "localflock", "noflock"]
             .into_iter()
             .find(|o| m.option(o).is_some())
@@ -707,9 +780,10 @@ pub(crate) fn caches_of(m: &Mount) -> Caches {
         ]
         .iter()
         .filter_map(|k| m.secs(k))
-        .max();
+        .reduce(f64::max);
         let neg = m.secs("negative_timeout");
         c.attribute_secs = attr;
+        c.entry_secs = m.secs("entry_timeout");
         c.negative_secs = neg;
         let from = match &m.daemon {
             Some(d) => format!(
@@ -729,17 +803,68 @@ pub(crate) fn caches_of(m: &Mount) -> Caches {
                 "attribute cache: a rewritten file may look unchanged for up to {a}s"
             ));
         }
-        if let Some(n) = neg.filter(|n| *n > 0) {
+        if let Some(e) = c.entry_secs.filter(|e| *e > 0.0) {
+            c.notes.push(format!("entry_timeout={e}: a file another node renames over may be read stale for up to {e}s"));
+        }
+        if let Some(n) = neg.filter(|n| *n > 0.0) {
             c.notes.push(format!("negative_timeout={n}: a name looked up while missing stays missing for up to {n}s, so each wait for a new file can cost that much"));
             c.advice.push(format!("mount with negative_timeout=0 so a new name is seen at its next lookup (now up to {n}s per wait for a new file)"));
         }
         c.notes.push("rename on some FUSE filesystems (blob storage) is copy + delete: see the rename-over check".into());
     } else {
-        c.attribute_secs = Some(0);
-        c.negative_secs = Some(0);
+        c.attribute_secs = Some(0.0);
+        c.entry_secs = Some(0.0);
+        c.negative_secs = Some(0.0);
         c.notes.push(format!("{ty}: a local filesystem: every change is seen at once on this host, but only this host can see it"));
     }
     c
+}
+
+/// MooseFS keeps its mount options in `<mount point>/.params`, not in /proc/mounts.
+fn moosefs_caches(m: &Mount, c: &mut Caches) {
+    match super::doctor_caches::read_params(&m.mount_point) {
+        Ok(p) => {
+            (c.attribute_secs, c.entry_secs, c.negative_secs) = (p.attr, p.entry, p.negentry);
+            c.notes.push(format!(
+                "MooseFS caches from {}/.params: mfsattrcacheto {}, mfsentrycacheto {}, mfsdirentrycacheto {}, mfsnegentrycacheto {}",
+                m.mount_point,
+                secs(p.attr),
+                secs(p.entry),
+                secs(p.direntry),
+                secs(p.negentry)
+            ));
+        }
+        Err(e) => c
+            .notes
+            .push(format!("MooseFS: {e}: its caches are unknown")),
+    }
+    if let Some(e) = c.entry_secs.filter(|e| *e > 0.0) {
+        c.notes.push(format!("mfsentrycacheto {e}s: a file another node renames over may be read stale for up to {e}s"));
+    }
+    if let Some(n) = c.negative_secs.filter(|n| *n > 0.0) {
+        c.notes.push(format!("mfsnegentrycacheto {n}s: a name looked up while missing stays missing for up to {n}s, and mkdir of it answers EEXIST meanwhile"));
+        c.advice.push(format!("mount with mfsnegentrycacheto=0 so a new name is seen at its next lookup (now up to {n}s per wait for a new file)"));
+    }
+    c.notes
+        .push("MooseFS keeps replaced and deleted files in its trash: see the trash check".into());
+}
+
+/// GlusterFS's client takes its caches as `--attribute-timeout=` and the like (from the
+/// mount's `-o`); when the client is found, an option it lacks has GlusterFS's default.
+fn glusterfs_caches(m: &Mount, c: &mut Caches) {
+    let default = |v: f64| m.daemon.as_ref().map(|_| v);
+    c.attribute_secs = m.secs("attribute-timeout").or(default(1.0));
+    c.entry_secs = m.secs("entry-timeout").or(default(1.0));
+    c.negative_secs = m.secs("negative-timeout").or(default(0.0));
+    c.notes.push(format!(
+        "GlusterFS caches (from its client's command line, else its defaults): attribute-timeout {}, entry-timeout {}, negative-timeout {}",
+        secs(c.attribute_secs),
+        secs(c.entry_secs),
+        secs(c.negative_secs)
+    ));
+    if let Some(n) = c.negative_secs.filter(|n| *n > 0.0) {
+        c.advice.push(format!("mount with negative-timeout=0 so a new name is seen at its next lookup (now up to {n}s per wait for a new file)"));
+    }
 }
 
 fn mount_check(m: Option<&Mount>, c: &Caches) -> Check {
@@ -1013,24 +1138,27 @@ fn free_space(dir: &Path) -> Vec<Check> {
 /// - poll-interval: a poll more often than the caches refresh only loads the server, so
 ///   a tenth of the longest cache delay V, within 1 s (the default) and 10 s;
 /// - dead-after: a heartbeat (every 5 s) may be unseen for V, and a slow fsync delays its
-///   commit, so max(60 s (the default), 3 V + 2 heartbeats + 10 × slowest fsync);
+///   commit, so max(60 s (the default), 3 V + 2 heartbeats + 10 × slowest fsync): never
+///   below 2 V + one heartbeat, under which a live rank can be declared dead;
 /// - fs-timeout: a call slower than this is taken for a hung mount, so it must sit well
 ///   above the slowest measured call: max(2 m (the default), 100 × slowest fsync).
 ///
 /// Each is rounded up to whole seconds (minutes from 2 m on).
 pub(crate) fn recommend(c: &Caches, slowest_fsync: Duration) -> Timing {
-    recommend_with(c.visibility_secs(), None, slowest_fsync)
+    recommend_with(c.visibility_secs(), &c.unknown(), None, slowest_fsync)
 }
 
-/// As [`recommend`], with V the larger of what the mount options imply (`options_secs`) and
-/// the slowest visibility measured between nodes (a rewrite or a new name), if any.
+/// As [`recommend`], with V the larger of what the mount options imply (`options_secs`,
+/// `unknown` naming the caches they do not tell) and the slowest visibility measured
+/// between nodes (a rewrite, a new name, a stale rename), if any.
 pub(crate) fn recommend_with(
-    options_secs: u64,
+    options_secs: f64,
+    unknown: &[&str],
     measured: Option<Duration>,
     slowest_fsync: Duration,
 ) -> Timing {
     let measured_secs = measured.map(|d| d.as_secs_f64());
-    let v = (options_secs as f64).max(measured_secs.unwrap_or(0.0));
+    let v = options_secs.max(measured_secs.unwrap_or(0.0));
     let f = slowest_fsync.as_secs_f64();
     let poll = (v / 10.0).clamp(1.0, 10.0);
     let dead = (3.0 * v + 10.0 + 10.0 * f).max(60.0);
@@ -1040,7 +1168,18 @@ pub(crate) fn recommend_with(
         dead_after: duration(dead),
         fs_timeout: duration(fs_timeout),
         rule: format!(
-            "V = longest cache delay from the mount options ({options_secs}s){}, F = slowest fsync ({}); poll-interval = V/10 within 1s..10s; dead-after = max(60s, 3V + 2 heartbeats (10s) + 10F); fs-timeout = max(2m, 100F)",
+            "V = longest cache delay from the mount options ({}{}){}, F = slowest fsync ({}); poll-interval = V/10 within 1s..10s; dead-after = max(60s, 3V + 2 heartbeats (10s) + 10F), never below 2V + one heartbeat; fs-timeout = max(2m, 100F)",
+            secs(Some(options_secs)),
+            if unknown.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; unknown: {} cache{}, not counted{}",
+                    unknown.join(", "),
+                    if unknown.len() > 1 { "s" } else { "" },
+                    if measured.is_some() { "" } else { ": measure with --nodes N" }
+                )
+            },
             measured.map(|d| format!(" or measured between nodes ({}), the larger", ms(d))).unwrap_or_default(),
             ms(slowest_fsync)
         ),
@@ -1082,9 +1221,9 @@ fn render(r: &Report) -> String {
     }
     let _ = writeln!(s, "scratch: {} (removed)\n", r.scratch);
     for c in &r.checks {
-        let _ = writeln!(s, "{:<5} {:<17} {}", c.verdict.word(), c.name, c.evidence);
+        let _ = writeln!(s, "{:<5} {:<19} {}", c.verdict.word(), c.name, c.evidence);
         if let Some(a) = &c.advice {
-            let _ = writeln!(s, "      {:<17} change: {a}", "");
+            let _ = writeln!(s, "      {:<19} change: {a}", "");
         }
     }
     if let Some(n) = &r.session {
@@ -1146,13 +1285,16 @@ mod tests {
     #[test]
     fn nfs_defaults_cache_new_names_for_a_minute() {
         let c = caches_of(&mount("nfs4", "rw,hard"));
-        assert_eq!((c.attribute_secs, c.negative_secs), (Some(60), Some(60)));
+        assert_eq!(
+            (c.attribute_secs, c.negative_secs),
+            (Some(60.0), Some(60.0))
+        );
         assert!(!c.advice.is_empty());
         let c = caches_of(&mount("nfs", "rw,actimeo=3,lookupcache=positive"));
-        assert_eq!((c.attribute_secs, c.negative_secs), (Some(3), Some(0)));
+        assert_eq!((c.attribute_secs, c.negative_secs), (Some(3.0), Some(0.0)));
         assert!(c.advice.is_empty());
         let c = caches_of(&mount("nfs", "rw,noac,soft"));
-        assert_eq!((c.attribute_secs, c.negative_secs), (Some(0), Some(0)));
+        assert_eq!((c.attribute_secs, c.negative_secs), (Some(0.0), Some(0.0)));
         assert_eq!(c.advice.len(), 1);
     }
 
@@ -1162,7 +1304,7 @@ mod tests {
             "fuse.sshfs",
             "rw,cache_timeout=5,negative_timeout=7",
         ));
-        assert_eq!((c.attribute_secs, c.negative_secs), (Some(5), Some(7)));
+        assert_eq!((c.attribute_secs, c.negative_secs), (Some(5.0), Some(7.0)));
         let c = caches_of(&mount("fuse.sshfs", "rw,user_id=0"));
         assert_eq!((c.attribute_secs, c.negative_secs), (None, None));
         let args: Vec<String> = [
@@ -1186,7 +1328,7 @@ mod tests {
             ["a=1", "negative_timeout=4", "attr_timeout=0"]
         );
         let c = caches_of(&m);
-        assert_eq!((c.attribute_secs, c.negative_secs), (Some(0), Some(4)));
+        assert_eq!((c.attribute_secs, c.negative_secs), (Some(0.0), Some(4.0)));
     }
 
     #[test]
@@ -1215,7 +1357,7 @@ mod tests {
     #[test]
     fn a_measured_delay_raises_v_over_the_options() {
         // sshfs negative_timeout=2 measured at 2.3 s, options saying 2 s: V = 2.3 s.
-        let t = recommend_with(2, Some(Duration::from_millis(2300)), Duration::ZERO);
+        let t = recommend_with(2.0, &[], Some(Duration::from_millis(2300)), Duration::ZERO);
         assert_eq!(t.poll_interval, "1s");
         assert!(
             t.rule.contains("measured between nodes (2300ms)"),
@@ -1223,16 +1365,112 @@ mod tests {
             t.rule
         );
         // A default NFS mount measured slow: 90 s of new-name delay beats acdirmax 60 s.
-        let t = recommend_with(60, Some(Duration::from_secs(90)), Duration::ZERO);
+        let t = recommend_with(60.0, &[], Some(Duration::from_secs(90)), Duration::ZERO);
         assert_eq!(
             (t.poll_interval.as_str(), t.dead_after.as_str()),
             ("9s", "5m")
         );
         // Measured faster than the options say: the options still bound it.
-        let t = recommend_with(60, Some(Duration::from_millis(5)), Duration::ZERO);
+        let t = recommend_with(60.0, &[], Some(Duration::from_millis(5)), Duration::ZERO);
         assert_eq!(
             (t.poll_interval.as_str(), t.dead_after.as_str()),
             ("6s", "4m")
+        );
+    }
+
+    /// Liveness holds (no live rank declared dead) at dead-after ≥ 2 × the longest cache +
+    /// one heartbeat: a MooseFS entry cache alone counts, and an unknown cache is said.
+    #[test]
+    fn dead_after_covers_twice_the_longest_cache_and_a_heartbeat() {
+        let heartbeat = 5.0;
+        let entry_only = Caches {
+            attribute_secs: Some(0.0),
+            entry_secs: Some(30.0),
+            negative_secs: Some(0.0),
+            ..Caches::default()
+        };
+        let t = recommend(&entry_only, Duration::ZERO);
+        let dead = humantime::parse_duration(&t.dead_after)
+            .unwrap()
+            .as_secs_f64();
+        assert!(dead >= 2.0 * 30.0 + heartbeat, "{t:?}");
+        for (attr, entry, neg) in [(1.0, 1.0, 1.0), (60.0, 0.0, 60.0), (0.0, 7.5, 2.0)] {
+            let c = Caches {
+                attribute_secs: Some(attr),
+                entry_secs: Some(entry),
+                negative_secs: Some(neg),
+                ..Caches::default()
+            };
+            let t = recommend(&c, Duration::from_millis(3));
+            let dead = humantime::parse_duration(&t.dead_after)
+                .unwrap()
+                .as_secs_f64();
+            let longest: f64 = attr.max(entry).max(neg);
+            assert!(dead >= 2.0 * longest + heartbeat, "{c:?}: {t:?}");
+        }
+        let unknown = Caches {
+            attribute_secs: Some(1.0),
+            ..Caches::default()
+        };
+        assert_eq!(unknown.unknown(), ["entry", "negative"]);
+        let t = recommend(&unknown, Duration::ZERO);
+        assert!(
+            t.rule.contains(
+                "(1s; unknown: entry, negative caches, not counted: measure with --nodes N)"
+            ),
+            "{}",
+            t.rule
+        );
+    }
+
+    #[test]
+    fn moosefs_is_told_by_its_source_and_its_caches_unknown_without_params() {
+        let m =
+            parse_mounts("mfs\\04310.0.0.1:9421 /no/such/mount fuse rw,user_id=0 0 0\n").remove(0);
+        assert_eq!(m.source, "mfs#10.0.0.1:9421");
+        assert_eq!(Family::of(&m), Family::MooseFs);
+        let c = caches_of(&m);
+        assert_eq!(
+            (c.attribute_secs, c.entry_secs, c.negative_secs),
+            (None, None, None)
+        );
+        assert!(
+            c.notes[0].starts_with("MooseFS: cannot read /no/such/mount/.params"),
+            "{:?}",
+            c.notes
+        );
+        assert_eq!(c.visibility_secs(), 0.0);
+        assert_eq!(c.unknown().len(), 3);
+    }
+
+    #[test]
+    fn glusterfs_caches_come_from_its_clients_arguments_else_its_defaults() {
+        let args: Vec<String> = [
+            "/usr/sbin/glusterfs",
+            "--process-name",
+            "fuse",
+            "--volfile-server=srv",
+            "--entry-timeout=0",
+            "/mnt/g",
+        ]
+        .map(String::from)
+        .into();
+        let mut m = mount("fuse.glusterfs", "rw");
+        assert_eq!(Family::of(&m), Family::GlusterFs);
+        let c = caches_of(&m);
+        assert_eq!(
+            c.unknown(),
+            ["attribute", "entry", "negative"],
+            "no client found"
+        );
+        m.daemon = Some(FuseDaemon {
+            pid: 1,
+            options: daemon_options(&args),
+        });
+        let c = caches_of(&m);
+        assert_eq!(
+            (c.attribute_secs, c.entry_secs, c.negative_secs),
+            (Some(1.0), Some(0.0), Some(0.0))
         );
     }
 

@@ -24,6 +24,7 @@
 //! delay is also given from the observer's miss, on its own monotonic clock alone.
 
 use super::doctor::{Check, Verdict};
+use super::doctor_dirs::DirWait;
 use crate::error::Failure;
 use crate::exit;
 use serde::{Deserialize, Serialize};
@@ -63,15 +64,25 @@ const SLOW_NEW_NAME: Duration = Duration::from_secs(1);
 /// The most ranks a session takes: its pair schedule and per-rank tables grow as N².
 pub(crate) const MAX_NODES: u32 = 10_000;
 
+/// Above this, a record renamed over reads stale to another node: an entry cache.
+const STALE_RENAME: Duration = Duration::from_millis(200);
+/// How often the writer renames over its probe record while the observer watches it.
+const STALE_PERIOD: Duration = Duration::from_millis(20);
+/// The longest the observer watches that record for two refreshes of its view.
+const STALE_WINDOW: Duration = Duration::from_secs(30);
+
 /// Stages of a rank's messages; a position compares stage first.
 const CLAIMED: u8 = 0;
 const MEASURING: u8 = 1;
 const DONE: u8 = 2;
 const ABORTED: u8 = 3;
-/// Steps of one sample.
-const PING: u8 = 0;
-const PONG: u8 = 1;
-const ACK: u8 = 2;
+/// Steps of one sample. The observer says it has begun the pair (BEGIN, sample 0) before
+/// the writer's first ping: the writer's clock must not run while the observer is still
+/// busy with its previous pair.
+const BEGIN: u8 = 0;
+const PING: u8 = 1;
+const PONG: u8 = 2;
+const ACK: u8 = 3;
 
 /// What the command line asked of a session.
 #[derive(Debug, Clone)]
@@ -123,6 +134,58 @@ struct Done {
     pings: Vec<PingSample>,
     /// As observer.
     names: Vec<NameSample>,
+    /// As observer: the record its writer kept renaming over, as this rank read it.
+    #[serde(default)]
+    stale: Vec<StaleRead>,
+    /// As writer: how regularly it renamed over that record.
+    #[serde(default)]
+    stale_writes: Vec<StaleWrite>,
+    /// As observer: `mkdir` and `stat` of the directory its writer made.
+    #[serde(default)]
+    eexist: Vec<EexistSample>,
+}
+
+/// The observer's reading of a record its writer renames over every [`STALE_PERIOD`].
+/// On its own monotonic clock: no clock offset enters it (a slow exchange, as under an
+/// entry cache, makes offsets uncertain by half a second).
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub(crate) struct StaleRead {
+    writer: u32,
+    /// The longest this rank kept reading one version, from one change of the version it
+    /// read to the next (with fewer than two changes: since the last one, or the whole
+    /// window). That version was current at its first read, so it was replaced within
+    /// one gap of the writer's renames: it read stale for this less that gap, at least.
+    longest_ns: u64,
+    /// How many times the version read changed: two make one whole period of the view.
+    changes: u32,
+    window_ns: u64,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub(crate) struct StaleWrite {
+    observer: u32,
+    renames: u32,
+    /// The longest time between two renames: a version lived at most this long.
+    max_gap_ns: u64,
+}
+
+/// What `mkdir` and `stat` said of a directory another node had made.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(tag = "outcome", rename_all = "kebab-case")]
+pub(crate) enum Eexist {
+    /// EEXIST, and stat found it at once.
+    Agreed,
+    /// EEXIST while stat answered ENOENT, for `ms` (`still`: and after that, when the wait
+    /// ended).
+    Lied { ms: f64, still: bool },
+    /// The probe could not tell.
+    Unclear { why: String },
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub(crate) struct EexistSample {
+    writer: u32,
+    outcome: Eexist,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
@@ -154,8 +217,19 @@ pub(crate) struct NodeSummary {
     /// What must be alike on every node: the type, the mount options and the cache
     /// delays they imply (not the mount point or the server's name for it).
     pub mount: Option<String>,
-    /// The longest cache delay that node's mount options imply, seconds.
-    pub options_visibility_secs: u64,
+    /// The longest cache delay that node's mount options imply, seconds (known caches).
+    pub options_visibility_secs: f64,
+    /// The caches its options do not tell (`entry`, `negative`, `attribute`).
+    #[serde(default)]
+    pub options_unknown: Vec<String>,
+    /// The mount options that turn that node's entry and negative caches off.
+    #[serde(default)]
+    pub entry_fix: String,
+    #[serde(default)]
+    pub negative_fix: String,
+    /// MooseFS whose tools answered with a trash time: the session keeps no trash.
+    #[serde(default)]
+    pub keeps_trash: bool,
     pub slowest_fsync_ms: f64,
     pub failed: Vec<String>,
     pub warned: Vec<String>,
@@ -199,6 +273,14 @@ pub(crate) struct PairReport {
     pub new_name_after_miss: Option<Stat>,
     /// Ping + pong, on the writer's monotonic clock.
     pub round_trip: Option<Stat>,
+    /// How long a record the writer renamed over stayed stale to the observer, at worst
+    /// (offset-corrected), over at least two refreshes of the observer's view.
+    pub stale_rename_ms: Option<f64>,
+    /// The observer saw fewer than two refreshes within the window: at least that long.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub stale_at_least: bool,
+    /// `mkdir` (EEXIST) then `stat` by the observer of a directory the writer made.
+    pub eexist: Option<Eexist>,
 }
 
 /// How far rank `b`'s wall clock is ahead of rank `a`'s.
@@ -229,7 +311,7 @@ pub(crate) struct SessionReport {
     pub method: &'static str,
 }
 
-const METHOD: &str = "ranks take turns per ordered pair (writer, observer); per rewrite sample the writer rewrites its file by rename over (ping) and the observer answers (pong); for the new-name samples, all at once, the observer looks up one name per sample that does not exist yet, the writer then creates those names and the observer polls each until found, timing each. Round trips are timed on the writer's monotonic clock; each pair's clock offset is taken NTP-style from its exchange with the shortest round trip; one-way latencies are wall-clock differences corrected by that offset (right within half that round trip); new_name_after_miss uses the observer's clock alone";
+const METHOD: &str = "ranks take turns per ordered pair (writer, observer), whose clock starts once the observer says it has begun the pair; per rewrite sample the writer rewrites its file by rename over (ping) and the observer answers (pong); for the new-name samples, all at once, the observer looks up one name per sample that does not exist yet, and a directory in the writer's probe directory, and reads the writer's probe record; the observer then makes `sig/primed` beside that directory, and the writer, as soon as a listing of `sig/` shows it, makes the directory and `sig/go`; once it has read the answer, the writer makes those names, and renames over the probe record every 20ms; the observer polls each name until found, timing each, takes mkdir then stat of the directory once a listing of `sig/` shows `go`, and reads the probe record until its view of it has been refreshed twice. Round trips are timed on the writer's monotonic clock; each pair's clock offset is taken NTP-style from its exchange with the shortest round trip; one-way latencies and the probe record's staleness are wall-clock differences corrected by that offset (right within half that round trip); new_name_after_miss and the EEXIST-then-ENOENT time use the observer's clock alone";
 
 /// What the measurements add to a report: the cross-node checks, the largest visibility
 /// delay measured, and the slowest fsync and longest option-implied delay of any rank.
@@ -237,7 +319,9 @@ pub(crate) struct Outcome {
     pub checks: Vec<Check>,
     pub report: SessionReport,
     pub measured_visibility: Option<Duration>,
-    pub options_visibility_secs: u64,
+    pub options_visibility_secs: f64,
+    /// The caches some node's options do not tell.
+    pub options_unknown: Vec<String>,
     pub slowest_fsync: Duration,
 }
 
@@ -260,11 +344,23 @@ pub(crate) fn schedule(n: u32) -> Vec<(u32, u32)> {
     out
 }
 
+/// Every rank's probe results, each with the rank that took it.
+#[derive(Default)]
+pub(crate) struct Probes {
+    /// (observer, its reading)
+    stale: Vec<(u32, StaleRead)>,
+    /// (writer, its renames)
+    stale_writes: Vec<(u32, StaleWrite)>,
+    /// (observer, its probe)
+    eexist: Vec<(u32, EexistSample)>,
+}
+
 /// Rank 0's reading of every rank's samples: per ordered pair, and the clock offsets.
 pub(crate) fn analyse(
     n: u32,
     pings: &[(u32, PingSample)],
     names: &[(u32, NameSample)],
+    probes: &Probes,
 ) -> (Vec<PairReport>, Vec<Offset>) {
     let ms = |ns: f64| ns / 1e6;
     // θ(b − a) for a < b, from the exchange with the shortest round trip either way.
@@ -330,7 +426,30 @@ pub(crate) fn analyse(
                 seen.iter().map(|s| ms(s.after_miss_ns as f64)).collect(),
             ),
             round_trip: Stat::of(mine.iter().map(|p| ms(p.rtt_ns as f64)).collect()),
+            stale_rename_ms: None,
+            stale_at_least: false,
+            eexist: probes
+                .eexist
+                .iter()
+                .find(|(po, e)| *po == o && e.writer == w)
+                .map(|(_, e)| e.outcome.clone()),
         });
+        let p = pairs.last_mut().expect("pushed");
+        let read = probes
+            .stale
+            .iter()
+            .find(|(po, r)| *po == o && r.writer == w);
+        let wrote = probes
+            .stale_writes
+            .iter()
+            .find(|(pw, s)| *pw == w && s.observer == o);
+        if let (Some((_, r)), Some((_, s))) = (read, wrote) {
+            // Read for that long, less the most it could have lived before its
+            // replacement: what is left was read after the replacement.
+            let stale = r.longest_ns as f64 - s.max_gap_ns as f64;
+            p.stale_rename_ms = Some(ms(stale.max(0.0)));
+            p.stale_at_least = r.changes < 2;
+        }
     }
     (pairs, offsets)
 }
@@ -367,14 +486,16 @@ struct Member {
 
 /// Runs this rank's part of the session; `summary` is its own single-node findings.
 /// `left_dirs`: the parents (`.rl-node`, `doctor`) its single-node checks created and
-/// could not remove, which the session's cleanup removes when empty.
+/// could not remove, which the session's cleanup removes when empty. `wait`: how long a
+/// directory another doctor made may stay unseen through this client's caches.
 pub(crate) fn run(
     root: &Path,
     opts: Options,
     summary: NodeSummary,
     left_dirs: &[String],
+    wait: &DirWait,
 ) -> Result<Outcome, Failure> {
-    let mut m = Member::join(root, opts, summary.clone(), left_dirs)?;
+    let mut m = Member::join(root, opts, summary.clone(), left_dirs, wait)?;
     let result = m.measure(summary);
     match result {
         Ok(outcome) => {
@@ -394,41 +515,28 @@ impl Member {
         opts: Options,
         summary: NodeSummary,
         left_dirs: &[String],
+        wait: &DirWait,
     ) -> Result<Member, Failure> {
         let base = root.join(".rl-node");
         let doctor = base.join("doctor");
         let dir = doctor.join(&opts.session);
-        // Another rank's single-node checks may remove `doctor/` (and `.rl-node/`) they
-        // created just as this one creates the session in it: try again.
-        let mut created = left_dirs.to_vec();
-        let mut attempts = 0;
         // No link someone planted at `.rl-node` or `doctor/` takes the session elsewhere.
         crate::store::confine(root);
-        loop {
-            let mut err = None;
-            for (d, name) in [(&base, ".rl-node"), (&doctor, "doctor"), (&dir, "")] {
-                match crate::store::fs::create_dir(d) {
-                    Ok(()) if !name.is_empty() => created.push(name.to_string()),
-                    Ok(()) => {}
-                    Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
-                    Err(e) => {
-                        err = Some((d.clone(), e));
-                        break;
-                    }
-                }
+        // The other ranks make the same directories at once, and their single-node checks
+        // remove `doctor/` (and `.rl-node/`) they made: seen or waited for, made again.
+        let made = super::doctor_dirs::make_dirs(
+            &[base.clone(), doctor.clone(), dir.clone()],
+            false,
+            wait,
+        )?;
+        let mut created = left_dirs.to_vec();
+        for (d, name) in [(&base, ".rl-node"), (&doctor, "doctor")] {
+            if made.contains(d) && !created.iter().any(|c| c == name) {
+                created.push(name.to_string());
             }
-            match err {
-                None => break,
-                Some((_, e)) if e.kind() == ErrorKind::NotFound && attempts < 20 => {
-                    attempts += 1;
-                }
-                Some((d, e)) => {
-                    return Err(Failure::failed(format!(
-                        "cannot create {} ({e}): rl-node could not write its state there either",
-                        d.display()
-                    )))
-                }
-            }
+        }
+        if summary.keeps_trash {
+            super::doctor_caches::no_trash(&dir);
         }
         let me = Msg {
             session: opts.session.clone(),
@@ -536,9 +644,14 @@ impl Member {
     /// Rewrites this rank's file by rename over.
     fn send(&mut self) -> Result<(), Failure> {
         let path = self.file(self.me.rank);
-        store()
-            .publish_live_json(&path, &self.me)
-            .map_err(|e| Failure::failed(format!("cannot rewrite {}: {e}", path.display())))
+        store().publish_live_json(&path, &self.me).map_err(|e| {
+            // Rank 0 removes the session when it stops: that is why, not this rank.
+            if e.kind() == ErrorKind::NotFound && !self.dir.exists() {
+                self.session_removed()
+            } else {
+                Failure::failed(format!("cannot rewrite {}: {e}", path.display()))
+            }
+        })
     }
 
     /// Re-reads every rank's file until each holds a claim of this session, or the
@@ -635,6 +748,17 @@ impl Member {
     /// Waits until `rank`'s position reaches `at`; returns its message. The timeout counts
     /// from the peer's last progress, so a peer busy with other pairs is waited for.
     fn wait(&mut self, rank: u32, at: Pos, what: &str) -> Result<Msg, Failure> {
+        self.wait_doing(rank, at, what, |_| Ok(()))
+    }
+
+    /// As [`Member::wait`], calling `each` between two reads of the peer's file.
+    fn wait_doing(
+        &mut self,
+        rank: u32,
+        at: Pos,
+        what: &str,
+        mut each: impl FnMut(&mut Member) -> Result<(), Failure>,
+    ) -> Result<Msg, Failure> {
         let path = self.file(rank);
         let mut last: Option<Pos> = None;
         let mut deadline = Instant::now() + self.opts.timeout;
@@ -669,6 +793,7 @@ impl Member {
             if Instant::now() >= deadline {
                 return Err(self.silent(rank, what));
             }
+            each(self)?;
             pause(started);
         }
     }
@@ -799,6 +924,7 @@ impl Member {
         let me = self.me.rank;
         summary.rank = me;
         let (mut pings, mut names) = (Vec::new(), Vec::new());
+        let (mut stale, mut stale_writes, mut eexist) = (Vec::new(), Vec::new(), Vec::new());
         let k_all = self.opts.samples;
         let schedule = schedule(self.opts.nodes);
         // ⌊N/2⌋ pairs run at once: a round.
@@ -816,6 +942,15 @@ impl Member {
             }
             let round = format!("round {}/{rounds}: rank {w} → rank {o}", pi / per_round + 1);
             let at = |k, step| (MEASURING, pi as u32, k, step);
+            // The pair's clock starts once both have begun it: the observer may still be
+            // busy with its previous pair, which is no part of a rewrite's delay.
+            if o == me {
+                self.me.pos = at(0, BEGIN);
+                self.me.pong = None;
+                self.send()?;
+            } else {
+                self.wait(o, at(0, BEGIN), &format!("it to begin rank {w} → rank {o}"))?;
+            }
             // Rewrites, one after the other: each is seen within a poll or an attribute
             // cache, so they are quick.
             for k in 0..k_all {
@@ -859,58 +994,22 @@ impl Member {
             // New names, all K at once (step K): each one a name of its own that the
             // observer looked up and missed before its writer created it, and whose
             // delay is measured on its own; taking them together waits out the
-            // negative-lookup cache once per pair instead of K times.
-            // Who found the new names, and how long the slowest took.
+            // negative-lookup cache once per pair instead of K times. The two probes of
+            // the caches run meanwhile, at no extra wait.
             let (observer, took) = if w == me {
-                self.me.pos = at(k_all, PING);
-                self.me.pong = None;
-                self.send()?;
-                self.wait(
-                    o,
-                    at(k_all, PONG),
-                    &format!("it to look up the new names of rank {w} → rank {o}"),
-                )?;
-                let created = Instant::now();
-                for k in 0..k_all {
-                    self.create_name(w, o, k)?;
-                }
-                self.say(format!(
-                    "{round}: created {k_all} new names; rank {o} polls them"
-                ));
-                self.wait(
-                    o,
-                    at(k_all, ACK),
-                    &format!("it to find the new names of rank {w} → rank {o}"),
-                )?;
-                let took = created.elapsed();
-                self.say(format!(
-                    "{round}: rank {o} found all {k_all} new names after {}",
-                    secs(took)
-                ));
+                let (took, writes) = self.names_as_writer(pi, w, o, &round)?;
+                stale_writes.push(writes);
                 (o, took)
             } else {
-                self.wait(
-                    w,
-                    at(k_all, PING),
-                    &format!("its new names of rank {w} → rank {o}"),
-                )?;
-                let mut missed = Vec::new();
-                for k in 0..k_all {
-                    let name = self.name(w, o, k);
-                    self.miss(&name)?;
-                    missed.push((name, Instant::now()));
-                }
-                self.me.pos = at(k_all, PONG);
-                self.send()?;
-                let found = self.poll_names(w, missed, &round)?;
+                let (found, read, probe) = self.names_as_observer(pi, w, o, &round)?;
                 let took = found
                     .iter()
                     .map(|s: &NameSample| Duration::from_nanos(s.after_miss_ns))
                     .max()
                     .unwrap_or_default();
                 names.extend(found);
-                self.me.pos = at(k_all, ACK);
-                self.send()?;
+                stale.push(read);
+                eexist.push(probe);
                 (me, took)
             };
             if !estimated {
@@ -928,12 +1027,22 @@ impl Member {
             node: summary,
             pings,
             names,
+            stale,
+            stale_writes,
+            eexist,
         });
         self.send()?;
-        let n = self.opts.nodes;
+        self.outcome()
+    }
+
+    /// After this rank's measurements: rank 0 collects every rank's results and reads
+    /// them; the others report their own checks only.
+    fn outcome(&mut self) -> Result<Outcome, Failure> {
+        let (me, n) = (self.me.rank, self.opts.nodes);
         let mut members = Vec::new();
         let mut all_pings = Vec::new();
         let mut all_names = Vec::new();
+        let mut probes = Probes::default();
         let mut reported_by = None;
         if me == 0 {
             for r in 0..n {
@@ -951,13 +1060,18 @@ impl Member {
                 members.push(d.node);
                 all_pings.extend(d.pings.into_iter().map(|p| (r, p)));
                 all_names.extend(d.names.into_iter().map(|s| (r, s)));
+                probes.stale.extend(d.stale.into_iter().map(|s| (r, s)));
+                probes
+                    .stale_writes
+                    .extend(d.stale_writes.into_iter().map(|s| (r, s)));
+                probes.eexist.extend(d.eexist.into_iter().map(|s| (r, s)));
             }
         } else {
             members.push(self.me.done.as_ref().expect("set above").node.clone());
             reported_by = Some(self.who(0));
         }
         let (pairs, clock_offsets) = if me == 0 {
-            analyse(n, &all_pings, &all_names)
+            analyse(n, &all_pings, &all_names, &probes)
         } else {
             (Vec::new(), Vec::new())
         };
@@ -966,11 +1080,20 @@ impl Member {
         } else {
             Vec::new()
         };
+        let lied = |p: &PairReport| match p.eexist {
+            Some(Eexist::Lied { ms, .. }) => Some(ms),
+            _ => None,
+        };
         let measured_visibility = pairs
             .iter()
-            .flat_map(|p| [p.rewrite, p.new_name])
-            .flatten()
-            .map(|s| s.max_ms)
+            .flat_map(|p| {
+                [p.rewrite, p.new_name]
+                    .into_iter()
+                    .flatten()
+                    .map(|s| s.max_ms)
+                    .chain(p.stale_rename_ms)
+                    .chain(lied(p))
+            })
             .max_by(f64::total_cmp)
             .map(|ms| Duration::from_secs_f64(ms / 1000.0));
         Ok(Outcome {
@@ -979,8 +1102,16 @@ impl Member {
             options_visibility_secs: members
                 .iter()
                 .map(|m| m.options_visibility_secs)
-                .max()
-                .unwrap_or(0),
+                .fold(0.0, f64::max),
+            options_unknown: {
+                let mut u: Vec<String> = members
+                    .iter()
+                    .flat_map(|m| m.options_unknown.iter().cloned())
+                    .collect();
+                u.sort();
+                u.dedup();
+                u
+            },
             slowest_fsync: Duration::from_secs_f64(
                 members
                     .iter()
@@ -1026,13 +1157,211 @@ impl Member {
             .map_err(|e| Failure::failed(format!("cannot create {}: {e}", name.display())))
     }
 
+    /// The writer's probe directory of pair `w` → `o` (the observer's EEXIST probe is a
+    /// directory made in it), and its record renamed over (the staleness probe).
+    fn probe_paths(&self, w: u32, o: u32) -> (PathBuf, PathBuf) {
+        let nonce = self.peers[0].as_ref().map_or(0, |p| p.nonce);
+        (
+            self.dir.join(format!("p-{nonce:08x}-{w}-{o}")),
+            self.dir.join(format!("stale-{nonce:08x}-{w}-{o}")),
+        )
+    }
+
+    /// Replaces the probe record by `version`; returns this rank's wall time just before.
+    fn rename_stale(&mut self, record: &Path, version: u32) -> Result<i64, Failure> {
+        let tmp = record.with_extension("tmp");
+        if version == 0 {
+            self.own.push(tmp.clone());
+            self.own.push(record.to_path_buf());
+        }
+        let fail = |e: std::io::Error| {
+            Failure::failed(format!("cannot rename over {}: {e}", record.display()))
+        };
+        let mut f = crate::store::fs::create_file(&tmp).map_err(fail)?;
+        let t = wall_ns();
+        f.write_all(version.to_string().as_bytes()).map_err(fail)?;
+        drop(f);
+        crate::store::fs::rename(&tmp, record).map_err(fail)?;
+        Ok(t)
+    }
+
+    /// The writer's part of a pair's new names and probes: make the probe directory and
+    /// record, and once the observer has looked up what does not exist yet, make the
+    /// directory it probes and the new names, then rename over the record every
+    /// [`STALE_PERIOD`] until the observer acknowledges. How long that took, and how
+    /// regular the renames were.
+    fn names_as_writer(
+        &mut self,
+        pi: usize,
+        w: u32,
+        o: u32,
+        round: &str,
+    ) -> Result<(Duration, StaleWrite), Failure> {
+        let k_all = self.opts.samples;
+        let at = |k, step| (MEASURING, pi as u32, k, step);
+        let (probe, record) = self.probe_paths(w, o);
+        let sig = probe.join("sig");
+        for d in [&probe, &sig] {
+            self.own.push(d.clone());
+            crate::store::fs::create_dir(d)
+                .map_err(|e| Failure::failed(format!("cannot create {}: {e}", d.display())))?;
+        }
+        let mut version = 0;
+        let mut renamed = self.rename_stale(&record, version)?;
+        self.me.pos = at(k_all, PING);
+        self.me.pong = None;
+        self.send()?;
+        // `d` as soon as a listing shows the observer's `primed` (its lookup of `d` has
+        // just missed: its negative cache, if any, hides `d` for nearly a whole period);
+        // else once its answer is read.
+        let mut made = false;
+        self.wait_doing(
+            o,
+            at(k_all, PONG),
+            &format!("it to look up the new names of rank {w} → rank {o}"),
+            |m| {
+                if !made && listed(&sig, "primed") {
+                    made = true;
+                    m.make_probed(&probe)?;
+                }
+                Ok(())
+            },
+        )?;
+        let created = Instant::now();
+        if !made {
+            self.make_probed(&probe)?;
+        }
+        for k in 0..k_all {
+            self.create_name(w, o, k)?;
+        }
+        self.say(format!(
+            "{round}: created {k_all} new names and a directory; rank {o} polls them, and reads a record renamed over every {}",
+            secs(STALE_PERIOD)
+        ));
+        let mut writes = StaleWrite {
+            observer: o,
+            renames: 0,
+            max_gap_ns: 0,
+        };
+        let mut next = Instant::now();
+        self.wait_doing(
+            o,
+            at(k_all, ACK),
+            &format!("it to find the new names of rank {w} → rank {o}"),
+            |m| {
+                if Instant::now() >= next {
+                    next = Instant::now() + STALE_PERIOD;
+                    version += 1;
+                    let t = m.rename_stale(&record, version)?;
+                    // Version 0 lived through the lookups: the observer does not count it.
+                    if version > 1 {
+                        writes.max_gap_ns = writes.max_gap_ns.max((t - renamed).max(0) as u64);
+                    }
+                    writes.renames = version;
+                    renamed = t;
+                }
+                Ok(())
+            },
+        )?;
+        let took = created.elapsed();
+        self.say(format!(
+            "{round}: rank {o} found all {k_all} new names after {}",
+            secs(took)
+        ));
+        // The probes, by name: a listing for the final removal may be stale on a client
+        // that caches listings (sshfs), and would leave them.
+        let sig = probe.join("sig");
+        let _ = fs::remove_file(sig.join("go"));
+        let _ = fs::remove_file(record.with_extension("tmp"));
+        let _ = fs::remove_file(&record);
+        for d in [probe.join("d"), sig, probe] {
+            let _ = fs::remove_dir(d);
+        }
+        Ok((took, writes))
+    }
+
+    /// The writer's making of the observer's probed directory `d`, then of `sig/go`, the
+    /// observer's signal that `d` is made.
+    fn make_probed(&mut self, probe: &Path) -> Result<(), Failure> {
+        let (d, go) = (probe.join("d"), probe.join("sig/go"));
+        self.own.push(d.clone());
+        self.own.push(go.clone());
+        match crate::store::fs::create_dir(&d) {
+            // EEXIST: the observer's mkdir came first (its probe says it could not tell).
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                return Err(Failure::failed(format!(
+                    "cannot create {}: {e}",
+                    d.display()
+                )))
+            }
+        }
+        crate::store::fs::create_file(&go)
+            .map(drop)
+            .map_err(|e| Failure::failed(format!("cannot create {}: {e}", go.display())))
+    }
+
+    /// The observer's part: look up what its writer will make (priming this client's
+    /// negative-lookup cache for each) and read the probe record once, answer, then poll
+    /// until every name is found and both probes are done, and acknowledge.
+    fn names_as_observer(
+        &mut self,
+        pi: usize,
+        w: u32,
+        o: u32,
+        round: &str,
+    ) -> Result<(Vec<NameSample>, StaleRead, EexistSample), Failure> {
+        let k_all = self.opts.samples;
+        let at = |k, step| (MEASURING, pi as u32, k, step);
+        self.wait(
+            w,
+            at(k_all, PING),
+            &format!("its new names of rank {w} → rank {o}"),
+        )?;
+        let (probe, record) = self.probe_paths(w, o);
+        let primed = probe.join("sig/primed");
+        let mut eexist = EexistProbe::new(probe);
+        self.miss(&eexist.target())?;
+        // Tells the writer, through a listing (which no cache delays here), to make `d`.
+        self.own.push(primed.clone());
+        crate::store::fs::create_file(&primed)
+            .map_err(|e| Failure::failed(format!("cannot create {}: {e}", primed.display())))?;
+        let mut stale = StaleProbe::new(record, STALE_WINDOW.min(self.opts.timeout));
+        stale.step();
+        let mut missed = Vec::new();
+        for k in 0..k_all {
+            let name = self.name(w, o, k);
+            self.miss(&name)?;
+            missed.push((name, Instant::now()));
+        }
+        self.me.pos = at(k_all, PONG);
+        self.send()?;
+        let found = self.poll_names(w, missed, round, &mut eexist, &mut stale)?;
+        // Before the acknowledgement, so that the writer can remove `sig/` after it.
+        let _ = fs::remove_file(&primed);
+        self.me.pos = at(k_all, ACK);
+        self.send()?;
+        let outcome = eexist.outcome();
+        if let Eexist::Lied { ms, .. } = &outcome {
+            self.say(format!(
+                "{round}: mkdir of rank {w}'s directory answered EEXIST while stat answered ENOENT for {} (negative-lookup cache)",
+                secs(Duration::from_secs_f64(ms / 1000.0))
+            ));
+        }
+        Ok((found, stale.reading(w), EexistSample { writer: w, outcome }))
+    }
+
     /// Polls the new names of `w`, each missed at its instant, until every one is found;
-    /// each sample is that name's own (its writer's creation time is in it).
+    /// each sample is that name's own (its writer's creation time is in it). Meanwhile,
+    /// and until they are done too, each poll takes a step of both probes.
     fn poll_names(
         &mut self,
         w: u32,
         mut missed: Vec<(PathBuf, Instant)>,
         round: &str,
+        eexist: &mut EexistProbe,
+        stale: &mut StaleProbe,
     ) -> Result<Vec<NameSample>, Failure> {
         let k_all = missed.len();
         let mut found = Vec::new();
@@ -1040,7 +1369,7 @@ impl Member {
         let mut deadline = start + self.opts.timeout;
         let mut checked = Instant::now();
         let mut note = start + NOTE_EVERY;
-        while !missed.is_empty() {
+        loop {
             let mut i = 0;
             while i < missed.len() {
                 let (name, at) = &missed[i];
@@ -1074,7 +1403,10 @@ impl Member {
                 }
                 i += 1;
             }
-            if missed.is_empty() {
+            // The names come after the probed directory: once all are found, it exists.
+            eexist.step(missed.is_empty(), self.opts.timeout);
+            stale.step();
+            if missed.is_empty() && eexist.done() && stale.done {
                 break;
             }
             self.interrupted()?;
@@ -1085,7 +1417,7 @@ impl Member {
                 }
                 self.watch_coordinator(w)?;
             }
-            if Instant::now() >= note {
+            if Instant::now() >= note && !missed.is_empty() {
                 note += NOTE_EVERY;
                 self.say(format!(
                     "{round}: {} of {k_all} new names not seen yet after {} (a negative-lookup cache)",
@@ -1093,7 +1425,7 @@ impl Member {
                     secs(start.elapsed())
                 ));
             }
-            if Instant::now() >= deadline {
+            if Instant::now() >= deadline && !missed.is_empty() {
                 return Err(Failure {
                     code: exit::DEADLINE,
                     message: format!(
@@ -1124,8 +1456,9 @@ impl Member {
             if coordinator {
                 let _ = fs::remove_dir_all(&self.dir);
             } else {
-                for p in &self.own {
-                    let _ = fs::remove_file(p);
+                // The probe directory's `d` before the directory itself.
+                for p in self.own.iter().rev() {
+                    let _ = fs::remove_file(p).or_else(|_| fs::remove_dir(p));
                 }
                 let _ = fs::remove_dir(&self.dir);
             }
@@ -1176,6 +1509,179 @@ impl Member {
         }
         self.finish(false);
     }
+}
+
+/// The observer's probe of "EEXIST but not there": it looks up `d` in its writer's
+/// probe directory while missing; once a listing of `sig/` beside it (a listing asks the
+/// server, and refreshes nothing of the probe directory's own names) shows the `go` the
+/// writer makes right after `d`, `mkdir d` must answer EEXIST, and `stat d` then tells
+/// whether this client's negative-lookup cache still hides it, and for how long.
+struct EexistProbe {
+    dir: PathBuf,
+    state: ProbeState,
+}
+
+enum ProbeState {
+    Waiting,
+    /// `mkdir` answered EEXIST and `stat` ENOENT at this instant.
+    Hidden(Instant),
+    Done(Eexist),
+}
+
+impl EexistProbe {
+    fn new(dir: PathBuf) -> EexistProbe {
+        EexistProbe {
+            dir,
+            state: ProbeState::Waiting,
+        }
+    }
+
+    fn target(&self) -> PathBuf {
+        self.dir.join("d")
+    }
+
+    fn done(&self) -> bool {
+        matches!(self.state, ProbeState::Done(_))
+    }
+
+    /// One look. `names_found`: the new names, made after `d`, are all seen, so `d` is
+    /// there even if the directory's change could not be seen. `limit`: the longest a
+    /// hidden `d` is waited for.
+    fn step(&mut self, names_found: bool, limit: Duration) {
+        match &self.state {
+            ProbeState::Waiting => {
+                let go = listed(&self.dir.join("sig"), "go");
+                // Looked up again while it is missing: a negative cache that expires before
+                // the writer makes `d` is primed anew, so the probe still finds it hiding
+                // `d`; without one, `d` is found as soon as it is made.
+                let seen = !go && fs::metadata(self.target()).is_ok();
+                if go || seen || names_found {
+                    self.state = self.make(!go && !seen);
+                }
+            }
+            ProbeState::Hidden(since) => {
+                let ms = since.elapsed().as_secs_f64() * 1000.0;
+                if fs::metadata(self.target()).is_ok() {
+                    self.state = ProbeState::Done(Eexist::Lied { ms, still: false });
+                } else if since.elapsed() >= limit {
+                    self.state = ProbeState::Done(Eexist::Lied { ms, still: true });
+                }
+            }
+            ProbeState::Done(_) => {}
+        }
+    }
+
+    /// `mkdir d`, then `stat d`. `late`: taken only after the names were found (no `go`
+    /// was listed), when the caches of the lookups have had their time.
+    fn make(&self, late: bool) -> ProbeState {
+        let d = self.target();
+        match crate::store::fs::create_dir(&d) {
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => match fs::metadata(&d) {
+                Ok(_) if late => ProbeState::Done(Eexist::Unclear {
+                    why: "a listing never showed the writer's signal, so mkdir came only after the new names were found, when the caches had expired".into(),
+                }),
+                Ok(_) => ProbeState::Done(Eexist::Agreed),
+                Err(e) if e.kind() == ErrorKind::NotFound => ProbeState::Hidden(Instant::now()),
+                Err(e) => ProbeState::Done(Eexist::Unclear {
+                    why: format!("stat after EEXIST: {e}"),
+                }),
+            },
+            Ok(()) => ProbeState::Done(Eexist::Unclear {
+                why: "mkdir made it: the writer's had not reached the server yet".into(),
+            }),
+            Err(e) => ProbeState::Done(Eexist::Unclear {
+                why: format!("mkdir: {e}"),
+            }),
+        }
+    }
+
+    fn outcome(self) -> Eexist {
+        match self.state {
+            ProbeState::Done(e) => e,
+            // Not reached: the poll ends only when the probe is done.
+            _ => Eexist::Unclear {
+                why: "not finished".into(),
+            },
+        }
+    }
+}
+
+/// The observer's reading of the record its writer renames over every [`STALE_PERIOD`]:
+/// the version read changes only when this client's view of the name is refreshed, so
+/// after two changes it has seen one whole period of that view, and the longest it kept
+/// reading one version tells how long a rename over stays stale here.
+struct StaleProbe {
+    path: PathBuf,
+    last: Option<u32>,
+    /// When the version read last changed.
+    changed: Option<Instant>,
+    changes: u32,
+    longest: Duration,
+    started: Instant,
+    limit: Duration,
+    done: bool,
+}
+
+impl StaleProbe {
+    fn new(path: PathBuf, limit: Duration) -> StaleProbe {
+        StaleProbe {
+            path,
+            last: None,
+            changed: None,
+            changes: 0,
+            longest: Duration::ZERO,
+            started: Instant::now(),
+            limit,
+            done: false,
+        }
+    }
+
+    fn step(&mut self) {
+        if self.done {
+            return;
+        }
+        let read = crate::store::fs::read_file(&self.path, crate::store::ReadLimit::Record);
+        let version = read
+            .ok()
+            .and_then(|b| String::from_utf8(b).ok()?.parse::<u32>().ok());
+        if let Some(v) = version {
+            if self.last.is_some_and(|l| l != v) {
+                let now = Instant::now();
+                // The first change ends the version read before the renames began.
+                if let Some(c) = self.changed {
+                    self.longest = self.longest.max(now - c);
+                }
+                self.changed = Some(now);
+                self.changes += 1;
+            }
+            self.last = Some(v);
+        }
+        if self.changes >= 2 || self.started.elapsed() >= self.limit {
+            self.done = true;
+        }
+    }
+
+    fn reading(&self, writer: u32) -> StaleRead {
+        let window = self.started.elapsed();
+        // Fewer than two changes: the version read last was read at least this long.
+        let since = self.changed.map_or(window, |c| c.elapsed());
+        StaleRead {
+            writer,
+            longest_ns: if self.changes < 2 {
+                since.as_nanos() as u64
+            } else {
+                self.longest.as_nanos() as u64
+            },
+            changes: self.changes,
+            window_ns: window.as_nanos() as u64,
+        }
+    }
+}
+
+/// Whether a listing of `dir` shows `name`: a listing asks the server, where a lookup of a
+/// name may be answered from this client's caches.
+fn listed(dir: &Path, name: &str) -> bool {
+    fs::read_dir(dir).is_ok_and(|mut l| l.any(|e| e.is_ok_and(|e| e.file_name() == name)))
 }
 
 /// A rank's file: missing, unreadable or torn is `None` ("not yet").
@@ -1263,9 +1769,11 @@ fn cross_checks(members: &[NodeSummary], pairs: &[PairReport], offsets: &[Offset
         checks.push(if max <= SLOW_REWRITE.as_secs_f64() * 1000.0 {
             Check::ok("cross-rewrite", ev)
         } else {
-            Check::not_ok("cross-rewrite", Verdict::Warn, ev, "every heartbeat and barrier position is such a rewrite: shorten the attribute cache (NFS actimeo/acregmax, FUSE attr_timeout/cache_timeout); the [timing] below allows for it".into())
+            Check::not_ok("cross-rewrite", Verdict::Warn, ev, "every heartbeat and barrier position is such a rewrite: see cross-stale-rename for the cache that delays it (an entry cache; NFS: the attribute cache, actimeo/acregmax); the [timing] below allows for it".into())
         });
     }
+    checks.extend(stale_rename_check(members, pairs));
+    checks.extend(eexist_check(members, pairs));
     if let Some((med, max, at)) = worst(|p| p.new_name) {
         let ev = format!(
             "a name created by one node after the other looked it up and missed was found within {} (largest median), at worst {} ({at}): the other node's negative-lookup cache",
@@ -1292,6 +1800,121 @@ fn cross_checks(members: &[NodeSummary], pairs: &[PairReport], offsets: &[Offset
         ));
     }
     checks
+}
+
+/// The fix of `rank`'s mount (the observer's: its client's caches are the stale ones).
+fn fix_of(members: &[NodeSummary], rank: u32, pick: fn(&NodeSummary) -> &String) -> String {
+    members
+        .iter()
+        .find(|m| m.rank == rank)
+        .map(pick)
+        .filter(|f| !f.is_empty())
+        .cloned()
+        .unwrap_or_else(|| "set the filesystem's name cache timeouts to 0".into())
+}
+
+/// How long a record another node renamed over read stale, at worst: what each barrier
+/// hop (an arrival, its release) can wait.
+fn stale_rename_check(members: &[NodeSummary], pairs: &[PairReport]) -> Option<Check> {
+    const NAME: &str = "cross-stale-rename";
+    let worst = pairs
+        .iter()
+        .filter_map(|p| p.stale_rename_ms.map(|s| (s, p)))
+        .max_by(|a, b| a.0.total_cmp(&b.0))?;
+    let (stale, p) = worst;
+    let d = Duration::from_secs_f64(stale / 1000.0);
+    let short: Vec<String> = pairs
+        .iter()
+        .filter(|p| p.stale_at_least)
+        .map(|p| format!("rank {} → rank {}", p.writer, p.observer))
+        .collect();
+    let mut ev = format!(
+        "a record renamed over by one node read stale to the other for up to {}{} (rank {} → rank {}, watched over two refreshes of the reader's view): each barrier hop (an arrival, its release) can wait that long, up to {} per barrier",
+        super::doctor::ms(d),
+        if p.stale_at_least { " at least" } else { "" },
+        p.writer,
+        p.observer,
+        super::doctor::ms(d * 2)
+    );
+    if !short.is_empty() {
+        ev.push_str(&format!(
+            "; {} saw fewer than two refreshes within {}: at least",
+            short.join(", "),
+            secs(STALE_WINDOW)
+        ));
+    }
+    Some(if d <= STALE_RENAME {
+        Check::ok(NAME, ev)
+    } else {
+        Check::not_ok(
+            NAME,
+            Verdict::Warn,
+            ev,
+            format!(
+                "{} (rank {}'s mount): this client trusts a name for that long without asking the server; the [timing] below allows for it",
+                fix_of(members, p.observer, |m| &m.entry_fix),
+                p.observer
+            ),
+        )
+    })
+}
+
+/// Whether `mkdir` of a directory another node made answered EEXIST while `stat` could
+/// not see it, and for how long.
+fn eexist_check(members: &[NodeSummary], pairs: &[PairReport]) -> Option<Check> {
+    const NAME: &str = "cross-eexist-enoent";
+    let taken: Vec<&PairReport> = pairs.iter().filter(|p| p.eexist.is_some()).collect();
+    if taken.is_empty() {
+        return None;
+    }
+    let lied = taken
+        .iter()
+        .filter_map(|p| match p.eexist {
+            Some(Eexist::Lied { ms, still }) => Some((ms, still, *p)),
+            _ => None,
+        })
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    if let Some((ms, still, p)) = lied {
+        let d = super::doctor::ms(Duration::from_secs_f64(ms / 1000.0));
+        return Some(Check::not_ok(
+            NAME,
+            Verdict::Warn,
+            format!(
+                "mkdir of a directory another node had made answered EEXIST while stat answered ENOENT for {}{d} (rank {} → rank {}): the reader's negative-lookup cache; rl-node waits each such directory out, with a bound",
+                if still { "more than " } else { "" },
+                p.writer,
+                p.observer
+            ),
+            format!(
+                "{} (rank {}'s mount)",
+                fix_of(members, p.observer, |m| &m.negative_fix),
+                p.observer
+            ),
+        ));
+    }
+    let agreed = taken
+        .iter()
+        .filter(|p| p.eexist == Some(Eexist::Agreed))
+        .count();
+    if agreed > 0 {
+        return Some(Check::ok(
+            NAME,
+            format!("mkdir of a directory another node had made answered EEXIST and stat found it at once ({agreed} of {} ordered pairs)", taken.len()),
+        ));
+    }
+    let why = taken
+        .iter()
+        .find_map(|p| match &p.eexist {
+            Some(Eexist::Unclear { why }) => Some(why.clone()),
+            _ => None,
+        })
+        .unwrap_or_default();
+    Some(Check::not_ok(
+        NAME,
+        Verdict::Warn,
+        format!("no ordered pair could tell whether mkdir and stat agree on a directory another node made: {why}"),
+        "see each node's eexist-enoent check for its configured negative-lookup cache".into(),
+    ))
 }
 
 /// The session's part of the text report.
@@ -1339,6 +1962,32 @@ pub(crate) fn render(s: &mut String, r: &SessionReport) {
             pair(p.new_name),
             pair(p.new_name_after_miss),
             p.round_trip.map_or("-".into(), |s| ms(s.median_ms))
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\n  writer → observer   rename over read stale   mkdir EEXIST while stat ENOENT"
+    );
+    for p in &r.pairs {
+        let eexist = match &p.eexist {
+            None => "-".to_string(),
+            Some(Eexist::Agreed) => "no: stat found it".into(),
+            Some(Eexist::Lied { ms: t, still }) => {
+                format!("{}{}", if *still { "more than " } else { "" }, ms(*t))
+            }
+            Some(Eexist::Unclear { .. }) => "could not tell".into(),
+        };
+        let stale = p.stale_rename_ms.map_or("-".into(), |t| {
+            format!(
+                "{}{}",
+                if p.stale_at_least { "at least " } else { "" },
+                ms(t)
+            )
+        });
+        let _ = writeln!(
+            s,
+            "  rank {} → rank {}    {:<24} {eexist}",
+            p.writer, p.observer, stale
         );
     }
     for o in &r.clock_offsets {
@@ -1418,7 +2067,7 @@ mod tests {
                 after_miss_ns: 2010 * ms as u64,
             },
         )];
-        let (pairs, offsets) = analyse(2, &pings, &names);
+        let (pairs, offsets) = analyse(2, &pings, &names, &Probes::default());
         assert_eq!(offsets.len(), 1);
         assert!((offsets[0].offset_ms - 1000.0).abs() < 1e-6, "{offsets:?}");
         assert!((offsets[0].uncertainty_ms - 5.0).abs() < 1e-6);
@@ -1451,7 +2100,11 @@ mod tests {
             pid: 100 + rank,
             filesystem: Some(format!("{fs} at /mnt/{rank}")),
             mount: Some(fs.into()),
-            options_visibility_secs: 0,
+            options_visibility_secs: 0.0,
+            options_unknown: Vec::new(),
+            entry_fix: format!("{fs}: entry_timeout=0"),
+            negative_fix: format!("{fs}: negative_timeout=0"),
+            keeps_trash: false,
             slowest_fsync_ms: 1.0,
             failed: failed.iter().map(|s| s.to_string()).collect(),
             warned: Vec::new(),
@@ -1472,6 +2125,9 @@ mod tests {
                 new_name: stat(2000.0),
                 new_name_after_miss: stat(2003.0),
                 round_trip: stat(6.0),
+                stale_rename_ms: None,
+                stale_at_least: false,
+                eexist: None,
             },
             PairReport {
                 writer: 1,
@@ -1480,6 +2136,9 @@ mod tests {
                 new_name: stat(5.0),
                 new_name_after_miss: stat(8.0),
                 round_trip: stat(5.0),
+                stale_rename_ms: None,
+                stale_at_least: false,
+                eexist: None,
             },
         ];
         let offsets = vec![Offset {
@@ -1513,6 +2172,133 @@ mod tests {
         assert_eq!(c[0].verdict, Verdict::Warn);
         assert!(c[0].evidence.contains("fuse.sshfs (rw) | nfs4 (rw)"));
         assert_eq!(c.len(), 3, "no clock-offset check without offsets");
+    }
+
+    /// Rank 1's clock 1 s ahead changes nothing: the staleness of a rename over is the
+    /// longest the observer read one version, on its own clock, less the longest a version
+    /// lived before its replacement; the EEXIST probe's outcome goes to its pair.
+    #[test]
+    fn stale_renames_are_net_of_the_renames_gap_and_need_no_clock_offset() {
+        let skew = 1_000_000_000;
+        let ms = 1_000_000;
+        let pings = vec![(0, ping(1, [0, 5 * ms + skew, 6 * ms + skew, 11 * ms]))];
+        let probes = Probes {
+            stale: vec![(
+                1,
+                StaleRead {
+                    writer: 0,
+                    longest_ns: 1020 * ms as u64,
+                    changes: 2,
+                    window_ns: 2000 * ms as u64,
+                },
+            )],
+            stale_writes: vec![(
+                0,
+                StaleWrite {
+                    observer: 1,
+                    renames: 100,
+                    max_gap_ns: 25 * ms as u64,
+                },
+            )],
+            eexist: vec![(
+                1,
+                EexistSample {
+                    writer: 0,
+                    outcome: Eexist::Lied {
+                        ms: 870.0,
+                        still: false,
+                    },
+                },
+            )],
+        };
+        let (pairs, _) = analyse(2, &pings, &[], &probes);
+        let p01 = pairs
+            .iter()
+            .find(|p| (p.writer, p.observer) == (0, 1))
+            .unwrap();
+        let stale = p01.stale_rename_ms.unwrap();
+        assert!((stale - 995.0).abs() < 1e-6, "{stale}");
+        assert!(!p01.stale_at_least);
+        assert_eq!(
+            p01.eexist,
+            Some(Eexist::Lied {
+                ms: 870.0,
+                still: false
+            })
+        );
+        let p10 = pairs
+            .iter()
+            .find(|p| (p.writer, p.observer) == (1, 0))
+            .unwrap();
+        assert_eq!((p10.stale_rename_ms, &p10.eexist), (None, &None));
+    }
+
+    fn probed(w: u32, o: u32, stale: f64, eexist: Eexist) -> PairReport {
+        PairReport {
+            writer: w,
+            observer: o,
+            rewrite: stat(3.0),
+            new_name: stat(3.0),
+            new_name_after_miss: stat(3.0),
+            round_trip: stat(6.0),
+            stale_rename_ms: Some(stale),
+            stale_at_least: false,
+            eexist: Some(eexist),
+        }
+    }
+
+    /// The new checks name the worst pair and give the fix of the observer's mount (its
+    /// client holds the stale view), and pass when nothing was stale.
+    #[test]
+    fn cache_checks_warn_with_the_observers_fix() {
+        let members = [member(0, "fuse.sshfs", &[]), member(1, "fuse.mfs", &[])];
+        let lied = Eexist::Lied {
+            ms: 950.0,
+            still: false,
+        };
+        let pairs = [
+            probed(0, 1, 990.0, lied.clone()),
+            probed(1, 0, 4.0, Eexist::Agreed),
+        ];
+        let c = cross_checks(&members, &pairs, &[]);
+        let by = |n: &str| c.iter().find(|c| c.name == n).unwrap();
+        let stale = by("cross-stale-rename");
+        assert_eq!(stale.verdict, Verdict::Warn);
+        assert!(
+            stale.evidence.contains("up to 990ms (rank 0 → rank 1")
+                && stale.evidence.contains("up to 1980ms per barrier"),
+            "{}",
+            stale.evidence
+        );
+        let json = serde_json::to_value(stale).unwrap();
+        assert!(json["advice"]
+            .as_str()
+            .unwrap()
+            .starts_with("fuse.mfs: entry_timeout=0 (rank 1's mount)"));
+        let eexist = by("cross-eexist-enoent");
+        assert_eq!(eexist.verdict, Verdict::Warn);
+        assert!(
+            eexist
+                .evidence
+                .contains("answered ENOENT for 950ms (rank 0 → rank 1)"),
+            "{}",
+            eexist.evidence
+        );
+        let json = serde_json::to_value(eexist).unwrap();
+        assert_eq!(
+            json["advice"],
+            "fuse.mfs: negative_timeout=0 (rank 1's mount)"
+        );
+        // Nothing stale, mkdir and stat agreeing: both ok.
+        let pairs = [
+            probed(0, 1, 3.0, Eexist::Agreed),
+            probed(1, 0, 0.0, Eexist::Agreed),
+        ];
+        let c = cross_checks(&members, &pairs, &[]);
+        for n in ["cross-stale-rename", "cross-eexist-enoent"] {
+            let check = c.iter().find(|c| c.name == n).unwrap();
+            assert_eq!(check.verdict, Verdict::Ok, "{check:?}");
+        }
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! What a person (or a script) sees about a run, read from the files alone.
 
 pub mod doctor;
+mod doctor_caches;
+mod doctor_dirs;
 pub mod doctor_nodes;
 pub mod eventlog;
 pub mod live;

@@ -252,6 +252,12 @@ impl MooseFs {
         )
     }
 
+    /// The command prefix that runs a program in the filesystem's network namespace,
+    /// where MooseFS's tools (`mfsgettrashtime`, `mfssettrashtime`) reach its master.
+    pub fn net_command(&self) -> Vec<String> {
+        vec!["nsenter".into(), format!("--net=/run/netns/{}", self.netns)]
+    }
+
     fn make_netns(&self) -> Result<(), String> {
         run("ip", &["netns", "add", &self.netns])?;
         run("ip", &["-n", &self.netns, "link", "set", "lo", "up"])?;
