@@ -37,7 +37,8 @@ fn shared(fs: &MooseFs, rank: u32, name: &str) -> PathBuf {
     fs.mount(rank as usize).join(name)
 }
 
-fn run_all(c: &TestCluster, fs: &MooseFs, name: &str, args: &[&str]) -> Duration {
+/// Every rank on its own client, to the end: how long it took and each rank's stderr.
+fn run_all(c: &TestCluster, fs: &MooseFs, name: &str, args: &[&str]) -> (Duration, Vec<String>) {
     std::fs::create_dir_all(shared(fs, 0, name)).unwrap();
     let start = Instant::now();
     let mut nodes: Vec<NodeProc> = (0..3u32)
@@ -52,7 +53,7 @@ fn run_all(c: &TestCluster, fs: &MooseFs, name: &str, args: &[&str]) -> Duration
             .collect();
         panic!("exit codes {codes:?}:\n{}", all.join("\n"));
     }
-    took
+    (took, nodes.iter().map(NodeProc::stderr).collect())
 }
 
 /// Three iterations with eval, training and the hand-off of a checkpoint, each node on
@@ -64,13 +65,19 @@ fn three_iterations(test: &str, caches: Option<Caches>, per_iteration: Duration)
     };
     let c = TestCluster::new(3, COMMANDS);
     let iterations = 3u64;
-    let took = run_all(
+    let (took, stderr) = run_all(
         &c,
         &fs,
         "exp",
         &["--iterations", "3", "--eval-interval", "2"],
     );
     let root = shared(&fs, 0, "exp");
+    // 3 s of dead-after is enough for 1 s caches (2 × 1 s + a heartbeat): no warning.
+    assert!(
+        !stderr[0].contains("is below twice the longest cache"),
+        "{}",
+        stderr[0]
+    );
     for i in 1..=iterations {
         let merged =
             std::fs::read_to_string(root.join(format!("rollouts/iter-{i:04}/train.jsonl")))
@@ -146,6 +153,14 @@ fn workers_started_first_join_past_their_negative_cache() {
         assert_eq!(n.wait(LIMIT), 0, "rank {}:\n{}", n.rank, n.stderr());
     }
     let took = start.elapsed();
+    // dead-after (3 s here) is below twice the 30 s negative cache plus a heartbeat: said.
+    let err = nodes[0].stderr();
+    assert!(
+        err.contains("timing.dead-after (3s, from")
+            && err.contains("is below twice the longest cache")
+            && err.contains("raise timing.dead-after to at least 1m 1s"),
+        "{err}"
+    );
     assert!(
         took < Duration::from_secs_f64(NEGATIVE_SECS / 2.0),
         "the run took {took:?}: a worker waited out its {NEGATIVE_SECS} s negative cache\n{}",

@@ -336,6 +336,7 @@ pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
         .with_cluster(cfg.pipeline_cluster());
     preflight_log_path(&layout, opts.rank)?;
     preflight_state(&layout, opts.rank)?;
+    warn_if_dead_after_below_caches(loaded, opts.rank);
     // Node-local input named on this node: discovered now, not by a command hours later.
     let data = &cfg.cluster.data_path;
     if !data.is_empty() && std::fs::metadata(data).is_err() {
@@ -3447,6 +3448,30 @@ fn preflight_log_path(layout: &Layout, rank: u32) -> Result<(), Stop> {
             format!("--log-path {}: {e}", root.display()),
             hint,
         )),
+    }
+}
+
+/// Warn when `timing.dead-after` is shorter than the mount's caches allow: on a FUSE mount
+/// a peer's rewritten record can look unchanged to this node for up to the longest of its
+/// attribute, entry and negative caches, so a live peer could be judged dead. Liveness
+/// holds at dead-after ≥ 2 × that cache + one heartbeat (docs/shared-directory.md).
+fn warn_if_dead_after_below_caches(loaded: &Loaded, rank: u32) {
+    let cfg = &loaded.config;
+    let Some((cache, mount)) = crate::observe::doctor::liveness_cache(&cfg.log_path()) else {
+        return;
+    };
+    let needed = Duration::from_secs_f64(2.0 * cache) + cfg.timing.heartbeat_interval;
+    if cfg.timing.dead_after < needed {
+        logging::warn(
+            rank,
+            &format!(
+                "timing.dead-after ({}, from {}) is below twice the longest cache of the shared directory's mount plus one heartbeat ({}: its caches hide a change for up to {cache}s): a live node could be judged dead; raise timing.dead-after to at least {} or mount with shorter caches (`rl-node doctor` measures them)",
+                humantime::format_duration(cfg.timing.dead_after),
+                loaded.source_of("timing.dead-after"),
+                mount,
+                humantime::format_duration(Duration::from_secs(needed.as_secs_f64().ceil() as u64))
+            ),
+        );
     }
 }
 

@@ -562,6 +562,27 @@ fn run(dir: &Path) -> Result<Report, Failure> {
     })
 }
 
+/// For a node at start: the longest time the mount holding `dir` may hide another node's
+/// rewrite of a record from this one, as far as its options tell, and the options said,
+/// when that matters for liveness: a FUSE mount's attribute, entry and negative caches
+/// (NFS revalidates a record at every open). `None` when nothing is known or it is 0 s.
+pub(crate) fn liveness_cache(dir: &Path) -> Option<(f64, String)> {
+    let mounts = read_mounts().ok()?;
+    let at = dir.ancestors().find_map(|d| fs::canonicalize(d).ok())?;
+    let m = mount_of(&mounts, &at)?;
+    if !m.fs_type.starts_with("fuse") {
+        return None;
+    }
+    let c = caches_of(&m);
+    let secs = c.visibility_secs();
+    (secs > 0.0).then(|| {
+        (
+            secs,
+            format!("{} ({}) at {}", m.source, m.fs_type, m.mount_point),
+        )
+    })
+}
+
 fn read_mounts() -> std::io::Result<Vec<Mount>> {
     Ok(parse_mounts(&fs::read_to_string("/proc/mounts")?))
 }
