@@ -646,7 +646,7 @@ impl Member {
         let path = self.file(self.me.rank);
         store().publish_live_json(&path, &self.me).map_err(|e| {
             // Rank 0 removes the session when it stops: that is why, not this rank.
-            if e.kind() == ErrorKind::NotFound && !self.dir.exists() {
+            if e.kind() == ErrorKind::NotFound && self.session_gone() {
                 self.session_removed()
             } else {
                 Failure::failed(format!("cannot rewrite {}: {e}", path.display()))
@@ -809,6 +809,27 @@ impl Member {
             Some(p) => self.check_peer(&p),
             None if !self.dir.exists() => Err(self.session_removed()),
             None => Ok(()),
+        }
+    }
+
+    /// Whether the session directory is gone, after a write in it found it missing. A
+    /// client that caches lookups (FUSE) still sees a directory another client removed for
+    /// its entry timeout: it is asked again until it agrees or a bound passes.
+    fn session_gone(&self) -> bool {
+        let bound = if store().caches_lookups(&self.dir) {
+            Duration::from_secs(10)
+        } else {
+            Duration::ZERO
+        };
+        let start = Instant::now();
+        loop {
+            if !self.dir.exists() {
+                return true;
+            }
+            if start.elapsed() >= bound {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 
