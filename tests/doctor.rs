@@ -34,11 +34,7 @@ fn doctor(dir: &Path, json: bool) -> Output {
 }
 
 fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    common::output_text(o)
 }
 
 /// `stat -f -c %T`: the kernel's name for the filesystem type (ext4 shows as ext2/ext3).
@@ -327,17 +323,8 @@ fn spawn_doctor(dir: &Path, args: &[&str]) -> Child {
 }
 
 /// Waits for a doctor to exit (killing it past `limit`) and returns its output.
-fn finish(mut c: Child, limit: Duration) -> Output {
-    let deadline = Instant::now() + limit;
-    while c.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = c.kill();
-            let o = c.wait_with_output().unwrap();
-            panic!("doctor still running after {limit:?}:\n{}", text(&o));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    c.wait_with_output().unwrap()
+fn finish(c: Child, limit: Duration) -> Output {
+    common::finish_within(c, limit)
 }
 
 /// Every file and directory under `dir` except `.rl-node/doctor/`, with content and mtime:

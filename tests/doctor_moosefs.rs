@@ -13,11 +13,7 @@ use std::time::{Duration, Instant};
 const SESSION_LIMIT: Duration = Duration::from_secs(150);
 
 fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    common::output_text(o)
 }
 
 fn spawn_doctor(prefix: &[String], dir: &Path, args: &[&str]) -> Child {
@@ -42,17 +38,8 @@ fn spawn_doctor(prefix: &[String], dir: &Path, args: &[&str]) -> Child {
 }
 
 /// Waits for a doctor to exit (killing it past `limit`) and returns its output.
-fn finish(mut c: Child, limit: Duration) -> Output {
-    let deadline = Instant::now() + limit;
-    while c.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = c.kill();
-            let o = c.wait_with_output().unwrap();
-            panic!("doctor still running after {limit:?}:\n{}", text(&o));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    c.wait_with_output().unwrap()
+fn finish(c: Child, limit: Duration) -> Output {
+    common::finish_within(c, limit)
 }
 
 /// One doctor per mount of `fs`, all started at once with `--nodes N`; every doctor's

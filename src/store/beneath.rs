@@ -142,13 +142,20 @@ fn root_fd(root: &Path, stale: bool) -> io::Result<Arc<OwnedFd>> {
     )?);
     if let Some(entry) = entry {
         entry.fd = Some(Arc::clone(&fd));
-        entry.fuse = rfs::fstatfs(&*fd).is_ok_and(|s| s.f_type as i64 == FUSE_SUPER_MAGIC);
+        entry.fuse = rfs::fstatfs(&*fd).is_ok_and(|s| is_fuse(&s));
     }
     Ok(fd)
 }
 
 /// `statfs`'s `f_type` of a FUSE filesystem (linux/magic.h).
 const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+
+/// Whether `s` describes a FUSE filesystem. `f_type`'s width differs between C libraries
+/// (glibc's `long`, musl's `unsigned long`): the cast is needed on some of them.
+#[allow(clippy::unnecessary_cast)]
+fn is_fuse(s: &rfs::StatFs) -> bool {
+    s.f_type as i64 == FUSE_SUPER_MAGIC
+}
 
 /// Whether a client's kernel may answer lookups of names under `path` from its own cache
 /// past another client's changes: a FUSE filesystem (MooseFS, GlusterFS, blobfuse,
@@ -163,7 +170,7 @@ pub(crate) fn lookups_cached(path: &Path) -> bool {
             }
             roots().iter().any(|r| r.path == root && r.fuse)
         }
-        None => rfs::statfs(path).is_ok_and(|s| s.f_type as i64 == FUSE_SUPER_MAGIC),
+        None => rfs::statfs(path).is_ok_and(|s| is_fuse(&s)),
     }
 }
 

@@ -330,10 +330,7 @@ impl dyn SharedDir + '_ {
     /// its name (or on the way to it), that is set aside ([`Self::set_aside_untrusted`]) and
     /// a new log begun; the note says so, for the node to warn. A log is never written
     /// through such a name, and never stops the node for one.
-    pub fn open_log(
-        &self,
-        path: &Path,
-    ) -> io::Result<(Option<Box<dyn Write + Send>>, Option<String>)> {
+    pub fn open_log(&self, path: &Path) -> io::Result<(Option<LogHandle>, Option<String>)> {
         match self.open_append(path) {
             Err(e) => match Untrusted::of(&e) {
                 Some(refused) => {
@@ -466,9 +463,14 @@ impl TooLarge {
     }
 }
 
+/// An open log a node appends to line by line ([`SharedDir::open_log`]).
+pub type LogHandle = Box<dyn Write + Send>;
+
 /// Who hears of a read refused because of what stood at the name (too large, a link): a
 /// node's own warning, set at its start ([`on_refusal`]); else a `warning:` line on stderr.
-static REPORTER: std::sync::OnceLock<Box<dyn Fn(&str) + Send + Sync>> = std::sync::OnceLock::new();
+static REPORTER: std::sync::OnceLock<Reporter> = std::sync::OnceLock::new();
+
+type Reporter = Box<dyn Fn(&str) + Send + Sync>;
 
 /// Names already reported (each once per process; bounded).
 static REPORTED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());

@@ -23,3 +23,48 @@ pub fn is_executable(p: &Path) -> bool {
         .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         .unwrap_or(false)
 }
+
+/// The CI rule for a substrate (sshfs, MooseFS) in one call: true when nothing is
+/// `missing`. Otherwise panics if `CI` is set (a test never skips silently there), else
+/// prints a skip note naming `test` and returns false (the caller returns early).
+pub fn require_substrate(test: &str, substrate: &str, missing: Vec<String>) -> bool {
+    if missing.is_empty() {
+        return true;
+    }
+    let msg = format!(
+        "{substrate} substrate unavailable (missing: {}); run scripts/test to install it",
+        missing.join(", ")
+    );
+    if std::env::var_os("CI").is_some() {
+        panic!("{test}: {msg} (CI is set: refusing to skip)");
+    }
+    eprintln!("SKIP {test}: {msg}");
+    false
+}
+
+/// A finished process's stdout then stderr, as text.
+pub fn output_text(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Waits for `c` to exit (killing it past `limit`, then panicking with what it printed)
+/// and returns its output.
+pub fn finish_within(
+    mut c: std::process::Child,
+    limit: std::time::Duration,
+) -> std::process::Output {
+    let deadline = std::time::Instant::now() + limit;
+    while c.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = c.kill();
+            let o = c.wait_with_output().unwrap();
+            panic!("still running after {limit:?}:\n{}", output_text(&o));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    c.wait_with_output().unwrap()
+}

@@ -113,19 +113,7 @@ pub fn missing() -> Vec<String> {
 /// The CI rule in one call: true when the substrate is usable; otherwise panics if `CI` is
 /// set, else prints a skip note naming `test` and returns false.
 pub fn require(test: &str) -> bool {
-    let missing = missing();
-    if missing.is_empty() {
-        return true;
-    }
-    let msg = format!(
-        "MooseFS substrate unavailable (missing: {}); run scripts/test to install it",
-        missing.join(", ")
-    );
-    if std::env::var_os("CI").is_some() {
-        panic!("{test}: {msg} (CI is set: refusing to skip)");
-    }
-    eprintln!("SKIP {test}: {msg}");
-    false
+    super::require_substrate(test, "MooseFS", missing())
 }
 
 fn sbin(prog: &str) -> PathBuf {

@@ -93,19 +93,7 @@ pub fn missing() -> Vec<String> {
 /// it is not: panics if `CI` is set, else prints a skip note naming `test`
 /// and returns false (the caller should then return early).
 pub fn require(test: &str) -> bool {
-    let missing = missing();
-    if missing.is_empty() {
-        return true;
-    }
-    let msg = format!(
-        "sshfs substrate unavailable (missing: {}); run scripts/test to install it",
-        missing.join(", ")
-    );
-    if std::env::var_os("CI").is_some() {
-        panic!("{test}: {msg} (CI is set: refusing to skip)");
-    }
-    eprintln!("SKIP {test}: {msg}");
-    false
+    super::require_substrate(test, "sshfs", missing())
 }
 
 impl SshfsCluster {
