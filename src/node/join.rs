@@ -703,9 +703,8 @@ impl Node {
     /// (`Layout::doorbell`)? Then `cluster.json` exists on the server, and this node's
     /// lookup cache is made to see it. Best effort: an error is a "no".
     fn doorbell_rang(&self) -> bool {
-        // A FUSE client keeps "missing" past rank 0's create (and answers EEXIST to an
-        // O_CREAT of it): a listing of the state directory refreshes its lookups.
-        let _ = self.store.refresh(&self.layout.state_dir());
+        // (A FUSE client keeps "missing" past rank 0's create, and answers EEXIST to an
+        // O_CREAT of it: `read_or_create` lists the state directory first.)
         let rung = self
             .store
             .read_or_create(&self.layout.doorbell())

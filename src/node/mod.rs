@@ -2324,7 +2324,7 @@ impl Node {
                 let shards: Vec<PathBuf> =
                     (0..n).map(|r| layout.shard(it, &split_owned, r)).collect();
                 wd.pet("waiting for the shards to be visible");
-                if let (Some(waited), _) = crate::store::fs::await_visible(&shards) {
+                if let Some(waited) = crate::store::fs::await_visible(&shards) {
                     logging::warn(
                         rank,
                         &format!(

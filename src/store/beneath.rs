@@ -162,13 +162,26 @@ fn is_fuse(s: &rfs::StatFs) -> bool {
 /// gcsfuse, sshfs), whose entry and negative-entry timeouts the kernel trusts without
 /// asking (docs/shared-directory.md). NFS revalidates at open; a local filesystem has
 /// no other client.
+/// Asked every poll round: answered from the deepest registered root holding `path` (or
+/// being it), under one lock, once that root is open.
 pub(crate) fn lookups_cached(path: &Path) -> bool {
-    match root_of(path) {
-        Some((root, _)) => {
-            if root_fd(&root, false).is_err() {
-                return false;
-            }
-            roots().iter().any(|r| r.path == root && r.fuse)
+    let unopened = {
+        let roots = roots();
+        let holder = roots
+            .iter()
+            .filter(|r| path.starts_with(&r.path))
+            .max_by_key(|r| r.path.as_os_str().len());
+        match holder {
+            Some(Root {
+                fd: Some(_), fuse, ..
+            }) => return *fuse,
+            Some(r) => Some(r.path.clone()),
+            None => None,
+        }
+    };
+    match unopened {
+        Some(root) => {
+            root_fd(&root, false).is_ok() && roots().iter().any(|r| r.path == root && r.fuse)
         }
         None => rfs::statfs(path).is_ok_and(|s| is_fuse(&s)),
     }
@@ -406,14 +419,11 @@ pub(crate) fn nofollow_error(path: &Path, e: Errno) -> io::Error {
 /// its own user, but e.g. `nobody` for root on an NFS export with root squashing.
 static OWN_UID: Mutex<Option<HashMap<u64, u32>>> = Mutex::new(None);
 
-/// Remember who owns the file this process just created (`fd`), once per filesystem.
-fn learn_owner(fd: BorrowedFd<'_>) {
+/// Remember who owns a file this process just created (`st`), once per filesystem.
+fn learn_owner(st: &rfs::Stat) {
     let mut known = OWN_UID.lock().unwrap_or_else(|e| e.into_inner());
     let known = known.get_or_insert_with(HashMap::new);
-    if known.len() >= 64 {
-        return;
-    }
-    if let Ok(st) = rfs::fstat(fd) {
+    if known.len() < 64 {
         known.entry(st.st_dev).or_insert(st.st_uid);
     }
 }
@@ -428,8 +438,9 @@ fn known_owner(dev: u64) -> Option<u32> {
 
 /// Refuse to write through `fd` (opened at `at`) unless it is a regular file with one link
 /// and the owner this process's files get on its filesystem: its effective user, or the one
-/// a file it creates in that directory gets (learnt once per filesystem).
-pub(crate) fn check_writable(fd: BorrowedFd<'_>, at: &At<'_>) -> io::Result<()> {
+/// a file it creates in that directory gets (learnt once per filesystem). What `fstat`
+/// said of it.
+pub(crate) fn check_writable(fd: BorrowedFd<'_>, at: &At<'_>) -> io::Result<rfs::Stat> {
     super::fs::count(super::OpClass::Stat);
     let st = rfs::fstat(fd)?;
     let kind = rfs::FileType::from_raw_mode(st.st_mode);
@@ -467,7 +478,7 @@ pub(crate) fn check_writable(fd: BorrowedFd<'_>, at: &At<'_>) -> io::Result<()> 
             ),
         ));
     }
-    Ok(())
+    Ok(st)
 }
 
 /// The owner this process's own files get on the filesystem `dev` (`uid` is the owner of
@@ -490,14 +501,16 @@ fn probe_owner(dir: BorrowedFd<'_>) -> io::Result<u32> {
     let fd = rfs::openat(
         dir,
         &name,
-        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        super::fs::excl(OFlags::WRONLY),
         Mode::from_raw_mode(0o600),
     )?;
-    learn_owner(fd.as_fd());
-    let uid = rfs::fstat(&fd).map(|s| s.st_uid);
+    let st = rfs::fstat(&fd);
+    if let Ok(st) = &st {
+        learn_owner(st);
+    }
     super::fs::count(super::OpClass::Unlink);
     let _ = rfs::unlinkat(dir, &name, rfs::AtFlags::empty());
-    Ok(uid?)
+    Ok(st?.st_uid)
 }
 
 fn kind_name(kind: rfs::FileType) -> &'static str {

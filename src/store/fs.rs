@@ -86,28 +86,27 @@ impl SharedDir for Fs {
     fn read_or_create(&self, path: &Path) -> io::Result<Vec<u8>> {
         // On FUSE a create of a name another client made answers EEXIST while the name
         // stays invisible (and can leave it so): a listing shows it, and it is read as is.
-        if let Some(dir) = fuse_parent(path) {
-            // (A directory not there yet is made below.)
-            let _ = refresh(dir);
+        // (A directory not there yet is made below.)
+        if refresh_parent(path) {
             if let Some(bytes) = read_limited(path, ReadLimit::Record)? {
                 return Ok(bytes);
             }
         }
-        // Polled by a waiting node: a name its cache hides is a "not yet", not a wait here.
-        let mut f = open_creating(path, OFlags::RDWR, Duration::ZERO)?;
-        read_to_end_counted(&mut f, path, ReadLimit::Record)
+        // Polled by a waiting node: a name its cache hides is a "not yet" (read as the
+        // empty file a create would have made), not a wait here.
+        match open_creating(path, OFlags::RDWR, Duration::ZERO) {
+            Ok(mut f) => read_to_end_counted(&mut f, path, ReadLimit::Record),
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
     }
 
     fn revalidate(&self, path: &Path) -> io::Result<bool> {
         // The exclusive-create probe below is what an NFS (or sshfs) client's negative cache
         // needs; on MooseFS it can leave the name invisible instead, and a listing does the
         // work there: tried first.
-        if let Some(dir) = fuse_parent(path) {
-            let _ = refresh(dir);
-            count(OpClass::Stat);
-            if fs::symlink_metadata(path).is_ok() {
-                return Ok(true);
-            }
+        if refresh_parent(path) && (self as &dyn SharedDir).exists(path) {
+            return Ok(true);
         }
         let at = match beneath::at(path) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
@@ -143,9 +142,7 @@ impl SharedDir for Fs {
     }
 
     fn create_dir(&self, path: &Path) -> io::Result<()> {
-        let at = beneath::at(path)?;
-        count(OpClass::Mkdir);
-        Ok(rfs::mkdirat(at.fd(), at.name, dir_mode())?)
+        create_dir(path)
     }
 
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
@@ -206,14 +203,18 @@ fn dir_mode() -> Mode {
 
 /// `flags` for an exclusive create, which fails on anything already at the name (a
 /// symbolic link included, which it never follows).
-fn excl(flags: OFlags) -> OFlags {
+pub(crate) fn excl(flags: OFlags) -> OFlags {
     flags | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC
 }
 
-/// Reads never follow a link at the last component, and never wait on a named pipe
-/// planted at a record's name.
+/// `flags` for an open of a name that may be there already: never following a link at
+/// the last component, never waiting on a named pipe planted there.
+fn nofollow(flags: OFlags) -> OFlags {
+    flags | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC
+}
+
 fn read_flags() -> OFlags {
-    OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC
+    nofollow(OFlags::RDONLY)
 }
 
 /// `path` opened for appending, created (with its directory) if needed; its writes are
@@ -226,17 +227,7 @@ pub fn open_append(path: &Path) -> io::Result<CountedFile> {
 /// [`open_append`] for a command's log ([`SharedDir::open_log`]): a planted link or foreign
 /// file at its name is set aside first; the note says so.
 pub fn open_log(path: &Path) -> io::Result<(CountedFile, Option<String>)> {
-    match open_append(path) {
-        Err(e) => match beneath::Untrusted::of(&e) {
-            Some(refused) => {
-                let aside = (&Fs as &dyn SharedDir).set_aside_untrusted(refused)?;
-                let note = super::set_aside_note(refused, &aside);
-                Ok((open_append(path)?, Some(note)))
-            }
-            None => Err(e),
-        },
-        Ok(f) => Ok((f, None)),
-    }
+    (&Fs as &dyn SharedDir).setting_aside(|| open_append(path))
 }
 
 /// Open `path` with `flags` and `O_CREAT` (never following a link), making its directory
@@ -245,7 +236,7 @@ pub fn open_log(path: &Path) -> io::Result<(CountedFile, Option<String>)> {
 /// `bound`: how long a name another client made may stay invisible before this gives up
 /// ([`past_negative_cache`]).
 fn open_creating(path: &Path, flags: OFlags, bound: Duration) -> io::Result<File> {
-    let flags = flags | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    let flags = nofollow(flags | OFlags::CREATE);
     // `O_CREAT` of a name another client made may answer EEXIST while this client's
     // negative-lookup cache still says it is missing (FUSE): seen past that cache.
     let open = |at: &At<'_>| {
@@ -279,7 +270,7 @@ fn open_creating(path: &Path, flags: OFlags, bound: Duration) -> io::Result<File
 /// How long a name the server says exists (`EEXIST`) may stay invisible to this client's
 /// lookups before rl-node gives up on it: longer than a negative-lookup cache a mount
 /// would sensibly have, and bounded, so a node never waits without saying why.
-const INVISIBLE_WAIT: Duration = Duration::from_secs(10);
+pub(crate) const INVISIBLE_WAIT: Duration = Duration::from_secs(10);
 
 /// `look` again (it answered that the name `path` does not exist, while the server said it
 /// does: a negative-lookup cache, docs/shared-directory.md) until it finds it: first after a
@@ -292,9 +283,7 @@ fn past_negative_cache<T>(
     mut look: impl FnMut() -> Result<T, Errno>,
 ) -> io::Result<T> {
     let start = Instant::now();
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        let _ = refresh(dir);
-    }
+    refresh_parent(path);
     loop {
         match look() {
             Err(Errno::NOENT) | Err(Errno::EXIST) if start.elapsed() < bound => {
@@ -323,38 +312,42 @@ fn past_negative_cache<T>(
 /// [`INVISIBLE_WAIT`] (a name it looked up while it was missing stays missing to it, in its
 /// kernel and in its FUSE daemon, for the mount's negative timeout; a listing makes it
 /// visible only for an entry timeout, too short to merge from). Elsewhere nothing waits.
-/// How long it waited (`None`: not at all) and the paths still missing.
-pub fn await_visible(paths: &[PathBuf]) -> (Option<Duration>, Vec<PathBuf>) {
+/// How long it waited (`None`: not at all); a path still missing then is the merge's to
+/// report.
+pub fn await_visible(paths: &[PathBuf]) -> Option<Duration> {
     let dir = paths.first().and_then(|p| p.parent());
     if !dir.is_some_and(beneath::lookups_cached) {
-        return (None, vec![]);
+        return None;
     }
     let start = Instant::now();
     let missing = |paths: &[PathBuf]| -> Vec<PathBuf> {
         paths
             .iter()
-            .filter(|p| {
-                count(OpClass::Stat);
-                fs::symlink_metadata(p).is_err()
-            })
+            .filter(|p| !(&Fs as &dyn SharedDir).exists(p))
             .cloned()
             .collect()
     };
     let mut left = missing(paths);
     if left.is_empty() {
-        return (None, left);
+        return None;
     }
     while !left.is_empty() && start.elapsed() < INVISIBLE_WAIT {
         std::thread::sleep(Duration::from_millis(100));
         left = missing(&left);
     }
-    (Some(start.elapsed()), left)
+    Some(start.elapsed())
 }
 
-/// The directory holding `path`, when it is on a mount whose kernel caches lookups (FUSE).
-fn fuse_parent(path: &Path) -> Option<&Path> {
-    path.parent()
-        .filter(|d| !d.as_os_str().is_empty() && beneath::lookups_cached(d))
+/// [`refresh`] of the directory holding `path`; whether that is on a mount whose kernel
+/// caches lookups (FUSE), i.e. whether anything was listed.
+fn refresh_parent(path: &Path) -> bool {
+    match path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(dir) if beneath::lookups_cached(dir) => {
+            let _ = list_up(dir);
+            true
+        }
+        _ => false,
+    }
 }
 
 /// Make this client see the names in directory `dir` as the server has them now, where its
@@ -368,11 +361,18 @@ pub fn refresh(dir: &Path) -> io::Result<()> {
     if !beneath::lookups_cached(dir) {
         return Ok(());
     }
+    list_up(dir)
+}
+
+/// [`refresh`] of `dir` on a mount known to cache lookups: a listing, and where the cache
+/// still calls `dir` missing, its parent's first.
+fn list_up(dir: &Path) -> io::Result<()> {
     match read_dir(dir) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            // The parent is on the same mount, unless `dir` is a mount point or a root.
             let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
             match parent {
-                Some(p) if beneath::lookups_cached(p) && refresh(p).is_ok() => {
+                Some(p) if beneath::lookups_cached(p) && list_up(p).is_ok() => {
                     read_dir(dir).map(drop)
                 }
                 _ => Err(e),
@@ -396,7 +396,7 @@ pub fn check_own_file(path: &Path) -> io::Result<()> {
     match rfs::openat(at.fd(), at.name, read_flags(), Mode::empty()) {
         Err(Errno::NOENT) => Ok(()),
         Err(e) => Err(beneath::nofollow_error(path, e)),
-        Ok(fd) => beneath::check_writable(fd.as_fd(), &at),
+        Ok(fd) => beneath::check_writable(fd.as_fd(), &at).map(drop),
     }
 }
 
@@ -832,11 +832,9 @@ pub fn overwrite_in_place<T: Serialize>(path: &Path, value: &T) -> io::Result<()
 fn overwrite_bytes_in_place(path: &Path, value: &[u8]) -> io::Result<()> {
     let at = beneath::at(path)?;
     count(OpClass::Open);
-    let flags = OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
-    let fd = rfs::openat(at.fd(), at.name, flags, Mode::empty())
+    let fd = rfs::openat(at.fd(), at.name, nofollow(OFlags::WRONLY), Mode::empty())
         .map_err(|e| beneath::nofollow_error(path, e))?;
-    beneath::check_writable(fd.as_fd(), &at)?;
-    let meta = rfs::fstat(&fd)?;
+    let meta = beneath::check_writable(fd.as_fd(), &at)?;
     let mut f = File::from(fd);
     let allocated = (meta.st_blocks as u64 * 512) as usize;
     let bytes = super::in_place_bytes(value, meta.st_size as usize, allocated, path)?;
@@ -997,12 +995,11 @@ fn read_to_end_counted(f: &mut File, path: &Path, limit: ReadLimit) -> io::Resul
     let mut buf = vec![0u8; 16 * 1024];
     let mut len = 0;
     loop {
+        // Here `len <= max` (a read past it returned): the buffer grows to at most one
+        // byte past the limit, so a file over it is seen to be.
         if len == buf.len() {
-            if len as u64 > max {
-                return Err(TooLarge::error(path, limit));
-            }
             let grown = (buf.len() * 2).min(usize::try_from(max + 1).unwrap_or(usize::MAX));
-            buf.resize(grown.max(len + 1), 0);
+            buf.resize(grown, 0);
         }
         count(OpClass::Read);
         let n = match f.read(&mut buf[len..]) {

@@ -21,7 +21,7 @@ pub mod sim;
 pub use beneath::{confine, Untrusted};
 pub use fs::{
     create_new, create_new_json, fsync_dir, overwrite_in_place, publish, publish_json,
-    publish_with, read, read_json, read_limited, read_strict, refresh, rename_noreplace, Fs,
+    publish_with, read, read_json, read_strict, rename_noreplace, Fs,
 };
 
 use serde::{de::DeserializeOwned, Serialize};
@@ -331,12 +331,20 @@ impl dyn SharedDir + '_ {
     /// a new log begun; the note says so, for the node to warn. A log is never written
     /// through such a name, and never stops the node for one.
     pub fn open_log(&self, path: &Path) -> io::Result<(Option<LogHandle>, Option<String>)> {
-        match self.open_append(path) {
+        self.setting_aside(|| self.open_append(path))
+    }
+
+    /// `open()`, and where it is refused for what stands at the name (a planted link, a
+    /// foreign file), that set aside and `open()` again; the note says so.
+    pub(crate) fn setting_aside<T>(
+        &self,
+        open: impl Fn() -> io::Result<T>,
+    ) -> io::Result<(T, Option<String>)> {
+        match open() {
             Err(e) => match Untrusted::of(&e) {
                 Some(refused) => {
                     let aside = self.set_aside_untrusted(refused)?;
-                    let note = set_aside_note(refused, &aside);
-                    Ok((self.open_append(path)?, Some(note)))
+                    Ok((open()?, Some(set_aside_note(refused, &aside))))
                 }
                 None => Err(e),
             },

@@ -806,8 +806,6 @@ impl Call<'_> {
         path.with_file_name(format!(".{name}.tmp-sim{}-{}", self.client.id, self.st.tmp))
     }
 
-    /// Remove a temporary file after a failure (an error doing so leaves it, as it does
-    /// for the real store).
     /// Remove a temporary file this client made, if it made it (the real store removes
     /// one only after its exclusive create succeeded).
     fn remove_tmp(&mut self, tmp: &Path) {
