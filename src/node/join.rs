@@ -485,6 +485,7 @@ impl Node {
             dest = base.join(format!("{run_id}-{n}"));
         }
         self.store.create_dir(&dest)?;
+        let fuse = self.store.caches_lookups(self.layout.root());
         for dir in self.layout.run_dirs() {
             if self.store.exists(&dir) {
                 self.store
@@ -494,7 +495,7 @@ impl Node {
                 // new directory under the old name is what that node's listing of the
                 // root (when it joins) finds, replacing the stale entry. Otherwise it could
                 // write this run's files into the old run's directories.
-                if self.store.caches_lookups(self.layout.root()) {
+                if fuse {
                     self.store.create_dir(&dir)?;
                 }
             }

@@ -368,14 +368,14 @@ pub(crate) fn field_stats(
     let mut line = Vec::new();
     while let Some(whole) = next_line(&mut input, &mut line, MAX_LINE)? {
         // As `BufRead::lines` would: a file that is not UTF-8 gives no statistics.
-        std::str::from_utf8(&line)
+        let text = std::str::from_utf8(&line)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
-        if whole && line.iter().all(u8::is_ascii_whitespace) {
+        if whole && text.bytes().all(|b| b.is_ascii_whitespace()) {
             continue;
         }
         // A line past the bound is not read into memory: its fields count as skipped.
         let record: Option<BTreeMap<String, Value>> =
-            whole.then(|| serde_json::from_slice(&line).ok()).flatten();
+            whole.then(|| serde_json::from_str(text).ok()).flatten();
         for (name, stat) in &mut out.fields {
             stat.add(record.as_ref().and_then(|r| r.get(name)?.as_f64()));
         }

@@ -277,12 +277,12 @@ impl EventLog {
                     return None;
                 }
                 Err(e) => {
-                    let first = !self
-                        .refused
-                        .swap(true, std::sync::atomic::Ordering::Relaxed);
-                    let untrusted = crate::store::Untrusted::of(&e).is_some();
-                    return (first && untrusted)
-                        .then(|| format!("not writing {}: {e}", path.display()));
+                    // Said once; another error (EIO) says nothing and silences nothing.
+                    let first = crate::store::Untrusted::of(&e).is_some()
+                        && !self
+                            .refused
+                            .swap(true, std::sync::atomic::Ordering::Relaxed);
+                    return first.then(|| format!("not writing {}: {e}", path.display()));
                 }
             }
         }
@@ -666,27 +666,6 @@ impl Node {
     }
 }
 
-/// What stopping because of `info` means for rank `rank` of the cluster `cluster` (a
-/// pipelined run's side; None otherwise): its exit code and a hint.
-fn stop_code(info: &AbortInfo, rank: u32, cluster: Option<&str>) -> (i32, Option<String>) {
-    let (mut code, mut hint) = crate::protocol::abort::consequence(info, rank);
-    // Pipelined: a failure in the other cluster is a peer's, whatever its rank number.
-    if let Some(c) = info.cluster.as_deref().filter(|c| Some(*c) != cluster) {
-        if code != exit::TIME_LIMIT {
-            code = exit::PEER_FAILED;
-        }
-        hint = Some(format!(
-            "the cause is in the {c} cluster, on its rank {}: see that node's output{}; restart both clusters with the same commands to resume",
-            info.culprit,
-            info.log
-                .as_ref()
-                .map(|l| format!(" and {l}"))
-                .unwrap_or_default()
-        ));
-    }
-    (code, hint)
-}
-
 /// The node's life once assembled: what it says at start, the join, every iteration, and
 /// the shut-down.
 fn drive(
@@ -979,7 +958,7 @@ impl Node {
                 self.info(&format!(
                     "received {}{}; stopping (children get {} to exit; signal again to kill them now)",
                     procs::signal_name(sig),
-                    if signals::time_limit(sig) { " (time limit approaching)" } else { "" },
+                    if crate::protocol::records::is_time_limit(sig) { " (time limit approaching)" } else { "" },
                     humantime::format_duration(self.cfg.timing.kill_grace)
                 ));
                 let (kind, reason) = signals::abort_for(sig);
@@ -1203,7 +1182,8 @@ impl Node {
         };
         // Said with the log where this node finds it.
         let info = info.seen_from(self.layout.root());
-        let (code, hint) = stop_code(&info, self.rank, self.layout.cluster_name());
+        let (code, hint) =
+            crate::protocol::abort::consequence(&info, self.rank, self.layout.cluster_name());
         // Declared dead while alive: what happened, as this node can tell it.
         let dead_after = format!(
             "{}, timing.dead-after from {}",
@@ -2058,14 +2038,9 @@ impl Node {
         let (it, rank, gen) = (self.iteration, self.rank, self.gen());
         let partial = self.layout.shard_partial_gen(it, split, rank, gen);
         let shard = self.layout.shard(it, split, rank);
-        let io = |n: &mut Node, what: String, e: std::io::Error| {
-            n.fail(AbortKind::Error, n.rank, None, format!("{what}: {e}"), None)
-        };
         self.watchdog.pet("preparing the rollout directory");
         for dir in [partial.parent(), shard.parent()].into_iter().flatten() {
-            if let Err(e) = self.store.create_dir_all(dir) {
-                return Err(io(self, format!("cannot create {}", dir.display()), e));
-            }
+            self.make_dir(dir)?;
         }
         // Left by an earlier attempt (committed but not journaled, or this generation's
         // own partial): kept (never lose trajectories), out of the way, never merged.
@@ -2266,18 +2241,19 @@ impl Node {
         let it = self.iteration;
         let out = self.layout.aggregated(it, split);
         let pc = self.cfg.phases.aggregate.clone();
-        // The shards (and items) were committed by other ranks' clients: a FUSE mount may
-        // still answer lookups of them from its cache (a run's names set aside by --fresh,
-        // names looked up before they existed).
+        // The shards (and items, which only a merge command reads) were committed by other
+        // ranks' clients: a FUSE mount may still answer lookups of them from its cache (a
+        // run's names set aside by --fresh, names looked up before they existed).
         let shards = self.layout.rollout_dir(it, split);
-        let _ = self.store.refresh(&shards);
-        let _ = self.store.refresh(&self.layout.items_dir(it, split));
         if pc.is_set() {
+            let _ = self.store.refresh(&shards);
+            let _ = self.store.refresh(&self.layout.items_dir(it, split));
             return self.aggregate_command(split, &pc);
         }
         if !have_shards {
             return Ok(());
         }
+        let _ = self.store.refresh(&shards);
         // Committed by an attempt that crashed before journaling it: kept, out of the
         // way, so the merge never replaces a file (it may have been used meanwhile).
         self.set_aside_earlier("merged file", &out)?;
@@ -2392,10 +2368,7 @@ impl Node {
         self.set_aside_earlier("merged file", &done)?;
         self.set_aside_earlier("partial merged file", &out)?;
         if let Some(dir) = out.parent() {
-            if let Err(e) = self.store.create_dir_all(dir) {
-                let reason = format!("cannot create {}: {e}", dir.display());
-                return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
-            }
+            self.make_dir(dir)?;
         }
         let log = self.run_command("aggregate", pc, Some(split), &out, false)?;
         self.fence(&format!("commit the merged {split} file of iteration {it}"))?;
@@ -2510,10 +2483,6 @@ impl Node {
         Ok(())
     }
 
-    /// This rank's training command (phase 10). A failure stops the cluster, unless
-    /// `phases.train.on-failure = "keep-model"`: then it is logged with the usual failure
-    /// message, recorded as an event, and returned (why, in a few words) so that it is
-    /// journaled and reported at the `training-complete` barrier.
     /// Rank 0, on a mount whose client caches lookups (FUSE): make the directories every
     /// rank writes into this iteration before the barrier that lets them. A directory
     /// another client made can stay invisible to a node that looked for it too early (its
@@ -2533,30 +2502,36 @@ impl Node {
             dirs.push(l.train_output(it, self.gen()));
         }
         if self.cfg.cluster.rl_phase != crate::config::RlPhase::Update {
-            dirs.push(l.rollout_dir(it, "train"));
-            if crate::protocol::phase::eval_due(it, self.cfg.cluster.eval_interval) {
-                dirs.push(l.rollout_dir(it, "eval"));
+            let c = &self.cfg.cluster;
+            for split in walk::splits_rolled_out(c.rollout_split, it, c.eval_interval) {
+                dirs.push(l.rollout_dir(it, split.name()));
             }
         }
         for d in dirs {
-            if let Err(e) = self.store.create_dir_all(&d) {
-                let reason = format!("cannot create {}: {e}", d.display());
-                return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
-            }
+            self.make_dir(&d)?;
         }
         Ok(())
     }
 
+    /// `create_dir_all` of `dir`; a failure is this rank's.
+    fn make_dir(&mut self, dir: &Path) -> Result<(), Stop> {
+        self.store.create_dir_all(dir).map_err(|e| {
+            let reason = format!("cannot create {}: {e}", dir.display());
+            self.fail(AbortKind::Error, self.rank, None, reason, None)
+        })
+    }
+
+    /// This rank's training command (phase 10). A failure stops the cluster, unless
+    /// `phases.train.on-failure = "keep-model"`: then it is logged with the usual failure
+    /// message, recorded as an event, and returned (why, in a few words) so that it is
+    /// journaled and reported at the `training-complete` barrier.
     fn train(&mut self, out: &Path) -> Result<Option<String>, Stop> {
         let tc = self.cfg.phases.train.clone();
         let pc = tc.as_phase();
         // `{output}` exists, as this node's client sees it, before the command runs: every
         // rank's trainer writes into it, and on a FUSE mount a `mkdir -p` of a directory
         // another rank's client made can fail with "File exists" while it stays invisible.
-        if let Err(e) = self.store.create_dir_all(out) {
-            let reason = format!("cannot create {}: {e}", out.display());
-            return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
-        }
+        self.make_dir(out)?;
         let (log, ended) = self.run_command_to_end("train", &pc, None, out, true)?;
         let Err(failure) = ended else {
             return Ok(None);
@@ -3490,18 +3465,27 @@ fn preflight_state(layout: &Layout, rank: u32) -> Result<(), Stop> {
         .filter(|d| !d.ends_with("logs"))
         .collect();
     dirs.extend([state.clone(), state.join("journal")]);
+    // `.rl-node` is a run directory too when the run has no cluster name.
+    let mut seen = std::collections::HashSet::new();
+    dirs.retain(|d| seen.insert(d.clone()));
     let mut files = vec![layout.journal(rank)];
     if rank == 0 {
         files.extend([layout.cluster(), layout.doorbell(), layout.history()]);
     }
     // Only names a listing shows are looked at: a lookup of a name that is not there yet
     // would leave a "missing" in a FUSE client's negative cache, where rank 0 is about to
-    // make it (a `mkdir -p` of it by a command would then fail with "File exists").
-    let listed = |p: &Path| {
+    // make it (a `mkdir -p` of it by a command would then fail with "File exists"). Each
+    // directory is listed once.
+    let mut listings: HashMap<PathBuf, Vec<std::ffi::OsString>> = HashMap::new();
+    let mut listed = |p: &Path| {
         let (Some(dir), Some(name)) = (p.parent(), p.file_name()) else {
             return false;
         };
-        read_dir(dir).is_ok_and(|names| names.iter().any(|n| n == name))
+        listings
+            .entry(dir.to_path_buf())
+            .or_insert_with(|| read_dir(dir).unwrap_or_default())
+            .iter()
+            .any(|n| n == name)
     };
     let refused = dirs
         .iter()

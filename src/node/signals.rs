@@ -52,7 +52,7 @@ pub(crate) const STOP_SIGNALS: [i32; 5] = [
 /// SIGUSR1/SIGUSR2 (a batch system's time-limit warning) stop every node gracefully, to be
 /// resumed.
 pub(crate) fn abort_for(sig: i32) -> (AbortKind, String) {
-    let reason = if time_limit(sig) {
+    let reason = if crate::protocol::records::is_time_limit(sig) {
         format!(
             "time limit approaching ({} received): every node stops gracefully; restart the same commands (e.g. requeue the job) to resume",
             procs::signal_name(sig)
@@ -61,10 +61,6 @@ pub(crate) fn abort_for(sig: i32) -> (AbortKind, String) {
         format!("interrupted by {}", procs::signal_name(sig))
     };
     (AbortKind::Signal { signal: sig }, reason)
-}
-
-pub(crate) fn time_limit(sig: i32) -> bool {
-    sig == libc::SIGUSR1 || sig == libc::SIGUSR2
 }
 
 /// How the node's stop is going, shared by the node loop and the signal side: the one
@@ -170,7 +166,7 @@ impl Stopping {
             }
         }
         let cluster = s.record.as_ref().and_then(|(_, c)| c.clone());
-        s.code = Some(super::stop_code(&info, self.rank, cluster.as_deref()).0);
+        s.code = Some(crate::protocol::abort::consequence(&info, self.rank, cluster.as_deref()).0);
         (record, Some(info))
     }
 
@@ -216,7 +212,7 @@ impl Stopping {
             .as_ref()
             .and_then(|(r, _)| r.read(|rec| rec.abort.clone()));
         let info = abort.unwrap_or_else(|| self.own_abort(s));
-        super::stop_code(&info, self.rank, cluster.as_deref()).0
+        crate::protocol::abort::consequence(&info, self.rank, cluster.as_deref()).0
     }
 
     /// Wait until the loop is done, a third signal came, or `deadline`. Returns the code

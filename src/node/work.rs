@@ -57,7 +57,6 @@ impl TaskSets {
             train: load("train", &cfg.tasks.train)?,
             eval: load("eval", &cfg.tasks.eval)?,
         };
-        let budget = cfg.work.tasks_per_iteration;
         let samples = u64::from(cfg.work.samples_per_task);
         for (split, file, tasks) in [
             ("train", &cfg.tasks.train, &sets.train),
@@ -65,10 +64,8 @@ impl TaskSets {
         ] {
             // Each node holds an iteration's plan in memory: every item of it.
             let Some(t) = tasks else { continue };
-            let planned = match split {
-                "train" if budget > 0 => budget.min(t.len() as u64),
-                _ => t.len() as u64,
-            };
+            let planned =
+                budget(split, &cfg.work).map_or(t.len() as u64, |b| b.min(t.len() as u64));
             let items = planned.saturating_mul(samples);
             if items > crate::config::ranges::MAX_ITEMS {
                 return Err(Stop::usage(
@@ -82,10 +79,11 @@ impl TaskSets {
             }
         }
         if let Some(t) = &sets.train {
-            if budget as usize > t.len() {
+            let per_iteration = cfg.work.tasks_per_iteration;
+            if per_iteration as usize > t.len() {
                 return Err(Stop::usage(
                     format!(
-                        "work.tasks-per-iteration is {budget} but {} holds only {} tasks",
+                        "work.tasks-per-iteration is {per_iteration} but {} holds only {} tasks",
                         cfg.tasks.train,
                         t.len()
                     ),
@@ -194,6 +192,12 @@ struct Live<'a> {
 /// look reads every peer's record and the leases of the items not committed yet).
 const AWAITED_LOOK_MIN: Duration = Duration::from_millis(2);
 
+/// How many of `split`'s tasks an iteration plans: `work.tasks-per-iteration` for the train
+/// split when it is set, else all of them (`None`).
+fn budget(split: &str, w: &crate::config::Work) -> Option<u64> {
+    (split == "train" && w.tasks_per_iteration > 0).then_some(w.tasks_per_iteration)
+}
+
 fn item_name(pos: usize, rank: Option<u32>) -> String {
     match rank {
         Some(r) => format!("r{r}-{pos:05}"),
@@ -212,12 +216,10 @@ impl Node {
     pub(super) fn plan_for(&self, split: &str) -> Option<Plan> {
         let tasks = self.tasks.get(split)?;
         let w = &self.cfg.work;
-        let budget =
-            (split == "train" && w.tasks_per_iteration > 0).then_some(w.tasks_per_iteration);
         Some(plan::plan(&plan::PlanInput {
             tasks: tasks.ids(),
             weights: &self.cfg.weights(),
-            budget,
+            budget: budget(split, w),
             samples: w.samples_per_task,
             seed: w.seed,
             iteration: self.iteration,
@@ -617,15 +619,7 @@ impl Node {
             tasks,
         };
         let dir = self.items_dir(split);
-        if let Err(e) = self.store.create_dir_all(&dir) {
-            return Err(self.fail(
-                AbortKind::Error,
-                self.rank,
-                None,
-                format!("cannot create {}: {e}", dir.display()),
-                None,
-            ));
-        }
+        self.make_dir(&dir)?;
         let exact = self.cfg.work.exact_budget;
         self.replacements.clear();
         let mut tally = Tally::default();
@@ -1234,15 +1228,7 @@ impl Node {
     ) -> Result<(), Stop> {
         let dir = self.items_dir(split);
         for d in [dir.clone(), dir.with_file_name("leases")] {
-            if let Err(e) = self.store.create_dir_all(&d) {
-                return Err(self.fail(
-                    AbortKind::Error,
-                    self.rank,
-                    None,
-                    format!("cannot create {}: {e}", d.display()),
-                    None,
-                ));
-            }
+            self.make_dir(&d)?;
         }
         let tasks = Arc::clone(self.tasks.get(split).expect("planned"));
         let pool = plan.pool;

@@ -19,9 +19,27 @@ pub fn cause(mine: AbortInfo, created: bool, first: Option<AbortInfo>) -> AbortI
     }
 }
 
-/// What stopping because of `info` means for rank `me`: its exit code and a hint.
-pub fn consequence(info: &AbortInfo, me: u32) -> (i32, Option<String>) {
+/// What stopping because of `info` means for rank `me` of the cluster `cluster` (a
+/// pipelined run's side; None otherwise): its exit code and a hint.
+pub fn consequence(info: &AbortInfo, me: u32, cluster: Option<&str>) -> (i32, Option<String>) {
     let code = info.exit_code_for(me);
+    // Pipelined: a failure in the other cluster is a peer's, whatever its rank number.
+    if let Some(c) = info.cluster.as_deref().filter(|c| Some(*c) != cluster) {
+        let code = if code == exit::TIME_LIMIT {
+            code
+        } else {
+            exit::PEER_FAILED
+        };
+        let hint = format!(
+            "the cause is in the {c} cluster, on its rank {}: see that node's output{}; restart both clusters with the same commands to resume",
+            info.culprit,
+            info.log
+                .as_ref()
+                .map(|l| format!(" and {l}"))
+                .unwrap_or_default()
+        );
+        return (code, Some(hint));
+    }
     let hint = match (&info.kind, code) {
         (AbortKind::PeerDead, _) => Some(format!(
             "check rank {}'s own output and its host; restart every node with the same command to start a new generation",
@@ -110,19 +128,19 @@ mod tests {
     #[test]
     fn the_culprit_fails_and_everyone_else_names_it() {
         let failed = abort(1, 1, AbortKind::Error);
-        assert_eq!(consequence(&failed, 1), (exit::FAILED, None));
-        let (code, hint) = consequence(&failed, 0);
+        assert_eq!(consequence(&failed, 1, None), (exit::FAILED, None));
+        let (code, hint) = consequence(&failed, 0, None);
         assert_eq!(code, exit::PEER_FAILED);
         assert_eq!(
             hint.unwrap(),
             "the cause is on rank 1: see its output and logs/iter-0004/rank-1.train.log"
         );
         let dead = abort(2, 0, AbortKind::PeerDead);
-        let (code, hint) = consequence(&dead, 0);
+        let (code, hint) = consequence(&dead, 0, None);
         assert_eq!(code, exit::PEER_FAILED);
         assert!(hint.unwrap().starts_with("check rank 2's own output"));
         let late = abort(0, 0, AbortKind::Timeout);
-        assert_eq!(consequence(&late, 0), (exit::DEADLINE, None));
+        assert_eq!(consequence(&late, 0, None), (exit::DEADLINE, None));
     }
 
     #[test]

@@ -163,13 +163,19 @@ pub struct AbortInfo {
     pub detected_in: Option<String>,
 }
 
+/// Whether `signal` is a batch system's time-limit warning (SIGUSR1 or SIGUSR2, as Slurm's
+/// `--signal` sends): the whole cluster stops gracefully, to be resumed.
+pub fn is_time_limit(signal: i32) -> bool {
+    signal == libc::SIGUSR1 || signal == libc::SIGUSR2
+}
+
 impl AbortInfo {
     /// The exit code of `rank` when it stops because of this abort (README: exit codes).
     pub fn exit_code_for(&self, rank: u32) -> i32 {
         // A time-limit warning stops the whole cluster gracefully, to be resumed: every
         // node says so with the same code, whichever received the signal.
         if let AbortKind::Signal { signal } = self.kind {
-            if signal == libc::SIGUSR1 || signal == libc::SIGUSR2 {
+            if is_time_limit(signal) {
                 return crate::exit::TIME_LIMIT;
             }
         }

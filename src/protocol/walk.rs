@@ -50,6 +50,24 @@ pub fn eval_decision(split: RolloutSplit, iteration: u64, interval: u64) -> bool
     }
 }
 
+/// Whether a run of rollout split `split` rolls out the train split (every iteration).
+pub fn trains(split: RolloutSplit) -> bool {
+    split != RolloutSplit::EvalOnly
+}
+
+/// The splits rolled out in `iteration`, the eval one as rank 0 decides it at
+/// `eval-decision`.
+pub fn splits_rolled_out(split: RolloutSplit, iteration: u64, interval: u64) -> Vec<Split> {
+    let mut out = Vec::with_capacity(2);
+    if trains(split) {
+        out.push(Split::Train);
+    }
+    if eval_decision(split, iteration, interval) {
+        out.push(Split::Eval);
+    }
+    out
+}
+
 /// A rollout split.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Split {
@@ -235,7 +253,7 @@ impl IterationWalk {
 
     fn expand(&mut self, phase: Phase) {
         let (cfg, q) = (self.cfg, &mut self.queue);
-        let trains = cfg.split != RolloutSplit::EvalOnly;
+        let trains = trains(cfg.split);
         match phase {
             Phase::SyncStart => q.push_back(Step::Barrier(Barrier::SyncStart)),
             Phase::TrainRollout if trains => q.push_back(Step::Rollout(Split::Train)),
