@@ -48,7 +48,7 @@ impl Skipped {
     }
 
     pub fn contains(&self, run_id: &str, gen: u64) -> bool {
-        self.0.iter().any(|(r, g)| *g == gen && r == run_id)
+        self.0.contains(&(run_id.to_string(), gen))
     }
 }
 
