@@ -470,9 +470,20 @@ impl Scratch {
         let dir = doctor.join(format!("{host}-{}-{nanos:08x}", std::process::id()));
         // No link someone planted at `.rl-node` or `doctor/` takes the probes elsewhere.
         crate::store::confine(root);
-        // Doctors on other nodes make and remove `.rl-node/` and `doctor/` meanwhile.
-        let created = super::doctor_dirs::make_dirs(&[base, doctor, dir.clone()], true, wait)?;
-        Ok(Scratch { created, dir })
+        Scratch::make([base, doctor, dir], wait)
+    }
+
+    /// Makes `chain` (`.rl-node/`, `doctor/`, the scratch directory, which must be new).
+    fn make(chain: [PathBuf; 3], wait: &DirWait) -> Result<Scratch, Failure> {
+        let mut s = Scratch {
+            created: Vec::new(),
+            dir: chain[2].clone(),
+        };
+        // Doctors on other nodes make and remove `.rl-node/` and `doctor/` meanwhile. On
+        // an error, dropping `s` removes what this call made: an empty `.rl-node/` left
+        // behind would read as a run that is starting.
+        super::doctor_dirs::make_dirs(&chain, true, wait, &mut s.created)?;
+        Ok(s)
     }
 }
 
@@ -1284,6 +1295,19 @@ fn render(r: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_scratch_that_cannot_be_made_leaves_nothing_it_made() {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = tmp.path().join(".rl-node");
+        let doctor = base.join("doctor");
+        // A name longer than any filesystem takes: mkdir fails after the first two.
+        let dir = doctor.join("x".repeat(300));
+        let wait = Caches::default().dir_wait(None);
+        assert!(Scratch::make([base.clone(), doctor, dir], &wait).is_err());
+        // An empty `.rl-node/` left behind would read as a run that is starting.
+        assert!(!base.exists(), "{} left behind", base.display());
+    }
 
     fn mount(ty: &str, opts: &str) -> Mount {
         parse_mounts(&format!("srv:/x /mnt/a\\040b {ty} {opts} 0 0\n")).remove(0)

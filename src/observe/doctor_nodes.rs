@@ -524,10 +524,12 @@ impl Member {
         crate::store::confine(root);
         // The other ranks make the same directories at once, and their single-node checks
         // remove `doctor/` (and `.rl-node/`) they made: seen or waited for, made again.
-        let made = super::doctor_dirs::make_dirs(
+        let mut made = Vec::new();
+        super::doctor_dirs::make_dirs(
             &[base.clone(), doctor.clone(), dir.clone()],
             false,
             wait,
+            &mut made,
         )?;
         let mut created = left_dirs.to_vec();
         for (d, name) in [(&base, ".rl-node"), (&doctor, "doctor")] {
