@@ -519,15 +519,7 @@ impl Scratch {
 }
 
 fn run(dir: &Path) -> Result<Report, Failure> {
-    let mount = read_mounts()
-        .ok()
-        .and_then(|m| mount_of(&m, &fs::canonicalize(dir).unwrap_or(dir.to_path_buf())));
-    let mount = mount.map(|mut m| {
-        if m.fs_type.starts_with("fuse") {
-            m.daemon = fuse_daemon(&m.mount_point);
-        }
-        m
-    });
+    let mount = mount_holding(dir);
     let caches = mount.as_ref().map(caches_of).unwrap_or_default();
     let family = mount.as_ref().map(Family::of);
     // Asked before the scratch exists: `.rl-node/` is then a run's, if there.
@@ -578,9 +570,7 @@ fn run(dir: &Path) -> Result<Report, Failure> {
 /// when that matters for liveness: a FUSE mount's attribute, entry and negative caches
 /// (NFS revalidates a record at every open). `None` when nothing is known or it is 0 s.
 pub(crate) fn liveness_cache(dir: &Path) -> Option<(f64, String)> {
-    let mounts = read_mounts().ok()?;
-    let at = dir.ancestors().find_map(|d| fs::canonicalize(d).ok())?;
-    let m = mount_of(&mounts, &at)?;
+    let m = mount_holding(dir)?;
     if !m.fs_type.starts_with("fuse") {
         return None;
     }
@@ -592,6 +582,19 @@ pub(crate) fn liveness_cache(dir: &Path) -> Option<(f64, String)> {
             format!("{} ({}) at {}", m.source, m.fs_type, m.mount_point),
         )
     })
+}
+
+/// The /proc/mounts line of the mount holding `dir` (or its nearest ancestor that exists,
+/// for a node whose directory is not made yet), with a FUSE daemon's options: sshfs and
+/// other libfuse filesystems keep their caches on the daemon's command line.
+fn mount_holding(dir: &Path) -> Option<Mount> {
+    let mounts = read_mounts().ok()?;
+    let at = dir.ancestors().find_map(|d| fs::canonicalize(d).ok())?;
+    let mut m = mount_of(&mounts, &at)?;
+    if m.fs_type.starts_with("fuse") {
+        m.daemon = fuse_daemon(&m.mount_point);
+    }
+    Some(m)
 }
 
 fn read_mounts() -> std::io::Result<Vec<Mount>> {
