@@ -716,143 +716,154 @@ pub(crate) fn mount_of(mounts: &[Mount], path: &Path) -> Option<Mount> {
 /// The options that matter for barriers, and what each implies.
 pub(crate) fn caches_of(m: &Mount) -> Caches {
     let mut c = Caches::default();
-    let ty = m.fs_type.as_str();
-    let family = Family::of(m);
-    if family == Family::MooseFs {
-        moosefs_caches(m, &mut c);
-    } else if family == Family::GlusterFs {
-        glusterfs_caches(m, &mut c);
-    } else if ty == "nfs" || ty == "nfs4" {
-        // Close-to-open: an open revalidates the name, so a rename over is seen at once.
-        c.entry_secs = Some(0.0);
-        // Linux NFS defaults: acregmax 60 s, acdirmax 60 s; actimeo sets all four.
-        let actimeo = m.secs("actimeo");
-        if m.option("noac").is_some() {
+    match Family::of(m) {
+        Family::MooseFs => moosefs_caches(m, &mut c),
+        Family::GlusterFs => glusterfs_caches(m, &mut c),
+        Family::Nfs => nfs_caches(m, &mut c),
+        Family::Fuse => fuse_caches(m, &mut c),
+        Family::Lustre => {
             c.attribute_secs = Some(0.0);
-            c.notes.push(
-                "noac: no attribute caching; every stat asks the server (fresh, slower)".into(),
-            );
-        } else {
-            let reg = m.secs("acregmax").or(actimeo).unwrap_or(60.0);
-            let dir = m.secs("acdirmax").or(actimeo).unwrap_or(60.0);
-            c.attribute_secs = Some(reg.max(dir));
-            c.notes.push(format!(
-                "attribute cache: acregmax {reg}s, acdirmax {dir}s: a rewritten record's size and mtime may look unchanged for up to {}s (an open revalidates it: close-to-open), and a listing may be {dir}s stale",
-                reg.max(dir)
-            ));
+            c.entry_secs = Some(0.0);
+            c.negative_secs = Some(0.0);
+            let lock = ["flock", "localflock", "noflock"]
+                .into_iter()
+                .find(|o| m.option(o).is_some())
+                .unwrap_or("noflock (none given)");
+            c.notes.push(format!("Lustre is coherent across clients (no attribute or negative cache delays); {lock}: rl-node does not rely on flock across nodes"));
         }
-        let lookup = m.option("lookupcache").unwrap_or("all");
-        match lookup {
-            "none" | "pos" | "positive" => {
-                c.negative_secs = Some(0.0);
-                c.notes.push(format!("lookupcache={lookup}: a missing name is looked up again at every open, so a new file is seen at once"));
-            }
-            _ => {
-                let dir = if m.option("noac").is_some() {
-                    0.0
-                } else {
-                    m.secs("acdirmax").or(actimeo).unwrap_or(60.0)
-                };
-                c.negative_secs = Some(dir);
-                if dir > 0.0 {
-                    c.notes.push(format!("lookupcache={lookup}: a name looked up while missing stays missing for up to {dir}s (acdirmax), so each wait for a new file can cost that much"));
-                    c.advice.push(
-                        "mount with lookupcache=positive so a new name is seen at its next lookup"
-                            .into(),
-                    );
-                }
-            }
+        Family::Local => {
+            let ty = &m.fs_type;
+            c.attribute_secs = Some(0.0);
+            c.entry_secs = Some(0.0);
+            c.negative_secs = Some(0.0);
+            c.notes.push(format!("{ty}: a local filesystem: every change is seen at once on this host, but only this host can see it"));
         }
-        if m.option("sync").is_some() {
-            c.notes
-                .push("sync: every write goes to the server at once (slower writes)".into());
-        }
-        if m.option("soft").is_some() {
-            c.notes.push("soft: a call to an unreachable server fails with EIO after its retries instead of hanging".into());
-            c.advice.push("prefer hard (the default): a soft mount can turn a slow server into a lost or torn write; rl-node's fs-timeout already stops a node stuck on a hard mount".into());
-        } else {
-            c.notes.push("hard: a call to an unreachable server hangs until it answers; rl-node's fs-timeout stops the node's commands meanwhile".into());
-        }
-    } else if ty == "lustre" {
-        c.attribute_secs = Some(0.0);
-        c.entry_secs = Some(0.0);
-        c.negative_secs = Some(0.0);
-        let lock = ["flock", "localflock", "noflock"]
-            .into_iter()
-            .find(|o| m.option(o).is_some())
-            .unwrap_or("noflock (none given)");
-        c.notes.push(format!("Lustre is coherent across clients (no attribute or negative cache delays); {lock}: rl-node does not rely on flock across nodes"));
-    } else if ty == "fuse" || ty.starts_with("fuse.") || ty == "fuseblk" {
-        let keys = [
-            "cache",
-            "cache_timeout",
-            "attr_timeout",
-            "entry_timeout",
-            "negative_timeout",
-            "ac_attr_timeout",
-            "auto_cache",
-            "kernel_cache",
-            "file_cache_timeout",
-            "attr_timeout_secs",
-        ];
-        let shown: Vec<String> = keys
-            .iter()
-            .filter_map(|k| {
-                m.option(k).map(|v| {
-                    if v.is_empty() {
-                        k.to_string()
-                    } else {
-                        format!("{k}={v}")
-                    }
-                })
-            })
-            .collect();
-        let attr = [
-            "attr_timeout",
-            "cache_timeout",
-            "ac_attr_timeout",
-            "file_cache_timeout",
-        ]
-        .iter()
-        .filter_map(|k| m.secs(k))
-        .reduce(f64::max);
-        let neg = m.secs("negative_timeout");
-        c.attribute_secs = attr;
-        c.entry_secs = m.secs("entry_timeout");
-        c.negative_secs = neg;
-        let from = match &m.daemon {
-            Some(d) => format!(
-                "/proc/mounts and the FUSE daemon's command line (pid {})",
-                d.pid
-            ),
-            None => "/proc/mounts".to_string(),
-        };
-        if shown.is_empty() {
-            c.notes.push(format!("{ty}: {from} show no caching options (the FUSE daemon keeps them); its caches may delay other nodes' changes by its own timeouts (blob FUSE: minutes)"));
-        } else {
-            c.notes
-                .push(format!("{ty} caching options: {}", shown.join(", ")));
-        }
-        if let Some(a) = attr {
-            c.notes.push(format!(
-                "attribute cache: a rewritten file may look unchanged for up to {a}s"
-            ));
-        }
-        if let Some(e) = c.entry_secs.filter(|e| *e > 0.0) {
-            c.notes.push(format!("entry_timeout={e}: a file another node renames over may be read stale for up to {e}s"));
-        }
-        if let Some(n) = neg.filter(|n| *n > 0.0) {
-            c.notes.push(format!("negative_timeout={n}: a name looked up while missing stays missing for up to {n}s, so each wait for a new file can cost that much"));
-            c.advice.push(format!("mount with negative_timeout=0 so a new name is seen at its next lookup (now up to {n}s per wait for a new file)"));
-        }
-        c.notes.push("rename on some FUSE filesystems (blob storage) is copy + delete: see the rename-over check".into());
-    } else {
-        c.attribute_secs = Some(0.0);
-        c.entry_secs = Some(0.0);
-        c.negative_secs = Some(0.0);
-        c.notes.push(format!("{ty}: a local filesystem: every change is seen at once on this host, but only this host can see it"));
     }
     c
+}
+
+/// NFS: close-to-open, with attribute and lookup caches from the options (Linux defaults
+/// otherwise).
+fn nfs_caches(m: &Mount, c: &mut Caches) {
+    // Close-to-open: an open revalidates the name, so a rename over is seen at once.
+    c.entry_secs = Some(0.0);
+    // Linux NFS defaults: acregmax 60 s, acdirmax 60 s; actimeo sets all four.
+    let actimeo = m.secs("actimeo");
+    if m.option("noac").is_some() {
+        c.attribute_secs = Some(0.0);
+        c.notes
+            .push("noac: no attribute caching; every stat asks the server (fresh, slower)".into());
+    } else {
+        let reg = m.secs("acregmax").or(actimeo).unwrap_or(60.0);
+        let dir = m.secs("acdirmax").or(actimeo).unwrap_or(60.0);
+        c.attribute_secs = Some(reg.max(dir));
+        c.notes.push(format!(
+            "attribute cache: acregmax {reg}s, acdirmax {dir}s: a rewritten record's size and mtime may look unchanged for up to {}s (an open revalidates it: close-to-open), and a listing may be {dir}s stale",
+            reg.max(dir)
+        ));
+    }
+    let lookup = m.option("lookupcache").unwrap_or("all");
+    match lookup {
+        "none" | "pos" | "positive" => {
+            c.negative_secs = Some(0.0);
+            c.notes.push(format!("lookupcache={lookup}: a missing name is looked up again at every open, so a new file is seen at once"));
+        }
+        _ => {
+            let dir = if m.option("noac").is_some() {
+                0.0
+            } else {
+                m.secs("acdirmax").or(actimeo).unwrap_or(60.0)
+            };
+            c.negative_secs = Some(dir);
+            if dir > 0.0 {
+                c.notes.push(format!("lookupcache={lookup}: a name looked up while missing stays missing for up to {dir}s (acdirmax), so each wait for a new file can cost that much"));
+                c.advice.push(
+                    "mount with lookupcache=positive so a new name is seen at its next lookup"
+                        .into(),
+                );
+            }
+        }
+    }
+    if m.option("sync").is_some() {
+        c.notes
+            .push("sync: every write goes to the server at once (slower writes)".into());
+    }
+    if m.option("soft").is_some() {
+        c.notes.push("soft: a call to an unreachable server fails with EIO after its retries instead of hanging".into());
+        c.advice.push("prefer hard (the default): a soft mount can turn a slow server into a lost or torn write; rl-node's fs-timeout already stops a node stuck on a hard mount".into());
+    } else {
+        c.notes.push("hard: a call to an unreachable server hangs until it answers; rl-node's fs-timeout stops the node's commands meanwhile".into());
+    }
+}
+
+/// Any other FUSE filesystem: libfuse's timeouts, from /proc/mounts and its daemon.
+fn fuse_caches(m: &Mount, c: &mut Caches) {
+    let ty = &m.fs_type;
+    let keys = [
+        "cache",
+        "cache_timeout",
+        "attr_timeout",
+        "entry_timeout",
+        "negative_timeout",
+        "ac_attr_timeout",
+        "auto_cache",
+        "kernel_cache",
+        "file_cache_timeout",
+        "attr_timeout_secs",
+    ];
+    let shown: Vec<String> = keys
+        .iter()
+        .filter_map(|k| {
+            m.option(k).map(|v| {
+                if v.is_empty() {
+                    k.to_string()
+                } else {
+                    format!("{k}={v}")
+                }
+            })
+        })
+        .collect();
+    let attr = [
+        "attr_timeout",
+        "cache_timeout",
+        "ac_attr_timeout",
+        "file_cache_timeout",
+    ]
+    .iter()
+    .filter_map(|k| m.secs(k))
+    .reduce(f64::max);
+    let neg = m.secs("negative_timeout");
+    c.attribute_secs = attr;
+    c.entry_secs = m.secs("entry_timeout");
+    c.negative_secs = neg;
+    let from = match &m.daemon {
+        Some(d) => format!(
+            "/proc/mounts and the FUSE daemon's command line (pid {})",
+            d.pid
+        ),
+        None => "/proc/mounts".to_string(),
+    };
+    if shown.is_empty() {
+        c.notes.push(format!("{ty}: {from} show no caching options (the FUSE daemon keeps them); its caches may delay other nodes' changes by its own timeouts (blob FUSE: minutes)"));
+    } else {
+        c.notes
+            .push(format!("{ty} caching options: {}", shown.join(", ")));
+    }
+    if let Some(a) = attr {
+        c.notes.push(format!(
+            "attribute cache: a rewritten file may look unchanged for up to {a}s"
+        ));
+    }
+    if let Some(e) = c.entry_secs.filter(|e| *e > 0.0) {
+        c.notes.push(format!(
+            "entry_timeout={e}: a file another node renames over may be read stale for up to {e}s"
+        ));
+    }
+    if let Some(n) = neg.filter(|n| *n > 0.0) {
+        c.notes.push(format!("negative_timeout={n}: a name looked up while missing stays missing for up to {n}s, so each wait for a new file can cost that much"));
+        c.advice.push(format!("mount with negative_timeout=0 so a new name is seen at its next lookup (now up to {n}s per wait for a new file)"));
+    }
+    c.notes.push("rename on some FUSE filesystems (blob storage) is copy + delete: see the rename-over check".into());
 }
 
 /// MooseFS keeps its mount options in `<mount point>/.params`, not in /proc/mounts.
