@@ -141,7 +141,7 @@ pub(crate) struct FuseDaemon {
 
 impl Mount {
     /// The value of option `key=value`, or `Some("")` for a bare flag `key`.
-    pub(crate) fn option(&self, key: &str) -> Option<&str> {
+    fn option(&self, key: &str) -> Option<&str> {
         let daemon = self.daemon.iter().flat_map(|d| d.options.iter());
         self.options
             .iter()
