@@ -247,8 +247,10 @@ pub(crate) struct Report {
     /// `.rl-node` and `doctor` when this process created them but could not remove them.
     #[serde(skip)]
     left_dirs: Vec<String>,
+    /// How long a directory another doctor made may stay unseen through this client's
+    /// caches, the words for it and the mount options that turn those caches off.
     #[serde(skip)]
-    family: Option<Family>,
+    dir_wait: DirWait,
     /// MooseFS with a trash time its tools could read.
     #[serde(skip)]
     keeps_trash: bool,
@@ -291,7 +293,7 @@ pub fn main(args: DoctorArgs) -> Result<i32, Failure> {
             opts,
             summary,
             &report.left_dirs,
-            &report.caches.dir_wait(report.family),
+            &report.dir_wait,
         )?;
         report.checks.extend(outcome.checks);
         let mut unknown = report.caches.unknown();
@@ -440,8 +442,8 @@ fn summary(r: &Report) -> super::doctor_nodes::NodeSummary {
         }),
         options_visibility_secs: r.caches.visibility_secs(),
         options_unknown: r.caches.unknown().iter().map(|u| u.to_string()).collect(),
-        entry_fix: r.family.unwrap_or(Family::Local).entry_fix().into(),
-        negative_fix: r.family.unwrap_or(Family::Local).negative_fix().into(),
+        entry_fix: r.dir_wait.entry_fix.clone(),
+        negative_fix: r.dir_wait.negative_fix.clone(),
         keeps_trash: r.keeps_trash,
         slowest_fsync_ms: r.slowest_fsync.as_secs_f64() * 1000.0,
         failed: names(Verdict::Fail),
@@ -525,7 +527,8 @@ fn run(dir: &Path) -> Result<Report, Failure> {
     // Asked before the scratch exists: `.rl-node/` is then a run's, if there.
     let (trash, trash_secs) = super::doctor_caches::trash_check(family, dir).unzip();
     let keeps_trash = trash_secs.flatten().is_some_and(|t| t > 0);
-    let scratch = Scratch::create(dir, &caches.dir_wait(family))?;
+    let dir_wait = caches.dir_wait(family);
+    let scratch = Scratch::create(dir, &dir_wait)?;
     let s = &scratch.dir;
     if keeps_trash {
         super::doctor_caches::no_trash(s);
@@ -560,7 +563,7 @@ fn run(dir: &Path) -> Result<Report, Failure> {
         not_measured: Some(NOT_MEASURED.into()),
         slowest_fsync: slowest,
         left_dirs,
-        family,
+        dir_wait,
         keeps_trash,
     })
 }
