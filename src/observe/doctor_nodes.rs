@@ -158,13 +158,11 @@ pub(crate) struct StaleRead {
     longest_ns: u64,
     /// How many times the version read changed: two make one whole period of the view.
     changes: u32,
-    window_ns: u64,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
 pub(crate) struct StaleWrite {
     observer: u32,
-    renames: u32,
     /// The longest time between two renames: a version lived at most this long.
     max_gap_ns: u64,
 }
@@ -1190,8 +1188,8 @@ impl Member {
         )
     }
 
-    /// Replaces the probe record by `version`; returns this rank's wall time just before.
-    fn rename_stale(&mut self, record: &Path, version: u32) -> Result<i64, Failure> {
+    /// Replaces the probe record by `version`; returns the instant just before.
+    fn rename_stale(&mut self, record: &Path, version: u32) -> Result<Instant, Failure> {
         let tmp = record.with_extension("tmp");
         if version == 0 {
             self.own.push(tmp.clone());
@@ -1201,7 +1199,7 @@ impl Member {
             Failure::failed(format!("cannot rename over {}: {e}", record.display()))
         };
         let mut f = crate::store::fs::create_file(&tmp).map_err(fail)?;
-        let t = wall_ns();
+        let t = Instant::now();
         f.write_all(version.to_string().as_bytes()).map_err(fail)?;
         drop(f);
         crate::store::fs::rename(&tmp, record).map_err(fail)?;
@@ -1263,7 +1261,6 @@ impl Member {
         ));
         let mut writes = StaleWrite {
             observer: o,
-            renames: 0,
             max_gap_ns: 0,
         };
         let mut next = Instant::now();
@@ -1278,9 +1275,9 @@ impl Member {
                     let t = m.rename_stale(&record, version)?;
                     // Version 0 lived through the lookups: the observer does not count it.
                     if version > 1 {
-                        writes.max_gap_ns = writes.max_gap_ns.max((t - renamed).max(0) as u64);
+                        let gap = t.duration_since(renamed).as_nanos() as u64;
+                        writes.max_gap_ns = writes.max_gap_ns.max(gap);
                     }
-                    writes.renames = version;
                     renamed = t;
                 }
                 Ok(())
@@ -1696,7 +1693,6 @@ impl StaleProbe {
                 self.longest.as_nanos() as u64
             },
             changes: self.changes,
-            window_ns: window.as_nanos() as u64,
         }
     }
 }
@@ -2212,14 +2208,12 @@ mod tests {
                     writer: 0,
                     longest_ns: 1020 * ms as u64,
                     changes: 2,
-                    window_ns: 2000 * ms as u64,
                 },
             )],
             stale_writes: vec![(
                 0,
                 StaleWrite {
                     observer: 1,
-                    renames: 100,
                     max_gap_ns: 25 * ms as u64,
                 },
             )],
