@@ -271,8 +271,10 @@ pub(crate) struct PairReport {
     pub new_name_after_miss: Option<Stat>,
     /// Ping + pong, on the writer's monotonic clock.
     pub round_trip: Option<Stat>,
-    /// How long a record the writer renamed over stayed stale to the observer, at worst
-    /// (offset-corrected), over at least two refreshes of the observer's view.
+    /// How long a record the writer renamed over stayed stale to the observer, at worst,
+    /// over at least two refreshes of the observer's view: the observer's longest reading
+    /// of one version less the writer's longest gap between renames, each on its own
+    /// monotonic clock (no clock offset enters it).
     pub stale_rename_ms: Option<f64>,
     /// The observer saw fewer than two refreshes within the window: at least that long.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -309,7 +311,7 @@ pub(crate) struct SessionReport {
     pub method: &'static str,
 }
 
-const METHOD: &str = "ranks take turns per ordered pair (writer, observer), whose clock starts once the observer says it has begun the pair; per rewrite sample the writer rewrites its file by rename over (ping) and the observer answers (pong); for the new-name samples, all at once, the observer looks up one name per sample that does not exist yet, and a directory in the writer's probe directory, and reads the writer's probe record; the observer then makes `sig/primed` beside that directory, and the writer, as soon as a listing of `sig/` shows it, makes the directory and `sig/go`; once it has read the answer, the writer makes those names, and renames over the probe record every 20ms; the observer polls each name until found, timing each, takes mkdir then stat of the directory once a listing of `sig/` shows `go`, and reads the probe record until its view of it has been refreshed twice. Round trips are timed on the writer's monotonic clock; each pair's clock offset is taken NTP-style from its exchange with the shortest round trip; one-way latencies and the probe record's staleness are wall-clock differences corrected by that offset (right within half that round trip); new_name_after_miss and the EEXIST-then-ENOENT time use the observer's clock alone";
+const METHOD: &str = "ranks take turns per ordered pair (writer, observer), whose clock starts once the observer says it has begun the pair; per rewrite sample the writer rewrites its file by rename over (ping) and the observer answers (pong); for the new-name samples, all at once, the observer looks up one name per sample that does not exist yet, and a directory in the writer's probe directory, and reads the writer's probe record; the observer then makes `sig/primed` beside that directory, and the writer, as soon as a listing of `sig/` shows it, makes the directory and `sig/go`; once it has read the answer, the writer makes those names, and renames over the probe record every 20ms; the observer polls each name until found, timing each, takes mkdir then stat of the directory once a listing of `sig/` shows `go`, and reads the probe record until its view of it has been refreshed twice. Round trips are timed on the writer's monotonic clock; each pair's clock offset is taken NTP-style from its exchange with the shortest round trip; one-way latencies are wall-clock differences corrected by that offset (right within half that round trip); new_name_after_miss and the EEXIST-then-ENOENT time use the observer's clock alone, and the probe record's staleness the observer's longest reading of one version less the writer's longest gap between renames, each on its own monotonic clock";
 
 /// What the measurements add to a report: the cross-node checks, the largest visibility
 /// delay measured, and the slowest fsync and longest option-implied delay of any rank.
