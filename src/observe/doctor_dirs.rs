@@ -141,9 +141,7 @@ fn there(d: &Path) -> bool {
 /// of the names in it (a FUSE client's negative and entry caches).
 fn refresh(d: &Path) {
     if let Some(p) = d.parent() {
-        if let Ok(list) = fs::read_dir(p) {
-            list.for_each(drop);
-        }
+        let _ = crate::store::fs::read_dir(p);
     }
 }
 

@@ -1702,7 +1702,7 @@ impl StaleProbe {
 /// Whether a listing of `dir` shows `name`: a listing asks the server, where a lookup of a
 /// name may be answered from this client's caches.
 fn listed(dir: &Path, name: &str) -> bool {
-    fs::read_dir(dir).is_ok_and(|mut l| l.any(|e| e.is_ok_and(|e| e.file_name() == name)))
+    crate::store::fs::read_dir(dir).is_ok_and(|l| l.iter().any(|n| n == name))
 }
 
 /// A rank's file: missing, unreadable or torn is `None` ("not yet").
