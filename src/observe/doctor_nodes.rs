@@ -816,10 +816,11 @@ impl Member {
 
     /// Whether the session directory is gone, after a write in it found it missing. A
     /// client that caches lookups (FUSE) still sees a directory another client removed for
-    /// its entry timeout: it is asked again until it agrees or a bound passes.
+    /// its entry timeout: it is asked again until it agrees or the store's bound for a
+    /// name such a cache keeps stale passes.
     fn session_gone(&self) -> bool {
         let bound = if store().caches_lookups(&self.dir) {
-            Duration::from_secs(10)
+            crate::store::fs::INVISIBLE_WAIT
         } else {
             Duration::ZERO
         };
