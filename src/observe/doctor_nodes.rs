@@ -1293,7 +1293,6 @@ impl Member {
         ));
         // The probes, by name: a listing for the final removal may be stale on a client
         // that caches listings (sshfs), and would leave them.
-        let sig = probe.join("sig");
         let _ = fs::remove_file(sig.join("go"));
         let _ = fs::remove_file(record.with_extension("tmp"));
         let _ = fs::remove_file(&record);
