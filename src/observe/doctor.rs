@@ -288,13 +288,8 @@ pub fn main(args: DoctorArgs) -> Result<i32, Failure> {
     if let Some(opts) = session {
         report.not_measured = None;
         let summary = summary(&report);
-        let outcome = super::doctor_nodes::run(
-            &dir,
-            opts,
-            summary,
-            &report.left_dirs,
-            &report.dir_wait,
-        )?;
+        let outcome =
+            super::doctor_nodes::run(&dir, opts, summary, &report.left_dirs, &report.dir_wait)?;
         report.checks.extend(outcome.checks);
         let mut unknown = report.caches.unknown();
         for u in &outcome.options_unknown {

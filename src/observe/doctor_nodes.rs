@@ -180,6 +180,16 @@ pub(crate) enum Eexist {
     Unclear { why: String },
 }
 
+impl Eexist {
+    /// How long stat did not see a directory mkdir said exists, if it did not.
+    fn lied_ms(&self) -> Option<f64> {
+        match self {
+            Eexist::Lied { ms, .. } => Some(*ms),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Serialize, Deserialize, Debug, Clone)]
 pub(crate) struct EexistSample {
     writer: u32,
@@ -409,6 +419,23 @@ pub(crate) fn analyse(
             .filter(|(po, s)| *po == o && s.writer == w)
             .map(|(_, s)| s)
             .collect();
+        let read = probes
+            .stale
+            .iter()
+            .find(|(po, r)| *po == o && r.writer == w);
+        let wrote = probes
+            .stale_writes
+            .iter()
+            .find(|(pw, s)| *pw == w && s.observer == o);
+        let (stale_rename_ms, stale_at_least) = match (read, wrote) {
+            // Read for that long, less the most it could have lived before its
+            // replacement: what is left was read after the replacement.
+            (Some((_, r)), Some((_, s))) => (
+                Some(ms((r.longest_ns as f64 - s.max_gap_ns as f64).max(0.0))),
+                r.changes < 2,
+            ),
+            _ => (None, false),
+        };
         pairs.push(PairReport {
             writer: w,
             observer: o,
@@ -426,30 +453,14 @@ pub(crate) fn analyse(
                 seen.iter().map(|s| ms(s.after_miss_ns as f64)).collect(),
             ),
             round_trip: Stat::of(mine.iter().map(|p| ms(p.rtt_ns as f64)).collect()),
-            stale_rename_ms: None,
-            stale_at_least: false,
+            stale_rename_ms,
+            stale_at_least,
             eexist: probes
                 .eexist
                 .iter()
                 .find(|(po, e)| *po == o && e.writer == w)
                 .map(|(_, e)| e.outcome.clone()),
         });
-        let p = pairs.last_mut().expect("pushed");
-        let read = probes
-            .stale
-            .iter()
-            .find(|(po, r)| *po == o && r.writer == w);
-        let wrote = probes
-            .stale_writes
-            .iter()
-            .find(|(pw, s)| *pw == w && s.observer == o);
-        if let (Some((_, r)), Some((_, s))) = (read, wrote) {
-            // Read for that long, less the most it could have lived before its
-            // replacement: what is left was read after the replacement.
-            let stale = r.longest_ns as f64 - s.max_gap_ns as f64;
-            p.stale_rename_ms = Some(ms(stale.max(0.0)));
-            p.stale_at_least = r.changes < 2;
-        }
     }
     (pairs, offsets)
 }
@@ -1104,10 +1115,6 @@ impl Member {
         } else {
             Vec::new()
         };
-        let lied = |p: &PairReport| match p.eexist {
-            Some(Eexist::Lied { ms, .. }) => Some(ms),
-            _ => None,
-        };
         let measured_visibility = pairs
             .iter()
             .flat_map(|p| {
@@ -1116,7 +1123,7 @@ impl Member {
                     .flatten()
                     .map(|s| s.max_ms)
                     .chain(p.stale_rename_ms)
-                    .chain(lied(p))
+                    .chain(p.eexist.as_ref().and_then(Eexist::lied_ms))
             })
             .max_by(f64::total_cmp)
             .map(|ms| Duration::from_secs_f64(ms / 1000.0));
@@ -1365,7 +1372,7 @@ impl Member {
         self.me.pos = at(k_all, ACK);
         self.send()?;
         let outcome = eexist.outcome();
-        if let Eexist::Lied { ms, .. } = &outcome {
+        if let Some(ms) = outcome.lied_ms() {
             self.say(format!(
                 "{round}: mkdir of rank {w}'s directory answered EEXIST while stat answered ENOENT for {} (negative-lookup cache)",
                 secs(Duration::from_secs_f64(ms / 1000.0))
