@@ -141,7 +141,7 @@ pub(crate) struct FuseDaemon {
 
 impl Mount {
     /// The value of option `key=value`, or `Some("")` for a bare flag `key`.
-    pub(crate) fn option(&self, key: &str) -> Option<&str> {
+    fn option(&self, key: &str) -> Option<&str> {
         let daemon = self.daemon.iter().flat_map(|d| d.options.iter());
         self.options
             .iter()
@@ -247,8 +247,10 @@ pub(crate) struct Report {
     /// `.rl-node` and `doctor` when this process created them but could not remove them.
     #[serde(skip)]
     left_dirs: Vec<String>,
+    /// How long a directory another doctor made may stay unseen through this client's
+    /// caches, the words for it and the mount options that turn those caches off.
     #[serde(skip)]
-    family: Option<Family>,
+    dir_wait: DirWait,
     /// MooseFS with a trash time its tools could read.
     #[serde(skip)]
     keeps_trash: bool,
@@ -286,13 +288,8 @@ pub fn main(args: DoctorArgs) -> Result<i32, Failure> {
     if let Some(opts) = session {
         report.not_measured = None;
         let summary = summary(&report);
-        let outcome = super::doctor_nodes::run(
-            &dir,
-            opts,
-            summary,
-            &report.left_dirs,
-            &report.caches.dir_wait(report.family),
-        )?;
+        let outcome =
+            super::doctor_nodes::run(&dir, opts, summary, &report.left_dirs, &report.dir_wait)?;
         report.checks.extend(outcome.checks);
         let mut unknown = report.caches.unknown();
         for u in &outcome.options_unknown {
@@ -440,8 +437,8 @@ fn summary(r: &Report) -> super::doctor_nodes::NodeSummary {
         }),
         options_visibility_secs: r.caches.visibility_secs(),
         options_unknown: r.caches.unknown().iter().map(|u| u.to_string()).collect(),
-        entry_fix: r.family.unwrap_or(Family::Local).entry_fix().into(),
-        negative_fix: r.family.unwrap_or(Family::Local).negative_fix().into(),
+        entry_fix: r.dir_wait.entry_fix.clone(),
+        negative_fix: r.dir_wait.negative_fix.clone(),
         keeps_trash: r.keeps_trash,
         slowest_fsync_ms: r.slowest_fsync.as_secs_f64() * 1000.0,
         failed: names(Verdict::Fail),
@@ -470,9 +467,20 @@ impl Scratch {
         let dir = doctor.join(format!("{host}-{}-{nanos:08x}", std::process::id()));
         // No link someone planted at `.rl-node` or `doctor/` takes the probes elsewhere.
         crate::store::confine(root);
-        // Doctors on other nodes make and remove `.rl-node/` and `doctor/` meanwhile.
-        let created = super::doctor_dirs::make_dirs(&[base, doctor, dir.clone()], true, wait)?;
-        Ok(Scratch { created, dir })
+        Scratch::make([base, doctor, dir], wait)
+    }
+
+    /// Makes `chain` (`.rl-node/`, `doctor/`, the scratch directory, which must be new).
+    fn make(chain: [PathBuf; 3], wait: &DirWait) -> Result<Scratch, Failure> {
+        let mut s = Scratch {
+            created: Vec::new(),
+            dir: chain[2].clone(),
+        };
+        // Doctors on other nodes make and remove `.rl-node/` and `doctor/` meanwhile. On
+        // an error, dropping `s` removes what this call made: an empty `.rl-node/` left
+        // behind would read as a run that is starting.
+        super::doctor_dirs::make_dirs(&chain, true, wait, &mut s.created)?;
+        Ok(s)
     }
 }
 
@@ -508,21 +516,14 @@ impl Scratch {
 }
 
 fn run(dir: &Path) -> Result<Report, Failure> {
-    let mount = read_mounts()
-        .ok()
-        .and_then(|m| mount_of(&m, &fs::canonicalize(dir).unwrap_or(dir.to_path_buf())));
-    let mount = mount.map(|mut m| {
-        if m.fs_type.starts_with("fuse") {
-            m.daemon = fuse_daemon(&m.mount_point);
-        }
-        m
-    });
+    let mount = mount_holding(dir);
     let caches = mount.as_ref().map(caches_of).unwrap_or_default();
     let family = mount.as_ref().map(Family::of);
     // Asked before the scratch exists: `.rl-node/` is then a run's, if there.
     let (trash, trash_secs) = super::doctor_caches::trash_check(family, dir).unzip();
     let keeps_trash = trash_secs.flatten().is_some_and(|t| t > 0);
-    let scratch = Scratch::create(dir, &caches.dir_wait(family))?;
+    let dir_wait = caches.dir_wait(family);
+    let scratch = Scratch::create(dir, &dir_wait)?;
     let s = &scratch.dir;
     if keeps_trash {
         super::doctor_caches::no_trash(s);
@@ -557,7 +558,7 @@ fn run(dir: &Path) -> Result<Report, Failure> {
         not_measured: Some(NOT_MEASURED.into()),
         slowest_fsync: slowest,
         left_dirs,
-        family,
+        dir_wait,
         keeps_trash,
     })
 }
@@ -567,9 +568,7 @@ fn run(dir: &Path) -> Result<Report, Failure> {
 /// when that matters for liveness: a FUSE mount's attribute, entry and negative caches
 /// (NFS revalidates a record at every open). `None` when nothing is known or it is 0 s.
 pub(crate) fn liveness_cache(dir: &Path) -> Option<(f64, String)> {
-    let mounts = read_mounts().ok()?;
-    let at = dir.ancestors().find_map(|d| fs::canonicalize(d).ok())?;
-    let m = mount_of(&mounts, &at)?;
+    let m = mount_holding(dir)?;
     if !m.fs_type.starts_with("fuse") {
         return None;
     }
@@ -581,6 +580,19 @@ pub(crate) fn liveness_cache(dir: &Path) -> Option<(f64, String)> {
             format!("{} ({}) at {}", m.source, m.fs_type, m.mount_point),
         )
     })
+}
+
+/// The /proc/mounts line of the mount holding `dir` (or its nearest ancestor that exists,
+/// for a node whose directory is not made yet), with a FUSE daemon's options: sshfs and
+/// other libfuse filesystems keep their caches on the daemon's command line.
+fn mount_holding(dir: &Path) -> Option<Mount> {
+    let mounts = read_mounts().ok()?;
+    let at = dir.ancestors().find_map(|d| fs::canonicalize(d).ok())?;
+    let mut m = mount_of(&mounts, &at)?;
+    if m.fs_type.starts_with("fuse") {
+        m.daemon = fuse_daemon(&m.mount_point);
+    }
+    Some(m)
 }
 
 fn read_mounts() -> std::io::Result<Vec<Mount>> {
@@ -702,143 +714,154 @@ pub(crate) fn mount_of(mounts: &[Mount], path: &Path) -> Option<Mount> {
 /// The options that matter for barriers, and what each implies.
 pub(crate) fn caches_of(m: &Mount) -> Caches {
     let mut c = Caches::default();
-    let ty = m.fs_type.as_str();
-    let family = Family::of(m);
-    if family == Family::MooseFs {
-        moosefs_caches(m, &mut c);
-    } else if family == Family::GlusterFs {
-        glusterfs_caches(m, &mut c);
-    } else if ty == "nfs" || ty == "nfs4" {
-        // Close-to-open: an open revalidates the name, so a rename over is seen at once.
-        c.entry_secs = Some(0.0);
-        // Linux NFS defaults: acregmax 60 s, acdirmax 60 s; actimeo sets all four.
-        let actimeo = m.secs("actimeo");
-        if m.option("noac").is_some() {
+    match Family::of(m) {
+        Family::MooseFs => moosefs_caches(m, &mut c),
+        Family::GlusterFs => glusterfs_caches(m, &mut c),
+        Family::Nfs => nfs_caches(m, &mut c),
+        Family::Fuse => fuse_caches(m, &mut c),
+        Family::Lustre => {
             c.attribute_secs = Some(0.0);
-            c.notes.push(
-                "noac: no attribute caching; every stat asks the server (fresh, slower)".into(),
-            );
-        } else {
-            let reg = m.secs("acregmax").or(actimeo).unwrap_or(60.0);
-            let dir = m.secs("acdirmax").or(actimeo).unwrap_or(60.0);
-            c.attribute_secs = Some(reg.max(dir));
-            c.notes.push(format!(
-                "attribute cache: acregmax {reg}s, acdirmax {dir}s: a rewritten record's size and mtime may look unchanged for up to {}s (an open revalidates it: close-to-open), and a listing may be {dir}s stale",
-                reg.max(dir)
-            ));
+            c.entry_secs = Some(0.0);
+            c.negative_secs = Some(0.0);
+            let lock = ["flock", "localflock", "noflock"]
+                .into_iter()
+                .find(|o| m.option(o).is_some())
+                .unwrap_or("noflock (none given)");
+            c.notes.push(format!("Lustre is coherent across clients (no attribute or negative cache delays); {lock}: rl-node does not rely on flock across nodes"));
         }
-        let lookup = m.option("lookupcache").unwrap_or("all");
-        match lookup {
-            "none" | "pos" | "positive" => {
-                c.negative_secs = Some(0.0);
-                c.notes.push(format!("lookupcache={lookup}: a missing name is looked up again at every open, so a new file is seen at once"));
-            }
-            _ => {
-                let dir = if m.option("noac").is_some() {
-                    0.0
-                } else {
-                    m.secs("acdirmax").or(actimeo).unwrap_or(60.0)
-                };
-                c.negative_secs = Some(dir);
-                if dir > 0.0 {
-                    c.notes.push(format!("lookupcache={lookup}: a name looked up while missing stays missing for up to {dir}s (acdirmax), so each wait for a new file can cost that much"));
-                    c.advice.push(
-                        "mount with lookupcache=positive so a new name is seen at its next lookup"
-                            .into(),
-                    );
-                }
-            }
+        Family::Local => {
+            let ty = &m.fs_type;
+            c.attribute_secs = Some(0.0);
+            c.entry_secs = Some(0.0);
+            c.negative_secs = Some(0.0);
+            c.notes.push(format!("{ty}: a local filesystem: every change is seen at once on this host, but only this host can see it"));
         }
-        if m.option("sync").is_some() {
-            c.notes
-                .push("sync: every write goes to the server at once (slower writes)".into());
-        }
-        if m.option("soft").is_some() {
-            c.notes.push("soft: a call to an unreachable server fails with EIO after its retries instead of hanging".into());
-            c.advice.push("prefer hard (the default): a soft mount can turn a slow server into a lost or torn write; rl-node's fs-timeout already stops a node stuck on a hard mount".into());
-        } else {
-            c.notes.push("hard: a call to an unreachable server hangs until it answers; rl-node's fs-timeout stops the node's commands meanwhile".into());
-        }
-    } else if ty == "lustre" {
-        c.attribute_secs = Some(0.0);
-        c.entry_secs = Some(0.0);
-        c.negative_secs = Some(0.0);
-        let lock = ["flock", "localflock", "noflock"]
-            .into_iter()
-            .find(|o| m.option(o).is_some())
-            .unwrap_or("noflock (none given)");
-        c.notes.push(format!("Lustre is coherent across clients (no attribute or negative cache delays); {lock}: rl-node does not rely on flock across nodes"));
-    } else if ty == "fuse" || ty.starts_with("fuse.") || ty == "fuseblk" {
-        let keys = [
-            "cache",
-            "cache_timeout",
-            "attr_timeout",
-            "entry_timeout",
-            "negative_timeout",
-            "ac_attr_timeout",
-            "auto_cache",
-            "kernel_cache",
-            "file_cache_timeout",
-            "attr_timeout_secs",
-        ];
-        let shown: Vec<String> = keys
-            .iter()
-            .filter_map(|k| {
-                m.option(k).map(|v| {
-                    if v.is_empty() {
-                        k.to_string()
-                    } else {
-                        format!("{k}={v}")
-                    }
-                })
-            })
-            .collect();
-        let attr = [
-            "attr_timeout",
-            "cache_timeout",
-            "ac_attr_timeout",
-            "file_cache_timeout",
-        ]
-        .iter()
-        .filter_map(|k| m.secs(k))
-        .reduce(f64::max);
-        let neg = m.secs("negative_timeout");
-        c.attribute_secs = attr;
-        c.entry_secs = m.secs("entry_timeout");
-        c.negative_secs = neg;
-        let from = match &m.daemon {
-            Some(d) => format!(
-                "/proc/mounts and the FUSE daemon's command line (pid {})",
-                d.pid
-            ),
-            None => "/proc/mounts".to_string(),
-        };
-        if shown.is_empty() {
-            c.notes.push(format!("{ty}: {from} show no caching options (the FUSE daemon keeps them); its caches may delay other nodes' changes by its own timeouts (blob FUSE: minutes)"));
-        } else {
-            c.notes
-                .push(format!("{ty} caching options: {}", shown.join(", ")));
-        }
-        if let Some(a) = attr {
-            c.notes.push(format!(
-                "attribute cache: a rewritten file may look unchanged for up to {a}s"
-            ));
-        }
-        if let Some(e) = c.entry_secs.filter(|e| *e > 0.0) {
-            c.notes.push(format!("entry_timeout={e}: a file another node renames over may be read stale for up to {e}s"));
-        }
-        if let Some(n) = neg.filter(|n| *n > 0.0) {
-            c.notes.push(format!("negative_timeout={n}: a name looked up while missing stays missing for up to {n}s, so each wait for a new file can cost that much"));
-            c.advice.push(format!("mount with negative_timeout=0 so a new name is seen at its next lookup (now up to {n}s per wait for a new file)"));
-        }
-        c.notes.push("rename on some FUSE filesystems (blob storage) is copy + delete: see the rename-over check".into());
-    } else {
-        c.attribute_secs = Some(0.0);
-        c.entry_secs = Some(0.0);
-        c.negative_secs = Some(0.0);
-        c.notes.push(format!("{ty}: a local filesystem: every change is seen at once on this host, but only this host can see it"));
     }
     c
+}
+
+/// NFS: close-to-open, with attribute and lookup caches from the options (Linux defaults
+/// otherwise).
+fn nfs_caches(m: &Mount, c: &mut Caches) {
+    // Close-to-open: an open revalidates the name, so a rename over is seen at once.
+    c.entry_secs = Some(0.0);
+    // Linux NFS defaults: acregmax 60 s, acdirmax 60 s; actimeo sets all four.
+    let actimeo = m.secs("actimeo");
+    if m.option("noac").is_some() {
+        c.attribute_secs = Some(0.0);
+        c.notes
+            .push("noac: no attribute caching; every stat asks the server (fresh, slower)".into());
+    } else {
+        let reg = m.secs("acregmax").or(actimeo).unwrap_or(60.0);
+        let dir = m.secs("acdirmax").or(actimeo).unwrap_or(60.0);
+        c.attribute_secs = Some(reg.max(dir));
+        c.notes.push(format!(
+            "attribute cache: acregmax {reg}s, acdirmax {dir}s: a rewritten record's size and mtime may look unchanged for up to {}s (an open revalidates it: close-to-open), and a listing may be {dir}s stale",
+            reg.max(dir)
+        ));
+    }
+    let lookup = m.option("lookupcache").unwrap_or("all");
+    match lookup {
+        "none" | "pos" | "positive" => {
+            c.negative_secs = Some(0.0);
+            c.notes.push(format!("lookupcache={lookup}: a missing name is looked up again at every open, so a new file is seen at once"));
+        }
+        _ => {
+            let dir = if m.option("noac").is_some() {
+                0.0
+            } else {
+                m.secs("acdirmax").or(actimeo).unwrap_or(60.0)
+            };
+            c.negative_secs = Some(dir);
+            if dir > 0.0 {
+                c.notes.push(format!("lookupcache={lookup}: a name looked up while missing stays missing for up to {dir}s (acdirmax), so each wait for a new file can cost that much"));
+                c.advice.push(
+                    "mount with lookupcache=positive so a new name is seen at its next lookup"
+                        .into(),
+                );
+            }
+        }
+    }
+    if m.option("sync").is_some() {
+        c.notes
+            .push("sync: every write goes to the server at once (slower writes)".into());
+    }
+    if m.option("soft").is_some() {
+        c.notes.push("soft: a call to an unreachable server fails with EIO after its retries instead of hanging".into());
+        c.advice.push("prefer hard (the default): a soft mount can turn a slow server into a lost or torn write; rl-node's fs-timeout already stops a node stuck on a hard mount".into());
+    } else {
+        c.notes.push("hard: a call to an unreachable server hangs until it answers; rl-node's fs-timeout stops the node's commands meanwhile".into());
+    }
+}
+
+/// Any other FUSE filesystem: libfuse's timeouts, from /proc/mounts and its daemon.
+fn fuse_caches(m: &Mount, c: &mut Caches) {
+    let ty = &m.fs_type;
+    let keys = [
+        "cache",
+        "cache_timeout",
+        "attr_timeout",
+        "entry_timeout",
+        "negative_timeout",
+        "ac_attr_timeout",
+        "auto_cache",
+        "kernel_cache",
+        "file_cache_timeout",
+        "attr_timeout_secs",
+    ];
+    let shown: Vec<String> = keys
+        .iter()
+        .filter_map(|k| {
+            m.option(k).map(|v| {
+                if v.is_empty() {
+                    k.to_string()
+                } else {
+                    format!("{k}={v}")
+                }
+            })
+        })
+        .collect();
+    let attr = [
+        "attr_timeout",
+        "cache_timeout",
+        "ac_attr_timeout",
+        "file_cache_timeout",
+    ]
+    .iter()
+    .filter_map(|k| m.secs(k))
+    .reduce(f64::max);
+    let neg = m.secs("negative_timeout");
+    c.attribute_secs = attr;
+    c.entry_secs = m.secs("entry_timeout");
+    c.negative_secs = neg;
+    let from = match &m.daemon {
+        Some(d) => format!(
+            "/proc/mounts and the FUSE daemon's command line (pid {})",
+            d.pid
+        ),
+        None => "/proc/mounts".to_string(),
+    };
+    if shown.is_empty() {
+        c.notes.push(format!("{ty}: {from} show no caching options (the FUSE daemon keeps them); its caches may delay other nodes' changes by its own timeouts (blob FUSE: minutes)"));
+    } else {
+        c.notes
+            .push(format!("{ty} caching options: {}", shown.join(", ")));
+    }
+    if let Some(a) = attr {
+        c.notes.push(format!(
+            "attribute cache: a rewritten file may look unchanged for up to {a}s"
+        ));
+    }
+    if let Some(e) = c.entry_secs.filter(|e| *e > 0.0) {
+        c.notes.push(format!(
+            "entry_timeout={e}: a file another node renames over may be read stale for up to {e}s"
+        ));
+    }
+    if let Some(n) = neg.filter(|n| *n > 0.0) {
+        c.notes.push(format!("negative_timeout={n}: a name looked up while missing stays missing for up to {n}s, so each wait for a new file can cost that much"));
+        c.advice.push(format!("mount with negative_timeout=0 so a new name is seen at its next lookup (now up to {n}s per wait for a new file)"));
+    }
+    c.notes.push("rename on some FUSE filesystems (blob storage) is copy + delete: see the rename-over check".into());
 }
 
 /// MooseFS keeps its mount options in `<mount point>/.params`, not in /proc/mounts.
@@ -1284,6 +1307,19 @@ fn render(r: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_scratch_that_cannot_be_made_leaves_nothing_it_made() {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = tmp.path().join(".rl-node");
+        let doctor = base.join("doctor");
+        // A name longer than any filesystem takes: mkdir fails after the first two.
+        let dir = doctor.join("x".repeat(300));
+        let wait = Caches::default().dir_wait(None);
+        assert!(Scratch::make([base.clone(), doctor, dir], &wait).is_err());
+        // An empty `.rl-node/` left behind would read as a run that is starting.
+        assert!(!base.exists(), "{} left behind", base.display());
+    }
 
     fn mount(ty: &str, opts: &str) -> Mount {
         parse_mounts(&format!("srv:/x /mnt/a\\040b {ty} {opts} 0 0\n")).remove(0)

@@ -182,17 +182,18 @@ pub(crate) fn trash_check(family: Option<Family>, dir: &Path) -> Option<(Check, 
         return None;
     }
     let state = dir.join(".rl-node");
-    let asked = if state.is_dir() { &state } else { dir };
-    let advice = if state.is_dir() {
-        format!(
+    let (asked, advice) = if state.is_dir() {
+        let advice = format!(
             "mfssettrashtime -r 0 {} (files made there inherit it)",
             state.display()
-        )
+        );
+        (state.as_path(), advice)
     } else {
-        format!(
+        let advice = format!(
             "mkdir {0} && mfssettrashtime -r 0 {0} (before the first run: files made there inherit it)",
             state.display()
-        )
+        );
+        (dir, advice)
     };
     let why = "rl-node replaces its records by rename at every heartbeat and barrier, so MooseFS keeps each replaced version: about N+1 files per heartbeat interval while idle";
     let got = trash_time(asked);

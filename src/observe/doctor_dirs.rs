@@ -66,16 +66,17 @@ enum Stale {
 }
 
 /// Makes each of `chain` (each inside the one before; the first inside a directory that
-/// exists) unless it is there, and returns those this call made. With `fresh_last`, the
-/// last must be new: another's is an error. A directory made by another client and not yet
-/// visible through this one, or one removed under it, is waited for up to `wait.bound`.
+/// exists) unless it is there, and adds those this call made to `made`, on an error as
+/// well (for the caller to remove). With `fresh_last`, the last must be new: another's is
+/// an error. A directory made by another client and not yet visible through this one, or
+/// one removed under it, is waited for up to `wait.bound`.
 pub(crate) fn make_dirs(
     chain: &[PathBuf],
     fresh_last: bool,
     wait: &DirWait,
-) -> Result<Vec<PathBuf>, Failure> {
+    made: &mut Vec<PathBuf>,
+) -> Result<(), Failure> {
     let deadline = Instant::now() + wait.bound;
-    let mut made = Vec::new();
     'again: loop {
         for (i, d) in chain.iter().enumerate() {
             let last = i + 1 == chain.len();
@@ -125,7 +126,7 @@ pub(crate) fn make_dirs(
             std::thread::sleep(RETRY);
             continue 'again;
         }
-        return Ok(made);
+        return Ok(());
     }
 }
 
@@ -140,9 +141,7 @@ fn there(d: &Path) -> bool {
 /// of the names in it (a FUSE client's negative and entry caches).
 fn refresh(d: &Path) {
     if let Some(p) = d.parent() {
-        if let Ok(list) = fs::read_dir(p) {
-            list.for_each(drop);
-        }
+        let _ = crate::store::fs::read_dir(p);
     }
 }
 
@@ -196,19 +195,40 @@ mod tests {
         }
     }
 
+    /// What `make_dirs` made, or its error with what it made before it.
+    fn made(chain: &[PathBuf], fresh_last: bool) -> Result<Vec<PathBuf>, (Failure, Vec<PathBuf>)> {
+        let mut made = Vec::new();
+        match make_dirs(chain, fresh_last, &wait(), &mut made) {
+            Ok(()) => Ok(made),
+            Err(f) => Err((f, made)),
+        }
+    }
+
     #[test]
     fn a_chain_is_made_once_and_made_again_after_removal() {
         let tmp = tempfile::tempdir().unwrap();
         let a = tmp.path().join("a");
         let chain = [a.clone(), a.join("b"), a.join("b/c")];
-        assert_eq!(make_dirs(&chain, false, &wait()).unwrap(), chain);
+        assert_eq!(made(&chain, false).unwrap(), chain);
         // Already there: nothing made, nothing refused.
-        assert!(make_dirs(&chain, false, &wait()).unwrap().is_empty());
+        assert!(made(&chain, false).unwrap().is_empty());
         // A unique last one must be new.
-        let e = make_dirs(&chain, true, &wait()).unwrap_err();
+        let (e, none) = made(&chain, true).unwrap_err();
         assert!(e.message.contains("already exists"), "{}", e.message);
+        assert!(none.is_empty());
         fs::remove_dir_all(&a).unwrap();
-        assert_eq!(make_dirs(&chain, true, &wait()).unwrap(), chain);
+        assert_eq!(made(&chain, true).unwrap(), chain);
+    }
+
+    #[test]
+    fn what_was_made_before_an_error_is_handed_back() {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = tmp.path().join("a");
+        // A name longer than any filesystem takes.
+        let chain = [a.clone(), a.join("b"), a.join("b").join("x".repeat(300))];
+        let (e, made) = made(&chain, true).unwrap_err();
+        assert!(e.message.contains("cannot create"), "{}", e.message);
+        assert_eq!(made, chain[..2]);
     }
 
     #[test]

@@ -158,13 +158,11 @@ pub(crate) struct StaleRead {
     longest_ns: u64,
     /// How many times the version read changed: two make one whole period of the view.
     changes: u32,
-    window_ns: u64,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
 pub(crate) struct StaleWrite {
     observer: u32,
-    renames: u32,
     /// The longest time between two renames: a version lived at most this long.
     max_gap_ns: u64,
 }
@@ -180,6 +178,16 @@ pub(crate) enum Eexist {
     Lied { ms: f64, still: bool },
     /// The probe could not tell.
     Unclear { why: String },
+}
+
+impl Eexist {
+    /// How long stat did not see a directory mkdir said exists, if it did not.
+    fn lied_ms(&self) -> Option<f64> {
+        match self {
+            Eexist::Lied { ms, .. } => Some(*ms),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
@@ -273,8 +281,10 @@ pub(crate) struct PairReport {
     pub new_name_after_miss: Option<Stat>,
     /// Ping + pong, on the writer's monotonic clock.
     pub round_trip: Option<Stat>,
-    /// How long a record the writer renamed over stayed stale to the observer, at worst
-    /// (offset-corrected), over at least two refreshes of the observer's view.
+    /// How long a record the writer renamed over stayed stale to the observer, at worst,
+    /// over at least two refreshes of the observer's view: the observer's longest reading
+    /// of one version less the writer's longest gap between renames, each on its own
+    /// monotonic clock (no clock offset enters it).
     pub stale_rename_ms: Option<f64>,
     /// The observer saw fewer than two refreshes within the window: at least that long.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -311,7 +321,7 @@ pub(crate) struct SessionReport {
     pub method: &'static str,
 }
 
-const METHOD: &str = "ranks take turns per ordered pair (writer, observer), whose clock starts once the observer says it has begun the pair; per rewrite sample the writer rewrites its file by rename over (ping) and the observer answers (pong); for the new-name samples, all at once, the observer looks up one name per sample that does not exist yet, and a directory in the writer's probe directory, and reads the writer's probe record; the observer then makes `sig/primed` beside that directory, and the writer, as soon as a listing of `sig/` shows it, makes the directory and `sig/go`; once it has read the answer, the writer makes those names, and renames over the probe record every 20ms; the observer polls each name until found, timing each, takes mkdir then stat of the directory once a listing of `sig/` shows `go`, and reads the probe record until its view of it has been refreshed twice. Round trips are timed on the writer's monotonic clock; each pair's clock offset is taken NTP-style from its exchange with the shortest round trip; one-way latencies and the probe record's staleness are wall-clock differences corrected by that offset (right within half that round trip); new_name_after_miss and the EEXIST-then-ENOENT time use the observer's clock alone";
+const METHOD: &str = "ranks take turns per ordered pair (writer, observer), whose clock starts once the observer says it has begun the pair; per rewrite sample the writer rewrites its file by rename over (ping) and the observer answers (pong); for the new-name samples, all at once, the observer looks up one name per sample that does not exist yet, and a directory in the writer's probe directory, and reads the writer's probe record; the observer then makes `sig/primed` beside that directory, and the writer, as soon as a listing of `sig/` shows it, makes the directory and `sig/go`; once it has read the answer, the writer makes those names, and renames over the probe record every 20ms; the observer polls each name until found, timing each, takes mkdir then stat of the directory once a listing of `sig/` shows `go`, and reads the probe record until its view of it has been refreshed twice. Round trips are timed on the writer's monotonic clock; each pair's clock offset is taken NTP-style from its exchange with the shortest round trip; one-way latencies are wall-clock differences corrected by that offset (right within half that round trip); new_name_after_miss and the EEXIST-then-ENOENT time use the observer's clock alone, and the probe record's staleness the observer's longest reading of one version less the writer's longest gap between renames, each on its own monotonic clock";
 
 /// What the measurements add to a report: the cross-node checks, the largest visibility
 /// delay measured, and the slowest fsync and longest option-implied delay of any rank.
@@ -409,6 +419,23 @@ pub(crate) fn analyse(
             .filter(|(po, s)| *po == o && s.writer == w)
             .map(|(_, s)| s)
             .collect();
+        let read = probes
+            .stale
+            .iter()
+            .find(|(po, r)| *po == o && r.writer == w);
+        let wrote = probes
+            .stale_writes
+            .iter()
+            .find(|(pw, s)| *pw == w && s.observer == o);
+        let (stale_rename_ms, stale_at_least) = match (read, wrote) {
+            // Read for that long, less the most it could have lived before its
+            // replacement: what is left was read after the replacement.
+            (Some((_, r)), Some((_, s))) => (
+                Some(ms((r.longest_ns as f64 - s.max_gap_ns as f64).max(0.0))),
+                r.changes < 2,
+            ),
+            _ => (None, false),
+        };
         pairs.push(PairReport {
             writer: w,
             observer: o,
@@ -426,30 +453,14 @@ pub(crate) fn analyse(
                 seen.iter().map(|s| ms(s.after_miss_ns as f64)).collect(),
             ),
             round_trip: Stat::of(mine.iter().map(|p| ms(p.rtt_ns as f64)).collect()),
-            stale_rename_ms: None,
-            stale_at_least: false,
+            stale_rename_ms,
+            stale_at_least,
             eexist: probes
                 .eexist
                 .iter()
                 .find(|(po, e)| *po == o && e.writer == w)
                 .map(|(_, e)| e.outcome.clone()),
         });
-        let p = pairs.last_mut().expect("pushed");
-        let read = probes
-            .stale
-            .iter()
-            .find(|(po, r)| *po == o && r.writer == w);
-        let wrote = probes
-            .stale_writes
-            .iter()
-            .find(|(pw, s)| *pw == w && s.observer == o);
-        if let (Some((_, r)), Some((_, s))) = (read, wrote) {
-            // Read for that long, less the most it could have lived before its
-            // replacement: what is left was read after the replacement.
-            let stale = r.longest_ns as f64 - s.max_gap_ns as f64;
-            p.stale_rename_ms = Some(ms(stale.max(0.0)));
-            p.stale_at_least = r.changes < 2;
-        }
     }
     (pairs, offsets)
 }
@@ -524,10 +535,12 @@ impl Member {
         crate::store::confine(root);
         // The other ranks make the same directories at once, and their single-node checks
         // remove `doctor/` (and `.rl-node/`) they made: seen or waited for, made again.
-        let made = super::doctor_dirs::make_dirs(
+        let mut made = Vec::new();
+        super::doctor_dirs::make_dirs(
             &[base.clone(), doctor.clone(), dir.clone()],
             false,
             wait,
+            &mut made,
         )?;
         let mut created = left_dirs.to_vec();
         for (d, name) in [(&base, ".rl-node"), (&doctor, "doctor")] {
@@ -814,10 +827,11 @@ impl Member {
 
     /// Whether the session directory is gone, after a write in it found it missing. A
     /// client that caches lookups (FUSE) still sees a directory another client removed for
-    /// its entry timeout: it is asked again until it agrees or a bound passes.
+    /// its entry timeout: it is asked again until it agrees or the store's bound for a
+    /// name such a cache keeps stale passes.
     fn session_gone(&self) -> bool {
         let bound = if store().caches_lookups(&self.dir) {
-            Duration::from_secs(10)
+            crate::store::fs::INVISIBLE_WAIT
         } else {
             Duration::ZERO
         };
@@ -1101,10 +1115,6 @@ impl Member {
         } else {
             Vec::new()
         };
-        let lied = |p: &PairReport| match p.eexist {
-            Some(Eexist::Lied { ms, .. }) => Some(ms),
-            _ => None,
-        };
         let measured_visibility = pairs
             .iter()
             .flat_map(|p| {
@@ -1113,7 +1123,7 @@ impl Member {
                     .flatten()
                     .map(|s| s.max_ms)
                     .chain(p.stale_rename_ms)
-                    .chain(lied(p))
+                    .chain(p.eexist.as_ref().and_then(Eexist::lied_ms))
             })
             .max_by(f64::total_cmp)
             .map(|ms| Duration::from_secs_f64(ms / 1000.0));
@@ -1188,8 +1198,8 @@ impl Member {
         )
     }
 
-    /// Replaces the probe record by `version`; returns this rank's wall time just before.
-    fn rename_stale(&mut self, record: &Path, version: u32) -> Result<i64, Failure> {
+    /// Replaces the probe record by `version`; returns the instant just before.
+    fn rename_stale(&mut self, record: &Path, version: u32) -> Result<Instant, Failure> {
         let tmp = record.with_extension("tmp");
         if version == 0 {
             self.own.push(tmp.clone());
@@ -1199,7 +1209,7 @@ impl Member {
             Failure::failed(format!("cannot rename over {}: {e}", record.display()))
         };
         let mut f = crate::store::fs::create_file(&tmp).map_err(fail)?;
-        let t = wall_ns();
+        let t = Instant::now();
         f.write_all(version.to_string().as_bytes()).map_err(fail)?;
         drop(f);
         crate::store::fs::rename(&tmp, record).map_err(fail)?;
@@ -1261,7 +1271,6 @@ impl Member {
         ));
         let mut writes = StaleWrite {
             observer: o,
-            renames: 0,
             max_gap_ns: 0,
         };
         let mut next = Instant::now();
@@ -1276,9 +1285,9 @@ impl Member {
                     let t = m.rename_stale(&record, version)?;
                     // Version 0 lived through the lookups: the observer does not count it.
                     if version > 1 {
-                        writes.max_gap_ns = writes.max_gap_ns.max((t - renamed).max(0) as u64);
+                        let gap = t.duration_since(renamed).as_nanos() as u64;
+                        writes.max_gap_ns = writes.max_gap_ns.max(gap);
                     }
-                    writes.renames = version;
                     renamed = t;
                 }
                 Ok(())
@@ -1291,7 +1300,6 @@ impl Member {
         ));
         // The probes, by name: a listing for the final removal may be stale on a client
         // that caches listings (sshfs), and would leave them.
-        let sig = probe.join("sig");
         let _ = fs::remove_file(sig.join("go"));
         let _ = fs::remove_file(record.with_extension("tmp"));
         let _ = fs::remove_file(&record);
@@ -1364,7 +1372,7 @@ impl Member {
         self.me.pos = at(k_all, ACK);
         self.send()?;
         let outcome = eexist.outcome();
-        if let Eexist::Lied { ms, .. } = &outcome {
+        if let Some(ms) = outcome.lied_ms() {
             self.say(format!(
                 "{round}: mkdir of rank {w}'s directory answered EEXIST while stat answered ENOENT for {} (negative-lookup cache)",
                 secs(Duration::from_secs_f64(ms / 1000.0))
@@ -1694,7 +1702,6 @@ impl StaleProbe {
                 self.longest.as_nanos() as u64
             },
             changes: self.changes,
-            window_ns: window.as_nanos() as u64,
         }
     }
 }
@@ -1702,7 +1709,7 @@ impl StaleProbe {
 /// Whether a listing of `dir` shows `name`: a listing asks the server, where a lookup of a
 /// name may be answered from this client's caches.
 fn listed(dir: &Path, name: &str) -> bool {
-    fs::read_dir(dir).is_ok_and(|mut l| l.any(|e| e.is_ok_and(|e| e.file_name() == name)))
+    crate::store::fs::read_dir(dir).is_ok_and(|l| l.iter().any(|n| n == name))
 }
 
 /// A rank's file: missing, unreadable or torn is `None` ("not yet").
@@ -2210,14 +2217,12 @@ mod tests {
                     writer: 0,
                     longest_ns: 1020 * ms as u64,
                     changes: 2,
-                    window_ns: 2000 * ms as u64,
                 },
             )],
             stale_writes: vec![(
                 0,
                 StaleWrite {
                     observer: 1,
-                    renames: 100,
                     max_gap_ns: 25 * ms as u64,
                 },
             )],
