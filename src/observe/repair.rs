@@ -222,10 +222,7 @@ pub fn resolve_latest(
     c: &ClusterRecord,
     rank_0: &[Entry],
 ) -> Option<crate::checkpoint::Latest> {
-    let rl_phase: crate::config::RlPhase =
-        serde_json::from_value(c.config["cluster"]["rl-phase"].clone())
-            .unwrap_or(crate::config::RlPhase::Both);
-    if rl_phase == crate::config::RlPhase::Rollout {
+    if rl_phase_of(c) == crate::config::RlPhase::Rollout {
         return None;
     }
     let check = c.config["phases"]["handoff"]["verify"]
@@ -272,22 +269,24 @@ fn latest_problem(layout: &Layout, c: &ClusterRecord, rank_0: &[Entry]) -> Optio
     })
 }
 
+/// The `cluster.rl-phase` recorded in a cluster record's configuration (`both` where it
+/// has none that parses: the default).
+fn rl_phase_of(c: &ClusterRecord) -> crate::config::RlPhase {
+    serde_json::from_value(c.config["cluster"]["rl-phase"].clone())
+        .unwrap_or(crate::config::RlPhase::Both)
+}
+
 /// The walk's completion item recorded in a cluster record's configuration.
 pub fn walk_of(c: &ClusterRecord) -> String {
-    let cc = &c.config["cluster"];
-    let rl_phase =
-        serde_json::from_value(cc["rl-phase"].clone()).unwrap_or(crate::config::RlPhase::Both);
-    let split = serde_json::from_value(cc["rollout-split"].clone())
+    let split = serde_json::from_value(c.config["cluster"]["rollout-split"].clone())
         .unwrap_or(crate::config::RolloutSplit::All);
-    crate::config::walk_item(rl_phase, split)
+    crate::config::walk_item(rl_phase_of(c), split)
 }
 
 /// Whether the walk recorded in a cluster record ends with the final-sync barrier (every
 /// walk but a rollout-only one, which ends with each rank's own eval).
 fn walk_ends_at_final_sync(c: &ClusterRecord) -> bool {
-    let rl_phase = serde_json::from_value(c.config["cluster"]["rl-phase"].clone())
-        .unwrap_or(crate::config::RlPhase::Both);
-    crate::protocol::phase::Phase::walk(rl_phase).last()
+    crate::protocol::phase::Phase::walk(rl_phase_of(c)).last()
         == Some(&crate::protocol::phase::Phase::FinalSync)
 }
 
