@@ -335,6 +335,20 @@ fn stamp() -> String {
         .to_string()
 }
 
+/// A file a repair replaces, kept next to it as `.damaged-<time>` if anything is there
+/// (even a dangling link, which the replacement would otherwise drop); the note saying
+/// where it went, or nothing.
+fn set_aside_damaged(layout: &Layout, path: &Path) -> Result<String, String> {
+    let aside = state::set_aside(&crate::store::Fs, path, &stamp())
+        .map_err(|e| format!("cannot move {}: {e}", path.display()))?;
+    Ok(aside
+        .map(|a| {
+            let rel = a.strip_prefix(layout.root()).unwrap_or(&a);
+            format!(" (the damaged one is {})", rel.display())
+        })
+        .unwrap_or_default())
+}
+
 /// Carry out one repair; says what it did.
 pub fn apply(layout: &Layout, repair: &Repair) -> Result<String, String> {
     let rel = |p: &Path| {
@@ -346,13 +360,7 @@ pub fn apply(layout: &Layout, repair: &Repair) -> Result<String, String> {
     match repair {
         Repair::RebuildCluster { from } => {
             let target = layout.cluster();
-            let mut note = String::new();
-            if target.exists() {
-                let aside = state::side_path(&target, &stamp());
-                crate::store::fs::rename(&target, &aside)
-                    .map_err(|e| format!("cannot move {}: {e}", target.display()))?;
-                note = format!(" (the damaged one is {})", rel(&aside));
-            }
+            let note = set_aside_damaged(layout, &target)?;
             let bytes = crate::store::fs::read_file(from, crate::store::ReadLimit::Record)
                 .map_err(|e| format!("cannot read {}: {e}", from.display()))?;
             store::publish(&target, &bytes)
@@ -434,17 +442,44 @@ pub fn apply(layout: &Layout, repair: &Repair) -> Result<String, String> {
         }
         Repair::PointLatest { checkpoint } => {
             let pointer = layout.models().join(crate::checkpoint::LATEST);
-            let mut note = String::new();
-            if std::fs::symlink_metadata(&pointer).is_ok() {
-                let aside = state::side_path(&pointer, &stamp());
-                std::fs::rename(&pointer, &aside)
-                    .map_err(|e| format!("cannot move {}: {e}", pointer.display()))?;
-                note = format!(" (the damaged one is {})", rel(&aside));
-            }
+            let note = set_aside_damaged(layout, &pointer)?;
             let name = checkpoint.file_name().unwrap_or_default().to_string_lossy();
             store::publish(&pointer, format!("{name}\n").as_bytes())
                 .map_err(|e| format!("cannot write {}: {e}", pointer.display()))?;
             Ok(format!("models/LATEST now names {name}{note}"))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    /// A rebuild replaces `cluster.json` and keeps what was there, even a dangling link,
+    /// which the replacement would otherwise drop.
+    #[test]
+    fn a_rebuild_keeps_a_dangling_link_at_cluster_json_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::new(dir.path());
+        let from = layout.gen_cluster(3);
+        fs::create_dir_all(from.parent().unwrap()).unwrap();
+        fs::write(&from, b"{\"copy\": true}\n").unwrap();
+        let target = layout.cluster();
+        std::os::unix::fs::symlink(dir.path().join("gone"), &target).unwrap();
+        let did = apply(&layout, &Repair::RebuildCluster { from }).unwrap();
+        assert_eq!(fs::read(&target).unwrap(), b"{\"copy\": true}\n");
+        let aside: Vec<PathBuf> = fs::read_dir(target.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.to_string_lossy().contains("cluster.json.damaged-"))
+            .collect();
+        assert_eq!(aside.len(), 1, "{aside:?}");
+        assert_eq!(fs::read_link(&aside[0]).unwrap(), dir.path().join("gone"));
+        let rel = aside[0].strip_prefix(dir.path()).unwrap().display();
+        assert!(
+            did.ends_with(&format!("(the damaged one is {rel})")),
+            "{did}"
+        );
     }
 }
