@@ -27,20 +27,12 @@ pub(crate) fn check_log_path(path: &std::path::Path) -> Result<(), crate::error:
 }
 
 /// The run's cluster record, or a message saying there is no run at `layout`'s path, or
-/// which state file is damaged and what to do (`rl-node recover`).
-/// The run's own `[limits]` (from its record) become this process's, so a view reads what
-/// the run's nodes read.
+/// which state file is damaged and what to do (`rl-node recover`). The run's own
+/// `[limits]` become this process's ([`use_run_limits`]).
 pub(crate) fn read_cluster(layout: &Layout) -> Result<ClusterRecord, String> {
     match crate::state::read_cluster(&crate::store::Fs, layout) {
         Ok(Some(c)) => {
-            let mib = |key: &str| {
-                c.config["limits"][key]
-                    .as_u64()
-                    .filter(|m| crate::config::Limits::RANGE_MIB.contains(m))
-            };
-            if let (Some(journal), Some(manifest)) = (mib("journal-mib"), mib("manifest-mib")) {
-                crate::store::ReadLimit::configure(journal, manifest);
-            }
+            use_run_limits(&c);
             Ok(c)
         }
         Ok(None) => Err(format!(
@@ -49,6 +41,19 @@ pub(crate) fn read_cluster(layout: &Layout) -> Result<ClusterRecord, String> {
             layout.cluster().display()
         )),
         Err(e) => Err(state_message(layout, &e)),
+    }
+}
+
+/// The run's own `[limits]` (from its cluster record `c`) become this process's, so a view
+/// reads what the run's nodes read (a record without valid ones leaves the defaults).
+pub(crate) fn use_run_limits(c: &ClusterRecord) {
+    let mib = |key: &str| {
+        c.config["limits"][key]
+            .as_u64()
+            .filter(|m| crate::config::Limits::RANGE_MIB.contains(m))
+    };
+    if let (Some(journal), Some(manifest)) = (mib("journal-mib"), mib("manifest-mib")) {
+        crate::store::ReadLimit::configure(journal, manifest);
     }
 }
 

@@ -102,9 +102,22 @@ fn newest_copy(layout: &Layout) -> Option<(PathBuf, ClusterRecord)> {
     })
 }
 
-/// Everything wrong with the run's state at `layout`, and the cluster record to judge the
-/// rest by (the real one, or the one a repair would rebuild). `Ok(None)`: no run at all.
-pub fn diagnose(layout: &Layout) -> Option<(Vec<Problem>, Option<ClusterRecord>)> {
+/// What `recover` finds in the run's state before it reports on it.
+pub struct Diagnosis {
+    /// Everything wrong with the run's state.
+    pub problems: Vec<Problem>,
+    /// The cluster record to judge the rest by (the real one, or the one a repair would
+    /// rebuild); `None` when there is none.
+    pub cluster: Option<ClusterRecord>,
+    /// `models/LATEST` as a restart resolves it ([`resolve_latest`]), as the state stands:
+    /// the report's answer too unless a repair changes the state. `None`: not resolved
+    /// (there is no cluster record to resolve it by).
+    pub latest: Option<Option<crate::checkpoint::Latest>>,
+}
+
+/// Everything wrong with the run's state at `layout` (see [`Diagnosis`]). `None`: no run
+/// at all. The run's own `[limits]` are used from the record on, as its nodes use them.
+pub fn diagnose(layout: &Layout) -> Option<Diagnosis> {
     let mut problems = Vec::new();
     let cluster = match state::read_cluster(&crate::store::Fs, layout) {
         Ok(Some(c)) => Some(c),
@@ -115,7 +128,11 @@ pub fn diagnose(layout: &Layout) -> Option<(Vec<Problem>, Option<ClusterRecord>)
                 what: format!("{e}; {}", e.hint(layout.root())),
                 repair: None,
             });
-            return Some((problems, None));
+            return Some(Diagnosis {
+                problems,
+                cluster: None,
+                latest: None,
+            });
         }
         Err(e) => match newest_copy(layout) {
             Some((from, c)) => {
@@ -139,8 +156,13 @@ pub fn diagnose(layout: &Layout) -> Option<(Vec<Problem>, Option<ClusterRecord>)
         },
     };
     let Some(c) = cluster.clone() else {
-        return Some((problems, cluster));
+        return Some(Diagnosis {
+            problems,
+            cluster,
+            latest: None,
+        });
     };
+    super::use_run_limits(&c);
     let r0 = layout.rank_record(c.gen, 0);
     if let Err(e) = store::read_strict::<RankRecord>(&r0) {
         problems.push(Problem {
@@ -211,8 +233,13 @@ pub fn diagnose(layout: &Layout) -> Option<(Vec<Problem>, Option<ClusterRecord>)
         .first()
         .map(|j| j.iter().filter(|e| e.run_id == c.run_id).cloned().collect())
         .unwrap_or_default();
-    problems.extend(latest_problem(layout, &c, &rank_0));
-    Some((problems, cluster))
+    let latest = resolve_latest(layout, &c, &rank_0);
+    problems.extend(latest.as_ref().and_then(|l| latest_problem(&c, l)));
+    Some(Diagnosis {
+        problems,
+        cluster,
+        latest: Some(latest),
+    })
 }
 
 /// `models/LATEST` as a restart resolves it, with rank 0's journal entries of the run
@@ -241,8 +268,7 @@ pub fn resolve_latest(
 /// A restart that falls back from a missing or damaged `models/LATEST` to a verified
 /// checkpoint copes by itself (tolerated; `--repair` points `LATEST` there); one that
 /// would have to stop instead is damage no repair can undo.
-fn latest_problem(layout: &Layout, c: &ClusterRecord, rank_0: &[Entry]) -> Option<Problem> {
-    let latest = resolve_latest(layout, c, rank_0)?;
+fn latest_problem(c: &ClusterRecord, latest: &crate::checkpoint::Latest) -> Option<Problem> {
     let base = c.config["cluster"]["model"].as_str().unwrap_or_default();
     if let Some(reason) = latest.stop(base) {
         return Some(Problem {
@@ -253,7 +279,7 @@ fn latest_problem(layout: &Layout, c: &ClusterRecord, rank_0: &[Entry]) -> Optio
     }
     let crate::checkpoint::Latest::Damaged {
         fallback: Ok(p), ..
-    } = &latest
+    } = latest
     else {
         return None;
     };
