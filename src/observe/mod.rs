@@ -14,6 +14,23 @@ pub mod timeline;
 use crate::layout::Layout;
 use crate::protocol::ClusterRecord;
 
+/// The shared directory a command that reads a run (`status`, `recover`, `timeline`) looks
+/// at: `--log-path`, else `RL_NODE_CLUSTER_LOG_PATH`. A usage error naming `command` when
+/// neither is set, and one when the path is a symbolic-link loop ([`check_log_path`]).
+pub(crate) fn log_path_of(
+    command: &str,
+    log_path: Option<String>,
+) -> Result<std::path::PathBuf, crate::error::Failure> {
+    let path = log_path
+        .or_else(|| std::env::var(crate::config::env_name("cluster.log-path")).ok())
+        .ok_or_else(|| {
+            crate::error::Failure::usage(format!("rl-node {command} needs --log-path DIR"), None)
+        })?;
+    let path = std::path::PathBuf::from(path);
+    check_log_path(&path)?;
+    Ok(path)
+}
+
 /// `--log-path` refused when it cannot be resolved for a symbolic-link loop: otherwise the
 /// loop shows as a damaged or missing state file, which sends the user the wrong way.
 pub(crate) fn check_log_path(path: &std::path::Path) -> Result<(), crate::error::Failure> {

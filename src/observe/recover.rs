@@ -726,18 +726,18 @@ fn discard(run: &Run, rep: &Report, n: u64) -> Result<Vec<String>, String> {
 }
 
 pub fn main(args: RecoverArgs, log_path: Option<String>) -> Result<i32, Failure> {
-    let path = log_path
-        .or_else(|| std::env::var(crate::config::env_name("cluster.log-path")).ok())
-        .ok_or_else(|| Failure::usage("rl-node recover needs --log-path DIR", None))?;
-    super::check_log_path(Path::new(&path))?;
+    let path = super::log_path_of("recover", log_path)?;
     let cluster: Option<&'static str> = match args.cluster.as_deref() {
         Some("rollout") => Some("rollout"),
         Some("update") => Some("update"),
         _ => None,
     };
-    if cluster.is_none() && super::status::is_pipelined(Path::new(&path)) {
+    if cluster.is_none() && super::status::is_pipelined(&path) {
         return Err(Failure::usage(
-            format!("{path} holds a pipelined run: name one of its clusters"),
+            format!(
+                "{} holds a pipelined run: name one of its clusters",
+                path.display()
+            ),
             Some("rl-node recover --log-path DIR --cluster rollout (or --cluster update)".into()),
         ));
     }
