@@ -381,7 +381,24 @@ fn check_target(
         ));
     }
     if same_place(out, &merged) {
-        if let Some(journal) = merge_journaled(layout, args.iteration, &args.split) {
+        let salvage = || {
+            Some(format!(
+                "salvage without --commit (or --out): the merge goes to {}",
+                salvaged(&merged).display()
+            ))
+        };
+        let journaled = merge_journaled(layout, args.iteration, &args.split).map_err(|e| {
+            Failure::usage(
+                format!(
+                    "{} is iteration {}'s merged {} file, and whether rank 0 journaled its merge (so the run may have trained on it) cannot be told: {e}; nothing was written",
+                    out.display(),
+                    args.iteration,
+                    args.split
+                ),
+                salvage(),
+            )
+        })?;
+        if let Some(journal) = journaled {
             return Err(Failure::usage(
                 format!(
                     "{} is iteration {}'s merged {} file, whose merge rank 0 journaled ({}): the run may have trained on it, so rl-node aggregate does not write it; nothing was written",
@@ -390,10 +407,7 @@ fn check_target(
                     args.split,
                     journal.display()
                 ),
-                Some(format!(
-                    "salvage without --commit (or --out): the merge goes to {}",
-                    salvaged(&merged).display()
-                )),
+                salvage(),
             ));
         }
     }
@@ -413,23 +427,42 @@ fn exists_hint(out: &Path, merged: &Path) -> String {
 }
 
 /// Rank 0's journal, if it records the merge of `split` of `iteration` (in a pipelined
-/// run, the rollout cluster's rank 0 merges).
-fn merge_journaled(layout: &Layout, iteration: u64, split: &str) -> Option<PathBuf> {
+/// run, the rollout cluster's rank 0 merges). A journal that cannot be read (larger than
+/// rl-node reads, a planted link) is an error naming it: the merge may be journaled there.
+fn merge_journaled(
+    layout: &Layout,
+    iteration: u64,
+    split: &str,
+) -> Result<Option<PathBuf>, String> {
     use crate::protocol::journal::{self, item};
     let wanted = if split == "eval" {
         item::AGGREGATE_EVAL
     } else {
         item::AGGREGATE_TRAIN
     };
-    [layout.clone(), layout.clone().with_cluster(Some("rollout"))]
-        .into_iter()
-        .map(|l| l.journal(0))
-        .find(|path| {
-            let text = std::fs::read(path).unwrap_or_default();
-            journal::parse(&String::from_utf8_lossy(&text))
-                .iter()
-                .any(|e| e.iteration == iteration && e.item == wanted)
-        })
+    for l in [layout.clone(), layout.clone().with_cluster(Some("rollout"))] {
+        let path = l.journal(0);
+        let read = crate::store::fs::read_limited(&path, crate::store::ReadLimit::Journal);
+        let Some(text) = read.map_err(|e| {
+            // A refusal (too large, a link) names the file itself.
+            if crate::store::TooLarge::of(&e).is_some() || crate::store::Untrusted::of(&e).is_some()
+            {
+                e.to_string()
+            } else {
+                format!("{}: {e}", path.display())
+            }
+        })?
+        else {
+            continue;
+        };
+        if journal::parse(&String::from_utf8_lossy(&text))
+            .iter()
+            .any(|e| e.iteration == iteration && e.item == wanted)
+        {
+            return Ok(Some(path));
+        }
+    }
+    Ok(None)
 }
 
 /// Refuse (exit 2, nothing written) while a node of the run runs, judged as `rl-node
