@@ -926,9 +926,9 @@ pub fn moved_from(dir: &Path) -> Option<PathBuf> {
 fn recorded_source(models: &Path, source: &Path) -> PathBuf {
     models
         .parent()
-        .and_then(|root| source.strip_prefix(root).ok())
-        .filter(|rel| !rel.as_os_str().is_empty())
-        .map_or_else(|| source.to_path_buf(), Path::to_path_buf)
+        .and_then(|root| crate::layout::shared_relative_path(root, source))
+        .unwrap_or(source)
+        .to_path_buf()
 }
 
 /// The partial directory of a hand-off of `name` by generation `gen` or an earlier one that
