@@ -302,11 +302,9 @@ pub fn run(
             break exit;
         }
     };
-    // Stop the group when the command timed out, and when it left processes behind
-    // (daemons, a backgrounded writer).
-    if exit.is_none() || procs::group_alive(pid) {
-        child.stop_group(job.kill_grace);
-    }
+    // Stop what is left of the group: all of it when the command timed out, else what it
+    // left behind (daemons, a backgrounded writer); an empty group is done at once.
+    child.stop_group(job.kill_grace);
     if let Some(r) = &job.registry {
         // The group is stopped above; this stops descendants that left it.
         r.stop(pid, job.kill_grace);
