@@ -19,6 +19,7 @@ use crate::error::Failure;
 use crate::layout::Layout;
 use crate::shards::naming::Format;
 use serde::Deserialize;
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -304,16 +305,36 @@ fn salvaged(merged: &Path) -> PathBuf {
 /// Whether `a` and `b` name the same directory entry (their directories resolved, so
 /// `x/../train.jsonl` or a symlinked directory is seen through).
 fn same_place(a: &Path, b: &Path) -> bool {
-    let resolve = |p: &Path| -> Option<PathBuf> {
+    Places::default().same(a, b)
+}
+
+/// [`same_place`] for many comparisons: each directory is resolved once (the run's shards
+/// of a split share one, which [`committed_at`] compares with every rank's names).
+#[derive(Default)]
+struct Places {
+    resolved: HashMap<PathBuf, Option<PathBuf>>,
+}
+
+impl Places {
+    /// `p` with its directory resolved; `None` when that directory cannot be.
+    fn resolve(&mut self, p: &Path) -> Option<PathBuf> {
         let dir = match p.parent() {
             Some(d) if !d.as_os_str().is_empty() => d,
             _ => Path::new("."),
         };
-        Some(dir.canonicalize().ok()?.join(p.file_name()?))
-    };
-    match (resolve(a), resolve(b)) {
-        (Some(a), Some(b)) => a == b,
-        _ => a == b,
+        let name = p.file_name()?;
+        let dir = self
+            .resolved
+            .entry(dir.to_path_buf())
+            .or_insert_with(|| dir.canonicalize().ok());
+        Some(dir.as_ref()?.join(name))
+    }
+
+    fn same(&mut self, a: &Path, b: &Path) -> bool {
+        match (self.resolve(a), self.resolve(b)) {
+            (Some(a), Some(b)) => a == b,
+            _ => a == b,
+        }
     }
 }
 
@@ -321,6 +342,8 @@ fn same_place(a: &Path, b: &Path) -> bool {
 /// file of either split or its manifest, or a rank's shard or partial file.
 fn committed_at(layout: &Layout, iteration: u64, num_ranks: u32, out: &Path) -> Option<String> {
     let name = out.file_name()?.to_string_lossy().into_owned();
+    let mut places = Places::default();
+    let mut same_place = |a: &Path, b: &Path| places.same(a, b);
     for split in ["train", "eval"] {
         let merged = layout.aggregated(iteration, split);
         if same_place(out, &merged) {
