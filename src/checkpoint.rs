@@ -673,14 +673,10 @@ pub fn latest_as(
         .ok_or_else(|| found.none(&problem, journaled.through));
     // Training goes back when the fallback is older than what the journal says was
     // published (or there is none).
-    let iteration = |p: &PathBuf| {
-        p.file_name()
-            .and_then(|n| iteration_of(&n.to_string_lossy()))
-    };
-    let published = journaled.published.clone().filter(|k| {
-        let k = iteration_of(k);
-        fallback.as_ref().map_or(true, |p| iteration(p) < k)
-    });
+    let published = journaled
+        .published
+        .clone()
+        .filter(|k| fallback.as_ref().map_or(true, |p| older_than(p, k)));
     Latest::Damaged {
         problem,
         fallback,
@@ -724,18 +720,28 @@ fn pointer(models: &Path, check: Check, tick: &mut dyn FnMut()) -> Result<PathBu
 /// `LATEST` verifies: [`Latest::Checkpoint`], or [`Latest::Behind`] when it names an
 /// older checkpoint than the journal's newest published one.
 fn behind(dir: PathBuf, journaled: &Journaled) -> Latest {
-    let ours = dir
-        .file_name()
-        .and_then(|n| iteration_of(&n.to_string_lossy()));
     match &journaled.published {
-        Some(k) if ours.is_some_and(|ours| iteration_of(k).is_some_and(|k| ours < k)) => {
-            Latest::Behind {
-                path: dir,
-                published: k.clone(),
-            }
-        }
+        Some(k) if older_than(&dir, k) => Latest::Behind {
+            path: dir,
+            published: k.clone(),
+        },
         _ => Latest::Checkpoint(dir),
     }
+}
+
+/// Whether the checkpoint `dir` is of an earlier iteration than the checkpoint named
+/// `published` (false when either name carries none).
+fn older_than(dir: &Path, published: &str) -> bool {
+    match (dir_iteration(dir), iteration_of(published)) {
+        (Some(ours), Some(theirs)) => ours < theirs,
+        _ => false,
+    }
+}
+
+/// The iteration of the checkpoint at `dir`, from its name (`iter-NNNN`).
+fn dir_iteration(dir: &Path) -> Option<u64> {
+    dir.file_name()
+        .and_then(|n| iteration_of(&n.to_string_lossy()))
 }
 
 /// The outcome of looking for a fallback.
@@ -926,9 +932,9 @@ pub fn moved_from(dir: &Path) -> Option<PathBuf> {
 fn recorded_source(models: &Path, source: &Path) -> PathBuf {
     models
         .parent()
-        .and_then(|root| source.strip_prefix(root).ok())
-        .filter(|rel| !rel.as_os_str().is_empty())
-        .map_or_else(|| source.to_path_buf(), Path::to_path_buf)
+        .and_then(|root| crate::layout::shared_relative_path(root, source))
+        .unwrap_or(source)
+        .to_path_buf()
 }
 
 /// The partial directory of a hand-off of `name` by generation `gen` or an earlier one that
@@ -1427,10 +1433,7 @@ fn point_latest(
     tick: &mut dyn FnMut(),
 ) -> Result<Option<PathBuf>, PublishError> {
     if let (Some(current), Some(ours)) = (latest_named(models), iteration_of(name)) {
-        let newer = current
-            .file_name()
-            .and_then(|n| iteration_of(&n.to_string_lossy()))
-            .is_some_and(|theirs| theirs > ours);
+        let newer = dir_iteration(&current).is_some_and(|theirs| theirs > ours);
         if newer && verify(&current, tick).is_ok() {
             return Ok(Some(current));
         }

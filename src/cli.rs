@@ -359,25 +359,16 @@ fn run() -> (Option<u32>, Result<i32, Failure>) {
 }
 
 fn watch_status(log_path: Option<String>, every: std::time::Duration) -> Result<i32, Failure> {
-    let path = log_path
-        .or_else(|| std::env::var(config::env_name("cluster.log-path")).ok())
-        .ok_or_else(|| Failure::usage("rl-node status needs --log-path DIR", None))?;
+    let path = crate::observe::log_path_of("status", log_path)?;
     if every.is_zero() {
         return Err(Failure::usage("--every must be above zero", None));
     }
-    crate::observe::check_log_path(std::path::Path::new(&path))?;
-    Ok(crate::observe::live::watch(
-        std::path::Path::new(&path),
-        every,
-    ))
+    Ok(crate::observe::live::watch(&path, every))
 }
 
 fn status(json: bool, log_path: Option<String>) -> Result<i32, Failure> {
-    let path = log_path
-        .or_else(|| std::env::var(config::env_name("cluster.log-path")).ok())
-        .ok_or_else(|| Failure::usage("rl-node status needs --log-path DIR", None))?;
-    let root = std::path::Path::new(&path);
-    crate::observe::check_log_path(root)?;
+    let path = crate::observe::log_path_of("status", log_path)?;
+    let root = path.as_path();
     if crate::observe::status::is_pipelined(root) {
         let p = crate::observe::status::read_pipeline(root);
         if json {
@@ -387,9 +378,9 @@ fn status(json: bool, log_path: Option<String>) -> Result<i32, Failure> {
         }
         return Ok(exit::DONE);
     }
-    let mut s = crate::observe::status::read(std::path::Path::new(&path))
-        .map_err(|e| Failure::usage(e.to_string(), None))?;
-    crate::observe::status::judge(std::path::Path::new(&path), &mut s);
+    let mut s =
+        crate::observe::status::read(root).map_err(|e| Failure::usage(e.to_string(), None))?;
+    crate::observe::status::judge(root, &mut s);
     if json {
         crate::outln!("{}", serde_json::to_string_pretty(&s).expect("json"));
     } else {

@@ -410,9 +410,16 @@ pub const RUN_DIRS: &[&str] = &[".rl-node", "rollouts", "logs", "models", "train
 /// `/mnt/exp1` on another); `None` when `path` is not under `root`. Read back with
 /// [`resolve_recorded`].
 pub fn shared_relative(root: &Path, path: &Path) -> Option<String> {
+    shared_relative_path(root, path)?
+        .to_str()
+        .map(str::to_string)
+}
+
+/// [`shared_relative`] for a record that carries bytes rather than text (a name need not
+/// be UTF-8): `path` relative to `root`, `None` when it is not under it.
+pub fn shared_relative_path<'p>(root: &Path, path: &'p Path) -> Option<&'p Path> {
     let rel = path.strip_prefix(root).ok()?;
-    let rel = rel.to_str()?;
-    (!rel.is_empty()).then(|| rel.to_string())
+    (!rel.as_os_str().is_empty()).then_some(rel)
 }
 
 /// Where a path a record carries ([`shared_relative`]) is on this node, whose shared

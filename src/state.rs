@@ -378,6 +378,22 @@ fn torn_cut(text: &str) -> Option<usize> {
     (!text[cut..].trim().is_empty()).then_some(cut)
 }
 
+/// Move whatever is at `path` (a file, a directory, a link, dangling or not: looked at, never
+/// followed) to [`side_path`]`(path, suffix)`; where it went, or `None` when nothing was
+/// there. Nothing is deleted: a repair keeps what it replaces.
+pub fn set_aside(
+    store: &dyn SharedDir,
+    path: &Path,
+    suffix: &str,
+) -> std::io::Result<Option<PathBuf>> {
+    if !store.exists(path) {
+        return Ok(None);
+    }
+    let aside = side_path(path, suffix);
+    store.rename(path, &aside)?;
+    Ok(Some(aside))
+}
+
 /// `<file>.<suffix>`, numbered if taken.
 pub fn side_path(path: &Path, suffix: &str) -> PathBuf {
     let name = path.file_name().unwrap_or_default().to_string_lossy();

@@ -739,6 +739,24 @@ fn a_committed_journaled_merge_is_never_touched_and_the_salvage_lands_beside_it(
         stderr(&o)
     );
     assert!(!merged.exists());
+    // A journal larger than rl-node reads (grown to 300 MiB, sparse) cannot tell: refused,
+    // naming it, without reading it.
+    let journal = c.log_path.join(".rl-node/journal/rank-0.jsonl");
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&journal)
+        .unwrap()
+        .set_len(300 << 20)
+        .unwrap();
+    let o = aggregate_run(&c, &["--commit", "--allow-missing"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("cannot be told")
+            && stderr(&o).contains(&format!("{} is larger than 256 MiB", journal.display())),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!merged.exists());
 }
 
 /// Two nodes whose rank 1 rolls out until `<shared>/go` exists, having written one record

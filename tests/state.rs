@@ -485,6 +485,37 @@ fn journal_lines_damaged_in_the_middle_are_refused_moved_aside_and_rebuilt_from_
     assert_each_iteration_once(&c, &id, 4, "after repairing rank 1's journal");
 }
 
+/// recover judges the run's state by the run's own `[limits]`, as its nodes do: a journal
+/// over the run's journal-mib is damage it names with the key, not a journal it reads as
+/// empty (and reports as nothing done) once it has taken those limits on.
+#[test]
+fn recover_judges_the_journals_by_the_runs_own_limits() {
+    let c = cluster(1);
+    let mut n = c.spawn_env(
+        0,
+        &c.log_path,
+        &["--iterations", "1"],
+        &[("RL_NODE_LIMITS_JOURNAL_MIB", "1".into())],
+    );
+    assert_eq!(n.wait(LIMIT), 0, "{}", n.stderr());
+    // 2 MiB (sparse): over the run's 1 MiB, far under the default limit.
+    let journal = state(&c, "journal/rank-0.jsonl");
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&journal)
+        .unwrap()
+        .set_len(2 << 20)
+        .unwrap();
+    let before = snapshot(&c.log_path);
+    let (code, out, err) = tool("recover", &c, &[]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(
+        out.contains("rank-0.jsonl is larger than 1 MiB") && out.contains("limits.journal-mib"),
+        "{out}{err}"
+    );
+    assert_unchanged(&before, &snapshot(&c.log_path), &out);
+}
+
 #[test]
 fn a_torn_last_line_is_tolerated_reported_and_set_aside_so_the_next_entry_starts_a_new_line() {
     let c = cluster(2);

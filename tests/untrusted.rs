@@ -102,6 +102,37 @@ fn a_link_planted_at_a_command_log_is_set_aside_and_the_victim_is_untouched() {
     );
 }
 
+/// The merge command's log (`[aggregate] format = "command"`) is a command log too: a
+/// link planted there is set aside, never written through, and the node says so.
+#[test]
+fn a_link_planted_at_the_merge_commands_log_is_set_aside_and_said() {
+    let config = COMMANDS.to_string()
+        + "[aggregate]\nformat = \"command\"\nshard-name = \"rank-{rank}.txt\"\n\
+           output-name = \"{split}-merged.txt\"\ncommand = \"cat {inputs} > {output}; echo merge-output\"\n";
+    let c = TestCluster::new(1, &config);
+    let (victim, before) = victim(&c, ".bashrc");
+    let logs = c.log_path.join("logs/iter-0001");
+    let log = logs.join("rank-0.aggregate.log");
+    plant_link(&log, &victim);
+    let nodes = run_to_end(&c, &["--iterations", "1", "--eval-interval", "0"]);
+    assert_eq!(
+        fs::read(&victim).unwrap(),
+        before,
+        "the victim file was written"
+    );
+    assert!(fs::symlink_metadata(&log).unwrap().file_type().is_file());
+    let text = fs::read_to_string(&log).unwrap();
+    assert!(text.contains("merge-output"), "{text}");
+    let aside = set_aside_in(&logs, "rank-0.aggregate.log");
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(fs::read_link(&aside[0]).unwrap(), victim);
+    let err = nodes[0].stderr();
+    assert!(
+        err.contains("rank-0.aggregate.log is a symbolic link") && err.contains("moved it aside"),
+        "rank 0 did not say what it set aside:\n{err}"
+    );
+}
+
 #[test]
 fn a_linked_logs_directory_is_never_entered() {
     let c = TestCluster::new(1, COMMANDS);

@@ -19,6 +19,7 @@ use crate::error::Failure;
 use crate::layout::Layout;
 use crate::shards::naming::Format;
 use serde::Deserialize;
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -304,16 +305,36 @@ fn salvaged(merged: &Path) -> PathBuf {
 /// Whether `a` and `b` name the same directory entry (their directories resolved, so
 /// `x/../train.jsonl` or a symlinked directory is seen through).
 fn same_place(a: &Path, b: &Path) -> bool {
-    let resolve = |p: &Path| -> Option<PathBuf> {
+    Places::default().same(a, b)
+}
+
+/// [`same_place`] for many comparisons: each directory is resolved once (the run's shards
+/// of a split share one, which [`committed_at`] compares with every rank's names).
+#[derive(Default)]
+struct Places {
+    resolved: HashMap<PathBuf, Option<PathBuf>>,
+}
+
+impl Places {
+    /// `p` with its directory resolved; `None` when that directory cannot be.
+    fn resolve(&mut self, p: &Path) -> Option<PathBuf> {
         let dir = match p.parent() {
             Some(d) if !d.as_os_str().is_empty() => d,
             _ => Path::new("."),
         };
-        Some(dir.canonicalize().ok()?.join(p.file_name()?))
-    };
-    match (resolve(a), resolve(b)) {
-        (Some(a), Some(b)) => a == b,
-        _ => a == b,
+        let name = p.file_name()?;
+        let dir = self
+            .resolved
+            .entry(dir.to_path_buf())
+            .or_insert_with(|| dir.canonicalize().ok());
+        Some(dir.as_ref()?.join(name))
+    }
+
+    fn same(&mut self, a: &Path, b: &Path) -> bool {
+        match (self.resolve(a), self.resolve(b)) {
+            (Some(a), Some(b)) => a == b,
+            _ => a == b,
+        }
     }
 }
 
@@ -321,6 +342,8 @@ fn same_place(a: &Path, b: &Path) -> bool {
 /// file of either split or its manifest, or a rank's shard or partial file.
 fn committed_at(layout: &Layout, iteration: u64, num_ranks: u32, out: &Path) -> Option<String> {
     let name = out.file_name()?.to_string_lossy().into_owned();
+    let mut places = Places::default();
+    let mut same_place = |a: &Path, b: &Path| places.same(a, b);
     for split in ["train", "eval"] {
         let merged = layout.aggregated(iteration, split);
         if same_place(out, &merged) {
@@ -381,7 +404,24 @@ fn check_target(
         ));
     }
     if same_place(out, &merged) {
-        if let Some(journal) = merge_journaled(layout, args.iteration, &args.split) {
+        let salvage = || {
+            Some(format!(
+                "salvage without --commit (or --out): the merge goes to {}",
+                salvaged(&merged).display()
+            ))
+        };
+        let journaled = merge_journaled(layout, args.iteration, &args.split).map_err(|e| {
+            Failure::usage(
+                format!(
+                    "{} is iteration {}'s merged {} file, and whether rank 0 journaled its merge (so the run may have trained on it) cannot be told: {e}; nothing was written",
+                    out.display(),
+                    args.iteration,
+                    args.split
+                ),
+                salvage(),
+            )
+        })?;
+        if let Some(journal) = journaled {
             return Err(Failure::usage(
                 format!(
                     "{} is iteration {}'s merged {} file, whose merge rank 0 journaled ({}): the run may have trained on it, so rl-node aggregate does not write it; nothing was written",
@@ -390,10 +430,7 @@ fn check_target(
                     args.split,
                     journal.display()
                 ),
-                Some(format!(
-                    "salvage without --commit (or --out): the merge goes to {}",
-                    salvaged(&merged).display()
-                )),
+                salvage(),
             ));
         }
     }
@@ -413,23 +450,42 @@ fn exists_hint(out: &Path, merged: &Path) -> String {
 }
 
 /// Rank 0's journal, if it records the merge of `split` of `iteration` (in a pipelined
-/// run, the rollout cluster's rank 0 merges).
-fn merge_journaled(layout: &Layout, iteration: u64, split: &str) -> Option<PathBuf> {
+/// run, the rollout cluster's rank 0 merges). A journal that cannot be read (larger than
+/// rl-node reads, a planted link) is an error naming it: the merge may be journaled there.
+fn merge_journaled(
+    layout: &Layout,
+    iteration: u64,
+    split: &str,
+) -> Result<Option<PathBuf>, String> {
     use crate::protocol::journal::{self, item};
     let wanted = if split == "eval" {
         item::AGGREGATE_EVAL
     } else {
         item::AGGREGATE_TRAIN
     };
-    [layout.clone(), layout.clone().with_cluster(Some("rollout"))]
-        .into_iter()
-        .map(|l| l.journal(0))
-        .find(|path| {
-            let text = std::fs::read(path).unwrap_or_default();
-            journal::parse(&String::from_utf8_lossy(&text))
-                .iter()
-                .any(|e| e.iteration == iteration && e.item == wanted)
-        })
+    for l in [layout.clone(), layout.clone().with_cluster(Some("rollout"))] {
+        let path = l.journal(0);
+        let read = crate::store::fs::read_limited(&path, crate::store::ReadLimit::Journal);
+        let Some(text) = read.map_err(|e| {
+            // A refusal (too large, a link) names the file itself.
+            if crate::store::TooLarge::of(&e).is_some() || crate::store::Untrusted::of(&e).is_some()
+            {
+                e.to_string()
+            } else {
+                format!("{}: {e}", path.display())
+            }
+        })?
+        else {
+            continue;
+        };
+        if journal::parse(&String::from_utf8_lossy(&text))
+            .iter()
+            .any(|e| e.iteration == iteration && e.item == wanted)
+        {
+            return Ok(Some(path));
+        }
+    }
+    Ok(None)
 }
 
 /// Refuse (exit 2, nothing written) while a node of the run runs, judged as `rl-node

@@ -86,7 +86,8 @@ pub(super) fn merge_command(
         registry: opts.registry.clone(),
         env: opts.env.clone(),
     };
-    let reports = command::run(&job, tick).map_err(|source| AggregateError::Command { source })?;
+    let reports = command::run(&job, tick, &mut |note| super::warn(note))
+        .map_err(|source| AggregateError::Command { source })?;
     for (k, r) in reports.into_iter().enumerate() {
         let e = &mut ranks[entry_of[k]];
         if let Some(n) = r.records {

@@ -360,6 +360,17 @@ pub fn merge(
     Ok(manifest)
 }
 
+/// Say `msg` as a warning: a log line in a node (a process whose log subscriber is
+/// installed; the message names the file, and so the rank), else a `warning:` line on
+/// stderr (`rl-node aggregate`).
+fn warn(msg: &str) {
+    if tracing::dispatcher::has_been_set() {
+        tracing::warn!("{msg}");
+    } else {
+        crate::errln!("warning: {msg}");
+    }
+}
+
 /// What a non-JSONL merge adds to the manifest.
 #[derive(Default)]
 struct Extras {

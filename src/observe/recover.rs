@@ -237,11 +237,17 @@ fn holder(layout: &Layout, rec: &RankRecord, heartbeat: Duration) -> String {
     )
 }
 
-fn report(run: &Run) -> Report {
+/// `models/LATEST` as a restart resolves it, against rank 0's journal of the run.
+fn resolve_latest(run: &Run) -> Option<crate::checkpoint::Latest> {
+    let rank_0 = run.journals.first().map(Vec::as_slice).unwrap_or_default();
+    super::repair::resolve_latest(&run.layout, &run.cluster, rank_0)
+}
+
+/// Where the run stands; `latest` is `models/LATEST` as a restart resolves it
+/// ([`resolve_latest`]).
+fn report(run: &Run, latest: Option<crate::checkpoint::Latest>) -> Report {
     let l = &run.layout;
     let c = &run.cluster;
-    let rank_0 = run.journals.first().map(Vec::as_slice).unwrap_or_default();
-    let latest = super::repair::resolve_latest(l, c, rank_0);
     let base = c.config["cluster"]["model"].as_str().unwrap_or_default();
     let resume = journal::resume_point(&run.journals, &c.run_id, &run.walk);
     let it = resume.iteration;
@@ -720,18 +726,18 @@ fn discard(run: &Run, rep: &Report, n: u64) -> Result<Vec<String>, String> {
 }
 
 pub fn main(args: RecoverArgs, log_path: Option<String>) -> Result<i32, Failure> {
-    let path = log_path
-        .or_else(|| std::env::var(crate::config::env_name("cluster.log-path")).ok())
-        .ok_or_else(|| Failure::usage("rl-node recover needs --log-path DIR", None))?;
-    super::check_log_path(Path::new(&path))?;
+    let path = super::log_path_of("recover", log_path)?;
     let cluster: Option<&'static str> = match args.cluster.as_deref() {
         Some("rollout") => Some("rollout"),
         Some("update") => Some("update"),
         _ => None,
     };
-    if cluster.is_none() && super::status::is_pipelined(Path::new(&path)) {
+    if cluster.is_none() && super::status::is_pipelined(&path) {
         return Err(Failure::usage(
-            format!("{path} holds a pipelined run: name one of its clusters"),
+            format!(
+                "{} holds a pipelined run: name one of its clusters",
+                path.display()
+            ),
             Some("rl-node recover --log-path DIR --cluster rollout (or --cluster update)".into()),
         ));
     }
@@ -742,17 +748,25 @@ pub fn main(args: RecoverArgs, log_path: Option<String>) -> Result<i32, Failure>
         ));
     }
     let layout = Layout::new(&path).with_cluster(cluster);
-    if let Some((problems, cluster)) = super::repair::diagnose(&layout) {
-        if !problems.is_empty() {
+    // LATEST as the diagnosis resolved it (each checkpoint verified, with verify = "hash"
+    // every file hashed), unless a repair changed the state since.
+    let mut latest = None;
+    if let Some(d) = super::repair::diagnose(&layout) {
+        if !d.problems.is_empty() {
             if let Some(code) =
-                damaged_state(&layout, &problems, cluster.as_ref(), args.repair, &args)?
+                damaged_state(&layout, &d.problems, d.cluster.as_ref(), args.repair, &args)?
             {
                 return Ok(code);
             }
         }
+        let repaired = args.repair && !d.problems.is_empty();
+        if !repaired {
+            latest = d.latest;
+        }
     }
     let run = load(&layout).map_err(|e| Failure::usage(e.to_string(), None))?;
-    let rep = report(&run);
+    let latest = latest.unwrap_or_else(|| resolve_latest(&run));
+    let rep = report(&run, latest);
     if args.json {
         crate::outln!("{}", serde_json::to_string_pretty(&rep).expect("json"));
     } else {

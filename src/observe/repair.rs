@@ -102,9 +102,22 @@ fn newest_copy(layout: &Layout) -> Option<(PathBuf, ClusterRecord)> {
     })
 }
 
-/// Everything wrong with the run's state at `layout`, and the cluster record to judge the
-/// rest by (the real one, or the one a repair would rebuild). `Ok(None)`: no run at all.
-pub fn diagnose(layout: &Layout) -> Option<(Vec<Problem>, Option<ClusterRecord>)> {
+/// What `recover` finds in the run's state before it reports on it.
+pub struct Diagnosis {
+    /// Everything wrong with the run's state.
+    pub problems: Vec<Problem>,
+    /// The cluster record to judge the rest by (the real one, or the one a repair would
+    /// rebuild); `None` when there is none.
+    pub cluster: Option<ClusterRecord>,
+    /// `models/LATEST` as a restart resolves it ([`resolve_latest`]), as the state stands:
+    /// the report's answer too unless a repair changes the state. `None`: not resolved
+    /// (there is no cluster record to resolve it by).
+    pub latest: Option<Option<crate::checkpoint::Latest>>,
+}
+
+/// Everything wrong with the run's state at `layout` (see [`Diagnosis`]). `None`: no run
+/// at all. The run's own `[limits]` are used from the record on, as its nodes use them.
+pub fn diagnose(layout: &Layout) -> Option<Diagnosis> {
     let mut problems = Vec::new();
     let cluster = match state::read_cluster(&crate::store::Fs, layout) {
         Ok(Some(c)) => Some(c),
@@ -115,7 +128,11 @@ pub fn diagnose(layout: &Layout) -> Option<(Vec<Problem>, Option<ClusterRecord>)
                 what: format!("{e}; {}", e.hint(layout.root())),
                 repair: None,
             });
-            return Some((problems, None));
+            return Some(Diagnosis {
+                problems,
+                cluster: None,
+                latest: None,
+            });
         }
         Err(e) => match newest_copy(layout) {
             Some((from, c)) => {
@@ -139,8 +156,13 @@ pub fn diagnose(layout: &Layout) -> Option<(Vec<Problem>, Option<ClusterRecord>)
         },
     };
     let Some(c) = cluster.clone() else {
-        return Some((problems, cluster));
+        return Some(Diagnosis {
+            problems,
+            cluster,
+            latest: None,
+        });
     };
+    super::use_run_limits(&c);
     let r0 = layout.rank_record(c.gen, 0);
     if let Err(e) = store::read_strict::<RankRecord>(&r0) {
         problems.push(Problem {
@@ -211,8 +233,13 @@ pub fn diagnose(layout: &Layout) -> Option<(Vec<Problem>, Option<ClusterRecord>)
         .first()
         .map(|j| j.iter().filter(|e| e.run_id == c.run_id).cloned().collect())
         .unwrap_or_default();
-    problems.extend(latest_problem(layout, &c, &rank_0));
-    Some((problems, cluster))
+    let latest = resolve_latest(layout, &c, &rank_0);
+    problems.extend(latest.as_ref().and_then(|l| latest_problem(&c, l)));
+    Some(Diagnosis {
+        problems,
+        cluster,
+        latest: Some(latest),
+    })
 }
 
 /// `models/LATEST` as a restart resolves it, with rank 0's journal entries of the run
@@ -222,10 +249,7 @@ pub fn resolve_latest(
     c: &ClusterRecord,
     rank_0: &[Entry],
 ) -> Option<crate::checkpoint::Latest> {
-    let rl_phase: crate::config::RlPhase =
-        serde_json::from_value(c.config["cluster"]["rl-phase"].clone())
-            .unwrap_or(crate::config::RlPhase::Both);
-    if rl_phase == crate::config::RlPhase::Rollout {
+    if rl_phase_of(c) == crate::config::RlPhase::Rollout {
         return None;
     }
     let check = c.config["phases"]["handoff"]["verify"]
@@ -244,8 +268,7 @@ pub fn resolve_latest(
 /// A restart that falls back from a missing or damaged `models/LATEST` to a verified
 /// checkpoint copes by itself (tolerated; `--repair` points `LATEST` there); one that
 /// would have to stop instead is damage no repair can undo.
-fn latest_problem(layout: &Layout, c: &ClusterRecord, rank_0: &[Entry]) -> Option<Problem> {
-    let latest = resolve_latest(layout, c, rank_0)?;
+fn latest_problem(c: &ClusterRecord, latest: &crate::checkpoint::Latest) -> Option<Problem> {
     let base = c.config["cluster"]["model"].as_str().unwrap_or_default();
     if let Some(reason) = latest.stop(base) {
         return Some(Problem {
@@ -256,7 +279,7 @@ fn latest_problem(layout: &Layout, c: &ClusterRecord, rank_0: &[Entry]) -> Optio
     }
     let crate::checkpoint::Latest::Damaged {
         fallback: Ok(p), ..
-    } = &latest
+    } = latest
     else {
         return None;
     };
@@ -272,22 +295,24 @@ fn latest_problem(layout: &Layout, c: &ClusterRecord, rank_0: &[Entry]) -> Optio
     })
 }
 
+/// The `cluster.rl-phase` recorded in a cluster record's configuration (`both` where it
+/// has none that parses: the default).
+fn rl_phase_of(c: &ClusterRecord) -> crate::config::RlPhase {
+    serde_json::from_value(c.config["cluster"]["rl-phase"].clone())
+        .unwrap_or(crate::config::RlPhase::Both)
+}
+
 /// The walk's completion item recorded in a cluster record's configuration.
 pub fn walk_of(c: &ClusterRecord) -> String {
-    let cc = &c.config["cluster"];
-    let rl_phase =
-        serde_json::from_value(cc["rl-phase"].clone()).unwrap_or(crate::config::RlPhase::Both);
-    let split = serde_json::from_value(cc["rollout-split"].clone())
+    let split = serde_json::from_value(c.config["cluster"]["rollout-split"].clone())
         .unwrap_or(crate::config::RolloutSplit::All);
-    crate::config::walk_item(rl_phase, split)
+    crate::config::walk_item(rl_phase_of(c), split)
 }
 
 /// Whether the walk recorded in a cluster record ends with the final-sync barrier (every
 /// walk but a rollout-only one, which ends with each rank's own eval).
 fn walk_ends_at_final_sync(c: &ClusterRecord) -> bool {
-    let rl_phase = serde_json::from_value(c.config["cluster"]["rl-phase"].clone())
-        .unwrap_or(crate::config::RlPhase::Both);
-    crate::protocol::phase::Phase::walk(rl_phase).last()
+    crate::protocol::phase::Phase::walk(rl_phase_of(c)).last()
         == Some(&crate::protocol::phase::Phase::FinalSync)
 }
 
@@ -336,6 +361,20 @@ fn stamp() -> String {
         .to_string()
 }
 
+/// A file a repair replaces, kept next to it as `.damaged-<time>` if anything is there
+/// (even a dangling link, which the replacement would otherwise drop); the note saying
+/// where it went, or nothing.
+fn set_aside_damaged(layout: &Layout, path: &Path) -> Result<String, String> {
+    let aside = state::set_aside(&crate::store::Fs, path, &stamp())
+        .map_err(|e| format!("cannot move {}: {e}", path.display()))?;
+    Ok(aside
+        .map(|a| {
+            let rel = a.strip_prefix(layout.root()).unwrap_or(&a);
+            format!(" (the damaged one is {})", rel.display())
+        })
+        .unwrap_or_default())
+}
+
 /// Carry out one repair; says what it did.
 pub fn apply(layout: &Layout, repair: &Repair) -> Result<String, String> {
     let rel = |p: &Path| {
@@ -347,13 +386,7 @@ pub fn apply(layout: &Layout, repair: &Repair) -> Result<String, String> {
     match repair {
         Repair::RebuildCluster { from } => {
             let target = layout.cluster();
-            let mut note = String::new();
-            if target.exists() {
-                let aside = state::side_path(&target, &stamp());
-                crate::store::fs::rename(&target, &aside)
-                    .map_err(|e| format!("cannot move {}: {e}", target.display()))?;
-                note = format!(" (the damaged one is {})", rel(&aside));
-            }
+            let note = set_aside_damaged(layout, &target)?;
             let bytes = crate::store::fs::read_file(from, crate::store::ReadLimit::Record)
                 .map_err(|e| format!("cannot read {}: {e}", from.display()))?;
             store::publish(&target, &bytes)
@@ -435,17 +468,44 @@ pub fn apply(layout: &Layout, repair: &Repair) -> Result<String, String> {
         }
         Repair::PointLatest { checkpoint } => {
             let pointer = layout.models().join(crate::checkpoint::LATEST);
-            let mut note = String::new();
-            if std::fs::symlink_metadata(&pointer).is_ok() {
-                let aside = state::side_path(&pointer, &stamp());
-                std::fs::rename(&pointer, &aside)
-                    .map_err(|e| format!("cannot move {}: {e}", pointer.display()))?;
-                note = format!(" (the damaged one is {})", rel(&aside));
-            }
+            let note = set_aside_damaged(layout, &pointer)?;
             let name = checkpoint.file_name().unwrap_or_default().to_string_lossy();
             store::publish(&pointer, format!("{name}\n").as_bytes())
                 .map_err(|e| format!("cannot write {}: {e}", pointer.display()))?;
             Ok(format!("models/LATEST now names {name}{note}"))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    /// A rebuild replaces `cluster.json` and keeps what was there, even a dangling link,
+    /// which the replacement would otherwise drop.
+    #[test]
+    fn a_rebuild_keeps_a_dangling_link_at_cluster_json_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::new(dir.path());
+        let from = layout.gen_cluster(3);
+        fs::create_dir_all(from.parent().unwrap()).unwrap();
+        fs::write(&from, b"{\"copy\": true}\n").unwrap();
+        let target = layout.cluster();
+        std::os::unix::fs::symlink(dir.path().join("gone"), &target).unwrap();
+        let did = apply(&layout, &Repair::RebuildCluster { from }).unwrap();
+        assert_eq!(fs::read(&target).unwrap(), b"{\"copy\": true}\n");
+        let aside: Vec<PathBuf> = fs::read_dir(target.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.to_string_lossy().contains("cluster.json.damaged-"))
+            .collect();
+        assert_eq!(aside.len(), 1, "{aside:?}");
+        assert_eq!(fs::read_link(&aside[0]).unwrap(), dir.path().join("gone"));
+        let rel = aside[0].strip_prefix(dir.path()).unwrap().display();
+        assert!(
+            did.ends_with(&format!("(the damaged one is {rel})")),
+            "{did}"
+        );
     }
 }

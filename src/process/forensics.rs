@@ -23,9 +23,7 @@
 //! the report goes out with what was gathered, saying which tool was cut off.
 
 use super::descendants::{self, stat_field};
-use super::{
-    group_alive, spawn_waited, stop_group, unblocked_signals, which, ChildExit, Registry, Waited,
-};
+use super::{spawn_waited, stop_group, unblocked_signals, which, ChildExit, Registry, Waited};
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -364,10 +362,9 @@ impl ToolGroup<'_> {
 impl Drop for ToolGroup<'_> {
     fn drop(&mut self) {
         let pgid = self.child.pid();
-        // Also after its leader ended: what it left running may hold the output pipe.
-        if group_alive(pgid) {
-            self.child.stop_group(TOOL_GRACE);
-        }
+        // Also after its leader ended: what it left running may hold the output pipe (an
+        // empty group is done at once).
+        self.child.stop_group(TOOL_GRACE);
         self.tools.running.lock().unwrap().remove(&pgid);
         if let Some(r) = &self.tools.registry {
             r.remove_tool(pgid);

@@ -506,10 +506,8 @@ pub fn capture(program: &str, args: &[&str], timeout: Duration) -> Option<(Child
     });
     let exit = child.wait_timeout(deadline.saturating_duration_since(Instant::now()));
     // What it left running (all of it, when it runs too long), which may also hold the
-    // pipe open.
-    if group_alive(child.pid()) {
-        child.stop_group(Duration::ZERO);
-    }
+    // pipe open; an empty group is done at once.
+    child.stop_group(Duration::ZERO);
     let exit = exit?;
     let left = deadline.saturating_duration_since(Instant::now());
     let out = out_rx.recv_timeout(left.max(Duration::from_secs(1))).ok()?;

@@ -231,17 +231,24 @@ pub struct InputReport {
 
 /// Run the merge command, calling `tick` while it runs. On success the output exists as
 /// a regular file; returns the report for each input (in the order of `job.inputs`).
-pub fn run(job: &Job, tick: &mut dyn FnMut()) -> Result<Vec<InputReport>, CommandError> {
+/// `warn` hears what its caller should warn about, whatever the outcome: something planted
+/// at the log's name that was set aside before the log was written anew.
+pub fn run(
+    job: &Job,
+    tick: &mut dyn FnMut(),
+    warn: &mut dyn FnMut(&str),
+) -> Result<Vec<InputReport>, CommandError> {
     let rendered = job.render().map_err(CommandError::Template)?;
     let (stdout, stderr) = match &job.log {
         Some(log) => {
             if let Some(dir) = log.parent() {
                 crate::store::fs::create_dir_all(dir).map_err(CommandError::Spawn)?;
             }
-            let mut f = crate::store::fs::open_log(log)
-                .map_err(CommandError::Spawn)?
-                .0
-                .into_file();
+            let (f, set_aside) = crate::store::fs::open_log(log).map_err(CommandError::Spawn)?;
+            if let Some(note) = set_aside {
+                warn(&note);
+            }
+            let mut f = f.into_file();
             writeln!(
                 f,
                 "### rl-node {} merge command (iteration {}, {})\n### $ {rendered}",
@@ -295,11 +302,9 @@ pub fn run(job: &Job, tick: &mut dyn FnMut()) -> Result<Vec<InputReport>, Comman
             break exit;
         }
     };
-    // Stop the group when the command timed out, and when it left processes behind
-    // (daemons, a backgrounded writer).
-    if exit.is_none() || procs::group_alive(pid) {
-        child.stop_group(job.kill_grace);
-    }
+    // Stop what is left of the group: all of it when the command timed out, else what it
+    // left behind (daemons, a backgrounded writer); an empty group is done at once.
+    child.stop_group(job.kill_grace);
     if let Some(r) = &job.registry {
         // The group is stopped above; this stops descendants that left it.
         r.stop(pid, job.kill_grace);
@@ -496,30 +501,30 @@ mod tests {
             d.path(),
             r#"cat {inputs} > {output} && printf '{{"records": {{"%s": 5}}, "unreadable": {{"%s": "bad"}}}}' "$(echo "$RL_NODE_INPUTS" | head -1)" "$(echo "$RL_NODE_INPUTS" | tail -1)" > "$RL_NODE_REPORT""#,
         );
-        let reports = run(&j, &mut || {}).unwrap();
+        let reports = run(&j, &mut || {}, &mut |_| {}).unwrap();
         assert_eq!(std::fs::read_to_string(&j.output).unwrap(), "AC");
         assert_eq!(reports[0].records, Some(5));
         assert_eq!(reports[1].unreadable.as_deref(), Some("bad"));
         assert!(!j.report.exists());
 
         let j = job(d.path(), "echo oops >&2; exit 3; {output}");
-        let e = run(&j, &mut || {}).unwrap_err();
+        let e = run(&j, &mut || {}, &mut |_| {}).unwrap_err();
         assert!(e.to_string().contains("exit code 3"), "{e}");
         assert!(e.tail().contains("oops"), "{}", e.tail());
 
         let j = job(d.path(), "kill -9 $$; {output}");
-        let e = run(&j, &mut || {}).unwrap_err();
+        let e = run(&j, &mut || {}, &mut |_| {}).unwrap_err();
         assert!(e.to_string().contains("SIGKILL"), "{e}");
 
         let j = job(d.path(), "true {output}");
         let _ = std::fs::remove_file(&j.output);
-        let e = run(&j, &mut || {}).unwrap_err();
+        let e = run(&j, &mut || {}, &mut |_| {}).unwrap_err();
         assert!(matches!(e, CommandError::NoOutput { .. }), "{e}");
 
         let mut j = job(d.path(), "sleep 30; touch {output}");
         j.timeout = Duration::from_millis(300);
         let t = Instant::now();
-        let e = run(&j, &mut || {}).unwrap_err();
+        let e = run(&j, &mut || {}, &mut |_| {}).unwrap_err();
         assert!(matches!(e, CommandError::TimedOut { .. }), "{e}");
         assert!(t.elapsed() < Duration::from_secs(10));
     }
@@ -547,7 +552,7 @@ mod tests {
             ),
         ] {
             let j = job(d.path(), template);
-            let e = run(&j, &mut || {}).unwrap_err();
+            let e = run(&j, &mut || {}, &mut |_| {}).unwrap_err();
             assert_eq!(
                 e.to_string(),
                 format!(
@@ -573,7 +578,7 @@ mod tests {
         j.kill_grace = Duration::from_millis(200);
         let t = Instant::now();
         let mut ticks = 0;
-        let e = run(&j, &mut || ticks += 1).unwrap_err();
+        let e = run(&j, &mut || ticks += 1, &mut |_| {}).unwrap_err();
         assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
         assert!(
             e.to_string().starts_with(
@@ -613,7 +618,7 @@ mod tests {
         };
         let log = d.path().join("merge.log");
         let j = with("cat {inputs} > {output}");
-        run(&j, &mut || {}).unwrap();
+        run(&j, &mut || {}, &mut |_| {}).unwrap();
         assert_eq!(std::fs::read_to_string(&j.output).unwrap(), "AC");
         for (template, exit) in [
             ("exit 3; {output}", "exit code 3"),
@@ -622,7 +627,7 @@ mod tests {
                 "exit code 137 (killed by signal 9, SIGKILL)",
             ),
         ] {
-            let e = run(&with(template), &mut || {}).unwrap_err();
+            let e = run(&with(template), &mut || {}, &mut |_| {}).unwrap_err();
             assert_eq!(
                 e.to_string(),
                 format!(
@@ -634,7 +639,7 @@ mod tests {
         let mut j = with("sleep 30; touch {output}");
         j.timeout = Duration::from_millis(300);
         let t = Instant::now();
-        let e = run(&j, &mut || {}).unwrap_err();
+        let e = run(&j, &mut || {}, &mut |_| {}).unwrap_err();
         assert!(matches!(e, CommandError::TimedOut { .. }), "{e}");
         assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
 

@@ -91,13 +91,7 @@ fn range_label(r: &RangeInclusive<u64>) -> String {
 }
 
 pub fn main(args: TimelineArgs) -> Result<i32, Failure> {
-    let path = args
-        .log_path
-        .clone()
-        .or_else(|| std::env::var(crate::config::env_name("cluster.log-path")).ok())
-        .ok_or_else(|| Failure::usage("rl-node timeline needs --log-path DIR", None))?;
-    let root = PathBuf::from(&path);
-    crate::observe::check_log_path(&root)?;
+    let root = crate::observe::log_path_of("timeline", args.log_path.clone())?;
     let range = args
         .iterations
         .as_deref()
