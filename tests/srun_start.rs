@@ -11,7 +11,7 @@
 mod common;
 
 use common::cluster::*;
-use common::moosefs::{self, Caches, MooseFs};
+use common::moosefs::{self, Caches};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -79,14 +79,13 @@ fn start_at_once_on(
 fn every_node_started_at_once_with_fresh_on_moosefs_with_negative_caches_forms_the_new_run() {
     let test =
         "every_node_started_at_once_with_fresh_on_moosefs_with_negative_caches_forms_the_new_run";
-    if !moosefs::require(test) {
-        return;
-    }
     let caches = Caches {
         negentry: 5.0,
         ..Caches::all(1.0)
     };
-    let fs = MooseFs::start(3, Some(caches)).unwrap_or_else(|e| panic!("{test}: {e}"));
+    let Some(fs) = moosefs::start_for(test, 3, Some(caches)) else {
+        return;
+    };
     let c = cluster();
     let views: Vec<PathBuf> = (0..3).map(|r| fs.mount(r).join("exp")).collect();
     std::fs::create_dir_all(&views[0]).unwrap();

@@ -106,6 +106,15 @@ pub fn require(test: &str) -> bool {
     super::require_substrate(test, "MooseFS", missing())
 }
 
+/// The substrate for `test`: `None` when it is missing and `CI` is not set (the rule of
+/// [`require`]); panics naming `test` when it cannot start.
+pub fn start_for(test: &str, n: usize, caches: Option<Caches>) -> Option<MooseFs> {
+    if !require(test) {
+        return None;
+    }
+    Some(MooseFs::start(n, caches).unwrap_or_else(|e| panic!("{test}: {e}")))
+}
+
 /// `prog` where [`missing`] found it (`sbin` directories included).
 fn program(prog: &str) -> PathBuf {
     find_in_path(prog).unwrap_or_else(|| prog.into())
