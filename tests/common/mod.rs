@@ -1,5 +1,6 @@
 #![allow(dead_code)]
 pub mod cluster;
+pub mod doctor;
 pub mod fuse;
 pub mod moosefs;
 pub mod mountns;
