@@ -35,13 +35,7 @@ stop-grace = "2s"
 "#
         ),
     );
-    let text = fs::read_to_string(&c.config).unwrap();
-    let text = text.replacen(
-        "[cluster]\n",
-        &format!("[cluster]\nmodel = \"{BASE}\"\n"),
-        1,
-    );
-    fs::write(&c.config, text).unwrap();
+    c.set_model(BASE);
     c
 }
 
