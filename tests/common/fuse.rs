@@ -84,14 +84,11 @@ pub fn reap(child: &mut Child, deadline: Duration) {
 pub fn mounted_at(dir: &Path) -> Option<(String, String)> {
     let mounts = fs::read_to_string("/proc/mounts").ok()?;
     let want = escape_mount_path(&dir.to_string_lossy());
-    mounts
-        .lines()
-        .filter_map(|line| {
-            let mut f = line.split(' ');
-            let (src, target, fstype) = (f.next()?, f.next()?, f.next()?);
-            (target == want).then(|| (src.to_string(), fstype.to_string()))
-        })
-        .last()
+    mounts.lines().rev().find_map(|line| {
+        let mut f = line.split(' ');
+        let (src, target, fstype) = (f.next()?, f.next()?, f.next()?);
+        (target == want).then(|| (src.to_string(), fstype.to_string()))
+    })
 }
 
 /// /proc/mounts escapes space, tab, newline and backslash as octal.
