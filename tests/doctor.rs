@@ -5,10 +5,12 @@
 mod common;
 
 use common::cluster::BIN;
+use common::doctor::{self, check};
 use common::sshfs::{self, SshfsCluster};
+use common::{finish_within, output_text};
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant, SystemTime};
 
 const CHECKS: [&str; 10] = [
@@ -31,10 +33,6 @@ fn doctor(dir: &Path, json: bool) -> Output {
         cmd.arg("--json");
     }
     cmd.env_remove("RL_NODE_CLUSTER_LOG_PATH").output().unwrap()
-}
-
-fn text(o: &Output) -> String {
-    common::output_text(o)
 }
 
 /// `stat -f -c %T`: the kernel's name for the filesystem type (ext4 shows as ext2/ext3).
@@ -75,7 +73,7 @@ fn check_dir(dir: &Path, with_run: bool) -> String {
         .map(|e| e.file_name())
         .collect();
     let out = doctor(dir, false);
-    let t = text(&out);
+    let t = output_text(&out);
     assert_eq!(out.status.code(), Some(0), "{t}");
     for c in CHECKS {
         let line = t
@@ -151,7 +149,7 @@ fn local_disk_passes_and_leaves_nothing_behind() {
         .arg(&file)
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{block}\n{}", text(&out));
+    assert_eq!(out.status.code(), Some(0), "{block}\n{}", output_text(&out));
 }
 
 #[test]
@@ -176,7 +174,7 @@ fn tmpfs_passes_and_is_named_tmpfs() {
 fn json_has_one_entry_per_check() {
     let tmp = tempfile::tempdir().unwrap();
     let out = doctor(tmp.path(), true);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", output_text(&out));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let names: Vec<&str> = v["checks"]
         .as_array()
@@ -199,11 +197,11 @@ fn a_missing_directory_is_a_usage_error_naming_it() {
     let tmp = tempfile::tempdir().unwrap();
     let missing = tmp.path().join("no-such-dir");
     let out = doctor(&missing, false);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(2), "{}", output_text(&out));
     assert!(
-        text(&out).contains(&missing.display().to_string()),
+        output_text(&out).contains(&missing.display().to_string()),
         "{}",
-        text(&out)
+        output_text(&out)
     );
     assert!(!missing.exists());
 }
@@ -227,12 +225,12 @@ fn an_absurd_session_timeout_is_refused_before_anything_is_written() {
         .env_remove("RL_NODE_CLUSTER_LOG_PATH")
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(2), "{}", output_text(&out));
     assert!(
-        text(&out)
+        output_text(&out)
             .contains("--timeout 400000000000years is out of range: more than 0 and at most 1year"),
         "{}",
-        text(&out)
+        output_text(&out)
     );
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
 }
@@ -245,7 +243,7 @@ fn sshfs_mount_is_named_with_its_cache_options() {
     }
     let c = SshfsCluster::start(1, 5).unwrap_or_else(|e| panic!("{test}: start: {e}"));
     let out = doctor(c.mount(0), true);
-    let t = text(&out);
+    let t = output_text(&out);
     // Timing is not judged here (a loopback ssh is no server); the options are.
     assert!(matches!(out.status.code(), Some(0 | 1)), "{t}");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -308,25 +306,6 @@ fn sshfs_mount_is_named_with_its_cache_options() {
 /// Generous: a loaded CI machine, and sshfs samples that each wait out a negative cache.
 const SESSION_LIMIT: Duration = Duration::from_secs(180);
 
-fn spawn_doctor(dir: &Path, args: &[&str]) -> Child {
-    Command::new(BIN)
-        .args(["doctor", "--log-path"])
-        .arg(dir)
-        .args(args)
-        .env_remove("RL_NODE_CLUSTER_LOG_PATH")
-        .env_remove("SLURM_JOB_ID")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-/// Waits for a doctor to exit (killing it past `limit`) and returns its output.
-fn finish(c: Child, limit: Duration) -> Output {
-    common::finish_within(c, limit)
-}
-
 /// Every file and directory under `dir` except `.rl-node/doctor/`, with content and mtime:
 /// what a run owns, which doctor must not touch.
 fn tree(dir: &Path) -> Vec<(PathBuf, Option<Vec<u8>>, SystemTime)> {
@@ -378,17 +357,17 @@ fn session_outputs(
     let n = dirs.len().to_string();
     let mut all = vec!["--nodes", &n, "--json"];
     all.extend_from_slice(args);
-    let children: Vec<Child> = dirs.iter().map(|d| spawn_doctor(d, &all)).collect();
+    let children: Vec<Child> = dirs.iter().map(|d| doctor::spawn(&[], d, &all)).collect();
     let pids: Vec<u64> = children.iter().map(|c| u64::from(c.id())).collect();
     let outs: Vec<Output> = children
         .into_iter()
-        .map(|c| finish(c, SESSION_LIMIT))
+        .map(|c| finish_within(c, SESSION_LIMIT))
         .collect();
     let mut rank0 = None;
     let mut ranks = Vec::new();
     let mut stderrs = vec![String::new(); dirs.len()];
     for o in &outs {
-        let t = text(o);
+        let t = output_text(o);
         assert!(
             o.status.code().is_some_and(|c| codes.contains(&c)),
             "exit {:?}:\n{t}",
@@ -452,15 +431,6 @@ fn pair(v: &serde_json::Value, w: u64, o: u64) -> &serde_json::Value {
 fn median(p: &serde_json::Value, what: &str) -> f64 {
     assert_eq!(p[what]["samples"], 3, "{what}: {p:#}");
     p[what]["median_ms"].as_f64().unwrap()
-}
-
-fn check<'a>(v: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
-    v["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == name)
-        .unwrap_or_else(|| panic!("no {name} check: {v:#}"))
 }
 
 /// Two processes on one host's directory: every change is seen within a few polls, and
@@ -625,7 +595,7 @@ fn a_long_wait_is_said_on_stderr() {
         "60s",
         "--json",
     ];
-    let mut a = spawn_doctor(dir, &args);
+    let mut a = doctor::spawn(&[], dir, &args);
     let (tx, rx) = std::sync::mpsc::channel();
     let err = a.stderr.take().unwrap();
     let reader = std::thread::spawn(move || {
@@ -651,10 +621,10 @@ fn a_long_wait_is_said_on_stderr() {
             Err(e) => panic!("no `{note}` line ({e})"),
         }
     }
-    let b = spawn_doctor(dir, &args);
+    let b = doctor::spawn(&[], dir, &args);
     for (c, name) in [(a, "rank 0"), (b, "rank 1")] {
-        let o = finish(c, SESSION_LIMIT);
-        assert_eq!(o.status.code(), Some(0), "{name}: {}", text(&o));
+        let o = finish_within(c, SESSION_LIMIT);
+        assert_eq!(o.status.code(), Some(0), "{name}: {}", output_text(&o));
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
         assert_eq!(v["session"]["nodes"], 2);
     }
@@ -672,10 +642,13 @@ fn a_rank_that_never_arrives_is_named_at_the_join_deadline() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let args = ["--nodes", "3", "--session", "short", "--timeout", "3s"];
-    let a = spawn_doctor(dir, &args);
-    let b = spawn_doctor(dir, &args);
-    for o in [finish(a, SESSION_LIMIT), finish(b, SESSION_LIMIT)] {
-        let t = text(&o);
+    let a = doctor::spawn(&[], dir, &args);
+    let b = doctor::spawn(&[], dir, &args);
+    for o in [
+        finish_within(a, SESSION_LIMIT),
+        finish_within(b, SESSION_LIMIT),
+    ] {
+        let t = output_text(&o);
         assert_eq!(o.status.code(), Some(4), "{t}");
         assert!(
             t.contains("doctor session short: rank 2 never joined within 3s"),
@@ -693,7 +666,7 @@ fn two_sessions_in_one_directory_do_not_mix() {
     let before = tree(dir);
     let spawn = |s: &str| -> Vec<Child> {
         (0..2)
-            .map(|_| spawn_doctor(dir, &["--nodes", "2", "--json", "--session", s]))
+            .map(|_| doctor::spawn(&[], dir, &["--nodes", "2", "--json", "--session", s]))
             .collect()
     };
     let (a, b) = (spawn("a"), spawn("b"));
@@ -702,8 +675,8 @@ fn two_sessions_in_one_directory_do_not_mix() {
         pids.sort();
         let mut members = None;
         for c in group {
-            let o = finish(c, SESSION_LIMIT);
-            assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+            let o = finish_within(c, SESSION_LIMIT);
+            assert_eq!(o.status.code(), Some(0), "{}", output_text(&o));
             let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
             assert_eq!(v["session"]["session"], name);
             if v["session"]["rank"] == 0 {
@@ -727,7 +700,8 @@ fn two_sessions_in_one_directory_do_not_mix() {
 fn a_claimed_rank_is_refused_naming_its_holder() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let first = spawn_doctor(
+    let first = doctor::spawn(
+        &[],
         dir,
         &[
             "--nodes",
@@ -746,11 +720,11 @@ fn a_claimed_rank_is_refused_naming_its_holder() {
         assert!(Instant::now() < deadline, "no claim of rank 0");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let second = finish(
-        spawn_doctor(dir, &["--nodes", "2", "--rank", "0", "--session", "c"]),
+    let second = finish_within(
+        doctor::spawn(&[], dir, &["--nodes", "2", "--rank", "0", "--session", "c"]),
         SESSION_LIMIT,
     );
-    let t = text(&second);
+    let t = output_text(&second);
     assert_eq!(second.status.code(), Some(2), "{t}");
     assert!(
         t.contains("--rank 0 of doctor session c is already claimed")
@@ -760,9 +734,12 @@ fn a_claimed_rank_is_refused_naming_its_holder() {
     // The first one is not disturbed: its claim stays, its partner arrives, both finish.
     let held: serde_json::Value = serde_json::from_slice(&fs::read(&claim).unwrap()).unwrap();
     assert_eq!(held["pid"].as_u64(), Some(u64::from(first.id())));
-    let partner = spawn_doctor(dir, &["--nodes", "2", "--rank", "1", "--session", "c"]);
-    for o in [finish(first, SESSION_LIMIT), finish(partner, SESSION_LIMIT)] {
-        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let partner = doctor::spawn(&[], dir, &["--nodes", "2", "--rank", "1", "--session", "c"]);
+    for o in [
+        finish_within(first, SESSION_LIMIT),
+        finish_within(partner, SESSION_LIMIT),
+    ] {
+        assert_eq!(o.status.code(), Some(0), "{}", output_text(&o));
     }
     assert!(!dir.join(".rl-node").exists());
 }
@@ -774,8 +751,8 @@ fn midway(test: &str, name: &str, timeout: &str) -> (SshfsCluster, PathBuf, Chil
     let c = SshfsCluster::start(2, 2).unwrap_or_else(|e| panic!("{test}: start: {e}"));
     let args = ["--nodes", "2", "--session", name, "--timeout", timeout];
     let mut kids = vec![
-        spawn_doctor(c.mount(0), &args),
-        spawn_doctor(c.mount(1), &args),
+        doctor::spawn(&[], c.mount(0), &args),
+        doctor::spawn(&[], c.mount(1), &args),
     ];
     let session = c.export().join(format!(".rl-node/doctor/{name}"));
     let deadline = Instant::now() + SESSION_LIMIT;
@@ -787,7 +764,7 @@ fn midway(test: &str, name: &str, timeout: &str) -> (SshfsCluster, PathBuf, Chil
             let o = kids.remove(i).wait_with_output().unwrap();
             panic!(
                 "a doctor ended before the measurements started:\n{}",
-                text(&o)
+                output_text(&o)
             );
         }
         assert!(Instant::now() < deadline, "the measurements never started");
@@ -812,8 +789,8 @@ fn a_rank_killed_midway_stops_the_others_at_the_deadline() {
     killed.kill().unwrap();
     killed.wait().unwrap();
     let start = Instant::now();
-    let o = finish(rank0, SESSION_LIMIT);
-    let t = text(&o);
+    let o = finish_within(rank0, SESSION_LIMIT);
+    let t = output_text(&o);
     assert_eq!(o.status.code(), Some(4), "{t}");
     assert!(
         t.contains("rank 1 (") && t.contains(&format!("pid {pid}) made no progress for 5s")),
@@ -858,7 +835,7 @@ fn rank_0_collecting_results_is_told_of_an_abort_in_the_last_round() {
                 "--rank",
                 &r,
             ];
-            spawn_doctor(c.mount(r.parse().unwrap()), &args)
+            doctor::spawn(&[], c.mount(r.parse().unwrap()), &args)
         })
         .collect();
     let session = c.export().join(".rl-node/doctor/l");
@@ -895,8 +872,8 @@ fn rank_0_collecting_results_is_told_of_an_abort_in_the_last_round() {
     let start = Instant::now();
     let mut kids = kids.into_iter();
     let rank0 = kids.next().unwrap();
-    let o = finish(rank0, SESSION_LIMIT);
-    let t = text(&o);
+    let o = finish_within(rank0, SESSION_LIMIT);
+    let t = output_text(&o);
     assert_eq!(o.status.code(), Some(3), "{t}");
     assert!(
         t.contains("rank 2 (") && t.contains("stopped: doctor session l: rank 3 ("),
@@ -905,7 +882,7 @@ fn rank_0_collecting_results_is_told_of_an_abort_in_the_last_round() {
     // Well before the 60 s timeout: the abort, not the deadline, stopped rank 0.
     assert!(start.elapsed() < Duration::from_secs(30), "{t}");
     for k in kids {
-        finish(k, SESSION_LIMIT);
+        finish_within(k, SESSION_LIMIT);
     }
     assert!(!session.exists(), "{t}");
 }
@@ -915,22 +892,16 @@ fn doctors_of_one_slurm_job_meet_in_its_session() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let spawn = |job: &str| {
-        Command::new(BIN)
-            .args(["doctor", "--nodes", "2", "--json", "--log-path"])
-            .arg(dir)
-            .env_remove("RL_NODE_CLUSTER_LOG_PATH")
+        doctor::command(&[], dir, &["--nodes", "2", "--json"])
             .env("SLURM_JOB_ID", job)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
             .spawn()
             .unwrap()
     };
     // Two jobs sharing the directory, two nodes each: each job's pair meets.
     let kids = [spawn("77"), spawn("78"), spawn("77"), spawn("78")];
     for (i, k) in kids.into_iter().enumerate() {
-        let o = finish(k, SESSION_LIMIT);
-        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        let o = finish_within(k, SESSION_LIMIT);
+        assert_eq!(o.status.code(), Some(0), "{}", output_text(&o));
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
         let want = if i % 2 == 0 { "slurm-77" } else { "slurm-78" };
         assert_eq!(v["session"]["session"], want, "{v:#}");
@@ -984,9 +955,13 @@ fn session_flags_are_checked() {
             "--nodes 10001 is out of range (1..10000)",
         ),
     ] {
-        let o = finish(spawn_doctor(tmp.path(), args), SESSION_LIMIT);
-        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
-        assert!(text(&o).contains(want), "{args:?}: {}", text(&o));
+        let o = finish_within(doctor::spawn(&[], tmp.path(), args), SESSION_LIMIT);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", output_text(&o));
+        assert!(
+            output_text(&o).contains(want),
+            "{args:?}: {}",
+            output_text(&o)
+        );
     }
     assert!(!tmp.path().join(".rl-node").exists());
 }
@@ -995,10 +970,21 @@ fn session_flags_are_checked() {
 fn doctors_started_with_different_node_counts_are_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let a = spawn_doctor(dir, &["--nodes", "2", "--session", "m", "--timeout", "60s"]);
-    let b = spawn_doctor(dir, &["--nodes", "3", "--session", "m", "--timeout", "60s"]);
-    for o in [finish(a, SESSION_LIMIT), finish(b, SESSION_LIMIT)] {
-        let t = text(&o);
+    let a = doctor::spawn(
+        &[],
+        dir,
+        &["--nodes", "2", "--session", "m", "--timeout", "60s"],
+    );
+    let b = doctor::spawn(
+        &[],
+        dir,
+        &["--nodes", "3", "--session", "m", "--timeout", "60s"],
+    );
+    for o in [
+        finish_within(a, SESSION_LIMIT),
+        finish_within(b, SESSION_LIMIT),
+    ] {
+        let t = output_text(&o);
         assert_eq!(o.status.code(), Some(2), "{t}");
         assert!(
             t.contains("was started with --nodes 3, this one with --nodes 2")
@@ -1028,8 +1014,8 @@ fn interrupt_rank_1(rank0: Child, rank1: Child, name: &str) -> String {
     // SAFETY: kill(2) on our own child's pid.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGINT) }, 0);
     let start = Instant::now();
-    let o = finish(rank1, SESSION_LIMIT);
-    let t = text(&o);
+    let o = finish_within(rank1, SESSION_LIMIT);
+    let t = output_text(&o);
     assert_eq!(o.status.code(), Some(130), "{t}");
     assert!(
         t.contains(&format!(
@@ -1037,8 +1023,8 @@ fn interrupt_rank_1(rank0: Child, rank1: Child, name: &str) -> String {
         )),
         "{t}"
     );
-    let o = finish(rank0, SESSION_LIMIT);
-    let t = text(&o);
+    let o = finish_within(rank0, SESSION_LIMIT);
+    let t = output_text(&o);
     assert_eq!(o.status.code(), Some(3), "{t}");
     assert!(
         t.contains(&format!(
@@ -1069,8 +1055,8 @@ fn a_rank_interrupted_during_the_join_is_seen_by_the_others() {
             r,
         ]
     };
-    let rank0 = spawn_doctor(dir, &args("0"));
-    let rank1 = spawn_doctor(dir, &args("1"));
+    let rank0 = doctor::spawn(&[], dir, &args("0"));
+    let rank1 = doctor::spawn(&[], dir, &args("1"));
     // Rank 2 never starts: both wait in the join once their claims exist.
     let session = dir.join(".rl-node/doctor/j");
     let deadline = Instant::now() + SESSION_LIMIT;
@@ -1095,7 +1081,8 @@ fn a_pairs_first_rewrite_does_not_count_the_observers_previous_pairs() {
     let kids: Vec<Child> = (0..3)
         .map(|r| {
             let r = r.to_string();
-            spawn_doctor(
+            doctor::spawn(
+                &[],
                 dir,
                 &["--nodes", "3", "--session", "clock", "--json", "--rank", &r],
             )
@@ -1114,9 +1101,12 @@ fn a_pairs_first_rewrite_does_not_count_the_observers_previous_pairs() {
     // with rank 1 meanwhile.
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(unsafe { libc::kill(pid1, libc::SIGCONT) }, 0);
-    let outs: Vec<Output> = kids.into_iter().map(|k| finish(k, SESSION_LIMIT)).collect();
+    let outs: Vec<Output> = kids
+        .into_iter()
+        .map(|k| finish_within(k, SESSION_LIMIT))
+        .collect();
     let o = &outs[0];
-    assert_eq!(o.status.code(), Some(0), "{}", text(o));
+    assert_eq!(o.status.code(), Some(0), "{}", output_text(o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let p = pair(&v, 0, 2);
     let max = p["rewrite"]["max_ms"].as_f64().unwrap();
@@ -1157,7 +1147,9 @@ fn rank_0_stopping_stops_ranks_busy_with_each_other() {
     // other, must stop at once all the same.
     let c = SshfsCluster::start(3, 2).unwrap_or_else(|e| panic!("{test}: start: {e}"));
     let args = ["--nodes", "3", "--session", "z", "--timeout", "60s"];
-    let mut kids: Vec<Child> = (0..3).map(|i| spawn_doctor(c.mount(i), &args)).collect();
+    let mut kids: Vec<Child> = (0..3)
+        .map(|i| doctor::spawn(&[], c.mount(i), &args))
+        .collect();
     let session = c.export().join(".rl-node/doctor/z");
     let deadline = Instant::now() + SESSION_LIMIT;
     while !new_name_exists(&session, "-1-2-0") {
@@ -1172,11 +1164,11 @@ fn rank_0_stopping_stops_ranks_busy_with_each_other() {
     // SAFETY: kill(2) on our own child's pid.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGINT) }, 0);
     let start = Instant::now();
-    let o = finish(interrupted, SESSION_LIMIT);
-    assert_eq!(o.status.code(), Some(130), "{}", text(&o));
+    let o = finish_within(interrupted, SESSION_LIMIT);
+    assert_eq!(o.status.code(), Some(130), "{}", output_text(&o));
     for k in kids {
-        let o = finish(k, SESSION_LIMIT);
-        let t = text(&o);
+        let o = finish_within(k, SESSION_LIMIT);
+        let t = output_text(&o);
         assert_eq!(o.status.code(), Some(3), "{t}");
         assert!(
             t.contains("doctor session z: rank 0 (")

@@ -3,44 +3,14 @@
 
 mod common;
 
-use common::cluster::BIN;
+use common::doctor::{self, check};
 use common::moosefs::{self, Caches, MooseFs};
-use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use common::{finish_within, output_text};
+use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
 
 /// A session of three doctors on 1 s caches takes tens of seconds; a loaded machine more.
 const SESSION_LIMIT: Duration = Duration::from_secs(150);
-
-fn text(o: &Output) -> String {
-    common::output_text(o)
-}
-
-fn spawn_doctor(prefix: &[String], dir: &Path, args: &[&str]) -> Child {
-    let mut cmd = match prefix.split_first() {
-        Some((prog, rest)) => {
-            let mut c = Command::new(prog);
-            c.args(rest).arg(BIN);
-            c
-        }
-        None => Command::new(BIN),
-    };
-    cmd.args(["doctor", "--json", "--log-path"])
-        .arg(dir)
-        .args(args)
-        .env_remove("RL_NODE_CLUSTER_LOG_PATH")
-        .env_remove("SLURM_JOB_ID")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-/// Waits for a doctor to exit (killing it past `limit`) and returns its output.
-fn finish(c: Child, limit: Duration) -> Output {
-    common::finish_within(c, limit)
-}
 
 /// One doctor per mount of `fs`, all started at once with `--nodes N`; every doctor's
 /// output, and rank 0's JSON report.
@@ -51,16 +21,25 @@ fn session(
     args: &[&str],
 ) -> (Vec<Output>, serde_json::Value) {
     let nodes = n.to_string();
-    let mut all = vec!["--nodes", &nodes, "--timeout", "60s"];
+    let mut all = vec!["--json", "--nodes", &nodes, "--timeout", "60s"];
     all.extend_from_slice(args);
     let kids: Vec<Child> = (0..n)
-        .map(|i| spawn_doctor(prefix, fs.mount(i), &all))
+        .map(|i| doctor::spawn(prefix, fs.mount(i), &all))
         .collect();
-    let outs: Vec<Output> = kids.into_iter().map(|k| finish(k, SESSION_LIMIT)).collect();
+    let outs: Vec<Output> = kids
+        .into_iter()
+        .map(|k| finish_within(k, SESSION_LIMIT))
+        .collect();
     let all_text: String = outs
         .iter()
         .enumerate()
-        .map(|(i, o)| format!("--- doctor on mount {i}: {:?}\n{}", o.status, text(o)))
+        .map(|(i, o)| {
+            format!(
+                "--- doctor on mount {i}: {:?}\n{}",
+                o.status,
+                output_text(o)
+            )
+        })
         .collect();
     let mut rank0 = None;
     for o in &outs {
@@ -75,15 +54,6 @@ fn session(
     (outs, rank0.expect("a rank 0"))
 }
 
-fn check<'a>(v: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
-    v["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == name)
-        .unwrap_or_else(|| panic!("no {name} check: {v:#}"))
-}
-
 fn said(c: &serde_json::Value, what: &str) -> String {
     c[what].as_str().unwrap_or("").to_string()
 }
@@ -94,9 +64,17 @@ fn said(c: &serde_json::Value, what: &str) -> String {
 /// through its own client; their outputs.
 fn started_until_joined(fs: &MooseFs, session: &str) -> Vec<Output> {
     let net = fs.net_command();
-    let args = ["--nodes", "3", "--timeout", "60s", "--session", session];
+    let args = [
+        "--json",
+        "--nodes",
+        "3",
+        "--timeout",
+        "60s",
+        "--session",
+        session,
+    ];
     let mut kids: Vec<Child> = (0..3)
-        .map(|i| spawn_doctor(&net, fs.mount(i), &args))
+        .map(|i| doctor::spawn(&net, fs.mount(i), &args))
         .collect();
     let dir = fs.mount(0).join(".rl-node/doctor").join(session);
     let deadline = Instant::now() + SESSION_LIMIT;
@@ -111,7 +89,10 @@ fn started_until_joined(fs: &MooseFs, session: &str) -> Vec<Output> {
     while claims() < 3 {
         if kids.iter_mut().any(|k| k.try_wait().unwrap().is_some()) || Instant::now() > deadline {
             let outs: Vec<Output> = kids.into_iter().map(finish_now).collect();
-            let all: String = outs.iter().map(|o| format!("---\n{}", text(o))).collect();
+            let all: String = outs
+                .iter()
+                .map(|o| format!("---\n{}", output_text(o)))
+                .collect();
             panic!("a doctor ended (or none joined) before all three joined:\n{all}");
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -120,7 +101,9 @@ fn started_until_joined(fs: &MooseFs, session: &str) -> Vec<Output> {
         // SAFETY: kill(2) on our own child's pid.
         unsafe { libc::kill(k.id() as i32, libc::SIGINT) };
     }
-    kids.into_iter().map(|k| finish(k, SESSION_LIMIT)).collect()
+    kids.into_iter()
+        .map(|k| finish_within(k, SESSION_LIMIT))
+        .collect()
 }
 
 /// Kills a doctor and returns what it wrote.
@@ -141,13 +124,12 @@ fn finish_now(mut c: Child) -> Output {
 #[test]
 fn three_doctors_at_once_on_1s_caches_never_race_on_their_scratch() {
     let test = "three_doctors_at_once_on_1s_caches_never_race_on_their_scratch";
-    if !moosefs::require(test) {
+    let Some(fs) = moosefs::start_for(test, 3, Some(Caches::all(1.0))) else {
         return;
-    }
-    let fs = MooseFs::start(3, Some(Caches::all(1.0))).unwrap_or_else(|e| panic!("{test}: {e}"));
+    };
     for rep in 0..2 {
         for o in started_until_joined(&fs, &format!("joined{rep}")) {
-            let t = text(&o);
+            let t = output_text(&o);
             assert!(!t.contains("cannot create"), "repetition {rep}:\n{t}");
             // Interrupted (130), or stopped by a peer's interruption (3).
             assert!(
@@ -160,7 +142,7 @@ fn three_doctors_at_once_on_1s_caches_never_race_on_their_scratch() {
     {
         let (outs, v) = session(&fs, 3, &[], &["--session", "whole", "--samples", "1"]);
         for o in &outs {
-            let t = text(o);
+            let t = output_text(o);
             assert!(!t.contains("cannot create"), "last repetition:\n{t}");
         }
         for key in ["attribute_secs", "entry_secs", "negative_secs"] {
@@ -230,10 +212,9 @@ fn three_doctors_at_once_on_1s_caches_never_race_on_their_scratch() {
 #[test]
 fn with_default_caches_the_cache_checks_pass_and_the_trash_advice_works() {
     let test = "with_default_caches_the_cache_checks_pass_and_the_trash_advice_works";
-    if !moosefs::require(test) {
+    let Some(fs) = moosefs::start_for(test, 2, None) else {
         return;
-    }
-    let fs = MooseFs::start(2, None).unwrap_or_else(|e| panic!("{test}: {e}"));
+    };
     let net = fs.net_command();
     let (_, v) = session(&fs, 2, &net, &["--session", "defaults"]);
     assert_eq!(v["caches"]["entry_secs"].as_f64(), Some(0.0), "{v:#}");
@@ -267,13 +248,13 @@ fn with_default_caches_the_cache_checks_pass_and_the_trash_advice_works() {
         .arg(&state)
         .output()
         .unwrap();
-    assert!(set.status.success(), "{}", text(&set));
+    assert!(set.status.success(), "{}", output_text(&set));
     // Through the client that made it: another client's directory-entry cache
     // (mfsdirentrycacheto, 1 s by default) may still name the `.rl-node` the session
     // removed a moment ago.
-    let o = finish(spawn_doctor(&net, mount, &[]), SESSION_LIMIT);
+    let o = finish_within(doctor::spawn(&net, mount, &["--json"]), SESSION_LIMIT);
     let v: serde_json::Value =
-        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)));
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", output_text(&o)));
     let trash = check(&v, "trash");
     assert_eq!(trash["verdict"], "ok", "{trash:#}");
     assert!(said(trash, "evidence").contains("is 0 s"), "{trash:#}");

@@ -14,13 +14,6 @@ use std::time::{Duration, Instant};
 
 const LIMIT: Duration = Duration::from_secs(180);
 
-fn substrate(test: &str, caches: Option<Caches>) -> Option<MooseFs> {
-    if !moosefs::require(test) {
-        return None;
-    }
-    Some(MooseFs::start(3, caches).unwrap_or_else(|e| panic!("{test}: {e}")))
-}
-
 /// Every phase with a command: rollouts write a record, training writes a checkpoint that
 /// the hand-off publishes, eval writes its record.
 const COMMANDS: &str = r#"
@@ -60,7 +53,7 @@ fn run_all(c: &TestCluster, fs: &MooseFs, name: &str, args: &[&str]) -> (Duratio
 /// its own client: every merged file complete, every iteration's model the one handed off
 /// before it, and the time per iteration far below a cache period per barrier.
 fn three_iterations(test: &str, caches: Option<Caches>, per_iteration: Duration) {
-    let Some(fs) = substrate(test, caches) else {
+    let Some(fs) = moosefs::start_for(test, 3, caches) else {
         return;
     };
     let c = TestCluster::new(3, COMMANDS);
@@ -130,7 +123,7 @@ fn workers_started_first_join_past_their_negative_cache() {
         negentry: NEGATIVE_SECS,
         ..Caches::all(1.0)
     };
-    let Some(fs) = substrate(test, Some(caches)) else {
+    let Some(fs) = moosefs::start_for(test, 3, Some(caches)) else {
         return;
     };
     let c = TestCluster::new(3, "[phases.train]\ncommand = \"true\"\n");
@@ -174,7 +167,7 @@ fn workers_started_first_join_past_their_negative_cache() {
 #[test]
 fn a_run_killed_mid_rollout_resumes_without_redoing_finished_work() {
     let test = "a_run_killed_mid_rollout_resumes_without_redoing_finished_work";
-    let Some(fs) = substrate(test, Some(Caches::all(1.0))) else {
+    let Some(fs) = moosefs::start_for(test, 3, Some(Caches::all(1.0))) else {
         return;
     };
     let c = TestCluster::new(
@@ -233,7 +226,7 @@ fn a_run_killed_mid_rollout_resumes_without_redoing_finished_work() {
 #[test]
 fn a_pipelined_run_on_moosefs_with_one_second_caches() {
     let test = "a_pipelined_run_on_moosefs_with_one_second_caches";
-    let Some(fs) = substrate(test, Some(Caches::all(1.0))) else {
+    let Some(fs) = moosefs::start_for(test, 3, Some(Caches::all(1.0))) else {
         return;
     };
     let c = TestCluster::pipelined(&format!("{COMMANDS}\n[pipeline]\nstaleness = 1\n"));

@@ -7,17 +7,10 @@
 
 mod common;
 
-use common::moosefs::{self, Caches, MooseFs};
+use common::moosefs::{self, Caches};
 use std::fs;
 use std::io::{ErrorKind, Seek, SeekFrom, Write};
 use std::time::{Duration, Instant};
-
-fn cluster(test: &str, caches: Option<Caches>) -> Option<MooseFs> {
-    if !moosefs::require(test) {
-        return None;
-    }
-    Some(MooseFs::start(2, caches).unwrap_or_else(|e| panic!("{test}: start: {e}")))
-}
 
 /// Replace `path`'s content by rename, as an atomic publish does.
 fn rename_over(path: &std::path::Path, bytes: &[u8]) {
@@ -38,7 +31,8 @@ fn until(mut cond: impl FnMut() -> bool) -> Duration {
 
 #[test]
 fn with_default_caches_a_rename_over_is_seen_at_once() {
-    let Some(c) = cluster("with_default_caches_a_rename_over_is_seen_at_once", None) else {
+    let Some(c) = moosefs::start_for("with_default_caches_a_rename_over_is_seen_at_once", 2, None)
+    else {
         return;
     };
     let (a, b) = (c.mount(0).join("rec"), c.mount(1).join("rec"));
@@ -61,7 +55,7 @@ fn an_entry_cache_reads_a_rename_over_stale_but_a_rewrite_in_place_at_once() {
         direntry: 0.0,
         negentry: 0.0,
     };
-    let Some(c) = cluster(test, Some(caches)) else {
+    let Some(c) = moosefs::start_for(test, 2, Some(caches)) else {
         return;
     };
     let (a, b) = (c.mount(0).join("rec"), c.mount(1).join("rec"));
@@ -86,7 +80,7 @@ fn an_entry_cache_reads_a_rename_over_stale_but_a_rewrite_in_place_at_once() {
 #[test]
 fn a_negative_cache_answers_eexist_to_mkdir_while_stat_answers_enoent() {
     let test = "a_negative_cache_answers_eexist_to_mkdir_while_stat_answers_enoent";
-    let Some(c) = cluster(test, Some(Caches::all(2.0))) else {
+    let Some(c) = moosefs::start_for(test, 2, Some(Caches::all(2.0))) else {
         return;
     };
     let (a, b) = (c.mount(0).join("gen-1"), c.mount(1).join("gen-1"));

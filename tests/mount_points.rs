@@ -6,7 +6,7 @@
 
 mod common;
 use common::cluster::*;
-use common::moosefs::{self, Caches, MooseFs};
+use common::moosefs::{self, Caches};
 use common::mountns::{self, PrivateViews};
 use serde_json::Value;
 use std::fs;
@@ -35,13 +35,7 @@ stop-grace = "2s"
 "#
         ),
     );
-    let text = fs::read_to_string(&c.config).unwrap();
-    let text = text.replacen(
-        "[cluster]\n",
-        &format!("[cluster]\nmodel = \"{BASE}\"\n"),
-        1,
-    );
-    fs::write(&c.config, text).unwrap();
+    c.set_model(BASE);
     c
 }
 
@@ -111,10 +105,9 @@ fn nodes_that_each_mount_the_share_at_their_own_path_are_each_told_their_own_mod
 fn nodes_each_with_their_own_moosefs_client_are_each_told_their_own_model() {
     let test = "nodes_each_with_their_own_moosefs_client_are_each_told_their_own_model";
     mountns::require(test);
-    if !moosefs::require(test) {
+    let Some(fs) = moosefs::start_for(test, 1, Some(Caches::all(1.0))) else {
         return;
-    }
-    let fs = MooseFs::start(1, Some(Caches::all(1.0))).unwrap_or_else(|e| panic!("{e}"));
+    };
     let real = fs.mount(0).join("exp");
     let c = probed_cluster(3);
     let caches = Some(Caches::all(1.0));

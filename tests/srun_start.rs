@@ -11,7 +11,7 @@
 mod common;
 
 use common::cluster::*;
-use common::moosefs::{self, Caches, MooseFs};
+use common::moosefs::{self, Caches};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -44,21 +44,17 @@ fn read_json(path: &Path) -> serde_json::Value {
     .unwrap_or_else(|e| panic!("parse {}: {e}", path.display()))
 }
 
-fn run_id(c: &TestCluster) -> String {
-    read_json(&c.log_path.join(".rl-node/cluster.json"))["run_id"]
+/// The run id of the run at `log` (a view of the share).
+fn run_id(log: &Path) -> String {
+    read_json(&log.join(".rl-node/cluster.json"))["run_id"]
         .as_str()
         .expect("run_id")
         .to_string()
 }
 
-/// Start every rank with `args`, back to back: rank 0 first, or (`master_last`) last.
-fn start_at_once(c: &TestCluster, master_last: bool, args: &[&str]) -> Vec<NodeProc> {
-    let order: &[u32] = if master_last { &[1, 2, 0] } else { &[0, 1, 2] };
-    order.iter().map(|&r| c.spawn(r, args)).collect()
-}
-
-/// [`start_at_once`] with rank r on its own view of the share, `views[r]`.
-fn start_at_once_on(
+/// Start every rank with `args`, back to back, rank r on its view of the share `views[r]`:
+/// rank 0 first, or (`master_last`) last.
+fn start_at_once(
     c: &TestCluster,
     views: &[PathBuf],
     master_last: bool,
@@ -79,35 +75,28 @@ fn start_at_once_on(
 fn every_node_started_at_once_with_fresh_on_moosefs_with_negative_caches_forms_the_new_run() {
     let test =
         "every_node_started_at_once_with_fresh_on_moosefs_with_negative_caches_forms_the_new_run";
-    if !moosefs::require(test) {
-        return;
-    }
     let caches = Caches {
         negentry: 5.0,
         ..Caches::all(1.0)
     };
-    let fs = MooseFs::start(3, Some(caches)).unwrap_or_else(|e| panic!("{test}: {e}"));
+    let Some(fs) = moosefs::start_for(test, 3, Some(caches)) else {
+        return;
+    };
     let c = cluster();
     let views: Vec<PathBuf> = (0..3).map(|r| fs.mount(r).join("exp")).collect();
     std::fs::create_dir_all(&views[0]).unwrap();
-    let run_id = || {
-        read_json(&views[0].join(".rl-node/cluster.json"))["run_id"]
-            .as_str()
-            .expect("run_id")
-            .to_string()
-    };
-    let mut first = start_at_once_on(&c, &views, false, &["--iterations", "1"]);
+    let mut first = start_at_once(&c, &views, false, &["--iterations", "1"]);
     assert_all_ran(&mut first, "the first run");
-    let mut old = run_id();
+    let mut old = run_id(&views[0]);
     for i in 0..TRIES {
         let what = format!(
             "try {} of {TRIES} on MooseFS (rank 0 {})",
             i + 1,
             ["first", "last"][i % 2]
         );
-        let mut nodes = start_at_once_on(&c, &views, i % 2 == 1, &["--iterations", "1", "--fresh"]);
+        let mut nodes = start_at_once(&c, &views, i % 2 == 1, &["--iterations", "1", "--fresh"]);
         assert_all_ran(&mut nodes, &what);
-        let new = run_id();
+        let new = run_id(&views[0]);
         assert_ne!(new, old, "{what}: the run was not started afresh");
         assert!(
             views[0].join("previous-runs").join(&old).is_dir(),
@@ -137,7 +126,7 @@ fn assert_all_ran(nodes: &mut [NodeProc], what: &str) {
 
 /// The start over run `old` formed a new run, and `old` is set aside whole.
 fn assert_new_run(c: &TestCluster, old: &str, what: &str) -> String {
-    let new = run_id(c);
+    let new = run_id(&c.log_path);
     assert_ne!(new, old, "{what}: the run was not started afresh");
     let aside = c.log_path.join("previous-runs").join(old);
     assert_eq!(
@@ -152,16 +141,18 @@ fn assert_new_run(c: &TestCluster, old: &str, what: &str) -> String {
 #[test]
 fn every_node_started_at_once_with_fresh_over_a_finished_run_forms_the_new_run() {
     let c = cluster();
+    // Every rank on the one directory.
+    let views = vec![c.log_path.clone(); 3];
     let mut first = c.spawn_all(&["--iterations", "1"]);
     assert_all_ran(&mut first, "the first run");
-    let mut old = run_id(&c);
+    let mut old = run_id(&c.log_path);
     for i in 0..TRIES {
         let what = format!(
             "try {} of {TRIES} (rank 0 {})",
             i + 1,
             ["first", "last"][i % 2]
         );
-        let mut nodes = start_at_once(&c, i % 2 == 1, &["--iterations", "1", "--fresh"]);
+        let mut nodes = start_at_once(&c, &views, i % 2 == 1, &["--iterations", "1", "--fresh"]);
         assert_all_ran(&mut nodes, &what);
         old = assert_new_run(&c, &old, &what);
     }
@@ -170,6 +161,8 @@ fn every_node_started_at_once_with_fresh_over_a_finished_run_forms_the_new_run()
 #[test]
 fn every_node_started_at_once_with_fresh_over_a_killed_run_forms_the_new_run() {
     let c = cluster();
+    // Every rank on the one directory.
+    let views = vec![c.log_path.clone(); 3];
     let hold = c.dir.path().join(HOLD);
     for i in 0..TRIES {
         let what = format!(
@@ -196,10 +189,10 @@ fn every_node_started_at_once_with_fresh_over_a_killed_run_forms_the_new_run() {
         for n in &mut nodes {
             assert_eq!(n.wait(LIMIT), 128 + libc::SIGKILL);
         }
-        let old = run_id(&c);
+        let old = run_id(&c.log_path);
         fs::remove_file(&hold).unwrap();
 
-        let mut nodes = start_at_once(&c, i % 2 == 1, &["--iterations", "1", "--fresh"]);
+        let mut nodes = start_at_once(&c, &views, i % 2 == 1, &["--iterations", "1", "--fresh"]);
         assert_all_ran(&mut nodes, &what);
         assert_new_run(&c, &old, &what);
     }

@@ -235,8 +235,17 @@ fn a_link_planted_at_a_state_file_stops_the_node_before_it_writes() {
             victim.parent().unwrap().to_path_buf()
         };
         plant_link(&c.log_path.join(name), &target);
+        // Every path below the run's directory, not following links.
         let listing = || -> Vec<String> {
-            let mut v: Vec<String> = walkdir(&c.log_path);
+            let mut v: Vec<String> = walkdir::WalkDir::new(&c.log_path)
+                .min_depth(1)
+                .into_iter()
+                .flatten()
+                .map(|e| {
+                    let rel = e.path().strip_prefix(&c.log_path).unwrap();
+                    rel.display().to_string()
+                })
+                .collect();
             v.sort();
             v
         };
@@ -261,22 +270,6 @@ fn a_link_planted_at_a_state_file_stops_the_node_before_it_writes() {
             "{name}: the node wrote to the run's directory"
         );
     }
-}
-
-/// Every path below `dir`, not following links.
-fn walkdir(dir: &Path) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            out.push(p.strip_prefix(dir).unwrap().display().to_string());
-            if e.file_type().unwrap().is_dir() {
-                stack.push(p);
-            }
-        }
-    }
-    out
 }
 
 /// The peak resident memory of process `pid` so far, in MiB (`VmHWM`).
@@ -319,10 +312,12 @@ fn a_planted_huge_record_is_refused_in_bounded_memory() {
         rank0.stderr().contains("rank-1.json is larger than 4 MiB")
     });
     let node = rank0.node_process();
-    // Rank 0 goes on polling the planted record; give it a few rounds.
-    let polls = fs::read_to_string(format!("/proc/{node}/stat")).unwrap();
-    wait_until(LIMIT, "a few more poll rounds", || {
-        fs::read_to_string(format!("/proc/{node}/stat")).unwrap() != polls
+    // Rank 0 goes on polling the planted record: let it write its own record (every
+    // heartbeat, its seq grows) three more times, polling all the while.
+    let seq = || c.record(0).and_then(|r| r["seq"].as_u64());
+    let warned_at = seq().expect("rank 0's record");
+    wait_until(LIMIT, "rank 0 to write its record three more times", || {
+        seq().is_some_and(|s| s >= warned_at + 3)
     });
     let peak = peak_rss_mib(node);
     assert!(peak < 128, "rank 0's peak memory is {peak} MiB");
@@ -390,8 +385,9 @@ fn a_journal_over_the_limit_is_refused_naming_the_key() {
         lowered.stderr()
     );
     let mut raised = c.spawn(0, &["--iterations", "2", "--eval-interval", "0"]);
-    raised.wait(LIMIT);
+    let code = raised.wait(LIMIT);
     let err = raised.stderr();
+    assert_eq!(code, 0, "{err}");
     assert!(
         !err.contains("is larger than"),
         "the raised limit was not used:\n{err}"

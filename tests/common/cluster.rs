@@ -153,13 +153,15 @@ impl TestCluster {
     /// staleness`), whose base model, `base`, goes into the file's own `[cluster]` table.
     pub fn pipelined(extra: &str) -> TestCluster {
         let c = TestCluster::new(1, extra);
-        let t = fs::read_to_string(&c.config).unwrap();
-        fs::write(
-            &c.config,
-            t.replacen("[cluster]\n", "[cluster]\nmodel = \"base\"\n", 1),
-        )
-        .unwrap();
+        c.set_model("base");
         c
+    }
+
+    /// Puts the base model `model` into the file's own `[cluster]` table.
+    pub fn set_model(&self, model: &str) {
+        let t = fs::read_to_string(&self.config).unwrap();
+        let with = format!("[cluster]\nmodel = \"{model}\"\n");
+        fs::write(&self.config, t.replacen("[cluster]\n", &with, 1)).unwrap();
     }
 
     /// One rollout node and one update node, each rank 0 of a cluster of one, running

@@ -1,5 +1,7 @@
 #![allow(dead_code)]
 pub mod cluster;
+pub mod doctor;
+pub mod fuse;
 pub mod moosefs;
 pub mod mountns;
 pub mod smallfs;
@@ -25,21 +27,29 @@ pub fn is_executable(p: &Path) -> bool {
 }
 
 /// The CI rule for a substrate (sshfs, MooseFS) in one call: true when nothing is
-/// `missing`. Otherwise panics if `CI` is set (a test never skips silently there), else
-/// prints a skip note naming `test` and returns false (the caller returns early).
+/// `missing`; otherwise [`skip_unless_ci`] and false (the caller returns early).
 pub fn require_substrate(test: &str, substrate: &str, missing: Vec<String>) -> bool {
     if missing.is_empty() {
         return true;
     }
-    let msg = format!(
-        "{substrate} substrate unavailable (missing: {}); run scripts/test to install it",
-        missing.join(", ")
+    skip_unless_ci(
+        test,
+        &format!(
+            "{substrate} substrate unavailable (missing: {}); run scripts/test to install it",
+            missing.join(", ")
+        ),
     );
-    if std::env::var_os("CI").is_some() {
-        panic!("{test}: {msg} (CI is set: refusing to skip)");
-    }
-    eprintln!("SKIP {test}: {msg}");
     false
+}
+
+/// For a test that cannot run here (`why`): panics if `CI` is set (`scripts/test` sets
+/// it: a test never skips silently there), else prints a skip note naming `test`, and
+/// the caller returns early.
+pub fn skip_unless_ci(test: &str, why: &str) {
+    if std::env::var_os("CI").is_some() {
+        panic!("{test}: {why} (CI is set: refusing to skip)");
+    }
+    eprintln!("SKIP {test}: {why}");
 }
 
 /// A finished process's stdout then stderr, as text.

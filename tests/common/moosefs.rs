@@ -17,22 +17,18 @@
 //! process and a counter), its own directories and its own daemons.
 
 use std::fs;
-use std::io::Write;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use super::find_in_path;
+use super::fuse::{self, read_tail, reap, Mount, Watchdog, EXIT_DEADLINE, POLL_STEP};
 
 /// The master's address, on the namespace's loopback.
 const ADDR: &str = "10.213.0.1";
 /// How long the master, the chunkservers and a first write may take to come up.
 const START_DEADLINE: Duration = Duration::from_secs(60);
-const MOUNT_DEADLINE: Duration = Duration::from_secs(20);
-const EXIT_DEADLINE: Duration = Duration::from_secs(10);
-const POLL_STEP: Duration = Duration::from_millis(25);
 
 static CLUSTERS: AtomicU32 = AtomicU32::new(0);
 
@@ -66,19 +62,13 @@ impl Caches {
     }
 }
 
-/// One client mount.
-struct Mount {
-    dir: PathBuf,
-    /// `mfsmount -f` (foreground, so we own its pid and reap it).
-    child: Option<Child>,
-}
-
 /// A MooseFS master and two chunkservers in a network namespace, mounted several times.
 pub struct MooseFs {
     mounts: Vec<Mount>,
-    daemons: Vec<Child>,
+    /// The master and the chunkservers, by name (`master`, `cs1`, `cs2`: their logs').
+    daemons: Vec<(String, Child)>,
     netns: String,
-    watchdog: Option<(Child, ChildStdin)>,
+    watchdog: Option<Watchdog>,
     root: PathBuf,
     tmp: Option<tempfile::TempDir>,
 }
@@ -93,7 +83,7 @@ pub fn missing() -> Vec<String> {
         ("ip", "iproute2"),
         ("nsenter", "util-linux"),
     ] {
-        if find_in_path(prog).is_none() && !Path::new("/usr/sbin").join(prog).exists() {
+        if find_in_path(prog).is_none() {
             out.push(format!("{prog} (apt package {pkg})"));
         }
     }
@@ -116,8 +106,18 @@ pub fn require(test: &str) -> bool {
     super::require_substrate(test, "MooseFS", missing())
 }
 
-fn sbin(prog: &str) -> PathBuf {
-    find_in_path(prog).unwrap_or_else(|| Path::new("/usr/sbin").join(prog))
+/// The substrate for `test`: `None` when it is missing and `CI` is not set (the rule of
+/// [`require`]); panics naming `test` when it cannot start.
+pub fn start_for(test: &str, n: usize, caches: Option<Caches>) -> Option<MooseFs> {
+    if !require(test) {
+        return None;
+    }
+    Some(MooseFs::start(n, caches).unwrap_or_else(|e| panic!("{test}: {e}")))
+}
+
+/// `prog` where [`missing`] found it (`sbin` directories included).
+fn program(prog: &str) -> PathBuf {
+    find_in_path(prog).unwrap_or_else(|| prog.into())
 }
 
 impl MooseFs {
@@ -143,7 +143,11 @@ impl MooseFs {
             tmp: Some(tmp),
         };
         // On any error `fs` is dropped, which cleans up whatever started.
-        fs.watchdog = Some(spawn_watchdog(&fs.root, &fs.netns)?);
+        fs.watchdog = Some(fuse::spawn_watchdog(
+            WATCHDOG_SH,
+            "rl-node-mfs-watchdog",
+            &[fs.root.as_os_str(), fs.netns.as_ref()],
+        )?);
         fs.make_netns()?;
         fs.start_daemons()?;
         for i in 0..n {
@@ -165,11 +169,8 @@ impl MooseFs {
         let i = self.mounts.len();
         let log_path = self.root.join(format!("mount{i}.log"));
         let log = fs::File::create(&log_path).map_err(|e| format!("mount log: {e}"))?;
-        let mut cmd = Command::new("nsenter");
-        cmd.arg(format!("--net=/run/netns/{}", self.netns))
-            .arg(sbin("mfsmount"))
-            .arg(dir)
-            .args(["-f", "-H", ADDR]);
+        let mut cmd = self.in_netns("mfsmount");
+        cmd.arg(dir).args(["-f", "-H", ADDR]);
         if let Some(c) = caches {
             cmd.arg("-o").arg(c.options());
         }
@@ -183,46 +184,12 @@ impl MooseFs {
             dir: dir.to_path_buf(),
             child: Some(child),
         });
-        let deadline = Instant::now() + MOUNT_DEADLINE;
-        while !is_mfs_mount(dir) {
-            let m = self.mounts.last_mut().expect("just pushed");
-            if let Some(status) = m.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                m.child = None;
-                return Err(format!(
-                    "mfsmount {} exited ({status}): {}",
-                    dir.display(),
-                    tail(&log_path)
-                ));
-            }
-            if Instant::now() >= deadline {
-                return Err(format!(
-                    "mfsmount {} did not appear in /proc/mounts within {MOUNT_DEADLINE:?}: {}",
-                    dir.display(),
-                    tail(&log_path)
-                ));
-            }
-            std::thread::sleep(POLL_STEP);
-        }
-        Ok(())
-    }
-
-    /// The command that mounts one more client of this filesystem at a mount point: for a
-    /// test that mounts it itself, e.g. inside a mount namespace of a node's own (the
-    /// caller adds the mount point; `-f` keeps it in the foreground).
-    pub fn mount_command(&self, caches: Option<Caches>) -> Vec<String> {
-        let mut v = vec![
-            "nsenter".to_string(),
-            format!("--net=/run/netns/{}", self.netns),
-            sbin("mfsmount").display().to_string(),
-            "-f".into(),
-            "-H".into(),
-            ADDR.into(),
-        ];
-        if let Some(c) = caches {
-            v.push("-o".into());
-            v.push(c.options());
-        }
-        v
+        let m = self.mounts.last_mut().expect("just pushed");
+        m.wait_mounted(
+            &format!("mfsmount {}", dir.display()),
+            &log_path,
+            is_mfs_mount,
+        )
     }
 
     /// The shell that mounts one more client of this filesystem at `at`, showing its
@@ -233,9 +200,9 @@ impl MooseFs {
             .map(|c| format!(" -o {}", c.options()))
             .unwrap_or_default();
         format!(
-            "nsenter --net=/run/netns/{} {} '{}' -H {ADDR} -S {subfolder}{opts}",
-            self.netns,
-            sbin("mfsmount").display(),
+            "{} {} '{}' -H {ADDR} -S {subfolder}{opts}",
+            self.net_command().join(" "),
+            program("mfsmount").display(),
             at.display()
         )
     }
@@ -244,6 +211,14 @@ impl MooseFs {
     /// where MooseFS's tools (`mfsgettrashtime`, `mfssettrashtime`) reach its master.
     pub fn net_command(&self) -> Vec<String> {
         vec!["nsenter".into(), format!("--net=/run/netns/{}", self.netns)]
+    }
+
+    /// A command that runs MooseFS's `prog` in the filesystem's network namespace.
+    fn in_netns(&self, prog: &str) -> Command {
+        let net = self.net_command();
+        let mut cmd = Command::new(&net[0]);
+        cmd.args(&net[1..]).arg(program(prog));
+        cmd
     }
 
     fn make_netns(&self) -> Result<(), String> {
@@ -325,11 +300,7 @@ impl MooseFs {
         let log = self.root.join(format!("{name}.log"));
         let deadline = Instant::now() + START_DEADLINE;
         while !fs::read_to_string(&log).is_ok_and(|t| t.contains(what)) {
-            for d in self.daemons.iter_mut() {
-                if let Ok(Some(status)) = d.try_wait() {
-                    return Err(format!("MooseFS {name} exited ({status}): {}", self.logs()));
-                }
-            }
+            self.all_running()?;
             if Instant::now() >= deadline {
                 return Err(format!(
                     "MooseFS {name} did not say `{what}`: {}",
@@ -344,9 +315,8 @@ impl MooseFs {
     fn daemon(&mut self, name: &str, prog: &str, cfg: &Path) -> Result<(), String> {
         let log = fs::File::create(self.root.join(format!("{name}.log")))
             .map_err(|e| format!("{name} log: {e}"))?;
-        let child = Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{}", self.netns))
-            .arg(sbin(prog))
+        let child = self
+            .in_netns(prog)
             .arg("-c")
             .arg(cfg)
             .args(["-f", "start"])
@@ -355,7 +325,18 @@ impl MooseFs {
             .stderr(Stdio::from(log))
             .spawn()
             .map_err(|e| format!("spawn {prog}: {e}"))?;
-        self.daemons.push(child);
+        self.daemons.push((name.to_string(), child));
+        Ok(())
+    }
+
+    /// An error naming the first daemon that has exited, with every daemon's log.
+    fn all_running(&mut self) -> Result<(), String> {
+        for (name, d) in self.daemons.iter_mut() {
+            if let Ok(Some(status)) = d.try_wait() {
+                let name = name.clone();
+                return Err(format!("MooseFS {name} exited ({status}): {}", self.logs()));
+            }
+        }
         Ok(())
     }
 
@@ -375,14 +356,7 @@ impl MooseFs {
                 let _ = fs::remove_file(&probe);
                 return Ok(());
             }
-            for (i, d) in self.daemons.iter_mut().enumerate() {
-                if let Ok(Some(status)) = d.try_wait() {
-                    return Err(format!(
-                        "MooseFS daemon {i} exited ({status}): {}",
-                        self.logs()
-                    ));
-                }
-            }
+            self.all_running()?;
             if Instant::now() >= deadline {
                 return Err(format!(
                     "MooseFS took no data within {START_DEADLINE:?}: {}",
@@ -399,7 +373,7 @@ impl MooseFs {
             .map(|n| {
                 format!(
                     "\n--- {n} ---\n{}",
-                    tail(&self.root.join(format!("{n}.log")))
+                    read_tail(&self.root.join(format!("{n}.log")), 20)
                 )
             })
             .collect()
@@ -409,18 +383,14 @@ impl MooseFs {
 impl Drop for MooseFs {
     fn drop(&mut self) {
         // Clients first (the master still answers), then the daemons, then the namespace.
+        // A lazy unmount detaches even a busy mount: a second one could do no more.
         for m in self.mounts.iter_mut().rev() {
             unmount(&m.dir);
-            if let Some(mut child) = m.child.take() {
-                reap(&mut child);
-            }
-            if is_mfs_mount(&m.dir) {
-                unmount(&m.dir);
-            }
+            m.reap();
         }
         // Clients that nodes mounted in namespaces of their own ([`MooseFs::client_shell`])
         // run in this network namespace too.
-        let ours: Vec<u32> = self.daemons.iter().map(Child::id).collect();
+        let ours: Vec<u32> = self.daemons.iter().map(|(_, d)| d.id()).collect();
         if let Ok(out) = Command::new("ip")
             .args(["netns", "pids", &self.netns])
             .output()
@@ -435,48 +405,20 @@ impl Drop for MooseFs {
                 }
             }
         }
-        for d in self.daemons.iter_mut().rev() {
+        for (_, d) in self.daemons.iter_mut().rev() {
             // SAFETY: kill(2) with a pid of our own child and a signal number.
             unsafe { libc::kill(d.id() as i32, libc::SIGTERM) };
-            reap(d);
+            reap(d, EXIT_DEADLINE);
         }
         let _ = Command::new("ip")
             .args(["netns", "delete", &self.netns])
             .stderr(Stdio::null())
             .status();
-        if let Some((mut child, mut stdin)) = self.watchdog.take() {
-            let _ = stdin.write_all(b"done\n");
-            drop(stdin);
-            let _ = child.wait();
+        if let Some(w) = self.watchdog.take() {
+            w.dismiss();
         }
-        // Never remove the directory through a mount that is still there.
-        if self.mounts.iter().any(|m| is_mfs_mount(&m.dir)) {
-            if let Some(tmp) = self.tmp.take() {
-                let path = tmp.keep();
-                eprintln!(
-                    "MooseFS substrate: a mount under {} could not be unmounted; leaving it",
-                    path.display()
-                );
-            }
-        } else {
-            drop(self.tmp.take());
-        }
-    }
-}
-
-/// Wait up to EXIT_DEADLINE for `child`, then kill it.
-fn reap(child: &mut Child) {
-    let deadline = Instant::now() + EXIT_DEADLINE;
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) | Err(_) => return,
-            Ok(None) if Instant::now() >= deadline => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return;
-            }
-            Ok(None) => std::thread::sleep(POLL_STEP),
-        }
+        let still = self.mounts.iter().any(|m| is_mfs_mount(&m.dir));
+        fuse::release_tmp(self.tmp.take(), still, "MooseFS");
     }
 }
 
@@ -500,16 +442,9 @@ fn run(prog: &str, args: &[&str]) -> Result<(), String> {
 
 /// Whether `dir` is a MooseFS client mount now.
 pub fn is_mfs_mount(dir: &Path) -> bool {
-    let Ok(mounts) = fs::read_to_string("/proc/mounts") else {
-        return false;
-    };
-    let want = dir.display().to_string();
-    mounts.lines().any(|l| {
-        let mut f = l.split(' ');
-        let (src, at) = (f.next().unwrap_or(""), f.next().unwrap_or(""));
-        // `/proc/mounts` writes the source's `#` as `\043`.
-        (src.starts_with("mfs#") || src.starts_with("mfs\\043")) && at == want
-    })
+    // `/proc/mounts` writes the source's `#` as `\043`.
+    fuse::mounted_at(dir)
+        .is_some_and(|(src, _)| src.starts_with("mfs#") || src.starts_with("mfs\\043"))
 }
 
 fn unmount(dir: &Path) {
@@ -520,12 +455,6 @@ fn unmount(dir: &Path) {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status();
-}
-
-fn tail(path: &Path) -> String {
-    let text = fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(20)..].join("\n")
 }
 
 /// Cleanup for a test process that dies without running `Drop` (e.g. nextest's
@@ -544,20 +473,3 @@ ip netns delete "$netns" 2>/dev/null
 [ -z "$(mounted)" ] && rm -rf "$root"
 exit 0
 "#;
-
-fn spawn_watchdog(root: &Path, netns: &str) -> Result<(Child, ChildStdin), String> {
-    let mut child = Command::new("sh")
-        .arg("-c")
-        .arg(WATCHDOG_SH)
-        .arg("rl-node-mfs-watchdog")
-        .arg(root)
-        .arg(netns)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .process_group(0)
-        .spawn()
-        .map_err(|e| format!("spawn watchdog: {e}"))?;
-    let stdin = child.stdin.take().expect("piped stdin");
-    Ok((child, stdin))
-}

@@ -13,33 +13,19 @@
 //! started concurrently (distinct tempdirs and ports; port races are retried).
 
 use std::fs;
-use std::io::Write;
-use std::io::{Read, Seek, SeekFrom};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::fuse::{self, read_tail, Mount, Watchdog, EXIT_DEADLINE, POLL_STEP};
 use super::{find_in_path, is_executable};
 
 const SSHD: &str = "/usr/sbin/sshd";
 /// How long to wait for sshd to accept TCP connections.
 const SSHD_START_DEADLINE: Duration = Duration::from_secs(20);
-/// How long to wait for one sshfs mount to show up in /proc/mounts.
-const MOUNT_DEADLINE: Duration = Duration::from_secs(20);
-/// How long to wait for an sshfs process to exit after unmount.
-const EXIT_DEADLINE: Duration = Duration::from_secs(10);
 /// Attempts at picking a free port (another test may grab ours in between).
 const PORT_ATTEMPTS: usize = 5;
-const POLL_STEP: Duration = Duration::from_millis(25);
-
-/// One sshfs client mount.
-struct Mount {
-    dir: PathBuf,
-    /// `sshfs -f` child (foreground, so we own its pid and can reap it).
-    child: Option<Child>,
-}
 
 /// A loopback sshd exporting one directory, mounted several times with sshfs.
 pub struct SshfsCluster {
@@ -47,8 +33,8 @@ pub struct SshfsCluster {
     // unmounted first, then sshd is killed, then the tempdir is removed.
     mounts: Vec<Mount>,
     sshd: Option<Child>,
-    /// Crash watchdog (see `spawn_watchdog`) and the write end of its stdin.
-    watchdog: Option<(Child, ChildStdin)>,
+    /// Crash watchdog (see `WATCHDOG_SH`).
+    watchdog: Option<Watchdog>,
     export: PathBuf,
     sshd_log: PathBuf,
     port: u16,
@@ -121,7 +107,11 @@ impl SshfsCluster {
             tmp: Some(tmp),
         };
         // On any error `cluster` is dropped, which cleans up whatever started.
-        cluster.watchdog = Some(spawn_watchdog(&root)?);
+        cluster.watchdog = Some(fuse::spawn_watchdog(
+            WATCHDOG_SH,
+            "rl-node-sshfs-watchdog",
+            &[root.as_os_str()],
+        )?);
         cluster.keygen(&root)?;
         cluster.start_sshd(&root)?;
         for i in 0..n {
@@ -299,36 +289,12 @@ impl SshfsCluster {
             .spawn()
             .map_err(|e| format!("spawn sshfs: {e}"))?;
         self.mounts.push(Mount {
-            dir: dir.clone(),
+            dir,
             child: Some(child),
         });
-
-        let deadline = Instant::now() + MOUNT_DEADLINE;
-        loop {
-            if is_sshfs_mount(&dir) {
-                return Ok(());
-            }
-            let m = self.mounts.last_mut().expect("just pushed");
-            let exited = m.child.as_mut().and_then(|c| c.try_wait().ok().flatten());
-            if let Some(status) = exited {
-                m.child = None;
-                return Err(format!(
-                    "sshfs mount {i} exited ({status}): {}\n--- sshd log tail ---\n{}",
-                    read_tail(&log_path, 40),
-                    self.sshd_log_tail()
-                ));
-            }
-            if Instant::now() >= deadline {
-                return Err(format!(
-                    "sshfs mount {i} did not appear in /proc/mounts as fuse.sshfs within {:?}: {}\n\
-                     --- sshd log tail ---\n{}",
-                    MOUNT_DEADLINE,
-                    read_tail(&log_path, 40),
-                    self.sshd_log_tail()
-                ));
-            }
-            std::thread::sleep(POLL_STEP);
-        }
+        let m = self.mounts.last_mut().expect("just pushed");
+        m.wait_mounted(&format!("sshfs mount {i}"), &log_path, is_sshfs_mount)
+            .map_err(|e| format!("{e}\n--- sshd log tail ---\n{}", self.sshd_log_tail()))
     }
 
     /// Kills and reaps sshd. Returns true if it had already exited by itself.
@@ -355,20 +321,7 @@ impl Drop for SshfsCluster {
         //    does not hang on a dead connection), then reap its sshfs process.
         for m in self.mounts.iter_mut().rev() {
             unmount(&m.dir);
-            if let Some(mut child) = m.child.take() {
-                let deadline = Instant::now() + EXIT_DEADLINE;
-                loop {
-                    match child.try_wait() {
-                        Ok(Some(_)) | Err(_) => break,
-                        Ok(None) if Instant::now() >= deadline => {
-                            let _ = child.kill();
-                            let _ = child.wait();
-                            break;
-                        }
-                        Ok(None) => std::thread::sleep(POLL_STEP),
-                    }
-                }
-            }
+            m.reap();
             // A killed sshfs can leave a dead ("transport endpoint not
             // connected") mount behind; make sure it is gone.
             if is_sshfs_mount(&m.dir) {
@@ -386,24 +339,12 @@ impl Drop for SshfsCluster {
         }
         self.stop_sshd();
         // 3. Everything is cleaned up: dismiss the crash watchdog.
-        if let Some((mut child, mut stdin)) = self.watchdog.take() {
-            let _ = stdin.write_all(b"done\n");
-            drop(stdin);
-            let _ = child.wait();
+        if let Some(w) = self.watchdog.take() {
+            w.dismiss();
         }
-        // 4. Remove the tempdir, but never recurse into a mount that is still
-        //    there (that would delete through the network filesystem).
-        if self.mounts.iter().any(|m| is_sshfs_mount(&m.dir)) {
-            if let Some(tmp) = self.tmp.take() {
-                let path = tmp.keep();
-                eprintln!(
-                    "sshfs substrate: a mount under {} could not be unmounted; leaving it",
-                    path.display()
-                );
-            }
-        } else {
-            drop(self.tmp.take());
-        }
+        // 4. Remove the tempdir, but never recurse into a mount that is still there.
+        let still = self.mounts.iter().any(|m| is_sshfs_mount(&m.dir));
+        fuse::release_tmp(self.tmp.take(), still, "sshfs");
     }
 }
 
@@ -486,24 +427,6 @@ fi
 exit 0
 "#;
 
-/// Starts the crash watchdog in its own process group, so a kill of the
-/// test's process group (nextest's timeout) does not take it down too.
-fn spawn_watchdog(root: &Path) -> Result<(Child, ChildStdin), String> {
-    let mut child = Command::new("sh")
-        .arg("-c")
-        .arg(WATCHDOG_SH)
-        .arg("rl-node-sshfs-watchdog")
-        .arg(root)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .process_group(0)
-        .spawn()
-        .map_err(|e| format!("spawn watchdog: {e}"))?;
-    let stdin = child.stdin.take().expect("piped stdin");
-    Ok((child, stdin))
-}
-
 fn sshd_config(root: &Path, port: u16) -> String {
     format!(
         "ListenAddress 127.0.0.1\n\
@@ -555,34 +478,9 @@ fn free_port() -> Result<u16, String> {
         .map_err(|e| format!("local_addr: {e}"))
 }
 
-/// True if `dir` is listed in /proc/mounts as a fuse.sshfs mount.
+/// True if `dir` is a fuse.sshfs mount now.
 fn is_sshfs_mount(dir: &Path) -> bool {
-    let Ok(mounts) = fs::read_to_string("/proc/mounts") else {
-        return false;
-    };
-    let want = escape_mount_path(&dir.to_string_lossy());
-    mounts.lines().any(|line| {
-        let mut f = line.split(' ');
-        let _src = f.next();
-        let target = f.next();
-        let fstype = f.next();
-        target == Some(want.as_str()) && fstype == Some("fuse.sshfs")
-    })
-}
-
-/// /proc/mounts escapes space, tab, newline and backslash as octal.
-fn escape_mount_path(p: &str) -> String {
-    let mut out = String::with_capacity(p.len());
-    for c in p.chars() {
-        match c {
-            ' ' => out.push_str("\\040"),
-            '\t' => out.push_str("\\011"),
-            '\n' => out.push_str("\\012"),
-            '\\' => out.push_str("\\134"),
-            c => out.push(c),
-        }
-    }
-    out
+    fuse::mounted_at(dir).is_some_and(|(_, fstype)| fstype == "fuse.sshfs")
 }
 
 /// fusermount -u, then fusermount -uz, then umount -l; stops at the first
@@ -628,21 +526,4 @@ fn current_user() -> String {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "root".to_string())
-}
-
-/// Last `lines` lines of a (small) log file; empty if unreadable.
-fn read_tail(path: &Path, lines: usize) -> String {
-    let Ok(mut f) = fs::File::open(path) else {
-        return String::new();
-    };
-    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-    let start = len.saturating_sub(16 * 1024);
-    if f.seek(SeekFrom::Start(start)).is_err() {
-        return String::new();
-    }
-    let mut buf = Vec::new();
-    let _ = f.read_to_end(&mut buf);
-    let text = String::from_utf8_lossy(&buf);
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }
