@@ -70,36 +70,42 @@ fn run_to_end(c: &TestCluster, args: &[&str]) -> Vec<NodeProc> {
     nodes
 }
 
-#[test]
-fn a_link_planted_at_a_command_log_is_set_aside_and_the_victim_is_untouched() {
-    let c = TestCluster::new(2, COMMANDS);
-    let (victim, before) = victim(&c, ".bashrc");
+/// Plants a link to a victim file at `rank`'s log `log_name` of iteration 1, runs the
+/// cluster `c` to its end, and checks that the victim is untouched, the command's output
+/// (`output`) went to a new regular log at that name, the link is kept aside pointing where
+/// it did, and the rank said what it moved aside.
+fn assert_log_link_set_aside(c: &TestCluster, rank: usize, log_name: &str, output: &str) {
+    let (victim, before) = victim(c, ".bashrc");
     let logs = c.log_path.join("logs/iter-0001");
-    let log = logs.join("rank-1.rollout.log");
+    let log = logs.join(log_name);
     plant_link(&log, &victim);
-    let nodes = run_to_end(&c, &["--iterations", "1", "--eval-interval", "0"]);
+    let nodes = run_to_end(c, &["--iterations", "1", "--eval-interval", "0"]);
     assert_eq!(
         fs::read(&victim).unwrap(),
         before,
         "the victim file was written"
     );
-    // The command's output went to a new, regular log at the same name.
     let meta = fs::symlink_metadata(&log).unwrap();
     assert!(
         meta.file_type().is_file(),
         "{log:?} is not a regular file now"
     );
     let text = fs::read_to_string(&log).unwrap();
-    assert!(text.contains("rollout-output-1"), "{text}");
-    // The planted link is still there, under another name, pointing where it did.
-    let aside = set_aside_in(&logs, "rank-1.rollout.log");
+    assert!(text.contains(output), "{text}");
+    let aside = set_aside_in(&logs, log_name);
     assert_eq!(aside.len(), 1, "{aside:?}");
     assert_eq!(fs::read_link(&aside[0]).unwrap(), victim);
-    let err = nodes[1].stderr();
+    let err = nodes[rank].stderr();
     assert!(
-        err.contains("rank-1.rollout.log is a symbolic link") && err.contains("moved it aside"),
-        "rank 1 did not say what it refused:\n{err}"
+        err.contains(&format!("{log_name} is a symbolic link")) && err.contains("moved it aside"),
+        "rank {rank} did not say what it set aside:\n{err}"
     );
+}
+
+#[test]
+fn a_link_planted_at_a_command_log_is_set_aside_and_the_victim_is_untouched() {
+    let c = TestCluster::new(2, COMMANDS);
+    assert_log_link_set_aside(&c, 1, "rank-1.rollout.log", "rollout-output-1");
 }
 
 /// The merge command's log (`[aggregate] format = "command"`) is a command log too: a
@@ -110,27 +116,7 @@ fn a_link_planted_at_the_merge_commands_log_is_set_aside_and_said() {
         + "[aggregate]\nformat = \"command\"\nshard-name = \"rank-{rank}.txt\"\n\
            output-name = \"{split}-merged.txt\"\ncommand = \"cat {inputs} > {output}; echo merge-output\"\n";
     let c = TestCluster::new(1, &config);
-    let (victim, before) = victim(&c, ".bashrc");
-    let logs = c.log_path.join("logs/iter-0001");
-    let log = logs.join("rank-0.aggregate.log");
-    plant_link(&log, &victim);
-    let nodes = run_to_end(&c, &["--iterations", "1", "--eval-interval", "0"]);
-    assert_eq!(
-        fs::read(&victim).unwrap(),
-        before,
-        "the victim file was written"
-    );
-    assert!(fs::symlink_metadata(&log).unwrap().file_type().is_file());
-    let text = fs::read_to_string(&log).unwrap();
-    assert!(text.contains("merge-output"), "{text}");
-    let aside = set_aside_in(&logs, "rank-0.aggregate.log");
-    assert_eq!(aside.len(), 1, "{aside:?}");
-    assert_eq!(fs::read_link(&aside[0]).unwrap(), victim);
-    let err = nodes[0].stderr();
-    assert!(
-        err.contains("rank-0.aggregate.log is a symbolic link") && err.contains("moved it aside"),
-        "rank 0 did not say what it set aside:\n{err}"
-    );
+    assert_log_link_set_aside(&c, 0, "rank-0.aggregate.log", "merge-output");
 }
 
 #[test]
