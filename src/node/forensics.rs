@@ -249,15 +249,25 @@ impl Reporter {
 
     /// The peers of `silent_for` (rank, how long its heartbeat has been still) that have
     /// just become due a report; a peer whose heartbeat advanced again is forgotten, so
-    /// its next silent spell gets a report of its own.
-    fn newly_silent(&mut self, silent_for: &[(u32, Duration)], dead_after: Duration) -> Vec<u32> {
+    /// its next silent spell gets a report of its own. A heartbeat still for less than two
+    /// of its intervals (`beat`) is ordinary jitter, whatever the fraction says: the
+    /// configuration refuses a dead-after below that for the same reason.
+    fn newly_silent(
+        &mut self,
+        silent_for: &[(u32, Duration)],
+        dead_after: Duration,
+        beat: Duration,
+    ) -> Vec<u32> {
         let mut out = Vec::new();
+        let is_due = |silent: Duration, reported: bool| {
+            silent >= beat * 2 && due(silent, dead_after, self.fraction, reported)
+        };
         for &(rank, silent) in silent_for {
             let reported = self.silent.contains(&rank);
-            if due(silent, dead_after, self.fraction, reported) {
+            if is_due(silent, reported) {
                 self.silent.insert(rank);
                 out.push(rank);
-            } else if !due(silent, dead_after, self.fraction, false) {
+            } else if !is_due(silent, false) {
                 self.silent.remove(&rank);
             }
         }
@@ -323,8 +333,11 @@ impl Node {
                 })
                 .map(|r| (r, self.watch.liveness.silent_for(r, now)))
                 .collect();
-            let dead_after = self.cfg.timing.dead_after;
-            for rank in self.hang.newly_silent(&live, dead_after) {
+            let (dead_after, beat) = (
+                self.cfg.timing.dead_after,
+                self.cfg.timing.heartbeat_interval,
+            );
+            for rank in self.hang.newly_silent(&live, dead_after, beat) {
                 let host = self.watch.peers[rank as usize]
                     .as_ref()
                     .map(|p| p.host.clone())
@@ -584,27 +597,41 @@ mod tests {
     #[test]
     fn a_silent_peer_is_reported_once_per_silent_spell() {
         let mut r = Reporter::new(0.5, Some((1, vec![])), collect::Tools::default());
-        let dead_after = S(10);
+        let (dead_after, beat) = (S(10), Duration::from_millis(500));
         let ms = Duration::from_millis;
         assert_eq!(
-            r.newly_silent(&[(1, ms(100)), (2, S(4))], dead_after),
+            r.newly_silent(&[(1, ms(100)), (2, S(4))], dead_after, beat),
             Vec::<u32>::new()
         );
-        assert_eq!(r.newly_silent(&[(1, ms(200)), (2, S(5))], dead_after), [2]);
+        assert_eq!(
+            r.newly_silent(&[(1, ms(200)), (2, S(5))], dead_after, beat),
+            [2]
+        );
         // Still silent: already reported.
         assert_eq!(
-            r.newly_silent(&[(1, ms(300)), (2, S(7))], dead_after),
+            r.newly_silent(&[(1, ms(300)), (2, S(7))], dead_after, beat),
             Vec::<u32>::new()
         );
         // Its heartbeat advanced, then stood still again: a new spell, a new report.
         assert_eq!(
-            r.newly_silent(&[(1, ms(100)), (2, ms(10))], dead_after),
+            r.newly_silent(&[(1, ms(100)), (2, ms(10))], dead_after, beat),
             Vec::<u32>::new()
         );
-        assert_eq!(r.newly_silent(&[(1, S(6)), (2, S(6))], dead_after), [1, 2]);
+        assert_eq!(
+            r.newly_silent(&[(1, S(6)), (2, S(6))], dead_after, beat),
+            [1, 2]
+        );
         // Off: nobody is ever due.
         let mut off = Reporter::new(0.0, Some((1, vec![])), collect::Tools::default());
-        assert!(off.newly_silent(&[(1, S(60))], dead_after).is_empty());
+        assert!(off.newly_silent(&[(1, S(60))], dead_after, beat).is_empty());
+        // A small fraction does not make a heartbeat's jitter a silence: at 0.1 of a 3 s
+        // dead-after (300 ms) with a 200 ms beat, the report waits for 400 ms.
+        let mut eager = Reporter::new(0.1, Some((1, vec![])), collect::Tools::default());
+        let (dead_after, beat) = (S(3), ms(200));
+        assert!(eager
+            .newly_silent(&[(1, ms(301))], dead_after, beat)
+            .is_empty());
+        assert_eq!(eager.newly_silent(&[(1, ms(400))], dead_after, beat), [1]);
     }
 
     #[test]
