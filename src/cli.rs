@@ -426,11 +426,14 @@ fn run_node(cli: Cli) -> (Option<u32>, Result<i32, Failure>) {
         supervisor: supervisor.clone(),
     };
     let result = node::run(&loaded, opts);
-    let code = result.as_ref().map_or_else(|s| s.code, |()| exit::DONE);
+    let code = result.as_ref().map_or_else(Stop::exit_code, |_| exit::DONE);
     // First, as printing may block on a hung filesystem and so may the exit: the
     // supervisor exits with this code if this process cannot.
     if let Some(link) = &supervisor {
         link.exiting(rank, code);
     }
-    (Some(rank), result.map(|()| exit::DONE))
+    if let Ok(node::Outcome::AlreadyComplete(notice)) = &result {
+        crate::error::notify(Some(rank), notice);
+    }
+    (Some(rank), result.map(|_| exit::DONE))
 }

@@ -1,20 +1,22 @@
-//! How an rl-node command ends with an error: one type for every subcommand, and the one
-//! place that prints it.
+//! How an rl-node command ends without doing its work: one type for every subcommand, the
+//! one place that turns its cause into an exit code, and the one place that prints it.
 //!
-//! A [`Failure`] carries the exit code (the documented ones in [`crate::exit`]), the
-//! message, an optional hint and an optional detail (the tail of a failing command's log).
-//! [`report`] prints it: `error: …`, the log tail, `hint: …` on a terminal or in plain
-//! text, or one JSON event when the node logs JSON. A failure whose code is
-//! [`exit::DONE`] is not an error (a restart of a run that is already complete): it prints
-//! its message without `error:`.
+//! A [`Failure`] carries its [`Cause`] (why the command stopped), the message, an optional
+//! hint and an optional detail (the tail of a failing command's log). Callers name the
+//! cause, never a number: [`Cause::exit_code`] alone maps causes to the documented codes
+//! ([`crate::exit`]), so that a code cannot drift from its meaning at one call site.
+//! [`report`] prints a failure: `error: …`, the log tail, `hint: …` on a terminal or in
+//! plain text, or one JSON event when the node logs JSON. A command that finds nothing to
+//! do (a restart of a run that is already complete) has not failed: it ends with a
+//! [`Notice`], which [`notify`] prints without `error:`, and exits 0.
 
-use crate::exit;
+pub use crate::exit::Cause;
 use crate::logging;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct Failure {
-    pub code: i32,
+    pub cause: Cause,
     pub message: String,
     pub hint: Option<String>,
     /// The tail of the failing command's log, shown under the message.
@@ -22,24 +24,32 @@ pub struct Failure {
 }
 
 impl Failure {
+    /// A failure of `cause`, with no hint or detail yet.
+    pub fn new(cause: Cause, message: impl Into<String>) -> Failure {
+        Failure {
+            cause,
+            message: message.into(),
+            hint: None,
+            detail: None,
+        }
+    }
+
     /// Bad input: a flag, a file or the configuration (exit 2); nothing was written.
     pub fn usage(message: impl Into<String>, hint: Option<String>) -> Failure {
         Failure {
-            code: exit::USAGE,
-            message: message.into(),
             hint,
-            detail: None,
+            ..Failure::new(Cause::Usage, message)
         }
     }
 
     /// The command could not do its work (exit 1).
     pub fn failed(message: impl Into<String>) -> Failure {
-        Failure {
-            code: exit::FAILED,
-            message: message.into(),
-            hint: None,
-            detail: None,
-        }
+        Failure::new(Cause::Failed, message)
+    }
+
+    /// The exit code of this failure's cause.
+    pub fn exit_code(&self) -> i32 {
+        self.cause.exit_code()
     }
 
     pub fn with_hint(mut self, hint: impl Into<String>) -> Failure {
@@ -52,6 +62,13 @@ impl Failure {
         self.detail = (!detail.is_empty()).then_some(detail);
         self
     }
+}
+
+/// What a command that had nothing to do tells the user (it exits 0).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    pub message: String,
+    pub hint: Option<String>,
 }
 
 impl From<crate::config::ConfigError> for Failure {
@@ -67,7 +84,7 @@ pub fn report(rank: Option<u32>, f: &Failure) {
     if logging::json() {
         logging::report(
             rank,
-            f.code,
+            f.exit_code(),
             &f.message,
             f.hint.as_deref(),
             f.detail.as_deref(),
@@ -75,11 +92,7 @@ pub fn report(rank: Option<u32>, f: &Failure) {
         return;
     }
     let prefix = rank.map(|r| format!("rank {r}: ")).unwrap_or_default();
-    if f.code == exit::DONE {
-        crate::errln!("{prefix}{}", f.message);
-    } else {
-        crate::errln!("error: {prefix}{}", f.message);
-    }
+    crate::errln!("error: {prefix}{}", f.message);
     if let Some(d) = &f.detail {
         crate::errln!("  last lines of the log:");
         for line in d.lines() {
@@ -91,13 +104,27 @@ pub fn report(rank: Option<u32>, f: &Failure) {
     }
 }
 
+/// Print `n` for the user: like a failure's report, without `error:` (and as information,
+/// with exit code 0, when the node logs JSON).
+pub fn notify(rank: Option<u32>, n: &Notice) {
+    if logging::json() {
+        logging::notice(rank, &n.message, n.hint.as_deref());
+        return;
+    }
+    let prefix = rank.map(|r| format!("rank {r}: ")).unwrap_or_default();
+    crate::errln!("{prefix}{}", n.message);
+    if let Some(h) = &n.hint {
+        crate::errln!("hint: {h}");
+    }
+}
+
 /// The exit code of a command's result, after reporting a failure.
 pub fn finish(rank: Option<u32>, result: Result<i32, Failure>) -> i32 {
     match result {
         Ok(code) => code,
         Err(f) => {
             report(rank, &f);
-            f.code
+            f.exit_code()
         }
     }
 }

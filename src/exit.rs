@@ -1,7 +1,8 @@
-//! The exit codes rl-node documents (README: "Exit codes"), in one place.
+//! The exit codes rl-node documents (README: "Exit codes"), and the one place that maps
+//! the causes of a stop to them ([`Cause::exit_code`]).
 //!
-//! A node exits with one of these and nothing else: its stop's cause decides
-//! (`AbortInfo::exit_code_for`), and when signals follow one another the first decides
+//! A node exits with one of these and nothing else: its stop's cause decides (an abort's
+//! through `AbortInfo::cause_for`), and when signals follow one another the first decides
 //! (`node::signals`). Two more outcomes come from outside the code's decisions, and the
 //! README lists them too: 101 when rl-node panics (a bug), and death by a signal the node
 //! does not handle (`kill -9`, the OOM killer, a crash), which the supervisor passes on by
@@ -27,3 +28,79 @@ pub const SIGHUP: i32 = 129;
 pub const SIGINT: i32 = 130;
 /// Interrupted by SIGTERM.
 pub const SIGTERM: i32 = 143;
+
+/// Why a command stopped without doing its work. Each cause has one exit code
+/// ([`Cause::exit_code`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// This node failed: its command failed, or it could not do its own work.
+    Failed,
+    /// Bad input: a flag, a file or the configuration; nothing was written.
+    Usage,
+    /// Another node failed or died.
+    PeerFailed,
+    /// A deadline passed (phase timeout, barrier or join timeout).
+    Deadline,
+    /// A time-limit warning (SIGUSR1 or SIGUSR2) stopped every node, to be resumed.
+    TimeLimit,
+    /// Interrupted by this signal (SIGINT, SIGTERM, SIGHUP).
+    Interrupted(i32),
+}
+
+impl Cause {
+    /// The exit code this cause ends the process with (README: "Exit codes"): the only
+    /// place causes become numbers.
+    pub fn exit_code(self) -> i32 {
+        match self {
+            Cause::Failed => FAILED,
+            Cause::Usage => USAGE,
+            Cause::PeerFailed => PEER_FAILED,
+            Cause::Deadline => DEADLINE,
+            Cause::TimeLimit => TIME_LIMIT,
+            // The shell's convention for a death by that signal: SIGHUP 129, SIGINT 130,
+            // SIGTERM 143.
+            Cause::Interrupted(signal) => 128 + signal,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every cause against the README's table of exit codes, written out: a mapping
+    /// changed in `exit_code` (or a constant changed in `exit`) fails here.
+    #[test]
+    fn each_cause_exits_with_its_documented_code() {
+        let table = [
+            (Cause::Failed, 1),
+            (Cause::Usage, 2),
+            (Cause::PeerFailed, 3),
+            (Cause::Deadline, 4),
+            (Cause::TimeLimit, 75),
+            (Cause::Interrupted(libc::SIGHUP), 129),
+            (Cause::Interrupted(libc::SIGINT), 130),
+            (Cause::Interrupted(libc::SIGTERM), 143),
+        ];
+        for (cause, code) in table {
+            assert_eq!(cause.exit_code(), code, "{cause:?}");
+        }
+        // The constants the code names are the same table.
+        assert_eq!(
+            [DONE, FAILED, USAGE, PEER_FAILED, DEADLINE],
+            [0, 1, 2, 3, 4]
+        );
+        assert_eq!([TIME_LIMIT, SIGHUP, SIGINT, SIGTERM], [75, 129, 130, 143]);
+        // Every cause is in the table: a new one must be given its code here.
+        for (cause, _) in table {
+            match cause {
+                Cause::Failed
+                | Cause::Usage
+                | Cause::PeerFailed
+                | Cause::Deadline
+                | Cause::TimeLimit
+                | Cause::Interrupted(_) => {}
+            }
+        }
+    }
+}

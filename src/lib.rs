@@ -21,7 +21,7 @@ pub mod layout;
 pub(crate) mod logging;
 pub(crate) mod node;
 #[doc(hidden)]
-pub use node::{run_in_process, run_in_process_broken, Broken};
+pub use node::{run_in_process, run_in_process_broken, Broken, Outcome};
 #[doc(hidden)]
 pub use process::{FakeRun, FakeScript};
 pub(crate) mod observe;

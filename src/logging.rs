@@ -131,9 +131,8 @@ pub(crate) fn debug(rank: u32, msg: &str) {
     tracing::debug!(rank, "{msg}");
 }
 
-/// A node's final report as one event (for the JSON format): an error, or information
-/// when the node had nothing to do (`exit_code` 0). The hint and the failed command's last
-/// log lines are fields of their own.
+/// A command's failure as one event (for the JSON format): the hint and the failed
+/// command's last log lines are fields of their own.
 pub(crate) fn report(
     rank: Option<u32>,
     exit_code: i32,
@@ -141,11 +140,14 @@ pub(crate) fn report(
     hint: Option<&str>,
     log_tail: Option<&str>,
 ) {
-    if exit_code == crate::exit::DONE {
-        tracing::info!(rank, exit_code, hint, "{message}");
-    } else {
-        tracing::error!(rank, exit_code, hint, log_tail, "{message}");
-    }
+    tracing::error!(rank, exit_code, hint, log_tail, "{message}");
+}
+
+/// A node's final word when it had nothing to do, as one event of information (it exits
+/// 0, which the event says like a failure's says its code).
+pub(crate) fn notice(rank: Option<u32>, message: &str, hint: Option<&str>) {
+    let exit_code = crate::exit::DONE;
+    tracing::info!(rank, exit_code, hint, "{message}");
 }
 
 /// Writes each formatted event with one call through [`crate::output`], ignoring errors.

@@ -15,7 +15,7 @@ use super::{
     manifest_path, merge, AggregateError, Manifest, MergeOptions, RankEntry,
     DEFAULT_MAX_RECORD_BYTES,
 };
-use crate::error::Failure;
+use crate::error::{Cause, Failure};
 use crate::layout::Layout;
 use crate::shards::naming::Format;
 use serde::Deserialize;
@@ -198,16 +198,11 @@ pub fn main(
                     serde_json::to_string_pretty(&e.to_json()).expect("json")
                 );
             }
-            let code = match e {
-                AggregateError::Unsupported { .. } | AggregateError::Exists { .. } => exit::USAGE,
-                _ => exit::FAILED,
+            let cause = match e {
+                AggregateError::Unsupported { .. } | AggregateError::Exists { .. } => Cause::Usage,
+                _ => Cause::Failed,
             };
-            let mut failure = Failure {
-                code,
-                message: e.to_string(),
-                hint: None,
-                detail: None,
-            };
+            let mut failure = Failure::new(cause, e.to_string());
             if let AggregateError::Incomplete { ranks, .. } = &e {
                 crate::err!("{}", render_ranks(ranks));
                 let m = Manifest::new(

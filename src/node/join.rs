@@ -14,8 +14,9 @@
 //! aside, perhaps only after the worker looked.
 
 use super::{random_id, Interrupt, Node, Stop};
+use crate::error::Notice;
 use crate::events;
-use crate::exit;
+use crate::exit::Cause;
 use crate::holder;
 use crate::protocol::join;
 use crate::protocol::{ClusterRecord, Mark, NodeState, RankRecord, PROTO};
@@ -29,8 +30,22 @@ use crate::protocol::liveness::{Holder, Holders};
 /// Sequence numbers seen per (generation, rank), to judge liveness by observation.
 type Seen = Holders;
 
+/// How a join ends when it does not stop the node.
+pub(super) enum Joined {
+    /// The generation formed: this node walks the iterations with it.
+    Formed,
+    /// The run is complete up to `--iterations`: nothing to do, no generation to form.
+    AlreadyComplete(Notice),
+}
+
+/// What one look for a generation to join found, when it found something.
+enum Joinable {
+    Join(Box<ClusterRecord>, Box<RankRecord>),
+    Complete(Notice),
+}
+
 impl Node {
-    pub(super) fn join(&mut self) -> Result<(), Stop> {
+    pub(super) fn join(&mut self) -> Result<Joined, Stop> {
         if self.is_master() {
             self.join_master()
         } else {
@@ -96,7 +111,7 @@ impl Node {
         self.cfg.timing.heartbeat_interval * 2 + self.cfg.timing.poll_interval
     }
 
-    fn join_master(&mut self) -> Result<(), Stop> {
+    fn join_master(&mut self) -> Result<Joined, Stop> {
         let layout = self.layout.clone();
         let state_err = |e: StateError| Stop::usage(e.to_string(), Some(e.hint(layout.root())));
         // The run's own state is read strictly: damage is an error naming the file, never
@@ -168,16 +183,14 @@ impl Node {
         if self.cfg.cluster.iterations > 0 && resume.iteration > self.cfg.cluster.iterations {
             // Nothing to do: start no generation (an empty one would make `status` show
             // iteration 0). Workers see the run complete and exit 0 as well.
-            return Err(Stop {
-                code: exit::DONE,
+            return Ok(Joined::AlreadyComplete(Notice {
                 message: format!(
                     "run {run_id} already completed iteration {} (--iterations {}): nothing to do; no new generation started",
                     resume.iteration - 1,
                     self.cfg.cluster.iterations
                 ),
                 hint: Some("a larger --iterations extends the run".into()),
-                detail: None,
-            });
+            }));
         } else if resume.iteration == self.cfg.cluster.first_iteration && resume.iteration > 1 {
             self.info(&format!(
                 "starting run {run_id} at iteration {} (cluster.first-iteration: the iterations before it ran before rl-node)",
@@ -196,11 +209,9 @@ impl Node {
             ));
         }
 
-        let io_err = |what: String, e: std::io::Error| Stop {
-            code: exit::FAILED,
-            message: format!("{what}: {e}"),
-            hint: Some("check that --log-path is on a writable shared filesystem".into()),
-            detail: None,
+        let io_err = |what: String, e: std::io::Error| {
+            Stop::failed(format!("{what}: {e}"))
+                .with_hint("check that --log-path is on a writable shared filesystem")
         };
         let gen = self.claim_generation_dir(gen).map_err(|e| {
             io_err(
@@ -400,7 +411,7 @@ impl Node {
         self.publisher().set_interval(beat);
         self.waiting_note.clear();
         self.info("all ranks joined");
-        Ok(())
+        Ok(Joined::Formed)
     }
 
     /// Create a brand-new `gen-N/` with N at least `wanted` and above every existing one, so
@@ -565,7 +576,7 @@ impl Node {
         }
     }
 
-    fn join_worker(&mut self) -> Result<(), Stop> {
+    fn join_worker(&mut self) -> Result<Joined, Stop> {
         let deadline = self.clock.now() + self.cfg.timing.join_timeout;
         let mut rejected = join::Skipped::default();
         let mut seen = Seen::default();
@@ -581,22 +592,21 @@ impl Node {
                 n.find_joinable(&mut rejected, &mut seen, &mut found)
             });
             let (cluster, r0) = match joinable {
-                Ok(found) => found,
+                Ok(Joinable::Join(cluster, r0)) => (*cluster, *r0),
+                Ok(Joinable::Complete(notice)) => return Ok(Joined::AlreadyComplete(notice)),
                 Err(Interrupt::Stop(s)) => return Err(s),
                 Err(Interrupt::Deadline) => {
-                    return Err(Stop {
-                        code: exit::DEADLINE,
-                        message: format!(
+                    return Err(Stop::new(
+                        Cause::Deadline,
+                        format!(
                             "no generation to join within join-timeout ({}): {}",
                             humantime::format_duration(self.cfg.timing.join_timeout),
                             self.waiting_note
                         ),
-                        hint: Some(
-                            "start rank 0 (--master) with the same configuration and --log-path"
-                                .into(),
-                        ),
-                        detail: None,
-                    });
+                    )
+                    .with_hint(
+                        "start rank 0 (--master) with the same configuration and --log-path",
+                    ));
                 }
             };
             let gen = cluster.gen;
@@ -616,11 +626,9 @@ impl Node {
                 self.cfg.timing.heartbeat_interval,
                 self.watchdog.clone(),
             )
-            .map_err(|e| Stop {
-                code: exit::FAILED,
-                message: format!("cannot write {}: {e}", path.display()),
-                hint: Some("check that --log-path is on a writable shared filesystem".into()),
-                detail: None,
+            .map_err(|e| {
+                Stop::failed(format!("cannot write {}: {e}", path.display()))
+                    .with_hint("check that --log-path is on a writable shared filesystem")
             })?;
             self.set_publisher(publisher);
             // `--fresh` on rank 0 may just have renamed the run's directories aside: a
@@ -678,24 +686,22 @@ impl Node {
                             super::ranks_list(&missing)
                         )
                     };
-                    return Err(Stop {
-                        code: exit::DEADLINE,
-                        message: format!(
+                    return Err(Stop::new(
+                        Cause::Deadline,
+                        format!(
                             "generation {gen} did not form within join-timeout ({}){why}",
                             humantime::format_duration(self.cfg.timing.join_timeout)
                         ),
-                        hint: Some(
-                            "look at why those ranks did not join (their logs; `rl-node status` shows each rank)"
-                                .into(),
-                        ),
-                        detail: None,
-                    });
+                    )
+                    .with_hint(
+                        "look at why those ranks did not join (their logs; `rl-node status` shows each rank)",
+                    ));
                 }
             }
         }
         self.publisher().update(|r| r.state = NodeState::Running);
         self.waiting_note.clear();
-        Ok(())
+        Ok(Joined::Formed)
     }
 
     /// One look at the shared directory for a generation this worker can join: the reads,
@@ -722,7 +728,7 @@ impl Node {
         rejected: &mut join::Skipped,
         seen: &mut Seen,
         found: &mut Option<String>,
-    ) -> Result<Option<(ClusterRecord, RankRecord)>, Stop> {
+    ) -> Result<Option<Joinable>, Stop> {
         use crate::protocol::join::{look, ClusterSeen, Joiner, Look};
         let layout = self.layout.clone();
         let mut read = state::read_cluster(&*self.store, &layout);
@@ -789,12 +795,10 @@ impl Node {
                 };
                 Ok(None)
             }
-            Look::Complete { message, hint } => Err(Stop {
-                code: exit::DONE,
+            Look::Complete { message, hint } => Ok(Some(Joinable::Complete(Notice {
                 message,
                 hint: Some(hint),
-                detail: None,
-            }),
+            }))),
             Look::Refused {
                 message,
                 hint,
@@ -805,7 +809,7 @@ impl Node {
                 }
                 Err(Stop::usage(message, Some(hint)))
             }
-            Look::Join(c, r0) => Ok(Some((*c, *r0))),
+            Look::Join(c, r0) => Ok(Some(Joinable::Join(c, r0))),
         }
     }
 }

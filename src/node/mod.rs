@@ -29,7 +29,7 @@ mod work;
 use crate::clock::{self, Clock};
 use crate::config::{Config, Loaded, PhaseCommand};
 use crate::events;
-use crate::exit;
+use crate::exit::{self, Cause};
 use crate::layout::Layout;
 use crate::logging;
 pub(crate) use crate::process::{self as procs, descendants, random_hex};
@@ -49,8 +49,17 @@ use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How a node run ends when it does not finish: the exit code and what to tell the user.
+/// How a node run ends when it does not finish: its cause and what to tell the user.
 pub type Stop = crate::error::Failure;
+
+/// How a node run ends when it stops for no failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every planned iteration ran.
+    Completed,
+    /// The run was complete up to `--iterations` already: nothing was done (exit 0).
+    AlreadyComplete(crate::error::Notice),
+}
 
 /// Why a wait ended without its condition.
 enum Interrupt {
@@ -295,8 +304,8 @@ impl EventLog {
     }
 }
 
-/// Run a node until it finishes (Ok) or stops (the error says why and with which code).
-pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<(), Stop> {
+/// Run a node until it finishes (Ok) or stops (the error says why).
+pub fn run(loaded: &Loaded, opts: NodeOptions) -> Result<Outcome, Stop> {
     let cfg = loaded.config.clone();
     let num_nodes = cfg.cluster.num_nodes;
     // Setting a run aside moves the shared directories both clusters use, while the other
@@ -452,7 +461,7 @@ pub fn run_in_process(
     store: Arc<dyn SharedDir>,
     clock: Arc<dyn Clock>,
     commands: Arc<procs::FakeScript>,
-) -> Result<(), (i32, String)> {
+) -> Result<Outcome, (i32, String)> {
     run_in_process_broken(config, rank, store, clock, commands, Broken::default())
 }
 
@@ -478,7 +487,7 @@ pub fn run_in_process_broken(
     clock: Arc<dyn Clock>,
     commands: Arc<procs::FakeScript>,
     broken: Broken,
-) -> Result<(), (i32, String)> {
+) -> Result<Outcome, (i32, String)> {
     let level = logging::resolve(None, logging::LEVEL_ENV, logging::LogLevel::Info)
         .unwrap_or(logging::LogLevel::Info);
     logging::init(level, logging::LogFormat::Text);
@@ -553,7 +562,7 @@ pub fn run_in_process_broken(
         work::TaskSets::default(),
         (1, source.clone()),
     )
-    .map_err(|s| (s.code, s.message))
+    .map_err(|s| (s.exit_code(), s.message))
 }
 
 /// `n` random bytes in hex (nonces, run ids): drawn from the simulation's seed when the
@@ -674,7 +683,7 @@ fn drive(
     rank_source: &str,
     tasks: work::TaskSets,
     (nproc, nproc_source): (u32, String),
-) -> Result<(), Stop> {
+) -> Result<Outcome, Stop> {
     node.tasks = tasks;
     node.dead_after_source = loaded.source_of("timing.dead-after").clone();
     let p = &node.cfg.phases;
@@ -744,10 +753,14 @@ fn drive(
         node.pid,
         node.layout.root().display()
     ));
-    let result = node.join().and_then(|()| {
-        node.watch.formed = true;
-        node.run_iterations()
-    });
+    let result = match node.join() {
+        Ok(join::Joined::Formed) => {
+            node.watch.formed = true;
+            node.run_iterations().map(|()| Outcome::Completed)
+        }
+        Ok(join::Joined::AlreadyComplete(n)) => Ok(Outcome::AlreadyComplete(n)),
+        Err(stop) => Err(stop),
+    };
     node.shut_down(result)
 }
 
@@ -802,12 +815,11 @@ impl Node {
             what: what.to_string(),
             why: why.to_string(),
         });
-        Stop {
-            code: exit::PEER_FAILED,
-            message: format!("{why}: this node did not {what}, and stops without touching the newer generation's files"),
-            hint: Some("nothing to do: the current generation carries on (rl-node status shows it)".into()),
-            detail: None,
-        }
+        Stop::new(
+            Cause::PeerFailed,
+            format!("{why}: this node did not {what}, and stops without touching the newer generation's files"),
+        )
+        .with_hint("nothing to do: the current generation carries on (rl-node status shows it)")
     }
 
     /// A [`Node::fence`] that other threads (the merge) can call.
@@ -1182,7 +1194,7 @@ impl Node {
         };
         // Said with the log where this node finds it.
         let info = info.seen_from(self.layout.root());
-        let (code, hint) =
+        let (cause, hint) =
             crate::protocol::abort::consequence(&info, self.rank, self.layout.cluster_name());
         // Declared dead while alive: what happened, as this node can tell it.
         let dead_after = format!(
@@ -1206,14 +1218,14 @@ impl Node {
             .map(|l| procs::tail(Path::new(l), 20))
             .filter(|t| !t.is_empty());
         Stop {
-            code,
+            cause,
             message,
             hint,
             detail,
         }
     }
 
-    fn shut_down(mut self, result: Result<(), Stop>) -> Result<(), Stop> {
+    fn shut_down(mut self, result: Result<Outcome, Stop>) -> Result<Outcome, Stop> {
         let result = self.decide(result);
         // A second signal leaves no grace.
         let grace = match self.stopping.escalated() {
@@ -1249,7 +1261,7 @@ impl Node {
         // its reason instead of finding only "failed" (the seeded driver simulation found
         // rank 0 waiting for such a worker at the first barrier).
         let own = match &result {
-            Err(stop) if stop.code != exit::DONE => Some(self.abort_info(
+            Err(stop) => Some(self.abort_info(
                 AbortKind::Error,
                 self.rank,
                 None,
@@ -1283,8 +1295,8 @@ impl Node {
     /// The loop's outcome, decided once with the signal side (`signals::Stopping`): an
     /// escalation that found the loop busy before it stopped put the first signal's abort
     /// in the record, and that abort, not what the loop ran into since, is the outcome.
-    fn decide(&mut self, result: Result<(), Stop>) -> Result<(), Stop> {
-        let code = result.as_ref().map_or_else(|s| s.code, |()| exit::DONE);
+    fn decide(&mut self, result: Result<Outcome, Stop>) -> Result<Outcome, Stop> {
+        let code = result.as_ref().map_or_else(Stop::exit_code, |_| exit::DONE);
         if self.stopping.decide(code) == code {
             return result;
         }
@@ -1429,7 +1441,7 @@ impl Node {
             Err(e) => {
                 let hint = e.hint(self.layout.root());
                 let mut stop = self.fail(AbortKind::Error, self.rank, None, e.to_string(), None);
-                stop.code = exit::USAGE;
+                stop.cause = Cause::Usage;
                 stop.hint = Some(hint);
                 return Err(stop);
             }

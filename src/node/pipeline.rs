@@ -212,7 +212,7 @@ impl Node {
                 path.display()
             );
             let mut stop = self.fail(AbortKind::Error, self.rank, None, reason, None);
-            stop.code = crate::exit::USAGE;
+            stop.cause = crate::exit::Cause::Usage;
             return Err(stop);
         }
         Ok(Some(q))

@@ -166,7 +166,11 @@ impl Stopping {
             }
         }
         let cluster = s.record.as_ref().and_then(|(_, c)| c.clone());
-        s.code = Some(crate::protocol::abort::consequence(&info, self.rank, cluster.as_deref()).0);
+        s.code = Some(
+            crate::protocol::abort::consequence(&info, self.rank, cluster.as_deref())
+                .0
+                .exit_code(),
+        );
         (record, Some(info))
     }
 
@@ -212,7 +216,9 @@ impl Stopping {
             .as_ref()
             .and_then(|(r, _)| r.read(|rec| rec.abort.clone()));
         let info = abort.unwrap_or_else(|| self.own_abort(s));
-        crate::protocol::abort::consequence(&info, self.rank, cluster.as_deref()).0
+        crate::protocol::abort::consequence(&info, self.rank, cluster.as_deref())
+            .0
+            .exit_code()
     }
 
     /// Wait until the loop is done, a third signal came, or `deadline`. Returns the code
@@ -312,7 +318,7 @@ fn on_delivery(parts: &SignalParts, count: u32, sig: i32) {
                 // No thread for the wait: the exit itself cannot wait either.
                 parts.stopping.settle();
                 let code = parts.stopping.wait_to_exit(Instant::now());
-                let code = code.unwrap_or(crate::exit::FAILED);
+                let code = code.unwrap_or(crate::exit::Cause::Failed.exit_code());
                 exit_now(parts.supervisor.as_deref(), &parts.registry, rank, code);
             }
         }

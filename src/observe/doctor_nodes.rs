@@ -25,7 +25,7 @@
 
 use super::doctor::{Check, Verdict};
 use super::doctor_dirs::DirWait;
-use crate::error::Failure;
+use crate::error::{Cause, Failure};
 use crate::exit;
 use serde::{Deserialize, Serialize};
 use std::fs;
@@ -728,7 +728,7 @@ impl Member {
                     .collect();
                 let list: Vec<String> = missing.iter().map(u32::to_string).collect();
                 return Err(Failure {
-                    code: exit::DEADLINE,
+                    cause: Cause::Deadline,
                     message: format!(
                         "doctor session {}: rank{} {} never joined within {} (joined: {})",
                         self.opts.session,
@@ -849,7 +849,7 @@ impl Member {
 
     fn session_removed(&self) -> Failure {
         Failure {
-            code: exit::PEER_FAILED,
+            cause: Cause::PeerFailed,
             message: format!(
                 "doctor session {}: the session directory {} was removed (by {}, stopping?)",
                 self.opts.session,
@@ -866,7 +866,7 @@ impl Member {
         match self.signal.load(Ordering::Relaxed) {
             0 => Ok(()),
             sig => Err(Failure {
-                code: 128 + sig as i32,
+                cause: Cause::Interrupted(sig as i32),
                 message: format!(
                     "doctor session {}: rank {} interrupted by {}",
                     self.opts.session,
@@ -882,7 +882,7 @@ impl Member {
     fn check_peer(&self, p: &Msg) -> Result<(), Failure> {
         match &p.abort {
             Some(why) if p.pos.0 == ABORTED => Err(Failure {
-                code: exit::PEER_FAILED,
+                cause: Cause::PeerFailed,
                 message: format!(
                     "doctor session {}: rank {} ({} pid {}) stopped: {why}",
                     self.opts.session, p.rank, p.host, p.pid
@@ -896,7 +896,7 @@ impl Member {
 
     fn silent(&self, rank: u32, what: &str) -> Failure {
         Failure {
-            code: exit::DEADLINE,
+            cause: Cause::Deadline,
             message: format!(
                 "doctor session {}: {} made no progress for {} ({what})",
                 self.opts.session,
@@ -1456,7 +1456,7 @@ impl Member {
             }
             if Instant::now() >= deadline && !missed.is_empty() {
                 return Err(Failure {
-                    code: exit::DEADLINE,
+                    cause: Cause::Deadline,
                     message: format!(
                         "doctor session {}: new name {} from {} not seen within {}",
                         self.opts.session,
@@ -1513,7 +1513,7 @@ impl Member {
             let why = &f.message;
             self.me.pos = (ABORTED, 0, 0, 0);
             self.me.abort = Some(why.lines().next().unwrap_or(why).to_string());
-            self.me.abort_code = Some(f.code);
+            self.me.abort_code = Some(f.exit_code());
             if self.send().is_ok() {
                 let deadline = Instant::now() + LEAVE_GRACE.min(self.opts.timeout);
                 let others: Vec<u32> = (0..self.opts.nodes)

@@ -8,7 +8,7 @@
 //! node ends naming the same cause. Pure: the node does the create and the read.
 
 use super::{AbortInfo, AbortKind};
-use crate::exit;
+use crate::exit::Cause;
 
 /// The cause, after trying to create `abort.json` with `mine`: ours if we created it (or
 /// could not write it at all), else the first one's as read (ours if it cannot be read).
@@ -20,15 +20,14 @@ pub fn cause(mine: AbortInfo, created: bool, first: Option<AbortInfo>) -> AbortI
 }
 
 /// What stopping because of `info` means for rank `me` of the cluster `cluster` (a
-/// pipelined run's side; None otherwise): its exit code and a hint.
-pub fn consequence(info: &AbortInfo, me: u32, cluster: Option<&str>) -> (i32, Option<String>) {
-    let code = info.exit_code_for(me);
+/// pipelined run's side; None otherwise): why it stops and a hint.
+pub fn consequence(info: &AbortInfo, me: u32, cluster: Option<&str>) -> (Cause, Option<String>) {
+    let cause = info.cause_for(me);
     // Pipelined: a failure in the other cluster is a peer's, whatever its rank number.
     if let Some(c) = info.cluster.as_deref().filter(|c| Some(*c) != cluster) {
-        let code = if code == exit::TIME_LIMIT {
-            code
-        } else {
-            exit::PEER_FAILED
+        let cause = match cause {
+            Cause::TimeLimit => cause,
+            _ => Cause::PeerFailed,
         };
         let hint = format!(
             "the cause is in the {c} cluster, on its rank {}: see that node's output{}; restart both clusters with the same commands to resume",
@@ -38,14 +37,14 @@ pub fn consequence(info: &AbortInfo, me: u32, cluster: Option<&str>) -> (i32, Op
                 .map(|l| format!(" and {l}"))
                 .unwrap_or_default()
         );
-        return (code, Some(hint));
+        return (cause, Some(hint));
     }
-    let hint = match (&info.kind, code) {
+    let hint = match (&info.kind, cause) {
         (AbortKind::PeerDead, _) => Some(format!(
             "check rank {}'s own output and its host; restart every node with the same command to start a new generation",
             info.culprit
         )),
-        (_, exit::PEER_FAILED) => Some(format!(
+        (_, Cause::PeerFailed) => Some(format!(
             "the cause is on rank {}: see its output{}",
             info.culprit,
             info.log
@@ -55,7 +54,7 @@ pub fn consequence(info: &AbortInfo, me: u32, cluster: Option<&str>) -> (i32, Op
         )),
         _ => None,
     };
-    (code, hint)
+    (cause, hint)
 }
 
 /// What a live node named dead by a peer (`info`: a dead-peer abort whose culprit is `me`
@@ -128,19 +127,19 @@ mod tests {
     #[test]
     fn the_culprit_fails_and_everyone_else_names_it() {
         let failed = abort(1, 1, AbortKind::Error);
-        assert_eq!(consequence(&failed, 1, None), (exit::FAILED, None));
+        assert_eq!(consequence(&failed, 1, None), (Cause::Failed, None));
         let (code, hint) = consequence(&failed, 0, None);
-        assert_eq!(code, exit::PEER_FAILED);
+        assert_eq!(code, Cause::PeerFailed);
         assert_eq!(
             hint.unwrap(),
             "the cause is on rank 1: see its output and logs/iter-0004/rank-1.train.log"
         );
         let dead = abort(2, 0, AbortKind::PeerDead);
         let (code, hint) = consequence(&dead, 0, None);
-        assert_eq!(code, exit::PEER_FAILED);
+        assert_eq!(code, Cause::PeerFailed);
         assert!(hint.unwrap().starts_with("check rank 2's own output"));
         let late = abort(0, 0, AbortKind::Timeout);
-        assert_eq!(consequence(&late, 0, None), (exit::DEADLINE, None));
+        assert_eq!(consequence(&late, 0, None), (Cause::Deadline, None));
     }
 
     #[test]

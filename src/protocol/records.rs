@@ -6,6 +6,7 @@
 //! next open by every NFS client, where waiting for a brand-new name can take a minute
 //! under negative lookup caching (docs/shared-directory.md, "Why it is built this way").
 
+use crate::exit::Cause;
 use serde::{Deserialize, Serialize};
 
 /// Protocol version. A live record with another version is ignored; a run whose
@@ -170,23 +171,23 @@ pub fn is_time_limit(signal: i32) -> bool {
 }
 
 impl AbortInfo {
-    /// The exit code of `rank` when it stops because of this abort (README: exit codes).
-    pub fn exit_code_for(&self, rank: u32) -> i32 {
+    /// Why `rank` stops because of this abort (its exit code: README, exit codes).
+    pub fn cause_for(&self, rank: u32) -> Cause {
         // A time-limit warning stops the whole cluster gracefully, to be resumed: every
         // node says so with the same code, whichever received the signal.
         if let AbortKind::Signal { signal } = self.kind {
             if is_time_limit(signal) {
-                return crate::exit::TIME_LIMIT;
+                return Cause::TimeLimit;
             }
         }
         if self.culprit != rank || self.detected_by != rank {
-            return crate::exit::PEER_FAILED;
+            return Cause::PeerFailed;
         }
         match self.kind {
-            AbortKind::Timeout => crate::exit::DEADLINE,
-            AbortKind::Signal { signal } => 128 + signal,
-            AbortKind::PeerDead => crate::exit::PEER_FAILED,
-            AbortKind::CommandFailed { .. } | AbortKind::Error => crate::exit::FAILED,
+            AbortKind::Timeout => Cause::Deadline,
+            AbortKind::Signal { signal } => Cause::Interrupted(signal),
+            AbortKind::PeerDead => Cause::PeerFailed,
+            AbortKind::CommandFailed { .. } | AbortKind::Error => Cause::Failed,
         }
     }
 
@@ -402,7 +403,7 @@ mod tests {
     }
 
     #[test]
-    fn exit_codes() {
+    fn causes_and_their_exit_codes() {
         let mut a = AbortInfo {
             kind: AbortKind::CommandFailed { exit: "1".into() },
             culprit: 2,
@@ -417,15 +418,15 @@ mod tests {
             cluster: None,
             detected_in: None,
         };
-        assert_eq!(a.exit_code_for(2), 1);
-        assert_eq!(a.exit_code_for(0), 3);
+        assert_eq!(a.cause_for(2).exit_code(), 1);
+        assert_eq!(a.cause_for(0).exit_code(), 3);
         a.kind = AbortKind::Timeout;
-        assert_eq!(a.exit_code_for(2), 4);
+        assert_eq!(a.cause_for(2).exit_code(), 4);
         a.kind = AbortKind::Signal { signal: 15 };
-        assert_eq!(a.exit_code_for(2), 143);
+        assert_eq!(a.cause_for(2).exit_code(), 143);
         a.kind = AbortKind::PeerDead;
         a.detected_by = 0;
-        assert_eq!(a.exit_code_for(0), 3);
+        assert_eq!(a.cause_for(0).exit_code(), 3);
     }
 
     /// In a pipelined run both clusters print one diagnosis, naming the culprit's cluster

@@ -108,7 +108,7 @@ fn world(nodes: u32, lifetime: Duration) -> (Arc<SimWorld>, Vec<Arc<SimClient>>)
 }
 
 /// Run every rank on its client, in threads; each rank's result.
-fn run(config: &Path, clients: &[Arc<SimClient>]) -> Vec<Result<(), (i32, String)>> {
+fn run(config: &Path, clients: &[Arc<SimClient>]) -> Vec<Result<rl_node::Outcome, (i32, String)>> {
     run_scripted(config, clients, no_commands())
 }
 
@@ -117,7 +117,7 @@ fn run_scripted(
     config: &Path,
     clients: &[Arc<SimClient>],
     script: Arc<FakeScript>,
-) -> Vec<Result<(), (i32, String)>> {
+) -> Vec<Result<rl_node::Outcome, (i32, String)>> {
     spawn_scripted(config, clients, script)
         .into_iter()
         .map(|h| h.join().expect("a node panicked"))
@@ -375,11 +375,11 @@ fn kills_and_requeues_resume_without_redoing_work() {
 fn spawn(
     config: &Path,
     clients: &[Arc<SimClient>],
-) -> Vec<std::thread::JoinHandle<Result<(), (i32, String)>>> {
+) -> Vec<std::thread::JoinHandle<Result<rl_node::Outcome, (i32, String)>>> {
     spawn_scripted(config, clients, no_commands())
 }
 
-type Node = std::thread::JoinHandle<Result<(), (i32, String)>>;
+type Node = std::thread::JoinHandle<Result<rl_node::Outcome, (i32, String)>>;
 
 fn spawn_scripted(config: &Path, clients: &[Arc<SimClient>], script: Arc<FakeScript>) -> Vec<Node> {
     clients

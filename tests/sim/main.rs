@@ -89,8 +89,8 @@ pub fn train_of(command: &str) -> (u32, u64) {
 }
 
 /// A rank's result counts as complete: it completed, or found the run complete (exit 0).
-pub fn completed(r: &Result<(), (i32, String)>) -> bool {
-    r.as_ref().err().is_none_or(|e| e.0 == 0)
+pub fn completed(r: &Result<rl_node::Outcome, (i32, String)>) -> bool {
+    r.is_ok()
 }
 
 /// The cluster size of a seed in a sweep of 1..=max nodes.

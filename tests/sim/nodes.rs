@@ -199,7 +199,7 @@ fn config(dir: &Path, case: &Case) -> PathBuf {
     path
 }
 
-type Outcome = Result<(), (i32, String)>;
+type Outcome = Result<rl_node::Outcome, (i32, String)>;
 
 /// What one seed's job did: the log of starts, the results, the schedule.
 #[derive(Clone)]
@@ -479,12 +479,9 @@ fn run_seed_broken(
         let faulty = &job.suspects[i];
         for (rank, r) in results.iter().enumerate() {
             checks += 1;
-            let Some(Err((code, message))) = r else {
+            let Some(Err((_, message))) = r else {
                 continue;
             };
-            if *code == 0 {
-                continue;
-            }
             let names = faulty
                 .iter()
                 .any(|f| message.contains(&format!("rank {f}")) || *f == rank as u32);

@@ -207,7 +207,7 @@ fn config(dir: &Path, case: &Case, c: usize) -> PathBuf {
     path
 }
 
-type Outcome = Result<(), (i32, String)>;
+type Outcome = Result<rl_node::Outcome, (i32, String)>;
 
 /// One start of one cluster's job.
 #[derive(Debug, Clone)]
@@ -676,12 +676,9 @@ fn run_seed_broken(seed: u64, broken: Broken) -> Result<(Summary, String), Viola
             let mut by_other = false;
             for (rank, r) in start.results.iter().enumerate() {
                 checks += 1;
-                let Some(Err((code, message))) = r else {
+                let Some(Err((_, message))) = r else {
                     continue;
                 };
-                if *code == 0 {
-                    continue;
-                }
                 let own = start.suspects.contains(&(rank as u32))
                     || names_own(message, other, &start.suspects);
                 let named = aborts
