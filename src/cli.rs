@@ -280,14 +280,15 @@ pub fn main() -> i32 {
 fn run() -> (Option<u32>, Result<i32, Failure>) {
     if std::env::args_os().len() == 1 {
         crate::errln!("{SUMMARY}");
-        return (None, Ok(exit::USAGE));
+        return (None, Ok(exit::Cause::Usage.exit_code()));
     }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();
+            // Clap printed the usage error (or the help it was asked for) itself.
             let code = if e.use_stderr() {
-                exit::USAGE
+                exit::Cause::Usage.exit_code()
             } else {
                 exit::DONE
             };

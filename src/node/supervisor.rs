@@ -138,7 +138,7 @@ impl Report {
     /// exited a moment after this report.
     fn verdict(&self, pid: i32) -> (i32, String) {
         match self {
-            Report::Stuck(s) => (crate::exit::DEADLINE, s.message(pid)),
+            Report::Stuck(s) => (crate::exit::Cause::Deadline.exit_code(), s.message(pid)),
             Report::Exiting(e) => (e.code, e.message(pid)),
         }
     }
@@ -356,7 +356,7 @@ pub fn run_node_in_child() -> io::Result<i32> {
     match (status.code(), status.signal()) {
         (Some(code), _) => Ok(code),
         (None, Some(sig)) => die_of(sig),
-        (None, None) => Ok(crate::exit::FAILED),
+        (None, None) => Ok(crate::exit::Cause::Failed.exit_code()),
     }
 }
 

@@ -91,7 +91,7 @@ impl Watchdog {
                 // No exit handlers or buffer flushing: nothing more may wait on anything.
                 // SAFETY: _exit takes only a status and has no preconditions; that it runs
                 // no destructors or exit handlers is the point here.
-                unsafe { libc::_exit(crate::exit::DEADLINE) };
+                unsafe { libc::_exit(crate::exit::Cause::Deadline.exit_code()) };
             })
             .expect("spawn watchdog thread");
         Watchdog { state }
