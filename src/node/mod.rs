@@ -492,7 +492,7 @@ pub fn run_in_process_broken(
         .unwrap_or(logging::LogLevel::Info);
     logging::init(level, logging::LogFormat::Text);
     let loaded = crate::config::load(Some(config), &|_| None, &[])
-        .map_err(|e| (exit::USAGE, e.to_string()))?;
+        .map_err(|e| (Cause::Usage.exit_code(), e.to_string()))?;
     let cfg = loaded.config.clone();
     let p = &cfg.phases;
     let outside = p.rollout.is_set()
@@ -503,12 +503,15 @@ pub fn run_in_process_broken(
         || !cfg.server.command.trim().is_empty();
     if outside || !cfg.tasks.train.is_empty() || !cfg.tasks.eval.is_empty() {
         return Err((
-            exit::USAGE,
+            Cause::Usage.exit_code(),
             "an in-process node runs only training commands and reads no task files".into(),
         ));
     }
     if rank >= cfg.cluster.num_nodes {
-        return Err((exit::USAGE, format!("rank {rank} is out of range")));
+        return Err((
+            Cause::Usage.exit_code(),
+            format!("rank {rank} is out of range"),
+        ));
     }
     let layout = Layout::new(cfg.log_path())
         .with_naming(cfg.naming())
