@@ -1,5 +1,5 @@
-//! How an rl-node command ends without doing its work: one type for every subcommand, the
-//! one place that turns its cause into an exit code, and the one place that prints it.
+//! How an rl-node command ends without doing its work: one type for every subcommand, and
+//! the one place that prints it.
 //!
 //! A [`Failure`] carries its [`Cause`] (why the command stopped), the message, an optional
 //! hint and an optional detail (the tail of a failing command's log). Callers name the
