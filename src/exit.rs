@@ -58,8 +58,11 @@ impl Cause {
             Cause::Deadline => DEADLINE,
             Cause::TimeLimit => TIME_LIMIT,
             // The shell's convention for a death by that signal: SIGHUP 129, SIGINT 130,
-            // SIGTERM 143.
-            Cause::Interrupted(signal) => 128 + signal,
+            // SIGTERM 143. The number may come from an `abort.json` in the shared
+            // directory, which anyone can write: one that is no signal is a failure, not
+            // an overflow or an exit code outside 0-255.
+            Cause::Interrupted(signal @ 1..=64) => 128 + signal,
+            Cause::Interrupted(_) => FAILED,
         }
     }
 }
@@ -84,6 +87,9 @@ mod tests {
         ];
         for (cause, code) in table {
             assert_eq!(cause.exit_code(), code, "{cause:?}");
+        }
+        for nonsense in [0, -1, 65, i32::MAX, i32::MIN] {
+            assert_eq!(Cause::Interrupted(nonsense).exit_code(), 1, "{nonsense}");
         }
         // The constants the code names are the same table.
         assert_eq!(
