@@ -43,6 +43,7 @@
 //! a hidden `.trash-` name first, so a crash mid-deletion leaves no half-deleted checkpoint
 //! under a checkpoint's name; [`empty_trash`] finishes such a deletion.
 
+use crate::layout::iteration_of;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::fs::{self, File};
@@ -458,14 +459,6 @@ pub fn verify_as(dir: &Path, check: Check, tick: &mut dyn FnMut()) -> Result<Man
     Ok(m)
 }
 
-/// The iteration of a checkpoint directory name `iter-NNNN`; `None` for anything else.
-pub fn iteration_of(name: &str) -> Option<u64> {
-    let digits = name.strip_prefix("iter-")?;
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
-}
 
 /// The checkpoint `models/LATEST` names, as written, without checking it (for reports and
 /// repairs; [`latest`] is what may be served).

@@ -321,7 +321,7 @@ impl Layout {
             && model
                 .file_name()
                 .and_then(|n| n.to_str())
-                .and_then(crate::checkpoint::iteration_of)
+                .and_then(iteration_of)
                 .is_some()
     }
 
@@ -357,6 +357,15 @@ impl Layout {
             .join(iter_dir(iteration))
             .join(format!("rank-{rank}.hang-{k}.txt"))
     }
+}
+
+/// The iteration of a checkpoint directory name `iter-NNNN`; `None` for anything else.
+pub fn iteration_of(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("iter-")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
 }
 
 /// Why `path` cannot be resolved when a symbolic-link loop is in the way (`ELOOP`): the

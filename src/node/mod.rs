@@ -2791,7 +2791,7 @@ impl Node {
         let previous = Path::new(previous)
             .strip_prefix(&models)
             .ok()
-            .and_then(|p| crate::checkpoint::iteration_of(&p.to_string_lossy()));
+            .and_then(|p| crate::layout::iteration_of(&p.to_string_lossy()));
         let (split, interval) = (
             self.cfg.cluster.rollout_split,
             self.cfg.cluster.eval_interval,
@@ -3077,7 +3077,7 @@ impl Node {
             _ => (
                 Path::new(&self.model)
                     .file_name()
-                    .and_then(|n| crate::checkpoint::iteration_of(&n.to_string_lossy()))
+                    .and_then(|n| crate::layout::iteration_of(&n.to_string_lossy()))
                     .filter(|_| published)
                     .unwrap_or(0),
                 0,
