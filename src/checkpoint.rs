@@ -44,6 +44,7 @@
 //! under a checkpoint's name; [`empty_trash`] finishes such a deletion.
 
 use crate::layout::iteration_of;
+use crate::store::SharedDir;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::fs::{self, File};
@@ -197,6 +198,14 @@ pub enum PublishError {
     Fenced { step: String, reason: String },
     #[error("{}: {source}", path.display())]
     Io { path: PathBuf, source: io::Error },
+}
+
+/// The shared directory checkpoints are published in. A checkpoint's files are data-plane
+/// work on real files (hashed, copied, written through open handles), so only the real
+/// store can hold one; every name it makes, renames or syncs still goes through
+/// [`SharedDir`].
+fn store() -> &'static dyn SharedDir {
+    &crate::store::Fs
 }
 
 fn io_at(path: &Path) -> impl FnOnce(io::Error) -> PublishError + '_ {
@@ -459,7 +468,6 @@ pub fn verify_as(dir: &Path, check: Check, tick: &mut dyn FnMut()) -> Result<Man
     Ok(m)
 }
 
-
 /// The checkpoint `models/LATEST` names, as written, without checking it (for reports and
 /// repairs; [`latest`] is what may be served).
 pub fn latest_named(models: &Path) -> Option<PathBuf> {
@@ -697,7 +705,7 @@ fn pointer(models: &Path, check: Check, tick: &mut dyn FnMut()) -> Result<PathBu
         )));
     }
     let dir = models.join(name);
-    if !dir.exists() {
+    if !store().exists_followed(&dir) {
         return Err(Some(format!(
             "models/LATEST names {name}, which does not exist"
         )));
@@ -907,7 +915,7 @@ pub fn is_partial_dir_name(file_name: &str) -> bool {
 /// shared directory, or a partial directory of an earlier version) is used as it is.
 pub fn moved_from(dir: &Path) -> Option<PathBuf> {
     use std::os::unix::ffi::OsStringExt;
-    if !dir.join(MOVED).is_dir() {
+    if !store().is_dir(&dir.join(MOVED)) {
         return None;
     }
     let bytes =
@@ -991,9 +999,9 @@ pub fn publish_opts(
     fence: &mut dyn FnMut() -> Result<(), String>,
     tick: &mut dyn FnMut(),
 ) -> Result<Outcome, PublishError> {
-    crate::store::fs::create_dir_all(models).map_err(io_at(models))?;
+    store().create_dir_all(models).map_err(io_at(models))?;
     let dest = models.join(name);
-    if dest.exists() {
+    if store().exists_followed(&dest) {
         return Ok(Outcome {
             published: keep_existing(models, name, &dest, fence, tick)?,
             how: How::Existing,
@@ -1021,7 +1029,7 @@ pub fn publish_opts(
             path: source.join(&f.rel),
         });
     }
-    if tmp.exists() {
+    if store().exists_followed(&tmp) {
         // This generation's own debris from a crashed copy (a moved checkpoint in it was
         // found above): not a checkpoint.
         fs::remove_dir_all(&tmp).map_err(io_at(&tmp))?;
@@ -1077,22 +1085,22 @@ fn not_movable(source: &Path) -> Option<String> {
 /// Nothing is left behind when the rename fails.
 fn move_into(models: &Path, source: &Path, tmp: &Path) -> io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
-    crate::store::fs::create_dir(tmp)?;
+    store().create_dir(tmp)?;
     let moved = (|| {
         let mut f = crate::store::fs::create_file(tmp.join(MOVED_FROM))?;
         f.write_all(recorded_source(models, source).as_os_str().as_bytes())?;
         f.sync_all()?;
-        crate::store::fsync_dir(tmp)?;
-        crate::store::fsync_dir(models)?;
-        crate::store::fs::rename(source, tmp.join(MOVED))
+        store().fsync_dir(tmp)?;
+        store().fsync_dir(models)?;
+        store().rename(source, &tmp.join(MOVED))
     })();
     if let Err(e) = moved {
         let _ = fs::remove_dir_all(tmp);
         return Err(e);
     }
-    crate::store::fsync_dir(tmp)?;
+    store().fsync_dir(tmp)?;
     if let Some(parent) = source.parent() {
-        crate::store::fsync_dir(parent)?;
+        store().fsync_dir(parent)?;
     }
     Ok(())
 }
@@ -1104,22 +1112,24 @@ fn claim(models: &Path, pending: &Path, tmp: &Path) -> Result<(), PublishError> 
     if pending == tmp {
         return Ok(());
     }
-    if tmp.exists() {
+    if store().exists_followed(tmp) {
         fs::remove_dir_all(tmp).map_err(io_at(tmp))?;
     }
-    crate::store::fs::create_dir(tmp).map_err(io_at(tmp))?;
+    store().create_dir(tmp).map_err(io_at(tmp))?;
     let from = pending.join(MOVED_FROM);
     let to = tmp.join(MOVED_FROM);
     (|| {
         crate::store::fs::copy_file(&from, &to)?;
         File::open(&to)?.sync_all()?;
-        crate::store::fsync_dir(tmp)?;
-        crate::store::fsync_dir(models)
+        store().fsync_dir(tmp)?;
+        store().fsync_dir(models)
     })()
     .map_err(io_at(&to))?;
     let moved = pending.join(MOVED);
-    crate::store::fs::rename(&moved, tmp.join(MOVED)).map_err(io_at(&moved))?;
-    crate::store::fsync_dir(tmp).map_err(io_at(tmp))?;
+    store()
+        .rename(&moved, &tmp.join(MOVED))
+        .map_err(io_at(&moved))?;
+    store().fsync_dir(tmp).map_err(io_at(tmp))?;
     // What is left of the other generation's directory is its note of where it came from.
     let _ = fs::remove_dir_all(pending);
     Ok(())
@@ -1160,7 +1170,7 @@ fn finish_moved(
     for d in walkdir::WalkDir::new(&moved).contents_first(true) {
         let d = d.map_err(|e| walk_error(&moved, e))?;
         if d.file_type().is_dir() {
-            crate::store::fsync_dir(d.path()).map_err(io_at(d.path()))?;
+            store().fsync_dir(d.path()).map_err(io_at(d.path()))?;
         }
     }
     write_manifest(&moved, name, &recorded_source(models, &from), files, opts)?;
@@ -1264,8 +1274,10 @@ fn put_back_excluded(moved: &Path, from: &Path, opts: &Options) -> Result<usize,
     for rel in &excluded {
         let back = from.join(rel);
         let parent = back.parent().expect("has a parent");
-        crate::store::fs::create_dir_all(parent).map_err(io_at(parent))?;
-        crate::store::rename_noreplace(&moved.join(rel), &back).map_err(io_at(&back))?;
+        store().create_dir_all(parent).map_err(io_at(parent))?;
+        store()
+            .rename_noreplace(&moved.join(rel), &back)
+            .map_err(io_at(&back))?;
     }
     // Directories emptied by it (a DeepSpeed global_step*/ of optimizer states).
     for e in walkdir::WalkDir::new(moved)
@@ -1279,7 +1291,7 @@ fn put_back_excluded(moved: &Path, from: &Path, opts: &Options) -> Result<usize,
         }
     }
     if !excluded.is_empty() {
-        crate::store::fsync_dir(from).map_err(io_at(from))?;
+        store().fsync_dir(from).map_err(io_at(from))?;
     }
     Ok(excluded.len())
 }
@@ -1291,7 +1303,7 @@ fn copy_into(
     opts: &Options,
     tick: &mut dyn FnMut(),
 ) -> Result<(Vec<FileEntry>, usize), PublishError> {
-    crate::store::fs::create_dir_all(tmp).map_err(io_at(tmp))?;
+    store().create_dir_all(tmp).map_err(io_at(tmp))?;
     let mut files = Vec::new();
     let mut excluded = 0;
     for f in sources {
@@ -1301,7 +1313,7 @@ fn copy_into(
         }
         let dst = tmp.join(&f.rel);
         let parent = dst.parent().expect("has parent");
-        crate::store::fs::create_dir_all(parent).map_err(io_at(parent))?;
+        store().create_dir_all(parent).map_err(io_at(parent))?;
         let (size, sha256) = copy_hashed(&f.src, &dst, tick)?;
         files.push(FileEntry {
             path: f.rel.to_string_lossy().into_owned(),
@@ -1343,7 +1355,7 @@ fn write_manifest(
     write(&mpath, &bytes)?;
     let digest = format!("{}  {MANIFEST}\n", hex::encode(Sha256::digest(&bytes)));
     write(&dir.join(MANIFEST_DIGEST), digest.as_bytes())?;
-    crate::store::fsync_dir(dir).map_err(io_at(dir))
+    store().fsync_dir(dir).map_err(io_at(dir))
 }
 
 /// Rename the complete checkpoint `ready` to `models/<name>` (never replacing one) and
@@ -1364,7 +1376,7 @@ fn commit(
         step: format!("renaming {} to {name}", ready.display()),
         reason,
     })?;
-    match crate::store::rename_noreplace(ready, &dest) {
+    match store().rename_noreplace(ready, &dest) {
         Ok(()) => {}
         Err(e) if is_exists(&e) => {
             // Published meanwhile by someone else: theirs stands if it verifies.
@@ -1376,7 +1388,7 @@ fn commit(
         }
         Err(e) => return Err(io_at(&dest)(e)),
     }
-    crate::store::fsync_dir(models).map_err(io_at(models))?;
+    store().fsync_dir(models).map_err(io_at(models))?;
     if !discard {
         // A moved checkpoint's partial directory now holds only its `moved-from` note.
         if let Some(tmp) = ready.parent() {
@@ -1436,7 +1448,9 @@ fn point_latest(
         reason,
     })?;
     let pointer = models.join(LATEST);
-    crate::store::publish(&pointer, format!("{name}\n").as_bytes()).map_err(io_at(&pointer))?;
+    store()
+        .publish(&pointer, format!("{name}\n").as_bytes())
+        .map_err(io_at(&pointer))?;
     Ok(None)
 }
 
@@ -1549,12 +1563,14 @@ pub fn prune(
     })?;
     for name in &doomed {
         let trash = models.join(format!("{TRASH}{name}"));
-        if trash.exists() {
+        if store().exists_followed(&trash) {
             fs::remove_dir_all(&trash).map_err(io_at(&trash))?;
         }
-        crate::store::rename_noreplace(&models.join(name), &trash).map_err(io_at(&trash))?;
+        store()
+            .rename_noreplace(&models.join(name), &trash)
+            .map_err(io_at(&trash))?;
     }
-    crate::store::fsync_dir(models).map_err(io_at(models))?;
+    store().fsync_dir(models).map_err(io_at(models))?;
     crash_point("prune:before-remove");
     empty_trash(models)?;
     Ok(doomed)

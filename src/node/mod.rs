@@ -2188,7 +2188,8 @@ impl Node {
         if !self.store.exists(path) {
             return Ok(());
         }
-        let aside = crate::state::side_path(path, &format!("stale-gen{}", self.gen()));
+        let aside =
+            crate::state::side_path(&*self.store, path, &format!("stale-gen{}", self.gen()));
         if let Err(e) = self.store.rename(path, &aside) {
             let reason = format!(
                 "cannot set the earlier {what} {} aside: {e}",
