@@ -51,17 +51,9 @@ use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::path::{Component, Path, PathBuf};
 
-pub const MANIFEST: &str = "manifest.json";
-/// The manifest's SHA-256, as `sha256sum` writes it (`sha256sum -c manifest.sha256` in the
-/// checkpoint checks it): what lets a node trust the manifest without re-hashing the files.
-pub const MANIFEST_DIGEST: &str = "manifest.sha256";
-pub const LATEST: &str = "LATEST";
-/// In a moved hand-off's partial directory: the picked directory itself…
-const MOVED: &str = "moved";
-/// …and where it was, written before it is moved (excluded files go back there).
-const MOVED_FROM: &str = "moved-from";
-/// The prefix of a checkpoint being deleted (see [`prune`]).
-const TRASH: &str = ".trash-";
+// The names inside `models/` and a checkpoint are the layout's.
+use crate::layout::{checkpoint_partial, checkpoint_trash, latest_in, MOVED, MOVED_FROM};
+pub use crate::layout::{LATEST, MANIFEST, MANIFEST_DIGEST};
 
 /// How the picked checkpoint reaches `models/` (`phases.handoff.transfer`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -472,7 +464,7 @@ pub fn verify_as(dir: &Path, check: Check, tick: &mut dyn FnMut()) -> Result<Man
 /// repairs; [`latest`] is what may be served).
 pub fn latest_named(models: &Path) -> Option<PathBuf> {
     let name =
-        crate::store::fs::read_text(&models.join(LATEST), crate::store::ReadLimit::Record).ok()?;
+        crate::store::fs::read_text(&latest_in(models), crate::store::ReadLimit::Record).ok()?;
     let name = name.trim();
     is_plain_name(name).then(|| models.join(name))
 }
@@ -689,7 +681,7 @@ pub fn latest_as(
 /// with it (`None`: there is no `LATEST`).
 fn pointer(models: &Path, check: Check, tick: &mut dyn FnMut()) -> Result<PathBuf, Option<String>> {
     let bytes =
-        match crate::store::fs::read_file(&models.join(LATEST), crate::store::ReadLimit::Record) {
+        match crate::store::fs::read_file(&latest_in(models), crate::store::ReadLimit::Record) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(None),
             Err(e) => return Err(Some(format!("models/LATEST cannot be read ({e})"))),
@@ -897,7 +889,7 @@ pub struct Outcome {
 /// an older generation's rank 0 that wakes up mid-copy never writes into (or renames) the
 /// directory the current one is filling.
 pub fn partial_dir(models: &Path, name: &str, gen: u64) -> PathBuf {
-    models.join(format!(".{name}.g{gen}.partial"))
+    checkpoint_partial(models, name, gen)
 }
 
 /// Whether `file_name` is a hand-off's partial directory (`.iter-NNNN.gG.partial`, or the
@@ -1447,7 +1439,7 @@ fn point_latest(
         step: format!("pointing models/LATEST at {name}"),
         reason,
     })?;
-    let pointer = models.join(LATEST);
+    let pointer = latest_in(models);
     store()
         .publish(&pointer, format!("{name}\n").as_bytes())
         .map_err(io_at(&pointer))?;
@@ -1562,7 +1554,7 @@ pub fn prune(
         reason,
     })?;
     for name in &doomed {
-        let trash = models.join(format!("{TRASH}{name}"));
+        let trash = checkpoint_trash(models, name);
         if store().exists_followed(&trash) {
             fs::remove_dir_all(&trash).map_err(io_at(&trash))?;
         }
@@ -1585,7 +1577,7 @@ pub fn empty_trash(models: &Path) -> Result<Vec<String>, PublishError> {
     };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        if name.starts_with(TRASH) {
+        if crate::layout::is_checkpoint_trash(&name) {
             match fs::remove_dir_all(e.path()) {
                 Ok(()) => removed.push(name),
                 Err(err) if err.kind() == io::ErrorKind::NotFound => {}

@@ -474,6 +474,34 @@ pub fn latest_in(models: &Path) -> PathBuf {
 
 /// The name of the pointer to the newest published checkpoint in `models/`.
 pub const LATEST: &str = "LATEST";
+/// A checkpoint's manifest: every file's size and SHA-256.
+pub const MANIFEST: &str = "manifest.json";
+/// The manifest's SHA-256, as `sha256sum` writes it (`sha256sum -c manifest.sha256` in the
+/// checkpoint checks it): what lets a node trust the manifest without re-hashing the files.
+pub const MANIFEST_DIGEST: &str = "manifest.sha256";
+/// In a moved hand-off's partial directory: the picked directory itself…
+pub const MOVED: &str = "moved";
+/// …and where it was, written before it is moved (excluded files go back there).
+pub const MOVED_FROM: &str = "moved-from";
+/// The prefix of a checkpoint being deleted (`checkpoint::prune`).
+const TRASH: &str = ".trash-";
+
+/// Where generation `gen` assembles the checkpoint `name` in `models`
+/// (`.iter-NNNN.gG.partial`), renamed to `models/<name>` when complete.
+pub fn checkpoint_partial(models: &Path, name: &str, gen: u64) -> PathBuf {
+    models.join(format!(".{name}.g{gen}.partial"))
+}
+
+/// The hidden name the checkpoint `name` in `models` is renamed to before it is deleted
+/// (`.trash-iter-NNNN`), so a crash mid-deletion never leaves a half-deleted checkpoint.
+pub fn checkpoint_trash(models: &Path, name: &str) -> PathBuf {
+    models.join(format!("{TRASH}{name}"))
+}
+
+/// Whether `file_name` in `models/` is a deletion [`checkpoint_trash`] left unfinished.
+pub fn is_checkpoint_trash(file_name: &str) -> bool {
+    file_name.starts_with(TRASH)
+}
 
 /// The iteration of a checkpoint directory name `iter-NNNN`; `None` for anything else.
 pub fn iteration_of(name: &str) -> Option<u64> {

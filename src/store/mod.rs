@@ -19,6 +19,9 @@ pub mod beneath;
 pub mod fs;
 pub mod sim;
 
+#[cfg(test)]
+mod seam;
+
 pub use beneath::Untrusted;
 pub use fs::Fs;
 
