@@ -2665,7 +2665,7 @@ impl Node {
         // A checkpoint an interrupted hand-off moved out of the training output is there no
         // more: publishing it (or keeping the one published) comes before any pick.
         let moved = crate::checkpoint::pending_move(&models, &name, self.gen()).is_some();
-        let unfinished = moved || models.join(&name).exists();
+        let unfinished = moved || self.store.exists_followed(&models.join(&name));
         if moved {
             // The handoff command had finished before the checkpoint was moved.
             self.info(&format!(
