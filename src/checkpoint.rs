@@ -43,23 +43,17 @@
 //! a hidden `.trash-` name first, so a crash mid-deletion leaves no half-deleted checkpoint
 //! under a checkpoint's name; [`empty_trash`] finishes such a deletion.
 
+use crate::layout::iteration_of;
+use crate::store::SharedDir;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::path::{Component, Path, PathBuf};
 
-pub const MANIFEST: &str = "manifest.json";
-/// The manifest's SHA-256, as `sha256sum` writes it (`sha256sum -c manifest.sha256` in the
-/// checkpoint checks it): what lets a node trust the manifest without re-hashing the files.
-pub const MANIFEST_DIGEST: &str = "manifest.sha256";
-pub const LATEST: &str = "LATEST";
-/// In a moved hand-off's partial directory: the picked directory itself…
-const MOVED: &str = "moved";
-/// …and where it was, written before it is moved (excluded files go back there).
-const MOVED_FROM: &str = "moved-from";
-/// The prefix of a checkpoint being deleted (see [`prune`]).
-const TRASH: &str = ".trash-";
+// The names inside `models/` and a checkpoint are the layout's.
+use crate::layout::{checkpoint_partial, checkpoint_trash, latest_in, MOVED, MOVED_FROM};
+pub use crate::layout::{LATEST, MANIFEST, MANIFEST_DIGEST};
 
 /// How the picked checkpoint reaches `models/` (`phases.handoff.transfer`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -196,6 +190,14 @@ pub enum PublishError {
     Fenced { step: String, reason: String },
     #[error("{}: {source}", path.display())]
     Io { path: PathBuf, source: io::Error },
+}
+
+/// The shared directory checkpoints are published in. A checkpoint's files are data-plane
+/// work on real files (hashed, copied, written through open handles), so only the real
+/// store can hold one; every name it makes, renames or syncs still goes through
+/// [`SharedDir`].
+fn store() -> &'static dyn SharedDir {
+    &crate::store::Fs
 }
 
 fn io_at(path: &Path) -> impl FnOnce(io::Error) -> PublishError + '_ {
@@ -458,20 +460,11 @@ pub fn verify_as(dir: &Path, check: Check, tick: &mut dyn FnMut()) -> Result<Man
     Ok(m)
 }
 
-/// The iteration of a checkpoint directory name `iter-NNNN`; `None` for anything else.
-pub fn iteration_of(name: &str) -> Option<u64> {
-    let digits = name.strip_prefix("iter-")?;
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
-}
-
 /// The checkpoint `models/LATEST` names, as written, without checking it (for reports and
 /// repairs; [`latest`] is what may be served).
 pub fn latest_named(models: &Path) -> Option<PathBuf> {
     let name =
-        crate::store::fs::read_text(&models.join(LATEST), crate::store::ReadLimit::Record).ok()?;
+        crate::store::fs::read_text(&latest_in(models), crate::store::ReadLimit::Record).ok()?;
     let name = name.trim();
     is_plain_name(name).then(|| models.join(name))
 }
@@ -688,7 +681,7 @@ pub fn latest_as(
 /// with it (`None`: there is no `LATEST`).
 fn pointer(models: &Path, check: Check, tick: &mut dyn FnMut()) -> Result<PathBuf, Option<String>> {
     let bytes =
-        match crate::store::fs::read_file(&models.join(LATEST), crate::store::ReadLimit::Record) {
+        match crate::store::fs::read_file(&latest_in(models), crate::store::ReadLimit::Record) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(None),
             Err(e) => return Err(Some(format!("models/LATEST cannot be read ({e})"))),
@@ -704,7 +697,7 @@ fn pointer(models: &Path, check: Check, tick: &mut dyn FnMut()) -> Result<PathBu
         )));
     }
     let dir = models.join(name);
-    if !dir.exists() {
+    if !store().exists_followed(&dir) {
         return Err(Some(format!(
             "models/LATEST names {name}, which does not exist"
         )));
@@ -896,7 +889,7 @@ pub struct Outcome {
 /// an older generation's rank 0 that wakes up mid-copy never writes into (or renames) the
 /// directory the current one is filling.
 pub fn partial_dir(models: &Path, name: &str, gen: u64) -> PathBuf {
-    models.join(format!(".{name}.g{gen}.partial"))
+    checkpoint_partial(models, name, gen)
 }
 
 /// Whether `file_name` is a hand-off's partial directory (`.iter-NNNN.gG.partial`, or the
@@ -914,7 +907,7 @@ pub fn is_partial_dir_name(file_name: &str) -> bool {
 /// shared directory, or a partial directory of an earlier version) is used as it is.
 pub fn moved_from(dir: &Path) -> Option<PathBuf> {
     use std::os::unix::ffi::OsStringExt;
-    if !dir.join(MOVED).is_dir() {
+    if !store().is_dir(&dir.join(MOVED)) {
         return None;
     }
     let bytes =
@@ -998,9 +991,9 @@ pub fn publish_opts(
     fence: &mut dyn FnMut() -> Result<(), String>,
     tick: &mut dyn FnMut(),
 ) -> Result<Outcome, PublishError> {
-    crate::store::fs::create_dir_all(models).map_err(io_at(models))?;
+    store().create_dir_all(models).map_err(io_at(models))?;
     let dest = models.join(name);
-    if dest.exists() {
+    if store().exists_followed(&dest) {
         return Ok(Outcome {
             published: keep_existing(models, name, &dest, fence, tick)?,
             how: How::Existing,
@@ -1028,7 +1021,7 @@ pub fn publish_opts(
             path: source.join(&f.rel),
         });
     }
-    if tmp.exists() {
+    if store().exists_followed(&tmp) {
         // This generation's own debris from a crashed copy (a moved checkpoint in it was
         // found above): not a checkpoint.
         fs::remove_dir_all(&tmp).map_err(io_at(&tmp))?;
@@ -1084,22 +1077,22 @@ fn not_movable(source: &Path) -> Option<String> {
 /// Nothing is left behind when the rename fails.
 fn move_into(models: &Path, source: &Path, tmp: &Path) -> io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
-    crate::store::fs::create_dir(tmp)?;
+    store().create_dir(tmp)?;
     let moved = (|| {
         let mut f = crate::store::fs::create_file(tmp.join(MOVED_FROM))?;
         f.write_all(recorded_source(models, source).as_os_str().as_bytes())?;
         f.sync_all()?;
-        crate::store::fsync_dir(tmp)?;
-        crate::store::fsync_dir(models)?;
-        crate::store::fs::rename(source, tmp.join(MOVED))
+        store().fsync_dir(tmp)?;
+        store().fsync_dir(models)?;
+        store().rename(source, &tmp.join(MOVED))
     })();
     if let Err(e) = moved {
         let _ = fs::remove_dir_all(tmp);
         return Err(e);
     }
-    crate::store::fsync_dir(tmp)?;
+    store().fsync_dir(tmp)?;
     if let Some(parent) = source.parent() {
-        crate::store::fsync_dir(parent)?;
+        store().fsync_dir(parent)?;
     }
     Ok(())
 }
@@ -1111,22 +1104,24 @@ fn claim(models: &Path, pending: &Path, tmp: &Path) -> Result<(), PublishError> 
     if pending == tmp {
         return Ok(());
     }
-    if tmp.exists() {
+    if store().exists_followed(tmp) {
         fs::remove_dir_all(tmp).map_err(io_at(tmp))?;
     }
-    crate::store::fs::create_dir(tmp).map_err(io_at(tmp))?;
+    store().create_dir(tmp).map_err(io_at(tmp))?;
     let from = pending.join(MOVED_FROM);
     let to = tmp.join(MOVED_FROM);
     (|| {
         crate::store::fs::copy_file(&from, &to)?;
         File::open(&to)?.sync_all()?;
-        crate::store::fsync_dir(tmp)?;
-        crate::store::fsync_dir(models)
+        store().fsync_dir(tmp)?;
+        store().fsync_dir(models)
     })()
     .map_err(io_at(&to))?;
     let moved = pending.join(MOVED);
-    crate::store::fs::rename(&moved, tmp.join(MOVED)).map_err(io_at(&moved))?;
-    crate::store::fsync_dir(tmp).map_err(io_at(tmp))?;
+    store()
+        .rename(&moved, &tmp.join(MOVED))
+        .map_err(io_at(&moved))?;
+    store().fsync_dir(tmp).map_err(io_at(tmp))?;
     // What is left of the other generation's directory is its note of where it came from.
     let _ = fs::remove_dir_all(pending);
     Ok(())
@@ -1167,7 +1162,7 @@ fn finish_moved(
     for d in walkdir::WalkDir::new(&moved).contents_first(true) {
         let d = d.map_err(|e| walk_error(&moved, e))?;
         if d.file_type().is_dir() {
-            crate::store::fsync_dir(d.path()).map_err(io_at(d.path()))?;
+            store().fsync_dir(d.path()).map_err(io_at(d.path()))?;
         }
     }
     write_manifest(&moved, name, &recorded_source(models, &from), files, opts)?;
@@ -1271,8 +1266,10 @@ fn put_back_excluded(moved: &Path, from: &Path, opts: &Options) -> Result<usize,
     for rel in &excluded {
         let back = from.join(rel);
         let parent = back.parent().expect("has a parent");
-        crate::store::fs::create_dir_all(parent).map_err(io_at(parent))?;
-        crate::store::rename_noreplace(&moved.join(rel), &back).map_err(io_at(&back))?;
+        store().create_dir_all(parent).map_err(io_at(parent))?;
+        store()
+            .rename_noreplace(&moved.join(rel), &back)
+            .map_err(io_at(&back))?;
     }
     // Directories emptied by it (a DeepSpeed global_step*/ of optimizer states).
     for e in walkdir::WalkDir::new(moved)
@@ -1286,7 +1283,7 @@ fn put_back_excluded(moved: &Path, from: &Path, opts: &Options) -> Result<usize,
         }
     }
     if !excluded.is_empty() {
-        crate::store::fsync_dir(from).map_err(io_at(from))?;
+        store().fsync_dir(from).map_err(io_at(from))?;
     }
     Ok(excluded.len())
 }
@@ -1298,7 +1295,7 @@ fn copy_into(
     opts: &Options,
     tick: &mut dyn FnMut(),
 ) -> Result<(Vec<FileEntry>, usize), PublishError> {
-    crate::store::fs::create_dir_all(tmp).map_err(io_at(tmp))?;
+    store().create_dir_all(tmp).map_err(io_at(tmp))?;
     let mut files = Vec::new();
     let mut excluded = 0;
     for f in sources {
@@ -1308,7 +1305,7 @@ fn copy_into(
         }
         let dst = tmp.join(&f.rel);
         let parent = dst.parent().expect("has parent");
-        crate::store::fs::create_dir_all(parent).map_err(io_at(parent))?;
+        store().create_dir_all(parent).map_err(io_at(parent))?;
         let (size, sha256) = copy_hashed(&f.src, &dst, tick)?;
         files.push(FileEntry {
             path: f.rel.to_string_lossy().into_owned(),
@@ -1350,7 +1347,7 @@ fn write_manifest(
     write(&mpath, &bytes)?;
     let digest = format!("{}  {MANIFEST}\n", hex::encode(Sha256::digest(&bytes)));
     write(&dir.join(MANIFEST_DIGEST), digest.as_bytes())?;
-    crate::store::fsync_dir(dir).map_err(io_at(dir))
+    store().fsync_dir(dir).map_err(io_at(dir))
 }
 
 /// Rename the complete checkpoint `ready` to `models/<name>` (never replacing one) and
@@ -1371,7 +1368,7 @@ fn commit(
         step: format!("renaming {} to {name}", ready.display()),
         reason,
     })?;
-    match crate::store::rename_noreplace(ready, &dest) {
+    match store().rename_noreplace(ready, &dest) {
         Ok(()) => {}
         Err(e) if is_exists(&e) => {
             // Published meanwhile by someone else: theirs stands if it verifies.
@@ -1383,7 +1380,7 @@ fn commit(
         }
         Err(e) => return Err(io_at(&dest)(e)),
     }
-    crate::store::fsync_dir(models).map_err(io_at(models))?;
+    store().fsync_dir(models).map_err(io_at(models))?;
     if !discard {
         // A moved checkpoint's partial directory now holds only its `moved-from` note.
         if let Some(tmp) = ready.parent() {
@@ -1442,8 +1439,10 @@ fn point_latest(
         step: format!("pointing models/LATEST at {name}"),
         reason,
     })?;
-    let pointer = models.join(LATEST);
-    crate::store::publish(&pointer, format!("{name}\n").as_bytes()).map_err(io_at(&pointer))?;
+    let pointer = latest_in(models);
+    store()
+        .publish(&pointer, format!("{name}\n").as_bytes())
+        .map_err(io_at(&pointer))?;
     Ok(None)
 }
 
@@ -1555,13 +1554,15 @@ pub fn prune(
         reason,
     })?;
     for name in &doomed {
-        let trash = models.join(format!("{TRASH}{name}"));
-        if trash.exists() {
+        let trash = checkpoint_trash(models, name);
+        if store().exists_followed(&trash) {
             fs::remove_dir_all(&trash).map_err(io_at(&trash))?;
         }
-        crate::store::rename_noreplace(&models.join(name), &trash).map_err(io_at(&trash))?;
+        store()
+            .rename_noreplace(&models.join(name), &trash)
+            .map_err(io_at(&trash))?;
     }
-    crate::store::fsync_dir(models).map_err(io_at(models))?;
+    store().fsync_dir(models).map_err(io_at(models))?;
     crash_point("prune:before-remove");
     empty_trash(models)?;
     Ok(doomed)
@@ -1576,7 +1577,7 @@ pub fn empty_trash(models: &Path) -> Result<Vec<String>, PublishError> {
     };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        if name.starts_with(TRASH) {
+        if crate::layout::is_checkpoint_trash(&name) {
             match fs::remove_dir_all(e.path()) {
                 Ok(()) => removed.push(name),
                 Err(err) if err.kind() == io::ErrorKind::NotFound => {}

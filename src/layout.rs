@@ -24,7 +24,7 @@ impl Layout {
     /// it follows a symbolic link (`store::beneath`).
     pub fn new(log_path: impl Into<PathBuf>) -> Layout {
         let root = log_path.into();
-        crate::store::confine(&root);
+        crate::store::beneath::confine(&root);
         Layout {
             root,
             naming: Naming::default(),
@@ -142,6 +142,22 @@ impl Layout {
     /// Where `--fresh` sets an earlier run's files aside.
     pub fn previous_runs(&self) -> PathBuf {
         self.root.join("previous-runs")
+    }
+
+    /// Where `rl-node recover --discard` sets iteration `iteration`'s outputs aside:
+    /// `previous-runs/discarded-<run>-iter-NNNN-<stamp>`.
+    pub fn discarded(&self, run_id: &str, iteration: u64, stamp: &str) -> Discarded {
+        Discarded(self.previous_runs().join(format!(
+            "discarded-{run_id}-{}-{stamp}",
+            iter_dir(iteration)
+        )))
+    }
+
+    /// Iteration `iteration`'s outputs, each under its top directory (`rollouts`, `train`,
+    /// `logs`, `models`), named as that directory: `(top, <top>/iter-NNNN)`.
+    pub fn iteration_outputs(&self, iteration: u64) -> [(&'static str, PathBuf); 4] {
+        let name = iter_dir(iteration);
+        ["rollouts", "train", "logs", "models"].map(|top| (top, self.root.join(top).join(&name)))
     }
 
     /// The directories a run writes, which `--fresh` moves aside together.
@@ -298,9 +314,55 @@ impl Layout {
             .join(format!("{item}.g{gen}{rank}.a{attempt}.partial.jsonl"))
     }
 
+    /// A planned rollout's plan (`plan.json`, rank 0's) in [`Layout::rollout_dir`].
+    pub fn plan(&self, iteration: u64, split: &str) -> PathBuf {
+        self.rollout_dir(iteration, split).join("plan.json")
+    }
+
+    /// Where each rank of a planned rollout writes its share of the tasks.
+    pub fn tasks_dir(&self, iteration: u64, split: &str) -> PathBuf {
+        self.rollout_dir(iteration, split).join("tasks")
+    }
+
+    /// Rank `rank`'s share of the tasks (`tasks/rank-R.jsonl`), in plan order.
+    pub fn task_file(&self, iteration: u64, split: &str, rank: u32) -> PathBuf {
+        self.tasks_dir(iteration, split)
+            .join(format!("rank-{rank}.jsonl"))
+    }
+
+    /// A dynamic rollout's claims on items and its markers of items given up.
+    pub fn leases_dir(&self, iteration: u64, split: &str) -> PathBuf {
+        self.rollout_dir(iteration, split).join("leases")
+    }
+
+    /// The lease of attempt `attempt` of item `item` in generation `gen`
+    /// (`leases/<item>.gG.aA`).
+    pub fn lease(
+        &self,
+        iteration: u64,
+        split: &str,
+        item: &str,
+        gen: u64,
+        attempt: u32,
+    ) -> PathBuf {
+        self.leases_dir(iteration, split)
+            .join(format!("{item}.g{gen}.a{attempt}"))
+    }
+
+    /// The marker of item `item` given up in generation `gen` (`leases/<item>.gG.failed`).
+    pub fn failed_item(&self, iteration: u64, split: &str, item: &str, gen: u64) -> PathBuf {
+        self.leases_dir(iteration, split)
+            .join(format!("{item}.g{gen}.failed"))
+    }
+
     /// Immutable published checkpoints and the `LATEST` pointer.
     pub fn models(&self) -> PathBuf {
         self.root.join("models")
+    }
+
+    /// The pointer to the newest published checkpoint (`models/LATEST`).
+    pub fn latest(&self) -> PathBuf {
+        latest_in(&self.models())
     }
 
     /// `path` as records carry it between nodes ([`shared_relative`]); a path outside the
@@ -321,7 +383,7 @@ impl Layout {
             && model
                 .file_name()
                 .and_then(|n| n.to_str())
-                .and_then(crate::checkpoint::iteration_of)
+                .and_then(iteration_of)
                 .is_some()
     }
 
@@ -357,6 +419,97 @@ impl Layout {
             .join(iter_dir(iteration))
             .join(format!("rank-{rank}.hang-{k}.txt"))
     }
+}
+
+/// An item's committed output in the items directory `items` ([`Layout::items_dir`]):
+/// `<item>.jsonl`.
+pub fn committed_item(items: &Path, item: &str) -> PathBuf {
+    items.join(format!("{item}.jsonl"))
+}
+
+/// A dropped group's committed item, set aside (`<item>.jsonl.dropped`: kept, never merged).
+pub fn set_aside_item(items: &Path, item: &str) -> PathBuf {
+    items.join(format!("{item}.jsonl.dropped"))
+}
+
+/// The record that group `group` was dropped (`<group>.dropped.json`), in `items`.
+pub fn dropped_group(items: &Path, group: &str) -> PathBuf {
+    items.join(format!("{group}.dropped.json"))
+}
+
+/// What `rl-node recover --discard` set aside of one iteration ([`Layout::discarded`]):
+/// each output under its top directory as it was (`<top>/iter-NNNN`), a hand-off's partial
+/// directories under `models/`, the `LATEST` that named a discarded checkpoint, and each
+/// rank's journal as it was (`journal/rank-R.jsonl`).
+#[derive(Debug, Clone)]
+pub struct Discarded(PathBuf);
+
+impl Discarded {
+    pub fn root(&self) -> &Path {
+        &self.0
+    }
+
+    /// Where the output `<top>/iter-NNNN` of [`Layout::iteration_outputs`] is kept.
+    pub fn output(&self, top: &str, iteration: u64) -> PathBuf {
+        self.0.join(top).join(iter_dir(iteration))
+    }
+
+    pub fn models(&self) -> PathBuf {
+        self.0.join("models")
+    }
+
+    pub fn latest(&self) -> PathBuf {
+        self.0.join(LATEST)
+    }
+
+    pub fn journal(&self, rank: u32) -> PathBuf {
+        self.0.join("journal").join(format!("rank-{rank}.jsonl"))
+    }
+}
+
+/// The `LATEST` pointer in the checkpoint directory `models`.
+pub fn latest_in(models: &Path) -> PathBuf {
+    models.join(LATEST)
+}
+
+/// The name of the pointer to the newest published checkpoint in `models/`.
+pub const LATEST: &str = "LATEST";
+/// A checkpoint's manifest: every file's size and SHA-256.
+pub const MANIFEST: &str = "manifest.json";
+/// The manifest's SHA-256, as `sha256sum` writes it (`sha256sum -c manifest.sha256` in the
+/// checkpoint checks it): what lets a node trust the manifest without re-hashing the files.
+pub const MANIFEST_DIGEST: &str = "manifest.sha256";
+/// In a moved hand-off's partial directory: the picked directory itself…
+pub const MOVED: &str = "moved";
+/// …and where it was, written before it is moved (excluded files go back there).
+pub const MOVED_FROM: &str = "moved-from";
+/// The prefix of a checkpoint being deleted (`checkpoint::prune`).
+const TRASH: &str = ".trash-";
+
+/// Where generation `gen` assembles the checkpoint `name` in `models`
+/// (`.iter-NNNN.gG.partial`), renamed to `models/<name>` when complete.
+pub fn checkpoint_partial(models: &Path, name: &str, gen: u64) -> PathBuf {
+    models.join(format!(".{name}.g{gen}.partial"))
+}
+
+/// The hidden name the checkpoint `name` in `models` is renamed to before it is deleted
+/// (`.trash-iter-NNNN`), so a crash mid-deletion never leaves a half-deleted checkpoint.
+pub fn checkpoint_trash(models: &Path, name: &str) -> PathBuf {
+    models.join(format!("{TRASH}{name}"))
+}
+
+/// Whether `file_name` in `models/` is a deletion [`checkpoint_trash`] left unfinished.
+pub fn is_checkpoint_trash(file_name: &str) -> bool {
+    file_name.starts_with(TRASH)
+}
+
+/// The iteration of a checkpoint directory name `iter-NNNN`; `None` for anything else.
+pub fn iteration_of(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("iter-")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
 }
 
 /// Why `path` cannot be resolved when a symbolic-link loop is in the way (`ELOOP`): the

@@ -358,7 +358,7 @@ pub fn repair_tail(
             .map_err(|e| format!("cannot end {} with a newline: {e}", path.display()))?;
         return Ok(None);
     }
-    let aside = side_path(path, &format!("torn-gen{gen}"));
+    let aside = side_path(store, path, &format!("torn-gen{gen}"));
     let (clean, fragment) = text.split_at(cut);
     store
         .publish(&aside, fragment.as_bytes())
@@ -389,17 +389,17 @@ pub fn set_aside(
     if !store.exists(path) {
         return Ok(None);
     }
-    let aside = side_path(path, suffix);
+    let aside = side_path(store, path, suffix);
     store.rename(path, &aside)?;
     Ok(Some(aside))
 }
 
 /// `<file>.<suffix>`, numbered if taken.
-pub fn side_path(path: &Path, suffix: &str) -> PathBuf {
+pub fn side_path(store: &dyn SharedDir, path: &Path, suffix: &str) -> PathBuf {
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let mut p = path.with_file_name(format!("{name}.{suffix}"));
     let mut n = 1;
-    while p.exists() {
+    while store.exists_followed(&p) {
         n += 1;
         p = path.with_file_name(format!("{name}.{suffix}-{n}"));
     }

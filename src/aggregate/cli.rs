@@ -233,7 +233,7 @@ pub fn main(
 /// The number of ranks: `--num-ranks`, else `num_nodes` of the run's `cluster.json`.
 fn num_ranks(args: &AggregateArgs, layout: &Layout) -> Result<u32, Failure> {
     let cluster = layout.cluster();
-    let recorded = match crate::store::read(&cluster) {
+    let recorded = match crate::store::fs::read(&cluster) {
         Ok(None) => None,
         Ok(Some(bytes)) => match serde_json::from_slice::<ClusterSize>(&bytes) {
             Ok(c) => Some(c.num_nodes),

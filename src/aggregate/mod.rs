@@ -62,6 +62,7 @@ use tensors::merge_tensors;
 use crate::layout::Layout;
 use crate::process::Registry;
 use crate::shards::naming::Format;
+use crate::store::SharedDir;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -296,7 +297,10 @@ pub fn merge(
             Err(e) => return Err(werr(&out)(e)),
         }
     }
-    crate::store::SharedDir::create_dir_all(&crate::store::Fs, &out_dir).map_err(werr(&out_dir))?;
+    // A merged file is data-plane work on real files (read, hashed, written through an
+    // open handle); the names it makes, renames and syncs go through the store.
+    let store: &dyn SharedDir = &crate::store::Fs;
+    store.create_dir_all(&out_dir).map_err(werr(&out_dir))?;
     let tmp = temp_path(&out);
     let mut extras = Extras::default();
     let written = (|| -> Result<(), AggregateError> {
@@ -317,7 +321,7 @@ pub fn merge(
         Ok(())
     })();
     if let Err(e) = written {
-        let _ = crate::store::fs::remove_file(&tmp);
+        let _ = store.remove_file(&tmp);
         return Err(e);
     }
 
@@ -333,7 +337,7 @@ pub fn merge(
     let mpath = manifest_path(&out);
     let published = (|| -> Result<(), AggregateError> {
         // An old manifest must not describe the new merged file, even for a moment.
-        match crate::store::fs::remove_file(&mpath) {
+        match store.remove_file(&mpath) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(werr(&mpath)(e)),
@@ -342,19 +346,19 @@ pub fn merge(
             fence().map_err(|reason| AggregateError::Fenced { reason })?;
         }
         let renamed = if opts.replace {
-            crate::store::fs::rename(&tmp, &out)
+            store.rename(&tmp, &out)
         } else {
-            crate::store::rename_noreplace(&tmp, &out)
+            store.rename_noreplace(&tmp, &out)
         };
         renamed.map_err(|e| match e.kind() {
             io::ErrorKind::AlreadyExists => AggregateError::Exists { path: out.clone() },
             _ => werr(&out)(e),
         })?;
-        crate::store::fsync_dir(&out_dir).map_err(werr(&out_dir))?;
-        crate::store::publish_json(&mpath, &manifest).map_err(werr(&mpath))
+        store.fsync_dir(&out_dir).map_err(werr(&out_dir))?;
+        store.publish_json(&mpath, &manifest).map_err(werr(&mpath))
     })();
     if let Err(e) = published {
-        let _ = crate::store::fs::remove_file(&tmp);
+        let _ = store.remove_file(&tmp);
         return Err(e);
     }
     Ok(manifest)

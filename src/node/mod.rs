@@ -2203,7 +2203,8 @@ impl Node {
         if !self.store.exists(path) {
             return Ok(());
         }
-        let aside = crate::state::side_path(path, &format!("stale-gen{}", self.gen()));
+        let aside =
+            crate::state::side_path(&*self.store, path, &format!("stale-gen{}", self.gen()));
         if let Err(e) = self.store.rename(path, &aside) {
             let reason = format!(
                 "cannot set the earlier {what} {} aside: {e}",
@@ -2679,7 +2680,7 @@ impl Node {
         // A checkpoint an interrupted hand-off moved out of the training output is there no
         // more: publishing it (or keeping the one published) comes before any pick.
         let moved = crate::checkpoint::pending_move(&models, &name, self.gen()).is_some();
-        let unfinished = moved || models.join(&name).exists();
+        let unfinished = moved || self.store.exists_followed(&models.join(&name));
         if moved {
             // The handoff command had finished before the checkpoint was moved.
             self.info(&format!(
@@ -2806,7 +2807,7 @@ impl Node {
         let previous = Path::new(previous)
             .strip_prefix(&models)
             .ok()
-            .and_then(|p| crate::checkpoint::iteration_of(&p.to_string_lossy()));
+            .and_then(|p| crate::layout::iteration_of(&p.to_string_lossy()));
         let (split, interval) = (
             self.cfg.cluster.rollout_split,
             self.cfg.cluster.eval_interval,
@@ -3092,7 +3093,7 @@ impl Node {
             _ => (
                 Path::new(&self.model)
                     .file_name()
-                    .and_then(|n| crate::checkpoint::iteration_of(&n.to_string_lossy()))
+                    .and_then(|n| crate::layout::iteration_of(&n.to_string_lossy()))
                     .filter(|_| published)
                     .unwrap_or(0),
                 0,

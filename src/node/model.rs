@@ -66,7 +66,7 @@ impl Node {
         }
         let path = PathBuf::from(&self.model);
         let published = self.layout.is_published(&path);
-        if !published && !path.join(checkpoint::MANIFEST).exists() {
+        if !published && !self.store.exists_followed(&path.join(checkpoint::MANIFEST)) {
             return Ok(());
         }
         if let Some(problem) = self.model_problem(&path) {
@@ -97,10 +97,10 @@ impl Node {
         if let Some(models) = path.parent() {
             let _ = self.store.refresh(models);
         }
-        if !path.is_dir() {
+        if !self.store.is_dir(path) {
             return Some("does not exist".into());
         }
-        if !path.join(checkpoint::MANIFEST).is_file() {
+        if !self.store.is_file(&path.join(checkpoint::MANIFEST)) {
             return Some(format!(
                 "has no {} (it is not a complete checkpoint)",
                 checkpoint::MANIFEST

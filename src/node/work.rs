@@ -21,10 +21,11 @@
 use super::{Interrupt, Node, Stop};
 use crate::config::{PhaseCommand, WorkMode};
 use crate::events;
+use crate::layout::{committed_item, dropped_group, set_aside_item};
 use crate::process::ChildExit;
 use crate::protocol::lease::{self, Holder, Take};
 use crate::protocol::AbortKind;
-use crate::store;
+use crate::store::SharedDir;
 use crate::work::plan::{self, Item, Plan, Strategy};
 use crate::work::tasks::{self, TaskFile, TaskIds};
 use compact_str::CompactString;
@@ -257,7 +258,10 @@ impl Node {
         mut plan: Plan,
     ) -> Result<(), Stop> {
         let dir = self.layout.rollout_dir(self.iteration, split);
-        if let Err(e) = self.store.create_dir_all(&dir.join("tasks")) {
+        if let Err(e) = self
+            .store
+            .create_dir_all(&self.layout.tasks_dir(self.iteration, split))
+        {
             return Err(self.fail(
                 AbortKind::Error,
                 self.rank,
@@ -267,7 +271,9 @@ impl Node {
             ));
         }
         if self.is_master() {
-            let _ = self.store.publish_json(&dir.join("plan.json"), &plan);
+            let _ = self
+                .store
+                .publish_json(&self.layout.plan(self.iteration, split), &plan);
         }
         if plan.strategy == Strategy::Dynamic {
             return self.dynamic_rollout(split, phase, pc, plan);
@@ -280,7 +286,7 @@ impl Node {
         let tasks = Arc::clone(self.tasks.get(split).expect("planned"));
         // The rank's share: the task records themselves, in plan order, once per task,
         // streamed from the task file.
-        let task_file = dir.join("tasks").join(format!("rank-{}.jsonl", self.rank));
+        let task_file = self.layout.task_file(self.iteration, split, self.rank);
         let mut task_error = None;
         let written = self.store.publish_with(&task_file, true, &mut |w| {
             let mut last = None;
@@ -361,20 +367,16 @@ impl Node {
     fn commit_rank_shard(&mut self, split: &str, planned: usize) -> Result<(), Stop> {
         let dir = self.items_dir(split);
         let paths: Vec<PathBuf> = (0..planned)
-            .map(|pos| dir.join(format!("{}.jsonl", item_name(pos, Some(self.rank)))))
-            .chain(
-                self.replacements
-                    .iter()
-                    .map(|n| dir.join(format!("{n}.jsonl"))),
-            )
-            .filter(|p| p.exists())
+            .map(|pos| committed_item(&dir, &item_name(pos, Some(self.rank))))
+            .chain(self.replacements.iter().map(|n| committed_item(&dir, n)))
+            .filter(|p| self.store.exists_followed(p))
             .collect();
         let shard = self.layout.shard(self.iteration, split, self.rank);
         self.fence(&format!(
             "commit its {split} shard of iteration {}",
             self.iteration
         ))?;
-        concat(&paths, &shard).map_err(|e| {
+        concat(&*self.store, &paths, &shard).map_err(|e| {
             self.fail(
                 AbortKind::Error,
                 self.rank,
@@ -389,8 +391,8 @@ impl Node {
     pub(super) fn aggregate_items(&mut self, split: &str, plan: &Plan) -> Result<(), Stop> {
         let dir = self.items_dir(split);
         let paths: Vec<PathBuf> = (0..plan.pool.len())
-            .map(|pos| dir.join(format!("{}.jsonl", item_name(pos, None))))
-            .filter(|p| p.exists())
+            .map(|pos| committed_item(&dir, &item_name(pos, None)))
+            .filter(|p| self.store.exists_followed(p))
             .collect();
         let missing = plan.pool.len() - paths.len();
         if missing > 0 {
@@ -403,7 +405,7 @@ impl Node {
         // Committed by an attempt that crashed before journaling it: kept, out of the way.
         self.set_aside_earlier("merged file", &out)?;
         self.fence(&format!("publish {}", out.display()))?;
-        concat(&paths, &out).map_err(|e| {
+        concat(&*self.store, &paths, &out).map_err(|e| {
             self.fail(
                 AbortKind::Error,
                 self.rank,
@@ -544,7 +546,7 @@ impl Node {
     /// node inside the fencing window) committed first, its file stays and ours is dropped.
     fn commit_item(&mut self, split: &str, name: &str, partial: &Path) -> Result<(), Stop> {
         self.fence(&format!("commit item {name}"))?;
-        let done = self.items_dir(split).join(format!("{name}.jsonl"));
+        let done = committed_item(&self.items_dir(split), name);
         let result = (|| {
             let committed = if self.store.stat(partial).is_ok_and(|m| m.is_some()) {
                 self.store.sync_file(partial)?;
@@ -870,7 +872,7 @@ impl Node {
         let gi = groups.len();
         tally.total += group.len;
         if self.cfg.work.exact_budget {
-            let record = dir.join(format!("{}.dropped.json", group.name(self.rank)));
+            let record = dropped_group(dir, &group.name(self.rank));
             if self.store.exists(&record) {
                 let why = self
                     .store
@@ -891,7 +893,7 @@ impl Node {
         }
         for (j, item) in items.into_iter().enumerate() {
             let name = group.item(self.rank, j);
-            if dir.join(format!("{name}.jsonl")).exists() {
+            if self.store.exists_followed(&committed_item(dir, &name)) {
                 tally.committed += 1;
                 tally.reused += 1;
             } else {
@@ -958,7 +960,7 @@ impl Node {
         let name = live.groups[gi].name(self.rank);
         let task = live.groups[gi].task.clone();
         self.fence(&format!("drop the group {name}"))?;
-        let record = dir.join(format!("{name}.dropped.json"));
+        let record = dropped_group(dir, &name);
         let items: Vec<String> = (0..live.groups[gi].len)
             .map(|j| live.groups[gi].item(self.rank, j))
             .collect();
@@ -1033,11 +1035,11 @@ impl Node {
         let mut moved = 0;
         for j in 0..group.len {
             let name = group.item(self.rank, j);
-            let done = dir.join(format!("{name}.jsonl"));
-            if !done.exists() {
+            let done = committed_item(dir, &name);
+            if !self.store.exists_followed(&done) {
                 continue;
             }
-            let aside = dir.join(format!("{name}.jsonl.dropped"));
+            let aside = set_aside_item(dir, &name);
             if let Err(e) = self.store.rename_noreplace(&done, &aside) {
                 return Err(self.fail(
                     AbortKind::Error,
@@ -1086,14 +1088,13 @@ impl Node {
     // ------------------------------------------------------------------ dynamic leases
 
     fn lease(&self, split: &str, pos: usize, attempt: u32) -> PathBuf {
-        self.layout
-            .rollout_dir(self.iteration, split)
-            .join("leases")
-            .join(format!(
-                "{}.g{}.a{attempt}",
-                item_name(pos, None),
-                self.gen()
-            ))
+        self.layout.lease(
+            self.iteration,
+            split,
+            &item_name(pos, None),
+            self.gen(),
+            attempt,
+        )
     }
 
     /// Try to claim item `pos` at `attempt`: an exclusive create, first writer wins. The
@@ -1131,9 +1132,7 @@ impl Node {
     /// Marks an item that failed for good (not retryable), so nobody waits for it.
     fn failed_marker(&self, split: &str, pos: usize) -> PathBuf {
         self.layout
-            .rollout_dir(self.iteration, split)
-            .join("leases")
-            .join(format!("{}.g{}.failed", item_name(pos, None), self.gen()))
+            .failed_item(self.iteration, split, &item_name(pos, None), self.gen())
     }
 
     /// The newest lease of item `pos` in this generation: (attempt, holder rank).
@@ -1255,7 +1254,9 @@ impl Node {
             tasks,
         };
         let dir = self.items_dir(split);
-        let committed = |pos: usize| dir.join(format!("{}.jsonl", item_name(pos, None))).exists();
+        let store = Arc::clone(&self.store);
+        let committed =
+            |pos: usize| store.exists_followed(&committed_item(&dir, &item_name(pos, None)));
         let mut running: HashMap<i32, Running> = HashMap::new();
         // Retryable failures wait here (ready time, item, next attempt) instead of blocking.
         let mut delayed: Vec<(Instant, usize, u32)> = vec![];
@@ -1391,7 +1392,7 @@ impl Node {
                     if committed(pos)
                         || running.values().any(|r| r.pos == pos)
                         || delayed.iter().any(|d| d.1 == pos)
-                        || self.failed_marker(split, pos).exists()
+                        || self.store.exists_followed(&self.failed_marker(split, pos))
                     {
                         continue;
                     }
@@ -1536,19 +1537,20 @@ impl Node {
                 .chain(running.values().map(|r| &r.pos))
                 .map(|&pos| {
                     (
-                        dir.join(format!("{}.jsonl", item_name(pos, None))),
+                        committed_item(&dir, &item_name(pos, None)),
                         self.failed_marker(split, pos),
                     )
                 })
                 .collect();
             let clock = self.clock.clone();
+            let store = Arc::clone(&self.store);
             let waited = self.wait_item(deadline, &pids, || {
                 let now = clock.now();
                 let retry_due = next_retry.is_some_and(|t| now >= t);
-                let settled = awaited
-                    .iter()
-                    .any(|(done, failed)| done.exists() || failed.exists());
-                let taken = leaving.as_ref().is_some_and(|l| l.exists());
+                let settled = awaited.iter().any(|(done, failed)| {
+                    store.exists_followed(done) || store.exists_followed(failed)
+                });
+                let taken = leaving.as_ref().is_some_and(|l| store.exists_followed(l));
                 now >= poll_until || retry_due || settled || taken
             });
             let (pid, exit) = match waited {
@@ -1623,11 +1625,11 @@ impl Node {
         let n = self.num_nodes() as usize;
         let paths: Vec<PathBuf> = (0..pool.len())
             .filter(|pos| pos % n == self.rank as usize)
-            .map(|pos| dir.join(format!("{}.jsonl", item_name(pos, None))))
-            .filter(|p| p.exists())
+            .map(|pos| committed_item(&dir, &item_name(pos, None)))
+            .filter(|p| self.store.exists_followed(p))
             .collect();
         let shard = self.layout.shard(self.iteration, split, self.rank);
-        if let Err(e) = concat(&paths, &shard) {
+        if let Err(e) = concat(&*self.store, &paths, &shard) {
             return Err(self.fail(
                 AbortKind::Error,
                 self.rank,
@@ -1707,10 +1709,10 @@ impl Iterator for Replacements<'_> {
 }
 /// Concatenate files (each record ending in a newline) into `out`, streaming through a
 /// temporary file that is renamed over `out`.
-fn concat(paths: &[PathBuf], out: &Path) -> std::io::Result<()> {
+fn concat(store: &dyn SharedDir, paths: &[PathBuf], out: &Path) -> std::io::Result<()> {
     use std::io::{BufRead, BufReader, BufWriter, Write};
     let dir = out.parent().unwrap_or(Path::new("."));
-    crate::store::fs::create_dir_all(dir)?;
+    store.create_dir_all(dir)?;
     let tmp = crate::layout::temp_path(out, &std::process::id().to_string());
     let mut w = BufWriter::new(crate::store::fs::create_file(&tmp)?);
     for p in paths {
@@ -1731,11 +1733,11 @@ fn concat(paths: &[PathBuf], out: &Path) -> std::io::Result<()> {
         }
     }
     w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-    if let Err(e) = store::rename_noreplace(&tmp, out) {
-        let _ = crate::store::fs::remove_file(&tmp);
+    if let Err(e) = store.rename_noreplace(&tmp, out) {
+        let _ = store.remove_file(&tmp);
         return Err(e);
     }
-    store::fsync_dir(dir)
+    store.fsync_dir(dir)
 }
 
 /// A progress bar is drawn on a terminal, not between the lines of a JSON log.

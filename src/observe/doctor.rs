@@ -466,7 +466,7 @@ impl Scratch {
             .map_or(0, |d| d.subsec_nanos());
         let dir = doctor.join(format!("{host}-{}-{nanos:08x}", std::process::id()));
         // No link someone planted at `.rl-node` or `doctor/` takes the probes elsewhere.
-        crate::store::confine(root);
+        crate::store::beneath::confine(root);
         Scratch::make([base, doctor, dir], wait)
     }
 

@@ -532,7 +532,7 @@ impl Member {
         let doctor = base.join("doctor");
         let dir = doctor.join(&opts.session);
         // No link someone planted at `.rl-node` or `doctor/` takes the session elsewhere.
-        crate::store::confine(root);
+        crate::store::beneath::confine(root);
         // The other ranks make the same directories at once, and their single-node checks
         // remove `doctor/` (and `.rl-node/`) they made: seen or waited for, made again.
         let mut made = Vec::new();

@@ -10,7 +10,7 @@ use crate::protocol::journal::{self, item, Entry};
 use crate::protocol::walk::RolloutSplit;
 use crate::protocol::{phase::eval_due, ClusterRecord, NodeState, RankRecord};
 use crate::shards::naming::Naming;
-use crate::store;
+use crate::store::{self, Fs, SharedDir};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -100,7 +100,7 @@ fn damaged_state(
             .and_then(|s| humantime::parse_duration(s).ok())
             .unwrap_or(Duration::from_secs(5));
         for r in 0..c.num_nodes {
-            let rec = store::read_json::<RankRecord>(&layout.rank_record(c.gen, r))
+            let rec = store::fs::read_json::<RankRecord>(&layout.rank_record(c.gen, r))
                 .ok()
                 .flatten();
             if let Some(rec) = rec {
@@ -117,7 +117,7 @@ fn damaged_state(
     out.line("");
     for p in problems {
         let r = p.repair.as_ref().expect("repairable");
-        match super::repair::apply(layout, r) {
+        match super::repair::apply(&Fs, layout, r) {
             Ok(did) => out.line(&format!("repaired: {did}")),
             Err(e) => return Err(Failure::failed(format!("--repair: {e}"))),
         }
@@ -218,7 +218,7 @@ fn holder(layout: &Layout, rec: &RankRecord, heartbeat: Duration) -> String {
     let deadline = Instant::now() + heartbeat * 3;
     while Instant::now() < deadline {
         std::thread::sleep(heartbeat / 4);
-        if store::read_json::<RankRecord>(&path)
+        if store::fs::read_json::<RankRecord>(&path)
             .ok()
             .flatten()
             .is_some_and(|r| r.seq != rec.seq)
@@ -259,7 +259,7 @@ fn report(run: &Run, latest: Option<crate::checkpoint::Latest>) -> Report {
     let ranks = (0..c.num_nodes)
         .map(|r| {
             let j = &run.journals[r as usize];
-            let rec = store::read_json::<RankRecord>(&l.rank_record(c.gen, r))
+            let rec = store::fs::read_json::<RankRecord>(&l.rank_record(c.gen, r))
                 .ok()
                 .flatten();
             // Only work this run has: a phase without a command does nothing to redo.
@@ -588,7 +588,7 @@ fn render(r: &Report) -> String {
 }
 
 /// Move iteration `n`'s outputs under `previous-runs/` and drop its journal entries.
-fn discard(run: &Run, rep: &Report, n: u64) -> Result<Vec<String>, String> {
+fn discard(store: &dyn SharedDir, run: &Run, rep: &Report, n: u64) -> Result<Vec<String>, String> {
     if let Some(live) = rep.ranks.iter().find(|k| k.process.starts_with("LIVE")) {
         return Err(format!(
             "rank {} is still running ({}): stop every node before discarding an iteration",
@@ -602,23 +602,17 @@ fn discard(run: &Run, rep: &Report, n: u64) -> Result<Vec<String>, String> {
         ));
     }
     let l = &run.layout;
-    let dest = l.previous_runs().join(format!(
-        "discarded-{}-{}-{}",
-        run.cluster.run_id,
-        iter_dir(n),
-        chrono::Local::now().format("%Y%m%d-%H%M%S")
-    ));
+    let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S").to_string();
+    let dest = l.discarded(&run.cluster.run_id, n, &stamp);
     let mut moved = vec![];
     let name = iter_dir(n);
-    for (what, src) in [
-        ("rollouts", l.root().join("rollouts").join(&name)),
-        ("train", l.root().join("train").join(&name)),
-        ("logs", l.root().join("logs").join(&name)),
-        ("models", l.models().join(&name)),
-    ] {
-        if src.exists() {
-            crate::store::fs::create_dir_all(dest.join(what)).map_err(|e| e.to_string())?;
-            crate::store::fs::rename(&src, dest.join(what).join(&name))
+    for (what, src) in l.iteration_outputs(n) {
+        if store.exists_followed(&src) {
+            let to = dest.output(what, n);
+            let parent = to.parent().expect("under its top directory");
+            store.create_dir_all(parent).map_err(|e| e.to_string())?;
+            store
+                .rename(&src, &to)
                 .map_err(|e| format!("moving {}: {e}", src.display()))?;
             moved.push(format!("{what}/{name}"));
         }
@@ -638,14 +632,17 @@ fn discard(run: &Run, rep: &Report, n: u64) -> Result<Vec<String>, String> {
         .unwrap_or_default();
     for partial in partials {
         let src = l.models().join(&partial);
-        crate::store::fs::create_dir_all(dest.join("models")).map_err(|e| e.to_string())?;
-        crate::store::fs::rename(&src, dest.join("models").join(&partial))
+        store
+            .create_dir_all(&dest.models())
+            .map_err(|e| e.to_string())?;
+        store
+            .rename(&src, &dest.models().join(&partial))
             .map_err(|e| format!("moving {}: {e}", src.display()))?;
         moved.push(format!("models/{partial}"));
     }
     // LATEST must not name a checkpoint that was set aside.
     if let Some(latest) = crate::checkpoint::latest_named(&l.models()) {
-        if !latest.exists() {
+        if !store.exists_followed(&latest) {
             let mut earlier: Vec<PathBuf> = std::fs::read_dir(l.models())
                 .map(|d| d.flatten().map(|e| e.path()).collect())
                 .unwrap_or_default();
@@ -655,7 +652,7 @@ fn discard(run: &Run, rep: &Report, n: u64) -> Result<Vec<String>, String> {
                     && crate::checkpoint::verify(p, &mut || {}).is_ok()
             });
             earlier.sort();
-            let pointer = l.models().join(crate::checkpoint::LATEST);
+            let pointer = l.latest();
             match earlier.last() {
                 Some(p) => {
                     let name = p
@@ -663,12 +660,14 @@ fn discard(run: &Run, rep: &Report, n: u64) -> Result<Vec<String>, String> {
                         .unwrap_or_default()
                         .to_string_lossy()
                         .into_owned();
-                    store::publish(&pointer, format!("{name}\n").as_bytes())
+                    store
+                        .publish(&pointer, format!("{name}\n").as_bytes())
                         .map_err(|e| e.to_string())?;
                     moved.push(format!("models/LATEST now names {name}"));
                 }
                 None => {
-                    crate::store::fs::rename(pointer, dest.join("LATEST"))
+                    store
+                        .rename(&pointer, &dest.latest())
                         .map_err(|e| e.to_string())?;
                     moved.push("models/LATEST (no earlier checkpoint: the run restarts from cluster.model)".into());
                 }
@@ -690,13 +689,16 @@ fn discard(run: &Run, rep: &Report, n: u64) -> Result<Vec<String>, String> {
             .map(|line| format!("{line}\n"))
             .collect();
         if kept.len() != text.len() {
-            crate::store::fs::create_dir_all(dest.join("journal")).map_err(|e| e.to_string())?;
-            crate::store::publish(
-                &dest.join("journal").join(format!("rank-{r}.jsonl")),
-                text.as_bytes(),
-            )
-            .map_err(|e| e.to_string())?;
-            store::publish(&path, kept.as_bytes()).map_err(|e| e.to_string())?;
+            let journal = dest.journal(r);
+            store
+                .create_dir_all(journal.parent().expect("in journal/"))
+                .map_err(|e| e.to_string())?;
+            store
+                .publish(&journal, text.as_bytes())
+                .map_err(|e| e.to_string())?;
+            store
+                .publish(&path, kept.as_bytes())
+                .map_err(|e| e.to_string())?;
             moved.push(format!("journal entries of iteration {n}+ of rank {r}"));
         }
     }
@@ -713,15 +715,14 @@ fn discard(run: &Run, rep: &Report, n: u64) -> Result<Vec<String>, String> {
         walk: run.walk.clone(),
         discarded_from: Some(n),
     };
-    let _ = crate::state::repair_tail(&crate::store::Fs, &l.history(), run.cluster.gen);
+    let _ = crate::state::repair_tail(store, &l.history(), run.cluster.gen);
     {
         let line = format!("{}\n", serde_json::to_string(&mark).expect("json"));
-        let store: &dyn crate::store::SharedDir = &crate::store::Fs;
         store
             .append(&l.history(), line.as_bytes(), true)
             .map_err(|e| format!("cannot write {}: {e}", l.history().display()))?;
     }
-    moved.push(format!("(all in {})", dest.display()));
+    moved.push(format!("(all in {})", dest.root().display()));
     Ok(moved)
 }
 
@@ -773,7 +774,7 @@ pub fn main(args: RecoverArgs, log_path: Option<String>) -> Result<i32, Failure>
         crate::out!("{}", render(&rep));
     }
     if let Some(n) = args.discard_iteration {
-        match discard(&run, &rep, n) {
+        match discard(&Fs, &run, &rep, n) {
             Ok(moved) => {
                 crate::errln!("iteration {n} set aside:");
                 for m in moved {

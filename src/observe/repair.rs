@@ -11,7 +11,7 @@ use crate::layout::Layout;
 use crate::protocol::journal::{Entry, Tail};
 use crate::protocol::{ClusterRecord, RankRecord, PROTO};
 use crate::state::{self, HistoryEntry, StateError};
-use crate::store;
+use crate::store::SharedDir;
 use std::path::{Path, PathBuf};
 
 /// One problem and what `--repair` does about it (`None`: it cannot; the message says
@@ -95,7 +95,7 @@ fn newest_copy(layout: &Layout) -> Option<(PathBuf, ClusterRecord)> {
     gens.sort_unstable_by(|a, b| b.cmp(a));
     gens.into_iter().find_map(|g| {
         let p = layout.gen_cluster(g);
-        match store::read_strict::<ClusterRecord>(&p) {
+        match crate::store::fs::read_strict::<ClusterRecord>(&p) {
             Ok(Some(c)) if c.proto == PROTO => Some((p, c)),
             _ => None,
         }
@@ -164,7 +164,7 @@ pub fn diagnose(layout: &Layout) -> Option<Diagnosis> {
     };
     super::use_run_limits(&c);
     let r0 = layout.rank_record(c.gen, 0);
-    if let Err(e) = store::read_strict::<RankRecord>(&r0) {
+    if let Err(e) = crate::store::fs::read_strict::<RankRecord>(&r0) {
         problems.push(Problem {
             tolerated: false,
             what: e.to_string(),
@@ -364,8 +364,12 @@ fn stamp() -> String {
 /// A file a repair replaces, kept next to it as `.damaged-<time>` if anything is there
 /// (even a dangling link, which the replacement would otherwise drop); the note saying
 /// where it went, or nothing.
-fn set_aside_damaged(layout: &Layout, path: &Path) -> Result<String, String> {
-    let aside = state::set_aside(&crate::store::Fs, path, &stamp())
+fn set_aside_damaged(
+    store: &dyn SharedDir,
+    layout: &Layout,
+    path: &Path,
+) -> Result<String, String> {
+    let aside = state::set_aside(store, path, &stamp())
         .map_err(|e| format!("cannot move {}: {e}", path.display()))?;
     Ok(aside
         .map(|a| {
@@ -376,7 +380,7 @@ fn set_aside_damaged(layout: &Layout, path: &Path) -> Result<String, String> {
 }
 
 /// Carry out one repair; says what it did.
-pub fn apply(layout: &Layout, repair: &Repair) -> Result<String, String> {
+pub fn apply(store: &dyn SharedDir, layout: &Layout, repair: &Repair) -> Result<String, String> {
     let rel = |p: &Path| {
         p.strip_prefix(layout.root())
             .unwrap_or(p)
@@ -386,10 +390,11 @@ pub fn apply(layout: &Layout, repair: &Repair) -> Result<String, String> {
     match repair {
         Repair::RebuildCluster { from } => {
             let target = layout.cluster();
-            let note = set_aside_damaged(layout, &target)?;
+            let note = set_aside_damaged(store, layout, &target)?;
             let bytes = crate::store::fs::read_file(from, crate::store::ReadLimit::Record)
                 .map_err(|e| format!("cannot read {}: {e}", from.display()))?;
-            store::publish(&target, &bytes)
+            store
+                .publish(&target, &bytes)
                 .map_err(|e| format!("cannot write {}: {e}", target.display()))?;
             Ok(format!(
                 "rebuilt .rl-node/cluster.json from {}{note}",
@@ -397,8 +402,9 @@ pub fn apply(layout: &Layout, repair: &Repair) -> Result<String, String> {
             ))
         }
         Repair::SetAside { path } => {
-            let aside = state::side_path(path, &stamp());
-            crate::store::fs::rename(path, &aside)
+            let aside = state::side_path(store, path, &stamp());
+            store
+                .rename(path, &aside)
                 .map_err(|e| format!("cannot move {}: {e}", path.display()))?;
             Ok(format!("set {} aside as {}", rel(path), rel(&aside)))
         }
@@ -435,10 +441,12 @@ pub fn apply(layout: &Layout, repair: &Repair) -> Result<String, String> {
                     ));
                 }
             }
-            let aside = state::side_path(path, &stamp());
-            store::publish(&aside, drop.as_bytes())
+            let aside = state::side_path(store, path, &stamp());
+            store
+                .publish(&aside, drop.as_bytes())
                 .map_err(|e| format!("cannot write {}: {e}", aside.display()))?;
-            store::publish(path, keep.as_bytes())
+            store
+                .publish(path, keep.as_bytes())
                 .map_err(|e| format!("cannot rewrite {}: {e}", path.display()))?;
             Ok(format!(
                 "moved {} unreadable line(s) of {} to {}",
@@ -458,7 +466,8 @@ pub fn apply(layout: &Layout, repair: &Repair) -> Result<String, String> {
                 text.push_str(&serde_json::to_string(e).expect("json"));
                 text.push('\n');
             }
-            store::publish(&path, text.as_bytes())
+            store
+                .publish(&path, text.as_bytes())
                 .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
             Ok(format!(
                 "appended rebuilt completion entries for iteration(s) {} to {}",
@@ -467,10 +476,11 @@ pub fn apply(layout: &Layout, repair: &Repair) -> Result<String, String> {
             ))
         }
         Repair::PointLatest { checkpoint } => {
-            let pointer = layout.models().join(crate::checkpoint::LATEST);
-            let note = set_aside_damaged(layout, &pointer)?;
+            let pointer = layout.latest();
+            let note = set_aside_damaged(store, layout, &pointer)?;
             let name = checkpoint.file_name().unwrap_or_default().to_string_lossy();
-            store::publish(&pointer, format!("{name}\n").as_bytes())
+            store
+                .publish(&pointer, format!("{name}\n").as_bytes())
                 .map_err(|e| format!("cannot write {}: {e}", pointer.display()))?;
             Ok(format!("models/LATEST now names {name}{note}"))
         }
@@ -493,7 +503,7 @@ mod tests {
         fs::write(&from, b"{\"copy\": true}\n").unwrap();
         let target = layout.cluster();
         std::os::unix::fs::symlink(dir.path().join("gone"), &target).unwrap();
-        let did = apply(&layout, &Repair::RebuildCluster { from }).unwrap();
+        let did = apply(&crate::store::Fs, &layout, &Repair::RebuildCluster { from }).unwrap();
         assert_eq!(fs::read(&target).unwrap(), b"{\"copy\": true}\n");
         let aside: Vec<PathBuf> = fs::read_dir(target.parent().unwrap())
             .unwrap()

@@ -93,7 +93,7 @@ pub fn read(log_path: &Path) -> Result<Status, String> {
 pub fn read_records(layout: &Layout, c: &ClusterRecord) -> Vec<Option<RankRecord>> {
     (0..c.num_nodes)
         .map(|r| {
-            store::read_json::<RankRecord>(&layout.rank_record(c.gen, r))
+            store::fs::read_json::<RankRecord>(&layout.rank_record(c.gen, r))
                 .ok()
                 .flatten()
                 .filter(|rec| rec.belongs_to(&c.run_id, c.gen, r))
@@ -103,7 +103,7 @@ pub fn read_records(layout: &Layout, c: &ClusterRecord) -> Vec<Option<RankRecord
 
 /// Generation `gen`'s abort: its abort record, else one a rank relayed in its record.
 pub fn read_abort(layout: &Layout, gen: u64, records: &[Option<RankRecord>]) -> Option<AbortInfo> {
-    store::read_json::<AbortInfo>(&layout.abort(gen))
+    store::fs::read_json::<AbortInfo>(&layout.abort(gen))
         .ok()
         .flatten()
         .or_else(|| records.iter().flatten().find_map(|r| r.abort.clone()))
@@ -117,7 +117,7 @@ pub fn read_layout(layout: &Layout) -> Result<Status, String> {
     let records = read_records(&layout, &c);
     // Heartbeat ages as rank 0 observes its peers (its own file), and rank 0's as rank 1
     // observes it (in rank 1's record).
-    let by_rank0: Vec<(u32, u64)> = store::read_json::<ObservedFile>(&layout.observed(c.gen))
+    let by_rank0: Vec<(u32, u64)> = store::fs::read_json::<ObservedFile>(&layout.observed(c.gen))
         .ok()
         .flatten()
         .map(|o| o.ages_ms)
@@ -228,7 +228,7 @@ pub fn judge(log_path: &Path, s: &mut Status) {
 pub fn judge_layout(layout: &Layout, s: &mut Status) {
     let window = (s.heartbeat * 3).min(Duration::from_secs(10));
     let read = |r: u32| {
-        store::read_json::<RankRecord>(&layout.rank_record(s.gen, r))
+        store::fs::read_json::<RankRecord>(&layout.rank_record(s.gen, r))
             .ok()
             .flatten()
             .filter(|rec| rec.belongs_to(&s.run_id, s.gen, r))
@@ -440,7 +440,7 @@ pub fn read_pipeline(log_path: &Path) -> PipelineStatus {
     };
     let (rollout, update) = (cluster("rollout"), cluster("update"));
     let queue = |c: &str| {
-        store::read_json::<crate::protocol::pipeline::QueueRecord>(&base.queue(c))
+        store::fs::read_json::<crate::protocol::pipeline::QueueRecord>(&base.queue(c))
             .ok()
             .flatten()
     };

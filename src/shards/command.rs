@@ -241,8 +241,10 @@ pub fn run(
     let rendered = job.render().map_err(CommandError::Template)?;
     let (stdout, stderr) = match &job.log {
         Some(log) => {
+            // The log is the command's stdout and stderr (a real file, so the real store).
             if let Some(dir) = log.parent() {
-                crate::store::fs::create_dir_all(dir).map_err(CommandError::Spawn)?;
+                let store: &dyn crate::store::SharedDir = &crate::store::Fs;
+                store.create_dir_all(dir).map_err(CommandError::Spawn)?;
             }
             let (f, set_aside) = crate::store::fs::open_log(log).map_err(CommandError::Spawn)?;
             if let Some(note) = set_aside {

@@ -4,7 +4,8 @@
 //! - [`SharedDir`] is what the node does to the shared directory: atomic publish, tolerant
 //!   and strict reads, exclusive create, rename without replacing, appends, directory
 //!   creation and listing. Every implementation counts what it does in [`OpCounts`].
-//! - [`fs`] is the real one (and the free functions the rest of the crate calls); it reaches
+//! - [`fs`] is the real one ([`Fs`]; its free functions are its data plane: files written
+//!   through an open handle, and the reads of tools that hold no store); it reaches
 //!   every name it writes through [`beneath`], which never follows a link inside a run.
 //! - [`sim`] is a simulated one: one directory tree in memory seen by many clients, each
 //!   with the attribute and negative-lookup caches of an NFS client, on simulated time.
@@ -18,11 +19,11 @@ pub mod beneath;
 pub mod fs;
 pub mod sim;
 
-pub use beneath::{confine, Untrusted};
-pub use fs::{
-    create_new, create_new_json, fsync_dir, overwrite_in_place, publish, publish_json,
-    publish_with, read, read_json, read_strict, rename_noreplace, Fs,
-};
+#[cfg(test)]
+mod seam;
+
+pub use beneath::Untrusted;
+pub use fs::Fs;
 
 use serde::{de::DeserializeOwned, Serialize};
 use std::ffi::OsString;
@@ -301,6 +302,24 @@ impl dyn SharedDir + '_ {
 
     pub fn exists(&self, path: &Path) -> bool {
         self.lstat(path).is_ok_and(|m| m.is_some())
+    }
+
+    /// Whether `path` names something, as `Path::exists` answers: a link is followed (a
+    /// dangling one is not there), and an error reading it is "no".
+    pub fn exists_followed(&self, path: &Path) -> bool {
+        self.stat(path).is_ok_and(|m| m.is_some())
+    }
+
+    /// Whether `path` is a directory, as `Path::is_dir` answers (a link is followed).
+    pub fn is_dir(&self, path: &Path) -> bool {
+        self.stat(path)
+            .is_ok_and(|m| m.is_some_and(|m| m.kind == Kind::Dir))
+    }
+
+    /// Whether `path` is a regular file, as `Path::is_file` answers (a link is followed).
+    pub fn is_file(&self, path: &Path) -> bool {
+        self.stat(path)
+            .is_ok_and(|m| m.is_some_and(|m| m.kind == Kind::File))
     }
 
     /// Move the name a refusal is about (a planted link, a foreign file; [`Untrusted::at`])

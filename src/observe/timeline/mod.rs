@@ -277,7 +277,7 @@ fn read_cluster_input(layout: &Layout, c: &crate::protocol::ClusterRecord) -> Cl
     for &gen in &gens {
         let records: Vec<Option<RankRecord>> = (0..n)
             .map(|r| {
-                store::read_json::<RankRecord>(&layout.rank_record(gen, r))
+                store::fs::read_json::<RankRecord>(&layout.rank_record(gen, r))
                     .ok()
                     .flatten()
                     .filter(|rec| rec.gen == gen && rec.rank == r)
