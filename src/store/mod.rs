@@ -6,8 +6,9 @@
 //!   creation and listing. Every implementation counts what it does in [`OpCounts`].
 //! - [`fs`] is the real one (and the free functions the rest of the crate calls); it reaches
 //!   every name it writes through [`beneath`], which never follows a link inside a run.
-//! - [`sim`] is a simulated one: one directory tree in memory seen by many clients, each
-//!   with the attribute and negative-lookup caches of an NFS client, on simulated time.
+//! - `sim` (with the `sim` feature) is a simulated one: one directory tree in memory seen
+//!   by many clients, each with the attribute and negative-lookup caches of an NFS client,
+//!   on simulated time.
 //!
 //! Shared filesystems give few guarantees (docs/shared-directory.md): a rename within one
 //! directory is atomic on NFS and Lustre but a copy on blob FUSE, so readers treat a
@@ -16,6 +17,7 @@
 
 pub mod beneath;
 pub mod fs;
+#[cfg(feature = "sim")]
 pub mod sim;
 
 pub use beneath::{confine, Untrusted};
