@@ -71,7 +71,7 @@ pub trait Scheduler: Send + Sync {
 /// `clock`'s scheduler, if it has one: never without the `sim` feature, so that the
 /// scheduler's branches below fold away in a release binary.
 #[inline(always)]
-pub fn scheduler(clock: &dyn Clock) -> Option<&dyn Scheduler> {
+pub(crate) fn scheduler(clock: &dyn Clock) -> Option<&dyn Scheduler> {
     #[cfg(feature = "sim")]
     return clock.scheduler();
     #[cfg(not(feature = "sim"))]
