@@ -2,16 +2,19 @@
 //! timing on simulated time.
 //!
 //! - [`SystemClock`] is the real one: `Instant::now`, `thread::sleep`, `SystemTime::now`.
-//! - [`SimClock`] is simulated: time moves only when someone sleeps or the simulator
-//!   advances it, and it can run fast or slow and have its wall clock skewed, as the
-//!   clocks of different machines do.
-//! - [`crate::sched::SchedClock`] is simulated time under a scheduler whose threads take
-//!   turns: the node's waits ([`recv_timeout`], [`wait_timeout`]) and threads ([`spawn`])
-//!   go through the clock so that they take turns there.
+//! - `SimClock` (with the `sim` feature) is simulated: time moves only when someone sleeps
+//!   or the simulator advances it, and it can run fast or slow and have its wall clock
+//!   skewed, as the clocks of different machines do.
+//! - `sched::SchedClock` (with the `sim` feature) is simulated time under a scheduler whose
+//!   threads take turns: the node's waits ([`recv_timeout`], [`wait_timeout`]) and threads
+//!   ([`spawn`]) go through the clock's [`Scheduler`] so that they take turns there.
+//!
+//! This module defines the [`Scheduler`] seam and the scheduler implements it: the clock
+//! depends on no simulator. Without the `sim` feature no clock has a scheduler, and every
+//! helper below is the OS's primitive.
 
-use crate::sched::{Sched, TaskHandle};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 pub trait Clock: Send + Sync {
@@ -34,13 +37,48 @@ pub trait Clock: Send + Sync {
     }
 
     /// The scheduler this clock's threads take turns under (`None`: the OS's threads).
-    fn sched(&self) -> Option<&Arc<Sched>> {
+    #[cfg(feature = "sim")]
+    fn scheduler(&self) -> Option<&dyn Scheduler> {
         None
     }
+}
 
-    /// Under a scheduler: give up the turn until a [`notify`] or `deadline` (of this
-    /// clock). Otherwise nothing: callers wait with the OS's primitives.
-    fn wait_turn(&self, _deadline: Option<Instant>) {}
+/// Threads that take turns on a clock's time (the simulator's `sched`): what a clock that
+/// has one routes its waits, wakes and threads through instead of the OS's.
+pub trait Scheduler: Send + Sync {
+    /// Give up the calling task's turn until a [`Scheduler::notify`] or `deadline` (of
+    /// the clock's time).
+    fn wait_turn(&self, deadline: Option<Instant>);
+
+    /// Wake every waiting task.
+    fn notify(&self);
+
+    /// Start `f` as a task named `name`; what joins it (false if it panicked).
+    fn spawn(
+        &self,
+        name: &str,
+        f: Box<dyn FnOnce() + Send>,
+    ) -> std::io::Result<Box<dyn FnOnce() -> bool + Send>>;
+
+    /// `n` random bytes in hex, from the simulation's seed (for identifiers a real run
+    /// draws at random), so that a seed replays the same run.
+    fn hex(&self, n: usize) -> String;
+
+    /// A number that grows with every call (for process ids).
+    fn serial(&self) -> u64;
+}
+
+/// `clock`'s scheduler, if it has one: never without the `sim` feature, so that the
+/// scheduler's branches below fold away in a release binary.
+#[inline(always)]
+pub(crate) fn scheduler(clock: &dyn Clock) -> Option<&dyn Scheduler> {
+    #[cfg(feature = "sim")]
+    return clock.scheduler();
+    #[cfg(not(feature = "sim"))]
+    {
+        let _ = clock;
+        None
+    }
 }
 
 /// Receive from `rx`, waiting at most `timeout` of `clock`'s time.
@@ -49,9 +87,9 @@ pub fn recv_timeout<T>(
     rx: &Receiver<T>,
     timeout: Duration,
 ) -> Result<T, RecvTimeoutError> {
-    if clock.sched().is_none() {
+    let Some(s) = scheduler(clock) else {
         return rx.recv_timeout(timeout);
-    }
+    };
     let deadline = clock.now() + timeout;
     loop {
         match rx.try_recv() {
@@ -60,7 +98,7 @@ pub fn recv_timeout<T>(
             Err(TryRecvError::Empty) if clock.now() >= deadline => {
                 return Err(RecvTimeoutError::Timeout)
             }
-            Err(TryRecvError::Empty) => clock.wait_turn(Some(deadline)),
+            Err(TryRecvError::Empty) => s.wait_turn(Some(deadline)),
         }
     }
 }
@@ -74,9 +112,9 @@ pub fn wait_timeout<'a, T>(
     guard: MutexGuard<'a, T>,
     deadline: Option<Instant>,
 ) -> MutexGuard<'a, T> {
-    if clock.sched().is_some() {
+    if let Some(s) = scheduler(clock) {
         drop(guard);
-        clock.wait_turn(deadline);
+        s.wait_turn(deadline);
         return lock.lock().unwrap();
     }
     match deadline {
@@ -93,7 +131,7 @@ pub fn notify(clock: &dyn Clock, cv: Option<&Condvar>) {
     if let Some(cv) = cv {
         cv.notify_all();
     }
-    if let Some(s) = clock.sched() {
+    if let Some(s) = scheduler(clock) {
         s.notify();
     }
 }
@@ -101,7 +139,8 @@ pub fn notify(clock: &dyn Clock, cv: Option<&Condvar>) {
 /// A thread started by [`spawn`].
 pub enum Thread {
     Os(std::thread::JoinHandle<()>),
-    Task(TaskHandle<()>),
+    /// A task of a [`Scheduler`]: what joins it.
+    Task(Box<dyn FnOnce() -> bool + Send>),
 }
 
 impl Thread {
@@ -109,7 +148,7 @@ impl Thread {
     pub fn join(self) -> bool {
         match self {
             Thread::Os(h) => h.join().is_ok(),
-            Thread::Task(t) => t.join().is_ok(),
+            Thread::Task(join) => join(),
         }
     }
 }
@@ -120,8 +159,8 @@ pub fn spawn(
     name: &str,
     f: impl FnOnce() + Send + 'static,
 ) -> std::io::Result<Thread> {
-    match clock.sched() {
-        Some(s) => s.spawn(name, f).map(Thread::Task),
+    match scheduler(clock) {
+        Some(s) => s.spawn(name, Box::new(f)).map(Thread::Task),
         None => std::thread::Builder::new()
             .name(name.to_string())
             .spawn(f)
@@ -165,6 +204,7 @@ impl Clock for SystemClock {
 /// A simulated clock. Its time is simulated time (advanced by [`SimClock::advance`] or
 /// by sleeping) scaled by its rate: a rate of 1.01 runs 1 % fast. Its wall clock is the
 /// simulated time plus a fixed skew from an arbitrary epoch.
+#[cfg(feature = "sim")]
 #[derive(Debug)]
 pub struct SimClock {
     origin: Instant,
@@ -174,6 +214,7 @@ pub struct SimClock {
     wall_origin: SystemTime,
 }
 
+#[cfg(feature = "sim")]
 impl SimClock {
     /// A clock at simulated time zero, running at `rate` (1.0: exact), whose wall clock
     /// reads `wall_origin` at time zero.
@@ -198,6 +239,7 @@ impl SimClock {
     }
 }
 
+#[cfg(feature = "sim")]
 impl Clock for SimClock {
     fn now(&self) -> Instant {
         self.origin + self.since_start()
@@ -221,6 +263,7 @@ impl Clock for SimClock {
 mod tests {
     use super::*;
 
+    #[cfg(feature = "sim")]
     #[test]
     fn a_simulated_clock_moves_only_when_told_and_at_its_rate() {
         let fast = SimClock::new(1.01, SystemTime::UNIX_EPOCH);

@@ -20,8 +20,10 @@ pub(crate) mod json;
 pub mod layout;
 pub(crate) mod logging;
 pub(crate) mod node;
+#[cfg(feature = "sim")]
 #[doc(hidden)]
 pub use node::{run_in_process, run_in_process_broken, Broken, Outcome};
+#[cfg(feature = "sim")]
 #[doc(hidden)]
 pub use process::{FakeRun, FakeScript};
 pub(crate) mod observe;
@@ -29,6 +31,7 @@ pub(crate) mod output;
 pub(crate) mod process;
 pub mod protocol;
 pub mod rng;
+#[cfg(feature = "sim")]
 pub mod sched;
 pub mod shards;
 pub(crate) mod state;

@@ -6,7 +6,8 @@
 //! time; it gives up its turn at a *turn point* and the scheduler's generator picks the
 //! next task from those ready. The turn points are every call to the simulated shared
 //! directory ([`crate::store::sim::SimClient`]), every wait ([`Sched::wait`], which the
-//! node's waits reach through [`crate::clock::Clock::wait_turn`]) and the end of a task.
+//! node's waits reach through [`SchedClock`]'s [`Scheduler::wait_turn`]) and the end of a
+//! task.
 //! Time moves only when every task waits: it jumps to the earliest deadline. So the
 //! order of everything the tasks do, and the time each thing happens at, depends on the
 //! seed alone. Tasks must not block on anything else (a lock held across a turn point, a
@@ -18,7 +19,7 @@
 //! passes the limit (a run that does not end), or when a task panics. The tasks of a
 //! failed run stay parked; their threads are leaked.
 
-use crate::clock::Clock;
+use crate::clock::{Clock, Scheduler};
 use crate::rng::SplitMix64;
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -445,12 +446,35 @@ impl Clock for SchedClock {
         self.sched.now().mul_f64(self.rate)
     }
 
-    fn sched(&self) -> Option<&Arc<Sched>> {
-        Some(&self.sched)
+    fn scheduler(&self) -> Option<&dyn Scheduler> {
+        Some(self)
     }
+}
 
+impl Scheduler for SchedClock {
     fn wait_turn(&self, deadline: Option<Instant>) {
         self.sched.wait(deadline.map(|d| self.true_time(d)));
+    }
+
+    fn notify(&self) {
+        self.sched.notify();
+    }
+
+    fn spawn(
+        &self,
+        name: &str,
+        f: Box<dyn FnOnce() + Send>,
+    ) -> std::io::Result<Box<dyn FnOnce() -> bool + Send>> {
+        let task = self.sched.spawn(name, f)?;
+        Ok(Box::new(move || task.join().is_ok()))
+    }
+
+    fn hex(&self, n: usize) -> String {
+        self.sched.hex(n)
+    }
+
+    fn serial(&self) -> u64 {
+        self.sched.serial()
     }
 }
 

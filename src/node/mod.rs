@@ -454,6 +454,7 @@ fn open_textfile(cfg: &Config, rank: u32) -> Result<Option<textfile::Textfile>, 
 /// ([`procs::FakeLauncher`]). Only training commands are allowed (the others' outputs
 /// would be read and written outside the store), and no task files. `Err` is the exit
 /// code and the message.
+#[cfg(feature = "sim")]
 #[doc(hidden)]
 pub fn run_in_process(
     config: &Path,
@@ -466,7 +467,8 @@ pub fn run_in_process(
 }
 
 /// Deliberately broken decisions of the protocol core, for showing that the simulator
-/// catches them in the node's own driver. Never set outside the simulator's tests.
+/// catches them in the node's own driver. Set only by `run_in_process_broken` (`sim`
+/// feature); without the feature the core ignores them ([`crate::protocol::mutation`]).
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Broken {
@@ -479,6 +481,7 @@ pub struct Broken {
 }
 
 /// [`run_in_process`] with some of the core's decisions broken on purpose.
+#[cfg(feature = "sim")]
 #[doc(hidden)]
 pub fn run_in_process_broken(
     config: &Path,
@@ -532,7 +535,7 @@ pub fn run_in_process_broken(
     let ident = crate::holder::ProcessId {
         host: host.clone(),
         machine,
-        pid: match clock.sched() {
+        pid: match clock::scheduler(&*clock) {
             Some(s) => 1_000 + s.serial() as u32,
             None => PIDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         },
@@ -571,7 +574,7 @@ pub fn run_in_process_broken(
 /// `n` random bytes in hex (nonces, run ids): drawn from the simulation's seed when the
 /// clock has a scheduler, so that a seed replays the same run, else at random.
 fn random_id(clock: &dyn Clock, n: usize) -> String {
-    match clock.sched() {
+    match clock::scheduler(clock) {
         Some(s) => s.hex(n),
         None => random_hex(n),
     }

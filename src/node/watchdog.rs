@@ -98,7 +98,8 @@ impl Watchdog {
     }
 
     /// A watchdog that never fires: for a node run inside another process (the
-    /// simulator's), where ending the process would end every node in it.
+    /// simulator's, and unit tests'), where ending the process would end every node in it.
+    #[cfg(any(test, feature = "sim"))]
     pub fn inert() -> Watchdog {
         Watchdog {
             state: Arc::new(Mutex::new(State {

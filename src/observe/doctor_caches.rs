@@ -10,7 +10,7 @@
 //! answers EEXIST to `mkdir` and ENOENT to `stat` meanwhile. A value the doctor cannot read
 //! is unknown, and said so; it is never taken for 0 s.
 
-use super::doctor::{Check, Mount, Verdict};
+use super::doctor_report::{Check, Mount, Verdict};
 use std::io::Read;
 use std::path::Path;
 use std::time::Duration;

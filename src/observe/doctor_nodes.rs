@@ -23,8 +23,8 @@
 //! corrected by that offset (uncertain by at most half that round trip). The new name's
 //! delay is also given from the observer's miss, on its own monotonic clock alone.
 
-use super::doctor::{Check, Verdict};
 use super::doctor_dirs::DirWait;
+use super::doctor_report::{Check, Verdict};
 use crate::error::{Cause, Failure};
 use crate::exit;
 use serde::{Deserialize, Serialize};
@@ -468,7 +468,7 @@ pub(crate) fn analyse(
 /// A duration for the progress lines: ms below a second, seconds below 2 minutes.
 fn secs(d: Duration) -> String {
     match d.as_secs_f64() {
-        s if s < 1.0 => super::doctor::ms(d),
+        s if s < 1.0 => super::doctor_report::ms(d),
         s if s < 120.0 => format!("{s:.2}s"),
         s => format!("{:.0} min", s / 60.0),
     }
@@ -1786,7 +1786,7 @@ fn cross_checks(members: &[NodeSummary], pairs: &[PairReport], offsets: &[Offset
         let med = all.iter().map(|a| a.0.median_ms).fold(0.0, f64::max);
         Some((med, max.0.max_ms, max.1.clone()))
     };
-    let ms = |v: f64| super::doctor::ms(Duration::from_secs_f64(v / 1000.0));
+    let ms = |v: f64| super::doctor_report::ms(Duration::from_secs_f64(v / 1000.0));
     if let Some((med, max, at)) = worst(|p| p.rewrite) {
         let ev = format!(
             "a file renamed over by one node was read anew by the other within {} (largest median of {} ordered pairs), at worst {} ({at})",
@@ -1858,11 +1858,11 @@ fn stale_rename_check(members: &[NodeSummary], pairs: &[PairReport]) -> Option<C
         .collect();
     let mut ev = format!(
         "a record renamed over by one node read stale to the other for up to {}{} (rank {} → rank {}, watched over two refreshes of the reader's view): each barrier hop (an arrival, its release) can wait that long, up to {} per barrier",
-        super::doctor::ms(d),
+        super::doctor_report::ms(d),
         if p.stale_at_least { " at least" } else { "" },
         p.writer,
         p.observer,
-        super::doctor::ms(d * 2)
+        super::doctor_report::ms(d * 2)
     );
     if !short.is_empty() {
         ev.push_str(&format!(
@@ -1903,7 +1903,7 @@ fn eexist_check(members: &[NodeSummary], pairs: &[PairReport]) -> Option<Check> 
         })
         .max_by(|a, b| a.0.total_cmp(&b.0));
     if let Some((ms, still, p)) = lied {
-        let d = super::doctor::ms(Duration::from_secs_f64(ms / 1000.0));
+        let d = super::doctor_report::ms(Duration::from_secs_f64(ms / 1000.0));
         return Some(Check::not_ok(
             NAME,
             Verdict::Warn,
@@ -1948,7 +1948,7 @@ fn eexist_check(members: &[NodeSummary], pairs: &[PairReport]) -> Option<Check> 
 /// The session's part of the text report.
 pub(crate) fn render(s: &mut String, r: &SessionReport) {
     use std::fmt::Write;
-    let ms = |v: f64| super::doctor::ms(Duration::from_secs_f64(v.max(0.0) / 1000.0));
+    let ms = |v: f64| super::doctor_report::ms(Duration::from_secs_f64(v.max(0.0) / 1000.0));
     let _ = writeln!(
         s,
         "\ndoctor session {}: rank {} of {} nodes, {} samples per ordered pair",

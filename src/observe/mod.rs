@@ -4,6 +4,7 @@ pub mod doctor;
 mod doctor_caches;
 mod doctor_dirs;
 pub mod doctor_nodes;
+mod doctor_report;
 pub mod eventlog;
 pub mod live;
 pub mod recover;

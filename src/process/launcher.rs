@@ -1,20 +1,18 @@
 //! How a node starts its commands, stops them and knows them: one trait, [`Launcher`],
 //! with the real implementation ([`Processes`]: process groups, the node's reaper and the
-//! [`Registry`]) and a fake for the simulator ([`FakeLauncher`]: scripted exits on a
-//! timer, no process at all).
+//! [`Registry`]) and, with the `sim` feature, a fake for the simulator (`FakeLauncher` in
+//! `process::fake`: scripted exits on a timer, no process at all).
 //!
 //! A started command's end reaches the node as every child's does, as
 //! [`Event::Reaped`] on the node's event channel, so the node's one wait loop hears of
 //! real and fake commands alike.
 
-use super::{spawn_shell, stop_group, ChildExit, Event, Leftovers, Registry};
-use crate::clock::{self, Clock};
-use std::collections::HashMap;
+#[cfg(doc)]
+use super::Event;
+use super::{spawn_shell, stop_group, Leftovers, Registry};
 use std::io;
 use std::path::Path;
-use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::mpsc::Sender;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Starts, stops and knows a node's commands (see the module's documentation).
@@ -123,152 +121,5 @@ impl Launcher for Processes {
 
     fn registry(&self) -> Option<Arc<Registry>> {
         Some(self.registry.clone())
-    }
-}
-
-/// What a fake command does: exit with `code` after `after`, or run until stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FakeRun {
-    Exit { after: Duration, code: i32 },
-    Forever,
-}
-
-/// The script of a [`FakeLauncher`]: what each command does, from its command line and
-/// environment (e.g. `RANK`).
-pub type FakeScript = dyn Fn(&str, &[(String, String)]) -> FakeRun + Send + Sync;
-
-/// A launcher that starts no process: each command does what the script says, on a timer
-/// thread, and its exit is sent to the node's channel as a real child's would be. A
-/// stopped command "dies of" SIGTERM. For running the node's driver in a simulation.
-pub struct FakeLauncher {
-    events: Mutex<Sender<Event>>,
-    clock: Arc<dyn Clock>,
-    script: Arc<FakeScript>,
-    next_pid: AtomicI32,
-    /// The commands not yet stopped, and whether each has exited.
-    running: Arc<Mutex<HashMap<i32, bool>>>,
-}
-
-impl FakeLauncher {
-    /// Commands' time passes on `clock`, and under its scheduler if it has one.
-    pub fn new(
-        events: Sender<Event>,
-        script: Arc<FakeScript>,
-        clock: Arc<dyn Clock>,
-    ) -> FakeLauncher {
-        FakeLauncher {
-            events: Mutex::new(events),
-            clock,
-            script,
-            next_pid: AtomicI32::new(100_000),
-            running: Arc::default(),
-        }
-    }
-}
-
-impl Launcher for FakeLauncher {
-    fn start(
-        &self,
-        command: &str,
-        env: &[(String, String)],
-        _log: &Path,
-        _header: &str,
-    ) -> io::Result<i32> {
-        let pid = self.next_pid.fetch_add(1, Ordering::Relaxed);
-        self.running.lock().unwrap().insert(pid, false);
-        if let FakeRun::Exit { after, code } = (self.script)(command, env) {
-            let (events, running) = (self.events.lock().unwrap().clone(), self.running.clone());
-            let c = self.clock.clone();
-            clock::spawn(&*self.clock, &format!("command {pid}"), move || {
-                c.sleep(after);
-                // Only a command still running exits (a stopped one already "died").
-                if let Some(exited) = running.lock().unwrap().get_mut(&pid) {
-                    *exited = true;
-                    let exit = match code {
-                        0 => ChildExit::Success,
-                        c => ChildExit::Exit(c),
-                    };
-                    let _ = events.send(Event::Reaped { pid, exit });
-                    clock::notify(&*c, None);
-                }
-            })?;
-        }
-        Ok(pid)
-    }
-
-    fn stop(&self, pid: i32, _grace: Duration) -> Leftovers {
-        let was = self.running.lock().unwrap().remove(&pid);
-        if was == Some(false) {
-            let _ = self.events.lock().unwrap().send(Event::Reaped {
-                pid,
-                exit: ChildExit::Signal(libc::SIGTERM),
-            });
-        }
-        Leftovers {
-            group: was == Some(false),
-            outside: 0,
-        }
-    }
-
-    fn contains(&self, pid: i32) -> bool {
-        self.running.lock().unwrap().contains_key(&pid)
-    }
-
-    fn running(&self) -> usize {
-        self.running.lock().unwrap().len()
-    }
-
-    fn stop_all(&self, grace: Duration) -> usize {
-        let pids: Vec<i32> = self.running.lock().unwrap().keys().copied().collect();
-        for pid in pids {
-            self.stop(pid, grace);
-        }
-        0
-    }
-
-    fn registry(&self) -> Option<Arc<Registry>> {
-        None
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::mpsc::channel;
-
-    #[test]
-    fn a_fake_command_exits_as_scripted_or_dies_of_sigterm_when_stopped() {
-        let (tx, rx) = channel();
-        let script: Arc<FakeScript> = Arc::new(|command, env| {
-            if command == "forever" {
-                return FakeRun::Forever;
-            }
-            let code = env
-                .iter()
-                .find(|(k, _)| k == "CODE")
-                .map_or(0, |(_, v)| v.parse().unwrap());
-            FakeRun::Exit {
-                after: Duration::from_millis(5),
-                code,
-            }
-        });
-        let fake = FakeLauncher::new(tx, script, Arc::new(crate::clock::SystemClock));
-        let log = Path::new("/nonexistent/log");
-        let a = fake
-            .start("x", &[("CODE".into(), "3".into())], log, "")
-            .unwrap();
-        let b = fake.start("forever", &[], log, "").unwrap();
-        assert!(fake.contains(a) && fake.contains(b) && a != b);
-        let got = rx.recv_timeout(Duration::from_secs(5)).unwrap();
-        assert!(matches!(got, Event::Reaped { pid, exit: ChildExit::Exit(3) } if pid == a));
-        assert!(fake.contains(a), "known until the node stops it");
-        assert_eq!(fake.stop(a, Duration::ZERO), Leftovers::default());
-        assert!(!fake.contains(a));
-        assert!(fake.stop(b, Duration::ZERO).group);
-        let got = rx.recv_timeout(Duration::from_secs(5)).unwrap();
-        assert!(
-            matches!(got, Event::Reaped { pid, exit: ChildExit::Signal(s) } if pid == b && s == libc::SIGTERM)
-        );
-        assert_eq!((fake.running(), fake.stop_all(Duration::ZERO)), (0, 0));
     }
 }

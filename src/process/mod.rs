@@ -16,9 +16,13 @@
 //!   be stuck in the filesystem.
 
 pub(crate) mod descendants;
+#[cfg(feature = "sim")]
+pub mod fake;
 pub(crate) mod forensics;
 pub mod launcher;
-pub use launcher::{FakeLauncher, FakeRun, FakeScript, Launcher, Processes};
+#[cfg(feature = "sim")]
+pub use fake::{FakeLauncher, FakeRun, FakeScript};
+pub use launcher::{Launcher, Processes};
 
 /// Set for every command the node starts, to `<node nonce>:<command id>`: descendants
 /// inherit it into any process group or session, so the node (and its guardian, after a

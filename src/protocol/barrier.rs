@@ -99,14 +99,15 @@ impl Barrier {
     /// The barrier's progress given every rank's record as read (index = rank; this
     /// rank's own entry is not looked at).
     pub fn on_records(&self, records: &[Option<RankRecord>]) -> Progress {
+        let mutation = super::mutation(self.mutation);
         if self.rank == 0 {
-            let missing = match self.mutation {
+            let missing = match mutation {
                 Some(Mutation::CountListed) => (1..records.len() as u32)
                     .filter(|&r| records[r as usize].is_none())
                     .collect(),
                 _ => missing_arrivals(records, self.k),
             };
-            let complete = match self.mutation {
+            let complete = match mutation {
                 Some(Mutation::ReleaseOneEarly) => missing.len() <= 1,
                 _ => missing.is_empty(),
             };
@@ -122,7 +123,7 @@ impl Barrier {
             }));
             Progress::Complete { payloads }
         } else {
-            let wanted = match self.mutation {
+            let wanted = match mutation {
                 Some(Mutation::AcceptStaleRelease) => 0,
                 _ => self.k,
             };

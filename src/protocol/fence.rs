@@ -42,6 +42,7 @@ pub fn check_with(
     seen: Seen<'_>,
     mutation: Option<Mutation>,
 ) -> Result<(), String> {
+    let mutation = super::mutation(mutation);
     if mutation == Some(Mutation::Open) {
         return Ok(());
     }

@@ -140,6 +140,7 @@ pub enum Mutation {
 
 /// The advances that prove a holder alive before a refusal, under `mutation`.
 fn refusal_proof(mutation: Option<Mutation>) -> u32 {
+    let mutation = super::mutation(mutation);
     if mutation == Some(Mutation::OneAdvanceProves) {
         1
     } else {
@@ -156,6 +157,7 @@ fn holder_patience(
     dead_after: Duration,
     mutation: Option<Mutation>,
 ) -> Duration {
+    let mutation = super::mutation(mutation);
     if mutation == Some(Mutation::SlotPatienceOnly) {
         slot_patience
     } else {
@@ -174,6 +176,7 @@ pub fn previous_master(
     judge: impl FnOnce(&RankRecord, Duration, u32) -> Holder,
     mutation: Option<Mutation>,
 ) -> Holder {
+    let mutation = super::mutation(mutation);
     if r0.state.is_terminal() || mutation == Some(Mutation::IgnorePreviousMaster) {
         return Holder::Gone;
     }
@@ -320,6 +323,7 @@ pub fn look_with(
     view: &mut dyn JoinView,
     mutation: Option<Mutation>,
 ) -> Look {
+    let mutation = super::mutation(mutation);
     let join_ended = mutation == Some(Mutation::JoinEndedGenerations);
     let c = match seen {
         ClusterSeen::Missing(path) => {
@@ -452,6 +456,7 @@ fn held_elsewhere(
     view: &mut dyn JoinView,
     mutation: Option<Mutation>,
 ) -> Option<Look> {
+    let mutation = super::mutation(mutation);
     let s = view
         .slot(c.gen)
         .filter(|s| s.run_id == c.run_id)

@@ -221,6 +221,7 @@ pub fn resume_point_with(
     walk_item: &str,
     mutation: Option<Mutation>,
 ) -> Resume {
+    let mutation = super::mutation(mutation);
     let done = journals.iter().map(|j| last_complete(j, run_id, walk_item));
     let done = if mutation == Some(Mutation::FromFastest) {
         done.max()

@@ -55,6 +55,7 @@ impl Liveness {
 
     #[doc(hidden)]
     pub fn with_mutation(mut self, m: Option<Mutation>) -> Liveness {
+        let m = super::mutation(m);
         if m == Some(Mutation::Impatient) {
             self.dead_after /= 4;
         }
@@ -71,7 +72,7 @@ impl Liveness {
         match self.seen.get_mut(&rank) {
             Some(s) if s.seq == seq => {
                 s.looked = s.looked.max(now);
-                if self.mutation == Some(Mutation::ResetOnEveryRead) {
+                if super::mutation(self.mutation) == Some(Mutation::ResetOnEveryRead) {
                     s.changed = now;
                 }
                 false

@@ -18,3 +18,16 @@ pub mod watch;
 pub use liveness::Liveness;
 pub use phase::Phase;
 pub use records::*;
+
+/// A deliberate mutation of one of the core's decisions (each module's `Mutation`), as
+/// the simulator's own tests set one to show that they catch it: `m` with the `sim`
+/// feature, else always `None`. Every decision reads its mutation through here, so that
+/// without the feature the mutated branches fold away and none reaches a release binary.
+#[inline(always)]
+pub(crate) fn mutation<M>(m: Option<M>) -> Option<M> {
+    if cfg!(feature = "sim") {
+        m
+    } else {
+        None
+    }
+}

@@ -103,6 +103,7 @@ pub fn rollout_gate_with(
     newest: bool,
     mutation: Option<Mutation>,
 ) -> RolloutGate {
+    let mutation = super::mutation(mutation);
     let trained = match mutation {
         Some(Mutation::OneAhead) => trained + 1,
         None => trained,

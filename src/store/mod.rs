@@ -7,8 +7,9 @@
 //! - [`fs`] is the real one ([`Fs`]; its free functions are its data plane: files written
 //!   through an open handle, and the reads of tools that hold no store); it reaches
 //!   every name it writes through [`beneath`], which never follows a link inside a run.
-//! - [`sim`] is a simulated one: one directory tree in memory seen by many clients, each
-//!   with the attribute and negative-lookup caches of an NFS client, on simulated time.
+//! - `sim` (with the `sim` feature) is a simulated one: one directory tree in memory seen
+//!   by many clients, each with the attribute and negative-lookup caches of an NFS client,
+//!   on simulated time.
 //!
 //! Shared filesystems give few guarantees (docs/shared-directory.md): a rename within one
 //! directory is atomic on NFS and Lustre but a copy on blob FUSE, so readers treat a
@@ -17,6 +18,7 @@
 
 pub mod beneath;
 pub mod fs;
+#[cfg(feature = "sim")]
 pub mod sim;
 
 #[cfg(test)]
