@@ -134,7 +134,7 @@ fn root_fd(root: &Path, stale: bool) -> io::Result<Arc<OwnedFd>> {
             return Ok(Arc::clone(fd));
         }
     }
-    super::fs::count(super::OpClass::Open);
+    super::ops::count(super::OpClass::Open);
     let fd = Arc::new(rfs::open(
         root,
         OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
@@ -230,7 +230,7 @@ impl At<'_> {
 
     /// The directory holding the name, opened for reading (to list or fsync it).
     pub(crate) fn open_dir(&self) -> io::Result<OwnedFd> {
-        super::fs::count(super::OpClass::Open);
+        super::ops::count(super::OpClass::Open);
         let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
         Ok(match &self.dir {
             Dir::Cwd => {
@@ -300,7 +300,7 @@ fn open_beneath(fd: &OwnedFd, root: &Path, rel: &Path, flags: OFlags) -> io::Res
         let resolve =
             ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
         for _ in 0..8 {
-            super::fs::count(super::OpClass::Open);
+            super::ops::count(super::OpClass::Open);
             match rfs::openat2(fd, rel, flags, Mode::empty(), resolve) {
                 Ok(fd) => return Ok(fd),
                 // A rename raced the walk: try again.
@@ -342,7 +342,7 @@ fn walk(fd: &OwnedFd, root: &Path, rel: &Path, flags: OFlags) -> io::Result<Owne
             OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC
         };
         let dir = cur.as_ref().map_or(fd.as_fd(), |d| d.as_fd());
-        super::fs::count(super::OpClass::Open);
+        super::ops::count(super::OpClass::Open);
         let next = match rfs::openat(dir, *part, f, Mode::empty()) {
             Ok(next) => next,
             Err(Errno::LOOP) | Err(Errno::NOTDIR) if is_link_at(dir, part) => {
@@ -350,7 +350,7 @@ fn walk(fd: &OwnedFd, root: &Path, rel: &Path, flags: OFlags) -> io::Result<Owne
                 if !(to_dir && own_link(dir, part)?) {
                     return Err(link_on_the_way(root, rel));
                 }
-                super::fs::count(super::OpClass::Open);
+                super::ops::count(super::OpClass::Open);
                 rfs::openat(dir, *part, f - OFlags::NOFOLLOW, Mode::empty())?
             }
             Err(e) => return Err(e.into()),
@@ -362,7 +362,7 @@ fn walk(fd: &OwnedFd, root: &Path, rel: &Path, flags: OFlags) -> io::Result<Owne
 
 /// Whether the link `name` in `dir` belongs to this node's user (see [`check_writable`]).
 fn own_link(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<bool> {
-    super::fs::count(super::OpClass::Stat);
+    super::ops::count(super::OpClass::Stat);
     let st = rfs::statat(dir, name, rfs::AtFlags::SYMLINK_NOFOLLOW)?;
     Ok(st.st_uid == own_owner(st.st_uid, st.st_dev, dir)?)
 }
@@ -441,7 +441,7 @@ fn known_owner(dev: u64) -> Option<u32> {
 /// a file it creates in that directory gets (learnt once per filesystem). What `fstat`
 /// said of it.
 pub(crate) fn check_writable(fd: BorrowedFd<'_>, at: &At<'_>) -> io::Result<rfs::Stat> {
-    super::fs::count(super::OpClass::Stat);
+    super::ops::count(super::OpClass::Stat);
     let st = rfs::fstat(fd)?;
     let kind = rfs::FileType::from_raw_mode(st.st_mode);
     if kind != rfs::FileType::RegularFile {
@@ -496,19 +496,19 @@ fn own_owner(uid: u32, dev: u64, dir: BorrowedFd<'_>) -> io::Result<u32> {
 
 /// Create (and remove) an empty file in `dir` to learn who owns this process's files.
 fn probe_owner(dir: BorrowedFd<'_>) -> io::Result<u32> {
-    let name = super::fs::tmp_name(Path::new("owner-probe"));
-    super::fs::count(super::OpClass::Open);
+    let name = super::ops::tmp_name(Path::new("owner-probe"));
+    super::ops::count(super::OpClass::Open);
     let fd = rfs::openat(
         dir,
         &name,
-        super::fs::excl(OFlags::WRONLY),
+        super::ops::excl(OFlags::WRONLY),
         Mode::from_raw_mode(0o600),
     )?;
     let st = rfs::fstat(&fd);
     if let Ok(st) = &st {
         learn_owner(st);
     }
-    super::fs::count(super::OpClass::Unlink);
+    super::ops::count(super::OpClass::Unlink);
     let _ = rfs::unlinkat(dir, &name, rfs::AtFlags::empty());
     Ok(st?.st_uid)
 }

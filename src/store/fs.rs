@@ -11,6 +11,7 @@
 //! store (aggregation, checkpoints, repair): they are counted too.
 
 use super::beneath::{self, At};
+use super::ops::{count, excl, op_counts, tmp_name};
 use super::{Damaged, Kind, Meta, OpClass, OpCounts, ReadLimit, SharedDir, TooLarge};
 use rustix::fd::{AsFd, OwnedFd};
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags, RenameFlags};
@@ -20,24 +21,7 @@ use std::ffi::{OsStr, OsString};
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-
-static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
-static COUNTS: [AtomicU64; 9] = [const { AtomicU64::new(0) }; 9];
-
-pub(crate) fn count(class: OpClass) {
-    COUNTS[class as usize].fetch_add(1, Ordering::Relaxed);
-}
-
-/// Operations on the shared directory by this process so far, by class.
-pub fn op_counts() -> OpCounts {
-    let mut c = OpCounts::default();
-    for class in OpClass::ALL {
-        c.add(class, COUNTS[class as usize].load(Ordering::Relaxed));
-    }
-    c
-}
 
 /// The real shared directory (the OS's filesystem calls, counted).
 #[derive(Debug, Default, Clone, Copy)]
@@ -199,12 +183,6 @@ fn file_mode() -> Mode {
 
 fn dir_mode() -> Mode {
     Mode::from_raw_mode(0o777)
-}
-
-/// `flags` for an exclusive create, which fails on anything already at the name (a
-/// symbolic link included, which it never follows).
-pub(crate) fn excl(flags: OFlags) -> OFlags {
-    flags | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC
 }
 
 /// `flags` for an open of a name that may be there already: never following a link at
@@ -608,15 +586,6 @@ fn meta(m: io::Result<fs::Metadata>) -> io::Result<Option<Meta>> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e),
     }
-}
-
-/// A temporary name beside `name` (the same directory): hidden, with this process's pid.
-/// The caller creates it exclusively and asks again if a leftover of an earlier process
-/// with the same pid holds it.
-pub(crate) fn tmp_name(name: &Path) -> PathBuf {
-    let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-    let base = name.file_name().and_then(|s| s.to_str()).unwrap_or("file");
-    name.with_file_name(format!(".{base}.tmp-{}-{n}", std::process::id()))
 }
 
 /// Tries at a fresh temporary name before giving up (leftovers of a crashed process with

@@ -18,6 +18,7 @@
 
 pub mod beneath;
 pub mod fs;
+mod ops;
 #[cfg(feature = "sim")]
 pub mod sim;
 
