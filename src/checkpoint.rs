@@ -1331,7 +1331,7 @@ fn write_manifest(
         name: name.to_string(),
         source: source.display().to_string(),
         files,
-        created_at: crate::clock::wall_now(),
+        created_at: crate::protocol::wall_stamp(std::time::SystemTime::now()),
         mutable: opts.mutable.clone(),
     };
     let mpath = dir.join(MANIFEST);

@@ -133,7 +133,7 @@ impl Layout {
         self.state_dir().join("history.jsonl")
     }
 
-    /// Rank 0's line per iteration for dashboards (`node::metrics`; docs/metrics.md). Not
+    /// Rank 0's line per iteration for dashboards (`metrics`; docs/metrics.md). Not
     /// moved by `--fresh`: its lines name their run.
     pub fn metrics(&self) -> PathBuf {
         self.root.join("metrics.jsonl")

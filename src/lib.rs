@@ -19,6 +19,7 @@ pub(crate) mod holder;
 pub(crate) mod json;
 pub mod layout;
 pub(crate) mod logging;
+pub(crate) mod metrics;
 pub(crate) mod node;
 #[cfg(feature = "sim")]
 #[doc(hidden)]

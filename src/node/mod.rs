@@ -15,7 +15,7 @@
 pub(crate) mod context;
 mod forensics;
 mod join;
-pub(crate) mod metrics;
+use crate::metrics;
 mod model;
 mod pipeline;
 mod publisher;
@@ -1198,8 +1198,14 @@ impl Node {
             Some(p) => p.handle().fail_with(info),
             None => info,
         };
-        // Said with the log where this node finds it.
-        let info = info.seen_from(self.layout.root());
+        // Said with the log where this node finds it (a log that cannot be placed on this
+        // node's mount stays as written).
+        let mut info = info;
+        if let Some(log) = &info.log {
+            if let Ok(p) = crate::layout::resolve_recorded(self.layout.root(), Path::new(log)) {
+                info.log = Some(p.display().to_string());
+            }
+        }
         let (cause, hint) =
             crate::protocol::abort::consequence(&info, self.rank, self.layout.cluster_name());
         // Declared dead while alive: what happened, as this node can tell it.

@@ -255,7 +255,7 @@ pub(crate) struct Stat {
 impl Stat {
     fn of(mut v: Vec<f64>) -> Option<Stat> {
         // Sorts `v`, so its ends are the extremes.
-        let median = crate::node::metrics::median(&mut v)?;
+        let median = crate::metrics::median(&mut v)?;
         let n = v.len();
         Some(Stat {
             median_ms: median,

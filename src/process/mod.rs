@@ -537,7 +537,7 @@ pub fn spawn_shell(
     out.write_all(
         format!(
             "### rl-node {} {header}\n### $ {command}\n",
-            crate::clock::wall_now()
+            crate::protocol::wall_stamp(std::time::SystemTime::now())
         )
         .as_bytes(),
     )?;

@@ -146,7 +146,8 @@ pub struct AbortInfo {
     pub iteration: u64,
     pub reason: String,
     /// The culprit's command log, relative to the shared directory (every node mounts it
-    /// where it likes; [`AbortInfo::seen_from`] places it on the reader's mount).
+    /// where it likes; the reader places it on its own mount with
+    /// `layout::resolve_recorded`).
     #[serde(default)]
     pub log: Option<String>,
     /// The rank that noticed and published it.
@@ -189,18 +190,6 @@ impl AbortInfo {
             AbortKind::PeerDead => Cause::PeerFailed,
             AbortKind::CommandFailed { .. } | AbortKind::Error => Cause::Failed,
         }
-    }
-
-    /// The same abort with its log where the node whose shared directory is `root` finds
-    /// it (`layout::resolve_recorded`; a log that cannot be placed there stays as written).
-    pub fn seen_from(&self, root: &std::path::Path) -> AbortInfo {
-        let mut info = self.clone();
-        if let Some(log) = &self.log {
-            if let Ok(p) = crate::layout::resolve_recorded(root, std::path::Path::new(log)) {
-                info.log = Some(p.display().to_string());
-            }
-        }
-        info
     }
 
     /// One paragraph a user can act on.

@@ -351,7 +351,7 @@ fn split_means(layout: &Layout, iterations: &BTreeSet<u64>, field: &str) -> BTre
         if read > SPLIT_BUDGET {
             break;
         }
-        let stats = crate::node::metrics::file_stats(&path, &fields);
+        let stats = crate::metrics::file_stats(&path, &fields);
         if let Some(mean) = stats.fields.first().and_then(|(_, s)| s.mean()) {
             out.insert(it, mean);
         }
@@ -393,7 +393,7 @@ fn read_metrics(
         let phases = crate::protocol::phase::ALL
             .iter()
             .filter_map(|p| {
-                v[crate::node::metrics::phase_key(p.name()).as_str()]
+                v[crate::metrics::phase_key(p.name()).as_str()]
                     .as_f64()
                     .map(|s| (p.name().to_string(), s))
             })
