@@ -180,13 +180,16 @@ struct Queued {
     group: usize,
 }
 
-/// What a group's drop changes while static items run.
-struct Live<'a> {
-    groups: &'a mut Vec<Group>,
-    running: &'a mut HashMap<i32, (Queued, PathBuf)>,
-    queue: &'a mut VecDeque<Queued>,
-    delayed: &'a mut Vec<(Instant, Queued)>,
-    tally: &'a mut Tally,
+/// A per-task rollout's state while its items run (all of which a group's drop changes):
+/// the groups taken in, the items running, queued and waiting to retry, the counts, and
+/// with `exact-budget` the replacement groups not drawn yet.
+struct Live<'t> {
+    groups: Vec<Group>,
+    running: HashMap<i32, (Queued, PathBuf)>,
+    queue: VecDeque<Queued>,
+    delayed: Vec<(Instant, Queued)>,
+    tally: Tally,
+    replacements: Option<Replacements<'t>>,
 }
 
 /// The shortest time between two looks at the items a node awaits from its peers (each
@@ -622,11 +625,53 @@ impl Node {
         };
         let dir = self.items_dir(split);
         self.make_dir(&dir)?;
-        let exact = self.cfg.work.exact_budget;
         self.replacements.clear();
-        let mut tally = Tally::default();
-        let mut groups: Vec<Group> = vec![];
-        let mut queue: VecDeque<Queued> = VecDeque::new();
+        let mut live = Live {
+            groups: vec![],
+            running: HashMap::new(),
+            queue: VecDeque::new(),
+            delayed: vec![],
+            tally: Tally::default(),
+            replacements: None,
+        };
+        self.enter_planned_groups(&dir, names, &mut live)?;
+        // Groups dropped before a restart are replaced again, by the same tasks: the k-th
+        // drop always takes the k-th candidate, and a replacement committed then is reused.
+        live.replacements = self.replacement_pool(split, tasks.ids());
+        let owed = live.tally.dropped;
+        self.draw_replacements(owed, &dir, &mut live)?;
+        if live.tally.reused > 0 {
+            self.info(&format!(
+                "iteration {}: {} {split} item(s) committed before the restart are reused",
+                self.iteration, live.tally.reused
+            ));
+        }
+        if live.tally.dropped > 0 {
+            self.info(&format!(
+                "iteration {}: {} {split} group(s) dropped before the restart stay dropped (exact-budget)",
+                self.iteration, live.tally.dropped
+            ));
+        }
+        let deadline = self.clock.now() + pc.timeout;
+        let started = self.clock.now();
+        self.watch_items(phase, pc.timeout, started);
+        self.run_static_loop(&job, &dir, deadline, &mut live)?;
+        self.unwatch_wait();
+        if progress_bar() {
+            crate::errln!();
+        }
+        self.waiting_note.clear();
+        self.report_static(split, started, &live);
+        self.static_verdict(split, phase, &live)
+    }
+
+    /// Take this rank's planned items into the rollout, each task's samples as one group.
+    fn enter_planned_groups(
+        &mut self,
+        dir: &Path,
+        names: Vec<(usize, Item)>,
+        live: &mut Live,
+    ) -> Result<(), Stop> {
         // Every sample of a task is consecutive in a rank's items (the plan's invariant): a
         // group starts at each sample 0, or where the task changes.
         let starts: Vec<usize> = (0..names.len())
@@ -650,62 +695,47 @@ impl Node {
                 dropped: false,
             };
             let items = items.into_iter().map(|(_, item)| item).collect();
-            self.enter_group(&dir, group, items, &mut groups, &mut queue, &mut tally)?;
+            self.enter_group(dir, group, items, live)?;
         }
-        // Groups dropped before a restart are replaced again, by the same tasks: the k-th
-        // drop always takes the k-th candidate, and a replacement committed then is reused.
-        let mut replacements = self.replacement_pool(split, tasks.ids());
-        let owed = tally.dropped;
-        self.draw_replacements(
-            owed,
-            &mut replacements,
-            &dir,
-            &mut groups,
-            &mut queue,
-            &mut tally,
-        )?;
-        if tally.reused > 0 {
-            self.info(&format!(
-                "iteration {}: {} {split} item(s) committed before the restart are reused",
-                self.iteration, tally.reused
-            ));
-        }
-        if tally.dropped > 0 {
-            self.info(&format!(
-                "iteration {}: {} {split} group(s) dropped before the restart stay dropped (exact-budget)",
-                self.iteration, tally.dropped
-            ));
-        }
-        let mut delayed: Vec<(Instant, Queued)> = vec![];
-        let mut running: HashMap<i32, (Queued, PathBuf)> = HashMap::new();
-        let deadline = self.clock.now() + pc.timeout;
-        let started = self.clock.now();
-        self.watch_items(phase, pc.timeout, started);
+        Ok(())
+    }
+
+    /// Start queued items (and retries whose backoff has passed) `max-workers` at a time
+    /// and handle each exit, until nothing runs, is queued or waits to retry.
+    fn run_static_loop(
+        &mut self,
+        job: &Job,
+        dir: &Path,
+        deadline: Instant,
+        live: &mut Live,
+    ) -> Result<(), Stop> {
+        let (split, phase) = (job.split, job.phase);
         loop {
             let now = self.clock.now();
-            let (due, later): (Vec<_>, Vec<_>) =
-                delayed.into_iter().partition(|(at, _)| *at <= now);
-            delayed = later;
-            queue.extend(due.into_iter().map(|(_, q)| q));
-            while running.len() < self.max_workers() {
-                let Some(q) = queue.pop_front() else {
+            let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut live.delayed)
+                .into_iter()
+                .partition(|(at, _)| *at <= now);
+            live.delayed = later;
+            live.queue.extend(due.into_iter().map(|(_, q)| q));
+            while live.running.len() < self.max_workers() {
+                let Some(q) = live.queue.pop_front() else {
                     break;
                 };
-                let (pid, partial) = self.spawn_item(&job, &q.item, &q.name, q.attempt)?;
-                running.insert(pid, (q, partial));
+                let (pid, partial) = self.spawn_item(job, &q.item, &q.name, q.attempt)?;
+                live.running.insert(pid, (q, partial));
             }
-            self.show_progress(split, &tally);
-            if running.is_empty() && queue.is_empty() && delayed.is_empty() {
-                break;
+            self.show_progress(split, &live.tally);
+            if live.running.is_empty() && live.queue.is_empty() && live.delayed.is_empty() {
+                return Ok(());
             }
-            let next_retry = delayed.iter().map(|d| d.0).min();
+            let next_retry = live.delayed.iter().map(|d| d.0).min();
             self.waiting_note = format!(
                 "{} {split} item(s) running, {} queued, {} waiting to retry",
-                running.len(),
-                queue.len(),
-                delayed.len()
+                live.running.len(),
+                live.queue.len(),
+                live.delayed.len()
             );
-            let pids: Vec<i32> = running.keys().copied().collect();
+            let pids: Vec<i32> = live.running.keys().copied().collect();
             let clock = self.clock.clone();
             let waited = self.wait_item(deadline, &pids, || {
                 next_retry.is_some_and(|t| clock.now() >= t)
@@ -721,70 +751,71 @@ impl Node {
                         None,
                         format!(
                         "the {phase} items did not finish within phases.{phase}.timeout ({}): {}",
-                        humantime::format_duration(pc.timeout),
+                        humantime::format_duration(job.pc.timeout),
                         self.waiting_note
                     ),
                         Some(&self.layout.phase_log(self.iteration, self.rank, phase)),
                     ))
                 }
             };
-            let (q, partial) = running.remove(&pid).expect("ours");
-            self.reap(pid, None);
-            match exit {
-                ChildExit::Success => {
-                    self.commit_item(split, &q.name, &partial)?;
-                    tally.committed += 1;
-                }
-                ChildExit::Exit(code) if self.retryable(code, q.attempt) => {
-                    let wait = self.retry_delay(&q.name, &q.item.task, q.attempt, code);
-                    tally.retries += 1;
-                    let at = self.clock.now() + wait;
-                    delayed.push((
-                        at,
-                        Queued {
-                            attempt: q.attempt + 1,
-                            ..q
-                        },
-                    ));
-                }
-                other => {
-                    let failure = format!(
-                        "{} (task {}, sample {}): {other}, log {}",
-                        q.name,
-                        q.item.task,
-                        q.item.sample,
-                        self.layout
-                            .item_log(self.iteration, self.rank, phase, &q.name, q.attempt)
-                            .display()
-                    );
-                    tally.failed.push(failure.clone());
-                    self.item_failed(&q.name, &q.item.task, other);
-                    if exact {
-                        let mut live = Live {
-                            groups: &mut groups,
-                            running: &mut running,
-                            queue: &mut queue,
-                            delayed: &mut delayed,
-                            tally: &mut tally,
-                        };
-                        self.drop_group(phase, &dir, q.group, &failure, &mut live)?;
-                        self.draw_replacements(
-                            1,
-                            &mut replacements,
-                            &dir,
-                            &mut groups,
-                            &mut queue,
-                            &mut tally,
-                        )?;
-                    }
+            self.static_exit(job, dir, live, pid, exit)?;
+        }
+    }
+
+    /// Item `pid` exited: commit its output, queue its retry after a backoff, or count it
+    /// failed for good (with `exact-budget`, dropping its group for a replacement).
+    fn static_exit(
+        &mut self,
+        job: &Job,
+        dir: &Path,
+        live: &mut Live,
+        pid: i32,
+        exit: ChildExit,
+    ) -> Result<(), Stop> {
+        let (q, partial) = live.running.remove(&pid).expect("ours");
+        self.reap(pid, None);
+        match exit {
+            ChildExit::Success => {
+                self.commit_item(job.split, &q.name, &partial)?;
+                live.tally.committed += 1;
+            }
+            ChildExit::Exit(code) if self.retryable(code, q.attempt) => {
+                let wait = self.retry_delay(&q.name, &q.item.task, q.attempt, code);
+                live.tally.retries += 1;
+                let at = self.clock.now() + wait;
+                live.delayed.push((
+                    at,
+                    Queued {
+                        attempt: q.attempt + 1,
+                        ..q
+                    },
+                ));
+            }
+            other => {
+                let failure = format!(
+                    "{} (task {}, sample {}): {other}, log {}",
+                    q.name,
+                    q.item.task,
+                    q.item.sample,
+                    self.layout
+                        .item_log(self.iteration, self.rank, job.phase, &q.name, q.attempt)
+                        .display()
+                );
+                live.tally.failed.push(failure.clone());
+                self.item_failed(&q.name, &q.item.task, other);
+                if self.cfg.work.exact_budget {
+                    self.drop_group(job.phase, dir, q.group, &failure, live)?;
+                    self.draw_replacements(1, dir, live)?;
                 }
             }
         }
-        self.unwatch_wait();
-        if progress_bar() {
-            crate::errln!();
-        }
-        self.waiting_note.clear();
+        Ok(())
+    }
+
+    /// The per-task rollout's summary: a log line and the `items` event.
+    fn report_static(&mut self, split: &str, started: Instant, live: &Live) {
+        let (tally, groups) = (&live.tally, &live.groups);
+        let exact = self.cfg.work.exact_budget;
         let failed = tally.failed.len();
         let planned_groups = groups.iter().filter(|g| !g.replacement).count();
         let complete = groups.iter().filter(|g| !g.dropped).count();
@@ -825,9 +856,16 @@ impl Node {
                 }),
             },
         });
+    }
+
+    /// Fail the phase if more items (groups, with `exact-budget`) failed than
+    /// `work.max-failed-fraction` allows.
+    fn static_verdict(&mut self, split: &str, phase: &str, live: &Live) -> Result<(), Stop> {
+        let tally = &live.tally;
+        let failed = tally.failed.len();
         // With exact-budget a failure costs its whole group: count groups.
-        let (lost, of, unit) = if exact {
-            (tally.dropped, groups.len(), "groups (an item failed)")
+        let (lost, of, unit) = if self.cfg.work.exact_budget {
+            (tally.dropped, live.groups.len(), "groups (an item failed)")
         } else {
             (failed, tally.total, "items failed")
         };
@@ -865,10 +903,14 @@ impl Node {
         dir: &Path,
         group: Group,
         items: Vec<Item>,
-        groups: &mut Vec<Group>,
-        queue: &mut VecDeque<Queued>,
-        tally: &mut Tally,
+        live: &mut Live,
     ) -> Result<(), Stop> {
+        let Live {
+            groups,
+            queue,
+            tally,
+            ..
+        } = live;
         let gi = groups.len();
         tally.total += group.len;
         if self.cfg.work.exact_budget {
@@ -914,14 +956,11 @@ impl Node {
     fn draw_replacements(
         &mut self,
         mut owed: usize,
-        pool: &mut Option<Replacements>,
         dir: &Path,
-        groups: &mut Vec<Group>,
-        queue: &mut VecDeque<Queued>,
-        tally: &mut Tally,
+        live: &mut Live,
     ) -> Result<(), Stop> {
         while owed > 0 {
-            let Some((k, items)) = pool.as_mut().and_then(Iterator::next) else {
+            let Some((k, items)) = live.replacements.as_mut().and_then(Iterator::next) else {
                 return Ok(());
             };
             owed -= 1;
@@ -935,10 +974,10 @@ impl Node {
             };
             self.replacements
                 .extend((0..group.len).map(|j| group.item(self.rank, j)));
-            tally.replacements += 1;
-            let before = tally.dropped;
-            self.enter_group(dir, group, items, groups, queue, tally)?;
-            owed += tally.dropped - before;
+            live.tally.replacements += 1;
+            let before = live.tally.dropped;
+            self.enter_group(dir, group, items, live)?;
+            owed += live.tally.dropped - before;
         }
         Ok(())
     }
