@@ -192,6 +192,76 @@ struct Live<'t> {
     replacements: Option<Replacements<'t>>,
 }
 
+/// A dynamic rollout's state, threaded through the steps of `Node::dynamic_loop`.
+struct Dynamic<'a> {
+    job: Job<'a>,
+    pool: &'a [Item],
+    dir: PathBuf,
+    running: HashMap<i32, Running>,
+    /// Retryable failures wait here (ready time, item, next attempt) instead of blocking.
+    delayed: Vec<(Instant, usize, u32)>,
+    /// Items this node committed.
+    mine: usize,
+    failed: Vec<String>,
+    /// The next position of the pool to claim, in pool order.
+    cursor: usize,
+    /// End game: when this node is idle and a slower live peer has held an item for
+    /// longer than this node's own average item time, run a backup attempt; the first
+    /// commit wins and the other attempt is stopped.
+    item_secs: Vec<f64>,
+    first_seen: HashMap<usize, Instant>,
+    started_at: HashMap<i32, Instant>,
+    backups: usize,
+    /// Speed-aware end game: the peers' paces as their leases published them, and the
+    /// item this node leaves to faster peers (position, since when).
+    paces: HashMap<u32, lease::Pace>,
+    left: Option<(usize, Instant)>,
+    left_items: usize,
+    /// Attempts that exited 0, committed once this node's next items have started.
+    finished: Vec<Running>,
+}
+
+impl<'a> Dynamic<'a> {
+    fn new(job: Job<'a>, pool: &'a [Item], dir: PathBuf) -> Dynamic<'a> {
+        Dynamic {
+            job,
+            pool,
+            dir,
+            running: HashMap::new(),
+            delayed: vec![],
+            mine: 0,
+            failed: vec![],
+            cursor: 0,
+            item_secs: vec![],
+            first_seen: HashMap::new(),
+            started_at: HashMap::new(),
+            backups: 0,
+            paces: HashMap::new(),
+            left: None,
+            left_items: 0,
+            finished: vec![],
+        }
+    }
+
+    /// This node's mean item time so far, if it has finished one.
+    fn mean_item(&self) -> Option<Duration> {
+        (!self.item_secs.is_empty()).then(|| {
+            Duration::from_secs_f64(
+                self.item_secs.iter().sum::<f64>() / self.item_secs.len() as f64,
+            )
+        })
+    }
+}
+
+/// What a look at the end of the pool awaits from the other ranks: the items they hold,
+/// and the fastest pace among the live holders awaited (their commits are looked for at
+/// least four times per item of theirs).
+#[derive(Default)]
+struct Awaited {
+    items: Vec<usize>,
+    pace: Option<Duration>,
+}
+
 /// The shortest time between two looks at the items a node awaits from its peers (each
 /// look reads every peer's record and the leases of the items not committed yet).
 const AWAITED_LOOK_MIN: Duration = Duration::from_millis(2);
@@ -1278,6 +1348,8 @@ impl Node {
         result
     }
 
+    /// Claim, run and commit the pool's items until every one is committed or failed for
+    /// good here or elsewhere, then write this rank's shard.
     fn dynamic_loop(
         &mut self,
         split: &str,
@@ -1292,306 +1364,50 @@ impl Node {
             pc,
             tasks,
         };
-        let dir = self.items_dir(split);
-        let store = Arc::clone(&self.store);
-        let committed =
-            |pos: usize| store.exists_followed(&committed_item(&dir, &item_name(pos, None)));
-        let mut running: HashMap<i32, Running> = HashMap::new();
-        // Retryable failures wait here (ready time, item, next attempt) instead of blocking.
-        let mut delayed: Vec<(Instant, usize, u32)> = vec![];
-        let mut mine = 0usize;
-        let mut failed: Vec<String> = vec![];
-        let mut cursor = 0usize;
-        // End game: when this node is idle and a slower live peer has held an item for
-        // longer than this node's own average item time, run a backup attempt; the first
-        // commit wins and the other attempt is stopped.
-        let mut item_secs: Vec<f64> = vec![];
-        let mut first_seen: HashMap<usize, Instant> = HashMap::new();
-        let mut started_at: HashMap<i32, Instant> = HashMap::new();
-        let mut backups = 0usize;
-        // Speed-aware end game: the peers' paces as their leases published them, and the
-        // item this node leaves to faster peers (position, since when).
-        let mut paces: HashMap<u32, lease::Pace> = HashMap::new();
-        let mut left: Option<(usize, Instant)> = None;
-        let mut left_items = 0usize;
-        // Attempts that exited 0, committed once this node's next items have started.
-        let mut finished: Vec<Running> = vec![];
+        let mut d = Dynamic::new(job, pool, self.items_dir(split));
         let deadline = self.clock.now() + pc.timeout;
         let started = self.clock.now();
         self.watch_items(phase, pc.timeout, started);
         loop {
-            let my_pace = (!item_secs.is_empty()).then(|| lease::Pace {
-                item: Duration::from_secs_f64(
-                    item_secs.iter().sum::<f64>() / item_secs.len() as f64,
-                ),
+            let my_pace = d.mean_item().map(|item| lease::Pace {
+                item,
                 workers: self.max_workers() as u32,
             });
-            // Retries whose backoff has passed, under the next attempt's lease.
-            let now = self.clock.now();
-            let ready: Vec<(Instant, usize, u32)> =
-                delayed.iter().copied().filter(|d| d.0 <= now).collect();
-            delayed.retain(|d| d.0 > now);
-            for (_, pos, attempt) in ready {
-                if self.claim(split, pos, attempt, my_pace)? {
-                    let (pid, partial) =
-                        self.spawn_item(&job, &pool[pos], &item_name(pos, None), attempt)?;
-                    started_at.entry(pid).or_insert_with(|| self.clock.now());
-                    running.insert(
-                        pid,
-                        Running {
-                            pos,
-                            attempt,
-                            partial,
-                        },
-                    );
-                }
-            }
-            // Claim new items in pool order. An item claimed already (the usual case behind
-            // faster peers) is passed by reading its lease, which says how fast its holder
-            // is; the last ones may be left to faster peers (`lease::take_next`).
-            let mut recheck: Option<Instant> = None;
-            while running.len() < self.max_workers() && cursor < pool.len() {
-                let pos = cursor;
-                if let Some((holder, pace)) = self.first_lease(split, pos) {
-                    if let (Some(p), true) = (pace, holder != self.rank) {
-                        paces.insert(holder, p);
-                    }
-                    cursor += 1;
-                    continue;
-                }
-                if committed(pos) {
-                    cursor += 1;
-                    continue;
-                }
-                let since = match left {
-                    Some((p, t)) if p == pos => t,
-                    _ => self.clock.now(),
-                };
-                let waited = self.clock.elapsed(since);
-                if let Take::Leave { recheck: after } =
-                    self.take_next(my_pace, &paces, pool.len() - pos, waited)
-                {
-                    if left.is_none_or(|l| l.0 != pos) {
-                        left_items += 1;
-                    }
-                    left = Some((pos, since));
-                    recheck = Some(self.clock.now() + after);
-                    break;
-                }
-                cursor += 1;
-                if !self.claim(split, pos, 0, my_pace)? {
-                    continue;
-                }
-                let (pid, partial) = self.spawn_item(&job, &pool[pos], &item_name(pos, None), 0)?;
-                started_at.entry(pid).or_insert_with(|| self.clock.now());
-                running.insert(
-                    pid,
-                    Running {
-                        pos,
-                        attempt: 0,
-                        partial,
-                    },
-                );
-            }
-            // Commit what finished, now that this node's next items run: the commit's
-            // fsyncs are not between one item and the next.
-            for r in std::mem::take(&mut finished) {
-                if committed(r.pos) {
-                    // Another attempt (a takeover or a backup) committed first: one file.
-                    let _ = self.store.remove_file(&r.partial);
-                } else {
-                    self.commit_item(split, &item_name(r.pos, None), &r.partial)?;
-                    mine += 1;
-                }
-            }
-            // Stop attempts whose item another rank committed meanwhile.
-            let superseded: Vec<i32> = running
-                .iter()
-                .filter(|(_, r)| committed(r.pos))
-                .map(|(pid, _)| *pid)
-                .collect();
-            for pid in superseded {
-                let r = running.remove(&pid).expect("listed");
-                self.launcher.stop(pid, self.cfg.timing.kill_grace);
-                self.exited.remove(&pid);
-                let _ = self.store.remove_file(&r.partial);
-            }
+            self.start_due_retries(&mut d, my_pace)?;
+            let recheck = self.claim_next_items(&mut d, my_pace)?;
+            self.commit_finished(&mut d)?;
+            self.stop_superseded(&mut d);
             // At the end of the pool, take over items whose claimant died.
-            let mut waiting_on_peers = 0;
-            let mut awaited: Vec<usize> = vec![];
-            // The fastest pace among the live holders awaited: their commits are looked
-            // for at least four times per item of theirs.
-            let mut awaited_pace: Option<Duration> = None;
-            if cursor >= pool.len() {
-                self.observe_all_peers();
-                for (pos, item) in pool.iter().enumerate() {
-                    if running.len() >= self.max_workers() {
-                        break;
-                    }
-                    if committed(pos)
-                        || running.values().any(|r| r.pos == pos)
-                        || delayed.iter().any(|d| d.1 == pos)
-                        || self.store.exists_followed(&self.failed_marker(split, pos))
-                    {
-                        continue;
-                    }
-                    let dead = &self.dead_peers;
-                    let holder = lease::holder(self.newest_lease(split, pos), self.rank, |r| {
-                        dead.contains(&r)
-                    });
-                    match holder {
-                        Holder::Live {
-                            attempt,
-                            rank: holder,
-                        } => {
-                            let seen = *first_seen.entry(pos).or_insert_with(|| self.clock.now());
-                            let avg = (!item_secs.is_empty()).then(|| {
-                                Duration::from_secs_f64(
-                                    item_secs.iter().sum::<f64>() / item_secs.len() as f64,
-                                )
-                            });
-                            // One backup per item, of a first attempt only: a retry or a
-                            // takeover is not backed up again.
-                            let slower = lease::backup_due(attempt, self.clock.elapsed(seen), avg);
-                            if slower && self.claim(split, pos, attempt + 1, my_pace)? {
-                                backups += 1;
-                                self.event(events::Event::Backup {
-                                    item: item_name(pos, None),
-                                    holder,
-                                });
-                                let (pid, partial) = self.spawn_item(
-                                    &job,
-                                    item,
-                                    &item_name(pos, None),
-                                    attempt + 1,
-                                )?;
-                                started_at.insert(pid, self.clock.now());
-                                running.insert(
-                                    pid,
-                                    Running {
-                                        pos,
-                                        attempt: attempt + 1,
-                                        partial,
-                                    },
-                                );
-                            } else {
-                                waiting_on_peers += 1;
-                                awaited.push(pos);
-                                if let Some(p) = paces.get(&holder) {
-                                    awaited_pace =
-                                        Some(awaited_pace.map_or(p.item, |a| a.min(p.item)));
-                                }
-                            }
-                        }
-                        Holder::Gone { attempt } => {
-                            if self.claim(split, pos, attempt + 1, my_pace)? {
-                                self.info(&format!(
-                                    "iteration {}: taking over item {} (its claimant is dead)",
-                                    self.iteration,
-                                    item_name(pos, None)
-                                ));
-                                let (pid, partial) = self.spawn_item(
-                                    &job,
-                                    item,
-                                    &item_name(pos, None),
-                                    attempt + 1,
-                                )?;
-                                started_at.entry(pid).or_insert_with(|| self.clock.now());
-                                running.insert(
-                                    pid,
-                                    Running {
-                                        pos,
-                                        attempt: attempt + 1,
-                                        partial,
-                                    },
-                                );
-                            } else {
-                                // Someone took it over first (a lease this node's cache
-                                // did not show yet): wait for it like any live holder's,
-                                // or this node could finish while the taker dies too.
-                                waiting_on_peers += 1;
-                                awaited.push(pos);
-                            }
-                        }
-                        Holder::Free => {
-                            // Claimable in this generation (e.g. a lease of an earlier one only).
-                            if self.claim(split, pos, 0, my_pace)? {
-                                let (pid, partial) =
-                                    self.spawn_item(&job, item, &item_name(pos, None), 0)?;
-                                started_at.entry(pid).or_insert_with(|| self.clock.now());
-                                running.insert(
-                                    pid,
-                                    Running {
-                                        pos,
-                                        attempt: 0,
-                                        partial,
-                                    },
-                                );
-                            } else {
-                                // Claimed by another node meanwhile: wait for it.
-                                waiting_on_peers += 1;
-                                awaited.push(pos);
-                            }
-                        }
-                    }
-                }
-            }
-            let done = (0..pool.len()).filter(|p| committed(*p)).count();
+            let awaited = if d.cursor >= pool.len() {
+                self.end_game(&mut d, my_pace)?
+            } else {
+                Awaited::default()
+            };
+            let waiting_on_peers = awaited.items.len();
+            let done = (0..pool.len())
+                .filter(|&p| self.pool_item_committed(&d.dir, p))
+                .count();
             self.show_progress(
                 split,
                 &Tally {
                     total: pool.len(),
                     committed: done,
-                    failed: failed.clone(),
+                    failed: d.failed.clone(),
                     ..Tally::default()
                 },
             );
-            if running.is_empty()
-                && delayed.is_empty()
-                && cursor >= pool.len()
+            if d.running.is_empty()
+                && d.delayed.is_empty()
+                && d.cursor >= pool.len()
                 && waiting_on_peers == 0
             {
                 break;
             }
             self.waiting_note = format!(
                 "{} {split} item(s) running here, {waiting_on_peers} held by other ranks",
-                running.len()
+                d.running.len()
             );
-            let pids: Vec<i32> = running.keys().copied().collect();
-            let next_retry = delayed.iter().map(|d| d.0).min();
-            // Look again (liveness of claimants, backups) at least every poll interval, and at
-            // once when an item another rank holds is committed or marked failed.
-            // While an item is left to faster peers: look again when its patience may have
-            // run out, and at once when a peer claims it. While a peer's item is awaited:
-            // a quarter of its pace at most (not under 2 ms; each look starts polling
-            // afresh, at about a millisecond), so its commit is seen within a few
-            // milliseconds, not a growing fraction of the wait.
-            let now = self.clock.now();
-            let poll_until = (now + self.cfg.timing.poll_interval)
-                .min(recheck.unwrap_or(deadline))
-                .min(awaited_pace.map_or(deadline, |p| now + (p / 4).max(AWAITED_LOOK_MIN)));
-            let leaving = recheck.map(|_| self.lease(split, cursor, 0));
-            let awaited: Vec<(PathBuf, PathBuf)> = awaited
-                .iter()
-                .chain(running.values().map(|r| &r.pos))
-                .map(|&pos| {
-                    (
-                        committed_item(&dir, &item_name(pos, None)),
-                        self.failed_marker(split, pos),
-                    )
-                })
-                .collect();
-            let clock = self.clock.clone();
-            let store = Arc::clone(&self.store);
-            let waited = self.wait_item(deadline, &pids, || {
-                let now = clock.now();
-                let retry_due = next_retry.is_some_and(|t| now >= t);
-                let settled = awaited.iter().any(|(done, failed)| {
-                    store.exists_followed(done) || store.exists_followed(failed)
-                });
-                let taken = leaving.as_ref().is_some_and(|l| store.exists_followed(l));
-                now >= poll_until || retry_due || settled || taken
-            });
+            let waited = self.wait_dynamic(&d, deadline, recheck, &awaited);
             let (pid, exit) = match waited {
                 Ok(Some(x)) => x,
                 Ok(None) => continue,
@@ -1609,40 +1425,324 @@ impl Node {
                     ));
                 }
             };
-            let r = running.remove(&pid).expect("ours");
-            self.reap(pid, None);
-            if let Some(t) = started_at.remove(&pid) {
-                item_secs.push(self.clock.elapsed(t).as_secs_f64());
-            }
-            let name = item_name(r.pos, None);
-            match exit {
-                ChildExit::Success => finished.push(r),
-                ChildExit::Exit(code) if self.retryable(code, r.attempt) => {
-                    let wait = self.retry_delay(&name, &pool[r.pos].task, r.attempt, code);
-                    delayed.push((self.clock.now() + wait, r.pos, r.attempt + 1));
-                }
-                other => {
-                    failed.push(format!(
-                        "{name} (task {}): {other}, log {}",
-                        pool[r.pos].task,
-                        self.layout
-                            .item_log(self.iteration, self.rank, phase, &name, r.attempt)
-                            .display()
-                    ));
-                    self.item_failed(&name, &pool[r.pos].task, other);
-                    // Tell the other ranks not to wait for it.
-                    let marker = self.failed_marker(split, r.pos);
-                    let _ = self.store.create_new(&marker, other.to_string().as_bytes());
-                }
-            }
+            self.dynamic_exit(&mut d, pid, exit);
         }
         self.unwatch_wait();
         self.waiting_note.clear();
+        self.report_dynamic(&d, started);
+        self.commit_dynamic_shard(&d)?;
+        self.dynamic_verdict(&d)
+    }
+
+    /// Whether the pool's item `pos` is committed (by any rank, any attempt).
+    fn pool_item_committed(&self, dir: &Path, pos: usize) -> bool {
+        self.store
+            .exists_followed(&committed_item(dir, &item_name(pos, None)))
+    }
+
+    /// Start attempt `attempt` of the pool's item `pos` (its lease is held); its pid.
+    fn start_pool_attempt(
+        &mut self,
+        d: &mut Dynamic,
+        pos: usize,
+        attempt: u32,
+    ) -> Result<i32, Stop> {
+        let (pid, partial) =
+            self.spawn_item(&d.job, &d.pool[pos], &item_name(pos, None), attempt)?;
+        d.running.insert(
+            pid,
+            Running {
+                pos,
+                attempt,
+                partial,
+            },
+        );
+        Ok(pid)
+    }
+
+    /// Retries whose backoff has passed, under the next attempt's lease.
+    fn start_due_retries(
+        &mut self,
+        d: &mut Dynamic,
+        my_pace: Option<lease::Pace>,
+    ) -> Result<(), Stop> {
+        let now = self.clock.now();
+        let ready: Vec<(Instant, usize, u32)> =
+            d.delayed.iter().copied().filter(|r| r.0 <= now).collect();
+        d.delayed.retain(|r| r.0 > now);
+        for (_, pos, attempt) in ready {
+            if self.claim(d.job.split, pos, attempt, my_pace)? {
+                let pid = self.start_pool_attempt(d, pos, attempt)?;
+                d.started_at.entry(pid).or_insert_with(|| self.clock.now());
+            }
+        }
+        Ok(())
+    }
+
+    /// Claim new items in pool order. An item claimed already (the usual case behind
+    /// faster peers) is passed by reading its lease, which says how fast its holder
+    /// is; the last ones may be left to faster peers (`lease::take_next`), and then the
+    /// time to look again is returned.
+    fn claim_next_items(
+        &mut self,
+        d: &mut Dynamic,
+        my_pace: Option<lease::Pace>,
+    ) -> Result<Option<Instant>, Stop> {
+        let (split, pool) = (d.job.split, d.pool);
+        while d.running.len() < self.max_workers() && d.cursor < pool.len() {
+            let pos = d.cursor;
+            if let Some((holder, pace)) = self.first_lease(split, pos) {
+                if let (Some(p), true) = (pace, holder != self.rank) {
+                    d.paces.insert(holder, p);
+                }
+                d.cursor += 1;
+                continue;
+            }
+            if self.pool_item_committed(&d.dir, pos) {
+                d.cursor += 1;
+                continue;
+            }
+            let since = match d.left {
+                Some((p, t)) if p == pos => t,
+                _ => self.clock.now(),
+            };
+            let waited = self.clock.elapsed(since);
+            if let Take::Leave { recheck: after } =
+                self.take_next(my_pace, &d.paces, pool.len() - pos, waited)
+            {
+                if d.left.is_none_or(|l| l.0 != pos) {
+                    d.left_items += 1;
+                }
+                d.left = Some((pos, since));
+                return Ok(Some(self.clock.now() + after));
+            }
+            d.cursor += 1;
+            if !self.claim(split, pos, 0, my_pace)? {
+                continue;
+            }
+            let pid = self.start_pool_attempt(d, pos, 0)?;
+            d.started_at.entry(pid).or_insert_with(|| self.clock.now());
+        }
+        Ok(None)
+    }
+
+    /// Commit what finished, now that this node's next items run: the commit's
+    /// fsyncs are not between one item and the next.
+    fn commit_finished(&mut self, d: &mut Dynamic) -> Result<(), Stop> {
+        for r in std::mem::take(&mut d.finished) {
+            if self.pool_item_committed(&d.dir, r.pos) {
+                // Another attempt (a takeover or a backup) committed first: one file.
+                let _ = self.store.remove_file(&r.partial);
+            } else {
+                self.commit_item(d.job.split, &item_name(r.pos, None), &r.partial)?;
+                d.mine += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stop attempts whose item another rank committed meanwhile.
+    fn stop_superseded(&mut self, d: &mut Dynamic) {
+        let superseded: Vec<i32> = d
+            .running
+            .iter()
+            .filter(|(_, r)| self.pool_item_committed(&d.dir, r.pos))
+            .map(|(pid, _)| *pid)
+            .collect();
+        for pid in superseded {
+            let r = d.running.remove(&pid).expect("listed");
+            self.launcher.stop(pid, self.cfg.timing.kill_grace);
+            self.exited.remove(&pid);
+            let _ = self.store.remove_file(&r.partial);
+        }
+    }
+
+    /// The end of the pool: each item neither committed nor failed nor running here is
+    /// backed up or awaited (a live holder), taken over (a dead one) or claimed (none).
+    /// Returns what is awaited from the other ranks.
+    fn end_game(&mut self, d: &mut Dynamic, my_pace: Option<lease::Pace>) -> Result<Awaited, Stop> {
+        let split = d.job.split;
+        let mut awaited = Awaited::default();
+        self.observe_all_peers();
+        for pos in 0..d.pool.len() {
+            if d.running.len() >= self.max_workers() {
+                break;
+            }
+            if self.pool_item_committed(&d.dir, pos)
+                || d.running.values().any(|r| r.pos == pos)
+                || d.delayed.iter().any(|r| r.1 == pos)
+                || self.store.exists_followed(&self.failed_marker(split, pos))
+            {
+                continue;
+            }
+            let dead = &self.dead_peers;
+            let holder = lease::holder(self.newest_lease(split, pos), self.rank, |r| {
+                dead.contains(&r)
+            });
+            match holder {
+                Holder::Live {
+                    attempt,
+                    rank: holder,
+                } => self.back_up_or_await(d, pos, attempt, holder, my_pace, &mut awaited)?,
+                Holder::Gone { attempt } => {
+                    if self.claim(split, pos, attempt + 1, my_pace)? {
+                        self.info(&format!(
+                            "iteration {}: taking over item {} (its claimant is dead)",
+                            self.iteration,
+                            item_name(pos, None)
+                        ));
+                        let pid = self.start_pool_attempt(d, pos, attempt + 1)?;
+                        d.started_at.entry(pid).or_insert_with(|| self.clock.now());
+                    } else {
+                        // Someone took it over first (a lease this node's cache
+                        // did not show yet): wait for it like any live holder's,
+                        // or this node could finish while the taker dies too.
+                        awaited.items.push(pos);
+                    }
+                }
+                Holder::Free => {
+                    // Claimable in this generation (e.g. a lease of an earlier one only).
+                    if self.claim(split, pos, 0, my_pace)? {
+                        let pid = self.start_pool_attempt(d, pos, 0)?;
+                        d.started_at.entry(pid).or_insert_with(|| self.clock.now());
+                    } else {
+                        // Claimed by another node meanwhile: wait for it.
+                        awaited.items.push(pos);
+                    }
+                }
+            }
+        }
+        Ok(awaited)
+    }
+
+    /// A live peer holds item `pos` (at `attempt`): run a backup attempt if it has held
+    /// it for longer than this node's mean item time, else await its commit.
+    fn back_up_or_await(
+        &mut self,
+        d: &mut Dynamic,
+        pos: usize,
+        attempt: u32,
+        holder: u32,
+        my_pace: Option<lease::Pace>,
+        awaited: &mut Awaited,
+    ) -> Result<(), Stop> {
+        let seen = *d.first_seen.entry(pos).or_insert_with(|| self.clock.now());
+        let avg = d.mean_item();
+        // One backup per item, of a first attempt only: a retry or a
+        // takeover is not backed up again.
+        let slower = lease::backup_due(attempt, self.clock.elapsed(seen), avg);
+        if slower && self.claim(d.job.split, pos, attempt + 1, my_pace)? {
+            d.backups += 1;
+            self.event(events::Event::Backup {
+                item: item_name(pos, None),
+                holder,
+            });
+            let pid = self.start_pool_attempt(d, pos, attempt + 1)?;
+            d.started_at.insert(pid, self.clock.now());
+        } else {
+            awaited.items.push(pos);
+            if let Some(p) = d.paces.get(&holder) {
+                awaited.pace = Some(awaited.pace.map_or(p.item, |a| a.min(p.item)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Wait until one of this node's attempts exits (`Some`), or there is something else
+    /// to look at (`None`).
+    fn wait_dynamic(
+        &mut self,
+        d: &Dynamic,
+        deadline: Instant,
+        recheck: Option<Instant>,
+        awaited: &Awaited,
+    ) -> Result<Option<(i32, ChildExit)>, Interrupt> {
+        let split = d.job.split;
+        let pids: Vec<i32> = d.running.keys().copied().collect();
+        let next_retry = d.delayed.iter().map(|r| r.0).min();
+        // Look again (liveness of claimants, backups) at least every poll interval, and at
+        // once when an item another rank holds is committed or marked failed.
+        // While an item is left to faster peers: look again when its patience may have
+        // run out, and at once when a peer claims it. While a peer's item is awaited:
+        // a quarter of its pace at most (not under 2 ms; each look starts polling
+        // afresh, at about a millisecond), so its commit is seen within a few
+        // milliseconds, not a growing fraction of the wait.
+        let now = self.clock.now();
+        let poll_until = (now + self.cfg.timing.poll_interval)
+            .min(recheck.unwrap_or(deadline))
+            .min(
+                awaited
+                    .pace
+                    .map_or(deadline, |p| now + (p / 4).max(AWAITED_LOOK_MIN)),
+            );
+        let leaving = recheck.map(|_| self.lease(split, d.cursor, 0));
+        let awaited: Vec<(PathBuf, PathBuf)> = awaited
+            .items
+            .iter()
+            .chain(d.running.values().map(|r| &r.pos))
+            .map(|&pos| {
+                (
+                    committed_item(&d.dir, &item_name(pos, None)),
+                    self.failed_marker(split, pos),
+                )
+            })
+            .collect();
+        let clock = self.clock.clone();
+        let store = Arc::clone(&self.store);
+        self.wait_item(deadline, &pids, || {
+            let now = clock.now();
+            let retry_due = next_retry.is_some_and(|t| now >= t);
+            let settled = awaited
+                .iter()
+                .any(|(done, failed)| store.exists_followed(done) || store.exists_followed(failed));
+            let taken = leaving.as_ref().is_some_and(|l| store.exists_followed(l));
+            now >= poll_until || retry_due || settled || taken
+        })
+    }
+
+    /// Attempt `pid` exited: its output is committed after the next items start, a
+    /// retryable exit waits for its backoff, and any other is failed for good.
+    fn dynamic_exit(&mut self, d: &mut Dynamic, pid: i32, exit: ChildExit) {
+        let r = d.running.remove(&pid).expect("ours");
+        self.reap(pid, None);
+        if let Some(t) = d.started_at.remove(&pid) {
+            d.item_secs.push(self.clock.elapsed(t).as_secs_f64());
+        }
+        let name = item_name(r.pos, None);
+        let task = &d.pool[r.pos].task;
+        match exit {
+            ChildExit::Success => d.finished.push(r),
+            ChildExit::Exit(code) if self.retryable(code, r.attempt) => {
+                let wait = self.retry_delay(&name, task, r.attempt, code);
+                d.delayed
+                    .push((self.clock.now() + wait, r.pos, r.attempt + 1));
+            }
+            other => {
+                d.failed.push(format!(
+                    "{name} (task {task}): {other}, log {}",
+                    self.layout
+                        .item_log(self.iteration, self.rank, d.job.phase, &name, r.attempt)
+                        .display()
+                ));
+                self.item_failed(&name, task, other);
+                // Tell the other ranks not to wait for it.
+                let marker = self.failed_marker(d.job.split, r.pos);
+                let _ = self.store.create_new(&marker, other.to_string().as_bytes());
+            }
+        }
+    }
+
+    /// The dynamic rollout's summary: a log line and the `items` event.
+    fn report_dynamic(&mut self, d: &Dynamic, started: Instant) {
+        let (split, pool, failed) = (d.job.split, d.pool, &d.failed);
         self.info(&format!(
-            "iteration {}: dynamic {split}: this rank committed {mine} of {} items in {:.2}s ({backups} backup attempt(s), {left_items} left to faster ranks){}",
+            "iteration {}: dynamic {split}: this rank committed {} of {} items in {:.2}s ({} backup attempt(s), {} left to faster ranks){}",
             self.iteration,
+            d.mine,
             pool.len(),
             self.clock.elapsed(started).as_secs_f64(),
+            d.backups,
+            d.left_items,
             if failed.is_empty() {
                 String::new()
             } else {
@@ -1652,22 +1752,25 @@ impl Node {
         self.event(events::Event::Items {
             split: split.to_string(),
             total: pool.len(),
-            committed: mine,
+            committed: d.mine,
             failed: failed.len(),
             mode: events::ItemsMode::Dynamic {
-                backups,
+                backups: d.backups,
                 dynamic: true,
             },
         });
-        // A shard per rank (items whose position mod ranks is this rank, whoever ran them),
-        // so an aggregate command and `rl-node aggregate` see rank shards as usual.
+    }
+
+    /// A shard per rank (items whose position mod ranks is this rank, whoever ran them),
+    /// so an aggregate command and `rl-node aggregate` see rank shards as usual.
+    fn commit_dynamic_shard(&mut self, d: &Dynamic) -> Result<(), Stop> {
         let n = self.num_nodes() as usize;
-        let paths: Vec<PathBuf> = (0..pool.len())
+        let paths: Vec<PathBuf> = (0..d.pool.len())
             .filter(|pos| pos % n == self.rank as usize)
-            .map(|pos| committed_item(&dir, &item_name(pos, None)))
+            .map(|pos| committed_item(&d.dir, &item_name(pos, None)))
             .filter(|p| self.store.exists_followed(p))
             .collect();
-        let shard = self.layout.shard(self.iteration, split, self.rank);
+        let shard = self.layout.shard(self.iteration, d.job.split, self.rank);
         if let Err(e) = concat(&*self.store, &paths, &shard) {
             return Err(self.fail(
                 AbortKind::Error,
@@ -1677,7 +1780,14 @@ impl Node {
                 None,
             ));
         }
-        let fraction = failed.len() as f64 / pool.len().max(1) as f64;
+        Ok(())
+    }
+
+    /// Fail the phase if more of the pool's items failed here than
+    /// `work.max-failed-fraction` allows.
+    fn dynamic_verdict(&mut self, d: &Dynamic) -> Result<(), Stop> {
+        let (split, failed) = (d.job.split, &d.failed);
+        let fraction = failed.len() as f64 / d.pool.len().max(1) as f64;
         if !failed.is_empty() && fraction > self.cfg.work.max_failed_fraction {
             return Err(self.fail(
                 AbortKind::CommandFailed {
@@ -1695,7 +1805,11 @@ impl Node {
                         .collect::<Vec<_>>()
                         .join("; ")
                 ),
-                Some(&self.layout.phase_log(self.iteration, self.rank, phase)),
+                Some(
+                    &self
+                        .layout
+                        .phase_log(self.iteration, self.rank, d.job.phase),
+                ),
             ));
         }
         Ok(())
