@@ -955,8 +955,23 @@ pub fn load(
 }
 
 /// Checks that involve more than one key, or more than a key's range (`ranges::RANGES`,
-/// checked before).
+/// checked before). The groups run in this order, and the first error found is the one
+/// reported.
 fn validate(l: &Loaded) -> Result<(), ConfigError> {
+    validate_cluster(l)?;
+    validate_work(l)?;
+    validate_timing(l)?;
+    validate_phase_commands(l)?;
+    validate_workers_wait(l)?;
+    validate_eval_split_and_env(l)?;
+    validate_train_and_handoff(l)?;
+    validate_aggregate(l)?;
+    validate_server_and_observe(l)
+}
+
+/// `[cluster]` and `[pipeline]`: weights per rank, the rollout split and what a pipelined
+/// run needs.
+fn validate_cluster(l: &Loaded) -> Result<(), ConfigError> {
     let c = &l.config;
     let w = &c.cluster.rank_weights;
     if !w.is_empty() && w.len() != c.cluster.num_nodes as usize {
@@ -1008,6 +1023,12 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
             ));
         }
     }
+    Ok(())
+}
+
+/// `[work]`: the size of an iteration's plan, and what needs task files.
+fn validate_work(l: &Loaded) -> Result<(), ConfigError> {
+    let c = &l.config;
     let w = &c.work;
     let items = w
         .tasks_per_iteration
@@ -1024,7 +1045,7 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
             ),
         ));
     }
-    let planned = !c.tasks.train.is_empty() || !c.tasks.eval.is_empty();
+    let planned = planned(c);
     if !planned
         && (w.mode == WorkMode::PerTask || w.strategy == crate::work::plan::Strategy::Dynamic)
     {
@@ -1037,7 +1058,12 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
             "needs task files: set tasks.train (and tasks.eval)",
         ));
     }
-    let t = &c.timing;
+    Ok(())
+}
+
+/// `[timing]`: intervals that must agree with one another.
+fn validate_timing(l: &Loaded) -> Result<(), ConfigError> {
+    let t = &l.config.timing;
     if t.dead_after < t.heartbeat_interval * 2 {
         return Err(l.invalid(
             "timing.dead-after",
@@ -1048,6 +1074,15 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
             ),
         ));
     }
+    Ok(())
+}
+
+/// Each phase's command: it parses, and every placeholder it uses has a value in that
+/// phase and mode.
+fn validate_phase_commands(l: &Loaded) -> Result<(), ConfigError> {
+    let c = &l.config;
+    let w = &c.work;
+    let planned = planned(c);
     for (name, p) in [
         ("rollout", &c.phases.rollout.as_phase()),
         ("eval", &c.phases.eval.as_phase()),
@@ -1105,6 +1140,13 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
             }
         }
     }
+    Ok(())
+}
+
+/// `workers-wait` and `workers-wait-for` of the rollout and eval phases.
+fn validate_workers_wait(l: &Loaded) -> Result<(), ConfigError> {
+    let c = &l.config;
+    let w = &c.work;
     for (name, r) in [("rollout", &c.phases.rollout), ("eval", &c.phases.eval)] {
         if !r.workers_wait {
             continue;
@@ -1146,6 +1188,12 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
             ));
         }
     }
+    Ok(())
+}
+
+/// The eval split's name, and the `[env]` templates.
+fn validate_eval_split_and_env(l: &Loaded) -> Result<(), ConfigError> {
+    let c = &l.config;
     let es = &c.cluster.eval_split;
     if es.is_empty()
         || es == "train"
@@ -1161,6 +1209,13 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
     for (name, text) in &c.env {
         Template::parse(text).map_err(|e| l.invalid(&format!("env.{name}"), e.to_string()))?;
     }
+    Ok(())
+}
+
+/// What happens after training: `on-failure`, and the hand-off's patterns, transfer,
+/// retention and verification.
+fn validate_train_and_handoff(l: &Loaded) -> Result<(), ConfigError> {
+    let c = &l.config;
     if OnTrainFailure::parse(&c.phases.train.on_failure).is_none() {
         return Err(l.invalid(
             "phases.train.on-failure",
@@ -1220,7 +1275,12 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
             ),
         ));
     }
-    validate_aggregate(l)?;
+    Ok(())
+}
+
+/// `[server]` and `[observe]` templates.
+fn validate_server_and_observe(l: &Loaded) -> Result<(), ConfigError> {
+    let c = &l.config;
     for (key, text) in [
         ("server.command", &c.server.command),
         ("server.health-url", &c.server.health_url),
@@ -1240,6 +1300,11 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
         ));
     }
     Ok(())
+}
+
+/// Task files are given: the work is planned from them.
+fn planned(c: &Config) -> bool {
+    !c.tasks.train.is_empty() || !c.tasks.eval.is_empty()
 }
 
 /// `[aggregate]`: names, format and merge command, and what the chosen format rules out.
@@ -1270,8 +1335,7 @@ fn validate_aggregate(l: &Loaded) -> Result<(), ConfigError> {
     }
     if format != Format::Jsonl {
         let w = &c.work;
-        let planned = !c.tasks.train.is_empty() || !c.tasks.eval.is_empty();
-        if planned
+        if planned(c)
             && (w.mode == WorkMode::PerTask || w.strategy == crate::work::plan::Strategy::Dynamic)
         {
             return Err(l.invalid(

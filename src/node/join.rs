@@ -18,7 +18,9 @@ use crate::error::Notice;
 use crate::events;
 use crate::exit::Cause;
 use crate::holder;
+use crate::layout::Layout;
 use crate::protocol::join;
+use crate::protocol::journal::Resume;
 use crate::protocol::{ClusterRecord, Mark, NodeState, RankRecord, PROTO};
 use crate::state::{self, StateError};
 use serde_json::json;
@@ -42,6 +44,29 @@ pub(super) enum Joined {
 enum Joinable {
     Join(Box<ClusterRecord>, Box<RankRecord>),
     Complete(Notice),
+}
+
+/// What rank 0 found of the run already in the directory, before it chooses the run.
+struct Found {
+    /// The run's `cluster.json`, when there is one (and it could be read).
+    prev: Option<ClusterRecord>,
+    /// The generation to start: one past the previous, or 1.
+    gen: u64,
+    /// How the previous generation ended, in words for the log and the new record.
+    previous: Option<String>,
+    /// What `--fresh` could not read (and sets aside with the rest).
+    damaged: Option<StateError>,
+}
+
+/// The run's state is damaged: a usage error naming the file, with the state's hint.
+fn state_err(layout: &Layout, e: StateError) -> Stop {
+    Stop::usage(e.to_string(), Some(e.hint(layout.root())))
+}
+
+/// A write of the generation failed.
+fn io_err(what: String, e: std::io::Error) -> Stop {
+    Stop::failed(format!("{what}: {e}"))
+        .with_hint("check that --log-path is on a writable shared filesystem")
 }
 
 impl Node {
@@ -111,9 +136,36 @@ impl Node {
         self.cfg.timing.heartbeat_interval * 2 + self.cfg.timing.poll_interval
     }
 
+    /// Rank 0 forms a generation: choose the run, publish the generation in order
+    /// (placeholders, own record, `cluster.json`), record it in the history, wait for
+    /// every rank, and release them.
     fn join_master(&mut self) -> Result<Joined, Stop> {
+        let found = self.find_previous()?;
+        let previous = found.previous.clone();
+        let (run_id, gen, checked) = self.settle_run(found)?;
+        let resume = match &checked {
+            Some(c) => {
+                crate::protocol::journal::resume_point(&c.journals, &run_id, &self.cfg.walk_item())
+                    .not_before(self.cfg.cluster.first_iteration)
+            }
+            None => self.resume_point(&run_id),
+        };
+        if let Some(done) = self.already_complete(&run_id, &resume) {
+            return Ok(Joined::AlreadyComplete(done));
+        }
+        self.announce_resume(&run_id, &resume);
+        let cluster = self.publish_generation(gen, &run_id, previous, resume)?;
+        self.announce_generation(&cluster);
+        self.append_history(&cluster);
+        self.wait_for_ranks(cluster.gen, &run_id)?;
+        self.release_generation();
+        Ok(Joined::Formed)
+    }
+
+    /// Read the run's `cluster.json` and its rank 0's record, and judge how the previous
+    /// generation ended (refusing if its rank 0 still runs).
+    fn find_previous(&mut self) -> Result<Found, Stop> {
         let layout = self.layout.clone();
-        let state_err = |e: StateError| Stop::usage(e.to_string(), Some(e.hint(layout.root())));
         // The run's own state is read strictly: damage is an error naming the file, never
         // "no run" (a new run started over the old one). --fresh sets it all aside anyway.
         let mut damaged = None;
@@ -123,10 +175,10 @@ impl Node {
                 damaged = Some(e);
                 None
             }
-            Err(e) => return Err(state_err(e)),
+            Err(e) => return Err(state_err(&layout, e)),
         };
         let mut previous = None;
-        let (run_id, gen): (Option<ClusterRecord>, u64) = match &prev {
+        let gen = match &prev {
             Some(p) => {
                 let r0 = match self
                     .store
@@ -137,7 +189,7 @@ impl Node {
                         damaged = Some(e.into());
                         None
                     }
-                    Err(e) => return Err(state_err(e.into())),
+                    Err(e) => return Err(state_err(&layout, e.into())),
                 };
                 if let Some(r0) = r0 {
                     previous = Some(match join::previous_end(p.gen, &r0) {
@@ -148,14 +200,29 @@ impl Node {
                         }
                     });
                 }
-                (Some(p.clone()), p.gen + 1)
+                p.gen + 1
             }
-            None => (None, 1),
+            None => 1,
         };
-        let checked = match &run_id {
+        Ok(Found {
+            prev,
+            gen,
+            previous,
+            damaged,
+        })
+    }
+
+    /// Check the run's journals (unless `--fresh`), then continue it, set it aside or
+    /// refuse. Returns the run id, the generation to start from, and the journals checked.
+    fn settle_run(&mut self, found: Found) -> Result<(String, u64, Option<state::Checked>), Stop> {
+        let Found {
+            prev, gen, damaged, ..
+        } = found;
+        let checked = match &prev {
             Some(p) if !self.fresh => {
-                let checked = state::check_run(&*self.store, &layout, p, &self.cfg.walk_item())
-                    .map_err(state_err)?;
+                let checked =
+                    state::check_run(&*self.store, &self.layout, p, &self.cfg.walk_item())
+                        .map_err(|e| state_err(&self.layout, e))?;
                 for t in &checked.torn {
                     self.warn(t);
                 }
@@ -167,31 +234,35 @@ impl Node {
             self.info(&format!("--fresh: {e}"));
         }
         let unreadable_run = damaged.is_some()
-            || (run_id.is_none() && state::run_evidence(&*self.store, &layout).is_some());
-        let (run_id, gen) = if self.fresh && run_id.is_none() && unreadable_run {
+            || (prev.is_none() && state::run_evidence(&*self.store, &self.layout).is_some());
+        let (run_id, gen) = if self.fresh && prev.is_none() && unreadable_run {
             self.set_aside_unreadable()?
         } else {
-            self.choose_run(run_id, gen)?
+            self.choose_run(prev, gen)?
         };
-        let resume = match &checked {
-            Some(c) => {
-                crate::protocol::journal::resume_point(&c.journals, &run_id, &self.cfg.walk_item())
-                    .not_before(self.cfg.cluster.first_iteration)
-            }
-            None => self.resume_point(&run_id),
-        };
+        Ok((run_id, gen, checked))
+    }
+
+    /// The run is complete up to `--iterations`: what to tell the user instead of forming
+    /// a generation.
+    fn already_complete(&self, run_id: &str, resume: &Resume) -> Option<Notice> {
         if self.cfg.cluster.iterations > 0 && resume.iteration > self.cfg.cluster.iterations {
             // Nothing to do: start no generation (an empty one would make `status` show
             // iteration 0). Workers see the run complete and exit 0 as well.
-            return Ok(Joined::AlreadyComplete(Notice {
+            return Some(Notice {
                 message: format!(
                     "run {run_id} already completed iteration {} (--iterations {}): nothing to do; no new generation started",
                     resume.iteration - 1,
                     self.cfg.cluster.iterations
                 ),
                 hint: Some("a larger --iterations extends the run".into()),
-            }));
-        } else if resume.iteration == self.cfg.cluster.first_iteration && resume.iteration > 1 {
+            });
+        }
+        None
+    }
+
+    fn announce_resume(&self, run_id: &str, resume: &Resume) {
+        if resume.iteration == self.cfg.cluster.first_iteration && resume.iteration > 1 {
             self.info(&format!(
                 "starting run {run_id} at iteration {} (cluster.first-iteration: the iterations before it ran before rl-node)",
                 resume.iteration
@@ -208,11 +279,20 @@ impl Node {
                 }
             ));
         }
+    }
 
-        let io_err = |what: String, e: std::io::Error| {
-            Stop::failed(format!("{what}: {e}"))
-                .with_hint("check that --log-path is on a writable shared filesystem")
-        };
+    /// The ordered writes that start a generation: a new `gen-N/`, a placeholder for every
+    /// worker, rank 0's own record (heartbeating from here on), then the generation's copy
+    /// of the cluster record and `cluster.json` itself, and the doorbell. Returns the
+    /// cluster record published (its `gen` is the directory actually claimed).
+    fn publish_generation(
+        &mut self,
+        gen: u64,
+        run_id: &str,
+        previous: Option<String>,
+        resume: Resume,
+    ) -> Result<ClusterRecord, Stop> {
+        let layout = self.layout.clone();
         let gen = self.claim_generation_dir(gen).map_err(|e| {
             io_err(
                 format!(
@@ -225,35 +305,12 @@ impl Node {
         for r in 1..self.num_nodes() {
             let path = layout.rank_record(gen, r);
             self.store
-                .publish_live_json(&path, &self.record(gen, &run_id, r, NodeState::Vacant))
+                .publish_live_json(&path, &self.record(gen, run_id, r, NodeState::Vacant))
                 .map_err(|e| io_err(format!("cannot write {}", path.display()), e))?;
         }
-        let master_addr = if self.cfg.cluster.master_addr.is_empty() {
-            self.host.clone()
-        } else {
-            self.cfg.cluster.master_addr.clone()
-        };
-        let cluster = ClusterRecord {
-            proto: PROTO,
-            run_id: run_id.clone(),
-            gen,
-            num_nodes: self.num_nodes(),
-            rank_weights: self.cfg.weights(),
-            fingerprint: self.fingerprint.clone(),
-            config: self.cfg.shared_view(),
-            master_addr,
-            master_port: self.cfg.cluster.master_port,
-            host: self.host.clone(),
-            pid: self.pid,
-            machine: self.ident.machine.clone(),
-            pid_start: self.ident.start,
-            started_at: self.wall_stamp(),
-            previous: previous.clone(),
-            run_fingerprint: self.cfg.run_fingerprint(),
-            resume,
-        };
+        let cluster = self.cluster_record(gen, run_id, previous, resume);
         self.cluster = Some(cluster.clone());
-        let mut me = self.record(gen, &run_id, 0, NodeState::Joining);
+        let mut me = self.record(gen, run_id, 0, NodeState::Joining);
         me.arrived = Some(self.join_mark());
         let path = layout.rank_record(gen, 0);
         let publisher = super::Publisher::start(
@@ -285,24 +342,68 @@ impl Node {
                 layout.doorbell().display()
             ));
         }
-        if let Some(p) = &previous {
+        Ok(cluster)
+    }
+
+    fn cluster_record(
+        &self,
+        gen: u64,
+        run_id: &str,
+        previous: Option<String>,
+        resume: Resume,
+    ) -> ClusterRecord {
+        let master_addr = if self.cfg.cluster.master_addr.is_empty() {
+            self.host.clone()
+        } else {
+            self.cfg.cluster.master_addr.clone()
+        };
+        ClusterRecord {
+            proto: PROTO,
+            run_id: run_id.to_string(),
+            gen,
+            num_nodes: self.num_nodes(),
+            rank_weights: self.cfg.weights(),
+            fingerprint: self.fingerprint.clone(),
+            config: self.cfg.shared_view(),
+            master_addr,
+            master_port: self.cfg.cluster.master_port,
+            host: self.host.clone(),
+            pid: self.pid,
+            machine: self.ident.machine.clone(),
+            pid_start: self.ident.start,
+            started_at: self.wall_stamp(),
+            previous,
+            run_fingerprint: self.cfg.run_fingerprint(),
+            resume,
+        }
+    }
+
+    fn announce_generation(&self, cluster: &ClusterRecord) {
+        if let Some(p) = &cluster.previous {
             self.info(&format!("previous: {p}"));
         }
         self.info(&format!(
-            "started generation {gen} of run {run_id}; waiting for {} worker(s) to join",
+            "started generation {} of run {}; waiting for {} worker(s) to join",
+            cluster.gen,
+            cluster.run_id,
             self.num_nodes() - 1
         ));
         self.event(events::Event::Generation {
-            previous: previous.clone(),
+            previous: cluster.previous.clone(),
         });
+    }
+
+    fn append_history(&self, cluster: &ClusterRecord) {
+        let layout = &self.layout;
+        let gen = cluster.gen;
         let history = state::HistoryEntry {
             gen,
-            run_id: run_id.clone(),
+            run_id: cluster.run_id.clone(),
             started_at: cluster.started_at.clone(),
             host: self.host.clone(),
             pid: self.pid,
             resume_iteration: cluster.resume.iteration,
-            previous: previous.clone(),
+            previous: cluster.previous.clone(),
             walk: self.cfg.walk_item(),
             discarded_from: None,
         };
@@ -327,9 +428,12 @@ impl Node {
                 layout.history().display()
             ));
         }
+    }
 
+    /// Barrier 0: wait until every worker has joined generation `gen`, warning of the ones
+    /// refused, and leave if another rank 0 took the run over.
+    fn wait_for_ranks(&mut self, gen: u64, run: &str) -> Result<(), Stop> {
         let deadline = self.clock.now() + self.cfg.timing.join_timeout;
-        let run = run_id.clone();
         let mut forming = join::Forming::default();
         let mut unreadable: Option<String> = None;
         let joined = self.wait_for(deadline, |n| {
@@ -338,7 +442,7 @@ impl Node {
             // A cluster.json this node cannot read (an I/O error) says nothing of another
             // rank 0: it keeps its generation and reads again at the next poll (a failing
             // mount ends it through its own write errors, or join-timeout does).
-            match super::fence_check(&*n.store, &n.layout, gen, &run, None) {
+            match super::fence_check(&*n.store, &n.layout, gen, run, None) {
                 Ok(()) => unreadable = None,
                 Err(super::Fenced {
                     unreadable: Some(e),
@@ -385,17 +489,22 @@ impl Node {
             Ok(None)
         });
         match joined {
-            Ok(()) => {}
-            Err(Interrupt::Stop(s)) => return Err(s),
+            Ok(()) => Ok(()),
+            Err(Interrupt::Stop(s)) => Err(s),
             Err(Interrupt::Deadline) => {
                 let reason = format!(
                     "{} did not join within join-timeout ({})",
                     super::ranks_list(forming.missing()),
                     humantime::format_duration(self.cfg.timing.join_timeout)
                 );
-                return Err(self.fail(crate::protocol::AbortKind::Timeout, 0, None, reason, None));
+                Err(self.fail(crate::protocol::AbortKind::Timeout, 0, None, reason, None))
             }
         }
+    }
+
+    /// Every rank joined: remember each worker's nonce (a later record with another is
+    /// another process), and release them with rank 0's running record.
+    fn release_generation(&mut self) {
         for r in 1..self.num_nodes() {
             if let Some(p) = &self.watch.peers[r as usize] {
                 self.watch.nonces.insert(r, p.nonce.clone());
@@ -411,7 +520,6 @@ impl Node {
         self.publisher().set_interval(beat);
         self.waiting_note.clear();
         self.info("all ranks joined");
-        Ok(Joined::Formed)
     }
 
     /// Create a brand-new `gen-N/` with N at least `wanted` and above every existing one, so
