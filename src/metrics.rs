@@ -166,13 +166,10 @@ impl Collector {
         }
     }
 
-    /// Rank 0: the ranks' `final-sync` payloads (index = rank), each carrying its
-    /// numbers under `"metrics"`.
-    pub(crate) fn gathered(&mut self, payloads: &[Value]) {
-        self.ranks = payloads
-            .iter()
-            .map(|p| serde_json::from_value(p.get("metrics")?.clone()).ok())
-            .collect();
+    /// Rank 0: the numbers the ranks' `final-sync` arrivals carried (index = rank; `None`
+    /// where an arrival carried none that decode).
+    pub(crate) fn gathered(&mut self, ranks: Vec<Option<RankNumbers>>) {
+        self.ranks = ranks;
     }
 
     /// Rank 0: the iteration trained (`failed_ranks` of its ranks failed), on a train
@@ -637,17 +634,17 @@ mod tests {
     fn the_spread_is_over_the_ranks_that_reported_and_items_are_summed() {
         let mut c = Collector::default();
         let rank = |train: f64, wait: f64, failed: u64, retries: u64| {
-            serde_json::json!({ "metrics": RankNumbers {
+            Some(RankNumbers {
                 phases: BTreeMap::from([("train_rollout".to_string(), train)]),
                 wait_s: wait,
                 items: true,
                 failed,
                 retries,
-            }})
+            })
         };
-        c.gathered(&[
+        c.gathered(vec![
             rank(1.0, 0.5, 0, 1),
-            Value::Null,
+            None,
             rank(3.0, 0.0, 2, 3),
             rank(2.0, 0.25, 1, 0),
         ]);

@@ -33,7 +33,9 @@ use crate::exit::{self, Cause};
 use crate::layout::Layout;
 use crate::logging;
 pub(crate) use crate::process::{self as procs, descendants, random_hex};
+use crate::protocol::barrier::{Barrier, Progress};
 use crate::protocol::journal;
+use crate::protocol::messages::{self as msg, Payload};
 use crate::protocol::walk::{self, Barrier as WalkBarrier, IterationWalk, Split, Step, WalkConfig};
 use crate::protocol::watch::{self as watching, Watch};
 use crate::protocol::{
@@ -42,7 +44,6 @@ use crate::protocol::{
 use crate::store::{Kind, SharedDir};
 use procs::{ChildExit, Event, Registry};
 use publisher::Publisher;
-use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
@@ -1327,17 +1328,16 @@ impl Node {
     /// Arrive at the next barrier with `gather`; rank 0 waits for every rank, computes the
     /// broadcast with `decide` from the gathered payloads and releases; workers wait for
     /// the release and get the broadcast.
-    fn barrier(
+    fn barrier<G: Payload + Clone, B: Payload>(
         &mut self,
         name: &str,
-        gather: Value,
-        decide: impl FnOnce(&[Value]) -> Value,
-    ) -> Result<Value, Stop> {
+        gather: G,
+        decide: impl FnOnce(Vec<G>) -> B,
+    ) -> Result<B, Stop> {
         self.k += 1;
         let k = self.k;
-        let barrier =
-            crate::protocol::barrier::Barrier::new(k, self.rank, self.iteration, name, gather)
-                .with_mutation(self.broken.barrier);
+        let barrier = Barrier::<G, B>::new(k, self.rank, self.iteration, name, gather)
+            .with_mutation(self.broken.barrier);
         self.publisher()
             .update(|r| r.arrived = Some(barrier.arrival()));
         let deadline = self.clock.now() + self.cfg.timing.barrier_timeout;
@@ -1348,7 +1348,6 @@ impl Node {
             self.cfg.timing.barrier_timeout,
             started,
         );
-        use crate::protocol::barrier::Progress;
         let broadcast = if self.is_master() {
             let mut last_missing = Vec::new();
             self.barrier_wait = Some(k);
@@ -1375,8 +1374,8 @@ impl Node {
             self.barrier_wait = None;
             self.unwatch_wait();
             let payloads = self.end_wait(waited, || format!("barrier {name} did not complete"))?;
-            let broadcast = decide(&payloads);
-            let release = barrier.release(broadcast.clone());
+            let broadcast = decide(payloads);
+            let release = barrier.release(&broadcast);
             self.publisher().update(|r| {
                 r.released = Some(release);
                 r.waiting_for.clear();
@@ -1675,115 +1674,16 @@ impl Node {
     /// decisions its barriers release.
     fn step(&mut self, step: Step, walk: &mut IterationWalk) -> Result<(), Stop> {
         let cfg = self.cfg.clone();
-        let none = |_: &[Value]| Value::Null;
         match step {
             Step::Enter(phase) => self.enter(phase)?,
-            Step::Barrier(b @ WalkBarrier::SyncStart) => {
-                self.make_iteration_dirs()?;
-                // Every node plans the iteration itself; rank 0's plan travels with the
-                // release and a worker whose plan differs stops.
-                let mine = self.plan_fingerprints();
-                // Pipelined rollout cluster: rank 0 also releases the model the staleness
-                // rule gives this iteration (waiting for the update cluster first; its
-                // workers wait for the same themselves, so all arrive together).
-                let model = self.choose_rollout_model()?;
-                let theirs = self.barrier(b.name(), Value::Null, |_| {
-                    let mut v = mine.clone();
-                    if !model.is_null() {
-                        v["pipeline"] = model.clone();
-                    }
-                    v
-                })?;
-                let mut plans = theirs.clone();
-                let model = plans
-                    .as_object_mut()
-                    .and_then(|o| o.remove("pipeline"))
-                    .unwrap_or(Value::Null);
-                if !self.is_master() {
-                    self.check_plans(&plans)?;
-                }
-                self.use_rollout_model(&model)?;
-                self.note_model_used();
+            Step::Barrier(WalkBarrier::SyncStart) => self.sync_start()?,
+            Step::Barrier(WalkBarrier::EvalDecision) => walk.eval_decided(self.eval_decision()?),
+            Step::Barrier(WalkBarrier::TrainingComplete) => {
+                walk.training_released(self.training_complete()?)
             }
-            Step::Barrier(b @ WalkBarrier::EvalDecision) => {
-                let (split, iteration) = (cfg.cluster.rollout_split, self.iteration);
-                let interval = cfg.cluster.eval_interval;
-                let decision = self.barrier(
-                    b.name(),
-                    Value::Null,
-                    |_| json!({ "eval": walk::eval_decision(split, iteration, interval) }),
-                )?;
-                let eval = decision["eval"].as_bool().unwrap_or(false);
-                self.metrics_collector().eval_decided(eval);
-                walk.eval_decided(eval);
-            }
-            Step::Barrier(b @ WalkBarrier::TrainingComplete) => {
-                // Each rank says whether its training failed; rank 0's release lists the
-                // ranks where it did, so every rank knows whether a model is handed off.
-                let gather = self
-                    .train_outcome
-                    .take()
-                    .map(|why| json!({ "failed": why }))
-                    .unwrap_or(Value::Null);
-                let released = self.barrier(b.name(), gather, |arrivals| {
-                    let failed: Vec<Value> = arrivals
-                        .iter()
-                        .enumerate()
-                        .filter_map(|(r, a)| {
-                            let why = a["failed"].as_str()?;
-                            Some(json!({ "rank": r, "failed": why }))
-                        })
-                        .collect();
-                    if failed.is_empty() {
-                        Value::Null
-                    } else {
-                        json!({ "failed": failed })
-                    }
-                })?;
-                self.train_failed = released["failed"]
-                    .as_array()
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(|f| {
-                                let rank = f["rank"].as_u64()? as u32;
-                                Some((rank, f["failed"].as_str()?.to_string()))
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                if !self.train_failed.is_empty() {
-                    let summary = self.train_failure_summary();
-                    self.warn(&format!("iteration {}: {summary}", self.iteration));
-                }
-                if self.is_master() && cfg.phases.train.is_set() {
-                    self.note_trained();
-                }
-                walk.training_released(!self.train_failed.is_empty());
-            }
-            Step::Barrier(b @ WalkBarrier::HandoffComplete) => {
-                // Relative to the shared directory: each node resolves it on its own mount.
-                let model = self.model_record(&self.model);
-                let b = self.barrier(b.name(), Value::Null, |_| json!({ "model": model }))?;
-                if let (Some(m), false) = (b["model"].as_str(), self.is_master()) {
-                    self.adopt_model(m)?;
-                }
-            }
-            Step::Barrier(b @ WalkBarrier::FinalSync) => {
-                // Each rank's numbers for metrics.jsonl travel with its arrival.
-                let numbers = self.metrics_collector().numbers();
-                let gather = json!({ "metrics": numbers });
-                let mut gathered = None;
-                self.barrier(b.name(), gather, |arrivals| {
-                    gathered = Some(arrivals.to_vec());
-                    Value::Null
-                })?;
-                if let Some(arrivals) = gathered {
-                    self.metrics_collector().gathered(&arrivals);
-                }
-            }
-            Step::Barrier(b) => {
-                self.barrier(b.name(), Value::Null, none)?;
-            }
+            Step::Barrier(WalkBarrier::HandoffComplete) => self.handoff_complete()?,
+            Step::Barrier(WalkBarrier::FinalSync) => self.final_sync()?,
+            Step::Barrier(b) => self.barrier(b.name(), (), |_| ())?,
             Step::Rollout(Split::Train) => {
                 self.once(journal::item::ROLLOUT_TRAIN, |n| {
                     n.any_rollout("train", "rollout", &cfg.phases.rollout)
@@ -1818,29 +1718,7 @@ impl Node {
             Step::Prepare => {
                 self.once(journal::item::PREPARE, |n| n.prepare(&cfg.phases.prepare))?;
             }
-            Step::Train { reuse: true } => {
-                let it = self.iteration;
-                let failed = journal::latest_train(&self.journal, self.run_id(), it)
-                    .and_then(|e| e.failed.clone());
-                self.info(&format!(
-                    "iteration {it}: training completed on every rank before the restart; not redone{}",
-                    failed
-                        .as_ref()
-                        .map(|f| format!(" (it failed on this rank: {f})"))
-                        .unwrap_or_default()
-                ));
-                self.train_outcome = failed;
-            }
-            Step::Train { reuse: false } => {
-                let failed = if cfg.phases.train.is_set() {
-                    let out = self.layout.train_output(self.iteration, self.gen());
-                    self.train(&out)?
-                } else {
-                    None
-                };
-                self.journal_train(failed.clone())?;
-                self.train_outcome = failed;
-            }
+            Step::Train { reuse } => self.train_step(reuse)?,
             // Nothing trained to hand off: the model stays, LATEST is unchanged.
             Step::SkipHandoff => self.skip_handoff()?,
             Step::Handoff => self.once(journal::item::HANDOFF, |n| n.handoff())?,
@@ -1861,6 +1739,130 @@ impl Node {
                 self.queue_advanced()?;
             }
         }
+        Ok(())
+    }
+
+    /// `sync-start`: every node plans the iteration itself; rank 0's plan travels with
+    /// the release and a worker whose plan differs stops. A pipelined rollout cluster's
+    /// rank 0 also releases the model the staleness rule gives this iteration (waiting
+    /// for the update cluster first; its workers wait for the same themselves, so all
+    /// arrive together).
+    fn sync_start(&mut self) -> Result<(), Stop> {
+        self.make_iteration_dirs()?;
+        let plans: msg::PlanFingerprints = serde_json::from_value(self.plan_fingerprints())
+            .expect("this node's own plan fingerprints");
+        let model = self.choose_rollout_model()?;
+        let name = WalkBarrier::SyncStart.name();
+        let released = self.barrier(name, (), |_| msg::SyncStart {
+            plans: msg::Plans::Sent(plans),
+            pipeline: model,
+        })?;
+        if !self.is_master() {
+            self.check_plans(&released.plans.to_json())?;
+        }
+        self.use_rollout_model(released.pipeline)?;
+        self.note_model_used();
+        Ok(())
+    }
+
+    /// `eval-decision`: whether this iteration evaluates, as rank 0 decides it.
+    fn eval_decision(&mut self) -> Result<bool, Stop> {
+        let (split, iteration) = (self.cfg.cluster.rollout_split, self.iteration);
+        let interval = self.cfg.cluster.eval_interval;
+        let name = WalkBarrier::EvalDecision.name();
+        let decision = self.barrier(name, (), |_| msg::EvalDecision {
+            eval: walk::eval_decision(split, iteration, interval),
+        })?;
+        self.metrics_collector().eval_decided(decision.eval);
+        Ok(decision.eval)
+    }
+
+    /// `training-complete`: each rank says whether its training failed; rank 0's release
+    /// lists the ranks where it did, so every rank knows whether a model is handed off.
+    /// Whether training failed anywhere.
+    fn training_complete(&mut self) -> Result<bool, Stop> {
+        let gather = self
+            .train_outcome
+            .take()
+            .map(|failed| msg::TrainFailed { failed });
+        let name = WalkBarrier::TrainingComplete.name();
+        let released = self.barrier(name, gather, |arrivals| {
+            let failed: Vec<msg::RankFailure> = (0..)
+                .zip(arrivals)
+                .filter_map(|(rank, a)| {
+                    Some(msg::RankFailure {
+                        rank,
+                        failed: a?.failed,
+                    })
+                })
+                .collect();
+            (!failed.is_empty()).then_some(msg::TrainingFailures { failed })
+        })?;
+        self.train_failed = released
+            .map(|r| r.failed.into_iter().map(|f| (f.rank, f.failed)).collect())
+            .unwrap_or_default();
+        if !self.train_failed.is_empty() {
+            let summary = self.train_failure_summary();
+            self.warn(&format!("iteration {}: {summary}", self.iteration));
+        }
+        if self.is_master() && self.cfg.phases.train.is_set() {
+            self.note_trained();
+        }
+        Ok(!self.train_failed.is_empty())
+    }
+
+    /// `handoff-complete`: workers take the model rank 0 handed off (relative to the
+    /// shared directory: each node resolves it on its own mount).
+    fn handoff_complete(&mut self) -> Result<(), Stop> {
+        let model = self.model_record(&self.model);
+        let name = WalkBarrier::HandoffComplete.name();
+        let released = self.barrier(name, (), |_| Some(msg::Handoff { model }))?;
+        match released {
+            Some(h) if !self.is_master() => self.adopt_model(&h.model),
+            _ => Ok(()),
+        }
+    }
+
+    /// `final-sync`: each rank's numbers for metrics.jsonl travel with its arrival.
+    fn final_sync(&mut self) -> Result<(), Stop> {
+        let metrics = self.metrics_collector().numbers();
+        let mut gathered = None;
+        let name = WalkBarrier::FinalSync.name();
+        self.barrier(name, Some(msg::FinalSync { metrics }), |arrivals| {
+            gathered = Some(arrivals);
+        })?;
+        if let Some(arrivals) = gathered {
+            let ranks = arrivals.into_iter().map(|a| a.map(|f| f.metrics));
+            self.metrics_collector().gathered(ranks.collect());
+        }
+        Ok(())
+    }
+
+    /// Training, or on `reuse` the outcome journaled before a restart (training
+    /// completed on every rank then).
+    fn train_step(&mut self, reuse: bool) -> Result<(), Stop> {
+        let it = self.iteration;
+        self.train_outcome = if reuse {
+            let failed = journal::latest_train(&self.journal, self.run_id(), it)
+                .and_then(|e| e.failed.clone());
+            self.info(&format!(
+                "iteration {it}: training completed on every rank before the restart; not redone{}",
+                failed
+                    .as_ref()
+                    .map(|f| format!(" (it failed on this rank: {f})"))
+                    .unwrap_or_default()
+            ));
+            failed
+        } else {
+            let failed = if self.cfg.phases.train.is_set() {
+                let out = self.layout.train_output(it, self.gen());
+                self.train(&out)?
+            } else {
+                None
+            };
+            self.journal_train(failed.clone())?;
+            failed
+        };
         Ok(())
     }
 

@@ -9,7 +9,6 @@ use crate::layout::Layout;
 use crate::protocol::journal;
 use crate::protocol::pipeline::{self, QueueRecord, RolloutGate};
 use crate::protocol::records::{AbortInfo, AbortKind, ClusterRecord, NodeState, RankRecord};
-use serde_json::Value;
 use std::time::{Duration, Instant};
 
 /// Rank 0's view of the other cluster.
@@ -410,12 +409,12 @@ impl Node {
     /// out with, waiting for the update cluster as the staleness rule says. Recorded in
     /// `rollouts/iter-NNNN/model.json` before any rollout starts, and reused as recorded
     /// when the iteration is resumed.
-    pub(super) fn choose_rollout_model(&mut self) -> Result<Value, Stop> {
+    pub(super) fn choose_rollout_model(&mut self) -> Result<Option<RolloutModel>, Stop> {
         let Some(staleness) = self.cfg.staleness() else {
-            return Ok(Value::Null);
+            return Ok(None);
         };
         if self.layout.cluster_name() != Some("rollout") {
-            return Ok(Value::Null);
+            return Ok(None);
         }
         let it = self.iteration;
         let path = self.layout.rollout_model(it);
@@ -431,14 +430,14 @@ impl Node {
                 );
                 self.wait_other(what, |q| q.done >= needs)?;
             }
-            return Ok(Value::Null);
+            return Ok(None);
         }
         if let Some(m) = self.store.read_json::<RolloutModel>(&path).ok().flatten() {
             self.info(&format!(
                 "iteration {it}: rolled out on {} (model version {}), as recorded before the restart",
                 m.model, m.model_version
             ));
-            return Ok(serde_json::to_value(m).expect("json"));
+            return Ok(Some(m));
         }
         let newest = self.cfg.pipeline.model == crate::config::PipelineModel::Newest;
         let trained = self.read_other_queue()?.map_or(0, |q| q.done);
@@ -476,7 +475,7 @@ impl Node {
             let reason = format!("cannot write {}: {e}", path.display());
             return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
         }
-        Ok(serde_json::to_value(m).expect("json"))
+        Ok(Some(m))
     }
 
     /// The model as it was once iteration `version` was trained: the newest checkpoint
@@ -506,8 +505,8 @@ impl Node {
 
     /// Rollout cluster, every rank, after `sync-start`: serve the model rank 0 chose,
     /// restarting the inference server when it changed (between iterations only).
-    pub(super) fn use_rollout_model(&mut self, released: &Value) -> Result<(), Stop> {
-        let Ok(m) = serde_json::from_value::<RolloutModel>(released.clone()) else {
+    pub(super) fn use_rollout_model(&mut self, released: Option<RolloutModel>) -> Result<(), Stop> {
+        let Some(m) = released else {
             return Ok(());
         };
         let previous = self.model.clone();

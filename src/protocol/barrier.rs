@@ -12,22 +12,27 @@
 //! [`Progress`] it answers (publish the release, keep waiting and say for whom, pass).
 //! The simulator (tests/sim/) drives the same machine over a simulated shared
 //! directory.
+//!
+//! A barrier is typed by what it gathers (`G`) and broadcasts (`B`), the messages of
+//! [`super::messages`]: the machine writes them into the marks and reads them back from
+//! the peers' records, where a payload that does not decode reads as empty.
 
+use super::messages::Payload;
 use super::records::{missing_arrivals, Mark, RankRecord};
-use serde_json::Value;
+use std::marker::PhantomData;
 
 /// Where a barrier stands after the records were read.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Progress {
+pub enum Progress<G, B> {
     /// Still waiting: rank 0 for these ranks' arrivals; a worker for rank 0's release
     /// (`missing` is `[0]`).
     Waiting { missing: Vec<u32> },
     /// Rank 0: every rank arrived. `payloads` are the gathered values in rank order
     /// (rank 0's own first); the driver computes the broadcast and publishes
     /// [`Barrier::release`] with it.
-    Complete { payloads: Vec<Value> },
+    Complete { payloads: Vec<G> },
     /// A worker: rank 0 released the barrier with this broadcast.
-    Released { broadcast: Value },
+    Released { broadcast: B },
 }
 
 /// A deliberately wrong barrier, for showing that the simulator catches it. Never set
@@ -47,17 +52,18 @@ pub enum Mutation {
 
 /// Barrier number `k` (the node's k-th barrier of the generation) as seen by `rank`.
 #[derive(Debug, Clone)]
-pub struct Barrier {
+pub struct Barrier<G, B> {
     k: u64,
     rank: u32,
     iteration: u64,
     name: String,
-    gather: Value,
+    gather: G,
     mutation: Option<Mutation>,
+    broadcast: PhantomData<fn() -> B>,
 }
 
-impl Barrier {
-    pub fn new(k: u64, rank: u32, iteration: u64, name: &str, gather: Value) -> Barrier {
+impl<G: Payload + Clone, B: Payload> Barrier<G, B> {
+    pub fn new(k: u64, rank: u32, iteration: u64, name: &str, gather: G) -> Barrier<G, B> {
         Barrier {
             k,
             rank,
@@ -65,11 +71,12 @@ impl Barrier {
             name: name.to_string(),
             gather,
             mutation: None,
+            broadcast: PhantomData,
         }
     }
 
     #[doc(hidden)]
-    pub fn with_mutation(mut self, m: Option<Mutation>) -> Barrier {
+    pub fn with_mutation(mut self, m: Option<Mutation>) -> Barrier<G, B> {
         self.mutation = m;
         self
     }
@@ -84,21 +91,21 @@ impl Barrier {
             k: self.k,
             iteration: self.iteration,
             name: self.name.clone(),
-            payload: self.gather.clone(),
+            payload: self.gather.write(),
         }
     }
 
     /// What rank 0 publishes as its release, with the broadcast it computed.
-    pub fn release(&self, broadcast: Value) -> Mark {
+    pub fn release(&self, broadcast: &B) -> Mark {
         Mark {
-            payload: broadcast,
+            payload: broadcast.write(),
             ..self.arrival()
         }
     }
 
     /// The barrier's progress given every rank's record as read (index = rank; this
     /// rank's own entry is not looked at).
-    pub fn on_records(&self, records: &[Option<RankRecord>]) -> Progress {
+    pub fn on_records(&self, records: &[Option<RankRecord>]) -> Progress<G, B> {
         let mutation = super::mutation(self.mutation);
         if self.rank == 0 {
             let missing = match mutation {
@@ -115,11 +122,11 @@ impl Barrier {
                 return Progress::Waiting { missing };
             }
             let mut payloads = vec![self.gather.clone()];
+            // A rank counted without an arrival (only a mutation does that) reads as
+            // having gathered `null`.
             payloads.extend(records.iter().skip(1).map(|r| {
-                r.as_ref()
-                    .and_then(|r| r.arrived.as_ref())
-                    .map(|m| m.payload.clone())
-                    .unwrap_or(Value::Null)
+                let arrived = r.as_ref().and_then(|r| r.arrived.as_ref());
+                G::read(arrived.map_or(&serde_json::Value::Null, |m| &m.payload))
             }));
             Progress::Complete { payloads }
         } else {
@@ -134,7 +141,7 @@ impl Barrier {
                 .filter(|m| m.k >= wanted)
             {
                 Some(m) => Progress::Released {
-                    broadcast: m.payload.clone(),
+                    broadcast: B::read(&m.payload),
                 },
                 None => Progress::Waiting { missing: vec![0] },
             }
@@ -145,8 +152,15 @@ impl Barrier {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::messages::{EvalDecision, Plain};
     use crate::protocol::NodeState;
-    use serde_json::json;
+    use serde::{Deserialize, Serialize};
+    use serde_json::{json, Value};
+
+    /// A gather for the tests: the rank's number.
+    #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+    struct N(u64);
+    impl Plain for N {}
 
     fn rec(rank: u32, arrived: Option<u64>, released: Option<(u64, Value)>) -> RankRecord {
         let mark = |k: u64, payload: Value| Mark {
@@ -166,7 +180,7 @@ mod tests {
 
     #[test]
     fn rank_0_completes_only_when_every_rank_arrived_and_gathers_in_rank_order() {
-        let b = Barrier::new(3, 0, 1, "b", json!("zero"));
+        let b = Barrier::<N, ()>::new(3, 0, 1, "b", N(100));
         let mut recs = vec![
             None,
             Some(rec(1, Some(3), None)),
@@ -179,41 +193,58 @@ mod tests {
         assert_eq!(
             b.on_records(&recs),
             Progress::Complete {
-                payloads: vec![json!("zero"), json!(1), json!(2)]
+                payloads: vec![N(100), N(1), N(2)]
+            }
+        );
+        // A peer's arrival that does not decode is gathered as empty.
+        recs[1].as_mut().unwrap().arrived.as_mut().unwrap().payload = json!("one");
+        assert_eq!(
+            b.on_records(&recs),
+            Progress::Complete {
+                payloads: vec![N(100), N(0), N(2)]
             }
         );
     }
 
     #[test]
     fn a_worker_passes_on_this_or_a_later_release_only() {
-        let b = Barrier::new(3, 2, 1, "b", Value::Null);
-        let r0 = |k| {
-            vec![
-                Some(rec(0, Some(k), Some((k, json!({"eval": true}))))),
-                None,
-                None,
-            ]
-        };
-        assert_eq!(b.on_records(&r0(2)), Progress::Waiting { missing: vec![0] });
+        let b = Barrier::<(), EvalDecision>::new(3, 2, 1, "b", ());
+        let r0 = |k, payload| vec![Some(rec(0, Some(k), Some((k, payload)))), None, None];
+        let yes = json!({"eval": true});
         assert_eq!(
-            b.on_records(&r0(3)),
+            b.on_records(&r0(2, yes.clone())),
+            Progress::Waiting { missing: vec![0] }
+        );
+        assert_eq!(
+            b.on_records(&r0(3, yes.clone())),
             Progress::Released {
-                broadcast: json!({"eval": true})
+                broadcast: EvalDecision { eval: true }
             }
         );
-        assert!(matches!(b.on_records(&r0(5)), Progress::Released { .. }));
+        assert!(matches!(
+            b.on_records(&r0(5, yes)),
+            Progress::Released { .. }
+        ));
+        // A release that does not decode passes with the empty broadcast: no eval.
+        assert_eq!(
+            b.on_records(&r0(3, json!({"eval": 1}))),
+            Progress::Released {
+                broadcast: EvalDecision { eval: false }
+            }
+        );
         assert_eq!(
             b.on_records(&[None]),
             Progress::Waiting { missing: vec![0] }
         );
         assert_eq!(
-            b.release(json!(7)),
+            b.release(&EvalDecision { eval: true }),
             Mark {
                 k: 3,
                 iteration: 1,
                 name: "b".into(),
-                payload: json!(7)
+                payload: json!({"eval": true})
             }
         );
+        assert_eq!(b.arrival().payload, Value::Null);
     }
 }

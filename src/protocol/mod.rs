@@ -9,6 +9,7 @@ pub mod join;
 pub mod journal;
 pub mod lease;
 pub mod liveness;
+pub mod messages;
 pub mod phase;
 pub mod pipeline;
 pub mod records;

@@ -50,6 +50,7 @@ use super::Violation;
 use rl_node::layout::Layout;
 use rl_node::protocol::barrier::{Barrier, Mutation, Progress};
 use rl_node::protocol::liveness::Mutation as LivenessMutation;
+use rl_node::protocol::messages::Plain;
 use rl_node::protocol::watch::{self, Watch};
 use rl_node::protocol::{wall_stamp, AbortInfo, AbortKind, Liveness, Mark, NodeState, RankRecord};
 use rl_node::rng::SplitMix64 as Rng;
@@ -60,6 +61,20 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
+
+/// What a rank gathers at barrier k: a number of its own (rank * 10 + k).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Arrival(u64);
+impl Plain for Arrival {}
+
+/// What rank 0 broadcasts: the barrier and the sum of the arrivals it gathered, so a
+/// worker passing on another barrier's release (or on a sum short of one arrival) shows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Sum {
+    k: u64,
+    sum: u64,
+}
+impl Plain for Sum {}
 
 /// A node's watch of its peers in the simulated generation, formed from the start.
 fn watch_of(n: usize, liveness: Liveness) -> Watch {
@@ -342,7 +357,7 @@ struct Sim {
     /// runs, it does not poll.
     busy_until: Vec<u64>,
     /// What rank 0 broadcast for each barrier (index k).
-    broadcast: Vec<Option<Value>>,
+    broadcast: Vec<Option<Sum>>,
     trace: VecDeque<String>,
     steps: u64,
     faults: u64,
@@ -635,9 +650,9 @@ impl Sim {
             }
         }
         let k = self.k[r];
-        let gather = json!(r * 10 + k as usize);
-        let barrier =
-            Barrier::new(k, r as u32, 1, "sim", gather).with_mutation(self.mutations.barrier);
+        let gather = Arrival(r as u64 * 10 + k);
+        let barrier = Barrier::<Arrival, Sum>::new(k, r as u32, 1, "sim", gather)
+            .with_mutation(self.mutations.barrier);
         match self.step[r] {
             Step::Arrive => {
                 let mark = barrier.arrival();
@@ -648,15 +663,16 @@ impl Sim {
             Step::Wait => match barrier.on_records(&records) {
                 Progress::Waiting { .. } => {}
                 Progress::Complete { payloads } => {
-                    let broadcast = json!({ "k": k, "sum": payloads.iter().filter_map(Value::as_u64).sum::<u64>() });
-                    let release: Mark = barrier.release(broadcast.clone());
+                    let sum = payloads.iter().map(|a| a.0).sum();
+                    let broadcast = Sum { k, sum };
+                    let release: Mark = barrier.release(&broadcast);
                     self.dir.publish(r, now, |rec| rec.released = Some(release));
-                    self.broadcast[k as usize] = Some(broadcast.clone());
-                    self.note(format!("rank 0 releases barrier {k} with {broadcast}"));
+                    self.broadcast[k as usize] = Some(broadcast);
+                    self.note(format!("rank 0 releases barrier {k} with {broadcast:?}"));
                     self.pass(r, k, &broadcast, seed)?;
                 }
                 Progress::Released { broadcast } => {
-                    self.note(format!("rank {r} passes barrier {k} with {broadcast}"));
+                    self.note(format!("rank {r} passes barrier {k} with {broadcast:?}"));
                     self.pass(r, k, &broadcast, seed)?;
                 }
             },
@@ -738,7 +754,7 @@ impl Sim {
 
     /// Rank `r` passes barrier `k` having received `broadcast`: check the invariants
     /// against the directory's true content.
-    fn pass(&mut self, r: usize, k: u64, broadcast: &Value, seed: u64) -> Result<(), Violation> {
+    fn pass(&mut self, r: usize, k: u64, broadcast: &Sum, seed: u64) -> Result<(), Violation> {
         self.checks += 1;
         let not_arrived = self.dir.not_arrived(k);
         if !not_arrived.is_empty() {
@@ -752,7 +768,7 @@ impl Sim {
             return Err(self.violation(
                 seed,
                 format!(
-                    "rank {r} passed barrier {k} with {broadcast}, but rank 0 broadcast {:?} for it",
+                    "rank {r} passed barrier {k} with {broadcast:?}, but rank 0 broadcast {:?} for it",
                     self.broadcast[k as usize]
                 ),
             ));

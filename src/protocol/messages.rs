@@ -1,0 +1,280 @@
+//! What each barrier gathers from every rank and what rank 0 broadcasts with its release.
+//!
+//! A payload travels as JSON inside a rank's live record (`Mark::payload`): the record is
+//! one envelope for every barrier, so the payload's type is known only to the barrier
+//! that reads it ([`super::barrier::Barrier`] is typed by its gather and broadcast). A
+//! peer's record is untrusted input (DESIGN.md, section 3 rule 14): a payload that does
+//! not decode is never an error, it reads as the type's empty value — no failure, no
+//! eval, no model — the way a missing field read before payloads were typed. The JSON
+//! shapes are those of protocol version 2; `Option<T>` payloads are `null` when absent.
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::Value;
+
+/// A barrier's gather or broadcast: how it is written into a record and read back.
+pub trait Payload: Sized {
+    fn write(&self) -> Value;
+    /// A payload as read from a record (untrusted): never fails.
+    fn read(v: &Value) -> Self;
+}
+
+/// A payload that is its serde JSON, read as its `Default` when it does not decode.
+pub trait Plain: Serialize + DeserializeOwned + Default {}
+
+impl<T: Plain> Payload for T {
+    fn write(&self) -> Value {
+        serde_json::to_value(self).expect("a payload is JSON")
+    }
+
+    fn read(v: &Value) -> T {
+        T::deserialize(v).unwrap_or_default()
+    }
+}
+
+/// The barriers that carry nothing: `null`.
+impl Plain for () {}
+/// `null` when absent; a value that does not decode as `T` reads as absent.
+impl<T: Serialize + DeserializeOwned> Plain for Option<T> {}
+
+/// `eval-decision`'s release: whether this iteration evaluates (rank 0 decides).
+/// Unreadable: no eval.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EvalDecision {
+    pub eval: bool,
+}
+
+impl Plain for EvalDecision {}
+
+/// A rank's `training-complete` arrival when its training failed (`None`: it did not,
+/// or the arrival does not decode).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrainFailed {
+    pub failed: String,
+}
+
+/// `training-complete`'s release when training failed somewhere (`None`: nowhere, or
+/// the release does not decode): every rank then knows no model is handed off.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrainingFailures {
+    /// An entry that does not decode is left out, the others kept.
+    #[serde(deserialize_with = "each_readable")]
+    pub failed: Vec<RankFailure>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankFailure {
+    pub rank: u32,
+    pub failed: String,
+}
+
+/// `handoff-complete`'s release: the model rank 0 handed off, relative to the shared
+/// directory (each node resolves it on its own mount). `None`: unreadable, keep yours.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Handoff {
+    pub model: String,
+}
+
+/// A rank's `final-sync` arrival: its numbers for `metrics.jsonl` (`N`, the metrics'
+/// own type). `None`: it sent none, or they do not decode.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FinalSync<N> {
+    pub metrics: N,
+}
+
+/// `sync-start`'s release: rank 0's plan fingerprints, which a worker compares with its
+/// own, and in a pipelined rollout cluster the model the iteration rolls out with (`M`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SyncStart<M> {
+    pub plans: Plans,
+    /// A model that does not decode reads as none, leaving the plans readable.
+    pub pipeline: Option<M>,
+}
+
+impl<M> Default for SyncStart<M> {
+    fn default() -> Self {
+        SyncStart {
+            plans: Plans::Unsent,
+            pipeline: None,
+        }
+    }
+}
+
+/// Rank 0's plan fingerprints as a worker received them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Plans {
+    /// A `null` release: nothing to compare.
+    Unsent,
+    Sent(PlanFingerprints),
+    /// Not fingerprints: kept as read, to be shown as differing from this rank's.
+    Unreadable(Value),
+}
+
+impl Plans {
+    /// The fingerprints as JSON, for the comparison (and its message) in `node::work`.
+    pub fn to_json(&self) -> Value {
+        match self {
+            Plans::Unsent => Value::Null,
+            Plans::Sent(p) => serde_json::to_value(p).expect("fingerprints are JSON"),
+            Plans::Unreadable(v) => v.clone(),
+        }
+    }
+}
+
+/// The plans of both splits and the task files' content (two files with the same ids
+/// plan alike but differ); `None` where the split has no tasks.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct PlanFingerprints {
+    pub train: Option<String>,
+    pub eval: Option<String>,
+    pub train_tasks: Option<String>,
+    pub eval_tasks: Option<String>,
+}
+
+impl<M: Serialize + DeserializeOwned> Payload for SyncStart<M> {
+    fn write(&self) -> Value {
+        #[derive(Serialize)]
+        struct Wire<'a, M> {
+            #[serde(flatten)]
+            plans: &'a PlanFingerprints,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pipeline: &'a Option<M>,
+        }
+        match &self.plans {
+            Plans::Sent(plans) => serde_json::to_value(Wire {
+                plans,
+                pipeline: &self.pipeline,
+            })
+            .expect("sync-start is JSON"),
+            other => other.to_json(),
+        }
+    }
+
+    fn read(v: &Value) -> Self {
+        #[derive(Deserialize)]
+        struct Pipeline<M> {
+            pipeline: Option<M>,
+        }
+        let plans = match PlanFingerprints::deserialize(v) {
+            _ if v.is_null() => Plans::Unsent,
+            Ok(p) => Plans::Sent(p),
+            Err(_) => Plans::Unreadable(v.clone()),
+        };
+        let pipeline = Pipeline::deserialize(v).ok().and_then(|p| p.pipeline);
+        SyncStart { plans, pipeline }
+    }
+}
+
+/// A list whose entries are read one by one: an entry that does not decode is dropped.
+fn each_readable<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: DeserializeOwned,
+{
+    let raw = Vec::<Value>::deserialize(d)?;
+    Ok(raw.iter().filter_map(|v| T::deserialize(v).ok()).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_json_shapes_of_protocol_2_are_kept() {
+        assert_eq!(().write(), Value::Null);
+        assert_eq!(EvalDecision { eval: true }.write(), json!({"eval": true}));
+        assert_eq!(None::<TrainFailed>.write(), Value::Null);
+        assert_eq!(
+            Some(TrainFailed { failed: "x".into() }).write(),
+            json!({"failed": "x"})
+        );
+        let failures = TrainingFailures {
+            failed: vec![RankFailure {
+                rank: 2,
+                failed: "exit 1".into(),
+            }],
+        };
+        assert_eq!(
+            Some(failures).write(),
+            json!({"failed": [{"rank": 2, "failed": "exit 1"}]})
+        );
+        assert_eq!(
+            Some(Handoff {
+                model: "models/iter-0001".into()
+            })
+            .write(),
+            json!({"model": "models/iter-0001"})
+        );
+        assert_eq!(
+            Some(FinalSync {
+                metrics: json!({"wait_s": 1.0})
+            })
+            .write(),
+            json!({"metrics": {"wait_s": 1.0}})
+        );
+        let plans = PlanFingerprints {
+            train: Some("p".into()),
+            train_tasks: Some("t".into()),
+            ..Default::default()
+        };
+        let bare = json!({"train": "p", "eval": null, "train-tasks": "t", "eval-tasks": null});
+        let s = SyncStart::<u64> {
+            plans: Plans::Sent(plans.clone()),
+            pipeline: None,
+        };
+        assert_eq!(s.write(), bare);
+        assert_eq!(SyncStart::<u64>::read(&bare), s);
+        let mut with_model = bare.clone();
+        with_model["pipeline"] = json!(7);
+        let s = SyncStart {
+            pipeline: Some(7),
+            ..s
+        };
+        assert_eq!(s.write(), with_model);
+        assert_eq!(SyncStart::read(&with_model), s);
+    }
+
+    /// A peer's payload is untrusted: what does not decode reads as what a missing
+    /// field read as before (no eval, no failure, no model), never an error.
+    #[test]
+    fn an_unreadable_payload_reads_as_empty() {
+        for odd in [json!({"eval": "yes"}), json!({}), json!(3), Value::Null] {
+            assert_eq!(EvalDecision::read(&odd), EvalDecision { eval: false });
+        }
+        assert_eq!(Option::<TrainFailed>::read(&json!({"failed": 5})), None);
+        assert_eq!(Option::<Handoff>::read(&json!({"model": ["a"]})), None);
+        assert_eq!(
+            Option::<TrainingFailures>::read(&json!({"failed": 5})),
+            None
+        );
+        // One odd entry of the failure list is dropped, not the list.
+        let list = json!({"failed": [{"rank": 1, "failed": "x"}, {"rank": "two"}, 7]});
+        assert_eq!(
+            Option::<TrainingFailures>::read(&list).unwrap().failed,
+            [RankFailure {
+                rank: 1,
+                failed: "x".into()
+            }]
+        );
+        assert_eq!(
+            Option::<FinalSync<EvalDecision>>::read(&json!({"metrics": 1})),
+            None
+        );
+    }
+
+    #[test]
+    fn sync_start_keeps_unreadable_plans_apart_from_absent_ones() {
+        assert_eq!(SyncStart::<u64>::read(&Value::Null).plans, Plans::Unsent);
+        let odd = json!({"train": 5, "pipeline": 3});
+        let s = SyncStart::<u64>::read(&odd);
+        assert_eq!(s.plans, Plans::Unreadable(odd.clone()));
+        assert_eq!(s.plans.to_json(), odd);
+        assert_eq!(s.pipeline, Some(3));
+        // An unreadable model leaves the plans readable.
+        let s = SyncStart::<u64>::read(&json!({"train": "p", "pipeline": "x"}));
+        assert_eq!(s.pipeline, None);
+        assert!(matches!(s.plans, Plans::Sent(p) if p.train.as_deref() == Some("p")));
+    }
+}
