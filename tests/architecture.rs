@@ -165,3 +165,78 @@ fn a_cycle_is_found_and_named() {
         ["clock", "store", "exit"]
     );
 }
+
+/// The functions of `text` longer than `limit` lines, outside its test module: (name,
+/// first line, lines). Relies on rustfmt's layout: a body ends at the first line that is
+/// the `}` at the indentation of its `fn`.
+fn long_functions(text: &str, limit: usize) -> Vec<(String, usize, usize)> {
+    let end = text.find("#[cfg(test)]\nmod ").unwrap_or(text.len());
+    let lines: Vec<&str> = text[..end].lines().collect();
+    let mut out = vec![];
+    for (i, line) in lines.iter().enumerate() {
+        let code = line.trim_start();
+        let indent = line.len() - code.len();
+        let Some(at) = code.find("fn ") else { continue };
+        let head = &code[..at];
+        let is_fn = head
+            .split_whitespace()
+            .all(|w| w.starts_with("pub") || ["const", "unsafe", "async", "extern"].contains(&w));
+        if !is_fn || code.starts_with("//") {
+            continue;
+        }
+        let name: String = code[at + 3..]
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        let close = format!("{}}}", " ".repeat(indent));
+        // A declaration without a body (in a trait) ends with `;` before any `{`.
+        let Some(open) = lines[i..]
+            .iter()
+            .position(|l| l.contains('{') || l.ends_with(';'))
+        else {
+            continue;
+        };
+        if !lines[i + open].contains('{') || lines[i + open].trim_end().ends_with('}') {
+            continue;
+        }
+        if let Some(n) = lines[i + 1..].iter().position(|l| *l == close) {
+            if n + 2 > limit {
+                out.push((name, i + 1, n + 2));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn no_function_is_over_150_lines() {
+    let mut found = vec![];
+    for entry in walkdir::WalkDir::new(src()) {
+        let entry = entry.unwrap();
+        if entry.path().extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(entry.path()).unwrap();
+        for (name, line, n) in long_functions(&text, 150) {
+            found.push(format!(
+                "{}:{line}: fn {name}: {n} lines",
+                entry.path().display()
+            ));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "functions over 150 lines:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn a_long_function_is_measured_from_its_fn_to_its_brace() {
+    let body = "        x();\n".repeat(160);
+    let text = format!(
+        "impl A {{\n    pub(crate) fn long(&self) {{\n{body}    }}\n\n    fn short() {{\n        y();\n    }}\n    fn declared(&self);\n}}\n"
+    );
+    assert_eq!(long_functions(&text, 150), [("long".to_string(), 2, 162)]);
+    assert!(long_functions(&text, 162).is_empty());
+}

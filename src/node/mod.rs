@@ -1749,8 +1749,7 @@ impl Node {
     /// arrive together).
     fn sync_start(&mut self) -> Result<(), Stop> {
         self.make_iteration_dirs()?;
-        let plans: msg::PlanFingerprints = serde_json::from_value(self.plan_fingerprints())
-            .expect("this node's own plan fingerprints");
+        let plans = self.plan_fingerprints();
         let model = self.choose_rollout_model()?;
         let name = WalkBarrier::SyncStart.name();
         let released = self.barrier(name, (), |_| msg::SyncStart {
@@ -1758,7 +1757,7 @@ impl Node {
             pipeline: model,
         })?;
         if !self.is_master() {
-            self.check_plans(&released.plans.to_json())?;
+            self.check_plans(&released.plans)?;
         }
         self.use_rollout_model(released.pipeline)?;
         self.note_model_used();

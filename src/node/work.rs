@@ -24,6 +24,7 @@ use crate::events;
 use crate::layout::{committed_item, dropped_group, set_aside_item};
 use crate::process::ChildExit;
 use crate::protocol::lease::{self, Holder, Take};
+use crate::protocol::messages::{PlanFingerprints, Plans};
 use crate::protocol::AbortKind;
 use crate::store::SharedDir;
 use crate::work::plan::{self, Item, Plan, Strategy};
@@ -303,21 +304,30 @@ impl Node {
 
     /// The fingerprints rank 0 broadcasts with the release of `sync-start`: the plans and
     /// the task files' content (two files with the same ids plan alike but differ).
-    pub(super) fn plan_fingerprints(&self) -> Value {
+    pub(super) fn plan_fingerprints(&self) -> PlanFingerprints {
         let fp = |s: &str| self.plan_for(s).map(|p| p.fingerprint);
         let files = |s: &str| self.tasks.get(s).map(|t| t.fingerprint().to_owned());
-        json!({"train": fp("train"), "eval": fp("eval"), "train-tasks": files("train"), "eval-tasks": files("eval")})
+        PlanFingerprints {
+            train: fp("train"),
+            eval: fp("eval"),
+            train_tasks: files("train"),
+            eval_tasks: files("eval"),
+        }
     }
 
     /// A worker compares rank 0's plan fingerprints with its own.
-    pub(super) fn check_plans(&mut self, rank0: &Value) -> Result<(), Stop> {
+    pub(super) fn check_plans(&mut self, rank0: &Plans) -> Result<(), Stop> {
         let mine = self.plan_fingerprints();
-        if &mine == rank0 || rank0.is_null() {
-            return Ok(());
+        match rank0 {
+            Plans::Unsent => return Ok(()),
+            Plans::Sent(theirs) if *theirs == mine => return Ok(()),
+            _ => {}
         }
+        let mine = serde_json::to_value(&mine).expect("fingerprints are JSON");
         let reason = format!(
-            "this rank's plan of iteration {} differs from rank 0's (rank 0: {rank0}, here: {mine}): the task files (tasks.train / tasks.eval) differ between nodes",
-            self.iteration
+            "this rank's plan of iteration {} differs from rank 0's (rank 0: {}, here: {mine}): the task files (tasks.train / tasks.eval) differ between nodes",
+            self.iteration,
+            rank0.to_json()
         );
         Err(self.fail(AbortKind::Error, self.rank, None, reason, None))
     }

@@ -111,7 +111,7 @@ pub enum Plans {
 }
 
 impl Plans {
-    /// The fingerprints as JSON, for the comparison (and its message) in `node::work`.
+    /// The fingerprints as JSON, for the message of a worker whose own plan differs.
     pub fn to_json(&self) -> Value {
         match self {
             Plans::Unsent => Value::Null,
