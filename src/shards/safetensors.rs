@@ -348,117 +348,156 @@ fn shape_str(s: &[usize]) -> String {
 /// Check that the inputs agree (same keys, dtypes and trailing dimensions; no scalars)
 /// and lay out the merged file. Inputs without tensors (an empty file) take no part.
 pub fn plan(inputs: &[Input]) -> Result<Plan, ShardError> {
-    let mismatch = |reason: String| ShardError::Mismatch { reason };
     let with: Vec<usize> = (0..inputs.len())
         .filter(|&i| !inputs[i].shard.tensors.is_empty())
         .collect();
     let mut out: Vec<OutTensor> = Vec::new();
     if let Some(&first) = with.first() {
         let r0 = &inputs[first];
-        for t in &r0.shard.tensors {
-            if t.shape.is_empty() {
-                return Err(mismatch(format!(
-                    "tensor `{}` of rank {} ({}) is a scalar (shape []): scalars cannot be concatenated along dim 0; store it with a leading dimension (shape [1])",
-                    t.name,
-                    r0.rank,
-                    r0.shard.path.display()
-                )));
-            }
-        }
-        let names0: BTreeSet<&str> = r0.shard.tensors.iter().map(|t| t.name.as_str()).collect();
+        check_no_scalars(r0)?;
         for &i in &with[1..] {
-            let r = &inputs[i];
-            let names: BTreeSet<&str> = r.shard.tensors.iter().map(|t| t.name.as_str()).collect();
-            if let Some(k) = names0.difference(&names).next() {
-                return Err(mismatch(format!(
-                    "rank {} ({}) has no tensor `{k}`, which rank {} has (rank {} has {}; rank {} has {})",
-                    r.rank,
-                    r.shard.path.display(),
-                    r0.rank,
-                    r0.rank,
-                    list(&names0),
-                    r.rank,
-                    list(&names)
-                )));
-            }
-            if let Some(k) = names.difference(&names0).next() {
-                return Err(mismatch(format!(
-                    "rank {} ({}) has a tensor `{k}` that rank {} does not have (rank {} has {}; rank {} has {})",
-                    r.rank,
-                    r.shard.path.display(),
-                    r0.rank,
-                    r0.rank,
-                    list(&names0),
-                    r.rank,
-                    list(&names)
-                )));
-            }
-            // Same names, both sorted: zip pairs them.
-            for (a, b) in r0.shard.tensors.iter().zip(&r.shard.tensors) {
-                if a.dtype != b.dtype {
-                    return Err(mismatch(format!(
-                        "tensor `{}`: rank {} has dtype {} but rank {} ({}) has {}",
-                        a.name,
-                        r0.rank,
-                        dtype_name(a.dtype),
-                        r.rank,
-                        r.shard.path.display(),
-                        dtype_name(b.dtype)
-                    )));
-                }
-                if b.shape.is_empty() {
-                    return Err(mismatch(format!(
-                        "tensor `{}` of rank {} ({}) is a scalar (shape []): scalars cannot be concatenated along dim 0",
-                        b.name,
-                        r.rank,
-                        r.shard.path.display()
-                    )));
-                }
-                if a.shape[1..] != b.shape[1..] {
-                    return Err(mismatch(format!(
-                        "tensor `{}`: trailing dimensions differ: rank {} has shape {} but rank {} ({}) has {}; only dim 0 may differ between ranks",
-                        a.name,
-                        r0.rank,
-                        shape_str(&a.shape),
-                        r.rank,
-                        r.shard.path.display(),
-                        shape_str(&b.shape)
-                    )));
-                }
-            }
+            check_agrees(r0, &inputs[i])?;
         }
-        for (k, t) in r0.shard.tensors.iter().enumerate() {
-            let mut shape = t.shape.clone();
-            shape[0] = with
-                .iter()
-                .map(|&i| inputs[i].shard.tensors[k].shape[0])
-                .sum();
-            out.push(OutTensor {
-                name: t.name.clone(),
-                dtype: t.dtype,
-                shape,
-                data_offsets: [0, 0],
-                pieces: with
-                    .iter()
-                    .map(|&i| {
-                        let s = &inputs[i].shard.tensors[k];
-                        Piece {
-                            rank: inputs[i].rank,
-                            rows: s.shape[0] as u64,
-                            offset: 0,
-                            bytes: s.len,
-                            input: i,
-                            src: k,
-                        }
-                    })
-                    .collect(),
-            });
+        out = concat(inputs, &with);
+    }
+    let data_len = lay_out(&mut out);
+    let (metadata, dropped_metadata) = common_metadata(inputs, &with);
+    let header = header_bytes(&out, &metadata)?;
+    Ok(Plan {
+        tensors: out,
+        metadata,
+        dropped_metadata: dropped_metadata.into_iter().collect(),
+        header,
+        data_len,
+    })
+}
+
+fn mismatch(reason: String) -> ShardError {
+    ShardError::Mismatch { reason }
+}
+
+/// The first input with tensors has no scalar: the others are compared with it.
+fn check_no_scalars(r0: &Input) -> Result<(), ShardError> {
+    for t in &r0.shard.tensors {
+        if t.shape.is_empty() {
+            return Err(mismatch(format!(
+                "tensor `{}` of rank {} ({}) is a scalar (shape []): scalars cannot be concatenated along dim 0; store it with a leading dimension (shape [1])",
+                t.name,
+                r0.rank,
+                r0.shard.path.display()
+            )));
         }
     }
+    Ok(())
+}
+
+/// `r` has the tensors of `r0`, no others, each of the same dtype and trailing
+/// dimensions.
+fn check_agrees(r0: &Input, r: &Input) -> Result<(), ShardError> {
+    let names0: BTreeSet<&str> = r0.shard.tensors.iter().map(|t| t.name.as_str()).collect();
+    let names: BTreeSet<&str> = r.shard.tensors.iter().map(|t| t.name.as_str()).collect();
+    if let Some(k) = names0.difference(&names).next() {
+        return Err(mismatch(format!(
+            "rank {} ({}) has no tensor `{k}`, which rank {} has (rank {} has {}; rank {} has {})",
+            r.rank,
+            r.shard.path.display(),
+            r0.rank,
+            r0.rank,
+            list(&names0),
+            r.rank,
+            list(&names)
+        )));
+    }
+    if let Some(k) = names.difference(&names0).next() {
+        return Err(mismatch(format!(
+            "rank {} ({}) has a tensor `{k}` that rank {} does not have (rank {} has {}; rank {} has {})",
+            r.rank,
+            r.shard.path.display(),
+            r0.rank,
+            r0.rank,
+            list(&names0),
+            r.rank,
+            list(&names)
+        )));
+    }
+    // Same names, both sorted: zip pairs them.
+    for (a, b) in r0.shard.tensors.iter().zip(&r.shard.tensors) {
+        if a.dtype != b.dtype {
+            return Err(mismatch(format!(
+                "tensor `{}`: rank {} has dtype {} but rank {} ({}) has {}",
+                a.name,
+                r0.rank,
+                dtype_name(a.dtype),
+                r.rank,
+                r.shard.path.display(),
+                dtype_name(b.dtype)
+            )));
+        }
+        if b.shape.is_empty() {
+            return Err(mismatch(format!(
+                "tensor `{}` of rank {} ({}) is a scalar (shape []): scalars cannot be concatenated along dim 0",
+                b.name,
+                r.rank,
+                r.shard.path.display()
+            )));
+        }
+        if a.shape[1..] != b.shape[1..] {
+            return Err(mismatch(format!(
+                "tensor `{}`: trailing dimensions differ: rank {} has shape {} but rank {} ({}) has {}; only dim 0 may differ between ranks",
+                a.name,
+                r0.rank,
+                shape_str(&a.shape),
+                r.rank,
+                r.shard.path.display(),
+                shape_str(&b.shape)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Each tensor of the inputs `with` (which agree) as the concatenation of theirs along
+/// dim 0, in rank order; offsets are not laid out yet.
+fn concat(inputs: &[Input], with: &[usize]) -> Vec<OutTensor> {
+    let r0 = &inputs[with[0]];
+    let mut out = Vec::new();
+    for (k, t) in r0.shard.tensors.iter().enumerate() {
+        let mut shape = t.shape.clone();
+        shape[0] = with
+            .iter()
+            .map(|&i| inputs[i].shard.tensors[k].shape[0])
+            .sum();
+        out.push(OutTensor {
+            name: t.name.clone(),
+            dtype: t.dtype,
+            shape,
+            data_offsets: [0, 0],
+            pieces: with
+                .iter()
+                .map(|&i| {
+                    let s = &inputs[i].shard.tensors[k];
+                    Piece {
+                        rank: inputs[i].rank,
+                        rows: s.shape[0] as u64,
+                        offset: 0,
+                        bytes: s.len,
+                        input: i,
+                        src: k,
+                    }
+                })
+                .collect(),
+        });
+    }
+    out
+}
+
+/// Order the tensors and give each tensor and piece its place in the data section;
+/// returns the data section's length.
+fn lay_out(out: &mut [OutTensor]) -> u64 {
     // The safetensors crate's layout: decreasing alignment, then name.
     out.sort_by(|a, b| b.dtype.cmp(&a.dtype).then_with(|| a.name.cmp(&b.name)));
     let mut offset = 0u64;
-    for t in &mut out {
+    for t in out {
         let begin = offset;
         for p in &mut t.pieces {
             p.offset = offset;
@@ -466,7 +505,15 @@ pub fn plan(inputs: &[Input]) -> Result<Plan, ShardError> {
         }
         t.data_offsets = [begin, offset];
     }
+    offset
+}
 
+/// The `__metadata__` entries every input with tensors has with the same value, and the
+/// keys dropped because they do not.
+fn common_metadata(
+    inputs: &[Input],
+    with: &[usize],
+) -> (BTreeMap<String, String>, BTreeSet<String>) {
     let mut metadata = BTreeMap::new();
     let mut dropped_metadata = BTreeSet::new();
     if let Some(&first) = with.first() {
@@ -480,7 +527,7 @@ pub fn plan(inputs: &[Input]) -> Result<Plan, ShardError> {
                 dropped_metadata.insert(k.clone());
             }
         }
-        for &i in &with {
+        for &i in with {
             for k in inputs[i].shard.metadata.keys() {
                 if !metadata.contains_key(k) {
                     dropped_metadata.insert(k.clone());
@@ -488,15 +535,7 @@ pub fn plan(inputs: &[Input]) -> Result<Plan, ShardError> {
             }
         }
     }
-
-    let header = header_bytes(&out, &metadata)?;
-    Ok(Plan {
-        tensors: out,
-        metadata,
-        dropped_metadata: dropped_metadata.into_iter().collect(),
-        header,
-        data_len: offset,
-    })
+    (metadata, dropped_metadata)
 }
 
 fn list(names: &BTreeSet<&str>) -> String {
