@@ -1255,7 +1255,7 @@ impl Demo {
     /// The survivors must stop on their own within dead-after; if they have not
     /// long after that, something is wrong: stop them rather than hang.
     fn stop_stragglers(&mut self, nodes: &[NodeProc], w: &mut Watch) {
-        if !w.killed_at.is_some_and(|t| t.elapsed() > KILL_STOP_LIMIT) {
+        if w.killed_at.is_none_or(|t| t.elapsed() <= KILL_STOP_LIMIT) {
             return;
         }
         w.killed_at = None;
