@@ -174,6 +174,64 @@ pub fn merge(
     opts: &MergeOptions,
     tick: &mut dyn FnMut(),
 ) -> Result<Manifest, AggregateError> {
+    let format = check_request(layout, split, num_ranks, opts)?;
+    let (mut ranks, mut problems) = survey_ranks(layout, iteration, split, num_ranks)?;
+    if !opts.allow_missing && ranks.iter().any(|r| r.status != RankStatus::Complete) {
+        return Err(incomplete(layout, iteration, split, ranks));
+    }
+
+    let out = opts
+        .out
+        .clone()
+        .unwrap_or_else(|| layout.aggregated(iteration, split));
+    let out_dir = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if !opts.replace {
+        match std::fs::symlink_metadata(&out) {
+            Ok(_) => return Err(AggregateError::Exists { path: out }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(werr(&out)(e)),
+        }
+    }
+    // A merged file is data-plane work on real files (read, hashed, written through an
+    // open handle); the names it makes, renames and syncs go through the store.
+    let store: &dyn SharedDir = &crate::store::Fs;
+    store.create_dir_all(&out_dir).map_err(werr(&out_dir))?;
+    let tmp = temp_path(&out);
+    let mut extras = match write_merged(layout, iteration, split, &mut ranks, opts, &tmp, tick) {
+        Ok(extras) => extras,
+        Err(e) => {
+            let _ = store.remove_file(&tmp);
+            return Err(e);
+        }
+    };
+
+    problems.extend(std::mem::take(&mut extras.problems));
+    let mut manifest = Manifest::new(iteration, split, &out, opts, ranks, problems);
+    if format != Format::Jsonl {
+        manifest.shard_format = Some(format.name().to_string());
+        manifest.output_bytes = extras.output_bytes;
+        manifest.output_sha256 = extras.output_sha256;
+        manifest.command = extras.command;
+        manifest.tensors = extras.tensors;
+    }
+    if let Err(e) = publish(store, opts, &tmp, &out, &out_dir, &manifest) {
+        let _ = store.remove_file(&tmp);
+        return Err(e);
+    }
+    Ok(manifest)
+}
+
+/// Refuse a merge that cannot be done before looking at any file: a split that is not a
+/// plain name, no ranks, or a format this build or configuration cannot merge.
+fn check_request(
+    layout: &Layout,
+    split: &str,
+    num_ranks: u32,
+    opts: &MergeOptions,
+) -> Result<Format, AggregateError> {
     if split.is_empty() || split.contains(['/', '\\']) || split.starts_with('.') {
         return Err(AggregateError::BadSplit {
             split: split.to_string(),
@@ -193,6 +251,17 @@ pub fn merge(
             message: "format torch needs an rl-node built with the `torch` cargo feature (cargo build --release --features torch)".into(),
         });
     }
+    Ok(format)
+}
+
+/// What each of ranks `0..num_ranks` left, and a problem for every shard or partial file
+/// of a rank beyond them.
+fn survey_ranks(
+    layout: &Layout,
+    iteration: u64,
+    split: &str,
+    num_ranks: u32,
+) -> Result<(Vec<RankEntry>, Vec<String>), AggregateError> {
     let rel = |p: &Path| -> String {
         p.strip_prefix(layout.root())
             .unwrap_or(p)
@@ -238,130 +307,120 @@ pub fn merge(
     for name in partial_listing.iter().flatten() {
         extra(&partial_dir, name, false, true);
     }
+    Ok((ranks, problems))
+}
 
+/// The refusal of a merge with gaps (without `allow_missing`): every rank that has no
+/// committed shard, and what it has instead.
+fn incomplete(
+    layout: &Layout,
+    iteration: u64,
+    split: &str,
+    ranks: Vec<RankEntry>,
+) -> AggregateError {
     let gaps: Vec<&RankEntry> = ranks
         .iter()
         .filter(|r| r.status != RankStatus::Complete)
         .collect();
-    if !opts.allow_missing && !gaps.is_empty() {
-        let said: Vec<String> = gaps
-            .iter()
-            .map(|r| match r.status {
-                RankStatus::Partial => format!(
-                    "rank {} has only a partial shard {} (its command did not finish)",
-                    r.rank,
-                    layout
-                        .root()
-                        .join(r.source.as_deref().unwrap_or(""))
-                        .display()
-                ),
-                _ => format!(
-                    "rank {} has no shard ({} does not exist)",
-                    r.rank,
-                    layout.shard(iteration, split, r.rank).display()
-                ),
-            })
-            .collect();
-        return Err(AggregateError::Incomplete {
-            missing: gaps
-                .iter()
-                .filter(|r| r.status == RankStatus::Missing)
-                .map(|r| r.rank)
-                .collect(),
-            partial: gaps
-                .iter()
-                .filter(|r| r.status == RankStatus::Partial)
-                .map(|r| r.rank)
-                .collect(),
-            message: format!("{}; nothing was published", said.join(", ")),
-            ranks,
-        });
+    let said: Vec<String> = gaps
+        .iter()
+        .map(|r| match r.status {
+            RankStatus::Partial => format!(
+                "rank {} has only a partial shard {} (its command did not finish)",
+                r.rank,
+                layout
+                    .root()
+                    .join(r.source.as_deref().unwrap_or(""))
+                    .display()
+            ),
+            _ => format!(
+                "rank {} has no shard ({} does not exist)",
+                r.rank,
+                layout.shard(iteration, split, r.rank).display()
+            ),
+        })
+        .collect();
+    let missing = gaps
+        .iter()
+        .filter(|r| r.status == RankStatus::Missing)
+        .map(|r| r.rank)
+        .collect();
+    let partial = gaps
+        .iter()
+        .filter(|r| r.status == RankStatus::Partial)
+        .map(|r| r.rank)
+        .collect();
+    AggregateError::Incomplete {
+        missing,
+        partial,
+        message: format!("{}; nothing was published", said.join(", ")),
+        ranks,
     }
+}
 
-    let out = opts
-        .out
-        .clone()
-        .unwrap_or_else(|| layout.aggregated(iteration, split));
-    let out_dir = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let werr = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| AggregateError::Write { path, source }
-    };
-    if !opts.replace {
-        match std::fs::symlink_metadata(&out) {
-            Ok(_) => return Err(AggregateError::Exists { path: out }),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(werr(&out)(e)),
+/// Write the merged file to `tmp`, in the layout's format, and fsync it.
+fn write_merged(
+    layout: &Layout,
+    iteration: u64,
+    split: &str,
+    ranks: &mut [RankEntry],
+    opts: &MergeOptions,
+    tmp: &Path,
+    tick: &mut dyn FnMut(),
+) -> Result<Extras, AggregateError> {
+    match layout.naming().format() {
+        Format::Jsonl => {}
+        format @ (Format::Safetensors | Format::Torch) => {
+            return merge_tensors(layout, format, ranks, opts, tmp, tick);
+        }
+        Format::Command => {
+            return merge_command(layout, iteration, split, ranks, opts, tmp, tick);
         }
     }
-    // A merged file is data-plane work on real files (read, hashed, written through an
-    // open handle); the names it makes, renames and syncs go through the store.
-    let store: &dyn SharedDir = &crate::store::Fs;
-    store.create_dir_all(&out_dir).map_err(werr(&out_dir))?;
-    let tmp = temp_path(&out);
-    let mut extras = Extras::default();
-    let written = (|| -> Result<(), AggregateError> {
-        match format {
-            Format::Jsonl => {}
-            Format::Safetensors | Format::Torch => {
-                extras = merge_tensors(layout, format, &mut ranks, opts, &tmp, tick)?;
-                return Ok(());
-            }
-            Format::Command => {
-                extras = merge_command(layout, iteration, split, &mut ranks, opts, &tmp, tick)?;
-                return Ok(());
-            }
-        }
-        let f = crate::store::fs::create_file(&tmp).map_err(werr(&tmp))?;
-        let f = merge_sources(f, &tmp, layout.root(), &mut ranks, opts, tick)?;
-        f.sync_all().map_err(werr(&tmp))?;
-        Ok(())
-    })();
-    if let Err(e) = written {
-        let _ = store.remove_file(&tmp);
-        return Err(e);
-    }
+    let f = crate::store::fs::create_file(tmp).map_err(werr(tmp))?;
+    let f = merge_sources(f, tmp, layout.root(), ranks, opts, tick)?;
+    f.sync_all().map_err(werr(tmp))?;
+    Ok(Extras::default())
+}
 
-    problems.extend(std::mem::take(&mut extras.problems));
-    let mut manifest = Manifest::new(iteration, split, &out, opts, ranks, problems);
-    if format != Format::Jsonl {
-        manifest.shard_format = Some(format.name().to_string());
-        manifest.output_bytes = extras.output_bytes;
-        manifest.output_sha256 = extras.output_sha256;
-        manifest.command = extras.command;
-        manifest.tensors = extras.tensors;
+/// Put the merged file `tmp` in place as `out` and its manifest beside it.
+fn publish(
+    store: &dyn SharedDir,
+    opts: &MergeOptions,
+    tmp: &Path,
+    out: &Path,
+    out_dir: &Path,
+    manifest: &Manifest,
+) -> Result<(), AggregateError> {
+    let mpath = manifest_path(out);
+    // An old manifest must not describe the new merged file, even for a moment.
+    match store.remove_file(&mpath) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(werr(&mpath)(e)),
     }
-    let mpath = manifest_path(&out);
-    let published = (|| -> Result<(), AggregateError> {
-        // An old manifest must not describe the new merged file, even for a moment.
-        match store.remove_file(&mpath) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(werr(&mpath)(e)),
-        }
-        if let Some(fence) = &opts.fence {
-            fence().map_err(|reason| AggregateError::Fenced { reason })?;
-        }
-        let renamed = if opts.replace {
-            store.rename(&tmp, &out)
-        } else {
-            store.rename_noreplace(&tmp, &out)
-        };
-        renamed.map_err(|e| match e.kind() {
-            io::ErrorKind::AlreadyExists => AggregateError::Exists { path: out.clone() },
-            _ => werr(&out)(e),
-        })?;
-        store.fsync_dir(&out_dir).map_err(werr(&out_dir))?;
-        store.publish_json(&mpath, &manifest).map_err(werr(&mpath))
-    })();
-    if let Err(e) = published {
-        let _ = store.remove_file(&tmp);
-        return Err(e);
+    if let Some(fence) = &opts.fence {
+        fence().map_err(|reason| AggregateError::Fenced { reason })?;
     }
-    Ok(manifest)
+    let renamed = if opts.replace {
+        store.rename(tmp, out)
+    } else {
+        store.rename_noreplace(tmp, out)
+    };
+    renamed.map_err(|e| match e.kind() {
+        io::ErrorKind::AlreadyExists => AggregateError::Exists {
+            path: out.to_path_buf(),
+        },
+        _ => werr(out)(e),
+    })?;
+    store.fsync_dir(out_dir).map_err(werr(out_dir))?;
+    store.publish_json(&mpath, manifest).map_err(werr(&mpath))
+}
+
+/// The error of a failed write to `path`.
+fn werr(path: &Path) -> impl FnOnce(io::Error) -> AggregateError {
+    let path = path.to_path_buf();
+    move |source| AggregateError::Write { path, source }
 }
 
 /// Say `msg` as a warning: a log line in a node (a process whose log subscriber is

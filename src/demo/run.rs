@@ -803,6 +803,21 @@ struct Round {
     interrupted: bool,
 }
 
+/// What a round's watch loop carries from one look to the next.
+struct Watch {
+    /// The pending `--kill-node` strike; `None` once struck.
+    kill: Option<(u32, &'static str)>,
+    killed: Option<u32>,
+    killed_at: Option<Instant>,
+    /// Signals already passed on to the nodes.
+    forwarded: usize,
+    interrupted: bool,
+    /// The newest generation seen of each cluster, in `RunSpec::clusters` order.
+    gens: Vec<Option<u64>>,
+    /// Iterations whose table row is printed.
+    shown: Vec<u64>,
+}
+
 /// What one run (`RunSpec`) left for the summary.
 struct RunResult {
     spec: RunSpec,
@@ -1058,6 +1073,78 @@ impl Demo {
         kill: Option<(u32, &'static str)>,
         prev_gen: Option<u64>,
     ) -> Result<Round, String> {
+        let mut nodes = self.start_nodes(run)?;
+        self.reports.clear();
+        self.header_shown = false;
+
+        let clusters = run.clusters();
+        let mut w = Watch {
+            kill,
+            killed: None,
+            killed_at: None,
+            forwarded: 0,
+            interrupted: false,
+            gens: vec![None; clusters.len()],
+            shown: Vec::new(),
+        };
+        let mut last_render = Instant::now() - REFRESH;
+        loop {
+            self.forward_signals(&nodes, &mut w);
+            self.reap(&mut nodes, w.killed);
+            let views: Vec<Option<ClusterView>> = clusters
+                .iter()
+                .map(|c| {
+                    cluster_view(&run.shared, *c).filter(|s| prev_gen.is_none_or(|g| s.gen > g))
+                })
+                .collect();
+            for (g, v) in w.gens.iter_mut().zip(&views) {
+                if let Some(v) = v {
+                    *g = Some(v.gen);
+                }
+            }
+            self.strike(&mut nodes, &views, &mut w);
+            self.stop_stragglers(&nodes, &mut w);
+
+            let all_done = nodes.iter().all(|n| n.code.is_some());
+            self.report_iterations(run, &clusters, &w.gens, &mut w.shown);
+            if all_done {
+                break;
+            }
+            if last_render.elapsed() >= REFRESH {
+                last_render = Instant::now();
+                let (block, compact) = self.live_block(&clusters, &views, &nodes);
+                self.view.live(&block, &compact);
+            }
+            std::thread::sleep(if w.kill.is_some() {
+                KILL_POLL
+            } else {
+                REFRESH / 5
+            });
+        }
+        self.view.end_live();
+        let codes: Vec<(Lane, i32)> = nodes
+            .iter()
+            .map(|n| (n.lane, n.code.unwrap_or(-1)))
+            .collect();
+        if codes.iter().any(|(_, c)| *c != exit::DONE) && !w.interrupted {
+            self.explain_exits(&nodes, w.killed);
+        }
+        if let (Some((kr, kphase)), None, false) = (w.kill, w.killed, w.interrupted) {
+            self.say(&format!(
+                ">> --kill-node: rank {kr} never showed phase `{kphase}` in iteration {KILL_ITERATION} or later; nothing was killed"
+            ));
+        }
+        Ok(Round {
+            gen: *w.gens.last().expect("a cluster"),
+            codes,
+            killed: w.killed,
+            interrupted: w.interrupted,
+        })
+    }
+
+    /// Start one process per lane of `run`; if one cannot start, kill those already
+    /// started.
+    fn start_nodes(&mut self, run: &RunSpec) -> Result<Vec<NodeProc>, String> {
         let mut nodes = Vec::new();
         for lane in run.lanes() {
             match spawn_node(&self.plan, run, lane) {
@@ -1084,201 +1171,174 @@ impl Demo {
             nodes.len(),
             pids.join(", ")
         ));
-        self.reports.clear();
-        self.header_shown = false;
+        Ok(nodes)
+    }
 
-        let clusters = run.clusters();
-        let mut kill = kill;
-        let mut killed = None;
-        let mut killed_at: Option<Instant> = None;
-        let mut forwarded = 0;
-        let mut interrupted = false;
-        let mut gens: Vec<Option<u64>> = vec![None; clusters.len()];
-        let mut shown: Vec<u64> = Vec::new();
-        let mut last_render = Instant::now() - REFRESH;
-        loop {
-            // Ctrl-C / SIGTERM: pass each one on to the nodes (a second one makes them
-            // kill their commands at once).
-            let count = self.signals.load(Ordering::SeqCst);
-            if count > forwarded {
-                forwarded = count;
-                interrupted = true;
-                let sig = self.last_signal.load(Ordering::SeqCst) as i32;
-                for n in nodes.iter().filter(|n| n.code.is_none()) {
-                    // SAFETY: kill takes only integers; the child is not reaped yet (no
-                    // exit code), so the pid is still its own.
-                    unsafe { libc::kill(n.child.id() as i32, sig) };
-                }
-                self.say(&format!(
-                    ">> {}: stopping the nodes",
-                    crate::node::procs::signal_name(sig)
-                ));
+    /// Ctrl-C / SIGTERM: pass each one on to the nodes (a second one makes them kill
+    /// their commands at once).
+    fn forward_signals(&mut self, nodes: &[NodeProc], w: &mut Watch) {
+        let count = self.signals.load(Ordering::SeqCst);
+        if count > w.forwarded {
+            w.forwarded = count;
+            w.interrupted = true;
+            let sig = self.last_signal.load(Ordering::SeqCst) as i32;
+            for n in nodes.iter().filter(|n| n.code.is_none()) {
+                // SAFETY: kill takes only integers; the child is not reaped yet (no
+                // exit code), so the pid is still its own.
+                unsafe { libc::kill(n.child.id() as i32, sig) };
             }
-            for n in nodes.iter_mut().filter(|n| n.code.is_none()) {
-                if let Ok(Some(st)) = n.child.try_wait() {
-                    let code = exit_code(st);
-                    n.code = Some(code);
-                    let msg = format!(
-                        "{} exited with code {code} ({})",
-                        n.lane.label(),
-                        describe_code(code)
-                    );
-                    if code != exit::DONE || killed.is_some() {
-                        self.view.line(&format!(">> {msg}"));
-                    }
-                }
-            }
-            let views: Vec<Option<ClusterView>> = clusters
-                .iter()
-                .map(|c| {
-                    cluster_view(&run.shared, *c).filter(|s| prev_gen.is_none_or(|g| s.gen > g))
-                })
-                .collect();
-            for (g, v) in gens.iter_mut().zip(&views) {
-                if let Some(v) = v {
-                    *g = Some(v.gen);
-                }
-            }
-
-            if let (Some((kr, kphase)), Some(s)) = (kill, &views[0]) {
-                // Strike in the named phase of iteration 2; a phase can pass between two
-                // looks, so if the rank is already beyond it, strike at once and say so.
-                let target = PHASES.iter().position(|p| p.name() == kphase).unwrap_or(0) as u8;
-                let now = s
-                    .ranks
-                    .get(kr as usize)
-                    .and_then(|r| r.as_ref())
-                    .filter(|r| {
-                        r.state == NodeState::Running
-                            && r.phase.is_some_and(|p| {
-                                (r.iteration == KILL_ITERATION && p.number() >= target)
-                                    || r.iteration > KILL_ITERATION
-                            })
-                    });
-                let node = &mut nodes[kr as usize];
-                if let (Some(r), None) = (now, node.code) {
-                    let pid = node.child.id();
-                    let _ = node.child.kill();
-                    let ph = r.phase.map(|p| p.to_string()).unwrap_or_default();
-                    let late = if phase_name(&ph) == kphase {
-                        String::new()
-                    } else {
-                        format!(" (it had already left `{kphase}`)")
-                    };
-                    self.view.line(&format!(
-                        ">> kill -9 rank {kr} (pid {pid}) in phase {ph} of iteration {}{late}; the others should notice its heartbeat stop within dead-after (5s)",
-                        r.iteration
-                    ));
-                    kill = None;
-                    killed = Some(kr);
-                    killed_at = Some(Instant::now());
-                }
-            }
-            // The survivors must stop on their own within dead-after; if they have not
-            // long after that, something is wrong: stop them rather than hang.
-            if killed_at.is_some_and(|t| t.elapsed() > KILL_STOP_LIMIT) {
-                killed_at = None;
-                let left: Vec<String> = nodes
-                    .iter()
-                    .filter(|n| n.code.is_none())
-                    .map(|n| {
-                        // SAFETY: kill takes only integers; the child is not reaped yet (no
-                        // exit code), so the pid is still its own.
-                        unsafe { libc::kill(n.child.id() as i32, libc::SIGTERM) };
-                        n.lane.label()
-                    })
-                    .collect();
-                if !left.is_empty() {
-                    self.view.line(&format!(
-                        ">> {} still running {}s after the kill: sending SIGTERM",
-                        left.join(", "),
-                        KILL_STOP_LIMIT.as_secs()
-                    ));
-                }
-            }
-
-            let all_done = nodes.iter().all(|n| n.code.is_some());
-            if let Some(g) = *gens.last().expect("a cluster") {
-                let events: Vec<(Vec<progress::Event>, u64)> = clusters
-                    .iter()
-                    .zip(&gens)
-                    .filter_map(|(c, g)| {
-                        Some((progress::read_cluster_events(&run.shared, *c, 0), (*g)?))
-                    })
-                    .collect();
-                // The last cluster's final barrier completes an iteration; it has a
-                // generation (g), so its events are the last of those read.
-                let last_events = &events.last().expect("the last cluster's events").0;
-                for it in progress::completed(last_events, g) {
-                    if !shown.contains(&it) {
-                        shown.push(it);
-                        let parts: Vec<(&[progress::Event], u64)> =
-                            events.iter().map(|(e, g)| (e.as_slice(), *g)).collect();
-                        let mut r = progress::cluster_report(&run.shared, &parts, it);
-                        if run.staleness.is_some() {
-                            // The clusters overlap: what an iteration costs is the time
-                            // between two models, not the sum of its phases.
-                            r.secs = iteration_interval(&parts, last_events, g, it);
-                        }
-                        if !self.header_shown {
-                            self.header_shown = true;
-                            self.view.line(&table_header(run.staleness.is_some()));
-                        }
-                        self.view.line(&table_row(&r, run.staleness.is_some()));
-                        self.reports.push(r);
-                    }
-                }
-            }
-            if all_done {
-                break;
-            }
-            if last_render.elapsed() >= REFRESH {
-                last_render = Instant::now();
-                let (block, compact) = self.live_block(&clusters, &views, &nodes);
-                self.view.live(&block, &compact);
-            }
-            std::thread::sleep(if kill.is_some() {
-                KILL_POLL
-            } else {
-                REFRESH / 5
-            });
-        }
-        self.view.end_live();
-        let codes: Vec<(Lane, i32)> = nodes
-            .iter()
-            .map(|n| (n.lane, n.code.unwrap_or(-1)))
-            .collect();
-        if codes.iter().any(|(_, c)| *c != exit::DONE) && !interrupted {
-            self.say("");
-            for n in &nodes {
-                if n.code == Some(exit::DONE) {
-                    continue;
-                }
-                if killed == Some(n.lane.rank) && n.lane.cluster.is_none() {
-                    self.say(&format!(
-                        "rank {} (killed by the demo): exit {}",
-                        n.lane.rank,
-                        n.code.unwrap_or(-1)
-                    ));
-                    continue;
-                }
-                self.say(&format!("{} said ({}):", n.lane.label(), n.log.display()));
-                for l in failure_lines(n) {
-                    self.say(&format!("    {l}"));
-                }
-            }
-        }
-        if let (Some((kr, kphase)), None, false) = (kill, killed, interrupted) {
             self.say(&format!(
-                ">> --kill-node: rank {kr} never showed phase `{kphase}` in iteration {KILL_ITERATION} or later; nothing was killed"
+                ">> {}: stopping the nodes",
+                crate::node::procs::signal_name(sig)
             ));
         }
-        Ok(Round {
-            gen: *gens.last().expect("a cluster"),
-            codes,
-            killed,
-            interrupted,
-        })
+    }
+
+    /// Record the exit code of each node that has exited since the last look.
+    fn reap(&mut self, nodes: &mut [NodeProc], killed: Option<u32>) {
+        for n in nodes.iter_mut().filter(|n| n.code.is_none()) {
+            if let Ok(Some(st)) = n.child.try_wait() {
+                let code = exit_code(st);
+                n.code = Some(code);
+                let msg = format!(
+                    "{} exited with code {code} ({})",
+                    n.lane.label(),
+                    describe_code(code)
+                );
+                if code != exit::DONE || killed.is_some() {
+                    self.view.line(&format!(">> {msg}"));
+                }
+            }
+        }
+    }
+
+    /// `--kill-node`: kill -9 the named rank once the first cluster's records show it
+    /// in the named phase of iteration 2.
+    fn strike(&mut self, nodes: &mut [NodeProc], views: &[Option<ClusterView>], w: &mut Watch) {
+        let (Some((kr, kphase)), Some(s)) = (w.kill, &views[0]) else {
+            return;
+        };
+        // Strike in the named phase of iteration 2; a phase can pass between two
+        // looks, so if the rank is already beyond it, strike at once and say so.
+        let target = PHASES.iter().position(|p| p.name() == kphase).unwrap_or(0) as u8;
+        let now = s
+            .ranks
+            .get(kr as usize)
+            .and_then(|r| r.as_ref())
+            .filter(|r| {
+                r.state == NodeState::Running
+                    && r.phase.is_some_and(|p| {
+                        (r.iteration == KILL_ITERATION && p.number() >= target)
+                            || r.iteration > KILL_ITERATION
+                    })
+            });
+        let node = &mut nodes[kr as usize];
+        if let (Some(r), None) = (now, node.code) {
+            let pid = node.child.id();
+            let _ = node.child.kill();
+            let ph = r.phase.map(|p| p.to_string()).unwrap_or_default();
+            let late = if phase_name(&ph) == kphase {
+                String::new()
+            } else {
+                format!(" (it had already left `{kphase}`)")
+            };
+            self.view.line(&format!(
+                ">> kill -9 rank {kr} (pid {pid}) in phase {ph} of iteration {}{late}; the others should notice its heartbeat stop within dead-after (5s)",
+                r.iteration
+            ));
+            w.kill = None;
+            w.killed = Some(kr);
+            w.killed_at = Some(Instant::now());
+        }
+    }
+
+    /// The survivors must stop on their own within dead-after; if they have not
+    /// long after that, something is wrong: stop them rather than hang.
+    fn stop_stragglers(&mut self, nodes: &[NodeProc], w: &mut Watch) {
+        if w.killed_at.is_none_or(|t| t.elapsed() <= KILL_STOP_LIMIT) {
+            return;
+        }
+        w.killed_at = None;
+        let left: Vec<String> = nodes
+            .iter()
+            .filter(|n| n.code.is_none())
+            .map(|n| {
+                // SAFETY: kill takes only integers; the child is not reaped yet (no
+                // exit code), so the pid is still its own.
+                unsafe { libc::kill(n.child.id() as i32, libc::SIGTERM) };
+                n.lane.label()
+            })
+            .collect();
+        if !left.is_empty() {
+            self.view.line(&format!(
+                ">> {} still running {}s after the kill: sending SIGTERM",
+                left.join(", "),
+                KILL_STOP_LIMIT.as_secs()
+            ));
+        }
+    }
+
+    /// Print a table row for each iteration completed since the last look (once the
+    /// last cluster has a generation).
+    fn report_iterations(
+        &mut self,
+        run: &RunSpec,
+        clusters: &[Option<&'static str>],
+        gens: &[Option<u64>],
+        shown: &mut Vec<u64>,
+    ) {
+        let Some(g) = *gens.last().expect("a cluster") else {
+            return;
+        };
+        let events: Vec<(Vec<progress::Event>, u64)> = clusters
+            .iter()
+            .zip(gens)
+            .filter_map(|(c, g)| Some((progress::read_cluster_events(&run.shared, *c, 0), (*g)?)))
+            .collect();
+        // The last cluster's final barrier completes an iteration; it has a
+        // generation (g), so its events are the last of those read.
+        let last_events = &events.last().expect("the last cluster's events").0;
+        for it in progress::completed(last_events, g) {
+            if !shown.contains(&it) {
+                shown.push(it);
+                let parts: Vec<(&[progress::Event], u64)> =
+                    events.iter().map(|(e, g)| (e.as_slice(), *g)).collect();
+                let mut r = progress::cluster_report(&run.shared, &parts, it);
+                if run.staleness.is_some() {
+                    // The clusters overlap: what an iteration costs is the time
+                    // between two models, not the sum of its phases.
+                    r.secs = iteration_interval(&parts, last_events, g, it);
+                }
+                if !self.header_shown {
+                    self.header_shown = true;
+                    self.view.line(&table_header(run.staleness.is_some()));
+                }
+                self.view.line(&table_row(&r, run.staleness.is_some()));
+                self.reports.push(r);
+            }
+        }
+    }
+
+    /// After a round that did not end well: what each node that failed said, in turn.
+    fn explain_exits(&mut self, nodes: &[NodeProc], killed: Option<u32>) {
+        self.say("");
+        for n in nodes {
+            if n.code == Some(exit::DONE) {
+                continue;
+            }
+            if killed == Some(n.lane.rank) && n.lane.cluster.is_none() {
+                self.say(&format!(
+                    "rank {} (killed by the demo): exit {}",
+                    n.lane.rank,
+                    n.code.unwrap_or(-1)
+                ));
+                continue;
+            }
+            self.say(&format!("{} said ({}):", n.lane.label(), n.log.display()));
+            for l in failure_lines(n) {
+                self.say(&format!("    {l}"));
+            }
+        }
     }
 
     /// One line per node, the clusters of a pipelined run side by side (stacked when the

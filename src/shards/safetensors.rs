@@ -348,117 +348,156 @@ fn shape_str(s: &[usize]) -> String {
 /// Check that the inputs agree (same keys, dtypes and trailing dimensions; no scalars)
 /// and lay out the merged file. Inputs without tensors (an empty file) take no part.
 pub fn plan(inputs: &[Input]) -> Result<Plan, ShardError> {
-    let mismatch = |reason: String| ShardError::Mismatch { reason };
     let with: Vec<usize> = (0..inputs.len())
         .filter(|&i| !inputs[i].shard.tensors.is_empty())
         .collect();
     let mut out: Vec<OutTensor> = Vec::new();
     if let Some(&first) = with.first() {
         let r0 = &inputs[first];
-        for t in &r0.shard.tensors {
-            if t.shape.is_empty() {
-                return Err(mismatch(format!(
-                    "tensor `{}` of rank {} ({}) is a scalar (shape []): scalars cannot be concatenated along dim 0; store it with a leading dimension (shape [1])",
-                    t.name,
-                    r0.rank,
-                    r0.shard.path.display()
-                )));
-            }
-        }
-        let names0: BTreeSet<&str> = r0.shard.tensors.iter().map(|t| t.name.as_str()).collect();
+        check_no_scalars(r0)?;
         for &i in &with[1..] {
-            let r = &inputs[i];
-            let names: BTreeSet<&str> = r.shard.tensors.iter().map(|t| t.name.as_str()).collect();
-            if let Some(k) = names0.difference(&names).next() {
-                return Err(mismatch(format!(
-                    "rank {} ({}) has no tensor `{k}`, which rank {} has (rank {} has {}; rank {} has {})",
-                    r.rank,
-                    r.shard.path.display(),
-                    r0.rank,
-                    r0.rank,
-                    list(&names0),
-                    r.rank,
-                    list(&names)
-                )));
-            }
-            if let Some(k) = names.difference(&names0).next() {
-                return Err(mismatch(format!(
-                    "rank {} ({}) has a tensor `{k}` that rank {} does not have (rank {} has {}; rank {} has {})",
-                    r.rank,
-                    r.shard.path.display(),
-                    r0.rank,
-                    r0.rank,
-                    list(&names0),
-                    r.rank,
-                    list(&names)
-                )));
-            }
-            // Same names, both sorted: zip pairs them.
-            for (a, b) in r0.shard.tensors.iter().zip(&r.shard.tensors) {
-                if a.dtype != b.dtype {
-                    return Err(mismatch(format!(
-                        "tensor `{}`: rank {} has dtype {} but rank {} ({}) has {}",
-                        a.name,
-                        r0.rank,
-                        dtype_name(a.dtype),
-                        r.rank,
-                        r.shard.path.display(),
-                        dtype_name(b.dtype)
-                    )));
-                }
-                if b.shape.is_empty() {
-                    return Err(mismatch(format!(
-                        "tensor `{}` of rank {} ({}) is a scalar (shape []): scalars cannot be concatenated along dim 0",
-                        b.name,
-                        r.rank,
-                        r.shard.path.display()
-                    )));
-                }
-                if a.shape[1..] != b.shape[1..] {
-                    return Err(mismatch(format!(
-                        "tensor `{}`: trailing dimensions differ: rank {} has shape {} but rank {} ({}) has {}; only dim 0 may differ between ranks",
-                        a.name,
-                        r0.rank,
-                        shape_str(&a.shape),
-                        r.rank,
-                        r.shard.path.display(),
-                        shape_str(&b.shape)
-                    )));
-                }
-            }
+            check_agrees(r0, &inputs[i])?;
         }
-        for (k, t) in r0.shard.tensors.iter().enumerate() {
-            let mut shape = t.shape.clone();
-            shape[0] = with
-                .iter()
-                .map(|&i| inputs[i].shard.tensors[k].shape[0])
-                .sum();
-            out.push(OutTensor {
-                name: t.name.clone(),
-                dtype: t.dtype,
-                shape,
-                data_offsets: [0, 0],
-                pieces: with
-                    .iter()
-                    .map(|&i| {
-                        let s = &inputs[i].shard.tensors[k];
-                        Piece {
-                            rank: inputs[i].rank,
-                            rows: s.shape[0] as u64,
-                            offset: 0,
-                            bytes: s.len,
-                            input: i,
-                            src: k,
-                        }
-                    })
-                    .collect(),
-            });
+        out = concat(inputs, &with);
+    }
+    let data_len = lay_out(&mut out);
+    let (metadata, dropped_metadata) = common_metadata(inputs, &with);
+    let header = header_bytes(&out, &metadata)?;
+    Ok(Plan {
+        tensors: out,
+        metadata,
+        dropped_metadata: dropped_metadata.into_iter().collect(),
+        header,
+        data_len,
+    })
+}
+
+fn mismatch(reason: String) -> ShardError {
+    ShardError::Mismatch { reason }
+}
+
+/// The first input with tensors has no scalar: the others are compared with it.
+fn check_no_scalars(r0: &Input) -> Result<(), ShardError> {
+    for t in &r0.shard.tensors {
+        if t.shape.is_empty() {
+            return Err(mismatch(format!(
+                "tensor `{}` of rank {} ({}) is a scalar (shape []): scalars cannot be concatenated along dim 0; store it with a leading dimension (shape [1])",
+                t.name,
+                r0.rank,
+                r0.shard.path.display()
+            )));
         }
     }
+    Ok(())
+}
+
+/// `r` has the tensors of `r0`, no others, each of the same dtype and trailing
+/// dimensions.
+fn check_agrees(r0: &Input, r: &Input) -> Result<(), ShardError> {
+    let names0: BTreeSet<&str> = r0.shard.tensors.iter().map(|t| t.name.as_str()).collect();
+    let names: BTreeSet<&str> = r.shard.tensors.iter().map(|t| t.name.as_str()).collect();
+    if let Some(k) = names0.difference(&names).next() {
+        return Err(mismatch(format!(
+            "rank {} ({}) has no tensor `{k}`, which rank {} has (rank {} has {}; rank {} has {})",
+            r.rank,
+            r.shard.path.display(),
+            r0.rank,
+            r0.rank,
+            list(&names0),
+            r.rank,
+            list(&names)
+        )));
+    }
+    if let Some(k) = names.difference(&names0).next() {
+        return Err(mismatch(format!(
+            "rank {} ({}) has a tensor `{k}` that rank {} does not have (rank {} has {}; rank {} has {})",
+            r.rank,
+            r.shard.path.display(),
+            r0.rank,
+            r0.rank,
+            list(&names0),
+            r.rank,
+            list(&names)
+        )));
+    }
+    // Same names, both sorted: zip pairs them.
+    for (a, b) in r0.shard.tensors.iter().zip(&r.shard.tensors) {
+        if a.dtype != b.dtype {
+            return Err(mismatch(format!(
+                "tensor `{}`: rank {} has dtype {} but rank {} ({}) has {}",
+                a.name,
+                r0.rank,
+                dtype_name(a.dtype),
+                r.rank,
+                r.shard.path.display(),
+                dtype_name(b.dtype)
+            )));
+        }
+        if b.shape.is_empty() {
+            return Err(mismatch(format!(
+                "tensor `{}` of rank {} ({}) is a scalar (shape []): scalars cannot be concatenated along dim 0",
+                b.name,
+                r.rank,
+                r.shard.path.display()
+            )));
+        }
+        if a.shape[1..] != b.shape[1..] {
+            return Err(mismatch(format!(
+                "tensor `{}`: trailing dimensions differ: rank {} has shape {} but rank {} ({}) has {}; only dim 0 may differ between ranks",
+                a.name,
+                r0.rank,
+                shape_str(&a.shape),
+                r.rank,
+                r.shard.path.display(),
+                shape_str(&b.shape)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Each tensor of the inputs `with` (which agree) as the concatenation of theirs along
+/// dim 0, in rank order; offsets are not laid out yet.
+fn concat(inputs: &[Input], with: &[usize]) -> Vec<OutTensor> {
+    let r0 = &inputs[with[0]];
+    let mut out = Vec::new();
+    for (k, t) in r0.shard.tensors.iter().enumerate() {
+        let mut shape = t.shape.clone();
+        shape[0] = with
+            .iter()
+            .map(|&i| inputs[i].shard.tensors[k].shape[0])
+            .sum();
+        out.push(OutTensor {
+            name: t.name.clone(),
+            dtype: t.dtype,
+            shape,
+            data_offsets: [0, 0],
+            pieces: with
+                .iter()
+                .map(|&i| {
+                    let s = &inputs[i].shard.tensors[k];
+                    Piece {
+                        rank: inputs[i].rank,
+                        rows: s.shape[0] as u64,
+                        offset: 0,
+                        bytes: s.len,
+                        input: i,
+                        src: k,
+                    }
+                })
+                .collect(),
+        });
+    }
+    out
+}
+
+/// Order the tensors and give each tensor and piece its place in the data section;
+/// returns the data section's length.
+fn lay_out(out: &mut [OutTensor]) -> u64 {
     // The safetensors crate's layout: decreasing alignment, then name.
     out.sort_by(|a, b| b.dtype.cmp(&a.dtype).then_with(|| a.name.cmp(&b.name)));
     let mut offset = 0u64;
-    for t in &mut out {
+    for t in out {
         let begin = offset;
         for p in &mut t.pieces {
             p.offset = offset;
@@ -466,7 +505,15 @@ pub fn plan(inputs: &[Input]) -> Result<Plan, ShardError> {
         }
         t.data_offsets = [begin, offset];
     }
+    offset
+}
 
+/// The `__metadata__` entries every input with tensors has with the same value, and the
+/// keys dropped because they do not.
+fn common_metadata(
+    inputs: &[Input],
+    with: &[usize],
+) -> (BTreeMap<String, String>, BTreeSet<String>) {
     let mut metadata = BTreeMap::new();
     let mut dropped_metadata = BTreeSet::new();
     if let Some(&first) = with.first() {
@@ -480,7 +527,7 @@ pub fn plan(inputs: &[Input]) -> Result<Plan, ShardError> {
                 dropped_metadata.insert(k.clone());
             }
         }
-        for &i in &with {
+        for &i in with {
             for k in inputs[i].shard.metadata.keys() {
                 if !metadata.contains_key(k) {
                     dropped_metadata.insert(k.clone());
@@ -488,15 +535,7 @@ pub fn plan(inputs: &[Input]) -> Result<Plan, ShardError> {
             }
         }
     }
-
-    let header = header_bytes(&out, &metadata)?;
-    Ok(Plan {
-        tensors: out,
-        metadata,
-        dropped_metadata: dropped_metadata.into_iter().collect(),
-        header,
-        data_len: offset,
-    })
+    (metadata, dropped_metadata)
 }
 
 fn list(names: &BTreeSet<&str>) -> String {
@@ -581,137 +620,19 @@ fn write_with(
     tick: &mut dyn FnMut(),
     kernel_copy: bool,
 ) -> Result<Vec<Copied>, ShardError> {
-    let files: Vec<Option<File>> = inputs
-        .iter()
-        .map(|i| match i.shard.data {
-            Data::File if !i.shard.tensors.is_empty() => File::open(&i.shard.path)
-                .map(Some)
-                .map_err(|source| ShardError::Io {
-                    path: i.shard.path.clone(),
-                    source,
-                }),
-            _ => Ok(None),
-        })
-        .collect::<Result<_, _>>()?;
-    let werr = |source: io::Error| ShardError::Io {
-        path: out_path.to_path_buf(),
-        source,
+    let m = Merger {
+        plan,
+        inputs,
+        files: open_inputs(inputs)?,
+        out,
+        out_path,
     };
-    let shrank = |input: &Input| ShardError::Unreadable {
-        path: input.shard.path.clone(),
-        reason: format!(
-            "the file shrank while it was being merged (it was {} bytes)",
-            input.shard.file_len
-        ),
-    };
-    let rerr = |input: &Input, e: io::Error| {
-        if e.kind() == io::ErrorKind::UnexpectedEof {
-            shrank(input)
-        } else {
-            ShardError::Io {
-                path: input.shard.path.clone(),
-                source: e,
-            }
-        }
-    };
-    let header_len = plan.header.len() as u64;
-    out.write_all_at(&plan.header, 0).map_err(werr)?;
+    out.write_all_at(&plan.header, 0).map_err(|e| m.werr(e))?;
 
     let stop = std::sync::atomic::AtomicBool::new(false);
     let (hashed, copied) = std::thread::scope(|s| {
-        let hasher = s.spawn(|| -> Result<Vec<(u64, Sha256)>, ShardError> {
-            let mut sums: Vec<(u64, Sha256)> = inputs.iter().map(|_| (0, Sha256::new())).collect();
-            let mut buf = vec![0u8; BLOCK];
-            for t in &plan.tensors {
-                for p in &t.pieces {
-                    let input = &inputs[p.input];
-                    let spec = &input.shard.tensors[p.src];
-                    let sum = &mut sums[p.input];
-                    match &input.shard.data {
-                        Data::Memory(data) => sum.1.update(&data[spec.start as usize]),
-                        Data::File => {
-                            let f = files[p.input].as_ref().expect("opened above");
-                            let mut done = 0u64;
-                            while done < spec.len {
-                                if stop.load(std::sync::atomic::Ordering::Relaxed) {
-                                    return Ok(sums);
-                                }
-                                let n = ((spec.len - done) as usize).min(BLOCK);
-                                f.read_exact_at(&mut buf[..n], spec.start + done)
-                                    .map_err(|e| rerr(input, e))?;
-                                sum.1.update(&buf[..n]);
-                                done += n as u64;
-                            }
-                        }
-                    }
-                    sum.0 += spec.len;
-                }
-            }
-            Ok(sums)
-        });
-        let copied = (|| -> Result<(), ShardError> {
-            let mut kernel_copy = kernel_copy;
-            let mut buf = Vec::new();
-            let mut since_tick = 0u64;
-            let mut synced = header_len;
-            for t in &plan.tensors {
-                for p in &t.pieces {
-                    let input = &inputs[p.input];
-                    let spec = &input.shard.tensors[p.src];
-                    let mut done = 0u64;
-                    while done < spec.len {
-                        let at = header_len + p.offset + done;
-                        let n = (spec.len - done).min(COPY_CHUNK);
-                        match &input.shard.data {
-                            Data::Memory(data) => {
-                                let src = &data[spec.start as usize];
-                                out.write_all_at(&src[done as usize..(done + n) as usize], at)
-                                    .map_err(werr)?;
-                            }
-                            Data::File => {
-                                let f = files[p.input].as_ref().expect("opened above");
-                                let mut left = n;
-                                if kernel_copy {
-                                    match copy_range(f, spec.start + done, out, at, left) {
-                                        Ok(k) if k == left => left = 0,
-                                        // Past the input's end: it shrank.
-                                        Ok(_) => return Err(shrank(input)),
-                                        Err(e) if copy_unsupported(&e) => kernel_copy = false,
-                                        // A full disk is the output's; other errors
-                                        // are taken as the input's (the copy reads it).
-                                        Err(e) if out_of_space(&e) => return Err(werr(e)),
-                                        Err(e) => return Err(rerr(input, e)),
-                                    }
-                                }
-                                if left > 0 {
-                                    buf.resize(BLOCK, 0);
-                                    let mut off = 0u64;
-                                    while off < left {
-                                        let k = ((left - off) as usize).min(BLOCK);
-                                        f.read_exact_at(&mut buf[..k], spec.start + done + off)
-                                            .map_err(|e| rerr(input, e))?;
-                                        out.write_all_at(&buf[..k], at + off).map_err(werr)?;
-                                        off += k as u64;
-                                    }
-                                }
-                            }
-                        }
-                        done += n;
-                        since_tick += n;
-                        if since_tick >= TICK_BYTES {
-                            since_tick = 0;
-                            tick();
-                        }
-                        let end = at + n;
-                        if end - synced >= WRITEBACK_BYTES {
-                            crate::store::fs::start_writeback(out, synced, end - synced);
-                            synced = end;
-                        }
-                    }
-                }
-            }
-            Ok(())
-        })();
+        let hasher = s.spawn(|| m.hash(&stop));
+        let copied = m.copy(tick, kernel_copy);
         if copied.is_err() {
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
         }
@@ -728,6 +649,189 @@ fn write_with(
             sha256: hex::encode(h.finalize()),
         })
         .collect())
+}
+
+/// Each input's file, open for reading, where it has tensors and is read from a file.
+fn open_inputs(inputs: &[Input]) -> Result<Vec<Option<File>>, ShardError> {
+    inputs
+        .iter()
+        .map(|i| match i.shard.data {
+            Data::File if !i.shard.tensors.is_empty() => File::open(&i.shard.path)
+                .map(Some)
+                .map_err(|source| ShardError::Io {
+                    path: i.shard.path.clone(),
+                    source,
+                }),
+            _ => Ok(None),
+        })
+        .collect()
+}
+
+fn shrank(input: &Input) -> ShardError {
+    ShardError::Unreadable {
+        path: input.shard.path.clone(),
+        reason: format!(
+            "the file shrank while it was being merged (it was {} bytes)",
+            input.shard.file_len
+        ),
+    }
+}
+
+/// A failed read of `input`: past its end, it shrank.
+fn rerr(input: &Input, e: io::Error) -> ShardError {
+    if e.kind() == io::ErrorKind::UnexpectedEof {
+        shrank(input)
+    } else {
+        ShardError::Io {
+            path: input.shard.path.clone(),
+            source: e,
+        }
+    }
+}
+
+/// One [`write`] under way: what the copying and the hashing thread share.
+struct Merger<'a> {
+    plan: &'a Plan,
+    inputs: &'a [Input],
+    /// From [`open_inputs`].
+    files: Vec<Option<File>>,
+    out: &'a File,
+    out_path: &'a Path,
+}
+
+impl Merger<'_> {
+    fn werr(&self, source: io::Error) -> ShardError {
+        ShardError::Io {
+            path: self.out_path.to_path_buf(),
+            source,
+        }
+    }
+
+    /// The hashing thread: each input's byte count and SHA-256, over the ranges the copy
+    /// copies, in the order they appear in the merged file. Gives up early once `stop`
+    /// is set (the copy failed).
+    fn hash(&self, stop: &std::sync::atomic::AtomicBool) -> Result<Vec<(u64, Sha256)>, ShardError> {
+        let mut sums: Vec<(u64, Sha256)> = self.inputs.iter().map(|_| (0, Sha256::new())).collect();
+        let mut buf = vec![0u8; BLOCK];
+        for t in &self.plan.tensors {
+            for p in &t.pieces {
+                let input = &self.inputs[p.input];
+                let spec = &input.shard.tensors[p.src];
+                let sum = &mut sums[p.input];
+                match &input.shard.data {
+                    Data::Memory(data) => sum.1.update(&data[spec.start as usize]),
+                    Data::File => {
+                        let f = self.files[p.input].as_ref().expect("opened above");
+                        let mut done = 0u64;
+                        while done < spec.len {
+                            if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                                return Ok(sums);
+                            }
+                            let n = ((spec.len - done) as usize).min(BLOCK);
+                            f.read_exact_at(&mut buf[..n], spec.start + done)
+                                .map_err(|e| rerr(input, e))?;
+                            sum.1.update(&buf[..n]);
+                            done += n as u64;
+                        }
+                    }
+                }
+                sum.0 += spec.len;
+            }
+        }
+        Ok(sums)
+    }
+
+    /// The copying thread: every tensor's pieces, in chunks, to their place after the
+    /// header, calling `tick` and starting writeback as it goes.
+    fn copy(&self, tick: &mut dyn FnMut(), kernel_copy: bool) -> Result<(), ShardError> {
+        let header_len = self.plan.header.len() as u64;
+        let mut kernel_copy = kernel_copy;
+        let mut buf = Vec::new();
+        let mut since_tick = 0u64;
+        let mut synced = header_len;
+        for t in &self.plan.tensors {
+            for p in &t.pieces {
+                let input = &self.inputs[p.input];
+                let spec = &input.shard.tensors[p.src];
+                let mut done = 0u64;
+                while done < spec.len {
+                    let at = header_len + p.offset + done;
+                    let n = (spec.len - done).min(COPY_CHUNK);
+                    match &input.shard.data {
+                        Data::Memory(data) => {
+                            let src = &data[spec.start as usize];
+                            self.out
+                                .write_all_at(&src[done as usize..(done + n) as usize], at)
+                                .map_err(|e| self.werr(e))?;
+                        }
+                        Data::File => self.copy_from_file(
+                            p.input,
+                            spec.start + done,
+                            at,
+                            n,
+                            &mut kernel_copy,
+                            &mut buf,
+                        )?,
+                    }
+                    done += n;
+                    since_tick += n;
+                    if since_tick >= TICK_BYTES {
+                        since_tick = 0;
+                        tick();
+                    }
+                    let end = at + n;
+                    if end - synced >= WRITEBACK_BYTES {
+                        crate::store::fs::start_writeback(self.out, synced, end - synced);
+                        synced = end;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Copy `n` bytes of input `i`'s file at `from` to the output at `at`: in the kernel
+    /// while `kernel_copy` holds (cleared where the filesystems do not support it), else
+    /// by reads and writes through `buf`.
+    fn copy_from_file(
+        &self,
+        i: usize,
+        from: u64,
+        at: u64,
+        n: u64,
+        kernel_copy: &mut bool,
+        buf: &mut Vec<u8>,
+    ) -> Result<(), ShardError> {
+        let input = &self.inputs[i];
+        let f = self.files[i].as_ref().expect("opened above");
+        let mut left = n;
+        if *kernel_copy {
+            match copy_range(f, from, self.out, at, left) {
+                Ok(k) if k == left => left = 0,
+                // Past the input's end: it shrank.
+                Ok(_) => return Err(shrank(input)),
+                Err(e) if copy_unsupported(&e) => *kernel_copy = false,
+                // A full disk is the output's; other errors are taken as the input's (the
+                // copy reads it).
+                Err(e) if out_of_space(&e) => return Err(self.werr(e)),
+                Err(e) => return Err(rerr(input, e)),
+            }
+        }
+        if left > 0 {
+            buf.resize(BLOCK, 0);
+            let mut off = 0u64;
+            while off < left {
+                let k = ((left - off) as usize).min(BLOCK);
+                f.read_exact_at(&mut buf[..k], from + off)
+                    .map_err(|e| rerr(input, e))?;
+                self.out
+                    .write_all_at(&buf[..k], at + off)
+                    .map_err(|e| self.werr(e))?;
+                off += k as u64;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Copy `len` bytes from `src` at `src_off` to `dst` at `dst_off` in the kernel

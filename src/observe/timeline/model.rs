@@ -328,34 +328,61 @@ fn lane(c: &ClusterInput, rank: u32, events: &[Event]) -> Lane {
             .filter(|h| !h.is_empty())
             .unwrap_or_else(|| "?".into())
     };
-    let mut blocks: Vec<Block> = Vec::new();
-    let mut waits = Vec::new();
-    let mut marks = Vec::new();
-    // The block the rank is in (index into `blocks`), if it has not ended.
-    let mut current: Option<usize> = None;
-    let mut last_t: HashMap<u64, f64> = HashMap::new();
+    let mut parts = LaneParts::default();
     for e in events {
-        let lt = last_t.entry(e.gen).or_insert(e.t);
+        parts.event(e, rank, &host_of);
+    }
+    let live = c.live.get(rank as usize).cloned().flatten();
+    parts.close(c, rank, events, live.as_ref());
+    let LaneParts {
+        blocks,
+        waits,
+        marks,
+        ..
+    } = parts;
+    let host = blocks
+        .last()
+        .map(|b| b.host.clone())
+        .unwrap_or_else(|| host_of(c.gen));
+    Lane {
+        cluster: c.name,
+        rank,
+        host,
+        blocks,
+        waits,
+        marks,
+        state: live.map(|l| l.state),
+    }
+}
+
+/// What one rank's events build, event by event: its blocks, barrier waits and marks.
+#[derive(Default)]
+struct LaneParts {
+    blocks: Vec<Block>,
+    waits: Vec<Wait>,
+    marks: Vec<Mark>,
+    /// The block the rank is in (index into `blocks`), if it has not ended.
+    current: Option<usize>,
+    /// The time of each generation's last event.
+    last_t: HashMap<u64, f64>,
+}
+
+impl LaneParts {
+    fn event(&mut self, e: &Event, rank: u32, host_of: &impl Fn(u64) -> String) {
+        let lt = self.last_t.entry(e.gen).or_insert(e.t);
         *lt = lt.max(e.t);
         // A block of an earlier generation never continues into this one.
-        if let Some(i) = current {
-            if blocks[i].gen != e.gen {
-                current = None;
+        if let Some(i) = self.current {
+            if self.blocks[i].gen != e.gen {
+                self.current = None;
             }
         }
-        let mark = |kind: MarkKind, text: String| Mark {
-            kind,
-            t: e.t,
-            gen: e.gen,
-            iteration: e.iteration,
-            text,
-        };
         match &e.event {
             Ev::Phase { phase, .. } => {
-                if let Some(i) = current {
-                    blocks[i].end = e.t;
+                if let Some(i) = self.current {
+                    self.blocks[i].end = e.t;
                 }
-                blocks.push(Block {
+                self.blocks.push(Block {
                     phase: *phase,
                     gen: e.gen,
                     iteration: e.iteration,
@@ -366,10 +393,10 @@ fn lane(c: &ClusterInput, rank: u32, events: &[Event]) -> Lane {
                     notes: Vec::new(),
                     log: None,
                 });
-                current = Some(blocks.len() - 1);
+                self.current = Some(self.blocks.len() - 1);
             }
             Ev::Barrier { name, k, waited_ms } => {
-                waits.push(Wait {
+                self.waits.push(Wait {
                     barrier: name.clone(),
                     gen: e.gen,
                     iteration: e.iteration,
@@ -385,163 +412,172 @@ fn lane(c: &ClusterInput, rank: u32, events: &[Event]) -> Lane {
                     "logs/{}/rank-{rank}.{phase}.log",
                     crate::layout::iter_dir(e.iteration)
                 );
-                if let Some(i) = current {
-                    blocks[i]
+                if let Some(i) = self.current {
+                    self.blocks[i]
                         .notes
                         .push(format!("{phase} command: {exit} after {secs:.3}s"));
-                    blocks[i].log = Some(log.clone());
+                    self.blocks[i].log = Some(log.clone());
                 }
                 if exit != crate::process::EXIT_SUCCESS {
-                    marks.push(mark(
+                    self.mark(
+                        e,
                         MarkKind::CommandFailed,
                         format!("{phase} command: {exit} after {secs:.3}s; log {log}"),
-                    ));
+                    );
                 }
             }
-            Ev::Retry {
-                item,
-                task,
-                attempt,
-                exit,
-                delay_ms,
-            } => marks.push(mark(
-                MarkKind::Retry,
-                format!("retry {attempt} of item {item} (task {task}) after exit code {exit}, in {delay_ms}ms"),
-            )),
-            Ev::ItemFailed { item, task, exit } => marks.push(mark(
-                MarkKind::CommandFailed,
-                format!("item {item} (task {task}) failed for good: {exit}"),
-            )),
-            Ev::TrainFailed {
-                failed,
-                reason,
-                log,
-            } => marks.push(mark(
-                MarkKind::CommandFailed,
-                format!("training failed ({failed}): {reason}; log {log}"),
-            )),
-            Ev::ServerStartFailed {
-                attempt,
-                attempts,
-                reason,
-                retry,
-            } => marks.push(mark(
-                MarkKind::ServerRestart,
-                format!(
-                    "inference server start {attempt}/{attempts} failed: {reason}{}",
-                    if *retry { "; retrying" } else { "" }
-                ),
-            )),
             Ev::ServerStart {
                 model,
                 secs,
                 attempt,
             } => {
-                let text = format!("inference server up in {secs:.2}s (attempt {attempt}, {model})");
+                let text =
+                    format!("inference server up in {secs:.2}s (attempt {attempt}, {model})");
                 if *attempt > 1 {
-                    marks.push(mark(MarkKind::ServerRestart, text.clone()));
+                    self.mark(e, MarkKind::ServerRestart, text.clone());
                 }
-                if let Some(i) = current {
-                    blocks[i].notes.push(text);
-                }
+                self.note(text);
             }
-            Ev::ServerStop { secs } => {
-                if let Some(i) = current {
-                    blocks[i]
-                        .notes
-                        .push(format!("inference server stopped in {secs:.2}s"));
+            other => {
+                if let Some((kind, text)) = mark_of(other) {
+                    self.mark(e, kind, text);
+                } else if let Some(text) = note_of(other) {
+                    self.note(text);
                 }
             }
-            Ev::Fenced { what, why } => {
-                marks.push(mark(MarkKind::Fenced, format!("fenced: {what}: {why}")))
-            }
-            Ev::Refused { why } => marks.push(mark(MarkKind::Fenced, why.clone())),
-            Ev::HangReport { path, why } => marks.push(mark(
-                MarkKind::HangReport,
-                format!("hang report {path}: {why}"),
-            )),
-            Ev::Handoff {
-                model,
-                transfer,
-                secs,
-                ..
-            } => {
-                if let Some(i) = current {
-                    blocks[i]
-                        .notes
-                        .push(format!("handed off {model} ({transfer}) in {secs:.2}s"));
-                }
-            }
-            Ev::HandoffSkipped { summary, .. } => {
-                if let Some(i) = current {
-                    blocks[i].notes.push(format!("no hand-off: {summary}"));
-                }
-            }
-            Ev::PipelineWait { what, secs } => {
-                if let Some(i) = current {
-                    blocks[i]
-                        .notes
-                        .push(format!("waited {secs:.2}s for {what}"));
-                }
-            }
-            _ => {}
         }
         if e.ends_iteration() {
-            if let Some(i) = current.take() {
-                blocks[i].end = e.t;
+            if let Some(i) = self.current.take() {
+                self.blocks[i].end = e.t;
             }
         }
     }
-    // The block a rank was still in at the end of a generation: open until the rank's
-    // last sign of life in it (its last event, or in the current generation its record's
-    // last write).
-    let live = c.live.get(rank as usize).cloned().flatten();
-    let last_sign = |gen: u64, start: f64| {
-        let event = last_t.get(&gen).copied().unwrap_or(start);
-        c.walls.get(&(gen, rank)).map_or(event, |w| event.max(*w))
-    };
-    if let Some(i) = current {
-        blocks[i].end = last_sign(blocks[i].gen, blocks[i].start);
-        blocks[i].open = true;
+
+    /// A note on the block the rank is in; outside a block it is dropped.
+    fn note(&mut self, text: String) {
+        if let Some(i) = self.current {
+            self.blocks[i].notes.push(text);
+        }
     }
-    // Blocks cut short by a restart (their generation ended while they were in them).
-    for i in 0..blocks.len() {
-        let next_gen = blocks.get(i + 1).map(|n| n.gen);
-        if blocks[i].end == blocks[i].start && next_gen.is_some_and(|g| g != blocks[i].gen) {
+
+    fn mark(&mut self, e: &Event, kind: MarkKind, text: String) {
+        self.marks.push(Mark {
+            kind,
+            t: e.t,
+            gen: e.gen,
+            iteration: e.iteration,
+            text,
+        });
+    }
+
+    /// After the rank's last event: end the blocks a generation's end left open, and add
+    /// the barrier wait the rank is in right now.
+    fn close(&mut self, c: &ClusterInput, rank: u32, events: &[Event], live: Option<&LiveRank>) {
+        let LaneParts {
+            blocks,
+            waits,
+            current,
+            last_t,
+            ..
+        } = self;
+        // The block a rank was still in at the end of a generation: open until the rank's
+        // last sign of life in it (its last event, or in the current generation its record's
+        // last write).
+        let last_sign = |gen: u64, start: f64| {
+            let event = last_t.get(&gen).copied().unwrap_or(start);
+            c.walls.get(&(gen, rank)).map_or(event, |w| event.max(*w))
+        };
+        if let Some(i) = *current {
             blocks[i].end = last_sign(blocks[i].gen, blocks[i].start);
             blocks[i].open = true;
         }
-    }
-    // A rank of the current generation waiting at a barrier right now.
-    if let (Some(l), Some(b)) = (&live, blocks.last()) {
-        if let (Some(at), true) = (&l.waiting_at, b.gen == c.gen) {
-            if l.state == "running" {
-                waits.push(Wait {
-                    barrier: at.clone(),
-                    gen: b.gen,
-                    iteration: b.iteration,
-                    k: None,
-                    start: events.last().map_or(b.start, |e| e.t).min(l.wall),
-                    end: l.wall,
-                    open: true,
-                    waited_for: c.waiting_for.clone(),
-                });
+        // Blocks cut short by a restart (their generation ended while they were in them).
+        for i in 0..blocks.len() {
+            let next_gen = blocks.get(i + 1).map(|n| n.gen);
+            if blocks[i].end == blocks[i].start && next_gen.is_some_and(|g| g != blocks[i].gen) {
+                blocks[i].end = last_sign(blocks[i].gen, blocks[i].start);
+                blocks[i].open = true;
+            }
+        }
+        // A rank of the current generation waiting at a barrier right now.
+        if let (Some(l), Some(b)) = (live, blocks.last()) {
+            if let (Some(at), true) = (&l.waiting_at, b.gen == c.gen) {
+                if l.state == "running" {
+                    waits.push(Wait {
+                        barrier: at.clone(),
+                        gen: b.gen,
+                        iteration: b.iteration,
+                        k: None,
+                        start: events.last().map_or(b.start, |e| e.t).min(l.wall),
+                        end: l.wall,
+                        open: true,
+                        waited_for: c.waiting_for.clone(),
+                    });
+                }
             }
         }
     }
-    let host = blocks
-        .last()
-        .map(|b| b.host.clone())
-        .unwrap_or_else(|| host_of(c.gen));
-    Lane {
-        cluster: c.name,
-        rank,
-        host,
-        blocks,
-        waits,
-        marks,
-        state: live.map(|l| l.state),
-    }
+}
+
+/// The mark an event that only marks the lane leaves (`None` for the others).
+fn mark_of(ev: &Ev) -> Option<(MarkKind, String)> {
+    Some(match ev {
+        Ev::Retry {
+            item,
+            task,
+            attempt,
+            exit,
+            delay_ms,
+        } => (
+            MarkKind::Retry,
+            format!("retry {attempt} of item {item} (task {task}) after exit code {exit}, in {delay_ms}ms"),
+        ),
+        Ev::ItemFailed { item, task, exit } => (
+            MarkKind::CommandFailed,
+            format!("item {item} (task {task}) failed for good: {exit}"),
+        ),
+        Ev::TrainFailed {
+            failed,
+            reason,
+            log,
+        } => (
+            MarkKind::CommandFailed,
+            format!("training failed ({failed}): {reason}; log {log}"),
+        ),
+        Ev::ServerStartFailed {
+            attempt,
+            attempts,
+            reason,
+            retry,
+        } => (
+            MarkKind::ServerRestart,
+            format!(
+                "inference server start {attempt}/{attempts} failed: {reason}{}",
+                if *retry { "; retrying" } else { "" }
+            ),
+        ),
+        Ev::Fenced { what, why } => (MarkKind::Fenced, format!("fenced: {what}: {why}")),
+        Ev::Refused { why } => (MarkKind::Fenced, why.clone()),
+        Ev::HangReport { path, why } => (MarkKind::HangReport, format!("hang report {path}: {why}")),
+        _ => return None,
+    })
+}
+
+/// The note an event that only annotates the rank's current block adds (`None` for the
+/// others).
+fn note_of(ev: &Ev) -> Option<String> {
+    Some(match ev {
+        Ev::ServerStop { secs } => format!("inference server stopped in {secs:.2}s"),
+        Ev::Handoff {
+            model,
+            transfer,
+            secs,
+            ..
+        } => format!("handed off {model} ({transfer}) in {secs:.2}s"),
+        Ev::HandoffSkipped { summary, .. } => format!("no hand-off: {summary}"),
+        Ev::PipelineWait { what, secs } => format!("waited {secs:.2}s for {what}"),
+        _ => return None,
+    })
 }
 
 /// Who each barrier wait was for: the rank(s) whose arrival (pass time minus wait) came
