@@ -26,7 +26,6 @@
 use super::doctor_dirs::DirWait;
 use super::doctor_report::{Check, Verdict};
 use crate::error::{Cause, Failure};
-use crate::exit;
 use serde::{Deserialize, Serialize};
 use std::fs;
 use std::io::{ErrorKind, Write};
@@ -695,7 +694,7 @@ impl Member {
                                 Some("start every node's doctor with the same --nodes".into()),
                             ));
                         }
-                        if p.abort_code == Some(exit::DEADLINE) {
+                        if p.abort_code == Some(Cause::Deadline.exit_code()) {
                             gave_up = Some(p.clone());
                         } else {
                             self.check_peer(&p)?;
