@@ -3,8 +3,7 @@
 //! their names and meaning.
 
 use crate::config::{self, CliOverride, ConfigError};
-use crate::error::Failure;
-use crate::exit;
+use crate::error::{Cause, Ending, Failure};
 use crate::logging::{self, LogFormat, LogLevel};
 use crate::node::{self, NodeOptions, Stop};
 use clap::{Args, Parser, Subcommand};
@@ -277,22 +276,22 @@ pub fn main() -> i32 {
 }
 
 /// Run the command line; the rank is the node's when one ran (its report names it).
-fn run() -> (Option<u32>, Result<i32, Failure>) {
+fn run() -> (Option<u32>, Result<Ending, Failure>) {
     if std::env::args_os().len() == 1 {
         crate::errln!("{SUMMARY}");
-        return (None, Ok(exit::Cause::Usage.exit_code()));
+        return (None, Ok(Ending::Reported(Cause::Usage)));
     }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();
             // Clap printed the usage error (or the help it was asked for) itself.
-            let code = if e.use_stderr() {
-                exit::Cause::Usage.exit_code()
+            let ending = if e.use_stderr() {
+                Ending::Reported(Cause::Usage)
             } else {
-                exit::DONE
+                Ending::Done
             };
-            return (None, Ok(code));
+            return (None, Ok(ending));
         }
     };
     let result = match cli.command {
@@ -321,7 +320,7 @@ fn run() -> (Option<u32>, Result<i32, Failure>) {
             let mut buf = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "rl-node", &mut buf);
             crate::out!("{}", String::from_utf8_lossy(&buf));
-            Ok(exit::DONE)
+            Ok(Ending::Done)
         }
         Some(Command::Man) => {
             use clap::CommandFactory;
@@ -329,7 +328,7 @@ fn run() -> (Option<u32>, Result<i32, Failure>) {
             match clap_mangen::Man::new(Cli::command()).render(&mut buf) {
                 Ok(()) => {
                     crate::out!("{}", String::from_utf8_lossy(&buf));
-                    Ok(exit::DONE)
+                    Ok(Ending::Done)
                 }
                 Err(e) => Err(Failure::failed(format!("cannot render the man page: {e}"))),
             }
@@ -340,7 +339,7 @@ fn run() -> (Option<u32>, Result<i32, Failure>) {
                 l.config.fingerprint(),
                 l.render()
             );
-            exit::DONE
+            Ending::Done
         }),
         Some(Command::Status {
             json,
@@ -359,7 +358,7 @@ fn run() -> (Option<u32>, Result<i32, Failure>) {
     (None, result)
 }
 
-fn watch_status(log_path: Option<String>, every: std::time::Duration) -> Result<i32, Failure> {
+fn watch_status(log_path: Option<String>, every: std::time::Duration) -> Result<Ending, Failure> {
     let path = crate::observe::log_path_of("status", log_path)?;
     if every.is_zero() {
         return Err(Failure::usage("--every must be above zero", None));
@@ -367,7 +366,7 @@ fn watch_status(log_path: Option<String>, every: std::time::Duration) -> Result<
     Ok(crate::observe::live::watch(&path, every))
 }
 
-fn status(json: bool, log_path: Option<String>) -> Result<i32, Failure> {
+fn status(json: bool, log_path: Option<String>) -> Result<Ending, Failure> {
     let path = crate::observe::log_path_of("status", log_path)?;
     let root = path.as_path();
     if crate::observe::status::is_pipelined(root) {
@@ -377,7 +376,7 @@ fn status(json: bool, log_path: Option<String>) -> Result<i32, Failure> {
         } else {
             crate::out!("{}", crate::observe::status::render_pipeline(&p));
         }
-        return Ok(exit::DONE);
+        return Ok(Ending::Done);
     }
     let mut s =
         crate::observe::status::read(root).map_err(|e| Failure::usage(e.to_string(), None))?;
@@ -387,11 +386,11 @@ fn status(json: bool, log_path: Option<String>) -> Result<i32, Failure> {
     } else {
         crate::out!("{}", crate::observe::status::render(&s));
     }
-    Ok(exit::DONE)
+    Ok(Ending::Done)
 }
 
 /// Run this process as a node (the default action).
-fn run_node(cli: Cli) -> (Option<u32>, Result<i32, Failure>) {
+fn run_node(cli: Cli) -> (Option<u32>, Result<Ending, Failure>) {
     let level = logging::resolve(cli.node.log_level, logging::LEVEL_ENV, LogLevel::Info);
     let format = logging::resolve(cli.node.log_format, logging::FORMAT_ENV, LogFormat::Text);
     match (level, format) {
@@ -404,7 +403,7 @@ fn run_node(cli: Cli) -> (Option<u32>, Result<i32, Failure>) {
     let supervisor = match node::supervisor::Link::inherited() {
         Some(link) => Some(std::sync::Arc::new(link)),
         None => match node::supervisor::run_node_in_child() {
-            Ok(code) => return (None, Ok(code)),
+            Ok(code) => return (None, Ok(Ending::PassedOn(code))),
             Err(e) => {
                 crate::errln!("warning: cannot start the node in a child process ({e}); running it in this one, which a hung shared filesystem can keep alive past fs-timeout");
                 None
@@ -427,7 +426,9 @@ fn run_node(cli: Cli) -> (Option<u32>, Result<i32, Failure>) {
         supervisor: supervisor.clone(),
     };
     let result = node::run(&loaded, opts);
-    let code = result.as_ref().map_or_else(Stop::exit_code, |_| exit::DONE);
+    let code = result
+        .as_ref()
+        .map_or_else(Stop::exit_code, |_| Ending::Done.exit_code());
     // First, as printing may block on a hung filesystem and so may the exit: the
     // supervisor exits with this code if this process cannot.
     if let Some(link) = &supervisor {
@@ -436,5 +437,5 @@ fn run_node(cli: Cli) -> (Option<u32>, Result<i32, Failure>) {
     if let Ok(node::Outcome::AlreadyComplete(notice)) = &result {
         crate::error::notify(Some(rank), notice);
     }
-    (Some(rank), result.map(|_| exit::DONE))
+    (Some(rank), result.map(|_| Ending::Done))
 }

@@ -2,15 +2,17 @@
 //! the one place that prints it.
 //!
 //! A [`Failure`] carries its [`Cause`] (why the command stopped), the message, an optional
-//! hint and an optional detail (the tail of a failing command's log). Callers name the
-//! cause, never a number: [`Cause::exit_code`] alone maps causes to the documented codes
-//! ([`crate::exit`]), so that a code cannot drift from its meaning at one call site.
-//! [`report`] prints a failure: `error: …`, the log tail, `hint: …` on a terminal or in
-//! plain text, or one JSON event when the node logs JSON. A command that finds nothing to
-//! do (a restart of a run that is already complete) has not failed: it ends with a
-//! [`Notice`], which [`notify`] prints without `error:`, and exits 0.
+//! hint and an optional detail (the tail of a failing command's log). A command that ran
+//! to its end returns an [`Ending`] instead: done, or the verdict of the report it printed.
+//! Callers name the cause or the ending, never a number: `exit_code` on each alone maps
+//! them to the documented codes ([`crate::exit`]), so that a code cannot drift from its
+//! meaning at one call site. [`report`] prints a failure: `error: …`, the log tail,
+//! `hint: …` on a terminal or in plain text, or one JSON event when the node logs JSON. A
+//! command that finds nothing to do (a restart of a run that is already complete) has not
+//! failed: it ends with a [`Notice`], which [`notify`] prints without `error:`, and exits
+//! 0.
 
-pub use crate::exit::Cause;
+pub use crate::exit::{Cause, Ending};
 use crate::logging;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -119,9 +121,9 @@ pub fn notify(rank: Option<u32>, n: &Notice) {
 }
 
 /// The exit code of a command's result, after reporting a failure.
-pub fn finish(rank: Option<u32>, result: Result<i32, Failure>) -> i32 {
+pub fn finish(rank: Option<u32>, result: Result<Ending, Failure>) -> i32 {
     match result {
-        Ok(code) => code,
+        Ok(ending) => ending.exit_code(),
         Err(f) => {
             report(rank, &f);
             f.exit_code()

@@ -1,5 +1,7 @@
 //! The exit codes rl-node documents (README: "Exit codes"), and the one place that maps
-//! the causes of a stop to them ([`Cause::exit_code`]).
+//! the causes of a stop to them ([`Cause::exit_code`]) and the ends of a command that ran
+//! to its end ([`Ending::exit_code`]). Commands return an [`Ending`] or a `Failure` (which
+//! carries its [`Cause`]), never a number, so that a code cannot drift from its meaning.
 //!
 //! A node exits with one of these and nothing else: its stop's cause decides (an abort's
 //! through `AbortInfo::cause_for`), and when signals follow one another the first decides
@@ -67,6 +69,33 @@ impl Cause {
     }
 }
 
+/// How a command that ran to its end exits: it did its work, or it printed its own report
+/// whose verdict is a [`Cause`] (a `Failure` is for a command stopped before its end, and
+/// prints `error: …`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// It did its work (or printed the help it was asked for).
+    Done,
+    /// It printed its report, which is the message (no `error:` line follows), and that
+    /// report's verdict is this cause: a doctor check that failed, damaged state that
+    /// `recover` lists, a demo run whose node failed, a usage error clap printed.
+    Reported(Cause),
+    /// The exit code of the node process this supervisor ran, passed on unchanged (the
+    /// node decided it, through a [`Cause`] or [`Ending`] of its own).
+    PassedOn(i32),
+}
+
+impl Ending {
+    /// The exit code this ending ends the process with (README: "Exit codes").
+    pub fn exit_code(self) -> i32 {
+        match self {
+            Ending::Done => DONE,
+            Ending::Reported(cause) => cause.exit_code(),
+            Ending::PassedOn(code) => code,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,6 +126,13 @@ mod tests {
             [0, 1, 2, 3, 4]
         );
         assert_eq!([TIME_LIMIT, SIGHUP, SIGINT, SIGTERM], [75, 129, 130, 143]);
+        // A command that ran to its end: done is 0, a report's verdict its cause's code,
+        // and a node's own code passes through its supervisor unchanged.
+        assert_eq!(Ending::Done.exit_code(), 0);
+        for (cause, code) in table {
+            assert_eq!(Ending::Reported(cause).exit_code(), code, "{cause:?}");
+        }
+        assert_eq!(Ending::PassedOn(137).exit_code(), 137);
         // Every cause is in the table: a new one must be given its code here.
         for (cause, _) in table {
             match cause {

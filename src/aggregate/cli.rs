@@ -15,7 +15,7 @@ use super::{
     manifest_path, merge, AggregateError, Manifest, MergeOptions, RankEntry,
     DEFAULT_MAX_RECORD_BYTES,
 };
-use crate::error::{Cause, Failure};
+use crate::error::{Cause, Ending, Failure};
 use crate::layout::Layout;
 use crate::shards::naming::Format;
 use serde::Deserialize;
@@ -94,8 +94,7 @@ pub fn main(
     args: AggregateArgs,
     log_path: Option<String>,
     config: Option<PathBuf>,
-) -> Result<i32, Failure> {
-    use crate::exit;
+) -> Result<Ending, Failure> {
     let overrides: Vec<crate::config::CliOverride> = args
         .format
         .iter()
@@ -189,7 +188,7 @@ pub fn main(
             if args.json {
                 crate::outln!("{}", serde_json::to_string_pretty(&m).expect("json"));
             }
-            Ok(exit::DONE)
+            Ok(Ending::Done)
         }
         Err(e) => {
             if args.json {

@@ -81,10 +81,13 @@ pub struct ToyArgs {
 
 pub use run::Globals;
 
-pub fn demo_main(args: DemoArgs, globals: Globals) -> Result<i32, crate::error::Failure> {
+pub fn demo_main(
+    args: DemoArgs,
+    globals: Globals,
+) -> Result<crate::error::Ending, crate::error::Failure> {
     run::main(args, globals)
 }
 
-pub fn toy_main(args: ToyArgs) -> Result<i32, crate::error::Failure> {
+pub fn toy_main(args: ToyArgs) -> Result<crate::error::Ending, crate::error::Failure> {
     toy::main(args.args)
 }

@@ -3,7 +3,7 @@
 use super::progress::{self, IterationReport};
 use super::toy;
 use super::DemoArgs;
-use crate::error::Failure;
+use crate::error::{Cause, Ending, Failure};
 use crate::exit;
 use crate::layout::Layout;
 use crate::protocol::phase::{eval_due, ALL as PHASES};
@@ -131,7 +131,7 @@ fn default_weights(n: u32) -> Vec<u64> {
     }
 }
 
-pub fn main(args: DemoArgs, globals: Globals) -> Result<i32, Failure> {
+pub fn main(args: DemoArgs, globals: Globals) -> Result<Ending, Failure> {
     let mut plan = plan(args, globals).map_err(|e| Failure::usage(format!("demo: {e}"), None))?;
     prepare(&mut plan).map_err(|e| Failure::failed(format!("demo: {e}")))?;
     Demo::new(plan)
@@ -990,7 +990,7 @@ impl Demo {
         }
     }
 
-    fn run(mut self) -> Result<i32, String> {
+    fn run(mut self) -> Result<Ending, String> {
         let started = Instant::now();
         self.intro();
         let mut results = Vec::new();
@@ -1036,13 +1036,13 @@ impl Demo {
         self.summary(&results, started.elapsed());
         let last = results.last().expect("one run");
         if last.rounds.last().is_some_and(|r| r.interrupted) {
-            return Ok(exit::SIGINT);
+            return Ok(Ending::Reported(Cause::Interrupted(libc::SIGINT)));
         }
         Ok(
             if results.len() == self.plan.runs.len() && results.iter().all(RunResult::ok) {
-                exit::DONE
+                Ending::Done
             } else {
-                exit::FAILED
+                Ending::Reported(Cause::Failed)
             },
         )
     }

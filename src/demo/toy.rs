@@ -11,6 +11,7 @@
 //! of (seed, iteration, task, sample index), and every floating-point sum runs in a fixed
 //! order (lines in file order, ranks in rank order).
 
+use crate::error::{Cause, Ending};
 use clap::{Parser, Subcommand};
 use serde::{Deserialize, Serialize};
 use std::fs::{self, File};
@@ -334,16 +335,17 @@ enum ToyCmd {
     },
 }
 
-pub fn main(args: Vec<String>) -> Result<i32, crate::error::Failure> {
+pub fn main(args: Vec<String>) -> Result<Ending, crate::error::Failure> {
     let argv = std::iter::once("rl-node __toy".to_string()).chain(args);
     let cli = match ToyCli::try_parse_from(argv) {
         Ok(c) => c,
         Err(e) => {
+            // Clap printed the usage error (or the help it was asked for) itself.
             let _ = e.print();
             return Ok(if e.use_stderr() {
-                crate::exit::USAGE
+                Ending::Reported(Cause::Usage)
             } else {
-                crate::exit::DONE
+                Ending::Done
             });
         }
     };
@@ -409,7 +411,7 @@ pub fn main(args: Vec<String>) -> Result<i32, crate::error::Failure> {
                 let want = Duration::from_secs_f64(min_secs.min(3600.0));
                 std::thread::sleep(want.saturating_sub(started.elapsed()));
             }
-            Ok(crate::exit::DONE)
+            Ok(Ending::Done)
         }
         Err(e) => Err(crate::error::Failure::failed(format!("toy {what}: {e}"))),
     }

@@ -14,8 +14,7 @@
 use super::doctor_caches::{secs, Family};
 use super::doctor_dirs::DirWait;
 use super::doctor_report::{ms, Check, FuseDaemon, Mount, Verdict};
-use crate::error::Failure;
-use crate::exit;
+use crate::error::{Cause, Ending, Failure};
 use serde::Serialize;
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Write};
@@ -167,7 +166,7 @@ pub(crate) struct Report {
 
 const NOT_MEASURED: &str = "not measured by a single node: how long a write on one node takes to become visible on another, and the clock offset between nodes (run `rl-node doctor --nodes N` on every node at once to measure them)";
 
-pub fn main(args: DoctorArgs) -> Result<i32, Failure> {
+pub fn main(args: DoctorArgs) -> Result<Ending, Failure> {
     let path = args
         .log_path
         .clone()
@@ -222,8 +221,13 @@ pub fn main(args: DoctorArgs) -> Result<i32, Failure> {
     } else {
         crate::out!("{}", render(&report));
     }
+    // The report is the message: a failed check exits 1 without an `error:` line.
     let failed = report.checks.iter().any(|c| c.verdict == Verdict::Fail);
-    Ok(if failed { exit::FAILED } else { exit::DONE })
+    Ok(if failed {
+        Ending::Reported(Cause::Failed)
+    } else {
+        Ending::Done
+    })
 }
 
 /// The session a multi-node doctor joins, or none for one node; bad flags are usage errors.

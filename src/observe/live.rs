@@ -7,6 +7,7 @@
 
 use super::eventlog;
 use super::status::{self, PipelineStatus, Status};
+use crate::error::{Cause, Ending};
 use std::io::IsTerminal;
 use std::path::Path;
 use std::time::Duration;
@@ -165,9 +166,9 @@ fn pipelined(log_path: &Path) -> View {
 /// Cursor home, clear the screen: a terminal watch redraws the whole view.
 const CLEAR: &str = "\x1b[H\x1b[2J";
 
-/// Watch the run in `log_path`, refreshing every `every`, until it ends. Returns the
-/// exit code: 0 when the run completed, 1 when it stopped.
-pub fn watch(log_path: &Path, every: Duration) -> i32 {
+/// Watch the run in `log_path`, refreshing every `every`, until it ends: done when the
+/// run completed, failed (exit 1, the last view being the report) when it stopped.
+pub fn watch(log_path: &Path, every: Duration) -> Ending {
     let tty = std::io::stdout().is_terminal();
     let mut last_line = String::new();
     loop {
@@ -182,7 +183,11 @@ pub fn watch(log_path: &Path, every: Duration) -> i32 {
                 if let Some(done) = v.ended {
                     let clear = if tty { CLEAR } else { "" };
                     crate::output::stdout_after(clear, format_args!("{}", v.full(log_path)), false);
-                    return if done { 0 } else { 1 };
+                    return if done {
+                        Ending::Done
+                    } else {
+                        Ending::Reported(Cause::Failed)
+                    };
                 }
                 if tty {
                     crate::output::stdout_after(

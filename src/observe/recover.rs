@@ -4,7 +4,7 @@
 //! incomplete files lie around. Read-only unless asked: `--discard-iteration N` sets an
 //! incomplete iteration aside (moved, never deleted) so a restart redoes it from scratch.
 
-use crate::error::Failure;
+use crate::error::{Cause, Ending, Failure};
 use crate::layout::{iter_dir, Layout};
 use crate::protocol::journal::{self, item, Entry};
 use crate::protocol::walk::RolloutSplit;
@@ -46,14 +46,14 @@ impl Out {
 }
 
 /// Report damaged state and what `--repair` does (or did) about it. `None` when the state
-/// is usable afterwards (the normal report follows), else the exit code.
+/// is usable afterwards (the normal report follows), else how `recover` ends.
 fn damaged_state(
     layout: &Layout,
     problems: &[super::repair::Problem],
     cluster: Option<&ClusterRecord>,
     repair: bool,
     _args: &RecoverArgs,
-) -> Result<Option<i32>, Failure> {
+) -> Result<Option<Ending>, Failure> {
     let out = Out;
     if !repair && problems.iter().all(|p| p.tolerated) {
         // What a crash mid-append leaves: a restart copes with it, so this is a note, and
@@ -86,7 +86,7 @@ fn damaged_state(
         } else {
             out.line("some of this cannot be repaired from the files alone: add --fresh to rank 0 to set the run aside (nothing is deleted) and start a new one");
         }
-        return Ok(Some(crate::exit::USAGE));
+        return Ok(Some(Ending::Reported(Cause::Usage)));
     }
     if !repairable {
         return Err(Failure::usage(
@@ -726,7 +726,7 @@ fn discard(store: &dyn SharedDir, run: &Run, rep: &Report, n: u64) -> Result<Vec
     Ok(moved)
 }
 
-pub fn main(args: RecoverArgs, log_path: Option<String>) -> Result<i32, Failure> {
+pub fn main(args: RecoverArgs, log_path: Option<String>) -> Result<Ending, Failure> {
     let path = super::log_path_of("recover", log_path)?;
     let cluster: Option<&'static str> = match args.cluster.as_deref() {
         Some("rollout") => Some("rollout"),
@@ -754,10 +754,10 @@ pub fn main(args: RecoverArgs, log_path: Option<String>) -> Result<i32, Failure>
     let mut latest = None;
     if let Some(d) = super::repair::diagnose(&layout) {
         if !d.problems.is_empty() {
-            if let Some(code) =
+            if let Some(ending) =
                 damaged_state(&layout, &d.problems, d.cluster.as_ref(), args.repair, &args)?
             {
-                return Ok(code);
+                return Ok(ending);
             }
         }
         let repaired = args.repair && !d.problems.is_empty();
@@ -789,7 +789,7 @@ pub fn main(args: RecoverArgs, log_path: Option<String>) -> Result<i32, Failure>
             }
         }
     }
-    Ok(crate::exit::DONE)
+    Ok(Ending::Done)
 }
 
 #[cfg(test)]

@@ -603,7 +603,7 @@ pub fn tail(path: &Path, n: usize) -> String {
 /// closes (the node exited or was killed), stop every group still registered and every
 /// process whose environment carries `RL_NODE_OWNER=<NONCE>:` (descendants that left their
 /// group; after a `kill -9` they are no longer in the node's process tree).
-pub fn guardian_main(nonce: Option<&str>) -> i32 {
+pub fn guardian_main(nonce: Option<&str>) -> crate::exit::Ending {
     // SAFETY: signal() with SIG_IGN installs no handler code; the arguments are integers.
     unsafe {
         libc::signal(libc::SIGINT, libc::SIG_IGN);
@@ -655,7 +655,7 @@ pub fn guardian_main(nonce: Option<&str>) -> i32 {
             libc::killpg(*g, libc::SIGKILL);
         }
     }
-    0
+    crate::exit::Ending::Done
 }
 
 /// The node's watchdog fired: SIGTERM its groups and every descendant of the node but this

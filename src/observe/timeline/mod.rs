@@ -16,8 +16,7 @@
 pub mod model;
 pub mod render;
 
-use crate::error::Failure;
-use crate::exit;
+use crate::error::{Ending, Failure};
 use crate::layout::Layout;
 use crate::observe::eventlog;
 use crate::protocol::RankRecord;
@@ -90,7 +89,7 @@ fn range_label(r: &RangeInclusive<u64>) -> String {
     }
 }
 
-pub fn main(args: TimelineArgs) -> Result<i32, Failure> {
+pub fn main(args: TimelineArgs) -> Result<Ending, Failure> {
     let root = crate::observe::log_path_of("timeline", args.log_path.clone())?;
     let range = args
         .iterations
@@ -121,7 +120,7 @@ pub fn main(args: TimelineArgs) -> Result<i32, Failure> {
         counts.blocks,
         page.len().div_ceil(1024)
     );
-    Ok(exit::DONE)
+    Ok(Ending::Done)
 }
 
 /// Read the run in `root` and draw it: the page and what it holds, or why there is
