@@ -146,7 +146,7 @@ pub(crate) fn report(
 /// A node's final word when it had nothing to do, as one event of information (it exits
 /// 0, which the event says like a failure's says its code).
 pub(crate) fn notice(rank: Option<u32>, message: &str, hint: Option<&str>) {
-    let exit_code = crate::exit::DONE;
+    let exit_code = crate::exit::Ending::Done.exit_code();
     tracing::info!(rank, exit_code, hint, "{message}");
 }
 

@@ -1309,7 +1309,9 @@ impl Node {
     /// escalation that found the loop busy before it stopped put the first signal's abort
     /// in the record, and that abort, not what the loop ran into since, is the outcome.
     fn decide(&mut self, result: Result<Outcome, Stop>) -> Result<Outcome, Stop> {
-        let code = result.as_ref().map_or_else(Stop::exit_code, |_| exit::DONE);
+        let code = result
+            .as_ref()
+            .map_or_else(Stop::exit_code, |_| exit::Ending::Done.exit_code());
         if self.stopping.decide(code) == code {
             return result;
         }
