@@ -21,9 +21,9 @@ use crate::holder;
 use crate::layout::Layout;
 use crate::protocol::join;
 use crate::protocol::journal::Resume;
-use crate::protocol::{ClusterRecord, Mark, NodeState, RankRecord, PROTO};
+use crate::protocol::messages;
+use crate::protocol::{ClusterRecord, NodeState, RankRecord, PROTO};
 use crate::state::{self, StateError};
-use serde_json::json;
 use std::time::Duration;
 
 /// What we can tell about the process holding a record.
@@ -97,12 +97,16 @@ impl Node {
         }
     }
 
-    fn join_mark(&self) -> Mark {
-        Mark {
-            k: 0,
-            iteration: 0,
-            name: "join".into(),
-            payload: json!({"host": self.host, "pid": self.pid}),
+    /// The join (barrier 0) as this rank: its arrival, and as rank 0 its release.
+    fn join_barrier(&self) -> join::JoinBarrier {
+        join::barrier(self.rank, self.joined())
+    }
+
+    /// This process, as the join's marks name it.
+    fn joined(&self) -> messages::Joined {
+        messages::Joined {
+            host: self.host.clone(),
+            pid: self.pid,
         }
     }
 
@@ -311,7 +315,7 @@ impl Node {
         let cluster = self.cluster_record(gen, run_id, previous, resume);
         self.cluster = Some(cluster.clone());
         let mut me = self.record(gen, run_id, 0, NodeState::Joining);
-        me.arrived = Some(self.join_mark());
+        me.arrived = Some(self.join_barrier().arrival());
         let path = layout.rank_record(gen, 0);
         let publisher = super::Publisher::start(
             self.store.clone(),
@@ -510,7 +514,7 @@ impl Node {
                 self.watch.nonces.insert(r, p.nonce.clone());
             }
         }
-        let release = self.join_mark();
+        let release = self.join_barrier().release(&Some(self.joined()));
         let beat = self.cfg.timing.heartbeat_interval;
         self.publisher().update(|r| {
             r.released = Some(release);
@@ -724,7 +728,7 @@ impl Node {
             self.watch.nonces.clear();
             self.watch.nonces.insert(0, r0.nonce.clone());
             let mut me = self.record(gen, &cluster.run_id, self.rank, NodeState::Joining);
-            me.arrived = Some(self.join_mark());
+            me.arrived = Some(self.join_barrier().arrival());
             let path = self.layout.rank_record(gen, self.rank);
             let publisher = super::Publisher::start(
                 self.store.clone(),

@@ -11,13 +11,18 @@
 //! [`first_free_generation`] (the number of the new generation's directory), and
 //! [`Forming`], one round of its wait for every rank to arrive.
 //!
+//! The join's marks are those of barrier 0 ([`barrier`]): each rank's arrival, and rank
+//! 0's release, carry the process holding the record ([`Joined`]), which no rank acts on.
+//!
 //! [`look`] is the worker's decision. It reads nothing itself: the records it needs are
 //! asked of a [`JoinView`] when (and only if) the decision gets to them, so a look at a
 //! generation already skipped costs one read, as before. The node's view reads the
 //! shared directory and judges a holder by its process and its heartbeat
 //! (`liveness::Holders`); a simulator's can answer from its own world.
 
+use super::barrier::Barrier;
 use super::liveness::{Holder, PROOF_FOR_REFUSAL};
+use super::messages::Joined;
 use super::{ClusterRecord, NodeState, RankRecord};
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
@@ -234,6 +239,16 @@ pub fn first_free_generation(wanted: u64, listing: &[OsString]) -> u64 {
         .max()
         .unwrap_or(0);
     wanted.max(highest + 1)
+}
+
+/// The join is barrier 0 of a generation, at iteration 0: a rank gathers, and rank 0
+/// broadcasts, the process that holds its record.
+pub type JoinBarrier = Barrier<Option<Joined>, Option<Joined>>;
+
+/// The join as `rank`, the process `me`: its [`Barrier::arrival`], and rank 0's
+/// [`Barrier::release`] (with its own process again).
+pub fn barrier(rank: u32, me: Joined) -> JoinBarrier {
+    Barrier::new(0, rank, 0, "join", Some(me))
 }
 
 /// Rank 0's wait for every rank to arrive at the join (barrier 0), one round at a time.
@@ -635,6 +650,7 @@ fn diff_json(theirs: &Value, ours: &Value, prefix: &str) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::barrier::Progress;
     use super::*;
     use crate::protocol::Phase;
 
@@ -1044,6 +1060,72 @@ mod tests {
         assert_eq!(f.missing(), [2]);
         let all = vec![Some(arrived(0)), Some(arrived(1)), Some(arrived(2))];
         assert!(f.round(&all, &refused).complete);
+    }
+
+    /// The join's marks keep protocol 2's JSON: a node of the same protocol built before
+    /// the marks were typed reads them as it did.
+    #[test]
+    fn the_join_marks_keep_the_json_of_protocol_2() {
+        let me = Joined {
+            host: "node-a".into(),
+            pid: 4711,
+        };
+        let want = json!({"k": 0, "iteration": 0, "name": "join",
+                          "payload": {"host": "node-a", "pid": 4711}});
+        let arrival = barrier(2, me.clone()).arrival();
+        assert_eq!(serde_json::to_value(&arrival).unwrap(), want);
+        let release = barrier(0, me.clone()).release(&Some(me));
+        assert_eq!(serde_json::to_value(&release).unwrap(), want);
+    }
+
+    /// A peer's record is untrusted, but nothing acts on a join payload: an arrival or a
+    /// release counts by its position, whatever its payload holds.
+    #[test]
+    fn a_join_payload_that_does_not_decode_still_arrives_and_releases() {
+        let odd = |rank, payload: Value| RankRecord {
+            arrived: Some(crate::protocol::Mark {
+                k: 0,
+                iteration: 0,
+                name: "join".into(),
+                payload: payload.clone(),
+            }),
+            released: (rank == 0).then(|| crate::protocol::Mark {
+                k: 0,
+                iteration: 0,
+                name: "join".into(),
+                payload,
+            }),
+            ..rec(rank, NodeState::Joining, "n")
+        };
+        let peers = vec![
+            Some(odd(0, json!("h0"))),
+            Some(odd(1, json!({"pid": "one"}))),
+            Some(odd(2, json!([2]))),
+        ];
+        assert!(Forming::default().round(&peers, &HashMap::new()).complete);
+        assert!(peers[0].as_ref().unwrap().released_at(0));
+        // The join read as a barrier: the odd payloads read as no process.
+        let me = Joined {
+            host: "h0".into(),
+            pid: 100,
+        };
+        assert_eq!(
+            barrier(0, me.clone()).on_records(&peers),
+            Progress::Complete {
+                payloads: vec![Some(me), None, None]
+            }
+        );
+        assert_eq!(
+            barrier(
+                1,
+                Joined {
+                    host: "h1".into(),
+                    pid: 101
+                }
+            )
+            .on_records(&peers),
+            Progress::Released { broadcast: None }
+        );
     }
 
     #[test]

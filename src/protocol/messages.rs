@@ -37,6 +37,17 @@ impl Plain for () {}
 /// `null` when absent; a value that does not decode as `T` reads as absent.
 impl<T: Serialize + DeserializeOwned> Plain for Option<T> {}
 
+/// The join (barrier 0): a rank's arrival, and rank 0's release, name the process that
+/// holds the record, for a human reading it. No rank acts on it: a holder is judged by
+/// the record's own `host`, `pid` and `nonce` (the worker nonces rank 0 keeps at the
+/// release come from there too), and an arrival counts by its position alone, so a
+/// payload that does not decode (`None`) changes nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Joined {
+    pub host: String,
+    pub pid: u32,
+}
+
 /// `eval-decision`'s release: whether this iteration evaluates (rank 0 decides).
 /// Unreadable: no eval.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -185,6 +196,18 @@ mod tests {
     fn the_json_shapes_of_protocol_2_are_kept() {
         assert_eq!(().write(), Value::Null);
         assert_eq!(EvalDecision { eval: true }.write(), json!({"eval": true}));
+        let joined = Joined {
+            host: "node-a".into(),
+            pid: 4711,
+        };
+        assert_eq!(
+            Some(joined.clone()).write(),
+            json!({"host": "node-a", "pid": 4711})
+        );
+        assert_eq!(
+            Option::<Joined>::read(&json!({"host": "node-a", "pid": 4711})),
+            Some(joined)
+        );
         assert_eq!(None::<TrainFailed>.write(), Value::Null);
         assert_eq!(
             Some(TrainFailed { failed: "x".into() }).write(),
@@ -245,6 +268,13 @@ mod tests {
         }
         assert_eq!(Option::<TrainFailed>::read(&json!({"failed": 5})), None);
         assert_eq!(Option::<Handoff>::read(&json!({"model": ["a"]})), None);
+        for odd in [
+            json!({"pid": 5}),
+            json!({"host": "h", "pid": -1}),
+            json!("h"),
+        ] {
+            assert_eq!(Option::<Joined>::read(&odd), None);
+        }
         assert_eq!(
             Option::<TrainingFailures>::read(&json!({"failed": 5})),
             None

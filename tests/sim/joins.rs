@@ -46,7 +46,8 @@ use rl_node::layout::Layout;
 use rl_node::protocol::fence;
 use rl_node::protocol::join::{self, ClusterSeen, JoinView, Joiner, Look};
 use rl_node::protocol::liveness::{Holder, Holders};
-use rl_node::protocol::{ClusterRecord, Liveness, Mark, NodeState, RankRecord};
+use rl_node::protocol::messages::Joined;
+use rl_node::protocol::{ClusterRecord, Liveness, NodeState, RankRecord};
 use rl_node::rng::SplitMix64 as Rng;
 use rl_node::store::sim::{SimClient, SimWorld};
 use rl_node::store::SharedDir;
@@ -620,12 +621,15 @@ impl Sim {
         self.memo.borrow_mut().parse(gen, rank, bytes)
     }
 
-    fn join_mark(&self, p: usize) -> Mark {
-        Mark {
-            k: 0,
-            iteration: 0,
-            name: "join".into(),
-            payload: json!({"pid": self.procs[p].pid}),
+    /// Process `p`'s join, as `Node::join_barrier` builds it.
+    fn join_barrier(&self, p: usize) -> join::JoinBarrier {
+        join::barrier(self.procs[p].rank, self.joined(p))
+    }
+
+    fn joined(&self, p: usize) -> Joined {
+        Joined {
+            host: format!("host-{}", self.procs[p].host),
+            pid: self.procs[p].pid,
         }
     }
 
@@ -633,10 +637,10 @@ impl Sim {
         let pr = &self.procs[p];
         RankRecord {
             state: NodeState::Joining,
-            host: format!("host-{}", pr.host),
+            host: self.joined(p).host,
             pid: pr.pid,
             nonce: pr.nonce.clone(),
-            arrived: Some(self.join_mark(p)),
+            arrived: Some(self.join_barrier(p).arrival()),
             ..RankRecord::vacant(run_id, gen, pr.rank)
         }
     }
@@ -1130,7 +1134,7 @@ impl Sim {
                 )));
             }
         }
-        let mark = self.join_mark(p);
+        let mark = self.join_barrier(p).release(&Some(self.joined(p)));
         self.publish(p, |r| {
             r.released = Some(mark);
             r.state = NodeState::Running;
