@@ -1112,7 +1112,7 @@ fn claim(models: &Path, pending: &Path, tmp: &Path) -> Result<(), PublishError> 
     let to = tmp.join(MOVED_FROM);
     (|| {
         crate::store::fs::copy_file(&from, &to)?;
-        File::open(&to)?.sync_all()?;
+        store().sync_file(&to)?;
         store().fsync_dir(tmp)?;
         store().fsync_dir(models)
     })()
@@ -1331,7 +1331,7 @@ fn write_manifest(
         name: name.to_string(),
         source: source.display().to_string(),
         files,
-        created_at: crate::protocol::wall_stamp(std::time::SystemTime::now()),
+        created_at: crate::clock::wall_now(),
         mutable: opts.mutable.clone(),
     };
     let mpath = dir.join(MANIFEST);

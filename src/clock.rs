@@ -168,6 +168,12 @@ pub fn spawn(
     }
 }
 
+/// Now, as records and journals stamp it ([`crate::protocol::wall_stamp`]), for code
+/// that holds no [`Clock`] (checkpoint manifests, repairs, the supervisor).
+pub fn wall_now() -> String {
+    crate::protocol::wall_stamp(SystemTime::now())
+}
+
 /// The machine's clocks.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SystemClock;

@@ -188,16 +188,16 @@ pub fn merge(
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    if !opts.replace {
-        match std::fs::symlink_metadata(&out) {
-            Ok(_) => return Err(AggregateError::Exists { path: out }),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(werr(&out)(e)),
-        }
-    }
     // A merged file is data-plane work on real files (read, hashed, written through an
     // open handle); the names it makes, renames and syncs go through the store.
     let store: &dyn SharedDir = &crate::store::Fs;
+    if !opts.replace {
+        match store.lstat(&out) {
+            Ok(Some(_)) => return Err(AggregateError::Exists { path: out }),
+            Ok(None) => {}
+            Err(e) => return Err(werr(&out)(e)),
+        }
+    }
     store.create_dir_all(&out_dir).map_err(werr(&out_dir))?;
     let tmp = temp_path(&out);
     let mut extras = match write_merged(layout, iteration, split, &mut ranks, opts, &tmp, tick) {

@@ -1751,15 +1751,15 @@ impl Node {
     /// arrive together).
     fn sync_start(&mut self) -> Result<(), Stop> {
         self.make_iteration_dirs()?;
-        let plans = self.plan_fingerprints();
+        let mine = self.plan_fingerprints();
         let model = self.choose_rollout_model()?;
         let name = WalkBarrier::SyncStart.name();
         let released = self.barrier(name, (), |_| msg::SyncStart {
-            plans: msg::Plans::Sent(plans),
+            plans: msg::Plans::Sent(mine.clone()),
             pipeline: model,
         })?;
         if !self.is_master() {
-            self.check_plans(&released.plans)?;
+            self.check_plans(&released.plans, &mine)?;
         }
         self.use_rollout_model(released.pipeline)?;
         self.note_model_used();

@@ -187,7 +187,7 @@ impl Stopping {
             log: None,
             detected_by: self.rank,
             silent_ms: None,
-            at: crate::protocol::wall_stamp(std::time::SystemTime::now()),
+            at: crate::clock::wall_now(),
             cluster: None,
             detected_in: None,
         };

@@ -315,15 +315,18 @@ impl Node {
         }
     }
 
-    /// A worker compares rank 0's plan fingerprints with its own.
-    pub(super) fn check_plans(&mut self, rank0: &Plans) -> Result<(), Stop> {
-        let mine = self.plan_fingerprints();
+    /// A worker compares rank 0's plan fingerprints with its own, `mine`.
+    pub(super) fn check_plans(
+        &mut self,
+        rank0: &Plans,
+        mine: &PlanFingerprints,
+    ) -> Result<(), Stop> {
         match rank0 {
             Plans::Unsent => return Ok(()),
-            Plans::Sent(theirs) if *theirs == mine => return Ok(()),
+            Plans::Sent(theirs) if theirs == mine => return Ok(()),
             _ => {}
         }
-        let mine = serde_json::to_value(&mine).expect("fingerprints are JSON");
+        let mine = serde_json::to_value(mine).expect("fingerprints are JSON");
         let reason = format!(
             "this rank's plan of iteration {} differs from rank 0's (rank 0: {}, here: {mine}): the task files (tasks.train / tasks.eval) differ between nodes",
             self.iteration,
@@ -1345,7 +1348,7 @@ impl Node {
         plan: Plan,
     ) -> Result<(), Stop> {
         let dir = self.items_dir(split);
-        for d in [dir.clone(), dir.with_file_name("leases")] {
+        for d in [dir.clone(), self.layout.leases_dir(self.iteration, split)] {
             self.make_dir(&d)?;
         }
         let tasks = Arc::clone(self.tasks.get(split).expect("planned"));

@@ -707,7 +707,7 @@ fn discard(store: &dyn SharedDir, run: &Run, rep: &Report, n: u64) -> Result<Vec
     let mark = crate::state::HistoryEntry {
         gen: 0,
         run_id: run.cluster.run_id.clone(),
-        started_at: crate::protocol::wall_stamp(std::time::SystemTime::now()),
+        started_at: crate::clock::wall_now(),
         host: gethostname::gethostname().to_string_lossy().into_owned(),
         pid: std::process::id(),
         resume_iteration: 0,

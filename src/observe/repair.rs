@@ -217,7 +217,7 @@ pub fn diagnose(layout: &Layout) -> Option<Diagnosis> {
                 rank,
                 iteration,
                 item: walk.clone(),
-                at: crate::protocol::wall_stamp(std::time::SystemTime::now()),
+                at: crate::clock::wall_now(),
                 note: Some(format!("rebuilt by rl-node recover --repair: {why}")),
                 failed: None,
                 checkpoint: None,

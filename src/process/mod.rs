@@ -537,7 +537,7 @@ pub fn spawn_shell(
     out.write_all(
         format!(
             "### rl-node {} {header}\n### $ {command}\n",
-            crate::protocol::wall_stamp(std::time::SystemTime::now())
+            crate::clock::wall_now()
         )
         .as_bytes(),
     )?;

@@ -167,10 +167,17 @@ impl<M: Serialize + DeserializeOwned> Payload for SyncStart<M> {
         struct Pipeline<M> {
             pipeline: Option<M>,
         }
-        let plans = match PlanFingerprints::deserialize(v) {
+        // The fingerprints are what remains without the model, and only if they are
+        // exactly what a rank writes: a missing or extra key is no plan a worker may
+        // agree with (it differs from every rank's, which names all four).
+        let mut rest = v.clone();
+        if let Some(o) = rest.as_object_mut() {
+            o.remove("pipeline");
+        }
+        let plans = match PlanFingerprints::deserialize(&rest) {
             _ if v.is_null() => Plans::Unsent,
-            Ok(p) => Plans::Sent(p),
-            Err(_) => Plans::Unreadable(v.clone()),
+            Ok(p) if serde_json::to_value(&p).is_ok_and(|w| w == rest) => Plans::Sent(p),
+            _ => Plans::Unreadable(rest),
         };
         let pipeline = Pipeline::deserialize(v).ok().and_then(|p| p.pipeline);
         SyncStart { plans, pipeline }
@@ -297,14 +304,36 @@ mod tests {
     #[test]
     fn sync_start_keeps_unreadable_plans_apart_from_absent_ones() {
         assert_eq!(SyncStart::<u64>::read(&Value::Null).plans, Plans::Unsent);
-        let odd = json!({"train": 5, "pipeline": 3});
-        let s = SyncStart::<u64>::read(&odd);
-        assert_eq!(s.plans, Plans::Unreadable(odd.clone()));
-        assert_eq!(s.plans.to_json(), odd);
+        let s = SyncStart::<u64>::read(&json!({"train": 5, "pipeline": 3}));
+        assert_eq!(s.plans, Plans::Unreadable(json!({"train": 5})));
+        assert_eq!(
+            s.plans.to_json(),
+            json!({"train": 5}),
+            "shown without the model"
+        );
         assert_eq!(s.pipeline, Some(3));
+        // Only the exact shape a rank writes is a plan: a key missing (all of them, or
+        // all but the model) or one more is not, whatever the keys that are there say.
+        let all = json!({"train": "p", "eval": null, "train-tasks": null, "eval-tasks": null});
+        for odd in [
+            json!({}),
+            json!({"pipeline": 3}),
+            json!({"train": "p"}),
+            json!({"train": "p", "eval": null, "train-tasks": null, "eval-tasks": null, "x": 1}),
+        ] {
+            let s = SyncStart::<u64>::read(&odd);
+            assert!(
+                matches!(s.plans, Plans::Unreadable(_)),
+                "{odd}: {:?}",
+                s.plans
+            );
+        }
         // An unreadable model leaves the plans readable.
-        let s = SyncStart::<u64>::read(&json!({"train": "p", "pipeline": "x"}));
+        let mut with_model = all.clone();
+        with_model["pipeline"] = json!("x");
+        let s = SyncStart::<u64>::read(&with_model);
         assert_eq!(s.pipeline, None);
         assert!(matches!(s.plans, Plans::Sent(p) if p.train.as_deref() == Some("p")));
+        assert_eq!(SyncStart::<u64>::read(&all).plans.to_json(), all);
     }
 }

@@ -781,21 +781,6 @@ pub(crate) fn json_bytes<T: Serialize + ?Sized>(value: &T) -> io::Result<Vec<u8>
     Ok(bytes)
 }
 
-pub fn publish_json<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
-    (&Fs as &dyn SharedDir).publish_json(path, value)
-}
-
-/// The last resort of a node that can no longer create files (a full disk, a quota):
-/// overwrite the existing file `path` in place with `value` as compact JSON, within the
-/// space the file already has (its length, or the blocks allocated to it), so no new space
-/// is needed on a filesystem that overwrites in place (ext4, xfs, tmpfs, NFS, Lustre; not
-/// copy-on-write ones). A shorter value is padded with spaces. Not atomic: a reader may see
-/// a mix for a moment, which the tolerant readers treat as "not yet". Fails with
-/// `FileTooLarge` when the value does not fit.
-pub fn overwrite_in_place<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
-    (&Fs as &dyn SharedDir).overwrite_json_in_place(path, value)
-}
-
 /// The existing file is opened without following a link and must be this node's own
 /// ([`beneath::check_writable`]).
 fn overwrite_bytes_in_place(path: &Path, value: &[u8]) -> io::Result<()> {
@@ -870,10 +855,6 @@ fn create_new_with(path: &Path, bytes: &[u8], durable: bool) -> io::Result<bool>
             }
         }
     }
-}
-
-pub fn create_new_json<T: Serialize>(path: &Path, value: &T) -> io::Result<bool> {
-    (&Fs as &dyn SharedDir).create_new_json(path, value)
 }
 
 /// Read a file of the record class ([`ReadLimit::Record`]); a missing file is `None`.
@@ -1146,7 +1127,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("plan.json");
         let value = serde_json::json!({"ranks": [[{"task": "t1", "seed": 7}], []], "pool": []});
-        publish_json(&p, &value).unwrap();
+        (&Fs as &dyn SharedDir).publish_json(&p, &value).unwrap();
         let mut expected = serde_json::to_vec(&value).unwrap();
         expected.push(b'\n');
         assert_eq!(fs::read(&p).unwrap(), expected);

@@ -181,8 +181,13 @@ pub trait SharedDir: Send + Sync {
     /// costs a second attempt of the item, whose commit still keeps exactly one file).
     fn create_new_live(&self, path: &Path, bytes: &[u8]) -> io::Result<bool>;
 
-    /// Overwrite the existing `path` in place, within the space it already has (the last
-    /// resort of a node on a full disk; see [`fs::overwrite_in_place`]).
+    /// The last resort of a node that can no longer create files (a full disk, a quota):
+    /// overwrite the existing file `path` in place with `bytes`, within the space the file
+    /// already has (its length, or the blocks allocated to it), so no new space is needed
+    /// on a filesystem that overwrites in place (ext4, xfs, tmpfs, NFS, Lustre; not
+    /// copy-on-write ones). A shorter value is padded with spaces. Not atomic: a reader may
+    /// see a mix for a moment, which the tolerant readers treat as "not yet". Fails with
+    /// `FileTooLarge` when the value does not fit.
     fn overwrite_in_place(&self, path: &Path, bytes: &[u8]) -> io::Result<()>;
 
     /// Append `bytes` to `path`, creating it (and its directory) if needed; `sync` makes
@@ -386,7 +391,7 @@ pub fn set_aside_note(refused: &Untrusted, aside: &Path) -> String {
 
 /// What an in-place overwrite writes over a file of `old` bytes with `allocated` bytes of
 /// blocks: `value`, padded with spaces to the old length and ended with a newline; or
-/// `FileTooLarge` when it does not fit (see [`fs::overwrite_in_place`]).
+/// `FileTooLarge` when it does not fit (see [`SharedDir::overwrite_in_place`]).
 pub(crate) fn in_place_bytes(
     value: &[u8],
     old: usize,
