@@ -809,13 +809,18 @@ struct Watch {
     kill: Option<(u32, &'static str)>,
     killed: Option<u32>,
     killed_at: Option<Instant>,
-    /// Signals already passed on to the nodes.
+    /// Signals already passed on to the nodes (any: the round was interrupted).
     forwarded: usize,
-    interrupted: bool,
     /// The newest generation seen of each cluster, in `RunSpec::clusters` order.
     gens: Vec<Option<u64>>,
     /// Iterations whose table row is printed.
     shown: Vec<u64>,
+}
+
+impl Watch {
+    fn interrupted(&self) -> bool {
+        self.forwarded > 0
+    }
 }
 
 /// What one run (`RunSpec`) left for the summary.
@@ -1083,7 +1088,6 @@ impl Demo {
             killed: None,
             killed_at: None,
             forwarded: 0,
-            interrupted: false,
             gens: vec![None; clusters.len()],
             shown: Vec::new(),
         };
@@ -1126,10 +1130,10 @@ impl Demo {
             .iter()
             .map(|n| (n.lane, n.code.unwrap_or(-1)))
             .collect();
-        if codes.iter().any(|(_, c)| *c != exit::DONE) && !w.interrupted {
+        if codes.iter().any(|(_, c)| *c != exit::DONE) && !w.interrupted() {
             self.explain_exits(&nodes, w.killed);
         }
-        if let (Some((kr, kphase)), None, false) = (w.kill, w.killed, w.interrupted) {
+        if let (Some((kr, kphase)), None, false) = (w.kill, w.killed, w.interrupted()) {
             self.say(&format!(
                 ">> --kill-node: rank {kr} never showed phase `{kphase}` in iteration {KILL_ITERATION} or later; nothing was killed"
             ));
@@ -1138,7 +1142,7 @@ impl Demo {
             gen: *w.gens.last().expect("a cluster"),
             codes,
             killed: w.killed,
-            interrupted: w.interrupted,
+            interrupted: w.interrupted(),
         })
     }
 
@@ -1180,7 +1184,6 @@ impl Demo {
         let count = self.signals.load(Ordering::SeqCst);
         if count > w.forwarded {
             w.forwarded = count;
-            w.interrupted = true;
             let sig = self.last_signal.load(Ordering::SeqCst) as i32;
             for n in nodes.iter().filter(|n| n.code.is_none()) {
                 // SAFETY: kill takes only integers; the child is not reaped yet (no

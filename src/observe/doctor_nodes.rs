@@ -726,9 +726,9 @@ impl Member {
                     .map(|r| self.who(r))
                     .collect();
                 let list: Vec<String> = missing.iter().map(u32::to_string).collect();
-                return Err(Failure {
-                    cause: Cause::Deadline,
-                    message: format!(
+                return Err(Failure::new(
+                    Cause::Deadline,
+                    format!(
                         "doctor session {}: rank{} {} never joined within {} (joined: {})",
                         self.opts.session,
                         if missing.len() > 1 { "s" } else { "" },
@@ -736,11 +736,10 @@ impl Member {
                         humantime::format_duration(self.opts.timeout),
                         joined.join(", ")
                     ),
-                    hint: Some(format!(
+                )
+                .with_hint(format!(
                         "start `rl-node doctor --log-path DIR --nodes {n}` on every node within --timeout of each other (or raise --timeout)"
-                    )),
-                    detail: None,
-                });
+                    )));
             }
             if Instant::now() >= note {
                 note += NOTE_EVERY;
@@ -847,64 +846,57 @@ impl Member {
     }
 
     fn session_removed(&self) -> Failure {
-        Failure {
-            cause: Cause::PeerFailed,
-            message: format!(
+        Failure::new(
+            Cause::PeerFailed,
+            format!(
                 "doctor session {}: the session directory {} was removed (by {}, stopping?)",
                 self.opts.session,
                 self.dir.display(),
                 self.who(0)
             ),
-            hint: None,
-            detail: None,
-        }
+        )
     }
 
     /// A signal that arrived ends this rank's part (exit 128 + signal).
     fn interrupted(&self) -> Result<(), Failure> {
         match self.signal.load(Ordering::Relaxed) {
             0 => Ok(()),
-            sig => Err(Failure {
-                cause: Cause::Interrupted(sig as i32),
-                message: format!(
+            sig => Err(Failure::new(
+                Cause::Interrupted(sig as i32),
+                format!(
                     "doctor session {}: rank {} interrupted by {}",
                     self.opts.session,
                     self.me.rank,
                     crate::process::signal_name(sig as i32)
                 ),
-                hint: None,
-                detail: None,
-            }),
+            )),
         }
     }
 
     fn check_peer(&self, p: &Msg) -> Result<(), Failure> {
         match &p.abort {
-            Some(why) if p.pos.0 == ABORTED => Err(Failure {
-                cause: Cause::PeerFailed,
-                message: format!(
+            Some(why) if p.pos.0 == ABORTED => Err(Failure::new(
+                Cause::PeerFailed,
+                format!(
                     "doctor session {}: rank {} ({} pid {}) stopped: {why}",
                     self.opts.session, p.rank, p.host, p.pid
                 ),
-                hint: None,
-                detail: None,
-            }),
+            )),
             _ => Ok(()),
         }
     }
 
     fn silent(&self, rank: u32, what: &str) -> Failure {
-        Failure {
-            cause: Cause::Deadline,
-            message: format!(
+        Failure::new(
+            Cause::Deadline,
+            format!(
                 "doctor session {}: {} made no progress for {} ({what})",
                 self.opts.session,
                 self.who(rank),
                 humantime::format_duration(self.opts.timeout)
             ),
-            hint: Some("is its doctor still running? raise --timeout on a slow filesystem".into()),
-            detail: None,
-        }
+        )
+        .with_hint("is its doctor still running? raise --timeout on a slow filesystem")
     }
 
     /// A line of progress on stderr (stdout holds the report): a session can last
@@ -1454,20 +1446,17 @@ impl Member {
                 ));
             }
             if Instant::now() >= deadline && !missed.is_empty() {
-                return Err(Failure {
-                    cause: Cause::Deadline,
-                    message: format!(
+                return Err(Failure::new(
+                    Cause::Deadline,
+                    format!(
                         "doctor session {}: new name {} from {} not seen within {}",
                         self.opts.session,
                         missed[0].0.display(),
                         self.who(w),
                         humantime::format_duration(self.opts.timeout)
                     ),
-                    hint: Some(
-                        "a negative-lookup cache longer than --timeout? raise --timeout".into(),
-                    ),
-                    detail: None,
-                });
+                )
+                .with_hint("a negative-lookup cache longer than --timeout? raise --timeout"));
             }
             pause(start);
         }

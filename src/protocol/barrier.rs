@@ -77,7 +77,7 @@ impl<G: Payload + Clone, B: Payload> Barrier<G, B> {
 
     #[doc(hidden)]
     pub fn with_mutation(mut self, m: Option<Mutation>) -> Barrier<G, B> {
-        self.mutation = m;
+        self.mutation = super::mutation(m);
         self
     }
 
@@ -106,7 +106,7 @@ impl<G: Payload + Clone, B: Payload> Barrier<G, B> {
     /// The barrier's progress given every rank's record as read (index = rank; this
     /// rank's own entry is not looked at).
     pub fn on_records(&self, records: &[Option<RankRecord>]) -> Progress<G, B> {
-        let mutation = super::mutation(self.mutation);
+        let mutation = self.mutation;
         if self.rank == 0 {
             let missing = match mutation {
                 Some(Mutation::CountListed) => (1..records.len() as u32)

@@ -145,7 +145,6 @@ pub enum Mutation {
 
 /// The advances that prove a holder alive before a refusal, under `mutation`.
 fn refusal_proof(mutation: Option<Mutation>) -> u32 {
-    let mutation = super::mutation(mutation);
     if mutation == Some(Mutation::OneAdvanceProves) {
         1
     } else {
@@ -162,7 +161,6 @@ fn holder_patience(
     dead_after: Duration,
     mutation: Option<Mutation>,
 ) -> Duration {
-    let mutation = super::mutation(mutation);
     if mutation == Some(Mutation::SlotPatienceOnly) {
         slot_patience
     } else {
@@ -471,7 +469,6 @@ fn held_elsewhere(
     view: &mut dyn JoinView,
     mutation: Option<Mutation>,
 ) -> Option<Look> {
-    let mutation = super::mutation(mutation);
     let s = view
         .slot(c.gen)
         .filter(|s| s.run_id == c.run_id)

@@ -355,8 +355,9 @@ pub fn plan(inputs: &[Input]) -> Result<Plan, ShardError> {
     if let Some(&first) = with.first() {
         let r0 = &inputs[first];
         check_no_scalars(r0)?;
+        let names0 = names(r0);
         for &i in &with[1..] {
-            check_agrees(r0, &inputs[i])?;
+            check_agrees(r0, &names0, &inputs[i])?;
         }
         out = concat(inputs, &with);
     }
@@ -391,33 +392,36 @@ fn check_no_scalars(r0: &Input) -> Result<(), ShardError> {
     Ok(())
 }
 
-/// `r` has the tensors of `r0`, no others, each of the same dtype and trailing
-/// dimensions.
-fn check_agrees(r0: &Input, r: &Input) -> Result<(), ShardError> {
-    let names0: BTreeSet<&str> = r0.shard.tensors.iter().map(|t| t.name.as_str()).collect();
-    let names: BTreeSet<&str> = r.shard.tensors.iter().map(|t| t.name.as_str()).collect();
-    if let Some(k) = names0.difference(&names).next() {
-        return Err(mismatch(format!(
-            "rank {} ({}) has no tensor `{k}`, which rank {} has (rank {} has {}; rank {} has {})",
+/// The names of `r`'s tensors.
+fn names(r: &Input) -> BTreeSet<&str> {
+    r.shard.tensors.iter().map(|t| t.name.as_str()).collect()
+}
+
+/// `r` has the tensors of `r0` (whose names are `names0`), no others, each of the same
+/// dtype and trailing dimensions.
+fn check_agrees(r0: &Input, names0: &BTreeSet<&str>, r: &Input) -> Result<(), ShardError> {
+    let names = names(r);
+    let differ = |what: String| {
+        mismatch(format!(
+            "rank {} ({}) {what} (rank {} has {}; rank {} has {})",
             r.rank,
             r.shard.path.display(),
             r0.rank,
-            r0.rank,
-            list(&names0),
+            list(names0),
             r.rank,
             list(&names)
+        ))
+    };
+    if let Some(k) = names0.difference(&names).next() {
+        return Err(differ(format!(
+            "has no tensor `{k}`, which rank {} has",
+            r0.rank
         )));
     }
-    if let Some(k) = names.difference(&names0).next() {
-        return Err(mismatch(format!(
-            "rank {} ({}) has a tensor `{k}` that rank {} does not have (rank {} has {}; rank {} has {})",
-            r.rank,
-            r.shard.path.display(),
-            r0.rank,
-            r0.rank,
-            list(&names0),
-            r.rank,
-            list(&names)
+    if let Some(k) = names.difference(names0).next() {
+        return Err(differ(format!(
+            "has a tensor `{k}` that rank {} does not have",
+            r0.rank
         )));
     }
     // Same names, both sorted: zip pairs them.
