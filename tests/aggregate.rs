@@ -742,12 +742,7 @@ fn a_committed_journaled_merge_is_never_touched_and_the_salvage_lands_beside_it(
     // A journal larger than rl-node reads (grown to 300 MiB, sparse) cannot tell: refused,
     // naming it, without reading it.
     let journal = c.log_path.join(".rl-node/journal/rank-0.jsonl");
-    fs::OpenOptions::new()
-        .write(true)
-        .open(&journal)
-        .unwrap()
-        .set_len(300 << 20)
-        .unwrap();
+    common::set_file_len(&journal, 300 << 20);
     let o = aggregate_run(&c, &["--commit", "--allow-missing"]);
     assert_eq!(code(&o), 2, "{}", stderr(&o));
     assert!(

@@ -500,12 +500,7 @@ fn recover_judges_the_journals_by_the_runs_own_limits() {
     assert_eq!(n.wait(LIMIT), 0, "{}", n.stderr());
     // 2 MiB (sparse): over the run's 1 MiB, far under the default limit.
     let journal = state(&c, "journal/rank-0.jsonl");
-    fs::OpenOptions::new()
-        .write(true)
-        .open(&journal)
-        .unwrap()
-        .set_len(2 << 20)
-        .unwrap();
+    common::set_file_len(&journal, 2 << 20);
     let before = snapshot(&c.log_path);
     let (code, out, err) = tool("recover", &c, &[]);
     assert_eq!(code, 2, "{out}{err}");

@@ -335,15 +335,7 @@ fn a_journal_over_the_limit_is_refused_naming_the_key() {
     assert_eq!(first.wait(LIMIT), 0, "{}", first.stderr());
     let journal = c.log_path.join(".rl-node/journal/rank-0.jsonl");
     // The journal grown to 300 MiB (sparse: no disk): over the default limit of 256 MiB.
-    let grow = |len: u64| {
-        fs::OpenOptions::new()
-            .write(true)
-            .open(&journal)
-            .unwrap()
-            .set_len(len)
-            .unwrap()
-    };
-    grow(300 << 20);
+    common::set_file_len(&journal, 300 << 20);
     let mut node = c.spawn(0, &["--iterations", "2", "--eval-interval", "0"]);
     let code = node.wait(LIMIT);
     let err = node.stderr();
@@ -355,7 +347,7 @@ fn a_journal_over_the_limit_is_refused_naming_the_key() {
     let peak = children_peak_rss_mib();
     assert!(peak < 128, "the node's peak memory is {peak} MiB");
     // The key decides: 2 MiB is refused at a 1 MiB limit, and read at the default.
-    grow(2 << 20);
+    common::set_file_len(&journal, 2 << 20);
     let mut lowered = c.spawn_env(
         0,
         &c.log_path,

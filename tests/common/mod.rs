@@ -78,3 +78,14 @@ pub fn finish_within(
     }
     c.wait_with_output().unwrap()
 }
+
+/// Grow (or cut) the existing file `path` to `len` bytes. Sparse: a size over rl-node's
+/// read limits that takes no disk.
+pub fn set_file_len(path: &Path, len: u64) {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .set_len(len)
+        .unwrap();
+}
