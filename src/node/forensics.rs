@@ -321,24 +321,25 @@ impl Node {
                 });
             }
         }
-        if self.watch.formed {
+        if self.machine.watch.formed {
             let now = self.clock.since_start();
             let live: Vec<(u32, Duration)> = watching::watched(self.rank, self.num_nodes())
                 .filter(|r| {
-                    self.watch
+                    self.machine
+                        .watch
                         .peers
                         .get(*r as usize)
                         .and_then(|p| p.as_ref())
                         .is_some_and(|p| !p.state.is_terminal())
                 })
-                .map(|r| (r, self.watch.liveness.silent_for(r, now)))
+                .map(|r| (r, self.machine.watch.liveness.silent_for(r, now)))
                 .collect();
             let (dead_after, beat) = (
                 self.cfg.timing.dead_after,
                 self.cfg.timing.heartbeat_interval,
             );
             for rank in self.hang.newly_silent(&live, dead_after, beat) {
-                let host = self.watch.peers[rank as usize]
+                let host = self.machine.watch.peers[rank as usize]
                     .as_ref()
                     .map(|p| p.host.clone())
                     .unwrap_or_default();
@@ -367,9 +368,10 @@ impl Node {
                 p.update(|r| r.hang_call = Some(call));
             }
         }
-        if self.watch.formed {
+        if self.machine.watch.formed {
             let rank = self.rank;
             let seen = self
+                .machine
                 .watch
                 .peers
                 .iter()

@@ -473,7 +473,7 @@ impl Node {
             }
             // A worker refused at join leaves the reason in its vacant placeholder, which
             // the poll just read.
-            let round = forming.round(&n.watch.peers, &n.refused);
+            let round = forming.round(&n.machine.watch.peers, &n.machine.refused);
             if round.complete {
                 return Ok(Some(()));
             }
@@ -510,8 +510,8 @@ impl Node {
     /// another process), and release them with rank 0's running record.
     fn release_generation(&mut self) {
         for r in 1..self.num_nodes() {
-            if let Some(p) = &self.watch.peers[r as usize] {
-                self.watch.nonces.insert(r, p.nonce.clone());
+            if let Some(p) = &self.machine.watch.peers[r as usize] {
+                self.machine.watch.nonces.insert(r, p.nonce.clone());
             }
         }
         let release = self.join_barrier().release(&Some(self.joined()));
@@ -723,10 +723,11 @@ impl Node {
             };
             let gen = cluster.gen;
             self.cluster = Some(cluster.clone());
-            self.watch.liveness = crate::protocol::Liveness::new(self.cfg.timing.dead_after);
-            self.watch.peers = vec![None; self.num_nodes() as usize];
-            self.watch.nonces.clear();
-            self.watch.nonces.insert(0, r0.nonce.clone());
+            self.machine.watch.liveness =
+                crate::protocol::Liveness::new(self.cfg.timing.dead_after);
+            self.machine.watch.peers = vec![None; self.num_nodes() as usize];
+            self.machine.watch.nonces.clear();
+            self.machine.watch.nonces.insert(0, r0.nonce.clone());
             let mut me = self.record(gen, &cluster.run_id, self.rank, NodeState::Joining);
             me.arrived = Some(self.join_barrier().arrival());
             let path = self.layout.rank_record(gen, self.rank);
@@ -754,19 +755,23 @@ impl Node {
             ));
             self.waiting_note = format!("rank 0 to release the join of generation {gen}");
             let released = self.wait_for(deadline, |n| {
-                if n.watch.peers[0].as_ref().is_some_and(|r| r.released_at(0)) {
+                if n.machine.watch.peers[0]
+                    .as_ref()
+                    .is_some_and(|r| r.released_at(0))
+                {
                     return Ok(Some(true));
                 }
                 // Rank 0 left (another rank 0 took the run) or the generation was replaced:
                 // wait for the current one instead of for a dead-after.
-                if n.watch.peers[0]
+                if n.machine.watch.peers[0]
                     .as_ref()
                     .is_some_and(|r| r.state.is_terminal())
                     || super::fence_check(&*n.store, &n.layout, gen, &cluster.run_id, None).is_err()
                 {
                     return Ok(Some(false));
                 }
-                Ok(n.watch
+                Ok(n.machine
+                    .watch
                     .liveness
                     .is_dead(0, n.clock.since_start())
                     .then_some(false))
@@ -786,7 +791,7 @@ impl Node {
                 Err(Interrupt::Stop(s)) => return Err(s),
                 Err(Interrupt::Deadline) => {
                     // Rank 0's record says whom it still waited for: the cause, named.
-                    let missing = self.watch.peers[0]
+                    let missing = self.machine.watch.peers[0]
                         .as_ref()
                         .map(|r| r.waiting_for.clone())
                         .unwrap_or_default();

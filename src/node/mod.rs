@@ -33,14 +33,12 @@ use crate::exit::{self, Cause};
 use crate::layout::Layout;
 use crate::logging;
 pub(crate) use crate::process::{self as procs, descendants, random_hex};
-use crate::protocol::barrier::{Barrier, Progress};
+use crate::protocol::barrier::Progress;
 use crate::protocol::journal;
+use crate::protocol::machine::{self, NodeMachine};
 use crate::protocol::messages::{self as msg, Payload};
 use crate::protocol::walk::{self, Barrier as WalkBarrier, IterationWalk, Split, Step, WalkConfig};
-use crate::protocol::watch::{self as watching, Watch};
-use crate::protocol::{
-    AbortInfo, AbortKind, ClusterRecord, Liveness, NodeState, Phase, RankRecord,
-};
+use crate::protocol::{AbortInfo, AbortKind, ClusterRecord, NodeState, Phase, RankRecord};
 use crate::store::{Kind, SharedDir};
 use procs::{ChildExit, Event, Registry};
 use publisher::Publisher;
@@ -167,11 +165,9 @@ pub(crate) struct Node {
     // Set once joined.
     cluster: Option<ClusterRecord>,
     publisher: Option<Publisher>,
-    /// The peers as last read, the processes that joined, their liveness: what the core
-    /// judges each poll round with (`protocol::watch`).
-    watch: Watch,
-    /// Barrier counter of the generation: every rank walks the same sequence.
-    k: u64,
+    /// The node's coordination with its peers (watching them, barriers, aborts), as the
+    /// protocol's sans-I/O machine: this node performs what it asks (`drive_machine`).
+    machine: NodeMachine,
     iteration: u64,
     phase: Option<Phase>,
     /// The model `{model}` names and the server serves, as this node sees it (its own
@@ -193,12 +189,6 @@ pub(crate) struct Node {
     journal_note: Option<String>,
     /// The checkpoint the hand-off published, for its journal entry.
     journal_checkpoint: Option<String>,
-    /// Why a process was refused a still-vacant rank, as read from its placeholder.
-    refused: HashMap<u32, String>,
-    /// The heartbeat thread's last write error, to report changes once.
-    write_error: Option<String>,
-    /// Since when the heartbeat writes have been failing.
-    write_error_since: Option<Instant>,
     /// The inference server, while it runs.
     server: Option<server::Server>,
     /// --debug-mode: leave the inference server alone.
@@ -217,7 +207,6 @@ pub(crate) struct Node {
     nproc_per_node: u32,
     /// Replacement items run for `exact-budget` in the current per-task rollout.
     replacements: Vec<String>,
-    dead_peers: std::collections::BTreeSet<u32>,
     /// This iteration's training failed on these ranks (with why), as rank 0's release
     /// of `training-complete` said (`phases.train.on-failure = "keep-model"`).
     train_failed: Vec<(u32, String)>,
@@ -237,10 +226,6 @@ pub(crate) struct Node {
     textfile: std::sync::Mutex<Option<textfile::Textfile>>,
     /// The current wait is for this node's own command (see [`Node::wait_for`]).
     idle_wait: bool,
-    /// Rank 0 waits at this barrier (see `watching::to_read`).
-    barrier_wait: Option<u64>,
-    /// When each rank's record was last read (the node's monotonic time since start).
-    last_read: Vec<Option<Duration>>,
     /// Pipelined mode, rank 0: the other cluster, as watched.
     other: Option<pipeline::Other>,
     /// Pipelined mode, rollout cluster: the model of the current iteration.
@@ -619,6 +604,18 @@ impl Node {
                 .map(|r| (std::process::id() as i32, vec![r.guardian()])),
             crate::process::forensics::Tools::new(registry),
         );
+        let machine = NodeMachine::new(machine::Settings {
+            rank,
+            num_nodes,
+            host: parts.host.clone(),
+            cluster: layout.cluster_name().map(str::to_string),
+            heartbeat_interval: cfg.timing.heartbeat_interval,
+            dead_after: cfg.timing.dead_after,
+        })
+        .with_mutations(machine::Mutations {
+            barrier: parts.broken.barrier,
+            ..Default::default()
+        });
         Node {
             store: parts.store,
             clock: parts.clock,
@@ -637,8 +634,7 @@ impl Node {
             watchdog: parts.watchdog,
             cluster: None,
             publisher: None,
-            watch: Watch::new(num_nodes, Liveness::new(cfg.timing.dead_after)),
-            k: 0,
+            machine,
             iteration: 0,
             phase: None,
             model: cfg.cluster.model.clone(),
@@ -649,9 +645,6 @@ impl Node {
             relay: None,
             journal_note: None,
             journal_checkpoint: None,
-            refused: HashMap::new(),
-            write_error: None,
-            write_error_since: None,
             server: None,
             debug_mode,
             fresh,
@@ -661,7 +654,6 @@ impl Node {
             extra: Default::default(),
             nproc_per_node: 0,
             replacements: Vec::new(),
-            dead_peers: Default::default(),
             train_failed: Vec::new(),
             event_log: EventLog::default(),
             metrics: Default::default(),
@@ -670,8 +662,6 @@ impl Node {
             metrics_stats: None,
             textfile: Default::default(),
             idle_wait: false,
-            barrier_wait: None,
-            last_read: Vec::new(),
             other: None,
             rollout_model: None,
             poll_cap: None,
@@ -762,7 +752,7 @@ fn drive(
     ));
     let result = match node.join() {
         Ok(join::Joined::Formed) => {
-            node.watch.formed = true;
+            node.machine.watch.formed = true;
             node.run_iterations().map(|()| Outcome::Completed)
         }
         Ok(join::Joined::AlreadyComplete(n)) => Ok(Outcome::AlreadyComplete(n)),
@@ -897,7 +887,17 @@ impl Node {
                 ));
                 next_note = (next_note * 3).min(next_note + Duration::from_secs(300));
             }
-            let timeout = step.min(deadline - now);
+            let mut timeout = step.min(deadline - now);
+            // The machine's next due (a read, a heartbeat that would have been still for
+            // dead-after, the write-error stop) wakes the loop in time.
+            if let Some(due) = self
+                .machine
+                .poll_timeout()
+                .filter(|_| self.publisher.is_some())
+            {
+                let until = due.saturating_sub(self.clock.since_start());
+                timeout = timeout.min(until.max(Duration::from_millis(1)));
+            }
             let t = &self.cfg.timing;
             let max_step = match self.relay {
                 // The relay looks at least twice a second.
@@ -986,173 +986,144 @@ impl Node {
         }
     }
 
-    /// Read what this node watches (rank 0: every rank; a worker: rank 0), feed liveness,
-    /// and turn an abort, a dead peer or a replaced process into a stop.
+    /// Hand the machine what the heartbeat thread knows and the time, and perform what it
+    /// asks: read what this node watches (rank 0: every rank; a worker: rank 0), and stop
+    /// on an abort, a dead peer, a replaced process or this node's failing writes.
     fn poll_cluster(&mut self) -> Result<(), Stop> {
         let Some(publisher) = &self.publisher else {
             return Ok(());
         };
-        let write_error = publisher.last_error();
-        if write_error != self.write_error {
-            if let Some(e) = &write_error {
-                self.warn(&format!("heartbeat write failed: {e}"));
-            }
-            self.write_error_since = write_error
-                .as_ref()
-                .map(|_| self.write_error_since.unwrap_or_else(|| self.clock.now()));
-            self.write_error = write_error;
-        }
-        // A node that cannot write (full disk, read-only or failing filesystem) stops and
-        // says so before its peers would only find its heartbeat still.
-        if let (Some(e), Some(since)) = (&self.write_error, self.write_error_since) {
-            if self.clock.now().saturating_duration_since(since) >= self.cfg.timing.dead_after / 2 {
-                let reason = format!("stopped writing to the shared directory: {e}");
-                return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
-            }
-        }
-        let Some(publisher) = &self.publisher else {
-            return Ok(());
+        let input = machine::Input::Publisher {
+            write_error: publisher.last_error(),
+            intruder: publisher.intruder(),
         };
-        if let Some((host, pid)) = publisher.intruder() {
-            return Err(self.fail(
-                AbortKind::Error,
-                self.rank,
-                None,
-                format!("another process (pid {pid} on {host}) is writing this rank's record: two nodes were started as rank {}", self.rank),
-                None,
-            ));
-        }
-        let gen = self.gen();
-        // Each read is stamped with the time it returned (see `Watch::round_stamped`).
-        // At a barrier, rank 0 reads the ranks still missing, and the others once per
-        // half heartbeat (`watching::to_read`).
-        self.last_read.resize(self.num_nodes() as usize, None);
-        let ranks = watching::to_read(
-            self.rank,
-            self.num_nodes(),
-            &self.watch.peers,
-            self.barrier_wait,
-            &self.last_read,
-            self.clock.since_start(),
-            self.cfg.timing.heartbeat_interval / 2,
-        );
-        // A FUSE client may serve a peer's record from its entry cache (the file a rename
-        // replaced): one listing of the generation's directory refreshes every name in it.
-        if !ranks.is_empty() {
-            let _ = self.store.refresh(&self.layout.gen_dir(gen));
-        }
-        let reads = ranks
-            .into_iter()
-            .map(|r| {
-                let rec = self.read_record(gen, r);
-                let at = self.clock.since_start();
-                self.last_read[r as usize] = Some(at);
-                (r, rec, at)
-            })
-            .collect();
-        let run_id = self.cluster.as_ref().map_or("", |c| c.run_id.as_str());
-        let round = self.watch.round_stamped(run_id, gen, reads, None);
-        for note in round.notes {
-            match note {
-                // A process refused this rank left why in the placeholder (join reports it).
-                watching::Note::Refused { rank, why } => {
-                    self.refused.insert(rank, why);
-                }
-                watching::Note::DeadTolerated(rank) => {
-                    self.dead_peers.insert(rank);
-                }
-            }
-        }
-        match round.stop {
-            None => {}
-            Some(watching::Stop::TakenOver { rank, host, pid }) => {
-                return Err(self.fail(
-                    AbortKind::Error,
-                    rank,
-                    Some(host.clone()),
-                    format!("rank {rank} was taken over by another process (pid {pid} on {host})"),
-                    None,
-                ))
-            }
-            Some(watching::Stop::Abort(info)) => return Err(self.adopt_abort(info)),
-            Some(watching::Stop::Ended { rank, host, state }) => {
-                let what = match state {
-                    NodeState::Left => format!("left generation {gen} after joining it, giving up on the generation before it saw it form"),
-                    _ => format!("stopped in generation {gen} without publishing why"),
-                };
-                return Err(self.fail(
-                    AbortKind::Error,
-                    rank,
-                    Some(host.clone()),
-                    format!("rank {rank} on {host} {what} (its log says why)"),
-                    None,
-                ));
-            }
-            Some(watching::Stop::Dead { rank, silent, last }) => {
-                let (host, phase, iteration) = last
-                    .map(|p| {
-                        (
-                            p.host,
-                            p.phase
-                                .map(|p| p.to_string())
-                                .unwrap_or_else(|| "join".into()),
-                            p.iteration,
-                        )
-                    })
-                    .unwrap_or_else(|| ("?".into(), "?".into(), 0));
-                let mut info = self.abort_info(
-                    AbortKind::PeerDead,
-                    rank,
-                    Some(host),
-                    format!("heartbeat still for {:.1}s", silent.as_secs_f64()),
-                    None,
-                );
-                info.phase = phase;
-                info.iteration = iteration;
-                info.silent_ms = Some(silent.as_millis() as u64);
-                return Err(self.publish_abort(info));
-            }
-        }
-        // For `rl-node status`: heartbeat ages as this node observes them.
-        // Rank 0's (one entry per peer) goes to a file of its own, which workers never
-        // read; a worker's (rank 0 alone) stays in its record.
-        let observed = self.watch.observed(self.rank, self.clock.since_start());
-        self.with_textfile(|t| t.peer_ages(&observed));
-        if let Some(p) = &self.publisher {
-            match (self.rank, &self.cluster) {
-                (0, Some(c)) => p.stage_observed(&self.layout.observed(c.gen), observed),
-                _ => p.stage(|rec| rec.observed_ms = observed),
-            }
-        }
+        self.sync_position();
+        let now = self.clock.since_start();
+        self.machine.handle(now, input);
+        self.machine.tick(now);
+        self.drive_machine()?;
         // Pipelined mode: the other cluster's abort stops this one too.
         self.watch_other(false)
+    }
+
+    /// Where the node is, as the machine judges and names it in the aborts it writes.
+    fn sync_position(&mut self) {
+        let position = machine::Position {
+            run_id: self.run_id().to_string(),
+            gen: self.gen(),
+            iteration: self.iteration,
+            phase: self.phase_label(),
+        };
+        if *self.machine.position() != position {
+            self.machine.set_position(position);
+        }
+    }
+
+    /// Perform the machine's effects until it has none: the one place this node acts on
+    /// its coordination with its peers. A stop is returned as the node's.
+    fn drive_machine(&mut self) -> Result<(), Stop> {
+        use machine::{Effect, Input};
+        while let Some(effect) = self.machine.poll_effect() {
+            match effect {
+                Effect::Read(ranks) => {
+                    let gen = self.gen();
+                    // A FUSE client may serve a peer's record from its entry cache (the
+                    // file a rename replaced): one listing of the generation's directory
+                    // refreshes every name in it.
+                    let _ = self.store.refresh(&self.layout.gen_dir(gen));
+                    // Each read is stamped with the time it returned (see
+                    // `Watch::round_stamped`).
+                    let reads = ranks
+                        .into_iter()
+                        .map(|r| (r, self.read_record(gen, r), self.clock.since_start()))
+                        .collect();
+                    let now = self.clock.since_start();
+                    self.machine.handle(now, Input::Records(reads));
+                }
+                Effect::Record(change) => self.change_record(change),
+                Effect::CreateAbort(mut info) => {
+                    info.at = self.wall_stamp();
+                    self.watchdog.pet("publishing the abort");
+                    let path = self.layout.abort(self.gen());
+                    let input = match self.store.create_new_json(&path, &info) {
+                        // Someone failed first: theirs is the cause, ours a consequence.
+                        // (Seen past a negative-lookup cache: the create said it exists.)
+                        Ok(created) => Input::AbortCreated {
+                            created,
+                            first: (!created)
+                                .then(|| {
+                                    let _ = self.store.refresh(&self.layout.gen_dir(self.gen()));
+                                    self.store.read_json::<AbortInfo>(&path).ok().flatten()
+                                })
+                                .flatten(),
+                        },
+                        Err(e) => Input::AbortNotWritten {
+                            error: format!("{}: {e}", path.display()),
+                        },
+                    };
+                    let now = self.clock.since_start();
+                    self.machine.handle(now, input);
+                }
+                Effect::Warn(w) => self.warn(&w),
+                Effect::Stop(info) => return Err(self.adopt_abort(info)),
+            }
+        }
+        Ok(())
+    }
+
+    fn change_record(&mut self, change: machine::Change) {
+        use machine::Change;
+        match change {
+            Change::Arrived(mark) => self.publisher().update(|r| r.arrived = Some(mark)),
+            Change::Released(mark) => self.publisher().update(|r| {
+                r.released = Some(mark);
+                r.waiting_for.clear();
+            }),
+            // For `status` only: it goes out with the next heartbeat (or is cleared by the
+            // release), not as a write of its own that the release could queue behind.
+            Change::WaitingFor(missing) => {
+                if let Some((_, name)) = self.machine.at_barrier() {
+                    self.waiting_note = format!(
+                        "barrier {name} (iteration {}) waits for {}",
+                        self.iteration,
+                        ranks_list(&missing)
+                    );
+                }
+                self.publisher().stage(|r| r.waiting_for = missing);
+            }
+            // For `rl-node status`: heartbeat ages as this node observes them. Rank 0's
+            // (one entry per peer) goes to a file of its own, which workers never read; a
+            // worker's (rank 0 alone) stays in its record.
+            Change::Observed(observed) => {
+                self.with_textfile(|t| t.peer_ages(&observed));
+                if let Some(p) = &self.publisher {
+                    match (self.rank, &self.cluster) {
+                        (0, Some(c)) => p.stage_observed(&self.layout.observed(c.gen), observed),
+                        _ => p.stage(|rec| rec.observed_ms = observed),
+                    }
+                }
+            }
+        }
     }
 
     // ---------------------------------------------------------------- failure
 
     fn abort_info(
-        &self,
+        &mut self,
         kind: AbortKind,
         culprit: u32,
         culprit_host: Option<String>,
         reason: String,
         log: Option<&Path>,
     ) -> AbortInfo {
-        AbortInfo {
-            kind,
-            culprit,
-            culprit_host: culprit_host.unwrap_or_else(|| self.host.clone()),
-            phase: self.phase_label(),
-            iteration: self.iteration,
-            reason,
-            // Relative: the other nodes mount the shared directory where they like.
-            log: log.map(|p| self.layout.relative(p)),
-            detected_by: self.rank,
-            silent_ms: None,
-            at: self.wall_stamp(),
-            cluster: self.layout.cluster_name().map(str::to_string),
-            detected_in: None,
-        }
+        self.sync_position();
+        // Relative: the other nodes mount the shared directory where they like.
+        let log = log.map(|p| self.layout.relative(p));
+        let mut info = self
+            .machine
+            .abort_info(kind, culprit, culprit_host, reason, log);
+        info.at = self.wall_stamp();
+        info
     }
 
     /// This node detected a failure: publish it (first writer wins) and stop.
@@ -1168,31 +1139,23 @@ impl Node {
         self.publish_abort(info)
     }
 
+    /// Publish `info` as the generation's abort through the machine (the first creator's
+    /// is the cause) and stop with the cause.
     fn publish_abort(&mut self, info: AbortInfo) -> Stop {
-        let mut info = info;
-        if self.publisher.is_some() {
-            self.watchdog.pet("publishing the abort");
-            let path = self.layout.abort(self.gen());
-            match self.store.create_new_json(&path, &info) {
-                Ok(created) => {
-                    // Someone failed first: theirs is the cause, ours a consequence.
-                    // (Seen past a negative-lookup cache: the create said it exists.)
-                    let first = (!created)
-                        .then(|| {
-                            let _ = self.store.refresh(&self.layout.gen_dir(self.gen()));
-                            self.store.read_json::<AbortInfo>(&path).ok().flatten()
-                        })
-                        .flatten();
-                    info = crate::protocol::abort::cause(info, created, first);
-                }
-                Err(e) => self.warn(&format!("cannot write {}: {e}", path.display())),
+        self.machine.fail(info.clone(), self.publisher.is_some());
+        match self.drive_machine() {
+            Err(stop) => stop,
+            // The machine had stopped already: its cause is the one.
+            Ok(()) => {
+                let first = self.machine.stopped().cloned().unwrap_or(info);
+                self.adopt_abort(first)
             }
         }
-        self.adopt_abort(info)
     }
 
     /// Stop because of `info`, telling our watchers (rank 0 relays it to every worker).
     fn adopt_abort(&mut self, info: AbortInfo) -> Stop {
+        self.machine.adopt(info.clone());
         // The record's first abort is the cause: a second signal may have put the first
         // one's there while this loop was busy (`signals`).
         let info = match &self.publisher {
@@ -1336,12 +1299,8 @@ impl Node {
         gather: G,
         decide: impl FnOnce(Vec<G>) -> B,
     ) -> Result<B, Stop> {
-        self.k += 1;
-        let k = self.k;
-        let barrier = Barrier::<G, B>::new(k, self.rank, self.iteration, name, gather)
-            .with_mutation(self.broken.barrier);
-        self.publisher()
-            .update(|r| r.arrived = Some(barrier.arrival()));
+        self.sync_position();
+        let k = self.machine.arrive(name, &gather);
         let deadline = self.clock.now() + self.cfg.timing.barrier_timeout;
         let started = self.clock.now();
         self.watch_wait(
@@ -1350,51 +1309,10 @@ impl Node {
             self.cfg.timing.barrier_timeout,
             started,
         );
-        let broadcast = if self.is_master() {
-            let mut last_missing = Vec::new();
-            self.barrier_wait = Some(k);
-            let waited = self.wait_for(deadline, |n| match barrier.on_records(&n.watch.peers) {
-                Progress::Waiting { missing } => {
-                    if missing != last_missing {
-                        n.waiting_note = format!(
-                            "barrier {name} (iteration {}) waits for {}",
-                            n.iteration,
-                            ranks_list(&missing)
-                        );
-                        // For `status` only: it goes out with the next heartbeat (or is
-                        // cleared by the release), not as a write of its own that the
-                        // release could queue behind.
-                        let m = missing.clone();
-                        n.publisher().stage(|r| r.waiting_for = m);
-                        last_missing = missing;
-                    }
-                    Ok(None)
-                }
-                Progress::Complete { payloads } => Ok(Some(payloads)),
-                Progress::Released { .. } => unreachable!("rank 0 releases, it is not released"),
-            });
-            self.barrier_wait = None;
-            self.unwatch_wait();
-            let payloads = self.end_wait(waited, || format!("barrier {name} did not complete"))?;
-            let broadcast = decide(payloads);
-            let release = barrier.release(&broadcast);
-            self.publisher().update(|r| {
-                r.released = Some(release);
-                r.waiting_for.clear();
-            });
-            broadcast
-        } else {
-            self.waiting_note = format!(
-                "rank 0 to release barrier {name} (iteration {})",
-                self.iteration
-            );
-            let waited = self.wait_for(deadline, |n| match barrier.on_records(&n.watch.peers) {
-                Progress::Released { broadcast } => Ok(Some(broadcast)),
-                _ => Ok(None),
-            });
-            self.unwatch_wait();
-            self.end_wait(waited, || format!("barrier {name} was not released"))?
-        };
+        let passed = self.pass_barrier(name, deadline, decide);
+        self.machine.leave_barrier();
+        self.unwatch_wait();
+        let broadcast = passed?;
         self.waiting_note.clear();
         let waited = self.clock.elapsed(started);
         self.debug(&format!(
@@ -1408,6 +1326,45 @@ impl Node {
             waited_ms: waited.as_millis() as u64,
         });
         Ok(broadcast)
+    }
+
+    /// The wait of [`Node::barrier`]: publish the arrival; rank 0 waits for every rank,
+    /// decides and releases; a worker waits for the release.
+    fn pass_barrier<G: Payload + Clone, B: Payload>(
+        &mut self,
+        name: &str,
+        deadline: Instant,
+        decide: impl FnOnce(Vec<G>) -> B,
+    ) -> Result<B, Stop> {
+        self.drive_machine()?;
+        if self.is_master() {
+            let waited = self.wait_for(deadline, |n| {
+                let progress = n.machine.progress::<G, B>();
+                n.drive_machine()?;
+                match progress {
+                    Progress::Waiting { .. } => Ok(None),
+                    Progress::Complete { payloads } => Ok(Some(payloads)),
+                    Progress::Released { .. } => {
+                        unreachable!("rank 0 releases, it is not released")
+                    }
+                }
+            });
+            let payloads = self.end_wait(waited, || format!("barrier {name} did not complete"))?;
+            let broadcast = decide(payloads);
+            self.machine.release(&broadcast);
+            self.drive_machine()?;
+            Ok(broadcast)
+        } else {
+            self.waiting_note = format!(
+                "rank 0 to release barrier {name} (iteration {})",
+                self.iteration
+            );
+            let waited = self.wait_for(deadline, |n| match n.machine.progress::<G, B>() {
+                Progress::Released { broadcast } => Ok(Some(broadcast)),
+                _ => Ok(None),
+            });
+            self.end_wait(waited, || format!("barrier {name} was not released"))
+        }
     }
 
     fn end_wait<T>(
@@ -1494,7 +1451,7 @@ impl Node {
                 self.stop_server()?;
                 self.info(&format!(
                     "all {last} iteration(s) complete ({} barriers; shared-directory operations: {})",
-                    self.k,
+                    self.machine.k(),
                     self.store.counts().summary()
                 ));
                 return Ok(());

@@ -1307,7 +1307,7 @@ impl Node {
         self.observe_all_peers();
         let live: Vec<lease::Pace> = paces
             .iter()
-            .filter(|(r, _)| !self.dead_peers.contains(r))
+            .filter(|(r, _)| !self.machine.dead_peers.contains(r))
             .map(|(_, p)| *p)
             .collect();
         lease::take_next(me, &live, unclaimed, waited)
@@ -1324,18 +1324,18 @@ impl Node {
             let read = self.read_record(self.gen(), r);
             let now = self.clock.since_start();
             let failed = if let Some(rec) = read {
-                self.watch.liveness.observe(r, rec.seq, now);
+                self.machine.watch.liveness.observe(r, rec.seq, now);
                 rec.state.is_terminal() && rec.state != crate::protocol::NodeState::Done
             } else {
-                self.watch.liveness.watch(r, now);
+                self.machine.watch.liveness.watch(r, now);
                 false
             };
             // A peer that heartbeats again after a long freeze holds its new leases: its
             // items are not taken over at once (the simulator found that they were).
-            if failed || self.watch.liveness.is_dead(r, now) {
-                self.dead_peers.insert(r);
+            if failed || self.machine.watch.liveness.is_dead(r, now) {
+                self.machine.dead_peers.insert(r);
             } else {
-                self.dead_peers.remove(&r);
+                self.machine.dead_peers.remove(&r);
             }
         }
     }
@@ -1355,9 +1355,9 @@ impl Node {
         let pool = plan.pool;
         // A peer dying now does not stop the cluster: its items are taken over. The next
         // barrier still notices it.
-        self.watch.tolerate_dead = true;
+        self.machine.watch.tolerate_dead = true;
         let result = self.dynamic_loop(split, phase, pc, &tasks, &pool);
-        self.watch.tolerate_dead = false;
+        self.machine.watch.tolerate_dead = false;
         result
     }
 
@@ -1588,7 +1588,7 @@ impl Node {
             {
                 continue;
             }
-            let dead = &self.dead_peers;
+            let dead = &self.machine.dead_peers;
             let holder = lease::holder(self.newest_lease(split, pos), self.rank, |r| {
                 dead.contains(&r)
             });

@@ -125,6 +125,11 @@ impl Liveness {
         self.seen.contains_key(&rank) && self.silent_for(rank, now) > self.dead_after
     }
 
+    /// When `rank` will have been still for dead-after, unless a change is seen first.
+    pub fn dead_at(&self, rank: u32) -> Option<Duration> {
+        self.seen.get(&rank).map(|s| s.changed + self.dead_after)
+    }
+
     pub fn forget(&mut self, rank: u32) {
         self.seen.remove(&rank);
     }

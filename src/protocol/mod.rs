@@ -9,6 +9,7 @@ pub mod join;
 pub mod journal;
 pub mod lease;
 pub mod liveness;
+pub mod machine;
 pub mod messages;
 pub mod phase;
 pub mod pipeline;

@@ -48,15 +48,15 @@
 
 use super::Violation;
 use rl_node::layout::Layout;
-use rl_node::protocol::barrier::{Barrier, Mutation, Progress};
+use rl_node::protocol::barrier::{Mutation, Progress};
 use rl_node::protocol::liveness::Mutation as LivenessMutation;
+use rl_node::protocol::machine::{self, Change, Effect, Input, NodeMachine};
 use rl_node::protocol::messages::Plain;
-use rl_node::protocol::watch::{self, Watch};
-use rl_node::protocol::{wall_stamp, AbortInfo, AbortKind, Liveness, Mark, NodeState, RankRecord};
+use rl_node::protocol::watch;
+use rl_node::protocol::{wall_stamp, AbortInfo, AbortKind, NodeState, RankRecord};
 use rl_node::rng::SplitMix64 as Rng;
 use rl_node::store::sim::{SimClient, SimWorld};
 use rl_node::store::{OpClass, OpCounts, SharedDir};
-use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -76,11 +76,36 @@ struct Sum {
 }
 impl Plain for Sum {}
 
-/// A node's watch of its peers in the simulated generation, formed from the start.
-fn watch_of(n: usize, liveness: Liveness) -> Watch {
-    let mut w = Watch::new(n as u32, liveness);
-    w.formed = true;
-    w
+/// Node `rank`'s machine (the node's own, `protocol::machine`) in the simulated
+/// generation, formed from the start.
+fn machine_of(
+    rank: usize,
+    n: usize,
+    heartbeat_ms: u64,
+    dead_after_ms: u64,
+    m: &Mutations,
+) -> NodeMachine {
+    let mut machine = NodeMachine::new(machine::Settings {
+        rank: rank as u32,
+        num_nodes: n as u32,
+        host: format!("sim-{rank}"),
+        cluster: None,
+        heartbeat_interval: Duration::from_millis(heartbeat_ms),
+        dead_after: Duration::from_millis(dead_after_ms),
+    })
+    .with_mutations(machine::Mutations {
+        barrier: m.barrier,
+        liveness: m.liveness,
+        watch: None,
+    });
+    machine.set_position(machine::Position {
+        run_id: "sim".into(),
+        gen: 1,
+        iteration: 1,
+        phase: "sim".into(),
+    });
+    machine.watch.formed = true;
+    machine
 }
 
 fn record(rank: u32) -> RankRecord {
@@ -237,45 +262,50 @@ impl Directory {
         self.publish(rank, now, |_| {});
     }
 
-    /// Exclusive create of `abort.json` by `by`; false when it exists (the caller adopts
-    /// it, as read back from the file).
-    fn create_abort(&mut self, by: u32, dead: u32, now: u64) -> bool {
+    /// Exclusive create of `abort.json` with `info` by its detector: whether it was
+    /// created, and the one there as read back (the node's `Effect::CreateAbort`).
+    fn create_abort(&mut self, info: &AbortInfo, now: u64) -> (bool, Option<AbortInfo>) {
         self.at(now);
-        let dir: &dyn SharedDir = &self.clients[by as usize];
+        let dir: &dyn SharedDir = &self.clients[info.detected_by as usize];
         let path = self.layout.abort(1);
         let created = dir
-            .create_new_json(&path, &json!({ "by": by, "dead": dead }))
+            .create_new_json(&path, info)
             .expect("no faults injected here");
-        let v: Value = dir
+        let first: AbortInfo = dir
             .read_json(&path)
             .expect("no faults injected here")
             .expect("exists now");
-        let field = |k: &str| v[k].as_u64().expect("written above") as u32;
-        let first = (field("by"), field("dead"));
-        assert!(self.abort.is_none_or(|a| a == first), "abort.json changed");
-        self.abort = Some(first);
-        created
+        let first_ = (first.detected_by, first.culprit);
+        assert!(self.abort.is_none_or(|a| a == first_), "abort.json changed");
+        self.abort = Some(first_);
+        (created, Some(first))
     }
 
-    /// The records `observer` watches, as it reads them now (`Node::poll_cluster`): rank 0
-    /// reads every rank's, a worker only rank 0's (the others are `None`); its own is its
-    /// own copy. A copy its client fetched less than the attribute cache lifetime ago is
-    /// what it reads.
-    fn read_watched(&mut self, observer: usize, now: u64) -> Vec<Option<RankRecord>> {
+    /// A change for the next heartbeat: kept in the heartbeat thread's copy, not written.
+    fn stage(&mut self, rank: usize, f: impl FnOnce(&mut RankRecord)) {
+        f(&mut self.mine[rank]);
+    }
+
+    /// `ranks`' records as `observer` reads them now (the node's `Effect::Read`): a copy
+    /// its client fetched less than the attribute cache lifetime ago is what it reads.
+    fn read_ranks(
+        &mut self,
+        observer: usize,
+        ranks: &[u32],
+        now: u64,
+    ) -> Vec<(u32, Option<RankRecord>)> {
         self.at(now);
         let dir: &dyn SharedDir = &self.clients[observer];
-        (0..self.mine.len())
-            .map(|r| {
-                if r == observer {
-                    return Some(self.mine[r].clone());
-                }
-                if observer != 0 && r != 0 {
-                    return None;
-                }
+        ranks
+            .iter()
+            .map(|&r| {
                 let bytes = dir
-                    .read(&self.layout.rank_record(1, r as u32))
-                    .expect("no faults injected here")?;
-                parse(&mut self.parsed[r], bytes)
+                    .read(&self.layout.rank_record(1, r))
+                    .expect("no faults injected here");
+                (
+                    r,
+                    bytes.and_then(|b| parse(&mut self.parsed[r as usize], b)),
+                )
             })
             .collect()
     }
@@ -346,8 +376,8 @@ struct Sim {
     dead_after_ms: u64,
     rate_ppm: Vec<u64>,
     next_beat: Vec<u64>,
-    /// Each node's watch of its peers (`protocol::watch`, as `Node::poll_cluster` has).
-    watch: Vec<Watch>,
+    /// Each node's machine: the node's own watching, barriers and aborts.
+    machines: Vec<NodeMachine>,
     /// Each node's freezes so far: (start, end).
     freezes: Vec<Vec<(u64, u64)>>,
     frozen_until: Vec<u64>,
@@ -400,14 +430,8 @@ impl Sim {
         let wall_skew_ms = (0..n)
             .map(|_| wall_rng.below(spread_ms + 1) as i64 - spread_ms as i64 / 2)
             .collect();
-        let watch = (0..n)
-            .map(|_| {
-                watch_of(
-                    n,
-                    Liveness::new(Duration::from_millis(dead_after_ms))
-                        .with_mutation(mutations.liveness),
-                )
-            })
+        let machines = (0..n)
+            .map(|r| machine_of(r, n, heartbeat_ms, dead_after_ms, &mutations))
             .collect();
         Sim {
             n,
@@ -422,7 +446,7 @@ impl Sim {
             dead_after_ms,
             rate_ppm,
             next_beat: vec![0; n],
-            watch,
+            machines,
             freezes: vec![Vec::new(); n],
             frozen_until: vec![0; n],
             last_turn: vec![0; n],
@@ -611,64 +635,39 @@ impl Sim {
         }
     }
 
+    /// Node `r`'s turn: its machine reads what it watches and judges it (an abort in a
+    /// watched record is adopted, a still heartbeat is a dead peer), then the node
+    /// arrives at its barrier or looks whether it may pass.
     fn act(&mut self, r: usize, seed: u64) -> Result<(), Violation> {
-        let now = self.now;
-        let records = self.dir.read_watched(r, now);
-        // The node's own judgement of what it read (`Node::poll_cluster`), with this node's
-        // own clock: an abort in a watched record is adopted (rank 0 adopts a worker's, a
-        // worker rank 0's, which relays any worker's), a still heartbeat is a dead peer.
+        if self.mutations.wall_clock {
+            let wall = self.dir.wall(r, self.now);
+            self.machines[r].set_watch_mutation(Some(watch::Mutation::WallClock { now: wall }));
+        }
         let local = self.local(r);
-        let reads = watch::watched(r as u32, self.n as u32)
-            .map(|q| (q, records[q as usize].clone()))
-            .collect();
-        let wall = self.dir.wall(r, now);
-        let mutation = self
-            .mutations
-            .wall_clock
-            .then_some(watch::Mutation::WallClock { now: wall });
-        match self.watch[r]
-            .round_with("sim", 1, reads, local, mutation)
-            .stop
-        {
-            None => {}
-            Some(watch::Stop::Abort(abort)) => {
-                let (by, dead) = (abort.detected_by, abort.culprit);
-                self.stop(r, dead, by);
-                self.note(format!(
-                    "rank {r} stops: rank {by} declared rank {dead} dead (relayed in a watched record)"
-                ));
-                return Ok(());
-            }
-            Some(watch::Stop::Dead { rank, .. }) => {
-                return self.declare_dead(r, rank as usize, seed)
-            }
-            Some(other) => {
-                return Err(self.violation(
-                    seed,
-                    format!("rank {r} found {other:?}: no process was replaced here"),
-                ))
-            }
+        self.machines[r].tick(local);
+        self.perform(r, seed)?;
+        if !self.live(r) {
+            return Ok(());
         }
         let k = self.k[r];
-        let gather = Arrival(r as u64 * 10 + k);
-        let barrier = Barrier::<Arrival, Sum>::new(k, r as u32, 1, "sim", gather)
-            .with_mutation(self.mutations.barrier);
         match self.step[r] {
             Step::Arrive => {
-                let mark = barrier.arrival();
-                self.dir.publish(r, now, |rec| rec.arrived = Some(mark));
+                let gather = Arrival(r as u64 * 10 + k);
+                let at = self.machines[r].arrive("sim", &gather);
+                assert_eq!(at, k, "the node's barrier count");
+                self.perform(r, seed)?;
                 self.step[r] = Step::Wait;
                 self.note(format!("rank {r} arrives at barrier {k}"));
             }
-            Step::Wait => match barrier.on_records(&records) {
-                Progress::Waiting { .. } => {}
+            Step::Wait => match self.machines[r].progress::<Arrival, Sum>() {
+                Progress::Waiting { .. } => self.perform(r, seed)?,
                 Progress::Complete { payloads } => {
                     let sum = payloads.iter().map(|a| a.0).sum();
                     let broadcast = Sum { k, sum };
-                    let release: Mark = barrier.release(&broadcast);
-                    self.dir.publish(r, now, |rec| rec.released = Some(release));
+                    self.machines[r].release(&broadcast);
                     self.broadcast[k as usize] = Some(broadcast);
                     self.note(format!("rank 0 releases barrier {k} with {broadcast:?}"));
+                    self.perform(r, seed)?;
                     self.pass(r, k, &broadcast, seed)?;
                 }
                 Progress::Released { broadcast } => {
@@ -681,49 +680,83 @@ impl Sim {
         Ok(())
     }
 
-    /// Node `r` stops on the abort naming `dead` (found by `by`), and says so in its
-    /// record, where its watchers find it.
-    fn stop(&mut self, r: usize, dead: u32, by: u32) {
-        self.step[r] = Step::Stopped(dead);
+    /// Perform node `r`'s machine's effects on the simulated directory, as the node's
+    /// driver (`Node::drive_machine`) performs them on the real one.
+    fn perform(&mut self, r: usize, seed: u64) -> Result<(), Violation> {
+        while let Some(effect) = self.machines[r].poll_effect() {
+            let now = self.now;
+            match effect {
+                Effect::Read(ranks) => {
+                    let reads = self.dir.read_ranks(r, &ranks, now);
+                    let local = self.local(r);
+                    let reads = reads.into_iter().map(|(q, rec)| (q, rec, local)).collect();
+                    self.machines[r].handle(local, Input::Records(reads));
+                }
+                Effect::Record(Change::Arrived(mark)) => {
+                    self.dir.publish(r, now, |rec| rec.arrived = Some(mark))
+                }
+                Effect::Record(Change::Released(mark)) => self.dir.publish(r, now, |rec| {
+                    rec.released = Some(mark);
+                    rec.waiting_for.clear();
+                }),
+                Effect::Record(Change::WaitingFor(missing)) => {
+                    self.dir.stage(r, |rec| rec.waiting_for = missing)
+                }
+                Effect::Record(Change::Observed(ages)) => {
+                    self.dir.stage(r, |rec| rec.observed_ms = ages)
+                }
+                Effect::CreateAbort(info) => {
+                    if info.kind != AbortKind::PeerDead {
+                        return Err(self.violation(
+                            seed,
+                            format!("rank {r} stops for {info:?}: nothing here fails but a stopped node"),
+                        ));
+                    }
+                    let (created, first) = self.dir.create_abort(&info, now);
+                    self.note(format!(
+                        "rank {r} finds rank {} dead{}",
+                        info.culprit,
+                        if created {
+                            ""
+                        } else {
+                            " (an abort exists: adopted)"
+                        }
+                    ));
+                    if created {
+                        self.check_death(r, info.culprit as usize, seed)?;
+                    }
+                    let local = self.local(r);
+                    self.machines[r].handle(local, Input::AbortCreated { created, first });
+                }
+                Effect::Warn(w) => self.note(format!("rank {r} warns: {w}")),
+                Effect::Stop(info) => {
+                    self.note(format!(
+                        "rank {r} stops: rank {} declared rank {} dead",
+                        info.detected_by, info.culprit
+                    ));
+                    self.stop(r, info);
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Node `r` stops on `info` and says so in its record, where its watchers find it
+    /// (the runtime's `RecordHandle::fail_with`: the record's first abort stands).
+    fn stop(&mut self, r: usize, info: AbortInfo) {
+        self.step[r] = Step::Stopped(info.culprit);
         let now = self.now;
         self.dir.publish(r, now, |rec| {
             rec.state = NodeState::Failed;
-            rec.abort = Some(AbortInfo {
-                kind: AbortKind::PeerDead,
-                culprit: dead,
-                culprit_host: format!("sim-{dead}"),
-                phase: "sim".into(),
-                iteration: 1,
-                reason: "heartbeat still for dead-after".into(),
-                log: None,
-                detected_by: by,
-                silent_ms: None,
-                at: String::new(),
-                cluster: None,
-                detected_in: None,
-            });
+            rec.abort.get_or_insert(info);
         });
     }
 
-    /// Node `r` found rank `q`'s heartbeat still for dead-after: it creates the abort
-    /// file (exclusively: the first one wins, a later one adopts it). Only a rank that
-    /// really stopped for about dead-after may be declared dead.
-    fn declare_dead(&mut self, r: usize, q: usize, seed: u64) -> Result<(), Violation> {
+    /// Node `r` was first to declare rank `q` dead: only a rank that really stopped for
+    /// about dead-after may be.
+    fn check_death(&mut self, r: usize, q: usize, seed: u64) -> Result<(), Violation> {
         let now = self.now;
-        let created = self.dir.create_abort(r as u32, q as u32, now);
-        let (by, dead) = self.dir.abort.expect("exists now");
-        self.note(format!(
-            "rank {r} finds rank {q} dead{}",
-            if created {
-                ""
-            } else {
-                " (an abort exists: adopted)"
-            }
-        ));
-        self.stop(r, dead, by);
-        if !created {
-            return Ok(());
-        }
         self.checks += 1;
         // How long q must have been stopped, at least, for a correct judge to say so:
         // dead-after by the fastest clock, less what stale caches and heartbeat spacing
@@ -755,6 +788,7 @@ impl Sim {
     /// Rank `r` passes barrier `k` having received `broadcast`: check the invariants
     /// against the directory's true content.
     fn pass(&mut self, r: usize, k: u64, broadcast: &Sum, seed: u64) -> Result<(), Violation> {
+        self.machines[r].leave_barrier();
         self.checks += 1;
         let not_arrived = self.dir.not_arrived(k);
         if !not_arrived.is_empty() {
@@ -838,7 +872,9 @@ fn the_same_seed_replays_the_same_run() {
 }
 
 fn caught(m: Mutations) -> Violation {
-    super::caught(|first, seeds, nodes| sweep(first, seeds, nodes, m))
+    let v = super::caught(|first, seeds, nodes| sweep(first, seeds, nodes, m));
+    println!("{m:?}: caught at seed {}", v.seed);
+    v
 }
 
 /// The simulator has teeth: a barrier that releases with one arrival missing is caught.
@@ -991,8 +1027,8 @@ impl Sim {
         sim.heartbeat_ms = s.heartbeat_ms;
         sim.dead_after_ms = s.dead_after_ms;
         sim.rate_ppm = vec![1_000_000; n];
-        sim.watch = (0..n)
-            .map(|_| watch_of(n, Liveness::new(Duration::from_millis(s.dead_after_ms))))
+        sim.machines = (0..n)
+            .map(|r| machine_of(r, n, s.heartbeat_ms, s.dead_after_ms, &Mutations::default()))
             .collect();
         sim
     }
@@ -1186,13 +1222,17 @@ fn a_workers_operations_stay_flat_and_the_masters_grow_linearly() {
         slope_a > 0.5 && close(slope_b, slope_a, 0.05),
         "the master's idle operations per second are not linear in the workers: {m:?}"
     );
-    // Every idle second the master reads every worker's record (open, read: 2
-    // operations); the server sees that once per cache lifetime (3 s), plus the master's
-    // own read-back every sixth heartbeat (30 s).
+    // Waiting at a barrier, the master reads the slow worker's record every poll (open,
+    // read: 2 operations) and each worker that has arrived once per half heartbeat
+    // (2.5 s: every third 1 s poll, after a first read that finds it arrived), as the
+    // node's machine decides (`watch::to_read`); the server sees each of those past the
+    // 3 s cache, plus the master's own read-back every sixth heartbeat (30 s).
     let read_back = 1.0 / 30.0;
+    let idle = s.idle_s as f64;
+    let arrived = |n: usize| (n - 2) as f64 * (idle / 3.0 + 1.0) / idle;
     for f in &f {
         let reads = f.per_class("per idle second", "master", true, OpClass::Read);
-        let expected = (f.n - 1) as f64 / 3.0 + read_back;
+        let expected = 1.0 / 3.0 + arrived(f.n) + read_back;
         assert!(
             close(reads, expected, 0.1),
             "{} nodes: {reads} server reads/s, expected {expected}",
@@ -1200,8 +1240,8 @@ fn a_workers_operations_stay_flat_and_the_masters_grow_linearly() {
         );
         let client_reads = f.per_class("per idle second", "master", false, OpClass::Read);
         assert!(
-            close(client_reads, (f.n - 1) as f64 + read_back, 0.05),
-            "{} nodes: {client_reads}",
+            close(client_reads, 1.0 + arrived(f.n) + read_back, 0.05),
+            "{} nodes: {client_reads} client reads/s",
             f.n
         );
     }

@@ -1,0 +1,741 @@
+//! `NodeMachine`: a node's coordination with its peers as one sans-I/O state machine, in
+//! the style of quinn-proto's `Connection`. The driver hands it what happened
+//! ([`NodeMachine::handle`]: records read, the heartbeat thread's write state, the outcome
+//! of an exclusive create), asks it what to do ([`NodeMachine::poll_effect`]: read these
+//! ranks, change our record, create `abort.json`, stop) and when to wake it next
+//! ([`NodeMachine::poll_timeout`]). It does no I/O, reads no clock (time is handed in as
+//! the node's monotonic [`Duration`] since its start) and starts no thread.
+//!
+//! What it owns today: watching the peers (which ranks to read each round, their liveness
+//! and what their records say, [`super::watch`]), every barrier's arrival, gather, release
+//! and pass ([`super::barrier`], typed by its messages), the abort procedure (a failure
+//! detected here or handed in becomes the generation's `abort.json` by exclusive create;
+//! the first creator's is the cause, [`super::abort::cause`]; the cause goes into our
+//! record, where rank 0 relays it to every worker) and the self-stop of a node that cannot
+//! write. The node's runtime (`crate::node`) drives it through the real shared directory,
+//! and the simulator (tests/sim/) drives the same machine over the simulated one: a
+//! judgement changed here is a judgement changed in both.
+//!
+//! Every state change checks its pre- and postconditions ([`NodeMachine::assert_invariants`]),
+//! in debug builds and in the simulator (the `sim` feature).
+
+use super::barrier::{Barrier, Progress};
+use super::messages::Payload;
+use super::watch::{self, Note, Watch};
+use super::{AbortInfo, AbortKind, Liveness, Mark, NodeState, RankRecord};
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::time::Duration;
+
+/// What a machine is set up with: who it is and the timing it judges by.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub rank: u32,
+    pub num_nodes: u32,
+    /// This node's host name, named in the aborts it detects.
+    pub host: String,
+    /// A pipelined run's side (`rollout`/`update`), named in its aborts.
+    pub cluster: Option<String>,
+    pub heartbeat_interval: Duration,
+    pub dead_after: Duration,
+}
+
+/// Where the node is, for the aborts it writes: the phase's label and the iteration.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Position {
+    pub run_id: String,
+    pub gen: u64,
+    pub iteration: u64,
+    pub phase: String,
+}
+
+/// What happened, as the driver tells the machine.
+#[derive(Debug, Clone)]
+pub enum Input {
+    /// The records asked for by [`Effect::Read`], each stamped with the time its read
+    /// returned (`None`: missing, unreadable or unparsable).
+    Records(Vec<(u32, Option<RankRecord>, Duration)>),
+    /// The heartbeat thread's state: its last write error, and another process found
+    /// writing this rank's record (host, pid).
+    Publisher {
+        write_error: Option<String>,
+        intruder: Option<(String, u32)>,
+    },
+    /// The exclusive create of `abort.json` asked for by [`Effect::CreateAbort`]: created
+    /// (ours is the cause), or not, with the one there as read back (`None`: unreadable).
+    AbortCreated {
+        created: bool,
+        first: Option<AbortInfo>,
+    },
+    /// The create failed outright (the directory cannot be written): ours stands.
+    AbortNotWritten { error: String },
+}
+
+/// A change to this rank's own record (the heartbeat thread's copy).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    /// Publish now: this rank arrived at a barrier.
+    Arrived(Mark),
+    /// Publish now: rank 0 released a barrier (and waits for nobody).
+    Released(Mark),
+    /// With the next heartbeat: the ranks rank 0 still waits for (for `status`).
+    WaitingFor(Vec<u32>),
+    /// With the next heartbeat: how long each watched rank's heartbeat has been still.
+    Observed(Vec<(u32, u64)>),
+}
+
+/// What the machine asks the driver to do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Effect {
+    /// Read these ranks' records of the current generation (after one listing of its
+    /// directory, which refreshes a FUSE client's cached names), and hand them back as
+    /// [`Input::Records`].
+    Read(Vec<u32>),
+    /// Change this rank's record.
+    Record(Change),
+    /// Create the generation's `abort.json` exclusively with this abort (the driver
+    /// stamps `at` with its wall clock) and hand back [`Input::AbortCreated`].
+    CreateAbort(AbortInfo),
+    /// Something the node should say once, as a warning.
+    Warn(String),
+    /// Stop: `0` is the cause, adopted. The driver puts it in this rank's record (rank 0's
+    /// relays it to every worker) and says what it means for this node.
+    Stop(AbortInfo),
+}
+
+/// The barrier this rank is at: enough to rebuild its typed [`Barrier`] on demand, so the
+/// machine holds no payload type.
+#[derive(Debug, Clone)]
+struct AtBarrier {
+    k: u64,
+    iteration: u64,
+    name: String,
+    arrival: Mark,
+    /// Rank 0: the ranks it said it waits for last.
+    missing: Vec<u32>,
+}
+
+/// A deliberately broken machine, for showing that the simulator catches it (`sim`
+/// feature only; see [`super::mutation`]).
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Mutations {
+    pub barrier: Option<super::barrier::Mutation>,
+    pub liveness: Option<super::liveness::Mutation>,
+    pub watch: Option<watch::Mutation>,
+}
+
+/// The node's coordination with its peers (see the module documentation).
+#[derive(Debug)]
+pub struct NodeMachine {
+    cfg: Settings,
+    position: Position,
+    /// The peers as last read, the processes that joined, their liveness.
+    pub watch: Watch,
+    /// When each rank's record was last read.
+    last_read: Vec<Option<Duration>>,
+    /// The barrier counter of the generation: every rank walks the same sequence.
+    k: u64,
+    at: Option<AtBarrier>,
+    /// Rank 0 waits at this barrier: it reads only the ranks still missing (and each
+    /// other once per half heartbeat).
+    barrier_wait: Option<u64>,
+    /// Why a process was refused a still-vacant rank, as read from its placeholder.
+    pub refused: HashMap<u32, String>,
+    /// Ranks found dead while dead peers are tolerated (a dynamic rollout).
+    pub dead_peers: BTreeSet<u32>,
+    write_error: Option<String>,
+    write_error_since: Option<Duration>,
+    /// The abort being created (ours), until the create's outcome is known.
+    creating: Option<AbortInfo>,
+    /// The cause this machine stopped for: no input changes anything after it.
+    stopped: Option<AbortInfo>,
+    now: Duration,
+    effects: VecDeque<Effect>,
+    mutations: Mutations,
+}
+
+impl NodeMachine {
+    pub fn new(cfg: Settings) -> NodeMachine {
+        let n = cfg.num_nodes;
+        NodeMachine {
+            watch: Watch::new(n, Liveness::new(cfg.dead_after)),
+            last_read: vec![None; n as usize],
+            cfg,
+            position: Position::default(),
+            k: 0,
+            at: None,
+            barrier_wait: None,
+            refused: HashMap::new(),
+            dead_peers: BTreeSet::new(),
+            write_error: None,
+            write_error_since: None,
+            creating: None,
+            stopped: None,
+            now: Duration::ZERO,
+            effects: VecDeque::new(),
+            mutations: Mutations::default(),
+        }
+    }
+
+    #[doc(hidden)]
+    pub fn with_mutations(mut self, m: Mutations) -> NodeMachine {
+        self.watch.liveness = Liveness::new(self.cfg.dead_after).with_mutation(m.liveness);
+        self.mutations = Mutations {
+            barrier: super::mutation(m.barrier),
+            liveness: super::mutation(m.liveness),
+            watch: super::mutation(m.watch),
+        };
+        self
+    }
+
+    /// The watch's mutation from now on (a judge of wall-clock stamps needs this node's
+    /// wall clock at each round).
+    #[doc(hidden)]
+    pub fn set_watch_mutation(&mut self, m: Option<watch::Mutation>) {
+        self.mutations.watch = super::mutation(m);
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.cfg
+    }
+
+    /// Where the node is now (its generation, iteration and phase), for what it judges
+    /// and the aborts it writes.
+    pub fn set_position(&mut self, position: Position) {
+        self.position = position;
+    }
+
+    pub fn position(&self) -> &Position {
+        &self.position
+    }
+
+    /// The cause the machine stopped for, once it has.
+    pub fn stopped(&self) -> Option<&AbortInfo> {
+        self.stopped.as_ref()
+    }
+
+    /// The barrier counter: the number of the barrier last arrived at.
+    pub fn k(&self) -> u64 {
+        self.k
+    }
+
+    /// The next thing to do, if any.
+    pub fn poll_effect(&mut self) -> Option<Effect> {
+        self.effects.pop_front()
+    }
+
+    /// When the machine next wants [`NodeMachine::tick`]ing, as a time since the node's
+    /// start: the next read of a watched rank due, the moment a watched heartbeat would
+    /// have been still for dead-after, and the self-stop of a node that cannot write.
+    pub fn poll_timeout(&self) -> Option<Duration> {
+        if self.stopped.is_some() {
+            return None;
+        }
+        let refresh = self.cfg.heartbeat_interval / 2;
+        let reads = watch::watched(self.cfg.rank, self.cfg.num_nodes).map(|r| {
+            let read = self.last_read.get(r as usize).copied().flatten();
+            read.map_or(self.now, |t| t + refresh)
+        });
+        // A death already due was judged at the last read (or is tolerated).
+        let deaths = watch::watched(self.cfg.rank, self.cfg.num_nodes)
+            .filter_map(|r| self.watch.liveness.dead_at(r))
+            .filter(|&t| t > self.now);
+        let stop = self.write_error_since.map(|s| s + self.cfg.dead_after / 2);
+        reads.chain(deaths).chain(stop).min()
+    }
+
+    /// Time passed: decide which watched ranks to read now ([`watch::to_read`]) and ask
+    /// for them; check the write-error self-stop.
+    pub fn tick(&mut self, now: Duration) {
+        self.advance(now);
+        if self.stopped.is_some() || self.creating.is_some() {
+            return;
+        }
+        if self.write_stop_due() {
+            return;
+        }
+        let ranks = watch::to_read(
+            self.cfg.rank,
+            self.cfg.num_nodes,
+            &self.watch.peers,
+            self.barrier_wait,
+            &self.last_read,
+            now,
+            self.cfg.heartbeat_interval / 2,
+        );
+        if !ranks.is_empty() {
+            self.effects.push_back(Effect::Read(ranks));
+        }
+    }
+
+    /// Something happened.
+    pub fn handle(&mut self, now: Duration, input: Input) {
+        self.advance(now);
+        match input {
+            Input::AbortCreated { created, first } => {
+                let mine = self.creating.take().expect("an abort was being created");
+                self.stop(super::abort::cause(mine, created, first));
+            }
+            Input::AbortNotWritten { error } => {
+                let mine = self.creating.take().expect("an abort was being created");
+                self.effects
+                    .push_back(Effect::Warn(format!("cannot write abort.json: {error}")));
+                self.stop(mine);
+            }
+            _ if self.stopped.is_some() || self.creating.is_some() => {}
+            Input::Publisher {
+                write_error,
+                intruder,
+            } => self.on_publisher(write_error, intruder),
+            Input::Records(reads) => self.on_records(reads),
+        }
+        self.assert_invariants();
+    }
+
+    /// This node detected a failure (its command failed, a timeout, a signal, ...):
+    /// publish it as the generation's abort (the first creator's is the cause) and stop.
+    /// `joined`: the node has a generation to publish it in (else it stops at once).
+    pub fn fail(&mut self, info: AbortInfo, joined: bool) {
+        if self.stopped.is_some() || self.creating.is_some() {
+            return;
+        }
+        if joined {
+            self.creating = Some(info.clone());
+            self.effects.push_back(Effect::CreateAbort(info));
+        } else {
+            self.stop(info);
+        }
+        self.assert_invariants();
+    }
+
+    /// The driver stops because of `info` (an abort found outside the machine, e.g. the
+    /// other cluster's, or the cause the machine gave): nothing changes the machine after.
+    pub fn adopt(&mut self, info: AbortInfo) {
+        if self.stopped.is_none() {
+            self.at = None;
+            self.barrier_wait = None;
+            self.creating = None;
+            self.stopped = Some(info);
+        }
+    }
+
+    /// An abort this node detects: its own kind, culprit and reason, at its position.
+    pub fn abort_info(
+        &self,
+        kind: AbortKind,
+        culprit: u32,
+        culprit_host: Option<String>,
+        reason: String,
+        log: Option<String>,
+    ) -> AbortInfo {
+        AbortInfo {
+            kind,
+            culprit,
+            culprit_host: culprit_host.unwrap_or_else(|| self.cfg.host.clone()),
+            phase: self.position.phase.clone(),
+            iteration: self.position.iteration,
+            reason,
+            log,
+            detected_by: self.cfg.rank,
+            silent_ms: None,
+            at: String::new(),
+            cluster: self.cfg.cluster.clone(),
+            detected_in: None,
+        }
+    }
+
+    // ------------------------------------------------------------------ barriers
+
+    /// Arrive at the next barrier with `gather`: this rank's arrival is published.
+    pub fn arrive<G: Payload + Clone>(&mut self, name: &str, gather: &G) -> u64 {
+        assert!(self.at.is_none(), "arrived at a barrier while at another");
+        self.k += 1;
+        let iteration = self.position.iteration;
+        let barrier = Barrier::<G, ()>::new(self.k, self.cfg.rank, iteration, name, gather.clone());
+        let arrival = barrier.arrival();
+        self.effects
+            .push_back(Effect::Record(Change::Arrived(arrival.clone())));
+        if self.cfg.rank == 0 {
+            self.barrier_wait = Some(self.k);
+        }
+        self.at = Some(AtBarrier {
+            k: self.k,
+            iteration,
+            name: name.to_string(),
+            arrival,
+            missing: Vec::new(),
+        });
+        self.assert_invariants();
+        self.k
+    }
+
+    /// Where the barrier stands on the records read so far. Rank 0 says whom it still
+    /// waits for (with the next heartbeat) when that changes.
+    pub fn progress<G: Payload + Clone, B: Payload>(&mut self) -> Progress<G, B> {
+        let Some(at) = self.at.as_mut() else {
+            // Stopped meanwhile (the stop ended the barrier): nothing passes.
+            debug_assert!(self.stopped.is_some(), "progress asked outside a barrier");
+            return Progress::Waiting {
+                missing: Vec::new(),
+            };
+        };
+        let gather = G::read(&at.arrival.payload);
+        let barrier = Barrier::<G, B>::new(at.k, self.cfg.rank, at.iteration, &at.name, gather)
+            .with_mutation(self.mutations.barrier);
+        let progress = barrier.on_records(&self.watch.peers);
+        if let Progress::Waiting { missing } = &progress {
+            if self.cfg.rank == 0 && *missing != at.missing {
+                at.missing = missing.clone();
+                self.effects
+                    .push_back(Effect::Record(Change::WaitingFor(missing.clone())));
+            }
+        }
+        progress
+    }
+
+    /// Rank 0, every rank arrived: release the barrier with `broadcast`.
+    pub fn release<B: Payload>(&mut self, broadcast: &B) {
+        assert_eq!(self.cfg.rank, 0, "only rank 0 releases");
+        let at = self.at.as_ref().expect("at a barrier");
+        let barrier =
+            Barrier::<(), B>::new(at.k, 0, at.iteration, &at.name, ()).with_mutation(None);
+        self.effects
+            .push_back(Effect::Record(Change::Released(barrier.release(broadcast))));
+        self.barrier_wait = None;
+    }
+
+    /// The barrier passed (or the wait for it ended): the node goes on.
+    pub fn leave_barrier(&mut self) {
+        self.at = None;
+        self.barrier_wait = None;
+        self.assert_invariants();
+    }
+
+    /// Which barrier this rank is at: (k, name).
+    pub fn at_barrier(&self) -> Option<(u64, &str)> {
+        self.at.as_ref().map(|a| (a.k, a.name.as_str()))
+    }
+
+    // ------------------------------------------------------------------ inside
+
+    fn advance(&mut self, now: Duration) {
+        // Monotonic: a driver never hands in an earlier time.
+        debug_assert!(now >= self.now || cfg!(feature = "sim"), "time went back");
+        self.now = self.now.max(now);
+    }
+
+    fn on_publisher(&mut self, write_error: Option<String>, intruder: Option<(String, u32)>) {
+        if write_error != self.write_error {
+            if let Some(e) = &write_error {
+                self.effects
+                    .push_back(Effect::Warn(format!("heartbeat write failed: {e}")));
+            }
+            self.write_error_since = write_error
+                .as_ref()
+                .map(|_| self.write_error_since.unwrap_or(self.now));
+            self.write_error = write_error;
+        }
+        if self.write_stop_due() {
+            return;
+        }
+        if let Some((host, pid)) = intruder {
+            let rank = self.cfg.rank;
+            let info = self.abort_info(
+                AbortKind::Error,
+                rank,
+                None,
+                format!("another process (pid {pid} on {host}) is writing this rank's record: two nodes were started as rank {rank}"),
+                None,
+            );
+            self.fail(info, true);
+        }
+    }
+
+    /// A node that cannot write (full disk, read-only or failing filesystem) stops and
+    /// says so before its peers would only find its heartbeat still: after half of
+    /// dead-after of failing writes.
+    fn write_stop_due(&mut self) -> bool {
+        let (Some(e), Some(since)) = (&self.write_error, self.write_error_since) else {
+            return false;
+        };
+        if self.now.saturating_sub(since) < self.cfg.dead_after / 2 {
+            return false;
+        }
+        let reason = format!("stopped writing to the shared directory: {e}");
+        let info = self.abort_info(AbortKind::Error, self.cfg.rank, None, reason, None);
+        self.fail(info, true);
+        true
+    }
+
+    fn on_records(&mut self, reads: Vec<(u32, Option<RankRecord>, Duration)>) {
+        for (r, _, at) in &reads {
+            if let Some(slot) = self.last_read.get_mut(*r as usize) {
+                *slot = Some(*at);
+            }
+        }
+        let (run_id, gen) = (self.position.run_id.clone(), self.position.gen);
+        let round = self
+            .watch
+            .round_stamped(&run_id, gen, reads, self.mutations.watch);
+        for note in round.notes {
+            match note {
+                Note::Refused { rank, why } => {
+                    self.refused.insert(rank, why);
+                }
+                Note::DeadTolerated(rank) => {
+                    self.dead_peers.insert(rank);
+                }
+            }
+        }
+        let Some(stop) = round.stop else {
+            let observed = self.watch.observed(self.cfg.rank, self.now);
+            self.effects
+                .push_back(Effect::Record(Change::Observed(observed)));
+            return;
+        };
+        let info = match stop {
+            watch::Stop::Abort(info) => return self.stop(info),
+            watch::Stop::TakenOver { rank, host, pid } => self.abort_info(
+                AbortKind::Error,
+                rank,
+                Some(host.clone()),
+                format!("rank {rank} was taken over by another process (pid {pid} on {host})"),
+                None,
+            ),
+            watch::Stop::Ended { rank, host, state } => {
+                let what = match state {
+                    NodeState::Left => format!("left generation {gen} after joining it, giving up on the generation before it saw it form"),
+                    _ => format!("stopped in generation {gen} without publishing why"),
+                };
+                self.abort_info(
+                    AbortKind::Error,
+                    rank,
+                    Some(host.clone()),
+                    format!("rank {rank} on {host} {what} (its log says why)"),
+                    None,
+                )
+            }
+            watch::Stop::Dead { rank, silent, last } => {
+                let (host, phase, iteration) = last
+                    .map(|p| {
+                        let phase = p.phase.map_or_else(|| "join".into(), |p| p.to_string());
+                        (p.host, phase, p.iteration)
+                    })
+                    .unwrap_or_else(|| ("?".into(), "?".into(), 0));
+                let mut info = self.abort_info(
+                    AbortKind::PeerDead,
+                    rank,
+                    Some(host),
+                    format!("heartbeat still for {:.1}s", silent.as_secs_f64()),
+                    None,
+                );
+                info.phase = phase;
+                info.iteration = iteration;
+                info.silent_ms = Some(silent.as_millis() as u64);
+                info
+            }
+        };
+        self.fail(info, true);
+    }
+
+    fn stop(&mut self, info: AbortInfo) {
+        debug_assert!(self.stopped.is_none(), "stopped twice");
+        self.at = None;
+        self.barrier_wait = None;
+        self.stopped = Some(info.clone());
+        self.effects.push_back(Effect::Stop(info));
+    }
+
+    /// The machine's own invariants, checked after every state change in debug builds
+    /// and in the simulator (TigerBeetle style: a broken one is a bug here, not a
+    /// condition to handle).
+    pub fn assert_invariants(&self) {
+        if !(cfg!(debug_assertions) || cfg!(feature = "sim")) {
+            return;
+        }
+        let n = self.cfg.num_nodes as usize;
+        assert_eq!(self.watch.peers.len(), n, "a peer slot per rank");
+        assert_eq!(self.last_read.len(), n, "a read time per rank");
+        assert!(
+            !(self.stopped.is_some() && self.creating.is_some()),
+            "stopped while still creating the abort"
+        );
+        if let Some(at) = &self.at {
+            assert_eq!(at.k, self.k, "at the barrier last arrived at");
+            assert_eq!(at.arrival.k, at.k, "the arrival is this barrier's");
+            assert!(self.stopped.is_none(), "a stopped node is at no barrier");
+        }
+        if let Some(k) = self.barrier_wait {
+            assert_eq!(self.cfg.rank, 0, "only rank 0 waits for arrivals");
+            assert!(
+                self.at.as_ref().is_some_and(|a| a.k == k),
+                "waiting at its own barrier"
+            );
+        }
+        assert!(
+            self.write_error.is_some() == self.write_error_since.is_some(),
+            "a write error has a start"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::messages::EvalDecision;
+
+    fn machine(rank: u32, n: u32) -> NodeMachine {
+        let mut m = NodeMachine::new(Settings {
+            rank,
+            num_nodes: n,
+            host: format!("h{rank}"),
+            cluster: None,
+            heartbeat_interval: Duration::from_secs(1),
+            dead_after: Duration::from_secs(10),
+        });
+        m.set_position(Position {
+            run_id: "run".into(),
+            gen: 1,
+            iteration: 1,
+            phase: "rollout".into(),
+        });
+        m.watch.formed = true;
+        m
+    }
+
+    fn rec(rank: u32, seq: u64) -> RankRecord {
+        RankRecord {
+            state: NodeState::Running,
+            seq,
+            iteration: 1,
+            host: format!("h{rank}"),
+            ..RankRecord::vacant("run", 1, rank)
+        }
+    }
+
+    fn drain(m: &mut NodeMachine) -> Vec<Effect> {
+        std::iter::from_fn(|| m.poll_effect()).collect()
+    }
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
+    #[test]
+    fn a_still_peer_is_declared_dead_through_the_abort_file_and_the_first_creator_wins() {
+        let mut m = machine(0, 2);
+        m.tick(S(0));
+        assert_eq!(drain(&mut m), vec![Effect::Read(vec![1])]);
+        m.handle(S(0), Input::Records(vec![(1, Some(rec(1, 5)), S(0))]));
+        drain(&mut m);
+        // Still after dead-after: the machine asks for the abort file.
+        m.tick(S(11));
+        assert_eq!(drain(&mut m), vec![Effect::Read(vec![1])]);
+        m.handle(S(11), Input::Records(vec![(1, Some(rec(1, 5)), S(11))]));
+        let effects = drain(&mut m);
+        let [Effect::CreateAbort(mine)] = effects.as_slice() else {
+            panic!("{effects:?}")
+        };
+        assert_eq!(
+            (mine.kind.clone(), mine.culprit, mine.silent_ms),
+            (AbortKind::PeerDead, 1, Some(11_000))
+        );
+        // Another node's abort was there first: it is the cause.
+        let mut theirs = mine.clone();
+        theirs.detected_by = 1;
+        theirs.kind = AbortKind::Timeout;
+        m.handle(
+            S(11),
+            Input::AbortCreated {
+                created: false,
+                first: Some(theirs.clone()),
+            },
+        );
+        assert_eq!(drain(&mut m), vec![Effect::Stop(theirs)]);
+        // Nothing changes a stopped machine.
+        m.tick(S(20));
+        m.handle(S(20), Input::Records(vec![]));
+        assert!(drain(&mut m).is_empty());
+        assert_eq!(m.poll_timeout(), None);
+    }
+
+    #[test]
+    fn a_node_that_cannot_write_stops_after_half_of_dead_after() {
+        let mut m = machine(1, 2);
+        let failing = || Input::Publisher {
+            write_error: Some("ENOSPC".into()),
+            intruder: None,
+        };
+        m.handle(S(1), failing());
+        assert_eq!(
+            drain(&mut m),
+            vec![Effect::Warn("heartbeat write failed: ENOSPC".into())]
+        );
+        assert_eq!(m.poll_timeout().map(|t| t <= S(6)), Some(true));
+        m.handle(S(5), failing());
+        assert!(
+            drain(&mut m).is_empty(),
+            "4 s of failing writes is not yet half of 10 s"
+        );
+        m.tick(S(6));
+        let effects = drain(&mut m);
+        let [Effect::CreateAbort(info)] = effects.as_slice() else {
+            panic!("{effects:?}")
+        };
+        assert_eq!(info.culprit, 1);
+        assert!(info.reason.contains("ENOSPC"), "{}", info.reason);
+    }
+
+    #[test]
+    fn a_barrier_is_arrived_gathered_released_and_passed_with_typed_messages() {
+        let mut r0 = machine(0, 2);
+        let mut r1 = machine(1, 2);
+        assert_eq!(r0.arrive("eval-decision", &()), 1);
+        assert_eq!(r1.arrive("eval-decision", &()), 1);
+        let arrival = |m: &mut NodeMachine| {
+            drain(m).into_iter().find_map(|e| match e {
+                Effect::Record(Change::Arrived(mark)) => Some(mark),
+                _ => None,
+            })
+        };
+        let mark1 = arrival(&mut r1).expect("rank 1 arrives");
+        arrival(&mut r0).expect("rank 0 arrives");
+        assert_eq!(
+            r0.progress::<(), EvalDecision>(),
+            Progress::Waiting { missing: vec![1] }
+        );
+        assert_eq!(
+            drain(&mut r0),
+            vec![Effect::Record(Change::WaitingFor(vec![1]))]
+        );
+        // Rank 0 at the barrier reads only ranks not yet arrived.
+        let mut arrived = rec(1, 2);
+        arrived.arrived = Some(mark1);
+        r0.handle(S(1), Input::Records(vec![(1, Some(arrived), S(1))]));
+        drain(&mut r0);
+        r0.tick(S(1));
+        assert!(
+            drain(&mut r0).is_empty(),
+            "an arrived rank is not read again at once"
+        );
+        assert!(matches!(
+            r0.progress::<(), EvalDecision>(),
+            Progress::Complete { .. }
+        ));
+        r0.release(&EvalDecision { eval: true });
+        let released = drain(&mut r0).into_iter().find_map(|e| match e {
+            Effect::Record(Change::Released(m)) => Some(m),
+            _ => None,
+        });
+        let mut r0rec = rec(0, 3);
+        r0rec.released = released;
+        r1.handle(S(1), Input::Records(vec![(0, Some(r0rec), S(1))]));
+        assert_eq!(
+            r1.progress::<(), EvalDecision>(),
+            Progress::Released {
+                broadcast: EvalDecision { eval: true }
+            }
+        );
+        r1.leave_barrier();
+        r0.leave_barrier();
+        assert_eq!(r1.arrive("next", &()), 2);
+    }
+}
