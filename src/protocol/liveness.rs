@@ -42,6 +42,12 @@ pub enum Mutation {
     /// A peer is judged after a quarter of dead-after: stale caches and slow heartbeats
     /// then kill live peers.
     Impatient,
+    /// A peer is judged after half of dead-after.
+    HalfPatient,
+    /// A peer is judged this much before dead-after (one heartbeat interval, say): a
+    /// judge only slightly off, which the simulator's check of every death against the
+    /// observer's true view catches.
+    EarlyBy(Duration),
 }
 
 impl Liveness {
@@ -56,8 +62,11 @@ impl Liveness {
     #[doc(hidden)]
     pub fn with_mutation(mut self, m: Option<Mutation>) -> Liveness {
         let m = super::mutation(m);
-        if m == Some(Mutation::Impatient) {
-            self.dead_after /= 4;
+        match m {
+            Some(Mutation::Impatient) => self.dead_after /= 4,
+            Some(Mutation::HalfPatient) => self.dead_after /= 2,
+            Some(Mutation::EarlyBy(d)) => self.dead_after = self.dead_after.saturating_sub(d),
+            _ => {}
         }
         self.mutation = m;
         self

@@ -95,7 +95,12 @@ fn machine_of(
     })
     .with_mutations(machine::Mutations {
         barrier: m.barrier,
-        liveness: m.liveness,
+        liveness: match m.early_by_heartbeat {
+            true => Some(LivenessMutation::EarlyBy(Duration::from_millis(
+                heartbeat_ms,
+            ))),
+            false => m.liveness,
+        },
         watch: None,
     });
     machine.set_position(machine::Position {
@@ -360,6 +365,8 @@ pub struct Mutations {
     liveness: Option<LivenessMutation>,
     /// Judge liveness by the records' wall-clock stamps (`watch::Mutation::WallClock`).
     wall_clock: bool,
+    /// Judge a peer dead one heartbeat interval early (`liveness::Mutation::EarlyBy`).
+    early_by_heartbeat: bool,
 }
 
 struct Sim {
@@ -378,6 +385,10 @@ struct Sim {
     next_beat: Vec<u64>,
     /// Each node's machine: the node's own watching, barriers and aborts.
     machines: Vec<NodeMachine>,
+    /// What each node has seen of each peer's heartbeat, from the reads performed for it:
+    /// the sequence last read and when (true time) a read first returned it. The
+    /// specification a death is checked against.
+    seen: Vec<Vec<Option<(u64, u64)>>>,
     /// Each node's freezes so far: (start, end).
     freezes: Vec<Vec<(u64, u64)>>,
     frozen_until: Vec<u64>,
@@ -447,6 +458,7 @@ impl Sim {
             rate_ppm,
             next_beat: vec![0; n],
             machines,
+            seen: vec![vec![None; n]; n],
             freezes: vec![Vec::new(); n],
             frozen_until: vec![0; n],
             last_turn: vec![0; n],
@@ -688,6 +700,13 @@ impl Sim {
             match effect {
                 Effect::Read(ranks) => {
                     let reads = self.dir.read_ranks(r, &ranks, now);
+                    for (q, rec) in &reads {
+                        let seq = rec.as_ref().map_or(u64::MAX, |rec| rec.seq);
+                        let seen = &mut self.seen[r][*q as usize];
+                        if seen.is_none_or(|(s, _)| s != seq) {
+                            *seen = Some((seq, now));
+                        }
+                    }
                     let local = self.local(r);
                     let reads = reads.into_iter().map(|(q, rec)| (q, rec, local)).collect();
                     self.machines[r].handle(local, Input::Records(reads));
@@ -722,6 +741,7 @@ impl Sim {
                             " (an abort exists: adopted)"
                         }
                     ));
+                    self.check_silence(r, info.culprit as usize, seed)?;
                     if created {
                         self.check_death(r, info.culprit as usize, seed)?;
                     }
@@ -751,6 +771,26 @@ impl Sim {
             rec.state = NodeState::Failed;
             rec.abort.get_or_insert(info);
         });
+    }
+
+    /// The specification of a death, checked at every declaration: the observer's reads
+    /// of rank `q`'s record have returned the same heartbeat for at least dead-after of
+    /// true time (less what its clock, up to 1 % fast, can gain). Exact, with no slack
+    /// for caches: what the observer could not see cannot count, and what it saw may not
+    /// be judged early, not even by one heartbeat.
+    fn check_silence(&mut self, r: usize, q: usize, seed: u64) -> Result<(), Violation> {
+        self.checks += 1;
+        let least = self.dead_after_ms * 1_000 / 1_010;
+        match self.seen[r][q] {
+            Some((_, since)) if self.now - since >= least => Ok(()),
+            seen => Err(self.violation(
+                seed,
+                format!(
+                    "rank {r} declared rank {q} dead, but its reads of rank {q}'s record had returned the same heartbeat only since {seen:?} (now {} ms, dead-after {} ms)",
+                    self.now, self.dead_after_ms
+                ),
+            )),
+        }
     }
 
     /// Node `r` was first to declare rank `q` dead: only a rank that really stopped for
@@ -928,6 +968,31 @@ fn a_judge_of_wall_clock_stamps_is_caught() {
         ..Mutations::default()
     });
     assert!(v.what.contains("declared rank"), "{v}");
+}
+
+/// … a judge that waits half of dead-after …
+#[test]
+fn a_judge_at_half_of_dead_after_is_caught() {
+    let v = caught(Mutations {
+        liveness: Some(LivenessMutation::HalfPatient),
+        ..Mutations::default()
+    });
+    assert!(v.what.contains("declared rank"), "{v}");
+}
+
+/// … one only a heartbeat interval too early, which no cache-tolerant check could tell
+/// from a correct one: the check of every death against what the observer truly read
+/// catches it …
+#[test]
+fn a_judge_one_heartbeat_early_is_caught() {
+    let v = caught(Mutations {
+        early_by_heartbeat: true,
+        ..Mutations::default()
+    });
+    assert!(
+        v.what.contains("returned the same heartbeat only since"),
+        "{v}"
+    );
 }
 
 /// … and a barrier that counts the files it can list instead of the arrivals in them.
