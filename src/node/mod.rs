@@ -29,6 +29,7 @@ mod work;
 use crate::clock::{self, Clock};
 use crate::config::{Config, Loaded, PhaseCommand};
 use crate::events;
+use crate::exercised;
 use crate::exit::{self, Cause};
 use crate::layout::Layout;
 use crate::logging;
@@ -818,6 +819,7 @@ impl Node {
 
     /// The stop of a node whose generation was replaced (see [`Node::fence`]).
     fn fenced(&mut self, why: &str, what: &str) -> Stop {
+        exercised::note(exercised::Path::FencedWrites);
         self.event(events::Event::Fenced {
             what: what.to_string(),
             why: why.to_string(),
@@ -2194,6 +2196,7 @@ impl Node {
             };
             return Err(self.fail(AbortKind::Error, rank, None, what, None));
         }
+        exercised::note(exercised::Path::ShardCommits);
         if adopted {
             self.journal_note = Some(format!(
                 "adopted: the command wrote {} itself",
@@ -2361,6 +2364,7 @@ impl Node {
         };
         match merged {
             Ok(summary) => {
+                exercised::note(exercised::Path::Merges);
                 self.event(events::Event::Aggregate {
                     split: split.to_string(),
                     merged: events::Aggregated::Shards {
@@ -2443,6 +2447,7 @@ impl Node {
             };
             return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
         }
+        exercised::note(exercised::Path::Merges);
         Ok(())
     }
 
@@ -2797,6 +2802,7 @@ impl Node {
             dest.display(),
             source.display(),
         ));
+        exercised::note(exercised::Path::Handoffs);
         self.event(events::Event::Handoff {
             model: self.model.clone(),
             source: source.display().to_string(),
