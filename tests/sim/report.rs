@@ -505,8 +505,8 @@ fn a_sweeps_json_report_has_every_key_and_counts_the_paths_the_driver_took() {
     assert!(out.status.success(), "{stdout}");
     let line = stdout
         .lines()
-        .filter(|l| l.starts_with('{'))
-        .last()
+        .rev()
+        .find(|l| l.starts_with('{'))
         .unwrap_or_else(|| panic!("no JSON line in:\n{stdout}"));
     let report: serde_json::Value = serde_json::from_str(line).expect(line);
     for key in ["seeds", "nodes", "violations", "faults", "exercised"] {
