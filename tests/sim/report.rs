@@ -238,213 +238,196 @@ fn swept<M: Copy + 'static, S: 'static>(
     Box::new(move |seed, max| sweep(seed, 1, max, m).map(drop))
 }
 
-/// The node's driver with `broken` decisions, one seed of the `nodes` scenario.
-fn in_nodes(broken: Broken) -> Run {
-    Box::new(move |seed, max| nodes::run_seed_broken(seed, max, broken).map(drop))
-}
-
 /// Every deliberate mutation the simulator has: the core's (each module's `Mutation`,
 /// in each scenario that drives that decision), the node driver's (`Broken`) and the
-/// scenarios' own models of the node's loops.
+/// scenarios' own models of the node's loops. The one list: a new mutation is an entry
+/// in its scenario's function below.
 pub fn mutants() -> Vec<Mutant> {
-    let b = |m| swept(barriers::sweep, m);
-    let bar = |m| barriers::Mutations {
-        barrier: Some(m),
+    [
+        barrier_mutants(),
+        crash_mutants(),
+        lease_mutants(),
+        join_mutants(),
+        driver_mutants(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
+fn barrier_mutants() -> Vec<Mutant> {
+    use barriers::Mutations;
+    let bar = |m| {
+        swept(
+            barriers::sweep,
+            Mutations {
+                barrier: Some(m),
+                ..Default::default()
+            },
+        )
+    };
+    let live = |m| {
+        swept(
+            barriers::sweep,
+            Mutations {
+                liveness: Some(m),
+                ..Default::default()
+            },
+        )
+    };
+    let wall = Mutations {
+        wall_clock: true,
         ..Default::default()
     };
-    let live = |m| barriers::Mutations {
-        liveness: Some(m),
+    let m = |name, run| Mutant::new("barriers", name, run);
+    vec![
+        m(
+            "barrier::ReleaseOneEarly",
+            bar(barrier::Mutation::ReleaseOneEarly),
+        ),
+        m(
+            "barrier::AcceptStaleRelease",
+            bar(barrier::Mutation::AcceptStaleRelease),
+        ),
+        m("barrier::CountListed", bar(barrier::Mutation::CountListed)),
+        m(
+            "liveness::ResetOnEveryRead",
+            live(liveness::Mutation::ResetOnEveryRead),
+        ),
+        m("liveness::Impatient", live(liveness::Mutation::Impatient)),
+        m("watch::WallClock", swept(barriers::sweep, wall)),
+    ]
+}
+
+fn crash_mutants() -> Vec<Mutant> {
+    use crashes::Mutations;
+    let open = Mutations {
+        fence: Some(fence::Mutation::Open),
         ..Default::default()
     };
+    let fastest = Mutations {
+        resume: Some(journal::Mutation::FromFastest),
+        ..Default::default()
+    };
+    vec![
+        Mutant::new("crashes", "fence::Open", swept(crashes::sweep, open)),
+        Mutant::new(
+            "crashes",
+            "journal::FromFastest",
+            swept(crashes::sweep, fastest),
+        ),
+    ]
+}
+
+fn lease_mutants() -> Vec<Mutant> {
+    use leases::Mutations;
+    let judge = |m| {
+        swept(
+            leases::sweep,
+            Mutations {
+                lease: Some(m),
+                ..Default::default()
+            },
+        )
+    };
+    let impatient = Mutations {
+        liveness: Some(liveness::Mutation::Impatient),
+        ..Default::default()
+    };
+    // The node's end-of-pool loop before seed 27650 (a lost takeover claim ended the
+    // wait), on that seed's schedule of the time: only that seed shows it.
+    let old_loop = Mutations {
+        lease_loss_ends_wait: true,
+        without_end_game: true,
+        ..Default::default()
+    };
+    let m = |name, run| Mutant::new("leases", name, run);
+    vec![
+        m(
+            "lease::TrustEveryHolder",
+            judge(lease::Mutation::TrustEveryHolder),
+        ),
+        m("lease::LeaveForever", judge(lease::Mutation::LeaveForever)),
+        m("liveness::Impatient", swept(leases::sweep, impatient)),
+        m("lost-claim-ends-wait", swept(leases::sweep, old_loop)).on(27650, 1, 64),
+    ]
+}
+
+fn join_mutants() -> Vec<Mutant> {
+    use joins::Mutations;
     let look = |m| {
         swept(
             joins::sweep,
-            joins::Mutations {
+            Mutations {
                 look: Some(m),
                 ..Default::default()
             },
         )
     };
-    let node_barrier = |m| Broken {
-        barrier: Some(m),
-        ..Broken::default()
+    let open = Mutations {
+        fence: Some(fence::Mutation::Open),
+        ..Default::default()
     };
-    use barrier::Mutation as Bm;
+    let m = |name, run| Mutant::new("joins", name, run);
     vec![
-        Mutant::new(
-            "barriers",
-            "barrier::ReleaseOneEarly",
-            b(bar(Bm::ReleaseOneEarly)),
-        ),
-        Mutant::new(
-            "barriers",
-            "barrier::AcceptStaleRelease",
-            b(bar(Bm::AcceptStaleRelease)),
-        ),
-        Mutant::new("barriers", "barrier::CountListed", b(bar(Bm::CountListed))),
-        Mutant::new(
-            "barriers",
-            "liveness::ResetOnEveryRead",
-            b(live(liveness::Mutation::ResetOnEveryRead)),
-        ),
-        Mutant::new(
-            "barriers",
-            "liveness::Impatient",
-            b(live(liveness::Mutation::Impatient)),
-        ),
-        Mutant::new(
-            "barriers",
-            "watch::WallClock",
-            b(barriers::Mutations {
-                wall_clock: true,
-                ..Default::default()
-            }),
-        ),
-        Mutant::new(
-            "crashes",
-            "fence::Open",
-            swept(
-                crashes::sweep,
-                crashes::Mutations {
-                    fence: Some(fence::Mutation::Open),
-                    ..Default::default()
-                },
-            ),
-        ),
-        Mutant::new(
-            "crashes",
-            "journal::FromFastest",
-            swept(
-                crashes::sweep,
-                crashes::Mutations {
-                    resume: Some(journal::Mutation::FromFastest),
-                    ..Default::default()
-                },
-            ),
-        ),
-        Mutant::new(
-            "leases",
-            "lease::TrustEveryHolder",
-            swept(
-                leases::sweep,
-                leases::Mutations {
-                    lease: Some(lease::Mutation::TrustEveryHolder),
-                    ..Default::default()
-                },
-            ),
-        ),
-        Mutant::new(
-            "leases",
-            "lease::LeaveForever",
-            swept(
-                leases::sweep,
-                leases::Mutations {
-                    lease: Some(lease::Mutation::LeaveForever),
-                    ..Default::default()
-                },
-            ),
-        ),
-        Mutant::new(
-            "leases",
-            "liveness::Impatient",
-            swept(
-                leases::sweep,
-                leases::Mutations {
-                    liveness: Some(liveness::Mutation::Impatient),
-                    ..Default::default()
-                },
-            ),
-        ),
-        // The node's end-of-pool loop before seed 27650 (a lost takeover claim ended the
-        // wait), on that seed's schedule of the time: only that seed shows it.
-        Mutant::new(
-            "leases",
-            "lost-claim-ends-wait",
-            swept(
-                leases::sweep,
-                leases::Mutations {
-                    lease_loss_ends_wait: true,
-                    without_end_game: true,
-                    ..Default::default()
-                },
-            ),
-        )
-        .on(27650, 1, 64),
-        Mutant::new(
-            "joins",
+        m(
             "join::JoinEndedGenerations",
             look(join::Mutation::JoinEndedGenerations),
         ),
-        Mutant::new(
-            "joins",
-            "join::StealLiveSlots",
-            look(join::Mutation::StealLiveSlots),
-        ),
-        Mutant::new(
-            "joins",
+        m("join::StealLiveSlots", look(join::Mutation::StealLiveSlots)),
+        m(
             "join::SlotPatienceOnly",
             look(join::Mutation::SlotPatienceOnly),
         ),
-        Mutant::new(
-            "joins",
+        m(
             "join::IgnorePreviousMaster",
             look(join::Mutation::IgnorePreviousMaster),
         ),
         // Found by seed 78259 of a 100,000-seed sweep: only that seed shows it.
-        Mutant::new(
-            "joins",
+        m(
             "join::OneAdvanceProves",
             look(join::Mutation::OneAdvanceProves),
         )
         .on(78259, 1, 16),
-        Mutant::new(
-            "joins",
-            "fence::Open",
-            swept(
-                joins::sweep,
-                joins::Mutations {
-                    fence: Some(fence::Mutation::Open),
-                    ..Default::default()
-                },
-            ),
-        ),
-        Mutant::new(
-            "nodes",
-            "fence::Open",
-            in_nodes(Broken {
-                fence: Some(fence::Mutation::Open),
-                ..Broken::default()
-            }),
-        )
-        .on(1, 300, 5),
-        Mutant::new(
-            "nodes",
+        m("fence::Open", swept(joins::sweep, open)),
+    ]
+}
+
+/// The node's own driver with its core's decisions broken (`Broken`).
+fn driver_mutants() -> Vec<Mutant> {
+    let driver = |broken: Broken| -> Run {
+        Box::new(move |seed, max| nodes::run_seed_broken(seed, max, broken).map(drop))
+    };
+    let bar = |m| {
+        driver(Broken {
+            barrier: Some(m),
+            ..Broken::default()
+        })
+    };
+    let open = Broken {
+        fence: Some(fence::Mutation::Open),
+        ..Broken::default()
+    };
+    let one_ahead = Broken {
+        pipeline: Some(rl_node::protocol::pipeline::Mutation::OneAhead),
+        ..Broken::default()
+    };
+    let m = |name, run| Mutant::new("nodes", name, run).on(1, 300, 5);
+    vec![
+        m("fence::Open", driver(open)),
+        m(
             "barrier::ReleaseOneEarly",
-            in_nodes(node_barrier(Bm::ReleaseOneEarly)),
-        )
-        .on(1, 300, 5),
-        Mutant::new(
-            "nodes",
+            bar(barrier::Mutation::ReleaseOneEarly),
+        ),
+        m(
             "barrier::AcceptStaleRelease",
-            in_nodes(node_barrier(Bm::AcceptStaleRelease)),
-        )
-        .on(1, 300, 5),
-        Mutant::new(
-            "nodes",
-            "barrier::CountListed",
-            in_nodes(node_barrier(Bm::CountListed)),
-        )
-        .on(1, 300, 5),
+            bar(barrier::Mutation::AcceptStaleRelease),
+        ),
+        m("barrier::CountListed", bar(barrier::Mutation::CountListed)),
         Mutant::new(
             "pipeline",
             "pipeline::OneAhead",
-            Box::new(|seed, _| {
-                let broken = Broken {
-                    pipeline: Some(rl_node::protocol::pipeline::Mutation::OneAhead),
-                    ..Broken::default()
-                };
-                pipeline::run_seed_broken(seed, broken).map(drop)
-            }),
+            Box::new(move |seed, _| pipeline::run_seed_broken(seed, one_ahead).map(drop)),
         )
         .on(1, 20, 3),
     ]
