@@ -1443,6 +1443,7 @@ fn point_latest(
     store()
         .publish(&pointer, format!("{name}\n").as_bytes())
         .map_err(io_at(&pointer))?;
+    crate::exercised::note(crate::exercised::Path::LatestSwitches);
     Ok(None)
 }
 

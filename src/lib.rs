@@ -14,6 +14,8 @@ pub(crate) mod config;
 pub mod demo;
 pub(crate) mod error;
 pub(crate) mod events;
+#[doc(hidden)]
+pub mod exercised;
 pub(crate) mod exit;
 pub(crate) mod holder;
 pub(crate) mod json;

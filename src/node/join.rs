@@ -334,6 +334,7 @@ impl Node {
         self.store
             .publish_json(&layout.cluster(), &cluster)
             .map_err(|e| io_err(format!("cannot write {}", layout.cluster().display()), e))?;
+        crate::exercised::note(crate::exercised::Path::Generations);
         // Ring the doorbell for workers waiting on a fresh directory (best effort: without
         // it they find cluster.json once their lookup caches expire).
         let bell = format!("{}\n", serde_json::json!({ "gen": gen, "run_id": run_id }));

@@ -29,6 +29,7 @@ mod work;
 use crate::clock::{self, Clock};
 use crate::config::{Config, Loaded, PhaseCommand};
 use crate::events;
+use crate::exercised;
 use crate::exit::{self, Cause};
 use crate::layout::Layout;
 use crate::logging;
@@ -808,6 +809,7 @@ impl Node {
 
     /// The stop of a node whose generation was replaced (see [`Node::fence`]).
     fn fenced(&mut self, why: &str, what: &str) -> Stop {
+        exercised::note(exercised::Path::FencedWrites);
         self.event(events::Event::Fenced {
             what: what.to_string(),
             why: why.to_string(),
@@ -2151,6 +2153,7 @@ impl Node {
             };
             return Err(self.fail(AbortKind::Error, rank, None, what, None));
         }
+        exercised::note(exercised::Path::ShardCommits);
         if adopted {
             self.journal_note = Some(format!(
                 "adopted: the command wrote {} itself",
@@ -2318,6 +2321,7 @@ impl Node {
         };
         match merged {
             Ok(summary) => {
+                exercised::note(exercised::Path::Merges);
                 self.event(events::Event::Aggregate {
                     split: split.to_string(),
                     merged: events::Aggregated::Shards {
@@ -2400,6 +2404,7 @@ impl Node {
             };
             return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
         }
+        exercised::note(exercised::Path::Merges);
         Ok(())
     }
 
@@ -2754,6 +2759,7 @@ impl Node {
             dest.display(),
             source.display(),
         ));
+        exercised::note(exercised::Path::Handoffs);
         self.event(events::Event::Handoff {
             model: self.model.clone(),
             source: source.display().to_string(),

@@ -470,7 +470,9 @@ impl Node {
                 format!("cannot commit {}: {e}", shard.display()),
                 None,
             )
-        })
+        })?;
+        crate::exercised::note(crate::exercised::Path::ShardCommits);
+        Ok(())
     }
 
     /// Rank 0 merges a dynamic rollout's committed items in pool order.
@@ -500,6 +502,7 @@ impl Node {
                 None,
             )
         })?;
+        crate::exercised::note(crate::exercised::Path::Merges);
         self.event(events::Event::Aggregate {
             split: split.to_string(),
             merged: events::Aggregated::Items {
@@ -1599,6 +1602,7 @@ impl Node {
                 } => self.back_up_or_await(d, pos, attempt, holder, my_pace, &mut awaited)?,
                 Holder::Gone { attempt } => {
                     if self.claim(split, pos, attempt + 1, my_pace)? {
+                        crate::exercised::note(crate::exercised::Path::LeaseTakeovers);
                         self.info(&format!(
                             "iteration {}: taking over item {} (its claimant is dead)",
                             self.iteration,

@@ -361,12 +361,12 @@ enum Step {
 /// The broken variants a run may be given (never the node's).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Mutations {
-    barrier: Option<Mutation>,
-    liveness: Option<LivenessMutation>,
+    pub barrier: Option<Mutation>,
+    pub liveness: Option<LivenessMutation>,
     /// Judge liveness by the records' wall-clock stamps (`watch::Mutation::WallClock`).
-    wall_clock: bool,
+    pub wall_clock: bool,
     /// Judge a peer dead one heartbeat interval early (`liveness::Mutation::EarlyBy`).
-    early_by_heartbeat: bool,
+    pub early_by_heartbeat: bool,
 }
 
 struct Sim {
@@ -1006,6 +1006,11 @@ fn a_barrier_counting_listed_files_is_caught() {
 }
 
 impl Summary {
+    /// Faults injected: frozen nodes.
+    pub fn faults(&self) -> u64 {
+        self.faults
+    }
+
     pub fn line(&self) -> String {
         format!(
             "{} steps, {} faults (frozen nodes), {} runs with a node declared dead, {} invariant checks, {:.1} simulated node-hours; shared-directory reads {} (past the caches) and writes {}",

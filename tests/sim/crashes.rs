@@ -1034,6 +1034,12 @@ impl std::ops::AddAssign for Summary {
 }
 
 impl Summary {
+    /// Faults injected: kills, torn appends, failed commands, write errors, hung calls and
+    /// nodes frozen through a restart.
+    pub fn faults(&self) -> u64 {
+        self.kills + self.torn + self.failed_commands + self.store_errors + self.hangs + self.frozen
+    }
+
     pub fn line(&self) -> String {
         format!(
             "{} ticks, {} generations; faults: {} kills (-9), {} torn journal appends, {} failed commands, {} ENOSPC/EIO, {} hung calls ({} ended by the watchdog), {} nodes frozen through a restart; {} commits fenced, {} earlier outputs set aside; {} invariant checks",

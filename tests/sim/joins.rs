@@ -152,6 +152,11 @@ pub struct Summary {
 }
 
 impl Summary {
+    /// Faults injected: kills and stops, restarts and second processes.
+    pub fn faults(&self) -> u64 {
+        self.kills + self.restarts + self.duplicates
+    }
+
     pub fn line(&self) -> String {
         format!(
             "{} steps, {} generations ({} ended by a rank dead after it arrived), {:.0} s simulated; faults: {} kills/stops, {} restarts, {} second processes; {} refusals ({} for another configuration; rank 0 read the note in {} runs), {} intruders found by a heartbeat; {} second rank-0 processes ({} refused, {} rank 0s left a generation another owned); {} invariant checks",

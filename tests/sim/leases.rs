@@ -678,6 +678,11 @@ impl std::ops::AddAssign for Summary {
 }
 
 impl Summary {
+    /// Faults injected: kills and long freezes.
+    pub fn faults(&self) -> u64 {
+        self.kills + self.freezes
+    }
+
     pub fn line(&self) -> String {
         format!(
             "{} ticks, {} items in {} attempts ({} retries, {} takeovers, {} backups, {} commits lost to an earlier one); end game: {} items left to faster peers, {} of them claimed after all; faults: {} kills (-9), {} long freezes; {} invariant checks",

@@ -28,6 +28,7 @@ mod joins;
 mod leases;
 mod nodes;
 mod pipeline;
+mod report;
 
 /// An invariant that did not hold: the seed, what, and the steps that led there.
 #[derive(Debug)]

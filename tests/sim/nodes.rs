@@ -456,7 +456,7 @@ pub fn run_seed(seed: u64, max_nodes: u64) -> Result<(Summary, String), Violatio
 }
 
 /// [`run_seed`] with nodes whose core decides wrongly on purpose.
-fn run_seed_broken(
+pub(crate) fn run_seed_broken(
     seed: u64,
     max_nodes: u64,
     broken: Broken,

@@ -643,7 +643,7 @@ pub fn run_seed(seed: u64) -> Result<(Summary, String), Violation> {
 }
 
 /// [`run_seed`] with nodes whose core decides wrongly on purpose.
-fn run_seed_broken(seed: u64, broken: Broken) -> Result<(Summary, String), Violation> {
+pub(crate) fn run_seed_broken(seed: u64, broken: Broken) -> Result<(Summary, String), Violation> {
     let case = draw(seed);
     let dir = tempfile::tempdir().expect("tempdir");
     let configs = [
