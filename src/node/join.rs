@@ -841,7 +841,7 @@ impl Node {
         seen: &mut Seen,
         found: &mut Option<String>,
     ) -> Result<Option<Joinable>, Stop> {
-        use crate::protocol::join::{look, ClusterSeen, Joiner, Look};
+        use crate::protocol::join::{look_with, ClusterSeen, Joiner, Look};
         let layout = self.layout.clone();
         let mut read = state::read_cluster(&*self.store, &layout);
         if matches!(read, Ok(None)) && self.doorbell_rang() {
@@ -878,11 +878,13 @@ impl Node {
             dead_after: self.cfg.timing.dead_after,
             set_aside: found.as_deref(),
         };
-        let verdict = look(
+        let mutation = self.broken.join;
+        let verdict = look_with(
             seen_cluster,
             rejected,
             &me,
             &mut NodeView { node: self, seen },
+            mutation,
         );
         match verdict {
             Look::Wait(note) => {
