@@ -548,3 +548,16 @@ fn the_fresh_race_of_seed_12_workers_that_looked_first_do_not_end_at_the_finishe
         "{v}"
     );
 }
+
+/// Seed 106 of 2..=6 nodes (a 300-seed run found it): the first run was killed while its
+/// generation formed, its rank 0's record at sequence number 3. Rank 1, started 471 ms
+/// after rank 0, watched that record for dead-after; rank 0 judged it gone first, set the
+/// run aside and started generation 1 of the new run, its record at sequence number 3 as
+/// well. Rank 1 took it for the record it had watched for dead-after, judged the new rank
+/// 0 gone at its first look, skipped the new run's generation 1 and waited until
+/// join-timeout. A worker now watches each process's record on its own (by its nonce).
+#[test]
+fn the_fresh_race_of_seed_106_a_new_rank_0_record_is_not_judged_by_the_old_ones_watch() {
+    let (_, line) = run_seed(106, 6).unwrap_or_else(|v| panic!("{v}"));
+    assert!(line.contains("killed at Some(375ms)"), "{line}");
+}
