@@ -6,10 +6,12 @@
 //!
 //! Each seed draws a cluster, its caches, clocks and training commands as `nodes` does
 //! (`nodes::draw`, without its faults), and a first run of it, started without `--fresh`:
-//! run to its end, or killed whole (every machine crashes) at a random time after its
-//! rank 0 started the generation: while it forms, mid-iteration, or after its end. Then the batch system starts every rank with `--fresh` in a random order, each
-//! up to a second after the one before (often at the same instant): on the same machines
-//! with the caches the first run left (over a finished run), or on machines just rebooted
+//! run to its end, or killed whole at a random time after its rank 0 started the
+//! generation (while it forms, mid-iteration, or after its end), by the batch system
+//! (scancel: the processes die, their files stay) or by every machine crashing (what was
+//! not synced is lost). Then the batch system starts every rank with `--fresh` in a random
+//! order, each up to a second after the one before (often at the same instant): with the
+//! caches the first run left (over a finished run), or as new processes with empty caches
 //! (over a killed one).
 //!
 //! Checked for every seed:
@@ -37,7 +39,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-type Result1 = Result<Outcome, (i32, String)>;
+type RankResult = Result<Outcome, (i32, String)>;
 
 /// One seed's first run and `--fresh` start.
 #[derive(Debug, Clone)]
@@ -90,30 +92,31 @@ fn draw(seed: u64, max_nodes: u64) -> FreshCase {
 struct Job {
     log: Vec<String>,
     /// The first run's results, rank by rank.
-    first: Vec<Result1>,
+    first: Vec<RankResult>,
     /// Every file the first run left, with its content, as the `--fresh` start began.
     old: Vec<(PathBuf, Vec<u8>)>,
     /// The `--fresh` start's results, rank by rank, and when each ended after it began.
-    fresh: Vec<Option<(Result1, Duration)>>,
+    fresh: Vec<(RankResult, Duration)>,
     turns: u64,
     digest: u64,
     ended_at: Duration,
 }
 
-/// Start rank `rank` as task `name`, `after` from now.
-#[allow(clippy::too_many_arguments)]
+/// Start rank `rank` on its machine `client`, as `start.0` says, `start.1` from now.
 fn start_rank(
     sched: &Arc<Sched>,
-    name: String,
     config: &Path,
-    rank: u32,
-    client: Arc<SimClient>,
+    (rank, client): (u32, Arc<SimClient>),
     rng: &mut Rng,
     script: Arc<FakeScript>,
     start: (InProcess, Duration),
-) -> TaskHandle<Result1> {
+) -> TaskHandle<RankResult> {
     let clock = node_clock(sched, rng);
     let (s, config) = (sched.clone(), config.to_path_buf());
+    let name = match start.0.fresh {
+        true => format!("--fresh rank {rank}"),
+        false => format!("first run rank {rank}"),
+    };
     sched
         .spawn(&name, move || {
             s.sleep(start.1);
@@ -169,19 +172,9 @@ fn batch_system(
     let machines = clients(sched, world, base);
     let ranks: Vec<_> = (0..base.nodes)
         .map(|rank| {
-            let client = machines[rank as usize].clone();
+            let machine = (rank, machines[rank as usize].clone());
             let first = (InProcess::default(), Duration::ZERO);
-            let name = format!("first run rank {rank}");
-            start_rank(
-                sched,
-                name,
-                config,
-                rank,
-                client,
-                &mut rng,
-                script.clone(),
-                first,
-            )
+            start_rank(sched, config, machine, &mut rng, script.clone(), first)
         })
         .collect();
     let injector = {
@@ -193,7 +186,7 @@ fn batch_system(
             })
             .expect("spawn the kill")
     };
-    let first: Vec<Result1> = ranks
+    let first: Vec<RankResult> = ranks
         .into_iter()
         .map(|h| h.join().expect("a rank panicked"))
         .collect();
@@ -223,14 +216,11 @@ fn batch_system(
         .order
         .iter()
         .map(|&(rank, at)| {
-            let client = machines[rank as usize].clone();
-            let name = format!("--fresh rank {rank}");
+            let machine = (rank, machines[rank as usize].clone());
             let h = start_rank(
                 sched,
-                name,
                 config,
-                rank,
-                client,
+                machine,
                 &mut rng,
                 script.clone(),
                 (fresh, at),
@@ -242,7 +232,7 @@ fn batch_system(
     let mut results = Vec::new();
     for (_, h) in ranks {
         let r = h.join().expect("a rank panicked");
-        results.push(Some((r, sched.now() - began)));
+        results.push((r, sched.now() - began));
     }
     let mut j = job.lock().unwrap();
     j.log.push(format!(
@@ -282,28 +272,31 @@ fn run_job(
 }
 
 /// Every rank of the `--fresh` start completed; else what each that did not did.
-fn check_fresh_ranks(job: &Job) -> Result<u64, String> {
+fn check_fresh_ranks(job: &Job, nodes: u32) -> Result<u64, String> {
+    if job.fresh.len() != nodes as usize {
+        return Err(format!(
+            "{} of {nodes} ranks of the --fresh start ended",
+            job.fresh.len()
+        ));
+    }
     let mut wrong = Vec::new();
-    for (rank, r) in job.fresh.iter().enumerate() {
+    for (rank, (r, at)) in job.fresh.iter().enumerate() {
         match r {
-            Some((Ok(Outcome::Completed), _)) => {}
-            Some((Ok(Outcome::AlreadyComplete(n)), at)) => wrong.push(format!(
+            Ok(Outcome::Completed) => {}
+            Ok(Outcome::AlreadyComplete(n)) => wrong.push(format!(
                 "rank {rank} exited 0 after {at:?} with \"nothing to do\": {}",
                 n.message
             )),
-            Some((Err((code, m)), at)) if rank == 0 && m.contains("join-timeout") => {
-                wrong.push(format!(
-                    "rank 0 waited for its workers until join-timeout ({at:?}, exit {code}): {m}"
-                ))
-            }
-            Some((Err((code, m)), at)) => wrong.push(format!(
+            Err((code, m)) if rank == 0 && m.contains("join-timeout") => wrong.push(format!(
+                "rank 0 waited for its workers until join-timeout ({at:?}, exit {code}): {m}"
+            )),
+            Err((code, m)) => wrong.push(format!(
                 "rank {rank} stopped after {at:?} (exit {code}): {m}"
             )),
-            None => wrong.push(format!("rank {rank} did not end")),
         }
     }
     if wrong.is_empty() {
-        Ok(job.fresh.len() as u64)
+        Ok(nodes as u64)
     } else {
         Err(format!(
             "the --fresh start did not form the new run: {}",
@@ -411,7 +404,7 @@ fn run_seed_broken(
         .find(|(p, _)| *p == Layout::new(ROOT).cluster())
         .and_then(|(_, c)| serde_json::from_slice::<serde_json::Value>(c).ok())
         .and_then(|c| c["run_id"].as_str().map(str::to_string));
-    checks += check_fresh_ranks(&job).map_err(violation)?;
+    checks += check_fresh_ranks(&job, case.base.nodes).map_err(violation)?;
     checks += check_new_run(&world, &case, old_run.as_deref()).map_err(violation)?;
     checks += check_set_aside(&world, &job.old, old_run.as_deref()).map_err(violation)?;
     let summary = Summary {
