@@ -25,7 +25,9 @@ pub(crate) mod metrics;
 pub(crate) mod node;
 #[cfg(feature = "sim")]
 #[doc(hidden)]
-pub use node::{run_in_process, run_in_process_broken, Broken, Outcome};
+pub use node::{
+    run_in_process, run_in_process_broken, run_in_process_with, Broken, InProcess, Outcome,
+};
 #[cfg(feature = "sim")]
 #[doc(hidden)]
 pub use process::{FakeRun, FakeScript};

@@ -465,6 +465,19 @@ pub struct Broken {
     pub barrier: Option<crate::protocol::barrier::Mutation>,
     /// The pipelined rollout gate ([`crate::protocol::pipeline`]).
     pub pipeline: Option<crate::protocol::pipeline::Mutation>,
+    /// A worker's look for a generation to join ([`crate::protocol::join::look_with`]).
+    pub join: Option<crate::protocol::join::Mutation>,
+}
+
+/// How an in-process node is started besides its configuration: what the command line
+/// would say (`--fresh`), and the decisions broken on purpose.
+#[cfg(feature = "sim")]
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InProcess {
+    /// `--fresh`, as srun gives it to every node.
+    pub fresh: bool,
+    pub broken: Broken,
 }
 
 /// [`run_in_process`] with some of the core's decisions broken on purpose.
@@ -477,6 +490,24 @@ pub fn run_in_process_broken(
     clock: Arc<dyn Clock>,
     commands: Arc<procs::FakeScript>,
     broken: Broken,
+) -> Result<Outcome, (i32, String)> {
+    let start = InProcess {
+        broken,
+        ..InProcess::default()
+    };
+    run_in_process_with(config, rank, store, clock, commands, start)
+}
+
+/// [`run_in_process`] started as `start` says (`--fresh`, broken decisions).
+#[cfg(feature = "sim")]
+#[doc(hidden)]
+pub fn run_in_process_with(
+    config: &Path,
+    rank: u32,
+    store: Arc<dyn SharedDir>,
+    clock: Arc<dyn Clock>,
+    commands: Arc<procs::FakeScript>,
+    start: InProcess,
 ) -> Result<Outcome, (i32, String)> {
     let level = logging::resolve(None, logging::LEVEL_ENV, logging::LogLevel::Info)
         .unwrap_or(logging::LogLevel::Info);
@@ -544,9 +575,9 @@ pub fn run_in_process_broken(
         host,
         pid: ident.pid,
         ident,
-        broken,
+        broken: start.broken,
     };
-    let node = Node::assemble(cfg, layout, rank, false, false, parts);
+    let node = Node::assemble(cfg, layout, rank, false, start.fresh, parts);
     let source = format!("in-process rank {rank}");
     drive(
         node,

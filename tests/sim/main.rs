@@ -15,8 +15,10 @@
 //!
 //! And two of the node's own driver (`rl_node::run_in_process`) on `store::sim`:
 //! `driver`, a cluster of threads on the real clock (not seeded), and `nodes`, whole jobs
-//! of it under a seeded scheduler on simulated time (replayed exactly by the seed), and
-//! `pipeline`, pipelined runs of it: a rollout cluster and an update cluster, two jobs.
+//! of it under a seeded scheduler on simulated time (replayed exactly by the seed),
+//! `pipeline`, pipelined runs of it: a rollout cluster and an update cluster, two jobs, and
+//! `fresh`, every rank of a job started at once with `--fresh` (as srun does) over a
+//! finished or killed run.
 //!
 //! Long runs: `scripts/sim --seeds 100000 --nodes 64`; one seed:
 //! `scripts/sim --first-seed S --seeds 1 --nodes N` (the same output every time).
@@ -24,6 +26,7 @@
 mod barriers;
 mod crashes;
 mod driver;
+mod fresh;
 mod joins;
 mod leases;
 mod nodes;
@@ -117,8 +120,8 @@ fn ops_figures() {
 }
 
 /// `scripts/sim`: SIM_FIRST_SEED, SIM_SEEDS, SIM_NODES (the largest cluster; seeds spread
-/// 1..=SIM_NODES nodes), SIM_SCENARIO (barriers, crashes, leases, joins, nodes or pipeline;
-/// empty: all but nodes and pipeline). Prints a
+/// 1..=SIM_NODES nodes), SIM_SCENARIO (barriers, crashes, leases, joins, nodes, pipeline or
+/// fresh; empty: all but nodes, pipeline and fresh). Prints a
 /// summary of each scenario run, or the failing seed with its trace.
 #[test]
 #[ignore]
@@ -197,6 +200,23 @@ fn long_run() {
                 s.line()
             ),
             Err(v) => panic!("pipeline: {v}"),
+        }
+    }
+    // `--fresh` starts of whole jobs of the node's driver: only when asked for.
+    if only == "fresh" {
+        let max = nodes.max(2);
+        if seeds == 1 {
+            match fresh::run_seed(first, max) {
+                Ok((_, line)) => println!("{line}"),
+                Err(v) => panic!("fresh: {v}"),
+            }
+        }
+        match fresh::sweep(first, seeds, max) {
+            Ok(s) => println!(
+                "fresh: seeds {first}..{last}: {seeds} --fresh start(s) of 2..={max} nodes over a finished or killed run; {}",
+                s.line()
+            ),
+            Err(v) => panic!("fresh: {v}"),
         }
     }
     if wanted("joins") {

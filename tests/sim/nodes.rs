@@ -35,7 +35,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-const ROOT: &str = "/sim-job";
+pub(crate) const ROOT: &str = "/sim-job";
 const MAX_STARTS: u32 = 6;
 
 /// What a seed's runs add up to.
@@ -114,18 +114,20 @@ impl Fault {
 
 /// One seed's job.
 #[derive(Debug, Clone)]
-struct Case {
-    nodes: u32,
-    iterations: u64,
-    lifetime: Duration,
-    cto: bool,
-    dead_after: Duration,
-    train: Duration,
+pub(crate) struct Case {
+    pub(crate) nodes: u32,
+    pub(crate) iterations: u64,
+    /// The attribute and negative lookup cache lifetime of every client.
+    pub(crate) lifetime: Duration,
+    /// Clients mounted with close-to-open.
+    pub(crate) cto: bool,
+    pub(crate) dead_after: Duration,
+    pub(crate) train: Duration,
     /// Per start (from the first), its faults.
-    faults: Vec<Vec<Fault>>,
+    pub(crate) faults: Vec<Vec<Fault>>,
 }
 
-fn draw(seed: u64, max_nodes: u64) -> Case {
+pub(crate) fn draw(seed: u64, max_nodes: u64) -> Case {
     let mut rng = Rng::new(seed ^ 0x0de5_d71e);
     let nodes = 2 + rng.below(max_nodes.max(2) - 1) as u32;
     let iterations = 1 + rng.below(3);
@@ -179,7 +181,7 @@ fn draw(seed: u64, max_nodes: u64) -> Case {
     }
 }
 
-fn config(dir: &Path, case: &Case) -> PathBuf {
+pub(crate) fn config(dir: &Path, case: &Case) -> PathBuf {
     let path = dir.join("rl.toml");
     let join = Duration::from_secs(120) + case.lifetime * 4;
     std::fs::write(
@@ -290,29 +292,11 @@ fn batch_system(
                 _ => None,
             })
             .collect();
-        let train = case.train;
-        let script: Arc<FakeScript> = Arc::new(move |command, _| {
-            let (rank, iteration) = train_of(command);
-            let code = fails
-                .iter()
-                .find(|f| f.0 == rank && f.1 == iteration)
-                .map_or(0, |f| f.2);
-            FakeRun::Exit { after: train, code }
-        });
-        let clients: Vec<Arc<SimClient>> = (0..case.nodes)
-            .map(|_| {
-                let s = sched.clone();
-                let c = world.client(move || s.now(), case.lifetime, case.lifetime);
-                c.set_close_to_open(case.cto);
-                Arc::new(c)
-            })
-            .collect();
+        let script = train_script(case.train, fails);
+        let clients = clients(sched, world, case);
         let ranks: Vec<_> = (0..case.nodes)
             .map(|rank| {
-                let rate = 0.99 + rng.below(2_001) as f64 / 100_000.0;
-                let skew = Duration::from_secs(rng.below(1_200));
-                let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000) + skew;
-                let clock: Arc<dyn Clock> = Arc::new(SchedClock::new(sched.clone(), rate, wall));
+                let clock = node_clock(sched, &mut rng);
                 let (config, store, script) = (
                     config.to_path_buf(),
                     clients[rank as usize].clone(),
@@ -368,6 +352,42 @@ fn batch_system(
         let r = handle.join().expect("a frozen rank panicked");
         job.lock().unwrap().woken.push((start, rank, r));
     }
+}
+
+/// Training commands that take `train`, those of `fails` (rank, iteration, code) failing.
+pub(crate) fn train_script(train: Duration, fails: Vec<(u32, u64, i32)>) -> Arc<FakeScript> {
+    Arc::new(move |command, _| {
+        let (rank, iteration) = train_of(command);
+        let code = fails
+            .iter()
+            .find(|f| f.0 == rank && f.1 == iteration)
+            .map_or(0, |f| f.2);
+        FakeRun::Exit { after: train, code }
+    })
+}
+
+/// A client per node (a machine of its own) with the case's caches.
+pub(crate) fn clients(
+    sched: &Arc<Sched>,
+    world: &Arc<SimWorld>,
+    case: &Case,
+) -> Vec<Arc<SimClient>> {
+    (0..case.nodes)
+        .map(|_| {
+            let s = sched.clone();
+            let c = world.client(move || s.now(), case.lifetime, case.lifetime);
+            c.set_close_to_open(case.cto);
+            Arc::new(c)
+        })
+        .collect()
+}
+
+/// A node's clock: up to ±1 % fast or slow, its wall clock up to twenty minutes ahead.
+pub(crate) fn node_clock(sched: &Arc<Sched>, rng: &mut Rng) -> Arc<dyn Clock> {
+    let rate = 0.99 + rng.below(2_001) as f64 / 100_000.0;
+    let skew = Duration::from_secs(rng.below(1_200));
+    let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000) + skew;
+    Arc::new(SchedClock::new(sched.clone(), rate, wall))
 }
 
 /// Inject a start's faults at their times (kills, freezes, write errors; failing

@@ -8,7 +8,7 @@
 //! Both lists are here, each in one place: [`scenarios`] (what `--json` runs) and
 //! [`mutants`] (what `--mutants` runs). A new scenario or mutation is one entry.
 
-use crate::{barriers, crashes, joins, leases, nodes, pipeline, Violation};
+use crate::{barriers, crashes, fresh, joins, leases, nodes, pipeline, Violation};
 use rl_node::protocol::{barrier, fence, join, journal, lease, liveness};
 use rl_node::Broken;
 use serde_json::json;
@@ -80,6 +80,16 @@ pub fn scenarios() -> Vec<Scenario> {
             driver: true,
             run: |f, s, n| {
                 nodes::sweep(f, s, n).map(|s| Swept {
+                    faults: s.faults,
+                    line: s.line(),
+                })
+            },
+        },
+        Scenario {
+            name: "fresh",
+            driver: true,
+            run: |f, s, n| {
+                fresh::sweep(f, s, n).map(|s| Swept {
                     faults: s.faults,
                     line: s.line(),
                 })
@@ -295,7 +305,10 @@ fn barrier_mutants() -> Vec<Mutant> {
             live(liveness::Mutation::ResetOnEveryRead),
         ),
         m("liveness::Impatient", live(liveness::Mutation::Impatient)),
-        m("liveness::HalfPatient", live(liveness::Mutation::HalfPatient)),
+        m(
+            "liveness::HalfPatient",
+            live(liveness::Mutation::HalfPatient),
+        ),
         m(
             "liveness::EarlyBy(one heartbeat)",
             swept(
@@ -441,7 +454,25 @@ fn driver_mutants() -> Vec<Mutant> {
             Box::new(move |seed, _| pipeline::run_seed_broken(seed, one_ahead).map(drop)),
         )
         .on(1, 20, 3),
+        fresh_mutant(
+            "join::SkippedByNumberOnly",
+            rl_node::protocol::join::Mutation::SkippedByNumberOnly,
+        ),
+        fresh_mutant(
+            "join::EndAtTheRunSetAside",
+            rl_node::protocol::join::Mutation::EndAtTheRunSetAside,
+        ),
     ]
+}
+
+/// A join mutation, in the scenario of every rank started at once with `--fresh`.
+fn fresh_mutant(name: &'static str, m: rl_node::protocol::join::Mutation) -> Mutant {
+    let broken = Broken {
+        join: Some(m),
+        ..Broken::default()
+    };
+    let run: Run = Box::new(move |seed, max| fresh::run_seed_broken(seed, max, broken).map(drop));
+    Mutant::new("fresh", name, run).on(1, 30, 4)
 }
 
 /// `scripts/sim --mutants`: every mutation (SIM_SCENARIO: one scenario's), a line each:
