@@ -11,8 +11,8 @@ use std::io;
 use std::path::Path;
 
 /// Sorted file names of `dir` (empty when it does not exist).
-pub(super) fn list_dir(dir: &Path) -> Result<Vec<String>, AggregateError> {
-    let entries = match crate::store::Fs.read_dir(dir) {
+pub(super) fn list_dir(store: &dyn SharedDir, dir: &Path) -> Result<Vec<String>, AggregateError> {
+    let entries = match store.read_dir(dir) {
         Ok(e) => e,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(source) => {
@@ -31,10 +31,16 @@ pub(super) fn list_dir(dir: &Path) -> Result<Vec<String>, AggregateError> {
 }
 
 /// The journal note of a rank whose rollout command wrote its shard name itself.
-fn adopted_by_command(layout: &Layout, iteration: u64, split: &str, rank: u32) -> Option<String> {
-    let bytes =
-        crate::store::fs::read_limited(&layout.journal(rank), crate::store::ReadLimit::Journal)
-            .ok()??;
+fn adopted_by_command(
+    store: &dyn SharedDir,
+    layout: &Layout,
+    iteration: u64,
+    split: &str,
+    rank: u32,
+) -> Option<String> {
+    let bytes = store
+        .read_limited(&layout.journal(rank), crate::store::ReadLimit::Journal)
+        .ok()??;
     let text = String::from_utf8_lossy(&bytes);
     let item = format!("rollout-{split}");
     crate::protocol::journal::parse(&text)
@@ -52,7 +58,9 @@ fn stale_gen_of(name: &str, partial: &str) -> Option<u64> {
     g.parse().ok()
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(super) fn survey(
+    store: &dyn SharedDir,
     layout: &Layout,
     iteration: u64,
     split: &str,
@@ -62,7 +70,7 @@ pub(super) fn survey(
     rel: &dyn Fn(&Path) -> String,
 ) -> Result<RankEntry, AggregateError> {
     let size = |p: &Path| -> Result<Option<u64>, AggregateError> {
-        match crate::store::Fs.stat(p) {
+        match store.stat(p) {
             Ok(Some(m)) if m.kind == crate::store::Kind::File => Ok(Some(m.len)),
             Ok(None) => Ok(None),
             Ok(Some(_)) => Err(AggregateError::Read {
@@ -127,7 +135,7 @@ pub(super) fn survey(
         }
         None => base,
     };
-    let adopted = adopted_by_command(layout, iteration, split, rank);
+    let adopted = adopted_by_command(store, layout, iteration, split, rank);
     let mut problems = Vec::new();
     let (status, source, source_bytes) = if let Some(n) = size(&committed)? {
         if let Some(p) = size(&partial)? {

@@ -2318,11 +2318,10 @@ impl Node {
         // runs; its own deadline is the merge command's timeout, else none.
         let (tx, rx) = std::sync::mpsc::channel();
         let (layout, split_owned) = (self.layout.clone(), split.to_string());
-        let wake = self.wake.clone();
-        let rank = self.rank;
-        std::thread::Builder::new()
-            .name("merge".into())
-            .spawn(move || {
+        let (wake, rank, store) = (self.wake.clone(), self.rank, self.store.clone());
+        let clock = self.clock.clone();
+        // A thread of the clock's: a task that takes turns, in a simulation.
+        crate::clock::spawn(&*self.clock, "merge", move || {
                 // Every rank committed its shard before it arrived at the barrier that let
                 // this merge start: on a FUSE mount, this client may still say one is missing.
                 let shards: Vec<PathBuf> =
@@ -2337,11 +2336,12 @@ impl Node {
                         ),
                     );
                 }
-                let r = crate::aggregate::merge(&layout, it, &split_owned, n, &opts, &mut || {
+                let r = crate::aggregate::merge(&*store, &layout, it, &split_owned, n, &opts, &mut || {
                     wd.pet("aggregating shards")
                 });
                 let _ = tx.send(r);
                 let _ = wake.send(Event::Wake);
+                crate::clock::notify(&*clock, None);
             })
             .expect("spawn the merge thread");
         let far = self.clock.now() + Duration::from_secs(365 * 24 * 3600);

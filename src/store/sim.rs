@@ -41,7 +41,7 @@
 //! Simplifications: without close-to-open, a read whose attributes are still valid costs
 //! the server nothing; `read_dir` always asks the server; there are no symlinks.
 
-use super::{Kind, Meta, OpClass, OpCounts, SharedDir};
+use super::{DataRead, DataWrite, Kind, Meta, OpClass, OpCounts, SharedDir};
 use crate::clock::{Clock, SimClock};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::OsString;
@@ -1213,8 +1213,81 @@ impl SharedDir for SimClient {
         self.begin(&path).fsync_dir(&path)
     }
 
+    fn open_data(&self, path: &Path) -> io::Result<Box<dyn DataRead>> {
+        let data = self.read_whole(path)?.ok_or_else(|| errno(libc::ENOENT))?;
+        Ok(Box::new(SimRead { data, at: 0 }))
+    }
+
+    fn create_data(&self, path: &Path) -> io::Result<Box<dyn DataWrite + '_>> {
+        let path = norm(path);
+        let mut c = self.begin(&path);
+        c.op(OpClass::Open)?;
+        if let Some(Entry::File(_)) = c.w.lookup(&path)? {
+            c.op(OpClass::Unlink)?;
+            c.w.unlink(&path)?;
+        }
+        c.w.create_excl(&path)?;
+        c.remember(&path, Some(Cached::File(Vec::new())));
+        Ok(Box::new(SimWrite {
+            client: self,
+            path,
+            pending: Vec::new(),
+        }))
+    }
+
     fn counts(&self) -> OpCounts {
         self.state.lock().unwrap().counts
+    }
+}
+
+/// A data file open for reading: the content this client saw when it opened it.
+struct SimRead {
+    data: Vec<u8>,
+    at: usize,
+}
+
+impl DataRead for SimRead {
+    fn len(&self) -> u64 {
+        self.data.len() as u64
+    }
+
+    fn read_more(&mut self, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
+        let n = max.min(self.data.len() - self.at);
+        buf.extend_from_slice(&self.data[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
+/// A data file open for writing. What it writes reaches the server when it is synced (as
+/// an NFS client writes back at close or fsync), in one append that a fault can fail or
+/// tear and a crash before the fsync loses. Writing touches nothing else, so a thread
+/// that is not a task of the simulation's scheduler (a merge's writer) may write.
+struct SimWrite<'a> {
+    client: &'a SimClient,
+    path: PathBuf,
+    pending: Vec<u8>,
+}
+
+impl Write for SimWrite<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.pending.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl DataWrite for SimWrite<'_> {
+    fn sync_all(&mut self) -> io::Result<()> {
+        let pending = std::mem::take(&mut self.pending);
+        if pending.is_empty() {
+            self.client.sync_file(&self.path)
+        } else {
+            self.client.append(&self.path, &pending, true)
+        }
     }
 }
 
