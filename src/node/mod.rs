@@ -452,9 +452,10 @@ fn open_textfile(cfg: &Config, rank: u32) -> Result<Option<textfile::Textfile>, 
 /// plumbing (no supervisor, reaper, signal handling, guardian or watchdog). For the
 /// simulator (`tests/sim/driver.rs`), which runs a cluster of them on one simulated shared
 /// directory. Commands start no process: `commands` scripts what each does
-/// ([`procs::FakeLauncher`]). Only training commands are allowed (the others' outputs
-/// would be read and written outside the store), and no task files. `Err` is the exit
-/// code and the message.
+/// ([`procs::FakeLauncher`]), and may write their outputs through `store`. Rollouts, evals
+/// and the prepare command run with their shards committed and merged (JSONL, the built-in
+/// merge) on `store`; what still reads or writes outside it is refused
+/// ([`in_process_refusal`]). `Err` is the exit code and the message.
 #[cfg(feature = "sim")]
 #[doc(hidden)]
 pub fn run_in_process(
@@ -498,17 +499,10 @@ pub fn run_in_process_broken(
     let loaded = crate::config::load(Some(config), &|_| None, &[])
         .map_err(|e| (Cause::Usage.exit_code(), e.to_string()))?;
     let cfg = loaded.config.clone();
-    let p = &cfg.phases;
-    let outside = p.rollout.is_set()
-        || p.eval.is_set()
-        || p.aggregate.is_set()
-        || p.prepare.is_set()
-        || !p.handoff.command.trim().is_empty()
-        || !cfg.server.command.trim().is_empty();
-    if outside || !cfg.tasks.train.is_empty() || !cfg.tasks.eval.is_empty() {
+    if let Some(why) = in_process_refusal(&cfg) {
         return Err((
             Cause::Usage.exit_code(),
-            "an in-process node runs only training commands and reads no task files".into(),
+            format!("an in-process node cannot run this configuration: {why}"),
         ));
     }
     if rank >= cfg.cluster.num_nodes {
@@ -542,11 +536,9 @@ pub fn run_in_process_broken(
         },
         start: 0,
     };
-    let launcher = Arc::new(procs::FakeLauncher::new(
-        wake.clone(),
-        commands,
-        clock.clone(),
-    ));
+    let launcher = Arc::new(
+        procs::FakeLauncher::new(wake.clone(), commands, clock.clone()).writing_to(store.clone()),
+    );
     let parts = Parts {
         store,
         clock,
@@ -570,6 +562,31 @@ pub fn run_in_process_broken(
         (1, source.clone()),
     )
     .map_err(|s| (s.exit_code(), s.message))
+}
+
+/// What an in-process node ([`run_in_process`]) cannot run, because it would read or
+/// write real files outside the node's store, or start a real process.
+#[cfg(feature = "sim")]
+fn in_process_refusal(cfg: &Config) -> Option<&'static str> {
+    let p = &cfg.phases;
+    if !p.handoff.command.trim().is_empty() {
+        return Some("the checkpoint hand-off picks, copies and hashes real files ([phases.handoff] command)");
+    }
+    if !cfg.server.command.trim().is_empty() {
+        return Some("the inference server is a real process checked over HTTP ([server] command)");
+    }
+    if p.aggregate.is_set() {
+        return Some(
+            "a merge command is a real process reading real files ([phases.aggregate] command)",
+        );
+    }
+    if cfg.naming().format() != crate::shards::naming::Format::Jsonl {
+        return Some("only JSONL shards are merged through the store (aggregate.format)");
+    }
+    if !cfg.tasks.train.is_empty() || !cfg.tasks.eval.is_empty() {
+        return Some("task files are read from the real filesystem ([tasks])");
+    }
+    None
 }
 
 /// `n` random bytes in hex (nonces, run ids): drawn from the simulation's seed when the
