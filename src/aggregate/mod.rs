@@ -109,6 +109,19 @@ pub struct MergeOptions {
     pub fence: Option<Fence>,
     /// Pipelined runs: recorded in the manifest.
     pub rollout_model: Option<manifest::RolloutModel>,
+    /// A merge broken on purpose (the simulator's own tests; ignored without the `sim`
+    /// feature, see `crate::protocol::mutation`).
+    #[doc(hidden)]
+    pub mutation: Option<Mutation>,
+}
+
+/// A deliberately broken merge, for the simulator's own tests (never set by the node on
+/// its own): shows that the simulator catches records merged twice.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mutation {
+    /// A rank's partial file beside its committed shard is merged too.
+    PartialToo,
 }
 
 /// A check that this node may still publish (see `node::fence`).
@@ -148,6 +161,7 @@ impl Default for MergeOptions {
             env: Vec::new(),
             fence: None,
             rollout_model: None,
+            mutation: None,
         }
     }
 }
@@ -180,7 +194,7 @@ pub fn merge(
     tick: &mut dyn FnMut(),
 ) -> Result<Manifest, AggregateError> {
     let format = check_request(layout, split, num_ranks, opts)?;
-    let (mut ranks, mut problems) = survey_ranks(store, layout, iteration, split, num_ranks)?;
+    let (mut ranks, mut problems) = survey_ranks(store, layout, iteration, split, num_ranks, opts)?;
     if !opts.allow_missing && ranks.iter().any(|r| r.status != RankStatus::Complete) {
         return Err(incomplete(layout, iteration, split, ranks));
     }
@@ -267,6 +281,7 @@ fn survey_ranks(
     iteration: u64,
     split: &str,
     num_ranks: u32,
+    opts: &MergeOptions,
 ) -> Result<(Vec<RankEntry>, Vec<String>), AggregateError> {
     let rel = |p: &Path| -> String {
         p.strip_prefix(layout.root())
@@ -288,9 +303,17 @@ fn survey_ranks(
     let mut ranks = Vec::with_capacity(num_ranks as usize);
     for rank in 0..num_ranks {
         let names = partial_listing.as_ref().unwrap_or(&listing);
-        ranks.push(survey(
-            store, layout, iteration, split, rank, names, &listing, &rel,
-        )?);
+        let (entry, beside) = survey(store, layout, iteration, split, rank, names, &listing, &rel)?;
+        let doubled = beside
+            .filter(|_| crate::protocol::mutation(opts.mutation) == Some(Mutation::PartialToo));
+        if let Some(partial) = doubled {
+            let mut again = entry.clone();
+            again.source = Some(partial);
+            ranks.push(entry);
+            ranks.push(again);
+            continue;
+        }
+        ranks.push(entry);
     }
     let mut extra = |dir: &Path, name: &String, in_shard: bool, in_partial: bool| {
         let found = layout

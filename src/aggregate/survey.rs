@@ -59,6 +59,8 @@ fn stale_gen_of(name: &str, partial: &str) -> Option<u64> {
 }
 
 #[allow(clippy::too_many_arguments)]
+/// What `rank` left (its entry), and a partial file beside its committed shard, which
+/// the merge ignores (relative to the log path).
 pub(super) fn survey(
     store: &dyn SharedDir,
     layout: &Layout,
@@ -68,7 +70,7 @@ pub(super) fn survey(
     listing: &[String],
     shard_listing: &[String],
     rel: &dyn Fn(&Path) -> String,
-) -> Result<RankEntry, AggregateError> {
+) -> Result<(RankEntry, Option<String>), AggregateError> {
     let size = |p: &Path| -> Result<Option<u64>, AggregateError> {
         match store.stat(p) {
             Ok(Some(m)) if m.kind == crate::store::Kind::File => Ok(Some(m.len)),
@@ -137,8 +139,10 @@ pub(super) fn survey(
     };
     let adopted = adopted_by_command(store, layout, iteration, split, rank);
     let mut problems = Vec::new();
+    let mut beside = None;
     let (status, source, source_bytes) = if let Some(n) = size(&committed)? {
         if let Some(p) = size(&partial)? {
+            beside = Some(rel(&partial));
             problems.push(format!(
                 "a partial file also exists and was ignored: {} ({})",
                 rel(&partial),
@@ -166,7 +170,7 @@ pub(super) fn survey(
             set_aside.join(", ")
         ));
     }
-    Ok(RankEntry {
+    let entry = RankEntry {
         rank,
         status,
         adopted: adopted.filter(|_| status == RankStatus::Complete),
@@ -179,7 +183,8 @@ pub(super) fn survey(
         dropped: Vec::new(),
         set_aside,
         problems,
-    })
+    };
+    Ok((entry, beside))
 }
 
 #[cfg(test)]

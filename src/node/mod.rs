@@ -480,6 +480,8 @@ pub struct Broken {
     pub barrier: Option<crate::protocol::barrier::Mutation>,
     /// The pipelined rollout gate ([`crate::protocol::pipeline`]).
     pub pipeline: Option<crate::protocol::pipeline::Mutation>,
+    /// The built-in merge ([`crate::aggregate::merge`]).
+    pub merge: Option<crate::aggregate::Mutation>,
 }
 
 /// [`run_in_process`] with some of the core's decisions broken on purpose.
@@ -2309,6 +2311,7 @@ impl Node {
         opts.command_log = Some(self.layout.phase_log(it, self.rank, "aggregate"));
         (opts.registry, opts.kill_grace) = (self.launcher.registry(), self.cfg.timing.kill_grace);
         opts.fence = Some(self.fence_fn());
+        opts.mutation = self.broken.merge;
         opts.rollout_model = self
             .rollout_model
             .as_ref()

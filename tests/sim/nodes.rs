@@ -99,6 +99,13 @@ pub(crate) enum Fault {
         iteration: u64,
         code: i32,
     },
+    /// The rank's rollout (or eval) command of that iteration writes its records, then
+    /// fails: its partial shard stays behind.
+    RolloutFails {
+        rank: u32,
+        iteration: u64,
+        code: i32,
+    },
 }
 
 impl Fault {
@@ -107,7 +114,8 @@ impl Fault {
             Fault::Kill { rank, .. }
             | Fault::Freeze { rank, .. }
             | Fault::WriteErrors { rank, .. }
-            | Fault::TrainFails { rank, .. } => rank,
+            | Fault::TrainFails { rank, .. }
+            | Fault::RolloutFails { rank, .. } => rank,
         }
     }
 }
@@ -123,6 +131,38 @@ struct Case {
     train: Duration,
     /// Per start (from the first), its faults.
     faults: Vec<Vec<Fault>>,
+    /// Rollouts and evals whose commands write real shards, merged by rank 0.
+    data: Option<Data>,
+}
+
+/// The data plane of a job: every rank's rollout (and, every `eval_interval` iterations,
+/// eval) command writes `records` JSONL records into its `{output}`, one write each.
+#[derive(Debug, Clone)]
+struct Data {
+    eval_interval: u64,
+    records: u64,
+    rollout: Duration,
+}
+
+/// [`draw`], with rollouts and evals that write shards, and some that fail after writing.
+fn draw_data(seed: u64, max_nodes: u64) -> Case {
+    let mut case = draw(seed, max_nodes);
+    let mut rng = Rng::new(seed ^ 0xda7a_91a4e);
+    case.data = Some(Data {
+        eval_interval: rng.below(3),
+        records: 1 + rng.below(5),
+        rollout: Duration::from_millis(500 + rng.below(10_000)),
+    });
+    for faults in &mut case.faults {
+        if rng.below(2) == 0 {
+            faults.push(Fault::RolloutFails {
+                rank: rng.below(case.nodes as u64) as u32,
+                iteration: 1 + rng.below(case.iterations),
+                code: 1 + rng.below(9) as i32,
+            });
+        }
+    }
+    case
 }
 
 fn draw(seed: u64, max_nodes: u64) -> Case {
@@ -176,19 +216,30 @@ fn draw(seed: u64, max_nodes: u64) -> Case {
         dead_after,
         train,
         faults,
+        data: None,
     }
 }
 
 fn config(dir: &Path, case: &Case) -> PathBuf {
     let path = dir.join("rl.toml");
     let join = Duration::from_secs(120) + case.lifetime * 4;
+    let (eval, rollouts) = match &case.data {
+        None => (String::new(), String::new()),
+        Some(d) => {
+            let command = "command = \"rollout rank={rank} iteration={iteration} split={split} gen={gen} output={output}\"\n";
+            (
+                format!("eval-interval = {}\n", d.eval_interval),
+                format!("[phases.rollout]\n{command}[phases.eval]\n{command}"),
+            )
+        }
+    };
     std::fs::write(
         &path,
         format!(
-            "[cluster]\nnum-nodes = {}\nlog-path = \"{ROOT}\"\niterations = {}\n\
+            "[cluster]\nnum-nodes = {}\nlog-path = \"{ROOT}\"\niterations = {}\n{eval}\
              [timing]\nheartbeat-interval = \"1s\"\npoll-interval = \"200ms\"\n\
              dead-after = \"{}ms\"\njoin-timeout = \"{}ms\"\n\
-             [phases.train]\ncommand = \"train rank={{rank}} iteration={{iteration}}\"\n",
+             [phases.train]\ncommand = \"train rank={{rank}} iteration={{iteration}}\"\n{rollouts}",
             case.nodes,
             case.iterations,
             case.dead_after.as_millis(),
@@ -290,8 +341,22 @@ fn batch_system(
                 _ => None,
             })
             .collect();
-        let train = case.train;
+        let rollout_fails: Vec<(u32, u64, i32)> = faults
+            .iter()
+            .filter_map(|f| match *f {
+                Fault::RolloutFails {
+                    rank,
+                    iteration,
+                    code,
+                } => Some((rank, iteration, code)),
+                _ => None,
+            })
+            .collect();
+        let (train, data) = (case.train, case.data.clone());
         let script: Arc<FakeScript> = Arc::new(move |command, _| {
+            if let Some(d) = data.as_ref().filter(|_| command.starts_with("rollout ")) {
+                return rollout_run(command, d, &rollout_fails);
+            }
             let (rank, iteration) = train_of(command);
             let code = fails
                 .iter()
@@ -370,12 +435,46 @@ fn batch_system(
     }
 }
 
+/// A rollout (or eval) command: writes its records into `{output}`, one write each, and
+/// exits 0 (or the code of its fault). A record's id names the rank, iteration, split
+/// and number, so that each is unique to its writer; it also carries the generation of
+/// the node that started the command.
+fn rollout_run(command: &str, d: &Data, fails: &[(u32, u64, i32)]) -> FakeRun {
+    let (rank, iteration) = train_of(command);
+    let field = |k: &str| {
+        command
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .unwrap_or_else(|| panic!("{k} in {command:?}"))
+    };
+    let (split, gen, output) = (
+        field("split="),
+        field("gen="),
+        PathBuf::from(field("output=")),
+    );
+    let code = fails
+        .iter()
+        .find(|f| f.0 == rank && f.1 == iteration)
+        .map_or(0, |f| f.2);
+    let writes = (0..d.records)
+        .map(|i| {
+            let record = format!("{{\"id\":\"{split}-{iteration}-{rank}-{i}\",\"gen\":{gen}}}\n");
+            (output.clone(), record.into_bytes())
+        })
+        .collect();
+    FakeRun::Write {
+        after: d.rollout,
+        code,
+        writes,
+    }
+}
+
 /// Inject a start's faults at their times (kills, freezes, write errors; failing
 /// training commands are the script's).
 pub(crate) fn inject(sched: &Arc<Sched>, clients: &[Arc<SimClient>], mut faults: Vec<Fault>) {
     let at = |f: &Fault| match *f {
         Fault::Kill { at, .. } | Fault::Freeze { at, .. } | Fault::WriteErrors { at, .. } => at,
-        Fault::TrainFails { .. } => Duration::ZERO,
+        Fault::TrainFails { .. } | Fault::RolloutFails { .. } => Duration::ZERO,
     };
     faults.sort_by_key(at);
     let t0 = sched.now();
@@ -399,7 +498,7 @@ pub(crate) fn inject(sched: &Arc<Sched>, clients: &[Arc<SimClient>], mut faults:
             Fault::WriteErrors { calls, errno, .. } => {
                 client.fail_next(Some(OpClass::Write), calls, FaultError::Errno(errno))
             }
-            Fault::TrainFails { .. } => {}
+            Fault::TrainFails { .. } | Fault::RolloutFails { .. } => {}
         }
     }
     // Each frozen node thaws on its own time, maybe long after the job was requeued: `for_`
@@ -449,6 +548,132 @@ pub(crate) fn digest(world: &SimWorld, root: &Path) -> u64 {
     h.finish()
 }
 
+/// The records of a JSONL file: (id, generation of the command that wrote it).
+fn records(bytes: &[u8], path: &Path) -> Result<Vec<(String, u64)>, String> {
+    let text = std::str::from_utf8(bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    text.lines()
+        .map(|l| {
+            let v: serde_json::Value =
+                serde_json::from_str(l).map_err(|e| format!("{}: {e}: {l:?}", path.display()))?;
+            match (v["id"].as_str(), v["gen"].as_u64()) {
+                (Some(id), Some(gen)) => Ok((id.to_string(), gen)),
+                _ => Err(format!(
+                    "{}: not a record of a rollout: {l:?}",
+                    path.display()
+                )),
+            }
+        })
+        .collect()
+}
+
+/// The data plane of a completed job, for every iteration and split that ran:
+/// - every record of every rank's committed shard appears exactly once in the merged
+///   file, and the merged file holds nothing else;
+/// - a committed shard is the output of the generation that journaled its commit (all its
+///   records written by a command of that generation), and every partial file
+///   (`.partial.gG`) holds only records written by generation G: no write landed in a
+///   generation other than its writer's.
+///
+/// How many checks it made.
+fn check_data(world: &SimWorld, layout: &Layout, case: &Case, d: &Data) -> Result<u64, String> {
+    let mut checks = 0;
+    let journals: Vec<Vec<journal::Entry>> = (0..case.nodes)
+        .map(|r| journal::parse(&text(world, &layout.journal(r))))
+        .collect();
+    for it in 1..=case.iterations {
+        let eval = d.eval_interval > 0 && (it - 1) % d.eval_interval == 0;
+        for split in ["train", "eval"]
+            .into_iter()
+            .filter(|s| *s == "train" || eval)
+        {
+            let path = layout.aggregated(it, split);
+            let merged = world
+                .content(&path)
+                .ok_or_else(|| format!("{} was never published", path.display()))?;
+            let merged = records(&merged, &path)?;
+            let mut once = std::collections::HashMap::new();
+            for (id, _) in &merged {
+                checks += 1;
+                *once.entry(id.as_str()).or_insert(0) += 1;
+            }
+            if let Some((id, n)) = once.iter().find(|(_, n)| **n != 1) {
+                return Err(format!(
+                    "{}: record {id} is there {n} times",
+                    path.display()
+                ));
+            }
+            let mut committed = 0;
+            for rank in 0..case.nodes {
+                let shard = layout.shard(it, split, rank);
+                let bytes = world
+                    .content(&shard)
+                    .ok_or_else(|| format!("{} was never committed", shard.display()))?;
+                let item = format!("rollout-{split}");
+                let by = journals[rank as usize]
+                    .iter()
+                    .find(|e| e.iteration == it && e.item == item)
+                    .map(|e| e.gen)
+                    .ok_or_else(|| {
+                        format!("rank {rank} never journaled {item} of iteration {it}")
+                    })?;
+                for (id, gen) in records(&bytes, &shard)? {
+                    checks += 2;
+                    if !once.contains_key(id.as_str()) {
+                        return Err(format!(
+                            "record {id} of {} is not in the merged {}",
+                            shard.display(),
+                            path.display()
+                        ));
+                    }
+                    if gen != by {
+                        return Err(format!(
+                            "{} holds record {id} written by generation {gen}, but generation {by} journaled its commit",
+                            shard.display()
+                        ));
+                    }
+                    committed += 1;
+                }
+            }
+            checks += 1;
+            if committed != merged.len() {
+                return Err(format!(
+                    "{} holds {} records, the committed shards {committed}",
+                    path.display(),
+                    merged.len()
+                ));
+            }
+            checks += check_partials(world, &layout.rollout_dir(it, split))?;
+        }
+    }
+    Ok(checks)
+}
+
+/// Every partial file in `dir` (`….partial.gG.jsonl`) holds only generation G's records.
+fn check_partials(world: &SimWorld, dir: &Path) -> Result<u64, String> {
+    let mut checks = 0;
+    for name in world.list(dir).unwrap_or_default() {
+        let name = name.to_string_lossy().into_owned();
+        let Some(gen) = name
+            .split_once(".partial.g")
+            .and_then(|(_, rest)| rest.split('.').next())
+            .and_then(|g| g.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        let path = dir.join(&name);
+        for (id, by) in records(&world.content(&path).unwrap_or_default(), &path)? {
+            checks += 1;
+            if by != gen {
+                return Err(format!(
+                    "{} (generation {gen}'s) holds record {id} written by generation {by}",
+                    path.display()
+                ));
+            }
+        }
+    }
+    Ok(checks)
+}
+
 /// Run one seed and check it. `Ok`: its summary and its replay line (what must be the
 /// same, byte for byte, when the seed runs again).
 pub fn run_seed(seed: u64, max_nodes: u64) -> Result<(Summary, String), Violation> {
@@ -461,7 +686,21 @@ fn run_seed_broken(
     max_nodes: u64,
     broken: Broken,
 ) -> Result<(Summary, String), Violation> {
-    let case = draw(seed, max_nodes);
+    run_case(seed, draw(seed, max_nodes), broken)
+}
+
+/// One seed of jobs whose rollouts and evals write shards that rank 0 merges, checked
+/// as [`run_seed`] does and with [`check_data`].
+pub fn run_data_seed(
+    seed: u64,
+    max_nodes: u64,
+    broken: Broken,
+) -> Result<(Summary, String), Violation> {
+    run_case(seed, draw_data(seed, max_nodes), broken)
+}
+
+/// Run `case` under `seed`'s schedule and check it.
+fn run_case(seed: u64, case: Case, broken: Broken) -> Result<(Summary, String), Violation> {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = config(dir.path(), &case);
     let (ended, world, job) = run_job(seed, &case, &config, broken);
@@ -540,6 +779,9 @@ fn run_seed_broken(
             }
             newest = newest.max(e.gen);
         }
+    }
+    if let Some(d) = &case.data {
+        checks += check_data(&world, &layout, &case, d).map_err(violation)?;
     }
     let starts = job.starts.len() as u64;
     let summary = Summary {
@@ -670,4 +912,44 @@ fn seed_411_a_worker_of_a_completed_run_whose_rank_0_record_was_lost_has_nothing
 fn seed_6474_a_worker_that_times_out_names_what_it_last_waited_for() {
     let (_, line) = run_seed(6474, 6).unwrap_or_else(|v| panic!("{v}"));
     assert!(!line.contains("previous holder"), "{line}");
+}
+
+/// Seeds `first..first+seeds` of jobs whose rollouts and evals write shards.
+pub fn data_sweep(first: u64, seeds: u64, max_nodes: u64) -> Result<Summary, Violation> {
+    let mut total = Summary::default();
+    for seed in first..first + seeds {
+        total += run_data_seed(seed, max_nodes, Broken::default())?.0;
+    }
+    Ok(total)
+}
+
+#[test]
+fn seeds_of_jobs_with_rollouts_and_merges_keep_the_data_invariants() {
+    let s = data_sweep(1, 20, 5).unwrap_or_else(|v| panic!("{v}"));
+    println!(
+        "nodes with rollouts: seeds 1..20 of 2..=5 nodes: {}",
+        s.line()
+    );
+    assert!(s.faults > 0 && s.starts > s.runs, "{s:?}");
+    let line = |seed| {
+        run_data_seed(seed, 4, Broken::default())
+            .unwrap_or_else(|v| panic!("{v}"))
+            .1
+    };
+    assert_eq!(line(3), line(3), "seed 3 ran differently the second time");
+}
+
+/// A merge that also takes a partial file a failed rollout left beside the rank's
+/// committed shard merges records twice: caught by the data invariants at a seed.
+#[test]
+fn a_merge_that_takes_a_partial_file_too_is_caught() {
+    let broken = Broken {
+        merge: Some(rl_node::aggregate::Mutation::PartialToo),
+        ..Broken::default()
+    };
+    let v = (1..=300)
+        .find_map(|seed| run_data_seed(seed, 5, broken).err())
+        .expect("a merge of partial files not caught in 300 seeds");
+    println!("caught at seed {}: {v}", v.seed);
+    assert!(v.what.contains("times"), "{v}");
 }
