@@ -2271,9 +2271,12 @@ impl Node {
         }
         self.fence(&format!("commit the prepared data of iteration {it}"))?;
         self.watchdog.pet("committing the prepared data");
+        // Durable before its name is: the journal entry that follows says it is there, and
+        // a crash must not leave the name with the command's unwritten-back data lost.
         if let Err(e) = self
             .store
-            .rename_noreplace(&out, &done)
+            .sync_file(&out)
+            .and_then(|()| self.store.rename_noreplace(&out, &done))
             .and_then(|()| self.store.fsync_dir(done.parent().expect("has parent")))
         {
             let reason = format!("cannot commit {} as {}: {e}", out.display(), done.display());

@@ -227,9 +227,12 @@ fn config(dir: &Path, case: &Case) -> PathBuf {
         None => (String::new(), String::new()),
         Some(d) => {
             let command = "command = \"rollout rank={rank} iteration={iteration} split={split} gen={gen} output={output}\"\n";
+            let prepare = "command = \"prepare rank={rank} iteration={iteration} gen={gen} output={output}\"\n";
             (
                 format!("eval-interval = {}\n", d.eval_interval),
-                format!("[phases.rollout]\n{command}[phases.eval]\n{command}"),
+                format!(
+                    "[phases.rollout]\n{command}[phases.eval]\n{command}[phases.prepare]\n{prepare}"
+                ),
             )
         }
     };
@@ -357,6 +360,9 @@ fn batch_system(
             if let Some(d) = data.as_ref().filter(|_| command.starts_with("rollout ")) {
                 return rollout_run(command, d, &rollout_fails);
             }
+            if let Some(d) = data.as_ref().filter(|_| command.starts_with("prepare ")) {
+                return prepare_run(command, d);
+            }
             let (rank, iteration) = train_of(command);
             let code = fails
                 .iter()
@@ -466,6 +472,24 @@ fn rollout_run(command: &str, d: &Data, fails: &[(u32, u64, i32)]) -> FakeRun {
         after: d.rollout,
         code,
         writes,
+    }
+}
+
+/// Rank 0's prepare command: writes one record naming its iteration and generation into
+/// `{output}`, then exits 0.
+fn prepare_run(command: &str, d: &Data) -> FakeRun {
+    let field = |k: &str| {
+        command
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .unwrap_or_else(|| panic!("{k} in {command:?}"))
+    };
+    let (iteration, gen, output) = (field("iteration="), field("gen="), field("output="));
+    let record = format!("{{\"id\":\"prepared-{iteration}\",\"gen\":{gen}}}\n");
+    FakeRun::Write {
+        after: d.rollout / 2,
+        code: 0,
+        writes: vec![(PathBuf::from(output), record.into_bytes())],
     }
 }
 
@@ -643,6 +667,53 @@ fn check_data(world: &SimWorld, layout: &Layout, case: &Case, d: &Data) -> Resul
                 ));
             }
             checks += check_partials(world, &layout.rollout_dir(it, split))?;
+        }
+        checks += check_prepared(world, layout, it, &journals[0])?;
+    }
+    Ok(checks)
+}
+
+/// Iteration `it`'s prepared data is the output of the generation that journaled the
+/// prepare, and each generation's partial prepared data holds only its own record.
+fn check_prepared(
+    world: &SimWorld,
+    layout: &Layout,
+    it: u64,
+    journal: &[journal::Entry],
+) -> Result<u64, String> {
+    let path = layout.prepared(it);
+    let bytes = world
+        .content(&path)
+        .ok_or_else(|| format!("{} was never committed", path.display()))?;
+    let by = journal
+        .iter()
+        .find(|e| e.iteration == it && e.item == journal::item::PREPARE)
+        .map(|e| e.gen)
+        .ok_or_else(|| format!("rank 0 never journaled the prepare of iteration {it}"))?;
+    let want = vec![(format!("prepared-{it}"), by)];
+    let got = records(&bytes, &path)?;
+    if got != want {
+        return Err(format!(
+            "{} holds {got:?}, but generation {by} journaled the prepare",
+            path.display()
+        ));
+    }
+    let dir = path.parent().expect("in a directory");
+    let mut checks = 1;
+    for name in world.list(dir).unwrap_or_default() {
+        let name = name.to_string_lossy().into_owned();
+        let Some(gen) = layout.prepared_partial_of(it, &name) else {
+            continue;
+        };
+        let partial = dir.join(&name);
+        for (id, by) in records(&world.content(&partial).unwrap_or_default(), &partial)? {
+            checks += 1;
+            if by != gen {
+                return Err(format!(
+                    "{} (generation {gen}'s) holds {id} written by generation {by}",
+                    partial.display()
+                ));
+            }
         }
     }
     Ok(checks)
@@ -952,4 +1023,15 @@ fn a_merge_that_takes_a_partial_file_too_is_caught() {
         .expect("a merge of partial files not caught in 300 seeds");
     println!("caught at seed {}: {v}", v.seed);
     assert!(v.what.contains("times"), "{v}");
+}
+
+/// Data seed 7 of 2..=5 nodes (the first data-plane sweep found it): rank 0 committed
+/// iteration 1's prepared data (renamed into place, directory synced, journaled), then its
+/// machine crashed in training. The prepare command's writes had never been synced, so
+/// the name was left with nothing behind it, and the next start resumed past the prepare.
+/// The prepare's commit now syncs the data before its rename, as the shard's does.
+#[test]
+fn data_seed_7_prepared_data_survives_a_crash_after_its_commit() {
+    let (s, line) = run_data_seed(7, 5, Broken::default()).unwrap_or_else(|v| panic!("{v}"));
+    assert_eq!(s.starts, 3, "{line}");
 }
