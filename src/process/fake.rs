@@ -244,4 +244,41 @@ mod tests {
         );
         assert_eq!((fake.running(), fake.stop_all(Duration::ZERO)), (0, 0));
     }
+
+    #[test]
+    fn a_writing_command_appends_its_pieces_then_exits_and_a_failed_write_is_exit_1() {
+        let d = tempfile::tempdir().unwrap();
+        let out = d.path().join("out/rank-0.partial.g1.jsonl");
+        // A directory where the second command's file should be: its write fails.
+        let blocked = d.path().join("blocked");
+        std::fs::create_dir(&blocked).unwrap();
+        let (o, b) = (out.clone(), blocked.clone());
+        let script: Arc<FakeScript> = Arc::new(move |command, _| FakeRun::Write {
+            after: Duration::from_millis(6),
+            code: 3,
+            writes: match command {
+                "ok" => vec![
+                    (o.clone(), b"{\"a\":1}\n".to_vec()),
+                    (o.clone(), b"{\"b\":2}\n".to_vec()),
+                ],
+                _ => vec![(b.clone(), b"x\n".to_vec())],
+            },
+        });
+        let (tx, rx) = channel();
+        let clock = Arc::new(crate::clock::SystemClock);
+        let bare = FakeLauncher::new(tx.clone(), script.clone(), clock.clone());
+        let log = Path::new("/nonexistent/log");
+        assert!(
+            bare.start("ok", &[], log, "").is_err(),
+            "no store to write to"
+        );
+        let fake = FakeLauncher::new(tx, script, clock).writing_to(Arc::new(crate::store::Fs));
+        let a = fake.start("ok", &[], log, "").unwrap();
+        let got = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(matches!(got, Event::Reaped { pid, exit: ChildExit::Exit(3) } if pid == a));
+        assert_eq!(std::fs::read(&out).unwrap(), b"{\"a\":1}\n{\"b\":2}\n");
+        let b = fake.start("blocked", &[], log, "").unwrap();
+        let got = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(matches!(got, Event::Reaped { pid, exit: ChildExit::Exit(1) } if pid == b));
+    }
 }

@@ -1226,7 +1226,9 @@ impl SharedDir for SimClient {
             c.op(OpClass::Unlink)?;
             c.w.unlink(&path)?;
         }
-        c.w.create_excl(&path)?;
+        let ino = c.w.create_excl(&path)?;
+        // A new file, never synced: a crash of this client loses it.
+        c.w.write(ino, self.id, |_| {});
         c.remember(&path, Some(Cached::File(Vec::new())));
         Ok(Box::new(SimWrite {
             client: self,
@@ -1564,6 +1566,40 @@ mod tests {
         ad.sync_file(log).unwrap();
         a.crash();
         assert_eq!(world.content(log).unwrap(), b"a\nc\n");
+    }
+
+    #[test]
+    fn a_data_file_lands_at_its_sync_and_is_read_as_the_client_sees_it() {
+        let (world, _t, a, b) = two(Duration::ZERO, Duration::ZERO);
+        let (ad, bd): (&dyn SharedDir, &dyn SharedDir) = (&a, &b);
+        let path = Path::new("/run/merged.jsonl.tmp");
+        world.create_dir_all(path.parent().unwrap()).unwrap();
+        let mut w = ad.create_data(path).unwrap();
+        w.write_all(b"{\"a\":1}\n").unwrap();
+        w.flush().unwrap();
+        assert_eq!(
+            world.content(path).unwrap(),
+            b"",
+            "not written back before the sync"
+        );
+        w.sync_all().unwrap();
+        drop(w);
+        let mut r = bd.open_data(path).unwrap();
+        let mut buf = Vec::new();
+        assert_eq!((r.len(), r.read_more(&mut buf, 3).unwrap()), (8, 3));
+        while r.read_more(&mut buf, 3).unwrap() > 0 {}
+        assert_eq!(buf, b"{\"a\":1}\n");
+        let gone = bd.open_data(Path::new("/run/none")).err().unwrap();
+        assert_eq!(gone.kind(), io::ErrorKind::NotFound);
+        // Created anew over what stood there; written but never synced: lost in a crash.
+        let mut w = ad.create_data(path).unwrap();
+        w.write_all(b"lost").unwrap();
+        drop(w);
+        a.crash();
+        assert!(
+            world.content(path).is_none(),
+            "a new file never synced is gone"
+        );
     }
 
     #[test]
