@@ -270,6 +270,8 @@ struct Job {
     digest: u64,
     ended_at: Duration,
     faults: u64,
+    /// What the checks after each start found wrong in the data plane.
+    broken_data: Vec<String>,
 }
 
 /// Run one seed's job under one scheduler.
@@ -294,6 +296,7 @@ fn run_job(
         digest: 0,
         ended_at: Duration::ZERO,
         faults: 0,
+        broken_data: Vec::new(),
     }));
     let batch = {
         let (sched, world, job, case) = (sched.clone(), world.clone(), job.clone(), case.clone());
@@ -431,6 +434,12 @@ fn batch_system(
         let complete =
             results.iter().flatten().all(completed) && results.iter().any(Option::is_some);
         job.lock().unwrap().starts.push(results);
+        if case.data.is_some() {
+            if let Err(e) = check_data_so_far(world, case) {
+                let what = format!("after start {}: {e}", start + 1);
+                job.lock().unwrap().broken_data.push(what);
+            }
+        }
         if complete && long_frozen.is_empty() {
             break;
         }
@@ -719,6 +728,33 @@ fn check_prepared(
     Ok(checks)
 }
 
+/// What holds at any moment, checked after each start: every merged file there is holds
+/// each record once, and every partial shard holds only its generation's records.
+fn check_data_so_far(world: &SimWorld, case: &Case) -> Result<u64, String> {
+    let layout = Layout::new(ROOT);
+    let mut checks = 0;
+    for it in 1..=case.iterations {
+        for split in ["train", "eval"] {
+            let path = layout.aggregated(it, split);
+            if let Some(bytes) = world.content(&path) {
+                let mut once = std::collections::BTreeMap::new();
+                for (id, _) in records(&bytes, &path)? {
+                    checks += 1;
+                    *once.entry(id).or_insert(0) += 1;
+                }
+                if let Some((id, n)) = once.iter().find(|(_, n)| **n != 1) {
+                    return Err(format!(
+                        "{}: record {id} is there {n} times",
+                        path.display()
+                    ));
+                }
+            }
+            checks += check_partials(world, &layout.rollout_dir(it, split))?;
+        }
+    }
+    Ok(checks)
+}
+
 /// Every partial file in `dir` (`….partial.gG.jsonl`) holds only generation G's records.
 fn check_partials(world: &SimWorld, dir: &Path) -> Result<u64, String> {
     let mut checks = 0;
@@ -782,6 +818,9 @@ fn run_case(seed: u64, case: Case, broken: Broken) -> Result<(Summary, String), 
     };
     let mut checks = 0;
     ended.map_err(|e| violation(format!("the job did not end: {e}")))?;
+    if let Some(what) = job.broken_data.first() {
+        return Err(violation(what.clone()));
+    }
     checks += 1;
     let layout = Layout::new(ROOT);
     // Each start: every rank done, or every rank that stops names a suspect rank.
