@@ -320,7 +320,7 @@ fn read_source(
         source: io::Error::other("the merge pipeline stopped"),
     };
     let mut f = store.open_data(&path).map_err(rerr)?;
-    let len = f.len();
+    let len = f.size();
     entry.source_bytes = len;
     reader
         .send(Item::Start(Source {

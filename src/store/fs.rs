@@ -195,7 +195,7 @@ struct DataFile {
 }
 
 impl DataRead for DataFile {
-    fn len(&self) -> u64 {
+    fn size(&self) -> u64 {
         self.len
     }
 

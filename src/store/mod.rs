@@ -275,7 +275,7 @@ pub trait SharedDir: Send + Sync {
 /// A data file open for reading ([`SharedDir::open_data`]).
 pub trait DataRead: Send {
     /// Its size when it was opened.
-    fn len(&self) -> u64;
+    fn size(&self) -> u64;
 
     /// Read at most `max` bytes onto the end of `buf`; how many (0 at the end of the file).
     fn read_more(&mut self, buf: &mut Vec<u8>, max: usize) -> io::Result<usize>;

@@ -1249,7 +1249,7 @@ struct SimRead {
 }
 
 impl DataRead for SimRead {
-    fn len(&self) -> u64 {
+    fn size(&self) -> u64 {
         self.data.len() as u64
     }
 
@@ -1586,7 +1586,7 @@ mod tests {
         drop(w);
         let mut r = bd.open_data(path).unwrap();
         let mut buf = Vec::new();
-        assert_eq!((r.len(), r.read_more(&mut buf, 3).unwrap()), (8, 3));
+        assert_eq!((r.size(), r.read_more(&mut buf, 3).unwrap()), (8, 3));
         while r.read_more(&mut buf, 3).unwrap() > 0 {}
         assert_eq!(buf, b"{\"a\":1}\n");
         let gone = bd.open_data(Path::new("/run/none")).err().unwrap();
