@@ -600,14 +600,32 @@ fn the_node_publishes_a_manifest_beside_its_merge() {
     r.committed(0, "{\"a\":1}\n").committed(1, "{\"b\":2}\n");
     let layout = rl_node::layout::Layout::new(&r.root);
     let opts = rl_node::aggregate::MergeOptions::default();
-    let m = rl_node::aggregate::merge(&layout, 1, "train", 2, &opts, &mut || {}).unwrap();
+    let m = rl_node::aggregate::merge(
+        &rl_node::store::Fs,
+        &layout,
+        1,
+        "train",
+        2,
+        &opts,
+        &mut || {},
+    )
+    .unwrap();
     assert_eq!(m.records, 2);
     assert!(r.merged().exists());
     assert!(r
         .root
         .join("rollouts/iter-0001/train.jsonl.manifest.json")
         .exists());
-    let e = rl_node::aggregate::merge(&layout, 1, "train", 3, &opts, &mut || {}).unwrap_err();
+    let e = rl_node::aggregate::merge(
+        &rl_node::store::Fs,
+        &layout,
+        1,
+        "train",
+        3,
+        &opts,
+        &mut || {},
+    )
+    .unwrap_err();
     assert!(
         matches!(&e, rl_node::aggregate::AggregateError::Incomplete { missing, .. } if missing == &[2]),
         "{e}"

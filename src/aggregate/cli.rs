@@ -176,6 +176,7 @@ pub fn main(
         }
     );
     match merge(
+        &crate::store::Fs,
         &layout,
         args.iteration,
         &args.split,
@@ -588,7 +589,7 @@ fn summary(m: &Manifest, format: Format, out: &Path) -> String {
 fn other_format_hint(layout: &Layout, iteration: u64, split: &str) -> Option<String> {
     use crate::shards::naming::{Naming, DEFAULT_OUTPUT_NAME, DEFAULT_SHARD_NAME};
     let dir = layout.rollout_dir(iteration, split);
-    let names = list_dir(&dir).ok()?;
+    let names = list_dir(&crate::store::Fs, &dir).ok()?;
     for f in [Format::Jsonl, Format::Safetensors, Format::Torch] {
         // (torch is refused by a build without the feature)
         let Ok(naming) = Naming::new(f.name(), DEFAULT_SHARD_NAME, "", DEFAULT_OUTPUT_NAME) else {

@@ -17,9 +17,9 @@
 
 use super::TICK_BYTES;
 use super::{AggregateError, DropKind, Dropped, MergeOptions, RankEntry, RankStatus};
+use crate::store::{DataRead, DataWrite, SharedDir};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -50,9 +50,9 @@ pub(super) trait Output: Write + Send {
 
 impl Output for Vec<u8> {}
 
-impl Output for File {
+impl Output for Box<dyn DataWrite + '_> {
     fn written(&mut self, offset: u64, len: u64) {
-        crate::store::fs::start_writeback(self, offset, len);
+        DataWrite::written(&mut **self, offset, len);
     }
 }
 
@@ -114,10 +114,11 @@ struct Tally {
     sha256: String,
 }
 
-/// The merge of `entries`' sources, in order, into `out`: fills each entry's offset,
+/// The merge of `entries`' sources (read through `store`), in order, into `out`: fills each entry's offset,
 /// source size, counts, drops, problems and SHA-256 (a missing entry only gets its
 /// offset), and returns `out` with everything written (not synced).
 pub(super) fn merge_sources<W: Output>(
+    store: &dyn SharedDir,
     out: W,
     tmp: &Path,
     root: &Path,
@@ -125,11 +126,13 @@ pub(super) fn merge_sources<W: Output>(
     opts: &MergeOptions,
     tick: &mut dyn FnMut(),
 ) -> Result<W, AggregateError> {
-    merge_in_blocks(BLOCK, out, tmp, root, entries, opts, tick)
+    merge_in_blocks(store, BLOCK, out, tmp, root, entries, opts, tick)
 }
 
 /// [`merge_sources`] with blocks of about `block` bytes (tests use tiny ones).
+#[allow(clippy::too_many_arguments)]
 fn merge_in_blocks<W: Output>(
+    store: &dyn SharedDir,
     block: usize,
     out: W,
     tmp: &Path,
@@ -206,7 +209,7 @@ fn merge_in_blocks<W: Output>(
             }
             tick();
             number += 1;
-            read = read_source(root, number, entry, &mut reader, stopped, opts, tick);
+            read = read_source(store, root, number, entry, &mut reader, stopped, opts, tick);
             if read.is_err() {
                 break;
             }
@@ -292,7 +295,9 @@ fn give_back(pool: &Sender<Vec<u8>>, mut data: Vec<u8>) {
 /// last line of a full block moves to the next one. A line still unfinished at
 /// 1, 2, 4, … MiB (or past `max_record_bytes`) is checked as it stands, and when that
 /// proves it invalid it is consumed without being buffered (see [`skip_line`]).
+#[allow(clippy::too_many_arguments)]
 fn read_source(
+    store: &dyn SharedDir,
     root: &Path,
     number: usize,
     entry: &mut RankEntry,
@@ -314,8 +319,8 @@ fn read_source(
         path: PathBuf::new(),
         source: io::Error::other("the merge pipeline stopped"),
     };
-    let f = File::open(&path).map_err(rerr)?;
-    let len = f.metadata().map_err(rerr)?.len();
+    let mut f = store.open_data(&path).map_err(rerr)?;
+    let len = f.size();
     entry.source_bytes = len;
     reader
         .send(Item::Start(Source {
@@ -411,7 +416,7 @@ fn read_source(
             };
             if let Some(why) = why {
                 block.data.truncate(start);
-                let (rest, newline) = skip_line(&f, &mut block.data, chunk).map_err(rerr)?;
+                let (rest, newline) = skip_line(&mut *f, &mut block.data, chunk).map_err(rerr)?;
                 block.lines.push(Line::Bad {
                     bytes: unfinished + rest,
                     newline,
@@ -424,47 +429,21 @@ fn read_source(
             }
             check_at = unfinished.saturating_mul(2).min(cap.saturating_add(1));
         }
-        eof = read_more(&f, &mut block.data, chunk).map_err(rerr)? == 0;
+        eof = f.read_more(&mut block.data, chunk).map_err(rerr)? == 0;
     }
     // Sent even without lines: the sequencer gives its buffer back to the pool.
     reader.send(Item::Block(block)).map_err(|()| broken())?;
     reader.send(Item::End).map_err(|()| broken())
 }
 
-/// Read at most `max` bytes of `f` (from its offset) onto the end of `buf`, straight
-/// into its spare capacity. Returns how many; 0 at the end of the file.
-fn read_more(f: &File, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
-    use std::os::fd::AsRawFd;
-    buf.reserve(max);
-    let spare = buf.spare_capacity_mut();
-    let (ptr, room) = (spare.as_mut_ptr(), spare.len().min(max));
-    loop {
-        // SAFETY: `ptr` points at `room` bytes of `buf`'s spare capacity, valid for
-        // writes and not otherwise borrowed during the call; the fd is open (borrowed
-        // from `f`).
-        let n = unsafe { libc::read(f.as_raw_fd(), ptr.cast(), room) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        let n = n as usize;
-        // SAFETY: the kernel initialized exactly the first `n` (<= `room`) spare bytes.
-        unsafe { buf.set_len(buf.len() + n) };
-        return Ok(n);
-    }
-}
-
 /// Consume the rest of a line known to be invalid, reading into `buf`'s spare room and
 /// keeping none of it; the bytes after its newline stay at the end of `buf`. Returns the
 /// bytes consumed (with the newline) and whether there was a newline (else: end of file).
-fn skip_line(f: &File, buf: &mut Vec<u8>, chunk: usize) -> io::Result<(u64, bool)> {
+fn skip_line(f: &mut dyn DataRead, buf: &mut Vec<u8>, chunk: usize) -> io::Result<(u64, bool)> {
     let keep = buf.len();
     let mut bytes = 0u64;
     loop {
-        let n = read_more(f, buf, chunk)?;
+        let n = f.read_more(buf, chunk)?;
         if n == 0 {
             return Ok((bytes, false));
         }
@@ -784,6 +763,7 @@ mod tests {
         let e = entry(0, committed);
         let mut entries = [e];
         let out = merge_sources(
+            &crate::store::Fs,
             Vec::new(),
             Path::new("tmp"),
             d.path(),
@@ -881,6 +861,7 @@ mod tests {
             entries.push(e);
         }
         let out = merge_in_blocks(
+            &crate::store::Fs,
             block,
             Vec::new(),
             Path::new("tmp"),

@@ -109,6 +109,19 @@ pub struct MergeOptions {
     pub fence: Option<Fence>,
     /// Pipelined runs: recorded in the manifest.
     pub rollout_model: Option<manifest::RolloutModel>,
+    /// A merge broken on purpose (the simulator's own tests; ignored without the `sim`
+    /// feature, see `crate::protocol::mutation`).
+    #[doc(hidden)]
+    pub mutation: Option<Mutation>,
+}
+
+/// A deliberately broken merge, for the simulator's own tests (never set by the node on
+/// its own): shows that the simulator catches records merged twice.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mutation {
+    /// A rank's partial file beside its committed shard is merged too.
+    PartialToo,
 }
 
 /// A check that this node may still publish (see `node::fence`).
@@ -148,6 +161,7 @@ impl Default for MergeOptions {
             env: Vec::new(),
             fence: None,
             rollout_model: None,
+            mutation: None,
         }
     }
 }
@@ -165,8 +179,13 @@ impl MergeOptions {
 
 /// Merge the shards of `split` of `iteration` for ranks `0..num_ranks` (see the module
 /// documentation) into `opts.out` (default `layout.aggregated(iteration, split)`) and its
-/// manifest. `tick` is called regularly so a long merge keeps a watchdog informed.
+/// manifest, on `store` (the node's shared directory; `rl-node aggregate` uses the real
+/// one). `tick` is called regularly so a long merge keeps a watchdog informed.
+///
+/// The JSONL merge reads and writes through `store` alone; the other formats hand real
+/// files to a tensor library or a user's command, so they need the real directory.
 pub fn merge(
+    store: &dyn SharedDir,
     layout: &Layout,
     iteration: u64,
     split: &str,
@@ -175,7 +194,7 @@ pub fn merge(
     tick: &mut dyn FnMut(),
 ) -> Result<Manifest, AggregateError> {
     let format = check_request(layout, split, num_ranks, opts)?;
-    let (mut ranks, mut problems) = survey_ranks(layout, iteration, split, num_ranks)?;
+    let (mut ranks, mut problems) = survey_ranks(store, layout, iteration, split, num_ranks, opts)?;
     if !opts.allow_missing && ranks.iter().any(|r| r.status != RankStatus::Complete) {
         return Err(incomplete(layout, iteration, split, ranks));
     }
@@ -188,9 +207,6 @@ pub fn merge(
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    // A merged file is data-plane work on real files (read, hashed, written through an
-    // open handle); the names it makes, renames and syncs go through the store.
-    let store: &dyn SharedDir = &crate::store::Fs;
     if !opts.replace {
         match store.lstat(&out) {
             Ok(Some(_)) => return Err(AggregateError::Exists { path: out }),
@@ -200,7 +216,10 @@ pub fn merge(
     }
     store.create_dir_all(&out_dir).map_err(werr(&out_dir))?;
     let tmp = temp_path(&out);
-    let mut extras = match write_merged(layout, iteration, split, &mut ranks, opts, &tmp, tick) {
+    let merged = write_merged(
+        store, layout, iteration, split, &mut ranks, opts, &tmp, tick,
+    );
+    let mut extras = match merged {
         Ok(extras) => extras,
         Err(e) => {
             let _ = store.remove_file(&tmp);
@@ -257,10 +276,12 @@ fn check_request(
 /// What each of ranks `0..num_ranks` left, and a problem for every shard or partial file
 /// of a rank beyond them.
 fn survey_ranks(
+    store: &dyn SharedDir,
     layout: &Layout,
     iteration: u64,
     split: &str,
     num_ranks: u32,
+    opts: &MergeOptions,
 ) -> Result<(Vec<RankEntry>, Vec<String>), AggregateError> {
     let rel = |p: &Path| -> String {
         p.strip_prefix(layout.root())
@@ -272,19 +293,27 @@ fn survey_ranks(
     let dir_of = |p: PathBuf| p.parent().map(Path::to_path_buf).unwrap_or_default();
     let shard_dir = dir_of(layout.shard(iteration, split, 0));
     let partial_dir = dir_of(layout.shard_partial(iteration, split, 0));
-    let listing = list_dir(&shard_dir)?;
+    let listing = list_dir(store, &shard_dir)?;
     let partial_listing = if partial_dir == shard_dir {
         None
     } else {
-        Some(list_dir(&partial_dir)?)
+        Some(list_dir(store, &partial_dir)?)
     };
     let mut problems = Vec::new();
     let mut ranks = Vec::with_capacity(num_ranks as usize);
     for rank in 0..num_ranks {
         let names = partial_listing.as_ref().unwrap_or(&listing);
-        ranks.push(survey(
-            layout, iteration, split, rank, names, &listing, &rel,
-        )?);
+        let (entry, beside) = survey(store, layout, iteration, split, rank, names, &listing, &rel)?;
+        let doubled = beside
+            .filter(|_| crate::protocol::mutation(opts.mutation) == Some(Mutation::PartialToo));
+        if let Some(partial) = doubled {
+            let mut again = entry.clone();
+            again.source = Some(partial);
+            ranks.push(entry);
+            ranks.push(again);
+            continue;
+        }
+        ranks.push(entry);
     }
     let mut extra = |dir: &Path, name: &String, in_shard: bool, in_partial: bool| {
         let found = layout
@@ -359,7 +388,9 @@ fn incomplete(
 }
 
 /// Write the merged file to `tmp`, in the layout's format, and fsync it.
+#[allow(clippy::too_many_arguments)]
 fn write_merged(
+    store: &dyn SharedDir,
     layout: &Layout,
     iteration: u64,
     split: &str,
@@ -377,8 +408,8 @@ fn write_merged(
             return merge_command(layout, iteration, split, ranks, opts, tmp, tick);
         }
     }
-    let f = crate::store::fs::create_file(tmp).map_err(werr(tmp))?;
-    let f = merge_sources(f, tmp, layout.root(), ranks, opts, tick)?;
+    let f = store.create_data(tmp).map_err(werr(tmp))?;
+    let mut f = merge_sources(store, f, tmp, layout.root(), ranks, opts, tick)?;
     f.sync_all().map_err(werr(tmp))?;
     Ok(Extras::default())
 }
@@ -522,7 +553,7 @@ mod tests {
         std::fs::create_dir_all(l.rollout_dir(1, "train")).unwrap();
         std::fs::write(l.shard(1, "train", 0), "{}\n").unwrap();
         std::fs::write(l.aggregated(1, "train"), "old\n").unwrap();
-        let e = merge(&l, 1, "train", 2, &opts(), &mut || {}).unwrap_err();
+        let e = merge(&crate::store::Fs, &l, 1, "train", 2, &opts(), &mut || {}).unwrap_err();
         assert!(matches!(&e, AggregateError::Incomplete { missing, .. } if missing == &[1]));
         assert!(e.to_string().contains("rank 1 has no shard"), "{e}");
         assert!(e.to_string().contains("rank-1.jsonl"), "{e}");
@@ -545,7 +576,7 @@ mod tests {
         std::fs::write(l.shard(1, "train", 0), "{\"new\":1}\n").unwrap();
         let out = l.aggregated(1, "train");
         std::fs::write(&out, "trained on\n").unwrap();
-        let e = merge(&l, 1, "train", 1, &opts(), &mut || {}).unwrap_err();
+        let e = merge(&crate::store::Fs, &l, 1, "train", 1, &opts(), &mut || {}).unwrap_err();
         assert!(
             matches!(&e, AggregateError::Exists { path } if path == &out),
             "{e}"
@@ -556,7 +587,7 @@ mod tests {
         // A symlink at the output counts as a file there: not followed, not replaced.
         std::fs::remove_file(&out).unwrap();
         std::os::unix::fs::symlink(d.path().join("elsewhere"), &out).unwrap();
-        let e = merge(&l, 1, "train", 1, &opts(), &mut || {}).unwrap_err();
+        let e = merge(&crate::store::Fs, &l, 1, "train", 1, &opts(), &mut || {}).unwrap_err();
         assert!(matches!(e, AggregateError::Exists { .. }), "{e}");
         assert!(!d.path().join("elsewhere").exists());
         std::fs::remove_file(&out).unwrap();
@@ -565,7 +596,7 @@ mod tests {
             replace: true,
             ..opts()
         };
-        merge(&l, 1, "train", 1, &replace, &mut || {}).unwrap();
+        merge(&crate::store::Fs, &l, 1, "train", 1, &replace, &mut || {}).unwrap();
         assert_eq!(std::fs::read_to_string(&out).unwrap(), "{\"new\":1}\n");
     }
 
@@ -577,7 +608,10 @@ mod tests {
         std::fs::write(l.shard(2, "eval", 1), "{\"r\":1}\n").unwrap();
         std::fs::write(l.shard(2, "eval", 0), "{\"r\":0}").unwrap();
         let mut ticks = 0;
-        let m = merge(&l, 2, "eval", 2, &opts(), &mut || ticks += 1).unwrap();
+        let m = merge(&crate::store::Fs, &l, 2, "eval", 2, &opts(), &mut || {
+            ticks += 1
+        })
+        .unwrap();
         assert!(ticks >= 2);
         let out = l.aggregated(2, "eval");
         assert_eq!(

@@ -11,8 +11,8 @@ use std::io;
 use std::path::Path;
 
 /// Sorted file names of `dir` (empty when it does not exist).
-pub(super) fn list_dir(dir: &Path) -> Result<Vec<String>, AggregateError> {
-    let entries = match crate::store::Fs.read_dir(dir) {
+pub(super) fn list_dir(store: &dyn SharedDir, dir: &Path) -> Result<Vec<String>, AggregateError> {
+    let entries = match store.read_dir(dir) {
         Ok(e) => e,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(source) => {
@@ -31,10 +31,16 @@ pub(super) fn list_dir(dir: &Path) -> Result<Vec<String>, AggregateError> {
 }
 
 /// The journal note of a rank whose rollout command wrote its shard name itself.
-fn adopted_by_command(layout: &Layout, iteration: u64, split: &str, rank: u32) -> Option<String> {
-    let bytes =
-        crate::store::fs::read_limited(&layout.journal(rank), crate::store::ReadLimit::Journal)
-            .ok()??;
+fn adopted_by_command(
+    store: &dyn SharedDir,
+    layout: &Layout,
+    iteration: u64,
+    split: &str,
+    rank: u32,
+) -> Option<String> {
+    let bytes = store
+        .read_limited(&layout.journal(rank), crate::store::ReadLimit::Journal)
+        .ok()??;
     let text = String::from_utf8_lossy(&bytes);
     let item = format!("rollout-{split}");
     crate::protocol::journal::parse(&text)
@@ -52,7 +58,11 @@ fn stale_gen_of(name: &str, partial: &str) -> Option<u64> {
     g.parse().ok()
 }
 
+#[allow(clippy::too_many_arguments)]
+/// What `rank` left (its entry), and a partial file beside its committed shard, which
+/// the merge ignores (relative to the log path).
 pub(super) fn survey(
+    store: &dyn SharedDir,
     layout: &Layout,
     iteration: u64,
     split: &str,
@@ -60,9 +70,9 @@ pub(super) fn survey(
     listing: &[String],
     shard_listing: &[String],
     rel: &dyn Fn(&Path) -> String,
-) -> Result<RankEntry, AggregateError> {
+) -> Result<(RankEntry, Option<String>), AggregateError> {
     let size = |p: &Path| -> Result<Option<u64>, AggregateError> {
-        match crate::store::Fs.stat(p) {
+        match store.stat(p) {
             Ok(Some(m)) if m.kind == crate::store::Kind::File => Ok(Some(m.len)),
             Ok(None) => Ok(None),
             Ok(Some(_)) => Err(AggregateError::Read {
@@ -127,10 +137,12 @@ pub(super) fn survey(
         }
         None => base,
     };
-    let adopted = adopted_by_command(layout, iteration, split, rank);
+    let adopted = adopted_by_command(store, layout, iteration, split, rank);
     let mut problems = Vec::new();
+    let mut beside = None;
     let (status, source, source_bytes) = if let Some(n) = size(&committed)? {
         if let Some(p) = size(&partial)? {
+            beside = Some(rel(&partial));
             problems.push(format!(
                 "a partial file also exists and was ignored: {} ({})",
                 rel(&partial),
@@ -158,7 +170,7 @@ pub(super) fn survey(
             set_aside.join(", ")
         ));
     }
-    Ok(RankEntry {
+    let entry = RankEntry {
         rank,
         status,
         adopted: adopted.filter(|_| status == RankStatus::Complete),
@@ -171,7 +183,8 @@ pub(super) fn survey(
         dropped: Vec::new(),
         set_aside,
         problems,
-    })
+    };
+    Ok((entry, beside))
 }
 
 #[cfg(test)]

@@ -438,9 +438,10 @@ fn open_textfile(cfg: &Config, rank: u32) -> Result<Option<textfile::Textfile>, 
 /// plumbing (no supervisor, reaper, signal handling, guardian or watchdog). For the
 /// simulator (`tests/sim/driver.rs`), which runs a cluster of them on one simulated shared
 /// directory. Commands start no process: `commands` scripts what each does
-/// ([`procs::FakeLauncher`]). Only training commands are allowed (the others' outputs
-/// would be read and written outside the store), and no task files. `Err` is the exit
-/// code and the message.
+/// ([`procs::FakeLauncher`]), and may write their outputs through `store`. Rollouts, evals
+/// and the prepare command run with their shards committed and merged (JSONL, the built-in
+/// merge) on `store`; what still reads or writes outside it is refused
+/// ([`in_process_refusal`]). `Err` is the exit code and the message.
 #[cfg(feature = "sim")]
 #[doc(hidden)]
 pub fn run_in_process(
@@ -467,6 +468,8 @@ pub struct Broken {
     pub pipeline: Option<crate::protocol::pipeline::Mutation>,
     /// A worker's look for a generation to join ([`crate::protocol::join::look_with`]).
     pub join: Option<crate::protocol::join::Mutation>,
+    /// The built-in merge ([`crate::aggregate::merge`]).
+    pub merge: Option<crate::aggregate::Mutation>,
 }
 
 /// How an in-process node is started besides its configuration: what the command line
@@ -515,17 +518,10 @@ pub fn run_in_process_with(
     let loaded = crate::config::load(Some(config), &|_| None, &[])
         .map_err(|e| (Cause::Usage.exit_code(), e.to_string()))?;
     let cfg = loaded.config.clone();
-    let p = &cfg.phases;
-    let outside = p.rollout.is_set()
-        || p.eval.is_set()
-        || p.aggregate.is_set()
-        || p.prepare.is_set()
-        || !p.handoff.command.trim().is_empty()
-        || !cfg.server.command.trim().is_empty();
-    if outside || !cfg.tasks.train.is_empty() || !cfg.tasks.eval.is_empty() {
+    if let Some(why) = in_process_refusal(&cfg) {
         return Err((
             Cause::Usage.exit_code(),
-            "an in-process node runs only training commands and reads no task files".into(),
+            format!("an in-process node cannot run this configuration: {why}"),
         ));
     }
     if rank >= cfg.cluster.num_nodes {
@@ -559,11 +555,9 @@ pub fn run_in_process_with(
         },
         start: 0,
     };
-    let launcher = Arc::new(procs::FakeLauncher::new(
-        wake.clone(),
-        commands,
-        clock.clone(),
-    ));
+    let launcher = Arc::new(
+        procs::FakeLauncher::new(wake.clone(), commands, clock.clone()).writing_to(store.clone()),
+    );
     let parts = Parts {
         store,
         clock,
@@ -587,6 +581,31 @@ pub fn run_in_process_with(
         (1, source.clone()),
     )
     .map_err(|s| (s.exit_code(), s.message))
+}
+
+/// What an in-process node ([`run_in_process`]) cannot run, because it would read or
+/// write real files outside the node's store, or start a real process.
+#[cfg(feature = "sim")]
+fn in_process_refusal(cfg: &Config) -> Option<&'static str> {
+    let p = &cfg.phases;
+    if !p.handoff.command.trim().is_empty() {
+        return Some("the checkpoint hand-off picks, copies and hashes real files ([phases.handoff] command)");
+    }
+    if !cfg.server.command.trim().is_empty() {
+        return Some("the inference server is a real process checked over HTTP ([server] command)");
+    }
+    if p.aggregate.is_set() {
+        return Some(
+            "a merge command is a real process reading real files ([phases.aggregate] command)",
+        );
+    }
+    if cfg.naming().format() != crate::shards::naming::Format::Jsonl {
+        return Some("only JSONL shards are merged through the store (aggregate.format)");
+    }
+    if !cfg.tasks.train.is_empty() || !cfg.tasks.eval.is_empty() {
+        return Some("task files are read from the real filesystem ([tasks])");
+    }
+    None
 }
 
 /// `n` random bytes in hex (nonces, run ids): drawn from the simulation's seed when the
@@ -2243,9 +2262,12 @@ impl Node {
         }
         self.fence(&format!("commit the prepared data of iteration {it}"))?;
         self.watchdog.pet("committing the prepared data");
+        // Durable before its name is: the journal entry that follows says it is there, and
+        // a crash must not leave the name with the command's unwritten-back data lost.
         if let Err(e) = self
             .store
-            .rename_noreplace(&out, &done)
+            .sync_file(&out)
+            .and_then(|()| self.store.rename_noreplace(&out, &done))
             .and_then(|()| self.store.fsync_dir(done.parent().expect("has parent")))
         {
             let reason = format!("cannot commit {} as {}: {e}", out.display(), done.display());
@@ -2283,6 +2305,7 @@ impl Node {
         opts.command_log = Some(self.layout.phase_log(it, self.rank, "aggregate"));
         (opts.registry, opts.kill_grace) = (self.launcher.registry(), self.cfg.timing.kill_grace);
         opts.fence = Some(self.fence_fn());
+        opts.mutation = self.broken.merge;
         opts.rollout_model = self
             .rollout_model
             .as_ref()
@@ -2309,32 +2332,36 @@ impl Node {
         // runs; its own deadline is the merge command's timeout, else none.
         let (tx, rx) = std::sync::mpsc::channel();
         let (layout, split_owned) = (self.layout.clone(), split.to_string());
-        let wake = self.wake.clone();
-        let rank = self.rank;
-        std::thread::Builder::new()
-            .name("merge".into())
-            .spawn(move || {
-                // Every rank committed its shard before it arrived at the barrier that let
-                // this merge start: on a FUSE mount, this client may still say one is missing.
-                let shards: Vec<PathBuf> =
-                    (0..n).map(|r| layout.shard(it, &split_owned, r)).collect();
-                wd.pet("waiting for the shards to be visible");
-                if let Some(waited) = crate::store::fs::await_visible(&shards) {
-                    logging::warn(
-                        rank,
-                        &format!(
-                            "waited {:.1}s for this node's client to see the {split_owned} shards other ranks committed (its negative-lookup cache; a shorter negative timeout on the mount avoids the wait)",
-                            waited.as_secs_f64()
-                        ),
-                    );
-                }
-                let r = crate::aggregate::merge(&layout, it, &split_owned, n, &opts, &mut || {
-                    wd.pet("aggregating shards")
-                });
-                let _ = tx.send(r);
-                let _ = wake.send(Event::Wake);
-            })
-            .expect("spawn the merge thread");
+        let (wake, rank, store) = (self.wake.clone(), self.rank, self.store.clone());
+        let clock = self.clock.clone();
+        // A thread of the clock's: a task that takes turns, in a simulation.
+        crate::clock::spawn(&*self.clock, "merge", move || {
+            // Every rank committed its shard before it arrived at the barrier that let
+            // this merge start: on a FUSE mount, this client may still say one is missing.
+            let shards: Vec<PathBuf> =
+                (0..n).map(|r| layout.shard(it, &split_owned, r)).collect();
+            wd.pet("waiting for the shards to be visible");
+            // Only a real mount's client caches lookups (a simulated one has no such wait).
+            let dir = shards.first().and_then(|s| s.parent());
+            let cached = dir.is_some_and(|d| store.caches_lookups(d));
+            let waited = cached.then(|| crate::store::fs::await_visible(&shards)).flatten();
+            if let Some(waited) = waited {
+                logging::warn(
+                    rank,
+                    &format!(
+                        "waited {:.1}s for this node's client to see the {split_owned} shards other ranks committed (its negative-lookup cache; a shorter negative timeout on the mount avoids the wait)",
+                        waited.as_secs_f64()
+                    ),
+                );
+            }
+            let r = crate::aggregate::merge(&*store, &layout, it, &split_owned, n, &opts, &mut || {
+                wd.pet("aggregating shards")
+            });
+            let _ = tx.send(r);
+            let _ = wake.send(Event::Wake);
+            crate::clock::notify(&*clock, None);
+        })
+        .expect("spawn the merge thread");
         let far = self.clock.now() + Duration::from_secs(365 * 24 * 3600);
         let merged = match self.wait_for(far, |_| match rx.try_recv() {
             Ok(r) => Ok(Some(r)),

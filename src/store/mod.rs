@@ -258,8 +258,39 @@ pub trait SharedDir: Send + Sync {
     /// Make a directory's entries durable (best effort where the filesystem refuses).
     fn fsync_dir(&self, path: &Path) -> io::Result<()>;
 
+    /// The data plane (shards, merged files: as large as the user's data, so streamed a
+    /// block at a time, never read whole): `path` opened for reading, following a link as
+    /// `File::open` does. A missing file is a `NotFound` error.
+    fn open_data(&self, path: &Path) -> io::Result<Box<dyn DataRead>>;
+
+    /// A new, empty data file at `path` for writing (whatever stood at the name is removed
+    /// first, never written through; see [`fs::create_file`]). What it writes is durable
+    /// once [`DataWrite::sync_all`] returns.
+    fn create_data(&self, path: &Path) -> io::Result<Box<dyn DataWrite + '_>>;
+
     /// What this store has done so far, by class.
     fn counts(&self) -> OpCounts;
+}
+
+/// A data file open for reading ([`SharedDir::open_data`]).
+pub trait DataRead: Send {
+    /// Its size when it was opened.
+    fn size(&self) -> u64;
+
+    /// Read at most `max` bytes onto the end of `buf`; how many (0 at the end of the file).
+    fn read_more(&mut self, buf: &mut Vec<u8>, max: usize) -> io::Result<usize>;
+}
+
+/// A data file open for writing ([`SharedDir::create_data`]).
+pub trait DataWrite: Write + Send {
+    /// The `len` bytes from `offset` on were written: a real file starts writing them back
+    /// so that the final sync has little left to do.
+    fn written(&mut self, offset: u64, len: u64) {
+        let _ = (offset, len);
+    }
+
+    /// Make everything written durable (fsync).
+    fn sync_all(&mut self) -> io::Result<()>;
 }
 
 impl dyn SharedDir + '_ {

@@ -41,7 +41,7 @@
 //! Simplifications: without close-to-open, a read whose attributes are still valid costs
 //! the server nothing; `read_dir` always asks the server; there are no symlinks.
 
-use super::{Kind, Meta, OpClass, OpCounts, SharedDir};
+use super::{DataRead, DataWrite, Kind, Meta, OpClass, OpCounts, SharedDir};
 use crate::clock::{Clock, SimClock};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::OsString;
@@ -1213,8 +1213,83 @@ impl SharedDir for SimClient {
         self.begin(&path).fsync_dir(&path)
     }
 
+    fn open_data(&self, path: &Path) -> io::Result<Box<dyn DataRead>> {
+        let data = self.read_whole(path)?.ok_or_else(|| errno(libc::ENOENT))?;
+        Ok(Box::new(SimRead { data, at: 0 }))
+    }
+
+    fn create_data(&self, path: &Path) -> io::Result<Box<dyn DataWrite + '_>> {
+        let path = norm(path);
+        let mut c = self.begin(&path);
+        c.op(OpClass::Open)?;
+        if let Some(Entry::File(_)) = c.w.lookup(&path)? {
+            c.op(OpClass::Unlink)?;
+            c.w.unlink(&path)?;
+        }
+        let ino = c.w.create_excl(&path)?;
+        // A new file, never synced: a crash of this client loses it.
+        c.w.write(ino, self.id, |_| {});
+        c.remember(&path, Some(Cached::File(Vec::new())));
+        Ok(Box::new(SimWrite {
+            client: self,
+            path,
+            pending: Vec::new(),
+        }))
+    }
+
     fn counts(&self) -> OpCounts {
         self.state.lock().unwrap().counts
+    }
+}
+
+/// A data file open for reading: the content this client saw when it opened it.
+struct SimRead {
+    data: Vec<u8>,
+    at: usize,
+}
+
+impl DataRead for SimRead {
+    fn size(&self) -> u64 {
+        self.data.len() as u64
+    }
+
+    fn read_more(&mut self, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
+        let n = max.min(self.data.len() - self.at);
+        buf.extend_from_slice(&self.data[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
+/// A data file open for writing. What it writes reaches the server when it is synced (as
+/// an NFS client writes back at close or fsync), in one append that a fault can fail or
+/// tear and a crash before the fsync loses. Writing touches nothing else, so a thread
+/// that is not a task of the simulation's scheduler (a merge's writer) may write.
+struct SimWrite<'a> {
+    client: &'a SimClient,
+    path: PathBuf,
+    pending: Vec<u8>,
+}
+
+impl Write for SimWrite<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.pending.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl DataWrite for SimWrite<'_> {
+    fn sync_all(&mut self) -> io::Result<()> {
+        let pending = std::mem::take(&mut self.pending);
+        if pending.is_empty() {
+            self.client.sync_file(&self.path)
+        } else {
+            self.client.append(&self.path, &pending, true)
+        }
     }
 }
 
@@ -1491,6 +1566,40 @@ mod tests {
         ad.sync_file(log).unwrap();
         a.crash();
         assert_eq!(world.content(log).unwrap(), b"a\nc\n");
+    }
+
+    #[test]
+    fn a_data_file_lands_at_its_sync_and_is_read_as_the_client_sees_it() {
+        let (world, _t, a, b) = two(Duration::ZERO, Duration::ZERO);
+        let (ad, bd): (&dyn SharedDir, &dyn SharedDir) = (&a, &b);
+        let path = Path::new("/run/merged.jsonl.tmp");
+        world.create_dir_all(path.parent().unwrap()).unwrap();
+        let mut w = ad.create_data(path).unwrap();
+        w.write_all(b"{\"a\":1}\n").unwrap();
+        w.flush().unwrap();
+        assert_eq!(
+            world.content(path).unwrap(),
+            b"",
+            "not written back before the sync"
+        );
+        w.sync_all().unwrap();
+        drop(w);
+        let mut r = bd.open_data(path).unwrap();
+        let mut buf = Vec::new();
+        assert_eq!((r.size(), r.read_more(&mut buf, 3).unwrap()), (8, 3));
+        while r.read_more(&mut buf, 3).unwrap() > 0 {}
+        assert_eq!(buf, b"{\"a\":1}\n");
+        let gone = bd.open_data(Path::new("/run/none")).err().unwrap();
+        assert_eq!(gone.kind(), io::ErrorKind::NotFound);
+        // Created anew over what stood there; written but never synced: lost in a crash.
+        let mut w = ad.create_data(path).unwrap();
+        w.write_all(b"lost").unwrap();
+        drop(w);
+        a.crash();
+        assert!(
+            world.content(path).is_none(),
+            "a new file never synced is gone"
+        );
     }
 
     #[test]

@@ -120,8 +120,8 @@ fn ops_figures() {
 }
 
 /// `scripts/sim`: SIM_FIRST_SEED, SIM_SEEDS, SIM_NODES (the largest cluster; seeds spread
-/// 1..=SIM_NODES nodes), SIM_SCENARIO (barriers, crashes, leases, joins, nodes, pipeline or
-/// fresh; empty: all but nodes, pipeline and fresh). Prints a
+/// 1..=SIM_NODES nodes), SIM_SCENARIO (barriers, crashes, leases, joins, nodes, data,
+/// pipeline or fresh; empty: all but nodes, data, pipeline and fresh). Prints a
 /// summary of each scenario run, or the failing seed with its trace.
 #[test]
 #[ignore]
@@ -184,6 +184,24 @@ fn long_run() {
                 s.line()
             ),
             Err(v) => panic!("nodes: {v}"),
+        }
+    }
+    // The same jobs with rollouts, evals and merges writing real shards: only when asked for.
+    if only == "data" {
+        let max = nodes.max(2);
+        let broken = rl_node::Broken::default();
+        if seeds == 1 {
+            match nodes::run_data_seed(first, max, broken) {
+                Ok((_, line)) => println!("{line}"),
+                Err(v) => panic!("data: {v}"),
+            }
+        }
+        match nodes::data_sweep(first, seeds, max) {
+            Ok(s) => println!(
+                "data: seeds {first}..{last}: {seeds} job(s) of 2..={max} nodes with rollouts and merges; {}",
+                s.line()
+            ),
+            Err(v) => panic!("data: {v}"),
         }
     }
     // Pipelined runs of the node's driver (two clusters, two jobs): only when asked for.

@@ -86,6 +86,16 @@ pub fn scenarios() -> Vec<Scenario> {
             },
         },
         Scenario {
+            name: "data",
+            driver: true,
+            run: |f, s, n| {
+                nodes::data_sweep(f, s, n).map(|s| Swept {
+                    faults: s.faults,
+                    line: s.line(),
+                })
+            },
+        },
+        Scenario {
             name: "fresh",
             driver: true,
             run: |f, s, n| {
@@ -454,6 +464,18 @@ fn driver_mutants() -> Vec<Mutant> {
             Box::new(move |seed, _| pipeline::run_seed_broken(seed, one_ahead).map(drop)),
         )
         .on(1, 20, 3),
+        Mutant::new(
+            "data",
+            "aggregate::PartialToo",
+            Box::new(move |seed, max| {
+                let broken = Broken {
+                    merge: Some(rl_node::aggregate::Mutation::PartialToo),
+                    ..Broken::default()
+                };
+                nodes::run_data_seed(seed, max, broken).map(drop)
+            }),
+        )
+        .on(1, 300, 5),
         fresh_mutant(
             "join::SkippedByNumberOnly",
             rl_node::protocol::join::Mutation::SkippedByNumberOnly,
