@@ -24,34 +24,12 @@ use crate::protocol::journal::Resume;
 use crate::protocol::messages;
 use crate::protocol::{ClusterRecord, NodeState, RankRecord, PROTO};
 use crate::state::{self, StateError};
-use std::collections::HashMap;
 use std::time::Duration;
 
-/// What we can tell about the process holding a record.
 use crate::protocol::liveness::{Holder, Holders};
 
-/// Sequence numbers seen per (generation, rank), to judge liveness by observation: a watch
-/// per process (its nonce), so that another process's record at the same place is watched
-/// from its own first look. A `--fresh` rank 0 starts generation 1 again, and its record
-/// may carry the sequence number the set-aside run's rank 0 record had: taken for that
-/// process, watched for longer than dead-after without an advance, it was judged gone at
-/// the first look, and the worker waited until join-timeout (seed 106 of the fresh
-/// scenario of the simulator, 2..=6 nodes).
-#[derive(Default)]
-struct Seen(HashMap<String, Holders>);
-
-impl Seen {
-    fn judge(
-        &mut self,
-        rec: &RankRecord,
-        now: Duration,
-        patience: Duration,
-        advances: u32,
-    ) -> Holder {
-        let watch = self.0.entry(rec.nonce.clone()).or_default();
-        watch.judge(rec.gen, rec.rank, rec.seq, now, patience, advances)
-    }
-}
+/// Sequence numbers seen per process holding a record, to judge liveness by observation.
+type Seen = Holders;
 
 /// How a join ends when it does not stop the node.
 pub(super) enum Joined {

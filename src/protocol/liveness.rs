@@ -12,6 +12,7 @@
 //! Pure: the observer passes its monotonic time as `now` (a [`Duration`] since an origin of
 //! its choosing: the node's process start, or the simulator's clock).
 
+use super::RankRecord;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -147,14 +148,20 @@ impl Liveness {
 /// Whether the process behind a record is alive, judged the same way for a record no
 /// heartbeat has been seen from yet (a slot being claimed, a previous generation's rank 0):
 /// alive once its sequence has advanced `advances` times while watched; gone if that has
-/// not happened within `patience` from the first look. Keyed by (generation, rank).
+/// not happened within `patience` from the first look. Keyed by (generation, rank, the
+/// process's nonce): another process's record at the same place is watched from its own
+/// first look. A `--fresh` rank 0 starts generation 1 again, and its record may carry the
+/// sequence number the set-aside run's rank 0 record had: keyed by (generation, rank)
+/// only, it was taken for that process, watched for longer than patience without an
+/// advance, and judged gone at the first look (seed 106 of the simulator's `fresh`
+/// scenario: the worker then waited until join-timeout).
 ///
 /// Through an attribute cache one advance is no proof of life: the first look may return
 /// a stale copy, and the next the last write of a process that has died since. A second
 /// advance means it wrote after the watch began ([`PROOF_FOR_REFUSAL`]).
 #[derive(Debug, Clone, Default)]
 pub struct Holders {
-    seen: HashMap<(u64, u32), (u64, Duration, u32)>,
+    seen: HashMap<(u64, u32, String), (u64, Duration, u32)>,
 }
 
 /// The advances that prove a holder alive before a process is refused because of it (a
@@ -172,18 +179,17 @@ pub enum Holder {
 }
 
 impl Holders {
-    /// Alive once `seq` has advanced `advances` times since the first look at (`gen`,
-    /// `rank`), gone if not within `patience` of it, else unknown.
+    /// Alive once the record's `seq` has advanced `advances` times since the first look
+    /// at its (`gen`, `rank`, `nonce`), gone if not within `patience` of it, else unknown.
     pub fn judge(
         &mut self,
-        gen: u64,
-        rank: u32,
-        seq: u64,
+        rec: &RankRecord,
         now: Duration,
         patience: Duration,
         advances: u32,
     ) -> Holder {
-        let e = self.seen.entry((gen, rank)).or_insert((seq, now, 0));
+        let (seq, key) = (rec.seq, (rec.gen, rec.rank, rec.nonce.clone()));
+        let e = self.seen.entry(key).or_insert((seq, now, 0));
         if e.0 != seq {
             *e = (seq, e.1, e.2 + 1);
         }
@@ -201,27 +207,52 @@ impl Holders {
 mod tests {
     use super::*;
 
+    fn rec(gen: u64, rank: u32, seq: u64, nonce: &str) -> RankRecord {
+        RankRecord {
+            seq,
+            nonce: nonce.into(),
+            ..RankRecord::vacant("run", gen, rank)
+        }
+    }
+
+    #[test]
+    fn another_process_at_the_same_place_is_watched_from_its_own_first_look() {
+        let s = Duration::from_secs;
+        let mut h = Holders::default();
+        assert_eq!(
+            h.judge(&rec(1, 0, 3, "old"), s(0), s(5), 1),
+            Holder::Unknown
+        );
+        assert_eq!(h.judge(&rec(1, 0, 3, "old"), s(9), s(5), 1), Holder::Gone);
+        // A new run's rank 0 at the same sequence number: not the old one's silence.
+        assert_eq!(
+            h.judge(&rec(1, 0, 3, "new"), s(9), s(5), 1),
+            Holder::Unknown
+        );
+        assert_eq!(h.judge(&rec(1, 0, 4, "new"), s(10), s(5), 1), Holder::Alive);
+    }
+
     #[test]
     fn a_holder_is_alive_once_it_advances_and_gone_if_still_for_patience() {
         let s = Duration::from_secs;
         let mut h = Holders::default();
-        assert_eq!(h.judge(1, 0, 7, s(10), s(5), 1), Holder::Unknown);
-        assert_eq!(h.judge(1, 0, 7, s(15), s(5), 1), Holder::Unknown);
-        assert_eq!(h.judge(1, 0, 7, s(16), s(5), 1), Holder::Gone);
+        assert_eq!(h.judge(&rec(1, 0, 7, "a"), s(10), s(5), 1), Holder::Unknown);
+        assert_eq!(h.judge(&rec(1, 0, 7, "a"), s(15), s(5), 1), Holder::Unknown);
+        assert_eq!(h.judge(&rec(1, 0, 7, "a"), s(16), s(5), 1), Holder::Gone);
         // Another generation's rank 0 is watched on its own.
-        assert_eq!(h.judge(2, 0, 7, s(16), s(5), 1), Holder::Unknown);
-        assert_eq!(h.judge(2, 0, 8, s(17), s(5), 1), Holder::Alive);
+        assert_eq!(h.judge(&rec(2, 0, 7, "a"), s(16), s(5), 1), Holder::Unknown);
+        assert_eq!(h.judge(&rec(2, 0, 8, "a"), s(17), s(5), 1), Holder::Alive);
         // Once seen advancing, it stays alive in this watch.
-        assert_eq!(h.judge(2, 0, 8, s(100), s(5), 1), Holder::Alive);
+        assert_eq!(h.judge(&rec(2, 0, 8, "a"), s(100), s(5), 1), Holder::Alive);
         // Two advances needed: one (a stale copy, then a dead process's last write) is
         // not enough, and the patience still ends the watch.
         let mut h = Holders::default();
-        assert_eq!(h.judge(1, 0, 7, s(10), s(5), 2), Holder::Unknown);
-        assert_eq!(h.judge(1, 0, 8, s(11), s(5), 2), Holder::Unknown);
-        assert_eq!(h.judge(1, 0, 8, s(16), s(5), 2), Holder::Gone);
-        assert_eq!(h.judge(2, 0, 7, s(10), s(5), 2), Holder::Unknown);
-        assert_eq!(h.judge(2, 0, 8, s(11), s(5), 2), Holder::Unknown);
-        assert_eq!(h.judge(2, 0, 9, s(12), s(5), 2), Holder::Alive);
+        assert_eq!(h.judge(&rec(1, 0, 7, "a"), s(10), s(5), 2), Holder::Unknown);
+        assert_eq!(h.judge(&rec(1, 0, 8, "a"), s(11), s(5), 2), Holder::Unknown);
+        assert_eq!(h.judge(&rec(1, 0, 8, "a"), s(16), s(5), 2), Holder::Gone);
+        assert_eq!(h.judge(&rec(2, 0, 7, "a"), s(10), s(5), 2), Holder::Unknown);
+        assert_eq!(h.judge(&rec(2, 0, 8, "a"), s(11), s(5), 2), Holder::Unknown);
+        assert_eq!(h.judge(&rec(2, 0, 9, "a"), s(12), s(5), 2), Holder::Alive);
     }
 
     #[test]

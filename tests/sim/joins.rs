@@ -269,8 +269,7 @@ impl JoinView for View<'_> {
         self.read(gen, self.rank)
     }
     fn holder(&mut self, rec: &RankRecord, patience: Duration, advances: u32) -> Holder {
-        self.holders
-            .judge(rec.gen, rec.rank, rec.seq, self.local, patience, advances)
+        self.holders.judge(rec, self.local, patience, advances)
     }
     fn resume_iteration(&mut self, _: &str) -> u64 {
         1
@@ -885,7 +884,7 @@ impl Sim {
                 let judge = |rec: &RankRecord, patience, advances| match kernel {
                     Some(true) => Holder::Alive,
                     Some(false) => Holder::Gone,
-                    None => holders.judge(rec.gen, rec.rank, rec.seq, local, patience, advances),
+                    None => holders.judge(rec, local, patience, advances),
                 };
                 let verdict = join::previous_master(
                     &r0,
