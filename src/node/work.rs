@@ -23,8 +23,8 @@ use crate::config::{PhaseCommand, WorkMode};
 use crate::events;
 use crate::layout::{committed_item, dropped_group, set_aside_item};
 use crate::process::ChildExit;
-use crate::protocol::pool::{self, Exit, Lease, PoolMachine};
 use crate::protocol::messages::{PlanFingerprints, Plans};
+use crate::protocol::pool::{self, Exit, Lease, PoolMachine};
 use crate::protocol::AbortKind;
 use crate::store::SharedDir;
 use crate::work::plan::{self, Item, Plan, Strategy};
@@ -1209,10 +1209,13 @@ impl Node {
     /// judgement): the ranks dead now.
     fn observe_all_peers(&mut self) -> BTreeSet<u32> {
         let gen = self.gen();
-        let reads = (0..self.num_nodes())
+        let reads: Vec<_> = (0..self.num_nodes())
             .filter(|&r| r != self.rank)
-            // What a read shows is judged at the time it returned.
-            .map(|r| (r, self.read_record(gen, r), self.clock.since_start()))
+            .map(|r| {
+                let read = self.read_record(gen, r).map(|rec| (rec.seq, rec.state));
+                // What a read shows is judged at the time it returned.
+                (r, read, self.clock.since_start())
+            })
             .collect();
         self.machine.judge_peers(reads).clone()
     }
@@ -1375,7 +1378,9 @@ impl Node {
                 }
                 Effect::Discard { pos, attempt } => {
                     // Another attempt (a takeover or a backup) committed first: one file.
-                    let _ = self.store.remove_file(&self.pool_partial(split, pos, attempt));
+                    let _ = self
+                        .store
+                        .remove_file(&self.pool_partial(split, pos, attempt));
                     continue;
                 }
                 Effect::MarkFailed { pos, attempt, why } => {

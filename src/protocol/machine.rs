@@ -344,19 +344,20 @@ impl NodeMachine {
         }
     }
 
-    /// Judge every peer from its record just read (`None`: missing or unreadable), each
-    /// stamped with the time its read returned: the ranks dead now, by this node's one
-    /// liveness judgement (a dynamic rollout's lease holders). A peer that heartbeats
-    /// again after a long freeze is live again: it holds its new leases (the simulator
-    /// found them taken over at once when a death was never forgotten).
+    /// Judge every peer from what its record just read says (its heartbeat sequence and
+    /// state; `None`: missing or unreadable), each stamped with the time its read returned:
+    /// the ranks dead now, by this node's one liveness judgement (a dynamic rollout's
+    /// lease holders). A peer that heartbeats again after a long freeze is live again: it
+    /// holds its new leases (the simulator found them taken over at once when a death was
+    /// never forgotten).
     pub fn judge_peers(
         &mut self,
-        reads: Vec<(u32, Option<RankRecord>, Duration)>,
+        reads: impl IntoIterator<Item = (u32, Option<(u64, NodeState)>, Duration)>,
     ) -> &BTreeSet<u32> {
         for (r, read, at) in reads {
-            let failed = if let Some(rec) = read {
-                self.watch.liveness.observe(r, rec.seq, at);
-                rec.state.is_terminal() && rec.state != NodeState::Done
+            let failed = if let Some((seq, state)) = read {
+                self.watch.liveness.observe(r, seq, at);
+                state.is_terminal() && state != NodeState::Done
             } else {
                 self.watch.liveness.watch(r, at);
                 false

@@ -26,7 +26,7 @@
 use super::lease::{self, Holder, Pace, Take};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
 /// A lease as its creator writes it (`leases/pNNNNN.gG.aA`, a live record). Fields in the
@@ -107,9 +107,13 @@ pub enum Claim {
 pub enum Exit {
     Success,
     /// A retryable exit: the next attempt after `after`.
-    Retry { after: Duration },
+    Retry {
+        after: Duration,
+    },
     /// Failed for good.
-    Failed { why: String },
+    Failed {
+        why: String,
+    },
 }
 
 /// What the machine asks the driver to do. The questions (reads, exclusive creates, the
@@ -157,7 +161,11 @@ pub enum Note {
     /// A backup attempt of a slow live holder's item started.
     Backup { pos: usize, holder: u32 },
     /// A dead holder's item is taken over.
-    TakeOver { pos: usize, holder: u32, attempt: u32 },
+    TakeOver {
+        pos: usize,
+        holder: u32,
+        attempt: u32,
+    },
     /// The pool's next item is left to faster peers (said once per item).
     Left { pos: usize, unclaimed: usize },
 }
@@ -239,8 +247,12 @@ enum ClaimAt {
     Lease,
     Committed,
     /// Judging the peers before leaving the item (waiting since `since`).
-    Peers { since: Duration },
-    Create { pos: usize },
+    Peers {
+        since: Duration,
+    },
+    Create {
+        pos: usize,
+    },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -272,7 +284,7 @@ pub struct PoolMachine {
     /// The next position of the pool to claim, in pool order.
     cursor: usize,
     /// Attempts running here: (item, attempt) → started at.
-    running: HashMap<(usize, u32), Duration>,
+    running: BTreeMap<(usize, u32), Duration>,
     /// Retryable exits waiting for their backoff: (ready at, item, next attempt).
     delayed: Vec<(Duration, usize, u32)>,
     /// Attempts that exited 0, committed in the next round after the next claims.
@@ -312,7 +324,7 @@ impl PoolMachine {
             step: Step::Idle,
             now: Duration::ZERO,
             cursor: 0,
-            running: HashMap::new(),
+            running: BTreeMap::new(),
             delayed: Vec::new(),
             finished: VecDeque::new(),
             committed: BTreeSet::new(),
@@ -364,7 +376,9 @@ impl PoolMachine {
 
     /// This node's mean item time so far.
     pub fn mean_item(&self) -> Option<Duration> {
-        let n = u32::try_from(self.item_times.len()).ok().filter(|&n| n > 0)?;
+        let n = u32::try_from(self.item_times.len())
+            .ok()
+            .filter(|&n| n > 0)?;
         Some(self.item_times.iter().sum::<Duration>() / n)
     }
 
@@ -645,14 +659,12 @@ impl PoolMachine {
             (_, answer) => panic!("a commit answered with {answer:?}"),
         }
         match self.finished.front() {
-            Some(&(pos, _)) => Flow::Ask(
-                Step::Commit { renaming: false },
-                Effect::LookCommitted(pos),
-            ),
+            Some(&(pos, _)) => {
+                Flow::Ask(Step::Commit { renaming: false }, Effect::LookCommitted(pos))
+            }
             None => {
-                let mut running: Vec<(usize, u32)> = self.running.keys().copied().collect();
-                running.sort_unstable();
-                Flow::Go(Step::Superseded(running.into()))
+                let running = self.running.keys().copied().collect();
+                Flow::Go(Step::Superseded(running))
             }
         }
     }
@@ -694,14 +706,16 @@ impl PoolMachine {
         match (at, answer) {
             (EndAt::Peers, Some(Input::Peers(dead))) => {
                 self.dead = dead;
-                Flow::Go(Step::EndGame { pos, at: EndAt::Item })
+                Flow::Go(Step::EndGame {
+                    pos,
+                    at: EndAt::Item,
+                })
             }
             (EndAt::Item, None) => {
                 if self.running.len() >= self.cfg.workers as usize || pos >= self.cfg.items {
                     return Flow::Rest;
                 }
-                let here = self.running.keys().any(|r| r.0 == pos)
-                    || self.delayed.iter().any(|d| d.1 == pos);
+                let here = self.runs(pos) || self.delayed.iter().any(|d| d.1 == pos);
                 if here {
                     return next;
                 }
@@ -798,6 +812,14 @@ impl PoolMachine {
         self.start(pos, attempt);
     }
 
+    /// Whether an attempt of item `pos` runs here.
+    fn runs(&self, pos: usize) -> bool {
+        self.running
+            .range((pos, 0)..=(pos, u32::MAX))
+            .next()
+            .is_some()
+    }
+
     fn await_item(&mut self, pos: usize, holder: u32) {
         self.awaited.push(pos);
         if let Some(p) = self.paces.get(&holder) {
@@ -838,22 +860,27 @@ impl PoolMachine {
         let n = self.cfg.items;
         assert!(self.cursor <= n, "the cursor past the pool");
         // An item is in at most one of: running here, waiting for a retry, finished.
-        let mut here = BTreeSet::new();
-        let positions = self
-            .running
-            .keys()
-            .map(|r| r.0)
+        let mut here: Vec<usize> = (self.running.keys().map(|r| r.0))
             .chain(self.delayed.iter().map(|d| d.1))
-            .chain(self.finished.iter().map(|f| f.0));
-        for pos in positions {
-            assert!(pos < n, "item {pos} outside the pool");
-            assert!(here.insert(pos), "item {pos} twice here");
-            assert!(
-                !self.committed.contains(&pos),
-                "item {pos} still here after this node committed it"
-            );
-        }
-        assert_eq!(self.stats.mine, self.committed.len(), "commits counted once");
+            .chain(self.finished.iter().map(|f| f.0))
+            .collect();
+        let count = here.len();
+        here.sort_unstable();
+        here.dedup();
+        assert_eq!(here.len(), count, "an item twice here: {here:?}");
+        assert!(
+            here.last().is_none_or(|&p| p < n),
+            "an item outside the pool"
+        );
+        assert!(
+            here.iter().all(|p| !self.committed.contains(p)),
+            "an item still here after this node committed it"
+        );
+        assert_eq!(
+            self.stats.mine,
+            self.committed.len(),
+            "commits counted once"
+        );
         assert!(
             self.left.is_none_or(|(pos, _)| pos <= self.cursor),
             "the left item is ahead of the cursor"
@@ -862,9 +889,7 @@ impl PoolMachine {
             assert!(self.cursor < n, "an item left past the end of the pool");
         }
         assert!(
-            self.awaited
-                .iter()
-                .all(|p| !self.running.keys().any(|r| r.0 == *p)),
+            self.awaited.iter().all(|&p| !self.runs(p)),
             "an item awaited from a peer runs here"
         );
         if self.done {
