@@ -900,3 +900,263 @@ impl PoolMachine {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    fn machine(mutations: Mutations) -> PoolMachine {
+        PoolMachine::new(Settings {
+            rank: 0,
+            gen: 3,
+            nonce: "n0".into(),
+            items: 3,
+            workers: 1,
+            poll_interval: MS(100),
+        })
+        .with_mutations(mutations)
+    }
+
+    fn lease(rank: u32, attempt: u32, item_ms: Option<f64>) -> Lease {
+        Lease {
+            attempt,
+            gen: 3,
+            item_ms,
+            nonce: format!("n{rank}"),
+            rank,
+            workers: 1,
+        }
+    }
+
+    /// The next effect is `want`; answer it with `answer` (if a question).
+    fn step(m: &mut PoolMachine, now: u64, want: Effect, answer: Option<Input>) {
+        assert_eq!(m.poll_effect(), Some(want));
+        if let Some(a) = answer {
+            m.handle(MS(now), a);
+        }
+    }
+
+    /// The next effect creates a lease of `pos` for `claim`; answer whether it won.
+    fn create(m: &mut PoolMachine, now: u64, pos: usize, claim: Claim, won: bool) -> Lease {
+        let Some(Effect::CreateLease {
+            pos: p,
+            claim: c,
+            lease,
+        }) = m.poll_effect()
+        else {
+            panic!("a lease create expected")
+        };
+        assert_eq!((p, c), (pos, claim));
+        m.handle(MS(now), Input::LeaseCreated(won));
+        lease
+    }
+
+    #[test]
+    fn a_lease_keeps_its_json_shape_and_its_fallbacks() {
+        // The object the node always wrote (json! sorts its keys).
+        let old = json!({"rank": 2, "gen": 5, "nonce": "ab", "attempt": 1, "item_ms": 12.5, "workers": 4});
+        let typed = Lease {
+            attempt: 1,
+            gen: 5,
+            item_ms: Some(12.5),
+            nonce: "ab".into(),
+            rank: 2,
+            workers: 4,
+        };
+        assert_eq!(
+            serde_json::to_string(&typed).unwrap(),
+            serde_json::to_string(&old).unwrap()
+        );
+        assert_eq!(serde_json::from_value::<Lease>(old).unwrap(), typed);
+        let none = Lease {
+            item_ms: None,
+            ..typed.clone()
+        };
+        assert_eq!(serde_json::to_value(&none).unwrap()["item_ms"], Value::Null);
+        // Whatever the file holds: a rank nobody has, one worker, no pace; no panic.
+        for v in [
+            json!({"rank": "2", "item_ms": "fast", "workers": -1}),
+            json!([1, 2]),
+            json!(null),
+            json!({"rank": 2, "item_ms": 1e300, "workers": 2}),
+            json!({"rank": 2, "item_ms": -5.0}),
+        ] {
+            let l: Lease = serde_json::from_value(v.clone()).unwrap();
+            assert_eq!(l.pace(), None, "{v}");
+            if v["rank"] != 2 {
+                assert_eq!((l.rank, l.workers), (u32::MAX, 1), "{v}");
+            }
+        }
+        let far = json!({"rank": 7, "item_ms": 250.0, "workers": 1u64 << 40});
+        assert_eq!(
+            serde_json::from_value::<Lease>(far).unwrap().pace(),
+            Some(Pace {
+                item: MS(250),
+                workers: u32::MAX
+            })
+        );
+    }
+
+    /// One node of two: it claims, learns its faster peer's pace from a lease, leaves the
+    /// last item to that peer while it lives, claims it once the peer is dead, and takes
+    /// over the dead peer's item; a lost takeover is waited for.
+    #[test]
+    fn a_round_claims_leaves_to_a_faster_peer_and_takes_over_from_a_dead_one() {
+        let mut m = machine(Mutations::default());
+        m.tick(MS(0));
+        step(
+            &mut m,
+            0,
+            Effect::ReadFirstLease(0),
+            Some(Input::FirstLease(None)),
+        );
+        step(
+            &mut m,
+            0,
+            Effect::LookCommitted(0),
+            Some(Input::Committed(false)),
+        );
+        let first = create(&mut m, 0, 0, Claim::First, true);
+        assert_eq!((first.rank, first.gen, first.item_ms), (0, 3, None));
+        step(&mut m, 0, Effect::Start { pos: 0, attempt: 0 }, None);
+        // One worker, busy: no more claims; its item is not committed elsewhere.
+        step(
+            &mut m,
+            0,
+            Effect::LookCommitted(0),
+            Some(Input::Committed(false)),
+        );
+        assert_eq!(m.poll_effect(), None);
+        assert!(!m.finished() && !m.in_round());
+        assert_eq!(m.poll_timeout(), Some(MS(100)));
+
+        let exit = Input::Exited {
+            pos: 0,
+            attempt: 0,
+            exit: Exit::Success,
+        };
+        m.handle(MS(40), exit);
+        m.tick(MS(40));
+        // Item 1 is the peer's (5 ms an item); item 2, the last, is left to it.
+        let peers = Input::FirstLease(Some(lease(1, 0, Some(5.0))));
+        step(&mut m, 40, Effect::ReadFirstLease(1), Some(peers));
+        step(
+            &mut m,
+            40,
+            Effect::ReadFirstLease(2),
+            Some(Input::FirstLease(None)),
+        );
+        step(
+            &mut m,
+            40,
+            Effect::LookCommitted(2),
+            Some(Input::Committed(false)),
+        );
+        step(
+            &mut m,
+            40,
+            Effect::JudgePeers,
+            Some(Input::Peers(BTreeSet::new())),
+        );
+        let left = Note::Left {
+            pos: 2,
+            unclaimed: 1,
+        };
+        step(&mut m, 40, Effect::Note(left), None);
+        // What finished is committed after the claims.
+        step(
+            &mut m,
+            40,
+            Effect::LookCommitted(0),
+            Some(Input::Committed(false)),
+        );
+        let commit = Effect::Commit { pos: 0, attempt: 0 };
+        step(&mut m, 40, commit, Some(Input::CommitDone(true)));
+        assert_eq!(m.poll_effect(), None);
+        assert_eq!(m.looks(), (vec![], Some(2)));
+        // Patience: twice the peer's 5 ms.
+        assert_eq!(m.poll_timeout(), Some(MS(50)));
+
+        // The peer is dead now: the left item is claimed after all, with this node's pace.
+        m.tick(MS(45));
+        step(
+            &mut m,
+            45,
+            Effect::ReadFirstLease(2),
+            Some(Input::FirstLease(None)),
+        );
+        step(
+            &mut m,
+            45,
+            Effect::LookCommitted(2),
+            Some(Input::Committed(false)),
+        );
+        let dead = Input::Peers([1].into());
+        step(&mut m, 45, Effect::JudgePeers, Some(dead.clone()));
+        let mine = create(&mut m, 45, 2, Claim::First, true);
+        assert_eq!(mine.item_ms, Some(40.0));
+        step(&mut m, 45, Effect::Start { pos: 2, attempt: 0 }, None);
+        step(
+            &mut m,
+            45,
+            Effect::LookCommitted(2),
+            Some(Input::Committed(false)),
+        );
+        // Past the end of the pool, but the worker is busy: no end game yet.
+        step(&mut m, 45, Effect::JudgePeers, Some(dead.clone()));
+        assert_eq!(m.poll_effect(), None);
+        assert_eq!(m.stats().claimed_after_leaving, 1);
+
+        let exit = Input::Exited {
+            pos: 2,
+            attempt: 0,
+            exit: Exit::Success,
+        };
+        m.handle(MS(60), exit);
+        m.tick(MS(60));
+        step(
+            &mut m,
+            60,
+            Effect::LookCommitted(2),
+            Some(Input::Committed(false)),
+        );
+        let commit = Effect::Commit { pos: 2, attempt: 0 };
+        step(&mut m, 60, commit, Some(Input::CommitDone(true)));
+        step(&mut m, 60, Effect::JudgePeers, Some(dead));
+        step(
+            &mut m,
+            60,
+            Effect::LookCommitted(0),
+            Some(Input::Committed(true)),
+        );
+        step(
+            &mut m,
+            60,
+            Effect::LookCommitted(1),
+            Some(Input::Committed(false)),
+        );
+        step(
+            &mut m,
+            60,
+            Effect::LookFailed(1),
+            Some(Input::Failed(false)),
+        );
+        let newest = Input::NewestLease(Some((0, lease(1, 0, Some(5.0)))));
+        step(&mut m, 60, Effect::ReadNewestLease(1), Some(newest));
+        // Someone else took it over first: this node waits for it.
+        create(&mut m, 60, 1, Claim::TakeOver { holder: 1 }, false);
+        step(
+            &mut m,
+            60,
+            Effect::LookCommitted(2),
+            Some(Input::Committed(true)),
+        );
+        assert_eq!(m.poll_effect(), None);
+        assert!(!m.finished(), "a lost takeover is waited for");
+        assert_eq!(m.looks(), (vec![1], None));
+        assert_eq!(m.stats().mine, 2);
+    }
+}
