@@ -306,6 +306,8 @@ pub struct PoolMachine {
     /// live holders awaited.
     awaited: Vec<usize>,
     awaited_pace: Option<Duration>,
+    /// End game: when the first awaited first attempt becomes due for a backup.
+    backup_at: Option<Duration>,
     /// The round ended with nothing running, due, or awaited, past the end of the pool.
     done: bool,
     stats: Stats,
@@ -336,6 +338,7 @@ impl PoolMachine {
             first_seen: HashMap::new(),
             awaited: Vec::new(),
             awaited_pace: None,
+            backup_at: None,
             done: false,
             stats: Stats::default(),
             effects: VecDeque::new(),
@@ -394,9 +397,9 @@ impl PoolMachine {
     }
 
     /// When the machine next wants a round, as a time since the node's start: a retry
-    /// due, the left item's patience running out, the next look at awaited items (a
-    /// quarter of their holder's pace, not under 2 ms), and at the latest the poll
-    /// interval.
+    /// due, the left item's patience running out, an awaited item's backup coming due,
+    /// the next look at awaited items (a quarter of their holder's pace, not under 2 ms),
+    /// and at the latest the poll interval.
     pub fn poll_timeout(&self) -> Option<Duration> {
         if self.done {
             return None;
@@ -406,7 +409,7 @@ impl PoolMachine {
         let look = self
             .awaited_pace
             .map(|p| self.now + (p / 4).max(AWAITED_LOOK_MIN));
-        [Some(poll), retry, self.recheck, look]
+        [Some(poll), retry, self.recheck, self.backup_at, look]
             .into_iter()
             .flatten()
             .min()
@@ -425,6 +428,7 @@ impl PoolMachine {
         self.recheck = None;
         self.awaited.clear();
         self.awaited_pace = None;
+        self.backup_at = None;
         let (due, later): (Vec<_>, Vec<_>) = self.delayed.iter().partition(|d| d.0 <= now);
         self.delayed = later;
         let due = due.into_iter().map(|(_, pos, a)| (pos, a)).collect();
@@ -754,7 +758,13 @@ impl PoolMachine {
                 let held = self.now.saturating_sub(seen);
                 // One backup per item, of a first attempt only: a retry or a takeover is
                 // not backed up again.
-                if !lease::backup_due(attempt, held, self.mean_item()) {
+                let mean = self.mean_item();
+                if !lease::backup_due(attempt, held, mean) {
+                    if let (0, Some(mean)) = (attempt, mean) {
+                        // Due once held for longer than the mean: just after it.
+                        let at = seen + mean + Duration::from_nanos(1);
+                        self.backup_at = Some(self.backup_at.map_or(at, |b| b.min(at)));
+                    }
                     self.await_item(pos, rank);
                     return Flow::Go(Step::EndGame {
                         pos: pos + 1,
@@ -1158,5 +1168,108 @@ mod tests {
         assert!(!m.finished(), "a lost takeover is waited for");
         assert_eq!(m.looks(), (vec![1], None));
         assert_eq!(m.stats().mine, 2);
+    }
+
+    /// A live peer's slow first attempt is backed up once it has been held for longer
+    /// than this node's mean item time, and the machine asks to be woken just then.
+    #[test]
+    fn an_awaited_first_attempt_wakes_the_node_when_its_backup_is_due() {
+        let mut m = PoolMachine::new(Settings {
+            items: 2,
+            ..machine(Mutations::default()).cfg
+        });
+        m.tick(MS(0));
+        step(
+            &mut m,
+            0,
+            Effect::ReadFirstLease(0),
+            Some(Input::FirstLease(None)),
+        );
+        step(
+            &mut m,
+            0,
+            Effect::LookCommitted(0),
+            Some(Input::Committed(false)),
+        );
+        create(&mut m, 0, 0, Claim::First, true);
+        step(&mut m, 0, Effect::Start { pos: 0, attempt: 0 }, None);
+        step(
+            &mut m,
+            0,
+            Effect::LookCommitted(0),
+            Some(Input::Committed(false)),
+        );
+        let exit = Input::Exited {
+            pos: 0,
+            attempt: 0,
+            exit: Exit::Success,
+        };
+        m.handle(MS(40), exit);
+        m.tick(MS(40));
+        let held = Input::FirstLease(Some(lease(1, 0, None)));
+        step(&mut m, 40, Effect::ReadFirstLease(1), Some(held));
+        step(
+            &mut m,
+            40,
+            Effect::LookCommitted(0),
+            Some(Input::Committed(false)),
+        );
+        let commit = Effect::Commit { pos: 0, attempt: 0 };
+        step(&mut m, 40, commit, Some(Input::CommitDone(true)));
+        let end_game = |m: &mut PoolMachine, now: u64| {
+            step(
+                m,
+                now,
+                Effect::JudgePeers,
+                Some(Input::Peers(BTreeSet::new())),
+            );
+            step(
+                m,
+                now,
+                Effect::LookCommitted(0),
+                Some(Input::Committed(true)),
+            );
+            step(
+                m,
+                now,
+                Effect::LookCommitted(1),
+                Some(Input::Committed(false)),
+            );
+            step(m, now, Effect::LookFailed(1), Some(Input::Failed(false)));
+            let newest = Input::NewestLease(Some((0, lease(1, 0, None))));
+            step(m, now, Effect::ReadNewestLease(1), Some(newest));
+        };
+        end_game(&mut m, 40);
+        assert_eq!(m.poll_effect(), None);
+        assert_eq!(m.looks(), (vec![1], None));
+        // Held since 40 ms; this node's mean is 40 ms: due just after 80 ms.
+        let due = MS(80) + Duration::from_nanos(1);
+        assert_eq!(m.poll_timeout(), Some(due));
+        m.tick(due);
+        let mut ask = |want: Effect, answer: Input| {
+            assert_eq!(m.poll_effect(), Some(want));
+            m.handle(due, answer);
+        };
+        ask(Effect::JudgePeers, Input::Peers(BTreeSet::new()));
+        ask(Effect::LookCommitted(0), Input::Committed(true));
+        ask(Effect::LookCommitted(1), Input::Committed(false));
+        ask(Effect::LookFailed(1), Input::Failed(false));
+        let newest = Input::NewestLease(Some((0, lease(1, 0, None))));
+        ask(Effect::ReadNewestLease(1), newest);
+        let Some(Effect::CreateLease {
+            pos: 1,
+            claim,
+            lease,
+        }) = m.poll_effect()
+        else {
+            panic!("a backup's lease expected")
+        };
+        assert_eq!((claim, lease.attempt), (Claim::Backup { holder: 1 }, 1));
+        m.handle(due, Input::LeaseCreated(true));
+        let note = Note::Backup { pos: 1, holder: 1 };
+        assert_eq!(m.poll_effect(), Some(Effect::Note(note)));
+        assert_eq!(m.poll_effect(), Some(Effect::Start { pos: 1, attempt: 1 }));
+        assert_eq!(m.poll_effect(), None);
+        assert_eq!(m.stats().backups, 1);
     }
 }
