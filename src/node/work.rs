@@ -16,7 +16,9 @@
 //!   item is never run again; all attempts of an item write the same seed's output, and the
 //!   rename makes exactly one of them the item's file. Each lease carries its holder's
 //!   pace, and a node leaves the pool's last items to faster live peers when they would
-//!   finish them first (`protocol::lease::take_next`, with a bounded patience).
+//!   finish them first (`protocol::lease::take_next`, with a bounded patience). The
+//!   procedure is the sans-I/O `protocol::pool::PoolMachine`; `Node::dynamic_loop` drives
+//!   it here, as the simulator does over its simulated directory.
 
 use super::{Interrupt, Node, Stop};
 use crate::config::{PhaseCommand, WorkMode};
