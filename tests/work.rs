@@ -1204,6 +1204,41 @@ n=$(cat "$f" 2>/dev/null || echo 0); n=$((n + 1)); echo "$n" > "$f"
     );
 }
 
+/// The shared directory is untrusted (docs/shared-directory.md): a lease someone else
+/// wrote, with a pace no duration can hold and fields of the wrong type, is read with the
+/// usual fallbacks (no pace, one worker) and never stops the node; its item, held by a
+/// rank that never finishes it, is backed up and committed.
+#[test]
+fn a_malformed_lease_neither_stops_a_dynamic_rollout_nor_loses_its_item() {
+    // The pool's first item plants the last item's attempt-0 lease (whole, by a rename).
+    let prefix = r#"leases="$(dirname "$(dirname "$RL_NODE_OUTPUT")")/leases"
+if [ "$(basename "$RL_NODE_OUTPUT" | cut -c1-6)" = p00000 ] && [ ! -e "@DIR@/planted" ]; then
+  touch "@DIR@/planted"
+  printf '{"rank": 7, "item_ms": 1e300, "workers": "many", "gen": "?"}' > "@DIR@/lease.tmp"
+  mv "@DIR@/lease.tmp" "$leases/p00003.g$RL_NODE_GEN.a0"
+fi
+sleep 0.1"#;
+    let w = Work::per_task(
+        1,
+        &task_text(4, &[]),
+        "strategy = \"dynamic\"\nmax-workers = 1",
+        prefix,
+    );
+    let mut nodes = w.c.spawn_all(ONE);
+    wait_ok(&mut nodes, "a malformed lease");
+    assert!(w.dir().join("planted").exists(), "the lease was planted");
+    let all: BTreeSet<String> = (0..4).map(|p| format!("p{p:05}")).collect();
+    assert_eq!(w.committed(1, "p"), all);
+    let leases = lease_files(&w);
+    let backup = leases
+        .iter()
+        .find(|(n, _)| n.starts_with("p00003.") && n.ends_with(".a1"));
+    assert!(
+        backup.is_some_and(|(_, v)| v["rank"] == 0),
+        "the planted item's backup lease: {leases:?}"
+    );
+}
+
 /// Ranks of speeds 1:2:4 share the pool (the slow one leaving the last items to the faster
 /// ones, `lease::take_next`): every item is committed exactly once, each lease after a
 /// rank's first item publishes its pace, and a restart runs nothing again.

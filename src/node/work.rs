@@ -16,22 +16,24 @@
 //!   item is never run again; all attempts of an item write the same seed's output, and the
 //!   rename makes exactly one of them the item's file. Each lease carries its holder's
 //!   pace, and a node leaves the pool's last items to faster live peers when they would
-//!   finish them first (`protocol::lease::take_next`, with a bounded patience).
+//!   finish them first (`protocol::lease::take_next`, with a bounded patience). The
+//!   procedure is the sans-I/O `protocol::pool::PoolMachine`; `Node::dynamic_loop` drives
+//!   it here, as the simulator does over its simulated directory.
 
 use super::{Interrupt, Node, Stop};
 use crate::config::{PhaseCommand, WorkMode};
 use crate::events;
 use crate::layout::{committed_item, dropped_group, set_aside_item};
 use crate::process::ChildExit;
-use crate::protocol::lease::{self, Holder, Take};
 use crate::protocol::messages::{PlanFingerprints, Plans};
+use crate::protocol::pool::{self, Exit, Lease, PoolMachine};
 use crate::protocol::AbortKind;
 use crate::store::SharedDir;
 use crate::work::plan::{self, Item, Plan, Strategy};
 use crate::work::tasks::{self, TaskFile, TaskIds};
 use compact_str::CompactString;
 use serde_json::{json, Value};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -193,79 +195,17 @@ struct Live<'t> {
     replacements: Option<Replacements<'t>>,
 }
 
-/// A dynamic rollout's state, threaded through the steps of `Node::dynamic_loop`.
+/// A dynamic rollout as the node drives it: the machine deciding (`protocol::pool`), and
+/// what only the node knows: the processes of the attempts running here, and the items
+/// that failed here with their logs.
 struct Dynamic<'a> {
     job: Job<'a>,
     pool: &'a [Item],
     dir: PathBuf,
+    machine: PoolMachine,
     running: HashMap<i32, Running>,
-    /// Retryable failures wait here (ready time, item, next attempt) instead of blocking.
-    delayed: Vec<(Instant, usize, u32)>,
-    /// Items this node committed.
-    mine: usize,
     failed: Vec<String>,
-    /// The next position of the pool to claim, in pool order.
-    cursor: usize,
-    /// End game: when this node is idle and a slower live peer has held an item for
-    /// longer than this node's own average item time, run a backup attempt; the first
-    /// commit wins and the other attempt is stopped.
-    item_secs: Vec<f64>,
-    first_seen: HashMap<usize, Instant>,
-    started_at: HashMap<i32, Instant>,
-    backups: usize,
-    /// Speed-aware end game: the peers' paces as their leases published them, and the
-    /// item this node leaves to faster peers (position, since when).
-    paces: HashMap<u32, lease::Pace>,
-    left: Option<(usize, Instant)>,
-    left_items: usize,
-    /// Attempts that exited 0, committed once this node's next items have started.
-    finished: Vec<Running>,
 }
-
-impl<'a> Dynamic<'a> {
-    fn new(job: Job<'a>, pool: &'a [Item], dir: PathBuf) -> Dynamic<'a> {
-        Dynamic {
-            job,
-            pool,
-            dir,
-            running: HashMap::new(),
-            delayed: vec![],
-            mine: 0,
-            failed: vec![],
-            cursor: 0,
-            item_secs: vec![],
-            first_seen: HashMap::new(),
-            started_at: HashMap::new(),
-            backups: 0,
-            paces: HashMap::new(),
-            left: None,
-            left_items: 0,
-            finished: vec![],
-        }
-    }
-
-    /// This node's mean item time so far, if it has finished one.
-    fn mean_item(&self) -> Option<Duration> {
-        (!self.item_secs.is_empty()).then(|| {
-            Duration::from_secs_f64(
-                self.item_secs.iter().sum::<f64>() / self.item_secs.len() as f64,
-            )
-        })
-    }
-}
-
-/// What a look at the end of the pool awaits from the other ranks: the items they hold,
-/// and the fastest pace among the live holders awaited (their commits are looked for at
-/// least four times per item of theirs).
-#[derive(Default)]
-struct Awaited {
-    items: Vec<usize>,
-    pace: Option<Duration>,
-}
-
-/// The shortest time between two looks at the items a node awaits from its peers (each
-/// look reads every peer's record and the leases of the items not committed yet).
-const AWAITED_LOOK_MIN: Duration = Duration::from_millis(2);
 
 /// How many of `split`'s tasks an iteration plans: `work.tasks-per-iteration` for the train
 /// split when it is set, else all of them (`None`).
@@ -633,10 +573,11 @@ impl Node {
     /// Commit an item's output while this generation is current, never replacing an
     /// existing commit: when another attempt (a takeover, a backup, an older generation's
     /// node inside the fencing window) committed first, its file stays and ours is dropped.
-    fn commit_item(&mut self, split: &str, name: &str, partial: &Path) -> Result<(), Stop> {
+    /// Whether ours is the item's file.
+    fn commit_item(&mut self, split: &str, name: &str, partial: &Path) -> Result<bool, Stop> {
         self.fence(&format!("commit item {name}"))?;
         let done = committed_item(&self.items_dir(split), name);
-        let result = (|| {
+        let result = (|| -> std::io::Result<bool> {
             let committed = if self.store.stat(partial).is_ok_and(|m| m.is_some()) {
                 self.store.sync_file(partial)?;
                 self.store.rename_noreplace(partial, &done)
@@ -646,13 +587,15 @@ impl Node {
                     false => Err(std::io::Error::from(std::io::ErrorKind::AlreadyExists)),
                 }
             };
-            match committed {
+            let won = match committed {
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                     let _ = self.store.remove_file(partial);
+                    false
                 }
-                other => other?,
-            }
-            self.store.fsync_dir(done.parent().expect("has parent"))
+                other => other.map(|()| true)?,
+            };
+            self.store.fsync_dir(done.parent().expect("has parent"))?;
+            Ok(won)
         })();
         result.map_err(|e| {
             self.fail(
@@ -1222,27 +1165,13 @@ impl Node {
         )
     }
 
-    /// Try to claim item `pos` at `attempt`: an exclusive create, first writer wins. The
-    /// lease carries this node's pace (mean item time so far, items at once), which the
-    /// peers walking past it use in the end game (`lease::take_next`).
-    fn claim(
-        &mut self,
-        split: &str,
-        pos: usize,
-        attempt: u32,
-        pace: Option<lease::Pace>,
-    ) -> Result<bool, Stop> {
-        let path = self.lease(split, pos, attempt);
-        let rec = json!({
-            "rank": self.rank,
-            "gen": self.gen(),
-            "nonce": self.nonce,
-            "attempt": attempt,
-            "item_ms": pace.map(|p| p.item.as_secs_f64() * 1000.0),
-            "workers": self.max_workers(),
-        });
+    /// Try to claim item `pos` with `lease`: an exclusive create, first writer wins. The
+    /// lease carries this node's pace, which the peers walking past it use in the end
+    /// game (`lease::take_next`).
+    fn claim(&mut self, split: &str, pos: usize, lease: &Lease) -> Result<bool, Stop> {
+        let path = self.lease(split, pos, lease.attempt);
         // No fsync: a lease is a live record (docs/shared-directory.md, "Durability").
-        match self.store.create_new_live_json(&path, &rec) {
+        match self.store.create_new_live_json(&path, lease) {
             Ok(won) => Ok(won),
             Err(e) => Err(self.fail(
                 AbortKind::Error,
@@ -1260,87 +1189,40 @@ impl Node {
             .failed_item(self.iteration, split, &item_name(pos, None), self.gen())
     }
 
-    /// The newest lease of item `pos` in this generation: (attempt, holder rank).
-    fn newest_lease(&self, split: &str, pos: usize) -> Option<(u32, u32)> {
+    /// Item `pos`'s lease of `attempt` in this generation, if it exists and is readable
+    /// (whatever it holds: a malformed one reads with the fallbacks of [`Lease`]).
+    fn read_lease(&self, split: &str, pos: usize, attempt: u32) -> Option<Lease> {
+        self.store
+            .read_json::<Lease>(&self.lease(split, pos, attempt))
+            .ok()
+            .flatten()
+    }
+
+    /// The newest lease of item `pos` in this generation: its attempt and content.
+    fn newest_lease(&self, split: &str, pos: usize) -> Option<(u32, Lease)> {
         let mut found = None;
         for attempt in 0.. {
-            let Ok(Some(v)) = self
-                .store
-                .read_json::<Value>(&self.lease(split, pos, attempt))
-            else {
+            let Some(lease) = self.read_lease(split, pos, attempt) else {
                 break;
             };
-            found = Some((attempt, v["rank"].as_u64().unwrap_or(u64::MAX) as u32));
+            found = Some((attempt, lease));
         }
         found
     }
 
-    /// Item `pos`'s attempt-0 lease in this generation, if it exists: its holder and the
-    /// pace the holder published in it.
-    fn first_lease(&self, split: &str, pos: usize) -> Option<(u32, Option<lease::Pace>)> {
-        let v = self
-            .store
-            .read_json::<Value>(&self.lease(split, pos, 0))
-            .ok()??;
-        let rank = v["rank"].as_u64().unwrap_or(u64::MAX) as u32;
-        let pace = v["item_ms"]
-            .as_f64()
-            .filter(|ms| ms.is_finite() && *ms > 0.0)
-            .map(|ms| lease::Pace {
-                item: Duration::from_secs_f64(ms / 1000.0),
-                workers: v["workers"].as_u64().unwrap_or(1).min(u32::MAX as u64) as u32,
-            });
-        Some((rank, pace))
-    }
-
-    /// The end game's decision for the item at the head of the pool
-    /// ([`lease::take_next`]): first with every pace known; a leave is judged again with
-    /// the live peers only (their records read now), so a dead peer is not waited for.
-    fn take_next(
-        &mut self,
-        me: Option<lease::Pace>,
-        paces: &HashMap<u32, lease::Pace>,
-        unclaimed: usize,
-        waited: Duration,
-    ) -> Take {
-        let all: Vec<lease::Pace> = paces.values().copied().collect();
-        if lease::take_next(me, &all, unclaimed, waited) == Take::Claim {
-            return Take::Claim;
-        }
-        self.observe_all_peers();
-        let live: Vec<lease::Pace> = paces
-            .iter()
-            .filter(|(r, _)| !self.machine.dead_peers.contains(r))
-            .map(|(_, p)| *p)
+    /// Read every peer's record and judge it with the node's machine (its one liveness
+    /// judgement): the ranks dead now.
+    fn observe_all_peers(&mut self) -> BTreeSet<u32> {
+        let gen = self.gen();
+        let reads: Vec<_> = (0..self.num_nodes())
+            .filter(|&r| r != self.rank)
+            .map(|r| {
+                let read = self.read_record(gen, r).map(|rec| (rec.seq, rec.state));
+                // What a read shows is judged at the time it returned.
+                (r, read, self.clock.since_start())
+            })
             .collect();
-        lease::take_next(me, &live, unclaimed, waited)
-    }
-
-    /// Read every peer's record to judge the liveness of lease holders (only needed while
-    /// taking over a dead node's items).
-    fn observe_all_peers(&mut self) {
-        for r in 0..self.num_nodes() {
-            if r == self.rank {
-                continue;
-            }
-            // What a read shows is judged at the time it returned.
-            let read = self.read_record(self.gen(), r);
-            let now = self.clock.since_start();
-            let failed = if let Some(rec) = read {
-                self.machine.watch.liveness.observe(r, rec.seq, now);
-                rec.state.is_terminal() && rec.state != crate::protocol::NodeState::Done
-            } else {
-                self.machine.watch.liveness.watch(r, now);
-                false
-            };
-            // A peer that heartbeats again after a long freeze holds its new leases: its
-            // items are not taken over at once (the simulator found that they were).
-            if failed || self.machine.watch.liveness.is_dead(r, now) {
-                self.machine.dead_peers.insert(r);
-            } else {
-                self.machine.dead_peers.remove(&r);
-            }
-        }
+        self.machine.judge_peers(reads).clone()
     }
 
     fn dynamic_rollout(
@@ -1364,8 +1246,10 @@ impl Node {
         result
     }
 
-    /// Claim, run and commit the pool's items until every one is committed or failed for
-    /// good here or elsewhere, then write this rank's shard.
+    /// Drive the pool's machine (`protocol::pool`) until every item is committed or
+    /// failed for good here or elsewhere, then write this rank's shard: a round at a
+    /// time, and between rounds a wait for an attempt to exit or for a change the
+    /// machine looks at.
     fn dynamic_loop(
         &mut self,
         split: &str,
@@ -1374,32 +1258,33 @@ impl Node {
         tasks: &TaskFile,
         pool: &[Item],
     ) -> Result<(), Stop> {
-        let job = Job {
-            split,
-            phase,
-            pc,
-            tasks,
+        let machine = PoolMachine::new(pool::Settings {
+            rank: self.rank,
+            gen: self.gen(),
+            nonce: self.nonce.clone(),
+            items: pool.len(),
+            workers: self.max_workers() as u32,
+            poll_interval: self.cfg.timing.poll_interval,
+        });
+        let mut d = Dynamic {
+            job: Job {
+                split,
+                phase,
+                pc,
+                tasks,
+            },
+            pool,
+            dir: self.items_dir(split),
+            machine,
+            running: HashMap::new(),
+            failed: vec![],
         };
-        let mut d = Dynamic::new(job, pool, self.items_dir(split));
         let deadline = self.clock.now() + pc.timeout;
         let started = self.clock.now();
         self.watch_items(phase, pc.timeout, started);
         loop {
-            let my_pace = d.mean_item().map(|item| lease::Pace {
-                item,
-                workers: self.max_workers() as u32,
-            });
-            self.start_due_retries(&mut d, my_pace)?;
-            let recheck = self.claim_next_items(&mut d, my_pace)?;
-            self.commit_finished(&mut d)?;
-            self.stop_superseded(&mut d);
-            // At the end of the pool, take over items whose claimant died.
-            let awaited = if d.cursor >= pool.len() {
-                self.end_game(&mut d, my_pace)?
-            } else {
-                Awaited::default()
-            };
-            let waiting_on_peers = awaited.items.len();
+            d.machine.tick(self.clock.since_start());
+            self.drive_pool(&mut d)?;
             let done = (0..pool.len())
                 .filter(|&p| self.pool_item_committed(&d.dir, p))
                 .count();
@@ -1412,19 +1297,15 @@ impl Node {
                     ..Tally::default()
                 },
             );
-            if d.running.is_empty()
-                && d.delayed.is_empty()
-                && d.cursor >= pool.len()
-                && waiting_on_peers == 0
-            {
+            if d.machine.finished() {
                 break;
             }
             self.waiting_note = format!(
-                "{} {split} item(s) running here, {waiting_on_peers} held by other ranks",
-                d.running.len()
+                "{} {split} item(s) running here, {} held by other ranks",
+                d.machine.running(),
+                d.machine.awaited()
             );
-            let waited = self.wait_dynamic(&d, deadline, recheck, &awaited);
-            let (pid, exit) = match waited {
+            let (pid, exit) = match self.wait_dynamic(&d, deadline) {
                 Ok(Some(x)) => x,
                 Ok(None) => continue,
                 Err(Interrupt::Stop(s)) => return Err(s),
@@ -1442,6 +1323,7 @@ impl Node {
                 }
             };
             self.dynamic_exit(&mut d, pid, exit);
+            self.drive_pool(&mut d)?;
         }
         self.unwatch_wait();
         self.waiting_note.clear();
@@ -1450,254 +1332,147 @@ impl Node {
         self.dynamic_verdict(&d)
     }
 
+    /// Perform the pool machine's effects on the shared directory and the launcher,
+    /// handing each question's answer back at once, until it asks nothing more.
+    fn drive_pool(&mut self, d: &mut Dynamic) -> Result<(), Stop> {
+        use pool::{Effect, Input, Note};
+        let split = d.job.split;
+        while let Some(effect) = d.machine.poll_effect() {
+            let answer = match effect {
+                Effect::ReadFirstLease(pos) => Input::FirstLease(self.read_lease(split, pos, 0)),
+                Effect::ReadNewestLease(pos) => Input::NewestLease(self.newest_lease(split, pos)),
+                Effect::LookCommitted(pos) => {
+                    Input::Committed(self.pool_item_committed(&d.dir, pos))
+                }
+                Effect::LookFailed(pos) => {
+                    Input::Failed(self.store.exists_followed(&self.failed_marker(split, pos)))
+                }
+                Effect::JudgePeers => Input::Peers(self.observe_all_peers()),
+                Effect::CreateLease { pos, lease, .. } => {
+                    Input::LeaseCreated(self.claim(split, pos, &lease)?)
+                }
+                Effect::Commit { pos, attempt } => {
+                    let partial = self.pool_partial(split, pos, attempt);
+                    Input::CommitDone(self.commit_item(split, &item_name(pos, None), &partial)?)
+                }
+                Effect::Start { pos, attempt } => {
+                    let (pid, partial) =
+                        self.spawn_item(&d.job, &d.pool[pos], &item_name(pos, None), attempt)?;
+                    d.running.insert(
+                        pid,
+                        Running {
+                            pos,
+                            attempt,
+                            partial,
+                        },
+                    );
+                    continue;
+                }
+                Effect::Stop { pos, attempt } => {
+                    let found = d
+                        .running
+                        .iter()
+                        .find(|(_, r)| (r.pos, r.attempt) == (pos, attempt))
+                        .map(|(pid, _)| *pid);
+                    let pid = found.expect("the machine stops an attempt of ours");
+                    let r = d.running.remove(&pid).expect("found");
+                    self.launcher.stop(pid, self.cfg.timing.kill_grace);
+                    self.exited.remove(&pid);
+                    let _ = self.store.remove_file(&r.partial);
+                    continue;
+                }
+                Effect::Discard { pos, attempt } => {
+                    // Another attempt (a takeover or a backup) committed first: one file.
+                    let _ = self
+                        .store
+                        .remove_file(&self.pool_partial(split, pos, attempt));
+                    continue;
+                }
+                Effect::MarkFailed { pos, attempt, why } => {
+                    self.pool_item_failed(d, pos, attempt, &why);
+                    continue;
+                }
+                Effect::Note(Note::Backup { pos, holder }) => {
+                    self.event(events::Event::Backup {
+                        item: item_name(pos, None),
+                        holder,
+                    });
+                    continue;
+                }
+                Effect::Note(Note::TakeOver { pos, .. }) => {
+                    self.info(&format!(
+                        "iteration {}: taking over item {} (its claimant is dead)",
+                        self.iteration,
+                        item_name(pos, None)
+                    ));
+                    continue;
+                }
+                Effect::Note(Note::Left { .. }) => continue,
+            };
+            d.machine.handle(self.clock.since_start(), answer);
+        }
+        Ok(())
+    }
+
     /// Whether the pool's item `pos` is committed (by any rank, any attempt).
     fn pool_item_committed(&self, dir: &Path, pos: usize) -> bool {
         self.store
             .exists_followed(&committed_item(dir, &item_name(pos, None)))
     }
 
-    /// Start attempt `attempt` of the pool's item `pos` (its lease is held); its pid.
-    fn start_pool_attempt(
-        &mut self,
-        d: &mut Dynamic,
-        pos: usize,
-        attempt: u32,
-    ) -> Result<i32, Stop> {
-        let (pid, partial) =
-            self.spawn_item(&d.job, &d.pool[pos], &item_name(pos, None), attempt)?;
-        d.running.insert(
-            pid,
-            Running {
-                pos,
-                attempt,
-                partial,
-            },
-        );
-        Ok(pid)
+    /// Where this node's attempt of the pool's item `pos` writes (as `spawn_item` names
+    /// it: every attempt and generation its own file).
+    fn pool_partial(&self, split: &str, pos: usize, attempt: u32) -> PathBuf {
+        self.layout.item_partial(
+            self.iteration,
+            split,
+            &item_name(pos, None),
+            self.gen(),
+            Some(self.rank),
+            attempt,
+        )
     }
 
-    /// Retries whose backoff has passed, under the next attempt's lease.
-    fn start_due_retries(
-        &mut self,
-        d: &mut Dynamic,
-        my_pace: Option<lease::Pace>,
-    ) -> Result<(), Stop> {
-        let now = self.clock.now();
-        let ready: Vec<(Instant, usize, u32)> =
-            d.delayed.iter().copied().filter(|r| r.0 <= now).collect();
-        d.delayed.retain(|r| r.0 > now);
-        for (_, pos, attempt) in ready {
-            if self.claim(d.job.split, pos, attempt, my_pace)? {
-                let pid = self.start_pool_attempt(d, pos, attempt)?;
-                d.started_at.entry(pid).or_insert_with(|| self.clock.now());
-            }
-        }
-        Ok(())
-    }
-
-    /// Claim new items in pool order. An item claimed already (the usual case behind
-    /// faster peers) is passed by reading its lease, which says how fast its holder
-    /// is; the last ones may be left to faster peers (`lease::take_next`), and then the
-    /// time to look again is returned.
-    fn claim_next_items(
-        &mut self,
-        d: &mut Dynamic,
-        my_pace: Option<lease::Pace>,
-    ) -> Result<Option<Instant>, Stop> {
-        let (split, pool) = (d.job.split, d.pool);
-        while d.running.len() < self.max_workers() && d.cursor < pool.len() {
-            let pos = d.cursor;
-            if let Some((holder, pace)) = self.first_lease(split, pos) {
-                if let (Some(p), true) = (pace, holder != self.rank) {
-                    d.paces.insert(holder, p);
-                }
-                d.cursor += 1;
-                continue;
-            }
-            if self.pool_item_committed(&d.dir, pos) {
-                d.cursor += 1;
-                continue;
-            }
-            let since = match d.left {
-                Some((p, t)) if p == pos => t,
-                _ => self.clock.now(),
-            };
-            let waited = self.clock.elapsed(since);
-            if let Take::Leave { recheck: after } =
-                self.take_next(my_pace, &d.paces, pool.len() - pos, waited)
-            {
-                if d.left.is_none_or(|l| l.0 != pos) {
-                    d.left_items += 1;
-                }
-                d.left = Some((pos, since));
-                return Ok(Some(self.clock.now() + after));
-            }
-            d.cursor += 1;
-            if !self.claim(split, pos, 0, my_pace)? {
-                continue;
-            }
-            let pid = self.start_pool_attempt(d, pos, 0)?;
-            d.started_at.entry(pid).or_insert_with(|| self.clock.now());
-        }
-        Ok(None)
-    }
-
-    /// Commit what finished, now that this node's next items run: the commit's
-    /// fsyncs are not between one item and the next.
-    fn commit_finished(&mut self, d: &mut Dynamic) -> Result<(), Stop> {
-        for r in std::mem::take(&mut d.finished) {
-            if self.pool_item_committed(&d.dir, r.pos) {
-                // Another attempt (a takeover or a backup) committed first: one file.
-                let _ = self.store.remove_file(&r.partial);
-            } else {
-                self.commit_item(d.job.split, &item_name(r.pos, None), &r.partial)?;
-                d.mine += 1;
-            }
-        }
-        Ok(())
-    }
-
-    /// Stop attempts whose item another rank committed meanwhile.
-    fn stop_superseded(&mut self, d: &mut Dynamic) {
-        let superseded: Vec<i32> = d
-            .running
-            .iter()
-            .filter(|(_, r)| self.pool_item_committed(&d.dir, r.pos))
-            .map(|(pid, _)| *pid)
-            .collect();
-        for pid in superseded {
-            let r = d.running.remove(&pid).expect("listed");
-            self.launcher.stop(pid, self.cfg.timing.kill_grace);
-            self.exited.remove(&pid);
-            let _ = self.store.remove_file(&r.partial);
-        }
-    }
-
-    /// The end of the pool: each item neither committed nor failed nor running here is
-    /// backed up or awaited (a live holder), taken over (a dead one) or claimed (none).
-    /// Returns what is awaited from the other ranks.
-    fn end_game(&mut self, d: &mut Dynamic, my_pace: Option<lease::Pace>) -> Result<Awaited, Stop> {
-        let split = d.job.split;
-        let mut awaited = Awaited::default();
-        self.observe_all_peers();
-        for pos in 0..d.pool.len() {
-            if d.running.len() >= self.max_workers() {
-                break;
-            }
-            if self.pool_item_committed(&d.dir, pos)
-                || d.running.values().any(|r| r.pos == pos)
-                || d.delayed.iter().any(|r| r.1 == pos)
-                || self.store.exists_followed(&self.failed_marker(split, pos))
-            {
-                continue;
-            }
-            let dead = &self.machine.dead_peers;
-            let holder = lease::holder(self.newest_lease(split, pos), self.rank, |r| {
-                dead.contains(&r)
-            });
-            match holder {
-                Holder::Live {
-                    attempt,
-                    rank: holder,
-                } => self.back_up_or_await(d, pos, attempt, holder, my_pace, &mut awaited)?,
-                Holder::Gone { attempt } => {
-                    if self.claim(split, pos, attempt + 1, my_pace)? {
-                        crate::exercised::note(crate::exercised::Path::LeaseTakeovers);
-                        self.info(&format!(
-                            "iteration {}: taking over item {} (its claimant is dead)",
-                            self.iteration,
-                            item_name(pos, None)
-                        ));
-                        let pid = self.start_pool_attempt(d, pos, attempt + 1)?;
-                        d.started_at.entry(pid).or_insert_with(|| self.clock.now());
-                    } else {
-                        // Someone took it over first (a lease this node's cache
-                        // did not show yet): wait for it like any live holder's,
-                        // or this node could finish while the taker dies too.
-                        awaited.items.push(pos);
-                    }
-                }
-                Holder::Free => {
-                    // Claimable in this generation (e.g. a lease of an earlier one only).
-                    if self.claim(split, pos, 0, my_pace)? {
-                        let pid = self.start_pool_attempt(d, pos, 0)?;
-                        d.started_at.entry(pid).or_insert_with(|| self.clock.now());
-                    } else {
-                        // Claimed by another node meanwhile: wait for it.
-                        awaited.items.push(pos);
-                    }
-                }
-            }
-        }
-        Ok(awaited)
-    }
-
-    /// A live peer holds item `pos` (at `attempt`): run a backup attempt if it has held
-    /// it for longer than this node's mean item time, else await its commit.
-    fn back_up_or_await(
-        &mut self,
-        d: &mut Dynamic,
-        pos: usize,
-        attempt: u32,
-        holder: u32,
-        my_pace: Option<lease::Pace>,
-        awaited: &mut Awaited,
-    ) -> Result<(), Stop> {
-        let seen = *d.first_seen.entry(pos).or_insert_with(|| self.clock.now());
-        let avg = d.mean_item();
-        // One backup per item, of a first attempt only: a retry or a
-        // takeover is not backed up again.
-        let slower = lease::backup_due(attempt, self.clock.elapsed(seen), avg);
-        if slower && self.claim(d.job.split, pos, attempt + 1, my_pace)? {
-            d.backups += 1;
-            self.event(events::Event::Backup {
-                item: item_name(pos, None),
-                holder,
-            });
-            let pid = self.start_pool_attempt(d, pos, attempt + 1)?;
-            d.started_at.insert(pid, self.clock.now());
-        } else {
-            awaited.items.push(pos);
-            if let Some(p) = d.paces.get(&holder) {
-                awaited.pace = Some(awaited.pace.map_or(p.item, |a| a.min(p.item)));
-            }
-        }
-        Ok(())
+    /// Item `pos` failed for good here: recorded, and marked so that nobody waits for it.
+    fn pool_item_failed(&mut self, d: &mut Dynamic, pos: usize, attempt: u32, why: &str) {
+        let name = item_name(pos, None);
+        let task = &d.pool[pos].task;
+        d.failed.push(format!(
+            "{name} (task {task}): {why}, log {}",
+            self.layout
+                .item_log(self.iteration, self.rank, d.job.phase, &name, attempt)
+                .display()
+        ));
+        self.event(events::Event::ItemFailed {
+            item: name,
+            task: task.to_string(),
+            exit: why.to_string(),
+        });
+        let marker = self.failed_marker(d.job.split, pos);
+        let _ = self.store.create_new(&marker, why.as_bytes());
     }
 
     /// Wait until one of this node's attempts exits (`Some`), or there is something else
-    /// to look at (`None`).
+    /// to look at (`None`): the machine's next timeout, or a change it looks at (an
+    /// awaited or running item committed or marked failed, the left item claimed).
     fn wait_dynamic(
         &mut self,
         d: &Dynamic,
         deadline: Instant,
-        recheck: Option<Instant>,
-        awaited: &Awaited,
     ) -> Result<Option<(i32, ChildExit)>, Interrupt> {
         let split = d.job.split;
         let pids: Vec<i32> = d.running.keys().copied().collect();
-        let next_retry = d.delayed.iter().map(|r| r.0).min();
-        // Look again (liveness of claimants, backups) at least every poll interval, and at
-        // once when an item another rank holds is committed or marked failed.
-        // While an item is left to faster peers: look again when its patience may have
-        // run out, and at once when a peer claims it. While a peer's item is awaited:
-        // a quarter of its pace at most (not under 2 ms; each look starts polling
-        // afresh, at about a millisecond), so its commit is seen within a few
-        // milliseconds, not a growing fraction of the wait.
-        let now = self.clock.now();
-        let poll_until = (now + self.cfg.timing.poll_interval)
-            .min(recheck.unwrap_or(deadline))
-            .min(
-                awaited
-                    .pace
-                    .map_or(deadline, |p| now + (p / 4).max(AWAITED_LOOK_MIN)),
-            );
-        let leaving = recheck.map(|_| self.lease(split, d.cursor, 0));
-        let awaited: Vec<(PathBuf, PathBuf)> = awaited
-            .items
-            .iter()
-            .chain(d.running.values().map(|r| &r.pos))
-            .map(|&pos| {
+        let (now, since_start) = (self.clock.now(), self.clock.since_start());
+        let poll_until = d
+            .machine
+            .poll_timeout()
+            .map_or(deadline, |t| now + t.saturating_sub(since_start))
+            .min(deadline);
+        let (settle, leaving) = d.machine.looks();
+        let leaving = leaving.map(|pos| self.lease(split, pos, 0));
+        let settle: Vec<(PathBuf, PathBuf)> = settle
+            .into_iter()
+            .map(|pos| {
                 (
                     committed_item(&d.dir, &item_name(pos, None)),
                     self.failed_marker(split, pos),
@@ -1707,59 +1482,52 @@ impl Node {
         let clock = self.clock.clone();
         let store = Arc::clone(&self.store);
         self.wait_item(deadline, &pids, || {
-            let now = clock.now();
-            let retry_due = next_retry.is_some_and(|t| now >= t);
-            let settled = awaited
+            let settled = settle
                 .iter()
                 .any(|(done, failed)| store.exists_followed(done) || store.exists_followed(failed));
             let taken = leaving.as_ref().is_some_and(|l| store.exists_followed(l));
-            now >= poll_until || retry_due || settled || taken
+            clock.now() >= poll_until || settled || taken
         })
     }
 
-    /// Attempt `pid` exited: its output is committed after the next items start, a
-    /// retryable exit waits for its backoff, and any other is failed for good.
+    /// Attempt `pid` exited: judged (a retryable exit waits for its backoff) and handed to
+    /// the machine.
     fn dynamic_exit(&mut self, d: &mut Dynamic, pid: i32, exit: ChildExit) {
         let r = d.running.remove(&pid).expect("ours");
         self.reap(pid, None);
-        if let Some(t) = d.started_at.remove(&pid) {
-            d.item_secs.push(self.clock.elapsed(t).as_secs_f64());
-        }
-        let name = item_name(r.pos, None);
-        let task = &d.pool[r.pos].task;
-        match exit {
-            ChildExit::Success => d.finished.push(r),
+        let exit = match exit {
+            ChildExit::Success => Exit::Success,
             ChildExit::Exit(code) if self.retryable(code, r.attempt) => {
-                let wait = self.retry_delay(&name, task, r.attempt, code);
-                d.delayed
-                    .push((self.clock.now() + wait, r.pos, r.attempt + 1));
+                let name = item_name(r.pos, None);
+                let task = d.pool[r.pos].task.clone();
+                Exit::Retry {
+                    after: self.retry_delay(&name, &task, r.attempt, code),
+                }
             }
-            other => {
-                d.failed.push(format!(
-                    "{name} (task {task}): {other}, log {}",
-                    self.layout
-                        .item_log(self.iteration, self.rank, d.job.phase, &name, r.attempt)
-                        .display()
-                ));
-                self.item_failed(&name, task, other);
-                // Tell the other ranks not to wait for it.
-                let marker = self.failed_marker(d.job.split, r.pos);
-                let _ = self.store.create_new(&marker, other.to_string().as_bytes());
-            }
-        }
+            other => Exit::Failed {
+                why: other.to_string(),
+            },
+        };
+        let input = pool::Input::Exited {
+            pos: r.pos,
+            attempt: r.attempt,
+            exit,
+        };
+        d.machine.handle(self.clock.since_start(), input);
     }
 
     /// The dynamic rollout's summary: a log line and the `items` event.
     fn report_dynamic(&mut self, d: &Dynamic, started: Instant) {
         let (split, pool, failed) = (d.job.split, d.pool, &d.failed);
+        let stats = d.machine.stats();
         self.info(&format!(
             "iteration {}: dynamic {split}: this rank committed {} of {} items in {:.2}s ({} backup attempt(s), {} left to faster ranks){}",
             self.iteration,
-            d.mine,
+            stats.mine,
             pool.len(),
             self.clock.elapsed(started).as_secs_f64(),
-            d.backups,
-            d.left_items,
+            stats.backups,
+            stats.left,
             if failed.is_empty() {
                 String::new()
             } else {
@@ -1769,10 +1537,10 @@ impl Node {
         self.event(events::Event::Items {
             split: split.to_string(),
             total: pool.len(),
-            committed: d.mine,
+            committed: stats.mine,
             failed: failed.len(),
             mode: events::ItemsMode::Dynamic {
-                backups: d.backups,
+                backups: stats.backups,
                 dynamic: true,
             },
         });

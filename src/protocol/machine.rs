@@ -344,6 +344,34 @@ impl NodeMachine {
         }
     }
 
+    /// Judge every peer from what its record just read says (its heartbeat sequence and
+    /// state; `None`: missing or unreadable), each stamped with the time its read returned:
+    /// the ranks dead now, by this node's one liveness judgement (a dynamic rollout's
+    /// lease holders). A peer that heartbeats again after a long freeze is live again: it
+    /// holds its new leases (the simulator found them taken over at once when a death was
+    /// never forgotten).
+    pub fn judge_peers(
+        &mut self,
+        reads: impl IntoIterator<Item = (u32, Option<(u64, NodeState)>, Duration)>,
+    ) -> &BTreeSet<u32> {
+        for (r, read, at) in reads {
+            let failed = if let Some((seq, state)) = read {
+                self.watch.liveness.observe(r, seq, at);
+                state.is_terminal() && state != NodeState::Done
+            } else {
+                self.watch.liveness.watch(r, at);
+                false
+            };
+            if failed || self.watch.liveness.is_dead(r, at) {
+                self.dead_peers.insert(r);
+            } else {
+                self.dead_peers.remove(&r);
+            }
+        }
+        self.assert_invariants();
+        &self.dead_peers
+    }
+
     // ------------------------------------------------------------------ barriers
 
     /// Arrive at the next barrier with `gather`: this rank's arrival is published.

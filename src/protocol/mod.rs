@@ -13,6 +13,7 @@ pub mod machine;
 pub mod messages;
 pub mod phase;
 pub mod pipeline;
+pub mod pool;
 pub mod records;
 pub mod walk;
 pub mod watch;

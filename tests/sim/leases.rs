@@ -1,27 +1,21 @@
 //! Dynamic rollouts: items claimed by leases, taken over from dead nodes, backed up when
-//! slow.
+//! slow, with the node's own machines.
 //!
 //! N nodes share a pool of items (`work.mode = "dynamic"`), each running up to
-//! `max-workers` at a time, as `Node::dynamic_loop` does. A node claims the next items in
-//! pool order by an exclusive create of the lease `(item, attempt 0)`. Once its cursor has
-//! passed the end of the pool it looks at every item not yet committed and asks the core
-//! (`protocol::lease::holder`, fed by `protocol::Liveness` over the peers' heartbeats) who
-//! holds it:
-//! - a live peer: it waits, or backs up a slow first attempt once
-//!   (`lease::backup_due`);
-//! - a dead one, or itself with nothing running: it takes the item over under the next
-//!   attempt's lease;
-//! - nobody: it claims attempt 0.
+//! `max-workers` at a time. Each simulated node is the node's own `PoolMachine`
+//! (`rl_node::protocol::pool`, which `Node::dynamic_loop` drives through the real shared
+//! directory) and its own `NodeMachine` for the peers' liveness; this simulator performs
+//! their effects on a simulated directory and runs the attempts they start. So the
+//! procedure under test is the node's: claims in pool order by an exclusive create of the
+//! lease `(item, attempt 0)`, passing claimed items and learning the holders' paces from
+//! their leases, leaving the pool's last items to faster live peers for at most the core's
+//! patience (`lease::take_next`), retries under the next attempt's lease, commits by a
+//! rename that never replaces, and past the end of the pool every item not committed
+//! awaited from a live holder, backed up once when that holder is slow
+//! (`lease::backup_due`), taken over from a dead one (`lease::holder`) or claimed afresh.
 //!
-//! A finished attempt is committed by a rename that never replaces, so the first commit
-//! wins. Items fail now and then and are retried under the next attempt after a delay.
-//!
-//! The end game is speed-aware, as the node's: in one seed of two the nodes run at
-//! different speeds (items 1 to 4 times as long), every lease carries its creator's pace
-//! (mean item time so far), a node passes claimed items by finding their leases and
-//! learns the peers' paces from them, and before claiming the pool's next unclaimed item
-//! it asks the core (`lease::take_next`, with the paces of the peers it judges live)
-//! whether to leave it to faster peers, for at most the core's patience.
+//! In one seed of two the nodes run at different speeds (items 1 to 4 times as long).
+//! Items fail now and then and are retried after a delay.
 //!
 //! The directory is seen as an NFS client sees it. Each node has its own attribute cache
 //! of the others' records and its own negative-lookup cache of item and lease names ("no
@@ -31,7 +25,7 @@
 //! Faults: up to two nodes killed (kill -9) at random ticks, and one node frozen for
 //! longer than dead-after that then carries on.
 //!
-//! Invariants:
+//! Invariants (and the machines' own, asserted at every state change):
 //! - no node takes over an item from a holder that is alive: the holder was killed, or
 //!   frozen for about dead-after (less what caches and heartbeat spacing can hide);
 //! - every item is committed exactly once, by one attempt;
@@ -39,14 +33,17 @@
 //!   faster peer for good: one that died or froze, or that leaves it too).
 
 use super::Violation;
-use rl_node::protocol::lease::{self, Holder, Take};
+use rl_node::protocol::lease;
 use rl_node::protocol::liveness::Mutation as LivenessMutation;
-use rl_node::protocol::Liveness;
+use rl_node::protocol::machine::{self, NodeMachine};
+use rl_node::protocol::pool::{self, Claim, Effect, Exit, Input, Lease, Note, PoolMachine};
+use rl_node::protocol::NodeState;
 use rl_node::rng::SplitMix64 as Rng;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
-/// The broken variants a run may be given (never the node's).
+/// The broken variants a run may be given (never the node's): each is switched on in the
+/// node's own machines.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Mutations {
     pub lease: Option<lease::Mutation>,
@@ -55,8 +52,7 @@ pub struct Mutations {
     /// a lost takeover claim did not count as waiting for a peer.
     pub lease_loss_ends_wait: bool,
     /// The node and the scenario as they were before the speed-aware end game: every node
-    /// at one speed, no paces, every free worker claims (each seed's run is then the
-    /// one it was before).
+    /// at one speed, no paces, every free worker claims.
     pub without_end_game: bool,
 }
 
@@ -68,7 +64,7 @@ enum Life {
     Done,
 }
 
-/// An attempt this node runs: item, attempt, the tick its command ends, and whether it
+/// An attempt a node runs: item, attempt, the tick its command ends, and whether it
 /// fails (retryably).
 #[derive(Debug, Clone, Copy)]
 struct Attempt {
@@ -76,25 +72,17 @@ struct Attempt {
     attempt: u32,
     ends: u64,
     fails: bool,
-    started: u64,
 }
 
 struct Node {
     life: Life,
-    cursor: usize,
+    /// The node's machines: its part in the rollout, and its liveness judgement.
+    pool: PoolMachine,
+    machine: NodeMachine,
+    /// The commands its machine started, running.
     running: Vec<Attempt>,
-    /// Retries: (ready tick, item, attempt).
-    delayed: Vec<(u64, usize, u32)>,
-    item_ticks: Vec<u64>,
-    first_seen: BTreeMap<usize, u64>,
     /// How much longer this node's items take (1 to 4).
     slowness: u64,
-    /// The peers' paces as their leases said: rank → mean item ticks, workers.
-    paces: BTreeMap<u32, lease::Pace>,
-    /// The item this node leaves to faster peers, and since when.
-    left: Option<(usize, u64)>,
-    liveness: Liveness,
-    dead: BTreeSet<u32>,
     /// Heartbeat sequence and the tick of its last beat.
     seq: u64,
     last_beat: u64,
@@ -133,18 +121,15 @@ struct Sim {
     seed: u64,
     n: usize,
     items: usize,
-    max_workers: usize,
     rng: Rng,
     tick: u64,
-    mutations: Mutations,
     lifetime: u64,
     heartbeat: u64,
     dead_after: u64,
     nodes: Vec<Node>,
-    /// The server's truth: leases (item, attempt) → holder and the pace it published,
-    /// and committed items → (rank, attempt).
-    leases: BTreeMap<(usize, u32), u32>,
-    lease_paces: BTreeMap<(usize, u32), Option<lease::Pace>>,
+    /// The server's truth: leases (item, attempt) → the lease as created, and committed
+    /// items → (rank, attempt).
+    leases: BTreeMap<(usize, u32), Lease>,
     committed: BTreeMap<usize, (u32, u32)>,
     /// Ticks at which a node is killed, and the one long freeze: (tick, rank, length).
     kills_at: Vec<(u64, u32)>,
@@ -159,7 +144,7 @@ impl Sim {
     fn new(seed: u64, n: usize, mutations: Mutations) -> Sim {
         let mut rng = Rng::new(seed ^ 0x001E_A5E5);
         let items = n * (2 + rng.below(5) as usize);
-        let max_workers = 1 + rng.below(3) as usize;
+        let max_workers = 1 + rng.below(3) as u32;
         let lifetime = [0, 2, 10, 30][rng.below(4) as usize];
         let heartbeat = 5 + rng.below(10);
         // dead-after with the documented margin over the cache lifetime and heartbeat.
@@ -181,19 +166,35 @@ impl Sim {
         let mut speeds = Rng::new(seed ^ 0x5BEED5);
         let unequal = !mutations.without_end_game && speeds.below(2) == 0;
         let nodes = (0..n)
-            .map(|_| Node {
+            .map(|r| Node {
                 slowness: if unequal { 1 + speeds.below(4) } else { 1 },
-                paces: BTreeMap::new(),
-                left: None,
+                pool: PoolMachine::new(pool::Settings {
+                    rank: r as u32,
+                    gen: 1,
+                    nonce: format!("sim-{r}"),
+                    items,
+                    workers: max_workers,
+                    poll_interval: Duration::from_millis(1),
+                })
+                .with_mutations(pool::Mutations {
+                    judge: mutations.lease,
+                    lost_claim_ends_wait: mutations.lease_loss_ends_wait,
+                    without_end_game: mutations.without_end_game,
+                }),
+                machine: NodeMachine::new(machine::Settings {
+                    rank: r as u32,
+                    num_nodes: n as u32,
+                    host: format!("sim-{r}"),
+                    cluster: None,
+                    heartbeat_interval: Duration::from_millis(heartbeat),
+                    dead_after: Duration::from_millis(dead_after),
+                })
+                .with_mutations(machine::Mutations {
+                    liveness: mutations.liveness,
+                    ..Default::default()
+                }),
                 life: Life::Running,
-                cursor: 0,
                 running: vec![],
-                delayed: vec![],
-                item_ticks: vec![],
-                first_seen: BTreeMap::new(),
-                liveness: Liveness::new(Duration::from_millis(dead_after))
-                    .with_mutation(mutations.liveness),
-                dead: BTreeSet::new(),
                 seq: 0,
                 last_beat: 0,
                 seen_seq: vec![None; n],
@@ -204,16 +205,13 @@ impl Sim {
             seed,
             n,
             items,
-            max_workers,
             rng,
             tick: 0,
-            mutations,
             lifetime,
             heartbeat,
             dead_after,
             nodes,
             leases: BTreeMap::new(),
-            lease_paces: BTreeMap::new(),
             committed: BTreeMap::new(),
             kills_at,
             freeze,
@@ -241,6 +239,10 @@ impl Sim {
         }
     }
 
+    fn now(&self) -> Duration {
+        Duration::from_millis(self.tick)
+    }
+
     /// Does `name` exist, as node `r` finds it: a cached "no such file" younger than the
     /// cache lifetime is believed.
     fn exists(&mut self, r: usize, name: Name) -> bool {
@@ -261,35 +263,32 @@ impl Sim {
         there
     }
 
-    /// This node's pace: the mean of its items so far (a tick is a millisecond).
-    fn pace(&self, r: usize) -> Option<lease::Pace> {
-        let ticks = &self.nodes[r].item_ticks;
-        (!self.mutations.without_end_game && !ticks.is_empty()).then(|| lease::Pace {
-            item: Duration::from_millis(ticks.iter().sum::<u64>() / ticks.len() as u64),
-            workers: self.max_workers as u32,
-        })
-    }
-
-    /// Exclusive create of a lease, carrying the creator's pace: decided by the server.
-    fn claim(&mut self, r: usize, pos: usize, attempt: u32) -> bool {
+    /// Exclusive create of a lease: decided by the server.
+    fn claim(&mut self, r: usize, pos: usize, lease: Lease) -> bool {
+        let attempt = lease.attempt;
         if self.leases.contains_key(&(pos, attempt)) {
             return false;
         }
-        self.leases.insert((pos, attempt), r as u32);
-        self.lease_paces.insert((pos, attempt), self.pace(r));
+        self.leases.insert((pos, attempt), lease);
         self.nodes[r].missing.remove(&Name::Lease(pos, attempt));
         true
     }
 
+    /// Item `pos`'s lease of `attempt` as node `r` reads it (past its lookup cache).
+    fn read_lease(&mut self, r: usize, pos: usize, attempt: u32) -> Option<Lease> {
+        self.exists(r, Name::Lease(pos, attempt))
+            .then(|| self.leases[&(pos, attempt)].clone())
+    }
+
     /// The newest lease of an item as node `r` finds it: attempts 0, 1, … until a name is
     /// (or is believed) missing.
-    fn newest_lease(&mut self, r: usize, pos: usize) -> Option<(u32, u32)> {
+    fn newest_lease(&mut self, r: usize, pos: usize) -> Option<(u32, Lease)> {
         let mut found = None;
         for attempt in 0.. {
-            if !self.exists(r, Name::Lease(pos, attempt)) {
+            let Some(lease) = self.read_lease(r, pos, attempt) else {
                 break;
-            }
-            found = Some((attempt, self.leases[&(pos, attempt)]));
+            };
+            found = Some((attempt, lease));
         }
         found
     }
@@ -302,14 +301,15 @@ impl Sim {
             attempt,
             ends,
             fails,
-            started: self.tick,
         });
         self.s.attempts += 1;
     }
 
-    /// Read every peer's record through this node's attribute cache and feed liveness.
-    fn observe_all_peers(&mut self, r: usize) {
-        let now = Duration::from_millis(self.tick);
+    /// Read every peer's record through node `r`'s attribute cache and have its machine
+    /// judge them: the ranks it finds dead.
+    fn judge_peers(&mut self, r: usize) -> BTreeSet<u32> {
+        let now = self.now();
+        let mut reads = Vec::with_capacity(self.n);
         for q in 0..self.n {
             if q == r {
                 continue;
@@ -322,13 +322,9 @@ impl Sim {
                     seq
                 }
             };
-            self.nodes[r].liveness.observe(q as u32, seq, now);
-            if self.nodes[r].liveness.is_dead(q as u32, now) {
-                self.nodes[r].dead.insert(q as u32);
-            } else {
-                self.nodes[r].dead.remove(&(q as u32));
-            }
+            reads.push((q as u32, Some((seq, NodeState::Running)), now));
         }
+        self.nodes[r].machine.judge_peers(reads).clone()
     }
 
     /// Was `holder` stopped long enough that a judge could rightly find it dead now? Its
@@ -348,211 +344,133 @@ impl Sim {
                 .any(|&(from, to)| long_enough(to - from) && self.tick < to + hidden)
     }
 
-    /// One round of node `r`'s loop (`Node::dynamic_loop`).
+    /// One turn of node `r`: the exits of its attempts that ended, handed to its machine,
+    /// then one round of its machine (`Node::dynamic_loop`'s).
     fn round(&mut self, r: usize) -> Result<(), Violation> {
-        // Attempts that ended: failed ones wait for a retry, successful ones commit.
+        let tick = self.tick;
         let ended: Vec<Attempt> = self.nodes[r]
             .running
             .iter()
             .copied()
-            .filter(|a| a.ends <= self.tick)
+            .filter(|a| a.ends <= tick)
             .collect();
-        self.nodes[r].running.retain(|a| a.ends > self.tick);
+        self.nodes[r].running.retain(|a| a.ends > tick);
         for a in ended {
-            self.nodes[r].item_ticks.push(a.ends - a.started);
-            if a.fails {
-                let ready = self.tick + 3 + self.rng.below(10);
-                self.nodes[r].delayed.push((ready, a.pos, a.attempt + 1));
+            let exit = if a.fails {
                 self.s.retries += 1;
-                continue;
-            }
-            if self.exists(r, Name::Item(a.pos)) {
-                continue;
-            }
-            // A rename that never replaces: the first commit wins.
-            if let Some(&(by, att)) = self.committed.get(&a.pos) {
-                self.s.lost_commits += 1;
-                self.note(format!(
-                    "rank {r}'s attempt {} of item {} finds it committed by rank {by} (attempt {att})",
-                    a.attempt, a.pos
-                ));
+                Exit::Retry {
+                    after: Duration::from_millis(3 + self.rng.below(10)),
+                }
             } else {
-                self.committed.insert(a.pos, (r as u32, a.attempt));
-                self.nodes[r].missing.remove(&Name::Item(a.pos));
-                self.note(format!(
-                    "rank {r} commits item {} (attempt {})",
-                    a.pos, a.attempt
-                ));
-            }
-        }
-        // Retries whose delay has passed, under the next attempt's lease.
-        let ready: Vec<(u64, usize, u32)> = self.nodes[r]
-            .delayed
-            .iter()
-            .copied()
-            .filter(|d| d.0 <= self.tick)
-            .collect();
-        self.nodes[r].delayed.retain(|d| d.0 > self.tick);
-        for (_, pos, attempt) in ready {
-            if self.claim(r, pos, attempt) {
-                self.start(r, pos, attempt);
-            }
-        }
-        // New items in pool order: an item with a lease is passed (its lease tells its
-        // holder's pace); the last ones may be left to faster peers.
-        while self.nodes[r].running.len() < self.max_workers && self.nodes[r].cursor < self.items {
-            let pos = self.nodes[r].cursor;
-            if self.mutations.without_end_game {
-                self.nodes[r].cursor += 1;
-                if self.exists(r, Name::Item(pos)) || !self.claim(r, pos, 0) {
-                    continue;
-                }
-                self.start(r, pos, 0);
-                continue;
-            }
-            if self.exists(r, Name::Lease(pos, 0)) {
-                let holder = self.leases[&(pos, 0)];
-                if let (Some(p), true) = (self.lease_paces[&(pos, 0)], holder != r as u32) {
-                    self.nodes[r].paces.insert(holder, p);
-                }
-                self.nodes[r].cursor += 1;
-                continue;
-            }
-            if self.exists(r, Name::Item(pos)) {
-                self.nodes[r].cursor += 1;
-                continue;
-            }
-            let since = match self.nodes[r].left {
-                Some((p, t)) if p == pos => t,
-                _ => self.tick,
+                Exit::Success
             };
-            let waited = Duration::from_millis(self.tick - since);
-            let me = self.pace(r);
-            let unclaimed = self.items - pos;
-            let all: Vec<lease::Pace> = self.nodes[r].paces.values().copied().collect();
-            let mut take = lease::take_next_with(me, &all, unclaimed, waited, self.mutations.lease);
-            if take != Take::Claim {
-                // As the node: judged again with the live peers only.
-                self.observe_all_peers(r);
-                let node = &self.nodes[r];
-                let live: Vec<lease::Pace> = node
-                    .paces
-                    .iter()
-                    .filter(|(q, _)| !node.dead.contains(q))
-                    .map(|(_, p)| *p)
-                    .collect();
-                take = lease::take_next_with(me, &live, unclaimed, waited, self.mutations.lease);
-            }
-            if take != Take::Claim {
-                if self.nodes[r].left.is_none_or(|l| l.0 != pos) {
-                    self.s.left += 1;
-                    self.note(format!(
-                        "rank {r} leaves item {pos} to faster peers ({unclaimed} unclaimed)"
-                    ));
-                }
-                self.nodes[r].left = Some((pos, since));
-                break;
-            }
-            if self.nodes[r].left.is_some_and(|l| l.0 == pos) {
-                self.s.claimed_after_leaving += 1;
-            }
-            self.nodes[r].cursor += 1;
-            if !self.claim(r, pos, 0) {
-                continue;
-            }
-            self.start(r, pos, 0);
+            let input = Input::Exited {
+                pos: a.pos,
+                attempt: a.attempt,
+                exit,
+            };
+            let now = self.now();
+            self.nodes[r].pool.handle(now, input);
+            self.perform(r)?;
         }
-        // Attempts whose item another node committed meanwhile are stopped.
-        let running: Vec<usize> = self.nodes[r].running.iter().map(|a| a.pos).collect();
-        for pos in running {
-            if self.exists(r, Name::Item(pos)) {
-                self.nodes[r].running.retain(|a| a.pos != pos);
-            }
-        }
-        // At the end of the pool: take over, back up, or wait.
-        let mut waiting = 0;
-        if self.nodes[r].cursor >= self.items {
-            self.observe_all_peers(r);
-            for pos in 0..self.items {
-                if self.nodes[r].running.len() >= self.max_workers {
-                    break;
-                }
-                let here = self.nodes[r].running.iter().any(|a| a.pos == pos)
-                    || self.nodes[r].delayed.iter().any(|d| d.1 == pos);
-                if here || self.exists(r, Name::Item(pos)) {
-                    continue;
-                }
-                let newest = self.newest_lease(r, pos);
-                let dead = self.nodes[r].dead.clone();
-                let holder = lease::holder_with(
-                    newest,
-                    r as u32,
-                    |q| dead.contains(&q),
-                    self.mutations.lease,
-                );
-                match holder {
-                    Holder::Live { attempt, .. } => {
-                        let seen = *self.nodes[r].first_seen.entry(pos).or_insert(self.tick);
-                        let ticks = &self.nodes[r].item_ticks;
-                        let avg = (!ticks.is_empty()).then(|| {
-                            Duration::from_millis(ticks.iter().sum::<u64>() / ticks.len() as u64)
-                        });
-                        let held = Duration::from_millis(self.tick - seen);
-                        if lease::backup_due(attempt, held, avg) && self.claim(r, pos, attempt + 1)
-                        {
-                            self.s.backups += 1;
-                            self.start(r, pos, attempt + 1);
-                        } else {
-                            waiting += 1;
-                        }
-                    }
-                    Holder::Gone { attempt } => {
-                        let holder = self.leases[&(pos, attempt)];
-                        self.s.checks += 1;
-                        if holder != r as u32 && !self.may_be_dead(holder) {
-                            return Err(self.violation(format!(
-                                "rank {r} took over item {pos} from rank {holder}, which is alive (last heartbeat {} ticks ago; dead-after {}, cache {}, heartbeat {})",
-                                self.tick - self.nodes[holder as usize].last_beat,
-                                self.dead_after,
-                                self.lifetime,
-                                self.heartbeat
-                            )));
-                        }
-                        if self.claim(r, pos, attempt + 1) {
-                            self.s.takeovers += 1;
-                            self.note(format!(
-                                "rank {r} takes over item {pos} from rank {holder} (attempt {})",
-                                attempt + 1
-                            ));
-                            self.start(r, pos, attempt + 1);
-                        } else if self.mutations.lease_loss_ends_wait {
-                            // The node before seed 27650 found this: it went on as if
-                            // the item were done.
-                        } else {
-                            // Someone took it over first: wait for it.
-                            waiting += 1;
-                        }
-                    }
-                    Holder::Free => {
-                        if self.claim(r, pos, 0) {
-                            self.start(r, pos, 0);
-                        } else if !self.mutations.lease_loss_ends_wait {
-                            waiting += 1;
-                        }
-                    }
-                }
-            }
-        }
-        let node = &self.nodes[r];
-        if node.running.is_empty()
-            && node.delayed.is_empty()
-            && node.cursor >= self.items
-            && waiting == 0
-        {
+        let now = self.now();
+        self.nodes[r].pool.tick(now);
+        self.perform(r)?;
+        if self.nodes[r].pool.finished() {
             self.nodes[r].life = Life::Done;
             self.note(format!("rank {r} is done"));
         }
         Ok(())
+    }
+
+    /// Perform node `r`'s machine's effects on the simulated directory, as the node's
+    /// driver (`Node::drive_pool`) performs them on the real one.
+    fn perform(&mut self, r: usize) -> Result<(), Violation> {
+        while let Some(effect) = self.nodes[r].pool.poll_effect() {
+            let answer = match effect {
+                Effect::ReadFirstLease(pos) => Input::FirstLease(self.read_lease(r, pos, 0)),
+                Effect::ReadNewestLease(pos) => Input::NewestLease(self.newest_lease(r, pos)),
+                Effect::LookCommitted(pos) => Input::Committed(self.exists(r, Name::Item(pos))),
+                // No item fails for good here: every failure is retryable.
+                Effect::LookFailed(_) => Input::Failed(false),
+                Effect::JudgePeers => Input::Peers(self.judge_peers(r)),
+                Effect::CreateLease { pos, claim, lease } => {
+                    if let Claim::TakeOver { holder } = claim {
+                        self.check_takeover(r, pos, holder)?;
+                    }
+                    Input::LeaseCreated(self.claim(r, pos, lease))
+                }
+                Effect::Commit { pos, attempt } => Input::CommitDone(self.commit(r, pos, attempt)),
+                Effect::Start { pos, attempt } => {
+                    self.start(r, pos, attempt);
+                    continue;
+                }
+                Effect::Stop { pos, attempt } => {
+                    self.nodes[r]
+                        .running
+                        .retain(|a| (a.pos, a.attempt) != (pos, attempt));
+                    continue;
+                }
+                Effect::Discard { .. } => continue,
+                Effect::MarkFailed { pos, why, .. } => {
+                    return Err(self.violation(format!(
+                        "rank {r} marks item {pos} failed for good ({why}): every failure here is retryable"
+                    )));
+                }
+                Effect::Note(note) => {
+                    self.note(match note {
+                        Note::Backup { pos, holder } => {
+                            format!("rank {r} backs up item {pos} of rank {holder}")
+                        }
+                        Note::TakeOver {
+                            pos,
+                            holder,
+                            attempt,
+                        } => format!(
+                            "rank {r} takes over item {pos} from rank {holder} (attempt {attempt})"
+                        ),
+                        Note::Left { pos, unclaimed } => format!(
+                            "rank {r} leaves item {pos} to faster peers ({unclaimed} unclaimed)"
+                        ),
+                    });
+                    continue;
+                }
+            };
+            let now = self.now();
+            self.nodes[r].pool.handle(now, answer);
+        }
+        Ok(())
+    }
+
+    /// Node `r` takes over item `pos` from `holder`: only from itself or from a holder
+    /// that may be dead.
+    fn check_takeover(&mut self, r: usize, pos: usize, holder: u32) -> Result<(), Violation> {
+        self.s.checks += 1;
+        if holder == r as u32 || self.may_be_dead(holder) {
+            return Ok(());
+        }
+        Err(self.violation(format!(
+            "rank {r} took over item {pos} from rank {holder}, which is alive (last heartbeat {} ticks ago; dead-after {}, cache {}, heartbeat {})",
+            self.tick - self.nodes[holder as usize].last_beat,
+            self.dead_after,
+            self.lifetime,
+            self.heartbeat
+        )))
+    }
+
+    /// A rename that never replaces: the first commit wins.
+    fn commit(&mut self, r: usize, pos: usize, attempt: u32) -> bool {
+        if let Some(&(by, att)) = self.committed.get(&pos) {
+            self.s.lost_commits += 1;
+            self.note(format!(
+                "rank {r}'s attempt {attempt} of item {pos} finds it committed by rank {by} (attempt {att})"
+            ));
+            return false;
+        }
+        self.committed.insert(pos, (r as u32, attempt));
+        self.nodes[r].missing.remove(&Name::Item(pos));
+        self.note(format!("rank {r} commits item {pos} (attempt {attempt})"));
+        true
     }
 
     fn run(mut self) -> Result<Summary, Violation> {
@@ -571,56 +489,10 @@ impl Sim {
         loop {
             self.tick += 1;
             if self.tick > bound {
-                let states: Vec<String> = (0..self.n)
-                    .map(|r| {
-                        let n = &self.nodes[r];
-                        format!(
-                            "rank {r}: {:?}, cursor {}, running {:?}, dead {:?}",
-                            n.life, n.cursor, n.running, n.dead
-                        )
-                    })
-                    .collect();
-                return Err(self.violation(format!(
-                    "the dynamic rollout did not end within {bound} ticks ({} of {} items committed); the nodes:\n  {}",
-                    self.committed.len(),
-                    self.items,
-                    states.join("\n  ")
-                )));
+                return Err(self.unfinished(bound));
             }
-            while self.kills_at.first().is_some_and(|k| k.0 <= self.tick) {
-                let (_, r) = self.kills_at.remove(0);
-                if matches!(self.nodes[r as usize].life, Life::Running | Life::Frozen(_)) {
-                    self.nodes[r as usize].life = Life::Killed;
-                    self.s.kills += 1;
-                    self.note(format!("rank {r} killed (kill -9)"));
-                }
-            }
-            if let Some((at, r, len)) = self.freeze {
-                if at <= self.tick {
-                    self.freeze = None;
-                    if self.nodes[r as usize].life == Life::Running {
-                        self.nodes[r as usize].life = Life::Frozen(self.tick + len);
-                        self.frozen_spans[r as usize].push((self.tick, self.tick + len));
-                        self.s.freezes += 1;
-                        self.note(format!("rank {r} frozen for {len} ticks"));
-                    }
-                }
-            }
-            // Heartbeats of running nodes (a frozen or killed node's stop).
-            for r in 0..self.n {
-                let node = &mut self.nodes[r];
-                if let Life::Frozen(until) = node.life {
-                    if until <= self.tick {
-                        node.life = Life::Running;
-                    }
-                }
-                if matches!(node.life, Life::Running | Life::Done)
-                    && self.tick - node.last_beat >= self.heartbeat
-                {
-                    node.seq += 1;
-                    node.last_beat = self.tick;
-                }
-            }
+            self.faults();
+            self.heartbeats();
             let runnable: Vec<usize> = (0..self.n)
                 .filter(|&r| self.nodes[r].life == Life::Running)
                 .collect();
@@ -643,8 +515,74 @@ impl Sim {
                 )));
             }
         }
+        for node in &self.nodes {
+            let st = node.pool.stats();
+            self.s.takeovers += st.takeovers as u64;
+            self.s.backups += st.backups as u64;
+            self.s.left += st.left as u64;
+            self.s.claimed_after_leaving += st.claimed_after_leaving as u64;
+        }
         self.s.ticks = self.tick;
         Ok(self.s)
+    }
+
+    fn unfinished(&self, bound: u64) -> Violation {
+        let states: Vec<String> = (0..self.n)
+            .map(|r| {
+                let n = &self.nodes[r];
+                format!(
+                    "rank {r}: {:?}, running {:?}, dead {:?}",
+                    n.life, n.running, n.machine.dead_peers
+                )
+            })
+            .collect();
+        self.violation(format!(
+            "the dynamic rollout did not end within {bound} ticks ({} of {} items committed); the nodes:\n  {}",
+            self.committed.len(),
+            self.items,
+            states.join("\n  ")
+        ))
+    }
+
+    /// Kills and the freeze due now.
+    fn faults(&mut self) {
+        while self.kills_at.first().is_some_and(|k| k.0 <= self.tick) {
+            let (_, r) = self.kills_at.remove(0);
+            if matches!(self.nodes[r as usize].life, Life::Running | Life::Frozen(_)) {
+                self.nodes[r as usize].life = Life::Killed;
+                self.s.kills += 1;
+                self.note(format!("rank {r} killed (kill -9)"));
+            }
+        }
+        if let Some((at, r, len)) = self.freeze {
+            if at <= self.tick {
+                self.freeze = None;
+                if self.nodes[r as usize].life == Life::Running {
+                    self.nodes[r as usize].life = Life::Frozen(self.tick + len);
+                    self.frozen_spans[r as usize].push((self.tick, self.tick + len));
+                    self.s.freezes += 1;
+                    self.note(format!("rank {r} frozen for {len} ticks"));
+                }
+            }
+        }
+    }
+
+    /// Heartbeats of running nodes (a frozen or killed node's stop).
+    fn heartbeats(&mut self) {
+        for r in 0..self.n {
+            let node = &mut self.nodes[r];
+            if let Life::Frozen(until) = node.life {
+                if until <= self.tick {
+                    node.life = Life::Running;
+                }
+            }
+            if matches!(node.life, Life::Running | Life::Done)
+                && self.tick - node.last_beat >= self.heartbeat
+            {
+                node.seq += 1;
+                node.last_beat = self.tick;
+            }
+        }
     }
 }
 
