@@ -1239,6 +1239,41 @@ sleep 0.1"#;
     );
 }
 
+/// A retry's lease whose rank is no rank of the cluster (here not a number) is nobody's:
+/// the item is taken over at once, not waited for until the phase timeout (nobody backs
+/// up a retry).
+#[test]
+fn a_retry_lease_naming_no_rank_is_taken_over_not_waited_for() {
+    let prefix = r#"leases="$(dirname "$(dirname "$RL_NODE_OUTPUT")")/leases"
+if [ "$(basename "$RL_NODE_OUTPUT" | cut -c1-6)" = p00000 ] && [ ! -e "@DIR@/planted" ]; then
+  touch "@DIR@/planted"
+  for a in 0 1; do
+    printf '{"rank": "x", "gen": 1}' > "@DIR@/lease.tmp"
+    mv "@DIR@/lease.tmp" "$leases/p00003.g$RL_NODE_GEN.a$a"
+  done
+fi
+sleep 0.1"#;
+    let w = Work::per_task(
+        1,
+        &task_text(4, &[]),
+        "strategy = \"dynamic\"\nmax-workers = 1",
+        prefix,
+    );
+    let mut nodes = w.c.spawn_all(ONE);
+    wait_ok(&mut nodes, "a retry lease naming no rank");
+    assert!(w.dir().join("planted").exists(), "the lease was planted");
+    let all: BTreeSet<String> = (0..4).map(|p| format!("p{p:05}")).collect();
+    assert_eq!(w.committed(1, "p"), all);
+    let leases = lease_files(&w);
+    let taken = leases
+        .iter()
+        .find(|(n, _)| n.starts_with("p00003.") && n.ends_with(".a2"));
+    assert!(
+        taken.is_some_and(|(_, v)| v["rank"] == 0),
+        "the planted item's takeover lease: {leases:?}"
+    );
+}
+
 /// Ranks of speeds 1:2:4 share the pool (the slow one leaving the last items to the faster
 /// ones, `lease::take_next`): every item is committed exactly once, each lease after a
 /// rank's first item publishes its pace, and a restart runs nothing again.

@@ -1260,6 +1260,7 @@ impl Node {
     ) -> Result<(), Stop> {
         let machine = PoolMachine::new(pool::Settings {
             rank: self.rank,
+            num_nodes: self.num_nodes(),
             gen: self.gen(),
             nonce: self.nonce.clone(),
             items: pool.len(),

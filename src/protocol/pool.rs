@@ -79,6 +79,8 @@ impl Lease {
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub rank: u32,
+    /// Ranks in the cluster: a lease naming any other is nobody's, and is taken over.
+    pub num_nodes: u32,
     pub gen: u64,
     pub nonce: String,
     /// Items in the pool.
@@ -745,11 +747,14 @@ impl PoolMachine {
     /// Who holds item `pos`, by its newest lease: await, back up, take over or claim it.
     fn judge(&mut self, pos: usize, newest: Option<(u32, Lease)>) -> Flow {
         let holder_rank = newest.as_ref().map(|(_, l)| l.rank);
-        let dead = &self.dead;
+        let (dead, n) = (&self.dead, self.cfg.num_nodes);
+        // A lease naming no rank of this cluster (planted, or its rank unreadable: the
+        // directory is untrusted) has no live holder to wait for: a retry's was waited
+        // for until the phase timeout, as nobody backs up a retry.
         let holder = lease::holder_with(
             newest.map(|(a, l)| (a, l.rank)),
             self.cfg.rank,
-            |r| dead.contains(&r),
+            |r| r >= n || dead.contains(&r),
             self.mutations.judge,
         );
         let (attempt, claim) = match holder {
@@ -922,6 +927,7 @@ mod tests {
     fn machine(mutations: Mutations) -> PoolMachine {
         PoolMachine::new(Settings {
             rank: 0,
+            num_nodes: 2,
             gen: 3,
             nonce: "n0".into(),
             items: 3,

@@ -170,6 +170,7 @@ impl Sim {
                 slowness: if unequal { 1 + speeds.below(4) } else { 1 },
                 pool: PoolMachine::new(pool::Settings {
                     rank: r as u32,
+                    num_nodes: n as u32,
                     gen: 1,
                     nonce: format!("sim-{r}"),
                     items,
