@@ -1541,10 +1541,13 @@ impl Node {
         let wd = self.watchdog.clone();
         let check = self.cfg.phases.handoff.check();
         let started = self.clock.now();
-        let latest =
-            crate::checkpoint::latest_as(&self.layout.models(), check, &journaled, &mut || {
-                wd.pet("verifying the latest checkpoint")
-            });
+        let latest = crate::checkpoint::latest_as(
+            &*self.store,
+            &self.layout.models(),
+            check,
+            &journaled,
+            &mut || wd.pet("verifying the latest checkpoint"),
+        );
         let checked = self.clock.elapsed(started).as_secs_f64();
         let base = self.cfg.cluster.model.clone();
         if let Some(reason) = latest.stop(&base) {
@@ -1597,7 +1600,7 @@ impl Node {
     /// (`phases.handoff.keep-last`; see `checkpoint::prune`).
     fn empty_checkpoint_trash(&mut self) -> Result<(), Stop> {
         self.watchdog.pet("deleting old checkpoints");
-        match crate::checkpoint::empty_trash(&self.layout.models()) {
+        match crate::checkpoint::empty_trash(&*self.store, &self.layout.models()) {
             Ok(removed) if removed.is_empty() => Ok(()),
             Ok(removed) => {
                 self.info(&format!(
@@ -2711,7 +2714,8 @@ impl Node {
         let models = self.layout.models();
         // A checkpoint an interrupted hand-off moved out of the training output is there no
         // more: publishing it (or keeping the one published) comes before any pick.
-        let moved = crate::checkpoint::pending_move(&models, &name, self.gen()).is_some();
+        let moved =
+            crate::checkpoint::pending_move(&*self.store, &models, &name, self.gen()).is_some();
         let unfinished = moved || self.store.exists_followed(&models.join(&name));
         if moved {
             // The handoff command had finished before the checkpoint was moved.
@@ -2726,7 +2730,7 @@ impl Node {
         let source = if unfinished {
             Some(train_out.clone())
         } else {
-            crate::checkpoint::pick(&train_out, &cfg.pick)
+            crate::checkpoint::pick(&*self.store, &train_out, &cfg.pick)
                 .or_else(|| has_files(&train_out).then(|| train_out.clone()))
         };
         let Some(source) = source else {
@@ -2747,6 +2751,7 @@ impl Node {
         let mut fence = move || fence();
         let previous = self.model.clone();
         let outcome = crate::checkpoint::publish_opts(
+            &*self.store,
             &source,
             &models,
             &name,
@@ -2854,7 +2859,7 @@ impl Node {
         self.watchdog.pet("deleting old checkpoints");
         let fence = self.fence_fn();
         let mut fence = move || fence();
-        match crate::checkpoint::prune(&models, keep_last, &spare, &mut fence) {
+        match crate::checkpoint::prune(&*self.store, &models, keep_last, &spare, &mut fence) {
             Ok(deleted) if deleted.is_empty() => Ok(()),
             Ok(deleted) => {
                 self.info(&format!(

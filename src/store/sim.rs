@@ -258,6 +258,18 @@ impl World {
         Ok(())
     }
 
+    fn rmdir(&mut self, path: &Path) -> io::Result<()> {
+        match self.lookup(path)? {
+            None => Err(errno(libc::ENOENT)),
+            Some(Entry::File(_)) => Err(errno(libc::ENOTDIR)),
+            Some(Entry::Dir) if !self.below(path).is_empty() => Err(errno(libc::ENOTEMPTY)),
+            Some(Entry::Dir) => {
+                self.entries.remove(path);
+                Ok(())
+            }
+        }
+    }
+
     fn mkdir(&mut self, path: &Path) -> io::Result<()> {
         if self.lookup(path)?.is_some() {
             return Err(errno(libc::EEXIST));
@@ -1184,6 +1196,30 @@ impl SharedDir for SimClient {
         c.w.unlink(&path)?;
         c.forget(&path);
         Ok(())
+    }
+
+    fn remove_dir(&self, path: &Path) -> io::Result<()> {
+        let path = norm(path);
+        let mut c = self.begin(&path);
+        c.op(OpClass::Unlink)?;
+        c.w.rmdir(&path)?;
+        c.forget(&path);
+        Ok(())
+    }
+
+    fn read_link(&self, path: &Path) -> io::Result<PathBuf> {
+        let path = norm(path);
+        let mut c = self.begin(&path);
+        c.op(OpClass::Stat)?;
+        // There are no links here: whatever is at `path` is not one.
+        match c.w.lookup(&path)? {
+            None => Err(errno(libc::ENOENT)),
+            Some(_) => Err(errno(libc::EINVAL)),
+        }
+    }
+
+    fn concurrent_data(&self) -> bool {
+        false
     }
 
     fn lstat(&self, path: &Path) -> io::Result<Option<Meta>> {
