@@ -110,6 +110,25 @@ pub struct Options {
     /// optimizer states. Relative to the checkpoint root, like `mutable`.
     pub exclude: Vec<String>,
     pub transfer: Transfer,
+    /// When the manifest says the checkpoint was made, as the node's clock stamps it
+    /// (`None`: the machine's clock, now).
+    pub created_at: Option<String>,
+    /// A hand-off broken on purpose (the simulator's own tests; ignored without the `sim`
+    /// feature, see `crate::protocol::mutation`).
+    #[doc(hidden)]
+    pub mutation: Option<Mutation>,
+}
+
+/// A deliberately broken hand-off, for the simulator's own tests (never set by the node on
+/// its own): shows that the simulator catches a `LATEST` naming a checkpoint that a crash
+/// can take away.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mutation {
+    /// A moved checkpoint's files are hashed but not fsynced before it is published: the
+    /// trainer's buffered writes, which a crash of its machine loses, are all `LATEST`
+    /// names.
+    Unsynced,
 }
 
 impl Options {
@@ -391,10 +410,13 @@ fn sha256_file(
 fn sha256_synced(
     store: &dyn SharedDir,
     path: &Path,
+    sync: bool,
     tick: &mut dyn FnMut(),
 ) -> io::Result<(u64, String)> {
     let hashed = sha256_file(store, path, tick)?;
-    store.sync_file(path)?;
+    if sync {
+        store.sync_file(path)?;
+    }
     Ok(hashed)
 }
 
@@ -1262,7 +1284,8 @@ fn finish_moved(
     let mut sources = checkpoint_files(store, &moved)?;
     // An interrupted attempt's manifest is rewritten below.
     sources.retain(|f| f.rel != Path::new(MANIFEST) && f.rel != Path::new(MANIFEST_DIGEST));
-    let hashed = hash_in_place(store, &sources, tick)?;
+    let sync = crate::protocol::mutation(opts.mutation) != Some(Mutation::Unsynced);
+    let hashed = hash_in_place(store, &sources, sync, tick)?;
     let files = sources
         .into_iter()
         .zip(hashed)
@@ -1289,14 +1312,16 @@ fn finish_moved(
     })
 }
 
-/// Hash (and fsync) `files` in place, several at once (the largest first, one thread per
-/// core, at most 4): a moved checkpoint's only pass over its data, which a copy's I/O does
-/// not hide. Returns each file's size and SHA-256, in the order of `files`. This thread
-/// waits for the hashers, calling `tick` only when their bytes advance (a read hung on the
+/// Hash (and, with `sync`, fsync) `files` in place, several at once (the largest first,
+/// one thread per core, at most 4; one after another where the store takes no concurrent
+/// readers): a moved checkpoint's only pass over its data, which a copy's I/O does not
+/// hide. Returns each file's size and SHA-256, in the order of `files`. This thread waits
+/// for the hashers, calling `tick` only when their bytes advance (a read hung on the
 /// filesystem is not hidden from the watchdog), and the crash point after each file.
 fn hash_in_place(
     store: &dyn SharedDir,
     files: &[SourceFile],
+    sync: bool,
     tick: &mut dyn FnMut(),
 ) -> Result<Vec<(u64, String)>, PublishError> {
     use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -1305,7 +1330,7 @@ fn hash_in_place(
         return files
             .iter()
             .map(|f| {
-                let hashed = sha256_synced(store, &f.src, tick).map_err(io_at(&f.src));
+                let hashed = sha256_synced(store, &f.src, sync, tick).map_err(io_at(&f.src));
                 crash_point("handoff:mid-copy");
                 hashed
             })
@@ -1335,7 +1360,7 @@ fn hash_in_place(
                 let Some(&i) = order.get(next.fetch_add(1, Ordering::SeqCst)) else {
                     return;
                 };
-                let hashed = sha256_synced(store, &files[i].src, &mut || {
+                let hashed = sha256_synced(store, &files[i].src, sync, &mut || {
                     chunks.fetch_add(1, Ordering::Relaxed);
                 });
                 if done.send((i, hashed)).is_err() {
@@ -1462,7 +1487,10 @@ fn write_manifest(
         name: name.to_string(),
         source: source.display().to_string(),
         files,
-        created_at: crate::clock::wall_now(),
+        created_at: opts
+            .created_at
+            .clone()
+            .unwrap_or_else(crate::clock::wall_now),
         mutable: opts.mutable.clone(),
     };
     let mpath = dir.join(MANIFEST);

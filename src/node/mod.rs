@@ -470,6 +470,8 @@ pub struct Broken {
     pub join: Option<crate::protocol::join::Mutation>,
     /// The built-in merge ([`crate::aggregate::merge`]).
     pub merge: Option<crate::aggregate::Mutation>,
+    /// The checkpoint hand-off ([`crate::checkpoint::publish_opts`]).
+    pub checkpoint: Option<crate::checkpoint::Mutation>,
 }
 
 /// How an in-process node is started besides its configuration: what the command line
@@ -588,9 +590,6 @@ pub fn run_in_process_with(
 #[cfg(feature = "sim")]
 fn in_process_refusal(cfg: &Config) -> Option<&'static str> {
     let p = &cfg.phases;
-    if !p.handoff.command.trim().is_empty() {
-        return Some("the checkpoint hand-off picks, copies and hashes real files ([phases.handoff] command)");
-    }
     if !cfg.server.command.trim().is_empty() {
         return Some("the inference server is a real process checked over HTTP ([server] command)");
     }
@@ -2750,13 +2749,16 @@ impl Node {
         let fence = self.fence_fn();
         let mut fence = move || fence();
         let previous = self.model.clone();
+        let mut opts = cfg.options();
+        opts.mutation = self.broken.checkpoint;
+        opts.created_at = Some(self.wall_stamp());
         let outcome = crate::checkpoint::publish_opts(
             &*self.store,
             &source,
             &models,
             &name,
             self.gen(),
-            &cfg.options(),
+            &opts,
             &mut fence,
             &mut || wd.pet("publishing the checkpoint"),
         );
