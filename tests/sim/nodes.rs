@@ -144,6 +144,9 @@ pub(crate) struct Data {
     eval_interval: u64,
     records: u64,
     rollout: Duration,
+    /// `phases.handoff.keep-last` (0: keep every checkpoint; else rank 0 prunes after each
+    /// hand-off, sparing no eval checkpoint).
+    keep_last: u64,
 }
 
 /// [`draw`], with rollouts and evals that write shards, and some that fail after writing.
@@ -154,6 +157,8 @@ fn draw_data(seed: u64, max_nodes: u64) -> Case {
         eval_interval: rng.below(3),
         records: 1 + rng.below(5),
         rollout: Duration::from_millis(500 + rng.below(10_000)),
+        // Drawn apart, so that the rest of a seed's case stays what it was.
+        keep_last: Rng::new(seed ^ 0x6ee9_1a57).below(2),
     });
     for faults in &mut case.faults {
         if rng.below(2) == 0 {
@@ -230,10 +235,11 @@ pub(crate) fn config(dir: &Path, case: &Case) -> PathBuf {
         Some(d) => {
             let command = "command = \"rollout rank={rank} iteration={iteration} split={split} gen={gen} output={output}\"\n";
             let prepare = "command = \"prepare rank={rank} iteration={iteration} gen={gen} output={output}\"\n";
+            let handoff = format!("keep-last = {}\nkeep-eval = false\n", d.keep_last);
             (
                 format!("eval-interval = {}\n", d.eval_interval),
                 format!(
-                    "[phases.rollout]\n{command}[phases.eval]\n{command}[phases.prepare]\n{prepare}"
+                    "[phases.rollout]\n{command}[phases.eval]\n{command}[phases.prepare]\n{prepare}[phases.handoff]\n{handoff}"
                 ),
                 " gen={gen} output={output}",
             )
@@ -750,6 +756,30 @@ fn check_data(world: &SimWorld, layout: &Layout, case: &Case, d: &Data) -> Resul
         checks += check_prepared(world, layout, it, &journals[0])?;
     }
     checks += check_checkpoints(world, layout, &journals[0])?;
+    // A deletion a crash interrupted is finished by the next start of rank 0.
+    checks += 1;
+    let models = world.list(&layout.models()).unwrap_or_default();
+    if let Some(trash) = models
+        .iter()
+        .find(|n| n.to_string_lossy().starts_with(".trash-"))
+    {
+        return Err(format!(
+            "models/{} is left at the end of a completed job",
+            trash.to_string_lossy()
+        ));
+    }
+    // keep-last = 1 keeps the newest checkpoint, the one LATEST names and the one served
+    // before the last hand-off: two at most.
+    let kept: Vec<_> = models
+        .iter()
+        .filter(|n| rl_node::layout::iteration_of(&n.to_string_lossy()).is_some())
+        .collect();
+    checks += 1;
+    if d.keep_last == 1 && kept.len() > 2 {
+        return Err(format!(
+            "models/ holds {kept:?} at the end of a completed job with keep-last = 1"
+        ));
+    }
     Ok(checks)
 }
 
