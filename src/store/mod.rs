@@ -3,7 +3,9 @@
 //!
 //! - [`SharedDir`] is what the node does to the shared directory: atomic publish, tolerant
 //!   and strict reads, exclusive create, rename without replacing, appends, directory
-//!   creation and listing. Every implementation counts what it does in [`OpCounts`].
+//!   creation, listing and removal, links read. Every implementation counts what it does
+//!   in [`OpCounts`]; walks, `remove_dir_all` and `canonicalize` are built on those calls
+//!   (on `dyn SharedDir`), so a simulated directory answers them too.
 //! - [`fs`] is the real one ([`Fs`]; its free functions are its data plane: files written
 //!   through an open handle, and the reads of tools that hold no store); it reaches
 //!   every name it writes through [`beneath`], which never follows a link inside a run.
