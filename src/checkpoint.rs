@@ -2,8 +2,12 @@
 //! size and SHA-256), its digest `manifest.sha256`, and a `models/LATEST` pointer switched
 //! atomically.
 //!
-//! A hand-off walks the training output (the *checkpoint root*) with `walkdir`, refusing
-//! anything it cannot publish faithfully before it writes a byte: a symbolic link is followed
+//! Everything here reaches the shared directory through the node's [`SharedDir`] (names,
+//! listings, links, and the files' data alike), so the simulated directory runs the same
+//! hand-off as a real one.
+//!
+//! A hand-off walks the training output (the *checkpoint root*), refusing anything it
+//! cannot publish faithfully before it writes a byte: a symbolic link is followed
 //! only while its target stays inside the root (Hugging Face snapshot layouts link
 //! `snapshots/<rev>/file -> ../../blobs/<hash>`, which is fine when the root holds both),
 //! and a link that leaves the root, dangles or loops is an error naming it.
@@ -44,11 +48,10 @@
 //! under a checkpoint's name; [`empty_trash`] finishes such a deletion.
 
 use crate::layout::iteration_of;
-use crate::store::SharedDir;
+use crate::store::{DataRead, Kind, ReadLimit, SharedDir};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use std::fs::{self, File};
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::path::{Component, Path, PathBuf};
 
 // The names inside `models/` and a checkpoint are the layout's.
@@ -107,6 +110,25 @@ pub struct Options {
     /// optimizer states. Relative to the checkpoint root, like `mutable`.
     pub exclude: Vec<String>,
     pub transfer: Transfer,
+    /// When the manifest says the checkpoint was made, as the node's clock stamps it
+    /// (`None`: the machine's clock, now).
+    pub created_at: Option<String>,
+    /// A hand-off broken on purpose (the simulator's own tests; ignored without the `sim`
+    /// feature, see `crate::protocol::mutation`).
+    #[doc(hidden)]
+    pub mutation: Option<Mutation>,
+}
+
+/// A deliberately broken hand-off, for the simulator's own tests (never set by the node on
+/// its own): shows that the simulator catches a `LATEST` naming a checkpoint that a crash
+/// can take away.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mutation {
+    /// A moved checkpoint's files are hashed but not fsynced before it is published: the
+    /// trainer's buffered writes, which a crash of its machine loses, are all `LATEST`
+    /// names.
+    Unsynced,
 }
 
 impl Options {
@@ -192,14 +214,6 @@ pub enum PublishError {
     Io { path: PathBuf, source: io::Error },
 }
 
-/// The shared directory checkpoints are published in. A checkpoint's files are data-plane
-/// work on real files (hashed, copied, written through open handles), so only the real
-/// store can hold one; every name it makes, renames or syncs still goes through
-/// [`SharedDir`].
-fn store() -> &'static dyn SharedDir {
-    &crate::store::Fs
-}
-
 fn io_at(path: &Path) -> impl FnOnce(io::Error) -> PublishError + '_ {
     move |source| PublishError::Io {
         path: path.to_path_buf(),
@@ -237,18 +251,28 @@ pub(crate) fn crash_point(point: &str) {
 /// The newest directory directly under `dir` whose name matches the glob `pattern`
 /// (`*`, `?`, `[…]`), by modification time then name; `None` if nothing matches. The
 /// pattern is validated when the configuration is loaded (`phases.handoff.pick`).
-pub fn pick(dir: &Path, pattern: &str) -> Option<PathBuf> {
+pub fn pick(store: &dyn SharedDir, dir: &Path, pattern: &str) -> Option<PathBuf> {
     if pattern.is_empty() {
         return None;
     }
     let pattern = glob::Pattern::new(pattern).ok()?;
-    fs::read_dir(dir)
+    store
+        .read_dir(dir)
         .ok()?
-        .flatten()
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .filter(|e| pattern.matches(&e.file_name().to_string_lossy()))
-        .max_by_key(|e| (e.metadata().and_then(|m| m.modified()).ok(), e.file_name()))
-        .map(|e| e.path())
+        .into_iter()
+        .filter(|n| pattern.matches(&n.to_string_lossy()))
+        .map(|n| dir.join(n))
+        .filter(|p| {
+            store
+                .lstat(p)
+                .is_ok_and(|m| m.is_some_and(|m| m.kind == Kind::Dir))
+        })
+        .max_by_key(|p| {
+            (
+                store.modified(p).ok().flatten(),
+                p.file_name().map(|n| n.to_owned()),
+            )
+        })
 }
 
 /// Whether `pattern` is a valid `pick` glob; the error says what is wrong with it.
@@ -267,99 +291,146 @@ struct SourceFile {
 
 /// Every file under `root`, following links that stay inside it, sorted by path. Refuses
 /// (naming the path) links that leave the root, dangle or loop, and special files.
-fn checkpoint_files(root: &Path) -> Result<Vec<SourceFile>, PublishError> {
-    let real_root = fs::canonicalize(root).map_err(io_at(root))?;
+fn checkpoint_files(store: &dyn SharedDir, root: &Path) -> Result<Vec<SourceFile>, PublishError> {
+    let real_root = store.canonicalize(root).map_err(io_at(root))?;
     let mut out = Vec::new();
-    let walk = walkdir::WalkDir::new(root)
-        .follow_links(true)
-        .sort_by_file_name();
-    for entry in walk {
-        let entry = entry.map_err(|e| walk_error(root, e))?;
-        let path = entry.path();
-        let mut link_target = None;
-        if entry.path_is_symlink() {
-            let target = fs::canonicalize(path).map_err(io_at(path))?;
-            let Ok(inside) = target.strip_prefix(&real_root) else {
-                return Err(PublishError::LinkLeaves {
-                    link: path.to_path_buf(),
-                    target: fs::read_link(path).unwrap_or(target),
-                    root: root.to_path_buf(),
-                });
-            };
-            link_target = Some(inside.to_string_lossy().into_owned());
-        }
-        let t = entry.file_type();
-        if t.is_dir() {
-            continue;
-        }
-        if !t.is_file() {
-            return Err(PublishError::Special {
-                path: path.to_path_buf(),
-            });
-        }
-        let rel = path
-            .strip_prefix(root)
-            .expect("walkdir stays under its root");
-        out.push(SourceFile {
-            src: path.to_path_buf(),
-            rel: rel.to_path_buf(),
-            link_target,
-        });
-    }
+    let mut walk = Walk {
+        store,
+        root,
+        real_root: &real_root,
+        ancestors: vec![(real_root.clone(), root.to_path_buf())],
+        out: &mut out,
+    };
+    walk.dir(root, &real_root)?;
     Ok(out)
 }
 
-/// What walkdir could not follow, as the refusal that names it.
-fn walk_error(root: &Path, e: walkdir::Error) -> PublishError {
-    let path = e.path().unwrap_or(root).to_path_buf();
-    if let Some(ancestor) = e.loop_ancestor() {
-        return PublishError::Loop {
-            what: format!("it leads back to {}, which contains it", ancestor.display()),
-            link: path,
-        };
-    }
-    let is_link = fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink());
-    let io = e
-        .into_io_error()
-        .unwrap_or_else(|| io::Error::other("walk failed"));
-    if is_link && io.raw_os_error() == Some(libc::ELOOP) {
-        return PublishError::Loop {
-            what: "following it leads through too many links (a cycle of links)".into(),
-            link: path,
-        };
-    }
-    if is_link && io.kind() == io::ErrorKind::NotFound {
-        return PublishError::Dangling {
-            target: fs::read_link(&path).unwrap_or_default(),
-            link: path,
-        };
-    }
-    PublishError::Io { path, source: io }
+/// A walk of a checkpoint root that follows links (as `walkdir` with `follow_links`): the
+/// directories it is in, by where they really are and where the walk found them, so
+/// that a link back to one of them is refused as a loop.
+struct Walk<'a> {
+    store: &'a dyn SharedDir,
+    root: &'a Path,
+    real_root: &'a Path,
+    ancestors: Vec<(PathBuf, PathBuf)>,
+    out: &'a mut Vec<SourceFile>,
 }
 
-fn sha256_file(path: &Path, tick: &mut dyn FnMut()) -> io::Result<(u64, String)> {
-    sha256_of(&mut File::open(path)?, tick)
+impl Walk<'_> {
+    /// The entries of the directory found at `path`, which really is `real`, sorted by name.
+    fn dir(&mut self, path: &Path, real: &Path) -> Result<(), PublishError> {
+        let mut names = self.store.read_dir(real).map_err(io_at(path))?;
+        names.sort();
+        for name in names {
+            let (path, real) = (path.join(&name), real.join(&name));
+            let Some(meta) = self.store.lstat(&real).map_err(io_at(&path))? else {
+                continue;
+            };
+            let (kind, real, link_target) = if meta.kind == Kind::Symlink {
+                let (kind, target, inside) = self.follow(&path, &real)?;
+                (kind, target, Some(inside))
+            } else {
+                (meta.kind, real, None)
+            };
+            match kind {
+                Kind::Dir => {
+                    if let Some((_, seen)) = self.ancestors.iter().find(|(r, _)| *r == real) {
+                        return Err(PublishError::Loop {
+                            what: format!("it leads back to {}, which contains it", seen.display()),
+                            link: path,
+                        });
+                    }
+                    self.ancestors.push((real.clone(), path.clone()));
+                    self.dir(&path, &real)?;
+                    self.ancestors.pop();
+                }
+                Kind::File => {
+                    let rel = path
+                        .strip_prefix(self.root)
+                        .expect("the walk stays under its root");
+                    self.out.push(SourceFile {
+                        src: path.clone(),
+                        rel: rel.to_path_buf(),
+                        link_target,
+                    });
+                }
+                _ => return Err(PublishError::Special { path }),
+            }
+        }
+        Ok(())
+    }
+
+    /// The link found at `path` (really at `real`): what it leads to (its kind and where it
+    /// really is) and where that is relative to the root; refused when that leaves the
+    /// root, does not exist or loops.
+    fn follow(&self, path: &Path, real: &Path) -> Result<(Kind, PathBuf, String), PublishError> {
+        let store = self.store;
+        let target = match store.canonicalize(real) {
+            Ok(t) => t,
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                return Err(PublishError::Loop {
+                    what: "following it leads through too many links (a cycle of links)".into(),
+                    link: path.to_path_buf(),
+                })
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(PublishError::Dangling {
+                    target: store.read_link(real).unwrap_or_default(),
+                    link: path.to_path_buf(),
+                })
+            }
+            Err(e) => return Err(io_at(path)(e)),
+        };
+        let Ok(inside) = target.strip_prefix(self.real_root) else {
+            return Err(PublishError::LinkLeaves {
+                link: path.to_path_buf(),
+                target: store.read_link(real).unwrap_or(target),
+                root: self.root.to_path_buf(),
+            });
+        };
+        let inside = inside.to_string_lossy().into_owned();
+        let kind = store
+            .lstat(&target)
+            .map_err(io_at(path))?
+            .map_or(Kind::Other, |m| m.kind);
+        Ok((kind, target, inside))
+    }
+}
+
+fn sha256_file(
+    store: &dyn SharedDir,
+    path: &Path,
+    tick: &mut dyn FnMut(),
+) -> io::Result<(u64, String)> {
+    sha256_of(&mut *store.open_data(path)?, tick)
 }
 
 /// [`sha256_file`], and fsync the file: a moved checkpoint's files are the trainer's,
 /// which nothing synced.
-fn sha256_synced(path: &Path, tick: &mut dyn FnMut()) -> io::Result<(u64, String)> {
-    let mut f = File::open(path)?;
-    let hashed = sha256_of(&mut f, tick)?;
-    f.sync_all()?;
+fn sha256_synced(
+    store: &dyn SharedDir,
+    path: &Path,
+    sync: bool,
+    tick: &mut dyn FnMut(),
+) -> io::Result<(u64, String)> {
+    let hashed = sha256_file(store, path, tick)?;
+    if sync {
+        store.sync_file(path)?;
+    }
     Ok(hashed)
 }
 
-fn sha256_of(f: &mut File, tick: &mut dyn FnMut()) -> io::Result<(u64, String)> {
+fn sha256_of(f: &mut dyn DataRead, tick: &mut dyn FnMut()) -> io::Result<(u64, String)> {
     let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
+    let mut buf = Vec::with_capacity(1 << 20);
     let mut size = 0u64;
     loop {
-        let n = f.read(&mut buf)?;
+        buf.clear();
+        let n = f.read_more(&mut buf, 1 << 20)?;
         if n == 0 {
             break;
         }
-        h.update(&buf[..n]);
+        h.update(&buf);
         size += n as u64;
         tick();
     }
@@ -368,21 +439,28 @@ fn sha256_of(f: &mut File, tick: &mut dyn FnMut()) -> io::Result<(u64, String)> 
 
 /// Check every file the manifest lists (size and SHA-256; a file the manifest calls
 /// mutable only has to exist). Files the manifest does not list are not allowed either,
-/// nor links: the directory must be exactly what was published.
+/// nor links: the directory must be exactly what was published. On the real filesystem,
+/// for tools that hold no store.
 pub fn verify(dir: &Path, tick: &mut dyn FnMut()) -> Result<Manifest, String> {
-    verify_as(dir, Check::Hash, tick)
+    verify_as(&crate::store::Fs, dir, Check::Hash, tick)
 }
 
 /// [`verify`], hashing every file only with [`Check::Hash`] (or when the checkpoint has
 /// no manifest digest); with [`Check::Sizes`] the manifest must match its digest and
 /// every file its size.
-pub fn verify_as(dir: &Path, check: Check, tick: &mut dyn FnMut()) -> Result<Manifest, String> {
+pub fn verify_as(
+    store: &dyn SharedDir,
+    dir: &Path,
+    check: Check,
+    tick: &mut dyn FnMut(),
+) -> Result<Manifest, String> {
     let mpath = dir.join(MANIFEST);
-    let bytes = crate::store::fs::read_file(&mpath, crate::store::ReadLimit::Manifest)
+    let bytes = store
+        .read_file(&mpath, ReadLimit::Manifest)
         .map_err(|e| format!("{}: {e}", mpath.display()))?;
     let dpath = dir.join(MANIFEST_DIGEST);
-    let digest = match crate::store::fs::read_text(&dpath, crate::store::ReadLimit::Record) {
-        Ok(text) => Some(text),
+    let digest = match store.read_file(&dpath, ReadLimit::Record) {
+        Ok(b) => Some(String::from_utf8(b).map_err(|e| format!("{}: {e}", dpath.display()))?),
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,
         Err(e) => return Err(format!("{}: {e}", dpath.display())),
     };
@@ -412,7 +490,7 @@ pub fn verify_as(dir: &Path, check: Check, tick: &mut dyn FnMut()) -> Result<Man
         }
         let p = dir.join(&f.path);
         if m.is_mutable(&f.path) {
-            if !p.is_file() {
+            if !store.is_file(&p) {
                 return Err(format!("{} is missing", p.display()));
             }
             continue;
@@ -425,29 +503,35 @@ pub fn verify_as(dir: &Path, check: Check, tick: &mut dyn FnMut()) -> Result<Man
             )
         };
         if hash {
-            let (size, sha) = sha256_file(&p, tick).map_err(|e| format!("{}: {e}", p.display()))?;
+            let (size, sha) =
+                sha256_file(store, &p, tick).map_err(|e| format!("{}: {e}", p.display()))?;
             if size != f.size || sha != f.sha256 {
                 return Err(mismatch(size));
             }
         } else {
-            let meta = fs::symlink_metadata(&p).map_err(|e| format!("{}: {e}", p.display()))?;
-            if !meta.is_file() || meta.len() != f.size {
-                return Err(mismatch(meta.len()));
+            let meta = store
+                .lstat(&p)
+                .and_then(|m| m.ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT)))
+                .map_err(|e| format!("{}: {e}", p.display()))?;
+            if meta.kind != Kind::File || meta.len != f.size {
+                return Err(mismatch(meta.len));
             }
             tick();
         }
     }
     let listed = m.files.len();
     let mut present = 0usize;
-    for e in walkdir::WalkDir::new(dir).min_depth(1) {
-        let e = e.map_err(|e| e.to_string())?;
-        if e.path_is_symlink() {
+    for (path, meta) in store
+        .walk(dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+    {
+        if meta.kind == Kind::Symlink {
             return Err(format!(
                 "{} is a link; a published checkpoint holds only files",
-                e.path().display()
+                path.display()
             ));
         }
-        if !e.file_type().is_dir() && e.path() != mpath && e.path() != dpath {
+        if meta.kind != Kind::Dir && path != mpath && path != dpath {
             present += 1;
         }
     }
@@ -462,9 +546,11 @@ pub fn verify_as(dir: &Path, check: Check, tick: &mut dyn FnMut()) -> Result<Man
 
 /// The checkpoint `models/LATEST` names, as written, without checking it (for reports and
 /// repairs; [`latest`] is what may be served).
-pub fn latest_named(models: &Path) -> Option<PathBuf> {
-    let name =
-        crate::store::fs::read_text(&latest_in(models), crate::store::ReadLimit::Record).ok()?;
+pub fn latest_named(store: &dyn SharedDir, models: &Path) -> Option<PathBuf> {
+    let name = store
+        .read_file(&latest_in(models), ReadLimit::Record)
+        .ok()?;
+    let name = String::from_utf8(name).ok()?;
     let name = name.trim();
     is_plain_name(name).then(|| models.join(name))
 }
@@ -624,8 +710,8 @@ impl Latest {
 
 /// Resolve `models/LATEST` to a checkpoint that verifies, without evidence from a journal
 /// (see [`latest_as`]).
-pub fn latest(models: &Path, tick: &mut dyn FnMut()) -> Latest {
-    latest_as(models, Check::Hash, &Journaled::default(), tick)
+pub fn latest(store: &dyn SharedDir, models: &Path, tick: &mut dyn FnMut()) -> Latest {
+    latest_as(store, models, Check::Hash, &Journaled::default(), tick)
 }
 
 /// Resolve `models/LATEST` to a checkpoint that verifies (as `check` says). A `LATEST`
@@ -645,16 +731,17 @@ pub fn latest(models: &Path, tick: &mut dyn FnMut()) -> Latest {
 /// according to the journal is the ordinary state before the first hand-off: `Base`,
 /// said by nobody.
 pub fn latest_as(
+    store: &dyn SharedDir,
     models: &Path,
     check: Check,
     journaled: &Journaled,
     tick: &mut dyn FnMut(),
 ) -> Latest {
-    let problem = match pointer(models, check, tick) {
+    let problem = match pointer(store, models, check, tick) {
         Ok(dir) => return behind(dir, journaled),
         Err(problem) => problem,
     };
-    let found = newest_verified(models, journaled.through, check, tick);
+    let found = newest_verified(store, models, journaled.through, check, tick);
     let problem = match problem {
         Some(p) => p,
         None if found.candidates == 0 && journaled.published.is_none() => return Latest::Base,
@@ -679,13 +766,17 @@ pub fn latest_as(
 
 /// What `models/LATEST` names, if that is a checkpoint that verifies; else what is wrong
 /// with it (`None`: there is no `LATEST`).
-fn pointer(models: &Path, check: Check, tick: &mut dyn FnMut()) -> Result<PathBuf, Option<String>> {
-    let bytes =
-        match crate::store::fs::read_file(&latest_in(models), crate::store::ReadLimit::Record) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(None),
-            Err(e) => return Err(Some(format!("models/LATEST cannot be read ({e})"))),
-        };
+fn pointer(
+    store: &dyn SharedDir,
+    models: &Path,
+    check: Check,
+    tick: &mut dyn FnMut(),
+) -> Result<PathBuf, Option<String>> {
+    let bytes = match store.read_file(&latest_in(models), ReadLimit::Record) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(None),
+        Err(e) => return Err(Some(format!("models/LATEST cannot be read ({e})"))),
+    };
     let text = String::from_utf8_lossy(&bytes);
     let name = text.trim();
     if name.is_empty() {
@@ -697,12 +788,12 @@ fn pointer(models: &Path, check: Check, tick: &mut dyn FnMut()) -> Result<PathBu
         )));
     }
     let dir = models.join(name);
-    if !store().exists_followed(&dir) {
+    if !store.exists_followed(&dir) {
         return Err(Some(format!(
             "models/LATEST names {name}, which does not exist"
         )));
     }
-    match verify_as(&dir, check, tick) {
+    match verify_as(store, &dir, check, tick) {
         Ok(_) => Ok(dir),
         Err(e) => Err(Some(format!(
             "models/LATEST names {name}, which does not verify ({e})"
@@ -768,12 +859,13 @@ impl Found {
 /// The `models/iter-NNNN` with the highest iteration (at most `through`, if given) that
 /// verifies.
 fn newest_verified(
+    store: &dyn SharedDir,
     models: &Path,
     through: Option<u64>,
     check: Check,
     tick: &mut dyn FnMut(),
 ) -> Found {
-    let all = checkpoints(models);
+    let all = checkpoints(store, models);
     let candidates: Vec<&(u64, PathBuf)> = all
         .iter()
         .filter(|(i, _)| through.is_none_or(|t| *i <= t))
@@ -785,7 +877,7 @@ fn newest_verified(
         newest_error: None,
     };
     for (_, p) in candidates.iter().rev() {
-        match verify_as(p, check, tick) {
+        match verify_as(store, p, check, tick) {
             Ok(_) => {
                 found.fallback = Some(p.clone());
                 break;
@@ -801,11 +893,12 @@ fn newest_verified(
 }
 
 /// Every `models/iter-NNNN`, by iteration.
-fn checkpoints(models: &Path) -> Vec<(u64, PathBuf)> {
-    let mut found: Vec<(u64, PathBuf)> = fs::read_dir(models)
+fn checkpoints(store: &dyn SharedDir, models: &Path) -> Vec<(u64, PathBuf)> {
+    let mut found: Vec<(u64, PathBuf)> = store
+        .read_dir(models)
         .map(|d| {
-            d.flatten()
-                .filter_map(|e| Some((iteration_of(e.file_name().to_str()?)?, e.path())))
+            d.into_iter()
+                .filter_map(|n| Some((iteration_of(n.to_str()?)?, models.join(n))))
                 .collect()
         })
         .unwrap_or_default();
@@ -817,12 +910,13 @@ fn checkpoints(models: &Path) -> Vec<(u64, PathBuf)> {
 /// the model as it was once iteration `iteration` was trained (a failed training
 /// publishes nothing, so the one before stands).
 pub fn newest_at_most(
+    store: &dyn SharedDir,
     models: &Path,
     iteration: u64,
     check: Check,
     tick: &mut dyn FnMut(),
 ) -> Option<PathBuf> {
-    newest_verified(models, Some(iteration), check, tick).fallback
+    newest_verified(store, models, Some(iteration), check, tick).fallback
 }
 
 /// What `publish` did.
@@ -905,13 +999,14 @@ pub fn is_partial_dir_name(file_name: &str) -> bool {
 /// `models/`), since the rank 0 that finishes the hand-off after a restart may be another
 /// machine, mounting the directory elsewhere. An absolute path (a source outside the
 /// shared directory, or a partial directory of an earlier version) is used as it is.
-pub fn moved_from(dir: &Path) -> Option<PathBuf> {
+pub fn moved_from(store: &dyn SharedDir, dir: &Path) -> Option<PathBuf> {
     use std::os::unix::ffi::OsStringExt;
-    if !store().is_dir(&dir.join(MOVED)) {
+    if !store.is_dir(&dir.join(MOVED)) {
         return None;
     }
-    let bytes =
-        crate::store::fs::read_file(&dir.join(MOVED_FROM), crate::store::ReadLimit::Record).ok()?;
+    let bytes = store
+        .read_file(&dir.join(MOVED_FROM), ReadLimit::Record)
+        .ok()?;
     let recorded = PathBuf::from(std::ffi::OsString::from_vec(bytes));
     if recorded.is_absolute() {
         return Some(recorded);
@@ -934,11 +1029,11 @@ fn recorded_source(models: &Path, source: &Path) -> PathBuf {
 /// moved the checkpoint out of the training output and did not finish: the newest such
 /// generation's. Found by exact names, not by listing `models/` (a listing on a shared
 /// filesystem can miss an entry another client created for up to a minute).
-pub fn pending_move(models: &Path, name: &str, gen: u64) -> Option<PathBuf> {
+pub fn pending_move(store: &dyn SharedDir, models: &Path, name: &str, gen: u64) -> Option<PathBuf> {
     (1..=gen)
         .rev()
         .map(|g| partial_dir(models, name, g))
-        .find(|p| moved_from(p).is_some())
+        .find(|p| moved_from(store, p).is_some())
 }
 
 /// Publish `source` (the checkpoint root) as `models/<name>` by copying it, and point
@@ -950,6 +1045,7 @@ pub fn pending_move(models: &Path, name: &str, gen: u64) -> Option<PathBuf> {
 /// existing `models/<name>` that does not verify is an error: a checkpoint is never
 /// replaced, and nothing is copied.
 pub fn publish(
+    store: &dyn SharedDir,
     source: &Path,
     models: &Path,
     name: &str,
@@ -957,12 +1053,14 @@ pub fn publish(
     fence: &mut dyn FnMut() -> Result<(), String>,
     tick: &mut dyn FnMut(),
 ) -> Result<Published, PublishError> {
-    publish_with(source, models, name, gen, &[], fence, tick)
+    publish_with(store, source, models, name, gen, &[], fence, tick)
 }
 
 /// [`publish`], recording `mutable` (globs of files readers may rewrite in place) in the
 /// manifest.
+#[allow(clippy::too_many_arguments)]
 pub fn publish_with(
+    store: &dyn SharedDir,
     source: &Path,
     models: &Path,
     name: &str,
@@ -976,13 +1074,15 @@ pub fn publish_with(
         transfer: Transfer::Copy,
         ..Options::default()
     };
-    publish_opts(source, models, name, gen, &opts, fence, tick).map(|o| o.published)
+    publish_opts(store, source, models, name, gen, &opts, fence, tick).map(|o| o.published)
 }
 
 /// [`publish`] as `opts` say: moved or copied, leaving out excluded files. A moved
 /// checkpoint an interrupted hand-off of `name` left (see [`pending_move`]) is published
 /// first, instead of `source`.
+#[allow(clippy::too_many_arguments)]
 pub fn publish_opts(
+    store: &dyn SharedDir,
     source: &Path,
     models: &Path,
     name: &str,
@@ -991,23 +1091,29 @@ pub fn publish_opts(
     fence: &mut dyn FnMut() -> Result<(), String>,
     tick: &mut dyn FnMut(),
 ) -> Result<Outcome, PublishError> {
-    store().create_dir_all(models).map_err(io_at(models))?;
+    store.create_dir_all(models).map_err(io_at(models))?;
     let dest = models.join(name);
-    if store().exists_followed(&dest) {
+    if store.exists_followed(&dest) {
         return Ok(Outcome {
-            published: keep_existing(models, name, &dest, fence, tick)?,
+            published: keep_existing(store, models, name, &dest, fence, tick)?,
             how: How::Existing,
             excluded: 0,
             source: source.to_path_buf(),
         });
     }
     let tmp = partial_dir(models, name, gen);
-    if let Some(pending) = pending_move(models, name, gen) {
-        claim(models, &pending, &tmp)?;
-        return finish_moved(&tmp, models, name, opts, How::Resumed, fence, tick);
+    if let Some(pending) = pending_move(store, models, name, gen) {
+        claim(store, models, &pending, &tmp)?;
+        let at = Partial {
+            store,
+            tmp: &tmp,
+            models,
+            name,
+        };
+        return finish_moved(&at, opts, How::Resumed, fence, tick);
     }
     // Everything is checked before anything is written: a refused link leaves no trace.
-    let sources = checkpoint_files(source)?;
+    let sources = checkpoint_files(store, source)?;
     if sources.iter().all(|f| opts.excludes(&f.rel)) {
         return Err(PublishError::NothingLeft {
             root: source.to_path_buf(),
@@ -1021,19 +1127,25 @@ pub fn publish_opts(
             path: source.join(&f.rel),
         });
     }
-    if store().exists_followed(&tmp) {
+    if store.exists_followed(&tmp) {
         // This generation's own debris from a crashed copy (a moved checkpoint in it was
         // found above): not a checkpoint.
-        fs::remove_dir_all(&tmp).map_err(io_at(&tmp))?;
+        store.remove_dir_all(&tmp).map_err(io_at(&tmp))?;
     }
+    let at = Partial {
+        store,
+        tmp: &tmp,
+        models,
+        name,
+    };
     let why = match opts.transfer {
         Transfer::Copy => None,
-        Transfer::Move => match not_movable(source) {
+        Transfer::Move => match not_movable(store, source) {
             Some(why) => Some(why),
-            None => match move_into(models, source, &tmp) {
+            None => match move_into(store, models, source, &tmp) {
                 Ok(()) => {
                     crash_point("handoff:after-move");
-                    return finish_moved(&tmp, models, name, opts, How::Moved, fence, tick);
+                    return finish_moved(&at, opts, How::Moved, fence, tick);
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
                     Some("it is on another filesystem than models/".to_string())
@@ -1043,10 +1155,10 @@ pub fn publish_opts(
         },
     };
     let recorded = recorded_source(models, source);
-    copy_into(sources, &tmp, opts, tick).and_then(|(files, excluded)| {
-        write_manifest(&tmp, name, &recorded, files, opts)?;
+    copy_into(store, sources, &tmp, opts, tick).and_then(|(files, excluded)| {
+        write_manifest(store, &tmp, name, &recorded, files, opts)?;
         Ok(Outcome {
-            published: commit(&tmp, models, name, true, fence, tick)?,
+            published: commit(&at, &tmp, true, fence, tick)?,
             how: How::Copied { why },
             excluded,
             source: source.to_path_buf(),
@@ -1056,98 +1168,124 @@ pub fn publish_opts(
 
 /// Why `source` cannot be renamed into `models/` as it is, if it cannot: a checkpoint
 /// holds the content of the links its training output had, never the links.
-fn not_movable(source: &Path) -> Option<String> {
-    if fs::symlink_metadata(source).is_ok_and(|m| m.file_type().is_symlink()) {
+fn not_movable(store: &dyn SharedDir, source: &Path) -> Option<String> {
+    if store
+        .lstat(source)
+        .is_ok_and(|m| m.is_some_and(|m| m.kind == Kind::Symlink))
+    {
         return Some("it is a symbolic link".into());
     }
-    walkdir::WalkDir::new(source)
+    store
+        .walk(source)
+        .ok()?
         .into_iter()
-        .flatten()
-        .find(|e| e.path_is_symlink())
-        .map(|e| {
+        .find(|(_, m)| m.kind == Kind::Symlink)
+        .map(|(p, _)| {
             format!(
                 "it holds a symbolic link ({}), whose content a checkpoint must hold instead",
-                e.path().display()
+                p.display()
             )
         })
+}
+
+/// A hand-off's partial directory `tmp` in `models/`, filled to publish `name`.
+struct Partial<'a> {
+    store: &'a dyn SharedDir,
+    tmp: &'a Path,
+    models: &'a Path,
+    name: &'a str,
 }
 
 /// Rename `source` to `tmp/moved`, having written `tmp/moved-from` (durably) first: from
 /// the rename on, the partial directory says by itself what it holds and where it came from.
 /// Nothing is left behind when the rename fails.
-fn move_into(models: &Path, source: &Path, tmp: &Path) -> io::Result<()> {
+fn move_into(store: &dyn SharedDir, models: &Path, source: &Path, tmp: &Path) -> io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
-    store().create_dir(tmp)?;
+    store.create_dir(tmp)?;
     let moved = (|| {
-        let mut f = crate::store::fs::create_file(tmp.join(MOVED_FROM))?;
-        f.write_all(recorded_source(models, source).as_os_str().as_bytes())?;
-        f.sync_all()?;
-        store().fsync_dir(tmp)?;
-        store().fsync_dir(models)?;
-        store().rename(source, &tmp.join(MOVED))
+        let recorded = recorded_source(models, source);
+        write_synced(
+            store,
+            &tmp.join(MOVED_FROM),
+            recorded.as_os_str().as_bytes(),
+        )?;
+        store.fsync_dir(tmp)?;
+        store.fsync_dir(models)?;
+        store.rename(source, &tmp.join(MOVED))
     })();
     if let Err(e) = moved {
-        let _ = fs::remove_dir_all(tmp);
+        let _ = store.remove_dir_all(tmp);
         return Err(e);
     }
-    store().fsync_dir(tmp)?;
+    store.fsync_dir(tmp)?;
     if let Some(parent) = source.parent() {
-        store().fsync_dir(parent)?;
+        store.fsync_dir(parent)?;
     }
     Ok(())
+}
+
+/// A new file at `path` holding `bytes`, made durable.
+fn write_synced(store: &dyn SharedDir, path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut f = store.create_data(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()
 }
 
 /// Take over the moved checkpoint in `pending` (another generation's partial directory,
 /// or this one's) into this generation's `tmp`: by renaming, so an older generation that
 /// wakes up finds nothing left to publish.
-fn claim(models: &Path, pending: &Path, tmp: &Path) -> Result<(), PublishError> {
+fn claim(
+    store: &dyn SharedDir,
+    models: &Path,
+    pending: &Path,
+    tmp: &Path,
+) -> Result<(), PublishError> {
     if pending == tmp {
         return Ok(());
     }
-    if store().exists_followed(tmp) {
-        fs::remove_dir_all(tmp).map_err(io_at(tmp))?;
+    if store.exists_followed(tmp) {
+        store.remove_dir_all(tmp).map_err(io_at(tmp))?;
     }
-    store().create_dir(tmp).map_err(io_at(tmp))?;
+    store.create_dir(tmp).map_err(io_at(tmp))?;
     let from = pending.join(MOVED_FROM);
     let to = tmp.join(MOVED_FROM);
     (|| {
-        crate::store::fs::copy_file(&from, &to)?;
-        store().sync_file(&to)?;
-        store().fsync_dir(tmp)?;
-        store().fsync_dir(models)
+        write_synced(store, &to, &store.read_file(&from, ReadLimit::Record)?)?;
+        store.fsync_dir(tmp)?;
+        store.fsync_dir(models)
     })()
     .map_err(io_at(&to))?;
     let moved = pending.join(MOVED);
-    store()
+    store
         .rename(&moved, &tmp.join(MOVED))
         .map_err(io_at(&moved))?;
-    store().fsync_dir(tmp).map_err(io_at(tmp))?;
+    store.fsync_dir(tmp).map_err(io_at(tmp))?;
     // What is left of the other generation's directory is its note of where it came from.
-    let _ = fs::remove_dir_all(pending);
+    let _ = store.remove_dir_all(pending);
     Ok(())
 }
 
 /// Publish the checkpoint moved into `tmp/moved`: put excluded files back where they
 /// were, hash (and fsync) the rest once, write the manifest, rename, point `LATEST`.
 fn finish_moved(
-    tmp: &Path,
-    models: &Path,
-    name: &str,
+    at: &Partial<'_>,
     opts: &Options,
     how: How,
     fence: &mut dyn FnMut() -> Result<(), String>,
     tick: &mut dyn FnMut(),
 ) -> Result<Outcome, PublishError> {
-    let from = moved_from(tmp).ok_or_else(|| PublishError::Io {
+    let (store, tmp) = (at.store, at.tmp);
+    let from = moved_from(store, tmp).ok_or_else(|| PublishError::Io {
         path: tmp.join(MOVED_FROM),
         source: io::Error::new(io::ErrorKind::NotFound, "the moved checkpoint is missing"),
     })?;
     let moved = tmp.join(MOVED);
-    let excluded = put_back_excluded(&moved, &from, opts)?;
-    let mut sources = checkpoint_files(&moved)?;
+    let excluded = put_back_excluded(store, &moved, &from, opts)?;
+    let mut sources = checkpoint_files(store, &moved)?;
     // An interrupted attempt's manifest is rewritten below.
     sources.retain(|f| f.rel != Path::new(MANIFEST) && f.rel != Path::new(MANIFEST_DIGEST));
-    let hashed = hash_in_place(&sources, tick)?;
+    let sync = crate::protocol::mutation(opts.mutation) != Some(Mutation::Unsynced);
+    let hashed = hash_in_place(store, &sources, sync, tick)?;
     let files = sources
         .into_iter()
         .zip(hashed)
@@ -1158,35 +1296,54 @@ fn finish_moved(
             link_target: None,
         })
         .collect();
-    // The trainer's directories were never synced either.
-    for d in walkdir::WalkDir::new(&moved).contents_first(true) {
-        let d = d.map_err(|e| walk_error(&moved, e))?;
-        if d.file_type().is_dir() {
-            store().fsync_dir(d.path()).map_err(io_at(d.path()))?;
-        }
+    // The trainer's directories were never synced either (what a directory holds first).
+    let below = store.walk(&moved).map_err(io_at(&moved))?;
+    for (d, _) in below.iter().rev().filter(|(_, m)| m.kind == Kind::Dir) {
+        store.fsync_dir(d).map_err(io_at(d))?;
     }
-    write_manifest(&moved, name, &recorded_source(models, &from), files, opts)?;
+    store.fsync_dir(&moved).map_err(io_at(&moved))?;
+    let recorded = recorded_source(at.models, &from);
+    write_manifest(store, &moved, at.name, &recorded, files, opts)?;
     Ok(Outcome {
-        published: commit(&moved, models, name, false, fence, tick)?,
+        published: commit(at, &moved, false, fence, tick)?,
         how,
         excluded,
         source: from,
     })
 }
 
-/// Hash (and fsync) `files` in place, several at once (the largest first, one thread per
-/// core, at most 4): a moved checkpoint's only pass over its data, which a copy's I/O does
-/// not hide. Returns each file's size and SHA-256, in the order of `files`. This thread
-/// waits for the hashers, calling `tick` only when their bytes advance (a read hung on the
+/// Hash (and, with `sync`, fsync) `files` in place, several at once (the largest first,
+/// one thread per core, at most 4; one after another where the store takes no concurrent
+/// readers): a moved checkpoint's only pass over its data, which a copy's I/O does not
+/// hide. Returns each file's size and SHA-256, in the order of `files`. This thread waits
+/// for the hashers, calling `tick` only when their bytes advance (a read hung on the
 /// filesystem is not hidden from the watchdog), and the crash point after each file.
 fn hash_in_place(
+    store: &dyn SharedDir,
     files: &[SourceFile],
+    sync: bool,
     tick: &mut dyn FnMut(),
 ) -> Result<Vec<(u64, String)>, PublishError> {
     use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
     use std::sync::mpsc::RecvTimeoutError;
+    if !store.concurrent_data() {
+        return files
+            .iter()
+            .map(|f| {
+                let hashed = sha256_synced(store, &f.src, sync, tick).map_err(io_at(&f.src));
+                crash_point("handoff:mid-copy");
+                hashed
+            })
+            .collect();
+    }
     let mut order: Vec<usize> = (0..files.len()).collect();
-    let size = |i: &usize| fs::metadata(&files[*i].src).map_or(0, |m| m.len());
+    let size = |i: &usize| {
+        store
+            .stat(&files[*i].src)
+            .ok()
+            .flatten()
+            .map_or(0, |m| m.len)
+    };
     order.sort_by_key(|i| std::cmp::Reverse(size(i)));
     let workers = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
@@ -1203,7 +1360,7 @@ fn hash_in_place(
                 let Some(&i) = order.get(next.fetch_add(1, Ordering::SeqCst)) else {
                     return;
                 };
-                let hashed = sha256_synced(&files[i].src, &mut || {
+                let hashed = sha256_synced(store, &files[i].src, sync, &mut || {
                     chunks.fetch_add(1, Ordering::Relaxed);
                 });
                 if done.send((i, hashed)).is_err() {
@@ -1248,54 +1405,52 @@ fn hash_in_place(
 /// Rename the files of `moved` that `opts` exclude back to the same relative path under
 /// `from`, the training output (recreating its directories), and remove the directories
 /// that leaves empty. Idempotent: a resumed hand-off puts back what a crash left.
-fn put_back_excluded(moved: &Path, from: &Path, opts: &Options) -> Result<usize, PublishError> {
+fn put_back_excluded(
+    store: &dyn SharedDir,
+    moved: &Path,
+    from: &Path,
+    opts: &Options,
+) -> Result<usize, PublishError> {
     if opts.exclude.is_empty() {
         return Ok(0);
     }
     let mut excluded = Vec::new();
-    for e in walkdir::WalkDir::new(moved)
-        .min_depth(1)
-        .sort_by_file_name()
-    {
-        let e = e.map_err(|e| walk_error(moved, e))?;
-        let rel = e.path().strip_prefix(moved).expect("under its root");
-        if !e.file_type().is_dir() && opts.excludes(rel) {
+    for (path, meta) in store.walk(moved).map_err(io_at(moved))? {
+        let rel = path.strip_prefix(moved).expect("under its root");
+        if meta.kind != Kind::Dir && opts.excludes(rel) {
             excluded.push(rel.to_path_buf());
         }
     }
     for rel in &excluded {
         let back = from.join(rel);
         let parent = back.parent().expect("has a parent");
-        store().create_dir_all(parent).map_err(io_at(parent))?;
-        store()
+        store.create_dir_all(parent).map_err(io_at(parent))?;
+        store
             .rename_noreplace(&moved.join(rel), &back)
             .map_err(io_at(&back))?;
     }
-    // Directories emptied by it (a DeepSpeed global_step*/ of optimizer states).
-    for e in walkdir::WalkDir::new(moved)
-        .min_depth(1)
-        .contents_first(true)
-        .into_iter()
-        .flatten()
-    {
-        if e.file_type().is_dir() {
-            let _ = fs::remove_dir(e.path());
+    // Directories emptied by it (a DeepSpeed global_step*/ of optimizer states); reversed,
+    // the walk lists what a directory holds before the directory.
+    for (path, meta) in store.walk(moved).unwrap_or_default().into_iter().rev() {
+        if meta.kind == Kind::Dir {
+            let _ = store.remove_dir(&path);
         }
     }
     if !excluded.is_empty() {
-        store().fsync_dir(from).map_err(io_at(from))?;
+        store.fsync_dir(from).map_err(io_at(from))?;
     }
     Ok(excluded.len())
 }
 
 /// Copy the files of `sources` that `opts` keep into `tmp`, hashing each as it is copied.
 fn copy_into(
+    store: &dyn SharedDir,
     sources: Vec<SourceFile>,
     tmp: &Path,
     opts: &Options,
     tick: &mut dyn FnMut(),
 ) -> Result<(Vec<FileEntry>, usize), PublishError> {
-    store().create_dir_all(tmp).map_err(io_at(tmp))?;
+    store.create_dir_all(tmp).map_err(io_at(tmp))?;
     let mut files = Vec::new();
     let mut excluded = 0;
     for f in sources {
@@ -1305,8 +1460,8 @@ fn copy_into(
         }
         let dst = tmp.join(&f.rel);
         let parent = dst.parent().expect("has parent");
-        store().create_dir_all(parent).map_err(io_at(parent))?;
-        let (size, sha256) = copy_hashed(&f.src, &dst, tick)?;
+        store.create_dir_all(parent).map_err(io_at(parent))?;
+        let (size, sha256) = copy_hashed(store, &f.src, &dst, tick)?;
         files.push(FileEntry {
             path: f.rel.to_string_lossy().into_owned(),
             size,
@@ -1321,6 +1476,7 @@ fn copy_into(
 /// Write `dir/manifest.json` and its digest `dir/manifest.sha256`, durably. `source` as
 /// [`recorded_source`] gives it.
 fn write_manifest(
+    store: &dyn SharedDir,
     dir: &Path,
     name: &str,
     source: &Path,
@@ -1331,23 +1487,21 @@ fn write_manifest(
         name: name.to_string(),
         source: source.display().to_string(),
         files,
-        created_at: crate::clock::wall_now(),
+        created_at: opts
+            .created_at
+            .clone()
+            .unwrap_or_else(crate::clock::wall_now),
         mutable: opts.mutable.clone(),
     };
     let mpath = dir.join(MANIFEST);
     let bytes = crate::store::fs::json_bytes(&manifest).map_err(io_at(&mpath))?;
     let write = |path: &Path, bytes: &[u8]| -> Result<(), PublishError> {
-        (|| {
-            let mut f = crate::store::fs::create_file(path)?;
-            f.write_all(bytes)?;
-            f.sync_all()
-        })()
-        .map_err(io_at(path))
+        write_synced(store, path, bytes).map_err(io_at(path))
     };
     write(&mpath, &bytes)?;
     let digest = format!("{}  {MANIFEST}\n", hex::encode(Sha256::digest(&bytes)));
     write(&dir.join(MANIFEST_DIGEST), digest.as_bytes())?;
-    store().fsync_dir(dir).map_err(io_at(dir))
+    store.fsync_dir(dir).map_err(io_at(dir))
 }
 
 /// Rename the complete checkpoint `ready` to `models/<name>` (never replacing one) and
@@ -1355,40 +1509,40 @@ fn write_manifest(
 /// published meanwhile and verifies, it is kept, and `ready` removed if `discard` (a copy;
 /// a moved checkpoint is left where it is).
 fn commit(
+    at: &Partial<'_>,
     ready: &Path,
-    models: &Path,
-    name: &str,
     discard: bool,
     fence: &mut dyn FnMut() -> Result<(), String>,
     tick: &mut dyn FnMut(),
 ) -> Result<Published, PublishError> {
+    let (store, models, name) = (at.store, at.models, at.name);
     let dest = models.join(name);
     crash_point("handoff:before-rename");
     fence().map_err(|reason| PublishError::Fenced {
         step: format!("renaming {} to {name}", ready.display()),
         reason,
     })?;
-    match store().rename_noreplace(ready, &dest) {
+    match store.rename_noreplace(ready, &dest) {
         Ok(()) => {}
         Err(e) if is_exists(&e) => {
             // Published meanwhile by someone else: theirs stands if it verifies.
-            let kept = keep_existing(models, name, &dest, fence, tick);
+            let kept = keep_existing(store, models, name, &dest, fence, tick);
             if kept.is_ok() && discard {
-                let _ = fs::remove_dir_all(ready);
+                let _ = store.remove_dir_all(ready);
             }
             return kept;
         }
         Err(e) => return Err(io_at(&dest)(e)),
     }
-    store().fsync_dir(models).map_err(io_at(models))?;
+    store.fsync_dir(models).map_err(io_at(models))?;
     if !discard {
         // A moved checkpoint's partial directory now holds only its `moved-from` note.
         if let Some(tmp) = ready.parent() {
-            let _ = fs::remove_dir_all(tmp);
+            let _ = store.remove_dir_all(tmp);
         }
     }
     crash_point("handoff:before-latest");
-    Ok(match point_latest(models, name, fence, tick)? {
+    Ok(match point_latest(store, models, name, fence, tick)? {
         None => Published::New(dest),
         Some(latest) => Published::LatestAhead { path: dest, latest },
     })
@@ -1400,19 +1554,20 @@ fn is_exists(e: &io::Error) -> bool {
 
 /// `models/<name>` exists: keep it (and point `LATEST` at it) if it verifies, else refuse.
 fn keep_existing(
+    store: &dyn SharedDir,
     models: &Path,
     name: &str,
     dest: &Path,
     fence: &mut dyn FnMut() -> Result<(), String>,
     tick: &mut dyn FnMut(),
 ) -> Result<Published, PublishError> {
-    if let Err(problem) = verify(dest, tick) {
+    if let Err(problem) = verify_as(store, dest, Check::Hash, tick) {
         return Err(PublishError::Exists {
             path: dest.to_path_buf(),
             problem,
         });
     }
-    Ok(match point_latest(models, name, fence, tick)? {
+    Ok(match point_latest(store, models, name, fence, tick)? {
         None => Published::Kept(dest.to_path_buf()),
         Some(latest) => Published::LatestAhead {
             path: dest.to_path_buf(),
@@ -1424,14 +1579,15 @@ fn keep_existing(
 /// Point `LATEST` at `name`, unless it names a newer checkpoint that verifies (returned:
 /// `LATEST` only moves forward). The fence is checked right before the write.
 fn point_latest(
+    store: &dyn SharedDir,
     models: &Path,
     name: &str,
     fence: &mut dyn FnMut() -> Result<(), String>,
     tick: &mut dyn FnMut(),
 ) -> Result<Option<PathBuf>, PublishError> {
-    if let (Some(current), Some(ours)) = (latest_named(models), iteration_of(name)) {
+    if let (Some(current), Some(ours)) = (latest_named(store, models), iteration_of(name)) {
         let newer = dir_iteration(&current).is_some_and(|theirs| theirs > ours);
-        if newer && verify(&current, tick).is_ok() {
+        if newer && verify_as(store, &current, Check::Hash, tick).is_ok() {
             return Ok(Some(current));
         }
     }
@@ -1440,7 +1596,7 @@ fn point_latest(
         reason,
     })?;
     let pointer = latest_in(models);
-    store()
+    store
         .publish(&pointer, format!("{name}\n").as_bytes())
         .map_err(io_at(&pointer))?;
     crate::exercised::note(crate::exercised::Path::LatestSwitches);
@@ -1451,14 +1607,15 @@ fn point_latest(
 /// buffers on a second thread while the next one is read: one pass over the data. The
 /// kernel is asked to write back as it goes, so the final fsync has little left to do.
 fn copy_hashed(
+    store: &dyn SharedDir,
     src: &Path,
     dst: &Path,
     tick: &mut dyn FnMut(),
 ) -> Result<(u64, String), PublishError> {
     const CHUNK: usize = 4 << 20;
     const WRITEBACK: u64 = 32 << 20;
-    let mut r = File::open(src).map_err(io_at(src))?;
-    let mut w = crate::store::fs::create_file(dst).map_err(io_at(dst))?;
+    let mut r = store.open_data(src).map_err(io_at(src))?;
+    let mut w = store.create_data(dst).map_err(io_at(dst))?;
     let (full, to_hash) = std::sync::mpsc::sync_channel::<Vec<u8>>(2);
     let (give_back, empty) = std::sync::mpsc::channel::<Vec<u8>>();
     let (copied, sha) = std::thread::scope(|s| {
@@ -1474,8 +1631,8 @@ fn copy_hashed(
             let mut size = 0u64;
             loop {
                 let mut buf = empty.try_recv().unwrap_or_default();
-                buf.resize(CHUNK, 0);
-                let n = read_full(&mut r, &mut buf).map_err(io_at(src))?;
+                buf.clear();
+                let n = read_full(&mut *r, &mut buf, CHUNK).map_err(io_at(src))?;
                 if n == 0 {
                     return Ok(size);
                 }
@@ -1484,7 +1641,7 @@ fn copy_hashed(
                 let synced = size - size % WRITEBACK;
                 size += n as u64;
                 if size - synced >= WRITEBACK {
-                    crate::store::fs::start_writeback(&w, synced, size - synced);
+                    w.written(synced, size - synced);
                 }
                 if full.send(buf).is_err() {
                     unreachable!("the hasher outlives the copy");
@@ -1500,11 +1657,12 @@ fn copy_hashed(
     Ok((size, sha))
 }
 
-/// Read until `buf` is full or the file ends; the number of bytes read.
-fn read_full(r: &mut File, buf: &mut [u8]) -> io::Result<usize> {
+/// Read onto the end of `buf` until it holds `want` bytes or the file ends; the number of
+/// bytes read.
+fn read_full(r: &mut dyn DataRead, buf: &mut Vec<u8>, want: usize) -> io::Result<usize> {
     let mut n = 0;
-    while n < buf.len() {
-        match r.read(&mut buf[n..]) {
+    while n < want {
+        match r.read_more(buf, want - n) {
             Ok(0) => break,
             Ok(k) => n += k,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -1521,6 +1679,7 @@ fn read_full(r: &mut File, buf: &mut [u8]) -> io::Result<usize> {
 /// fail verification. `fence` is checked before the first rename. Returns the names
 /// deleted; `keep_last = 0` keeps everything.
 pub fn prune(
+    store: &dyn SharedDir,
     models: &Path,
     keep_last: usize,
     spare: &dyn Fn(u64) -> bool,
@@ -1529,14 +1688,18 @@ pub fn prune(
     if keep_last == 0 {
         return Ok(vec![]);
     }
-    let latest = latest_named(models).and_then(|p| Some(p.file_name()?.to_owned()));
-    let mut found: Vec<(u64, String)> = fs::read_dir(models)
+    let latest = latest_named(store, models).and_then(|p| Some(p.file_name()?.to_owned()));
+    let mut found: Vec<(u64, String)> = store
+        .read_dir(models)
         .map_err(io_at(models))?
-        .flatten()
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .filter_map(|e| {
-            let name = e.file_name().into_string().ok()?;
+        .into_iter()
+        .filter_map(|n| {
+            let name = n.into_string().ok()?;
             Some((iteration_of(&name)?, name))
+        })
+        .filter(|(_, name)| {
+            let meta = store.lstat(&models.join(name));
+            meta.is_ok_and(|m| m.is_some_and(|m| m.kind == Kind::Dir))
         })
         .collect();
     found.sort();
@@ -1556,33 +1719,34 @@ pub fn prune(
     })?;
     for name in &doomed {
         let trash = checkpoint_trash(models, name);
-        if store().exists_followed(&trash) {
-            fs::remove_dir_all(&trash).map_err(io_at(&trash))?;
+        if store.exists_followed(&trash) {
+            store.remove_dir_all(&trash).map_err(io_at(&trash))?;
         }
-        store()
+        store
             .rename_noreplace(&models.join(name), &trash)
             .map_err(io_at(&trash))?;
     }
-    store().fsync_dir(models).map_err(io_at(models))?;
+    store.fsync_dir(models).map_err(io_at(models))?;
     crash_point("prune:before-remove");
-    empty_trash(models)?;
+    empty_trash(store, models)?;
     Ok(doomed)
 }
 
 /// Remove what a [`prune`] renamed to `.trash-…` and did not finish removing; returns the
 /// names removed.
-pub fn empty_trash(models: &Path) -> Result<Vec<String>, PublishError> {
+pub fn empty_trash(store: &dyn SharedDir, models: &Path) -> Result<Vec<String>, PublishError> {
     let mut removed = Vec::new();
-    let Ok(entries) = fs::read_dir(models) else {
+    let Ok(entries) = store.read_dir(models) else {
         return Ok(removed);
     };
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
+    for n in entries {
+        let name = n.to_string_lossy().into_owned();
         if crate::layout::is_checkpoint_trash(&name) {
-            match fs::remove_dir_all(e.path()) {
+            let path = models.join(&n);
+            match store.remove_dir_all(&path) {
                 Ok(()) => removed.push(name),
                 Err(err) if err.kind() == io::ErrorKind::NotFound => {}
-                Err(err) => return Err(io_at(&e.path())(err)),
+                Err(err) => return Err(io_at(&path)(err)),
             }
         }
     }
@@ -1593,6 +1757,8 @@ pub fn empty_trash(models: &Path) -> Result<Vec<String>, PublishError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Fs;
+    use std::fs;
     use std::os::unix::fs::symlink;
 
     fn tree(root: &Path) {
@@ -1616,6 +1782,7 @@ mod tests {
         fs::write(src.join("scheduler.pt"), b"lr 1e-6").unwrap();
         let mutable = vec!["scheduler.pt".to_string()];
         publish_with(
+            &Fs,
             &src,
             &models,
             "iter-0001",
@@ -1640,7 +1807,7 @@ mod tests {
     }
 
     fn publish_as(src: &Path, models: &Path, name: &str) -> Result<Published, PublishError> {
-        publish(src, models, name, 1, &mut open, &mut || {})
+        publish(&Fs, src, models, name, 1, &mut open, &mut || {})
     }
 
     fn names(dir: &Path) -> Vec<String> {
@@ -1664,7 +1831,10 @@ mod tests {
         let out = publish_as(&src, &models, "iter-0001").unwrap();
         assert!(matches!(out, Published::New(_)));
         let out = out.path().to_path_buf();
-        assert_eq!(latest(&models, &mut || {}), Latest::Checkpoint(out.clone()));
+        assert_eq!(
+            latest(&Fs, &models, &mut || {}),
+            Latest::Checkpoint(out.clone())
+        );
         let m = verify(&out, &mut || {}).unwrap();
         assert_eq!(m.files.len(), 2);
         assert!(m.files.iter().all(|f| f.link_target.is_none()));
@@ -1797,7 +1967,16 @@ mod tests {
         tree(&src);
         let models = d.path().join("models");
         let mut replaced = || Err("generation 1 was replaced by generation 2".to_string());
-        let err = publish(&src, &models, "iter-0001", 1, &mut replaced, &mut || {}).unwrap_err();
+        let err = publish(
+            &Fs,
+            &src,
+            &models,
+            "iter-0001",
+            1,
+            &mut replaced,
+            &mut || {},
+        )
+        .unwrap_err();
         assert!(
             err.to_string().starts_with("stopped before renaming")
                 && err
@@ -1807,7 +1986,7 @@ mod tests {
         );
         // Only this generation's partial directory is left; the next generation uses its own.
         assert_eq!(names(&models), vec![".iter-0001.g1.partial"]);
-        let out = publish(&src, &models, "iter-0001", 2, &mut open, &mut || {}).unwrap();
+        let out = publish(&Fs, &src, &models, "iter-0001", 2, &mut open, &mut || {}).unwrap();
         assert!(matches!(out, Published::New(_)));
         assert_eq!(
             names(&models),
@@ -1820,16 +1999,24 @@ mod tests {
             calls += 1;
             Err(format!("call {calls}"))
         };
-        let err = publish(&src, &models, "iter-0001", 3, &mut second_fails, &mut || {})
-            .unwrap_err()
-            .to_string();
+        let err = publish(
+            &Fs,
+            &src,
+            &models,
+            "iter-0001",
+            3,
+            &mut second_fails,
+            &mut || {},
+        )
+        .unwrap_err()
+        .to_string();
         assert!(
             err.starts_with("stopped before pointing models/LATEST at iter-0001"),
             "{err}"
         );
         assert!(!models.join(LATEST).exists());
         // The same generation cleans up its own stale partial on its next attempt.
-        publish(&src, &models, "iter-0002", 1, &mut open, &mut || {}).unwrap();
+        publish(&Fs, &src, &models, "iter-0002", 1, &mut open, &mut || {}).unwrap();
         assert!(!models.join(".iter-0002.g1.partial").exists());
     }
 
@@ -1870,7 +2057,7 @@ mod tests {
         let src = d.path().join("out");
         tree(&src);
         let models = d.path().join("models");
-        assert_eq!(latest(&models, &mut || {}), Latest::Base);
+        assert_eq!(latest(&Fs, &models, &mut || {}), Latest::Base);
         for it in [1, 2, 10] {
             publish_as(&src, &models, &format!("iter-{it:04}")).unwrap();
         }
@@ -1898,7 +2085,7 @@ mod tests {
         ];
         for (text, problem) in cases {
             fs::write(&pointer, text).unwrap();
-            let l = latest(&models, &mut || {});
+            let l = latest(&Fs, &models, &mut || {});
             assert_eq!(
                 l,
                 Latest::Damaged {
@@ -1916,7 +2103,7 @@ mod tests {
         // LATEST names a checkpoint whose file was modified: the newest that verifies.
         fs::write(&pointer, "iter-0010\n").unwrap();
         fs::write(newest.join("weights.bin"), b"changed").unwrap();
-        let l = latest(&models, &mut || {});
+        let l = latest(&Fs, &models, &mut || {});
         assert_eq!(l.path(), Some(models.join("iter-0002").as_path()));
         let w = l.warning("").unwrap();
         assert!(
@@ -1929,7 +2116,7 @@ mod tests {
         for it in [1, 2] {
             fs::write(models.join(format!("iter-{it:04}/weights.bin")), b"changed").unwrap();
         }
-        let l = latest(&models, &mut || {});
+        let l = latest(&Fs, &models, &mut || {});
         assert_eq!(l.path(), None);
         assert!(l.stop("").is_some_and(|s| s.ends_with(
             "there is no base model either (cluster.model is empty): there is no model to serve or train from; repair models/LATEST or set cluster.model"
@@ -1955,7 +2142,7 @@ mod tests {
         fs::remove_file(models.join(LATEST)).unwrap();
         // The newest one does not verify: it is skipped for the newest that does.
         fs::write(models.join("iter-0003/weights.bin"), b"changed").unwrap();
-        let l = latest(&models, &mut || {});
+        let l = latest(&Fs, &models, &mut || {});
         assert_eq!(
             l,
             Latest::Damaged {
@@ -1972,7 +2159,7 @@ mod tests {
         // None verifies: the base model, said.
         fs::write(models.join("iter-0002/weights.bin"), b"changed").unwrap();
         fs::write(models.join("iter-0001/weights.bin"), b"changed").unwrap();
-        let l = latest(&models, &mut || {});
+        let l = latest(&Fs, &models, &mut || {});
         assert_eq!(l.path(), None);
         let w = l.warning("/base").unwrap();
         assert!(
@@ -1983,7 +2170,7 @@ mod tests {
         // An empty models/ (or none): the first start, nothing to say.
         let empty = d.path().join("empty");
         fs::create_dir_all(&empty).unwrap();
-        assert_eq!(latest(&empty, &mut || {}), Latest::Base);
+        assert_eq!(latest(&Fs, &empty, &mut || {}), Latest::Base);
         assert_eq!(Latest::Base.warning("/base"), None);
     }
 
@@ -2024,7 +2211,7 @@ mod tests {
                 published: Some("iter-0002".into())
             }
         );
-        let resolve = |j: &Journaled| latest_as(&models, Check::Sizes, j, &mut || {});
+        let resolve = |j: &Journaled| latest_as(&Fs, &models, Check::Sizes, j, &mut || {});
         // A first hand-off interrupted after its rename, before LATEST and its journal
         // entry: the restart redoes it; until then the base model, quietly.
         publish_as(&src, &models, "iter-0001").unwrap();
@@ -2094,7 +2281,7 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         fs::write(d.path().join("checkpoint-99"), b"a file, not a directory").unwrap();
-        let p = |pattern| pick(d.path(), pattern).map(|p| p.file_name().unwrap().to_owned());
+        let p = |pattern| pick(&Fs, d.path(), pattern).map(|p| p.file_name().unwrap().to_owned());
         assert_eq!(p("checkpoint-*"), Some("checkpoint-x".into()));
         assert_eq!(p("checkpoint-[0-9]*"), Some("checkpoint-20".into()));
         assert_eq!(p("checkpoint-?0"), Some("checkpoint-20".into()));
@@ -2146,7 +2333,7 @@ mod tests {
         gen: u64,
         opts: &Options,
     ) -> Result<Outcome, PublishError> {
-        publish_opts(src, models, name, gen, opts, &mut open, &mut || {})
+        publish_opts(&Fs, src, models, name, gen, opts, &mut open, &mut || {})
     }
 
     /// A training output with two checkpoints, the newer one with optimizer states.
@@ -2191,7 +2378,7 @@ mod tests {
             ]
         );
         assert_eq!(fs::read(dir.join("weights.bin")).unwrap(), vec![9u8; 5000]);
-        verify_as(&dir, Check::Sizes, &mut || {}).unwrap();
+        verify_as(&Fs, &dir, Check::Sizes, &mut || {}).unwrap();
         // The digest is sha256sum's format.
         let digest = fs::read_to_string(dir.join(MANIFEST_DIGEST)).unwrap();
         let sum = hex::encode(Sha256::digest(fs::read(dir.join(MANIFEST)).unwrap()));
@@ -2235,7 +2422,7 @@ mod tests {
         let o = publish_moving(&src, &models, "iter-0002", 1, &copy).unwrap();
         assert_eq!(o.how, How::Copied { why: None });
         assert_eq!(names(&src), vec!["sub", "weights.bin"]);
-        let m = verify_as(&models.join("iter-0002"), Check::Sizes, &mut || {}).unwrap();
+        let m = verify_as(&Fs, &models.join("iter-0002"), Check::Sizes, &mut || {}).unwrap();
         let sha = hex::encode(Sha256::digest(vec![7u8; 3000]));
         assert_eq!(m.files[1].sha256, sha, "hashed while copying");
     }
@@ -2392,15 +2579,16 @@ mod tests {
             fs::create_dir_all(&models).unwrap();
             let g1 = partial_dir(&models, "iter-0001", 1);
             match state {
-                "after-move" => move_into(&models, &src, &g1).unwrap(),
+                "after-move" => move_into(&Fs, &models, &src, &g1).unwrap(),
                 "excluded-half-put-back" => {
-                    move_into(&models, &src, &g1).unwrap();
+                    move_into(&Fs, &models, &src, &g1).unwrap();
                     fs::create_dir_all(&src).unwrap();
                     fs::rename(g1.join("moved/optimizer.pt"), src.join("optimizer.pt")).unwrap();
                 }
                 "before-rename" => {
                     let mut fenced = || Err("replaced".to_string());
                     let e = publish_opts(
+                        &Fs,
                         &src,
                         &models,
                         "iter-0001",
@@ -2424,6 +2612,7 @@ mod tests {
                         }
                     };
                     publish_opts(
+                        &Fs,
                         &src,
                         &models,
                         "iter-0001",
@@ -2441,7 +2630,10 @@ mod tests {
             let older = out.join("checkpoint-10");
             let o = publish_moving(&older, &models, "iter-0001", 2, &opts).unwrap();
             let dir = models.join("iter-0001");
-            assert_eq!(latest(&models, &mut || {}), Latest::Checkpoint(dir.clone()));
+            assert_eq!(
+                latest(&Fs, &models, &mut || {}),
+                Latest::Checkpoint(dir.clone())
+            );
             assert_eq!(
                 fs::read(dir.join("weights.bin")).unwrap(),
                 vec![9u8; 5000],
@@ -2478,7 +2670,7 @@ mod tests {
         let models = here.join("models");
         fs::create_dir_all(&models).unwrap();
         let g1 = partial_dir(&models, "iter-0001", 1);
-        move_into(&models, &src, &g1).unwrap();
+        move_into(&Fs, &models, &src, &g1).unwrap();
         assert_eq!(
             fs::read_to_string(g1.join(MOVED_FROM)).unwrap(),
             "train/iter-0001/gen-1/checkpoint-20"
@@ -2505,8 +2697,8 @@ mod tests {
         publish_moving(&src, &models, "iter-0001", 1, &moving(&[])).unwrap();
         let dir = models.join("iter-0001");
         let w = dir.join("weights.bin");
-        let sizes = |dir: &Path| verify_as(dir, Check::Sizes, &mut || {});
-        let hash = |dir: &Path| verify_as(dir, Check::Hash, &mut || {});
+        let sizes = |dir: &Path| verify_as(&Fs, dir, Check::Sizes, &mut || {});
+        let hash = |dir: &Path| verify_as(&Fs, dir, Check::Hash, &mut || {});
         sizes(&dir).unwrap();
 
         // Same size, other content: only a re-hash sees it.
@@ -2575,17 +2767,17 @@ mod tests {
         // LATEST names an older one (a fallback after damage, say).
         fs::write(models.join(LATEST), "iter-0003\n").unwrap();
         assert_eq!(
-            prune(&models, 0, &|_| false, &mut open).unwrap(),
+            prune(&Fs, &models, 0, &|_| false, &mut open).unwrap(),
             Vec::<String>::new()
         );
         let mut fenced = || Err("replaced".to_string());
         assert!(matches!(
-            prune(&models, 2, &|_| false, &mut fenced),
+            prune(&Fs, &models, 2, &|_| false, &mut fenced),
             Err(PublishError::Fenced { .. })
         ));
         assert_eq!(names(&models).len(), 9);
         // Spared: eval iterations (here 1 and 5, say).
-        let deleted = prune(&models, 2, &|it| it == 1 || it == 5, &mut open).unwrap();
+        let deleted = prune(&Fs, &models, 2, &|it| it == 1 || it == 5, &mut open).unwrap();
         assert_eq!(deleted, vec!["iter-0006", "iter-0004", "iter-0002"]);
         assert_eq!(
             names(&models),
@@ -2600,10 +2792,10 @@ mod tests {
         );
         // A crash between the rename to trash and the removal: the next start finishes it.
         fs::rename(models.join("iter-0007"), models.join(".trash-iter-0007")).unwrap();
-        assert_eq!(empty_trash(&models).unwrap(), vec![".trash-iter-0007"]);
+        assert_eq!(empty_trash(&Fs, &models).unwrap(), vec![".trash-iter-0007"]);
         assert!(!names(&models).iter().any(|n| n.contains("0007")));
         assert_eq!(
-            latest(&models, &mut || {}),
+            latest(&Fs, &models, &mut || {}),
             Latest::Checkpoint(models.join("iter-0003"))
         );
     }

@@ -165,6 +165,8 @@ impl HandoffCommand {
             exclude: self.exclude.clone(),
             transfer: crate::checkpoint::Transfer::parse(&self.transfer)
                 .expect("validated at load"),
+            created_at: None,
+            mutation: None,
         }
     }
 

@@ -470,6 +470,8 @@ pub struct Broken {
     pub join: Option<crate::protocol::join::Mutation>,
     /// The built-in merge ([`crate::aggregate::merge`]).
     pub merge: Option<crate::aggregate::Mutation>,
+    /// The checkpoint hand-off ([`crate::checkpoint::publish_opts`]).
+    pub checkpoint: Option<crate::checkpoint::Mutation>,
 }
 
 /// How an in-process node is started besides its configuration: what the command line
@@ -588,9 +590,6 @@ pub fn run_in_process_with(
 #[cfg(feature = "sim")]
 fn in_process_refusal(cfg: &Config) -> Option<&'static str> {
     let p = &cfg.phases;
-    if !p.handoff.command.trim().is_empty() {
-        return Some("the checkpoint hand-off picks, copies and hashes real files ([phases.handoff] command)");
-    }
     if !cfg.server.command.trim().is_empty() {
         return Some("the inference server is a real process checked over HTTP ([server] command)");
     }
@@ -1541,10 +1540,13 @@ impl Node {
         let wd = self.watchdog.clone();
         let check = self.cfg.phases.handoff.check();
         let started = self.clock.now();
-        let latest =
-            crate::checkpoint::latest_as(&self.layout.models(), check, &journaled, &mut || {
-                wd.pet("verifying the latest checkpoint")
-            });
+        let latest = crate::checkpoint::latest_as(
+            &*self.store,
+            &self.layout.models(),
+            check,
+            &journaled,
+            &mut || wd.pet("verifying the latest checkpoint"),
+        );
         let checked = self.clock.elapsed(started).as_secs_f64();
         let base = self.cfg.cluster.model.clone();
         if let Some(reason) = latest.stop(&base) {
@@ -1597,7 +1599,7 @@ impl Node {
     /// (`phases.handoff.keep-last`; see `checkpoint::prune`).
     fn empty_checkpoint_trash(&mut self) -> Result<(), Stop> {
         self.watchdog.pet("deleting old checkpoints");
-        match crate::checkpoint::empty_trash(&self.layout.models()) {
+        match crate::checkpoint::empty_trash(&*self.store, &self.layout.models()) {
             Ok(removed) if removed.is_empty() => Ok(()),
             Ok(removed) => {
                 self.info(&format!(
@@ -2711,7 +2713,8 @@ impl Node {
         let models = self.layout.models();
         // A checkpoint an interrupted hand-off moved out of the training output is there no
         // more: publishing it (or keeping the one published) comes before any pick.
-        let moved = crate::checkpoint::pending_move(&models, &name, self.gen()).is_some();
+        let moved =
+            crate::checkpoint::pending_move(&*self.store, &models, &name, self.gen()).is_some();
         let unfinished = moved || self.store.exists_followed(&models.join(&name));
         if moved {
             // The handoff command had finished before the checkpoint was moved.
@@ -2726,7 +2729,7 @@ impl Node {
         let source = if unfinished {
             Some(train_out.clone())
         } else {
-            crate::checkpoint::pick(&train_out, &cfg.pick)
+            crate::checkpoint::pick(&*self.store, &train_out, &cfg.pick)
                 .or_else(|| has_files(&train_out).then(|| train_out.clone()))
         };
         let Some(source) = source else {
@@ -2746,12 +2749,16 @@ impl Node {
         let fence = self.fence_fn();
         let mut fence = move || fence();
         let previous = self.model.clone();
+        let mut opts = cfg.options();
+        opts.mutation = self.broken.checkpoint;
+        opts.created_at = Some(self.wall_stamp());
         let outcome = crate::checkpoint::publish_opts(
+            &*self.store,
             &source,
             &models,
             &name,
             self.gen(),
-            &cfg.options(),
+            &opts,
             &mut fence,
             &mut || wd.pet("publishing the checkpoint"),
         );
@@ -2854,7 +2861,7 @@ impl Node {
         self.watchdog.pet("deleting old checkpoints");
         let fence = self.fence_fn();
         let mut fence = move || fence();
-        match crate::checkpoint::prune(&models, keep_last, &spare, &mut fence) {
+        match crate::checkpoint::prune(&*self.store, &models, keep_last, &spare, &mut fence) {
             Ok(deleted) if deleted.is_empty() => Ok(()),
             Ok(deleted) => {
                 self.info(&format!(

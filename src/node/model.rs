@@ -108,9 +108,11 @@ impl Node {
         }
         let wd = self.watchdog.clone();
         let check = self.cfg.phases.handoff.check();
-        checkpoint::verify_as(path, check, &mut || wd.pet("verifying the model"))
-            .err()
-            .map(|e| format!("does not verify ({e})"))
+        checkpoint::verify_as(&*self.store, path, check, &mut || {
+            wd.pet("verifying the model")
+        })
+        .err()
+        .map(|e| format!("does not verify ({e})"))
     }
 
     /// A checkpoint rank 0 published that this node cannot use: its own failure (exit 1),

@@ -485,6 +485,7 @@ impl Node {
         let wd = self.watchdog.clone();
         let up_to = version.max(first - 1);
         let found = crate::checkpoint::newest_at_most(
+            &*self.store,
             &self.layout.models(),
             up_to,
             self.cfg.phases.handoff.check(),

@@ -513,7 +513,7 @@ fn incomplete_handoffs(l: &Layout) -> Vec<String> {
                     .and_then(|(_, g)| g.strip_suffix(".partial")?.parse::<u64>().ok())
                     .map(|g| format!(" by generation {g}"))
                     .unwrap_or_default();
-                match crate::checkpoint::moved_from(&e.path()) {
+                match crate::checkpoint::moved_from(&crate::store::Fs, &e.path()) {
                     // The training output itself, moved there: the next start publishes it.
                     Some(from) => out.push(format!("{}: a hand-off{by} that did not finish; it holds the checkpoint it moved out of {} (the only copy: do not delete it), which the next start of the run publishes", rel(&e.path()), from.display())),
                     None => out.push(format!("{}: a hand-off{by} that did not finish (not a checkpoint; delete it once no node of that generation runs)", rel(&e.path()))),
@@ -641,7 +641,7 @@ fn discard(store: &dyn SharedDir, run: &Run, rep: &Report, n: u64) -> Result<Vec
         moved.push(format!("models/{partial}"));
     }
     // LATEST must not name a checkpoint that was set aside.
-    if let Some(latest) = crate::checkpoint::latest_named(&l.models()) {
+    if let Some(latest) = crate::checkpoint::latest_named(&crate::store::Fs, &l.models()) {
         if !store.exists_followed(&latest) {
             let mut earlier: Vec<PathBuf> = std::fs::read_dir(l.models())
                 .map(|d| d.flatten().map(|e| e.path()).collect())

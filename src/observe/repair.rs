@@ -258,6 +258,7 @@ pub fn resolve_latest(
         .unwrap_or_default();
     let journaled = crate::checkpoint::Journaled::from_journal(rank_0, &walk_of(c));
     Some(crate::checkpoint::latest_as(
+        &crate::store::Fs,
         &layout.models(),
         check,
         &journaled,

@@ -151,6 +151,25 @@ impl SharedDir for Fs {
         remove_file(path)
     }
 
+    fn remove_dir(&self, path: &Path) -> io::Result<()> {
+        let at = beneath::at(path)?;
+        count(OpClass::Unlink);
+        Ok(rfs::unlinkat(at.fd(), at.name, AtFlags::REMOVEDIR)?)
+    }
+
+    fn read_link(&self, path: &Path) -> io::Result<PathBuf> {
+        use std::os::unix::ffi::OsStringExt;
+        let at = beneath::at(path)?;
+        count(OpClass::Stat);
+        let target = rfs::readlinkat(at.fd(), at.name, Vec::new())?;
+        Ok(PathBuf::from(OsString::from_vec(target.into_bytes())))
+    }
+
+    fn modified(&self, path: &Path) -> io::Result<Option<std::time::SystemTime>> {
+        count(OpClass::Stat);
+        fs::symlink_metadata(path)?.modified().map(Some)
+    }
+
     fn lstat(&self, path: &Path) -> io::Result<Option<Meta>> {
         count(OpClass::Stat);
         meta(fs::symlink_metadata(path))

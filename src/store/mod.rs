@@ -3,7 +3,9 @@
 //!
 //! - [`SharedDir`] is what the node does to the shared directory: atomic publish, tolerant
 //!   and strict reads, exclusive create, rename without replacing, appends, directory
-//!   creation and listing. Every implementation counts what it does in [`OpCounts`].
+//!   creation, listing and removal, links read. Every implementation counts what it does
+//!   in [`OpCounts`]; walks, `remove_dir_all` and `canonicalize` are built on those calls
+//!   (on `dyn SharedDir`), so a simulated directory answers them too.
 //! - [`fs`] is the real one ([`Fs`]; its free functions are its data plane: files written
 //!   through an open handle, and the reads of tools that hold no store); it reaches
 //!   every name it writes through [`beneath`], which never follows a link inside a run.
@@ -246,6 +248,27 @@ pub trait SharedDir: Send + Sync {
 
     fn remove_file(&self, path: &Path) -> io::Result<()>;
 
+    /// Remove the empty directory `path` (`rmdir`; a link at `path` is not followed).
+    fn remove_dir(&self, path: &Path) -> io::Result<()>;
+
+    /// What the symbolic link `path` holds, as written in it (`EINVAL` when `path` is no
+    /// link).
+    fn read_link(&self, path: &Path) -> io::Result<PathBuf>;
+
+    /// When what `path` names (a link itself) was last modified; `None` where the store
+    /// keeps no times (the simulated directory). A missing `path` is a `NotFound` error.
+    fn modified(&self, path: &Path) -> io::Result<Option<std::time::SystemTime>> {
+        self.lstat(path)?
+            .map(|_| None)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
+    }
+
+    /// Whether data files may be read on several threads at once. The simulated directory
+    /// is one whose callers take turns on the simulation's scheduler, so not there.
+    fn concurrent_data(&self) -> bool {
+        true
+    }
+
     /// `lstat` (a symlink is itself); `None` when nothing is there.
     fn lstat(&self, path: &Path) -> io::Result<Option<Meta>>;
 
@@ -337,6 +360,109 @@ impl dyn SharedDir + '_ {
     /// `Err(Damaged)` naming the file and what is wrong (see [`fs::read_strict`]).
     pub fn read_strict<T: DeserializeOwned>(&self, path: &Path) -> Result<Option<T>, Damaged> {
         fs::parse_strict_read(path, self.read(path))
+    }
+
+    /// [`SharedDir::read_limited`] as `std::fs::read` answers: a missing file is a
+    /// `NotFound` error naming it.
+    pub fn read_file(&self, path: &Path, limit: ReadLimit) -> io::Result<Vec<u8>> {
+        self.read_limited(path, limit)?.ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{} does not exist", path.display()),
+            )
+        })
+    }
+
+    /// Everything below the directory `root` (not `root` itself), as `lstat` sees it (a
+    /// link is listed, never followed): each directory's names sorted, a directory before
+    /// what it holds. What a checkpoint's walks are built on.
+    pub fn walk(&self, root: &Path) -> io::Result<Vec<(PathBuf, Meta)>> {
+        let mut out = Vec::new();
+        self.walk_into(root, &mut out)?;
+        Ok(out)
+    }
+
+    fn walk_into(&self, dir: &Path, out: &mut Vec<(PathBuf, Meta)>) -> io::Result<()> {
+        let mut names = self.read_dir(dir)?;
+        names.sort();
+        for name in names {
+            let path = dir.join(name);
+            // Gone since the listing: nothing to walk.
+            let Some(meta) = self.lstat(&path)? else {
+                continue;
+            };
+            out.push((path.clone(), meta));
+            if meta.kind == Kind::Dir {
+                self.walk_into(&path, out)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `std::fs::remove_dir_all`: `path` and everything below it, links removed, never
+    /// followed. A missing `path` is a `NotFound` error.
+    pub fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
+        match self.lstat(path)? {
+            None => return Err(io::Error::from_raw_os_error(libc::ENOENT)),
+            Some(m) if m.kind != Kind::Dir => return self.remove_file(path),
+            Some(_) => {}
+        }
+        // Reversed, the walk lists what a directory holds before the directory.
+        for (p, meta) in self.walk(path)?.into_iter().rev() {
+            let removed = match meta.kind {
+                Kind::Dir => self.remove_dir(&p),
+                _ => self.remove_file(&p),
+            };
+            match removed {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        self.remove_dir(path)
+    }
+
+    /// `std::fs::canonicalize` through the store: the absolute `path` with every link in
+    /// it resolved (at most 40, else `ELOOP`), `.` and `..` taken out. A missing part is a
+    /// `NotFound` error.
+    pub fn canonicalize(&self, path: &Path) -> io::Result<PathBuf> {
+        use std::path::Component;
+        let parts = |p: &Path| -> Vec<OsString> {
+            p.components()
+                .filter_map(|c| match c {
+                    Component::Normal(s) => Some(s.to_os_string()),
+                    Component::ParentDir => Some(OsString::from("..")),
+                    _ => None,
+                })
+                .rev()
+                .collect()
+        };
+        let mut todo = parts(path);
+        let mut out = PathBuf::from("/");
+        let mut links = 0;
+        while let Some(part) = todo.pop() {
+            if part == ".." {
+                out.pop();
+                continue;
+            }
+            out.push(&part);
+            let meta = self
+                .lstat(&out)?
+                .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+            if meta.kind != Kind::Symlink {
+                continue;
+            }
+            links += 1;
+            if links > 40 {
+                return Err(io::Error::from_raw_os_error(libc::ELOOP));
+            }
+            let target = self.read_link(&out)?;
+            out.pop();
+            if target.is_absolute() {
+                out = PathBuf::from("/");
+            }
+            todo.extend(parts(&target));
+        }
+        Ok(out)
     }
 
     pub fn exists(&self, path: &Path) -> bool {

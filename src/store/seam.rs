@@ -31,14 +31,18 @@ const SOURCES: &[&str] = &[
 ];
 
 /// Calls that change or probe a name without the store: a rename, a write, a create, a
-/// directory made, or an existence check (which the store answers for a simulated
-/// directory, and counts).
+/// directory made or removed, a walk or a link resolved, or an existence check (which the
+/// store answers for a simulated directory, and counts).
 const FORBIDDEN: &[&str] = &[
     "fs::rename(",
     "fs::write(",
     "File::create(",
     "fs::create_dir_all(",
     "fs::create_dir(",
+    "fs::remove_dir(",
+    "fs::remove_dir_all(",
+    "fs::canonicalize(",
+    "walkdir::",
     ".exists()",
     ".is_file()",
     ".is_dir()",
@@ -46,29 +50,6 @@ const FORBIDDEN: &[&str] = &[
 
 /// `(file, text of the line)` of the calls that stay, and why.
 const ALLOWED: &[(&str, &str)] = &[
-    // A checkpoint's own files, as walkdir found them: a file type, not a lookup of a name.
-    ("src/checkpoint.rs", "if t.is_dir() {"),
-    ("src/checkpoint.rs", "if !t.is_file() {"),
-    (
-        "src/checkpoint.rs",
-        ".filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))",
-    ),
-    (
-        "src/checkpoint.rs",
-        "if !meta.is_file() || meta.len() != f.size {",
-    ),
-    (
-        "src/checkpoint.rs",
-        "if !e.file_type().is_dir() && e.path() != mpath && e.path() != dpath {",
-    ),
-    ("src/checkpoint.rs", "if d.file_type().is_dir() {"),
-    (
-        "src/checkpoint.rs",
-        "if !e.file_type().is_dir() && opts.excludes(rel) {",
-    ),
-    ("src/checkpoint.rs", "if e.file_type().is_dir() {"),
-    // Verifying reads each listed file of a checkpoint (a read-only view).
-    ("src/checkpoint.rs", "if !p.is_file() {"),
     // The metadata of the merge command's output, already fetched: a file type.
     ("src/shards/command.rs", "Ok(m) if m.is_file() => {}"),
     // `rl-node aggregate` checks its --log-path before anything else (a usage error), and

@@ -39,7 +39,8 @@
 //!   cache or blob FUSE: a read within the attribute lifetime returns the cached copy.
 //!
 //! Simplifications: without close-to-open, a read whose attributes are still valid costs
-//! the server nothing; `read_dir` always asks the server; there are no symlinks.
+//! the server nothing; `read_dir` always asks the server; there are no symlinks, and no
+//! times (a checkpoint `pick` among several directories goes by name).
 
 use super::{DataRead, DataWrite, Kind, Meta, OpClass, OpCounts, SharedDir};
 use crate::clock::{Clock, SimClock};
@@ -256,6 +257,18 @@ impl World {
             self.entries.insert(norm(&to), e);
         }
         Ok(())
+    }
+
+    fn rmdir(&mut self, path: &Path) -> io::Result<()> {
+        match self.lookup(path)? {
+            None => Err(errno(libc::ENOENT)),
+            Some(Entry::File(_)) => Err(errno(libc::ENOTDIR)),
+            Some(Entry::Dir) if !self.below(path).is_empty() => Err(errno(libc::ENOTEMPTY)),
+            Some(Entry::Dir) => {
+                self.entries.remove(path);
+                Ok(())
+            }
+        }
     }
 
     fn mkdir(&mut self, path: &Path) -> io::Result<()> {
@@ -1186,6 +1199,30 @@ impl SharedDir for SimClient {
         Ok(())
     }
 
+    fn remove_dir(&self, path: &Path) -> io::Result<()> {
+        let path = norm(path);
+        let mut c = self.begin(&path);
+        c.op(OpClass::Unlink)?;
+        c.w.rmdir(&path)?;
+        c.forget(&path);
+        Ok(())
+    }
+
+    fn read_link(&self, path: &Path) -> io::Result<PathBuf> {
+        let path = norm(path);
+        let mut c = self.begin(&path);
+        c.op(OpClass::Stat)?;
+        // There are no links here: whatever is at `path` is not one.
+        match c.w.lookup(&path)? {
+            None => Err(errno(libc::ENOENT)),
+            Some(_) => Err(errno(libc::EINVAL)),
+        }
+    }
+
+    fn concurrent_data(&self) -> bool {
+        false
+    }
+
     fn lstat(&self, path: &Path) -> io::Result<Option<Meta>> {
         let path = norm(path);
         self.begin(&path).stat(&path)
@@ -1851,6 +1888,65 @@ mod tests {
             (
                 "remove_file of a dir",
                 Box::new(|s, r| show(s.remove_file(&r.join("ev")))),
+            ),
+            (
+                "mkdir -p a tree",
+                Box::new(|s, r| show(s.create_dir_all(&r.join("t/u")))),
+            ),
+            (
+                "publish in it",
+                Box::new(|s, r| show(s.publish(&r.join("t/u/f"), b"x"))),
+            ),
+            (
+                "walk",
+                Box::new(|s, r| {
+                    show(s.walk(&r.join("t")).map(|v| {
+                        v.into_iter()
+                            .map(|(p, m)| (p.strip_prefix(r).unwrap().to_path_buf(), m.kind))
+                            .collect::<Vec<_>>()
+                    }))
+                }),
+            ),
+            (
+                "canonicalize",
+                Box::new(|s, r| {
+                    show(
+                        s.canonicalize(&r.join("t/../t/./u/f"))
+                            .map(|p| p.strip_prefix(r).unwrap().to_path_buf()),
+                    )
+                }),
+            ),
+            (
+                "canonicalize missing",
+                Box::new(|s, r| show(s.canonicalize(&r.join("t/none/f")))),
+            ),
+            (
+                "rmdir not empty",
+                Box::new(|s, r| show(s.remove_dir(&r.join("t")))),
+            ),
+            (
+                "rmdir a file",
+                Box::new(|s, r| show(s.remove_dir(&r.join("t/u/f")))),
+            ),
+            (
+                "read_link of a file",
+                Box::new(|s, r| show(s.read_link(&r.join("t/u/f")))),
+            ),
+            (
+                "read_link missing",
+                Box::new(|s, r| show(s.read_link(&r.join("t/u/none")))),
+            ),
+            (
+                "remove_dir_all",
+                Box::new(|s, r| show(s.remove_dir_all(&r.join("t")))),
+            ),
+            (
+                "rmdir missing",
+                Box::new(|s, r| show(s.remove_dir(&r.join("t")))),
+            ),
+            (
+                "remove_dir_all missing",
+                Box::new(|s, r| show(s.remove_dir_all(&r.join("t")))),
             ),
             (
                 "read after",

@@ -476,6 +476,18 @@ fn driver_mutants() -> Vec<Mutant> {
             }),
         )
         .on(1, 300, 5),
+        Mutant::new(
+            "data",
+            "checkpoint::Unsynced",
+            Box::new(move |seed, max| {
+                let broken = Broken {
+                    checkpoint: Some(rl_node::checkpoint::Mutation::Unsynced),
+                    ..Broken::default()
+                };
+                nodes::run_data_seed(seed, max, broken).map(drop)
+            }),
+        )
+        .on(1, 300, 5),
         fresh_mutant(
             "join::SkippedByNumberOnly",
             rl_node::protocol::join::Mutation::SkippedByNumberOnly,
