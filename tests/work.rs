@@ -1210,26 +1210,10 @@ n=$(cat "$f" 2>/dev/null || echo 0); n=$((n + 1)); echo "$n" > "$f"
 /// rank that never finishes it, is backed up and committed.
 #[test]
 fn a_malformed_lease_neither_stops_a_dynamic_rollout_nor_loses_its_item() {
-    // The pool's first item plants the last item's attempt-0 lease (whole, by a rename).
-    let prefix = r#"leases="$(dirname "$(dirname "$RL_NODE_OUTPUT")")/leases"
-if [ "$(basename "$RL_NODE_OUTPUT" | cut -c1-6)" = p00000 ] && [ ! -e "@DIR@/planted" ]; then
-  touch "@DIR@/planted"
-  printf '{"rank": 7, "item_ms": 1e300, "workers": "many", "gen": "?"}' > "@DIR@/lease.tmp"
-  mv "@DIR@/lease.tmp" "$leases/p00003.g$RL_NODE_GEN.a0"
-fi
-sleep 0.1"#;
-    let w = Work::per_task(
-        1,
-        &task_text(4, &[]),
-        "strategy = \"dynamic\"\nmax-workers = 1",
-        prefix,
+    let leases = run_with_planted_leases(
+        r#"printf '{"rank": 7, "item_ms": 1e300, "workers": "many", "gen": "?"}' > "@DIR@/lease.tmp"
+  mv "@DIR@/lease.tmp" "$leases/p00003.g$RL_NODE_GEN.a0""#,
     );
-    let mut nodes = w.c.spawn_all(ONE);
-    wait_ok(&mut nodes, "a malformed lease");
-    assert!(w.dir().join("planted").exists(), "the lease was planted");
-    let all: BTreeSet<String> = (0..4).map(|p| format!("p{p:05}")).collect();
-    assert_eq!(w.committed(1, "p"), all);
-    let leases = lease_files(&w);
     let backup = leases
         .iter()
         .find(|(n, _)| n.starts_with("p00003.") && n.ends_with(".a1"));
@@ -1244,27 +1228,12 @@ sleep 0.1"#;
 /// up a retry).
 #[test]
 fn a_retry_lease_naming_no_rank_is_taken_over_not_waited_for() {
-    let prefix = r#"leases="$(dirname "$(dirname "$RL_NODE_OUTPUT")")/leases"
-if [ "$(basename "$RL_NODE_OUTPUT" | cut -c1-6)" = p00000 ] && [ ! -e "@DIR@/planted" ]; then
-  touch "@DIR@/planted"
-  for a in 0 1; do
+    let leases = run_with_planted_leases(
+        r#"for a in 0 1; do
     printf '{"rank": "x", "gen": 1}' > "@DIR@/lease.tmp"
     mv "@DIR@/lease.tmp" "$leases/p00003.g$RL_NODE_GEN.a$a"
-  done
-fi
-sleep 0.1"#;
-    let w = Work::per_task(
-        1,
-        &task_text(4, &[]),
-        "strategy = \"dynamic\"\nmax-workers = 1",
-        prefix,
+  done"#,
     );
-    let mut nodes = w.c.spawn_all(ONE);
-    wait_ok(&mut nodes, "a retry lease naming no rank");
-    assert!(w.dir().join("planted").exists(), "the lease was planted");
-    let all: BTreeSet<String> = (0..4).map(|p| format!("p{p:05}")).collect();
-    assert_eq!(w.committed(1, "p"), all);
-    let leases = lease_files(&w);
     let taken = leases
         .iter()
         .find(|(n, _)| n.starts_with("p00003.") && n.ends_with(".a2"));
@@ -1272,6 +1241,31 @@ sleep 0.1"#;
         taken.is_some_and(|(_, v)| v["rank"] == 0),
         "the planted item's takeover lease: {leases:?}"
     );
+}
+
+/// One node's dynamic rollout of 4 items, its first item's command running `plant` (shell,
+/// with `$leases` the lease directory) once: every item committed; the leases after.
+fn run_with_planted_leases(plant: &str) -> Vec<(String, Value)> {
+    let prefix = format!(
+        r#"leases="$(dirname "$(dirname "$RL_NODE_OUTPUT")")/leases"
+if [ "$(basename "$RL_NODE_OUTPUT" | cut -c1-6)" = p00000 ] && [ ! -e "@DIR@/planted" ]; then
+  touch "@DIR@/planted"
+  {plant}
+fi
+sleep 0.1"#
+    );
+    let w = Work::per_task(
+        1,
+        &task_text(4, &[]),
+        "strategy = \"dynamic\"\nmax-workers = 1",
+        &prefix,
+    );
+    let mut nodes = w.c.spawn_all(ONE);
+    wait_ok(&mut nodes, "planted leases");
+    assert!(w.dir().join("planted").exists(), "the lease was planted");
+    let all: BTreeSet<String> = (0..4).map(|p| format!("p{p:05}")).collect();
+    assert_eq!(w.committed(1, "p"), all);
+    lease_files(&w)
 }
 
 /// Ranks of speeds 1:2:4 share the pool (the slow one leaving the last items to the faster
