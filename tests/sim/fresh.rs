@@ -260,11 +260,7 @@ fn run_job(
         move || batch_system(&sched, &world, &job, &case, &config, seed, broken)
     };
     sched.spawn("batch system", batch).expect("spawn");
-    let ended = sched.run();
-    let mut job = Arc::try_unwrap(job)
-        .map(|m| m.into_inner().unwrap())
-        // A failed run leaves its tasks parked, holding the job.
-        .unwrap_or_else(|shared| shared.lock().unwrap().clone());
+    let (ended, mut job) = crate::nodes::run_to_end(&sched, job);
     job.turns = sched.turns();
     job.digest = sched.digest();
     job.ended_at = sched.now();

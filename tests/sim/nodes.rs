@@ -313,15 +313,21 @@ fn run_job(
         move || batch_system(&sched, &world, &job, &case, &config, seed, broken)
     };
     sched.spawn("batch system", batch).expect("spawn");
-    let ended = sched.run();
-    let mut job = Arc::try_unwrap(job)
-        .map(|m| m.into_inner().unwrap())
-        // A failed run leaves its tasks parked, holding the job.
-        .unwrap_or_else(|shared| shared.lock().unwrap().clone());
+    let (ended, mut job) = run_to_end(&sched, job);
     job.turns = sched.turns();
     job.digest = sched.digest();
     job.ended_at = sched.now();
     (ended, world, job)
+}
+
+/// Run `sched` until its tasks end (or it finds them stuck); the job they filled. A
+/// failed run leaves its tasks parked, holding the job: then a copy of it.
+pub(crate) fn run_to_end<J: Clone>(sched: &Sched, job: Arc<Mutex<J>>) -> (Result<(), String>, J) {
+    let ended = sched.run();
+    let job = Arc::try_unwrap(job)
+        .map(|m| m.into_inner().unwrap())
+        .unwrap_or_else(|shared| shared.lock().unwrap().clone());
+    (ended, job)
 }
 
 /// The batch system: start the job, requeue it while it has not completed.
@@ -751,7 +757,7 @@ fn check_data(world: &SimWorld, layout: &Layout, case: &Case, d: &Data) -> Resul
                     merged.len()
                 ));
             }
-            checks += check_partials(world, &layout.rollout_dir(it, split))?;
+            checks += check_partials(world, &layout, it, split)?;
         }
         checks += check_prepared(world, layout, it, &journals[0])?;
     }
@@ -993,7 +999,7 @@ fn check_data_so_far(world: &SimWorld, case: &Case) -> Result<u64, String> {
                     ));
                 }
             }
-            checks += check_partials(world, &layout.rollout_dir(it, split))?;
+            checks += check_partials(world, &layout, it, split)?;
         }
     }
     let journal = journal::parse(&text(world, &layout.journal(0)));
@@ -1001,16 +1007,14 @@ fn check_data_so_far(world: &SimWorld, case: &Case) -> Result<u64, String> {
     Ok(checks)
 }
 
-/// Every partial file in `dir` (`….partial.gG.jsonl`) holds only generation G's records.
-fn check_partials(world: &SimWorld, dir: &Path) -> Result<u64, String> {
+/// Every partial shard of `split` in iteration `it` (`….partial.gG.jsonl`,
+/// `Layout::shard_partial_gen`) holds only generation G's records.
+fn check_partials(world: &SimWorld, layout: &Layout, it: u64, split: &str) -> Result<u64, String> {
+    let dir = layout.rollout_dir(it, split);
     let mut checks = 0;
-    for name in world.list(dir).unwrap_or_default() {
+    for name in world.list(&dir).unwrap_or_default() {
         let name = name.to_string_lossy().into_owned();
-        let Some(gen) = name
-            .split_once(".partial.g")
-            .and_then(|(_, rest)| rest.split('.').next())
-            .and_then(|g| g.parse::<u64>().ok())
-        else {
+        let Some((_, Some(gen))) = layout.shard_partial_of(it, split, &name) else {
             continue;
         };
         let path = dir.join(&name);

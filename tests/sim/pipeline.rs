@@ -291,10 +291,7 @@ fn run_job(
         }
     };
     sched.spawn("jobs", jobs).expect("spawn");
-    let ended = sched.run();
-    let mut job = Arc::try_unwrap(job)
-        .map(|m| m.into_inner().unwrap())
-        .unwrap_or_else(|shared| shared.lock().unwrap().clone());
+    let (ended, mut job) = crate::nodes::run_to_end(&sched, job);
     job.turns = sched.turns();
     job.digest = sched.digest();
     job.ended_at = sched.now();
