@@ -757,7 +757,7 @@ fn check_data(world: &SimWorld, layout: &Layout, case: &Case, d: &Data) -> Resul
                     merged.len()
                 ));
             }
-            checks += check_partials(world, &layout, it, split)?;
+            checks += check_partials(world, layout, it, split)?;
         }
         checks += check_prepared(world, layout, it, &journals[0])?;
     }
