@@ -3441,12 +3441,17 @@ fn preflight_log_path(layout: &Layout, rank: u32) -> Result<(), Stop> {
             hint,
         )),
         Ok(_) => {
-            let probe = if layout.state_dir().exists() {
-                layout.state_dir()
-            } else {
-                root.to_path_buf()
+            // The run's own directory if it has one; a `--fresh` on rank 0 may move it aside
+            // between our look and our probe (all ranks started at once), so a state
+            // directory that vanished sends us back to the root rank 0 will create it in.
+            let state = layout.state_dir();
+            let (probe, probed) = match writable(&state) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    (root.to_path_buf(), writable(root))
+                }
+                probed => (state, probed),
             };
-            if let Err(e) = writable(&probe) {
+            if let Err(e) = probed {
                 return Err(Stop::usage(
                     format!(
                         "--log-path {}: {} (cannot write to {})",
