@@ -62,7 +62,7 @@ struct Settings {
     log_path: Option<String>,
     #[arg(long, value_name = "DIR", help = with_default("Input data directory ({data_path})", "data-path"))]
     data_path: Option<String>,
-    #[arg(long, value_name = "N", help = with_default("Number of nodes in the cluster (when neither this flag, RL_NODE_NUM_NODES nor the config file sets it: WORLD_SIZE, SLURM_NNODES or SLURM_JOB_NUM_NODES if set)", "num-nodes"))]
+    #[arg(long, value_name = "N", help = with_default("Number of nodes in the cluster (when neither this flag, RL_NODE_CLUSTER_NUM_NODES nor the config file sets it: NNODES, SLURM_NNODES, SLURM_JOB_NUM_NODES, or WORLD_SIZE outside a torchrun-style environment)", "num-nodes"))]
     num_nodes: Option<String>,
     #[arg(long, value_name = "LIST", allow_hyphen_values = true, help = with_default("Rollout weight of each rank, e.g. 2,1,1", "rank-weights"))]
     rank_weights: Option<String>,
@@ -208,15 +208,21 @@ impl Settings {
         let loaded = config::load(self.config.as_deref(), &env, &overrides)?;
         // Like the rank: when nothing set num-nodes, the launcher's count is the default.
         if *loaded.source_of("cluster.num-nodes") == config::Source::Default {
-            for var in ["WORLD_SIZE", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"] {
-                if let Ok(v) = std::env::var(var) {
-                    overrides.push(config::CliOverride {
-                        flag: format!("environment {var}"),
-                        key: "cluster.num-nodes",
-                        value: v.trim().to_string(),
-                    });
-                    return config::load(self.config.as_deref(), &env, &overrides);
-                }
+            let found =
+                from_launcher(&COUNT_VARS, &env).map_err(|(var, v, why)| ConfigError::Invalid {
+                    key: "cluster.num-nodes".into(),
+                    source_name: format!("environment {var}"),
+                    message: format!(
+                        "{var}={v} {why}; set NNODES (the number of nodes) or pass --num-nodes"
+                    ),
+                })?;
+            if let Some((var, v)) = found {
+                overrides.push(config::CliOverride {
+                    flag: format!("environment {var}"),
+                    key: "cluster.num-nodes",
+                    value: v.trim().to_string(),
+                });
+                return config::load(self.config.as_deref(), &env, &overrides);
             }
         }
         Ok(loaded)
@@ -238,19 +244,99 @@ fn resolve_rank(args: &NodeArgs) -> Result<(u32, String), Stop> {
         }
         return Ok((w, format!("--worker {w}")));
     }
-    for var in ["RANK", "NODE_RANK", "SLURM_NODEID"] {
-        if let Ok(v) = std::env::var(var) {
-            let r = v
-                .trim()
-                .parse::<u32>()
-                .map_err(|_| Stop::usage(format!("{var}={v} is not a rank number"), None))?;
-            return Ok((r, format!("from {var}")));
-        }
+    let env = |name: &str| std::env::var(name).ok();
+    let found = from_launcher(&RANK_VARS, &env).map_err(|(var, v, why)| {
+        Stop::usage(
+            format!("{var}={v} {why}"),
+            Some("set NODE_RANK (this node's index) or pass --master / --worker N".into()),
+        )
+    })?;
+    if let Some((var, v)) = found {
+        let r = v
+            .trim()
+            .parse::<u32>()
+            .map_err(|_| Stop::usage(format!("{var}={v} is not a rank number"), None))?;
+        return Ok((r, format!("from {var}")));
     }
     Err(Stop::usage(
         "no rank: pass --master or --worker N",
-        Some("or set RANK, NODE_RANK or SLURM_NODEID".into()),
+        Some("or set NODE_RANK or SLURM_NODEID (RANK outside a torchrun-style environment)".into()),
     ))
+}
+
+/// The variables rl-node gives the commands it runs (`RL_NODE_NUM_NODES`, `RL_NODE_RANK`,
+/// ...; not those that are also a key's, such as `RL_NODE_SERVER_PORT`) configure nothing
+/// when set for rl-node itself: a node started with one, outside a
+/// command of another node (no `RL_NODE_OWNER`), is refused, naming what rl-node reads
+/// instead, rather than ignoring it and running with another rank count.
+fn no_command_variables(env: &dyn Fn(&str) -> Option<String>) -> Result<(), Failure> {
+    if env(config::template::OWNER_ENV).is_some() {
+        return Ok(());
+    }
+    let keys = config::key_env_names();
+    let Some((name, value)) = config::template::PLACEHOLDERS
+        .iter()
+        .filter(|(_, name, _)| !keys.iter().any(|k| k == name))
+        .find_map(|(_, name, _)| env(name).map(|v| (*name, v)))
+    else {
+        return Ok(());
+    };
+    let suffix = &name["RL_NODE".len()..];
+    let hint = match keys.iter().find(|k| k.ends_with(suffix)) {
+        Some(key) => format!("rl-node itself reads {key} (or the flag)"),
+        None if name == "RL_NODE_RANK" => "pass --master / --worker N, or set NODE_RANK".into(),
+        None => "unset it; `rl-node show-config` lists the variables rl-node reads".into(),
+    };
+    Err(Failure::usage(
+        format!(
+            "{name}={value} is set, but rl-node only gives that variable to the commands it runs"
+        ),
+        Some(hint),
+    ))
+}
+
+/// Where a node's rank comes from when no flag gives it, most specific first: the per-node
+/// variables of torchrun and Slurm, then `RANK`, which counts nodes only outside a
+/// torchrun-style environment.
+const RANK_VARS: [&str; 3] = ["NODE_RANK", "SLURM_NODEID", "RANK"];
+/// The same for the number of nodes.
+const COUNT_VARS: [&str; 4] = [
+    "NNODES",
+    "SLURM_NNODES",
+    "SLURM_JOB_NUM_NODES",
+    "WORLD_SIZE",
+];
+
+/// The first of `vars` that is set, with its value. `RANK` and `WORLD_SIZE` count processes
+/// where `LOCAL_RANK` or `LOCAL_WORLD_SIZE` is set beside them (an environment prepared for
+/// torchrun, with more than one process per node): taken as nodes, `RANK=8 WORLD_SIZE=24`
+/// would make node 8 of 24 and wait for nodes that never come, so that is an error
+/// `(variable, value, why)` rather than a guess. One process per node
+/// (`LOCAL_WORLD_SIZE=1`) counts nodes.
+fn from_launcher(
+    vars: &[&'static str],
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<(&'static str, String)>, (&'static str, String, String)> {
+    let Some((var, v)) = vars.iter().find_map(|&var| env(var).map(|v| (var, v))) else {
+        return Ok(None);
+    };
+    if !matches!(var, "RANK" | "WORLD_SIZE") {
+        return Ok(Some((var, v)));
+    }
+    let local = ["LOCAL_WORLD_SIZE", "LOCAL_RANK"]
+        .into_iter()
+        .find_map(|l| env(l).map(|lv| (l, lv)));
+    match local {
+        Some(("LOCAL_WORLD_SIZE", n)) if n.trim() == "1" => Ok(Some((var, v))),
+        Some((l, lv)) => Err((
+            var,
+            v,
+            format!(
+                "counts processes, not nodes, in this torchrun-style environment ({l}={lv} is set)"
+            ),
+        )),
+        None => Ok(Some((var, v))),
+    }
 }
 
 /// What plain `rl-node` (no arguments) prints: the common commands, not an error about a
@@ -396,6 +482,9 @@ fn run_node(cli: Cli) -> (Option<u32>, Result<Ending, Failure>) {
     match (level, format) {
         (Ok(level), Ok(format)) => logging::init(level, format),
         (Err(e), _) | (_, Err(e)) => return (None, Err(Failure::usage(e.to_string(), None))),
+    }
+    if let Err(e) = no_command_variables(&|name| std::env::var(name).ok()) {
+        return (None, Err(e));
     }
     // Before the configuration is read (this reads and removes the supervisor's variable):
     // either this is the node process its supervisor started, or this process

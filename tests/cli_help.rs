@@ -353,3 +353,88 @@ fn every_subcommand_named_in_messages_and_docs_exists() {
         unknown.join("\n")
     );
 }
+
+/// Every environment variable the help of any subcommand names. Set to a value no setting
+/// takes, it is refused, and the refusal names it: a name that is silently ignored (as
+/// `RL_NODE_NUM_NODES` was, for rl-node itself) fails here. The exception is what the
+/// training command gets for torchrun (docs/commands.md's table of them).
+#[test]
+fn every_variable_the_help_names_is_the_real_one() {
+    let subcommands = [
+        "",
+        "status",
+        "show-config",
+        "aggregate",
+        "recover",
+        "doctor",
+        "timeline",
+        "demo",
+        "completions",
+        "man",
+    ];
+    let mut names: Vec<String> = Vec::new();
+    for s in subcommands {
+        let args: Vec<&str> = [s].into_iter().filter(|s| !s.is_empty()).collect();
+        for word in
+            help(&args).split(|c: char| !(c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
+        {
+            let is_var = word.contains('_')
+                && word.len() > 3
+                && word.starts_with(|c: char| c.is_ascii_uppercase());
+            if is_var && !names.contains(&word.to_string()) {
+                names.push(word.to_string());
+            }
+        }
+    }
+    // The table in docs/commands.md of what the training command gets for torchrun.
+    let commands_doc = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/commands.md"),
+    )
+    .unwrap();
+    let given = |name: &str| {
+        let row = format!("| `{name}` |");
+        commands_doc.lines().any(|l| l.starts_with(&row))
+    };
+    // Read by `doctor --nodes N` for the session every doctor of one job meets in
+    // (tests/doctor.rs runs two jobs' doctors side by side).
+    let read_elsewhere = ["SLURM_JOB_ID"];
+    let dir = tempfile::tempdir().unwrap();
+    let mut read = 0;
+    for name in &names {
+        if given(name) || read_elsewhere.contains(&name.as_str()) {
+            continue;
+        }
+        let mut cmd = Command::new(BIN);
+        cmd.args(["--master", "--iterations", "1", "--log-path"])
+            .arg(dir.path().join("run"))
+            .current_dir(dir.path())
+            .stdin(std::process::Stdio::null());
+        for (k, _) in std::env::vars() {
+            if k.starts_with("RL_NODE_")
+                || k.contains("RANK")
+                || k.contains("SIZE")
+                || k.contains("NNODES")
+                || k.starts_with("SLURM_")
+            {
+                cmd.env_remove(k);
+            }
+        }
+        let out = cmd.env(name, "bogus").output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{name}=bogus was not refused:\n{err}"
+        );
+        assert!(
+            err.contains(name.as_str()),
+            "{name}=bogus refused without naming it:\n{err}"
+        );
+        read += 1;
+    }
+    assert!(
+        names.iter().any(|n| n == "RL_NODE_CLUSTER_NUM_NODES"),
+        "{names:?}"
+    );
+    assert!(read >= 6, "only {read} variables read in {names:?}");
+}

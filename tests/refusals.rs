@@ -341,7 +341,7 @@ fn run_as_nobody(
         .arg(log_path)
         .stdin(Stdio::null());
     for (k, _) in std::env::vars() {
-        if k.starts_with("RL_NODE_") || k == "RANK" || k == "NODE_RANK" || k == "SLURM_NODEID" {
+        if k.starts_with("RL_NODE_") || LAUNCHER_VARS.contains(&k.as_str()) {
             command.env_remove(k);
         }
     }
@@ -535,7 +535,7 @@ fn run_plain_env(c: &TestCluster, args: &[&str], env: &[(&str, &str)]) -> (i32, 
         .arg(&c.log_path)
         .stdin(Stdio::null());
     for (k, _) in std::env::vars() {
-        if k.starts_with("RL_NODE_") || k == "RANK" || k == "NODE_RANK" || k == "SLURM_NODEID" {
+        if k.starts_with("RL_NODE_") || LAUNCHER_VARS.contains(&k.as_str()) {
             cmd.env_remove(k);
         }
     }
@@ -556,7 +556,7 @@ fn no_rank_at_all_is_refused() {
         err.contains("no rank: pass --master or --worker N"),
         "{err}"
     );
-    assert!(err.contains("RANK, NODE_RANK or SLURM_NODEID"), "{err}");
+    assert!(err.contains("NODE_RANK or SLURM_NODEID"), "{err}");
     assert!(!c.log_path.exists());
 
     let (code, err) = run_plain_env(&c, &[], &[("RANK", "one")]);
@@ -571,6 +571,121 @@ fn no_rank_at_all_is_refused() {
         "{err}"
     );
     assert!(!c.log_path.exists());
+}
+
+/// What launchers set to say which node this is, all removed before a test sets its own.
+const LAUNCHER_VARS: [&str; 11] = [
+    "RANK",
+    "NODE_RANK",
+    "SLURM_NODEID",
+    "WORLD_SIZE",
+    "NNODES",
+    "SLURM_NNODES",
+    "SLURM_JOB_NUM_NODES",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "RL_NODE_OWNER",
+    "RL_NODE_NUM_NODES",
+];
+
+#[test]
+fn a_torchrun_environment_is_refused_and_per_node_variables_come_first() {
+    // A configuration that leaves num-nodes to the launcher, as a batch script's would.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("rl-node.toml");
+    std::fs::write(&config, "[timing]\njoin-timeout = \"1s\"\n").unwrap();
+    let log_path = dir.path().join("shared");
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(args)
+            .arg("--config")
+            .arg(&config)
+            .arg("--log-path")
+            .arg(&log_path)
+            .stdin(Stdio::null());
+        for (k, _) in std::env::vars() {
+            if k.starts_with("RL_NODE_") || LAUNCHER_VARS.contains(&k.as_str()) {
+                cmd.env_remove(k);
+            }
+        }
+        let out = cmd.envs(env.iter().copied()).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.code().unwrap_or(-1), err)
+    };
+    // torchrun's view of node 2 of 3 with 8 GPUs each: RANK and WORLD_SIZE count processes.
+    let torchrun = [
+        ("RANK", "16"),
+        ("WORLD_SIZE", "24"),
+        ("LOCAL_RANK", "0"),
+        ("LOCAL_WORLD_SIZE", "8"),
+    ];
+    let (code, err) = run(&["--num-nodes", "3"], &torchrun);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("RANK=16 counts processes, not nodes"), "{err}");
+    assert!(err.contains("LOCAL_WORLD_SIZE=8"), "{err}");
+    assert!(err.contains("NODE_RANK"), "{err}");
+    assert!(
+        !log_path.exists(),
+        "a refused node wrote {}",
+        log_path.display()
+    );
+    let (code, err) = run(&["--worker", "2"], &torchrun);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("WORLD_SIZE=24 counts processes"), "{err}");
+    assert!(err.contains("NNODES"), "{err}");
+    assert!(
+        !log_path.exists(),
+        "a refused node wrote {}",
+        log_path.display()
+    );
+
+    // The per-node pair beside them is what a node is: rank 2 of 3 (alone, it waits for
+    // rank 0 until the join-timeout; its log says where its identity came from).
+    let mut both: Vec<(&str, &str)> = torchrun.to_vec();
+    both.extend([("NODE_RANK", "2"), ("NNODES", "3")]);
+    let (_, err) = run(&[], &both);
+    assert!(err.contains("rank 2 (from NODE_RANK)"), "{err}");
+    assert!(
+        err.contains("num-nodes 3 (from environment NNODES)"),
+        "{err}"
+    );
+
+    // One process per node: RANK and WORLD_SIZE count nodes.
+    let per_node = [
+        ("RANK", "1"),
+        ("WORLD_SIZE", "2"),
+        ("LOCAL_WORLD_SIZE", "1"),
+    ];
+    let (_, err) = run(&[], &per_node);
+    assert!(err.contains("rank 1 (from RANK)"), "{err}");
+    assert!(
+        err.contains("num-nodes 2 (from environment WORLD_SIZE)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_variable_rl_node_gives_its_commands_is_refused_when_set_for_rl_node_itself() {
+    let c = TestCluster::new(2, "");
+    let (code, err) = run_plain_env(&c, &["--master"], &[("RL_NODE_NUM_NODES", "3")]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("RL_NODE_NUM_NODES=3 is set"), "{err}");
+    assert!(err.contains("RL_NODE_CLUSTER_NUM_NODES"), "{err}");
+    assert!(!c.log_path.exists());
+    let (code, err) = run_plain_env(&c, &[], &[("RL_NODE_RANK", "1")]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--worker N, or set NODE_RANK"), "{err}");
+    // Inside a command another node runs (RL_NODE_OWNER set), they are that node's.
+    let (code, err) = run_plain_env(
+        &c,
+        &["--master", "--iterations", "1"],
+        &[
+            ("RL_NODE_NUM_NODES", "3"),
+            ("RL_NODE_OWNER", "x"),
+            ("RL_NODE_TIMING_JOIN_TIMEOUT", "1s"),
+        ],
+    );
+    assert!(!err.contains("RL_NODE_NUM_NODES=3 is set"), "{code}: {err}");
 }
 
 #[test]

@@ -1473,14 +1473,19 @@ fn own_variable(name: &str) -> bool {
             .any(|(_, env, _)| *env == name)
 }
 
+/// The environment variable of every configuration key (`RL_NODE_<SECTION>_<KEY>`).
+pub fn key_env_names() -> Vec<String> {
+    let defaults: Value = toml::from_str(DEFAULTS_TOML).expect("embedded defaults parse");
+    let mut schema = Vec::new();
+    leaf_paths(&defaults, "", &mut schema);
+    schema.iter().map(|(k, _)| env_name(k)).collect()
+}
+
 /// An `RL_NODE_*` variable in `vars` that is neither a configuration key's variable nor
 /// one of rl-node's own is a mistake (a typo would otherwise be ignored silently): an
 /// error naming it, with the nearest key's variable suggested.
 pub fn check_env_names(vars: impl Iterator<Item = String>) -> Result<(), ConfigError> {
-    let defaults: Value = toml::from_str(DEFAULTS_TOML).expect("embedded defaults parse");
-    let mut schema = Vec::new();
-    leaf_paths(&defaults, "", &mut schema);
-    let known: Vec<String> = schema.iter().map(|(k, _)| env_name(k)).collect();
+    let known = key_env_names();
     let mut names: Vec<String> = vars.filter(|n| n.starts_with("RL_NODE_")).collect();
     names.sort();
     for name in names {
