@@ -527,12 +527,20 @@ fn run_plain(c: &TestCluster, args: &[&str]) -> (i32, String) {
 }
 
 fn run_plain_env(c: &TestCluster, args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
+    run_env(c, args, &c.log_path, env)
+}
+
+fn run_with_log_path(c: &TestCluster, args: &[&str], log_path: &Path) -> (i32, String) {
+    run_env(c, args, log_path, &[])
+}
+
+fn run_env(c: &TestCluster, args: &[&str], log_path: &Path, env: &[(&str, &str)]) -> (i32, String) {
     let mut cmd = Command::new(BIN);
     cmd.args(args)
         .arg("--config")
         .arg(&c.config)
         .arg("--log-path")
-        .arg(&c.log_path)
+        .arg(log_path)
         .stdin(Stdio::null());
     for (k, _) in std::env::vars() {
         if k.starts_with("RL_NODE_") || LAUNCHER_VARS.contains(&k.as_str()) {
@@ -703,4 +711,37 @@ fn a_log_path_that_is_a_file_is_refused() {
         );
         assert_eq!(fs::read(&c.log_path).unwrap(), b"not a directory\n");
     }
+}
+
+#[test]
+fn rank_0_creates_only_the_last_component_of_a_missing_log_path_and_says_so() {
+    let c = TestCluster::new(1, "");
+    // A typo (or a filesystem not mounted here) one level up: refused, nothing made.
+    let typo = c.dir.path().join("sahred/exp");
+    let (code, err) = run_with_log_path(&c, &["--master"], &typo);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("nor does its parent"), "{err}");
+    assert!(
+        err.contains(&format!(
+            "nearest existing directory is {}",
+            c.dir.path().display()
+        )),
+        "{err}"
+    );
+    assert!(
+        !c.dir.path().join("sahred").exists(),
+        "a refused rank 0 made the path"
+    );
+
+    // Its parent exists: rank 0 makes it, and the log says so.
+    let fresh = c.dir.path().join("exp2");
+    let (code, err) = run_with_log_path(&c, &["--master", "--iterations", "1"], &fresh);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains(&format!("created the shared directory {}", fresh.display())),
+        "{err}"
+    );
+    let (code, err) = run_with_log_path(&c, &["--master", "--iterations", "1", "--fresh"], &fresh);
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("created the shared directory"), "{err}");
 }

@@ -733,6 +733,7 @@ fn drive(
 ) -> Result<Outcome, Stop> {
     node.tasks = tasks;
     node.dead_after_source = loaded.source_of("timing.dead-after").clone();
+    let create_root = node.is_master() && !node.store.is_dir(node.layout.root());
     let p = &node.cfg.phases;
     if !(p.rollout.is_set()
         || p.eval.is_set()
@@ -800,7 +801,7 @@ fn drive(
         node.pid,
         node.layout.root().display()
     ));
-    let result = match node.join() {
+    let result = match node.create_root(create_root).and_then(|()| node.join()) {
         Ok(join::Joined::Formed) => {
             node.machine.watch.formed = true;
             node.run_iterations().map(|()| Outcome::Completed)
@@ -814,6 +815,30 @@ fn drive(
 impl Node {
     fn info(&self, msg: &str) {
         logging::info(self.rank, msg);
+    }
+
+    /// Rank 0 makes a `--log-path` that did not exist (its parent does: see
+    /// `preflight_log_path`), and says so: a path nobody meant to create shows in the log.
+    fn create_root(&self, missing: bool) -> Result<(), Stop> {
+        if !missing {
+            return Ok(());
+        }
+        let root = self.layout.root();
+        match self.store.create_dir(root) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                return Err(Stop::usage(
+                    format!("--log-path {}: cannot create it: {e}", root.display()),
+                    None,
+                ))
+            }
+        }
+        self.info(&format!(
+            "created the shared directory {} (--log-path did not exist; rank 0 creates only its last component)",
+            root.display()
+        ));
+        Ok(())
     }
 
     fn warn(&self, msg: &str) {
@@ -3464,20 +3489,40 @@ fn preflight_log_path(layout: &Layout, rank: u32) -> Result<(), Stop> {
             }
             Ok(())
         }
-        // A worker may start before rank 0 created the directory; rank 0 creates it.
+        // A worker may start before rank 0 created the directory; rank 0 creates it, but
+        // only its last component: a missing parent is a typo or a filesystem not
+        // mounted on this node, and creating the whole path would run the job on a
+        // local directory no other node sees.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let parent = root.ancestors().skip(1).find(|p| p.exists());
-            match parent.map(|p| (p, writable(p))) {
-                Some((p, Err(e))) if rank == 0 => Err(Stop::usage(
+            if rank != 0 {
+                return Ok(());
+            }
+            let parent = root.parent().unwrap_or(root);
+            if !parent.is_dir() {
+                let existing = root.ancestors().skip(1).find(|p| p.is_dir());
+                return Err(Stop::usage(
+                    format!(
+                        "--log-path {} does not exist, nor does its parent {}: rank 0 creates only the last component",
+                        root.display(),
+                        parent.display()
+                    ),
+                    Some(format!(
+                        "check the path for a typo and that the shared filesystem is mounted on this node{}",
+                        existing.map_or(String::new(), |p| format!(" (the nearest existing directory is {})", p.display()))
+                    )),
+                ));
+            }
+            match writable(parent) {
+                Err(e) => Err(Stop::usage(
                     format!(
                         "--log-path {} does not exist and cannot be created: {} on {}",
                         root.display(),
                         why_not_writable(&e),
-                        p.display()
+                        parent.display()
                     ),
                     hint,
                 )),
-                _ => Ok(()),
+                Ok(()) => Ok(()),
             }
         }
         Err(e) => Err(Stop::usage(
