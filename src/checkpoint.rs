@@ -48,6 +48,7 @@
 //! under a checkpoint's name; [`empty_trash`] finishes such a deletion.
 
 use crate::layout::iteration_of;
+use crate::protocol::fence::Site;
 use crate::store::{DataRead, Kind, ReadLimit, SharedDir};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -1050,7 +1051,7 @@ pub fn publish(
     models: &Path,
     name: &str,
     gen: u64,
-    fence: &mut dyn FnMut() -> Result<(), String>,
+    fence: &mut dyn FnMut(Site) -> Result<(), String>,
     tick: &mut dyn FnMut(),
 ) -> Result<Published, PublishError> {
     publish_with(store, source, models, name, gen, &[], fence, tick)
@@ -1066,7 +1067,7 @@ pub fn publish_with(
     name: &str,
     gen: u64,
     mutable: &[String],
-    fence: &mut dyn FnMut() -> Result<(), String>,
+    fence: &mut dyn FnMut(Site) -> Result<(), String>,
     tick: &mut dyn FnMut(),
 ) -> Result<Published, PublishError> {
     let opts = Options {
@@ -1088,7 +1089,7 @@ pub fn publish_opts(
     name: &str,
     gen: u64,
     opts: &Options,
-    fence: &mut dyn FnMut() -> Result<(), String>,
+    fence: &mut dyn FnMut(Site) -> Result<(), String>,
     tick: &mut dyn FnMut(),
 ) -> Result<Outcome, PublishError> {
     store.create_dir_all(models).map_err(io_at(models))?;
@@ -1271,7 +1272,7 @@ fn finish_moved(
     at: &Partial<'_>,
     opts: &Options,
     how: How,
-    fence: &mut dyn FnMut() -> Result<(), String>,
+    fence: &mut dyn FnMut(Site) -> Result<(), String>,
     tick: &mut dyn FnMut(),
 ) -> Result<Outcome, PublishError> {
     let (store, tmp) = (at.store, at.tmp);
@@ -1512,13 +1513,13 @@ fn commit(
     at: &Partial<'_>,
     ready: &Path,
     discard: bool,
-    fence: &mut dyn FnMut() -> Result<(), String>,
+    fence: &mut dyn FnMut(Site) -> Result<(), String>,
     tick: &mut dyn FnMut(),
 ) -> Result<Published, PublishError> {
     let (store, models, name) = (at.store, at.models, at.name);
     let dest = models.join(name);
     crash_point("handoff:before-rename");
-    fence().map_err(|reason| PublishError::Fenced {
+    fence(Site::CheckpointRename).map_err(|reason| PublishError::Fenced {
         step: format!("renaming {} to {name}", ready.display()),
         reason,
     })?;
@@ -1558,7 +1559,7 @@ fn keep_existing(
     models: &Path,
     name: &str,
     dest: &Path,
-    fence: &mut dyn FnMut() -> Result<(), String>,
+    fence: &mut dyn FnMut(Site) -> Result<(), String>,
     tick: &mut dyn FnMut(),
 ) -> Result<Published, PublishError> {
     if let Err(problem) = verify_as(store, dest, Check::Hash, tick) {
@@ -1582,7 +1583,7 @@ fn point_latest(
     store: &dyn SharedDir,
     models: &Path,
     name: &str,
-    fence: &mut dyn FnMut() -> Result<(), String>,
+    fence: &mut dyn FnMut(Site) -> Result<(), String>,
     tick: &mut dyn FnMut(),
 ) -> Result<Option<PathBuf>, PublishError> {
     if let (Some(current), Some(ours)) = (latest_named(store, models), iteration_of(name)) {
@@ -1591,7 +1592,7 @@ fn point_latest(
             return Ok(Some(current));
         }
     }
-    fence().map_err(|reason| PublishError::Fenced {
+    fence(Site::Latest).map_err(|reason| PublishError::Fenced {
         step: format!("pointing models/LATEST at {name}"),
         reason,
     })?;
@@ -1683,7 +1684,7 @@ pub fn prune(
     models: &Path,
     keep_last: usize,
     spare: &dyn Fn(u64) -> bool,
-    fence: &mut dyn FnMut() -> Result<(), String>,
+    fence: &mut dyn FnMut(Site) -> Result<(), String>,
 ) -> Result<Vec<String>, PublishError> {
     if keep_last == 0 {
         return Ok(vec![]);
@@ -1713,7 +1714,7 @@ pub fn prune(
     if doomed.is_empty() {
         return Ok(doomed);
     }
-    fence().map_err(|reason| PublishError::Fenced {
+    fence(Site::Other).map_err(|reason| PublishError::Fenced {
         step: format!("deleting {}", doomed.join(", ")),
         reason,
     })?;
@@ -1767,7 +1768,7 @@ mod tests {
         fs::write(root.join("sub/config.json"), b"{}").unwrap();
     }
 
-    fn open() -> Result<(), String> {
+    fn open(_: Site) -> Result<(), String> {
         Ok(())
     }
 
@@ -1966,7 +1967,7 @@ mod tests {
         let src = d.path().join("out");
         tree(&src);
         let models = d.path().join("models");
-        let mut replaced = || Err("generation 1 was replaced by generation 2".to_string());
+        let mut replaced = |_| Err("generation 1 was replaced by generation 2".to_string());
         let err = publish(
             &Fs,
             &src,
@@ -1995,7 +1996,7 @@ mod tests {
         // The fence is also checked before LATEST moves (here: on an idempotent re-publish).
         fs::remove_file(models.join(LATEST)).unwrap();
         let mut calls = 0;
-        let mut second_fails = || {
+        let mut second_fails = |_| {
             calls += 1;
             Err(format!("call {calls}"))
         };
@@ -2586,7 +2587,7 @@ mod tests {
                     fs::rename(g1.join("moved/optimizer.pt"), src.join("optimizer.pt")).unwrap();
                 }
                 "before-rename" => {
-                    let mut fenced = || Err("replaced".to_string());
+                    let mut fenced = |_| Err("replaced".to_string());
                     let e = publish_opts(
                         &Fs,
                         &src,
@@ -2603,7 +2604,7 @@ mod tests {
                 }
                 _ => {
                     let mut calls = 0;
-                    let mut second_fails = || {
+                    let mut second_fails = |_| {
                         calls += 1;
                         if calls == 1 {
                             Ok(())
@@ -2770,7 +2771,7 @@ mod tests {
             prune(&Fs, &models, 0, &|_| false, &mut open).unwrap(),
             Vec::<String>::new()
         );
-        let mut fenced = || Err("replaced".to_string());
+        let mut fenced = |_| Err("replaced".to_string());
         assert!(matches!(
             prune(&Fs, &models, 2, &|_| false, &mut fenced),
             Err(PublishError::Fenced { .. })

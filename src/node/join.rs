@@ -19,6 +19,7 @@ use crate::events;
 use crate::exit::Cause;
 use crate::holder;
 use crate::layout::Layout;
+use crate::protocol::fence::Site;
 use crate::protocol::join;
 use crate::protocol::journal::Resume;
 use crate::protocol::messages;
@@ -439,7 +440,7 @@ impl Node {
             // A cluster.json this node cannot read (an I/O error) says nothing of another
             // rank 0: it keeps its generation and reads again at the next poll (a failing
             // mount ends it through its own write errors, or join-timeout does).
-            match super::fence_check(&*n.store, &n.layout, gen, run, None) {
+            match super::fence_check(&*n.store, &n.layout, gen, run, Site::Other, None) {
                 Ok(()) => unreadable = None,
                 Err(super::Fenced {
                     unreadable: Some(e),
@@ -759,7 +760,15 @@ impl Node {
                 if n.machine.watch.peers[0]
                     .as_ref()
                     .is_some_and(|r| r.state.is_terminal())
-                    || super::fence_check(&*n.store, &n.layout, gen, &cluster.run_id, None).is_err()
+                    || super::fence_check(
+                        &*n.store,
+                        &n.layout,
+                        gen,
+                        &cluster.run_id,
+                        Site::Other,
+                        None,
+                    )
+                    .is_err()
                 {
                     return Ok(Some(false));
                 }

@@ -35,6 +35,7 @@ use crate::layout::Layout;
 use crate::logging;
 pub(crate) use crate::process::{self as procs, descendants, random_hex};
 use crate::protocol::barrier::Progress;
+use crate::protocol::fence::Site;
 use crate::protocol::journal;
 use crate::protocol::machine::{self, NodeMachine};
 use crate::protocol::messages::{self as msg, Payload};
@@ -200,6 +201,8 @@ pub(crate) struct Node {
     dead_after_source: crate::config::Source,
     /// This rank's journal entries of the current run.
     journal: Vec<crate::protocol::journal::Entry>,
+    /// A resume point broken on purpose, until it acted ([`journal::done_on_resume`]).
+    resume_late: Option<crate::protocol::journal::Mutation>,
     /// Task files ([tasks]), loaded at start.
     tasks: work::TaskSets,
     /// Placeholder values of the running planned rollout ({tasks}, {task_id}, …).
@@ -472,6 +475,12 @@ pub struct Broken {
     pub merge: Option<crate::aggregate::Mutation>,
     /// The checkpoint hand-off ([`crate::checkpoint::publish_opts`]).
     pub checkpoint: Option<crate::checkpoint::Mutation>,
+    /// The journal: where a restarted rank resumes in it ([`journal::resumed`],
+    /// [`journal::done_on_resume`]), when it is written and how its torn tail is handled.
+    pub journal: Option<crate::protocol::journal::Mutation>,
+    /// Whether an abort read in another rank's record is adopted and relayed
+    /// ([`crate::protocol::abort::adopted`]).
+    pub abort: Option<crate::protocol::abort::Mutation>,
 }
 
 /// How an in-process node is started besides its configuration: what the command line
@@ -664,6 +673,7 @@ impl Node {
         })
         .with_mutations(machine::Mutations {
             barrier: parts.broken.barrier,
+            abort: parts.broken.abort,
             ..Default::default()
         });
         Node {
@@ -700,6 +710,7 @@ impl Node {
             fresh,
             dead_after_source: crate::config::Source::Default,
             journal: Vec::new(),
+            resume_late: None,
             tasks: work::TaskSets::default(),
             extra: Default::default(),
             nproc_per_node: 0,
@@ -868,6 +879,12 @@ impl Node {
     /// touching what the newer generation owns. The residual window — between this read
     /// and the rename it guards — is documented in docs/shared-directory.md.
     fn fence(&mut self, what: &str) -> Result<(), Stop> {
+        self.fence_at(Site::Other, what)
+    }
+
+    /// [`Node::fence`] before a commit at `site` (what a deliberately opened fence of the
+    /// simulator's tests names).
+    fn fence_at(&mut self, site: Site, what: &str) -> Result<(), Stop> {
         self.watchdog
             .pet("checking that this generation is current");
         let check = fence_check(
@@ -875,6 +892,7 @@ impl Node {
             &self.layout,
             self.gen(),
             self.run_id(),
+            site,
             self.broken.fence,
         );
         self.watchdog.pet("checked the generation");
@@ -895,13 +913,12 @@ impl Node {
         .with_hint("nothing to do: the current generation carries on (rl-node status shows it)")
     }
 
-    /// A [`Node::fence`] that other threads (the merge) can call.
-    fn fence_fn(&self) -> crate::aggregate::Fence {
+    /// A [`Node::fence`] that other threads (the merge, the hand-off) can call, told at
+    /// each call which commit it guards.
+    fn fence_fn(&self) -> impl Fn(Site) -> Result<(), String> + Send + Sync + 'static {
         let (store, layout) = (self.store.clone(), self.layout.clone());
-        let (gen, run) = (self.gen(), self.run_id().to_string());
-        std::sync::Arc::new(move || {
-            fence_check(&*store, &layout, gen, &run, None).map_err(|f| f.why)
-        })
+        let (gen, run, broken) = (self.gen(), self.run_id().to_string(), self.broken.fence);
+        move |site| fence_check(&*store, &layout, gen, &run, site, broken).map_err(|f| f.why)
     }
 
     fn run_id(&self) -> &str {
@@ -1473,7 +1490,12 @@ impl Node {
         // This rank is its journal's only writer: an unfinished last line (a crash
         // mid-append) is set aside first, so the next entry starts on a line of its own.
         let path = self.layout.journal(self.rank);
-        match crate::state::repair_tail(&*self.store, &path, self.gen()) {
+        let repaired = if journal::sets_torn_tail_aside(self.broken.journal) {
+            crate::state::repair_tail(&*self.store, &path, self.gen())
+        } else {
+            Ok(None)
+        };
+        match repaired {
             Ok(Some(aside)) => self.info(&format!(
                 "{}: the unfinished last line (a crash mid-append) was set aside in {}",
                 path.display(),
@@ -1495,6 +1517,11 @@ impl Node {
         .into_iter()
         .filter(|e| e.run_id == run_id)
         .collect();
+        if !self.journal.is_empty() {
+            let entries = std::mem::take(&mut self.journal);
+            self.journal = journal::resumed(entries, self.broken.journal);
+            self.resume_late = self.broken.journal;
+        }
         if last > 0 && iteration > last {
             self.info(&format!("all {last} iteration(s) were already complete"));
             return Ok(());
@@ -2142,7 +2169,13 @@ impl Node {
         let log = self.run_command(phase, pc, Some(split), &partial, false);
         self.extra.remove("resume_from");
         let log = log?;
-        self.fence(&format!("commit its {split} shard of iteration {it}"))?;
+        self.fence_at(
+            Site::ShardCommit,
+            &format!("commit its {split} shard of iteration {it}"),
+        )?;
+        if journal::journals_before_commit(self.broken.journal) {
+            self.journal_item(&format!("rollout-{split}"))?;
+        }
         self.watchdog.pet("committing the shard");
         let wrote_output = self.store.exists(&partial);
         let wrote_shard = self.store.exists(&shard);
@@ -2331,7 +2364,8 @@ impl Node {
         let mut opts = crate::aggregate::MergeOptions::from_config(&self.cfg.aggregate); // allow_missing: false
         opts.command_log = Some(self.layout.phase_log(it, self.rank, "aggregate"));
         (opts.registry, opts.kill_grace) = (self.launcher.registry(), self.cfg.timing.kill_grace);
-        opts.fence = Some(self.fence_fn());
+        let fence = self.fence_fn();
+        opts.fence = Some(std::sync::Arc::new(move || fence(Site::MergePublish)));
         opts.mutation = self.broken.merge;
         opts.rollout_model = self
             .rollout_model
@@ -2445,7 +2479,10 @@ impl Node {
             self.make_dir(dir)?;
         }
         let log = self.run_command("aggregate", pc, Some(split), &out, false)?;
-        self.fence(&format!("commit the merged {split} file of iteration {it}"))?;
+        self.fence_at(
+            Site::MergePublish,
+            &format!("commit the merged {split} file of iteration {it}"),
+        )?;
         self.watchdog.pet("committing the merged file");
         let wrote = self.store.lstat(&out);
         let problem = match (wrote, self.store.exists(&done)) {
@@ -2500,7 +2537,8 @@ impl Node {
         item: &str,
         work: impl FnOnce(&mut Node) -> Result<(), Stop>,
     ) -> Result<(), Stop> {
-        if journal::has(&self.journal, self.run_id(), self.iteration, item) {
+        let (it, run_id) = (self.iteration, self.run_id().to_string());
+        if journal::done_on_resume(&self.journal, &run_id, it, item, &mut self.resume_late) {
             self.info(&format!(
                 "iteration {}: {item} was completed before the restart; reusing its output",
                 self.iteration
@@ -2538,7 +2576,10 @@ impl Node {
             failed,
             checkpoint: self.journal_checkpoint.take(),
         };
-        self.fence(&format!("journal {item} of iteration {}", self.iteration))?;
+        self.fence_at(
+            Site::JournalAppend,
+            &format!("journal {item} of iteration {}", self.iteration),
+        )?;
         let path = self.layout.journal(self.rank);
         self.watchdog.pet("writing the journal");
         let line = format!("{}\n", serde_json::to_string(&entry).expect("json"));
@@ -2771,8 +2812,7 @@ impl Node {
         let wd = self.watchdog.clone();
         let started = self.clock.now();
         // Checked inside, right before the rename and before LATEST.
-        let fence = self.fence_fn();
-        let mut fence = move || fence();
+        let mut fence = self.fence_fn();
         let previous = self.model.clone();
         let mut opts = cfg.options();
         opts.mutation = self.broken.checkpoint;
@@ -2795,7 +2835,7 @@ impl Node {
             Err(e) => {
                 // An older generation woken mid-publication finds its partial directory
                 // taken over: that is being fenced off, not a failure of its own.
-                if let Err(reason) = fence() {
+                if let Err(reason) = fence(Site::Other) {
                     return Err(self.fenced(&reason, &format!("publish the checkpoint {name}")));
                 }
                 let reason = format!(
@@ -2884,8 +2924,7 @@ impl Node {
                 || (keep_eval && crate::protocol::walk::eval_decision(split, it + 1, interval))
         };
         self.watchdog.pet("deleting old checkpoints");
-        let fence = self.fence_fn();
-        let mut fence = move || fence();
+        let mut fence = self.fence_fn();
         match crate::checkpoint::prune(&*self.store, &models, keep_last, &spare, &mut fence) {
             Ok(deleted) if deleted.is_empty() => Ok(()),
             Ok(deleted) => {
@@ -3373,10 +3412,11 @@ pub(crate) fn fence_check(
     layout: &Layout,
     gen: u64,
     run_id: &str,
+    site: Site,
     broken: Option<crate::protocol::fence::Mutation>,
 ) -> Result<(), Fenced> {
     use crate::protocol::fence::Seen;
-    let check = |seen| crate::protocol::fence::check_with(gen, run_id, seen, broken);
+    let check = |seen| crate::protocol::fence::check_at(gen, run_id, seen, site, broken);
     let fenced = |why| Fenced {
         why,
         unreadable: None,

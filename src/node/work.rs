@@ -25,6 +25,7 @@ use crate::config::{PhaseCommand, WorkMode};
 use crate::events;
 use crate::layout::{committed_item, dropped_group, set_aside_item};
 use crate::process::ChildExit;
+use crate::protocol::fence::Site;
 use crate::protocol::messages::{PlanFingerprints, Plans};
 use crate::protocol::pool::{self, Exit, Lease, PoolMachine};
 use crate::protocol::AbortKind;
@@ -398,10 +399,10 @@ impl Node {
             .filter(|p| self.store.exists_followed(p))
             .collect();
         let shard = self.layout.shard(self.iteration, split, self.rank);
-        self.fence(&format!(
-            "commit its {split} shard of iteration {}",
-            self.iteration
-        ))?;
+        self.fence_at(
+            Site::ShardCommit,
+            &format!("commit its {split} shard of iteration {}", self.iteration),
+        )?;
         concat(&*self.store, &paths, &shard).map_err(|e| {
             self.fail(
                 AbortKind::Error,
@@ -432,7 +433,7 @@ impl Node {
         let out = self.layout.aggregated(self.iteration, split);
         // Committed by an attempt that crashed before journaling it: kept, out of the way.
         self.set_aside_earlier("merged file", &out)?;
-        self.fence(&format!("publish {}", out.display()))?;
+        self.fence_at(Site::MergePublish, &format!("publish {}", out.display()))?;
         concat(&*self.store, &paths, &out).map_err(|e| {
             self.fail(
                 AbortKind::Error,

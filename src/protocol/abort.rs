@@ -10,6 +10,23 @@
 use super::{AbortInfo, AbortKind};
 use crate::exit::Cause;
 
+/// A deliberately broken abort procedure, for the simulator's own tests (never set by
+/// the node): shows that the simulator catches a node that runs on after an abort.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mutation {
+    /// An abort read in another rank's record is ignored: this node neither stops on it
+    /// nor (rank 0) relays it to the workers.
+    Ignored,
+}
+
+/// Whether a node stops on (and, rank 0, relays) an abort it read in another rank's
+/// record: always, but for [`Mutation::Ignored`].
+#[doc(hidden)]
+pub fn adopted(mutation: Option<Mutation>) -> bool {
+    super::mutation(mutation) != Some(Mutation::Ignored)
+}
+
 /// The cause, after trying to create `abort.json` with `mine`: ours if we created it (or
 /// could not write it at all), else the first one's as read (ours if it cannot be read).
 pub fn cause(mine: AbortInfo, created: bool, first: Option<AbortInfo>) -> AbortInfo {

@@ -20,6 +20,24 @@ pub enum Seen<'a> {
     Unreadable(&'a str),
 }
 
+/// Which commit a fence guards: each is a mutation site of its own, so that the
+/// simulator shows it catches a fenced node that makes that one commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Site {
+    /// The rename of a rank's rollout (or eval) shard into place.
+    ShardCommit,
+    /// The append of a line to a rank's journal.
+    JournalAppend,
+    /// The rename of a merged rollout file into place (by the node or by the merge).
+    MergePublish,
+    /// The rename of a complete checkpoint to `models/iter-NNNN`.
+    CheckpointRename,
+    /// The write of `models/LATEST`.
+    Latest,
+    /// Any other commit (an item, the prepared data, a pruned checkpoint, ...).
+    Other,
+}
+
 /// A deliberately broken fence, for the simulator's own tests (never set by the node):
 /// shows that the simulator catches a fenced node that commits.
 #[doc(hidden)]
@@ -27,6 +45,18 @@ pub enum Seen<'a> {
 pub enum Mutation {
     /// Every check passes.
     Open,
+    /// The checks before this one kind of commit pass; every other still holds.
+    OpenAt(Site),
+}
+
+impl Mutation {
+    /// Whether this mutation lets the fence before `site` pass whatever it read.
+    pub fn opens(self, site: Site) -> bool {
+        match self {
+            Mutation::Open => true,
+            Mutation::OpenAt(s) => s == site,
+        }
+    }
 }
 
 /// `Ok` when what was read still names generation `gen` of run `run_id`; otherwise why
@@ -42,8 +72,19 @@ pub fn check_with(
     seen: Seen<'_>,
     mutation: Option<Mutation>,
 ) -> Result<(), String> {
-    let mutation = super::mutation(mutation);
-    if mutation == Some(Mutation::Open) {
+    check_at(gen, run_id, seen, Site::Other, mutation)
+}
+
+/// [`check`] of the fence before a commit at `site`, with its mutation if any.
+#[doc(hidden)]
+pub fn check_at(
+    gen: u64,
+    run_id: &str,
+    seen: Seen<'_>,
+    site: Site,
+    mutation: Option<Mutation>,
+) -> Result<(), String> {
+    if super::mutation(mutation).is_some_and(|m| m.opens(site)) {
         return Ok(());
     }
     match seen {

@@ -212,6 +212,59 @@ pub fn resume_point(journals: &[Vec<Entry>], run_id: &str, walk_item: &str) -> R
 pub enum Mutation {
     /// Resume after the iteration the furthest rank completed, not the slowest.
     FromFastest,
+    /// A restarted rank resumes one step early: the last item it journaled before the
+    /// restart is taken as not done, and done again.
+    OneEarly,
+    /// A restarted rank resumes one step late: the first item it had not journaled is
+    /// taken as done, and skipped.
+    OneLate,
+    /// A rank journals its rollout before it commits the shard (renames it into place),
+    /// not after: a crash in between leaves a journaled step with no output.
+    BeforeCommit,
+    /// A rank appends to its journal after a torn last line (a crash mid-append) without
+    /// setting that line aside first: the next entry is glued to the fragment.
+    KeepTornTail,
+}
+
+/// Whether a rank journals its rollout before committing the shard: never, but for
+/// [`Mutation::BeforeCommit`].
+#[doc(hidden)]
+pub fn journals_before_commit(mutation: Option<Mutation>) -> bool {
+    super::mutation(mutation) == Some(Mutation::BeforeCommit)
+}
+
+/// Whether a rank sets its journal's torn last line aside before appending again:
+/// always, but for [`Mutation::KeepTornTail`].
+#[doc(hidden)]
+pub fn sets_torn_tail_aside(mutation: Option<Mutation>) -> bool {
+    super::mutation(mutation) != Some(Mutation::KeepTornTail)
+}
+
+/// What a rank restarting with its journal `entries` (of this run) takes as done: all of
+/// them, but for a resume point broken on purpose ([`Mutation::OneEarly`]: the last one).
+#[doc(hidden)]
+pub fn resumed(mut entries: Vec<Entry>, mutation: Option<Mutation>) -> Vec<Entry> {
+    if super::mutation(mutation) == Some(Mutation::OneEarly) {
+        entries.pop();
+    }
+    entries
+}
+
+/// Whether a rank skips `item` of `iteration` as done: [`has`], but for a resume point
+/// broken on purpose ([`Mutation::OneLate`], taken — it acts once — from `late`: the
+/// first item not journaled is skipped too).
+#[doc(hidden)]
+pub fn done_on_resume(
+    entries: &[Entry],
+    run_id: &str,
+    iteration: u64,
+    item: &str,
+    late: &mut Option<Mutation>,
+) -> bool {
+    if has(entries, run_id, iteration, item) {
+        return true;
+    }
+    super::mutation(late.take()) == Some(Mutation::OneLate)
 }
 
 #[doc(hidden)]

@@ -122,6 +122,7 @@ pub struct Mutations {
     pub barrier: Option<super::barrier::Mutation>,
     pub liveness: Option<super::liveness::Mutation>,
     pub watch: Option<watch::Mutation>,
+    pub abort: Option<super::abort::Mutation>,
 }
 
 /// The node's coordination with its peers (see the module documentation).
@@ -184,6 +185,7 @@ impl NodeMachine {
             barrier: super::mutation(m.barrier),
             liveness: super::mutation(m.liveness),
             watch: super::mutation(m.watch),
+            abort: super::mutation(m.abort),
         };
         self
     }
@@ -515,7 +517,11 @@ impl NodeMachine {
                 }
             }
         }
-        let Some(stop) = round.stop else {
+        let adopted = super::abort::adopted(self.mutations.abort);
+        let stop = round
+            .stop
+            .filter(|s| adopted || !matches!(s, watch::Stop::Abort(_)));
+        let Some(stop) = stop else {
             let observed = self.watch.observed(self.cfg.rank, self.now);
             self.effects
                 .push_back(Effect::Record(Change::Observed(observed)));

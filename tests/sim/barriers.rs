@@ -102,6 +102,7 @@ fn machine_of(
             false => m.liveness,
         },
         watch: None,
+        abort: None,
     });
     machine.set_position(machine::Position {
         run_id: "sim".into(),

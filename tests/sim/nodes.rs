@@ -17,10 +17,20 @@
 //!   simulated time limit;
 //! - every start ends with every rank done, or every rank that stops naming the rank
 //!   the fault hit (or, on that rank, its own error);
+//! - after every start, no (iteration, item) journaled twice by a rank (a committed step
+//!   redone), and every step a rank reused as done before a restart journaled (no
+//!   uncommitted step skipped);
+//! - a job that does not end has no rank still running in a generation whose abort
+//!   another rank wrote (the violation names it);
+//! - every rank's journal is one entry a line, but for a torn last line;
 //! - the job completes within six starts, and the directory then holds one run, every
 //!   rank's journal complete for every iteration, no (iteration, item) journaled twice
 //!   by a rank, and no journal entry of a generation after one of a later generation
 //!   (a fenced node committed nothing).
+//!
+//! The jobs with rollouts (`data`) also draw, in a third of the seeds, a fault aimed at a
+//! commit: a torn journal append, a crash as a rank commits its shard, or rank 0 frozen
+//! past dead-after at the fence before it switches `models/LATEST`.
 
 use crate::{completed, train_of, Violation};
 use rl_node::clock::Clock;
@@ -106,6 +116,31 @@ pub(crate) enum Fault {
         iteration: u64,
         code: i32,
     },
+    /// The rank's next call on its journal after `at` is an append that lands only its
+    /// first `prefix` bytes and fails (EIO): a torn last line, left for the next start.
+    TornJournal {
+        rank: u32,
+        at: Duration,
+        prefix: u64,
+    },
+    /// The rank's machine crashes at its first call on `on` after one on `after` past
+    /// `at` (a shard's final name after its partial file: as it commits the shard,
+    /// between the fence and the rename).
+    KillAt {
+        rank: u32,
+        at: Duration,
+        after: String,
+        on: String,
+    },
+    /// Frozen for `for_` at the fence (its read of `cluster.json`) right after its first
+    /// call on `after` past `at`: e.g. after reading `models/LATEST`, at the fence before
+    /// it writes `LATEST`.
+    FreezeAtFence {
+        rank: u32,
+        at: Duration,
+        after: PathBuf,
+        for_: Duration,
+    },
 }
 
 impl Fault {
@@ -115,7 +150,10 @@ impl Fault {
             | Fault::Freeze { rank, .. }
             | Fault::WriteErrors { rank, .. }
             | Fault::TrainFails { rank, .. }
-            | Fault::RolloutFails { rank, .. } => rank,
+            | Fault::RolloutFails { rank, .. }
+            | Fault::TornJournal { rank, .. }
+            | Fault::KillAt { rank, .. }
+            | Fault::FreezeAtFence { rank, .. } => rank,
         }
     }
 }
@@ -169,7 +207,53 @@ fn draw_data(seed: u64, max_nodes: u64) -> Case {
             });
         }
     }
+    draw_commit_faults(seed, &mut case);
     case
+}
+
+/// A third of the seeds: one start of the job gets a torn journal append, a crash as a
+/// rank commits its shard, or rank 0 frozen past dead-after at the fence before it
+/// switches `models/LATEST` (drawn apart, so that the rest of a seed's case stays what it
+/// was).
+fn draw_commit_faults(seed: u64, case: &mut Case) {
+    let mut rng = Rng::new(seed ^ 0x7041_c0de);
+    if rng.below(3) != 0 {
+        return;
+    }
+    let start = rng.below(case.faults.len() as u64 + 1) as usize;
+    if start == case.faults.len() {
+        case.faults.push(Vec::new());
+    }
+    let rank = rng.below(case.nodes as u64) as u32;
+    let at = Duration::from_millis(rng.below(40_000));
+    let fault = match rng.below(3) {
+        0 => Fault::TornJournal {
+            rank,
+            at,
+            prefix: 1 + rng.below(80),
+        },
+        1 => {
+            let (iteration, layout) = (1 + rng.below(case.iterations), Layout::new(ROOT));
+            let partial = layout.shard_partial(iteration, "train", rank);
+            Fault::KillAt {
+                rank,
+                at,
+                // The partial file of any generation (`….partial.gG.jsonl`).
+                after: partial.with_extension("").to_string_lossy().into_owned(),
+                on: layout
+                    .shard(iteration, "train", rank)
+                    .to_string_lossy()
+                    .into_owned(),
+            }
+        }
+        _ => Fault::FreezeAtFence {
+            rank: 0,
+            at,
+            after: Layout::new(ROOT).latest(),
+            for_: case.dead_after * 2 + Duration::from_secs(rng.below(120)),
+        },
+    };
+    case.faults[start].push(fault);
 }
 
 pub(crate) fn draw(seed: u64, max_nodes: u64) -> Case {
@@ -412,7 +496,11 @@ fn batch_system(
         let long_frozen: Vec<u32> = faults
             .iter()
             .filter_map(|f| match *f {
-                Fault::Freeze { rank, for_, .. } if for_ >= case.dead_after => Some(rank),
+                Fault::Freeze { rank, for_, .. } | Fault::FreezeAtFence { rank, for_, .. }
+                    if for_ >= case.dead_after =>
+                {
+                    Some(rank)
+                }
                 _ => None,
             })
             .collect();
@@ -442,6 +530,10 @@ fn batch_system(
         let complete =
             results.iter().flatten().all(completed) && results.iter().any(Option::is_some);
         job.lock().unwrap().starts.push(results);
+        if let Err(e) = check_journals_so_far(world, case) {
+            let what = format!("after start {}: {e}", start + 1);
+            job.lock().unwrap().broken_data.push(what);
+        }
         if case.data.is_some() {
             if let Err(e) = check_data_so_far(world, case) {
                 let what = format!("after start {}: {e}", start + 1);
@@ -588,7 +680,12 @@ fn prepare_run(command: &str, d: &Data) -> FakeRun {
 /// training commands are the script's).
 pub(crate) fn inject(sched: &Arc<Sched>, clients: &[Arc<SimClient>], mut faults: Vec<Fault>) {
     let at = |f: &Fault| match *f {
-        Fault::Kill { at, .. } | Fault::Freeze { at, .. } | Fault::WriteErrors { at, .. } => at,
+        Fault::Kill { at, .. }
+        | Fault::Freeze { at, .. }
+        | Fault::WriteErrors { at, .. }
+        | Fault::TornJournal { at, .. }
+        | Fault::KillAt { at, .. }
+        | Fault::FreezeAtFence { at, .. } => at,
         Fault::TrainFails { .. } | Fault::RolloutFails { .. } => Duration::ZERO,
     };
     faults.sort_by_key(at);
@@ -613,6 +710,30 @@ pub(crate) fn inject(sched: &Arc<Sched>, clients: &[Arc<SimClient>], mut faults:
             Fault::WriteErrors { calls, errno, .. } => {
                 client.fail_next(Some(OpClass::Write), calls, FaultError::Errno(errno))
             }
+            Fault::TornJournal { rank, prefix, .. } => {
+                let journal = Layout::new(ROOT).journal(rank);
+                at_call(sched, client, None, &journal.to_string_lossy(), move |c| {
+                    c.tear_next_append(prefix as usize)
+                });
+            }
+            Fault::KillAt {
+                ref after, ref on, ..
+            } => at_call(sched, client, Some(after), on, |c| {
+                c.fail_next(None, u64::MAX, FaultError::Errno(libc::EIO));
+                c.crash();
+            }),
+            Fault::FreezeAtFence {
+                ref after, for_, ..
+            } => {
+                let s = sched.clone();
+                at_call(
+                    sched,
+                    client,
+                    Some(&after.to_string_lossy()),
+                    "cluster.json",
+                    move |_| s.sleep(for_),
+                );
+            }
             Fault::TrainFails { .. } | Fault::RolloutFails { .. } => {}
         }
     }
@@ -631,6 +752,44 @@ pub(crate) fn inject(sched: &Arc<Sched>, clients: &[Arc<SimClient>], mut faults:
             })
             .expect("spawn a thaw");
     }
+}
+
+/// Do `what` to `client` as it makes its next call on a path containing `then` (after
+/// one on a path containing `first`, if given), then let that call go on; each within ten
+/// minutes, or never.
+fn at_call(
+    sched: &Arc<Sched>,
+    client: &Arc<SimClient>,
+    first: Option<&str>,
+    then: &str,
+    what: impl FnOnce(&SimClient) + Send + 'static,
+) {
+    client.pause_at(first.unwrap_or(then));
+    let (s, client) = (sched.clone(), client.clone());
+    let (chained, then) = (first.is_some(), then.to_string());
+    sched
+        .spawn("fault at a call", move || {
+            let paused = || {
+                let give_up = s.now() + Duration::from_secs(600);
+                while !client.is_paused() && s.now() < give_up {
+                    s.sleep(Duration::from_millis(100));
+                }
+                client.is_paused()
+            };
+            if chained {
+                if !paused() {
+                    return client.resume();
+                }
+                // Let the call on `first` go on; `resume` disarms, so arm again after it.
+                client.resume();
+                client.pause_at(&then);
+            }
+            if paused() {
+                what(&client);
+            }
+            client.resume();
+        })
+        .expect("spawn a fault at a call");
 }
 
 pub(crate) fn text(world: &SimWorld, path: &Path) -> String {
@@ -720,17 +879,21 @@ fn check_data(world: &SimWorld, layout: &Layout, case: &Case, d: &Data) -> Resul
             let mut committed = 0;
             for rank in 0..case.nodes {
                 let shard = layout.shard(it, split, rank);
-                let bytes = world
-                    .content(&shard)
-                    .ok_or_else(|| format!("{} was never committed", shard.display()))?;
                 let item = format!("rollout-{split}");
                 let by = journals[rank as usize]
                     .iter()
                     .find(|e| e.iteration == it && e.item == item)
-                    .map(|e| e.gen)
-                    .ok_or_else(|| {
-                        format!("rank {rank} never journaled {item} of iteration {it}")
-                    })?;
+                    .map(|e| e.gen);
+                let bytes = world.content(&shard).ok_or_else(|| match by {
+                    Some(gen) => format!(
+                        "rank {rank} journaled {item} of iteration {it} (generation {gen}), but {} was never committed",
+                        shard.display()
+                    ),
+                    None => format!("{} was never committed", shard.display()),
+                })?;
+                let by = by.ok_or_else(|| {
+                    format!("rank {rank} never journaled {item} of iteration {it}")
+                })?;
                 for (id, gen) in records(&bytes, &shard)? {
                     checks += 2;
                     if !once.contains_key(id.as_str()) {
@@ -978,11 +1141,79 @@ fn check_prepared(
     Ok(checks)
 }
 
-/// What holds at any moment, checked after each start: every merged file there is holds
-/// each record once, and every partial shard holds only its generation's records.
+/// What holds after each start, of every rank's journal: no step journaled twice (a
+/// committed step redone), and every step the rank reused as done before a restart (its
+/// `reused` event) journaled (an uncommitted one skipped).
+fn check_journals_so_far(world: &SimWorld, case: &Case) -> Result<(), String> {
+    let layout = Layout::new(ROOT);
+    for rank in 0..case.nodes {
+        let entries = journal::parse(&text(world, &layout.journal(rank)));
+        let mut seen = std::collections::HashSet::new();
+        for e in &entries {
+            if !seen.insert((e.iteration, e.item.as_str())) {
+                return Err(format!(
+                    "rank {rank} journaled {} of iteration {} twice (generations {:?}): a committed step redone",
+                    e.item,
+                    e.iteration,
+                    entries
+                        .iter()
+                        .filter(|d| d.iteration == e.iteration && d.item == e.item)
+                        .map(|d| d.gen)
+                        .collect::<Vec<_>>()
+                ));
+            }
+        }
+        let events = layout
+            .state_dir()
+            .join("events")
+            .join(format!("rank-{rank}.jsonl"));
+        for line in text(world, &events).lines() {
+            let Ok(e) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            let (Some("reused"), Some(item), Some(it)) = (
+                e["event"].as_str(),
+                e["item"].as_str(),
+                e["iteration"].as_u64(),
+            ) else {
+                continue;
+            };
+            if !seen.contains(&(it, item)) {
+                return Err(format!(
+                    "rank {rank} of generation {} skipped {item} of iteration {it} as done before the restart, but never journaled it: an uncommitted step skipped",
+                    e["gen"]
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What holds at any moment, checked after each start: every journaled rollout's shard is
+/// there, every merged file there is holds each record once, and every partial shard holds
+/// only its generation's records.
 fn check_data_so_far(world: &SimWorld, case: &Case) -> Result<u64, String> {
     let layout = Layout::new(ROOT);
     let mut checks = 0;
+    // A rollout is journaled once its shard is committed: the shard is there.
+    for rank in 0..case.nodes {
+        for e in journal::parse(&text(world, &layout.journal(rank))) {
+            let Some(split) = e.item.strip_prefix("rollout-") else {
+                continue;
+            };
+            checks += 1;
+            let shard = layout.shard(e.iteration, split, rank);
+            if world.content(&shard).is_none() {
+                return Err(format!(
+                    "rank {rank} journaled {} of iteration {} (generation {}), but {} was never committed",
+                    e.item,
+                    e.iteration,
+                    e.gen,
+                    shard.display()
+                ));
+            }
+        }
+    }
     for it in 1..=case.iterations {
         for split in ["train", "eval"] {
             let path = layout.aggregated(it, split);
@@ -1056,6 +1287,33 @@ pub fn run_data_seed(
     run_case(seed, draw_data(seed, max_nodes), broken)
 }
 
+/// A rank still joining or running in a generation whose `abort.json` another rank
+/// wrote (every rank stops on a generation's abort, rank 0 relaying a worker's): which
+/// one, and whose abort it ran on after.
+fn ran_on_after_abort(world: &SimWorld, nodes: u32) -> Option<String> {
+    let layout = Layout::new(ROOT);
+    let cluster: serde_json::Value = serde_json::from_str(&text(world, &layout.cluster())).ok()?;
+    for gen in 1..=cluster["gen"].as_u64()? {
+        let Ok(abort) = serde_json::from_str::<serde_json::Value>(&text(world, &layout.abort(gen)))
+        else {
+            continue;
+        };
+        let culprit = abort["culprit"].as_u64().unwrap_or_default();
+        for rank in (0..nodes).filter(|r| u64::from(*r) != culprit) {
+            let record: serde_json::Value =
+                serde_json::from_str(&text(world, &layout.rank_record(gen, rank))).ok()?;
+            let state = record["state"].as_str().unwrap_or_default();
+            if matches!(state, "joining" | "running") {
+                return Some(format!(
+                    "rank {rank} ran on in generation {gen} after rank {culprit}'s abort ({}): its record still says {state}",
+                    abort["reason"].as_str().unwrap_or_default()
+                ));
+            }
+        }
+    }
+    None
+}
+
 /// Run `case` under `seed`'s schedule and check it.
 fn run_case(seed: u64, case: Case, broken: Broken) -> Result<(Summary, String), Violation> {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -1067,7 +1325,10 @@ fn run_case(seed: u64, case: Case, broken: Broken) -> Result<(Summary, String), 
         trace: job.log.clone(),
     };
     let mut checks = 0;
-    ended.map_err(|e| violation(format!("the job did not end: {e}")))?;
+    ended.map_err(|e| match ran_on_after_abort(&world, case.nodes) {
+        Some(ran_on) => violation(format!("{ran_on}; the job did not end: {e}")),
+        None => violation(format!("the job did not end: {e}")),
+    })?;
     if let Some(what) = job.broken_data.first() {
         return Err(violation(what.clone()));
     }
@@ -1090,6 +1351,18 @@ fn run_case(seed: u64, case: Case, broken: Broken) -> Result<(Summary, String), 
                     i + 1
                 )));
             }
+        }
+    }
+    // Every rank's journal reads as one entry a line (a torn last line excepted): a torn
+    // append was set aside before the next one.
+    for rank in 0..case.nodes {
+        checks += 1;
+        let path = layout.journal(rank);
+        if let Err(bad) = journal::parse_lines::<journal::Entry>(&text(&world, &path)) {
+            return Err(violation(format!(
+                "rank {rank}'s journal has line {} that is no entry, a torn append glued to the next ({}): {:?}",
+                bad.line, bad.what, bad.text
+            )));
         }
     }
     // The job completed.
@@ -1350,4 +1623,125 @@ fn a_handoff_that_does_not_sync_the_checkpoint_is_caught() {
 fn data_seed_7_prepared_data_survives_a_crash_after_its_commit() {
     let (s, line) = run_data_seed(7, 5, Broken::default()).unwrap_or_else(|v| panic!("{v}"));
     assert_eq!(s.starts, 3, "{line}");
+}
+
+/// `seed` of 2..=5 nodes (data: with rollouts, merges and hand-offs) keeps the invariants
+/// with the node intact, and with `broken` violates one whose message has `effect`: the
+/// mutation's effect, named (the seed `scripts/sim --mutants` reports for it).
+fn caught_by_seed(seed: u64, data: bool, broken: Broken, effect: &str) {
+    let run = |b| match data {
+        true => run_data_seed(seed, 5, b),
+        false => run_seed_broken(seed, 5, b),
+    };
+    run(Broken::default()).unwrap_or_else(|v| panic!("intact: {v}"));
+    let v = run(broken).expect_err("the mutation was not caught");
+    assert!(v.what.contains(effect), "{v}");
+}
+
+fn journal_broken(m: journal::Mutation) -> Broken {
+    Broken {
+        journal: Some(m),
+        ..Broken::default()
+    }
+}
+
+fn fence_open_at(site: rl_node::protocol::fence::Site) -> Broken {
+    Broken {
+        fence: Some(rl_node::protocol::fence::Mutation::OpenAt(site)),
+        ..Broken::default()
+    }
+}
+
+/// A node frozen at the fence before its journal append wakes in a replaced generation,
+/// and with that one fence open journals what the newer generation journaled already.
+#[test]
+fn fence_open_at_the_journal_append_is_caught_by_seed_4() {
+    let broken = fence_open_at(rl_node::protocol::fence::Site::JournalAppend);
+    caught_by_seed(
+        4,
+        true,
+        broken,
+        "rank 0 journaled train of iteration 2 twice",
+    );
+}
+
+/// Rank 0 frozen at the fence before it switches `models/LATEST` wakes after a newer
+/// generation handed off a later checkpoint, and with that one fence open points
+/// `LATEST` back at its own.
+#[test]
+fn fence_open_at_latest_is_caught_by_seed_4() {
+    let broken = fence_open_at(rl_node::protocol::fence::Site::Latest);
+    caught_by_seed(
+        4,
+        true,
+        broken,
+        "rank 0 journaled the hand-off of iter-0002, but models/LATEST names Some(\"iter-0001\")",
+    );
+}
+
+/// A restarted rank that resumes one step early trains iteration 1 again.
+#[test]
+fn journal_one_early_is_caught_by_seed_2() {
+    let broken = journal_broken(journal::Mutation::OneEarly);
+    caught_by_seed(
+        2,
+        true,
+        broken,
+        "rank 0 journaled train of iteration 1 twice (generations [1, 2]): a committed step redone",
+    );
+}
+
+/// A restarted rank that resumes one step late skips the hand-off it never made.
+#[test]
+fn journal_one_late_is_caught_by_seed_2() {
+    let broken = journal_broken(journal::Mutation::OneLate);
+    caught_by_seed(
+        2,
+        true,
+        broken,
+        "rank 0 of generation 2 skipped handoff of iteration 1 as done before the restart, but never journaled it",
+    );
+}
+
+/// Nodes that ignore an abort read in another rank's record (rank 0 relays none): rank 0
+/// declares a frozen rank 4 dead, and rank 1 runs on in the generation until the job's
+/// time limit.
+#[test]
+fn abort_ignored_is_caught_by_seed_6() {
+    let broken = Broken {
+        abort: Some(rl_node::protocol::abort::Mutation::Ignored),
+        ..Broken::default()
+    };
+    caught_by_seed(
+        6,
+        false,
+        broken,
+        "rank 1 ran on in generation 1 after rank 4's abort",
+    );
+}
+
+/// A rank that journals its rollout before renaming the shard into place, crashed in
+/// between (at its commit), leaves a journaled rollout with no shard.
+#[test]
+fn journal_before_commit_is_caught_by_seed_21() {
+    let broken = journal_broken(journal::Mutation::BeforeCommit);
+    caught_by_seed(
+        21,
+        true,
+        broken,
+        "rank 1 journaled rollout-train of iteration 2 (generation 1), but /sim-job/rollouts/iter-0002/train/rank-1.jsonl was never committed",
+    );
+}
+
+/// A rank whose journal append tore, restarted, appends its next entry after the torn
+/// fragment instead of setting it aside first.
+#[test]
+fn journal_keep_torn_tail_is_caught_by_seed_46() {
+    let broken = journal_broken(journal::Mutation::KeepTornTail);
+    caught_by_seed(
+        46,
+        true,
+        broken,
+        "rank 2's journal has line 3 that is no entry, a torn append glued to the next",
+    );
 }
