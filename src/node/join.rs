@@ -20,6 +20,7 @@ use crate::exit::Cause;
 use crate::holder;
 use crate::layout::Layout;
 use crate::protocol::join;
+use crate::protocol::join_machine::{self, JoinMachine};
 use crate::protocol::journal::Resume;
 use crate::protocol::messages;
 use crate::protocol::{ClusterRecord, NodeState, RankRecord, PROTO};
@@ -37,12 +38,6 @@ pub(super) enum Joined {
     Formed,
     /// The run is complete up to `--iterations`: nothing to do, no generation to form.
     AlreadyComplete(Notice),
-}
-
-/// What one look for a generation to join found, when it found something.
-enum Joinable {
-    Join(Box<ClusterRecord>, Box<RankRecord>),
-    Complete(Notice),
 }
 
 /// What rank 0 found of the run already in the directory, before it chooses the run.
@@ -681,141 +676,214 @@ impl Node {
         }
     }
 
+    /// A worker's join, driven through the shared directory: the decisions and the order
+    /// of the reads are the [`JoinMachine`]'s, the reads, writes and log lines are here.
     fn join_worker(&mut self) -> Result<Joined, Stop> {
         let deadline = self.clock.now() + self.cfg.timing.join_timeout;
-        let mut rejected = join::Skipped::default();
-        let mut seen = Seen::default();
-        // With --fresh: the run found at the first look, which rank 0 sets aside.
-        let mut found: Option<String> = None;
+        let settings = join_machine::Settings {
+            rank: self.rank,
+            nonce: self.nonce.clone(),
+            host: self.host.clone(),
+            pid: self.pid,
+            fingerprint: self.fingerprint.clone(),
+            shared_view: self.cfg.shared_view(),
+            run_fingerprint: self.cfg.run_fingerprint(),
+            iterations: self.cfg.cluster.iterations,
+            slot_patience: self.slot_patience(),
+            dead_after: self.cfg.timing.dead_after,
+            fresh: self.fresh,
+            cluster_path: self.layout.cluster(),
+        };
+        let mut jm = JoinMachine::new(settings).with_mutation(self.broken.join);
         self.info(&format!(
             "waiting for rank 0 to start a generation ({})",
             self.layout.cluster().display()
         ));
-        loop {
-            self.waiting_note = "rank 0 to publish a generation to join".into();
-            let joinable = self.wait_for(deadline, |n| {
-                n.find_joinable(&mut rejected, &mut seen, &mut found)
-            });
-            let (cluster, r0) = match joinable {
-                Ok(Joinable::Join(cluster, r0)) => (*cluster, *r0),
-                Ok(Joinable::Complete(notice)) => return Ok(Joined::AlreadyComplete(notice)),
-                Err(Interrupt::Stop(s)) => return Err(s),
-                Err(Interrupt::Deadline) => {
-                    return Err(Stop::new(
-                        Cause::Deadline,
-                        format!(
-                            "no generation to join within join-timeout ({}): {}",
-                            humantime::format_duration(self.cfg.timing.join_timeout),
-                            self.waiting_note
-                        ),
-                    )
-                    .with_hint(
-                        "start rank 0 (--master) with the same configuration and --log-path",
-                    ));
-                }
-            };
-            let gen = cluster.gen;
-            self.cluster = Some(cluster.clone());
-            self.machine.watch.liveness =
-                crate::protocol::Liveness::new(self.cfg.timing.dead_after);
-            self.machine.watch.peers = vec![None; self.num_nodes() as usize];
-            self.machine.watch.nonces.clear();
-            self.machine.watch.nonces.insert(0, r0.nonce.clone());
-            let mut me = self.record(gen, &cluster.run_id, self.rank, NodeState::Joining);
-            me.arrived = Some(self.join_barrier().arrival());
-            let path = self.layout.rank_record(gen, self.rank);
-            let publisher = super::Publisher::start(
-                self.store.clone(),
-                self.clock.clone(),
-                path.clone(),
-                me,
-                self.cfg.timing.heartbeat_interval,
-                self.watchdog.clone(),
+        self.waiting_note = "rank 0 to publish a generation to join".into();
+        match self.wait_for(deadline, |n| n.drive_join(&mut jm)) {
+            Ok(joined) => Ok(joined),
+            Err(Interrupt::Stop(s)) => Err(s),
+            Err(Interrupt::Deadline) => Err(match jm.joined() {
+                None => Stop::new(
+                    Cause::Deadline,
+                    format!(
+                        "no generation to join within join-timeout ({}): {}",
+                        humantime::format_duration(self.cfg.timing.join_timeout),
+                        self.waiting_note
+                    ),
+                )
+                .with_hint("start rank 0 (--master) with the same configuration and --log-path"),
+                Some(c) => self.not_formed(c.gen),
+            }),
+        }
+    }
+
+    /// Join-timeout passed after this worker joined generation `gen`.
+    fn not_formed(&self, gen: u64) -> Stop {
+        // Rank 0's record says whom it still waited for: the cause, named.
+        let missing = self.machine.watch.peers[0]
+            .as_ref()
+            .map(|r| r.waiting_for.clone())
+            .unwrap_or_default();
+        let why = if missing.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ": rank 0 was still waiting for {} to join",
+                super::ranks_list(&missing)
             )
-            .map_err(|e| {
-                Stop::failed(format!("cannot write {}: {e}", path.display()))
-                    .with_hint("check that --log-path is on a writable shared filesystem")
-            })?;
-            self.set_publisher(publisher);
-            // `--fresh` on rank 0 may just have renamed the run's directories aside: a
-            // FUSE client trusts its cached entries for them (pointing at the old ones, now
-            // under previous-runs/) for the entry timeout. A listing of the root refreshes
-            // them before this node writes anything there.
-            let _ = self.store.refresh(self.layout.root());
-            self.info(&format!(
-                "joined generation {gen} of run {} (rank 0 on {}, master address {})",
-                cluster.run_id, cluster.host, cluster.master_addr
-            ));
-            self.waiting_note = format!("rank 0 to release the join of generation {gen}");
-            let released = self.wait_for(deadline, |n| {
-                if n.machine.watch.peers[0]
-                    .as_ref()
-                    .is_some_and(|r| r.released_at(0))
-                {
-                    return Ok(Some(true));
+        };
+        Stop::new(
+            Cause::Deadline,
+            format!(
+                "generation {gen} did not form within join-timeout ({}){why}",
+                humantime::format_duration(self.cfg.timing.join_timeout)
+            ),
+        )
+        .with_hint(
+            "look at why those ranks did not join (their logs; `rl-node status` shows each rank)",
+        )
+    }
+
+    /// One round of the join machine at this poll: perform what it asks, in order.
+    fn drive_join(&mut self, jm: &mut JoinMachine) -> Result<Option<Joined>, Stop> {
+        use join_machine::{Effect, Input};
+        jm.handle(self.clock.since_start(), Input::Poll);
+        while let Some(effect) = jm.poll_effect() {
+            let input = match effect {
+                Effect::ReadCluster(why) => Some(Input::Cluster(self.read_cluster_for(why))),
+                Effect::ReadRecord {
+                    gen,
+                    rank,
+                    list_first,
+                } => {
+                    if list_first {
+                        // Rank 0 writes it through another client: on FUSE, seen past
+                        // this one's caches.
+                        let _ = self.store.refresh(&self.layout.gen_dir(gen));
+                    }
+                    let record = self.read_record(gen, rank);
+                    let local = record
+                        .as_ref()
+                        .and_then(|r| match holder::local(&r.holder()) {
+                            holder::Local::Alive => Some(Holder::Alive),
+                            holder::Local::Gone => Some(Holder::Gone),
+                            holder::Local::Elsewhere => None,
+                        });
+                    Some(Input::Record {
+                        rank,
+                        record,
+                        local,
+                    })
                 }
-                // Rank 0 left (another rank 0 took the run) or the generation was replaced:
-                // wait for the current one instead of for a dead-after.
-                if n.machine.watch.peers[0]
-                    .as_ref()
-                    .is_some_and(|r| r.state.is_terminal())
-                    || super::fence_check(&*n.store, &n.layout, gen, &cluster.run_id, None).is_err()
-                {
-                    return Ok(Some(false));
+                Effect::ReadResume { run_id } => {
+                    Some(Input::Resume(self.resume_point(&run_id).iteration))
                 }
-                Ok(n.machine
-                    .watch
-                    .liveness
-                    .is_dead(0, n.clock.since_start())
-                    .then_some(false))
-            });
-            match released {
-                Ok(true) => break,
-                Ok(false) => {
-                    self.info(&format!(
-                        "rank 0 of generation {gen} left or stopped heartbeating before the cluster formed; waiting for a new generation"
-                    ));
+                Effect::Waiting(note) => {
+                    self.waiting_note = note;
+                    None
+                }
+                Effect::Info(line) => {
+                    self.info(&line);
+                    None
+                }
+                Effect::LeaveRefusal {
+                    run_id,
+                    gen,
+                    refused,
+                } => {
+                    self.leave_refusal(&run_id, gen, refused);
+                    None
+                }
+                Effect::Join { cluster, rank0 } => {
+                    self.joined_generation(*cluster, &rank0)?;
+                    None
+                }
+                Effect::Leave { .. } => {
                     if let Some(p) = self.publisher.take() {
                         p.finish(|r| r.state = NodeState::Left, Duration::from_secs(5));
                     }
                     self.cluster = None;
-                    rejected.insert(&cluster.run_id, gen);
+                    None
                 }
-                Err(Interrupt::Stop(s)) => return Err(s),
-                Err(Interrupt::Deadline) => {
-                    // Rank 0's record says whom it still waited for: the cause, named.
-                    let missing = self.machine.watch.peers[0]
-                        .as_ref()
-                        .map(|r| r.waiting_for.clone())
-                        .unwrap_or_default();
-                    let why = if missing.is_empty() {
-                        String::new()
-                    } else {
-                        format!(
-                            ": rank 0 was still waiting for {} to join",
-                            super::ranks_list(&missing)
-                        )
-                    };
-                    return Err(Stop::new(
-                        Cause::Deadline,
-                        format!(
-                            "generation {gen} did not form within join-timeout ({}){why}",
-                            humantime::format_duration(self.cfg.timing.join_timeout)
-                        ),
-                    )
-                    .with_hint(
-                        "look at why those ranks did not join (their logs; `rl-node status` shows each rank)",
-                    ));
+                Effect::Passed => {
+                    self.publisher().update(|r| r.state = NodeState::Running);
+                    self.waiting_note.clear();
+                    return Ok(Some(Joined::Formed));
                 }
+                Effect::Complete { message, hint } => {
+                    return Ok(Some(Joined::AlreadyComplete(Notice {
+                        message,
+                        hint: Some(hint),
+                    })))
+                }
+                Effect::Refused { message, hint } => return Err(Stop::usage(message, Some(hint))),
+            };
+            if let Some(input) = input {
+                jm.handle(self.clock.since_start(), input);
             }
         }
-        self.publisher().update(|r| r.state = NodeState::Running);
-        self.waiting_note.clear();
-        Ok(Joined::Formed)
+        Ok(None)
     }
 
-    /// One look at the shared directory for a generation this worker can join: the reads,
-    /// with the decision in [`crate::protocol::join::look`].
+    /// `cluster.json`, read for a look or for the fence.
+    fn read_cluster_for(&self, why: join_machine::ClusterFor) -> join_machine::ClusterRead {
+        use join_machine::{ClusterFor, ClusterRead};
+        let layout = &self.layout;
+        if why == ClusterFor::Fence {
+            // `cluster.json` is replaced by rename: a FUSE client's entry cache could
+            // answer with the file it replaced.
+            let _ = self.store.refresh(&layout.state_dir());
+        }
+        let mut read = state::read_cluster(&*self.store, layout);
+        if why == ClusterFor::Look && matches!(read, Ok(None)) && self.doorbell_rang() {
+            read = state::read_cluster(&*self.store, layout);
+        }
+        match read {
+            Ok(Some(c)) => ClusterRead::Cluster(Box::new(c)),
+            Ok(None) | Err(StateError::MissingCluster { .. }) => ClusterRead::Missing,
+            Err(e) => ClusterRead::Unreadable(e.to_string()),
+        }
+    }
+
+    /// Joined generation `cluster.gen`, whose rank 0 is `r0`: watch it, and publish this
+    /// rank's record, arrived at the join.
+    fn joined_generation(&mut self, cluster: ClusterRecord, r0: &RankRecord) -> Result<(), Stop> {
+        let gen = cluster.gen;
+        self.cluster = Some(cluster.clone());
+        self.machine.watch.liveness = crate::protocol::Liveness::new(self.cfg.timing.dead_after);
+        self.machine.watch.peers = vec![None; self.num_nodes() as usize];
+        self.machine.watch.nonces.clear();
+        self.machine.watch.nonces.insert(0, r0.nonce.clone());
+        let mut me = self.record(gen, &cluster.run_id, self.rank, NodeState::Joining);
+        me.arrived = Some(self.join_barrier().arrival());
+        let path = self.layout.rank_record(gen, self.rank);
+        let publisher = super::Publisher::start(
+            self.store.clone(),
+            self.clock.clone(),
+            path.clone(),
+            me,
+            self.cfg.timing.heartbeat_interval,
+            self.watchdog.clone(),
+        )
+        .map_err(|e| {
+            Stop::failed(format!("cannot write {}: {e}", path.display()))
+                .with_hint("check that --log-path is on a writable shared filesystem")
+        })?;
+        self.set_publisher(publisher);
+        // `--fresh` on rank 0 may just have renamed the run's directories aside: a FUSE
+        // client trusts its cached entries for them (pointing at the old ones, now under
+        // previous-runs/) for the entry timeout. A listing of the root refreshes them
+        // before this node writes anything there.
+        let _ = self.store.refresh(self.layout.root());
+        self.info(&format!(
+            "joined generation {gen} of run {} (rank 0 on {}, master address {})",
+            cluster.run_id, cluster.host, cluster.master_addr
+        ));
+        self.waiting_note = format!("rank 0 to release the join of generation {gen}");
+        Ok(())
+    }
+
     /// With `cluster.json` missing as this node sees it: has rank 0 rung the doorbell
     /// (`Layout::doorbell`)? Then `cluster.json` exists on the server, and this node's
     /// lookup cache is made to see it. Best effort: an error is a "no".
@@ -831,143 +899,21 @@ impl Node {
             .revalidate(&self.layout.cluster())
             .unwrap_or(false)
     }
-
-    /// `found`: with --fresh, the run read at the first look that read one.
-    fn find_joinable(
-        &mut self,
-        rejected: &mut join::Skipped,
-        seen: &mut Seen,
-        found: &mut Option<String>,
-    ) -> Result<Option<Joinable>, Stop> {
-        use crate::protocol::join::{look_with, ClusterSeen, Joiner, Look};
-        let layout = self.layout.clone();
-        let mut read = state::read_cluster(&*self.store, &layout);
-        if matches!(read, Ok(None)) && self.doorbell_rang() {
-            read = state::read_cluster(&*self.store, &layout);
-        }
-        // The first run read is the one a --fresh rank 0 sets aside, unless rank 0 was
-        // quicker: then it is the new run, which cannot be complete without this rank
-        // either. A look that read no run (none yet, or rank 0 moving it) decides nothing.
-        if let (true, None, Ok(Some(c))) = (self.fresh, &found, &read) {
-            *found = Some(c.run_id.clone());
-        }
-        let unreadable;
-        let cluster_path = layout.cluster();
-        let seen_cluster = match &read {
-            Ok(Some(c)) => ClusterSeen::Cluster(c),
-            Ok(None) | Err(StateError::MissingCluster { .. }) => {
-                ClusterSeen::Missing(&cluster_path)
-            }
-            Err(e) => {
-                unreadable = e.to_string();
-                ClusterSeen::Unreadable(&unreadable)
-            }
-        };
-        let run_fingerprint = || self.cfg.run_fingerprint();
-        let shared_view = || self.cfg.shared_view();
-        let me = Joiner {
-            rank: self.rank,
-            nonce: &self.nonce,
-            fingerprint: &self.fingerprint,
-            shared_view: &shared_view,
-            run_fingerprint: &run_fingerprint,
-            iterations: self.cfg.cluster.iterations,
-            slot_patience: self.slot_patience(),
-            dead_after: self.cfg.timing.dead_after,
-            set_aside: found.as_deref(),
-        };
-        let mutation = self.broken.join;
-        let verdict = look_with(
-            seen_cluster,
-            rejected,
-            &me,
-            &mut NodeView { node: self, seen },
-            mutation,
-        );
-        match verdict {
-            Look::Wait(note) => {
-                if let Some(note) = note {
-                    self.waiting_note = note;
-                }
-                Ok(None)
-            }
-            Look::Skip { run_id, gen, why } => {
-                if let Some(why) = why {
-                    self.info(&why);
-                }
-                rejected.insert(&run_id, gen);
-                // What this worker waits for now: not what an earlier look at the skipped
-                // generation waited for (seed 6474 of the seeded driver simulation timed
-                // out naming a previous holder it had long since found gone).
-                self.waiting_note = match found {
-                    Some(aside) if *aside == run_id => {
-                        format!("rank 0 (--fresh) to set run {run_id} aside and start a new run")
-                    }
-                    _ => "rank 0 to publish a generation to join".into(),
-                };
-                Ok(None)
-            }
-            Look::Complete { message, hint } => Ok(Some(Joinable::Complete(Notice {
-                message,
-                hint: Some(hint),
-            }))),
-            Look::Refused {
-                message,
-                hint,
-                note,
-            } => {
-                if let (Some(note), Ok(Some(c))) = (note, &read) {
-                    self.leave_refusal(c, note);
-                }
-                Err(Stop::usage(message, Some(hint)))
-            }
-            Look::Join(c, r0) => Ok(Some(Joinable::Join(c, r0))),
-        }
-    }
-}
-
-/// The worker's reads for [`crate::protocol::join::look`], done when it asks.
-struct NodeView<'a> {
-    node: &'a Node,
-    seen: &'a mut Seen,
-}
-
-impl crate::protocol::join::JoinView for NodeView<'_> {
-    fn rank0(&mut self, gen: u64) -> Option<RankRecord> {
-        // Rank 0 writes it through another client: on FUSE, seen past this one's caches.
-        let _ = self.node.store.refresh(&self.node.layout.gen_dir(gen));
-        self.node.read_record(gen, 0)
-    }
-
-    fn slot(&mut self, gen: u64) -> Option<RankRecord> {
-        self.node.read_record(gen, self.node.rank)
-    }
-
-    fn holder(&mut self, rec: &RankRecord, patience: Duration, advances: u32) -> Holder {
-        self.node.judge(self.seen, rec, patience, advances)
-    }
-
-    fn resume_iteration(&mut self, run_id: &str) -> u64 {
-        self.node.resume_point(run_id).iteration
-    }
 }
 
 impl Node {
     /// Say why this process was refused its rank where rank 0 already reads: in the rank's
     /// placeholder record, only while it is still vacant (a rank held by a live process is
     /// not this process's to touch, and rank 0 is not waiting for it then).
-    fn leave_refusal(&self, c: &ClusterRecord, why: String) {
-        let path = self.layout.rank_record(c.gen, self.rank);
+    fn leave_refusal(&self, run_id: &str, gen: u64, refused: String) {
+        let path = self.layout.rank_record(gen, self.rank);
         let Ok(Some(mut slot)) = self.store.read_json::<RankRecord>(&path) else {
             return;
         };
-        if slot.state != NodeState::Vacant || !slot.belongs_to(&c.run_id, c.gen, self.rank) {
+        if slot.state != NodeState::Vacant || !slot.belongs_to(run_id, gen, self.rank) {
             return;
         }
-        slot.refused = Some(format!(
-            "rank {} was refused: {why} (pid {} on {})",
-            self.rank, self.pid, self.host
-        ));
+        slot.refused = Some(refused);
         slot.wall = self.wall_stamp();
         let _ = self.store.publish_live_json(&path, &slot);
     }

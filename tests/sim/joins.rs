@@ -7,12 +7,16 @@
 //! rank, its own record (joining, arrived at barrier 0, heartbeating every second), the
 //! generation's copy of the cluster record and then `cluster.json`, and waits until every
 //! rank's record, as it reads them through its client's cache, has arrived at barrier 0;
-//! then it releases. Workers decide with the node's own core, `protocol::join::look`,
-//! over a `JoinView` of their `SimClient` reads and a `liveness::Holders` fed their own
-//! monotonic clock; on `Look::Join` they publish their arrival in their own record, and
-//! then wait, as `Node::join_worker` does, for rank 0's release, leaving the generation
-//! (state left) when rank 0's record ends, goes still for dead-after or `cluster.json`
-//! names another generation. A refusal's note goes into the still-vacant placeholder.
+//! then it releases. (Rank 0's side is this file's model of the node's procedure.)
+//!
+//! Every worker is the node's own `protocol::join_machine::JoinMachine`, polled on its own
+//! monotonic clock, whose effects the simulator performs on its host's `SimClient`: the
+//! machine decides with `protocol::join::look` and judges holders with
+//! `liveness::Holders`; on joining, the simulator publishes its arrival in its record
+//! (heartbeating from then on) and the machine waits for rank 0's release, leaving the
+//! generation (state left) when rank 0's record ends, goes still for dead-after or
+//! `cluster.json` names another generation. A refusal's note goes into the still-vacant
+//! placeholder.
 //!
 //! Each host has one NFS client (attribute and negative-lookup caches, lifetimes drawn
 //! per seed from 0 to 60 s); a restarted process runs on its old host and shares its
@@ -44,7 +48,8 @@
 use super::Violation;
 use rl_node::layout::Layout;
 use rl_node::protocol::fence;
-use rl_node::protocol::join::{self, ClusterSeen, JoinView, Joiner, Look};
+use rl_node::protocol::join;
+use rl_node::protocol::join_machine::{self, ClusterRead, Effect, Input, JoinMachine};
 use rl_node::protocol::liveness::{Holder, Holders};
 use rl_node::protocol::messages::Joined;
 use rl_node::protocol::{ClusterRecord, Liveness, NodeState, RankRecord};
@@ -104,7 +109,8 @@ struct Proc {
     mine: Option<RankRecord>,
     next_beat: u64,
     next_poll: u64,
-    skipped: join::Skipped,
+    /// A worker's join (rank 0's procedure is this file's model of the node's).
+    machine: Option<JoinMachine>,
     holders: Holders,
     liveness: Liveness,
     rate_ppm: u64,
@@ -238,41 +244,6 @@ impl Memo {
         remembered(&mut self.clusters, bytes, |b| {
             serde_json::from_slice(b).ok()
         })
-    }
-}
-
-/// A worker's reads for `look`, through its host's client, judged on its own clock.
-struct View<'a> {
-    client: &'a SimClient,
-    layout: &'a Layout,
-    rank: u32,
-    holders: &'a mut Holders,
-    local: Duration,
-    memo: &'a RefCell<Memo>,
-}
-
-impl View<'_> {
-    fn read(&self, gen: u64, rank: u32) -> Option<RankRecord> {
-        let dir: &dyn SharedDir = self.client;
-        let bytes = dir
-            .read(&self.layout.rank_record(gen, rank))
-            .expect("no faults injected here")?;
-        self.memo.borrow_mut().parse(gen, rank, bytes)
-    }
-}
-
-impl JoinView for View<'_> {
-    fn rank0(&mut self, gen: u64) -> Option<RankRecord> {
-        self.read(gen, 0)
-    }
-    fn slot(&mut self, gen: u64) -> Option<RankRecord> {
-        self.read(gen, self.rank)
-    }
-    fn holder(&mut self, rec: &RankRecord, patience: Duration, advances: u32) -> Holder {
-        self.holders.judge(rec, self.local, patience, advances)
-    }
-    fn resume_iteration(&mut self, _: &str) -> u64 {
-        1
     }
 }
 
@@ -560,7 +531,7 @@ impl Sim {
             mine: None,
             next_beat: u64::MAX,
             next_poll: poll,
-            skipped: join::Skipped::default(),
+            machine: (st.rank != 0).then(|| self.join_machine(&st, pid)),
             holders: Holders::default(),
             liveness: Liveness::new(Duration::from_millis(self.dead_after_ms)),
             rate_ppm,
@@ -571,6 +542,25 @@ impl Sim {
             published_at: None,
         });
         self.last_start = self.now;
+    }
+
+    /// A worker's join machine, set up as the node sets up its own.
+    fn join_machine(&self, st: &Start, pid: u32) -> JoinMachine {
+        JoinMachine::new(join_machine::Settings {
+            rank: st.rank,
+            nonce: format!("n{pid}"),
+            host: format!("host-{}", st.host),
+            pid,
+            fingerprint: fingerprint(st.good).into(),
+            shared_view: shared_view(st.good),
+            run_fingerprint: "run-fp".into(),
+            iterations: 0,
+            slot_patience: Duration::from_millis(self.slot_patience_ms),
+            dead_after: Duration::from_millis(self.dead_after_ms),
+            fresh: false,
+            cluster_path: self.layout.cluster(),
+        })
+        .with_mutation(self.mutations.look)
     }
 
     fn kill(&mut self, p: usize, why: &str) {
@@ -816,8 +806,7 @@ impl Sim {
             Role::Checking => self.check_previous(p),
             Role::Forming { stage } => self.form(p, stage),
             Role::Waiting => self.master_wait(p),
-            Role::Looking => self.look(p),
-            Role::Joined => self.worker_wait(p),
+            Role::Looking | Role::Joined => self.drive_worker(p),
             Role::Released => {
                 if !self.fenced_master(p) {
                     self.master_watch(p);
@@ -1202,207 +1191,201 @@ impl Sim {
         });
     }
 
-    fn look(&mut self, p: usize) -> Result<(), Violation> {
-        let seen_cluster = self.read_cluster(p);
-        let cluster_path = self.layout.cluster();
-        let seen = match &seen_cluster {
-            Some(c) => ClusterSeen::Cluster(c),
-            None => ClusterSeen::Missing(&cluster_path),
-        };
-        let good = self.procs[p].good;
-        let view_fn = move || shared_view(good);
-        let local = self.local(p);
-        let verdict = {
-            let pr = &mut self.procs[p];
-            let me = Joiner {
-                rank: pr.rank,
-                nonce: &pr.nonce,
-                fingerprint: fingerprint(good),
-                shared_view: &view_fn,
-                run_fingerprint: &|| "run-fp".to_string(),
-                iterations: 0,
-                slot_patience: Duration::from_millis(self.slot_patience_ms),
-                dead_after: Duration::from_millis(self.dead_after_ms),
-                set_aside: None,
-            };
-            let mut view = View {
-                client: &self.clients[pr.host],
-                layout: &self.layout,
-                rank: pr.rank,
-                holders: &mut pr.holders,
-                local,
-                memo: &self.memo,
-            };
-            join::look_with(seen, &pr.skipped, &me, &mut view, self.mutations.look)
-        };
-        let (rank, pid) = (self.procs[p].rank, self.procs[p].pid);
-        match verdict {
-            Look::Wait(_) => Ok(()),
-            Look::Skip { run_id, gen, why } => {
-                self.note(format!(
-                    "rank {rank} pid {pid} skips generation {gen}{}",
-                    why.map(|w| format!(": {w}")).unwrap_or_default()
-                ));
-                self.procs[p].skipped.insert(&run_id, gen);
-                Ok(())
-            }
-            Look::Complete { message, .. } => {
-                Err(self.violation(format!("rank {rank} pid {pid}: {message}")))
-            }
-            Look::Refused { message, note, .. } => {
-                self.s.refusals += 1;
-                self.s.checks += 1;
-                self.note(format!("rank {rank} pid {pid} refused: {message}"));
-                self.procs[p].role = Role::Refused;
-                self.procs[p].died_at = Some(self.now);
-                self.procs[p].next_poll = u64::MAX;
-                let c = seen_cluster.expect("refused over a cluster record");
-                match note {
-                    Some(note) => {
-                        self.s.config_refusals += 1;
-                        if good {
-                            return Err(self.violation(format!(
-                                "rank {rank} pid {pid}, correctly configured, refused: {message}"
-                            )));
-                        }
-                        self.leave_refusal(p, &c, &note)
-                    }
-                    None => {
-                        // A held rank: the named holder is a live process (or died within
-                        // what a cache and a heartbeat can hide).
-                        let slack = self.hide_ms() + self.hb_ms + self.poll_ms;
-                        let named = self.procs.iter().any(|q| {
-                            q.rank == rank
-                                && message.contains(&format!("pid {} on host-{}", q.pid, q.host))
-                                && q.died_at.is_none_or(|d| self.now <= d + slack)
-                        });
-                        if !named {
-                            return Err(self.violation(format!(
-                                "rank {rank} pid {pid} refused for a holder that is not alive: {message}"
-                            )));
-                        }
-                        Ok(())
-                    }
-                }
-            }
-            Look::Join(c, r0) => {
-                self.s.checks += 1;
-                let gen = c.gen;
-                self.note(format!(
-                    "rank {rank} pid {pid} joins generation {gen} (rank 0 pid {})",
-                    r0.pid
-                ));
-                if !good {
-                    return Err(self.violation(format!(
-                        "rank {rank} pid {pid}, with another configuration, joined generation {gen}"
-                    )));
-                }
-                // cluster.json truly named it, within what the cache can hide.
-                let hide = self.hide_ms() + self.poll_ms;
-                let named = self
-                    .cluster_history
-                    .iter()
-                    .enumerate()
-                    .any(|(i, &(from, g))| {
-                        let until = self.cluster_history.get(i + 1).map_or(u64::MAX, |h| h.0);
-                        g == gen && from <= self.now && self.now <= until.saturating_add(hide)
-                    });
-                if !named {
-                    return Err(self.violation(format!(
-                        "rank {rank} pid {pid} joined generation {gen}, which cluster.json did not name (history {:?})",
-                        self.cluster_history
-                    )));
-                }
-                // Rank 0 alive, or ended no longer ago than caches and dead-after hide.
-                if let Some(&ended) = self.r0_ended.get(&gen) {
-                    let slack = self.hide_ms()
-                        + self.dead_after_ms
-                        + self.slot_patience_ms
-                        + 3 * self.poll_ms;
-                    if self.now > ended + slack {
-                        return Err(self.violation(format!(
-                            "rank {rank} pid {pid} joined generation {gen}, whose rank 0 ended {} ms ago",
-                            self.now - ended
-                        )));
-                    }
-                }
-                let me = self.own_record(p, gen, &c.run_id);
-                let pr = &mut self.procs[p];
-                pr.gen = gen;
-                pr.run_id = c.run_id.clone();
-                pr.role = Role::Joined;
-                pr.liveness = Liveness::new(Duration::from_millis(self.dead_after_ms));
-                pr.mine = Some(me);
-                pr.next_beat = self.now + self.hb_ms;
-                self.publish(p, |_| {});
-                Ok(())
-            }
-        }
+    /// A worker's poll: a round of its `JoinMachine`, whose effects are performed on its
+    /// host's client and checked against the truth.
+    fn drive_worker(&mut self, p: usize) -> Result<(), Violation> {
+        let mut m = self.procs[p]
+            .machine
+            .take()
+            .expect("a worker joins by its machine");
+        m.handle(self.local(p), Input::Poll);
+        let done = self.perform(p, &mut m);
+        self.procs[p].machine = Some(m);
+        done
     }
 
-    /// `Node::leave_refusal`: the note into the still-vacant placeholder.
-    fn leave_refusal(&mut self, p: usize, c: &ClusterRecord, note: &str) -> Result<(), Violation> {
-        let (rank, pid, host) = (self.procs[p].rank, self.procs[p].pid, self.procs[p].host);
-        let Some(mut slot) = self.read_rec(p, c.gen, rank) else {
-            return Ok(());
-        };
-        if slot.state != NodeState::Vacant || !slot.belongs_to(&c.run_id, c.gen, rank) {
+    fn perform(&mut self, p: usize, m: &mut JoinMachine) -> Result<(), Violation> {
+        let (rank, pid) = (self.procs[p].rank, self.procs[p].pid);
+        // A refusal whose note went into the placeholder: another configuration.
+        let mut noted = false;
+        while let Some(effect) = m.poll_effect() {
+            let input = match effect {
+                Effect::ReadCluster(_) => Some(Input::Cluster(match self.read_cluster(p) {
+                    Some(c) => ClusterRead::Cluster(Box::new(c)),
+                    None => ClusterRead::Missing,
+                })),
+                Effect::ReadRecord { gen, rank, .. } => Some(Input::Record {
+                    rank,
+                    record: self.read_rec(p, gen, rank),
+                    local: None,
+                }),
+                Effect::ReadResume { .. } => Some(Input::Resume(1)),
+                Effect::Waiting(_) => None,
+                Effect::Info(why) => {
+                    self.note(format!("rank {rank} pid {pid}: {why}"));
+                    None
+                }
+                Effect::LeaveRefusal {
+                    run_id,
+                    gen,
+                    refused,
+                } => {
+                    noted = true;
+                    self.leave_refusal(p, &run_id, gen, &refused)?;
+                    None
+                }
+                Effect::Join { cluster, rank0 } => {
+                    self.joins(p, &cluster, &rank0)?;
+                    None
+                }
+                Effect::Leave { gen } => {
+                    self.note(format!(
+                        "rank {rank} pid {pid} leaves generation {gen} (rank 0 gone or replaced)"
+                    ));
+                    self.publish(p, |r| r.state = NodeState::Left);
+                    let pr = &mut self.procs[p];
+                    pr.mine = None;
+                    pr.next_beat = u64::MAX;
+                    pr.role = Role::Looking;
+                    None
+                }
+                Effect::Passed => {
+                    self.procs[p].role = Role::Passed;
+                    let gen = self.procs[p].gen;
+                    self.note(format!(
+                        "rank {rank} pid {pid} passes the join of generation {gen}"
+                    ));
+                    None
+                }
+                Effect::Complete { message, .. } => {
+                    return Err(self.violation(format!("rank {rank} pid {pid}: {message}")))
+                }
+                Effect::Refused { message, .. } => {
+                    self.refused(p, &message, noted)?;
+                    None
+                }
+            };
+            if let Some(input) = input {
+                m.handle(self.local(p), input);
+            }
+        }
+        Ok(())
+    }
+
+    /// Refused: for another configuration (`noted`), only a misconfigured worker; for a
+    /// held rank, the holder named is a live process (or died within what a cache and a
+    /// heartbeat can hide).
+    fn refused(&mut self, p: usize, message: &str, noted: bool) -> Result<(), Violation> {
+        let (rank, pid) = (self.procs[p].rank, self.procs[p].pid);
+        self.s.refusals += 1;
+        self.s.checks += 1;
+        self.note(format!("rank {rank} pid {pid} refused: {message}"));
+        self.procs[p].role = Role::Refused;
+        self.procs[p].died_at = Some(self.now);
+        self.procs[p].next_poll = u64::MAX;
+        if noted {
+            self.s.config_refusals += 1;
+            if self.procs[p].good {
+                return Err(self.violation(format!(
+                    "rank {rank} pid {pid}, correctly configured, refused: {message}"
+                )));
+            }
             return Ok(());
         }
-        slot.refused = Some(format!(
-            "rank {rank} was refused: {note} (pid {pid} on host-{host})"
-        ));
-        let dir: &dyn SharedDir = self.client(p);
-        dir.publish_json(&self.path(c.gen, rank), &slot)
-            .expect("no faults injected here");
-        let truth = self.truth(c.gen, rank);
-        if !truth
-            .as_ref()
-            .and_then(|t| t.refused.as_ref())
-            .is_some_and(|r| r.contains(note) && note.contains("timing.dead-after"))
-        {
+        let slack = self.hide_ms() + self.hb_ms + self.poll_ms;
+        let named = self.procs.iter().any(|q| {
+            q.rank == rank
+                && message.contains(&format!("pid {} on host-{}", q.pid, q.host))
+                && q.died_at.is_none_or(|d| self.now <= d + slack)
+        });
+        if !named {
             return Err(self.violation(format!(
-                "rank {rank}'s refusal note is not in its placeholder: {truth:?}"
+                "rank {rank} pid {pid} refused for a holder that is not alive: {message}"
             )));
         }
         Ok(())
     }
 
-    fn worker_wait(&mut self, p: usize) -> Result<(), Violation> {
-        let gen = self.procs[p].gen;
-        let local = self.local(p);
-        let r0 = self
-            .read_rec(p, gen, 0)
-            .filter(|r| r.gen == gen && r.rank == 0);
-        match &r0 {
-            Some(r) => {
-                self.procs[p].liveness.observe(0, r.seq, local);
-            }
-            None => self.procs[p].liveness.watch(0, local),
+    /// Joined generation `c.gen` (rank 0 `r0`): only a correctly configured worker, only a
+    /// generation `cluster.json` truly named within what its cache can hide, whose rank 0
+    /// is alive or ended no longer ago than caches and dead-after hide. Its record, arrived.
+    fn joins(&mut self, p: usize, c: &ClusterRecord, r0: &RankRecord) -> Result<(), Violation> {
+        let (rank, pid) = (self.procs[p].rank, self.procs[p].pid);
+        self.s.checks += 1;
+        let gen = c.gen;
+        self.note(format!(
+            "rank {rank} pid {pid} joins generation {gen} (rank 0 pid {})",
+            r0.pid
+        ));
+        if !self.procs[p].good {
+            return Err(self.violation(format!(
+                "rank {rank} pid {pid}, with another configuration, joined generation {gen}"
+            )));
         }
-        if r0.as_ref().is_some_and(|r| r.released_at(0)) {
-            self.procs[p].role = Role::Passed;
-            let (rank, pid) = (self.procs[p].rank, self.procs[p].pid);
-            self.note(format!(
-                "rank {rank} pid {pid} passes the join of generation {gen}"
-            ));
+        let hide = self.hide_ms() + self.poll_ms;
+        let named = self
+            .cluster_history
+            .iter()
+            .enumerate()
+            .any(|(i, &(from, g))| {
+                let until = self.cluster_history.get(i + 1).map_or(u64::MAX, |h| h.0);
+                g == gen && from <= self.now && self.now <= until.saturating_add(hide)
+            });
+        if !named {
+            return Err(self.violation(format!(
+                "rank {rank} pid {pid} joined generation {gen}, which cluster.json did not name (history {:?})",
+                self.cluster_history
+            )));
+        }
+        if let Some(&ended) = self.r0_ended.get(&gen) {
+            let slack =
+                self.hide_ms() + self.dead_after_ms + self.slot_patience_ms + 3 * self.poll_ms;
+            if self.now > ended + slack {
+                return Err(self.violation(format!(
+                    "rank {rank} pid {pid} joined generation {gen}, whose rank 0 ended {} ms ago",
+                    self.now - ended
+                )));
+            }
+        }
+        let me = self.own_record(p, gen, &c.run_id);
+        let pr = &mut self.procs[p];
+        pr.gen = gen;
+        pr.run_id = c.run_id.clone();
+        pr.role = Role::Joined;
+        pr.mine = Some(me);
+        pr.next_beat = self.now + self.hb_ms;
+        self.publish(p, |_| {});
+        Ok(())
+    }
+
+    /// `Node::leave_refusal`: the note into the still-vacant placeholder.
+    fn leave_refusal(
+        &mut self,
+        p: usize,
+        run_id: &str,
+        gen: u64,
+        refused: &str,
+    ) -> Result<(), Violation> {
+        let rank = self.procs[p].rank;
+        let Some(mut slot) = self.read_rec(p, gen, rank) else {
+            return Ok(());
+        };
+        if slot.state != NodeState::Vacant || !slot.belongs_to(run_id, gen, rank) {
             return Ok(());
         }
-        let replaced = self.read_cluster(p).is_none_or(|c| c.gen != gen);
-        if r0.as_ref().is_some_and(|r| r.state.is_terminal())
-            || replaced
-            || self.procs[p].liveness.is_dead(0, local)
+        slot.refused = Some(refused.to_string());
+        let dir: &dyn SharedDir = self.client(p);
+        dir.publish_json(&self.path(gen, rank), &slot)
+            .expect("no faults injected here");
+        let truth = self.truth(gen, rank);
+        if !truth
+            .as_ref()
+            .and_then(|t| t.refused.as_deref())
+            .is_some_and(|r| r == refused && refused.contains("timing.dead-after"))
         {
-            let (rank, pid) = (self.procs[p].rank, self.procs[p].pid);
-            self.note(format!(
-                "rank {rank} pid {pid} leaves generation {gen} (rank 0 gone or replaced)"
-            ));
-            self.publish(p, |r| r.state = NodeState::Left);
-            let pr = &mut self.procs[p];
-            pr.mine = None;
-            pr.next_beat = u64::MAX;
-            pr.skipped.insert(&pr.run_id.clone(), gen);
-            pr.role = Role::Looking;
+            return Err(self.violation(format!(
+                "rank {rank}'s refusal note is not in its placeholder: {truth:?}"
+            )));
         }
         Ok(())
     }
