@@ -20,10 +20,10 @@ use crate::exit::Cause;
 use crate::holder;
 use crate::layout::Layout;
 use crate::protocol::join;
-use crate::protocol::join_machine::{self, JoinMachine};
+use crate::protocol::join_machine::{self, FormMachine, JoinMachine};
 use crate::protocol::journal::Resume;
 use crate::protocol::messages;
-use crate::protocol::{ClusterRecord, NodeState, RankRecord, PROTO};
+use crate::protocol::{ClusterRecord, Mark, NodeState, RankRecord, PROTO};
 use crate::state::{self, StateError};
 use std::time::Duration;
 
@@ -145,11 +145,15 @@ impl Node {
             return Ok(Joined::AlreadyComplete(done));
         }
         self.announce_resume(&run_id, &resume);
-        let cluster = self.publish_generation(gen, &run_id, previous, resume)?;
-        self.announce_generation(&cluster);
-        self.append_history(&cluster);
-        self.wait_for_ranks(cluster.gen, &run_id)?;
-        self.release_generation();
+        let cluster = self.cluster_record(gen, &run_id, previous, resume);
+        let settings = join_machine::FormSettings {
+            num_nodes: self.num_nodes(),
+            me: self.joined(),
+            cluster_path: self.layout.cluster(),
+        };
+        let mut form = FormMachine::new(settings, cluster);
+        self.drive_form(&mut form)?;
+        self.wait_for_ranks(&mut form)?;
         Ok(Joined::Formed)
     }
 
@@ -272,19 +276,15 @@ impl Node {
         }
     }
 
-    /// The ordered writes that start a generation: a new `gen-N/`, a placeholder for every
-    /// worker, rank 0's own record (heartbeating from here on), then the generation's copy
-    /// of the cluster record and `cluster.json` itself, and the doorbell. Returns the
-    /// cluster record published (its `gen` is the directory actually claimed).
-    fn publish_generation(
-        &mut self,
-        gen: u64,
-        run_id: &str,
-        previous: Option<String>,
-        resume: Resume,
-    ) -> Result<ClusterRecord, Stop> {
+    /// Perform what rank 0's forming asks, in order: the ordered writes that start a
+    /// generation (a new `gen-N/`, a placeholder for every worker, rank 0's own record,
+    /// heartbeating from here on, the generation's copy of the cluster record, then
+    /// `cluster.json` itself and the doorbell), and at each poll of the wait the reads
+    /// and what they concluded. True once every rank is released.
+    fn drive_form(&mut self, form: &mut FormMachine) -> Result<bool, Stop> {
+        use join_machine::{ClusterFor, FormEffect, FormInput};
         let layout = self.layout.clone();
-        let gen = self.claim_generation_dir(gen).map_err(|e| {
+        let claim_err = |e| {
             io_err(
                 format!(
                     "cannot create a generation directory in {}",
@@ -292,18 +292,126 @@ impl Node {
                 ),
                 e,
             )
-        })?;
-        for r in 1..self.num_nodes() {
-            let path = layout.rank_record(gen, r);
-            self.store
-                .publish_live_json(&path, &self.record(gen, run_id, r, NodeState::Vacant))
-                .map_err(|e| io_err(format!("cannot write {}", path.display()), e))?;
+        };
+        let write_err =
+            |path: &std::path::Path, e| io_err(format!("cannot write {}", path.display()), e);
+        while let Some(effect) = form.poll_effect() {
+            let input = match effect {
+                FormEffect::ListStateDir => {
+                    let state = layout.state_dir();
+                    self.store.create_dir_all(&state).map_err(claim_err)?;
+                    Some(FormInput::Listing(
+                        self.store.read_dir(&state).map_err(claim_err)?,
+                    ))
+                }
+                FormEffect::CreateGenDir(gen) => {
+                    match self.store.create_dir(&layout.gen_dir(gen)) {
+                        Ok(()) => Some(FormInput::GenDir { created: true }),
+                        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                            Some(FormInput::GenDir { created: false })
+                        }
+                        Err(e) => return Err(claim_err(e)),
+                    }
+                }
+                FormEffect::Placeholder { run_id, gen, rank } => {
+                    let path = layout.rank_record(gen, rank);
+                    self.store
+                        .publish_live_json(
+                            &path,
+                            &self.record(gen, &run_id, rank, NodeState::Vacant),
+                        )
+                        .map_err(|e| write_err(&path, e))?;
+                    None
+                }
+                FormEffect::OwnRecord { cluster, arrived } => {
+                    self.start_own_record(*cluster, arrived)?;
+                    None
+                }
+                FormEffect::ClusterCopy(cluster) => {
+                    let copy = layout.gen_cluster(cluster.gen);
+                    self.store
+                        .publish_json(&copy, &*cluster)
+                        .map_err(|e| write_err(&copy, e))?;
+                    None
+                }
+                FormEffect::PublishCluster(cluster) => {
+                    self.store
+                        .publish_json(&layout.cluster(), &*cluster)
+                        .map_err(|e| write_err(&layout.cluster(), e))?;
+                    crate::exercised::note(crate::exercised::Path::Generations);
+                    None
+                }
+                FormEffect::Doorbell { gen, run_id } => {
+                    self.ring_doorbell(gen, &run_id);
+                    None
+                }
+                FormEffect::Published(cluster) => {
+                    self.announce_generation(&cluster);
+                    self.append_history(&cluster);
+                    None
+                }
+                FormEffect::ReadCluster => {
+                    Some(FormInput::Cluster(self.read_cluster_for(ClusterFor::Fence)))
+                }
+                FormEffect::ReadPeers => {
+                    // A worker refused at join leaves the reason in its vacant placeholder,
+                    // which the poll just read.
+                    Some(FormInput::Peers {
+                        peers: self.machine.watch.peers.clone(),
+                        refused: self.machine.refused.clone(),
+                    })
+                }
+                FormEffect::Warn(w) => {
+                    self.warn(&w);
+                    None
+                }
+                FormEffect::Refusal(why) => {
+                    self.warn(&why);
+                    // The line's `rank` is this rank 0's, like every line's; `why` names
+                    // the refused rank.
+                    self.event(events::Event::Refused { why });
+                    None
+                }
+                FormEffect::WaitingFor(missing) => {
+                    let gen = form.published().map_or(0, |c| c.gen);
+                    self.waiting_note = format!(
+                        "waiting for {} to join generation {gen}",
+                        super::ranks_list(&missing)
+                    );
+                    self.publisher().update(|r| r.waiting_for = missing);
+                    None
+                }
+                FormEffect::Fenced(why) => {
+                    let gen = self.cluster.as_ref().map_or(0, |c| c.gen);
+                    self.publisher().update(|r| {
+                        r.state = NodeState::Left;
+                        r.waiting_for.clear();
+                    });
+                    return Err(Stop::usage(
+                        format!("another rank 0 owns this run: {why}; this rank 0 leaves its generation {gen}"),
+                        Some("start exactly one rank 0 (--master) per --log-path; `rl-node status` shows the one that runs".into()),
+                    ));
+                }
+                FormEffect::Release(mark) => {
+                    self.release_generation(mark);
+                    return Ok(true);
+                }
+            };
+            if let Some(input) = input {
+                form.handle(input);
+            }
         }
-        let cluster = self.cluster_record(gen, run_id, previous, resume);
-        self.cluster = Some(cluster.clone());
-        let mut me = self.record(gen, run_id, 0, NodeState::Joining);
-        me.arrived = Some(self.join_barrier().arrival());
-        let path = layout.rank_record(gen, 0);
+        Ok(false)
+    }
+
+    /// Rank 0's own record of `cluster`'s generation, arrived at the join, published by
+    /// the heartbeat thread from here on (faster while joining).
+    fn start_own_record(&mut self, cluster: ClusterRecord, arrived: Mark) -> Result<(), Stop> {
+        let (gen, run_id) = (cluster.gen, cluster.run_id.clone());
+        self.cluster = Some(cluster);
+        let mut me = self.record(gen, &run_id, 0, NodeState::Joining);
+        me.arrived = Some(arrived);
+        let path = self.layout.rank_record(gen, 0);
         let publisher = super::Publisher::start(
             self.store.clone(),
             self.clock.clone(),
@@ -314,16 +422,13 @@ impl Node {
         )
         .map_err(|e| io_err(format!("cannot write {}", path.display()), e))?;
         self.set_publisher(publisher);
-        let copy = layout.gen_cluster(gen);
-        self.store
-            .publish_json(&copy, &cluster)
-            .map_err(|e| io_err(format!("cannot write {}", copy.display()), e))?;
-        self.store
-            .publish_json(&layout.cluster(), &cluster)
-            .map_err(|e| io_err(format!("cannot write {}", layout.cluster().display()), e))?;
-        crate::exercised::note(crate::exercised::Path::Generations);
-        // Ring the doorbell for workers waiting on a fresh directory (best effort: without
-        // it they find cluster.json once their lookup caches expire).
+        Ok(())
+    }
+
+    /// Ring the doorbell for workers waiting on a fresh directory (best effort: without
+    /// it they find cluster.json once their lookup caches expire).
+    fn ring_doorbell(&self, gen: u64, run_id: &str) {
+        let layout = &self.layout;
         let bell = format!("{}\n", serde_json::json!({ "gen": gen, "run_id": run_id }));
         if let Err(e) = self
             .store
@@ -334,7 +439,6 @@ impl Node {
                 layout.doorbell().display()
             ));
         }
-        Ok(cluster)
     }
 
     fn cluster_record(
@@ -422,63 +526,13 @@ impl Node {
         }
     }
 
-    /// Barrier 0: wait until every worker has joined generation `gen`, warning of the ones
-    /// refused, and leave if another rank 0 took the run over.
-    fn wait_for_ranks(&mut self, gen: u64, run: &str) -> Result<(), Stop> {
+    /// Barrier 0: wait until every worker has joined the generation published, warning
+    /// of the ones refused, and leave if another rank 0 took the run over; then release.
+    fn wait_for_ranks(&mut self, form: &mut FormMachine) -> Result<(), Stop> {
         let deadline = self.clock.now() + self.cfg.timing.join_timeout;
-        let mut forming = join::Forming::default();
-        let mut unreadable: Option<String> = None;
         let joined = self.wait_for(deadline, |n| {
-            // Two masters started at once both publish a generation; the last to write
-            // cluster.json owns the run. The other learns it here, at its next poll.
-            // A cluster.json this node cannot read (an I/O error) says nothing of another
-            // rank 0: it keeps its generation and reads again at the next poll (a failing
-            // mount ends it through its own write errors, or join-timeout does).
-            match super::fence_check(&*n.store, &n.layout, gen, run, None) {
-                Ok(()) => unreadable = None,
-                Err(super::Fenced {
-                    unreadable: Some(e),
-                    ..
-                }) => {
-                    if unreadable.as_ref() != Some(&e) {
-                        n.warn(&format!(
-                            "cannot check that generation {gen} is still this rank 0's: {e}; reading it again"
-                        ));
-                        unreadable = Some(e);
-                    }
-                    return Ok(None);
-                }
-                Err(super::Fenced { why, .. }) => {
-                    n.publisher().update(|r| {
-                        r.state = NodeState::Left;
-                        r.waiting_for.clear();
-                    });
-                    return Err(Stop::usage(
-                        format!("another rank 0 owns this run: {why}; this rank 0 leaves its generation {gen}"),
-                        Some("start exactly one rank 0 (--master) per --log-path; `rl-node status` shows the one that runs".into()),
-                    ));
-                }
-            }
-            // A worker refused at join leaves the reason in its vacant placeholder, which
-            // the poll just read.
-            let round = forming.round(&n.machine.watch.peers, &n.machine.refused);
-            if round.complete {
-                return Ok(Some(()));
-            }
-            for why in round.refusals {
-                n.warn(&why);
-                // The line's `rank` is this rank 0's, like every line's; `why` names the
-                // refused rank.
-                n.event(events::Event::Refused { why });
-            }
-            if let Some(missing) = round.waiting_for {
-                n.waiting_note = format!(
-                    "waiting for {} to join generation {gen}",
-                    super::ranks_list(&missing)
-                );
-                n.publisher().update(|r| r.waiting_for = missing);
-            }
-            Ok(None)
+            form.handle(join_machine::FormInput::Poll);
+            Ok(n.drive_form(form)?.then_some(()))
         });
         match joined {
             Ok(()) => Ok(()),
@@ -486,7 +540,7 @@ impl Node {
             Err(Interrupt::Deadline) => {
                 let reason = format!(
                     "{} did not join within join-timeout ({})",
-                    super::ranks_list(forming.missing()),
+                    super::ranks_list(form.missing()),
                     humantime::format_duration(self.cfg.timing.join_timeout)
                 );
                 Err(self.fail(crate::protocol::AbortKind::Timeout, 0, None, reason, None))
@@ -496,13 +550,12 @@ impl Node {
 
     /// Every rank joined: remember each worker's nonce (a later record with another is
     /// another process), and release them with rank 0's running record.
-    fn release_generation(&mut self) {
+    fn release_generation(&mut self, release: Mark) {
         for r in 1..self.num_nodes() {
             if let Some(p) = &self.machine.watch.peers[r as usize] {
                 self.machine.watch.nonces.insert(r, p.nonce.clone());
             }
         }
-        let release = self.join_barrier().release(&Some(self.joined()));
         let beat = self.cfg.timing.heartbeat_interval;
         self.publisher().update(|r| {
             r.released = Some(release);
@@ -512,23 +565,6 @@ impl Node {
         self.publisher().set_interval(beat);
         self.waiting_note.clear();
         self.info("all ranks joined");
-    }
-
-    /// Create a brand-new `gen-N/` with N at least `wanted` and above every existing one, so
-    /// records left by an earlier start (or by a run whose `cluster.json` was deleted) are
-    /// never read as this generation's. The listing only picks a starting number; the
-    /// exclusive `create_dir` is what guarantees the directory is new.
-    fn claim_generation_dir(&self, wanted: u64) -> std::io::Result<u64> {
-        let state = self.layout.state_dir();
-        self.store.create_dir_all(&state)?;
-        let mut gen = join::first_free_generation(wanted, &self.store.read_dir(&state)?);
-        loop {
-            match self.store.create_dir(&self.layout.gen_dir(gen)) {
-                Ok(()) => return Ok(gen),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => gen += 1,
-                Err(e) => return Err(e),
-            }
-        }
     }
 
     /// Continue the run in the directory, start a new one (`--fresh`, setting the old

@@ -23,9 +23,11 @@
 
 use super::join::{self, ClusterSeen, JoinView, Joiner, Look, Mutation, Skipped};
 use super::liveness::{Holder, Holders};
-use super::{fence, ClusterRecord, Liveness, RankRecord};
+use super::messages::Joined;
+use super::{fence, ClusterRecord, Liveness, Mark, RankRecord};
 use serde_json::Value;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -553,6 +555,309 @@ impl JoinMachine {
     }
 }
 
+/// Rank 0's side: forming a generation once the run is chosen (a [`FormMachine`]).
+#[derive(Debug, Clone)]
+pub struct FormSettings {
+    pub num_nodes: u32,
+    /// This process, as the join's marks name it.
+    pub me: Joined,
+    /// `cluster.json`, as a missing one is named when rank 0 leaves.
+    pub cluster_path: PathBuf,
+}
+
+/// What happened, as rank 0's driver tells its [`FormMachine`].
+#[derive(Debug, Clone)]
+pub enum FormInput {
+    /// The driver's poll: while waiting for arrivals, start a round.
+    Poll,
+    /// The state directory's names, asked for by [`FormEffect::ListStateDir`].
+    Listing(Vec<OsString>),
+    /// The exclusive create of [`FormEffect::CreateGenDir`]: made, or it existed already
+    /// (another rank 0 was quicker). Any other error stops the driver.
+    GenDir { created: bool },
+    /// `cluster.json`, asked for by [`FormEffect::ReadCluster`].
+    Cluster(ClusterRead),
+    /// Every rank's record of the generation as read (index = rank; rank 0's own first),
+    /// and the refusal notes read in still-vacant placeholders, asked for by
+    /// [`FormEffect::ReadPeers`].
+    Peers {
+        peers: Vec<Option<RankRecord>>,
+        refused: HashMap<u32, String>,
+    },
+}
+
+/// What rank 0's [`FormMachine`] asks its driver to do, in order. The writes are the
+/// order that makes a generation safe to find: its directory, a placeholder for every
+/// worker (which each worker later rewrites, never creates), rank 0's own record, the
+/// generation's copy of the cluster record, and only then `cluster.json`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FormEffect {
+    /// List the state directory (creating it if need be); hand back
+    /// [`FormInput::Listing`].
+    ListStateDir,
+    /// Create `gen-N/` exclusively; hand back [`FormInput::GenDir`].
+    CreateGenDir(u64),
+    /// Write `rank`'s vacant placeholder in generation `gen` of `run_id`.
+    Placeholder { run_id: String, gen: u64, rank: u32 },
+    /// Start publishing rank 0's own record of `cluster`'s generation, arrived at the
+    /// join (`arrived`), heartbeating from here on.
+    OwnRecord {
+        cluster: Box<ClusterRecord>,
+        arrived: Mark,
+    },
+    /// Write the generation's copy of the cluster record.
+    ClusterCopy(Box<ClusterRecord>),
+    /// Publish `cluster.json`.
+    PublishCluster(Box<ClusterRecord>),
+    /// Ring the doorbell for workers waiting on a fresh directory (best effort).
+    Doorbell { gen: u64, run_id: String },
+    /// The generation is published: say so (and keep its history).
+    Published(Box<ClusterRecord>),
+    /// Read `cluster.json` past a cached entry; hand back [`FormInput::Cluster`].
+    ReadCluster,
+    /// Read every rank's record; hand back [`FormInput::Peers`].
+    ReadPeers,
+    /// Something to say once, as a warning.
+    Warn(String),
+    /// A worker's refusal, read in its placeholder for the first time (a warning and an
+    /// event).
+    Refusal(String),
+    /// With the next heartbeat: the ranks rank 0 still waits for.
+    WaitingFor(Vec<u32>),
+    /// Another rank 0 owns the run (it wrote `cluster.json` last): leave the generation,
+    /// why (the end).
+    Fenced(String),
+    /// Every rank arrived: publish the release (the end).
+    Release(Mark),
+}
+
+#[derive(Debug)]
+enum FormStage {
+    /// Given the run, until the generation directory is claimed (`asked`: the number
+    /// whose create was asked for).
+    Claiming {
+        cluster: Box<ClusterRecord>,
+        asked: Option<u64>,
+    },
+    /// Published; waiting for arrivals (`reading`: a round is under way).
+    Waiting {
+        cluster: Box<ClusterRecord>,
+        reading: bool,
+    },
+    /// Released or fenced out.
+    Over,
+}
+
+/// Rank 0's forming of a generation (see the module documentation).
+#[derive(Debug)]
+pub struct FormMachine {
+    cfg: FormSettings,
+    stage: FormStage,
+    forming: join::Forming,
+    /// The `cluster.json` read error last warned of.
+    unreadable: Option<String>,
+    effects: VecDeque<FormEffect>,
+    fence_mutation: Option<fence::Mutation>,
+}
+
+impl FormMachine {
+    /// Form a generation of `cluster` (its `gen`: the number wanted, one past the
+    /// previous; the directory claimed may be higher).
+    pub fn new(cfg: FormSettings, cluster: ClusterRecord) -> FormMachine {
+        FormMachine {
+            cfg,
+            stage: FormStage::Claiming {
+                cluster: Box::new(cluster),
+                asked: None,
+            },
+            forming: join::Forming::default(),
+            unreadable: None,
+            effects: VecDeque::from([FormEffect::ListStateDir]),
+            fence_mutation: None,
+        }
+    }
+
+    /// A deliberately broken fence (the simulator's own tests; see [`super::mutation`]).
+    #[doc(hidden)]
+    pub fn with_fence_mutation(mut self, m: Option<fence::Mutation>) -> FormMachine {
+        self.fence_mutation = super::mutation(m);
+        self
+    }
+
+    pub fn poll_effect(&mut self) -> Option<FormEffect> {
+        self.effects.pop_front()
+    }
+
+    /// The generation published (and not yet released or fenced out).
+    pub fn published(&self) -> Option<&ClusterRecord> {
+        match &self.stage {
+            FormStage::Waiting { cluster, .. } => Some(cluster),
+            _ => None,
+        }
+    }
+
+    /// The ranks missing at the last round.
+    pub fn missing(&self) -> &[u32] {
+        self.forming.missing()
+    }
+
+    pub fn is_over(&self) -> bool {
+        matches!(self.stage, FormStage::Over)
+    }
+
+    pub fn handle(&mut self, input: FormInput) {
+        match input {
+            FormInput::Poll => {
+                if let FormStage::Waiting { reading, .. } = &mut self.stage {
+                    if !*reading {
+                        *reading = true;
+                        self.effects.push_back(FormEffect::ReadCluster);
+                    }
+                }
+            }
+            FormInput::Listing(names) => {
+                if let FormStage::Claiming { cluster, asked } = &mut self.stage {
+                    let gen = join::first_free_generation(cluster.gen, &names);
+                    *asked = Some(gen);
+                    self.effects.push_back(FormEffect::CreateGenDir(gen));
+                }
+            }
+            FormInput::GenDir { created } => self.on_gen_dir(created),
+            FormInput::Cluster(read) => self.on_fence(read),
+            FormInput::Peers { peers, refused } => self.on_peers(&peers, &refused),
+        }
+        self.assert_invariants();
+    }
+
+    /// The directory asked for was created (publish the generation in it) or existed
+    /// (try the next number).
+    fn on_gen_dir(&mut self, created: bool) {
+        let FormStage::Claiming { cluster, asked } = &mut self.stage else {
+            return;
+        };
+        let Some(gen) = *asked else {
+            return;
+        };
+        if !created {
+            *asked = Some(gen + 1);
+            self.effects.push_back(FormEffect::CreateGenDir(gen + 1));
+            return;
+        }
+        let mut cluster = cluster.clone();
+        cluster.gen = gen;
+        self.effects
+            .extend((1..self.cfg.num_nodes).map(|rank| FormEffect::Placeholder {
+                run_id: cluster.run_id.clone(),
+                gen,
+                rank,
+            }));
+        self.effects.push_back(FormEffect::OwnRecord {
+            cluster: cluster.clone(),
+            arrived: join::barrier(0, self.cfg.me.clone()).arrival(),
+        });
+        self.effects
+            .push_back(FormEffect::ClusterCopy(cluster.clone()));
+        self.effects
+            .push_back(FormEffect::PublishCluster(cluster.clone()));
+        self.effects.push_back(FormEffect::Doorbell {
+            gen,
+            run_id: cluster.run_id.clone(),
+        });
+        self.effects
+            .push_back(FormEffect::Published(cluster.clone()));
+        self.stage = FormStage::Waiting {
+            cluster,
+            reading: false,
+        };
+    }
+
+    fn on_fence(&mut self, read: ClusterRead) {
+        let FormStage::Waiting {
+            cluster,
+            reading: reading @ true,
+        } = &mut self.stage
+        else {
+            return;
+        };
+        let seen = match &read {
+            ClusterRead::Cluster(c) => fence::Seen::Cluster(c),
+            ClusterRead::Missing => fence::Seen::Missing(&self.cfg.cluster_path),
+            ClusterRead::Unreadable(e) => fence::Seen::Unreadable(e),
+        };
+        // Two rank 0s started at once both publish a generation; the last to write
+        // cluster.json owns the run. A cluster.json that cannot be read says nothing of
+        // another rank 0: keep the generation and read it again at the next poll.
+        match (
+            fence::check_with(cluster.gen, &cluster.run_id, seen, self.fence_mutation),
+            &read,
+        ) {
+            (Ok(()), _) => {
+                self.unreadable = None;
+                self.effects.push_back(FormEffect::ReadPeers);
+            }
+            (Err(_), ClusterRead::Unreadable(e)) => {
+                *reading = false;
+                if self.unreadable.as_ref() != Some(e) {
+                    self.effects.push_back(FormEffect::Warn(format!(
+                        "cannot check that generation {} is still this rank 0's: {e}; reading it again",
+                        cluster.gen
+                    )));
+                    self.unreadable = Some(e.clone());
+                }
+            }
+            (Err(why), _) => {
+                self.stage = FormStage::Over;
+                self.effects.push_back(FormEffect::Fenced(why));
+            }
+        }
+    }
+
+    fn on_peers(&mut self, peers: &[Option<RankRecord>], refused: &HashMap<u32, String>) {
+        let FormStage::Waiting { reading, .. } = &mut self.stage else {
+            return;
+        };
+        *reading = false;
+        let round = self.forming.round(peers, refused);
+        if round.complete {
+            let release = join::barrier(0, self.cfg.me.clone()).release(&Some(self.cfg.me.clone()));
+            self.stage = FormStage::Over;
+            self.effects.push_back(FormEffect::Release(release));
+            return;
+        }
+        self.effects
+            .extend(round.refusals.into_iter().map(FormEffect::Refusal));
+        self.effects
+            .extend(round.waiting_for.map(FormEffect::WaitingFor));
+    }
+
+    /// The machine's invariants (debug builds and the simulator only).
+    pub fn assert_invariants(&self) {
+        if !(cfg!(debug_assertions) || cfg!(feature = "sim")) {
+            return;
+        }
+        let end = self
+            .effects
+            .iter()
+            .position(|e| matches!(e, FormEffect::Release(_) | FormEffect::Fenced(_)));
+        if let Some(i) = end {
+            assert!(self.is_over(), "the forming ended, and the machine goes on");
+            assert_eq!(
+                i + 1,
+                self.effects.len(),
+                "nothing follows the forming's end"
+            );
+        }
+        if let FormStage::Claiming { .. } = &self.stage {
+            assert!(
+                self.effects
+                    .iter()
+                    .all(|e| matches!(e, FormEffect::ListStateDir | FormEffect::CreateGenDir(_))),
+                "nothing is written before the generation's directory is claimed"
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -754,5 +1059,147 @@ mod tests {
         assert!(m.is_over());
         m.handle(now, Input::Poll);
         assert_eq!(effects(&mut m), []);
+    }
+
+    fn form_machine() -> FormMachine {
+        let settings = FormSettings {
+            num_nodes: 3,
+            me: Joined {
+                host: "h0".into(),
+                pid: 100,
+            },
+            cluster_path: "/nfs/exp/state/cluster.json".into(),
+        };
+        FormMachine::new(settings, ClusterRecord::bare("run", 2, 3))
+    }
+
+    fn form_effects(m: &mut FormMachine) -> Vec<FormEffect> {
+        std::iter::from_fn(|| m.poll_effect()).collect()
+    }
+
+    /// Rank 0 claims a directory above every listed one (the next when another rank 0
+    /// was quicker), then writes in the order that makes the generation safe to find.
+    #[test]
+    fn rank_0_claims_a_new_directory_and_writes_the_generation_in_order() {
+        let mut m = form_machine();
+        assert_eq!(form_effects(&mut m), [FormEffect::ListStateDir]);
+        m.handle(FormInput::Listing(vec![
+            "gen-4".into(),
+            "cluster.json".into(),
+        ]));
+        assert_eq!(form_effects(&mut m), [FormEffect::CreateGenDir(5)]);
+        m.handle(FormInput::GenDir { created: false });
+        assert_eq!(form_effects(&mut m), [FormEffect::CreateGenDir(6)]);
+        m.handle(FormInput::GenDir { created: true });
+        let order: Vec<String> = form_effects(&mut m)
+            .iter()
+            .map(|e| match e {
+                FormEffect::Placeholder { gen, rank, .. } => format!("placeholder {gen}/{rank}"),
+                FormEffect::OwnRecord { cluster, arrived } => {
+                    format!("own {} arrived {}", cluster.gen, arrived.name)
+                }
+                FormEffect::ClusterCopy(c) => format!("copy {}", c.gen),
+                FormEffect::PublishCluster(c) => format!("cluster.json {}", c.gen),
+                FormEffect::Doorbell { gen, .. } => format!("doorbell {gen}"),
+                FormEffect::Published(c) => format!("published {}", c.gen),
+                other => format!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            order,
+            [
+                "placeholder 6/1",
+                "placeholder 6/2",
+                "own 6 arrived join",
+                "copy 6",
+                "cluster.json 6",
+                "doorbell 6",
+                "published 6"
+            ]
+        );
+        assert_eq!(m.published().map(|c| c.gen), Some(6));
+    }
+
+    /// Waiting: the fence first, then the arrivals; refusals reported once; the release
+    /// once every rank arrived; and a rank 0 whose cluster.json another wrote leaves.
+    #[test]
+    fn rank_0_waits_behind_its_fence_and_releases_when_every_rank_arrived() {
+        let claimed = || {
+            let mut m = form_machine();
+            m.handle(FormInput::Listing(vec![]));
+            form_effects(&mut m);
+            m.handle(FormInput::GenDir { created: true });
+            form_effects(&mut m);
+            m
+        };
+        let current = || ClusterRead::Cluster(Box::new(ClusterRecord::bare("run", 2, 3)));
+        let arrived = |rank| RankRecord {
+            arrived: Some(
+                join::barrier(
+                    rank,
+                    Joined {
+                        host: "h".into(),
+                        pid: 1,
+                    },
+                )
+                .arrival(),
+            ),
+            ..RankRecord::vacant("run", 2, rank)
+        };
+        let mut m = claimed();
+        m.handle(FormInput::Poll);
+        assert_eq!(form_effects(&mut m), [FormEffect::ReadCluster]);
+        m.handle(FormInput::Cluster(current()));
+        assert_eq!(form_effects(&mut m), [FormEffect::ReadPeers]);
+        let refused = HashMap::from([(2, "rank 2 was refused: why".to_string())]);
+        let peers = vec![Some(arrived(0)), Some(arrived(1)), None];
+        m.handle(FormInput::Peers {
+            peers: peers.clone(),
+            refused: refused.clone(),
+        });
+        assert_eq!(
+            form_effects(&mut m),
+            [
+                FormEffect::Refusal("rank 2 was refused: why".into()),
+                FormEffect::WaitingFor(vec![2])
+            ]
+        );
+        // A cluster.json that cannot be read: a warning once, and no round.
+        for _ in 0..2 {
+            m.handle(FormInput::Poll);
+            m.handle(FormInput::Cluster(ClusterRead::Unreadable("EIO".into())));
+        }
+        let warned = form_effects(&mut m);
+        assert_eq!(warned.len(), 3, "{warned:?}");
+        assert!(matches!(&warned[1], FormEffect::Warn(w) if w.contains("EIO")));
+        m.handle(FormInput::Poll);
+        m.handle(FormInput::Cluster(current()));
+        m.handle(FormInput::Peers { peers, refused });
+        assert_eq!(
+            form_effects(&mut m),
+            [FormEffect::ReadCluster, FormEffect::ReadPeers]
+        );
+        m.handle(FormInput::Poll);
+        m.handle(FormInput::Cluster(current()));
+        m.handle(FormInput::Peers {
+            peers: vec![Some(arrived(0)), Some(arrived(1)), Some(arrived(2))],
+            refused: HashMap::new(),
+        });
+        assert!(matches!(
+            form_effects(&mut m).last(),
+            Some(FormEffect::Release(mark)) if mark.name == "join"
+        ));
+        assert!(m.is_over());
+
+        let mut m = claimed();
+        m.handle(FormInput::Poll);
+        m.handle(FormInput::Cluster(ClusterRead::Cluster(Box::new(
+            ClusterRecord::bare("run", 3, 3),
+        ))));
+        assert!(matches!(
+            form_effects(&mut m).last(),
+            Some(FormEffect::Fenced(why)) if why.starts_with("generation 2 was replaced by generation 3")
+        ));
+        assert!(m.is_over());
     }
 }

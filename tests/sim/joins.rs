@@ -49,10 +49,12 @@ use super::Violation;
 use rl_node::layout::Layout;
 use rl_node::protocol::fence;
 use rl_node::protocol::join;
-use rl_node::protocol::join_machine::{self, ClusterRead, Effect, Input, JoinMachine};
+use rl_node::protocol::join_machine::{
+    self, ClusterRead, Effect, FormEffect, FormInput, FormMachine, FormSettings, Input, JoinMachine,
+};
 use rl_node::protocol::liveness::{Holder, Holders};
 use rl_node::protocol::messages::Joined;
-use rl_node::protocol::{ClusterRecord, Liveness, NodeState, RankRecord};
+use rl_node::protocol::{ClusterRecord, Liveness, Mark, NodeState, RankRecord};
 use rl_node::rng::SplitMix64 as Rng;
 use rl_node::store::sim::{SimClient, SimWorld};
 use rl_node::store::SharedDir;
@@ -75,9 +77,9 @@ enum Role {
     /// Rank 0 asking whether the previous generation's rank 0 still runs
     /// (`Node::check_previous_master`, with the core's `join::previous_master`).
     Checking,
-    /// Rank 0 forming generation `gen`: the next creation stage (0: pick and create the
-    /// directory, 1..n: placeholders, then its record, the copy and `cluster.json`).
-    Forming { stage: u32 },
+    /// Rank 0 forming a generation: claiming its directory and writing it, one write per
+    /// step, up to `cluster.json`.
+    Forming,
     /// Rank 0 waiting for arrivals.
     Waiting,
     /// Rank 0 released (the generation formed).
@@ -118,7 +120,7 @@ struct Proc {
     /// Rank 0: the refusals read in placeholders.
     refusals_read: u64,
     /// Rank 0: its wait for arrivals (the core's, as `Node::join_master` keeps it).
-    forming: join::Forming,
+    form: Option<FormMachine>,
     started_at: u64,
     /// Rank 0: when it published `cluster.json` naming its generation.
     published_at: Option<u64>,
@@ -537,7 +539,7 @@ impl Sim {
             rate_ppm,
             died_at: None,
             refusals_read: 0,
-            forming: join::Forming::default(),
+            form: None,
             started_at: self.now,
             published_at: None,
         });
@@ -804,7 +806,7 @@ impl Sim {
         self.procs[p].next_poll = self.now + jitter;
         match self.procs[p].role.clone() {
             Role::Checking => self.check_previous(p),
-            Role::Forming { stage } => self.form(p, stage),
+            Role::Forming => self.form(p),
             Role::Waiting => self.master_wait(p),
             Role::Looking | Role::Joined => self.drive_worker(p),
             Role::Released => {
@@ -859,7 +861,8 @@ impl Sim {
     fn check_previous(&mut self, p: usize) -> Result<(), Violation> {
         let patience = self.slot_patience_ms.max(self.dead_after_ms);
         let mut proceed = true;
-        if let Some(c) = self.read_cluster(p) {
+        let prev = self.read_cluster(p);
+        if let Some(c) = &prev {
             if let Some(r0) = self
                 .read_rec(p, c.gen, 0)
                 .filter(|r| r.gen == c.gen && r.rank == 0)
@@ -924,8 +927,31 @@ impl Sim {
                 duplicate: true,
             });
         }
-        self.procs[p].role = Role::Forming { stage: 0 };
-        self.form(p, 0)
+        let wanted = ClusterRecord {
+            fingerprint: fingerprint(true).into(),
+            config: shared_view(true),
+            master_addr: "host-0".into(),
+            master_port: 29500,
+            host: format!("host-{}", self.procs[p].host),
+            pid: self.procs[p].pid,
+            run_fingerprint: "run-fp".into(),
+            ..ClusterRecord::bare(
+                prev.as_ref().map_or("run", |c| c.run_id.as_str()),
+                prev.as_ref().map_or(1, |c| c.gen + 1),
+                self.n as u32,
+            )
+        };
+        let settings = FormSettings {
+            num_nodes: self.n as u32,
+            me: self.joined(p),
+            cluster_path: self.layout.cluster(),
+        };
+        let pr = &mut self.procs[p];
+        pr.run_id = wanted.run_id.clone();
+        pr.form =
+            Some(FormMachine::new(settings, wanted).with_fence_mutation(self.mutations.fence));
+        pr.role = Role::Forming;
+        self.form(p)
     }
 
     /// A rank 0 refused because the previous generation's rank 0 still runs: the process
@@ -967,6 +993,13 @@ impl Sim {
         if fence::check_with(gen, &run_id, seen, self.mutations.fence).is_ok() {
             return false;
         }
+        self.fenced(p);
+        true
+    }
+
+    /// Another rank 0 owns the run: leave the generation (record left) and exit.
+    fn fenced(&mut self, p: usize) {
+        let gen = self.procs[p].gen;
         self.publish(p, |r| {
             r.state = NodeState::Left;
             r.waiting_for.clear();
@@ -976,7 +1009,6 @@ impl Sim {
             &format!("finds another rank 0 owns the run: leaves generation {gen}"),
         );
         self.s.masters_left += 1;
-        true
     }
 
     /// A rank 0 whose generation `cluster.json` no longer names leaves within what its
@@ -1010,87 +1042,129 @@ impl Sim {
         Ok(())
     }
 
-    fn form(&mut self, p: usize, stage: u32) -> Result<(), Violation> {
+    /// Rank 0 forming: one write of its machine's per step (a fault may fall between
+    /// any two).
+    fn form(&mut self, p: usize) -> Result<(), Violation> {
         if self.r0_fault(p) {
             return Ok(());
         }
         self.procs[p].next_poll = self.now + 1 + self.rng.below(20);
-        let n = self.n as u32;
-        let dir: &dyn SharedDir = self.client(p);
-        if stage == 0 {
-            let prev = self.read_cluster(p);
-            let listing = dir
-                .read_dir(&self.layout.state_dir())
-                .expect("no faults injected here");
-            let wanted = prev.as_ref().map_or(1, |c| c.gen + 1);
-            let mut gen = join::first_free_generation(wanted, &listing);
-            loop {
-                match dir.create_dir(&self.layout.gen_dir(gen)) {
-                    Ok(()) => break,
-                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => gen += 1,
+        self.drive_master(p, false)
+    }
+
+    /// Rank 0 waiting for arrivals: a round of its machine.
+    fn master_wait(&mut self, p: usize) -> Result<(), Violation> {
+        if self.r0_fault(p) {
+            return Ok(());
+        }
+        self.drive_master(p, true)
+    }
+
+    fn drive_master(&mut self, p: usize, poll: bool) -> Result<(), Violation> {
+        let mut m = self.procs[p]
+            .form
+            .take()
+            .expect("rank 0 forms by its machine");
+        if poll {
+            m.handle(FormInput::Poll);
+        }
+        let done = self.perform_form(p, &mut m);
+        self.procs[p].form = Some(m);
+        done
+    }
+
+    /// Perform rank 0's effects on its host's client, up to the claim or the first write
+    /// while forming.
+    fn perform_form(&mut self, p: usize, m: &mut FormMachine) -> Result<(), Violation> {
+        let pid = self.procs[p].pid;
+        while let Some(effect) = m.poll_effect() {
+            let dir: &dyn SharedDir = self.client(p);
+            let input = match effect {
+                FormEffect::ListStateDir => Some(FormInput::Listing(
+                    dir.read_dir(&self.layout.state_dir())
+                        .expect("no faults injected here"),
+                )),
+                FormEffect::CreateGenDir(gen) => match dir.create_dir(&self.layout.gen_dir(gen)) {
+                    Ok(()) => {
+                        self.procs[p].gen = gen;
+                        self.s.generations += 1;
+                        self.note(format!("rank 0 pid {pid} creates gen-{gen}"));
+                        // The claim is a step of its own, as each write is.
+                        m.handle(FormInput::GenDir { created: true });
+                        return Ok(());
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                        Some(FormInput::GenDir { created: false })
+                    }
                     Err(e) => panic!("{e}"),
+                },
+                FormEffect::Placeholder { run_id, gen, rank } => {
+                    dir.publish_json(
+                        &self.path(gen, rank),
+                        &RankRecord::vacant(&run_id, gen, rank),
+                    )
+                    .expect("no faults injected here");
+                    return Ok(());
                 }
-            }
-            let run_id = prev.map_or_else(|| "run".to_string(), |c| c.run_id);
-            self.procs[p].gen = gen;
-            self.procs[p].run_id = run_id;
-            self.s.generations += 1;
-            self.note(format!(
-                "rank 0 pid {} creates gen-{gen}",
-                self.procs[p].pid
-            ));
-        } else if stage < n {
-            let (gen, run_id) = (self.procs[p].gen, self.procs[p].run_id.clone());
-            dir.publish_json(
-                &self.path(gen, stage),
-                &RankRecord::vacant(&run_id, gen, stage),
-            )
-            .expect("no faults injected here");
-        } else if stage == n {
-            let (gen, run_id) = (self.procs[p].gen, self.procs[p].run_id.clone());
-            let me = self.own_record(p, gen, &run_id);
-            self.procs[p].mine = Some(RankRecord { seq: 0, ..me });
-            self.publish(p, |_| {});
-            self.procs[p].next_beat = self.now + self.hb_ms.min(1_000);
-        } else {
-            let pr = &self.procs[p];
-            let cluster = ClusterRecord {
-                fingerprint: fingerprint(true).into(),
-                config: shared_view(true),
-                master_addr: "host-0".into(),
-                master_port: 29500,
-                host: format!("host-{}", pr.host),
-                pid: pr.pid,
-                run_fingerprint: "run-fp".into(),
-                ..ClusterRecord::bare(&pr.run_id, pr.gen, n)
+                FormEffect::OwnRecord { cluster, arrived } => {
+                    let me = self.own_record(p, cluster.gen, &cluster.run_id);
+                    self.procs[p].mine = Some(RankRecord {
+                        seq: 0,
+                        arrived: Some(arrived),
+                        ..me
+                    });
+                    self.publish(p, |_| {});
+                    self.procs[p].next_beat = self.now + self.hb_ms.min(1_000);
+                    return Ok(());
+                }
+                FormEffect::ClusterCopy(c) => {
+                    dir.publish_json(&self.layout.gen_cluster(c.gen), &*c)
+                        .expect("no faults injected here");
+                    return Ok(());
+                }
+                FormEffect::PublishCluster(c) => {
+                    dir.publish_json(&self.layout.cluster(), &*c)
+                        .expect("no faults injected here");
+                    self.cluster_history.push((self.now, c.gen));
+                    self.procs[p].published_at = Some(self.now);
+                    self.note(format!(
+                        "rank 0 pid {pid} publishes cluster.json: generation {}",
+                        c.gen
+                    ));
+                    self.procs[p].role = Role::Waiting;
+                    return Ok(());
+                }
+                // The scenario's workers look without the doorbell (their client's caches
+                // are what is simulated), and rank 0 says nothing.
+                FormEffect::Doorbell { .. }
+                | FormEffect::Published(_)
+                | FormEffect::Warn(_)
+                | FormEffect::WaitingFor(_) => None,
+                FormEffect::ReadCluster => Some(FormInput::Cluster(match self.read_cluster(p) {
+                    Some(c) => ClusterRead::Cluster(Box::new(c)),
+                    None => ClusterRead::Missing,
+                })),
+                FormEffect::ReadPeers => Some(self.peers(p)),
+                FormEffect::Refusal(_) => {
+                    self.procs[p].refusals_read += 1;
+                    None
+                }
+                FormEffect::Fenced(_) => {
+                    self.fenced(p);
+                    return Ok(());
+                }
+                FormEffect::Release(mark) => return self.release(p, mark),
             };
-            let to = if stage == n + 1 {
-                self.layout.gen_cluster(pr.gen)
-            } else {
-                self.layout.cluster()
-            };
-            dir.publish_json(&to, &cluster)
-                .expect("no faults injected here");
-            if stage == n + 2 {
-                let gen = self.procs[p].gen;
-                self.cluster_history.push((self.now, gen));
-                self.procs[p].published_at = Some(self.now);
-                self.note(format!(
-                    "rank 0 pid {} publishes cluster.json: generation {gen}",
-                    self.procs[p].pid
-                ));
-                self.procs[p].role = Role::Waiting;
-                return Ok(());
+            if let Some(input) = input {
+                m.handle(input);
             }
         }
-        self.procs[p].role = Role::Forming { stage: stage + 1 };
         Ok(())
     }
 
-    fn master_wait(&mut self, p: usize) -> Result<(), Violation> {
-        if self.r0_fault(p) || self.fenced_master(p) {
-            return Ok(());
-        }
+    /// Every rank's record of rank 0's generation, as it reads them (its own as it wrote
+    /// it), and the refusal notes in still-vacant placeholders.
+    fn peers(&mut self, p: usize) -> FormInput {
         let (gen, run_id) = (self.procs[p].gen, self.procs[p].run_id.clone());
         let mut peers: Vec<Option<RankRecord>> = vec![self.procs[p].mine.clone()];
         let mut refused = HashMap::new();
@@ -1107,13 +1181,12 @@ impl Sim {
             }
             peers.push(rec);
         }
-        // The core's round, as `Node::join_master` runs it.
-        let round = self.procs[p].forming.round(&peers, &refused);
-        self.procs[p].refusals_read += round.refusals.len() as u64;
-        if !round.complete {
-            return Ok(());
-        }
-        // Every rank arrived, as rank 0 read it: check the server's truth.
+        FormInput::Peers { peers, refused }
+    }
+
+    /// Every rank arrived, as rank 0 read it: check the server's truth, and release.
+    fn release(&mut self, p: usize, mark: Mark) -> Result<(), Violation> {
+        let (gen, run_id) = (self.procs[p].gen, self.procs[p].run_id.clone());
         self.s.checks += 1;
         for r in 1..self.n as u32 {
             let ok = self.truth(gen, r).is_some_and(|t| {
@@ -1127,7 +1200,6 @@ impl Sim {
                 )));
             }
         }
-        let mark = self.join_barrier(p).release(&Some(self.joined(p)));
         self.publish(p, |r| {
             r.released = Some(mark);
             r.state = NodeState::Running;
@@ -1398,7 +1470,7 @@ impl Sim {
             .iter()
             .filter(|p| match p.role {
                 Role::Joined | Role::Passed | Role::Waiting | Role::Released => true,
-                Role::Forming { .. } => p.mine.is_some(),
+                Role::Forming => p.mine.is_some(),
                 _ => false,
             })
             .map(|p| (p.gen, p.rank, p.pid))
