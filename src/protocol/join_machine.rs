@@ -14,7 +14,16 @@
 //! generation when rank 0 ends it, goes still for dead-after, or `cluster.json` names
 //! another generation ([`super::fence`]).
 //!
-//! The machine judges holders with [`Holders`] and rank 0's heartbeat with [`Liveness`],
+//! Rank 0's side, once its driver has chosen the run (and waited out a previous rank 0
+//! that may still run), is a [`FormMachine`]: it claims a new generation directory by
+//! exclusive create (the next number when another rank 0 was quicker), asks for the
+//! generation's writes in the order that makes it safe to find (a placeholder for every
+//! worker, its own record, the generation's copy of the cluster record, `cluster.json`,
+//! the doorbell), and then at each poll checks the fence on `cluster.json` and runs a
+//! [`join::Forming`] round over every rank's record, until it releases the join or
+//! leaves to the rank 0 that wrote `cluster.json` last.
+//!
+//! The worker's machine judges holders with [`Holders`] and rank 0's heartbeat with [`Liveness`],
 //! on the monotonic time the driver hands in; what this machine's kernel says of a process
 //! (same host: its pid and start time) comes in with the record it was asked about. Time
 //! limits (join-timeout) stay with the driver: the machine never gives up on its own.

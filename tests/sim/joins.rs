@@ -2,12 +2,13 @@
 //!
 //! Rank 0 first asks the core (`join::previous_master`, as `Node::check_previous_master`
 //! does) whether the rank 0 `cluster.json` names still runs, and is refused if so; then
-//! it forms generations as `Node::join_master` does: it picks a new `gen-G/` (above
+//! it forms generations with the node's own `protocol::join_machine::FormMachine`, whose
+//! effects the simulator performs one write per step: it picks a new `gen-G/` (above
 //! `cluster.json`'s and every listed one), writes a vacant placeholder for every other
 //! rank, its own record (joining, arrived at barrier 0, heartbeating every second), the
-//! generation's copy of the cluster record and then `cluster.json`, and waits until every
-//! rank's record, as it reads them through its client's cache, has arrived at barrier 0;
-//! then it releases. (Rank 0's side is this file's model of the node's procedure.)
+//! generation's copy of the cluster record and then `cluster.json`, and, behind the fence,
+//! waits until every rank's record, as it reads them through its client's cache, has
+//! arrived at barrier 0; then it releases.
 //!
 //! Every worker is the node's own `protocol::join_machine::JoinMachine`, polled on its own
 //! monotonic clock, whose effects the simulator performs on its host's `SimClient`: the
