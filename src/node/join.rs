@@ -808,7 +808,7 @@ impl Node {
                         });
                     Some(Input::Record {
                         rank,
-                        record,
+                        record: record.map(Box::new),
                         local,
                     })
                 }

@@ -85,7 +85,7 @@ pub enum Input {
     /// elsewhere, or there is no record).
     Record {
         rank: u32,
-        record: Option<RankRecord>,
+        record: Option<Box<RankRecord>>,
         local: Option<Holder>,
     },
     /// Where the run asked about by [`Effect::ReadResume`] would resume.
@@ -156,7 +156,7 @@ struct Round {
 #[derive(Debug)]
 enum Stage {
     /// Looking for a generation; a round is under way when `Some`.
-    Looking(Option<Round>),
+    Looking(Option<Box<Round>>),
     /// Joined `cluster`'s generation; waiting for the release. `reading`: a round is under
     /// way (rank 0's record was asked for, then `cluster.json`).
     Joined {
@@ -304,7 +304,7 @@ impl JoinMachine {
     fn poll(&mut self) {
         match &mut self.stage {
             Stage::Looking(round @ None) => {
-                *round = Some(Round::default());
+                *round = Some(Box::default());
                 self.effects
                     .push_back(Effect::ReadCluster(ClusterFor::Look));
             }
@@ -356,7 +356,8 @@ impl JoinMachine {
         }
     }
 
-    fn on_record(&mut self, rank: u32, record: Option<RankRecord>, local: Option<Holder>) {
+    fn on_record(&mut self, rank: u32, record: Option<Box<RankRecord>>, local: Option<Holder>) {
+        let record = record.map(|r| *r);
         match &mut self.stage {
             Stage::Looking(Some(round)) => {
                 let found = Some(record);
@@ -917,7 +918,7 @@ mod tests {
     fn record(rank: u32, record: Option<RankRecord>) -> Input {
         Input::Record {
             rank,
-            record,
+            record: record.map(Box::new),
             local: None,
         }
     }
@@ -1001,7 +1002,7 @@ mod tests {
                 at,
                 Input::Record {
                     rank: 0,
-                    record: Some(r0(2, 1)),
+                    record: Some(Box::new(r0(2, 1))),
                     local: Some(Holder::Alive),
                 },
             );
@@ -1050,7 +1051,7 @@ mod tests {
             now,
             Input::Record {
                 rank: 0,
-                record: Some(r0(2, 1)),
+                record: Some(Box::new(r0(2, 1))),
                 local: Some(Holder::Alive),
             },
         );

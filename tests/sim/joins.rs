@@ -1289,7 +1289,7 @@ impl Sim {
                 })),
                 Effect::ReadRecord { gen, rank, .. } => Some(Input::Record {
                     rank,
-                    record: self.read_rec(p, gen, rank),
+                    record: self.read_rec(p, gen, rank).map(Box::new),
                     local: None,
                 }),
                 Effect::ReadResume { .. } => Some(Input::Resume(1)),
