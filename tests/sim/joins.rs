@@ -807,8 +807,7 @@ impl Sim {
         self.procs[p].next_poll = self.now + jitter;
         match self.procs[p].role.clone() {
             Role::Checking => self.check_previous(p),
-            Role::Forming => self.form(p),
-            Role::Waiting => self.master_wait(p),
+            Role::Forming | Role::Waiting => self.drive_master(p),
             Role::Looking | Role::Joined => self.drive_worker(p),
             Role::Released => {
                 if !self.fenced_master(p) {
@@ -952,7 +951,7 @@ impl Sim {
         pr.form =
             Some(FormMachine::new(settings, wanted).with_fence_mutation(self.mutations.fence));
         pr.role = Role::Forming;
-        self.form(p)
+        self.drive_master(p)
     }
 
     /// A rank 0 refused because the previous generation's rank 0 still runs: the process
@@ -1043,30 +1042,19 @@ impl Sim {
         Ok(())
     }
 
-    /// Rank 0 forming: one write of its machine's per step (a fault may fall between
-    /// any two).
-    fn form(&mut self, p: usize) -> Result<(), Violation> {
+    /// Rank 0 forming (one write of its machine's per step: a fault may fall between any
+    /// two), or waiting for arrivals (a round of its machine at each poll).
+    fn drive_master(&mut self, p: usize) -> Result<(), Violation> {
         if self.r0_fault(p) {
             return Ok(());
         }
-        self.procs[p].next_poll = self.now + 1 + self.rng.below(20);
-        self.drive_master(p, false)
-    }
-
-    /// Rank 0 waiting for arrivals: a round of its machine.
-    fn master_wait(&mut self, p: usize) -> Result<(), Violation> {
-        if self.r0_fault(p) {
-            return Ok(());
-        }
-        self.drive_master(p, true)
-    }
-
-    fn drive_master(&mut self, p: usize, poll: bool) -> Result<(), Violation> {
         let mut m = self.procs[p]
             .form
             .take()
             .expect("rank 0 forms by its machine");
-        if poll {
+        if self.procs[p].role == Role::Forming {
+            self.procs[p].next_poll = self.now + 1 + self.rng.below(20);
+        } else {
             m.handle(FormInput::Poll);
         }
         let done = self.perform_form(p, &mut m);
