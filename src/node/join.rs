@@ -12,6 +12,13 @@
 //! process) happen before the worker writes anything. A worker started with `--fresh`
 //! (every node is, under srun) never ends at the run it found first: rank 0 sets that one
 //! aside, perhaps only after the worker looked.
+//!
+//! The procedure is the protocol's join machines (`protocol::join_machine`): a worker's
+//! `JoinMachine`, and rank 0's `FormMachine` once it has waited out a previous rank 0 and
+//! chosen the run (both still here). This file is their driver: it performs what they ask
+//! on the shared directory, hands back what it read, and says what they concluded, so
+//! the simulator (tests/sim/joins.rs), which drives the same machines, checks the node's
+//! own procedure.
 
 use super::{random_id, Interrupt, Node, Stop};
 use crate::error::Notice;
