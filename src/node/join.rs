@@ -12,6 +12,13 @@
 //! process) happen before the worker writes anything. A worker started with `--fresh`
 //! (every node is, under srun) never ends at the run it found first: rank 0 sets that one
 //! aside, perhaps only after the worker looked.
+//!
+//! The procedure is the protocol's join machines (`protocol::join_machine`): a worker's
+//! `JoinMachine`, and rank 0's `FormMachine` once it has waited out a previous rank 0 and
+//! chosen the run (both still here). This file is their driver: it performs what they ask
+//! on the shared directory, hands back what it read, and says what they concluded, so
+//! the simulator (tests/sim/joins.rs), which drives the same machines, checks the node's
+//! own procedure.
 
 use super::{random_id, Interrupt, Node, Stop};
 use crate::error::Notice;
@@ -19,11 +26,11 @@ use crate::events;
 use crate::exit::Cause;
 use crate::holder;
 use crate::layout::Layout;
-use crate::protocol::fence::Site;
 use crate::protocol::join;
+use crate::protocol::join_machine::{self, FormMachine, JoinMachine};
 use crate::protocol::journal::Resume;
 use crate::protocol::messages;
-use crate::protocol::{ClusterRecord, NodeState, RankRecord, PROTO};
+use crate::protocol::{ClusterRecord, Mark, NodeState, RankRecord, PROTO};
 use crate::state::{self, StateError};
 use std::time::Duration;
 
@@ -38,12 +45,6 @@ pub(super) enum Joined {
     Formed,
     /// The run is complete up to `--iterations`: nothing to do, no generation to form.
     AlreadyComplete(Notice),
-}
-
-/// What one look for a generation to join found, when it found something.
-enum Joinable {
-    Join(Box<ClusterRecord>, Box<RankRecord>),
-    Complete(Notice),
 }
 
 /// What rank 0 found of the run already in the directory, before it chooses the run.
@@ -151,11 +152,15 @@ impl Node {
             return Ok(Joined::AlreadyComplete(done));
         }
         self.announce_resume(&run_id, &resume);
-        let cluster = self.publish_generation(gen, &run_id, previous, resume)?;
-        self.announce_generation(&cluster);
-        self.append_history(&cluster);
-        self.wait_for_ranks(cluster.gen, &run_id)?;
-        self.release_generation();
+        let cluster = self.cluster_record(gen, &run_id, previous, resume);
+        let settings = join_machine::FormSettings {
+            num_nodes: self.num_nodes(),
+            me: self.joined(),
+            cluster_path: self.layout.cluster(),
+        };
+        let mut form = FormMachine::new(settings, cluster);
+        self.drive_form(&mut form)?;
+        self.wait_for_ranks(&mut form)?;
         Ok(Joined::Formed)
     }
 
@@ -278,19 +283,15 @@ impl Node {
         }
     }
 
-    /// The ordered writes that start a generation: a new `gen-N/`, a placeholder for every
-    /// worker, rank 0's own record (heartbeating from here on), then the generation's copy
-    /// of the cluster record and `cluster.json` itself, and the doorbell. Returns the
-    /// cluster record published (its `gen` is the directory actually claimed).
-    fn publish_generation(
-        &mut self,
-        gen: u64,
-        run_id: &str,
-        previous: Option<String>,
-        resume: Resume,
-    ) -> Result<ClusterRecord, Stop> {
+    /// Perform what rank 0's forming asks, in order: the ordered writes that start a
+    /// generation (a new `gen-N/`, a placeholder for every worker, rank 0's own record,
+    /// heartbeating from here on, the generation's copy of the cluster record, then
+    /// `cluster.json` itself and the doorbell), and at each poll of the wait the reads
+    /// and what they concluded. True once every rank is released.
+    fn drive_form(&mut self, form: &mut FormMachine) -> Result<bool, Stop> {
+        use join_machine::{ClusterFor, FormEffect, FormInput};
         let layout = self.layout.clone();
-        let gen = self.claim_generation_dir(gen).map_err(|e| {
+        let claim_err = |e| {
             io_err(
                 format!(
                     "cannot create a generation directory in {}",
@@ -298,18 +299,126 @@ impl Node {
                 ),
                 e,
             )
-        })?;
-        for r in 1..self.num_nodes() {
-            let path = layout.rank_record(gen, r);
-            self.store
-                .publish_live_json(&path, &self.record(gen, run_id, r, NodeState::Vacant))
-                .map_err(|e| io_err(format!("cannot write {}", path.display()), e))?;
+        };
+        let write_err =
+            |path: &std::path::Path, e| io_err(format!("cannot write {}", path.display()), e);
+        while let Some(effect) = form.poll_effect() {
+            let input = match effect {
+                FormEffect::ListStateDir => {
+                    let state = layout.state_dir();
+                    self.store.create_dir_all(&state).map_err(claim_err)?;
+                    Some(FormInput::Listing(
+                        self.store.read_dir(&state).map_err(claim_err)?,
+                    ))
+                }
+                FormEffect::CreateGenDir(gen) => {
+                    match self.store.create_dir(&layout.gen_dir(gen)) {
+                        Ok(()) => Some(FormInput::GenDir { created: true }),
+                        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                            Some(FormInput::GenDir { created: false })
+                        }
+                        Err(e) => return Err(claim_err(e)),
+                    }
+                }
+                FormEffect::Placeholder { run_id, gen, rank } => {
+                    let path = layout.rank_record(gen, rank);
+                    self.store
+                        .publish_live_json(
+                            &path,
+                            &self.record(gen, &run_id, rank, NodeState::Vacant),
+                        )
+                        .map_err(|e| write_err(&path, e))?;
+                    None
+                }
+                FormEffect::OwnRecord { cluster, arrived } => {
+                    self.start_own_record(*cluster, arrived)?;
+                    None
+                }
+                FormEffect::ClusterCopy(cluster) => {
+                    let copy = layout.gen_cluster(cluster.gen);
+                    self.store
+                        .publish_json(&copy, &*cluster)
+                        .map_err(|e| write_err(&copy, e))?;
+                    None
+                }
+                FormEffect::PublishCluster(cluster) => {
+                    self.store
+                        .publish_json(&layout.cluster(), &*cluster)
+                        .map_err(|e| write_err(&layout.cluster(), e))?;
+                    crate::exercised::note(crate::exercised::Path::Generations);
+                    None
+                }
+                FormEffect::Doorbell { gen, run_id } => {
+                    self.ring_doorbell(gen, &run_id);
+                    None
+                }
+                FormEffect::Published(cluster) => {
+                    self.announce_generation(&cluster);
+                    self.append_history(&cluster);
+                    None
+                }
+                FormEffect::ReadCluster => {
+                    Some(FormInput::Cluster(self.read_cluster_for(ClusterFor::Fence)))
+                }
+                FormEffect::ReadPeers => {
+                    // A worker refused at join leaves the reason in its vacant placeholder,
+                    // which the poll just read.
+                    Some(FormInput::Peers {
+                        peers: self.machine.watch.peers.clone(),
+                        refused: self.machine.refused.clone(),
+                    })
+                }
+                FormEffect::Warn(w) => {
+                    self.warn(&w);
+                    None
+                }
+                FormEffect::Refusal(why) => {
+                    self.warn(&why);
+                    // The line's `rank` is this rank 0's, like every line's; `why` names
+                    // the refused rank.
+                    self.event(events::Event::Refused { why });
+                    None
+                }
+                FormEffect::WaitingFor(missing) => {
+                    let gen = form.published().map_or(0, |c| c.gen);
+                    self.waiting_note = format!(
+                        "waiting for {} to join generation {gen}",
+                        super::ranks_list(&missing)
+                    );
+                    self.publisher().update(|r| r.waiting_for = missing);
+                    None
+                }
+                FormEffect::Fenced(why) => {
+                    let gen = self.cluster.as_ref().map_or(0, |c| c.gen);
+                    self.publisher().update(|r| {
+                        r.state = NodeState::Left;
+                        r.waiting_for.clear();
+                    });
+                    return Err(Stop::usage(
+                        format!("another rank 0 owns this run: {why}; this rank 0 leaves its generation {gen}"),
+                        Some("start exactly one rank 0 (--master) per --log-path; `rl-node status` shows the one that runs".into()),
+                    ));
+                }
+                FormEffect::Release(mark) => {
+                    self.release_generation(mark);
+                    return Ok(true);
+                }
+            };
+            if let Some(input) = input {
+                form.handle(input);
+            }
         }
-        let cluster = self.cluster_record(gen, run_id, previous, resume);
-        self.cluster = Some(cluster.clone());
-        let mut me = self.record(gen, run_id, 0, NodeState::Joining);
-        me.arrived = Some(self.join_barrier().arrival());
-        let path = layout.rank_record(gen, 0);
+        Ok(false)
+    }
+
+    /// Rank 0's own record of `cluster`'s generation, arrived at the join, published by
+    /// the heartbeat thread from here on (faster while joining).
+    fn start_own_record(&mut self, cluster: ClusterRecord, arrived: Mark) -> Result<(), Stop> {
+        let (gen, run_id) = (cluster.gen, cluster.run_id.clone());
+        self.cluster = Some(cluster);
+        let mut me = self.record(gen, &run_id, 0, NodeState::Joining);
+        me.arrived = Some(arrived);
+        let path = self.layout.rank_record(gen, 0);
         let publisher = super::Publisher::start(
             self.store.clone(),
             self.clock.clone(),
@@ -320,16 +429,13 @@ impl Node {
         )
         .map_err(|e| io_err(format!("cannot write {}", path.display()), e))?;
         self.set_publisher(publisher);
-        let copy = layout.gen_cluster(gen);
-        self.store
-            .publish_json(&copy, &cluster)
-            .map_err(|e| io_err(format!("cannot write {}", copy.display()), e))?;
-        self.store
-            .publish_json(&layout.cluster(), &cluster)
-            .map_err(|e| io_err(format!("cannot write {}", layout.cluster().display()), e))?;
-        crate::exercised::note(crate::exercised::Path::Generations);
-        // Ring the doorbell for workers waiting on a fresh directory (best effort: without
-        // it they find cluster.json once their lookup caches expire).
+        Ok(())
+    }
+
+    /// Ring the doorbell for workers waiting on a fresh directory (best effort: without
+    /// it they find cluster.json once their lookup caches expire).
+    fn ring_doorbell(&self, gen: u64, run_id: &str) {
+        let layout = &self.layout;
         let bell = format!("{}\n", serde_json::json!({ "gen": gen, "run_id": run_id }));
         if let Err(e) = self
             .store
@@ -340,7 +446,6 @@ impl Node {
                 layout.doorbell().display()
             ));
         }
-        Ok(cluster)
     }
 
     fn cluster_record(
@@ -428,63 +533,13 @@ impl Node {
         }
     }
 
-    /// Barrier 0: wait until every worker has joined generation `gen`, warning of the ones
-    /// refused, and leave if another rank 0 took the run over.
-    fn wait_for_ranks(&mut self, gen: u64, run: &str) -> Result<(), Stop> {
+    /// Barrier 0: wait until every worker has joined the generation published, warning
+    /// of the ones refused, and leave if another rank 0 took the run over; then release.
+    fn wait_for_ranks(&mut self, form: &mut FormMachine) -> Result<(), Stop> {
         let deadline = self.clock.now() + self.cfg.timing.join_timeout;
-        let mut forming = join::Forming::default();
-        let mut unreadable: Option<String> = None;
         let joined = self.wait_for(deadline, |n| {
-            // Two masters started at once both publish a generation; the last to write
-            // cluster.json owns the run. The other learns it here, at its next poll.
-            // A cluster.json this node cannot read (an I/O error) says nothing of another
-            // rank 0: it keeps its generation and reads again at the next poll (a failing
-            // mount ends it through its own write errors, or join-timeout does).
-            match super::fence_check(&*n.store, &n.layout, gen, run, Site::Other, None) {
-                Ok(()) => unreadable = None,
-                Err(super::Fenced {
-                    unreadable: Some(e),
-                    ..
-                }) => {
-                    if unreadable.as_ref() != Some(&e) {
-                        n.warn(&format!(
-                            "cannot check that generation {gen} is still this rank 0's: {e}; reading it again"
-                        ));
-                        unreadable = Some(e);
-                    }
-                    return Ok(None);
-                }
-                Err(super::Fenced { why, .. }) => {
-                    n.publisher().update(|r| {
-                        r.state = NodeState::Left;
-                        r.waiting_for.clear();
-                    });
-                    return Err(Stop::usage(
-                        format!("another rank 0 owns this run: {why}; this rank 0 leaves its generation {gen}"),
-                        Some("start exactly one rank 0 (--master) per --log-path; `rl-node status` shows the one that runs".into()),
-                    ));
-                }
-            }
-            // A worker refused at join leaves the reason in its vacant placeholder, which
-            // the poll just read.
-            let round = forming.round(&n.machine.watch.peers, &n.machine.refused);
-            if round.complete {
-                return Ok(Some(()));
-            }
-            for why in round.refusals {
-                n.warn(&why);
-                // The line's `rank` is this rank 0's, like every line's; `why` names the
-                // refused rank.
-                n.event(events::Event::Refused { why });
-            }
-            if let Some(missing) = round.waiting_for {
-                n.waiting_note = format!(
-                    "waiting for {} to join generation {gen}",
-                    super::ranks_list(&missing)
-                );
-                n.publisher().update(|r| r.waiting_for = missing);
-            }
-            Ok(None)
+            form.handle(join_machine::FormInput::Poll);
+            Ok(n.drive_form(form)?.then_some(()))
         });
         match joined {
             Ok(()) => Ok(()),
@@ -492,7 +547,7 @@ impl Node {
             Err(Interrupt::Deadline) => {
                 let reason = format!(
                     "{} did not join within join-timeout ({})",
-                    super::ranks_list(forming.missing()),
+                    super::ranks_list(form.missing()),
                     humantime::format_duration(self.cfg.timing.join_timeout)
                 );
                 Err(self.fail(crate::protocol::AbortKind::Timeout, 0, None, reason, None))
@@ -502,13 +557,12 @@ impl Node {
 
     /// Every rank joined: remember each worker's nonce (a later record with another is
     /// another process), and release them with rank 0's running record.
-    fn release_generation(&mut self) {
+    fn release_generation(&mut self, release: Mark) {
         for r in 1..self.num_nodes() {
             if let Some(p) = &self.machine.watch.peers[r as usize] {
                 self.machine.watch.nonces.insert(r, p.nonce.clone());
             }
         }
-        let release = self.join_barrier().release(&Some(self.joined()));
         let beat = self.cfg.timing.heartbeat_interval;
         self.publisher().update(|r| {
             r.released = Some(release);
@@ -518,23 +572,6 @@ impl Node {
         self.publisher().set_interval(beat);
         self.waiting_note.clear();
         self.info("all ranks joined");
-    }
-
-    /// Create a brand-new `gen-N/` with N at least `wanted` and above every existing one, so
-    /// records left by an earlier start (or by a run whose `cluster.json` was deleted) are
-    /// never read as this generation's. The listing only picks a starting number; the
-    /// exclusive `create_dir` is what guarantees the directory is new.
-    fn claim_generation_dir(&self, wanted: u64) -> std::io::Result<u64> {
-        let state = self.layout.state_dir();
-        self.store.create_dir_all(&state)?;
-        let mut gen = join::first_free_generation(wanted, &self.store.read_dir(&state)?);
-        loop {
-            match self.store.create_dir(&self.layout.gen_dir(gen)) {
-                Ok(()) => return Ok(gen),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => gen += 1,
-                Err(e) => return Err(e),
-            }
-        }
     }
 
     /// Continue the run in the directory, start a new one (`--fresh`, setting the old
@@ -682,149 +719,214 @@ impl Node {
         }
     }
 
+    /// A worker's join, driven through the shared directory: the decisions and the order
+    /// of the reads are the [`JoinMachine`]'s, the reads, writes and log lines are here.
     fn join_worker(&mut self) -> Result<Joined, Stop> {
         let deadline = self.clock.now() + self.cfg.timing.join_timeout;
-        let mut rejected = join::Skipped::default();
-        let mut seen = Seen::default();
-        // With --fresh: the run found at the first look, which rank 0 sets aside.
-        let mut found: Option<String> = None;
+        let settings = join_machine::Settings {
+            rank: self.rank,
+            nonce: self.nonce.clone(),
+            host: self.host.clone(),
+            pid: self.pid,
+            fingerprint: self.fingerprint.clone(),
+            shared_view: self.cfg.shared_view(),
+            run_fingerprint: self.cfg.run_fingerprint(),
+            iterations: self.cfg.cluster.iterations,
+            slot_patience: self.slot_patience(),
+            dead_after: self.cfg.timing.dead_after,
+            fresh: self.fresh,
+            cluster_path: self.layout.cluster(),
+        };
+        let mut jm = JoinMachine::new(settings).with_mutation(self.broken.join);
         self.info(&format!(
             "waiting for rank 0 to start a generation ({})",
             self.layout.cluster().display()
         ));
-        loop {
-            self.waiting_note = "rank 0 to publish a generation to join".into();
-            let joinable = self.wait_for(deadline, |n| {
-                n.find_joinable(&mut rejected, &mut seen, &mut found)
-            });
-            let (cluster, r0) = match joinable {
-                Ok(Joinable::Join(cluster, r0)) => (*cluster, *r0),
-                Ok(Joinable::Complete(notice)) => return Ok(Joined::AlreadyComplete(notice)),
-                Err(Interrupt::Stop(s)) => return Err(s),
-                Err(Interrupt::Deadline) => {
-                    return Err(Stop::new(
-                        Cause::Deadline,
-                        format!(
-                            "no generation to join within join-timeout ({}): {}",
-                            humantime::format_duration(self.cfg.timing.join_timeout),
-                            self.waiting_note
-                        ),
-                    )
-                    .with_hint(
-                        "start rank 0 (--master) with the same configuration and --log-path",
-                    ));
-                }
-            };
-            let gen = cluster.gen;
-            self.cluster = Some(cluster.clone());
-            self.machine.watch.liveness =
-                crate::protocol::Liveness::new(self.cfg.timing.dead_after);
-            self.machine.watch.peers = vec![None; self.num_nodes() as usize];
-            self.machine.watch.nonces.clear();
-            self.machine.watch.nonces.insert(0, r0.nonce.clone());
-            let mut me = self.record(gen, &cluster.run_id, self.rank, NodeState::Joining);
-            me.arrived = Some(self.join_barrier().arrival());
-            let path = self.layout.rank_record(gen, self.rank);
-            let publisher = super::Publisher::start(
-                self.store.clone(),
-                self.clock.clone(),
-                path.clone(),
-                me,
-                self.cfg.timing.heartbeat_interval,
-                self.watchdog.clone(),
+        self.waiting_note = "rank 0 to publish a generation to join".into();
+        match self.wait_for(deadline, |n| n.drive_join(&mut jm)) {
+            Ok(joined) => Ok(joined),
+            Err(Interrupt::Stop(s)) => Err(s),
+            Err(Interrupt::Deadline) => Err(match jm.joined() {
+                None => Stop::new(
+                    Cause::Deadline,
+                    format!(
+                        "no generation to join within join-timeout ({}): {}",
+                        humantime::format_duration(self.cfg.timing.join_timeout),
+                        self.waiting_note
+                    ),
+                )
+                .with_hint("start rank 0 (--master) with the same configuration and --log-path"),
+                Some(c) => self.not_formed(c.gen),
+            }),
+        }
+    }
+
+    /// Join-timeout passed after this worker joined generation `gen`.
+    fn not_formed(&self, gen: u64) -> Stop {
+        // Rank 0's record says whom it still waited for: the cause, named.
+        let missing = self.machine.watch.peers[0]
+            .as_ref()
+            .map(|r| r.waiting_for.clone())
+            .unwrap_or_default();
+        let why = if missing.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ": rank 0 was still waiting for {} to join",
+                super::ranks_list(&missing)
             )
-            .map_err(|e| {
-                Stop::failed(format!("cannot write {}: {e}", path.display()))
-                    .with_hint("check that --log-path is on a writable shared filesystem")
-            })?;
-            self.set_publisher(publisher);
-            // `--fresh` on rank 0 may just have renamed the run's directories aside: a
-            // FUSE client trusts its cached entries for them (pointing at the old ones, now
-            // under previous-runs/) for the entry timeout. A listing of the root refreshes
-            // them before this node writes anything there.
-            let _ = self.store.refresh(self.layout.root());
-            self.info(&format!(
-                "joined generation {gen} of run {} (rank 0 on {}, master address {})",
-                cluster.run_id, cluster.host, cluster.master_addr
-            ));
-            self.waiting_note = format!("rank 0 to release the join of generation {gen}");
-            let released = self.wait_for(deadline, |n| {
-                if n.machine.watch.peers[0]
-                    .as_ref()
-                    .is_some_and(|r| r.released_at(0))
-                {
-                    return Ok(Some(true));
+        };
+        Stop::new(
+            Cause::Deadline,
+            format!(
+                "generation {gen} did not form within join-timeout ({}){why}",
+                humantime::format_duration(self.cfg.timing.join_timeout)
+            ),
+        )
+        .with_hint(
+            "look at why those ranks did not join (their logs; `rl-node status` shows each rank)",
+        )
+    }
+
+    /// One round of the join machine at this poll: perform what it asks, in order.
+    fn drive_join(&mut self, jm: &mut JoinMachine) -> Result<Option<Joined>, Stop> {
+        use join_machine::{Effect, Input};
+        jm.handle(self.clock.since_start(), Input::Poll);
+        while let Some(effect) = jm.poll_effect() {
+            let input = match effect {
+                Effect::ReadCluster(why) => Some(Input::Cluster(self.read_cluster_for(why))),
+                Effect::ReadRecord {
+                    gen,
+                    rank,
+                    list_first,
+                } => {
+                    if list_first {
+                        // Rank 0 writes it through another client: on FUSE, seen past
+                        // this one's caches.
+                        let _ = self.store.refresh(&self.layout.gen_dir(gen));
+                    }
+                    let record = self.read_record(gen, rank);
+                    let local = record
+                        .as_ref()
+                        .and_then(|r| match holder::local(&r.holder()) {
+                            holder::Local::Alive => Some(Holder::Alive),
+                            holder::Local::Gone => Some(Holder::Gone),
+                            holder::Local::Elsewhere => None,
+                        });
+                    Some(Input::Record {
+                        rank,
+                        record: record.map(Box::new),
+                        local,
+                    })
                 }
-                // Rank 0 left (another rank 0 took the run) or the generation was replaced:
-                // wait for the current one instead of for a dead-after.
-                if n.machine.watch.peers[0]
-                    .as_ref()
-                    .is_some_and(|r| r.state.is_terminal())
-                    || super::fence_check(
-                        &*n.store,
-                        &n.layout,
-                        gen,
-                        &cluster.run_id,
-                        Site::Other,
-                        None,
-                    )
-                    .is_err()
-                {
-                    return Ok(Some(false));
+                Effect::ReadResume { run_id } => {
+                    Some(Input::Resume(self.resume_point(&run_id).iteration))
                 }
-                Ok(n.machine
-                    .watch
-                    .liveness
-                    .is_dead(0, n.clock.since_start())
-                    .then_some(false))
-            });
-            match released {
-                Ok(true) => break,
-                Ok(false) => {
-                    self.info(&format!(
-                        "rank 0 of generation {gen} left or stopped heartbeating before the cluster formed; waiting for a new generation"
-                    ));
+                Effect::Waiting(note) => {
+                    self.waiting_note = note;
+                    None
+                }
+                Effect::Info(line) => {
+                    self.info(&line);
+                    None
+                }
+                Effect::LeaveRefusal {
+                    run_id,
+                    gen,
+                    refused,
+                } => {
+                    self.leave_refusal(&run_id, gen, refused);
+                    None
+                }
+                Effect::Join { cluster, rank0 } => {
+                    self.joined_generation(*cluster, &rank0)?;
+                    None
+                }
+                Effect::Leave { .. } => {
                     if let Some(p) = self.publisher.take() {
                         p.finish(|r| r.state = NodeState::Left, Duration::from_secs(5));
                     }
                     self.cluster = None;
-                    rejected.insert(&cluster.run_id, gen);
+                    None
                 }
-                Err(Interrupt::Stop(s)) => return Err(s),
-                Err(Interrupt::Deadline) => {
-                    // Rank 0's record says whom it still waited for: the cause, named.
-                    let missing = self.machine.watch.peers[0]
-                        .as_ref()
-                        .map(|r| r.waiting_for.clone())
-                        .unwrap_or_default();
-                    let why = if missing.is_empty() {
-                        String::new()
-                    } else {
-                        format!(
-                            ": rank 0 was still waiting for {} to join",
-                            super::ranks_list(&missing)
-                        )
-                    };
-                    return Err(Stop::new(
-                        Cause::Deadline,
-                        format!(
-                            "generation {gen} did not form within join-timeout ({}){why}",
-                            humantime::format_duration(self.cfg.timing.join_timeout)
-                        ),
-                    )
-                    .with_hint(
-                        "look at why those ranks did not join (their logs; `rl-node status` shows each rank)",
-                    ));
+                Effect::Passed => {
+                    self.publisher().update(|r| r.state = NodeState::Running);
+                    self.waiting_note.clear();
+                    return Ok(Some(Joined::Formed));
                 }
+                Effect::Complete { message, hint } => {
+                    return Ok(Some(Joined::AlreadyComplete(Notice {
+                        message,
+                        hint: Some(hint),
+                    })))
+                }
+                Effect::Refused { message, hint } => return Err(Stop::usage(message, Some(hint))),
+            };
+            if let Some(input) = input {
+                jm.handle(self.clock.since_start(), input);
             }
         }
-        self.publisher().update(|r| r.state = NodeState::Running);
-        self.waiting_note.clear();
-        Ok(Joined::Formed)
+        Ok(None)
     }
 
-    /// One look at the shared directory for a generation this worker can join: the reads,
-    /// with the decision in [`crate::protocol::join::look`].
+    /// `cluster.json`, read for a look or for the fence.
+    fn read_cluster_for(&self, why: join_machine::ClusterFor) -> join_machine::ClusterRead {
+        use join_machine::{ClusterFor, ClusterRead};
+        let layout = &self.layout;
+        if why == ClusterFor::Fence {
+            // `cluster.json` is replaced by rename: a FUSE client's entry cache could
+            // answer with the file it replaced.
+            let _ = self.store.refresh(&layout.state_dir());
+        }
+        let mut read = state::read_cluster(&*self.store, layout);
+        if why == ClusterFor::Look && matches!(read, Ok(None)) && self.doorbell_rang() {
+            read = state::read_cluster(&*self.store, layout);
+        }
+        match read {
+            Ok(Some(c)) => ClusterRead::Cluster(Box::new(c)),
+            Ok(None) | Err(StateError::MissingCluster { .. }) => ClusterRead::Missing,
+            Err(e) => ClusterRead::Unreadable(e.to_string()),
+        }
+    }
+
+    /// Joined generation `cluster.gen`, whose rank 0 is `r0`: watch it, and publish this
+    /// rank's record, arrived at the join.
+    fn joined_generation(&mut self, cluster: ClusterRecord, r0: &RankRecord) -> Result<(), Stop> {
+        let gen = cluster.gen;
+        self.cluster = Some(cluster.clone());
+        self.machine.watch.liveness = crate::protocol::Liveness::new(self.cfg.timing.dead_after);
+        self.machine.watch.peers = vec![None; self.num_nodes() as usize];
+        self.machine.watch.nonces.clear();
+        self.machine.watch.nonces.insert(0, r0.nonce.clone());
+        let mut me = self.record(gen, &cluster.run_id, self.rank, NodeState::Joining);
+        me.arrived = Some(self.join_barrier().arrival());
+        let path = self.layout.rank_record(gen, self.rank);
+        let publisher = super::Publisher::start(
+            self.store.clone(),
+            self.clock.clone(),
+            path.clone(),
+            me,
+            self.cfg.timing.heartbeat_interval,
+            self.watchdog.clone(),
+        )
+        .map_err(|e| {
+            Stop::failed(format!("cannot write {}: {e}", path.display()))
+                .with_hint("check that --log-path is on a writable shared filesystem")
+        })?;
+        self.set_publisher(publisher);
+        // `--fresh` on rank 0 may just have renamed the run's directories aside: a FUSE
+        // client trusts its cached entries for them (pointing at the old ones, now under
+        // previous-runs/) for the entry timeout. A listing of the root refreshes them
+        // before this node writes anything there.
+        let _ = self.store.refresh(self.layout.root());
+        self.info(&format!(
+            "joined generation {gen} of run {} (rank 0 on {}, master address {})",
+            cluster.run_id, cluster.host, cluster.master_addr
+        ));
+        self.waiting_note = format!("rank 0 to release the join of generation {gen}");
+        Ok(())
+    }
+
     /// With `cluster.json` missing as this node sees it: has rank 0 rung the doorbell
     /// (`Layout::doorbell`)? Then `cluster.json` exists on the server, and this node's
     /// lookup cache is made to see it. Best effort: an error is a "no".
@@ -840,143 +942,21 @@ impl Node {
             .revalidate(&self.layout.cluster())
             .unwrap_or(false)
     }
-
-    /// `found`: with --fresh, the run read at the first look that read one.
-    fn find_joinable(
-        &mut self,
-        rejected: &mut join::Skipped,
-        seen: &mut Seen,
-        found: &mut Option<String>,
-    ) -> Result<Option<Joinable>, Stop> {
-        use crate::protocol::join::{look_with, ClusterSeen, Joiner, Look};
-        let layout = self.layout.clone();
-        let mut read = state::read_cluster(&*self.store, &layout);
-        if matches!(read, Ok(None)) && self.doorbell_rang() {
-            read = state::read_cluster(&*self.store, &layout);
-        }
-        // The first run read is the one a --fresh rank 0 sets aside, unless rank 0 was
-        // quicker: then it is the new run, which cannot be complete without this rank
-        // either. A look that read no run (none yet, or rank 0 moving it) decides nothing.
-        if let (true, None, Ok(Some(c))) = (self.fresh, &found, &read) {
-            *found = Some(c.run_id.clone());
-        }
-        let unreadable;
-        let cluster_path = layout.cluster();
-        let seen_cluster = match &read {
-            Ok(Some(c)) => ClusterSeen::Cluster(c),
-            Ok(None) | Err(StateError::MissingCluster { .. }) => {
-                ClusterSeen::Missing(&cluster_path)
-            }
-            Err(e) => {
-                unreadable = e.to_string();
-                ClusterSeen::Unreadable(&unreadable)
-            }
-        };
-        let run_fingerprint = || self.cfg.run_fingerprint();
-        let shared_view = || self.cfg.shared_view();
-        let me = Joiner {
-            rank: self.rank,
-            nonce: &self.nonce,
-            fingerprint: &self.fingerprint,
-            shared_view: &shared_view,
-            run_fingerprint: &run_fingerprint,
-            iterations: self.cfg.cluster.iterations,
-            slot_patience: self.slot_patience(),
-            dead_after: self.cfg.timing.dead_after,
-            set_aside: found.as_deref(),
-        };
-        let mutation = self.broken.join;
-        let verdict = look_with(
-            seen_cluster,
-            rejected,
-            &me,
-            &mut NodeView { node: self, seen },
-            mutation,
-        );
-        match verdict {
-            Look::Wait(note) => {
-                if let Some(note) = note {
-                    self.waiting_note = note;
-                }
-                Ok(None)
-            }
-            Look::Skip { run_id, gen, why } => {
-                if let Some(why) = why {
-                    self.info(&why);
-                }
-                rejected.insert(&run_id, gen);
-                // What this worker waits for now: not what an earlier look at the skipped
-                // generation waited for (seed 6474 of the seeded driver simulation timed
-                // out naming a previous holder it had long since found gone).
-                self.waiting_note = match found {
-                    Some(aside) if *aside == run_id => {
-                        format!("rank 0 (--fresh) to set run {run_id} aside and start a new run")
-                    }
-                    _ => "rank 0 to publish a generation to join".into(),
-                };
-                Ok(None)
-            }
-            Look::Complete { message, hint } => Ok(Some(Joinable::Complete(Notice {
-                message,
-                hint: Some(hint),
-            }))),
-            Look::Refused {
-                message,
-                hint,
-                note,
-            } => {
-                if let (Some(note), Ok(Some(c))) = (note, &read) {
-                    self.leave_refusal(c, note);
-                }
-                Err(Stop::usage(message, Some(hint)))
-            }
-            Look::Join(c, r0) => Ok(Some(Joinable::Join(c, r0))),
-        }
-    }
-}
-
-/// The worker's reads for [`crate::protocol::join::look`], done when it asks.
-struct NodeView<'a> {
-    node: &'a Node,
-    seen: &'a mut Seen,
-}
-
-impl crate::protocol::join::JoinView for NodeView<'_> {
-    fn rank0(&mut self, gen: u64) -> Option<RankRecord> {
-        // Rank 0 writes it through another client: on FUSE, seen past this one's caches.
-        let _ = self.node.store.refresh(&self.node.layout.gen_dir(gen));
-        self.node.read_record(gen, 0)
-    }
-
-    fn slot(&mut self, gen: u64) -> Option<RankRecord> {
-        self.node.read_record(gen, self.node.rank)
-    }
-
-    fn holder(&mut self, rec: &RankRecord, patience: Duration, advances: u32) -> Holder {
-        self.node.judge(self.seen, rec, patience, advances)
-    }
-
-    fn resume_iteration(&mut self, run_id: &str) -> u64 {
-        self.node.resume_point(run_id).iteration
-    }
 }
 
 impl Node {
     /// Say why this process was refused its rank where rank 0 already reads: in the rank's
     /// placeholder record, only while it is still vacant (a rank held by a live process is
     /// not this process's to touch, and rank 0 is not waiting for it then).
-    fn leave_refusal(&self, c: &ClusterRecord, why: String) {
-        let path = self.layout.rank_record(c.gen, self.rank);
+    fn leave_refusal(&self, run_id: &str, gen: u64, refused: String) {
+        let path = self.layout.rank_record(gen, self.rank);
         let Ok(Some(mut slot)) = self.store.read_json::<RankRecord>(&path) else {
             return;
         };
-        if slot.state != NodeState::Vacant || !slot.belongs_to(&c.run_id, c.gen, self.rank) {
+        if slot.state != NodeState::Vacant || !slot.belongs_to(run_id, gen, self.rank) {
             return;
         }
-        slot.refused = Some(format!(
-            "rank {} was refused: {why} (pid {} on {})",
-            self.rank, self.pid, self.host
-        ));
+        slot.refused = Some(refused);
         slot.wall = self.wall_stamp();
         let _ = self.store.publish_live_json(&path, &slot);
     }

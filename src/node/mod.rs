@@ -3400,9 +3400,6 @@ impl Node {
 pub(crate) struct Fenced {
     /// In words, for the node's message.
     pub why: String,
-    /// The read's error when `cluster.json` could not be read at all (an I/O error): that
-    /// fences a commit, but says nothing of another rank 0 owning the run.
-    pub unreadable: Option<String>,
 }
 
 /// `Ok` when `cluster.json` still names generation `gen` of run `run_id`: the read, with
@@ -3417,10 +3414,7 @@ pub(crate) fn fence_check(
 ) -> Result<(), Fenced> {
     use crate::protocol::fence::Seen;
     let check = |seen| crate::protocol::fence::check_at(gen, run_id, seen, site, broken);
-    let fenced = |why| Fenced {
-        why,
-        unreadable: None,
-    };
+    let fenced = |why| Fenced { why };
     // `cluster.json` is replaced by rename: a FUSE client's entry cache could answer with
     // the file it replaced (another generation's), fencing out a current node.
     let _ = store.refresh(&layout.state_dir());
@@ -3429,13 +3423,7 @@ pub(crate) fn fence_check(
         Ok(None) | Err(crate::state::StateError::MissingCluster { .. }) => {
             check(Seen::Missing(&layout.cluster())).map_err(fenced)
         }
-        Err(e) => {
-            let e = e.to_string();
-            check(Seen::Unreadable(&e)).map_err(|why| Fenced {
-                why,
-                unreadable: Some(e),
-            })
-        }
+        Err(e) => check(Seen::Unreadable(&e.to_string())).map_err(fenced),
     }
 }
 

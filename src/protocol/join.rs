@@ -16,9 +16,10 @@
 //!
 //! [`look`] is the worker's decision. It reads nothing itself: the records it needs are
 //! asked of a [`JoinView`] when (and only if) the decision gets to them, so a look at a
-//! generation already skipped costs one read, as before. The node's view reads the
-//! shared directory and judges a holder by its process and its heartbeat
-//! (`liveness::Holders`); a simulator's can answer from its own world.
+//! generation already skipped costs one read, as before. The view is the worker's
+//! [`super::join_machine::JoinMachine`], which asks its driver (the node, or the
+//! simulator) for each read as an effect and judges a holder by what the kernel says of
+//! its process or by its heartbeat (`liveness::Holders`).
 
 use super::barrier::Barrier;
 use super::liveness::{Holder, PROOF_FOR_REFUSAL};

@@ -6,6 +6,7 @@ pub mod abort;
 pub mod barrier;
 pub mod fence;
 pub mod join;
+pub mod join_machine;
 pub mod journal;
 pub mod lease;
 pub mod liveness;

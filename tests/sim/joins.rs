@@ -2,17 +2,22 @@
 //!
 //! Rank 0 first asks the core (`join::previous_master`, as `Node::check_previous_master`
 //! does) whether the rank 0 `cluster.json` names still runs, and is refused if so; then
-//! it forms generations as `Node::join_master` does: it picks a new `gen-G/` (above
+//! it forms generations with the node's own `protocol::join_machine::FormMachine`, whose
+//! effects the simulator performs one write per step: it picks a new `gen-G/` (above
 //! `cluster.json`'s and every listed one), writes a vacant placeholder for every other
 //! rank, its own record (joining, arrived at barrier 0, heartbeating every second), the
-//! generation's copy of the cluster record and then `cluster.json`, and waits until every
-//! rank's record, as it reads them through its client's cache, has arrived at barrier 0;
-//! then it releases. Workers decide with the node's own core, `protocol::join::look`,
-//! over a `JoinView` of their `SimClient` reads and a `liveness::Holders` fed their own
-//! monotonic clock; on `Look::Join` they publish their arrival in their own record, and
-//! then wait, as `Node::join_worker` does, for rank 0's release, leaving the generation
-//! (state left) when rank 0's record ends, goes still for dead-after or `cluster.json`
-//! names another generation. A refusal's note goes into the still-vacant placeholder.
+//! generation's copy of the cluster record and then `cluster.json`, and, behind the fence,
+//! waits until every rank's record, as it reads them through its client's cache, has
+//! arrived at barrier 0; then it releases.
+//!
+//! Every worker is the node's own `protocol::join_machine::JoinMachine`, polled on its own
+//! monotonic clock, whose effects the simulator performs on its host's `SimClient`: the
+//! machine decides with `protocol::join::look` and judges holders with
+//! `liveness::Holders`; on joining, the simulator publishes its arrival in its record
+//! (heartbeating from then on) and the machine waits for rank 0's release, leaving the
+//! generation (state left) when rank 0's record ends, goes still for dead-after or
+//! `cluster.json` names another generation. A refusal's note goes into the still-vacant
+//! placeholder.
 //!
 //! Each host has one NFS client (attribute and negative-lookup caches, lifetimes drawn
 //! per seed from 0 to 60 s); a restarted process runs on its old host and shares its
@@ -44,10 +49,13 @@
 use super::Violation;
 use rl_node::layout::Layout;
 use rl_node::protocol::fence;
-use rl_node::protocol::join::{self, ClusterSeen, JoinView, Joiner, Look};
+use rl_node::protocol::join;
+use rl_node::protocol::join_machine::{
+    self, ClusterRead, Effect, FormEffect, FormInput, FormMachine, FormSettings, Input, JoinMachine,
+};
 use rl_node::protocol::liveness::{Holder, Holders};
 use rl_node::protocol::messages::Joined;
-use rl_node::protocol::{ClusterRecord, Liveness, NodeState, RankRecord};
+use rl_node::protocol::{ClusterRecord, Liveness, Mark, NodeState, RankRecord};
 use rl_node::rng::SplitMix64 as Rng;
 use rl_node::store::sim::{SimClient, SimWorld};
 use rl_node::store::SharedDir;
@@ -70,9 +78,9 @@ enum Role {
     /// Rank 0 asking whether the previous generation's rank 0 still runs
     /// (`Node::check_previous_master`, with the core's `join::previous_master`).
     Checking,
-    /// Rank 0 forming generation `gen`: the next creation stage (0: pick and create the
-    /// directory, 1..n: placeholders, then its record, the copy and `cluster.json`).
-    Forming { stage: u32 },
+    /// Rank 0 forming a generation: claiming its directory and writing it, one write per
+    /// step, up to `cluster.json`.
+    Forming,
     /// Rank 0 waiting for arrivals.
     Waiting,
     /// Rank 0 released (the generation formed).
@@ -104,7 +112,8 @@ struct Proc {
     mine: Option<RankRecord>,
     next_beat: u64,
     next_poll: u64,
-    skipped: join::Skipped,
+    /// A worker's join (rank 0's procedure is this file's model of the node's).
+    machine: Option<JoinMachine>,
     holders: Holders,
     liveness: Liveness,
     rate_ppm: u64,
@@ -112,7 +121,7 @@ struct Proc {
     /// Rank 0: the refusals read in placeholders.
     refusals_read: u64,
     /// Rank 0: its wait for arrivals (the core's, as `Node::join_master` keeps it).
-    forming: join::Forming,
+    form: Option<FormMachine>,
     started_at: u64,
     /// Rank 0: when it published `cluster.json` naming its generation.
     published_at: Option<u64>,
@@ -238,41 +247,6 @@ impl Memo {
         remembered(&mut self.clusters, bytes, |b| {
             serde_json::from_slice(b).ok()
         })
-    }
-}
-
-/// A worker's reads for `look`, through its host's client, judged on its own clock.
-struct View<'a> {
-    client: &'a SimClient,
-    layout: &'a Layout,
-    rank: u32,
-    holders: &'a mut Holders,
-    local: Duration,
-    memo: &'a RefCell<Memo>,
-}
-
-impl View<'_> {
-    fn read(&self, gen: u64, rank: u32) -> Option<RankRecord> {
-        let dir: &dyn SharedDir = self.client;
-        let bytes = dir
-            .read(&self.layout.rank_record(gen, rank))
-            .expect("no faults injected here")?;
-        self.memo.borrow_mut().parse(gen, rank, bytes)
-    }
-}
-
-impl JoinView for View<'_> {
-    fn rank0(&mut self, gen: u64) -> Option<RankRecord> {
-        self.read(gen, 0)
-    }
-    fn slot(&mut self, gen: u64) -> Option<RankRecord> {
-        self.read(gen, self.rank)
-    }
-    fn holder(&mut self, rec: &RankRecord, patience: Duration, advances: u32) -> Holder {
-        self.holders.judge(rec, self.local, patience, advances)
-    }
-    fn resume_iteration(&mut self, _: &str) -> u64 {
-        1
     }
 }
 
@@ -560,17 +534,36 @@ impl Sim {
             mine: None,
             next_beat: u64::MAX,
             next_poll: poll,
-            skipped: join::Skipped::default(),
+            machine: (st.rank != 0).then(|| self.join_machine(&st, pid)),
             holders: Holders::default(),
             liveness: Liveness::new(Duration::from_millis(self.dead_after_ms)),
             rate_ppm,
             died_at: None,
             refusals_read: 0,
-            forming: join::Forming::default(),
+            form: None,
             started_at: self.now,
             published_at: None,
         });
         self.last_start = self.now;
+    }
+
+    /// A worker's join machine, set up as the node sets up its own.
+    fn join_machine(&self, st: &Start, pid: u32) -> JoinMachine {
+        JoinMachine::new(join_machine::Settings {
+            rank: st.rank,
+            nonce: format!("n{pid}"),
+            host: format!("host-{}", st.host),
+            pid,
+            fingerprint: fingerprint(st.good).into(),
+            shared_view: shared_view(st.good),
+            run_fingerprint: "run-fp".into(),
+            iterations: 0,
+            slot_patience: Duration::from_millis(self.slot_patience_ms),
+            dead_after: Duration::from_millis(self.dead_after_ms),
+            fresh: false,
+            cluster_path: self.layout.cluster(),
+        })
+        .with_mutation(self.mutations.look)
     }
 
     fn kill(&mut self, p: usize, why: &str) {
@@ -814,10 +807,8 @@ impl Sim {
         self.procs[p].next_poll = self.now + jitter;
         match self.procs[p].role.clone() {
             Role::Checking => self.check_previous(p),
-            Role::Forming { stage } => self.form(p, stage),
-            Role::Waiting => self.master_wait(p),
-            Role::Looking => self.look(p),
-            Role::Joined => self.worker_wait(p),
+            Role::Forming | Role::Waiting => self.drive_master(p),
+            Role::Looking | Role::Joined => self.drive_worker(p),
             Role::Released => {
                 if !self.fenced_master(p) {
                     self.master_watch(p);
@@ -870,7 +861,8 @@ impl Sim {
     fn check_previous(&mut self, p: usize) -> Result<(), Violation> {
         let patience = self.slot_patience_ms.max(self.dead_after_ms);
         let mut proceed = true;
-        if let Some(c) = self.read_cluster(p) {
+        let prev = self.read_cluster(p);
+        if let Some(c) = &prev {
             if let Some(r0) = self
                 .read_rec(p, c.gen, 0)
                 .filter(|r| r.gen == c.gen && r.rank == 0)
@@ -935,8 +927,31 @@ impl Sim {
                 duplicate: true,
             });
         }
-        self.procs[p].role = Role::Forming { stage: 0 };
-        self.form(p, 0)
+        let wanted = ClusterRecord {
+            fingerprint: fingerprint(true).into(),
+            config: shared_view(true),
+            master_addr: "host-0".into(),
+            master_port: 29500,
+            host: format!("host-{}", self.procs[p].host),
+            pid: self.procs[p].pid,
+            run_fingerprint: "run-fp".into(),
+            ..ClusterRecord::bare(
+                prev.as_ref().map_or("run", |c| c.run_id.as_str()),
+                prev.as_ref().map_or(1, |c| c.gen + 1),
+                self.n as u32,
+            )
+        };
+        let settings = FormSettings {
+            num_nodes: self.n as u32,
+            me: self.joined(p),
+            cluster_path: self.layout.cluster(),
+        };
+        let pr = &mut self.procs[p];
+        pr.run_id = wanted.run_id.clone();
+        pr.form =
+            Some(FormMachine::new(settings, wanted).with_fence_mutation(self.mutations.fence));
+        pr.role = Role::Forming;
+        self.drive_master(p)
     }
 
     /// A rank 0 refused because the previous generation's rank 0 still runs: the process
@@ -978,6 +993,13 @@ impl Sim {
         if fence::check_with(gen, &run_id, seen, self.mutations.fence).is_ok() {
             return false;
         }
+        self.fenced(p);
+        true
+    }
+
+    /// Another rank 0 owns the run: leave the generation (record left) and exit.
+    fn fenced(&mut self, p: usize) {
+        let gen = self.procs[p].gen;
         self.publish(p, |r| {
             r.state = NodeState::Left;
             r.waiting_for.clear();
@@ -987,7 +1009,6 @@ impl Sim {
             &format!("finds another rank 0 owns the run: leaves generation {gen}"),
         );
         self.s.masters_left += 1;
-        true
     }
 
     /// A rank 0 whose generation `cluster.json` no longer names leaves within what its
@@ -1021,87 +1042,118 @@ impl Sim {
         Ok(())
     }
 
-    fn form(&mut self, p: usize, stage: u32) -> Result<(), Violation> {
+    /// Rank 0 forming (one write of its machine's per step: a fault may fall between any
+    /// two), or waiting for arrivals (a round of its machine at each poll).
+    fn drive_master(&mut self, p: usize) -> Result<(), Violation> {
         if self.r0_fault(p) {
             return Ok(());
         }
-        self.procs[p].next_poll = self.now + 1 + self.rng.below(20);
-        let n = self.n as u32;
-        let dir: &dyn SharedDir = self.client(p);
-        if stage == 0 {
-            let prev = self.read_cluster(p);
-            let listing = dir
-                .read_dir(&self.layout.state_dir())
-                .expect("no faults injected here");
-            let wanted = prev.as_ref().map_or(1, |c| c.gen + 1);
-            let mut gen = join::first_free_generation(wanted, &listing);
-            loop {
-                match dir.create_dir(&self.layout.gen_dir(gen)) {
-                    Ok(()) => break,
-                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => gen += 1,
-                    Err(e) => panic!("{e}"),
-                }
-            }
-            let run_id = prev.map_or_else(|| "run".to_string(), |c| c.run_id);
-            self.procs[p].gen = gen;
-            self.procs[p].run_id = run_id;
-            self.s.generations += 1;
-            self.note(format!(
-                "rank 0 pid {} creates gen-{gen}",
-                self.procs[p].pid
-            ));
-        } else if stage < n {
-            let (gen, run_id) = (self.procs[p].gen, self.procs[p].run_id.clone());
-            dir.publish_json(
-                &self.path(gen, stage),
-                &RankRecord::vacant(&run_id, gen, stage),
-            )
-            .expect("no faults injected here");
-        } else if stage == n {
-            let (gen, run_id) = (self.procs[p].gen, self.procs[p].run_id.clone());
-            let me = self.own_record(p, gen, &run_id);
-            self.procs[p].mine = Some(RankRecord { seq: 0, ..me });
-            self.publish(p, |_| {});
-            self.procs[p].next_beat = self.now + self.hb_ms.min(1_000);
+        let mut m = self.procs[p]
+            .form
+            .take()
+            .expect("rank 0 forms by its machine");
+        if self.procs[p].role == Role::Forming {
+            self.procs[p].next_poll = self.now + 1 + self.rng.below(20);
         } else {
-            let pr = &self.procs[p];
-            let cluster = ClusterRecord {
-                fingerprint: fingerprint(true).into(),
-                config: shared_view(true),
-                master_addr: "host-0".into(),
-                master_port: 29500,
-                host: format!("host-{}", pr.host),
-                pid: pr.pid,
-                run_fingerprint: "run-fp".into(),
-                ..ClusterRecord::bare(&pr.run_id, pr.gen, n)
+            m.handle(FormInput::Poll);
+        }
+        let done = self.perform_form(p, &mut m);
+        self.procs[p].form = Some(m);
+        done
+    }
+
+    /// Perform rank 0's effects on its host's client, up to the claim or the first write
+    /// while forming.
+    fn perform_form(&mut self, p: usize, m: &mut FormMachine) -> Result<(), Violation> {
+        let pid = self.procs[p].pid;
+        while let Some(effect) = m.poll_effect() {
+            let dir: &dyn SharedDir = self.client(p);
+            let input = match effect {
+                FormEffect::ListStateDir => Some(FormInput::Listing(
+                    dir.read_dir(&self.layout.state_dir())
+                        .expect("no faults injected here"),
+                )),
+                FormEffect::CreateGenDir(gen) => match dir.create_dir(&self.layout.gen_dir(gen)) {
+                    Ok(()) => {
+                        self.procs[p].gen = gen;
+                        self.s.generations += 1;
+                        self.note(format!("rank 0 pid {pid} creates gen-{gen}"));
+                        // The claim is a step of its own, as each write is.
+                        m.handle(FormInput::GenDir { created: true });
+                        return Ok(());
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                        Some(FormInput::GenDir { created: false })
+                    }
+                    Err(e) => panic!("{e}"),
+                },
+                FormEffect::Placeholder { run_id, gen, rank } => {
+                    dir.publish_json(
+                        &self.path(gen, rank),
+                        &RankRecord::vacant(&run_id, gen, rank),
+                    )
+                    .expect("no faults injected here");
+                    return Ok(());
+                }
+                FormEffect::OwnRecord { cluster, arrived } => {
+                    let me = self.own_record(p, cluster.gen, &cluster.run_id);
+                    self.procs[p].mine = Some(RankRecord {
+                        seq: 0,
+                        arrived: Some(arrived),
+                        ..me
+                    });
+                    self.publish(p, |_| {});
+                    self.procs[p].next_beat = self.now + self.hb_ms.min(1_000);
+                    return Ok(());
+                }
+                FormEffect::ClusterCopy(c) => {
+                    dir.publish_json(&self.layout.gen_cluster(c.gen), &*c)
+                        .expect("no faults injected here");
+                    return Ok(());
+                }
+                FormEffect::PublishCluster(c) => {
+                    dir.publish_json(&self.layout.cluster(), &*c)
+                        .expect("no faults injected here");
+                    self.cluster_history.push((self.now, c.gen));
+                    self.procs[p].published_at = Some(self.now);
+                    self.note(format!(
+                        "rank 0 pid {pid} publishes cluster.json: generation {}",
+                        c.gen
+                    ));
+                    self.procs[p].role = Role::Waiting;
+                    return Ok(());
+                }
+                // The scenario's workers look without the doorbell (their client's caches
+                // are what is simulated), and rank 0 says nothing.
+                FormEffect::Doorbell { .. }
+                | FormEffect::Published(_)
+                | FormEffect::Warn(_)
+                | FormEffect::WaitingFor(_) => None,
+                FormEffect::ReadCluster => Some(FormInput::Cluster(match self.read_cluster(p) {
+                    Some(c) => ClusterRead::Cluster(Box::new(c)),
+                    None => ClusterRead::Missing,
+                })),
+                FormEffect::ReadPeers => Some(self.peers(p)),
+                FormEffect::Refusal(_) => {
+                    self.procs[p].refusals_read += 1;
+                    None
+                }
+                FormEffect::Fenced(_) => {
+                    self.fenced(p);
+                    return Ok(());
+                }
+                FormEffect::Release(mark) => return self.release(p, mark),
             };
-            let to = if stage == n + 1 {
-                self.layout.gen_cluster(pr.gen)
-            } else {
-                self.layout.cluster()
-            };
-            dir.publish_json(&to, &cluster)
-                .expect("no faults injected here");
-            if stage == n + 2 {
-                let gen = self.procs[p].gen;
-                self.cluster_history.push((self.now, gen));
-                self.procs[p].published_at = Some(self.now);
-                self.note(format!(
-                    "rank 0 pid {} publishes cluster.json: generation {gen}",
-                    self.procs[p].pid
-                ));
-                self.procs[p].role = Role::Waiting;
-                return Ok(());
+            if let Some(input) = input {
+                m.handle(input);
             }
         }
-        self.procs[p].role = Role::Forming { stage: stage + 1 };
         Ok(())
     }
 
-    fn master_wait(&mut self, p: usize) -> Result<(), Violation> {
-        if self.r0_fault(p) || self.fenced_master(p) {
-            return Ok(());
-        }
+    /// Every rank's record of rank 0's generation, as it reads them (its own as it wrote
+    /// it), and the refusal notes in still-vacant placeholders.
+    fn peers(&mut self, p: usize) -> FormInput {
         let (gen, run_id) = (self.procs[p].gen, self.procs[p].run_id.clone());
         let mut peers: Vec<Option<RankRecord>> = vec![self.procs[p].mine.clone()];
         let mut refused = HashMap::new();
@@ -1118,13 +1170,12 @@ impl Sim {
             }
             peers.push(rec);
         }
-        // The core's round, as `Node::join_master` runs it.
-        let round = self.procs[p].forming.round(&peers, &refused);
-        self.procs[p].refusals_read += round.refusals.len() as u64;
-        if !round.complete {
-            return Ok(());
-        }
-        // Every rank arrived, as rank 0 read it: check the server's truth.
+        FormInput::Peers { peers, refused }
+    }
+
+    /// Every rank arrived, as rank 0 read it: check the server's truth, and release.
+    fn release(&mut self, p: usize, mark: Mark) -> Result<(), Violation> {
+        let (gen, run_id) = (self.procs[p].gen, self.procs[p].run_id.clone());
         self.s.checks += 1;
         for r in 1..self.n as u32 {
             let ok = self.truth(gen, r).is_some_and(|t| {
@@ -1138,7 +1189,6 @@ impl Sim {
                 )));
             }
         }
-        let mark = self.join_barrier(p).release(&Some(self.joined(p)));
         self.publish(p, |r| {
             r.released = Some(mark);
             r.state = NodeState::Running;
@@ -1202,207 +1252,201 @@ impl Sim {
         });
     }
 
-    fn look(&mut self, p: usize) -> Result<(), Violation> {
-        let seen_cluster = self.read_cluster(p);
-        let cluster_path = self.layout.cluster();
-        let seen = match &seen_cluster {
-            Some(c) => ClusterSeen::Cluster(c),
-            None => ClusterSeen::Missing(&cluster_path),
-        };
-        let good = self.procs[p].good;
-        let view_fn = move || shared_view(good);
-        let local = self.local(p);
-        let verdict = {
-            let pr = &mut self.procs[p];
-            let me = Joiner {
-                rank: pr.rank,
-                nonce: &pr.nonce,
-                fingerprint: fingerprint(good),
-                shared_view: &view_fn,
-                run_fingerprint: &|| "run-fp".to_string(),
-                iterations: 0,
-                slot_patience: Duration::from_millis(self.slot_patience_ms),
-                dead_after: Duration::from_millis(self.dead_after_ms),
-                set_aside: None,
-            };
-            let mut view = View {
-                client: &self.clients[pr.host],
-                layout: &self.layout,
-                rank: pr.rank,
-                holders: &mut pr.holders,
-                local,
-                memo: &self.memo,
-            };
-            join::look_with(seen, &pr.skipped, &me, &mut view, self.mutations.look)
-        };
-        let (rank, pid) = (self.procs[p].rank, self.procs[p].pid);
-        match verdict {
-            Look::Wait(_) => Ok(()),
-            Look::Skip { run_id, gen, why } => {
-                self.note(format!(
-                    "rank {rank} pid {pid} skips generation {gen}{}",
-                    why.map(|w| format!(": {w}")).unwrap_or_default()
-                ));
-                self.procs[p].skipped.insert(&run_id, gen);
-                Ok(())
-            }
-            Look::Complete { message, .. } => {
-                Err(self.violation(format!("rank {rank} pid {pid}: {message}")))
-            }
-            Look::Refused { message, note, .. } => {
-                self.s.refusals += 1;
-                self.s.checks += 1;
-                self.note(format!("rank {rank} pid {pid} refused: {message}"));
-                self.procs[p].role = Role::Refused;
-                self.procs[p].died_at = Some(self.now);
-                self.procs[p].next_poll = u64::MAX;
-                let c = seen_cluster.expect("refused over a cluster record");
-                match note {
-                    Some(note) => {
-                        self.s.config_refusals += 1;
-                        if good {
-                            return Err(self.violation(format!(
-                                "rank {rank} pid {pid}, correctly configured, refused: {message}"
-                            )));
-                        }
-                        self.leave_refusal(p, &c, &note)
-                    }
-                    None => {
-                        // A held rank: the named holder is a live process (or died within
-                        // what a cache and a heartbeat can hide).
-                        let slack = self.hide_ms() + self.hb_ms + self.poll_ms;
-                        let named = self.procs.iter().any(|q| {
-                            q.rank == rank
-                                && message.contains(&format!("pid {} on host-{}", q.pid, q.host))
-                                && q.died_at.is_none_or(|d| self.now <= d + slack)
-                        });
-                        if !named {
-                            return Err(self.violation(format!(
-                                "rank {rank} pid {pid} refused for a holder that is not alive: {message}"
-                            )));
-                        }
-                        Ok(())
-                    }
-                }
-            }
-            Look::Join(c, r0) => {
-                self.s.checks += 1;
-                let gen = c.gen;
-                self.note(format!(
-                    "rank {rank} pid {pid} joins generation {gen} (rank 0 pid {})",
-                    r0.pid
-                ));
-                if !good {
-                    return Err(self.violation(format!(
-                        "rank {rank} pid {pid}, with another configuration, joined generation {gen}"
-                    )));
-                }
-                // cluster.json truly named it, within what the cache can hide.
-                let hide = self.hide_ms() + self.poll_ms;
-                let named = self
-                    .cluster_history
-                    .iter()
-                    .enumerate()
-                    .any(|(i, &(from, g))| {
-                        let until = self.cluster_history.get(i + 1).map_or(u64::MAX, |h| h.0);
-                        g == gen && from <= self.now && self.now <= until.saturating_add(hide)
-                    });
-                if !named {
-                    return Err(self.violation(format!(
-                        "rank {rank} pid {pid} joined generation {gen}, which cluster.json did not name (history {:?})",
-                        self.cluster_history
-                    )));
-                }
-                // Rank 0 alive, or ended no longer ago than caches and dead-after hide.
-                if let Some(&ended) = self.r0_ended.get(&gen) {
-                    let slack = self.hide_ms()
-                        + self.dead_after_ms
-                        + self.slot_patience_ms
-                        + 3 * self.poll_ms;
-                    if self.now > ended + slack {
-                        return Err(self.violation(format!(
-                            "rank {rank} pid {pid} joined generation {gen}, whose rank 0 ended {} ms ago",
-                            self.now - ended
-                        )));
-                    }
-                }
-                let me = self.own_record(p, gen, &c.run_id);
-                let pr = &mut self.procs[p];
-                pr.gen = gen;
-                pr.run_id = c.run_id.clone();
-                pr.role = Role::Joined;
-                pr.liveness = Liveness::new(Duration::from_millis(self.dead_after_ms));
-                pr.mine = Some(me);
-                pr.next_beat = self.now + self.hb_ms;
-                self.publish(p, |_| {});
-                Ok(())
-            }
-        }
+    /// A worker's poll: a round of its `JoinMachine`, whose effects are performed on its
+    /// host's client and checked against the truth.
+    fn drive_worker(&mut self, p: usize) -> Result<(), Violation> {
+        let mut m = self.procs[p]
+            .machine
+            .take()
+            .expect("a worker joins by its machine");
+        m.handle(self.local(p), Input::Poll);
+        let done = self.perform(p, &mut m);
+        self.procs[p].machine = Some(m);
+        done
     }
 
-    /// `Node::leave_refusal`: the note into the still-vacant placeholder.
-    fn leave_refusal(&mut self, p: usize, c: &ClusterRecord, note: &str) -> Result<(), Violation> {
-        let (rank, pid, host) = (self.procs[p].rank, self.procs[p].pid, self.procs[p].host);
-        let Some(mut slot) = self.read_rec(p, c.gen, rank) else {
-            return Ok(());
-        };
-        if slot.state != NodeState::Vacant || !slot.belongs_to(&c.run_id, c.gen, rank) {
+    fn perform(&mut self, p: usize, m: &mut JoinMachine) -> Result<(), Violation> {
+        let (rank, pid) = (self.procs[p].rank, self.procs[p].pid);
+        // A refusal whose note went into the placeholder: another configuration.
+        let mut noted = false;
+        while let Some(effect) = m.poll_effect() {
+            let input = match effect {
+                Effect::ReadCluster(_) => Some(Input::Cluster(match self.read_cluster(p) {
+                    Some(c) => ClusterRead::Cluster(Box::new(c)),
+                    None => ClusterRead::Missing,
+                })),
+                Effect::ReadRecord { gen, rank, .. } => Some(Input::Record {
+                    rank,
+                    record: self.read_rec(p, gen, rank).map(Box::new),
+                    local: None,
+                }),
+                Effect::ReadResume { .. } => Some(Input::Resume(1)),
+                Effect::Waiting(_) => None,
+                Effect::Info(why) => {
+                    self.note(format!("rank {rank} pid {pid}: {why}"));
+                    None
+                }
+                Effect::LeaveRefusal {
+                    run_id,
+                    gen,
+                    refused,
+                } => {
+                    noted = true;
+                    self.leave_refusal(p, &run_id, gen, &refused)?;
+                    None
+                }
+                Effect::Join { cluster, rank0 } => {
+                    self.joins(p, &cluster, &rank0)?;
+                    None
+                }
+                Effect::Leave { gen } => {
+                    self.note(format!(
+                        "rank {rank} pid {pid} leaves generation {gen} (rank 0 gone or replaced)"
+                    ));
+                    self.publish(p, |r| r.state = NodeState::Left);
+                    let pr = &mut self.procs[p];
+                    pr.mine = None;
+                    pr.next_beat = u64::MAX;
+                    pr.role = Role::Looking;
+                    None
+                }
+                Effect::Passed => {
+                    self.procs[p].role = Role::Passed;
+                    let gen = self.procs[p].gen;
+                    self.note(format!(
+                        "rank {rank} pid {pid} passes the join of generation {gen}"
+                    ));
+                    None
+                }
+                Effect::Complete { message, .. } => {
+                    return Err(self.violation(format!("rank {rank} pid {pid}: {message}")))
+                }
+                Effect::Refused { message, .. } => {
+                    self.refused(p, &message, noted)?;
+                    None
+                }
+            };
+            if let Some(input) = input {
+                m.handle(self.local(p), input);
+            }
+        }
+        Ok(())
+    }
+
+    /// Refused: for another configuration (`noted`), only a misconfigured worker; for a
+    /// held rank, the holder named is a live process (or died within what a cache and a
+    /// heartbeat can hide).
+    fn refused(&mut self, p: usize, message: &str, noted: bool) -> Result<(), Violation> {
+        let (rank, pid) = (self.procs[p].rank, self.procs[p].pid);
+        self.s.refusals += 1;
+        self.s.checks += 1;
+        self.note(format!("rank {rank} pid {pid} refused: {message}"));
+        self.procs[p].role = Role::Refused;
+        self.procs[p].died_at = Some(self.now);
+        self.procs[p].next_poll = u64::MAX;
+        if noted {
+            self.s.config_refusals += 1;
+            if self.procs[p].good {
+                return Err(self.violation(format!(
+                    "rank {rank} pid {pid}, correctly configured, refused: {message}"
+                )));
+            }
             return Ok(());
         }
-        slot.refused = Some(format!(
-            "rank {rank} was refused: {note} (pid {pid} on host-{host})"
-        ));
-        let dir: &dyn SharedDir = self.client(p);
-        dir.publish_json(&self.path(c.gen, rank), &slot)
-            .expect("no faults injected here");
-        let truth = self.truth(c.gen, rank);
-        if !truth
-            .as_ref()
-            .and_then(|t| t.refused.as_ref())
-            .is_some_and(|r| r.contains(note) && note.contains("timing.dead-after"))
-        {
+        let slack = self.hide_ms() + self.hb_ms + self.poll_ms;
+        let named = self.procs.iter().any(|q| {
+            q.rank == rank
+                && message.contains(&format!("pid {} on host-{}", q.pid, q.host))
+                && q.died_at.is_none_or(|d| self.now <= d + slack)
+        });
+        if !named {
             return Err(self.violation(format!(
-                "rank {rank}'s refusal note is not in its placeholder: {truth:?}"
+                "rank {rank} pid {pid} refused for a holder that is not alive: {message}"
             )));
         }
         Ok(())
     }
 
-    fn worker_wait(&mut self, p: usize) -> Result<(), Violation> {
-        let gen = self.procs[p].gen;
-        let local = self.local(p);
-        let r0 = self
-            .read_rec(p, gen, 0)
-            .filter(|r| r.gen == gen && r.rank == 0);
-        match &r0 {
-            Some(r) => {
-                self.procs[p].liveness.observe(0, r.seq, local);
-            }
-            None => self.procs[p].liveness.watch(0, local),
+    /// Joined generation `c.gen` (rank 0 `r0`): only a correctly configured worker, only a
+    /// generation `cluster.json` truly named within what its cache can hide, whose rank 0
+    /// is alive or ended no longer ago than caches and dead-after hide. Its record, arrived.
+    fn joins(&mut self, p: usize, c: &ClusterRecord, r0: &RankRecord) -> Result<(), Violation> {
+        let (rank, pid) = (self.procs[p].rank, self.procs[p].pid);
+        self.s.checks += 1;
+        let gen = c.gen;
+        self.note(format!(
+            "rank {rank} pid {pid} joins generation {gen} (rank 0 pid {})",
+            r0.pid
+        ));
+        if !self.procs[p].good {
+            return Err(self.violation(format!(
+                "rank {rank} pid {pid}, with another configuration, joined generation {gen}"
+            )));
         }
-        if r0.as_ref().is_some_and(|r| r.released_at(0)) {
-            self.procs[p].role = Role::Passed;
-            let (rank, pid) = (self.procs[p].rank, self.procs[p].pid);
-            self.note(format!(
-                "rank {rank} pid {pid} passes the join of generation {gen}"
-            ));
+        let hide = self.hide_ms() + self.poll_ms;
+        let named = self
+            .cluster_history
+            .iter()
+            .enumerate()
+            .any(|(i, &(from, g))| {
+                let until = self.cluster_history.get(i + 1).map_or(u64::MAX, |h| h.0);
+                g == gen && from <= self.now && self.now <= until.saturating_add(hide)
+            });
+        if !named {
+            return Err(self.violation(format!(
+                "rank {rank} pid {pid} joined generation {gen}, which cluster.json did not name (history {:?})",
+                self.cluster_history
+            )));
+        }
+        if let Some(&ended) = self.r0_ended.get(&gen) {
+            let slack =
+                self.hide_ms() + self.dead_after_ms + self.slot_patience_ms + 3 * self.poll_ms;
+            if self.now > ended + slack {
+                return Err(self.violation(format!(
+                    "rank {rank} pid {pid} joined generation {gen}, whose rank 0 ended {} ms ago",
+                    self.now - ended
+                )));
+            }
+        }
+        let me = self.own_record(p, gen, &c.run_id);
+        let pr = &mut self.procs[p];
+        pr.gen = gen;
+        pr.run_id = c.run_id.clone();
+        pr.role = Role::Joined;
+        pr.mine = Some(me);
+        pr.next_beat = self.now + self.hb_ms;
+        self.publish(p, |_| {});
+        Ok(())
+    }
+
+    /// `Node::leave_refusal`: the note into the still-vacant placeholder.
+    fn leave_refusal(
+        &mut self,
+        p: usize,
+        run_id: &str,
+        gen: u64,
+        refused: &str,
+    ) -> Result<(), Violation> {
+        let rank = self.procs[p].rank;
+        let Some(mut slot) = self.read_rec(p, gen, rank) else {
+            return Ok(());
+        };
+        if slot.state != NodeState::Vacant || !slot.belongs_to(run_id, gen, rank) {
             return Ok(());
         }
-        let replaced = self.read_cluster(p).is_none_or(|c| c.gen != gen);
-        if r0.as_ref().is_some_and(|r| r.state.is_terminal())
-            || replaced
-            || self.procs[p].liveness.is_dead(0, local)
+        slot.refused = Some(refused.to_string());
+        let dir: &dyn SharedDir = self.client(p);
+        dir.publish_json(&self.path(gen, rank), &slot)
+            .expect("no faults injected here");
+        let truth = self.truth(gen, rank);
+        if !truth
+            .as_ref()
+            .and_then(|t| t.refused.as_deref())
+            .is_some_and(|r| r == refused && refused.contains("timing.dead-after"))
         {
-            let (rank, pid) = (self.procs[p].rank, self.procs[p].pid);
-            self.note(format!(
-                "rank {rank} pid {pid} leaves generation {gen} (rank 0 gone or replaced)"
-            ));
-            self.publish(p, |r| r.state = NodeState::Left);
-            let pr = &mut self.procs[p];
-            pr.mine = None;
-            pr.next_beat = u64::MAX;
-            pr.skipped.insert(&pr.run_id.clone(), gen);
-            pr.role = Role::Looking;
+            return Err(self.violation(format!(
+                "rank {rank}'s refusal note is not in its placeholder: {truth:?}"
+            )));
         }
         Ok(())
     }
@@ -1415,7 +1459,7 @@ impl Sim {
             .iter()
             .filter(|p| match p.role {
                 Role::Joined | Role::Passed | Role::Waiting | Role::Released => true,
-                Role::Forming { .. } => p.mine.is_some(),
+                Role::Forming => p.mine.is_some(),
                 _ => false,
             })
             .map(|p| (p.gen, p.rank, p.pid))
