@@ -745,3 +745,34 @@ fn rank_0_creates_only_the_last_component_of_a_missing_log_path_and_says_so() {
     assert_eq!(code, 0, "{err}");
     assert!(!err.contains("created the shared directory"), "{err}");
 }
+
+#[test]
+fn a_worker_never_creates_the_log_path_and_says_where_it_looked() {
+    let c = TestCluster::new(2, "");
+    let typo = c.dir.path().join("sahred/exp");
+    let (code, err) = run_env(
+        &c,
+        &["--worker", "1"],
+        &typo,
+        &[("RL_NODE_TIMING_JOIN_TIMEOUT", "2s")],
+    );
+    assert_ne!(code, 0, "{err}");
+    assert!(
+        err.contains(&format!(
+            "--log-path {} does not exist on this node",
+            typo.display()
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "the nearest directory that exists here, {}, is on ",
+            c.dir.path().display()
+        )),
+        "{err}"
+    );
+    assert!(
+        !c.dir.path().join("sahred").exists(),
+        "the worker made the path"
+    );
+}

@@ -823,7 +823,7 @@ impl Node {
                     Some(Input::Resume(self.resume_point(&run_id).iteration))
                 }
                 Effect::Waiting(note) => {
-                    self.waiting_note = note;
+                    self.waiting_note = self.log_path_missing().unwrap_or(note);
                     None
                 }
                 Effect::Info(line) => {
@@ -927,10 +927,51 @@ impl Node {
         Ok(())
     }
 
+    /// A worker's `--log-path` that does not exist on its node: rank 0 creates it, so
+    /// this is "not yet" at first, but a typo or a shared filesystem not mounted on this
+    /// node looks the same for ever. Said in the wait's note (and so at join-timeout), with
+    /// the filesystem the nearest existing directory is on.
+    fn log_path_missing(&self) -> Option<String> {
+        let root = self.layout.root();
+        if self.store.is_dir(root) {
+            return None;
+        }
+        let on = root
+            .ancestors()
+            .skip(1)
+            .find(|d| d.is_dir())
+            .and_then(|d| {
+                crate::observe::doctor::filesystem_of(d).map(|fs| {
+                    format!(
+                        "; the nearest directory that exists here, {}, is on {fs}",
+                        d.display()
+                    )
+                })
+            })
+            .unwrap_or_default();
+        Some(format!(
+            "--log-path {} does not exist on this node ({}){on}: rank 0 creates it, so if rank 0 runs, check the path and that the shared filesystem is mounted here",
+            root.display(),
+            self.host
+        ))
+    }
+
     /// With `cluster.json` missing as this node sees it: has rank 0 rung the doorbell
     /// (`Layout::doorbell`)? Then `cluster.json` exists on the server, and this node's
     /// lookup cache is made to see it. Best effort: an error is a "no".
     fn doorbell_rang(&self) -> bool {
+        // Rank 0 rings it in the directory it made; a worker never makes the log path.
+        // (A listing of the parent first: a cached "missing" of the root is a lookup
+        // cache's, as for the doorbell.)
+        let root = self.layout.root();
+        if !self.store.is_dir(root) {
+            if let Some(parent) = root.parent() {
+                let _ = self.store.refresh(parent);
+            }
+            if !self.store.is_dir(root) {
+                return false;
+            }
+        }
         // (A FUSE client keeps "missing" past rank 0's create, and answers EEXIST to an
         // O_CREAT of it: `read_or_create` lists the state directory first.)
         let rung = self

@@ -495,6 +495,13 @@ pub(crate) fn liveness_cache(dir: &Path) -> Option<(f64, String)> {
     })
 }
 
+/// The filesystem holding `dir` (or its nearest existing ancestor) in words, e.g.
+/// `ext4 (/dev/vda1 at /)`, for a node's message about a directory it cannot find.
+pub(crate) fn filesystem_of(dir: &Path) -> Option<String> {
+    let m = mount_holding(dir)?;
+    Some(format!("{} ({} at {})", m.fs_type, m.source, m.mount_point))
+}
+
 /// The /proc/mounts line of the mount holding `dir` (or its nearest ancestor that exists,
 /// for a node whose directory is not made yet), with a FUSE daemon's options: sshfs and
 /// other libfuse filesystems keep their caches on the daemon's command line.
