@@ -1,11 +1,149 @@
 //! The environment a command sees. Every placeholder value is also exported as the
 //! `RL_NODE_*` variable listed in `config::template::PLACEHOLDERS`; the training command
 //! additionally gets the variables torchrun and llamafactory-cli read.
+//!
+//! The values are a function of plain inputs ([`CommandInputs`]), not of a running node,
+//! so that `rl-node plan` renders exactly what a node would, without joining a cluster.
 
 use crate::config::template::PLACEHOLDERS;
 pub use crate::config::template::TORCHRUN_ENV;
+use crate::config::Config;
+use crate::layout::Layout;
 
 use std::collections::BTreeMap;
+use std::path::Path;
+
+/// Everything a command's placeholder values depend on. A node knows some of these only
+/// once it joined (master address, generation, model); `rl-node plan` supplies what they
+/// will be in a fresh run.
+pub(crate) struct CommandInputs<'a> {
+    pub cfg: &'a Config,
+    pub layout: &'a Layout,
+    pub rank: u32,
+    pub iteration: u64,
+    pub phase: &'a str,
+    pub split: Option<&'a str>,
+    pub output: &'a Path,
+    /// The model the command uses (`{model}`): a published checkpoint or `cluster.model`.
+    pub model: &'a str,
+    pub master_addr: &'a str,
+    pub master_port: u16,
+    pub gen: u64,
+    pub nproc_per_node: u32,
+    /// A pipelined rollout's model version and staleness, when chosen for this iteration;
+    /// otherwise the version is read from the model's path.
+    pub rollout_model: Option<(u64, u64)>,
+    /// Values only some commands have (`{ready_file}`, `{resume_from}`, ...).
+    pub extra: &'a BTreeMap<&'static str, String>,
+}
+
+/// The value of every placeholder for one command.
+pub(crate) fn placeholder_values(i: &CommandInputs) -> BTreeMap<&'static str, String> {
+    let (cfg, layout) = (i.cfg, i.layout);
+    let weights = cfg.weights();
+    let mut v = BTreeMap::new();
+    v.insert("rank", i.rank.to_string());
+    v.insert("num_nodes", cfg.cluster.num_nodes.to_string());
+    v.insert("iteration", i.iteration.to_string());
+    let naming = layout.naming();
+    v.insert(
+        "split",
+        i.split
+            .map(|s| naming.split_label(s))
+            .unwrap_or("")
+            .to_string(),
+    );
+    v.insert(
+        "split_iteration",
+        naming
+            .split_iteration(i.split.unwrap_or("train"), i.iteration)
+            .to_string(),
+    );
+    // run.sh's checkpoint_name: the model's path relative to save_path (the shared
+    // directory), which webgym joins with save_path to name the model it asks for.
+    let published = Path::new(i.model).parent() == Some(layout.models().as_path());
+    v.insert(
+        "checkpoint_name",
+        Path::new(i.model)
+            .strip_prefix(layout.root())
+            .ok()
+            .filter(|_| published)
+            .and_then(|rel| rel.to_str())
+            .unwrap_or("")
+            .to_string(),
+    );
+    v.insert(
+        "train_output",
+        layout
+            .train_output(i.iteration, i.gen)
+            .display()
+            .to_string(),
+    );
+    v.insert("phase", i.phase.to_string());
+    v.insert("log_path", layout.root().display().to_string());
+    v.insert("data_path", cfg.cluster.data_path.clone());
+    v.insert("output", i.output.display().to_string());
+    v.insert(
+        "trajectories",
+        layout
+            .aggregated(i.iteration, "train")
+            .display()
+            .to_string(),
+    );
+    v.insert("model", i.model.to_string());
+    v.insert("master_addr", i.master_addr.to_string());
+    v.insert("master_port", i.master_port.to_string());
+    v.insert("nproc_per_node", i.nproc_per_node.to_string());
+    v.insert("extra_args", cfg.cluster.extra_args.clone());
+    v.insert("server_port", cfg.server.port.to_string());
+    v.insert("rank_weight", weights[i.rank as usize].to_string());
+    v.insert("total_weight", weights.iter().sum::<u64>().to_string());
+    v.insert(
+        "rank_weights",
+        weights
+            .iter()
+            .map(|w| w.to_string())
+            .collect::<Vec<_>>()
+            .join(","),
+    );
+    v.insert("gen", i.gen.to_string());
+    // The model's version: the iteration whose training produced it (0: the base
+    // model), and how many versions it lags the iteration (pipelined rollouts).
+    let (version, staleness) = i.rollout_model.unwrap_or_else(|| {
+        let version = Path::new(i.model)
+            .file_name()
+            .and_then(|n| crate::layout::iteration_of(&n.to_string_lossy()))
+            .filter(|_| published)
+            .unwrap_or(0);
+        (version, 0)
+    });
+    v.insert("model_version", version.to_string());
+    v.insert("staleness", staleness.to_string());
+    v.insert(
+        "seed",
+        crate::work::iteration_seed(cfg.work.seed, i.iteration).to_string(),
+    );
+    v.insert("samples", cfg.work.samples_per_task.to_string());
+    for (k, val) in i.extra {
+        v.insert(k, val.clone());
+    }
+    v
+}
+
+/// The environment a command gets besides the node's own: the `[env]` table, then
+/// every placeholder's `RL_NODE_*` variable.
+pub(crate) fn command_env(
+    cfg: &Config,
+    values: &BTreeMap<&'static str, String>,
+) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = cfg
+        .env
+        .iter()
+        .map(|(k, t)| (k.clone(), cfg.template(t).render_raw(values)))
+        .collect();
+    env.extend(env_for(values));
+    env
+}
 
 pub fn env_for(values: &BTreeMap<&'static str, String>) -> Vec<(String, String)> {
     PLACEHOLDERS

@@ -3123,113 +3123,34 @@ impl Node {
         output: &Path,
     ) -> std::collections::BTreeMap<&'static str, String> {
         let c = self.cluster.as_ref().expect("joined");
-        let weights = self.cfg.weights();
-        let mut v = std::collections::BTreeMap::new();
-        v.insert("rank", self.rank.to_string());
-        v.insert("num_nodes", self.num_nodes().to_string());
-        v.insert("iteration", self.iteration.to_string());
-        let naming = self.layout.naming();
-        v.insert(
-            "split",
-            split
-                .map(|s| naming.split_label(s))
-                .unwrap_or("")
-                .to_string(),
-        );
-        v.insert(
-            "split_iteration",
-            naming
-                .split_iteration(split.unwrap_or("train"), self.iteration)
-                .to_string(),
-        );
-        // run.sh's checkpoint_name: the model's path relative to save_path (the shared
-        // directory), which webgym joins with save_path to name the model it asks for.
-        let published = Path::new(&self.model).parent() == Some(self.layout.models().as_path());
-        v.insert(
-            "checkpoint_name",
-            Path::new(&self.model)
-                .strip_prefix(self.layout.root())
-                .ok()
-                .filter(|_| published)
-                .and_then(|rel| rel.to_str())
-                .unwrap_or("")
-                .to_string(),
-        );
-        v.insert(
-            "train_output",
-            self.layout
-                .train_output(self.iteration, self.gen())
-                .display()
-                .to_string(),
-        );
-        v.insert("phase", phase.to_string());
-        v.insert("log_path", self.layout.root().display().to_string());
-        v.insert("data_path", self.cfg.cluster.data_path.clone());
-        v.insert("output", output.display().to_string());
-        v.insert(
-            "trajectories",
-            self.layout
-                .aggregated(self.iteration, "train")
-                .display()
-                .to_string(),
-        );
-        v.insert("model", self.model.clone());
-        v.insert("master_addr", c.master_addr.clone());
-        v.insert("master_port", c.master_port.to_string());
-        v.insert("nproc_per_node", self.nproc_per_node.to_string());
-        v.insert("extra_args", self.cfg.cluster.extra_args.clone());
-        v.insert("server_port", self.cfg.server.port.to_string());
-        v.insert("rank_weight", weights[self.rank as usize].to_string());
-        v.insert("total_weight", weights.iter().sum::<u64>().to_string());
-        v.insert(
-            "rank_weights",
-            weights
-                .iter()
-                .map(|w| w.to_string())
-                .collect::<Vec<_>>()
-                .join(","),
-        );
-        v.insert("gen", c.gen.to_string());
-        // The model's version: the iteration whose training produced it (0: the base
-        // model), and how many versions it lags the iteration (pipelined rollouts).
-        let (version, staleness) = match &self.rollout_model {
-            Some(m) if m.iteration == self.iteration => (m.model_version, m.staleness),
-            _ => (
-                Path::new(&self.model)
-                    .file_name()
-                    .and_then(|n| crate::layout::iteration_of(&n.to_string_lossy()))
-                    .filter(|_| published)
-                    .unwrap_or(0),
-                0,
-            ),
+        let rollout_model = match &self.rollout_model {
+            Some(m) if m.iteration == self.iteration => Some((m.model_version, m.staleness)),
+            _ => None,
         };
-        v.insert("model_version", version.to_string());
-        v.insert("staleness", staleness.to_string());
-        v.insert(
-            "seed",
-            crate::work::iteration_seed(self.cfg.work.seed, self.iteration).to_string(),
-        );
-        v.insert("samples", self.cfg.work.samples_per_task.to_string());
-        for (k, val) in &self.extra {
-            v.insert(k, val.clone());
-        }
-        v
+        context::placeholder_values(&context::CommandInputs {
+            cfg: &self.cfg,
+            layout: &self.layout,
+            rank: self.rank,
+            iteration: self.iteration,
+            phase,
+            split,
+            output,
+            model: &self.model,
+            master_addr: &c.master_addr,
+            master_port: c.master_port,
+            gen: c.gen,
+            nproc_per_node: self.nproc_per_node,
+            rollout_model,
+            extra: &self.extra,
+        })
     }
 
-    /// The environment a command gets besides the node's own: the `[env]` table, then
-    /// every placeholder's `RL_NODE_*` variable.
+    /// The environment a command gets besides the node's own ([`context::command_env`]).
     pub(super) fn command_env(
         &self,
         values: &std::collections::BTreeMap<&'static str, String>,
     ) -> Vec<(String, String)> {
-        let mut env: Vec<(String, String)> = self
-            .cfg
-            .env
-            .iter()
-            .map(|(k, t)| (k.clone(), self.cfg.template(t).render_raw(values)))
-            .collect();
-        env.extend(context::env_for(values));
-        env
+        context::command_env(&self.cfg, values)
     }
 
     /// Append one line to this rank's event log (`.rl-node/events/rank-R.jsonl`; one
