@@ -130,6 +130,25 @@ enum Command {
     },
     /// Print the effective configuration and where each value came from.
     ShowConfig(Settings),
+    /// Print the commands, environment and files one rank would use in one iteration,
+    /// without running or writing anything.
+    Plan {
+        #[command(flatten)]
+        settings: Settings,
+        /// The iteration to plan (from 1).
+        #[arg(long, value_name = "I")]
+        iteration: u64,
+        /// The rank to plan (0 is the master).
+        #[arg(long, value_name = "R")]
+        rank: u32,
+        /// Only this phase's command: server, rollout, eval, aggregate, prepare, train or
+        /// handoff.
+        #[arg(long, value_name = "PHASE")]
+        phase: Option<String>,
+        /// Print JSON for scripts.
+        #[arg(long)]
+        json: bool,
+    },
     /// Merge whatever rank output of an iteration survived (committed shards, else partial
     /// files) into one file with a manifest.
     Aggregate(crate::aggregate::AggregateArgs),
@@ -353,6 +372,7 @@ rl-node: run one node of a multi-node RL loop over a shared directory
   rl-node timeline --log-path DIR          draw the run as one HTML page (DIR/timeline.html)
   rl-node aggregate --log-path DIR --iteration N --split train   merge what survived
   rl-node show-config [--config FILE]      the effective configuration and its sources
+  rl-node plan --config FILE --iteration I --rank R   the commands a rank would run, run nothing
 
 rl-node --help lists every option; the README has the details.";
 
@@ -426,6 +446,21 @@ fn run() -> (Option<u32>, Result<Ending, Failure>) {
                 l.render()
             );
             Ending::Done
+        }),
+        Some(Command::Plan {
+            settings,
+            iteration,
+            rank,
+            phase,
+            json,
+        }) => settings.load().map_err(Failure::from).and_then(|l| {
+            let req = crate::plan::Request {
+                iteration,
+                rank,
+                phase,
+                json,
+            };
+            crate::plan::main(&l.config, req)
         }),
         Some(Command::Status {
             json,

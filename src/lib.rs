@@ -33,6 +33,7 @@ pub use node::{
 pub use process::{FakeRun, FakeScript};
 pub(crate) mod observe;
 pub(crate) mod output;
+pub(crate) mod plan;
 pub(crate) mod process;
 pub mod protocol;
 pub mod rng;

@@ -26,6 +26,7 @@
 
 mod common;
 use common::cluster::*;
+use common::webgym::*;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fs;
@@ -36,123 +37,7 @@ use std::time::Duration;
 const LIMIT: Duration = Duration::from_secs(120);
 const REPO: &str = env!("CARGO_MANIFEST_DIR");
 
-struct Webgym {
-    c: TestCluster,
-    webgym: PathBuf,
-    data: PathBuf,
-    log: PathBuf,
-    ports: Vec<u16>,
-    gpus: Vec<u32>,
-}
-
-/// The example configuration, pointed at a stand-in webgym checkout in the test directory.
-fn webgym_cluster(eval_interval: u64) -> Webgym {
-    let c = TestCluster::new(3, "");
-    let root = c.dir.path().to_path_buf();
-    let webgym = root.join("webgym");
-    let config_dir = webgym.join("scripts/config/main");
-    fs::create_dir_all(&config_dir).unwrap();
-    for f in ["rollout_train", "rollout_test", "update_online"] {
-        fs::write(config_dir.join(format!("{f}.yaml")), "").unwrap();
-    }
-    for f in ["rollout.py", "update_prepare.py"] {
-        fs::write(
-            webgym.join("scripts").join(f),
-            "# stand-in: see tests/fixtures/webgym\n",
-        )
-        .unwrap();
-    }
-    let data = root.join("data");
-    fs::create_dir_all(&data).unwrap();
-    let example = fs::read_to_string(format!("{REPO}/examples/webgym/rl-node.toml")).unwrap();
-    let merge = format!("{REPO}/examples/webgym/merge_pickles.py");
-    let mut text = example
-        .replacen(
-            "WEBGYM = \"/opt/webgym\"",
-            &format!("WEBGYM = \"{}\"", webgym.display()),
-            1,
-        )
-        .replacen(
-            "WEBGYM_MERGE = \"/opt/rl-node/examples/webgym/merge_pickles.py\"",
-            &format!("WEBGYM_MERGE = \"{merge}\""),
-            1,
-        )
-        .replacen(
-            "eval-interval = 6 ",
-            &format!("eval-interval = {eval_interval} "),
-            1,
-        );
-    assert!(text.contains(&webgym.display().to_string()) && text.contains(&merge));
-    // Fast timing for a test; everything else is the example's.
-    text = text.replacen(
-        "[timing]\n",
-        "[timing]\nkill-grace = \"2s\"\njoin-timeout = \"60s\"\n",
-        1,
-    );
-    fs::write(&c.config, text).unwrap();
-    let log = c.log_path.clone();
-    Webgym {
-        c,
-        webgym,
-        data,
-        log,
-        ports: (0..3).map(|_| free_port()).collect(),
-        gpus: vec![4, 2, 2],
-    }
-}
-
 impl Webgym {
-    fn standin_log(&self) -> PathBuf {
-        self.c.dir.path().join("standin.jsonl")
-    }
-
-    /// Start the three nodes as a user would, with `extra` after `--`.
-    fn spawn(&self, extra: &[&str], env: &[(&str, String)]) -> Vec<NodeProc> {
-        let path = format!(
-            "{REPO}/tests/fixtures/webgym/bin:{}",
-            std::env::var("PATH").unwrap_or_default()
-        );
-        let mut args = vec!["--data-path".to_string(), self.data.display().to_string()];
-        if !extra.is_empty() {
-            args.push("--".into());
-            args.extend(extra.iter().map(|s| s.to_string()));
-        }
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        (0..3)
-            .map(|r| {
-                let devices: Vec<String> =
-                    (0..self.gpus[r as usize]).map(|g| g.to_string()).collect();
-                let mut e = vec![
-                    ("PATH", path.clone()),
-                    (
-                        "WEBGYM_STANDIN_LOG",
-                        self.standin_log().display().to_string(),
-                    ),
-                    ("CUDA_VISIBLE_DEVICES", devices.join(",")),
-                    ("RL_NODE_SERVER_PORT", self.ports[r as usize].to_string()),
-                    ("RL_NODE_CLUSTER_ITERATIONS", "2".into()),
-                    ("RL_NODE_TIMING_POLL_INTERVAL", "100ms".into()),
-                    ("RL_NODE_TIMING_HEARTBEAT_INTERVAL", "200ms".into()),
-                    ("RL_NODE_TIMING_DEAD_AFTER", "20s".into()),
-                    ("RL_NODE_SERVER_START_TIMEOUT", "30s".into()),
-                    ("RL_NODE_SERVER_STOP_GRACE", "5s".into()),
-                    ("RL_NODE_SERVER_GPU_DRAIN_MIB", "0".into()),
-                    ("RL_NODE_PHASES_EVAL_WORKERS_DELAY", "0s".into()),
-                ];
-                e.extend(env.iter().cloned());
-                self.c.spawn_env(r, &self.log, &args, &e)
-            })
-            .collect()
-    }
-
-    fn run(&self, extra: &[&str]) {
-        let mut nodes = self.spawn(extra, &[]);
-        for n in nodes.iter_mut() {
-            let code = n.wait(LIMIT);
-            assert_eq!(code, 0, "rank {} exited {code}:\n{}", n.rank, n.stderr());
-        }
-    }
-
     /// What the stand-ins recorded, in the order they started.
     fn calls(&self) -> Vec<Value> {
         fs::read_to_string(self.standin_log())

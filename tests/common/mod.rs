@@ -6,6 +6,7 @@ pub mod moosefs;
 pub mod mountns;
 pub mod smallfs;
 pub mod sshfs;
+pub mod webgym;
 
 use std::path::{Path, PathBuf};
 
