@@ -25,17 +25,15 @@
 #![allow(clippy::cmp_owned)]
 
 mod common;
-use common::cluster::*;
 use common::webgym::*;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 const LIMIT: Duration = Duration::from_secs(120);
-const REPO: &str = env!("CARGO_MANIFEST_DIR");
 
 impl Webgym {
     /// What the stand-ins recorded, in the order they started.
