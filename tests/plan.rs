@@ -11,9 +11,6 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
 use std::process::{Command, Output};
-use std::time::Duration;
-
-const LIMIT: Duration = Duration::from_secs(120);
 
 /// `rl-node plan ARGS` with `env` (and none of the test's own `RL_NODE_*` variables).
 fn plan(args: &[&str], env: &[(&str, String)]) -> Output {
@@ -52,15 +49,19 @@ fn planned_commands(plan: &Value) -> BTreeMap<String, Vec<String>> {
     m
 }
 
-/// The command lines a node logged for iteration 1 (`### $ …` in
-/// `logs/iter-0001/rank-R.PHASE.log`, and the server it started before, as iteration 0), by
-/// phase; the built-in merge's own command (`aggregate`) is left out.
-fn logged_commands(log: &Path, rank: u32) -> BTreeMap<String, Vec<String>> {
+/// The command lines a node logged for `iteration` (`### $ …` in
+/// `logs/iter-NNNN/rank-R.PHASE.log`), by phase, with the server that serves it (started in
+/// the iteration before: as iteration 0 when the node starts); the built-in merge's own
+/// command (`aggregate`) is left out.
+fn logged_commands(log: &Path, rank: u32, iteration: u64) -> BTreeMap<String, Vec<String>> {
     let mut m: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    let server =
-        fs::read_to_string(log.join(format!("logs/iter-0000/rank-{rank}.server.log"))).unwrap();
-    m.insert("server".into(), commands_in(&server));
-    let dir = log.join("logs/iter-0001");
+    let logs = |i: u64| log.join(format!("logs/iter-{i:04}"));
+    let serving = logs(iteration - 1).join(format!("rank-{rank}.server.log"));
+    m.insert(
+        "server".into(),
+        commands_in(&fs::read_to_string(serving).unwrap()),
+    );
+    let dir = logs(iteration);
     for entry in fs::read_dir(&dir).unwrap() {
         let name = entry.unwrap().file_name().to_string_lossy().into_owned();
         let Some(phase) = name
@@ -82,13 +83,18 @@ fn logged_commands(log: &Path, rank: u32) -> BTreeMap<String, Vec<String>> {
 
 /// Every variable the plan gives a step equals what the program it starts received
 /// (the stand-ins record their whole environment); the phases checked.
-fn check_env(plan: &Value, standin_log: &Path, rank: u32) -> Vec<String> {
+fn check_env(plan: &Value, standin_log: &Path, rank: u32, iteration: u64) -> Vec<String> {
     let var = |env: &Value, name: &str| env[name].as_str().map(str::to_string);
     let mut checked = Vec::new();
     for line in fs::read_to_string(standin_log).unwrap().lines() {
         let call: Value = serde_json::from_str(line).unwrap();
         let got = &call["env"];
-        if var(got, "RL_NODE_RANK") != Some(rank.to_string()) {
+        // The server serving `iteration` was started in the one before.
+        let serving = var(got, "RL_NODE_PHASE").as_deref() == Some("server")
+            && var(got, "RL_NODE_ITERATION") == Some((iteration - 1).to_string());
+        if var(got, "RL_NODE_RANK") != Some(rank.to_string())
+            || (var(got, "RL_NODE_ITERATION") != Some(iteration.to_string()) && !serving)
+        {
             continue;
         }
         let step = plan["steps"].as_array().unwrap().iter().find(|s| {
@@ -125,23 +131,20 @@ fn commands_in(log: &str) -> Vec<String> {
 
 #[test]
 fn the_webgym_plan_is_what_a_real_run_ran() {
+    // Two iterations: the second runs on the checkpoint the first published, and the
+    // server the first restarted on it.
     let w = webgym_cluster(6);
-    let once = [("RL_NODE_CLUSTER_ITERATIONS", "1".to_string())];
-    let mut nodes = w.spawn(&[], &once);
-    for n in nodes.iter_mut() {
-        let code = n.wait(LIMIT);
-        assert_eq!(code, 0, "rank {} exited {code}:\n{}", n.rank, n.stderr());
-    }
+    w.run(&[]);
     let config = w.c.config.display().to_string();
     let log = w.log.display().to_string();
-    for rank in [0u32, 2] {
+    for (rank, iteration) in [(0u32, 1u64), (2, 1), (0, 2), (2, 2)] {
         let mut args: Vec<String> = [
             "--config",
             &config,
             "--log-path",
             &log,
             "--iteration",
-            "1",
+            &iteration.to_string(),
             "--rank",
             &rank.to_string(),
         ]
@@ -149,20 +152,26 @@ fn the_webgym_plan_is_what_a_real_run_ran() {
         .to_vec();
         args.extend(w.args(&[]));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let p = plan_json(&args, &w.node_env(rank, &once));
+        let p = plan_json(&args, &w.node_env(rank, &[]));
         let planned = planned_commands(&p);
-        let logged = logged_commands(&w.log, rank);
-        assert_eq!(planned, logged, "rank {rank}: plan vs what the node ran");
-        let checked = check_env(&p, &w.standin_log(), rank);
-        for phase in ["server", "rollout", "eval", "train"] {
-            assert!(
-                checked.contains(&phase.to_string()),
-                "rank {rank}: {checked:?}"
-            );
+        let logged = logged_commands(&w.log, rank, iteration);
+        let at = format!("rank {rank}, iteration {iteration}");
+        assert_eq!(planned, logged, "{at}: plan vs what the node ran");
+        let checked = check_env(&p, &w.standin_log(), rank, iteration);
+        let expected: &[&str] = match iteration {
+            // Eval is due in iteration 1 (eval-interval 6), not in 2.
+            1 => &["server", "rollout", "eval", "train"],
+            _ => &["server", "rollout", "train"],
+        };
+        for phase in expected {
+            assert!(checked.contains(&phase.to_string()), "{at}: {checked:?}");
         }
-        // Eval is due in iteration 1 (eval-interval 6), rank 0 alone prepares.
-        assert!(planned.contains_key("eval") && planned.contains_key("train"));
-        assert_eq!(planned.contains_key("prepare"), rank == 0, "{planned:#?}");
+        // Rank 0 alone prepares.
+        assert_eq!(
+            planned.contains_key("prepare"),
+            rank == 0,
+            "{at}: {planned:#?}"
+        );
     }
 }
 
