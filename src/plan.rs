@@ -135,6 +135,13 @@ struct RunTime {
     assumed: Vec<Assumed>,
 }
 
+/// Whether this cluster trains and hands off, so that each iteration publishes the model
+/// the next one uses (when its training succeeds).
+fn publishes(cfg: &Config) -> bool {
+    cfg.phases.train.as_phase().is_set()
+        && cfg.cluster.rl_phase != crate::protocol::phase::RlPhase::Rollout
+}
+
 fn run_time(cfg: &Config, layout: &Layout, iteration: u64) -> RunTime {
     let host = gethostname::gethostname().to_string_lossy().into_owned();
     let (master_addr, addr_why) = match cfg.cluster.master_addr.as_str() {
@@ -150,9 +157,7 @@ fn run_time(cfg: &Config, layout: &Layout, iteration: u64) -> RunTime {
         a => (a.to_string(), "cluster.master-addr".into()),
     };
     let (nproc_per_node, nproc_why) = context::nproc_per_node(&cfg.cluster.gpus_per_node);
-    let trains = cfg.phases.train.as_phase().is_set()
-        && cfg.cluster.rl_phase == crate::protocol::phase::RlPhase::Both;
-    let (model, model_why) = if iteration == 1 || !trains {
+    let (model, model_why) = if iteration == 1 || !publishes(cfg) {
         (
             cfg.cluster.model.clone(),
             "cluster.model: no checkpoint published yet in a fresh run".to_string(),
@@ -210,7 +215,11 @@ fn build(cfg: &Config, req: &Request) -> Result<Plan, Failure> {
         rt: &rt,
     };
     let mut steps = Vec::new();
-    if !cfg.server.command.trim().is_empty() {
+    let pipelined = cfg.staleness().is_some();
+    // As the node: an update-only cluster starts no server before its iterations, and a
+    // pipelined one starts it on the model its staleness rule chooses.
+    let serves = cfg.cluster.rl_phase != crate::protocol::phase::RlPhase::Update;
+    if !cfg.server.command.trim().is_empty() && serves {
         // Started by the node before its first iteration (as iteration 0), else by the
         // previous iteration's restart-server phase: its values are that iteration's.
         let mut s = p.server(Path::new(&rt.model), req.iteration - 1);
@@ -222,6 +231,9 @@ fn build(cfg: &Config, req: &Request) -> Result<Plan, Failure> {
                 req.iteration - 1
             )
         });
+        if pipelined {
+            s.notes.push("pipelined run: started on the model pipeline.model chooses for this iteration, shown here as the model above".into());
+        }
         steps.push(s);
     }
     steps.extend(p.walk());
@@ -542,6 +554,13 @@ impl Planner<'_> {
         if self.cfg.server.command.trim().is_empty() {
             return None;
         }
+        if self.cfg.staleness().is_some() {
+            return Some(Planned {
+                config: "server".into(),
+                notes: vec!["pipelined run: the rollout cluster restarts its server on the model pipeline.model chooses at the next iteration's start".into()],
+                ..Default::default()
+            });
+        }
         if last {
             return Some(Planned {
                 config: "server".into(),
@@ -552,9 +571,7 @@ impl Planner<'_> {
                 ..Default::default()
             });
         }
-        let trained = self.cfg.phases.train.as_phase().is_set()
-            && self.cfg.cluster.rl_phase == crate::protocol::phase::RlPhase::Both;
-        let model = if trained {
+        let model = if publishes(self.cfg) {
             self.published()
         } else {
             PathBuf::from(&self.rt.model)
