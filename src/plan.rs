@@ -21,6 +21,9 @@ use std::path::{Path, PathBuf};
 /// The generation a fresh run forms.
 const FRESH_GEN: u64 = 1;
 
+/// The `phase` of the server that serves the iteration, started before it.
+const BEFORE: &str = "before-iteration";
+
 /// The phases `--phase` accepts: the configuration's command sections.
 const PHASE_NAMES: [&str; 7] = [
     "server",
@@ -223,6 +226,7 @@ fn build(cfg: &Config, req: &Request) -> Result<Plan, Failure> {
         // Started by the node before its first iteration (as iteration 0), else by the
         // previous iteration's restart-server phase: its values are that iteration's.
         let mut s = p.server(Path::new(&rt.model), req.iteration - 1);
+        s.phase = BEFORE.into();
         s.notes.push(if req.iteration == 1 {
             "serves this iteration: started when the node starts, before iteration 1".into()
         } else {
@@ -593,7 +597,6 @@ impl Planner<'_> {
         let (command, env) = self.render(&self.cfg.server.command, inputs, false);
         let log = self.layout.phase_log(iteration, self.rank, "server");
         Planned {
-            phase: String::new(),
             config: "server".into(),
             command: Some(command),
             env,
@@ -622,7 +625,7 @@ fn render(p: &Plan) -> String {
     }
     for (i, st) in p.steps.iter().enumerate() {
         let phase = match st.phase.as_str() {
-            "" => "before the iteration".to_string(),
+            BEFORE => "before the iteration".to_string(),
             ph => format!("phase {ph}"),
         };
         let _ = writeln!(s, "\n{}. {} [{}]", i + 1, phase, st.config);
