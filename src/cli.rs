@@ -326,6 +326,9 @@ const COUNT_VARS: [&str; 4] = [
     "WORLD_SIZE",
 ];
 
+/// A launcher variable that counts processes: `(variable, value, why)`.
+type PerProcess = (&'static str, String, String);
+
 /// The first of `vars` that is set, with its value. `RANK` and `WORLD_SIZE` count processes
 /// where `LOCAL_RANK` or `LOCAL_WORLD_SIZE` is set beside them (an environment prepared for
 /// torchrun, with more than one process per node): taken as nodes, `RANK=8 WORLD_SIZE=24`
@@ -335,7 +338,7 @@ const COUNT_VARS: [&str; 4] = [
 fn from_launcher(
     vars: &[&'static str],
     env: &dyn Fn(&str) -> Option<String>,
-) -> Result<Option<(&'static str, String)>, (&'static str, String, String)> {
+) -> Result<Option<(&'static str, String)>, PerProcess> {
     let Some((var, v)) = vars.iter().find_map(|&var| env(var).map(|v| (var, v))) else {
         return Ok(None);
     };

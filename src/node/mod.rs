@@ -2137,23 +2137,7 @@ impl Node {
         for (what, path) in [("shard", &shard), ("partial shard", &partial)] {
             self.set_aside_earlier(what, path)?;
         }
-        // An earlier generation's attempt left its partial output where it was (its name
-        // carries its generation): offered to the command to continue from, never changed.
-        // A command that names its own partial file (webgym's `….checkpoint`) left it
-        // under the configured partial name, without a generation: that one comes first.
-        let resume_from = std::iter::once(self.layout.shard_partial(it, split, rank))
-            .chain(
-                (1..gen)
-                    .rev()
-                    .map(|g| self.layout.shard_partial_gen(it, split, rank, g)),
-            )
-            .find(|p| {
-                self.store
-                    .stat(p)
-                    .ok()
-                    .flatten()
-                    .is_some_and(|m| m.len > 0 || m.kind == Kind::Dir)
-            });
+        let resume_from = self.earlier_partial(split);
         if let Some(p) = &resume_from {
             self.info(&format!(
                 "iteration {it}: the {split} rollout may resume from the earlier attempt's {} ({{resume_from}})",
@@ -2276,6 +2260,27 @@ impl Node {
             adopted,
         });
         Ok(())
+    }
+
+    /// The partial output an earlier generation's attempt at this rollout left where it was
+    /// (its name carries its generation): offered to the command to continue from, never
+    /// changed. A command that names its own partial file (webgym's `….checkpoint`) left
+    /// it under the configured partial name, without a generation: that one comes first.
+    fn earlier_partial(&self, split: &str) -> Option<PathBuf> {
+        let (it, rank, gen) = (self.iteration, self.rank, self.gen());
+        std::iter::once(self.layout.shard_partial(it, split, rank))
+            .chain(
+                (1..gen)
+                    .rev()
+                    .map(|g| self.layout.shard_partial_gen(it, split, rank, g)),
+            )
+            .find(|p| {
+                self.store
+                    .stat(p)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|m| m.len > 0 || m.kind == Kind::Dir)
+            })
     }
 
     /// Move a file an earlier attempt left at `path` (committed but not journaled, or this
