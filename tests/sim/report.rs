@@ -199,6 +199,7 @@ fn json_report() {
         "violations": failures.len(),
         "failures": failures,
         "faults": faults,
+        "fault_kinds": crate::nodes::fault_kinds(),
         "exercised": exercised,
     });
     println!("{report}");
