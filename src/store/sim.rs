@@ -23,14 +23,26 @@
 //! reached the server (cache misses and every mutation), which is what loads an NFS server.
 //!
 //! Faults the simulator can inject: the next N operations of a class (or of any class)
-//! fail with an error kind or errno ([`SimClient::fail_next`]); each call takes a simulated
-//! latency ([`SimClient::set_latency`]); an append lands only a prefix of its bytes
-//! ([`SimClient::tear_next_append`]); and a client's machine crashes
+//! fail with an error kind or errno ([`SimClient::fail_next`]); the N-th operation from
+//! now (of a class, or of any) pauses the client, fails, or hangs for a while and then
+//! lands, maybe answering an error although it landed ([`SimClient::at_call`]: counted by
+//! operation, not by path, so a fault drawn for a seed still hits when the node stops
+//! using a path); each call takes a simulated latency ([`SimClient::set_latency`]); an
+//! append lands only a prefix of its bytes ([`SimClient::tear_next_append`]); the server
+//! restarts, and for an outage every operation that reaches it hangs or fails
+//! ([`SimWorld::restart_after`]); a handle on a file another client removed or replaced
+//! reads `ESTALE`; and a client's machine crashes
 //! ([`SimClient::crash`]): what it wrote without a sync since the file was last synced
 //! (appends with `sync = false`, non-durable publishes) is lost from the world: such a
 //! file falls back to its last synced content, a non-durable publish to what the name
 //! held durably before it, and a file never synced is gone.
 //!
+//! - **FUSE** (optional, [`SimClient::set_fuse`]): as a MooseFS, sshfs or blob FUSE mount,
+//!   a name → file mapping is trusted for an entry timeout (a record renamed over is read
+//!   stale through an open, close-to-open or not), a name looked up as missing stays
+//!   missing for a negative timeout while `mkdir`, an exclusive create and `O_CREAT` of it
+//!   answer `EEXIST`, a listing refreshes every name in a directory, and
+//!   `RENAME_NOREPLACE` may be missing (`EINVAL`: the store's link-and-unlink fallback).
 //! - **Close-to-open** (optional, [`SimClient::set_close_to_open`]): as an NFS client
 //!   mounted with `cto` (the default), each open of a file it has cached attributes for
 //!   asks the server for them again (a GETATTR, counted as a server `stat`), so a read sees
@@ -598,6 +610,8 @@ struct ClientState {
     names: HashMap<PathBuf, (Duration, Entry)>,
     /// A rename that landed after a hang whose caller gets this error.
     late: Option<io::Error>,
+    /// The triggers that fired, in order.
+    fired: Vec<(Option<OpClass>, OnCall)>,
 }
 
 /// One simulated node's view of the shared directory (an NFS client).
@@ -758,6 +772,12 @@ impl SimClient {
         });
     }
 
+    /// The faults armed with [`SimClient::at_call`] that fired so far (the class each was
+    /// armed for, and what it did).
+    pub fn fired(&self) -> Vec<(Option<OpClass>, OnCall)> {
+        self.state.lock().unwrap().fired.clone()
+    }
+
     /// How calls that hang let simulated time pass: `sleep` (e.g. a task's sleep on the
     /// simulation's scheduler). Without one, a client on a clock advances it; else a hang
     /// takes no time.
@@ -821,6 +841,8 @@ impl SimClient {
         crate::sched::turn();
         self.wait_while_paused();
         let mut st = self.state.lock().unwrap();
+        // A late error belongs to the call whose rename hung.
+        st.late = None;
         if !st.latency.is_zero() {
             let l = st.latency;
             st.latency_spent += l;
@@ -895,12 +917,13 @@ impl Call<'_> {
             if t.class.is_none_or(|c| c == class) {
                 t.left -= 1;
                 if t.left == 0 && hit.is_none() {
-                    hit = Some(t.what);
+                    hit = Some((t.class, t.what));
                 }
             }
         }
         self.st.triggers.retain(|t| t.left > 0);
-        hit
+        self.st.fired.extend(hit);
+        hit.map(|h| h.1)
     }
 
     fn fault(&mut self, class: OpClass) -> io::Result<()> {
@@ -2151,6 +2174,7 @@ mod tests {
         assert_eq!(e.raw_os_error(), Some(libc::EIO));
         assert_eq!((a.counts() - before).summary(), "open 1, read 1");
         assert_eq!(ad.read(p).unwrap().unwrap(), b"first");
+        assert_eq!(a.fired().len(), 2);
     }
 
     #[test]

@@ -156,6 +156,19 @@ impl Fault {
         }
     }
 
+    /// When after its start it is injected (`None`: by the command's script).
+    pub(crate) fn at(&self) -> Option<Duration> {
+        match *self {
+            Fault::Kill { at, .. }
+            | Fault::Freeze { at, .. }
+            | Fault::WriteErrors { at, .. }
+            | Fault::ReadError { at, .. }
+            | Fault::HungRename { at, .. }
+            | Fault::ServerRestart { at, .. } => Some(at),
+            Fault::TrainFails { .. } | Fault::RolloutFails { .. } => None,
+        }
+    }
+
     /// Its kind, as `scripts/sim --json` counts them.
     pub(crate) fn kind(&self) -> &'static str {
         match self {
@@ -181,6 +194,26 @@ static KINDS: Mutex<std::collections::BTreeMap<&'static str, u64>> =
 /// The faults injected so far in this process, by kind.
 pub(crate) fn fault_kinds() -> std::collections::BTreeMap<&'static str, u64> {
     KINDS.lock().unwrap().clone()
+}
+
+/// Count the faults armed by operation count that fired in a start (`<kind>_hit`), and
+/// the server restarts that began (`server_restart_hit`; `restarts`: how many had).
+pub(crate) fn count_hits(clients: &[Arc<SimClient>], world: &SimWorld, restarts: &mut u64) {
+    for c in clients {
+        for (class, what) in c.fired() {
+            count_kind(match (class, what) {
+                (_, OnCall::Pause) => "freeze_at_call_hit",
+                (_, OnCall::Hang { then: None, .. }) => "hung_rename_hit",
+                (_, OnCall::Hang { then: Some(_), .. }) => "hung_rename_error_hit",
+                (Some(OpClass::Read), OnCall::Fail(_)) => "read_error_hit",
+                (_, OnCall::Fail(_)) => "call_failed_hit",
+            });
+        }
+    }
+    for _ in *restarts..world.restarts() {
+        count_kind("server_restart_hit");
+    }
+    *restarts = world.restarts();
 }
 
 /// One more fault (or FUSE-mounted job: `fuse_mounts`) of `kind`.
@@ -469,6 +502,7 @@ fn batch_system(
 ) {
     let mut rng = Rng::new(seed ^ 0x000b_a7c4);
     let mut behind = Vec::new();
+    let mut restarts = 0;
     for start in 0..MAX_STARTS as usize {
         let faults = case.faults.get(start).cloned().unwrap_or_default();
         {
@@ -568,6 +602,7 @@ fn batch_system(
         injector.join().expect("the injector panicked");
         // A restart armed for more operations than the start made does not carry over.
         world.cancel_restart();
+        count_hits(&clients, world, &mut restarts);
         job.lock().unwrap().log.push(format!(
             "start {}: faults {faults:?}: {results:?}",
             start + 1
@@ -723,15 +758,7 @@ fn prepare_run(command: &str, d: &Data) -> FakeRun {
 /// Inject a start's faults at their times (kills, freezes, write errors; failing
 /// training commands are the script's).
 pub(crate) fn inject(sched: &Arc<Sched>, clients: &[Arc<SimClient>], mut faults: Vec<Fault>) {
-    let at = |f: &Fault| match *f {
-        Fault::Kill { at, .. }
-        | Fault::Freeze { at, .. }
-        | Fault::WriteErrors { at, .. }
-        | Fault::ReadError { at, .. }
-        | Fault::HungRename { at, .. }
-        | Fault::ServerRestart { at, .. } => at,
-        Fault::TrainFails { .. } | Fault::RolloutFails { .. } => Duration::ZERO,
-    };
+    let at = |f: &Fault| f.at().unwrap_or_default();
 
     faults.sort_by_key(at);
     let t0 = sched.now();
@@ -1378,6 +1405,47 @@ fn an_open_fence_in_the_nodes_is_caught() {
     let v = run_seed_broken(seed, 5, broken).expect_err("an open fence not caught");
     println!("caught: {v}");
     assert!(v.what.contains("twice"), "{v}");
+}
+
+/// Each fault of real filesystems (a read error, a rename that hangs and lands late, with
+/// or without an error, a server restart on a hard or a soft mount, FUSE mounts), at the
+/// seeds of 2..=5 nodes whose first start has it as its only fault: the jobs keep the
+/// invariants, and within five such seeds the fault hits (a job may end before it).
+#[test]
+fn jobs_through_the_faults_of_real_filesystems_keep_the_invariants() {
+    let kinds = [
+        "read_error",
+        "hung_rename",
+        "hung_rename_error",
+        "server_restart_hang",
+        "server_restart_fail",
+        "fuse_mounts",
+    ];
+    let count = |k: &str| fault_kinds().get(k).copied().unwrap_or(0);
+    for kind in kinds {
+        let has = |c: &Case| match c.faults.first().map(Vec::as_slice) {
+            _ if kind == "fuse_mounts" => c.fuse.is_some(),
+            Some([f]) => f.kind() == kind,
+            _ => false,
+        };
+        let hit = match kind {
+            "fuse_mounts" => kind.to_string(),
+            k if k.starts_with("server_restart") => "server_restart_hit".to_string(),
+            k => format!("{k}_hit"),
+        };
+        let before = count(&hit);
+        let seeds: Vec<u64> = (1..5_000).filter(|s| has(&draw(*s, 5))).take(5).collect();
+        for &seed in &seeds {
+            run_seed(seed, 5).unwrap_or_else(|v| panic!("{kind}: {v}"));
+            if count(&hit) > before {
+                break;
+            }
+        }
+        assert!(
+            count(&hit) > before,
+            "{kind} hit at none of seeds {seeds:?}"
+        );
+    }
 }
 
 /// Seed 26 of 2..=6 nodes (the 1,000-seed run found it): a worker frozen for 103 s inside
