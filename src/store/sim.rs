@@ -751,8 +751,14 @@ impl SimClient {
         *self.paused.0.lock().unwrap()
     }
 
-    /// Let calls through again; the ones waiting go on.
+    /// Let calls through again; the ones waiting go on. Also disarms an [`OnCall::Pause`]
+    /// not yet reached (a thaw ends every freeze of the client, armed ones too).
     pub fn resume(&self) {
+        self.state
+            .lock()
+            .unwrap()
+            .triggers
+            .retain(|t| t.what != OnCall::Pause);
         *self.paused.0.lock().unwrap() = false;
         self.paused.1.notify_all();
         crate::sched::notify_current();
@@ -2200,6 +2206,7 @@ mod tests {
         );
         assert_eq!((&b as &dyn SharedDir).read(p).unwrap().unwrap(), b"old");
         (&b as &dyn SharedDir).publish(p, b"b's").unwrap();
+        a.at_call(1, None, OnCall::Pause);
         a.resume();
         frozen.join().unwrap().unwrap();
         assert_eq!(
@@ -2208,6 +2215,9 @@ mod tests {
             "the rename landed after the thaw"
         );
         assert_eq!(names(&world, "/run"), ["rank-0.json"]);
+        // The thaw disarmed the pause armed during the freeze.
+        (&*a as &dyn SharedDir).publish(p, b"newer").unwrap();
+        assert!(!a.is_paused());
     }
 
     #[test]
