@@ -841,8 +841,8 @@ impl SimClient {
         st.names.clear();
     }
 
-    fn begin(&self, path: &Path) -> Call<'_> {
-        let _ = path;
+    /// Start a call on `_path` (faults are armed by operation count, not by path).
+    fn begin(&self, _path: &Path) -> Call<'_> {
         // Every call is a turn point of a simulation whose threads take turns.
         crate::sched::turn();
         self.wait_while_paused();
