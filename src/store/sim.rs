@@ -23,14 +23,26 @@
 //! reached the server (cache misses and every mutation), which is what loads an NFS server.
 //!
 //! Faults the simulator can inject: the next N operations of a class (or of any class)
-//! fail with an error kind or errno ([`SimClient::fail_next`]); each call takes a simulated
-//! latency ([`SimClient::set_latency`]); an append lands only a prefix of its bytes
-//! ([`SimClient::tear_next_append`]); and a client's machine crashes
+//! fail with an error kind or errno ([`SimClient::fail_next`]); the N-th operation from
+//! now (of a class, or of any) pauses the client, fails, or hangs for a while and then
+//! lands, maybe answering an error although it landed ([`SimClient::at_call`]: counted by
+//! operation, not by path, so a fault drawn for a seed still hits when the node stops
+//! using a path); each call takes a simulated latency ([`SimClient::set_latency`]); an
+//! append lands only a prefix of its bytes ([`SimClient::tear_next_append`]); the server
+//! restarts, and for an outage every operation that reaches it hangs or fails
+//! ([`SimWorld::restart_after`]); a handle on a file another client removed or replaced
+//! reads `ESTALE`; and a client's machine crashes
 //! ([`SimClient::crash`]): what it wrote without a sync since the file was last synced
 //! (appends with `sync = false`, non-durable publishes) is lost from the world: such a
 //! file falls back to its last synced content, a non-durable publish to what the name
 //! held durably before it, and a file never synced is gone.
 //!
+//! - **FUSE** (optional, [`SimClient::set_fuse`]): as a MooseFS, sshfs or blob FUSE mount,
+//!   a name → file mapping is trusted for an entry timeout (a record renamed over is read
+//!   stale through an open, close-to-open or not), a name looked up as missing stays
+//!   missing for a negative timeout while `mkdir`, an exclusive create and `O_CREAT` of it
+//!   answer `EEXIST`, a listing refreshes every name in a directory, and
+//!   `RENAME_NOREPLACE` may be missing (`EINVAL`: the store's link-and-unlink fallback).
 //! - **Close-to-open** (optional, [`SimClient::set_close_to_open`]): as an NFS client
 //!   mounted with `cto` (the default), each open of a file it has cached attributes for
 //!   asks the server for them again (a GETATTR, counted as a server `stat`), so a read sees
@@ -76,6 +88,22 @@ struct World {
     next_ino: u64,
     next_client: u64,
     server: OpCounts,
+    /// Keep files whose last name went (a FUSE filesystem's trash: an entry cached by a
+    /// client still reads the old file), as soon as a client mounts FUSE-like.
+    trash: bool,
+    /// A server restart armed to happen at a count of server operations from now.
+    restart: Option<(u64, Duration, Outage)>,
+    /// The server is down until then (simulated time): [`SimWorld::restart_after`].
+    down: Option<(Duration, Outage)>,
+    restarts: u64,
+}
+
+/// How clients see a server that is down: a hard mount's calls hang until it is back, a
+/// soft mount's fail with this error (`EIO`, `ETIMEDOUT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outage {
+    Hang,
+    Fail(FaultError),
 }
 
 fn errno(e: i32) -> io::Error {
@@ -122,6 +150,15 @@ impl World {
         &self.inodes[&ino].data
     }
 
+    /// The content of a file opened earlier: `ESTALE` when it is gone (its last name
+    /// removed or renamed over by another client, as an NFS server answers a stale handle).
+    fn handle_data(&self, ino: u64) -> io::Result<Vec<u8>> {
+        self.inodes
+            .get(&ino)
+            .map(|i| i.data.clone())
+            .ok_or_else(|| errno(libc::ESTALE))
+    }
+
     /// Open `path` for writing, creating it (empty) if it does not exist; `truncate`
     /// empties an existing one.
     fn open_create(&mut self, path: &Path, truncate: bool) -> io::Result<u64> {
@@ -158,22 +195,26 @@ impl World {
     }
 
     /// Write to a file as `client` without syncing.
+    /// A file another client removed while this call waited (a pause, a hang) takes the
+    /// write and keeps nothing, as an unlinked open file does.
     fn write(&mut self, ino: u64, client: u64, f: impl FnOnce(&mut Vec<u8>)) {
-        let inode = self.inodes.get_mut(&ino).expect("open file");
-        f(&mut inode.data);
-        inode.unsynced.insert(client);
+        if let Some(inode) = self.inodes.get_mut(&ino) {
+            f(&mut inode.data);
+            inode.unsynced.insert(client);
+        }
     }
 
     fn sync(&mut self, ino: u64) {
-        let inode = self.inodes.get_mut(&ino).expect("open file");
-        inode.durable = Some(inode.data.clone());
-        inode.unsynced.clear();
+        if let Some(inode) = self.inodes.get_mut(&ino) {
+            inode.durable = Some(inode.data.clone());
+            inode.unsynced.clear();
+        }
     }
 
     fn drop_link(&mut self, ino: u64) {
         let inode = self.inodes.get_mut(&ino).expect("linked");
         inode.links -= 1;
-        if inode.links == 0 {
+        if inode.links == 0 && !self.trash {
             self.inodes.remove(&ino);
         }
     }
@@ -346,6 +387,10 @@ impl SimWorld {
                 next_ino: 0,
                 next_client: 0,
                 server: OpCounts::default(),
+                trash: false,
+                restart: None,
+                down: None,
+                restarts: 0,
             }),
         })
     }
@@ -378,6 +423,7 @@ impl SimWorld {
             state: Mutex::new(ClientState::default()),
             paused: (Mutex::new(false), std::sync::Condvar::new()),
             pause_at: Mutex::new(None),
+            sleep: Mutex::new(None),
         }
     }
 
@@ -425,6 +471,31 @@ impl SimWorld {
     /// Every operation that reached the server, from all clients.
     pub fn server_counts(&self) -> OpCounts {
         self.lock().server
+    }
+
+    /// The server restarts when `ops` more operations (of any client) have reached it: for
+    /// `outage` of simulated time after that, every operation that reaches it hangs (a
+    /// hard mount: until it is back) or fails (a soft mount), while what clients answer
+    /// from their caches still answers. Nothing written is lost: an NFS client resends
+    /// writes the server had not made stable (its write verifier changed), and what a
+    /// client's fsync returned for was stable.
+    pub fn restart_after(&self, ops: u64, outage: Duration, how: Outage) {
+        self.lock().restart = Some((ops.max(1), outage, how));
+    }
+
+    /// How many server restarts have begun.
+    pub fn restarts(&self) -> u64 {
+        self.lock().restarts
+    }
+
+    /// Disarm a restart armed by [`SimWorld::restart_after`] that has not begun.
+    pub fn cancel_restart(&self) {
+        self.lock().restart = None;
+    }
+
+    /// Until when the server is down, if a restart began (it may be over by now).
+    pub fn down_until(&self) -> Option<Duration> {
+        self.lock().down.map(|d| d.0)
     }
 }
 
@@ -480,6 +551,48 @@ struct Fault {
     error: FaultError,
 }
 
+/// What happens at a counted operation ([`SimClient::at_call`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnCall {
+    /// The machine freezes just before it (as [`SimClient::pause`], until
+    /// [`SimClient::resume`]); the operation goes on after that.
+    Pause,
+    /// It fails with this error.
+    Fail(FaultError),
+    /// It blocks for `for_` of simulated time (a server that answers late), then goes
+    /// on. With `then`, a rename lands and its caller gets that error (a retransmitted
+    /// request answered after the first one landed); any other operation fails with it
+    /// instead of landing.
+    Hang {
+        for_: Duration,
+        then: Option<FaultError>,
+    },
+}
+
+/// An [`OnCall`] armed for the `left`-th operation of `class` (any: `None`) from now.
+#[derive(Debug)]
+struct Trigger {
+    class: Option<OpClass>,
+    left: u64,
+    what: OnCall,
+}
+
+/// A FUSE mount's caches ([`SimClient::set_fuse`]), as measured on MooseFS, sshfs and the
+/// like (shared/DESIGN.md section 2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fuse {
+    /// How long a name → file mapping is trusted without asking the server: an open by
+    /// name within it reads the file the name named then, even if another client renamed
+    /// a new one over it.
+    pub entry: Duration,
+    /// How long a name looked up as missing stays missing to `stat` and `open`, while the
+    /// server answers `mkdir` and `O_CREAT` of it with `EEXIST`.
+    pub negative: Duration,
+    /// Whether `renameat2(RENAME_NOREPLACE)` works; without it, it answers `EINVAL` and
+    /// the store falls back as `store::fs::rename_noreplace` does.
+    pub noreplace: bool,
+}
+
 #[derive(Debug, Default)]
 struct ClientState {
     attr: HashMap<PathBuf, (Duration, Cached)>,
@@ -492,6 +605,14 @@ struct ClientState {
     tear: Option<usize>,
     tmp: u64,
     close_to_open: bool,
+    triggers: Vec<Trigger>,
+    fuse: Option<Fuse>,
+    /// A FUSE client's entry cache: what a name named, and when it looked.
+    names: HashMap<PathBuf, (Duration, Entry)>,
+    /// A rename that landed after a hang whose caller gets this error.
+    late: Option<io::Error>,
+    /// The triggers that fired, in order.
+    fired: Vec<(Option<OpClass>, OnCall)>,
 }
 
 /// One simulated node's view of the shared directory (an NFS client).
@@ -507,7 +628,11 @@ pub struct SimClient {
     paused: (Mutex<bool>, std::sync::Condvar),
     /// Pause at the next call on a path containing this: see [`SimClient::pause_at`].
     pause_at: Mutex<Option<String>>,
+    /// How a call that hangs lets simulated time pass: [`SimClient::set_sleep`].
+    sleep: Mutex<Option<Sleep>>,
 }
+
+type Sleep = Arc<dyn Fn(Duration) + Send + Sync>;
 
 impl std::fmt::Debug for SimClient {
     fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
@@ -533,8 +658,13 @@ impl SimClient {
         let linked = c
             .op(OpClass::Rename)
             .and_then(|()| c.w.hard_link(&tmp, &path));
+        let late = c.landed();
         c.remove_tmp(&tmp);
         match linked {
+            Ok(()) if late.is_err() => {
+                c.forget(&path);
+                late.map(|()| true)
+            }
             Ok(()) => {
                 c.remember(&path, Some(Cached::File(bytes.to_vec())));
                 if let (Some(dir), true) = (path.parent(), durable) {
@@ -543,8 +673,11 @@ impl SimClient {
                 Ok(true)
             }
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                // The server said it exists: whatever this client cached about it is wrong.
-                c.forget(&path);
+                // The server said it exists: whatever this client cached about it is wrong
+                // (a FUSE client's negative entry stays: "EEXIST but not there").
+                if !c.hidden(&path) {
+                    c.forget(&path);
+                }
                 Ok(false)
             }
             Err(_) => c.create_excl(&path, bytes, durable),
@@ -603,6 +736,7 @@ impl SimClient {
         let mut st = self.state.lock().unwrap();
         st.attr.clear();
         st.negative.clear();
+        st.names.clear();
         st.tear = None;
         self.world.lock().crash(self.id);
     }
@@ -616,22 +750,93 @@ impl SimClient {
     }
 
     /// Pause (as [`SimClient::pause`]) at the start of the next call on a path that
-    /// contains `fragment`: the machine freezes just as it reads or writes that file.
+    /// contains `fragment`. Only for a fault aimed at one commit to show what one
+    /// deliberate mutation breaks (a regression seed); the faults a sweep draws are armed
+    /// by call count ([`SimClient::at_call`]), which removing a call cannot remove.
     pub fn pause_at(&self, fragment: &str) {
         *self.pause_at.lock().unwrap() = Some(fragment.to_string());
     }
 
-    /// Whether calls wait now ([`SimClient::pause`], or a [`SimClient::pause_at`] that hit).
+    /// Whether calls wait now ([`SimClient::pause`], or an [`OnCall::Pause`] that hit).
     pub fn is_paused(&self) -> bool {
         *self.paused.0.lock().unwrap()
     }
 
-    /// Let calls through again; the ones waiting go on. Also disarms a [`SimClient::pause_at`].
+    /// Let calls through again; the ones waiting go on. Also disarms an [`OnCall::Pause`]
+    /// not yet reached (a thaw ends every freeze of the client, armed ones too).
     pub fn resume(&self) {
         *self.pause_at.lock().unwrap() = None;
+        self.state
+            .lock()
+            .unwrap()
+            .triggers
+            .retain(|t| t.what != OnCall::Pause);
         *self.paused.0.lock().unwrap() = false;
         self.paused.1.notify_all();
         crate::sched::notify_current();
+    }
+
+    /// Arm `what` for the `nth` operation (1: the next) of `class` (of any class: `None`)
+    /// from now. Operations are the system calls [`SharedDir::counts`] counts, whichever
+    /// call makes them, so a fault drawn this way hits whatever the node does then, not a
+    /// path it may stop using. A pause or a hang lets other clients act while it lasts,
+    /// so a call can find its world changed halfway (a publish whose rename comes after a
+    /// freeze).
+    pub fn at_call(&self, nth: u64, class: Option<OpClass>, what: OnCall) {
+        self.state.lock().unwrap().triggers.push(Trigger {
+            class,
+            left: nth.max(1),
+            what,
+        });
+    }
+
+    /// The faults armed with [`SimClient::at_call`] that fired so far (the class each was
+    /// armed for, and what it did).
+    pub fn fired(&self) -> Vec<(Option<OpClass>, OnCall)> {
+        self.state.lock().unwrap().fired.clone()
+    }
+
+    /// How calls that hang let simulated time pass: `sleep` (e.g. a task's sleep on the
+    /// simulation's scheduler). Without one, a client on a clock advances it; else a hang
+    /// takes no time.
+    pub fn set_sleep(&self, sleep: impl Fn(Duration) + Send + Sync + 'static) {
+        *self.sleep.lock().unwrap() = Some(Arc::new(sleep));
+    }
+
+    /// Mount FUSE-like (`Some`): names are cached for an entry timeout and a negative
+    /// timeout instead of NFS's attribute and lookup caches (see [`Fuse`]); a listing
+    /// ([`SharedDir::refresh`]) refreshes every name in a directory at once.
+    pub fn set_fuse(&self, fuse: Option<Fuse>) {
+        if fuse.is_some() {
+            self.world.lock().trash = true;
+        }
+        let mut st = self.state.lock().unwrap();
+        st.fuse = fuse;
+        st.names.clear();
+    }
+
+    fn sleep(&self, d: Duration) {
+        let sleep = self.sleep.lock().unwrap().clone();
+        match (sleep, &self.clock) {
+            (Some(sleep), _) => sleep(d),
+            (None, Some(clock)) => clock.advance(d),
+            (None, None) => {}
+        }
+    }
+
+    /// Wait while [`SimClient::pause`] holds (holding no lock of the client or world).
+    fn wait_while_paused(&self) {
+        let mut paused = self.paused.0.lock().unwrap();
+        while *paused {
+            if crate::sched::is_task() {
+                // Wait for a turn, not holding the lock the other tasks need.
+                drop(paused);
+                crate::sched::wait_for_notify();
+                paused = self.paused.0.lock().unwrap();
+                continue;
+            }
+            paused = self.paused.1.wait(paused).unwrap();
+        }
     }
 
     /// Revalidate a file's cached attributes with the server at every open, as an NFS
@@ -645,8 +850,11 @@ impl SimClient {
         let mut st = self.state.lock().unwrap();
         st.attr.clear();
         st.negative.clear();
+        st.names.clear();
     }
 
+    /// Start a call on `path` (faults are armed by operation count; a path only for an
+    /// aimed [`SimClient::pause_at`]).
     fn begin(&self, path: &Path) -> Call<'_> {
         // Every call is a turn point of a simulation whose threads take turns.
         crate::sched::turn();
@@ -660,20 +868,13 @@ impl SimClient {
             }
             hit
         };
-        let mut paused = self.paused.0.lock().unwrap();
-        *paused |= hit;
-        while *paused {
-            if crate::sched::is_task() {
-                // Wait for a turn, not holding the lock the other tasks need.
-                drop(paused);
-                crate::sched::wait_for_notify();
-                paused = self.paused.0.lock().unwrap();
-                continue;
-            }
-            paused = self.paused.1.wait(paused).unwrap();
+        if hit {
+            *self.paused.0.lock().unwrap() = true;
         }
-        drop(paused);
+        self.wait_while_paused();
         let mut st = self.state.lock().unwrap();
+        // A late error belongs to the call whose rename hung.
+        st.late = None;
         if !st.latency.is_zero() {
             let l = st.latency;
             st.latency_spent += l;
@@ -685,23 +886,95 @@ impl SimClient {
         let w = self.world.lock();
         Call {
             client: self,
-            st,
-            w,
+            st: Held::new(&self.state, st),
+            w: Held::new(&self.world.inner, w),
             now,
         }
+    }
+}
+
+/// A lock a call holds, which it can let go of while it waits (a pause, a hang) and take
+/// back.
+struct Held<'a, T> {
+    mutex: &'a Mutex<T>,
+    guard: Option<MutexGuard<'a, T>>,
+}
+
+impl<'a, T> Held<'a, T> {
+    fn new(mutex: &'a Mutex<T>, guard: MutexGuard<'a, T>) -> Self {
+        Held {
+            mutex,
+            guard: Some(guard),
+        }
+    }
+}
+
+impl<T> std::ops::Deref for Held<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        self.guard.as_ref().expect("held")
+    }
+}
+
+impl<T> std::ops::DerefMut for Held<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        self.guard.as_mut().expect("held")
     }
 }
 
 /// One call in progress: the client's state and the world, both locked.
 struct Call<'a> {
     client: &'a SimClient,
-    st: MutexGuard<'a, ClientState>,
-    w: MutexGuard<'a, World>,
+    st: Held<'a, ClientState>,
+    w: Held<'a, World>,
     now: Duration,
 }
 
 impl Call<'_> {
+    /// Let go of both locks while `wait` runs (other clients act meanwhile), then take
+    /// them back in the order [`SimClient::begin`] takes them; time has passed.
+    fn unlocked(&mut self, wait: impl FnOnce(&SimClient)) {
+        self.w.guard = None;
+        self.st.guard = None;
+        wait(self.client);
+        self.st.guard = Some(self.st.mutex.lock().unwrap());
+        self.w.guard = Some(self.w.mutex.lock().unwrap());
+        self.now = (self.client.now)();
+    }
+
+    /// The trigger armed for this operation, if its count is reached.
+    fn triggered(&mut self, class: OpClass) -> Option<OnCall> {
+        let mut hit = None;
+        for t in self.st.triggers.iter_mut() {
+            if t.class.is_none_or(|c| c == class) {
+                t.left -= 1;
+                if t.left == 0 && hit.is_none() {
+                    hit = Some((t.class, t.what));
+                }
+            }
+        }
+        self.st.triggers.retain(|t| t.left > 0);
+        self.st.fired.extend(hit);
+        hit.map(|h| h.1)
+    }
+
     fn fault(&mut self, class: OpClass) -> io::Result<()> {
+        match self.triggered(class) {
+            None => {}
+            Some(OnCall::Fail(e)) => return Err(e.error()),
+            Some(OnCall::Pause) => {
+                *self.client.paused.0.lock().unwrap() = true;
+                self.unlocked(SimClient::wait_while_paused);
+            }
+            Some(OnCall::Hang { for_, then }) => {
+                self.unlocked(|c| c.sleep(for_));
+                match then {
+                    Some(e) if class == OpClass::Rename => self.st.late = Some(e.error()),
+                    Some(e) => return Err(e.error()),
+                    None => {}
+                }
+            }
+        }
         let hit = self
             .st
             .faults
@@ -721,26 +994,76 @@ impl Call<'_> {
     /// One operation that reaches the server.
     fn op(&mut self, class: OpClass) -> io::Result<()> {
         self.st.counts.add(class, 1);
+        self.server(class)
+    }
+
+    /// A request that reaches the server: counted there, and held up (or failed) while
+    /// the server is down.
+    fn server(&mut self, class: OpClass) -> io::Result<()> {
         self.st.server.add(class, 1);
         self.w.server.add(class, 1);
+        if let Some((left, outage, how)) = self.w.restart.as_mut() {
+            *left -= 1;
+            if *left == 0 {
+                let down = (self.now + *outage, *how);
+                self.w.restart = None;
+                self.w.down = Some(down);
+                self.w.restarts += 1;
+            }
+        }
+        if let Some((until, how)) = self.w.down {
+            if self.now >= until {
+                self.w.down = None;
+            } else {
+                match how {
+                    Outage::Fail(e) => return Err(e.error()),
+                    Outage::Hang => {
+                        let left = until - self.now;
+                        self.unlocked(|c| c.sleep(left));
+                    }
+                }
+            }
+        }
         self.fault(class)
+    }
+
+    /// The error a rename that landed after a hang gives its caller, if it has one.
+    fn landed(&mut self) -> io::Result<()> {
+        match self.st.late.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// A request the client sends to the server on its own, within another call (the
     /// GETATTR of an open's close-to-open check): the server counts it, the caller's
     /// system calls do not include it.
     fn implied(&mut self, class: OpClass) -> io::Result<()> {
-        self.st.server.add(class, 1);
-        self.w.server.add(class, 1);
-        self.fault(class)
+        self.server(class)
     }
 
     /// Open `path` creating it (not truncating), making its directory first only when the
     /// open says it is missing, as `store::fs` does; the inode.
     fn open_creating(&mut self, path: &Path) -> io::Result<u64> {
-        let opened = self
-            .op(OpClass::Open)
-            .and_then(|()| self.w.open_create(path, false));
+        let hidden = self.hidden(path);
+        let opened = self.op(OpClass::Open).and_then(|()| {
+            if hidden && matches!(self.w.lookup(path), Ok(Some(_))) {
+                // FUSE: the server has the name its negative entry hides.
+                return Err(errno(libc::EEXIST));
+            }
+            self.w.open_create(path, false)
+        });
+        let opened = match opened {
+            // The store's `past_negative_cache`: a listing of the directory, then again.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && hidden => {
+                if let Some(d) = path.parent() {
+                    self.list_refresh(d)?;
+                }
+                self.op(OpClass::Open)?;
+                self.w.open_create(path, false)
+            }
+            other => other,
+        };
         let ino = match opened {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 if let Some(d) = path.parent() {
@@ -766,10 +1089,28 @@ impl Call<'_> {
     /// What the cache says about `path` now: `None` to ask the server, `Some(None)` for a
     /// fresh negative entry, `Some(Some(..))` for fresh attributes (and content).
     fn fresh(&self, path: &Path) -> Option<Option<Cached>> {
+        let negative = self
+            .st
+            .fuse
+            .map_or(self.client.negative_lifetime, |f| f.negative);
         if let Some(at) = self.st.negative.get(path) {
-            if self.now.saturating_sub(*at) < self.client.negative_lifetime {
+            if self.now.saturating_sub(*at) < negative {
                 return Some(None);
             }
+        }
+        if let Some(fuse) = self.st.fuse {
+            // FUSE: the name's file as it is now, whatever the name names on the server.
+            return match self.st.names.get(path) {
+                Some((at, e)) if self.now.saturating_sub(*at) < fuse.entry => match e {
+                    Entry::Dir => Some(Some(Cached::Dir)),
+                    Entry::File(ino) => self
+                        .w
+                        .inodes
+                        .get(ino)
+                        .map(|i| Some(Cached::File(i.data.clone()))),
+                },
+                _ => None,
+            };
         }
         match self.st.attr.get(path) {
             Some((at, c)) if self.now.saturating_sub(*at) < self.client.attr_lifetime => {
@@ -786,9 +1127,16 @@ impl Call<'_> {
             Some(c) => {
                 self.st.negative.remove(path);
                 self.st.attr.insert(path.to_path_buf(), (now, c));
+                if self.st.fuse.is_some() {
+                    match self.w.entries.get(path).copied() {
+                        Some(e) => self.st.names.insert(path.to_path_buf(), (now, e)),
+                        None => self.st.names.remove(path),
+                    };
+                }
             }
             None => {
                 self.st.attr.remove(path);
+                self.st.names.remove(path);
                 self.st.negative.insert(path.to_path_buf(), now);
             }
         }
@@ -798,6 +1146,33 @@ impl Call<'_> {
     fn forget(&mut self, path: &Path) {
         self.st.attr.retain(|p, _| !p.starts_with(path));
         self.st.negative.retain(|p, _| !p.starts_with(path));
+        self.st.names.retain(|p, _| !p.starts_with(path));
+    }
+
+    /// Whether this FUSE client's negative timeout still hides `path` (the server may
+    /// have it).
+    fn hidden(&self, path: &Path) -> bool {
+        self.st.fuse.is_some() && matches!(self.fresh(path), Some(None))
+    }
+
+    /// A FUSE client's listing of `dir` (readdirplus): every name in it is cached as the
+    /// server has it now, and no name in it stays cached as missing ([`super::fs::refresh`]).
+    fn list_refresh(&mut self, dir: &Path) -> io::Result<Vec<OsString>> {
+        self.op(OpClass::Open)?;
+        let names = self.w.list(dir)?;
+        self.op(OpClass::Readdir)?;
+        if self.st.fuse.is_some() {
+            let now = self.now;
+            self.st.names.retain(|p, _| p.parent() != Some(dir));
+            self.st.negative.retain(|p, _| p.parent() != Some(dir));
+            for n in &names {
+                let p = dir.join(n);
+                if let Some(e) = self.w.entries.get(&p).copied() {
+                    self.st.names.insert(p, (now, e));
+                }
+            }
+        }
+        Ok(names)
     }
 
     /// Cache `path` as the server has it now.
@@ -869,6 +1244,7 @@ impl Call<'_> {
         }
         self.op(OpClass::Rename)?;
         self.w.rename(tmp, path, false)?;
+        self.landed()?;
         if durable {
             if let Some(dir) = path.parent() {
                 self.fsync_dir(dir)?;
@@ -914,11 +1290,22 @@ impl Call<'_> {
 
     /// [`super::fs`]'s `create_dir_all`: a stat, and a mkdir per missing level.
     fn create_dir_all(&mut self, path: &Path) -> io::Result<()> {
+        let hidden = self.hidden(path);
         match self.fresh(path) {
             Some(Some(Cached::Dir)) => return self.cached(OpClass::Stat),
             _ => self.op(OpClass::Stat)?,
         }
-        if self.w.lookup(path).ok().flatten() == Some(Entry::Dir) {
+        let there = self.w.lookup(path).ok().flatten();
+        if hidden && there.is_some() {
+            // FUSE: `stat` says missing, `mkdir` EEXIST; the store lists the parent and
+            // looks again (`past_negative_cache`).
+            self.op(OpClass::Mkdir)?;
+            if let Some(d) = path.parent() {
+                self.list_refresh(d)?;
+            }
+            self.op(OpClass::Stat)?;
+        }
+        if there == Some(Entry::Dir) {
             self.remember(path, Some(Cached::Dir));
             return Ok(());
         }
@@ -937,6 +1324,38 @@ impl Call<'_> {
         self.w.mkdir_all(path)?;
         self.remember(path, Some(Cached::Dir));
         Ok(())
+    }
+
+    /// `store::fs::rename_noreplace` where `renameat2(RENAME_NOREPLACE)` answered `EINVAL`
+    /// (that rename already counted): a directory is renamed after a `stat` of `dst`
+    /// (through this client's caches) finds nothing there; a file is hard-linked to `dst`
+    /// and `src` removed. Not atomic: a pause between the steps shows both names.
+    fn rename_noreplace_fallback(&mut self, src: &Path, dst: &Path) -> io::Result<()> {
+        self.op(OpClass::Stat)?;
+        let s = self.w.lookup(src)?.ok_or_else(|| errno(libc::ENOENT))?;
+        if s == Entry::Dir {
+            if self.stat(dst)?.is_some() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!("{} already exists", dst.display()),
+                ));
+            }
+            self.op(OpClass::Rename)?;
+            self.w.rename(src, dst, false)?;
+        } else {
+            self.op(OpClass::Rename)?;
+            if let Err(e) = self.w.hard_link(src, dst) {
+                if e.kind() == io::ErrorKind::AlreadyExists && !self.hidden(dst) {
+                    self.forget(dst);
+                }
+                return Err(e);
+            }
+            self.op(OpClass::Unlink)?;
+            self.w.unlink(src)?;
+        }
+        self.forget(src);
+        self.refresh(dst);
+        self.landed()
     }
 
     fn stat(&mut self, path: &Path) -> io::Result<Option<Meta>> {
@@ -967,7 +1386,9 @@ impl SimClient {
         // Close-to-open: an open of a cached file asks the server for its attributes (a
         // GETATTR, the `stat` below); its data is read again only if it changed.
         let revalidating = match &fresh {
-            Some(Some(Cached::File(cached))) if c.st.close_to_open => Some(cached.clone()),
+            Some(Some(Cached::File(cached))) if c.st.close_to_open && c.st.fuse.is_none() => {
+                Some(cached.clone())
+            }
             _ => None,
         };
         match fresh {
@@ -1013,7 +1434,7 @@ impl SimClient {
             }
             Ok(Some(Entry::File(ino))) => {
                 c.implied(OpClass::Stat)?;
-                let data = c.w.data(ino).to_vec();
+                let data = c.w.handle_data(ino)?;
                 if revalidating.as_ref() == Some(&data) {
                     c.cached(OpClass::Read)?;
                 } else {
@@ -1068,9 +1489,15 @@ impl SharedDir for SimClient {
         let path = norm(path);
         let mut c = self.begin(&path);
         // An open that may create is the server's to answer: no cache is consulted.
+        if c.st.fuse.is_some() {
+            // As the store does on FUSE: a listing first, so no name stays hidden.
+            if let Some(d) = path.parent() {
+                let _ = c.list_refresh(d);
+            }
+        }
         let ino = c.open_creating(&path)?;
         c.op(OpClass::Read)?;
-        let data = c.w.data(ino).to_vec();
+        let data = c.w.handle_data(ino)?;
         c.remember(&path, Some(Cached::File(data.clone())));
         Ok(data)
     }
@@ -1078,6 +1505,14 @@ impl SharedDir for SimClient {
     fn revalidate(&self, path: &Path) -> io::Result<bool> {
         let path = norm(path);
         let mut c = self.begin(&path);
+        if c.st.fuse.is_some() {
+            // The store lists the directory on FUSE (an exclusive create would leave the
+            // name hidden there).
+            if let Some(d) = path.parent() {
+                let _ = c.list_refresh(d);
+            }
+            return Ok(matches!(c.w.lookup(&path), Ok(Some(_))));
+        }
         c.op(OpClass::Open)?;
         // The server's answer replaces what this client cached (the real create of an
         // absent file and its removal are one step here).
@@ -1095,7 +1530,7 @@ impl SharedDir for SimClient {
             Some(Entry::File(ino)) => ino,
         };
         c.op(OpClass::Stat)?;
-        let old = c.w.data(ino).len();
+        let old = c.w.handle_data(ino)?.len();
         // Blocks of 4 KiB, as a local filesystem or NFS allocates them.
         let allocated = old.div_ceil(4096) * 4096;
         let bytes = super::in_place_bytes(bytes, old, allocated, &path)?;
@@ -1125,7 +1560,7 @@ impl SharedDir for SimClient {
             c.op(OpClass::Fsync)?;
             c.w.sync(ino);
         }
-        let data = c.w.data(ino).to_vec();
+        let data = c.w.handle_data(ino).unwrap_or_default();
         c.remember(&path, Some(Cached::File(data)));
         Ok(())
     }
@@ -1137,18 +1572,22 @@ impl SharedDir for SimClient {
         c.w.rename(&src, &dst, false)?;
         c.forget(&src);
         c.refresh(&dst);
-        Ok(())
+        c.landed()
     }
 
     fn rename_noreplace(&self, src: &Path, dst: &Path) -> io::Result<()> {
         let (src, dst) = (norm(src), norm(dst));
         let mut c = self.begin(&src);
         c.op(OpClass::Rename)?;
+        if c.st.fuse.is_some_and(|f| !f.noreplace) {
+            // renameat2 answered EINVAL: the store's fallback.
+            return c.rename_noreplace_fallback(&src, &dst);
+        }
         match c.w.rename(&src, &dst, true) {
             Ok(()) => {
                 c.forget(&src);
                 c.refresh(&dst);
-                Ok(())
+                c.landed()
             }
             Err(e) => {
                 if e.kind() == io::ErrorKind::AlreadyExists {
@@ -1169,7 +1608,10 @@ impl SharedDir for SimClient {
                 Ok(())
             }
             Err(e) => {
-                c.forget(&path);
+                // A FUSE client's negative entry outlives the server's EEXIST.
+                if !c.hidden(&path) {
+                    c.forget(&path);
+                }
                 Err(e)
             }
         }
@@ -1183,11 +1625,8 @@ impl SharedDir for SimClient {
     fn read_dir(&self, path: &Path) -> io::Result<Vec<OsString>> {
         let path = norm(path);
         let mut c = self.begin(&path);
-        c.op(OpClass::Open)?;
         // A missing directory fails at the open, before any readdir (as on a real client).
-        let names = c.w.list(&path)?;
-        c.op(OpClass::Readdir)?;
-        Ok(names)
+        c.list_refresh(&path)
     }
 
     fn remove_file(&self, path: &Path) -> io::Result<()> {
@@ -1223,6 +1662,19 @@ impl SharedDir for SimClient {
         false
     }
 
+    fn refresh(&self, dir: &Path) -> io::Result<()> {
+        let dir = norm(dir);
+        let mut c = self.begin(&dir);
+        if c.st.fuse.is_none() {
+            return Ok(());
+        }
+        c.list_refresh(&dir).map(drop)
+    }
+
+    fn caches_lookups(&self, _path: &Path) -> bool {
+        self.state.lock().unwrap().fuse.is_some()
+    }
+
     fn lstat(&self, path: &Path) -> io::Result<Option<Meta>> {
         let path = norm(path);
         self.begin(&path).stat(&path)
@@ -1252,7 +1704,16 @@ impl SharedDir for SimClient {
 
     fn open_data(&self, path: &Path) -> io::Result<Box<dyn DataRead>> {
         let data = self.read_whole(path)?.ok_or_else(|| errno(libc::ENOENT))?;
-        Ok(Box::new(SimRead { data, at: 0 }))
+        let ino = match self.world.lock().lookup(&norm(path)) {
+            Ok(Some(Entry::File(ino))) => Some(ino),
+            _ => None,
+        };
+        Ok(Box::new(SimRead {
+            data,
+            at: 0,
+            world: self.world.clone(),
+            ino,
+        }))
     }
 
     fn create_data(&self, path: &Path) -> io::Result<Box<dyn DataWrite + '_>> {
@@ -1279,10 +1740,14 @@ impl SharedDir for SimClient {
     }
 }
 
-/// A data file open for reading: the content this client saw when it opened it.
+/// A data file open for reading: the content this client saw when it opened it, through
+/// a handle on the file: once the file is gone from the server (another client removed
+/// it, or renamed another over it), a read is `ESTALE`, as an NFS server answers.
 struct SimRead {
     data: Vec<u8>,
     at: usize,
+    world: Arc<SimWorld>,
+    ino: Option<u64>,
 }
 
 impl DataRead for SimRead {
@@ -1291,6 +1756,12 @@ impl DataRead for SimRead {
     }
 
     fn read_more(&mut self, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
+        if self
+            .ino
+            .is_some_and(|ino| !self.world.lock().inodes.contains_key(&ino))
+        {
+            return Err(errno(libc::ESTALE));
+        }
         let n = max.min(self.data.len() - self.at);
         buf.extend_from_slice(&self.data[self.at..self.at + n]);
         self.at += n;
@@ -1706,6 +2177,253 @@ mod tests {
             (a.server_counts() - server).summary(),
             "open 1, stat 1, read 1"
         );
+    }
+
+    #[test]
+    fn a_fault_at_the_nth_call_hits_whatever_call_makes_it() {
+        let (world, _t, a, _b) = two(Duration::ZERO, Duration::ZERO);
+        let ad: &dyn SharedDir = &a;
+        let (p, q) = (Path::new("/run/rank-0.json"), Path::new("/run/rank-1.json"));
+        // The second rename from now, whichever publish makes it.
+        a.at_call(
+            2,
+            Some(OpClass::Rename),
+            OnCall::Fail(FaultError::Errno(libc::EIO)),
+        );
+        ad.publish(p, b"first").unwrap();
+        let e = ad.publish(q, b"second").unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EIO));
+        assert_eq!(
+            names(&world, "/run"),
+            ["rank-0.json"],
+            "its temporary file removed"
+        );
+        ad.publish(q, b"third").unwrap();
+        // Any class: the third operation from now, here the read of a whole-file read.
+        let before = a.counts();
+        a.at_call(3, None, OnCall::Fail(FaultError::Errno(libc::EIO)));
+        let e = ad.read(p).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EIO));
+        assert_eq!((a.counts() - before).summary(), "open 1, read 1");
+        assert_eq!(ad.read(p).unwrap().unwrap(), b"first");
+        assert_eq!(a.fired().len(), 2);
+    }
+
+    #[test]
+    fn a_pause_at_a_call_freezes_the_client_halfway_through_a_publish() {
+        let (world, _t, a, b) = two(Duration::ZERO, Duration::ZERO);
+        let p = Path::new("/run/rank-0.json");
+        (&a as &dyn SharedDir).publish(p, b"old").unwrap();
+        let a = Arc::new(a);
+        a.at_call(1, Some(OpClass::Rename), OnCall::Pause);
+        let frozen = {
+            let a = a.clone();
+            std::thread::spawn(move || (&*a as &dyn SharedDir).publish(p, b"new"))
+        };
+        while !a.is_paused() {
+            std::thread::yield_now();
+        }
+        // Frozen with its temporary file written and not renamed: others go on meanwhile.
+        assert_eq!(
+            names(&world, "/run").len(),
+            2,
+            "{:?}",
+            names(&world, "/run")
+        );
+        assert_eq!((&b as &dyn SharedDir).read(p).unwrap().unwrap(), b"old");
+        (&b as &dyn SharedDir).publish(p, b"b's").unwrap();
+        a.at_call(1, None, OnCall::Pause);
+        a.resume();
+        frozen.join().unwrap().unwrap();
+        assert_eq!(
+            world.content(p).unwrap(),
+            b"new",
+            "the rename landed after the thaw"
+        );
+        assert_eq!(names(&world, "/run"), ["rank-0.json"]);
+        // The thaw disarmed the pause armed during the freeze.
+        (&*a as &dyn SharedDir).publish(p, b"newer").unwrap();
+        assert!(!a.is_paused());
+    }
+
+    #[test]
+    fn a_hung_rename_lands_late_and_may_answer_an_error_after_landing() {
+        let (world, t, a, _b) = two(Duration::ZERO, Duration::ZERO);
+        let ad: &dyn SharedDir = &a;
+        let (x, y) = (Path::new("/run/x"), Path::new("/run/y"));
+        let hang = |then| OnCall::Hang { for_: 30 * S, then };
+        a.at_call(1, Some(OpClass::Rename), hang(None));
+        ad.publish(y, b"1").unwrap();
+        assert_eq!(t.true_elapsed(), 30 * S, "the caller blocked for the hang");
+        assert_eq!(world.content(y).unwrap(), b"1");
+        // Landed, and the caller hears ENOENT (the retransmission found `x` gone).
+        ad.publish(x, b"2").unwrap();
+        a.at_call(
+            1,
+            Some(OpClass::Rename),
+            hang(Some(FaultError::Errno(libc::ENOENT))),
+        );
+        let e = ad.rename(x, y).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        assert_eq!(world.content(y).unwrap(), b"2");
+        assert!(world.content(x).is_none());
+        assert_eq!(t.true_elapsed(), 60 * S);
+        // Any other operation fails instead of landing.
+        a.at_call(
+            1,
+            Some(OpClass::Mkdir),
+            hang(Some(FaultError::Errno(libc::EIO))),
+        );
+        assert!(ad.create_dir(Path::new("/run/d")).is_err());
+        assert!(world.list(Path::new("/run/d")).is_err());
+    }
+
+    #[test]
+    fn a_server_restart_fails_or_holds_up_every_clients_server_calls() {
+        let (world, t, a, b) = two(10 * S, Duration::ZERO);
+        let (ad, bd): (&dyn SharedDir, &dyn SharedDir) = (&a, &b);
+        let p = Path::new("/run/r");
+        ad.publish(p, b"1").unwrap();
+        assert_eq!(bd.read(p).unwrap().unwrap(), b"1");
+        // A soft mount: every call that reaches the server fails for 20 s.
+        let timed_out = FaultError::Errno(libc::ETIMEDOUT);
+        world.restart_after(1, 20 * S, Outage::Fail(timed_out));
+        let e = ad.publish(p, b"2").unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ETIMEDOUT));
+        assert_eq!(world.restarts(), 1);
+        assert_eq!(bd.read(p).unwrap().unwrap(), b"1", "from b's cache");
+        assert!(bd.read(Path::new("/run/other")).is_err());
+        t.advance(20 * S);
+        ad.publish(p, b"3").unwrap();
+        assert_eq!(
+            world.content(p).unwrap(),
+            b"3",
+            "nothing lost, back at once"
+        );
+        // A hard mount: a call waits until the server is back.
+        world.restart_after(2, 45 * S, Outage::Hang);
+        ad.publish(p, b"4").unwrap();
+        assert_eq!(t.true_elapsed(), 65 * S);
+        assert_eq!(world.content(p).unwrap(), b"4");
+    }
+
+    #[test]
+    fn a_fuse_entry_timeout_reads_a_renamed_over_record_stale_through_an_open() {
+        let (_world, t, a, b) = two(Duration::ZERO, Duration::ZERO);
+        let fuse = Fuse {
+            entry: 5 * S,
+            negative: 5 * S,
+            noreplace: true,
+        };
+        b.set_fuse(Some(fuse));
+        b.set_close_to_open(true);
+        let (ad, bd): (&dyn SharedDir, &dyn SharedDir) = (&a, &b);
+        let p = Path::new("/run/rank-0.json");
+        ad.publish(p, b"one").unwrap();
+        assert_eq!(bd.read(p).unwrap().unwrap(), b"one");
+        t.advance(S);
+        ad.publish(p, b"two").unwrap();
+        assert_eq!(
+            bd.read(p).unwrap().unwrap(),
+            b"one",
+            "renamed over: read stale through the cached name, close-to-open or not"
+        );
+        t.advance(4 * S);
+        assert_eq!(bd.read(p).unwrap().unwrap(), b"two");
+        assert!(bd.caches_lookups(p));
+        assert!(!ad.caches_lookups(p));
+    }
+
+    #[test]
+    fn a_fuse_negative_timeout_answers_eexist_for_a_name_stat_cannot_see() {
+        let (world, _t, a, b) = two(Duration::ZERO, Duration::ZERO);
+        b.set_fuse(Some(Fuse {
+            entry: Duration::ZERO,
+            negative: 5 * S,
+            noreplace: true,
+        }));
+        let (ad, bd): (&dyn SharedDir, &dyn SharedDir) = (&a, &b);
+        let (d, abort) = (Path::new("/run/gen-2"), Path::new("/run/abort.json"));
+        assert!(bd.stat(d).unwrap().is_none());
+        assert!(bd.read(abort).unwrap().is_none());
+        ad.create_dir(d).unwrap();
+        assert!(ad.create_new(abort, b"rank 1").unwrap());
+        let e = bd.create_dir(d).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
+        assert!(bd.stat(d).unwrap().is_none(), "EEXIST, and still not there");
+        assert!(!bd.create_new(abort, b"rank 2").unwrap());
+        assert!(
+            bd.read(abort).unwrap().is_none(),
+            "lost the create, cannot read it"
+        );
+        // create_dir_all and an append get past it as the store does: a listing.
+        let before = b.counts();
+        bd.create_dir_all(d).unwrap();
+        assert_eq!(
+            (b.counts() - before).summary(),
+            "open 1, stat 2, mkdir 1, readdir 1"
+        );
+        assert!(bd.stat(d).unwrap().is_some());
+        bd.refresh(Path::new("/run")).unwrap();
+        assert_eq!(bd.read(abort).unwrap().unwrap(), b"rank 1");
+        let log = Path::new("/run/log");
+        assert!(bd.read(log).unwrap().is_none());
+        ad.append(log, b"a\n", false).unwrap();
+        bd.append(log, b"b\n", false).unwrap();
+        assert_eq!(world.content(log).unwrap(), b"a\nb\n");
+    }
+
+    #[test]
+    fn without_rename_noreplace_fuse_falls_back_to_a_link_and_never_replaces() {
+        let (world, _t, a, _b) = two(Duration::ZERO, Duration::ZERO);
+        a.set_fuse(Some(Fuse {
+            entry: Duration::ZERO,
+            negative: Duration::ZERO,
+            noreplace: false,
+        }));
+        let ad: &dyn SharedDir = &a;
+        let (x, y, z) = (
+            Path::new("/run/x"),
+            Path::new("/run/y"),
+            Path::new("/run/z"),
+        );
+        ad.publish(x, b"x").unwrap();
+        ad.publish(z, b"z").unwrap();
+        let before = a.counts();
+        ad.rename_noreplace(x, y).unwrap();
+        assert_eq!(
+            (a.counts() - before).summary(),
+            "stat 1, rename 2, unlink 1",
+            "renameat2's EINVAL, then link and unlink"
+        );
+        let e = ad.rename_noreplace(z, y).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
+        assert_eq!(world.content(y).unwrap(), b"x");
+        // Not atomic: cut between the link and the unlink, both names hold the file.
+        a.at_call(
+            1,
+            Some(OpClass::Unlink),
+            OnCall::Fail(FaultError::Errno(libc::EIO)),
+        );
+        assert!(ad.rename_noreplace(z, Path::new("/run/w")).is_err());
+        assert_eq!(names(&world, "/run"), ["w", "y", "z"]);
+    }
+
+    #[test]
+    fn a_handle_on_a_file_renamed_over_by_another_client_reads_estale() {
+        let (_world, _t, a, b) = two(Duration::ZERO, Duration::ZERO);
+        let (ad, bd): (&dyn SharedDir, &dyn SharedDir) = (&a, &b);
+        let p = Path::new("/run/merged.jsonl");
+        ad.publish(p, b"one\n").unwrap();
+        let mut r = bd.open_data(p).unwrap();
+        let mut buf = Vec::new();
+        assert_eq!(r.read_more(&mut buf, 2).unwrap(), 2);
+        ad.publish(p, b"two\n").unwrap();
+        let e = r.read_more(&mut buf, 2).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ESTALE));
+        // Opened again: the new file.
+        let mut r = bd.open_data(p).unwrap();
+        assert_eq!(r.read_more(&mut buf, 9).unwrap(), 4);
     }
 
     /// The same calls on the real store (a temporary directory) and on a simulated one

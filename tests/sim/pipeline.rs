@@ -149,7 +149,8 @@ fn draw(seed: u64) -> Case {
                                 } else {
                                     dead_after * 2 + Duration::from_secs(rng.below(60))
                                 },
-                                on: [None, Some("cluster.json")][rng.below(2) as usize],
+                                on: [None, Some(1 + at.as_millis() as u64 % 200)]
+                                    [rng.below(2) as usize],
                             },
                             2 => Fault::WriteErrors {
                                 rank,

