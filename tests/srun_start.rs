@@ -44,9 +44,21 @@ fn read_json(path: &Path) -> serde_json::Value {
     .unwrap_or_else(|e| panic!("parse {}: {e}", path.display()))
 }
 
-/// The run id of the run at `log` (a view of the share).
+/// The run id of the run at `log` (a view of the share). Through a FUSE mount with
+/// entry and negative caches, this test's own look can be answered from the cache of a
+/// name another process just replaced (as the nodes' can, who list the directory first):
+/// listed, and read again until the cache gives way.
 fn run_id(log: &Path) -> String {
-    read_json(&log.join(".rl-node/cluster.json"))["run_id"]
+    let path = log.join(".rl-node/cluster.json");
+    wait_until(
+        LIMIT,
+        "cluster.json to be readable through this view",
+        || {
+            let _ = fs::read_dir(log.join(".rl-node")).map(|d| d.count());
+            fs::read(&path).is_ok()
+        },
+    );
+    read_json(&path)["run_id"]
         .as_str()
         .expect("run_id")
         .to_string()
