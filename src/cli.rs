@@ -377,7 +377,7 @@ rl-node: run one node of a multi-node RL loop over a shared directory
   rl-node show-config [--config FILE]      the effective configuration and its sources
   rl-node plan --config FILE --iteration I --rank R   the commands a rank would run, run nothing
 
-rl-node --help lists every option; the README has the details.";
+rl-node --help lists every option; README.md and docs/usage.md have the details.";
 
 pub fn main() -> i32 {
     let (rank, result) = run();

@@ -1,4 +1,4 @@
-//! The exit codes rl-node documents (README: "Exit codes"), and the one place that maps
+//! The exit codes rl-node documents (docs/usage.md: "Exit codes"), and the one place that maps
 //! the causes of a stop to them ([`Cause::exit_code`]) and the ends of a command that ran
 //! to its end ([`Ending::exit_code`]). Commands return an [`Ending`] or a `Failure` (which
 //! carries its [`Cause`]), never a number, so that a code cannot drift from its meaning.
@@ -6,7 +6,7 @@
 //! A node exits with one of these and nothing else: its stop's cause decides (an abort's
 //! through `AbortInfo::cause_for`), and when signals follow one another the first decides
 //! (`node::signals`). Two more outcomes come from outside the code's decisions, and the
-//! README lists them too: 101 when rl-node panics (a bug), and death by a signal the node
+//! docs/usage.md lists them too: 101 when rl-node panics (a bug), and death by a signal the node
 //! does not handle (`kill -9`, the OOM killer, a crash), which the supervisor passes on by
 //! dying of the same signal (a shell shows 128 + its number).
 
@@ -50,7 +50,7 @@ pub enum Cause {
 }
 
 impl Cause {
-    /// The exit code this cause ends the process with (README: "Exit codes"): the only
+    /// The exit code this cause ends the process with (docs/usage.md: "Exit codes"): the only
     /// place causes become numbers.
     pub fn exit_code(self) -> i32 {
         match self {
@@ -86,7 +86,7 @@ pub enum Ending {
 }
 
 impl Ending {
-    /// The exit code this ending ends the process with (README: "Exit codes").
+    /// The exit code this ending ends the process with (docs/usage.md: "Exit codes").
     pub fn exit_code(self) -> i32 {
         match self {
             Ending::Done => DONE,
@@ -100,7 +100,7 @@ impl Ending {
 mod tests {
     use super::*;
 
-    /// Every cause against the README's table of exit codes, written out: a mapping
+    /// Every cause against docs/usage.md's table of exit codes, written out: a mapping
     /// changed in `exit_code` (or a constant changed in `exit`) fails here.
     #[test]
     fn each_cause_exits_with_its_documented_code() {

@@ -566,6 +566,12 @@ impl Config {
             .unwrap_or_else(|| panic!("not a template of the loaded configuration: {text:?}"))
     }
 
+    /// Whether `keep-last` spares the checkpoints an eval measured: only when an eval
+    /// command runs at all; without one no checkpoint was measured.
+    pub fn keeps_eval_checkpoints(&self) -> bool {
+        self.phases.handoff.keep_eval && self.phases.eval.is_set()
+    }
+
     pub fn weights(&self) -> Vec<u64> {
         if self.cluster.rank_weights.is_empty() {
             vec![1; self.cluster.num_nodes as usize]
@@ -1256,7 +1262,7 @@ fn validate_train_and_handoff(l: &Loaded) -> Result<(), ConfigError> {
     let h = &c.phases.handoff;
     let (split, interval) = (c.cluster.rollout_split, c.cluster.eval_interval);
     if h.keep_last > 0
-        && h.keep_eval
+        && c.keeps_eval_checkpoints()
         && (2..=9).all(|it| crate::protocol::walk::eval_decision(split, it, interval))
     {
         // Every checkpoint is one an eval measured: keep-last would never delete anything.
@@ -1915,6 +1921,11 @@ mod tests {
         assert_eq!(h.options().exclude, vec!["optimizer*.pt", "global_step*/"]);
         assert_eq!((h.check(), h.keep_last), (Check::Hash, 3));
         assert!(!h.keep_eval, "the test file sets keep-eval = false");
+        // Without an eval command no checkpoint was measured: keep-eval spares none, and
+        // keep-last with eval due every iteration is no contradiction.
+        std::fs::write(&f, "[phases.handoff]\nkeep-last = 1\n").unwrap();
+        let c = load(Some(&f), &no_env, &[]).unwrap().config;
+        assert!(c.phases.handoff.keep_eval && !c.keeps_eval_checkpoints());
         // With eval every few iterations, keep-eval has something to spare.
         std::fs::write(
             &f,
@@ -1942,7 +1953,7 @@ mod tests {
             ),
             ("keep-last = -1", "keep-last", ""),
             (
-                "keep-last = 2",
+                "keep-last = 2\n[phases.eval]\ncommand = \"eval.sh\"",
                 "keep-last",
                 "keep-last = 2 would delete nothing",
             ),

@@ -122,7 +122,7 @@ impl RunSpec {
     }
 }
 
-/// Rollout weights of `n` nodes like the README's example: rank 0 takes twice the share.
+/// Rollout weights of `n` nodes like docs/usage.md's example: rank 0 takes twice the share.
 fn default_weights(n: u32) -> Vec<u64> {
     if n > 1 {
         (0..n).map(|r| if r == 0 { 2 } else { 1 }).collect()

@@ -2923,7 +2923,7 @@ impl Node {
             self.cfg.cluster.eval_interval,
         );
         // iter-NNNN is served through iteration NNNN + 1: what that iteration's eval measured.
-        let keep_eval = self.cfg.phases.handoff.keep_eval;
+        let keep_eval = self.cfg.keeps_eval_checkpoints();
         let spare = move |it: u64| {
             Some(it) == previous
                 || (keep_eval && crate::protocol::walk::eval_decision(split, it + 1, interval))

@@ -172,7 +172,7 @@ pub fn is_time_limit(signal: i32) -> bool {
 }
 
 impl AbortInfo {
-    /// Why `rank` stops because of this abort (its exit code: README, exit codes).
+    /// Why `rank` stops because of this abort (its exit code: docs/usage.md, exit codes).
     pub fn cause_for(&self, rank: u32) -> Cause {
         // A time-limit warning stops the whole cluster gracefully, to be resumed: every
         // node says so with the same code, whichever received the signal.

@@ -1,7 +1,6 @@
 //! Python `torch.save({name: tensor, …})` shards, read with libtorch through `tch`.
 //!
-//! Only compiled with the `torch` cargo feature (see "The optional torch feature" in
-//! README.md). What is read: the zip format `torch.save` has written since PyTorch 1.6, a
+//! Only compiled with the `torch` cargo feature (see docs/torch.md). What is read: the zip format `torch.save` has written since PyTorch 1.6, a
 //! dict whose keys are strings and whose values are all tensors, of any layout (views and
 //! strided tensors are copied out row-major) and any device (loaded onto the CPU, like
 //! `map_location="cpu"`). What is refused, as [`ShardError::Unreadable`] naming the file:
