@@ -478,6 +478,7 @@ impl Node {
             previous,
             run_fingerprint: self.cfg.run_fingerprint(),
             resume,
+            filesystem: crate::observe::doctor::filesystem(self.layout.root()),
         }
     }
 
@@ -723,6 +724,9 @@ impl Node {
     /// of the reads are the [`JoinMachine`]'s, the reads, writes and log lines are here.
     fn join_worker(&mut self) -> Result<Joined, Stop> {
         let deadline = self.clock.now() + self.cfg.timing.join_timeout;
+        // Compared with rank 0's (a worker that sees a local disk where rank 0 sees the
+        // shared filesystem is refused), and named while waiting.
+        let filesystem = crate::observe::doctor::filesystem(self.layout.root());
         let settings = join_machine::Settings {
             rank: self.rank,
             nonce: self.nonce.clone(),
@@ -736,11 +740,14 @@ impl Node {
             dead_after: self.cfg.timing.dead_after,
             fresh: self.fresh,
             cluster_path: self.layout.cluster(),
+            filesystem: filesystem.clone(),
         };
         let mut jm = JoinMachine::new(settings).with_mutation(self.broken.join);
+        let on = filesystem.map(|f| format!("; this node sees it on {}", f.describe()));
         self.info(&format!(
-            "waiting for rank 0 to start a generation ({})",
-            self.layout.cluster().display()
+            "waiting for rank 0 to start a generation ({}{})",
+            self.layout.cluster().display(),
+            on.unwrap_or_default()
         ));
         self.waiting_note = "rank 0 to publish a generation to join".into();
         match self.wait_for(deadline, |n| n.drive_join(&mut jm)) {
@@ -828,6 +835,10 @@ impl Node {
                 }
                 Effect::Info(line) => {
                     self.info(&line);
+                    None
+                }
+                Effect::Warn(line) => {
+                    self.warn(&line);
                     None
                 }
                 Effect::LeaveRefusal {

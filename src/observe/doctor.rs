@@ -498,8 +498,19 @@ pub(crate) fn liveness_cache(dir: &Path) -> Option<(f64, String)> {
 /// The filesystem holding `dir` (or its nearest existing ancestor) in words, e.g.
 /// `ext4 (/dev/vda1 at /)`, for a node's message about a directory it cannot find.
 pub(crate) fn filesystem_of(dir: &Path) -> Option<String> {
-    let m = mount_holding(dir)?;
-    Some(format!("{} ({} at {})", m.fs_type, m.source, m.mount_point))
+    filesystem(dir).map(|f| f.describe())
+}
+
+/// The mount table's line of the filesystem holding `dir` (or its nearest existing
+/// ancestor), as rank 0 records it in the cluster record and workers compare it.
+pub(crate) fn filesystem(dir: &Path) -> Option<crate::protocol::records::Filesystem> {
+    let at = dir.ancestors().find_map(|d| fs::canonicalize(d).ok())?;
+    let m = mount_of(&read_mounts().ok()?, &at)?;
+    Some(crate::protocol::records::Filesystem {
+        fs_type: m.fs_type,
+        source: m.source,
+        mount_point: m.mount_point,
+    })
 }
 
 /// The /proc/mounts line of the mount holding `dir` (or its nearest ancestor that exists,

@@ -33,6 +33,7 @@
 use super::join::{self, ClusterSeen, JoinView, Joiner, Look, Mutation, Skipped};
 use super::liveness::{Holder, Holders};
 use super::messages::Joined;
+use super::records::{Filesystem, FsVerdict};
 use super::{fence, ClusterRecord, Liveness, Mark, RankRecord};
 use serde_json::Value;
 use std::collections::{HashMap, VecDeque};
@@ -62,6 +63,9 @@ pub struct Settings {
     pub fresh: bool,
     /// `cluster.json`, as a missing one is named while waiting for it.
     pub cluster_path: PathBuf,
+    /// The filesystem this node sees the shared directory on (None: it cannot tell), to
+    /// compare with rank 0's.
+    pub filesystem: Option<Filesystem>,
 }
 
 /// What a read of `cluster.json` found.
@@ -120,6 +124,8 @@ pub enum Effect {
     Waiting(String),
     /// A line for the log.
     Info(String),
+    /// A warning for the log.
+    Warn(String),
     /// Put `refused` into this rank's placeholder of generation `gen` of `run_id`, if it
     /// is still vacant there (rank 0 reads it while it waits).
     LeaveRefusal {
@@ -179,6 +185,8 @@ pub struct JoinMachine {
     holders: Holders,
     /// With `--fresh`: the run read at the first look that read one.
     found: Option<String>,
+    /// The generation whose rank 0's different filesystem was warned about.
+    fs_warned: Option<(String, u64)>,
     now: Duration,
     effects: VecDeque<Effect>,
     mutation: Option<Mutation>,
@@ -249,6 +257,7 @@ impl JoinMachine {
             skipped: Skipped::default(),
             holders: Holders::default(),
             found: None,
+            fs_warned: None,
             now: Duration::ZERO,
             effects: VecDeque::new(),
             mutation: None,
@@ -427,6 +436,27 @@ impl JoinMachine {
         let Some(read) = &round.cluster else {
             return;
         };
+        if let ClusterRead::Cluster(c) = read {
+            let rank0 = c
+                .filesystem
+                .as_ref()
+                .filter(|_| self.cfg.filesystem.is_some());
+            if let Some(rank0) = rank0.map(|f| (f.clone(), c.host.clone(), c.run_id.clone(), c.gen))
+            {
+                if let Some(refused) = self.compare_filesystems(&rank0) {
+                    let (_, _, run_id, gen) = rank0;
+                    self.stage = Stage::Looking(None);
+                    self.conclude(refused, Some((run_id, gen)));
+                    return;
+                }
+            }
+        }
+        let Stage::Looking(Some(round)) = &self.stage else {
+            return;
+        };
+        let Some(read) = &round.cluster else {
+            return;
+        };
         let seen = match read {
             ClusterRead::Missing => ClusterSeen::Missing(&self.cfg.cluster_path),
             ClusterRead::Unreadable(why) => ClusterSeen::Unreadable(why),
@@ -471,6 +501,49 @@ impl JoinMachine {
                 self.stage = Stage::Looking(None);
                 self.conclude(verdict, cluster);
             }
+        }
+    }
+
+    /// Rank 0's filesystem against this node's: a refusal when this node cannot be looking
+    /// at the shared directory; a warning (once per generation) when it may not be.
+    fn compare_filesystems(
+        &mut self,
+        (theirs, host, run_id, gen): &(Filesystem, String, String, u64),
+    ) -> Option<Look> {
+        let mine = self.cfg.filesystem.as_ref()?;
+        let both = format!(
+            "rank 0 (on {host}) sees the shared directory on {}; this node ({}) sees it on {}",
+            theirs.describe(),
+            self.cfg.host,
+            mine.describe()
+        );
+        match mine.against(theirs) {
+            FsVerdict::Same => None,
+            FsVerdict::Differs => {
+                let this = (run_id.clone(), *gen);
+                if self.fs_warned.as_ref() != Some(&this) {
+                    self.fs_warned = Some(this);
+                    self.effects.push_back(Effect::Warn(format!(
+                        "{both}: fine when one of them is the file server's own disk; otherwise this node is not looking at the shared directory"
+                    )));
+                }
+                None
+            }
+            FsVerdict::NotShared => Some(Look::Refused {
+                message: format!(
+                    "{both}, a filesystem of this machine alone: the shared filesystem is not mounted at {} on this node",
+                    mine.mount_point
+                ),
+                hint: format!(
+                    "mount the shared filesystem on {} (or give --log-path where it is mounted) and start this node again",
+                    self.cfg.host
+                ),
+                note: Some(format!(
+                    "it sees the shared directory on {}, not on {}",
+                    mine.describe(),
+                    theirs.describe()
+                )),
+            }),
         }
     }
 
@@ -888,7 +961,90 @@ mod tests {
             dead_after: Duration::from_secs(30),
             fresh: false,
             cluster_path: "/nfs/exp/state/cluster.json".into(),
+            filesystem: None,
         }
+    }
+
+    fn fs(fs_type: &str, source: &str, at: &str) -> Filesystem {
+        Filesystem {
+            fs_type: fs_type.into(),
+            source: source.into(),
+            mount_point: at.into(),
+        }
+    }
+
+    /// A worker that sees a local disk where rank 0 recorded Lustre is refused at its
+    /// first look, naming both, and tells rank 0 why in its placeholder; one that sees
+    /// another kind rank 0's disk may be the server of is warned once and looks on.
+    #[test]
+    fn a_worker_on_another_filesystem_than_rank_0s_is_refused_or_warned() {
+        let with_fs = |f: Filesystem| match cluster(2) {
+            ClusterRead::Cluster(mut c) => {
+                c.filesystem = Some(f);
+                ClusterRead::Cluster(c)
+            }
+            _ => unreachable!(),
+        };
+        let lustre = fs("lustre", "10.0.0.1@tcp:/scratch", "/scratch");
+        let local = fs("ext4", "/dev/sda1", "/");
+        let mut m = JoinMachine::new(Settings {
+            filesystem: Some(local.clone()),
+            ..settings()
+        });
+        m.handle(Duration::ZERO, Input::Poll);
+        m.handle(Duration::ZERO, Input::Cluster(with_fs(lustre.clone())));
+        match &effects(&mut m)[..] {
+            [Effect::ReadCluster(_), Effect::LeaveRefusal {
+                gen: 2, refused, ..
+            }, Effect::Refused { message, hint }] => {
+                assert!(refused.contains("ext4 (/dev/sda1 at /)"), "{refused}");
+                assert!(
+                    message.contains("lustre (10.0.0.1@tcp:/scratch at /scratch)"),
+                    "{message}"
+                );
+                assert!(
+                    message.contains("not mounted at / on this node"),
+                    "{message}"
+                );
+                assert!(hint.contains("mount the shared filesystem on h2"), "{hint}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(m.is_over());
+
+        // Rank 0 on the NFS server's own disk, this worker through NFS: a warning, once.
+        let mut m = JoinMachine::new(Settings {
+            filesystem: Some(fs("nfs4", "h0:/export", "/nfs")),
+            ..settings()
+        });
+        for at in [0, 1] {
+            let at = Duration::from_secs(at);
+            m.handle(at, Input::Poll);
+            m.handle(
+                at,
+                Input::Cluster(with_fs(fs("xfs", "/dev/md0", "/export"))),
+            );
+        }
+        let warned: Vec<_> = effects(&mut m)
+            .into_iter()
+            .filter(|e| matches!(e, Effect::Warn(_)))
+            .collect();
+        assert_eq!(warned.len(), 1, "{warned:?}");
+        assert!(!m.is_over());
+
+        // The same kind, whatever each client calls the server: nothing to say.
+        let mut m = JoinMachine::new(Settings {
+            filesystem: Some(fs("nfs", "10.0.0.5:/export", "/mnt/exp")),
+            ..settings()
+        });
+        m.handle(Duration::ZERO, Input::Poll);
+        m.handle(
+            Duration::ZERO,
+            Input::Cluster(with_fs(fs("nfs4", "srv:/export", "/nfs"))),
+        );
+        assert!(effects(&mut m)
+            .iter()
+            .all(|e| !matches!(e, Effect::Warn(_) | Effect::Refused { .. })));
     }
 
     fn cluster(gen: u64) -> ClusterRead {

@@ -46,6 +46,78 @@ pub struct ClusterRecord {
     /// Where this generation begins (from the journals).
     #[serde(default)]
     pub resume: crate::protocol::journal::Resume,
+    /// The filesystem rank 0 sees the shared directory on, for workers to compare with
+    /// their own (none when rank 0 could not tell).
+    #[serde(default)]
+    pub filesystem: Option<Filesystem>,
+}
+
+/// The filesystem a node sees the shared directory on: its mount table's line.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Filesystem {
+    /// `/proc/mounts`' type: `nfs4`, `lustre`, `fuse.mfs`, `ext4`, ...
+    pub fs_type: String,
+    pub source: String,
+    pub mount_point: String,
+}
+
+/// What a worker makes of rank 0's filesystem beside its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FsVerdict {
+    /// The same kind of filesystem (its source is not compared: clients may name one
+    /// server differently).
+    Same,
+    /// Different kinds, either of which may be the file server's own view of the
+    /// directory (rank 0 on the NFS server's disk, workers through NFS).
+    Differs,
+    /// This node sees a filesystem of this machine alone where rank 0 sees one no local
+    /// disk can be the other end of (Lustre, GPFS, MooseFS, ...): the shared filesystem is
+    /// not mounted here.
+    NotShared,
+}
+
+impl Filesystem {
+    /// `nfs4 (srv:/export at /nfs)`.
+    pub fn describe(&self) -> String {
+        format!("{} ({} at {})", self.fs_type, self.source, self.mount_point)
+    }
+
+    /// The kind, with NFS's versions one kind (`nfs` and `nfs4` clients share a server).
+    fn kind(&self) -> &str {
+        match self.fs_type.as_str() {
+            "nfs4" => "nfs",
+            t => t,
+        }
+    }
+
+    /// A filesystem of one machine's own disks or memory.
+    fn is_local(&self) -> bool {
+        const LOCAL: [&str; 12] = [
+            "ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "jfs", "reiserfs", "tmpfs",
+            "overlay", "vfat",
+        ];
+        LOCAL.contains(&self.fs_type.as_str())
+    }
+
+    /// A filesystem served by daemons no single machine's local directory stands for:
+    /// distributed filesystems and FUSE clients of them. (Not NFS, SMB or sshfs, whose
+    /// server may be this very node looking at its own disk.)
+    fn is_distributed(&self) -> bool {
+        const DISTRIBUTED: [&str; 6] = ["lustre", "gpfs", "ceph", "beegfs", "glusterfs", "wekafs"];
+        DISTRIBUTED.contains(&self.fs_type.as_str())
+            || (self.fs_type.starts_with("fuse.") && self.fs_type != "fuse.sshfs")
+    }
+
+    /// This node's filesystem (`self`) against rank 0's.
+    pub fn against(&self, rank0: &Filesystem) -> FsVerdict {
+        if self.kind() == rank0.kind() {
+            FsVerdict::Same
+        } else if self.is_local() && rank0.is_distributed() {
+            FsVerdict::NotShared
+        } else {
+            FsVerdict::Differs
+        }
+    }
 }
 
 impl ClusterRecord {
@@ -70,6 +142,7 @@ impl ClusterRecord {
             previous: None,
             run_fingerprint: String::new(),
             resume: Default::default(),
+            filesystem: None,
         }
     }
 }

@@ -562,6 +562,7 @@ impl Sim {
             dead_after: Duration::from_millis(self.dead_after_ms),
             fresh: false,
             cluster_path: self.layout.cluster(),
+            filesystem: None,
         })
         .with_mutation(self.mutations.look)
     }
