@@ -531,8 +531,7 @@ impl JoinMachine {
             }
             FsVerdict::NotShared => Some(Look::Refused {
                 message: format!(
-                    "{both}, a filesystem of this machine alone: the shared filesystem is not mounted at {} on this node",
-                    mine.mount_point
+                    "{both}, a filesystem of this machine alone: the shared filesystem is not mounted on this node"
                 ),
                 hint: format!(
                     "mount the shared filesystem on {} (or give --log-path where it is mounted) and start this node again",
@@ -985,7 +984,7 @@ mod tests {
             }
             _ => unreachable!(),
         };
-        let lustre = fs("lustre", "10.0.0.1@tcp:/scratch", "/scratch");
+        let lustre = fs("lustre", "10.0.0.1@tcp:/scratch", "");
         let local = fs("ext4", "/dev/sda1", "/");
         let mut m = JoinMachine::new(Settings {
             filesystem: Some(local.clone()),
@@ -999,11 +998,11 @@ mod tests {
             }, Effect::Refused { message, hint }] => {
                 assert!(refused.contains("ext4 (/dev/sda1 at /)"), "{refused}");
                 assert!(
-                    message.contains("lustre (10.0.0.1@tcp:/scratch at /scratch)"),
+                    message.contains("lustre (10.0.0.1@tcp:/scratch);"),
                     "{message}"
                 );
                 assert!(
-                    message.contains("not mounted at / on this node"),
+                    message.contains("is not mounted on this node"),
                     "{message}"
                 );
                 assert!(hint.contains("mount the shared filesystem on h2"), "{hint}");

@@ -58,6 +58,9 @@ pub struct Filesystem {
     /// `/proc/mounts`' type: `nfs4`, `lustre`, `fuse.mfs`, `ext4`, ...
     pub fs_type: String,
     pub source: String,
+    /// Where this node mounts it: named in this node's own messages, never written to the
+    /// shared directory (nothing absolute crosses between nodes).
+    #[serde(skip)]
     pub mount_point: String,
 }
 
@@ -77,9 +80,12 @@ pub enum FsVerdict {
 }
 
 impl Filesystem {
-    /// `nfs4 (srv:/export at /nfs)`.
+    /// `nfs4 (srv:/export at /nfs)`, or `nfs4 (srv:/export)` for another node's.
     pub fn describe(&self) -> String {
-        format!("{} ({} at {})", self.fs_type, self.source, self.mount_point)
+        match self.mount_point.as_str() {
+            "" => format!("{} ({})", self.fs_type, self.source),
+            at => format!("{} ({} at {at})", self.fs_type, self.source),
+        }
     }
 
     /// The kind, with NFS's versions one kind (`nfs` and `nfs4` clients share a server).
