@@ -35,6 +35,7 @@ pub(crate) mod observe;
 pub(crate) mod output;
 pub(crate) mod plan;
 pub(crate) mod process;
+pub(crate) mod rehearse;
 pub mod protocol;
 pub mod rng;
 #[cfg(feature = "sim")]

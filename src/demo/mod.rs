@@ -80,6 +80,8 @@ pub struct ToyArgs {
 }
 
 pub use run::Globals;
+/// Free ports for servers on this machine (`rl-node rehearse` uses them too).
+pub(crate) use run::free_ports;
 
 pub fn demo_main(
     args: DemoArgs,
