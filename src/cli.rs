@@ -553,7 +553,11 @@ fn rehearse(
         if n == 0 {
             return Err(Failure::usage("--nodes 0: a rehearsal needs a node", None));
         }
-        if settings.num_nodes.as_ref().is_some_and(|m| m.trim() != n.to_string()) {
+        if settings
+            .num_nodes
+            .as_ref()
+            .is_some_and(|m| m.trim() != n.to_string())
+        {
             return Err(Failure::usage(
                 "--nodes and --num-nodes differ: give one of them",
                 None,

@@ -35,8 +35,8 @@ pub(crate) mod observe;
 pub(crate) mod output;
 pub(crate) mod plan;
 pub(crate) mod process;
-pub(crate) mod rehearse;
 pub mod protocol;
+pub(crate) mod rehearse;
 pub mod rng;
 #[cfg(feature = "sim")]
 pub mod sched;

@@ -124,7 +124,10 @@ fn the_webgym_example_rehearses_and_the_recorder_got_what_plan_renders() {
     let shared = Path::new(report["shared"].as_str().unwrap());
     assert!(shared.join("models/iter-0001").is_dir(), "{all}");
     let serve = &step(&report, 1, 0, "server")["calls"][0];
-    assert_eq!((&serve["prog"], &serve["argv"][1]), (&"vllm".into(), &"serve".into()));
+    assert_eq!(
+        (&serve["prog"], &serve["argv"][1]),
+        (&"vllm".into(), &"serve".into())
+    );
     // What each stand-in received is what `rl-node plan` renders for that rank.
     let ports: Vec<u64> = report["ports"]
         .as_array()
@@ -161,10 +164,18 @@ fn the_webgym_example_rehearses_and_the_recorder_got_what_plan_renders() {
             let Some(command) = planned["command"].as_str() else {
                 continue;
             };
-            let phase = planned["config"].as_str().unwrap().rsplit('.').next().unwrap();
+            let phase = planned["config"]
+                .as_str()
+                .unwrap()
+                .rsplit('.')
+                .next()
+                .unwrap();
             let iteration = if phase == "server" { 0 } else { 1 };
             let s = step(&report, rank, iteration, phase);
-            assert_eq!(s["commands"][0], command, "rank {rank} {phase}: plan vs node");
+            assert_eq!(
+                s["commands"][0], command,
+                "rank {rank} {phase}: plan vs node"
+            );
             let call = &s["calls"][0];
             for e in planned["env"].as_array().unwrap() {
                 let name = e["name"].as_str().unwrap();
@@ -188,9 +199,7 @@ fn the_webgym_example_rehearses_and_the_recorder_got_what_plan_renders() {
 fn small(extra: &str) -> TestCluster {
     TestCluster::new(
         2,
-        &format!(
-            "[phases.rollout]\ncommand = \"my-rollout --out {{output}}\"\n{extra}\n"
-        ),
+        &format!("[phases.rollout]\ncommand = \"my-rollout --out {{output}}\"\n{extra}\n"),
     )
 }
 
@@ -207,13 +216,23 @@ fn a_placeholder_that_renders_empty_is_an_error_and_the_run_still_goes_through()
         ["{data_path} renders empty in the phases.train command"],
         "{all}"
     );
-    assert!(all.contains("error [empty-placeholder]: {data_path} renders empty"), "{all}");
+    assert!(
+        all.contains("error [empty-placeholder]: {data_path} renders empty"),
+        "{all}"
+    );
     // The stand-ins wrote JSONL shards rl-node merged, and a checkpoint it published.
     assert_eq!(exits(&report), vec![Value::from(0); 2], "{all}");
     let train = &step(&report, 1, 1, "train")["calls"][0];
     assert_eq!(train["argv"][1], "--data=");
-    assert!(c.dir.path().join("rehearsal/shared/models/iter-0001").is_dir());
-    assert!(!c.log_path.exists(), "the configuration's shared directory was written");
+    assert!(c
+        .dir
+        .path()
+        .join("rehearsal/shared/models/iter-0001")
+        .is_dir());
+    assert!(
+        !c.log_path.exists(),
+        "the configuration's shared directory was written"
+    );
 }
 
 #[test]
@@ -236,7 +255,10 @@ fn a_taken_server_port_is_an_error_and_rank_0_serves_on_another() {
     assert_eq!(exits(&report), vec![Value::from(0); 2], "{all}");
     let server = &step(&report, 0, 0, "server")["calls"][0];
     assert_eq!(server["prog"], "my-server");
-    assert_ne!(server["env"]["RL_NODE_SERVER_PORT"], port.to_string().as_str());
+    assert_ne!(
+        server["env"]["RL_NODE_SERVER_PORT"],
+        port.to_string().as_str()
+    );
     drop(held);
 }
 
@@ -260,7 +282,8 @@ fn a_path_outside_the_shared_directory_is_a_warning() {
 
 #[test]
 fn an_input_nothing_writes_is_an_error_and_the_prepare_stand_in_writes_it() {
-    let train = "[phases.train]\ncommand = \". {log_path}/prepared/env.sh && my-train --out {output}\"\n";
+    let train =
+        "[phases.train]\ncommand = \". {log_path}/prepared/env.sh && my-train --out {output}\"\n";
     let c = small(train);
     let dir = c.dir.path().join("rehearsal");
     let (out, report) = rehearse(&c.config, &dir, &[]);
@@ -275,12 +298,17 @@ fn an_input_nothing_writes_is_an_error_and_the_prepare_stand_in_writes_it() {
     );
     // With a prepare command, its stand-in writes it as the real one would, and the
     // training runs.
-    let c = small(&format!("{train}[phases.prepare]\ncommand = \"my-prepare\"\n"));
+    let c = small(&format!(
+        "{train}[phases.prepare]\ncommand = \"my-prepare\"\n"
+    ));
     let dir = c.dir.path().join("rehearsal");
     let (out, report) = rehearse(&c.config, &dir, &[]);
     let all = text(&out);
     assert_eq!(out.status.code(), Some(0), "{all}");
-    assert!(findings(&report, "error", "missing-input").is_empty(), "{all}");
+    assert!(
+        findings(&report, "error", "missing-input").is_empty(),
+        "{all}"
+    );
     let prepare = &step(&report, 0, 1, "prepare")["calls"][0];
     let env_sh = dir.join("shared/prepared/env.sh").display().to_string();
     assert_eq!(prepare["wrote"], serde_json::json!([env_sh]), "{all}");
@@ -323,7 +351,10 @@ fn a_program_named_by_its_path_is_not_run() {
     assert_eq!(out.status.code(), Some(1), "{all}");
     let by_path = findings(&report, "error", "program-by-path");
     assert_eq!(by_path.len(), 1, "{all}");
-    assert!(by_path[0].contains("would run /opt/nowhere/rollout.py"), "{all}");
+    assert!(
+        by_path[0].contains("would run /opt/nowhere/rollout.py"),
+        "{all}"
+    );
     assert!(exits(&report).is_empty(), "a node was started: {all}");
     assert!(!dir.join("shared/logs").exists());
 }
@@ -337,7 +368,10 @@ fn bad_input_is_a_usage_error_naming_the_flag() {
         (&["--nodes", "0"][..], "--nodes 0"),
         (&["--model-size", "0"][..], "--model-size"),
     ] {
-        let out = rl_node(&[&["rehearse", "--config", &config][..], args].concat(), &[]);
+        let out = rl_node(
+            &[&["rehearse", "--config", &config][..], args].concat(),
+            &[],
+        );
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(flag), "{args:?}: {err}");

@@ -79,9 +79,9 @@ pub struct ToyArgs {
     pub args: Vec<String>,
 }
 
-pub use run::Globals;
 /// Free ports for servers on this machine (`rl-node rehearse` uses them too).
 pub(crate) use run::free_ports;
+pub use run::Globals;
 
 pub fn demo_main(
     args: DemoArgs,

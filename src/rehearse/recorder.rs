@@ -76,7 +76,10 @@ impl Call {
 pub(crate) fn intercept() -> Option<i32> {
     let dir = PathBuf::from(std::env::var_os(DIR_ENV)?);
     let argv: Vec<String> = std::env::args().collect();
-    let name = Path::new(argv.first()?).file_name()?.to_string_lossy().into_owned();
+    let name = Path::new(argv.first()?)
+        .file_name()?
+        .to_string_lossy()
+        .into_owned();
     let own = std::env::current_exe().ok()?;
     if own.file_name().is_some_and(|n| n.to_string_lossy() == name) {
         return None;
@@ -170,8 +173,10 @@ fn act(spec: &Spec, call: &mut Call) {
         _ => Ok(()),
     };
     if let Err(e) = result {
-        call.problems
-            .push(format!("the stand-in for {} could not write: {e}", call.prog));
+        call.problems.push(format!(
+            "the stand-in for {} could not write: {e}",
+            call.prog
+        ));
     }
 }
 
@@ -220,7 +225,11 @@ fn shard(format: &str, call: &mut Call, out: &Path) -> std::io::Result<()> {
 fn prepared(spec: &Spec, call: &mut Call) -> std::io::Result<()> {
     let output = call.var("RL_NODE_OUTPUT").to_string();
     if !output.is_empty() && call.argv.iter().any(|a| a.contains(&output)) {
-        write(call, Path::new(&output), b"rl-node rehearsal: prepared data\n")?;
+        write(
+            call,
+            Path::new(&output),
+            b"rl-node rehearsal: prepared data\n",
+        )?;
     }
     for f in &spec.prepared {
         if !Path::new(f).exists() {
@@ -236,9 +245,17 @@ fn checkpoint(spec: &Spec, call: &mut Call, out: &Path) -> std::io::Result<()> {
         "" => out.to_path_buf(),
         pick => out.join(pick.replace(['*', '?'], "1").replace(['[', ']'], "")),
     };
-    write(call, &dir.join("config.json"), b"{\"rl_node_rehearsal\": true}\n")?;
+    write(
+        call,
+        &dir.join("config.json"),
+        b"{\"rl_node_rehearsal\": true}\n",
+    )?;
     write(call, &dir.join("model.safetensors"), &tiny_safetensors())?;
-    write(call, &dir.join("trainer_state.json"), b"{\"global_step\": 1}\n")
+    write(
+        call,
+        &dir.join("trainer_state.json"),
+        b"{\"global_step\": 1}\n",
+    )
 }
 
 fn tiny_safetensors() -> Vec<u8> {

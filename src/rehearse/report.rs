@@ -13,7 +13,13 @@ use std::path::{Path, PathBuf};
 /// The phases in the order an iteration runs them (the server serving iteration i was
 /// started in iteration i-1, as iteration 0 before the first).
 const ORDER: [&str; 7] = [
-    "server", "rollout", "eval", "aggregate", "prepare", "train", "handoff",
+    "server",
+    "rollout",
+    "eval",
+    "aggregate",
+    "prepare",
+    "train",
+    "handoff",
 ];
 
 /// What ran, before it is read back.
@@ -65,7 +71,10 @@ pub(crate) struct Step {
 type Steps = BTreeMap<(u32, u64, usize, String), Step>;
 
 fn slot<'a>(steps: &'a mut Steps, rank: u32, iteration: u64, phase: &str) -> &'a mut Step {
-    let order = ORDER.iter().position(|p| *p == phase).unwrap_or(ORDER.len());
+    let order = ORDER
+        .iter()
+        .position(|p| *p == phase)
+        .unwrap_or(ORDER.len());
     steps
         .entry((rank, iteration, order, phase.to_string()))
         .or_insert_with(|| Step {
@@ -213,7 +222,12 @@ fn exit_findings(run: &Run) -> Vec<Finding> {
             .iter()
             .position(|l| l.starts_with("error:"))
             .unwrap_or(lines.len().saturating_sub(5));
-        let tail = lines[from..].iter().take(8).copied().collect::<Vec<_>>().join("\n    ");
+        let tail = lines[from..]
+            .iter()
+            .take(8)
+            .copied()
+            .collect::<Vec<_>>()
+            .join("\n    ");
         out.push(Finding {
             severity: Severity::Error,
             kind: "node-failed",
@@ -264,11 +278,22 @@ pub(crate) fn render(r: &Report) -> String {
             let _ = writeln!(s, "{head}  (no command logged)");
         }
         for c in &st.calls {
-            let _ = writeln!(s, "{:24}ran: {} (stand-in), in {}", "", shell_line(&c.argv), c.cwd);
+            let _ = writeln!(
+                s,
+                "{:24}ran: {} (stand-in), in {}",
+                "",
+                shell_line(&c.argv),
+                c.cwd
+            );
             let env: Vec<String> = c
                 .env
                 .iter()
-                .filter(|(k, _)| SHOWN.contains(&k.as_str()) || !(k.starts_with("RL_NODE_") || k.as_str() == "PATH" || k.as_str() == "CUDA_VISIBLE_DEVICES"))
+                .filter(|(k, _)| {
+                    SHOWN.contains(&k.as_str())
+                        || !(k.starts_with("RL_NODE_")
+                            || k.as_str() == "PATH"
+                            || k.as_str() == "CUDA_VISIBLE_DEVICES")
+                })
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect();
             if !env.is_empty() {

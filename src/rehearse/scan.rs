@@ -61,7 +61,10 @@ pub(crate) fn scan(cfg: &Config, nodes: u32, iterations: u64) -> Result<Scan, Fa
                 json: false,
             };
             for step in plan::build(cfg, &req)?.steps {
-                s.step(&step, &format!("{} (rank {rank}, iteration {iteration})", step.config));
+                s.step(
+                    &step,
+                    &format!("{} (rank {rank}, iteration {iteration})", step.config),
+                );
             }
         }
     }
@@ -93,8 +96,14 @@ impl Scanner<'_> {
         let Some(command) = &step.command else {
             return;
         };
+        // Per-task values and task files are given per work item, which plan does not render.
+        let per_item = |n: &str| {
+            crate::config::template::PER_TASK.contains(&n)
+                || (n == "tasks"
+                    && !(self.cfg.tasks.train.is_empty() && self.cfg.tasks.eval.is_empty()))
+        };
         for name in &step.empty {
-            if !EMPTY_BY_DESIGN.contains(&name.as_str()) {
+            if !EMPTY_BY_DESIGN.contains(&name.as_str()) && !per_item(name) {
                 let msg = format!("{{{name}}} renders empty in the {} command", step.config);
                 self.note(Severity::Error, "empty-placeholder", msg, place);
             }
@@ -256,7 +265,9 @@ pub(crate) fn disk(cfg: &Config, req: &Request) -> Vec<Finding> {
     }
     let whose = match severity {
         Severity::Error => "",
-        Severity::Warning => " (the shared directory is not on this machine: give --log-path to measure its disk)",
+        Severity::Warning => {
+            " (the shared directory is not on this machine: give --log-path to measure its disk)"
+        }
     };
     vec![Finding {
         severity,
@@ -283,7 +294,10 @@ fn model_size(cfg: &Config, given: Option<f64>) -> Option<(f64, String)> {
             .filter(|m| m.is_file())
             .map(|m| m.len())
             .sum();
-        return Some((bytes as f64 / 1e9, format!("the files of {}", model.display())));
+        return Some((
+            bytes as f64 / 1e9,
+            format!("the files of {}", model.display()),
+        ));
     }
     let name = cfg.cluster.model.to_ascii_lowercase();
     let params = name
@@ -291,7 +305,10 @@ fn model_size(cfg: &Config, given: Option<f64>) -> Option<(f64, String)> {
         .find_map(|part| part.strip_suffix('b')?.parse::<f64>().ok())?;
     Some((
         params * 2.0,
-        format!("estimated from the name {:?}: {params}B parameters at 2 bytes; --model-size sets it", cfg.cluster.model),
+        format!(
+            "estimated from the name {:?}: {params}B parameters at 2 bytes; --model-size sets it",
+            cfg.cluster.model
+        ),
     ))
 }
 

@@ -19,8 +19,8 @@ pub(crate) struct Word {
 pub(crate) const REAL: &[&str] = &[
     "sh", "bash", "dash", "zsh", ".", "source", "export", "cd", "test", "[", "true", "false",
     "echo", "printf", "set", "unset", "exit", "read", "wait", "sleep", "cat", "head", "tail",
-    "grep", "mkdir", "touch", "date", "hostname", "basename", "dirname", "pwd", "umask",
-    "ulimit", "trap", ":", "eval", "shift", "local", "return",
+    "grep", "mkdir", "touch", "date", "hostname", "basename", "dirname", "pwd", "umask", "ulimit",
+    "trap", ":", "eval", "shift", "local", "return",
 ];
 
 /// Words that start another program: `exec python …`, `env A=1 python …`.
@@ -120,16 +120,20 @@ pub(crate) fn commands(text: &str) -> Vec<Vec<Word>> {
     let mut reads_next = false;
     let chars: Vec<char> = text.chars().collect();
     let mut i = 0;
-    let end_word = |cmd: &mut Vec<Word>, word: &mut String, in_word: &mut bool, reads: &mut bool| {
-        if *in_word {
-            let text = std::mem::take(word);
-            let sourced = cmd.len() == 1 && (cmd[0].text == "." || cmd[0].text == "source");
-            let read_by_shell = *reads || sourced;
-            cmd.push(Word { text, read_by_shell });
-            *in_word = false;
-            *reads = false;
-        }
-    };
+    let end_word =
+        |cmd: &mut Vec<Word>, word: &mut String, in_word: &mut bool, reads: &mut bool| {
+            if *in_word {
+                let text = std::mem::take(word);
+                let sourced = cmd.len() == 1 && (cmd[0].text == "." || cmd[0].text == "source");
+                let read_by_shell = *reads || sourced;
+                cmd.push(Word {
+                    text,
+                    read_by_shell,
+                });
+                *in_word = false;
+                *reads = false;
+            }
+        };
     while i < chars.len() {
         let c = chars[i];
         match c {
@@ -164,7 +168,12 @@ pub(crate) fn commands(text: &str) -> Vec<Vec<Word>> {
                 reads_next = c == '<';
                 if c == '>' {
                     // The target is written, not read: a word of its own, not the program's.
-                    let start = i + 1 + chars[i + 1..].iter().take_while(|&&x| x == '>' || x == '&' || x == ' ').count();
+                    let start = i
+                        + 1
+                        + chars[i + 1..]
+                            .iter()
+                            .take_while(|&&x| x == '>' || x == '&' || x == ' ')
+                            .count();
                     let stop = chars[start..]
                         .iter()
                         .position(|x| " \t;&|\n()".contains(*x))
@@ -193,10 +202,12 @@ pub(crate) fn programs(cmd: &[Word]) -> Vec<String> {
     let mut i = 0;
     while i < cmd.len() {
         let w = &cmd[i].text;
-        let assignment = w
-            .split_once('=')
-            .is_some_and(|(k, _)| !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
-        if assignment || (i > 0 && WRAPPERS.contains(&cmd[i - 1].text.as_str()) && w.starts_with('-')) {
+        let assignment = w.split_once('=').is_some_and(|(k, _)| {
+            !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        });
+        if assignment
+            || (i > 0 && WRAPPERS.contains(&cmd[i - 1].text.as_str()) && w.starts_with('-'))
+        {
             i += 1;
             continue;
         }
@@ -217,7 +228,10 @@ pub(crate) fn programs(cmd: &[Word]) -> Vec<String> {
     if matches!(name, "sh" | "bash" | "dash" | "zsh") {
         if let Some(pos) = cmd[i + 1..].iter().position(|w| w.text == "-c") {
             if let Some(script) = cmd.get(i + 2 + pos) {
-                return commands(&script.text).iter().flat_map(|c| programs(c)).collect();
+                return commands(&script.text)
+                    .iter()
+                    .flat_map(|c| programs(c))
+                    .collect();
             }
         }
     }
@@ -229,13 +243,19 @@ mod tests {
     use super::*;
 
     fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
     fn expands_like_sh() {
         let e = env(&[("W", "/opt/w"), ("EMPTY", "")]);
-        let (t, unset) = expand("python ${W}/run.py \"$W\" '$W' ${EMPTY:+x=$W} ${R:-d} $NOPE $(x)", &e);
+        let (t, unset) = expand(
+            "python ${W}/run.py \"$W\" '$W' ${EMPTY:+x=$W} ${R:-d} $NOPE $(x)",
+            &e,
+        );
         assert_eq!(t, "python /opt/w/run.py \"/opt/w\" '$W'  d  $(x)");
         assert_eq!(unset, vec!["NOPE".to_string()]);
     }
@@ -246,9 +266,28 @@ mod tests {
             ". /l/env.sh && export A=1 B=2 && FORCE=1 llamafactory-cli train /l/c.yaml out=/o > /log 2>&1; env Y=1 torchrun a.py < /in; bash -c 'python3 x.py | tee /t'",
         );
         let progs: Vec<String> = cmds.iter().flat_map(|c| programs(c)).collect();
-        assert_eq!(progs, [".", "export", "llamafactory-cli", "torchrun", "python3", "tee"]);
+        assert_eq!(
+            progs,
+            [
+                ".",
+                "export",
+                "llamafactory-cli",
+                "torchrun",
+                "python3",
+                "tee"
+            ]
+        );
         assert!(cmds[0][1].read_by_shell, "{:?}", cmds[0]);
-        assert_eq!(cmds[2].iter().map(|w| w.text.as_str()).collect::<Vec<_>>(), ["FORCE=1", "llamafactory-cli", "train", "/l/c.yaml", "out=/o"]);
+        assert_eq!(
+            cmds[2].iter().map(|w| w.text.as_str()).collect::<Vec<_>>(),
+            [
+                "FORCE=1",
+                "llamafactory-cli",
+                "train",
+                "/l/c.yaml",
+                "out=/o"
+            ]
+        );
         let input = cmds[3].iter().find(|w| w.text == "/in").unwrap();
         assert!(input.read_by_shell);
     }
