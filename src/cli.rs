@@ -421,6 +421,7 @@ rl-node: run one node of a multi-node RL loop over a shared directory
   rl-node aggregate --log-path DIR --iteration N --split train   merge what survived
   rl-node show-config [--config FILE]      the effective configuration and its sources
   rl-node plan --config FILE --iteration I --rank R   the commands a rank would run, run nothing
+  rl-node rehearse --config FILE --nodes N   run it 1-2 iterations here, every program recorded
 
 rl-node --help lists every option; the README has the details.";
 
