@@ -28,6 +28,15 @@ fn rl_node(args: &[&str], env: &[(&str, String)]) -> Output {
 
 /// Rehearse `config` into `dir` with `args`; its output and report.json.
 fn rehearse(config: &Path, dir: &Path, args: &[&str]) -> (Output, Value) {
+    rehearse_env(config, dir, args, &[])
+}
+
+fn rehearse_env(
+    config: &Path,
+    dir: &Path,
+    args: &[&str],
+    env: &[(&str, String)],
+) -> (Output, Value) {
     let (config, dir_s) = (config.display().to_string(), dir.display().to_string());
     let base = [
         "rehearse",
@@ -38,7 +47,7 @@ fn rehearse(config: &Path, dir: &Path, args: &[&str]) -> (Output, Value) {
         "--timeout",
         "3m",
     ];
-    let out = rl_node(&[&base[..], args].concat(), &[]);
+    let out = rl_node(&[&base[..], args].concat(), env);
     let report = fs::read(dir.join("report.json"))
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
@@ -98,10 +107,13 @@ fn the_webgym_example_rehearses_and_the_recorder_got_what_plan_renders() {
     let dir = tmp.path().join("rehearsal");
     let config = Path::new(REPO).join("examples/webgym/rl-node.toml");
     let data_s = data.display().to_string();
-    let (out, report) = rehearse(
+    // Another port than the example's 8999, which something on this machine may hold.
+    let port = free_port();
+    let (out, report) = rehearse_env(
         &config,
         &dir,
         &["--nodes", "3", "--iterations", "1", "--data-path", &data_s],
+        &[("RL_NODE_SERVER_PORT", port.to_string())],
     );
     let all = text(&out);
     assert_eq!(out.status.code(), Some(0), "{all}");
@@ -123,6 +135,7 @@ fn the_webgym_example_rehearses_and_the_recorder_got_what_plan_renders() {
     assert_eq!(train["env"]["NNODES"], "3");
     let shared = Path::new(report["shared"].as_str().unwrap());
     assert!(shared.join("models/iter-0001").is_dir(), "{all}");
+    assert_eq!(report["ports"][0], port);
     let serve = &step(&report, 1, 0, "server")["calls"][0];
     assert_eq!(
         (&serve["prog"], &serve["argv"][1]),
