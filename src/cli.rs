@@ -149,6 +149,31 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run this configuration for 1 or 2 iterations with N local nodes, every external
+    /// program replaced by a recorder, and print each rank's command lines, environment and
+    /// files per phase, and the problems found (exit 1 when there is an error among them).
+    Rehearse {
+        #[command(flatten)]
+        settings: Settings,
+        /// Local nodes to start (cluster.num-nodes; --num-nodes is the same).
+        #[arg(long, value_name = "N")]
+        nodes: Option<u32>,
+        /// The size of one checkpoint in GB, for the disk the checkpoints need at
+        /// phases.handoff.keep-last [default: the model directory's size, else estimated
+        /// from the parameter count in cluster.model's name].
+        #[arg(long, value_name = "GB")]
+        model_size: Option<f64>,
+        /// The rehearsal's directory (empty or absent) [default: a new one under the
+        /// temporary directory]; kept for inspection either way.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+        /// Stop the nodes after this long.
+        #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+        /// Print JSON for scripts (also written as report.json in the rehearsal directory).
+        #[arg(long)]
+        json: bool,
+    },
     /// Merge whatever rank output of an iteration survived (committed shards, else partial
     /// files) into one file with a manifest.
     Aggregate(crate::aggregate::AggregateArgs),
@@ -216,6 +241,26 @@ impl Settings {
                 key: "cluster.extra-args",
                 value: shell_words(&self.extra_args),
             });
+        }
+        v
+    }
+
+    /// The flags that give a node these settings, but `--log-path`.
+    fn node_flags(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        if let Some(c) = &self.config {
+            v.push("--config".to_string());
+            v.push(c.display().to_string());
+        }
+        for o in self.overrides() {
+            if o.flag.starts_with("--") && o.flag != "--log-path" {
+                v.push(o.flag);
+                v.push(o.value);
+            }
+        }
+        if !self.extra_args.is_empty() {
+            v.push("--".into());
+            v.extend(self.extra_args.iter().cloned());
         }
         v
     }
@@ -376,6 +421,7 @@ rl-node: run one node of a multi-node RL loop over a shared directory
   rl-node aggregate --log-path DIR --iteration N --split train   merge what survived
   rl-node show-config [--config FILE]      the effective configuration and its sources
   rl-node plan --config FILE --iteration I --rank R   the commands a rank would run, run nothing
+  rl-node rehearse --config FILE --nodes N   run it 1-2 iterations here, every program recorded
 
 rl-node --help lists every option; README.md and docs/usage.md have the details.";
 
@@ -386,6 +432,10 @@ pub fn main() -> i32 {
 
 /// Run the command line; the rank is the node's when one ran (its report names it).
 fn run() -> (Option<u32>, Result<Ending, Failure>) {
+    // Started under a program's name in a rehearsal: the recorder, not rl-node.
+    if let Some(code) = crate::rehearse::intercept() {
+        return (None, Ok(Ending::PassedOn(code)));
+    }
     if std::env::args_os().len() == 1 {
         crate::errln!("{SUMMARY}");
         return (None, Ok(Ending::Reported(Cause::Usage)));
@@ -465,6 +515,14 @@ fn run() -> (Option<u32>, Result<Ending, Failure>) {
             };
             crate::plan::main(&l.config, req)
         }),
+        Some(Command::Rehearse {
+            settings,
+            nodes,
+            model_size,
+            dir,
+            timeout,
+            json,
+        }) => rehearse(settings, nodes, model_size, dir, timeout, json),
         Some(Command::Status {
             json,
             log_path,
@@ -480,6 +538,71 @@ fn run() -> (Option<u32>, Result<Ending, Failure>) {
         None => return run_node(cli),
     };
     (None, result)
+}
+
+/// `rl-node rehearse`: the settings as the user's nodes would have them, but with the
+/// rehearsal's shared directory, nodes and iterations.
+fn rehearse(
+    mut settings: Settings,
+    nodes: Option<u32>,
+    model_size: Option<f64>,
+    dir: Option<PathBuf>,
+    timeout: std::time::Duration,
+    json: bool,
+) -> Result<Ending, Failure> {
+    if let Some(n) = nodes {
+        if n == 0 {
+            return Err(Failure::usage("--nodes 0: a rehearsal needs a node", None));
+        }
+        if settings
+            .num_nodes
+            .as_ref()
+            .is_some_and(|m| m.trim() != n.to_string())
+        {
+            return Err(Failure::usage(
+                "--nodes and --num-nodes differ: give one of them",
+                None,
+            ));
+        }
+        settings.num_nodes = Some(n.to_string());
+    }
+    if model_size.is_some_and(|g| !(g.is_finite() && g > 0.0)) {
+        return Err(Failure::usage("--model-size: a size in GB above 0", None));
+    }
+    let iterations = match settings.iterations.take().as_deref().map(str::trim) {
+        None => 1,
+        Some(k) => match k.parse::<u64>() {
+            Ok(k @ 1..=crate::rehearse::MAX_ITERATIONS) => k,
+            _ => {
+                return Err(Failure::usage(
+                    format!(
+                        "--iterations {k}: a rehearsal runs 1 to {} iterations",
+                        crate::rehearse::MAX_ITERATIONS
+                    ),
+                    None,
+                ))
+            }
+        },
+    };
+    // The user's own run, for the disk its checkpoints need; it is never written.
+    let user = settings.load().map_err(Failure::from)?.config;
+    let user_log_path = (!user.cluster.log_path.trim().is_empty()).then(|| user.log_path());
+    settings.iterations = Some(iterations.to_string());
+    let node_flags = settings.node_flags();
+    let dir = crate::rehearse::make_dir(dir)?;
+    settings.log_path = Some(crate::rehearse::shared_dir(&dir).display().to_string());
+    let loaded = settings.load().map_err(Failure::from)?;
+    let req = crate::rehearse::Request {
+        iterations,
+        model_size,
+        dir,
+        timeout,
+        json,
+        node_flags,
+        user_log_path,
+        user_iterations: user.cluster.iterations,
+    };
+    crate::rehearse::main(&loaded.config, req)
 }
 
 fn watch_status(log_path: Option<String>, every: std::time::Duration) -> Result<Ending, Failure> {

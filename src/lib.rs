@@ -36,6 +36,7 @@ pub(crate) mod output;
 pub(crate) mod plan;
 pub(crate) mod process;
 pub mod protocol;
+pub(crate) mod rehearse;
 pub mod rng;
 #[cfg(feature = "sim")]
 pub mod sched;

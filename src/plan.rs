@@ -44,14 +44,14 @@ pub(crate) struct Request {
 }
 
 #[derive(Serialize)]
-struct Plan {
+pub(crate) struct Plan {
     rank: u32,
     num_nodes: u32,
     iteration: u64,
     log_path: String,
     /// Values a node learns only at run time, as shown here.
     assumed: Vec<Assumed>,
-    steps: Vec<Planned>,
+    pub(crate) steps: Vec<Planned>,
 }
 
 #[derive(Serialize)]
@@ -62,28 +62,31 @@ struct Assumed {
 }
 
 #[derive(Serialize, Default)]
-struct Planned {
+pub(crate) struct Planned {
     /// The rl-node phase it runs in (`train-rollout`, `training`, ...).
-    phase: String,
+    pub(crate) phase: String,
     /// The configuration's section (`phases.rollout`, `server`, ...).
-    config: String,
+    pub(crate) config: String,
     /// The rendered command line; `None` for work rl-node does itself.
-    command: Option<String>,
+    pub(crate) command: Option<String>,
     /// What the command gets beyond rl-node's own environment, in the order it is set.
-    env: Vec<EnvVar>,
+    pub(crate) env: Vec<EnvVar>,
     /// rl-node sets none: commands run in the node's working directory.
-    cwd: Option<String>,
+    pub(crate) cwd: Option<String>,
     /// The path the command must write (`{output}`).
-    output: Option<String>,
+    pub(crate) output: Option<String>,
     /// The files it reads that rl-node names.
-    reads: Vec<String>,
-    notes: Vec<String>,
+    pub(crate) reads: Vec<String>,
+    pub(crate) notes: Vec<String>,
+    /// The placeholders the command uses that render empty here.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) empty: Vec<String>,
 }
 
 #[derive(Serialize)]
-struct EnvVar {
-    name: String,
-    value: String,
+pub(crate) struct EnvVar {
+    pub(crate) name: String,
+    pub(crate) value: String,
 }
 
 /// Print the plan of `req` for the configuration `cfg`.
@@ -204,7 +207,7 @@ fn run_time(cfg: &Config, layout: &Layout, iteration: u64) -> RunTime {
     }
 }
 
-fn build(cfg: &Config, req: &Request) -> Result<Plan, Failure> {
+pub(crate) fn build(cfg: &Config, req: &Request) -> Result<Plan, Failure> {
     check(cfg, req)?;
     let layout = Layout::new(cfg.log_path())
         .with_naming(cfg.naming())
@@ -253,6 +256,9 @@ fn build(cfg: &Config, req: &Request) -> Result<Plan, Failure> {
         steps,
     })
 }
+
+/// A command line, its environment, and the placeholders it uses that render empty.
+type Rendered = (String, Vec<EnvVar>, Vec<String>);
 
 struct Planner<'a> {
     cfg: &'a Config,
@@ -345,9 +351,18 @@ impl Planner<'_> {
     }
 
     /// A phase command rendered as the node renders it (`Node::run_command_to_end`).
-    fn render(&self, text: &str, inputs: CommandInputs, torchrun: bool) -> (String, Vec<EnvVar>) {
+    fn render(&self, text: &str, inputs: CommandInputs, torchrun: bool) -> Rendered {
         let values = context::placeholder_values(&inputs);
-        let command = self.cfg.template(text).render(&values);
+        let template = self.cfg.template(text);
+        let command = template.render(&values);
+        let mut empty: Vec<String> = template
+            .names()
+            .into_iter()
+            .filter(|n| values.get(n).is_none_or(|v| v.is_empty()))
+            .map(str::to_string)
+            .collect();
+        empty.sort();
+        empty.dedup();
         let mut env = context::command_env(self.cfg, &values);
         if torchrun {
             env.extend(context::torchrun_env(&values));
@@ -356,7 +371,7 @@ impl Planner<'_> {
             .into_iter()
             .map(|(name, value)| EnvVar { name, value })
             .collect();
-        (command, env)
+        (command, env, empty)
     }
 
     fn command(
@@ -380,11 +395,12 @@ impl Planner<'_> {
         extra: &BTreeMap<&'static str, String>,
     ) -> Planned {
         let inputs = self.inputs(phase, split, output, &self.rt.model, extra);
-        let (command, env) = self.render(&pc.command, inputs, torchrun);
+        let (command, env, empty) = self.render(&pc.command, inputs, torchrun);
         Planned {
             config: format!("phases.{phase}"),
             command: Some(command),
             env,
+            empty,
             output: Some(output.display().to_string()),
             reads: vec![self.rt.model.clone()],
             notes: vec![format!(
@@ -594,12 +610,13 @@ impl Planner<'_> {
             iteration,
             ..self.inputs("server", None, model, &m, &extra)
         };
-        let (command, env) = self.render(&self.cfg.server.command, inputs, false);
+        let (command, env, empty) = self.render(&self.cfg.server.command, inputs, false);
         let log = self.layout.phase_log(iteration, self.rank, "server");
         Planned {
             config: "server".into(),
             command: Some(command),
             env,
+            empty,
             reads: vec![m.clone()],
             notes: vec![format!("log: {}", log.display())],
             ..Default::default()

@@ -79,6 +79,8 @@ pub struct ToyArgs {
     pub args: Vec<String>,
 }
 
+/// Free ports for servers on this machine (`rl-node rehearse` uses them too).
+pub(crate) use run::free_ports;
 pub use run::Globals;
 
 pub fn demo_main(

@@ -366,7 +366,7 @@ fn plan(args: DemoArgs, g: Globals) -> Result<Plan, String> {
 /// Ports below the kernel's ephemeral range, so no outgoing connection (rollouts, the
 /// all-reduce) can be holding one when a server restarts on it; falls back to ports the
 /// kernel picks.
-fn free_ports(n: usize) -> io::Result<Vec<u16>> {
+pub(crate) fn free_ports(n: usize) -> io::Result<Vec<u16>> {
     let lo = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|s| {
