@@ -17,6 +17,7 @@ mod forensics;
 mod join;
 use crate::metrics;
 mod model;
+mod numbering;
 mod pipeline;
 mod publisher;
 mod server;
@@ -1943,6 +1944,7 @@ impl Node {
             return Ok(());
         }
         self.extra.clear();
+        self.check_numbering(split, phase)?;
         // Workers start only once rank 0's command lets them (`workers-wait`).
         let gate = rc.workers_wait.then(|| self.ready_file(split));
         if let Some(marker) = &gate {
