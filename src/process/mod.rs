@@ -19,6 +19,7 @@ pub(crate) mod descendants;
 #[cfg(feature = "sim")]
 pub mod fake;
 pub(crate) mod forensics;
+pub(crate) mod ports;
 pub mod launcher;
 #[cfg(feature = "sim")]
 pub use fake::{FakeLauncher, FakeRun, FakeScript};
