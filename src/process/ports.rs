@@ -131,11 +131,11 @@ mod tests {
     #[test]
     fn listening_sockets_are_found_by_port_and_state() {
         let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
-   0: 00000000:232F 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 4242 1 0000000000000000 100 0 0 10 0
-   1: 0100007F:232F 0100007F:9C40 01 00000000:00000000 00:00000000 00000000  1000        0 4343 1 0000000000000000 20 4 30 10 -1
+   0: 00000000:2327 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 4242 1 0000000000000000 100 0 0 10 0
+   1: 0100007F:2327 0100007F:9C40 01 00000000:00000000 00:00000000 00000000  1000        0 4343 1 0000000000000000 20 4 30 10 -1
    2: 00000000:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 4444 1 0000000000000000 100 0 0 10 0
 ";
-        // 0x232F = 8999: the listener, not the connection to it; 0x1F90 = 8080.
+        // 0x2327 = 8999: the listener, not the connection to it; 0x1F90 = 8080.
         assert_eq!(listening_inodes(table, 8999), BTreeSet::from([4242]));
         assert_eq!(listening_inodes(table, 8080), BTreeSet::from([4444]));
         assert!(listening_inodes(table, 9000).is_empty());
