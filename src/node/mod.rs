@@ -1971,7 +1971,7 @@ impl Node {
     }
 
     /// Rank 0 with `workers-wait-for`: the file its command creates by itself (e.g.
-    /// webgym's `multinode_flags/train_sampling_complete_rank_0`) releases the workers.
+    /// webgym's `multinode_flags/instances_released_rank_0`) releases the workers.
     /// A left-over one is removed before the command starts (only rank 0 removes and
     /// watches it, so no worker can mistake an old one for this iteration's); while the
     /// command runs, the wait loop looks for it (`relay_round`) and then creates
