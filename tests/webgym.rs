@@ -325,14 +325,21 @@ fn webgym_count(path: &Path) -> Result<usize, String> {
     let out = Command::new("python3")
         .arg("-c")
         .arg(code)
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/webgym/bin/python"))
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/webgym/bin/python"
+        ))
         .arg(path)
         .output()
         .unwrap();
     if !out.status.success() {
         return Err(String::from_utf8_lossy(&out.stderr).into_owned());
     }
-    Ok(String::from_utf8(out.stdout).unwrap().trim().parse().unwrap())
+    Ok(String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap())
 }
 
 /// run.sh's files in run.sh's places, a merged file per iteration and split, and the
@@ -366,12 +373,7 @@ fn check_files(w: &Webgym, evals: &[u64]) {
             // The merged file as webgym's loaders read it (torch.load, which skips a
             // plain pickle).
             let merged = dir.join(format!("{split}_trajectories.pt.iteration{n}"));
-            assert_eq!(
-                webgym_count(&merged),
-                Ok(total),
-                "{}",
-                merged.display()
-            );
+            assert_eq!(webgym_count(&merged), Ok(total), "{}", merged.display());
             assert!(merged
                 .with_extension(format!("iteration{n}.manifest.json"))
                 .is_file());
@@ -742,14 +744,21 @@ fn a_test_file_number_webgym_would_not_write_is_refused_before_the_rollout() {
         err.contains("would write test file number 2, rl-node expects number 3"),
         "{err}"
     );
-    assert!(err.contains("test_trajectories.pt.iteration1 (number 1)"), "{err}");
+    assert!(
+        err.contains("test_trajectories.pt.iteration1 (number 1)"),
+        "{err}"
+    );
     assert!(err.contains("cluster.eval-interval (1)"), "{err}");
     assert!(!err.contains("wrote no output"), "{err}");
     // Refused before any rollout of iteration 3 ran.
     let rollouts: Vec<Value> = w
         .calls()
         .into_iter()
-        .filter(|c| c["script"].as_str().is_some_and(|s| s.ends_with("rollout.py")))
+        .filter(|c| {
+            c["script"]
+                .as_str()
+                .is_some_and(|s| s.ends_with("rollout.py"))
+        })
         .collect();
     assert!(rollouts.is_empty(), "{rollouts:#?}");
 }

@@ -19,8 +19,8 @@ pub(crate) mod descendants;
 #[cfg(feature = "sim")]
 pub mod fake;
 pub(crate) mod forensics;
-pub(crate) mod ports;
 pub mod launcher;
+pub(crate) mod ports;
 #[cfg(feature = "sim")]
 pub use fake::{FakeLauncher, FakeRun, FakeScript};
 pub use launcher::{Launcher, Processes};

@@ -82,7 +82,11 @@ pub(crate) fn listeners(port: u16) -> Vec<Holder> {
         return out;
     };
     for entry in procs.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
             continue;
         };
         let Ok(fds) = fs::read_dir(entry.path().join("fd")) else {

@@ -665,14 +665,21 @@ impl Naming {
     /// The `{split_iteration}` of a merged file of `split` named `name` (a file name in
     /// the directory of `output(…, iteration, split)`), in canonical decimal; None for
     /// any other name (a rank's shard, a manifest, a set-aside file).
-    pub fn split_iteration_of_output(&self, name: &str, iteration: u64, split: &str) -> Option<u64> {
+    pub fn split_iteration_of_output(
+        &self,
+        name: &str,
+        iteration: u64,
+        split: &str,
+    ) -> Option<u64> {
         let v = self.values(None, iteration, split, self.format.output_ext());
         let file = self.output.file_pieces();
         let at = file
             .iter()
             .position(|p| *p == Piece::Var(Field::SplitIteration))?;
         let (pre, post) = (v.render(&file[..at]), v.render(&file[at + 1..]));
-        let num = name.strip_prefix(pre.as_str())?.strip_suffix(post.as_str())?;
+        let num = name
+            .strip_prefix(pre.as_str())?
+            .strip_suffix(post.as_str())?;
         let n: u64 = num.parse().ok()?;
         (n.to_string() == num).then_some(n)
     }
