@@ -239,6 +239,17 @@ fn a_rank_beyond_num_nodes_is_refused() {
     assert!(err.contains("0..=2"), "{err}");
 }
 
+/// `check-numbering` reads the numbers from the merged files' names: an output-name
+/// without `{split_iteration}` in its file name is refused at start, naming the key.
+#[test]
+fn check_numbering_without_split_iteration_in_the_output_name_is_refused() {
+    let c = TestCluster::new(1, "[aggregate]\ncheck-numbering = true\n");
+    let err = refused_before_start(&c, 0, &[]);
+    assert!(err.contains("aggregate.check-numbering"), "{err}");
+    assert!(err.contains("{split_iteration}"), "{err}");
+    assert!(err.contains("`{split}.{ext}`"), "{err}");
+}
+
 #[test]
 fn a_wrong_number_of_rank_weights_is_refused() {
     let c = TestCluster::new(3, "");

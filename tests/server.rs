@@ -160,6 +160,56 @@ fn a_taken_port_is_refused_and_the_others_stop() {
     drop(squatter);
 }
 
+/// A server left over from an earlier run (run.sh's vLLM on 8999) holds the port: the
+/// refusal names the port and the pid holding it, found through /proc, so the user knows
+/// what to stop.
+#[test]
+fn a_port_held_by_a_leftover_server_is_refused_naming_its_pid() {
+    use std::io::BufRead;
+    let c = TestCluster::new(2, &server_toml("0"));
+    let taken = free_port();
+    let mut leftover = std::process::Command::new("python3")
+        .arg("-c")
+        .arg("import socket, sys, time\ns = socket.socket(socket.AF_INET6)\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\ns.bind(('::', int(sys.argv[1])))\ns.listen()\nprint('listening', flush=True)\ntime.sleep(300)")
+        .arg(taken.to_string())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(leftover.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "listening");
+    let mut master = c.spawn_env(
+        0,
+        &c.log_path,
+        &[],
+        &[("RL_NODE_SERVER_PORT", free_port().to_string())],
+    );
+    let mut worker = c.spawn_env(
+        1,
+        &c.log_path,
+        &[],
+        &[("RL_NODE_SERVER_PORT", taken.to_string())],
+    );
+    let code = worker.wait(LIMIT);
+    let _ = leftover.kill();
+    let _ = leftover.wait();
+    let err = worker.stderr();
+    assert_eq!(code, 1, "{err}");
+    let named = format!(
+        "server port {taken} is already in use by pid {} (",
+        leftover.id()
+    );
+    let at = err.find(&named).unwrap_or_else(|| panic!("{err}"));
+    let line = err[at..].lines().next().unwrap();
+    assert!(
+        line.contains("python3 -c import socket, sys, time s = socket.socket"),
+        "{line}"
+    );
+    assert_eq!(master.wait(LIMIT), 3, "{}", master.stderr());
+}
+
 #[test]
 fn a_server_dying_mid_rollout_stops_the_cluster() {
     let c = TestCluster::new(

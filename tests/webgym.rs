@@ -312,6 +312,36 @@ fn check_iteration_2(w: &Webgym, overrides: &[&str], eval: bool) {
     }
 }
 
+/// How many trajectories webgym's loader (load_all_trajectories: `torch.load(path,
+/// weights_only=False)`, then the `trajectories` of the dict) reads from a merged file, or
+/// why it skips the file. The stand-in python holds that logic (for files without
+/// tensors); this loads it as a module.
+fn webgym_count(path: &Path) -> Result<usize, String> {
+    let code = "import importlib.machinery as m, importlib.util as u, sys\n\
+        l = m.SourceFileLoader('standin', sys.argv[1])\n\
+        s = u.module_from_spec(u.spec_from_loader('standin', l))\n\
+        l.exec_module(s)\n\
+        print(len(s.webgym_load_trajectories(sys.argv[2])))";
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(code)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/webgym/bin/python"
+        ))
+        .arg(path)
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap())
+}
+
 /// run.sh's files in run.sh's places, a merged file per iteration and split, and the
 /// trained checkpoint published as models/iter-0002.
 fn check_files(w: &Webgym, evals: &[u64]) {
@@ -340,13 +370,10 @@ fn check_files(w: &Webgym, evals: &[u64]) {
                 assert!(shard.is_file(), "{} missing", shard.display());
                 total += py(count, &shard).parse::<usize>().unwrap();
             }
+            // The merged file as webgym's loaders read it (torch.load, which skips a
+            // plain pickle).
             let merged = dir.join(format!("{split}_trajectories.pt.iteration{n}"));
-            assert_eq!(
-                py(count, &merged),
-                total.to_string(),
-                "{}",
-                merged.display()
-            );
+            assert_eq!(webgym_count(&merged), Ok(total), "{}", merged.display());
             assert!(merged
                 .with_extension(format!("iteration{n}.manifest.json"))
                 .is_file());
@@ -397,29 +424,50 @@ fn commands_equal_run_sh_without_eval_or_overrides() {
     check_files(&w, &[1]);
 }
 
-/// Workers start their train rollout only once rank 0's rollout.py has created
-/// multinode_flags/train_sampling_complete_rank_0 (run.sh:1032-1036).
+/// Workers start their rollouts only once rank 0's rollout.py has reset the shared
+/// instance pool, as run.sh's workers did (run.sh:1031-1035: instances_released, 120 s,
+/// then train_sampling_complete). webgym raises train_sampling_complete *before* that
+/// reset (the sampler runs before AsyncWebGym releases the instances), so a worker
+/// released by it would start while rank 0 is still releasing instances; the stand-in
+/// fails such a worker. Rank 0 samples slowly, so a worker that did not wait at all would
+/// start first; the stand-in logs each call as it starts.
 #[test]
-fn workers_start_after_rank_0_sampled() {
-    let w = webgym_cluster(6);
-    // Rank 0's rollout waits before sampling, so a worker that did not wait would start
-    // first; the stand-in logs each call as it starts.
-    let mut nodes = w.spawn(&[], &[("WEBGYM_STANDIN_SAMPLE_DELAY", "2".into())]);
+fn workers_start_after_rank_0_released_the_instance_pool() {
+    let w = webgym_cluster(1);
+    let mut nodes = w.spawn(
+        &[],
+        &[
+            ("WEBGYM_STANDIN_SAMPLE_DELAY", "1".into()),
+            ("WEBGYM_STANDIN_RESET_SECONDS", "3".into()),
+        ],
+    );
     for n in nodes.iter_mut() {
-        assert_eq!(n.wait(LIMIT), 0, "{}", n.stderr());
+        assert_eq!(n.wait(LIMIT), 0, "rank {}: {}", n.rank, n.stderr());
     }
     for it in [1u64, 2] {
-        let order: Vec<String> = w
-            .calls()
-            .into_iter()
-            .filter(|c| {
-                argv(c).iter().any(|a| a == "rollout_train")
-                    && c["env"]["RL_NODE_ITERATION"] == it.to_string()
-            })
-            .map(|c| c["env"]["RL_NODE_RANK"].as_str().unwrap().to_string())
-            .collect();
-        assert_eq!(order[0], "0", "iteration {it}: {order:?}");
+        for config in ["rollout_train", "rollout_test"] {
+            let order: Vec<String> = w
+                .calls()
+                .into_iter()
+                .filter(|c| {
+                    argv(c).iter().any(|a| a == config)
+                        && c["env"]["RL_NODE_ITERATION"] == it.to_string()
+                })
+                .map(|c| c["env"]["RL_NODE_RANK"].as_str().unwrap().to_string())
+                .collect();
+            assert_eq!(order.len(), 3, "iteration {it} {config}: {order:?}");
+            assert_eq!(order[0], "0", "iteration {it} {config}: {order:?}");
+        }
     }
+    // The example waits run.sh's 120 s after the flag (the test's environment sets 0 s).
+    let example = fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/webgym/rl-node.toml"
+    ))
+    .unwrap();
+    let rollout = &example[example.find("[phases.rollout]").unwrap()..];
+    let rollout = &rollout[..rollout.find("\n[phases.eval]").unwrap()];
+    assert!(rollout.contains("workers-delay = \"120s\""), "{rollout}");
 }
 
 /// A rollout that crashed is redone after the restart with its own `.checkpoint` file
@@ -613,4 +661,174 @@ fn a_run_sh_directory_continues_at_its_next_iteration() {
             .trim(),
         "iter-0003"
     );
+}
+
+/// run.sh kept one model (model.pt, replaced every iteration); 100+ GB per checkpoint for
+/// an 8B model with its optimizer state. The example keeps the newest one, and during a
+/// hand-off the one still served: after three iterations, iter-0002 and iter-0003.
+#[test]
+fn the_example_keeps_one_model_as_run_sh_did() {
+    let w = webgym_cluster(6);
+    let mut nodes = w.spawn(&[], &[("RL_NODE_CLUSTER_ITERATIONS", "3".into())]);
+    for n in nodes.iter_mut() {
+        assert_eq!(n.wait(LIMIT), 0, "rank {}: {}", n.rank, n.stderr());
+    }
+    let mut models: Vec<String> = fs::read_dir(w.log.join("models"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("iter-") || n.starts_with(".trash-"))
+        .collect();
+    models.sort();
+    assert_eq!(models, ["iter-0002", "iter-0003"]);
+}
+
+/// run.sh gave a training past its timeout 30 s between SIGTERM and SIGKILL, for wandb's
+/// upload and the checkpoint save (training_utils.sh:150-162); the example's kill-grace
+/// does the same. The stand-in needs 15 s after SIGTERM.
+#[test]
+fn a_training_past_its_timeout_gets_run_sh_s_30_s_grace() {
+    let w = webgym_cluster_with(6, false);
+    let mut nodes = w.spawn(
+        &[],
+        &[
+            ("WEBGYM_STANDIN_HANG_TRAIN", "0:1:15".into()),
+            ("RL_NODE_PHASES_TRAIN_TIMEOUT", "3s".into()),
+            ("RL_NODE_CLUSTER_ITERATIONS", "1".into()),
+        ],
+    );
+    for n in nodes.iter_mut() {
+        assert_eq!(n.wait(LIMIT), 0, "rank {}: {}", n.rank, n.stderr());
+    }
+    let done = w
+        .log
+        .join("train/iter-0001/gen-1/standin-graceful-shutdown-done");
+    assert!(
+        done.is_file(),
+        "the training was killed before its graceful shut-down ended:\n{}",
+        nodes[0].stderr()
+    );
+}
+
+/// A directory run.sh used with `--eval-interval 2` (iterations 1 and 2: train files 1–2,
+/// test file 1), continued with eval in every iteration: webgym would write test file 2
+/// in iteration 3, where rl-node counts eval number 3. The mismatch is refused before
+/// iteration 3's first rollout starts, naming both numbers and the file that sets
+/// webgym's (not after the rollout, as "exited 0 but wrote no output").
+#[test]
+fn a_test_file_number_webgym_would_not_write_is_refused_before_the_rollout() {
+    let w = webgym_cluster(1);
+    for (split, n) in [("train", 1), ("train", 2), ("test", 1)] {
+        let path = w.log.join(format!(
+            "{split}_trajectories/{split}_trajectories.pt.iteration{n}"
+        ));
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let out = Command::new("python3")
+            .arg("-c")
+            .arg("import pickle,sys; pickle.dump({'trajectories': [{'task_id': 0}], 'metadata': {}}, open(sys.argv[1], 'wb'))")
+            .arg(&path)
+            .status()
+            .unwrap();
+        assert!(out.success());
+    }
+    let mut nodes = w.spawn(
+        &[],
+        &[
+            ("RL_NODE_CLUSTER_FIRST_ITERATION", "3".into()),
+            ("RL_NODE_CLUSTER_ITERATIONS", "3".into()),
+        ],
+    );
+    let codes: Vec<i32> = nodes.iter_mut().map(|n| n.wait(LIMIT)).collect();
+    let err = nodes[0].stderr();
+    assert_eq!(codes[0], 1, "{err}");
+    assert!(
+        err.contains("would write test file number 2, rl-node expects number 3"),
+        "{err}"
+    );
+    assert!(
+        err.contains("test_trajectories.pt.iteration1 (number 1)"),
+        "{err}"
+    );
+    assert!(err.contains("cluster.eval-interval (1)"), "{err}");
+    assert!(!err.contains("wrote no output"), "{err}");
+    // Refused before any rollout of iteration 3 ran.
+    let rollouts: Vec<Value> = w
+        .calls()
+        .into_iter()
+        .filter(|c| {
+            c["script"]
+                .as_str()
+                .is_some_and(|s| s.ends_with("rollout.py"))
+        })
+        .collect();
+    assert!(rollouts.is_empty(), "{rollouts:#?}");
+}
+
+/// merge_pickles.py never writes a file webgym's loader skips: whatever its shards are
+/// (webgym's torch.save zip archives, torch.save's legacy format, plain pickles), and
+/// without torch (this machine has none), the merged file is one `torch.load(…,
+/// weights_only=False)` reads, checked with webgym's loader logic. A plain pickle, what
+/// `--output-format pickle` wrote, is skipped by it ("Invalid magic number").
+#[test]
+fn merge_pickles_writes_what_webgyms_loader_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let shards: Vec<_> = ["zip", "legacy", "pickle"]
+        .iter()
+        .map(|kind| dir.path().join(format!("shard.{kind}")))
+        .collect();
+    let make = r#"
+import io, pickle, sys, zipfile
+sys.path.insert(0, sys.argv[1])
+from merge_pickles import save_torch_legacy
+obj = lambda n, r: {'trajectories': [{'task_id': f'{r}-{i}'} for i in range(n)], 'metadata': {'split': 'train'}}
+with zipfile.ZipFile(sys.argv[2], 'w') as z:  # torch.save's default layout, no tensors
+    z.writestr('archive/data.pkl', pickle.dumps(obj(3, 0), protocol=2))
+    z.writestr('archive/byteorder', 'little')
+    z.writestr('archive/version', '3\n')
+with open(sys.argv[3], 'wb') as f:
+    save_torch_legacy(obj(2, 1), f)
+with open(sys.argv[4], 'wb') as f:
+    pickle.dump(obj(1, 2), f)
+"#;
+    let merge_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/webgym");
+    let st = Command::new("python3")
+        .arg("-c")
+        .arg(make)
+        .arg(merge_dir)
+        .args(&shards)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    // A plain pickle is what webgym's loader skips.
+    assert!(
+        webgym_count(&shards[2])
+            .unwrap_err()
+            .contains("Invalid magic number"),
+        "the loader logic must refuse a plain pickle"
+    );
+    assert_eq!(webgym_count(&shards[0]), Ok(3));
+    assert_eq!(webgym_count(&shards[1]), Ok(2));
+    let merged = dir.path().join("merged");
+    let out = Command::new("python3")
+        .arg(format!("{merge_dir}/merge_pickles.py"))
+        .arg("--output")
+        .arg(&merged)
+        .args(&shards)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(webgym_count(&merged), Ok(6));
+    // The option that wrote plain pickles is gone.
+    let out = Command::new("python3")
+        .arg(format!("{merge_dir}/merge_pickles.py"))
+        .args(["--output-format", "pickle", "--output"])
+        .arg(dir.path().join("other"))
+        .arg(&shards[2])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(!dir.path().join("other").exists());
 }

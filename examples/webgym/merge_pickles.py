@@ -27,9 +27,15 @@ Run it where the classes inside the trajectories can be imported (PYTHONPATH), a
 rollout itself: unpickling imports them. Pickles can run code when loaded; merge only
 shards your own rollouts wrote.
 
-The output uses the container of the inputs: a pickle for pickles; for `torch.save`
-archives, `torch.save` (needs torch; without it, pass --output-format pickle). Shards
-written by `torch.save` that hold no tensors are read without torch.
+The output is always a file webgym's loaders read: they call `torch.load(path,
+weights_only=False)` (webgym/utils/trajectory_storage.py) and skip, with only a warning,
+a file it cannot read, which a plain pickle is ("Invalid magic number"): an iteration's
+trajectories would vanish from training. With torch importable the output is written by
+`torch.save`; without it (trajectories hold no tensors then: reading a shard that has
+some needs torch), in torch.save's own legacy format, which `torch.load` reads with
+`weights_only=False`. Run it in webgym's environment (its conda environment has torch),
+as run.sh did. Shards written by `torch.save` or `pickle.dump` are read, with or without
+torch as long as they hold no tensors.
 """
 
 import argparse
@@ -63,6 +69,36 @@ def _torch():
         return None
 
 
+# torch.save's legacy format (torch/serialization.py: _legacy_save, _legacy_load): these
+# pickles one after another, then the object, then the list of its storages' keys.
+TORCH_MAGIC_NUMBER = 0x1950a86a20f9469cfc6c
+TORCH_PROTOCOL_VERSION = 1001
+
+
+def _torch_legacy_header(f):
+    """True (and f past the header) for torch.save's legacy format; else f rewound."""
+    start = f.tell()
+    try:
+        if pickle.load(f) == TORCH_MAGIC_NUMBER:
+            if pickle.load(f) != TORCH_PROTOCOL_VERSION:
+                raise Unreadable("a torch.save file of an unknown protocol version")
+            pickle.load(f)  # system info
+            return True
+    except (EOFError, pickle.UnpicklingError):
+        pass
+    f.seek(start)
+    return False
+
+
+def save_torch_legacy(obj, f):
+    """What torch.save(obj, f, _use_new_zipfile_serialization=False) writes for an object
+    without tensors; torch.load(f, weights_only=False) reads it back."""
+    sys_info = dict(protocol_version=TORCH_PROTOCOL_VERSION, little_endian=sys.byteorder == "little",
+                    type_sizes=dict(short=2, int=4, long=4))
+    for part in (TORCH_MAGIC_NUMBER, TORCH_PROTOCOL_VERSION, sys_info, obj, []):
+        pickle.dump(part, f, protocol=4)
+
+
 def load(path):
     """(object, container) of one shard, container being 'pickle' or 'torch'."""
     try:
@@ -76,6 +112,11 @@ def load(path):
                     raise Unreadable("a zip archive without data.pkl: not a torch.save file")
                 return _NoTorchUnpickler(io.BytesIO(z.read(names[0]))).load(), "torch"
         with open(path, "rb") as f:
+            if _torch_legacy_header(f):
+                obj = _NoTorchUnpickler(f).load()
+                if pickle.load(f):
+                    raise Unreadable("it holds tensors: reading it needs torch (pip install torch)")
+                return obj, "torch"
             return pickle.load(f), "pickle"
     except Unreadable:
         raise
@@ -138,18 +179,17 @@ def main(argv=None):
                     help="where to write the JSON report (default $RL_NODE_REPORT)")
     ap.add_argument("--ranks", default=os.environ.get("RL_NODE_INPUT_RANKS", ""),
                     help="ranks of the inputs, comma-separated (default $RL_NODE_INPUT_RANKS)")
-    ap.add_argument("--output-format", choices=["same", "pickle", "torch"], default="same")
     a = ap.parse_args(argv)
 
     ranks = [int(r) for r in a.ranks.split(",") if r.strip()] if a.ranks else []
     if len(ranks) != len(a.inputs):
         ranks = list(range(len(a.inputs)))
 
-    trajectories, parts, containers = [], [], set()
+    trajectories, parts = [], []
     records, unreadable = {}, {}
     for rank, path in zip(ranks, a.inputs):
         try:
-            obj, container = load(path)
+            obj, _ = load(path)
             traj, meta = trajectories_of(obj)
         except Unreadable as e:
             unreadable[path] = str(e)
@@ -157,23 +197,17 @@ def main(argv=None):
             continue
         trajectories.extend(traj)
         parts.append((rank, path, len(traj), meta))
-        containers.add(container)
         records[path] = len(traj)
         print(f"merge_pickles: rank {rank}: {len(traj)} trajectories from {path}", file=sys.stderr)
 
     merged = {"trajectories": trajectories, "metadata": merge_metadata(parts)}
-    out_format = a.output_format
-    if out_format == "same":
-        out_format = "torch" if containers == {"torch"} else "pickle"
+    torch = _torch()
+    out_format = "torch.save" if torch is not None else "torch.save legacy format, without torch"
     with open(a.output, "wb") as f:
-        if out_format == "torch":
-            torch = _torch()
-            if torch is None:
-                sys.exit("merge_pickles: the shards are torch.save files and writing one needs torch; "
-                         "install it or pass --output-format pickle")
+        if torch is not None:
             torch.save(merged, f)
         else:
-            pickle.dump(merged, f, protocol=4)
+            save_torch_legacy(merged, f)
         f.flush()
         os.fsync(f.fileno())
     if a.report:

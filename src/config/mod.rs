@@ -482,6 +482,9 @@ pub struct Aggregate {
     pub timeout: Duration,
     /// A rollout that writes nothing commits an empty shard instead of failing.
     pub allow_empty_shards: bool,
+    /// The rollout command numbers its files from the merged files present: refuse a
+    /// rollout whose `{split_iteration}` differs (checked before it starts).
+    pub check_numbering: bool,
 }
 
 impl Aggregate {
@@ -1324,6 +1327,15 @@ fn validate_aggregate(l: &Loaded) -> Result<(), ConfigError> {
         .naming()
         .map_err(|e| l.invalid(e.key.config_key(), e.message))?;
     let format = naming.format();
+    if a.check_numbering && !naming.output_numbered() {
+        return Err(l.invalid(
+            "aggregate.check-numbering",
+            format!(
+                "needs {{split_iteration}} once in the file name of aggregate.output-name (`{}`): the numbers are read from the merged files' names",
+                a.output_name
+            ),
+        ));
+    }
     if format == Format::Command {
         if a.command.trim().is_empty() {
             return Err(l.invalid(

@@ -17,6 +17,7 @@ mod forensics;
 mod join;
 use crate::metrics;
 mod model;
+mod numbering;
 mod pipeline;
 mod publisher;
 mod server;
@@ -1943,6 +1944,7 @@ impl Node {
             return Ok(());
         }
         self.extra.clear();
+        self.check_numbering(split, phase)?;
         // Workers start only once rank 0's command lets them (`workers-wait`).
         let gate = rc.workers_wait.then(|| self.ready_file(split));
         if let Some(marker) = &gate {
@@ -1969,7 +1971,7 @@ impl Node {
     }
 
     /// Rank 0 with `workers-wait-for`: the file its command creates by itself (e.g.
-    /// webgym's `multinode_flags/train_sampling_complete_rank_0`) releases the workers.
+    /// webgym's `multinode_flags/instances_released_rank_0`) releases the workers.
     /// A left-over one is removed before the command starts (only rank 0 removes and
     /// watches it, so no worker can mistake an old one for this iteration's); while the
     /// command runs, the wait loop looks for it (`relay_round`) and then creates

@@ -94,7 +94,8 @@ impl Node {
                 self.rank,
                 None,
                 format!(
-                    "server port {port} is already in use: another process (perhaps a server left over from an earlier run) is listening; stop it or change server.port"
+                    "server port {port} is already in use {} (perhaps a server left over from an earlier run, such as run.sh's vLLM); stop it or change server.port",
+                    crate::process::ports::describe(port)
                 ),
                 None,
             ));

@@ -20,6 +20,7 @@ pub(crate) mod descendants;
 pub mod fake;
 pub(crate) mod forensics;
 pub mod launcher;
+pub(crate) mod ports;
 #[cfg(feature = "sim")]
 pub use fake::{FakeLauncher, FakeRun, FakeScript};
 pub use launcher::{Launcher, Processes};

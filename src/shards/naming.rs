@@ -651,6 +651,38 @@ impl Naming {
         }
         None
     }
+
+    /// Whether the merged file's name carries `{split_iteration}` once, in its file name
+    /// (what `aggregate.check-numbering` reads the numbers of the outputs present from).
+    pub fn output_numbered(&self) -> bool {
+        self.output.count(Field::SplitIteration) == 1
+            && self
+                .output
+                .file_pieces()
+                .contains(&Piece::Var(Field::SplitIteration))
+    }
+
+    /// The `{split_iteration}` of a merged file of `split` named `name` (a file name in
+    /// the directory of `output(…, iteration, split)`), in canonical decimal; None for
+    /// any other name (a rank's shard, a manifest, a set-aside file).
+    pub fn split_iteration_of_output(
+        &self,
+        name: &str,
+        iteration: u64,
+        split: &str,
+    ) -> Option<u64> {
+        let v = self.values(None, iteration, split, self.format.output_ext());
+        let file = self.output.file_pieces();
+        let at = file
+            .iter()
+            .position(|p| *p == Piece::Var(Field::SplitIteration))?;
+        let (pre, post) = (v.render(&file[..at]), v.render(&file[at + 1..]));
+        let num = name
+            .strip_prefix(pre.as_str())?
+            .strip_suffix(post.as_str())?;
+        let n: u64 = num.parse().ok()?;
+        (n.to_string() == num).then_some(n)
+    }
 }
 
 /// `rank-{rank}.{ext}` → `rank-{rank}.partial.{ext}`; `x.jsonl` → `x.partial.jsonl`; a
@@ -774,6 +806,32 @@ mod tests {
         } else {
             assert_eq!(f("rank-{rank}.pth"), Format::Torch);
         }
+    }
+
+    #[test]
+    fn merged_files_are_recognised_by_their_split_iteration() {
+        let webgym = n(
+            "command",
+            "{log_path}/{split}_trajectories/{split}_trajectories.pt.iteration{split_iteration}_rank_{rank}",
+            "",
+            "{log_path}/{split}_trajectories/{split}_trajectories.pt.iteration{split_iteration}",
+        )
+        .unwrap()
+        .with_eval_split("test", 6);
+        assert!(webgym.output_numbered());
+        let of = |name: &str| webgym.split_iteration_of_output(name, 7, "eval");
+        assert_eq!(of("test_trajectories.pt.iteration3"), Some(3));
+        assert_eq!(of("test_trajectories.pt.iteration12"), Some(12));
+        for other in [
+            "test_trajectories.pt.iteration3_rank_0",
+            "test_trajectories.pt.iteration3.manifest.json",
+            "test_trajectories.pt.iteration03",
+            "train_trajectories.pt.iteration3",
+            "test_trajectories.pt.iteration",
+        ] {
+            assert_eq!(of(other), None, "{other}");
+        }
+        assert!(!Naming::default().output_numbered());
     }
 
     #[test]

@@ -23,6 +23,11 @@ pub struct Webgym {
 
 /// The example configuration, pointed at a stand-in webgym checkout in the test directory.
 pub fn webgym_cluster(eval_interval: u64) -> Webgym {
+    webgym_cluster_with(eval_interval, true)
+}
+
+/// [`webgym_cluster`], with the example's own `kill-grace` unless `fast_kill` (2 s).
+pub fn webgym_cluster_with(eval_interval: u64, fast_kill: bool) -> Webgym {
     let c = TestCluster::new(3, "");
     let root = c.dir.path().to_path_buf();
     let webgym = root.join("webgym");
@@ -60,11 +65,12 @@ pub fn webgym_cluster(eval_interval: u64) -> Webgym {
         );
     assert!(text.contains(&webgym.display().to_string()) && text.contains(&merge));
     // Fast timing for a test; everything else is the example's.
-    text = text.replacen(
-        "[timing]\n",
-        "[timing]\nkill-grace = \"2s\"\njoin-timeout = \"60s\"\n",
-        1,
-    );
+    text = text.replacen("[timing]\n", "[timing]\njoin-timeout = \"60s\"\n", 1);
+    if fast_kill {
+        let grace = "\nkill-grace = \"30s\"\n";
+        assert!(text.contains(grace), "the example's kill-grace changed");
+        text = text.replacen(grace, "\nkill-grace = \"2s\"\n", 1);
+    }
     fs::write(&c.config, text).unwrap();
     let log = c.log_path.clone();
     Webgym {
@@ -115,6 +121,7 @@ impl Webgym {
             ("RL_NODE_SERVER_START_TIMEOUT", "30s".into()),
             ("RL_NODE_SERVER_STOP_GRACE", "5s".into()),
             ("RL_NODE_SERVER_GPU_DRAIN_MIB", "0".into()),
+            ("RL_NODE_PHASES_ROLLOUT_WORKERS_DELAY", "0s".into()),
             ("RL_NODE_PHASES_EVAL_WORKERS_DELAY", "0s".into()),
         ];
         e.extend(env.iter().cloned());
