@@ -199,8 +199,16 @@ pub fn read_journals(
     num_nodes: u32,
 ) -> Result<Vec<Lines<Entry>>, StateError> {
     (0..num_nodes)
-        .map(|r| read_lines(store, &layout.journal(r)))
+        .map(|r| read_journal(store, &layout.journal(r)))
         .collect()
+}
+
+/// One rank's journal, strictly, its entries [`journal::settled`]: without the late
+/// lines of replaced generations, each step once.
+pub fn read_journal(store: &dyn SharedDir, path: &Path) -> Result<Lines<Entry>, StateError> {
+    let mut lines = read_lines::<Entry>(store, path)?;
+    lines.entries = journal::settled(lines.entries);
+    Ok(lines)
 }
 
 /// The iteration every rank must have completed, by the evidence of the other journals

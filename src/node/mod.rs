@@ -1505,7 +1505,7 @@ impl Node {
             Ok(None) => {}
             Err(e) => return Err(self.fail(AbortKind::Error, self.rank, None, e, None)),
         }
-        self.journal = match crate::state::read_lines::<journal::Entry>(&*self.store, &path) {
+        self.journal = match crate::state::read_journal(&*self.store, &path) {
             Ok(lines) => lines.entries,
             Err(e) => {
                 let hint = e.hint(self.layout.root());

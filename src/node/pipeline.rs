@@ -29,6 +29,11 @@ pub(super) struct Other {
     /// The other cluster's generation and last iteration when it was seen finished: a
     /// wait fails on it only once the queue record, read after, still does not suffice.
     finished: Option<(u64, u64)>,
+    /// The other cluster's newest queue record read so far: what this node acts on when
+    /// a later read returns an older one (a late rename of a replaced generation's).
+    newest: Option<QueueRecord>,
+    /// Rank 0: this cluster's queue record as this node last published it.
+    published: Option<QueueRecord>,
 }
 
 /// Which model an iteration is rolled out with, as rank 0 releases it at `sync-start`.
@@ -70,6 +75,8 @@ impl Node {
                 checked: None,
                 absent_since: None,
                 finished: None,
+                newest: None,
+                published: None,
             });
             return Ok(());
         }
@@ -102,6 +109,8 @@ impl Node {
             finished: ended
                 .filter(|(_, done, _)| *done)
                 .map(|(gen, _, it)| (gen, it)),
+            newest: None,
+            published: None,
         });
         // A cluster started with another configuration than the running one is refused
         // before it publishes anything the running one would act on (or refuse in turn).
@@ -128,18 +137,47 @@ impl Node {
     }
 
     /// Rank 0: rewrite this cluster's queue record (a commit: the other cluster acts on it).
+    /// The record carries this node's run, generation and sequence number, so that a late
+    /// rename of an older one (a rank 0 of a replaced generation, frozen between its fence
+    /// check and its rename) is recognised as older by every reader.
     pub(super) fn publish_queue(&mut self, done: u64, current: u64) -> Result<(), Stop> {
         let Some(cluster) = self.layout.cluster_name() else {
             return Ok(());
         };
         let path = self.layout.queue(cluster);
-        let mut versions = self
-            .store
-            .read_json::<QueueRecord>(&path)
-            .ok()
-            .flatten()
-            .map(|q| q.versions)
-            .unwrap_or_default();
+        let (run, gen) = (self.run_id().to_string(), self.gen());
+        let found = self.store.read_json::<QueueRecord>(&path).ok().flatten();
+        let mine = self.other.as_ref().and_then(|o| o.published.clone());
+        if let Some(f) = found.as_ref().filter(|f| f.run == run && f.gen > gen) {
+            // A newer generation of this cluster moved the record on: never move it back.
+            let why = format!(
+                "generation {} of this cluster already wrote {} (this node is of generation {gen})",
+                f.gen,
+                path.display()
+            );
+            return Err(self.fenced(&why, &format!("write {}", path.display())));
+        }
+        if let (Some(f), Some(m)) = (&found, &mine) {
+            if f.older_than(m) {
+                self.warn(&format!(
+                    "{} went back to a record of generation {} (done {}) after this node wrote done {}: a late write of a replaced generation; rewriting it",
+                    path.display(),
+                    f.gen,
+                    f.done,
+                    m.done
+                ));
+            }
+        }
+        let base = match (mine, found) {
+            (seen, Some(read)) => Some(pipeline::newest(seen, read)),
+            (seen, None) => seen,
+        };
+        let seq = base
+            .as_ref()
+            .filter(|b| b.run == run && b.gen == gen)
+            .map_or(0, |b| b.seq)
+            + 1;
+        let mut versions = base.map(|q| q.versions).unwrap_or_default();
         if let Some(m) = &self.rollout_model {
             versions.retain(|(i, _)| *i != m.iteration);
             versions.push((m.iteration, m.model_version));
@@ -156,6 +194,9 @@ impl Node {
             current,
             last: self.cfg.cluster.iterations,
             at: self.wall_stamp(),
+            run,
+            gen,
+            seq,
         };
         // A commit the other cluster acts on: never from a replaced generation.
         self.fence(&format!("write {}", path.display()))?;
@@ -167,6 +208,9 @@ impl Node {
         if let Err(e) = written {
             let reason = format!("cannot write {}: {e}", path.display());
             return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
+        }
+        if let Some(o) = self.other.as_mut() {
+            o.published = Some(record);
         }
         Ok(())
     }
@@ -214,6 +258,11 @@ impl Node {
             stop.cause = crate::exit::Cause::Usage;
             return Err(stop);
         }
+        // A record older than one already read is a late rename of a replaced
+        // generation's: the newer one stays true (`done` only grows), and is kept.
+        let other = self.other.as_mut().expect("read above");
+        let q = pipeline::newest(other.newest.take(), q);
+        other.newest = Some(q.clone());
         Ok(Some(q))
     }
 

@@ -180,19 +180,18 @@ pub fn read_layout(layout: &Layout) -> Result<Status, String> {
         crate::state::read_lines::<serde_json::Value>(&crate::store::Fs, &layout.history())
             .map_err(|e| super::state_message(&layout, &e))?
             .entries;
-    let training_failures = crate::state::read_lines::<crate::protocol::journal::Entry>(
-        &crate::store::Fs,
-        &layout.journal(0),
-    )
-    .map_err(|e| super::state_message(&layout, &e))?
-    .entries
-    .into_iter()
-    .filter(|e| e.run_id == c.run_id && e.item == crate::protocol::journal::item::HANDOFF_SKIPPED)
-    .map(|e| TrainingFailure {
-        iteration: e.iteration,
-        outcome: e.note.unwrap_or_else(|| "training failed".into()),
-    })
-    .collect();
+    let training_failures = crate::state::read_journal(&crate::store::Fs, &layout.journal(0))
+        .map_err(|e| super::state_message(&layout, &e))?
+        .entries
+        .into_iter()
+        .filter(|e| {
+            e.run_id == c.run_id && e.item == crate::protocol::journal::item::HANDOFF_SKIPPED
+        })
+        .map(|e| TrainingFailure {
+            iteration: e.iteration,
+            outcome: e.note.unwrap_or_else(|| "training failed".into()),
+        })
+        .collect();
     Ok(Status {
         history,
         training_failures,

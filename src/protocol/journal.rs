@@ -12,6 +12,14 @@
 //! redo it any more than a successful one. A rank's latest training entry of an iteration
 //! is its outcome (a redo whose outcome differs appends a new one), and an iteration whose
 //! training every rank journaled, failed on any, publishes no checkpoint.
+//!
+//! The fence check before an append is not atomic with it: a node frozen in between (a
+//! paused VM) can wake after a newer generation of its rank journaled on, and append a
+//! line of its replaced generation. Nothing but a rename is atomic on a shared
+//! directory, and an append costs no read, so readers settle the journal instead
+//! ([`settled`]): a line of a generation older than one journaled before it is such a
+//! late write and is not taken as done (its work is redone, as after a crash before the
+//! line), and a step journaled a second time counts once.
 
 use serde::{Deserialize, Serialize};
 
@@ -130,10 +138,46 @@ pub fn parse_lines<T: serde::de::DeserializeOwned>(text: &str) -> Result<Lines<T
 }
 
 /// Parse a journal file leniently (display only: `status`); a torn last line is ignored.
+/// The entries are [`settled`].
 pub fn parse(text: &str) -> Vec<Entry> {
-    text.lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
+    settled(
+        text.lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect(),
+    )
+}
+
+/// A rank's journal as its readers take it: without the late lines of replaced
+/// generations (a line of generation G after a line of the same run's generation G' > G:
+/// its node was frozen between its fence check and its append, and a newer generation
+/// has run since), and with each step once (a second line of a step already journaled,
+/// from a node that woke in that window before its successor's line; for training, a
+/// second line with the same outcome: a redo's differing outcome is kept, see
+/// [`latest_train`]).
+pub fn settled(entries: Vec<Entry>) -> Vec<Entry> {
+    use std::collections::{HashMap, HashSet};
+    // Linear in the journal (a long run's holds tens of thousands of lines).
+    let mut newest: HashMap<String, u64> = HashMap::new();
+    let mut steps: HashSet<(String, u64, String)> = HashSet::new();
+    let mut trained: HashMap<(String, u64), Option<String>> = HashMap::new();
+    let mut out: Vec<Entry> = Vec::with_capacity(entries.len());
+    for e in entries {
+        let gen = newest.entry(e.run_id.clone()).or_default();
+        if e.gen < *gen {
+            continue;
+        }
+        *gen = e.gen;
+        let again = if e.item == item::TRAIN {
+            let key = (e.run_id.clone(), e.iteration);
+            trained.insert(key, e.failed.clone()).as_ref() == Some(&e.failed)
+        } else {
+            !steps.insert((e.run_id.clone(), e.iteration, e.item.clone()))
+        };
+        if !again {
+            out.push(e);
+        }
+    }
+    out
 }
 
 pub fn has(entries: &[Entry], run_id: &str, iteration: u64, item: &str) -> bool {
@@ -404,6 +448,60 @@ mod tests {
         let r = resume_point(&[j0.clone(), j1.clone()], "r", ITERATION);
         assert!(r.train_done && !r.train_failed, "{r:?}");
         assert!(train_failures(&[j0, j1], "r", 2).is_empty());
+    }
+
+    /// A node frozen between its fence check and its append wakes after its successor
+    /// (a newer generation of its rank) journaled on: its line is set aside, and a step
+    /// journaled by both counts once.
+    #[test]
+    fn late_lines_of_a_replaced_generation_are_set_aside() {
+        let g = |gen, iteration, item: &str| Entry {
+            gen,
+            ..e(0, iteration, item)
+        };
+        let failed_late = Entry {
+            failed: Some("exit code 3".into()),
+            ..g(1, 2, item::TRAIN)
+        };
+        let lines = vec![
+            g(1, 1, ITERATION),
+            g(2, 2, item::TRAIN),
+            g(2, 2, item::HANDOFF),
+            // Generation 1's training of iteration 2 failed before it froze: its line
+            // must not override the outcome of the successor's training.
+            failed_late,
+            g(2, 2, ITERATION),
+            // Woke before its successor's line of the same step: one line counts.
+            g(2, 3, item::TRAIN),
+            g(2, 3, item::TRAIN),
+        ];
+        let text: String = lines
+            .iter()
+            .map(|l| serde_json::to_string(l).unwrap() + "\n")
+            .collect();
+        let want = vec![
+            g(1, 1, ITERATION),
+            g(2, 2, item::TRAIN),
+            g(2, 2, item::HANDOFF),
+            g(2, 2, ITERATION),
+            g(2, 3, item::TRAIN),
+        ];
+        assert_eq!(parse(&text), want);
+        assert_eq!(settled(lines.clone()), want);
+        assert!(latest_train(&settled(lines), "r", 2)
+            .unwrap()
+            .failed
+            .is_none());
+        // A redo whose outcome differs, in one generation, is kept: the latest wins.
+        let redo = vec![failed(0, 2, "exit code 3"), e(0, 2, item::TRAIN)];
+        assert_eq!(settled(redo.clone()), redo);
+        // Generations of another run are not compared: a new run starts at 1 again.
+        let other = Entry {
+            run_id: "new".into(),
+            ..g(1, 1, ITERATION)
+        };
+        let runs = vec![g(3, 1, ITERATION), other];
+        assert_eq!(settled(runs.clone()), runs);
     }
 
     #[test]

@@ -13,6 +13,14 @@
 //!   cluster has completed that iteration; so it is never more than `staleness`
 //!   iterations ahead of the newest model;
 //! - the update cluster trains iteration `i` once its trajectories are committed.
+//!
+//! The fence check before a record's rename is not atomic with it: a rank 0 frozen in
+//! between (a paused VM) can wake after a newer generation moved the record on and
+//! rename its older one over it. Nothing but the rename is atomic on a shared
+//! directory, so the record carries its writer's run, generation and sequence number,
+//! and neither readers nor writers let it move back: a reader keeps the newest record
+//! it saw ([`newest`]), and a writer that finds a newer generation's record stops as
+//! fenced instead of replacing it.
 
 use serde::{Deserialize, Serialize};
 
@@ -40,6 +48,35 @@ pub struct QueueRecord {
     /// Wall-clock time of the write, for people only.
     #[serde(default)]
     pub at: String,
+    /// The writer's run id, generation and sequence number within that generation (from
+    /// 1): within one run, the record with the greater (generation, sequence number) is
+    /// the newer one, whatever order the renames reached the server in. Empty and 0 in
+    /// a record of an earlier version of rl-node (not ordered against the others).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub run: String,
+    #[serde(default)]
+    pub gen: u64,
+    #[serde(default)]
+    pub seq: u64,
+}
+
+impl QueueRecord {
+    /// Whether this record was written before `other` by the same run (a late rename of
+    /// a replaced generation's, or one a reader already saw superseded). Records of
+    /// different runs are not ordered: a new run (`--fresh`) starts over.
+    pub fn older_than(&self, other: &QueueRecord) -> bool {
+        self.run == other.run && (self.gen, self.seq) < (other.gen, other.seq)
+    }
+}
+
+/// What a reader acts on, given the newest record it saw before (`seen`) and the one it
+/// just `read`: the read one, unless it is older (a late rename of a replaced generation
+/// moved the file back; the newer one stays true, `done` only grows).
+pub fn newest(seen: Option<QueueRecord>, read: QueueRecord) -> QueueRecord {
+    match seen {
+        Some(seen) if read.older_than(&seen) => seen,
+        _ => read,
+    }
 }
 
 /// Which model (`pipeline.model`) iteration `iteration` may be rolled out with, given the
@@ -148,6 +185,40 @@ pub fn done_through(first: u64, iterations: impl IntoIterator<Item = u64>) -> u6
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    fn record(gen: u64, seq: u64, done: u64) -> QueueRecord {
+        QueueRecord {
+            cluster: "update".into(),
+            fingerprint: "f".into(),
+            staleness: 1,
+            done,
+            versions: vec![],
+            current: 0,
+            last: 5,
+            at: String::new(),
+            run: "r".into(),
+            gen,
+            seq,
+        }
+    }
+
+    /// A late rename of a replaced generation's record (a rank 0 frozen between its fence
+    /// check and its rename) does not move a reader back; a newer one moves it on.
+    #[test]
+    fn a_reader_keeps_the_newest_record() {
+        let seen = record(2, 3, 4);
+        assert_eq!(newest(Some(seen.clone()), record(1, 9, 2)), seen);
+        assert_eq!(newest(Some(seen.clone()), record(2, 2, 3)), seen);
+        assert_eq!(newest(Some(seen.clone()), record(2, 4, 4)), record(2, 4, 4));
+        assert_eq!(newest(Some(seen), record(3, 1, 4)), record(3, 1, 4));
+        assert_eq!(newest(None, record(1, 1, 0)), record(1, 1, 0));
+        // Another run (`--fresh`) starts over.
+        let fresh = QueueRecord {
+            run: "s".into(),
+            ..record(1, 1, 0)
+        };
+        assert_eq!(newest(Some(record(2, 3, 4)), fresh.clone()), fresh);
+    }
 
     #[test]
     fn staleness_1_rolls_out_i_plus_1_on_the_model_of_i_minus_1() {

@@ -74,6 +74,10 @@ pub struct Summary {
     pub adopted: u64,
     /// Starts of one cluster required to stop with the other's abort (and stopped).
     pub crossed: u64,
+    /// Looks that found a queue record older than one seen before (a late rename of a
+    /// replaced generation's), and journal lines of replaced generations set aside.
+    pub late_records: u64,
+    pub late_lines: u64,
 }
 
 impl std::ops::AddAssign for Summary {
@@ -86,17 +90,21 @@ impl std::ops::AddAssign for Summary {
         self.checks += o.checks;
         self.adopted += o.adopted;
         self.crossed += o.crossed;
+        self.late_records += o.late_records;
+        self.late_lines += o.late_lines;
     }
 }
 
 impl Summary {
     pub fn line(&self) -> String {
         format!(
-            "{} starts ({} stopped by the other cluster, {} of them required to), {} faults, {} turns, {} invariant checks, {:.1} simulated node-hours",
+            "{} starts ({} stopped by the other cluster, {} of them required to), {} faults, {} late queue records and {} late journal lines of replaced generations set aside, {} turns, {} invariant checks, {:.1} simulated node-hours",
             self.starts,
             self.adopted,
             self.crossed,
             self.faults,
+            self.late_records,
+            self.late_lines,
             self.turns,
             self.checks,
             self.node_seconds / 3600.0
@@ -428,16 +436,59 @@ fn batch_system(
     }
 }
 
-/// A queue record as the server holds it (`done` 0 while absent or still empty).
-fn queue(world: &SimWorld, cluster: &str) -> Result<u64, String> {
+/// A queue record as the server holds it (`None` while absent or still empty).
+fn queue(world: &SimWorld, cluster: &str) -> Result<Option<QueueRecord>, String> {
     let path = Layout::new(ROOT).queue(cluster);
     let t = text(world, &path);
     if t.trim().is_empty() {
-        return Ok(0);
+        return Ok(None);
     }
     serde_json::from_str::<QueueRecord>(&t)
-        .map(|q| q.done)
+        .map(Some)
         .map_err(|e| format!("{}: {e}: {t}", path.display()))
+}
+
+/// The newest of a cluster's queue records seen so far, given the one just read: a record
+/// older by its writer's (generation, sequence number) is a late rename of a replaced
+/// generation's (a rank 0 frozen between its fence check and its rename), which readers
+/// set aside; it must come from an older generation than the newest, and is counted in
+/// `late`. Otherwise `done` never goes back.
+fn advance(
+    name: &str,
+    seen: &mut Option<QueueRecord>,
+    read: Option<QueueRecord>,
+    late: &mut u64,
+) -> Result<u64, String> {
+    let Some(read) = read else {
+        return Ok(seen.as_ref().map_or(0, |q| q.done));
+    };
+    if let Some(s) = seen.as_ref() {
+        if read.older_than(s) {
+            if read.gen >= s.gen {
+                return Err(format!(
+                    "the {name} queue record went back within generation {}: seq {} -> {} (done {} -> {})",
+                    s.gen, s.seq, read.seq, s.done, read.done
+                ));
+            }
+            if read.done > s.done {
+                return Err(format!(
+                    "a late {name} queue record of generation {} says done {} beyond the newer generation {}'s {}",
+                    read.gen, read.done, s.gen, s.done
+                ));
+            }
+            *late += 1;
+            return Ok(s.done);
+        }
+        if read.done < s.done {
+            return Err(format!(
+                "a queue record moved back: {name} {} -> {} (generation {} seq {} -> generation {} seq {})",
+                s.done, read.done, s.gen, s.seq, read.gen, read.seq
+            ));
+        }
+    }
+    let done = read.done;
+    *seen = Some(read);
+    Ok(done)
 }
 
 /// An abort as the checker first saw it on the server.
@@ -477,6 +528,10 @@ impl Abort {
 struct Seen {
     rolled: u64,
     trained: u64,
+    /// Each cluster's newest queue record seen (by its writer's generation and sequence
+    /// number), and the looks that found an older one in its place (a late rename).
+    records: [Option<QueueRecord>; 2],
+    late: u64,
     models: Vec<Option<String>>,
     aborts: Vec<Abort>,
     /// Each cluster's generations, and when the checker first saw each in `cluster.json`.
@@ -524,14 +579,10 @@ fn look_for_aborts(world: &SimWorld, now: Duration, seen: &mut Seen) -> Result<(
 /// One look at the hand-over as the server holds it; the checks made, or what failed.
 fn look(world: &SimWorld, case: &Case, seen: &mut Seen) -> Result<u64, String> {
     let s = case.staleness;
-    let (rolled, trained) = (queue(world, "rollout")?, queue(world, "update")?);
+    let [r, u] = &mut seen.records;
+    let rolled = advance("rollout", r, queue(world, "rollout")?, &mut seen.late)?;
+    let trained = advance("update", u, queue(world, "update")?, &mut seen.late)?;
     let mut checks = 4;
-    if rolled < seen.rolled || trained < seen.trained {
-        return Err(format!(
-            "a queue record moved back: rollout {} -> {rolled}, update {} -> {trained}",
-            seen.rolled, seen.trained
-        ));
-    }
     (seen.rolled, seen.trained) = (rolled, trained);
     if rolled > trained + s + 1 {
         return Err(format!(
@@ -795,6 +846,7 @@ pub(crate) fn run_seed_broken(seed: u64, broken: Broken) -> Result<(Summary, Str
         }
     }
     // Both jobs completed.
+    let mut late_lines = 0;
     for (c, name) in CLUSTERS.into_iter().enumerate() {
         let last = job.starts[c].last().expect("a start");
         checks += 1;
@@ -823,7 +875,11 @@ pub(crate) fn run_seed_broken(seed: u64, broken: Broken) -> Result<(Summary, Str
             )));
         }
         for rank in 0..case.nodes[c] {
-            let entries = journal::parse(&text(&world, &layout.journal(rank)));
+            let raw = text(&world, &layout.journal(rank));
+            late_lines += late_journal_lines(&raw)
+                .map_err(|v| violation(format!("the {name} cluster's rank {rank}: {v}")))?;
+            // The journal as the node reads it: each step once, generations in order.
+            let entries = journal::parse(&raw);
             let last_item = entries.last().map(|e| e.item.clone()).unwrap_or_default();
             checks += 1;
             if journal::last_complete(&entries, &run_id, &last_item) != case.iterations {
@@ -872,8 +928,9 @@ pub(crate) fn run_seed_broken(seed: u64, broken: Broken) -> Result<(Summary, Str
             }
         }
     }
-    // The hand-over as it ended: both records at the last iteration, every model.json.
-    let mut seen = Seen::default();
+    // The hand-over as it ended: both records at the last iteration, every model.json
+    // (the newest records: a late rename of a replaced generation's may hold the file).
+    let mut seen = job.seen.clone();
     checks += look(&world, &case, &mut seen)
         .map_err(|v| violation(format!("the hand-over at the end: {v}")))?;
     checks += 1;
@@ -895,6 +952,8 @@ pub(crate) fn run_seed_broken(seed: u64, broken: Broken) -> Result<(Summary, Str
         checks,
         adopted,
         crossed,
+        late_records: seen.late,
+        late_lines,
     };
     let results: Vec<Vec<_>> = job
         .starts
@@ -920,6 +979,43 @@ pub(crate) fn run_seed_broken(seed: u64, broken: Broken) -> Result<(Summary, Str
         job.woken,
     );
     Ok((summary, line))
+}
+
+/// The lines of a rank's journal (as written) that its readers set aside: none
+/// journaled twice by one generation, and of a replaced generation at most one, the line
+/// of a node frozen between its fence check and its append that woke after its successor
+/// took over (found after the successor's lines, or before its successor's own line of
+/// that step). More would be a fenced node committing past its fence.
+fn late_journal_lines(raw: &str) -> Result<u64, String> {
+    let lines: Vec<journal::Entry> = raw
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let mut late = std::collections::BTreeMap::<u64, usize>::new();
+    let mut newest = 0;
+    for (k, e) in lines.iter().enumerate() {
+        let first = lines[..k]
+            .iter()
+            .find(|p| (p.iteration, &p.item) == (e.iteration, &e.item));
+        if e.gen < newest {
+            *late.entry(e.gen).or_default() += 1;
+        } else if let Some(p) = first {
+            if p.gen == e.gen {
+                return Err(format!(
+                    "journaled {} of iteration {} twice in generation {}: {lines:?}",
+                    e.item, e.iteration, e.gen
+                ));
+            }
+            *late.entry(p.gen).or_default() += 1;
+        }
+        newest = newest.max(e.gen);
+    }
+    if let Some((&gen, &n)) = late.iter().find(|&(_, &n)| n > 1) {
+        return Err(format!(
+            "generation {gen} journaled {n} lines after it was replaced (a fenced node commits nothing past its fence window): {lines:?}"
+        ));
+    }
+    Ok(late.len() as u64)
 }
 
 /// Seeds `first..first+seeds`.
@@ -1018,4 +1114,33 @@ fn seed_541_a_freeze_inside_a_look_at_the_other_cluster_is_not_its_silence() {
         !line.contains("the rollout cluster's rank 0 on sim-rollout-host-0 is dead: its heartbeat has been still for 50"),
         "{line}"
     );
+}
+
+/// Seed 178 (the 314-seed run found it): the update cluster's only node froze for 97 s
+/// between its fence check and the rename of its queue record; a new start moved the
+/// record on to iteration 4 and the old node, waking, renamed its record (iteration 2)
+/// over it. The records now carry their writer's generation and sequence number: the
+/// late one is recognised as older, and readers keep the newer.
+#[test]
+fn seed_178_a_late_queue_record_of_a_replaced_generation_is_set_aside() {
+    let (s, line) = run_seed(178).unwrap_or_else(|v| panic!("{v}"));
+    assert!(s.late_records > 0, "the late rename did not happen: {line}");
+}
+
+/// Seed 312: the update cluster's rank 0 froze inside its hand-off of iteration 3, after
+/// the fence check of its journal line; a new generation journaled iterations 3 and 4,
+/// and the old node, waking, appended `handoff` of iteration 3 after them. Readers of
+/// the journal now set such a late line of a replaced generation aside.
+#[test]
+fn seed_312_a_late_journal_line_of_a_replaced_generation_is_set_aside() {
+    let (s, line) = run_seed(312).unwrap_or_else(|v| panic!("{v}"));
+    assert!(s.late_lines > 0, "the late append did not happen: {line}");
+}
+
+/// Seed 314: the same window on a worker (rank 1 of the update cluster, frozen for 84 s):
+/// its `iteration-complete:update` of iteration 2 came after its successor's.
+#[test]
+fn seed_314_a_late_journal_line_of_a_frozen_worker_counts_once() {
+    let (s, line) = run_seed(314).unwrap_or_else(|v| panic!("{v}"));
+    assert!(s.late_lines > 0, "the late append did not happen: {line}");
 }
