@@ -10,12 +10,18 @@
 //! so is a node's final `error: …`/`hint: …` report in the text format. In the JSON format
 //! that report is an event too, so that every line a node writes parses.
 //!
+//! A JSON line carries what the node is doing as fields of its own (`run`, `generation`,
+//! `iteration`, `phase`, `host`: [`set_context`], which the node calls as its record
+//! changes, so the final report has them too), a message's further lines as `details` and
+//! a command's log tail as an array of lines: no value holds a newline. Each event the
+//! node records is also a line, its kind in `event` beside the event's own fields.
+//!
 //! The writer goes through [`crate::output`]: a closed stderr loses the lines, never the
 //! node, and a control character in a line (from a peer's host name, an abort reason) is
 //! escaped there, in the text and the JSON format alike.
 
 use std::fmt::{self, Write as _};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::filter::LevelFilter;
@@ -96,16 +102,9 @@ pub fn init(level: LogLevel, format: LogFormat) {
         LogFormat::Text => {
             tracing::subscriber::set_global_default(builder.event_format(Text { timer }).finish())
         }
-        LogFormat::Json => tracing::subscriber::set_global_default(
-            builder
-                .json()
-                .flatten_event(true)
-                .with_current_span(false)
-                .with_span_list(false)
-                .with_target(false)
-                .with_timer(timer)
-                .finish(),
-        ),
+        LogFormat::Json => {
+            tracing::subscriber::set_global_default(builder.event_format(Json { timer }).finish())
+        }
     };
 }
 
@@ -113,6 +112,35 @@ pub fn init(level: LogLevel, format: LogFormat) {
 /// progress bar.
 pub fn json() -> bool {
     FORMAT.get() == Some(&LogFormat::Json)
+}
+
+/// What the node is doing, for the fields of its JSON lines.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct Context {
+    pub run: String,
+    pub generation: u64,
+    pub iteration: u64,
+    pub phase: Option<&'static str>,
+    pub host: String,
+}
+
+static CONTEXT: Mutex<Option<Context>> = Mutex::new(None);
+
+/// The node's run, generation, iteration, phase and host from now on (JSON format only:
+/// the text format's lines say them in words where they matter).
+pub(crate) fn set_context(c: Context) {
+    if json() {
+        *CONTEXT.lock().unwrap_or_else(|e| e.into_inner()) = Some(c);
+    }
+}
+
+/// An event the node records (`fields`: the event's own, `event` its kind), as a line of
+/// its own in the JSON format.
+pub(crate) fn event(rank: u32, fields: &serde_json::Value) {
+    if json() {
+        let kind = fields["event"].as_str().unwrap_or("event");
+        tracing::info!(rank, event_fields = %fields, "{kind}");
+    }
 }
 
 pub(crate) fn error(rank: u32, msg: &str) {
@@ -227,6 +255,114 @@ impl Visit for TextFields {
             let _ = write!(self.message, "{value:?}");
         } else {
             let _ = write!(self.rest, " {}={value:?}", field.name());
+        }
+    }
+}
+
+/// One JSON object per line: `timestamp`, `level`, `message`, the event's fields, then the
+/// node's context ([`set_context`]). No value holds a newline: a message's further lines
+/// go to `details`, a log tail becomes an array of lines.
+struct Json {
+    timer: ChronoLocal,
+}
+
+impl<S, N> FormatEvent<S, N> for Json
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        _ctx: &FmtContext<'_, S, N>,
+        mut w: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        let mut stamp = String::new();
+        self.timer.format_time(&mut Writer::new(&mut stamp))?;
+        let mut fields = JsonFields::default();
+        fields.put("timestamp", stamp.into());
+        fields.put("level", event.metadata().level().as_str().into());
+        event.record(&mut fields);
+        let context = CONTEXT.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(c) = context {
+            let mut put = |k: &str, v: serde_json::Value| {
+                fields.0.entry(k).or_insert(v);
+            };
+            put("run", c.run.into());
+            put("generation", c.generation.into());
+            put("iteration", c.iteration.into());
+            if let Some(p) = c.phase {
+                put("phase", p.into());
+            }
+            put("host", c.host.into());
+        }
+        writeln!(w, "{}", serde_json::Value::Object(fields.0))
+    }
+}
+
+#[derive(Default)]
+struct JsonFields(serde_json::Map<String, serde_json::Value>);
+
+impl JsonFields {
+    fn put(&mut self, key: &str, value: serde_json::Value) {
+        self.0.insert(key.to_string(), value);
+    }
+
+    /// Lines of `text`, without blank ones, each trimmed of the indentation that set it
+    /// under the first.
+    fn lines(text: &str) -> Vec<serde_json::Value> {
+        text.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(|l| l.into())
+            .collect()
+    }
+}
+
+impl Visit for JsonFields {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        match field.name() {
+            "message" => {
+                let (first, rest) = value.split_once('\n').unwrap_or((value, ""));
+                self.put("message", first.into());
+                let details = Self::lines(rest);
+                if !details.is_empty() {
+                    self.put("details", details.into());
+                }
+            }
+            "log_tail" => self.put("log_tail", Self::lines(value).into()),
+            name => self.put(name, value.into()),
+        }
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.put(field.name(), value.into());
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.put(field.name(), value.into());
+    }
+
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.put(field.name(), value.into());
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        if field.name() == "event_fields" {
+            // An event's own fields, as the event log writes them (`event` is its kind).
+            if let Ok(serde_json::Value::Object(m)) =
+                serde_json::from_str::<serde_json::Value>(&format!("{value:?}"))
+            {
+                for (k, v) in m {
+                    match k.as_str() {
+                        "rank" | "t" => {}
+                        "gen" => self.put("generation", v),
+                        _ => self.put(&k, v),
+                    }
+                }
+            }
+        } else {
+            self.record_str(field, &format!("{value:?}"));
         }
     }
 }

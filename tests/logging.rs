@@ -118,10 +118,49 @@ fn log_format_json_writes_one_object_per_line_final_report_included() {
     assert!(message.contains("exit code 7"), "{report}");
     assert!(
         report["log_tail"]
-            .as_str()
-            .is_some_and(|t| t.contains("out of tokens")),
-        "the failed command's last log lines are a field: {report}"
+            .as_array()
+            .is_some_and(|t| t.iter().any(|l| l == "out of tokens")),
+        "the failed command's last log lines are a field, one string per line: {report}"
     );
+    // The message's further lines (the log's path) are details, not embedded newlines.
+    assert!(
+        report["details"]
+            .as_array()
+            .is_some_and(|d| d.iter().any(|l| l.as_str().unwrap().starts_with("log: "))),
+        "{report}"
+    );
+    // What the node was doing are fields of their own, in its final report too.
+    assert_eq!(report["iteration"], 2, "{report}");
+    assert_eq!(report["phase"], "train-rollout", "{report}");
+    assert_eq!(report["generation"], 1, "{report}");
+    assert!(
+        report["run"].as_str().is_some_and(|r| r.len() > 4),
+        "{report}"
+    );
+    assert!(report["host"].is_string(), "{report}");
+    for n in [&master, &worker] {
+        let lines = json_lines(&n.stderr());
+        // No value holds a newline.
+        fn strings(v: &serde_json::Value, out: &mut Vec<String>) {
+            match v {
+                serde_json::Value::String(s) => out.push(s.clone()),
+                serde_json::Value::Array(a) => a.iter().for_each(|v| strings(v, out)),
+                serde_json::Value::Object(m) => m.values().for_each(|v| strings(v, out)),
+                _ => {}
+            }
+        }
+        let mut all = vec![];
+        lines.iter().for_each(|l| strings(l, &mut all));
+        assert!(all.iter().all(|s| !s.contains('\n')), "{all:?}");
+        // Every event the node records is a line, its kind in `event`, with its fields.
+        let barriers: Vec<_> = lines.iter().filter(|l| l["event"] == "barrier").collect();
+        assert!(
+            barriers.iter().any(|l| l["name"] == "sync-start"
+                && l["iteration"] == 1
+                && l["run"] == report["run"]),
+            "{barriers:?}"
+        );
+    }
 }
 
 #[test]

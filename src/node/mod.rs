@@ -3178,6 +3178,11 @@ impl Node {
             .join(format!("rank-{}.jsonl", self.rank));
         // Every rank keeps its numbers: rank 0 for its line, workers for their
         // `final-sync` arrival (the spread over ranks).
+        if logging::json() {
+            if let Ok(fields) = serde_json::to_value(&record) {
+                logging::event(self.rank, &fields);
+            }
+        }
         self.metrics_collector()
             .observe(&record.event, self.clock.now());
         self.with_textfile(|t| t.observe(&record.event, record.iteration, record.gen));

@@ -145,6 +145,7 @@ impl Publisher {
         let (m, cv) = &*self.shared;
         let mut s = m.lock().unwrap();
         f(&mut s.record);
+        log_context(&s.record);
         s.dirty = true;
         drop(s);
         clock::notify(&*self.clock, Some(cv));
@@ -157,6 +158,7 @@ impl Publisher {
         let (m, cv) = &*self.shared;
         let mut s = m.lock().unwrap();
         f(&mut s.record);
+        log_context(&s.record);
         if s.due.is_none() {
             s.due = Some(self.clock.now() + FOLD);
             drop(s);
@@ -167,7 +169,9 @@ impl Publisher {
 
     /// Change the record without forcing a write: it goes out with the next heartbeat.
     pub fn stage(&self, f: impl FnOnce(&mut RankRecord)) {
-        f(&mut self.shared.0.lock().unwrap().record);
+        let record = &mut self.shared.0.lock().unwrap().record;
+        f(record);
+        log_context(record);
     }
 
     /// Rank 0's peer observations, for `path`: written with the next periodic heartbeat.
@@ -374,6 +378,20 @@ fn strip_defaults(v: &mut serde_json::Value) {
         obj.retain(|_, x| !(x.is_null() || x.as_array().is_some_and(|a| a.is_empty())));
         obj.values_mut().for_each(strip_defaults);
     }
+}
+
+/// The node's JSON log lines say what its record says it is doing.
+fn log_context(r: &RankRecord) {
+    if !crate::logging::json() {
+        return;
+    }
+    crate::logging::set_context(crate::logging::Context {
+        run: r.run_id.clone(),
+        generation: r.gen,
+        iteration: r.iteration,
+        phase: r.phase.map(|p| p.name()),
+        host: r.host.clone(),
+    });
 }
 
 #[cfg(test)]
