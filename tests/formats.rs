@@ -587,9 +587,15 @@ for r in range(n):
         pickle.dump(obj, f)
 "#;
 
+/// The merged file as `torch.load` reads the legacy format the example script writes
+/// without torch: pickles of torch's magic number, its protocol version and system info,
+/// then the object.
 const SHOW_PICKLE: &str = r#"
 import json, pickle, sys
 with open(sys.argv[1], "rb") as f:
+    assert pickle.load(f) == 0x1950a86a20f9469cfc6c, "torch's magic number"
+    assert pickle.load(f) == 1001, "torch's legacy protocol version"
+    pickle.load(f)
     m = pickle.load(f)
 print(json.dumps({"tasks": [t["task"] for t in m["trajectories"]], "metadata": m["metadata"]}, default=str))
 "#;
