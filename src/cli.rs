@@ -194,8 +194,14 @@ enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
-    /// Print the man page (roff), e.g. `rl-node man > /usr/local/share/man/man1/rl-node.1`.
-    Man,
+    /// Print the man page (roff), e.g. `rl-node man > /usr/local/share/man/man1/rl-node.1`,
+    /// or write one page per subcommand with `--out-dir /usr/local/share/man/man1`.
+    Man {
+        /// Write `rl-node.1` and an `rl-node-<subcommand>.1` for every subcommand into DIR
+        /// (the pages `rl-node.1` refers to), and list them.
+        #[arg(long, value_name = "DIR")]
+        out_dir: Option<std::path::PathBuf>,
+    },
     /// The demo's toy workload (inference server, rollout, training, eval).
     #[command(name = "__toy", hide = true)]
     Toy(crate::demo::ToyArgs),
@@ -475,16 +481,12 @@ fn run() -> (Option<u32>, Result<Ending, Failure>) {
         }
         Some(Command::Toy(args)) => crate::demo::toy_main(args),
         Some(Command::Completions { shell }) => {
-            use clap::CommandFactory;
-            let mut buf = Vec::new();
-            clap_complete::generate(shell, &mut Cli::command(), "rl-node", &mut buf);
-            crate::out!("{}", String::from_utf8_lossy(&buf));
+            crate::out!("{}", completion_script(shell));
             Ok(Ending::Done)
         }
-        Some(Command::Man) => {
-            use clap::CommandFactory;
+        Some(Command::Man { out_dir: None }) => {
             let mut buf = Vec::new();
-            match clap_mangen::Man::new(Cli::command()).render(&mut buf) {
+            match clap_mangen::Man::new(visible_command()).render(&mut buf) {
                 Ok(()) => {
                     crate::out!("{}", String::from_utf8_lossy(&buf));
                     Ok(Ending::Done)
@@ -492,6 +494,7 @@ fn run() -> (Option<u32>, Result<Ending, Failure>) {
                 Err(e) => Err(Failure::failed(format!("cannot render the man page: {e}"))),
             }
         }
+        Some(Command::Man { out_dir: Some(dir) }) => write_man_pages(&dir),
         Some(Command::ShowConfig(settings)) => settings.load().map_err(Failure::from).map(|l| {
             crate::out!(
                 "# effective rl-node configuration (fingerprint {})\n{}",
@@ -688,4 +691,60 @@ fn run_node(cli: Cli) -> (Option<u32>, Result<Ending, Failure>) {
         crate::error::notify(Some(rank), notice);
     }
     (Some(rank), result.map(|_| Ending::Done))
+}
+
+/// The command line as users see it: rl-node's own hidden commands (`__toy`, `__guard`)
+/// are left out, so no completion offers them and no man page names them.
+fn visible_command() -> clap::Command {
+    use clap::CommandFactory;
+    let full = Cli::command();
+    let mut c = clap::Command::new("rl-node")
+        .about(full.get_about().cloned().unwrap_or_default())
+        .args(full.get_arguments().cloned())
+        .groups(full.get_groups().cloned());
+    if full.get_version().is_some() {
+        c = c.version(env!("CARGO_PKG_VERSION"));
+    }
+    c.subcommands(full.get_subcommands().filter(|s| !s.is_hide_set()).cloned())
+}
+
+/// `shell`'s completion script. clap_complete's bash script spells a hyphenated program's
+/// subcommand states two ways (`rl__node__subcmd__status` where it walks the words,
+/// `rl__subcmd__node__subcmd__status` in the arms that complete them: clap issue 6421),
+/// so no option after a subcommand ever completed; the arms are respelled here.
+fn completion_script(shell: clap_complete::Shell) -> String {
+    let mut buf = Vec::new();
+    clap_complete::generate(shell, &mut visible_command(), "rl-node", &mut buf);
+    let script = String::from_utf8_lossy(&buf).into_owned();
+    match shell {
+        clap_complete::Shell::Bash => script.replace("rl__subcmd__node", "rl__node"),
+        _ => script,
+    }
+}
+
+/// `rl-node man --out-dir DIR`: a page per subcommand, listed as they are written.
+fn write_man_pages(dir: &std::path::Path) -> Result<Ending, Failure> {
+    if !dir.is_dir() {
+        return Err(Failure::usage(
+            format!("--out-dir {}: not a directory", dir.display()),
+            None,
+        ));
+    }
+    clap_mangen::generate_to(visible_command(), dir).map_err(|e| {
+        Failure::failed(format!(
+            "cannot write the man pages into {}: {e}",
+            dir.display()
+        ))
+    })?;
+    let mut pages: Vec<String> = std::fs::read_dir(dir)
+        .map_err(|e| Failure::failed(format!("{}: {e}", dir.display())))?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("rl-node") && n.ends_with(".1"))
+        .collect();
+    pages.sort();
+    for p in pages {
+        crate::out!("{}\n", dir.join(p).display());
+    }
+    Ok(Ending::Done)
 }

@@ -438,3 +438,131 @@ fn every_variable_the_help_names_is_the_real_one() {
     );
     assert!(read >= 6, "only {read} variables read in {names:?}");
 }
+
+/// What bash completes for `words` (the last one being completed), through the script
+/// `rl-node completions bash` prints, driven the way bash drives it (COMP_WORDS,
+/// COMP_CWORD, and the function's three arguments).
+fn bash_completes(words: &[&str]) -> Vec<String> {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("rl-node.bash");
+    let out = Command::new(BIN)
+        .args(["completions", "bash"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    std::fs::write(&script, &out.stdout).unwrap();
+    // The function the script registers for rl-node (`complete -F FUNCTION … rl-node`).
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let function = text
+        .lines()
+        .find_map(|l| l.split_once("complete -F ").map(|(_, r)| r))
+        .and_then(|r| r.split_whitespace().next())
+        .expect("a `complete -F` line")
+        .to_string();
+    let quoted: Vec<String> = words.iter().map(|w| format!("'{w}'")).collect();
+    let driver = format!(
+        "source {}\nCOMP_WORDS=({})\nCOMP_CWORD=$(( ${{#COMP_WORDS[@]}} - 1 ))\n\
+         {function} rl-node \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\"\n\
+         printf '%s\\n' \"${{COMPREPLY[@]}}\"\n",
+        script.display(),
+        quoted.join(" ")
+    );
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(&driver)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(String::from)
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+/// Bash completes a subcommand's own flags after it (clap_complete's script for a program
+/// with a hyphen in its name completed nothing there), and never offers rl-node's hidden
+/// commands.
+#[test]
+fn bash_completes_the_flags_of_each_subcommand_and_never_a_hidden_command() {
+    for (words, want) in [
+        (
+            &["rl-node", "status", "--"][..],
+            &["--log-path", "--watch", "--json"][..],
+        ),
+        (&["rl-node", "doctor", "--"], &["--log-path", "--nodes"]),
+        (
+            &["rl-node", "plan", "--"],
+            &["--config", "--iteration", "--rank"],
+        ),
+    ] {
+        let got = bash_completes(words);
+        for w in want {
+            assert!(got.iter().any(|g| g == w), "{words:?}: {w} not in {got:?}");
+        }
+    }
+    let top = bash_completes(&["rl-node", ""]);
+    assert!(top.iter().any(|w| w == "status"), "{top:?}");
+    assert!(top.iter().all(|w| !w.starts_with("__")), "{top:?}");
+    assert_eq!(bash_completes(&["rl-node", "__"]), Vec::<String>::new());
+    for shell in ["zsh", "fish"] {
+        let out = Command::new(BIN)
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        let script = String::from_utf8_lossy(&out.stdout);
+        assert!(script.contains("rehearse"), "{shell}");
+        assert!(
+            !script.contains("__guard") && !script.contains("__toy"),
+            "{shell}"
+        );
+    }
+}
+
+/// `rl-node man --out-dir DIR` writes a page for every subcommand the main page refers to
+/// (`rl-node-status(1)`, …), and none for a hidden command.
+#[test]
+fn every_man_page_the_main_page_refers_to_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args(["man", "--out-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed = String::from_utf8_lossy(&out.stdout);
+    let main = std::fs::read_to_string(dir.path().join("rl-node.1")).unwrap();
+    let refs: Vec<String> = main
+        .match_indices("rl\\-node\\-")
+        .map(|(at, _)| {
+            let name: String = main[at..].chars().take_while(|c| *c != '(').collect();
+            name.replace("\\-", "-")
+        })
+        .collect();
+    assert!(refs.len() >= 10, "{refs:?}");
+    for r in &refs {
+        let page = dir.path().join(format!("{r}.1"));
+        assert!(page.is_file(), "{r}(1) is referred to but not written");
+        assert!(listed.contains(&page.display().to_string()), "{listed}");
+    }
+    let names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().all(|n| !n.contains("__")), "{names:?}");
+    // Without --out-dir: the main page on stdout, as before.
+    let out = Command::new(BIN).arg("man").output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with(".ie"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
