@@ -58,12 +58,17 @@ fn samples(path: &Path) -> Samples {
     out
 }
 
+/// The value of the one sample of `name` whose labels include `labels` (every sample also
+/// carries the run's id once the node has joined).
 fn value(s: &Samples, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    let labels = labels
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    s.get(&(name.to_string(), labels)).copied()
+    let mut found = s.iter().filter(|((n, l), _)| {
+        n == name
+            && labels.iter().all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
+            && l.keys().all(|k| k == "run_id" || labels.iter().any(|(lk, _)| lk == k))
+    });
+    let one = found.next().map(|(_, v)| *v);
+    assert!(found.next().is_none(), "{name} {labels:?}: more than one sample");
+    one
 }
 
 fn promtool_check(path: &Path) {
@@ -113,7 +118,7 @@ fn each_node_rewrites_its_own_file_while_it_runs_and_promtool_accepts_it() {
             value(
                 &s,
                 "rl_node_commands_total",
-                &[("rank", &rank), ("phase", "rollout")]
+                &[("rank", &rank), ("command", "rollout")]
             ),
             Some(1.0),
             "{s:?}"
@@ -153,7 +158,7 @@ fn each_node_rewrites_its_own_file_while_it_runs_and_promtool_accepts_it() {
         let s = samples(&file(r));
         assert_eq!(value(&s, "rl_node_running", &me), Some(0.0), "{s:?}");
         assert_eq!(value(&s, "rl_node_iteration", &me), Some(2.0), "{s:?}");
-        let train = [("rank", rank.as_str()), ("phase", "train")];
+        let train = [("rank", rank.as_str()), ("command", "train")];
         assert_eq!(
             value(&s, "rl_node_commands_total", &train),
             Some(2.0),

@@ -1304,10 +1304,14 @@ fn validate_server_and_observe(l: &Loaded) -> Result<(), ConfigError> {
         Template::parse(text).map_err(|e| l.invalid(key, e.to_string()))?;
     }
     let prom = Template::parse(&c.observe.prometheus_textfile).expect("parsed above");
-    if let Some(name) = prom.names().into_iter().find(|n| *n != "rank") {
+    if let Some(name) = prom
+        .names()
+        .into_iter()
+        .find(|n| !["rank", "run_id", "job"].contains(n))
+    {
         return Err(l.invalid(
             "observe.prometheus-textfile",
-            format!("only {{rank}} can be used in this path, not {{{name}}}: the file is opened once, when the node starts"),
+            format!("only {{rank}}, {{run_id}} and {{job}} (the batch job's id) can be used in this path, not {{{name}}}: the file is named once, when the node starts (with {{run_id}}: when it has joined its run)"),
         ));
     }
     Ok(())

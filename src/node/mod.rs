@@ -424,9 +424,38 @@ fn open_textfile(cfg: &Config, rank: u32) -> Result<Option<textfile::Textfile>, 
     if text.trim().is_empty() {
         return Ok(None);
     }
-    let values = std::collections::BTreeMap::from([("rank", rank.to_string())]);
-    let path = PathBuf::from(cfg.template(text).render_raw(&values));
-    textfile::Textfile::open(&path, rank, cfg.pipeline_cluster(), &hostname())
+    let template = cfg.template(text).clone();
+    let job = std::env::var("SLURM_JOB_ID")
+        .ok()
+        .filter(|j| !j.trim().is_empty());
+    if job.is_none() && template.names().contains(&"job") {
+        return Err(Stop::usage(
+            format!("observe.prometheus-textfile: {{job}} in {text:?} is the batch job's id, and SLURM_JOB_ID is not set"),
+            Some("use {job} only in jobs of a batch system, or name the file with {rank} and {run_id}".into()),
+        ));
+    }
+    let values = {
+        let job = job.clone().unwrap_or_default();
+        move |run_id: &str| {
+            std::collections::BTreeMap::from([
+                ("rank", rank.to_string()),
+                ("job", job.clone()),
+                ("run_id", run_id.to_string()),
+            ])
+        }
+    };
+    // A name with {run_id} is known only once the node has joined its run.
+    let now = (!template.names().contains(&"run_id"))
+        .then(|| PathBuf::from(template.render_raw(&values(""))));
+    let path_of_run: textfile::PathOf =
+        Box::new(move |run_id| PathBuf::from(template.render_raw(&values(run_id))));
+    let labels = textfile::Labels {
+        cluster: cfg.pipeline_cluster().map(str::to_string),
+        job,
+        run_id: None,
+        started: textfile::unix_now(),
+    };
+    textfile::Textfile::open(now, path_of_run, rank, &labels, &hostname())
         .map(Some)
         .map_err(|e| {
             Stop::usage(
@@ -816,6 +845,7 @@ fn drive(
     let result = match node.create_root(create_root).and_then(|()| node.join()) {
         Ok(join::Joined::Formed) => {
             node.machine.watch.formed = true;
+            node.textfile_for_run();
             node.run_iterations().map(|()| Outcome::Completed)
         }
         Ok(join::Joined::AlreadyComplete(n)) => Ok(Outcome::AlreadyComplete(n)),
@@ -1041,6 +1071,25 @@ impl Node {
         });
         if let Some(msg) = msg.flatten() {
             self.warn(&msg);
+        }
+    }
+
+    /// The run is known: the Prometheus textfile carries its id from now on (and goes to
+    /// its name, when that holds `{run_id}`).
+    fn textfile_for_run(&mut self) {
+        let run_id = self.run_id().to_string();
+        let mut slot = self.textfile.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = slot.take() {
+            match t.for_run(&run_id) {
+                Ok(t) => *slot = Some(t),
+                Err(e) => {
+                    drop(slot);
+                    self.warn(&format!(
+                        "observe.prometheus-textfile: {}; the node goes on without it",
+                        e.0
+                    ));
+                }
+            }
         }
     }
 

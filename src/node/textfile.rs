@@ -13,12 +13,17 @@
 //! rewrites the file when something changed (at most every [`MIN_GAP`]) and at least
 //! every `heartbeat-interval` (the ages grow on their own). The exposition format is the
 //! `prometheus` crate's text encoder (format 0.0.4, what the collector parses).
+//!
+//! Every sample carries `rank` (and `cluster` in a pipelined run, `job` under a batch
+//! system), and, once the node has joined, `run_id`: two runs on one host never write the
+//! same series. The file's name may hold `{run_id}` and `{job}` too; a name with
+//! `{run_id}` is written only once the run is known ([`Textfile::for_run`]).
 
 use crate::events::Event;
 use crate::protocol::Phase;
 use prometheus::{
-    Counter, Encoder, Gauge, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Counter, CounterVec, Encoder, Gauge, GaugeVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -31,7 +36,13 @@ use crate::protocol::phase::ALL as PHASES;
 
 /// One node's metrics and the file they go to.
 pub(crate) struct Textfile {
-    path: PathBuf,
+    /// None until the run is known, for a name that holds `{run_id}`: nothing is written.
+    path: Option<PathBuf>,
+    /// Where the file of a run goes (the configured name with the run's id).
+    path_of_run: PathOf,
+    rank: u32,
+    host: String,
+    labels: Labels,
     registry: Registry,
     running: IntGauge,
     iteration: IntGauge,
@@ -47,7 +58,13 @@ pub(crate) struct Textfile {
     items_failed: IntCounter,
     server_starts: IntCounter,
     hang_reports: IntCounter,
+    phase_seconds: CounterVec,
+    last_iteration: Gauge,
     written_at: Gauge,
+    /// The phase the node is in and since when, for `phase_seconds_total`.
+    in_phase: Option<(Phase, Instant)>,
+    /// Replaced by the run's file ([`Textfile::for_run`]): its drop writes nothing.
+    retired: bool,
     /// The peers' heartbeat ages (rank, ms) as last observed; into `peer_age` at a write.
     ages: Vec<(u32, u64)>,
     changed: bool,
@@ -61,18 +78,25 @@ pub(crate) struct Textfile {
 pub(crate) struct Unusable(pub String);
 
 impl Textfile {
-    /// Metrics of rank `rank` (of `cluster`, in a pipelined run) on `host`, written to
-    /// `path`. Writes the file once now, so a path that cannot be written is found
-    /// before the node joins anything.
+    /// Metrics of rank `rank` (of `cluster`, in a pipelined run; of batch job `job`; of
+    /// run `run_id` once known) on `host`, written to `path`. Writes the file once now, so
+    /// a path that cannot be written is found before the node joins anything.
     pub(crate) fn open(
-        path: &Path,
+        path: Option<PathBuf>,
+        path_of_run: PathOf,
         rank: u32,
-        cluster: Option<&str>,
+        labels_of: &Labels,
         host: &str,
     ) -> Result<Textfile, Unusable> {
         let mut labels = std::collections::HashMap::from([("rank".to_string(), rank.to_string())]);
-        if let Some(c) = cluster {
-            labels.insert("cluster".into(), c.to_string());
+        for (k, v) in [
+            ("cluster", &labels_of.cluster),
+            ("job", &labels_of.job),
+            ("run_id", &labels_of.run_id),
+        ] {
+            if let Some(v) = v {
+                labels.insert(k.into(), v.clone());
+            }
         }
         let registry =
             Registry::new_custom(Some("rl_node".into()), Some(labels)).expect("valid labels");
@@ -105,7 +129,11 @@ impl Textfile {
             )
         };
         let mut t = Textfile {
-            path: path.to_path_buf(),
+            path,
+            path_of_run,
+            rank,
+            host: host.to_string(),
+            labels: labels_of.clone(),
             running: g("running", "1 while the node runs; 0 once it has ended."),
             iteration: g("iteration", "The iteration the node is in (0 before the first)."),
             generation: g("generation", "The generation (start of the cluster) the node is in."),
@@ -132,11 +160,15 @@ impl Textfile {
                 )
                 .expect("valid"),
             ),
-            commands: by("commands_total", "Phase commands that ended, by phase.", "phase"),
+            commands: by(
+                "commands_total",
+                "Phase commands that ended, by command (rollout, eval, aggregate, prepare, train, handoff).",
+                "command",
+            ),
             commands_failed: by(
                 "commands_failed_total",
-                "Phase commands that ended with a non-zero exit or a signal, by phase.",
-                "phase",
+                "Phase commands that ended with a non-zero exit or a signal, by command.",
+                "command",
             ),
             barriers: c("barriers_total", "Barriers passed."),
             barrier_wait: reg(
@@ -157,6 +189,25 @@ impl Textfile {
                 "hang_reports_total",
                 "Hang reports this node wrote (docs/forensics.md).",
             ),
+            phase_seconds: reg(
+                &registry,
+                CounterVec::new(
+                    Opts::new(
+                        "phase_seconds_total",
+                        "Seconds spent in each phase (the 14 phases of rl_node_phase).",
+                    ),
+                    &["phase"],
+                )
+                .expect("valid"),
+            ),
+            last_iteration: reg(
+                &registry,
+                Gauge::new(
+                    "last_iteration_timestamp_seconds",
+                    "When this node last completed an iteration (Unix time; 0: none yet).",
+                )
+                .expect("valid"),
+            ),
             written_at: reg(
                 &registry,
                 Gauge::new(
@@ -165,6 +216,8 @@ impl Textfile {
                 )
                 .expect("valid"),
             ),
+            in_phase: None,
+            retired: false,
             registry,
             ages: Vec::new(),
             changed: true,
@@ -172,10 +225,34 @@ impl Textfile {
             last_error: None,
         };
         t.running.set(1);
+        let started = reg(
+            &t.registry,
+            Gauge::new(
+                "start_time_seconds",
+                "When this node process started (Unix time).",
+            )
+            .expect("valid"),
+        );
+        started.set(labels_of.started);
         t.set_phase(None);
         t.write(Instant::now())
-            .map_err(|e| Unusable(format!("cannot write {}: {e}", path.display())))?;
+            .map_err(|e| Unusable(format!("cannot write {e}")))?;
         Ok(t)
+    }
+
+    /// The file of run `run_id` (the configured name may hold `{run_id}`), with the run's
+    /// label on every sample, taking over from this one, which is retired without a last
+    /// write. Counters start again from what this one counted before the join (nothing
+    /// but the start).
+    pub(crate) fn for_run(mut self, run_id: &str) -> Result<Textfile, Unusable> {
+        self.retired = true;
+        let labels = Labels {
+            run_id: Some(run_id.to_string()),
+            ..self.labels.clone()
+        };
+        let path = (self.path_of_run)(run_id);
+        let path_of_run = std::mem::replace(&mut self.path_of_run, Box::new(|_| PathBuf::new()));
+        Textfile::open(Some(path), path_of_run, self.rank, &labels, &self.host)
     }
 
     /// Take in one event the node logged in `iteration` of generation `gen`.
@@ -184,6 +261,9 @@ impl Textfile {
         self.generation.set(gen as i64);
         match event {
             Event::Phase { phase, .. } => self.set_phase(Some(*phase)),
+            Event::Journal { item } if item.starts_with("iteration-complete") => {
+                self.last_iteration.set(unix_now());
+            }
             Event::Barrier { waited_ms, .. } => {
                 self.barriers.inc();
                 self.barrier_wait.inc_by(*waited_ms as f64 / 1000.0);
@@ -210,8 +290,11 @@ impl Textfile {
         self.ages.extend_from_slice(ages);
     }
 
-    /// The one-hot phase gauges and the phase number: `phase`, or none.
-    fn set_phase(&self, phase: Option<Phase>) {
+    /// The one-hot phase gauges and the phase number: `phase`, or none; the time spent
+    /// in the phase it leaves is counted.
+    fn set_phase(&mut self, phase: Option<Phase>) {
+        self.count_phase_time(Instant::now());
+        self.in_phase = phase.map(|p| (p, Instant::now()));
         for p in PHASES {
             self.phase
                 .with_label_values(&[p.name()])
@@ -232,8 +315,18 @@ impl Textfile {
         if !due {
             return Ok(());
         }
-        self.write(now)
-            .map_err(|e| format!("{}: {e}", self.path.display()))
+        self.write(now).map_err(|e| e.to_string())
+    }
+
+    /// Add the time spent in the current phase up to `now` to its counter.
+    fn count_phase_time(&mut self, now: Instant) {
+        if let Some((p, since)) = &mut self.in_phase {
+            let secs = now.saturating_duration_since(*since).as_secs_f64();
+            self.phase_seconds
+                .with_label_values(&[p.name()])
+                .inc_by(secs);
+            *since = now;
+        }
     }
 
     /// The node has ended: say so in the file (best effort). Also done on drop.
@@ -252,12 +345,24 @@ impl Textfile {
         String::from_utf8(buf).expect("the text encoder writes UTF-8")
     }
 
-    fn write(&mut self, now: Instant) -> std::io::Result<()> {
-        let unix = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs_f64())
-            .unwrap_or(0.0);
-        self.written_at.set(unix);
+    /// Write the file (its path in the error); with no path yet, check that its
+    /// directory takes a file.
+    fn write(&mut self, now: Instant) -> Result<(), String> {
+        let Some(path) = self.path.clone() else {
+            let probe = (self.path_of_run)("probe");
+            let dir = probe.parent().unwrap_or(Path::new("."));
+            let probe = dir.join(format!(".rl-node-probe-{}", std::process::id()));
+            let made = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&probe);
+            let _ = std::fs::remove_file(&probe);
+            return made
+                .map(drop)
+                .map_err(|e| format!("{}: {e}", dir.display()));
+        };
+        self.written_at.set(unix_now());
+        self.count_phase_time(now);
         // Only the peers observed last: one no longer reported leaves the file.
         self.peer_age.reset();
         for (rank, ms) in &self.ages {
@@ -271,14 +376,39 @@ impl Textfile {
         // A node-local file, rewritten often: replaced atomically through a temporary file
         // (`.NAME.tmp-…`, which the collector ignores) made with `O_EXCL`; not synced.
         let store: &dyn crate::store::SharedDir = &crate::store::Fs;
-        store.publish_with(&self.path, false, &mut |w| w.write_all(text.as_bytes()))
+        store
+            .publish_with(&path, false, &mut |w| w.write_all(text.as_bytes()))
+            .map_err(|e| format!("{}: {e}", path.display()))
     }
 }
 
 impl Drop for Textfile {
     fn drop(&mut self) {
-        self.finish();
+        if !self.retired {
+            self.finish();
+        }
     }
+}
+
+/// The file's path for a run id.
+pub(crate) type PathOf = Box<dyn Fn(&str) -> PathBuf + Send>;
+
+/// The labels every sample carries besides `rank`, and the process's start time.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Labels {
+    pub cluster: Option<String>,
+    /// The batch job's id (`SLURM_JOB_ID`).
+    pub job: Option<String>,
+    pub run_id: Option<String>,
+    /// Unix time.
+    pub started: f64,
+}
+
+pub(crate) fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }
 
 #[cfg(test)]
@@ -323,8 +453,21 @@ mod tests {
     fn events_become_gauges_and_counters() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("rl-node.prom");
-        let mut t = Textfile::open(&path, 2, Some("update"), "host-a").unwrap();
-        let me = [("rank", "2"), ("cluster", "update")];
+        let labels = Labels {
+            cluster: Some("update".into()),
+            job: Some("77".into()),
+            run_id: None,
+            started: 1.0e9,
+        };
+        let mut t = Textfile::open(
+            Some(path.clone()),
+            Box::new(|_| unreachable!()),
+            2,
+            &labels,
+            "host-a",
+        )
+        .unwrap();
+        let me = [("rank", "2"), ("cluster", "update"), ("job", "77")];
         let with = |extra: &[(&'static str, &'static str)]| {
             let mut v = me.to_vec();
             v.extend_from_slice(extra);
@@ -382,12 +525,14 @@ mod tests {
             ("rl_node_phase", with(&[("phase", "training")]), 1.0),
             ("rl_node_phase", with(&[("phase", "rollout-complete")]), 0.0),
             ("rl_node_phase_number", with(&[]), 10.0),
-            ("rl_node_commands_total", with(&[("phase", "train")]), 2.0),
+            ("rl_node_commands_total", with(&[("command", "train")]), 2.0),
             (
                 "rl_node_commands_failed_total",
-                with(&[("phase", "train")]),
+                with(&[("command", "train")]),
                 1.0,
             ),
+            ("rl_node_start_time_seconds", with(&[]), 1.0e9),
+            ("rl_node_last_iteration_timestamp_seconds", with(&[]), 0.0),
             ("rl_node_barriers_total", with(&[]), 1.0),
             ("rl_node_barrier_wait_seconds_total", with(&[]), 1.5),
             (
@@ -441,9 +586,85 @@ mod tests {
 
     #[test]
     fn an_unwritable_path_is_refused_at_open() {
-        let e = Textfile::open(Path::new("/nonexistent-dir/x.prom"), 0, None, "h")
-            .err()
-            .expect("refused");
+        let none = Labels::default();
+        let e = Textfile::open(
+            Some("/nonexistent-dir/x.prom".into()),
+            Box::new(|_| unreachable!()),
+            0,
+            &none,
+            "h",
+        )
+        .err()
+        .expect("refused");
         assert!(e.0.contains("/nonexistent-dir/x.prom"), "{}", e.0);
+        // A name with {run_id}: its directory is checked at open, nothing is written.
+        let e = Textfile::open(
+            None,
+            Box::new(|run| format!("/nonexistent-dir/x-{run}.prom").into()),
+            0,
+            &none,
+            "h",
+        )
+        .err()
+        .expect("refused");
+        assert!(e.0.contains("/nonexistent-dir"), "{}", e.0);
+    }
+
+    /// Joined: the file goes to the run's name with the run's id on every sample; time in
+    /// each phase and the last iteration's end are counted.
+    #[test]
+    fn the_run_names_the_file_and_labels_every_sample() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().to_path_buf();
+        let t = Textfile::open(
+            None,
+            Box::new(move |run| d.join(format!("rl-node-0-{run}.prom"))),
+            0,
+            &Labels::default(),
+            "h",
+        )
+        .unwrap();
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        let mut t = t.for_run("abc123").unwrap();
+        let path = dir.path().join("rl-node-0-abc123.prom");
+        let me = [("rank", "0"), ("run_id", "abc123")];
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(get(&text, "rl_node_running", &me), Some(1.0), "{text}");
+        t.observe(
+            &Event::Phase {
+                phase: Phase::Training,
+                n: 10,
+            },
+            1,
+            1,
+        );
+        std::thread::sleep(Duration::from_millis(20));
+        t.observe(
+            &Event::Journal {
+                item: "iteration-complete:both".into(),
+            },
+            1,
+            1,
+        );
+        t.observe(
+            &Event::Phase {
+                phase: Phase::FinalSync,
+                n: 13,
+            },
+            1,
+            1,
+        );
+        drop(t);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let training = get(
+            &text,
+            "rl_node_phase_seconds_total",
+            &[("rank", "0"), ("run_id", "abc123"), ("phase", "training")],
+        );
+        assert!(training.is_some_and(|s| s >= 0.02), "{text}");
+        let ended = get(&text, "rl_node_last_iteration_timestamp_seconds", &me).unwrap();
+        assert!((ended - unix_now()).abs() < 60.0, "{text}");
+        assert_eq!(get(&text, "rl_node_running", &me), Some(0.0), "{text}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 }
