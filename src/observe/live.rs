@@ -1,27 +1,35 @@
 //! `rl-node status --watch`: the status of a running cluster, refreshed until the run
 //! ends. On a terminal the view is redrawn in place; piped, a line is printed whenever
 //! what a rank does changes (phase, iteration, state, what rank 0 waits for), so a log
-//! of the run's progress builds up. It ends when the run ends (completed, stopped, or
-//! every node gone), printing the final state, with exit 0 for a completed run and 1
-//! otherwise.
+//! of the run's progress builds up; with `--json`, the status object instead, one per
+//! line (NDJSON). A stopped run is usually restarted (by hand or by a batch requeue), so
+//! the watch follows it through restarts, like `kubectl get -w`: it ends when the run
+//! completes (exit 0), or when it stays stopped for `--restart-wait` with no new
+//! generation (exit 1, the final view being the diagnosis), or on Ctrl-C.
 
 use super::eventlog;
-use super::status::{self, PipelineStatus, Status};
+use super::status::{self, PipelineStatus, RunState, Status};
 use crate::error::{Cause, Ending};
 use std::io::IsTerminal;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Whether the run has ended, and how: `Some(true)` completed, `Some(false)` stopped.
 fn ended(s: &Status) -> Option<bool> {
-    let o = status::overall(s);
-    if o == "completed" {
-        Some(true)
-    } else if o.starts_with("STOPPED") || o.starts_with("stopped") {
-        Some(false)
-    } else {
-        None
+    match s.state {
+        RunState::Completed => Some(true),
+        RunState::Stopped => Some(false),
+        _ => None,
     }
+}
+
+/// How `status --watch` shows the run and when it gives up on a stopped one.
+pub struct WatchOptions {
+    pub every: Duration,
+    /// NDJSON: a status object per change.
+    pub json: bool,
+    /// How long a stopped run is watched for a restart before the watch ends.
+    pub restart_wait: Duration,
 }
 
 /// The last iterations' wall times of one cluster, from its rank 0's event log:
@@ -58,15 +66,12 @@ fn summary(prefix: &str, s: &Status) -> String {
         .ranks
         .iter()
         .map(|r| {
-            let state = r
-                .state
-                .map(|s| format!("{s:?}").to_lowercase())
-                .unwrap_or_else(|| "missing".into());
             format!(
-                "rank {} {state} it {} {}",
+                "rank {} {} it {} {}",
                 r.rank,
+                r.state,
                 r.iteration,
-                r.phase.clone().unwrap_or_else(|| "-".into())
+                r.phase_label().unwrap_or_else(|| "-".into())
             )
         })
         .collect();
@@ -87,6 +92,8 @@ struct View {
     /// Whose recent times the full view ends with: (label, cluster, generation).
     times: Vec<(&'static str, Option<&'static str>, u64)>,
     line: String,
+    /// The status object `--json` prints.
+    json: serde_json::Value,
     ended: Option<bool>,
 }
 
@@ -111,7 +118,8 @@ fn single(log_path: &Path) -> Result<View, String> {
     Ok(View {
         status: status::render(&s),
         times: vec![("", None, s.gen)],
-        line: format!("{} | {}", summary("", &s), status::overall(&s)),
+        line: format!("{} | {}", summary("", &s), s.state_detail),
+        json: serde_json::to_value(&s).expect("json"),
         ended: ended(&s),
     })
 }
@@ -159,6 +167,7 @@ fn pipelined(log_path: &Path) -> View {
         status: full,
         times,
         line: lines.join(" || "),
+        json: serde_json::to_value(&p).expect("json"),
         ended,
     }
 }
@@ -167,10 +176,13 @@ fn pipelined(log_path: &Path) -> View {
 const CLEAR: &str = "\x1b[H\x1b[2J";
 
 /// Watch the run in `log_path`, refreshing every `every`, until it ends: done when the
-/// run completed, failed (exit 1, the last view being the report) when it stopped.
-pub fn watch(log_path: &Path, every: Duration) -> Ending {
-    let tty = std::io::stdout().is_terminal();
+/// run completed, failed (exit 1, the last view being the report) when it stayed stopped
+/// for `restart_wait` without a restart.
+pub fn watch(log_path: &Path, o: &WatchOptions) -> Ending {
+    let tty = std::io::stdout().is_terminal() && !o.json;
     let mut last_line = String::new();
+    // The stopped view being waited on, and since when: a new stop restarts the wait.
+    let mut stopped: Option<(String, Instant)> = None;
     loop {
         let view = if status::is_pipelined(log_path) {
             Ok(pipelined(log_path))
@@ -180,39 +192,80 @@ pub fn watch(log_path: &Path, every: Duration) -> Ending {
         let now = chrono::Local::now().format("%Y-%m-%dT%H:%M:%S%:z");
         match view {
             Ok(v) => {
-                if let Some(done) = v.ended {
-                    let clear = if tty { CLEAR } else { "" };
-                    crate::output::stdout_after(clear, format_args!("{}", v.full(log_path)), false);
-                    return if done {
+                if v.ended == Some(false) {
+                    if stopped.as_ref().is_none_or(|(line, _)| *line != v.line) {
+                        stopped = Some((v.line.clone(), Instant::now()));
+                    }
+                } else {
+                    stopped = None;
+                }
+                let gave_up = stopped
+                    .as_ref()
+                    .is_some_and(|(_, since)| since.elapsed() >= o.restart_wait);
+                if v.ended == Some(true) || gave_up {
+                    if o.json {
+                        if v.line != last_line {
+                            crate::outln!("{}", v.json);
+                        }
+                    } else {
+                        let clear = if tty { CLEAR } else { "" };
+                        crate::output::stdout_after(
+                            clear,
+                            format_args!("{}", v.full(log_path)),
+                            false,
+                        );
+                    }
+                    return if v.ended == Some(true) {
                         Ending::Done
                     } else {
                         Ending::Reported(Cause::Failed)
                     };
                 }
+                let waiting = match stopped {
+                    Some(_) => format!(
+                        "; watching for a restart for up to {} (--restart-wait)",
+                        humantime::format_duration(o.restart_wait)
+                    ),
+                    None => String::new(),
+                };
                 if tty {
                     crate::output::stdout_after(
                         CLEAR,
                         format_args!(
-                            "{now}  (refreshing every {}; Ctrl-C to leave)\n{}",
-                            humantime::format_duration(every),
+                            "{now}  (refreshing every {}{waiting}; Ctrl-C to leave)\n{}",
+                            humantime::format_duration(o.every),
                             v.full(log_path)
                         ),
                         false,
                     );
                 } else if v.line != last_line {
-                    crate::outln!("{now} {}", v.line);
+                    if o.json {
+                        crate::outln!("{}", v.json);
+                    } else {
+                        crate::outln!("{now} {}{waiting}", v.line);
+                    }
                     last_line = v.line;
                 }
             }
             Err(e) => {
                 // Not started yet: wait for it (a watch may be started before the nodes).
-                let line = format!("waiting for a run: {}", e.lines().next().unwrap_or(""));
-                if tty || line != last_line {
+                let why = e.lines().next().unwrap_or("").to_string();
+                let line = format!("waiting for a run: {why}");
+                if o.json {
+                    if line != last_line {
+                        let absent = serde_json::json!({
+                            "schema_version": status::SCHEMA_VERSION,
+                            "state": "absent",
+                            "state_detail": why,
+                        });
+                        crate::outln!("{absent}");
+                    }
+                } else if tty || line != last_line {
                     crate::outln!("{now} {line}");
-                    last_line = line;
                 }
+                last_line = line;
             }
         }
-        std::thread::sleep(every);
+        std::thread::sleep(o.every);
     }
 }
