@@ -175,12 +175,83 @@ fn pipelined(log_path: &Path) -> View {
 /// Cursor home, clear the screen: a terminal watch redraws the whole view.
 const CLEAR: &str = "\x1b[H\x1b[2J";
 
+/// What the watch prints, and the last change it printed (a view is printed when it
+/// differs from that one, except on a terminal, which is redrawn every refresh).
+struct Printer {
+    tty: bool,
+    json: bool,
+    every: Duration,
+    last_line: String,
+}
+
+impl Printer {
+    /// A refresh of a run that goes on; `waiting` says it is stopped and for how long
+    /// a restart is awaited.
+    fn progress(&mut self, v: View, log_path: &Path, waiting: &str) {
+        let now = chrono::Local::now().format("%Y-%m-%dT%H:%M:%S%:z");
+        if self.tty {
+            crate::output::stdout_after(
+                CLEAR,
+                format_args!(
+                    "{now}  (refreshing every {}{waiting}; Ctrl-C to leave)\n{}",
+                    humantime::format_duration(self.every),
+                    v.full(log_path)
+                ),
+                false,
+            );
+        } else if v.line != self.last_line {
+            if self.json {
+                crate::outln!("{}", v.json);
+            } else {
+                crate::outln!("{now} {}{waiting}", v.line);
+            }
+            self.last_line = v.line;
+        }
+    }
+
+    /// The view the watch ends with: the full view (for JSON the object, unless it was
+    /// the last change printed).
+    fn last(&mut self, v: &View, log_path: &Path) {
+        if self.json {
+            if v.line != self.last_line {
+                crate::outln!("{}", v.json);
+            }
+        } else {
+            let clear = if self.tty { CLEAR } else { "" };
+            crate::output::stdout_after(clear, format_args!("{}", v.full(log_path)), false);
+        }
+    }
+
+    /// No run to show yet: why (a watch may be started before the nodes).
+    fn absent(&mut self, why: &str) {
+        let now = chrono::Local::now().format("%Y-%m-%dT%H:%M:%S%:z");
+        let line = format!("waiting for a run: {why}");
+        if self.json {
+            if line != self.last_line {
+                let absent = serde_json::json!({
+                    "schema_version": status::SCHEMA_VERSION,
+                    "state": "absent",
+                    "state_detail": why,
+                });
+                crate::outln!("{absent}");
+            }
+        } else if self.tty || line != self.last_line {
+            crate::outln!("{now} {line}");
+        }
+        self.last_line = line;
+    }
+}
+
 /// Watch the run in `log_path`, refreshing every `every`, until it ends: done when the
 /// run completed, failed (exit 1, the last view being the report) when it stayed stopped
 /// for `restart_wait` without a restart.
 pub fn watch(log_path: &Path, o: &WatchOptions) -> Ending {
-    let tty = std::io::stdout().is_terminal() && !o.json;
-    let mut last_line = String::new();
+    let mut out = Printer {
+        tty: std::io::stdout().is_terminal() && !o.json,
+        json: o.json,
+        every: o.every,
+        last_line: String::new(),
+    };
     // The stopped view being waited on, and since when: a new stop restarts the wait.
     let mut stopped: Option<(String, Instant)> = None;
     loop {
@@ -189,36 +260,21 @@ pub fn watch(log_path: &Path, o: &WatchOptions) -> Ending {
         } else {
             single(log_path)
         };
-        let now = chrono::Local::now().format("%Y-%m-%dT%H:%M:%S%:z");
         match view {
             Ok(v) => {
-                if v.ended == Some(false) {
-                    if stopped.as_ref().is_none_or(|(line, _)| *line != v.line) {
-                        stopped = Some((v.line.clone(), Instant::now()));
-                    }
-                } else {
+                if v.ended != Some(false) {
                     stopped = None;
+                } else if stopped.as_ref().is_none_or(|(line, _)| *line != v.line) {
+                    stopped = Some((v.line.clone(), Instant::now()));
                 }
                 let gave_up = stopped
                     .as_ref()
                     .is_some_and(|(_, since)| since.elapsed() >= o.restart_wait);
                 if v.ended == Some(true) || gave_up {
-                    if o.json {
-                        if v.line != last_line {
-                            crate::outln!("{}", v.json);
-                        }
-                    } else {
-                        let clear = if tty { CLEAR } else { "" };
-                        crate::output::stdout_after(
-                            clear,
-                            format_args!("{}", v.full(log_path)),
-                            false,
-                        );
-                    }
-                    return if v.ended == Some(true) {
-                        Ending::Done
-                    } else {
-                        Ending::Reported(Cause::Failed)
+                    out.last(&v, log_path);
+                    return match v.ended {
+                        Some(true) => Ending::Done,
+                        _ => Ending::Reported(Cause::Failed),
                     };
                 }
                 let waiting = match stopped {
@@ -228,43 +284,9 @@ pub fn watch(log_path: &Path, o: &WatchOptions) -> Ending {
                     ),
                     None => String::new(),
                 };
-                if tty {
-                    crate::output::stdout_after(
-                        CLEAR,
-                        format_args!(
-                            "{now}  (refreshing every {}{waiting}; Ctrl-C to leave)\n{}",
-                            humantime::format_duration(o.every),
-                            v.full(log_path)
-                        ),
-                        false,
-                    );
-                } else if v.line != last_line {
-                    if o.json {
-                        crate::outln!("{}", v.json);
-                    } else {
-                        crate::outln!("{now} {}{waiting}", v.line);
-                    }
-                    last_line = v.line;
-                }
+                out.progress(v, log_path, &waiting);
             }
-            Err(e) => {
-                // Not started yet: wait for it (a watch may be started before the nodes).
-                let why = e.lines().next().unwrap_or("").to_string();
-                let line = format!("waiting for a run: {why}");
-                if o.json {
-                    if line != last_line {
-                        let absent = serde_json::json!({
-                            "schema_version": status::SCHEMA_VERSION,
-                            "state": "absent",
-                            "state_detail": why,
-                        });
-                        crate::outln!("{absent}");
-                    }
-                } else if tty || line != last_line {
-                    crate::outln!("{now} {line}");
-                }
-                last_line = line;
-            }
+            Err(e) => out.absent(e.lines().next().unwrap_or("")),
         }
         std::thread::sleep(o.every);
     }
