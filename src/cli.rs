@@ -121,12 +121,17 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         log_path: Option<String>,
         /// Keep showing the state until the run ends (redrawn on a terminal, a line per
-        /// change when piped); exit 0 when it completed, 1 when it stopped.
-        #[arg(long, conflicts_with = "json")]
+        /// change when piped, a JSON object per change with --json), following it through
+        /// restarts; exit 0 when it completed, 1 when it stayed stopped.
+        #[arg(long)]
         watch: bool,
         /// With --watch: how often to refresh.
         #[arg(long, value_name = "DURATION", default_value = "2s", requires = "watch", value_parser = humantime::parse_duration)]
         every: std::time::Duration,
+        /// With --watch: how long a stopped run is watched for a restart before the watch
+        /// ends with exit 1 (0: at once).
+        #[arg(long, value_name = "DURATION", default_value = "10m", requires = "watch", value_parser = humantime::parse_duration)]
+        restart_wait: std::time::Duration,
     },
     /// Print the effective configuration and where each value came from.
     ShowConfig(Settings),
@@ -531,9 +536,15 @@ fn run() -> (Option<u32>, Result<Ending, Failure>) {
             log_path,
             watch,
             every,
+            restart_wait,
         }) => {
             if watch {
-                watch_status(log_path, every)
+                let o = crate::observe::live::WatchOptions {
+                    every,
+                    json,
+                    restart_wait,
+                };
+                watch_status(log_path, o)
             } else {
                 status(json, log_path)
             }
@@ -608,12 +619,15 @@ fn rehearse(
     crate::rehearse::main(&loaded.config, req)
 }
 
-fn watch_status(log_path: Option<String>, every: std::time::Duration) -> Result<Ending, Failure> {
+fn watch_status(
+    log_path: Option<String>,
+    o: crate::observe::live::WatchOptions,
+) -> Result<Ending, Failure> {
     let path = crate::observe::log_path_of("status", log_path)?;
-    if every.is_zero() {
+    if o.every.is_zero() {
         return Err(Failure::usage("--every must be above zero", None));
     }
-    Ok(crate::observe::live::watch(&path, every))
+    Ok(crate::observe::live::watch(&path, &o))
 }
 
 fn status(json: bool, log_path: Option<String>) -> Result<Ending, Failure> {

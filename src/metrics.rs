@@ -204,6 +204,7 @@ impl Collector {
         let mut m = Map::new();
         m.insert("iteration".into(), fixed.iteration.into());
         m.insert("run".into(), fixed.run.clone().into());
+        m.insert("generation".into(), fixed.generation.into());
         if let Some(c) = fixed.cluster {
             m.insert("cluster".into(), c.into());
         }
@@ -296,6 +297,9 @@ pub(crate) struct Fixed {
     pub iteration: u64,
     /// The run's id: `--fresh` starts a new run beside the old one's lines.
     pub run: String,
+    /// The generation that wrote the line: a restart's lines say which start they came
+    /// from.
+    pub generation: u64,
     /// `rollout` or `update` in a pipelined run.
     pub cluster: Option<&'static str>,
     /// Wall clock at the end, RFC 3339.
@@ -579,6 +583,7 @@ mod tests {
         let fixed = Fixed {
             iteration: 2,
             run: "r1".into(),
+            generation: 2,
             cluster: Some("rollout"),
             t: "now".into(),
             elapsed: Duration::from_millis(3500),
@@ -651,6 +656,7 @@ mod tests {
         let fixed = Fixed {
             iteration: 1,
             run: "r".into(),
+            generation: 1,
             cluster: None,
             t: "now".into(),
             elapsed: Duration::from_secs(4),

@@ -138,6 +138,7 @@ struct RunTime {
     nproc_per_node: u32,
     /// The model this iteration's rollouts and training start from.
     model: String,
+    run_id: String,
     assumed: Vec<Assumed>,
 }
 
@@ -177,7 +178,24 @@ fn run_time(cfg: &Config, layout: &Layout, iteration: u64) -> RunTime {
             format!("the checkpoint iteration {} publishes when every earlier training succeeds (else the newest published one, or cluster.model)", iteration - 1),
         )
     };
+    // A restart keeps the run's id; a fresh run draws one at its start.
+    let (run_id, run_why) =
+        match crate::store::fs::read_json::<crate::protocol::ClusterRecord>(&layout.cluster()) {
+            Ok(Some(c)) => (
+                c.run_id,
+                "the run in --log-path (a restart keeps it)".to_string(),
+            ),
+            _ => (
+                "RUN_ID".to_string(),
+                "a fresh run draws its id when it starts; a stand-in is shown".to_string(),
+            ),
+        };
     let assumed = vec![
+        Assumed {
+            name: "run_id".into(),
+            value: run_id.clone(),
+            why: run_why,
+        },
         Assumed {
             name: "gen".into(),
             value: FRESH_GEN.to_string(),
@@ -203,6 +221,7 @@ fn run_time(cfg: &Config, layout: &Layout, iteration: u64) -> RunTime {
         master_addr,
         nproc_per_node,
         model,
+        run_id,
         assumed,
     }
 }
@@ -344,6 +363,7 @@ impl Planner<'_> {
             master_addr: &self.rt.master_addr,
             master_port: self.cfg.cluster.master_port,
             gen: FRESH_GEN,
+            run_id: &self.rt.run_id,
             nproc_per_node: self.rt.nproc_per_node,
             rollout_model: None,
             extra,

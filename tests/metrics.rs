@@ -25,6 +25,7 @@ metrics-fields = ["reward", "rank"]
 const KEYS: &[&str] = &[
     "iteration",
     "run",
+    "generation",
     "t",
     "time/iteration_s",
     "barrier/wait_s",
@@ -209,6 +210,37 @@ fn a_resumed_run_does_not_repeat_a_line() {
     for l in &lines {
         check_line(&c, l);
     }
+    // Each line says which start of the cluster wrote it.
+    let gens: Vec<u64> = lines
+        .iter()
+        .map(|l| l["generation"].as_u64().unwrap())
+        .collect();
+    assert_eq!(gens, [1, 1, 2], "{lines:#?}");
+}
+
+/// Every command gets the run's id, `{run_id}` and `RL_NODE_RUN_ID` (to group a
+/// trainer's own tracking with the run's), the same as metrics.jsonl's `run` and the
+/// cluster record's.
+#[test]
+fn commands_get_the_run_id_of_the_metrics_lines() {
+    let seen = tempfile::tempdir().unwrap();
+    let c = TestCluster::new(
+        1,
+        &format!(
+            "[phases.rollout]\ncommand = \"echo '{{}}' > {{output}}\"\n\
+             [phases.train]\ncommand = \"echo {{run_id}} $RL_NODE_RUN_ID >> {}/seen\"\n",
+            seen.path().display()
+        ),
+    );
+    let mut nodes = c.spawn_all(&["--iterations", "2"]);
+    wait_all(&mut nodes);
+    let run = lines(&c)[0]["run"].as_str().unwrap().to_string();
+    let cluster: Value =
+        serde_json::from_slice(&fs::read(c.log_path.join(".rl-node/cluster.json")).unwrap())
+            .unwrap();
+    assert_eq!(cluster["run_id"], run.as_str());
+    let text = fs::read_to_string(seen.path().join("seen")).unwrap();
+    assert_eq!(text, format!("{run} {run}\n{run} {run}\n"));
 }
 
 /// A pipelined run of one rollout node and one update node: each cluster's rank 0 writes

@@ -717,6 +717,13 @@ fn status_and_recover_show_both_clusters_of_a_finished_pipeline() {
         (Some(3), Some(3))
     );
     assert_eq!(v["rollout"]["Ok"]["num_nodes"], 1, "{v}");
+    // The run's state from both clusters' (docs/status.md).
+    assert_eq!(
+        (&v["schema_version"], &v["state"]),
+        (&1.into(), &"completed".into()),
+        "{v}"
+    );
+    assert_eq!(v["update"]["Ok"]["state"], "completed", "{v}");
     assert_eq!(v["versions"][2], serde_json::json!([3, 1, 1]), "{v}");
 
     let recover = |args: &[&str]| {

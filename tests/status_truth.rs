@@ -191,3 +191,106 @@ fn restarting_a_completed_run_starts_no_empty_generation() {
         "{text}"
     );
 }
+
+/// `status` and `status --json` of the same moment: the JSON's run state is `want`, the
+/// text's `state:` line is the JSON's `state_detail`, and each rank's row of the text is
+/// what the JSON says of it (state, host, pid, iteration, phase, culprit or stopped by).
+fn assert_text_and_json_agree(c: &TestCluster, want: &str) -> serde_json::Value {
+    let json = status(&c.log_path, true).1;
+    let text = status(&c.log_path, false).1;
+    let v: serde_json::Value =
+        serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"));
+    assert_eq!(v["schema_version"], 1, "{json}");
+    assert_eq!(v["state"], want, "{json}\n{text}");
+    assert_eq!(v["generation"], v["gen"], "{json}");
+    let detail = v["state_detail"].as_str().unwrap();
+    assert!(
+        text.contains(&format!("state: {detail}\n")),
+        "{detail:?} in\n{text}"
+    );
+    assert!(
+        text.contains(&format!("generation {}", v["generation"])),
+        "{text}"
+    );
+    for r in v["ranks"].as_array().unwrap() {
+        let state = match r["state"].as_str().unwrap() {
+            "dead" => "DEAD".to_string(),
+            s => s.to_string(),
+        };
+        let phase = match r["phase"].as_u64() {
+            Some(n) => format!("{n} ({})", r["phase_name"].as_str().unwrap()),
+            None => "-".into(),
+        };
+        let row = format!(
+            "{:<5} {:<9} {:<20} {:>8} {:>5}  {:<22}",
+            r["rank"].as_u64().unwrap(),
+            state,
+            r["host"].as_str().unwrap(),
+            r["pid"].as_u64().unwrap(),
+            r["iteration"].as_u64().unwrap(),
+            phase
+        );
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&row))
+            .unwrap_or_else(|| panic!("no row {row:?} in\n{text}\nfor {r}"));
+        if r["culprit"] == true {
+            assert!(line.contains("the culprit"), "{line}");
+        }
+        if let Some(by) = r["stopped_by"].as_str() {
+            assert!(line.contains(&format!("stopped by {by}")), "{line}");
+        }
+    }
+    v
+}
+
+#[test]
+fn text_and_json_agree_in_every_state_of_a_run() {
+    let gate = tempfile::tempdir().unwrap();
+    let go = gate.path().join("go");
+    let c = TestCluster::new(
+        2,
+        &format!(
+            "[phases.rollout]\ncommand = \"while [ ! -e {} ]; do sleep 0.1; done; echo '{{}}' > {{output}}\"\n",
+            go.display()
+        ),
+    );
+    std::fs::create_dir_all(&c.log_path).unwrap();
+    let args = ["--iterations", "1"];
+    // Rank 0 alone: the cluster forms.
+    let mut first = c.spawn(0, &args);
+    wait_until(LIMIT, "rank 0's record", || c.record(0).is_some());
+    let v = assert_text_and_json_agree(&c, "starting");
+    assert_eq!(v["ranks"][1]["state"], "vacant", "{v}");
+    let mut second = c.spawn(1, &args);
+    for r in 0..2 {
+        c.wait_phase(r, 1, "train-rollout", LIMIT);
+    }
+    let v = assert_text_and_json_agree(&c, "running");
+    assert_eq!(v["ranks"][0]["phase"], 1, "{v}");
+    assert_eq!(v["ranks"][0]["phase_name"], "train-rollout", "{v}");
+    // Rank 1 killed: stalled at once (before rank 0 notices, after dead-after)...
+    second.signal(libc::SIGKILL);
+    second.wait(LIMIT);
+    let v = assert_text_and_json_agree(&c, "stalled");
+    assert_eq!(v["ranks"][1]["state"], "dead", "{v}");
+    // ...then stopped by rank 0, which names rank 1 the culprit.
+    assert_ne!(first.wait(LIMIT), 0, "{}", first.stderr());
+    let v = assert_text_and_json_agree(&c, "stopped");
+    assert_eq!(v["ranks"][1]["culprit"], true, "{v}");
+    assert_eq!(v["ranks"][0]["stopped_by"], "rank 1", "{v}");
+    assert_eq!(v["ranks"][0]["state"], "failed", "{v}");
+    // Restarted: rank 0 forms generation 2 and waits for rank 1.
+    let mut first = c.spawn(0, &args);
+    wait_until(LIMIT, "generation 2", || {
+        c.record(0).is_some_and(|r| r["gen"] == 2)
+    });
+    let v = assert_text_and_json_agree(&c, "restarting");
+    assert_eq!(v["generation"], 2, "{v}");
+    let mut second = c.spawn(1, &args);
+    std::fs::write(&go, "").unwrap();
+    assert_eq!(first.wait(LIMIT), 0, "{}", first.stderr());
+    assert_eq!(second.wait(LIMIT), 0, "{}", second.stderr());
+    let v = assert_text_and_json_agree(&c, "completed");
+    assert_eq!(v["ranks"][1]["state"], "done", "{v}");
+}

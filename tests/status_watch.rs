@@ -1,6 +1,7 @@
 //! `rl-node status --watch`: started before the nodes, it waits for the run, prints a line
-//! whenever what a rank does changes (piped), and ends with the run: the final state and
-//! the last iterations' times, exit 0 when it completed and 1 when it stopped.
+//! (or with `--json` an object) whenever what a rank does changes (piped), follows the run
+//! through restarts, and ends with the run: the final state and the last iterations'
+//! times, exit 0 when it completed and 1 when it stayed stopped for `--restart-wait`.
 
 mod common;
 
@@ -19,11 +20,13 @@ fn commands(fail_at: u64) -> String {
     )
 }
 
-/// Start `status --watch` on the cluster's directory (before any node), piped.
-fn watch(c: &TestCluster) -> std::process::Child {
+/// Start `status --watch` on the cluster's directory (before any node), piped, with
+/// `extra` flags.
+fn watch(c: &TestCluster, extra: &[&str]) -> std::process::Child {
     Command::new(BIN)
         .args(["status", "--watch", "--every", "100ms", "--log-path"])
         .arg(&c.log_path)
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -55,7 +58,7 @@ fn finish(child: std::process::Child) -> (i32, String) {
 fn a_watch_started_before_the_nodes_follows_the_run_and_ends_with_it() {
     let c = TestCluster::new(2, &commands(0));
     std::fs::create_dir_all(&c.log_path).unwrap();
-    let w = watch(&c);
+    let w = watch(&c, &[]);
     let mut nodes = c.spawn_all(&["--iterations", "3"]);
     for n in &mut nodes {
         assert_eq!(n.wait(LIMIT), 0, "{}", n.stderr());
@@ -94,7 +97,8 @@ fn a_watch_started_before_the_nodes_follows_the_run_and_ends_with_it() {
 fn a_watch_of_a_run_that_stops_ends_with_exit_1_and_the_diagnosis() {
     let c = TestCluster::new(2, &commands(2));
     std::fs::create_dir_all(&c.log_path).unwrap();
-    let w = watch(&c);
+    // Nobody restarts it: the watch gives up after --restart-wait.
+    let w = watch(&c, &["--restart-wait", "1s"]);
     let mut nodes = c.spawn_all(&["--iterations", "3"]);
     for n in &mut nodes {
         assert_ne!(n.wait(LIMIT), 0, "{}", n.stderr());
@@ -109,11 +113,66 @@ fn a_watch_of_a_run_that_stops_ends_with_exit_1_and_the_diagnosis() {
 }
 
 #[test]
-fn watch_and_json_do_not_combine() {
-    let out = Command::new(BIN)
-        .args(["status", "--watch", "--json", "--log-path", "/nonexistent"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--json"));
+fn a_watch_started_while_a_run_is_stopped_follows_its_restart_to_the_end_in_json() {
+    // Training fails once, in iteration 2: the run stops; a restart completes it.
+    let once = tempfile::tempdir().unwrap();
+    let c = TestCluster::new(
+        2,
+        &format!(
+            "[phases.rollout]\ncommand = \"sleep 0.2; echo '{{}}' > {{output}}\"\n\
+             [phases.train]\ncommand = \"sleep 0.2; test {{iteration}} != 2 || test -e {0}/failed-{{rank}} || {{ touch {0}/failed-{{rank}}; exit 5; }}\"\n",
+            once.path().display()
+        ),
+    );
+    let args = ["--iterations", "3"];
+    let mut nodes = c.spawn_all(&args);
+    for n in &mut nodes {
+        assert_ne!(n.wait(LIMIT), 0, "{}", n.stderr());
+    }
+    // Started between generations (as during a batch requeue), it keeps watching...
+    let mut w = watch(&c, &["--json"]);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = std::io::BufReader::new(w.stdout.take().unwrap());
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(stdout) {
+            let _ = tx.send(line.unwrap());
+        }
+    });
+    let mut lines = vec![rx.recv_timeout(LIMIT).expect("the watch's first object")];
+    let mut nodes = c.spawn_all(&args);
+    for n in &mut nodes {
+        assert_eq!(n.wait(LIMIT), 0, "{}", n.stderr());
+    }
+    // ...and ends with the restarted run: exit 0, an object per change, the last complete.
+    let (code, err) = finish(w);
+    assert_eq!(code, 0, "{err}");
+    lines.extend(rx.iter());
+    let text = lines.join("\n");
+    let objects: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}\n{text}")))
+        .collect();
+    assert!(objects.iter().all(|o| o["schema_version"] == 1), "{text}");
+    let states: Vec<(&str, u64)> = objects
+        .iter()
+        .map(|o| {
+            (
+                o["state"].as_str().unwrap(),
+                o["generation"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(states.first(), Some(&("stopped", 1)), "{text}");
+    assert_eq!(states.last(), Some(&("completed", 2)), "{text}");
+    assert!(states.contains(&("running", 2)), "{text}");
+    // Only changes: never the same object twice in a row (their reading time aside).
+    for pair in objects.windows(2) {
+        let strip = |o: &serde_json::Value| {
+            let mut o = o.clone();
+            o["observed_at"] = serde_json::Value::Null;
+            o["watched_ms"] = serde_json::Value::Null;
+            o
+        };
+        assert_ne!(strip(&pair[0]), strip(&pair[1]), "{text}");
+    }
 }

@@ -134,6 +134,11 @@ pub const PLACEHOLDERS: &[(&str, &str, &str)] = &[
         "the cluster generation (grows at every start)",
     ),
     (
+        "run_id",
+        "RL_NODE_RUN_ID",
+        "the run's id (the same across restarts; --fresh starts a new one), as metrics.jsonl's `run`",
+    ),
+    (
         "tasks",
         "RL_NODE_TASKS",
         "with [tasks]: this rank's task file for the split (JSONL, plan order)",

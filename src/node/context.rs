@@ -29,6 +29,8 @@ pub(crate) struct CommandInputs<'a> {
     pub master_addr: &'a str,
     pub master_port: u16,
     pub gen: u64,
+    /// The run's id, as in the cluster record and `metrics.jsonl`'s `run`.
+    pub run_id: &'a str,
     pub nproc_per_node: u32,
     /// A pipelined rollout's model version and staleness, when chosen for this iteration;
     /// otherwise the version is read from the model's path.
@@ -107,6 +109,7 @@ pub(crate) fn placeholder_values(i: &CommandInputs) -> BTreeMap<&'static str, St
             .join(","),
     );
     v.insert("gen", i.gen.to_string());
+    v.insert("run_id", i.run_id.to_string());
     // The model's version: the iteration whose training produced it (0: the base
     // model), and how many versions it lags the iteration (pipelined rollouts).
     let (version, staleness) = i.rollout_model.unwrap_or_else(|| {

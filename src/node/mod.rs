@@ -3195,6 +3195,7 @@ impl Node {
             master_addr: &c.master_addr,
             master_port: c.master_port,
             gen: c.gen,
+            run_id: &c.run_id,
             nproc_per_node: self.nproc_per_node,
             rollout_model,
             extra: &self.extra,
@@ -3337,6 +3338,7 @@ impl Node {
         let fixed = metrics::Fixed {
             iteration: self.iteration,
             run: self.run_id().to_string(),
+            generation: self.gen(),
             cluster: self.cfg.pipeline_cluster(),
             t: self.wall_stamp(),
             elapsed: now.saturating_duration_since(started),

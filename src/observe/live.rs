@@ -1,27 +1,35 @@
 //! `rl-node status --watch`: the status of a running cluster, refreshed until the run
 //! ends. On a terminal the view is redrawn in place; piped, a line is printed whenever
 //! what a rank does changes (phase, iteration, state, what rank 0 waits for), so a log
-//! of the run's progress builds up. It ends when the run ends (completed, stopped, or
-//! every node gone), printing the final state, with exit 0 for a completed run and 1
-//! otherwise.
+//! of the run's progress builds up; with `--json`, the status object instead, one per
+//! line (NDJSON). A stopped run is usually restarted (by hand or by a batch requeue), so
+//! the watch follows it through restarts, like `kubectl get -w`: it ends when the run
+//! completes (exit 0), or when it stays stopped for `--restart-wait` with no new
+//! generation (exit 1, the final view being the diagnosis), or on Ctrl-C.
 
 use super::eventlog;
-use super::status::{self, PipelineStatus, Status};
+use super::status::{self, PipelineStatus, RunState, Status};
 use crate::error::{Cause, Ending};
 use std::io::IsTerminal;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Whether the run has ended, and how: `Some(true)` completed, `Some(false)` stopped.
 fn ended(s: &Status) -> Option<bool> {
-    let o = status::overall(s);
-    if o == "completed" {
-        Some(true)
-    } else if o.starts_with("STOPPED") || o.starts_with("stopped") {
-        Some(false)
-    } else {
-        None
+    match s.state {
+        RunState::Completed => Some(true),
+        RunState::Stopped => Some(false),
+        _ => None,
     }
+}
+
+/// How `status --watch` shows the run and when it gives up on a stopped one.
+pub struct WatchOptions {
+    pub every: Duration,
+    /// NDJSON: a status object per change.
+    pub json: bool,
+    /// How long a stopped run is watched for a restart before the watch ends.
+    pub restart_wait: Duration,
 }
 
 /// The last iterations' wall times of one cluster, from its rank 0's event log:
@@ -58,15 +66,12 @@ fn summary(prefix: &str, s: &Status) -> String {
         .ranks
         .iter()
         .map(|r| {
-            let state = r
-                .state
-                .map(|s| format!("{s:?}").to_lowercase())
-                .unwrap_or_else(|| "missing".into());
             format!(
-                "rank {} {state} it {} {}",
+                "rank {} {} it {} {}",
                 r.rank,
+                r.state,
                 r.iteration,
-                r.phase.clone().unwrap_or_else(|| "-".into())
+                r.phase_label().unwrap_or_else(|| "-".into())
             )
         })
         .collect();
@@ -87,6 +92,8 @@ struct View {
     /// Whose recent times the full view ends with: (label, cluster, generation).
     times: Vec<(&'static str, Option<&'static str>, u64)>,
     line: String,
+    /// The status object `--json` prints.
+    json: serde_json::Value,
     ended: Option<bool>,
 }
 
@@ -111,7 +118,8 @@ fn single(log_path: &Path) -> Result<View, String> {
     Ok(View {
         status: status::render(&s),
         times: vec![("", None, s.gen)],
-        line: format!("{} | {}", summary("", &s), status::overall(&s)),
+        line: format!("{} | {}", summary("", &s), s.state_detail),
+        json: serde_json::to_value(&s).expect("json"),
         ended: ended(&s),
     })
 }
@@ -159,6 +167,7 @@ fn pipelined(log_path: &Path) -> View {
         status: full,
         times,
         line: lines.join(" || "),
+        json: serde_json::to_value(&p).expect("json"),
         ended,
     }
 }
@@ -166,53 +175,119 @@ fn pipelined(log_path: &Path) -> View {
 /// Cursor home, clear the screen: a terminal watch redraws the whole view.
 const CLEAR: &str = "\x1b[H\x1b[2J";
 
+/// What the watch prints, and the last change it printed (a view is printed when it
+/// differs from that one, except on a terminal, which is redrawn every refresh).
+struct Printer {
+    tty: bool,
+    json: bool,
+    every: Duration,
+    last_line: String,
+}
+
+impl Printer {
+    /// A refresh of a run that goes on; `waiting` says it is stopped and for how long
+    /// a restart is awaited.
+    fn progress(&mut self, v: View, log_path: &Path, waiting: &str) {
+        let now = chrono::Local::now().format("%Y-%m-%dT%H:%M:%S%:z");
+        if self.tty {
+            crate::output::stdout_after(
+                CLEAR,
+                format_args!(
+                    "{now}  (refreshing every {}{waiting}; Ctrl-C to leave)\n{}",
+                    humantime::format_duration(self.every),
+                    v.full(log_path)
+                ),
+                false,
+            );
+        } else if v.line != self.last_line {
+            if self.json {
+                crate::outln!("{}", v.json);
+            } else {
+                crate::outln!("{now} {}{waiting}", v.line);
+            }
+            self.last_line = v.line;
+        }
+    }
+
+    /// The view the watch ends with: the full view (for JSON the object, unless it was
+    /// the last change printed).
+    fn last(&mut self, v: &View, log_path: &Path) {
+        if self.json {
+            if v.line != self.last_line {
+                crate::outln!("{}", v.json);
+            }
+        } else {
+            let clear = if self.tty { CLEAR } else { "" };
+            crate::output::stdout_after(clear, format_args!("{}", v.full(log_path)), false);
+        }
+    }
+
+    /// No run to show yet: why (a watch may be started before the nodes).
+    fn absent(&mut self, why: &str) {
+        let now = chrono::Local::now().format("%Y-%m-%dT%H:%M:%S%:z");
+        let line = format!("waiting for a run: {why}");
+        if self.json {
+            if line != self.last_line {
+                let absent = serde_json::json!({
+                    "schema_version": status::SCHEMA_VERSION,
+                    "state": "absent",
+                    "state_detail": why,
+                });
+                crate::outln!("{absent}");
+            }
+        } else if self.tty || line != self.last_line {
+            crate::outln!("{now} {line}");
+        }
+        self.last_line = line;
+    }
+}
+
 /// Watch the run in `log_path`, refreshing every `every`, until it ends: done when the
-/// run completed, failed (exit 1, the last view being the report) when it stopped.
-pub fn watch(log_path: &Path, every: Duration) -> Ending {
-    let tty = std::io::stdout().is_terminal();
-    let mut last_line = String::new();
+/// run completed, failed (exit 1, the last view being the report) when it stayed stopped
+/// for `restart_wait` without a restart.
+pub fn watch(log_path: &Path, o: &WatchOptions) -> Ending {
+    let mut out = Printer {
+        tty: std::io::stdout().is_terminal() && !o.json,
+        json: o.json,
+        every: o.every,
+        last_line: String::new(),
+    };
+    // The stopped view being waited on, and since when: a new stop restarts the wait.
+    let mut stopped: Option<(String, Instant)> = None;
     loop {
         let view = if status::is_pipelined(log_path) {
             Ok(pipelined(log_path))
         } else {
             single(log_path)
         };
-        let now = chrono::Local::now().format("%Y-%m-%dT%H:%M:%S%:z");
         match view {
             Ok(v) => {
-                if let Some(done) = v.ended {
-                    let clear = if tty { CLEAR } else { "" };
-                    crate::output::stdout_after(clear, format_args!("{}", v.full(log_path)), false);
-                    return if done {
-                        Ending::Done
-                    } else {
-                        Ending::Reported(Cause::Failed)
+                if v.ended != Some(false) {
+                    stopped = None;
+                } else if stopped.as_ref().is_none_or(|(line, _)| *line != v.line) {
+                    stopped = Some((v.line.clone(), Instant::now()));
+                }
+                let gave_up = stopped
+                    .as_ref()
+                    .is_some_and(|(_, since)| since.elapsed() >= o.restart_wait);
+                if v.ended == Some(true) || gave_up {
+                    out.last(&v, log_path);
+                    return match v.ended {
+                        Some(true) => Ending::Done,
+                        _ => Ending::Reported(Cause::Failed),
                     };
                 }
-                if tty {
-                    crate::output::stdout_after(
-                        CLEAR,
-                        format_args!(
-                            "{now}  (refreshing every {}; Ctrl-C to leave)\n{}",
-                            humantime::format_duration(every),
-                            v.full(log_path)
-                        ),
-                        false,
-                    );
-                } else if v.line != last_line {
-                    crate::outln!("{now} {}", v.line);
-                    last_line = v.line;
-                }
+                let waiting = match stopped {
+                    Some(_) => format!(
+                        "; watching for a restart for up to {} (--restart-wait)",
+                        humantime::format_duration(o.restart_wait)
+                    ),
+                    None => String::new(),
+                };
+                out.progress(v, log_path, &waiting);
             }
-            Err(e) => {
-                // Not started yet: wait for it (a watch may be started before the nodes).
-                let line = format!("waiting for a run: {}", e.lines().next().unwrap_or(""));
-                if tty || line != last_line {
-                    crate::outln!("{now} {line}");
-                    last_line = line;
-                }
-            }
+            Err(e) => out.absent(e.lines().next().unwrap_or("")),
         }
-        std::thread::sleep(every);
+        std::thread::sleep(o.every);
     }
 }

@@ -1,5 +1,7 @@
 //! `rl-node status`: the state of a run from the shared directory alone, so it works
-//! while nodes run, after they stopped, and with every node dead.
+//! while nodes run, after they stopped, and with every node dead. The text and the JSON
+//! (`--json`, a versioned schema scripts rely on: docs/status.md) are two renderings of
+//! one judgement ([`assess`]), so they cannot disagree about a run or a rank.
 
 use crate::layout::Layout;
 use crate::protocol::{AbortInfo, ClusterRecord, NodeState, ObservedFile, RankRecord};
@@ -8,14 +10,29 @@ use serde::Serialize;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+/// The version of `status --json`'s schema (docs/status.md): raised when a key changes
+/// meaning or goes away, not when one is added.
+pub const SCHEMA_VERSION: u32 = 1;
+
 #[derive(Debug, Serialize)]
 pub struct RankStatus {
     pub rank: u32,
-    pub state: Option<NodeState>,
+    /// What the text's STATE column says: the record's state, or `dead` when `status`
+    /// found its process gone, or `missing` without a record.
+    pub state: String,
+    /// The state the rank last wrote in its record (`None`: no record).
+    pub record_state: Option<NodeState>,
     pub host: String,
     pub pid: u32,
     pub iteration: u64,
-    pub phase: Option<String>,
+    /// The phase number (docs/phases.md) and its name.
+    pub phase: Option<u8>,
+    pub phase_name: Option<&'static str>,
+    /// This rank's failure stopped the generation (the abort's culprit).
+    pub culprit: bool,
+    /// The culprit that stopped this rank (which failed because of it), as the text says
+    /// "stopped by rank N"; in a pipelined run it may be the other cluster's.
+    pub stopped_by: Option<String>,
     /// Work done in the current phase, e.g. "37/120 train items".
     pub progress: Option<String>,
     /// Heartbeat age as the rank's observer saw it (rank 0 observes workers, rank 1
@@ -34,6 +51,13 @@ pub struct RankStatus {
     /// (docs/forensics.md).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hang_report: Option<String>,
+}
+
+impl RankStatus {
+    /// The phase as the text shows it: `10 (training)`.
+    pub fn phase_label(&self) -> Option<String> {
+        Some(format!("{} ({})", self.phase?, self.phase_name?))
+    }
 }
 
 /// What `status` could check about a rank's process.
@@ -59,10 +83,34 @@ pub struct TrainingFailure {
     pub outcome: String,
 }
 
+/// The run's state, as the text's `state:` line begins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RunState {
+    /// The first generation is forming: some rank has not joined yet.
+    Starting,
+    /// A later generation is forming after a restart: some rank has not joined yet.
+    Restarting,
+    Running,
+    /// A rank's process is gone while others still run.
+    Stalled,
+    /// Stopped on a failure, or every node is gone: a restart resumes it.
+    Stopped,
+    Completed,
+}
+
 #[derive(Debug, Serialize)]
 pub struct Status {
+    pub schema_version: u32,
     pub run_id: String,
+    pub generation: u64,
+    /// `generation` under its schema-0 name, kept for one release.
     pub gen: u64,
+    /// The run's state, and the text's `state:` line that explains it.
+    pub state: RunState,
+    pub state_detail: String,
+    /// When `status` read the directory (this machine's clock, for display).
+    pub observed_at: String,
     pub num_nodes: u32,
     pub started_at: String,
     pub master: String,
@@ -141,11 +189,15 @@ pub fn read_layout(layout: &Layout) -> Result<Status, String> {
         .map(|(i, rec)| match rec {
             Some(r) => RankStatus {
                 rank: i as u32,
-                state: Some(r.state),
+                state: format!("{:?}", r.state).to_lowercase(),
+                record_state: Some(r.state),
                 host: r.host.clone(),
                 pid: r.pid,
                 iteration: r.iteration,
-                phase: r.phase.map(|p| p.to_string()),
+                phase: r.phase.map(|p| p.number()),
+                phase_name: r.phase.map(|p| p.name()),
+                culprit: false,
+                stopped_by: None,
                 progress: r.progress.clone(),
                 heartbeat_age_ms: observed(i as u32),
                 last_write: r.wall.clone(),
@@ -160,11 +212,15 @@ pub fn read_layout(layout: &Layout) -> Result<Status, String> {
             },
             None => RankStatus {
                 rank: i as u32,
-                state: None,
+                state: "missing".into(),
+                record_state: None,
                 host: String::new(),
                 pid: 0,
                 iteration: 0,
                 phase: None,
+                phase_name: None,
+                culprit: false,
+                stopped_by: None,
                 progress: None,
                 heartbeat_age_ms: None,
                 last_write: String::new(),
@@ -195,8 +251,14 @@ pub fn read_layout(layout: &Layout) -> Result<Status, String> {
     Ok(Status {
         history,
         training_failures,
+        schema_version: SCHEMA_VERSION,
         run_id: c.run_id,
+        generation: c.gen,
         gen: c.gen,
+        // Until judged: `judge_layout` settles both from the processes' evidence.
+        state: RunState::Running,
+        state_detail: String::new(),
+        observed_at: chrono::Local::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, false),
         num_nodes: c.num_nodes,
         started_at: c.started_at,
         master: format!(
@@ -223,8 +285,14 @@ pub fn judge(log_path: &Path, s: &mut Status) {
     judge_layout(&Layout::new(log_path), s)
 }
 
-/// [`judge`] for the cluster `layout` addresses.
+/// [`judge`] for the cluster `layout` addresses; then every rank's state and the run's
+/// follow from the evidence ([`settle`]).
 pub fn judge_layout(layout: &Layout, s: &mut Status) {
+    judge_processes(layout, s);
+    settle(s, layout.cluster_name());
+}
+
+fn judge_processes(layout: &Layout, s: &mut Status) {
     let window = (s.heartbeat * 3).min(Duration::from_secs(10));
     let read = |r: u32| {
         store::fs::read_json::<RankRecord>(&layout.rank_record(s.gen, r))
@@ -270,13 +338,41 @@ pub fn judge_layout(layout: &Layout, s: &mut Status) {
     s.watched_ms = Some(started.elapsed().as_millis() as u64);
 }
 
-/// The run's state in a few words, from the records and (when judged) the processes.
-pub fn overall(s: &Status) -> String {
-    if let Some(a) = &s.abort {
-        return format!("STOPPED: {}", a.describe());
+/// Each rank's state as the text shows it (dead, the culprit, stopped by whom), and the
+/// run's: after [`judge`], so that both rest on the same evidence.
+fn settle(s: &mut Status, cluster: Option<&str>) {
+    let abort = s.abort.clone();
+    for r in &mut s.ranks {
+        if r.process == Some(Process::Gone) {
+            r.state = "dead".into();
+        }
+        let Some(a) = &abort else { continue };
+        r.culprit = a.culprit == r.rank && a.cluster.as_deref() == cluster;
+        if !r.culprit && r.record_state == Some(NodeState::Failed) {
+            r.stopped_by = Some(match &a.cluster {
+                Some(c) if Some(c.as_str()) != cluster => {
+                    format!("the {c} cluster's rank {}", a.culprit)
+                }
+                _ => format!("rank {}", a.culprit),
+            });
+        }
     }
-    if s.ranks.iter().all(|r| r.state == Some(NodeState::Done)) {
-        return "completed".to_string();
+    let (state, detail) = assess(s);
+    s.state = state;
+    s.state_detail = detail;
+}
+
+/// The run's state, and the few words the text's `state:` line gives it, from the records
+/// and (when judged) the processes.
+pub fn assess(s: &Status) -> (RunState, String) {
+    if let Some(a) = &s.abort {
+        return (RunState::Stopped, format!("STOPPED: {}", a.describe()));
+    }
+    if s.ranks
+        .iter()
+        .all(|r| r.record_state == Some(NodeState::Done))
+    {
+        return (RunState::Completed, "completed".to_string());
     }
     let judged: Vec<(u32, Process)> = s
         .ranks
@@ -291,16 +387,55 @@ pub fn overall(s: &Status) -> String {
             .collect();
         let alive = judged.iter().filter(|(_, p)| *p == Process::Alive).count();
         if alive == 0 && !gone.is_empty() {
-            return "stopped (every node is gone: none is running and none stopped cleanly; restart every node to resume)".to_string();
+            return (RunState::Stopped, "stopped (every node is gone: none is running and none stopped cleanly; restart every node to resume)".to_string());
         }
         if !gone.is_empty() {
-            return format!(
-                "stalled ({} gone; the others will stop once they notice, after dead-after)",
-                gone.join(", ")
+            return (
+                RunState::Stalled,
+                format!(
+                    "stalled ({} gone; the others will stop once they notice, after dead-after)",
+                    gone.join(", ")
+                ),
             );
         }
     }
-    "running".to_string()
+    // A generation forms while some rank has not joined: after a restart (a later
+    // generation), the run is on its way back, not running yet.
+    let forming = |r: &&RankStatus| {
+        matches!(
+            r.record_state,
+            None | Some(NodeState::Vacant | NodeState::Joining)
+        )
+    };
+    if s.ranks.iter().any(|r| forming(&r)) {
+        let absent: Vec<String> = s
+            .ranks
+            .iter()
+            .filter(|r| matches!(r.record_state, None | Some(NodeState::Vacant)))
+            .map(|r| format!("rank {}", r.rank))
+            .collect();
+        let not_joined = match absent.is_empty() {
+            true => String::new(),
+            false => format!("; not joined yet: {}", absent.join(", ")),
+        };
+        return if s.gen > 1 {
+            (
+                RunState::Restarting,
+                format!("restarting (generation {} is forming{not_joined})", s.gen),
+            )
+        } else {
+            (
+                RunState::Starting,
+                format!("starting (the cluster is forming{not_joined})"),
+            )
+        };
+    }
+    (RunState::Running, "running".to_string())
+}
+
+/// The run's state in a few words: the text's `state:` line.
+pub fn overall(s: &Status) -> String {
+    assess(s).1
 }
 
 pub fn render(s: &Status) -> String {
@@ -364,9 +499,7 @@ pub fn render(s: &Status) -> String {
         let state = if gone {
             "DEAD".to_string()
         } else {
-            r.state
-                .map(|s| format!("{s:?}").to_lowercase())
-                .unwrap_or_else(|| "missing".into())
+            r.state.clone()
         };
         // A dead rank's last observed age is frozen: it says nothing now.
         let age = r
@@ -381,10 +514,14 @@ pub fn render(s: &Status) -> String {
             r.host,
             r.pid,
             r.iteration,
-            r.phase.clone().unwrap_or_else(|| "-".into()),
+            r.phase_label().unwrap_or_else(|| "-".into()),
             age,
             match (&r.waiting_at, &r.progress) {
                 _ if r.refused.is_some() => r.refused.clone().unwrap_or_default(),
+                _ if r.culprit => "the culprit (see state)".to_string(),
+                _ if r.stopped_by.is_some() => {
+                    format!("stopped by {}", r.stopped_by.clone().unwrap_or_default())
+                }
                 (Some(w), _) => w.clone(),
                 (None, Some(p)) => p.clone(),
                 _ => String::new(),
@@ -403,6 +540,10 @@ pub fn render(s: &Status) -> String {
 /// A pipelined run (docs/pipeline.md): both clusters, and the hand-over between them.
 #[derive(Debug, Serialize)]
 pub struct PipelineStatus {
+    pub schema_version: u32,
+    /// The run's state from both clusters' ([`pipeline_state`]).
+    pub state: RunState,
+    pub state_detail: String,
     pub staleness: Option<u64>,
     /// Each cluster's status, or why it cannot be read (e.g. not started yet).
     pub rollout: Result<Status, String>,
@@ -480,7 +621,11 @@ pub fn read_pipeline(log_path: &Path) -> PipelineStatus {
         Ok(s) if !overall(s).starts_with("completed") => first(&rollout),
         _ => 0,
     };
+    let (state, state_detail) = pipeline_state(&rollout, &update);
     PipelineStatus {
+        schema_version: SCHEMA_VERSION,
+        state,
+        state_detail,
         staleness,
         rolled_out: rq.as_ref().map_or(0, |q| q.done),
         rolling_out,
@@ -489,6 +634,37 @@ pub fn read_pipeline(log_path: &Path) -> PipelineStatus {
         versions,
         rollout,
         update,
+    }
+}
+
+/// A pipelined run's state: completed when both clusters are; stopped, stalled or
+/// re-forming when either is (the worse first); starting while one has not started.
+fn pipeline_state(
+    rollout: &Result<Status, String>,
+    update: &Result<Status, String>,
+) -> (RunState, String) {
+    let (Ok(r), Ok(u)) = (rollout, update) else {
+        return (
+            RunState::Starting,
+            "starting (a cluster has not started yet)".into(),
+        );
+    };
+    for state in [
+        RunState::Stopped,
+        RunState::Stalled,
+        RunState::Restarting,
+        RunState::Starting,
+    ] {
+        if let Some((name, s)) = [("rollout", r), ("update", u)]
+            .into_iter()
+            .find(|(_, s)| s.state == state)
+        {
+            return (state, format!("{name} cluster: {}", s.state_detail));
+        }
+    }
+    match (r.state, u.state) {
+        (RunState::Completed, RunState::Completed) => (RunState::Completed, "completed".into()),
+        _ => (RunState::Running, "running".into()),
     }
 }
 
