@@ -63,11 +63,17 @@ fn samples(path: &Path) -> Samples {
 fn value(s: &Samples, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     let mut found = s.iter().filter(|((n, l), _)| {
         n == name
-            && labels.iter().all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
-            && l.keys().all(|k| k == "run_id" || labels.iter().any(|(lk, _)| lk == k))
+            && labels
+                .iter()
+                .all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
+            && l.keys()
+                .all(|k| k == "run_id" || labels.iter().any(|(lk, _)| lk == k))
     });
     let one = found.next().map(|(_, v)| *v);
-    assert!(found.next().is_none(), "{name} {labels:?}: more than one sample");
+    assert!(
+        found.next().is_none(),
+        "{name} {labels:?}: more than one sample"
+    );
     one
 }
 
@@ -164,9 +170,10 @@ fn each_node_rewrites_its_own_file_while_it_runs_and_promtool_accepts_it() {
             Some(2.0),
             "{s:?}"
         );
+        // Every command's counters exist from the start, at 0 until one fails.
         assert_eq!(
             value(&s, "rl_node_commands_failed_total", &train),
-            None,
+            Some(0.0),
             "{s:?}"
         );
         // Every barrier of two iterations was counted (the event log has one line each).
@@ -211,6 +218,141 @@ fn a_placeholder_other_than_rank_is_refused_with_the_key() {
     let err = n.stderr();
     assert!(
         err.contains("observe.prometheus-textfile") && err.contains("{iteration}"),
+        "{err}"
+    );
+}
+
+/// The metric names an expression file mentions (`rl_node_…`).
+fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    for (at, _) in text.match_indices("rl_node_") {
+        let name: String = text[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        names.insert(name);
+    }
+    names
+}
+
+/// A file named by rank, batch job and run (`rl-node-{rank}-{job}-{run_id}.prom`): two
+/// runs on one host write two files whose samples carry their own run's id, which
+/// promtool accepts; the example alert rules pass `promtool check rules` and their unit
+/// tests, and every metric they and the example Grafana dashboard use is in the file.
+#[test]
+fn runs_on_one_host_write_their_own_files_which_the_example_rules_and_dashboard_fit() {
+    let c = TestCluster::new(2, COMMANDS);
+    fs::write(c.dir.path().join("go"), "").unwrap();
+    let dir = c.dir.path().join("textfile");
+    fs::create_dir(&dir).unwrap();
+    with_textfile(
+        &c,
+        &format!("{}/rl-node-{{rank}}-{{job}}-{{run_id}}.prom", dir.display()),
+    );
+    let job = [("SLURM_JOB_ID", "4242".to_string())];
+    for fresh in [&[][..], &["--fresh"][..]] {
+        let args = [&["--iterations", "1"][..], fresh].concat();
+        let mut nodes: Vec<_> = (0..2)
+            .map(|r| c.spawn_env(r, &c.log_path, &args, &job))
+            .collect();
+        for n in &mut nodes {
+            assert_eq!(n.wait(LIMIT), 0, "{}", n.stderr());
+        }
+    }
+    let mut files: Vec<PathBuf> = fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 4, "{files:?}");
+    let mut runs = std::collections::BTreeSet::new();
+    for f in &files {
+        let name = f.file_name().unwrap().to_string_lossy().into_owned();
+        let (rank, run) = name
+            .strip_prefix("rl-node-")
+            .and_then(|r| r.strip_suffix(".prom"))
+            .and_then(|r| r.split_once("-4242-"))
+            .unwrap_or_else(|| panic!("{name}"));
+        let s = samples(f);
+        let me = [("rank", rank), ("job", "4242"), ("run_id", run)];
+        assert_eq!(value(&s, "rl_node_running", &me), Some(0.0), "{s:?}");
+        assert_eq!(value(&s, "rl_node_iteration", &me), Some(1.0), "{s:?}");
+        assert!(
+            value(&s, "rl_node_last_iteration_timestamp_seconds", &me).is_some_and(|t| t > 1.0e9),
+            "{s:?}"
+        );
+        assert!(
+            value(
+                &s,
+                "rl_node_phase_seconds_total",
+                &[
+                    ("rank", rank),
+                    ("job", "4242"),
+                    ("run_id", run),
+                    ("phase", "train-rollout")
+                ]
+            )
+            .is_some(),
+            "{s:?}"
+        );
+        promtool_check(f);
+        runs.insert(run.to_string());
+    }
+    assert_eq!(runs.len(), 2, "two runs: {runs:?}");
+
+    // The example rules and dashboard use only metrics the files have.
+    let written: std::collections::BTreeSet<String> = files
+        .iter()
+        .flat_map(|f| samples(f).into_keys().map(|(n, _)| n))
+        .collect();
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let rules = examples.join("prometheus/rl-node-rules.yml");
+    let dashboard = examples.join("grafana/rl-node-dashboard.json");
+    let dash: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&dashboard).unwrap()).unwrap();
+    assert!(
+        dash["panels"].as_array().is_some_and(|p| p.len() >= 6),
+        "{dash}"
+    );
+    for f in [&rules, &dashboard] {
+        let used = metric_names(&fs::read_to_string(f).unwrap());
+        assert!(used.len() >= 5, "{}: {used:?}", f.display());
+        let missing: Vec<_> = used.difference(&written).collect();
+        assert!(
+            missing.is_empty(),
+            "{} uses {missing:?}, not in {written:?}",
+            f.display()
+        );
+    }
+    for args in [
+        vec!["check", "rules", rules.to_str().unwrap()],
+        vec!["test", "rules", "rl-node-rules.test.yml"],
+    ] {
+        let out = Command::new("promtool")
+            .args(&args)
+            .current_dir(examples.join("prometheus"))
+            .output()
+            .expect("promtool (Debian package prometheus; scripts/test installs it)");
+        assert!(
+            out.status.success(),
+            "promtool {args:?}:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn a_job_in_the_name_outside_a_batch_job_is_refused_naming_the_variable() {
+    let c = TestCluster::new(1, COMMANDS);
+    with_textfile(&c, "/tmp/rl-node-{rank}-{job}.prom");
+    let (mut cmd, stderr) = c.command(0, &c.log_path, &["--iterations", "1"], &[]);
+    cmd.env_remove("SLURM_JOB_ID");
+    let mut n = NodeProc::from_child(0, cmd.spawn().unwrap(), stderr);
+    assert_eq!(n.wait(LIMIT), 2, "{}", n.stderr());
+    let err = n.stderr();
+    assert!(
+        err.contains("observe.prometheus-textfile") && err.contains("SLURM_JOB_ID"),
         "{err}"
     );
 }

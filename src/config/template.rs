@@ -139,6 +139,11 @@ pub const PLACEHOLDERS: &[(&str, &str, &str)] = &[
         "the run's id (the same across restarts; --fresh starts a new one), as metrics.jsonl's `run`",
     ),
     (
+        "job",
+        "RL_NODE_JOB",
+        "the batch job's id (SLURM_JOB_ID; empty outside a Slurm job)",
+    ),
+    (
         "tasks",
         "RL_NODE_TASKS",
         "with [tasks]: this rank's task file for the split (JSONL, plan order)",

@@ -110,6 +110,7 @@ pub(crate) fn placeholder_values(i: &CommandInputs) -> BTreeMap<&'static str, St
     );
     v.insert("gen", i.gen.to_string());
     v.insert("run_id", i.run_id.to_string());
+    v.insert("job", batch_job().unwrap_or_default());
     // The model's version: the iteration whose training produced it (0: the base
     // model), and how many versions it lags the iteration (pipelined rollouts).
     let (version, staleness) = i.rollout_model.unwrap_or_else(|| {
@@ -246,4 +247,11 @@ pub fn first_ip_address() -> Option<String> {
         .find(|ip| ip.is_ipv4() && usable(ip))
         .or_else(|| found.iter().find(|ip| usable(ip)))
         .map(|ip| ip.to_string())
+}
+
+/// The batch job this node runs in (`{job}`): Slurm's `SLURM_JOB_ID`, if set.
+pub(crate) fn batch_job() -> Option<String> {
+    std::env::var("SLURM_JOB_ID")
+        .ok()
+        .filter(|j| !j.trim().is_empty())
 }

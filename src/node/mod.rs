@@ -425,9 +425,7 @@ fn open_textfile(cfg: &Config, rank: u32) -> Result<Option<textfile::Textfile>, 
         return Ok(None);
     }
     let template = cfg.template(text).clone();
-    let job = std::env::var("SLURM_JOB_ID")
-        .ok()
-        .filter(|j| !j.trim().is_empty());
+    let job = context::batch_job();
     if job.is_none() && template.names().contains(&"job") {
         return Err(Stop::usage(
             format!("observe.prometheus-textfile: {{job}} in {text:?} is the batch job's id, and SLURM_JOB_ID is not set"),

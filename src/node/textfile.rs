@@ -225,6 +225,18 @@ impl Textfile {
             last_error: None,
         };
         t.running.set(1);
+        // Every command's counters from 0, so a first failure is an increase to alert on.
+        for command in [
+            "rollout",
+            "eval",
+            "aggregate",
+            "prepare",
+            "train",
+            "handoff",
+        ] {
+            t.commands.with_label_values(&[command]);
+            t.commands_failed.with_label_values(&[command]);
+        }
         let started = reg(
             &t.registry,
             Gauge::new(
