@@ -492,12 +492,23 @@ struct LaneParts {
     current: Option<usize>,
     /// The time of each generation's last event.
     last_t: HashMap<u64, f64>,
+    /// The time of each generation's last event of the rank's own work (not a hang
+    /// report, fence or refusal, which come while it waits): before it arrives at a
+    /// barrier it never passed.
+    last_work_t: HashMap<u64, f64>,
 }
 
 impl LaneParts {
     fn event(&mut self, e: &Event, rank: u32, host_of: &impl Fn(u64) -> String) {
         let lt = self.last_t.entry(e.gen).or_insert(e.t);
         *lt = lt.max(e.t);
+        if !matches!(
+            e.event,
+            Ev::HangReport { .. } | Ev::Fenced { .. } | Ev::Refused { .. }
+        ) {
+            let lw = self.last_work_t.entry(e.gen).or_insert(e.t);
+            *lw = lw.max(e.t);
+        }
         // A block of an earlier generation never continues into this one.
         if let Some(i) = self.current {
             if self.blocks[i].gen != e.gen {
@@ -657,6 +668,7 @@ impl LaneParts {
             waits,
             current,
             last_t,
+            last_work_t,
             ..
         } = self;
         // The block a rank was still in at the end of a generation: open until the rank's
@@ -691,7 +703,11 @@ impl LaneParts {
             let Some(w) = c.waiting.get(&(gen, rank)).filter(|_| b.open) else {
                 continue;
             };
-            let start = last_t.get(&gen).copied().unwrap_or(b.start).max(b.start);
+            let start = last_work_t
+                .get(&gen)
+                .copied()
+                .unwrap_or(b.start)
+                .max(b.start);
             waits.push(Wait {
                 barrier: w.barrier.clone(),
                 pipeline: false,

@@ -642,9 +642,17 @@ fn axis(svg: &mut String, y: f64, t: &Timeline, scale: &Scale) -> f64 {
     while s <= span + 1e-9 {
         if !scale.collapsed(t.start + s) {
             let x = scale.x(t.start + s);
+            // Labels at the ends of the lanes stay inside them.
+            let anchor = if x < LABEL_W + 20.0 {
+                "start"
+            } else if x > LABEL_W + PLOT_W - 20.0 {
+                "end"
+            } else {
+                "middle"
+            };
             let _ = write!(
                 svg,
-                r##"<line x1="{x:.1}" x2="{x:.1}" y1="{:.1}" y2="{:.1}" stroke="#999" vector-effect="non-scaling-stroke"/><text data-x="{x:.1}" x="{x:.1}" y="{:.1}" font-size="10" text-anchor="middle">{}</text>"##,
+                r##"<line x1="{x:.1}" x2="{x:.1}" y1="{:.1}" y2="{:.1}" stroke="#999" vector-effect="non-scaling-stroke"/><text data-x="{x:.1}" x="{x:.1}" y="{:.1}" font-size="10" text-anchor="{anchor}">{}</text>"##,
                 y + 12.0,
                 y + 18.0,
                 y + 10.0,
