@@ -380,7 +380,8 @@ pub fn build(input: Input) -> Timeline {
                 .filter(|s| in_range(s.iteration))
                 .map(|s| s.total)
                 .sum();
-            (c.name, t)
+            // An empty sum of floats is -0.0.
+            (c.name, t.max(0.0))
         })
         .collect();
     Timeline {
