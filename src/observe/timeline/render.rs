@@ -1253,4 +1253,24 @@ mod tests {
             "{title}"
         );
     }
+
+    /// 100 s with 60 s of downtime in the middle: the downtime takes DOWNTIME_PX, the 40 s
+    /// that ran share the rest, and x grows with time throughout.
+    #[test]
+    fn downtime_is_drawn_collapsed() {
+        let mut t = timeline(vec![], 100.0);
+        t.downtime = vec![super::super::model::Downtime {
+            start: 20.0,
+            end: 80.0,
+            gens: vec![2],
+        }];
+        let s = Scale::new(&t);
+        let per_s = (PLOT_W - DOWNTIME_PX) / 40.0;
+        assert!((s.x(20.0) - (LABEL_W + 20.0 * per_s)).abs() < 1e-9);
+        assert!((s.x(80.0) - s.x(20.0) - DOWNTIME_PX).abs() < 1e-9);
+        assert!((s.x(100.0) - (LABEL_W + PLOT_W)).abs() < 1e-9);
+        assert!(s.collapsed(50.0) && !s.collapsed(10.0) && !s.collapsed(90.0));
+        let xs: Vec<f64> = (0..=100).map(|i| s.x(i as f64)).collect();
+        assert!(xs.windows(2).all(|w| w[1] > w[0]));
+    }
 }
