@@ -802,6 +802,10 @@ fn in_browser(page: &Path, width: u32) -> String {
   b.setAttribute('data-scroll-width', document.documentElement.scrollWidth);
   b.setAttribute('data-max-right', right.toFixed(1));
   b.setAttribute('data-min-left', left.toFixed(1));
+  // A lane's label must end before its lane begins (the lane would cover it).
+  var labels = document.querySelectorAll('g.lane > text');
+  for (var j = 0; j < labels.length; j++)
+    if (labels[j].getBoundingClientRect().right > plotL) clipped.push(labels[j].textContent);
   b.setAttribute('data-clipped', JSON.stringify(clipped));
   var label = document.querySelector('g.lane text').getBoundingClientRect().width;
   var w = document.querySelector('rect.wait.open');

@@ -17,6 +17,8 @@ pub const PLOT_W: f64 = 1400.0;
 const LABEL_W: f64 = 250.0;
 const MARGIN: f64 = 16.0;
 const LANE_H: f64 = 16.0;
+/// A generous width of a character of an 11 px sans-serif label.
+const LABEL_CHAR_PX: f64 = 6.5;
 const LANE_GAP: f64 = 4.0;
 const CHART_H: f64 = 90.0;
 /// Blocks narrower than this are merged into mixed blocks.
@@ -813,21 +815,30 @@ fn downtime(svg: &mut String, t: &Timeline, scale: &Scale, top: f64, bottom: f64
 fn draw_lane(svg: &mut String, lane: &Lane, y: f64, scale: &Scale, counts: &mut Counts) {
     // The lane's elements are placed relative to its top (a `translate`).
     let who = lane.label();
+    let label = format!(
+        "{who} · {}{}",
+        short(&lane.host, 18),
+        lane.state
+            .as_ref()
+            .map(|s| format!(" · {s}"))
+            .unwrap_or_default()
+    );
+    // A label longer than its column (a long host, `stopped by a peer`) is squeezed to
+    // fit rather than run under the lane.
+    let room = LABEL_W - MARGIN - 6.0;
+    let fit = if label.chars().count() as f64 * LABEL_CHAR_PX > room {
+        format!(r#" textLength="{room:.0}" lengthAdjust="spacingAndGlyphs""#)
+    } else {
+        String::new()
+    };
     let _ = write!(
         svg,
-        r#"<g class="lane" data-lane="{}" data-rank="{}" data-cluster="{}" data-state="{}" transform="translate(0 {y:.1})"><text x="{MARGIN}" y="12">{}</text>"#,
+        r#"<g class="lane" data-lane="{}" data-rank="{}" data-cluster="{}" data-state="{}" transform="translate(0 {y:.1})"><text x="{MARGIN}" y="12"{fit}>{}</text>"#,
         esc(&who),
         lane.rank,
         lane.cluster.unwrap_or(""),
         esc(lane.state.as_deref().unwrap_or("")),
-        esc(&format!(
-            "{who} · {}{}",
-            short(&lane.host, 18),
-            lane.state
-                .as_ref()
-                .map(|s| format!(" · {s}"))
-                .unwrap_or_default()
-        ))
+        esc(&label)
     );
     let _ = write!(
         svg,
@@ -1272,5 +1283,28 @@ mod tests {
         assert!(s.collapsed(50.0) && !s.collapsed(10.0) && !s.collapsed(90.0));
         let xs: Vec<f64> = (0..=100).map(|i| s.x(i as f64)).collect();
         assert!(xs.windows(2).all(|w| w[1] > w[0]));
+    }
+
+    /// A label too long for its column is squeezed into it; a short one is left alone.
+    #[test]
+    fn long_lane_labels_are_fitted_to_their_column() {
+        let mut long = lane(vec![block(Phase::TrainRollout, 1, 0.0, 5.0)], vec![]);
+        long.host = "a-very-long-host-name.cluster.example.org".into();
+        long.state = Some("stopped by a peer".into());
+        let short = lane(vec![block(Phase::TrainRollout, 1, 0.0, 5.0)], vec![]);
+        let t = timeline(vec![long, short], 10.0);
+        let (page, _) = html(&t, "labels");
+        let doc = roxmltree::Document::parse(svg(&page)).unwrap();
+        let labels: Vec<_> = doc
+            .descendants()
+            .filter(|n| n.attribute("class") == Some("lane"))
+            .map(|l| l.first_element_child().unwrap())
+            .collect();
+        assert_eq!(
+            labels[0].attribute("textLength"),
+            Some(format!("{:.0}", LABEL_W - MARGIN - 6.0).as_str())
+        );
+        assert!(labels[0].text().unwrap().ends_with(" · stopped by a peer"));
+        assert_eq!(labels[1].attribute("textLength"), None);
     }
 }
