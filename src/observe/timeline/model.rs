@@ -1226,4 +1226,23 @@ mod tests {
         assert_eq!(t.useful.len(), 1);
         assert!((t.useful[0].1 - 4.1).abs() < 1e-9, "{:?}", t.useful);
     }
+
+    /// A pipelined cluster's rank 0 waiting for the other cluster right now (its record's
+    /// progress note): an open wait from its last event to its record's last write.
+    #[test]
+    fn a_cluster_waiting_for_the_other_now_has_an_open_wait() {
+        let mut i = input();
+        i.clusters[0].live = vec![
+            Some(LiveRank {
+                wall: 203.0,
+                state: "running".into(),
+                progress: Some("waiting for the trajectories of iteration 2".into()),
+            }),
+            None,
+        ];
+        let t = build(i);
+        let w = t.lanes[0].waits.iter().find(|w| w.pipeline).unwrap();
+        assert_eq!(w.barrier, "the trajectories of iteration 2");
+        assert_eq!((w.start, w.end, w.open), (200.0, 203.0, true));
+    }
 }
