@@ -1001,7 +1001,10 @@ mod tests {
                     message.contains("lustre (10.0.0.1@tcp:/scratch);"),
                     "{message}"
                 );
-                assert!(message.contains("is not mounted on this node"), "{message}");
+                assert!(
+                    message.contains("is not mounted on this node"),
+                    "{message}"
+                );
                 assert!(hint.contains("mount the shared filesystem on h2"), "{hint}");
             }
             other => panic!("{other:?}"),
