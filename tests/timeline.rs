@@ -1,7 +1,9 @@
 //! `rl-node timeline` on real runs (issue 15): a running and then finished run, a crashed
 //! run (a node killed with SIGKILL, every node gone) and its restart (two generations), a
-//! pipelined run; the SVG is parsed and checked against the event logs, and the page is
-//! loaded in headless Chromium (scripts/test installs it) to see it run without errors.
+//! pipelined run; a failed run whose survivors wait for a dead rank; the SVG is parsed and
+//! checked against the event logs, the page is loaded in headless Chromium (scripts/test
+//! installs it; a test fails without it) to see it run without errors, fit a 1280 px
+//! window and zoom; `--format trace` is checked against the trace-event format.
 
 mod common;
 use common::cluster::*;
@@ -321,10 +323,9 @@ fn a_running_then_finished_run_has_a_lane_per_rank_and_a_block_per_phase() {
 
     // In a real browser: the script ran without errors and sees the same lanes and
     // blocks as the SVG says.
-    let Some(chrome) = chromium() else {
-        eprintln!("browser check skipped: chromium is not installed (scripts/test installs it)");
-        return;
-    };
+    let chrome = chromium().expect(
+        "chromium is not installed (scripts/test installs it): the page must be checked in a browser",
+    );
     let dom = Command::new(chrome)
         .args(["--headless", "--no-sandbox", "--disable-gpu", "--dump-dom"])
         .arg(format!("file://{}", out.display()))
@@ -415,17 +416,15 @@ fn a_crashed_run_marks_the_failure_and_its_restart_is_a_second_generation() {
         msg.contains("rank 2 on") && msg.contains("is dead"),
         "{msg}"
     );
-    // The message is on the page, not only in the hover text.
-    let shown = in_lane(&ls[2], "failure")[0]
+    // The message is on the page, not only in the hover text, in a row of its own.
+    let shown = doc
         .descendants()
-        .find(|n| n.has_tag_name("text"))
+        .find(|n| class_has(n, "failure-text"))
+        .and_then(|r| r.descendants().find(|n| n.has_tag_name("text")))
         .and_then(|t| t.text())
         .unwrap()
         .to_string();
-    assert!(
-        shown.starts_with("the") || shown.starts_with("rank 2"),
-        "{shown}"
-    );
+    assert!(shown.starts_with("rank 2: "), "{shown}");
     let last = in_lane(&ls[2], "block").pop().unwrap();
     assert_eq!(last.attribute("data-phase"), Some("training"));
     assert!(class_has(&last, "open"), "{}", title(&last));
@@ -435,7 +434,25 @@ fn a_crashed_run_marks_the_failure_and_its_restart_is_a_second_generation() {
             .all(|b| b.attribute("data-gen").is_none_or(|g| g == "1")));
     }
 
-    // Restart every node: the run resumes and completes in generation 2.
+    // The trace of the stopped run: the failure is an instant event.
+    let trace = trace_of(&c.log_path);
+    let failures: Vec<&serde_json::Value> = trace
+        .iter()
+        .filter(|e| e["ph"] == "i" && e["cat"] == "failure")
+        .collect();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!(failures[0]["tid"], 1 + 2 * 3, "rank 2's phase track");
+    assert!(failures[0]["args"]["detail"]
+        .as_str()
+        .unwrap()
+        .contains("is dead"));
+
+    // Restart every node, after a downtime of at least six seconds (more than the
+    // generation lasted): the run resumes and completes in generation 2.
+    let stopped = std::time::Instant::now();
+    wait_until(LIMIT, "six seconds of downtime", || {
+        stopped.elapsed() >= Duration::from_secs(6)
+    });
     open_gate(&c.log_path, 2);
     let mut nodes = c.spawn_all(&["--iterations", "2"]);
     assert_eq!(wait_all(&mut nodes), [0, 0, 0]);
@@ -473,6 +490,115 @@ fn a_crashed_run_marks_the_failure_and_its_restart_is_a_second_generation() {
     }
     // The failure of generation 1 is still marked.
     assert_eq!(in_lane(&ls[2], "failure").len(), 1);
+    // The downtime between the generations is collapsed into a labelled band, and the
+    // page says how much of the wall time went into iterations that completed.
+    let down: Vec<_> = doc
+        .descendants()
+        .filter(|n| class_has(n, "downtime"))
+        .collect();
+    assert_eq!(down.len(), 1);
+    let secs: f64 = down[0].attribute("data-secs").unwrap().parse().unwrap();
+    assert!(secs >= 6.0, "{secs}");
+    let band = down[0].children().find(|n| n.has_tag_name("rect")).unwrap();
+    assert_eq!(band.attribute("width"), Some("70.0"));
+    let texts: Vec<&str> = down[0].descendants().filter_map(|n| n.text()).collect();
+    assert!(texts.contains(&"downtime"), "{texts:?}");
+    assert!(title(&down[0]).contains("generation 2 began after it"));
+    let summary = &page[page.find("<p>").unwrap()..];
+    assert!(summary.starts_with("<p>goodput "), "{}", &summary[..200]);
+    // Generation 2's line lies at the band's end: drawn after the downtime.
+    let gen2 = doc
+        .descendants()
+        .find(|n| class_has(n, "gen") && n.attribute("data-gen") == Some("2"))
+        .unwrap();
+    let line = gen2.children().find(|n| n.has_tag_name("line")).unwrap();
+    let x: f64 = line.attribute("x1").unwrap().parse().unwrap();
+    let b0: f64 = band.attribute("x").unwrap().parse().unwrap();
+    assert!(x >= b0 + 60.0 && x <= b0 + 70.5, "{x} vs {b0}");
+
+    // The trace of both generations: every rank's phases as complete events.
+    let trace = trace_of(&c.log_path);
+    for r in 0..3u64 {
+        let phases: Vec<&serde_json::Value> = trace
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["cat"] == "phase" && e["tid"] == 1 + r * 3)
+            .collect();
+        assert_eq!(
+            phases.len(),
+            phase_events(&c.log_path, None, r as u32),
+            "rank {r}"
+        );
+        // Training waits for its gate: at least the 0.2 s its command sleeps after it.
+        let training: f64 = phases
+            .iter()
+            .filter(|e| e["name"] == "training" && e["args"]["generation"] == 2)
+            .map(|e| e["dur"].as_f64().unwrap())
+            .sum();
+        assert!(
+            (200_000.0..60_000_000.0).contains(&training),
+            "rank {r}: {training} us"
+        );
+        let commands = trace
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["cat"] == "command" && e["tid"] == 3 + r * 3)
+            .count();
+        assert!(commands >= 2, "rank {r}: {commands} commands");
+        let name = trace
+            .iter()
+            .find(|e| e["ph"] == "M" && e["name"] == "thread_name" && e["tid"] == 1 + r * 3)
+            .unwrap();
+        assert!(name["args"]["name"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("rank {r}")));
+    }
+    let gens: Vec<&serde_json::Value> = trace
+        .iter()
+        .filter(|e| e["ph"] == "i" && e["cat"] == "generation")
+        .collect();
+    assert_eq!(gens.len(), 2);
+    let labels = trace
+        .iter()
+        .find(|e| e["ph"] == "M" && e["name"] == "process_labels")
+        .unwrap();
+    assert!(labels["args"]["labels"]
+        .as_str()
+        .unwrap()
+        .contains("generation 2 from"));
+}
+
+/// `rl-node timeline --format trace` on the run in `log_path`: its events, each checked
+/// against the trace-event format's required fields and their types.
+fn trace_of(log_path: &Path) -> Vec<serde_json::Value> {
+    let (code, stdout, stderr) = timeline(&[
+        "--log-path",
+        log_path.to_str().unwrap(),
+        "--format",
+        "trace",
+    ]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let path = log_path.join("timeline.json");
+    assert!(
+        stdout.contains(&format!("wrote {}", path.display())),
+        "{stdout}"
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    assert_eq!(doc["displayTimeUnit"], "ms");
+    let events = doc["traceEvents"].as_array().expect("traceEvents").clone();
+    assert!(!events.is_empty());
+    for e in &events {
+        assert!(e["name"].is_string(), "{e}");
+        assert!(e["pid"].is_u64() && e["tid"].is_u64(), "{e}");
+        let ts = e["ts"].as_f64().unwrap_or_else(|| panic!("no ts: {e}"));
+        assert!(ts >= 0.0, "{e}");
+        match e["ph"].as_str() {
+            Some("X") => assert!(e["dur"].as_f64().is_some_and(|d| d >= 0.0), "{e}"),
+            Some("i") => assert!(["g", "p", "t"].contains(&e["s"].as_str().unwrap()), "{e}"),
+            Some("M") => assert!(e["args"].is_object(), "{e}"),
+            _ => panic!("a phase this trace does not use: {e}"),
+        }
+    }
+    events
 }
 
 /// A pipelined run (one rollout node, one update node): both clusters' lanes, labelled;
@@ -521,6 +647,27 @@ staleness = 1
         .filter_map(|n| n.attribute("data-cluster"))
         .collect();
     assert_eq!(charts, ["rollout", "update"]);
+    // The update cluster's waits for the rollout cluster's trajectories are drawn as
+    // waits (hatched blue), not as the phase it waits in.
+    let logged: Vec<f64> =
+        fs::read_to_string(c.log_path.join(".rl-node/update/events/rank-0.jsonl"))
+            .unwrap()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["event"] == "pipeline-wait")
+            .map(|v| v["secs"].as_f64().unwrap())
+            .collect();
+    assert!(logged.iter().any(|s| *s >= 0.05), "{logged:?}");
+    let drawn: Vec<_> = in_lane(&ls[1], "pipeline");
+    assert!(
+        drawn.len() >= logged.iter().filter(|s| **s >= 0.05).count(),
+        "{} drawn, {logged:?} logged",
+        drawn.len()
+    );
+    for w in &drawn {
+        assert_eq!(w.attribute("fill"), Some("url(#hatch-pipeline)"));
+        assert!(title(w).contains("(the other cluster;"), "{}", title(w));
+    }
 
     let page = draw(&c.log_path, &out, &["--cluster", "update"]);
     let text = svg(&page);
@@ -615,4 +762,241 @@ fn a_cluster_that_never_started_is_refused_naming_the_flag() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--cluster rollout: no rl-node run"), "{err}");
     assert!(!c.log_path.join("timeline.html").exists());
+}
+
+/// Rank 2's training waits for a gate the test never opens before killing it; the others'
+/// training takes 0.3 s, after which they wait for rank 2 at the barrier that ends it.
+const DEAD_RANK: &str = r#"
+[phases.rollout]
+command = '''sleep 0.1; printf '{"reward": 1}\n' > {output}'''
+[phases.train]
+command = "if [ {rank} = 2 ]; then while [ ! -e {log_path}/../release-2 ]; do sleep 0.05; done; fi; sleep 0.3; mkdir -p {output}/checkpoint-1; echo 1 > {output}/checkpoint-1/w"
+"#;
+
+/// The page loaded in headless Chromium at a window `width` px wide, with a script of the
+/// test's own appended that measures what was laid out and then turns the mouse wheel over
+/// the first open wait: `<body>`'s attributes as the page and that script left them.
+fn in_browser(page: &Path, width: u32) -> String {
+    let chrome = chromium().expect(
+        "chromium is not installed (scripts/test installs it): the page must be checked in a browser",
+    );
+    let measure = r#"<script>
+(function () {
+  var b = document.body, W = window.innerWidth, svg = document.getElementById('timeline');
+  var s = svg.getBoundingClientRect(), k = s.width / svg.viewBox.baseVal.width;
+  var plotL = s.left + Number(svg.getAttribute('data-plot-x')) * k;
+  var plotR = plotL + Number(svg.getAttribute('data-plot-w')) * k;
+  var right = 0, left = 1e9, clipped = [];
+  var els = document.querySelectorAll('h2, p, svg text, svg rect, svg line');
+  for (var i = 0; i < els.length; i++) {
+    var el = els[i];
+    if (el.closest('defs')) continue;
+    var r = el.getBoundingClientRect();
+    if (r.width === 0 && r.height === 0) continue;
+    right = Math.max(right, r.right); left = Math.min(left, r.left);
+    // Text in the zoomable time area must lie inside it (it would be cut off there).
+    if (el.tagName === 'text' && el.closest('.tz') && (r.left < plotL - 1 || r.right > plotR + 1))
+      clipped.push(el.textContent);
+  }
+  b.setAttribute('data-inner-width', W);
+  b.setAttribute('data-scroll-width', document.documentElement.scrollWidth);
+  b.setAttribute('data-max-right', right.toFixed(1));
+  b.setAttribute('data-min-left', left.toFixed(1));
+  // A lane's label must end before its lane begins (the lane would cover it).
+  var labels = document.querySelectorAll('g.lane > text');
+  for (var j = 0; j < labels.length; j++)
+    if (labels[j].getBoundingClientRect().right > plotL) clipped.push(labels[j].textContent);
+  b.setAttribute('data-clipped', JSON.stringify(clipped));
+  var label = document.querySelector('g.lane text').getBoundingClientRect().width;
+  var w = document.querySelector('rect.wait.open');
+  var r0 = w.getBoundingClientRect();
+  svg.dispatchEvent(new WheelEvent('wheel', { deltaY: -600, clientX: r0.left + r0.width / 2,
+    clientY: r0.top + 2, bubbles: true, cancelable: true }));
+  var r1 = w.getBoundingClientRect();
+  b.setAttribute('data-wait-px', r0.width.toFixed(1) + ' ' + r1.width.toFixed(1));
+  b.setAttribute('data-label-px', label.toFixed(1) + ' ' +
+    document.querySelector('g.lane text').getBoundingClientRect().width.toFixed(1));
+})();
+</script></body>"#;
+    let html = fs::read_to_string(page)
+        .unwrap()
+        .replace("</body>", measure);
+    let probe = page.with_extension("probe.html");
+    fs::write(&probe, html).unwrap();
+    let out = Command::new(chrome)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+        ])
+        .arg(format!("--window-size={width},900"))
+        .arg("--dump-dom")
+        .arg(format!("file://{}", probe.display()))
+        .output()
+        .unwrap();
+    let dom = String::from_utf8_lossy(&out.stdout).into_owned();
+    let body = &dom[dom.find("<body").expect("a body")..];
+    body[..body.find('>').unwrap()].to_string()
+}
+
+/// An attribute of the `<body>` tag text `body`.
+fn attr(body: &str, name: &str) -> String {
+    let key = format!(" {name}=\"");
+    let at = body
+        .find(&key)
+        .unwrap_or_else(|| panic!("no {name} in {body}"))
+        + key.len();
+    html_unescape(&body[at..at + body[at..].find('"').unwrap()])
+}
+
+fn html_unescape(s: &str) -> String {
+    s.replace("&quot;", "\"")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&amp;", "&")
+}
+
+fn num(s: &str) -> f64 {
+    s.parse().unwrap_or_else(|_| panic!("not a number: {s}"))
+}
+
+/// Rank 2 is killed with SIGKILL in its training while ranks 0 and 1, whose training
+/// ended, wait for it at the barrier after training; they stop once they notice it dead.
+/// The page draws their wait as a hatched open wait for rank 2, lasting past rank 2's
+/// last sign of life and saying it is dead; rank 2's lane is labelled `dead`, theirs
+/// `stopped by a peer`; the failure's message is in a row of its own. In Chromium at
+/// 1280 px nothing is cut off, and the wheel zooms the lanes' time, not their labels.
+#[test]
+fn a_failed_run_draws_the_survivors_wait_for_the_dead_rank() {
+    let c = TestCluster::new(3, DEAD_RANK);
+    let out = c.dir.path().join("run.html");
+    let mut nodes = c.spawn_all(&["--iterations", "1"]);
+    wait_until(LIMIT, "ranks 0 and 1 to wait for rank 2", || {
+        c.record(0)
+            .is_some_and(|r| r["phase"] == "training" && r["waiting_for"] == serde_json::json!([2]))
+    });
+    // A second of waiting while rank 2 is alive, then rank 2 dies.
+    lasted_a_second(&c, &[0, 1], "training");
+    nodes[2].signal(libc::SIGKILL);
+    let codes = wait_all(&mut nodes);
+    fs::write(c.dir.path().join("release-2"), "").unwrap();
+    assert_ne!(codes[0], 0);
+    assert_ne!(codes[1], 0);
+
+    let page = draw(&c.log_path, &out, &[]);
+    let text = svg(&page);
+    let doc = roxmltree::Document::parse(&text).unwrap();
+    let ls = lanes(&doc);
+    assert_eq!(
+        states(&ls),
+        ["stopped by a peer", "stopped by a peer", "dead"]
+    );
+
+    // Where rank 2's last block ends: its last sign of life.
+    let end_of =
+        |n: &roxmltree::Node| num(n.attribute("x").unwrap()) + num(n.attribute("width").unwrap());
+    let dead_last = in_lane(&ls[2], "block").pop().unwrap();
+    assert_eq!(dead_last.attribute("data-phase"), Some("training"));
+    let dead_at = end_of(&dead_last);
+    for l in &ls[..2] {
+        let waits: Vec<_> = in_lane(l, "wait")
+            .into_iter()
+            .filter(|w| class_has(w, "open"))
+            .collect();
+        assert_eq!(waits.len(), 1, "{}", l.attribute("data-lane").unwrap());
+        let w = &waits[0];
+        assert_eq!(w.attribute("fill"), Some("url(#hatch)"));
+        assert_eq!(w.attribute("data-waited-for"), Some("2"));
+        assert_eq!(w.attribute("data-dead"), Some("2"));
+        let t = title(w);
+        assert!(
+            t.contains("waiting for rank(s) 2") && t.contains("rank 2 is dead"),
+            "{t}"
+        );
+        // It begins before rank 2's death and goes on after it, over the training block.
+        let x0 = num(w.attribute("x").unwrap());
+        assert!(
+            x0 < dead_at && end_of(w) > dead_at + 20.0,
+            "{x0} {} {dead_at}\n{t}\n{}",
+            end_of(w),
+            title(&dead_last)
+        );
+        let training = in_lane(l, "block")
+            .into_iter()
+            .rfind(|b| b.attribute("data-phase") == Some("training"))
+            .unwrap();
+        assert!(title(&training).contains("train command: exit code 0"));
+        assert!(num(training.attribute("x").unwrap()) <= x0);
+    }
+    // The failure: a line on rank 2's lane, its message in a row below the lanes.
+    assert_eq!(in_lane(&ls[2], "failure").len(), 1);
+    let rows: Vec<_> = doc
+        .descendants()
+        .filter(|n| class_has(n, "failure-text"))
+        .collect();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].attribute("data-rank"), Some("2"));
+    assert!(!rows[0].ancestors().any(|a| class_has(&a, "lane")));
+    let shown = rows[0]
+        .descendants()
+        .find(|n| n.has_tag_name("text"))
+        .unwrap();
+    assert!(
+        shown.text().unwrap().contains("is dead"),
+        "{:?}",
+        shown.text()
+    );
+
+    let body = in_browser(&out, 1280);
+    assert!(
+        body.contains(r#"data-timeline="ok""#) && !body.contains("data-error"),
+        "{body}"
+    );
+    let inner = num(&attr(&body, "data-inner-width"));
+    assert_eq!(inner, 1280.0, "{body}");
+    assert!(num(&attr(&body, "data-scroll-width")) <= inner, "{body}");
+    assert!(num(&attr(&body, "data-max-right")) <= inner, "{body}");
+    assert!(num(&attr(&body, "data-min-left")) >= 0.0, "{body}");
+    assert_eq!(attr(&body, "data-clipped"), "[]", "{body}");
+    let px: Vec<f64> = attr(&body, "data-wait-px").split(' ').map(num).collect();
+    assert!(
+        px[0] > 5.0 && px[1] > px[0] * 1.5,
+        "the wheel did not zoom: {px:?}"
+    );
+    let label: Vec<f64> = attr(&body, "data-label-px").split(' ').map(num).collect();
+    assert!(
+        (label[0] - label[1]).abs() < 0.5,
+        "the labels zoomed too: {label:?}"
+    );
+}
+
+/// Rank 1's rollout command fails: its lane is labelled `culprit`, rank 0's (stopped
+/// because of it) `stopped by a peer`.
+#[test]
+fn the_culprit_and_the_rank_it_stopped_are_labelled_apart() {
+    let c = TestCluster::new(
+        2,
+        "[phases.rollout]\ncommand = '''if [ {rank} = 1 ]; then exit 3; fi; sleep 0.2; printf '{\"reward\": 1}\\n' > {output}'''\n",
+    );
+    let mut nodes = c.spawn_all(&["--iterations", "1"]);
+    let codes = wait_all(&mut nodes);
+    assert_eq!(codes[1], 1, "{}", nodes[1].stderr());
+    assert_ne!(codes[0], 0);
+    let out = c.dir.path().join("run.html");
+    let page = draw(&c.log_path, &out, &[]);
+    let text = svg(&page);
+    let doc = roxmltree::Document::parse(&text).unwrap();
+    assert_eq!(states(&lanes(&doc)), ["stopped by a peer", "culprit"]);
+}
+
+/// Each lane's state as its label shows it (`rank 0 · host · state`).
+fn states(lanes: &[roxmltree::Node]) -> Vec<String> {
+    lanes
+        .iter()
+        .map(|l| {
+            let label = l.descendants().find_map(|n| n.text()).unwrap();
+            label.rsplit(" · ").next().unwrap().to_string()
+        })
+        .collect()
 }

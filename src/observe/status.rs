@@ -438,6 +438,30 @@ pub fn overall(s: &Status) -> String {
     assess(s).1
 }
 
+/// A rank's state in a word or three, from its record, its judged process and the
+/// generation's abort: `dead` (its process is gone though its record says it runs),
+/// `culprit` (it stopped the generation), `stopped by a peer` (it failed because another
+/// rank did), else the record's state (`running`, `done`…; `missing` without a record).
+/// `cluster` is the rank's cluster in a pipelined run.
+pub(crate) fn rank_label(
+    r: &RankStatus,
+    abort: Option<&AbortInfo>,
+    cluster: Option<&str>,
+) -> String {
+    if r.process == Some(Process::Gone) {
+        return "dead".into();
+    }
+    let culprit = abort.is_some_and(|a| {
+        a.culprit == r.rank && a.cluster.as_deref().is_none_or(|c| Some(c) == cluster)
+    });
+    match r.state {
+        Some(NodeState::Failed) if culprit => "culprit".into(),
+        Some(NodeState::Failed) if abort.is_some() => "stopped by a peer".into(),
+        Some(s) => format!("{s:?}").to_lowercase(),
+        None => "missing".into(),
+    }
+}
+
 pub fn render(s: &Status) -> String {
     let mut out = format!(
         "run {}  generation {}  started {}\nrank 0: {}\n",

@@ -15,6 +15,7 @@
 
 pub mod model;
 pub mod render;
+mod trace;
 
 use crate::error::{Ending, Failure};
 use crate::layout::Layout;
@@ -32,9 +33,14 @@ pub struct TimelineArgs {
     /// The run's shared directory.
     #[arg(long, value_name = "DIR")]
     pub log_path: Option<String>,
-    /// Where to write the page [default: DIR/timeline.html].
+    /// Where to write it [default: DIR/timeline.html, or DIR/timeline.json with
+    /// `--format trace`].
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
+    /// `html`: a self-contained page; `trace`: Chrome trace-event JSON, for Perfetto
+    /// (ui.perfetto.dev) or chrome://tracing.
+    #[arg(long, value_name = "FORMAT", default_value = "html", value_parser = ["html", "trace"])]
+    pub format: String,
     /// Only these iterations: `A..B` (both included), `A..`, `..B` or `N`.
     #[arg(long, value_name = "A..B")]
     pub iterations: Option<String>,
@@ -97,28 +103,41 @@ pub fn main(args: TimelineArgs) -> Result<Ending, Failure> {
         .map(parse_range)
         .transpose()
         .map_err(|e| Failure::usage(e, None))?;
-    let mut out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| root.join("timeline.html"));
+    let trace = args.format == "trace";
+    let mut out = args.out.clone().unwrap_or_else(|| {
+        root.join(if trace {
+            "timeline.json"
+        } else {
+            "timeline.html"
+        })
+    });
     // A bare file name is in the current directory (whose fsync the atomic write needs).
     if out.parent().is_some_and(|p| p.as_os_str().is_empty()) {
         out = Path::new(".").join(out);
     }
-    let (page, counts) = render_run(&root, range, args.cluster.as_deref(), args.field.as_deref())
+    let (timeline, title) = build_run(&root, range, args.cluster.as_deref(), args.field.as_deref())
         .map_err(|e| Failure::usage(e, None))?;
-    store::fs::publish(&out, page.as_bytes()).map_err(|e| {
+    let (text, what) = if trace {
+        let text = trace::json(&timeline, &title);
+        let n = text.matches("\"ph\":").count();
+        (text, format!("{n} trace events"))
+    } else {
+        let (page, counts) = render::html(&timeline, &title);
+        (
+            page,
+            format!("{} lanes, {} blocks", counts.lanes, counts.blocks),
+        )
+    };
+    store::fs::publish(&out, text.as_bytes()).map_err(|e| {
         Failure::failed(format!(
             "cannot write the timeline to {}: {e}",
             out.display()
         ))
     })?;
     crate::outln!(
-        "wrote {} ({} lanes, {} blocks, {} KB)",
+        "wrote {} ({what}, {} KB)",
         out.display(),
-        counts.lanes,
-        counts.blocks,
-        page.len().div_ceil(1024)
+        text.len().div_ceil(1024)
     );
     Ok(Ending::Done)
 }
@@ -131,6 +150,18 @@ pub fn render_run(
     cluster: Option<&str>,
     field: Option<&str>,
 ) -> Result<(String, render::Counts), String> {
+    let (timeline, title) = build_run(root, range, cluster, field)?;
+    Ok(render::html(&timeline, &title))
+}
+
+/// Read the run in `root` into a timeline and its title, or say why there is nothing to
+/// draw (no run there; no iteration in the range; a cluster the run lacks).
+fn build_run(
+    root: &Path,
+    range: Option<RangeInclusive<u64>>,
+    cluster: Option<&str>,
+    field: Option<&str>,
+) -> Result<(model::Timeline, String), String> {
     let pipelined = super::status::is_pipelined(root);
     let names: Vec<Option<&'static str>> = if pipelined {
         let all = ["rollout", "update"];
@@ -225,7 +256,7 @@ pub fn render_run(
             None => String::new(),
         }
     );
-    Ok(render::html(&timeline, &title))
+    Ok((timeline, title))
 }
 
 /// What the files of one cluster say: every rank's events (read in parallel: they are
@@ -270,9 +301,7 @@ fn read_cluster_input(layout: &Layout, c: &crate::protocol::ClusterRecord) -> Cl
     let mut hosts = HashMap::new();
     let mut walls = HashMap::new();
     let mut aborts = BTreeMap::new();
-    // The current generation's records, kept from the loop below (read once): those of
-    // the cluster's ranks that belong to this run, as `status::read_records` selects.
-    let mut current: Vec<Option<RankRecord>> = vec![None; c.num_nodes as usize];
+    let mut waiting = HashMap::new();
     for &gen in &gens {
         let records: Vec<Option<RankRecord>> = (0..n)
             .map(|r| {
@@ -284,50 +313,80 @@ fn read_cluster_input(layout: &Layout, c: &crate::protocol::ClusterRecord) -> Cl
             .collect();
         for rec in records.iter().flatten() {
             hosts.insert((gen, rec.rank), rec.host.clone());
-            if let Ok(t) = chrono::DateTime::parse_from_rfc3339(&rec.wall) {
-                walls.insert((gen, rec.rank), t.timestamp_millis() as f64 / 1000.0);
+            if let Some(t) = parse_wall(&rec.wall) {
+                walls.insert((gen, rec.rank), t);
             }
         }
+        waiting.extend(waits_of(&records));
         if let Some(a) = super::status::read_abort(layout, gen, &records) {
             aborts.insert(gen, a);
         }
-        if gen == c.gen {
-            for (r, rec) in records.iter().take(c.num_nodes as usize).enumerate() {
-                current[r] = rec
-                    .clone()
-                    .filter(|rec| rec.belongs_to(&c.run_id, gen, r as u32));
-            }
-        }
     }
-    let records = current;
-    let released0 = records.first().cloned().flatten();
-    let live = records
-        .iter()
-        .map(|r| {
-            r.as_ref().map(|r| LiveRank {
-                wall: chrono::DateTime::parse_from_rfc3339(&r.wall)
-                    .map(|t| t.timestamp_millis() as f64 / 1000.0)
-                    .unwrap_or(0.0),
-                state: format!("{:?}", r.state).to_lowercase(),
-                waiting_at: r
-                    .arrived
-                    .as_ref()
-                    .filter(|m| !released0.as_ref().is_some_and(|r0| r0.released_at(m.k)))
-                    .map(|m| m.name.clone()),
-            })
-        })
-        .collect();
-    let waiting_for = released0.map(|r| r.waiting_for).unwrap_or_default();
     ClusterInput {
         name,
         events,
         hosts,
         walls,
         aborts,
+        waiting,
         gen: c.gen,
-        live,
-        waiting_for,
+        live: live_ranks(layout),
     }
+}
+
+fn parse_wall(s: &str) -> Option<f64> {
+    chrono::DateTime::parse_from_rfc3339(s)
+        .ok()
+        .map(|t| t.timestamp_millis() as f64 / 1000.0)
+}
+
+/// The barrier each rank of one generation's records had arrived at and rank 0 had not
+/// released, with the ranks (of those records) that had not arrived there.
+fn waits_of(records: &[Option<RankRecord>]) -> Vec<((u64, u32), model::Waiting)> {
+    let released0 = records.first().cloned().flatten();
+    let arrived_k =
+        |r: &Option<RankRecord>| r.as_ref().and_then(|r| r.arrived.as_ref()).map(|m| m.k);
+    records
+        .iter()
+        .flatten()
+        .filter_map(|rec| {
+            let m = rec.arrived.as_ref()?;
+            if released0.as_ref().is_some_and(|r0| r0.released_at(m.k)) {
+                return None;
+            }
+            let waited_for = records
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| arrived_k(r).is_none_or(|k| k < m.k))
+                .map(|(i, _)| i as u32)
+                .collect();
+            let w = model::Waiting {
+                barrier: m.name.clone(),
+                waited_for,
+            };
+            Some(((rec.gen, rec.rank), w))
+        })
+        .collect()
+}
+
+/// The current generation's ranks as `rl-node status` sees them: its records, their
+/// processes judged as it judges them, labelled as it labels them (dead, culprit,
+/// stopped by a peer…).
+fn live_ranks(layout: &Layout) -> Vec<Option<LiveRank>> {
+    let Ok(mut s) = super::status::read_layout(layout) else {
+        return Vec::new();
+    };
+    super::status::judge_layout(layout, &mut s);
+    s.ranks
+        .iter()
+        .map(|r| {
+            r.state.map(|_| LiveRank {
+                wall: parse_wall(&r.last_write).unwrap_or(0.0),
+                state: super::status::rank_label(r, s.abort.as_ref(), layout.cluster_name()),
+                progress: r.progress.clone(),
+            })
+        })
+        .collect()
 }
 
 /// Read no more than this of merged train splits for the field's means: a run without

@@ -24,13 +24,15 @@ pub struct ClusterInput {
     pub walls: HashMap<(u64, u32), f64>,
     /// Each generation's abort, where one was published or relayed.
     pub aborts: BTreeMap<u64, AbortInfo>,
+    /// The barrier (generation, rank) had arrived at and was not released from at its
+    /// record's last write: a rank stopped or still waiting there.
+    pub waiting: HashMap<(u64, u32), Waiting>,
     /// The current generation.
     pub gen: u64,
     /// In the current generation: each rank's last write (seconds since the epoch), its
-    /// state (`running`, `done`, `failed`…) and the barrier it waits at, if any.
+    /// state as `rl-node status` labels it (`running`, `done`, `dead`, `culprit`,
+    /// `stopped by a peer`…) and what it is doing.
     pub live: Vec<Option<LiveRank>>,
-    /// Whom rank 0 waits for at its current barrier.
-    pub waiting_for: Vec<u32>,
 }
 
 /// A rank's record in the current generation, as far as the timeline needs it.
@@ -38,7 +40,17 @@ pub struct ClusterInput {
 pub struct LiveRank {
     pub wall: f64,
     pub state: String,
-    pub waiting_at: Option<String>,
+    /// Its record's progress note (`waiting for …` while a pipelined cluster waits for
+    /// the other).
+    pub progress: Option<String>,
+}
+
+/// A barrier a rank arrived at and was not released from.
+#[derive(Debug, Clone)]
+pub struct Waiting {
+    pub barrier: String,
+    /// The ranks of that generation that had not arrived (by their records).
+    pub waited_for: Vec<u32>,
 }
 
 /// One line of `metrics.jsonl` reduced to what is drawn.
@@ -78,7 +90,27 @@ pub struct Timeline {
     pub from_metrics: bool,
     /// Whether some of the field's means come from the merged train splits.
     pub values_from_splits: bool,
+    /// Stretches where no rank of any cluster did anything and a generation began: the
+    /// downtime between generations, drawn collapsed.
+    pub downtime: Vec<Downtime>,
+    /// Per cluster, the time of the iterations its rank 0 completed (in the generation
+    /// that completed each): the useful part of the wall time `end - start`.
+    pub useful: Vec<(Option<&'static str>, f64)>,
 }
+
+/// Time between generations when nothing ran (the time from the last sign of life of a
+/// generation to the next one's first event).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Downtime {
+    pub start: f64,
+    pub end: f64,
+    /// The generation(s) that began at its end.
+    pub gens: Vec<u64>,
+}
+
+/// A stretch with nothing drawn is collapsed when it holds a generation start and is at
+/// least this share of the whole span: shorter ones cost the page nothing to draw true.
+pub const DOWNTIME_SHARE: f64 = 0.05;
 
 #[derive(Debug)]
 pub struct Lane {
@@ -89,8 +121,36 @@ pub struct Lane {
     pub blocks: Vec<Block>,
     pub waits: Vec<Wait>,
     pub marks: Vec<Mark>,
-    /// Its state in the current generation (`done`, `failed`, `running`…), if known.
+    /// Commands (from their end and duration), for the trace export.
+    pub commands: Vec<Span>,
+    /// Commits, hand-offs, server starts and stops: points in time, for the trace export.
+    pub instants: Vec<Instant>,
+    /// Its state in the current generation as `rl-node status` labels it (`done`,
+    /// `running`, `dead`, `culprit`, `stopped by a peer`…), if known.
     pub state: Option<String>,
+    /// Its last sign of life in the current generation (its record's last write).
+    pub last_write: Option<f64>,
+}
+
+/// A command's run: `name` is the command's phase (`rollout`, `train`…).
+#[derive(Debug, Clone)]
+pub struct Span {
+    pub name: String,
+    pub gen: u64,
+    pub iteration: u64,
+    pub start: f64,
+    pub end: f64,
+    pub detail: String,
+}
+
+/// Something that happened at one time on a rank.
+#[derive(Debug, Clone)]
+pub struct Instant {
+    pub name: String,
+    pub gen: u64,
+    pub iteration: u64,
+    pub t: f64,
+    pub detail: String,
 }
 
 impl Lane {
@@ -120,10 +180,14 @@ pub struct Block {
     pub log: Option<String>,
 }
 
-/// A wait at a barrier (hatched over the phase block it ends).
+/// A wait at a barrier (hatched over the phase block it ends), or in a pipelined run a
+/// cluster's wait for the other one.
 #[derive(Debug, Clone)]
 pub struct Wait {
+    /// The barrier's name; for a pipelined wait, what was waited for.
     pub barrier: String,
+    /// A pipelined cluster's wait for the other cluster (not a barrier).
+    pub pipeline: bool,
     pub gen: u64,
     pub iteration: u64,
     pub k: Option<u64>,
@@ -132,6 +196,8 @@ pub struct Wait {
     pub open: bool,
     /// The rank(s) that arrived last (whom rank 0, and so everyone, waited for).
     pub waited_for: Vec<u32>,
+    /// Of those, the ones dead at the end of the wait, with their last sign of life.
+    pub dead: Vec<(u32, f64)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -207,6 +273,7 @@ pub fn build(input: Input) -> Timeline {
             lanes.push(lane(c, rank as u32, events));
         }
         attribute_waits(&mut lanes[first_lane..]);
+        mark_dead(&mut lanes[first_lane..], c);
         // Failures: each generation's abort, on its culprit's lane of this cluster.
         for (gen, a) in &c.aborts {
             let culprit_here = a.cluster.as_deref().is_none_or(|n| Some(n) == c.name);
@@ -302,6 +369,21 @@ pub fn build(input: Input) -> Timeline {
     if !start.is_finite() {
         (start, end) = (0.0, 0.0);
     }
+    let downtime = downtime(&lanes, &generations, start, end);
+    let useful = input
+        .clusters
+        .iter()
+        .map(|c| {
+            let its = from_events(std::slice::from_ref(c));
+            let t: f64 = its
+                .iter()
+                .filter(|s| in_range(s.iteration))
+                .map(|s| s.total)
+                .sum();
+            // An empty sum of floats is -0.0.
+            (c.name, t.max(0.0))
+        })
+        .collect();
     Timeline {
         start,
         end,
@@ -311,7 +393,46 @@ pub fn build(input: Input) -> Timeline {
         field: input.field,
         from_metrics,
         values_from_splits,
+        downtime,
+        useful,
     }
+}
+
+/// The stretches of [`DOWNTIME_SHARE`] or more of the span in which no lane has a block,
+/// wait or mark and a generation began.
+fn downtime(lanes: &[Lane], gens: &[GenStart], start: f64, end: f64) -> Vec<Downtime> {
+    let mut spans: Vec<(f64, f64)> = lanes
+        .iter()
+        .flat_map(|l| {
+            l.blocks
+                .iter()
+                .map(|b| (b.start, b.end))
+                .chain(l.waits.iter().map(|w| (w.start, w.end)))
+                .chain(l.marks.iter().map(|m| (m.t, m.t)))
+        })
+        .collect();
+    spans.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let min = (end - start) * DOWNTIME_SHARE;
+    let mut out = Vec::new();
+    let mut reach = f64::NEG_INFINITY;
+    for (a, b) in spans {
+        if reach.is_finite() && a - reach >= min && a - reach > 0.0 {
+            let began: Vec<u64> = gens
+                .iter()
+                .filter(|g| g.t >= reach && g.t <= a)
+                .map(|g| g.gen)
+                .collect();
+            if !began.is_empty() {
+                out.push(Downtime {
+                    start: reach,
+                    end: a,
+                    gens: began,
+                });
+            }
+        }
+        reach = reach.max(b);
+    }
+    out
 }
 
 fn parse_t(s: &str) -> Option<f64> {
@@ -338,6 +459,8 @@ fn lane(c: &ClusterInput, rank: u32, events: &[Event]) -> Lane {
         blocks,
         waits,
         marks,
+        commands,
+        instants,
         ..
     } = parts;
     let host = blocks
@@ -351,6 +474,9 @@ fn lane(c: &ClusterInput, rank: u32, events: &[Event]) -> Lane {
         blocks,
         waits,
         marks,
+        commands,
+        instants,
+        last_write: live.as_ref().map(|l| l.wall),
         state: live.map(|l| l.state),
     }
 }
@@ -361,16 +487,29 @@ struct LaneParts {
     blocks: Vec<Block>,
     waits: Vec<Wait>,
     marks: Vec<Mark>,
+    commands: Vec<Span>,
+    instants: Vec<Instant>,
     /// The block the rank is in (index into `blocks`), if it has not ended.
     current: Option<usize>,
     /// The time of each generation's last event.
     last_t: HashMap<u64, f64>,
+    /// The time of each generation's last event of the rank's own work (not a hang
+    /// report, fence or refusal, which come while it waits): before it arrives at a
+    /// barrier it never passed.
+    last_work_t: HashMap<u64, f64>,
 }
 
 impl LaneParts {
     fn event(&mut self, e: &Event, rank: u32, host_of: &impl Fn(u64) -> String) {
         let lt = self.last_t.entry(e.gen).or_insert(e.t);
         *lt = lt.max(e.t);
+        if !matches!(
+            e.event,
+            Ev::HangReport { .. } | Ev::Fenced { .. } | Ev::Refused { .. }
+        ) {
+            let lw = self.last_work_t.entry(e.gen).or_insert(e.t);
+            *lw = lw.max(e.t);
+        }
         // A block of an earlier generation never continues into this one.
         if let Some(i) = self.current {
             if self.blocks[i].gen != e.gen {
@@ -398,6 +537,7 @@ impl LaneParts {
             Ev::Barrier { name, k, waited_ms } => {
                 self.waits.push(Wait {
                     barrier: name.clone(),
+                    pipeline: false,
                     gen: e.gen,
                     iteration: e.iteration,
                     k: Some(*k),
@@ -405,7 +545,24 @@ impl LaneParts {
                     end: e.t,
                     open: false,
                     waited_for: Vec::new(),
+                    dead: Vec::new(),
                 });
+            }
+            // Drawn as the wait it is, not as the phase the cluster waits in.
+            Ev::PipelineWait { what, secs } => {
+                self.waits.push(Wait {
+                    barrier: what.clone(),
+                    pipeline: true,
+                    gen: e.gen,
+                    iteration: e.iteration,
+                    k: None,
+                    start: e.t - secs,
+                    end: e.t,
+                    open: false,
+                    waited_for: Vec::new(),
+                    dead: Vec::new(),
+                });
+                self.note(format!("waited {secs:.2}s for {what}"));
             }
             Ev::Command { phase, exit, secs } => {
                 let log = format!(
@@ -418,6 +575,14 @@ impl LaneParts {
                         .push(format!("{phase} command: {exit} after {secs:.3}s"));
                     self.blocks[i].log = Some(log.clone());
                 }
+                self.commands.push(Span {
+                    name: phase.clone(),
+                    gen: e.gen,
+                    iteration: e.iteration,
+                    start: e.t - secs,
+                    end: e.t,
+                    detail: format!("{exit}; log {log}"),
+                });
                 if exit != crate::process::EXIT_SUCCESS {
                     self.mark(
                         e,
@@ -436,12 +601,28 @@ impl LaneParts {
                 if *attempt > 1 {
                     self.mark(e, MarkKind::ServerRestart, text.clone());
                 }
+                self.instant(e, "server-start", text.clone());
                 self.note(text);
             }
+            Ev::Commit {
+                split,
+                path,
+                adopted,
+            } => self.instant(
+                e,
+                "commit",
+                format!(
+                    "committed {split} shard {path}{}",
+                    if *adopted { " (written in place)" } else { "" }
+                ),
+            ),
             other => {
                 if let Some((kind, text)) = mark_of(other) {
                     self.mark(e, kind, text);
                 } else if let Some(text) = note_of(other) {
+                    if let Some(name) = instant_name(other) {
+                        self.instant(e, name, text.clone());
+                    }
                     self.note(text);
                 }
             }
@@ -458,6 +639,16 @@ impl LaneParts {
         if let Some(i) = self.current {
             self.blocks[i].notes.push(text);
         }
+    }
+
+    fn instant(&mut self, e: &Event, name: &str, detail: String) {
+        self.instants.push(Instant {
+            name: name.into(),
+            gen: e.gen,
+            iteration: e.iteration,
+            t: e.t,
+            detail,
+        });
     }
 
     fn mark(&mut self, e: &Event, kind: MarkKind, text: String) {
@@ -478,6 +669,7 @@ impl LaneParts {
             waits,
             current,
             last_t,
+            last_work_t,
             ..
         } = self;
         // The block a rank was still in at the end of a generation: open until the rank's
@@ -499,22 +691,87 @@ impl LaneParts {
                 blocks[i].open = true;
             }
         }
-        // A rank of the current generation waiting at a barrier right now.
-        if let (Some(l), Some(b)) = (live, blocks.last()) {
-            if let (Some(at), true) = (&l.waiting_at, b.gen == c.gen) {
-                if l.state == "running" {
-                    waits.push(Wait {
-                        barrier: at.clone(),
-                        gen: b.gen,
-                        iteration: b.iteration,
-                        k: None,
-                        start: events.last().map_or(b.start, |e| e.t).min(l.wall),
-                        end: l.wall,
-                        open: true,
-                        waited_for: c.waiting_for.clone(),
-                    });
-                }
+        // Where a generation ended (or stands now) with the rank at a barrier it arrived
+        // at and was not released from, stopped there by a failure or waiting there now:
+        // a wait from its last event (its command's end) to its last sign of life, over
+        // the block it would have ended, for whom its records say had not arrived.
+        let mut last_of_gen: BTreeMap<u64, usize> = BTreeMap::new();
+        for (i, b) in blocks.iter().enumerate() {
+            last_of_gen.insert(b.gen, i);
+        }
+        for (gen, i) in last_of_gen {
+            let b = &blocks[i];
+            let Some(w) = c.waiting.get(&(gen, rank)).filter(|_| b.open) else {
+                continue;
+            };
+            let start = last_work_t
+                .get(&gen)
+                .copied()
+                .unwrap_or(b.start)
+                .max(b.start);
+            waits.push(Wait {
+                barrier: w.barrier.clone(),
+                pipeline: false,
+                gen,
+                iteration: b.iteration,
+                k: None,
+                start,
+                end: last_sign(gen, b.start).max(start),
+                open: true,
+                waited_for: w.waited_for.clone(),
+                dead: Vec::new(),
+            });
+        }
+        // A pipelined cluster waiting for the other one right now (its progress note).
+        let what = live
+            .filter(|l| l.state == "running")
+            .and_then(|l| l.progress.as_deref()?.strip_prefix("waiting for "));
+        if let (Some(what), Some(l), Some(b)) = (what, live, blocks.last()) {
+            if b.gen == c.gen {
+                let start = events.last().map_or(b.start, |e| e.t).min(l.wall);
+                waits.push(Wait {
+                    barrier: what.to_string(),
+                    pipeline: true,
+                    gen: b.gen,
+                    iteration: b.iteration,
+                    k: None,
+                    start,
+                    end: l.wall,
+                    open: true,
+                    waited_for: Vec::new(),
+                    dead: Vec::new(),
+                });
             }
+        }
+    }
+}
+
+/// Name, on every open wait of one cluster's lanes, the ranks waited for that were dead:
+/// in the current generation those `status` judges dead, in an earlier one the culprit of
+/// its dead-peer abort; each with its last sign of life.
+fn mark_dead(lanes: &mut [Lane], c: &ClusterInput) {
+    let dead_now: Vec<(u32, f64)> = lanes
+        .iter()
+        .filter(|l| l.state.as_deref() == Some("dead"))
+        .map(|l| (l.rank, l.last_write.unwrap_or(0.0)))
+        .collect();
+    for l in lanes.iter_mut() {
+        for w in l.waits.iter_mut().filter(|w| w.open && !w.pipeline) {
+            w.dead = if w.gen == c.gen {
+                dead_now
+                    .iter()
+                    .filter(|d| w.waited_for.contains(&d.0))
+                    .copied()
+                    .collect()
+            } else {
+                c.aborts
+                    .get(&w.gen)
+                    .filter(|a| a.kind == crate::protocol::AbortKind::PeerDead)
+                    .filter(|a| w.waited_for.contains(&a.culprit))
+                    .and_then(|a| Some((a.culprit, *c.walls.get(&(w.gen, a.culprit))?)))
+                    .into_iter()
+                    .collect()
+            };
         }
     }
 }
@@ -563,6 +820,17 @@ fn mark_of(ev: &Ev) -> Option<(MarkKind, String)> {
     })
 }
 
+/// The trace's name for an event that annotates a block, when it is a point in time of
+/// its own there.
+fn instant_name(ev: &Ev) -> Option<&'static str> {
+    match ev {
+        Ev::ServerStop { .. } => Some("server-stop"),
+        Ev::Handoff { .. } => Some("hand-off"),
+        Ev::HandoffSkipped { .. } => Some("hand-off skipped"),
+        _ => None,
+    }
+}
+
 /// The note an event that only annotates the rank's current block adds (`None` for the
 /// others).
 fn note_of(ev: &Ev) -> Option<String> {
@@ -575,7 +843,6 @@ fn note_of(ev: &Ev) -> Option<String> {
             ..
         } => format!("handed off {model} ({transfer}) in {secs:.2}s"),
         Ev::HandoffSkipped { summary, .. } => format!("no hand-off: {summary}"),
-        Ev::PipelineWait { what, secs } => format!("waited {secs:.2}s for {what}"),
         _ => return None,
     })
 }
@@ -770,9 +1037,9 @@ mod tests {
                     .collect(),
                 walls: [((2, 1), 205.0)].into_iter().collect(),
                 aborts: [(2, abort)].into_iter().collect(),
+                waiting: HashMap::new(),
                 gen: 2,
                 live: vec![None, None],
-                waiting_for: vec![],
             }],
             metrics: vec![],
             field: "reward".into(),
@@ -884,5 +1151,98 @@ mod tests {
         assert!(t.iterations.is_empty());
         let gens: Vec<u64> = t.generations.iter().map(|g| g.gen).collect();
         assert_eq!(gens, [2]);
+    }
+
+    /// Rank 0 stopped in generation 2 at a barrier it had arrived at, waiting for rank 1,
+    /// whom status judges dead: the block it stopped in carries an open wait from its last
+    /// event to its last sign of life, naming rank 1 and when rank 1 was last alive.
+    #[test]
+    fn a_rank_stopped_at_a_barrier_waited_there_for_the_dead_rank() {
+        let mut i = input();
+        let c = &mut i.clusters[0];
+        c.waiting.insert(
+            (2, 0),
+            Waiting {
+                barrier: "sync-start".into(),
+                waited_for: vec![1],
+            },
+        );
+        c.walls.insert((2, 0), 204.0);
+        c.live = vec![
+            Some(LiveRank {
+                wall: 204.0,
+                state: "stopped by a peer".into(),
+                progress: None,
+            }),
+            Some(LiveRank {
+                wall: 201.2,
+                state: "dead".into(),
+                progress: None,
+            }),
+        ];
+        let t = build(i);
+        let w = t.lanes[0].waits.iter().find(|w| w.open).unwrap();
+        assert_eq!((w.gen, w.start, w.end), (2, 200.0, 204.0));
+        assert_eq!(w.barrier, "sync-start");
+        assert_eq!(w.waited_for, [1]);
+        assert_eq!(w.dead, [(1, 201.2)]);
+        assert_eq!(t.lanes[1].state.as_deref(), Some("dead"));
+        // Rank 1 waits at no barrier: it has no open wait.
+        assert!(t.lanes[1].waits.iter().all(|w| !w.open));
+    }
+
+    /// A pipelined cluster's wait for the other one is a wait, not part of the phase.
+    #[test]
+    fn a_pipelined_wait_is_a_wait() {
+        let mut i = input();
+        i.clusters[0].events[0].push(ev(
+            2,
+            2,
+            200.5,
+            Ev::PipelineWait {
+                what: "the trajectories of iteration 2".into(),
+                secs: 0.4,
+            },
+        ));
+        let t = build(i);
+        let w = t.lanes[0].waits.iter().find(|w| w.pipeline).unwrap();
+        assert_eq!(w.barrier, "the trajectories of iteration 2");
+        assert!((w.start - 200.1).abs() < 1e-9 && w.end == 200.5, "{w:?}");
+    }
+
+    /// Nothing ran between generation 1's last event (104.1) and generation 2's start
+    /// (200): that stretch is downtime; the useful time is iteration 1's.
+    #[test]
+    fn the_time_between_generations_is_downtime() {
+        let t = build(input());
+        assert_eq!(
+            t.downtime,
+            [Downtime {
+                start: 104.1,
+                end: 200.0,
+                gens: vec![2]
+            }]
+        );
+        assert_eq!(t.useful.len(), 1);
+        assert!((t.useful[0].1 - 4.1).abs() < 1e-9, "{:?}", t.useful);
+    }
+
+    /// A pipelined cluster's rank 0 waiting for the other cluster right now (its record's
+    /// progress note): an open wait from its last event to its record's last write.
+    #[test]
+    fn a_cluster_waiting_for_the_other_now_has_an_open_wait() {
+        let mut i = input();
+        i.clusters[0].live = vec![
+            Some(LiveRank {
+                wall: 203.0,
+                state: "running".into(),
+                progress: Some("waiting for the trajectories of iteration 2".into()),
+            }),
+            None,
+        ];
+        let t = build(i);
+        let w = t.lanes[0].waits.iter().find(|w| w.pipeline).unwrap();
+        assert_eq!(w.barrier, "the trajectories of iteration 2");
+        assert_eq!((w.start, w.end, w.open), (200.0, 203.0, true));
     }
 }

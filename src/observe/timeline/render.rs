@@ -14,9 +14,11 @@ use std::fmt::Write;
 
 /// Width of the lane area in pixels (the page is wider by the labels).
 pub const PLOT_W: f64 = 1400.0;
-const LABEL_W: f64 = 190.0;
+const LABEL_W: f64 = 250.0;
 const MARGIN: f64 = 16.0;
 const LANE_H: f64 = 16.0;
+/// A generous width of a character of an 11 px sans-serif label.
+const LABEL_CHAR_PX: f64 = 6.5;
 const LANE_GAP: f64 = 4.0;
 const CHART_H: f64 = 90.0;
 /// Blocks narrower than this are merged into mixed blocks.
@@ -61,7 +63,7 @@ fn short(s: &str, n: usize) -> String {
     }
 }
 
-fn wall(t: f64) -> String {
+pub(crate) fn wall(t: f64) -> String {
     chrono::DateTime::from_timestamp_millis((t * 1000.0).round() as i64)
         .map(|d| d.format("%Y-%m-%d %H:%M:%S%.3f UTC").to_string())
         .unwrap_or_else(|| format!("{t:.3}"))
@@ -79,15 +81,49 @@ fn secs(s: f64) -> String {
     }
 }
 
-/// Maps wall-clock seconds to x.
+/// Maps wall-clock seconds to x: linear, except that each collapsed downtime takes
+/// [`DOWNTIME_PX`] whatever its length.
 struct Scale {
     t0: f64,
     px_per_s: f64,
+    /// The collapsed stretches (start, end), in time order.
+    gaps: Vec<(f64, f64)>,
 }
 
+/// The width a collapsed downtime is drawn at.
+pub const DOWNTIME_PX: f64 = 70.0;
+
 impl Scale {
+    fn new(t: &Timeline) -> Scale {
+        let gaps: Vec<(f64, f64)> = t.downtime.iter().map(|d| (d.start, d.end)).collect();
+        let collapsed: f64 = gaps.iter().map(|g| g.1 - g.0).sum();
+        let span = (t.end - t.start - collapsed).max(1e-3);
+        Scale {
+            t0: t.start,
+            px_per_s: (PLOT_W - DOWNTIME_PX * gaps.len() as f64) / span,
+            gaps,
+        }
+    }
+
     fn x(&self, t: f64) -> f64 {
-        LABEL_W + (t - self.t0) * self.px_per_s
+        let mut x = LABEL_W;
+        let mut from = self.t0;
+        for &(a, b) in &self.gaps {
+            if t <= a {
+                break;
+            }
+            x += (a - from) * self.px_per_s;
+            if t < b {
+                return x + (t - a) / (b - a).max(1e-9) * DOWNTIME_PX;
+            }
+            x += DOWNTIME_PX;
+            from = b;
+        }
+        x + (t - from) * self.px_per_s
+    }
+
+    fn collapsed(&self, t: f64) -> bool {
+        self.gaps.iter().any(|&(a, b)| t > a && t < b)
     }
 }
 
@@ -102,11 +138,7 @@ pub struct Counts {
 }
 
 pub fn html(t: &Timeline, title: &str) -> (String, Counts) {
-    let span = (t.end - t.start).max(1e-3);
-    let scale = Scale {
-        t0: t.start,
-        px_per_s: PLOT_W / span,
-    };
+    let scale = Scale::new(t);
     let mut counts = Counts::default();
     let mut svg = String::with_capacity(1 << 20);
     let mut y = MARGIN;
@@ -133,34 +165,44 @@ pub fn html(t: &Timeline, title: &str) -> (String, Counts) {
     y = legend(&mut svg, y);
     y = axis(&mut svg, y, t, &scale);
 
-    // The lanes.
+    // The lanes, each cluster's followed by a row per failure that stopped one of its
+    // generations (the message in a row of its own, not over other blocks).
+    let lanes_top = y;
     let _ = write!(svg, r#"<g id="lanes">"#);
     let mut cluster_rows: Vec<(Option<&'static str>, f64, f64)> = Vec::new();
-    let mut prev_cluster: Option<Option<&'static str>> = None;
-    for lane in &t.lanes {
-        if lane.cluster.is_some() && prev_cluster != Some(lane.cluster) {
+    let mut i = 0;
+    while i < t.lanes.len() {
+        let cluster = t.lanes[i].cluster;
+        let n = t.lanes[i..]
+            .iter()
+            .take_while(|l| l.cluster == cluster)
+            .count();
+        if let Some(c) = cluster {
             let _ = write!(
                 svg,
                 r#"<text class="cluster" x="{MARGIN}" y="{:.1}" font-weight="bold">{} cluster</text>"#,
                 y + 12.0,
-                esc(lane.cluster.unwrap_or_default())
+                esc(c)
             );
             y += LANE_H + LANE_GAP;
         }
-        if prev_cluster != Some(lane.cluster) {
-            cluster_rows.push((lane.cluster, y, y));
-            prev_cluster = Some(lane.cluster);
+        let top = y;
+        for lane in &t.lanes[i..i + n] {
+            draw_lane(&mut svg, lane, y, &scale, &mut counts);
+            y += LANE_H + LANE_GAP;
         }
-        draw_lane(&mut svg, lane, y, &scale, &mut counts);
-        y += LANE_H + LANE_GAP;
-        if let Some(last) = cluster_rows.last_mut() {
-            last.2 = y;
-        }
+        cluster_rows.push((cluster, top, y));
+        y = failure_rows(&mut svg, &t.lanes[i..i + n], y, &scale);
+        i += n;
     }
     svg.push_str("</g>");
+    let lanes_bottom = y;
 
     // Generation separators over their cluster's lanes.
-    svg.push_str(r#"<g id="generations">"#);
+    let _ = write!(
+        svg,
+        r#"<g clip-path="url(#plot)"><g class="tz" id="generations">"#
+    );
     for g in &t.generations {
         let Some(&(_, top, bottom)) = cluster_rows.iter().find(|c| c.0 == g.cluster) else {
             continue;
@@ -186,7 +228,7 @@ pub fn html(t: &Timeline, title: &str) -> (String, Counts) {
         }
         let _ = write!(
             svg,
-            r##"<g class="gen" data-gen="{}"><title>{}</title><line x1="{x:.1}" x2="{x:.1}" y1="{:.1}" y2="{bottom:.1}" stroke="#000" stroke-width="1.5" stroke-dasharray="4 2"/><text x="{:.1}" y="{:.1}" font-size="10" text-anchor="{}">generation {}{}</text></g>"##,
+            r##"<g class="gen" data-gen="{}"><title>{}</title><line x1="{x:.1}" x2="{x:.1}" y1="{:.1}" y2="{bottom:.1}" stroke="#000" stroke-width="1.5" stroke-dasharray="4 2" vector-effect="non-scaling-stroke"/><text data-x="{x:.1}" x="{:.1}" y="{:.1}" font-size="10" text-anchor="{}">generation {}{}</text></g>"##,
             g.gen,
             esc(&tip),
             top - 4.0,
@@ -201,10 +243,11 @@ pub fn html(t: &Timeline, title: &str) -> (String, Counts) {
             }
         );
     }
-    svg.push_str("</g>");
+    svg.push_str("</g></g>");
+    downtime(&mut svg, t, &scale, lanes_top, lanes_bottom);
     counts.lanes = t.lanes.len();
     let height = y + MARGIN;
-    let width = LABEL_W + PLOT_W + 2.0 * MARGIN + 60.0;
+    let width = LABEL_W + PLOT_W + 2.0 * MARGIN;
 
     let mut page = String::with_capacity(svg.len() + 4096);
     let _ = write!(
@@ -213,14 +256,18 @@ pub fn html(t: &Timeline, title: &str) -> (String, Counts) {
 <html><head><meta charset="utf-8"><title>{title}</title>
 <style>
 body {{ font-family: sans-serif; margin: 12px; }}
+h2, p {{ overflow-wrap: anywhere; }}
+#timeline {{ display: block; max-width: 100%; user-select: none; }}
+.hint {{ color: #555; font-size: 12px; }}
 svg text {{ font-family: sans-serif; font-size: 11px; }}
 #tip {{ position: fixed; display: none; background: #ffffe8; border: 1px solid #888; padding: 4px 6px; font-size: 12px; white-space: pre; pointer-events: none; max-width: 900px; overflow: hidden; }}
 </style></head>
 <body data-timeline="loading">
 <h2>{title}</h2>
 <p>{summary}</p>
-<svg xmlns="http://www.w3.org/2000/svg" id="timeline" width="{width:.0}" height="{height:.0}" viewBox="0 0 {width:.0} {height:.0}" data-lanes="{lanes}" data-blocks="{blocks}" data-mixed="{mixed}">
-<defs><pattern id="hatch" patternUnits="userSpaceOnUse" width="6" height="6" patternTransform="rotate(45)"><rect width="6" height="6" fill="#ffffff" fill-opacity="0.55"/><line x1="0" y1="0" x2="0" y2="6" stroke="#000" stroke-width="2"/></pattern></defs>
+<p class="hint">Zoom the lanes with the mouse wheel over them, drag to pan, double-click to see everything again.</p>
+<svg xmlns="http://www.w3.org/2000/svg" id="timeline" width="100%" viewBox="0 0 {width:.0} {height:.0}" data-plot-x="{LABEL_W}" data-plot-w="{PLOT_W}" data-lanes="{lanes}" data-blocks="{blocks}" data-mixed="{mixed}">
+<defs><pattern id="hatch" patternUnits="userSpaceOnUse" width="6" height="6" patternTransform="rotate(45)"><rect width="6" height="6" fill="#ffffff" fill-opacity="0.55"/><line x1="0" y1="0" x2="0" y2="6" stroke="#000" stroke-width="2"/></pattern><pattern id="hatch-pipeline" patternUnits="userSpaceOnUse" width="6" height="6" patternTransform="rotate(-45)"><rect width="6" height="6" fill="#ffffff" fill-opacity="0.7"/><line x1="0" y1="0" x2="0" y2="6" stroke="#06c" stroke-width="2"/></pattern><clipPath id="plot"><rect x="{LABEL_W}" y="-100000" width="{PLOT_W}" height="200000"/></clipPath></defs>
 {svg}
 </svg>
 <div id="tip"></div>
@@ -238,8 +285,10 @@ svg text {{ font-family: sans-serif; font-size: 11px; }}
     (page, counts)
 }
 
-/// The page's script: show a hovered element's `<title>` at once, and say on `<body>`
-/// that the page loaded (with what it holds) or which error it hit.
+/// The page's script: show a hovered element's `<title>` at once; zoom and pan the lanes'
+/// time (wheel, drag, double-click to reset) by scaling the `.tz` groups horizontally
+/// while their text and marks (`data-x`) keep their size; and say on `<body>` that the
+/// page loaded (with what it holds) or which error it hit.
 const SCRIPT: &str = r#"window.onerror = function (m) { document.body.setAttribute('data-error', String(m)); };
 (function () {
   var tip = document.getElementById('tip');
@@ -249,11 +298,47 @@ const SCRIPT: &str = r#"window.onerror = function (m) { document.body.setAttribu
     while (el && el !== svg && !(el.firstElementChild && el.firstElementChild.tagName === 'title')) el = el.parentNode;
     if (!el || el === svg) { tip.style.display = 'none'; return; }
     tip.textContent = el.firstElementChild.textContent;
-    tip.style.left = Math.min(e.clientX + 14, window.innerWidth - 420) + 'px';
+    tip.style.left = Math.max(0, Math.min(e.clientX + 14, window.innerWidth - 420)) + 'px';
     tip.style.top = (e.clientY + 14) + 'px';
     tip.style.display = 'block';
   });
   svg.addEventListener('mouseleave', function () { tip.style.display = 'none'; });
+
+  var X = Number(svg.getAttribute('data-plot-x')), W = Number(svg.getAttribute('data-plot-w'));
+  var zs = svg.querySelectorAll('.tz'), fixed = svg.querySelectorAll('.tz [data-x]');
+  var v0 = X, vw = W;
+  function view(a, w) {
+    vw = Math.min(W, Math.max(W / 2000, w));
+    v0 = Math.min(X + W - vw, Math.max(X, a));
+    var k = W / vw, m = 'matrix(' + k + ' 0 0 1 ' + (X - v0 * k) + ' 0)';
+    for (var i = 0; i < zs.length; i++) zs[i].setAttribute('transform', m);
+    for (var j = 0; j < fixed.length; j++) {
+      var x = Number(fixed[j].getAttribute('data-x'));
+      fixed[j].setAttribute('transform', 'matrix(' + 1 / k + ' 0 0 1 ' + (x - x / k) + ' 0)');
+    }
+    svg.setAttribute('data-zoom', k.toFixed(3));
+    svg.setAttribute('data-view', v0.toFixed(1) + ' ' + vw.toFixed(1));
+  }
+  function userX(e) {
+    var p = svg.createSVGPoint(); p.x = e.clientX; p.y = e.clientY;
+    return p.matrixTransform(svg.getScreenCTM().inverse()).x;
+  }
+  svg.addEventListener('wheel', function (e) {
+    var ux = userX(e);
+    if (ux < X) return;
+    e.preventDefault();
+    var at = v0 + (ux - X) * vw / W, w = vw * Math.pow(1.0015, e.deltaY);
+    view(at - (ux - X) * w / W, w);
+  }, { passive: false });
+  var drag = null;
+  svg.addEventListener('mousedown', function (e) { drag = { x: userX(e), v0: v0 }; });
+  window.addEventListener('mousemove', function (e) {
+    if (drag) view(drag.v0 - (userX(e) - drag.x) * vw / W, vw);
+  });
+  window.addEventListener('mouseup', function () { drag = null; });
+  svg.addEventListener('dblclick', function () { view(X, W); });
+  view(X, W);
+
   var b = document.body;
   b.setAttribute('data-lanes', svg.querySelectorAll('g.lane').length);
   b.setAttribute('data-blocks', svg.querySelectorAll('.block').length);
@@ -261,10 +346,42 @@ const SCRIPT: &str = r#"window.onerror = function (m) { document.body.setAttribu
   b.setAttribute('data-timeline', 'ok');
 })();"#;
 
+/// Per cluster: the share of the wall time its completed iterations took.
+fn goodput(t: &Timeline) -> String {
+    let wall_s = (t.end - t.start).max(1e-3);
+    let parts: Vec<String> = t
+        .useful
+        .iter()
+        .map(|(c, u)| {
+            format!(
+                "{}goodput {:.0}% ({} of {} in iterations it completed)",
+                c.map(|c| format!("{c} cluster: ")).unwrap_or_default(),
+                u / wall_s * 100.0,
+                secs(*u),
+                secs(wall_s)
+            )
+        })
+        .collect();
+    parts.join("; ")
+}
+
 fn summary(t: &Timeline, c: &Counts) -> String {
     let gens = t.generations.len();
+    let down: f64 = t.downtime.iter().map(|d| d.end - d.start).sum();
+    let down = if t.downtime.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; {} of downtime between generations, drawn collapsed",
+            secs(down)
+        )
+    };
+    format!("{}{down}. {}", goodput(t), summary_lanes(t, c, gens))
+}
+
+fn summary_lanes(t: &Timeline, c: &Counts, gens: usize) -> String {
     format!(
-        "{} lane(s), from {} to {} ({}); {} generation start(s); {} block(s) drawn{}. Hover a block for its phase, rank, host, start, duration and command log (relative to the log path). Hatched: waiting at a barrier.",
+        "{} lane(s), from {} to {} ({}); {} generation start(s); {} block(s) drawn{}. Hover a block for its phase, rank, host, start, duration and command log (relative to the log path). Hatched black: waiting at a barrier; hatched blue: waiting for the other cluster.",
         t.lanes.len(),
         wall(t.start),
         wall(t.end),
@@ -467,7 +584,7 @@ fn legend(svg: &mut String, y: f64) -> f64 {
     yy += 16.0;
     let _ = write!(
         svg,
-        r##"<rect x="{LABEL_W}" y="{yy:.1}" width="24" height="10" fill="url(#hatch)" stroke="#000" stroke-width="0.5"/><text x="{:.1}" y="{:.1}">barrier wait</text><line x1="{:.1}" x2="{:.1}" y1="{yy:.1}" y2="{:.1}" stroke="#d00" stroke-width="3"/><text x="{:.1}" y="{:.1}">failure</text><rect x="{:.1}" y="{yy:.1}" width="4" height="10" fill="#d00"/><text x="{:.1}" y="{:.1}">command failed</text><circle cx="{:.1}" cy="{:.1}" r="3" fill="#f90"/><text x="{:.1}" y="{:.1}">retry</text><path d="M{:.1} {:.1} l4 5 l-4 5 l-4 -5 z" fill="#06c"/><text x="{:.1}" y="{:.1}">server restart</text><rect x="{:.1}" y="{yy:.1}" width="4" height="10" fill="#555"/><text x="{:.1}" y="{:.1}">fenced / refused</text><path d="M{:.1} {yy:.1} l10 0 l-5 8 z" fill="#a0c"/><text x="{:.1}" y="{:.1}">hang report</text></g>"##,
+        r##"<rect x="{LABEL_W}" y="{yy:.1}" width="24" height="10" fill="url(#hatch)" stroke="#000" stroke-width="0.5"/><text x="{:.1}" y="{:.1}">barrier wait</text><line x1="{:.1}" x2="{:.1}" y1="{yy:.1}" y2="{:.1}" stroke="#d00" stroke-width="3"/><text x="{:.1}" y="{:.1}">failure</text><rect x="{:.1}" y="{yy:.1}" width="4" height="10" fill="#d00"/><text x="{:.1}" y="{:.1}">command failed</text><circle cx="{:.1}" cy="{:.1}" r="3" fill="#f90"/><text x="{:.1}" y="{:.1}">retry</text><path d="M{:.1} {:.1} l4 5 l-4 5 l-4 -5 z" fill="#06c"/><text x="{:.1}" y="{:.1}">server restart</text><rect x="{:.1}" y="{yy:.1}" width="4" height="10" fill="#555"/><text x="{:.1}" y="{:.1}">fenced / refused</text><path d="M{:.1} {yy:.1} l10 0 l-5 8 z" fill="#a0c"/><text x="{:.1}" y="{:.1}">hang report</text>"##,
         LABEL_W + 28.0,
         yy + 9.0,
         LABEL_W + 120.0,
@@ -493,10 +610,22 @@ fn legend(svg: &mut String, y: f64) -> f64 {
         LABEL_W + 573.0,
         yy + 9.0
     );
+    let x = LABEL_W + 660.0;
+    let _ = write!(
+        svg,
+        r##"<g id="legend-more"><rect x="{x:.1}" y="{yy:.1}" width="24" height="10" fill="url(#hatch-pipeline)" stroke="#000" stroke-width="0.5"/><text x="{:.1}" y="{:.1}">waiting for the other cluster</text><rect x="{:.1}" y="{yy:.1}" width="24" height="10" fill="#e0e0e0"/><text x="{:.1}" y="{:.1}">downtime (collapsed)</text></g>"##,
+        x + 28.0,
+        yy + 9.0,
+        x + 210.0,
+        x + 238.0,
+        yy + 9.0
+    );
+    svg.push_str("</g>");
     yy + 20.0
 }
 
-/// A time axis with round steps, in seconds since the first thing drawn.
+/// A time axis with round steps, in seconds since the first thing drawn (none inside a
+/// collapsed downtime).
 fn axis(svg: &mut String, y: f64, t: &Timeline, scale: &Scale) -> f64 {
     let span = (t.end - t.start).max(1e-3);
     let raw = span / 10.0;
@@ -506,26 +635,35 @@ fn axis(svg: &mut String, y: f64, t: &Timeline, scale: &Scale) -> f64 {
         .map(|m| m * mag)
         .find(|s| *s >= raw)
         .unwrap_or(10.0 * mag);
-    svg.push_str(r#"<g id="axis">"#);
     let _ = write!(
         svg,
-        r#"<text x="{MARGIN}" y="{:.1}">seconds from the start</text>"#,
+        r#"<g id="axis"><text x="{MARGIN}" y="{:.1}">seconds from the start</text><g clip-path="url(#plot)"><g class="tz">"#,
         y + 10.0,
     );
     let mut s = 0.0;
     while s <= span + 1e-9 {
-        let x = scale.x(t.start + s);
-        let _ = write!(
-            svg,
-            r##"<line x1="{x:.1}" x2="{x:.1}" y1="{:.1}" y2="{:.1}" stroke="#999"/><text x="{x:.1}" y="{:.1}" font-size="10" text-anchor="middle">{}</text>"##,
-            y + 12.0,
-            y + 18.0,
-            y + 10.0,
-            fmt_num(s)
-        );
+        if !scale.collapsed(t.start + s) {
+            let x = scale.x(t.start + s);
+            // Labels at the ends of the lanes stay inside them.
+            let anchor = if x < LABEL_W + 20.0 {
+                "start"
+            } else if x > LABEL_W + PLOT_W - 20.0 {
+                "end"
+            } else {
+                "middle"
+            };
+            let _ = write!(
+                svg,
+                r##"<line x1="{x:.1}" x2="{x:.1}" y1="{:.1}" y2="{:.1}" stroke="#999" vector-effect="non-scaling-stroke"/><text data-x="{x:.1}" x="{x:.1}" y="{:.1}" font-size="10" text-anchor="{anchor}">{}</text>"##,
+                y + 12.0,
+                y + 18.0,
+                y + 10.0,
+                fmt_num(s)
+            );
+        }
         s += step;
     }
-    svg.push_str("</g>");
+    svg.push_str("</g></g></g>");
     y + 36.0
 }
 
@@ -608,27 +746,103 @@ impl Group {
     }
 }
 
+/// A row under a cluster's lanes for each failure that stopped a generation, its message
+/// written from where it happened: the text never covers a block. Returns the next y.
+fn failure_rows(svg: &mut String, lanes: &[Lane], mut y: f64, scale: &Scale) -> f64 {
+    for lane in lanes {
+        for m in lane.marks.iter().filter(|m| m.kind == MarkKind::Failure) {
+            let x = scale.x(m.t);
+            let right = x > LABEL_W + PLOT_W / 2.0;
+            let _ = write!(
+                svg,
+                r##"<g class="failure-text" data-rank="{}" data-gen="{}"><title>{}</title><g clip-path="url(#plot)"><g class="tz"><text data-x="{x:.1}" x="{:.1}" y="{:.1}" text-anchor="{}" fill="#d00" font-weight="bold">{}</text><line x1="{x:.1}" x2="{x:.1}" y1="{:.1}" y2="{:.1}" stroke="#d00" stroke-width="1" stroke-dasharray="2 2" vector-effect="non-scaling-stroke"/></g></g></g>"##,
+                lane.rank,
+                m.gen,
+                esc(&format!(
+                    "{} · generation {} · {}\n{}",
+                    lane.label(),
+                    m.gen,
+                    wall(m.t),
+                    m.text
+                )),
+                if right { x - 4.0 } else { x + 4.0 },
+                y + 12.0,
+                if right { "end" } else { "start" },
+                esc(&format!("{}: {}", lane.label(), short(&m.text, 110))),
+                y - LANE_GAP,
+                y + 14.0
+            );
+            y += LANE_H + LANE_GAP;
+        }
+    }
+    y
+}
+
+/// Each collapsed downtime: a grey band across the lanes, labelled with its length.
+fn downtime(svg: &mut String, t: &Timeline, scale: &Scale, top: f64, bottom: f64) {
+    let _ = write!(
+        svg,
+        r#"<g clip-path="url(#plot)"><g class="tz" id="downtime">"#
+    );
+    for d in &t.downtime {
+        let (x0, x1) = (scale.x(d.start), scale.x(d.end));
+        let gens: Vec<String> = d.gens.iter().map(|g| g.to_string()).collect();
+        let tip = format!(
+            "downtime {}: nothing ran from {} to {}; generation {} began after it (drawn {DOWNTIME_PX}px wide, not to scale)\n{}",
+            secs(d.end - d.start),
+            wall(d.start),
+            wall(d.end),
+            gens.join(", "),
+            goodput(t)
+        );
+        let mid = (x0 + x1) / 2.0;
+        let _ = write!(
+            svg,
+            r##"<g class="downtime" data-secs="{:.3}"><title>{}</title><rect x="{x0:.1}" y="{top:.1}" width="{:.1}" height="{:.1}" fill="#e0e0e0"/><path d="M{:.1} {top:.1} l4 6 l-8 6 l8 6 l-8 6 l4 6" fill="none" stroke="#888" vector-effect="non-scaling-stroke"/><text data-x="{mid:.1}" x="{mid:.1}" y="{:.1}" font-size="10" text-anchor="middle">downtime</text><text data-x="{mid:.1}" x="{mid:.1}" y="{:.1}" font-size="10" text-anchor="middle">{}</text></g>"##,
+            d.end - d.start,
+            esc(&tip),
+            x1 - x0,
+            bottom - top,
+            mid,
+            top + 44.0,
+            top + 56.0,
+            secs(d.end - d.start)
+        );
+    }
+    svg.push_str("</g></g>");
+}
+
 fn draw_lane(svg: &mut String, lane: &Lane, y: f64, scale: &Scale, counts: &mut Counts) {
     // The lane's elements are placed relative to its top (a `translate`).
     let who = lane.label();
+    let label = format!(
+        "{who} · {}{}",
+        short(&lane.host, 18),
+        lane.state
+            .as_ref()
+            .map(|s| format!(" · {s}"))
+            .unwrap_or_default()
+    );
+    // A label longer than its column (a long host, `stopped by a peer`) is squeezed to
+    // fit rather than run under the lane.
+    let room = LABEL_W - MARGIN - 6.0;
+    let fit = if label.chars().count() as f64 * LABEL_CHAR_PX > room {
+        format!(r#" textLength="{room:.0}" lengthAdjust="spacingAndGlyphs""#)
+    } else {
+        String::new()
+    };
     let _ = write!(
         svg,
-        r#"<g class="lane" data-lane="{}" data-rank="{}" data-cluster="{}" transform="translate(0 {y:.1})"><text x="{MARGIN}" y="12">{}</text>"#,
+        r#"<g class="lane" data-lane="{}" data-rank="{}" data-cluster="{}" data-state="{}" transform="translate(0 {y:.1})"><text x="{MARGIN}" y="12"{fit}>{}</text>"#,
         esc(&who),
         lane.rank,
         lane.cluster.unwrap_or(""),
-        esc(&format!(
-            "{who} · {}{}",
-            short(&lane.host, 24),
-            lane.state
-                .as_ref()
-                .map(|s| format!(" · {s}"))
-                .unwrap_or_default()
-        ))
+        esc(lane.state.as_deref().unwrap_or("")),
+        esc(&label)
     );
     let _ = write!(
         svg,
-        r##"<rect x="{LABEL_W}" width="{PLOT_W}" height="{LANE_H}" fill="#f4f4f4"/>"##
+        r##"<rect x="{LABEL_W}" width="{PLOT_W}" height="{LANE_H}" fill="#f4f4f4"/><g clip-path="url(#plot)"><g class="tz">"##
     );
 
     // Phase blocks; narrow ones merged into mixed blocks, with the narrow barrier waits
@@ -715,7 +929,7 @@ fn draw_lane(svg: &mut String, lane: &Lane, y: f64, scale: &Scale, counts: &mut 
         counts.marks += 1;
         i = j;
     }
-    svg.push_str("</g>");
+    svg.push_str("</g></g></g>");
 }
 
 fn draw_block(svg: &mut String, lane: &Lane, b: &Block, x0: f64, x1: f64, scale: &Scale) {
@@ -755,6 +969,45 @@ fn draw_block(svg: &mut String, lane: &Lane, b: &Block, x0: f64, x1: f64, scale:
 }
 
 fn draw_wait(svg: &mut String, lane: &Lane, w: &Wait, x0: f64, x1: f64) {
+    let tip = if w.pipeline {
+        format!(
+            "{} waited {} for {} (the other cluster; iteration {}, generation {}){}",
+            lane.label(),
+            secs(w.end - w.start),
+            w.barrier,
+            w.iteration,
+            w.gen,
+            if w.open {
+                ", still waiting at its last write"
+            } else {
+                ""
+            }
+        )
+    } else {
+        barrier_tip(lane, w)
+    };
+    let waited: Vec<String> = w.waited_for.iter().map(|r| r.to_string()).collect();
+    let dead: Vec<String> = w.dead.iter().map(|d| d.0.to_string()).collect();
+    let _ = write!(
+        svg,
+        r##"<rect class="wait{}{}" data-barrier="{}" data-waited-for="{}" data-dead="{}" x="{x0:.1}" width="{:.1}" height="{LANE_H}" fill="url(#{})"><title>{}</title></rect>"##,
+        if w.open { " open" } else { "" },
+        if w.pipeline { " pipeline" } else { "" },
+        esc(&w.barrier),
+        waited.join(","),
+        dead.join(","),
+        x1 - x0,
+        if w.pipeline {
+            "hatch-pipeline"
+        } else {
+            "hatch"
+        },
+        esc(&tip)
+    );
+}
+
+/// A barrier wait's hover text: how long, where, for whom, and which of them were dead.
+fn barrier_tip(lane: &Lane, w: &Wait) -> String {
     let whom = if w.waited_for.is_empty() {
         if lane.rank == 0 {
             "nobody: it arrived last".to_string()
@@ -763,9 +1016,13 @@ fn draw_wait(svg: &mut String, lane: &Lane, w: &Wait, x0: f64, x1: f64) {
         }
     } else {
         let r: Vec<String> = w.waited_for.iter().map(|r| r.to_string()).collect();
-        format!("rank(s) {} (arrived last)", r.join(", "))
+        if w.open {
+            format!("rank(s) {} (not arrived)", r.join(", "))
+        } else {
+            format!("rank(s) {} (arrived last)", r.join(", "))
+        }
     };
-    let tip = format!(
+    let mut tip = format!(
         "{} waited {} at barrier {} (iteration {}, generation {}){}\nwaiting for {whom}",
         lane.label(),
         secs(w.end - w.start),
@@ -773,21 +1030,20 @@ fn draw_wait(svg: &mut String, lane: &Lane, w: &Wait, x0: f64, x1: f64) {
         w.iteration,
         w.gen,
         if w.open {
-            ", still waiting at its last write"
+            ", until its last write (still waiting, or stopped there)"
         } else {
             ""
         }
     );
-    let waited: Vec<String> = w.waited_for.iter().map(|r| r.to_string()).collect();
-    let _ = write!(
-        svg,
-        r##"<rect class="wait{}" data-barrier="{}" data-waited-for="{}" x="{x0:.1}" width="{:.1}" height="{LANE_H}" fill="url(#hatch)"><title>{}</title></rect>"##,
-        if w.open { " open" } else { "" },
-        esc(&w.barrier),
-        waited.join(","),
-        x1 - x0,
-        esc(&tip)
-    );
+    for (r, t) in &w.dead {
+        let _ = write!(
+            tip,
+            "\nrank {r} is dead: its last sign of life was {} ({} before this wait's end)",
+            wall(*t),
+            secs((w.end - t).max(0.0))
+        );
+    }
+    tip
 }
 
 fn draw_mark(svg: &mut String, lane: &Lane, marks: &[&Mark], x: f64, y: f64) {
@@ -817,23 +1073,11 @@ fn draw_mark(svg: &mut String, lane: &Lane, marks: &[&Mark], x: f64, y: f64) {
         }
     }
     let shape = match kind {
-        // The message beside the mark, on the side with more room, on a white halo.
+        // The message is in the failure rows under the lanes (`failure_rows`).
         MarkKind::Failure => format!(
-            r##"<line x1="{x:.1}" x2="{x:.1}" y1="{:.1}" y2="{:.1}" stroke="#d00" stroke-width="3"/><text x="{:.1}" y="{:.1}" text-anchor="{}" fill="#d00" font-weight="bold" stroke="#fff" stroke-width="3" paint-order="stroke">{}</text>"##,
+            r##"<line x1="{x:.1}" x2="{x:.1}" y1="{:.1}" y2="{:.1}" stroke="#d00" stroke-width="3"/>"##,
             y - 2.0,
             y + LANE_H + 2.0,
-            if x > LABEL_W + PLOT_W / 2.0 {
-                x - 4.0
-            } else {
-                x + 4.0
-            },
-            y + 12.0,
-            if x > LABEL_W + PLOT_W / 2.0 {
-                "end"
-            } else {
-                "start"
-            },
-            esc(&short(&marks[0].text, 110))
         ),
         MarkKind::CommandFailed => format!(
             r##"<rect x="{:.1}" y="{y:.1}" width="4" height="{LANE_H}" fill="#d00"/>"##,
@@ -860,7 +1104,7 @@ fn draw_mark(svg: &mut String, lane: &Lane, marks: &[&Mark], x: f64, y: f64) {
     };
     let _ = write!(
         svg,
-        r#"<g class="mark {}" data-count="{}"><title>{}</title>{shape}</g>"#,
+        r#"<g class="mark {}" data-count="{}" data-x="{x:.1}"><title>{}</title>{shape}</g>"#,
         kind.class(),
         marks.len(),
         esc(&tip)
@@ -918,6 +1162,8 @@ mod tests {
             field: "reward".into(),
             from_metrics: true,
             values_from_splits: false,
+            downtime: vec![],
+            useful: vec![(None, end / 2.0)],
         }
     }
 
@@ -929,7 +1175,10 @@ mod tests {
             blocks,
             waits: vec![],
             marks,
+            commands: vec![],
+            instants: vec![],
             state: Some("done".into()),
+            last_write: None,
         }
     }
 
@@ -1014,5 +1263,48 @@ mod tests {
             title.contains("train-rollout 50%") && title.contains("training 50%"),
             "{title}"
         );
+    }
+
+    /// 100 s with 60 s of downtime in the middle: the downtime takes DOWNTIME_PX, the 40 s
+    /// that ran share the rest, and x grows with time throughout.
+    #[test]
+    fn downtime_is_drawn_collapsed() {
+        let mut t = timeline(vec![], 100.0);
+        t.downtime = vec![super::super::model::Downtime {
+            start: 20.0,
+            end: 80.0,
+            gens: vec![2],
+        }];
+        let s = Scale::new(&t);
+        let per_s = (PLOT_W - DOWNTIME_PX) / 40.0;
+        assert!((s.x(20.0) - (LABEL_W + 20.0 * per_s)).abs() < 1e-9);
+        assert!((s.x(80.0) - s.x(20.0) - DOWNTIME_PX).abs() < 1e-9);
+        assert!((s.x(100.0) - (LABEL_W + PLOT_W)).abs() < 1e-9);
+        assert!(s.collapsed(50.0) && !s.collapsed(10.0) && !s.collapsed(90.0));
+        let xs: Vec<f64> = (0..=100).map(|i| s.x(i as f64)).collect();
+        assert!(xs.windows(2).all(|w| w[1] > w[0]));
+    }
+
+    /// A label too long for its column is squeezed into it; a short one is left alone.
+    #[test]
+    fn long_lane_labels_are_fitted_to_their_column() {
+        let mut long = lane(vec![block(Phase::TrainRollout, 1, 0.0, 5.0)], vec![]);
+        long.host = "a-very-long-host-name.cluster.example.org".into();
+        long.state = Some("stopped by a peer".into());
+        let short = lane(vec![block(Phase::TrainRollout, 1, 0.0, 5.0)], vec![]);
+        let t = timeline(vec![long, short], 10.0);
+        let (page, _) = html(&t, "labels");
+        let doc = roxmltree::Document::parse(svg(&page)).unwrap();
+        let labels: Vec<_> = doc
+            .descendants()
+            .filter(|n| n.attribute("class") == Some("lane"))
+            .map(|l| l.first_element_child().unwrap())
+            .collect();
+        assert_eq!(
+            labels[0].attribute("textLength"),
+            Some(format!("{:.0}", LABEL_W - MARGIN - 6.0).as_str())
+        );
+        assert!(labels[0].text().unwrap().ends_with(" · stopped by a peer"));
+        assert_eq!(labels[1].attribute("textLength"), None);
     }
 }
