@@ -13,31 +13,28 @@
 //! (every node is, under srun) never ends at the run it found first: rank 0 sets that one
 //! aside, perhaps only after the worker looked.
 //!
-//! The procedure is the protocol's join machines (`protocol::join_machine`): a worker's
-//! `JoinMachine`, and rank 0's `FormMachine` once it has waited out a previous rank 0 and
-//! chosen the run (both still here). This file is their driver: it performs what they ask
-//! on the shared directory, hands back what it read, and says what they concluded, so
-//! the simulator (tests/sim/joins.rs), which drives the same machines, checks the node's
-//! own procedure.
+//! The procedure is the protocol's machines: a worker's `JoinMachine`
+//! (`protocol::join_machine`), and as rank 0 a `RunMachine` (`protocol::run_machine`:
+//! wait out a previous rank 0, check and choose the run) handing the run chosen to a
+//! `FormMachine`. This file is their driver: it performs what they ask on the shared
+//! directory, hands back what it read, and says what they concluded, so the simulator
+//! (tests/sim/joins.rs), which drives the same machines, checks the node's own procedure.
 
 use super::{random_id, Interrupt, Node, Stop};
 use crate::error::Notice;
 use crate::events;
 use crate::exit::Cause;
 use crate::holder;
-use crate::layout::Layout;
 use crate::protocol::join;
 use crate::protocol::join_machine::{self, FormMachine, JoinMachine};
 use crate::protocol::journal::Resume;
 use crate::protocol::messages;
+use crate::protocol::run_machine::{RunEffect, RunInput, RunMachine, RunSettings, StateRead};
 use crate::protocol::{ClusterRecord, Mark, NodeState, RankRecord, PROTO};
 use crate::state::{self, StateError};
 use std::time::Duration;
 
-use crate::protocol::liveness::{Holder, Holders};
-
-/// Sequence numbers seen per process holding a record, to judge liveness by observation.
-type Seen = Holders;
+use crate::protocol::liveness::Holder;
 
 /// How a join ends when it does not stop the node.
 pub(super) enum Joined {
@@ -47,21 +44,17 @@ pub(super) enum Joined {
     AlreadyComplete(Notice),
 }
 
-/// What rank 0 found of the run already in the directory, before it chooses the run.
-struct Found {
-    /// The run's `cluster.json`, when there is one (and it could be read).
-    prev: Option<ClusterRecord>,
-    /// The generation to start: one past the previous, or 1.
-    gen: u64,
-    /// How the previous generation ended, in words for the log and the new record.
-    previous: Option<String>,
-    /// What `--fresh` could not read (and sets aside with the rest).
-    damaged: Option<StateError>,
-}
-
-/// The run's state is damaged: a usage error naming the file, with the state's hint.
-fn state_err(layout: &Layout, e: StateError) -> Stop {
-    Stop::usage(e.to_string(), Some(e.hint(layout.root())))
+/// How rank 0's start ended when it does not stop the node.
+enum Ran {
+    /// Start generation `gen` (at least) of run `run_id` at `resume`.
+    Chosen {
+        run_id: String,
+        gen: u64,
+        previous: Option<String>,
+        resume: Resume,
+    },
+    /// The run is complete up to `--iterations`.
+    Complete(Notice),
 }
 
 /// A write of the generation failed.
@@ -111,47 +104,23 @@ impl Node {
         }
     }
 
-    /// Is the process behind `rec` alive? Written on this machine: ask the kernel about
-    /// that pid *and* its start time (a reused pid is another process). Elsewhere: alive
-    /// once its sequence has advanced `advances` times, gone if that does not happen within
-    /// `patience` of our own time.
-    fn judge(
-        &self,
-        seen: &mut Seen,
-        rec: &RankRecord,
-        patience: Duration,
-        advances: u32,
-    ) -> Holder {
-        match holder::local(&rec.holder()) {
-            holder::Local::Alive => return Holder::Alive,
-            holder::Local::Gone => return Holder::Gone,
-            holder::Local::Elsewhere => {}
-        }
-        seen.judge(rec, self.clock.since_start(), patience, advances)
-    }
-
     fn slot_patience(&self) -> Duration {
         self.cfg.timing.heartbeat_interval * 2 + self.cfg.timing.poll_interval
     }
 
-    /// Rank 0 forms a generation: choose the run, publish the generation in order
-    /// (placeholders, own record, `cluster.json`), record it in the history, wait for
-    /// every rank, and release them.
+    /// Rank 0 forms a generation: choose the run (a [`RunMachine`]), then publish the
+    /// generation in order (placeholders, own record, `cluster.json`), record it in the
+    /// history, wait for every rank, and release them (a [`FormMachine`]).
     fn join_master(&mut self) -> Result<Joined, Stop> {
-        let found = self.find_previous()?;
-        let previous = found.previous.clone();
-        let (run_id, gen, checked) = self.settle_run(found)?;
-        let resume = match &checked {
-            Some(c) => {
-                crate::protocol::journal::resume_point(&c.journals, &run_id, &self.cfg.walk_item())
-                    .not_before(self.cfg.cluster.first_iteration)
-            }
-            None => self.resume_point(&run_id),
+        let (run_id, gen, previous, resume) = match self.choose_run()? {
+            Ran::Chosen {
+                run_id,
+                gen,
+                previous,
+                resume,
+            } => (run_id, gen, previous, resume),
+            Ran::Complete(done) => return Ok(Joined::AlreadyComplete(done)),
         };
-        if let Some(done) = self.already_complete(&run_id, &resume) {
-            return Ok(Joined::AlreadyComplete(done));
-        }
-        self.announce_resume(&run_id, &resume);
         let cluster = self.cluster_record(gen, &run_id, previous, resume);
         let settings = join_machine::FormSettings {
             num_nodes: self.num_nodes(),
@@ -164,122 +133,139 @@ impl Node {
         Ok(Joined::Formed)
     }
 
-    /// Read the run's `cluster.json` and its rank 0's record, and judge how the previous
-    /// generation ended (refusing if its rank 0 still runs).
-    fn find_previous(&mut self) -> Result<Found, Stop> {
-        let layout = self.layout.clone();
-        // The run's own state is read strictly: damage is an error naming the file, never
-        // "no run" (a new run started over the old one). --fresh sets it all aside anyway.
-        let mut damaged = None;
-        let prev = match state::read_cluster(&*self.store, &layout) {
-            Ok(p) => p,
-            Err(e) if self.fresh => {
-                damaged = Some(e);
-                None
+    /// Rank 0's start up to the run chosen: the decisions and their order are the
+    /// [`RunMachine`]'s; the reads, the renames and the log lines are here. Only the wait
+    /// for a previous rank 0 that may still run polls.
+    fn choose_run(&mut self) -> Result<Ran, Stop> {
+        let settings = RunSettings {
+            host: self.host.clone(),
+            fresh: self.fresh,
+            run_fingerprint: self.cfg.run_fingerprint(),
+            run_identity: self.cfg.run_identity(),
+            root: self.layout.root().to_path_buf(),
+            walk_item: self.cfg.walk_item(),
+            first_iteration: self.cfg.cluster.first_iteration,
+            iterations: self.cfg.cluster.iterations,
+            slot_patience: self.slot_patience(),
+            dead_after: self.cfg.timing.dead_after,
+        };
+        let mut rm = RunMachine::new(settings);
+        loop {
+            if let Some(ran) = self.drive_run(&mut rm)? {
+                return Ok(ran);
             }
-            Err(e) => return Err(state_err(&layout, e)),
-        };
-        let mut previous = None;
-        let gen = match &prev {
-            Some(p) => {
-                let r0 = match self
-                    .store
-                    .read_strict::<RankRecord>(&layout.rank_record(p.gen, 0))
-                {
-                    Ok(r0) => r0,
-                    Err(e) if self.fresh => {
-                        damaged = Some(e.into());
-                        None
-                    }
-                    Err(e) => return Err(state_err(&layout, e.into())),
-                };
-                if let Some(r0) = r0 {
-                    previous = Some(match join::previous_end(p.gen, &r0) {
-                        join::PreviousEnd::Ended(words) => words,
-                        join::PreviousEnd::Unclean => {
-                            self.check_previous_master(&r0)?;
-                            join::PreviousEnd::unclean(p.gen, &r0)
-                        }
-                    });
-                }
-                p.gen + 1
-            }
-            None => 1,
-        };
-        Ok(Found {
-            prev,
-            gen,
-            previous,
-            damaged,
-        })
-    }
-
-    /// Check the run's journals (unless `--fresh`), then continue it, set it aside or
-    /// refuse. Returns the run id, the generation to start from, and the journals checked.
-    fn settle_run(&mut self, found: Found) -> Result<(String, u64, Option<state::Checked>), Stop> {
-        let Found {
-            prev, gen, damaged, ..
-        } = found;
-        let checked = match &prev {
-            Some(p) if !self.fresh => {
-                let checked =
-                    state::check_run(&*self.store, &self.layout, p, &self.cfg.walk_item())
-                        .map_err(|e| state_err(&self.layout, e))?;
-                for t in &checked.torn {
-                    self.warn(t);
-                }
-                Some(checked)
-            }
-            _ => None,
-        };
-        if let Some(e) = &damaged {
-            self.info(&format!("--fresh: {e}"));
-        }
-        let unreadable_run = damaged.is_some()
-            || (prev.is_none() && state::run_evidence(&*self.store, &self.layout).is_some());
-        let (run_id, gen) = if self.fresh && prev.is_none() && unreadable_run {
-            self.set_aside_unreadable()?
-        } else {
-            self.choose_run(prev, gen)?
-        };
-        Ok((run_id, gen, checked))
-    }
-
-    /// The run is complete up to `--iterations`: what to tell the user instead of forming
-    /// a generation.
-    fn already_complete(&self, run_id: &str, resume: &Resume) -> Option<Notice> {
-        if self.cfg.cluster.iterations > 0 && resume.iteration > self.cfg.cluster.iterations {
-            // Nothing to do: start no generation (an empty one would make `status` show
-            // iteration 0). Workers see the run complete and exit 0 as well.
-            return Some(Notice {
-                message: format!(
-                    "run {run_id} already completed iteration {} (--iterations {}): nothing to do; no new generation started",
-                    resume.iteration - 1,
-                    self.cfg.cluster.iterations
-                ),
-                hint: Some("a larger --iterations extends the run".into()),
+            let due = rm
+                .poll_timeout()
+                .expect("the start waits only for a previous rank 0");
+            let deadline = self.clock.now() + due.saturating_sub(self.clock.since_start());
+            let waited = self.wait_for(deadline, |n| {
+                rm.handle(n.clock.since_start(), RunInput::Poll);
+                n.drive_run(&mut rm)
             });
+            match waited {
+                Ok(ran) => return Ok(ran),
+                Err(Interrupt::Stop(s)) => return Err(s),
+                Err(Interrupt::Deadline) => rm.handle(self.clock.since_start(), RunInput::Timeout),
+            }
         }
-        None
     }
 
-    fn announce_resume(&self, run_id: &str, resume: &Resume) {
-        if resume.iteration == self.cfg.cluster.first_iteration && resume.iteration > 1 {
-            self.info(&format!(
-                "starting run {run_id} at iteration {} (cluster.first-iteration: the iterations before it ran before rl-node)",
-                resume.iteration
-            ));
-        } else if resume.iteration > 1 {
-            self.info(&format!(
-                "resuming run {run_id} at iteration {} (every rank completed iteration {}{})",
-                resume.iteration,
-                resume.iteration - 1,
-                match (resume.train_done, resume.train_failed) {
-                    (true, true) => "; training of this iteration is done everywhere, and failed on some rank: it is not redone and no checkpoint is handed off",
-                    (true, false) => "; training of this iteration is done everywhere",
-                    _ => "",
+    /// Perform what rank 0's start asks, in order, until it ends or waits for a poll.
+    fn drive_run(&mut self, rm: &mut RunMachine) -> Result<Option<Ran>, Stop> {
+        while let Some(effect) = rm.poll_effect() {
+            let input = match effect {
+                RunEffect::ReadCluster => Some(RunInput::Cluster(
+                    self.strictly(state::read_cluster(&*self.store, &self.layout)),
+                )),
+                RunEffect::ReadRank0 { gen } => {
+                    let path = self.layout.rank_record(gen, 0);
+                    let read = self.store.read_strict::<RankRecord>(&path);
+                    Some(RunInput::Rank0(self.strictly(read.map_err(Into::into))))
                 }
-            ));
+                RunEffect::ReadPredecessor { last } => {
+                    let record = self.read_record(last.gen, 0).unwrap_or(*last);
+                    let local = match holder::local(&record.holder()) {
+                        holder::Local::Alive => Some(Holder::Alive),
+                        holder::Local::Gone => Some(Holder::Gone),
+                        holder::Local::Elsewhere => None,
+                    };
+                    Some(RunInput::Predecessor {
+                        record: Box::new(record),
+                        local,
+                    })
+                }
+                RunEffect::CheckRun(prev) => Some(
+                    match state::check_run(&*self.store, &self.layout, &prev, &self.cfg.walk_item())
+                    {
+                        Ok(c) => RunInput::Checked {
+                            journals: c.journals,
+                            torn: c.torn,
+                        },
+                        Err(e) => RunInput::CheckFailed {
+                            message: e.to_string(),
+                            hint: e.hint(self.layout.root()),
+                        },
+                    },
+                ),
+                RunEffect::ReadRunEvidence => Some(RunInput::RunEvidence(
+                    state::run_evidence(&*self.store, &self.layout).is_some(),
+                )),
+                RunEffect::NameUnreadableRun => {
+                    Some(RunInput::UnreadableRun(self.unreadable_run_id()))
+                }
+                RunEffect::SetAside { run_id } => Some(RunInput::SetAside(
+                    self.set_run_aside(&run_id).map_err(|e| e.to_string()),
+                )),
+                RunEffect::NewRunId => Some(RunInput::RunId(random_id(&*self.clock, 6))),
+                RunEffect::ReadJournals => Some(RunInput::Journals(self.journals())),
+                RunEffect::Info(line) => {
+                    self.info(&line);
+                    None
+                }
+                RunEffect::Warn(line) => {
+                    self.warn(&line);
+                    None
+                }
+                RunEffect::Chosen {
+                    run_id,
+                    gen,
+                    previous,
+                    resume,
+                } => {
+                    return Ok(Some(Ran::Chosen {
+                        run_id,
+                        gen,
+                        previous,
+                        resume,
+                    }))
+                }
+                RunEffect::Complete { message, hint } => {
+                    return Ok(Some(Ran::Complete(Notice {
+                        message,
+                        hint: Some(hint),
+                    })))
+                }
+                RunEffect::Refused { message, hint } => {
+                    return Err(Stop::usage(message, Some(hint)))
+                }
+                RunEffect::Failed(message) => return Err(Stop::failed(message)),
+            };
+            if let Some(input) = input {
+                rm.handle(self.clock.since_start(), input);
+            }
+        }
+        Ok(None)
+    }
+
+    /// A strict read of the run's state, as the [`RunMachine`] takes it.
+    fn strictly<T>(&self, read: Result<Option<T>, StateError>) -> StateRead<T> {
+        match read {
+            Ok(Some(v)) => StateRead::Found(Box::new(v)),
+            Ok(None) => StateRead::Missing,
+            Err(e) => StateRead::Damaged {
+                message: e.to_string(),
+                hint: e.hint(self.layout.root()),
+            },
         }
     }
 
@@ -575,31 +561,10 @@ impl Node {
         self.info("all ranks joined");
     }
 
-    /// Continue the run in the directory, start a new one (`--fresh`, setting the old
-    /// run's files aside), or refuse a restart whose configuration would change the run.
-    /// Returns the run id and the generation number to start from.
-    fn choose_run(&mut self, prev: Option<ClusterRecord>, gen: u64) -> Result<(String, u64), Stop> {
-        use crate::protocol::join::{choose_run, RunChoice};
-        let choice = choose_run(
-            prev.as_ref(),
-            self.fresh,
-            &self.cfg.run_fingerprint(),
-            &self.cfg.run_identity(),
-            self.layout.root(),
-        );
-        match choice {
-            RunChoice::New => Ok((random_id(&*self.clock, 6), gen)),
-            RunChoice::Continue { run_id } => Ok((run_id, gen)),
-            RunChoice::SetAside { run_id } => self.start_over(&run_id),
-            RunChoice::Refuse { message, hint } => Err(Stop::usage(message, Some(hint))),
-        }
-    }
-
-    /// `--fresh` over a run whose cluster record is damaged or missing: set it aside under
-    /// the run id its history names (or `unknown-<time>`), and start a new run.
-    fn set_aside_unreadable(&mut self) -> Result<(String, u64), Stop> {
-        let run_id = self
-            .store
+    /// The name a run whose cluster record cannot be read is set aside under: the run id
+    /// its history names last, or `unknown-<time>`.
+    fn unreadable_run_id(&self) -> String {
+        self.store
             .read_limited(&self.layout.history(), crate::store::ReadLimit::Journal)
             .ok()
             .flatten()
@@ -613,20 +578,7 @@ impl Node {
             .unwrap_or_else(|| {
                 let now = chrono::DateTime::<chrono::Local>::from(self.clock.wall());
                 format!("unknown-{}", now.format("%Y%m%dT%H%M%S"))
-            });
-        self.start_over(&run_id)
-    }
-
-    /// `--fresh`: set run `run_id` aside and start a new run (its id, generation 1).
-    fn start_over(&mut self, run_id: &str) -> Result<(String, u64), Stop> {
-        let aside = self
-            .set_run_aside(run_id)
-            .map_err(|e| Stop::failed(format!("--fresh: cannot set run {run_id} aside: {e}")))?;
-        self.info(&format!(
-            "--fresh: run {run_id} set aside in {} (nothing deleted); starting a new run",
-            aside.display()
-        ));
-        Ok((random_id(&*self.clock, 6), 1))
+            })
     }
 
     /// Move every directory of the run into `previous-runs/<run_id>/`.
@@ -659,9 +611,9 @@ impl Node {
         Ok(dest)
     }
 
-    /// Read every rank's journal and find where this generation begins.
-    fn resume_point(&self, run_id: &str) -> crate::protocol::journal::Resume {
-        let journals: Vec<_> = (0..self.num_nodes())
+    /// Every rank's journal, as read now (missing or unreadable: empty).
+    fn journals(&self) -> Vec<Vec<crate::protocol::journal::Entry>> {
+        (0..self.num_nodes())
             .map(|r| {
                 self.store
                     .read_limited(&self.layout.journal(r), crate::store::ReadLimit::Journal)
@@ -671,8 +623,12 @@ impl Node {
                     .map(|t| crate::protocol::journal::parse(&t))
                     .unwrap_or_default()
             })
-            .collect();
-        crate::protocol::journal::resume_point(&journals, run_id, &self.cfg.walk_item())
+            .collect()
+    }
+
+    /// Read every rank's journal and find where this generation begins.
+    fn resume_point(&self, run_id: &str) -> crate::protocol::journal::Resume {
+        crate::protocol::journal::resume_point(&self.journals(), run_id, &self.cfg.walk_item())
             .not_before(self.cfg.cluster.first_iteration)
     }
 
@@ -683,41 +639,6 @@ impl Node {
             .timing
             .heartbeat_interval
             .min(Duration::from_secs(1))
-    }
-
-    /// Refuse to start if the previous generation's rank 0 is still alive
-    /// (`protocol::join::previous_master` decides at each look).
-    fn check_previous_master(&mut self, r0: &RankRecord) -> Result<(), Stop> {
-        let mut seen = Seen::default();
-        let (slot_patience, dead_after) = (self.slot_patience(), self.cfg.timing.dead_after);
-        let patience = slot_patience.max(dead_after);
-        if r0.host != self.host {
-            self.info(&format!(
-                "checking whether rank 0 of generation {} (pid {} on {}) is still running (up to {:.0}s)",
-                r0.gen, r0.pid, r0.host, patience.as_secs_f64()
-            ));
-        }
-        let first = r0.clone();
-        let deadline = self.clock.now() + patience * 2;
-        let verdict = self.wait_for(deadline, |n| {
-            let rec = n.read_record(r0.gen, 0).unwrap_or(first.clone());
-            let judge =
-                |rec: &RankRecord, patience, advances| n.judge(&mut seen, rec, patience, advances);
-            Ok(
-                match join::previous_master(&rec, slot_patience, dead_after, judge, None) {
-                    Holder::Unknown => None,
-                    h => Some(h),
-                },
-            )
-        });
-        match verdict {
-            Ok(Holder::Alive) => {
-                let (message, hint) = join::previous_master_refusal(r0);
-                Err(Stop::usage(message, Some(hint)))
-            }
-            Ok(_) | Err(Interrupt::Deadline) => Ok(()),
-            Err(Interrupt::Stop(s)) => Err(s),
-        }
     }
 
     /// A worker's join, driven through the shared directory: the decisions and the order

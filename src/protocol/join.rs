@@ -187,9 +187,10 @@ fn holder_patience(
 }
 
 /// Rank 0's look at the previous generation's rank 0 before it starts a new generation
-/// (`Node::check_previous_master`), given its record as read now: gone once the record
-/// ended; otherwise what `judge` says of the process behind it with the holder's patience
-/// (alive: refuse to start, with [`previous_master_refusal`]; unknown: look again).
+/// (at each poll of `run_machine::RunMachine`'s wait), given its record as read now: gone
+/// once the record ended; otherwise what `judge` says of the process behind it with the
+/// holder's patience (alive: refuse to start, with [`previous_master_refusal`]; unknown:
+/// look again).
 pub fn previous_master(
     r0: &RankRecord,
     slot_patience: Duration,

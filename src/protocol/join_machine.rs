@@ -14,8 +14,8 @@
 //! generation when rank 0 ends it, goes still for dead-after, or `cluster.json` names
 //! another generation ([`super::fence`]).
 //!
-//! Rank 0's side, once its driver has chosen the run (and waited out a previous rank 0
-//! that may still run), is a [`FormMachine`]: it claims a new generation directory by
+//! Rank 0's side, once its [`super::run_machine::RunMachine`] has chosen the run (and
+//! waited out a previous rank 0 that may still run), is a [`FormMachine`]: it claims a new generation directory by
 //! exclusive create (the next number when another rank 0 was quicker), asks for the
 //! generation's writes in the order that makes it safe to find (a placeholder for every
 //! worker, its own record, the generation's copy of the cluster record, `cluster.json`,

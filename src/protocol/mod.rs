@@ -16,6 +16,7 @@ pub mod phase;
 pub mod pipeline;
 pub mod pool;
 pub mod records;
+pub mod run_machine;
 pub mod walk;
 pub mod watch;
 

@@ -1,9 +1,13 @@
 //! Joining under stale caches, with restarts.
 //!
-//! Rank 0 first asks the core (`join::previous_master`, as `Node::check_previous_master`
-//! does) whether the rank 0 `cluster.json` names still runs, and is refused if so; then
-//! it forms generations with the node's own `protocol::join_machine::FormMachine`, whose
-//! effects the simulator performs one write per step: it picks a new `gen-G/` (above
+//! Rank 0 starts with the node's own `protocol::run_machine::RunMachine`, whose reads the
+//! simulator performs on its host's `SimClient`: it reads `cluster.json` and the rank 0
+//! record of the generation it names, and, while that rank 0 may still run, judges it at
+//! each poll (`join::previous_master`; on the same host the kernel answers) until it is
+//! gone or the machine's wait times out, and is refused if it is alive. The run chosen
+//! (continued, or a new one) goes to the node's own
+//! `protocol::join_machine::FormMachine`, whose effects the simulator performs one write
+//! per step: it picks a new `gen-G/` (above
 //! `cluster.json`'s and every listed one), writes a vacant placeholder for every other
 //! rank, its own record (joining, arrived at barrier 0, heartbeating every second), the
 //! generation's copy of the cluster record and then `cluster.json`, and, behind the fence,
@@ -53,8 +57,10 @@ use rl_node::protocol::join;
 use rl_node::protocol::join_machine::{
     self, ClusterRead, Effect, FormEffect, FormInput, FormMachine, FormSettings, Input, JoinMachine,
 };
-use rl_node::protocol::liveness::{Holder, Holders};
+use rl_node::protocol::journal::Resume;
+use rl_node::protocol::liveness::Holder;
 use rl_node::protocol::messages::Joined;
+use rl_node::protocol::run_machine::{RunEffect, RunInput, RunMachine, RunSettings, StateRead};
 use rl_node::protocol::{ClusterRecord, Liveness, Mark, NodeState, RankRecord};
 use rl_node::rng::SplitMix64 as Rng;
 use rl_node::store::sim::{SimClient, SimWorld};
@@ -75,8 +81,8 @@ pub struct Mutations {
 
 #[derive(Debug, Clone, PartialEq)]
 enum Role {
-    /// Rank 0 asking whether the previous generation's rank 0 still runs
-    /// (`Node::check_previous_master`, with the core's `join::previous_master`).
+    /// Rank 0 choosing the run by its `RunMachine`: waiting out a previous generation's
+    /// rank 0 that may still run.
     Checking,
     /// Rank 0 forming a generation: claiming its directory and writing it, one write per
     /// step, up to `cluster.json`.
@@ -112,19 +118,30 @@ struct Proc {
     mine: Option<RankRecord>,
     next_beat: u64,
     next_poll: u64,
-    /// A worker's join (rank 0's procedure is this file's model of the node's).
+    /// A worker's join (the node's own machine).
     machine: Option<JoinMachine>,
-    holders: Holders,
     liveness: Liveness,
     rate_ppm: u64,
     died_at: Option<u64>,
     /// Rank 0: the refusals read in placeholders.
     refusals_read: u64,
+    /// Rank 0: its start up to the run chosen (the node's own machine).
+    run: Option<RunMachine>,
+    /// Rank 0: the previous rank 0's record it waits on (as first read).
+    predecessor: Option<RankRecord>,
     /// Rank 0: its wait for arrivals (the core's, as `Node::join_master` keeps it).
     form: Option<FormMachine>,
     started_at: u64,
     /// Rank 0: when it published `cluster.json` naming its generation.
     published_at: Option<u64>,
+}
+
+/// What rank 0's start chose (`RunEffect::Chosen`).
+struct Chosen {
+    run_id: String,
+    gen: u64,
+    previous: Option<String>,
+    resume: Resume,
 }
 
 /// A scheduled start of a process for `rank` (on `host`), at `at`.
@@ -535,16 +552,34 @@ impl Sim {
             next_beat: u64::MAX,
             next_poll: poll,
             machine: (st.rank != 0).then(|| self.join_machine(&st, pid)),
-            holders: Holders::default(),
             liveness: Liveness::new(Duration::from_millis(self.dead_after_ms)),
             rate_ppm,
             died_at: None,
             refusals_read: 0,
+            run: (st.rank == 0).then(|| self.run_machine(st.host)),
+            predecessor: None,
             form: None,
             started_at: self.now,
             published_at: None,
         });
         self.last_start = self.now;
+    }
+
+    /// Rank 0's start, set up as the node sets up its own (never `--fresh` here).
+    fn run_machine(&self, host: usize) -> RunMachine {
+        RunMachine::new(RunSettings {
+            host: format!("host-{host}"),
+            fresh: false,
+            run_fingerprint: "run-fp".into(),
+            run_identity: json!({}),
+            root: self.layout.root().to_path_buf(),
+            walk_item: "iteration-complete:both".into(),
+            first_iteration: 1,
+            iterations: 0,
+            slot_patience: Duration::from_millis(self.slot_patience_ms),
+            dead_after: Duration::from_millis(self.dead_after_ms),
+        })
+        .with_mutation(self.mutations.look)
     }
 
     /// A worker's join machine, set up as the node sets up its own.
@@ -854,50 +889,135 @@ impl Sim {
         true
     }
 
-    /// `Node::check_previous_master`: the previous generation's rank 0 (as `cluster.json`
-    /// names it, read through this host's cache) is judged by the core,
-    /// `join::previous_master`: on this process's own host the kernel answers; elsewhere
-    /// its heartbeat must advance within the patience. Alive: refuse; gone (or no
-    /// verdict within twice the patience): go on to form a generation.
+    /// Rank 0's start up to the run chosen: the node's own `RunMachine`, its reads done
+    /// through this host's client. `cluster.json` and the previous generation's rank 0
+    /// record are read once; a rank 0 that may still run is judged by the machine
+    /// (`join::previous_master`) at each poll, from its record as read then: on this
+    /// process's own host the kernel answers; elsewhere its heartbeat must advance within
+    /// the patience. Alive: refused; gone, or no verdict by the machine's timeout: the run
+    /// is chosen and the generation formed.
     fn check_previous(&mut self, p: usize) -> Result<(), Violation> {
-        let patience = self.slot_patience_ms.max(self.dead_after_ms);
-        let mut proceed = true;
-        let prev = self.read_cluster(p);
-        if let Some(c) = &prev {
-            if let Some(r0) = self
-                .read_rec(p, c.gen, 0)
-                .filter(|r| r.gen == c.gen && r.rank == 0)
-            {
-                let local = self.local(p);
-                let mine = format!("host-{}", self.procs[p].host);
-                let kernel = (r0.host == mine).then(|| {
-                    (0..self.procs.len()).any(|q| self.procs[q].pid == r0.pid && self.live(q))
-                });
-                let holders = &mut self.procs[p].holders;
-                let judge = |rec: &RankRecord, patience, advances| match kernel {
-                    Some(true) => Holder::Alive,
-                    Some(false) => Holder::Gone,
-                    None => holders.judge(rec, local, patience, advances),
-                };
-                let verdict = join::previous_master(
-                    &r0,
-                    Duration::from_millis(self.slot_patience_ms),
-                    Duration::from_millis(self.dead_after_ms),
-                    judge,
-                    self.mutations.look,
-                );
-                match verdict {
-                    Holder::Alive => return self.refuse_master(p, &r0),
-                    Holder::Gone => {}
-                    Holder::Unknown => {
-                        proceed = self.now >= self.procs[p].started_at + 2 * patience;
-                    }
-                }
+        let mut m = self.procs[p]
+            .run
+            .take()
+            .expect("rank 0 starts by its machine");
+        let mut chosen = self.perform_run(p, &mut m)?;
+        if chosen.is_none() && !m.is_over() {
+            // The wait for a previous rank 0: one look per poll, then its timeout.
+            let local = self.local(p);
+            m.handle(local, RunInput::Poll);
+            chosen = self.perform_run(p, &mut m)?;
+            if chosen.is_none() && !m.is_over() && m.poll_timeout().is_some_and(|t| local >= t) {
+                m.handle(local, RunInput::Timeout);
+                chosen = self.perform_run(p, &mut m)?;
             }
         }
-        if !proceed {
-            return Ok(());
+        self.procs[p].run = Some(m);
+        match chosen {
+            Some(chosen) => self.form(p, chosen),
+            None => Ok(()),
         }
+    }
+
+    /// Perform rank 0's start's effects on its host's client, until it waits for a poll
+    /// or ends (the run chosen, or refused).
+    fn perform_run(&mut self, p: usize, m: &mut RunMachine) -> Result<Option<Chosen>, Violation> {
+        let pid = self.procs[p].pid;
+        while let Some(effect) = m.poll_effect() {
+            let input = match effect {
+                RunEffect::ReadCluster => Some(RunInput::Cluster(match self.read_cluster(p) {
+                    Some(c) => StateRead::Found(Box::new(c)),
+                    None => StateRead::Missing,
+                })),
+                RunEffect::ReadRank0 { gen } => Some(RunInput::Rank0(
+                    match self
+                        .read_rec(p, gen, 0)
+                        .filter(|r| r.gen == gen && r.rank == 0)
+                    {
+                        Some(r0) => StateRead::Found(Box::new(r0)),
+                        None => StateRead::Missing,
+                    },
+                )),
+                RunEffect::ReadPredecessor { last } => {
+                    let record = self
+                        .read_rec(p, last.gen, 0)
+                        .filter(|r| r.gen == last.gen && r.rank == 0)
+                        .unwrap_or_else(|| (*last).clone());
+                    let mine = format!("host-{}", self.procs[p].host);
+                    let local = (record.host == mine).then(|| {
+                        let alive = (0..self.procs.len())
+                            .any(|q| self.procs[q].pid == record.pid && self.live(q));
+                        if alive {
+                            Holder::Alive
+                        } else {
+                            Holder::Gone
+                        }
+                    });
+                    self.procs[p].predecessor = Some(*last);
+                    Some(RunInput::Predecessor {
+                        record: Box::new(record),
+                        local,
+                    })
+                }
+                // No journals in this scenario: a run checked is sound and begins again.
+                RunEffect::CheckRun(_) => Some(RunInput::Checked {
+                    journals: vec![],
+                    torn: vec![],
+                }),
+                RunEffect::ReadJournals => Some(RunInput::Journals(vec![vec![]; self.n])),
+                RunEffect::NewRunId => Some(RunInput::RunId("run".into())),
+                RunEffect::Info(line) | RunEffect::Warn(line) => {
+                    self.note(format!("rank 0 pid {pid}: {line}"));
+                    None
+                }
+                RunEffect::Chosen {
+                    run_id,
+                    gen,
+                    previous,
+                    resume,
+                } => {
+                    return Ok(Some(Chosen {
+                        run_id,
+                        gen,
+                        previous,
+                        resume,
+                    }))
+                }
+                RunEffect::Refused { message, .. } => {
+                    let Some(r0) = self.procs[p].predecessor.clone() else {
+                        return Err(self.violation(format!(
+                            "rank 0 pid {pid} refused before it looked at a predecessor: {message}"
+                        )));
+                    };
+                    if message != join::previous_master_refusal(&r0).0 {
+                        return Err(self.violation(format!(
+                            "rank 0 pid {pid} refused for another reason than its predecessor: {message}"
+                        )));
+                    }
+                    self.refuse_master(p, &r0)?;
+                    return Ok(None);
+                }
+                // Nothing here is started with --fresh, damaged, or complete.
+                other @ (RunEffect::ReadRunEvidence
+                | RunEffect::NameUnreadableRun
+                | RunEffect::SetAside { .. }
+                | RunEffect::Complete { .. }
+                | RunEffect::Failed(_)) => {
+                    return Err(self.violation(format!(
+                        "rank 0 pid {pid}'s start asked for what this scenario never leads to: {other:?}"
+                    )))
+                }
+            };
+            if let Some(input) = input {
+                m.handle(self.local(p), input);
+            }
+        }
+        Ok(None)
+    }
+
+    /// The run chosen: check that no rank 0 `cluster.json` named since before this one
+    /// started still runs, and form a generation of it.
+    fn form(&mut self, p: usize, chosen: Chosen) -> Result<(), Violation> {
         // A rank 0 that goes on while another rank 0 is alive, whose generation
         // `cluster.json` truly named since before this one started (by more than a
         // cache lifetime), would take a running cluster over.
@@ -936,11 +1056,9 @@ impl Sim {
             host: format!("host-{}", self.procs[p].host),
             pid: self.procs[p].pid,
             run_fingerprint: "run-fp".into(),
-            ..ClusterRecord::bare(
-                prev.as_ref().map_or("run", |c| c.run_id.as_str()),
-                prev.as_ref().map_or(1, |c| c.gen + 1),
-                self.n as u32,
-            )
+            previous: chosen.previous,
+            resume: chosen.resume,
+            ..ClusterRecord::bare(&chosen.run_id, chosen.gen, self.n as u32)
         };
         let settings = FormSettings {
             num_nodes: self.n as u32,
@@ -1283,7 +1401,7 @@ impl Sim {
                 }),
                 Effect::ReadResume { .. } => Some(Input::Resume(1)),
                 Effect::Waiting(_) => None,
-                Effect::Info(why) => {
+                Effect::Info(why) | Effect::Warn(why) => {
                     self.note(format!("rank {rank} pid {pid}: {why}"));
                     None
                 }
