@@ -454,7 +454,7 @@ pub(crate) fn rank_label(
     let culprit = abort.is_some_and(|a| {
         a.culprit == r.rank && a.cluster.as_deref().is_none_or(|c| Some(c) == cluster)
     });
-    match r.state {
+    match r.record_state {
         Some(NodeState::Failed) if culprit => "culprit".into(),
         Some(NodeState::Failed) if abort.is_some() => "stopped by a peer".into(),
         Some(s) => format!("{s:?}").to_lowercase(),

@@ -380,7 +380,7 @@ fn live_ranks(layout: &Layout) -> Vec<Option<LiveRank>> {
     s.ranks
         .iter()
         .map(|r| {
-            r.state.map(|_| LiveRank {
+            r.record_state.map(|_| LiveRank {
                 wall: parse_wall(&r.last_write).unwrap_or(0.0),
                 state: super::status::rank_label(r, s.abort.as_ref(), layout.cluster_name()),
                 progress: r.progress.clone(),
