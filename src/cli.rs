@@ -132,6 +132,13 @@ enum Command {
         /// ends with exit 1 (0: at once).
         #[arg(long, value_name = "DURATION", default_value = "10m", requires = "watch", value_parser = humantime::parse_duration)]
         restart_wait: std::time::Duration,
+        /// Exit with the code of the run's end, for a batch script's last line (so that
+        /// `sacct` names the cause, not the 3 of the nodes a failure stopped): 0 when it
+        /// completed (or has not ended), the culprit's own code when it stopped (1 a
+        /// failed command or a node declared dead, 4 a deadline, 75 a time limit, 128+N a
+        /// signal), 1 when every node is gone without a recorded cause.
+        #[arg(long, conflicts_with = "watch")]
+        exit_code: bool,
     },
     /// Print the effective configuration and where each value came from.
     ShowConfig(Settings),
@@ -537,6 +544,7 @@ fn run() -> (Option<u32>, Result<Ending, Failure>) {
             watch,
             every,
             restart_wait,
+            exit_code,
         }) => {
             if watch {
                 let o = crate::observe::live::WatchOptions {
@@ -546,7 +554,7 @@ fn run() -> (Option<u32>, Result<Ending, Failure>) {
                 };
                 watch_status(log_path, o)
             } else {
-                status(json, log_path)
+                status(json, log_path, exit_code)
             }
         }
         None => return run_node(cli),
@@ -630,27 +638,39 @@ fn watch_status(
     Ok(crate::observe::live::watch(&path, &o))
 }
 
-fn status(json: bool, log_path: Option<String>) -> Result<Ending, Failure> {
+fn status(json: bool, log_path: Option<String>, exit_code: bool) -> Result<Ending, Failure> {
+    use crate::observe::status::{self as st, RunState};
     let path = crate::observe::log_path_of("status", log_path)?;
     let root = path.as_path();
-    if crate::observe::status::is_pipelined(root) {
-        let p = crate::observe::status::read_pipeline(root);
+    // `--exit-code`: the code of the run's end (see the flag's help).
+    let end = |s: &st::Status| match (s.state, &s.abort) {
+        (RunState::Stopped, Some(a)) => Ending::Reported(a.cause()),
+        (RunState::Stopped, None) => Ending::Reported(crate::exit::Cause::Failed),
+        _ => Ending::Done,
+    };
+    if st::is_pipelined(root) {
+        let p = st::read_pipeline(root);
         if json {
             crate::outln!("{}", serde_json::to_string_pretty(&p).expect("json"));
         } else {
-            crate::out!("{}", crate::observe::status::render_pipeline(&p));
+            crate::out!("{}", st::render_pipeline(&p));
         }
-        return Ok(Ending::Done);
+        // The cluster that stopped first carries the cause (the other was stopped by it).
+        let ended = [&p.rollout, &p.update]
+            .into_iter()
+            .filter_map(|c| c.as_ref().ok())
+            .map(end)
+            .find(|e| *e != Ending::Done);
+        return Ok(ended.filter(|_| exit_code).unwrap_or(Ending::Done));
     }
-    let mut s =
-        crate::observe::status::read(root).map_err(|e| Failure::usage(e.to_string(), None))?;
-    crate::observe::status::judge(root, &mut s);
+    let mut s = st::read(root).map_err(|e| Failure::usage(e.to_string(), None))?;
+    st::judge(root, &mut s);
     if json {
         crate::outln!("{}", serde_json::to_string_pretty(&s).expect("json"));
     } else {
-        crate::out!("{}", crate::observe::status::render(&s));
+        crate::out!("{}", st::render(&s));
     }
-    Ok(Ending::Done)
+    Ok(if exit_code { end(&s) } else { Ending::Done })
 }
 
 /// Run this process as a node (the default action).

@@ -294,3 +294,34 @@ fn text_and_json_agree_in_every_state_of_a_run() {
     let v = assert_text_and_json_agree(&c, "completed");
     assert_eq!(v["ranks"][1]["state"], "done", "{v}");
 }
+
+/// `status --exit-code` after the nodes ended: the code of the run's end as the culprit
+/// exited with it, where srun and sacct report the highest code of all nodes (the 3 of
+/// the nodes the failure stopped): 1 for a failed command, 4 for a phase timeout, 0 for a
+/// completed run, and 0 without the flag whatever the run's state.
+#[test]
+fn status_exit_code_is_the_culprits_not_the_victims() {
+    let exit_code = |c: &TestCluster, flag: bool| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["status", "--log-path"]).arg(&c.log_path);
+        if flag {
+            cmd.arg("--exit-code");
+        }
+        let out = cmd.output().unwrap();
+        assert!(!out.stdout.is_empty());
+        out.status.code().unwrap_or(-1)
+    };
+    for (rollout, culprit, want) in [
+        ("if [ {rank} = 1 ]; then exit 7; fi; echo '{}' > {output}", 1, 1),
+        ("if [ {rank} = 1 ]; then sleep 30; fi; echo '{}' > {output}\"\ntimeout = \"1s", 4, 4),
+        ("echo '{}' > {output}", 0, 0),
+    ] {
+        let c = TestCluster::new(2, &format!("[phases.rollout]\ncommand = \"{rollout}\"\n"));
+        let mut nodes = c.spawn_all(&["--iterations", "1"]);
+        let codes: Vec<i32> = nodes.iter_mut().map(|n| n.wait(LIMIT)).collect();
+        let victims = if want == 0 { vec![0, 0] } else { vec![3, culprit] };
+        assert_eq!(codes, victims, "{rollout}");
+        assert_eq!(exit_code(&c, true), want, "{rollout}");
+        assert_eq!(exit_code(&c, false), 0, "{rollout}");
+    }
+}

@@ -263,11 +263,20 @@ impl AbortInfo {
         if self.culprit != rank || self.detected_by != rank {
             return Cause::PeerFailed;
         }
+        self.cause()
+    }
+
+    /// What stopped the cluster, as the culprit's own exit code says it (a batch job's
+    /// record should show this, not the victims' 3): a node declared dead is a failure
+    /// of that node (it was killed or crashed; its own code is lost with it).
+    pub fn cause(&self) -> Cause {
         match self.kind {
+            AbortKind::Signal { signal } if is_time_limit(signal) => Cause::TimeLimit,
             AbortKind::Timeout => Cause::Deadline,
             AbortKind::Signal { signal } => Cause::Interrupted(signal),
-            AbortKind::PeerDead => Cause::PeerFailed,
-            AbortKind::CommandFailed { .. } | AbortKind::Error => Cause::Failed,
+            AbortKind::PeerDead | AbortKind::CommandFailed { .. } | AbortKind::Error => {
+                Cause::Failed
+            }
         }
     }
 
