@@ -349,7 +349,7 @@ fn last_handoff(c: &TestCluster) -> (String, u64) {
 fn a_checkpoint_is_moved_leaving_excluded_files_behind_and_old_ones_are_deleted() {
     let c = cluster(
         "mkdir -p {output}/checkpoint-1 && echo w{iteration} > {output}/checkpoint-1/w.bin && head -c 5000 /dev/zero > {output}/checkpoint-1/optimizer.pt",
-        "[phases.handoff]\nexclude = [\"optimizer*.pt\"]\nkeep-last = 1\n",
+        "[phases.handoff]\nexclude = [\"optimizer*.pt\"]\nkeep-last = 1\n[phases.eval]\ncommand = \"echo '{}' > {output}\"\n",
     );
     // Evals at iterations 1, 4, 7: they measure iter-0003 and iter-0006.
     let mut n = c.spawn(0, &["--iterations", "5", "--eval-interval", "3"]);
@@ -614,7 +614,7 @@ fn a_crash_mid_deletion_is_finished_at_the_next_start() {
 fn keep_last_with_eval_every_iteration_needs_keep_eval_false() {
     let c = cluster(
         "mkdir -p {output} && echo w{iteration} > {output}/w.bin",
-        "[phases.handoff]\nkeep-last = 1\n",
+        "[phases.handoff]\nkeep-last = 1\n[phases.eval]\ncommand = \"echo '{}' > {output}\"\n",
     );
     let mut n = c.spawn(0, &["--iterations", "3"]);
     assert_eq!(n.wait(LIMIT), 2, "{}", n.stderr());
@@ -627,7 +627,17 @@ fn keep_last_with_eval_every_iteration_needs_keep_eval_false() {
 
     let c = cluster(
         "mkdir -p {output} && echo w{iteration} > {output}/w.bin",
-        "[phases.handoff]\nkeep-last = 1\nkeep-eval = false\n",
+        "[phases.handoff]\nkeep-last = 1\nkeep-eval = false\n[phases.eval]\ncommand = \"echo '{}' > {output}\"\n",
+    );
+    let mut n = c.spawn(0, &["--iterations", "3"]);
+    assert_eq!(n.wait(LIMIT), 0, "{}", n.stderr());
+    assert_eq!(published(&c), vec!["LATEST", "iter-0002", "iter-0003"]);
+
+    // Without an eval command no checkpoint was measured: keep-eval spares none, and the
+    // default eval cadence is no contradiction.
+    let c = cluster(
+        "mkdir -p {output} && echo w{iteration} > {output}/w.bin",
+        "[phases.handoff]\nkeep-last = 1\n",
     );
     let mut n = c.spawn(0, &["--iterations", "3"]);
     assert_eq!(n.wait(LIMIT), 0, "{}", n.stderr());

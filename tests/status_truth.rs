@@ -312,14 +312,26 @@ fn status_exit_code_is_the_culprits_not_the_victims() {
         out.status.code().unwrap_or(-1)
     };
     for (rollout, culprit, want) in [
-        ("if [ {rank} = 1 ]; then exit 7; fi; echo '{}' > {output}", 1, 1),
-        ("if [ {rank} = 1 ]; then sleep 30; fi; echo '{}' > {output}\"\ntimeout = \"1s", 4, 4),
+        (
+            "if [ {rank} = 1 ]; then exit 7; fi; echo '{}' > {output}",
+            1,
+            1,
+        ),
+        (
+            "if [ {rank} = 1 ]; then sleep 30; fi; echo '{}' > {output}\"\ntimeout = \"1s",
+            4,
+            4,
+        ),
         ("echo '{}' > {output}", 0, 0),
     ] {
         let c = TestCluster::new(2, &format!("[phases.rollout]\ncommand = \"{rollout}\"\n"));
         let mut nodes = c.spawn_all(&["--iterations", "1"]);
         let codes: Vec<i32> = nodes.iter_mut().map(|n| n.wait(LIMIT)).collect();
-        let victims = if want == 0 { vec![0, 0] } else { vec![3, culprit] };
+        let victims = if want == 0 {
+            vec![0, 0]
+        } else {
+            vec![3, culprit]
+        };
         assert_eq!(codes, victims, "{rollout}");
         assert_eq!(exit_code(&c, true), want, "{rollout}");
         assert_eq!(exit_code(&c, false), 0, "{rollout}");

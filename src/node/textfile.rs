@@ -88,24 +88,8 @@ impl Textfile {
         labels_of: &Labels,
         host: &str,
     ) -> Result<Textfile, Unusable> {
-        let mut labels = std::collections::HashMap::from([("rank".to_string(), rank.to_string())]);
-        for (k, v) in [
-            ("cluster", &labels_of.cluster),
-            ("job", &labels_of.job),
-            ("run_id", &labels_of.run_id),
-        ] {
-            if let Some(v) = v {
-                labels.insert(k.into(), v.clone());
-            }
-        }
-        let registry =
-            Registry::new_custom(Some("rl_node".into()), Some(labels)).expect("valid labels");
-        // Each metric is registered as it is made, so none can be left out of the file.
-        fn reg<M: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: M) -> M {
-            r.register(Box::new(m.clone()))
-                .expect("metric names are distinct");
-            m
-        }
+        let registry = labels_of.registry(rank);
+        let (phase_seconds, last_iteration) = time_metrics(&registry);
         let info = reg(
             &registry,
             IntGaugeVec::new(
@@ -189,25 +173,8 @@ impl Textfile {
                 "hang_reports_total",
                 "Hang reports this node wrote (docs/forensics.md).",
             ),
-            phase_seconds: reg(
-                &registry,
-                CounterVec::new(
-                    Opts::new(
-                        "phase_seconds_total",
-                        "Seconds spent in each phase (the 14 phases of rl_node_phase).",
-                    ),
-                    &["phase"],
-                )
-                .expect("valid"),
-            ),
-            last_iteration: reg(
-                &registry,
-                Gauge::new(
-                    "last_iteration_timestamp_seconds",
-                    "When this node last completed an iteration (Unix time; 0: none yet).",
-                )
-                .expect("valid"),
-            ),
+            phase_seconds,
+            last_iteration,
             written_at: reg(
                 &registry,
                 Gauge::new(
@@ -399,6 +366,48 @@ impl Drop for Textfile {
         if !self.retired {
             self.finish();
         }
+    }
+}
+
+/// Register `m` in `r` as it is made, so that no metric can be left out of the file.
+fn reg<M: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: M) -> M {
+    r.register(Box::new(m.clone()))
+        .expect("metric names are distinct");
+    m
+}
+
+/// Seconds per phase, and when the last iteration ended.
+fn time_metrics(r: &Registry) -> (CounterVec, Gauge) {
+    let per_phase = CounterVec::new(
+        Opts::new(
+            "phase_seconds_total",
+            "Seconds spent in each phase (the 14 phases of rl_node_phase).",
+        ),
+        &["phase"],
+    )
+    .expect("valid");
+    let last = Gauge::new(
+        "last_iteration_timestamp_seconds",
+        "When this node last completed an iteration (Unix time; 0: none yet).",
+    )
+    .expect("valid");
+    (reg(r, per_phase), reg(r, last))
+}
+
+impl Labels {
+    /// A registry whose every sample carries `rank` and these labels.
+    fn registry(&self, rank: u32) -> Registry {
+        let mut labels = std::collections::HashMap::from([("rank".to_string(), rank.to_string())]);
+        for (k, v) in [
+            ("cluster", &self.cluster),
+            ("job", &self.job),
+            ("run_id", &self.run_id),
+        ] {
+            if let Some(v) = v {
+                labels.insert(k.into(), v.clone());
+            }
+        }
+        Registry::new_custom(Some("rl_node".into()), Some(labels)).expect("valid labels")
     }
 }
 
