@@ -1541,18 +1541,9 @@ fn suggest(key: &str, schema: &[(String, Value)]) -> String {
     }
 }
 
+/// Levenshtein distance (the `strsim` crate clap itself uses for its suggestions).
 fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut cur = vec![i + 1];
-        for (j, cb) in b.iter().enumerate() {
-            let sub = prev[j] + usize::from(ca != *cb);
-            cur.push(sub.min(prev[j + 1] + 1).min(cur[j] + 1));
-        }
-        prev = cur;
-    }
-    prev[b.len()]
+    strsim::levenshtein(a, b)
 }
 
 /// Durations as humantime strings ("30s", "10m").

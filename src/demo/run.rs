@@ -663,7 +663,7 @@ impl View {
     fn new() -> View {
         View {
             // SAFETY: isatty takes only an fd number.
-            tty: unsafe { libc::isatty(1) == 1 },
+            tty: std::io::IsTerminal::is_terminal(&std::io::stdout()),
             drawn: 0,
             last_compact: String::new(),
             started: Instant::now(),

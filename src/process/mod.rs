@@ -690,14 +690,11 @@ fn stop_now(groups: &BTreeSet<i32>, node: i32) {
     }
 }
 
-/// `bytes` random bytes from /dev/urandom, as hex (a clock-and-pid mix if it cannot be
-/// read): nonces naming a node's processes and records.
+/// `bytes` random bytes from the kernel (`getrandom`), as hex (a clock-and-pid mix if it
+/// cannot give them): nonces naming a node's processes and records.
 pub(crate) fn random_hex(bytes: usize) -> String {
     let mut buf = vec![0u8; bytes];
-    if std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut buf))
-        .is_err()
-    {
+    if getrandom::fill(&mut buf).is_err() {
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default()
