@@ -24,17 +24,6 @@ const FRESH_GEN: u64 = 1;
 /// The `phase` of the server that serves the iteration, started before it.
 const BEFORE: &str = "before-iteration";
 
-/// The phases `--phase` accepts: the configuration's command sections.
-const PHASE_NAMES: [&str; 7] = [
-    "server",
-    "rollout",
-    "eval",
-    "aggregate",
-    "prepare",
-    "train",
-    "handoff",
-];
-
 /// What the user asked for.
 pub(crate) struct Request {
     pub iteration: u64,
@@ -119,11 +108,11 @@ fn check(cfg: &Config, req: &Request) -> Result<(), Failure> {
         ));
     }
     if let Some(p) = &req.phase {
-        if !PHASE_NAMES.contains(&p.as_str()) {
+        if !crate::config::COMMANDS.contains(&p.as_str()) {
             return Err(Failure::usage(
                 format!(
                     "--phase {p}: unknown phase; known: {}",
-                    PHASE_NAMES.join(", ")
+                    crate::config::COMMANDS.join(", ")
                 ),
                 None,
             ));

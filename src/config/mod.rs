@@ -115,6 +115,18 @@ pub struct Timing {
 /// `timing.hang-report-at`: a fraction, or `"off"` (read as 0).
 pub const HANG_REPORT_AT: &str = "timing.hang-report-at";
 
+/// The configuration's command sections, in the order a rank runs them in an iteration:
+/// the inference server, then the phase commands (`{phase}` is one of these).
+pub const COMMANDS: [&str; 7] = [
+    "server",
+    "rollout",
+    "eval",
+    "aggregate",
+    "prepare",
+    "train",
+    "handoff",
+];
+
 /// `timing.hang-report-at` as written in the file or the environment: a number, or `off`.
 fn parse_hang_report_at(raw: &str) -> Result<Value, String> {
     let raw = raw.trim();

@@ -193,14 +193,7 @@ impl Textfile {
         };
         t.running.set(1);
         // Every command's counters from 0, so a first failure is an increase to alert on.
-        for command in [
-            "rollout",
-            "eval",
-            "aggregate",
-            "prepare",
-            "train",
-            "handoff",
-        ] {
+        for command in &crate::config::COMMANDS[1..] {
             t.commands.with_label_values(&[command]);
             t.commands_failed.with_label_values(&[command]);
         }

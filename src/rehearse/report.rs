@@ -10,18 +10,6 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-/// The phases in the order an iteration runs them (the server serving iteration i was
-/// started in iteration i-1, as iteration 0 before the first).
-const ORDER: [&str; 7] = [
-    "server",
-    "rollout",
-    "eval",
-    "aggregate",
-    "prepare",
-    "train",
-    "handoff",
-];
-
 /// What ran, before it is read back.
 #[derive(Default)]
 pub(crate) struct Run {
@@ -71,10 +59,10 @@ pub(crate) struct Step {
 type Steps = BTreeMap<(u32, u64, usize, String), Step>;
 
 fn slot<'a>(steps: &'a mut Steps, rank: u32, iteration: u64, phase: &str) -> &'a mut Step {
-    let order = ORDER
+    let order = crate::config::COMMANDS
         .iter()
         .position(|p| *p == phase)
-        .unwrap_or(ORDER.len());
+        .unwrap_or(crate::config::COMMANDS.len());
     steps
         .entry((rank, iteration, order, phase.to_string()))
         .or_insert_with(|| Step {
