@@ -217,3 +217,59 @@ fn wandb_offline_gets_each_iteration_once_with_the_files_numbers() {
 fn tensorboard_gets_each_iteration_once_with_the_files_numbers() {
     follow_a_run("tensorboard", &["--iterations", "3"]);
 }
+
+/// A pipelined run: the two clusters' lines interleave (the rollout cluster runs ahead)
+/// and each cluster has its own `run` id, yet each cluster is its own series with steps
+/// 1..3: a W&B run per cluster, both in the `--group` given, or a TensorBoard directory
+/// per `run` with a tag prefix per cluster.
+fn follow_a_pipelined_run(tracker: &str) {
+    python();
+    let c = TestCluster::pipelined(&format!("{COMMANDS}\n[pipeline]\nstaleness = 1\n"));
+    // W&B ends with the run, TensorBoard at iteration 3 of both clusters.
+    let until = match tracker {
+        "wandb" => &["--until-complete", "--group", "both"][..],
+        _ => &["--iterations", "3", "--group", "both"][..],
+    };
+    let follower = Follower::start(&c, tracker, until);
+    let mut nodes = c.spawn_rollout_and_update(3);
+    for n in &mut nodes {
+        assert_eq!(n.wait(LIMIT), 0, "{}", n.stderr());
+    }
+    follower.wait_ok();
+    let lines = metrics_lines(&c);
+    let got = read_back(&c, tracker);
+    assert_eq!(got.as_object().unwrap().len(), 2, "{got}");
+    for side in ["rollout", "update"] {
+        let mine: Vec<&Value> = lines.iter().filter(|l| l["cluster"] == side).collect();
+        let run = mine[0]["run"].as_str().unwrap();
+        let (series, key) = match tracker {
+            "wandb" => (format!("{run}-{side}"), "time/iteration_s".to_string()),
+            _ => (run.to_string(), format!("{side}/time/iteration_s")),
+        };
+        if tracker == "wandb" {
+            assert_eq!(got[&series]["group"], "both", "{got}");
+        }
+        let points = got[&series]["scalars"][&key]
+            .as_array()
+            .unwrap_or_else(|| panic!("no {series} {key} in {got}"));
+        assert_eq!(points.len(), 3, "{side}: {got}");
+        for (p, l) in points.iter().zip(&mine) {
+            assert_eq!(p[0], l["iteration"], "{side}: {got}");
+            let (v, w) = (
+                p[1].as_f64().unwrap(),
+                l["time/iteration_s"].as_f64().unwrap(),
+            );
+            assert!((v - w).abs() <= 1e-6 * w.max(1.0), "{side}: {v} != {w}");
+        }
+    }
+}
+
+#[test]
+fn wandb_gets_a_pipelined_runs_clusters_as_two_runs_of_one_group() {
+    follow_a_pipelined_run("wandb");
+}
+
+#[test]
+fn tensorboard_gets_a_pipelined_runs_clusters_under_their_own_prefix() {
+    follow_a_pipelined_run("tensorboard");
+}

@@ -39,6 +39,8 @@ def parse_args(argv):
     p.add_argument("--log-path", required=True, help="the run's shared directory (rl-node --log-path)")
     p.add_argument("--to", required=True, choices=["wandb", "tensorboard"])
     p.add_argument("--project", default="rl-node", help="W&B project (default: rl-node)")
+    p.add_argument("--group", help="W&B group (default: the line's `run`; a pipelined run's "
+                   "clusters have a `run` each, so give one --group to keep them together)")
     p.add_argument("--logdir", default="runs", help="TensorBoard directory (default: ./runs)")
     p.add_argument(
         "--state",
@@ -94,19 +96,19 @@ def scalars(line):
 
 class WandbSink:
     """One W&B run per rl-node run and cluster (W&B has one step per run), grouped by the
-    rl-node run; its id is derived from them so a restarted script resumes it."""
+    rl-node run or --group; its id is derived from them so a restarted script resumes it."""
 
     def __init__(self, args):
         import wandb
 
-        self.wandb, self.project, self.runs = wandb, args.project, {}
+        self.wandb, self.project, self.group, self.runs = wandb, args.project, args.group, {}
 
     def log(self, run, cluster, step, values):
         key = (run, cluster)
         if key not in self.runs:
             name = f"{run}-{cluster}" if cluster else run
             self.runs[key] = self.wandb.init(
-                project=self.project, group=run, name=name, id=name, resume="allow",
+                project=self.project, group=self.group or run, name=name, id=name, resume="allow",
                 job_type=cluster or "train", reinit="create_new",
             )
         self.runs[key].log(values, step=step)
@@ -200,17 +202,17 @@ def run_completed(args):
 
 
 def reached(args, state):
+    """Whether --iterations N is logged: by the newest run, or in a pipelined run (whose
+    clusters have a `run` id each) by a rollout and an update series."""
     if args.iterations is None or not state["last"]:
         return False
-    # The newest rl-node run's series; a pipelined one must have both clusters.
-    run = state.get("run")
-    mine = {}
+    newest = {}
     for series, step in state["last"].items():
-        series_run, cluster = series.split("/", 1)
-        if series_run == run:
-            mine[cluster] = step
-    clusters = [""] if "" in mine else ["rollout", "update"]
-    return all(mine.get(c, 0) >= args.iterations for c in clusters)
+        run, cluster = series.split("/", 1)
+        if cluster or run == state.get("run"):
+            newest[cluster] = max(step, newest.get(cluster, 0))
+    clusters = [""] if "" in newest else ["rollout", "update"]
+    return all(newest.get(c, 0) >= args.iterations for c in clusters)
 
 
 def follow(args, sink):
