@@ -140,11 +140,15 @@ pub fn parse_lines<T: serde::de::DeserializeOwned>(text: &str) -> Result<Lines<T
 /// Parse a journal file leniently (display only: `status`); a torn last line is ignored.
 /// The entries are [`settled`].
 pub fn parse(text: &str) -> Vec<Entry> {
-    settled(
-        text.lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect(),
-    )
+    settled(parse_raw(text))
+}
+
+/// Every line of a journal that parses, as written, late and repeated lines included
+/// (for checks of what was appended: the simulator's "no step journaled twice").
+pub fn parse_raw(text: &str) -> Vec<Entry> {
+    text.lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
 }
 
 /// A rank's journal as its readers take it: without the late lines of replaced

@@ -486,12 +486,12 @@ fn driver_mutants() -> Vec<Mutant> {
                 ..Broken::default()
             },
         ),
-        // Only a freeze at that very fence shows it: seed 532.
+        // Only a freeze at that very fence shows it: seed 833.
         data_mutant(
             "fence::OpenAt(journal append)",
             fence_at(Site::JournalAppend),
         )
-        .on(532, 1, 5),
+        .on(833, 1, 5),
         data_mutant("fence::OpenAt(LATEST)", fence_at(Site::Latest)),
         data_mutant(
             "journal::OneEarly",
