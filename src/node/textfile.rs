@@ -207,9 +207,27 @@ impl Textfile {
         );
         started.set(labels_of.started);
         t.set_phase(None);
-        t.write(Instant::now())
-            .map_err(|e| Unusable(format!("cannot write {e}")))?;
+        match t.path {
+            Some(_) => t.write(Instant::now()),
+            None => t.probe_dir(),
+        }
+        .map_err(|e| Unusable(format!("cannot write {e}")))?;
         Ok(t)
+    }
+
+    /// For a name known only once the run is (`{run_id}`): that its directory takes a
+    /// file, checked once at open with a file made and removed.
+    fn probe_dir(&self) -> Result<(), String> {
+        let named = (self.path_of_run)("probe");
+        let dir = named.parent().unwrap_or(Path::new("."));
+        let probe = dir.join(format!(".rl-node-probe-{}", std::process::id()));
+        let made = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&probe);
+        let _ = std::fs::remove_file(&probe);
+        made.map(drop)
+            .map_err(|e| format!("{}: {e}", dir.display()))
     }
 
     /// The file of run `run_id` (the configured name may hold `{run_id}`), with the run's
@@ -317,21 +335,10 @@ impl Textfile {
         String::from_utf8(buf).expect("the text encoder writes UTF-8")
     }
 
-    /// Write the file (its path in the error); with no path yet, check that its
-    /// directory takes a file.
+    /// Write the file (its path in the error); nothing while its name waits for the run.
     fn write(&mut self, now: Instant) -> Result<(), String> {
         let Some(path) = self.path.clone() else {
-            let probe = (self.path_of_run)("probe");
-            let dir = probe.parent().unwrap_or(Path::new("."));
-            let probe = dir.join(format!(".rl-node-probe-{}", std::process::id()));
-            let made = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&probe);
-            let _ = std::fs::remove_file(&probe);
-            return made
-                .map(drop)
-                .map_err(|e| format!("{}: {e}", dir.display()));
+            return Ok(());
         };
         self.written_at.set(unix_now());
         self.count_phase_time(now);
