@@ -134,12 +134,11 @@ pub(crate) fn set_context(c: Context) {
     }
 }
 
-/// An event the node records (`fields`: the event's own, `event` its kind), as a line of
-/// its own in the JSON format.
-pub(crate) fn event(rank: u32, fields: &serde_json::Value) {
+/// An event the node records (`line`: its line of the event log, `event` its kind), as a
+/// line of its own in the JSON format, with the event's fields.
+pub(crate) fn event(rank: u32, line: &str) {
     if json() {
-        let kind = fields["event"].as_str().unwrap_or("event");
-        tracing::info!(rank, event_fields = %fields, "{kind}");
+        tracing::info!(rank, event_line = line.trim_end());
     }
 }
 
@@ -331,6 +330,22 @@ impl Visit for JsonFields {
                 }
             }
             "log_tail" => self.put("log_tail", Self::lines(value).into()),
+            // An event's line of the event log: its fields, its kind the message.
+            "event_line" => {
+                if let Ok(serde_json::Value::Object(m)) = serde_json::from_str(value) {
+                    for (k, v) in m {
+                        match k.as_str() {
+                            "rank" | "t" => {}
+                            "gen" => self.put("generation", v),
+                            "event" => {
+                                self.put("message", v.clone());
+                                self.put("event", v);
+                            }
+                            _ => self.put(&k, v),
+                        }
+                    }
+                }
+            }
             name => self.put(name, value.into()),
         }
     }
@@ -348,21 +363,6 @@ impl Visit for JsonFields {
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        if field.name() == "event_fields" {
-            // An event's own fields, as the event log writes them (`event` is its kind).
-            if let Ok(serde_json::Value::Object(m)) =
-                serde_json::from_str::<serde_json::Value>(&format!("{value:?}"))
-            {
-                for (k, v) in m {
-                    match k.as_str() {
-                        "rank" | "t" => {}
-                        "gen" => self.put("generation", v),
-                        _ => self.put(&k, v),
-                    }
-                }
-            }
-        } else {
-            self.record_str(field, &format!("{value:?}"));
-        }
+        self.record_str(field, &format!("{value:?}"));
     }
 }

@@ -3224,19 +3224,16 @@ impl Node {
             .state_dir()
             .join("events")
             .join(format!("rank-{}.jsonl", self.rank));
+        let line = record.to_line();
+        logging::event(self.rank, &line);
         // Every rank keeps its numbers: rank 0 for its line, workers for their
         // `final-sync` arrival (the spread over ranks).
-        if logging::json() {
-            if let Ok(fields) = serde_json::to_value(&record) {
-                logging::event(self.rank, &fields);
-            }
-        }
         self.metrics_collector()
             .observe(&record.event, self.clock.now());
         self.with_textfile(|t| t.observe(&record.event, record.iteration, record.gen));
-        if let Some(note) =
-            self.event_log
-                .append(&*self.store, &path, record.gen, &record.to_line())
+        if let Some(note) = self
+            .event_log
+            .append(&*self.store, &path, record.gen, &line)
         {
             self.warn(&note);
         }
