@@ -436,20 +436,25 @@ impl JoinMachine {
         let Some(read) = &round.cluster else {
             return;
         };
-        if let ClusterRead::Cluster(c) = read {
-            let rank0 = c
-                .filesystem
-                .as_ref()
-                .filter(|_| self.cfg.filesystem.is_some());
-            if let Some(rank0) = rank0.map(|f| (f.clone(), c.host.clone(), c.run_id.clone(), c.gen))
-            {
-                if let Some(refused) = self.compare_filesystems(&rank0) {
-                    let (_, _, run_id, gen) = rank0;
-                    self.stage = Stage::Looking(None);
-                    self.conclude(refused, Some((run_id, gen)));
-                    return;
-                }
+        let mine = self.cfg.filesystem.as_ref();
+        let found = match read {
+            ClusterRead::Cluster(c) => mine
+                .and_then(|mine| filesystem_look(mine, &self.cfg.host, c))
+                .map(|f| (f, (c.run_id.clone(), c.gen))),
+            _ => None,
+        };
+        match found {
+            Some((FsLook::Refuse(refused), cluster)) => {
+                self.stage = Stage::Looking(None);
+                self.conclude(refused, Some(cluster));
+                return;
             }
+            // Once per generation, not at every poll.
+            Some((FsLook::Warn(warning), cluster)) if self.fs_warned.as_ref() != Some(&cluster) => {
+                self.fs_warned = Some(cluster);
+                self.effects.push_back(Effect::Warn(warning));
+            }
+            Some((FsLook::Warn(_), _)) | None => {}
         }
         let Stage::Looking(Some(round)) = &self.stage else {
             return;
@@ -501,48 +506,6 @@ impl JoinMachine {
                 self.stage = Stage::Looking(None);
                 self.conclude(verdict, cluster);
             }
-        }
-    }
-
-    /// Rank 0's filesystem against this node's: a refusal when this node cannot be looking
-    /// at the shared directory; a warning (once per generation) when it may not be.
-    fn compare_filesystems(
-        &mut self,
-        (theirs, host, run_id, gen): &(Filesystem, String, String, u64),
-    ) -> Option<Look> {
-        let mine = self.cfg.filesystem.as_ref()?;
-        let both = format!(
-            "rank 0 (on {host}) sees the shared directory on {}; this node ({}) sees it on {}",
-            theirs.describe(),
-            self.cfg.host,
-            mine.describe()
-        );
-        match mine.against(theirs) {
-            FsVerdict::Same => None,
-            FsVerdict::Differs => {
-                let this = (run_id.clone(), *gen);
-                if self.fs_warned.as_ref() != Some(&this) {
-                    self.fs_warned = Some(this);
-                    self.effects.push_back(Effect::Warn(format!(
-                        "{both}: fine when one of them is the file server's own disk; otherwise this node is not looking at the shared directory"
-                    )));
-                }
-                None
-            }
-            FsVerdict::NotShared => Some(Look::Refused {
-                message: format!(
-                    "{both}, a filesystem of this machine alone: the shared filesystem is not mounted on this node"
-                ),
-                hint: format!(
-                    "mount the shared filesystem on {} (or give --log-path where it is mounted) and start this node again",
-                    self.cfg.host
-                ),
-                note: Some(format!(
-                    "it sees the shared directory on {}, not on {}",
-                    mine.describe(),
-                    theirs.describe()
-                )),
-            }),
         }
     }
 
@@ -938,6 +901,48 @@ impl FormMachine {
             );
         }
     }
+}
+
+/// What a worker makes of rank 0's filesystem (in `c`) beside its own (`mine`, on `host`).
+enum FsLook {
+    /// It may not be looking at the shared directory: say so.
+    Warn(String),
+    /// It cannot be: refused.
+    Refuse(Look),
+}
+
+/// Rank 0's filesystem against this node's: a refusal when this node cannot be looking at
+/// the shared directory, a warning when it may not be, nothing when they are of a kind.
+fn filesystem_look(mine: &Filesystem, host: &str, c: &ClusterRecord) -> Option<FsLook> {
+    let theirs = c.filesystem.as_ref()?;
+    let verdict = mine.against(theirs);
+    if verdict == FsVerdict::Same {
+        return None;
+    }
+    let both = format!(
+        "rank 0 (on {}) sees the shared directory on {}; this node ({host}) sees it on {}",
+        c.host,
+        theirs.describe(),
+        mine.describe()
+    );
+    Some(match verdict {
+        FsVerdict::NotShared => FsLook::Refuse(Look::Refused {
+            message: format!(
+                "{both}, a filesystem of this machine alone: the shared filesystem is not mounted on this node"
+            ),
+            hint: format!(
+                "mount the shared filesystem on {host} (or give --log-path where it is mounted) and start this node again"
+            ),
+            note: Some(format!(
+                "it sees the shared directory on {}, not on {}",
+                mine.describe(),
+                theirs.describe()
+            )),
+        }),
+        _ => FsLook::Warn(format!(
+            "{both}: fine when one of them is the file server's own disk; otherwise this node is not looking at the shared directory"
+        )),
+    })
 }
 
 #[cfg(test)]
