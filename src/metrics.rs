@@ -145,7 +145,7 @@ impl Collector {
         self.model = (version, staleness);
     }
 
-    /// Rank 0's eval decision, as `eval-decision` released it.
+    /// Rank 0's eval decision, as `files-ready` released it.
     pub(crate) fn eval_decided(&mut self, eval: bool) {
         self.eval_ran = eval;
     }

@@ -302,7 +302,7 @@ impl Planner<'_> {
                     phase = p;
                     None
                 }
-                Step::Barrier(Barrier::EvalDecision) => {
+                Step::Barrier(Barrier::FilesReady) => {
                     w.eval_decided(eval);
                     None
                 }

@@ -58,12 +58,12 @@ command = "true"
         .unwrap();
         assert_eq!(merged.lines().count(), 3, "iteration {i}: {merged}");
     }
-    // 7 barriers per iteration (sync-start, rollout-complete, files-ready, eval-decision,
-    // eval-complete, training-ready, training-complete, handoff-complete, final-sync with
-    // eval on iteration 1). Budget: the join (a worker may look up cluster.json before it
+    // Up to 8 barriers per iteration (sync-start, rollout-complete, files-ready,
+    // eval-complete when eval runs, training-ready, training-complete, handoff-complete,
+    // final-sync). Budget: the join (a worker may look up cluster.json before it
     // exists and pay one negative-cache period) plus, per barrier, two poll intervals
     // (100 ms each) — far below one cache period per barrier (27 barriers x 5 s).
-    let barriers = 9 * iterations + 1;
+    let barriers = 8 * iterations + 1;
     let budget =
         Duration::from_secs(CACHE_SECS as u64 + 5) + Duration::from_millis(200) * barriers as u32;
     eprintln!(

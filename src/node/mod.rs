@@ -1790,7 +1790,7 @@ impl Node {
         match step {
             Step::Enter(phase) => self.enter(phase)?,
             Step::Barrier(WalkBarrier::SyncStart) => self.sync_start()?,
-            Step::Barrier(WalkBarrier::EvalDecision) => walk.eval_decided(self.eval_decision()?),
+            Step::Barrier(WalkBarrier::FilesReady) => walk.eval_decided(self.files_ready()?),
             Step::Barrier(WalkBarrier::TrainingComplete) => {
                 walk.training_released(self.training_complete()?)
             }
@@ -1877,11 +1877,12 @@ impl Node {
         Ok(())
     }
 
-    /// `eval-decision`: whether this iteration evaluates, as rank 0 decides it.
-    fn eval_decision(&mut self) -> Result<bool, Stop> {
+    /// `files-ready`: the merged train file is there; its release says whether this
+    /// iteration evaluates, as rank 0 decides it.
+    fn files_ready(&mut self) -> Result<bool, Stop> {
         let (split, iteration) = (self.cfg.cluster.rollout_split, self.iteration);
         let interval = self.cfg.cluster.eval_interval;
-        let name = WalkBarrier::EvalDecision.name();
+        let name = WalkBarrier::FilesReady.name();
         let decision = self.barrier(name, (), |_| msg::EvalDecision {
             eval: walk::eval_decision(split, iteration, interval),
         })?;

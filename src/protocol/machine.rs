@@ -722,8 +722,8 @@ mod tests {
     fn a_barrier_is_arrived_gathered_released_and_passed_with_typed_messages() {
         let mut r0 = machine(0, 2);
         let mut r1 = machine(1, 2);
-        assert_eq!(r0.arrive("eval-decision", &()), 1);
-        assert_eq!(r1.arrive("eval-decision", &()), 1);
+        assert_eq!(r0.arrive("files-ready", &()), 1);
+        assert_eq!(r1.arrive("files-ready", &()), 1);
         let arrival = |m: &mut NodeMachine| {
             drain(m).into_iter().find_map(|e| match e {
                 Effect::Record(Change::Arrived(mark)) => Some(mark),

@@ -48,7 +48,7 @@ pub struct Joined {
     pub pid: u32,
 }
 
-/// `eval-decision`'s release: whether this iteration evaluates (rank 0 decides).
+/// `files-ready`'s release: whether this iteration evaluates (rank 0 decides).
 /// Unreadable: no eval.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EvalDecision {

@@ -41,7 +41,7 @@ pub fn walk_item(rl_phase: RlPhase, split: RolloutSplit) -> String {
 }
 
 /// Whether iteration `iteration` runs the eval rollout: rank 0 decides, and broadcasts
-/// the decision with the release of `eval-decision`.
+/// the decision with the release of `files-ready`.
 pub fn eval_decision(split: RolloutSplit, iteration: u64, interval: u64) -> bool {
     match split {
         RolloutSplit::EvalOnly => true,
@@ -55,8 +55,8 @@ pub fn trains(split: RolloutSplit) -> bool {
     split != RolloutSplit::EvalOnly
 }
 
-/// The splits rolled out in `iteration`, the eval one as rank 0 decides it at
-/// `eval-decision`.
+/// The splits rolled out in `iteration`, the eval one as rank 0 decides it (released
+/// with `files-ready`).
 pub fn splits_rolled_out(split: RolloutSplit, iteration: u64, interval: u64) -> Vec<Split> {
     let mut out = Vec::with_capacity(2);
     if trains(split) {
@@ -84,16 +84,27 @@ impl Split {
     }
 }
 
-/// The barriers of the walk, in order. Four are phases of their own; the others end a
+/// The barriers of the walk, in order. Five are phases of their own; the others end a
 /// phase that does work.
+///
+/// Each exists because some rank needs what another rank did before it goes on:
+/// `sync-start` the plan (and a pipelined run's model) rank 0 releases; `rollout-complete`
+/// every rank's committed shard, before rank 0 merges; `files-ready` the merged train file,
+/// before anyone evaluates, with the eval decision in its release (a barrier of its own
+/// with no work between the two would cost a round trip per iteration and decide
+/// nothing more); `eval-complete` every eval shard, before rank 0 merges them;
+/// `training-ready` the prepared data and a stopped server on every node, before torchrun's
+/// rendezvous; `training-complete` every rank's training outcome, before the hand-off;
+/// `handoff-complete` the checkpoint rank 0 published, before the servers restart on it;
+/// `final-sync` every rank's numbers for metrics.jsonl, and no rank a whole iteration
+/// ahead of another.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Barrier {
     /// Gathers nothing; rank 0 broadcasts its plan fingerprints.
     SyncStart,
     RolloutComplete,
+    /// Rank 0 broadcasts the eval decision (phase `eval-decision` waits for nothing more).
     FilesReady,
-    /// Rank 0 broadcasts the eval decision.
-    EvalDecision,
     EvalComplete,
     TrainingReady,
     /// Each rank gathers whether its training failed; rank 0 broadcasts the failures.
@@ -109,7 +120,6 @@ impl Barrier {
             Barrier::SyncStart => "sync-start",
             Barrier::RolloutComplete => "rollout-complete",
             Barrier::FilesReady => "files-ready",
-            Barrier::EvalDecision => "eval-decision",
             Barrier::EvalComplete => "eval-complete",
             Barrier::TrainingReady => "training-ready",
             Barrier::TrainingComplete => "training-complete",
@@ -217,7 +227,7 @@ impl IterationWalk {
         self.iteration
     }
 
-    /// Rank 0's eval decision, as released with `eval-decision`.
+    /// Rank 0's eval decision, as released with `files-ready`.
     pub fn eval_decided(&mut self, eval: bool) {
         self.eval = Some(eval);
     }
@@ -264,7 +274,8 @@ impl IterationWalk {
             }
             Phase::AggregateTrain => {}
             Phase::FilesReady => q.push_back(Step::Barrier(Barrier::FilesReady)),
-            Phase::EvalDecision => q.push_back(Step::Barrier(Barrier::EvalDecision)),
+            // Decided: the decision came with files-ready's release.
+            Phase::EvalDecision => {}
             Phase::Eval => {
                 let eval = self
                     .eval
@@ -327,7 +338,7 @@ mod tests {
         let mut out = Vec::new();
         while let Some(s) = w.next_step() {
             match s {
-                Step::Barrier(Barrier::EvalDecision) => w.eval_decided(eval),
+                Step::Barrier(Barrier::FilesReady) => w.eval_decided(eval),
                 Step::Barrier(Barrier::TrainingComplete) => w.training_released(failed),
                 _ => {}
             }
@@ -368,7 +379,6 @@ mod tests {
                 Step::Barrier(B::RolloutComplete),
                 Step::Aggregate(Split::Train),
                 Step::Barrier(B::FilesReady),
-                Step::Barrier(B::EvalDecision),
                 Step::Rollout(Split::Eval),
                 Step::Barrier(B::EvalComplete),
                 Step::Aggregate(Split::Eval),

@@ -671,7 +671,7 @@ impl Sim {
                     let interval = self.eval_interval;
                     let walk = &mut self.procs[i].walk;
                     match b {
-                        Barrier::EvalDecision => {
+                        Barrier::FilesReady => {
                             walk.eval_decided(walk::eval_decision(RolloutSplit::All, it, interval))
                         }
                         Barrier::TrainingComplete => walk.training_released(false),
