@@ -238,14 +238,14 @@ pub(crate) fn crash_point(point: &str) {
         && !STOPPED.swap(true, std::sync::atomic::Ordering::SeqCst)
     {
         crate::errln!("RL_NODE_TEST_STOP_AT={point}: stopping (SIGSTOP), once");
+        use rustix::process::{kill_process, Signal};
         let node = crate::holder::node_process();
         if node != std::process::id() {
-            // SAFETY: kill takes only integers and touches no memory of this process.
-            unsafe { libc::kill(node as i32, libc::SIGSTOP) };
+            if let Some(supervisor) = crate::process::pid(node as i32) {
+                let _ = kill_process(supervisor, Signal::STOP);
+            }
         }
-        // SAFETY: raise takes only a signal number; SIGSTOP runs no handler in this
-        // process.
-        unsafe { libc::raise(libc::SIGSTOP) };
+        let _ = kill_process(rustix::process::getpid(), Signal::STOP);
     }
 }
 

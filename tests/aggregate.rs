@@ -831,8 +831,7 @@ fn a_dead_run_that_never_merged_is_salvaged_and_can_be_committed_once() {
         let mut all = descendants(n.pid());
         all.push(n.pid());
         for p in all {
-            // SAFETY: kill(2) takes plain integers (a pid, a signal number) and touches no memory of ours.
-            unsafe { libc::kill(p, libc::SIGKILL) };
+            let _ = common::kill(p, libc::SIGKILL);
         }
     }
     drop(nodes);

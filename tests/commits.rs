@@ -505,11 +505,7 @@ fn spawn_with_pid(pid: i32) -> Result<Child, String> {
             .open(NS_LAST_PID)
             .map_err(|e| format!("cannot open {NS_LAST_PID}: {e}"))?;
         use std::io::Write;
-        use std::os::fd::AsRawFd;
-        // SAFETY: flock(2) on the fd of a File that is open for the whole block; an error is only a return value.
-        unsafe {
-            libc::flock(f.as_raw_fd(), libc::LOCK_EX);
-        }
+        let _ = rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive);
         let mut w = &f;
         if let Err(e) = w.write_all((pid - 1).to_string().as_bytes()) {
             return Err(format!("cannot write {NS_LAST_PID}: {e}"));

@@ -16,8 +16,7 @@ use std::time::Duration;
 const LIMIT: Duration = Duration::from_secs(30);
 
 fn stop_signal(pid: i32, sig: i32) {
-    // SAFETY: kill(2) takes plain integers (a pid, a signal number) and touches no memory of ours.
-    assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill({pid}, {sig})");
+    common::kill(pid, sig).unwrap_or_else(|e| panic!("kill({pid}, {sig}): {e}"));
 }
 
 #[test]

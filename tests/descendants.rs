@@ -72,10 +72,7 @@ fn wait_gone(pid: i32, needle: &str, what: &str, node: &NodeProc) {
     let start = std::time::Instant::now();
     while alive(pid, needle) {
         if start.elapsed() > GONE_WITHIN {
-            // SAFETY: kill(2) takes plain integers (a pid or process group, a signal number) and touches no memory of ours.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-            }
+            let _ = common::kill(pid, libc::SIGKILL);
             panic!(
                 "{what} (pid {pid}, sleep {needle}) still alive after {GONE_WITHIN:?}; node stderr:\n{}",
                 node.stderr()
@@ -92,10 +89,7 @@ impl Drop for Reap {
     fn drop(&mut self) {
         for (pid, needle) in &self.0 {
             if alive(*pid, needle) {
-                // SAFETY: kill(2) takes plain integers (a pid or process group, a signal number) and touches no memory of ours.
-                unsafe {
-                    libc::kill(*pid, libc::SIGKILL);
-                }
+                let _ = common::kill(*pid, libc::SIGKILL);
             }
         }
     }

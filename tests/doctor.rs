@@ -849,8 +849,7 @@ fn rank_0_collecting_results_is_told_of_an_abort_in_the_last_round() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let pid3 = kids[3].id() as i32;
-    // SAFETY: kill(2) on our own child's pid.
-    assert_eq!(unsafe { libc::kill(pid3, libc::SIGSTOP) }, 0);
+    common::kill(pid3, libc::SIGSTOP).unwrap();
     let p3 = position(&session, 3).unwrap();
     assert_eq!(p3[0], 1, "rank 3 finished before it was stopped: {p3:?}");
     while position(&session, 0).is_none_or(|p| p[0] != 2) {
@@ -860,15 +859,14 @@ fn rank_0_collecting_results_is_told_of_an_abort_in_the_last_round() {
     // Rank 0 is held while rank 2 stops, so that it reads rank 2's file only after rank 2
     // has left or is waiting for it to read the abort: never by chance in between.
     let pid0 = kids[0].id() as i32;
-    // SAFETY: as above.
-    assert_eq!(unsafe { libc::kill(pid0, libc::SIGSTOP) }, 0);
-    assert_eq!(unsafe { libc::kill(pid3, libc::SIGINT) }, 0);
-    assert_eq!(unsafe { libc::kill(pid3, libc::SIGCONT) }, 0);
+    common::kill(pid0, libc::SIGSTOP).unwrap();
+    common::kill(pid3, libc::SIGINT).unwrap();
+    common::kill(pid3, libc::SIGCONT).unwrap();
     while position(&session, 2).is_some_and(|p| p[0] != 3) {
         assert!(Instant::now() < deadline, "rank 2 never stopped");
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(unsafe { libc::kill(pid0, libc::SIGCONT) }, 0);
+    common::kill(pid0, libc::SIGCONT).unwrap();
     let start = Instant::now();
     let mut kids = kids.into_iter();
     let rank0 = kids.next().unwrap();
@@ -1011,8 +1009,7 @@ fn an_interrupted_rank_tells_the_others_and_leaves_nothing() {
 /// well before its timeout. Rank 0's output.
 fn interrupt_rank_1(rank0: Child, rank1: Child, name: &str) -> String {
     let pid = rank1.id();
-    // SAFETY: kill(2) on our own child's pid.
-    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGINT) }, 0);
+    common::kill(pid as i32, libc::SIGINT).unwrap();
     let start = Instant::now();
     let o = finish_within(rank1, SESSION_LIMIT);
     let t = output_text(&o);
@@ -1095,12 +1092,11 @@ fn a_pairs_first_rewrite_does_not_count_the_observers_previous_pairs() {
         std::thread::sleep(Duration::from_millis(1));
     }
     let pid1 = kids[1].id() as i32;
-    // SAFETY: kill(2) on our own child's pid.
-    assert_eq!(unsafe { libc::kill(pid1, libc::SIGSTOP) }, 0);
+    common::kill(pid1, libc::SIGSTOP).unwrap();
     // The stall under test (not a wait for a condition): rank 2 cannot finish its pairs
     // with rank 1 meanwhile.
     std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(unsafe { libc::kill(pid1, libc::SIGCONT) }, 0);
+    common::kill(pid1, libc::SIGCONT).unwrap();
     let outs: Vec<Output> = kids
         .into_iter()
         .map(|k| finish_within(k, SESSION_LIMIT))
@@ -1161,8 +1157,7 @@ fn rank_0_stopping_stops_ranks_busy_with_each_other() {
     let pid = rank0["pid"].as_u64().unwrap() as u32;
     let i = kids.iter().position(|k| k.id() == pid).unwrap();
     let interrupted = kids.remove(i);
-    // SAFETY: kill(2) on our own child's pid.
-    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGINT) }, 0);
+    common::kill(pid as i32, libc::SIGINT).unwrap();
     let start = Instant::now();
     let o = finish_within(interrupted, SESSION_LIMIT);
     assert_eq!(o.status.code(), Some(130), "{}", output_text(&o));

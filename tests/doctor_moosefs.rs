@@ -98,8 +98,7 @@ fn started_until_joined(fs: &MooseFs, session: &str) -> Vec<Output> {
         std::thread::sleep(Duration::from_millis(20));
     }
     for k in &kids {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(k.id() as i32, libc::SIGINT) };
+        let _ = common::kill(k.id() as i32, libc::SIGINT);
     }
     kids.into_iter()
         .map(|k| finish_within(k, SESSION_LIMIT))

@@ -111,10 +111,7 @@ fn wait_no_process(needle: &str, limit: Duration) {
                 .collect();
             // Do not leave them behind for the next test run.
             for p in &pids {
-                // SAFETY: kill(2) takes plain integers (a pid or process group, a signal number) and touches no memory of ours.
-                unsafe {
-                    libc::kill(*p, libc::SIGKILL);
-                }
+                let _ = common::kill(*p, libc::SIGKILL);
             }
             panic!(
                 "processes matching {needle:?} still alive after {limit:?}:\n{}",
@@ -481,8 +478,7 @@ fn a_second_sigterm_kills_the_children_at_once() {
     wait_stderr("iteration 1: rollout started");
 
     let pid = child.0.id() as i32;
-    // SAFETY: kill(2) takes plain integers (a pid or process group, a signal number) and touches no memory of ours.
-    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let _ = common::kill(pid, libc::SIGTERM);
     // The node is now in its 30 s grace period.
     wait_stderr("SIGKILL after 30s");
     assert!(
@@ -490,8 +486,7 @@ fn a_second_sigterm_kills_the_children_at_once() {
         "the grandchild ignores SIGTERM"
     );
     let second = Instant::now();
-    // SAFETY: kill(2) takes plain integers (a pid or process group, a signal number) and touches no memory of ours.
-    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let _ = common::kill(pid, libc::SIGTERM);
     let status = loop {
         if let Some(st) = child.0.try_wait().unwrap() {
             break st;

@@ -43,8 +43,7 @@ fn tree(pid: i32) -> Vec<i32> {
 /// Freeze (SIGSTOP) or wake (SIGCONT) a whole node: the process and all its descendants.
 fn signal_tree(pids: &[i32], sig: i32) {
     for &p in pids {
-        // SAFETY: kill(2) takes plain integers (a pid or process group, a signal number) and touches no memory of ours.
-        unsafe { libc::kill(p, sig) };
+        let _ = common::kill(p, sig);
     }
 }
 
@@ -283,8 +282,7 @@ fn a_master_frozen_mid_handoff_that_wakes_after_a_new_master_took_over_publishes
         new.stderr()
     );
     // The old master wakes first: it must not publish, switch LATEST or touch generation 2's copy.
-    // SAFETY: kill(2) takes plain integers (a pid or process group, a signal number) and touches no memory of ours.
-    unsafe { libc::kill(old.pid(), libc::SIGCONT) };
+    let _ = common::kill(old.pid(), libc::SIGCONT);
     assert_eq!(old.wait(LIMIT), 3, "{}", old.stderr());
     let err = old.stderr();
     assert!(
@@ -300,8 +298,7 @@ fn a_master_frozen_mid_handoff_that_wakes_after_a_new_master_took_over_publishes
         "the old master switched LATEST:\n{err}"
     );
     // The new master finishes its publication.
-    // SAFETY: kill(2) takes plain integers (a pid or process group, a signal number) and touches no memory of ours.
-    unsafe { libc::kill(new.pid(), libc::SIGCONT) };
+    let _ = common::kill(new.pid(), libc::SIGCONT);
     assert_eq!(new.wait(LIMIT), 0, "{}", new.stderr());
     assert_eq!(
         fs::read_to_string(models.join("LATEST")).unwrap().trim(),

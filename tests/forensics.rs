@@ -276,8 +276,7 @@ fn a_peer_frozen_by_sigstop_is_named_in_the_survivors_reports_and_status_points_
         c.wait_phase(r, 1, "train-rollout", LIMIT);
     }
     let frozen = nodes[1].node_process();
-    // SAFETY: kill(2) takes plain integers and touches no memory of ours.
-    unsafe { libc::kill(frozen, libc::SIGSTOP) };
+    let _ = common::kill(frozen, libc::SIGSTOP);
     wait_until(LIMIT, "rank 1's node process to be stopped", || {
         stopped(frozen)
     });
@@ -325,8 +324,7 @@ fn a_peer_frozen_by_sigstop_is_named_in_the_survivors_reports_and_status_points_
         v["ranks"][0]["hang_report"], "logs/iter-0001/rank-0.hang-1.txt",
         "{json}"
     );
-    // SAFETY: as above.
-    unsafe { libc::kill(frozen, libc::SIGCONT) };
+    let _ = common::kill(frozen, libc::SIGCONT);
     let code = nodes[1].wait(LIMIT);
     assert_ne!(code, 0, "{}", nodes[1].stderr());
 }
@@ -561,8 +559,7 @@ fn a_node_killed_while_its_report_tool_hangs_leaves_no_tool_behind() {
         tool_runs("nvidia-smi")
     });
     let inner = node.node_process();
-    // SAFETY: kill(2) takes plain integers and touches no memory of ours.
-    unsafe { libc::kill(inner, libc::SIGKILL) };
+    let _ = common::kill(inner, libc::SIGKILL);
     let code = node.wait(LIMIT);
     assert_eq!(code, 128 + libc::SIGKILL, "{}", node.stderr());
     wait_until(LIMIT, "the hanging tool to be killed", || {

@@ -302,8 +302,7 @@ fn as_nobody(c: &TestCluster) -> Option<Vec<String>> {
         eprintln!("skipped: setpriv not found");
         return None;
     };
-    // SAFETY: geteuid(2) takes no arguments and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
+    if !rustix::process::geteuid().is_root() {
         eprintln!("skipped: not running as root, cannot switch to nobody");
         return None;
     }

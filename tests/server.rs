@@ -224,8 +224,7 @@ fn a_server_dying_mid_rollout_stops_the_cluster() {
     assert_eq!(get(ports[1], "/health").as_deref(), Some("ok"));
     let server_pid = process_alive_with(&format!("health_server.py {}", ports[1]))[0];
     let killed = Instant::now();
-    // SAFETY: kill(2) takes plain integers (a pid or process group, a signal number) and touches no memory of ours.
-    unsafe { libc::kill(server_pid, libc::SIGKILL) };
+    let _ = common::kill(server_pid, libc::SIGKILL);
     let w = nodes[1].wait(LIMIT);
     let m = nodes[0].wait(LIMIT);
     assert_eq!(

@@ -291,16 +291,14 @@ fn ctrl_c_to_the_process_group_kill_of_the_pid_or_a_signal_to_every_process_stop
         };
         let sent = Instant::now();
         match delivery {
-            // SAFETY: kill(2) takes plain integers (a pid or process group, a signal number) and touches no memory of ours.
-            "group" => unsafe {
-                libc::kill(-node.pid(), sig);
-            },
+            "group" => {
+                let _ = common::kill(-node.pid(), sig);
+            }
             "pid" => node.signal(sig),
             _ => {
                 let inner = node.node_process();
                 node.signal(sig);
-                // SAFETY: kill(2) takes plain integers (a pid or process group, a signal number) and touches no memory of ours.
-                unsafe { libc::kill(inner, sig) };
+                let _ = common::kill(inner, sig);
             }
         }
         let code = node.wait(LIMIT);
@@ -332,13 +330,11 @@ fn ctrl_c_to_the_process_group_kill_of_the_pid_or_a_signal_to_every_process_stop
 fn a_second_ctrl_c_to_the_process_group_kills_at_once() {
     let (_c, mut node) = lingering_job("934", "60.934");
     let sent = Instant::now();
-    // SAFETY: kill(2) takes plain integers (a pid or process group, a signal number) and touches no memory of ours.
-    unsafe { libc::kill(-node.pid(), libc::SIGINT) };
+    let _ = common::kill(-node.pid(), libc::SIGINT);
     wait_until(LIMIT, "the graceful stop to begin", || {
         node.stderr().contains("received SIGINT; stopping")
     });
-    // SAFETY: kill(2) takes plain integers (a pid or process group, a signal number) and touches no memory of ours.
-    unsafe { libc::kill(-node.pid(), libc::SIGINT) };
+    let _ = common::kill(-node.pid(), libc::SIGINT);
     assert_eq!(node.wait(LIMIT), 130, "{}", node.stderr());
     let err = node.stderr();
     assert!(
@@ -497,8 +493,7 @@ fn a_storm_of_sigterms_at_rank_0_is_reported_as_its_signal_not_as_its_death() {
         nodes[0].signal(libc::SIGTERM);
         // Some reach the node process directly too, as a batch system's would.
         if i % 4 == 0 {
-            // SAFETY: kill(2) takes plain integers (a pid, a signal number) and touches no memory of ours.
-            unsafe { libc::kill(node_process, libc::SIGTERM) };
+            let _ = common::kill(node_process, libc::SIGTERM);
         }
     }
     let code = nodes[0].wait(WELL_BEFORE_DEAD);

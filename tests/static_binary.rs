@@ -10,8 +10,6 @@
 mod common;
 
 use common::{finish_within, output_text};
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -58,16 +56,16 @@ fn empty_root(dir: &Path, bin: &Path, shell: &Path) {
     std::fs::create_dir_all(dir.join("proc")).unwrap();
     std::fs::copy(bin, dir.join("rl-node")).unwrap();
     std::fs::copy(shell, dir.join("bin/sh")).unwrap();
-    let null = CString::new(dir.join("dev/null").as_os_str().as_bytes()).unwrap();
-    // SAFETY: a valid NUL-terminated path; mknod has no other memory effects.
-    let made = unsafe { libc::mknod(null.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
-    assert_eq!(
-        made,
-        0,
-        "mknod {}/dev/null (the test runs as root, as in CI): {}",
-        dir.display(),
-        std::io::Error::last_os_error()
-    );
+    use rustix::fs::{makedev, mknodat, FileType, Mode, CWD};
+    let null = dir.join("dev/null");
+    let mode = Mode::from_raw_mode(0o666);
+    if let Err(e) = mknodat(CWD, &null, FileType::CharacterDevice, mode, makedev(1, 3)) {
+        panic!(
+            "mknod {}/dev/null (the test runs as root, as in CI): {}",
+            dir.display(),
+            std::io::Error::from(e)
+        );
+    }
 }
 
 /// Run `/rl-node args…` inside `root`: a mount and PID namespace with `root` as `/`, a

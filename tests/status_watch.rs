@@ -43,8 +43,7 @@ fn finish(child: std::process::Child) -> (i32, String) {
     let out = match rx.recv_timeout(LIMIT) {
         Ok(out) => out.unwrap(),
         Err(_) => {
-            // SAFETY: kill takes only integers.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            let _ = common::kill(pid as i32, libc::SIGKILL);
             panic!("status --watch did not end with the run within {LIMIT:?}");
         }
     };

@@ -9,6 +9,7 @@ use crate::layout::Layout;
 use crate::protocol::phase::{eval_due, ALL as PHASES};
 use crate::protocol::records::{AbortInfo, RankRecord};
 use crate::protocol::NodeState;
+use rustix::process::{kill_process, Pid, Signal};
 use std::fs;
 use std::io::{self, Read, Seek, Write};
 use std::net::TcpListener;
@@ -589,11 +590,13 @@ fn spawn_node(p: &Plan, run: &RunSpec, lane: Lane) -> io::Result<NodeProc> {
         // Own process group: Ctrl-C reaches the demo, which forwards it once.
         .process_group(0);
     // SAFETY: the closure runs in the forked child before exec and makes one prctl system
-    // call, which is async-signal-safe (it neither allocates nor locks).
+    // call (rustix's, direct), which is async-signal-safe (it neither allocates nor locks).
     unsafe {
         cmd.pre_exec(|| {
             // If the demo dies, its nodes stop too.
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            let _ = rustix::process::set_parent_process_death_signal(Some(
+                rustix::process::Signal::TERM,
+            ));
             Ok(())
         });
     }
@@ -717,13 +720,9 @@ impl View {
 }
 
 fn terminal_width() -> usize {
-    // SAFETY: winsize is four u16s, for which all zero bytes is a valid value.
-    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
-    // SAFETY: TIOCGWINSZ writes a winsize into `ws`, a live local of that type.
-    if unsafe { libc::ioctl(1, libc::TIOCGWINSZ, &mut ws) } == 0 && ws.ws_col > 0 {
-        ws.ws_col as usize
-    } else {
-        80
+    match rustix::termios::tcgetwinsize(io::stdout()) {
+        Ok(ws) if ws.ws_col > 0 => ws.ws_col as usize,
+        _ => 80,
     }
 }
 
@@ -1185,10 +1184,12 @@ impl Demo {
         if count > w.forwarded {
             w.forwarded = count;
             let sig = self.last_signal.load(Ordering::SeqCst) as i32;
-            for n in nodes.iter().filter(|n| n.code.is_none()) {
-                // SAFETY: kill takes only integers; the child is not reaped yet (no
-                // exit code), so the pid is still its own.
-                unsafe { libc::kill(n.child.id() as i32, sig) };
+            // SIGINT or SIGTERM: both have names.
+            if let Some(named) = Signal::from_named_raw(sig) {
+                // The children are not reaped yet (no exit code): their pids are their own.
+                for n in nodes.iter().filter(|n| n.code.is_none()) {
+                    let _ = kill_process(Pid::from_child(&n.child), named);
+                }
             }
             self.say(&format!(
                 ">> {}: stopping the nodes",
@@ -1266,9 +1267,8 @@ impl Demo {
             .iter()
             .filter(|n| n.code.is_none())
             .map(|n| {
-                // SAFETY: kill takes only integers; the child is not reaped yet (no
-                // exit code), so the pid is still its own.
-                unsafe { libc::kill(n.child.id() as i32, libc::SIGTERM) };
+                // Not reaped yet (no exit code): the pid is still its own.
+                let _ = kill_process(Pid::from_child(&n.child), Signal::TERM);
                 n.lane.label()
             })
             .collect();

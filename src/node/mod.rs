@@ -3628,13 +3628,15 @@ fn preflight_state(layout: &Layout, rank: u32) -> Result<(), Stop> {
 
 /// Can this user create files in directory `p`? The error says why not.
 fn writable(p: &Path) -> std::io::Result<()> {
+    use rustix::fs::Access;
     use std::os::unix::ffi::OsStrExt;
+    // A path with a NUL byte is checked as "", which the kernel answers with ENOENT (a
+    // missing directory's error), not refused here with EINVAL.
     let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap_or_default();
-    // SAFETY: `c` is a NUL-terminated string that lives until after the call.
-    match unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } {
-        0 => Ok(()),
-        _ => Err(std::io::Error::last_os_error()),
-    }
+    Ok(rustix::fs::access(
+        c.as_c_str(),
+        Access::WRITE_OK | Access::EXEC_OK,
+    )?)
 }
 
 /// A read-only filesystem is not a permission problem: say which it is.

@@ -29,8 +29,11 @@
 
 use super::descendants::Proc;
 use libc::{SIGCONT, SIGHUP, SIGINT, SIGTERM, SIGTSTP, SIGUSR1, SIGUSR2};
+use rustix::fs::FileType;
+use rustix::io::{Errno, FdFlags};
+use rustix::process::{Pid, Signal};
 use std::io::{self, BufRead, BufReader};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::Command;
 use std::sync::{Arc, Condvar, Mutex};
@@ -69,29 +72,25 @@ impl Link {
         std::env::remove_var(ENV);
         let (pid, fd) = value.split_once(':')?;
         let (parent, fd): (u32, RawFd) = (pid.parse().ok()?, fd.parse().ok()?);
-        // SAFETY: getppid takes no arguments and cannot fail.
-        if unsafe { libc::getppid() } as u32 != parent {
+        if Pid::as_raw(rustix::process::getppid()) as u32 != parent {
             return None;
         }
-        // SAFETY: libc::stat is plain C data (integers), for which all zero bytes is a
-        // valid value.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: fstat only writes into `st`, a live local of the type it expects; an fd
-        // that is not open gives EBADF.
-        if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFIFO {
+        // SAFETY: borrowed for the one fstat below, in a process with a single thread, so
+        // nothing closes `fd` meanwhile; a number that is not an open fd makes fstat fail
+        // with EBADF, and then nothing else is done with it.
+        let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+        let st = rustix::fs::fstat(borrowed).ok()?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::Fifo {
             return None;
         }
+        // SAFETY: `fd` is open (fstat above) and a pipe, and the variable that named it
+        // names this process's parent: it is the supervisor's write end, inherited by
+        // number and claimed nowhere else in this process (the variable is removed, so
+        // this runs once), so the Link may own and close it.
+        let pipe = unsafe { OwnedFd::from_raw_fd(fd) };
         // Neither commands nor the guardian hold it: only this process writes to it.
-        // SAFETY: fcntl(F_SETFD) takes integers only; fstat above showed that `fd` is open.
-        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
-        Some(Link {
-            parent,
-            // SAFETY: `fd` is open (fstat above) and a pipe, and the variable that named it
-            // names this process's parent: it is the supervisor's write end, inherited by
-            // number and claimed nowhere else in this process (the variable is removed, so
-            // this runs once), so the Link may own and close it.
-            pipe: unsafe { OwnedFd::from_raw_fd(fd) },
-        })
+        let _ = rustix::io::fcntl_setfd(&pipe, FdFlags::CLOEXEC);
+        Some(Link { parent, pipe })
     }
 
     /// The watchdog fired: tell the supervisor. One short write to a pipe (atomic, and it
@@ -114,9 +113,7 @@ impl Link {
     }
 
     fn send(&self, line: &str) {
-        // SAFETY: the pointer and length describe `line`, which outlives the call, and the
-        // fd is owned by `self.pipe`, so it is open.
-        unsafe { libc::write(self.pipe.as_raw_fd(), line.as_ptr().cast(), line.len()) };
+        let _ = rustix::io::write(&self.pipe, line.as_bytes());
     }
 }
 
@@ -266,22 +263,22 @@ pub fn run_node_in_child() -> io::Result<i32> {
         .env(ENV, format!("{me}:{write_fd}"))
         .process_group(0);
     // SAFETY: the closure runs in the forked child before exec, where only
-    // async-signal-safe calls are allowed: prctl, getppid, fcntl and pthread_sigmask are
-    // plain system calls that neither allocate nor lock (the mask is a copy of
-    // `original`, plain data), the errors are built from errno without allocating, and
-    // `write_fd` is the child's inherited copy of the pipe's write end.
+    // async-signal-safe calls are allowed: prctl, getppid, fcntl (rustix's direct system
+    // calls) and pthread_sigmask neither allocate nor lock (the mask is a copy of
+    // `original`, plain data), the errors are built from errno numbers without allocating,
+    // and `write_fd` is the child's inherited copy of the pipe's write end, open until exec.
     unsafe {
         cmd.pre_exec(move || {
             // Die with the supervisor: a kill -9 of it ends the node.
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-                return Err(io::Error::last_os_error());
-            }
+            rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
             // It may have died before the line above.
-            if libc::getppid() as u32 != me {
-                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            if Pid::as_raw(rustix::process::getppid()) as u32 != me {
+                return Err(Errno::SRCH.into());
             }
-            let flags = libc::fcntl(write_fd, libc::F_GETFD);
-            libc::fcntl(write_fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
+            let write = BorrowedFd::borrow_raw(write_fd);
+            if let Ok(flags) = rustix::io::fcntl_getfd(write) {
+                let _ = rustix::io::fcntl_setfd(write, flags.difference(FdFlags::CLOEXEC));
+            }
             libc::pthread_sigmask(libc::SIG_SETMASK, &original, std::ptr::null_mut());
             Ok(())
         });
@@ -301,15 +298,15 @@ pub fn run_node_in_child() -> io::Result<i32> {
         .name("pass-signals".into())
         .spawn(move || loop {
             let (sig, _) = next_signal(&set);
-            if let Some(n) = n.as_ref() {
-                n.signal(sig);
+            // Every signal in PASSED_ON has a name.
+            if let (Some(n), Some(named)) = (n.as_ref(), Signal::from_named_raw(sig)) {
+                n.signal(named);
                 wait_taken(pid, sig, TAKEN_LIMIT);
             }
             if sig == SIGTSTP {
                 // Ctrl-Z: the node stopped above; now this process, as a shell expects.
-                // SAFETY: raise takes only a signal number; SIGSTOP runs no handler in
-                // this process.
-                unsafe { libc::raise(libc::SIGSTOP) };
+                let me = rustix::process::getpid();
+                let _ = rustix::process::kill_process(me, Signal::STOP);
             }
         })?;
 
@@ -382,24 +379,17 @@ fn in_kernel_wait(pid: i32) -> bool {
 }
 
 fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: pipe2 writes two fds into `fds`, an array of exactly two c_ints.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: pipe2 succeeded, so both fds are new and open, and each is wrapped (owned)
-    // once.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    Ok(rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?)
 }
 
 /// End this process by signal `sig`, as the node ended, so a launcher sees the same.
 fn die_of(sig: i32) -> ! {
+    // The node may have crashed (SIGSEGV, SIGABRT): no core file of this process.
+    let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
     // SAFETY: system calls with integer arguments, and signal-set calls on a local sigset_t
     // (all zero bytes is a valid value) with a null pointer for the old mask, which
     // pthread_sigmask allows; SIG_DFL installs no handler code.
     unsafe {
-        // The node may have crashed (SIGSEGV, SIGABRT): no core file of this process.
-        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
         libc::signal(sig, libc::SIG_DFL);
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
@@ -481,35 +471,34 @@ fn wait_taken(pid: i32, sig: i32, limit: Duration) {
 fn write_detached(text: &str) {
     let text = crate::output::escape_lines(text);
     let bytes = text.as_bytes();
-    // SAFETY: the forked writer calls only write(2) and _exit(2), which is safe after a
-    // fork of a process with threads (only async-signal-safe calls are), and reads `bytes`,
-    // its copy of this process's memory, without allocating.
+    // SAFETY: the forked writer calls only write(2) (rustix's direct system call) and
+    // _exit(2), which is safe after a fork of a process with threads (only
+    // async-signal-safe calls are), and reads `bytes`, its copy of this process's memory,
+    // without allocating.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
         let mut done = 0;
         while done < bytes.len() {
-            // SAFETY: the pointer and length describe the unwritten rest of `bytes` (`done
-            // < bytes.len()`).
-            let n = unsafe { libc::write(2, bytes[done..].as_ptr().cast(), bytes.len() - done) };
-            if n <= 0 {
-                break;
+            match rustix::io::write(rustix::stdio::stderr(), &bytes[done..]) {
+                Ok(n) if n > 0 => done += n,
+                _ => break,
             }
-            done += n as usize;
         }
         // SAFETY: _exit takes only a status; it ends the forked child without running the
         // atexit handlers or flushing the buffers it copied from this process.
         unsafe { libc::_exit(0) };
     }
-    if pid < 0 {
+    let Some(pid) = crate::process::pid(pid) else {
         crate::err!("{text}");
         return;
-    }
+    };
     let deadline = Instant::now() + Duration::from_secs(1);
     while Instant::now() < deadline {
-        let mut status = 0;
-        // SAFETY: `status` is a live local c_int for waitpid to write into; `pid` is our
-        // child.
-        if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } != 0 {
+        // Still running: Ok(None). Reaped, or an error: done either way.
+        if !matches!(
+            rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::NOHANG),
+            Ok(None)
+        ) {
             return;
         }
         std::thread::sleep(Duration::from_millis(5));

@@ -76,7 +76,7 @@ impl Watchdog {
                     link.stuck(rank, stuck, limit, what);
                 }
                 registry.guardian_kill_now();
-                registry.signal_all(libc::SIGTERM);
+                registry.signal_all(rustix::process::Signal::TERM);
                 let message = format!(
                     "stuck for {:.0}s while {what} (fs-timeout is {}): the shared directory is probably unreachable; killing children and exiting",
                     stuck.as_secs_f64(),

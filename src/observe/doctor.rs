@@ -1070,24 +1070,22 @@ fn free_space(dir: &Path) -> Vec<Check> {
             )]
         }
     };
-    // SAFETY: statvfs is plain old data, for which all zero bytes is a valid value.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a valid NUL-terminated path and `st` a writable statvfs.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        let e = std::io::Error::last_os_error();
-        return vec![Check::not_ok(
-            "free-space",
-            Verdict::Warn,
-            format!("statvfs failed: {e}"),
-            "free space could not be read; check it with df".into(),
-        )];
-    }
-    #[allow(clippy::unnecessary_cast)] // the field types differ between libc targets
+    let st = match rustix::fs::statvfs(c.as_c_str()) {
+        Ok(st) => st,
+        Err(e) => {
+            return vec![Check::not_ok(
+                "free-space",
+                Verdict::Warn,
+                format!("statvfs failed: {}", std::io::Error::from(e)),
+                "free space could not be read; check it with df".into(),
+            )];
+        }
+    };
     let (bytes, total, inodes, files) = (
-        st.f_bavail as u64 * st.f_frsize as u64,
-        st.f_blocks as u64 * st.f_frsize as u64,
-        st.f_favail as u64,
-        st.f_files as u64,
+        st.f_bavail * st.f_frsize,
+        st.f_blocks * st.f_frsize,
+        st.f_favail,
+        st.f_files,
     );
     let space_ev = format!("{} free of {}", gib(bytes), gib(total));
     let space = if bytes < MIN_FREE_BYTES {

@@ -22,8 +22,11 @@
 //! through it, so a pid reused between the scan and the signal is never hit.
 
 use super::OWNER_ENV;
+use rustix::event::{PollFd, PollFlags, Timespec};
+use rustix::io::Errno;
+use rustix::process::{Pid, PidfdFlags, Signal};
 use std::collections::{BTreeSet, HashMap};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
 /// A fresh nonce naming this node process in its children's environment: pid, start time
@@ -51,26 +54,23 @@ pub(super) fn stat_field(stat: &str, n: usize) -> Option<&str> {
 #[derive(Debug)]
 pub struct Proc {
     pub pid: i32,
+    id: Pid,
     fd: Option<OwnedFd>,
 }
 
 impl Proc {
-    /// Pin `pid`; None if it is already gone.
+    /// Pin `pid`; None if it is already gone (or names no process: 0, negative).
     pub(crate) fn open(pid: i32) -> Option<Proc> {
-        // SAFETY: pidfd_open takes a pid and flags (integers) and returns a new fd or -1.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        if fd >= 0 {
-            return Some(Proc {
+        let id = super::pid(pid)?;
+        match rustix::process::pidfd_open(id, PidfdFlags::empty()) {
+            Ok(fd) => Some(Proc {
                 pid,
-                // SAFETY: `fd` was just returned by pidfd_open, so it is open and owned by
-                // nothing else.
-                fd: Some(unsafe { OwnedFd::from_raw_fd(fd as i32) }),
-            });
-        }
-        match std::io::Error::last_os_error().raw_os_error() {
-            Some(libc::ESRCH) => None,
+                id,
+                fd: Some(fd),
+            }),
+            Err(Errno::SRCH) => None,
             // No pidfds (old kernel, seccomp): plain pids, with the reuse window.
-            _ => Some(Proc { pid, fd: None }),
+            Err(_) => Some(Proc { pid, id, fd: None }),
         }
     }
 
@@ -78,19 +78,16 @@ impl Proc {
     fn exited(&self) -> bool {
         match &self.fd {
             Some(fd) => {
-                let mut p = libc::pollfd {
-                    fd: fd.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                // SAFETY: `p` is a live pollfd and the count is 1; its fd is owned by
-                // `self.fd`, so it is open.
-                unsafe { libc::poll(&mut p, 1, 0) != 0 }
+                // A pidfd is readable once its process has exited. A failed poll counts
+                // as exited: nothing would ever say otherwise.
+                let mut p = [PollFd::new(fd, PollFlags::IN)];
+                !matches!(
+                    rustix::event::poll(&mut p, Some(&Timespec::default())),
+                    Ok(0)
+                )
             }
             None => {
-                // SAFETY: kill with signal 0 only checks that the process exists; it takes
-                // integers only.
-                let gone = unsafe { libc::kill(self.pid, 0) != 0 };
+                let gone = rustix::process::test_kill_process(self.id).is_err();
                 gone || std::fs::read_to_string(format!("/proc/{}/stat", self.pid))
                     .ok()
                     .is_none_or(|s| stat_field(&s, 0) == Some("Z"))
@@ -98,26 +95,12 @@ impl Proc {
         }
     }
 
-    pub(crate) fn signal(&self, sig: i32) {
-        // SAFETY: pidfd_send_signal gets an fd owned by `self.fd` (so open), a signal
-        // number and a null siginfo, which the kernel allows (the signal is sent as kill(2)
-        // would); kill takes integers only.
-        unsafe {
-            match &self.fd {
-                Some(fd) => {
-                    libc::syscall(
-                        libc::SYS_pidfd_send_signal,
-                        fd.as_raw_fd(),
-                        sig,
-                        std::ptr::null::<libc::siginfo_t>(),
-                        0,
-                    );
-                }
-                None => {
-                    libc::kill(self.pid, sig);
-                }
-            }
-        }
+    /// Best effort: the process may be gone already.
+    pub(crate) fn signal(&self, sig: Signal) {
+        let _ = match &self.fd {
+            Some(fd) => rustix::process::pidfd_send_signal(fd, sig),
+            None => rustix::process::kill_process(self.id, sig),
+        };
     }
 
     fn parent(&self) -> Option<i32> {
@@ -146,8 +129,7 @@ enum Children {
 impl Children {
     fn new() -> Children {
         let me = std::process::id();
-        // SAFETY: gettid takes no arguments and cannot fail.
-        let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+        let tid = rustix::thread::gettid();
         if std::path::Path::new(&format!("/proc/{me}/task/{tid}/children")).exists() {
             return Children::Files;
         }
@@ -319,12 +301,12 @@ pub fn stop(mut find: impl FnMut() -> Vec<Proc>, grace: Duration) -> usize {
         }
         seen.extend(procs.iter().map(|p| p.pid));
         for p in &procs {
-            p.signal(libc::SIGTERM);
-            p.signal(libc::SIGCONT);
+            p.signal(Signal::TERM);
+            p.signal(Signal::CONT);
         }
         if !wait_exited(&procs, grace) {
             for p in &procs {
-                p.signal(libc::SIGKILL);
+                p.signal(Signal::KILL);
             }
             wait_exited(&procs, Duration::from_secs(5));
         }
@@ -335,7 +317,7 @@ pub fn stop(mut find: impl FnMut() -> Vec<Proc>, grace: Duration) -> usize {
 /// SIGKILL every process of `procs`, without waiting.
 pub fn kill(procs: Vec<Proc>) {
     for p in &procs {
-        p.signal(libc::SIGKILL);
+        p.signal(Signal::KILL);
     }
 }
 

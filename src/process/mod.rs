@@ -30,6 +30,7 @@ pub use launcher::{Launcher, Processes};
 /// `kill -9`) can find and stop them ([`descendants`]).
 pub const OWNER_ENV: &str = "RL_NODE_OWNER";
 
+use rustix::process::{Pid, Signal};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, BufRead, Write};
 use std::os::unix::process::CommandExt;
@@ -252,13 +253,10 @@ impl Registry {
 
     /// Signal every registered group, the tools' too (no filesystem access: safe from any
     /// thread).
-    pub fn signal_all(&self, sig: i32) {
+    pub fn signal_all(&self, sig: Signal) {
         let tools: Vec<i32> = self.tools.lock().unwrap().iter().copied().collect();
         for g in self.groups().into_iter().chain(tools) {
-            // SAFETY: killpg takes only integers and touches no memory of this process.
-            unsafe {
-                libc::killpg(g, sig);
-            }
+            signal_group(g, sig);
         }
     }
 
@@ -266,7 +264,7 @@ impl Registry {
     /// `/proc/*/task/*/children`, never another process's memory, so it cannot block on
     /// a child stuck in the filesystem.
     pub fn kill_all_now(&self) {
-        self.signal_all(libc::SIGKILL);
+        self.signal_all(Signal::KILL);
         let spare = [self.guardian_pid.load(Ordering::Relaxed)];
         descendants::kill(descendants::all(&self.nonce, &spare, false));
     }
@@ -290,10 +288,25 @@ pub fn unblocked_signals(cmd: &mut Command) -> &mut Command {
     }
 }
 
+/// `raw` as a process or group id. Only a positive number names one: kill(2) reads 0 as
+/// "this process's group" and -1 as "every process", which no caller here means.
+pub(crate) fn pid(raw: i32) -> Option<Pid> {
+    if raw > 0 {
+        Pid::from_raw(raw)
+    } else {
+        None
+    }
+}
+
+/// Send `sig` to process group `pgid` (best effort: the group may be gone already).
+fn signal_group(pgid: i32, sig: Signal) {
+    if let Some(g) = pid(pgid) {
+        let _ = rustix::process::kill_process_group(g, sig);
+    }
+}
+
 pub fn group_alive(pgid: i32) -> bool {
-    // SAFETY: killpg with signal 0 only checks that the group exists; it takes integers
-    // only.
-    unsafe { libc::killpg(pgid, 0) == 0 }
+    pid(pgid).is_some_and(|g| rustix::process::test_kill_process_group(g).is_ok())
 }
 
 /// SIGTERM the group, wait up to `grace` for it to empty, then SIGKILL and wait a little
@@ -305,19 +318,13 @@ pub fn stop_group(pgid: i32, grace: Duration) -> bool {
 /// [`stop_group`], calling `collect` before each look at the group (a caller that waits
 /// for the group's leader itself collects it there).
 fn stop_group_collecting(pgid: i32, grace: Duration, collect: &mut dyn FnMut()) -> bool {
-    // SAFETY: killpg takes only integers and touches no memory of this process.
-    unsafe {
-        libc::killpg(pgid, libc::SIGTERM);
-        // A process stopped by SIGSTOP would never act on SIGTERM.
-        libc::killpg(pgid, libc::SIGCONT);
-    }
+    signal_group(pgid, Signal::TERM);
+    // A process stopped by SIGSTOP would never act on SIGTERM.
+    signal_group(pgid, Signal::CONT);
     if wait_group_empty(pgid, grace, collect) {
         return true;
     }
-    // SAFETY: killpg takes only integers and touches no memory of this process.
-    unsafe {
-        libc::killpg(pgid, libc::SIGKILL);
-    }
+    signal_group(pgid, Signal::KILL);
     wait_group_empty(pgid, Duration::from_secs(5), collect)
 }
 
@@ -343,21 +350,16 @@ fn wait_group_empty(pgid: i32, limit: Duration, collect: &mut dyn FnMut()) -> bo
 /// thread).
 pub fn start_reaper(tx: Sender<Event>) {
     REAPER.store(true, Ordering::SeqCst);
-    // SAFETY: prctl(PR_SET_CHILD_SUBREAPER) takes integers only and sets an attribute of
-    // this process.
-    unsafe {
-        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
-    }
+    // Any pid turns it on (prctl's argument is a flag).
+    let _ = rustix::process::set_child_subreaper(Some(rustix::process::getpid()));
     std::thread::Builder::new()
         .name("reaper".into())
         .spawn(move || {
             loop {
-                let mut status: libc::c_int = 0;
-                // SAFETY: `status` is a live local c_int for waitpid to write the exit
-                // status into.
-                let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
-                if pid > 0 {
-                    let exit = ChildExit::from_wait_status(status);
+                let waited = rustix::process::wait(rustix::process::WaitOptions::empty());
+                if let Ok(Some((pid, status))) = waited {
+                    let pid = pid.as_raw_pid();
+                    let exit = ChildExit::from_wait_status(status.as_raw());
                     // A child started by `spawn_waited` is its starter's to hear about.
                     let waiter = WAITERS.lock().unwrap().remove(&pid);
                     if let Some(w) = waiter {
@@ -369,8 +371,7 @@ pub fn start_reaper(tx: Sender<Event>) {
                     }
                     continue;
                 }
-                let err = io::Error::last_os_error();
-                if err.raw_os_error() == Some(libc::EINTR) {
+                if matches!(waited, Err(rustix::io::Errno::INTR)) {
                     continue;
                 }
                 // No children right now (ECHILD): look again shortly.
@@ -611,8 +612,7 @@ pub fn guardian_main(nonce: Option<&str>) -> crate::exit::Ending {
         libc::signal(libc::SIGTERM, libc::SIG_IGN);
         libc::signal(libc::SIGHUP, libc::SIG_IGN);
     }
-    // SAFETY: getppid takes no arguments and cannot fail.
-    let node = unsafe { libc::getppid() };
+    let node = Pid::as_raw(rustix::process::getppid());
     let mut groups = BTreeSet::new();
     let stdin = io::stdin();
     for line in stdin.lock().lines() {
@@ -637,10 +637,7 @@ pub fn guardian_main(nonce: Option<&str>) -> crate::exit::Ending {
     let grace = Duration::from_secs(2);
     let live: Vec<i32> = groups.into_iter().filter(|g| group_alive(*g)).collect();
     for g in &live {
-        // SAFETY: killpg takes only integers and touches no memory of this process.
-        unsafe {
-            libc::killpg(*g, libc::SIGTERM);
-        }
+        signal_group(*g, Signal::TERM);
     }
     let deadline = Instant::now() + grace;
     // The groups' grace runs meanwhile.
@@ -651,10 +648,7 @@ pub fn guardian_main(nonce: Option<&str>) -> crate::exit::Ending {
         std::thread::sleep(Duration::from_millis(20));
     }
     for g in &live {
-        // SAFETY: killpg takes only integers and touches no memory of this process.
-        unsafe {
-            libc::killpg(*g, libc::SIGKILL);
-        }
+        signal_group(*g, Signal::KILL);
     }
     crate::exit::Ending::Done
 }
@@ -665,17 +659,13 @@ pub fn guardian_main(nonce: Option<&str>) -> crate::exit::Ending {
 /// waits on a process stuck in the filesystem. Environments are scanned for the nonce only
 /// once the node is gone (end of input).
 fn stop_now(groups: &BTreeSet<i32>, node: i32) {
-    // SAFETY: getppid takes no arguments and cannot fail.
-    if unsafe { libc::getppid() } != node {
+    if Pid::as_raw(rustix::process::getppid()) != node {
         // The node is gone already; the end of input follows.
         return;
     }
     for g in groups {
-        // SAFETY: killpg takes only integers and touches no memory of this process.
-        unsafe {
-            libc::killpg(*g, libc::SIGTERM);
-            libc::killpg(*g, libc::SIGCONT);
-        }
+        signal_group(*g, Signal::TERM);
+        signal_group(*g, Signal::CONT);
     }
     let me = std::process::id() as i32;
     descendants::stop(
@@ -683,10 +673,7 @@ fn stop_now(groups: &BTreeSet<i32>, node: i32) {
         Duration::from_millis(500),
     );
     for g in groups {
-        // SAFETY: killpg takes only integers and touches no memory of this process.
-        unsafe {
-            libc::killpg(*g, libc::SIGKILL);
-        }
+        signal_group(*g, Signal::KILL);
     }
 }
 

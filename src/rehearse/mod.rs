@@ -268,11 +268,13 @@ fn run_nodes(req: &Request, nodes: u32, ports: &[u16]) -> Result<Vec<Option<i32>
 fn spawn(mut cmd: Command) -> Result<Child, Failure> {
     use std::os::unix::process::CommandExt;
     // SAFETY: the closure runs in the forked child before exec and makes one prctl system
-    // call, which is async-signal-safe (it neither allocates nor locks).
+    // call (rustix's, direct), which is async-signal-safe (it neither allocates nor locks).
     unsafe {
         cmd.pre_exec(|| {
             // If the rehearsal dies, its nodes stop too.
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            let _ = rustix::process::set_parent_process_death_signal(Some(
+                rustix::process::Signal::TERM,
+            ));
             Ok(())
         });
     }

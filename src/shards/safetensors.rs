@@ -841,35 +841,28 @@ impl Merger<'_> {
 /// Copy `len` bytes from `src` at `src_off` to `dst` at `dst_off` in the kernel
 /// (`copy_file_range`). Returns fewer than `len` only at the end of `src`.
 fn copy_range(src: &File, src_off: u64, dst: &File, dst_off: u64, len: u64) -> io::Result<u64> {
-    use std::os::fd::AsRawFd;
-    let (mut off_in, mut off_out) = (src_off as libc::loff_t, dst_off as libc::loff_t);
+    let (mut off_in, mut off_out) = (src_off, dst_off);
     let mut done = 0u64;
     while done < len {
         let want = (len - done).min(1 << 30) as usize;
-        // SAFETY: both fds are open for the call (borrowed from `src` and `dst`), the
-        // offset pointers are live locals the kernel updates, and no user buffer is
-        // involved.
-        let n = unsafe {
-            libc::copy_file_range(
-                src.as_raw_fd(),
-                &mut off_in,
-                dst.as_raw_fd(),
-                &mut off_out,
-                want,
-                0,
-            )
+        let n = match rustix::fs::copy_file_range(
+            src,
+            Some(&mut off_in),
+            dst,
+            Some(&mut off_out),
+            want,
+        ) {
+            Ok(n) => n,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => {
+                let e = io::Error::from(e);
+                // Nothing copied yet: let the caller fall back from the start of the range.
+                if done == 0 || !copy_unsupported(&e) {
+                    return Err(e);
+                }
+                return Ok(done);
+            }
         };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            // Nothing copied yet: let the caller fall back from the start of the range.
-            if done == 0 || !copy_unsupported(&e) {
-                return Err(e);
-            }
-            return Ok(done);
-        }
         if n == 0 {
             break;
         }

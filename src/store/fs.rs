@@ -227,27 +227,19 @@ impl DataRead for DataFile {
 /// its spare capacity (no zeroing, no second buffer: a merge reads gigabytes this way).
 /// Returns how many; 0 at the end of the file.
 fn read_more(f: &File, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
-    use std::os::fd::AsRawFd;
     buf.reserve(max);
     let spare = buf.spare_capacity_mut();
-    let (ptr, room) = (spare.as_mut_ptr(), spare.len().min(max));
-    loop {
-        // SAFETY: `ptr` points at `room` bytes of `buf`'s spare capacity, valid for
-        // writes and not otherwise borrowed during the call; the fd is open (borrowed
-        // from `f`).
-        let n = unsafe { libc::read(f.as_raw_fd(), ptr.cast(), room) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
+    let room = spare.len().min(max);
+    let n = loop {
+        match rustix::io::read(f, &mut spare[..room]) {
+            Ok((filled, _)) => break filled.len(),
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
         }
-        let n = n as usize;
-        // SAFETY: the kernel initialized exactly the first `n` (<= `room`) spare bytes.
-        unsafe { buf.set_len(buf.len() + n) };
-        return Ok(n);
-    }
+    };
+    // SAFETY: read initialized the first `n` bytes of the spare capacity (`filled`).
+    unsafe { buf.set_len(buf.len() + n) };
+    Ok(n)
 }
 
 impl DataWrite for File {

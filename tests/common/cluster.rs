@@ -321,10 +321,7 @@ impl NodeProc {
     }
 
     pub fn signal(&self, sig: i32) {
-        // SAFETY: kill(2) takes plain integers (a pid or process group, a signal number) and touches no memory of ours.
-        unsafe {
-            libc::kill(self.pid(), sig);
-        }
+        let _ = super::kill(self.pid(), sig);
     }
 }
 

@@ -90,3 +90,18 @@ pub fn set_file_len(path: &Path, len: u64) {
         .set_len(len)
         .unwrap();
 }
+
+/// kill(2) without `unsafe`: send `sig` (a libc signal number) to process `pid`, or to
+/// process group `-pid` when `pid` is negative. Err is the kernel's refusal (ESRCH: gone).
+pub fn kill(pid: i32, sig: i32) -> std::io::Result<()> {
+    use rustix::process::{kill_process, kill_process_group, Pid, Signal};
+    let sig = Signal::from_named_raw(sig).unwrap_or_else(|| panic!("signal {sig} has no name"));
+    let Some(target) = pid.checked_abs().and_then(Pid::from_raw) else {
+        return Err(std::io::ErrorKind::InvalidInput.into());
+    };
+    Ok(if pid < 0 {
+        kill_process_group(target, sig)
+    } else {
+        kill_process(target, sig)
+    }?)
+}

@@ -93,8 +93,7 @@ pub fn missing() -> Vec<String> {
     if !Path::new("/dev/fuse").exists() {
         out.push("/dev/fuse".into());
     }
-    // SAFETY: geteuid takes no arguments and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
+    if !rustix::process::geteuid().is_root() {
         out.push("root (network namespaces)".into());
     }
     out
@@ -398,16 +397,14 @@ impl Drop for MooseFs {
             for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
                 match pid.parse::<u32>() {
                     Ok(p) if !ours.contains(&p) => {
-                        // SAFETY: kill(2) with a pid and a signal number.
-                        unsafe { libc::kill(p as i32, libc::SIGTERM) };
+                        let _ = super::kill(p as i32, libc::SIGTERM);
                     }
                     _ => {}
                 }
             }
         }
         for (_, d) in self.daemons.iter_mut().rev() {
-            // SAFETY: kill(2) with a pid of our own child and a signal number.
-            unsafe { libc::kill(d.id() as i32, libc::SIGTERM) };
+            let _ = super::kill(d.id() as i32, libc::SIGTERM);
             reap(d, EXIT_DEADLINE);
         }
         let _ = Command::new("ip")
