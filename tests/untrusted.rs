@@ -269,8 +269,10 @@ fn peak_rss_mib(pid: i32) -> u64 {
 
 /// The largest peak resident memory of this process's waited-for children, in MiB.
 fn children_peak_rss_mib() -> u64 {
-    // SAFETY: getrusage fills the zeroed struct we pass; plain integers in it.
+    // SAFETY: `rusage` is plain integers, for which all-zero bytes are a valid value.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes only into the struct we own and pass (rustix has no
+    // getrusage).
     unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
     usage.ru_maxrss as u64 / 1024
 }
