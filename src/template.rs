@@ -182,6 +182,9 @@ pub(crate) fn braced_list<'a>(names: impl IntoIterator<Item = &'a str>) -> Strin
 }
 
 /// `v` as one shell word: as it is when nothing in it is special, else single-quoted.
+/// The one quoting of the program (the demo's commands use it too). Not `shlex`'s: it
+/// quotes every word with `=` or `,`, so each Hydra-style override (`a.b=1`) in a rendered
+/// command, a plan and a refusal message would show in quotes.
 pub(crate) fn shell_word(v: &str) -> String {
     let safe = !v.is_empty()
         && v.chars()
@@ -397,7 +400,18 @@ mod tests {
         assert_eq!(shell_word("a/b.c-d"), "a/b.c-d");
         assert_eq!(shell_word(""), "''");
         assert_eq!(shell_word("my file"), "'my file'");
-        assert_eq!(shell_word("it's"), r"'it'\''s'");
+        assert_eq!(shell_word("env.max_steps=20"), "env.max_steps=20");
+        // What `sh` makes of each word is the value itself.
+        for v in [
+            "it's", "$HOME", "`id`", "a\"b", "back\\slash", "*", "new\nline", "", "é ü",
+            "'\"$`\\!", "~root", "a;b|c&d",
+        ] {
+            let out = std::process::Command::new("sh")
+                .args(["-c", &format!("printf %s {}", shell_word(v))])
+                .output()
+                .expect("sh runs");
+            assert_eq!(String::from_utf8_lossy(&out.stdout), v, "{v:?}");
+        }
     }
 
     mod props {

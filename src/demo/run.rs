@@ -408,7 +408,7 @@ pub(crate) fn free_ports(n: usize) -> io::Result<Vec<u16>> {
 
 /// Quote for `sh`, then protect braces from the placeholder parser.
 fn command_word(s: &str) -> String {
-    format!("'{}'", s.replace('\'', r"'\''"))
+    crate::template::shell_word(s)
         .replace('{', "{{")
         .replace('}', "}}")
 }
