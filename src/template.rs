@@ -403,8 +403,18 @@ mod tests {
         assert_eq!(shell_word("env.max_steps=20"), "env.max_steps=20");
         // What `sh` makes of each word is the value itself.
         for v in [
-            "it's", "$HOME", "`id`", "a\"b", "back\\slash", "*", "new\nline", "", "é ü",
-            "'\"$`\\!", "~root", "a;b|c&d",
+            "it's",
+            "$HOME",
+            "`id`",
+            "a\"b",
+            "back\\slash",
+            "*",
+            "new\nline",
+            "",
+            "é ü",
+            "'\"$`\\!",
+            "~root",
+            "a;b|c&d",
         ] {
             let out = std::process::Command::new("sh")
                 .args(["-c", &format!("printf %s {}", shell_word(v))])

@@ -402,13 +402,29 @@ impl NodeMachine {
     /// Where the barrier stands on the records read so far. Rank 0 says whom it still
     /// waits for (with the next heartbeat) when that changes.
     pub fn progress<G: Payload + Clone, B: Payload>(&mut self) -> Progress<G, B> {
-        let Some(at) = self.at.as_mut() else {
+        if self.at.is_none() {
             // Stopped meanwhile (the stop ended the barrier): nothing passes.
             debug_assert!(self.stopped.is_some(), "progress asked outside a barrier");
             return Progress::Waiting {
                 missing: Vec::new(),
             };
-        };
+        }
+        if let Some((rank, host, theirs)) = self.walks_apart() {
+            let at = self.at.as_ref().expect("at a barrier");
+            let reason = format!(
+                "rank {rank} on {host} is at barrier {} as {theirs} where rank {} is at {}: the two walk the iteration differently, as nodes of different rl-node versions do (this one is {})",
+                at.k,
+                self.cfg.rank,
+                mark_label(at.iteration, &at.name),
+                env!("CARGO_PKG_VERSION")
+            );
+            let info = self.abort_info(AbortKind::Error, rank, Some(host), reason, None);
+            self.fail(info, true);
+            return Progress::Waiting {
+                missing: Vec::new(),
+            };
+        }
+        let at = self.at.as_mut().expect("at a barrier");
         let gather = G::read(&at.arrival.payload);
         let barrier = Barrier::<G, B>::new(at.k, self.cfg.rank, at.iteration, &at.name, gather)
             .with_mutation(self.mutations.barrier);
@@ -421,6 +437,38 @@ impl NodeMachine {
             }
         }
         progress
+    }
+
+    /// A peer whose mark at this rank's barrier number names another barrier (or
+    /// iteration): rank 0 looks at the workers' arrivals, a worker at rank 0's release.
+    /// Barriers are matched by number, so without this a node walking the iteration
+    /// differently (another rl-node version, one barrier more or fewer) would pass a
+    /// barrier on a release meant for another, and read its broadcast as its own.
+    /// Returns (rank, host, what its mark says).
+    fn walks_apart(&self) -> Option<(u32, String, String)> {
+        let at = self.at.as_ref()?;
+        let differs = |m: &Mark| m.k == at.k && (m.name != at.name || m.iteration != at.iteration);
+        let peers = self.watch.peers.iter().enumerate();
+        peers
+            .filter(|(r, _)| *r as u32 != self.cfg.rank)
+            .filter_map(|(r, rec)| {
+                let rec = rec.as_ref()?;
+                let mark = if self.cfg.rank == 0 {
+                    rec.arrived.as_ref()
+                } else if r == 0 {
+                    rec.released.as_ref()
+                } else {
+                    None
+                }?;
+                differs(mark).then(|| {
+                    (
+                        r as u32,
+                        rec.host.clone(),
+                        mark_label(mark.iteration, &mark.name),
+                    )
+                })
+            })
+            .next()
     }
 
     /// Rank 0, every rank arrived: release the barrier with `broadcast`.
@@ -613,6 +661,11 @@ impl NodeMachine {
     }
 }
 
+/// A barrier as messages name it: `eval-complete (iteration 3)`.
+fn mark_label(iteration: u64, name: &str) -> String {
+    format!("{name} (iteration {iteration})")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -771,5 +824,66 @@ mod tests {
         r1.leave_barrier();
         r0.leave_barrier();
         assert_eq!(r1.arrive("next", &()), 2);
+    }
+
+    /// A node that walks the iteration with another barrier at the same number (a node
+    /// of an rl-node version with one barrier more) is stopped, named, on both sides,
+    /// instead of passing on a release meant for another barrier.
+    #[test]
+    fn a_peer_at_another_barrier_of_the_same_number_stops_the_generation_naming_it() {
+        let mark = |name: &str| Mark {
+            k: 1,
+            iteration: 1,
+            name: name.into(),
+            payload: serde_json::Value::Null,
+        };
+        // Rank 0 at eval-complete, rank 1's arrival says eval-decision.
+        let mut r0 = machine(0, 2);
+        r0.arrive("eval-complete", &());
+        drain(&mut r0);
+        let mut older = rec(1, 2);
+        older.arrived = Some(mark("eval-decision"));
+        r0.handle(S(1), Input::Records(vec![(1, Some(older), S(1))]));
+        drain(&mut r0);
+        assert_eq!(
+            r0.progress::<(), ()>(),
+            Progress::Waiting { missing: vec![] }
+        );
+        let effects = drain(&mut r0);
+        let [Effect::CreateAbort(info)] = effects.as_slice() else {
+            panic!("{effects:?}")
+        };
+        assert_eq!(info.culprit, 1);
+        assert!(
+            info.reason.contains("rank 1 on h1 is at barrier 1 as eval-decision (iteration 1) where rank 0 is at eval-complete (iteration 1)")
+                && info.reason.contains("different rl-node versions"),
+            "{}",
+            info.reason
+        );
+        // Rank 1 at eval-decision, rank 0's release says eval-complete: not passed.
+        let mut r1 = machine(1, 2);
+        r1.arrive("eval-decision", &());
+        drain(&mut r1);
+        let mut r0rec = rec(0, 3);
+        r0rec.released = Some(mark("eval-complete"));
+        r1.handle(S(1), Input::Records(vec![(0, Some(r0rec), S(1))]));
+        drain(&mut r1);
+        assert_eq!(
+            r1.progress::<(), EvalDecision>(),
+            Progress::Waiting { missing: vec![] }
+        );
+        let effects = drain(&mut r1);
+        let [Effect::CreateAbort(info)] = effects.as_slice() else {
+            panic!("{effects:?}")
+        };
+        assert_eq!(info.culprit, 0);
+        // The same barrier at the same number passes as before.
+        let mut r1 = machine(1, 2);
+        r1.arrive("eval-complete", &());
+        drain(&mut r1);
+        let mut r0rec = rec(0, 3);
+        r0rec.released = Some(mark("eval-complete"));
+        r1.handle(S(1), Input::Records(vec![(0, Some(r0rec), S(1))]));
+        assert!(matches!(r1.progress::<(), ()>(), Progress::Released { .. }));
     }
 }
