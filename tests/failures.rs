@@ -165,6 +165,39 @@ fn event_time(
         })
 }
 
+// ------------------------------------------------------------------ many ranks
+
+/// Twelve nodes: rank 0 reads its eleven peers' records from two threads at once in each
+/// poll round. Every record still reaches the rank it belongs to: iteration 1 passes all
+/// its barriers, and when rank 9 is killed in iteration 2's rollout, rank 0 names rank 9
+/// as the dead one (a mixed-up read would name another rank, or none).
+#[test]
+fn twelve_nodes_read_in_parallel_pass_their_barriers_and_name_a_killed_rank() {
+    let c = TestCluster::new(
+        12,
+        "[phases.rollout]\ncommand = \"if [ {iteration} = 2 ]; then sleep 9{rank}1; fi; echo '{{}}' > {output}\"\n",
+    );
+    let mut nodes = c.spawn_all(&["--iterations", "2"]);
+    let limit = Duration::from_secs(120);
+    for r in 0..12 {
+        c.wait_phase(r, 2, "train-rollout", limit);
+    }
+    wait_until(limit, "rank 9's sleep to run", || {
+        !process_alive_with("sleep 991").is_empty()
+    });
+    nodes[9].signal(libc::SIGKILL);
+    let mut rank0: Vec<&mut NodeProc> = nodes.iter_mut().filter(|n| n.rank == 0).collect();
+    let exits = wait_exits(&mut rank0, limit);
+    let err = rank0[0].stderr();
+    assert_eq!(exits[0].0, 3, "{err}");
+    assert!(err.contains("rank 9 on ") && err.contains("is dead"), "{err}");
+    let abort = abort_record(&c);
+    assert_eq!(abort["culprit"], 9, "{abort}");
+    for n in nodes.iter_mut().filter(|n| n.rank != 9) {
+        n.wait(limit);
+    }
+}
+
 // ------------------------------------------------------------------ 1, 2: kill -9
 
 /// Kill `victim` with SIGKILL while all 3 ranks run a long rollout; the survivors must stop

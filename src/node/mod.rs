@@ -1172,12 +1172,7 @@ impl Node {
                     // file a rename replaced): one listing of the generation's directory
                     // refreshes every name in it.
                     let _ = self.store.refresh(&self.layout.gen_dir(gen));
-                    // Each read is stamped with the time it returned (see
-                    // `Watch::round_stamped`).
-                    let reads = ranks
-                        .into_iter()
-                        .map(|r| (r, self.read_record(gen, r), self.clock.since_start()))
-                        .collect();
+                    let reads = self.read_records(gen, &ranks);
                     let now = self.clock.since_start();
                     self.machine.handle(now, Input::Records(reads));
                 }
@@ -3364,6 +3359,38 @@ impl Node {
         self.store.read_json::<RankRecord>(&path).ok().flatten()
     }
 
+    /// These ranks' records of generation `gen`, in their order, each stamped with the
+    /// time its read returned (see `Watch::round_stamped`). One after another for a few
+    /// ranks; for many, from up to the store's `read_parallelism` threads at once, each
+    /// reading a run of at least [`READS_PER_THREAD`] ranks, so that a poll round of a
+    /// large cluster over a network filesystem costs a few round trips, not one per rank.
+    fn read_records(&self, gen: u64, ranks: &[u32]) -> Vec<(u32, Option<RankRecord>, Duration)> {
+        let (store, layout, clock) = (&*self.store, &self.layout, &*self.clock);
+        let read = |ranks: &[u32]| -> Vec<(u32, Option<RankRecord>, Duration)> {
+            ranks
+                .iter()
+                .map(|&r| {
+                    let path = layout.rank_record(gen, r);
+                    let record = store.read_json::<RankRecord>(&path).ok().flatten();
+                    (r, record, clock.since_start())
+                })
+                .collect()
+        };
+        let threads = store
+            .read_parallelism()
+            .min(ranks.len().div_ceil(READS_PER_THREAD));
+        if threads <= 1 {
+            return read(ranks);
+        }
+        let run = ranks.len().div_ceil(threads);
+        std::thread::scope(|s| {
+            let runs: Vec<_> = ranks.chunks(run).map(|c| s.spawn(move || read(c))).collect();
+            runs.into_iter()
+                .flat_map(|h| h.join().expect("a record read does not panic"))
+                .collect()
+        })
+    }
+
     /// Now on this node's wall clock, as records and journals stamp it.
     fn wall_stamp(&self) -> String {
         crate::protocol::wall_stamp(self.clock.wall())
@@ -3375,6 +3402,10 @@ impl Node {
         let _ = self.store.append(path, text.as_bytes(), false);
     }
 }
+
+/// The fewest ranks one reading thread takes in a poll round: below twice this, a round
+/// reads on the node's own thread (a thread costs more than a few reads of a local file).
+const READS_PER_THREAD: usize = 8;
 
 /// Why [`fence_check`] failed.
 pub(crate) struct Fenced {

@@ -34,6 +34,12 @@ impl SharedDir for Fs {
         read_limited(path, limit)
     }
 
+    /// NFS and FUSE clients serve concurrent requests (NFS's slot table holds dozens);
+    /// eight keeps a 1,024-node poll round near 128 round trips without many threads.
+    fn read_parallelism(&self) -> usize {
+        8
+    }
+
     fn publish_with(
         &self,
         path: &Path,

@@ -226,6 +226,14 @@ pub trait SharedDir: Send + Sync {
         Ok(())
     }
 
+    /// How many reads this client can usefully have in flight at once, from as many
+    /// threads: over a network filesystem each read waits for a round trip, and rank 0's
+    /// poll of a large cluster reads every rank that has not arrived. One (read one after
+    /// another) where reads are cheap or must stay on the caller's thread (the simulator).
+    fn read_parallelism(&self) -> usize {
+        1
+    }
+
     /// Whether this client may answer lookups under `path` from a cache past other
     /// clients' changes (a FUSE mount; see [`fs::refresh`]).
     fn caches_lookups(&self, path: &Path) -> bool {
