@@ -24,8 +24,8 @@
 //! Memory is bounded: blocks come from a fixed pool ([`POOL`] per validator) that the
 //! reader waits on, so a slow writer slows the reader instead of buffering the merge.
 
-use super::TICK_BYTES;
 use super::manifest::{xxh3_hex, JSONL_DIGEST};
+use super::TICK_BYTES;
 use super::{AggregateError, DropKind, Dropped, MergeOptions, RankEntry, RankStatus, Validate};
 use crate::store::{DataRead, DataWrite, SharedDir};
 use std::collections::BTreeMap;
@@ -1185,11 +1185,7 @@ mod tests {
                 (records, bytes.len() as u64),
                 "rank {rank}"
             );
-            assert_eq!(
-                e.digest,
-                Some(xxh3(&bytes)),
-                "rank {rank}"
-            );
+            assert_eq!(e.digest, Some(xxh3(&bytes)), "rank {rank}");
             let dropped: Vec<_> = e
                 .dropped
                 .iter()
@@ -1341,6 +1337,137 @@ mod tests {
         let (out, e) = scan_bytes(text.as_bytes(), false, &small).unwrap();
         assert_eq!(out, b"[1]\n");
         assert!(e.dropped[0].reason.contains("longer than 1000"));
+    }
+
+    /// What each level catches (the line ends a partial source) and lets through (the
+    /// line is merged), line by line, between two good records.
+    #[test]
+    fn each_level_catches_what_it_promises_and_lets_through_what_it_does_not_check() {
+        use Validate::{Json, None as Lines, Utf8};
+        let cases: [(&[u8], &[Validate]); 8] = [
+            // (the middle line, the levels that refuse it)
+            (b"{\"a\": 1, \"b\"}", &[Json]),
+            (b"[1, 2,, 3]", &[Json]),
+            (b"{\"a\": \"\xff\"}", &[Json, Utf8]),
+            (b"{\"a\": \x00\x00\x00 1}", &[Json, Utf8]),
+            (b"{\"a\": 1, \"b\": [1", &[Json, Utf8]),
+            (b"\x00\x00\x00\x00", &[Json, Utf8]),
+            (b"garbage", &[Json, Utf8]),
+            (b"\"a string\" 5", &[Json, Utf8]),
+        ];
+        for (line, refused_by) in cases {
+            let bytes = [&b"{\"r\":0}\n"[..], line, b"\n{\"r\":2}\n"].concat();
+            for level in [Json, Utf8, Lines] {
+                let o = MergeOptions {
+                    validate: level,
+                    ..opts()
+                };
+                let (out, e) = scan_bytes(&bytes, false, &o).unwrap();
+                let shown = String::from_utf8_lossy(line);
+                if refused_by.contains(&level) {
+                    assert_eq!(out, b"{\"r\":0}\n", "{level:?} lets {shown:?} through");
+                    assert_eq!(
+                        (e.dropped[0].kind, e.dropped[0].line),
+                        (DropKind::Invalid, 2)
+                    );
+                } else {
+                    assert_eq!(out, bytes, "{level:?} refuses {shown:?}");
+                    assert!(e.dropped.is_empty());
+                }
+            }
+        }
+        // A torn last line is caught at every level, brackets or not, and a complete one kept.
+        for level in [Json, Utf8, Lines] {
+            let o = MergeOptions {
+                validate: level,
+                ..opts()
+            };
+            for torn in [
+                &b"{\"r\":1, \"x\": {\"y\": 2}"[..],
+                b"{\"r\":1, \"b\"}",
+                b"\x00\x00",
+            ] {
+                let bytes = [&b"{\"r\":0}\n"[..], torn].concat();
+                let (out, e) = scan_bytes(&bytes, false, &o).unwrap();
+                assert_eq!(out, b"{\"r\":0}\n", "{level:?}");
+                assert_eq!(e.dropped[0].kind, DropKind::Torn, "{level:?}");
+            }
+            let (out, _) = scan_bytes(b"{\"r\":0}\n{\"r\":1}", false, &o).unwrap();
+            assert_eq!(out, b"{\"r\":0}\n{\"r\":1}\n", "{level:?}");
+        }
+        // At level utf8 a bracketed line in a committed shard is not parsed; garbage is.
+        let utf8 = opts();
+        assert!(scan_bytes(b"{\"a\": nan}\n", true, &utf8).is_ok());
+        assert!(matches!(
+            scan_bytes(b"nan\n", true, &utf8),
+            Err(AggregateError::Corrupt { line: 1, .. })
+        ));
+    }
+
+    /// An output that copies in the kernel like the merged file does, and counts it.
+    struct Counting {
+        f: File,
+        copied: u64,
+    }
+
+    impl Write for Counting {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            self.f.write(b)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            self.f.flush()
+        }
+    }
+
+    impl Output for Counting {
+        fn copy(&mut self, src: &File, offset: u64, len: u64) -> io::Result<bool> {
+            let copied = self.f.copy(src, offset, len)?;
+            self.copied += if copied { len } else { 0 };
+            Ok(copied)
+        }
+    }
+
+    #[test]
+    fn on_a_real_file_the_records_are_copied_in_the_kernel_around_what_is_dropped() {
+        let d = tempfile::tempdir().unwrap();
+        let mut committed = records(0, 3000);
+        committed.extend_from_slice(b"\n  \n");
+        committed.extend(records(3000, 2000));
+        committed.extend_from_slice(b"[\"no newline\"]");
+        let partial = [records(5000, 1000), b"{\"torn\": [1,".to_vec()].concat();
+        let mut entries = Vec::new();
+        for (rank, (bytes, done)) in [(&committed, true), (&partial, false)]
+            .into_iter()
+            .enumerate()
+        {
+            std::fs::write(d.path().join(format!("rank-{rank}.jsonl")), bytes).unwrap();
+            entries.push(entry(rank as u32, done));
+        }
+        let out = Counting {
+            f: File::create(d.path().join("merged")).unwrap(),
+            copied: 0,
+        };
+        let out = merge_in_blocks(
+            &crate::store::Fs,
+            4096,
+            out,
+            Path::new("tmp"),
+            d.path(),
+            &mut entries,
+            &opts(),
+            &mut || {},
+        )
+        .unwrap();
+        drop(out.f);
+        let merged = std::fs::read(d.path().join("merged")).unwrap();
+        let check = Check::of(&opts());
+        let (want0, ..) = model(&committed, true, DEFAULT, check).unwrap();
+        let (want1, ..) = model(&partial, false, DEFAULT, check).unwrap();
+        assert_eq!(merged, [want0.clone(), want1.clone()].concat());
+        // Everything but the newline added to the committed shard's last record.
+        assert_eq!(out.copied, merged.len() as u64 - 1);
+        assert_eq!(entries[0].digest, Some(xxh3(&want0)));
+        assert_eq!(entries[1].digest, Some(xxh3(&want1)));
     }
 
     fn json_value() -> impl Strategy<Value = serde_json::Value> {

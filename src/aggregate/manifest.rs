@@ -336,6 +336,56 @@ mod tests {
     use super::*;
 
     #[test]
+    fn xxh3_digests_are_written_as_the_xxhash_tools_print_them() {
+        // XXH3-128 of nothing, seed 0: 99aa06d3014798d86001c324468d497f (xxh128sum).
+        assert_eq!(
+            DigestAlgorithm::Xxh3_128.hex_of(b""),
+            "99aa06d3014798d86001c324468d497f"
+        );
+    }
+
+    /// A manifest as the JSONL merge wrote it before digests were named: still read, and
+    /// its ranks' SHA-256 still checked against their bytes.
+    #[test]
+    fn an_earlier_sha256_manifest_is_still_read_and_verified() {
+        let old = r#"{"format":"rl-node-aggregate/1","iteration":1,"split":"train",
+            "output":"train.jsonl","num_ranks":2,"allow_missing":true,"complete":false,
+            "records":1,"bytes":8,"torn_records":0,"dropped_bytes":0,"partial_ranks":[],
+            "missing_ranks":[1],"ranks":[
+              {"rank":0,"status":"complete","source":"rollouts/iter-0001/train/rank-0.jsonl",
+               "source_bytes":8,"offset":0,"records":1,"bytes":8,
+               "sha256":"c46e038996130ca73c5590df502cea086d20082b8e8048b41614aa97409e6fde",
+               "dropped":[],"set_aside":[],"problems":[]},
+              {"rank":1,"status":"missing","source":null,"source_bytes":0,"offset":8,
+               "records":0,"bytes":0,"sha256":null,"dropped":[],"set_aside":[],"problems":[]}],
+            "problems":[]}"#;
+        let m: Manifest = serde_json::from_str(old).unwrap();
+        let bytes = b"{\"r\":0}\n";
+        let d = m.ranks[0].digest().unwrap();
+        assert_eq!(d.algorithm, DigestAlgorithm::Sha256);
+        assert!(d.matches(bytes));
+        assert!(!d.matches(b"{\"r\":1}\n"));
+        assert!(m.ranks[0].was_merged());
+        assert!(m.ranks[1].digest().is_none() && !m.ranks[1].was_merged());
+
+        // This version's: the algorithm is named with the value; an unknown one is no digest.
+        let mut r = m.ranks[0].clone();
+        (r.sha256, r.digest) = (
+            None,
+            Some(format!("xxh3-128:{}", JSONL_DIGEST.hex_of(bytes))),
+        );
+        let json = serde_json::to_value(&r).unwrap();
+        assert!(json.get("sha256").is_none(), "{json}");
+        let r: RankEntry = serde_json::from_value(json).unwrap();
+        assert!(r.digest().unwrap().matches(bytes));
+        let other = RankEntry {
+            digest: Some("blake9:00".into()),
+            ..r
+        };
+        assert!(other.digest().is_none() && other.was_merged());
+    }
+
+    #[test]
     fn manifest_path_is_beside_the_output() {
         assert_eq!(
             manifest_path(Path::new("/a/train.jsonl")),
