@@ -566,11 +566,11 @@ fn read_source(
     reader.send(Item::End).map_err(|()| broken())
 }
 
+/// A source open for reading, and the file itself when the merge may copy from it.
+type Opened = (Box<dyn DataRead>, Option<Arc<File>>);
+
 /// `path` opened for reading, and the file itself when the merge may copy from it.
-fn open_source(
-    store: &dyn SharedDir,
-    path: &Path,
-) -> io::Result<(Box<dyn DataRead>, Option<Arc<File>>)> {
+fn open_source(store: &dyn SharedDir, path: &Path) -> io::Result<Opened> {
     if !real_files(store) {
         return Ok((store.open_data(path)?, None));
     }
