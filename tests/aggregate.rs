@@ -9,7 +9,6 @@ mod common;
 use common::cluster::{descendants, wait_until, NodeProc, TestCluster};
 use proptest::prelude::*;
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::PathBuf;
@@ -112,8 +111,9 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-fn sha256(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
+/// A rank's `digest` in the manifest: XXH3-128 as the xxHash tools print it.
+fn digest(bytes: &[u8]) -> String {
+    format!("xxh3-128:{:032x}", xxhash_rust::xxh3::xxh3_128(bytes))
 }
 
 fn set(names: &[&str]) -> BTreeSet<String> {
@@ -141,7 +141,7 @@ fn complete_ranks_merge_in_rank_order_with_a_manifest_and_are_byte_identical_whe
     assert_eq!(merged, parts.concat().as_bytes());
 
     let m = r.manifest();
-    assert_eq!(m["format"], "rl-node-aggregate/1");
+    assert_eq!(m["format"], "rl-node-aggregate/2");
     assert_eq!(m["iteration"], 1);
     assert_eq!(m["split"], "train");
     assert_eq!(m["output"], "train.salvaged.jsonl");
@@ -163,7 +163,7 @@ fn complete_ranks_merge_in_rank_order_with_a_manifest_and_are_byte_identical_whe
         assert_eq!(e["records"], if rank == 0 { 2 } else { 1 });
         assert_eq!(e["bytes"], part.len());
         assert_eq!(e["offset"], offset);
-        assert_eq!(e["sha256"], sha256(part.as_bytes()));
+        assert_eq!(e["digest"], digest(part.as_bytes()));
         assert_eq!(e["dropped"], serde_json::json!([]));
         offset += part.len();
     }
@@ -266,8 +266,8 @@ fn a_partial_rank_with_a_torn_record_is_refused_unless_allow_missing() {
     assert_eq!(e["dropped"][0]["line"], 4);
     assert_eq!(e["dropped"][0]["bytes"], 17);
     assert_eq!(
-        e["sha256"],
-        sha256(b"{\"r\":1,\"i\":0}\n{\"r\":1,\"i\":1}\n")
+        e["digest"],
+        digest(b"{\"r\":1,\"i\":0}\n{\"r\":1,\"i\":1}\n")
     );
     assert_eq!(serde_json::from_slice::<Value>(&o.stdout).unwrap(), m);
 }
@@ -321,9 +321,10 @@ fn invalid_json_mid_file_fails_a_committed_shard_and_ends_a_partial_one() {
     // An earlier salvage, which only --overwrite may replace: a failed merge keeps it.
     fs::write(r.out(), "previous merge\n").unwrap();
     let before = r.files();
+    // The bad line has its braces: only the full JSON check refuses it.
     for extra in [
-        &["--overwrite"][..],
-        &["--allow-missing", "--overwrite"][..],
+        &["--overwrite", "--validate", "json"][..],
+        &["--allow-missing", "--overwrite", "--validate", "json"][..],
     ] {
         let o = r.aggregate(extra);
         assert_eq!(code(&o), 1);
@@ -343,7 +344,7 @@ fn invalid_json_mid_file_fails_a_committed_shard_and_ends_a_partial_one() {
         r.split_dir().join("rank-1.partial.jsonl"),
     )
     .unwrap();
-    let o = r.aggregate(&["--allow-missing", "--overwrite"]);
+    let o = r.aggregate(&["--allow-missing", "--overwrite", "--validate", "json"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert_eq!(
         fs::read_to_string(r.out()).unwrap(),
@@ -404,6 +405,45 @@ fn usage_errors_exit_2_and_write_nothing() {
     let o = r.aggregate(&["--num-ranks", "1"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert_eq!(fs::read_to_string(r.out()).unwrap(), "{}\n");
+}
+
+#[test]
+fn the_validation_level_comes_from_the_flag_or_the_config_and_a_bad_one_is_named() {
+    let r = Run::new(Some(1));
+    // Its braces are in place but it is not JSON: only the full parse refuses it.
+    let shard = "{\"r\":0}\n{\"r\":1 oops}\n";
+    r.committed(0, shard);
+    let cfg = r.root.parent().unwrap().join("rl-node.toml");
+    fs::write(&cfg, "[aggregate]\nvalidate = \"strict\"\n").unwrap();
+    let cfg = cfg.to_str().unwrap();
+    let before = r.files();
+    for (args, named) in [
+        (&["--validate", "strict"][..], "--validate"),
+        (&["--config", cfg][..], "aggregate.validate"),
+    ] {
+        let o = r.aggregate(args);
+        assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(named), "{args:?}: {}", stderr(&o));
+        assert_eq!(r.files(), before);
+    }
+
+    // The default (utf8) takes the line, as documented.
+    let o = r.aggregate(&[]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(fs::read_to_string(r.out()).unwrap(), shard);
+
+    // json from the configuration refuses the committed shard; the flag overrides it.
+    fs::write(cfg, "[aggregate]\nvalidate = \"json\"\n").unwrap();
+    let o = r.aggregate(&["--config", cfg, "--overwrite"]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("rank-0.jsonl:2 is not valid JSON"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(fs::read_to_string(r.out()).unwrap(), shard);
+    let o = r.aggregate(&["--config", cfg, "--overwrite", "--validate", "utf8"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
 }
 
 #[test]
@@ -531,15 +571,35 @@ impl Shard {
         s.into_bytes()
     }
 
-    /// What the merge must take from this shard.
-    fn expected(&self) -> String {
+    /// Whether the merge at `level` refuses this shard's garbage line (as documented:
+    /// json parses it; utf8 refuses invalid UTF-8, NUL and a line whose brackets do not
+    /// close, and parses a line that starts with neither; none takes every line).
+    fn refused(&self, level: &str) -> bool {
+        let Some((g, _)) = &self.garbage else {
+            return false;
+        };
+        match level {
+            "json" => true,
+            "utf8" => !matches!(g.as_str(), "[1,2]]" | "{\"a\":1} {\"b\":2}"),
+            _ => false,
+        }
+    }
+
+    /// What the merge at `level` must take from this shard.
+    fn expected(&self, level: &str) -> String {
         if matches!(self.kind, Kind::Missing) {
             return String::new();
         }
-        self.records
+        let mut lines: Vec<String> = self
+            .records
             .iter()
-            .map(|(v, _)| serde_json::to_string(v).unwrap() + "\n")
-            .collect()
+            .map(|(v, _)| serde_json::to_string(v).unwrap())
+            .collect();
+        if let Some((g, after)) = self.garbage.as_ref().filter(|_| !self.refused(level)) {
+            lines.push(g.clone());
+            lines.extend(after.iter().map(|v| serde_json::to_string(v).unwrap()));
+        }
+        lines.into_iter().map(|l| l + "\n").collect()
     }
 }
 
@@ -550,7 +610,8 @@ proptest! {
     /// when a committed shard is corrupt, the merge fails and publishes nothing.
     #[test]
     fn merged_output_is_every_ranks_valid_records_in_order(
-        shards in prop::collection::vec(shard(), 1..5)
+        shards in prop::collection::vec(shard(), 1..5),
+        level in prop_oneof![Just("json"), Just("utf8"), Just("none")],
     ) {
         let r = Run::new(Some(shards.len() as u32));
         for (rank, s) in shards.iter().enumerate() {
@@ -560,8 +621,8 @@ proptest! {
                 Kind::Missing => {}
             }
         }
-        let o = r.aggregate(&["--allow-missing", "--json"]);
-        let corrupt = shards.iter().position(|s| matches!(s.kind, Kind::Committed) && s.garbage.is_some());
+        let o = r.aggregate(&["--allow-missing", "--json", "--validate", level]);
+        let corrupt = shards.iter().position(|s| matches!(s.kind, Kind::Committed) && s.refused(level));
         if let Some(rank) = corrupt {
             prop_assert_eq!(code(&o), 1, "{}", stderr(&o));
             prop_assert!(stderr(&o).contains(&format!("rank {rank}'s committed shard")), "{}", stderr(&o));
@@ -569,7 +630,7 @@ proptest! {
             prop_assert!(!r.manifest_path().exists());
         } else {
             prop_assert_eq!(code(&o), 0, "{}", stderr(&o));
-            let expected: String = shards.iter().map(Shard::expected).collect();
+            let expected: String = shards.iter().map(|s| s.expected(level)).collect();
             prop_assert_eq!(fs::read_to_string(r.out()).unwrap(), expected);
             let m = r.manifest();
             for (rank, s) in shards.iter().enumerate() {
@@ -580,13 +641,13 @@ proptest! {
                     Kind::Missing => "missing",
                 };
                 prop_assert_eq!(&e["status"], want);
-                prop_assert_eq!(&e["records"], &Value::from(if matches!(s.kind, Kind::Missing) { 0 } else { s.records.len() }));
+                prop_assert_eq!(&e["records"], &Value::from(s.expected(level).lines().count()));
                 // Reading a partial file stops at its garbage line, before any torn tail.
-                let torn = !matches!(s.kind, Kind::Missing) && s.torn.is_some() && s.garbage.is_none();
+                let torn = !matches!(s.kind, Kind::Missing) && s.torn.is_some() && !s.refused(level);
                 prop_assert_eq!(m["ranks"][rank]["dropped"].as_array().unwrap().iter()
                     .filter(|d| d["kind"] == "torn").count(), usize::from(torn));
                 if !matches!(s.kind, Kind::Missing) {
-                    prop_assert_eq!(&e["sha256"], &Value::from(sha256(s.expected().as_bytes())));
+                    prop_assert_eq!(&e["digest"], &Value::from(digest(s.expected(level).as_bytes())));
                 }
             }
         }

@@ -73,6 +73,11 @@ pub struct AggregateArgs {
     /// writes and reads them).
     #[arg(long)]
     pub strict_json: bool,
+    /// How much of each JSONL line is checked (overrides aggregate.validate): json (each
+    /// line parsed), utf8 (UTF-8 without NUL, brackets closed; the default) or none (lines
+    /// only). A last line without its newline is parsed at every level.
+    #[arg(long, value_name = "LEVEL", value_parser = ["json", "utf8", "none"])]
+    pub validate: Option<String>,
     /// Longest record accepted; a longer line counts as invalid.
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_RECORD_BYTES)]
     pub max_record_bytes: u64,
@@ -95,13 +100,18 @@ pub fn main(
     log_path: Option<String>,
     config: Option<PathBuf>,
 ) -> Result<Ending, Failure> {
-    let overrides: Vec<crate::config::CliOverride> = args
-        .format
-        .iter()
-        .map(|f| crate::config::CliOverride {
-            flag: "--format".into(),
-            key: "aggregate.format",
-            value: f.clone(),
+    let flags = [
+        ("--format", "aggregate.format", &args.format),
+        ("--validate", "aggregate.validate", &args.validate),
+    ];
+    let overrides: Vec<crate::config::CliOverride> = flags
+        .into_iter()
+        .filter_map(|(flag, key, value)| {
+            Some(crate::config::CliOverride {
+                flag: flag.into(),
+                key,
+                value: value.clone()?,
+            })
         })
         .collect();
     let loaded = match crate::config::load(
@@ -551,7 +561,7 @@ fn refuse_live(layout: &Layout) -> Result<(), Failure> {
 fn summary(m: &Manifest, format: Format, out: &Path) -> String {
     let mut s = render_ranks_in(&m.ranks, if format.is_tensor() { "row" } else { "record" });
     s.push_str(&render_problems(m));
-    let merged = m.ranks.iter().filter(|r| r.sha256.is_some()).count();
+    let merged = m.ranks.iter().filter(|r| r.was_merged()).count();
     let plural = |n: usize| if n == 1 { "" } else { "s" };
     let line = if format.is_tensor() {
         format!(
@@ -622,7 +632,7 @@ fn render_ranks_in(ranks: &[RankEntry], unit: &str) -> String {
         let mut l = format!("  rank {:<3} {:<9}", r.rank, r.status.as_str());
         match &r.source {
             // Merged: what was taken.
-            Some(src) if r.sha256.is_some() => {
+            Some(src) if r.was_merged() => {
                 let _ = write!(
                     l,
                     " {:>9} {unit}{} {:>10}  {src}",

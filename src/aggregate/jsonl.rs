@@ -1,25 +1,35 @@
-//! The JSONL merge, as a pipeline of threads so that the work of a merge (reading, JSON
-//! validation, SHA-256, writing) is spread over the machine's cores:
+//! The JSONL merge, as a pipeline of threads so that the work of a merge (reading,
+//! validation, hashing, writing) is spread over the machine's cores:
 //!
 //! - the calling thread reads each source into blocks of whole lines (about [`BLOCK`]
 //!   bytes; a line longer than a step is checked as it grows and never buffered past
 //!   `max_record_bytes`, see [`read_source`]);
-//! - validator threads check the lines of a block as UTF-8 and JSON (Python's
-//!   `NaN`/`Infinity` accepted unless strict), blocks in parallel;
+//! - validator threads check the lines of a block at the level asked ([`Validate`]:
+//!   UTF-8 and brackets by default, or a full JSON parse with Python's `NaN`/`Infinity`
+//!   accepted unless strict), blocks in parallel;
 //! - the sequencer thread takes the judged blocks back in order, does the accounting
 //!   (records, blank, torn and invalid lines, where a partial source stops, a corrupt
-//!   committed one), drops what is not a record and hashes each source's merged bytes;
-//! - the writer thread writes them and asks the kernel to start writing them back as it
-//!   goes, so the final fsync has little left to do.
+//!   committed one), drops what is not a record and hashes each source's merged bytes
+//!   (XXH3-128: SHA-256 took a quarter of the merge's time);
+//! - the writer thread puts them in the merged file and asks the kernel to start writing
+//!   them back as it goes, so the final fsync has little left to do.
+//!
+//! On the real filesystem the writer does not write the bytes it was handed: it copies
+//! the same byte ranges from the source file in the kernel (`copy_file_range`, as `cat`
+//! does), which saves a copy through user space; where the kernel cannot (another
+//! filesystem, an old kernel, the simulated directory) it writes them. The ranges are
+//! read a moment before they are copied, from the same open file; shards are never
+//! written again once committed, and a source that shrinks meanwhile fails the merge.
 //!
 //! Memory is bounded: blocks come from a fixed pool ([`POOL`] per validator) that the
 //! reader waits on, so a slow writer slows the reader instead of buffering the merge.
 
+use super::manifest::{xxh3_hex, JSONL_DIGEST};
 use super::TICK_BYTES;
-use super::{AggregateError, DropKind, Dropped, MergeOptions, RankEntry, RankStatus};
+use super::{AggregateError, DropKind, Dropped, MergeOptions, RankEntry, RankStatus, Validate};
 use crate::store::{DataRead, DataWrite, SharedDir};
-use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
+use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -46,6 +56,12 @@ const WRITEBACK: u64 = 8 << 20;
 pub(super) trait Output: Write + Send {
     /// `len` bytes from `offset` on have been written.
     fn written(&mut self, _offset: u64, _len: u64) {}
+
+    /// Append `len` bytes of `src` from `offset` in the kernel. `Ok(false)`: not possible
+    /// here, nothing was appended (the caller writes the bytes itself).
+    fn copy(&mut self, _src: &File, _offset: u64, _len: u64) -> io::Result<bool> {
+        Ok(false)
+    }
 }
 
 impl Output for Vec<u8> {}
@@ -54,6 +70,115 @@ impl Output for Box<dyn DataWrite + '_> {
     fn written(&mut self, offset: u64, len: u64) {
         DataWrite::written(&mut **self, offset, len);
     }
+}
+
+/// The merged file on the real filesystem: bytes copied in the kernel.
+impl Output for File {
+    fn written(&mut self, offset: u64, len: u64) {
+        DataWrite::written(self, offset, len);
+    }
+
+    fn copy(&mut self, src: &File, offset: u64, len: u64) -> io::Result<bool> {
+        use rustix::io::Errno;
+        let (mut off, mut done) = (offset, 0u64);
+        while done < len {
+            let want = (len - done).min(1 << 30) as usize;
+            match rustix::fs::copy_file_range(src, Some(&mut off), &*self, None, want) {
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "a shard ended before the bytes read from it: it changed during the merge",
+                    ))
+                }
+                Ok(n) => done += n as u64,
+                Err(Errno::INTR) => {}
+                // "Not here" (old kernels, across filesystems, filesystems without it),
+                // before anything was appended: the caller writes the bytes instead.
+                Err(Errno::NOSYS | Errno::XDEV | Errno::INVAL | Errno::OPNOTSUPP | Errno::BADF)
+                    if done == 0 =>
+                {
+                    return Ok(false)
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// Whether the merge may open `store`'s files itself, to copy their bytes in the kernel.
+/// Without the simulator the real directory is the only store; with it, the simulated
+/// directory (whose files are not on disk) is the store that cannot be read on several
+/// threads, so that is what tells them apart.
+pub(super) fn real_files(store: &dyn SharedDir) -> bool {
+    !cfg!(feature = "sim") || store.concurrent_data()
+}
+
+/// A source on the real filesystem, read from the same open file its bytes are later
+/// copied from.
+struct RealSource {
+    file: Arc<File>,
+    len: u64,
+}
+
+impl DataRead for RealSource {
+    fn size(&self) -> u64 {
+        self.len
+    }
+
+    fn read_more(&mut self, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
+        buf.reserve(max);
+        let spare = buf.spare_capacity_mut();
+        let room = spare.len().min(max);
+        loop {
+            match rustix::io::read(&*self.file, &mut spare[..room]) {
+                Ok((read, _)) => {
+                    let n = read.len();
+                    // SAFETY: the kernel initialized the first `n` bytes of the spare
+                    // capacity (rustix returns exactly those).
+                    unsafe { buf.set_len(buf.len() + n) };
+                    return Ok(n);
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+/// Merged bytes for the writer: `data` in memory and, when the source is a real file,
+/// where the same bytes are in it.
+struct Chunk {
+    data: Vec<u8>,
+    copy: Option<Spans>,
+}
+
+/// `data` of a [`Chunk`] as ranges of its source, then maybe an added newline.
+struct Spans {
+    file: Arc<File>,
+    /// (offset, length) in the source, in order.
+    ranges: Vec<(u64, u64)>,
+}
+
+/// Put `c` at the end of `out`: copied from its source in the kernel while `kernel`
+/// holds and the output can, else written from memory. Returns whether to copy in the
+/// kernel next time.
+fn put<W: Output>(out: &mut W, c: &Chunk, kernel: bool) -> io::Result<bool> {
+    let Some(spans) = c.copy.as_ref().filter(|_| kernel) else {
+        out.write_all(&c.data)?;
+        return Ok(kernel);
+    };
+    let mut at = 0usize;
+    for &(offset, len) in &spans.ranges {
+        if !out.copy(&spans.file, offset, len)? {
+            out.write_all(&c.data[at..])?;
+            return Ok(false);
+        }
+        at += len as usize;
+    }
+    // A newline added to a last record without one.
+    out.write_all(&c.data[at..])?;
+    Ok(true)
 }
 
 /// A line as the reader found it.
@@ -102,6 +227,8 @@ struct Source {
     committed: bool,
     /// Its size when the reader opened it.
     len: u64,
+    /// The open file, when its bytes can be copied in the kernel.
+    file: Option<Arc<File>>,
 }
 
 /// What the sequencer found in one source.
@@ -111,11 +238,12 @@ struct Tally {
     bytes: u64,
     dropped: Vec<Dropped>,
     problems: Vec<String>,
-    sha256: String,
+    /// `algorithm:hex` of the bytes merged.
+    digest: String,
 }
 
 /// The merge of `entries`' sources (read through `store`), in order, into `out`: fills each entry's offset,
-/// source size, counts, drops, problems and SHA-256 (a missing entry only gets its
+/// source size, counts, drops, problems and digest (a missing entry only gets its
 /// offset), and returns `out` with everything written (not synced).
 pub(super) fn merge_sources<W: Output>(
     store: &dyn SharedDir,
@@ -144,7 +272,7 @@ fn merge_in_blocks<W: Output>(
     let validators = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .clamp(1, 4);
-    let strict = opts.strict_json;
+    let check = Check::of(opts);
     // The number (from 1) of the last source the sequencer stopped reading.
     let stopped = AtomicUsize::new(0);
     let gone = || AggregateError::Write {
@@ -155,7 +283,7 @@ fn merge_in_blocks<W: Output>(
         let (work_tx, work_rx) = sync_channel::<(u64, Item)>(validators * POOL);
         let work_rx = Arc::new(Mutex::new(work_rx));
         let (judged_tx, judged_rx) = channel::<(u64, Item)>();
-        let (write_tx, write_rx) = sync_channel::<Vec<u8>>(POOL);
+        let (write_tx, write_rx) = sync_channel::<Chunk>(POOL);
         let (recycle_tx, recycle_rx) = channel::<Vec<u8>>();
         for _ in 0..validators {
             let work_rx = Arc::clone(&work_rx);
@@ -164,7 +292,7 @@ fn merge_in_blocks<W: Output>(
                 let next = work_rx.lock().map(|rx| rx.recv());
                 let Ok(Ok((seq, mut item))) = next else { break };
                 if let Item::Block(b) = &mut item {
-                    judge(b, strict);
+                    judge(b, check);
                 }
                 if judged_tx.send((seq, item)).is_err() {
                     break;
@@ -181,14 +309,15 @@ fn merge_in_blocks<W: Output>(
         let writer = s.spawn(move || -> io::Result<W> {
             let mut out = out;
             let (mut total, mut synced) = (0u64, 0u64);
-            for data in write_rx {
-                out.write_all(&data)?;
-                total += data.len() as u64;
+            let mut kernel = true;
+            for chunk in write_rx {
+                kernel = put(&mut out, &chunk, kernel)?;
+                total += chunk.data.len() as u64;
                 if total - synced >= WRITEBACK {
                     out.written(synced, total - synced);
                     synced = total;
                 }
-                give_back(&recycle_tx, data);
+                give_back(&recycle_tx, chunk.data);
             }
             out.flush()?;
             Ok(out)
@@ -242,7 +371,7 @@ fn merge_in_blocks<W: Output>(
         entry.bytes = t.bytes;
         entry.dropped.extend(t.dropped);
         entry.problems.extend(t.problems);
-        entry.sha256 = Some(t.sha256);
+        entry.digest = Some(t.digest);
         offset += t.bytes;
     }
     Ok(out)
@@ -319,7 +448,7 @@ fn read_source(
         path: PathBuf::new(),
         source: io::Error::other("the merge pipeline stopped"),
     };
-    let mut f = store.open_data(&path).map_err(rerr)?;
+    let (mut f, file) = open_source(store, &path).map_err(rerr)?;
     let len = f.size();
     entry.source_bytes = len;
     reader
@@ -329,6 +458,7 @@ fn read_source(
             shown: entry.source.clone().unwrap_or_default(),
             committed: entry.status == RankStatus::Complete,
             len,
+            file,
         }))
         .map_err(|()| broken())?;
     let cap = opts.max_record_bytes;
@@ -412,7 +542,7 @@ fn read_source(
             let why = if unfinished > cap {
                 Some(format!("record longer than {cap} bytes"))
             } else {
-                prefix_invalid(&block.data[start..], opts.strict_json)
+                prefix_invalid(&block.data[start..], Check::of(opts))
             };
             if let Some(why) = why {
                 block.data.truncate(start);
@@ -436,6 +566,24 @@ fn read_source(
     reader.send(Item::End).map_err(|()| broken())
 }
 
+/// A source open for reading, and the file itself when the merge may copy from it.
+type Opened = (Box<dyn DataRead>, Option<Arc<File>>);
+
+/// `path` opened for reading, and the file itself when the merge may copy from it.
+fn open_source(store: &dyn SharedDir, path: &Path) -> io::Result<Opened> {
+    if !real_files(store) {
+        return Ok((store.open_data(path)?, None));
+    }
+    // As the store opens data files: following a link, as `File::open` does.
+    let file = Arc::new(File::open(path)?);
+    let len = file.metadata()?.len();
+    let source = RealSource {
+        file: Arc::clone(&file),
+        len,
+    };
+    Ok((Box::new(source), Some(file)))
+}
+
 /// Consume the rest of a line known to be invalid, reading into `buf`'s spare room and
 /// keeping none of it; the bytes after its newline stay at the end of `buf`. Returns the
 /// bytes consumed (with the newline) and whether there was a newline (else: end of file).
@@ -457,17 +605,42 @@ fn skip_line(f: &mut dyn DataRead, buf: &mut Vec<u8>, chunk: usize) -> io::Resul
     }
 }
 
+/// How lines are checked: the level, and whether a JSON parse refuses Python's literals.
+#[derive(Clone, Copy)]
+struct Check {
+    level: Validate,
+    strict: bool,
+}
+
+impl Check {
+    fn of(opts: &MergeOptions) -> Check {
+        Check {
+            level: opts.validate,
+            strict: opts.strict_json,
+        }
+    }
+}
+
 /// Judge each line of `b` until the first that is not a record (which ends its source).
-fn judge(b: &mut Block, strict: bool) {
+fn judge(b: &mut Block, check: Check) {
+    // One pass over the whole block proves every line UTF-8 without NUL (no UTF-8
+    // sequence holds a newline byte); only a block that fails is checked line by line.
+    let clean = check.level == Validate::Utf8
+        && simdutf8::basic::from_utf8(&b.data).is_ok()
+        && memchr::memchr(0, &b.data).is_none();
     let mut start = 0;
     for line in &mut b.lines {
         match line {
-            Line::Text { end, verdict, .. } => {
+            Line::Text {
+                end,
+                newline,
+                verdict,
+            } => {
                 let text = &b.data[start..*end];
                 start = *end;
                 if text.iter().all(|c| c.is_ascii_whitespace()) {
                     *verdict = Verdict::Blank;
-                } else if let Err(why) = validate(text, strict) {
+                } else if let Err(why) = check_line(text, *newline, check, clean) {
                     *verdict = Verdict::Invalid(why);
                     return;
                 } else {
@@ -484,7 +657,7 @@ fn judge(b: &mut Block, strict: bool) {
 /// passes them to the writer. Returns one tally per source.
 fn sequence(
     judged: Receiver<(u64, Item)>,
-    write: SyncSender<Vec<u8>>,
+    write: SyncSender<Chunk>,
     recycle: Sender<Vec<u8>>,
     stopped: &AtomicUsize,
 ) -> Result<Vec<Tally>, AggregateError> {
@@ -492,7 +665,8 @@ fn sequence(
     let mut next = 1u64;
     let mut tallies: Vec<Tally> = Vec::new();
     let mut source: Option<Source> = None;
-    let mut hasher = Sha256::new();
+    let mut hasher = xxhash_rust::xxh3::Xxh3Default::new();
+    debug_assert_eq!(JSONL_DIGEST, super::DigestAlgorithm::Xxh3_128);
     let mut tally = Tally::default();
     // Per source: lines seen, bytes of the source before the current line, and whether it
     // ended (at an invalid line) before its end.
@@ -514,19 +688,28 @@ fn sequence(
                     (lineno, pos, done) = (0, 0, false);
                 }
                 Item::End => {
-                    tally.sha256 = hex::encode(hasher.finalize_reset());
+                    tally.digest =
+                        format!("{}:{}", JSONL_DIGEST.name(), xxh3_hex(hasher.digest128()));
+                    hasher.reset();
                     tallies.push(std::mem::take(&mut tally));
                 }
                 Item::Block(mut b) => {
                     let src = source.as_ref().expect("a block follows its source's start");
                     if !done {
-                        done = account(&mut b, src, &mut tally, &mut lineno, &mut pos)?;
+                        let mut ranges = Vec::new();
+                        let at = (&mut lineno, &mut pos);
+                        done = account(&mut b, src, &mut tally, at, &mut ranges)?;
                         if done {
                             stopped.store(sources, Ordering::Relaxed);
                         }
                         if !b.data.is_empty() {
                             hasher.update(&b.data);
-                            write.send(b.data).map_err(|_| writer_gone())?;
+                            let copy = src.file.as_ref().map(|file| Spans {
+                                file: Arc::clone(file),
+                                ranges,
+                            });
+                            let chunk = Chunk { data: b.data, copy };
+                            write.send(chunk).map_err(|_| writer_gone())?;
                             continue;
                         }
                     }
@@ -539,14 +722,16 @@ fn sequence(
 }
 
 /// Account for the lines of `b` (of source `src`), leaving in `b.data` only the bytes
-/// merged. Returns whether the source ends in this block (at a line that is not a
-/// record); a committed source with an invalid line is [`AggregateError::Corrupt`].
+/// merged and in `ranges` where they are in the source (`(lineno, pos)`: the lines and
+/// bytes of the source before `b`, moved past it). Returns whether the source ends in
+/// this block (at a line that is not a record); a committed source with an invalid line
+/// is [`AggregateError::Corrupt`].
 fn account(
     b: &mut Block,
     src: &Source,
     tally: &mut Tally,
-    lineno: &mut u64,
-    pos: &mut u64,
+    (lineno, pos): (&mut u64, &mut u64),
+    ranges: &mut Vec<(u64, u64)>,
 ) -> Result<bool, AggregateError> {
     let (mut start, mut kept) = (0usize, 0usize);
     let mut ended = false;
@@ -565,6 +750,11 @@ fn account(
                     Verdict::Record => {
                         if kept != from {
                             b.data.copy_within(from..to, kept);
+                        }
+                        let len = (to - from) as u64;
+                        match ranges.last_mut() {
+                            Some((offset, n)) if *offset + *n == *pos => *n += len,
+                            _ => ranges.push((*pos, len)),
                         }
                         kept += to - from;
                         tally.records += 1;
@@ -637,11 +827,75 @@ fn account(
 /// number cut after its `-`), so they do not prove the whole line invalid.
 const PREFIX_MARGIN: usize = 16;
 
-/// Whether a prefix of a line (more bytes follow) already proves the line invalid.
-fn prefix_invalid(prefix: &[u8], strict: bool) -> Option<String> {
+/// Whether the line `text` (not blank) is a record at `check`'s level. A line without its
+/// newline (the last of its source: where a writer that died stopped) is parsed as JSON
+/// at every level. `clean`: `text` is known to be UTF-8 without NUL.
+fn check_line(text: &[u8], newline: bool, check: Check, clean: bool) -> Result<(), String> {
+    match check.level {
+        _ if !newline => validate(text, check.strict),
+        Validate::Json => validate(text, check.strict),
+        Validate::None => Ok(()),
+        Validate::Utf8 => {
+            if !clean {
+                utf8_without_nul(text)?;
+            }
+            let first = text.iter().position(|c| !c.is_ascii_whitespace());
+            let last = text.iter().rposition(|c| !c.is_ascii_whitespace());
+            let (Some(first), Some(last)) = (first, last) else {
+                return Ok(());
+            };
+            let close = match text[first] {
+                b'{' => b'}',
+                b'[' => b']',
+                // A number, string or literal: short, so parsed in full.
+                _ => return validate(text, check.strict),
+            };
+            if last == first || text[last] != close {
+                return Err(format!(
+                    "starts with `{}` but does not end with `{}` (byte {})",
+                    text[first] as char,
+                    close as char,
+                    last + 1
+                ));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// `text` is UTF-8 and holds no NUL byte (JSON has none; a crash can leave zero-filled
+/// blocks in a file).
+fn utf8_without_nul(text: &[u8]) -> Result<(), String> {
+    if let Err(e) = simdutf8::compat::from_utf8(text) {
+        return Err(format!("invalid UTF-8 at byte {}", e.valid_up_to() + 1));
+    }
+    match memchr::memchr(0, text) {
+        Some(i) => Err(format!("NUL byte at byte {}", i + 1)),
+        None => Ok(()),
+    }
+}
+
+/// Whether a prefix of a line (more bytes follow) already proves the line invalid at
+/// `check`'s level (at level `none` nothing does: any line that ends is a record).
+fn prefix_invalid(prefix: &[u8], check: Check) -> Option<String> {
+    let strict = check.strict;
+    if check.level == Validate::None {
+        return None;
+    }
     if let Err(e) = simdutf8::compat::from_utf8(prefix) {
         if e.error_len().is_some() {
             return Some(format!("invalid UTF-8 at byte {}", e.valid_up_to() + 1));
+        }
+    }
+    if check.level == Validate::Utf8 {
+        if let Some(i) = memchr::memchr(0, prefix) {
+            return Some(format!("NUL byte at byte {}", i + 1));
+        }
+        // A line that starts like an object or array is checked at its end only.
+        if let Some(&c) = prefix.iter().find(|c| !c.is_ascii_whitespace()) {
+            if c == b'{' || c == b'[' {
+                return None;
+            }
         }
     }
     let check = |bytes: &[u8]| match serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
@@ -752,6 +1006,10 @@ mod tests {
         MergeOptions::default()
     }
 
+    fn xxh3(bytes: &[u8]) -> String {
+        format!("xxh3-128:{}", JSONL_DIGEST.hex_of(bytes))
+    }
+
     /// Scan `bytes` as one source file: what was merged from it, and its entry.
     fn scan_bytes(
         bytes: &[u8],
@@ -772,7 +1030,7 @@ mod tests {
             &mut || {},
         )?;
         let [e] = entries;
-        assert_eq!(e.sha256, Some(hex::encode(Sha256::digest(&out))));
+        assert_eq!(e.digest, Some(xxh3(&out)));
         assert_eq!(e.bytes, out.len() as u64);
         Ok((out, e))
     }
@@ -785,7 +1043,7 @@ mod tests {
     /// What the merge of one source must give, line by line as documented (the model the
     /// pipeline is checked against): merged bytes, records, and the drop or the line of a
     /// corrupt committed source.
-    fn model(bytes: &[u8], committed: bool, cap: u64) -> Result<Modelled, u64> {
+    fn model(bytes: &[u8], committed: bool, cap: u64, check: Check) -> Result<Modelled, u64> {
         let mut out = Vec::new();
         let (mut records, mut pos, mut lineno) = (0, 0u64, 0u64);
         for line in bytes.split_inclusive(|&b| b == b'\n') {
@@ -794,7 +1052,7 @@ mod tests {
             // A line longer than the cap is not a record, blank or not.
             let within = (line.len() - usize::from(newline)) as u64 <= cap;
             if within && line.iter().all(|b| b.is_ascii_whitespace()) {
-            } else if within && validate(line, false).is_ok() {
+            } else if within && check_line(line, newline, check, false).is_ok() {
                 out.extend_from_slice(line);
                 if !newline {
                     out.push(b'\n');
@@ -830,6 +1088,7 @@ mod tests {
             offset: 0,
             records: 0,
             bytes: 0,
+            digest: None,
             sha256: None,
             dropped: vec![],
             set_aside: vec![],
@@ -844,6 +1103,7 @@ mod tests {
         sources: &[Option<(Vec<u8>, bool)>],
         block: usize,
         cap: u64,
+        level: Validate,
     ) -> Result<(Vec<u8>, Vec<RankEntry>), AggregateError> {
         let d = tempfile::tempdir().unwrap();
         let mut entries = Vec::new();
@@ -869,6 +1129,7 @@ mod tests {
             &mut entries,
             &MergeOptions {
                 max_record_bytes: cap,
+                validate: level,
                 ..opts()
             },
             &mut || {},
@@ -877,14 +1138,23 @@ mod tests {
     }
 
     /// Check a merge of `sources` against the model, source by source.
-    fn check_against_model(sources: &[Option<(Vec<u8>, bool)>], block: usize, cap: u64) {
+    fn check_against_model(
+        sources: &[Option<(Vec<u8>, bool)>],
+        block: usize,
+        cap: u64,
+        level: Validate,
+    ) {
+        let check = Check {
+            level,
+            strict: false,
+        };
         let mut want = Vec::new();
         let mut corrupt = None;
         for (rank, s) in sources.iter().enumerate() {
             let Some((bytes, committed)) = s else {
                 continue;
             };
-            match model(bytes, *committed, cap) {
+            match model(bytes, *committed, cap, check) {
                 Ok(m) => want.push((rank, m)),
                 Err(line) => {
                     corrupt = Some((rank, line));
@@ -892,7 +1162,7 @@ mod tests {
                 }
             }
         }
-        let got = merge_all(sources, block, cap);
+        let got = merge_all(sources, block, cap, level);
         if let Some((rank, line)) = corrupt {
             match got {
                 Err(AggregateError::Corrupt {
@@ -915,11 +1185,7 @@ mod tests {
                 (records, bytes.len() as u64),
                 "rank {rank}"
             );
-            assert_eq!(
-                e.sha256,
-                Some(hex::encode(Sha256::digest(&bytes))),
-                "rank {rank}"
-            );
+            assert_eq!(e.digest, Some(xxh3(&bytes)), "rank {rank}");
             let dropped: Vec<_> = e
                 .dropped
                 .iter()
@@ -957,7 +1223,9 @@ mod tests {
             Some((committed, true)),
         ];
         for block in [1 << 20, 4096, 100] {
-            check_against_model(&sources, block, DEFAULT);
+            for level in [Validate::Json, Validate::Utf8, Validate::None] {
+                check_against_model(&sources, block, DEFAULT, level);
+            }
         }
     }
 
@@ -968,9 +1236,11 @@ mod tests {
         bad.extend(records(8000, 100));
         let sources = vec![Some((records(0, 10), true)), Some((bad, true))];
         for block in [1 << 20, 4096] {
-            check_against_model(&sources, block, DEFAULT);
+            for level in [Validate::Json, Validate::Utf8, Validate::None] {
+                check_against_model(&sources, block, DEFAULT, level);
+            }
         }
-        match merge_all(&sources, 4096, DEFAULT).unwrap_err() {
+        match merge_all(&sources, 4096, DEFAULT, Validate::Utf8).unwrap_err() {
             AggregateError::Corrupt { rank, line, .. } => assert_eq!((rank, line), (1, 8001)),
             e => panic!("{e}"),
         }
@@ -1069,6 +1339,137 @@ mod tests {
         assert!(e.dropped[0].reason.contains("longer than 1000"));
     }
 
+    /// What each level catches (the line ends a partial source) and lets through (the
+    /// line is merged), line by line, between two good records.
+    #[test]
+    fn each_level_catches_what_it_promises_and_lets_through_what_it_does_not_check() {
+        use Validate::{Json, None as Lines, Utf8};
+        let cases: [(&[u8], &[Validate]); 8] = [
+            // (the middle line, the levels that refuse it)
+            (b"{\"a\": 1, \"b\"}", &[Json]),
+            (b"[1, 2,, 3]", &[Json]),
+            (b"{\"a\": \"\xff\"}", &[Json, Utf8]),
+            (b"{\"a\": \x00\x00\x00 1}", &[Json, Utf8]),
+            (b"{\"a\": 1, \"b\": [1", &[Json, Utf8]),
+            (b"\x00\x00\x00\x00", &[Json, Utf8]),
+            (b"garbage", &[Json, Utf8]),
+            (b"\"a string\" 5", &[Json, Utf8]),
+        ];
+        for (line, refused_by) in cases {
+            let bytes = [&b"{\"r\":0}\n"[..], line, b"\n{\"r\":2}\n"].concat();
+            for level in [Json, Utf8, Lines] {
+                let o = MergeOptions {
+                    validate: level,
+                    ..opts()
+                };
+                let (out, e) = scan_bytes(&bytes, false, &o).unwrap();
+                let shown = String::from_utf8_lossy(line);
+                if refused_by.contains(&level) {
+                    assert_eq!(out, b"{\"r\":0}\n", "{level:?} lets {shown:?} through");
+                    assert_eq!(
+                        (e.dropped[0].kind, e.dropped[0].line),
+                        (DropKind::Invalid, 2)
+                    );
+                } else {
+                    assert_eq!(out, bytes, "{level:?} refuses {shown:?}");
+                    assert!(e.dropped.is_empty());
+                }
+            }
+        }
+        // A torn last line is caught at every level, brackets or not, and a complete one kept.
+        for level in [Json, Utf8, Lines] {
+            let o = MergeOptions {
+                validate: level,
+                ..opts()
+            };
+            for torn in [
+                &b"{\"r\":1, \"x\": {\"y\": 2}"[..],
+                b"{\"r\":1, \"b\"}",
+                b"\x00\x00",
+            ] {
+                let bytes = [&b"{\"r\":0}\n"[..], torn].concat();
+                let (out, e) = scan_bytes(&bytes, false, &o).unwrap();
+                assert_eq!(out, b"{\"r\":0}\n", "{level:?}");
+                assert_eq!(e.dropped[0].kind, DropKind::Torn, "{level:?}");
+            }
+            let (out, _) = scan_bytes(b"{\"r\":0}\n{\"r\":1}", false, &o).unwrap();
+            assert_eq!(out, b"{\"r\":0}\n{\"r\":1}\n", "{level:?}");
+        }
+        // At level utf8 a bracketed line in a committed shard is not parsed; garbage is.
+        let utf8 = opts();
+        assert!(scan_bytes(b"{\"a\": nan}\n", true, &utf8).is_ok());
+        assert!(matches!(
+            scan_bytes(b"nan\n", true, &utf8),
+            Err(AggregateError::Corrupt { line: 1, .. })
+        ));
+    }
+
+    /// An output that copies in the kernel like the merged file does, and counts it.
+    struct Counting {
+        f: File,
+        copied: u64,
+    }
+
+    impl Write for Counting {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            self.f.write(b)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            self.f.flush()
+        }
+    }
+
+    impl Output for Counting {
+        fn copy(&mut self, src: &File, offset: u64, len: u64) -> io::Result<bool> {
+            let copied = self.f.copy(src, offset, len)?;
+            self.copied += if copied { len } else { 0 };
+            Ok(copied)
+        }
+    }
+
+    #[test]
+    fn on_a_real_file_the_records_are_copied_in_the_kernel_around_what_is_dropped() {
+        let d = tempfile::tempdir().unwrap();
+        let mut committed = records(0, 3000);
+        committed.extend_from_slice(b"\n  \n");
+        committed.extend(records(3000, 2000));
+        committed.extend_from_slice(b"[\"no newline\"]");
+        let partial = [records(5000, 1000), b"{\"torn\": [1,".to_vec()].concat();
+        let mut entries = Vec::new();
+        for (rank, (bytes, done)) in [(&committed, true), (&partial, false)]
+            .into_iter()
+            .enumerate()
+        {
+            std::fs::write(d.path().join(format!("rank-{rank}.jsonl")), bytes).unwrap();
+            entries.push(entry(rank as u32, done));
+        }
+        let out = Counting {
+            f: File::create(d.path().join("merged")).unwrap(),
+            copied: 0,
+        };
+        let out = merge_in_blocks(
+            &crate::store::Fs,
+            4096,
+            out,
+            Path::new("tmp"),
+            d.path(),
+            &mut entries,
+            &opts(),
+            &mut || {},
+        )
+        .unwrap();
+        drop(out.f);
+        let merged = std::fs::read(d.path().join("merged")).unwrap();
+        let check = Check::of(&opts());
+        let (want0, ..) = model(&committed, true, DEFAULT, check).unwrap();
+        let (want1, ..) = model(&partial, false, DEFAULT, check).unwrap();
+        assert_eq!(merged, [want0.clone(), want1.clone()].concat());
+        // Everything but the newline added to the committed shard's last record.
+        assert_eq!(out.copied, merged.len() as u64 - 1);
+        assert_eq!(entries[0].digest, Some(xxh3(&want0)));
+        assert_eq!(entries[1].digest, Some(xxh3(&want1)));
+    }
+
     fn json_value() -> impl Strategy<Value = serde_json::Value> {
         use serde_json::Value;
         let leaf = prop_oneof![
@@ -1098,7 +1499,10 @@ mod tests {
             let bytes = text.as_bytes();
             let k = cut.index(bytes.len() + 1);
             prop_assert!(validate(bytes, true).is_ok());
-            prop_assert_eq!(prefix_invalid(&bytes[..k], true), None);
+            for level in [Validate::Json, Validate::Utf8, Validate::None] {
+                let check = Check { level, strict: true };
+                prop_assert_eq!(prefix_invalid(&bytes[..k], check), None);
+            }
         }
 
         /// Whatever the lines and however they fall into blocks, the pipeline merges what
@@ -1119,6 +1523,7 @@ mod tests {
                 1..4),
             block in 1usize..400,
             cap in prop_oneof![Just(DEFAULT), 0u64..40],
+            level in prop_oneof![Just(Validate::Json), Just(Validate::Utf8), Just(Validate::None)],
         ) {
             let sources: Vec<_> = sources
                 .into_iter()
@@ -1126,7 +1531,7 @@ mod tests {
                     (!missing).then(|| ([lines.concat().into_bytes(), tail.as_bytes().to_vec()].concat(), committed))
                 })
                 .collect();
-            check_against_model(&sources, block, cap);
+            check_against_model(&sources, block, cap, level);
         }
 
         /// The validator agrees with serde_json + UTF-8 on arbitrary (often invalid) bytes.

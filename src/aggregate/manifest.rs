@@ -2,13 +2,77 @@
 //! (`<out>.manifest.json`, see [`manifest_path`]) with one [`RankEntry`] per rank (its
 //! [`RankStatus`], the bytes [`Dropped`] from it) and, for tensor formats, where each
 //! rank's rows are in every [`MergedTensor`].
+//!
+//! A rank's bytes carry a digest. The JSONL merge writes `digest`, `xxh3-128:<hex>`: a
+//! non-cryptographic 128-bit hash fast enough not to slow a merge that runs at disk speed
+//! (the digest tells whether bytes are the ones merged; whoever can rewrite a shard can
+//! rewrite the manifest beside it too, so a cryptographic hash would add no protection).
+//! Tensor and command merges, and JSONL merges of earlier versions (format
+//! `rl-node-aggregate/1`), wrote `sha256`; [`RankEntry::digest`] reads either.
 
 use super::MergeOptions;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 /// The `format` of every manifest this version writes.
-pub const MANIFEST_FORMAT: &str = "rl-node-aggregate/1";
+/// (`rl-node-aggregate/1`: JSONL ranks carried `sha256` instead of `digest`.)
+pub const MANIFEST_FORMAT: &str = "rl-node-aggregate/2";
+
+/// The algorithm of the `digest` the JSONL merge writes for each rank.
+pub const JSONL_DIGEST: DigestAlgorithm = DigestAlgorithm::Xxh3_128;
+
+/// A digest algorithm a manifest may name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DigestAlgorithm {
+    /// XXH3, 128 bits, seed 0, hex as the xxHash tools print it (`xxh128sum`).
+    Xxh3_128,
+    Sha256,
+}
+
+impl DigestAlgorithm {
+    pub fn name(self) -> &'static str {
+        match self {
+            DigestAlgorithm::Xxh3_128 => "xxh3-128",
+            DigestAlgorithm::Sha256 => "sha256",
+        }
+    }
+
+    fn from_name(name: &str) -> Option<DigestAlgorithm> {
+        [DigestAlgorithm::Xxh3_128, DigestAlgorithm::Sha256]
+            .into_iter()
+            .find(|a| a.name() == name)
+    }
+
+    /// The hex digest of `bytes`.
+    pub fn hex_of(self, bytes: &[u8]) -> String {
+        match self {
+            DigestAlgorithm::Xxh3_128 => xxh3_hex(xxhash_rust::xxh3::xxh3_128(bytes)),
+            DigestAlgorithm::Sha256 => {
+                use sha2::Digest;
+                hex::encode(sha2::Sha256::digest(bytes))
+            }
+        }
+    }
+}
+
+/// An XXH3-128 value in hex, most significant byte first (the xxHash tools' canonical form).
+pub(crate) fn xxh3_hex(h: u128) -> String {
+    format!("{h:032x}")
+}
+
+/// A rank's digest as a manifest states it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RankDigest<'a> {
+    pub algorithm: DigestAlgorithm,
+    pub hex: &'a str,
+}
+
+impl RankDigest<'_> {
+    /// Whether `bytes` are the bytes this digest was made of.
+    pub fn matches(&self, bytes: &[u8]) -> bool {
+        self.algorithm.hex_of(bytes).eq_ignore_ascii_case(self.hex)
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -69,8 +133,14 @@ pub struct RankEntry {
     pub records: u64,
     /// Bytes merged from this rank (a newline added to a last record counts).
     pub bytes: u64,
-    /// SHA-256 of exactly the merged bytes taken from this rank (absent when missing, or
-    /// when the merge stopped before reading it).
+    /// Digest of exactly the merged bytes taken from this rank, `algorithm:hex`
+    /// (`xxh3-128:…`; absent when missing, or when the merge stopped before reading it).
+    /// Written by the JSONL merge.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    /// SHA-256 (hex) of the same bytes: what tensor and command merges write, and JSONL
+    /// manifests of format `rl-node-aggregate/1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
     pub dropped: Vec<Dropped>,
     /// Earlier attempts of this rank set aside (`rank-R.partial.jsonl.stale-genG`, older
@@ -86,6 +156,28 @@ pub struct RankEntry {
 }
 
 impl RankEntry {
+    /// Whether bytes of this rank were merged (it has a digest).
+    pub fn was_merged(&self) -> bool {
+        self.digest.is_some() || self.sha256.is_some()
+    }
+
+    /// The digest of this rank's merged bytes, from `digest` or else `sha256`; `None` when
+    /// nothing of the rank was merged, or `digest` names an algorithm this version does
+    /// not know.
+    pub fn digest(&self) -> Option<RankDigest<'_>> {
+        if let Some(d) = &self.digest {
+            let (name, hex) = d.split_once(':')?;
+            return Some(RankDigest {
+                algorithm: DigestAlgorithm::from_name(name)?,
+                hex,
+            });
+        }
+        self.sha256.as_deref().map(|hex| RankDigest {
+            algorithm: DigestAlgorithm::Sha256,
+            hex,
+        })
+    }
+
     /// The file this rank's data is read from: `source`, relative to the shared
     /// directory `root`.
     pub(super) fn source_path(&self, root: &Path) -> PathBuf {
@@ -242,6 +334,56 @@ pub fn manifest_path(out: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn xxh3_digests_are_written_as_the_xxhash_tools_print_them() {
+        // XXH3-128 of nothing, seed 0: 99aa06d3014798d86001c324468d497f (xxh128sum).
+        assert_eq!(
+            DigestAlgorithm::Xxh3_128.hex_of(b""),
+            "99aa06d3014798d86001c324468d497f"
+        );
+    }
+
+    /// A manifest as the JSONL merge wrote it before digests were named: still read, and
+    /// its ranks' SHA-256 still checked against their bytes.
+    #[test]
+    fn an_earlier_sha256_manifest_is_still_read_and_verified() {
+        let old = r#"{"format":"rl-node-aggregate/1","iteration":1,"split":"train",
+            "output":"train.jsonl","num_ranks":2,"allow_missing":true,"complete":false,
+            "records":1,"bytes":8,"torn_records":0,"dropped_bytes":0,"partial_ranks":[],
+            "missing_ranks":[1],"ranks":[
+              {"rank":0,"status":"complete","source":"rollouts/iter-0001/train/rank-0.jsonl",
+               "source_bytes":8,"offset":0,"records":1,"bytes":8,
+               "sha256":"c46e038996130ca73c5590df502cea086d20082b8e8048b41614aa97409e6fde",
+               "dropped":[],"set_aside":[],"problems":[]},
+              {"rank":1,"status":"missing","source":null,"source_bytes":0,"offset":8,
+               "records":0,"bytes":0,"sha256":null,"dropped":[],"set_aside":[],"problems":[]}],
+            "problems":[]}"#;
+        let m: Manifest = serde_json::from_str(old).unwrap();
+        let bytes = b"{\"r\":0}\n";
+        let d = m.ranks[0].digest().unwrap();
+        assert_eq!(d.algorithm, DigestAlgorithm::Sha256);
+        assert!(d.matches(bytes));
+        assert!(!d.matches(b"{\"r\":1}\n"));
+        assert!(m.ranks[0].was_merged());
+        assert!(m.ranks[1].digest().is_none() && !m.ranks[1].was_merged());
+
+        // This version's: the algorithm is named with the value; an unknown one is no digest.
+        let mut r = m.ranks[0].clone();
+        (r.sha256, r.digest) = (
+            None,
+            Some(format!("xxh3-128:{}", JSONL_DIGEST.hex_of(bytes))),
+        );
+        let json = serde_json::to_value(&r).unwrap();
+        assert!(json.get("sha256").is_none(), "{json}");
+        let r: RankEntry = serde_json::from_value(json).unwrap();
+        assert!(r.digest().unwrap().matches(bytes));
+        let other = RankEntry {
+            digest: Some("blake9:00".into()),
+            ..r
+        };
+        assert!(other.digest().is_none() && other.was_merged());
+    }
 
     #[test]
     fn manifest_path_is_beside_the_output() {

@@ -50,8 +50,8 @@ mod tensors;
 pub use cli::{main, AggregateArgs};
 pub use error::AggregateError;
 pub use manifest::{
-    manifest_path, DropKind, Dropped, Manifest, MergedPiece, MergedTensor, RankEntry, RankStatus,
-    RolloutModel, MANIFEST_FORMAT,
+    manifest_path, DigestAlgorithm, DropKind, Dropped, Manifest, MergedPiece, MergedTensor,
+    RankDigest, RankEntry, RankStatus, RolloutModel, JSONL_DIGEST, MANIFEST_FORMAT,
 };
 
 use command::merge_command;
@@ -89,8 +89,10 @@ pub struct MergeOptions {
     /// existing one is refused before anything is read ([`AggregateError::Exists`]) and
     /// the merge is renamed into place without replacing anything created meanwhile.
     pub replace: bool,
-    /// Reject Python's NaN / Infinity / -Infinity.
+    /// Reject Python's NaN / Infinity / -Infinity (wherever a line is parsed as JSON).
     pub strict_json: bool,
+    /// How much of each JSONL line is checked (`[aggregate] validate`).
+    pub validate: Validate,
     /// Longest record accepted; a longer line counts as invalid.
     pub max_record_bytes: u64,
     /// Format `command`: the merge command (`[aggregate] command`) and its timeout.
@@ -115,6 +117,52 @@ pub struct MergeOptions {
     pub mutation: Option<Mutation>,
 }
 
+/// How much of each JSONL line the merge checks before taking it as a record
+/// (`[aggregate] validate`, `rl-node aggregate --validate`). Every level checks the lines
+/// themselves: blank lines are skipped, a line longer than `max_record_bytes` is not a
+/// record, and a last line without its newline is parsed as JSON (a torn record is caught
+/// at every level; only that one line can lack its newline, so this costs nothing).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Validate {
+    /// Every line parsed as one JSON value, in UTF-8.
+    Json,
+    /// Every line valid UTF-8 without NUL bytes; a line that starts with `{` or `[`
+    /// (after whitespace) must end with the matching `}` or `]`, any other line is
+    /// parsed as JSON. Catches garbage, binary and zero-filled lines at the speed of the
+    /// UTF-8 check; not a malformed object whose brackets are in place.
+    #[default]
+    Utf8,
+    /// Lines only.
+    None,
+}
+
+impl Validate {
+    pub const NAMES: [&'static str; 3] = ["json", "utf8", "none"];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Validate::Json => "json",
+            Validate::Utf8 => "utf8",
+            Validate::None => "none",
+        }
+    }
+}
+
+impl std::str::FromStr for Validate {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Validate, String> {
+        match s {
+            "json" => Ok(Validate::Json),
+            "utf8" => Ok(Validate::Utf8),
+            "none" => Ok(Validate::None),
+            _ => Err(format!(
+                "`{s}` is not a validation level: json (every line parsed), utf8 (UTF-8 and brackets) or none (lines only)"
+            )),
+        }
+    }
+}
+
 /// A deliberately broken merge, for the simulator's own tests (never set by the node on
 /// its own): shows that the simulator catches records merged twice.
 #[doc(hidden)]
@@ -134,6 +182,7 @@ impl std::fmt::Debug for MergeOptions {
             .field("out", &self.out)
             .field("replace", &self.replace)
             .field("strict_json", &self.strict_json)
+            .field("validate", &self.validate)
             .field("max_record_bytes", &self.max_record_bytes)
             .field("command", &self.command)
             .field("command_timeout", &self.command_timeout)
@@ -152,6 +201,7 @@ impl Default for MergeOptions {
             out: None,
             replace: false,
             strict_json: false,
+            validate: Validate::default(),
             max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
             command: String::new(),
             command_timeout: Duration::from_secs(3600),
@@ -167,9 +217,11 @@ impl Default for MergeOptions {
 }
 
 impl MergeOptions {
-    /// The defaults with the merge command of `[aggregate]`.
+    /// The defaults with the merge command and validation level of `[aggregate]` (the
+    /// level was checked when the configuration was loaded).
     pub fn from_config(a: &crate::config::Aggregate) -> MergeOptions {
         MergeOptions {
+            validate: a.validate.parse().unwrap_or_default(),
             command: a.command.clone(),
             command_timeout: a.timeout,
             ..MergeOptions::default()
@@ -408,9 +460,16 @@ fn write_merged(
             return merge_command(layout, iteration, split, ranks, opts, tmp, tick);
         }
     }
-    let f = store.create_data(tmp).map_err(werr(tmp))?;
-    let mut f = merge_sources(store, f, tmp, layout.root(), ranks, opts, tick)?;
-    f.sync_all().map_err(werr(tmp))?;
+    if jsonl::real_files(store) {
+        // A file of its own, so that the merge can copy into it in the kernel.
+        let f = crate::store::fs::create_file(tmp).map_err(werr(tmp))?;
+        let f = merge_sources(store, f, tmp, layout.root(), ranks, opts, tick)?;
+        f.sync_all().map_err(werr(tmp))?;
+    } else {
+        let f = store.create_data(tmp).map_err(werr(tmp))?;
+        let mut f = merge_sources(store, f, tmp, layout.root(), ranks, opts, tick)?;
+        f.sync_all().map_err(werr(tmp))?;
+    }
     Ok(Extras::default())
 }
 
@@ -506,6 +565,7 @@ fn unreadable(
     });
     entry.records = 0;
     entry.bytes = 0;
+    entry.digest = None;
     entry.sha256 = None;
     Ok(())
 }

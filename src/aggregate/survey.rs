@@ -179,6 +179,7 @@ pub(super) fn survey(
         offset: 0,
         records: 0,
         bytes: 0,
+        digest: None,
         sha256: None,
         dropped: Vec::new(),
         set_aside,

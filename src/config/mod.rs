@@ -497,6 +497,9 @@ pub struct Aggregate {
     /// The rollout command numbers its files from the merged files present: refuse a
     /// rollout whose `{split_iteration}` differs (checked before it starts).
     pub check_numbering: bool,
+    /// How much of each JSONL line the merge checks: json | utf8 | none (checked in
+    /// `validate`; see `crate::aggregate::Validate`).
+    pub validate: String,
 }
 
 impl Aggregate {
@@ -1343,6 +1346,9 @@ fn validate_aggregate(l: &Loaded) -> Result<(), ConfigError> {
         .naming()
         .map_err(|e| l.invalid(e.key.config_key(), e.message))?;
     let format = naming.format();
+    if let Err(m) = a.validate.parse::<crate::aggregate::Validate>() {
+        return Err(l.invalid("aggregate.validate", m));
+    }
     if a.check_numbering && !naming.output_numbered() {
         return Err(l.invalid(
             "aggregate.check-numbering",
