@@ -106,14 +106,6 @@ impl Output for File {
     }
 }
 
-/// Whether the merge may open `store`'s files itself, to copy their bytes in the kernel.
-/// Without the simulator the real directory is the only store; with it, the simulated
-/// directory (whose files are not on disk) is the store that cannot be read on several
-/// threads, so that is what tells them apart.
-pub(super) fn real_files(store: &dyn SharedDir) -> bool {
-    !cfg!(feature = "sim") || store.concurrent_data()
-}
-
 /// A source on the real filesystem, read from the same open file its bytes are later
 /// copied from.
 struct RealSource {
@@ -571,11 +563,10 @@ type Opened = (Box<dyn DataRead>, Option<Arc<File>>);
 
 /// `path` opened for reading, and the file itself when the merge may copy from it.
 fn open_source(store: &dyn SharedDir, path: &Path) -> io::Result<Opened> {
-    if !real_files(store) {
+    let Some(file) = store.open_os_file(path)? else {
         return Ok((store.open_data(path)?, None));
-    }
-    // As the store opens data files: following a link, as `File::open` does.
-    let file = Arc::new(File::open(path)?);
+    };
+    let file = Arc::new(file);
     let len = file.metadata()?.len();
     let source = RealSource {
         file: Arc::clone(&file),

@@ -460,9 +460,9 @@ fn write_merged(
             return merge_command(layout, iteration, split, ranks, opts, tmp, tick);
         }
     }
-    if jsonl::real_files(store) {
-        // A file of its own, so that the merge can copy into it in the kernel.
-        let f = crate::store::fs::create_file(tmp).map_err(werr(tmp))?;
+    // An OS file where the store has them, so that the merge can copy into it in the
+    // kernel.
+    if let Some(f) = store.create_os_file(tmp).map_err(werr(tmp))? {
         let f = merge_sources(store, f, tmp, layout.root(), ranks, opts, tick)?;
         f.sync_all().map_err(werr(tmp))?;
     } else {

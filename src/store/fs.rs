@@ -208,6 +208,15 @@ impl SharedDir for Fs {
         Ok(Box::new(create_file(path)?))
     }
 
+    fn open_os_file(&self, path: &Path) -> io::Result<Option<File>> {
+        // As `open_data`: following a link, as `File::open` does.
+        Ok(Some(File::open(path)?))
+    }
+
+    fn create_os_file(&self, path: &Path) -> io::Result<Option<File>> {
+        Ok(Some(create_file(path)?))
+    }
+
     fn counts(&self) -> OpCounts {
         op_counts()
     }

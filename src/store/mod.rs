@@ -294,6 +294,22 @@ pub trait SharedDir: Send + Sync {
     /// `File::open` does. A missing file is a `NotFound` error.
     fn open_data(&self, path: &Path) -> io::Result<Box<dyn DataRead>>;
 
+    /// The operating system's file at `path`, open for reading, where this store's files
+    /// are the OS's (a merge copies from it in the kernel, `copy_file_range`); `None`
+    /// where they are not (the simulated directory), and the caller reads through
+    /// [`SharedDir::open_data`].
+    fn open_os_file(&self, path: &Path) -> io::Result<Option<std::fs::File>> {
+        let _ = path;
+        Ok(None)
+    }
+
+    /// [`SharedDir::create_data`] as the operating system's file (for `copy_file_range`
+    /// into it); `None` where this store's files are not the OS's.
+    fn create_os_file(&self, path: &Path) -> io::Result<Option<std::fs::File>> {
+        let _ = path;
+        Ok(None)
+    }
+
     /// A new, empty data file at `path` for writing (whatever stood at the name is removed
     /// first, never written through; see [`fs::create_file`]). What it writes is durable
     /// once [`DataWrite::sync_all`] returns.
