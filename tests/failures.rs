@@ -190,7 +190,10 @@ fn twelve_nodes_read_in_parallel_pass_their_barriers_and_name_a_killed_rank() {
     let exits = wait_exits(&mut rank0, limit);
     let err = rank0[0].stderr();
     assert_eq!(exits[0].0, 3, "{err}");
-    assert!(err.contains("rank 9 on ") && err.contains("is dead"), "{err}");
+    assert!(
+        err.contains("rank 9 on ") && err.contains("is dead"),
+        "{err}"
+    );
     let abort = abort_record(&c);
     assert_eq!(abort["culprit"], 9, "{abort}");
     for n in nodes.iter_mut().filter(|n| n.rank != 9) {

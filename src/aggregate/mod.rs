@@ -507,7 +507,11 @@ fn publish(
     // which makes the merged file's rename durable with it: one directory sync for both.
     // A crash before it may lose the merged file's name too, which costs nothing: the
     // merge is not journaled yet, so it runs again.
-    debug_assert_eq!(mpath.parent(), Some(out_dir), "the manifest lies beside its file");
+    debug_assert_eq!(
+        mpath.parent(),
+        Some(out_dir),
+        "the manifest lies beside its file"
+    );
     store.publish_json(&mpath, manifest).map_err(werr(&mpath))
 }
 

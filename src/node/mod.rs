@@ -3384,7 +3384,10 @@ impl Node {
         }
         let run = ranks.len().div_ceil(threads);
         std::thread::scope(|s| {
-            let runs: Vec<_> = ranks.chunks(run).map(|c| s.spawn(move || read(c))).collect();
+            let runs: Vec<_> = ranks
+                .chunks(run)
+                .map(|c| s.spawn(move || read(c)))
+                .collect();
             runs.into_iter()
                 .flat_map(|h| h.join().expect("a record read does not panic"))
                 .collect()
