@@ -147,6 +147,21 @@ fn bench_tensors_pairs_the_merge_with_cat() {
 }
 
 #[test]
+fn bench_aggregate_pairs_the_merge_with_cat_for_both_shapes() {
+    let text = tiny("bench-aggregate", &[], Duration::from_secs(90));
+    assert_says(
+        &text,
+        "bench-aggregate",
+        &[
+            "merged file identical to cat's output",
+            "pairs (cat time / merge time)",
+            "UTF-8  merge (default validation)",
+            "ASCII  merge (default validation)",
+        ],
+    );
+}
+
+#[test]
 fn bench_overhead_runs_every_part() {
     let text = tiny("bench-overhead", &[], Duration::from_secs(170));
     assert_says(
