@@ -117,51 +117,7 @@ pub struct MergeOptions {
     pub mutation: Option<Mutation>,
 }
 
-/// How much of each JSONL line the merge checks before taking it as a record
-/// (`[aggregate] validate`, `rl-node aggregate --validate`). Every level checks the lines
-/// themselves: blank lines are skipped, a line longer than `max_record_bytes` is not a
-/// record, and a last line without its newline is parsed as JSON (a torn record is caught
-/// at every level; only that one line can lack its newline, so this costs nothing).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Validate {
-    /// Every line parsed as one JSON value, in UTF-8.
-    Json,
-    /// Every line valid UTF-8 without NUL bytes; a line that starts with `{` or `[`
-    /// (after whitespace) must end with the matching `}` or `]`, any other line is
-    /// parsed as JSON. Catches garbage, binary and zero-filled lines at the speed of the
-    /// UTF-8 check; not a malformed object whose brackets are in place.
-    #[default]
-    Utf8,
-    /// Lines only.
-    None,
-}
-
-impl Validate {
-    pub const NAMES: [&'static str; 3] = ["json", "utf8", "none"];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Validate::Json => "json",
-            Validate::Utf8 => "utf8",
-            Validate::None => "none",
-        }
-    }
-}
-
-impl std::str::FromStr for Validate {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Validate, String> {
-        match s {
-            "json" => Ok(Validate::Json),
-            "utf8" => Ok(Validate::Utf8),
-            "none" => Ok(Validate::None),
-            _ => Err(format!(
-                "`{s}` is not a validation level: json (every line parsed), utf8 (UTF-8 and brackets) or none (lines only)"
-            )),
-        }
-    }
-}
+pub use crate::shards::naming::Validate;
 
 /// A deliberately broken merge, for the simulator's own tests (never set by the node on
 /// its own): shows that the simulator catches records merged twice.

@@ -498,7 +498,7 @@ pub struct Aggregate {
     /// rollout whose `{split_iteration}` differs (checked before it starts).
     pub check_numbering: bool,
     /// How much of each JSONL line the merge checks: json | utf8 | none (checked in
-    /// `validate`; see `crate::aggregate::Validate`).
+    /// `validate`; see `crate::shards::naming::Validate`).
     pub validate: String,
 }
 
@@ -1346,7 +1346,7 @@ fn validate_aggregate(l: &Loaded) -> Result<(), ConfigError> {
         .naming()
         .map_err(|e| l.invalid(e.key.config_key(), e.message))?;
     let format = naming.format();
-    if let Err(m) = a.validate.parse::<crate::aggregate::Validate>() {
+    if let Err(m) = a.validate.parse::<crate::shards::naming::Validate>() {
         return Err(l.invalid("aggregate.validate", m));
     }
     if a.check_numbering && !naming.output_numbered() {

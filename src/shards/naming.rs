@@ -1,4 +1,5 @@
-//! Where rank shards, partial shards and merged files live, and in which format they are.
+//! Where rank shards, partial shards and merged files live, in which format they are, and
+//! how much of each JSONL line a merge checks ([`Validate`]).
 //!
 //! The `[aggregate]` keys `format`, `shard-name`, `partial-name` and `output-name` become
 //! one [`Naming`], which [`crate::layout::Layout`] consults for `shard`, `shard_partial`
@@ -701,6 +702,52 @@ pub fn derive_partial(shard: &str) -> String {
         }
     }
     format!("{shard}.partial")
+}
+
+/// How much of each JSONL line the merge checks before taking it as a record
+/// (`[aggregate] validate`, `rl-node aggregate --validate`). Every level checks the lines
+/// themselves: blank lines are skipped, a line longer than `max_record_bytes` is not a
+/// record, and a last line without its newline is parsed as JSON (a torn record is caught
+/// at every level; only that one line can lack its newline, so this costs nothing).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Validate {
+    /// Every line parsed as one JSON value, in UTF-8.
+    Json,
+    /// Every line valid UTF-8 without NUL bytes; a line that starts with `{` or `[`
+    /// (after whitespace) must end with the matching `}` or `]`, any other line is
+    /// parsed as JSON. Catches garbage, binary and zero-filled lines at the speed of the
+    /// UTF-8 check; not a malformed object whose brackets are in place.
+    #[default]
+    Utf8,
+    /// Lines only.
+    None,
+}
+
+impl Validate {
+    pub const NAMES: [&'static str; 3] = ["json", "utf8", "none"];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Validate::Json => "json",
+            Validate::Utf8 => "utf8",
+            Validate::None => "none",
+        }
+    }
+}
+
+impl std::str::FromStr for Validate {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Validate, String> {
+        match s {
+            "json" => Ok(Validate::Json),
+            "utf8" => Ok(Validate::Utf8),
+            "none" => Ok(Validate::None),
+            _ => Err(format!(
+                "`{s}` is not a validation level: json (every line parsed), utf8 (UTF-8 and brackets) or none (lines only)"
+            )),
+        }
+    }
 }
 
 #[cfg(test)]
