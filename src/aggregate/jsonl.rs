@@ -119,22 +119,7 @@ impl DataRead for RealSource {
     }
 
     fn read_more(&mut self, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
-        buf.reserve(max);
-        let spare = buf.spare_capacity_mut();
-        let room = spare.len().min(max);
-        loop {
-            match rustix::io::read(&*self.file, &mut spare[..room]) {
-                Ok((read, _)) => {
-                    let n = read.len();
-                    // SAFETY: the kernel initialized the first `n` bytes of the spare
-                    // capacity (rustix returns exactly those).
-                    unsafe { buf.set_len(buf.len() + n) };
-                    return Ok(n);
-                }
-                Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
+        crate::store::fs::read_more(&self.file, buf, max)
     }
 }
 

@@ -241,7 +241,7 @@ impl DataRead for DataFile {
 /// Read at most `max` bytes of `f` (from its offset) onto the end of `buf`, straight into
 /// its spare capacity (no zeroing, no second buffer: a merge reads gigabytes this way).
 /// Returns how many; 0 at the end of the file.
-fn read_more(f: &File, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
+pub(crate) fn read_more(f: &File, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
     buf.reserve(max);
     let spare = buf.spare_capacity_mut();
     let room = spare.len().min(max);
