@@ -3355,8 +3355,7 @@ impl Node {
     /// Rank `rank`'s record in generation `gen` as read now; missing, torn or unreadable
     /// is `None` ("not yet": a live record is judged by what it says, not by its name).
     fn read_record(&self, gen: u64, rank: u32) -> Option<RankRecord> {
-        let path = self.layout.rank_record(gen, rank);
-        self.store.read_json::<RankRecord>(&path).ok().flatten()
+        read_rank_record(&*self.store, &self.layout, gen, rank)
     }
 
     /// These ranks' records of generation `gen`, in their order, each stamped with the
@@ -3370,8 +3369,7 @@ impl Node {
             ranks
                 .iter()
                 .map(|&r| {
-                    let path = layout.rank_record(gen, r);
-                    let record = store.read_json::<RankRecord>(&path).ok().flatten();
+                    let record = read_rank_record(store, layout, gen, r);
                     (r, record, clock.since_start())
                 })
                 .collect()
@@ -3404,6 +3402,19 @@ impl Node {
     fn append_log(&self, path: &Path, text: &str) {
         let _ = self.store.append(path, text.as_bytes(), false);
     }
+}
+
+/// Rank `rank`'s record of generation `gen`; `None`: missing, unreadable or unparsable.
+fn read_rank_record(
+    store: &dyn SharedDir,
+    layout: &Layout,
+    gen: u64,
+    rank: u32,
+) -> Option<RankRecord> {
+    store
+        .read_json::<RankRecord>(&layout.rank_record(gen, rank))
+        .ok()
+        .flatten()
 }
 
 /// The fewest ranks one reading thread takes in a poll round: below twice this, a round
