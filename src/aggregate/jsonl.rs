@@ -92,14 +92,15 @@ impl Output for File {
                 }
                 Ok(n) => done += n as u64,
                 Err(Errno::INTR) => {}
-                // "Not here" (old kernels, across filesystems, filesystems without it),
-                // before anything was appended: the caller writes the bytes instead.
-                Err(Errno::NOSYS | Errno::XDEV | Errno::INVAL | Errno::OPNOTSUPP | Errno::BADF)
-                    if done == 0 =>
-                {
-                    return Ok(false)
+                Err(e) => {
+                    let e = io::Error::from(e);
+                    // "Not here" before anything was appended: the caller writes the
+                    // bytes instead.
+                    if done == 0 && crate::store::fs::copy_unsupported(&e) {
+                        return Ok(false);
+                    }
+                    return Err(e);
                 }
-                Err(e) => return Err(e.into()),
             }
         }
         Ok(true)

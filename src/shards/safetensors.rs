@@ -814,7 +814,7 @@ impl Merger<'_> {
                 Ok(k) if k == left => left = 0,
                 // Past the input's end: it shrank.
                 Ok(_) => return Err(shrank(input)),
-                Err(e) if copy_unsupported(&e) => *kernel_copy = false,
+                Err(e) if crate::store::fs::copy_unsupported(&e) => *kernel_copy = false,
                 // A full disk is the output's; other errors are taken as the input's (the
                 // copy reads it).
                 Err(e) if out_of_space(&e) => return Err(self.werr(e)),
@@ -857,7 +857,7 @@ fn copy_range(src: &File, src_off: u64, dst: &File, dst_off: u64, len: u64) -> i
             Err(e) => {
                 let e = io::Error::from(e);
                 // Nothing copied yet: let the caller fall back from the start of the range.
-                if done == 0 || !copy_unsupported(&e) {
+                if done == 0 || !crate::store::fs::copy_unsupported(&e) {
                     return Err(e);
                 }
                 return Ok(done);
@@ -875,15 +875,6 @@ fn out_of_space(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
         Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG)
-    )
-}
-
-/// Errors with which `copy_file_range` says "not here" (old kernels, across filesystems,
-/// filesystems without it) rather than that the data cannot be read or written.
-fn copy_unsupported(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::ENOSYS | libc::EXDEV | libc::EINVAL | libc::EOPNOTSUPP | libc::EBADF)
     )
 }
 

@@ -257,6 +257,16 @@ pub(crate) fn read_more(f: &File, buf: &mut Vec<u8>, max: usize) -> io::Result<u
     Ok(n)
 }
 
+/// Errors with which `copy_file_range` says "not here" (old kernels, across filesystems,
+/// filesystems without it) rather than that the data cannot be read or written: the
+/// caller copies through user space instead.
+pub(crate) fn copy_unsupported(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOSYS | libc::EXDEV | libc::EINVAL | libc::EOPNOTSUPP | libc::EBADF)
+    )
+}
+
 impl DataWrite for File {
     fn written(&mut self, offset: u64, len: u64) {
         start_writeback(self, offset, len);
