@@ -201,6 +201,69 @@ fn twelve_nodes_read_in_parallel_pass_their_barriers_and_name_a_killed_rank() {
     }
 }
 
+/// Ten nodes gathering through group leaders (`barrier-groups-from = 4`: groups of three
+/// workers, 1-3, 4-6 and 7-9, led by 1, 4 and 7). Iteration 1 passes every barrier with
+/// rank 0 reading only the leaders, and its merged file holds every rank's record (what
+/// each rank gathered reached rank 0 through its leader). In iteration 2 rank 5, a member
+/// rank 0 never reads, is killed: its leader declares it dead, and rank 0 names it.
+#[test]
+fn ten_nodes_in_groups_pass_barriers_through_leaders_and_a_leader_names_a_killed_member() {
+    let c = TestCluster::new(
+        10,
+        "[phases.rollout]\ncommand = \"if [ {iteration} = 2 ]; then sleep 8{rank}2; fi; echo '{{\\\"rank\\\": {rank}}}' > {output}\"\n",
+    );
+    let config = std::fs::read_to_string(&c.config).unwrap();
+    std::fs::write(
+        &c.config,
+        config.replacen("[cluster]\n", "[cluster]\nbarrier-groups-from = 4\n", 1),
+    )
+    .unwrap();
+    let mut nodes = c.spawn_all(&["--iterations", "2"]);
+    let limit = Duration::from_secs(120);
+    for r in 0..10 {
+        c.wait_phase(r, 2, "train-rollout", limit);
+    }
+    let merged =
+        std::fs::read_to_string(c.log_path.join("rollouts/iter-0001/train.jsonl")).unwrap();
+    let mut ranks: Vec<u64> = merged
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["rank"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    ranks.sort();
+    assert_eq!(ranks, (0..10).collect::<Vec<_>>(), "{merged}");
+    // The leaders published their groups' arrivals; a member has none to publish.
+    for r in [1, 4, 7] {
+        let rec = c.record(r).unwrap();
+        assert!(rec["group"]["k"].as_u64().unwrap() > 0, "rank {r}: {rec}");
+    }
+    assert!(c.record(5).unwrap().get("group").is_none());
+    wait_until(limit, "rank 5's sleep to run", || {
+        !process_alive_with("sleep 852").is_empty()
+    });
+    nodes[5].signal(libc::SIGKILL);
+    let mut rank0: Vec<&mut NodeProc> = nodes.iter_mut().filter(|n| n.rank == 0).collect();
+    let exits = wait_exits(&mut rank0, limit);
+    let err = rank0[0].stderr();
+    assert_eq!(exits[0].0, 3, "{err}");
+    assert!(
+        err.contains("rank 5 on ") && err.contains("is dead"),
+        "{err}"
+    );
+    let abort = abort_record(&c);
+    assert_eq!(
+        (abort["culprit"].as_u64(), abort["detected_by"].as_u64()),
+        (Some(5), Some(4)),
+        "{abort}"
+    );
+    for n in nodes.iter_mut().filter(|n| n.rank != 5) {
+        n.wait(limit);
+    }
+}
+
 // ------------------------------------------------------------------ 1, 2: kill -9
 
 /// Kill `victim` with SIGKILL while all 3 ranks run a long rollout; the survivors must stop

@@ -88,6 +88,9 @@ pub struct Cluster {
     pub eval_split: String,
     /// The first iteration rl-node runs; earlier ones ran before it (a run.sh directory).
     pub first_iteration: u64,
+    /// From this many nodes on, barriers gather through group leaders
+    /// (`protocol::topology`); 0: never.
+    pub barrier_groups_from: u32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -141,6 +141,12 @@ pub const RANGES: &[Bound] = &[
         MAX_ITERATION,
         "iterations are numbered from 1",
     ),
+    int(
+        "cluster.barrier-groups-from",
+        0,
+        4096,
+        "a cluster has at most 4096 nodes",
+    ),
     wait("timing.heartbeat-interval"),
     wait("timing.dead-after"),
     wait("timing.poll-interval"),

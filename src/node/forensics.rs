@@ -30,7 +30,6 @@ use super::Node;
 use crate::events;
 use crate::logging;
 use crate::process::forensics as collect;
-use crate::protocol::watch as watching;
 use crate::protocol::HangCall;
 use crate::store::SharedDir;
 use std::collections::BTreeSet;
@@ -323,7 +322,11 @@ impl Node {
         }
         if self.machine.watch.formed {
             let now = self.clock.since_start();
-            let live: Vec<(u32, Duration)> = watching::watched(self.rank, self.num_nodes())
+            let live: Vec<(u32, Duration)> = self
+                .machine
+                .watching()
+                .watched(self.rank)
+                .into_iter()
                 .filter(|r| {
                     self.machine
                         .watch
@@ -379,8 +382,9 @@ impl Node {
                 .filter(|(r, _)| *r as u32 != rank)
                 .filter_map(|(_, p)| p.as_ref()?.hang_call.as_ref());
             for call in self.hang.unanswered(seen) {
-                // Workers read only rank 0's record: it passes a worker's call on.
-                if self.is_master() {
+                // Workers read only rank 0's record: it passes a worker's call on (and a
+                // group's leader its members' calls, to rank 0).
+                if self.is_master() || self.machine.topology().is_leader(self.rank) {
                     if let Some(p) = &self.publisher {
                         let relayed = call.clone();
                         p.update(|r| r.hang_call = Some(relayed));

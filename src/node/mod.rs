@@ -698,6 +698,10 @@ impl Node {
             cluster: layout.cluster_name().map(str::to_string),
             heartbeat_interval: cfg.timing.heartbeat_interval,
             dead_after: cfg.timing.dead_after,
+            topology: crate::protocol::topology::Topology::for_cluster(
+                num_nodes,
+                cfg.cluster.barrier_groups_from,
+            ),
         })
         .with_mutations(machine::Mutations {
             barrier: parts.broken.barrier,
@@ -1215,6 +1219,10 @@ impl Node {
                 r.released = Some(mark);
                 r.waiting_for.clear();
             }),
+            Change::GroupArrived(mark) => self.publisher().update(|r| {
+                r.group = Some(mark);
+                r.waiting_for.clear();
+            }),
             // For `status` only: it goes out with the next heartbeat (or is cleared by the
             // release), not as a write of its own that the release could queue behind.
             Change::WaitingFor(missing) => {
@@ -1495,9 +1503,14 @@ impl Node {
                 "rank 0 to release barrier {name} (iteration {})",
                 self.iteration
             );
-            let waited = self.wait_for(deadline, |n| match n.machine.progress::<G, B>() {
-                Progress::Released { broadcast } => Ok(Some(broadcast)),
-                _ => Ok(None),
+            // A group's leader publishes its group's arrival from here (an effect).
+            let waited = self.wait_for(deadline, |n| {
+                let progress = n.machine.progress::<G, B>();
+                n.drive_machine()?;
+                match progress {
+                    Progress::Released { broadcast } => Ok(Some(broadcast)),
+                    _ => Ok(None),
+                }
             });
             self.end_wait(waited, || format!("barrier {name} was not released"))
         }

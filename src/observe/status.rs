@@ -163,19 +163,27 @@ pub fn read_layout(layout: &Layout) -> Result<Status, String> {
     let layout = layout.clone();
     let c = super::read_cluster(&layout)?;
     let records = read_records(&layout, &c);
-    // Heartbeat ages as rank 0 observes its peers (its own file), and rank 0's as rank 1
-    // observes it (in rank 1's record).
+    // Heartbeat ages as rank 0 observes its peers (its own file: every worker, or in a
+    // cluster of groups the leaders), and the others' as a rank that reads them observes
+    // them (in its record: rank 0's in rank 1's, a group member's in its leader's).
     let by_rank0: Vec<(u32, u64)> = store::fs::read_json::<ObservedFile>(&layout.observed(c.gen))
         .ok()
         .flatten()
         .map(|o| o.ages_ms)
         .unwrap_or_default();
     let observed = |rank: u32| -> Option<u64> {
-        let ages = match rank {
-            0 => &records.get(1)?.as_ref()?.observed_ms,
-            _ => &by_rank0,
+        let find = |ages: &[(u32, u64)]| ages.iter().find(|(r, _)| *r == rank).map(|(_, ms)| *ms);
+        let by_peer = || {
+            records
+                .iter()
+                .enumerate()
+                .filter(|(r, _)| *r as u32 != rank)
+                .find_map(|(_, rec)| find(&rec.as_ref()?.observed_ms))
         };
-        ages.iter().find(|(r, _)| *r == rank).map(|(_, ms)| *ms)
+        match rank {
+            0 => by_peer(),
+            _ => find(&by_rank0).or_else(by_peer),
+        }
     };
     let abort = read_abort(&layout, c.gen, &records);
     let waiting_for = records

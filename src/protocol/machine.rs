@@ -21,6 +21,7 @@
 
 use super::barrier::{Barrier, Progress};
 use super::messages::Payload;
+use super::topology::Topology;
 use super::watch::{self, Note, Watch};
 use super::{AbortInfo, AbortKind, Liveness, Mark, NodeState, RankRecord};
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -37,6 +38,8 @@ pub struct Settings {
     pub cluster: Option<String>,
     pub heartbeat_interval: Duration,
     pub dead_after: Duration,
+    /// Who reads whom at barriers and for liveness: flat, or through group leaders.
+    pub topology: Topology,
 }
 
 /// Where the node is, for the aborts it writes: the phase's label and the iteration.
@@ -77,6 +80,9 @@ pub enum Change {
     Arrived(Mark),
     /// Publish now: rank 0 released a barrier (and waits for nobody).
     Released(Mark),
+    /// Publish now: every rank of this leader's group arrived at a barrier (and it waits
+    /// for none of them).
+    GroupArrived(Mark),
     /// With the next heartbeat: the ranks rank 0 still waits for (for `status`).
     WaitingFor(Vec<u32>),
     /// With the next heartbeat: how long each watched rank's heartbeat has been still.
@@ -110,8 +116,10 @@ struct AtBarrier {
     iteration: u64,
     name: String,
     arrival: Mark,
-    /// Rank 0: the ranks it said it waits for last.
+    /// Rank 0 (or a leader): the ranks it said it waits for last.
     missing: Vec<u32>,
+    /// A group's leader: its group's arrival is published.
+    grouped: bool,
 }
 
 /// A deliberately broken machine, for showing that the simulator catches it (`sim`
@@ -137,8 +145,8 @@ pub struct NodeMachine {
     /// The barrier counter of the generation: every rank walks the same sequence.
     k: u64,
     at: Option<AtBarrier>,
-    /// Rank 0 waits at this barrier: it reads only the ranks still missing (and each
-    /// other once per half heartbeat).
+    /// Rank 0 or a group's leader waits at this barrier: it reads only the ranks still
+    /// missing (and each other once per half heartbeat), and rank 0.
     barrier_wait: Option<u64>,
     /// Why a process was refused a still-vacant rank, as read from its placeholder.
     pub refused: HashMap<u32, String>,
@@ -201,6 +209,20 @@ impl NodeMachine {
         &self.cfg
     }
 
+    /// Who reads whom in this cluster.
+    pub fn topology(&self) -> &Topology {
+        &self.cfg.topology
+    }
+
+    /// Who this node reads now: until the generation formed, flat (rank 0 sees every
+    /// rank join, each in its own record), then the cluster's topology.
+    pub fn watching(&self) -> Topology {
+        match self.watch.formed {
+            true => self.cfg.topology,
+            false => Topology::flat(self.cfg.num_nodes),
+        }
+    }
+
     /// Where the node is now (its generation, iteration and phase), for what it judges
     /// and the aborts it writes.
     pub fn set_position(&mut self, position: Position) {
@@ -234,13 +256,15 @@ impl NodeMachine {
             return None;
         }
         let refresh = self.cfg.heartbeat_interval / 2;
-        let reads = watch::watched(self.cfg.rank, self.cfg.num_nodes).map(|r| {
+        let watched = self.watching().watched(self.cfg.rank);
+        let reads = watched.iter().map(|&r| {
             let read = self.last_read.get(r as usize).copied().flatten();
             read.map_or(self.now, |t| t + refresh)
         });
         // A death already due was judged at the last read (or is tolerated).
-        let deaths = watch::watched(self.cfg.rank, self.cfg.num_nodes)
-            .filter_map(|r| self.watch.liveness.dead_at(r))
+        let deaths = watched
+            .iter()
+            .filter_map(|&r| self.watch.liveness.dead_at(r))
             .filter(|&t| t > self.now);
         let stop = self.write_error_since.map(|s| s + self.cfg.dead_after / 2);
         reads.chain(deaths).chain(stop).min()
@@ -258,7 +282,7 @@ impl NodeMachine {
         }
         let ranks = watch::to_read(
             self.cfg.rank,
-            self.cfg.num_nodes,
+            &self.watching(),
             &self.watch.peers,
             self.barrier_wait,
             &self.last_read,
@@ -385,7 +409,7 @@ impl NodeMachine {
         let arrival = barrier.arrival();
         self.effects
             .push_back(Effect::Record(Change::Arrived(arrival.clone())));
-        if self.cfg.rank == 0 {
+        if self.gathers() {
             self.barrier_wait = Some(self.k);
         }
         self.at = Some(AtBarrier {
@@ -394,6 +418,7 @@ impl NodeMachine {
             name: name.to_string(),
             arrival,
             missing: Vec::new(),
+            grouped: false,
         });
         self.assert_invariants();
         self.k
@@ -427,7 +452,27 @@ impl NodeMachine {
         let at = self.at.as_mut().expect("at a barrier");
         let gather = G::read(&at.arrival.payload);
         let barrier = Barrier::<G, B>::new(at.k, self.cfg.rank, at.iteration, &at.name, gather)
+            .in_topology(self.cfg.topology)
             .with_mutation(self.mutations.barrier);
+        // A leader first gathers its group, then waits for the release as any worker.
+        if self.cfg.rank != 0 && self.cfg.topology.is_leader(self.cfg.rank) && !at.grouped {
+            match barrier.group_arrival(&self.watch.peers) {
+                Ok(mark) => {
+                    at.grouped = true;
+                    at.missing.clear();
+                    self.effects
+                        .push_back(Effect::Record(Change::GroupArrived(mark)));
+                }
+                Err(missing) => {
+                    if missing != at.missing {
+                        at.missing = missing.clone();
+                        self.effects
+                            .push_back(Effect::Record(Change::WaitingFor(missing.clone())));
+                    }
+                    return Progress::Waiting { missing };
+                }
+            }
+        }
         let progress = barrier.on_records(&self.watch.peers);
         if let Progress::Waiting { missing } = &progress {
             if self.cfg.rank == 0 && *missing != at.missing {
@@ -436,11 +481,18 @@ impl NodeMachine {
                     .push_back(Effect::Record(Change::WaitingFor(missing.clone())));
             }
         }
+        self.assert_invariants();
         progress
     }
 
+    /// Whether this rank gathers arrivals at a barrier: rank 0, and a group's leader.
+    fn gathers(&self) -> bool {
+        self.cfg.rank == 0 || self.cfg.topology.is_leader(self.cfg.rank)
+    }
+
     /// A peer whose mark at this rank's barrier number names another barrier (or
-    /// iteration): rank 0 looks at the workers' arrivals, a worker at rank 0's release.
+    /// iteration): of the ranks this one reads, rank 0's release and the others'
+    /// arrivals (rank 0's workers or leaders, a leader's members).
     /// Barriers are matched by number, so without this a node walking the iteration
     /// differently (another rl-node version, one barrier more or fewer) would pass a
     /// barrier on a release meant for another, and read its broadcast as its own.
@@ -450,15 +502,13 @@ impl NodeMachine {
         let differs = |m: &Mark| m.k == at.k && (m.name != at.name || m.iteration != at.iteration);
         let peers = self.watch.peers.iter().enumerate();
         peers
-            .filter(|(r, _)| *r as u32 != self.cfg.rank)
+            .filter(|(r, _)| self.watching().watches(self.cfg.rank, *r as u32))
             .filter_map(|(r, rec)| {
                 let rec = rec.as_ref()?;
-                let mark = if self.cfg.rank == 0 {
-                    rec.arrived.as_ref()
-                } else if r == 0 {
+                let mark = if r == 0 {
                     rec.released.as_ref()
                 } else {
-                    None
+                    rec.arrived.as_ref()
                 }?;
                 differs(mark).then(|| {
                     (
@@ -570,7 +620,8 @@ impl NodeMachine {
             .stop
             .filter(|s| adopted || !matches!(s, watch::Stop::Abort(_)));
         let Some(stop) = stop else {
-            let observed = self.watch.observed(self.cfg.rank, self.now);
+            let watched = self.watching().watched(self.cfg.rank);
+            let observed = self.watch.observed(&watched, self.now);
             self.effects
                 .push_back(Effect::Record(Change::Observed(observed)));
             return;
@@ -647,8 +698,13 @@ impl NodeMachine {
             assert_eq!(at.arrival.k, at.k, "the arrival is this barrier's");
             assert!(self.stopped.is_none(), "a stopped node is at no barrier");
         }
+        assert_eq!(
+            self.cfg.topology.num_nodes(),
+            self.cfg.num_nodes,
+            "the topology is this cluster's"
+        );
         if let Some(k) = self.barrier_wait {
-            assert_eq!(self.cfg.rank, 0, "only rank 0 waits for arrivals");
+            assert!(self.gathers(), "only rank 0 and leaders wait for arrivals");
             assert!(
                 self.at.as_ref().is_some_and(|a| a.k == k),
                 "waiting at its own barrier"
@@ -679,6 +735,7 @@ mod tests {
             cluster: None,
             heartbeat_interval: Duration::from_secs(1),
             dead_after: Duration::from_secs(10),
+            topology: Topology::flat(n),
         });
         m.set_position(Position {
             run_id: "run".into(),

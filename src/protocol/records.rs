@@ -343,7 +343,13 @@ pub struct RankRecord {
     /// Rank 0 only: the last barrier released (implies all earlier ones).
     #[serde(default)]
     pub released: Option<Mark>,
-    /// Rank 0 only, while it waits at a barrier: the ranks that have not arrived.
+    /// A group's leader (`super::topology`) only: the last barrier every rank of its
+    /// group arrived at, with their gathered values in rank order (its own first) as
+    /// the payload's array. What rank 0 reads instead of each member's arrival.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<Mark>,
+    /// Rank 0 (and a group's leader), while it waits at a barrier: the ranks that have
+    /// not arrived.
     #[serde(default)]
     pub waiting_for: Vec<u32>,
     /// Rank 0 only: heartbeat age of each peer as rank 0 observes it (ms).
@@ -396,6 +402,7 @@ impl RankRecord {
             progress: None,
             arrived: None,
             released: None,
+            group: None,
             waiting_for: vec![],
             observed_ms: vec![],
             abort: None,

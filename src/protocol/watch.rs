@@ -1,7 +1,9 @@
 //! One round of watching peers: what a node concludes from the records it just read.
 //!
-//! Who watches whom is fixed ([`watched`]): rank 0 reads every worker's record, a worker
-//! reads only rank 0's (rank 0 relays what workers need to know, such as an abort). For
+//! Who watches whom is fixed by the cluster's [`Topology`]: flat, rank 0 reads every
+//! worker's record and a worker only rank 0's (rank 0 relays what workers need to know,
+//! such as an abort); in groups, rank 0 reads the leaders and a leader its members too
+//! (it relays their aborts to rank 0 the same way). For
 //! each record read, in rank order, [`Watch::round`] decides: a process refused a vacant
 //! rank (noted), the rank was taken over by another process, the record carries an abort
 //! (adopt it), or, once the generation has formed, the rank's heartbeat has been still for
@@ -12,43 +14,40 @@
 //! [`Duration`]. The node performs the reads and acts on the findings
 //! (`Node::poll_cluster`); the simulator calls the same function.
 
+use super::topology::Topology;
 use super::{AbortInfo, Liveness, NodeState, RankRecord};
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
-/// The ranks `me` watches in a cluster of `num_nodes`.
-pub fn watched(me: u32, num_nodes: u32) -> std::ops::Range<u32> {
-    if me == 0 {
-        1..num_nodes
-    } else {
-        0..1
-    }
-}
-
-/// The ranks `me` reads this round: [`watched`], except that rank 0 waiting at barrier
-/// `waiting_at` skips a worker whose last record read shows it arrived there (an arrival
-/// stands until the release) and which it read less than `refresh` ago. So a barrier
-/// round reads the ranks still missing, plus every rank once per `refresh` for its
-/// heartbeat and an abort. `last_read[r]` is when rank r's record was last read.
+/// The ranks `me` reads this round: those it watches ([`Topology::watched`]), except that
+/// a node gathering at barrier `waiting_at` (rank 0, or a group's leader) skips a rank
+/// whose last record read shows it in (an arrival; at rank 0 in a cluster of groups, the
+/// leader's group mark: either stands until the release) and which it read less than
+/// `refresh` ago. Rank 0 itself is always read. So a barrier round reads the ranks still
+/// missing, plus every rank once per `refresh` for its heartbeat and an abort.
+/// `last_read[r]` is when rank r's record was last read.
 pub fn to_read(
     me: u32,
-    num_nodes: u32,
+    topology: &Topology,
     peers: &[Option<RankRecord>],
     waiting_at: Option<u64>,
     last_read: &[Option<Duration>],
     now: Duration,
     refresh: Duration,
 ) -> Vec<u32> {
-    watched(me, num_nodes)
+    let groups = me == 0 && !topology.is_flat();
+    topology
+        .watched(me)
+        .into_iter()
         .filter(|&r| {
-            let Some(k) = waiting_at.filter(|_| me == 0) else {
+            let Some(k) = waiting_at.filter(|_| r != 0) else {
                 return true;
             };
-            let arrived = peers
-                .get(r as usize)
-                .and_then(|p| p.as_ref())
-                .and_then(|p| p.arrived.as_ref())
-                .is_some_and(|m| m.k >= k);
+            let peer = peers.get(r as usize).and_then(|p| p.as_ref());
+            let arrived = peer.is_some_and(|p| match groups {
+                true => p.group.as_ref().is_some_and(|m| m.k >= k),
+                false => p.arrived_at(k),
+            });
             let recent = last_read
                 .get(r as usize)
                 .copied()
@@ -194,6 +193,11 @@ impl Watch {
                     }
                     continue;
                 }
+                // A rank first read after the join (a leader's members: rank 0 alone
+                // saw every worker join) is held by the process first seen holding it.
+                if self.formed && !rec.state.is_terminal() {
+                    self.nonces.entry(r).or_insert_with(|| rec.nonce.clone());
+                }
                 if let Some(expected) = self.nonces.get(&r) {
                     if *expected != rec.nonce && !rec.state.is_terminal() {
                         round.stop = Some(Stop::TakenOver {
@@ -265,9 +269,10 @@ impl Watch {
     }
 
     /// How long each watched rank's heartbeat has been still, as `rl-node status` shows.
-    pub fn observed(&self, me: u32, now: Duration) -> Vec<(u32, u64)> {
-        watched(me, self.peers.len() as u32)
-            .map(|r| (r, self.liveness.silent_for(r, now).as_millis() as u64))
+    pub fn observed(&self, watched: &[u32], now: Duration) -> Vec<(u32, u64)> {
+        watched
+            .iter()
+            .map(|&r| (r, self.liveness.silent_for(r, now).as_millis() as u64))
             .collect()
     }
 }
@@ -292,7 +297,7 @@ mod tests {
         let peers = vec![None, rec(5), rec(4), None];
         let s = Duration::from_secs;
         let read = |waiting_at, last: &[Option<Duration>], now| {
-            to_read(0, 4, &peers, waiting_at, last, now, s(2))
+            to_read(0, &Topology::flat(4), &peers, waiting_at, last, now, s(2))
         };
         let last = [None, Some(s(10)), Some(s(10)), None];
         assert_eq!(
@@ -312,7 +317,7 @@ mod tests {
         );
         assert_eq!(read(Some(4), &last, s(11)), vec![3], "both arrived at 4");
         assert_eq!(
-            to_read(2, 4, &peers, Some(5), &last, s(11), s(2)),
+            to_read(2, &Topology::flat(4), &peers, Some(5), &last, s(11), s(2)),
             vec![0],
             "a worker reads rank 0"
         );
@@ -341,9 +346,53 @@ mod tests {
 
     #[test]
     fn rank_0_watches_every_worker_and_a_worker_only_rank_0() {
-        assert_eq!(watched(0, 4).collect::<Vec<_>>(), [1, 2, 3]);
-        assert_eq!(watched(2, 4).collect::<Vec<_>>(), [0]);
-        assert_eq!(watched(0, 1).count(), 0);
+        assert_eq!(Topology::flat(4).watched(0), [1, 2, 3]);
+        assert_eq!(Topology::flat(4).watched(2), [0]);
+        assert!(Topology::flat(1).watched(0).is_empty());
+    }
+
+    #[test]
+    fn in_groups_rank_0_waits_for_the_leaders_group_marks_and_a_leader_for_its_members() {
+        let t = Topology::grouped(7, 3); // 1-3 and 4-6
+        let mark = |k| crate::protocol::Mark {
+            k,
+            iteration: 1,
+            name: "b".into(),
+            payload: serde_json::Value::Null,
+        };
+        let mut peers: Vec<Option<RankRecord>> = (0..7)
+            .map(|r| Some(RankRecord::vacant("run", 1, r)))
+            .collect();
+        // Both leaders arrived themselves; only leader 4 has its group's arrival.
+        for r in [1, 4] {
+            peers[r].as_mut().unwrap().arrived = Some(mark(5));
+        }
+        peers[4].as_mut().unwrap().group = Some(mark(5));
+        peers[2].as_mut().unwrap().arrived = Some(mark(5));
+        let last = vec![Some(Duration::from_secs(10)); 7];
+        let read = |me, waiting| {
+            to_read(
+                me,
+                &t,
+                &peers,
+                waiting,
+                &last,
+                Duration::from_secs(11),
+                Duration::from_secs(2),
+            )
+        };
+        assert_eq!(
+            read(0, Some(5)),
+            vec![1],
+            "leader 4's group is in: not read again yet"
+        );
+        assert_eq!(read(0, None), vec![1, 4]);
+        assert_eq!(
+            read(1, Some(5)),
+            vec![0, 3],
+            "rank 0 always, and the missing member"
+        );
+        assert_eq!(read(2, Some(5)), vec![0]);
     }
 
     #[test]

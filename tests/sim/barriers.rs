@@ -52,6 +52,7 @@ use rl_node::protocol::barrier::{Mutation, Progress};
 use rl_node::protocol::liveness::Mutation as LivenessMutation;
 use rl_node::protocol::machine::{self, Change, Effect, Input, NodeMachine};
 use rl_node::protocol::messages::Plain;
+use rl_node::protocol::topology::Topology;
 use rl_node::protocol::watch;
 use rl_node::protocol::{wall_stamp, AbortInfo, AbortKind, NodeState, RankRecord};
 use rl_node::rng::SplitMix64 as Rng;
@@ -80,18 +81,19 @@ impl Plain for Sum {}
 /// generation, formed from the start.
 fn machine_of(
     rank: usize,
-    n: usize,
+    topology: Topology,
     heartbeat_ms: u64,
     dead_after_ms: u64,
     m: &Mutations,
 ) -> NodeMachine {
     let mut machine = NodeMachine::new(machine::Settings {
         rank: rank as u32,
-        num_nodes: n as u32,
+        num_nodes: topology.num_nodes(),
         host: format!("sim-{rank}"),
         cluster: None,
         heartbeat_interval: Duration::from_millis(heartbeat_ms),
         dead_after: Duration::from_millis(dead_after_ms),
+        topology,
     })
     .with_mutations(machine::Mutations {
         barrier: m.barrier,
@@ -372,6 +374,8 @@ pub struct Mutations {
 
 struct Sim {
     n: usize,
+    /// Flat, or groups of workers through leaders (one seed in two from 4 nodes).
+    topology: Topology,
     barriers: u64,
     mutations: Mutations,
     rng: Rng,
@@ -404,6 +408,7 @@ struct Sim {
     steps: u64,
     faults: u64,
     checks: u64,
+    group_arrivals: u64,
 }
 
 #[derive(Default)]
@@ -418,6 +423,8 @@ pub struct Summary {
     node_ms: u64,
     /// Runs that ended with a node declared dead (a long freeze).
     deaths: u64,
+    /// Group arrivals leaders published (runs in groups).
+    group_arrivals: u64,
 }
 
 impl Sim {
@@ -442,11 +449,19 @@ impl Sim {
         let wall_skew_ms = (0..n)
             .map(|_| wall_rng.below(spread_ms + 1) as i64 - spread_ms as i64 / 2)
             .collect();
+        // The topology, from a stream of its own (a flat seed runs as it did before
+        // groups were simulated): groups of 2 to 4 workers in one seed of two.
+        let mut topology_rng = Rng::new(seed ^ 0x70b0_1091);
+        let topology = match topology_rng.below(2) {
+            0 => Topology::grouped(n as u32, 2 + topology_rng.below(3) as u32),
+            _ => Topology::flat(n as u32),
+        };
         let machines = (0..n)
-            .map(|r| machine_of(r, n, heartbeat_ms, dead_after_ms, &mutations))
+            .map(|r| machine_of(r, topology, heartbeat_ms, dead_after_ms, &mutations))
             .collect();
         Sim {
             n,
+            topology,
             barriers,
             mutations,
             rng,
@@ -469,6 +484,7 @@ impl Sim {
             steps: 0,
             faults: 0,
             checks: 0,
+            group_arrivals: 0,
         }
     }
 
@@ -588,6 +604,7 @@ impl Sim {
             sim_ms: self.now,
             node_ms: self.now * self.n as u64,
             deaths: u64::from(self.dir.abort.is_some()),
+            group_arrivals: self.group_arrivals,
         })
     }
 
@@ -608,11 +625,12 @@ impl Sim {
             if !(before < e && e <= self.now) || e - s < needed || self.dir.abort.is_some() {
                 continue;
             }
-            // Rank 0 watches every worker; every worker watches rank 0.
+            // Whoever reads q's record: rank 0 (every worker, or the leaders), q's
+            // leader, and for rank 0 every worker.
             let watchers = (0..self.n)
                 .filter(|&r| {
                     r != q
-                        && (r == 0 || q == 0)
+                        && self.topology.watches(r as u32, q as u32)
                         && self.live(r)
                         && self.freezes[r].iter().all(|&(fs, fe)| fe <= s || fs >= e)
                 })
@@ -719,6 +737,17 @@ impl Sim {
                     rec.released = Some(mark);
                     rec.waiting_for.clear();
                 }),
+                Effect::Record(Change::GroupArrived(mark)) => {
+                    self.note(format!(
+                        "rank {r} publishes its group's arrival at {}",
+                        mark.k
+                    ));
+                    self.group_arrivals += 1;
+                    self.dir.publish(r, now, |rec| {
+                        rec.group = Some(mark);
+                        rec.waiting_for.clear();
+                    })
+                }
                 Effect::Record(Change::WaitingFor(missing)) => {
                     self.dir.stage(r, |rec| rec.waiting_for = missing)
                 }
@@ -838,6 +867,18 @@ impl Sim {
                 format!("rank {r} passed barrier {k} before ranks {not_arrived:?} arrived at it"),
             ));
         }
+        // What rank 0 gathered is every rank's arrival, each once, through whichever
+        // leaders: the sum of them all.
+        self.checks += 1;
+        let all: u64 = (0..self.n as u64).map(|q| q * 10 + k).sum();
+        if broadcast.sum != all {
+            return Err(self.violation(
+                seed,
+                format!(
+                    "rank {r} passed barrier {k} with {broadcast:?}, but the arrivals sum to {all}"
+                ),
+            ));
+        }
         self.checks += 1;
         if self.broadcast[k as usize].as_ref() != Some(broadcast) {
             return Err(self.violation(
@@ -881,6 +922,7 @@ impl std::ops::AddAssign for Summary {
         self.sim_ms += o.sim_ms;
         self.node_ms += o.node_ms;
         self.deaths += o.deaths;
+        self.group_arrivals += o.group_arrivals;
     }
 }
 
@@ -892,6 +934,12 @@ fn a_thousand_seeds_of_1_to_16_nodes_keep_the_invariants() {
             // About one run in four stops a node for longer than dead-after: those must
             // have ended with it declared dead, so deaths were really exercised.
             assert!(s.deaths > 100, "only {} runs declared a death", s.deaths);
+            // About half the runs of 4 nodes or more gather through group leaders.
+            assert!(
+                s.group_arrivals > 1_000,
+                "only {} group arrivals",
+                s.group_arrivals
+            );
         }
         Err(v) => panic!("{v}"),
     }
@@ -1006,6 +1054,17 @@ fn a_barrier_counting_listed_files_is_caught() {
     assert!(v.what.contains("before ranks"), "{v}");
 }
 
+/// … and a group's leader that publishes its group's arrival with a member missing.
+#[test]
+fn a_leader_gathering_its_group_one_arrival_early_is_caught() {
+    let v = caught(Mutations {
+        barrier: Some(Mutation::GroupOneEarly),
+        ..Mutations::default()
+    });
+    assert!(v.what.contains("before ranks"), "{v}");
+    assert!(v.trace.iter().any(|t| t.contains("group's arrival")), "{v}");
+}
+
 impl Summary {
     /// Faults injected: frozen nodes.
     pub fn faults(&self) -> u64 {
@@ -1014,10 +1073,11 @@ impl Summary {
 
     pub fn line(&self) -> String {
         format!(
-            "{} steps, {} faults (frozen nodes), {} runs with a node declared dead, {} invariant checks, {:.1} simulated node-hours; shared-directory reads {} (past the caches) and writes {}",
+            "{} steps, {} faults (frozen nodes), {} runs with a node declared dead, {} group arrivals through leaders, {} invariant checks, {:.1} simulated node-hours; shared-directory reads {} (past the caches) and writes {}",
             self.steps,
             self.faults,
             self.deaths,
+            self.group_arrivals,
             self.checks,
             self.node_ms as f64 / 3.6e6,
             self.reads,
@@ -1038,6 +1098,8 @@ pub struct OpsSettings {
     pub barriers: u64,
     /// How long every node waits at a barrier for the slow rank, for the idle figures.
     pub idle_s: u64,
+    /// `[cluster] barrier-groups-from`: from this many nodes on, groups through leaders.
+    pub groups_from: u32,
 }
 
 impl Default for OpsSettings {
@@ -1049,6 +1111,7 @@ impl Default for OpsSettings {
             dead_after_ms: 60_000,
             barriers: 4,
             idle_s: 60,
+            groups_from: 64,
         }
     }
 }
@@ -1098,8 +1161,12 @@ impl Sim {
         sim.heartbeat_ms = s.heartbeat_ms;
         sim.dead_after_ms = s.dead_after_ms;
         sim.rate_ppm = vec![1_000_000; n];
+        sim.topology = Topology::for_cluster(n as u32, s.groups_from);
         sim.machines = (0..n)
-            .map(|r| machine_of(r, n, s.heartbeat_ms, s.dead_after_ms, &Mutations::default()))
+            .map(|r| {
+                let m = Mutations::default();
+                machine_of(r, sim.topology, s.heartbeat_ms, s.dead_after_ms, &m)
+            })
             .collect();
         sim
     }

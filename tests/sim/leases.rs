@@ -189,6 +189,7 @@ impl Sim {
                     cluster: None,
                     heartbeat_interval: Duration::from_millis(heartbeat),
                     dead_after: Duration::from_millis(dead_after),
+                    topology: rl_node::protocol::topology::Topology::flat(n as u32),
                 })
                 .with_mutations(machine::Mutations {
                     liveness: mutations.liveness,
