@@ -23,6 +23,10 @@ pub mod layout;
 pub(crate) mod logging;
 pub(crate) mod metrics;
 pub(crate) mod node;
+/// The node's poll pacing and read split, which the simulator's latency projection runs.
+#[cfg(feature = "sim")]
+#[doc(hidden)]
+pub use node::poll;
 #[cfg(feature = "sim")]
 #[doc(hidden)]
 pub use node::{

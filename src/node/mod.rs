@@ -19,6 +19,7 @@ use crate::metrics;
 mod model;
 mod numbering;
 mod pipeline;
+pub mod poll;
 mod publisher;
 mod server;
 mod signals;
@@ -989,7 +990,7 @@ impl Node {
         deadline: Instant,
         mut check: impl FnMut(&mut Node) -> Result<Option<T>, Stop>,
     ) -> Result<T, Interrupt> {
-        let mut step = Duration::from_micros(500).min(self.cfg.timing.poll_interval);
+        let mut step = poll::first_step(self.cfg.timing.poll_interval);
         let started = self.clock.now();
         let mut next_note = Duration::from_secs(10);
         loop {
@@ -1040,7 +1041,7 @@ impl Node {
                 None if self.idle_wait => t.poll_interval.max(t.heartbeat_interval / 2),
                 None => t.poll_interval,
             };
-            step = (step * 3 / 2).min(max_step);
+            step = poll::next_step(step, max_step);
             match clock::recv_timeout(&*self.clock, &self.events, timeout) {
                 Ok(ev) => self.handle_event(ev)?,
                 Err(RecvTimeoutError::Timeout) => {}
@@ -3373,8 +3374,8 @@ impl Node {
 
     /// These ranks' records of generation `gen`, in their order, each stamped with the
     /// time its read returned (see `Watch::round_stamped`). One after another for a few
-    /// ranks; for many, from up to the store's `read_parallelism` threads at once, each
-    /// reading a run of at least [`READS_PER_THREAD`] ranks, so that a poll round of a
+    /// ranks; for more, from up to the store's `read_parallelism` threads at once, one per
+    /// [`poll::READS_PER_THREAD`] ranks ([`poll::read_run`]), so that a poll round of a
     /// large cluster over a network filesystem costs a few round trips, not one per rank.
     fn read_records(&self, gen: u64, ranks: &[u32]) -> Vec<(u32, Option<RankRecord>, Duration)> {
         let (store, layout, clock) = (&*self.store, &self.layout, &*self.clock);
@@ -3387,13 +3388,10 @@ impl Node {
                 })
                 .collect()
         };
-        let threads = store
-            .read_parallelism()
-            .min(ranks.len().div_ceil(READS_PER_THREAD));
-        if threads <= 1 {
+        let run = poll::read_run(ranks.len(), store.read_parallelism());
+        if run >= ranks.len() {
             return read(ranks);
         }
-        let run = ranks.len().div_ceil(threads);
         std::thread::scope(|s| {
             let runs: Vec<_> = ranks
                 .chunks(run)
@@ -3429,10 +3427,6 @@ fn read_rank_record(
         .ok()
         .flatten()
 }
-
-/// The fewest ranks one reading thread takes in a poll round: below twice this, a round
-/// reads on the node's own thread (a thread costs more than a few reads of a local file).
-const READS_PER_THREAD: usize = 8;
 
 /// Why [`fence_check`] failed.
 pub(crate) struct Fenced {

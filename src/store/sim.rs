@@ -27,7 +27,8 @@
 //! now (of a class, or of any) pauses the client, fails, or hangs for a while and then
 //! lands, maybe answering an error although it landed ([`SimClient::at_call`]: counted by
 //! operation, not by path, so a fault drawn for a seed still hits when the node stops
-//! using a path); each call takes a simulated latency ([`SimClient::set_latency`]); an
+//! using a path); each call takes a simulated latency ([`SimClient::set_latency`]), and each
+//! request that reaches the server a round trip ([`SimClient::set_round_trip`]); an
 //! append lands only a prefix of its bytes ([`SimClient::tear_next_append`]); the server
 //! restarts, and for an outage every operation that reaches it hangs or fails
 //! ([`SimWorld::restart_after`]); a handle on a file another client removed or replaced
@@ -601,6 +602,8 @@ struct ClientState {
     server: OpCounts,
     faults: Vec<Fault>,
     latency: Duration,
+    /// What each request that reaches the server adds ([`SimClient::set_round_trip`]).
+    round_trip: Duration,
     latency_spent: Duration,
     tear: Option<usize>,
     tmp: u64,
@@ -715,6 +718,15 @@ impl SimClient {
     /// [`SimClient::latency_spent`] either way.
     pub fn set_latency(&self, latency: Duration) {
         self.state.lock().unwrap().latency = latency;
+    }
+
+    /// Each request that reaches the server from now on takes `round_trip` (an NFS round
+    /// trip), on top of a call's [`SimClient::set_latency`]: a call its caches answer
+    /// costs nothing, a publish costs each request it sends. Counted in
+    /// [`SimClient::latency_spent`]; unlike a call's latency it does not advance the
+    /// client's clock (it is met holding the world).
+    pub fn set_round_trip(&self, round_trip: Duration) {
+        self.state.lock().unwrap().round_trip = round_trip;
     }
 
     /// Simulated time this client's calls have taken so far.
@@ -1001,6 +1013,8 @@ impl Call<'_> {
     /// the server is down.
     fn server(&mut self, class: OpClass) -> io::Result<()> {
         self.st.server.add(class, 1);
+        let round_trip = self.st.round_trip;
+        self.st.latency_spent += round_trip;
         self.w.server.add(class, 1);
         if let Some((left, outage, how)) = self.w.restart.as_mut() {
             *left -= 1;
@@ -2176,6 +2190,28 @@ mod tests {
         assert_eq!(
             (a.server_counts() - server).summary(),
             "open 1, stat 1, read 1"
+        );
+    }
+
+    #[test]
+    fn a_round_trip_is_spent_per_request_that_reaches_the_server() {
+        let (_world, t, a, _b) = two(3 * S, 3 * S);
+        let p = Path::new("/run/r");
+        let ad: &dyn SharedDir = &a;
+        let rt = Duration::from_millis(2);
+        a.set_round_trip(rt);
+        ad.publish(p, b"1").unwrap();
+        let sent = a.server_counts().total();
+        assert!(sent >= 3, "a publish sends its requests: {sent}");
+        assert_eq!(a.latency_spent(), rt * sent as u32);
+        // Within the cache lifetime a read is answered locally: no round trip.
+        assert!(ad.read(p).unwrap().is_some());
+        assert_eq!(a.server_counts().total(), sent);
+        assert_eq!(a.latency_spent(), rt * sent as u32);
+        assert_eq!(
+            t.true_elapsed(),
+            Duration::ZERO,
+            "the clock is the caller's"
         );
     }
 

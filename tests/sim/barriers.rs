@@ -46,8 +46,13 @@
 //!
 //! Crashes, restarts, generations and fencing are the other scenario's (`crashes.rs`).
 
+mod latency;
+
+pub use latency::{latency_figures, latency_table};
+
 use super::Violation;
 use rl_node::layout::Layout;
+use rl_node::poll;
 use rl_node::protocol::barrier::{Mutation, Progress};
 use rl_node::protocol::liveness::Mutation as LivenessMutation;
 use rl_node::protocol::machine::{self, Change, Effect, Input, NodeMachine};
@@ -57,7 +62,7 @@ use rl_node::protocol::watch;
 use rl_node::protocol::{wall_stamp, AbortInfo, AbortKind, NodeState, RankRecord};
 use rl_node::rng::SplitMix64 as Rng;
 use rl_node::store::sim::{SimClient, SimWorld};
-use rl_node::store::{OpClass, OpCounts, SharedDir};
+use rl_node::store::{Fs, OpClass, OpCounts, SharedDir};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -159,6 +164,9 @@ struct Directory {
     /// without NTP). Records carry the writer's wall-clock stamp, as the node's do; no
     /// correct judgement reads it.
     wall_skew_ms: Vec<i64>,
+    /// Per observer: the round trips of its reads that the node's parallel reading
+    /// threads would have overlapped (the latency projection takes them off).
+    overlapped: Vec<Duration>,
 }
 
 /// The wall-clock time at the simulation's start: 2026-11-23.
@@ -208,6 +216,7 @@ impl Directory {
             parsed: vec![VecDeque::new(); n],
             beats: vec![0; n],
             wall_skew_ms,
+            overlapped: vec![Duration::ZERO; n],
         };
         // Each node writes its record once before the barriers (the join does).
         for r in 0..n {
@@ -303,19 +312,30 @@ impl Directory {
         now: u64,
     ) -> Vec<(u32, Option<RankRecord>)> {
         self.at(now);
-        let dir: &dyn SharedDir = &self.clients[observer];
-        ranks
-            .iter()
-            .map(|&r| {
+        let client = &self.clients[observer];
+        let dir: &dyn SharedDir = client;
+        // In the runs the real node's reading threads would take (one after another here),
+        // so that with round trips the time they overlap is known.
+        let run = poll::read_run(ranks.len(), Fs.read_parallelism());
+        let (mut total, mut longest) = (Duration::ZERO, Duration::ZERO);
+        let mut reads = Vec::with_capacity(ranks.len());
+        for chunk in ranks.chunks(run) {
+            let before = client.latency_spent();
+            for &r in chunk {
                 let bytes = dir
                     .read(&self.layout.rank_record(1, r))
                     .expect("no faults injected here");
-                (
+                reads.push((
                     r,
                     bytes.and_then(|b| parse(&mut self.parsed[r as usize], b)),
-                )
-            })
-            .collect()
+                ));
+            }
+            let spent = client.latency_spent() - before;
+            total += spent;
+            longest = longest.max(spent);
+        }
+        self.overlapped[observer] += total - longest;
+        reads
     }
 
     /// Whether every rank's record truly (on the server, not in a cache) says it arrived
@@ -670,16 +690,28 @@ impl Sim {
     /// watched record is adopted, a still heartbeat is a dead peer), then the node
     /// arrives at its barrier or looks whether it may pass.
     fn act(&mut self, r: usize, seed: u64) -> Result<(), Violation> {
+        self.poll(r, seed)?;
+        if !self.live(r) {
+            return Ok(());
+        }
+        self.proceed(r, seed)
+    }
+
+    /// Node `r`'s poll round (`Node::poll_cluster`): its machine reads what it watches and
+    /// judges it.
+    fn poll(&mut self, r: usize, seed: u64) -> Result<(), Violation> {
         if self.mutations.wall_clock {
             let wall = self.dir.wall(r, self.now);
             self.machines[r].set_watch_mutation(Some(watch::Mutation::WallClock { now: wall }));
         }
         let local = self.local(r);
         self.machines[r].tick(local);
-        self.perform(r, seed)?;
-        if !self.live(r) {
-            return Ok(());
-        }
+        self.perform(r, seed)
+    }
+
+    /// Node `r` arrives at its barrier, or looks whether it may pass (rank 0 releasing it
+    /// when it may).
+    fn proceed(&mut self, r: usize, seed: u64) -> Result<(), Violation> {
         let k = self.k[r];
         match self.step[r] {
             Step::Arrive => {

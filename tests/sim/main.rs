@@ -104,6 +104,7 @@ pub fn nodes_for(seed: u64, max: u64) -> usize {
 
 /// `scripts/sim --ops`: shared-directory operations per node per barrier and per idle
 /// second at 16, 64, 256 and 1,024 nodes (SIM_OPS_NODES: another comma-separated list).
+/// With SIM_LATENCY (`--latency 0.5ms`): the coordination time those operations take.
 #[test]
 #[ignore]
 fn ops_figures() {
@@ -112,6 +113,19 @@ fn ops_figures() {
         .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
         .unwrap_or_else(|| vec![16, 64, 256, 1_024]);
     let s = barriers::OpsSettings::default();
+    if let Some(latency) = std::env::var("SIM_LATENCY").ok().filter(|l| !l.is_empty()) {
+        let latency = humantime::parse_duration(&latency)
+            .unwrap_or_else(|e| panic!("--latency {latency}: not a duration: {e}"));
+        let figures: Vec<_> = nodes
+            .iter()
+            .map(|&n| {
+                barriers::latency_figures(n, s, latency)
+                    .unwrap_or_else(|v| panic!("{n} nodes: {v}"))
+            })
+            .collect();
+        print!("{}", barriers::latency_table(&figures, s, latency));
+        return;
+    }
     let figures: Vec<_> = nodes
         .iter()
         .map(|&n| barriers::ops_figures(n, s).unwrap_or_else(|v| panic!("{n} nodes: {v}")))
