@@ -104,7 +104,8 @@ pub fn nodes_for(seed: u64, max: u64) -> usize {
 
 /// `scripts/sim --ops`: shared-directory operations per node per barrier and per idle
 /// second at 16, 64, 256 and 1,024 nodes (SIM_OPS_NODES: another comma-separated list).
-/// With SIM_LATENCY (`--latency 0.5ms`): the coordination time those operations take.
+/// With SIM_LATENCY (`--latency 0.5ms`): the coordination time those operations take,
+/// with the default barrier (groups from 64 nodes) and the flat one.
 #[test]
 #[ignore]
 fn ops_figures() {
@@ -116,14 +117,19 @@ fn ops_figures() {
     if let Some(latency) = std::env::var("SIM_LATENCY").ok().filter(|l| !l.is_empty()) {
         let latency = humantime::parse_duration(&latency)
             .unwrap_or_else(|e| panic!("--latency {latency}: not a duration: {e}"));
-        let figures: Vec<_> = nodes
-            .iter()
-            .map(|&n| {
-                barriers::latency_figures(n, s, latency)
-                    .unwrap_or_else(|v| panic!("{n} nodes: {v}"))
-            })
-            .collect();
-        print!("{}", barriers::latency_table(&figures, s, latency));
+        // The node's default, then the flat barrier as the reference, in one run.
+        for groups_from in [s.groups_from, 0] {
+            let s = barriers::OpsSettings { groups_from, ..s };
+            let figures: Vec<_> = nodes
+                .iter()
+                .map(|&n| {
+                    barriers::latency_figures(n, s, latency)
+                        .unwrap_or_else(|v| panic!("{n} nodes: {v}"))
+                })
+                .collect();
+            print!("{}", barriers::latency_table(&figures, s, latency));
+            println!();
+        }
         return;
     }
     let figures: Vec<_> = nodes

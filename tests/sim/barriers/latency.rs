@@ -190,7 +190,8 @@ pub fn latency_table(figures: &[LatencyFigures], s: OpsSettings, latency: Durati
         "Coordination time per barrier and per iteration ({per_iteration} barriers, the walk's with an eval), simulated.\n\
          Every request that reaches the shared directory's server takes {}; opens revalidate (close-to-open), other hits of the {} ms attribute cache are free.\n\
          A poll round splits its reads over up to {} threads (one per {} ranks); polls from {} µs, x1.5 each round, up to poll {} ms; heartbeat {} ms.\n\
-         {} barriers measured back to back, after a first that all nodes arrive at together; rank 0 and the slowest node.\n\n",
+         {} barriers measured back to back, after a first that all nodes arrive at together; rank 0 and the slowest node.\n\
+         Barriers: {}.\n\n",
         humantime::format_duration(latency),
         s.lifetime_ms,
         rl_node::store::SharedDir::read_parallelism(&rl_node::store::Fs),
@@ -199,6 +200,10 @@ pub fn latency_table(figures: &[LatencyFigures], s: OpsSettings, latency: Durati
         s.poll_ms,
         s.heartbeat_ms,
         s.barriers,
+        match s.groups_from {
+            0 => "flat, rank 0 reads every rank (barrier-groups-from = 0)".to_string(),
+            g => format!("in groups of about √N workers through their leaders from {g} nodes on (barrier-groups-from = {g}), flat below"),
+        },
     );
     out += &format!(
         "{:>6}  {:>16}  {:>17}  {:>18}  {:>19}  {:>16}  {:>16}\n",
