@@ -230,3 +230,19 @@ fn bench_timeline_renders_a_page() {
     let text = tiny("bench-timeline", &[], Duration::from_secs(90));
     assert_says(&text, "bench-timeline", &["rl-node timeline: "]);
 }
+
+#[test]
+fn bench_spawn_pairs_the_node_with_a_spawn_loop() {
+    let text = tiny("bench-spawn", &[], Duration::from_secs(90));
+    assert_says(
+        &text,
+        "bench-spawn",
+        &[
+            "\nposix_spawn cp ",
+            "\nsh -c cp ",
+            "\nnode plain ",
+            "\nnode shell ",
+            "'added' is the node's wall time per item minus posix_spawn cp's",
+        ],
+    );
+}

@@ -21,6 +21,7 @@ pub mod fake;
 pub(crate) mod forensics;
 pub mod launcher;
 pub(crate) mod ports;
+pub(crate) mod spawn;
 #[cfg(feature = "sim")]
 pub use fake::{FakeLauncher, FakeRun, FakeScript};
 pub use launcher::{Launcher, Processes};
@@ -527,7 +528,8 @@ pub struct Running {
     pub started: Instant,
 }
 
-/// Start `sh -c command` in a new process group with output appended to `log`.
+/// Start `command` (under `sh -c` when it needs a shell: [`spawn`]) in a new process
+/// group with output appended to `log`.
 pub fn spawn_shell(
     command: &str,
     env: &[(String, String)],
@@ -544,24 +546,10 @@ pub fn spawn_shell(
         .as_bytes(),
     )?;
     let out = out.into_file();
-    let err = out.try_clone()?;
-    let sh = match env.iter().any(|(k, _)| k == "PATH") {
-        // The command's own PATH decides which `sh` runs, as with any program name.
-        true => Path::new("sh"),
-        false => shell(),
-    };
-    let child: Child = unblocked_signals(&mut Command::new(sh))
-        .arg("-c")
-        .arg(command)
-        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .process_group(0)
-        .spawn()?;
-    // The reaper thread collects it; dropping `Child` neither waits nor kills.
+    let pid = spawn::start(command, env, std::os::fd::AsFd::as_fd(&out))?;
+    // The reaper thread collects it.
     Ok(Running {
-        pid: child.id() as i32,
+        pid,
         started: Instant::now(),
     })
 }
@@ -578,15 +566,18 @@ fn shell() -> &'static Path {
 /// file of that name in one of its (absolute) directories. A relative PATH entry is
 /// skipped: what it names depends on the directory a command later runs in.
 pub fn which(name: &str) -> Option<std::path::PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
     std::env::var_os("PATH")
         .iter()
         .flat_map(std::env::split_paths)
         .filter(|d| d.is_absolute())
         .map(|d| d.join(name))
-        .find(|p| {
-            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
+        .find(|p| is_executable(p))
+}
+
+/// Whether `p` is a file with an execute bit set, as a shell's PATH search takes it.
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 /// The last `n` lines of a log file, for failure messages.
