@@ -445,6 +445,9 @@ pub struct Summary {
     deaths: u64,
     /// Group arrivals leaders published (runs in groups).
     group_arrivals: u64,
+    /// Runs in groups that declared a leader dead, and a member dead (by its leader).
+    leader_deaths: u64,
+    member_deaths: u64,
 }
 
 impl Sim {
@@ -625,6 +628,16 @@ impl Sim {
             node_ms: self.now * self.n as u64,
             deaths: u64::from(self.dir.abort.is_some()),
             group_arrivals: self.group_arrivals,
+            leader_deaths: u64::from(
+                self.dir
+                    .abort
+                    .is_some_and(|(_, dead)| dead != 0 && self.topology.is_leader(dead)),
+            ),
+            member_deaths: u64::from(
+                self.dir
+                    .abort
+                    .is_some_and(|(by, dead)| by != 0 && dead != 0 && !self.topology.is_flat()),
+            ),
         })
     }
 
@@ -955,6 +968,8 @@ impl std::ops::AddAssign for Summary {
         self.node_ms += o.node_ms;
         self.deaths += o.deaths;
         self.group_arrivals += o.group_arrivals;
+        self.leader_deaths += o.leader_deaths;
+        self.member_deaths += o.member_deaths;
     }
 }
 
@@ -971,6 +986,12 @@ fn a_thousand_seeds_of_1_to_16_nodes_keep_the_invariants() {
                 s.group_arrivals > 1_000,
                 "only {} group arrivals",
                 s.group_arrivals
+            );
+            assert!(
+                s.leader_deaths > 10 && s.member_deaths > 10,
+                "leaders declared dead in {} runs, members by their leaders in {}",
+                s.leader_deaths,
+                s.member_deaths
             );
         }
         Err(v) => panic!("{v}"),
@@ -1105,10 +1126,12 @@ impl Summary {
 
     pub fn line(&self) -> String {
         format!(
-            "{} steps, {} faults (frozen nodes), {} runs with a node declared dead, {} group arrivals through leaders, {} invariant checks, {:.1} simulated node-hours; shared-directory reads {} (past the caches) and writes {}",
+            "{} steps, {} faults (frozen nodes), {} runs with a node declared dead ({} a leader, {} a member by its leader), {} group arrivals through leaders, {} invariant checks, {:.1} simulated node-hours; shared-directory reads {} (past the caches) and writes {}",
             self.steps,
             self.faults,
             self.deaths,
+            self.leader_deaths,
+            self.member_deaths,
             self.group_arrivals,
             self.checks,
             self.node_ms as f64 / 3.6e6,

@@ -132,11 +132,20 @@ fn ops_figures() {
         }
         return;
     }
-    let figures: Vec<_> = nodes
-        .iter()
-        .map(|&n| barriers::ops_figures(n, s).unwrap_or_else(|v| panic!("{n} nodes: {v}")))
-        .collect();
-    print!("{}", barriers::ops_table(&figures, s));
+    // The node's default (groups from 64 nodes), then the flat barrier as the reference.
+    for groups_from in [s.groups_from, 0] {
+        let s = barriers::OpsSettings { groups_from, ..s };
+        let figures: Vec<_> = nodes
+            .iter()
+            .map(|&n| barriers::ops_figures(n, s).unwrap_or_else(|v| panic!("{n} nodes: {v}")))
+            .collect();
+        match groups_from {
+            0 => println!("Flat barriers (barrier-groups-from = 0), the reference:"),
+            g => println!("Barriers through group leaders from {g} nodes on (barrier-groups-from = {g}, the default):"),
+        }
+        print!("{}", barriers::ops_table(&figures, s));
+        println!();
+    }
 }
 
 /// `scripts/sim`: SIM_FIRST_SEED, SIM_SEEDS, SIM_NODES (the largest cluster; seeds spread
