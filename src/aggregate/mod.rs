@@ -592,6 +592,27 @@ mod tests {
         assert_eq!(names.len(), 2, "{names:?}");
     }
 
+    /// A partial file left beside a committed shard is named in the rank's problems: the
+    /// merge looks for one only where the listing shows it (one stat less per rank in
+    /// every merge), and still finds it.
+    #[test]
+    fn a_partial_file_beside_a_committed_shard_is_named() {
+        let d = tempfile::tempdir().unwrap();
+        let l = Layout::new(d.path());
+        std::fs::create_dir_all(l.rollout_dir(1, "train")).unwrap();
+        for r in 0..2 {
+            std::fs::write(l.shard(1, "train", r), "{}\n").unwrap();
+        }
+        std::fs::write(l.shard_partial_gen(1, "train", 1, 2), "{\"torn\"").unwrap();
+        let m = merge(&crate::store::Fs, &l, 1, "train", 2, &opts(), &mut || {}).unwrap();
+        assert!(m.ranks[0].problems.is_empty(), "{:?}", m.ranks[0]);
+        assert!(
+            m.ranks[1].problems[0].starts_with("a partial file also exists and was ignored"),
+            "{:?}",
+            m.ranks[1]
+        );
+    }
+
     #[test]
     fn merge_never_replaces_an_existing_output_unless_asked() {
         let d = tempfile::tempdir().unwrap();

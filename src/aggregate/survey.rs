@@ -127,6 +127,8 @@ pub(super) fn survey(
         .filter_map(|n| crate::layout::gen_of(n, &partial_name).map(|g| (g, n)))
         .collect();
     by_gen.sort();
+    // A partial file the listing shows (one of this generation's, or the old name).
+    let partial_listed = !by_gen.is_empty() || listing.contains(&partial_name);
     let partial = match by_gen.pop() {
         Some((_, newest)) => {
             if listing.contains(&partial_name) {
@@ -141,7 +143,13 @@ pub(super) fn survey(
     let mut problems = Vec::new();
     let mut beside = None;
     let (status, source, source_bytes) = if let Some(n) = size(&committed)? {
-        if let Some(p) = size(&partial)? {
+        // Beside a committed shard a partial file is only worth a warning: looked at when
+        // the listing shows one (a stat per rank and split less in every merge).
+        let leftover = match partial_listed {
+            true => size(&partial)?,
+            false => None,
+        };
+        if let Some(p) = leftover {
             beside = Some(rel(&partial));
             problems.push(format!(
                 "a partial file also exists and was ignored: {} ({})",

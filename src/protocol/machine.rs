@@ -148,6 +148,9 @@ pub struct NodeMachine {
     /// Rank 0 or a group's leader waits at this barrier: it reads only the ranks still
     /// missing (and each other once per half heartbeat), and rank 0.
     barrier_wait: Option<u64>,
+    /// The rank read again this round for its arrival ([`watch::Reads::probe`]): found
+    /// in, the other missing ranks are read at once.
+    probe: Option<u32>,
     /// Why a process was refused a still-vacant rank, as read from its placeholder.
     pub refused: HashMap<u32, String>,
     /// Ranks found dead while dead peers are tolerated (a dynamic rollout).
@@ -174,6 +177,7 @@ impl NodeMachine {
             k: 0,
             at: None,
             barrier_wait: None,
+            probe: None,
             refused: HashMap::new(),
             dead_peers: BTreeSet::new(),
             write_error: None,
@@ -280,17 +284,26 @@ impl NodeMachine {
         if self.write_stop_due() {
             return;
         }
-        let ranks = watch::to_read(
-            self.cfg.rank,
-            &self.watching(),
-            &self.watch.peers,
-            self.barrier_wait,
-            &self.last_read,
-            now,
-            self.cfg.heartbeat_interval / 2,
-        );
-        if !ranks.is_empty() {
-            self.effects.push_back(Effect::Read(ranks));
+        // Until the generation formed (the join), every watched rank every round.
+        let reads = match self.watch.formed {
+            false => watch::Reads {
+                ranks: self.watching().watched(self.cfg.rank),
+                probe: None,
+            },
+            true => watch::to_read(
+                self.cfg.rank,
+                &self.watching(),
+                &self.watch.peers,
+                self.barrier_wait,
+                self.at.is_some(),
+                &self.last_read,
+                now,
+                self.cfg.heartbeat_interval / 2,
+            ),
+        };
+        self.probe = reads.probe;
+        if !reads.ranks.is_empty() {
+            self.effects.push_back(Effect::Read(reads.ranks));
         }
     }
 
@@ -313,7 +326,10 @@ impl NodeMachine {
                 write_error,
                 intruder,
             } => self.on_publisher(write_error, intruder),
-            Input::Records(reads) => self.on_records(reads),
+            Input::Records(reads) => {
+                self.on_records(reads);
+                self.sweep();
+            }
         }
         self.assert_invariants();
     }
@@ -671,6 +687,22 @@ impl NodeMachine {
         self.fail(info, true);
     }
 
+    /// The probe of this round found its rank in at the barrier: the others still missing
+    /// have likely come in meanwhile too, so read them now, not a round later.
+    fn sweep(&mut self) {
+        let (Some(p), Some(k)) = (self.probe.take(), self.barrier_wait) else {
+            return;
+        };
+        if self.stopped.is_some() || self.creating.is_some() {
+            return;
+        }
+        let topology = self.watching();
+        let missing = watch::missing(self.cfg.rank, &topology, &self.watch.peers, k);
+        if !missing.contains(&p) && !missing.is_empty() {
+            self.effects.push_back(Effect::Read(missing));
+        }
+    }
+
     fn stop(&mut self, info: AbortInfo) {
         debug_assert!(self.stopped.is_none(), "stopped twice");
         self.at = None;
@@ -881,6 +913,49 @@ mod tests {
         r1.leave_barrier();
         r0.leave_barrier();
         assert_eq!(r1.arrive("next", &()), 2);
+    }
+
+    /// Rank 0 waiting at a barrier reads one missing rank a round (the probe); when it
+    /// is in, the other missing ones are read in the same round, not one at a time.
+    #[test]
+    fn at_a_barrier_one_missing_rank_is_probed_and_its_arrival_sweeps_the_others() {
+        let mut r0 = machine(0, 4);
+        r0.arrive("b", &());
+        drain(&mut r0);
+        // Every worker read lately and not arrived.
+        let reads = (1..4).map(|r| (r, Some(rec(r, 1)), S(1))).collect();
+        r0.handle(S(1), Input::Records(reads));
+        drain(&mut r0);
+        r0.tick(S(1));
+        assert_eq!(drain(&mut r0), vec![Effect::Read(vec![1])], "the probe");
+        let ms = Duration::from_millis;
+        r0.handle(
+            ms(1100),
+            Input::Records(vec![(1, Some(rec(1, 2)), ms(1100))]),
+        );
+        let effects = drain(&mut r0);
+        assert!(
+            !effects.iter().any(|e| matches!(e, Effect::Read(_))),
+            "still missing: no sweep"
+        );
+        r0.tick(ms(1100));
+        assert_eq!(
+            drain(&mut r0),
+            vec![Effect::Read(vec![2])],
+            "read longest ago"
+        );
+        let mut in_ = rec(2, 3);
+        in_.arrived = Some(Mark {
+            k: 1,
+            iteration: 1,
+            name: "b".into(),
+            payload: serde_json::Value::Null,
+        });
+        r0.handle(ms(1100), Input::Records(vec![(2, Some(in_), ms(1100))]));
+        assert!(
+            drain(&mut r0).contains(&Effect::Read(vec![1, 3])),
+            "rank 2 is in: the sweep reads the others"
+        );
     }
 
     /// A node that walks the iteration with another barrier at the same number (a node

@@ -19,42 +19,78 @@ use super::{AbortInfo, Liveness, NodeState, RankRecord};
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
-/// The ranks `me` reads this round: those it watches ([`Topology::watched`]), except that
-/// a node gathering at barrier `waiting_at` (rank 0, or a group's leader) skips a rank
+/// What a node reads in one round ([`to_read`]).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Reads {
+    pub ranks: Vec<u32>,
+    /// The one rank, still missing at the barrier and read lately, that this round looks
+    /// at again for its arrival: once it is in, the others still missing are read too
+    /// ([`missing`]), in the same round.
+    pub probe: Option<u32>,
+}
+
+/// The ranks `me` reads this round, of those it watches ([`Topology::watched`]). Away
+/// from barriers (`at_barrier` false) only those not read within `refresh` (their
+/// heartbeat and an abort are due a look: a node's poll rounds come every few
+/// milliseconds when a phase is quick, and the cluster's state changes at barriers).
+/// At a barrier rank 0 is always read (its release). A node gathering at barrier
+/// `waiting_at` (rank 0, or a group's leader) reads the others so: a rank
 /// whose last record read shows it in (an arrival; at rank 0 in a cluster of groups, the
-/// leader's group mark: either stands until the release) and which it read less than
-/// `refresh` ago. Rank 0 itself is always read. So a barrier round reads the ranks still
-/// missing, plus every rank once per `refresh` for its heartbeat and an abort.
-/// `last_read[r]` is when rank r's record was last read.
+/// leader's group mark: either stands until the release) only once per `refresh` (for its
+/// heartbeat and an abort), and of the ranks still missing that it read within `refresh`
+/// only one, the one read longest ago: the others arrive about when it does, and rank 0
+/// polled every missing rank every round before (about 5 reads of each per barrier at 64
+/// nodes). Rank 0 itself is always read. `last_read[r]` is when rank r's record was last
+/// read.
 pub fn to_read(
     me: u32,
     topology: &Topology,
     peers: &[Option<RankRecord>],
     waiting_at: Option<u64>,
+    at_barrier: bool,
     last_read: &[Option<Duration>],
     now: Duration,
     refresh: Duration,
-) -> Vec<u32> {
-    let groups = me == 0 && !topology.is_flat();
+) -> Reads {
+    let watched = topology.watched(me);
+    let read_at = |r: u32| last_read.get(r as usize).copied().flatten();
+    let recent = |r: u32| read_at(r).is_some_and(|t| now.saturating_sub(t) < refresh);
+    let Some(k) = waiting_at else {
+        let ranks = watched
+            .into_iter()
+            .filter(|&r| (r == 0 && at_barrier) || !recent(r))
+            .collect();
+        return Reads { ranks, probe: None };
+    };
+    let is_in = |r: u32| arrived(me, topology, peers, r, k);
+    let probe = watched
+        .iter()
+        .copied()
+        .filter(|&r| r != 0 && recent(r) && !is_in(r))
+        .min_by_key(|&r| (read_at(r), r));
+    let ranks = watched
+        .into_iter()
+        .filter(|&r| r == 0 || !recent(r) || Some(r) == probe)
+        .collect();
+    Reads { ranks, probe }
+}
+
+/// Whether rank `r`'s record, as `me` last read it, shows it in at barrier `k`: its
+/// arrival, or at rank 0 in a cluster of groups its group's arrival.
+fn arrived(me: u32, topology: &Topology, peers: &[Option<RankRecord>], r: u32, k: u64) -> bool {
+    let peer = peers.get(r as usize).and_then(|p| p.as_ref());
+    peer.is_some_and(|p| match me == 0 && !topology.is_flat() {
+        true => p.group.as_ref().is_some_and(|m| m.k >= k),
+        false => p.arrived_at(k),
+    })
+}
+
+/// The ranks `me` watches that its reads do not show in at barrier `k` (rank 0 aside).
+pub fn missing(me: u32, topology: &Topology, peers: &[Option<RankRecord>], k: u64) -> Vec<u32> {
     topology
         .watched(me)
         .into_iter()
-        .filter(|&r| {
-            let Some(k) = waiting_at.filter(|_| r != 0) else {
-                return true;
-            };
-            let peer = peers.get(r as usize).and_then(|p| p.as_ref());
-            let arrived = peer.is_some_and(|p| match groups {
-                true => p.group.as_ref().is_some_and(|m| m.k >= k),
-                false => p.arrived_at(k),
-            });
-            let recent = last_read
-                .get(r as usize)
-                .copied()
-                .flatten()
-                .is_some_and(|t| now.saturating_sub(t) < refresh);
-            !(arrived && recent)
-        })
+        .filter(|&r| r != 0 && !arrived(me, topology, peers, r, k))
         .collect()
 }
 
@@ -296,8 +332,19 @@ mod tests {
         // Rank 1 arrived at 5, rank 2 only at 4, rank 3 never read.
         let peers = vec![None, rec(5), rec(4), None];
         let s = Duration::from_secs;
-        let read = |waiting_at, last: &[Option<Duration>], now| {
-            to_read(0, &Topology::flat(4), &peers, waiting_at, last, now, s(2))
+        let read = |waiting_at: Option<u64>, last: &[Option<Duration>], now| {
+            let at_barrier = waiting_at.is_some();
+            to_read(
+                0,
+                &Topology::flat(4),
+                &peers,
+                waiting_at,
+                at_barrier,
+                last,
+                now,
+                s(2),
+            )
+            .ranks
         };
         let last = [None, Some(s(10)), Some(s(10)), None];
         assert_eq!(
@@ -312,15 +359,77 @@ mod tests {
         );
         assert_eq!(
             read(None, &last, s(11)),
-            vec![1, 2, 3],
-            "not at a barrier: everyone"
+            vec![3],
+            "away from barriers: the ranks not read within refresh"
         );
         assert_eq!(read(Some(4), &last, s(11)), vec![3], "both arrived at 4");
         assert_eq!(
-            to_read(2, &Topology::flat(4), &peers, Some(5), &last, s(11), s(2)),
+            to_read(
+                2,
+                &Topology::flat(4),
+                &peers,
+                None,
+                true,
+                &last,
+                s(11),
+                s(2)
+            )
+            .ranks,
             vec![0],
-            "a worker reads rank 0"
+            "a worker at a barrier reads rank 0"
         );
+        assert!(
+            to_read(
+                2,
+                &Topology::flat(4),
+                &peers,
+                None,
+                false,
+                &[Some(s(10))],
+                s(11),
+                s(2)
+            )
+            .ranks
+            .is_empty(),
+            "away from barriers, rank 0 read lately is not read again"
+        );
+    }
+
+    #[test]
+    fn of_the_ranks_still_missing_and_read_lately_one_is_read_again_the_one_read_longest_ago() {
+        let peers: Vec<Option<RankRecord>> = (0..5)
+            .map(|r| Some(RankRecord::vacant("run", 1, r)))
+            .collect();
+        let s = Duration::from_secs;
+        // Ranks 1-3 are missing at barrier 5 and were read lately, rank 2 longest ago;
+        // rank 4 was last read more than `refresh` ago (its heartbeat is due).
+        let last = [None, Some(s(10)), Some(s(9)), Some(s(10)), Some(s(5))];
+        let reads = to_read(
+            0,
+            &Topology::flat(5),
+            &peers,
+            Some(5),
+            true,
+            &last,
+            s(11),
+            s(3),
+        );
+        assert_eq!(
+            reads,
+            Reads {
+                ranks: vec![2, 4],
+                probe: Some(2)
+            }
+        );
+        // Once the probe shows its rank in, the others missing are the sweep.
+        let mut peers = peers;
+        peers[2].as_mut().unwrap().arrived = Some(crate::protocol::Mark {
+            k: 5,
+            iteration: 1,
+            name: "b".into(),
+            payload: serde_json::Value::Null,
+        });
+        assert_eq!(missing(0, &Topology::flat(5), &peers, 5), vec![1, 3, 4]);
     }
     use crate::protocol::{AbortKind, NodeState};
 
@@ -370,29 +479,34 @@ mod tests {
         peers[4].as_mut().unwrap().group = Some(mark(5));
         peers[2].as_mut().unwrap().arrived = Some(mark(5));
         let last = vec![Some(Duration::from_secs(10)); 7];
-        let read = |me, waiting| {
+        let read = |me, waiting: Option<u64>| {
             to_read(
                 me,
                 &t,
                 &peers,
                 waiting,
+                true,
                 &last,
                 Duration::from_secs(11),
                 Duration::from_secs(2),
             )
+            .ranks
         };
         assert_eq!(
             read(0, Some(5)),
             vec![1],
             "leader 4's group is in: not read again yet"
         );
-        assert_eq!(read(0, None), vec![1, 4]);
+        assert_eq!(
+            read(2, None),
+            vec![0],
+            "a member at a barrier reads rank 0 alone"
+        );
         assert_eq!(
             read(1, Some(5)),
             vec![0, 3],
             "rank 0 always, and the missing member"
         );
-        assert_eq!(read(2, Some(5)), vec![0]);
     }
 
     #[test]

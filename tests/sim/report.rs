@@ -312,7 +312,10 @@ fn barrier_mutants() -> Vec<Mutant> {
             bar(barrier::Mutation::AcceptStaleRelease),
         ),
         m("barrier::CountListed", bar(barrier::Mutation::CountListed)),
-        m("barrier::GroupOneEarly", bar(barrier::Mutation::GroupOneEarly)),
+        m(
+            "barrier::GroupOneEarly",
+            bar(barrier::Mutation::GroupOneEarly),
+        ),
         m(
             "liveness::ResetOnEveryRead",
             live(liveness::Mutation::ResetOnEveryRead),
