@@ -294,8 +294,11 @@ impl NodeMachine {
                 self.cfg.rank,
                 &self.watching(),
                 &self.watch.peers,
-                self.barrier_wait,
-                self.at.is_some(),
+                match (self.barrier_wait, &self.at) {
+                    (Some(k), _) => watch::At::Gathering(k),
+                    (None, Some(_)) => watch::At::Barrier,
+                    (None, None) => watch::At::Away,
+                },
                 &self.last_read,
                 now,
                 self.cfg.heartbeat_interval / 2,

@@ -88,12 +88,15 @@ impl Topology {
     /// Whether `rank` leads a group (a group of one too: it publishes its group's
     /// arrival like any leader, so rank 0 reads every leader alike). Flat: nobody.
     pub fn is_leader(&self, rank: u32) -> bool {
-        self.group != 0 && rank >= 1 && rank < self.num_nodes && (rank - 1) % self.group == 0
+        self.group != 0
+            && rank >= 1
+            && rank < self.num_nodes
+            && (rank - 1).is_multiple_of(self.group)
     }
 
     /// The other ranks of the group `leader` leads (empty for a rank that leads none).
     pub fn members(&self, leader: u32) -> Range<u32> {
-        if self.group == 0 || leader == 0 || (leader - 1) % self.group != 0 {
+        if self.group == 0 || leader == 0 || !(leader - 1).is_multiple_of(self.group) {
             return leader..leader;
         }
         leader + 1..(leader + self.group).min(self.num_nodes)

@@ -29,12 +29,23 @@ pub struct Reads {
     pub probe: Option<u32>,
 }
 
+/// Where a node is, for what it reads in a round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum At {
+    /// Not at a barrier.
+    Away,
+    /// At a barrier, waiting for rank 0's release only.
+    Barrier,
+    /// Gathering arrivals at barrier k (rank 0, or a group's leader).
+    Gathering(u64),
+}
+
 /// The ranks `me` reads this round, of those it watches ([`Topology::watched`]). Away
-/// from barriers (`at_barrier` false) only those not read within `refresh` (their
+/// from barriers only those not read within `refresh` (their
 /// heartbeat and an abort are due a look: a node's poll rounds come every few
 /// milliseconds when a phase is quick, and the cluster's state changes at barriers).
-/// At a barrier rank 0 is always read (its release). A node gathering at barrier
-/// `waiting_at` (rank 0, or a group's leader) reads the others so: a rank
+/// At a barrier rank 0 is always read (its release). A node gathering at barrier k (rank
+/// 0, or a group's leader) reads the others so: a rank
 /// whose last record read shows it in (an arrival; at rank 0 in a cluster of groups, the
 /// leader's group mark: either stands until the release) only once per `refresh` (for its
 /// heartbeat and an abort), and of the ranks still missing that it read within `refresh`
@@ -46,8 +57,7 @@ pub fn to_read(
     me: u32,
     topology: &Topology,
     peers: &[Option<RankRecord>],
-    waiting_at: Option<u64>,
-    at_barrier: bool,
+    at: At,
     last_read: &[Option<Duration>],
     now: Duration,
     refresh: Duration,
@@ -55,12 +65,15 @@ pub fn to_read(
     let watched = topology.watched(me);
     let read_at = |r: u32| last_read.get(r as usize).copied().flatten();
     let recent = |r: u32| read_at(r).is_some_and(|t| now.saturating_sub(t) < refresh);
-    let Some(k) = waiting_at else {
-        let ranks = watched
-            .into_iter()
-            .filter(|&r| (r == 0 && at_barrier) || !recent(r))
-            .collect();
-        return Reads { ranks, probe: None };
+    let k = match at {
+        At::Gathering(k) => k,
+        At::Away | At::Barrier => {
+            let ranks = watched
+                .into_iter()
+                .filter(|&r| (r == 0 && at == At::Barrier) || !recent(r))
+                .collect();
+            return Reads { ranks, probe: None };
+        }
     };
     let is_in = |r: u32| arrived(me, topology, peers, r, k);
     let probe = watched
@@ -333,18 +346,8 @@ mod tests {
         let peers = vec![None, rec(5), rec(4), None];
         let s = Duration::from_secs;
         let read = |waiting_at: Option<u64>, last: &[Option<Duration>], now| {
-            let at_barrier = waiting_at.is_some();
-            to_read(
-                0,
-                &Topology::flat(4),
-                &peers,
-                waiting_at,
-                at_barrier,
-                last,
-                now,
-                s(2),
-            )
-            .ranks
+            let at = waiting_at.map_or(At::Away, At::Gathering);
+            to_read(0, &Topology::flat(4), &peers, at, last, now, s(2)).ranks
         };
         let last = [None, Some(s(10)), Some(s(10)), None];
         assert_eq!(
@@ -368,8 +371,7 @@ mod tests {
                 2,
                 &Topology::flat(4),
                 &peers,
-                None,
-                true,
+                At::Barrier,
                 &last,
                 s(11),
                 s(2)
@@ -383,8 +385,7 @@ mod tests {
                 2,
                 &Topology::flat(4),
                 &peers,
-                None,
-                false,
+                At::Away,
                 &[Some(s(10))],
                 s(11),
                 s(2)
@@ -408,8 +409,7 @@ mod tests {
             0,
             &Topology::flat(5),
             &peers,
-            Some(5),
-            true,
+            At::Gathering(5),
             &last,
             s(11),
             s(3),
@@ -484,8 +484,7 @@ mod tests {
                 me,
                 &t,
                 &peers,
-                waiting,
-                true,
+                waiting.map_or(At::Barrier, At::Gathering),
                 &last,
                 Duration::from_secs(11),
                 Duration::from_secs(2),
