@@ -384,7 +384,7 @@ impl Node {
             for call in self.hang.unanswered(seen) {
                 // Workers read only rank 0's record: it passes a worker's call on (and a
                 // group's leader its members' calls, to rank 0).
-                if self.is_master() || self.machine.topology().is_leader(self.rank) {
+                if self.machine.gathers() {
                     if let Some(p) = &self.publisher {
                         let relayed = call.clone();
                         p.update(|r| r.hang_call = Some(relayed));

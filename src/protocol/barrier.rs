@@ -180,7 +180,7 @@ impl<G: Payload + Clone, B: Payload> Barrier<G, B> {
         for leader in t.leaders() {
             let rec = records.get(leader as usize).and_then(|r| r.as_ref());
             let size = t.group_of(leader).len();
-            let group = rec.and_then(|r| r.group.as_ref()).filter(|m| m.k >= self.k);
+            let group = rec.and_then(|r| r.grouped_at(self.k));
             let items = group.and_then(|m| m.payload.as_array());
             if group.is_none() {
                 let named = rec

@@ -213,11 +213,6 @@ impl NodeMachine {
         &self.cfg
     }
 
-    /// Who reads whom in this cluster.
-    pub fn topology(&self) -> &Topology {
-        &self.cfg.topology
-    }
-
     /// Who this node reads now: until the generation formed, flat (rank 0 sees every
     /// rank join, each in its own record), then the cluster's topology.
     pub fn watching(&self) -> Topology {
@@ -474,7 +469,7 @@ impl NodeMachine {
             .in_topology(self.cfg.topology)
             .with_mutation(self.mutations.barrier);
         // A leader first gathers its group, then waits for the release as any worker.
-        if self.cfg.rank != 0 && self.cfg.topology.is_leader(self.cfg.rank) && !at.grouped {
+        if self.cfg.topology.is_leader(self.cfg.rank) && !at.grouped {
             match barrier.group_arrival(&self.watch.peers) {
                 Ok(mark) => {
                     at.grouped = true;
@@ -483,29 +478,24 @@ impl NodeMachine {
                         .push_back(Effect::Record(Change::GroupArrived(mark)));
                 }
                 Err(missing) => {
-                    if missing != at.missing {
-                        at.missing = missing.clone();
-                        self.effects
-                            .push_back(Effect::Record(Change::WaitingFor(missing.clone())));
-                    }
+                    say_waiting_for(at, &missing, &mut self.effects);
                     return Progress::Waiting { missing };
                 }
             }
         }
         let progress = barrier.on_records(&self.watch.peers);
         if let Progress::Waiting { missing } = &progress {
-            if self.cfg.rank == 0 && *missing != at.missing {
-                at.missing = missing.clone();
-                self.effects
-                    .push_back(Effect::Record(Change::WaitingFor(missing.clone())));
+            if self.cfg.rank == 0 {
+                say_waiting_for(at, missing, &mut self.effects);
             }
         }
         self.assert_invariants();
         progress
     }
 
-    /// Whether this rank gathers arrivals at a barrier: rank 0, and a group's leader.
-    fn gathers(&self) -> bool {
+    /// Whether this rank gathers arrivals at a barrier: rank 0, and a group's leader (which
+    /// also relays its members' calls to rank 0).
+    pub fn gathers(&self) -> bool {
         self.cfg.rank == 0 || self.cfg.topology.is_leader(self.cfg.rank)
     }
 
@@ -749,6 +739,15 @@ impl NodeMachine {
             self.write_error.is_some() == self.write_error_since.is_some(),
             "a write error has a start"
         );
+    }
+}
+
+/// A gathering rank says whom it waits for (with the next heartbeat, for `status`) when
+/// that changed since it last said.
+fn say_waiting_for(at: &mut AtBarrier, missing: &[u32], effects: &mut VecDeque<Effect>) {
+    if missing != at.missing {
+        at.missing = missing.to_vec();
+        effects.push_back(Effect::Record(Change::WaitingFor(missing.to_vec())));
     }
 }
 

@@ -434,6 +434,12 @@ impl RankRecord {
     pub fn released_at(&self, k: u64) -> bool {
         self.released.as_ref().is_some_and(|m| m.k >= k)
     }
+
+    /// A group's leader: the group mark of barrier `k` or later, which holds its group's
+    /// gathered values.
+    pub fn grouped_at(&self, k: u64) -> Option<&Mark> {
+        self.group.as_ref().filter(|m| m.k >= k)
+    }
 }
 
 /// A wall-clock time as records and journals carry it: RFC 3339 with milliseconds, in

@@ -96,7 +96,7 @@ impl Topology {
 
     /// The other ranks of the group `leader` leads (empty for a rank that leads none).
     pub fn members(&self, leader: u32) -> Range<u32> {
-        if self.group == 0 || leader == 0 || !(leader - 1).is_multiple_of(self.group) {
+        if !self.is_leader(leader) {
             return leader..leader;
         }
         leader + 1..(leader + self.group).min(self.num_nodes)
@@ -122,7 +122,7 @@ impl Topology {
     pub fn watches(&self, me: u32, rank: u32) -> bool {
         match (me, rank) {
             (0, 0) => false,
-            (0, r) => self.group == 0 || (r - 1) % self.group == 0,
+            (0, r) => self.is_flat() || self.is_leader(r),
             (_, 0) => true,
             (m, r) => self.members(m).contains(&r),
         }

@@ -93,7 +93,7 @@ pub fn to_read(
 fn arrived(me: u32, topology: &Topology, peers: &[Option<RankRecord>], r: u32, k: u64) -> bool {
     let peer = peers.get(r as usize).and_then(|p| p.as_ref());
     peer.is_some_and(|p| match me == 0 && !topology.is_flat() {
-        true => p.group.as_ref().is_some_and(|m| m.k >= k),
+        true => p.grouped_at(k).is_some(),
         false => p.arrived_at(k),
     })
 }
