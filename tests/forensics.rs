@@ -179,6 +179,10 @@ fn a_barrier_wait_past_its_fraction_gets_a_report_naming_the_barrier() {
     let vars = env(&[
         ("RL_NODE_TIMING_HANG_REPORT_AT", "0.1"),
         ("RL_NODE_TIMING_BARRIER_TIMEOUT", "20s"),
+        // 0.1 of dead-after is when a silent heartbeat earns a report of its own; at
+        // 10 s that is 5 heartbeats, so a heartbeat late under load cannot take the
+        // report this test is about (the barrier's comes at 0.1 of 20 s).
+        ("RL_NODE_TIMING_DEAD_AFTER", "10s"),
     ]);
     let mut nodes: Vec<NodeProc> = (0..2)
         .map(|r| c.spawn_env(r, &c.log_path, &["--iterations", "1"], &vars))
@@ -226,6 +230,10 @@ fn a_workers_call_is_answered_by_rank_0_and_relayed_to_the_other_workers() {
     let vars = env(&[
         ("RL_NODE_TIMING_HANG_REPORT_AT", "0.1"),
         ("RL_NODE_TIMING_BARRIER_TIMEOUT", "20s"),
+        // 0.1 of dead-after is when a silent heartbeat earns a report of its own; at
+        // 10 s that is 5 heartbeats, so a heartbeat late under load cannot take the
+        // report this test is about (the barrier's comes at 0.1 of 20 s).
+        ("RL_NODE_TIMING_DEAD_AFTER", "10s"),
     ]);
     let mut nodes: Vec<NodeProc> = (0..3)
         .map(|r| c.spawn_env(r, &c.log_path, &["--iterations", "1"], &vars))
