@@ -1667,7 +1667,7 @@ fn forty_seeds_of_jobs_keep_the_invariants() {
 }
 
 /// Nodes whose fence always passes (a node woken in a replaced generation commits) are
-/// caught: at seed 888 of 2..=5 nodes a rank journals its rollout of iteration 1 twice
+/// caught: at seed 754 of 2..=5 nodes a rank journals its rollout of iteration 1 twice
 /// (the seed keeps the invariants with the fence intact; the nodes' freezes are armed by
 /// call count, so the seed moves when the nodes' calls change).
 #[test]
@@ -1676,7 +1676,7 @@ fn an_open_fence_in_the_nodes_is_caught() {
         fence: Some(rl_node::protocol::fence::Mutation::Open),
         ..Broken::default()
     };
-    let seed = 888;
+    let seed = 754;
     run_seed(seed, 5).unwrap_or_else(|v| panic!("{v}"));
     let v = run_seed_broken(seed, 5, broken).expect_err("an open fence not caught");
     println!("caught: {v}");
