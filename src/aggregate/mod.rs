@@ -63,6 +63,7 @@ use crate::layout::Layout;
 use crate::process::Registry;
 use crate::shards::naming::Format;
 use crate::store::SharedDir;
+use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -111,6 +112,10 @@ pub struct MergeOptions {
     pub fence: Option<Fence>,
     /// Pipelined runs: recorded in the manifest.
     pub rollout_model: Option<manifest::RolloutModel>,
+    /// The ranks whose command wrote its shard name itself, with their journal's note, as
+    /// their arrivals at the barrier before the node's merge carried them; `None`
+    /// (`rl-node aggregate`): read from each rank's journal.
+    pub adopted: Option<BTreeMap<u32, String>>,
     /// A merge broken on purpose (the simulator's own tests; ignored without the `sim`
     /// feature, see `crate::protocol::mutation`).
     #[doc(hidden)]
@@ -146,6 +151,7 @@ impl std::fmt::Debug for MergeOptions {
             .field("command_log", &self.command_log)
             .field("registry", &self.registry.is_some())
             .field("rollout_model", &self.rollout_model)
+            .field("adopted", &self.adopted)
             .finish()
     }
 }
@@ -167,6 +173,7 @@ impl Default for MergeOptions {
             env: Vec::new(),
             fence: None,
             rollout_model: None,
+            adopted: None,
             mutation: None,
         }
     }
@@ -311,7 +318,9 @@ fn survey_ranks(
     let mut ranks = Vec::with_capacity(num_ranks as usize);
     for rank in 0..num_ranks {
         let names = partial_listing.as_ref().unwrap_or(&listing);
-        let (entry, beside) = survey(store, layout, iteration, split, rank, names, &listing, &rel)?;
+        let adopted = opts.adopted.as_ref();
+        let (entry, beside) =
+            survey(store, layout, iteration, split, rank, names, &listing, adopted, &rel)?;
         let doubled = beside
             .filter(|_| crate::protocol::mutation(opts.mutation) == Some(Mutation::PartialToo));
         if let Some(partial) = doubled {
@@ -590,6 +599,51 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names.len(), 2, "{names:?}");
+    }
+
+    /// A shard the rank's command wrote itself is marked adopted in the manifest: from the
+    /// notes the node's merge was handed (the ranks' arrivals carried them; no journal is
+    /// read), or, for `rl-node aggregate`, from each rank's journal.
+    #[test]
+    fn adopted_shards_are_named_from_the_notes_handed_over_else_from_the_journals() {
+        let d = tempfile::tempdir().unwrap();
+        let l = Layout::new(d.path());
+        std::fs::create_dir_all(l.rollout_dir(1, "train")).unwrap();
+        std::fs::create_dir_all(l.journal(1).parent().unwrap()).unwrap();
+        for r in 0..2 {
+            std::fs::write(l.shard(1, "train", r), "{}\n").unwrap();
+        }
+        let entry = crate::protocol::journal::Entry {
+            run_id: "run".into(),
+            gen: 1,
+            rank: 1,
+            iteration: 1,
+            item: "rollout-train".into(),
+            at: String::new(),
+            note: Some("adopted: the command wrote rank-1.jsonl itself".into()),
+            failed: None,
+            checkpoint: None,
+        };
+        let line = format!("{}\n", serde_json::to_string(&entry).unwrap());
+        std::fs::write(l.journal(1), line).unwrap();
+        let adopted = |o: &MergeOptions| {
+            let out = l.aggregated(1, "train");
+            let _ = std::fs::remove_file(&out);
+            let _ = std::fs::remove_file(manifest_path(&out));
+            let m = merge(&crate::store::Fs, &l, 1, "train", 2, o, &mut || {}).unwrap();
+            let ranks = m.ranks.into_iter();
+            ranks.map(|e| e.adopted).collect::<Vec<_>>()
+        };
+        assert_eq!(adopted(&opts()), vec![None, entry.note.clone()]);
+        let handed = MergeOptions {
+            adopted: Some([(0, "adopted: as rank 0 said".to_string())].into()),
+            ..opts()
+        };
+        assert_eq!(
+            adopted(&handed),
+            vec![Some("adopted: as rank 0 said".to_string()), None],
+            "the notes handed over, and no journal read"
+        );
     }
 
     /// A partial file left beside a committed shard is named in the rank's problems: the

@@ -7,6 +7,7 @@ use super::human_bytes;
 use super::{AggregateError, RankEntry, RankStatus};
 use crate::layout::Layout;
 use crate::store::SharedDir;
+use std::collections::BTreeMap;
 use std::io;
 use std::path::Path;
 
@@ -30,25 +31,24 @@ pub(super) fn list_dir(store: &dyn SharedDir, dir: &Path) -> Result<Vec<String>,
     Ok(names)
 }
 
-/// The journal note of a rank whose rollout command wrote its shard name itself.
+/// The journal note of a rank whose rollout command wrote its shard name itself: as its
+/// arrival carried it (`known`, the node's merge), else from the rank's journal.
 fn adopted_by_command(
     store: &dyn SharedDir,
     layout: &Layout,
     iteration: u64,
     split: &str,
     rank: u32,
+    known: Option<&BTreeMap<u32, String>>,
 ) -> Option<String> {
+    if let Some(known) = known {
+        return known.get(&rank).cloned();
+    }
     let bytes = store
         .read_limited(&layout.journal(rank), crate::store::ReadLimit::Journal)
         .ok()??;
     let text = String::from_utf8_lossy(&bytes);
-    let item = format!("rollout-{split}");
-    crate::protocol::journal::parse(&text)
-        .into_iter()
-        .rev()
-        .find(|e| e.iteration == iteration && e.item == item)
-        .and_then(|e| e.note)
-        .filter(|n| n.starts_with("adopted"))
+    crate::protocol::journal::adopted(&crate::protocol::journal::parse(&text), iteration, split)
 }
 
 /// Generation G of `<partial>.stale-genG`: an earlier attempt's partial file set aside
@@ -69,6 +69,7 @@ pub(super) fn survey(
     rank: u32,
     listing: &[String],
     shard_listing: &[String],
+    adopted: Option<&BTreeMap<u32, String>>,
     rel: &dyn Fn(&Path) -> String,
 ) -> Result<(RankEntry, Option<String>), AggregateError> {
     let size = |p: &Path| -> Result<Option<u64>, AggregateError> {
@@ -139,7 +140,7 @@ pub(super) fn survey(
         }
         None => base,
     };
-    let adopted = adopted_by_command(store, layout, iteration, split, rank);
+    let adopted = adopted_by_command(store, layout, iteration, split, rank, adopted);
     let mut problems = Vec::new();
     let mut beside = None;
     let (status, source, source_bytes) = if let Some(n) = size(&committed)? {

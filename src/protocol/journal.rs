@@ -190,6 +190,18 @@ pub fn has(entries: &[Entry], run_id: &str, iteration: u64, item: &str) -> bool 
         .any(|e| e.run_id == run_id && e.iteration == iteration && e.item == item)
 }
 
+/// The note of a rank's shard of `split` in `iteration` that its command wrote itself and
+/// the rank adopted (`adopted: …`), from the rank's journal: its latest rollout entry's.
+pub fn adopted(entries: &[Entry], iteration: u64, split: &str) -> Option<String> {
+    let item = format!("rollout-{split}");
+    entries
+        .iter()
+        .rev()
+        .find(|e| e.iteration == iteration && e.item == item)
+        .and_then(|e| e.note.clone())
+        .filter(|n| n.starts_with("adopted"))
+}
+
 /// A rank's outcome of training in `iteration`: its latest training entry, if any.
 pub fn latest_train<'a>(entries: &'a [Entry], run_id: &str, iteration: u64) -> Option<&'a Entry> {
     entries

@@ -64,6 +64,15 @@ pub struct TrainFailed {
     pub failed: String,
 }
 
+/// A rank's `rollout-complete` or `eval-complete` arrival when its command wrote its
+/// shard name itself and the rank adopted that file: the note its journal holds, which
+/// rank 0's merge records in the manifest without reading every rank's journal (`None`:
+/// not adopted, or the arrival does not decode).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Adopted {
+    pub note: String,
+}
+
 /// `training-complete`'s release when training failed somewhere (`None`: nowhere, or
 /// the release does not decode): every rank then knows no model is handed off.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
