@@ -30,11 +30,12 @@ fn shared(fs: &MooseFs, rank: u32, name: &str) -> PathBuf {
     fs.mount(rank as usize).join(name)
 }
 
-/// Every rank on its own client, to the end: how long it took and each rank's stderr.
+/// Every rank on its own client (`fs` has one per rank), to the end: how long it took and
+/// each rank's stderr.
 fn run_all(c: &TestCluster, fs: &MooseFs, name: &str, args: &[&str]) -> (Duration, Vec<String>) {
     std::fs::create_dir_all(shared(fs, 0, name)).unwrap();
     let start = Instant::now();
-    let mut nodes: Vec<NodeProc> = (0..3u32)
+    let mut nodes: Vec<NodeProc> = (0..c.num_nodes)
         .map(|r| c.spawn_at(r, &shared(fs, r, name), args))
         .collect();
     let codes: Vec<i32> = nodes.iter_mut().map(|n| n.wait(LIMIT)).collect();
@@ -108,6 +109,63 @@ fn three_nodes_on_moosefs_with_one_second_caches() {
         "three_nodes_on_moosefs_with_one_second_caches",
         Some(Caches::all(1.0)),
         Duration::from_secs(3),
+    );
+}
+
+/// Barriers in two levels (`barrier-groups-from = 4`: ranks 1 and 3 lead groups of 2) over
+/// five clients with 1 s caches: a leader reads its member's record and publishes its
+/// group's arrival by rename over its own, rank 0 reads only the leaders, and all of it
+/// through the caches that read a renamed-over record stale. Every iteration merges every
+/// rank once, each with the model handed off before it, with no cache period per hop.
+#[test]
+fn five_nodes_in_groups_pass_barriers_through_their_leaders_with_one_second_caches() {
+    let test = "five_nodes_in_groups_pass_barriers_through_their_leaders_with_one_second_caches";
+    let Some(fs) = moosefs::start_for(test, 5, Some(Caches::all(1.0))) else {
+        return;
+    };
+    let c = TestCluster::new(5, COMMANDS);
+    let config = std::fs::read_to_string(&c.config).unwrap();
+    let grouped = config.replacen("[cluster]\n", "[cluster]\nbarrier-groups-from = 4\n", 1);
+    assert_ne!(grouped, config);
+    std::fs::write(&c.config, grouped).unwrap();
+    let iterations = 2u64;
+    let (took, _) = run_all(&c, &fs, "exp", &["--iterations", "2"]);
+    let root = shared(&fs, 0, "exp");
+    for i in 1..=iterations {
+        let path = root.join(format!("rollouts/iter-{i:04}/train.jsonl"));
+        let merged = std::fs::read_to_string(path).unwrap();
+        let mut ranks: Vec<u64> = merged
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .inspect(|l| assert_eq!(l["model"], (i - 1).to_string(), "{merged}"))
+            .map(|l| l["rank"].as_u64().unwrap())
+            .collect();
+        ranks.sort();
+        assert_eq!(ranks, vec![0, 1, 2, 3, 4], "iteration {i}: {merged}");
+    }
+    // The leaders published their groups' arrivals up to the last barrier; the members
+    // had none to publish.
+    let cluster: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.join(".rl-node/cluster.json")).unwrap())
+            .unwrap();
+    let gen = cluster["gen"].as_u64().unwrap();
+    let record = |r: u32| -> serde_json::Value {
+        let path = root.join(format!(".rl-node/gen-{gen}/rank-{r}.json"));
+        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+    };
+    let last = record(0)["released"]["k"].as_u64().unwrap();
+    for r in [1, 3] {
+        let rec = record(r);
+        assert_eq!(rec["group"]["k"].as_u64(), Some(last), "rank {r}: {rec}");
+    }
+    for r in [2, 4] {
+        let rec = record(r);
+        assert!(rec.get("group").is_none(), "rank {r}: {rec}");
+    }
+    eprintln!("{test}: {iterations} iterations in {took:?}");
+    assert!(
+        took < Duration::from_secs(3) * iterations as u32 + Duration::from_secs(5),
+        "took {took:?} for {iterations} iterations"
     );
 }
 

@@ -319,8 +319,9 @@ fn survey_ranks(
     for rank in 0..num_ranks {
         let names = partial_listing.as_ref().unwrap_or(&listing);
         let adopted = opts.adopted.as_ref();
-        let (entry, beside) =
-            survey(store, layout, iteration, split, rank, names, &listing, adopted, &rel)?;
+        let (entry, beside) = survey(
+            store, layout, iteration, split, rank, names, &listing, adopted, &rel,
+        )?;
         let doubled = beside
             .filter(|_| crate::protocol::mutation(opts.mutation) == Some(Mutation::PartialToo));
         if let Some(partial) = doubled {

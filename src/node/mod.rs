@@ -1899,10 +1899,14 @@ impl Node {
     fn shards_complete(&mut self, b: WalkBarrier, split: &'static str) -> Result<(), Stop> {
         let note = journal::adopted(&self.journal, self.iteration, split);
         let mut gathered = None;
-        self.barrier(b.name(), note.map(|note| msg::Adopted { note }), |arrivals| {
-            let notes = (0..).zip(arrivals).filter_map(|(r, a)| Some((r, a?.note)));
-            gathered = Some(notes.collect());
-        })?;
+        self.barrier(
+            b.name(),
+            note.map(|note| msg::Adopted { note }),
+            |arrivals| {
+                let notes = (0..).zip(arrivals).filter_map(|(r, a)| Some((r, a?.note)));
+                gathered = Some(notes.collect());
+            },
+        )?;
         self.adopted = gathered.map(|notes| (self.iteration, split, notes));
         Ok(())
     }

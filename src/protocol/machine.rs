@@ -982,7 +982,11 @@ mod tests {
             effects.filter(|e| matches!(e, Effect::Read(_))).collect()
         };
         r0.tick(ms(0));
-        assert_eq!(reads(&mut r0), vec![Effect::Read(vec![1, 2, 3, 4])], "first look");
+        assert_eq!(
+            reads(&mut r0),
+            vec![Effect::Read(vec![1, 2, 3, 4])],
+            "first look"
+        );
         let joined = |r: u32| RankRecord {
             arrived: Some(Mark {
                 k: 0,
@@ -1002,11 +1006,19 @@ mod tests {
         r0.handle(ms(0), Input::Records(first));
         drain(&mut r0);
         r0.tick(ms(10));
-        assert_eq!(reads(&mut r0), vec![Effect::Read(vec![2])], "one vacant rank");
+        assert_eq!(
+            reads(&mut r0),
+            vec![Effect::Read(vec![2])],
+            "one vacant rank"
+        );
         r0.handle(ms(10), Input::Records(vec![(2, Some(vacant(2)), ms(10))]));
         assert_eq!(reads(&mut r0), vec![], "still vacant: no sweep");
         r0.tick(ms(20));
-        assert_eq!(reads(&mut r0), vec![Effect::Read(vec![3])], "read longest ago");
+        assert_eq!(
+            reads(&mut r0),
+            vec![Effect::Read(vec![3])],
+            "read longest ago"
+        );
         r0.handle(ms(20), Input::Records(vec![(3, Some(joined(3)), ms(20))]));
         assert_eq!(reads(&mut r0), vec![Effect::Read(vec![2, 4])], "the sweep");
         // Half a heartbeat on, every rank is due a look again, joined or not.
