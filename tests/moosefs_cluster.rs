@@ -145,14 +145,7 @@ fn five_nodes_in_groups_pass_barriers_through_their_leaders_with_one_second_cach
     }
     // The leaders published their groups' arrivals up to the last barrier; the members
     // had none to publish.
-    let cluster: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(root.join(".rl-node/cluster.json")).unwrap())
-            .unwrap();
-    let gen = cluster["gen"].as_u64().unwrap();
-    let record = |r: u32| -> serde_json::Value {
-        let path = root.join(format!(".rl-node/gen-{gen}/rank-{r}.json"));
-        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
-    };
+    let record = |r: u32| record_under(&root.join(".rl-node"), r).expect("a record");
     let last = record(0)["released"]["k"].as_u64().unwrap();
     for r in [1, 3] {
         let rec = record(r);

@@ -191,11 +191,7 @@ impl TestCluster {
             Some(c) => self.log_path.join(".rl-node").join(c),
             None => self.log_path.join(".rl-node"),
         };
-        let c: serde_json::Value =
-            serde_json::from_slice(&fs::read(state.join("cluster.json")).ok()?).ok()?;
-        let gen = c["gen"].as_u64()?;
-        serde_json::from_slice(&fs::read(state.join(format!("gen-{gen}/rank-{rank}.json"))).ok()?)
-            .ok()
+        record_under(&state, rank)
     }
 
     /// Wait until rank r's record shows `phase` (by name, e.g. "training") in `iteration`.
@@ -442,4 +438,13 @@ pub fn run_with_closed_output(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Rank `rank`'s record of the current generation under the state directory `state`
+/// (`<log-path>/.rl-node`, wherever the shared directory is mounted), as JSON.
+pub fn record_under(state: &Path, rank: u32) -> Option<serde_json::Value> {
+    let c: serde_json::Value =
+        serde_json::from_slice(&fs::read(state.join("cluster.json")).ok()?).ok()?;
+    let gen = c["gen"].as_u64()?;
+    serde_json::from_slice(&fs::read(state.join(format!("gen-{gen}/rank-{rank}.json"))).ok()?).ok()
 }
