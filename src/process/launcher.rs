@@ -9,7 +9,7 @@
 
 #[cfg(doc)]
 use super::Event;
-use super::{spawn_shell, stop_group, Leftovers, Registry};
+use super::{spawn_shell, spawn_worker, stop_group, Leftovers, Registry, WorkerPipes};
 use std::io;
 use std::path::Path;
 use std::sync::Arc;
@@ -27,6 +27,23 @@ pub trait Launcher: Send + Sync {
         log: &Path,
         header: &str,
     ) -> io::Result<i32>;
+
+    /// Start `command` as [`Launcher::start`] does, as an item worker: items go to it on
+    /// its standard input, its replies come back on its descriptor 3 (the node's ends of
+    /// both pipes are returned).
+    fn start_worker(
+        &self,
+        command: &str,
+        env: &[(String, String)],
+        log: &Path,
+        header: &str,
+    ) -> io::Result<(i32, WorkerPipes)> {
+        let _ = (command, env, log, header);
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this launcher starts no item workers",
+        ))
+    }
 
     /// The command `pid` ended or must end: stop what is left of it (SIGTERM, `grace`,
     /// SIGKILL) and forget it.
@@ -83,6 +100,21 @@ impl Launcher for Processes {
         let running = spawn_shell(command, &env, log, header)?;
         self.registry.add(running.pid, id);
         Ok(running.pid)
+    }
+
+    fn start_worker(
+        &self,
+        command: &str,
+        env: &[(String, String)],
+        log: &Path,
+        header: &str,
+    ) -> io::Result<(i32, WorkerPipes)> {
+        let (id, owner) = self.registry.new_command();
+        let mut env = env.to_vec();
+        env.push(owner);
+        let (running, pipes) = spawn_worker(command, &env, log, header)?;
+        self.registry.add(running.pid, id);
+        Ok((running.pid, pipes))
     }
 
     fn stop(&self, pid: i32, grace: Duration) -> Leftovers {

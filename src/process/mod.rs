@@ -48,6 +48,9 @@ pub enum ChildExit {
     Success,
     Exit(i32),
     Signal(i32),
+    /// A reused item process (`node::workers`) ended, or broke the reply protocol, while
+    /// it held the item, without an answer for it; what it did is in its log.
+    Unanswered,
 }
 
 impl ChildExit {
@@ -73,6 +76,7 @@ impl std::fmt::Display for ChildExit {
             ChildExit::Success => f.write_str(EXIT_SUCCESS),
             ChildExit::Exit(c) => write!(f, "exit code {c}"),
             ChildExit::Signal(s) => write!(f, "killed by signal {s} ({})", signal_name(*s)),
+            ChildExit::Unanswered => f.write_str("no answer from the item's worker process"),
         }
     }
 }
@@ -103,6 +107,52 @@ pub enum Event {
     /// A helper thread of the node finished its work (a merge): look again now rather
     /// than at the next poll.
     Wake,
+    /// Item worker `worker` (its id, not a pid) replied, or its replies ended
+    /// (`node::workers`).
+    Reply { worker: u64, reply: Reply },
+}
+
+/// What an item worker said on its descriptor 3, one line at a time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// `{"item": NAME}` or `{"item": NAME, "exit": CODE}`: the item is done, with the exit
+    /// code a command of its own would have had (0 if none is given).
+    Done { item: String, exit: i32 },
+    /// A line that is not such an object (quoted in the message).
+    Garbled(String),
+    /// The reply pipe reached its end: the worker and all it started are gone.
+    Closed,
+}
+
+impl Reply {
+    /// A reply line as the worker wrote it (without its newline).
+    pub fn parse(line: &[u8]) -> Reply {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Line {
+            item: String,
+            #[serde(default)]
+            exit: i32,
+        }
+        // serde would take a struct from an array too: only an object is an answer.
+        let object = line.trim_ascii_start().starts_with(b"{");
+        match serde_json::from_slice::<Line>(line) {
+            Ok(l) if object => Reply::Done {
+                item: l.item,
+                exit: l.exit,
+            },
+            parsed => {
+                let shown: String = String::from_utf8_lossy(line).chars().take(200).collect();
+                let why = match parsed {
+                    Err(e) => format!(": {e}"),
+                    Ok(_) => ": not an object".into(),
+                };
+                Reply::Garbled(format!(
+                    "{shown:?} is not a reply ({{\"item\": NAME}} or {{\"item\": NAME, \"exit\": CODE}}){why}"
+                ))
+            }
+        }
+    }
 }
 
 /// Process groups alive on this node (each with the id of the command that leads it),
@@ -546,12 +596,75 @@ pub fn spawn_shell(
         .as_bytes(),
     )?;
     let out = out.into_file();
-    let pid = spawn::start(command, env, std::os::fd::AsFd::as_fd(&out))?;
+    let io = spawn::Io {
+        out: std::os::fd::AsFd::as_fd(&out),
+        worker: None,
+    };
+    let pid = spawn::start(command, env, io)?;
     // The reaper thread collects it.
     Ok(Running {
         pid,
         started: Instant::now(),
     })
+}
+
+/// The node's ends of an item worker's pipes: it writes items to `items` (the worker's
+/// standard input) and reads replies from `replies` (the worker's descriptor 3).
+pub struct WorkerPipes {
+    pub items: std::fs::File,
+    pub replies: std::fs::File,
+}
+
+/// A pipe whose two ends are close-on-exec descriptors above 9 (so that no dup2 onto
+/// 0..3 in a starting command reads a descriptor an earlier one replaced).
+fn high_pipe() -> io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+    use rustix::io::fcntl_dupfd_cloexec;
+    let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+    let high = |fd: std::os::fd::OwnedFd| -> io::Result<_> { Ok(fcntl_dupfd_cloexec(&fd, 10)?) };
+    Ok((high(r)?, high(w)?))
+}
+
+/// Start `command` as [`spawn_shell`] does, as an item worker: standard input from a
+/// pipe the node writes items to, and descriptor 3 a pipe it reads replies from
+/// (`docs/work.md`, "Reused item processes").
+pub fn spawn_worker(
+    command: &str,
+    env: &[(String, String)],
+    log: &Path,
+    header: &str,
+) -> io::Result<(Running, WorkerPipes)> {
+    let mut out = crate::store::fs::open_append(log)?;
+    out.write_all(
+        format!(
+            "### rl-node {} {header}\n### $ {command}\n",
+            crate::clock::wall_now()
+        )
+        .as_bytes(),
+    )?;
+    let out = out.into_file();
+    let (items_r, items_w) = high_pipe()?;
+    let (replies_r, replies_w) = high_pipe()?;
+    let io = spawn::Io {
+        out: std::os::fd::AsFd::as_fd(&out),
+        worker: Some((
+            std::os::fd::AsFd::as_fd(&items_r),
+            std::os::fd::AsFd::as_fd(&replies_w),
+        )),
+    };
+    let pid = spawn::start(command, env, io)?;
+    // The worker's ends close here: the node holds only its own, so the worker sees the
+    // end of its items when the node drops `items`, and the node the end of the replies
+    // when the worker (and whatever it started) is gone.
+    Ok((
+        Running {
+            pid,
+            started: Instant::now(),
+        },
+        WorkerPipes {
+            items: items_w.into(),
+            replies: replies_r.into(),
+        },
+    ))
 }
 
 /// `sh` as found on this process's PATH, looked up once: a program name is otherwise
@@ -685,6 +798,31 @@ pub(crate) fn random_hex(bytes: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_workers_reply_is_an_answer_for_an_item_or_said_to_be_garbled() {
+        let done = |item: &str, exit| Reply::Done {
+            item: item.into(),
+            exit,
+        };
+        assert_eq!(Reply::parse(br#"{"item": "r1-00002"}"#), done("r1-00002", 0));
+        assert_eq!(
+            Reply::parse(br#"{"exit": 75, "item": "p00003"}"#),
+            done("p00003", 75)
+        );
+        for bad in [
+            &b"done r1-00002"[..],
+            br#"{"item": 3}"#,
+            br#"{"item": "a", "exit": "75"}"#,
+            br#"{"item": "a", "status": "ok"}"#,
+            br#"["a"]"#,
+        ] {
+            match Reply::parse(bad) {
+                Reply::Garbled(m) => assert!(m.contains("is not a reply"), "{m}"),
+                other => panic!("{}: {other:?}", String::from_utf8_lossy(bad)),
+            }
+        }
+    }
     use std::sync::mpsc::channel;
 
     fn sh(script: &str, timeout: Duration) -> Option<(ChildExit, Vec<u8>)> {

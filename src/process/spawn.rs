@@ -153,11 +153,24 @@ fn find(name: &str, path: &OsStr) -> Option<PathBuf> {
     None
 }
 
+/// The descriptors a started command gets: its output (standard output and error) and,
+/// for an item worker ([`super::spawn_worker`]), the read end of its items' pipe as
+/// standard input and the write end of its replies' pipe as descriptor 3
+/// ([`REPLY_FD`]); standard input is /dev/null otherwise.
+#[derive(Clone, Copy)]
+pub(crate) struct Io<'a> {
+    pub out: BorrowedFd<'a>,
+    pub worker: Option<(BorrowedFd<'a>, BorrowedFd<'a>)>,
+}
+
+/// The descriptor an item worker writes its replies to (`RL_NODE_REPLY_FD`).
+pub const REPLY_FD: i32 = 3;
+
 /// Start `command` with this process's environment and `env` set in it (a later pair
-/// wins, as with `Command::envs`), in a process group of its own, standard input from
-/// /dev/null and its output to `out`: the program itself when the line is plain words
-/// and the program is found, else `sh -c command`. Its pid (the group's id).
-pub(crate) fn start(command: &str, env: &[(String, String)], out: BorrowedFd) -> io::Result<i32> {
+/// wins, as with `Command::envs`), in a process group of its own, its descriptors as `io`
+/// says: the program itself when the line is plain words and the program is found, else
+/// `sh -c command`. Its pid (the group's id).
+pub(crate) fn start(command: &str, env: &[(String, String)], out: Io) -> io::Result<i32> {
     let own_path = env.iter().rev().find(|(k, _)| k == "PATH");
     let path = match own_path {
         Some((_, p)) => Some(OsString::from(p)),
@@ -187,18 +200,31 @@ pub(crate) fn start(command: &str, env: &[(String, String)], out: BorrowedFd) ->
 
 /// `sh -c command` as std starts it, which searches the command's PATH in the forked
 /// child: for a PATH [`find`] leaves to the shell (a relative directory before `sh`).
-fn spawn_searched(command: &str, env: &[(String, String)], out: BorrowedFd) -> io::Result<i32> {
+fn spawn_searched(command: &str, env: &[(String, String)], io: Io) -> io::Result<i32> {
     use std::os::unix::process::CommandExt;
-    let out = out.try_clone_to_owned()?;
-    let child = super::unblocked_signals(&mut std::process::Command::new("sh"))
+    let out = io.out.try_clone_to_owned()?;
+    let mut cmd = std::process::Command::new("sh");
+    super::unblocked_signals(&mut cmd)
         .arg("-c")
         .arg(command)
         .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .stdin(std::process::Stdio::null())
         .stdout(out.try_clone()?)
         .stderr(out)
-        .process_group(0)
-        .spawn()?;
+        .process_group(0);
+    if let Some((items, replies)) = io.worker {
+        cmd.stdin(items.try_clone_to_owned()?);
+        let replies = replies.as_raw_fd();
+        // SAFETY: dup2 is async-signal-safe; `replies` stays open until `spawn` returns
+        // (the caller holds it), and the duplicate at REPLY_FD is not close-on-exec.
+        unsafe {
+            cmd.pre_exec(move || match libc::dup2(replies, REPLY_FD) {
+                -1 => Err(io::Error::last_os_error()),
+                _ => Ok(()),
+            });
+        }
+    }
+    let child = cmd.spawn()?;
     // The reaper thread collects it; dropping `Child` neither waits nor kills.
     Ok(child.id() as i32)
 }
@@ -252,14 +278,15 @@ fn check(rc: libc::c_int) -> io::Result<()> {
 
 /// posix_spawn `program` with `argv`, the environment of [`environment`], in a new
 /// process group, no signal blocked and SIGPIPE at its default action (std's `Command`
-/// resets it too: Rust ignores it in this process), standard input from /dev/null and
-/// standard output and error to `out`. The program's pid.
+/// resets it too: Rust ignores it in this process), standard input from /dev/null (an
+/// item worker's: its items' pipe, and its replies' pipe at [`REPLY_FD`]) and standard
+/// output and error to `io.out`. The program's pid.
 fn spawn<'a>(
     program: &Path,
     argv: impl Iterator<Item = &'a OsStr>,
     env: &[(String, String)],
     pwd: bool,
-    out: BorrowedFd,
+    io: Io,
 ) -> io::Result<i32> {
     let program = cstring(program.as_os_str().as_bytes())?;
     let argv: Vec<CString> = argv
@@ -281,7 +308,7 @@ fn spawn<'a>(
     // stay in place meanwhile (pointers to locals that outlive the guards). The sigset_t
     // values are initialised by sigemptyset before use. Every pointer handed to
     // posix_spawn points into a live CString or a null-ended vector of them, and `out` is
-    // an open descriptor for the whole call. The child runs no code of this process:
+    // an open descriptor for the whole call, as are the worker's pipes. The child runs no code of this process:
     // posix_spawn does the set-up the attributes describe, then execs.
     unsafe {
         check(libc::posix_spawnattr_init(attr))?;
@@ -305,16 +332,33 @@ fn spawn<'a>(
         let _actions = Defer(|| {
             libc::posix_spawn_file_actions_destroy(actions);
         });
-        let (fd, null) = (out.as_raw_fd(), dev_null.as_ptr());
-        check(libc::posix_spawn_file_actions_addopen(
-            actions,
-            0,
-            null,
-            libc::O_RDONLY,
-            0,
-        ))?;
+        let (fd, null) = (io.out.as_raw_fd(), dev_null.as_ptr());
         check(libc::posix_spawn_file_actions_adddup2(actions, fd, 1))?;
         check(libc::posix_spawn_file_actions_adddup2(actions, fd, 2))?;
+        match io.worker {
+            // The pipes' descriptors are above 9 (`super::spawn_worker`): no dup2 here
+            // lands on a descriptor a later one reads from, and none is its own target
+            // (which would leave it close-on-exec).
+            Some((items, replies)) => {
+                check(libc::posix_spawn_file_actions_adddup2(
+                    actions,
+                    items.as_raw_fd(),
+                    0,
+                ))?;
+                check(libc::posix_spawn_file_actions_adddup2(
+                    actions,
+                    replies.as_raw_fd(),
+                    REPLY_FD,
+                ))?;
+            }
+            None => check(libc::posix_spawn_file_actions_addopen(
+                actions,
+                0,
+                null,
+                libc::O_RDONLY,
+                0,
+            ))?,
+        }
 
         let mut pid: libc::pid_t = 0;
         check(libc::posix_spawn(
@@ -465,7 +509,11 @@ mod tests {
             libc::sigaddset(set.as_mut_ptr(), libc::SIGTERM);
             let mut old = MaybeUninit::<libc::sigset_t>::uninit();
             libc::pthread_sigmask(libc::SIG_BLOCK, set.as_ptr(), old.as_mut_ptr());
-            let pid = start(command, env, std::os::fd::AsFd::as_fd(&file));
+            let io = Io {
+                out: std::os::fd::AsFd::as_fd(&file),
+                worker: None,
+            };
+            let pid = start(command, env, io);
             libc::pthread_sigmask(libc::SIG_SETMASK, old.as_ptr(), std::ptr::null_mut());
             pid.unwrap()
         };

@@ -354,6 +354,7 @@ fn failure(exit: procs::ChildExit) -> Option<String> {
         procs::ChildExit::Success => return None,
         procs::ChildExit::Exit(c) => c,
         procs::ChildExit::Signal(s) => 128 + s,
+        procs::ChildExit::Unanswered => 1,
     };
     Some(if code > 128 && code < 128 + 65 {
         format!(
