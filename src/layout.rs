@@ -404,6 +404,16 @@ impl Layout {
             .join(format!("{item}.a{attempt}.log"))
     }
 
+    /// The log of a reused item process (`phases.<phase>.reuse-processes`) of worker slot
+    /// `slot`, beside the per-item logs; a worker started again in that slot appends.
+    pub fn worker_log(&self, iteration: u64, rank: u32, phase: &str, slot: usize) -> PathBuf {
+        self.root
+            .join("logs")
+            .join(iter_dir(iteration))
+            .join(format!("rank-{rank}.{phase}.items"))
+            .join(format!("worker-{slot}.log"))
+    }
+
     /// Captured output of one phase command of one rank.
     pub fn phase_log(&self, iteration: u64, rank: u32, phase: &str) -> PathBuf {
         self.root

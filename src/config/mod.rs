@@ -147,6 +147,9 @@ pub struct PhaseCommand {
     pub command: String,
     #[serde(with = "duration")]
     pub timeout: Duration,
+    /// A rollout's or eval's `reuse-processes` (not a key of the other phases).
+    #[serde(skip)]
+    pub reuse_processes: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -194,6 +197,7 @@ impl HandoffCommand {
         PhaseCommand {
             command: self.command.clone(),
             timeout: self.timeout,
+            reuse_processes: false,
         }
     }
 }
@@ -230,6 +234,7 @@ impl TrainCommand {
         PhaseCommand {
             command: self.command.clone(),
             timeout: self.timeout,
+            reuse_processes: false,
         }
     }
 
@@ -269,6 +274,9 @@ pub struct RolloutCommand {
     pub workers_delay: Duration,
     /// A file rank 0's command creates by itself that releases the workers (a template).
     pub workers_wait_for: String,
+    /// Per-task items: start the command once per worker slot and hand it items on its
+    /// standard input (`node::workers`), rather than once per item.
+    pub reuse_processes: bool,
 }
 
 impl RolloutCommand {
@@ -276,6 +284,7 @@ impl RolloutCommand {
         PhaseCommand {
             command: self.command.clone(),
             timeout: self.timeout,
+            reuse_processes: self.reuse_processes,
         }
     }
 
@@ -992,6 +1001,7 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
     validate_timing(l)?;
     validate_phase_commands(l)?;
     validate_workers_wait(l)?;
+    validate_reuse(l)?;
     validate_eval_split_and_env(l)?;
     validate_train_and_handoff(l)?;
     validate_aggregate(l)?;
@@ -1167,6 +1177,44 @@ fn validate_phase_commands(l: &Loaded) -> Result<(), ConfigError> {
                     "{tasks} (this rank's task file) needs task files: set tasks.train (and tasks.eval)",
                 ));
             }
+        }
+    }
+    Ok(())
+}
+
+/// `reuse-processes` of the rollout and eval phases: only where commands run per item,
+/// and then the command line holds nothing that differs from item to item (each item's
+/// values come on the worker's standard input).
+fn validate_reuse(l: &Loaded) -> Result<(), ConfigError> {
+    let c = &l.config;
+    let w = &c.work;
+    for (name, r) in [("rollout", &c.phases.rollout), ("eval", &c.phases.eval)] {
+        if !r.reuse_processes {
+            continue;
+        }
+        let key = format!("phases.{name}.reuse-processes");
+        if w.mode != WorkMode::PerTask && w.strategy != crate::work::plan::Strategy::Dynamic {
+            return Err(l.invalid(
+                &key,
+                format!("reuses one process for many items, so it needs work.mode = \"per-task\" or work.strategy = \"dynamic\"; work.mode is \"per-rank\" (from {})", l.source_of("work.mode")),
+            ));
+        }
+        if r.command.trim().is_empty() {
+            return Err(l.invalid(
+                &key,
+                format!("needs a command to reuse: phases.{name}.command is empty"),
+            ));
+        }
+        let t = Template::parse(&r.command).expect("validated before");
+        if let Some(used) = t
+            .names()
+            .into_iter()
+            .find(|u| template::PER_TASK.contains(u) || *u == "output")
+        {
+            return Err(l.invalid(
+                &format!("phases.{name}.command"),
+                format!("{{{used}}} differs from item to item, but with phases.{name}.reuse-processes = true the command starts once for many items: read the item's \"{}\" from the JSON line each item arrives as on standard input (docs/work.md, \"Reused item processes\")", if used == "task_json" { "task" } else { used }),
+            ));
         }
     }
     Ok(())

@@ -27,6 +27,7 @@ pub mod supervisor;
 mod textfile;
 mod watchdog;
 mod work;
+mod workers;
 
 use crate::clock::{self, Clock};
 use crate::config::{Config, Loaded, PhaseCommand};
@@ -216,6 +217,8 @@ pub(crate) struct Node {
     nproc_per_node: u32,
     /// Replacement items run for `exact-budget` in the current per-task rollout.
     replacements: Vec<String>,
+    /// The current rollout's reused item processes (`phases.<phase>.reuse-processes`).
+    workers: workers::Workers,
     /// This iteration's training failed on these ranks (with why), as rank 0's release
     /// of `training-complete` said (`phases.train.on-failure = "keep-model"`).
     train_failed: Vec<(u32, String)>,
@@ -752,6 +755,7 @@ impl Node {
             extra: Default::default(),
             nproc_per_node: 0,
             replacements: Vec::new(),
+            workers: Default::default(),
             train_failed: Vec::new(),
             event_log: EventLog::default(),
             metrics: Default::default(),
@@ -1115,7 +1119,7 @@ impl Node {
                 // Orphans re-parented to us are reaped too; only a registered command's
                 // exit is awaited. Keeping the others would let a later command that
                 // gets a reused pid seem to have exited at once.
-                if !self.launcher.contains(pid) {
+                if !self.launcher.contains(pid) || self.worker_exited(pid, exit) {
                     return Ok(());
                 }
                 self.check_server_exit(pid, exit)?;
@@ -1123,6 +1127,10 @@ impl Node {
                 Ok(())
             }
             Event::Wake => Ok(()),
+            Event::Reply { worker, reply } => {
+                self.worker_replied(worker, reply);
+                Ok(())
+            }
             Event::Signal(sig) => {
                 self.info(&format!(
                     "received {}{}; stopping (children get {} to exit; signal again to kill them now)",

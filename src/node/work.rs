@@ -111,6 +111,25 @@ impl TaskSets {
     }
 }
 
+/// The JSON line a reused item process is handed for one item (docs/work.md, "Reused item
+/// processes"): the values a command of its own would have had as placeholders, the task
+/// record as it is in the task file (parsed, or as a string when it is not an object).
+fn item_line(name: &str, item: &Item, task_json: &str, attempt: u32, output: &Path) -> String {
+    let task: Value =
+        serde_json::from_str(task_json).unwrap_or_else(|_| Value::String(task_json.into()));
+    json!({
+        "item": name,
+        "task_id": item.task.as_str(),
+        "task": task,
+        "sample": item.sample,
+        "sample_seed": item.seed,
+        "state": item.state,
+        "attempt": attempt,
+        "output": output.to_string_lossy(),
+    })
+    .to_string()
+}
+
 /// What every item of one planned rollout shares.
 struct Job<'a> {
     split: &'a str,
@@ -384,6 +403,16 @@ impl Node {
         }
     }
 
+    /// Where item `name`'s attempt `attempt` logged: its own log, or its worker's.
+    fn item_log(&self, phase: &str, name: &str, attempt: u32) -> PathBuf {
+        match self.workers.log_of(name, attempt) {
+            Some(log) => log.to_path_buf(),
+            None => self
+                .layout
+                .item_log(self.iteration, self.rank, phase, name, attempt),
+        }
+    }
+
     fn items_dir(&self, split: &str) -> PathBuf {
         self.layout.items_dir(self.iteration, split)
     }
@@ -537,6 +566,11 @@ impl Node {
             attempt,
         );
         let _ = self.store.remove_file(&partial);
+        if pc.reuse_processes {
+            let line = item_line(name, item, &task_json, attempt, &partial);
+            let ticket = self.hand_item(phase, split, &pc.command, name, attempt, line)?;
+            return Ok((ticket, partial));
+        }
         self.extra.insert("task_id", item.task.to_string());
         self.extra.insert("sample", item.sample.to_string());
         self.extra.insert("sample_seed", item.seed.to_string());
@@ -686,6 +720,7 @@ impl Node {
         let started = self.clock.now();
         self.watch_items(phase, pc.timeout, started);
         self.run_static_loop(&job, &dir, deadline, &mut live)?;
+        self.finish_workers()?;
         self.unwatch_wait();
         if progress_bar() {
             crate::errln!();
@@ -803,7 +838,7 @@ impl Node {
         exit: ChildExit,
     ) -> Result<(), Stop> {
         let (q, partial) = live.running.remove(&pid).expect("ours");
-        self.reap(pid, None);
+        self.item_ended(pid);
         match exit {
             ChildExit::Success => {
                 self.commit_item(job.split, &q.name, &partial)?;
@@ -827,9 +862,7 @@ impl Node {
                     q.name,
                     q.item.task,
                     q.item.sample,
-                    self.layout
-                        .item_log(self.iteration, self.rank, job.phase, &q.name, q.attempt)
-                        .display()
+                    self.item_log(job.phase, &q.name, q.attempt).display()
                 );
                 live.tally.failed.push(failure.clone());
                 self.item_failed(&q.name, &q.item.task, other);
@@ -1052,15 +1085,11 @@ impl Node {
             .map(|(pid, _)| *pid)
             .collect();
         // All at once: siblings that ignore SIGTERM cost one kill-grace together.
-        self.launcher
-            .stop_many(&siblings, self.cfg.timing.kill_grace);
+        self.stop_items(&siblings);
         for pid in &siblings {
             let (q, _) = live.running.remove(pid).expect("listed");
-            self.exited.remove(pid);
             self.append_log(
-                &self
-                    .layout
-                    .item_log(self.iteration, self.rank, phase, &q.name, q.attempt),
+                &self.item_log(phase, &q.name, q.attempt),
                 &format!("### rl-node: stopped: {failure} failed for good, so task {task}'s group {name} is dropped (exact-budget)\n"),
             );
         }
@@ -1327,6 +1356,7 @@ impl Node {
             self.dynamic_exit(&mut d, pid, exit);
             self.drive_pool(&mut d)?;
         }
+        self.finish_workers()?;
         self.unwatch_wait();
         self.waiting_note.clear();
         self.report_dynamic(&d, started);
@@ -1378,8 +1408,7 @@ impl Node {
                         .map(|(pid, _)| *pid);
                     let pid = found.expect("the machine stops an attempt of ours");
                     let r = d.running.remove(&pid).expect("found");
-                    self.launcher.stop(pid, self.cfg.timing.kill_grace);
-                    self.exited.remove(&pid);
+                    self.stop_items(&[pid]);
                     let _ = self.store.remove_file(&r.partial);
                     continue;
                 }
@@ -1441,9 +1470,7 @@ impl Node {
         let task = &d.pool[pos].task;
         d.failed.push(format!(
             "{name} (task {task}): {why}, log {}",
-            self.layout
-                .item_log(self.iteration, self.rank, d.job.phase, &name, attempt)
-                .display()
+            self.item_log(d.job.phase, &name, attempt).display()
         ));
         self.event(events::Event::ItemFailed {
             item: name,
@@ -1496,7 +1523,7 @@ impl Node {
     /// the machine.
     fn dynamic_exit(&mut self, d: &mut Dynamic, pid: i32, exit: ChildExit) {
         let r = d.running.remove(&pid).expect("ours");
-        self.reap(pid, None);
+        self.item_ended(pid);
         let exit = match exit {
             ChildExit::Success => Exit::Success,
             ChildExit::Exit(code) if self.retryable(code, r.attempt) => {
