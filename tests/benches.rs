@@ -242,6 +242,7 @@ fn bench_spawn_pairs_the_node_with_a_spawn_loop() {
             "\nsh -c cp ",
             "\nnode plain ",
             "\nnode shell ",
+            "\nnode reused ",
             "'added' is the node's wall time per item minus posix_spawn cp's",
         ],
     );
