@@ -305,3 +305,48 @@ fn sigterm_stops_the_node_and_its_workers_while_they_hold_items() {
         .collect();
     assert!(committed.is_empty(), "{committed:?}");
 }
+
+#[test]
+fn a_dropped_groups_samples_held_by_workers_are_stopped_with_their_workers() {
+    // The first sample 1 handed out fails for good and names its task; that task's other
+    // samples wait to learn it and then would run for a minute. The rollout ends in time
+    // only if dropping the group stops the workers holding them.
+    let act = r#"    import time
+    failed = f"{d}/failed_task"
+    if it["sample"] == 1 and not os.path.exists(failed):
+        open(failed, "w").write(it["task_id"])
+        reply.write(json.dumps({"item": it["item"], "exit": 3}) + "\n")
+        continue
+    while it["sample"] != 1 and not os.path.exists(failed):
+        time.sleep(0.02)
+    if open(failed).read() == it["task_id"]:
+        time.sleep(60)"#;
+    let w = Reused::new(
+        1,
+        4,
+        "mode = \"per-task\"\ntasks-per-iteration = 1\nsamples-per-task = 3\nexact-budget = true\nmax-failed-fraction = 0.5\nmax-workers = 3",
+        act,
+    );
+    let err = w.run_ok();
+    let failed = fs::read_to_string(w.c.dir.path().join("failed_task")).unwrap();
+    let merged = w.merged();
+    let tasks: std::collections::BTreeSet<&str> =
+        merged.iter().map(|v| v["task"].as_str().unwrap()).collect();
+    assert_eq!(merged.len(), 3, "{merged:?}");
+    assert_eq!(tasks.len(), 1, "{merged:?}");
+    assert!(!tasks.contains(failed.as_str()), "{merged:?}");
+    assert!(err.contains("2 running one(s) stopped"), "{err}");
+    let logs = w.c.log_path.join("logs/iter-0001/rank-0.rollout.items");
+    let stopped = fs::read_dir(&logs)
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            fs::read_to_string(e.path())
+                .unwrap()
+                .contains("this worker is stopped with the item it holds")
+        })
+        .count();
+    assert_eq!(stopped, 2, "two workers' logs say they were stopped");
+    let script = w.c.dir.path().join("worker.py").display().to_string();
+    assert_eq!(process_alive_with(&script), Vec::<i32>::new());
+}
