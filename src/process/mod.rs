@@ -578,14 +578,9 @@ pub struct Running {
     pub started: Instant,
 }
 
-/// Start `command` (under `sh -c` when it needs a shell: [`spawn`]) in a new process
-/// group with output appended to `log`.
-pub fn spawn_shell(
-    command: &str,
-    env: &[(String, String)],
-    log: &Path,
-    header: &str,
-) -> io::Result<Running> {
+/// `log` opened for a command's output, with the `header` line and the command line
+/// appended first.
+fn command_log(command: &str, log: &Path, header: &str) -> io::Result<std::fs::File> {
     // Counted like every operation on the shared directory; the header in one write.
     let mut out = crate::store::fs::open_append(log)?;
     out.write_all(
@@ -595,7 +590,18 @@ pub fn spawn_shell(
         )
         .as_bytes(),
     )?;
-    let out = out.into_file();
+    Ok(out.into_file())
+}
+
+/// Start `command` (under `sh -c` when it needs a shell: [`spawn`]) in a new process
+/// group with output appended to `log`.
+pub fn spawn_shell(
+    command: &str,
+    env: &[(String, String)],
+    log: &Path,
+    header: &str,
+) -> io::Result<Running> {
+    let out = command_log(command, log, header)?;
     let io = spawn::Io {
         out: std::os::fd::AsFd::as_fd(&out),
         worker: None,
@@ -633,15 +639,7 @@ pub fn spawn_worker(
     log: &Path,
     header: &str,
 ) -> io::Result<(Running, WorkerPipes)> {
-    let mut out = crate::store::fs::open_append(log)?;
-    out.write_all(
-        format!(
-            "### rl-node {} {header}\n### $ {command}\n",
-            crate::clock::wall_now()
-        )
-        .as_bytes(),
-    )?;
-    let out = out.into_file();
+    let out = command_log(command, log, header)?;
     let (items_r, items_w) = high_pipe()?;
     let (replies_r, replies_w) = high_pipe()?;
     let io = spawn::Io {
@@ -805,7 +803,10 @@ mod tests {
             item: item.into(),
             exit,
         };
-        assert_eq!(Reply::parse(br#"{"item": "r1-00002"}"#), done("r1-00002", 0));
+        assert_eq!(
+            Reply::parse(br#"{"item": "r1-00002"}"#),
+            done("r1-00002", 0)
+        );
         assert_eq!(
             Reply::parse(br#"{"exit": 75, "item": "p00003"}"#),
             done("p00003", 75)

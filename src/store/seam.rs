@@ -24,6 +24,7 @@ const SOURCES: &[&str] = &[
     "src/shards/torch.rs",
     "src/work/tasks.rs",
     "src/node/work.rs",
+    "src/node/workers.rs",
     "src/node/model.rs",
     "src/state.rs",
     "src/observe/recover.rs",
