@@ -948,6 +948,8 @@ fn create_new_with(path: &Path, bytes: &[u8], durable: bool) -> io::Result<bool>
                     if durable {
                         count(OpClass::Fsync);
                         f.sync_all()?;
+                        // As after the link: callers count on the name being durable too.
+                        sync_parent(&at)?;
                     }
                     Ok(true)
                 }

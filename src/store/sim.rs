@@ -1299,6 +1299,10 @@ impl Call<'_> {
             self.w.sync(ino);
         }
         self.remember(path, Some(Cached::File(bytes.to_vec())));
+        // As after a link: `create_new` leaves the name durable too.
+        if let (Some(dir), true) = (path.parent(), durable) {
+            self.fsync_dir(dir)?;
+        }
         Ok(true)
     }
 
