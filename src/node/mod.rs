@@ -2256,6 +2256,8 @@ impl Node {
         let wrote_output = self.store.exists(&partial);
         let wrote_shard = self.store.exists(&shard);
         let mut adopted = false;
+        // Whether the commit below fsynced the shard's directory itself (`create_new` does).
+        let mut dir_synced = false;
         let commit = match (wrote_output, wrote_shard) {
             (true, true) => {
                 return Err(self.fail(
@@ -2308,6 +2310,7 @@ impl Node {
                 ));
                 self.store.create_new(&shard, b"").and_then(|created| {
                     if created {
+                        dir_synced = true;
                         Ok(())
                     } else {
                         Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, "appeared meanwhile"))
@@ -2328,7 +2331,13 @@ impl Node {
                 ))
             }
         };
-        if let Err(e) = commit.and_then(|()| self.store.fsync_dir(shard.parent().unwrap())) {
+        // An empty shard's `create_new` already fsynced this directory after its link, and
+        // nothing was added to it since: a second fsync would make nothing more durable.
+        let synced = commit.and_then(|()| match dir_synced {
+            true => Ok(()),
+            false => self.store.fsync_dir(shard.parent().unwrap()),
+        });
+        if let Err(e) = synced {
             let what = if e.kind() == std::io::ErrorKind::AlreadyExists {
                 format!(
                     "cannot commit {}: another writer created it while this rank's command ran (not replaced)",

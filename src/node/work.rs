@@ -613,12 +613,18 @@ impl Node {
         self.fence(&format!("commit item {name}"))?;
         let done = committed_item(&self.items_dir(split), name);
         let result = (|| -> std::io::Result<bool> {
+            // `create_new` fsyncs the directory after its link (and nothing is added to it
+            // before the check below): no second fsync of it then.
+            let mut dir_synced = false;
             let committed = if self.store.stat(partial).is_ok_and(|m| m.is_some()) {
                 self.store.sync_file(partial)?;
                 self.store.rename_noreplace(partial, &done)
             } else {
                 match self.store.create_new(&done, b"")? {
-                    true => Ok(()),
+                    true => {
+                        dir_synced = true;
+                        Ok(())
+                    }
                     false => Err(std::io::Error::from(std::io::ErrorKind::AlreadyExists)),
                 }
             };
@@ -629,7 +635,9 @@ impl Node {
                 }
                 other => other.map(|()| true)?,
             };
-            self.store.fsync_dir(done.parent().expect("has parent"))?;
+            if !dir_synced {
+                self.store.fsync_dir(done.parent().expect("has parent"))?;
+            }
             Ok(won)
         })();
         result.map_err(|e| {

@@ -914,7 +914,9 @@ fn create_new_with(path: &Path, bytes: &[u8], durable: bool) -> io::Result<bool>
     let written = (|| {
         count(OpClass::Write);
         f.write_all(bytes)?;
-        if !durable {
+        // An empty file has no data to sync: the directory's fsync after the link (below)
+        // makes its name, and the inode the name holds, durable.
+        if !durable || bytes.is_empty() {
             return Ok(());
         }
         count(OpClass::Fsync);
@@ -946,8 +948,13 @@ fn create_new_with(path: &Path, bytes: &[u8], durable: bool) -> io::Result<bool>
                     count(OpClass::Write);
                     f.write_all(bytes)?;
                     if durable {
-                        count(OpClass::Fsync);
-                        f.sync_all()?;
+                        // Empty: nothing to sync but the name, which the directory's is.
+                        if !bytes.is_empty() {
+                            count(OpClass::Fsync);
+                            f.sync_all()?;
+                        }
+                        // As after the link: callers count on the name being durable too.
+                        sync_parent(&at)?;
                     }
                     Ok(true)
                 }

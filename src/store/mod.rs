@@ -175,7 +175,9 @@ pub trait SharedDir: Send + Sync {
     ) -> io::Result<()>;
 
     /// Create `path` with `bytes` only if it does not exist yet: the first writer wins
-    /// (`false` when another got there first).
+    /// (`false` when another got there first). A commit: when it returns `true`, the file
+    /// and its directory have been fsynced (the directory after the name was made), so a
+    /// caller need not fsync the directory again.
     fn create_new(&self, path: &Path, bytes: &[u8]) -> io::Result<bool>;
 
     /// [`SharedDir::create_new`] without fsync, for a transient claim that needs only

@@ -36,7 +36,8 @@
 //! ([`SimClient::crash`]): what it wrote without a sync since the file was last synced
 //! (appends with `sync = false`, non-durable publishes) is lost from the world: such a
 //! file falls back to its last synced content, a non-durable publish to what the name
-//! held durably before it, and a file never synced is gone.
+//! held durably before it, and a file never synced is gone (but an empty one in a
+//! directory fsynced since: it has no data, and the name is durable with its inode).
 //!
 //! - **FUSE** (optional, [`SimClient::set_fuse`]): as a MooseFS, sshfs or blob FUSE mount,
 //!   a name → file mapping is trusted for an entry timeout (a record renamed over is read
@@ -209,6 +210,30 @@ impl World {
         if let Some(inode) = self.inodes.get_mut(&ino) {
             inode.durable = Some(inode.data.clone());
             inode.unsynced.clear();
+        }
+    }
+
+    /// A directory's fsync: the names in it are durable, and so is an empty file one of
+    /// them holds that was never synced (an empty file has no data of its own to lose; on
+    /// a real filesystem its inode is made durable with the name that holds it). A file
+    /// with unsynced data keeps to its last fsync.
+    fn sync_empty_in(&mut self, dir: &Path) {
+        let inos: Vec<u64> = self
+            .below(dir)
+            .into_iter()
+            .filter(|p| p.parent() == Some(dir))
+            .filter_map(|p| match self.entries.get(&p) {
+                Some(Entry::File(ino)) => Some(*ino),
+                _ => None,
+            })
+            .collect();
+        for ino in inos {
+            if let Some(inode) = self.inodes.get_mut(&ino) {
+                if inode.durable.is_none() && inode.data.is_empty() {
+                    inode.durable = Some(Vec::new());
+                    inode.unsynced.clear();
+                }
+            }
         }
     }
 
@@ -1234,6 +1259,10 @@ impl Call<'_> {
         }
         match self.op(OpClass::Fsync) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Ok(()),
+            Ok(()) => {
+                self.w.sync_empty_in(dir);
+                Ok(())
+            }
             other => other,
         }
     }
@@ -1275,7 +1304,9 @@ impl Call<'_> {
         let ino = self.w.open_create(tmp, true)?;
         self.op(OpClass::Write)?;
         self.w.write(ino, id, |d| d.extend_from_slice(bytes));
-        if durable {
+        // As the real store: an empty file is not fsynced; its directory's fsync after the
+        // link makes it durable ([`World::sync_empty_in`]).
+        if durable && !bytes.is_empty() {
             self.op(OpClass::Fsync)?;
             self.w.sync(ino);
         }
@@ -1294,11 +1325,15 @@ impl Call<'_> {
         };
         self.op(OpClass::Write)?;
         self.w.write(ino, id, |d| d.extend_from_slice(bytes));
-        if durable {
+        if durable && !bytes.is_empty() {
             self.op(OpClass::Fsync)?;
             self.w.sync(ino);
         }
         self.remember(path, Some(Cached::File(bytes.to_vec())));
+        // As after a link: `create_new` leaves the name durable too.
+        if let (Some(dir), true) = (path.parent(), durable) {
+            self.fsync_dir(dir)?;
+        }
         Ok(true)
     }
 
@@ -2122,6 +2157,33 @@ mod tests {
             world.content(path).is_none(),
             "a new file never synced is gone"
         );
+    }
+
+    #[test]
+    fn an_empty_file_is_durable_with_its_directory_not_by_a_sync_of_its_own() {
+        let (world, _t, a, _b) = two(Duration::ZERO, Duration::ZERO);
+        let ad: &dyn SharedDir = &a;
+        let dir = Path::new("/run/train");
+        world.create_dir_all(dir).unwrap();
+        // An empty shard: its directory's fsync after the link, and no fsync of the file.
+        let before = a.counts();
+        assert!(ad.create_new(&dir.join("rank-0.jsonl"), b"").unwrap());
+        assert_eq!((a.counts() - before).get(OpClass::Fsync), 1);
+        // An empty merge: a data file never synced, renamed, then the directory fsynced.
+        let tmp = dir.join("merged.tmp");
+        drop(ad.create_data(&tmp).unwrap());
+        ad.rename(&tmp, &dir.join("merged")).unwrap();
+        // Written but never synced, in the same directory: its fsync makes it no more durable.
+        ad.append(&dir.join("data"), b"lost", false).unwrap();
+        ad.fsync_dir(dir).unwrap();
+        a.crash();
+        assert_eq!(world.content(&dir.join("rank-0.jsonl")).unwrap(), b"");
+        assert_eq!(world.content(&dir.join("merged")).unwrap(), b"");
+        assert!(world.content(&dir.join("data")).is_none());
+        // Not in a directory fsynced since it was made: gone.
+        drop(ad.create_data(&dir.join("late")).unwrap());
+        a.crash();
+        assert!(world.content(&dir.join("late")).is_none());
     }
 
     #[test]
