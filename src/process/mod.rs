@@ -796,6 +796,7 @@ pub(crate) fn random_hex(bytes: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::mpsc::channel;
 
     #[test]
     fn a_workers_reply_is_an_answer_for_an_item_or_said_to_be_garbled() {
@@ -824,7 +825,6 @@ mod tests {
             }
         }
     }
-    use std::sync::mpsc::channel;
 
     fn sh(script: &str, timeout: Duration) -> Option<(ChildExit, Vec<u8>)> {
         capture("sh", &["-c", script], timeout)

@@ -170,7 +170,7 @@ pub const REPLY_FD: i32 = 3;
 /// wins, as with `Command::envs`), in a process group of its own, its descriptors as `io`
 /// says: the program itself when the line is plain words and the program is found, else
 /// `sh -c command`. Its pid (the group's id).
-pub(crate) fn start(command: &str, env: &[(String, String)], out: Io) -> io::Result<i32> {
+pub(crate) fn start(command: &str, env: &[(String, String)], io: Io) -> io::Result<i32> {
     let own_path = env.iter().rev().find(|(k, _)| k == "PATH");
     let path = match own_path {
         Some((_, p)) => Some(OsString::from(p)),
@@ -181,7 +181,7 @@ pub(crate) fn start(command: &str, env: &[(String, String)], out: Io) -> io::Res
             let argv = words.iter().map(OsStr::new);
             // Refused (such as a script without `#!`, which the shell runs itself): the
             // shell does what it does with it, or says why not.
-            if let Ok(pid) = spawn(&program, argv, env, true, out) {
+            if let Ok(pid) = spawn(&program, argv, env, true, io) {
                 return Ok(pid);
             }
         }
@@ -193,8 +193,8 @@ pub(crate) fn start(command: &str, env: &[(String, String)], out: Io) -> io::Res
     };
     let argv = ["sh", "-c", command].map(OsStr::new);
     match sh {
-        Some(sh) => spawn(&sh, argv.into_iter(), env, false, out),
-        None => spawn_searched(command, env, out),
+        Some(sh) => spawn(&sh, argv.into_iter(), env, false, io),
+        None => spawn_searched(command, env, io),
     }
 }
 
@@ -307,9 +307,10 @@ fn spawn<'a>(
     // use and destroyed once (the guards, created right after a successful init), and
     // stay in place meanwhile (pointers to locals that outlive the guards). The sigset_t
     // values are initialised by sigemptyset before use. Every pointer handed to
-    // posix_spawn points into a live CString or a null-ended vector of them, and `out` is
-    // an open descriptor for the whole call, as are the worker's pipes. The child runs no code of this process:
-    // posix_spawn does the set-up the attributes describe, then execs.
+    // posix_spawn points into a live CString or a null-ended vector of them, and `io.out`
+    // (and a worker's pipes) are open descriptors for the whole call. The child runs no
+    // code of this process: posix_spawn does the set-up the attributes describe, then
+    // execs.
     unsafe {
         check(libc::posix_spawnattr_init(attr))?;
         let _attr = Defer(|| {
