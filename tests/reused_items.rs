@@ -241,6 +241,35 @@ fn a_worker_that_answers_for_another_item_fails_its_item_and_names_its_log() {
 }
 
 #[test]
+fn a_reply_line_without_end_fails_its_item_at_the_bound_not_by_holding_it_all() {
+    // 1 MB on descriptor 3 and never a newline: the node reads at most 64 KiB of it.
+    let act = r#"    if it["task_id"] == "t01":
+        reply.write("x" * (1 << 20))
+        reply.flush()
+        import time
+        time.sleep(60)"#;
+    let w = Reused::new(1, 3, "mode = \"per-task\"\nmax-workers = 1", act);
+    let mut node = w.c.spawn(0, ONE);
+    let code = node.wait(LIMIT);
+    let err = node.stderr();
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("no answer from the item's worker process"),
+        "{err}"
+    );
+    let log =
+        w.c.log_path
+            .join("logs/iter-0001/rank-0.rollout.items/worker-0.log");
+    let text = fs::read_to_string(log).unwrap();
+    assert!(
+        text.contains("this worker is stopped: it wrote a line longer than 65536 bytes"),
+        "{text}"
+    );
+    let script = w.c.dir.path().join("worker.py").display().to_string();
+    assert_eq!(process_alive_with(&script), Vec::<i32>::new());
+}
+
+#[test]
 fn reuse_is_refused_where_it_cannot_work_naming_the_key() {
     for (work, command, key, says) in [
         (

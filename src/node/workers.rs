@@ -20,7 +20,7 @@
 use super::{Interrupt, Node, Stop};
 use crate::process::{ChildExit, Event, Reply, WorkerPipes};
 use crate::protocol::AbortKind;
-use std::io::{BufRead, Write};
+use std::io::{BufRead, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Sender};
 
@@ -70,8 +70,9 @@ impl Workers {
             .map(PathBuf::as_path)
     }
 
-    fn by_id(&mut self, id: u64) -> Option<&mut Worker> {
-        self.list.iter_mut().find(|w| w.id == id)
+    /// Where worker `id` is in the list, if it still is.
+    fn index_of(&self, id: u64) -> Option<usize> {
+        self.list.iter().position(|w| w.id == id)
     }
 
     /// A running worker holding nothing, that can be handed an item.
@@ -87,14 +88,10 @@ impl Workers {
             .find(|s| self.list.iter().all(|w| w.slot != *s))
             .expect("a free slot")
     }
-
-    /// Remove worker `i` and the ticket of what it held.
-    fn remove(&mut self, i: usize) -> (Worker, Option<i32>) {
-        let w = self.list.remove(i);
-        let ticket = w.holding.as_ref().map(|h| h.0);
-        (w, ticket)
-    }
 }
+
+/// The longest reply line a worker may write (an answer is a few dozen bytes).
+const MAX_REPLY: usize = 64 * 1024;
 
 /// Start the threads that write `pipes.items` from a channel and read `pipes.replies` to
 /// `wake`, for worker `id`.
@@ -113,18 +110,33 @@ fn serve(id: u64, pipes: WorkerPipes, wake: Sender<Event>) -> Sender<Vec<u8>> {
             }
         })
         .expect("spawn an item writer thread");
-    let replies = std::io::BufReader::new(pipes.replies);
+    let mut replies = std::io::BufReader::new(pipes.replies);
     std::thread::Builder::new()
         .name("item-replies".into())
         .spawn(move || {
-            for line in replies.split(b'\n') {
-                let Ok(line) = line else { break };
-                let line = line.strip_suffix(b"\r").unwrap_or(&line);
-                if line.iter().all(u8::is_ascii_whitespace) {
-                    continue;
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                // At most one byte past the longest answer: a worker cannot make the node
+                // hold an endless line.
+                let limit = MAX_REPLY as u64 + 1;
+                match (&mut replies).take(limit).read_until(b'\n', &mut line) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
                 }
-                let reply = Reply::parse(line);
-                if wake.send(Event::Reply { worker: id, reply }).is_err() {
+                let long = line.len() > MAX_REPLY;
+                let reply = if long {
+                    Reply::Garbled(format!("a line longer than {MAX_REPLY} bytes"))
+                } else {
+                    let text = line.strip_suffix(b"\n").unwrap_or(&line);
+                    let text = text.strip_suffix(b"\r").unwrap_or(text);
+                    if text.iter().all(u8::is_ascii_whitespace) {
+                        continue;
+                    }
+                    Reply::parse(text)
+                };
+                // After a line that long the worker is stopped: nothing more is read.
+                if wake.send(Event::Reply { worker: id, reply }).is_err() || long {
                     return;
                 }
             }
@@ -138,8 +150,8 @@ fn serve(id: u64, pipes: WorkerPipes, wake: Sender<Event>) -> Sender<Vec<u8>> {
 }
 
 impl Node {
-    /// Hand the item `name` (attempt `attempt`, whose output goes to `partial`) to an idle
-    /// worker, starting one when none is idle; its ticket. `line` is the item's JSON line.
+    /// Hand the item `name` (attempt `attempt`) to an idle worker, starting one when none
+    /// is idle; its ticket. `line` is the item's JSON line.
     pub(super) fn hand_item(
         &mut self,
         phase: &str,
@@ -240,10 +252,11 @@ impl Node {
 
     /// Worker `id` replied (or its replies ended).
     pub(super) fn worker_replied(&mut self, id: u64, reply: Reply) {
-        let Some(w) = self.workers.by_id(id) else {
+        let Some(i) = self.workers.index_of(id) else {
             // A worker stopped meanwhile.
             return;
         };
+        let w = &mut self.workers.list[i];
         match reply {
             Reply::Closed => {
                 w.closed = true;
@@ -271,38 +284,36 @@ impl Node {
     /// Worker `id` broke the reply protocol: said in its log, and stopped; the item it
     /// held goes unanswered.
     fn worker_broke(&mut self, id: u64, what: &str) {
-        let i = self
-            .workers
-            .list
-            .iter()
-            .position(|w| w.id == id)
-            .expect("listed");
-        let (w, ticket) = self.workers.remove(i);
+        let i = self.workers.index_of(id).expect("listed");
+        let w = self.workers.list.remove(i);
         self.append_log(
             &w.log,
             &format!("### rl-node: this worker is stopped: {what} on descriptor 3, where only answers {{\"item\": NAME}} or {{\"item\": NAME, \"exit\": CODE}} for the item it was handed may go\n"),
         );
         self.launcher.stop(w.pid, self.cfg.timing.kill_grace);
-        if let Some(t) = ticket {
-            self.exited.insert(t, ChildExit::Unanswered);
+        if let Some((ticket, _)) = w.holding {
+            self.exited.insert(ticket, ChildExit::Unanswered);
         }
     }
 
     /// Forget worker `id` once both its exit and the end of its replies are known (no
     /// answer can come after them); the item it still held gets the worker's exit.
     fn settle_worker(&mut self, id: u64) {
-        let Some(i) = self
-            .workers
-            .list
-            .iter()
-            .position(|w| w.id == id && w.closed && w.exit.is_some())
+        let Some(i) = self.workers.index_of(id) else {
+            return;
+        };
+        let Worker {
+            closed: true,
+            exit: Some(exit),
+            ..
+        } = self.workers.list[i]
         else {
             return;
         };
-        let (w, ticket) = self.workers.remove(i);
-        let Some(t) = ticket else { return };
-        let exit = w.exit.expect("settled");
-        let (_, item) = w.holding.as_ref().expect("held");
+        let w = self.workers.list.remove(i);
+        let Some((ticket, item)) = &w.holding else {
+            return;
+        };
         self.append_log(
             &w.log,
             &format!("### rl-node: this worker ended ({exit}) while it held item {item}, without an answer for it\n"),
@@ -311,7 +322,7 @@ impl Node {
             ChildExit::Success => ChildExit::Unanswered,
             other => other,
         };
-        self.exited.insert(t, exit);
+        self.exited.insert(*ticket, exit);
     }
 
     /// An item ended: a process's leftovers are stopped ([`Node::reap`]); a worker that
@@ -335,7 +346,7 @@ impl Node {
             }
             let held = |w: &Worker| w.holding.as_ref().is_some_and(|h| h.0 == id);
             if let Some(i) = self.workers.list.iter().position(held) {
-                let (w, _) = self.workers.remove(i);
+                let w = self.workers.list.remove(i);
                 self.append_log(
                     &w.log,
                     &format!(
