@@ -430,16 +430,17 @@ fn write_merged(
     // kernel. An empty merge (every rank's shard empty) is not fsynced: it has no data,
     // and the manifest's publish fsyncs the directory after the rename ([`publish`]),
     // which makes its name and inode durable before the merge is journaled.
-    let empty = ranks.iter().all(|r| r.bytes == 0);
+    // Whether it is empty is known only after the merge: it fills in each rank's bytes.
+    let empty = |ranks: &[RankEntry]| ranks.iter().all(|r| r.bytes == 0);
     if let Some(f) = store.create_os_file(tmp).map_err(werr(tmp))? {
         let f = merge_sources(store, f, tmp, layout.root(), ranks, opts, tick)?;
-        if !empty {
+        if !empty(ranks) {
             f.sync_all().map_err(werr(tmp))?;
         }
     } else {
         let f = store.create_data(tmp).map_err(werr(tmp))?;
         let mut f = merge_sources(store, f, tmp, layout.root(), ranks, opts, tick)?;
-        if !empty {
+        if !empty(ranks) {
             f.sync_all().map_err(werr(tmp))?;
         }
     }
