@@ -256,6 +256,48 @@ fn with_allow_empty_shards_a_command_that_writes_nothing_commits_an_empty_shard(
     );
 }
 
+// ------------------------------------------------------------------ 3b: links
+
+/// The shared directory is untrusted: a link left as the shard (or as `{output}`), by the
+/// command or by anyone else with write access, is never committed or adopted, so that
+/// no file outside the run is read into the merge. Rank 1 fails naming the link; the file
+/// it points at is not in any merged file.
+#[test]
+fn a_link_as_the_shard_or_as_output_is_refused_and_nothing_it_points_at_is_merged() {
+    for (target, link) in [
+        ("{output}", "train/rank-1.partial.g1.jsonl"),
+        ("$(dirname {output})/rank-1.jsonl", "train/rank-1.jsonl"),
+    ] {
+        let c = TestCluster::new(
+            2,
+            &format!(
+                "[phases.rollout]\ncommand = \"if [ {{rank}} = 0 ]; then echo '{{\\\"rank\\\": 0}}' > {{output}}; else echo '{{\\\"secret\\\": 1}}' > $(dirname {{output}})/../secret; ln -s ../secret {target}; fi\"\n"
+            ),
+        );
+        let mut nodes = c.spawn_all(&["--iterations", "1"]);
+        let code1 = nodes[1].wait(LIMIT);
+        let code0 = nodes[0].wait(LIMIT);
+        let err1 = nodes[1].stderr();
+        assert_eq!(code1, 1, "{target}: rank 1:\n{err1}");
+        assert_eq!(code0, 3, "{target}: rank 0:\n{}", nodes[0].stderr());
+        let link = iter_dir(&c, 1).join(link);
+        let line = err1
+            .lines()
+            .find(|l| l.contains("not a regular file"))
+            .unwrap_or_else(|| panic!("{target}: no 'not a regular file' line:\n{err1}"));
+        assert!(line.contains(&link.display().to_string()), "{line}");
+        // Left as it was, and nothing merged or journaled.
+        assert!(
+            fs::symlink_metadata(&link).unwrap().is_symlink(),
+            "{target}"
+        );
+        assert!(!merged(&c, 1).exists(), "{target}");
+        assert!(!journal(&c, 1)
+            .iter()
+            .any(|e| e["iteration"] == 1 && e["item"] == "rollout-train"));
+    }
+}
+
 // ------------------------------------------------------------------ 4: crash after commit
 
 /// Rank 1 crashes after committing its shard and before journaling it; the restart redoes

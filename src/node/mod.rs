@@ -12,6 +12,7 @@
 //! thread collects and writes what the node's processes are doing (`forensics`), and the
 //! watchdog ends the node if a filesystem call on the shared directory hangs.
 
+mod commits;
 pub(crate) mod context;
 mod forensics;
 mod join;
@@ -38,6 +39,7 @@ use crate::layout::Layout;
 use crate::logging;
 pub(crate) use crate::process::{self as procs, descendants, random_hex};
 use crate::protocol::barrier::Progress;
+use crate::protocol::commit;
 use crate::protocol::fence::Site;
 use crate::protocol::journal;
 use crate::protocol::machine::{self, NodeMachine};
@@ -516,6 +518,8 @@ pub struct Broken {
     /// Whether an abort read in another rank's record is adopted and relayed
     /// ([`crate::protocol::abort::adopted`]).
     pub abort: Option<crate::protocol::abort::Mutation>,
+    /// The procedure of every commit of a command's output ([`commit::CommitMachine`]).
+    pub commit: Option<commit::Mutation>,
 }
 
 /// How an in-process node is started besides its configuration: what the command line
@@ -2245,116 +2249,59 @@ impl Node {
         let log = self.run_command(phase, pc, Some(split), &partial, false);
         self.extra.remove("resume_from");
         let log = log?;
-        self.fence_at(
-            Site::ShardCommit,
-            &format!("commit its {split} shard of iteration {it}"),
-        )?;
-        if journal::journals_before_commit(self.broken.journal) {
-            self.journal_item(&format!("rollout-{split}"))?;
-        }
-        self.watchdog.pet("committing the shard");
-        let wrote_output = self.store.exists(&partial);
-        let wrote_shard = self.store.exists(&shard);
-        let mut adopted = false;
-        // Whether the commit below fsynced the shard's directory itself (`create_new` does).
-        let mut dir_synced = false;
-        let commit = match (wrote_output, wrote_shard) {
-            (true, true) => {
-                return Err(self.fail(
-                    AbortKind::Error,
-                    rank,
-                    None,
-                    format!(
-                        "the {phase} command wrote both {{output}} ({}) and the shard name itself ({}): rl-node does not know which is the shard and replaces neither",
-                        partial.display(),
-                        shard.display()
-                    ),
-                    Some(&log),
-                ))
-            }
-            (true, false) => self
-                .store
-                .sync_file(&partial)
-                .and_then(|()| self.store.rename_noreplace(&partial, &shard)),
-            (false, true) => {
-                // The command named its own file (webgym's rollout does): adopt it.
-                adopted = true;
-                self.append_log(
-                    &log,
-                    &format!(
-                        "### rl-node: the command wrote {} itself (not {{output}}); adopted as this rank's shard\n",
-                        shard.display()
-                    ),
-                );
-                self.info(&format!(
-                    "the {phase} command wrote the shard {} itself; adopted",
-                    shard.display()
-                ));
-                match self.store.stat(&shard) {
-                    Ok(Some(m)) if m.kind == Kind::File => self.store.sync_file(&shard),
-                    Ok(Some(_)) => Err(std::io::Error::other("not a regular file")),
-                    Ok(None) => Err(std::io::ErrorKind::NotFound.into()),
-                    Err(e) => Err(e),
-                }
-            }
-            (false, false) if self.cfg.aggregate.allow_empty_shards => {
-                self.append_log(
-                    &log,
-                    &format!(
-                        "### rl-node: the command wrote no {}; committing an empty shard (aggregate.allow-empty-shards)\n",
-                        partial.display()
-                    ),
-                );
-                self.info(&format!(
-                    "the {phase} command wrote no output; empty shard committed (aggregate.allow-empty-shards)"
-                ));
-                self.store.create_new(&shard, b"").and_then(|created| {
-                    if created {
-                        dir_synced = true;
-                        Ok(())
-                    } else {
-                        Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, "appeared meanwhile"))
-                    }
-                })
-            }
-            (false, false) => {
-                return Err(self.fail(
-                    AbortKind::Error,
-                    rank,
-                    None,
-                    format!(
-                        "the {phase} command exited 0 but wrote no output: neither {{output}} ({}) nor {} exists",
-                        partial.display(),
-                        shard.display()
-                    ),
-                    Some(&log),
-                ))
-            }
+        let rules = commit::Rules {
+            site: Site::ShardCommit,
+            output: partial.clone(),
+            dest: shard.clone(),
+            look: true,
+            dirs: false,
+            written: commit::Written::Adopt,
+            nothing: match self.cfg.aggregate.allow_empty_shards {
+                true => commit::Nothing::Empty,
+                false => commit::Nothing::Refuse,
+            },
+            taken: commit::Taken::Fail,
+            journal_first: journal::journals_before_commit(self.broken.journal),
         };
-        // An empty shard's `create_new` already fsynced this directory after its link, and
-        // nothing was added to it since: a second fsync would make nothing more durable.
-        let synced = commit.and_then(|()| match dir_synced {
-            true => Ok(()),
-            false => self.store.fsync_dir(shard.parent().unwrap()),
-        });
-        if let Err(e) = synced {
-            let what = if e.kind() == std::io::ErrorKind::AlreadyExists {
-                format!(
-                    "cannot commit {}: another writer created it while this rank's command ran (not replaced)",
-                    shard.display()
-                )
-            } else {
-                format!("cannot commit {}: {e}", shard.display())
-            };
-            return Err(self.fail(AbortKind::Error, rank, None, what, None));
-        }
+        let what = format!("commit its {split} shard of iteration {it}");
+        let outcome = self.commit(rules, &what, &format!("rollout-{split}"))?;
+        let (partial_d, shard_d) = (partial.display(), shard.display());
+        let adopted = match outcome {
+            commit::Outcome::Committed { adopted, empty } => {
+                if adopted {
+                    self.append_log(&log, &format!("### rl-node: the command wrote {shard_d} itself (not {{output}}); adopted as this rank's shard\n"));
+                    self.info(&format!(
+                        "the {phase} command wrote the shard {shard_d} itself; adopted"
+                    ));
+                    self.journal_note =
+                        Some(format!("adopted: the command wrote {shard_d} itself"));
+                }
+                if empty {
+                    self.append_log(&log, &format!("### rl-node: the command wrote no {partial_d}; committing an empty shard (aggregate.allow-empty-shards)\n"));
+                    self.info(&format!("the {phase} command wrote no output; empty shard committed (aggregate.allow-empty-shards)"));
+                }
+                adopted
+            }
+            commit::Outcome::Refused(why) => {
+                let reason = match why {
+                    commit::Refusal::Both => format!("the {phase} command wrote both {{output}} ({partial_d}) and the shard name itself ({shard_d}): rl-node does not know which is the shard and replaces neither"),
+                    commit::Refusal::Nothing => format!("the {phase} command exited 0 but wrote no output: neither {{output}} ({partial_d}) nor {shard_d} exists"),
+                    commit::Refusal::NotAFile(p) => format!("cannot commit {}: not a regular file", p.display()),
+                    commit::Refusal::WroteFinal => unreachable!("a shard the command wrote is adopted"),
+                };
+                return Err(self.fail(AbortKind::Error, rank, None, reason, Some(&log)));
+            }
+            commit::Outcome::Failed { taken: true, .. } => {
+                let reason = format!("cannot commit {shard_d}: another writer created it while this rank's command ran (not replaced)");
+                return Err(self.fail(AbortKind::Error, rank, None, reason, None));
+            }
+            commit::Outcome::Failed { error, .. } => {
+                let reason = format!("cannot commit {shard_d}: {error}");
+                return Err(self.fail(AbortKind::Error, rank, None, reason, None));
+            }
+            commit::Outcome::Lost => unreachable!("a shard's commit does not yield"),
+        };
         exercised::note(exercised::Path::ShardCommits);
-        if adopted {
-            self.journal_note = Some(format!(
-                "adopted: the command wrote {} itself",
-                shard.display()
-            ));
-        }
         self.event(events::Event::Commit {
             split: split.to_string(),
             path: shard.display().to_string(),
@@ -2426,17 +2373,26 @@ impl Node {
             // Prepare commands may write elsewhere (e.g. a data directory of their own).
             return Ok(());
         }
-        self.fence(&format!("commit the prepared data of iteration {it}"))?;
-        self.watchdog.pet("committing the prepared data");
+        let rules = commit::Rules {
+            site: Site::Other,
+            output: out.clone(),
+            dest: done.clone(),
+            look: false,
+            dirs: true,
+            written: commit::Written::NotLooked,
+            nothing: commit::Nothing::Refuse,
+            taken: commit::Taken::Fail,
+            journal_first: false,
+        };
+        let what = format!("commit the prepared data of iteration {it}");
         // Durable before its name is: the journal entry that follows says it is there, and
         // a crash must not leave the name with the command's unwritten-back data lost.
-        if let Err(e) = self
-            .store
-            .sync_file(&out)
-            .and_then(|()| self.store.rename_noreplace(&out, &done))
-            .and_then(|()| self.store.fsync_dir(done.parent().expect("has parent")))
-        {
-            let reason = format!("cannot commit {} as {}: {e}", out.display(), done.display());
+        if let commit::Outcome::Failed { error, .. } = self.commit(rules, &what, "")? {
+            let reason = format!(
+                "cannot commit {} as {}: {error}",
+                out.display(),
+                done.display()
+            );
             return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
         }
         Ok(())
@@ -2589,55 +2545,41 @@ impl Node {
             self.make_dir(dir)?;
         }
         let log = self.run_command("aggregate", pc, Some(split), &out, false)?;
-        self.fence_at(
-            Site::MergePublish,
-            &format!("commit the merged {split} file of iteration {it}"),
-        )?;
-        self.watchdog.pet("committing the merged file");
-        let wrote = self.store.lstat(&out);
-        let problem = match (wrote, self.store.exists(&done)) {
-            (Ok(Some(m)), false) if matches!(m.kind, Kind::File | Kind::Dir) => None,
-            (Ok(Some(_)), false) => Some(format!(
-                "the aggregate command's {{output}} {} is not a regular file or a directory; not committed",
-                out.display()
-            )),
-            (Ok(Some(_)), true) => Some(format!(
-                "the aggregate command wrote both {{output}} ({}) and the merged file's name itself ({}): rl-node does not know which is the merge and replaces neither",
-                out.display(),
-                done.display()
-            )),
-            (Ok(None), true) => Some(format!(
-                "the aggregate command wrote the merged file {} itself instead of {{output}} ({}): rl-node commits only {{output}}, which it renames into place after the command exits 0",
-                done.display(),
-                out.display()
-            )),
-            (Ok(None), false) => Some(format!(
-                "the aggregate command exited 0 but wrote no output: {{output}} ({}) does not exist",
-                out.display()
-            )),
-            (Err(e), _) => Some(format!("cannot inspect {}: {e}", out.display())),
+        let rules = commit::Rules {
+            site: Site::MergePublish,
+            output: out.clone(),
+            dest: done.clone(),
+            look: true,
+            dirs: true,
+            written: commit::Written::Refuse,
+            nothing: commit::Nothing::Refuse,
+            taken: commit::Taken::Fail,
+            journal_first: false,
         };
-        if let Some(reason) = problem {
-            return Err(self.fail(AbortKind::Error, self.rank, None, reason, Some(&log)));
-        }
-        let committed = self
-            .store
-            .sync_file(&out)
-            .and_then(|()| self.store.rename_noreplace(&out, &done))
-            .and_then(|()| self.store.fsync_dir(done.parent().expect("has parent")));
-        if let Err(e) = committed {
-            let reason = if e.kind() == std::io::ErrorKind::AlreadyExists {
-                format!(
-                    "cannot commit {}: another writer created it while the aggregate command ran (not replaced)",
-                    done.display()
-                )
-            } else {
-                format!("cannot commit {} as {}: {e}", out.display(), done.display())
-            };
-            return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
-        }
-        exercised::note(exercised::Path::Merges);
-        Ok(())
+        let what = format!("commit the merged {split} file of iteration {it}");
+        let (out_d, done_d) = (out.display(), done.display());
+        let (reason, log) = match self.commit(rules, &what, "")? {
+            commit::Outcome::Committed { .. } => {
+                exercised::note(exercised::Path::Merges);
+                return Ok(());
+            }
+            commit::Outcome::Refused(why) => (match why {
+                commit::Refusal::NotAFile(_) => format!("the aggregate command's {{output}} {out_d} is not a regular file or a directory; not committed"),
+                commit::Refusal::Both => format!("the aggregate command wrote both {{output}} ({out_d}) and the merged file's name itself ({done_d}): rl-node does not know which is the merge and replaces neither"),
+                commit::Refusal::WroteFinal => format!("the aggregate command wrote the merged file {done_d} itself instead of {{output}} ({out_d}): rl-node commits only {{output}}, which it renames into place after the command exits 0"),
+                commit::Refusal::Nothing => format!("the aggregate command exited 0 but wrote no output: {{output}} ({out_d}) does not exist"),
+            }, Some(&log)),
+            commit::Outcome::Failed { taken: true, .. } => (format!("cannot commit {done_d}: another writer created it while the aggregate command ran (not replaced)"), None),
+            commit::Outcome::Failed { error, .. } => (format!("cannot commit {out_d} as {done_d}: {error}"), None),
+            commit::Outcome::Lost => unreachable!("a merge's commit does not yield"),
+        };
+        Err(self.fail(
+            AbortKind::Error,
+            self.rank,
+            None,
+            reason,
+            log.map(PathBuf::as_path),
+        ))
     }
 
     /// Run `work` unless this rank journaled `item` for the current iteration; journal it

@@ -25,6 +25,7 @@ use crate::config::{PhaseCommand, WorkMode};
 use crate::events;
 use crate::layout::{committed_item, dropped_group, set_aside_item};
 use crate::process::ChildExit;
+use crate::protocol::commit;
 use crate::protocol::fence::Site;
 use crate::protocol::messages::{PlanFingerprints, Plans};
 use crate::protocol::pool::{self, Exit, Lease, PoolMachine};
@@ -610,45 +611,33 @@ impl Node {
     /// node inside the fencing window) committed first, its file stays and ours is dropped.
     /// Whether ours is the item's file.
     fn commit_item(&mut self, split: &str, name: &str, partial: &Path) -> Result<bool, Stop> {
-        self.fence(&format!("commit item {name}"))?;
-        let done = committed_item(&self.items_dir(split), name);
-        let result = (|| -> std::io::Result<bool> {
-            // `create_new` fsyncs the directory after its link (and nothing is added to it
-            // before the check below): no second fsync of it then.
-            let mut dir_synced = false;
-            let committed = if self.store.stat(partial).is_ok_and(|m| m.is_some()) {
-                self.store.sync_file(partial)?;
-                self.store.rename_noreplace(partial, &done)
-            } else {
-                match self.store.create_new(&done, b"")? {
-                    true => {
-                        dir_synced = true;
-                        Ok(())
-                    }
-                    false => Err(std::io::Error::from(std::io::ErrorKind::AlreadyExists)),
-                }
-            };
-            let won = match committed {
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    let _ = self.store.remove_file(partial);
-                    false
-                }
-                other => other.map(|()| true)?,
-            };
-            if !dir_synced {
-                self.store.fsync_dir(done.parent().expect("has parent"))?;
+        let rules = commit::Rules {
+            site: Site::Other,
+            output: partial.to_path_buf(),
+            dest: committed_item(&self.items_dir(split), name),
+            look: true,
+            dirs: false,
+            written: commit::Written::NotLooked,
+            nothing: commit::Nothing::Empty,
+            taken: commit::Taken::Yield,
+            journal_first: false,
+        };
+        let reason = match self.commit(rules, &format!("commit item {name}"), "")? {
+            commit::Outcome::Committed { .. } => return Ok(true),
+            commit::Outcome::Lost => return Ok(false),
+            commit::Outcome::Refused(commit::Refusal::NotAFile(p)) => {
+                format!("{} is not a regular file", p.display())
             }
-            Ok(won)
-        })();
-        result.map_err(|e| {
-            self.fail(
-                AbortKind::Error,
-                self.rank,
-                None,
-                format!("cannot commit item {name}: {e}"),
-                None,
-            )
-        })
+            commit::Outcome::Refused(why) => unreachable!("an item's commit refuses {why:?}"),
+            commit::Outcome::Failed { error, .. } => error,
+        };
+        Err(self.fail(
+            AbortKind::Error,
+            self.rank,
+            None,
+            format!("cannot commit item {name}: {reason}"),
+            None,
+        ))
     }
 
     fn show_progress(&mut self, split: &str, t: &Tally) {
@@ -1593,6 +1582,13 @@ impl Node {
             .filter(|p| self.store.exists_followed(p))
             .collect();
         let shard = self.layout.shard(self.iteration, d.job.split, self.rank);
+        self.fence_at(
+            Site::ShardCommit,
+            &format!(
+                "commit its {} shard of iteration {}",
+                d.job.split, self.iteration
+            ),
+        )?;
         if let Err(e) = concat(&*self.store, &paths, &shard) {
             return Err(self.fail(
                 AbortKind::Error,
@@ -1683,28 +1679,37 @@ impl Iterator for Replacements<'_> {
     }
 }
 /// Concatenate files (each record ending in a newline) into `out`, streaming through a
-/// temporary file that is renamed over `out`.
+/// temporary file that is renamed to `out`, never over it.
 fn concat(store: &dyn SharedDir, paths: &[PathBuf], out: &Path) -> std::io::Result<()> {
-    use std::io::{BufRead, BufReader, BufWriter, Write};
+    use std::io::Write;
     let dir = out.parent().unwrap_or(Path::new("."));
     store.create_dir_all(dir)?;
     let tmp = crate::layout::temp_path(out, &std::process::id().to_string());
-    let mut w = BufWriter::new(crate::store::fs::create_file(&tmp)?);
+    let mut w = std::io::BufWriter::new(store.create_data(&tmp)?);
+    let mut buf = Vec::new();
     for p in paths {
-        let mut r = BufReader::new(std::fs::File::open(p)?);
-        let mut line = Vec::new();
+        let mut r = store.open_data(p)?;
+        buf.clear();
         loop {
-            line.clear();
-            if r.read_until(b'\n', &mut line)? == 0 {
+            let n = r.read_more(&mut buf, 1 << 16)?;
+            // Whole lines only, but at the end of the file: its last line may lack a newline.
+            let end = match n {
+                0 => buf.len(),
+                _ => buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1),
+            };
+            for line in buf[..end].split_inclusive(|&b| b == b'\n') {
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                w.write_all(line)?;
+                if line.last() != Some(&b'\n') {
+                    w.write_all(b"\n")?;
+                }
+            }
+            buf.drain(..end);
+            if n == 0 {
                 break;
             }
-            if line.iter().all(|b| b.is_ascii_whitespace()) {
-                continue;
-            }
-            if line.last() != Some(&b'\n') {
-                line.push(b'\n');
-            }
-            w.write_all(&line)?;
         }
     }
     w.into_inner().map_err(|e| e.into_error())?.sync_all()?;

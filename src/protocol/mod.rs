@@ -4,6 +4,7 @@
 
 pub mod abort;
 pub mod barrier;
+pub mod commit;
 pub mod fence;
 pub mod join;
 pub mod join_machine;

@@ -1984,3 +1984,20 @@ fn journal_keep_torn_tail_is_caught_by_seed_48() {
         "rank 4's journal has line 2 that is no entry, a torn append glued to the next",
     );
 }
+
+/// A commit that renames a rollout's `{output}` into place without syncing its data
+/// first: the rank's machine crashes after the commit and its journal line, and the
+/// command's unsynced records are gone from behind the durable name.
+#[test]
+fn an_unsynced_commit_is_caught_by_seed_6() {
+    let broken = Broken {
+        commit: Some(rl_node::protocol::commit::Mutation::Unsynced),
+        ..Broken::default()
+    };
+    caught_by_seed(
+        6,
+        true,
+        broken,
+        "rank 4 journaled rollout-train of iteration 1 (generation 1), but /sim-job/rollouts/iter-0001/train/rank-4.jsonl was never committed",
+    );
+}

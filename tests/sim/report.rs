@@ -513,6 +513,13 @@ fn driver_mutants() -> Vec<Mutant> {
             "journal::KeepTornTail",
             journal_broken(journal::Mutation::KeepTornTail),
         ),
+        data_mutant(
+            "commit::Unsynced",
+            Broken {
+                commit: Some(rl_node::protocol::commit::Mutation::Unsynced),
+                ..Broken::default()
+            },
+        ),
         // Not here: `OpenAt` the shard commit, the merge publish and the checkpoint
         // rename, each behind a rename that never replaces (docs/simulation.md).
         fresh_mutant(
