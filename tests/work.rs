@@ -1294,6 +1294,21 @@ case "$RL_NODE_RANK" in 0) sleep 0.4 ;; 1) sleep 0.2 ;; *) sleep 0.1 ;; esac"#;
         plan.pool.iter().map(item_key).collect::<Vec<_>>(),
         "every task once, in pool order"
     );
+    // The rank shards and the merged file were committed from temporaries: none is left.
+    let iter_dir = w.train_dir(1).parent().unwrap().to_path_buf();
+    let temporaries: Vec<_> = walkdir::WalkDir::new(&iter_dir)
+        .into_iter()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
+        .map(|e| e.path().to_path_buf())
+        .collect();
+    assert!(temporaries.is_empty(), "{temporaries:?}");
+    for r in 0..3 {
+        assert!(
+            iter_dir.join(format!("train/rank-{r}.jsonl")).is_file(),
+            "rank {r}'s shard"
+        );
+    }
     // Each item has one first lease; a rank's leases after its first item carry its pace.
     let leases = lease_files(&w);
     let firsts: Vec<&(String, Value)> = leases.iter().filter(|(n, _)| n.ends_with(".a0")).collect();

@@ -429,21 +429,65 @@ impl Node {
             .filter(|p| self.store.exists_followed(p))
             .collect();
         let shard = self.layout.shard(self.iteration, split, self.rank);
-        self.fence_at(
-            Site::ShardCommit,
-            &format!("commit its {split} shard of iteration {}", self.iteration),
-        )?;
-        concat(&*self.store, &paths, &shard).map_err(|e| {
-            self.fail(
-                AbortKind::Error,
-                self.rank,
-                None,
-                format!("cannot commit {}: {e}", shard.display()),
-                None,
-            )
-        })?;
+        let what = format!("commit its {split} shard of iteration {}", self.iteration);
+        self.commit_concat(Site::ShardCommit, &paths, &shard, &what)?;
         crate::exercised::note(crate::exercised::Path::ShardCommits);
         Ok(())
+    }
+
+    /// Concatenate `paths` into a temporary file beside `out` and commit it as `out`
+    /// ([`Node::commit`]: the fence, the data's fsync, a rename that never replaces). The
+    /// fence comes after the copy, right before the rename it guards. A temporary left by
+    /// a failed commit is removed: it is this node's own.
+    fn commit_concat(
+        &mut self,
+        site: Site,
+        paths: &[PathBuf],
+        out: &Path,
+        what: &str,
+    ) -> Result<(), Stop> {
+        let tmp = crate::layout::temp_path(out, &self.nonce);
+        let outcome = match concat(&*self.store, paths, &tmp) {
+            Ok(()) => {
+                let rules = commit::Rules {
+                    site,
+                    output: tmp.clone(),
+                    dest: out.to_path_buf(),
+                    look: false,
+                    dirs: false,
+                    written: commit::Written::NotLooked,
+                    nothing: commit::Nothing::Refuse,
+                    taken: commit::Taken::Fail,
+                    journal_first: false,
+                };
+                self.commit(rules, what, "")
+            }
+            Err(e) => Ok(commit::Outcome::Failed {
+                path: tmp.clone(),
+                error: e.to_string(),
+                taken: false,
+            }),
+        };
+        let reason = match outcome {
+            Ok(commit::Outcome::Committed { .. }) => return Ok(()),
+            Ok(commit::Outcome::Failed { taken: true, .. }) => {
+                "another writer created it meanwhile (not replaced)".to_string()
+            }
+            Ok(commit::Outcome::Failed { error, .. }) => error,
+            Ok(o) => unreachable!("a concatenation's commit ended {o:?}"),
+            Err(stop) => {
+                let _ = self.store.remove_file(&tmp);
+                return Err(stop);
+            }
+        };
+        let _ = self.store.remove_file(&tmp);
+        Err(self.fail(
+            AbortKind::Error,
+            self.rank,
+            None,
+            format!("cannot commit {}: {reason}", out.display()),
+            None,
+        ))
     }
 
     /// Rank 0 merges a dynamic rollout's committed items in pool order.
@@ -463,16 +507,8 @@ impl Node {
         let out = self.layout.aggregated(self.iteration, split);
         // Committed by an attempt that crashed before journaling it: kept, out of the way.
         self.set_aside_earlier("merged file", &out)?;
-        self.fence_at(Site::MergePublish, &format!("publish {}", out.display()))?;
-        concat(&*self.store, &paths, &out).map_err(|e| {
-            self.fail(
-                AbortKind::Error,
-                self.rank,
-                None,
-                format!("cannot write {}: {e}", out.display()),
-                None,
-            )
-        })?;
+        let what = format!("publish {}", out.display());
+        self.commit_concat(Site::MergePublish, &paths, &out, &what)?;
         crate::exercised::note(crate::exercised::Path::Merges);
         self.event(events::Event::Aggregate {
             split: split.to_string(),
@@ -1582,23 +1618,11 @@ impl Node {
             .filter(|p| self.store.exists_followed(p))
             .collect();
         let shard = self.layout.shard(self.iteration, d.job.split, self.rank);
-        self.fence_at(
-            Site::ShardCommit,
-            &format!(
-                "commit its {} shard of iteration {}",
-                d.job.split, self.iteration
-            ),
-        )?;
-        if let Err(e) = concat(&*self.store, &paths, &shard) {
-            return Err(self.fail(
-                AbortKind::Error,
-                self.rank,
-                None,
-                format!("cannot commit {}: {e}", shard.display()),
-                None,
-            ));
-        }
-        Ok(())
+        let what = format!(
+            "commit its {} shard of iteration {}",
+            d.job.split, self.iteration
+        );
+        self.commit_concat(Site::ShardCommit, &paths, &shard, &what)
     }
 
     /// Fail the phase if more of the pool's items failed here than
@@ -1678,14 +1702,12 @@ impl Iterator for Replacements<'_> {
         None
     }
 }
-/// Concatenate files (each record ending in a newline) into `out`, streaming through a
-/// temporary file that is renamed to `out`, never over it.
+/// Concatenate files (each record ending in a newline, blank lines dropped) into a new
+/// file `out`, streamed; made durable by its commit, not here.
 fn concat(store: &dyn SharedDir, paths: &[PathBuf], out: &Path) -> std::io::Result<()> {
     use std::io::Write;
-    let dir = out.parent().unwrap_or(Path::new("."));
-    store.create_dir_all(dir)?;
-    let tmp = crate::layout::temp_path(out, &std::process::id().to_string());
-    let mut w = std::io::BufWriter::new(store.create_data(&tmp)?);
+    store.create_dir_all(out.parent().unwrap_or(Path::new(".")))?;
+    let mut w = std::io::BufWriter::new(store.create_data(out)?);
     let mut buf = Vec::new();
     for p in paths {
         let mut r = store.open_data(p)?;
@@ -1712,12 +1734,7 @@ fn concat(store: &dyn SharedDir, paths: &[PathBuf], out: &Path) -> std::io::Resu
             }
         }
     }
-    w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-    if let Err(e) = store.rename_noreplace(&tmp, out) {
-        let _ = store.remove_file(&tmp);
-        return Err(e);
-    }
-    store.fsync_dir(dir)
+    w.flush()
 }
 
 /// A progress bar is drawn on a terminal, not between the lines of a JSON log.
