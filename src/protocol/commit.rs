@@ -367,6 +367,8 @@ impl CommitMachine {
                     _ => r.dest.clone(),
                 };
                 let taken = step == Step::Rename && kind == std::io::ErrorKind::AlreadyExists;
+                // A failed directory sync leaves the commit not durable: it failed.
+                self.pending = None;
                 let o = failed(self, &path, error, taken);
                 self.end(o);
             }
@@ -800,6 +802,95 @@ mod tests {
         match cfg!(feature = "sim") {
             true => assert!(matches!(next, Effect::Rename { .. }), "{next:?}"),
             false => assert!(matches!(next, Effect::Sync(_)), "{next:?}"),
+        }
+    }
+
+    /// A plausible answer to `e`, drawn from `pick`.
+    fn answer(e: &Effect, pick: u8) -> Input {
+        let fail = || Input::Failed(ErrorKind::Other, "Input/output error".into());
+        match (e, pick % 5) {
+            (_, 4) if !matches!(e, Effect::Fence(_) | Effect::Journal) => fail(),
+            (Effect::Fence(_) | Effect::Journal, _) => Input::Passed,
+            (Effect::Look(_), k) => Input::Looked(
+                [
+                    None,
+                    Some(Found::File),
+                    Some(Found::Dir),
+                    Some(Found::Other),
+                ][k as usize],
+            ),
+            (Effect::Rename { .. }, 1) => {
+                Input::Failed(ErrorKind::AlreadyExists, "File exists".into())
+            }
+            (Effect::CreateEmpty(_), k) => Input::Created(k % 2 == 0),
+            _ => Input::Done,
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever the directory answers, under any rules: the fence comes first; nothing
+        /// is written before it; `{output}` is renamed only after its data was synced; a
+        /// commit is reported only after its name was made durable (the directory synced
+        /// after the rename, or the exclusive create, which syncs it); a commit that does
+        /// not yield never removes anything; and the procedure ends.
+        #[test]
+        fn any_answers_keep_the_procedures_order(
+            picks in proptest::collection::vec(0u8..20, 12),
+            look in proptest::bool::ANY,
+            dirs in proptest::bool::ANY,
+            written in 0usize..3,
+            empty in proptest::bool::ANY,
+            yields in proptest::bool::ANY,
+            journal_first in proptest::bool::ANY,
+        ) {
+            let rules = Rules {
+                look,
+                dirs,
+                written: [Written::NotLooked, Written::Adopt, Written::Refuse][written],
+                nothing: if empty { Nothing::Empty } else { Nothing::Refuse },
+                taken: if yields { Taken::Yield } else { Taken::Fail },
+                journal_first,
+                ..rules()
+            };
+            let mut m = CommitMachine::new(rules.clone());
+            let mut trace: Vec<(Effect, Input)> = vec![];
+            let mut picks = picks.into_iter();
+            while let Some(e) = m.poll_effect() {
+                let a = answer(&e, picks.next().expect("at most 12 steps"));
+                trace.push((e, a.clone()));
+                m.handle(a);
+            }
+            let outcome = m.outcome().cloned().expect("ended");
+            proptest::prop_assert!(matches!(trace[0].0, Effect::Fence(_)));
+            let output = &rules.output;
+            for (i, (e, _)) in trace.iter().enumerate() {
+                if let Effect::Rename { from, .. } = e {
+                    proptest::prop_assert_eq!(from, output);
+                    let synced = trace[..i].iter().any(|(e, a)| *e == Effect::Sync(output.clone()) && *a == Input::Done);
+                    proptest::prop_assert!(synced, "renamed unsynced: {:?}", trace);
+                }
+                if matches!(e, Effect::Remove(_)) {
+                    proptest::prop_assert!(yields, "removed without yielding: {:?}", trace);
+                }
+            }
+            if let Outcome::Committed { empty, adopted } = outcome {
+                let last = &trace.last().unwrap();
+                let durable = match empty {
+                    true => last.0 == Effect::CreateEmpty(rules.dest.clone()) && last.1 == Input::Created(true),
+                    false => matches!(last.0, Effect::SyncDir(_)) && last.1 == Input::Done,
+                };
+                proptest::prop_assert!(durable, "reported before durable: {:?}", trace);
+                let named = trace.iter().any(|(e, a)| match (e, adopted) {
+                    (Effect::Rename { .. }, false) => *a == Input::Done,
+                    (Effect::Sync(p), true) => *p == rules.dest && *a == Input::Done,
+                    _ => empty,
+                });
+                proptest::prop_assert!(named, "committed without a commit: {:?}", trace);
+                proptest::prop_assert!(!adopted || rules.written == Written::Adopt);
+            }
+            if let Outcome::Lost = outcome {
+                proptest::prop_assert!(yields);
+            }
         }
     }
 
