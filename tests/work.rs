@@ -1861,3 +1861,41 @@ fn a_malformed_max_workers_is_refused_naming_the_key() {
         assert!(!w.c.log_path.join(".rl-node").exists(), "nothing written");
     }
 }
+
+/// A per-task rank that crashes after committing its shard (the concatenation of its
+/// items) and before journaling the rollout: the restart runs none of its committed items
+/// again, sets the earlier shard aside (kept) and commits the concatenation anew; each
+/// item is merged once. Before, the restart found the shard's name taken and stopped,
+/// at every restart.
+#[test]
+fn a_per_task_shard_committed_before_a_crash_is_set_aside_and_the_run_completes() {
+    let prefix = r#"echo "$RL_NODE_TASK_ID $RL_NODE_GEN" >> "@DIR@/executed.log""#;
+    let w = Work::per_task(2, &task_text(6, &[]), "", prefix);
+    let fast = ("RL_NODE_TIMING_DEAD_AFTER", "1500ms".to_string());
+    let crash = (
+        "RL_NODE_TEST_CRASH_AT",
+        "after-commit:rollout-train@1".to_string(),
+    );
+    let mut nodes = vec![
+        w.c.spawn_env(0, &w.c.log_path, ONE, std::slice::from_ref(&fast)),
+        w.c.spawn_env(1, &w.c.log_path, ONE, &[crash, fast.clone()]),
+    ];
+    assert_eq!(nodes[1].wait(LIMIT), 134, "{}", nodes[1].stderr());
+    assert_eq!(nodes[0].wait(LIMIT), 3, "{}", nodes[0].stderr());
+    let shard = w.train_dir(1).join("rank-1.jsonl");
+    let first = fs::read_to_string(&shard).expect("the crashed attempt's shard");
+    let ran_before = fs::read_to_string(w.dir().join("executed.log")).unwrap();
+    drop(nodes);
+
+    let mut nodes = w.c.spawn_all(ONE);
+    wait_ok(&mut nodes, "restart after the shard's commit");
+    let aside = w.train_dir(1).join("rank-1.jsonl.stale-gen2");
+    assert_eq!(fs::read_to_string(&aside).unwrap(), first, "kept as it was");
+    assert_eq!(fs::read_to_string(&shard).unwrap(), first, "the same items again");
+    // No item of rank 1 ran again: each task ran once, in generation 1.
+    let ran = fs::read_to_string(w.dir().join("executed.log")).unwrap();
+    assert_eq!(ran, ran_before, "items ran again after the restart");
+    let merged: Vec<(String, u64)> = w.merged(1).iter().map(key).collect();
+    let unique: BTreeSet<&(String, u64)> = merged.iter().collect();
+    assert_eq!((merged.len(), unique.len()), (6, 6), "{merged:?}");
+}

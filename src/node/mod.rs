@@ -621,16 +621,13 @@ pub fn run_in_process_with(
         ident,
         broken: start.broken,
     };
+    // Task files are the user's own input, outside the shared directory: read as a node
+    // reads them.
+    let tasks = work::TaskSets::load(&cfg).map_err(|s| (s.exit_code(), s.message))?;
     let node = Node::assemble(cfg, layout, rank, false, start.fresh, parts);
     let source = format!("in-process rank {rank}");
-    drive(
-        node,
-        &loaded,
-        &source,
-        work::TaskSets::default(),
-        (1, source.clone()),
-    )
-    .map_err(|s| (s.exit_code(), s.message))
+    drive(node, &loaded, &source, tasks, (1, source.clone()))
+        .map_err(|s| (s.exit_code(), s.message))
 }
 
 /// What an in-process node ([`run_in_process`]) cannot run, because it would read or
@@ -648,9 +645,6 @@ fn in_process_refusal(cfg: &Config) -> Option<&'static str> {
     }
     if cfg.naming().format() != crate::shards::naming::Format::Jsonl {
         return Some("only JSONL shards are merged through the store (aggregate.format)");
-    }
-    if !cfg.tasks.train.is_empty() || !cfg.tasks.eval.is_empty() {
-        return Some("task files are read from the real filesystem ([tasks])");
     }
     None
 }
@@ -2255,6 +2249,7 @@ impl Node {
             dest: shard.clone(),
             look: true,
             dirs: false,
+            synced: false,
             written: commit::Written::Adopt,
             nothing: match self.cfg.aggregate.allow_empty_shards {
                 true => commit::Nothing::Empty,
@@ -2379,6 +2374,7 @@ impl Node {
             dest: done.clone(),
             look: false,
             dirs: true,
+            synced: false,
             written: commit::Written::NotLooked,
             nothing: commit::Nothing::Refuse,
             taken: commit::Taken::Fail,
@@ -2551,6 +2547,7 @@ impl Node {
             dest: done.clone(),
             look: true,
             dirs: true,
+            synced: false,
             written: commit::Written::Refuse,
             nothing: commit::Nothing::Refuse,
             taken: commit::Taken::Fail,

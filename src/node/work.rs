@@ -430,22 +430,27 @@ impl Node {
             .collect();
         let shard = self.layout.shard(self.iteration, split, self.rank);
         let what = format!("commit its {split} shard of iteration {}", self.iteration);
-        self.commit_concat(Site::ShardCommit, &paths, &shard, &what)?;
+        self.commit_concat(Site::ShardCommit, &paths, &shard, "shard", &what)?;
         crate::exercised::note(crate::exercised::Path::ShardCommits);
         Ok(())
     }
 
-    /// Concatenate `paths` into a temporary file beside `out` and commit it as `out`
-    /// ([`Node::commit`]: the fence, the data's fsync, a rename that never replaces). The
-    /// fence comes after the copy, right before the rename it guards. A temporary left by
+    /// Concatenate `paths` into a temporary file beside `out`, synced, and commit it as
+    /// `out` ([`Node::commit`]: the fence, a rename that never replaces, the directory's
+    /// fsync). The fence comes after the copy, right before the rename it guards. An
+    /// earlier attempt's `out` (the `noun`, for the message) is set aside first. A temporary left by
     /// a failed commit is removed: it is this node's own.
     fn commit_concat(
         &mut self,
         site: Site,
         paths: &[PathBuf],
         out: &Path,
+        noun: &str,
         what: &str,
     ) -> Result<(), Stop> {
+        // Committed by an attempt that crashed before journaling it: kept, out of the way
+        // (its content is the same items' concatenation, never lost, never merged twice).
+        self.set_aside_earlier(noun, out)?;
         let tmp = crate::layout::temp_path(out, &self.nonce);
         let outcome = match concat(&*self.store, paths, &tmp) {
             Ok(()) => {
@@ -455,6 +460,7 @@ impl Node {
                     dest: out.to_path_buf(),
                     look: false,
                     dirs: false,
+                    synced: true,
                     written: commit::Written::NotLooked,
                     nothing: commit::Nothing::Refuse,
                     taken: commit::Taken::Fail,
@@ -505,10 +511,8 @@ impl Node {
             ));
         }
         let out = self.layout.aggregated(self.iteration, split);
-        // Committed by an attempt that crashed before journaling it: kept, out of the way.
-        self.set_aside_earlier("merged file", &out)?;
         let what = format!("publish {}", out.display());
-        self.commit_concat(Site::MergePublish, &paths, &out, &what)?;
+        self.commit_concat(Site::MergePublish, &paths, &out, "merged file", &what)?;
         crate::exercised::note(crate::exercised::Path::Merges);
         self.event(events::Event::Aggregate {
             split: split.to_string(),
@@ -653,6 +657,7 @@ impl Node {
             dest: committed_item(&self.items_dir(split), name),
             look: true,
             dirs: false,
+            synced: false,
             written: commit::Written::NotLooked,
             nothing: commit::Nothing::Empty,
             taken: commit::Taken::Yield,
@@ -1622,7 +1627,7 @@ impl Node {
             "commit its {} shard of iteration {}",
             d.job.split, self.iteration
         );
-        self.commit_concat(Site::ShardCommit, &paths, &shard, &what)
+        self.commit_concat(Site::ShardCommit, &paths, &shard, "shard", &what)
     }
 
     /// Fail the phase if more of the pool's items failed here than
@@ -1703,7 +1708,7 @@ impl Iterator for Replacements<'_> {
     }
 }
 /// Concatenate files (each record ending in a newline, blank lines dropped) into a new
-/// file `out`, streamed; made durable by its commit, not here.
+/// file `out`, streamed, and make it durable.
 fn concat(store: &dyn SharedDir, paths: &[PathBuf], out: &Path) -> std::io::Result<()> {
     use std::io::Write;
     store.create_dir_all(out.parent().unwrap_or(Path::new(".")))?;
@@ -1734,7 +1739,7 @@ fn concat(store: &dyn SharedDir, paths: &[PathBuf], out: &Path) -> std::io::Resu
             }
         }
     }
-    w.flush()
+    w.into_inner().map_err(|e| e.into_error())?.sync_all()
 }
 
 /// A progress bar is drawn on a terminal, not between the lines of a JSON log.

@@ -68,6 +68,9 @@ pub struct Rules {
     pub look: bool,
     /// `{output}` may be a directory (prepared data, an aggregate command's output).
     pub dirs: bool,
+    /// `{output}` is durable already (rl-node wrote it and synced it through its own
+    /// handle): it is not synced again.
+    pub synced: bool,
     pub written: Written,
     pub nothing: Nothing,
     pub taken: Taken,
@@ -399,7 +402,7 @@ impl CommitMachine {
     /// Commit `{output}` (found as `found`), unless it is not something to commit.
     fn commit_output(&mut self, found: Found) -> Step {
         match (found, self.rules.dirs) {
-            (Found::File, _) | (Found::Dir, true) if self.unsynced() => {
+            (Found::File, _) | (Found::Dir, true) if self.unsynced() || self.rules.synced => {
                 self.synced = true;
                 Step::Rename
             }
@@ -473,6 +476,7 @@ mod tests {
             dest: "/d/r/rank-0.jsonl".into(),
             look: true,
             dirs: false,
+            synced: false,
             written: Written::Adopt,
             nothing: Nothing::Refuse,
             taken: Taken::Fail,
@@ -842,6 +846,7 @@ mod tests {
             empty in proptest::bool::ANY,
             yields in proptest::bool::ANY,
             journal_first in proptest::bool::ANY,
+            synced in proptest::bool::ANY,
         ) {
             let rules = Rules {
                 look,
@@ -850,6 +855,7 @@ mod tests {
                 nothing: if empty { Nothing::Empty } else { Nothing::Refuse },
                 taken: if yields { Taken::Yield } else { Taken::Fail },
                 journal_first,
+                synced,
                 ..rules()
             };
             let mut m = CommitMachine::new(rules.clone());
@@ -866,8 +872,8 @@ mod tests {
             for (i, (e, _)) in trace.iter().enumerate() {
                 if let Effect::Rename { from, .. } = e {
                     proptest::prop_assert_eq!(from, output);
-                    let synced = trace[..i].iter().any(|(e, a)| *e == Effect::Sync(output.clone()) && *a == Input::Done);
-                    proptest::prop_assert!(synced, "renamed unsynced: {:?}", trace);
+                    let synced_here = trace[..i].iter().any(|(e, a)| *e == Effect::Sync(output.clone()) && *a == Input::Done);
+                    proptest::prop_assert!(synced != synced_here, "renamed unsynced, or synced twice: {:?}", trace);
                 }
                 if matches!(e, Effect::Remove(_)) {
                     proptest::prop_assert!(yields, "removed without yielding: {:?}", trace);

@@ -294,6 +294,10 @@ pub(crate) struct Data {
     /// `phases.handoff.keep-last` (0: keep every checkpoint; else rank 0 prunes after each
     /// hand-off, sparing no eval checkpoint).
     keep_last: u64,
+    /// Per-task mode (`work.mode = "per-task"`) over a task file of this many tasks: the
+    /// train rollout runs one command per task (an item, committed on its own), and each
+    /// rank's shard is its items' concatenation. `None`: one command per rank.
+    items: Option<u64>,
 }
 
 /// [`draw`], with rollouts and evals that write shards, and some that fail after writing.
@@ -306,6 +310,7 @@ fn draw_data(seed: u64, max_nodes: u64) -> Case {
         rollout: Duration::from_millis(500 + rng.below(10_000)),
         // Drawn apart, so that the rest of a seed's case stays what it was.
         keep_last: Rng::new(seed ^ 0x6ee9_1a57).below(2),
+        items: None,
     });
     for faults in &mut case.faults {
         if rng.below(2) == 0 {
@@ -317,6 +322,16 @@ fn draw_data(seed: u64, max_nodes: u64) -> Case {
         }
     }
     draw_commit_faults(seed, &mut case);
+    case
+}
+
+/// [`draw_data`] in per-task mode: 2 to 9 tasks, one item each, every iteration (no
+/// eval rollouts: the eval split has no task file here).
+fn draw_items(seed: u64, max_nodes: u64) -> Case {
+    let mut case = draw_data(seed, max_nodes);
+    let d = case.data.as_mut().expect("a data case");
+    d.items = Some(2 + Rng::new(seed ^ 0x17e3_5eed).below(8));
+    d.eval_interval = 0;
     case
 }
 
@@ -480,13 +495,24 @@ pub(crate) fn config(dir: &Path, case: &Case) -> PathBuf {
     let (eval, rollouts, train) = match &case.data {
         None => (String::new(), String::new(), ""),
         Some(d) => {
-            let command = "command = \"rollout rank={rank} iteration={iteration} split={split} gen={gen} output={output}\"\n";
+            let (command, work) = match d.items {
+                None => ("command = \"rollout rank={rank} iteration={iteration} split={split} gen={gen} output={output}\"\n", String::new()),
+                Some(n) => {
+                    let tasks = dir.join("tasks.jsonl");
+                    let lines: String = (0..n).map(|t| format!("{{\"id\": \"t{t}\"}}\n")).collect();
+                    std::fs::write(&tasks, lines).expect("write the task file");
+                    (
+                        "command = \"rollout rank={rank} iteration={iteration} split={split} gen={gen} task={task_id} output={output}\"\n",
+                        format!("[tasks]\ntrain = \"{}\"\n[work]\nmode = \"per-task\"\n", tasks.display()),
+                    )
+                }
+            };
             let prepare = "command = \"prepare rank={rank} iteration={iteration} gen={gen} output={output}\"\n";
             let handoff = format!("keep-last = {}\nkeep-eval = false\n", d.keep_last);
             (
                 format!("eval-interval = {}\n", d.eval_interval),
                 format!(
-                    "[phases.rollout]\n{command}[phases.eval]\n{command}[phases.prepare]\n{prepare}[phases.handoff]\n{handoff}"
+                    "[phases.rollout]\n{command}[phases.eval]\n{command}[phases.prepare]\n{prepare}[phases.handoff]\n{handoff}{work}"
                 ),
                 " gen={gen} output={output}",
             )
@@ -784,9 +810,17 @@ fn rollout_run(command: &str, d: &Data, fails: &[(u32, u64, i32)]) -> FakeRun {
         .iter()
         .find(|f| f.0 == rank && f.1 == iteration)
         .map_or(0, |f| f.2);
+    // An item's records are named by its task, whichever rank runs it.
+    let writer = match command
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("task="))
+    {
+        Some(task) => task.to_string(),
+        None => rank.to_string(),
+    };
     let writes = (0..d.records)
         .map(|i| {
-            let record = format!("{{\"id\":\"{split}-{iteration}-{rank}-{i}\",\"gen\":{gen}}}\n");
+            let record = format!("{{\"id\":\"{split}-{iteration}-{writer}-{i}\",\"gen\":{gen}}}\n");
             (output.clone(), record.into_bytes())
         })
         .collect();
@@ -1096,13 +1130,32 @@ fn check_data(world: &SimWorld, layout: &Layout, case: &Case, d: &Data) -> Resul
                             path.display()
                         ));
                     }
-                    if gen != by {
+                    // A per-task shard concatenates items, some committed by earlier
+                    // generations (a restart redoes only the uncommitted ones).
+                    let earlier_item = d.items.is_some() && split == "train" && gen < by;
+                    if gen != by && !earlier_item {
                         return Err(format!(
                             "{} holds record {id} written by generation {gen}, but generation {by} journaled its commit",
                             shard.display()
                         ));
                     }
                     committed += 1;
+                }
+            }
+            if let Some(tasks) = d.items.filter(|_| split == "train") {
+                // Every item of the plan (one per task) is in the merged file exactly once.
+                let mut planned: Vec<String> = (0..tasks)
+                    .flat_map(|t| (0..d.records).map(move |i| format!("train-{it}-t{t}-{i}")))
+                    .collect();
+                let mut got: Vec<String> = merged.iter().map(|(id, _)| id.clone()).collect();
+                planned.sort();
+                got.sort();
+                checks += 1;
+                if got != planned {
+                    return Err(format!(
+                        "{} holds {got:?}, but the plan's items wrote {planned:?}",
+                        path.display()
+                    ));
                 }
             }
             checks += 1;
@@ -1434,10 +1487,12 @@ fn check_data_so_far(world: &SimWorld, case: &Case) -> Result<u64, String> {
 }
 
 /// Every partial shard of `split` in iteration `it` (`….partial.gG.jsonl`,
-/// `Layout::shard_partial_gen`) holds only generation G's records.
+/// `Layout::shard_partial_gen`) holds only generation G's records; so does every item's
+/// partial output (`<item>.gG.aA.partial.jsonl`), and each committed item holds one
+/// generation's records, all of its own task.
 fn check_partials(world: &SimWorld, layout: &Layout, it: u64, split: &str) -> Result<u64, String> {
     let dir = layout.rollout_dir(it, split);
-    let mut checks = 0;
+    let mut checks = check_items(world, layout, it, split)?;
     for name in world.list(&dir).unwrap_or_default() {
         let name = name.to_string_lossy().into_owned();
         let Some((_, Some(gen))) = layout.shard_partial_of(it, split, &name) else {
@@ -1451,6 +1506,45 @@ fn check_partials(world: &SimWorld, layout: &Layout, it: u64, split: &str) -> Re
                     "{} (generation {gen}'s) holds record {id} written by generation {by}",
                     path.display()
                 ));
+            }
+        }
+    }
+    Ok(checks)
+}
+
+/// The items of a per-task rollout (see [`check_partials`]).
+fn check_items(world: &SimWorld, layout: &Layout, it: u64, split: &str) -> Result<u64, String> {
+    let dir = layout.items_dir(it, split);
+    let mut checks = 0;
+    for name in world.list(&dir).unwrap_or_default() {
+        let name = name.to_string_lossy().into_owned();
+        let path = dir.join(&name);
+        let Some(bytes) = world.content(&path) else {
+            continue;
+        };
+        let records = records(&bytes, &path)?;
+        if let Some((_, gen)) = rl_node::layout::item_partial_of(&name) {
+            for (id, by) in &records {
+                checks += 1;
+                if *by != gen {
+                    return Err(format!(
+                        "{} (generation {gen}'s) holds record {id} written by generation {by}",
+                        path.display()
+                    ));
+                }
+            }
+        } else if let Some(item) = name.strip_suffix(".jsonl") {
+            let Some((_, first)) = records.first() else {
+                continue;
+            };
+            for (id, by) in &records {
+                checks += 1;
+                if by != first || !id.starts_with(&format!("{split}-{it}-t")) {
+                    return Err(format!(
+                        "the committed item {} holds {records:?}: not one attempt's output ({item})",
+                        path.display()
+                    ));
+                }
             }
         }
     }
@@ -1480,6 +1574,16 @@ pub fn run_data_seed(
     broken: Broken,
 ) -> Result<(Summary, String), Violation> {
     run_case(seed, draw_data(seed, max_nodes), broken)
+}
+
+/// One seed of jobs whose train rollouts run per task ([`draw_items`]), checked as
+/// [`run_data_seed`] does, and every item of each iteration's plan merged exactly once.
+pub fn run_items_seed(
+    seed: u64,
+    max_nodes: u64,
+    broken: Broken,
+) -> Result<(Summary, String), Violation> {
+    run_case(seed, draw_items(seed, max_nodes), broken)
 }
 
 /// A rank still joining or running in a generation whose `abort.json` another rank
@@ -1985,6 +2089,23 @@ fn journal_keep_torn_tail_is_caught_by_seed_48() {
     );
 }
 
+/// Per-task rollouts under the same faults: items committed one by one, a restart that
+/// redoes only the uncommitted ones, rank shards concatenated from items, each
+/// iteration's plan merged exactly once.
+#[test]
+fn seeds_of_per_task_jobs_commit_every_item_exactly_once() {
+    let seeds: u64 = std::env::var("SIM_ITEM_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(12);
+    let mut total = Summary::default();
+    for seed in 1..=seeds {
+        let (s, _) = run_items_seed(seed, 4, Broken::default()).unwrap_or_else(|v| panic!("{v}"));
+        total += s;
+    }
+    assert!(total.starts > seeds, "no seed restarted: {total:?}");
+}
+
 /// A commit that renames a rollout's `{output}` into place without syncing its data
 /// first: the rank's machine crashes after the commit and its journal line, and the
 /// command's unsynced records are gone from behind the durable name.
@@ -2000,4 +2121,13 @@ fn an_unsynced_commit_is_caught_by_seed_6() {
         broken,
         "rank 4 journaled rollout-train of iteration 1 (generation 1), but /sim-job/rollouts/iter-0001/train/rank-4.jsonl was never committed",
     );
+}
+
+/// Found by the first per-task sweep: rank 3 committed its shard (its items'
+/// concatenation), then its journal append tore; every restart found the shard's name
+/// taken ("another writer created it meanwhile") and stopped, so the job never
+/// completed. An earlier attempt's shard is now set aside first, as a per-rank one is.
+#[test]
+fn items_seed_48_a_shard_committed_before_a_torn_journal_append_is_set_aside() {
+    run_items_seed(48, 4, Broken::default()).unwrap_or_else(|v| panic!("{v}"));
 }
