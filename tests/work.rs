@@ -1891,7 +1891,11 @@ fn a_per_task_shard_committed_before_a_crash_is_set_aside_and_the_run_completes(
     wait_ok(&mut nodes, "restart after the shard's commit");
     let aside = w.train_dir(1).join("rank-1.jsonl.stale-gen2");
     assert_eq!(fs::read_to_string(&aside).unwrap(), first, "kept as it was");
-    assert_eq!(fs::read_to_string(&shard).unwrap(), first, "the same items again");
+    assert_eq!(
+        fs::read_to_string(&shard).unwrap(),
+        first,
+        "the same items again"
+    );
     // No item of rank 1 ran again: each task ran once, in generation 1.
     let ran = fs::read_to_string(w.dir().join("executed.log")).unwrap();
     assert_eq!(ran, ran_before, "items ran again after the restart");

@@ -1899,6 +1899,15 @@ pub fn data_sweep(first: u64, seeds: u64, max_nodes: u64) -> Result<Summary, Vio
     Ok(total)
 }
 
+/// [`data_sweep`] of per-task jobs ([`run_items_seed`]).
+pub fn items_sweep(first: u64, seeds: u64, max_nodes: u64) -> Result<Summary, Violation> {
+    let mut total = Summary::default();
+    for seed in first..first + seeds {
+        total += run_items_seed(seed, max_nodes, Broken::default())?.0;
+    }
+    Ok(total)
+}
+
 #[test]
 fn seeds_of_jobs_with_rollouts_and_merges_keep_the_data_invariants() {
     rl_node::exercised::reset();

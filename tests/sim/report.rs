@@ -97,6 +97,16 @@ pub fn scenarios() -> Vec<Scenario> {
             },
         },
         Scenario {
+            name: "items",
+            driver: true,
+            run: |f, s, n| {
+                nodes::items_sweep(f, s, n).map(|s| Swept {
+                    faults: s.faults,
+                    line: s.line(),
+                })
+            },
+        },
+        Scenario {
             name: "fresh",
             driver: true,
             run: |f, s, n| {
