@@ -97,6 +97,22 @@ pub enum Event {
         reason: String,
         log: String,
     },
+    /// This rank's rollout (or eval) command failed and
+    /// `phases.<phase>.on-failure = "merge-survivors"`: it commits no shard of `split`.
+    RolloutFailed {
+        split: String,
+        failed: String,
+        reason: String,
+        log: String,
+    },
+    /// Rank 0 merged `split` without the ranks whose command failed: `merged` of `ranks`
+    /// ranks' shards.
+    SurvivorsMerged {
+        split: String,
+        merged: u32,
+        ranks: u32,
+        failed: Vec<RankFailure>,
+    },
     /// Rank 0 handed off no checkpoint because training failed somewhere.
     HandoffSkipped {
         failed: Vec<RankFailure>,
@@ -210,7 +226,8 @@ pub struct Groups {
     pub replacements: usize,
 }
 
-/// One rank's training failure in a `handoff-skipped` event.
+/// One rank's failure (of its training in a `handoff-skipped` event, of its rollout in a
+/// `survivors-merged` one).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RankFailure {
     pub rank: u32,
@@ -301,6 +318,21 @@ mod tests {
                 }],
                 model: "base-model".into(),
                 summary: "training failed on rank(s) 1 (exit code 3)".into(),
+            },
+            Event::RolloutFailed {
+                split: "train".into(),
+                failed: "exit code 7".into(),
+                reason: "the rollout command failed with exit code 7".into(),
+                log: "/s/logs/iter-0002/rank-1.rollout.log".into(),
+            },
+            Event::SurvivorsMerged {
+                split: "train".into(),
+                merged: 2,
+                ranks: 3,
+                failed: vec![RankFailure {
+                    rank: 1,
+                    failed: "exit code 7".into(),
+                }],
             },
             Event::Handoff {
                 model: "/s/models/iter-0002".into(),
@@ -398,6 +430,8 @@ mod tests {
             Event::Journal { .. } => "journal",
             Event::TrainFailed { .. } => "train-failed",
             Event::HandoffSkipped { .. } => "handoff-skipped",
+            Event::RolloutFailed { .. } => "rollout-failed",
+            Event::SurvivorsMerged { .. } => "survivors-merged",
             Event::Handoff { .. } => "handoff",
             Event::CheckpointsDeleted { .. } => "checkpoints-deleted",
             Event::LatestFallback { .. } => "latest-fallback",
@@ -439,7 +473,7 @@ mod tests {
             );
         }
         // Every variant (Aggregate and Items twice, once per shape).
-        assert_eq!(tags.len(), 25, "{tags:?}");
+        assert_eq!(tags.len(), 27, "{tags:?}");
     }
 
     /// Every kind's line (both shapes of `aggregate` and `items`) is the text the ad-hoc

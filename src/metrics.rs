@@ -32,6 +32,8 @@ pub(crate) struct Collector {
     bytes: Option<u64>,
     failed: u64,
     retries: u64,
+    /// Ranks the train merge went without (their rollout command failed).
+    failed_ranks: u64,
     items_seen: bool,
     eval_ran: bool,
     /// The model's version and staleness the iteration ran with.
@@ -123,6 +125,9 @@ impl Collector {
                 }
                 Aggregated::Items { items, .. } => self.records = Some(*items as u64),
             },
+            Event::SurvivorsMerged { split, failed, .. } if split == "train" => {
+                self.failed_ranks = failed.len() as u64;
+            }
             Event::Items {
                 split,
                 failed,
@@ -245,6 +250,11 @@ impl Collector {
         m.insert("rollout/bytes".into(), self.bytes.into());
         m.insert("rollout/raw".into(), self.records.into());
         m.insert("rollout/budget".into(), fixed.budget.into());
+        // Counted where the train split was merged (rank 0 of a cluster that rolls out).
+        m.insert(
+            "rollout/failed_ranks".into(),
+            self.records.map(|_| self.failed_ranks).into(),
+        );
         // Every rank's items when the ranks reported their numbers, else rank 0's.
         let (items_seen, failed, retries) = if reported.is_empty() {
             (self.items_seen, self.failed, self.retries)
@@ -607,10 +617,60 @@ mod tests {
         assert_eq!(v["rollout/raw"], 4);
         assert_eq!(v["rollout/budget"], 4);
         assert_eq!(v["rollout/failed"], Value::Null);
+        assert_eq!(v["rollout/failed_ranks"], 0);
         assert_eq!(v["model/version"], 1);
         assert_eq!(v["eval/ran"], false);
         assert_eq!(v["rollout/reward_mean"], Value::Null);
         assert_eq!(v["rollout/reward_skipped"], 0);
+    }
+
+    /// `rollout/failed_ranks`: the ranks the train merge went without; `null` where this
+    /// cluster merged no train split.
+    #[test]
+    fn failed_ranks_count_the_train_merge_s_left_out_ranks() {
+        let fixed = Fixed {
+            iteration: 1,
+            run: "r".into(),
+            generation: 1,
+            cluster: None,
+            t: "now".into(),
+            elapsed: Duration::ZERO,
+            budget: None,
+        };
+        let count = |c: &Collector| {
+            let line = c.line(&fixed, &FieldStats::empty(&[]));
+            serde_json::from_str::<Value>(&line).unwrap()["rollout/failed_ranks"].clone()
+        };
+        let mut c = Collector::default();
+        assert_eq!(count(&c), Value::Null);
+        let now = Instant::now();
+        let merged = |split: &str| Event::SurvivorsMerged {
+            split: split.into(),
+            merged: 1,
+            ranks: 2,
+            failed: vec![crate::events::RankFailure {
+                rank: 1,
+                failed: "exit code 7".into(),
+            }],
+        };
+        c.observe(&merged("eval"), now);
+        c.observe(
+            &Event::Aggregate {
+                split: "train".into(),
+                merged: Aggregated::Shards {
+                    records: 1,
+                    bytes: 9,
+                },
+            },
+            now,
+        );
+        assert_eq!(
+            count(&c),
+            0,
+            "an eval merge's failures are not the train split's"
+        );
+        c.observe(&merged("train"), now);
+        assert_eq!(count(&c), 1);
     }
 
     #[test]

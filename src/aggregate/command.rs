@@ -2,7 +2,7 @@
 //! the user's merge command (`crate::shards::command`), which writes the merged file and
 //! reports records and unreadable inputs per rank.
 
-use super::{unreadable, AggregateError, Extras, MergeOptions, RankEntry, RankStatus};
+use super::{unreadable, AggregateError, Extras, MergeOptions, RankEntry};
 use super::{IO_BUF, TICK_BYTES};
 use crate::layout::Layout;
 use crate::shards::command;
@@ -51,7 +51,7 @@ pub(super) fn merge_command(
     let mut input_ranks = Vec::new();
     let mut entry_of = Vec::new();
     for (i, e) in ranks.iter_mut().enumerate() {
-        if e.status == RankStatus::Missing {
+        if !e.status.has_source() {
             continue;
         }
         tick();

@@ -311,7 +311,7 @@ fn merge_in_blocks<W: Output>(
         let mut read = Ok(());
         let mut number = 0;
         for entry in entries.iter_mut() {
-            if entry.status == RankStatus::Missing {
+            if !entry.status.has_source() {
                 continue;
             }
             tick();
@@ -341,7 +341,7 @@ fn merge_in_blocks<W: Output>(
     let mut offset = 0;
     for entry in entries.iter_mut() {
         entry.offset = offset;
-        if entry.status == RankStatus::Missing {
+        if !entry.status.has_source() {
             continue;
         }
         let t = tallies.next().ok_or_else(gone)?;
@@ -1071,6 +1071,7 @@ mod tests {
             set_aside: vec![],
             adopted: None,
             problems: vec![],
+            reason: None,
         }
     }
 

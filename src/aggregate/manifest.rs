@@ -83,6 +83,10 @@ pub enum RankStatus {
     Partial,
     /// Neither exists.
     Missing,
+    /// The rank's rollout command failed and the run merged the other ranks without it
+    /// (`phases.<phase>.on-failure = "merge-survivors"`): nothing of it is read, whatever
+    /// it left; `reason` says why.
+    Failed,
 }
 
 impl RankStatus {
@@ -91,7 +95,19 @@ impl RankStatus {
             RankStatus::Complete => "complete",
             RankStatus::Partial => "partial",
             RankStatus::Missing => "missing",
+            RankStatus::Failed => "failed",
         }
+    }
+
+    /// Whether the merge reads a file of the rank (its shard or its partial file).
+    pub fn has_source(self) -> bool {
+        matches!(self, RankStatus::Complete | RankStatus::Partial)
+    }
+
+    /// A rank the merge refuses to go without unless `allow_missing`: one whose shard is
+    /// not committed, for no reason the run recorded.
+    pub fn is_gap(self) -> bool {
+        matches!(self, RankStatus::Partial | RankStatus::Missing)
     }
 }
 
@@ -153,9 +169,32 @@ pub struct RankEntry {
     pub adopted: Option<String>,
     /// Every gap or oddity of this rank, for humans (file:line where it applies).
     pub problems: Vec<String>,
+    /// Why the rank is left out (`failed`): its rollout command's failure and log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 impl RankEntry {
+    /// A rank whose rollout command failed, left out of the merge for `reason`.
+    pub(super) fn failed(rank: u32, reason: &str) -> RankEntry {
+        RankEntry {
+            rank,
+            status: RankStatus::Failed,
+            source: None,
+            source_bytes: 0,
+            offset: 0,
+            records: 0,
+            bytes: 0,
+            digest: None,
+            sha256: None,
+            dropped: Vec::new(),
+            set_aside: Vec::new(),
+            adopted: None,
+            problems: Vec::new(),
+            reason: Some(reason.to_string()),
+        }
+    }
+
     /// Whether bytes of this rank were merged (it has a digest).
     pub fn was_merged(&self) -> bool {
         self.digest.is_some() || self.sha256.is_some()
@@ -235,6 +274,10 @@ pub struct Manifest {
     /// its report said.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard_format: Option<String>,
+    /// Ranks whose rollout command failed, merged without
+    /// (`phases.<phase>.on-failure = "merge-survivors"`; each rank's `reason` says why).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed_ranks: Vec<u32>,
     /// Ranks whose shard could not be read and was left out (`--allow-missing`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unreadable_ranks: Vec<u32>,
@@ -307,6 +350,7 @@ impl Manifest {
             dropped_bytes: sum(&|r| r.dropped.iter().map(|d| d.bytes).sum()),
             partial_ranks: with(RankStatus::Partial),
             missing_ranks: with(RankStatus::Missing),
+            failed_ranks: with(RankStatus::Failed),
             unreadable_ranks: ranks
                 .iter()
                 .filter(|r| r.dropped.iter().any(|d| d.kind == DropKind::Unreadable))

@@ -116,6 +116,11 @@ pub struct MergeOptions {
     /// their arrivals at the barrier before the node's merge carried them; `None`
     /// (`rl-node aggregate`): read from each rank's journal.
     pub adopted: Option<BTreeMap<u32, String>>,
+    /// The ranks whose rollout command failed, with why, as their arrivals at the barrier
+    /// before the node's merge carried them (`phases.<phase>.on-failure =
+    /// "merge-survivors"`): left out unread, recorded as `failed` in the manifest, and no
+    /// gap. Empty for `rl-node aggregate`, which salvages what such a rank left.
+    pub failed: BTreeMap<u32, String>,
     /// A merge broken on purpose (the simulator's own tests; ignored without the `sim`
     /// feature, see `crate::protocol::mutation`).
     #[doc(hidden)]
@@ -152,6 +157,7 @@ impl std::fmt::Debug for MergeOptions {
             .field("registry", &self.registry.is_some())
             .field("rollout_model", &self.rollout_model)
             .field("adopted", &self.adopted)
+            .field("failed", &self.failed)
             .finish()
     }
 }
@@ -174,6 +180,7 @@ impl Default for MergeOptions {
             fence: None,
             rollout_model: None,
             adopted: None,
+            failed: BTreeMap::new(),
             mutation: None,
         }
     }
@@ -210,7 +217,7 @@ pub fn merge(
 ) -> Result<Manifest, AggregateError> {
     let format = check_request(layout, split, num_ranks, opts)?;
     let (mut ranks, mut problems) = survey_ranks(store, layout, iteration, split, num_ranks, opts)?;
-    if !opts.allow_missing && ranks.iter().any(|r| r.status != RankStatus::Complete) {
+    if !opts.allow_missing && ranks.iter().any(|r| r.status.is_gap()) {
         return Err(incomplete(layout, iteration, split, ranks));
     }
 
@@ -317,6 +324,10 @@ fn survey_ranks(
     let mut problems = Vec::new();
     let mut ranks = Vec::with_capacity(num_ranks as usize);
     for rank in 0..num_ranks {
+        if let Some(reason) = opts.failed.get(&rank) {
+            ranks.push(RankEntry::failed(rank, reason));
+            continue;
+        }
         let names = partial_listing.as_ref().unwrap_or(&listing);
         let adopted = opts.adopted.as_ref();
         let (entry, beside) = survey(
@@ -365,10 +376,7 @@ fn incomplete(
     split: &str,
     ranks: Vec<RankEntry>,
 ) -> AggregateError {
-    let gaps: Vec<&RankEntry> = ranks
-        .iter()
-        .filter(|r| r.status != RankStatus::Complete)
-        .collect();
+    let gaps: Vec<&RankEntry> = ranks.iter().filter(|r| r.status.is_gap()).collect();
     let said: Vec<String> = gaps
         .iter()
         .map(|r| match r.status {
@@ -734,5 +742,52 @@ mod tests {
         assert_eq!(on_disk, m);
         // No temporary file is left behind.
         assert_eq!(std::fs::read_dir(out.parent().unwrap()).unwrap().count(), 3);
+    }
+
+    /// A rank whose rollout failed (`merge-survivors`) is left out unread, whatever it
+    /// left (here a partial file and a shard its command wrote itself before failing),
+    /// recorded as failed with its reason, and is no gap; the others merge in rank order.
+    #[test]
+    fn a_failed_rank_is_left_out_and_named_in_the_manifest() {
+        let d = tempfile::tempdir().unwrap();
+        let l = Layout::new(d.path());
+        std::fs::create_dir_all(l.rollout_dir(1, "train")).unwrap();
+        for r in [0, 2] {
+            std::fs::write(l.shard(1, "train", r), format!("{{\"r\":{r}}}\n")).unwrap();
+        }
+        std::fs::write(
+            l.shard_partial_gen(1, "train", 1, 1),
+            "{\"r\":\"partial\"}\n",
+        )
+        .unwrap();
+        let failed = MergeOptions {
+            failed: [(1, "the rollout command failed with exit code 7".to_string())].into(),
+            ..opts()
+        };
+        let m = merge(&crate::store::Fs, &l, 1, "train", 3, &failed, &mut || {}).unwrap();
+        let out = l.aggregated(1, "train");
+        assert_eq!(
+            std::fs::read_to_string(&out).unwrap(),
+            "{\"r\":0}\n{\"r\":2}\n"
+        );
+        assert_eq!(m.failed_ranks, [1]);
+        assert!(m.missing_ranks.is_empty() && m.partial_ranks.is_empty());
+        assert!(!m.complete, "a merge without a rank is not complete");
+        assert_eq!(m.records, 2);
+        let json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(manifest_path(&out)).unwrap()).unwrap();
+        let r1 = &json["ranks"][1];
+        assert_eq!(r1["status"], "failed", "{json}");
+        assert_eq!(r1["reason"], "the rollout command failed with exit code 7");
+        assert_eq!(
+            (&r1["records"], &r1["source"]),
+            (&0.into(), &serde_json::Value::Null)
+        );
+        assert!(json["ranks"][0].get("reason").is_none(), "{json}");
+        // Without the failure handed over, the partial file is a gap, as always.
+        std::fs::remove_file(&out).unwrap();
+        std::fs::remove_file(manifest_path(&out)).unwrap();
+        let e = merge(&crate::store::Fs, &l, 1, "train", 3, &opts(), &mut || {}).unwrap_err();
+        assert!(matches!(&e, AggregateError::Incomplete { partial, .. } if partial == &[1]));
     }
 }

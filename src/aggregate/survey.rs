@@ -193,6 +193,7 @@ pub(super) fn survey(
         dropped: Vec::new(),
         set_aside,
         problems,
+        reason: None,
     };
     Ok((entry, beside))
 }

@@ -24,7 +24,7 @@ pub(super) fn merge_tensors(
     let mut inputs: Vec<st::Input> = Vec::new();
     let mut entry_of: Vec<usize> = Vec::new();
     for (i, entry) in ranks.iter_mut().enumerate() {
-        if entry.status == RankStatus::Missing {
+        if !entry.status.has_source() {
             continue;
         }
         tick();

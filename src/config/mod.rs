@@ -277,6 +277,37 @@ pub struct RolloutCommand {
     /// Per-task items: start the command once per worker slot and hand it items on its
     /// standard input (`node::workers`), rather than once per item.
     pub reuse_processes: bool,
+    /// `stop` | `merge-survivors` (checked in `validate`; read through
+    /// [`RolloutCommand::policy`]). Left out of the serialised configuration when it is
+    /// the default, so that the fingerprint of a configuration that does not set it is
+    /// the one it always was (a run started by an earlier version restarts unrefused).
+    #[serde(skip_serializing_if = "is_stop")]
+    pub on_failure: String,
+}
+
+fn is_stop(s: &str) -> bool {
+    s == "stop"
+}
+
+/// What a rank's failed per-rank rollout or eval command (non-zero exit, signal, timeout)
+/// does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnRolloutFailure {
+    /// Stop the whole cluster, like any failed command (the default).
+    Stop,
+    /// Log it, commit no shard for the rank and merge the other ranks' shards, as
+    /// webgym's run.sh did.
+    MergeSurvivors,
+}
+
+impl OnRolloutFailure {
+    pub fn parse(s: &str) -> Option<OnRolloutFailure> {
+        match s {
+            "stop" => Some(OnRolloutFailure::Stop),
+            "merge-survivors" => Some(OnRolloutFailure::MergeSurvivors),
+            _ => None,
+        }
+    }
 }
 
 impl RolloutCommand {
@@ -290,6 +321,10 @@ impl RolloutCommand {
 
     pub fn is_set(&self) -> bool {
         !self.command.trim().is_empty()
+    }
+
+    pub fn policy(&self) -> OnRolloutFailure {
+        OnRolloutFailure::parse(&self.on_failure).expect("validated at load")
     }
 }
 
@@ -1004,6 +1039,7 @@ fn validate(l: &Loaded) -> Result<(), ConfigError> {
     validate_reuse(l)?;
     validate_eval_split_and_env(l)?;
     validate_train_and_handoff(l)?;
+    validate_rollout_failure(l)?;
     validate_aggregate(l)?;
     validate_server_and_observe(l)
 }
@@ -1285,6 +1321,60 @@ fn validate_eval_split_and_env(l: &Loaded) -> Result<(), ConfigError> {
     }
     for (name, text) in &c.env {
         Template::parse(text).map_err(|e| l.invalid(&format!("env.{name}"), e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// `on-failure` of the rollout and eval phases: a known value, and `merge-survivors` only
+/// where one command per rank writes one shard that rl-node's own merge takes.
+fn validate_rollout_failure(l: &Loaded) -> Result<(), ConfigError> {
+    let c = &l.config;
+    let w = &c.work;
+    let splits = [
+        ("rollout", &c.phases.rollout, "tasks.train", &c.tasks.train),
+        ("eval", &c.phases.eval, "tasks.eval", &c.tasks.eval),
+    ];
+    for (name, r, tasks_key, tasks) in splits {
+        let key = format!("phases.{name}.on-failure");
+        let policy = OnRolloutFailure::parse(&r.on_failure).ok_or_else(|| {
+            l.invalid(
+                &key,
+                format!(
+                    "`{}` is neither \"stop\" (a failed {name} command stops the cluster) nor \"merge-survivors\" (it is logged, the rank commits no shard and rank 0 merges the other ranks' shards)",
+                    r.on_failure
+                ),
+            )
+        })?;
+        if policy == OnRolloutFailure::Stop {
+            continue;
+        }
+        let per_item = if tasks.is_empty() {
+            None
+        } else if w.mode == WorkMode::PerTask {
+            Some(format!(
+                "work.mode is \"per-task\" (from {})",
+                l.source_of("work.mode")
+            ))
+        } else if w.strategy == crate::work::plan::Strategy::Dynamic {
+            Some(format!(
+                "work.strategy is \"dynamic\" (from {})",
+                l.source_of("work.strategy")
+            ))
+        } else {
+            None
+        };
+        if let Some(mode) = per_item {
+            return Err(l.invalid(
+                &key,
+                format!("\"merge-survivors\" applies to one command per rank, but {mode} with {tasks_key} set: each item's failure is counted on its own there; use work.max-failed-fraction (and work.max-retries) to let some items fail"),
+            ));
+        }
+        if c.phases.aggregate.is_set() {
+            return Err(l.invalid(
+                &key,
+                format!("\"merge-survivors\" needs rl-node's own merge to leave a failed rank out, but phases.aggregate.command (from {}) merges the shards itself: use [aggregate] format = \"command\" with [aggregate] command instead, whose {{inputs}} are the surviving ranks' shards", l.source_of("phases.aggregate.command")),
+            ));
+        }
     }
     Ok(())
 }
@@ -1974,6 +2064,76 @@ mod tests {
         std::fs::write(&f, "[phases.prepare]\non-failure = \"keep-model\"\n").unwrap();
         let e = load(Some(&f), &no_env, &[]).unwrap_err().to_string();
         assert!(e.contains("unknown key `phases.prepare.on-failure`"), "{e}");
+    }
+
+    #[test]
+    fn rollout_on_failure_is_stop_by_default_and_checked() {
+        let d = load(None, &no_env, &[]).unwrap();
+        assert_eq!(d.config.phases.rollout.policy(), OnRolloutFailure::Stop);
+        assert_eq!(d.config.phases.eval.policy(), OnRolloutFailure::Stop);
+        // The default is left out of the shared view: a configuration that does not set
+        // it has the fingerprint it had before the key existed.
+        let view = d.config.shared_view();
+        for phase in ["rollout", "eval"] {
+            assert!(view["phases"][phase].get("on-failure").is_none(), "{view}");
+        }
+        let env =
+            |n: &str| (n == "RL_NODE_PHASES_ROLLOUT_ON_FAILURE").then(|| "merge-survivors".into());
+        let merge = load(None, &env, &[]).unwrap();
+        assert_eq!(
+            merge.config.phases.rollout.policy(),
+            OnRolloutFailure::MergeSurvivors
+        );
+        assert_eq!(merge.config.phases.eval.policy(), OnRolloutFailure::Stop);
+        // Every node must agree on it.
+        assert_ne!(d.config.fingerprint(), merge.config.fingerprint());
+
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.toml");
+        let refused = |text: &str| {
+            std::fs::write(&f, text).unwrap();
+            load(Some(&f), &no_env, &[]).unwrap_err().to_string()
+        };
+        let e = refused("[phases.eval]\non-failure = \"keep-model\"\n");
+        assert!(
+            e.starts_with(&format!(
+                "phases.eval.on-failure (from {}): `keep-model` is neither \"stop\"",
+                f.display()
+            )),
+            "{e}"
+        );
+        let tasks = dir.path().join("t.jsonl");
+        std::fs::write(&tasks, "{\"id\": 1}\n").unwrap();
+        let t = tasks.display();
+        // Per-task mode and the dynamic strategy count each item's failure instead.
+        for (work, said) in [
+            ("mode = \"per-task\"", "work.mode is \"per-task\""),
+            ("strategy = \"dynamic\"", "work.strategy is \"dynamic\""),
+        ] {
+            let e = refused(&format!(
+                "[tasks]\ntrain = \"{t}\"\n[work]\n{work}\n[phases.rollout]\non-failure = \"merge-survivors\"\n"
+            ));
+            assert!(e.starts_with("phases.rollout.on-failure (from "), "{e}");
+            assert!(e.contains(said), "{e}");
+            assert!(e.contains("use work.max-failed-fraction"), "{e}");
+        }
+        // A user merge command cannot be told which ranks to leave out.
+        let e = refused("[phases.aggregate]\ncommand = \"true\"\n[phases.eval]\non-failure = \"merge-survivors\"\n");
+        assert!(e.starts_with("phases.eval.on-failure (from "), "{e}");
+        assert!(e.contains("[aggregate] format = \"command\""), "{e}");
+        // Per-rank mode with a static plan is one command per rank, as is a per-task
+        // run's eval without eval tasks.
+        for text in [
+            format!("[tasks]\ntrain = \"{t}\"\n[phases.rollout]\non-failure = \"merge-survivors\"\n"),
+            format!("[tasks]\ntrain = \"{t}\"\n[work]\nmode = \"per-task\"\n[phases.eval]\non-failure = \"merge-survivors\"\n"),
+        ] {
+            std::fs::write(&f, &text).unwrap();
+            let l = load(Some(&f), &no_env, &[]).unwrap_or_else(|e| panic!("{text}: {e}"));
+            let c = &l.config.phases;
+            assert!(
+                [c.rollout.policy(), c.eval.policy()].contains(&OnRolloutFailure::MergeSurvivors)
+            );
+        }
     }
 
     #[test]

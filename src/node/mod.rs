@@ -25,6 +25,7 @@ mod publisher;
 mod server;
 mod signals;
 pub mod supervisor;
+mod survivors;
 mod textfile;
 mod watchdog;
 mod work;
@@ -49,7 +50,7 @@ use crate::protocol::{AbortInfo, AbortKind, ClusterRecord, NodeState, Phase, Ran
 use crate::store::{Kind, SharedDir};
 use procs::{ChildExit, Event, Registry};
 use publisher::Publisher;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
@@ -196,9 +197,13 @@ pub(crate) struct Node {
     journal_note: Option<String>,
     /// The checkpoint the hand-off published, for its journal entry.
     journal_checkpoint: Option<String>,
-    /// Rank 0: the shards of (iteration, split) whose command wrote them itself, with
-    /// their notes, as the arrivals at the barrier before the merge carried them.
-    adopted: Option<(u64, &'static str, BTreeMap<u32, String>)>,
+    /// How this rank's rollout command failed, for its journal entry
+    /// (`phases.<phase>.on-failure = "merge-survivors"`).
+    journal_failed: Option<String>,
+    /// Rank 0: what the arrivals at the barrier before the merge of (iteration, split)
+    /// said of the shards: those whose command wrote them itself, with their notes, and
+    /// the ranks whose command failed.
+    shards: Option<(u64, &'static str, msg::Shards)>,
     /// The inference server, while it runs.
     server: Option<server::Server>,
     /// --debug-mode: leave the inference server alone.
@@ -741,7 +746,8 @@ impl Node {
             waiting_note: String::new(),
             relay: None,
             journal_note: None,
-            adopted: None,
+            journal_failed: None,
+            shards: None,
             journal_checkpoint: None,
             server: None,
             debug_mode,
@@ -1898,22 +1904,23 @@ impl Node {
         Ok(())
     }
 
-    /// `rollout-complete` and `eval-complete`: every rank's shard of `split` is committed.
-    /// A rank whose command wrote its shard name itself says so with its arrival (its
-    /// journal's note), so rank 0's merge records it without reading every rank's journal
-    /// (at 64 nodes those reads were an eighth of rank 0's shared-directory operations).
+    /// `rollout-complete` and `eval-complete`: every rank's shard of `split` is committed,
+    /// or its command failed and the run goes on without it (`merge-survivors`). A rank
+    /// whose command wrote its shard name itself says so with its arrival (its journal's
+    /// note), so rank 0's merge records it without reading every rank's journal (at 64
+    /// nodes those reads were an eighth of rank 0's shared-directory operations); a rank
+    /// whose command failed says how, from its journal too (so also after a restart).
     fn shards_complete(&mut self, b: WalkBarrier, split: &'static str) -> Result<(), Stop> {
         let note = journal::adopted(&self.journal, self.iteration, split);
+        let failed = journal::rollout_failed(&self.journal, self.iteration, split);
         let mut gathered = None;
-        self.barrier(
-            b.name(),
-            note.map(|note| msg::Adopted { note }),
-            |arrivals| {
-                let notes = (0..).zip(arrivals).filter_map(|(r, a)| Some((r, a?.note)));
-                gathered = Some(notes.collect());
-            },
-        )?;
-        self.adopted = gathered.map(|notes| (self.iteration, split, notes));
+        self.barrier(b.name(), msg::ShardArrival::of(note, failed), |arrivals| {
+            gathered = Some(msg::Shards::gathered(arrivals))
+        })?;
+        if let Some(shards) = gathered.as_ref().filter(|s| s.none_survived()) {
+            return Err(self.no_survivors(split, shards));
+        }
+        self.shards = gathered.map(|shards| (self.iteration, split, shards));
         Ok(())
     }
 
@@ -2240,9 +2247,13 @@ impl Node {
                 .map(|p| p.display().to_string())
                 .unwrap_or_default(),
         );
-        let log = self.run_command(phase, pc, Some(split), &partial, false);
+        let ran = self.run_command_to_end(phase, pc, Some(split), &partial, false);
         self.extra.remove("resume_from");
-        let log = log?;
+        let (log, ended) = ran?;
+        if let Err(failure) = ended {
+            // Stops the cluster, but with `merge-survivors`: then no shard is committed.
+            return self.rollout_failed(split, phase, pc, &failure, &log);
+        }
         let rules = commit::Rules {
             site: Site::ShardCommit,
             output: partial.clone(),
@@ -2425,10 +2436,15 @@ impl Node {
         let fence = self.fence_fn();
         opts.fence = Some(std::sync::Arc::new(move || fence(Site::MergePublish)));
         opts.mutation = self.broken.merge;
-        opts.adopted = match self.adopted.take() {
-            Some((i, s, notes)) if i == it && s == split => Some(notes),
+        let gathered = match self.shards.take() {
+            Some((i, s, shards)) if i == it && s == split => Some(shards),
             _ => None,
         };
+        if let Some(g) = &gathered {
+            opts.adopted = Some(g.adopted.clone());
+            opts.failed = self.failed_for_merge(g, split);
+        }
+        let left_out = opts.failed.clone();
         opts.rollout_model = self
             .rollout_model
             .as_ref()
@@ -2461,8 +2477,10 @@ impl Node {
         crate::clock::spawn(&*self.clock, "merge", move || {
             // Every rank committed its shard before it arrived at the barrier that let
             // this merge start: on a FUSE mount, this client may still say one is missing.
-            let shards: Vec<PathBuf> =
-                (0..n).map(|r| layout.shard(it, &split_owned, r)).collect();
+            let shards: Vec<PathBuf> = (0..n)
+                .filter(|r| !left_out.contains_key(r))
+                .map(|r| layout.shard(it, &split_owned, r))
+                .collect();
             wd.pet("waiting for the shards to be visible");
             // Only a real mount's client caches lookups (a simulated one has no such wait).
             let dir = shards.first().and_then(|s| s.parent());
@@ -2503,6 +2521,9 @@ impl Node {
         match merged {
             Ok(summary) => {
                 exercised::note(exercised::Path::Merges);
+                if let Some(g) = &gathered {
+                    self.survivors_merged(g, split);
+                }
                 self.event(events::Event::Aggregate {
                     split: split.to_string(),
                     merged: events::Aggregated::Shards {
@@ -2588,10 +2609,20 @@ impl Node {
     ) -> Result<(), Stop> {
         let (it, run_id) = (self.iteration, self.run_id().to_string());
         if journal::done_on_resume(&self.journal, &run_id, it, item, &mut self.resume_late) {
-            self.info(&format!(
-                "iteration {}: {item} was completed before the restart; reusing its output",
-                self.iteration
-            ));
+            // A rollout that failed under `merge-survivors` is done too, with no output.
+            let failed = self
+                .journal
+                .iter()
+                .rev()
+                .find(|e| e.iteration == it && e.item == item);
+            match failed.and_then(|e| e.failed.as_deref()) {
+                Some(f) => self.info(&format!(
+                    "iteration {it}: {item} failed ({f}) before the restart and the run went on without it; not redone"
+                )),
+                None => self.info(&format!(
+                    "iteration {it}: {item} was completed before the restart; reusing its output"
+                )),
+            }
             self.event(events::Event::Reused {
                 item: item.to_string(),
             });
@@ -2622,7 +2653,7 @@ impl Node {
             item: item.to_string(),
             at: self.wall_stamp(),
             note: self.journal_note.take(),
-            failed,
+            failed: failed.or_else(|| self.journal_failed.take()),
             checkpoint: self.journal_checkpoint.take(),
         };
         self.fence_at(
@@ -2704,32 +2735,48 @@ impl Node {
         if tc.policy() == crate::config::OnTrainFailure::Stop {
             return Err(self.command_failed("train", &pc, &failure, &log));
         }
+        let goes_on = format!(
+            "phases.train.on-failure = \"keep-model\": the cluster goes on; this iteration publishes no checkpoint and the model stays {}",
+            self.model_label()
+        );
+        let reason = self.warn_survived("train", &pc, &failure, &log, &goes_on);
+        self.event(events::Event::TrainFailed {
+            failed: failure.short(),
+            reason,
+            log: log.display().to_string(),
+        });
+        Ok(Some(failure.short()))
+    }
+
+    /// Warn of a failed `phase` command the cluster survives, as its abort would have
+    /// said it (who, where, why, the log and its last lines), then `goes_on`: what the
+    /// cluster does instead. Returns the reason, for the event.
+    fn warn_survived(
+        &mut self,
+        phase: &str,
+        pc: &PhaseCommand,
+        failure: &CommandFailure,
+        log: &Path,
+        goes_on: &str,
+    ) -> String {
         let info = self.abort_info(
             failure.abort_kind(),
             self.rank,
             None,
-            failure.reason("train", &pc),
-            Some(&log),
+            failure.reason(phase, pc),
+            Some(log),
         );
         let mut message = info.describe();
-        let tail = procs::tail(&log, 20);
+        let tail = procs::tail(log, 20);
         if !tail.is_empty() {
             message.push_str("\n  last lines of the log:");
             for line in tail.lines() {
                 message.push_str(&format!("\n  | {line}"));
             }
         }
-        message.push_str(&format!(
-            "\n  phases.train.on-failure = \"keep-model\": the cluster goes on; this iteration publishes no checkpoint and the model stays {}",
-            self.model_label()
-        ));
+        message.push_str(&format!("\n  {goes_on}"));
         self.warn(&message);
-        self.event(events::Event::TrainFailed {
-            failed: failure.short(),
-            reason: info.reason,
-            log: log.display().to_string(),
-        });
-        Ok(Some(failure.short()))
+        info.reason
     }
 
     /// Journal this rank's outcome of training in the current iteration: its latest entry

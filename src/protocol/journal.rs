@@ -13,6 +13,10 @@
 //! is its outcome (a redo whose outcome differs appends a new one), and an iteration whose
 //! training every rank journaled, failed on any, publishes no checkpoint.
 //!
+//! With `phases.rollout.on-failure = "merge-survivors"` (or eval's) a rank whose rollout
+//! command failed journals its rollout marked `failed` the same way: done, with no shard,
+//! and carried again to rank 0 at `rollout-complete` after a restart.
+//!
 //! The fence check before an append is not atomic with it: a node frozen in between (a
 //! paused VM) can wake after a newer generation of its rank journaled on, and append a
 //! line of its replaced generation. Nothing but a rename is atomic on a shared
@@ -55,7 +59,9 @@ pub struct Entry {
     pub note: Option<String>,
     /// On a training entry: this rank's training command failed (`exit code 3`, `killed
     /// by signal 9 (SIGKILL)`, `timed out after 10m`) and the run went on without it
-    /// (`phases.train.on-failure = "keep-model"`).
+    /// (`phases.train.on-failure = "keep-model"`). On a rollout entry: its rollout
+    /// command failed, it committed no shard, and the merge went on without it
+    /// (`phases.<phase>.on-failure = "merge-survivors"`); a restart does not redo it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed: Option<String>,
     /// On a hand-off entry: the checkpoint it published (`iter-NNNN`), the evidence a
@@ -200,6 +206,18 @@ pub fn adopted(entries: &[Entry], iteration: u64, split: &str) -> Option<String>
         .find(|e| e.iteration == iteration && e.item == item)
         .and_then(|e| e.note.clone())
         .filter(|n| n.starts_with("adopted"))
+}
+
+/// How a rank's rollout of `split` in `iteration` failed, from the rank's journal, when
+/// its command failed and the run went on without its shard
+/// (`phases.<phase>.on-failure = "merge-survivors"`): its latest rollout entry's `failed`.
+pub fn rollout_failed(entries: &[Entry], iteration: u64, split: &str) -> Option<String> {
+    let item = format!("rollout-{split}");
+    entries
+        .iter()
+        .rev()
+        .find(|e| e.iteration == iteration && e.item == item)
+        .and_then(|e| e.failed.clone())
 }
 
 /// A rank's outcome of training in `iteration`: its latest training entry, if any.
@@ -399,6 +417,27 @@ mod tests {
             failed: Some(why.into()),
             ..e(rank, iteration, item::TRAIN)
         }
+    }
+
+    /// A rollout journaled as failed (`merge-survivors`) is done, and says how it failed
+    /// for its split and iteration only.
+    #[test]
+    fn a_failed_rollout_is_done_and_says_how() {
+        let j = vec![
+            e(1, 1, item::ROLLOUT_TRAIN),
+            Entry {
+                failed: Some("exit code 7".into()),
+                ..e(1, 2, item::ROLLOUT_TRAIN)
+            },
+        ];
+        assert!(has(&j, "r", 2, item::ROLLOUT_TRAIN));
+        assert_eq!(
+            rollout_failed(&j, 2, "train").as_deref(),
+            Some("exit code 7")
+        );
+        assert_eq!(rollout_failed(&j, 1, "train"), None);
+        assert_eq!(rollout_failed(&j, 2, "eval"), None);
+        assert_eq!(adopted(&j, 2, "train"), None);
     }
 
     #[test]

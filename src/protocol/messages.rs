@@ -11,6 +11,7 @@
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
+use std::collections::BTreeMap;
 
 /// A barrier's gather or broadcast: how it is written into a record and read back.
 pub trait Payload: Sized {
@@ -64,13 +65,119 @@ pub struct TrainFailed {
     pub failed: String,
 }
 
-/// A rank's `rollout-complete` or `eval-complete` arrival when its command wrote its
-/// shard name itself and the rank adopted that file: the note its journal holds, which
-/// rank 0's merge records in the manifest without reading every rank's journal (`None`:
-/// not adopted, or the arrival does not decode).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Adopted {
-    pub note: String,
+/// A rank's `rollout-complete` or `eval-complete` arrival when there is something to say
+/// about its shard (`None`: it committed its shard as `{output}`, or the arrival does not
+/// decode). What it says comes from its journal, so a restart that reuses the rollout
+/// says it again. Protocol 2's `{"note": …}` is this with only `note`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardArrival {
+    /// Its command wrote the shard name itself and the rank adopted that file: the note
+    /// its journal holds, which rank 0's merge records in the manifest without reading
+    /// every rank's journal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// Its command failed (`exit code 7`, `timed out after 4h`) and
+    /// `phases.<phase>.on-failure = "merge-survivors"`: it committed no shard, and the
+    /// merge goes on without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<String>,
+}
+
+impl ShardArrival {
+    /// What a rank arrives with: nothing (`null`) when it has neither a note nor a failure.
+    pub fn of(note: Option<String>, failed: Option<String>) -> Option<ShardArrival> {
+        (note.is_some() || failed.is_some()).then_some(ShardArrival { note, failed })
+    }
+}
+
+/// What rank 0 makes of the arrivals at `rollout-complete` or `eval-complete`: which
+/// shards were adopted, and which ranks failed (with why) and are merged without.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Shards {
+    pub num_ranks: u32,
+    pub adopted: BTreeMap<u32, String>,
+    pub failed: BTreeMap<u32, String>,
+}
+
+impl Shards {
+    /// The arrivals of ranks `0..`, in rank order.
+    pub fn gathered(arrivals: Vec<Option<ShardArrival>>) -> Shards {
+        let mut s = Shards {
+            num_ranks: arrivals.len() as u32,
+            ..Shards::default()
+        };
+        for (rank, a) in (0..).zip(arrivals) {
+            let Some(a) = a else { continue };
+            if let Some(note) = a.note {
+                s.adopted.insert(rank, note);
+            }
+            if let Some(failed) = a.failed {
+                s.failed.insert(rank, failed);
+            }
+        }
+        debug_assert!(s.failed.keys().all(|&r| r < s.num_ranks));
+        s
+    }
+
+    /// The ranks whose shard is merged, in rank order.
+    pub fn survivors(&self) -> Vec<u32> {
+        (0..self.num_ranks)
+            .filter(|r| !self.failed.contains_key(r))
+            .collect()
+    }
+
+    /// Every rank's command failed: there is nothing to merge.
+    pub fn none_survived(&self) -> bool {
+        self.num_ranks > 0 && self.survivors().is_empty()
+    }
+
+    /// `rank 1 (exit code 7), rank 2 (timed out after 1s)`, with each rank's log as
+    /// `log_of` names it.
+    pub fn failures(&self, log_of: impl Fn(u32) -> String) -> String {
+        let each = self
+            .failed
+            .iter()
+            .map(|(r, why)| format!("rank {r} ({why}, log: {})", log_of(*r)));
+        each.collect::<Vec<_>>().join("; ")
+    }
+
+    /// Rank 0's line about a merge without some ranks (`None`: none failed):
+    /// `merged 2 of 3 ranks' train shards; rank 1's rollout failed (exit code 7), log: …`.
+    pub fn summary(
+        &self,
+        split: &str,
+        command: &str,
+        log_of: impl Fn(u32) -> String,
+    ) -> Option<String> {
+        if self.failed.is_empty() {
+            return None;
+        }
+        let each = self
+            .failed
+            .iter()
+            .map(|(r, why)| format!("rank {r}'s {command} failed ({why}), log: {}", log_of(*r)));
+        Some(format!(
+            "merged {} of {} ranks' {split} shards; {}",
+            self.survivors().len(),
+            self.num_ranks,
+            each.collect::<Vec<_>>().join("; ")
+        ))
+    }
+
+    /// The note of rank 0's journal entry for the merge (`None`: none failed).
+    pub fn journal_note(&self, command: &str) -> Option<String> {
+        if self.failed.is_empty() {
+            return None;
+        }
+        let each = self
+            .failed
+            .iter()
+            .map(|(r, why)| format!("rank {r} ({why})"));
+        Some(format!(
+            "merged without the ranks whose {command} command failed: {}",
+            each.collect::<Vec<_>>().join(", ")
+        ))
+    }
 }
 
 /// `training-complete`'s release when training failed somewhere (`None`: nowhere, or
@@ -308,6 +415,44 @@ mod tests {
             Option::<FinalSync<EvalDecision>>::read(&json!({"metrics": 1})),
             None
         );
+    }
+
+    /// A shard arrival writes protocol 2's shapes when it has no failure (`null`, or the
+    /// adopted note alone), and rank 0 reads who failed and what survives from the
+    /// arrivals alone; an arrival that does not decode says nothing.
+    #[test]
+    fn shard_arrivals_say_who_failed_and_what_survives() {
+        assert_eq!(ShardArrival::of(None, None).write(), Value::Null);
+        let adopted = ShardArrival::of(Some("adopted: x".into()), None);
+        assert_eq!(adopted.write(), json!({"note": "adopted: x"}));
+        let failed = ShardArrival::of(None, Some("exit code 7".into()));
+        assert_eq!(failed.write(), json!({"failed": "exit code 7"}));
+        assert_eq!(Option::<ShardArrival>::read(&failed.write()), failed);
+        assert_eq!(Option::<ShardArrival>::read(&json!({"failed": 7})), None);
+
+        let s = Shards::gathered(vec![None, failed.clone(), adopted.clone()]);
+        assert_eq!(s.survivors(), [0, 2]);
+        assert!(!s.none_survived());
+        assert_eq!(s.adopted, BTreeMap::from([(2, "adopted: x".to_string())]));
+        assert_eq!(
+            s.summary("train", "rollout", |r| format!("rank-{r}.log")).unwrap(),
+            "merged 2 of 3 ranks' train shards; rank 1's rollout failed (exit code 7), log: rank-1.log"
+        );
+        assert_eq!(
+            s.journal_note("rollout").unwrap(),
+            "merged without the ranks whose rollout command failed: rank 1 (exit code 7)"
+        );
+        let all = Shards::gathered(vec![failed.clone(), failed.clone()]);
+        assert!(all.none_survived());
+        assert_eq!(
+            all.failures(|r| format!("l{r}")),
+            "rank 0 (exit code 7, log: l0); rank 1 (exit code 7, log: l1)"
+        );
+        let none = Shards::gathered(vec![None, adopted]);
+        assert_eq!(none.survivors(), [0, 1]);
+        assert_eq!(none.summary("train", "rollout", |_| String::new()), None);
+        assert_eq!(none.journal_note("rollout"), None);
+        assert!(!Shards::gathered(vec![]).none_survived());
     }
 
     #[test]

@@ -801,6 +801,15 @@ fn mark_of(ev: &Ev) -> Option<(MarkKind, String)> {
             MarkKind::CommandFailed,
             format!("training failed ({failed}): {reason}; log {log}"),
         ),
+        Ev::RolloutFailed {
+            split,
+            failed,
+            reason,
+            log,
+        } => (
+            MarkKind::CommandFailed,
+            format!("{split} rollout failed ({failed}), merged without it: {reason}; log {log}"),
+        ),
         Ev::ServerStartFailed {
             attempt,
             attempts,
@@ -843,6 +852,12 @@ fn note_of(ev: &Ev) -> Option<String> {
             ..
         } => format!("handed off {model} ({transfer}) in {secs:.2}s"),
         Ev::HandoffSkipped { summary, .. } => format!("no hand-off: {summary}"),
+        Ev::SurvivorsMerged {
+            split,
+            merged,
+            ranks,
+            ..
+        } => format!("merged {merged} of {ranks} ranks' {split} shards"),
         _ => return None,
     })
 }
