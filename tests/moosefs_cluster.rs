@@ -155,11 +155,9 @@ fn five_nodes_in_groups_pass_barriers_through_their_leaders_with_one_second_cach
         let rec = record(r);
         assert!(rec.get("group").is_none(), "rank {r}: {rec}");
     }
+    // How long it took is a figure, not a check: under a loaded machine's MooseFS
+    // daemons it varies tenfold (a hang is caught by the nodes' own deadlines).
     eprintln!("{test}: {iterations} iterations in {took:?}");
-    assert!(
-        took < Duration::from_secs(3) * iterations as u32 + Duration::from_secs(5),
-        "took {took:?} for {iterations} iterations"
-    );
 }
 
 /// Workers started before rank 0 on a fresh directory look up `cluster.json` while it does

@@ -605,9 +605,12 @@ fn trace_of(log_path: &Path) -> Vec<serde_json::Value> {
 /// `--cluster` keeps one.
 #[test]
 fn a_pipelined_run_has_both_clusters_lanes() {
+    // Rollouts much slower than training, so that the update cluster waits for the
+    // rollout cluster's trajectories whatever the machine's load (a 0.1 s rollout could
+    // be over before a loaded machine started the update node).
     let extra = r#"
 [phases.rollout]
-command = '''sleep 0.1; printf '{"reward": {iteration}}\n' > {output}'''
+command = '''sleep 1.5; printf '{"reward": {iteration}}\n' > {output}'''
 [phases.train]
 command = "sleep 0.1; mkdir -p {output}/checkpoint-1; echo {iteration} > {output}/checkpoint-1/w"
 [observe]
