@@ -175,11 +175,11 @@ pub struct RankEntry {
 }
 
 impl RankEntry {
-    /// A rank whose rollout command failed, left out of the merge for `reason`.
-    pub(super) fn failed(rank: u32, reason: &str) -> RankEntry {
+    /// Rank `rank` with `status` and nothing found or merged yet.
+    pub(super) fn new(rank: u32, status: RankStatus) -> RankEntry {
         RankEntry {
             rank,
-            status: RankStatus::Failed,
+            status,
             source: None,
             source_bytes: 0,
             offset: 0,
@@ -191,7 +191,15 @@ impl RankEntry {
             set_aside: Vec::new(),
             adopted: None,
             problems: Vec::new(),
+            reason: None,
+        }
+    }
+
+    /// A rank whose rollout command failed, left out of the merge for `reason`.
+    pub(super) fn failed(rank: u32, reason: &str) -> RankEntry {
+        RankEntry {
             reason: Some(reason.to_string()),
+            ..RankEntry::new(rank, RankStatus::Failed)
         }
     }
 

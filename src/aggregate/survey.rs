@@ -180,20 +180,12 @@ pub(super) fn survey(
         ));
     }
     let entry = RankEntry {
-        rank,
-        status,
         adopted: adopted.filter(|_| status == RankStatus::Complete),
         source,
         source_bytes,
-        offset: 0,
-        records: 0,
-        bytes: 0,
-        digest: None,
-        sha256: None,
-        dropped: Vec::new(),
         set_aside,
         problems,
-        reason: None,
+        ..RankEntry::new(rank, status)
     };
     Ok((entry, beside))
 }

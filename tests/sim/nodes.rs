@@ -2127,21 +2127,31 @@ fn journal_keep_torn_tail_is_caught_by_seed_48() {
     );
 }
 
-/// Per-task rollouts under the same faults: items committed one by one, a restart that
-/// redoes only the uncommitted ones, rank shards concatenated from items, each
-/// iteration's plan merged exactly once.
-#[test]
-fn seeds_of_per_task_jobs_commit_every_item_exactly_once() {
+/// One seed of a kind of job, of up to so many nodes, with nodes broken so.
+type SeedRun = fn(u64, u64, Broken) -> Result<(Summary, String), Violation>;
+
+/// Seeds 1 to `SIM_ITEM_SEEDS` (12 by default) of `run`'s jobs of up to 4 nodes, none
+/// violating an invariant, and some restarted.
+fn item_seeds(run: SeedRun) {
     let seeds: u64 = std::env::var("SIM_ITEM_SEEDS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(12);
     let mut total = Summary::default();
     for seed in 1..=seeds {
-        let (s, _) = run_items_seed(seed, 4, Broken::default()).unwrap_or_else(|v| panic!("{v}"));
-        total += s;
+        total += run(seed, 4, Broken::default())
+            .unwrap_or_else(|v| panic!("{v}"))
+            .0;
     }
     assert!(total.starts > seeds, "no seed restarted: {total:?}");
+}
+
+/// Per-task rollouts under the same faults: items committed one by one, a restart that
+/// redoes only the uncommitted ones, rank shards concatenated from items, each
+/// iteration's plan merged exactly once.
+#[test]
+fn seeds_of_per_task_jobs_commit_every_item_exactly_once() {
+    item_seeds(run_items_seed);
 }
 
 /// Dynamic rollouts (a pool every rank takes items from, under leases) under the same
@@ -2149,16 +2159,7 @@ fn seeds_of_per_task_jobs_commit_every_item_exactly_once() {
 /// ran it, each iteration's pool merged exactly once.
 #[test]
 fn seeds_of_dynamic_jobs_commit_every_item_exactly_once() {
-    let seeds: u64 = std::env::var("SIM_ITEM_SEEDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(12);
-    let mut total = Summary::default();
-    for seed in 1..=seeds {
-        let (s, _) = run_dynamic_seed(seed, 4, Broken::default()).unwrap_or_else(|v| panic!("{v}"));
-        total += s;
-    }
-    assert!(total.starts > seeds, "no seed restarted: {total:?}");
+    item_seeds(run_dynamic_seed);
 }
 
 /// A commit that renames a rollout's `{output}` into place without syncing its data
