@@ -438,8 +438,8 @@ impl Node {
     /// Concatenate `paths` into a temporary file beside `out`, synced, and commit it as
     /// `out` ([`Node::commit`]: the fence, a rename that never replaces, the directory's
     /// fsync). The fence comes after the copy, right before the rename it guards. An
-    /// earlier attempt's `out` (the `noun`, for the message) is set aside first. A temporary left by
-    /// a failed commit is removed: it is this node's own.
+    /// earlier attempt's `out` (the `noun`, for the message) is set aside first. A
+    /// temporary left by a failed commit is removed: it is this node's own.
     fn commit_concat(
         &mut self,
         site: Site,
@@ -474,19 +474,17 @@ impl Node {
                 taken: false,
             }),
         };
-        let reason = match outcome {
-            Ok(commit::Outcome::Committed { .. }) => return Ok(()),
-            Ok(commit::Outcome::Failed { taken: true, .. }) => {
+        if !matches!(outcome, Ok(commit::Outcome::Committed { .. })) {
+            let _ = self.store.remove_file(&tmp);
+        }
+        let reason = match outcome? {
+            commit::Outcome::Committed { .. } => return Ok(()),
+            commit::Outcome::Failed { taken: true, .. } => {
                 "another writer created it meanwhile (not replaced)".to_string()
             }
-            Ok(commit::Outcome::Failed { error, .. }) => error,
-            Ok(o) => unreachable!("a concatenation's commit ended {o:?}"),
-            Err(stop) => {
-                let _ = self.store.remove_file(&tmp);
-                return Err(stop);
-            }
+            commit::Outcome::Failed { error, .. } => error,
+            o => unreachable!("a concatenation's commit ended {o:?}"),
         };
-        let _ = self.store.remove_file(&tmp);
         Err(self.fail(
             AbortKind::Error,
             self.rank,

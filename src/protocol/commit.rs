@@ -321,10 +321,9 @@ impl CommitMachine {
                 });
                 self.step = Step::SyncDir;
             }
-            (Step::Rename, Input::Failed(std::io::ErrorKind::AlreadyExists, e))
+            (Step::Rename, Input::Failed(std::io::ErrorKind::AlreadyExists, _))
                 if r.taken == Taken::Yield =>
             {
-                let _ = e;
                 self.step = Step::Remove;
             }
             (Step::SyncAdopted, Input::Done) => {
