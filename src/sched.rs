@@ -16,7 +16,8 @@
 //!
 //! A run ends when every task has ended. It fails, naming the tasks, when every task
 //! waits with no deadline (nothing can ever wake them: a deadlock), when simulated time
-//! passes the limit (a run that does not end), or when a task panics. The tasks of a
+//! passes the limit (a run that does not end), when the tasks take a million turns without
+//! time moving (a spin: a loop that never waits), or when a task panics. The tasks of a
 //! failed run stay parked; their threads are leaked.
 
 use crate::clock::{Clock, Scheduler};
@@ -29,6 +30,12 @@ use std::time::{Duration, Instant, SystemTime};
 
 /// How many of the last turns a failure's trace shows.
 const TRACE: usize = 40;
+
+/// How many turns may pass without simulated time moving before the run fails as a spin:
+/// a task that loops without ever waiting (a busy loop, in a real process a core at
+/// 100 % that never gets anywhere). The busiest instant of a legitimate run (a 256-node
+/// join) takes a few thousand.
+const SPIN: u64 = 1_000_000;
 
 /// The scheduler. See the module's documentation.
 pub struct Sched {
@@ -65,6 +72,8 @@ struct State {
     started: bool,
     end: Option<Result<(), String>>,
     turns: u64,
+    /// Turns given since simulated time last moved.
+    turns_now: u64,
     /// A digest of every turn (task and time): equal digests, equal schedules.
     digest: std::hash::DefaultHasher,
     recent: VecDeque<String>,
@@ -155,6 +164,7 @@ impl Sched {
                 started: false,
                 end: None,
                 turns: 0,
+                turns_now: 0,
                 digest: std::hash::DefaultHasher::new(),
                 recent: VecDeque::new(),
             }),
@@ -343,6 +353,14 @@ impl Sched {
             if !ready.is_empty() {
                 let id = ready[st.rng.below(ready.len() as u64) as usize];
                 st.turns += 1;
+                st.turns_now += 1;
+                if st.turns_now > SPIN {
+                    let why = format!(
+                        "a spin: {SPIN} turns without simulated time moving (a task loops without waiting)"
+                    );
+                    self.fail(st, why);
+                    return;
+                }
                 let now = st.now;
                 st.digest.write_usize(id);
                 st.digest.write_u128(now.as_nanos());
@@ -390,6 +408,9 @@ impl Sched {
                     return;
                 }
                 Some(t) => {
+                    if t > st.now {
+                        st.turns_now = 0;
+                    }
                     st.now = st.now.max(t);
                     let now = st.now;
                     for task in &mut st.tasks {
@@ -528,6 +549,34 @@ mod tests {
         sched.run().unwrap();
         assert_eq!(woke.load(Ordering::SeqCst), 100);
         assert_eq!(sched.now(), Duration::from_secs(100));
+    }
+
+    /// A task that keeps taking turns at one instant, never waiting (a node's loop whose
+    /// wake-up condition its round never clears), fails the run as a spin, naming it;
+    /// one that waits between its turns does not.
+    #[test]
+    fn a_task_that_loops_without_waiting_fails_as_a_spin() {
+        let sched = Sched::new(1, Duration::from_secs(10));
+        let s = sched.clone();
+        sched.spawn("patient", move || s.sleep(Duration::from_secs(5))).unwrap();
+        sched.spawn("spinner", || loop { turn() }).unwrap();
+        let err = sched.run().unwrap_err();
+        assert!(err.contains("a spin") && err.contains("spinner (ready)"), "{err}");
+        assert!(err.contains("simulated time 0ns"), "{err}");
+
+        let sched = Sched::new(1, Duration::from_secs(10));
+        let s = sched.clone();
+        sched
+            .spawn("busy but waiting", move || {
+                for _ in 0..SPIN / 1_000 {
+                    for _ in 0..2_000 {
+                        turn();
+                    }
+                    s.sleep(Duration::from_millis(1));
+                }
+            })
+            .unwrap();
+        sched.run().unwrap();
     }
 
     #[test]

@@ -1519,7 +1519,8 @@ impl Node {
 
     /// Wait until one of this node's attempts exits (`Some`), or there is something else
     /// to look at (`None`): the machine's next timeout, or a change it looks at (an
-    /// awaited or running item committed or marked failed, the left item claimed).
+    /// awaited item committed or marked failed, an item running here committed elsewhere,
+    /// the left item claimed: [`PoolMachine::looks`]).
     fn wait_dynamic(
         &mut self,
         d: &Dynamic,
@@ -1533,25 +1534,24 @@ impl Node {
             .poll_timeout()
             .map_or(deadline, |t| now + t.saturating_sub(since_start))
             .min(deadline);
-        let (settle, leaving) = d.machine.looks();
-        let leaving = leaving.map(|pos| self.lease(split, pos, 0));
-        let settle: Vec<(PathBuf, PathBuf)> = settle
+        let looks = d.machine.looks();
+        let leaving = looks.leaving.map(|pos| self.lease(split, pos, 0));
+        let item = |pos| committed_item(&d.dir, &item_name(pos, None));
+        let settle: Vec<(PathBuf, PathBuf)> = looks
+            .settle
             .into_iter()
-            .map(|pos| {
-                (
-                    committed_item(&d.dir, &item_name(pos, None)),
-                    self.failed_marker(split, pos),
-                )
-            })
+            .map(|pos| (item(pos), self.failed_marker(split, pos)))
             .collect();
+        let superseding: Vec<PathBuf> = looks.superseding.into_iter().map(item).collect();
         let clock = self.clock.clone();
         let store = Arc::clone(&self.store);
         self.wait_item(deadline, &pids, || {
             let settled = settle
                 .iter()
                 .any(|(done, failed)| store.exists_followed(done) || store.exists_followed(failed));
+            let superseded = superseding.iter().any(|done| store.exists_followed(done));
             let taken = leaving.as_ref().is_some_and(|l| store.exists_followed(l));
-            clock.now() >= poll_until || settled || taken
+            clock.now() >= poll_until || settled || superseded || taken
         })
     }
 

@@ -277,6 +277,19 @@ enum Flow {
     Rest,
 }
 
+/// What settles a wait between two rounds ([`PoolMachine::looks`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Looks {
+    /// Items awaited from peers: committed or marked failed by anyone.
+    pub settle: Vec<usize>,
+    /// Items running here: committed by another rank (the round stops this node's
+    /// attempt). A failed marker does not settle them: this node's attempt runs on and
+    /// may still commit the item (a backup of a holder whose attempt failed for good).
+    pub superseding: Vec<usize>,
+    /// The item left to faster peers: claimed (its attempt-0 lease created).
+    pub leaving: Option<usize>,
+}
+
 /// One node's part in one dynamic rollout (see the module documentation).
 #[derive(Debug)]
 pub struct PoolMachine {
@@ -388,14 +401,14 @@ impl PoolMachine {
     }
 
     /// What the driver watches between rounds, so that it looks again at once when one
-    /// changes: the items whose commit or failed marker settles a wait (awaited from
-    /// peers, or running here), and the item left to faster peers (its attempt-0 lease).
-    pub fn looks(&self) -> (Vec<usize>, Option<usize>) {
-        let mut settle: Vec<usize> = self.awaited.clone();
-        settle.extend(self.running.keys().map(|&(pos, _)| pos));
-        settle.sort_unstable();
-        settle.dedup();
-        (settle, self.recheck.map(|_| self.cursor))
+    /// changes. Only what a round acts on: a wake-up the round ignores would have the
+    /// driver look again and again without waiting (a spin).
+    pub fn looks(&self) -> Looks {
+        Looks {
+            settle: self.awaited.clone(),
+            superseding: self.running.keys().map(|&(pos, _)| pos).collect(),
+            leaving: self.recheck.map(|_| self.cursor),
+        }
     }
 
     /// When the machine next wants a round, as a time since the node's start: a retry
@@ -1093,7 +1106,8 @@ mod tests {
         let commit = Effect::Commit { pos: 0, attempt: 0 };
         step(&mut m, 40, commit, Some(Input::CommitDone(true)));
         assert_eq!(m.poll_effect(), None);
-        assert_eq!(m.looks(), (vec![], Some(2)));
+        assert!(m.looks().settle.is_empty());
+        assert_eq!(m.looks().leaving, Some(2));
         // Patience: twice the peer's 5 ms.
         assert_eq!(m.poll_timeout(), Some(MS(50)));
 
@@ -1173,7 +1187,13 @@ mod tests {
         );
         assert_eq!(m.poll_effect(), None);
         assert!(!m.finished(), "a lost takeover is waited for");
-        assert_eq!(m.looks(), (vec![1], None));
+        assert_eq!(
+            m.looks(),
+            Looks {
+                settle: vec![1],
+                ..Looks::default()
+            }
+        );
         assert_eq!(m.stats().mine, 2);
     }
 
@@ -1248,7 +1268,13 @@ mod tests {
         };
         end_game(&mut m, 40);
         assert_eq!(m.poll_effect(), None);
-        assert_eq!(m.looks(), (vec![1], None));
+        assert_eq!(
+            m.looks(),
+            Looks {
+                settle: vec![1],
+                ..Looks::default()
+            }
+        );
         // Held since 40 ms; this node's mean is 40 ms: due just after 80 ms.
         let due = MS(80) + Duration::from_nanos(1);
         assert_eq!(m.poll_timeout(), Some(due));

@@ -107,6 +107,16 @@ pub fn scenarios() -> Vec<Scenario> {
             },
         },
         Scenario {
+            name: "dynamic",
+            driver: true,
+            run: |f, s, n| {
+                nodes::dynamic_sweep(f, s, n).map(|s| Swept {
+                    faults: s.faults,
+                    line: s.line(),
+                })
+            },
+        },
+        Scenario {
             name: "fresh",
             driver: true,
             run: |f, s, n| {
