@@ -2340,10 +2340,16 @@ impl Node {
     /// Move a file an earlier attempt left at `path` (committed but not journaled, or this
     /// generation's own partial) to `<path>.stale-genG`: kept, never lost, never merged,
     /// and out of the way so a commit never has to replace it.
+    /// Fenced: the file may be the current generation's, committed after this node's
+    /// generation was replaced (a node frozen in its rollout wakes up to commit).
     fn set_aside_earlier(&mut self, what: &str, path: &Path) -> Result<(), Stop> {
         if !self.store.exists(path) {
             return Ok(());
         }
+        self.fence_at(
+            Site::SetAside,
+            &format!("set the earlier {what} {} aside", path.display()),
+        )?;
         let aside =
             crate::state::side_path(&*self.store, path, &format!("stale-gen{}", self.gen()));
         if let Err(e) = self.store.rename(path, &aside) {

@@ -34,6 +34,9 @@ pub enum Site {
     CheckpointRename,
     /// The write of `models/LATEST`.
     Latest,
+    /// The move of an earlier attempt's file out of the way (`<path>.stale-genG`) before
+    /// a commit: a node of a replaced generation must not move the current one's.
+    SetAside,
     /// Any other commit (an item, the prepared data, a pruned checkpoint, ...).
     Other,
 }

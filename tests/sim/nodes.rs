@@ -2207,3 +2207,18 @@ fn items_seed_48_a_shard_committed_before_a_torn_journal_append_is_set_aside() {
 fn dynamic_seed_26_a_backup_of_an_item_failed_elsewhere_does_not_spin() {
     run_dynamic_seed(26, 4, Broken::default()).unwrap_or_else(|v| panic!("{v}"));
 }
+
+/// Found by the dynamic sweep: rank 1 of generation 2 froze in its dynamic rollout for
+/// 134 s; generation 3 ran iterations 2 and 3 meanwhile, its rank 1 committing and
+/// journaling iteration 2's shard. The old rank 1 woke, finished its loop and set that
+/// shard aside as an earlier attempt's (no fence guarded the move; the commit after it
+/// was fenced): a journaled shard gone from its place. The set-aside is fenced now, and
+/// with that fence open the seed catches it again.
+#[test]
+fn dynamic_seed_39_a_replaced_generations_node_sets_no_shard_aside() {
+    run_dynamic_seed(39, 4, Broken::default()).unwrap_or_else(|v| panic!("{v}"));
+    let broken = fence_open_at(rl_node::protocol::fence::Site::SetAside);
+    let v = run_dynamic_seed(39, 4, broken).expect_err("the open fence was not caught");
+    let lost = "rank 1 journaled rollout-train of iteration 2 (generation 3), but /sim-job/rollouts/iter-0002/train/rank-1.jsonl was never committed";
+    assert!(v.what.contains(lost), "{v}");
+}
