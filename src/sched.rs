@@ -558,10 +558,19 @@ mod tests {
     fn a_task_that_loops_without_waiting_fails_as_a_spin() {
         let sched = Sched::new(1, Duration::from_secs(10));
         let s = sched.clone();
-        sched.spawn("patient", move || s.sleep(Duration::from_secs(5))).unwrap();
-        sched.spawn("spinner", || loop { turn() }).unwrap();
+        sched
+            .spawn("patient", move || s.sleep(Duration::from_secs(5)))
+            .unwrap();
+        sched
+            .spawn("spinner", || loop {
+                turn()
+            })
+            .unwrap();
         let err = sched.run().unwrap_err();
-        assert!(err.contains("a spin") && err.contains("spinner (ready)"), "{err}");
+        assert!(
+            err.contains("a spin") && err.contains("spinner (ready)"),
+            "{err}"
+        );
         assert!(err.contains("simulated time 0ns"), "{err}");
 
         let sched = Sched::new(1, Duration::from_secs(10));
