@@ -193,13 +193,6 @@ pub(crate) struct Node {
     /// While rank 0's rollout command runs with `workers-wait-for`: the file it creates by
     /// itself, which the wait loop turns into `{ready_file}` for the workers.
     relay: Option<Relay>,
-    /// A note for the next journal entry (e.g. that the shard was adopted).
-    journal_note: Option<String>,
-    /// The checkpoint the hand-off published, for its journal entry.
-    journal_checkpoint: Option<String>,
-    /// How this rank's rollout command failed, for its journal entry
-    /// (`phases.<phase>.on-failure = "merge-survivors"`).
-    journal_failed: Option<String>,
     /// Rank 0: what the arrivals at the barrier before the merge of (iteration, split)
     /// said of the shards: those whose command wrote them itself, with their notes, and
     /// the ranks whose command failed.
@@ -212,10 +205,8 @@ pub(crate) struct Node {
     fresh: bool,
     /// Where `timing.dead-after` came from, for a node told it was declared dead.
     dead_after_source: crate::config::Source,
-    /// This rank's journal entries of the current run.
-    journal: Vec<crate::protocol::journal::Entry>,
-    /// A resume point broken on purpose, until it acted ([`journal::done_on_resume`]).
-    resume_late: Option<crate::protocol::journal::Mutation>,
+    /// This rank's journal of the current run, and what its next entry carries.
+    journal: journal::Book,
     /// Task files ([tasks]), loaded at start.
     tasks: work::TaskSets,
     /// Placeholder values of the running planned rollout ({tasks}, {task_id}, …).
@@ -517,8 +508,8 @@ pub struct Broken {
     pub merge: Option<crate::aggregate::Mutation>,
     /// The checkpoint hand-off ([`crate::checkpoint::publish_opts`]).
     pub checkpoint: Option<crate::checkpoint::Mutation>,
-    /// The journal: where a restarted rank resumes in it ([`journal::resumed`],
-    /// [`journal::done_on_resume`]), when it is written and how its torn tail is handled.
+    /// The journal: where a restarted rank resumes in it ([`journal::Book`]), when it is
+    /// written and how its torn tail is handled.
     pub journal: Option<crate::protocol::journal::Mutation>,
     /// Whether an abort read in another rank's record is adopted and relayed
     /// ([`crate::protocol::abort::adopted`]).
@@ -745,16 +736,12 @@ impl Node {
             exited: HashMap::new(),
             waiting_note: String::new(),
             relay: None,
-            journal_note: None,
-            journal_failed: None,
             shards: None,
-            journal_checkpoint: None,
             server: None,
             debug_mode,
             fresh,
             dead_after_source: crate::config::Source::Default,
-            journal: Vec::new(),
-            resume_late: None,
+            journal: journal::Book::default(),
             tasks: work::TaskSets::default(),
             extra: Default::default(),
             nproc_per_node: 0,
@@ -1577,7 +1564,7 @@ impl Node {
             Ok(None) => {}
             Err(e) => return Err(self.fail(AbortKind::Error, self.rank, None, e, None)),
         }
-        self.journal = match crate::state::read_journal(&*self.store, &path) {
+        let entries = match crate::state::read_journal(&*self.store, &path) {
             Ok(lines) => lines.entries,
             Err(e) => {
                 let hint = e.hint(self.layout.root());
@@ -1586,15 +1573,8 @@ impl Node {
                 stop.hint = Some(hint);
                 return Err(stop);
             }
-        }
-        .into_iter()
-        .filter(|e| e.run_id == run_id)
-        .collect();
-        if !self.journal.is_empty() {
-            let entries = std::mem::take(&mut self.journal);
-            self.journal = journal::resumed(entries, self.broken.journal);
-            self.resume_late = self.broken.journal;
-        }
+        };
+        self.journal = journal::Book::open(entries, &run_id, self.broken.journal);
         if last > 0 && iteration > last {
             self.info(&format!("all {last} iteration(s) were already complete"));
             return Ok(());
@@ -1703,7 +1683,7 @@ impl Node {
         }
         let walk = self.cfg.walk_item();
         if self.rank == 0 {
-            return crate::checkpoint::Journaled::from_journal(&self.journal, &walk);
+            return crate::checkpoint::Journaled::from_journal(self.journal.entries(), &walk);
         }
         self.watchdog.pet("reading rank 0's journal");
         let run_id = self.run_id().to_string();
@@ -1911,8 +1891,8 @@ impl Node {
     /// nodes those reads were an eighth of rank 0's shared-directory operations); a rank
     /// whose command failed says how, from its journal too (so also after a restart).
     fn shards_complete(&mut self, b: WalkBarrier, split: &'static str) -> Result<(), Stop> {
-        let note = journal::adopted(&self.journal, self.iteration, split);
-        let failed = journal::rollout_failed(&self.journal, self.iteration, split);
+        let note = journal::adopted(self.journal.entries(), self.iteration, split);
+        let failed = journal::rollout_failed(self.journal.entries(), self.iteration, split);
         let mut gathered = None;
         self.barrier(b.name(), msg::ShardArrival::of(note, failed), |arrivals| {
             gathered = Some(msg::Shards::gathered(arrivals))
@@ -2003,7 +1983,7 @@ impl Node {
     fn train_step(&mut self, reuse: bool) -> Result<(), Stop> {
         let it = self.iteration;
         self.train_outcome = if reuse {
-            let failed = journal::latest_train(&self.journal, self.run_id(), it)
+            let failed = journal::latest_train(self.journal.entries(), self.run_id(), it)
                 .and_then(|e| e.failed.clone());
             self.info(&format!(
                 "iteration {it}: training completed on every rank before the restart; not redone{}",
@@ -2279,8 +2259,8 @@ impl Node {
                     self.info(&format!(
                         "the {phase} command wrote the shard {shard_d} itself; adopted"
                     ));
-                    self.journal_note =
-                        Some(format!("adopted: the command wrote {shard_d} itself"));
+                    self.journal
+                        .note(format!("adopted: the command wrote {shard_d} itself"));
                 }
                 if empty {
                     self.append_log(&log, &format!("### rl-node: the command wrote no {partial_d}; committing an empty shard (aggregate.allow-empty-shards)\n"));
@@ -2614,14 +2594,9 @@ impl Node {
         work: impl FnOnce(&mut Node) -> Result<(), Stop>,
     ) -> Result<(), Stop> {
         let (it, run_id) = (self.iteration, self.run_id().to_string());
-        if journal::done_on_resume(&self.journal, &run_id, it, item, &mut self.resume_late) {
+        if self.journal.done(&run_id, it, item) {
             // A rollout that failed under `merge-survivors` is done too, with no output.
-            let failed = self
-                .journal
-                .iter()
-                .rev()
-                .find(|e| e.iteration == it && e.item == item);
-            match failed.and_then(|e| e.failed.as_deref()) {
+            match self.journal.failure(it, item) {
                 Some(f) => self.info(&format!(
                     "iteration {it}: {item} failed ({f}) before the restart and the run went on without it; not redone"
                 )),
@@ -2642,7 +2617,7 @@ impl Node {
     /// Append `item` for the current iteration to this rank's journal, durably, unless it
     /// is there.
     fn journal_item(&mut self, item: &str) -> Result<(), Stop> {
-        if journal::has(&self.journal, self.run_id(), self.iteration, item) {
+        if self.journal.has(self.run_id(), self.iteration, item) {
             return Ok(());
         }
         self.append_journal(item, None)
@@ -2651,17 +2626,17 @@ impl Node {
     /// Append `item` (with `failed`, for training) for the current iteration to this
     /// rank's journal, durably.
     fn append_journal(&mut self, item: &str, failed: Option<String>) -> Result<(), Stop> {
-        let entry = journal::Entry {
+        let entry = self.journal.next(journal::Entry {
             run_id: self.run_id().to_string(),
             gen: self.gen(),
             rank: self.rank,
             iteration: self.iteration,
             item: item.to_string(),
             at: self.wall_stamp(),
-            note: self.journal_note.take(),
-            failed: failed.or_else(|| self.journal_failed.take()),
-            checkpoint: self.journal_checkpoint.take(),
-        };
+            note: None,
+            failed,
+            checkpoint: None,
+        });
         self.fence_at(
             Site::JournalAppend,
             &format!("journal {item} of iteration {}", self.iteration),
@@ -2681,7 +2656,7 @@ impl Node {
         self.event(events::Event::Journal {
             item: item.to_string(),
         });
-        self.journal.push(entry);
+        self.journal.appended(entry);
         Ok(())
     }
 
@@ -2789,7 +2764,7 @@ impl Node {
     /// is the outcome, so a redo appends one only when the outcome differs (a redo that
     /// succeeds like the attempt before it leaves the journal as it was).
     fn journal_train(&mut self, failed: Option<String>) -> Result<(), Stop> {
-        let latest = journal::latest_train(&self.journal, self.run_id(), self.iteration);
+        let latest = journal::latest_train(self.journal.entries(), self.run_id(), self.iteration);
         if latest.is_some_and(|e| e.failed == failed) {
             return Ok(());
         }
@@ -2835,7 +2810,7 @@ impl Node {
         let summary = self.train_failure_summary();
         let it = self.iteration;
         if journal::has(
-            &self.journal,
+            self.journal.entries(),
             self.run_id(),
             it,
             journal::item::HANDOFF_SKIPPED,
@@ -2859,7 +2834,7 @@ impl Node {
             model: self.model.clone(),
             summary: summary.clone(),
         });
-        self.journal_note = Some(summary);
+        self.journal.note(summary);
         self.journal_item(journal::item::HANDOFF_SKIPPED)
     }
 
@@ -2871,6 +2846,7 @@ impl Node {
         // restart, the generation that trained is the one in rank 0's journal.
         let trained_in = self
             .journal
+            .entries()
             .iter()
             .rev()
             .find(|e| e.iteration == self.iteration && e.item == journal::item::TRAIN)
@@ -2964,7 +2940,7 @@ impl Node {
         }
         let dest = outcome.published.path().to_path_buf();
         self.model = dest.display().to_string();
-        self.journal_checkpoint = Some(name.clone());
+        self.journal.checkpoint(name.clone());
         let how = match &outcome.how {
             crate::checkpoint::How::Moved => "moved".to_string(),
             crate::checkpoint::How::Resumed => {

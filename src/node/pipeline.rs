@@ -130,6 +130,7 @@ impl Node {
         pipeline::done_through(
             first,
             self.journal
+                .entries()
                 .iter()
                 .filter(|e| e.item == item && e.failed.is_none())
                 .map(|e| e.iteration),

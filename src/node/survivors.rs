@@ -51,7 +51,7 @@ impl Node {
             reason,
             log: log.display().to_string(),
         });
-        self.journal_failed = Some(failure.short());
+        self.journal.failed(failure.short());
         Ok(())
     }
 
@@ -115,6 +115,8 @@ impl Node {
                 })
                 .collect(),
         });
-        self.journal_note = shards.journal_note(phase);
+        if let Some(note) = shards.journal_note(phase) {
+            self.journal.note(note);
+        }
     }
 }

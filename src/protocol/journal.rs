@@ -283,6 +283,95 @@ pub fn resume_point(journals: &[Vec<Entry>], run_id: &str, walk_item: &str) -> R
     resume_point_with(journals, run_id, walk_item, None)
 }
 
+/// This rank's journal of the current run as the node knows it: the entries read at
+/// start (a resumed run's) and appended since, what the next entry carries, and a resume
+/// point broken on purpose until it has acted. Pure state: the node reads and appends
+/// the file.
+#[derive(Debug, Default)]
+pub struct Book {
+    entries: Vec<Entry>,
+    /// For the next entry: a note (the shard was adopted, the hand-off skipped).
+    note: Option<String>,
+    /// For the next entry: the checkpoint the hand-off published.
+    checkpoint: Option<String>,
+    /// For the next entry: how this rank's rollout command failed
+    /// (`phases.<phase>.on-failure = "merge-survivors"`).
+    failed: Option<String>,
+    /// A resume point broken on purpose, until it acted ([`done_on_resume`]).
+    late: Option<Mutation>,
+}
+
+impl Book {
+    /// The book of run `run_id` from the journal's `entries` (every run's), as a rank
+    /// restarting with them takes them ([`resumed`]).
+    pub fn open(entries: Vec<Entry>, run_id: &str, mutation: Option<Mutation>) -> Book {
+        let entries: Vec<Entry> = entries.into_iter().filter(|e| e.run_id == run_id).collect();
+        if entries.is_empty() {
+            return Book::default();
+        }
+        Book {
+            entries: resumed(entries, mutation),
+            late: mutation,
+            ..Book::default()
+        }
+    }
+
+    /// The entries, oldest first.
+    pub fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+
+    /// Whether `item` of `iteration` is done: journaled, or skipped by a resume point
+    /// broken on purpose ([`done_on_resume`]).
+    pub fn done(&mut self, run_id: &str, iteration: u64, item: &str) -> bool {
+        done_on_resume(&self.entries, run_id, iteration, item, &mut self.late)
+    }
+
+    /// Whether `item` of `iteration` is journaled.
+    pub fn has(&self, run_id: &str, iteration: u64, item: &str) -> bool {
+        has(&self.entries, run_id, iteration, item)
+    }
+
+    /// How `item` of `iteration` failed, if its newest entry says it did.
+    pub fn failure(&self, iteration: u64, item: &str) -> Option<&str> {
+        let newest = self
+            .entries
+            .iter()
+            .rev()
+            .find(|e| e.iteration == iteration && e.item == item);
+        newest.and_then(|e| e.failed.as_deref())
+    }
+
+    /// The next entry carries `note`.
+    pub fn note(&mut self, note: String) {
+        self.note = Some(note);
+    }
+
+    /// The next entry names the checkpoint `name`.
+    pub fn checkpoint(&mut self, name: String) {
+        self.checkpoint = Some(name);
+    }
+
+    /// The next entry says how this rank's rollout failed.
+    pub fn failed(&mut self, why: String) {
+        self.failed = Some(why);
+    }
+
+    /// The next entry: `entry` with what was noted for it (taken: noted once, carried
+    /// once); `entry.failed`, when set, is kept over a noted failure.
+    pub fn next(&mut self, mut entry: Entry) -> Entry {
+        entry.note = entry.note.or_else(|| self.note.take());
+        entry.failed = entry.failed.or_else(|| self.failed.take());
+        entry.checkpoint = entry.checkpoint.or_else(|| self.checkpoint.take());
+        entry
+    }
+
+    /// `entry` was appended durably.
+    pub fn appended(&mut self, entry: Entry) {
+        self.entries.push(entry);
+    }
+}
+
 /// A deliberately broken resume point, for the simulator's own tests (never set by the
 /// node): shows that the simulator catches work lost across a restart.
 #[doc(hidden)]
@@ -320,8 +409,7 @@ pub fn sets_torn_tail_aside(mutation: Option<Mutation>) -> bool {
 
 /// What a rank restarting with its journal `entries` (of this run) takes as done: all of
 /// them, but for a resume point broken on purpose ([`Mutation::OneEarly`]: the last one).
-#[doc(hidden)]
-pub fn resumed(mut entries: Vec<Entry>, mutation: Option<Mutation>) -> Vec<Entry> {
+fn resumed(mut entries: Vec<Entry>, mutation: Option<Mutation>) -> Vec<Entry> {
     if super::mutation(mutation) == Some(Mutation::OneEarly) {
         entries.pop();
     }
@@ -331,8 +419,7 @@ pub fn resumed(mut entries: Vec<Entry>, mutation: Option<Mutation>) -> Vec<Entry
 /// Whether a rank skips `item` of `iteration` as done: [`has`], but for a resume point
 /// broken on purpose ([`Mutation::OneLate`], taken — it acts once — from `late`: the
 /// first item not journaled is skipped too).
-#[doc(hidden)]
-pub fn done_on_resume(
+fn done_on_resume(
     entries: &[Entry],
     run_id: &str,
     iteration: u64,
@@ -394,6 +481,47 @@ mod tests {
         let r = later.not_before(31);
         assert_eq!((r.iteration, r.train_done), (40, true));
         assert_eq!(fresh.not_before(1).iteration, 1);
+    }
+
+    /// The book keeps its run's entries only; what is noted for the next entry is carried
+    /// by that entry and not by the one after; a failure given with the entry wins.
+    #[test]
+    fn a_book_carries_each_note_once_and_keeps_its_runs_entries() {
+        let mut other = e(0, 1, "rollout-train");
+        other.run_id = "older".into();
+        let mut book = Book::open(vec![other, e(0, 1, "rollout-train")], "r", None);
+        assert_eq!(book.entries().len(), 1);
+        assert!(book.has("r", 1, "rollout-train") && !book.has("r", 1, "train"));
+        book.note("adopted".into());
+        book.checkpoint("iter-0001".into());
+        book.failed("exit code 7".into());
+        let first = book.next(e(0, 1, "rollout-eval"));
+        assert_eq!(first.note.as_deref(), Some("adopted"));
+        assert_eq!(first.checkpoint.as_deref(), Some("iter-0001"));
+        assert_eq!(first.failed.as_deref(), Some("exit code 7"));
+        book.appended(first);
+        assert_eq!(book.failure(1, "rollout-eval"), Some("exit code 7"));
+        assert_eq!(book.next(e(0, 1, "train")), e(0, 1, "train"));
+        book.failed("exit code 7".into());
+        let given = book.next(failed(0, 1, "exit code 3"));
+        assert_eq!(given.failed.as_deref(), Some("exit code 3"));
+    }
+
+    /// The broken resume points: one early forgets the last entry; one late skips the
+    /// first item not journaled, once.
+    #[test]
+    fn a_books_broken_resume_points_act_as_named() {
+        let entries = || vec![e(0, 1, "rollout-train"), e(0, 1, "train")];
+        let mut early = Book::open(entries(), "r", Some(Mutation::OneEarly));
+        assert!(early.done("r", 1, "rollout-train") && !early.done("r", 1, "train"));
+        let mut late = Book::open(entries(), "r", Some(Mutation::OneLate));
+        assert!(late.done("r", 1, "handoff"), "skipped once");
+        assert!(!late.done("r", 1, "iteration-complete"), "and only once");
+        let mut fresh = Book::open(vec![], "r", Some(Mutation::OneLate));
+        assert!(
+            !fresh.done("r", 1, "rollout-train"),
+            "a fresh run has no resume point"
+        );
     }
 
     const ITERATION: &str = "iteration-complete:both";
