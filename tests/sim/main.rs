@@ -150,7 +150,8 @@ fn ops_figures() {
 
 /// `scripts/sim`: SIM_FIRST_SEED, SIM_SEEDS, SIM_NODES (the largest cluster; seeds spread
 /// 1..=SIM_NODES nodes), SIM_SCENARIO (barriers, crashes, leases, joins, nodes, data,
-/// pipeline or fresh; empty: all but nodes, data, pipeline and fresh). Prints a
+/// items, dynamic, pipeline or fresh; empty: all but the node's driver's: nodes, data,
+/// items, dynamic, pipeline and fresh). Prints a
 /// summary of each scenario run, or the failing seed with its trace.
 #[test]
 #[ignore]
@@ -231,6 +232,22 @@ fn long_run() {
                 s.line()
             ),
             Err(v) => panic!("data: {v}"),
+        }
+    }
+    // The same in per-task mode and with the dynamic strategy: only when asked for.
+    type ItemSweep = fn(u64, u64, u64) -> Result<nodes::Summary, Violation>;
+    let items: [(&str, ItemSweep, &str); 2] = [
+        ("items", nodes::items_sweep, "per-task rollouts"),
+        ("dynamic", nodes::dynamic_sweep, "dynamic rollouts"),
+    ];
+    for (name, sweep, what) in items.into_iter().filter(|i| only == i.0) {
+        let max = nodes.max(2);
+        match sweep(first, seeds, max) {
+            Ok(s) => println!(
+                "{name}: seeds {first}..{last}: {seeds} job(s) of 2..={max} nodes with {what}; {}",
+                s.line()
+            ),
+            Err(v) => panic!("{name}: {v}"),
         }
     }
     // Pipelined runs of the node's driver (two clusters, two jobs): only when asked for.

@@ -540,6 +540,15 @@ fn driver_mutants() -> Vec<Mutant> {
                 ..Broken::default()
             },
         ),
+        // A node of a replaced generation that wakes in its dynamic rollout: seed 39.
+        Mutant::new(
+            "dynamic",
+            "fence::OpenAt(set-aside)",
+            Box::new(|seed, max| {
+                nodes::run_dynamic_seed(seed, max, fence_at(Site::SetAside)).map(drop)
+            }),
+        )
+        .on(39, 1, 4),
         // Not here: `OpenAt` the shard commit, the merge publish and the checkpoint
         // rename, each behind a rename that never replaces (docs/simulation.md).
         fresh_mutant(
