@@ -9,14 +9,8 @@ use crate::store::Kind;
 
 impl Node {
     /// Commit under `rules`. `what` completes "this node did not …" should the fence
-    /// stop it (and names the step for the watchdog); `journal` is the journal item a
-    /// [`Rules::journal_first`] commit appends first. The outcome is the caller's to word.
-    pub(super) fn commit(
-        &mut self,
-        rules: Rules,
-        what: &str,
-        journal: &str,
-    ) -> Result<Outcome, Stop> {
+    /// stop it (and names the step for the watchdog). The outcome is the caller's to word.
+    pub(super) fn commit(&mut self, rules: Rules, what: &str) -> Result<Outcome, Stop> {
         let mut m = CommitMachine::broken(rules, self.broken.commit);
         while let Some(effect) = m.poll_effect() {
             let input = match effect {
@@ -25,8 +19,8 @@ impl Node {
                     self.watchdog.pet("committing a command's output");
                     Input::Passed
                 }
-                Effect::Journal => {
-                    self.journal_item(journal)?;
+                Effect::Journal(item) => {
+                    self.journal_item(&item)?;
                     Input::Passed
                 }
                 Effect::Look(path) => match self.store.lstat(&path) {

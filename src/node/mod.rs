@@ -2247,10 +2247,11 @@ impl Node {
                 false => commit::Nothing::Refuse,
             },
             taken: commit::Taken::Fail,
-            journal_first: journal::journals_before_commit(self.broken.journal),
+            journal_first: journal::journals_before_commit(self.broken.journal)
+                .then(|| format!("rollout-{split}")),
         };
         let what = format!("commit its {split} shard of iteration {it}");
-        let outcome = self.commit(rules, &what, &format!("rollout-{split}"))?;
+        let outcome = self.commit(rules, &what)?;
         let (partial_d, shard_d) = (partial.display(), shard.display());
         let adopted = match outcome {
             commit::Outcome::Committed { adopted, empty } => {
@@ -2375,12 +2376,12 @@ impl Node {
             written: commit::Written::NotLooked,
             nothing: commit::Nothing::Refuse,
             taken: commit::Taken::Fail,
-            journal_first: false,
+            journal_first: None,
         };
         let what = format!("commit the prepared data of iteration {it}");
         // Durable before its name is: the journal entry that follows says it is there, and
         // a crash must not leave the name with the command's unwritten-back data lost.
-        if let commit::Outcome::Failed { error, .. } = self.commit(rules, &what, "")? {
+        if let commit::Outcome::Failed { error, .. } = self.commit(rules, &what)? {
             let reason = format!(
                 "cannot commit {} as {}: {error}",
                 out.display(),
@@ -2558,11 +2559,11 @@ impl Node {
             written: commit::Written::Refuse,
             nothing: commit::Nothing::Refuse,
             taken: commit::Taken::Fail,
-            journal_first: false,
+            journal_first: None,
         };
         let what = format!("commit the merged {split} file of iteration {it}");
         let (out_d, done_d) = (out.display(), done.display());
-        let (reason, log) = match self.commit(rules, &what, "")? {
+        let (reason, log) = match self.commit(rules, &what)? {
             commit::Outcome::Committed { .. } => {
                 exercised::note(exercised::Path::Merges);
                 return Ok(());

@@ -464,9 +464,9 @@ impl Node {
                     written: commit::Written::NotLooked,
                     nothing: commit::Nothing::Refuse,
                     taken: commit::Taken::Fail,
-                    journal_first: false,
+                    journal_first: None,
                 };
-                self.commit(rules, what, "")
+                self.commit(rules, what)
             }
             Err(e) => Ok(commit::Outcome::Failed {
                 path: tmp.clone(),
@@ -659,9 +659,9 @@ impl Node {
             written: commit::Written::NotLooked,
             nothing: commit::Nothing::Empty,
             taken: commit::Taken::Yield,
-            journal_first: false,
+            journal_first: None,
         };
-        let reason = match self.commit(rules, &format!("commit item {name}"), "")? {
+        let reason = match self.commit(rules, &format!("commit item {name}"))? {
             commit::Outcome::Committed { .. } => return Ok(true),
             commit::Outcome::Lost => return Ok(false),
             commit::Outcome::Refused(commit::Refusal::NotAFile(p)) => {

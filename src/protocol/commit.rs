@@ -74,9 +74,9 @@ pub struct Rules {
     pub written: Written,
     pub nothing: Nothing,
     pub taken: Taken,
-    /// Append the journal line right after the fence, before the commit (a deliberate
+    /// The journal item appended right after the fence, before the commit (a deliberate
     /// mutation: the simulator's tests show a crash between the two is caught).
-    pub journal_first: bool,
+    pub journal_first: Option<String>,
 }
 
 /// A deliberately broken commit, for the simulator's own tests (never set by the node):
@@ -105,8 +105,8 @@ pub enum Effect {
     /// Check that this node's generation is current at `site`. A fenced node stops: the
     /// driver does not answer (the commit is abandoned with the node).
     Fence(Site),
-    /// Append the journal line of the work being committed ([`Rules::journal_first`]).
-    Journal,
+    /// Append this journal item, of the work being committed ([`Rules::journal_first`]).
+    Journal(String),
     /// Look at a name without following a link: [`Input::Looked`].
     Look(PathBuf),
     /// Make a file's data durable: [`Input::Done`].
@@ -259,7 +259,7 @@ impl CommitMachine {
         let r = &self.rules;
         Some(match self.step {
             Step::Fence => Effect::Fence(r.site),
-            Step::Journal => Effect::Journal,
+            Step::Journal => Effect::Journal(r.journal_first.clone().expect("journal first")),
             Step::LookOutput => Effect::Look(r.output.clone()),
             Step::LookDest => Effect::Look(r.dest.clone()),
             Step::SyncOutput => Effect::Sync(r.output.clone()),
@@ -290,7 +290,7 @@ impl CommitMachine {
         match (self.step, input) {
             (Step::Fence, Input::Passed) => {
                 self.fenced = true;
-                self.step = match (r.journal_first, r.look) {
+                self.step = match (r.journal_first.is_some(), r.look) {
                     (true, _) => Step::Journal,
                     (false, true) => Step::LookOutput,
                     (false, false) => self.commit_output(Found::File),
@@ -479,7 +479,7 @@ mod tests {
             written: Written::Adopt,
             nothing: Nothing::Refuse,
             taken: Taken::Fail,
-            journal_first: false,
+            journal_first: None,
         }
     }
 
@@ -769,7 +769,7 @@ mod tests {
             look: false,
             dirs: true,
             written: Written::NotLooked,
-            journal_first: true,
+            journal_first: Some("rollout-train".into()),
             ..rules()
         };
         let (effects, _) = run(
@@ -783,7 +783,7 @@ mod tests {
             ],
         );
         assert_eq!(effects[0], Effect::Fence(Site::Other));
-        assert_eq!(effects[1], Effect::Journal);
+        assert_eq!(effects[1], Effect::Journal("rollout-train".into()));
         assert!(matches!(effects[2], Effect::Sync(_)));
         assert!(matches!(effects[3], Effect::Rename { .. }));
     }
@@ -812,8 +812,8 @@ mod tests {
     fn answer(e: &Effect, pick: u8) -> Input {
         let fail = || Input::Failed(ErrorKind::Other, "Input/output error".into());
         match (e, pick % 5) {
-            (_, 4) if !matches!(e, Effect::Fence(_) | Effect::Journal) => fail(),
-            (Effect::Fence(_) | Effect::Journal, _) => Input::Passed,
+            (_, 4) if !matches!(e, Effect::Fence(_) | Effect::Journal(_)) => fail(),
+            (Effect::Fence(_) | Effect::Journal(_), _) => Input::Passed,
             (Effect::Look(_), k) => Input::Looked(
                 [
                     None,
@@ -853,7 +853,7 @@ mod tests {
                 written: [Written::NotLooked, Written::Adopt, Written::Refuse][written],
                 nothing: if empty { Nothing::Empty } else { Nothing::Refuse },
                 taken: if yields { Taken::Yield } else { Taken::Fail },
-                journal_first,
+                journal_first: journal_first.then(|| "rollout-train".to_string()),
                 synced,
                 ..rules()
             };
