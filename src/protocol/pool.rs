@@ -1304,5 +1304,17 @@ mod tests {
         assert_eq!(m.poll_effect(), Some(Effect::Start { pos: 1, attempt: 1 }));
         assert_eq!(m.poll_effect(), None);
         assert_eq!(m.stats().backups, 1);
+        // The backup runs here: the wait wakes when another rank commits item 1 (its
+        // round stops the backup), not when the holder marks it failed (its round would
+        // do nothing, and the driver would look again at once, for ever: dynamic seed 26).
+        let looks = m.looks();
+        assert_eq!((looks.settle, looks.superseding), (vec![], vec![1]));
+        m.tick(due);
+        let mut ask = |want: Effect, answer: Input| {
+            assert_eq!(m.poll_effect(), Some(want));
+            m.handle(due, answer);
+        };
+        ask(Effect::LookCommitted(1), Input::Committed(true));
+        assert_eq!(m.poll_effect(), Some(Effect::Stop { pos: 1, attempt: 1 }));
     }
 }
