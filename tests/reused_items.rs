@@ -165,12 +165,16 @@ fn per_task_items_are_served_by_one_process_per_slot_and_merged_exactly_once() {
 #[test]
 fn a_retryable_answer_and_a_worker_that_dies_holding_an_item_cost_only_that_attempt() {
     // t03's first attempt: the worker exits 75 (retryable) while holding it; t05's first
-    // attempt is answered with exit 75. Both are retried and committed.
+    // attempt is answered with exit 75. Both are retried and committed. Every other item
+    // takes half a second, so the surviving worker is still busy when the next item is
+    // handed out after the death (an instant one could serve all the rest alone before
+    // the death is noticed under load, and no replacement would be needed).
     let act = r#"    if it["attempt"] == 0 and it["task_id"] == "t03":
         os._exit(75)
     if it["attempt"] == 0 and it["task_id"] == "t05":
         reply.write(json.dumps({"item": it["item"], "exit": 75}) + "\n")
-        continue"#;
+        continue
+    __import__("time").sleep(0.5)"#;
     let w = Reused::new(1, 8, "mode = \"per-task\"\nmax-workers = 2", act);
     w.run_ok();
     every_item_once(&w.merged(), 8, 1);
