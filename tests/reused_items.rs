@@ -343,11 +343,15 @@ fn sigterm_stops_the_node_and_its_workers_while_they_hold_items() {
 fn a_dropped_groups_samples_held_by_workers_are_stopped_with_their_workers() {
     // The first sample 1 handed out fails for good and names its task; that task's other
     // samples wait to learn it and then would run for a minute. The rollout ends in time
-    // only if dropping the group stops the workers holding them.
+    // only if dropping the group stops the workers holding them. The name is written
+    // whole, then renamed into place: a sample that found the file created but not yet
+    // written read no task, took itself for another task's and committed.
     let act = r#"    import time
     failed = f"{d}/failed_task"
     if it["sample"] == 1 and not os.path.exists(failed):
-        open(failed, "w").write(it["task_id"])
+        with open(f"{failed}.{os.getpid()}", "w") as f:
+            f.write(it["task_id"])
+        os.rename(f"{failed}.{os.getpid()}", failed)
         reply.write(json.dumps({"item": it["item"], "exit": 3}) + "\n")
         continue
     while it["sample"] != 1 and not os.path.exists(failed):
