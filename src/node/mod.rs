@@ -2810,12 +2810,10 @@ impl Node {
     fn skip_handoff(&mut self) -> Result<(), Stop> {
         let summary = self.train_failure_summary();
         let it = self.iteration;
-        if journal::has(
-            self.journal.entries(),
-            self.run_id(),
-            it,
-            journal::item::HANDOFF_SKIPPED,
-        ) {
+        if self
+            .journal
+            .has(self.run_id(), it, journal::item::HANDOFF_SKIPPED)
+        {
             return Ok(());
         }
         self.info(&format!(
@@ -2847,12 +2845,8 @@ impl Node {
         // restart, the generation that trained is the one in rank 0's journal.
         let trained_in = self
             .journal
-            .entries()
-            .iter()
-            .rev()
-            .find(|e| e.iteration == self.iteration && e.item == journal::item::TRAIN)
-            .map(|e| e.gen)
-            .unwrap_or(self.gen());
+            .newest(self.iteration, journal::item::TRAIN)
+            .map_or(self.gen(), |e| e.gen);
         let train_out = self.layout.train_output(self.iteration, trained_in);
         let name = crate::layout::iter_dir(self.iteration);
         let models = self.layout.models();

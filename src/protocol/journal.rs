@@ -196,14 +196,18 @@ pub fn has(entries: &[Entry], run_id: &str, iteration: u64, item: &str) -> bool 
         .any(|e| e.run_id == run_id && e.iteration == iteration && e.item == item)
 }
 
-/// The note of a rank's shard of `split` in `iteration` that its command wrote itself and
-/// the rank adopted (`adopted: …`), from the rank's journal: its latest rollout entry's.
-pub fn adopted(entries: &[Entry], iteration: u64, split: &str) -> Option<String> {
-    let item = format!("rollout-{split}");
+/// The latest entry of `item` in `iteration`, of a rank's journal.
+pub fn newest<'a>(entries: &'a [Entry], iteration: u64, item: &str) -> Option<&'a Entry> {
     entries
         .iter()
         .rev()
         .find(|e| e.iteration == iteration && e.item == item)
+}
+
+/// The note of a rank's shard of `split` in `iteration` that its command wrote itself and
+/// the rank adopted (`adopted: …`), from the rank's journal: its latest rollout entry's.
+pub fn adopted(entries: &[Entry], iteration: u64, split: &str) -> Option<String> {
+    newest(entries, iteration, &format!("rollout-{split}"))
         .and_then(|e| e.note.clone())
         .filter(|n| n.starts_with("adopted"))
 }
@@ -212,12 +216,7 @@ pub fn adopted(entries: &[Entry], iteration: u64, split: &str) -> Option<String>
 /// its command failed and the run went on without its shard
 /// (`phases.<phase>.on-failure = "merge-survivors"`): its latest rollout entry's `failed`.
 pub fn rollout_failed(entries: &[Entry], iteration: u64, split: &str) -> Option<String> {
-    let item = format!("rollout-{split}");
-    entries
-        .iter()
-        .rev()
-        .find(|e| e.iteration == iteration && e.item == item)
-        .and_then(|e| e.failed.clone())
+    newest(entries, iteration, &format!("rollout-{split}")).and_then(|e| e.failed.clone())
 }
 
 /// A rank's outcome of training in `iteration`: its latest training entry, if any.
@@ -332,14 +331,15 @@ impl Book {
         has(&self.entries, run_id, iteration, item)
     }
 
+    /// The latest entry of `item` in `iteration` ([`newest`]).
+    pub fn newest(&self, iteration: u64, item: &str) -> Option<&Entry> {
+        newest(&self.entries, iteration, item)
+    }
+
     /// How `item` of `iteration` failed, if its newest entry says it did.
     pub fn failure(&self, iteration: u64, item: &str) -> Option<&str> {
-        let newest = self
-            .entries
-            .iter()
-            .rev()
-            .find(|e| e.iteration == iteration && e.item == item);
-        newest.and_then(|e| e.failed.as_deref())
+        self.newest(iteration, item)
+            .and_then(|e| e.failed.as_deref())
     }
 
     /// The next entry carries `note`.

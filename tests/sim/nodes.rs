@@ -1771,11 +1771,7 @@ fn run_case(seed: u64, case: Case, broken: Broken) -> Result<(Summary, String), 
 
 /// Seeds `first..first+seeds` of 2..=max_nodes nodes.
 pub fn sweep(first: u64, seeds: u64, max_nodes: u64) -> Result<Summary, Violation> {
-    let mut total = Summary::default();
-    for seed in first..first + seeds {
-        total += run_seed(seed, max_nodes)?.0;
-    }
-    Ok(total)
+    sweep_of(run_seed_broken, first, seeds, max_nodes)
 }
 
 #[test]
@@ -1921,11 +1917,7 @@ fn seed_6474_a_worker_that_times_out_names_what_it_last_waited_for() {
 
 /// Seeds `first..first+seeds` of jobs whose rollouts and evals write shards.
 pub fn data_sweep(first: u64, seeds: u64, max_nodes: u64) -> Result<Summary, Violation> {
-    let mut total = Summary::default();
-    for seed in first..first + seeds {
-        total += run_data_seed(seed, max_nodes, Broken::default())?.0;
-    }
-    Ok(total)
+    sweep_of(run_data_seed, first, seeds, max_nodes)
 }
 
 /// [`data_sweep`] of per-task jobs ([`run_items_seed`]).
@@ -1938,6 +1930,8 @@ pub fn dynamic_sweep(first: u64, seeds: u64, max_nodes: u64) -> Result<Summary, 
     sweep_of(run_dynamic_seed, first, seeds, max_nodes)
 }
 
+/// Seeds `first..first + seeds` of `run`'s jobs of nodes intact, summed; the first
+/// violation.
 fn sweep_of(run: SeedRun, first: u64, seeds: u64, max_nodes: u64) -> Result<Summary, Violation> {
     let mut total = Summary::default();
     for seed in first..first + seeds {

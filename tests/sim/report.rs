@@ -24,6 +24,16 @@ pub struct Swept {
     pub line: String,
 }
 
+/// A sweep of the node's own jobs (nodes, data, items, dynamic).
+impl From<nodes::Summary> for Swept {
+    fn from(s: nodes::Summary) -> Swept {
+        Swept {
+            faults: s.faults,
+            line: s.line(),
+        }
+    }
+}
+
 /// A scenario the report runs.
 pub struct Scenario {
     pub name: &'static str,
@@ -79,42 +89,22 @@ pub fn scenarios() -> Vec<Scenario> {
         Scenario {
             name: "nodes",
             driver: true,
-            run: |f, s, n| {
-                nodes::sweep(f, s, n).map(|s| Swept {
-                    faults: s.faults,
-                    line: s.line(),
-                })
-            },
+            run: |f, s, n| nodes::sweep(f, s, n).map(Swept::from),
         },
         Scenario {
             name: "data",
             driver: true,
-            run: |f, s, n| {
-                nodes::data_sweep(f, s, n).map(|s| Swept {
-                    faults: s.faults,
-                    line: s.line(),
-                })
-            },
+            run: |f, s, n| nodes::data_sweep(f, s, n).map(Swept::from),
         },
         Scenario {
             name: "items",
             driver: true,
-            run: |f, s, n| {
-                nodes::items_sweep(f, s, n).map(|s| Swept {
-                    faults: s.faults,
-                    line: s.line(),
-                })
-            },
+            run: |f, s, n| nodes::items_sweep(f, s, n).map(Swept::from),
         },
         Scenario {
             name: "dynamic",
             driver: true,
-            run: |f, s, n| {
-                nodes::dynamic_sweep(f, s, n).map(|s| Swept {
-                    faults: s.faults,
-                    line: s.line(),
-                })
-            },
+            run: |f, s, n| nodes::dynamic_sweep(f, s, n).map(Swept::from),
         },
         Scenario {
             name: "fresh",
