@@ -355,6 +355,20 @@ impl Layout {
             .join(format!("{item}.g{gen}.failed"))
     }
 
+    /// The marker of attempt `attempt` of item `item` failed in generation `gen`
+    /// (`leases/<item>.gG.aA.failed`): that attempt is over; the item's others go on.
+    pub fn failed_attempt(
+        &self,
+        iteration: u64,
+        split: &str,
+        item: &str,
+        gen: u64,
+        attempt: u32,
+    ) -> PathBuf {
+        self.leases_dir(iteration, split)
+            .join(format!("{item}.g{gen}.a{attempt}.failed"))
+    }
+
     /// Immutable published checkpoints and the `LATEST` pointer.
     pub fn models(&self) -> PathBuf {
         self.root.join("models")

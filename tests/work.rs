@@ -1204,6 +1204,94 @@ n=$(cat "$f" 2>/dev/null || echo 0); n=$((n + 1)); echo "$n" > "$f"
     );
 }
 
+/// Two ranks, four tasks: t01's first attempt (whoever claims it) does `first`, any later
+/// attempt of it (the other rank's backup, once its own items are done) does `backup`;
+/// the other tasks take 0.1 s. Both ranks exit 0; the leases directory's names after.
+fn run_with_backup(first: &str, backup: &str, work: &str) -> (Work, Vec<String>) {
+    let prefix = format!(
+        r#"if [ "$RL_NODE_TASK_ID" = t01 ]; then
+  if mkdir "@DIR@/t01-first" 2>/dev/null; then {first}; else {backup}; fi
+else
+  sleep 0.1
+fi"#
+    );
+    let w = Work::per_task(
+        2,
+        &task_text(4, &[]),
+        &format!("strategy = \"dynamic\"\nmax-workers = 1\n{work}"),
+        &prefix,
+    );
+    let mut nodes = w.c.spawn_all(ONE);
+    wait_ok(&mut nodes, "a dynamic rollout with a backup");
+    let names = fs::read_dir(w.train_dir(1).join("leases"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    (w, names)
+}
+
+/// The item of task t01, as a pool position name (`p0000N`): the one with a backup lease.
+fn backed_up(names: &[String]) -> String {
+    let backup = names.iter().find(|n| n.ends_with(".a1"));
+    let backup = backup.unwrap_or_else(|| panic!("no backup lease: {names:?}"));
+    backup[..6].to_string()
+}
+
+/// An attempt that fails for good does not fail its item while another attempt of it
+/// runs: a backup's failure leaves the item to its first attempt, and a first attempt's
+/// failure leaves it to its backup. With the default `max-failed-fraction` of 0, a failed
+/// item would stop the run; it finishes with every task merged.
+#[test]
+fn a_failed_attempt_leaves_its_item_to_the_attempt_still_running() {
+    for (first, backup, failed) in [
+        ("sleep 2", "exit 3", "a1"),
+        ("sleep 1; exit 3", "sleep 2", "a0"),
+    ] {
+        let (w, names) = run_with_backup(first, backup, "");
+        let item = backed_up(&names);
+        assert!(
+            names
+                .iter()
+                .any(|n| n.starts_with(&item) && n.ends_with(&format!(".{failed}.failed"))),
+            "{first} / {backup}: attempt {failed}'s failure is marked: {names:?}"
+        );
+        assert!(
+            !names.iter().any(|n| n.ends_with(".g1.failed")),
+            "{first} / {backup}: the item is not failed: {names:?}"
+        );
+        let failed: Vec<Value> = (0..2).flat_map(|r| w.events(r, "item-failed", 1)).collect();
+        assert!(failed.is_empty(), "{first} / {backup}: {failed:?}");
+        let merged: BTreeSet<String> = w.merged(1).iter().map(|v| key(v).0).collect();
+        assert_eq!(
+            merged,
+            ["t00", "t01", "t02", "t03"].map(String::from).into()
+        );
+    }
+}
+
+/// When every attempt of an item fails (its first and its backup), the item fails for
+/// good once, counted by one rank, and is left out of the merge within
+/// `max-failed-fraction`.
+#[test]
+fn an_item_whose_every_attempt_failed_fails_once() {
+    let (w, names) = run_with_backup("sleep 1; exit 3", "exit 3", "max-failed-fraction = 0.5");
+    let item = backed_up(&names);
+    for marker in [".a0.failed", ".a1.failed", ".g1.failed"] {
+        assert!(
+            names
+                .iter()
+                .any(|n| n.starts_with(&item) && n.ends_with(marker)),
+            "{marker}: {names:?}"
+        );
+    }
+    let failed: Vec<Value> = (0..2).flat_map(|r| w.events(r, "item-failed", 1)).collect();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0]["task"], "t01");
+    let merged: BTreeSet<String> = w.merged(1).iter().map(|v| key(v).0).collect();
+    assert_eq!(merged, ["t00", "t02", "t03"].map(String::from).into());
+}
+
 /// The shared directory is untrusted (docs/shared-directory.md): a lease someone else
 /// wrote, with a pace no duration can hold and fields of the wrong type, is read with the
 /// usual fallbacks (no pace, one worker) and never stops the node; its item, held by a

@@ -1264,16 +1264,23 @@ impl Node {
             .flatten()
     }
 
-    /// The newest lease of item `pos` in this generation: its attempt and content.
-    fn newest_lease(&self, split: &str, pos: usize) -> Option<(u32, Lease)> {
-        let mut found = None;
-        for attempt in 0.. {
-            let Some(lease) = self.read_lease(split, pos, attempt) else {
-                break;
-            };
-            found = Some((attempt, lease));
-        }
-        found
+    /// The leases of item `pos` in this generation, attempt 0 first, up to the first
+    /// missing or unreadable one.
+    fn leases_of(&self, split: &str, pos: usize) -> Vec<Lease> {
+        (0..)
+            .map_while(|attempt| self.read_lease(split, pos, attempt))
+            .collect()
+    }
+
+    /// Marks one attempt of an item over: it failed (docs/work.md, "Dynamic leases").
+    fn failed_attempt_marker(&self, split: &str, pos: usize, attempt: u32) -> PathBuf {
+        self.layout.failed_attempt(
+            self.iteration,
+            split,
+            &item_name(pos, None),
+            self.gen(),
+            attempt,
+        )
     }
 
     /// Read every peer's record and judge it with the node's machine (its one liveness
@@ -1408,13 +1415,17 @@ impl Node {
         while let Some(effect) = d.machine.poll_effect() {
             let answer = match effect {
                 Effect::ReadFirstLease(pos) => Input::FirstLease(self.read_lease(split, pos, 0)),
-                Effect::ReadNewestLease(pos) => Input::NewestLease(self.newest_lease(split, pos)),
+                Effect::ReadLeases(pos) => Input::Leases(self.leases_of(split, pos)),
                 Effect::LookCommitted(pos) => {
                     Input::Committed(self.pool_item_committed(&d.dir, pos))
                 }
                 Effect::LookFailed(pos) => {
                     Input::Failed(self.store.exists_followed(&self.failed_marker(split, pos)))
                 }
+                Effect::LookAttemptFailed { pos, attempt } => Input::AttemptFailed(
+                    self.store
+                        .exists_followed(&self.failed_attempt_marker(split, pos, attempt)),
+                ),
                 Effect::JudgePeers => Input::Peers(self.observe_all_peers()),
                 Effect::CreateLease { pos, lease, .. } => {
                     Input::LeaseCreated(self.claim(split, pos, &lease)?)
@@ -1455,9 +1466,12 @@ impl Node {
                         .remove_file(&self.pool_partial(split, pos, attempt));
                     continue;
                 }
-                Effect::MarkFailed { pos, attempt, why } => {
-                    self.pool_item_failed(d, pos, attempt, &why);
+                Effect::MarkAttemptFailed { pos, attempt, why } => {
+                    self.pool_attempt_failed(d, pos, attempt, &why);
                     continue;
+                }
+                Effect::MarkFailed { pos, attempt, why } => {
+                    Input::MarkedFailed(self.pool_item_failed(d, pos, attempt, &why))
                 }
                 Effect::Note(Note::Backup { pos, holder }) => {
                     self.event(events::Event::Backup {
@@ -1500,21 +1514,47 @@ impl Node {
         )
     }
 
-    /// Item `pos` failed for good here: recorded, and marked so that nobody waits for it.
-    fn pool_item_failed(&mut self, d: &mut Dynamic, pos: usize, attempt: u32, why: &str) {
+    /// This node's attempt of item `pos` failed for good: marked, so that the item fails
+    /// only once every attempt has (a backup's failure leaves the first attempt running).
+    fn pool_attempt_failed(&mut self, d: &Dynamic, pos: usize, attempt: u32, why: &str) {
         let name = item_name(pos, None);
-        let task = &d.pool[pos].task;
-        d.failed.push(format!(
-            "{name} (task {task}): {why}, log {}",
+        let marker = self.failed_attempt_marker(d.job.split, pos, attempt);
+        let _ = self.store.create_new(&marker, why.as_bytes());
+        self.info(&format!(
+            "iteration {}: attempt {attempt} of item {name} (task {}) failed ({why}), log {}; the item fails only if no other attempt commits it",
+            self.iteration,
+            d.pool[pos].task,
             self.item_log(d.job.phase, &name, attempt).display()
         ));
+    }
+
+    /// Every attempt of item `pos` is over without a commit: marked failed for good so
+    /// that nobody waits for it, and, when this node's create of the marker won, counted
+    /// here (one node counts each item). An error creating it counts too.
+    fn pool_item_failed(
+        &mut self,
+        d: &mut Dynamic,
+        pos: usize,
+        attempt: Option<u32>,
+        why: &str,
+    ) -> bool {
+        let marker = self.failed_marker(d.job.split, pos);
+        if matches!(self.store.create_new(&marker, why.as_bytes()), Ok(false)) {
+            return false;
+        }
+        let name = item_name(pos, None);
+        let task = &d.pool[pos].task;
+        let log = match attempt {
+            Some(a) => format!(", log {}", self.item_log(d.job.phase, &name, a).display()),
+            None => String::new(),
+        };
+        d.failed.push(format!("{name} (task {task}): {why}{log}"));
         self.event(events::Event::ItemFailed {
             item: name,
             task: task.to_string(),
             exit: why.to_string(),
         });
-        let marker = self.failed_marker(d.job.split, pos);
-        let _ = self.store.create_new(&marker, why.as_bytes());
+        true
     }
 
     /// Wait until one of this node's attempts exits (`Some`), or there is something else

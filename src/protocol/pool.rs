@@ -125,12 +125,14 @@ pub enum Effect {
     /// Read item `0`'s attempt-0 lease: [`Input::FirstLease`].
     ReadFirstLease(usize),
     /// Read item `0`'s leases, attempt 0, 1, … up to the first missing or unreadable one:
-    /// [`Input::NewestLease`] with the last one read.
-    ReadNewestLease(usize),
+    /// [`Input::Leases`], in attempt order.
+    ReadLeases(usize),
     /// Does item `0`'s committed file exist: [`Input::Committed`].
     LookCommitted(usize),
     /// Does item `0`'s failed-for-good marker exist: [`Input::Failed`].
     LookFailed(usize),
+    /// Does the marker of this attempt's failure exist: [`Input::AttemptFailed`].
+    LookAttemptFailed { pos: usize, attempt: u32 },
     /// Read every peer's record and judge their liveness: [`Input::Peers`].
     JudgePeers,
     /// Create this lease exclusively (first creator wins): [`Input::LeaseCreated`].
@@ -148,10 +150,20 @@ pub enum Effect {
     Commit { pos: usize, attempt: u32 },
     /// Remove this finished attempt's output: another attempt committed the item first.
     Discard { pos: usize, attempt: u32 },
-    /// Create the item's failed-for-good marker, so nobody waits for it.
-    MarkFailed {
+    /// Create the marker of this attempt's failure (it failed for good, or exited to be
+    /// retried under another lease): the attempt is over, and the item's other attempts
+    /// go on. Best effort, answered by nothing.
+    MarkAttemptFailed {
         pos: usize,
         attempt: u32,
+        why: String,
+    },
+    /// Every attempt of the item is over without a commit: create its failed-for-good
+    /// marker exclusively, so nobody waits for it: [`Input::MarkedFailed`]. `attempt`
+    /// is this node's attempt whose failure it is (its log is here), if one of them is.
+    MarkFailed {
+        pos: usize,
+        attempt: Option<u32>,
         why: String,
     },
     /// Something worth saying.
@@ -177,10 +189,14 @@ pub enum Note {
 pub enum Input {
     /// The attempt-0 lease, if one could be read.
     FirstLease(Option<Lease>),
-    /// The newest lease: its attempt and content.
-    NewestLease(Option<(u32, Lease)>),
+    /// The item's leases in this generation, attempt 0 first.
+    Leases(Vec<Lease>),
     Committed(bool),
     Failed(bool),
+    AttemptFailed(bool),
+    /// Whether this node's create of the failed-for-good marker won (an error creating it
+    /// counts as won: a failure is never lost).
+    MarkedFailed(bool),
     /// The ranks judged dead now (the node's `NodeMachine::judge_peers`).
     Peers(BTreeSet<u32>),
     /// Whether the exclusive create won.
@@ -208,7 +224,10 @@ pub struct Stats {
     /// Finished attempts whose item another attempt committed first.
     pub lost_commits: usize,
     pub retries: usize,
-    /// Items that failed for good here.
+    /// Attempts that failed for good here.
+    pub failed_attempts: usize,
+    /// Items this node found failed for good (every attempt over without a commit) and
+    /// marked so: each item is counted by one node.
     pub failed: usize,
 }
 
@@ -224,6 +243,9 @@ pub struct Mutations {
     /// The node before the speed-aware end game: no paces in the leases, every free
     /// worker claims.
     pub without_end_game: bool,
+    /// The node before per-attempt failure markers: an attempt of its own that failed
+    /// for good fails the item, whatever other attempt (a backup, the first) still runs.
+    pub own_failure_fails_item: bool,
 }
 
 /// Where a round is: the step, and the question it waits for the answer to.
@@ -257,14 +279,23 @@ enum ClaimAt {
     },
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 enum EndAt {
     Peers,
     Item,
     Committed,
     Failed,
-    Lease,
-    Create { attempt: u32, claim: Claim },
+    Leases,
+    /// Looking whether `attempt` of these leases failed.
+    AttemptFailed {
+        leases: Vec<Lease>,
+        attempt: u32,
+    },
+    Create {
+        attempt: u32,
+        claim: Claim,
+    },
+    Marking,
 }
 
 /// What a step does next.
@@ -300,12 +331,21 @@ pub struct PoolMachine {
     cursor: usize,
     /// Attempts running here: (item, attempt) → started at.
     running: BTreeMap<(usize, u32), Duration>,
+    /// Every attempt this node started (an attempt of this rank's it did not start is a
+    /// lease someone else wrote with its rank: nobody's).
+    started: BTreeSet<(usize, u32)>,
+    /// This node's attempts that failed for good, by item: the last one and why.
+    gave_up: BTreeMap<usize, (u32, String)>,
     /// Retryable exits waiting for their backoff: (ready at, item, next attempt).
     delayed: Vec<(Duration, usize, u32)>,
     /// Attempts that exited 0, committed in the next round after the next claims.
     finished: VecDeque<(usize, u32)>,
     /// Items this node committed.
     committed: BTreeSet<usize>,
+    /// Items this node learned another attempt committed (its own commit found the name
+    /// taken, or a look stopped or discarded its attempt): never looked at again, as a
+    /// look through a stale negative-lookup cache could say they are not.
+    committed_elsewhere: BTreeSet<usize>,
     /// Times of this node's attempts, start to exit.
     item_times: Vec<Duration>,
     /// The peers' paces as their leases published them.
@@ -342,9 +382,12 @@ impl PoolMachine {
             now: Duration::ZERO,
             cursor: 0,
             running: BTreeMap::new(),
+            started: BTreeSet::new(),
+            gave_up: BTreeMap::new(),
             delayed: Vec::new(),
             finished: VecDeque::new(),
             committed: BTreeSet::new(),
+            committed_elsewhere: BTreeSet::new(),
             item_times: Vec::new(),
             paces: HashMap::new(),
             dead: BTreeSet::new(),
@@ -533,7 +576,10 @@ impl PoolMachine {
 
     fn start(&mut self, pos: usize, attempt: u32) {
         let fresh = self.running.insert((pos, attempt), self.now).is_none();
-        assert!(fresh, "attempt {attempt} of item {pos} started twice");
+        assert!(
+            fresh && self.started.insert((pos, attempt)),
+            "attempt {attempt} of item {pos} started twice"
+        );
         self.effects.push_back(Effect::Start { pos, attempt });
     }
 
@@ -545,6 +591,10 @@ impl PoolMachine {
             let (pos, attempt) = q.pop_front().expect("a retry was claimed");
             if won {
                 self.start(pos, attempt);
+            } else {
+                // Another rank created this attempt's lease (a backup of this node's
+                // first attempt, or a takeover): the retry is still owed, under the next.
+                q.push_front((pos, attempt + 1));
             }
         }
         match q.front() {
@@ -659,6 +709,7 @@ impl PoolMachine {
             (false, None) => {}
             (false, Some(Input::Committed(true))) => {
                 let (pos, attempt) = self.finished.pop_front().expect("asked");
+                self.committed_elsewhere.insert(pos);
                 self.effects.push_back(Effect::Discard { pos, attempt });
             }
             (false, Some(Input::Committed(false))) => {
@@ -672,6 +723,7 @@ impl PoolMachine {
                     self.committed.insert(pos);
                     self.stats.mine += 1;
                 } else {
+                    self.committed_elsewhere.insert(pos);
                     self.stats.lost_commits += 1;
                 }
             }
@@ -697,6 +749,7 @@ impl PoolMachine {
             let (pos, attempt) = q.pop_front().expect("asked");
             if committed {
                 self.running.remove(&(pos, attempt));
+                self.committed_elsewhere.insert(pos);
                 self.effects.push_back(Effect::Stop { pos, attempt });
             }
         }
@@ -715,7 +768,8 @@ impl PoolMachine {
     }
 
     /// The end of the pool: each item neither committed nor failed nor here is backed up
-    /// or awaited (a live holder), taken over (a dead one) or claimed (none).
+    /// or awaited (a live holder), taken over (a dead one), claimed (none), or found
+    /// failed for good (every attempt over without a commit).
     fn end_game(&mut self, pos: usize, at: EndAt, answer: Option<Input>) -> Flow {
         let ask = |at, effect| Flow::Ask(Step::EndGame { pos, at }, effect);
         let next = Flow::Go(Step::EndGame {
@@ -735,7 +789,9 @@ impl PoolMachine {
                     return Flow::Rest;
                 }
                 let here = self.runs(pos) || self.delayed.iter().any(|d| d.1 == pos);
-                if here {
+                let known =
+                    self.committed.contains(&pos) || self.committed_elsewhere.contains(&pos);
+                if here || known {
                     return next;
                 }
                 ask(EndAt::Committed, Effect::LookCommitted(pos))
@@ -746,15 +802,114 @@ impl PoolMachine {
                 ask(EndAt::Failed, Effect::LookFailed(pos))
             }
             (EndAt::Failed, Some(Input::Failed(false))) => {
-                ask(EndAt::Lease, Effect::ReadNewestLease(pos))
+                ask(EndAt::Leases, Effect::ReadLeases(pos))
             }
-            (EndAt::Lease, Some(Input::NewestLease(newest))) => self.judge(pos, newest),
+            (EndAt::Leases, Some(Input::Leases(leases))) => {
+                let newest = leases.len().checked_sub(1);
+                match newest {
+                    None => self.judge(pos, None),
+                    Some(n) => self.scan(pos, leases, n as u32),
+                }
+            }
+            (EndAt::AttemptFailed { leases, attempt }, Some(Input::AttemptFailed(failed))) => {
+                match (failed, attempt) {
+                    (true, 0) => self.over(pos, leases),
+                    (true, a) => self.scan(pos, leases, a - 1),
+                    (false, a) => self.open(pos, leases, a),
+                }
+            }
             (EndAt::Create { attempt, claim }, Some(Input::LeaseCreated(won))) => {
                 self.created(pos, attempt, claim, won);
                 next
             }
+            (EndAt::Marking, Some(Input::MarkedFailed(won))) => {
+                if won {
+                    self.stats.failed += 1;
+                }
+                next
+            }
             (at, answer) => panic!("the end game at {at:?} answered with {answer:?}"),
         }
+    }
+
+    /// Whether `rank` holds no attempt anyone may wait for: dead, no rank of the cluster.
+    fn gone(&self, rank: u32) -> bool {
+        rank >= self.cfg.num_nodes || self.dead.contains(&rank)
+    }
+
+    /// Look for the newest attempt of item `pos` that may still commit it, from
+    /// `attempt` down. An attempt is over when this node ran it (it is not running here),
+    /// when a later lease is its holder's (it exited to be retried), when it is not the
+    /// newest and its holder is dead (someone went on past it), or when its failure is
+    /// marked (asked here). A lease of this rank's that this node never started is
+    /// someone else's writing: nobody's.
+    fn scan(&mut self, pos: usize, leases: Vec<Lease>, attempt: u32) -> Flow {
+        if self.mutations.own_failure_fails_item && self.gave_up.contains_key(&pos) {
+            return self.over(pos, leases);
+        }
+        let newest = leases.len() as u32 - 1;
+        for a in (0..=attempt).rev() {
+            let rank = leases[a as usize].rank;
+            let ran_here = rank == self.cfg.rank && self.started.contains(&(pos, a));
+            let retried = leases[a as usize + 1..].iter().any(|l| l.rank == rank);
+            let gone = self.gone(rank) || (rank == self.cfg.rank && !ran_here);
+            if ran_here || retried || (gone && a < newest) {
+                continue;
+            }
+            let at = EndAt::AttemptFailed { leases, attempt: a };
+            let look = Effect::LookAttemptFailed { pos, attempt: a };
+            return Flow::Ask(Step::EndGame { pos, at }, look);
+        }
+        self.over(pos, leases)
+    }
+
+    /// Attempt `attempt` of item `pos` may still commit it: the newest is judged as
+    /// always (await, back up, take over); an earlier one (a first attempt whose backup
+    /// failed) is awaited from its live holder.
+    fn open(&mut self, pos: usize, mut leases: Vec<Lease>, attempt: u32) -> Flow {
+        let rank = leases[attempt as usize].rank;
+        if attempt as usize + 1 == leases.len() {
+            let lease = leases.pop().expect("the newest");
+            return self.judge(pos, Some((attempt, lease)));
+        }
+        self.await_item(pos, rank);
+        Flow::Go(Step::EndGame {
+            pos: pos + 1,
+            at: EndAt::Item,
+        })
+    }
+
+    /// Every attempt of item `pos` is over without a commit: it failed for good. Marked by
+    /// a node whose own attempt failed, or by anyone once the newest attempt's holder is
+    /// gone (it may have died before marking it); the others wait for that mark.
+    fn over(&mut self, pos: usize, leases: Vec<Lease>) -> Flow {
+        let newest = leases.last().expect("an item with leases");
+        let (attempt, why) = match self.gave_up.get(&pos) {
+            Some((a, why)) => (Some(*a), why.clone()),
+            None if self.gone(newest.rank) || newest.rank == self.cfg.rank => (
+                None,
+                format!(
+                    "every attempt failed or was lost with its node (the last, attempt {}, on rank {})",
+                    leases.len() - 1,
+                    newest.rank
+                ),
+            ),
+            None => {
+                self.await_item(pos, newest.rank);
+                return Flow::Go(Step::EndGame {
+                    pos: pos + 1,
+                    at: EndAt::Item,
+                });
+            }
+        };
+        let mark = Effect::MarkFailed { pos, attempt, why };
+        Flow::Ask(
+            Step::EndGame {
+                pos,
+                at: EndAt::Marking,
+            },
+            mark,
+        )
     }
 
     /// Who holds item `pos`, by its newest lease: await, back up, take over or claim it.
@@ -873,9 +1028,10 @@ impl PoolMachine {
                 self.delayed.push((self.now + after, pos, attempt + 1));
             }
             Exit::Failed { why } => {
-                self.stats.failed += 1;
+                self.stats.failed_attempts += 1;
+                self.gave_up.insert(pos, (attempt, why.clone()));
                 self.effects
-                    .push_back(Effect::MarkFailed { pos, attempt, why });
+                    .push_back(Effect::MarkAttemptFailed { pos, attempt, why });
             }
         }
     }
@@ -1160,12 +1316,6 @@ mod tests {
         step(
             &mut m,
             60,
-            Effect::LookCommitted(0),
-            Some(Input::Committed(true)),
-        );
-        step(
-            &mut m,
-            60,
             Effect::LookCommitted(1),
             Some(Input::Committed(false)),
         );
@@ -1175,16 +1325,12 @@ mod tests {
             Effect::LookFailed(1),
             Some(Input::Failed(false)),
         );
-        let newest = Input::NewestLease(Some((0, lease(1, 0, Some(5.0)))));
-        step(&mut m, 60, Effect::ReadNewestLease(1), Some(newest));
+        let leases = Input::Leases(vec![lease(1, 0, Some(5.0))]);
+        step(&mut m, 60, Effect::ReadLeases(1), Some(leases));
+        let look = Effect::LookAttemptFailed { pos: 1, attempt: 0 };
+        step(&mut m, 60, look, Some(Input::AttemptFailed(false)));
         // Someone else took it over first: this node waits for it.
         create(&mut m, 60, 1, Claim::TakeOver { holder: 1 }, false);
-        step(
-            &mut m,
-            60,
-            Effect::LookCommitted(2),
-            Some(Input::Committed(true)),
-        );
         assert_eq!(m.poll_effect(), None);
         assert!(!m.finished(), "a lost takeover is waited for");
         assert_eq!(
@@ -1197,10 +1343,9 @@ mod tests {
         assert_eq!(m.stats().mine, 2);
     }
 
-    /// A live peer's slow first attempt is backed up once it has been held for longer
-    /// than this node's mean item time, and the machine asks to be woken just then.
-    #[test]
-    fn an_awaited_first_attempt_wakes_the_node_when_its_backup_is_due() {
+    /// Two items, one worker: item 0 done here in 40 ms, item 1 held by rank 1 and backed
+    /// up here (attempt 1) once held for longer than that: the machine, and the time.
+    fn backing_up() -> (PoolMachine, Duration) {
         let mut m = PoolMachine::new(Settings {
             items: 2,
             ..machine(Mutations::default()).cfg
@@ -1253,18 +1398,14 @@ mod tests {
             step(
                 m,
                 now,
-                Effect::LookCommitted(0),
-                Some(Input::Committed(true)),
-            );
-            step(
-                m,
-                now,
                 Effect::LookCommitted(1),
                 Some(Input::Committed(false)),
             );
             step(m, now, Effect::LookFailed(1), Some(Input::Failed(false)));
-            let newest = Input::NewestLease(Some((0, lease(1, 0, None))));
-            step(m, now, Effect::ReadNewestLease(1), Some(newest));
+            let leases = Input::Leases(vec![lease(1, 0, None)]);
+            step(m, now, Effect::ReadLeases(1), Some(leases));
+            let look = Effect::LookAttemptFailed { pos: 1, attempt: 0 };
+            step(m, now, look, Some(Input::AttemptFailed(false)));
         };
         end_game(&mut m, 40);
         assert_eq!(m.poll_effect(), None);
@@ -1284,11 +1425,14 @@ mod tests {
             m.handle(due, answer);
         };
         ask(Effect::JudgePeers, Input::Peers(BTreeSet::new()));
-        ask(Effect::LookCommitted(0), Input::Committed(true));
         ask(Effect::LookCommitted(1), Input::Committed(false));
         ask(Effect::LookFailed(1), Input::Failed(false));
-        let newest = Input::NewestLease(Some((0, lease(1, 0, None))));
-        ask(Effect::ReadNewestLease(1), newest);
+        ask(
+            Effect::ReadLeases(1),
+            Input::Leases(vec![lease(1, 0, None)]),
+        );
+        let look = Effect::LookAttemptFailed { pos: 1, attempt: 0 };
+        ask(look, Input::AttemptFailed(false));
         let Some(Effect::CreateLease {
             pos: 1,
             claim,
@@ -1303,6 +1447,14 @@ mod tests {
         assert_eq!(m.poll_effect(), Some(Effect::Note(note)));
         assert_eq!(m.poll_effect(), Some(Effect::Start { pos: 1, attempt: 1 }));
         assert_eq!(m.poll_effect(), None);
+        (m, due)
+    }
+
+    /// A live peer's slow first attempt is backed up once it has been held for longer
+    /// than this node's mean item time, and the machine asks to be woken just then.
+    #[test]
+    fn an_awaited_first_attempt_wakes_the_node_when_its_backup_is_due() {
+        let (mut m, due) = backing_up();
         assert_eq!(m.stats().backups, 1);
         // The backup runs here: the wait wakes when another rank commits item 1 (its
         // round stops the backup), not when the holder marks it failed (its round would
@@ -1316,5 +1468,254 @@ mod tests {
         };
         ask(Effect::LookCommitted(1), Input::Committed(true));
         assert_eq!(m.poll_effect(), Some(Effect::Stop { pos: 1, attempt: 1 }));
+    }
+
+    /// A one-item, one-worker machine of rank 0 in the end game at `now`: the round up
+    /// to the end game's look at item 0 (its leases are asked next).
+    fn end_game_at(m: &mut PoolMachine, now: u64, dead: &[u32]) {
+        m.tick(MS(now));
+        if m.cursor == 0 {
+            let theirs = Input::FirstLease(Some(lease(1, 0, None)));
+            step(m, now, Effect::ReadFirstLease(0), Some(theirs));
+        }
+        let peers = Input::Peers(dead.iter().copied().collect());
+        step(m, now, Effect::JudgePeers, Some(peers));
+        step(
+            m,
+            now,
+            Effect::LookCommitted(0),
+            Some(Input::Committed(false)),
+        );
+        step(m, now, Effect::LookFailed(0), Some(Input::Failed(false)));
+    }
+
+    fn one_item() -> PoolMachine {
+        PoolMachine::new(Settings {
+            items: 1,
+            ..machine(Mutations::default()).cfg
+        })
+    }
+
+    /// This node's backup fails for good while the peer's first attempt runs on: the item
+    /// is not failed (nothing marked, nothing counted); it is awaited from that first
+    /// attempt, and marked failed here only once that attempt's failure shows too.
+    #[test]
+    fn a_failed_backup_awaits_the_first_attempt_and_fails_the_item_only_with_it() {
+        let (mut m, due) = backing_up();
+        let at = |ms: u64| due + MS(ms);
+        let why = "exit code 3".to_string();
+        let exit = Exit::Failed { why: why.clone() };
+        m.handle(
+            at(5),
+            Input::Exited {
+                pos: 1,
+                attempt: 1,
+                exit,
+            },
+        );
+        let mark = Effect::MarkAttemptFailed {
+            pos: 1,
+            attempt: 1,
+            why: why.clone(),
+        };
+        assert_eq!(m.poll_effect(), Some(mark));
+        let round = |m: &mut PoolMachine, now: Duration, first_failed: bool| {
+            m.tick(now);
+            let mut ask = |want: Effect, answer: Input| {
+                assert_eq!(m.poll_effect(), Some(want));
+                m.handle(now, answer);
+            };
+            ask(Effect::JudgePeers, Input::Peers(BTreeSet::new()));
+            ask(Effect::LookCommitted(1), Input::Committed(false));
+            ask(Effect::LookFailed(1), Input::Failed(false));
+            let both = vec![lease(1, 0, None), lease(0, 1, Some(40.0))];
+            ask(Effect::ReadLeases(1), Input::Leases(both));
+            // Its own attempt is over; the first one is looked at.
+            let first = Effect::LookAttemptFailed { pos: 1, attempt: 0 };
+            ask(first, Input::AttemptFailed(first_failed));
+        };
+        round(&mut m, at(5), false);
+        assert_eq!(m.poll_effect(), None, "nothing marked, no second backup");
+        assert!(!m.finished(), "the first attempt is awaited");
+        assert_eq!(m.looks().settle, vec![1]);
+        assert_eq!((m.stats().failed_attempts, m.stats().failed), (1, 0));
+
+        // The first attempt failed too: the item failed for good, marked and counted here.
+        round(&mut m, at(10), true);
+        let mark = Effect::MarkFailed {
+            pos: 1,
+            attempt: Some(1),
+            why,
+        };
+        assert_eq!(m.poll_effect(), Some(mark));
+        m.handle(at(10), Input::MarkedFailed(true));
+        assert_eq!(m.poll_effect(), None);
+        assert!(m.finished());
+        assert_eq!(m.stats().failed, 1);
+    }
+
+    /// This node's first attempt fails for good while a peer's backup runs: the backup is
+    /// awaited, not the item failed; when the backup fails too and the peer's mark wins,
+    /// nothing is counted here.
+    #[test]
+    fn a_failed_first_attempt_awaits_its_backup() {
+        let mut m = one_item();
+        m.tick(MS(0));
+        step(
+            &mut m,
+            0,
+            Effect::ReadFirstLease(0),
+            Some(Input::FirstLease(None)),
+        );
+        step(
+            &mut m,
+            0,
+            Effect::LookCommitted(0),
+            Some(Input::Committed(false)),
+        );
+        create(&mut m, 0, 0, Claim::First, true);
+        step(&mut m, 0, Effect::Start { pos: 0, attempt: 0 }, None);
+        step(
+            &mut m,
+            0,
+            Effect::LookCommitted(0),
+            Some(Input::Committed(false)),
+        );
+        step(
+            &mut m,
+            0,
+            Effect::JudgePeers,
+            Some(Input::Peers(BTreeSet::new())),
+        );
+        assert_eq!(m.poll_effect(), None);
+        let exit = Exit::Failed {
+            why: "killed by signal 9".into(),
+        };
+        m.handle(
+            MS(50),
+            Input::Exited {
+                pos: 0,
+                attempt: 0,
+                exit,
+            },
+        );
+        assert!(matches!(
+            m.poll_effect(),
+            Some(Effect::MarkAttemptFailed { attempt: 0, .. })
+        ));
+        let both = || Input::Leases(vec![lease(0, 0, None), lease(1, 1, Some(5.0))]);
+        let backup = Effect::LookAttemptFailed { pos: 0, attempt: 1 };
+        end_game_at(&mut m, 50, &[]);
+        step(&mut m, 50, Effect::ReadLeases(0), Some(both()));
+        step(
+            &mut m,
+            50,
+            backup.clone(),
+            Some(Input::AttemptFailed(false)),
+        );
+        // The backup, a second attempt, is never backed up: awaited.
+        assert_eq!(m.poll_effect(), None);
+        assert_eq!((m.looks().settle, m.stats().failed), (vec![0], 0));
+        end_game_at(&mut m, 60, &[]);
+        step(&mut m, 60, Effect::ReadLeases(0), Some(both()));
+        step(&mut m, 60, backup, Some(Input::AttemptFailed(true)));
+        let Some(Effect::MarkFailed {
+            pos: 0,
+            attempt: Some(0),
+            ..
+        }) = m.poll_effect()
+        else {
+            panic!("the item's mark expected")
+        };
+        m.handle(MS(60), Input::MarkedFailed(false));
+        assert!(m.finished());
+        assert_eq!(m.stats().failed, 0, "the peer's mark won: counted there");
+    }
+
+    /// A node that ran no attempt of an item whose every attempt failed waits for a node
+    /// that did to mark it; once the newest attempt's node is dead, it marks it itself.
+    #[test]
+    fn an_item_failed_elsewhere_is_marked_here_only_when_its_node_is_gone() {
+        let mut m = one_item();
+        let first = Effect::LookAttemptFailed { pos: 0, attempt: 0 };
+        end_game_at(&mut m, 0, &[]);
+        step(
+            &mut m,
+            0,
+            Effect::ReadLeases(0),
+            Some(Input::Leases(vec![lease(1, 0, None)])),
+        );
+        step(&mut m, 0, first.clone(), Some(Input::AttemptFailed(true)));
+        assert_eq!(m.poll_effect(), None);
+        assert_eq!(m.looks().settle, vec![0]);
+        end_game_at(&mut m, 10, &[1]);
+        step(
+            &mut m,
+            10,
+            Effect::ReadLeases(0),
+            Some(Input::Leases(vec![lease(1, 0, None)])),
+        );
+        step(&mut m, 10, first, Some(Input::AttemptFailed(true)));
+        let Some(Effect::MarkFailed {
+            pos: 0,
+            attempt: None,
+            why,
+        }) = m.poll_effect()
+        else {
+            panic!("the item's mark expected")
+        };
+        assert!(why.contains("attempt 0, on rank 1"), "{why}");
+        m.handle(MS(10), Input::MarkedFailed(true));
+        assert!(m.finished());
+        assert_eq!(m.stats().failed, 1);
+    }
+
+    /// A retry whose lease another rank created first (a backup of this node's first
+    /// attempt) is still owed: it is claimed under the next attempt.
+    #[test]
+    fn a_retry_whose_lease_was_taken_retries_under_the_next() {
+        let mut m = one_item();
+        m.tick(MS(0));
+        step(
+            &mut m,
+            0,
+            Effect::ReadFirstLease(0),
+            Some(Input::FirstLease(None)),
+        );
+        step(
+            &mut m,
+            0,
+            Effect::LookCommitted(0),
+            Some(Input::Committed(false)),
+        );
+        create(&mut m, 0, 0, Claim::First, true);
+        step(&mut m, 0, Effect::Start { pos: 0, attempt: 0 }, None);
+        step(
+            &mut m,
+            0,
+            Effect::LookCommitted(0),
+            Some(Input::Committed(false)),
+        );
+        step(
+            &mut m,
+            0,
+            Effect::JudgePeers,
+            Some(Input::Peers(BTreeSet::new())),
+        );
+        let exit = Exit::Retry { after: MS(5) };
+        m.handle(
+            MS(10),
+            Input::Exited {
+                pos: 0,
+                attempt: 0,
+                exit,
+            },
+        );
+        m.tick(MS(20));
+        let lost = create(&mut m, 20, 0, Claim::Retry, false);
+        assert_eq!(lost.attempt, 1);
+        let won = create(&mut m, 20, 0, Claim::Retry, true);
+        assert_eq!(won.attempt, 2);
+        assert_eq!(m.poll_effect(), Some(Effect::Start { pos: 0, attempt: 2 }));
     }
 }

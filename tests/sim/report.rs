@@ -400,6 +400,16 @@ fn lease_mutants() -> Vec<Mutant> {
         m("lease::LeaveForever", judge(lease::Mutation::LeaveForever)),
         m("liveness::Impatient", swept(leases::sweep, impatient)),
         m("lost-claim-ends-wait", swept(leases::sweep, old_loop)).on(27650, 1, 64),
+        m(
+            "own-failure-fails-item",
+            swept(
+                leases::sweep,
+                Mutations {
+                    own_failure_fails_item: true,
+                    ..Default::default()
+                },
+            ),
+        ),
     ]
 }
 
