@@ -1206,8 +1206,9 @@ n=$(cat "$f" 2>/dev/null || echo 0); n=$((n + 1)); echo "$n" > "$f"
 
 /// Two ranks, four tasks: t01's first attempt (whoever claims it) does `first`, any later
 /// attempt of it (the other rank's backup, once its own items are done) does `backup`;
-/// the other tasks take 0.1 s. Both ranks exit 0; the leases directory's names after.
-fn run_with_backup(first: &str, backup: &str, work: &str) -> (Work, Vec<String>) {
+/// the other tasks take 0.1 s. Both ranks exit 0; the leases directory's names after, and
+/// both ranks' logs.
+fn run_with_backup(first: &str, backup: &str, work: &str) -> (Work, Vec<String>, String) {
     let prefix = format!(
         r#"if [ "$RL_NODE_TASK_ID" = t01 ]; then
   if mkdir "@DIR@/t01-first" 2>/dev/null; then {first}; else {backup}; fi
@@ -1228,7 +1229,8 @@ fi"#
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
-    (w, names)
+    let logs = nodes.iter().map(|n| n.stderr()).collect();
+    (w, names, logs)
 }
 
 /// The item of task t01, as a pool position name (`p0000N`): the one with a backup lease.
@@ -1248,8 +1250,17 @@ fn a_failed_attempt_leaves_its_item_to_the_attempt_still_running() {
         ("sleep 2", "exit 3", "a1"),
         ("sleep 1; exit 3", "sleep 2", "a0"),
     ] {
-        let (w, names) = run_with_backup(first, backup, "");
+        let (w, names, logs) = run_with_backup(first, backup, "");
         let item = backed_up(&names);
+        let said = format!("attempt {} of item {item} (task t01) failed", &failed[1..]);
+        assert!(
+            logs.contains(&said),
+            "{first} / {backup}: {said:?} in\n{logs}"
+        );
+        assert!(
+            logs.contains("1 attempt(s) failed here, their items left to other attempts"),
+            "{first} / {backup}: {logs}"
+        );
         assert!(
             names
                 .iter()
@@ -1275,7 +1286,12 @@ fn a_failed_attempt_leaves_its_item_to_the_attempt_still_running() {
 /// `max-failed-fraction`.
 #[test]
 fn an_item_whose_every_attempt_failed_fails_once() {
-    let (w, names) = run_with_backup("sleep 1; exit 3", "exit 3", "max-failed-fraction = 0.5");
+    let (w, names, logs) =
+        run_with_backup("sleep 1; exit 3", "exit 3", "max-failed-fraction = 0.5");
+    assert!(
+        logs.contains("1 attempt(s) failed here, 1 item(s) failed for good"),
+        "{logs}"
+    );
     let item = backed_up(&names);
     for marker in [".a0.failed", ".a1.failed", ".g1.failed"] {
         assert!(

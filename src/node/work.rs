@@ -1633,10 +1633,10 @@ impl Node {
             self.clock.elapsed(started).as_secs_f64(),
             stats.backups,
             stats.left,
-            if failed.is_empty() {
-                String::new()
-            } else {
-                format!(", {} failed", failed.len())
+            match (stats.failed_attempts, failed.len()) {
+                (0, 0) => String::new(),
+                (a, 0) => format!(", {a} attempt(s) failed here, their items left to other attempts"),
+                (a, f) => format!(", {a} attempt(s) failed here, {f} item(s) failed for good"),
             }
         ));
         self.event(events::Event::Items {
