@@ -365,8 +365,11 @@ impl Layout {
         gen: u64,
         attempt: u32,
     ) -> PathBuf {
-        self.leases_dir(iteration, split)
-            .join(format!("{item}.g{gen}.a{attempt}.failed"))
+        let mut lease = self
+            .lease(iteration, split, item, gen, attempt)
+            .into_os_string();
+        lease.push(".failed");
+        lease.into()
     }
 
     /// Immutable published checkpoints and the `LATEST` pointer.

@@ -1343,6 +1343,32 @@ mod tests {
         assert_eq!(m.stats().mine, 2);
     }
 
+    /// A round at 0 ms that claims item 0 (free, not committed), starts its attempt 0 and
+    /// finds it not committed elsewhere.
+    fn claims_item_0(m: &mut PoolMachine) {
+        m.tick(MS(0));
+        step(
+            m,
+            0,
+            Effect::ReadFirstLease(0),
+            Some(Input::FirstLease(None)),
+        );
+        step(
+            m,
+            0,
+            Effect::LookCommitted(0),
+            Some(Input::Committed(false)),
+        );
+        create(m, 0, 0, Claim::First, true);
+        step(m, 0, Effect::Start { pos: 0, attempt: 0 }, None);
+        step(
+            m,
+            0,
+            Effect::LookCommitted(0),
+            Some(Input::Committed(false)),
+        );
+    }
+
     /// Two items, one worker: item 0 done here in 40 ms, item 1 held by rank 1 and backed
     /// up here (attempt 1) once held for longer than that: the machine, and the time.
     fn backing_up() -> (PoolMachine, Duration) {
@@ -1350,27 +1376,7 @@ mod tests {
             items: 2,
             ..machine(Mutations::default()).cfg
         });
-        m.tick(MS(0));
-        step(
-            &mut m,
-            0,
-            Effect::ReadFirstLease(0),
-            Some(Input::FirstLease(None)),
-        );
-        step(
-            &mut m,
-            0,
-            Effect::LookCommitted(0),
-            Some(Input::Committed(false)),
-        );
-        create(&mut m, 0, 0, Claim::First, true);
-        step(&mut m, 0, Effect::Start { pos: 0, attempt: 0 }, None);
-        step(
-            &mut m,
-            0,
-            Effect::LookCommitted(0),
-            Some(Input::Committed(false)),
-        );
+        claims_item_0(&mut m);
         let exit = Input::Exited {
             pos: 0,
             attempt: 0,
@@ -1489,6 +1495,20 @@ mod tests {
         step(m, now, Effect::LookFailed(0), Some(Input::Failed(false)));
     }
 
+    /// [`one_item`] whose item runs here (attempt 0), after the round's end-game look at
+    /// the peers (nothing else to look at).
+    fn one_item_running() -> PoolMachine {
+        let mut m = one_item();
+        claims_item_0(&mut m);
+        step(
+            &mut m,
+            0,
+            Effect::JudgePeers,
+            Some(Input::Peers(BTreeSet::new())),
+        );
+        m
+    }
+
     fn one_item() -> PoolMachine {
         PoolMachine::new(Settings {
             items: 1,
@@ -1559,34 +1579,7 @@ mod tests {
     /// nothing is counted here.
     #[test]
     fn a_failed_first_attempt_awaits_its_backup() {
-        let mut m = one_item();
-        m.tick(MS(0));
-        step(
-            &mut m,
-            0,
-            Effect::ReadFirstLease(0),
-            Some(Input::FirstLease(None)),
-        );
-        step(
-            &mut m,
-            0,
-            Effect::LookCommitted(0),
-            Some(Input::Committed(false)),
-        );
-        create(&mut m, 0, 0, Claim::First, true);
-        step(&mut m, 0, Effect::Start { pos: 0, attempt: 0 }, None);
-        step(
-            &mut m,
-            0,
-            Effect::LookCommitted(0),
-            Some(Input::Committed(false)),
-        );
-        step(
-            &mut m,
-            0,
-            Effect::JudgePeers,
-            Some(Input::Peers(BTreeSet::new())),
-        );
+        let mut m = one_item_running();
         assert_eq!(m.poll_effect(), None);
         let exit = Exit::Failed {
             why: "killed by signal 9".into(),
@@ -1674,34 +1667,7 @@ mod tests {
     /// attempt) is still owed: it is claimed under the next attempt.
     #[test]
     fn a_retry_whose_lease_was_taken_retries_under_the_next() {
-        let mut m = one_item();
-        m.tick(MS(0));
-        step(
-            &mut m,
-            0,
-            Effect::ReadFirstLease(0),
-            Some(Input::FirstLease(None)),
-        );
-        step(
-            &mut m,
-            0,
-            Effect::LookCommitted(0),
-            Some(Input::Committed(false)),
-        );
-        create(&mut m, 0, 0, Claim::First, true);
-        step(&mut m, 0, Effect::Start { pos: 0, attempt: 0 }, None);
-        step(
-            &mut m,
-            0,
-            Effect::LookCommitted(0),
-            Some(Input::Committed(false)),
-        );
-        step(
-            &mut m,
-            0,
-            Effect::JudgePeers,
-            Some(Input::Peers(BTreeSet::new())),
-        );
+        let mut m = one_item_running();
         let exit = Exit::Retry { after: MS(5) };
         m.handle(
             MS(10),
