@@ -97,9 +97,17 @@ pub fn completed(r: &Result<rl_node::Outcome, (i32, String)>) -> bool {
     r.is_ok()
 }
 
-/// The cluster size of a seed in a sweep of 1..=max nodes.
+/// The smallest cluster of a sweep of the core's scenarios: 1, unless `scripts/sim
+/// --min-nodes` says otherwise (SIM_MIN_NODES, read by [`long_run`] only).
+static MIN_NODES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// The cluster size of a seed in a sweep of min..=max nodes (1..=max unless
+/// [`MIN_NODES`] is set: a seed's size is then what it always was).
 pub fn nodes_for(seed: u64, max: u64) -> usize {
-    1 + (seed % max) as usize
+    let min = MIN_NODES
+        .load(std::sync::atomic::Ordering::Relaxed)
+        .clamp(1, max);
+    (min + seed % (max - min + 1)) as usize
 }
 
 /// `scripts/sim --ops`: shared-directory operations per node per barrier and per idle
@@ -167,13 +175,15 @@ fn long_run() {
         env("SIM_SEEDS", 1_000),
         env("SIM_NODES", 16).max(1),
     );
+    let min = env("SIM_MIN_NODES", 1).clamp(1, nodes);
+    MIN_NODES.store(min, std::sync::atomic::Ordering::Relaxed);
     let last = first + seeds - 1;
     let only = std::env::var("SIM_SCENARIO").unwrap_or_default();
     let wanted = |name: &str| only.is_empty() || only == name;
     if wanted("barriers") {
         match barriers::sweep(first, seeds, nodes, Default::default()) {
             Ok(s) => println!(
-                "barriers: seeds {first}..{last}: {seeds} run(s) of 1..={nodes} nodes, 12 barriers each; {}",
+                "barriers: seeds {first}..{last}: {seeds} run(s) of {min}..={nodes} nodes, 12 barriers each; {}",
                 s.line()
             ),
             Err(v) => panic!("barriers: {v}"),
@@ -182,7 +192,7 @@ fn long_run() {
     if wanted("crashes") {
         match crashes::sweep(first, seeds, nodes, Default::default()) {
             Ok(s) => println!(
-                "crashes: seeds {first}..{last}: {seeds} run(s) of 1..={nodes} nodes, 2 to 4 iterations each; {}",
+                "crashes: seeds {first}..{last}: {seeds} run(s) of {min}..={nodes} nodes, 2 to 4 iterations each; {}",
                 s.line()
             ),
             Err(v) => panic!("crashes: {v}"),
@@ -191,7 +201,7 @@ fn long_run() {
     if wanted("leases") {
         match leases::sweep(first, seeds, nodes, Default::default()) {
             Ok(s) => println!(
-                "leases: seeds {first}..{last}: {seeds} run(s) of 1..={nodes} nodes; {}",
+                "leases: seeds {first}..{last}: {seeds} run(s) of {min}..={nodes} nodes; {}",
                 s.line()
             ),
             Err(v) => panic!("leases: {v}"),
@@ -286,7 +296,7 @@ fn long_run() {
     if wanted("joins") {
         match joins::sweep(first, seeds, nodes, Default::default()) {
             Ok(s) => println!(
-                "joins: seeds {first}..{last}: {seeds} run(s) of 1..={nodes} nodes; {}",
+                "joins: seeds {first}..{last}: {seeds} run(s) of {min}..={nodes} nodes; {}",
                 s.line()
             ),
             Err(v) => panic!("joins: {v}"),
