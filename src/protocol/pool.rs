@@ -150,9 +150,9 @@ pub enum Effect {
     Commit { pos: usize, attempt: u32 },
     /// Remove this finished attempt's output: another attempt committed the item first.
     Discard { pos: usize, attempt: u32 },
-    /// Create the marker of this attempt's failure (it failed for good, or exited to be
-    /// retried under another lease): the attempt is over, and the item's other attempts
-    /// go on. Best effort, answered by nothing.
+    /// Create the marker of this attempt's failure for good: the attempt is over, and the
+    /// item's other attempts go on (a retry needs none: its next lease says it). Best
+    /// effort, answered by nothing.
     MarkAttemptFailed {
         pos: usize,
         attempt: u32,
