@@ -1633,10 +1633,13 @@ impl Node {
             self.clock.elapsed(started).as_secs_f64(),
             stats.backups,
             stats.left,
+            // An item one of these attempts belonged to may have been committed by another
+            // attempt, or found failed and counted by another node.
             match (stats.failed_attempts, failed.len()) {
                 (0, 0) => String::new(),
-                (a, 0) => format!(", {a} attempt(s) failed here, their items left to other attempts"),
-                (a, f) => format!(", {a} attempt(s) failed here, {f} item(s) failed for good"),
+                (a, f) => format!(
+                    ", {a} attempt(s) failed here, {f} item(s) failed for good counted here"
+                ),
             }
         ));
         self.event(events::Event::Items {
