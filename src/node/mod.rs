@@ -516,6 +516,9 @@ pub struct Broken {
     pub abort: Option<crate::protocol::abort::Mutation>,
     /// The procedure of every commit of a command's output ([`commit::CommitMachine`]).
     pub commit: Option<commit::Mutation>,
+    /// The one liveness judgement: of the peers, and of the other cluster's rank 0 in a
+    /// pipelined run ([`crate::protocol::liveness`]).
+    pub liveness: Option<crate::protocol::liveness::Mutation>,
 }
 
 /// How an in-process node is started besides its configuration: what the command line
@@ -707,6 +710,7 @@ impl Node {
         .with_mutations(machine::Mutations {
             barrier: parts.broken.barrier,
             abort: parts.broken.abort,
+            liveness: parts.broken.liveness,
             ..Default::default()
         });
         Node {

@@ -6,34 +6,17 @@
 use super::{Interrupt, Node, Stop};
 use crate::events;
 use crate::layout::Layout;
+use crate::protocol::handover::{self, Found, Handover, Input, QueueError};
 use crate::protocol::journal;
 use crate::protocol::pipeline::{self, QueueRecord, RolloutGate};
-use crate::protocol::records::{AbortInfo, AbortKind, ClusterRecord, NodeState, RankRecord};
-use std::time::{Duration, Instant};
+use crate::protocol::records::{AbortInfo, AbortKind, ClusterRecord};
+use std::time::Duration;
 
-/// Rank 0's view of the other cluster.
+/// The other cluster of a pipelined run, and this node's hand-over with it
+/// ([`Handover`]: the looks at the other cluster and both queue records).
 pub(super) struct Other {
     layout: Layout,
-    name: &'static str,
-    /// A generation of the other cluster that had already ended (an abort, or all its
-    /// iterations done) when this node started: its abort is not news, and it is not
-    /// the cluster to wait for; a restart of the other cluster starts a newer one.
-    ended_gen: Option<u64>,
-    /// The other rank 0's record as last seen, (generation, seq), and since when (by this
-    /// node's clock) it has not changed.
-    seen: Option<((u64, u64), Instant)>,
-    /// When the other cluster was last looked at outside a wait.
-    checked: Option<Instant>,
-    /// Since when a wait has found no live generation of the other cluster.
-    absent_since: Option<Instant>,
-    /// The other cluster's generation and last iteration when it was seen finished: a
-    /// wait fails on it only once the queue record, read after, still does not suffice.
-    finished: Option<(u64, u64)>,
-    /// The other cluster's newest queue record read so far: what this node acts on when
-    /// a later read returns an older one (a late rename of a replaced generation's).
-    newest: Option<QueueRecord>,
-    /// Rank 0: this cluster's queue record as this node last published it.
-    published: Option<QueueRecord>,
+    machine: Handover,
 }
 
 /// Which model an iteration is rolled out with, as rank 0 releases it at `sync-start`.
@@ -65,53 +48,28 @@ impl Node {
             let reason = format!("cannot create {}: {e}", dir.display());
             return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
         }
-        if !self.is_master() {
-            // A worker only reads the other cluster's queue record, to wait with rank 0.
-            self.other = Some(Other {
-                layout: other,
-                name,
-                ended_gen: None,
-                seen: None,
-                checked: None,
-                absent_since: None,
-                finished: None,
-                newest: None,
-                published: None,
-            });
-            return Ok(());
-        }
-        // (generation, whether it finished every iteration, its rank 0's iteration)
-        let ended = self.read_other_cluster(&other).and_then(|c| {
-            let rank0 = self
-                .store
-                .read_json::<RankRecord>(&other.rank_record(c.gen, 0))
-                .ok()
-                .flatten();
-            let aborted = self
-                .store
-                .read_json::<AbortInfo>(&other.abort(c.gen))
-                .ok()
-                .flatten()
-                .is_some();
-            let done = rank0.as_ref().is_some_and(|r| r.state == NodeState::Done);
-            let terminal = rank0.as_ref().is_some_and(|r| r.state.is_terminal());
-            (aborted || terminal).then(|| (c.gen, done, rank0.map_or(0, |r| r.iteration)))
-        });
+        let machine = Handover::new(handover::Settings {
+            other: name,
+            fingerprint: self.cfg.pipeline_fingerprint(),
+            heartbeat_interval: self.cfg.timing.heartbeat_interval,
+            dead_after: self.cfg.timing.dead_after,
+            join_timeout: self.cfg.timing.join_timeout,
+        })
+        .with_mutation(self.broken.liveness);
         self.other = Some(Other {
             layout: other,
-            name,
-            ended_gen: ended.map(|(gen, _, _)| gen),
-            seen: None,
-            checked: None,
-            absent_since: None,
-            // Finished before this cluster started: a wait it cannot satisfy says so at
-            // once instead of waiting for a restart until join-timeout.
-            finished: ended
-                .filter(|(_, done, _)| *done)
-                .map(|(gen, _, it)| (gen, it)),
-            newest: None,
-            published: None,
+            machine,
         });
+        if !self.is_master() {
+            // A worker only reads the other cluster's queue record, to wait with rank 0.
+            return Ok(());
+        }
+        // Whether the other cluster's generation there had already ended.
+        let found = self.drive_handover(|h| {
+            h.begin();
+            true
+        });
+        debug_assert_eq!(found, Some(Found::Nothing));
         // A cluster started with another configuration than the running one is refused
         // before it publishes anything the running one would act on (or refuse in turn).
         self.read_other_queue()?;
@@ -148,57 +106,46 @@ impl Node {
         let path = self.layout.queue(cluster);
         let (run, gen) = (self.run_id().to_string(), self.gen());
         let found = self.store.read_json::<QueueRecord>(&path).ok().flatten();
-        let mine = self.other.as_ref().and_then(|o| o.published.clone());
-        if let Some(f) = found.as_ref().filter(|f| f.run == run && f.gen > gen) {
-            // A newer generation of this cluster moved the record on: never move it back.
-            let why = format!(
-                "generation {} of this cluster already wrote {} (this node is of generation {gen})",
-                f.gen,
-                path.display()
-            );
-            return Err(self.fenced(&why, &format!("write {}", path.display())));
-        }
-        if let (Some(f), Some(m)) = (&found, &mine) {
-            if f.older_than(m) {
-                self.warn(&format!(
-                    "{} went back to a record of generation {} (done {}) after this node wrote done {}: a late write of a replaced generation; rewriting it",
-                    path.display(),
-                    f.gen,
-                    f.done,
-                    m.done
-                ));
-            }
-        }
-        let base = match (mine, found) {
-            (seen, Some(read)) => Some(pipeline::newest(seen, read)),
-            (seen, None) => seen,
-        };
-        let seq = base
-            .as_ref()
-            .filter(|b| b.run == run && b.gen == gen)
-            .map_or(0, |b| b.seq)
-            + 1;
-        let mut versions = base.map(|q| q.versions).unwrap_or_default();
-        if let Some(m) = &self.rollout_model {
-            versions.retain(|(i, _)| *i != m.iteration);
-            versions.push((m.iteration, m.model_version));
-            versions.sort_unstable();
-            let keep = versions.len().saturating_sub(64);
-            versions.drain(..keep);
-        }
-        let record = QueueRecord {
+        let draft = QueueRecord {
             cluster: cluster.to_string(),
             fingerprint: self.cfg.pipeline_fingerprint(),
             staleness: self.cfg.staleness().unwrap_or(0),
             done,
-            versions,
+            versions: vec![],
             current,
             last: self.cfg.cluster.iterations,
             at: self.wall_stamp(),
             run,
             gen,
-            seq,
+            seq: 0,
         };
+        let version = self
+            .rollout_model
+            .as_ref()
+            .map(|m| (m.iteration, m.model_version));
+        let other = &self.other.as_ref().expect("a pipelined run").machine;
+        let next = match other.next_queue(found, draft, version) {
+            Ok(next) => next,
+            Err(newer) => {
+                // A newer generation of this cluster moved the record on: never move it
+                // back.
+                let why = format!(
+                    "generation {newer} of this cluster already wrote {} (this node is of generation {gen})",
+                    path.display()
+                );
+                return Err(self.fenced(&why, &format!("write {}", path.display())));
+            }
+        };
+        if let Some((found, written)) = &next.went_back {
+            self.warn(&format!(
+                "{} went back to a record of generation {} (done {}) after this node wrote done {}: a late write of a replaced generation; rewriting it",
+                path.display(),
+                found.gen,
+                found.done,
+                written.done
+            ));
+        }
+        let record = next.record;
         // A commit the other cluster acts on: never from a replaced generation.
         self.fence(&format!("write {}", path.display()))?;
         self.watchdog.pet("writing the pipeline queue record");
@@ -211,60 +158,76 @@ impl Node {
             return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
         }
         if let Some(o) = self.other.as_mut() {
-            o.published = Some(record);
+            o.machine.published(record);
         }
         Ok(())
     }
 
-    fn read_other_cluster(&self, other: &Layout) -> Option<ClusterRecord> {
-        self.store
-            .read_json::<ClusterRecord>(&other.cluster())
-            .ok()
-            .flatten()
+    /// Start a look at the other cluster (`start`: false when none is due), perform its
+    /// reads and hand them to the machine: what it found, if it looked.
+    fn drive_handover(&mut self, start: impl FnOnce(&mut Handover) -> bool) -> Option<Found> {
+        let other = self.other.as_mut()?;
+        if !start(&mut other.machine) {
+            return None;
+        }
+        while let Some(effect) = other.machine.poll_effect() {
+            let input = match effect {
+                handover::Effect::ReadCluster => Input::Cluster(
+                    self.store
+                        .read_json::<ClusterRecord>(&other.layout.cluster())
+                        .ok()
+                        .flatten()
+                        .map(|c| c.gen),
+                ),
+                handover::Effect::ReadAbort { gen } => Input::Abort(
+                    self.store
+                        .read_json(&other.layout.abort(gen))
+                        .ok()
+                        .flatten(),
+                ),
+                handover::Effect::ReadRank0 { gen } => Input::Rank0(
+                    self.store
+                        .read_json(&other.layout.rank_record(gen, 0))
+                        .ok()
+                        .flatten(),
+                ),
+            };
+            // Stamped after the read: a freeze of this node inside one (a paused VM, a
+            // hung mount) is not the other rank 0's silence.
+            other.machine.handle(self.clock.since_start(), input);
+        }
+        other.machine.take_found()
     }
 
     /// The other cluster's queue record: opened with `O_CREAT` (an empty file until its
     /// rank 0 first writes it), so no negative-lookup cache delays seeing it appear.
     fn read_other_queue(&mut self) -> Result<Option<QueueRecord>, Stop> {
-        let Some(other) = &self.other else {
+        let Some(other) = &mut self.other else {
             return Ok(None);
         };
-        let path = self.layout.queue(other.name);
-        let name = other.name;
-        let bytes = match self.store.read_or_create(&path) {
-            Ok(b) => b,
-            Err(e) => {
-                let reason = format!("cannot read {}: {e}", path.display());
-                return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
+        let name = other.machine.other();
+        let path = self.layout.queue(name);
+        let read = self
+            .store
+            .read_or_create(&path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))
+            .map(|bytes| other.machine.read_queue(&bytes));
+        let reason = match read {
+            Ok(Ok(q)) => return Ok(q),
+            Err(reason) => reason,
+            Ok(Err(QueueError::Damaged(e))) => format!("{} is damaged: {e}", path.display()),
+            Ok(Err(QueueError::OtherConfiguration(theirs))) => {
+                let reason = format!(
+                    "the {name} cluster runs another configuration (fingerprint {theirs} in {}, here {}): both clusters of a pipelined run must be started with the same configuration; only cluster.rl-phase, num-nodes, rank-weights, iterations and [timing] may differ",
+                    path.display(),
+                    self.cfg.pipeline_fingerprint(),
+                );
+                let mut stop = self.fail(AbortKind::Error, self.rank, None, reason, None);
+                stop.cause = crate::exit::Cause::Usage;
+                return Err(stop);
             }
         };
-        if bytes.iter().all(u8::is_ascii_whitespace) {
-            return Ok(None);
-        }
-        let q: QueueRecord = match serde_json::from_slice(&bytes) {
-            Ok(q) => q,
-            Err(e) => {
-                let reason = format!("{} is damaged: {e}", path.display());
-                return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
-            }
-        };
-        let mine = self.cfg.pipeline_fingerprint();
-        if q.fingerprint != mine {
-            let reason = format!(
-                "the {name} cluster runs another configuration (fingerprint {} in {}, here {mine}): both clusters of a pipelined run must be started with the same configuration; only cluster.rl-phase, num-nodes, rank-weights, iterations and [timing] may differ",
-                q.fingerprint,
-                path.display()
-            );
-            let mut stop = self.fail(AbortKind::Error, self.rank, None, reason, None);
-            stop.cause = crate::exit::Cause::Usage;
-            return Err(stop);
-        }
-        // A record older than one already read is a late rename of a replaced
-        // generation's: the newer one stays true (`done` only grows), and is kept.
-        let other = self.other.as_mut().expect("read above");
-        let q = pipeline::newest(other.newest.take(), q);
-        other.newest = Some(q.clone());
-        Ok(Some(q))
+        Err(self.fail(AbortKind::Error, self.rank, None, reason, None))
     }
 
     /// Rank 0, every poll round: look at the other cluster (at most once per heartbeat
@@ -274,115 +237,53 @@ impl Node {
         if !self.is_master() {
             return Ok(());
         }
-        let Some(other) = &mut self.other else {
+        let now = self.clock.since_start();
+        let Some(found) = self.drive_handover(|h| h.look(now, waiting)) else {
             return Ok(());
         };
-        let now = self.clock.now();
-        let recent = other
-            .checked
-            .is_some_and(|t| now.saturating_duration_since(t) < self.cfg.timing.heartbeat_interval);
-        if !waiting && recent {
-            return Ok(());
-        }
-        other.checked = Some(now);
-        let (layout, name, ended_gen) = (other.layout.clone(), other.name, other.ended_gen);
-        let live = self
-            .read_other_cluster(&layout)
-            .filter(|c| Some(c.gen) != ended_gen);
-        let Some(c) = live else {
-            if waiting {
-                return self.other_absent(name, self.clock.now());
+        let name = self.other.as_ref().expect("looked").machine.other();
+        match found {
+            Found::Nothing => Ok(()),
+            Found::Stopped(info) => Err(self.adopt_other_abort(*info, name)),
+            Found::Dead { record, silent } => {
+                let mut info = self.abort_info(
+                    AbortKind::PeerDead,
+                    0,
+                    Some(record.host.clone()),
+                    format!("heartbeat still for {:.1}s", silent.as_secs_f64()),
+                    None,
+                );
+                info.phase = record
+                    .phase
+                    .map(|p| p.to_string())
+                    .unwrap_or_else(|| "join".into());
+                info.iteration = record.iteration;
+                info.silent_ms = Some(silent.as_millis() as u64);
+                info.detected_in = info.cluster.take();
+                info.cluster = Some(name.to_string());
+                Err(self.publish_abort(info))
             }
-            return Ok(());
-        };
-        if let Some(info) = self
-            .store
-            .read_json::<AbortInfo>(&layout.abort(c.gen))
-            .ok()
-            .flatten()
-        {
-            return Err(self.adopt_other_abort(info, name));
-        }
-        let rec = self
-            .store
-            .read_json::<RankRecord>(&layout.rank_record(c.gen, 0))
-            .ok()
-            .flatten();
-        let Some(rec) = rec else {
-            if waiting {
-                return self.other_absent(name, self.clock.now());
+            Found::Absent {
+                timed_out: true, ..
+            } => {
+                let limit = self.cfg.timing.join_timeout;
+                let reason = format!(
+                    "the {name} cluster has not been running for {} (timing.join-timeout) while this cluster waits for it: start its nodes with --rl-phase {name} and the same --log-path and configuration",
+                    humantime::format_duration(limit)
+                );
+                Err(self.fail(AbortKind::Timeout, self.rank, None, reason, None))
             }
-            return Ok(());
-        };
-        if let Some(info) = rec.abort.clone() {
-            return Err(self.adopt_other_abort(info, name));
+            Found::Absent { .. } => {
+                self.waiting_note = format!(
+                    "the {name} cluster, which is not running (no live generation under {})",
+                    self.layout
+                        .other_cluster()
+                        .map(|l| l.state_dir().display().to_string())
+                        .unwrap_or_default()
+                );
+                Ok(())
+            }
         }
-        let other = self.other.as_mut().expect("set");
-        other.absent_since = None;
-        // A newer generation runs: the one seen finished was restarted.
-        other.finished = None;
-        if rec.state == NodeState::Done {
-            // Its last queue record was written before it finished: `wait_other` reads
-            // it again before it calls this a failure.
-            other.ended_gen = Some(c.gen);
-            other.finished = Some((c.gen, rec.iteration));
-            return Ok(());
-        }
-        if !waiting {
-            return Ok(());
-        }
-        // Stamped after the reads: a freeze of this node inside one (a paused VM, a hung
-        // mount) is not the other rank 0's silence.
-        let now = self.clock.now();
-        let key = (c.gen, rec.seq);
-        match other.seen {
-            Some((k, _)) if k == key => {}
-            _ => other.seen = Some((key, now)),
-        }
-        let (_, since) = other.seen.expect("set");
-        let silent = now.saturating_duration_since(since);
-        if silent >= self.cfg.timing.dead_after {
-            let mut info = self.abort_info(
-                AbortKind::PeerDead,
-                0,
-                Some(rec.host.clone()),
-                format!("heartbeat still for {:.1}s", silent.as_secs_f64()),
-                None,
-            );
-            info.phase = rec
-                .phase
-                .map(|p| p.to_string())
-                .unwrap_or_else(|| "join".into());
-            info.iteration = rec.iteration;
-            info.silent_ms = Some(silent.as_millis() as u64);
-            info.detected_in = info.cluster.take();
-            info.cluster = Some(name.to_string());
-            return Err(self.publish_abort(info));
-        }
-        Ok(())
-    }
-
-    /// While waiting: no live generation of the other cluster. It may be starting or
-    /// restarting; after `join-timeout` this cluster stops and says so.
-    fn other_absent(&mut self, name: &str, now: Instant) -> Result<(), Stop> {
-        let other = self.other.as_mut().expect("set");
-        let since = *other.absent_since.get_or_insert(now);
-        let limit = self.cfg.timing.join_timeout;
-        if now.saturating_duration_since(since) >= limit {
-            let reason = format!(
-                "the {name} cluster has not been running for {} (timing.join-timeout) while this cluster waits for it: start its nodes with --rl-phase {name} and the same --log-path and configuration",
-                humantime::format_duration(limit)
-            );
-            return Err(self.fail(AbortKind::Timeout, self.rank, None, reason, None));
-        }
-        self.waiting_note = format!(
-            "the {name} cluster, which is not running (no live generation under {})",
-            self.layout
-                .other_cluster()
-                .map(|l| l.state_dir().display().to_string())
-                .unwrap_or_default()
-        );
-        Ok(())
     }
 
     /// The other cluster stopped: this one stops with the same diagnosis, published in
@@ -412,8 +313,7 @@ impl Node {
         let note = format!("waiting for {what}");
         self.publisher().update(|r| r.progress = Some(note));
         if let Some(o) = self.other.as_mut() {
-            o.seen = None;
-            o.absent_since = None;
+            o.machine.wait_boundary();
         }
         self.waiting_note = what.clone();
         let far = self.clock.now() + Duration::from_secs(100 * 365 * 24 * 3600);
@@ -426,8 +326,8 @@ impl Node {
             if let Some(q) = n.read_other_queue()?.filter(|q| ready(q)) {
                 return Ok(Some(q));
             }
-            if let Some((gen, it)) = n.other.as_ref().and_then(|o| o.finished) {
-                let name = n.other.as_ref().map_or("other", |o| o.name);
+            if let Some((gen, it)) = n.other.as_ref().and_then(|o| o.machine.finished()) {
+                let name = n.other.as_ref().map_or("other", |o| o.machine.other());
                 let reason = format!(
                     "the {name} cluster finished its iterations (generation {gen}, iteration {it}) while this cluster still waits for it: were both started with the same cluster.iterations?"
                 );
@@ -438,8 +338,7 @@ impl Node {
         });
         self.poll_cap = None;
         if let Some(o) = self.other.as_mut() {
-            o.seen = None;
-            o.absent_since = None;
+            o.machine.wait_boundary();
         }
         self.waiting_note.clear();
         self.publisher().update(|r| r.progress = None);

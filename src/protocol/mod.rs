@@ -6,6 +6,7 @@ pub mod abort;
 pub mod barrier;
 pub mod commit;
 pub mod fence;
+pub mod handover;
 pub mod join;
 pub mod join_machine;
 pub mod journal;
