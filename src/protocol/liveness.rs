@@ -9,6 +9,15 @@
 //! found a worker that woke from a 103 s freeze inside its join wait and took a live
 //! rank 0 for gone.
 //!
+//! A look that finds no heartbeat (the record missing, unreadable, damaged or not the
+//! peer's) proves nothing about the time before it: the peer may have written many
+//! times since the last look that found its sequence. Only two reads of the same
+//! sequence prove it still in between. So a look that finds nothing after one that found
+//! a sequence starts a silent spell of its own, and further looks that find nothing
+//! extend it: the pipelined simulation found a rank 0 that, out of action for 15 s (6.5 s
+//! frozen, then held up), found its worker's record emptied by the worker's crash and
+//! declared it dead at once, counting the 15 s it had not been looking (seed 91).
+//!
 //! Pure: the observer passes its monotonic time as `now` (a [`Duration`] since an origin of
 //! its choosing: the node's process start, or the simulator's clock).
 
@@ -31,6 +40,16 @@ struct Seen {
     changed: Duration,
     /// When the rank was last looked at.
     looked: Duration,
+    /// While the looks find no heartbeat: since the first of them.
+    spell: Option<Duration>,
+}
+
+impl Seen {
+    /// Since when the rank is known still: the first look that found its sequence, or
+    /// during a spell of looks that found nothing, the first of those.
+    fn still_since(&self) -> Duration {
+        self.spell.unwrap_or(self.changed)
+    }
 }
 
 /// A deliberately wrong liveness judgement, for showing that the simulator catches it.
@@ -82,6 +101,9 @@ impl Liveness {
         match self.seen.get_mut(&rank) {
             Some(s) if s.seq == seq => {
                 s.looked = s.looked.max(now);
+                // Back after looks that found nothing: the same sequence proves it still
+                // since it was first seen.
+                s.spell = None;
                 if super::mutation(self.mutation) == Some(Mutation::ResetOnEveryRead) {
                     s.changed = now;
                 }
@@ -92,6 +114,7 @@ impl Liveness {
                     seq,
                     changed: now,
                     looked: s.looked.max(now),
+                    spell: None,
                 };
                 true
             }
@@ -104,6 +127,7 @@ impl Liveness {
                         seq,
                         changed: now,
                         looked: now,
+                        spell: None,
                     },
                 );
                 false
@@ -112,13 +136,19 @@ impl Liveness {
     }
 
     /// A look at a rank that found no heartbeat (its record missing, unreadable or not
-    /// its own): start watching it, or count the silence up to `now`.
+    /// its own): start watching it, or start a silent spell at `now` if the look before
+    /// found a heartbeat (what happened in between is unknown: see the module's
+    /// documentation), or count the spell's silence up to `now`.
     pub fn watch(&mut self, rank: u32, now: Duration) {
         let s = self.seen.entry(rank).or_insert(Seen {
             seq: u64::MAX,
             changed: now,
             looked: now,
+            spell: None,
         });
+        if s.spell.is_none() {
+            s.spell = Some(now.max(s.changed));
+        }
         s.looked = s.looked.max(now);
     }
 
@@ -127,7 +157,7 @@ impl Liveness {
     pub fn silent_for(&self, rank: u32, now: Duration) -> Duration {
         self.seen
             .get(&rank)
-            .map(|s| s.looked.min(now).saturating_sub(s.changed))
+            .map(|s| s.looked.min(now).saturating_sub(s.still_since()))
             .unwrap_or_default()
     }
 
@@ -137,7 +167,9 @@ impl Liveness {
 
     /// When `rank` will have been still for dead-after, unless a change is seen first.
     pub fn dead_at(&self, rank: u32) -> Option<Duration> {
-        self.seen.get(&rank).map(|s| s.changed + self.dead_after)
+        self.seen
+            .get(&rank)
+            .map(|s| s.still_since() + self.dead_after)
     }
 
     pub fn forget(&mut self, rank: u32) {
@@ -298,8 +330,44 @@ mod tests {
         assert_eq!(l.silent_for(1, s(100)), s(1));
         assert!(l.observe(1, 6, s(100)), "the next look sees it alive");
         assert!(!l.is_dead(1, s(100)));
-        // A look that finds nothing counts as witnessed silence.
-        l.watch(1, s(111));
-        assert!(l.is_dead(1, s(111)));
+    }
+
+    /// A look that finds no heartbeat after one that found a sequence proves nothing
+    /// about the time in between (pipeline seed 91: an observer out of action for 15 s
+    /// found a crashed worker's record emptied and counted all 15 s): it starts a silent
+    /// spell, which further looks that find nothing extend.
+    #[test]
+    fn a_look_that_finds_nothing_starts_a_silent_spell() {
+        let s = Duration::from_secs;
+        let mut l = Liveness::new(s(10));
+        l.observe(1, 5, s(0));
+        l.watch(1, s(15));
+        assert!(
+            !l.is_dead(1, s(15)),
+            "15 s not looking is not 15 s of silence"
+        );
+        assert_eq!(l.silent_for(1, s(15)), s(0));
+        l.watch(1, s(20));
+        assert_eq!(l.silent_for(1, s(20)), s(5));
+        // Back with the same sequence: it was still all along, since it was first seen.
+        l.observe(1, 5, s(9 + 15));
+        assert!(l.is_dead(1, s(24)));
+        // Looks that fail now and then (a dead peer, an observer's read errors) do not
+        // keep it alive: each look that finds the sequence counts from its first sighting.
+        let mut l = Liveness::new(s(10));
+        l.observe(1, 5, s(0));
+        let mut dead = None;
+        for t in 1..=10 {
+            l.watch(1, s(2 * t - 1));
+            assert!(!l.is_dead(1, s(2 * t - 1)));
+            l.observe(1, 5, s(2 * t));
+            if dead.is_none() && l.is_dead(1, s(2 * t)) {
+                dead = Some(2 * t);
+            }
+        }
+        assert_eq!(dead, Some(12), "dead at the first sighting past dead-after");
+        // A new sequence is a sign of life, as always.
+        assert!(l.observe(1, 6, s(21)));
+        assert!(!l.is_dead(1, s(21)));
     }
 }

@@ -581,13 +581,19 @@ mod tests {
             Round::default()
         );
         // Another generation's record is not this rank's: it neither feeds liveness nor
-        // replaces what was last read.
+        // replaces what was last read. Like a look that finds no record, it starts a
+        // silent spell (what the rank did since its last sighting is unknown), and the
+        // rank is dead once that spell lasts dead-after.
         let mut w = watch(2);
         w.round(RUN, GEN, vec![(1, Some(rec(1, 1)))], S);
         let mut old = rec(1, 9);
         old.gen = 1;
+        assert_eq!(
+            w.round(RUN, GEN, vec![(1, Some(old.clone()))], 12 * S).stop,
+            None
+        );
         assert!(matches!(
-            w.round(RUN, GEN, vec![(1, Some(old))], 12 * S).stop,
+            w.round(RUN, GEN, vec![(1, Some(old))], 23 * S).stop,
             Some(Stop::Dead { rank: 1, .. })
         ));
     }
