@@ -98,6 +98,18 @@ struct World {
     /// The server is down until then (simulated time): [`SimWorld::restart_after`].
     down: Option<(Duration, Outage)>,
     restarts: u64,
+    /// The simulated time of the call under way (set by every call as it takes the lock).
+    now: Duration,
+    /// [`SimWorld::keep_history`]: which names to keep it for, and when each was given a
+    /// file (by a rename or a link: how a commit, a record or an exclusive create lands).
+    history: Option<History>,
+}
+
+/// [`SimWorld::keep_history`]: the names it is kept for, and when each was given a file.
+#[derive(Debug)]
+struct History {
+    keep: fn(&Path) -> bool,
+    changes: HashMap<PathBuf, Vec<Duration>>,
 }
 
 /// How clients see a server that is down: a hard mount's calls hang until it is back, a
@@ -268,6 +280,7 @@ impl World {
         }
         self.entries.insert(dst.to_path_buf(), Entry::File(ino));
         self.inodes.get_mut(&ino).expect("linked").links += 1;
+        self.changed(dst);
         Ok(())
     }
 
@@ -281,8 +294,24 @@ impl World {
             .collect()
     }
 
+    /// Note that `path` was given a file now ([`SimWorld::keep_history`]).
+    fn changed(&mut self, path: &Path) {
+        let now = self.now;
+        if let Some(h) = self.history.as_mut().filter(|h| (h.keep)(path)) {
+            h.changes.entry(path.to_path_buf()).or_default().push(now);
+        }
+    }
+
     /// `rename(2)`, or `renameat2(RENAME_NOREPLACE)`: atomic, with the OS's errors.
     fn rename(&mut self, src: &Path, dst: &Path, noreplace: bool) -> io::Result<()> {
+        let renamed = self.rename_entry(src, dst, noreplace);
+        if renamed.is_ok() && src != dst {
+            self.changed(dst);
+        }
+        renamed
+    }
+
+    fn rename_entry(&mut self, src: &Path, dst: &Path, noreplace: bool) -> io::Result<()> {
         let s = self.lookup(src)?.ok_or_else(|| errno(libc::ENOENT))?;
         let d = self.lookup(dst)?;
         if noreplace && d.is_some() {
@@ -417,12 +446,35 @@ impl SimWorld {
                 restart: None,
                 down: None,
                 restarts: 0,
+                now: Duration::ZERO,
+                history: None,
             }),
         })
     }
 
     fn lock(&self) -> MutexGuard<'_, World> {
         self.inner.lock().unwrap()
+    }
+
+    /// From now on, note when each name `keep` accepts is given a file (by a rename or a
+    /// link: how a commit, a record or an exclusive create lands), on the server's
+    /// timeline: the truth what a client concluded (a peer's heartbeat still, say) is
+    /// held against.
+    pub fn keep_history(&self, keep: fn(&Path) -> bool) {
+        self.lock().history = Some(History {
+            keep,
+            changes: HashMap::new(),
+        });
+    }
+
+    /// When `path` was given a file, in order (empty without [`SimWorld::keep_history`]
+    /// for it).
+    pub fn history(&self, path: &Path) -> Vec<Duration> {
+        let w = self.lock();
+        w.history
+            .as_ref()
+            .and_then(|h| h.changes.get(&norm(path)).cloned())
+            .unwrap_or_default()
     }
 
     /// A client on simulated time `now` (its cache ages by it) with the given attribute
@@ -920,7 +972,8 @@ impl SimClient {
             }
         }
         let now = (self.now)();
-        let w = self.world.lock();
+        let mut w = self.world.lock();
+        w.now = now;
         Call {
             client: self,
             st: Held::new(&self.state, st),
@@ -977,6 +1030,7 @@ impl Call<'_> {
         self.st.guard = Some(self.st.mutex.lock().unwrap());
         self.w.guard = Some(self.w.mutex.lock().unwrap());
         self.now = (self.client.now)();
+        self.w.now = self.now;
     }
 
     /// The trigger armed for this operation, if its count is reached.

@@ -410,6 +410,9 @@ pub(crate) fn run_seed_broken(
         turns: job.turns,
         node_seconds: job.ended_at.as_secs_f64() * case.base.nodes as f64,
         checks,
+        // Not checked here: `--fresh` moves the generations it sets aside, and the names
+        // the server's history is kept by with them.
+        deaths: 0,
     };
     let line = format!(
         "seed {seed}: {} nodes, {} iterations, {:?} caches, first run killed at {:?} (crashed: {}), --fresh (rank, at) {:?}: {} turns, schedule {:016x}, directory {:016x}, ended at {:?}; {:?}",

@@ -32,6 +32,7 @@ mod leases;
 mod nodes;
 mod pipeline;
 mod report;
+mod truth;
 
 /// An invariant that did not hold: the seed, what, and the steps that led there.
 #[derive(Debug)]

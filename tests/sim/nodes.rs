@@ -57,6 +57,9 @@ pub struct Summary {
     pub turns: u64,
     pub node_seconds: f64,
     pub checks: u64,
+    /// Peers declared dead, each checked against how long its record truly went
+    /// unwritten on the server (`truth::check_deaths`).
+    pub deaths: u64,
 }
 
 impl std::ops::AddAssign for Summary {
@@ -67,15 +70,17 @@ impl std::ops::AddAssign for Summary {
         self.turns += o.turns;
         self.node_seconds += o.node_seconds;
         self.checks += o.checks;
+        self.deaths += o.deaths;
     }
 }
 
 impl Summary {
     pub fn line(&self) -> String {
         format!(
-            "{} starts, {} faults, {} turns, {} invariant checks, {:.1} simulated node-hours",
+            "{} starts, {} faults, {} deaths declared (each checked against the true silence), {} turns, {} invariant checks, {:.1} simulated node-hours",
             self.starts,
             self.faults,
+            self.deaths,
             self.turns,
             self.checks,
             self.node_seconds / 3600.0
@@ -282,6 +287,18 @@ pub(crate) struct Case {
     pub(crate) faults: Vec<Vec<Fault>>,
     /// Rollouts and evals whose commands write real shards, merged by rank 0.
     pub(crate) data: Option<Data>,
+}
+
+impl Case {
+    /// How its nodes judge liveness: dead-after, and the longest a cache hides a write.
+    pub(crate) fn judging(&self) -> crate::truth::Judging {
+        crate::truth::Judging {
+            dead_after: self.dead_after,
+            stale: self
+                .lifetime
+                .max(self.fuse.map_or(Duration::ZERO, |f| f.entry)),
+        }
+    }
 }
 
 /// The data plane of a job: every rank's rollout (and, every `eval_interval` iterations,
@@ -587,6 +604,7 @@ fn run_job(
     world
         .create_dir_all(Path::new(ROOT))
         .expect("the shared directory");
+    crate::truth::keep(&world);
     let job = Arc::new(Mutex::new(Job {
         log: Vec::new(),
         starts: Vec::new(),
@@ -1662,6 +1680,8 @@ fn run_case(seed: u64, case: Case, broken: Broken) -> Result<(Summary, String), 
     }
     checks += 1;
     let layout = Layout::new(ROOT);
+    let deaths = crate::truth::check_deaths(&world, std::slice::from_ref(&layout), case.judging())
+        .map_err(|e| violation(format!("a death declared too soon: {e}")))?;
     // Each start: every rank done, or every rank that stops names a suspect rank.
     for (i, results) in job.starts.iter().enumerate() {
         let faulty = &job.suspects[i];
@@ -1752,6 +1772,7 @@ fn run_case(seed: u64, case: Case, broken: Broken) -> Result<(Summary, String), 
         turns: job.turns,
         node_seconds: job.ended_at.as_secs_f64() * case.nodes as f64,
         checks,
+        deaths,
     };
     let line = format!(
         "seed {seed}: {} nodes, {} iterations, {:?} caches, {starts} start(s), {} fault(s): {} turns, schedule {:016x}, directory {:016x}, ended at {:?}; {:?}; woken {:?}",

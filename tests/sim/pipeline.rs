@@ -78,6 +78,9 @@ pub struct Summary {
     /// replaced generation's), and journal lines of replaced generations set aside.
     pub late_records: u64,
     pub late_lines: u64,
+    /// Peers declared dead (in a cluster, or the other cluster's rank 0), each checked
+    /// against how long its record truly stood still on the server.
+    pub deaths: u64,
 }
 
 impl std::ops::AddAssign for Summary {
@@ -88,6 +91,7 @@ impl std::ops::AddAssign for Summary {
         self.turns += o.turns;
         self.node_seconds += o.node_seconds;
         self.checks += o.checks;
+        self.deaths += o.deaths;
         self.adopted += o.adopted;
         self.crossed += o.crossed;
         self.late_records += o.late_records;
@@ -98,11 +102,12 @@ impl std::ops::AddAssign for Summary {
 impl Summary {
     pub fn line(&self) -> String {
         format!(
-            "{} starts ({} stopped by the other cluster, {} of them required to), {} faults, {} late queue records and {} late journal lines of replaced generations set aside, {} turns, {} invariant checks, {:.1} simulated node-hours",
+            "{} starts ({} stopped by the other cluster, {} of them required to), {} faults, {} deaths declared (each checked against the true silence), {} late queue records and {} late journal lines of replaced generations set aside, {} turns, {} invariant checks, {:.1} simulated node-hours",
             self.starts,
             self.adopted,
             self.crossed,
             self.faults,
+            self.deaths,
             self.late_records,
             self.late_lines,
             self.turns,
@@ -260,6 +265,7 @@ fn run_job(
     world
         .create_dir_all(Path::new(ROOT))
         .expect("the shared directory");
+    crate::truth::keep(&world);
     let job = Arc::new(Mutex::new(Job::default()));
     let over = Arc::new(AtomicBool::new(false));
     {
@@ -552,6 +558,7 @@ fn look_for_aborts(world: &SimWorld, now: Duration, seen: &mut Seen) -> Result<(
         if !seen.gens.iter().any(|g| g.0 == c && g.1 == current) {
             seen.gens.push((c, current, now));
         }
+
         for gen in 1..=current {
             if seen.aborts.iter().any(|a| a.cluster == c && a.gen == gen) {
                 continue;
@@ -710,6 +717,13 @@ pub(crate) fn run_seed_broken(seed: u64, broken: Broken) -> Result<(Summary, Str
     if let Some(v) = &job.violation {
         return Err(violation(format!("the hand-over: {v}")));
     }
+    let clusters = CLUSTERS.map(|c| Layout::new(ROOT).with_cluster(Some(c)));
+    let judging = crate::truth::Judging {
+        dead_after: case.dead_after,
+        stale: case.lifetime,
+    };
+    let deaths = crate::truth::check_deaths(&world, &clusters, judging)
+        .map_err(|e| violation(format!("a death declared too soon: {e}")))?;
     let mut adopted = 0;
     let aborts = &job.seen.aborts;
     // Each start: every rank done, or every rank that stops names a suspect of its own
@@ -954,6 +968,7 @@ pub(crate) fn run_seed_broken(seed: u64, broken: Broken) -> Result<(Summary, Str
         crossed,
         late_records: seen.late,
         late_lines,
+        deaths,
     };
     let results: Vec<Vec<_>> = job
         .starts
@@ -1067,6 +1082,27 @@ fn a_rollout_gate_one_ahead_is_caught() {
     println!("caught: {}", v.what.lines().next().unwrap_or_default());
 }
 
+/// A judge of liveness twice too impatient, in the node's one liveness judgement (of its
+/// peers, and of the other cluster's rank 0 while a cluster waits on it), is caught by
+/// the check of every death declared against how long the peer's record truly went
+/// unwritten on the server (`truth::check_deaths`): the seed and what it found.
+#[test]
+fn a_half_patient_liveness_judge_is_caught() {
+    let broken = Broken {
+        liveness: Some(rl_node::protocol::liveness::Mutation::HalfPatient),
+        ..Broken::default()
+    };
+    let v = (1..=60)
+        .find_map(|seed| run_seed_broken(seed, broken).err())
+        .expect("a half-patient judge not caught in 60 seeds");
+    assert!(v.what.contains("a death declared too soon"), "{v}");
+    println!(
+        "caught at seed {}: {}",
+        v.seed,
+        v.what.lines().next().unwrap_or_default()
+    );
+}
+
 /// Prints the directory a seed ends with (debugging replays).
 #[test]
 #[ignore]
@@ -1147,4 +1183,20 @@ fn seed_312_a_late_journal_line_of_a_replaced_generation_is_set_aside() {
 fn seed_1105_a_late_journal_line_of_a_frozen_worker_counts_once() {
     let (s, line) = run_seed(1105).unwrap_or_else(|v| panic!("{v}"));
     assert!(s.late_lines > 0, "the late append did not happen: {line}");
+}
+
+/// Seed 91 (found by the check of every death against the server's history, added with
+/// it): the rollout cluster's rank 0, out of action for 15 s (frozen 6.5 s, then held up),
+/// found its worker's record emptied by the worker's crash (its last write never reached
+/// the disk) and declared it dead at once: "heartbeat still for 15.2s", counting the 15 s
+/// it had not been looking, when the worker's record had gone unwritten for 6.6 s of the
+/// 13 s dead-after. A look that finds no heartbeat now starts a silent spell of its own.
+#[test]
+fn seed_91_a_look_that_finds_no_heartbeat_after_a_freeze_is_no_silence_before_it() {
+    let (s, line) = run_seed(91).unwrap_or_else(|v| panic!("{v}"));
+    assert!(!line.contains("still for 15.2s"), "{line}");
+    assert!(
+        s.deaths > 0,
+        "the worker was not declared dead at all: {line}"
+    );
 }

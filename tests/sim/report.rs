@@ -476,6 +476,10 @@ fn driver_mutants() -> Vec<Mutant> {
         pipeline: Some(rl_node::protocol::pipeline::Mutation::OneAhead),
         ..Broken::default()
     };
+    let half_patient = Broken {
+        liveness: Some(rl_node::protocol::liveness::Mutation::HalfPatient),
+        ..Broken::default()
+    };
     let m = |name, run| Mutant::new("nodes", name, run).on(1, 300, 5);
     vec![
         // Caught by the node's fences at seed 754 (its freezes are drawn by call count).
@@ -496,6 +500,15 @@ fn driver_mutants() -> Vec<Mutant> {
             Box::new(move |seed, _| pipeline::run_seed_broken(seed, one_ahead).map(drop)),
         )
         .on(1, 20, 3),
+        // The one liveness judgement of the node's driver (its peers, and the other
+        // cluster's rank 0), twice too impatient: caught by the check of every death
+        // declared against how long the peer's record truly stood still.
+        Mutant::new(
+            "pipeline",
+            "liveness::HalfPatient (node driver)",
+            Box::new(move |seed, _| pipeline::run_seed_broken(seed, half_patient).map(drop)),
+        )
+        .on(1, 60, 3),
         data_mutant(
             "aggregate::PartialToo",
             Broken {
