@@ -228,10 +228,20 @@ fn io_at(path: &Path) -> impl FnOnce(io::Error) -> PublishError + '_ {
 /// `RL_NODE_TEST_STOP_AT=<point>` instead stops the whole node there (SIGSTOP: its
 /// supervisor, then this process) the first time it gets there, as a paused VM or a hung
 /// host would, until a test sends SIGCONT (to the supervisor, which passes it on).
+/// `RL_NODE_TEST_HOLD_AT=<point>` holds the thread that gets there until the process
+/// ends, as a copy that takes forever would.
 pub(crate) fn crash_point(point: &str) {
     if std::env::var("RL_NODE_TEST_CRASH_AT").is_ok_and(|v| v == point) {
         crate::errln!("RL_NODE_TEST_CRASH_AT={point}: aborting");
         std::process::abort();
+    }
+    if std::env::var("RL_NODE_TEST_HOLD_AT").is_ok_and(|v| v == point) {
+        // A hand-off that takes as long as the test likes (a large copy), while the node's
+        // loop goes on watching.
+        crate::errln!("RL_NODE_TEST_HOLD_AT={point}: holding here until the process ends");
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
     }
     static STOPPED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if std::env::var("RL_NODE_TEST_STOP_AT").is_ok_and(|v| v == point)

@@ -429,6 +429,54 @@ fn a_crash_at_any_point_of_a_moved_handoff_is_finished_by_the_restart() {
     }
 }
 
+/// A hand-off that takes long (a large checkpoint copied, here held before its rename)
+/// does not deafen rank 0: a SIGTERM stops it within a poll, with the documented code,
+/// `LATEST` untouched, and the next start finishes the hand-off. (Before publication was a
+/// job the loop watches, the node heard nothing until the copy ended.)
+#[test]
+fn a_sigterm_during_a_long_handoff_stops_the_node_and_the_restart_finishes_it() {
+    let c = cluster(
+        "mkdir -p {output}/checkpoint-1 && echo w > {output}/checkpoint-1/w.bin",
+        "[phases.handoff]\ntransfer = \"copy\"\n",
+    );
+    let mut n = c.spawn_env(
+        0,
+        &c.log_path,
+        &["--iterations", "1"],
+        &[("RL_NODE_TEST_HOLD_AT", "handoff:before-rename".to_string())],
+    );
+    common::cluster::wait_until(LIMIT, "the hand-off to hold", || {
+        n.stderr()
+            .contains("RL_NODE_TEST_HOLD_AT=handoff:before-rename")
+    });
+    let sent = std::time::Instant::now();
+    n.signal(libc::SIGTERM);
+    assert_eq!(n.wait(LIMIT), 143, "{}", n.stderr());
+    assert!(
+        sent.elapsed() < Duration::from_secs(20),
+        "stopped only after {:?}: {}",
+        sent.elapsed(),
+        n.stderr()
+    );
+    assert!(n.stderr().contains("SIGTERM"), "{}", n.stderr());
+    assert!(!models(&c).join("LATEST").exists(), "{:?}", published(&c));
+    assert!(
+        !models(&c).join("iter-0001").exists(),
+        "{:?}",
+        published(&c)
+    );
+    let n = run_ok(&c, 1);
+    let ckpt = models(&c).join("iter-0001");
+    rl_node::checkpoint::verify(&ckpt, &mut || {})
+        .unwrap_or_else(|e| panic!("{e}: {}", n.stderr()));
+    assert_eq!(
+        fs::read_to_string(models(&c).join("LATEST"))
+            .unwrap()
+            .trim(),
+        "iter-0001"
+    );
+}
+
 #[test]
 fn nodes_check_sizes_unless_asked_to_hash() {
     let c = cluster(

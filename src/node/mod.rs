@@ -15,6 +15,7 @@
 mod commits;
 pub(crate) mod context;
 mod forensics;
+mod jobs;
 mod join;
 use crate::metrics;
 mod model;
@@ -2425,7 +2426,6 @@ impl Node {
         opts.command_log = Some(self.layout.phase_log(it, self.rank, "aggregate"));
         (opts.registry, opts.kill_grace) = (self.launcher.registry(), self.cfg.timing.kill_grace);
         let fence = self.fence_fn();
-        opts.fence = Some(std::sync::Arc::new(move || fence(Site::MergePublish)));
         opts.mutation = self.broken.merge;
         let gathered = match self.shards.take() {
             Some((i, s, shards)) if i == it && s == split => Some(shards),
@@ -2457,15 +2457,14 @@ impl Node {
             .filter(|(k, _)| self.cfg.env.contains_key(k))
             .collect();
         let n = self.num_nodes();
-        // The merge runs on a thread the node's wait loop watches, so a peer's abort or a
-        // Ctrl-C is honoured within a poll even while a large merge (or a merge command)
-        // runs; its own deadline is the merge command's timeout, else none.
-        let (tx, rx) = std::sync::mpsc::channel();
+        // The merge is a job the node's wait loop watches, so a peer's abort or a Ctrl-C
+        // is honoured within a poll even while a large merge (or a merge command) runs;
+        // its own deadline is the merge command's timeout, else none.
         let (layout, split_owned) = (self.layout.clone(), split.to_string());
-        let (wake, rank, store) = (self.wake.clone(), self.rank, self.store.clone());
-        let clock = self.clock.clone();
-        // A thread of the clock's: a task that takes turns, in a simulation.
-        crate::clock::spawn(&*self.clock, "merge", move || {
+        let (rank, store) = (self.rank, self.store.clone());
+        let merged = self.job("merge", move |cancel| {
+            let fence = cancel.fenced(fence);
+            opts.fence = Some(std::sync::Arc::new(move || fence(Site::MergePublish)));
             // Every rank committed its shard before it arrived at the barrier that let
             // this merge start: on a FUSE mount, this client may still say one is missing.
             let shards: Vec<PathBuf> = (0..n)
@@ -2486,29 +2485,16 @@ impl Node {
                     ),
                 );
             }
-            let r = crate::aggregate::merge(&*store, &layout, it, &split_owned, n, &opts, &mut || {
+            crate::aggregate::merge(&*store, &layout, it, &split_owned, n, &opts, &mut || {
                 wd.pet("aggregating shards")
-            });
-            let _ = tx.send(r);
-            let _ = wake.send(Event::Wake);
-            crate::clock::notify(&*clock, None);
-        })
-        .expect("spawn the merge thread");
-        let far = self.clock.now() + Duration::from_secs(365 * 24 * 3600);
-        let merged = match self.wait_for(far, |_| match rx.try_recv() {
-            Ok(r) => Ok(Some(r)),
-            Err(std::sync::mpsc::TryRecvError::Empty) => Ok(None),
-            Err(std::sync::mpsc::TryRecvError::Disconnected) => {
-                Ok(Some(Err(crate::aggregate::AggregateError::Write {
-                    path: out.clone(),
-                    source: std::io::Error::other("the merge thread panicked"),
-                })))
-            }
-        }) {
-            Ok(r) => r,
-            Err(Interrupt::Stop(s)) => return Err(s),
-            Err(Interrupt::Deadline) => unreachable!("no deadline"),
-        };
+            })
+        })?;
+        let merged = merged.unwrap_or_else(|| {
+            Err(crate::aggregate::AggregateError::Write {
+                path: out.clone(),
+                source: std::io::Error::other("the merge thread panicked"),
+            })
+        });
         match merged {
             Ok(summary) => {
                 exercised::note(exercised::Path::Merges);
@@ -2889,21 +2875,35 @@ impl Node {
         let wd = self.watchdog.clone();
         let started = self.clock.now();
         // Checked inside, right before the rename and before LATEST.
-        let mut fence = self.fence_fn();
+        let fence = self.fence_fn();
         let previous = self.model.clone();
         let mut opts = cfg.options();
         opts.mutation = self.broken.checkpoint;
         opts.created_at = Some(self.wall_stamp());
-        let outcome = crate::checkpoint::publish_opts(
-            &*self.store,
-            &source,
-            &models,
-            &name,
-            self.gen(),
-            &opts,
-            &mut fence,
-            &mut || wd.pet("publishing the checkpoint"),
-        );
+        // A job the loop watches: a copy of a large checkpoint (and its hashes) takes
+        // minutes, in which a peer's abort or a Ctrl-C is honoured within a poll.
+        let (store, gen) = (self.store.clone(), self.gen());
+        let (from, to, named) = (source.clone(), models.clone(), name.clone());
+        let outcome = self.job("checkpoint", move |cancel| {
+            let mut fence = cancel.fenced(fence);
+            crate::checkpoint::publish_opts(
+                &*store,
+                &from,
+                &to,
+                &named,
+                gen,
+                &opts,
+                &mut fence,
+                &mut || wd.pet("publishing the checkpoint"),
+            )
+        })?;
+        let outcome = outcome.unwrap_or_else(|| {
+            Err(crate::checkpoint::PublishError::Io {
+                path: models.join(&name),
+                source: std::io::Error::other("the checkpoint job panicked"),
+            })
+        });
+        let fence = self.fence_fn();
         let outcome = match outcome {
             Ok(outcome) => outcome,
             Err(crate::checkpoint::PublishError::Fenced { reason, .. }) => {
