@@ -44,6 +44,7 @@ use crate::protocol::barrier::Progress;
 use crate::protocol::commit;
 use crate::protocol::fence::Site;
 use crate::protocol::journal;
+use crate::protocol::liveness::Stamp;
 use crate::protocol::machine::{self, NodeMachine};
 use crate::protocol::messages::{self as msg, Payload};
 use crate::protocol::walk::{self, Barrier as WalkBarrier, IterationWalk, Split, Step, WalkConfig};
@@ -3385,19 +3386,20 @@ impl Node {
         read_rank_record(&*self.store, &self.layout, gen, rank)
     }
 
-    /// These ranks' records of generation `gen`, in their order, each stamped with the
-    /// time its read returned (see `Watch::round_stamped`). One after another for a few
+    /// These ranks' records of generation `gen`, in their order, each stamped with when
+    /// its read was sent and when it returned (see `Watch::round_stamped`). One after another for a few
     /// ranks; for more, from up to the store's `read_parallelism` threads at once, one per
     /// [`poll::READS_PER_THREAD`] ranks ([`poll::read_run`]), so that a poll round of a
     /// large cluster over a network filesystem costs a few round trips, not one per rank.
-    fn read_records(&self, gen: u64, ranks: &[u32]) -> Vec<(u32, Option<RankRecord>, Duration)> {
+    fn read_records(&self, gen: u64, ranks: &[u32]) -> Vec<(u32, Option<RankRecord>, Stamp)> {
         let (store, layout, clock) = (&*self.store, &self.layout, &*self.clock);
-        let read = |ranks: &[u32]| -> Vec<(u32, Option<RankRecord>, Duration)> {
+        let read = |ranks: &[u32]| -> Vec<(u32, Option<RankRecord>, Stamp)> {
             ranks
                 .iter()
                 .map(|&r| {
+                    let sent = clock.since_start();
                     let record = read_rank_record(store, layout, gen, r);
-                    (r, record, clock.since_start())
+                    (r, record, Stamp::new(sent, clock.since_start()))
                 })
                 .collect()
         };

@@ -171,6 +171,7 @@ impl Node {
             return None;
         }
         while let Some(effect) = other.machine.poll_effect() {
+            let sent = self.clock.since_start();
             let input = match effect {
                 handover::Effect::ReadCluster => Input::Cluster(
                     self.store
@@ -192,9 +193,10 @@ impl Node {
                         .flatten(),
                 ),
             };
-            // Stamped after the read: a freeze of this node inside one (a paused VM, a
-            // hung mount) is not the other rank 0's silence.
-            other.machine.handle(self.clock.since_start(), input);
+            // Stamped with its send and its return: a freeze of this node inside the
+            // read (a paused VM, a hung mount) is not the other rank 0's silence.
+            let at = crate::protocol::liveness::Stamp::new(sent, self.clock.since_start());
+            other.machine.handle(at, input);
         }
         other.machine.take_found()
     }

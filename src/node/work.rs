@@ -1290,9 +1290,12 @@ impl Node {
         let reads: Vec<_> = (0..self.num_nodes())
             .filter(|&r| r != self.rank)
             .map(|r| {
+                let sent = self.clock.since_start();
                 let read = self.read_record(gen, r).map(|rec| (rec.seq, rec.state));
-                // What a read shows is judged at the time it returned.
-                (r, read, self.clock.since_start())
+                // What a read shows is judged at the time it returned; an unchanged
+                // heartbeat proves stillness only up to the send.
+                let at = crate::protocol::liveness::Stamp::new(sent, self.clock.since_start());
+                (r, read, at)
             })
             .collect();
         self.machine.judge_peers(reads).clone()

@@ -27,7 +27,7 @@
 //! reads no clock and does no I/O. Every state change checks its invariants
 //! ([`Handover::assert_invariants`]) in debug builds and in the simulator.
 
-use super::liveness::Liveness;
+use super::liveness::{Liveness, Stamp};
 use super::pipeline::{self, QueueRecord};
 use super::records::{AbortInfo, NodeState, RankRecord};
 use std::time::Duration;
@@ -232,8 +232,11 @@ impl Handover {
         self.finished
     }
 
-    /// The answer to the last effect, at `now` (after the read returned).
-    pub fn handle(&mut self, now: Duration, input: Input) {
+    /// The answer to the last effect, read `at` (when it was sent and when it returned,
+    /// or one time).
+    pub fn handle(&mut self, at: impl Into<Stamp>, input: Input) {
+        let at = at.into();
+        let now = at.returned;
         let (kind, stage) = self
             .look
             .take()
@@ -261,7 +264,7 @@ impl Handover {
             },
             (Stage::Rank0(gen), Input::Rank0(rec)) => match kind {
                 Kind::Begin => self.begun(gen, rec),
-                Kind::Look { waiting } => Err(self.seen(now, gen, rec, waiting)),
+                Kind::Look { waiting } => Err(self.seen(at, gen, rec, waiting)),
             },
             (stage, input) => panic!("{input:?} does not answer a read of {stage:?}"),
         };
@@ -296,11 +299,12 @@ impl Handover {
     /// A look read the other rank 0's record of the live generation `gen`.
     fn seen(
         &mut self,
-        now: Duration,
+        at: Stamp,
         gen: u64,
         rec: Option<Box<RankRecord>>,
         waiting: bool,
     ) -> Found {
+        let now = at.returned;
         let Some(rec) = rec else {
             return if waiting {
                 self.absent(now)
@@ -328,7 +332,7 @@ impl Handover {
             self.liveness.forget(0);
             self.watched_gen = Some(gen);
         }
-        self.liveness.observe(0, rec.seq, now);
+        self.liveness.observe(0, rec.seq, at);
         if self.liveness.is_dead(0, now) {
             let silent = self.liveness.silent_for(0, now);
             return Found::Dead {

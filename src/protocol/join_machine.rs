@@ -31,7 +31,7 @@
 //! ([`JoinMachine::assert_invariants`]).
 
 use super::join::{self, ClusterSeen, JoinView, Joiner, Look, Mutation, Skipped};
-use super::liveness::{Holder, Holders};
+use super::liveness::{Holder, Holders, Stamp};
 use super::messages::Joined;
 use super::records::{Filesystem, FsVerdict};
 use super::{fence, ClusterRecord, Liveness, Mark, RankRecord};
@@ -188,6 +188,9 @@ pub struct JoinMachine {
     /// The generation whose rank 0's different filesystem was warned about.
     fs_warned: Option<(String, u64)>,
     now: Duration,
+    /// When rank 0's record was last asked for, joined: an unchanged heartbeat in the
+    /// answer proves it still only up to then (`liveness::Stamp`).
+    asked: Duration,
     effects: VecDeque<Effect>,
     mutation: Option<Mutation>,
 }
@@ -258,6 +261,7 @@ impl JoinMachine {
             holders: Holders::default(),
             found: None,
             fs_warned: None,
+            asked: Duration::ZERO,
             now: Duration::ZERO,
             effects: VecDeque::new(),
             mutation: None,
@@ -321,6 +325,7 @@ impl JoinMachine {
                 cluster, reading, ..
             } if !*reading => {
                 *reading = true;
+                self.asked = self.now;
                 self.effects.push_back(Effect::ReadRecord {
                     gen: cluster.gen,
                     rank: 0,
@@ -388,11 +393,12 @@ impl JoinMachine {
             } if rank == 0 => {
                 let gen = cluster.gen;
                 let r0 = record.filter(|r| r.gen == gen && r.rank == 0);
+                let at = Stamp::new(self.asked, self.now);
                 match &r0 {
                     Some(r) => {
-                        liveness.observe(0, r.seq, self.now);
+                        liveness.observe(0, r.seq, at);
                     }
-                    None => liveness.watch(0, self.now),
+                    None => liveness.watch(0, at),
                 }
                 if r0.as_ref().is_some_and(|r| r.released_at(0)) {
                     self.stage = Stage::Passed;

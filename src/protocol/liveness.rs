@@ -25,6 +25,37 @@ use super::RankRecord;
 use std::collections::HashMap;
 use std::time::Duration;
 
+/// When a read of a rank's record was sent and when it returned, by the observer's clock:
+/// what it found was current at some moment in between. A freeze of the observer inside
+/// the read (a paused VM after the server answered) makes the two far apart: a change
+/// seen counts from the return, and an unchanged sequence proves stillness only up to
+/// the send (the nodes scenario's seed 179: a worker frozen for 11 s inside its read of
+/// rank 0's record counted the whole freeze as rank 0's silence).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    pub sent: Duration,
+    pub returned: Duration,
+}
+
+impl Stamp {
+    pub fn new(sent: Duration, returned: Duration) -> Stamp {
+        Stamp {
+            sent: sent.min(returned),
+            returned,
+        }
+    }
+}
+
+/// A read taken as instantaneous.
+impl From<Duration> for Stamp {
+    fn from(at: Duration) -> Stamp {
+        Stamp {
+            sent: at,
+            returned: at,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Liveness {
     dead_after: Duration,
@@ -96,11 +127,16 @@ impl Liveness {
         self.dead_after
     }
 
-    /// Record the sequence number read for `rank` at `now`. Returns true if it advanced.
-    pub fn observe(&mut self, rank: u32, seq: u64, now: Duration) -> bool {
+    /// Record the sequence number read for `rank` by a read stamped `at` (a time, or when
+    /// it was sent and when it returned). Returns true if it advanced.
+    pub fn observe(&mut self, rank: u32, seq: u64, at: impl Into<Stamp>) -> bool {
+        let at = at.into();
+        let now = at.returned;
         match self.seen.get_mut(&rank) {
             Some(s) if s.seq == seq => {
-                s.looked = s.looked.max(now);
+                // The same sequence proves the rank still up to when the read was sent, not
+                // to when it came back: the answer may be that old.
+                s.looked = s.looked.max(at.sent);
                 // Back after looks that found nothing: the same sequence proves it still
                 // since it was first seen.
                 s.spell = None;
@@ -139,7 +175,9 @@ impl Liveness {
     /// its own): start watching it, or start a silent spell at `now` if the look before
     /// found a heartbeat (what happened in between is unknown: see the module's
     /// documentation), or count the spell's silence up to `now`.
-    pub fn watch(&mut self, rank: u32, now: Duration) {
+    pub fn watch(&mut self, rank: u32, at: impl Into<Stamp>) {
+        let at = at.into();
+        let now = at.returned;
         let s = self.seen.entry(rank).or_insert(Seen {
             seq: u64::MAX,
             changed: now,
@@ -149,7 +187,7 @@ impl Liveness {
         if s.spell.is_none() {
             s.spell = Some(now.max(s.changed));
         }
-        s.looked = s.looked.max(now);
+        s.looked = s.looked.max(at.sent);
     }
 
     /// How long the rank's sequence has been seen still, by our clock: from its last
@@ -330,6 +368,27 @@ mod tests {
         assert_eq!(l.silent_for(1, s(100)), s(1));
         assert!(l.observe(1, 6, s(100)), "the next look sees it alive");
         assert!(!l.is_dead(1, s(100)));
+    }
+
+    /// A read that was long on its way (the observer frozen inside it) proves an
+    /// unchanged heartbeat still only up to when it was sent, and a changed one alive at
+    /// its return (nodes seed 179: 11 s frozen inside a read of rank 0's record).
+    #[test]
+    fn a_read_long_on_its_way_counts_from_both_ends() {
+        let s = Duration::from_secs;
+        let mut l = Liveness::new(s(10));
+        l.observe(1, 5, s(0));
+        l.observe(1, 5, Stamp::new(s(1), s(12)));
+        assert!(!l.is_dead(1, s(12)), "the answer may be from 1 s");
+        assert_eq!(l.silent_for(1, s(12)), s(1));
+        assert!(l.observe(1, 6, Stamp::new(s(12), s(30))));
+        l.observe(1, 6, s(35));
+        assert_eq!(l.silent_for(1, s(35)), s(5), "changed as of the return, 30 s");
+        // A look that found nothing, long on its way: its spell starts at the return.
+        l.watch(1, Stamp::new(s(36), s(50)));
+        assert_eq!(l.silent_for(1, s(50)), s(0));
+        l.watch(1, s(61));
+        assert!(l.is_dead(1, s(61)));
     }
 
     /// A look that finds no heartbeat after one that found a sequence proves nothing

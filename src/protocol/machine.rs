@@ -20,6 +20,7 @@
 //! in debug builds and in the simulator (the `sim` feature).
 
 use super::barrier::{Barrier, Progress};
+use super::liveness::Stamp;
 use super::messages::Payload;
 use super::topology::Topology;
 use super::watch::{self, Note, Watch};
@@ -54,9 +55,9 @@ pub struct Position {
 /// What happened, as the driver tells the machine.
 #[derive(Debug, Clone)]
 pub enum Input {
-    /// The records asked for by [`Effect::Read`], each stamped with the time its read
-    /// returned (`None`: missing, unreadable or unparsable).
-    Records(Vec<(u32, Option<RankRecord>, Duration)>),
+    /// The records asked for by [`Effect::Read`], each stamped with when its read was
+    /// sent and when it returned (`None`: missing, unreadable or unparsable).
+    Records(Vec<(u32, Option<RankRecord>, Stamp)>),
     /// The heartbeat thread's state: its last write error, and another process found
     /// writing this rank's record (host, pid).
     Publisher {
@@ -387,9 +388,10 @@ impl NodeMachine {
     /// never forgotten).
     pub fn judge_peers(
         &mut self,
-        reads: impl IntoIterator<Item = (u32, Option<(u64, NodeState)>, Duration)>,
+        reads: impl IntoIterator<Item = (u32, Option<(u64, NodeState)>, impl Into<Stamp>)>,
     ) -> &BTreeSet<u32> {
         for (r, read, at) in reads {
+            let at = at.into();
             let failed = if let Some((seq, state)) = read {
                 self.watch.liveness.observe(r, seq, at);
                 state.is_terminal() && state != NodeState::Done
@@ -397,7 +399,7 @@ impl NodeMachine {
                 self.watch.liveness.watch(r, at);
                 false
             };
-            if failed || self.watch.liveness.is_dead(r, at) {
+            if failed || self.watch.liveness.is_dead(r, at.returned) {
                 self.dead_peers.insert(r);
             } else {
                 self.dead_peers.remove(&r);
@@ -599,10 +601,10 @@ impl NodeMachine {
         true
     }
 
-    fn on_records(&mut self, reads: Vec<(u32, Option<RankRecord>, Duration)>) {
+    fn on_records(&mut self, reads: Vec<(u32, Option<RankRecord>, Stamp)>) {
         for (r, _, at) in &reads {
             if let Some(slot) = self.last_read.get_mut(*r as usize) {
-                *slot = Some(*at);
+                *slot = Some(at.returned);
             }
         }
         let (run_id, gen) = (self.position.run_id.clone(), self.position.gen);
@@ -810,12 +812,12 @@ mod tests {
         let mut m = machine(0, 2);
         m.tick(S(0));
         assert_eq!(drain(&mut m), vec![Effect::Read(vec![1])]);
-        m.handle(S(0), Input::Records(vec![(1, Some(rec(1, 5)), S(0))]));
+        m.handle(S(0), Input::Records(vec![(1, Some(rec(1, 5)), S(0).into())]));
         drain(&mut m);
         // Still after dead-after: the machine asks for the abort file.
         m.tick(S(11));
         assert_eq!(drain(&mut m), vec![Effect::Read(vec![1])]);
-        m.handle(S(11), Input::Records(vec![(1, Some(rec(1, 5)), S(11))]));
+        m.handle(S(11), Input::Records(vec![(1, Some(rec(1, 5)), S(11).into())]));
         let effects = drain(&mut m);
         let [Effect::CreateAbort(mine)] = effects.as_slice() else {
             panic!("{effects:?}")
@@ -895,7 +897,7 @@ mod tests {
         // Rank 0 at the barrier reads only ranks not yet arrived.
         let mut arrived = rec(1, 2);
         arrived.arrived = Some(mark1);
-        r0.handle(S(1), Input::Records(vec![(1, Some(arrived), S(1))]));
+        r0.handle(S(1), Input::Records(vec![(1, Some(arrived), S(1).into())]));
         drain(&mut r0);
         r0.tick(S(1));
         assert!(
@@ -913,7 +915,7 @@ mod tests {
         });
         let mut r0rec = rec(0, 3);
         r0rec.released = released;
-        r1.handle(S(1), Input::Records(vec![(0, Some(r0rec), S(1))]));
+        r1.handle(S(1), Input::Records(vec![(0, Some(r0rec), S(1).into())]));
         assert_eq!(
             r1.progress::<(), EvalDecision>(),
             Progress::Released {
@@ -933,7 +935,7 @@ mod tests {
         r0.arrive("b", &());
         drain(&mut r0);
         // Every worker read lately and not arrived.
-        let reads = (1..4).map(|r| (r, Some(rec(r, 1)), S(1))).collect();
+        let reads = (1..4).map(|r| (r, Some(rec(r, 1)), S(1).into())).collect();
         r0.handle(S(1), Input::Records(reads));
         drain(&mut r0);
         r0.tick(S(1));
@@ -941,7 +943,7 @@ mod tests {
         let ms = Duration::from_millis;
         r0.handle(
             ms(1100),
-            Input::Records(vec![(1, Some(rec(1, 2)), ms(1100))]),
+            Input::Records(vec![(1, Some(rec(1, 2)), ms(1100).into())]),
         );
         let effects = drain(&mut r0);
         assert!(
@@ -961,7 +963,7 @@ mod tests {
             name: "b".into(),
             payload: serde_json::Value::Null,
         });
-        r0.handle(ms(1100), Input::Records(vec![(2, Some(in_), ms(1100))]));
+        r0.handle(ms(1100), Input::Records(vec![(2, Some(in_), ms(1100).into())]));
         assert!(
             drain(&mut r0).contains(&Effect::Read(vec![1, 3])),
             "rank 2 is in: the sweep reads the others"
@@ -998,10 +1000,10 @@ mod tests {
         };
         let vacant = |r: u32| RankRecord::vacant("run", 1, r);
         let first = vec![
-            (1, Some(joined(1)), ms(0)),
-            (2, Some(vacant(2)), ms(0)),
-            (3, Some(vacant(3)), ms(0)),
-            (4, Some(vacant(4)), ms(0)),
+            (1, Some(joined(1)), ms(0).into()),
+            (2, Some(vacant(2)), ms(0).into()),
+            (3, Some(vacant(3)), ms(0).into()),
+            (4, Some(vacant(4)), ms(0).into()),
         ];
         r0.handle(ms(0), Input::Records(first));
         drain(&mut r0);
@@ -1011,7 +1013,7 @@ mod tests {
             vec![Effect::Read(vec![2])],
             "one vacant rank"
         );
-        r0.handle(ms(10), Input::Records(vec![(2, Some(vacant(2)), ms(10))]));
+        r0.handle(ms(10), Input::Records(vec![(2, Some(vacant(2)), ms(10).into())]));
         assert_eq!(reads(&mut r0), vec![], "still vacant: no sweep");
         r0.tick(ms(20));
         assert_eq!(
@@ -1019,7 +1021,7 @@ mod tests {
             vec![Effect::Read(vec![3])],
             "read longest ago"
         );
-        r0.handle(ms(20), Input::Records(vec![(3, Some(joined(3)), ms(20))]));
+        r0.handle(ms(20), Input::Records(vec![(3, Some(joined(3)), ms(20).into())]));
         assert_eq!(reads(&mut r0), vec![Effect::Read(vec![2, 4])], "the sweep");
         // Half a heartbeat on, every rank is due a look again, joined or not.
         r0.tick(ms(600));
@@ -1029,7 +1031,7 @@ mod tests {
         for t in [0, 10, 20] {
             w.tick(ms(t));
             assert_eq!(reads(&mut w), vec![Effect::Read(vec![0])]);
-            w.handle(ms(t), Input::Records(vec![(0, Some(rec(0, 1)), ms(t))]));
+            w.handle(ms(t), Input::Records(vec![(0, Some(rec(0, 1)), ms(t).into())]));
             drain(&mut w);
         }
     }
@@ -1051,7 +1053,7 @@ mod tests {
         drain(&mut r0);
         let mut older = rec(1, 2);
         older.arrived = Some(mark("eval-decision"));
-        r0.handle(S(1), Input::Records(vec![(1, Some(older), S(1))]));
+        r0.handle(S(1), Input::Records(vec![(1, Some(older), S(1).into())]));
         drain(&mut r0);
         assert_eq!(
             r0.progress::<(), ()>(),
@@ -1074,7 +1076,7 @@ mod tests {
         drain(&mut r1);
         let mut r0rec = rec(0, 3);
         r0rec.released = Some(mark("eval-complete"));
-        r1.handle(S(1), Input::Records(vec![(0, Some(r0rec), S(1))]));
+        r1.handle(S(1), Input::Records(vec![(0, Some(r0rec), S(1).into())]));
         drain(&mut r1);
         assert_eq!(
             r1.progress::<(), EvalDecision>(),
@@ -1091,7 +1093,7 @@ mod tests {
         drain(&mut r1);
         let mut r0rec = rec(0, 3);
         r0rec.released = Some(mark("eval-complete"));
-        r1.handle(S(1), Input::Records(vec![(0, Some(r0rec), S(1))]));
+        r1.handle(S(1), Input::Records(vec![(0, Some(r0rec), S(1).into())]));
         assert!(matches!(r1.progress::<(), ()>(), Progress::Released { .. }));
     }
 }

@@ -14,6 +14,7 @@
 //! [`Duration`]. The node performs the reads and acts on the findings
 //! (`Node::poll_cluster`); the simulator calls the same function.
 
+use super::liveness::Stamp;
 use super::topology::Topology;
 use super::{AbortInfo, Liveness, NodeState, RankRecord};
 use std::collections::HashMap;
@@ -215,25 +216,30 @@ impl Watch {
         mutation: Option<Mutation>,
     ) -> Round {
         let mutation = super::mutation(mutation);
-        let reads = reads.into_iter().map(|(r, rec)| (r, rec, now)).collect();
+        let reads = reads
+            .into_iter()
+            .map(|(r, rec)| (r, rec, Stamp::from(now)))
+            .collect();
         self.round_stamped(run_id, gen, reads, mutation)
     }
 
-    /// [`Watch::round`] with each read stamped with the time it returned: what a read
-    /// shows is judged at that time. A node frozen in the middle of its reads (a paused
-    /// VM, a hung call) must not stamp what it read after waking with the time before: the
-    /// seeded driver simulation found a worker that did, and so saw rank 0's heartbeat
-    /// change 100 s before it had and judged it dead at the next look.
+    /// [`Watch::round`] with each read stamped with when it was sent and when it returned
+    /// ([`Stamp`]): what a read shows is judged at its return, and an unchanged heartbeat
+    /// counts as still only up to its send. A node frozen in the middle of its reads (a
+    /// paused VM, a hung call) must not stamp what it read after waking with the time
+    /// before: the seeded driver simulation found a worker that did, and so saw rank 0's
+    /// heartbeat change 100 s before it had and judged it dead at the next look.
     pub fn round_stamped(
         &mut self,
         run_id: &str,
         gen: u64,
-        reads: Vec<(u32, Option<RankRecord>, Duration)>,
+        reads: Vec<(u32, Option<RankRecord>, Stamp)>,
         mutation: Option<Mutation>,
     ) -> Round {
         let mutation = super::mutation(mutation);
         let mut round = Round::default();
-        for (r, read, now) in reads {
+        for (r, read, at) in reads {
+            let now = at.returned;
             let slot = r as usize;
             if let Some(rec) = read.filter(|rec| rec.belongs_to(run_id, gen, r)) {
                 if rec.state == NodeState::Vacant {
@@ -257,7 +263,7 @@ impl Watch {
                         return round;
                     }
                 }
-                self.liveness.observe(r, rec.seq, now);
+                self.liveness.observe(r, rec.seq, at);
                 if let Some(a) = &rec.abort {
                     round.stop = Some(Stop::Abort(a.clone()));
                     return round;
@@ -269,7 +275,7 @@ impl Watch {
             } else {
                 // A joined peer whose record is missing or not its own: a look that found
                 // no heartbeat.
-                self.liveness.watch(r, now);
+                self.liveness.watch(r, at);
             }
             let terminal = self.peers[slot]
                 .as_ref()

@@ -772,7 +772,10 @@ impl Sim {
                         }
                     }
                     let local = self.local(r);
-                    let reads = reads.into_iter().map(|(q, rec)| (q, rec, local)).collect();
+                    let reads = reads
+                        .into_iter()
+                        .map(|(q, rec)| (q, rec, local.into()))
+                        .collect();
                     self.machines[r].handle(local, Input::Records(reads));
                 }
                 Effect::Record(Change::Arrived(mark)) => {

@@ -2237,3 +2237,18 @@ fn dynamic_seed_39_a_replaced_generations_node_sets_no_shard_aside() {
     let lost = "rank 1 journaled rollout-train of iteration 2 (generation 3), but /sim-job/rollouts/iter-0002/train/rank-1.jsonl was never committed";
     assert!(v.what.contains(lost), "{v}");
 }
+
+
+/// Seed 179 of 2..=6 nodes (found by the check of every death against the server's
+/// history): rank 1 froze for 11 s inside its read of rank 0's record; the read came back
+/// with what the server had held before the freeze, stamped with the time it returned,
+/// so rank 1 counted its own freeze as rank 0's silence and declared rank 0 dead ("still
+/// for 11.2s") when rank 0's record had gone unwritten for 5.2 s of the 10.3 s
+/// dead-after. A read is now stamped with its send and its return (`liveness::Stamp`): an
+/// unchanged heartbeat proves stillness only up to the send.
+#[test]
+fn seed_179_a_freeze_inside_a_read_is_not_the_peers_silence() {
+    let (s, line) = run_seed(179, 6).unwrap_or_else(|v| panic!("{v}"));
+    assert!(!line.contains("still for 11.2s"), "{line}");
+    assert!(s.deaths > 0, "rank 0 was not declared dead at all: {line}");
+}
