@@ -3002,8 +3002,20 @@ impl Node {
                 || (keep_eval && crate::protocol::walk::eval_decision(split, it + 1, interval))
         };
         self.watchdog.pet("deleting old checkpoints");
-        let mut fence = self.fence_fn();
-        match crate::checkpoint::prune(&*self.store, &models, keep_last, &spare, &mut fence) {
+        let (fence, store) = (self.fence_fn(), self.store.clone());
+        // A job the loop watches: deleting a large checkpoint takes a while on a network
+        // filesystem.
+        let pruned = self.job("prune", move |cancel| {
+            let mut fence = cancel.fenced(fence);
+            crate::checkpoint::prune(&*store, &models, keep_last, &spare, &mut fence)
+        })?;
+        let pruned = pruned.unwrap_or_else(|| {
+            Err(crate::checkpoint::PublishError::Io {
+                path: self.layout.models(),
+                source: std::io::Error::other("the prune job panicked"),
+            })
+        });
+        match pruned {
             Ok(deleted) if deleted.is_empty() => Ok(()),
             Ok(deleted) => {
                 self.info(&format!(

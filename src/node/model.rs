@@ -69,7 +69,7 @@ impl Node {
         if !published && !self.store.exists_followed(&path.join(checkpoint::MANIFEST)) {
             return Ok(());
         }
-        if let Some(problem) = self.model_problem(&path) {
+        if let Some(problem) = self.model_problem(&path)? {
             let mut stop = match published {
                 true => self.unseen_model(&path, &problem),
                 false => {
@@ -91,28 +91,30 @@ impl Node {
     }
 
     /// What is wrong with the checkpoint at `path` as this node sees it, if anything.
-    fn model_problem(&mut self, path: &Path) -> Option<String> {
+    fn model_problem(&mut self, path: &Path) -> Result<Option<String>, Stop> {
         self.watchdog.pet("verifying the model");
         // Rank 0 made it on another client: a FUSE mount may still cache it as missing.
         if let Some(models) = path.parent() {
             let _ = self.store.refresh(models);
         }
         if !self.store.is_dir(path) {
-            return Some("does not exist".into());
+            return Ok(Some("does not exist".into()));
         }
         if !self.store.is_file(&path.join(checkpoint::MANIFEST)) {
-            return Some(format!(
+            return Ok(Some(format!(
                 "has no {} (it is not a complete checkpoint)",
                 checkpoint::MANIFEST
-            ));
+            )));
         }
-        let wd = self.watchdog.clone();
+        let (wd, store, at) = (self.watchdog.clone(), self.store.clone(), path.to_path_buf());
         let check = self.cfg.phases.handoff.check();
-        checkpoint::verify_as(&*self.store, path, check, &mut || {
-            wd.pet("verifying the model")
-        })
-        .err()
-        .map(|e| format!("does not verify ({e})"))
+        // A job the loop watches: hashing a large checkpoint takes minutes.
+        let verified = self.job("verify", move |_| {
+            checkpoint::verify_as(&*store, &at, check, &mut || wd.pet("verifying the model"))
+                .err()
+                .map(|e| format!("does not verify ({e})"))
+        })?;
+        Ok(verified.unwrap_or_else(|| Some("could not be verified (the job panicked)".into())))
     }
 
     /// A checkpoint rank 0 published that this node cannot use: its own failure (exit 1),
