@@ -106,7 +106,11 @@ impl Node {
                 checkpoint::MANIFEST
             )));
         }
-        let (wd, store, at) = (self.watchdog.clone(), self.store.clone(), path.to_path_buf());
+        let (wd, store, at) = (
+            self.watchdog.clone(),
+            self.store.clone(),
+            path.to_path_buf(),
+        );
         let check = self.cfg.phases.handoff.check();
         // A job the loop watches: hashing a large checkpoint takes minutes.
         let verified = self.job("verify", move |_| {

@@ -297,13 +297,7 @@ impl Handover {
     }
 
     /// A look read the other rank 0's record of the live generation `gen`.
-    fn seen(
-        &mut self,
-        at: Stamp,
-        gen: u64,
-        rec: Option<Box<RankRecord>>,
-        waiting: bool,
-    ) -> Found {
+    fn seen(&mut self, at: Stamp, gen: u64, rec: Option<Box<RankRecord>>, waiting: bool) -> Found {
         let now = at.returned;
         let Some(rec) = rec else {
             return if waiting {

@@ -383,7 +383,11 @@ mod tests {
         assert_eq!(l.silent_for(1, s(12)), s(1));
         assert!(l.observe(1, 6, Stamp::new(s(12), s(30))));
         l.observe(1, 6, s(35));
-        assert_eq!(l.silent_for(1, s(35)), s(5), "changed as of the return, 30 s");
+        assert_eq!(
+            l.silent_for(1, s(35)),
+            s(5),
+            "changed as of the return, 30 s"
+        );
         // A look that found nothing, long on its way: its spell starts at the return.
         l.watch(1, Stamp::new(s(36), s(50)));
         assert_eq!(l.silent_for(1, s(50)), s(0));

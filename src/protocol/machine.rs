@@ -812,12 +812,18 @@ mod tests {
         let mut m = machine(0, 2);
         m.tick(S(0));
         assert_eq!(drain(&mut m), vec![Effect::Read(vec![1])]);
-        m.handle(S(0), Input::Records(vec![(1, Some(rec(1, 5)), S(0).into())]));
+        m.handle(
+            S(0),
+            Input::Records(vec![(1, Some(rec(1, 5)), S(0).into())]),
+        );
         drain(&mut m);
         // Still after dead-after: the machine asks for the abort file.
         m.tick(S(11));
         assert_eq!(drain(&mut m), vec![Effect::Read(vec![1])]);
-        m.handle(S(11), Input::Records(vec![(1, Some(rec(1, 5)), S(11).into())]));
+        m.handle(
+            S(11),
+            Input::Records(vec![(1, Some(rec(1, 5)), S(11).into())]),
+        );
         let effects = drain(&mut m);
         let [Effect::CreateAbort(mine)] = effects.as_slice() else {
             panic!("{effects:?}")
@@ -963,7 +969,10 @@ mod tests {
             name: "b".into(),
             payload: serde_json::Value::Null,
         });
-        r0.handle(ms(1100), Input::Records(vec![(2, Some(in_), ms(1100).into())]));
+        r0.handle(
+            ms(1100),
+            Input::Records(vec![(2, Some(in_), ms(1100).into())]),
+        );
         assert!(
             drain(&mut r0).contains(&Effect::Read(vec![1, 3])),
             "rank 2 is in: the sweep reads the others"
@@ -1013,7 +1022,10 @@ mod tests {
             vec![Effect::Read(vec![2])],
             "one vacant rank"
         );
-        r0.handle(ms(10), Input::Records(vec![(2, Some(vacant(2)), ms(10).into())]));
+        r0.handle(
+            ms(10),
+            Input::Records(vec![(2, Some(vacant(2)), ms(10).into())]),
+        );
         assert_eq!(reads(&mut r0), vec![], "still vacant: no sweep");
         r0.tick(ms(20));
         assert_eq!(
@@ -1021,7 +1033,10 @@ mod tests {
             vec![Effect::Read(vec![3])],
             "read longest ago"
         );
-        r0.handle(ms(20), Input::Records(vec![(3, Some(joined(3)), ms(20).into())]));
+        r0.handle(
+            ms(20),
+            Input::Records(vec![(3, Some(joined(3)), ms(20).into())]),
+        );
         assert_eq!(reads(&mut r0), vec![Effect::Read(vec![2, 4])], "the sweep");
         // Half a heartbeat on, every rank is due a look again, joined or not.
         r0.tick(ms(600));
@@ -1031,7 +1046,10 @@ mod tests {
         for t in [0, 10, 20] {
             w.tick(ms(t));
             assert_eq!(reads(&mut w), vec![Effect::Read(vec![0])]);
-            w.handle(ms(t), Input::Records(vec![(0, Some(rec(0, 1)), ms(t).into())]));
+            w.handle(
+                ms(t),
+                Input::Records(vec![(0, Some(rec(0, 1)), ms(t).into())]),
+            );
             drain(&mut w);
         }
     }

@@ -2238,7 +2238,6 @@ fn dynamic_seed_39_a_replaced_generations_node_sets_no_shard_aside() {
     assert!(v.what.contains(lost), "{v}");
 }
 
-
 /// Seed 179 of 2..=6 nodes (found by the check of every death against the server's
 /// history): rank 1 froze for 11 s inside its read of rank 0's record; the read came back
 /// with what the server had held before the freeze, stamped with the time it returned,
