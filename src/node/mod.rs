@@ -3399,8 +3399,8 @@ impl Node {
     }
 
     /// These ranks' records of generation `gen`, in their order, each stamped with when
-    /// its read was sent and when it returned (see `Watch::round_stamped`). One after another for a few
-    /// ranks; for more, from up to the store's `read_parallelism` threads at once, one per
+    /// its read was sent and when it returned (see `Watch::round_stamped`). One after
+    /// another for a few ranks; for more, from up to the store's `read_parallelism` threads at once, one per
     /// [`poll::READS_PER_THREAD`] ranks ([`poll::read_run`]), so that a poll round of a
     /// large cluster over a network filesystem costs a few round trips, not one per rank.
     fn read_records(&self, gen: u64, ranks: &[u32]) -> Vec<(u32, Option<RankRecord>, Stamp)> {
@@ -3409,9 +3409,8 @@ impl Node {
             ranks
                 .iter()
                 .map(|&r| {
-                    let sent = clock.since_start();
-                    let record = read_rank_record(store, layout, gen, r);
-                    (r, record, Stamp::new(sent, clock.since_start()))
+                    let (record, at) = stamped(clock, || read_rank_record(store, layout, gen, r));
+                    (r, record, at)
                 })
                 .collect()
         };
@@ -3440,6 +3439,14 @@ impl Node {
     fn append_log(&self, path: &Path, text: &str) {
         let _ = self.store.append(path, text.as_bytes(), false);
     }
+}
+
+/// What `read` returns, stamped by `clock` with when it was sent and when it returned
+/// (`liveness::Stamp`): an unchanged heartbeat in it proves stillness only up to the send.
+fn stamped<T>(clock: &dyn Clock, read: impl FnOnce() -> T) -> (T, Stamp) {
+    let sent = clock.since_start();
+    let got = read();
+    (got, Stamp::new(sent, clock.since_start()))
 }
 
 /// Rank `rank`'s record of generation `gen`; `None`: missing, unreadable or unparsable.

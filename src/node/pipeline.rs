@@ -171,8 +171,9 @@ impl Node {
             return None;
         }
         while let Some(effect) = other.machine.poll_effect() {
-            let sent = self.clock.since_start();
-            let input = match effect {
+            // Stamped with its send and its return: a freeze of this node inside the
+            // read (a paused VM, a hung mount) is not the other rank 0's silence.
+            let (input, at) = super::stamped(&*self.clock, || match effect {
                 handover::Effect::ReadCluster => Input::Cluster(
                     self.store
                         .read_json::<ClusterRecord>(&other.layout.cluster())
@@ -192,10 +193,7 @@ impl Node {
                         .ok()
                         .flatten(),
                 ),
-            };
-            // Stamped with its send and its return: a freeze of this node inside the
-            // read (a paused VM, a hung mount) is not the other rank 0's silence.
-            let at = crate::protocol::liveness::Stamp::new(sent, self.clock.since_start());
+            });
             other.machine.handle(at, input);
         }
         other.machine.take_found()

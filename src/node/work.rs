@@ -1290,11 +1290,9 @@ impl Node {
         let reads: Vec<_> = (0..self.num_nodes())
             .filter(|&r| r != self.rank)
             .map(|r| {
-                let sent = self.clock.since_start();
-                let read = self.read_record(gen, r).map(|rec| (rec.seq, rec.state));
-                // What a read shows is judged at the time it returned; an unchanged
-                // heartbeat proves stillness only up to the send.
-                let at = crate::protocol::liveness::Stamp::new(sent, self.clock.since_start());
+                let (read, at) = super::stamped(&*self.clock, || {
+                    self.read_record(gen, r).map(|rec| (rec.seq, rec.state))
+                });
                 (r, read, at)
             })
             .collect();
