@@ -477,6 +477,37 @@ fn a_sigterm_during_a_long_handoff_stops_the_node_and_the_restart_finishes_it() 
     );
 }
 
+/// A hand-off stuck in a call (a copy hung on one file, here held before its rename)
+/// ends the node at fs-timeout with exit 4, naming what hung, as a loop stuck in a call
+/// would: the loop's own pets while it waits on the publication do not hide it.
+#[test]
+fn a_handoff_stuck_in_a_call_ends_the_node_at_fs_timeout() {
+    let c = cluster(
+        "mkdir -p {output}/checkpoint-1 && echo w > {output}/checkpoint-1/w.bin",
+        "[phases.handoff]\ntransfer = \"copy\"\n",
+    );
+    let mut n = c.spawn_env(
+        0,
+        &c.log_path,
+        &["--iterations", "1"],
+        &[
+            ("RL_NODE_TEST_HOLD_AT", "handoff:before-rename".to_string()),
+            ("RL_NODE_TIMING_FS_TIMEOUT", "3s".to_string()),
+        ],
+    );
+    assert_eq!(n.wait(LIMIT), 4, "{}", n.stderr());
+    let err = n.stderr();
+    assert!(
+        err.contains("RL_NODE_TEST_HOLD_AT=handoff:before-rename"),
+        "{err}"
+    );
+    assert!(
+        err.contains("while publishing the checkpoint (fs-timeout is 3s)"),
+        "{err}"
+    );
+    assert!(!models(&c).join("LATEST").exists(), "{:?}", published(&c));
+}
+
 #[test]
 fn nodes_check_sizes_unless_asked_to_hash() {
     let c = cluster(

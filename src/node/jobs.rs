@@ -4,11 +4,16 @@
 //! its switch of `models/LATEST`). The result comes back to the loop, which wakes for it
 //! at once.
 //!
+//! A job pets its own handle of the node's watchdog (`Watchdog::for_job`): the loop's pets
+//! while it waits must not hide a job stuck in a filesystem call, which ends the node at
+//! `fs-timeout` as the loop stuck in one would.
+//!
 //! A job the loop stopped waiting on (the node stops: an abort, a signal) is cancelled:
 //! its fence refuses every commit from then on, so the work left running until the
 //! process exits never commits anything its node no longer stands behind. (In the
 //! simulator a node is a task, not a process, and the job would otherwise outlive it.)
 
+use super::watchdog::Watchdog;
 use super::{Interrupt, Node, Stop};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -43,18 +48,20 @@ impl Cancel {
 impl Node {
     /// Run `work` as the job `name` and wait for what it returns, watching as every wait
     /// does; `Ok(None)` if it panicked. A stop while it runs cancels it (see the module's
-    /// documentation).
+    /// documentation). `work` gets its own handle of the node's watchdog to pet, so that
+    /// a job stuck in a filesystem call ends the node as the loop stuck in one would.
     pub(super) fn job<T: Send + 'static>(
         &mut self,
-        name: &str,
-        work: impl FnOnce(Cancel) -> T + Send + 'static,
+        name: &'static str,
+        work: impl FnOnce(Cancel, Watchdog) -> T + Send + 'static,
     ) -> Result<Option<T>, Stop> {
         let (tx, rx) = std::sync::mpsc::channel();
         let cancel = Cancel::default();
+        let watchdog = self.watchdog.for_job(name);
         let (wake, clock, theirs) = (self.wake.clone(), self.clock.clone(), cancel.clone());
         // A thread of the clock's: a task that takes turns, in a simulation.
         crate::clock::spawn(&*self.clock, name, move || {
-            let _ = tx.send(work(theirs));
+            let _ = tx.send(work(theirs, watchdog));
             let _ = wake.send(super::Event::Wake);
             crate::clock::notify(&*clock, None);
         })
@@ -66,6 +73,7 @@ impl Node {
             // Dropped without a result: it panicked.
             Err(std::sync::mpsc::TryRecvError::Disconnected) => Ok(Some(None)),
         });
+        self.watchdog.job_over();
         match got {
             Ok(r) => Ok(r),
             Err(Interrupt::Stop(s)) => {

@@ -2422,7 +2422,6 @@ impl Node {
         self.set_aside_earlier("merged file", &out)?;
         self.set_aside_earlier("merge manifest", &crate::aggregate::manifest_path(&out))?;
         self.watchdog.pet("aggregating shards");
-        let wd = self.watchdog.clone();
         let mut opts = crate::aggregate::MergeOptions::from_config(&self.cfg.aggregate); // allow_missing: false
         opts.command_log = Some(self.layout.phase_log(it, self.rank, "aggregate"));
         (opts.registry, opts.kill_grace) = (self.launcher.registry(), self.cfg.timing.kill_grace);
@@ -2463,7 +2462,7 @@ impl Node {
         // its own deadline is the merge command's timeout, else none.
         let (layout, split_owned) = (self.layout.clone(), split.to_string());
         let (rank, store) = (self.rank, self.store.clone());
-        let merged = self.job("merge", move |cancel| {
+        let merged = self.job("aggregating shards", move |cancel, wd| {
             let fence = cancel.fenced(fence);
             opts.fence = Some(std::sync::Arc::new(move || fence(Site::MergePublish)));
             // Every rank committed its shard before it arrived at the barrier that let
@@ -2873,7 +2872,6 @@ impl Node {
             return Ok(());
         };
         self.watchdog.pet("publishing the checkpoint");
-        let wd = self.watchdog.clone();
         let started = self.clock.now();
         // Checked inside, right before the rename and before LATEST.
         let fence = self.fence_fn();
@@ -2885,7 +2883,7 @@ impl Node {
         // minutes, in which a peer's abort or a Ctrl-C is honoured within a poll.
         let (store, gen) = (self.store.clone(), self.gen());
         let (from, to, named) = (source.clone(), models.clone(), name.clone());
-        let outcome = self.job("checkpoint", move |cancel| {
+        let outcome = self.job("publishing the checkpoint", move |cancel, wd| {
             let mut fence = cancel.fenced(fence);
             crate::checkpoint::publish_opts(
                 &*store,
@@ -3005,7 +3003,7 @@ impl Node {
         let (fence, store) = (self.fence_fn(), self.store.clone());
         // A job the loop watches: deleting a large checkpoint takes a while on a network
         // filesystem.
-        let pruned = self.job("prune", move |cancel| {
+        let pruned = self.job("deleting old checkpoints", move |cancel, _| {
             let mut fence = cancel.fenced(fence);
             crate::checkpoint::prune(&*store, &models, keep_last, &spare, &mut fence)
         })?;

@@ -106,14 +106,10 @@ impl Node {
                 checkpoint::MANIFEST
             )));
         }
-        let (wd, store, at) = (
-            self.watchdog.clone(),
-            self.store.clone(),
-            path.to_path_buf(),
-        );
+        let (store, at) = (self.store.clone(), path.to_path_buf());
         let check = self.cfg.phases.handoff.check();
         // A job the loop watches: hashing a large checkpoint takes minutes.
-        let verified = self.job("verify", move |_| {
+        let verified = self.job("verifying the model", move |_, wd| {
             checkpoint::verify_as(&*store, &at, check, &mut || wd.pet("verifying the model"))
                 .err()
                 .map(|e| format!("does not verify ({e})"))

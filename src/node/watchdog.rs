@@ -23,6 +23,10 @@ struct State {
     armed: bool,
     /// When the heartbeat write still in progress began.
     heartbeat: Option<Instant>,
+    /// While a job runs beside the loop (`Watchdog::for_job`): its last pet, and what it
+    /// was about to do. The loop's own pets go on meanwhile and must not hide a job stuck
+    /// in a call.
+    job: Option<(Instant, &'static str)>,
 }
 
 impl State {
@@ -34,7 +38,8 @@ impl State {
         let heartbeat = self
             .heartbeat
             .map(|since| (since.elapsed(), "writing the heartbeat record"));
-        [Some((self.petted.elapsed(), self.what)), heartbeat]
+        let job = self.job.map(|(petted, what)| (petted.elapsed(), what));
+        [Some((self.petted.elapsed(), self.what)), heartbeat, job]
             .into_iter()
             .flatten()
             .filter(|(stuck, _)| *stuck > limit)
@@ -45,6 +50,8 @@ impl State {
 #[derive(Clone)]
 pub struct Watchdog {
     state: Arc<Mutex<State>>,
+    /// A job's handle (`Watchdog::for_job`): its pets are the job's, not the loop's.
+    job: bool,
 }
 
 impl Watchdog {
@@ -59,6 +66,7 @@ impl Watchdog {
             what: "starting",
             armed: true,
             heartbeat: None,
+            job: None,
         }));
         let s = state.clone();
         std::thread::Builder::new()
@@ -94,7 +102,7 @@ impl Watchdog {
                 unsafe { libc::_exit(crate::exit::Cause::Deadline.exit_code()) };
             })
             .expect("spawn watchdog thread");
-        Watchdog { state }
+        Watchdog { state, job: false }
     }
 
     /// A watchdog that never fires: for a node run inside another process (the
@@ -107,15 +115,39 @@ impl Watchdog {
                 what: "starting",
                 armed: false,
                 heartbeat: None,
+                job: None,
             })),
+            job: false,
         }
     }
 
     pub fn pet(&self, what: &'static str) {
         let mut s = self.state.lock().unwrap();
+        if self.job {
+            // Only while the job is watched: a job its node stopped waiting on is not.
+            if let Some(job) = s.job.as_mut() {
+                *job = (Instant::now(), what);
+            }
+            return;
+        }
         s.petted = Instant::now();
         s.what = what;
         s.armed = true;
+    }
+
+    /// Watch a job that runs beside the loop, from now until [`Watchdog::job_over`]: the
+    /// handle for the job to pet, which it must do as often as the loop would.
+    pub fn for_job(&self, what: &'static str) -> Watchdog {
+        self.state.lock().unwrap().job = Some((Instant::now(), what));
+        Watchdog {
+            state: self.state.clone(),
+            job: true,
+        }
+    }
+
+    /// The job is over, or no longer waited on.
+    pub fn job_over(&self) {
+        self.state.lock().unwrap().job = None;
     }
 
     /// Run `write`, one heartbeat write of the node's record, under watch.
