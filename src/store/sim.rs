@@ -105,12 +105,18 @@ struct World {
     history: Option<History>,
 }
 
-/// [`SimWorld::keep_history`]: the names it is kept for, and when each was given a file.
+/// [`SimWorld::keep_history`]: the names it is kept for, and when each was given a file,
+/// with what the file said then as `summary` gives it (the few fields a check reads).
 #[derive(Debug)]
 struct History {
     keep: fn(&Path) -> bool,
-    changes: HashMap<PathBuf, Vec<Duration>>,
+    summary: Option<Summary>,
+    changes: HashMap<PathBuf, Vec<(Duration, Option<String>)>>,
 }
+
+/// What of a file's content the history keeps: a check's few fields, not every byte of
+/// every heartbeat.
+pub type Summary = fn(&Path, &[u8]) -> Option<String>;
 
 /// How clients see a server that is down: a hard mount's calls hang until it is back, a
 /// soft mount's fail with this error (`EIO`, `ETIMEDOUT`).
@@ -297,9 +303,18 @@ impl World {
     /// Note that `path` was given a file now ([`SimWorld::keep_history`]).
     fn changed(&mut self, path: &Path) {
         let now = self.now;
-        if let Some(h) = self.history.as_mut().filter(|h| (h.keep)(path)) {
-            h.changes.entry(path.to_path_buf()).or_default().push(now);
-        }
+        let Some(h) = self.history.as_ref().filter(|h| (h.keep)(path)) else {
+            return;
+        };
+        let summary = h.summary.and_then(|summary| match self.entries.get(path) {
+            Some(Entry::File(ino)) => summary(path, self.data(*ino)),
+            _ => None,
+        });
+        let h = self.history.as_mut().expect("kept");
+        h.changes
+            .entry(path.to_path_buf())
+            .or_default()
+            .push((now, summary));
     }
 
     /// `rename(2)`, or `renameat2(RENAME_NOREPLACE)`: atomic, with the OS's errors.
@@ -463,6 +478,17 @@ impl SimWorld {
     pub fn keep_history(&self, keep: fn(&Path) -> bool) {
         self.lock().history = Some(History {
             keep,
+            summary: None,
+            changes: HashMap::new(),
+        });
+    }
+
+    /// [`SimWorld::keep_history`], keeping with each change what `summary` makes of the
+    /// file given ([`SimWorld::history_of`]).
+    pub fn keep_history_with(&self, keep: fn(&Path) -> bool, summary: Summary) {
+        self.lock().history = Some(History {
+            keep,
+            summary: Some(summary),
             changes: HashMap::new(),
         });
     }
@@ -470,6 +496,12 @@ impl SimWorld {
     /// When `path` was given a file, in order (empty without [`SimWorld::keep_history`]
     /// for it).
     pub fn history(&self, path: &Path) -> Vec<Duration> {
+        self.history_of(path).into_iter().map(|(t, _)| t).collect()
+    }
+
+    /// When `path` was given a file, in order, each with what the summary of
+    /// [`SimWorld::keep_history_with`] made of it (`None`: none kept, or none made).
+    pub fn history_of(&self, path: &Path) -> Vec<(Duration, Option<String>)> {
         let w = self.lock();
         w.history
             .as_ref()

@@ -413,6 +413,7 @@ pub(crate) fn run_seed_broken(
         // Not checked here: `--fresh` moves the generations it sets aside, and the names
         // the server's history is kept by with them.
         deaths: 0,
+        releases: 0,
     };
     let line = format!(
         "seed {seed}: {} nodes, {} iterations, {:?} caches, first run killed at {:?} (crashed: {}), --fresh (rank, at) {:?}: {} turns, schedule {:016x}, directory {:016x}, ended at {:?}; {:?}",

@@ -60,6 +60,9 @@ pub struct Summary {
     /// Peers declared dead, each checked against how long its record truly went
     /// unwritten on the server (`truth::check_deaths`).
     pub deaths: u64,
+    /// Barrier releases, each checked against the arrivals the ranks truly wrote
+    /// (`truth::check_barriers`).
+    pub releases: u64,
 }
 
 impl std::ops::AddAssign for Summary {
@@ -71,16 +74,18 @@ impl std::ops::AddAssign for Summary {
         self.node_seconds += o.node_seconds;
         self.checks += o.checks;
         self.deaths += o.deaths;
+        self.releases += o.releases;
     }
 }
 
 impl Summary {
     pub fn line(&self) -> String {
         format!(
-            "{} starts, {} faults, {} deaths declared (each checked against the true silence), {} turns, {} invariant checks, {:.1} simulated node-hours",
+            "{} starts, {} faults, {} deaths declared (each checked against the true silence), {} barrier releases (each checked against the true arrivals), {} turns, {} invariant checks, {:.1} simulated node-hours",
             self.starts,
             self.faults,
             self.deaths,
+            self.releases,
             self.turns,
             self.checks,
             self.node_seconds / 3600.0
@@ -1682,6 +1687,8 @@ fn run_case(seed: u64, case: Case, broken: Broken) -> Result<(Summary, String), 
     let layout = Layout::new(ROOT);
     let deaths = crate::truth::check_deaths(&world, std::slice::from_ref(&layout), case.judging())
         .map_err(|e| violation(format!("a death declared too soon: {e}")))?;
+    let releases = crate::truth::check_barriers(&world, std::slice::from_ref(&layout))
+        .map_err(|e| violation(format!("a barrier passed against the true arrivals: {e}")))?;
     // Each start: every rank done, or every rank that stops names a suspect rank.
     for (i, results) in job.starts.iter().enumerate() {
         let faulty = &job.suspects[i];
@@ -1773,6 +1780,7 @@ fn run_case(seed: u64, case: Case, broken: Broken) -> Result<(Summary, String), 
         node_seconds: job.ended_at.as_secs_f64() * case.nodes as f64,
         checks,
         deaths,
+        releases,
     };
     let line = format!(
         "seed {seed}: {} nodes, {} iterations, {:?} caches, {starts} start(s), {} fault(s): {} turns, schedule {:016x}, directory {:016x}, ended at {:?}; {:?}; woken {:?}",

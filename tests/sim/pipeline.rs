@@ -81,6 +81,9 @@ pub struct Summary {
     /// Peers declared dead (in a cluster, or the other cluster's rank 0), each checked
     /// against how long its record truly stood still on the server.
     pub deaths: u64,
+    /// Barrier releases, each checked against the arrivals the ranks truly wrote
+    /// (`truth::check_barriers`).
+    pub releases: u64,
 }
 
 impl std::ops::AddAssign for Summary {
@@ -92,6 +95,7 @@ impl std::ops::AddAssign for Summary {
         self.node_seconds += o.node_seconds;
         self.checks += o.checks;
         self.deaths += o.deaths;
+        self.releases += o.releases;
         self.adopted += o.adopted;
         self.crossed += o.crossed;
         self.late_records += o.late_records;
@@ -102,12 +106,13 @@ impl std::ops::AddAssign for Summary {
 impl Summary {
     pub fn line(&self) -> String {
         format!(
-            "{} starts ({} stopped by the other cluster, {} of them required to), {} faults, {} deaths declared (each checked against the true silence), {} late queue records and {} late journal lines of replaced generations set aside, {} turns, {} invariant checks, {:.1} simulated node-hours",
+            "{} starts ({} stopped by the other cluster, {} of them required to), {} faults, {} deaths declared (each checked against the true silence), {} barrier releases (each checked against the true arrivals), {} late queue records and {} late journal lines of replaced generations set aside, {} turns, {} invariant checks, {:.1} simulated node-hours",
             self.starts,
             self.adopted,
             self.crossed,
             self.faults,
             self.deaths,
+            self.releases,
             self.late_records,
             self.late_lines,
             self.turns,
@@ -724,6 +729,8 @@ pub(crate) fn run_seed_broken(seed: u64, broken: Broken) -> Result<(Summary, Str
     };
     let deaths = crate::truth::check_deaths(&world, &clusters, judging)
         .map_err(|e| violation(format!("a death declared too soon: {e}")))?;
+    let releases = crate::truth::check_barriers(&world, &clusters)
+        .map_err(|e| violation(format!("a barrier passed against the true arrivals: {e}")))?;
     let mut adopted = 0;
     let aborts = &job.seen.aborts;
     // Each start: every rank done, or every rank that stops names a suspect of its own
@@ -969,6 +976,7 @@ pub(crate) fn run_seed_broken(seed: u64, broken: Broken) -> Result<(Summary, Str
         late_records: seen.late,
         late_lines,
         deaths,
+        releases,
     };
     let results: Vec<Vec<_>> = job
         .starts

@@ -3,22 +3,183 @@
 //! stood still (issue: "every death declaration against the peer's true silence and
 //! dead-after"). The driver scenarios (`nodes`, `data`, `items`, `dynamic`, `pipeline`)
 //! keep the server's history of rank records and aborts ([`keep`]) and check every
-//! abort for a dead peer at the end of a seed ([`check_deaths`]).
+//! abort for a dead peer at the end of a seed ([`check_deaths`]); and every barrier
+//! passed, against the arrivals the ranks truly wrote ("every barrier pass against true
+//! arrivals", [`check_barriers`]).
 
 use rl_node::layout::Layout;
 use rl_node::store::sim::SimWorld;
 use std::path::Path;
 use std::time::Duration;
 
-/// Keep the history of the names this check reads: every rank record and every abort.
+/// Keep the history of the names these checks read: every rank record (with its barrier
+/// marks) and every abort.
 pub(crate) fn keep(world: &SimWorld) {
-    world.keep_history(|path| {
-        let name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or_default();
-        name == "abort.json" || (name.starts_with("rank-") && name.ends_with(".json"))
-    });
+    world.keep_history_with(
+        |path| {
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default();
+            name == "abort.json" || (name.starts_with("rank-") && name.ends_with(".json"))
+        },
+        |path, bytes| {
+            let name = path.file_name()?.to_str()?;
+            if !name.starts_with("rank-") {
+                return None;
+            }
+            let record: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+            Some(Marks::of(&record).to_string())
+        },
+    );
+}
+
+/// A rank record's barrier marks as the history keeps them: the last barrier the rank
+/// arrived at, and (rank 0) the last it released, with its name.
+#[derive(Debug, Clone, PartialEq, Default)]
+struct Marks {
+    arrived: Option<u64>,
+    released: Option<(u64, String)>,
+}
+
+impl Marks {
+    fn of(record: &serde_json::Value) -> Marks {
+        let k = |m: &serde_json::Value| m["k"].as_u64();
+        Marks {
+            arrived: k(&record["arrived"]),
+            released: k(&record["released"]).map(|k| {
+                let name = record["released"]["name"].as_str().unwrap_or_default();
+                (k, name.to_string())
+            }),
+        }
+    }
+
+    fn parse(s: &str) -> Marks {
+        let mut parts = s.splitn(3, ' ');
+        let num = |p: Option<&str>| p.and_then(|p| p.parse().ok());
+        let arrived = num(parts.next());
+        let released = num(parts.next()).map(|k| (k, parts.next().unwrap_or("").to_string()));
+        Marks { arrived, released }
+    }
+}
+
+impl std::fmt::Display for Marks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let arrived = self.arrived.map_or("-".to_string(), |k| k.to_string());
+        match &self.released {
+            Some((k, name)) => write!(f, "{arrived} {k} {name}"),
+            None => write!(f, "{arrived} -"),
+        }
+    }
+}
+
+/// Every barrier passed in the generations of `clusters`, held against what the ranks
+/// truly wrote to the server (the history of [`keep`]):
+/// - rank 0 released barrier k only after every rank's record said it had arrived at k
+///   (or later) on the server: a release never counts a rank that had not arrived (the
+///   join, barrier 0, included: a worker arrives there by joining, in its own record);
+/// - a worker arrived at barrier k + 1 only after rank 0's release of barrier k was on
+///   the server: no rank passes a barrier before it is released.
+///
+/// Both hold whatever each node's caches and topology (group leaders relaying) made it
+/// see, so they judge the barrier's decisions, not how a node came to them. The number
+/// of releases checked, or the first pass that breaks one.
+pub(crate) fn check_barriers(world: &SimWorld, clusters: &[Layout]) -> Result<u64, String> {
+    let mut checked = 0;
+    for layout in clusters {
+        for gen in 1..=current_gen(world, layout) {
+            let Some(nodes) = read(world, &layout.gen_cluster(gen))
+                .and_then(|c| c["num_nodes"].as_u64())
+                .map(|n| n as u32)
+            else {
+                continue;
+            };
+            let marks: Vec<Vec<(Duration, Marks)>> = (0..nodes)
+                .map(|r| {
+                    world
+                        .history_of(&layout.rank_record(gen, r))
+                        .into_iter()
+                        .filter_map(|(t, m)| Some((t, Marks::parse(&m?))))
+                        .collect()
+                })
+                .collect();
+            let cluster = layout
+                .cluster_name()
+                .map(|c| format!("the {c} cluster's "))
+                .unwrap_or_default();
+            let at = |r: usize, k: u64| first_arrival(&marks[r], k);
+            let releases = releases(&marks[0]);
+            for (k, (released, name)) in releases.iter().enumerate() {
+                let k = k as u64;
+                for r in 0..nodes as usize {
+                    match at(r, k) {
+                        Some(arrived) if arrived <= *released => {}
+                        arrived => {
+                            return Err(format!(
+                                "{cluster}rank 0 released barrier {k} ({name}) of generation {gen} at {released:?}, but rank {r}'s record {} on the server",
+                                match arrived {
+                                    Some(a) => format!("arrived there only at {a:?}"),
+                                    None => "never arrived there".into(),
+                                }
+                            ))
+                        }
+                    }
+                }
+                checked += 1;
+            }
+            for (r, rank_marks) in marks.iter().enumerate().skip(1) {
+                let last = rank_marks
+                    .iter()
+                    .filter_map(|(_, m)| m.arrived)
+                    .max()
+                    .unwrap_or(0);
+                for k in 1..=last {
+                    let arrived = at(r, k).expect("arrived up to its last");
+                    let previous = releases.get(k as usize - 1).map(|(t, _)| *t);
+                    if previous.is_none_or(|t| t > arrived) {
+                        return Err(format!(
+                            "{cluster}rank {r} of generation {gen} arrived at barrier {k} at {arrived:?}, before rank 0 released barrier {} ({})",
+                            k - 1,
+                            match previous {
+                                Some(t) => format!("at {t:?}"),
+                                None => "never".into(),
+                            }
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    Ok(checked)
+}
+
+/// When `marks` (a rank's record's history) first said it had arrived at barrier `k` or
+/// later.
+fn first_arrival(marks: &[(Duration, Marks)], k: u64) -> Option<Duration> {
+    marks
+        .iter()
+        .find(|(_, m)| m.arrived.is_some_and(|a| a >= k))
+        .map(|(t, _)| *t)
+}
+
+/// From rank 0's record's history: for each barrier k (index k), when its release (or a
+/// later one, which implies it) was first on the server, and the released barrier's name.
+fn releases(marks: &[(Duration, Marks)]) -> Vec<(Duration, String)> {
+    let mut out: Vec<(Duration, String)> = Vec::new();
+    for (t, m) in marks {
+        let Some((k, name)) = &m.released else {
+            continue;
+        };
+        while (out.len() as u64) <= *k {
+            let name = if out.len() as u64 == *k {
+                name.clone()
+            } else {
+                "an earlier barrier".into()
+            };
+            out.push((*t, name));
+        }
+    }
+    out
 }
 
 /// How the nodes of a seed judge: dead-after, and the longest a client's cache may hide a
@@ -138,4 +299,79 @@ fn the_longest_stretch_counts_up_to_the_end_and_from_the_first_write() {
     assert_eq!(longest_unwritten(&[s(1), s(2), s(9)], s(10)), Some(s(7)));
     assert_eq!(longest_unwritten(&[s(1), s(2), s(3)], s(10)), Some(s(7)));
     assert_eq!(longest_unwritten(&[s(1), s(2), s(30)], s(10)), Some(s(8)));
+}
+
+/// Both rules of [`check_barriers`] on a history written by hand: a release before a
+/// rank's arrival, and a worker that arrives at the next barrier before the release.
+#[test]
+fn a_release_before_an_arrival_and_a_pass_before_a_release_are_caught() {
+    use rl_node::store::SharedDir;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    let layout = Layout::new("/job");
+    let world = SimWorld::new();
+    keep(&world);
+    let now = Arc::new(AtomicU64::new(0));
+    let at = now.clone();
+    let client = world.client(
+        move || Duration::from_millis(at.load(Ordering::SeqCst)),
+        Duration::ZERO,
+        Duration::ZERO,
+    );
+    let store: &dyn SharedDir = &client;
+    world.create_dir_all(&layout.gen_dir(1)).unwrap();
+    let json = |v: serde_json::Value| serde_json::to_vec(&v).unwrap();
+    store
+        .publish(&layout.cluster(), &json(serde_json::json!({"gen": 1})))
+        .unwrap();
+    store
+        .publish(
+            &layout.gen_cluster(1),
+            &json(serde_json::json!({"gen": 1, "num_nodes": 2})),
+        )
+        .unwrap();
+    let mark = |k: u64, name: &str| serde_json::json!({"k": k, "iteration": 1, "name": name});
+    // (ms, rank, arrived, released): each a write of that rank's record.
+    let write = |ms: u64, rank: u32, arrived: u64, released: Option<u64>| {
+        now.store(ms, Ordering::SeqCst);
+        let mut record = serde_json::json!({"arrived": mark(arrived, "b")});
+        if let Some(k) = released {
+            record["released"] = mark(k, "b");
+        }
+        store
+            .publish(&layout.rank_record(1, rank), &json(record))
+            .unwrap();
+    };
+    let check = || check_barriers(&world, std::slice::from_ref(&layout));
+    // Rank 0 forms the generation before rank 1 joins it.
+    write(10, 0, 0, None);
+    write(20, 1, 0, None);
+    write(25, 0, 0, Some(0));
+    write(30, 1, 1, None);
+    write(40, 0, 1, Some(1));
+    write(50, 1, 2, None);
+    write(60, 0, 2, Some(2));
+    assert_eq!(check(), Ok(3));
+    // Rank 1 arrives at barrier 4 before rank 0 released barrier 3.
+    write(70, 1, 3, None);
+    write(80, 1, 4, None);
+    let e = check().unwrap_err();
+    assert!(
+        e.contains("rank 1 of generation 1 arrived at barrier 4 at 80ms, before rank 0 released barrier 3 (never)"),
+        "{e}"
+    );
+    // Rank 0's release of barrier 3 (with 4's) comes after that pass: still too late.
+    write(90, 0, 4, Some(4));
+    let e = check().unwrap_err();
+    assert!(
+        e.contains("arrived at barrier 4 at 80ms, before rank 0 released barrier 3 (at 90ms)"),
+        "{e}"
+    );
+    // A release of a barrier rank 1 never arrived at.
+    write(100, 0, 5, Some(5));
+    let e = check().unwrap_err();
+    assert!(
+        e.contains("rank 0 released barrier 5 (b) of generation 1 at 100ms, but rank 1's record never arrived there"),
+        "{e}"
+    );
 }
