@@ -233,7 +233,10 @@ pub(crate) struct Node {
     metrics_written: metrics::Written,
     /// Rank 0: the configured fields' statistics of the merged train split, computed
     /// while the iteration goes on.
-    metrics_stats: Option<std::thread::JoinHandle<metrics::FieldStats>>,
+    metrics_stats: Option<(
+        crate::clock::Thread,
+        std::sync::mpsc::Receiver<metrics::FieldStats>,
+    )>,
     /// `[observe] prometheus-textfile`, when set (not in the simulator).
     textfile: std::sync::Mutex<Option<textfile::Textfile>>,
     /// The current wait is for this node's own command (see [`Node::wait_for`]).
@@ -3336,10 +3339,14 @@ impl Node {
         if !self.is_master() || fields.is_empty() || path.extension() != Some("jsonl".as_ref()) {
             return;
         }
-        self.metrics_stats = std::thread::Builder::new()
-            .name("metrics".into())
-            .spawn(move || metrics::file_stats(&path, &fields))
-            .ok();
+        let store = self.store.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        // A thread of the clock's (a task that takes turns, in a simulation), reading
+        // through the store like every read of the shared directory.
+        let thread = crate::clock::spawn(&*self.clock, "metrics", move || {
+            let _ = tx.send(metrics::file_stats(&*store, &path, &fields));
+        });
+        self.metrics_stats = thread.ok().map(|t| (t, rx));
     }
 
     /// Rank 0, at the end of an iteration: append its line to `metrics.jsonl` unless the
@@ -3352,7 +3359,10 @@ impl Node {
         let stats = self
             .metrics_stats
             .take()
-            .and_then(|h| h.join().ok())
+            .and_then(|(thread, stats)| {
+                thread.join();
+                stats.try_recv().ok()
+            })
             .unwrap_or_else(|| metrics::FieldStats::empty(fields));
         if self.metrics_written.iterations.contains(&self.iteration) {
             self.debug(&format!(

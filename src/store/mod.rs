@@ -330,6 +330,55 @@ pub trait DataRead: Send {
     fn read_more(&mut self, buf: &mut Vec<u8>, max: usize) -> io::Result<usize>;
 }
 
+/// A [`DataRead`] as a buffered reader, for parsers that take a `BufRead` (the metrics'
+/// statistics of a merged file).
+pub struct DataReader {
+    data: Box<dyn DataRead>,
+    buf: Vec<u8>,
+    pos: usize,
+}
+
+impl DataReader {
+    /// Bytes asked of the store at a time.
+    const CHUNK: usize = 1 << 16;
+
+    pub fn new(data: Box<dyn DataRead>) -> DataReader {
+        DataReader {
+            data,
+            buf: Vec::with_capacity(Self::CHUNK),
+            pos: 0,
+        }
+    }
+}
+
+impl std::io::Read for DataReader {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        let n = {
+            let got = std::io::BufRead::fill_buf(self)?;
+            let n = got.len().min(out.len());
+            out[..n].copy_from_slice(&got[..n]);
+            n
+        };
+        std::io::BufRead::consume(self, n);
+        Ok(n)
+    }
+}
+
+impl std::io::BufRead for DataReader {
+    fn fill_buf(&mut self) -> io::Result<&[u8]> {
+        if self.pos == self.buf.len() {
+            self.buf.clear();
+            self.pos = 0;
+            self.data.read_more(&mut self.buf, Self::CHUNK)?;
+        }
+        Ok(&self.buf[self.pos..])
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.pos = (self.pos + n).min(self.buf.len());
+    }
+}
+
 /// A data file open for writing ([`SharedDir::create_data`]).
 pub trait DataWrite: Write + Send {
     /// The `len` bytes from `offset` on were written: a real file starts writing them back

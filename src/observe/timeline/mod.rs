@@ -409,7 +409,7 @@ fn split_means(layout: &Layout, iterations: &BTreeSet<u64>, field: &str) -> BTre
         if read > SPLIT_BUDGET {
             break;
         }
-        let stats = crate::metrics::file_stats(&path, &fields);
+        let stats = crate::metrics::file_stats(&store::Fs, &path, &fields);
         if let Some(mean) = stats.fields.first().and_then(|(_, s)| s.mean()) {
             out.insert(it, mean);
         }
