@@ -307,7 +307,7 @@ impl Planner<'_> {
                     None
                 }
                 Step::Barrier(Barrier::TrainingComplete) => {
-                    w.training_released(false);
+                    w.training_released(None);
                     None
                 }
                 Step::Rollout(split) => self.rollout(split),

@@ -366,7 +366,9 @@ impl Node {
                 .collect::<Vec<_>>()
                 .join("; ");
             let phase = self.phase_label();
-            let call = self.hang.call(self.rank, self.iteration, &phase, &why);
+            let call = self
+                .hang
+                .call(self.rank, self.walk.iteration(), &phase, &why);
             if let Some(p) = &self.publisher {
                 p.update(|r| r.hang_call = Some(call));
             }
@@ -404,7 +406,7 @@ impl Node {
             return;
         };
         let why = trigger.why();
-        let Some(k) = self.hang.allow(self.iteration) else {
+        let Some(k) = self.hang.allow(self.walk.iteration()) else {
             self.debug(&format!(
                 "no hang report for: {why} ({MAX_PER_ITERATION} this iteration already, or {MAX_IN_FLIGHT} still being written)"
             ));
@@ -420,15 +422,15 @@ impl Node {
             self.host,
             self.rank,
             self.gen(),
-            self.iteration,
+            self.walk.iteration(),
             self.phase_label(),
             self.hang.fraction,
         );
         let job = Job {
             store: self.store.clone(),
-            first: self.layout.hang_report(self.iteration, self.rank, k),
+            first: self.layout.hang_report(self.walk.iteration(), self.rank, k),
             layout: self.layout.clone(),
-            iteration: self.iteration,
+            iteration: self.walk.iteration(),
             rank: self.rank,
             k,
             header,

@@ -178,16 +178,15 @@ pub(crate) struct Node {
     /// The node's coordination with its peers (watching them, barriers, aborts), as the
     /// protocol's sans-I/O machine: this node performs what it asks (`drive_machine`).
     machine: NodeMachine,
-    iteration: u64,
-    phase: Option<Phase>,
+    /// The current iteration's walk (`protocol::walk`), with the iteration's state as
+    /// this node learned it: the phase, its training outcome, the failures released, the
+    /// shards gathered.
+    walk: IterationWalk,
     /// The model `{model}` names and the server serves, as this node sees it (its own
     /// mount of the shared directory).
     model: String,
     /// The model last found complete and verified on this node (`Node::check_model`).
     model_checked: Option<String>,
-    /// This rank's training outcome in the current iteration (`Some(why)`: failed),
-    /// gathered with `training-complete`.
-    train_outcome: Option<String>,
     /// Exits reaped but not yet claimed by the wait that expects them.
     exited: HashMap<i32, ChildExit>,
     /// What the current wait is waiting for, for "still waiting" lines.
@@ -195,10 +194,6 @@ pub(crate) struct Node {
     /// While rank 0's rollout command runs with `workers-wait-for`: the file it creates by
     /// itself, which the wait loop turns into `{ready_file}` for the workers.
     relay: Option<Relay>,
-    /// Rank 0: what the arrivals at the barrier before the merge of (iteration, split)
-    /// said of the shards: those whose command wrote them itself, with their notes, and
-    /// the ranks whose command failed.
-    shards: Option<(u64, &'static str, msg::Shards)>,
     /// The inference server, while it runs.
     server: Option<server::Server>,
     /// --debug-mode: leave the inference server alone.
@@ -219,9 +214,6 @@ pub(crate) struct Node {
     replacements: Vec<String>,
     /// The current rollout's reused item processes (`phases.<phase>.reuse-processes`).
     workers: workers::Workers,
-    /// This iteration's training failed on these ranks (with why), as rank 0's release
-    /// of `training-complete` said (`phases.train.on-failure = "keep-model"`).
-    train_failed: Vec<(u32, String)>,
     /// This rank's event log, kept open.
     event_log: EventLog,
     /// This rank's numbers of the current iteration: rank 0's `metrics.jsonl` line, a
@@ -737,15 +729,12 @@ impl Node {
             cluster: None,
             publisher: None,
             machine,
-            iteration: 0,
-            phase: None,
+            walk: IterationWalk::before(walk_config(&cfg, rank), 0),
             model: cfg.cluster.model.clone(),
             model_checked: None,
-            train_outcome: None,
             exited: HashMap::new(),
             waiting_note: String::new(),
             relay: None,
-            shards: None,
             server: None,
             debug_mode,
             fresh,
@@ -756,7 +745,6 @@ impl Node {
             nproc_per_node: 0,
             replacements: Vec::new(),
             workers: Default::default(),
-            train_failed: Vec::new(),
             event_log: EventLog::default(),
             metrics: Default::default(),
             metrics_log: EventLog::default(),
@@ -983,7 +971,8 @@ impl Node {
     }
 
     fn phase_label(&self) -> String {
-        self.phase
+        self.walk
+            .phase()
             .map(|p| p.to_string())
             .unwrap_or_else(|| "join".into())
     }
@@ -1169,7 +1158,7 @@ impl Node {
         let position = machine::Position {
             run_id: self.run_id().to_string(),
             gen: self.gen(),
-            iteration: self.iteration,
+            iteration: self.walk.iteration(),
             phase: self.phase_label(),
         };
         if *self.machine.position() != position {
@@ -1242,7 +1231,7 @@ impl Node {
                 if let Some((_, name)) = self.machine.at_barrier() {
                     self.waiting_note = format!(
                         "barrier {name} (iteration {}) waits for {}",
-                        self.iteration,
+                        self.walk.iteration(),
                         ranks_list(&missing)
                     );
                 }
@@ -1461,7 +1450,7 @@ impl Node {
         let deadline = self.clock.now() + self.cfg.timing.barrier_timeout;
         let started = self.clock.now();
         self.watch_wait(
-            format!("barrier {name} (iteration {})", self.iteration),
+            format!("barrier {name} (iteration {})", self.walk.iteration()),
             "timing.barrier-timeout".into(),
             self.cfg.timing.barrier_timeout,
             started,
@@ -1474,7 +1463,7 @@ impl Node {
         let waited = self.clock.elapsed(started);
         self.debug(&format!(
             "iteration {}: barrier {name} passed after {:.3}s",
-            self.iteration,
+            self.walk.iteration(),
             waited.as_secs_f64()
         ));
         self.event(events::Event::Barrier {
@@ -1514,7 +1503,7 @@ impl Node {
         } else {
             self.waiting_note = format!(
                 "rank 0 to release barrier {name} (iteration {})",
-                self.iteration
+                self.walk.iteration()
             );
             // A group's leader publishes its group's arrival from here (an effect).
             let waited = self.wait_for(deadline, |n| {
@@ -1621,21 +1610,19 @@ impl Node {
                 ));
                 return Ok(());
             }
-            self.iteration = iteration;
-            self.train_failed.clear();
+            let resume = self.cluster.as_ref().expect("joined").resume;
+            self.walk = IterationWalk::new(self.walk_config(), iteration, resume);
             let started = self.clock.now();
             self.metrics_collector().reset();
             self.note_model_used();
-            let resume = self.cluster.as_ref().expect("joined").resume;
-            let mut walk = IterationWalk::new(self.walk_config(), iteration, resume);
-            while let Some(step) = walk.next_step() {
-                self.step(step, &mut walk)?;
+            while let Some(step) = self.walk.next_step() {
+                self.step(step)?;
             }
             self.write_metrics(started);
             self.info(&format!(
                 "iteration {iteration} complete in {:.2}s{}",
                 self.clock.elapsed(started).as_secs_f64(),
-                if self.train_failed.is_empty() {
+                if self.walk.training_failures().is_empty() {
                     ""
                 } else {
                     " (training failed: no new model)"
@@ -1744,9 +1731,8 @@ impl Node {
         while let Ok(ev) = self.events.try_recv() {
             self.handle_event(ev)?;
         }
-        self.phase = Some(phase);
         self.unwatch_wait();
-        let it = self.iteration;
+        let it = self.walk.iteration();
         // Written with what comes next (a barrier arrival, a command's start) when that
         // is within publisher::FOLD, on its own otherwise: one write instead of two per
         // barrier phase, and the record never says an old phase for more than FOLD.
@@ -1769,7 +1755,7 @@ impl Node {
         let Ok(spec) = std::env::var("RL_NODE_TEST_HOLD_AT") else {
             return Ok(());
         };
-        if spec == format!("{}@{}", phase.name(), self.iteration) {
+        if spec == format!("{}@{}", phase.name(), self.walk.iteration()) {
             self.info(&format!(
                 "RL_NODE_TEST_HOLD_AT={spec}: holding here until killed"
             ));
@@ -1788,30 +1774,27 @@ impl Node {
 
     /// What this node's walk of an iteration depends on.
     fn walk_config(&self) -> WalkConfig {
-        WalkConfig {
-            rl_phase: self.cfg.cluster.rl_phase,
-            split: self.cfg.cluster.rollout_split,
-            rank_0: self.is_master(),
-            prepare: self.cfg.phases.prepare.is_set(),
-            iterations: self.cfg.cluster.iterations,
-        }
+        walk_config(&self.cfg, self.rank)
     }
 
     /// Perform one step of the iteration's walk (`protocol::walk`), feeding the walk the
     /// decisions its barriers release.
-    fn step(&mut self, step: Step, walk: &mut IterationWalk) -> Result<(), Stop> {
+    fn step(&mut self, step: Step) -> Result<(), Stop> {
         let cfg = self.cfg.clone();
         match step {
             Step::Enter(phase) => self.enter(phase)?,
             Step::Barrier(WalkBarrier::SyncStart) => self.sync_start()?,
-            Step::Barrier(WalkBarrier::FilesReady) => walk.eval_decided(self.files_ready()?),
-            Step::Barrier(WalkBarrier::TrainingComplete) => {
-                walk.training_released(self.training_complete()?)
+            Step::Barrier(WalkBarrier::FilesReady) => {
+                let eval = self.files_ready()?;
+                self.walk.eval_decided(eval);
             }
+            Step::Barrier(WalkBarrier::TrainingComplete) => self.training_complete()?,
             Step::Barrier(WalkBarrier::HandoffComplete) => self.handoff_complete()?,
             Step::Barrier(WalkBarrier::FinalSync) => self.final_sync()?,
-            Step::Barrier(b @ WalkBarrier::RolloutComplete) => self.shards_complete(b, "train")?,
-            Step::Barrier(b @ WalkBarrier::EvalComplete) => self.shards_complete(b, "eval")?,
+            Step::Barrier(b @ WalkBarrier::RolloutComplete) => {
+                self.shards_complete(b, Split::Train)?
+            }
+            Step::Barrier(b @ WalkBarrier::EvalComplete) => self.shards_complete(b, Split::Eval)?,
             Step::Barrier(b) => self.barrier(b.name(), (), |_| ())?,
             Step::Rollout(Split::Train) => {
                 self.once(journal::item::ROLLOUT_TRAIN, |n| {
@@ -1899,24 +1882,27 @@ impl Node {
     /// note), so rank 0's merge records it without reading every rank's journal (at 64
     /// nodes those reads were an eighth of rank 0's shared-directory operations); a rank
     /// whose command failed says how, from its journal too (so also after a restart).
-    fn shards_complete(&mut self, b: WalkBarrier, split: &'static str) -> Result<(), Stop> {
-        let note = journal::adopted(self.journal.entries(), self.iteration, split);
-        let failed = journal::rollout_failed(self.journal.entries(), self.iteration, split);
+    fn shards_complete(&mut self, b: WalkBarrier, split: Split) -> Result<(), Stop> {
+        let it = self.walk.iteration();
+        let note = journal::adopted(self.journal.entries(), it, split.name());
+        let failed = journal::rollout_failed(self.journal.entries(), it, split.name());
         let mut gathered = None;
         self.barrier(b.name(), msg::ShardArrival::of(note, failed), |arrivals| {
             gathered = Some(msg::Shards::gathered(arrivals))
         })?;
         if let Some(shards) = gathered.as_ref().filter(|s| s.none_survived()) {
-            return Err(self.no_survivors(split, shards));
+            return Err(self.no_survivors(split.name(), shards));
         }
-        self.shards = gathered.map(|shards| (self.iteration, split, shards));
+        if let Some(shards) = gathered {
+            self.walk.shards_gathered(split, shards);
+        }
         Ok(())
     }
 
     /// `files-ready`: the merged train file is there; its release says whether this
     /// iteration evaluates, as rank 0 decides it.
     fn files_ready(&mut self) -> Result<bool, Stop> {
-        let (split, iteration) = (self.cfg.cluster.rollout_split, self.iteration);
+        let (split, iteration) = (self.cfg.cluster.rollout_split, self.walk.iteration());
         let interval = self.cfg.cluster.eval_interval;
         let name = WalkBarrier::FilesReady.name();
         let decision = self.barrier(name, (), |_| msg::EvalDecision {
@@ -1929,35 +1915,18 @@ impl Node {
     /// `training-complete`: each rank says whether its training failed; rank 0's release
     /// lists the ranks where it did, so every rank knows whether a model is handed off.
     /// Whether training failed anywhere.
-    fn training_complete(&mut self) -> Result<bool, Stop> {
-        let gather = self
-            .train_outcome
-            .take()
-            .map(|failed| msg::TrainFailed { failed });
+    fn training_complete(&mut self) -> Result<(), Stop> {
+        let gather = self.walk.training_gather();
         let name = WalkBarrier::TrainingComplete.name();
-        let released = self.barrier(name, gather, |arrivals| {
-            let failed: Vec<msg::RankFailure> = (0..)
-                .zip(arrivals)
-                .filter_map(|(rank, a)| {
-                    Some(msg::RankFailure {
-                        rank,
-                        failed: a?.failed,
-                    })
-                })
-                .collect();
-            (!failed.is_empty()).then_some(msg::TrainingFailures { failed })
-        })?;
-        self.train_failed = released
-            .map(|r| r.failed.into_iter().map(|f| (f.rank, f.failed)).collect())
-            .unwrap_or_default();
-        if !self.train_failed.is_empty() {
+        let released = self.barrier(name, gather, IterationWalk::training_decide)?;
+        if self.walk.training_released(released) {
             let summary = self.train_failure_summary();
-            self.warn(&format!("iteration {}: {summary}", self.iteration));
+            self.warn(&format!("iteration {}: {summary}", self.walk.iteration()));
         }
         if self.is_master() && self.cfg.phases.train.is_set() {
             self.note_trained();
         }
-        Ok(!self.train_failed.is_empty())
+        Ok(())
     }
 
     /// `handoff-complete`: workers take the model rank 0 handed off (relative to the
@@ -1990,8 +1959,8 @@ impl Node {
     /// Training, or on `reuse` the outcome journaled before a restart (training
     /// completed on every rank then).
     fn train_step(&mut self, reuse: bool) -> Result<(), Stop> {
-        let it = self.iteration;
-        self.train_outcome = if reuse {
+        let it = self.walk.iteration();
+        let outcome = if reuse {
             let failed = journal::latest_train(self.journal.entries(), self.run_id(), it)
                 .and_then(|e| e.failed.clone());
             self.info(&format!(
@@ -2012,6 +1981,7 @@ impl Node {
             self.journal_train(failed.clone())?;
             failed
         };
+        self.walk.trained(outcome);
         Ok(())
     }
 
@@ -2115,7 +2085,7 @@ impl Node {
     fn ready_file(&self, split: &str) -> PathBuf {
         self.layout
             .gen_dir(self.gen())
-            .join(format!("ready-iter-{:04}-{split}", self.iteration))
+            .join(format!("ready-iter-{:04}-{split}", self.walk.iteration()))
     }
 
     /// Rank 0, once its rollout of `split` is done (now or before a restart): create the
@@ -2180,7 +2150,7 @@ impl Node {
         }
         self.info(&format!(
             "iteration {}: rank 0's {split} rollout let the workers start",
-            self.iteration
+            self.walk.iteration()
         ));
         self.waiting_note.clear();
         self.publisher().update(|r| r.progress = None);
@@ -2211,7 +2181,7 @@ impl Node {
         if !pc.is_set() {
             return Ok(());
         }
-        let (it, rank, gen) = (self.iteration, self.rank, self.gen());
+        let (it, rank, gen) = (self.walk.iteration(), self.rank, self.gen());
         let partial = self.layout.shard_partial_gen(it, split, rank, gen);
         let shard = self.layout.shard(it, split, rank);
         self.watchdog.pet("preparing the rollout directory");
@@ -2311,7 +2281,7 @@ impl Node {
     /// changed. A command that names its own partial file (webgym's `….checkpoint`) left
     /// it under the configured partial name, without a generation: that one comes first.
     fn earlier_partial(&self, split: &str) -> Option<PathBuf> {
-        let (it, rank, gen) = (self.iteration, self.rank, self.gen());
+        let (it, rank, gen) = (self.walk.iteration(), self.rank, self.gen());
         std::iter::once(self.layout.shard_partial(it, split, rank))
             .chain(
                 (1..gen)
@@ -2362,7 +2332,7 @@ impl Node {
     /// and this generation is still current. A `prepared` left by an earlier attempt is
     /// set aside first, never replaced.
     fn prepare(&mut self, pc: &PhaseCommand) -> Result<(), Stop> {
-        let (it, gen) = (self.iteration, self.gen());
+        let (it, gen) = (self.walk.iteration(), self.gen());
         let out = self.layout.prepared_partial(it, gen);
         let done = self.layout.prepared(it);
         self.set_aside_earlier("prepared data", &done)?;
@@ -2404,7 +2374,7 @@ impl Node {
     /// Rank 0 merges the iteration's committed shards of `split` (built-in JSONL
     /// concatenation in rank order, or the configured aggregate command).
     fn aggregate(&mut self, split: &str, have_shards: bool) -> Result<(), Stop> {
-        let it = self.iteration;
+        let it = self.walk.iteration();
         let out = self.layout.aggregated(it, split);
         let pc = self.cfg.phases.aggregate.clone();
         // The shards (and items, which only a merge command reads) were committed by other
@@ -2430,10 +2400,7 @@ impl Node {
         (opts.registry, opts.kill_grace) = (self.launcher.registry(), self.cfg.timing.kill_grace);
         let fence = self.fence_fn();
         opts.mutation = self.broken.merge;
-        let gathered = match self.shards.take() {
-            Some((i, s, shards)) if i == it && s == split => Some(shards),
-            _ => None,
-        };
+        let gathered = Split::of(split).and_then(|s| self.walk.take_shards(s));
         if let Some(g) = &gathered {
             opts.adopted = Some(g.adopted.clone());
             opts.failed = self.failed_for_merge(g, split);
@@ -2533,7 +2500,7 @@ impl Node {
     /// partial, which nobody commits. A merged file an earlier attempt committed but did
     /// not journal is set aside first; older generations' partials stay where they are.
     fn aggregate_command(&mut self, split: &str, pc: &PhaseCommand) -> Result<(), Stop> {
-        let (it, gen) = (self.iteration, self.gen());
+        let (it, gen) = (self.walk.iteration(), self.gen());
         let out = self.layout.aggregated_partial(it, split, gen);
         let done = self.layout.aggregated(it, split);
         self.set_aside_earlier("merged file", &done)?;
@@ -2587,7 +2554,7 @@ impl Node {
         item: &str,
         work: impl FnOnce(&mut Node) -> Result<(), Stop>,
     ) -> Result<(), Stop> {
-        let (it, run_id) = (self.iteration, self.run_id().to_string());
+        let (it, run_id) = (self.walk.iteration(), self.run_id().to_string());
         if self.journal.done(&run_id, it, item) {
             // A rollout that failed under `merge-survivors` is done too, with no output.
             match self.journal.failure(it, item) {
@@ -2604,14 +2571,14 @@ impl Node {
             return Ok(());
         }
         work(self)?;
-        crate::checkpoint::crash_point(&format!("after-commit:{item}@{}", self.iteration));
+        crate::checkpoint::crash_point(&format!("after-commit:{item}@{}", self.walk.iteration()));
         self.journal_item(item)
     }
 
     /// Append `item` for the current iteration to this rank's journal, durably, unless it
     /// is there.
     fn journal_item(&mut self, item: &str) -> Result<(), Stop> {
-        if self.journal.has(self.run_id(), self.iteration, item) {
+        if self.journal.has(self.run_id(), self.walk.iteration(), item) {
             return Ok(());
         }
         self.append_journal(item, None)
@@ -2624,7 +2591,7 @@ impl Node {
             run_id: self.run_id().to_string(),
             gen: self.gen(),
             rank: self.rank,
-            iteration: self.iteration,
+            iteration: self.walk.iteration(),
             item: item.to_string(),
             at: self.wall_stamp(),
             note: None,
@@ -2633,7 +2600,7 @@ impl Node {
         });
         self.fence_at(
             Site::JournalAppend,
-            &format!("journal {item} of iteration {}", self.iteration),
+            &format!("journal {item} of iteration {}", self.walk.iteration()),
         )?;
         let path = self.layout.journal(self.rank);
         self.watchdog.pet("writing the journal");
@@ -2664,7 +2631,7 @@ impl Node {
         if !self.is_master() || !self.store.caches_lookups(self.layout.root()) {
             return Ok(());
         }
-        let (it, l) = (self.iteration, &self.layout);
+        let (it, l) = (self.walk.iteration(), &self.layout);
         let mut dirs = vec![];
         if let Some(logs) = l.phase_log(it, 0, "rollout").parent() {
             dirs.push(logs.to_path_buf());
@@ -2758,7 +2725,8 @@ impl Node {
     /// is the outcome, so a redo appends one only when the outcome differs (a redo that
     /// succeeds like the attempt before it leaves the journal as it was).
     fn journal_train(&mut self, failed: Option<String>) -> Result<(), Stop> {
-        let latest = journal::latest_train(self.journal.entries(), self.run_id(), self.iteration);
+        let latest =
+            journal::latest_train(self.journal.entries(), self.run_id(), self.walk.iteration());
         if latest.is_some_and(|e| e.failed == failed) {
             return Ok(());
         }
@@ -2769,7 +2737,8 @@ impl Node {
     /// current iteration's failures.
     fn train_failure_summary(&self) -> String {
         let ranks: Vec<String> = self
-            .train_failed
+            .walk
+            .training_failures()
             .iter()
             .map(|(r, why)| format!("{r} ({why})"))
             .collect();
@@ -2802,7 +2771,7 @@ impl Node {
     /// `rl-node status` shows it.
     fn skip_handoff(&mut self) -> Result<(), Stop> {
         let summary = self.train_failure_summary();
-        let it = self.iteration;
+        let it = self.walk.iteration();
         if self
             .journal
             .has(self.run_id(), it, journal::item::HANDOFF_SKIPPED)
@@ -2814,7 +2783,8 @@ impl Node {
             self.model_label()
         ));
         let failed = self
-            .train_failed
+            .walk
+            .training_failures()
             .iter()
             .map(|(r, why)| events::RankFailure {
                 rank: *r,
@@ -2838,10 +2808,10 @@ impl Node {
         // restart, the generation that trained is the one in rank 0's journal.
         let trained_in = self
             .journal
-            .newest(self.iteration, journal::item::TRAIN)
+            .newest(self.walk.iteration(), journal::item::TRAIN)
             .map_or(self.gen(), |e| e.gen);
-        let train_out = self.layout.train_output(self.iteration, trained_in);
-        let name = crate::layout::iter_dir(self.iteration);
+        let train_out = self.layout.train_output(self.walk.iteration(), trained_in);
+        let name = crate::layout::iter_dir(self.walk.iteration());
         let models = self.layout.models();
         // A checkpoint an interrupted hand-off moved out of the training output is there no
         // more: publishing it (or keeping the one published) comes before any pick.
@@ -2852,7 +2822,7 @@ impl Node {
             // The handoff command had finished before the checkpoint was moved.
             self.info(&format!(
                 "iteration {}: a hand-off interrupted after moving the checkpoint is finished; the handoff command is not run again",
-                self.iteration
+                self.walk.iteration()
             ));
         } else if !cfg.command.trim().is_empty() {
             self.run_command("handoff", &cfg.as_phase(), None, &train_out, false)?;
@@ -2964,7 +2934,7 @@ impl Node {
         };
         self.info(&format!(
             "iteration {}: published checkpoint {} from {} in {secs:.2}s ({how}{excluded})",
-            self.iteration,
+            self.walk.iteration(),
             dest.display(),
             source.display(),
         ));
@@ -3145,10 +3115,13 @@ impl Node {
         if torchrun_env {
             env.extend(context::torchrun_env(&values));
         }
-        let log = self.layout.phase_log(self.iteration, self.rank, phase);
+        let log = self
+            .layout
+            .phase_log(self.walk.iteration(), self.rank, phase);
         let header = format!(
             "rank {} iteration {} phase {phase}",
-            self.rank, self.iteration
+            self.rank,
+            self.walk.iteration()
         );
         let running = self.spawn_supervised(
             &format!("the {phase} command"),
@@ -3160,7 +3133,7 @@ impl Node {
         let pid = running.pid;
         self.info(&format!(
             "iteration {}: {phase} started (pid {pid}, log {})",
-            self.iteration,
+            self.walk.iteration(),
             log.display()
         ));
         self.waiting_note = format!("the {phase} command (pid {pid})");
@@ -3202,7 +3175,7 @@ impl Node {
         }
         self.info(&format!(
             "iteration {}: {phase} finished in {secs:.2}s",
-            self.iteration
+            self.walk.iteration()
         ));
         Ok((log, Ok(())))
     }
@@ -3215,14 +3188,14 @@ impl Node {
     ) -> std::collections::BTreeMap<&'static str, String> {
         let c = self.cluster.as_ref().expect("joined");
         let rollout_model = match &self.rollout_model {
-            Some(m) if m.iteration == self.iteration => Some((m.model_version, m.staleness)),
+            Some(m) if m.iteration == self.walk.iteration() => Some((m.model_version, m.staleness)),
             _ => None,
         };
         context::placeholder_values(&context::CommandInputs {
             cfg: &self.cfg,
             layout: &self.layout,
             rank: self.rank,
-            iteration: self.iteration,
+            iteration: self.walk.iteration(),
             phase,
             split,
             output,
@@ -3252,7 +3225,7 @@ impl Node {
         let record = events::EventRecord {
             event,
             gen: self.gen(),
-            iteration: self.iteration,
+            iteration: self.walk.iteration(),
             rank: self.rank,
             t: self.wall_stamp(),
         };
@@ -3299,8 +3272,9 @@ impl Node {
     /// `[observe] train-metrics` file, read before the hand-off moves the output away.
     /// Two small reads; a missing or unreadable file only leaves keys out.
     fn note_trained(&mut self) {
-        let manifest =
-            crate::aggregate::manifest_path(&self.layout.aggregated(self.iteration, "train"));
+        let manifest = crate::aggregate::manifest_path(
+            &self.layout.aggregated(self.walk.iteration(), "train"),
+        );
         let samples = self
             .store
             .read_limited(&manifest, crate::store::ReadLimit::Manifest)
@@ -3311,7 +3285,7 @@ impl Node {
         let trainer = if self.cfg.observe.train_metrics.trim().is_empty() {
             Default::default()
         } else {
-            let out = self.layout.train_output(self.iteration, self.gen());
+            let out = self.layout.train_output(self.walk.iteration(), self.gen());
             let values = self.values("train", Some("train"), &out);
             let path = self
                 .cfg
@@ -3324,7 +3298,7 @@ impl Node {
                 .map(|b| metrics::trainer_numbers(&b))
                 .unwrap_or_default()
         };
-        let failed = self.train_failed.len();
+        let failed = self.walk.training_failures().len();
         let mut c = self.metrics_collector();
         c.trained(samples, failed);
         c.trainer(trainer);
@@ -3334,7 +3308,7 @@ impl Node {
     /// a thread, while the iteration goes on (joined by [`Node::write_metrics`]).
     fn start_field_stats(&mut self) {
         let fields = self.cfg.observe.metrics_fields.clone();
-        let path = self.layout.aggregated(self.iteration, "train");
+        let path = self.layout.aggregated(self.walk.iteration(), "train");
         // Only a JSONL merge has records to read; tensor formats have none.
         if !self.is_master() || fields.is_empty() || path.extension() != Some("jsonl".as_ref()) {
             return;
@@ -3364,10 +3338,14 @@ impl Node {
                 stats.try_recv().ok()
             })
             .unwrap_or_else(|| metrics::FieldStats::empty(fields));
-        if self.metrics_written.iterations.contains(&self.iteration) {
+        if self
+            .metrics_written
+            .iterations
+            .contains(&self.walk.iteration())
+        {
             self.debug(&format!(
                 "iteration {}: metrics.jsonl has its line already",
-                self.iteration
+                self.walk.iteration()
             ));
             return;
         }
@@ -3375,7 +3353,7 @@ impl Node {
         let mut collector = self.metrics_collector();
         collector.close(now);
         let fixed = metrics::Fixed {
-            iteration: self.iteration,
+            iteration: self.walk.iteration(),
             run: self.run_id().to_string(),
             generation: self.gen(),
             cluster: self.cfg.pipeline_cluster(),
@@ -3397,7 +3375,9 @@ impl Node {
         {
             self.warn(&note);
         }
-        self.metrics_written.iterations.insert(self.iteration);
+        self.metrics_written
+            .iterations
+            .insert(self.walk.iteration());
     }
 
     /// Rank `rank`'s record in generation `gen` as read now; missing, torn or unreadable
@@ -3451,6 +3431,17 @@ impl Node {
 
 /// What `read` returns, stamped by `clock` with when it was sent and when it returned
 /// (`liveness::Stamp`): an unchanged heartbeat in it proves stillness only up to the send.
+/// What the walk of `rank`'s iterations depends on, fixed for a run.
+fn walk_config(cfg: &Config, rank: u32) -> WalkConfig {
+    WalkConfig {
+        rl_phase: cfg.cluster.rl_phase,
+        split: cfg.cluster.rollout_split,
+        rank_0: rank == 0,
+        prepare: cfg.phases.prepare.is_set(),
+        iterations: cfg.cluster.iterations,
+    }
+}
+
 fn stamped<T>(clock: &dyn Clock, read: impl FnOnce() -> T) -> (T, Stamp) {
     let sent = clock.since_start();
     let got = read();

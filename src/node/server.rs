@@ -108,7 +108,9 @@ impl Node {
             .template(&self.cfg.server.health_url)
             .render_raw(&values);
         let env = self.command_env(&values);
-        let log = self.layout.phase_log(self.iteration, self.rank, "server");
+        let log = self
+            .layout
+            .phase_log(self.walk.iteration(), self.rank, "server");
         let attempts = self.cfg.server.start_attempts;
         let timeout = self.cfg.server.start_timeout;
         let mut attempt = 1;

@@ -36,12 +36,12 @@ impl Node {
         if self.rollout_of(split).1.policy() == OnRolloutFailure::Stop {
             return Err(self.command_failed(phase, pc, failure, log));
         }
-        let partial = self
-            .layout
-            .shard_partial_gen(self.iteration, split, self.rank, self.gen());
+        let partial =
+            self.layout
+                .shard_partial_gen(self.walk.iteration(), split, self.rank, self.gen());
         let goes_on = format!(
             "phases.{phase}.on-failure = \"merge-survivors\": the cluster goes on; this rank commits no {split} shard and rank 0 merges iteration {}'s other shards without it (what the command wrote stays in {}, never merged)",
-            self.iteration,
+            self.walk.iteration(),
             partial.display()
         );
         let reason = self.warn_survived(phase, pc, failure, log, &goes_on);
@@ -59,7 +59,7 @@ impl Node {
     /// (or train on), so the cluster stops.
     pub(super) fn no_survivors(&mut self, split: &str, shards: &msg::Shards) -> Stop {
         let (phase, _) = self.rollout_of(split);
-        let it = self.iteration;
+        let it = self.walk.iteration();
         let failures =
             shards.failures(|r| self.layout.phase_log(it, r, phase).display().to_string());
         let reason = format!(
@@ -78,7 +78,7 @@ impl Node {
         split: &str,
     ) -> std::collections::BTreeMap<u32, String> {
         let (phase, _) = self.rollout_of(split);
-        let it = self.iteration;
+        let it = self.walk.iteration();
         shards
             .failed
             .iter()
@@ -96,7 +96,7 @@ impl Node {
     /// name them in the merge's journal entry.
     pub(super) fn survivors_merged(&mut self, shards: &msg::Shards, split: &str) {
         let (phase, _) = self.rollout_of(split);
-        let it = self.iteration;
+        let it = self.walk.iteration();
         let log_of = |r| self.layout.phase_log(it, r, phase).display().to_string();
         let Some(summary) = shards.summary(split, phase, log_of) else {
             return;

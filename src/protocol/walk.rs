@@ -4,11 +4,14 @@
 //!
 //! [`IterationWalk`] is a small state machine. The node asks it for the next [`Step`]
 //! and performs it; the two decisions taken during the walk come back to it: the eval
-//! decision rank 0 broadcasts ([`IterationWalk::eval_decided`]) and whether training
-//! failed on some rank ([`IterationWalk::training_released`]). It does no I/O: the
-//! simulator walks the same steps.
+//! decision rank 0 broadcasts ([`IterationWalk::eval_decided`]) and the ranks whose
+//! training failed ([`IterationWalk::training_released`]). It owns the iteration's state
+//! as the node learns it: the phase entered last, this rank's training outcome until it
+//! is gathered, the failures released, and (rank 0) the shards gathered before a merge.
+//! It does no I/O: the simulator walks the same steps.
 
 use super::journal::{item, Resume};
+use super::messages::{RankFailure, Shards, TrainFailed, TrainingFailures};
 use super::phase::{eval_due, RlPhase};
 use super::Phase;
 use serde::{Deserialize, Serialize};
@@ -76,6 +79,15 @@ pub enum Split {
 }
 
 impl Split {
+    /// The split named `name` (`train`, `eval`).
+    pub fn of(name: &str) -> Option<Split> {
+        match name {
+            "train" => Some(Split::Train),
+            "eval" => Some(Split::Eval),
+            _ => None,
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Split::Train => "train",
@@ -201,7 +213,16 @@ pub struct IterationWalk {
     next_phase: usize,
     queue: VecDeque<Step>,
     eval: Option<bool>,
-    training_failed: Option<bool>,
+    /// The ranks whose training failed, with why, once `training-complete` released.
+    failures: Option<Vec<(u32, String)>>,
+    /// The phase of the last [`Step::Enter`] yielded.
+    phase: Option<Phase>,
+    /// This rank's training outcome (`Some(why)`: failed), until `training-complete`
+    /// gathers it.
+    outcome: Option<String>,
+    /// Rank 0: what the arrivals at `rollout-complete` or `eval-complete` said of a
+    /// split's shards, until its merge takes them.
+    shards: Option<(Split, Shards)>,
     done: bool,
 }
 
@@ -218,13 +239,76 @@ impl IterationWalk {
             next_phase: 0,
             queue: VecDeque::new(),
             eval: None,
-            training_failed: None,
+            failures: None,
+            phase: None,
+            outcome: None,
+            shards: None,
             done: false,
         }
     }
 
+    /// A walk that takes no step: the node's state before its first iteration.
+    pub fn before(cfg: WalkConfig, iteration: u64) -> IterationWalk {
+        let mut walk = IterationWalk::new(cfg, iteration, Resume::default());
+        walk.done = true;
+        walk
+    }
+
     pub fn iteration(&self) -> u64 {
         self.iteration
+    }
+
+    /// The phase entered last (`None` before the first).
+    pub fn phase(&self) -> Option<Phase> {
+        self.phase
+    }
+
+    /// This rank's part of training ended: `Some(why)` if it failed.
+    pub fn trained(&mut self, outcome: Option<String>) {
+        self.outcome = outcome;
+    }
+
+    /// What this rank gathers at `training-complete`: why its training failed, if it did.
+    pub fn training_gather(&mut self) -> Option<TrainFailed> {
+        self.outcome.take().map(|failed| TrainFailed { failed })
+    }
+
+    /// Rank 0: `training-complete`'s release from every rank's arrival, in rank order:
+    /// the ranks whose training failed (`None`: none did).
+    pub fn training_decide(arrivals: Vec<Option<TrainFailed>>) -> Option<TrainingFailures> {
+        let failed: Vec<RankFailure> = (0..)
+            .zip(arrivals)
+            .filter_map(|(rank, a)| {
+                Some(RankFailure {
+                    rank,
+                    failed: a?.failed,
+                })
+            })
+            .collect();
+        (!failed.is_empty()).then_some(TrainingFailures { failed })
+    }
+
+    /// The ranks whose training failed, with why, as `training-complete` released them
+    /// (empty before the release, and when none did).
+    pub fn training_failures(&self) -> &[(u32, String)] {
+        self.failures.as_deref().unwrap_or_default()
+    }
+
+    /// Rank 0: what the arrivals said of `split`'s shards, for its merge.
+    pub fn shards_gathered(&mut self, split: Split, shards: Shards) {
+        self.shards = Some((split, shards));
+    }
+
+    /// Rank 0: what the arrivals said of `split`'s shards, taken for its merge (`None`:
+    /// not gathered in this iteration, as after a restart that reused the barrier).
+    pub fn take_shards(&mut self, split: Split) -> Option<Shards> {
+        match self.shards.take() {
+            Some((s, shards)) if s == split => Some(shards),
+            other => {
+                self.shards = other;
+                None
+            }
+        }
     }
 
     /// Rank 0's eval decision, as released with `files-ready`.
@@ -232,9 +316,15 @@ impl IterationWalk {
         self.eval = Some(eval);
     }
 
-    /// Whether training failed on any rank, as released with `training-complete`.
-    pub fn training_released(&mut self, failed_somewhere: bool) {
-        self.training_failed = Some(failed_somewhere);
+    /// `training-complete`'s release: the ranks whose training failed (`None`: none).
+    /// Whether it failed anywhere.
+    pub fn training_released(&mut self, released: Option<TrainingFailures>) -> bool {
+        let failures: Vec<(u32, String)> = released
+            .map(|r| r.failed.into_iter().map(|f| (f.rank, f.failed)).collect())
+            .unwrap_or_default();
+        let failed = !failures.is_empty();
+        self.failures = Some(failures);
+        failed
     }
 
     /// The next step; `None` once the iteration is complete.
@@ -246,6 +336,9 @@ impl IterationWalk {
     pub fn next_step(&mut self) -> Option<Step> {
         loop {
             if let Some(step) = self.queue.pop_front() {
+                if let Step::Enter(phase) = step {
+                    self.phase = Some(phase);
+                }
                 return Some(step);
             }
             if self.done {
@@ -300,9 +393,11 @@ impl IterationWalk {
             }
             Phase::Handoff => {
                 if cfg.rank_0 {
-                    let failed = self
-                        .training_failed
-                        .expect("training-complete is released before the hand-off");
+                    let failed = !self
+                        .failures
+                        .as_ref()
+                        .expect("training-complete is released before the hand-off")
+                        .is_empty();
                     q.push_back(if failed {
                         Step::SkipHandoff
                     } else {
@@ -333,13 +428,25 @@ mod tests {
         }
     }
 
+    /// `training-complete`'s release when rank 1's training failed, or none did.
+    fn released(failed: bool) -> Option<TrainingFailures> {
+        IterationWalk::training_decide(vec![
+            None,
+            failed.then(|| TrainFailed {
+                failed: "exit 3".into(),
+            }),
+        ])
+    }
+
     /// Walk to the end, answering the two decisions as given.
     fn steps(mut w: IterationWalk, eval: bool, failed: bool) -> Vec<Step> {
         let mut out = Vec::new();
         while let Some(s) = w.next_step() {
             match s {
                 Step::Barrier(Barrier::FilesReady) => w.eval_decided(eval),
-                Step::Barrier(Barrier::TrainingComplete) => w.training_released(failed),
+                Step::Barrier(Barrier::TrainingComplete) => {
+                    w.training_released(released(failed));
+                }
                 _ => {}
             }
             out.push(s);
@@ -490,7 +597,7 @@ mod tests {
         let mut w = Vec::new();
         while let Some(s) = walk.next_step() {
             if s == Step::Barrier(Barrier::TrainingComplete) {
-                walk.training_released(false);
+                walk.training_released(None);
             }
             w.push(s);
         }
@@ -508,6 +615,43 @@ mod tests {
         assert!(!w.contains(&Step::Rollout(Split::Train)));
         assert!(!w.contains(&Step::Aggregate(Split::Train)));
         assert!(w.contains(&Step::Rollout(Split::Eval)));
+    }
+
+    #[test]
+    fn the_walk_keeps_the_iterations_state_as_the_node_learns_it() {
+        let mut w = IterationWalk::new(cfg(true), 2, Resume::default());
+        assert_eq!(w.phase(), None);
+        let mut gathered = None;
+        while let Some(s) = w.next_step() {
+            match s {
+                Step::Enter(p) => assert_eq!(w.phase(), Some(p)),
+                Step::Barrier(Barrier::RolloutComplete) => {
+                    w.shards_gathered(Split::Train, Shards::default())
+                }
+                Step::Aggregate(Split::Train) => {
+                    assert_eq!(w.take_shards(Split::Eval), None, "not eval's");
+                    assert!(w.take_shards(Split::Train).is_some());
+                    assert_eq!(w.take_shards(Split::Train), None, "taken once");
+                }
+                Step::Barrier(Barrier::FilesReady) => w.eval_decided(false),
+                Step::Train { .. } => w.trained(Some("exit 3".into())),
+                Step::Barrier(Barrier::TrainingComplete) => {
+                    assert!(w.training_failures().is_empty(), "not released yet");
+                    gathered = w.training_gather();
+                    assert_eq!(w.training_gather(), None, "gathered once");
+                    let release = IterationWalk::training_decide(vec![None, gathered.clone()]);
+                    assert!(w.training_released(release));
+                }
+                Step::Handoff => panic!("a failed training hands nothing off"),
+                _ => {}
+            }
+        }
+        assert_eq!(gathered.map(|g| g.failed), Some("exit 3".to_string()));
+        assert_eq!(w.training_failures(), &[(1, "exit 3".to_string())]);
+        assert_eq!(w.phase(), Some(Phase::FinalSync));
+        assert_eq!(IterationWalk::training_decide(vec![None, None]), None);
+        let mut before = IterationWalk::before(cfg(false), 0);
+        assert_eq!((before.next_step(), before.iteration()), (None, 0));
     }
 
     #[test]

@@ -674,7 +674,9 @@ impl Sim {
                         Barrier::FilesReady => {
                             walk.eval_decided(walk::eval_decision(RolloutSplit::All, it, interval))
                         }
-                        Barrier::TrainingComplete => walk.training_released(false),
+                        Barrier::TrainingComplete => {
+                            walk.training_released(None);
+                        }
                         _ => {}
                     }
                     self.procs[i].step = None;

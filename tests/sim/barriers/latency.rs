@@ -44,7 +44,9 @@ pub fn barriers_per_iteration() -> u64 {
             count += 1;
             match b {
                 walk::Barrier::FilesReady => w.eval_decided(true),
-                walk::Barrier::TrainingComplete => w.training_released(false),
+                walk::Barrier::TrainingComplete => {
+                    w.training_released(None);
+                }
                 _ => {}
             }
         }
