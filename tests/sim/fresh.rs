@@ -253,6 +253,7 @@ fn run_job(
     world
         .create_dir_all(Path::new(ROOT))
         .expect("the shared directory");
+    crate::truth::keep(&world);
     let job = Arc::new(Mutex::new(Job::default()));
     let batch = {
         let (sched, world, job, case) = (sched.clone(), world.clone(), job.clone(), case.clone());
@@ -403,6 +404,12 @@ pub(crate) fn run_seed_broken(
     checks += check_fresh_ranks(&job, case.base.nodes).map_err(violation)?;
     checks += check_new_run(&world, &case, old_run.as_deref()).map_err(violation)?;
     checks += check_set_aside(&world, &job.old, old_run.as_deref()).map_err(violation)?;
+    // The new run's only: its generations reuse the names of those set aside.
+    let layout = std::slice::from_ref(&Layout::new(ROOT)).to_vec();
+    let deaths = crate::truth::check_deaths(&world, &layout, case.base.judging())
+        .map_err(|e| violation(format!("a death declared too soon: {e}")))?;
+    let releases = crate::truth::check_barriers(&world, &layout)
+        .map_err(|e| violation(format!("a barrier passed against the true arrivals: {e}")))?;
     let summary = Summary {
         runs: 1,
         starts: 2,
@@ -410,10 +417,8 @@ pub(crate) fn run_seed_broken(
         turns: job.turns,
         node_seconds: job.ended_at.as_secs_f64() * case.base.nodes as f64,
         checks,
-        // Not checked here: `--fresh` moves the generations it sets aside, and the names
-        // the server's history is kept by with them.
-        deaths: 0,
-        releases: 0,
+        deaths,
+        releases,
     };
     let line = format!(
         "seed {seed}: {} nodes, {} iterations, {:?} caches, first run killed at {:?} (crashed: {}), --fresh (rank, at) {:?}: {} turns, schedule {:016x}, directory {:016x}, ended at {:?}; {:?}",

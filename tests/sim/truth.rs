@@ -12,8 +12,10 @@ use rl_node::store::sim::SimWorld;
 use std::path::Path;
 use std::time::Duration;
 
-/// Keep the history of the names these checks read: every rank record (with its barrier
-/// marks) and every abort.
+/// Keep the history of the names these checks read: every rank record (with its run and
+/// barrier marks), every abort, and `cluster.json` (with its run: when the current run
+/// began, for a directory where `--fresh` set an earlier run's generations aside and the
+/// new run's reuse their names).
 pub(crate) fn keep(world: &SimWorld) {
     world.keep_history_with(
         |path| {
@@ -21,15 +23,21 @@ pub(crate) fn keep(world: &SimWorld) {
                 .file_name()
                 .and_then(|n| n.to_str())
                 .unwrap_or_default();
-            name == "abort.json" || (name.starts_with("rank-") && name.ends_with(".json"))
+            name == "abort.json"
+                || name == "cluster.json"
+                || (name.starts_with("rank-") && name.ends_with(".json"))
         },
         |path, bytes| {
             let name = path.file_name()?.to_str()?;
-            if !name.starts_with("rank-") {
+            if name == "abort.json" {
                 return None;
             }
             let record: serde_json::Value = serde_json::from_slice(bytes).ok()?;
-            Some(Marks::of(&record).to_string())
+            let run = record["run_id"].as_str()?;
+            if name == "cluster.json" {
+                return Some(run.to_string());
+            }
+            Some(format!("{run} {}", Marks::of(&record)))
         },
     );
 }
@@ -73,6 +81,35 @@ impl std::fmt::Display for Marks {
     }
 }
 
+/// The current run of `layout` (its `cluster.json`) and when it began there: when
+/// `cluster.json` first named it.
+fn current_run(world: &SimWorld, layout: &Layout) -> Option<(String, Duration)> {
+    let run = read(world, &layout.cluster())?["run_id"]
+        .as_str()?
+        .to_string();
+    let began = world
+        .history_of(&layout.cluster())
+        .into_iter()
+        .find(|(_, r)| r.as_deref() == Some(run.as_str()))
+        .map_or(Duration::ZERO, |(t, _)| t);
+    Some((run, began))
+}
+
+/// The history of a rank record written in run `run` only, each with what the record
+/// said after its run id.
+fn run_history(world: &SimWorld, path: &Path, run: &str) -> Vec<(Duration, String)> {
+    world
+        .history_of(path)
+        .into_iter()
+        .filter_map(|(t, summary)| {
+            let (r, rest) = summary?
+                .split_once(' ')
+                .map(|(r, m)| (r.to_string(), m.to_string()))?;
+            (r == run).then_some((t, rest))
+        })
+        .collect()
+}
+
 /// Every barrier passed in the generations of `clusters`, held against what the ranks
 /// truly wrote to the server (the history of [`keep`]):
 /// - rank 0 released barrier k only after every rank's record said it had arrived at k
@@ -87,6 +124,9 @@ impl std::fmt::Display for Marks {
 pub(crate) fn check_barriers(world: &SimWorld, clusters: &[Layout]) -> Result<u64, String> {
     let mut checked = 0;
     for layout in clusters {
+        let Some((run, _)) = current_run(world, layout) else {
+            continue;
+        };
         for gen in 1..=current_gen(world, layout) {
             let Some(nodes) = read(world, &layout.gen_cluster(gen))
                 .and_then(|c| c["num_nodes"].as_u64())
@@ -96,10 +136,9 @@ pub(crate) fn check_barriers(world: &SimWorld, clusters: &[Layout]) -> Result<u6
             };
             let marks: Vec<Vec<(Duration, Marks)>> = (0..nodes)
                 .map(|r| {
-                    world
-                        .history_of(&layout.rank_record(gen, r))
+                    run_history(world, &layout.rank_record(gen, r), &run)
                         .into_iter()
-                        .filter_map(|(t, m)| Some((t, Marks::parse(&m?))))
+                        .map(|(t, m)| (t, Marks::parse(&m)))
                         .collect()
                 })
                 .collect();
@@ -209,6 +248,9 @@ pub(crate) fn check_deaths(
     let mut deaths = 0;
     for layout in clusters {
         let own = layout.cluster_name().unwrap_or_default();
+        let Some((run, began)) = current_run(world, layout) else {
+            continue;
+        };
         for gen in 1..=current_gen(world, layout) {
             let path = layout.abort(gen);
             let Some(abort) = read(world, &path) else {
@@ -218,7 +260,8 @@ pub(crate) fn check_deaths(
             if !reason.starts_with("heartbeat still for") {
                 continue;
             }
-            let Some(&created) = world.history(&path).first() else {
+            // This run's abort: created since the run began here.
+            let Some(created) = world.history(&path).into_iter().find(|t| *t >= began) else {
                 return Err(format!("{} has no history", path.display()));
             };
             let culprit = abort["culprit"].as_u64().unwrap_or(u64::MAX) as u32;
@@ -226,21 +269,31 @@ pub(crate) fn check_deaths(
             // The culprit's record in this generation, or for another cluster's rank
             // (its rank 0 judged while this cluster waited on it, or an abort adopted
             // from it), in any generation of that cluster.
-            let records: Vec<_> = if of == own {
-                vec![layout.rank_record(gen, culprit)]
+            let (records, run): (Vec<_>, String) = if of == own {
+                (vec![layout.rank_record(gen, culprit)], run.clone())
             } else {
                 let theirs = layout
                     .other_cluster()
                     .filter(|o| o.cluster_name() == Some(of))
                     .ok_or_else(|| format!("{} names cluster {of}", path.display()))?;
-                (1..=current_gen(world, &theirs))
-                    .map(|g| theirs.rank_record(g, culprit))
-                    .collect()
+                let their_run = current_run(world, &theirs).map(|(r, _)| r);
+                (
+                    (1..=current_gen(world, &theirs))
+                        .map(|g| theirs.rank_record(g, culprit))
+                        .collect(),
+                    their_run.unwrap_or_default(),
+                )
             };
             let end = created.saturating_sub(judging.stale);
             let longest = records
                 .iter()
-                .map(|r| longest_unwritten(&world.history(r), end))
+                .map(|r| {
+                    let writes: Vec<Duration> = run_history(world, r, &run)
+                        .into_iter()
+                        .map(|(t, _)| t)
+                        .collect();
+                    longest_unwritten(&writes, end)
+                })
                 .max()
                 .unwrap_or_default();
             let Some(longest) = longest else {
@@ -322,7 +375,10 @@ fn a_release_before_an_arrival_and_a_pass_before_a_release_are_caught() {
     world.create_dir_all(&layout.gen_dir(1)).unwrap();
     let json = |v: serde_json::Value| serde_json::to_vec(&v).unwrap();
     store
-        .publish(&layout.cluster(), &json(serde_json::json!({"gen": 1})))
+        .publish(
+            &layout.cluster(),
+            &json(serde_json::json!({"gen": 1, "run_id": "r1"})),
+        )
         .unwrap();
     store
         .publish(
@@ -334,7 +390,7 @@ fn a_release_before_an_arrival_and_a_pass_before_a_release_are_caught() {
     // (ms, rank, arrived, released): each a write of that rank's record.
     let write = |ms: u64, rank: u32, arrived: u64, released: Option<u64>| {
         now.store(ms, Ordering::SeqCst);
-        let mut record = serde_json::json!({"arrived": mark(arrived, "b")});
+        let mut record = serde_json::json!({"run_id": "r1", "arrived": mark(arrived, "b")});
         if let Some(k) = released {
             record["released"] = mark(k, "b");
         }
@@ -343,6 +399,12 @@ fn a_release_before_an_arrival_and_a_pass_before_a_release_are_caught() {
             .unwrap();
     };
     let check = || check_barriers(&world, std::slice::from_ref(&layout));
+    // An earlier run's record at the same name (set aside by `--fresh`): not this run's.
+    now.store(1, Ordering::SeqCst);
+    let old = serde_json::json!({"run_id": "r0", "released": mark(3, "b")});
+    store
+        .publish(&layout.rank_record(1, 0), &json(old))
+        .unwrap();
     // Rank 0 forms the generation before rank 1 joins it.
     write(10, 0, 0, None);
     write(20, 1, 0, None);
