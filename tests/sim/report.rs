@@ -201,6 +201,7 @@ fn json_report() {
         .into_iter()
         .map(|(k, n)| (k.to_string(), json!(n)))
         .collect();
+    let (deaths, releases) = crate::truth::checked();
     let report = json!({
         "seeds": s.seeds,
         "first_seed": s.first,
@@ -212,6 +213,7 @@ fn json_report() {
         "faults": faults,
         "fault_kinds": crate::nodes::fault_kinds(),
         "exercised": exercised,
+        "checked": {"deaths": deaths, "barrier_releases": releases},
     });
     println!("{report}");
     assert!(failures.is_empty(), "{} scenario(s) failed", failures.len());
@@ -685,6 +687,11 @@ fn a_sweeps_json_report_has_every_key_and_counts_the_paths_the_driver_took() {
     for key in ["generations", "fenced_writes"] {
         assert!(exercised[key].as_u64() > Some(0), "{key}: {line}");
     }
+    assert!(
+        report["checked"]["barrier_releases"].as_u64() > Some(0),
+        "{line}"
+    );
+    assert!(report["checked"]["deaths"].is_u64(), "{line}");
 }
 
 /// The mutant report of one scenario, as `scripts/sim --mutants --scenario barriers

@@ -10,7 +10,21 @@
 use rl_node::layout::Layout;
 use rl_node::store::sim::SimWorld;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+/// Deaths and barrier releases checked so far in this process (for `scripts/sim --json`).
+static DEATHS: AtomicU64 = AtomicU64::new(0);
+static RELEASES: AtomicU64 = AtomicU64::new(0);
+
+/// The deaths and barrier releases checked against the server's history so far in this
+/// process.
+pub(crate) fn checked() -> (u64, u64) {
+    (
+        DEATHS.load(Ordering::Relaxed),
+        RELEASES.load(Ordering::Relaxed),
+    )
+}
 
 /// Keep the history of the names these checks read: every rank record (with its run and
 /// barrier marks), every abort, and `cluster.json` (with its run: when the current run
@@ -189,6 +203,7 @@ pub(crate) fn check_barriers(world: &SimWorld, clusters: &[Layout]) -> Result<u6
             }
         }
     }
+    RELEASES.fetch_add(checked, Ordering::Relaxed);
     Ok(checked)
 }
 
@@ -317,6 +332,7 @@ pub(crate) fn check_deaths(
             }
         }
     }
+    DEATHS.fetch_add(deaths, Ordering::Relaxed);
     Ok(deaths)
 }
 
@@ -359,7 +375,6 @@ fn the_longest_stretch_counts_up_to_the_end_and_from_the_first_write() {
 #[test]
 fn a_release_before_an_arrival_and_a_pass_before_a_release_are_caught() {
     use rl_node::store::SharedDir;
-    use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
     let layout = Layout::new("/job");
     let world = SimWorld::new();
