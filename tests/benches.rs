@@ -181,6 +181,20 @@ fn bench_overhead_runs_every_part() {
         "bench-overhead --strace",
         &["4. The counter against strace", "\nall "],
     );
+    let text = tiny(
+        "bench-overhead",
+        &["--against", "HEAD"],
+        Duration::from_secs(90),
+    );
+    assert_says(
+        &text,
+        "bench-overhead --against HEAD",
+        &[
+            "6. This build against HEAD",
+            "time per iteration, this build / HEAD",
+            "CPU time per iteration, this build / HEAD",
+        ],
+    );
 }
 
 #[test]

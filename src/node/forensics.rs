@@ -164,6 +164,8 @@ pub(crate) struct Reporter {
     /// Where the calls answered or made were made: (iteration, phase).
     stalls: BTreeSet<(u64, String)>,
     in_flight: usize,
+    /// The barrier or phase command the current wait is watched for overrunning.
+    watched: Option<Watched>,
     /// Where the reports run their tools.
     tools: collect::Tools,
     tx: Sender<Written>,
@@ -184,6 +186,7 @@ impl Reporter {
             answered: BTreeSet::new(),
             stalls: BTreeSet::new(),
             in_flight: 0,
+            watched: None,
             tx,
             rx,
         }
@@ -284,7 +287,7 @@ impl Node {
         timeout: Duration,
         started: Instant,
     ) {
-        self.hang_wait = Some(Watched {
+        self.hang.watched = Some(Watched {
             what,
             key,
             timeout,
@@ -294,7 +297,7 @@ impl Node {
     }
 
     pub(super) fn unwatch_wait(&mut self) {
-        self.hang_wait = None;
+        self.hang.watched = None;
     }
 
     /// One round of the wait loop: hear of reports written, and start the ones due.
@@ -307,13 +310,13 @@ impl Node {
         }
         let fraction = self.hang.fraction;
         let mut triggers = Vec::new();
-        if let Some(w) = self.hang_wait.as_mut() {
+        if let Some(w) = self.hang.watched.as_mut() {
             let elapsed = self.clock.now().saturating_duration_since(w.started);
             if due(elapsed, w.timeout, fraction, w.reported) {
                 w.reported = true;
                 triggers.push(Trigger::Wait {
                     what: w.what.clone(),
-                    note: self.waiting_note.clone(),
+                    note: self.waiting.note.clone(),
                     key: w.key.clone(),
                     elapsed,
                     timeout: w.timeout,

@@ -367,7 +367,7 @@ impl Node {
                 }
                 FormEffect::WaitingFor(missing) => {
                     let gen = form.published().map_or(0, |c| c.gen);
-                    self.waiting_note = format!(
+                    self.waiting.note = format!(
                         "waiting for {} to join generation {gen}",
                         super::ranks_list(&missing)
                     );
@@ -557,7 +557,7 @@ impl Node {
             r.state = NodeState::Running;
         });
         self.publisher().set_interval(beat);
-        self.waiting_note.clear();
+        self.waiting.note.clear();
         self.info("all ranks joined");
     }
 
@@ -670,7 +670,7 @@ impl Node {
             self.layout.cluster().display(),
             on.unwrap_or_default()
         ));
-        self.waiting_note = "rank 0 to publish a generation to join".into();
+        self.waiting.note = "rank 0 to publish a generation to join".into();
         match self.wait_for(deadline, |n| n.drive_join(&mut jm)) {
             Ok(joined) => Ok(joined),
             Err(Interrupt::Stop(s)) => Err(s),
@@ -680,7 +680,7 @@ impl Node {
                     format!(
                         "no generation to join within join-timeout ({}): {}",
                         humantime::format_duration(self.cfg.timing.join_timeout),
-                        self.waiting_note
+                        self.waiting.note
                     ),
                 )
                 .with_hint("start rank 0 (--master) with the same configuration and --log-path"),
@@ -751,7 +751,7 @@ impl Node {
                     Some(Input::Resume(self.resume_point(&run_id).iteration))
                 }
                 Effect::Waiting(note) => {
-                    self.waiting_note = self.log_path_missing().unwrap_or(note);
+                    self.waiting.note = self.log_path_missing().unwrap_or(note);
                     None
                 }
                 Effect::Info(line) => {
@@ -783,7 +783,7 @@ impl Node {
                 }
                 Effect::Passed => {
                     self.publisher().update(|r| r.state = NodeState::Running);
-                    self.waiting_note.clear();
+                    self.waiting.note.clear();
                     return Ok(Some(Joined::Formed));
                 }
                 Effect::Complete { message, hint } => {
@@ -855,7 +855,7 @@ impl Node {
             "joined generation {gen} of run {} (rank 0 on {}, master address {})",
             cluster.run_id, cluster.host, cluster.master_addr
         ));
-        self.waiting_note = format!("rank 0 to release the join of generation {gen}");
+        self.waiting.note = format!("rank 0 to release the join of generation {gen}");
         Ok(())
     }
 

@@ -189,8 +189,8 @@ pub(crate) struct Node {
     model_checked: Option<String>,
     /// Exits reaped but not yet claimed by the wait that expects them.
     exited: HashMap<i32, ChildExit>,
-    /// What the current wait is waiting for, for "still waiting" lines.
-    waiting_note: String,
+    /// What the current wait is waiting for, and what sets its pace.
+    waiting: poll::Waiting,
     /// While rank 0's rollout command runs with `workers-wait-for`: the file it creates by
     /// itself, which the wait loop turns into `{ready_file}` for the workers.
     relay: Option<Relay>,
@@ -231,19 +231,12 @@ pub(crate) struct Node {
     )>,
     /// `[observe] prometheus-textfile`, when set (not in the simulator).
     textfile: std::sync::Mutex<Option<textfile::Textfile>>,
-    /// The current wait is for this node's own command (see [`Node::wait_for`]).
-    idle_wait: bool,
     /// Pipelined mode, rank 0: the other cluster, as watched.
     other: Option<pipeline::Other>,
     /// Pipelined mode, rollout cluster: the model of the current iteration.
     rollout_model: Option<pipeline::RolloutModel>,
-    /// The longest poll step of the current wait, when it must notice sooner than
-    /// `poll-interval` (a wait for the other cluster of a pipelined run).
-    poll_cap: Option<Duration>,
     /// Hang reports: when they are due, and their threads (`forensics`).
     hang: forensics::Reporter,
-    /// The barrier or phase command the current wait is watched for overrunning.
-    hang_wait: Option<forensics::Watched>,
 }
 
 /// A log in the shared directory written through one open handle: one `write` per line,
@@ -733,7 +726,7 @@ impl Node {
             model: cfg.cluster.model.clone(),
             model_checked: None,
             exited: HashMap::new(),
-            waiting_note: String::new(),
+            waiting: poll::Waiting::default(),
             relay: None,
             server: None,
             debug_mode,
@@ -751,12 +744,9 @@ impl Node {
             metrics_written: Default::default(),
             metrics_stats: None,
             textfile: Default::default(),
-            idle_wait: false,
             other: None,
             rollout_model: None,
-            poll_cap: None,
             hang,
-            hang_wait: None,
             cfg,
         }
     }
@@ -1003,11 +993,11 @@ impl Node {
             if now >= deadline {
                 return Err(Interrupt::Deadline);
             }
-            if now - started >= next_note && !self.waiting_note.is_empty() {
+            if now - started >= next_note && !self.waiting.note.is_empty() {
                 self.info(&format!(
                     "still waiting after {:.0}s: {}",
                     (now - started).as_secs_f64(),
-                    self.waiting_note
+                    self.waiting.note
                 ));
                 next_note = (next_note * 3).min(next_note + Duration::from_secs(300));
             }
@@ -1023,21 +1013,12 @@ impl Node {
                 timeout = timeout.min(until.max(Duration::from_millis(1)));
             }
             let t = &self.cfg.timing;
-            let max_step = match self.relay {
-                // The relay looks at least twice a second.
-                Some(_) => RELAY_POLL.min(t.poll_interval),
-                // While this node's own command runs, peers are read every half
-                // heartbeat (2.5 s by default): that only delays noticing a failure
-                // elsewhere, and keeps an idle node's operations on the shared directory
-                // to about two a second (docs/shared-directory.md, "What a node does to the
-                // directory, counted").
-                None if self.poll_cap.is_some() => self
-                    .poll_cap
-                    .unwrap_or(t.poll_interval)
-                    .min(t.poll_interval),
-                None if self.idle_wait => t.poll_interval.max(t.heartbeat_interval / 2),
-                None => t.poll_interval,
-            };
+            // The relay looks at least twice a second; an idle node about twice a second
+            // (docs/shared-directory.md, "What a node does to the directory, counted").
+            let relay = self.relay.as_ref().map(|_| RELAY_POLL);
+            let max_step = self
+                .waiting
+                .max_step(relay, t.poll_interval, t.heartbeat_interval);
             step = poll::next_step(step, max_step);
             match clock::recv_timeout(&*self.clock, &self.events, timeout) {
                 Ok(ev) => self.handle_event(ev)?,
@@ -1229,7 +1210,7 @@ impl Node {
             // release), not as a write of its own that the release could queue behind.
             Change::WaitingFor(missing) => {
                 if let Some((_, name)) = self.machine.at_barrier() {
-                    self.waiting_note = format!(
+                    self.waiting.note = format!(
                         "barrier {name} (iteration {}) waits for {}",
                         self.walk.iteration(),
                         ranks_list(&missing)
@@ -1459,7 +1440,7 @@ impl Node {
         self.machine.leave_barrier();
         self.unwatch_wait();
         let broadcast = passed?;
-        self.waiting_note.clear();
+        self.waiting.note.clear();
         let waited = self.clock.elapsed(started);
         self.debug(&format!(
             "iteration {}: barrier {name} passed after {:.3}s",
@@ -1501,7 +1482,7 @@ impl Node {
             self.drive_machine()?;
             Ok(broadcast)
         } else {
-            self.waiting_note = format!(
+            self.waiting.note = format!(
                 "rank 0 to release barrier {name} (iteration {})",
                 self.walk.iteration()
             );
@@ -1531,7 +1512,7 @@ impl Node {
                     "{} within barrier-timeout ({}); {}",
                     what(),
                     humantime::format_duration(self.cfg.timing.barrier_timeout),
-                    self.waiting_note
+                    self.waiting.note
                 );
                 Err(self.fail(AbortKind::Timeout, self.rank, None, reason, None))
             }
@@ -2114,11 +2095,11 @@ impl Node {
         marker: &Path,
         rc: &crate::config::RolloutCommand,
     ) -> Result<(), Stop> {
-        self.waiting_note = format!(
+        self.waiting.note = format!(
             "waiting for rank 0's {phase} command to create {} (phases.{phase}.workers-wait)",
             marker.display()
         );
-        let note = self.waiting_note.clone();
+        let note = self.waiting.note.clone();
         self.publisher().update(|r| r.progress = Some(note));
         let m = marker.to_path_buf();
         let deadline = self.clock.now() + rc.workers_wait_timeout;
@@ -2138,7 +2119,7 @@ impl Node {
             }
         }
         if !rc.workers_delay.is_zero() {
-            self.waiting_note = format!(
+            self.waiting.note = format!(
                 "phases.{phase}.workers-delay ({}) after rank 0's ready file",
                 humantime::format_duration(rc.workers_delay)
             );
@@ -2152,7 +2133,7 @@ impl Node {
             "iteration {}: rank 0's {split} rollout let the workers start",
             self.walk.iteration()
         ));
-        self.waiting_note.clear();
+        self.waiting.note.clear();
         self.publisher().update(|r| r.progress = None);
         Ok(())
     }
@@ -3136,11 +3117,11 @@ impl Node {
             self.walk.iteration(),
             log.display()
         ));
-        self.waiting_note = format!("the {phase} command (pid {pid})");
+        self.waiting.note = format!("the {phase} command (pid {pid})");
         let deadline = running.started + pc.timeout;
         // Nothing waits on the peers while the command runs: read them at the idle
         // cadence (its exit still wakes the loop at once).
-        self.idle_wait = true;
+        self.waiting.idle = true;
         self.watch_wait(
             format!("the {phase} command (pid {pid})"),
             format!("phases.{phase}.timeout"),
@@ -3149,8 +3130,8 @@ impl Node {
         );
         let waited = self.wait_for(deadline, |n| Ok(n.exited.remove(&pid)));
         self.unwatch_wait();
-        self.idle_wait = false;
-        self.waiting_note.clear();
+        self.waiting.idle = false;
+        self.waiting.note.clear();
         let exit = match waited {
             Ok(exit) => exit,
             Err(Interrupt::Stop(s)) => return Err(s),

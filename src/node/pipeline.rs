@@ -274,7 +274,7 @@ impl Node {
                 Err(self.fail(AbortKind::Timeout, self.rank, None, reason, None))
             }
             Found::Absent { .. } => {
-                self.waiting_note = format!(
+                self.waiting.note = format!(
                     "the {name} cluster, which is not running (no live generation under {})",
                     self.layout
                         .other_cluster()
@@ -315,11 +315,11 @@ impl Node {
         if let Some(o) = self.other.as_mut() {
             o.machine.wait_boundary();
         }
-        self.waiting_note = what.clone();
+        self.waiting.note = what.clone();
         let far = self.clock.now() + Duration::from_secs(100 * 365 * 24 * 3600);
         // Noticed within pipeline.poll-interval: the other cluster's hand-over is what
         // this cluster's next iteration starts on.
-        self.poll_cap = Some(self.cfg.pipeline.poll_interval);
+        self.waiting.cap = Some(self.cfg.pipeline.poll_interval);
         let got = self.wait_for(far, |n| {
             n.watch_other(true)?;
             // Read after the watch: a cluster seen finished wrote its last record before.
@@ -333,14 +333,14 @@ impl Node {
                 );
                 return Err(n.fail(AbortKind::Error, n.rank, None, reason, None));
             }
-            n.waiting_note = what.clone();
+            n.waiting.note = what.clone();
             Ok(None)
         });
-        self.poll_cap = None;
+        self.waiting.cap = None;
         if let Some(o) = self.other.as_mut() {
             o.machine.wait_boundary();
         }
-        self.waiting_note.clear();
+        self.waiting.note.clear();
         self.publisher().update(|r| r.progress = None);
         match got {
             Ok(q) => {

@@ -15,6 +15,40 @@ const FIRST_STEP: Duration = Duration::from_micros(500);
 /// thread (a thread costs more than a few reads of a local file).
 pub const READS_PER_THREAD: usize = 8;
 
+/// What the node's current wait is, besides its deadline: what it waits for (said in its
+/// "still waiting" lines), and what sets its pace.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Waiting {
+    /// What the wait waits for, for "still waiting" lines.
+    pub note: String,
+    /// The wait is for this node's own command.
+    pub idle: bool,
+    /// The longest poll step, when the wait must notice sooner than `poll-interval` (a
+    /// wait for the other cluster of a pipelined run).
+    pub cap: Option<Duration>,
+}
+
+impl Waiting {
+    /// The longest pause between two rounds of this wait: `relay` while rank 0 relays a
+    /// ready file, which it looks for at least every `relay_poll`; the cap, if any; while
+    /// the node's own command runs, peers are read every half heartbeat (that only delays
+    /// noticing a failure elsewhere, and keeps an idle node's operations on the shared
+    /// directory to about two a second); otherwise `poll_interval`.
+    pub fn max_step(
+        &self,
+        relay: Option<Duration>,
+        poll_interval: Duration,
+        heartbeat_interval: Duration,
+    ) -> Duration {
+        match (relay, self.cap) {
+            (Some(relay), _) => relay.min(poll_interval),
+            (None, Some(cap)) => cap.min(poll_interval),
+            (None, None) if self.idle => poll_interval.max(heartbeat_interval / 2),
+            (None, None) => poll_interval,
+        }
+    }
+}
+
 /// The pause before a wait's second round (`poll_interval` if that is shorter).
 pub fn first_step(poll_interval: Duration) -> Duration {
     FIRST_STEP.min(poll_interval)
@@ -55,6 +89,26 @@ mod tests {
         assert_eq!(read_run(1_024, 8), 128);
         assert_eq!(read_run(1_023, 8), 128);
         assert_eq!(read_run(1_024, 1), 1_024);
+    }
+
+    #[test]
+    fn a_wait_polls_at_the_relay_then_the_cap_then_half_a_heartbeat_when_idle() {
+        let ms = Duration::from_millis;
+        let (poll, beat) = (ms(1_000), ms(5_000));
+        let mut w = Waiting::default();
+        assert_eq!(w.max_step(None, poll, beat), poll);
+        w.idle = true;
+        assert_eq!(w.max_step(None, poll, beat), ms(2_500));
+        w.cap = Some(ms(200));
+        assert_eq!(w.max_step(None, poll, beat), ms(200));
+        assert_eq!(w.max_step(Some(ms(500)), poll, beat), ms(500));
+        assert_eq!(w.max_step(Some(ms(500)), ms(100), beat), ms(100));
+        w.cap = Some(ms(3_000));
+        assert_eq!(
+            w.max_step(None, poll, beat),
+            poll,
+            "a cap never slows a wait down"
+        );
     }
 
     #[test]

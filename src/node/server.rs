@@ -158,14 +158,14 @@ impl Node {
             self.wait_port_free(&format!("start attempt {attempt} failed"), &log)?;
             // Through the node's one wait loop: peers, an abort or a signal end the delay
             // within a poll, and the heartbeat goes on.
-            self.waiting_note = format!(
+            self.waiting.note = format!(
                 "server.start-retry-delay ({}) before server start attempt {} of {attempts}",
                 humantime::format_duration(delay),
                 attempt + 1
             );
             let deadline = self.clock.now() + delay;
             let waited = self.wait_for(deadline, |_| Ok(None::<()>));
-            self.waiting_note.clear();
+            self.waiting.note.clear();
             if let Err(Interrupt::Stop(s)) = waited {
                 return Err(s);
             }
@@ -204,7 +204,7 @@ impl Node {
             .http_status_as_error(false)
             .build()
             .into();
-        self.waiting_note = format!("the server (pid {pid}) to answer {url}");
+        self.waiting.note = format!("the server (pid {pid}) to answer {url}");
         let deadline = running.started + self.cfg.server.start_timeout;
         let waited = self.wait_for(deadline, |n| {
             if let Some(exit) = n.exited.remove(&pid) {
@@ -212,7 +212,7 @@ impl Node {
             }
             Ok(healthy(&agent, url).then_some(None))
         });
-        self.waiting_note.clear();
+        self.waiting.note.clear();
         let failure = match waited {
             Ok(failure) => failure,
             Err(Interrupt::Stop(s)) => return Err(s),

@@ -769,7 +769,7 @@ impl Node {
         if progress_bar() {
             crate::errln!();
         }
-        self.waiting_note.clear();
+        self.waiting.note.clear();
         self.report_static(split, started, &live);
         self.static_verdict(split, phase, &live)
     }
@@ -838,7 +838,7 @@ impl Node {
                 return Ok(());
             }
             let next_retry = live.delayed.iter().map(|d| d.0).min();
-            self.waiting_note = format!(
+            self.waiting.note = format!(
                 "{} {split} item(s) running, {} queued, {} waiting to retry",
                 live.running.len(),
                 live.queue.len(),
@@ -861,7 +861,7 @@ impl Node {
                         format!(
                         "the {phase} items did not finish within phases.{phase}.timeout ({}): {}",
                         humantime::format_duration(job.pc.timeout),
-                        self.waiting_note
+                        self.waiting.note
                     ),
                         Some(
                             &self
@@ -1398,7 +1398,7 @@ impl Node {
             if d.machine.finished() {
                 break;
             }
-            self.waiting_note = format!(
+            self.waiting.note = format!(
                 "{} {split} item(s) running here, {} held by other ranks",
                 d.machine.running(),
                 d.machine.awaited()
@@ -1414,7 +1414,7 @@ impl Node {
                         None,
                         format!(
                             "the dynamic {phase} did not finish within its timeout: {}",
-                            self.waiting_note
+                            self.waiting.note
                         ),
                         None,
                     ));
@@ -1425,7 +1425,7 @@ impl Node {
         }
         self.finish_workers()?;
         self.unwatch_wait();
-        self.waiting_note.clear();
+        self.waiting.note.clear();
         self.report_dynamic(&d, started);
         self.commit_dynamic_shard(&d)?;
         self.dynamic_verdict(&d)
