@@ -142,8 +142,8 @@ pub struct Handover {
     watched_gen: Option<u64>,
     /// The look under way, and what it reads next.
     look: Option<(Kind, Stage)>,
-    /// The read asked for and not yet answered.
-    pending: Option<Effect>,
+    /// The look's next read was asked for ([`Handover::poll_effect`]) and not answered.
+    asked: bool,
     /// What the last look found, until taken.
     found: Option<Found>,
 }
@@ -162,7 +162,7 @@ impl Handover {
             liveness,
             watched_gen: None,
             look: None,
-            pending: None,
+            asked: false,
             found: None,
         }
     }
@@ -205,12 +205,20 @@ impl Handover {
         );
         self.found = None;
         self.look = Some((kind, Stage::Cluster));
-        self.pending = Some(Effect::ReadCluster);
+        self.asked = false;
         self.assert_invariants();
     }
 
+    /// The read the look under way needs next, once.
     pub fn poll_effect(&mut self) -> Option<Effect> {
-        self.pending.take()
+        let (_, stage) = self.look.as_ref().filter(|_| !self.asked)?;
+        let effect = match *stage {
+            Stage::Cluster => Effect::ReadCluster,
+            Stage::Abort(gen) => Effect::ReadAbort { gen },
+            Stage::Rank0(gen) => Effect::ReadRank0 { gen },
+        };
+        self.asked = true;
+        Some(effect)
     }
 
     /// What the finished look found (once).
@@ -240,7 +248,9 @@ impl Handover {
         let (kind, stage) = self
             .look
             .take()
-            .expect("an answer without a look under way");
+            .filter(|_| self.asked)
+            .expect("an answer without a read asked for");
+        self.asked = false;
         let next = match (stage, input) {
             (Stage::Cluster, Input::Cluster(c)) => {
                 let live = c.filter(|g| Some(*g) != self.ended_gen);
@@ -269,14 +279,7 @@ impl Handover {
             (stage, input) => panic!("{input:?} does not answer a read of {stage:?}"),
         };
         match next {
-            Ok(stage) => {
-                self.pending = Some(match stage {
-                    Stage::Cluster => Effect::ReadCluster,
-                    Stage::Abort(gen) => Effect::ReadAbort { gen },
-                    Stage::Rank0(gen) => Effect::ReadRank0 { gen },
-                });
-                self.look = Some((kind, stage));
-            }
+            Ok(stage) => self.look = Some((kind, stage)),
             Err(found) => self.found = Some(found),
         }
         self.assert_invariants();
@@ -430,17 +433,16 @@ impl Handover {
         self.assert_invariants();
     }
 
-    /// The machine's invariants: a read is asked for exactly while a look is under way,
-    /// and what it found only once the look is over; an ended generation is never the one
+    /// The machine's invariants: a read is asked for only while a look is under way, and
+    /// what it found only once the look is over; an ended generation is never the one
     /// watched; the silence counted is within the current generation.
     pub fn assert_invariants(&self) {
         if !(cfg!(debug_assertions) || cfg!(feature = "sim")) {
             return;
         }
-        assert_eq!(
-            self.look.is_some(),
-            self.pending.is_some(),
-            "a look without its read, or a read without a look"
+        assert!(
+            self.look.is_some() || !self.asked,
+            "a read asked for without a look"
         );
         assert!(
             self.look.is_none() || self.found.is_none(),
