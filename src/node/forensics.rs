@@ -371,7 +371,7 @@ impl Node {
             let phase = self.phase_label();
             let call = self
                 .hang
-                .call(self.rank, self.walk.iteration(), &phase, &why);
+                .call(self.rank, self.machine.iteration(), &phase, &why);
             if let Some(p) = &self.publisher {
                 p.update(|r| r.hang_call = Some(call));
             }
@@ -409,7 +409,7 @@ impl Node {
             return;
         };
         let why = trigger.why();
-        let Some(k) = self.hang.allow(self.walk.iteration()) else {
+        let Some(k) = self.hang.allow(self.machine.iteration()) else {
             self.debug(&format!(
                 "no hang report for: {why} ({MAX_PER_ITERATION} this iteration already, or {MAX_IN_FLIGHT} still being written)"
             ));
@@ -425,15 +425,17 @@ impl Node {
             self.host,
             self.rank,
             self.gen(),
-            self.walk.iteration(),
+            self.machine.iteration(),
             self.phase_label(),
             self.hang.fraction,
         );
         let job = Job {
             store: self.store.clone(),
-            first: self.layout.hang_report(self.walk.iteration(), self.rank, k),
+            first: self
+                .layout
+                .hang_report(self.machine.iteration(), self.rank, k),
             layout: self.layout.clone(),
-            iteration: self.walk.iteration(),
+            iteration: self.machine.iteration(),
             rank: self.rank,
             k,
             header,

@@ -375,7 +375,7 @@ impl Node {
                     None
                 }
                 FormEffect::Fenced(why) => {
-                    let gen = self.cluster.as_ref().map_or(0, |c| c.gen);
+                    let gen = self.machine.cluster().map_or(0, |c| c.gen);
                     self.publisher().update(|r| {
                         r.state = NodeState::Left;
                         r.waiting_for.clear();
@@ -401,7 +401,7 @@ impl Node {
     /// the heartbeat thread from here on (faster while joining).
     fn start_own_record(&mut self, cluster: ClusterRecord, arrived: Mark) -> Result<(), Stop> {
         let (gen, run_id) = (cluster.gen, cluster.run_id.clone());
-        self.cluster = Some(cluster);
+        self.machine.joined(cluster);
         let mut me = self.record(gen, &run_id, 0, NodeState::Joining);
         me.arrived = Some(arrived);
         let path = self.layout.rank_record(gen, 0);
@@ -778,7 +778,7 @@ impl Node {
                     if let Some(p) = self.publisher.take() {
                         p.finish(|r| r.state = NodeState::Left, Duration::from_secs(5));
                     }
-                    self.cluster = None;
+                    self.machine.left_generation();
                     None
                 }
                 Effect::Passed => {
@@ -825,7 +825,7 @@ impl Node {
     /// rank's record, arrived at the join.
     fn joined_generation(&mut self, cluster: ClusterRecord, r0: &RankRecord) -> Result<(), Stop> {
         let gen = cluster.gen;
-        self.cluster = Some(cluster.clone());
+        self.machine.joined(cluster.clone());
         self.machine.watch.liveness = crate::protocol::Liveness::new(self.cfg.timing.dead_after);
         self.machine.watch.peers = vec![None; self.num_nodes() as usize];
         self.machine.watch.nonces.clear();

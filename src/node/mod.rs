@@ -48,7 +48,7 @@ use crate::protocol::liveness::Stamp;
 use crate::protocol::machine::{self, NodeMachine};
 use crate::protocol::messages::{self as msg, Payload};
 use crate::protocol::walk::{self, Barrier as WalkBarrier, IterationWalk, Split, Step, WalkConfig};
-use crate::protocol::{AbortInfo, AbortKind, ClusterRecord, NodeState, Phase, RankRecord};
+use crate::protocol::{AbortInfo, AbortKind, NodeState, Phase, RankRecord};
 use crate::store::{Kind, SharedDir};
 use procs::{ChildExit, Event, Registry};
 use publisher::Publisher;
@@ -173,15 +173,10 @@ pub(crate) struct Node {
     launcher: Arc<dyn procs::Launcher>,
     watchdog: watchdog::Watchdog,
     // Set once joined.
-    cluster: Option<ClusterRecord>,
     publisher: Option<Publisher>,
     /// The node's coordination with its peers (watching them, barriers, aborts), as the
     /// protocol's sans-I/O machine: this node performs what it asks (`drive_machine`).
     machine: NodeMachine,
-    /// The current iteration's walk (`protocol::walk`), with the iteration's state as
-    /// this node learned it: the phase, its training outcome, the failures released, the
-    /// shards gathered.
-    walk: IterationWalk,
     /// The model `{model}` names and the server serves, as this node sees it (its own
     /// mount of the shared directory).
     model: String,
@@ -719,10 +714,8 @@ impl Node {
             wake: parts.wake,
             launcher: parts.launcher,
             watchdog: parts.watchdog,
-            cluster: None,
             publisher: None,
             machine,
-            walk: IterationWalk::before(walk_config(&cfg, rank), 0),
             model: cfg.cluster.model.clone(),
             model_checked: None,
             exited: HashMap::new(),
@@ -889,7 +882,7 @@ impl Node {
     }
 
     fn gen(&self) -> u64 {
-        self.cluster.as_ref().map(|c| c.gen).unwrap_or(0)
+        self.machine.cluster().map(|c| c.gen).unwrap_or(0)
     }
 
     /// Fencing: is this node still of the run's current generation? Checked immediately
@@ -942,8 +935,8 @@ impl Node {
     }
 
     fn run_id(&self) -> &str {
-        self.cluster
-            .as_ref()
+        self.machine
+            .cluster()
             .map(|c| c.run_id.as_str())
             .unwrap_or("")
     }
@@ -961,10 +954,7 @@ impl Node {
     }
 
     fn phase_label(&self) -> String {
-        self.walk
-            .phase()
-            .map(|p| p.to_string())
-            .unwrap_or_else(|| "join".into())
+        self.machine.position().phase.clone()
     }
 
     // ---------------------------------------------------------------- the one wait loop
@@ -1125,7 +1115,6 @@ impl Node {
             write_error: publisher.last_error(),
             intruder: publisher.intruder(),
         };
-        self.sync_position();
         let now = self.clock.since_start();
         self.machine.handle(now, input);
         self.machine.tick(now);
@@ -1135,18 +1124,6 @@ impl Node {
     }
 
     /// Where the node is, as the machine judges and names it in the aborts it writes.
-    fn sync_position(&mut self) {
-        let position = machine::Position {
-            run_id: self.run_id().to_string(),
-            gen: self.gen(),
-            iteration: self.walk.iteration(),
-            phase: self.phase_label(),
-        };
-        if *self.machine.position() != position {
-            self.machine.set_position(position);
-        }
-    }
-
     /// Perform the machine's effects until it has none: the one place this node acts on
     /// its coordination with its peers. A stop is returned as the node's.
     fn drive_machine(&mut self) -> Result<(), Stop> {
@@ -1212,7 +1189,7 @@ impl Node {
                 if let Some((_, name)) = self.machine.at_barrier() {
                     self.waiting.note = format!(
                         "barrier {name} (iteration {}) waits for {}",
-                        self.walk.iteration(),
+                        self.machine.iteration(),
                         ranks_list(&missing)
                     );
                 }
@@ -1224,7 +1201,7 @@ impl Node {
             Change::Observed(observed) => {
                 self.with_textfile(|t| t.peer_ages(&observed));
                 if let Some(p) = &self.publisher {
-                    match (self.rank, &self.cluster) {
+                    match (self.rank, self.machine.cluster()) {
                         (0, Some(c)) => p.stage_observed(&self.layout.observed(c.gen), observed),
                         _ => p.stage(|rec| rec.observed_ms = observed),
                     }
@@ -1243,7 +1220,6 @@ impl Node {
         reason: String,
         log: Option<&Path>,
     ) -> AbortInfo {
-        self.sync_position();
         // Relative: the other nodes mount the shared directory where they like.
         let log = log.map(|p| self.layout.relative(p));
         let mut info = self
@@ -1426,12 +1402,11 @@ impl Node {
         gather: G,
         decide: impl FnOnce(Vec<G>) -> B,
     ) -> Result<B, Stop> {
-        self.sync_position();
         let k = self.machine.arrive(name, &gather);
         let deadline = self.clock.now() + self.cfg.timing.barrier_timeout;
         let started = self.clock.now();
         self.watch_wait(
-            format!("barrier {name} (iteration {})", self.walk.iteration()),
+            format!("barrier {name} (iteration {})", self.machine.iteration()),
             "timing.barrier-timeout".into(),
             self.cfg.timing.barrier_timeout,
             started,
@@ -1444,7 +1419,7 @@ impl Node {
         let waited = self.clock.elapsed(started);
         self.debug(&format!(
             "iteration {}: barrier {name} passed after {:.3}s",
-            self.walk.iteration(),
+            self.machine.iteration(),
             waited.as_secs_f64()
         ));
         self.event(events::Event::Barrier {
@@ -1484,7 +1459,7 @@ impl Node {
         } else {
             self.waiting.note = format!(
                 "rank 0 to release barrier {name} (iteration {})",
-                self.walk.iteration()
+                self.machine.iteration()
             );
             // A group's leader publishes its group's arrival from here (an effect).
             let waited = self.wait_for(deadline, |n| {
@@ -1523,7 +1498,7 @@ impl Node {
 
     fn run_iterations(&mut self) -> Result<(), Stop> {
         let last = self.cfg.cluster.iterations;
-        let resume = self.cluster.as_ref().expect("joined").resume;
+        let resume = self.machine.cluster().expect("joined").resume;
         let mut iteration = resume.iteration.max(1);
         let run_id = self.run_id().to_string();
         // This rank is its journal's only writer: an unfinished last line (a crash
@@ -1591,19 +1566,20 @@ impl Node {
                 ));
                 return Ok(());
             }
-            let resume = self.cluster.as_ref().expect("joined").resume;
-            self.walk = IterationWalk::new(self.walk_config(), iteration, resume);
+            let resume = self.machine.cluster().expect("joined").resume;
+            let walk = IterationWalk::new(self.walk_config(), iteration, resume);
+            self.machine.begin_iteration(walk);
             let started = self.clock.now();
             self.metrics_collector().reset();
             self.note_model_used();
-            while let Some(step) = self.walk.next_step() {
+            while let Some(step) = self.machine.next_step() {
                 self.step(step)?;
             }
             self.write_metrics(started);
             self.info(&format!(
                 "iteration {iteration} complete in {:.2}s{}",
                 self.clock.elapsed(started).as_secs_f64(),
-                if self.walk.training_failures().is_empty() {
+                if self.machine.walk().training_failures().is_empty() {
                     ""
                 } else {
                     " (training failed: no new model)"
@@ -1713,7 +1689,7 @@ impl Node {
             self.handle_event(ev)?;
         }
         self.unwatch_wait();
-        let it = self.walk.iteration();
+        let it = self.machine.iteration();
         // Written with what comes next (a barrier arrival, a command's start) when that
         // is within publisher::FOLD, on its own otherwise: one write instead of two per
         // barrier phase, and the record never says an old phase for more than FOLD.
@@ -1736,7 +1712,7 @@ impl Node {
         let Ok(spec) = std::env::var("RL_NODE_TEST_HOLD_AT") else {
             return Ok(());
         };
-        if spec == format!("{}@{}", phase.name(), self.walk.iteration()) {
+        if spec == format!("{}@{}", phase.name(), self.machine.iteration()) {
             self.info(&format!(
                 "RL_NODE_TEST_HOLD_AT={spec}: holding here until killed"
             ));
@@ -1755,7 +1731,13 @@ impl Node {
 
     /// What this node's walk of an iteration depends on.
     fn walk_config(&self) -> WalkConfig {
-        walk_config(&self.cfg, self.rank)
+        WalkConfig {
+            rl_phase: self.cfg.cluster.rl_phase,
+            split: self.cfg.cluster.rollout_split,
+            rank_0: self.is_master(),
+            prepare: self.cfg.phases.prepare.is_set(),
+            iterations: self.cfg.cluster.iterations,
+        }
     }
 
     /// Perform one step of the iteration's walk (`protocol::walk`), feeding the walk the
@@ -1767,7 +1749,7 @@ impl Node {
             Step::Barrier(WalkBarrier::SyncStart) => self.sync_start()?,
             Step::Barrier(WalkBarrier::FilesReady) => {
                 let eval = self.files_ready()?;
-                self.walk.eval_decided(eval);
+                self.machine.walk_mut().eval_decided(eval);
             }
             Step::Barrier(WalkBarrier::TrainingComplete) => self.training_complete()?,
             Step::Barrier(WalkBarrier::HandoffComplete) => self.handoff_complete()?,
@@ -1864,7 +1846,7 @@ impl Node {
     /// nodes those reads were an eighth of rank 0's shared-directory operations); a rank
     /// whose command failed says how, from its journal too (so also after a restart).
     fn shards_complete(&mut self, b: WalkBarrier, split: Split) -> Result<(), Stop> {
-        let it = self.walk.iteration();
+        let it = self.machine.iteration();
         let note = journal::adopted(self.journal.entries(), it, split.name());
         let failed = journal::rollout_failed(self.journal.entries(), it, split.name());
         let mut gathered = None;
@@ -1875,7 +1857,7 @@ impl Node {
             return Err(self.no_survivors(split.name(), shards));
         }
         if let Some(shards) = gathered {
-            self.walk.shards_gathered(split, shards);
+            self.machine.walk_mut().shards_gathered(split, shards);
         }
         Ok(())
     }
@@ -1883,7 +1865,7 @@ impl Node {
     /// `files-ready`: the merged train file is there; its release says whether this
     /// iteration evaluates, as rank 0 decides it.
     fn files_ready(&mut self) -> Result<bool, Stop> {
-        let (split, iteration) = (self.cfg.cluster.rollout_split, self.walk.iteration());
+        let (split, iteration) = (self.cfg.cluster.rollout_split, self.machine.iteration());
         let interval = self.cfg.cluster.eval_interval;
         let name = WalkBarrier::FilesReady.name();
         let decision = self.barrier(name, (), |_| msg::EvalDecision {
@@ -1897,12 +1879,15 @@ impl Node {
     /// lists the ranks where it did, so every rank knows whether a model is handed off.
     /// Whether training failed anywhere.
     fn training_complete(&mut self) -> Result<(), Stop> {
-        let gather = self.walk.training_gather();
+        let gather = self.machine.walk_mut().training_gather();
         let name = WalkBarrier::TrainingComplete.name();
         let released = self.barrier(name, gather, IterationWalk::training_decide)?;
-        if self.walk.training_released(released) {
+        if self.machine.walk_mut().training_released(released) {
             let summary = self.train_failure_summary();
-            self.warn(&format!("iteration {}: {summary}", self.walk.iteration()));
+            self.warn(&format!(
+                "iteration {}: {summary}",
+                self.machine.iteration()
+            ));
         }
         if self.is_master() && self.cfg.phases.train.is_set() {
             self.note_trained();
@@ -1940,7 +1925,7 @@ impl Node {
     /// Training, or on `reuse` the outcome journaled before a restart (training
     /// completed on every rank then).
     fn train_step(&mut self, reuse: bool) -> Result<(), Stop> {
-        let it = self.walk.iteration();
+        let it = self.machine.iteration();
         let outcome = if reuse {
             let failed = journal::latest_train(self.journal.entries(), self.run_id(), it)
                 .and_then(|e| e.failed.clone());
@@ -1962,7 +1947,7 @@ impl Node {
             self.journal_train(failed.clone())?;
             failed
         };
-        self.walk.trained(outcome);
+        self.machine.walk_mut().trained(outcome);
         Ok(())
     }
 
@@ -2064,9 +2049,10 @@ impl Node {
 
     /// This generation's `{ready_file}` of the current iteration's `split` rollout.
     fn ready_file(&self, split: &str) -> PathBuf {
-        self.layout
-            .gen_dir(self.gen())
-            .join(format!("ready-iter-{:04}-{split}", self.walk.iteration()))
+        self.layout.gen_dir(self.gen()).join(format!(
+            "ready-iter-{:04}-{split}",
+            self.machine.iteration()
+        ))
     }
 
     /// Rank 0, once its rollout of `split` is done (now or before a restart): create the
@@ -2131,7 +2117,7 @@ impl Node {
         }
         self.info(&format!(
             "iteration {}: rank 0's {split} rollout let the workers start",
-            self.walk.iteration()
+            self.machine.iteration()
         ));
         self.waiting.note.clear();
         self.publisher().update(|r| r.progress = None);
@@ -2162,7 +2148,7 @@ impl Node {
         if !pc.is_set() {
             return Ok(());
         }
-        let (it, rank, gen) = (self.walk.iteration(), self.rank, self.gen());
+        let (it, rank, gen) = (self.machine.iteration(), self.rank, self.gen());
         let partial = self.layout.shard_partial_gen(it, split, rank, gen);
         let shard = self.layout.shard(it, split, rank);
         self.watchdog.pet("preparing the rollout directory");
@@ -2262,7 +2248,7 @@ impl Node {
     /// changed. A command that names its own partial file (webgym's `….checkpoint`) left
     /// it under the configured partial name, without a generation: that one comes first.
     fn earlier_partial(&self, split: &str) -> Option<PathBuf> {
-        let (it, rank, gen) = (self.walk.iteration(), self.rank, self.gen());
+        let (it, rank, gen) = (self.machine.iteration(), self.rank, self.gen());
         std::iter::once(self.layout.shard_partial(it, split, rank))
             .chain(
                 (1..gen)
@@ -2313,7 +2299,7 @@ impl Node {
     /// and this generation is still current. A `prepared` left by an earlier attempt is
     /// set aside first, never replaced.
     fn prepare(&mut self, pc: &PhaseCommand) -> Result<(), Stop> {
-        let (it, gen) = (self.walk.iteration(), self.gen());
+        let (it, gen) = (self.machine.iteration(), self.gen());
         let out = self.layout.prepared_partial(it, gen);
         let done = self.layout.prepared(it);
         self.set_aside_earlier("prepared data", &done)?;
@@ -2355,7 +2341,7 @@ impl Node {
     /// Rank 0 merges the iteration's committed shards of `split` (built-in JSONL
     /// concatenation in rank order, or the configured aggregate command).
     fn aggregate(&mut self, split: &str, have_shards: bool) -> Result<(), Stop> {
-        let it = self.walk.iteration();
+        let it = self.machine.iteration();
         let out = self.layout.aggregated(it, split);
         let pc = self.cfg.phases.aggregate.clone();
         // The shards (and items, which only a merge command reads) were committed by other
@@ -2381,7 +2367,7 @@ impl Node {
         (opts.registry, opts.kill_grace) = (self.launcher.registry(), self.cfg.timing.kill_grace);
         let fence = self.fence_fn();
         opts.mutation = self.broken.merge;
-        let gathered = Split::of(split).and_then(|s| self.walk.take_shards(s));
+        let gathered = Split::of(split).and_then(|s| self.machine.walk_mut().take_shards(s));
         if let Some(g) = &gathered {
             opts.adopted = Some(g.adopted.clone());
             opts.failed = self.failed_for_merge(g, split);
@@ -2481,7 +2467,7 @@ impl Node {
     /// partial, which nobody commits. A merged file an earlier attempt committed but did
     /// not journal is set aside first; older generations' partials stay where they are.
     fn aggregate_command(&mut self, split: &str, pc: &PhaseCommand) -> Result<(), Stop> {
-        let (it, gen) = (self.walk.iteration(), self.gen());
+        let (it, gen) = (self.machine.iteration(), self.gen());
         let out = self.layout.aggregated_partial(it, split, gen);
         let done = self.layout.aggregated(it, split);
         self.set_aside_earlier("merged file", &done)?;
@@ -2535,7 +2521,7 @@ impl Node {
         item: &str,
         work: impl FnOnce(&mut Node) -> Result<(), Stop>,
     ) -> Result<(), Stop> {
-        let (it, run_id) = (self.walk.iteration(), self.run_id().to_string());
+        let (it, run_id) = (self.machine.iteration(), self.run_id().to_string());
         if self.journal.done(&run_id, it, item) {
             // A rollout that failed under `merge-survivors` is done too, with no output.
             match self.journal.failure(it, item) {
@@ -2552,14 +2538,20 @@ impl Node {
             return Ok(());
         }
         work(self)?;
-        crate::checkpoint::crash_point(&format!("after-commit:{item}@{}", self.walk.iteration()));
+        crate::checkpoint::crash_point(&format!(
+            "after-commit:{item}@{}",
+            self.machine.iteration()
+        ));
         self.journal_item(item)
     }
 
     /// Append `item` for the current iteration to this rank's journal, durably, unless it
     /// is there.
     fn journal_item(&mut self, item: &str) -> Result<(), Stop> {
-        if self.journal.has(self.run_id(), self.walk.iteration(), item) {
+        if self
+            .journal
+            .has(self.run_id(), self.machine.iteration(), item)
+        {
             return Ok(());
         }
         self.append_journal(item, None)
@@ -2572,7 +2564,7 @@ impl Node {
             run_id: self.run_id().to_string(),
             gen: self.gen(),
             rank: self.rank,
-            iteration: self.walk.iteration(),
+            iteration: self.machine.iteration(),
             item: item.to_string(),
             at: self.wall_stamp(),
             note: None,
@@ -2581,7 +2573,7 @@ impl Node {
         });
         self.fence_at(
             Site::JournalAppend,
-            &format!("journal {item} of iteration {}", self.walk.iteration()),
+            &format!("journal {item} of iteration {}", self.machine.iteration()),
         )?;
         let path = self.layout.journal(self.rank);
         self.watchdog.pet("writing the journal");
@@ -2612,7 +2604,7 @@ impl Node {
         if !self.is_master() || !self.store.caches_lookups(self.layout.root()) {
             return Ok(());
         }
-        let (it, l) = (self.walk.iteration(), &self.layout);
+        let (it, l) = (self.machine.iteration(), &self.layout);
         let mut dirs = vec![];
         if let Some(logs) = l.phase_log(it, 0, "rollout").parent() {
             dirs.push(logs.to_path_buf());
@@ -2706,8 +2698,11 @@ impl Node {
     /// is the outcome, so a redo appends one only when the outcome differs (a redo that
     /// succeeds like the attempt before it leaves the journal as it was).
     fn journal_train(&mut self, failed: Option<String>) -> Result<(), Stop> {
-        let latest =
-            journal::latest_train(self.journal.entries(), self.run_id(), self.walk.iteration());
+        let latest = journal::latest_train(
+            self.journal.entries(),
+            self.run_id(),
+            self.machine.iteration(),
+        );
         if latest.is_some_and(|e| e.failed == failed) {
             return Ok(());
         }
@@ -2718,7 +2713,8 @@ impl Node {
     /// current iteration's failures.
     fn train_failure_summary(&self) -> String {
         let ranks: Vec<String> = self
-            .walk
+            .machine
+            .walk()
             .training_failures()
             .iter()
             .map(|(r, why)| format!("{r} ({why})"))
@@ -2752,7 +2748,7 @@ impl Node {
     /// `rl-node status` shows it.
     fn skip_handoff(&mut self) -> Result<(), Stop> {
         let summary = self.train_failure_summary();
-        let it = self.walk.iteration();
+        let it = self.machine.iteration();
         if self
             .journal
             .has(self.run_id(), it, journal::item::HANDOFF_SKIPPED)
@@ -2764,7 +2760,8 @@ impl Node {
             self.model_label()
         ));
         let failed = self
-            .walk
+            .machine
+            .walk()
             .training_failures()
             .iter()
             .map(|(r, why)| events::RankFailure {
@@ -2789,10 +2786,12 @@ impl Node {
         // restart, the generation that trained is the one in rank 0's journal.
         let trained_in = self
             .journal
-            .newest(self.walk.iteration(), journal::item::TRAIN)
+            .newest(self.machine.iteration(), journal::item::TRAIN)
             .map_or(self.gen(), |e| e.gen);
-        let train_out = self.layout.train_output(self.walk.iteration(), trained_in);
-        let name = crate::layout::iter_dir(self.walk.iteration());
+        let train_out = self
+            .layout
+            .train_output(self.machine.iteration(), trained_in);
+        let name = crate::layout::iter_dir(self.machine.iteration());
         let models = self.layout.models();
         // A checkpoint an interrupted hand-off moved out of the training output is there no
         // more: publishing it (or keeping the one published) comes before any pick.
@@ -2803,7 +2802,7 @@ impl Node {
             // The handoff command had finished before the checkpoint was moved.
             self.info(&format!(
                 "iteration {}: a hand-off interrupted after moving the checkpoint is finished; the handoff command is not run again",
-                self.walk.iteration()
+                self.machine.iteration()
             ));
         } else if !cfg.command.trim().is_empty() {
             self.run_command("handoff", &cfg.as_phase(), None, &train_out, false)?;
@@ -2915,7 +2914,7 @@ impl Node {
         };
         self.info(&format!(
             "iteration {}: published checkpoint {} from {} in {secs:.2}s ({how}{excluded})",
-            self.walk.iteration(),
+            self.machine.iteration(),
             dest.display(),
             source.display(),
         ));
@@ -3098,11 +3097,11 @@ impl Node {
         }
         let log = self
             .layout
-            .phase_log(self.walk.iteration(), self.rank, phase);
+            .phase_log(self.machine.iteration(), self.rank, phase);
         let header = format!(
             "rank {} iteration {} phase {phase}",
             self.rank,
-            self.walk.iteration()
+            self.machine.iteration()
         );
         let running = self.spawn_supervised(
             &format!("the {phase} command"),
@@ -3114,7 +3113,7 @@ impl Node {
         let pid = running.pid;
         self.info(&format!(
             "iteration {}: {phase} started (pid {pid}, log {})",
-            self.walk.iteration(),
+            self.machine.iteration(),
             log.display()
         ));
         self.waiting.note = format!("the {phase} command (pid {pid})");
@@ -3156,7 +3155,7 @@ impl Node {
         }
         self.info(&format!(
             "iteration {}: {phase} finished in {secs:.2}s",
-            self.walk.iteration()
+            self.machine.iteration()
         ));
         Ok((log, Ok(())))
     }
@@ -3167,16 +3166,18 @@ impl Node {
         split: Option<&str>,
         output: &Path,
     ) -> std::collections::BTreeMap<&'static str, String> {
-        let c = self.cluster.as_ref().expect("joined");
+        let c = self.machine.cluster().expect("joined");
         let rollout_model = match &self.rollout_model {
-            Some(m) if m.iteration == self.walk.iteration() => Some((m.model_version, m.staleness)),
+            Some(m) if m.iteration == self.machine.iteration() => {
+                Some((m.model_version, m.staleness))
+            }
             _ => None,
         };
         context::placeholder_values(&context::CommandInputs {
             cfg: &self.cfg,
             layout: &self.layout,
             rank: self.rank,
-            iteration: self.walk.iteration(),
+            iteration: self.machine.iteration(),
             phase,
             split,
             output,
@@ -3206,7 +3207,7 @@ impl Node {
         let record = events::EventRecord {
             event,
             gen: self.gen(),
-            iteration: self.walk.iteration(),
+            iteration: self.machine.iteration(),
             rank: self.rank,
             t: self.wall_stamp(),
         };
@@ -3254,7 +3255,7 @@ impl Node {
     /// Two small reads; a missing or unreadable file only leaves keys out.
     fn note_trained(&mut self) {
         let manifest = crate::aggregate::manifest_path(
-            &self.layout.aggregated(self.walk.iteration(), "train"),
+            &self.layout.aggregated(self.machine.iteration(), "train"),
         );
         let samples = self
             .store
@@ -3266,7 +3267,9 @@ impl Node {
         let trainer = if self.cfg.observe.train_metrics.trim().is_empty() {
             Default::default()
         } else {
-            let out = self.layout.train_output(self.walk.iteration(), self.gen());
+            let out = self
+                .layout
+                .train_output(self.machine.iteration(), self.gen());
             let values = self.values("train", Some("train"), &out);
             let path = self
                 .cfg
@@ -3279,7 +3282,7 @@ impl Node {
                 .map(|b| metrics::trainer_numbers(&b))
                 .unwrap_or_default()
         };
-        let failed = self.walk.training_failures().len();
+        let failed = self.machine.walk().training_failures().len();
         let mut c = self.metrics_collector();
         c.trained(samples, failed);
         c.trainer(trainer);
@@ -3289,7 +3292,7 @@ impl Node {
     /// a thread, while the iteration goes on (joined by [`Node::write_metrics`]).
     fn start_field_stats(&mut self) {
         let fields = self.cfg.observe.metrics_fields.clone();
-        let path = self.layout.aggregated(self.walk.iteration(), "train");
+        let path = self.layout.aggregated(self.machine.iteration(), "train");
         // Only a JSONL merge has records to read; tensor formats have none.
         if !self.is_master() || fields.is_empty() || path.extension() != Some("jsonl".as_ref()) {
             return;
@@ -3322,11 +3325,11 @@ impl Node {
         if self
             .metrics_written
             .iterations
-            .contains(&self.walk.iteration())
+            .contains(&self.machine.iteration())
         {
             self.debug(&format!(
                 "iteration {}: metrics.jsonl has its line already",
-                self.walk.iteration()
+                self.machine.iteration()
             ));
             return;
         }
@@ -3334,7 +3337,7 @@ impl Node {
         let mut collector = self.metrics_collector();
         collector.close(now);
         let fixed = metrics::Fixed {
-            iteration: self.walk.iteration(),
+            iteration: self.machine.iteration(),
             run: self.run_id().to_string(),
             generation: self.gen(),
             cluster: self.cfg.pipeline_cluster(),
@@ -3358,7 +3361,7 @@ impl Node {
         }
         self.metrics_written
             .iterations
-            .insert(self.walk.iteration());
+            .insert(self.machine.iteration());
     }
 
     /// Rank `rank`'s record in generation `gen` as read now; missing, torn or unreadable
@@ -3412,17 +3415,6 @@ impl Node {
 
 /// What `read` returns, stamped by `clock` with when it was sent and when it returned
 /// (`liveness::Stamp`): an unchanged heartbeat in it proves stillness only up to the send.
-/// What the walk of `rank`'s iterations depends on, fixed for a run.
-fn walk_config(cfg: &Config, rank: u32) -> WalkConfig {
-    WalkConfig {
-        rl_phase: cfg.cluster.rl_phase,
-        split: cfg.cluster.rollout_split,
-        rank_0: rank == 0,
-        prepare: cfg.phases.prepare.is_set(),
-        iterations: cfg.cluster.iterations,
-    }
-}
-
 fn stamped<T>(clock: &dyn Clock, read: impl FnOnce() -> T) -> (T, Stamp) {
     let sent = clock.since_start();
     let got = read();

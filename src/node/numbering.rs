@@ -21,13 +21,13 @@ impl Node {
         }
         let c = &self.cfg.cluster;
         let splits =
-            walk::splits_rolled_out(c.rollout_split, self.walk.iteration(), c.eval_interval);
+            walk::splits_rolled_out(c.rollout_split, self.machine.iteration(), c.eval_interval);
         let from = splits.iter().position(|s| s.name() == split).unwrap_or(0);
         for s in &splits[from..] {
             if let Some(why) = self.numbering_mismatch(s.name())? {
                 let reason = format!(
                     "refusing the {phase} rollout of iteration {} before it starts (aggregate.check-numbering): {why}",
-                    self.walk.iteration()
+                    self.machine.iteration()
                 );
                 return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
             }
@@ -38,7 +38,7 @@ impl Node {
     /// Why `split`'s command would write another number than `{split_iteration}`, if it
     /// would.
     fn numbering_mismatch(&mut self, split: &str) -> Result<Option<String>, Stop> {
-        let it = self.walk.iteration();
+        let it = self.machine.iteration();
         let naming = self.layout.naming().clone();
         let ours = naming.split_iteration(split, it);
         let merged = self.layout.aggregated(it, split);

@@ -365,7 +365,7 @@ impl Node {
         if self.layout.cluster_name() != Some("rollout") {
             return Ok(None);
         }
-        let it = self.walk.iteration();
+        let it = self.machine.iteration();
         let path = self.layout.rollout_model(it);
         let first = self.cfg.cluster.first_iteration.max(1);
         if !self.is_master() {
@@ -487,7 +487,7 @@ impl Node {
         if self.cfg.staleness().is_none() || self.layout.cluster_name() != Some("update") {
             return Ok(());
         }
-        let it = self.walk.iteration();
+        let it = self.machine.iteration();
         // Workers wait too, so that every rank reaches training-ready together.
         if self.is_master() {
             self.publish_queue(self.queue_done(), it)?;
@@ -510,7 +510,7 @@ impl Node {
         }
         let done = self.queue_done();
         let current = match self.layout.cluster_name() {
-            Some("rollout") => self.walk.iteration(),
+            Some("rollout") => self.machine.iteration(),
             _ => 0,
         };
         self.publish_queue(done, current)

@@ -110,7 +110,7 @@ impl Node {
         let env = self.command_env(&values);
         let log = self
             .layout
-            .phase_log(self.walk.iteration(), self.rank, "server");
+            .phase_log(self.machine.iteration(), self.rank, "server");
         let attempts = self.cfg.server.start_attempts;
         let timeout = self.cfg.server.start_timeout;
         let mut attempt = 1;

@@ -38,10 +38,10 @@ impl Node {
         }
         let partial =
             self.layout
-                .shard_partial_gen(self.walk.iteration(), split, self.rank, self.gen());
+                .shard_partial_gen(self.machine.iteration(), split, self.rank, self.gen());
         let goes_on = format!(
             "phases.{phase}.on-failure = \"merge-survivors\": the cluster goes on; this rank commits no {split} shard and rank 0 merges iteration {}'s other shards without it (what the command wrote stays in {}, never merged)",
-            self.walk.iteration(),
+            self.machine.iteration(),
             partial.display()
         );
         let reason = self.warn_survived(phase, pc, failure, log, &goes_on);
@@ -59,7 +59,7 @@ impl Node {
     /// (or train on), so the cluster stops.
     pub(super) fn no_survivors(&mut self, split: &str, shards: &msg::Shards) -> Stop {
         let (phase, _) = self.rollout_of(split);
-        let it = self.walk.iteration();
+        let it = self.machine.iteration();
         let failures =
             shards.failures(|r| self.layout.phase_log(it, r, phase).display().to_string());
         let reason = format!(
@@ -78,7 +78,7 @@ impl Node {
         split: &str,
     ) -> std::collections::BTreeMap<u32, String> {
         let (phase, _) = self.rollout_of(split);
-        let it = self.walk.iteration();
+        let it = self.machine.iteration();
         shards
             .failed
             .iter()
@@ -96,7 +96,7 @@ impl Node {
     /// name them in the merge's journal entry.
     pub(super) fn survivors_merged(&mut self, shards: &msg::Shards, split: &str) {
         let (phase, _) = self.rollout_of(split);
-        let it = self.walk.iteration();
+        let it = self.machine.iteration();
         let log_of = |r| self.layout.phase_log(it, r, phase).display().to_string();
         let Some(summary) = shards.summary(split, phase, log_of) else {
             return;

@@ -258,7 +258,7 @@ impl Node {
             budget: budget(split, w),
             samples: w.samples_per_task,
             seed: w.seed,
-            iteration: self.walk.iteration(),
+            iteration: self.machine.iteration(),
             strategy: w.strategy,
         }))
     }
@@ -290,7 +290,7 @@ impl Node {
         let mine = serde_json::to_value(mine).expect("fingerprints are JSON");
         let reason = format!(
             "this rank's plan of iteration {} differs from rank 0's (rank 0: {}, here: {mine}): the task files (tasks.train / tasks.eval) differ between nodes",
-            self.walk.iteration(),
+            self.machine.iteration(),
             rank0.to_json()
         );
         Err(self.fail(AbortKind::Error, self.rank, None, reason, None))
@@ -304,10 +304,10 @@ impl Node {
         pc: &PhaseCommand,
         mut plan: Plan,
     ) -> Result<(), Stop> {
-        let dir = self.layout.rollout_dir(self.walk.iteration(), split);
+        let dir = self.layout.rollout_dir(self.machine.iteration(), split);
         if let Err(e) = self
             .store
-            .create_dir_all(&self.layout.tasks_dir(self.walk.iteration(), split))
+            .create_dir_all(&self.layout.tasks_dir(self.machine.iteration(), split))
         {
             return Err(self.fail(
                 AbortKind::Error,
@@ -320,7 +320,7 @@ impl Node {
         if self.is_master() {
             let _ = self
                 .store
-                .publish_json(&self.layout.plan(self.walk.iteration(), split), &plan);
+                .publish_json(&self.layout.plan(self.machine.iteration(), split), &plan);
         }
         if plan.strategy == Strategy::Dynamic {
             return self.dynamic_rollout(split, phase, pc, plan);
@@ -335,7 +335,7 @@ impl Node {
         // streamed from the task file.
         let task_file = self
             .layout
-            .task_file(self.walk.iteration(), split, self.rank);
+            .task_file(self.machine.iteration(), split, self.rank);
         let mut task_error = None;
         let written = self.store.publish_with(&task_file, true, &mut |w| {
             let mut last = None;
@@ -379,9 +379,11 @@ impl Node {
         if items.is_empty() {
             self.info(&format!(
                 "iteration {}: no {split} tasks for this rank ({:?} strategy); it takes part in every barrier",
-                self.walk.iteration(), strategy
+                self.machine.iteration(), strategy
             ));
-            let shard = self.layout.shard(self.walk.iteration(), split, self.rank);
+            let shard = self
+                .layout
+                .shard(self.machine.iteration(), split, self.rank);
             return self.store.publish(&shard, b"").map_err(|e| {
                 self.fail(
                     AbortKind::Error,
@@ -412,12 +414,12 @@ impl Node {
             Some(log) => log.to_path_buf(),
             None => self
                 .layout
-                .item_log(self.walk.iteration(), self.rank, phase, name, attempt),
+                .item_log(self.machine.iteration(), self.rank, phase, name, attempt),
         }
     }
 
     fn items_dir(&self, split: &str) -> PathBuf {
-        self.layout.items_dir(self.walk.iteration(), split)
+        self.layout.items_dir(self.machine.iteration(), split)
     }
 
     /// Concatenate this rank's `planned` committed items (plan order) and its replacements
@@ -430,10 +432,12 @@ impl Node {
             .chain(self.replacements.iter().map(|n| committed_item(&dir, n)))
             .filter(|p| self.store.exists_followed(p))
             .collect();
-        let shard = self.layout.shard(self.walk.iteration(), split, self.rank);
+        let shard = self
+            .layout
+            .shard(self.machine.iteration(), split, self.rank);
         let what = format!(
             "commit its {split} shard of iteration {}",
-            self.walk.iteration()
+            self.machine.iteration()
         );
         self.commit_concat(Site::ShardCommit, &paths, &shard, "shard", &what)?;
         crate::exercised::note(crate::exercised::Path::ShardCommits);
@@ -513,7 +517,7 @@ impl Node {
                 plan.pool.len()
             ));
         }
-        let out = self.layout.aggregated(self.walk.iteration(), split);
+        let out = self.layout.aggregated(self.machine.iteration(), split);
         let what = format!("publish {}", out.display());
         self.commit_concat(Site::MergePublish, &paths, &out, "merged file", &what)?;
         crate::exercised::note(crate::exercised::Path::Merges);
@@ -602,7 +606,7 @@ impl Node {
         // (a frozen host) never writes the file a newer generation commits.
         let dynamic = name.starts_with('p');
         let partial = self.layout.item_partial(
-            self.walk.iteration(),
+            self.machine.iteration(),
             split,
             name,
             self.gen(),
@@ -625,11 +629,11 @@ impl Node {
         let env = self.command_env(&values);
         let log = self
             .layout
-            .item_log(self.walk.iteration(), self.rank, phase, name, attempt);
+            .item_log(self.machine.iteration(), self.rank, phase, name, attempt);
         let header = format!(
             "rank {} iteration {} {phase} item {name} (task {}, sample {}, attempt {})",
             self.rank,
-            self.walk.iteration(),
+            self.machine.iteration(),
             item.task,
             item.sample,
             attempt + 1
@@ -638,7 +642,7 @@ impl Node {
         self.append_log(
             &self
                 .layout
-                .phase_log(self.walk.iteration(), self.rank, phase),
+                .phase_log(self.machine.iteration(), self.rank, phase),
             &format!("### {header}: log {}\n", log.display()),
         );
         let running = self.spawn_supervised(
@@ -750,14 +754,14 @@ impl Node {
         if live.tally.reused > 0 {
             self.info(&format!(
                 "iteration {}: {} {split} item(s) committed before the restart are reused",
-                self.walk.iteration(),
+                self.machine.iteration(),
                 live.tally.reused
             ));
         }
         if live.tally.dropped > 0 {
             self.info(&format!(
                 "iteration {}: {} {split} group(s) dropped before the restart stay dropped (exact-budget)",
-                self.walk.iteration(), live.tally.dropped
+                self.machine.iteration(), live.tally.dropped
             ));
         }
         let deadline = self.clock.now() + pc.timeout;
@@ -866,7 +870,7 @@ impl Node {
                         Some(
                             &self
                                 .layout
-                                .phase_log(self.walk.iteration(), self.rank, phase),
+                                .phase_log(self.machine.iteration(), self.rank, phase),
                         ),
                     ))
                 }
@@ -946,7 +950,7 @@ impl Node {
         };
         self.info(&format!(
             "iteration {}: {split} items: {}/{} committed, {failed} failed, {} retries, in {:.2}s{budget}",
-            self.walk.iteration(),
+            self.machine.iteration(),
             tally.committed,
             tally.total,
             tally.retries,
@@ -1002,7 +1006,7 @@ impl Node {
                 Some(
                     &self
                         .layout
-                        .phase_log(self.walk.iteration(), self.rank, phase),
+                        .phase_log(self.machine.iteration(), self.rank, phase),
                 ),
             ));
         }
@@ -1152,7 +1156,7 @@ impl Node {
         live.tally.dropped += 1;
         self.info(&format!(
             "iteration {}: task {task}'s group {name} is dropped (exact-budget: its samples are used together or not at all): {} committed sample(s) set aside as <item>.jsonl.dropped, {} running one(s) stopped",
-            self.walk.iteration(),
+            self.machine.iteration(),
             set_aside,
             siblings.len()
         ));
@@ -1163,7 +1167,10 @@ impl Node {
     /// hang report when they overrun hang-report-at of the phase's `timeout`.
     fn watch_items(&mut self, phase: &str, timeout: Duration, started: Instant) {
         self.watch_wait(
-            format!("the {phase} items of iteration {}", self.walk.iteration()),
+            format!(
+                "the {phase} items of iteration {}",
+                self.machine.iteration()
+            ),
             format!("phases.{phase}.timeout"),
             timeout,
             started,
@@ -1231,7 +1238,7 @@ impl Node {
             drawn: 0,
             samples: self.cfg.work.samples_per_task,
             seed: self.cfg.work.seed,
-            iteration: self.walk.iteration(),
+            iteration: self.machine.iteration(),
         })
     }
 
@@ -1239,7 +1246,7 @@ impl Node {
 
     fn lease(&self, split: &str, pos: usize, attempt: u32) -> PathBuf {
         self.layout.lease(
-            self.walk.iteration(),
+            self.machine.iteration(),
             split,
             &item_name(pos, None),
             self.gen(),
@@ -1268,7 +1275,7 @@ impl Node {
     /// Marks an item that failed for good (not retryable), so nobody waits for it.
     fn failed_marker(&self, split: &str, pos: usize) -> PathBuf {
         self.layout.failed_item(
-            self.walk.iteration(),
+            self.machine.iteration(),
             split,
             &item_name(pos, None),
             self.gen(),
@@ -1295,7 +1302,7 @@ impl Node {
     /// Marks one attempt of an item over: it failed (docs/work.md, "Dynamic leases").
     fn failed_attempt_marker(&self, split: &str, pos: usize, attempt: u32) -> PathBuf {
         self.layout.failed_attempt(
-            self.walk.iteration(),
+            self.machine.iteration(),
             split,
             &item_name(pos, None),
             self.gen(),
@@ -1329,7 +1336,7 @@ impl Node {
         let dir = self.items_dir(split);
         for d in [
             dir.clone(),
-            self.layout.leases_dir(self.walk.iteration(), split),
+            self.layout.leases_dir(self.machine.iteration(), split),
         ] {
             self.make_dir(&d)?;
         }
@@ -1507,7 +1514,7 @@ impl Node {
                 Effect::Note(Note::TakeOver { pos, .. }) => {
                     self.info(&format!(
                         "iteration {}: taking over item {} (its claimant is dead)",
-                        self.walk.iteration(),
+                        self.machine.iteration(),
                         item_name(pos, None)
                     ));
                     continue;
@@ -1529,7 +1536,7 @@ impl Node {
     /// it: every attempt and generation its own file).
     fn pool_partial(&self, split: &str, pos: usize, attempt: u32) -> PathBuf {
         self.layout.item_partial(
-            self.walk.iteration(),
+            self.machine.iteration(),
             split,
             &item_name(pos, None),
             self.gen(),
@@ -1546,7 +1553,7 @@ impl Node {
         let _ = self.store.create_new(&marker, why.as_bytes());
         self.info(&format!(
             "iteration {}: attempt {attempt} of item {name} (task {}) failed ({why}), log {}; the item fails only if no other attempt commits it",
-            self.walk.iteration(),
+            self.machine.iteration(),
             d.pool[pos].task,
             self.item_log(d.job.phase, &name, attempt).display()
         ));
@@ -1651,7 +1658,7 @@ impl Node {
         let stats = d.machine.stats();
         self.info(&format!(
             "iteration {}: dynamic {split}: this rank committed {} of {} items in {:.2}s ({} backup attempt(s), {} left to faster ranks){}",
-            self.walk.iteration(),
+            self.machine.iteration(),
             stats.mine,
             pool.len(),
             self.clock.elapsed(started).as_secs_f64(),
@@ -1689,11 +1696,11 @@ impl Node {
             .collect();
         let shard = self
             .layout
-            .shard(self.walk.iteration(), d.job.split, self.rank);
+            .shard(self.machine.iteration(), d.job.split, self.rank);
         let what = format!(
             "commit its {} shard of iteration {}",
             d.job.split,
-            self.walk.iteration()
+            self.machine.iteration()
         );
         self.commit_concat(Site::ShardCommit, &paths, &shard, "shard", &what)
     }
@@ -1723,7 +1730,7 @@ impl Node {
                 Some(
                     &self
                         .layout
-                        .phase_log(self.walk.iteration(), self.rank, d.job.phase),
+                        .phase_log(self.machine.iteration(), self.rank, d.job.phase),
                 ),
             ));
         }

@@ -184,7 +184,7 @@ impl Node {
         let slot = self.workers.free_slot();
         let log = self
             .layout
-            .worker_log(self.walk.iteration(), self.rank, phase, slot);
+            .worker_log(self.machine.iteration(), self.rank, phase, slot);
         for k in crate::config::template::PER_TASK {
             self.extra.remove(k);
         }
@@ -198,12 +198,12 @@ impl Node {
         let header = format!(
             "rank {} iteration {} {phase} worker {slot} (reused for {split} items)",
             self.rank,
-            self.walk.iteration()
+            self.machine.iteration()
         );
         self.append_log(
             &self
                 .layout
-                .phase_log(self.walk.iteration(), self.rank, phase),
+                .phase_log(self.machine.iteration(), self.rank, phase),
             &format!("### {header}: log {}\n", log.display()),
         );
         self.watchdog.pet("starting an item worker");

@@ -23,8 +23,9 @@ use super::barrier::{Barrier, Progress};
 use super::liveness::Stamp;
 use super::messages::Payload;
 use super::topology::Topology;
+use super::walk::{IterationWalk, Step};
 use super::watch::{self, Note, Watch};
-use super::{AbortInfo, AbortKind, Liveness, Mark, NodeState, RankRecord};
+use super::{AbortInfo, AbortKind, ClusterRecord, Liveness, Mark, NodeState, RankRecord};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
@@ -42,6 +43,9 @@ pub struct Settings {
     /// Who reads whom at barriers and for liveness: flat, or through group leaders.
     pub topology: Topology,
 }
+
+/// The phase a node is in before its first iteration, as its aborts name it.
+pub const JOIN: &str = "join";
 
 /// Where the node is, for the aborts it writes: the phase's label and the iteration.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -138,7 +142,13 @@ pub struct Mutations {
 #[derive(Debug)]
 pub struct NodeMachine {
     cfg: Settings,
+    /// Where the node is: its generation's (from `cluster`), its iteration's and phase's
+    /// (from `walk`), or as a driver without a walk sets it.
     position: Position,
+    /// The record of the generation joined (`None` before, or after leaving one).
+    cluster: Option<ClusterRecord>,
+    /// The current iteration's walk, with the iteration's state ([`IterationWalk`]).
+    walk: IterationWalk,
     /// The peers as last read, the processes that joined, their liveness.
     pub watch: Watch,
     /// When each rank's record was last read.
@@ -174,7 +184,12 @@ impl NodeMachine {
             watch: Watch::new(n, Liveness::new(cfg.dead_after)),
             last_read: vec![None; n as usize],
             cfg,
-            position: Position::default(),
+            position: Position {
+                phase: JOIN.into(),
+                ..Position::default()
+            },
+            cluster: None,
+            walk: IterationWalk::idle(),
             k: 0,
             at: None,
             barrier_wait: None,
@@ -224,13 +239,67 @@ impl NodeMachine {
     }
 
     /// Where the node is now (its generation, iteration and phase), for what it judges
-    /// and the aborts it writes.
+    /// and the aborts it writes, as a driver without a walk sets it (the node's position
+    /// follows from [`NodeMachine::joined`] and its walk).
     pub fn set_position(&mut self, position: Position) {
         self.position = position;
     }
 
     pub fn position(&self) -> &Position {
         &self.position
+    }
+
+    /// The node joined the generation of `cluster` (or formed it).
+    pub fn joined(&mut self, cluster: ClusterRecord) {
+        self.position.run_id = cluster.run_id.clone();
+        self.position.gen = cluster.gen;
+        self.cluster = Some(cluster);
+    }
+
+    /// The node left the generation it had joined (another rank 0 formed a newer one).
+    pub fn left_generation(&mut self) {
+        self.cluster = None;
+        self.position.run_id.clear();
+        self.position.gen = 0;
+    }
+
+    /// The record of the generation joined, if any.
+    pub fn cluster(&self) -> Option<&ClusterRecord> {
+        self.cluster.as_ref()
+    }
+
+    /// An iteration begins: its walk. The position keeps the last phase until the walk
+    /// enters its first.
+    pub fn begin_iteration(&mut self, walk: IterationWalk) {
+        self.position.iteration = walk.iteration();
+        if let Some(phase) = walk.phase() {
+            self.position.phase = phase.to_string();
+        }
+        self.walk = walk;
+    }
+
+    /// The next step of the iteration's walk; entering a phase moves the node's position.
+    pub fn next_step(&mut self) -> Option<Step> {
+        let step = self.walk.next_step();
+        if let Some(Step::Enter(phase)) = step {
+            self.position.phase = phase.to_string();
+        }
+        step
+    }
+
+    /// The current iteration's walk (an idle one before the first iteration).
+    pub fn walk(&self) -> &IterationWalk {
+        &self.walk
+    }
+
+    /// The current iteration's walk, for the decisions its barriers release.
+    pub fn walk_mut(&mut self) -> &mut IterationWalk {
+        &mut self.walk
+    }
+
+    /// The current iteration (0 before the first).
+    pub fn iteration(&self) -> u64 {
+        self.position.iteration
     }
 
     /// The cause the machine stopped for, once it has.
@@ -789,6 +858,58 @@ mod tests {
         });
         m.watch.formed = true;
         m
+    }
+
+    /// The machine's position follows the generation joined and the walk's steps.
+    #[test]
+    fn the_position_follows_the_generation_and_the_walk() {
+        use crate::protocol::journal::Resume;
+        use crate::protocol::phase::RlPhase;
+        use crate::protocol::walk::{RolloutSplit, WalkConfig};
+        let mut m = NodeMachine::new(Settings {
+            rank: 1,
+            num_nodes: 2,
+            host: "h1".into(),
+            cluster: None,
+            heartbeat_interval: Duration::from_secs(1),
+            dead_after: Duration::from_secs(10),
+            topology: Topology::flat(2),
+        });
+        assert_eq!((m.position().phase.as_str(), m.iteration()), (JOIN, 0));
+        let cluster: ClusterRecord = serde_json::from_value(serde_json::json!({
+            "proto": 2, "run_id": "r7", "gen": 3, "num_nodes": 2, "rank_weights": [],
+            "fingerprint": "", "config": null, "master_addr": "", "master_port": 0,
+            "host": "h0", "pid": 1, "started_at": ""
+        }))
+        .unwrap();
+        m.joined(cluster);
+        assert_eq!((m.position().run_id.as_str(), m.position().gen), ("r7", 3));
+        let cfg = WalkConfig {
+            rl_phase: RlPhase::Both,
+            split: RolloutSplit::All,
+            rank_0: false,
+            prepare: false,
+            iterations: 0,
+        };
+        m.begin_iteration(IterationWalk::new(cfg, 4, Resume::default()));
+        assert_eq!((m.position().phase.as_str(), m.iteration()), (JOIN, 4));
+        assert_eq!(
+            m.next_step(),
+            Some(Step::Enter(crate::protocol::Phase::SyncStart))
+        );
+        assert_eq!(
+            m.position().phase,
+            crate::protocol::Phase::SyncStart.to_string()
+        );
+        m.begin_iteration(IterationWalk::new(cfg, 5, Resume::default()));
+        assert_eq!(
+            (m.position().phase.clone(), m.iteration()),
+            (crate::protocol::Phase::SyncStart.to_string(), 5),
+            "the last phase until the walk enters its first"
+        );
+        m.left_generation();
+        assert_eq!((m.position().run_id.as_str(), m.position().gen), ("", 0));
+        assert!(m.cluster().is_none());
     }
 
     fn rec(rank: u32, seq: u64) -> RankRecord {

@@ -248,8 +248,15 @@ impl IterationWalk {
     }
 
     /// A walk that takes no step: the node's state before its first iteration.
-    pub fn before(cfg: WalkConfig, iteration: u64) -> IterationWalk {
-        let mut walk = IterationWalk::new(cfg, iteration, Resume::default());
+    pub fn idle() -> IterationWalk {
+        let cfg = WalkConfig {
+            rl_phase: RlPhase::Both,
+            split: RolloutSplit::All,
+            rank_0: false,
+            prepare: false,
+            iterations: 0,
+        };
+        let mut walk = IterationWalk::new(cfg, 0, Resume::default());
         walk.done = true;
         walk
     }
@@ -650,8 +657,11 @@ mod tests {
         assert_eq!(w.training_failures(), &[(1, "exit 3".to_string())]);
         assert_eq!(w.phase(), Some(Phase::FinalSync));
         assert_eq!(IterationWalk::training_decide(vec![None, None]), None);
-        let mut before = IterationWalk::before(cfg(false), 0);
-        assert_eq!((before.next_step(), before.iteration()), (None, 0));
+        let mut idle = IterationWalk::idle();
+        assert_eq!(
+            (idle.next_step(), idle.iteration(), idle.phase()),
+            (None, 0, None)
+        );
     }
 
     #[test]
