@@ -197,8 +197,6 @@ pub(crate) struct Node {
     fresh: bool,
     /// Where `timing.dead-after` came from, for a node told it was declared dead.
     dead_after_source: crate::config::Source,
-    /// This rank's journal of the current run, and what its next entry carries.
-    journal: journal::Book,
     /// Task files ([tasks]), loaded at start.
     tasks: work::TaskSets,
     /// Placeholder values of the running planned rollout ({tasks}, {task_id}, …).
@@ -725,7 +723,6 @@ impl Node {
             debug_mode,
             fresh,
             dead_after_source: crate::config::Source::Default,
-            journal: journal::Book::default(),
             tasks: work::TaskSets::default(),
             extra: Default::default(),
             nproc_per_node: 0,
@@ -1528,7 +1525,8 @@ impl Node {
                 return Err(stop);
             }
         };
-        self.journal = journal::Book::open(entries, &run_id, self.broken.journal);
+        self.machine
+            .open_journal(journal::Book::open(entries, &run_id, self.broken.journal));
         if last > 0 && iteration > last {
             self.info(&format!("all {last} iteration(s) were already complete"));
             return Ok(());
@@ -1636,7 +1634,10 @@ impl Node {
         }
         let walk = self.cfg.walk_item();
         if self.rank == 0 {
-            return crate::checkpoint::Journaled::from_journal(self.journal.entries(), &walk);
+            return crate::checkpoint::Journaled::from_journal(
+                self.machine.journal().entries(),
+                &walk,
+            );
         }
         self.watchdog.pet("reading rank 0's journal");
         let run_id = self.run_id().to_string();
@@ -1847,8 +1848,8 @@ impl Node {
     /// whose command failed says how, from its journal too (so also after a restart).
     fn shards_complete(&mut self, b: WalkBarrier, split: Split) -> Result<(), Stop> {
         let it = self.machine.iteration();
-        let note = journal::adopted(self.journal.entries(), it, split.name());
-        let failed = journal::rollout_failed(self.journal.entries(), it, split.name());
+        let note = journal::adopted(self.machine.journal().entries(), it, split.name());
+        let failed = journal::rollout_failed(self.machine.journal().entries(), it, split.name());
         let mut gathered = None;
         self.barrier(b.name(), msg::ShardArrival::of(note, failed), |arrivals| {
             gathered = Some(msg::Shards::gathered(arrivals))
@@ -1927,7 +1928,7 @@ impl Node {
     fn train_step(&mut self, reuse: bool) -> Result<(), Stop> {
         let it = self.machine.iteration();
         let outcome = if reuse {
-            let failed = journal::latest_train(self.journal.entries(), self.run_id(), it)
+            let failed = journal::latest_train(self.machine.journal().entries(), self.run_id(), it)
                 .and_then(|e| e.failed.clone());
             self.info(&format!(
                 "iteration {it}: training completed on every rank before the restart; not redone{}",
@@ -2206,7 +2207,8 @@ impl Node {
                     self.info(&format!(
                         "the {phase} command wrote the shard {shard_d} itself; adopted"
                     ));
-                    self.journal
+                    self.machine
+                        .journal_mut()
                         .note(format!("adopted: the command wrote {shard_d} itself"));
                 }
                 if empty {
@@ -2522,9 +2524,9 @@ impl Node {
         work: impl FnOnce(&mut Node) -> Result<(), Stop>,
     ) -> Result<(), Stop> {
         let (it, run_id) = (self.machine.iteration(), self.run_id().to_string());
-        if self.journal.done(&run_id, it, item) {
+        if self.machine.journal_mut().done(&run_id, it, item) {
             // A rollout that failed under `merge-survivors` is done too, with no output.
-            match self.journal.failure(it, item) {
+            match self.machine.journal().failure(it, item) {
                 Some(f) => self.info(&format!(
                     "iteration {it}: {item} failed ({f}) before the restart and the run went on without it; not redone"
                 )),
@@ -2549,7 +2551,8 @@ impl Node {
     /// is there.
     fn journal_item(&mut self, item: &str) -> Result<(), Stop> {
         if self
-            .journal
+            .machine
+            .journal()
             .has(self.run_id(), self.machine.iteration(), item)
         {
             return Ok(());
@@ -2560,7 +2563,7 @@ impl Node {
     /// Append `item` (with `failed`, for training) for the current iteration to this
     /// rank's journal, durably.
     fn append_journal(&mut self, item: &str, failed: Option<String>) -> Result<(), Stop> {
-        let entry = self.journal.next(journal::Entry {
+        let entry = journal::Entry {
             run_id: self.run_id().to_string(),
             gen: self.gen(),
             rank: self.rank,
@@ -2570,7 +2573,8 @@ impl Node {
             note: None,
             failed,
             checkpoint: None,
-        });
+        };
+        let entry = self.machine.journal_mut().next(entry);
         self.fence_at(
             Site::JournalAppend,
             &format!("journal {item} of iteration {}", self.machine.iteration()),
@@ -2590,7 +2594,7 @@ impl Node {
         self.event(events::Event::Journal {
             item: item.to_string(),
         });
-        self.journal.appended(entry);
+        self.machine.journal_mut().appended(entry);
         Ok(())
     }
 
@@ -2699,7 +2703,7 @@ impl Node {
     /// succeeds like the attempt before it leaves the journal as it was).
     fn journal_train(&mut self, failed: Option<String>) -> Result<(), Stop> {
         let latest = journal::latest_train(
-            self.journal.entries(),
+            self.machine.journal().entries(),
             self.run_id(),
             self.machine.iteration(),
         );
@@ -2750,7 +2754,8 @@ impl Node {
         let summary = self.train_failure_summary();
         let it = self.machine.iteration();
         if self
-            .journal
+            .machine
+            .journal()
             .has(self.run_id(), it, journal::item::HANDOFF_SKIPPED)
         {
             return Ok(());
@@ -2774,7 +2779,7 @@ impl Node {
             model: self.model.clone(),
             summary: summary.clone(),
         });
-        self.journal.note(summary);
+        self.machine.journal_mut().note(summary);
         self.journal_item(journal::item::HANDOFF_SKIPPED)
     }
 
@@ -2785,7 +2790,8 @@ impl Node {
         // Training writes into its generation's directory; when it was not redone after a
         // restart, the generation that trained is the one in rank 0's journal.
         let trained_in = self
-            .journal
+            .machine
+            .journal()
             .newest(self.machine.iteration(), journal::item::TRAIN)
             .map_or(self.gen(), |e| e.gen);
         let train_out = self
@@ -2891,7 +2897,7 @@ impl Node {
         }
         let dest = outcome.published.path().to_path_buf();
         self.model = dest.display().to_string();
-        self.journal.checkpoint(name.clone());
+        self.machine.journal_mut().checkpoint(name.clone());
         let how = match &outcome.how {
             crate::checkpoint::How::Moved => "moved".to_string(),
             crate::checkpoint::How::Resumed => {

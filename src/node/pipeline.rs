@@ -87,7 +87,8 @@ impl Node {
         let first = self.cfg.cluster.first_iteration.max(1);
         pipeline::done_through(
             first,
-            self.journal
+            self.machine
+                .journal()
                 .entries()
                 .iter()
                 .filter(|e| e.item == item && e.failed.is_none())

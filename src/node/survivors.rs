@@ -51,7 +51,7 @@ impl Node {
             reason,
             log: log.display().to_string(),
         });
-        self.journal.failed(failure.short());
+        self.machine.journal_mut().failed(failure.short());
         Ok(())
     }
 
@@ -116,7 +116,7 @@ impl Node {
                 .collect(),
         });
         if let Some(note) = shards.journal_note(phase) {
-            self.journal.note(note);
+            self.machine.journal_mut().note(note);
         }
     }
 }

@@ -20,6 +20,7 @@
 //! in debug builds and in the simulator (the `sim` feature).
 
 use super::barrier::{Barrier, Progress};
+use super::journal::Book;
 use super::liveness::Stamp;
 use super::messages::Payload;
 use super::topology::Topology;
@@ -149,6 +150,8 @@ pub struct NodeMachine {
     cluster: Option<ClusterRecord>,
     /// The current iteration's walk, with the iteration's state ([`IterationWalk`]).
     walk: IterationWalk,
+    /// This rank's journal of the current run, and what its next entry carries.
+    journal: Book,
     /// The peers as last read, the processes that joined, their liveness.
     pub watch: Watch,
     /// When each rank's record was last read.
@@ -190,6 +193,7 @@ impl NodeMachine {
             },
             cluster: None,
             walk: IterationWalk::idle(),
+            journal: Book::default(),
             k: 0,
             at: None,
             barrier_wait: None,
@@ -295,6 +299,21 @@ impl NodeMachine {
     /// The current iteration's walk, for the decisions its barriers release.
     pub fn walk_mut(&mut self) -> &mut IterationWalk {
         &mut self.walk
+    }
+
+    /// This rank's journal of the current run, as read when the run's iterations began.
+    pub fn open_journal(&mut self, book: Book) {
+        self.journal = book;
+    }
+
+    /// This rank's journal of the current run (empty before it is opened).
+    pub fn journal(&self) -> &Book {
+        &self.journal
+    }
+
+    /// This rank's journal, for an entry appended or what the next one carries.
+    pub fn journal_mut(&mut self) -> &mut Book {
+        &mut self.journal
     }
 
     /// The current iteration (0 before the first).
