@@ -883,8 +883,7 @@ mod tests {
     #[test]
     fn the_position_follows_the_generation_and_the_walk() {
         use crate::protocol::journal::Resume;
-        use crate::protocol::phase::RlPhase;
-        use crate::protocol::walk::{RolloutSplit, WalkConfig};
+        use crate::protocol::walk::WalkConfig;
         let mut m = NodeMachine::new(Settings {
             rank: 1,
             num_nodes: 2,
@@ -903,13 +902,7 @@ mod tests {
         .unwrap();
         m.joined(cluster);
         assert_eq!((m.position().run_id.as_str(), m.position().gen), ("r7", 3));
-        let cfg = WalkConfig {
-            rl_phase: RlPhase::Both,
-            split: RolloutSplit::All,
-            rank_0: false,
-            prepare: false,
-            iterations: 0,
-        };
+        let cfg = WalkConfig::default();
         m.begin_iteration(IterationWalk::new(cfg, 4, Resume::default()));
         assert_eq!((m.position().phase.as_str(), m.iteration()), (JOIN, 4));
         assert_eq!(

@@ -191,7 +191,8 @@ impl Step {
     }
 }
 
-/// What the walk depends on, fixed for a run.
+/// What the walk depends on, fixed for a run. The default: a worker's walk of both
+/// halves and every split, no prepare command, no last iteration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WalkConfig {
     pub rl_phase: RlPhase,
@@ -201,6 +202,18 @@ pub struct WalkConfig {
     pub prepare: bool,
     /// The last planned iteration (0: no limit).
     pub iterations: u64,
+}
+
+impl Default for WalkConfig {
+    fn default() -> WalkConfig {
+        WalkConfig {
+            rl_phase: RlPhase::Both,
+            split: RolloutSplit::All,
+            rank_0: false,
+            prepare: false,
+            iterations: 0,
+        }
+    }
 }
 
 /// One iteration's walk.
@@ -249,14 +262,7 @@ impl IterationWalk {
 
     /// A walk that takes no step: the node's state before its first iteration.
     pub fn idle() -> IterationWalk {
-        let cfg = WalkConfig {
-            rl_phase: RlPhase::Both,
-            split: RolloutSplit::All,
-            rank_0: false,
-            prepare: false,
-            iterations: 0,
-        };
-        let mut walk = IterationWalk::new(cfg, 0, Resume::default());
+        let mut walk = IterationWalk::new(WalkConfig::default(), 0, Resume::default());
         walk.done = true;
         walk
     }
