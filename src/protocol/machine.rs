@@ -12,7 +12,10 @@
 //! detected here or handed in becomes the generation's `abort.json` by exclusive create;
 //! the first creator's is the cause, [`super::abort::cause`]; the cause goes into our
 //! record, where rank 0 relays it to every worker) and the self-stop of a node that cannot
-//! write. The node's runtime (`crate::node`) drives it through the real shared directory,
+//! write. It holds the generation joined ([`NodeMachine::joined`]), the current
+//! iteration's walk ([`super::walk::IterationWalk`], stepped by [`NodeMachine::next_step`])
+//! and this rank's journal of the run ([`super::journal::Book`]); the position its aborts
+//! name follows from them. The node's runtime (`crate::node`) drives it through the real shared directory,
 //! and the simulator (tests/sim/) drives the same machine over the simulated one: a
 //! judgement changed here is a judgement changed in both.
 //!
