@@ -429,22 +429,27 @@ fn a_crash_at_any_point_of_a_moved_handoff_is_finished_by_the_restart() {
     }
 }
 
+/// A one-node run of one iteration whose training writes a checkpoint that the hand-off
+/// copies, started with the hand-off held before its rename
+/// (`RL_NODE_TEST_HOLD_AT=handoff:before-rename`) and the environment `env`.
+fn held_handoff(env: &[(&str, &str)]) -> (TestCluster, NodeProc) {
+    let c = cluster(
+        "mkdir -p {output}/checkpoint-1 && echo w > {output}/checkpoint-1/w.bin",
+        "[phases.handoff]\ntransfer = \"copy\"\n",
+    );
+    let mut vars = vec![("RL_NODE_TEST_HOLD_AT", "handoff:before-rename".to_string())];
+    vars.extend(env.iter().map(|(k, v)| (*k, v.to_string())));
+    let n = c.spawn_env(0, &c.log_path, &["--iterations", "1"], &vars);
+    (c, n)
+}
+
 /// A hand-off that takes long (a large checkpoint copied, here held before its rename)
 /// does not deafen rank 0: a SIGTERM stops it within a poll, with the documented code,
 /// `LATEST` untouched, and the next start finishes the hand-off. (Before publication was a
 /// job the loop watches, the node heard nothing until the copy ended.)
 #[test]
 fn a_sigterm_during_a_long_handoff_stops_the_node_and_the_restart_finishes_it() {
-    let c = cluster(
-        "mkdir -p {output}/checkpoint-1 && echo w > {output}/checkpoint-1/w.bin",
-        "[phases.handoff]\ntransfer = \"copy\"\n",
-    );
-    let mut n = c.spawn_env(
-        0,
-        &c.log_path,
-        &["--iterations", "1"],
-        &[("RL_NODE_TEST_HOLD_AT", "handoff:before-rename".to_string())],
-    );
+    let (c, mut n) = held_handoff(&[]);
     common::cluster::wait_until(LIMIT, "the hand-off to hold", || {
         n.stderr()
             .contains("RL_NODE_TEST_HOLD_AT=handoff:before-rename")
@@ -482,19 +487,7 @@ fn a_sigterm_during_a_long_handoff_stops_the_node_and_the_restart_finishes_it() 
 /// would: the loop's own pets while it waits on the publication do not hide it.
 #[test]
 fn a_handoff_stuck_in_a_call_ends_the_node_at_fs_timeout() {
-    let c = cluster(
-        "mkdir -p {output}/checkpoint-1 && echo w > {output}/checkpoint-1/w.bin",
-        "[phases.handoff]\ntransfer = \"copy\"\n",
-    );
-    let mut n = c.spawn_env(
-        0,
-        &c.log_path,
-        &["--iterations", "1"],
-        &[
-            ("RL_NODE_TEST_HOLD_AT", "handoff:before-rename".to_string()),
-            ("RL_NODE_TIMING_FS_TIMEOUT", "3s".to_string()),
-        ],
-    );
+    let (c, mut n) = held_handoff(&[("RL_NODE_TIMING_FS_TIMEOUT", "3s")]);
     assert_eq!(n.wait(LIMIT), 4, "{}", n.stderr());
     let err = n.stderr();
     assert!(

@@ -897,13 +897,7 @@ mod tests {
             topology: Topology::flat(2),
         });
         assert_eq!((m.position().phase.as_str(), m.iteration()), (JOIN, 0));
-        let cluster: ClusterRecord = serde_json::from_value(serde_json::json!({
-            "proto": 2, "run_id": "r7", "gen": 3, "num_nodes": 2, "rank_weights": [],
-            "fingerprint": "", "config": null, "master_addr": "", "master_port": 0,
-            "host": "h0", "pid": 1, "started_at": ""
-        }))
-        .unwrap();
-        m.joined(cluster);
+        m.joined(ClusterRecord::bare("r7", 3, 2));
         assert_eq!((m.position().run_id.as_str(), m.position().gen), ("r7", 3));
         let cfg = WalkConfig::default();
         m.begin_iteration(IterationWalk::new(cfg, 4, Resume::default()));
