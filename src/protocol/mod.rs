@@ -13,6 +13,7 @@ pub mod journal;
 pub mod lease;
 pub mod liveness;
 pub mod machine;
+pub mod membership;
 pub mod messages;
 pub mod phase;
 pub mod pipeline;

@@ -1,0 +1,681 @@
+//! Who a generation is: its members, its coordinator, and how the survivors of a loss
+//! form the next generation by themselves (`[cluster] min-nodes`).
+//!
+//! **Members and positions.** A generation's members are some of the run's ranks, in
+//! rank order ([`Members`]). The protocol's core (barriers, topology, watching) runs over
+//! *positions* `0..members.len()`: position 0 is the generation's coordinator, which does
+//! what rank 0 does in a full generation, and a record is still named by its rank
+//! (`gen-N/rank-R.json`). With every rank a member, position and rank are the same, so a
+//! full generation is exactly today's.
+//!
+//! **Regrouping after a loss.** When a generation ends because some of its members were
+//! lost (declared dead, or their command failed where the phase allows dropping them), a
+//! survivor does not exit; it runs a [`Regroup`]:
+//! - The next coordinator is the lowest member not known lost. If that is this rank, it
+//!   claims the next generation by an exclusive create (one claim per generation, so two
+//!   coordinators can never both act) and, having won, publishes the next generation's
+//!   members: the previous members less every rank it knows lost.
+//! - Any other survivor waits for the next generation's record. Listed, it joins it at its
+//!   position; not listed, it was dropped and stops. If the coordinator it waits for has
+//!   not published within the patience (two dead-afters: it has to notice the loss itself
+//!   first), it counts that rank lost too and looks again, so a coordinator that died
+//!   with the others is replaced.
+//! - Fewer than `min-nodes` survivors: nobody forms anything; every survivor stops with a
+//!   diagnosis that names the ranks lost (today's behaviour, whatever `min-nodes`).
+//!
+//! A claim lost to another survivor is never acted on: the loser waits for the winner's
+//! record like any member. A frozen former coordinator that wakes finds its generation
+//! ended (its own records are fenced by generation, as always) and the next one either
+//! lists it or not.
+//!
+//! The machine owns no clock and does no I/O: the driver performs each [`Effect`] and
+//! answers with an [`Input`], and hands [`Input::Timeout`] when [`Regroup::poll_timeout`]
+//! has passed.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::time::Duration;
+
+/// A generation's members: some of the run's ranks, sorted, none twice, at least one.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "Vec<u32>", into = "Vec<u32>")]
+pub struct Members(Vec<u32>);
+
+impl TryFrom<Vec<u32>> for Members {
+    type Error = String;
+    fn try_from(mut ranks: Vec<u32>) -> Result<Members, String> {
+        if ranks.is_empty() {
+            return Err("a generation has at least one member".into());
+        }
+        let n = ranks.len();
+        ranks.sort_unstable();
+        ranks.dedup();
+        if ranks.len() != n {
+            return Err(format!(
+                "a rank is listed twice among the members {ranks:?}"
+            ));
+        }
+        Ok(Members(ranks))
+    }
+}
+
+impl From<Members> for Vec<u32> {
+    fn from(m: Members) -> Vec<u32> {
+        m.0
+    }
+}
+
+impl Members {
+    /// Every rank of a run of `num_nodes` nodes: a full generation.
+    pub fn all(num_nodes: u32) -> Members {
+        assert!(num_nodes >= 1, "a run has at least one node");
+        Members((0..num_nodes).collect())
+    }
+
+    pub fn ranks(&self) -> &[u32] {
+        &self.0
+    }
+
+    pub fn len(&self) -> u32 {
+        self.0.len() as u32
+    }
+
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    pub fn contains(&self, rank: u32) -> bool {
+        self.0.binary_search(&rank).is_ok()
+    }
+
+    /// The rank at position 0, which coordinates the generation.
+    pub fn coordinator(&self) -> u32 {
+        self.0[0]
+    }
+
+    /// `rank`'s position in the generation (`NODE_RANK` among the live nodes).
+    pub fn position(&self, rank: u32) -> Option<u32> {
+        self.0.binary_search(&rank).ok().map(|p| p as u32)
+    }
+
+    /// The rank at `position`.
+    pub fn rank_at(&self, position: u32) -> u32 {
+        self.0[position as usize]
+    }
+
+    /// The members less `lost` (`None`: nobody is left).
+    pub fn without(&self, lost: &BTreeSet<u32>) -> Option<Members> {
+        let left: Vec<u32> = self
+            .0
+            .iter()
+            .copied()
+            .filter(|r| !lost.contains(r))
+            .collect();
+        (!left.is_empty()).then_some(Members(left))
+    }
+
+    /// The ranks of a run of `num_nodes` nodes that are not members.
+    pub fn dropped(&self, num_nodes: u32) -> Vec<u32> {
+        (0..num_nodes).filter(|&r| !self.contains(r)).collect()
+    }
+}
+
+/// The next generation as its coordinator publishes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Regrouped {
+    pub gen: u64,
+    pub members: Members,
+}
+
+impl Regrouped {
+    pub fn coordinator(&self) -> u32 {
+        self.members.coordinator()
+    }
+}
+
+/// Why a survivor stops instead of going on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ending {
+    /// Fewer than `min-nodes` members are left.
+    BelowMin {
+        left: Vec<u32>,
+        lost: Vec<u32>,
+        min_nodes: u32,
+    },
+    /// The next generation was formed without this rank (its coordinator counted it
+    /// lost).
+    Dropped { gen: u64, coordinator: u32 },
+}
+
+impl std::fmt::Display for Ending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Ending::BelowMin {
+                left,
+                lost,
+                min_nodes,
+            } => write!(
+                f,
+                "rank(s) {} lost, {} node(s) left ({}), below cluster.min-nodes = {min_nodes}: the cluster stops",
+                list(lost),
+                left.len(),
+                list(left)
+            ),
+            Ending::Dropped { gen, coordinator } => write!(
+                f,
+                "generation {gen} was formed without this rank (its coordinator, rank {coordinator}, counted it lost): this node stops; start it again to rejoin"
+            ),
+        }
+    }
+}
+
+fn list(ranks: &[u32]) -> String {
+    ranks
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// What the driver does for the machine, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// Create generation `gen`'s claim exclusively, naming this rank; answer
+    /// [`Input::Claimed`].
+    Claim { gen: u64 },
+    /// Read the run's newest generation record; answer [`Input::Current`].
+    ReadCurrent,
+    /// Publish the next generation (this rank won its claim); then it is joined.
+    Publish(Regrouped),
+    /// Joined `gen` at `position`; the machine is done.
+    Joined {
+        gen: u64,
+        position: u32,
+        members: Members,
+    },
+    /// A line for the log (who is counted lost, who is waited for).
+    Info(String),
+    /// Stop; the machine is done.
+    Stop(Ending),
+}
+
+/// What happened, as the driver tells it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Input {
+    /// The claim asked for: won, or another survivor's already (`holder`: the rank its
+    /// file names, when it could be read).
+    Claimed { won: bool, holder: Option<u32> },
+    /// The run's newest generation record, as read (`None`: not readable now).
+    Current(Option<Regrouped>),
+    /// [`Regroup::poll_timeout`] has passed: look again.
+    Timeout,
+}
+
+/// A deliberately wrong regrouping, for showing that the simulator catches it. Never set
+/// by the node.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mutation {
+    /// A survivor that lost the claim acts as the coordinator all the same.
+    IgnoreLostClaim,
+    /// The coordinator keeps the ranks lost among the next generation's members.
+    KeepLost,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Waiting for the claim's outcome.
+    Claiming,
+    /// Waiting, from `since`, for the next generation's record, which rank `from`
+    /// (`None`: the unknown holder of the claim) is to publish.
+    Waiting {
+        since: Duration,
+        from: Option<u32>,
+    },
+    Done,
+}
+
+/// One survivor's regrouping after generation `gen` ended with ranks lost.
+#[derive(Debug, Clone)]
+pub struct Regroup {
+    rank: u32,
+    gen: u64,
+    members: Members,
+    min_nodes: u32,
+    patience: Duration,
+    /// Every rank this survivor counts lost: those the generation's end named, and
+    /// coordinators that did not publish in time.
+    lost: BTreeSet<u32>,
+    /// The generation number claimed next: one past `gen`, and one more for each claim
+    /// found held by a rank counted lost (it claimed and was lost before publishing).
+    target: u64,
+    stage: Stage,
+    now: Duration,
+    effects: VecDeque<Effect>,
+    mutation: Option<Mutation>,
+}
+
+impl Regroup {
+    /// Rank `rank`, a member of generation `gen` (`members`), which ended with `lost`
+    /// lost; `patience` is how long to wait for a coordinator to publish before counting
+    /// it lost too. The first effects are ready at once.
+    pub fn new(
+        rank: u32,
+        gen: u64,
+        members: Members,
+        lost: BTreeSet<u32>,
+        min_nodes: u32,
+        patience: Duration,
+        now: Duration,
+    ) -> Regroup {
+        assert!(members.contains(rank), "only a member regroups");
+        assert!(!lost.contains(&rank), "a rank lost does not regroup");
+        let mut r = Regroup {
+            rank,
+            gen,
+            members,
+            min_nodes,
+            patience,
+            lost,
+            target: gen + 1,
+            stage: Stage::Done,
+            now,
+            effects: VecDeque::new(),
+            mutation: None,
+        };
+        r.look();
+        r
+    }
+
+    #[doc(hidden)]
+    pub fn with_mutation(mut self, m: Option<Mutation>) -> Regroup {
+        self.mutation = super::mutation(m);
+        self
+    }
+
+    /// The generation number claimed next.
+    pub fn next_gen(&self) -> u64 {
+        self.target
+    }
+
+    pub fn lost(&self) -> &BTreeSet<u32> {
+        &self.lost
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.stage == Stage::Done
+    }
+
+    /// Decide again from what is known lost: stop below `min-nodes`, claim as the next
+    /// coordinator, or wait for it.
+    fn look(&mut self) {
+        let left = self.members.without(&self.lost).expect("this rank is left");
+        if left.len() < self.min_nodes {
+            self.stage = Stage::Done;
+            self.effects.push_back(Effect::Stop(Ending::BelowMin {
+                left: left.ranks().to_vec(),
+                lost: self.lost.iter().copied().collect(),
+                min_nodes: self.min_nodes,
+            }));
+            return;
+        }
+        let coordinator = left.coordinator();
+        if coordinator == self.rank {
+            self.stage = Stage::Claiming;
+            self.effects.push_back(Effect::Claim {
+                gen: self.next_gen(),
+            });
+        } else {
+            self.wait_for(Some(coordinator));
+        }
+    }
+
+    fn wait_for(&mut self, from: Option<u32>) {
+        self.stage = Stage::Waiting {
+            since: self.now,
+            from,
+        };
+        let who = from.map_or("the holder of its claim".into(), |r| format!("rank {r}"));
+        self.effects.push_back(Effect::Info(format!(
+            "waiting for {who} to form the generation after {} (lost: rank(s) {})",
+            self.gen,
+            list(&self.lost.iter().copied().collect::<Vec<_>>())
+        )));
+        self.effects.push_back(Effect::ReadCurrent);
+    }
+
+    /// Hand in what happened, at `now` on the driver's monotonic clock.
+    pub fn handle(&mut self, now: Duration, input: Input) {
+        self.now = self.now.max(now);
+        match (self.stage, input) {
+            (Stage::Claiming, Input::Claimed { won, holder }) => {
+                if won || self.mutation == Some(Mutation::IgnoreLostClaim) {
+                    self.publish();
+                } else if holder.is_some_and(|h| self.lost.contains(&h)) {
+                    // Claimed by a rank lost before it published: that number is spent.
+                    self.target += 1;
+                    self.look();
+                } else {
+                    self.wait_for(holder.filter(|&h| h != self.rank));
+                }
+            }
+            (Stage::Waiting { since, from }, Input::Current(current)) => match current {
+                Some(next) if next.gen > self.gen => self.found(next),
+                _ if self.now >= since + self.patience => self.give_up_on(from),
+                _ => {}
+            },
+            (Stage::Waiting { since, from }, Input::Timeout) => {
+                if self.now >= since + self.patience {
+                    self.give_up_on(from);
+                } else {
+                    self.effects.push_back(Effect::ReadCurrent);
+                }
+            }
+            (stage, input) => panic!("regroup: {input:?} while {stage:?}"),
+        }
+        self.assert_invariants();
+    }
+
+    /// When the driver should hand [`Input::Timeout`]: the next look while waiting.
+    pub fn poll_timeout(&self) -> Option<Duration> {
+        match self.stage {
+            Stage::Waiting { since, .. } => Some(since + self.patience),
+            _ => None,
+        }
+    }
+
+    pub fn poll_effect(&mut self) -> Option<Effect> {
+        self.effects.pop_front()
+    }
+
+    fn publish(&mut self) {
+        let members = match self.mutation {
+            Some(Mutation::KeepLost) => self.members.clone(),
+            _ => self.members.without(&self.lost).expect("this rank is left"),
+        };
+        let next = Regrouped {
+            gen: self.next_gen(),
+            members,
+        };
+        self.effects.push_back(Effect::Publish(next.clone()));
+        self.join(next);
+    }
+
+    fn found(&mut self, next: Regrouped) {
+        if next.members.contains(self.rank) {
+            self.join(next);
+        } else {
+            self.stage = Stage::Done;
+            self.effects.push_back(Effect::Stop(Ending::Dropped {
+                gen: next.gen,
+                coordinator: next.coordinator(),
+            }));
+        }
+    }
+
+    fn join(&mut self, next: Regrouped) {
+        self.stage = Stage::Done;
+        let position = next.members.position(self.rank).expect("a member");
+        self.effects.push_back(Effect::Joined {
+            gen: next.gen,
+            position,
+            members: next.members,
+        });
+    }
+
+    /// The coordinator waited for did not publish within the patience: count it lost and
+    /// decide again (a claim whose holder is unknown: that number is spent).
+    fn give_up_on(&mut self, from: Option<u32>) {
+        let who = from.map_or("the holder of its claim".into(), |r| format!("rank {r}"));
+        self.effects.push_back(Effect::Info(format!(
+            "{who} did not form generation {} within {:?}: counted lost",
+            self.target, self.patience
+        )));
+        match from {
+            Some(r) => {
+                self.lost.insert(r);
+            }
+            None => self.target += 1,
+        }
+        self.look();
+    }
+
+    fn assert_invariants(&self) {
+        if !cfg!(any(debug_assertions, feature = "sim")) {
+            return;
+        }
+        assert!(
+            !self.lost.contains(&self.rank),
+            "this rank counted itself lost"
+        );
+        assert!(self.members.contains(self.rank));
+        assert!(self.target > self.gen, "claims only a later generation");
+        if let Stage::Waiting { from, .. } = self.stage {
+            assert_ne!(from, Some(self.rank), "waiting for itself");
+            assert!(
+                from.is_none_or(|r| !self.lost.contains(&r)),
+                "waiting for a rank counted lost"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEC: Duration = Duration::from_secs(1);
+
+    fn set(r: &[u32]) -> BTreeSet<u32> {
+        r.iter().copied().collect()
+    }
+
+    fn members(r: &[u32]) -> Members {
+        Members::try_from(r.to_vec()).unwrap()
+    }
+
+    fn drain(g: &mut Regroup) -> Vec<Effect> {
+        std::iter::from_fn(|| g.poll_effect())
+            .filter(|e| !matches!(e, Effect::Info(_)))
+            .collect()
+    }
+
+    #[test]
+    fn positions_follow_rank_order_and_the_lowest_rank_coordinates() {
+        let m = members(&[4, 1, 3]);
+        assert_eq!(m.ranks(), &[1, 3, 4]);
+        assert_eq!(m.coordinator(), 1);
+        assert_eq!(m.position(3), Some(1));
+        assert_eq!(m.position(0), None);
+        assert_eq!(m.rank_at(2), 4);
+        assert_eq!(m.dropped(5), vec![0, 2]);
+        assert_eq!(Members::all(3).ranks(), &[0, 1, 2]);
+        assert!(Members::try_from(vec![]).is_err());
+        assert!(Members::try_from(vec![2, 2]).unwrap_err().contains("twice"));
+        let json = serde_json::to_string(&m).unwrap();
+        assert_eq!(json, "[1,3,4]");
+        assert_eq!(serde_json::from_str::<Members>(&json).unwrap(), m);
+        assert!(serde_json::from_str::<Members>("[1,1]").is_err());
+    }
+
+    #[test]
+    fn the_lowest_survivor_claims_and_publishes_the_members_left() {
+        let mut g = Regroup::new(1, 4, Members::all(4), set(&[0]), 2, 10 * SEC, SEC);
+        assert_eq!(drain(&mut g), vec![Effect::Claim { gen: 5 }]);
+        g.handle(
+            SEC,
+            Input::Claimed {
+                won: true,
+                holder: None,
+            },
+        );
+        let next = Regrouped {
+            gen: 5,
+            members: members(&[1, 2, 3]),
+        };
+        assert_eq!(
+            drain(&mut g),
+            vec![
+                Effect::Publish(next.clone()),
+                Effect::Joined {
+                    gen: 5,
+                    position: 0,
+                    members: next.members
+                }
+            ]
+        );
+        assert!(g.is_done());
+    }
+
+    #[test]
+    fn a_survivor_waits_for_the_coordinator_and_joins_at_its_position() {
+        let mut g = Regroup::new(3, 4, Members::all(4), set(&[1]), 2, 10 * SEC, SEC);
+        assert_eq!(drain(&mut g), vec![Effect::ReadCurrent]);
+        // The old generation's record first: keep waiting.
+        g.handle(2 * SEC, Input::Current(None));
+        assert_eq!(drain(&mut g), vec![]);
+        assert_eq!(g.poll_timeout(), Some(11 * SEC));
+        g.handle(
+            3 * SEC,
+            Input::Current(Some(Regrouped {
+                gen: 5,
+                members: members(&[0, 2, 3]),
+            })),
+        );
+        assert_eq!(
+            drain(&mut g),
+            vec![Effect::Joined {
+                gen: 5,
+                position: 2,
+                members: members(&[0, 2, 3])
+            }]
+        );
+    }
+
+    #[test]
+    fn a_lost_claim_is_never_acted_on() {
+        let mut g = Regroup::new(2, 4, Members::all(4), set(&[0, 1]), 2, 10 * SEC, SEC);
+        assert_eq!(drain(&mut g), vec![Effect::Claim { gen: 5 }]);
+        g.handle(
+            SEC,
+            Input::Claimed {
+                won: false,
+                holder: None,
+            },
+        );
+        assert_eq!(drain(&mut g), vec![Effect::ReadCurrent]);
+        // The winner (rank 1, not lost after all) left this rank out.
+        g.handle(
+            2 * SEC,
+            Input::Current(Some(Regrouped {
+                gen: 5,
+                members: members(&[1, 3]),
+            })),
+        );
+        assert_eq!(
+            drain(&mut g),
+            vec![Effect::Stop(Ending::Dropped {
+                gen: 5,
+                coordinator: 1
+            })]
+        );
+    }
+
+    #[test]
+    fn a_coordinator_silent_past_the_patience_is_counted_lost_and_replaced() {
+        let mut g = Regroup::new(2, 4, Members::all(3), set(&[0]), 1, 10 * SEC, SEC);
+        assert_eq!(drain(&mut g), vec![Effect::ReadCurrent]);
+        g.handle(5 * SEC, Input::Timeout);
+        assert_eq!(drain(&mut g), vec![Effect::ReadCurrent], "not yet");
+        g.handle(11 * SEC, Input::Timeout);
+        assert_eq!(drain(&mut g), vec![Effect::Claim { gen: 5 }]);
+        assert_eq!(g.lost(), &set(&[0, 1]));
+        g.handle(
+            11 * SEC,
+            Input::Claimed {
+                won: true,
+                holder: None,
+            },
+        );
+        assert!(matches!(
+            drain(&mut g).as_slice(),
+            [Effect::Publish(Regrouped { gen: 5, members }), Effect::Joined { position: 0, .. }]
+                if members.ranks() == [2]
+        ));
+    }
+
+    #[test]
+    fn a_claim_held_by_a_rank_lost_before_it_published_spends_that_number() {
+        // Rank 1 claimed generation 5 and was lost; rank 2 waited it out.
+        let mut g = Regroup::new(2, 4, Members::all(4), set(&[0]), 2, 10 * SEC, SEC);
+        assert_eq!(drain(&mut g), vec![Effect::ReadCurrent]);
+        g.handle(11 * SEC, Input::Timeout);
+        assert_eq!(drain(&mut g), vec![Effect::Claim { gen: 5 }]);
+        g.handle(
+            11 * SEC,
+            Input::Claimed {
+                won: false,
+                holder: Some(1),
+            },
+        );
+        assert_eq!(drain(&mut g), vec![Effect::Claim { gen: 6 }]);
+        // A claim whose holder cannot be told: waited for, then its number is spent.
+        g.handle(
+            12 * SEC,
+            Input::Claimed {
+                won: false,
+                holder: None,
+            },
+        );
+        assert_eq!(drain(&mut g), vec![Effect::ReadCurrent]);
+        g.handle(22 * SEC, Input::Timeout);
+        assert_eq!(drain(&mut g), vec![Effect::Claim { gen: 7 }]);
+        g.handle(
+            22 * SEC,
+            Input::Claimed {
+                won: true,
+                holder: None,
+            },
+        );
+        assert!(matches!(
+            drain(&mut g).as_slice(),
+            [Effect::Publish(Regrouped { gen: 7, members }), ..] if members.ranks() == [2, 3]
+        ));
+    }
+
+    #[test]
+    fn below_min_nodes_every_survivor_stops_and_says_who_was_lost() {
+        let mut g = Regroup::new(1, 2, Members::all(3), set(&[0, 2]), 2, 10 * SEC, SEC);
+        let effects = drain(&mut g);
+        let [Effect::Stop(ending)] = effects.as_slice() else {
+            panic!("{effects:?}")
+        };
+        assert_eq!(
+            ending.to_string(),
+            "rank(s) 0, 2 lost, 1 node(s) left (1), below cluster.min-nodes = 2: the cluster stops"
+        );
+        assert!(g.is_done());
+        // With the default (min-nodes = num-nodes), any loss stops.
+        let mut g = Regroup::new(0, 2, Members::all(3), set(&[2]), 3, 10 * SEC, SEC);
+        assert!(matches!(
+            drain(&mut g).as_slice(),
+            [Effect::Stop(Ending::BelowMin { .. })]
+        ));
+    }
+
+    #[test]
+    fn a_smaller_generation_shrinks_again_from_its_own_members() {
+        let mut g = Regroup::new(3, 5, members(&[1, 3, 4]), set(&[1]), 2, 10 * SEC, SEC);
+        assert_eq!(drain(&mut g), vec![Effect::Claim { gen: 6 }]);
+        g.handle(
+            SEC,
+            Input::Claimed {
+                won: true,
+                holder: None,
+            },
+        );
+        assert!(matches!(
+            drain(&mut g).as_slice(),
+            [Effect::Publish(Regrouped { gen: 6, members }), ..] if members.ranks() == [3, 4]
+        ));
+    }
+}
