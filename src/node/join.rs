@@ -465,6 +465,7 @@ impl Node {
             run_fingerprint: self.cfg.run_fingerprint(),
             resume,
             filesystem: crate::observe::doctor::filesystem(self.layout.root()),
+            members: None,
         }
     }
 

@@ -689,6 +689,7 @@ impl Node {
                 num_nodes,
                 cfg.cluster.barrier_groups_from,
             ),
+            members: None,
         })
         .with_mutations(machine::Mutations {
             barrier: parts.broken.barrier,

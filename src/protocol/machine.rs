@@ -25,6 +25,7 @@
 use super::barrier::{Barrier, Progress};
 use super::journal::Book;
 use super::liveness::Stamp;
+use super::membership::Members;
 use super::messages::Payload;
 use super::topology::Topology;
 use super::walk::{IterationWalk, Step};
@@ -46,6 +47,11 @@ pub struct Settings {
     pub dead_after: Duration,
     /// Who reads whom at barriers and for liveness: flat, or through group leaders.
     pub topology: Topology,
+    /// The generation's members, when not every rank is one (`super::membership`):
+    /// `rank` and `num_nodes` are then this node's position and the number of members.
+    /// The machine decides over positions and speaks ranks to its driver: the ranks it
+    /// asks to read, the records handed in, whom it waits for, the aborts it writes.
+    pub members: Option<Members>,
 }
 
 /// The phase a node is in before its first iteration, as its aborts name it.
@@ -336,7 +342,56 @@ impl NodeMachine {
 
     /// The next thing to do, if any.
     pub fn poll_effect(&mut self) -> Option<Effect> {
-        self.effects.pop_front()
+        let effect = self.effects.pop_front()?;
+        if self.cfg.members.is_none() {
+            return Some(effect);
+        }
+        Some(match effect {
+            Effect::Read(ps) => Effect::Read(self.ranks_of(ps)),
+            Effect::Record(Change::WaitingFor(ps)) => {
+                Effect::Record(Change::WaitingFor(self.ranks_of(ps)))
+            }
+            Effect::Record(Change::Observed(ages)) => Effect::Record(Change::Observed(
+                ages.into_iter()
+                    .map(|(p, a)| (self.rank_of(p), a))
+                    .collect(),
+            )),
+            other => other,
+        })
+    }
+
+    /// The rank at `position` of the generation (itself in a full one).
+    pub fn rank_of(&self, position: u32) -> u32 {
+        self.cfg
+            .members
+            .as_ref()
+            .map_or(position, |m| m.rank_at(position))
+    }
+
+    fn ranks_of(&self, positions: Vec<u32>) -> Vec<u32> {
+        positions.into_iter().map(|p| self.rank_of(p)).collect()
+    }
+
+    /// Records read, by rank, as the machine sees them: by position, each saying its
+    /// position (a rank that is no member is not the generation's, and is dropped).
+    fn to_positions(
+        &self,
+        reads: Vec<(u32, Option<RankRecord>, Stamp)>,
+    ) -> Vec<(u32, Option<RankRecord>, Stamp)> {
+        let Some(m) = &self.cfg.members else {
+            return reads;
+        };
+        reads
+            .into_iter()
+            .filter_map(|(r, rec, at)| {
+                let p = m.position(r)?;
+                let rec = rec.map(|rec| match rec.rank == r {
+                    true => RankRecord { rank: p, ..rec },
+                    false => rec,
+                });
+                Some((p, rec, at))
+            })
+            .collect()
     }
 
     /// When the machine next wants [`NodeMachine::tick`]ing, as a time since the node's
@@ -412,6 +467,7 @@ impl NodeMachine {
                 intruder,
             } => self.on_publisher(write_error, intruder),
             Input::Records(reads) => {
+                let reads = self.to_positions(reads);
                 self.on_records(reads);
                 self.sweep();
             }
@@ -463,7 +519,7 @@ impl NodeMachine {
             iteration: self.position.iteration,
             reason,
             log,
-            detected_by: self.cfg.rank,
+            detected_by: self.rank_of(self.cfg.rank),
             silent_ms: None,
             at: String::new(),
             cluster: self.cfg.cluster.clone(),
@@ -538,10 +594,11 @@ impl NodeMachine {
         }
         if let Some((rank, host, theirs)) = self.walks_apart() {
             let at = self.at.as_ref().expect("at a barrier");
+            let rank = self.rank_of(rank);
             let reason = format!(
                 "rank {rank} on {host} is at barrier {} as {theirs} where rank {} is at {}: the two walk the iteration differently, as nodes of different rl-node versions do (this one is {})",
                 at.k,
-                self.cfg.rank,
+                self.rank_of(self.cfg.rank),
                 mark_label(at.iteration, &at.name),
                 env!("CARGO_PKG_VERSION")
             );
@@ -567,6 +624,10 @@ impl NodeMachine {
                 }
                 Err(missing) => {
                     say_waiting_for(at, &missing, &mut self.effects);
+                    let missing = match &self.cfg.members {
+                        Some(m) => missing.iter().map(|&p| m.rank_at(p)).collect(),
+                        None => missing,
+                    };
                     return Progress::Waiting { missing };
                 }
             }
@@ -578,7 +639,12 @@ impl NodeMachine {
             }
         }
         self.assert_invariants();
-        progress
+        match progress {
+            Progress::Waiting { missing } if self.cfg.members.is_some() => Progress::Waiting {
+                missing: self.ranks_of(missing),
+            },
+            other => other,
+        }
     }
 
     /// Whether this rank gathers arrivals at a barrier: rank 0, and a group's leader (which
@@ -664,7 +730,7 @@ impl NodeMachine {
             return;
         }
         if let Some((host, pid)) = intruder {
-            let rank = self.cfg.rank;
+            let rank = self.rank_of(self.cfg.rank);
             let info = self.abort_info(
                 AbortKind::Error,
                 rank,
@@ -687,7 +753,13 @@ impl NodeMachine {
             return false;
         }
         let reason = format!("stopped writing to the shared directory: {e}");
-        let info = self.abort_info(AbortKind::Error, self.cfg.rank, None, reason, None);
+        let info = self.abort_info(
+            AbortKind::Error,
+            self.rank_of(self.cfg.rank),
+            None,
+            reason,
+            None,
+        );
         self.fail(info, true);
         true
     }
@@ -725,14 +797,18 @@ impl NodeMachine {
         };
         let info = match stop {
             watch::Stop::Abort(info) => return self.stop(info),
-            watch::Stop::TakenOver { rank, host, pid } => self.abort_info(
-                AbortKind::Error,
-                rank,
-                Some(host.clone()),
-                format!("rank {rank} was taken over by another process (pid {pid} on {host})"),
-                None,
-            ),
+            watch::Stop::TakenOver { rank, host, pid } => {
+                let rank = self.rank_of(rank);
+                self.abort_info(
+                    AbortKind::Error,
+                    rank,
+                    Some(host.clone()),
+                    format!("rank {rank} was taken over by another process (pid {pid} on {host})"),
+                    None,
+                )
+            }
             watch::Stop::Ended { rank, host, state } => {
+                let rank = self.rank_of(rank);
                 let what = match state {
                     NodeState::Left => format!("left generation {gen} after joining it, giving up on the generation before it saw it form"),
                     _ => format!("stopped in generation {gen} without publishing why"),
@@ -746,6 +822,7 @@ impl NodeMachine {
                 )
             }
             watch::Stop::Dead { rank, silent, last } => {
+                let rank = self.rank_of(rank);
                 let (host, phase, iteration) = last
                     .map(|p| {
                         let phase = p.phase.map_or_else(|| "join".into(), |p| p.to_string());
@@ -871,6 +948,7 @@ mod tests {
             heartbeat_interval: Duration::from_secs(1),
             dead_after: Duration::from_secs(10),
             topology: Topology::flat(n),
+            members: None,
         });
         m.set_position(Position {
             run_id: "run".into(),
@@ -895,6 +973,7 @@ mod tests {
             heartbeat_interval: Duration::from_secs(1),
             dead_after: Duration::from_secs(10),
             topology: Topology::flat(2),
+            members: None,
         });
         assert_eq!((m.position().phase.as_str(), m.iteration()), (JOIN, 0));
         m.joined(ClusterRecord::bare("r7", 3, 2));
@@ -979,6 +1058,74 @@ mod tests {
         m.handle(S(20), Input::Records(vec![]));
         assert!(drain(&mut m).is_empty());
         assert_eq!(m.poll_timeout(), None);
+    }
+
+    /// A generation of survivors (ranks 2, 3 and 5 of six): the machine decides over
+    /// positions and speaks ranks. Its coordinator (rank 2) reads ranks 3 and 5, takes
+    /// their records by rank, waits for ranks, and names a still one by its rank.
+    #[test]
+    fn a_generation_of_some_ranks_is_read_and_judged_by_rank() {
+        let members = crate::protocol::membership::Members::try_from(vec![5, 2, 3]).unwrap();
+        let mut m = NodeMachine::new(Settings {
+            members: Some(members),
+            ..machine(0, 3).cfg
+        });
+        m.set_position(Position {
+            run_id: "run".into(),
+            gen: 1,
+            iteration: 1,
+            phase: "rollout".into(),
+        });
+        m.watch.formed = true;
+        m.tick(S(0));
+        assert_eq!(drain(&mut m), vec![Effect::Read(vec![3, 5])]);
+        let arrived = |rank: u32, seq| RankRecord {
+            arrived: Some(Mark {
+                k: 1,
+                iteration: 1,
+                name: "b".into(),
+                payload: serde_json::Value::Null,
+            }),
+            ..rec(rank, seq)
+        };
+        m.arrive("b", &());
+        drain(&mut m);
+        m.handle(
+            S(0),
+            Input::Records(vec![
+                (3, Some(arrived(3, 1)), S(0).into()),
+                (5, Some(rec(5, 1)), S(0).into()),
+                // Not a member: not this generation's.
+                (1, Some(arrived(1, 1)), S(0).into()),
+            ]),
+        );
+        drain(&mut m);
+        assert_eq!(
+            m.progress::<(), ()>(),
+            Progress::Waiting { missing: vec![5] }
+        );
+        let effects = drain(&mut m);
+        assert!(
+            effects.contains(&Effect::Record(Change::WaitingFor(vec![5]))),
+            "{effects:?}"
+        );
+        m.tick(S(11));
+        assert_eq!(drain(&mut m), vec![Effect::Read(vec![3, 5])]);
+        m.handle(
+            S(11),
+            Input::Records(vec![
+                (3, Some(arrived(3, 2)), S(11).into()),
+                (5, Some(rec(5, 1)), S(11).into()),
+            ]),
+        );
+        let effects = drain(&mut m);
+        let [Effect::CreateAbort(info)] = effects.as_slice() else {
+            panic!("{effects:?}")
+        };
+        assert_eq!(
+            (info.kind.clone(), info.culprit, info.detected_by),
+            (AbortKind::PeerDead, 5, 2)
+        );
     }
 
     #[test]

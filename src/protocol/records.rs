@@ -50,6 +50,10 @@ pub struct ClusterRecord {
     /// their own (none when rank 0 could not tell).
     #[serde(default)]
     pub filesystem: Option<Filesystem>,
+    /// The generation's members, when not every rank is one (`None`: all of them): the
+    /// survivors of a loss, under `cluster.min-nodes` (`super::membership`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub members: Option<super::membership::Members>,
 }
 
 /// The filesystem a node sees the shared directory on: its mount table's line.
@@ -149,7 +153,15 @@ impl ClusterRecord {
             run_fingerprint: String::new(),
             resume: Default::default(),
             filesystem: None,
+            members: None,
         }
+    }
+
+    /// The generation's members (every rank, unless it was formed by survivors).
+    pub fn members(&self) -> super::membership::Members {
+        self.members
+            .clone()
+            .unwrap_or_else(|| super::membership::Members::all(self.num_nodes))
     }
 }
 

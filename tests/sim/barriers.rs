@@ -99,6 +99,7 @@ fn machine_of(
         heartbeat_interval: Duration::from_millis(heartbeat_ms),
         dead_after: Duration::from_millis(dead_after_ms),
         topology,
+        members: None,
     })
     .with_mutations(machine::Mutations {
         barrier: m.barrier,

@@ -222,6 +222,7 @@ impl Sim {
                     heartbeat_interval: Duration::from_millis(heartbeat),
                     dead_after: Duration::from_millis(dead_after),
                     topology: rl_node::protocol::topology::Topology::flat(n as u32),
+                    members: None,
                 })
                 .with_mutations(machine::Mutations {
                     liveness: mutations.liveness,
