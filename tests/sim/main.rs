@@ -1,7 +1,7 @@
 //! rl-node's deterministic simulator: seeded, single-threaded runs of the protocol core
 //! over a simulated shared directory, with invariants checked after every step.
 //!
-//! Four scenarios (docs/simulation.md):
+//! Five scenarios (docs/simulation.md):
 //! - `barriers`: the barrier and liveness over per-node NFS attribute and lookup caches,
 //!   drifting monotonic clocks, skewed wall clocks, and frozen and stopped nodes;
 //! - `crashes`: kill -9 at any point, torn journal appends, failing commands, restarts as
@@ -11,7 +11,10 @@
 //!   taken over from killed and frozen nodes, backed up when slow;
 //! - `joins`: workers joining generations with the core's `join::look` over stale
 //!   caches, with rank 0 and workers killed and restarted, second processes for a held
-//!   rank and misconfigured workers.
+//!   rank and misconfigured workers;
+//! - `elastic`: nodes lost for good (rank 0 and later coordinators included) under
+//!   `min-nodes`, the survivors forming the next generations by themselves, a coordinator
+//!   stopped with the one it succeeds and waking to a generation formed without it.
 //!
 //! And two of the node's own driver (`rl_node::run_in_process`) on `store::sim`:
 //! `driver`, a cluster of threads on the real clock (not seeded), and `nodes`, whole jobs
@@ -26,6 +29,7 @@
 mod barriers;
 mod crashes;
 mod driver;
+mod elastic;
 mod fresh;
 mod joins;
 mod leases;
@@ -158,7 +162,7 @@ fn ops_figures() {
 }
 
 /// `scripts/sim`: SIM_FIRST_SEED, SIM_SEEDS, SIM_NODES (the largest cluster; seeds spread
-/// 1..=SIM_NODES nodes), SIM_SCENARIO (barriers, crashes, leases, joins, nodes, data,
+/// 1..=SIM_NODES nodes), SIM_SCENARIO (barriers, crashes, leases, joins, elastic, nodes, data,
 /// items, dynamic, pipeline or fresh; empty: all but the node's driver's: nodes, data,
 /// items, dynamic, pipeline and fresh). Prints a
 /// summary of each scenario run, or the failing seed with its trace.
@@ -197,6 +201,15 @@ fn long_run() {
                 s.line()
             ),
             Err(v) => panic!("crashes: {v}"),
+        }
+    }
+    if wanted("elastic") {
+        match elastic::sweep(first, seeds, nodes, Default::default()) {
+            Ok(s) => println!(
+                "elastic: seeds {first}..{last}: {seeds} run(s) of {min}..={nodes} nodes; {}",
+                s.line()
+            ),
+            Err(v) => panic!("elastic: {v}"),
         }
     }
     if wanted("leases") {

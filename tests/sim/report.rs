@@ -8,7 +8,7 @@
 //! Both lists are here, each in one place: [`scenarios`] (what `--json` runs) and
 //! [`mutants`] (what `--mutants` runs). A new scenario or mutation is one entry.
 
-use crate::{barriers, crashes, fresh, joins, leases, nodes, pipeline, Violation};
+use crate::{barriers, crashes, elastic, fresh, joins, leases, nodes, pipeline, Violation};
 use rl_node::protocol::fence::Site;
 use rl_node::protocol::{barrier, fence, join, journal, lease, liveness};
 use rl_node::Broken;
@@ -81,6 +81,16 @@ pub fn scenarios() -> Vec<Scenario> {
             driver: false,
             run: |f, s, n| {
                 joins::sweep(f, s, n, Default::default()).map(|s| Swept {
+                    faults: s.faults(),
+                    line: s.line(),
+                })
+            },
+        },
+        Scenario {
+            name: "elastic",
+            driver: false,
+            run: |f, s, n| {
+                elastic::sweep(f, s, n, Default::default()).map(|s| Swept {
                     faults: s.faults(),
                     line: s.line(),
                 })
@@ -282,6 +292,7 @@ pub fn mutants() -> Vec<Mutant> {
         crash_mutants(),
         lease_mutants(),
         join_mutants(),
+        elastic_mutants(),
         driver_mutants(),
     ]
     .into_iter()
@@ -452,6 +463,19 @@ fn join_mutants() -> Vec<Mutant> {
         )
         .on(78259, 1, 16),
         m("fence::Open", swept(joins::sweep, open)),
+    ]
+}
+
+fn elastic_mutants() -> Vec<Mutant> {
+    use rl_node::protocol::membership::Mutation;
+    let regroup = |m| swept(elastic::sweep, elastic::Mutations { regroup: Some(m) });
+    let m = |name, run| Mutant::new("elastic", name, run);
+    vec![
+        m(
+            "membership::IgnoreLostClaim",
+            regroup(Mutation::IgnoreLostClaim),
+        ),
+        m("membership::KeepLost", regroup(Mutation::KeepLost)),
     ]
 }
 
