@@ -32,7 +32,7 @@
 //! answers with an [`Input`], and hands [`Input::Timeout`] when [`Regroup::poll_timeout`]
 //! has passed.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 /// A generation's members: some of the run's ranks, sorted, none twice, at least one.
@@ -459,6 +459,101 @@ impl Regroup {
     }
 }
 
+/// How a generation formed without some ranks does their share of an iteration: each
+/// dropped rank's *uncommitted* work spread over the members, and one member standing in
+/// for it (what is the rank's own and not work: its shard, written from its items under
+/// its number, so the merge is unchanged). What the dropped rank committed stays: nothing
+/// committed is redone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replan<T> {
+    /// Each dropped rank's stand-in.
+    pub stand_ins: BTreeMap<u32, u32>,
+    /// What each member does beyond its own share: (dropped rank, item), in plan order.
+    pub moved: BTreeMap<u32, Vec<(u32, T)>>,
+}
+
+impl<T> Replan<T> {
+    /// What `member` does for the dropped ranks.
+    pub fn moved_to(&self, member: u32) -> &[(u32, T)] {
+        self.moved.get(&member).map_or(&[], Vec::as_slice)
+    }
+
+    /// One line per dropped rank, for the log: how many of its items moved where.
+    pub fn summary(&self) -> Vec<String> {
+        let mut per: BTreeMap<u32, BTreeMap<u32, usize>> = BTreeMap::new();
+        for (&to, items) in &self.moved {
+            for (from, _) in items {
+                *per.entry(*from).or_default().entry(to).or_default() += 1;
+            }
+        }
+        self.stand_ins
+            .iter()
+            .map(|(&d, &s)| {
+                let moved = per.get(&d).map_or_else(
+                    || "no uncommitted item".to_string(),
+                    |to| {
+                        let n: usize = to.values().sum();
+                        let to = to
+                            .iter()
+                            .map(|(r, k)| format!("{k} to rank {r}"))
+                            .collect::<Vec<_>>()
+                            .join(", ");
+                        format!("{n} uncommitted item(s): {to}")
+                    },
+                );
+                format!("rank {d} (dropped): {moved}; rank {s} stands in for its shard")
+            })
+            .collect()
+    }
+}
+
+/// Each rank of `dropped` gets a member standing in for it: dealt from the highest
+/// position down, so the coordinator (which also merges) is the last to take one.
+pub fn stand_ins(members: &Members, dropped: &[u32]) -> BTreeMap<u32, u32> {
+    let n = members.len() as usize;
+    dropped
+        .iter()
+        .enumerate()
+        .map(|(i, &d)| {
+            assert!(!members.contains(d), "rank {d} is a member");
+            (d, members.rank_at((n - 1 - i % n) as u32))
+        })
+        .collect()
+}
+
+/// Spread the dropped ranks' shares (`shares`: each dropped rank's planned work, in plan
+/// order, in units the caller chooses: a task with its samples keeps them together) over
+/// `members`, leaving out what `committed` says is committed: dealt one unit at a time, from the member with the fewest moved so far (ties: the highest position, so
+/// the coordinator comes last). Deterministic: every member computes the same from the
+/// same plan and the same committed items.
+pub fn replan<T: Clone>(
+    members: &Members,
+    shares: &BTreeMap<u32, Vec<T>>,
+    committed: impl Fn(u32, &T) -> bool,
+) -> Replan<T> {
+    let dropped: Vec<u32> = shares.keys().copied().collect();
+    let n = members.len() as usize;
+    let mut counts = vec![0usize; n];
+    let mut moved: BTreeMap<u32, Vec<(u32, T)>> = BTreeMap::new();
+    for (&d, items) in shares {
+        for item in items.iter().filter(|item| !committed(d, item)) {
+            let p = (0..n)
+                .rev()
+                .min_by_key(|&p| counts[p])
+                .expect("a member at least");
+            counts[p] += 1;
+            moved
+                .entry(members.rank_at(p as u32))
+                .or_default()
+                .push((d, item.clone()));
+        }
+    }
+    Replan {
+        stand_ins: stand_ins(members, &dropped),
+        moved,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -677,5 +772,85 @@ mod tests {
             drain(&mut g).as_slice(),
             [Effect::Publish(Regrouped { gen: 6, members }), ..] if members.ranks() == [3, 4]
         ));
+    }
+
+    #[test]
+    fn a_dropped_ranks_uncommitted_items_are_spread_and_its_committed_ones_stay() {
+        let members = members(&[0, 1, 3]);
+        let shares = BTreeMap::from([(2, vec!["a", "b", "c", "d", "e"])]);
+        let plan = replan(&members, &shares, |_, item| *item == "b");
+        assert_eq!(plan.stand_ins, BTreeMap::from([(2, 3)]));
+        // Dealt from the highest position down, the coordinator last.
+        assert_eq!(plan.moved_to(3), &[(2, "a"), (2, "e")]);
+        assert_eq!(plan.moved_to(1), &[(2, "c")]);
+        assert_eq!(plan.moved_to(0), &[(2, "d")]);
+        assert_eq!(
+            plan.summary(),
+            vec!["rank 2 (dropped): 4 uncommitted item(s): 1 to rank 0, 1 to rank 1, 2 to rank 3; rank 3 stands in for its shard"]
+        );
+        let nothing = replan(&members, &shares, |_, _| true);
+        assert!(nothing.moved.is_empty());
+        assert_eq!(
+            nothing.summary(),
+            vec!["rank 2 (dropped): no uncommitted item; rank 3 stands in for its shard"]
+        );
+    }
+
+    #[test]
+    fn stand_ins_spare_the_coordinator_until_every_other_member_has_one() {
+        let m = members(&[0, 4, 5]);
+        assert_eq!(
+            stand_ins(&m, &[1, 2, 3, 6]),
+            BTreeMap::from([(1, 5), (2, 4), (3, 0), (6, 5)])
+        );
+    }
+
+    proptest::proptest! {
+        /// Every uncommitted item of every dropped rank is done exactly once, by a member;
+        /// nothing committed moves; the members' extra work differs by one at most; every
+        /// member computes the same.
+        #[test]
+        fn a_replan_is_an_exact_balanced_partition(
+            n in 2u32..12,
+            dropped_mask in proptest::collection::vec(proptest::bool::ANY, 12),
+            sizes in proptest::collection::vec(0usize..20, 12),
+            committed_mask in proptest::collection::vec(proptest::bool::ANY, 240),
+        ) {
+            let dropped: Vec<u32> = (0..n).filter(|&r| dropped_mask[r as usize]).collect();
+            let live: Vec<u32> = (0..n).filter(|r| !dropped.contains(r)).collect();
+            proptest::prop_assume!(!live.is_empty() && !dropped.is_empty());
+            let members = Members::try_from(live).unwrap();
+            let shares: BTreeMap<u32, Vec<(u32, usize)>> = dropped
+                .iter()
+                .map(|&d| (d, (0..sizes[d as usize]).map(|i| (d, i)).collect()))
+                .collect();
+            let committed = |_: u32, (d, i): &(u32, usize)| committed_mask[(*d as usize * 20 + i) % 240];
+            let plan = replan(&members, &shares, committed);
+            let mut done: Vec<(u32, usize)> = plan
+                .moved
+                .iter()
+                .flat_map(|(to, items)| {
+                    assert!(members.contains(*to));
+                    items.iter().map(|(from, item)| {
+                        assert_eq!(*from, item.0);
+                        *item
+                    })
+                })
+                .collect();
+            done.sort();
+            let mut expected: Vec<(u32, usize)> = shares
+                .values()
+                .flatten()
+                .copied()
+                .filter(|item| !committed(0, item))
+                .collect();
+            expected.sort();
+            proptest::prop_assert_eq!(done, expected);
+            let counts: Vec<usize> = members.ranks().iter().map(|&r| plan.moved_to(r).len()).collect();
+            let (lo, hi) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
+            proptest::prop_assert!(hi - lo <= 1, "{:?}", counts);
+            proptest::prop_assert_eq!(plan.stand_ins.len(), dropped.len());
+            proptest::prop_assert_eq!(replan(&members, &shares, committed), plan);
+        }
     }
 }
