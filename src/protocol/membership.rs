@@ -12,9 +12,13 @@
 //! lost (declared dead, or their command failed where the phase allows dropping them), a
 //! survivor does not exit; it runs a [`Regroup`]:
 //! - The next coordinator is the lowest member not known lost. If that is this rank, it
-//!   claims the next generation by an exclusive create (one claim per generation, so two
-//!   coordinators can never both act) and, having won, publishes the next generation's
-//!   members: the previous members less every rank it knows lost.
+//!   claims the next generation number by an exclusive create of its directory and,
+//!   having won, publishes the next generation's members (the previous members less every
+//!   rank it knows lost) by an exclusive create of the generation's record.
+//! - That record decides the number once: a claimant that never publishes (lost right
+//!   after its claim) is waited out, and another survivor *spends* the number by creating
+//!   the record as a mark instead. Whoever loses that create follows what is there. So
+//!   two coordinators never both form a generation after the same one.
 //! - Any other survivor waits for the next generation's record. Listed, it joins it at its
 //!   position; not listed, it was dropped and stops. If the coordinator it waits for has
 //!   not published within the patience (two dead-afters: it has to notice the loss itself
@@ -119,6 +123,13 @@ impl Members {
     }
 }
 
+/// What a spent generation number's record holds instead of a generation: who spent it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SpentNumber {
+    pub spent_by: u32,
+    pub reason: String,
+}
+
 /// The next generation as its coordinator publishes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Regrouped {
@@ -129,6 +140,15 @@ pub struct Regrouped {
 impl Regrouped {
     pub fn coordinator(&self) -> u32 {
         self.members.coordinator()
+    }
+}
+
+impl From<&super::ClusterRecord> for Regrouped {
+    fn from(c: &super::ClusterRecord) -> Regrouped {
+        Regrouped {
+            gen: c.gen,
+            members: c.members(),
+        }
     }
 }
 
@@ -179,13 +199,18 @@ fn list(ranks: &[u32]) -> String {
 /// What the driver does for the machine, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect {
-    /// Create generation `gen`'s claim exclusively, naming this rank; answer
-    /// [`Input::Claimed`].
+    /// Claim generation `gen`: create its directory exclusively; answer
+    /// [`Input::Claimed`], with the generation's record if one is published there.
     Claim { gen: u64 },
     /// Read the run's newest generation record; answer [`Input::Current`].
     ReadCurrent,
-    /// Publish the next generation (this rank won its claim); then it is joined.
+    /// Publish the next generation (this rank won its claim): create the generation's
+    /// record exclusively (then make it the current one); answer [`Input::Published`].
     Publish(Regrouped),
+    /// Spend generation number `gen`, claimed by a rank that never published it: create
+    /// the generation's record exclusively as a mark that it was spent; answer
+    /// [`Input::Spent`].
+    Spend { gen: u64 },
     /// Joined `gen` at `position`; the machine is done.
     Joined {
         gen: u64,
@@ -201,12 +226,20 @@ pub enum Effect {
 /// What happened, as the driver tells it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Input {
-    /// The claim asked for: won, or another survivor's already (`holder`: the rank its
-    /// file names, when it could be read).
-    Claimed { won: bool, holder: Option<u32> },
+    /// The claim asked for: won, or another's already; `published`: the generation's
+    /// record, when its claimant published it.
+    Claimed {
+        won: bool,
+        published: Option<Regrouped>,
+    },
     /// The run's newest generation record, as read (`None`: not readable now).
     Current(Option<Regrouped>),
-    /// [`Regroup::poll_timeout`] has passed: look again.
+    /// The generation's record was created (`won`), or was there already: `found`, the
+    /// generation that record publishes (`None`: the number was spent meanwhile).
+    Published { won: bool, found: Option<Regrouped> },
+    /// The number was spent (`won`), or its record was there already: `found`, as above.
+    Spent { won: bool, found: Option<Regrouped> },
+    /// [`Regroup::poll_timeout`] has passed, or a poll: look again.
     Timeout,
 }
 
@@ -215,18 +248,25 @@ pub enum Input {
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mutation {
-    /// A survivor that lost the claim acts as the coordinator all the same.
+    /// A survivor that lost the claim (or the generation's record) acts as the
+    /// coordinator all the same.
     IgnoreLostClaim,
     /// The coordinator keeps the ranks lost among the next generation's members.
     KeepLost,
+    /// A dropped rank's share is not re-planned: nobody does its uncommitted work.
+    NoReplan,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Stage {
     /// Waiting for the claim's outcome.
     Claiming,
-    /// Waiting, from `since`, for the next generation's record, which rank `from`
-    /// (`None`: the unknown holder of the claim) is to publish.
+    /// Waiting for the generation's record to be created.
+    Publishing(Regrouped),
+    /// Waiting for a number to be spent.
+    Spending,
+    /// Waiting, from `since`, for the next generation's record: from rank `from` (the
+    /// next coordinator), or (`None`) from whoever claimed number `target` (unknown).
     Waiting {
         since: Duration,
         from: Option<u32>,
@@ -235,6 +275,13 @@ enum Stage {
 }
 
 /// One survivor's regrouping after generation `gen` ended with ranks lost.
+///
+/// Who publishes a generation number is decided once, by the exclusive create of its
+/// record: the claimant's publication or, once the claimant was waited out, another
+/// survivor's mark that the number is spent. A claimant that finds the number spent, or
+/// a survivor that finds it published, follows what is there; so two coordinators never
+/// form generations from the same one (the simulator found that without the record's
+/// create, a slow claimant and the survivor that gave up on it each formed one).
 #[derive(Debug, Clone)]
 pub struct Regroup {
     rank: u32,
@@ -245,8 +292,8 @@ pub struct Regroup {
     /// Every rank this survivor counts lost: those the generation's end named, and
     /// coordinators that did not publish in time.
     lost: BTreeSet<u32>,
-    /// The generation number claimed next: one past `gen`, and one more for each claim
-    /// found held by a rank counted lost (it claimed and was lost before publishing).
+    /// The generation number claimed (or waited for) next: one past `gen`, and one more
+    /// for each number spent.
     target: u64,
     stage: Stage,
     now: Duration,
@@ -321,9 +368,7 @@ impl Regroup {
         let coordinator = left.coordinator();
         if coordinator == self.rank {
             self.stage = Stage::Claiming;
-            self.effects.push_back(Effect::Claim {
-                gen: self.next_gen(),
-            });
+            self.effects.push_back(Effect::Claim { gen: self.target });
         } else {
             self.wait_for(Some(coordinator));
         }
@@ -334,7 +379,10 @@ impl Regroup {
             since: self.now,
             from,
         };
-        let who = from.map_or("the holder of its claim".into(), |r| format!("rank {r}"));
+        let who = from.map_or_else(
+            || format!("the claimant of generation {}", self.target),
+            |r| format!("rank {r}"),
+        );
         self.effects.push_back(Effect::Info(format!(
             "waiting for {who} to form the generation after {} (lost: rank(s) {})",
             self.gen,
@@ -346,18 +394,23 @@ impl Regroup {
     /// Hand in what happened, at `now` on the driver's monotonic clock.
     pub fn handle(&mut self, now: Duration, input: Input) {
         self.now = self.now.max(now);
-        match (self.stage, input) {
-            (Stage::Claiming, Input::Claimed { won, holder }) => {
-                if won || self.mutation == Some(Mutation::IgnoreLostClaim) {
-                    self.publish();
-                } else if holder.is_some_and(|h| self.lost.contains(&h)) {
-                    // Claimed by a rank lost before it published: that number is spent.
-                    self.target += 1;
-                    self.look();
-                } else {
-                    self.wait_for(holder.filter(|&h| h != self.rank));
-                }
-            }
+        let ignore_lost = self.mutation == Some(Mutation::IgnoreLostClaim);
+        match (self.stage.clone(), input) {
+            (Stage::Claiming, Input::Claimed { won, published }) => match published {
+                _ if won || ignore_lost => self.publish(),
+                Some(next) => self.found(next),
+                // Claimed by a rank that has not published (yet): waited for, then spent.
+                None => self.wait_for(None),
+            },
+            (Stage::Publishing(next), Input::Published { won, found }) => match found {
+                _ if won || ignore_lost => self.join(next),
+                Some(other) => self.found(other),
+                None => self.spent(),
+            },
+            (Stage::Spending, Input::Spent { won, found }) => match found {
+                Some(other) if !won => self.found(other),
+                _ => self.spent(),
+            },
             (Stage::Waiting { since, from }, Input::Current(current)) => match current {
                 Some(next) if next.gen > self.gen => self.found(next),
                 _ if self.now >= since + self.patience => self.give_up_on(from),
@@ -375,7 +428,8 @@ impl Regroup {
         self.assert_invariants();
     }
 
-    /// When the driver should hand [`Input::Timeout`]: the next look while waiting.
+    /// When the driver should hand [`Input::Timeout`]: the end of the patience while
+    /// waiting (a driver polling more often hands it at each poll: a look).
     pub fn poll_timeout(&self) -> Option<Duration> {
         match self.stage {
             Stage::Waiting { since, .. } => Some(since + self.patience),
@@ -393,11 +447,17 @@ impl Regroup {
             _ => self.members.without(&self.lost).expect("this rank is left"),
         };
         let next = Regrouped {
-            gen: self.next_gen(),
+            gen: self.target,
             members,
         };
-        self.effects.push_back(Effect::Publish(next.clone()));
-        self.join(next);
+        self.stage = Stage::Publishing(next.clone());
+        self.effects.push_back(Effect::Publish(next));
+    }
+
+    /// The number claimed is spent: look again at the next one.
+    fn spent(&mut self) {
+        self.target += 1;
+        self.look();
     }
 
     fn found(&mut self, next: Regrouped) {
@@ -422,21 +482,28 @@ impl Regroup {
         });
     }
 
-    /// The coordinator waited for did not publish within the patience: count it lost and
-    /// decide again (a claim whose holder is unknown: that number is spent).
+    /// Nothing was published within the patience: the coordinator waited for is counted
+    /// lost (and the decision taken again); a claim whose claimant never published is
+    /// spent.
     fn give_up_on(&mut self, from: Option<u32>) {
-        let who = from.map_or("the holder of its claim".into(), |r| format!("rank {r}"));
-        self.effects.push_back(Effect::Info(format!(
-            "{who} did not form generation {} within {:?}: counted lost",
-            self.target, self.patience
-        )));
         match from {
             Some(r) => {
+                self.effects.push_back(Effect::Info(format!(
+                    "rank {r} did not form generation {} within {:?}: counted lost",
+                    self.target, self.patience
+                )));
                 self.lost.insert(r);
+                self.look();
             }
-            None => self.target += 1,
+            None => {
+                self.effects.push_back(Effect::Info(format!(
+                    "generation {} was claimed but not published within {:?}: spending the number",
+                    self.target, self.patience
+                )));
+                self.stage = Stage::Spending;
+                self.effects.push_back(Effect::Spend { gen: self.target });
+            }
         }
-        self.look();
     }
 
     fn assert_invariants(&self) {
@@ -455,6 +522,9 @@ impl Regroup {
                 from.is_none_or(|r| !self.lost.contains(&r)),
                 "waiting for a rank counted lost"
             );
+        }
+        if let Stage::Publishing(next) = &self.stage {
+            assert_eq!(next.gen, self.target, "publishes the number it claimed");
         }
     }
 }
@@ -478,11 +548,12 @@ impl<T> Replan<T> {
         self.moved.get(&member).map_or(&[], Vec::as_slice)
     }
 
-    /// One line per dropped rank, for the log: how many of its items moved where.
-    pub fn summary(&self) -> Vec<String> {
+    /// One line per dropped rank, for the log: how many of its items not yet committed
+    /// (as `committed` says) moved where.
+    pub fn summary(&self, committed: impl Fn(u32, &T) -> bool) -> Vec<String> {
         let mut per: BTreeMap<u32, BTreeMap<u32, usize>> = BTreeMap::new();
         for (&to, items) in &self.moved {
-            for (from, _) in items {
+            for (from, _) in items.iter().filter(|(from, item)| !committed(*from, item)) {
                 *per.entry(*from).or_default().entry(to).or_default() += 1;
             }
         }
@@ -523,20 +594,32 @@ pub fn stand_ins(members: &Members, dropped: &[u32]) -> BTreeMap<u32, u32> {
 
 /// Spread the dropped ranks' shares (`shares`: each dropped rank's planned work, in plan
 /// order, in units the caller chooses: a task with its samples keeps them together) over
-/// `members`, leaving out what `committed` says is committed: dealt one unit at a time, from the member with the fewest moved so far (ties: the highest position, so
-/// the coordinator comes last). Deterministic: every member computes the same from the
-/// same plan and the same committed items.
-pub fn replan<T: Clone>(
+/// `members`: dealt one unit at a time, to the member with the fewest so far (ties: the
+/// highest position, so the coordinator comes last).
+///
+/// Every unit is dealt, committed or not, and each member skips, of what it is dealt,
+/// what it finds committed (an exclusive create keeps a unit done twice exactly once).
+/// Dealing only what one member sees uncommitted would not do: members see the commits
+/// through caches of their own, two members' deals would then differ, and a unit could
+/// fall to a member in one deal and to another in the other, so that neither does it.
+/// Dealt from the plan alone, every member computes the same deal.
+pub fn replan<T: Clone>(members: &Members, shares: &BTreeMap<u32, Vec<T>>) -> Replan<T> {
+    replan_with(members, shares, None)
+}
+
+#[doc(hidden)]
+pub fn replan_with<T: Clone>(
     members: &Members,
     shares: &BTreeMap<u32, Vec<T>>,
-    committed: impl Fn(u32, &T) -> bool,
+    mutation: Option<Mutation>,
 ) -> Replan<T> {
     let dropped: Vec<u32> = shares.keys().copied().collect();
     let n = members.len() as usize;
     let mut counts = vec![0usize; n];
     let mut moved: BTreeMap<u32, Vec<(u32, T)>> = BTreeMap::new();
-    for (&d, items) in shares {
-        for item in items.iter().filter(|item| !committed(d, item)) {
+    let skip = super::mutation(mutation) == Some(Mutation::NoReplan);
+    for (&d, items) in shares.iter().filter(|_| !skip) {
+        for item in items {
             let p = (0..n)
                 .rev()
                 .min_by_key(|&p| counts[p])
@@ -600,23 +683,28 @@ mod tests {
             SEC,
             Input::Claimed {
                 won: true,
-                holder: None,
+                published: None,
             },
         );
         let next = Regrouped {
             gen: 5,
             members: members(&[1, 2, 3]),
         };
+        assert_eq!(drain(&mut g), vec![Effect::Publish(next.clone())]);
+        g.handle(
+            SEC,
+            Input::Published {
+                won: true,
+                found: None,
+            },
+        );
         assert_eq!(
             drain(&mut g),
-            vec![
-                Effect::Publish(next.clone()),
-                Effect::Joined {
-                    gen: 5,
-                    position: 0,
-                    members: next.members
-                }
-            ]
+            vec![Effect::Joined {
+                gen: 5,
+                position: 0,
+                members: next.members
+            }]
         );
         assert!(g.is_done());
     }
@@ -648,23 +736,19 @@ mod tests {
 
     #[test]
     fn a_lost_claim_is_never_acted_on() {
+        // Rank 2 counts ranks 0 and 1 lost; rank 1 was not, and formed generation 5
+        // without rank 2.
         let mut g = Regroup::new(2, 4, Members::all(4), set(&[0, 1]), 2, 10 * SEC, SEC);
         assert_eq!(drain(&mut g), vec![Effect::Claim { gen: 5 }]);
         g.handle(
             SEC,
             Input::Claimed {
                 won: false,
-                holder: None,
+                published: Some(Regrouped {
+                    gen: 5,
+                    members: members(&[1, 3]),
+                }),
             },
-        );
-        assert_eq!(drain(&mut g), vec![Effect::ReadCurrent]);
-        // The winner (rank 1, not lost after all) left this rank out.
-        g.handle(
-            2 * SEC,
-            Input::Current(Some(Regrouped {
-                gen: 5,
-                members: members(&[1, 3]),
-            })),
         );
         assert_eq!(
             drain(&mut g),
@@ -688,53 +772,86 @@ mod tests {
             11 * SEC,
             Input::Claimed {
                 won: true,
-                holder: None,
+                published: None,
             },
         );
         assert!(matches!(
             drain(&mut g).as_slice(),
-            [Effect::Publish(Regrouped { gen: 5, members }), Effect::Joined { position: 0, .. }]
-                if members.ranks() == [2]
+            [Effect::Publish(Regrouped { gen: 5, members })] if members.ranks() == [2]
         ));
     }
 
     #[test]
-    fn a_claim_held_by_a_rank_lost_before_it_published_spends_that_number() {
-        // Rank 1 claimed generation 5 and was lost; rank 2 waited it out.
+    fn a_number_claimed_and_never_published_is_spent_once_by_an_exclusive_create() {
+        // Rank 1 claimed generation 5 and was lost before it published; rank 2 waited.
         let mut g = Regroup::new(2, 4, Members::all(4), set(&[0]), 2, 10 * SEC, SEC);
         assert_eq!(drain(&mut g), vec![Effect::ReadCurrent]);
         g.handle(11 * SEC, Input::Timeout);
         assert_eq!(drain(&mut g), vec![Effect::Claim { gen: 5 }]);
+        let taken = Input::Claimed {
+            won: false,
+            published: None,
+        };
+        g.handle(11 * SEC, taken.clone());
+        assert_eq!(drain(&mut g), vec![Effect::ReadCurrent]);
+        g.handle(22 * SEC, Input::Timeout);
+        assert_eq!(drain(&mut g), vec![Effect::Spend { gen: 5 }]);
         g.handle(
-            11 * SEC,
-            Input::Claimed {
-                won: false,
-                holder: Some(1),
+            22 * SEC,
+            Input::Spent {
+                won: true,
+                found: None,
             },
         );
         assert_eq!(drain(&mut g), vec![Effect::Claim { gen: 6 }]);
-        // A claim whose holder cannot be told: waited for, then its number is spent.
-        g.handle(
+        // Had rank 1 published first, rank 2 would follow it.
+        let mut h = Regroup::new(2, 4, Members::all(4), set(&[0, 1]), 2, 10 * SEC, SEC);
+        drain(&mut h);
+        h.handle(SEC, taken);
+        drain(&mut h);
+        h.handle(12 * SEC, Input::Timeout);
+        assert_eq!(drain(&mut h), vec![Effect::Spend { gen: 5 }]);
+        let five = Regrouped {
+            gen: 5,
+            members: members(&[1, 2, 3]),
+        };
+        h.handle(
             12 * SEC,
-            Input::Claimed {
+            Input::Spent {
                 won: false,
-                holder: None,
+                found: Some(five.clone()),
             },
         );
-        assert_eq!(drain(&mut g), vec![Effect::ReadCurrent]);
-        g.handle(22 * SEC, Input::Timeout);
-        assert_eq!(drain(&mut g), vec![Effect::Claim { gen: 7 }]);
+        assert_eq!(
+            drain(&mut h),
+            vec![Effect::Joined {
+                gen: 5,
+                position: 1,
+                members: five.members
+            }]
+        );
+    }
+
+    #[test]
+    fn a_claimant_that_finds_its_number_spent_claims_the_next() {
+        let mut g = Regroup::new(1, 4, Members::all(4), set(&[0]), 2, 10 * SEC, SEC);
+        drain(&mut g);
         g.handle(
-            22 * SEC,
+            SEC,
             Input::Claimed {
                 won: true,
-                holder: None,
+                published: None,
             },
         );
-        assert!(matches!(
-            drain(&mut g).as_slice(),
-            [Effect::Publish(Regrouped { gen: 7, members }), ..] if members.ranks() == [2, 3]
-        ));
+        drain(&mut g);
+        g.handle(
+            SEC,
+            Input::Published {
+                won: false,
+                found: None,
+            },
+        );
+        assert_eq!(drain(&mut g), vec![Effect::Claim { gen: 6 }]);
     }
 
     #[test]
@@ -765,7 +882,7 @@ mod tests {
             SEC,
             Input::Claimed {
                 won: true,
-                holder: None,
+                published: None,
             },
         );
         assert!(matches!(
@@ -775,25 +892,27 @@ mod tests {
     }
 
     #[test]
-    fn a_dropped_ranks_uncommitted_items_are_spread_and_its_committed_ones_stay() {
+    fn a_dropped_ranks_share_is_dealt_and_its_committed_items_are_not_redone() {
         let members = members(&[0, 1, 3]);
         let shares = BTreeMap::from([(2, vec!["a", "b", "c", "d", "e"])]);
-        let plan = replan(&members, &shares, |_, item| *item == "b");
+        let plan = replan(&members, &shares);
         assert_eq!(plan.stand_ins, BTreeMap::from([(2, 3)]));
         // Dealt from the highest position down, the coordinator last.
-        assert_eq!(plan.moved_to(3), &[(2, "a"), (2, "e")]);
-        assert_eq!(plan.moved_to(1), &[(2, "c")]);
-        assert_eq!(plan.moved_to(0), &[(2, "d")]);
+        assert_eq!(plan.moved_to(3), &[(2, "a"), (2, "d")]);
+        assert_eq!(plan.moved_to(1), &[(2, "b"), (2, "e")]);
+        assert_eq!(plan.moved_to(0), &[(2, "c")]);
+        // "b" was committed before rank 2 was lost: it is not redone.
         assert_eq!(
-            plan.summary(),
+            plan.summary(|_, item| *item == "b"),
             vec!["rank 2 (dropped): 4 uncommitted item(s): 1 to rank 0, 1 to rank 1, 2 to rank 3; rank 3 stands in for its shard"]
         );
-        let nothing = replan(&members, &shares, |_, _| true);
-        assert!(nothing.moved.is_empty());
         assert_eq!(
-            nothing.summary(),
+            plan.summary(|_, _| true),
             vec!["rank 2 (dropped): no uncommitted item; rank 3 stands in for its shard"]
         );
+        assert!(replan_with(&members, &shares, Some(Mutation::NoReplan))
+            .moved
+            .is_empty());
     }
 
     #[test]
@@ -806,15 +925,13 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// Every uncommitted item of every dropped rank is done exactly once, by a member;
-        /// nothing committed moves; the members' extra work differs by one at most; every
-        /// member computes the same.
+        /// Every item of every dropped rank is dealt exactly once, to a member; the
+        /// members' extra work differs by one at most; every member computes the same.
         #[test]
         fn a_replan_is_an_exact_balanced_partition(
             n in 2u32..12,
             dropped_mask in proptest::collection::vec(proptest::bool::ANY, 12),
             sizes in proptest::collection::vec(0usize..20, 12),
-            committed_mask in proptest::collection::vec(proptest::bool::ANY, 240),
         ) {
             let dropped: Vec<u32> = (0..n).filter(|&r| dropped_mask[r as usize]).collect();
             let live: Vec<u32> = (0..n).filter(|r| !dropped.contains(r)).collect();
@@ -824,8 +941,7 @@ mod tests {
                 .iter()
                 .map(|&d| (d, (0..sizes[d as usize]).map(|i| (d, i)).collect()))
                 .collect();
-            let committed = |_: u32, (d, i): &(u32, usize)| committed_mask[(*d as usize * 20 + i) % 240];
-            let plan = replan(&members, &shares, committed);
+            let plan = replan(&members, &shares);
             let mut done: Vec<(u32, usize)> = plan
                 .moved
                 .iter()
@@ -838,19 +954,14 @@ mod tests {
                 })
                 .collect();
             done.sort();
-            let mut expected: Vec<(u32, usize)> = shares
-                .values()
-                .flatten()
-                .copied()
-                .filter(|item| !committed(0, item))
-                .collect();
+            let mut expected: Vec<(u32, usize)> = shares.values().flatten().copied().collect();
             expected.sort();
             proptest::prop_assert_eq!(done, expected);
             let counts: Vec<usize> = members.ranks().iter().map(|&r| plan.moved_to(r).len()).collect();
             let (lo, hi) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
             proptest::prop_assert!(hi - lo <= 1, "{:?}", counts);
             proptest::prop_assert_eq!(plan.stand_ins.len(), dropped.len());
-            proptest::prop_assert_eq!(replan(&members, &shares, committed), plan);
+            proptest::prop_assert_eq!(replan(&members, &shares), plan);
         }
     }
 }

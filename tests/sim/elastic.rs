@@ -108,6 +108,10 @@ struct Node {
     start: u64,
     /// Its own record of the current generation (its heartbeat thread's copy).
     record: RankRecord,
+    /// The work of the logical barrier it goes to next (`work_for`): its own items and
+    /// those of dropped ranks dealt to it, (rank, item), not yet done.
+    work: VecDeque<(u32, u32)>,
+    work_for: u64,
     next_beat: u64,
     /// When the generation joined began, by true time (the join's deadline counts from it).
     joined_at: u64,
@@ -136,6 +140,8 @@ struct Sim {
     clock: Arc<AtomicU64>,
     layout: Layout,
     lifetime_ms: u64,
+    /// Items each rank's share of a step has (a step: the work before a logical barrier).
+    items: u32,
     heartbeat_ms: u64,
     dead_after_ms: u64,
     wall_skew_ms: Vec<i64>,
@@ -150,6 +156,9 @@ struct Sim {
     checks: u64,
     kills: u64,
     regroups: u64,
+    /// Items committed: by their own rank, and by a member for a dropped rank.
+    committed: u64,
+    moved: u64,
 }
 
 #[derive(Default)]
@@ -168,6 +177,8 @@ pub struct Summary {
     /// Generations formed by a coordinator other than rank 0.
     moved: u64,
     node_ms: u64,
+    items: u64,
+    items_moved: u64,
 }
 
 impl std::ops::AddAssign for Summary {
@@ -182,6 +193,8 @@ impl std::ops::AddAssign for Summary {
         self.below_min += o.below_min;
         self.moved += o.moved;
         self.node_ms += o.node_ms;
+        self.items += o.items;
+        self.items_moved += o.items_moved;
     }
 }
 
@@ -192,7 +205,7 @@ impl Summary {
 
     pub fn line(&self) -> String {
         format!(
-            "{} steps, {} faults ({} kills), {} invariant checks; {} generation(s) formed by survivors ({} by a coordinator other than rank 0), {} run(s) finished smaller, {} stopped below min-nodes; {:.1} simulated node-hours",
+            "{} steps, {} faults ({} kills), {} invariant checks; {} generation(s) formed by survivors ({} by a coordinator other than rank 0), {} run(s) finished smaller, {} stopped below min-nodes; {} items committed ({} of them a dropped rank's, by a member); {:.1} simulated node-hours",
             self.steps,
             self.faults,
             self.kills,
@@ -201,6 +214,8 @@ impl Summary {
             self.moved,
             self.shrunk,
             self.below_min,
+            self.items,
+            self.items_moved,
             self.node_ms as f64 / 3_600_000.0
         )
     }
@@ -254,9 +269,15 @@ impl Sim {
             _ => 1 + rng.below(n as u64) as u32,
         };
         let wall_skew_ms = (0..n).map(|_| rng.below(1_001) as i64 - 500).collect();
+        let items = 1 + rng.below(3) as u32;
         let world = SimWorld::new();
         let layout = Layout::new("/sim-run");
         world.create_dir_all(&layout.gen_dir(1)).expect("set up");
+        for step in 1..=BARRIERS {
+            world
+                .create_dir_all(&step_dir(&layout, step))
+                .expect("set up");
+        }
         let clock = Arc::new(AtomicU64::new(0));
         let lifetime = Duration::from_millis(lifetime_ms);
         let clients = (0..n)
@@ -282,6 +303,8 @@ impl Sim {
                 next: 1,
                 start: 1,
                 record: record(r, 1),
+                work: VecDeque::new(),
+                work_for: 0,
                 next_beat: 0,
                 joined_at: 0,
                 rate_ppm: 990_000 + rng.below(20_001),
@@ -302,6 +325,7 @@ impl Sim {
             clock,
             layout,
             lifetime_ms,
+            items,
             heartbeat_ms,
             dead_after_ms,
             wall_skew_ms,
@@ -314,6 +338,8 @@ impl Sim {
             checks: 0,
             kills: 0,
             regroups: 0,
+            committed: 0,
+            moved: 0,
         };
         let first = ClusterRecord::bare("sim", 1, n as u32);
         sim.client(0)
@@ -497,6 +523,8 @@ impl Sim {
             below_min: u64::from(below),
             moved,
             node_ms: self.now * self.n as u64,
+            items: self.committed,
+            items_moved: self.moved,
         })
     }
 
@@ -602,6 +630,9 @@ impl Sim {
                 1 => node.next,
                 _ => node.start + k - 2,
             };
+            if k >= 2 && !self.work(r, at) {
+                return Ok(());
+            }
             let gather = Arrival { rank: r as u32, at };
             let got = self.nodes[r].machine.arrive("sim", &gather);
             assert_eq!(got, k, "the node's barrier count");
@@ -639,6 +670,9 @@ impl Sim {
                     logical,
                     ranks,
                 };
+                if k >= 2 {
+                    self.check_merge(seed, r, gen, logical)?;
+                }
                 self.checks += 1;
                 if self.broadcast.contains_key(&(gen, k)) {
                     return Err(self.violation(
@@ -658,6 +692,81 @@ impl Sim {
             }
             Progress::Released { broadcast } => self.pass(r, broadcast, seed),
         }
+    }
+
+    /// Node `r`'s work before logical barrier `step`, a little at each turn: its own items,
+    /// and the dropped ranks' items the re-plan deals it (`membership::replan`), each
+    /// committed by an exclusive create unless it finds it committed. `true` once done.
+    fn work(&mut self, r: usize, step: u64) -> bool {
+        if self.nodes[r].work_for != step {
+            let node = &self.nodes[r];
+            let shares: BTreeMap<u32, Vec<u32>> = node
+                .members
+                .dropped(self.n as u32)
+                .into_iter()
+                .map(|d| (d, (0..self.items).collect()))
+                .collect();
+            let plan = ms::replan_with(&node.members, &shares, self.mutations.regroup);
+            let own = (0..self.items).map(|i| (r as u32, i));
+            let work = own.chain(plan.moved_to(r as u32).iter().copied()).collect();
+            if !shares.is_empty() {
+                let seen = |d: u32, i: &u32| {
+                    self.world
+                        .content(&item_path(&self.layout, step, d, *i))
+                        .is_some()
+                };
+                for line in plan.summary(seen) {
+                    self.note(format!("rank {r}, step {step}: {line}"));
+                }
+            }
+            let node = &mut self.nodes[r];
+            node.work = work;
+            node.work_for = step;
+        }
+        for _ in 0..2 {
+            let Some((owner, i)) = self.nodes[r].work.pop_front() else {
+                break;
+            };
+            self.at();
+            let path = item_path(&self.layout, step, owner, i);
+            let dir = self.client(r);
+            if dir.read(&path).expect("no faults injected here").is_some() {
+                continue;
+            }
+            let created = dir
+                .create_new_json(&path, &(r, owner, i))
+                .expect("no faults injected here");
+            if created {
+                self.committed += 1;
+                self.moved += u64::from(owner != r as u32);
+            }
+        }
+        self.nodes[r].work.is_empty()
+    }
+
+    /// The coordinator merges step `step` as it releases its barrier: every rank's items
+    /// of it, the dropped ranks' included, are committed (each exactly once: an exclusive
+    /// create).
+    fn check_merge(&mut self, seed: u64, r: usize, gen: u64, step: u64) -> Result<(), Violation> {
+        self.checks += 1;
+        let missing: Vec<(u32, u32)> = (0..self.n as u32)
+            .flat_map(|q| (0..self.items).map(move |i| (q, i)))
+            .filter(|&(q, i)| {
+                self.world
+                    .content(&item_path(&self.layout, step, q, i))
+                    .is_none()
+            })
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(self.violation(
+            seed,
+            format!(
+                "rank {r} merges step {step} in generation {gen} (members {:?}), but items (rank, item) {missing:?} were never committed",
+                self.nodes[r].members
+            ),
+        ))
     }
 
     fn pass(&mut self, r: usize, release: Release, seed: u64) -> Result<(), Violation> {
@@ -875,21 +984,16 @@ impl Sim {
                         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
                         Err(e) => panic!("claim: {e}"),
                     };
-                    let holder = match won {
+                    let published = match won {
                         true => None,
-                        false => self
-                            .client(r)
-                            .read_json::<ClusterRecord>(&self.layout.gen_cluster(gen))
-                            .ok()
-                            .flatten()
-                            .map(|c| c.members().coordinator()),
+                        false => self.generation_record(r, gen),
                     };
                     self.note(format!(
                         "rank {r} claims generation {gen}: {}",
                         if won { "won" } else { "taken" }
                     ));
                     let g = self.nodes[r].regroup.as_mut().expect("regrouping");
-                    g.handle(local, ms::Input::Claimed { won, holder });
+                    g.handle(local, ms::Input::Claimed { won, published });
                     if won {
                         return Ok(true);
                     }
@@ -900,14 +1004,39 @@ impl Sim {
                         .read_json::<ClusterRecord>(&self.layout.cluster())
                         .ok()
                         .flatten()
-                        .map(|c| Regrouped {
-                            gen: c.gen,
-                            members: c.members(),
-                        });
+                        .map(|c| Regrouped::from(&c));
                     let g = self.nodes[r].regroup.as_mut().expect("regrouping");
                     g.handle(local, ms::Input::Current(current));
                 }
-                ms::Effect::Publish(next) => self.publish(r, next, seed)?,
+                ms::Effect::Publish(next) => {
+                    let won = self.publish(r, &next, seed)?;
+                    let found = match won {
+                        true => None,
+                        false => self.generation_record(r, next.gen),
+                    };
+                    let g = self.nodes[r].regroup.as_mut().expect("regrouping");
+                    g.handle(local, ms::Input::Published { won, found });
+                }
+                ms::Effect::Spend { gen } => {
+                    let mark = ms::SpentNumber {
+                        spent_by: r as u32,
+                        reason: "claimed, never published".into(),
+                    };
+                    let won = self
+                        .client(r)
+                        .create_new_json(&self.layout.gen_cluster(gen), &mark)
+                        .expect("no faults injected here");
+                    let found = match won {
+                        true => None,
+                        false => self.generation_record(r, gen),
+                    };
+                    self.note(format!(
+                        "rank {r} spends generation number {gen}: {}",
+                        if won { "done" } else { "its record is there" }
+                    ));
+                    let g = self.nodes[r].regroup.as_mut().expect("regrouping");
+                    g.handle(local, ms::Input::Spent { won, found });
+                }
                 ms::Effect::Joined {
                     gen,
                     position,
@@ -916,6 +1045,16 @@ impl Sim {
                     self.note(format!(
                         "rank {r} joins generation {gen} at position {position} of {members:?}"
                     ));
+                    // At most one coordinator acts per generation: the one whose record
+                    // the exclusive create kept.
+                    self.checks += 1;
+                    let published = self.formed.get(&gen).map(|(c, _)| *c);
+                    if position == 0 && published != Some(r as u32) {
+                        return Err(self.violation(
+                            seed,
+                            format!("two coordinators of generation {gen}: rank {r} acts as its coordinator, but its record was published by {published:?}"),
+                        ));
+                    }
                     self.join(r, gen, members);
                     return Ok(true);
                 }
@@ -938,10 +1077,35 @@ impl Sim {
         }
     }
 
-    /// Node `r` won the claim of `next.gen`: check that it is the generation's only
-    /// coordinator and that the ranks lost stay out, then write the generation as the
-    /// node's join does (its own record, the generation's copy, `cluster.json`).
-    fn publish(&mut self, r: usize, next: Regrouped, seed: u64) -> Result<(), Violation> {
+    /// Generation `gen`'s record as node `r` reads it: the generation it publishes
+    /// (`None`: none, or a spent number's mark).
+    fn generation_record(&self, r: usize, gen: u64) -> Option<Regrouped> {
+        self.client(r)
+            .read_json::<ClusterRecord>(&self.layout.gen_cluster(gen))
+            .ok()
+            .flatten()
+            .map(|c| Regrouped::from(&c))
+    }
+
+    /// Node `r` won the claim of `next.gen`: create the generation's record exclusively
+    /// (`false`: it was there already) and, created, check that the ranks lost stay out
+    /// and write the rest as the node's join does (its own record, `cluster.json`).
+    fn publish(&mut self, r: usize, next: &Regrouped, seed: u64) -> Result<bool, Violation> {
+        let cluster = ClusterRecord {
+            members: Some(next.members.clone()),
+            ..ClusterRecord::bare("sim", next.gen, self.n as u32)
+        };
+        let won = self
+            .client(r)
+            .create_new_json(&self.layout.gen_cluster(next.gen), &cluster)
+            .expect("no faults injected here");
+        if !won {
+            self.note(format!(
+                "rank {r} finds generation {}'s record there already",
+                next.gen
+            ));
+            return Ok(false);
+        }
         self.checks += 1;
         if let Some((other, _)) = self.formed.get(&next.gen) {
             return Err(self.violation(
@@ -973,16 +1137,9 @@ impl Sim {
         self.regroups += 1;
         self.formed
             .insert(next.gen, (r as u32, next.members.clone()));
-        let cluster = ClusterRecord {
-            members: Some(next.members.clone()),
-            ..ClusterRecord::bare("sim", next.gen, self.n as u32)
-        };
         self.nodes[r].gen = next.gen;
         self.nodes[r].record = record(r as u32, next.gen);
         self.write_record(r);
-        self.client(r)
-            .create_new_json(&self.layout.gen_cluster(next.gen), &cluster)
-            .expect("no faults injected here");
         self.client(r)
             .publish_json(&self.layout.cluster(), &cluster)
             .expect("no faults injected here");
@@ -990,7 +1147,7 @@ impl Sim {
             "rank {r} forms generation {} of {:?}",
             next.gen, next.members
         ));
-        Ok(())
+        Ok(true)
     }
 
     /// Node `r` joins generation `gen`: a new machine at its position, its record there.
@@ -1013,6 +1170,9 @@ impl Sim {
         node.arrived = false;
         node.joined_at = self.now;
         node.seen.clear();
+        // The work of a step is dealt again over the new members.
+        node.work.clear();
+        node.work_for = 0;
         if fresh_record {
             node.record = record(r as u32, gen);
             self.write_record(r);
@@ -1128,4 +1288,27 @@ fn trace_len() -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(60)
+}
+
+fn step_dir(layout: &Layout, step: u64) -> std::path::PathBuf {
+    layout.root().join("items").join(format!("step-{step}"))
+}
+
+fn item_path(layout: &Layout, step: u64, rank: u32, item: u32) -> std::path::PathBuf {
+    step_dir(layout, step).join(format!("rank-{rank}-{item}.json"))
+}
+
+#[test]
+fn a_dropped_ranks_items_left_unplanned_are_caught() {
+    let v = super::caught(|first, seeds, nodes| {
+        sweep(
+            first,
+            seeds,
+            nodes,
+            Mutations {
+                regroup: Some(Mutation::NoReplan),
+            },
+        )
+    });
+    assert!(v.what.contains("were never committed"), "{v}");
 }

@@ -476,6 +476,7 @@ fn elastic_mutants() -> Vec<Mutant> {
             regroup(Mutation::IgnoreLostClaim),
         ),
         m("membership::KeepLost", regroup(Mutation::KeepLost)),
+        m("membership::NoReplan", regroup(Mutation::NoReplan)),
     ]
 }
 
