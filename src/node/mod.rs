@@ -227,7 +227,7 @@ pub(crate) struct Node {
     /// Pipelined mode, rank 0: the other cluster, as watched.
     other: Option<pipeline::Other>,
     /// Pipelined mode, rollout cluster: the model of the current iteration.
-    rollout_model: Option<pipeline::RolloutModel>,
+    rollout_model: Option<crate::protocol::pipeline::RolloutModel>,
     /// Hang reports: when they are due, and their threads (`forensics`).
     hang: forensics::Reporter,
 }

@@ -8,7 +8,7 @@ use crate::events;
 use crate::layout::Layout;
 use crate::protocol::handover::{self, Found, Handover, Input, QueueError};
 use crate::protocol::journal;
-use crate::protocol::pipeline::{self, QueueRecord, RolloutGate};
+use crate::protocol::pipeline::{self, QueueRecord, RolloutGate, RolloutModel};
 use crate::protocol::records::{AbortInfo, AbortKind, ClusterRecord};
 use std::time::Duration;
 
@@ -17,21 +17,6 @@ use std::time::Duration;
 pub(super) struct Other {
     layout: Layout,
     machine: Handover,
-}
-
-/// Which model an iteration is rolled out with, as rank 0 releases it at `sync-start`.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub(super) struct RolloutModel {
-    pub iteration: u64,
-    /// The iteration whose training produced the model; 0: the base model.
-    pub model_version: u64,
-    pub staleness: u64,
-    /// The model: a checkpoint rl-node published relative to the shared directory
-    /// (`models/iter-0001`; each node resolves it on its own mount, see `node::model`),
-    /// else `cluster.model`. Records of earlier versions hold an absolute path.
-    pub model: String,
-    /// `exact` or `newest` (`pipeline.model`).
-    pub rule: String,
 }
 
 impl Node {
