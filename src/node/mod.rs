@@ -47,6 +47,7 @@ use crate::protocol::journal;
 use crate::protocol::liveness::Stamp;
 use crate::protocol::machine::{self, NodeMachine};
 use crate::protocol::messages::{self as msg, Payload};
+use crate::protocol::serving::Serving;
 use crate::protocol::walk::{self, Barrier as WalkBarrier, IterationWalk, Split, Step, WalkConfig};
 use crate::protocol::{AbortInfo, AbortKind, NodeState, Phase, RankRecord};
 use crate::store::{Kind, SharedDir};
@@ -177,11 +178,6 @@ pub(crate) struct Node {
     /// The node's coordination with its peers (watching them, barriers, aborts), as the
     /// protocol's sans-I/O machine: this node performs what it asks (`drive_machine`).
     machine: NodeMachine,
-    /// The model `{model}` names and the server serves, as this node sees it (its own
-    /// mount of the shared directory).
-    model: String,
-    /// The model last found complete and verified on this node (`Node::check_model`).
-    model_checked: Option<String>,
     /// Exits reaped but not yet claimed by the wait that expects them.
     exited: HashMap<i32, ChildExit>,
     /// What the current wait is waiting for, and what sets its pace.
@@ -226,8 +222,6 @@ pub(crate) struct Node {
     textfile: std::sync::Mutex<Option<textfile::Textfile>>,
     /// Pipelined mode, rank 0: the other cluster, as watched.
     other: Option<pipeline::Other>,
-    /// Pipelined mode, rollout cluster: the model of the current iteration.
-    rollout_model: Option<crate::protocol::pipeline::RolloutModel>,
     /// Hang reports: when they are due, and their threads (`forensics`).
     hang: forensics::Reporter,
 }
@@ -695,7 +689,8 @@ impl Node {
             abort: parts.broken.abort,
             liveness: parts.broken.liveness,
             ..Default::default()
-        });
+        })
+        .with_serving(Serving::new(cfg.cluster.model.clone()));
         Node {
             store: parts.store,
             clock: parts.clock,
@@ -714,8 +709,6 @@ impl Node {
             watchdog: parts.watchdog,
             publisher: None,
             machine,
-            model: cfg.cluster.model.clone(),
-            model_checked: None,
             exited: HashMap::new(),
             waiting: poll::Waiting::default(),
             relay: None,
@@ -735,7 +728,6 @@ impl Node {
             metrics_stats: None,
             textfile: Default::default(),
             other: None,
-            rollout_model: None,
             hang,
             cfg,
         }
@@ -1613,12 +1605,13 @@ impl Node {
             self.event(events::Event::LatestFallback { warning });
         }
         if let Some(p) = latest.path() {
-            self.model = p.display().to_string();
             // `latest_as` verified it, as `phases.handoff.verify` says.
-            self.model_checked = Some(self.model.clone());
+            let serving = self.machine.serving_mut();
+            serving.adopt_verified(p.display().to_string());
+            let model = serving.model().to_string();
             self.info(&format!(
-                "model: {} (checked in {checked:.4}s, phases.handoff.verify = \"{}\")",
-                self.model, self.cfg.phases.handoff.verify
+                "model: {model} (checked in {checked:.4}s, phases.handoff.verify = \"{}\")",
+                self.cfg.phases.handoff.verify
             ));
         }
         Ok(())
@@ -1671,15 +1664,6 @@ impl Node {
                 let reason = format!("deleting old checkpoints failed: {e}");
                 Err(self.fail(AbortKind::Error, self.rank, None, reason, None))
             }
-        }
-    }
-
-    /// The model for messages: never an empty value.
-    fn model_label(&self) -> String {
-        if self.model.is_empty() {
-            "the base model (cluster.model is empty)".into()
-        } else {
-            self.model.clone()
         }
     }
 
@@ -1899,11 +1883,11 @@ impl Node {
     /// `handoff-complete`: workers take the model rank 0 handed off (relative to the
     /// shared directory: each node resolves it on its own mount).
     fn handoff_complete(&mut self) -> Result<(), Stop> {
-        let model = self.model_record(&self.model);
+        let model = self.model_record(self.machine.serving().model());
         let name = WalkBarrier::HandoffComplete.name();
         let released = self.barrier(name, (), |_| Some(msg::Handoff { model }))?;
         match released {
-            Some(h) if !self.is_master() => self.adopt_model(&h.model),
+            Some(h) if !self.is_master() => self.adopt_model(&h.model).map(|_| ()),
             _ => Ok(()),
         }
     }
@@ -2375,20 +2359,20 @@ impl Node {
             opts.failed = self.failed_for_merge(g, split);
         }
         let left_out = opts.failed.clone();
-        opts.rollout_model = self
-            .rollout_model
-            .as_ref()
-            .filter(|m| m.iteration == it)
-            .map(|m| crate::aggregate::RolloutModel {
-                // Relative to the shared directory, like every path of a manifest (a
-                // `model.json` of an earlier version holds an absolute one).
-                model: self
-                    .model_from_record(&m.model)
-                    .map(|p| self.model_record(&p))
-                    .unwrap_or_else(|_| m.model.clone()),
-                model_version: m.model_version,
-                staleness: m.staleness,
-            });
+        opts.rollout_model =
+            self.machine
+                .serving()
+                .rollout_of(it)
+                .map(|m| crate::aggregate::RolloutModel {
+                    // Relative to the shared directory, like every path of a manifest (a
+                    // `model.json` of an earlier version holds an absolute one).
+                    model: self
+                        .model_from_record(&m.model)
+                        .map(|p| self.model_record(&p))
+                        .unwrap_or_else(|_| m.model.clone()),
+                    model_version: m.model_version,
+                    staleness: m.staleness,
+                });
         let values = self.values("aggregate", Some(split), &out);
         opts.env = self
             .command_env(&values)
@@ -2656,7 +2640,7 @@ impl Node {
         }
         let goes_on = format!(
             "phases.train.on-failure = \"keep-model\": the cluster goes on; this iteration publishes no checkpoint and the model stays {}",
-            self.model_label()
+            self.machine.serving().label()
         );
         let reason = self.warn_survived("train", &pc, &failure, &log, &goes_on);
         self.event(events::Event::TrainFailed {
@@ -2726,25 +2710,8 @@ impl Node {
         format!(
             "training failed on rank(s) {}; kept {}",
             ranks.join(", "),
-            self.kept_model_label()
+            self.machine.serving().kept_label(&self.layout.models())
         )
-    }
-
-    /// The current model as an iteration's outcome names it: `model iter-0002` for a
-    /// published checkpoint, `the base model (M)` for `cluster.model`.
-    fn kept_model_label(&self) -> String {
-        let model = Path::new(&self.model);
-        let models = self.layout.models();
-        match model.file_name() {
-            Some(name) if model.parent() == Some(models.as_path()) => {
-                format!("model {}", name.to_string_lossy())
-            }
-            _ if self.model.is_empty() => "the base model (cluster.model is empty)".into(),
-            _ if self.model == self.cfg.cluster.model => {
-                format!("the base model ({})", self.model)
-            }
-            _ => format!("model {}", self.model),
-        }
     }
 
     /// Rank 0, when this iteration's training failed somewhere: no hand-off command, no
@@ -2762,7 +2729,7 @@ impl Node {
         }
         self.info(&format!(
             "iteration {it}: no checkpoint is handed off (phases.train.on-failure = \"keep-model\"); the model stays {}",
-            self.model_label()
+            self.machine.serving().label()
         ));
         let failed = self
             .machine
@@ -2776,7 +2743,7 @@ impl Node {
             .collect();
         self.event(events::Event::HandoffSkipped {
             failed,
-            model: self.model.clone(),
+            model: self.machine.serving().model().to_string(),
             summary: summary.clone(),
         });
         self.machine.journal_mut().note(summary);
@@ -2825,7 +2792,7 @@ impl Node {
                 self.warn(&format!(
                     "training wrote nothing under {}; the model stays {}",
                     train_out.display(),
-                    self.model_label()
+                    self.machine.serving().label()
                 ));
             }
             return Ok(());
@@ -2834,7 +2801,7 @@ impl Node {
         let started = self.clock.now();
         // Checked inside, right before the rename and before LATEST.
         let fence = self.fence_fn();
-        let previous = self.model.clone();
+        let previous = self.machine.serving().model().to_string();
         let mut opts = cfg.options();
         opts.mutation = self.broken.checkpoint;
         opts.created_at = Some(self.wall_stamp());
@@ -2876,7 +2843,7 @@ impl Node {
                 let reason = format!(
                     "publishing {} as {name} failed: {e}; the model stays {}",
                     source.display(),
-                    self.model_label()
+                    self.machine.serving().label()
                 );
                 return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
             }
@@ -2896,7 +2863,7 @@ impl Node {
             crate::checkpoint::Published::New(_) => {}
         }
         let dest = outcome.published.path().to_path_buf();
-        self.model = dest.display().to_string();
+        self.machine.serving_mut().adopt(dest.display().to_string());
         self.machine.journal_mut().checkpoint(name.clone());
         let how = match &outcome.how {
             crate::checkpoint::How::Moved => "moved".to_string(),
@@ -2926,7 +2893,7 @@ impl Node {
         ));
         exercised::note(exercised::Path::Handoffs);
         self.event(events::Event::Handoff {
-            model: self.model.clone(),
+            model: self.machine.serving().model().to_string(),
             source: source.display().to_string(),
             transfer: outcome.how.label().to_string(),
             excluded: outcome.excluded,
@@ -3173,12 +3140,11 @@ impl Node {
         output: &Path,
     ) -> std::collections::BTreeMap<&'static str, String> {
         let c = self.machine.cluster().expect("joined");
-        let rollout_model = match &self.rollout_model {
-            Some(m) if m.iteration == self.machine.iteration() => {
-                Some((m.model_version, m.staleness))
-            }
-            _ => None,
-        };
+        let rollout_model = self
+            .machine
+            .serving()
+            .rollout_of(self.machine.iteration())
+            .map(|m| (m.model_version, m.staleness));
         context::placeholder_values(&context::CommandInputs {
             cfg: &self.cfg,
             layout: &self.layout,
@@ -3187,7 +3153,7 @@ impl Node {
             phase,
             split,
             output,
-            model: &self.model,
+            model: self.machine.serving().model(),
             master_addr: &c.master_addr,
             master_port: c.master_port,
             gen: c.gen,

@@ -106,8 +106,9 @@ impl Node {
             seq: 0,
         };
         let version = self
-            .rollout_model
-            .as_ref()
+            .machine
+            .serving()
+            .rollout()
             .map(|m| (m.iteration, m.model_version));
         let other = &self.other.as_ref().expect("a pipelined run").machine;
         let next = match other.next_queue(found, draft, version) {
@@ -445,25 +446,26 @@ impl Node {
         let Some(m) = released else {
             return Ok(());
         };
-        let previous = self.model.clone();
-        self.adopt_model(&m.model)?;
-        let changed = self.model != previous;
+        let changed = self.adopt_model(&m.model)?;
         if changed || self.server.is_none() {
             if changed && self.server.is_some() {
                 self.info(&format!(
                     "iteration {}: restarting the server on {} (model version {}, staleness {})",
-                    m.iteration, self.model, m.model_version, m.staleness
+                    m.iteration,
+                    self.machine.serving().model(),
+                    m.model_version,
+                    m.staleness
                 ));
                 self.stop_server()?;
             }
             self.start_server()?;
         }
         self.event(events::Event::RolloutModel {
-            model: self.model.clone(),
+            model: self.machine.serving().model().to_string(),
             model_version: m.model_version,
             staleness: m.staleness,
         });
-        self.rollout_model = Some(m);
+        self.machine.serving_mut().roll_out(m);
         Ok(())
     }
 

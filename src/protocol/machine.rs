@@ -26,6 +26,7 @@ use super::barrier::{Barrier, Progress};
 use super::journal::Book;
 use super::liveness::Stamp;
 use super::messages::Payload;
+use super::serving::Serving;
 use super::topology::Topology;
 use super::walk::{IterationWalk, Step};
 use super::watch::{self, Note, Watch};
@@ -155,6 +156,9 @@ pub struct NodeMachine {
     walk: IterationWalk,
     /// This rank's journal of the current run, and what its next entry carries.
     journal: Book,
+    /// The model this node serves and names `{model}`, whether it verified it, and a
+    /// pipelined rollout's model of the current iteration.
+    serving: Serving,
     /// The peers as last read, the processes that joined, their liveness.
     pub watch: Watch,
     /// When each rank's record was last read.
@@ -197,6 +201,7 @@ impl NodeMachine {
             cluster: None,
             walk: IterationWalk::idle(),
             journal: Book::default(),
+            serving: Serving::default(),
             k: 0,
             at: None,
             barrier_wait: None,
@@ -222,6 +227,12 @@ impl NodeMachine {
             watch: super::mutation(m.watch),
             abort: super::mutation(m.abort),
         };
+        self
+    }
+
+    /// The machine serving `serving` from the start (the base model, `cluster.model`).
+    pub fn with_serving(mut self, serving: Serving) -> NodeMachine {
+        self.serving = serving;
         self
     }
 
@@ -317,6 +328,16 @@ impl NodeMachine {
     /// This rank's journal, for an entry appended or what the next one carries.
     pub fn journal_mut(&mut self) -> &mut Book {
         &mut self.journal
+    }
+
+    /// The model this node serves, as it knows it.
+    pub fn serving(&self) -> &Serving {
+        &self.serving
+    }
+
+    /// The model this node serves, for a model adopted, verified or rolled out with.
+    pub fn serving_mut(&mut self) -> &mut Serving {
+        &mut self.serving
     }
 
     /// The current iteration (0 before the first).

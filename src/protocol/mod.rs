@@ -19,6 +19,7 @@ pub mod pipeline;
 pub mod pool;
 pub mod records;
 pub mod run_machine;
+pub mod serving;
 pub mod topology;
 pub mod walk;
 pub mod watch;
