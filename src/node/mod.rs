@@ -47,6 +47,7 @@ use crate::protocol::journal;
 use crate::protocol::liveness::Stamp;
 use crate::protocol::machine::{self, NodeMachine};
 use crate::protocol::messages::{self as msg, Payload};
+use crate::protocol::relay::Relay;
 use crate::protocol::serving::Serving;
 use crate::protocol::walk::{self, Barrier as WalkBarrier, IterationWalk, Split, Step, WalkConfig};
 use crate::protocol::{AbortInfo, AbortKind, NodeState, Phase, RankRecord};
@@ -136,18 +137,6 @@ pub struct NodeOptions {
     pub supervisor: Option<Arc<supervisor::Link>>,
 }
 
-/// How often the `workers-wait-for` relay looks for rank 0's file, at most.
-const RELAY_POLL: Duration = Duration::from_millis(500);
-
-/// Rank 0's relay of `workers-wait-for` (`Node::relay_ready`).
-struct Relay {
-    /// The file rank 0's command creates by itself.
-    watched: PathBuf,
-    /// The `{ready_file}` the workers wait for.
-    marker: PathBuf,
-    phase: String,
-}
-
 pub(crate) struct Node {
     cfg: Config,
     /// The shared directory: every operation on it goes through here (and is counted).
@@ -182,9 +171,6 @@ pub(crate) struct Node {
     exited: HashMap<i32, ChildExit>,
     /// What the current wait is waiting for, and what sets its pace.
     waiting: poll::Waiting,
-    /// While rank 0's rollout command runs with `workers-wait-for`: the file it creates by
-    /// itself, which the wait loop turns into `{ready_file}` for the workers.
-    relay: Option<Relay>,
     /// The inference server, while it runs.
     server: Option<server::Server>,
     /// --debug-mode: leave the inference server alone.
@@ -711,7 +697,6 @@ impl Node {
             machine,
             exited: HashMap::new(),
             waiting: poll::Waiting::default(),
-            relay: None,
             server: None,
             debug_mode,
             fresh,
@@ -994,10 +979,11 @@ impl Node {
             let t = &self.cfg.timing;
             // The relay looks at least twice a second; an idle node about twice a second
             // (docs/shared-directory.md, "What a node does to the directory, counted").
-            let relay = self.relay.as_ref().map(|_| RELAY_POLL);
-            let max_step = self
-                .waiting
-                .max_step(relay, t.poll_interval, t.heartbeat_interval);
+            let max_step = self.waiting.max_step(
+                self.machine.relay_pace(),
+                t.poll_interval,
+                t.heartbeat_interval,
+            );
             step = poll::next_step(step, max_step);
             match clock::recv_timeout(&*self.clock, &self.events, timeout) {
                 Ok(ev) => self.handle_event(ev)?,
@@ -1969,7 +1955,7 @@ impl Node {
             Some(plan) => self.planned_rollout(split, phase, pc, plan),
             None => self.rollout(split, phase, pc),
         };
-        self.relay = None;
+        self.machine.end_relay();
         self.extra.clear();
         self.publisher().stage(|r| r.progress = None);
         result
@@ -2006,30 +1992,22 @@ impl Node {
                 return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
             }
         }
-        self.relay = Some(Relay {
-            watched,
-            marker,
-            phase: phase.to_string(),
-        });
+        self.machine.start_relay(Relay::new(watched, marker, phase));
         Ok(())
     }
 
     /// One look of the relay, at each round of the wait loop: once rank 0's command has
     /// created its file, create `{ready_file}` (once).
     fn relay_round(&mut self) {
-        let Some(relay) = &self.relay else {
+        let Some(relay) = self.machine.relay() else {
             return;
         };
-        if !self.store.exists(&relay.watched) {
-            return;
+        let found = self.store.exists(relay.watched());
+        if let Some(release) = self.machine.relay_looked(found) {
+            let _ = self
+                .store
+                .create_new(&release.marker, release.note.as_bytes());
         }
-        let note = format!(
-            "rank 0's {} command created {}\n",
-            relay.phase,
-            relay.watched.display()
-        );
-        let _ = self.store.create_new(&relay.marker, note.as_bytes());
-        self.relay = None;
     }
 
     /// This generation's `{ready_file}` of the current iteration's `split` rollout.

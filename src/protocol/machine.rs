@@ -26,6 +26,7 @@ use super::barrier::{Barrier, Progress};
 use super::journal::Book;
 use super::liveness::Stamp;
 use super::messages::Payload;
+use super::relay::{Relay, Release, RELAY_POLL};
 use super::serving::Serving;
 use super::topology::Topology;
 use super::walk::{IterationWalk, Step};
@@ -159,6 +160,9 @@ pub struct NodeMachine {
     /// The model this node serves and names `{model}`, whether it verified it, and a
     /// pipelined rollout's model of the current iteration.
     serving: Serving,
+    /// Rank 0, while its rollout command runs with `workers-wait-for`: the relay of the
+    /// file it creates by itself to the workers' `{ready_file}`.
+    relay: Option<Relay>,
     /// The peers as last read, the processes that joined, their liveness.
     pub watch: Watch,
     /// When each rank's record was last read.
@@ -202,6 +206,7 @@ impl NodeMachine {
             walk: IterationWalk::idle(),
             journal: Book::default(),
             serving: Serving::default(),
+            relay: None,
             k: 0,
             at: None,
             barrier_wait: None,
@@ -338,6 +343,41 @@ impl NodeMachine {
     /// The model this node serves, for a model adopted, verified or rolled out with.
     pub fn serving_mut(&mut self) -> &mut Serving {
         &mut self.serving
+    }
+
+    /// Rank 0's rollout command starts with `workers-wait-for`: relay its file to the
+    /// workers until it appears or the command ends.
+    pub fn start_relay(&mut self, relay: Relay) {
+        assert_eq!(self.cfg.rank, 0, "only rank 0 relays workers-wait-for");
+        debug_assert!(self.relay.is_none(), "one relay at a time");
+        self.relay = Some(relay);
+        self.assert_invariants();
+    }
+
+    /// The relay running, if any: its file is looked for at each round of a wait.
+    pub fn relay(&self) -> Option<&Relay> {
+        self.relay.as_ref()
+    }
+
+    /// A look for the relay's file: found, the marker to create now, and the relay ends
+    /// (the marker is created once).
+    pub fn relay_looked(&mut self, found: bool) -> Option<Release> {
+        let release = self.relay.as_ref()?.looked(found);
+        if release.is_some() {
+            self.relay = None;
+        }
+        release
+    }
+
+    /// Rank 0's rollout command ended: nothing is relayed any more.
+    pub fn end_relay(&mut self) {
+        self.relay = None;
+    }
+
+    /// How often a wait looks, at most, for the relay's sake: [`RELAY_POLL`] while a
+    /// relay runs.
+    pub fn relay_pace(&self) -> Option<Duration> {
+        self.relay.as_ref().map(|_| RELAY_POLL)
     }
 
     /// The current iteration (0 before the first).
@@ -861,6 +901,10 @@ impl NodeMachine {
             self.write_error.is_some() == self.write_error_since.is_some(),
             "a write error has a start"
         );
+        assert!(
+            self.relay.is_none() || self.cfg.rank == 0,
+            "only rank 0 relays workers-wait-for"
+        );
     }
 }
 
@@ -882,6 +926,7 @@ fn mark_label(iteration: u64, name: &str) -> String {
 mod tests {
     use super::*;
     use crate::protocol::messages::EvalDecision;
+    use std::path::Path;
 
     fn machine(rank: u32, n: u32) -> NodeMachine {
         let mut m = NodeMachine::new(Settings {
@@ -901,6 +946,35 @@ mod tests {
         });
         m.watch.formed = true;
         m
+    }
+
+    /// Rank 0's relay paces its waits until its file is found, then creates the marker
+    /// once; the command's end ends it too.
+    #[test]
+    fn the_relay_paces_the_wait_until_its_file_is_found_once() {
+        let mut m = machine(0, 2);
+        assert_eq!(m.relay_pace(), None);
+        assert_eq!(m.relay_looked(true), None, "no relay, nothing to create");
+        let relay = |n| Relay::new(format!("/s/flag-{n}").into(), "/s/ready".into(), "rollout");
+        m.start_relay(relay(1));
+        assert_eq!(m.relay_pace(), Some(RELAY_POLL));
+        assert_eq!(m.relay().map(Relay::watched), Some(Path::new("/s/flag-1")));
+        assert_eq!(m.relay_looked(false), None);
+        assert_eq!(m.relay_pace(), Some(RELAY_POLL), "still looking");
+        let release = m.relay_looked(true).expect("the marker to create");
+        assert_eq!(release.marker, Path::new("/s/ready"));
+        assert_eq!((m.relay(), m.relay_pace()), (None, None), "once");
+        assert_eq!(m.relay_looked(true), None);
+        m.start_relay(relay(2));
+        m.end_relay();
+        assert_eq!(m.relay_pace(), None, "the command ended");
+    }
+
+    #[test]
+    #[should_panic(expected = "only rank 0 relays")]
+    fn a_worker_relays_nothing() {
+        let mut m = machine(1, 2);
+        m.start_relay(Relay::new("/s/flag".into(), "/s/ready".into(), "rollout"));
     }
 
     /// The machine's position follows the generation joined and the walk's steps.

@@ -18,6 +18,7 @@ pub mod phase;
 pub mod pipeline;
 pub mod pool;
 pub mod records;
+pub mod relay;
 pub mod run_machine;
 pub mod serving;
 pub mod topology;
