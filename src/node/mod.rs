@@ -206,8 +206,6 @@ pub(crate) struct Node {
     )>,
     /// `[observe] prometheus-textfile`, when set (not in the simulator).
     textfile: std::sync::Mutex<Option<textfile::Textfile>>,
-    /// Pipelined mode, rank 0: the other cluster, as watched.
-    other: Option<pipeline::Other>,
     /// Hang reports: when they are due, and their threads (`forensics`).
     hang: forensics::Reporter,
 }
@@ -712,7 +710,6 @@ impl Node {
             metrics_written: Default::default(),
             metrics_stats: None,
             textfile: Default::default(),
-            other: None,
             hang,
             cfg,
         }

@@ -23,6 +23,7 @@
 //! in debug builds and in the simulator (the `sim` feature).
 
 use super::barrier::{Barrier, Progress};
+use super::handover::Handover;
 use super::journal::Book;
 use super::liveness::Stamp;
 use super::messages::Payload;
@@ -163,6 +164,9 @@ pub struct NodeMachine {
     /// Rank 0, while its rollout command runs with `workers-wait-for`: the relay of the
     /// file it creates by itself to the workers' `{ready_file}`.
     relay: Option<Relay>,
+    /// A pipelined run: this node's hand-over with the other cluster (its looks at it and
+    /// both queue records), from the start of the run.
+    handover: Option<Handover>,
     /// The peers as last read, the processes that joined, their liveness.
     pub watch: Watch,
     /// When each rank's record was last read.
@@ -207,6 +211,7 @@ impl NodeMachine {
             journal: Book::default(),
             serving: Serving::default(),
             relay: None,
+            handover: None,
             k: 0,
             at: None,
             barrier_wait: None,
@@ -378,6 +383,22 @@ impl NodeMachine {
     /// relay runs.
     pub fn relay_pace(&self) -> Option<Duration> {
         self.relay.as_ref().map(|_| RELAY_POLL)
+    }
+
+    /// A pipelined run starts: the hand-over with the other cluster, from now on.
+    pub fn begin_handover(&mut self, handover: Handover) {
+        debug_assert!(self.handover.is_none(), "one hand-over per run");
+        self.handover = Some(handover);
+    }
+
+    /// This node's hand-over with the other cluster (a pipelined run only).
+    pub fn handover(&self) -> Option<&Handover> {
+        self.handover.as_ref()
+    }
+
+    /// The hand-over, to look at the other cluster or read or write a queue record.
+    pub fn handover_mut(&mut self) -> Option<&mut Handover> {
+        self.handover.as_mut()
     }
 
     /// The current iteration (0 before the first).
@@ -975,6 +996,26 @@ mod tests {
     fn a_worker_relays_nothing() {
         let mut m = machine(1, 2);
         m.start_relay(Relay::new("/s/flag".into(), "/s/ready".into(), "rollout"));
+    }
+
+    /// A pipelined run's hand-over is the machine's from the run's start: its looks at the
+    /// other cluster go through it.
+    #[test]
+    fn a_pipelined_runs_hand_over_is_held_from_its_start() {
+        use crate::protocol::handover::{self, Effect as Look};
+        let mut m = machine(0, 2);
+        assert!(m.handover().is_none(), "not a pipelined run yet");
+        m.begin_handover(Handover::new(handover::Settings {
+            other: "update",
+            fingerprint: "f".into(),
+            heartbeat_interval: Duration::from_secs(1),
+            dead_after: Duration::from_secs(10),
+            join_timeout: Duration::from_secs(60),
+        }));
+        assert_eq!(m.handover().map(Handover::other), Some("update"));
+        let h = m.handover_mut().expect("begun");
+        assert!(h.look(Duration::ZERO, false), "a first look is due");
+        assert_eq!(h.poll_effect(), Some(Look::ReadCluster));
     }
 
     /// The machine's position follows the generation joined and the walk's steps.
