@@ -164,8 +164,10 @@ pub(crate) struct Node {
     watchdog: watchdog::Watchdog,
     // Set once joined.
     publisher: Option<Publisher>,
-    /// The node's coordination with its peers (watching them, barriers, aborts), as the
-    /// protocol's sans-I/O machine: this node performs what it asks (`drive_machine`).
+    /// The node's coordination with its peers (watching them, barriers, aborts) and the
+    /// protocol state it keeps (the generation, the walk, the journal, the model served,
+    /// the relay, the hand-over), as the protocol's sans-I/O machine: this node performs
+    /// what it asks (`drive_machine`).
     machine: NodeMachine,
     /// Exits reaped but not yet claimed by the wait that expects them.
     exited: HashMap<i32, ChildExit>,

@@ -15,7 +15,10 @@
 //! write. It holds the generation joined ([`NodeMachine::joined`]), the current
 //! iteration's walk ([`super::walk::IterationWalk`], stepped by [`NodeMachine::next_step`])
 //! and this rank's journal of the run ([`super::journal::Book`]); the position its aborts
-//! name follows from them. The node's runtime (`crate::node`) drives it through the real shared directory,
+//! name follows from them. It also holds the model the node serves
+//! ([`super::serving::Serving`]), rank 0's `workers-wait-for` relay
+//! ([`super::relay::Relay`]) and a pipelined run's hand-over with the other cluster
+//! ([`super::handover::Handover`]), so the runtime keeps handles, not protocol state. The node's runtime (`crate::node`) drives it through the real shared directory,
 //! and the simulator (tests/sim/) drives the same machine over the simulated one: a
 //! judgement changed here is a judgement changed in both.
 //!
