@@ -47,6 +47,8 @@ use crate::protocol::journal;
 use crate::protocol::liveness::Stamp;
 use crate::protocol::machine::{self, NodeMachine};
 use crate::protocol::messages::{self as msg, Payload};
+use crate::protocol::relay::Relay;
+use crate::protocol::serving::Serving;
 use crate::protocol::walk::{self, Barrier as WalkBarrier, IterationWalk, Split, Step, WalkConfig};
 use crate::protocol::{AbortInfo, AbortKind, NodeState, Phase, RankRecord};
 use crate::store::{Kind, SharedDir};
@@ -135,18 +137,6 @@ pub struct NodeOptions {
     pub supervisor: Option<Arc<supervisor::Link>>,
 }
 
-/// How often the `workers-wait-for` relay looks for rank 0's file, at most.
-const RELAY_POLL: Duration = Duration::from_millis(500);
-
-/// Rank 0's relay of `workers-wait-for` (`Node::relay_ready`).
-struct Relay {
-    /// The file rank 0's command creates by itself.
-    watched: PathBuf,
-    /// The `{ready_file}` the workers wait for.
-    marker: PathBuf,
-    phase: String,
-}
-
 pub(crate) struct Node {
     cfg: Config,
     /// The shared directory: every operation on it goes through here (and is counted).
@@ -174,21 +164,15 @@ pub(crate) struct Node {
     watchdog: watchdog::Watchdog,
     // Set once joined.
     publisher: Option<Publisher>,
-    /// The node's coordination with its peers (watching them, barriers, aborts), as the
-    /// protocol's sans-I/O machine: this node performs what it asks (`drive_machine`).
+    /// The node's coordination with its peers (watching them, barriers, aborts) and the
+    /// protocol state it keeps (the generation, the walk, the journal, the model served,
+    /// the relay, the hand-over), as the protocol's sans-I/O machine: this node performs
+    /// what it asks (`drive_machine`).
     machine: NodeMachine,
-    /// The model `{model}` names and the server serves, as this node sees it (its own
-    /// mount of the shared directory).
-    model: String,
-    /// The model last found complete and verified on this node (`Node::check_model`).
-    model_checked: Option<String>,
     /// Exits reaped but not yet claimed by the wait that expects them.
     exited: HashMap<i32, ChildExit>,
     /// What the current wait is waiting for, and what sets its pace.
     waiting: poll::Waiting,
-    /// While rank 0's rollout command runs with `workers-wait-for`: the file it creates by
-    /// itself, which the wait loop turns into `{ready_file}` for the workers.
-    relay: Option<Relay>,
     /// The inference server, while it runs.
     server: Option<server::Server>,
     /// --debug-mode: leave the inference server alone.
@@ -224,10 +208,6 @@ pub(crate) struct Node {
     )>,
     /// `[observe] prometheus-textfile`, when set (not in the simulator).
     textfile: std::sync::Mutex<Option<textfile::Textfile>>,
-    /// Pipelined mode, rank 0: the other cluster, as watched.
-    other: Option<pipeline::Other>,
-    /// Pipelined mode, rollout cluster: the model of the current iteration.
-    rollout_model: Option<pipeline::RolloutModel>,
     /// Hang reports: when they are due, and their threads (`forensics`).
     hang: forensics::Reporter,
 }
@@ -696,7 +676,8 @@ impl Node {
             abort: parts.broken.abort,
             liveness: parts.broken.liveness,
             ..Default::default()
-        });
+        })
+        .with_serving(Serving::new(cfg.cluster.model.clone()));
         Node {
             store: parts.store,
             clock: parts.clock,
@@ -715,11 +696,8 @@ impl Node {
             watchdog: parts.watchdog,
             publisher: None,
             machine,
-            model: cfg.cluster.model.clone(),
-            model_checked: None,
             exited: HashMap::new(),
             waiting: poll::Waiting::default(),
-            relay: None,
             server: None,
             debug_mode,
             fresh,
@@ -735,8 +713,6 @@ impl Node {
             metrics_written: Default::default(),
             metrics_stats: None,
             textfile: Default::default(),
-            other: None,
-            rollout_model: None,
             hang,
             cfg,
         }
@@ -1003,10 +979,11 @@ impl Node {
             let t = &self.cfg.timing;
             // The relay looks at least twice a second; an idle node about twice a second
             // (docs/shared-directory.md, "What a node does to the directory, counted").
-            let relay = self.relay.as_ref().map(|_| RELAY_POLL);
-            let max_step = self
-                .waiting
-                .max_step(relay, t.poll_interval, t.heartbeat_interval);
+            let max_step = self.waiting.max_step(
+                self.machine.relay_pace(),
+                t.poll_interval,
+                t.heartbeat_interval,
+            );
             step = poll::next_step(step, max_step);
             match clock::recv_timeout(&*self.clock, &self.events, timeout) {
                 Ok(ev) => self.handle_event(ev)?,
@@ -1614,12 +1591,13 @@ impl Node {
             self.event(events::Event::LatestFallback { warning });
         }
         if let Some(p) = latest.path() {
-            self.model = p.display().to_string();
             // `latest_as` verified it, as `phases.handoff.verify` says.
-            self.model_checked = Some(self.model.clone());
+            let serving = self.machine.serving_mut();
+            serving.adopt_verified(p.display().to_string());
+            let model = serving.model().to_string();
             self.info(&format!(
-                "model: {} (checked in {checked:.4}s, phases.handoff.verify = \"{}\")",
-                self.model, self.cfg.phases.handoff.verify
+                "model: {model} (checked in {checked:.4}s, phases.handoff.verify = \"{}\")",
+                self.cfg.phases.handoff.verify
             ));
         }
         Ok(())
@@ -1672,15 +1650,6 @@ impl Node {
                 let reason = format!("deleting old checkpoints failed: {e}");
                 Err(self.fail(AbortKind::Error, self.rank, None, reason, None))
             }
-        }
-    }
-
-    /// The model for messages: never an empty value.
-    fn model_label(&self) -> String {
-        if self.model.is_empty() {
-            "the base model (cluster.model is empty)".into()
-        } else {
-            self.model.clone()
         }
     }
 
@@ -1900,11 +1869,11 @@ impl Node {
     /// `handoff-complete`: workers take the model rank 0 handed off (relative to the
     /// shared directory: each node resolves it on its own mount).
     fn handoff_complete(&mut self) -> Result<(), Stop> {
-        let model = self.model_record(&self.model);
+        let model = self.model_record(self.machine.serving().model());
         let name = WalkBarrier::HandoffComplete.name();
         let released = self.barrier(name, (), |_| Some(msg::Handoff { model }))?;
         match released {
-            Some(h) if !self.is_master() => self.adopt_model(&h.model),
+            Some(h) if !self.is_master() => self.adopt_model(&h.model).map(|_| ()),
             _ => Ok(()),
         }
     }
@@ -1986,7 +1955,7 @@ impl Node {
             Some(plan) => self.planned_rollout(split, phase, pc, plan),
             None => self.rollout(split, phase, pc),
         };
-        self.relay = None;
+        self.machine.end_relay();
         self.extra.clear();
         self.publisher().stage(|r| r.progress = None);
         result
@@ -2023,30 +1992,22 @@ impl Node {
                 return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
             }
         }
-        self.relay = Some(Relay {
-            watched,
-            marker,
-            phase: phase.to_string(),
-        });
+        self.machine.start_relay(Relay::new(watched, marker, phase));
         Ok(())
     }
 
     /// One look of the relay, at each round of the wait loop: once rank 0's command has
     /// created its file, create `{ready_file}` (once).
     fn relay_round(&mut self) {
-        let Some(relay) = &self.relay else {
+        let Some(relay) = self.machine.relay() else {
             return;
         };
-        if !self.store.exists(&relay.watched) {
-            return;
+        let found = self.store.exists(relay.watched());
+        if let Some(release) = self.machine.relay_looked(found) {
+            let _ = self
+                .store
+                .create_new(&release.marker, release.note.as_bytes());
         }
-        let note = format!(
-            "rank 0's {} command created {}\n",
-            relay.phase,
-            relay.watched.display()
-        );
-        let _ = self.store.create_new(&relay.marker, note.as_bytes());
-        self.relay = None;
     }
 
     /// This generation's `{ready_file}` of the current iteration's `split` rollout.
@@ -2376,20 +2337,20 @@ impl Node {
             opts.failed = self.failed_for_merge(g, split);
         }
         let left_out = opts.failed.clone();
-        opts.rollout_model = self
-            .rollout_model
-            .as_ref()
-            .filter(|m| m.iteration == it)
-            .map(|m| crate::aggregate::RolloutModel {
-                // Relative to the shared directory, like every path of a manifest (a
-                // `model.json` of an earlier version holds an absolute one).
-                model: self
-                    .model_from_record(&m.model)
-                    .map(|p| self.model_record(&p))
-                    .unwrap_or_else(|_| m.model.clone()),
-                model_version: m.model_version,
-                staleness: m.staleness,
-            });
+        opts.rollout_model =
+            self.machine
+                .serving()
+                .rollout_of(it)
+                .map(|m| crate::aggregate::RolloutModel {
+                    // Relative to the shared directory, like every path of a manifest (a
+                    // `model.json` of an earlier version holds an absolute one).
+                    model: self
+                        .model_from_record(&m.model)
+                        .map(|p| self.model_record(&p))
+                        .unwrap_or_else(|_| m.model.clone()),
+                    model_version: m.model_version,
+                    staleness: m.staleness,
+                });
         let values = self.values("aggregate", Some(split), &out);
         opts.env = self
             .command_env(&values)
@@ -2657,7 +2618,7 @@ impl Node {
         }
         let goes_on = format!(
             "phases.train.on-failure = \"keep-model\": the cluster goes on; this iteration publishes no checkpoint and the model stays {}",
-            self.model_label()
+            self.machine.serving().label()
         );
         let reason = self.warn_survived("train", &pc, &failure, &log, &goes_on);
         self.event(events::Event::TrainFailed {
@@ -2727,25 +2688,8 @@ impl Node {
         format!(
             "training failed on rank(s) {}; kept {}",
             ranks.join(", "),
-            self.kept_model_label()
+            self.machine.serving().kept_label(&self.layout.models())
         )
-    }
-
-    /// The current model as an iteration's outcome names it: `model iter-0002` for a
-    /// published checkpoint, `the base model (M)` for `cluster.model`.
-    fn kept_model_label(&self) -> String {
-        let model = Path::new(&self.model);
-        let models = self.layout.models();
-        match model.file_name() {
-            Some(name) if model.parent() == Some(models.as_path()) => {
-                format!("model {}", name.to_string_lossy())
-            }
-            _ if self.model.is_empty() => "the base model (cluster.model is empty)".into(),
-            _ if self.model == self.cfg.cluster.model => {
-                format!("the base model ({})", self.model)
-            }
-            _ => format!("model {}", self.model),
-        }
     }
 
     /// Rank 0, when this iteration's training failed somewhere: no hand-off command, no
@@ -2763,7 +2707,7 @@ impl Node {
         }
         self.info(&format!(
             "iteration {it}: no checkpoint is handed off (phases.train.on-failure = \"keep-model\"); the model stays {}",
-            self.model_label()
+            self.machine.serving().label()
         ));
         let failed = self
             .machine
@@ -2777,7 +2721,7 @@ impl Node {
             .collect();
         self.event(events::Event::HandoffSkipped {
             failed,
-            model: self.model.clone(),
+            model: self.machine.serving().model().to_string(),
             summary: summary.clone(),
         });
         self.machine.journal_mut().note(summary);
@@ -2826,7 +2770,7 @@ impl Node {
                 self.warn(&format!(
                     "training wrote nothing under {}; the model stays {}",
                     train_out.display(),
-                    self.model_label()
+                    self.machine.serving().label()
                 ));
             }
             return Ok(());
@@ -2835,7 +2779,7 @@ impl Node {
         let started = self.clock.now();
         // Checked inside, right before the rename and before LATEST.
         let fence = self.fence_fn();
-        let previous = self.model.clone();
+        let previous = self.machine.serving().model().to_string();
         let mut opts = cfg.options();
         opts.mutation = self.broken.checkpoint;
         opts.created_at = Some(self.wall_stamp());
@@ -2877,7 +2821,7 @@ impl Node {
                 let reason = format!(
                     "publishing {} as {name} failed: {e}; the model stays {}",
                     source.display(),
-                    self.model_label()
+                    self.machine.serving().label()
                 );
                 return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
             }
@@ -2897,7 +2841,7 @@ impl Node {
             crate::checkpoint::Published::New(_) => {}
         }
         let dest = outcome.published.path().to_path_buf();
-        self.model = dest.display().to_string();
+        self.machine.serving_mut().adopt(dest.display().to_string());
         self.machine.journal_mut().checkpoint(name.clone());
         let how = match &outcome.how {
             crate::checkpoint::How::Moved => "moved".to_string(),
@@ -2927,7 +2871,7 @@ impl Node {
         ));
         exercised::note(exercised::Path::Handoffs);
         self.event(events::Event::Handoff {
-            model: self.model.clone(),
+            model: self.machine.serving().model().to_string(),
             source: source.display().to_string(),
             transfer: outcome.how.label().to_string(),
             excluded: outcome.excluded,
@@ -3174,12 +3118,11 @@ impl Node {
         output: &Path,
     ) -> std::collections::BTreeMap<&'static str, String> {
         let c = self.machine.cluster().expect("joined");
-        let rollout_model = match &self.rollout_model {
-            Some(m) if m.iteration == self.machine.iteration() => {
-                Some((m.model_version, m.staleness))
-            }
-            _ => None,
-        };
+        let rollout_model = self
+            .machine
+            .serving()
+            .rollout_of(self.machine.iteration())
+            .map(|m| (m.model_version, m.staleness));
         context::placeholder_values(&context::CommandInputs {
             cfg: &self.cfg,
             layout: &self.layout,
@@ -3188,7 +3131,7 @@ impl Node {
             phase,
             split,
             output,
-            model: &self.model,
+            model: self.machine.serving().model(),
             master_addr: &c.master_addr,
             master_port: c.master_port,
             gen: c.gen,

@@ -40,8 +40,8 @@ impl Node {
 
     /// Take the model rank 0 released (`recorded`, as [`Node::model_record`] wrote it) as
     /// this node's, once this node sees it: a published checkpoint must be there on this
-    /// node's own mount and verify.
-    pub(super) fn adopt_model(&mut self, recorded: &str) -> Result<(), Stop> {
+    /// node's own mount and verify. Whether the model changed.
+    pub(super) fn adopt_model(&mut self, recorded: &str) -> Result<bool, Stop> {
         let model = match self.model_from_record(recorded) {
             Ok(m) => m,
             Err(why) => {
@@ -52,8 +52,9 @@ impl Node {
                 return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
             }
         };
-        self.model = model;
-        self.check_model()
+        let changed = self.machine.serving_mut().adopt(model);
+        self.check_model()?;
+        Ok(changed)
     }
 
     /// Check the current model before it is served or handed to a command, once per
@@ -61,10 +62,10 @@ impl Node {
     /// manifest, and verify (`phases.handoff.verify`); any other model with a manifest
     /// must verify; any other model (`cluster.model`, perhaps a hub name) is the user's.
     pub(super) fn check_model(&mut self) -> Result<(), Stop> {
-        if self.model_checked.as_deref() == Some(self.model.as_str()) {
+        if self.machine.serving().is_verified() {
             return Ok(());
         }
-        let path = PathBuf::from(&self.model);
+        let path = PathBuf::from(self.machine.serving().model());
         let published = self.layout.is_published(&path);
         if !published && !self.store.exists_followed(&path.join(checkpoint::MANIFEST)) {
             return Ok(());
@@ -86,7 +87,7 @@ impl Node {
             }
             return Err(stop);
         }
-        self.model_checked = Some(self.model.clone());
+        self.machine.serving_mut().verified();
         Ok(())
     }
 

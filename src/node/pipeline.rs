@@ -5,34 +5,11 @@
 
 use super::{Interrupt, Node, Stop};
 use crate::events;
-use crate::layout::Layout;
 use crate::protocol::handover::{self, Found, Handover, Input, QueueError};
 use crate::protocol::journal;
-use crate::protocol::pipeline::{self, QueueRecord, RolloutGate};
+use crate::protocol::pipeline::{self, QueueRecord, RolloutGate, RolloutModel};
 use crate::protocol::records::{AbortInfo, AbortKind, ClusterRecord};
 use std::time::Duration;
-
-/// The other cluster of a pipelined run, and this node's hand-over with it
-/// ([`Handover`]: the looks at the other cluster and both queue records).
-pub(super) struct Other {
-    layout: Layout,
-    machine: Handover,
-}
-
-/// Which model an iteration is rolled out with, as rank 0 releases it at `sync-start`.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub(super) struct RolloutModel {
-    pub iteration: u64,
-    /// The iteration whose training produced the model; 0: the base model.
-    pub model_version: u64,
-    pub staleness: u64,
-    /// The model: a checkpoint rl-node published relative to the shared directory
-    /// (`models/iter-0001`; each node resolves it on its own mount, see `node::model`),
-    /// else `cluster.model`. Records of earlier versions hold an absolute path.
-    pub model: String,
-    /// `exact` or `newest` (`pipeline.model`).
-    pub rule: String,
-}
 
 impl Node {
     /// At start, in a pipelined run: rank 0 rewrites its cluster's queue record from the
@@ -48,7 +25,7 @@ impl Node {
             let reason = format!("cannot create {}: {e}", dir.display());
             return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
         }
-        let machine = Handover::new(handover::Settings {
+        let handover = Handover::new(handover::Settings {
             other: name,
             fingerprint: self.cfg.pipeline_fingerprint(),
             heartbeat_interval: self.cfg.timing.heartbeat_interval,
@@ -56,10 +33,7 @@ impl Node {
             join_timeout: self.cfg.timing.join_timeout,
         })
         .with_mutation(self.broken.liveness);
-        self.other = Some(Other {
-            layout: other,
-            machine,
-        });
+        self.machine.begin_handover(handover);
         if !self.is_master() {
             // A worker only reads the other cluster's queue record, to wait with rank 0.
             return Ok(());
@@ -121,11 +95,12 @@ impl Node {
             seq: 0,
         };
         let version = self
-            .rollout_model
-            .as_ref()
+            .machine
+            .serving()
+            .rollout()
             .map(|m| (m.iteration, m.model_version));
-        let other = &self.other.as_ref().expect("a pipelined run").machine;
-        let next = match other.next_queue(found, draft, version) {
+        let handover = self.machine.handover().expect("a pipelined run");
+        let next = match handover.next_queue(found, draft, version) {
             Ok(next) => next,
             Err(newer) => {
                 // A newer generation of this cluster moved the record on: never move it
@@ -158,8 +133,8 @@ impl Node {
             let reason = format!("cannot write {}: {e}", path.display());
             return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
         }
-        if let Some(o) = self.other.as_mut() {
-            o.machine.published(record);
+        if let Some(h) = self.machine.handover_mut() {
+            h.published(record);
         }
         Ok(())
     }
@@ -167,52 +142,51 @@ impl Node {
     /// Start a look at the other cluster (`start`: false when none is due), perform its
     /// reads and hand them to the machine: what it found, if it looked.
     fn drive_handover(&mut self, start: impl FnOnce(&mut Handover) -> bool) -> Option<Found> {
-        let other = self.other.as_mut()?;
-        if !start(&mut other.machine) {
+        // The other cluster's paths (a pure copy of this node's layout).
+        let other = self.layout.other_cluster()?;
+        let handover = self.machine.handover_mut()?;
+        if !start(handover) {
             return None;
         }
-        while let Some(effect) = other.machine.poll_effect() {
+        while let Some(effect) = handover.poll_effect() {
             // Stamped with its send and its return: a freeze of this node inside the
             // read (a paused VM, a hung mount) is not the other rank 0's silence.
             let (input, at) = super::stamped(&*self.clock, || match effect {
                 handover::Effect::ReadCluster => Input::Cluster(
                     self.store
-                        .read_json::<ClusterRecord>(&other.layout.cluster())
+                        .read_json::<ClusterRecord>(&other.cluster())
                         .ok()
                         .flatten()
                         .map(|c| c.gen),
                 ),
-                handover::Effect::ReadAbort { gen } => Input::Abort(
-                    self.store
-                        .read_json(&other.layout.abort(gen))
-                        .ok()
-                        .flatten(),
-                ),
+                handover::Effect::ReadAbort { gen } => {
+                    Input::Abort(self.store.read_json(&other.abort(gen)).ok().flatten())
+                }
                 handover::Effect::ReadRank0 { gen } => Input::Rank0(
                     self.store
-                        .read_json(&other.layout.rank_record(gen, 0))
+                        .read_json(&other.rank_record(gen, 0))
                         .ok()
                         .flatten(),
                 ),
             });
-            other.machine.handle(at, input);
+            handover.handle(at, input);
         }
-        other.machine.take_found()
+        handover.take_found()
     }
 
     /// The other cluster's queue record: opened with `O_CREAT` (an empty file until its
     /// rank 0 first writes it), so no negative-lookup cache delays seeing it appear.
     fn read_other_queue(&mut self) -> Result<Option<QueueRecord>, Stop> {
-        let Some(other) = &mut self.other else {
+        let Some(handover) = self.machine.handover_mut() else {
             return Ok(None);
         };
-        let name = other.machine.other();
+        let name = handover.other();
         let path = self.layout.queue(name);
         let read = self
             .store
             .read_or_create(&path)
             .map_err(|e| format!("cannot read {}: {e}", path.display()))
-            .map(|bytes| other.machine.read_queue(&bytes));
+            .map(|bytes| handover.read_queue(&bytes));
         let reason = match read {
             Ok(Ok(q)) => return Ok(q),
             Err(reason) => reason,
@@ -242,7 +216,7 @@ impl Node {
         let Some(found) = self.drive_handover(|h| h.look(now, waiting)) else {
             return Ok(());
         };
-        let name = self.other.as_ref().expect("looked").machine.other();
+        let name = self.machine.handover().expect("looked").other();
         match found {
             Found::Nothing => Ok(()),
             Found::Stopped(info) => Err(self.adopt_other_abort(*info, name)),
@@ -313,8 +287,8 @@ impl Node {
         // For `status`: what this cluster waits on.
         let note = format!("waiting for {what}");
         self.publisher().update(|r| r.progress = Some(note));
-        if let Some(o) = self.other.as_mut() {
-            o.machine.wait_boundary();
+        if let Some(h) = self.machine.handover_mut() {
+            h.wait_boundary();
         }
         self.waiting.note = what.clone();
         let far = self.clock.now() + Duration::from_secs(100 * 365 * 24 * 3600);
@@ -327,8 +301,8 @@ impl Node {
             if let Some(q) = n.read_other_queue()?.filter(|q| ready(q)) {
                 return Ok(Some(q));
             }
-            if let Some((gen, it)) = n.other.as_ref().and_then(|o| o.machine.finished()) {
-                let name = n.other.as_ref().map_or("other", |o| o.machine.other());
+            if let Some((gen, it)) = n.machine.handover().and_then(Handover::finished) {
+                let name = n.machine.handover().map_or("other", Handover::other);
                 let reason = format!(
                     "the {name} cluster finished its iterations (generation {gen}, iteration {it}) while this cluster still waits for it: were both started with the same cluster.iterations?"
                 );
@@ -338,8 +312,8 @@ impl Node {
             Ok(None)
         });
         self.waiting.cap = None;
-        if let Some(o) = self.other.as_mut() {
-            o.machine.wait_boundary();
+        if let Some(h) = self.machine.handover_mut() {
+            h.wait_boundary();
         }
         self.waiting.note.clear();
         self.publisher().update(|r| r.progress = None);
@@ -460,25 +434,26 @@ impl Node {
         let Some(m) = released else {
             return Ok(());
         };
-        let previous = self.model.clone();
-        self.adopt_model(&m.model)?;
-        let changed = self.model != previous;
+        let changed = self.adopt_model(&m.model)?;
         if changed || self.server.is_none() {
             if changed && self.server.is_some() {
                 self.info(&format!(
                     "iteration {}: restarting the server on {} (model version {}, staleness {})",
-                    m.iteration, self.model, m.model_version, m.staleness
+                    m.iteration,
+                    self.machine.serving().model(),
+                    m.model_version,
+                    m.staleness
                 ));
                 self.stop_server()?;
             }
             self.start_server()?;
         }
         self.event(events::Event::RolloutModel {
-            model: self.model.clone(),
+            model: self.machine.serving().model().to_string(),
             model_version: m.model_version,
             staleness: m.staleness,
         });
-        self.rollout_model = Some(m);
+        self.machine.serving_mut().roll_out(m);
         Ok(())
     }
 

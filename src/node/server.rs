@@ -77,7 +77,7 @@ impl Node {
         !self.cfg.server.command.trim().is_empty() && !self.debug_mode
     }
 
-    /// Start the server on `self.model` and wait until it is healthy, in at most
+    /// Start the server on the model this node serves and wait until it is healthy, in at most
     /// `server.start-attempts` attempts, `start-retry-delay` apart.
     pub(super) fn start_server(&mut self) -> Result<(), Stop> {
         if !self.server_enabled() || self.server.is_some() {
@@ -100,7 +100,7 @@ impl Node {
                 None,
             ));
         }
-        let model = self.model.clone();
+        let model = self.machine.serving().model().to_string();
         let values = self.values("server", None, Path::new(&model));
         let command = self.cfg.template(&self.cfg.server.command).render(&values);
         let url = self
@@ -183,7 +183,7 @@ impl Node {
         log: &Path,
     ) -> Result<(i32, Option<StartFailure>), Stop> {
         let attempts = self.cfg.server.start_attempts;
-        let label = self.model_label();
+        let label = self.machine.serving().label();
         let port = self.cfg.server.port;
         // With retries, the log's header line of each start names its attempt: the log
         // keeps every attempt's output, one after the other.
@@ -222,7 +222,7 @@ impl Node {
             let secs = running.started.elapsed().as_secs_f64();
             self.info(&format!("server healthy after {secs:.2}s"));
             self.event(events::Event::ServerStart {
-                model: self.model.clone(),
+                model: self.machine.serving().model().to_string(),
                 secs,
                 attempt,
             });

@@ -15,7 +15,10 @@
 //! write. It holds the generation joined ([`NodeMachine::joined`]), the current
 //! iteration's walk ([`super::walk::IterationWalk`], stepped by [`NodeMachine::next_step`])
 //! and this rank's journal of the run ([`super::journal::Book`]); the position its aborts
-//! name follows from them. The node's runtime (`crate::node`) drives it through the real shared directory,
+//! name follows from them. It also holds the model the node serves
+//! ([`super::serving::Serving`]), rank 0's `workers-wait-for` relay
+//! ([`super::relay::Relay`]) and a pipelined run's hand-over with the other cluster
+//! ([`super::handover::Handover`]), so the runtime keeps handles, not protocol state. The node's runtime (`crate::node`) drives it through the real shared directory,
 //! and the simulator (tests/sim/) drives the same machine over the simulated one: a
 //! judgement changed here is a judgement changed in both.
 //!
@@ -23,10 +26,13 @@
 //! in debug builds and in the simulator (the `sim` feature).
 
 use super::barrier::{Barrier, Progress};
+use super::handover::Handover;
 use super::journal::Book;
 use super::liveness::Stamp;
 use super::membership::Members;
 use super::messages::Payload;
+use super::relay::{Relay, Release, RELAY_POLL};
+use super::serving::Serving;
 use super::topology::Topology;
 use super::walk::{IterationWalk, Step};
 use super::watch::{self, Note, Watch};
@@ -161,6 +167,15 @@ pub struct NodeMachine {
     walk: IterationWalk,
     /// This rank's journal of the current run, and what its next entry carries.
     journal: Book,
+    /// The model this node serves and names `{model}`, whether it verified it, and a
+    /// pipelined rollout's model of the current iteration.
+    serving: Serving,
+    /// Rank 0, while its rollout command runs with `workers-wait-for`: the relay of the
+    /// file it creates by itself to the workers' `{ready_file}`.
+    relay: Option<Relay>,
+    /// A pipelined run: this node's hand-over with the other cluster (its looks at it and
+    /// both queue records), from the start of the run.
+    handover: Option<Handover>,
     /// The peers as last read, the processes that joined, their liveness.
     pub watch: Watch,
     /// When each rank's record was last read.
@@ -203,6 +218,9 @@ impl NodeMachine {
             cluster: None,
             walk: IterationWalk::idle(),
             journal: Book::default(),
+            serving: Serving::default(),
+            relay: None,
+            handover: None,
             k: 0,
             at: None,
             barrier_wait: None,
@@ -228,6 +246,12 @@ impl NodeMachine {
             watch: super::mutation(m.watch),
             abort: super::mutation(m.abort),
         };
+        self
+    }
+
+    /// The machine serving `serving` from the start (the base model, `cluster.model`).
+    pub fn with_serving(mut self, serving: Serving) -> NodeMachine {
+        self.serving = serving;
         self
     }
 
@@ -323,6 +347,67 @@ impl NodeMachine {
     /// This rank's journal, for an entry appended or what the next one carries.
     pub fn journal_mut(&mut self) -> &mut Book {
         &mut self.journal
+    }
+
+    /// The model this node serves, as it knows it.
+    pub fn serving(&self) -> &Serving {
+        &self.serving
+    }
+
+    /// The model this node serves, for a model adopted, verified or rolled out with.
+    pub fn serving_mut(&mut self) -> &mut Serving {
+        &mut self.serving
+    }
+
+    /// Rank 0's rollout command starts with `workers-wait-for`: relay its file to the
+    /// workers until it appears or the command ends.
+    pub fn start_relay(&mut self, relay: Relay) {
+        assert_eq!(self.cfg.rank, 0, "only rank 0 relays workers-wait-for");
+        debug_assert!(self.relay.is_none(), "one relay at a time");
+        self.relay = Some(relay);
+        self.assert_invariants();
+    }
+
+    /// The relay running, if any: its file is looked for at each round of a wait.
+    pub fn relay(&self) -> Option<&Relay> {
+        self.relay.as_ref()
+    }
+
+    /// A look for the relay's file: found, the marker to create now, and the relay ends
+    /// (the marker is created once).
+    pub fn relay_looked(&mut self, found: bool) -> Option<Release> {
+        let release = self.relay.as_ref()?.looked(found);
+        if release.is_some() {
+            self.relay = None;
+        }
+        release
+    }
+
+    /// Rank 0's rollout command ended: nothing is relayed any more.
+    pub fn end_relay(&mut self) {
+        self.relay = None;
+    }
+
+    /// How often a wait looks, at most, for the relay's sake: [`RELAY_POLL`] while a
+    /// relay runs.
+    pub fn relay_pace(&self) -> Option<Duration> {
+        self.relay.as_ref().map(|_| RELAY_POLL)
+    }
+
+    /// A pipelined run starts: the hand-over with the other cluster, from now on.
+    pub fn begin_handover(&mut self, handover: Handover) {
+        debug_assert!(self.handover.is_none(), "one hand-over per run");
+        self.handover = Some(handover);
+    }
+
+    /// This node's hand-over with the other cluster (a pipelined run only).
+    pub fn handover(&self) -> Option<&Handover> {
+        self.handover.as_ref()
+    }
+
+    /// The hand-over, to look at the other cluster or read or write a queue record.
+    pub fn handover_mut(&mut self) -> Option<&mut Handover> {
+        self.handover.as_mut()
     }
 
     /// The current iteration (0 before the first).
@@ -917,6 +1002,10 @@ impl NodeMachine {
             self.write_error.is_some() == self.write_error_since.is_some(),
             "a write error has a start"
         );
+        assert!(
+            self.relay.is_none() || self.cfg.rank == 0,
+            "only rank 0 relays workers-wait-for"
+        );
     }
 }
 
@@ -938,6 +1027,7 @@ fn mark_label(iteration: u64, name: &str) -> String {
 mod tests {
     use super::*;
     use crate::protocol::messages::EvalDecision;
+    use std::path::Path;
 
     fn machine(rank: u32, n: u32) -> NodeMachine {
         let mut m = NodeMachine::new(Settings {
@@ -958,6 +1048,55 @@ mod tests {
         });
         m.watch.formed = true;
         m
+    }
+
+    /// Rank 0's relay paces its waits until its file is found, then creates the marker
+    /// once; the command's end ends it too.
+    #[test]
+    fn the_relay_paces_the_wait_until_its_file_is_found_once() {
+        let mut m = machine(0, 2);
+        assert_eq!(m.relay_pace(), None);
+        assert_eq!(m.relay_looked(true), None, "no relay, nothing to create");
+        let relay = |n| Relay::new(format!("/s/flag-{n}").into(), "/s/ready".into(), "rollout");
+        m.start_relay(relay(1));
+        assert_eq!(m.relay_pace(), Some(RELAY_POLL));
+        assert_eq!(m.relay().map(Relay::watched), Some(Path::new("/s/flag-1")));
+        assert_eq!(m.relay_looked(false), None);
+        assert_eq!(m.relay_pace(), Some(RELAY_POLL), "still looking");
+        let release = m.relay_looked(true).expect("the marker to create");
+        assert_eq!(release.marker, Path::new("/s/ready"));
+        assert_eq!((m.relay(), m.relay_pace()), (None, None), "once");
+        assert_eq!(m.relay_looked(true), None);
+        m.start_relay(relay(2));
+        m.end_relay();
+        assert_eq!(m.relay_pace(), None, "the command ended");
+    }
+
+    #[test]
+    #[should_panic(expected = "only rank 0 relays")]
+    fn a_worker_relays_nothing() {
+        let mut m = machine(1, 2);
+        m.start_relay(Relay::new("/s/flag".into(), "/s/ready".into(), "rollout"));
+    }
+
+    /// A pipelined run's hand-over is the machine's from the run's start: its looks at the
+    /// other cluster go through it.
+    #[test]
+    fn a_pipelined_runs_hand_over_is_held_from_its_start() {
+        use crate::protocol::handover::{self, Effect as Look};
+        let mut m = machine(0, 2);
+        assert!(m.handover().is_none(), "not a pipelined run yet");
+        m.begin_handover(Handover::new(handover::Settings {
+            other: "update",
+            fingerprint: "f".into(),
+            heartbeat_interval: Duration::from_secs(1),
+            dead_after: Duration::from_secs(10),
+            join_timeout: Duration::from_secs(60),
+        }));
+        assert_eq!(m.handover().map(Handover::other), Some("update"));
+        let h = m.handover_mut().expect("begun");
+        assert!(h.look(Duration::ZERO, false), "a first look is due");
+        assert_eq!(h.poll_effect(), Some(Look::ReadCluster));
     }
 
     /// The machine's position follows the generation joined and the walk's steps.

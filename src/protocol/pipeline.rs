@@ -79,6 +79,23 @@ pub fn newest(seen: Option<QueueRecord>, read: QueueRecord) -> QueueRecord {
     }
 }
 
+/// Which model an iteration is rolled out with, as the rollout cluster's rank 0 releases
+/// it at `sync-start` and records it (`rollouts/iter-NNNN/model.json`) before any rollout
+/// starts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RolloutModel {
+    pub iteration: u64,
+    /// The iteration whose training produced the model; 0: the base model.
+    pub model_version: u64,
+    pub staleness: u64,
+    /// The model: a checkpoint rl-node published relative to the shared directory
+    /// (`models/iter-0001`; each node resolves it on its own mount, see `node::model`),
+    /// else `cluster.model`. Records of earlier versions hold an absolute path.
+    pub model: String,
+    /// `exact` or `newest` (`pipeline.model`).
+    pub rule: String,
+}
+
 /// Which model (`pipeline.model`) iteration `iteration` may be rolled out with, given the
 /// update cluster's progress.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
