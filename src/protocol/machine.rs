@@ -458,7 +458,10 @@ impl NodeMachine {
     }
 
     /// Records read, by rank, as the machine sees them: by position, each saying its
-    /// position (a rank that is no member is not the generation's, and is dropped).
+    /// position, and whom it waits for by position (a leader's `waiting_for`, which rank 0
+    /// names a missing group by); a rank that is no member is not the generation's, and
+    /// is dropped. (The simulator found a leader's `waiting_for`, written in ranks, read
+    /// as positions.)
     fn to_positions(
         &self,
         reads: Vec<(u32, Option<RankRecord>, Stamp)>,
@@ -466,12 +469,22 @@ impl NodeMachine {
         let Some(m) = &self.cfg.members else {
             return reads;
         };
+        let positions = |ranks: Vec<u32>| ranks.into_iter().filter_map(|q| m.position(q)).collect();
         reads
             .into_iter()
             .filter_map(|(r, rec, at)| {
                 let p = m.position(r)?;
                 let rec = rec.map(|rec| match rec.rank == r {
-                    true => RankRecord { rank: p, ..rec },
+                    true => RankRecord {
+                        rank: p,
+                        waiting_for: positions(rec.waiting_for),
+                        observed_ms: rec
+                            .observed_ms
+                            .into_iter()
+                            .filter_map(|(q, ms)| Some((m.position(q)?, ms)))
+                            .collect(),
+                        ..rec
+                    },
                     false => rec,
                 });
                 Some((p, rec, at))

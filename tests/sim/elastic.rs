@@ -142,6 +142,8 @@ struct Sim {
     lifetime_ms: u64,
     /// Items each rank's share of a step has (a step: the work before a logical barrier).
     items: u32,
+    /// Workers per group through a leader (`None`: flat).
+    group: Option<u32>,
     heartbeat_ms: u64,
     dead_after_ms: u64,
     wall_skew_ms: Vec<i64>,
@@ -221,7 +223,16 @@ impl Summary {
     }
 }
 
-fn machine_of(rank: u32, gen: u64, members: &Members, hb: u64, dead_after: u64) -> NodeMachine {
+/// Node `rank`'s machine in generation `gen`: flat, or (`group`) in groups of that many
+/// workers through leaders once the generation has four members or more.
+fn machine_of(
+    rank: u32,
+    gen: u64,
+    members: &Members,
+    group: Option<u32>,
+    hb: u64,
+    dead_after: u64,
+) -> NodeMachine {
     let position = members.position(rank).expect("a member");
     let mut m = NodeMachine::new(machine::Settings {
         rank: position,
@@ -230,7 +241,10 @@ fn machine_of(rank: u32, gen: u64, members: &Members, hb: u64, dead_after: u64) 
         cluster: None,
         heartbeat_interval: Duration::from_millis(hb),
         dead_after: Duration::from_millis(dead_after),
-        topology: Topology::flat(members.len()),
+        topology: match group.filter(|_| members.len() >= 4) {
+            Some(g) => Topology::grouped(members.len(), g),
+            None => Topology::flat(members.len()),
+        },
         members: Some(members.clone()),
     });
     m.set_position(machine::Position {
@@ -270,6 +284,9 @@ impl Sim {
         };
         let wall_skew_ms = (0..n).map(|_| rng.below(1_001) as i64 - 500).collect();
         let items = 1 + rng.below(3) as u32;
+        // Groups through leaders in one seed of two, from a stream of its own.
+        let mut topology_rng = Rng::new(seed ^ 0x70b0_1091);
+        let group = (topology_rng.below(2) == 0).then(|| 2 + topology_rng.below(3) as u32);
         let world = SimWorld::new();
         let layout = Layout::new("/sim-run");
         world.create_dir_all(&layout.gen_dir(1)).expect("set up");
@@ -296,7 +313,7 @@ impl Sim {
                 life: Life::Running,
                 gen: 1,
                 members: all.clone(),
-                machine: machine_of(r, 1, &all, heartbeat_ms, dead_after_ms),
+                machine: machine_of(r, 1, &all, group, heartbeat_ms, dead_after_ms),
                 regroup: None,
                 k: 1,
                 arrived: false,
@@ -326,6 +343,7 @@ impl Sim {
             layout,
             lifetime_ms,
             items,
+            group,
             heartbeat_ms,
             dead_after_ms,
             wall_skew_ms,
@@ -602,7 +620,12 @@ impl Sim {
             return;
         }
         let coordinating = node.members.coordinator() == r as u32;
-        if !coordinating && node.machine.watch.peers[0].is_some() {
+        let position = node.members.position(r as u32).expect("a member");
+        let watched = node.machine.watching().watched(position);
+        let seen = watched
+            .iter()
+            .all(|&p| node.machine.watch.peers[p as usize].is_some());
+        if !coordinating && seen {
             return;
         }
         let Some(&culprit) = missing.first() else {
@@ -1156,6 +1179,7 @@ impl Sim {
             r as u32,
             gen,
             &members,
+            self.group,
             self.heartbeat_ms,
             self.dead_after_ms,
         );
