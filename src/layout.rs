@@ -172,6 +172,12 @@ impl Layout {
         self.gen_dir(gen).join("observed.json")
     }
 
+    /// A process's request to come back as `rank` into the cluster of generation `gen`,
+    /// which does not list it (`protocol::membership::Rejoin`).
+    pub fn rejoin_request(&self, gen: u64, rank: u32) -> PathBuf {
+        self.gen_dir(gen).join(format!("rejoin-{rank}.json"))
+    }
+
     /// The first-writer-wins abort record of a generation.
     pub fn abort(&self, gen: u64) -> PathBuf {
         self.gen_dir(gen).join("abort.json")

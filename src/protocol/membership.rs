@@ -529,6 +529,153 @@ impl Regroup {
     }
 }
 
+/// Rank processes asking to come back (a requeued batch step, the same command run again
+/// by hand), as a generation's coordinator sees them: each asks in a record of its own in
+/// the current generation, and heartbeats it. A request counts once its heartbeat was seen
+/// to advance and for as long as it is not still for dead-after (one liveness judgement,
+/// `super::Liveness`): a request left behind by a process that died is not taken.
+#[derive(Debug, Clone)]
+pub struct Requests {
+    liveness: super::Liveness,
+    advanced: BTreeSet<u32>,
+}
+
+impl Requests {
+    pub fn new(dead_after: Duration) -> Requests {
+        Requests {
+            liveness: super::Liveness::new(dead_after),
+            advanced: BTreeSet::new(),
+        }
+    }
+
+    /// What a read of `rank`'s request found (its heartbeat, or `None`: no request).
+    pub fn observe(&mut self, rank: u32, seq: Option<u64>, at: impl Into<super::liveness::Stamp>) {
+        match seq {
+            Some(seq) => {
+                if self.liveness.observe(rank, seq, at) {
+                    self.advanced.insert(rank);
+                }
+            }
+            None => {
+                self.liveness.forget(rank);
+                self.advanced.remove(&rank);
+            }
+        }
+    }
+
+    /// The ranks whose request is live at `now`.
+    pub fn live(&self, now: Duration) -> BTreeSet<u32> {
+        self.advanced
+            .iter()
+            .copied()
+            .filter(|&r| !self.liveness.is_dead(r, now))
+            .collect()
+    }
+}
+
+/// The generation a coordinator forms at an iteration boundary for the ranks asking to
+/// come back (`live`: their live requests): every member and every one of them, or
+/// `None` when none is new. Growing never drops a member.
+pub fn grow(members: &Members, live: &BTreeSet<u32>, num_nodes: u32) -> Option<Members> {
+    let new: Vec<u32> = live
+        .iter()
+        .copied()
+        .filter(|&r| r < num_nodes && !members.contains(r))
+        .collect();
+    if new.is_empty() {
+        return None;
+    }
+    let mut ranks = members.ranks().to_vec();
+    ranks.extend(new);
+    Some(Members::try_from(ranks).expect("distinct ranks"))
+}
+
+/// What a process asking to come back as a rank does, as the driver performs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RejoinEffect {
+    /// Read the run's newest generation record; answer [`RejoinInput::Current`].
+    ReadCurrent,
+    /// Ask (or keep asking) in generation `gen`: write this process's request there and
+    /// heartbeat it from now on (one generation at a time).
+    Ask { gen: u64 },
+    /// A generation lists this rank: joined at `position`; the machine is done.
+    Joined {
+        gen: u64,
+        position: u32,
+        members: Members,
+    },
+}
+
+/// What the driver tells a rejoining process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RejoinInput {
+    Current(Option<Regrouped>),
+    /// A poll: look again.
+    Poll,
+}
+
+/// A process started for `rank` while the run's generation does not list it: it asks
+/// in the current generation, and joins the first generation formed after it asked that
+/// lists it (formed by the coordinator at an iteration boundary, [`grow`]).
+///
+/// A generation that still lists the rank, but was not formed for this process, is the
+/// one its previous process was a member of (not yet found lost): it waits until a
+/// generation without the rank is formed, and asks there. (The simulator found a
+/// restarted process joining its dead predecessor's generation as if it were it.)
+#[derive(Debug, Clone)]
+pub struct Rejoin {
+    rank: u32,
+    /// The generation asked in.
+    asked: Option<u64>,
+    done: bool,
+    effects: VecDeque<RejoinEffect>,
+}
+
+impl Rejoin {
+    pub fn new(rank: u32) -> Rejoin {
+        Rejoin {
+            rank,
+            asked: None,
+            done: false,
+            effects: VecDeque::from([RejoinEffect::ReadCurrent]),
+        }
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    pub fn handle(&mut self, input: RejoinInput) {
+        if self.done {
+            return;
+        }
+        match input {
+            RejoinInput::Poll => self.effects.push_back(RejoinEffect::ReadCurrent),
+            RejoinInput::Current(None) => {}
+            RejoinInput::Current(Some(cur)) => match cur.members.position(self.rank) {
+                Some(_) if self.asked.is_none_or(|asked| cur.gen <= asked) => {}
+                Some(position) => {
+                    self.done = true;
+                    self.effects.push_back(RejoinEffect::Joined {
+                        gen: cur.gen,
+                        position,
+                        members: cur.members,
+                    });
+                }
+                None if self.asked != Some(cur.gen) => {
+                    self.asked = Some(cur.gen);
+                    self.effects.push_back(RejoinEffect::Ask { gen: cur.gen });
+                }
+                None => {}
+            },
+        }
+    }
+
+    pub fn poll_effect(&mut self) -> Option<RejoinEffect> {
+        self.effects.pop_front()
+    }
+}
+
 /// How a generation formed without some ranks does their share of an iteration: each
 /// dropped rank's *uncommitted* work spread over the members, and one member standing in
 /// for it (what is the rank's own and not work: its shard, written from its items under
@@ -963,5 +1110,60 @@ mod tests {
             proptest::prop_assert_eq!(plan.stand_ins.len(), dropped.len());
             proptest::prop_assert_eq!(replan(&members, &shares), plan);
         }
+    }
+
+    #[test]
+    fn a_live_request_grows_the_generation_back_and_a_dead_one_does_not() {
+        let mut q = Requests::new(10 * SEC);
+        q.observe(2, Some(1), SEC);
+        assert!(q.live(SEC).is_empty(), "one heartbeat proves nothing yet");
+        q.observe(2, Some(2), 2 * SEC);
+        q.observe(4, Some(7), 2 * SEC);
+        q.observe(4, Some(8), 3 * SEC);
+        assert_eq!(q.live(3 * SEC), set(&[2, 4]));
+        // Rank 4's request goes still; rank 2's goes away.
+        q.observe(4, Some(8), 14 * SEC);
+        q.observe(2, None, 14 * SEC);
+        assert!(q.live(14 * SEC).is_empty());
+        let m = members(&[0, 1, 3]);
+        assert_eq!(grow(&m, &set(&[2, 5]), 5), Some(members(&[0, 1, 2, 3])));
+        assert_eq!(grow(&m, &set(&[1]), 5), None, "already a member");
+    }
+
+    #[test]
+    fn a_rejoining_process_asks_in_each_generation_and_joins_the_one_that_lists_it() {
+        let mut j = Rejoin::new(2);
+        assert_eq!(j.poll_effect(), Some(RejoinEffect::ReadCurrent));
+        // Its predecessor's generation, which still lists it: not its to join.
+        j.handle(RejoinInput::Current(Some(Regrouped {
+            gen: 3,
+            members: Members::all(4),
+        })));
+        assert_eq!(j.poll_effect(), None);
+        let without = |gen| Regrouped {
+            gen,
+            members: members(&[0, 1, 3]),
+        };
+        j.handle(RejoinInput::Current(Some(without(4))));
+        assert_eq!(j.poll_effect(), Some(RejoinEffect::Ask { gen: 4 }));
+        j.handle(RejoinInput::Poll);
+        assert_eq!(j.poll_effect(), Some(RejoinEffect::ReadCurrent));
+        j.handle(RejoinInput::Current(Some(without(4))));
+        assert_eq!(j.poll_effect(), None, "asked there already");
+        j.handle(RejoinInput::Current(Some(without(5))));
+        assert_eq!(j.poll_effect(), Some(RejoinEffect::Ask { gen: 5 }));
+        j.handle(RejoinInput::Current(Some(Regrouped {
+            gen: 6,
+            members: Members::all(4),
+        })));
+        assert_eq!(
+            j.poll_effect(),
+            Some(RejoinEffect::Joined {
+                gen: 6,
+                position: 2,
+                members: Members::all(4)
+            })
+        );
+        assert!(j.is_done());
     }
 }

@@ -40,7 +40,10 @@ use super::Violation;
 use rl_node::layout::Layout;
 use rl_node::protocol::barrier::Progress;
 use rl_node::protocol::machine::{self, Change, Effect, Input, NodeMachine};
-use rl_node::protocol::membership::{self as ms, Ending, Members, Mutation, Regroup, Regrouped};
+use rl_node::protocol::membership::{
+    self as ms, Ending, Members, Mutation, Regroup, Regrouped, Rejoin, RejoinEffect, RejoinInput,
+    Requests,
+};
 use rl_node::protocol::messages::Plain;
 use rl_node::protocol::topology::Topology;
 use rl_node::protocol::{wall_stamp, AbortInfo, AbortKind, ClusterRecord, NodeState, RankRecord};
@@ -72,6 +75,9 @@ struct Release {
     k: u64,
     logical: u64,
     ranks: Vec<u32>,
+    /// A generation the coordinator formed at this boundary for ranks coming back: every
+    /// member goes on in it.
+    next: Option<(u64, Vec<u32>)>,
 }
 impl Plain for Release {}
 
@@ -88,8 +94,11 @@ enum Life {
     Done,
     /// Stopped: declared dead, left out, or below min-nodes.
     Stopped(String),
-    /// Killed (kill -9): never acts again.
+    /// Killed (kill -9): never acts again (a restart is a new process).
     Killed,
+    /// A process started again for a rank the generation does not list: asking to come
+    /// back (`membership::Rejoin`).
+    Rejoining,
 }
 
 struct Node {
@@ -98,6 +107,13 @@ struct Node {
     members: Members,
     machine: NodeMachine,
     regroup: Option<Regroup>,
+    rejoin: Option<Rejoin>,
+    /// As a generation's coordinator: the requests of ranks asking to come back.
+    requests: Requests,
+    /// This rank's processes so far (a restart is a new one, with a new nonce).
+    incarnation: u32,
+    /// When this rank was last killed.
+    killed_at: Option<u64>,
     /// The machine's barrier number to arrive at next in this generation, and whether
     /// it arrived.
     k: u64,
@@ -161,6 +177,10 @@ struct Sim {
     /// Items committed: by their own rank, and by a member for a dropped rank.
     committed: u64,
     moved: u64,
+    /// Processes started again, those that came back, generations grown for them.
+    restarted: u64,
+    rejoined: u64,
+    grown: u64,
 }
 
 #[derive(Default)]
@@ -181,6 +201,9 @@ pub struct Summary {
     node_ms: u64,
     items: u64,
     items_moved: u64,
+    restarted: u64,
+    rejoined: u64,
+    grown: u64,
 }
 
 impl std::ops::AddAssign for Summary {
@@ -197,6 +220,9 @@ impl std::ops::AddAssign for Summary {
         self.node_ms += o.node_ms;
         self.items += o.items;
         self.items_moved += o.items_moved;
+        self.restarted += o.restarted;
+        self.rejoined += o.rejoined;
+        self.grown += o.grown;
     }
 }
 
@@ -207,7 +233,7 @@ impl Summary {
 
     pub fn line(&self) -> String {
         format!(
-            "{} steps, {} faults ({} kills), {} invariant checks; {} generation(s) formed by survivors ({} by a coordinator other than rank 0), {} run(s) finished smaller, {} stopped below min-nodes; {} items committed ({} of them a dropped rank's, by a member); {:.1} simulated node-hours",
+            "{} steps, {} faults ({} kills), {} invariant checks; {} generation(s) formed by survivors ({} by a coordinator other than rank 0), {} run(s) finished smaller, {} stopped below min-nodes; {} items committed ({} of them a dropped rank's, by a member); {} processes started again, {} came back, in {} generation(s) grown; {:.1} simulated node-hours",
             self.steps,
             self.faults,
             self.kills,
@@ -218,6 +244,9 @@ impl Summary {
             self.below_min,
             self.items,
             self.items_moved,
+            self.restarted,
+            self.rejoined,
+            self.grown,
             self.node_ms as f64 / 3_600_000.0
         )
     }
@@ -315,6 +344,10 @@ impl Sim {
                 members: all.clone(),
                 machine: machine_of(r, 1, &all, group, heartbeat_ms, dead_after_ms),
                 regroup: None,
+                rejoin: None,
+                requests: Requests::new(Duration::from_millis(dead_after_ms)),
+                incarnation: 0,
+                killed_at: None,
                 k: 1,
                 arrived: false,
                 next: 1,
@@ -358,6 +391,9 @@ impl Sim {
             regroups: 0,
             committed: 0,
             moved: 0,
+            restarted: 0,
+            rejoined: 0,
+            grown: 0,
         };
         let first = ClusterRecord::bare("sim", 1, n as u32);
         sim.client(0)
@@ -398,7 +434,10 @@ impl Sim {
     }
 
     fn active(&self, r: usize) -> bool {
-        matches!(self.nodes[r].life, Life::Running | Life::Regrouping)
+        matches!(
+            self.nodes[r].life,
+            Life::Running | Life::Regrouping | Life::Rejoining
+        )
     }
 
     /// Node `r`'s record of its generation, published (an atomic replacement).
@@ -408,7 +447,10 @@ impl Sim {
         node.record.seq += 1;
         let wall = WALL_ORIGIN_S as i64 * 1_000 + self.now as i64 + self.wall_skew_ms[r];
         node.record.wall = wall_stamp(SystemTime::UNIX_EPOCH + Duration::from_millis(wall as u64));
-        let path = self.layout.rank_record(node.gen, r as u32);
+        let path = match node.life {
+            Life::Rejoining => self.layout.rejoin_request(node.gen, r as u32),
+            _ => self.layout.rank_record(node.gen, r as u32),
+        };
         let rec = node.record.clone();
         let dir: &dyn SharedDir = &self.clients[r];
         dir.publish_live_json(&path, &rec)
@@ -440,7 +482,28 @@ impl Sim {
         kill_at.sort();
         let mut kill_at: VecDeque<_> = kill_at.into();
         let mut long_frozen: BTreeSet<usize> = BTreeSet::new();
+        let mut restart_rng = Rng::new(seed ^ 0x2e57_a27);
+        let mut restarts: Vec<(u64, usize)> = Vec::new();
         while (0..self.n).any(|r| self.active(r)) {
+            // A process that asks to come back after the run has ended (every other node
+            // done or stopped) has nothing to join.
+            if (0..self.n).all(|q| !matches!(self.nodes[q].life, Life::Running | Life::Regrouping))
+            {
+                for q in 0..self.n {
+                    if self.nodes[q].life == Life::Rejoining {
+                        self.nodes[q].life =
+                            Life::Stopped("the run ended before it came back".into());
+                    }
+                }
+                break;
+            }
+            restarts.sort();
+            while restarts.first().is_some_and(|&(t, _)| t <= self.now) {
+                let (_, r) = restarts.remove(0);
+                if self.nodes[r].life == Life::Killed {
+                    self.restart(r);
+                }
+            }
             let bound = per_gen * (2 + self.regroups + kills) + frozen_total;
             if self.now > bound {
                 let lives: Vec<_> = self
@@ -460,9 +523,16 @@ impl Sim {
                 let (_, r) = kill_at.pop_front().expect("due");
                 if self.active(r) {
                     self.nodes[r].life = Life::Killed;
+                    self.nodes[r].killed_at = Some(self.now);
                     self.kills += 1;
                     self.faults += 1;
                     self.note(format!("rank {r} killed"));
+                    // Requeued, in one kill of two: started again one to four dead-afters
+                    // later, as a new process.
+                    if restart_rng.below(2) == 0 {
+                        let at = self.now + self.dead_after_ms * (1 + restart_rng.below(4));
+                        restarts.push((at, r));
+                    }
                     // A staggered outage: in one of two runs without a long freeze yet,
                     // the coordinator's death stops its successor too, for three to five
                     // dead-afters, so that the others count it lost and it wakes to a
@@ -543,13 +613,16 @@ impl Sim {
             node_ms: self.now * self.n as u64,
             items: self.committed,
             items_moved: self.moved,
+            restarted: self.restarted,
+            rejoined: self.rejoined,
+            grown: self.grown,
         })
     }
 
     /// Progress, and how each node ended.
     fn check_end(&mut self, seed: u64, long_frozen: &BTreeSet<usize>) -> Result<(), Violation> {
         let steady: Vec<usize> = (0..self.n)
-            .filter(|&r| self.nodes[r].life != Life::Killed && !long_frozen.contains(&r))
+            .filter(|&r| self.nodes[r].killed_at.is_none() && !long_frozen.contains(&r))
             .collect();
         self.checks += 1;
         if steady.len() as u32 >= self.min_nodes {
@@ -581,7 +654,7 @@ impl Sim {
     fn heartbeats(&mut self) {
         for r in 0..self.n {
             let node = &self.nodes[r];
-            if !self.active(r) || node.frozen_until > self.now {
+            if !self.active(r) || node.frozen_until > self.now || node.gen == 0 {
                 continue;
             }
             let local = self.local(r).as_millis() as u64;
@@ -592,8 +665,163 @@ impl Sim {
         }
     }
 
+    /// Rank `r` started again: a new process that asks to come back.
+    fn restart(&mut self, r: usize) {
+        self.restarted += 1;
+        let node = &mut self.nodes[r];
+        node.incarnation += 1;
+        node.life = Life::Rejoining;
+        node.rejoin = Some(Rejoin::new(r as u32));
+        node.regroup = None;
+        node.frozen_until = 0;
+        // No record of its own until it asks in a generation.
+        node.gen = 0;
+        let incarnation = node.incarnation;
+        self.note(format!("rank {r} started again (process {incarnation})"));
+    }
+
+    /// Rank `r`'s turn while it asks to come back.
+    fn rejoin_turn(&mut self, r: usize, seed: u64) -> Result<(), Violation> {
+        let _ = seed;
+        self.nodes[r]
+            .rejoin
+            .as_mut()
+            .expect("rejoining")
+            .handle(RejoinInput::Poll);
+        while let Some(effect) = self.nodes[r].rejoin.as_mut().and_then(|j| j.poll_effect()) {
+            self.at();
+            match effect {
+                RejoinEffect::ReadCurrent => {
+                    let current = self
+                        .client(r)
+                        .read_json::<ClusterRecord>(&self.layout.cluster())
+                        .ok()
+                        .flatten()
+                        .map(|c| Regrouped::from(&c));
+                    let j = self.nodes[r].rejoin.as_mut().expect("rejoining");
+                    j.handle(RejoinInput::Current(current));
+                }
+                RejoinEffect::Ask { gen } => {
+                    self.note(format!("rank {r} asks to come back in generation {gen}"));
+                    let node = &mut self.nodes[r];
+                    node.gen = gen;
+                    node.record = RankRecord {
+                        nonce: format!("n{r}.{}", node.incarnation),
+                        ..record(r as u32, gen)
+                    };
+                    self.write_record(r);
+                }
+                RejoinEffect::Joined {
+                    gen,
+                    position,
+                    members,
+                } => {
+                    self.note(format!(
+                        "rank {r} comes back in generation {gen} at position {position} of {members:?}"
+                    ));
+                    self.rejoined += 1;
+                    let node = &mut self.nodes[r];
+                    node.rejoin = None;
+                    // It has no say in where the generation resumes: the others' journals
+                    // have.
+                    node.next = u64::MAX;
+                    node.gen = 0;
+                    self.join(r, gen, members);
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The coordinator, at the boundary of logical barrier `logical`: ranks asking to come
+    /// back (their requests in this generation, live) make a generation of everyone, which
+    /// it forms now (claim and record, each by an exclusive create; nothing when either is
+    /// taken); the release tells the members.
+    fn grow_at(
+        &mut self,
+        r: usize,
+        seed: u64,
+        logical: u64,
+    ) -> Result<Option<(u64, Vec<u32>)>, Violation> {
+        let (gen, members) = (self.nodes[r].gen, self.nodes[r].members.clone());
+        let local = self.local(r);
+        for d in members.dropped(self.n as u32) {
+            self.at();
+            let rec: Option<RankRecord> = self
+                .client(r)
+                .read_json(&self.layout.rejoin_request(gen, d))
+                .ok()
+                .flatten();
+            let seq = rec.filter(|rec| rec.gen == gen).map(|rec| rec.seq);
+            self.nodes[r].requests.observe(d, seq, local);
+        }
+        if logical >= BARRIERS {
+            return Ok(None);
+        }
+        let live = self.nodes[r].requests.live(local);
+        let Some(grown) = ms::grow(&members, &live, self.n as u32) else {
+            return Ok(None);
+        };
+        let next = gen + 1;
+        if self
+            .client(r)
+            .create_dir(&self.layout.gen_dir(next))
+            .is_err()
+        {
+            return Ok(None);
+        }
+        let cluster = ClusterRecord {
+            members: Some(grown.clone()),
+            ..ClusterRecord::bare("sim", next, self.n as u32)
+        };
+        let won = self
+            .client(r)
+            .create_new_json(&self.layout.gen_cluster(next), &cluster)
+            .expect("no faults injected here");
+        if !won {
+            return Ok(None);
+        }
+        // Growing adds only ranks whose new process runs (or ran within what dead-after,
+        // caches and heartbeat spacing hide: its request is judged by its heartbeat),
+        // and drops no member.
+        self.checks += 1;
+        let hidden = self.dead_after_ms * 1_010 / 1_000 + self.lifetime_ms + 2 * self.heartbeat_ms;
+        let now = self.now;
+        if let Some(q) = grown.ranks().iter().find(|&&q| {
+            let node = &self.nodes[q as usize];
+            let recent = node.killed_at.is_some_and(|t| now - t <= hidden);
+            !members.contains(q) && node.life != Life::Rejoining && !recent
+        }) {
+            return Err(self.violation(
+                seed,
+                format!(
+                    "rank {r} grew generation {gen} into {next} with rank {q}, whose process is {:?}",
+                    self.nodes[*q as usize].life
+                ),
+            ));
+        }
+        self.checks += 1;
+        if let Some((other, _)) = self.formed.get(&next) {
+            return Err(self.violation(
+                seed,
+                format!("two coordinators of generation {next}: rank {other} and rank {r}"),
+            ));
+        }
+        self.grown += 1;
+        self.formed.insert(next, (r as u32, grown.clone()));
+        self.client(r)
+            .publish_json(&self.layout.cluster(), &cluster)
+            .expect("no faults injected here");
+        self.note(format!(
+            "rank {r} grows generation {gen} into {next}: {grown:?}"
+        ));
+        Ok(Some((next, grown.ranks().to_vec())))
+    }
+
     fn act(&mut self, r: usize, seed: u64) -> Result<(), Violation> {
         match self.nodes[r].life {
+            Life::Rejoining => self.rejoin_turn(r, seed),
             Life::Running => {
                 let local = self.local(r);
                 self.nodes[r].machine.tick(local);
@@ -628,7 +856,33 @@ impl Sim {
         if !coordinating && seen {
             return;
         }
-        let Some(&culprit) = missing.first() else {
+        // The coordinator reads every member during the join: it names one it never
+        // found, else one that never arrived, else a group's leader that never published
+        // its group's arrival (what a leader that died says it waits for is stale).
+        let peers = &node.machine.watch.peers;
+        let topology = node.machine.settings().topology;
+        let k = node.k;
+        let never = (1..node.members.len())
+            .find(|&p| peers[p as usize].is_none())
+            .or_else(|| {
+                (1..node.members.len()).find(|&p| {
+                    peers[p as usize]
+                        .as_ref()
+                        .is_some_and(|rec| !rec.arrived_at(k))
+                })
+            })
+            .or_else(|| {
+                topology.leaders().find(|&p| {
+                    peers[p as usize]
+                        .as_ref()
+                        .is_some_and(|rec| rec.grouped_at(k).is_none())
+                })
+            })
+            .map(|p| node.members.rank_at(p));
+        let Some(culprit) = never
+            .filter(|_| coordinating)
+            .or_else(|| missing.first().copied())
+        else {
             return;
         };
         let gen = node.gen;
@@ -687,11 +941,16 @@ impl Sim {
                         first
                     }
                 };
+                let next = match k {
+                    1 => None,
+                    _ => self.grow_at(r, seed, logical)?,
+                };
                 let release = Release {
                     gen,
                     k,
                     logical,
                     ranks,
+                    next,
                 };
                 if k >= 2 {
                     self.check_merge(seed, r, gen, logical)?;
@@ -845,6 +1104,16 @@ impl Sim {
             node.life = Life::Done;
             node.record.state = NodeState::Done;
             self.write_record(r);
+            return Ok(());
+        }
+        if let Some((next, ranks)) = release.next {
+            let members = Members::try_from(ranks).expect("a generation's members");
+            // Its record here stays as it is (its release says where the members went):
+            // a member that has not passed yet passes on it, where a record that left
+            // would read as a member that failed (the simulator found a frozen member
+            // stopping the cluster on it).
+            self.note(format!("rank {r} goes on in generation {next}"));
+            self.join(r, next, members);
         }
         Ok(())
     }
@@ -1139,20 +1408,19 @@ impl Sim {
                 ),
             ));
         }
-        // Every rank an abort named in a generation before this one is out.
+        // The rank the generation regrouped from named lost in its abort is out.
         self.checks += 1;
-        let lost: BTreeSet<u32> = (1..next.gen)
-            .filter_map(|g| {
-                let bytes = self.world.content(&self.layout.abort(g))?;
-                serde_json::from_slice::<AbortInfo>(&bytes).ok()
-            })
-            .map(|a| a.culprit)
-            .collect();
-        if let Some(q) = next.members.ranks().iter().find(|q| lost.contains(q)) {
+        let from = self.nodes[r].gen;
+        let lost = self
+            .world
+            .content(&self.layout.abort(from))
+            .and_then(|b| serde_json::from_slice::<AbortInfo>(&b).ok())
+            .map(|a| a.culprit);
+        if let Some(q) = lost.filter(|q| next.members.contains(*q)) {
             return Err(self.violation(
                 seed,
                 format!(
-                    "generation {} lists rank {q}, which an earlier generation's abort named lost (members {:?})",
+                    "generation {} lists rank {q}, which generation {from}'s abort named lost (members {:?})",
                     next.gen, next.members
                 ),
             ));
@@ -1197,6 +1465,7 @@ impl Sim {
         // The work of a step is dealt again over the new members.
         node.work.clear();
         node.work_for = 0;
+        node.requests = Requests::new(Duration::from_millis(self.dead_after_ms));
         if fresh_record {
             node.record = record(r as u32, gen);
             self.write_record(r);
@@ -1230,7 +1499,7 @@ impl Sim {
             .freezes
             .iter()
             .any(|&(s, e)| e + hidden >= now && e - s >= needed);
-        if stopped || !self.active(q) {
+        if stopped || !self.active(q) || self.nodes[q].killed_at.is_some() {
             return Ok(());
         }
         Err(self.violation(
@@ -1266,6 +1535,7 @@ fn five_hundred_seeds_of_1_to_16_nodes_lose_nodes_and_go_on() {
     );
     assert!(s.moved > 10, "coordinators that moved: {}", s.line());
     assert!(s.shrunk > 25 && s.below_min > 10, "{}", s.line());
+    assert!(s.rejoined > 10 && s.grown > 10, "came back: {}", s.line());
 }
 
 #[test]
@@ -1307,6 +1577,8 @@ fn a_coordinator_keeping_the_lost_is_caught() {
     assert!(v.what.contains("named lost"), "{v}");
 }
 
+/// How many of the last steps a violation shows (SIM_TRACE: more, for the whole story of
+/// a seed: `SIM_TRACE=100000 scripts/sim --scenario elastic --first-seed S --seeds 1`).
 fn trace_len() -> usize {
     std::env::var("SIM_TRACE")
         .ok()
