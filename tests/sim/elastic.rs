@@ -12,7 +12,14 @@
 //! the members say where they are, and its coordinator sets where the generation resumes
 //! (the earliest), as the journals do in the node.
 //!
-//! Faults: nodes killed for good at any moment (rank 0 and the coordinators of later
+//! Ranks come back: in one kill of two the rank is started again later as a new process
+//! (`membership::Rejoin`), which asks in a request of its own; the coordinator takes live
+//! requests into a generation it forms at the next boundary (`membership::grow`).
+//!
+//! Work: before each logical barrier every rank has items, each committed by an
+//! exclusive create; a dropped rank's are dealt over the members (`membership::replan`).
+//!
+//! Faults: nodes killed at any moment (rank 0 and the coordinators of later
 //! generations included, several per run), brief freezes, and in one seed of four a node
 //! stopped for three to five dead-afters that wakes up in a generation that went on
 //! without it. Per-node NFS attribute and lookup caches of up to a minute, clocks up to
@@ -29,6 +36,8 @@
 //!   it; a death declared is one the observer's reads saw (dead-after of one heartbeat)
 //!   of a rank that really stopped;
 //! - with `min-nodes = num-nodes`, no generation is formed after a loss;
+//! - every merge finds every rank's items of its step committed (a dropped rank's too);
+//! - a generation grows only by ranks whose new process runs, and keeps every member;
 //! - progress: whenever at least `min-nodes` nodes were never killed or stopped long,
 //!   every one of them passes every barrier; every run ends within a bound.
 //!

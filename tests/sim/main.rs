@@ -14,7 +14,8 @@
 //!   rank and misconfigured workers;
 //! - `elastic`: nodes lost for good (rank 0 and later coordinators included) under
 //!   `min-nodes`, the survivors forming the next generations by themselves, a coordinator
-//!   stopped with the one it succeeds and waking to a generation formed without it.
+//!   stopped with the one it succeeds and waking to a generation formed without it, and
+//!   killed ranks started again coming back at the next boundary.
 //!
 //! And two of the node's own driver (`rl_node::run_in_process`) on `store::sim`:
 //! `driver`, a cluster of threads on the real clock (not seeded), and `nodes`, whole jobs
