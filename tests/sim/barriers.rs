@@ -193,18 +193,7 @@ impl Directory {
         world
             .create_dir_all(layout.rank_record(1, 0).parent().expect("in a directory"))
             .expect("set up");
-        let clock = Arc::new(AtomicU64::new(0));
-        let lifetime = Duration::from_millis(lifetime_ms);
-        let clients = (0..n)
-            .map(|_| {
-                let c = clock.clone();
-                world.client(
-                    move || Duration::from_millis(c.load(Ordering::Relaxed)),
-                    lifetime,
-                    lifetime,
-                )
-            })
-            .collect();
+        let (clock, clients) = super::sim_clients(&world, n, lifetime_ms);
         let mut dir = Directory {
             world,
             clients,

@@ -333,18 +333,7 @@ impl Sim {
                 .create_dir_all(&step_dir(&layout, step))
                 .expect("set up");
         }
-        let clock = Arc::new(AtomicU64::new(0));
-        let lifetime = Duration::from_millis(lifetime_ms);
-        let clients = (0..n)
-            .map(|_| {
-                let c = clock.clone();
-                world.client(
-                    move || Duration::from_millis(c.load(Ordering::Relaxed)),
-                    lifetime,
-                    lifetime,
-                )
-            })
-            .collect();
+        let (clock, clients) = super::sim_clients(&world, n, lifetime_ms);
         let all = Members::all(n as u32);
         let nodes = (0..n as u32)
             .map(|r| Node {
@@ -491,7 +480,7 @@ impl Sim {
         kill_at.sort();
         let mut kill_at: VecDeque<_> = kill_at.into();
         let mut long_frozen: BTreeSet<usize> = BTreeSet::new();
-        let mut restart_rng = Rng::new(seed ^ 0x2e57_a27);
+        let mut restart_rng = Rng::new(seed ^ 0x02e5_7a27);
         let mut restarts: Vec<(u64, usize)> = Vec::new();
         while (0..self.n).any(|r| self.active(r)) {
             // A process that asks to come back after the run has ended (every other node
@@ -1285,10 +1274,7 @@ impl Sim {
                         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
                         Err(e) => panic!("claim: {e}"),
                     };
-                    let published = match won {
-                        true => None,
-                        false => self.generation_record(r, gen),
-                    };
+                    let published = self.lost_to(r, won, gen);
                     self.note(format!(
                         "rank {r} claims generation {gen}: {}",
                         if won { "won" } else { "taken" }
@@ -1311,10 +1297,7 @@ impl Sim {
                 }
                 ms::Effect::Publish(next) => {
                     let won = self.publish(r, &next, seed)?;
-                    let found = match won {
-                        true => None,
-                        false => self.generation_record(r, next.gen),
-                    };
+                    let found = self.lost_to(r, won, next.gen);
                     let g = self.nodes[r].regroup.as_mut().expect("regrouping");
                     g.handle(local, ms::Input::Published { won, found });
                 }
@@ -1327,10 +1310,7 @@ impl Sim {
                         .client(r)
                         .create_new_json(&self.layout.gen_cluster(gen), &mark)
                         .expect("no faults injected here");
-                    let found = match won {
-                        true => None,
-                        false => self.generation_record(r, gen),
-                    };
+                    let found = self.lost_to(r, won, gen);
                     self.note(format!(
                         "rank {r} spends generation number {gen}: {}",
                         if won { "done" } else { "its record is there" }
@@ -1378,9 +1358,13 @@ impl Sim {
         }
     }
 
-    /// Generation `gen`'s record as node `r` reads it: the generation it publishes
-    /// (`None`: none, or a spent number's mark).
-    fn generation_record(&self, r: usize, gen: u64) -> Option<Regrouped> {
+    /// After an exclusive create for generation `gen` that node `r` lost (`!won`): the
+    /// generation its record publishes, as `r` reads it (`None`: none, or a spent
+    /// number's mark).
+    fn lost_to(&self, r: usize, won: bool, gen: u64) -> Option<Regrouped> {
+        if won {
+            return None;
+        }
         self.client(r)
             .read_json::<ClusterRecord>(&self.layout.gen_cluster(gen))
             .ok()

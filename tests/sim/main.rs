@@ -86,6 +86,33 @@ pub fn assert_replays(seed: u64, run: impl Fn(u64) -> Result<String, Violation>)
     assert_ne!(line(seed), line(seed + 1));
 }
 
+/// `n` clients of `world` (one per node, each with attribute and lookup caches of
+/// `lifetime_ms`), on a simulated time in ms that the returned counter holds.
+pub fn sim_clients(
+    world: &std::sync::Arc<rl_node::store::sim::SimWorld>,
+    n: usize,
+    lifetime_ms: u64,
+) -> (
+    std::sync::Arc<std::sync::atomic::AtomicU64>,
+    Vec<rl_node::store::sim::SimClient>,
+) {
+    let clock = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let lifetime = std::time::Duration::from_millis(lifetime_ms);
+    let clients = (0..n)
+        .map(|_| {
+            let c = clock.clone();
+            world.client(
+                move || {
+                    std::time::Duration::from_millis(c.load(std::sync::atomic::Ordering::Relaxed))
+                },
+                lifetime,
+                lifetime,
+            )
+        })
+        .collect();
+    (clock, clients)
+}
+
 /// The (rank, iteration) a fake training command was started for.
 pub fn train_of(command: &str) -> (u32, u64) {
     let field = |k: &str| {
