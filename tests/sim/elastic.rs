@@ -1200,7 +1200,7 @@ impl Sim {
                         .handle(local, Input::AbortCreated { created, first });
                 }
                 Effect::Warn(w) => self.note(format!("rank {r} warns: {w}")),
-                Effect::Stop(info) => return self.generation_ended(r, info),
+                Effect::Stop(info) => return self.generation_ended(r, info, seed),
             }
         }
         Ok(())
@@ -1208,7 +1208,7 @@ impl Sim {
 
     /// Node `r`'s generation ended on `info`: it says so in its record; declared dead
     /// itself, it stops; else it regroups with the survivors.
-    fn generation_ended(&mut self, r: usize, info: AbortInfo) -> Result<(), Violation> {
+    fn generation_ended(&mut self, r: usize, info: AbortInfo, seed: u64) -> Result<(), Violation> {
         let node = &mut self.nodes[r];
         node.record.state = NodeState::Failed;
         node.record.abort.get_or_insert(info.clone());
@@ -1220,6 +1220,31 @@ impl Sim {
             ));
             self.nodes[r].life = Life::Stopped(format!("counted lost: {}", info.reason));
             return Ok(());
+        }
+        // A barrier it arrived at that its coordinator released is passed all the same
+        // (every member arrived there): the last one's release means the run is
+        // complete, as the node's journal says at its next start. (A leader that found a
+        // member dead after the last release otherwise regrouped alone.)
+        if self.nodes[r].arrived {
+            let (gen, k) = (self.nodes[r].gen, self.nodes[r].k);
+            let coordinator = self.nodes[r].members.coordinator();
+            let released: Option<RankRecord> = self
+                .client(r)
+                .read_json(&self.layout.rank_record(gen, coordinator))
+                .ok()
+                .flatten();
+            if let Some(mark) = released.and_then(|rec| rec.released).filter(|m| m.k == k) {
+                let release: Release = serde_json::from_value(mark.payload).expect("a release");
+                self.note(format!(
+                    "rank {r} passes barrier {k} of generation {gen}, released before the loss"
+                ));
+                self.pass(r, release, seed)?;
+                // Done, or gone on into a generation grown at that barrier (where the
+                // loss is found again, by its members).
+                if self.nodes[r].life == Life::Done || self.nodes[r].gen != gen {
+                    return Ok(());
+                }
+            }
         }
         let node = &self.nodes[r];
         let patience = Duration::from_millis(2 * self.dead_after_ms + 2 * self.lifetime_ms);
