@@ -21,9 +21,10 @@
 //!   two coordinators never both form a generation after the same one.
 //! - Any other survivor waits for the next generation's record. Listed, it joins it at its
 //!   position; not listed, it was dropped and stops. If the coordinator it waits for has
-//!   not published within the patience (two dead-afters: it has to notice the loss itself
-//!   first), it counts that rank lost too and looks again, so a coordinator that died
-//!   with the others is replaced.
+//!   not published within the patience (the driver's: two dead-afters and two cache
+//!   lifetimes in the simulator, as it has to notice the loss itself first), it counts
+//!   that rank lost too and looks again, so a coordinator that died with the others is
+//!   replaced.
 //! - Fewer than `min-nodes` survivors: nobody forms anything; every survivor stops with a
 //!   diagnosis that names the ranks lost (today's behaviour, whatever `min-nodes`).
 //!
@@ -32,9 +33,23 @@
 //! ended (its own records are fenced by generation, as always) and the next one either
 //! lists it or not.
 //!
-//! The machine owns no clock and does no I/O: the driver performs each [`Effect`] and
+//! A survivor whose generation ended after its coordinator released the barrier it was
+//! at passes that barrier first (every member arrived there); after the last one the run
+//! is complete (the simulator found a leader regrouping alone after everyone finished).
+//!
+//! **The work of the dropped** ([`replan`]): a dropped rank's planned work is dealt over
+//! the members, and one member stands in for its shard; only what is not committed is
+//! done again.
+//!
+//! **Coming back** ([`Rejoin`], [`Requests`], [`grow`]): a process started again for a
+//! dropped rank asks in a request of its own in the current generation and heartbeats
+//! it; the coordinator takes the live requests into a generation it forms at the next
+//! iteration boundary, and the members go on in it.
+//!
+//! The machines own no clock and do no I/O: the driver performs each [`Effect`] and
 //! answers with an [`Input`], and hands [`Input::Timeout`] when [`Regroup::poll_timeout`]
-//! has passed.
+//! has passed. Only the simulator drives them so far (`tests/sim/elastic.rs`); the node
+//! still stops the cluster on any loss.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
