@@ -158,15 +158,6 @@ impl Regrouped {
     }
 }
 
-impl From<&super::ClusterRecord> for Regrouped {
-    fn from(c: &super::ClusterRecord) -> Regrouped {
-        Regrouped {
-            gen: c.gen,
-            members: c.members(),
-        }
-    }
-}
-
 /// Why a survivor stops instead of going on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ending {

@@ -165,6 +165,16 @@ impl ClusterRecord {
     }
 }
 
+/// The generation a cluster record publishes, as the survivors' regroup reads it.
+impl From<&ClusterRecord> for super::membership::Regrouped {
+    fn from(c: &ClusterRecord) -> super::membership::Regrouped {
+        super::membership::Regrouped {
+            gen: c.gen,
+            members: c.members(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum NodeState {
