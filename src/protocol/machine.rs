@@ -1043,7 +1043,7 @@ mod tests {
     use std::path::Path;
 
     fn machine(rank: u32, n: u32) -> NodeMachine {
-        let mut m = NodeMachine::new(Settings {
+        formed(Settings {
             rank,
             num_nodes: n,
             host: format!("h{rank}"),
@@ -1052,7 +1052,12 @@ mod tests {
             dead_after: Duration::from_secs(10),
             topology: Topology::flat(n),
             members: None,
-        });
+        })
+    }
+
+    /// A machine with `settings` in generation 1's rollout, formed.
+    fn formed(settings: Settings) -> NodeMachine {
+        let mut m = NodeMachine::new(settings);
         m.set_position(Position {
             run_id: "run".into(),
             gen: 1,
@@ -1218,17 +1223,10 @@ mod tests {
     #[test]
     fn a_generation_of_some_ranks_is_read_and_judged_by_rank() {
         let members = crate::protocol::membership::Members::try_from(vec![5, 2, 3]).unwrap();
-        let mut m = NodeMachine::new(Settings {
+        let mut m = formed(Settings {
             members: Some(members),
             ..machine(0, 3).cfg
         });
-        m.set_position(Position {
-            run_id: "run".into(),
-            gen: 1,
-            iteration: 1,
-            phase: "rollout".into(),
-        });
-        m.watch.formed = true;
         m.tick(S(0));
         assert_eq!(drain(&mut m), vec![Effect::Read(vec![3, 5])]);
         let arrived = |rank: u32, seq| RankRecord {

@@ -345,11 +345,6 @@ impl Regroup {
         self
     }
 
-    /// The generation number claimed next.
-    pub fn next_gen(&self) -> u64 {
-        self.target
-    }
-
     pub fn lost(&self) -> &BTreeSet<u32> {
         &self.lost
     }

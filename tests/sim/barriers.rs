@@ -414,7 +414,7 @@ struct Sim {
     busy_until: Vec<u64>,
     /// What rank 0 broadcast for each barrier (index k).
     broadcast: Vec<Option<Sum>>,
-    trace: VecDeque<String>,
+    trace: super::Trace,
     steps: u64,
     faults: u64,
     checks: u64,
@@ -493,7 +493,7 @@ impl Sim {
             last_turn: vec![0; n],
             busy_until: vec![0; n],
             broadcast: vec![None; barriers as usize + 1],
-            trace: VecDeque::new(),
+            trace: super::Trace::new(40),
             steps: 0,
             faults: 0,
             checks: 0,
@@ -507,18 +507,11 @@ impl Sim {
     }
 
     fn note(&mut self, s: String) {
-        if self.trace.len() == 40 {
-            self.trace.pop_front();
-        }
-        self.trace.push_back(format!("t={}ms {s}", self.now));
+        self.trace.note(self.now, s);
     }
 
     fn violation(&self, seed: u64, what: String) -> Violation {
-        Violation {
-            seed,
-            what,
-            trace: self.trace.iter().cloned().collect(),
-        }
+        self.trace.violation(seed, what)
     }
 
     fn live(&self, r: usize) -> bool {

@@ -177,7 +177,7 @@ struct Sim {
     formed: BTreeMap<u64, (u32, Members)>,
     /// What each generation's coordinator broadcast at each of its barriers.
     broadcast: BTreeMap<(u64, u64), Release>,
-    trace: VecDeque<String>,
+    trace: super::Trace,
     steps: u64,
     faults: u64,
     checks: u64,
@@ -381,7 +381,7 @@ impl Sim {
             nodes,
             formed: BTreeMap::from([(1, (0, all.clone()))]),
             broadcast: BTreeMap::new(),
-            trace: VecDeque::new(),
+            trace: super::Trace::new(60),
             steps: 0,
             faults: 0,
             checks: 0,
@@ -417,18 +417,11 @@ impl Sim {
     }
 
     fn note(&mut self, s: String) {
-        if self.trace.len() == trace_len() {
-            self.trace.pop_front();
-        }
-        self.trace.push_back(format!("t={}ms {s}", self.now));
+        self.trace.note(self.now, s);
     }
 
     fn violation(&self, seed: u64, what: String) -> Violation {
-        Violation {
-            seed,
-            what,
-            trace: self.trace.iter().cloned().collect(),
-        }
+        self.trace.violation(seed, what)
     }
 
     fn active(&self, r: usize) -> bool {
@@ -690,12 +683,7 @@ impl Sim {
             self.at();
             match effect {
                 RejoinEffect::ReadCurrent => {
-                    let current = self
-                        .client(r)
-                        .read_json::<ClusterRecord>(&self.layout.cluster())
-                        .ok()
-                        .flatten()
-                        .map(|c| Regrouped::from(&c));
+                    let current = self.read_current(r);
                     let j = self.nodes[r].rejoin.as_mut().expect("rejoining");
                     j.handle(RejoinInput::Current(current));
                 }
@@ -1311,12 +1299,7 @@ impl Sim {
                     }
                 }
                 ms::Effect::ReadCurrent => {
-                    let current = self
-                        .client(r)
-                        .read_json::<ClusterRecord>(&self.layout.cluster())
-                        .ok()
-                        .flatten()
-                        .map(|c| Regrouped::from(&c));
+                    let current = self.read_current(r);
                     let g = self.nodes[r].regroup.as_mut().expect("regrouping");
                     g.handle(local, ms::Input::Current(current));
                 }
@@ -1381,6 +1364,15 @@ impl Sim {
                 }
             }
         }
+    }
+
+    /// The run's newest generation, as node `r` reads `cluster.json`.
+    fn read_current(&self, r: usize) -> Option<Regrouped> {
+        self.client(r)
+            .read_json::<ClusterRecord>(&self.layout.cluster())
+            .ok()
+            .flatten()
+            .map(|c| Regrouped::from(&c))
     }
 
     /// After an exclusive create for generation `gen` that node `r` lost (`!won`): the
@@ -1593,15 +1585,6 @@ fn a_coordinator_keeping_the_lost_is_caught() {
         )
     });
     assert!(v.what.contains("named lost"), "{v}");
-}
-
-/// How many of the last steps a violation shows (SIM_TRACE: more, for the whole story of
-/// a seed: `SIM_TRACE=100000 scripts/sim --scenario elastic --first-seed S --seeds 1`).
-fn trace_len() -> usize {
-    std::env::var("SIM_TRACE")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(60)
 }
 
 fn step_dir(layout: &Layout, step: u64) -> std::path::PathBuf {

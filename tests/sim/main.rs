@@ -86,6 +86,43 @@ pub fn assert_replays(seed: u64, run: impl Fn(u64) -> Result<String, Violation>)
     assert_ne!(line(seed), line(seed + 1));
 }
 
+/// The last steps of a run, for a violation's story: the last `keep` lines, or as many
+/// as SIM_TRACE says (`SIM_TRACE=100000 scripts/sim --scenario S --first-seed N --seeds 1`
+/// tells a seed's whole story).
+pub struct Trace {
+    lines: std::collections::VecDeque<String>,
+    keep: usize,
+}
+
+impl Trace {
+    pub fn new(keep: usize) -> Trace {
+        let keep = std::env::var("SIM_TRACE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(keep);
+        Trace {
+            lines: std::collections::VecDeque::new(),
+            keep,
+        }
+    }
+
+    /// A step at `now_ms` of simulated time.
+    pub fn note(&mut self, now_ms: u64, s: String) {
+        if self.lines.len() == self.keep {
+            self.lines.pop_front();
+        }
+        self.lines.push_back(format!("t={now_ms}ms {s}"));
+    }
+
+    pub fn violation(&self, seed: u64, what: String) -> Violation {
+        Violation {
+            seed,
+            what,
+            trace: self.lines.iter().cloned().collect(),
+        }
+    }
+}
+
 /// `n` clients of `world` (one per node, each with attribute and lookup caches of
 /// `lifetime_ms`), on a simulated time in ms that the returned counter holds.
 pub fn sim_clients(
