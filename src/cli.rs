@@ -64,6 +64,8 @@ struct Settings {
     data_path: Option<String>,
     #[arg(long, value_name = "N", help = with_default("Number of nodes in the cluster (when neither this flag, RL_NODE_CLUSTER_NUM_NODES nor the config file sets it: NNODES, SLURM_NNODES, SLURM_JOB_NUM_NODES, or WORLD_SIZE outside a torchrun-style environment)", "num-nodes"))]
     num_nodes: Option<String>,
+    #[arg(long, value_name = "K", help = with_default("Elastic mode: go on without a node that dies as long as K nodes are left (0: num-nodes, any loss stops the cluster)", "min-nodes"))]
+    min_nodes: Option<String>,
     #[arg(long, value_name = "LIST", allow_hyphen_values = true, help = with_default("Rollout weight of each rank, e.g. 2,1,1", "rank-weights"))]
     rank_weights: Option<String>,
     #[arg(long, value_name = "PHASE", value_parser = ["both", "rollout", "update"], help = with_default("Which part of the iteration to run", "rl-phase"))]
@@ -239,6 +241,7 @@ impl Settings {
         add("--log-path", "cluster.log-path", &self.log_path);
         add("--data-path", "cluster.data-path", &self.data_path);
         add("--num-nodes", "cluster.num-nodes", &self.num_nodes);
+        add("--min-nodes", "cluster.min-nodes", &self.min_nodes);
         add("--rank-weights", "cluster.rank-weights", &self.rank_weights);
         add("--rl-phase", "cluster.rl-phase", &self.rl_phase);
         add(

@@ -91,6 +91,9 @@ pub struct Cluster {
     /// From this many nodes on, barriers gather through group leaders
     /// (`protocol::topology`); 0: never.
     pub barrier_groups_from: u32,
+    /// Elastic mode: the fewest nodes the run goes on with (0: `num_nodes`, no loss
+    /// tolerated); see [`Config::min_nodes`].
+    pub min_nodes: u32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -725,6 +728,20 @@ impl Config {
     }
 
     /// `pipeline.staleness` when the run is pipelined.
+    /// The fewest nodes the run goes on with after losing some (`cluster.min-nodes`; 0
+    /// means `num-nodes`: a loss stops the cluster).
+    pub fn min_nodes(&self) -> u32 {
+        match self.cluster.min_nodes {
+            0 => self.cluster.num_nodes,
+            k => k.min(self.cluster.num_nodes),
+        }
+    }
+
+    /// Whether a node's loss is survived (`min-nodes` below `num-nodes`).
+    pub fn elastic(&self) -> bool {
+        self.min_nodes() < self.cluster.num_nodes
+    }
+
     pub fn staleness(&self) -> Option<u64> {
         u64::try_from(self.pipeline.staleness).ok()
     }
@@ -1060,6 +1077,20 @@ fn validate_cluster(l: &Loaded) -> Result<(), ConfigError> {
             ),
         ));
     }
+    if c.cluster.min_nodes > c.cluster.num_nodes {
+        return Err(l.invalid(
+            "cluster.min-nodes",
+            format!(
+                "{} is more than num-nodes ({}, from {}): the run cannot need more nodes than it has",
+                c.cluster.min_nodes,
+                c.cluster.num_nodes,
+                l.source_of("cluster.num-nodes")
+            ),
+        ));
+    }
+    if c.elastic() {
+        validate_elastic(l)?;
+    }
     if c.cluster.rl_phase != RlPhase::Rollout && c.cluster.rollout_split != RolloutSplit::All {
         return Err(l.invalid(
             "cluster.rollout-split",
@@ -1095,6 +1126,51 @@ fn validate_cluster(l: &Loaded) -> Result<(), ConfigError> {
                     s + 1,
                     s + 2
                 ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Elastic mode (`min-nodes` below `num-nodes`) covers, so far, the per-rank rollout of a
+/// whole iteration on one cluster: a mode it does not cover is refused at start, naming
+/// what to change, rather than found out at the first loss.
+fn validate_elastic(l: &Loaded) -> Result<(), ConfigError> {
+    let c = &l.config;
+    let why = |what: &str| {
+        format!(
+            "min-nodes = {} (from {}) is not supported with {what} yet: set min-nodes = 0 (any loss stops the cluster), or {}",
+            c.cluster.min_nodes,
+            l.source_of("cluster.min-nodes"),
+            "see docs/elastic.md for what elastic mode covers"
+        )
+    };
+    if c.staleness().is_some() {
+        return Err(l.invalid(
+            "cluster.min-nodes",
+            why("a pipelined run (pipeline.staleness)"),
+        ));
+    }
+    if c.cluster.rl_phase != RlPhase::Both {
+        return Err(l.invalid("cluster.min-nodes", why("rl-phase = rollout or update")));
+    }
+    let planned = !c.tasks.train.trim().is_empty() || !c.tasks.eval.trim().is_empty();
+    if planned {
+        return Err(l.invalid(
+            "cluster.min-nodes",
+            why("task files (tasks.train, tasks.eval: planned rollouts)"),
+        ));
+    }
+    for (key, rc) in [
+        ("phases.rollout", &c.phases.rollout),
+        ("phases.eval", &c.phases.eval),
+    ] {
+        if rc.workers_wait {
+            return Err(l.invalid(
+                "cluster.min-nodes",
+                why(&format!(
+                    "{key}.workers-wait (rank 0's command gates the workers')"
+                )),
             ));
         }
     }

@@ -147,6 +147,12 @@ pub const RANGES: &[Bound] = &[
         4096,
         "a cluster has at most 4096 nodes",
     ),
+    int(
+        "cluster.min-nodes",
+        0,
+        4096,
+        "a cluster has at most 4096 nodes; 0 means num-nodes",
+    ),
     wait("timing.heartbeat-interval"),
     wait("timing.dead-after"),
     wait("timing.poll-interval"),

@@ -13,8 +13,16 @@ use std::collections::BTreeMap;
 pub use crate::process::OWNER_ENV;
 /// The variables torchrun's env:// rendezvous (and llamafactory-cli) expect.
 pub const TORCHRUN_ENV: &[(&str, &str, &str)] = &[
-    ("NNODES", "num_nodes", "number of nodes"),
-    ("NODE_RANK", "rank", "this node's rank"),
+    (
+        "NNODES",
+        "num_live",
+        "number of nodes training (num-nodes, less those elastic mode dropped)",
+    ),
+    (
+        "NODE_RANK",
+        "node_rank",
+        "this node's position among them (its rank while none is dropped)",
+    ),
     ("MASTER_ADDR", "master_addr", "rank 0's published address"),
     ("MASTER_PORT", "master_port", "cluster.master-port"),
     (
@@ -33,6 +41,21 @@ pub const SUPERVISOR_ENV: &str = "RL_NODE_SUPERVISOR";
 pub const PLACEHOLDERS: &[(&str, &str, &str)] = &[
     ("rank", "RL_NODE_RANK", "this node's rank (0 = master)"),
     ("num_nodes", "RL_NODE_NUM_NODES", "number of nodes"),
+    (
+        "num_live",
+        "RL_NODE_NUM_LIVE",
+        "number of live nodes: num-nodes, less the ranks elastic mode (cluster.min-nodes) dropped",
+    ),
+    (
+        "live_ranks",
+        "RL_NODE_LIVE_RANKS",
+        "the live ranks, comma-separated (`0,1,3`)",
+    ),
+    (
+        "node_rank",
+        "RL_NODE_NODE_RANK",
+        "this node's position among the live ranks (NODE_RANK for torchrun; its rank while none is dropped)",
+    ),
     (
         "iteration",
         "RL_NODE_ITERATION",
