@@ -129,6 +129,14 @@ pub enum Event {
         excluded: usize,
         secs: f64,
     },
+    /// Elastic mode: the generation's member `lost` was lost (`reason`: why it was
+    /// counted lost); the members left regroup without it.
+    MemberLost { lost: u32, reason: String },
+    /// Elastic mode: this rank joined the line's generation, of `members` (ranks) and
+    /// coordinated by `coordinator`, formed after a loss.
+    Regrouped { members: Vec<u32>, coordinator: u32 },
+    /// Elastic mode: this rank ran dropped rank `dropped`'s `split` rollout in its place.
+    StoodIn { dropped: u32, split: String },
     /// Pipelined mode: rank 0 waited `secs` for the other cluster (`what`).
     PipelineWait { what: String, secs: f64 },
     /// Pipelined mode: the model this iteration is rolled out with.
@@ -399,6 +407,18 @@ mod tests {
                 item: "p00004".into(),
                 holder: 2,
             },
+            Event::MemberLost {
+                lost: 2,
+                reason: "rank 2's heartbeat was still for 60s".into(),
+            },
+            Event::Regrouped {
+                members: vec![0, 1, 3],
+                coordinator: 0,
+            },
+            Event::StoodIn {
+                dropped: 2,
+                split: "train".into(),
+            },
             Event::PipelineWait {
                 what: "the update cluster to finish training iteration 3".into(),
                 secs: 1.5,
@@ -443,6 +463,9 @@ mod tests {
             Event::ItemFailed { .. } => "item-failed",
             Event::Items { .. } => "items",
             Event::Backup { .. } => "backup",
+            Event::MemberLost { .. } => "member-lost",
+            Event::Regrouped { .. } => "regrouped",
+            Event::StoodIn { .. } => "stood-in",
             Event::PipelineWait { .. } => "pipeline-wait",
             Event::RolloutModel { .. } => "rollout-model",
             Event::HangReport { .. } => "hang-report",
@@ -473,7 +496,7 @@ mod tests {
             );
         }
         // Every variant (Aggregate and Items twice, once per shape).
-        assert_eq!(tags.len(), 27, "{tags:?}");
+        assert_eq!(tags.len(), 30, "{tags:?}");
     }
 
     /// Every kind's line (both shapes of `aggregate` and `items`) is the text the ad-hoc

@@ -129,6 +129,8 @@ struct RunTime {
     model: String,
     run_id: String,
     assumed: Vec<Assumed>,
+    /// Every rank: a plan assumes no node is lost.
+    live: Vec<u32>,
 }
 
 /// Whether this cluster trains and hands off, so that each iteration publishes the model
@@ -212,6 +214,7 @@ fn run_time(cfg: &Config, layout: &Layout, iteration: u64) -> RunTime {
         model,
         run_id,
         assumed,
+        live: (0..cfg.cluster.num_nodes).collect(),
     }
 }
 
@@ -344,6 +347,8 @@ impl Planner<'_> {
             cfg: self.cfg,
             layout: self.layout,
             rank: self.rank,
+            live: &self.rt.live,
+            node_rank: self.rank,
             iteration: self.iteration,
             phase,
             split,

@@ -272,7 +272,7 @@ fn a_restart_before_the_merge_reruns_no_failed_rollout_and_merges_once() {
     }
     let e1 = nodes[1].stderr();
     assert!(
-        e1.contains("iteration 1: rollout-train failed (exit code 7) before the restart and the run went on without it; not redone"),
+        e1.contains("iteration 1: rollout-train failed (exit code 7) before this generation began and the run went on without it; not redone"),
         "{e1}"
     );
     assert_eq!(merged_ranks(&c, 1, "train"), [0, 2]);

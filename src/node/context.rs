@@ -20,6 +20,10 @@ pub(crate) struct CommandInputs<'a> {
     pub cfg: &'a Config,
     pub layout: &'a Layout,
     pub rank: u32,
+    /// The live ranks (every rank unless elastic mode dropped some); `node_rank` is this
+    /// node's position among them.
+    pub live: &'a [u32],
+    pub node_rank: u32,
     pub iteration: u64,
     pub phase: &'a str,
     pub split: Option<&'a str>,
@@ -46,6 +50,16 @@ pub(crate) fn placeholder_values(i: &CommandInputs) -> BTreeMap<&'static str, St
     let mut v = BTreeMap::new();
     v.insert("rank", i.rank.to_string());
     v.insert("num_nodes", cfg.cluster.num_nodes.to_string());
+    v.insert("num_live", i.live.len().to_string());
+    v.insert(
+        "live_ranks",
+        i.live
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
+    );
+    v.insert("node_rank", i.node_rank.to_string());
     v.insert("iteration", i.iteration.to_string());
     let naming = layout.naming();
     v.insert(

@@ -72,7 +72,7 @@ impl Node {
         }
     }
 
-    fn record(&self, gen: u64, run_id: &str, rank: u32, state: NodeState) -> RankRecord {
+    pub(super) fn record(&self, gen: u64, run_id: &str, rank: u32, state: NodeState) -> RankRecord {
         let slot = RankRecord {
             state,
             wall: self.wall_stamp(),
@@ -434,7 +434,7 @@ impl Node {
         }
     }
 
-    fn cluster_record(
+    pub(super) fn cluster_record(
         &self,
         gen: u64,
         run_id: &str,
@@ -484,7 +484,7 @@ impl Node {
         });
     }
 
-    fn append_history(&self, cluster: &ClusterRecord) {
+    pub(super) fn append_history(&self, cluster: &ClusterRecord) {
         let layout = &self.layout;
         let gen = cluster.gen;
         let history = state::HistoryEntry {
@@ -498,7 +498,7 @@ impl Node {
             walk: self.cfg.walk_item(),
             discarded_from: None,
         };
-        // Rank 0 is history.jsonl's only writer: it sets an unfinished last line aside so
+        // The coordinator is history.jsonl's only writer: it sets an unfinished last line aside so
         // this entry starts on a line of its own.
         match state::repair_tail(&*self.store, &layout.history(), gen) {
             Ok(Some(aside)) => self.info(&format!(
@@ -612,19 +612,20 @@ impl Node {
         Ok(dest)
     }
 
-    /// Every rank's journal, as read now (missing or unreadable: empty).
+    /// Every rank's journal, as read now (missing or unreadable: empty). After elastic
+    /// mode dropped ranks, the journals of the last generation's members: a rank dropped
+    /// journaled nothing since, and the run resumes where its members got to.
     fn journals(&self) -> Vec<Vec<crate::protocol::journal::Entry>> {
-        (0..self.num_nodes())
-            .map(|r| {
-                self.store
-                    .read_limited(&self.layout.journal(r), crate::store::ReadLimit::Journal)
-                    .ok()
-                    .flatten()
-                    .and_then(|t| String::from_utf8(t).ok())
-                    .map(|t| crate::protocol::journal::parse(&t))
-                    .unwrap_or_default()
-            })
-            .collect()
+        let last = self
+            .store
+            .read_json::<ClusterRecord>(&self.layout.cluster())
+            .ok()
+            .flatten();
+        let ranks: Vec<u32> = match last.as_ref().and_then(|c| c.members.as_ref()) {
+            Some(m) => m.ranks().to_vec(),
+            None => (0..self.num_nodes()).collect(),
+        };
+        self.journals_of(&ranks)
     }
 
     /// Read every rank's journal and find where this generation begins.

@@ -23,6 +23,7 @@ mod numbering;
 mod pipeline;
 pub mod poll;
 mod publisher;
+mod regroup;
 mod server;
 mod signals;
 pub mod supervisor;
@@ -185,6 +186,9 @@ pub(crate) struct Node {
     tasks: work::TaskSets,
     /// Placeholder values of the running planned rollout ({tasks}, {task_id}, …).
     extra: std::collections::BTreeMap<&'static str, String>,
+    /// Elastic mode: the dropped rank whose share the running command does in its place
+    /// (its `{rank}`, shard and log).
+    acting_for: Option<u32>,
     /// Training processes on this node (`cluster.gpus-per-node`, counted at start).
     nproc_per_node: u32,
     /// Replacement items run for `exact-budget` in the current per-task rollout.
@@ -647,7 +651,6 @@ impl Node {
         fresh: bool,
         parts: Parts,
     ) -> Node {
-        let num_nodes = cfg.cluster.num_nodes;
         let nonce = random_id(&*parts.clock, 8);
         // Only a node with processes of its own (not the simulator's) has any to report on.
         let registry = parts.launcher.registry();
@@ -658,25 +661,14 @@ impl Node {
                 .map(|r| (std::process::id() as i32, vec![r.guardian()])),
             crate::process::forensics::Tools::new(registry),
         );
-        let machine = NodeMachine::new(machine::Settings {
+        let machine = regroup::machine_for(
+            &cfg,
+            &parts.host,
+            layout.cluster_name(),
             rank,
-            num_nodes,
-            host: parts.host.clone(),
-            cluster: layout.cluster_name().map(str::to_string),
-            heartbeat_interval: cfg.timing.heartbeat_interval,
-            dead_after: cfg.timing.dead_after,
-            topology: crate::protocol::topology::Topology::for_cluster(
-                num_nodes,
-                cfg.cluster.barrier_groups_from,
-            ),
-            members: None,
-        })
-        .with_mutations(machine::Mutations {
-            barrier: parts.broken.barrier,
-            abort: parts.broken.abort,
-            liveness: parts.broken.liveness,
-            ..Default::default()
-        })
+            None,
+            &parts.broken,
+        )
         .with_serving(Serving::new(cfg.cluster.model.clone()));
         Node {
             store: parts.store,
@@ -704,6 +696,7 @@ impl Node {
             dead_after_source: crate::config::Source::Default,
             tasks: work::TaskSets::default(),
             extra: Default::default(),
+            acting_for: None,
             nproc_per_node: 0,
             replacements: Vec::new(),
             workers: Default::default(),
@@ -802,7 +795,7 @@ fn drive(
         Ok(join::Joined::Formed) => {
             node.machine.watch.formed = true;
             node.textfile_for_run();
-            node.run_iterations().map(|()| Outcome::Completed)
+            node.run_elastic().map(|()| Outcome::Completed)
         }
         Ok(join::Joined::AlreadyComplete(n)) => Ok(Outcome::AlreadyComplete(n)),
         Err(stop) => Err(stop),
@@ -847,8 +840,13 @@ impl Node {
         logging::debug(self.rank, msg);
     }
 
+    /// Whether this rank coordinates its generation: rank 0, or in elastic mode the
+    /// lowest member once rank 0 was dropped.
     fn is_master(&self) -> bool {
-        self.rank == 0
+        match &self.machine.settings().members {
+            Some(m) => m.coordinator() == self.rank,
+            None => self.rank == 0,
+        }
     }
 
     fn num_nodes(&self) -> u32 {
@@ -1176,8 +1174,8 @@ impl Node {
             Change::Observed(observed) => {
                 self.with_textfile(|t| t.peer_ages(&observed));
                 if let Some(p) = &self.publisher {
-                    match (self.rank, self.machine.cluster()) {
-                        (0, Some(c)) => p.stage_observed(&self.layout.observed(c.gen), observed),
+                    match (self.is_master(), self.machine.cluster()) {
+                        (true, Some(c)) => p.stage_observed(&self.layout.observed(c.gen), observed),
                         _ => p.stage(|rec| rec.observed_ms = observed),
                     }
                 }
@@ -1509,7 +1507,7 @@ impl Node {
             self.info(&format!("all {last} iteration(s) were already complete"));
             return Ok(());
         }
-        if self.rank == 0 {
+        if self.is_master() {
             self.empty_checkpoint_trash()?;
             // One read per start: a small file, one line per iteration.
             let bytes = self
@@ -1612,6 +1610,19 @@ impl Node {
             return Default::default();
         }
         let walk = self.cfg.walk_item();
+        // Elastic mode: whichever rank coordinated an iteration journaled its hand-off.
+        if self.cfg.elastic() {
+            self.watchdog.pet("reading the ranks' journals");
+            let run_id = self.run_id().to_string();
+            let ranks: Vec<u32> = (0..self.num_nodes()).collect();
+            let entries: Vec<journal::Entry> = self
+                .journals_of(&ranks)
+                .into_iter()
+                .flatten()
+                .filter(|e| e.run_id == run_id)
+                .collect();
+            return crate::checkpoint::Journaled::from_journal(&entries, &walk);
+        }
         if self.rank == 0 {
             return crate::checkpoint::Journaled::from_journal(
                 self.machine.journal().entries(),
@@ -1734,12 +1745,14 @@ impl Node {
                 self.once(journal::item::ROLLOUT_TRAIN, |n| {
                     n.any_rollout("train", "rollout", &cfg.phases.rollout)
                 })?;
+                self.stand_in_rollouts(Split::Train, &cfg.phases.rollout)?;
                 self.open_gate("train", &cfg.phases.rollout);
             }
             Step::Rollout(Split::Eval) => {
                 self.once(journal::item::ROLLOUT_EVAL, |n| {
                     n.any_rollout("eval", "eval", &cfg.phases.eval)
                 })?;
+                self.stand_in_rollouts(Split::Eval, &cfg.phases.eval)?;
                 self.open_gate("eval", &cfg.phases.eval);
             }
             Step::Aggregate(Split::Train) => {
@@ -1821,8 +1834,9 @@ impl Node {
         let note = journal::adopted(self.machine.journal().entries(), it, split.name());
         let failed = journal::rollout_failed(self.machine.journal().entries(), it, split.name());
         let mut gathered = None;
+        let (members, n) = (self.members(), self.num_nodes());
         self.barrier(b.name(), msg::ShardArrival::of(note, failed), |arrivals| {
-            gathered = Some(msg::Shards::gathered(arrivals))
+            gathered = Some(msg::Shards::gathered_from(members.ranks(), n, arrivals))
         })?;
         if let Some(shards) = gathered.as_ref().filter(|s| s.none_survived()) {
             return Err(self.no_survivors(split.name(), shards));
@@ -2111,7 +2125,7 @@ impl Node {
         if !pc.is_set() {
             return Ok(());
         }
-        let (it, rank, gen) = (self.machine.iteration(), self.rank, self.gen());
+        let (it, rank, gen) = (self.machine.iteration(), self.acting_rank(), self.gen());
         let partial = self.layout.shard_partial_gen(it, split, rank, gen);
         let shard = self.layout.shard(it, split, rank);
         self.watchdog.pet("preparing the rollout directory");
@@ -2140,6 +2154,14 @@ impl Node {
         self.extra.remove("resume_from");
         let (log, ended) = ran?;
         if let Err(failure) = ended {
+            // A stand-in's failure is its own: the dropped rank's shard is not left out.
+            if let Some(r) = self.acting_for {
+                let reason = format!(
+                    "{} (standing in for dropped rank {r})",
+                    failure.reason(phase, pc)
+                );
+                return Err(self.fail(failure.abort_kind(), self.rank, None, reason, Some(&log)));
+            }
             // Stops the cluster, but with `merge-survivors`: then no shard is committed.
             return self.rollout_failed(split, phase, pc, &failure, &log);
         }
@@ -2186,15 +2208,15 @@ impl Node {
                     commit::Refusal::NotAFile(p) => format!("cannot commit {}: not a regular file", p.display()),
                     commit::Refusal::WroteFinal => unreachable!("a shard the command wrote is adopted"),
                 };
-                return Err(self.fail(AbortKind::Error, rank, None, reason, Some(&log)));
+                return Err(self.fail(AbortKind::Error, self.rank, None, reason, Some(&log)));
             }
             commit::Outcome::Failed { taken: true, .. } => {
                 let reason = format!("cannot commit {shard_d}: another writer created it while this rank's command ran (not replaced)");
-                return Err(self.fail(AbortKind::Error, rank, None, reason, None));
+                return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
             }
             commit::Outcome::Failed { error, .. } => {
                 let reason = format!("cannot commit {shard_d}: {error}");
-                return Err(self.fail(AbortKind::Error, rank, None, reason, None));
+                return Err(self.fail(AbortKind::Error, self.rank, None, reason, None));
             }
             commit::Outcome::Lost => unreachable!("a shard's commit does not yield"),
         };
@@ -2207,12 +2229,54 @@ impl Node {
         Ok(())
     }
 
+    /// Elastic mode: the per-rank rollouts of `split` of the dropped ranks this member
+    /// stands in for, each under the dropped rank's number (`{rank}`, shard, log), unless
+    /// the rank committed it itself before it was lost (its journal says so). Journaled
+    /// in this rank's journal, so a restart does not redo it.
+    fn stand_in_rollouts(
+        &mut self,
+        split: Split,
+        rc: &crate::config::RolloutCommand,
+    ) -> Result<(), Stop> {
+        if !rc.as_phase().is_set() {
+            return Ok(());
+        }
+        let (name, phase) = match split {
+            Split::Train => ("train", "rollout"),
+            Split::Eval => ("eval", "eval"),
+        };
+        let item = format!("rollout-{name}");
+        let it = self.machine.iteration();
+        for r in self.standing_in_for() {
+            if self.dropped_rank_did(r, &item) {
+                self.info(&format!(
+                    "iteration {it}: dropped rank {r} committed its {name} rollout before it was lost; not redone"
+                ));
+                continue;
+            }
+            self.info(&format!(
+                "iteration {it}: running dropped rank {r}'s {name} rollout in its place"
+            ));
+            self.acting_for = Some(r);
+            let done = self.once(&format!("{item}.for-rank-{r}"), |n| {
+                n.any_rollout(name, phase, rc)
+            });
+            self.acting_for = None;
+            done?;
+            self.event(events::Event::StoodIn {
+                dropped: r,
+                split: name.to_string(),
+            });
+        }
+        Ok(())
+    }
+
     /// The partial output an earlier generation's attempt at this rollout left where it was
     /// (its name carries its generation): offered to the command to continue from, never
     /// changed. A command that names its own partial file (webgym's `….checkpoint`) left
     /// it under the configured partial name, without a generation: that one comes first.
     fn earlier_partial(&self, split: &str) -> Option<PathBuf> {
-        let (it, rank, gen) = (self.machine.iteration(), self.rank, self.gen());
+        let (it, rank, gen) = (self.machine.iteration(), self.acting_rank(), self.gen());
         std::iter::once(self.layout.shard_partial(it, split, rank))
             .chain(
                 (1..gen)
@@ -2490,10 +2554,10 @@ impl Node {
             // A rollout that failed under `merge-survivors` is done too, with no output.
             match self.machine.journal().failure(it, item) {
                 Some(f) => self.info(&format!(
-                    "iteration {it}: {item} failed ({f}) before the restart and the run went on without it; not redone"
+                    "iteration {it}: {item} failed ({f}) before this generation began and the run went on without it; not redone"
                 )),
                 None => self.info(&format!(
-                    "iteration {it}: {item} was completed before the restart; reusing its output"
+                    "iteration {it}: {item} was completed before this generation began; reusing its output"
                 )),
             }
             self.event(events::Event::Reused {
@@ -2613,6 +2677,7 @@ impl Node {
         let Err(failure) = ended else {
             return Ok(None);
         };
+        self.hold_for_a_loss(&format!("the train command {}", failure.short()))?;
         if tc.policy() == crate::config::OnTrainFailure::Stop {
             return Err(self.command_failed("train", &pc, &failure, &log));
         }
@@ -2627,6 +2692,31 @@ impl Node {
             log: log.display().to_string(),
         });
         Ok(Some(failure.short()))
+    }
+
+    /// Elastic mode: a command spread over the nodes (torchrun's training) fails on the
+    /// survivors as soon as one node dies, well before the death is declared. Before its
+    /// failure is taken as this rank's, the node watches its peers for dead-after (and a
+    /// poll): a member declared dead meanwhile is the cause, and the members left redo
+    /// the command without it (the stop returned here ends the generation).
+    fn hold_for_a_loss(&mut self, what: &str) -> Result<(), Stop> {
+        if !self.cfg.elastic() {
+            return Ok(());
+        }
+        let t = &self.cfg.timing;
+        let hold = t.dead_after + 2 * t.poll_interval + t.heartbeat_interval;
+        self.info(&format!(
+            "{what}; watching the other nodes for {} before taking it as this rank's failure (a node lost meanwhile is the cause)",
+            humantime::format_duration(hold)
+        ));
+        self.waiting.note = format!("a node lost after {what}");
+        let until = self.clock.now() + hold;
+        let held = self.wait_for(until, |_| Ok(None::<()>));
+        self.waiting.note.clear();
+        match held {
+            Err(Interrupt::Stop(stop)) => Err(stop),
+            Ok(()) | Err(Interrupt::Deadline) => Ok(()),
+        }
     }
 
     /// Warn of a failed `phase` command the cluster survives, as its abort would have
@@ -3046,11 +3136,23 @@ impl Node {
         if torchrun_env {
             env.extend(context::torchrun_env(&values));
         }
-        let log = self
-            .layout
-            .phase_log(self.machine.iteration(), self.rank, phase);
+        // A stand-in's log is filed under the dropped rank, naming who wrote it.
+        let log = match self.acting_for {
+            Some(r) => self.layout.phase_log(
+                self.machine.iteration(),
+                r,
+                &format!("{phase}.by-rank-{}", self.rank),
+            ),
+            None => self
+                .layout
+                .phase_log(self.machine.iteration(), self.rank, phase),
+        };
+        let standing_in = self
+            .acting_for
+            .map(|r| format!(" (standing in for dropped rank {r})"))
+            .unwrap_or_default();
         let header = format!(
-            "rank {} iteration {} phase {phase}",
+            "rank {} iteration {} phase {phase}{standing_in}",
             self.rank,
             self.machine.iteration()
         );
@@ -3118,6 +3220,7 @@ impl Node {
         output: &Path,
     ) -> std::collections::BTreeMap<&'static str, String> {
         let c = self.machine.cluster().expect("joined");
+        let members = self.members();
         let rollout_model = self
             .machine
             .serving()
@@ -3126,7 +3229,9 @@ impl Node {
         context::placeholder_values(&context::CommandInputs {
             cfg: &self.cfg,
             layout: &self.layout,
-            rank: self.rank,
+            rank: self.acting_rank(),
+            live: members.ranks(),
+            node_rank: members.position(self.rank).unwrap_or(self.rank),
             iteration: self.machine.iteration(),
             phase,
             split,

@@ -102,11 +102,23 @@ pub struct Shards {
 impl Shards {
     /// The arrivals of ranks `0..`, in rank order.
     pub fn gathered(arrivals: Vec<Option<ShardArrival>>) -> Shards {
+        let ranks: Vec<u32> = (0..arrivals.len() as u32).collect();
+        Shards::gathered_from(&ranks, arrivals.len() as u32, arrivals)
+    }
+
+    /// The arrivals of a generation's members `ranks` (in their order) in a cluster of
+    /// `num_ranks`: a dropped rank's shard is a stand-in's, committed under its number.
+    pub fn gathered_from(
+        ranks: &[u32],
+        num_ranks: u32,
+        arrivals: Vec<Option<ShardArrival>>,
+    ) -> Shards {
+        debug_assert_eq!(ranks.len(), arrivals.len(), "one arrival per member");
         let mut s = Shards {
-            num_ranks: arrivals.len() as u32,
+            num_ranks,
             ..Shards::default()
         };
-        for (rank, a) in (0..).zip(arrivals) {
+        for (&rank, a) in ranks.iter().zip(arrivals) {
             let Some(a) = a else { continue };
             if let Some(note) = a.note {
                 s.adopted.insert(rank, note);
