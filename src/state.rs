@@ -214,13 +214,14 @@ pub fn read_journal(store: &dyn SharedDir, path: &Path) -> Result<Lines<Entry>, 
 /// The iteration every rank must have completed, by the evidence of the other journals
 /// and the history: (iteration, why).
 pub fn evidence_floor(
+    ranks: &[u32],
     journals: &[Vec<Entry>],
     history: &[HistoryEntry],
     run_id: &str,
     walk: &str,
 ) -> (u64, String) {
     let mut floor = (0, String::new());
-    for (r, j) in journals.iter().enumerate() {
+    for (r, j) in ranks.iter().zip(journals) {
         let last = journal::last_complete(j, run_id, walk);
         if last >= 2 && last - 1 > floor.0 {
             floor = (
@@ -260,19 +261,20 @@ pub fn evidence_floor(
 pub fn lost_journals(
     store: &dyn SharedDir,
     layout: &Layout,
+    ranks: &[u32],
     journals: &[Vec<Entry>],
     history: &[HistoryEntry],
     run_id: &str,
     walk: &str,
 ) -> Vec<StateError> {
-    let (floor, why) = evidence_floor(journals, history, run_id, walk);
-    journals
+    let (floor, why) = evidence_floor(ranks, journals, history, run_id, walk);
+    ranks
         .iter()
-        .enumerate()
-        .filter_map(|(r, j)| {
+        .zip(journals)
+        .filter_map(|(&r, j)| {
             let last = journal::last_complete(j, run_id, walk);
             (last < floor).then(|| {
-                let path = layout.journal(r as u32);
+                let path = layout.journal(r);
                 let state = if !store.exists(&path) {
                     "missing".to_string()
                 } else if j.is_empty() {
@@ -283,7 +285,7 @@ pub fn lost_journals(
                     format!("complete only up to iteration {last}")
                 };
                 StateError::LostJournal {
-                    rank: r as u32,
+                    rank: r,
                     path,
                     state,
                     evidence: why.clone(),
@@ -318,10 +320,22 @@ pub fn check_run(
             torn.push(torn_note(&layout.journal(r as u32), f));
         }
     }
-    let journals: Vec<Vec<Entry>> = lines.into_iter().map(|l| l.entries).collect();
+    // After elastic mode dropped ranks, the last generation's members are the run: a
+    // dropped rank journaled nothing since it was dropped.
+    let ranks: Vec<u32> = cluster.members().ranks().to_vec();
+    let mut all: Vec<Option<Vec<Entry>>> = lines.into_iter().map(|l| Some(l.entries)).collect();
+    let journals: Vec<Vec<Entry>> = ranks
+        .iter()
+        .map(|&r| {
+            all.get_mut(r as usize)
+                .and_then(Option::take)
+                .unwrap_or_default()
+        })
+        .collect();
     if let Some(e) = lost_journals(
         store,
         layout,
+        &ranks,
         &journals,
         &history.entries,
         &cluster.run_id,
@@ -452,7 +466,15 @@ mod tests {
         let l = Layout::new(d.path());
         // Rank 0 completed 1..3, rank 1's journal is empty: rank 1 must have completed 2.
         let js = vec![vec![e(0, 1), e(0, 2), e(0, 3)], vec![]];
-        let lost = lost_journals(&crate::store::Fs, &l, &js, &[], "r", "done");
+        let lost = lost_journals(
+            &crate::store::Fs,
+            &l,
+            &[0, 1, 2][..js.len()],
+            &js,
+            &[],
+            "r",
+            "done",
+        );
         assert_eq!(lost.len(), 1);
         let msg = lost[0].to_string();
         assert!(
@@ -462,10 +484,27 @@ mod tests {
         assert!(msg.contains("rank 0 completed iteration 3"), "{msg}");
         // One iteration apart is normal (a crash mid-iteration).
         let js = vec![vec![e(0, 1), e(0, 2)], vec![e(1, 1)]];
-        assert!(lost_journals(&crate::store::Fs, &l, &js, &[], "r", "done").is_empty());
+        assert!(lost_journals(
+            &crate::store::Fs,
+            &l,
+            &[0, 1, 2][..js.len()],
+            &js,
+            &[],
+            "r",
+            "done"
+        )
+        .is_empty());
         // A single rank: only the history can tell.
         let js = vec![vec![]];
-        let lost = lost_journals(&crate::store::Fs, &l, &js, &[h(1, 1), h(2, 4)], "r", "done");
+        let lost = lost_journals(
+            &crate::store::Fs,
+            &l,
+            &[0, 1, 2][..js.len()],
+            &js,
+            &[h(1, 1), h(2, 4)],
+            "r",
+            "done",
+        );
         assert!(
             lost[0]
                 .to_string()
@@ -478,9 +517,16 @@ mod tests {
             discarded_from: Some(1),
             ..h(0, 0)
         };
-        assert!(
-            lost_journals(&crate::store::Fs, &l, &js, &[h(2, 4), discard], "r", "done").is_empty()
-        );
+        assert!(lost_journals(
+            &crate::store::Fs,
+            &l,
+            &[0, 1, 2][..js.len()],
+            &js,
+            &[h(2, 4), discard],
+            "r",
+            "done"
+        )
+        .is_empty());
     }
 
     #[test]

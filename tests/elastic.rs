@@ -442,3 +442,105 @@ fn min_nodes_out_of_reach_or_with_task_files_is_refused_at_start() {
         );
     }
 }
+
+/// Every iteration's merged train file holds the records of every rank once.
+fn assert_merged_complete(c: &TestCluster, iterations: u64) {
+    for it in 1..=iterations {
+        let merged = iter_dir(c, it).join("train.jsonl");
+        let mut got = records(&merged);
+        got.sort_unstable();
+        let want: Vec<_> = (0..3).flat_map(|r| expected_shard(r, it)).collect();
+        assert_eq!(got, want, "iteration {it}: {}", merged.display());
+    }
+}
+
+/// The members of the run's current generation, as `cluster.json` lists them (every
+/// rank when it lists none).
+fn members(c: &TestCluster) -> Vec<u64> {
+    let v: Value = serde_json::from_str(
+        &fs::read_to_string(c.log_path.join(".rl-node/cluster.json")).unwrap_or_default(),
+    )
+    .unwrap_or(Value::Null);
+    match v["members"].as_array() {
+        Some(m) => m.iter().filter_map(Value::as_u64).collect(),
+        None => vec![0, 1, 2],
+    }
+}
+
+/// A process started again for a dropped rank asks to come back, and the coordinator
+/// takes it into a generation it forms at the next iteration's start: the cluster grows
+/// back to three, and the rank runs its own rollouts again.
+#[test]
+fn a_dropped_rank_started_again_rejoins_at_the_next_iteration() {
+    let victim = 2;
+    let sleep = "600.5";
+    let (c, marker) = cluster(victim, sleep, Some(2));
+    // Slow enough that the rank started again finds the run still going.
+    let text = fs::read_to_string(&c.config).unwrap();
+    fs::write(
+        &c.config,
+        text.replace("done > {output}'''", "done > {output}; sleep 1'''"),
+    )
+    .unwrap();
+    let iterations = 6;
+    let its = iterations.to_string();
+    let mut nodes = c.spawn_all(&["--iterations", &its]);
+    let _logs = ShowLogsOnFailure::new(&c, &nodes);
+    kill_machine(&mut nodes[victim as usize], &marker, sleep);
+    wait_until(LIMIT, "the survivors to drop rank 2", || {
+        members(&c) == [0, 1]
+    });
+    let mut again = c.spawn(victim, &["--iterations", &its]);
+    let _again_logs = ShowLogsOnFailure::new(&c, std::slice::from_ref(&again));
+    let code = again.wait(LIMIT);
+    let err = again.stderr();
+    assert_eq!(code, 0, "rank 2 started again:\n{err}");
+    assert!(err.contains("asking to come back"), "{err}");
+    for n in nodes.iter_mut().filter(|n| n.rank != victim) {
+        assert_eq!(n.wait(LIMIT), 0, "rank {}:\n{}", n.rank, n.stderr());
+    }
+    assert_eq!(members(&c), [0, 1, 2], "the cluster grew back");
+    assert_merged_complete(&c, iterations);
+    // From the iteration it came back at on, rank 2 rolled out itself, and nobody stood
+    // in for it.
+    let back = (1..=iterations)
+        .rev()
+        .find(|&it| journaled(&c, victim, it, "rollout-train").is_empty())
+        .expect("rank 2 missed an iteration")
+        + 1;
+    assert!(back <= iterations, "rank 2 never rolled out again");
+    for it in back..=iterations {
+        for r in [0, 1] {
+            assert!(
+                journaled(&c, r, it, "rollout-train.for-rank-2").is_empty(),
+                "rank {r} stood in for rank 2 in iteration {it}, after it came back"
+            );
+        }
+    }
+}
+
+/// A run that dropped a rank and finished resumes, when every node is started again for
+/// more iterations, where its last generation's members got to, not at the iteration the
+/// dropped rank's journal stops at.
+#[test]
+fn a_restart_after_a_drop_resumes_where_the_members_got_to() {
+    let c = survivors_finish(2, "600.6");
+    let mut nodes = c.spawn_all(&["--iterations", "4"]);
+    let _logs = ShowLogsOnFailure::new(&c, &nodes);
+    for n in nodes.iter_mut() {
+        assert_eq!(n.wait(LIMIT), 0, "rank {}:\n{}", n.rank, n.stderr());
+    }
+    // Iterations 1-3 were not run again: each rank's rollout of them is journaled once.
+    for it in 1..=ITERATIONS {
+        for r in [0, 1] {
+            assert_eq!(
+                journaled(&c, r, it, "rollout-train").len(),
+                1,
+                "rank {r} rolled out iteration {it} again"
+            );
+        }
+    }
+    assert_eq!(journaled(&c, 2, 4, "rollout-train").len(), 1);
+    assert_merged_complete(&c, 4);
+    assert_eq!(members(&c), [0, 1, 2]);
+}

@@ -189,6 +189,10 @@ pub(crate) struct Node {
     /// Elastic mode: the dropped rank whose share the running command does in its place
     /// (its `{rank}`, shard and log).
     acting_for: Option<u32>,
+    /// Elastic mode: the coordinator's view of dropped ranks asking to come back.
+    rejoins: regroup::Rejoins,
+    /// Elastic mode: `sync-start` released the members into this grown generation.
+    moving_to: Option<u64>,
     /// Training processes on this node (`cluster.gpus-per-node`, counted at start).
     nproc_per_node: u32,
     /// Replacement items run for `exact-budget` in the current per-task rollout.
@@ -697,6 +701,8 @@ impl Node {
             tasks: work::TaskSets::default(),
             extra: Default::default(),
             acting_for: None,
+            rejoins: regroup::Rejoins::new(cfg.timing.dead_after),
+            moving_to: None,
             nproc_per_node: 0,
             replacements: Vec::new(),
             workers: Default::default(),
@@ -791,6 +797,21 @@ fn drive(
         node.pid,
         node.layout.root().display()
     ));
+    // Elastic mode: a run that goes on without this rank takes it back at an iteration.
+    if let Some(current) = node.live_generation() {
+        let result = match node.rejoin(current) {
+            Ok(regroup::Rejoined::Joined(cluster)) => node
+                .join_regrouped(*cluster)
+                .and_then(|()| {
+                    node.textfile_for_run();
+                    node.run_elastic()
+                })
+                .map(|()| Outcome::Completed),
+            Ok(regroup::Rejoined::Complete(n)) => Ok(Outcome::AlreadyComplete(n)),
+            Err(stop) => Err(stop),
+        };
+        return node.shut_down(result);
+    }
     let result = match node.create_root(create_root).and_then(|()| node.join()) {
         Ok(join::Joined::Formed) => {
             node.machine.watch.formed = true;
@@ -947,6 +968,7 @@ impl Node {
             self.poll_cluster()?;
             self.hang_round();
             self.relay_round();
+            self.rejoin_round();
             self.textfile_round();
             if let Some(v) = check(self)? {
                 return Ok(v);
@@ -1375,6 +1397,17 @@ impl Node {
         gather: G,
         decide: impl FnOnce(Vec<G>) -> B,
     ) -> Result<B, Stop> {
+        self.barrier_with(name, gather, |_, payloads| decide(payloads))
+    }
+
+    /// [`Node::barrier`], whose `decide` may act on the node (the coordinator forming a
+    /// generation it releases the members into).
+    fn barrier_with<G: Payload + Clone, B: Payload>(
+        &mut self,
+        name: &str,
+        gather: G,
+        decide: impl FnOnce(&mut Node, Vec<G>) -> B,
+    ) -> Result<B, Stop> {
         let k = self.machine.arrive(name, &gather);
         let deadline = self.clock.now() + self.cfg.timing.barrier_timeout;
         let started = self.clock.now();
@@ -1409,7 +1442,7 @@ impl Node {
         &mut self,
         name: &str,
         deadline: Instant,
-        decide: impl FnOnce(Vec<G>) -> B,
+        decide: impl FnOnce(&mut Node, Vec<G>) -> B,
     ) -> Result<B, Stop> {
         self.drive_machine()?;
         if self.is_master() {
@@ -1425,7 +1458,7 @@ impl Node {
                 }
             });
             let payloads = self.end_wait(waited, || format!("barrier {name} did not complete"))?;
-            let broadcast = decide(payloads);
+            let broadcast = decide(self, payloads);
             self.machine.release(&broadcast);
             self.drive_machine()?;
             Ok(broadcast)
@@ -1811,10 +1844,18 @@ impl Node {
         let mine = self.plan_fingerprints();
         let model = self.choose_rollout_model()?;
         let name = WalkBarrier::SyncStart.name();
-        let released = self.barrier(name, (), |_| msg::SyncStart {
+        let released = self.barrier_with(name, (), |node, _| msg::SyncStart {
             plans: msg::Plans::Sent(mine.clone()),
             pipeline: model,
+            grown: node.grow_generation(),
         })?;
+        // Released into a grown generation (ranks came back): the iteration starts there.
+        if let Some(gen) = released.grown {
+            self.moving_to = Some(gen);
+            return Err(Stop::failed(format!(
+                "moving to generation {gen} (ranks came back)"
+            )));
+        }
         if !self.is_master() {
             self.check_plans(&released.plans, &mine)?;
         }

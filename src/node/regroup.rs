@@ -77,6 +77,11 @@ impl Node {
                 Ok(()) => return Ok(()),
                 Err(stop) => stop,
             };
+            if let Some(gen) = self.moving_to.take() {
+                let cluster = self.move_to_grown(gen)?;
+                self.join_regrouped(cluster)?;
+                continue;
+            }
             let Some(info) = self.lost_member() else {
                 return Err(stop);
             };
@@ -150,6 +155,7 @@ impl Node {
             self.clock.since_start(),
         );
         let joined = self.drive_regroup(&mut regroup, &info)?;
+        self.rejoins = Rejoins::new(self.cfg.timing.dead_after);
         self.join_regrouped(joined)
     }
 
@@ -356,7 +362,7 @@ impl Node {
     /// Go on in `cluster`'s generation: a machine over its members (the model served kept),
     /// this rank's record there, and a first barrier that every member passes before any
     /// walks (a member that does not come is found dead there, and regrouped from).
-    fn join_regrouped(&mut self, cluster: ClusterRecord) -> Result<(), super::Stop> {
+    pub(super) fn join_regrouped(&mut self, cluster: ClusterRecord) -> Result<(), super::Stop> {
         let members = cluster.members().clone();
         let coordinator = members.coordinator() == self.rank;
         let serving = std::mem::take(self.machine.serving_mut());
@@ -386,16 +392,69 @@ impl Node {
             } else {
                 format!("rank {}", members.coordinator())
             },
-            super::ranks_list(&dropped),
+            if dropped.is_empty() {
+                "none".to_string()
+            } else {
+                super::ranks_list(&dropped)
+            },
         ));
         self.event(crate::events::Event::Regrouped {
             members: members.ranks().to_vec(),
             coordinator: members.coordinator(),
         });
-        self.waiting.note = format!("the members of generation {} to regroup", cluster.gen);
-        self.barrier("regrouped", (), |_| ())?;
+        self.regrouped_barrier(cluster.gen)?;
         self.machine.watch.formed = true;
         Ok(())
+    }
+
+    /// The generation's first barrier: every member there before any walks. A member that
+    /// does not come within twice dead-after (it died while the generation formed, or a
+    /// rank asking to come back stopped) is counted lost, which the members left regroup
+    /// from; a member whose coordinator does not release it counts the coordinator lost.
+    fn regrouped_barrier(&mut self, gen: u64) -> Result<(), super::Stop> {
+        const NAME: &str = "regrouped";
+        self.machine.arrive(NAME, &());
+        let patience = 2 * self.cfg.timing.dead_after;
+        let deadline = self.clock.now() + patience;
+        let coordinator = self.is_master();
+        self.waiting.note = format!("the members of generation {gen} to arrive");
+        let mut missing = Vec::new();
+        self.drive_machine()?;
+        let waited = self.wait_for(deadline, |n| {
+            let progress = n.machine.progress::<(), ()>();
+            n.drive_machine()?;
+            Ok(match progress {
+                crate::protocol::barrier::Progress::Waiting { missing: m } => {
+                    missing = m;
+                    None
+                }
+                _ => Some(()),
+            })
+        });
+        self.waiting.note.clear();
+        let result = match waited {
+            Ok(()) => {
+                if coordinator {
+                    self.machine.release(&());
+                    self.drive_machine()?;
+                }
+                Ok(())
+            }
+            Err(super::Interrupt::Stop(stop)) => Err(stop),
+            Err(super::Interrupt::Deadline) => {
+                let lost = missing
+                    .first()
+                    .copied()
+                    .unwrap_or_else(|| self.members().coordinator());
+                let reason = format!(
+                    "rank {lost} did not arrive in generation {gen} within {} (twice dead-after)",
+                    humantime::format_duration(patience)
+                );
+                Err(self.fail(AbortKind::PeerDead, lost, None, reason, None))
+            }
+        };
+        self.machine.leave_barrier();
+        result
     }
 
     /// The dropped ranks this member stands in for, in the current generation.
@@ -414,5 +473,330 @@ impl Node {
     pub(super) fn dropped_rank_did(&self, rank: u32, item: &str) -> bool {
         let journal = self.journals_of(&[rank]).pop().unwrap_or_default();
         journal::has(&journal, self.run_id(), self.machine.iteration(), item)
+    }
+}
+
+/// How a process started for a rank while the run goes on without it comes back.
+pub(super) enum Rejoined {
+    /// A generation formed for it lists it (its record).
+    Joined(Box<ClusterRecord>),
+    /// The run finished meanwhile.
+    Complete(crate::error::Notice),
+}
+
+impl Node {
+    /// At start in elastic mode: the run's generation, when it is live without this
+    /// process (its coordinator heartbeats): this process then asks to come back instead
+    /// of joining (or, as rank 0, forming) a generation of its own, which would replace
+    /// the one the others are running. A generation whose coordinator stopped, or whose
+    /// heartbeat is still for dead-after (every node was stopped or killed), is a run to
+    /// start again as usual.
+    pub(super) fn live_generation(&mut self) -> Option<ClusterRecord> {
+        if !self.cfg.elastic() || self.fresh {
+            return None;
+        }
+        let read = |n: &Node| {
+            let c = n
+                .store
+                .read_json::<ClusterRecord>(&n.layout.cluster())
+                .ok()
+                .flatten()?;
+            let coordinator = c.members().coordinator();
+            let rec = n.read_record(c.gen, coordinator)?;
+            Some((c, rec))
+        };
+        let (first, rec) = read(self)?;
+        if rec.state.is_terminal() || rec.state == NodeState::Vacant {
+            return None;
+        }
+        // A generation that lists this rank with its slot still vacant is forming, and
+        // this process is one it waits for: it joins as usual. A slot some process held
+        // is this rank's previous process's, which the others will count lost.
+        if first.members().contains(self.rank)
+            && self
+                .read_record(first.gen, self.rank)
+                .is_none_or(|r| r.state == NodeState::Vacant)
+        {
+            return None;
+        }
+        let until = self.clock.now() + self.cfg.timing.dead_after;
+        self.info(&format!(
+            "generation {} of run {} may still be running (rank {}'s record says {:?}); watching its heartbeat for up to {} before deciding to ask to come back or to start as usual",
+            first.gen,
+            first.run_id,
+            first.members().coordinator(),
+            rec.state,
+            humantime::format_duration(self.cfg.timing.dead_after)
+        ));
+        while self.clock.now() < until {
+            self.watchdog.pet("watching the running generation");
+            self.clock.sleep(self.cfg.timing.poll_interval);
+            let (now, later) = read(self)?;
+            if now.gen != first.gen || later.state.is_terminal() {
+                return None;
+            }
+            if later.seq != rec.seq {
+                return Some(now);
+            }
+        }
+        None
+    }
+
+    /// Ask to come back into the run `current` belongs to, and wait for a generation
+    /// formed after asking that lists this rank (`membership::Rejoin`): the coordinator
+    /// forms one at its next iteration boundary. Ends at join-timeout, or when the run
+    /// completes meanwhile.
+    pub(super) fn rejoin(&mut self, current: ClusterRecord) -> Result<Rejoined, super::Stop> {
+        let mut rj = ms::Rejoin::new(self.rank);
+        let run_id = current.run_id.clone();
+        self.info(&format!(
+            "the run goes on without rank {} (generation {} of {}): asking to come back at its next iteration",
+            self.rank,
+            current.gen,
+            super::ranks_list(current.members().ranks()),
+        ));
+        let deadline = self.clock.now() + self.cfg.timing.join_timeout;
+        let mut asking: Option<super::Publisher> = None;
+        loop {
+            while let Some(effect) = rj.poll_effect() {
+                self.watchdog.pet("asking to come back");
+                match effect {
+                    ms::RejoinEffect::ReadCurrent => {
+                        let _ = self.store.refresh(self.layout.root());
+                        let c = self
+                            .store
+                            .read_json::<ClusterRecord>(&self.layout.cluster())
+                            .ok()
+                            .flatten()
+                            .filter(|c| c.run_id == run_id);
+                        if let Some(c) = &c {
+                            let coordinator = c.members().coordinator();
+                            if self
+                                .read_record(c.gen, coordinator)
+                                .is_some_and(|r| r.state == NodeState::Done)
+                            {
+                                break_with(&mut asking);
+                                return Ok(Rejoined::Complete(crate::error::Notice {
+                                    message: format!(
+                                        "run {run_id} completed while rank {} asked to come back: nothing to do",
+                                        self.rank
+                                    ),
+                                    hint: None,
+                                }));
+                            }
+                        }
+                        rj.handle(ms::RejoinInput::Current(c.map(|c| Regrouped::from(&c))));
+                    }
+                    ms::RejoinEffect::Ask { gen } => {
+                        if let Some(p) = asking.take() {
+                            p.finish(|r| r.state = NodeState::Left, Duration::from_secs(5));
+                        }
+                        let me = self.record(gen, &run_id, self.rank, NodeState::Joining);
+                        let path = self.layout.rejoin_request(gen, self.rank);
+                        let p = super::Publisher::start(
+                            self.store.clone(),
+                            self.clock.clone(),
+                            path,
+                            me,
+                            self.cfg.timing.heartbeat_interval,
+                            self.watchdog.clone(),
+                        )
+                        .map_err(|e| self.regroup_failed(gen, e))?;
+                        self.info(&format!("asked to come back in generation {gen}"));
+                        asking = Some(p);
+                    }
+                    ms::RejoinEffect::Joined { gen, .. } => {
+                        let _ = self.store.refresh(&self.layout.gen_dir(gen));
+                        let c = self
+                            .store
+                            .read_json::<ClusterRecord>(&self.layout.gen_cluster(gen))
+                            .map_err(|e| self.regroup_failed(gen, e))?
+                            .ok_or_else(|| {
+                                self.regroup_failed(
+                                    gen,
+                                    std::io::Error::other("its record is gone"),
+                                )
+                            })?;
+                        break_with(&mut asking);
+                        return Ok(Rejoined::Joined(Box::new(c)));
+                    }
+                }
+            }
+            if rj.is_done() {
+                unreachable!("a joined rejoin returned");
+            }
+            if self.clock.now() >= deadline {
+                break_with(&mut asking);
+                return Err(super::Stop::failed(format!(
+                    "no generation took rank {} back within join-timeout ({}): the run's coordinator forms one at its next iteration boundary",
+                    self.rank,
+                    humantime::format_duration(self.cfg.timing.join_timeout)
+                ))
+                .with_hint("check that the run is still going (rl-node status), or raise timing.join-timeout"));
+            }
+            match clock::recv_timeout(&*self.clock, &self.events, self.cfg.timing.poll_interval) {
+                Ok(crate::process::Event::Signal(sig)) => {
+                    break_with(&mut asking);
+                    return Err(self.signalled(sig));
+                }
+                Ok(_) | Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => unreachable!("the reaper holds a sender"),
+            }
+            rj.handle(ms::RejoinInput::Poll);
+        }
+    }
+
+    /// The coordinator, every heartbeat while a rank is dropped: read the dropped ranks'
+    /// requests to come back in this generation.
+    pub(super) fn rejoin_round(&mut self) {
+        if !self.cfg.elastic() || !self.is_master() || self.machine.cluster().is_none() {
+            return;
+        }
+        let now = self.clock.since_start();
+        if self
+            .rejoins
+            .read_at
+            .is_some_and(|t| now < t + self.cfg.timing.heartbeat_interval)
+        {
+            return;
+        }
+        self.rejoins.read_at = Some(now);
+        let gen = self.gen();
+        for r in self.members().dropped(self.num_nodes()) {
+            let path = self.layout.rejoin_request(gen, r);
+            let (read, at) = super::stamped(&*self.clock, || {
+                self.store.read_json::<crate::protocol::RankRecord>(&path)
+            });
+            let seq = read
+                .ok()
+                .flatten()
+                .filter(|rec| rec.gen == gen && rec.rank == r && rec.state == NodeState::Joining)
+                .map(|rec| rec.seq);
+            self.rejoins.requests.observe(r, seq, at);
+        }
+    }
+
+    /// The coordinator at an iteration's `sync-start`, every member arrived: when dropped
+    /// ranks ask to come back (live requests), form the generation of every member and
+    /// them, to be released with this barrier. `None`: nobody to take back (or another
+    /// rank took the number: the cluster stays as it is).
+    pub(super) fn grow_generation(&mut self) -> Option<u64> {
+        if !self.cfg.elastic() || !self.is_master() {
+            return None;
+        }
+        let members = self.members();
+        let live = self.rejoins.requests.live(self.clock.since_start());
+        let grown = ms::grow(&members, &live, self.num_nodes())?;
+        let old = self.machine.cluster().expect("joined").clone();
+        let gen = old.gen + 1;
+        match self.store.create_dir(&self.layout.gen_dir(gen)) {
+            Ok(()) => {}
+            Err(e) => {
+                self.warn(&format!(
+                    "cannot form generation {gen} to take back rank(s) {}: {}: {e}; the cluster stays as it is",
+                    super::ranks_list(&grown.dropped(0)),
+                    self.layout.gen_dir(gen).display()
+                ));
+                return None;
+            }
+        }
+        // It starts this iteration: the members journaled every earlier one.
+        let resume = journal::Resume {
+            iteration: self.machine.iteration(),
+            train_done: false,
+            train_failed: false,
+        };
+        let mut cluster = self.cluster_record(gen, &old.run_id, old.previous.clone(), resume);
+        cluster.members = Some(grown.clone());
+        cluster.master_addr = old.master_addr.clone();
+        if !matches!(
+            self.store
+                .create_new_json(&self.layout.gen_cluster(gen), &cluster),
+            Ok(true)
+        ) {
+            self.warn(&format!(
+                "cannot publish generation {gen}'s record; the cluster stays as it is"
+            ));
+            return None;
+        }
+        // Its own record first: the members watch it from the moment they read the
+        // generation.
+        let me = self.record(gen, &old.run_id, self.rank, NodeState::Running);
+        if let Err(e) = self
+            .store
+            .publish_json(&self.layout.rank_record(gen, self.rank), &me)
+        {
+            self.warn(&format!("cannot write this rank's record of generation {gen}: {e}; the cluster stays as it is"));
+            return None;
+        }
+        let back: Vec<u32> = grown
+            .ranks()
+            .iter()
+            .copied()
+            .filter(|r| !members.contains(*r))
+            .collect();
+        self.info(&format!(
+            "{} asked to come back: formed generation {gen} of {} from iteration {}",
+            super::ranks_list(&back),
+            super::ranks_list(grown.ranks()),
+            resume.iteration
+        ));
+        self.rejoins.formed = Some(cluster);
+        Some(gen)
+    }
+
+    /// After `sync-start` released generation `gen`'s members into a grown generation:
+    /// the coordinator makes it the current one (`cluster.json`, the history); every
+    /// member leaves its record of this generation as it is and goes there.
+    pub(super) fn move_to_grown(&mut self, gen: u64) -> Result<ClusterRecord, super::Stop> {
+        let cluster = match self.rejoins.formed.take() {
+            Some(c) => {
+                self.store
+                    .publish_json(&self.layout.cluster(), &c)
+                    .map_err(|e| self.regroup_failed(gen, e))?;
+                self.append_history(&c);
+                c
+            }
+            None => {
+                let _ = self.store.refresh(&self.layout.gen_dir(gen));
+                self.store
+                    .read_json::<ClusterRecord>(&self.layout.gen_cluster(gen))
+                    .map_err(|e| self.regroup_failed(gen, e))?
+                    .ok_or_else(|| {
+                        self.regroup_failed(gen, std::io::Error::other("its record is missing"))
+                    })?
+            }
+        };
+        if let Some(p) = self.publisher.take() {
+            p.finish(|_| {}, Duration::from_secs(5));
+        }
+        self.rejoins = Rejoins::new(self.cfg.timing.dead_after);
+        Ok(cluster)
+    }
+}
+
+/// The coordinator's view of dropped ranks asking to come back, and a grown generation
+/// formed but not yet made current.
+#[derive(Debug)]
+pub(super) struct Rejoins {
+    requests: ms::Requests,
+    read_at: Option<Duration>,
+    formed: Option<ClusterRecord>,
+}
+
+impl Rejoins {
+    pub(super) fn new(dead_after: Duration) -> Rejoins {
+        Rejoins {
+            requests: ms::Requests::new(dead_after),
+            read_at: None,
+            formed: None,
+        }
+    }
+}
+
+/// Stop heartbeating a request to come back (its process goes on, or stops).
+fn break_with(asking: &mut Option<super::Publisher>) {
+    if let Some(p) = asking.take() {
+        p.finish(|r| r.state = NodeState::Left, Duration::from_secs(5));
     }
 }

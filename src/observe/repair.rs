@@ -180,10 +180,17 @@ pub fn diagnose(layout: &Layout) -> Option<Diagnosis> {
         journals.push(entries);
     }
     let walk = walk_of(&c);
+    // After elastic mode dropped ranks, the last generation's members are the run.
+    let ranks: Vec<u32> = c.members().ranks().to_vec();
+    let members_journals: Vec<Vec<Entry>> = ranks
+        .iter()
+        .map(|&r| journals[r as usize].clone())
+        .collect();
     for e in state::lost_journals(
         &crate::store::Fs,
         layout,
-        &journals,
+        &ranks,
+        &members_journals,
         &history,
         &c.run_id,
         &walk,
@@ -192,7 +199,8 @@ pub fn diagnose(layout: &Layout) -> Option<Diagnosis> {
             continue;
         };
         let rank = *rank;
-        let (mut floor, mut why) = state::evidence_floor(&journals, &history, &c.run_id, &walk);
+        let (mut floor, mut why) =
+            state::evidence_floor(&ranks, &members_journals, &history, &c.run_id, &walk);
         // A walk that ends at the final-sync barrier journals its completion only after
         // every rank passed that barrier, i.e. finished the iteration's work: another
         // rank's completion of N proves this rank's, not just N − 1's. Rebuilding only up to

@@ -228,6 +228,9 @@ pub struct SyncStart<M> {
     pub plans: Plans,
     /// A model that does not decode reads as none, leaving the plans readable.
     pub pipeline: Option<M>,
+    /// Elastic mode: the generation the members go to before this iteration starts, formed
+    /// for ranks that came back.
+    pub grown: Option<u64>,
 }
 
 impl<M> Default for SyncStart<M> {
@@ -235,6 +238,7 @@ impl<M> Default for SyncStart<M> {
         SyncStart {
             plans: Plans::Unsent,
             pipeline: None,
+            grown: None,
         }
     }
 }
@@ -279,11 +283,14 @@ impl<M: Serialize + DeserializeOwned> Payload for SyncStart<M> {
             plans: &'a PlanFingerprints,
             #[serde(skip_serializing_if = "Option::is_none")]
             pipeline: &'a Option<M>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            grown: Option<u64>,
         }
         match &self.plans {
             Plans::Sent(plans) => serde_json::to_value(Wire {
                 plans,
                 pipeline: &self.pipeline,
+                grown: self.grown,
             })
             .expect("sync-start is JSON"),
             other => other.to_json(),
@@ -295,12 +302,17 @@ impl<M: Serialize + DeserializeOwned> Payload for SyncStart<M> {
         struct Pipeline<M> {
             pipeline: Option<M>,
         }
+        #[derive(Deserialize)]
+        struct Grown {
+            grown: Option<u64>,
+        }
         // The fingerprints are what remains without the model, and only if they are
         // exactly what a rank writes: a missing or extra key is no plan a worker may
         // agree with (it differs from every rank's, which names all four).
         let mut rest = v.clone();
         if let Some(o) = rest.as_object_mut() {
             o.remove("pipeline");
+            o.remove("grown");
         }
         let plans = match PlanFingerprints::deserialize(&rest) {
             _ if v.is_null() => Plans::Unsent,
@@ -308,7 +320,12 @@ impl<M: Serialize + DeserializeOwned> Payload for SyncStart<M> {
             _ => Plans::Unreadable(rest),
         };
         let pipeline = Pipeline::deserialize(v).ok().and_then(|p| p.pipeline);
-        SyncStart { plans, pipeline }
+        let grown = Grown::deserialize(v).ok().and_then(|g| g.grown);
+        SyncStart {
+            plans,
+            pipeline,
+            grown,
+        }
     }
 }
 
@@ -381,6 +398,7 @@ mod tests {
         let s = SyncStart::<u64> {
             plans: Plans::Sent(plans.clone()),
             pipeline: None,
+            grown: None,
         };
         assert_eq!(s.write(), bare);
         assert_eq!(SyncStart::<u64>::read(&bare), s);
@@ -392,6 +410,15 @@ mod tests {
         };
         assert_eq!(s.write(), with_model);
         assert_eq!(SyncStart::read(&with_model), s);
+        // Elastic mode: the generation the members go to; the plans stay readable.
+        let mut grown = with_model.clone();
+        grown["grown"] = json!(4);
+        let s = SyncStart {
+            grown: Some(4),
+            ..s
+        };
+        assert_eq!(s.write(), grown);
+        assert_eq!(SyncStart::read(&grown), s);
     }
 
     /// A peer's payload is untrusted: what does not decode reads as what a missing
