@@ -544,3 +544,44 @@ fn a_restart_after_a_drop_resumes_where_the_members_got_to() {
     assert_merged_complete(&c, 4);
     assert_eq!(members(&c), [0, 1, 2]);
 }
+
+/// Rank 0 dies (aborts, as a kill -9 would stop it) at `point` of its coordinator's work:
+/// after committing a merge but before journaling it, or in the middle of a hand-off.
+/// Rank 1 takes over and does that work again from what is on the shared directory: every
+/// merged file holds each record once, and `models/LATEST` names a verified checkpoint of
+/// the last iteration's training.
+fn coordinator_dies_at(point: &str) {
+    let (c, _marker) = cluster(9, "600.9", Some(2));
+    let its = ITERATIONS.to_string();
+    let log_path = c.log_path.clone();
+    let mut nodes = vec![c.spawn_env(
+        0,
+        &log_path,
+        &["--iterations", &its],
+        &[("RL_NODE_TEST_CRASH_AT", point.to_string())],
+    )];
+    nodes.extend((1..3).map(|r| c.spawn(r, &["--iterations", &its])));
+    let _logs = ShowLogsOnFailure::new(&c, &nodes);
+    let code = nodes[0].wait(LIMIT);
+    assert_ne!(code, 0, "rank 0 stopped at {point}:\n{}", nodes[0].stderr());
+    assert!(nodes[0].stderr().contains(point), "{}", nodes[0].stderr());
+    for n in nodes.iter_mut().skip(1) {
+        assert_eq!(n.wait(LIMIT), 0, "rank {}:\n{}", n.rank, n.stderr());
+    }
+    assert_complete(&c);
+}
+
+#[test]
+fn rank_0_dead_between_a_merge_and_its_journal_is_merged_again_by_rank_1() {
+    coordinator_dies_at("after-commit:aggregate-train@2");
+}
+
+#[test]
+fn rank_0_dead_in_the_middle_of_a_handoff_is_handed_off_by_rank_1() {
+    coordinator_dies_at("handoff:before-latest");
+}
+
+#[test]
+fn rank_0_dead_after_moving_a_checkpoint_is_handed_off_by_rank_1() {
+    coordinator_dies_at("handoff:after-move");
+}
