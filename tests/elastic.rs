@@ -412,20 +412,24 @@ command = '''if [ {{gen}} = 1 ] && [ {{iteration}} = {KILLED_IN} ]; then if [ {{
 }
 
 /// `min-nodes` is checked at start, before anything is written: more than `num-nodes`,
-/// or with what elastic mode does not cover yet, is refused with exit 2 naming the key.
+/// or with what elastic mode does not cover yet (a dynamic rollout), is refused with exit
+/// 2 naming the key.
 #[test]
-fn min_nodes_out_of_reach_or_with_task_files_is_refused_at_start() {
+fn min_nodes_out_of_reach_or_with_a_dynamic_rollout_is_refused_at_start() {
     let c = TestCluster::new(3, "");
     let text = fs::read_to_string(&c.config).unwrap();
     let tasks = c.dir.path().join("tasks.jsonl");
     fs::write(&tasks, "{\"id\": \"t1\"}\n").unwrap();
     for (keys, says) in [
         ("min-nodes = 4\n", "more than num-nodes"),
-        ("min-nodes = 2\n", "task files"),
+        ("min-nodes = 2\n", "work.strategy = \"dynamic\""),
     ] {
         let mut cfg = text.replacen("[cluster]\n", &format!("[cluster]\n{keys}"), 1);
-        if says == "task files" {
-            cfg += &format!("\n[tasks]\ntrain = '{}'\n", tasks.display());
+        if says.contains("dynamic") {
+            cfg += &format!(
+                "\n[tasks]\ntrain = '{}'\n[work]\nmode = \"per-task\"\nstrategy = \"dynamic\"\n",
+                tasks.display()
+            );
         }
         fs::write(&c.config, cfg).unwrap();
         let mut n = c.spawn(0, &["--iterations", "1"]);
@@ -584,4 +588,70 @@ fn rank_0_dead_in_the_middle_of_a_handoff_is_handed_off_by_rank_1() {
 #[test]
 fn rank_0_dead_after_moving_a_checkpoint_is_handed_off_by_rank_1() {
     coordinator_dies_at("handoff:after-move");
+}
+
+/// Per-task mode: rank 2 is killed after committing two of its four items of iteration 2.
+/// Its stand-in runs only the two it did not commit (its third was running when it
+/// died), and commits rank 2's shard from all four: every (task, sample) of every
+/// iteration's plan is in the merged file once, and no item of rank 2 ran twice to the
+/// end.
+#[test]
+fn per_task_a_dropped_ranks_uncommitted_items_are_done_by_its_stand_in() {
+    let c = TestCluster::new(3, "");
+    let tasks = c.dir.path().join("tasks.jsonl");
+    let tasks_text: String = (0..12)
+        .map(|t| format!("{{\"id\": \"t{t:02}\"}}\n"))
+        .collect();
+    fs::write(&tasks, tasks_text).unwrap();
+    let dir = c.dir.path().display().to_string();
+    let item = format!(
+        r#"
+[tasks]
+train = '{tasks}'
+
+[work]
+mode = "per-task"
+max-workers = 1
+
+[phases.rollout]
+command = '''if [ {{rank}} = 2 ] && [ {{iteration}} = {KILLED_IN} ] && [ ! -e '{dir}/marker' ]; then n=$(cat '{dir}/count' 2>/dev/null || echo 0); n=$((n+1)); echo $n > '{dir}/count'; if [ $n = 3 ]; then touch '{dir}/marker'; sleep 600.8; fi; fi; echo '{{"task": "{{task_id}}", "sample": {{sample}}, "it": {{iteration}}}}' > {{output}}; echo '{{rank}} {{iteration}} {{task_id}}' >> '{dir}/ran' '''
+"#,
+        tasks = tasks.display()
+    );
+    let text = fs::read_to_string(&c.config).unwrap();
+    fs::write(
+        &c.config,
+        text.replacen("[cluster]\n", "[cluster]\nmin-nodes = 2\n", 1) + &item,
+    )
+    .unwrap();
+    let mut nodes = c.spawn_all(&["--iterations", &ITERATIONS.to_string()]);
+    let _logs = ShowLogsOnFailure::new(&c, &nodes);
+    let marker = c.dir.path().join("marker");
+    kill_machine(&mut nodes[2], &marker, "600.8");
+    for n in nodes.iter_mut().take(2) {
+        assert_eq!(n.wait(LIMIT), 0, "rank {}:\n{}", n.rank, n.stderr());
+    }
+    for it in 1..=ITERATIONS {
+        let merged = iter_dir(&c, it).join("train.jsonl");
+        let mut got: Vec<String> = fs::read_to_string(&merged)
+            .unwrap_or_else(|e| panic!("{}: {e}", merged.display()))
+            .lines()
+            .map(|l| {
+                let v: Value = serde_json::from_str(l).unwrap();
+                assert_eq!(v["it"].as_u64(), Some(it));
+                v["task"].as_str().unwrap().to_string()
+            })
+            .collect();
+        got.sort();
+        let want: Vec<String> = (0..12).map(|t| format!("t{t:02}")).collect();
+        assert_eq!(got, want, "iteration {it}: every task's sample once");
+    }
+    // Every item ran to its end once (the killed one never reached its end).
+    let ran = fs::read_to_string(c.dir.path().join("ran")).unwrap();
+    let mut lines: Vec<&str> = ran.lines().collect();
+    let total = lines.len();
+    lines.sort_unstable();
+    lines.dedup();
+    assert_eq!(lines.len(), total, "an item ran to its end twice:\n{ran}");
+    assert_eq!(total, 12 * ITERATIONS as usize, "{ran}");
 }

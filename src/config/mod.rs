@@ -1132,9 +1132,9 @@ fn validate_cluster(l: &Loaded) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// Elastic mode (`min-nodes` below `num-nodes`) covers, so far, the per-rank rollout of a
-/// whole iteration on one cluster: a mode it does not cover is refused at start, naming
-/// what to change, rather than found out at the first loss.
+/// Elastic mode (`min-nodes` below `num-nodes`) covers, so far, a whole iteration on one
+/// cluster with statically planned (or unplanned) rollouts: a mode it does not cover is
+/// refused at start, naming what to change, rather than found out at the first loss.
 fn validate_elastic(l: &Loaded) -> Result<(), ConfigError> {
     let c = &l.config;
     let why = |what: &str| {
@@ -1154,12 +1154,8 @@ fn validate_elastic(l: &Loaded) -> Result<(), ConfigError> {
     if c.cluster.rl_phase != RlPhase::Both {
         return Err(l.invalid("cluster.min-nodes", why("rl-phase = rollout or update")));
     }
-    let planned = !c.tasks.train.trim().is_empty() || !c.tasks.eval.trim().is_empty();
-    if planned {
-        return Err(l.invalid(
-            "cluster.min-nodes",
-            why("task files (tasks.train, tasks.eval: planned rollouts)"),
-        ));
+    if c.work.strategy == crate::work::plan::Strategy::Dynamic {
+        return Err(l.invalid("cluster.min-nodes", why("work.strategy = \"dynamic\"")));
     }
     for (key, rc) in [
         ("phases.rollout", &c.phases.rollout),

@@ -328,14 +328,14 @@ impl Node {
         // This rank's items only: the rest of the plan (every task's items when an iteration
         // uses the whole file) is freed before the rollout runs.
         let strategy = plan.strategy;
-        let items = std::mem::take(&mut plan.ranks[self.rank as usize]);
+        let items = std::mem::take(&mut plan.ranks[self.acting_rank() as usize]);
         drop(plan);
         let tasks = Arc::clone(self.tasks.get(split).expect("planned"));
         // The rank's share: the task records themselves, in plan order, once per task,
         // streamed from the task file.
         let task_file = self
             .layout
-            .task_file(self.machine.iteration(), split, self.rank);
+            .task_file(self.machine.iteration(), split, self.acting_rank());
         let mut task_error = None;
         let written = self.store.publish_with(&task_file, true, &mut |w| {
             let mut last = None;
@@ -383,7 +383,7 @@ impl Node {
             ));
             let shard = self
                 .layout
-                .shard(self.machine.iteration(), split, self.rank);
+                .shard(self.machine.iteration(), split, self.acting_rank());
             return self.store.publish(&shard, b"").map_err(|e| {
                 self.fail(
                     AbortKind::Error,
@@ -412,9 +412,13 @@ impl Node {
     fn item_log(&self, phase: &str, name: &str, attempt: u32) -> PathBuf {
         match self.workers.log_of(name, attempt) {
             Some(log) => log.to_path_buf(),
-            None => self
-                .layout
-                .item_log(self.machine.iteration(), self.rank, phase, name, attempt),
+            None => self.layout.item_log(
+                self.machine.iteration(),
+                self.acting_rank(),
+                phase,
+                name,
+                attempt,
+            ),
         }
     }
 
@@ -428,13 +432,13 @@ impl Node {
     fn commit_rank_shard(&mut self, split: &str, planned: usize) -> Result<(), Stop> {
         let dir = self.items_dir(split);
         let paths: Vec<PathBuf> = (0..planned)
-            .map(|pos| committed_item(&dir, &item_name(pos, Some(self.rank))))
+            .map(|pos| committed_item(&dir, &item_name(pos, Some(self.acting_rank()))))
             .chain(self.replacements.iter().map(|n| committed_item(&dir, n)))
             .filter(|p| self.store.exists_followed(p))
             .collect();
         let shard = self
             .layout
-            .shard(self.machine.iteration(), split, self.rank);
+            .shard(self.machine.iteration(), split, self.acting_rank());
         let what = format!(
             "commit its {split} shard of iteration {}",
             self.machine.iteration()
@@ -627,9 +631,13 @@ impl Node {
         let values = self.values(phase, Some(split), &partial);
         let command = self.cfg.template(&pc.command).render(&values);
         let env = self.command_env(&values);
-        let log = self
-            .layout
-            .item_log(self.machine.iteration(), self.rank, phase, name, attempt);
+        let log = self.layout.item_log(
+            self.machine.iteration(),
+            self.acting_rank(),
+            phase,
+            name,
+            attempt,
+        );
         let header = format!(
             "rank {} iteration {} {phase} item {name} (task {}, sample {}, attempt {})",
             self.rank,
@@ -642,7 +650,7 @@ impl Node {
         self.append_log(
             &self
                 .layout
-                .phase_log(self.machine.iteration(), self.rank, phase),
+                .phase_log(self.machine.iteration(), self.acting_rank(), phase),
             &format!("### {header}: log {}\n", log.display()),
         );
         let running = self.spawn_supervised(
@@ -867,11 +875,11 @@ impl Node {
                         humantime::format_duration(job.pc.timeout),
                         self.waiting.note
                     ),
-                        Some(
-                            &self
-                                .layout
-                                .phase_log(self.machine.iteration(), self.rank, phase),
-                        ),
+                        Some(&self.layout.phase_log(
+                            self.machine.iteration(),
+                            self.acting_rank(),
+                            phase,
+                        )),
                     ))
                 }
             };
@@ -1006,7 +1014,7 @@ impl Node {
                 Some(
                     &self
                         .layout
-                        .phase_log(self.machine.iteration(), self.rank, phase),
+                        .phase_log(self.machine.iteration(), self.acting_rank(), phase),
                 ),
             ));
         }
@@ -1033,7 +1041,7 @@ impl Node {
         let gi = groups.len();
         tally.total += group.len;
         if self.cfg.work.exact_budget {
-            let record = dropped_group(dir, &group.name(self.rank));
+            let record = dropped_group(dir, &group.name(self.acting_rank()));
             if self.store.exists(&record) {
                 let why = self
                     .store
@@ -1053,7 +1061,7 @@ impl Node {
             }
         }
         for (j, item) in items.into_iter().enumerate() {
-            let name = group.item(self.rank, j);
+            let name = group.item(self.acting_rank(), j);
             if self.store.exists_followed(&committed_item(dir, &name)) {
                 tally.committed += 1;
                 tally.reused += 1;
@@ -1091,8 +1099,9 @@ impl Node {
                 task: items[0].task.clone(),
                 dropped: false,
             };
+            let me = self.acting_rank();
             self.replacements
-                .extend((0..group.len).map(|j| group.item(self.rank, j)));
+                .extend((0..group.len).map(|j| group.item(me, j)));
             live.tally.replacements += 1;
             let before = live.tally.dropped;
             self.enter_group(dir, group, items, live)?;
@@ -1115,12 +1124,12 @@ impl Node {
         failure: &str,
         live: &mut Live,
     ) -> Result<(), Stop> {
-        let name = live.groups[gi].name(self.rank);
+        let name = live.groups[gi].name(self.acting_rank());
         let task = live.groups[gi].task.clone();
         self.fence(&format!("drop the group {name}"))?;
         let record = dropped_group(dir, &name);
         let items: Vec<String> = (0..live.groups[gi].len)
-            .map(|j| live.groups[gi].item(self.rank, j))
+            .map(|j| live.groups[gi].item(self.acting_rank(), j))
             .collect();
         let rec =
             json!({"task": task.as_str(), "items": items, "failed": failure, "gen": self.gen()});
@@ -1187,11 +1196,11 @@ impl Node {
     fn set_aside(&mut self, dir: &Path, group: &Group) -> Result<usize, Stop> {
         self.fence(&format!(
             "set aside the group {}'s items",
-            group.name(self.rank)
+            group.name(self.acting_rank())
         ))?;
         let mut moved = 0;
         for j in 0..group.len {
-            let name = group.item(self.rank, j);
+            let name = group.item(self.acting_rank(), j);
             let done = committed_item(dir, &name);
             if !self.store.exists_followed(&done) {
                 continue;
@@ -1233,7 +1242,7 @@ impl Node {
         Some(Replacements {
             ids,
             used,
-            next: self.rank as usize,
+            next: self.acting_rank() as usize,
             step: self.num_nodes() as usize,
             drawn: 0,
             samples: self.cfg.work.samples_per_task,
