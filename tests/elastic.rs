@@ -655,3 +655,37 @@ command = '''if [ {{rank}} = 2 ] && [ {{iteration}} = {KILLED_IN} ] && [ ! -e '{
     assert_eq!(lines.len(), total, "an item ran to its end twice:\n{ran}");
     assert_eq!(total, 12 * ITERATIONS as usize, "{ran}");
 }
+
+/// Two of three nodes die at once with `min-nodes = 2`: rank 0, left alone, stops with
+/// the diagnosis of a dead peer, naming the ranks lost and the ranks left.
+#[test]
+fn below_min_nodes_the_last_node_stops_naming_who_was_lost() {
+    let c = TestCluster::new(3, "");
+    let dir = c.dir.path().display().to_string();
+    let phases = format!(
+        r#"
+[phases.rollout]
+command = '''if [ {{rank}} != 0 ] && [ {{iteration}} = {KILLED_IN} ]; then touch '{dir}/marker-{{rank}}'; sleep 600.{{rank}}0; fi; echo '{{}}' > {{output}}'''
+"#
+    );
+    let text = fs::read_to_string(&c.config).unwrap();
+    fs::write(
+        &c.config,
+        text.replacen("[cluster]\n", "[cluster]\nmin-nodes = 2\n", 1) + &phases,
+    )
+    .unwrap();
+    let mut nodes = c.spawn_all(&["--iterations", &ITERATIONS.to_string()]);
+    let _logs = ShowLogsOnFailure::new(&c, &nodes);
+    for r in [1, 2] {
+        let marker = c.dir.path().join(format!("marker-{r}"));
+        kill_machine(&mut nodes[r], &marker, &format!("600.{r}0"));
+    }
+    let code = nodes[0].wait(LIMIT);
+    let err = nodes[0].stderr();
+    assert_eq!(code, 3, "rank 0 stops as for a dead peer:\n{err}");
+    assert!(
+        err.contains("below cluster.min-nodes = 2") && err.contains("1 node(s) left (0)"),
+        "rank 0 names who was lost and who is left:\n{err}"
+    );
+    assert!(!iter_dir(&c, KILLED_IN).join("train.jsonl").exists());
+}

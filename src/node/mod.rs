@@ -800,13 +800,13 @@ fn drive(
     // Elastic mode: a run that goes on without this rank takes it back at an iteration.
     if let Some(current) = node.live_generation() {
         let result = match node.rejoin(current) {
-            Ok(regroup::Rejoined::Joined(cluster)) => node
-                .join_regrouped(*cluster)
-                .and_then(|()| {
-                    node.textfile_for_run();
-                    node.run_elastic()
-                })
-                .map(|()| Outcome::Completed),
+            Ok(regroup::Rejoined::Joined(cluster)) => {
+                node.textfile_for_run();
+                let first = node
+                    .join_regrouped(*cluster)
+                    .and_then(|()| node.run_iterations());
+                node.go_on(first).map(|()| Outcome::Completed)
+            }
             Ok(regroup::Rejoined::Complete(n)) => Ok(Outcome::AlreadyComplete(n)),
             Err(stop) => Err(stop),
         };

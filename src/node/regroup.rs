@@ -72,20 +72,35 @@ impl Node {
     /// Run every iteration; in elastic mode, each loss of a member (declared dead) is
     /// followed by a regroup of the members left, and the node goes on.
     pub(super) fn run_elastic(&mut self) -> Result<(), super::Stop> {
+        let first = self.run_iterations();
+        self.go_on(first)
+    }
+
+    /// After `result` of a generation: done, or (elastic mode) the next generation after
+    /// a member was lost (also while a generation formed) or ranks came back, until done
+    /// or stopped.
+    pub(super) fn go_on(&mut self, mut result: Result<(), super::Stop>) -> Result<(), super::Stop> {
         loop {
-            let stop = match self.run_iterations() {
+            let stop = match result {
                 Ok(()) => return Ok(()),
                 Err(stop) => stop,
             };
-            if let Some(gen) = self.moving_to.take() {
-                let cluster = self.move_to_grown(gen)?;
-                self.join_regrouped(cluster)?;
-                continue;
-            }
-            let Some(info) = self.lost_member() else {
+            result = if let Some(gen) = self.moving_to.take() {
+                self.move_to_grown(gen)
+                    .and_then(|cluster| self.join_regrouped(cluster))
+                    .and_then(|()| self.run_iterations())
+            } else if let Some(info) = self.lost_member() {
+                let before = self.gen();
+                match self.regroup(info) {
+                    Ok(()) => self.run_iterations(),
+                    // Lost another member while the new generation formed: regroup again.
+                    Err(stop) if self.gen() > before => Err(stop),
+                    // Below min-nodes, left out, or the directory failed: the end.
+                    Err(stop) => return Err(stop),
+                }
+            } else {
                 return Err(stop);
             };
-            self.regroup(info)?;
         }
     }
 
@@ -450,7 +465,10 @@ impl Node {
                     "rank {lost} did not arrive in generation {gen} within {} (twice dead-after)",
                     humantime::format_duration(patience)
                 );
-                Err(self.fail(AbortKind::PeerDead, lost, None, reason, None))
+                let mut info =
+                    self.abort_info(AbortKind::PeerDead, lost, Some("?".into()), reason, None);
+                info.silent_ms = Some(patience.as_millis() as u64);
+                Err(self.publish_abort(info))
             }
         };
         self.machine.leave_barrier();
