@@ -689,3 +689,46 @@ command = '''if [ {{rank}} != 0 ] && [ {{iteration}} = {KILLED_IN} ]; then touch
     );
     assert!(!iter_dir(&c, KILLED_IN).join("train.jsonl").exists());
 }
+
+/// The inference servers of the nodes left go on serving through a regroup (a real
+/// server's restart costs minutes): each starts once at the start and once after each
+/// hand-off but the last, as without a loss.
+#[test]
+fn the_servers_of_the_nodes_left_are_not_restarted_by_a_regroup() {
+    let victim = 2;
+    let sleep = "600.11";
+    let (c, marker) = cluster(victim, sleep, Some(2));
+    let server = format!(
+        "\n[server]\ncommand = \"exec python3 {} {{server_port}} {{model}}\"\nstart-timeout = \"20s\"\nstop-grace = \"2s\"\n",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/health_server.py")
+    );
+    let text = fs::read_to_string(&c.config).unwrap();
+    fs::write(&c.config, text + &server).unwrap();
+    let its = ITERATIONS.to_string();
+    let mut nodes: Vec<NodeProc> = (0..3)
+        .map(|r| {
+            c.spawn_env(
+                r,
+                &c.log_path,
+                &["--iterations", &its],
+                &[("RL_NODE_SERVER_PORT", free_port().to_string())],
+            )
+        })
+        .collect();
+    let _logs = ShowLogsOnFailure::new(&c, &nodes);
+    kill_machine(&mut nodes[victim as usize], &marker, sleep);
+    for n in nodes.iter_mut().filter(|n| n.rank != victim) {
+        assert_eq!(n.wait(LIMIT), 0, "rank {}:\n{}", n.rank, n.stderr());
+    }
+    assert_complete(&c);
+    for r in [0, 1] {
+        let events = c.events(r);
+        let kinds: Vec<&str> = events.iter().filter_map(|e| e["event"].as_str()).collect();
+        assert!(kinds.contains(&"regrouped"), "rank {r}: {kinds:?}");
+        let starts = kinds.iter().filter(|k| **k == "server-start").count();
+        assert_eq!(
+            starts, ITERATIONS as usize,
+            "rank {r}: one start, and one after each hand-off but the last: {kinds:?}"
+        );
+    }
+}

@@ -136,13 +136,28 @@ impl Node {
         });
         // What ran in the generation ended is stopped: its outputs are uncommitted (a
         // commit is fenced by the generation), and are redone in the next one from where
-        // the journals say.
+        // the journals say. The inference server goes on: it serves the model the next
+        // generation starts with (a hand-off restarts it), and a restart costs minutes.
         self.watchdog.pet("stopping commands for the regroup");
         let grace = self.cfg.timing.kill_grace;
-        if let Some(server) = self.server.take() {
-            self.launcher.stop(server.pid, self.cfg.server.stop_grace);
+        match (
+            self.launcher.registry(),
+            self.server.as_ref().map(|s| s.pid),
+        ) {
+            (Some(registry), Some(server)) => {
+                let pids: Vec<i32> = registry
+                    .groups()
+                    .into_iter()
+                    .filter(|&g| g != server)
+                    .collect();
+                self.launcher.stop_many(&pids, grace);
+            }
+            _ => {
+                self.server = None;
+                self.launcher.stop_all(grace);
+            }
         }
-        self.launcher.stop_all(grace);
+        self.workers = Default::default();
         self.exited.clear();
         if let Some(p) = self.publisher.take() {
             self.watchdog
