@@ -43,17 +43,19 @@ command = '''if [ {{rank}} = {victim} ] && [ {{iteration}} = {KILLED_IN} ] && [ 
 command = "mkdir -p {{output}}/checkpoint-1 && cat {{trajectories}} > {{output}}/checkpoint-1/weights.jsonl"
 "#
     );
+    configure(&c, min_nodes, &phases);
+    (c, marker)
+}
+
+/// Adds `[cluster] min-nodes` (if any) and `extra` (more tables) to `c`'s config file.
+fn configure(c: &TestCluster, min_nodes: Option<u32>, extra: &str) {
     let text = fs::read_to_string(&c.config).unwrap();
-    let cluster_keys = match min_nodes {
-        Some(k) => format!("[cluster]\nmin-nodes = {k}\n"),
-        None => "[cluster]\n".to_string(),
-    };
+    let keys = min_nodes.map_or(String::new(), |k| format!("min-nodes = {k}\n"));
     fs::write(
         &c.config,
-        text.replacen("[cluster]\n", &cluster_keys, 1) + &phases,
+        text.replacen("[cluster]\n", &format!("[cluster]\n{keys}"), 1) + extra,
     )
     .unwrap();
-    (c, marker)
 }
 
 /// On a panic (a failed assertion, a deadline), prints what the nodes said and every
@@ -367,12 +369,7 @@ command = '''for i in $(seq 1 {PER_RANK}); do echo '{{"rank": {{rank}}, "it": {{
 command = '''if [ {{gen}} = 1 ] && [ {{iteration}} = {KILLED_IN} ]; then if [ {{rank}} = 2 ]; then touch '{m}'; sleep 600.4; else sleep 2; echo 'lost a peer' >&2; exit 1; fi; fi; mkdir -p {{output}}/checkpoint-1 && cat {{trajectories}} > {{output}}/checkpoint-1/weights.jsonl && echo "$NNODES $NODE_RANK {{live_ranks}} {{num_live}}" > {{output}}/nodes-{{rank}}.txt'''
 "#
     );
-    let text = fs::read_to_string(&c.config).unwrap();
-    fs::write(
-        &c.config,
-        text.replacen("[cluster]\n", "[cluster]\nmin-nodes = 2\n", 1) + &phases,
-    )
-    .unwrap();
+    configure(&c, Some(2), &phases);
     let mut nodes = c.spawn_all(&["--iterations", &ITERATIONS.to_string()]);
     let _logs = ShowLogsOnFailure::new(&c, &nodes);
     kill_machine(&mut nodes[2], &marker, "600.4");
@@ -618,12 +615,7 @@ command = '''if [ {{rank}} = 2 ] && [ {{iteration}} = {KILLED_IN} ] && [ ! -e '{
 "#,
         tasks = tasks.display()
     );
-    let text = fs::read_to_string(&c.config).unwrap();
-    fs::write(
-        &c.config,
-        text.replacen("[cluster]\n", "[cluster]\nmin-nodes = 2\n", 1) + &item,
-    )
-    .unwrap();
+    configure(&c, Some(2), &item);
     let mut nodes = c.spawn_all(&["--iterations", &ITERATIONS.to_string()]);
     let _logs = ShowLogsOnFailure::new(&c, &nodes);
     let marker = c.dir.path().join("marker");
@@ -668,12 +660,7 @@ fn below_min_nodes_the_last_node_stops_naming_who_was_lost() {
 command = '''if [ {{rank}} != 0 ] && [ {{iteration}} = {KILLED_IN} ]; then touch '{dir}/marker-{{rank}}'; sleep 600.{{rank}}0; fi; echo '{{}}' > {{output}}'''
 "#
     );
-    let text = fs::read_to_string(&c.config).unwrap();
-    fs::write(
-        &c.config,
-        text.replacen("[cluster]\n", "[cluster]\nmin-nodes = 2\n", 1) + &phases,
-    )
-    .unwrap();
+    configure(&c, Some(2), &phases);
     let mut nodes = c.spawn_all(&["--iterations", &ITERATIONS.to_string()]);
     let _logs = ShowLogsOnFailure::new(&c, &nodes);
     for r in [1, 2] {
@@ -702,8 +689,7 @@ fn the_servers_of_the_nodes_left_are_not_restarted_by_a_regroup() {
         "\n[server]\ncommand = \"exec python3 {} {{server_port}} {{model}}\"\nstart-timeout = \"20s\"\nstop-grace = \"2s\"\n",
         concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/health_server.py")
     );
-    let text = fs::read_to_string(&c.config).unwrap();
-    fs::write(&c.config, text + &server).unwrap();
+    configure(&c, None, &server);
     let its = ITERATIONS.to_string();
     let mut nodes: Vec<NodeProc> = (0..3)
         .map(|r| {

@@ -405,15 +405,9 @@ impl Node {
         let mut me = self.record(gen, &run_id, 0, NodeState::Joining);
         me.arrived = Some(arrived);
         let path = self.layout.rank_record(gen, 0);
-        let publisher = super::Publisher::start(
-            self.store.clone(),
-            self.clock.clone(),
-            path.clone(),
-            me,
-            self.join_beat(),
-            self.watchdog.clone(),
-        )
-        .map_err(|e| io_err(format!("cannot write {}", path.display()), e))?;
+        let publisher = self
+            .publish_from_now(path.clone(), me, self.join_beat())
+            .map_err(|e| io_err(format!("cannot write {}", path.display()), e))?;
         self.set_publisher(publisher);
         Ok(())
     }
@@ -835,18 +829,12 @@ impl Node {
         let mut me = self.record(gen, &cluster.run_id, self.rank, NodeState::Joining);
         me.arrived = Some(self.join_barrier().arrival());
         let path = self.layout.rank_record(gen, self.rank);
-        let publisher = super::Publisher::start(
-            self.store.clone(),
-            self.clock.clone(),
-            path.clone(),
-            me,
-            self.cfg.timing.heartbeat_interval,
-            self.watchdog.clone(),
-        )
-        .map_err(|e| {
-            Stop::failed(format!("cannot write {}: {e}", path.display()))
-                .with_hint("check that --log-path is on a writable shared filesystem")
-        })?;
+        let publisher = self
+            .publish_from_now(path.clone(), me, self.cfg.timing.heartbeat_interval)
+            .map_err(|e| {
+                Stop::failed(format!("cannot write {}: {e}", path.display()))
+                    .with_hint("check that --log-path is on a writable shared filesystem")
+            })?;
         self.set_publisher(publisher);
         // `--fresh` on rank 0 may just have renamed the run's directories aside: a FUSE
         // client trusts its cached entries for them (pointing at the old ones, now under

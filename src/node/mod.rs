@@ -942,6 +942,23 @@ impl Node {
         self.publisher = Some(publisher);
     }
 
+    /// The heartbeat thread publishing `record` at `path` from now on, every `interval`.
+    fn publish_from_now(
+        &self,
+        path: PathBuf,
+        record: RankRecord,
+        interval: Duration,
+    ) -> std::io::Result<Publisher> {
+        Publisher::start(
+            self.store.clone(),
+            self.clock.clone(),
+            path,
+            record,
+            interval,
+            self.watchdog.clone(),
+        )
+    }
+
     fn publisher(&self) -> &Publisher {
         self.publisher.as_ref().expect("joined")
     }

@@ -376,15 +376,9 @@ impl Node {
     fn start_member_record(&mut self, cluster: &ClusterRecord) -> Result<(), super::Stop> {
         let me = self.record(cluster.gen, &cluster.run_id, self.rank, NodeState::Running);
         let path = self.layout.rank_record(cluster.gen, self.rank);
-        let publisher = super::Publisher::start(
-            self.store.clone(),
-            self.clock.clone(),
-            path.clone(),
-            me,
-            self.cfg.timing.heartbeat_interval,
-            self.watchdog.clone(),
-        )
-        .map_err(|e| self.regroup_failed(cluster.gen, e))?;
+        let publisher = self
+            .publish_from_now(path, me, self.cfg.timing.heartbeat_interval)
+            .map_err(|e| self.regroup_failed(cluster.gen, e))?;
         self.set_publisher(publisher);
         Ok(())
     }
@@ -626,15 +620,9 @@ impl Node {
                         }
                         let me = self.record(gen, &run_id, self.rank, NodeState::Joining);
                         let path = self.layout.rejoin_request(gen, self.rank);
-                        let p = super::Publisher::start(
-                            self.store.clone(),
-                            self.clock.clone(),
-                            path,
-                            me,
-                            self.cfg.timing.heartbeat_interval,
-                            self.watchdog.clone(),
-                        )
-                        .map_err(|e| self.regroup_failed(gen, e))?;
+                        let p = self
+                            .publish_from_now(path, me, self.cfg.timing.heartbeat_interval)
+                            .map_err(|e| self.regroup_failed(gen, e))?;
                         self.info(&format!("asked to come back in generation {gen}"));
                         asking = Some(p);
                     }
