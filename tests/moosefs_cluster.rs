@@ -308,3 +308,76 @@ fn a_pipelined_run_on_moosefs_with_one_second_caches() {
         "iter-0003"
     );
 }
+
+/// Elastic mode on MooseFS with 1 s caches, each node on its own client: rank 0 is
+/// killed in the middle of iteration 2's rollout; ranks 1 and 2 regroup (rank 1
+/// coordinating, one of them standing in for rank 0's rollout) and go on; rank 0 started
+/// again on its own client asks to come back and is taken in at an iteration's start.
+/// Every iteration's merged file holds every rank's record once, and all three finish.
+#[test]
+fn elastic_rank_0_killed_and_started_again_on_moosefs_with_one_second_caches() {
+    let test = "elastic_rank_0_killed_and_started_again_on_moosefs_with_one_second_caches";
+    let Some(fs) = moosefs::start_for(test, 3, Some(Caches::all(1.0))) else {
+        return;
+    };
+    let c = TestCluster::new(
+        3,
+        &COMMANDS.replace("> {output}\"", "> {output}; sleep 1\""),
+    );
+    let text = std::fs::read_to_string(&c.config).unwrap();
+    std::fs::write(
+        &c.config,
+        text.replacen("[cluster]\n", "[cluster]\nmin-nodes = 2\n", 1),
+    )
+    .unwrap();
+    std::fs::create_dir_all(shared(&fs, 0, "exp")).unwrap();
+    let args = ["--iterations", "6", "--eval-interval", "0"];
+    let mut nodes: Vec<NodeProc> = (0..3u32)
+        .map(|r| {
+            let hold = [("RL_NODE_TEST_HOLD_AT", "train-rollout@2".to_string())];
+            c.spawn_env(
+                r,
+                &shared(&fs, r, "exp"),
+                &args,
+                if r == 0 { &hold } else { &[] },
+            )
+        })
+        .collect();
+    wait_until(LIMIT, "rank 0 to hold in its rollout", || {
+        nodes[0].stderr().contains("RL_NODE_TEST_HOLD_AT")
+    });
+    nodes[0].signal(libc::SIGKILL);
+    assert_eq!(nodes[0].wait(LIMIT), 137);
+    let root = shared(&fs, 1, "exp");
+    wait_until(LIMIT, "ranks 1 and 2 to regroup without rank 0", || {
+        std::fs::read_to_string(root.join(".rl-node/cluster.json"))
+            .is_ok_and(|t| t.contains("\"members\":[1,2]"))
+    });
+    let mut again = c.spawn_at(0, &shared(&fs, 0, "exp"), &args);
+    for n in nodes.iter_mut().skip(1).chain(std::iter::once(&mut again)) {
+        let code = n.wait(LIMIT);
+        assert_eq!(code, 0, "rank {}:\n{}", n.rank, n.stderr());
+    }
+    assert!(
+        again.stderr().contains("asking to come back"),
+        "{}",
+        again.stderr()
+    );
+    for i in 1..=6 {
+        let merged =
+            std::fs::read_to_string(root.join(format!("rollouts/iter-{i:04}/train.jsonl")))
+                .unwrap();
+        let mut ranks: Vec<u64> = merged
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                assert_eq!(v["iteration"].as_u64(), Some(i), "{merged}");
+                v["rank"].as_u64().unwrap()
+            })
+            .collect();
+        ranks.sort_unstable();
+        assert_eq!(ranks, [0, 1, 2], "iteration {i}: {merged}");
+    }
+    let latest = std::fs::read_to_string(root.join("models/LATEST")).unwrap();
+    assert_eq!(latest.trim(), "iter-0006");
+}
