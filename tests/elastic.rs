@@ -718,3 +718,59 @@ fn the_servers_of_the_nodes_left_are_not_restarted_by_a_regroup() {
         );
     }
 }
+
+/// `on-failure = "drop-node"`: rank 2's rollout command fails in iteration 2 (a node
+/// whose GPU fails, say), so rank 2 is dropped: it stops with its failure and the message
+/// that it was dropped; the others regroup without it, a stand-in runs its rollout (which
+/// succeeds elsewhere), and they finish with every record merged once.
+#[test]
+fn a_node_whose_rollout_fails_with_drop_node_is_dropped_and_the_others_finish() {
+    let c = TestCluster::new(3, "");
+    let phases = format!(
+        r#"
+[phases.rollout]
+on-failure = "drop-node"
+command = '''if [ {{rank}} = 2 ] && [ {{iteration}} = {KILLED_IN} ] && [ {{gen}} = 1 ]; then echo 'CUDA error: an illegal memory access' >&2; exit 7; fi; for i in $(seq 1 {PER_RANK}); do echo '{{"rank": {{rank}}, "it": {{iteration}}, "i": '$i'}}'; done > {{output}}'''
+
+[phases.train]
+command = "mkdir -p {{output}}/checkpoint-1 && cat {{trajectories}} > {{output}}/checkpoint-1/weights.jsonl"
+"#
+    );
+    configure(&c, Some(2), &phases);
+    let mut nodes = c.spawn_all(&["--iterations", &ITERATIONS.to_string()]);
+    let _logs = ShowLogsOnFailure::new(&c, &nodes);
+    let code = nodes[2].wait(LIMIT);
+    let err = nodes[2].stderr();
+    assert_eq!(code, 1, "rank 2 stops with its command's failure:\n{err}");
+    assert!(
+        err.contains("exit code 7") && err.contains("this node is dropped"),
+        "{err}"
+    );
+    for n in nodes.iter_mut().take(2) {
+        let code = n.wait(LIMIT);
+        let err = n.stderr();
+        assert_eq!(code, 0, "rank {}:\n{err}", n.rank);
+        assert!(err.contains("rank 2 lost"), "rank {}:\n{err}", n.rank);
+    }
+    assert_complete(&c);
+}
+
+/// `drop-node` needs elastic mode: without `min-nodes` below `num-nodes` it is refused
+/// at start, naming the key and what to set.
+#[test]
+fn drop_node_without_elastic_mode_is_refused_at_start() {
+    let c = TestCluster::new(3, "");
+    configure(
+        &c,
+        None,
+        "\n[phases.rollout]\non-failure = \"drop-node\"\ncommand = \"true\"\n",
+    );
+    let mut n = c.spawn(0, &["--iterations", "1"]);
+    let code = n.wait(LIMIT);
+    let err = n.stderr();
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("phases.rollout.on-failure") && err.contains("set min-nodes below num-nodes"),
+        "{err}"
+    );
+}

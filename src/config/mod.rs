@@ -301,6 +301,9 @@ pub enum OnRolloutFailure {
     /// Log it, commit no shard for the rank and merge the other ranks' shards, as
     /// webgym's run.sh did.
     MergeSurvivors,
+    /// Elastic mode: drop the node (it stops); the others go on without it, a stand-in
+    /// running its rollout (a node whose GPU or host fails its command).
+    DropNode,
 }
 
 impl OnRolloutFailure {
@@ -308,6 +311,7 @@ impl OnRolloutFailure {
         match s {
             "stop" => Some(OnRolloutFailure::Stop),
             "merge-survivors" => Some(OnRolloutFailure::MergeSurvivors),
+            "drop-node" => Some(OnRolloutFailure::DropNode),
             _ => None,
         }
     }
@@ -1412,13 +1416,22 @@ fn validate_rollout_failure(l: &Loaded) -> Result<(), ConfigError> {
             l.invalid(
                 &key,
                 format!(
-                    "`{}` is neither \"stop\" (a failed {name} command stops the cluster) nor \"merge-survivors\" (it is logged, the rank commits no shard and rank 0 merges the other ranks' shards)",
+                    "`{}` is not \"stop\" (a failed {name} command stops the cluster), \"merge-survivors\" (it is logged, the rank commits no shard and rank 0 merges the other ranks' shards) or \"drop-node\" (elastic mode: the node is dropped and the others go on)",
                     r.on_failure
                 ),
             )
         })?;
         if policy == OnRolloutFailure::Stop {
             continue;
+        }
+        if policy == OnRolloutFailure::DropNode && !c.elastic() {
+            return Err(l.invalid(
+                &key,
+                format!(
+                    "\"drop-node\" drops the node and lets the others go on, which needs elastic mode: cluster.min-nodes (from {}) is num-nodes, so any loss stops the cluster; set min-nodes below num-nodes",
+                    l.source_of("cluster.min-nodes")
+                ),
+            ));
         }
         let per_item = if tasks.is_empty() {
             None
@@ -1438,10 +1451,10 @@ fn validate_rollout_failure(l: &Loaded) -> Result<(), ConfigError> {
         if let Some(mode) = per_item {
             return Err(l.invalid(
                 &key,
-                format!("\"merge-survivors\" applies to one command per rank, but {mode} with {tasks_key} set: each item's failure is counted on its own there; use work.max-failed-fraction (and work.max-retries) to let some items fail"),
+                format!("\"{}\" applies to one command per rank, but {mode} with {tasks_key} set: each item's failure is counted on its own there; use work.max-failed-fraction (and work.max-retries) to let some items fail", r.on_failure),
             ));
         }
-        if c.phases.aggregate.is_set() {
+        if policy == OnRolloutFailure::MergeSurvivors && c.phases.aggregate.is_set() {
             return Err(l.invalid(
                 &key,
                 format!("\"merge-survivors\" needs rl-node's own merge to leave a failed rank out, but phases.aggregate.command (from {}) merges the shards itself: use [aggregate] format = \"command\" with [aggregate] command instead, whose {{inputs}} are the surviving ranks' shards", l.source_of("phases.aggregate.command")),
@@ -2169,7 +2182,7 @@ mod tests {
         let e = refused("[phases.eval]\non-failure = \"keep-model\"\n");
         assert!(
             e.starts_with(&format!(
-                "phases.eval.on-failure (from {}): `keep-model` is neither \"stop\"",
+                "phases.eval.on-failure (from {}): `keep-model` is not \"stop\"",
                 f.display()
             )),
             "{e}"

@@ -111,7 +111,7 @@ impl Node {
             return None;
         }
         let info = self.machine.stopped()?;
-        (info.kind == AbortKind::PeerDead
+        ((info.kind == AbortKind::PeerDead || info.dropped)
             && info.culprit != self.rank
             && self.members().contains(info.culprit)
             && info.cluster.is_none())

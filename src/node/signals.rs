@@ -190,6 +190,7 @@ impl Stopping {
             at: crate::clock::wall_now(),
             cluster: None,
             detected_in: None,
+            dropped: false,
         };
         if let Some((r, c)) = &s.record {
             r.read(|rec| {
@@ -512,6 +513,7 @@ mod tests {
             at: String::new(),
             cluster: None,
             detected_in: None,
+            dropped: false,
         };
         assert_eq!(p.handle().fail_with(peers.clone()), peers);
         s.first_signal(libc::SIGINT);

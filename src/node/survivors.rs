@@ -33,8 +33,10 @@ impl Node {
         failure: &CommandFailure,
         log: &Path,
     ) -> Result<(), Stop> {
-        if self.rollout_of(split).1.policy() == OnRolloutFailure::Stop {
-            return Err(self.command_failed(phase, pc, failure, log));
+        match self.rollout_of(split).1.policy() {
+            OnRolloutFailure::Stop => return Err(self.command_failed(phase, pc, failure, log)),
+            OnRolloutFailure::DropNode => return Err(self.drop_this_node(phase, pc, failure, log)),
+            OnRolloutFailure::MergeSurvivors => {}
         }
         let partial =
             self.layout
@@ -53,6 +55,27 @@ impl Node {
         });
         self.machine.journal_mut().failed(failure.short());
         Ok(())
+    }
+
+    /// `phases.<phase>.on-failure = "drop-node"` (elastic mode): this node's command
+    /// failed, so it is dropped: its abort says so, the others regroup without it (a
+    /// stand-in runs its rollout), and this node stops with the failure.
+    fn drop_this_node(
+        &mut self,
+        phase: &str,
+        pc: &PhaseCommand,
+        failure: &CommandFailure,
+        log: &Path,
+    ) -> Stop {
+        let reason = failure.reason(phase, pc);
+        let mut info = self.abort_info(failure.abort_kind(), self.rank, None, reason, Some(log));
+        info.dropped = true;
+        let mut stop = self.publish_abort(info);
+        stop.message = format!(
+            "{}; this node is dropped (phases.{phase}.on-failure = \"drop-node\"): the others go on without it",
+            stop.message
+        );
+        stop
     }
 
     /// Rank 0, when every rank's rollout command of `split` failed: nothing to merge

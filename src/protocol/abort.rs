@@ -129,6 +129,7 @@ mod tests {
             at: String::new(),
             cluster: None,
             detected_in: None,
+            dropped: false,
         }
     }
 

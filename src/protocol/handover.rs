@@ -505,6 +505,7 @@ mod tests {
             at: String::new(),
             cluster: None,
             detected_in: None,
+            dropped: false,
         })
     }
 

@@ -622,6 +622,7 @@ impl NodeMachine {
             at: String::new(),
             cluster: self.cfg.cluster.clone(),
             detected_in: None,
+            dropped: false,
         }
     }
 

@@ -264,6 +264,10 @@ pub struct AbortInfo {
     /// The cluster of `detected_by`, when it differs from the culprit's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detected_in: Option<String>,
+    /// Elastic mode: the culprit is dropped and the others go on without it, rather than
+    /// stop (`phases.<phase>.on-failure = "drop-node"`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dropped: bool,
 }
 
 /// Whether `signal` is a batch system's time-limit warning (SIGUSR1 or SIGUSR2, as Slurm's
@@ -529,6 +533,7 @@ mod tests {
             at: String::new(),
             cluster: None,
             detected_in: None,
+            dropped: false,
         };
         assert_eq!(a.cause_for(2).exit_code(), 1);
         assert_eq!(a.cause_for(0).exit_code(), 3);
@@ -558,6 +563,7 @@ mod tests {
             at: String::new(),
             cluster: Some("update".into()),
             detected_in: None,
+            dropped: false,
         };
         assert_eq!(
             a.describe(),

@@ -624,6 +624,7 @@ mod tests {
             at: String::new(),
             cluster: None,
             detected_in: None,
+            dropped: false,
         });
         let mut vacant = RankRecord::vacant("run", 2, 3);
         vacant.refused = Some("another configuration".into());

@@ -1042,6 +1042,7 @@ mod tests {
             at: "1970-01-01T00:03:21.500+00:00".into(),
             cluster: None,
             detected_in: None,
+            dropped: false,
         };
         Input {
             clusters: vec![ClusterInput {
