@@ -350,7 +350,7 @@ fn on_failure_values_that_cannot_apply_are_refused_at_start() {
     let mut n = c.spawn_env(0, &c.log_path, &["--iterations", "1"], &unknown);
     assert_eq!(n.wait(LIMIT), 2, "{}", n.stderr());
     assert!(
-        n.stderr().contains("phases.rollout.on-failure (from environment RL_NODE_PHASES_ROLLOUT_ON_FAILURE): `retry` is neither \"stop\""),
+        n.stderr().contains("phases.rollout.on-failure (from environment RL_NODE_PHASES_ROLLOUT_ON_FAILURE): `retry` is not \"stop\""),
         "{}",
         n.stderr()
     );
