@@ -261,3 +261,21 @@ fn bench_spawn_pairs_the_node_with_a_spawn_loop() {
         ],
     );
 }
+
+#[test]
+fn bench_elastic_kills_a_worker_in_every_scenario() {
+    let text = tiny("bench-elastic", &[], Duration::from_secs(150));
+    assert_says(
+        &text,
+        "bench-elastic",
+        &[
+            "1. From the kill -9 of the last rank (a worker) to the death declared",
+            "2. Work done again, as a fraction of the dead rank's share",
+            "ok   committed, 3 nodes: the 2 survivors finished the run with exit 0",
+            "ok   committed, 3 nodes: the stand-in ran rank 2's share once (8 of 8 tasks)",
+            "ok   busy, 3 nodes: rollouts/iter-0002/train.jsonl holds 24 records (want 24), 0 duplicated",
+            "ok   resume, 3 nodes: with {resume_from} the stand-in ran the ",
+            "all checks passed",
+        ],
+    );
+}

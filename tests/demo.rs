@@ -415,6 +415,202 @@ fn demo_kill_node_stops_the_others_then_recovers() {
     }
 }
 
+/// `--min-nodes 2 --kill-node R@PHASE`: the survivors drop the killed rank, regroup in
+/// the same processes and finish every iteration; nobody is restarted. Returns the demo's
+/// stdout after checking what every elastic run must show.
+fn elastic_kill(dir: &Path, kill: &str, victim: u32) -> String {
+    let out = run_demo(
+        dir,
+        &[
+            "--iterations",
+            "4",
+            "--seed",
+            "7",
+            "--pace",
+            "0.3",
+            "--min-nodes",
+            "2",
+            "--kill-node",
+            kill,
+        ],
+        Duration::from_secs(150),
+    );
+    assert!(out.status.success(), "{}", show(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    // One start of the nodes, no restart: the survivors exited 0, the victim was killed.
+    assert_eq!(
+        stdout.matches("started 3 node(s)").count(),
+        1,
+        "{}",
+        show(&out)
+    );
+    assert!(!stdout.contains(">> restarting"), "{}", show(&out));
+    let codes: Vec<String> = (0..3)
+        .map(|r| format!("rank {r}: {}", if r == victim { 137 } else { 0 }))
+        .collect();
+    assert!(
+        stdout.contains(&format!("exit codes (nodes): {}", codes.join(", "))),
+        "{}",
+        show(&out)
+    );
+    assert!(
+        stdout.contains(&format!(
+            "went on: after rank {victim} was killed with SIGKILL, the other 2 node(s) regrouped without it and completed every iteration through 4 without a restart"
+        )),
+        "{}",
+        show(&out)
+    );
+    // Every survivor's log says it was one process from start to end: one join, of
+    // generation 1, and then the regroup into generation 2.
+    for r in (0..3).filter(|r| *r != victim) {
+        let log = fs::read_to_string(dir.join(format!("node-{r}.log"))).unwrap();
+        assert_eq!(
+            log.matches("generation 1 of run").count(),
+            1,
+            "node-{r}.log:\n{log}"
+        );
+        assert!(
+            log.contains(&format!("generation 1: rank {victim} lost"))
+                && log.contains("joined generation 2 of "),
+            "node-{r}.log:\n{log}"
+        );
+    }
+    // The run is complete in generation 2 (a restart would be generation 3): every
+    // iteration merged all 32 x 4 trajectories, and the last model is step 4.
+    let shared = dir.join("shared");
+    let st = rl_node()
+        .args(["status", "--json", "--log-path"])
+        .arg(&shared)
+        .output()
+        .unwrap();
+    let s: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
+    assert_eq!(s["gen"], 2, "{s}");
+    for i in 1..=4 {
+        assert_eq!(train_lines(&shared, i).len(), 32 * 4, "iteration {i}");
+        // Its table row was printed.
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.trim_start().starts_with(&format!("{i}   0."))),
+            "no row for iteration {i}\n{}",
+            show(&out)
+        );
+    }
+    let latest = fs::read_to_string(shared.join("models").join("LATEST")).unwrap();
+    assert_eq!(latest.trim(), "iter-0004");
+    let policy: serde_json::Value = serde_json::from_str(
+        &fs::read_to_string(shared.join("models/iter-0004/policy.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(policy["step"], 4);
+    let curve: Vec<f64> = (1..=4).map(|i| mean(&train_lines(&shared, i))).collect();
+    assert!(
+        curve[3] >= curve[0] + 0.25,
+        "the mean reward did not rise clearly: {curve:?}"
+    );
+    stdout
+}
+
+/// The printed "what moved" line that starts with `start`.
+fn moved_line<'a>(stdout: &'a str, start: &str) -> &'a str {
+    stdout
+        .lines()
+        .find(|l| l.starts_with(start))
+        .unwrap_or_else(|| panic!("no line starting {start:?}:\n{stdout}"))
+}
+
+#[test]
+fn demo_elastic_worker_killed_mid_rollout_goes_on_without_a_restart() {
+    let d = tempfile::tempdir().unwrap();
+    let stdout = elastic_kill(d.path(), "2@rollout", 2);
+    assert!(
+        stdout.contains(">> kill -9 rank 2 (pid ")
+            && stdout.contains("in phase 1 (train-rollout) of iteration 2;"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("what moved (from the nodes' event logs"),
+        "{stdout}"
+    );
+    let lost = moved_line(&stdout, "  generation 1: rank 2 lost (heartbeat still for ");
+    assert!(lost.ends_with("; seen by rank 0, rank 1"), "{lost}");
+    let formed = moved_line(
+        &stdout,
+        "  generation 2 formed of rank 0, rank 1: rank 0 coordinates, resuming at iteration 2; its members met ",
+    );
+    assert!(
+        formed.ends_with("s after the kill (dead-after 3s)"),
+        "{formed}"
+    );
+    // Rank 2 was killed before it committed iteration 2's rollout: rank 1 ran it, and
+    // every later one, train and eval, under rank 2's number.
+    assert!(
+        stdout.contains(
+            "\n  rank 1 stood in for rank 2: its train rollout in iterations 2-4; its eval rollout in iteration 3\n"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(
+            ">> generation 2: rank 0, rank 1 regrouped without rank 2 (rank 0 coordinates)"
+        ),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn demo_elastic_rank_0_killed_in_training_goes_on_without_a_restart() {
+    let d = tempfile::tempdir().unwrap();
+    let stdout = elastic_kill(d.path(), "0@training", 0);
+    let lost = moved_line(&stdout, "  generation 1: rank 0 lost (heartbeat still for ");
+    assert!(lost.ends_with("; seen by rank 1, rank 2"), "{lost}");
+    moved_line(
+        &stdout,
+        "  generation 2 formed of rank 1, rank 2: rank 1 coordinates, resuming at iteration 2; its members met ",
+    );
+    // Rank 0 had committed iteration 2's rollout: its stand-in (rank 2: the coordinator
+    // is dealt dropped ranks last) runs its rollouts from iteration 3 on.
+    assert!(
+        stdout.contains(
+            "\n  rank 2 stood in for rank 0: its train rollout in iterations 3-4; its eval rollout in iteration 3\n"
+        ),
+        "{stdout}"
+    );
+    // Iteration 2's training, broken by the death, was redone by the two survivors.
+    let redone = d.path().join("shared/logs/iter-0002/rank-1.train.log");
+    let log = fs::read_to_string(&redone).unwrap();
+    assert!(
+        log.contains("/train/iter-0002/gen-2 ") && log.contains("toy train: rank 0 of 2:"),
+        "{}:\n{log}",
+        redone.display()
+    );
+}
+
+/// `--min-nodes` without sense is refused with exit 2, naming the flag.
+#[test]
+fn demo_refuses_min_nodes_it_cannot_use() {
+    for (flags, says) in [
+        (
+            &["--min-nodes", "3"][..],
+            "--min-nodes 3: the nodes go on while at least K are left, so K must be 1 to 2",
+        ),
+        (
+            &["--pipeline", "--min-nodes", "1"][..],
+            "--min-nodes is not available with --pipeline",
+        ),
+    ] {
+        let d = tempfile::tempdir().unwrap();
+        let out = run_demo(d.path(), flags, Duration::from_secs(20));
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {}", show(&out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{flags:?}: {err}");
+        assert!(
+            fs::read_dir(d.path()).unwrap().next().is_none(),
+            "{flags:?}: nothing is written before the refusal"
+        );
+    }
+}
+
 #[test]
 fn toy_pieces_work_on_their_own() {
     let d = tempfile::tempdir().unwrap();

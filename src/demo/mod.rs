@@ -12,6 +12,7 @@
 //! a pipelined run (docs/pipeline.md) with N/2 rollout and N/2 update nodes, and compares
 //! their time per iteration and their learning curves.
 
+mod moved;
 mod progress;
 mod run;
 pub mod toy;
@@ -51,9 +52,15 @@ pub struct DemoArgs {
     #[arg(long, value_name = "S", default_value_t = 1)]
     pub seed: u64,
     /// Kill -9 rank R when it reaches phase PHASE (a name like `training`, or its number)
-    /// in iteration 2, watch every other node stop, then restart all nodes once.
+    /// in iteration 2, watch every other node stop, then restart all nodes once (with
+    /// --min-nodes: the others go on without it, no restart).
     #[arg(long, value_name = "R@PHASE")]
     pub kill_node: Option<String>,
+    /// Elastic mode (cluster.min-nodes): the nodes go on without a node that dies as long
+    /// as K nodes are left (K from 1 to N-1); with --kill-node they drop the killed rank,
+    /// regroup and finish the run without a restart.
+    #[arg(long, value_name = "K")]
+    pub min_nodes: Option<u32>,
     /// Toy task size: number of tasks (contexts).
     #[arg(long, value_name = "T", default_value_t = 32)]
     pub tasks: u32,

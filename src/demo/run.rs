@@ -28,6 +28,11 @@ const KILL_POLL: Duration = Duration::from_millis(10);
 const KILL_STOP_LIMIT: Duration = Duration::from_secs(60);
 /// The iteration in which `--kill-node` strikes.
 const KILL_ITERATION: u64 = 2;
+/// `timing.dead-after` of the demo's nodes: how long a node's heartbeat may stay still
+/// before it is declared dead. Elastic mode's is shorter, as the survivors go on after it
+/// (still well above what a busy machine stalls a heartbeat thread for).
+const DEAD_AFTER_SECS: u64 = 5;
+const ELASTIC_DEAD_AFTER_SECS: u64 = 3;
 
 struct Plan {
     nodes: u32,
@@ -40,6 +45,8 @@ struct Plan {
     lr: f64,
     pace: f64,
     kill: Option<(u32, &'static str)>,
+    /// `--min-nodes`: elastic mode (`cluster.min-nodes`), the survivors of a kill go on.
+    min_nodes: Option<u32>,
     dir: PathBuf,
     exe: PathBuf,
     /// What the demo starts, in turn: the synchronous loop, and with `--pipeline` a
@@ -81,6 +88,17 @@ impl Lane {
         match self.cluster {
             None => format!("rank {}", self.rank),
             Some(c) => format!("{c} rank {}", self.rank),
+        }
+    }
+}
+
+impl Plan {
+    /// `timing.dead-after` in seconds.
+    fn dead_after(&self) -> u64 {
+        if self.min_nodes.is_some() {
+            ELASTIC_DEAD_AFTER_SECS
+        } else {
+            DEAD_AFTER_SECS
         }
     }
 }
@@ -165,7 +183,11 @@ fn parse_kill(s: &str, nodes: u32) -> Result<(u32, &'static str), String> {
             nodes - 1
         ));
     }
-    let p = p.trim();
+    // `rollout` is the phase people mean by it: the train rollout.
+    let p = match p.trim() {
+        "rollout" => "train-rollout",
+        p => p,
+    };
     let phase = PHASES
         .iter()
         .find(|ph| ph.name() == p || p.parse::<u8>().ok() == Some(ph.number()))
@@ -239,6 +261,12 @@ fn plan(args: DemoArgs, g: Globals) -> Result<Plan, String> {
         if args.kill_node.is_some() {
             return Err("--kill-node is not available with --pipeline".into());
         }
+        if args.min_nodes.is_some() {
+            return Err(
+                "--min-nodes is not available with --pipeline (elastic mode does not cover pipelined runs yet)"
+                    .into(),
+            );
+        }
         if g.rank_weights.is_some() {
             return Err(
                 "--rank-weights is not available with --pipeline (each cluster gives rank 0 twice the share of the others)"
@@ -288,6 +316,19 @@ fn plan(args: DemoArgs, g: Globals) -> Result<Plan, String> {
             Some(k)
         }
     };
+    if let Some(k) = args.min_nodes {
+        if nodes < 2 {
+            return Err(format!(
+                "--min-nodes {k}: elastic mode needs at least 2 nodes to go on without one (--nodes {nodes})"
+            ));
+        }
+        if !(1..nodes).contains(&k) {
+            return Err(format!(
+                "--min-nodes {k}: the nodes go on while at least K are left, so K must be 1 to {} (fewer than --nodes {nodes})",
+                nodes - 1
+            ));
+        }
+    }
     let exe =
         std::env::current_exe().map_err(|e| format!("cannot find this program's path: {e}"))?;
     let dir = match args.dir {
@@ -356,6 +397,7 @@ fn plan(args: DemoArgs, g: Globals) -> Result<Plan, String> {
         lr: args.lr,
         pace,
         kill,
+        min_nodes: args.min_nodes,
         dir,
         exe,
         runs,
@@ -441,6 +483,12 @@ fn config_toml(p: &Plan, r: &RunSpec) -> String {
         p.seed
     );
     let weights: Vec<String> = r.weights.iter().map(|w| w.to_string()).collect();
+    let elastic = match p.min_nodes {
+        Some(k) => format!(
+            "# Elastic mode: a node declared dead (its heartbeat still for dead-after) is\n# dropped, and the others go on while at least {k} are left (docs/elastic.md).\nmin-nodes = {k}\n"
+        ),
+        None => String::new(),
+    };
     let (what, pipeline) = match r.staleness {
         None => (format!("{} node(s)", r.nodes), String::new()),
         Some(k) => (
@@ -467,10 +515,10 @@ iterations = {iterations}
 master-addr = "127.0.0.1"
 master-port = {master_port}
 model = {model}
-
+{elastic}
 [timing]
 heartbeat-interval = "500ms"
-dead-after = "5s"
+dead-after = "{dead_after}s"
 poll-interval = "200ms"
 kill-grace = "2s"
 join-timeout = "60s"
@@ -512,6 +560,7 @@ gpu-drain-mib = 0
         iterations = p.iterations,
         master_port = r.master_port,
         model = toml_str(&p.dir.join("model-0").display().to_string()),
+        dead_after = p.dead_after(),
         rollout = toml_str(&rollout),
         train = toml_str(&train),
         server = toml_str(&server),
@@ -799,6 +848,8 @@ struct Round {
     /// Exit code of each lane, in `RunSpec::lanes` order.
     codes: Vec<(Lane, i32)>,
     killed: Option<u32>,
+    /// When, in seconds since the epoch.
+    killed_wall: Option<f64>,
     interrupted: bool,
 }
 
@@ -808,10 +859,15 @@ struct Watch {
     kill: Option<(u32, &'static str)>,
     killed: Option<u32>,
     killed_at: Option<Instant>,
+    /// When the kill was sent, in seconds since the epoch (to compare with event logs).
+    killed_wall: Option<f64>,
     /// Signals already passed on to the nodes (any: the round was interrupted).
     forwarded: usize,
     /// The newest generation seen of each cluster, in `RunSpec::clusters` order.
     gens: Vec<Option<u64>>,
+    /// Every generation seen of each cluster, with its coordinator, oldest first (more
+    /// than one in a round only when elastic mode regrouped).
+    seen: Vec<Vec<(u64, u32)>>,
     /// Iterations whose table row is printed.
     shown: Vec<u64>,
 }
@@ -825,6 +881,8 @@ impl Watch {
 /// What one run (`RunSpec`) left for the summary.
 struct RunResult {
     spec: RunSpec,
+    /// Elastic mode: the rank the demo killed is not waited for.
+    elastic: bool,
     rounds: Vec<Round>,
     reports: Vec<IterationReport>,
     /// From the first phase any node entered to the end of the last iteration (rank 0's
@@ -833,10 +891,21 @@ struct RunResult {
 }
 
 impl RunResult {
-    fn ok(&self) -> bool {
-        self.rounds
-            .last()
-            .is_some_and(|r| r.codes.iter().all(|(_, c)| *c == exit::DONE))
+    /// Every node of the last round exited 0 (in elastic mode, every node but the one
+    /// killed), and every iteration was reported complete.
+    fn ok(&self, iterations: u64) -> bool {
+        let Some(last) = self.rounds.last() else {
+            return false;
+        };
+        let killed =
+            |lane: &Lane| self.elastic && lane.cluster.is_none() && last.killed == Some(lane.rank);
+        let codes = last
+            .codes
+            .iter()
+            .all(|(lane, c)| *c == exit::DONE || killed(lane));
+        let all = !self.elastic
+            || (1..=iterations).all(|i| self.reports.iter().any(|r| r.iteration == i));
+        codes && all
     }
 
     fn rewards(&self) -> Option<(f64, f64)> {
@@ -850,6 +919,9 @@ impl RunResult {
 /// One cluster's state as its records say (`rl-node status` for one cluster of a run).
 struct ClusterView {
     gen: u64,
+    /// The generation's members (every rank, unless some were dropped) and coordinator.
+    members: Vec<u32>,
+    coordinator: u32,
     ranks: Vec<Option<RankRecord>>,
     abort: Option<AbortInfo>,
 }
@@ -859,8 +931,11 @@ fn cluster_view(shared: &Path, cluster: Option<&'static str>) -> Option<ClusterV
     let c = crate::observe::read_cluster(&layout).ok()?;
     let ranks = crate::observe::status::read_records(&layout, &c);
     let abort = crate::observe::status::read_abort(&layout, c.gen, &ranks);
+    let members = c.members();
     Some(ClusterView {
         gen: c.gen,
+        members: members.ranks().to_vec(),
+        coordinator: members.coordinator(),
         ranks,
         abort,
     })
@@ -983,9 +1058,20 @@ impl Demo {
             "  (the toy runs an iteration in about 0.1s: add --pace 0.5 to watch each phase go by)"
                 .into()
         });
+        if let Some(k) = p.min_nodes {
+            lines.push(format!(
+                "  --min-nodes {k}: elastic mode; a node declared dead (dead-after {}s) is dropped and the others go on while at least {k} are left",
+                p.dead_after()
+            ));
+        }
         if let Some((r, ph)) = p.kill {
             lines.push(format!(
-                "  --kill-node: rank {r} gets SIGKILL when it reaches phase `{ph}` in iteration {KILL_ITERATION}; then every node is restarted once"
+                "  --kill-node: rank {r} gets SIGKILL when it reaches phase `{ph}` in iteration {KILL_ITERATION}; {}",
+                if p.min_nodes.is_some() {
+                    "the others drop it and finish the run without a restart"
+                } else {
+                    "then every node is restarted once"
+                }
             ));
         }
         lines.push(String::new());
@@ -1011,7 +1097,7 @@ impl Demo {
             let first = self.round(&spec, kill, None)?;
             let mut rounds = vec![first];
             let first = &rounds[0];
-            if first.killed.is_some() && !first.interrupted {
+            if first.killed.is_some() && !first.interrupted && self.plan.min_nodes.is_none() {
                 let gen = first.gen;
                 self.restart_pause(&spec);
                 let second = self.round(&spec, None, gen)?;
@@ -1024,11 +1110,13 @@ impl Demo {
                 .and_then(|_| makespan(&spec));
             let result = RunResult {
                 spec,
+                elastic: self.plan.min_nodes.is_some(),
                 rounds,
                 reports: std::mem::take(&mut self.reports),
                 makespan,
             };
-            let stop = !result.ok() || result.rounds.last().is_some_and(|r| r.interrupted);
+            let stop = !result.ok(self.plan.iterations)
+                || result.rounds.last().is_some_and(|r| r.interrupted);
             results.push(result);
             if stop {
                 break;
@@ -1043,7 +1131,9 @@ impl Demo {
             return Ok(Ending::Reported(Cause::Interrupted(libc::SIGINT)));
         }
         Ok(
-            if results.len() == self.plan.runs.len() && results.iter().all(RunResult::ok) {
+            if results.len() == self.plan.runs.len()
+                && results.iter().all(|r| r.ok(self.plan.iterations))
+            {
                 Ending::Done
             } else {
                 Ending::Reported(Cause::Failed)
@@ -1086,8 +1176,10 @@ impl Demo {
             kill,
             killed: None,
             killed_at: None,
+            killed_wall: None,
             forwarded: 0,
             gens: vec![None; clusters.len()],
+            seen: vec![Vec::new(); clusters.len()],
             shown: Vec::new(),
         };
         let mut last_render = Instant::now() - REFRESH;
@@ -1100,16 +1192,21 @@ impl Demo {
                     cluster_view(&run.shared, *c).filter(|s| prev_gen.is_none_or(|g| s.gen > g))
                 })
                 .collect();
-            for (g, v) in w.gens.iter_mut().zip(&views) {
-                if let Some(v) = v {
-                    *g = Some(v.gen);
+            for (i, v) in views.iter().enumerate() {
+                let Some(v) = v else { continue };
+                if w.gens[i].is_some_and(|g| v.gen > g) {
+                    self.regrouped(run, v);
+                }
+                w.gens[i] = Some(v.gen);
+                if !w.seen[i].iter().any(|(g, _)| *g == v.gen) {
+                    w.seen[i].push((v.gen, v.coordinator));
                 }
             }
             self.strike(&mut nodes, &views, &mut w);
             self.stop_stragglers(&nodes, &mut w);
 
             let all_done = nodes.iter().all(|n| n.code.is_some());
-            self.report_iterations(run, &clusters, &w.gens, &mut w.shown);
+            self.report_iterations(run, &clusters, &w.seen, &mut w.shown);
             if all_done {
                 break;
             }
@@ -1129,7 +1226,11 @@ impl Demo {
             .iter()
             .map(|n| (n.lane, n.code.unwrap_or(-1)))
             .collect();
-        if codes.iter().any(|(_, c)| *c != exit::DONE) && !w.interrupted() {
+        let elastic = self.plan.min_nodes.is_some();
+        let unexpected = codes.iter().any(|(lane, c)| {
+            *c != exit::DONE && !(elastic && lane.cluster.is_none() && w.killed == Some(lane.rank))
+        });
+        if unexpected && !w.interrupted() {
             self.explain_exits(&nodes, w.killed);
         }
         if let (Some((kr, kphase)), None, false) = (w.kill, w.killed, w.interrupted()) {
@@ -1141,6 +1242,7 @@ impl Demo {
             gen: *w.gens.last().expect("a cluster"),
             codes,
             killed: w.killed,
+            killed_wall: w.killed_wall,
             interrupted: w.interrupted(),
         })
     }
@@ -1246,20 +1348,37 @@ impl Demo {
             } else {
                 format!(" (it had already left `{kphase}`)")
             };
+            let dead_after = self.plan.dead_after();
+            let then = if self.plan.min_nodes.is_some() {
+                format!("the others should find its heartbeat still after dead-after ({dead_after}s), drop it and go on")
+            } else {
+                format!(
+                    "the others should notice its heartbeat stop within dead-after ({dead_after}s)"
+                )
+            };
             self.view.line(&format!(
-                ">> kill -9 rank {kr} (pid {pid}) in phase {ph} of iteration {}{late}; the others should notice its heartbeat stop within dead-after (5s)",
+                ">> kill -9 rank {kr} (pid {pid}) in phase {ph} of iteration {}{late}; {then}",
                 r.iteration
             ));
             w.kill = None;
             w.killed = Some(kr);
             w.killed_at = Some(Instant::now());
+            w.killed_wall = Some(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs_f64())
+                    .unwrap_or(0.0),
+            );
         }
     }
 
     /// The survivors must stop on their own within dead-after; if they have not
     /// long after that, something is wrong: stop them rather than hang.
     fn stop_stragglers(&mut self, nodes: &[NodeProc], w: &mut Watch) {
-        if w.killed_at.is_none_or(|t| t.elapsed() <= KILL_STOP_LIMIT) {
+        // In elastic mode the survivors go on: they are not stragglers.
+        if self.plan.min_nodes.is_some()
+            || w.killed_at.is_none_or(|t| t.elapsed() <= KILL_STOP_LIMIT)
+        {
             return;
         }
         w.killed_at = None;
@@ -1282,35 +1401,56 @@ impl Demo {
     }
 
     /// Print a table row for each iteration completed since the last look (once the
-    /// last cluster has a generation).
+    /// last cluster has a generation). An iteration is complete when the coordinator of
+    /// a generation of the last cluster passed its final barrier: rank 0, or after an
+    /// elastic regroup the lowest live rank; `seen` has every generation of each cluster
+    /// with its coordinator.
     fn report_iterations(
         &mut self,
         run: &RunSpec,
         clusters: &[Option<&'static str>],
-        gens: &[Option<u64>],
+        seen: &[Vec<(u64, u32)>],
         shown: &mut Vec<u64>,
     ) {
-        let Some(g) = *gens.last().expect("a cluster") else {
+        let (Some((last_cluster, before)), Some((last_seen, seen_before))) =
+            (clusters.split_last(), seen.split_last())
+        else {
             return;
         };
-        let events: Vec<(Vec<progress::Event>, u64)> = clusters
+        if last_seen.is_empty() {
+            return;
+        }
+        // The clusters before the last (a pipelined run's rollout cluster), in their
+        // newest generation.
+        let others: Vec<(Vec<progress::Event>, u64)> = before
             .iter()
-            .zip(gens)
-            .filter_map(|(c, g)| Some((progress::read_cluster_events(&run.shared, *c, 0), (*g)?)))
+            .zip(seen_before)
+            .filter_map(|(c, s)| {
+                let (g, coordinator) = *s.last()?;
+                Some((
+                    progress::read_cluster_events(&run.shared, *c, coordinator),
+                    g,
+                ))
+            })
             .collect();
-        // The last cluster's final barrier completes an iteration; it has a
-        // generation (g), so its events are the last of those read.
-        let last_events = &events.last().expect("the last cluster's events").0;
-        for it in progress::completed(last_events, g) {
-            if !shown.contains(&it) {
+        for &(g, coordinator) in last_seen {
+            let last_events =
+                progress::read_cluster_events(&run.shared, *last_cluster, coordinator);
+            for it in progress::completed(&last_events, g) {
+                if shown.contains(&it) {
+                    continue;
+                }
                 shown.push(it);
-                let parts: Vec<(&[progress::Event], u64)> =
-                    events.iter().map(|(e, g)| (e.as_slice(), *g)).collect();
+                let parts: Vec<(&[progress::Event], u64)> = others
+                    .iter()
+                    .map(|(e, g)| (e.as_slice(), *g))
+                    .chain(std::iter::once((last_events.as_slice(), g)))
+                    .collect();
                 let mut r = progress::cluster_report(&run.shared, &parts, it);
                 if run.staleness.is_some() {
                     // The clusters overlap: what an iteration costs is the time
                     // between two models, not the sum of its phases.
-                    r.secs = iteration_interval(&parts, last_events, g, it);
+                    r.secs = iteration_interval(&parts, &last_events, g, it);
                 }
                 if !self.header_shown {
                     self.header_shown = true;
@@ -1320,6 +1460,27 @@ impl Demo {
                 self.reports.push(r);
             }
         }
+    }
+
+    /// A cluster's generation was replaced within a round: elastic mode's survivors
+    /// regrouped without a lost node.
+    fn regrouped(&mut self, run: &RunSpec, v: &ClusterView) {
+        let dropped: Vec<String> = (0..run.nodes)
+            .filter(|r| !v.members.contains(r))
+            .map(|r| format!("rank {r}"))
+            .collect();
+        let members: Vec<String> = v.members.iter().map(|r| format!("rank {r}")).collect();
+        self.view.line(&format!(
+            ">> generation {}: {} regrouped without {} (rank {} coordinates)",
+            v.gen,
+            members.join(", "),
+            if dropped.is_empty() {
+                "anyone".to_string()
+            } else {
+                dropped.join(", ")
+            },
+            v.coordinator
+        ));
     }
 
     /// After a round that did not end well: what each node that failed said, in turn.
@@ -1546,7 +1707,7 @@ impl Demo {
             }
             if res.rounds.len() > 1 {
                 let killed = res.rounds[0].killed.unwrap_or(0);
-                out.push(if res.ok() {
+                out.push(if res.ok(p.iterations) {
                     format!(
                         "recovered: after rank {killed} was killed with SIGKILL and the cluster stopped, one restart of all {} node(s) resumed where the journals said and completed the run through iteration {} (work committed before the crash was reused, not redone)",
                         res.spec.nodes, p.iterations
@@ -1554,6 +1715,9 @@ impl Demo {
                 } else {
                     "NOT recovered: the restarted cluster did not complete (see the messages above)".into()
                 });
+            }
+            if res.elastic {
+                out.extend(elastic_summary(p, res, last));
             }
         }
         if let [sync, piped] = results {
@@ -1621,6 +1785,36 @@ impl Demo {
             self.view.line(&l);
         }
     }
+}
+
+/// Elastic mode's end of a run's summary: what moved, as the event logs say, and whether
+/// the survivors went on to the end.
+fn elastic_summary(p: &Plan, res: &RunResult, last: &Round) -> Vec<String> {
+    let logs = super::moved::read_all(&res.spec.shared, res.spec.nodes);
+    let moved = super::moved::what_moved(&logs, last.killed_wall, p.dead_after());
+    let mut out = Vec::new();
+    if moved.is_empty() && last.killed.is_none() {
+        return out;
+    }
+    out.push(String::new());
+    if moved.is_empty() {
+        out.push("what moved: nothing (no node was found lost)".into());
+    }
+    out.extend(moved);
+    if let Some(killed) = last.killed {
+        let others = res.spec.nodes - 1;
+        out.push(if res.ok(p.iterations) {
+            format!(
+                "went on: after rank {killed} was killed with SIGKILL, the other {others} node(s) regrouped without it and completed every iteration through {} without a restart",
+                p.iterations
+            )
+        } else {
+            format!(
+                "did NOT go on: after rank {killed} was killed, the other {others} node(s) did not complete the run (see the messages above)"
+            )
+        });
+    }
+    out
 }
 
 /// Draw the run in `shared` into `shared/timeline.html` (as `rl-node timeline` does).
@@ -1752,10 +1946,52 @@ mod tests {
         .is_err());
     }
 
+    /// `--min-nodes` without sense is refused naming the flag, before anything is written.
+    #[test]
+    fn min_nodes_out_of_range_or_with_pipeline_is_refused() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            demo: DemoArgs,
+        }
+        let refused = |flags: &[&str]| {
+            let cli =
+                Cli::try_parse_from(std::iter::once("demo").chain(flags.iter().copied())).unwrap();
+            match plan(cli.demo, Globals::default()) {
+                Ok(_) => panic!("{flags:?} was accepted"),
+                Err(e) => e,
+            }
+        };
+        for (flags, says) in [
+            (&["--min-nodes", "3"][..], "--min-nodes 3: "),
+            (&["--min-nodes", "0"][..], "K must be 1 to 2"),
+            (
+                &["--nodes", "5", "--min-nodes", "7"][..],
+                "K must be 1 to 4",
+            ),
+            (
+                &["--nodes", "1", "--min-nodes", "1"][..],
+                "at least 2 nodes",
+            ),
+            (
+                &["--pipeline", "--min-nodes", "1"][..],
+                "--min-nodes is not available with --pipeline",
+            ),
+        ] {
+            let e = refused(flags);
+            assert!(
+                e.contains(says) && e.contains("--min-nodes"),
+                "{flags:?}: {e}"
+            );
+        }
+    }
+
     #[test]
     fn kill_spec() {
         assert_eq!(parse_kill("1@training", 3).unwrap(), (1, "training"));
         assert_eq!(parse_kill("0@10", 3).unwrap(), (0, "training"));
+        assert_eq!(parse_kill("2@rollout", 3).unwrap(), (2, "train-rollout"));
         assert!(parse_kill("3@training", 3).is_err());
         assert!(parse_kill("1@trianing", 3)
             .unwrap_err()
@@ -1793,6 +2029,7 @@ mod tests {
             lr: 4.0,
             pace: 0.0,
             kill: None,
+            min_nodes: None,
             dir: dir.clone(),
             exe: PathBuf::from("/opt/my bin/rl-node"),
             runs: vec![run.clone()],
@@ -1814,6 +2051,29 @@ mod tests {
             .command
             .contains("'/opt/my bin/rl-node' __toy rollout"));
         assert_eq!(loaded.config.staleness(), None);
+        assert!(!loaded.config.elastic());
+        assert_eq!(
+            loaded.config.timing.dead_after,
+            Duration::from_secs(DEAD_AFTER_SECS)
+        );
+
+        // Elastic mode: min-nodes, and a shorter dead-after.
+        let elastic = Plan {
+            min_nodes: Some(2),
+            ..plan
+        };
+        fs::write(&run.config, config_toml(&elastic, &run)).unwrap();
+        let loaded = crate::config::load(Some(&run.config), &|_: &str| None, &[]).unwrap();
+        assert_eq!(loaded.config.cluster.min_nodes, 2);
+        assert!(loaded.config.elastic());
+        assert_eq!(
+            loaded.config.timing.dead_after,
+            Duration::from_secs(ELASTIC_DEAD_AFTER_SECS)
+        );
+        let plan = Plan {
+            min_nodes: None,
+            ..elastic
+        };
 
         // The pipelined run's: 2 nodes per cluster, staleness 1.
         let piped = RunSpec {

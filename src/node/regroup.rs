@@ -340,12 +340,13 @@ impl Node {
     }
 
     /// The address the new coordinator publishes for torchrun's rendezvous: its own (a
-    /// configured name was rank 0's).
+    /// configured name was rank 0's, unless it is a loopback address: then every node runs
+    /// on one machine, the new coordinator's too).
     fn moved_master_addr(&self, old: &ClusterRecord) -> String {
         match self.cfg.cluster.master_addr.as_str() {
             "ip" => crate::node::context::first_ip_address().unwrap_or_else(|| self.host.clone()),
             "" => self.host.clone(),
-            configured if self.rank == 0 => configured.to_string(),
+            configured if self.rank == 0 || is_loopback(configured) => configured.to_string(),
             configured => {
                 self.warn(&format!(
                     "cluster.master-addr = {configured:?} names rank 0's host, and rank 0 is not a member; torchrun's MASTER_ADDR is this host ({}) instead (was {})",
@@ -819,5 +820,27 @@ impl Rejoins {
 fn break_with(asking: &mut Option<super::Publisher>) {
     if let Some(p) = asking.take() {
         p.finish(|r| r.state = NodeState::Left, Duration::from_secs(5));
+    }
+}
+
+/// Whether `addr` names this machine whichever node reads it (`localhost`, 127.0.0.0/8,
+/// `::1`).
+fn is_loopback(addr: &str) -> bool {
+    addr.eq_ignore_ascii_case("localhost")
+        || addr
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|a| a.is_loopback())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn loopback_addresses_name_every_nodes_machine() {
+        for a in ["127.0.0.1", "127.1.2.3", "::1", "localhost", "LOCALHOST"] {
+            assert!(super::is_loopback(a), "{a}");
+        }
+        for a in ["10.0.0.1", "node-0", "0.0.0.0", ""] {
+            assert!(!super::is_loopback(a), "{a}");
+        }
     }
 }
