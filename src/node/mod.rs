@@ -1901,8 +1901,9 @@ impl Node {
             gathered = Some(arrivals);
         })?;
         if let Some(arrivals) = gathered {
-            let ranks = arrivals.into_iter().map(|a| a.map(|f| f.metrics));
-            self.metrics_collector().gathered(ranks.collect());
+            let numbers = arrivals.into_iter().map(|a| a.map(|f| f.metrics)).collect();
+            let ranks = metrics::by_rank(self.members().ranks(), self.num_nodes(), numbers);
+            self.metrics_collector().gathered(ranks);
         }
         Ok(())
     }
@@ -3398,6 +3399,7 @@ impl Node {
             cluster: self.cfg.pipeline_cluster(),
             t: self.wall_stamp(),
             elapsed: now.saturating_duration_since(started),
+            live_nodes: self.members().len(),
             budget: self
                 .plan_for("train")
                 .map(|p| (p.pool.len() + p.ranks.iter().map(Vec::len).sum::<usize>()) as u64),
