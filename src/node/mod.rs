@@ -425,7 +425,8 @@ fn open_textfile(cfg: &Config, rank: u32) -> Result<Option<textfile::Textfile>, 
         run_id: None,
         started: textfile::unix_now(),
     };
-    textfile::Textfile::open(now, path_of_run, rank, &labels, &hostname())
+    let nodes = cfg.cluster.num_nodes;
+    textfile::Textfile::open(now, path_of_run, rank, &labels, &hostname(), nodes)
         .map(Some)
         .map_err(|e| {
             Stop::usage(
