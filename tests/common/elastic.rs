@@ -189,3 +189,72 @@ pub fn survive_a_loss(c: &TestCluster, marker: &Path, victim: u32, sleep: &str) 
     }
     nodes
 }
+
+/// Makes the training of the elastic cluster `c` (made by [`cluster`]) wait, in
+/// generation 2 only (the one the survivors form), until the returned gate file exists.
+pub fn hold_training_in_generation_2(c: &TestCluster) -> PathBuf {
+    let gate = c.dir.path().join("generation-2-training-gate");
+    let text = fs::read_to_string(&c.config).unwrap();
+    let held = text.replacen(
+        "command = \"mkdir -p {output}/checkpoint-1",
+        &format!(
+            "command = \"if [ {{gen}} = 2 ]; then while [ ! -e '{}' ]; do sleep 0.05; done; fi; mkdir -p {{output}}/checkpoint-1",
+            gate.display()
+        ),
+        1,
+    );
+    assert_ne!(held, text, "the training command of `cluster` changed");
+    fs::write(&c.config, held).unwrap();
+    gate
+}
+
+/// A rank dropped and taken back: in the elastic cluster of 3 nodes (`min-nodes = 2`),
+/// `victim` is killed mid-rollout of iteration `KILLED_IN`; the survivors form generation
+/// 2 and train in it, where `while_dropped` looks at the run; then they are stopped
+/// (SIGTERM) and every node, the victim's rank included, is started again: generation 3
+/// takes `victim` back and the run completes. `sleep` is the victim's distinctive sleep.
+pub fn dropped_then_back(
+    victim: u32,
+    sleep: &str,
+    while_dropped: impl FnOnce(&TestCluster),
+) -> TestCluster {
+    let (c, marker) = cluster(victim, sleep, Some(2));
+    hold_training_in_generation_2(&c);
+    let args = ["--iterations", &ITERATIONS.to_string()];
+    let mut nodes = c.spawn_all(&args);
+    {
+        let _logs = ShowLogsOnFailure::new(&c, &nodes);
+        kill_machine(&mut nodes[victim as usize], &marker, sleep);
+        for r in (0..3).filter(|&r| r != victim) {
+            wait_until(
+                LIMIT,
+                &format!("rank {r} to train in generation 2, without rank {victim}"),
+                || {
+                    c.record(r)
+                        .is_some_and(|rec| rec["gen"] == 2 && rec["phase"] == "training")
+                },
+            );
+        }
+        while_dropped(&c);
+        for n in nodes.iter_mut().filter(|n| n.rank != victim) {
+            n.signal(libc::SIGTERM);
+            assert_ne!(n.wait(LIMIT), 0, "rank {} stopped by SIGTERM", n.rank);
+        }
+    }
+    let mut again = c.spawn_all(&args);
+    let _logs = ShowLogsOnFailure::new(&c, &again);
+    for n in again.iter_mut() {
+        assert_eq!(
+            n.wait(LIMIT),
+            0,
+            "rank {} must finish the run started again (its stderr is below)",
+            n.rank
+        );
+    }
+    let cluster: serde_json::Value =
+        serde_json::from_slice(&fs::read(c.log_path.join(".rl-node/cluster.json")).unwrap())
+            .unwrap();
+    assert_eq!(cluster["gen"], 3, "{cluster}");
+    assert!(cluster.get("members").is_none(), "every rank: {cluster}");
+    c
+}
