@@ -281,9 +281,11 @@ pub fn read_layout(layout: &Layout) -> Result<Status, String> {
         .map(|(i, rec)| {
             let rank = i as u32;
             if !members.contains(rank) {
-                let dropped = dropped_rank(rank).unwrap_or_else(|| super::members::Dropped {
+                // Without the records of the generations before (set aside by hand), the
+                // one before is the best guess, and nothing says why.
+                let dropped = dropped_rank(rank).unwrap_or(super::members::Dropped {
                     rank,
-                    lost_in: c.gen,
+                    lost_in: c.gen.saturating_sub(1),
                     dropped_from: c.gen,
                     reason: None,
                     described: None,
