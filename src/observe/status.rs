@@ -225,96 +225,14 @@ pub fn read_layout(layout: &Layout) -> Result<Status, String> {
         crate::state::read_lines::<serde_json::Value>(&crate::store::Fs, &layout.history())
             .map_err(|e| super::state_message(&layout, &e))?
             .entries;
-    // Who was a member of each generation of this run, and who was dropped or came back.
-    let gens: std::collections::BTreeSet<u64> = history
-        .iter()
-        .filter(|h| h["run_id"].as_str() == Some(c.run_id.as_str()))
-        .filter_map(|h| h["gen"].as_u64())
-        .chain([c.gen])
-        .collect();
-    let mut by_gen = super::members::read(&layout, &c.run_id, gens);
-    by_gen.insert(c.gen, members.ranks().to_vec());
-    let changes = super::members::changes(&by_gen);
-    for h in &mut history {
-        let Some(gen) = h["gen"].as_u64() else {
-            continue;
-        };
-        if h["run_id"].as_str() != Some(c.run_id.as_str()) || h.get("discarded_from").is_some() {
-            continue;
-        }
-        if let (Some(m), Some(obj)) = (by_gen.get(&gen), h.as_object_mut()) {
-            let change = changes.iter().find(|ch| ch.gen == gen);
-            obj.insert("members".into(), serde_json::json!(m));
-            obj.insert(
-                "dropped".into(),
-                serde_json::json!(change.map(|ch| ch.dropped.clone()).unwrap_or_default()),
-            );
-            obj.insert(
-                "rejoined".into(),
-                serde_json::json!(change.map(|ch| ch.rejoined.clone()).unwrap_or_default()),
-            );
-        }
-    }
-    // A rank that is not a member was dropped from the last generation that went on
-    // without it; the abort of the generation it was lost in says why.
-    let dropped_rank = |rank: u32| -> Option<super::members::Dropped> {
-        let change = changes.iter().rev().find(|ch| ch.dropped.contains(&rank))?;
-        let lost_in_records = read_records(
-            &layout,
-            &ClusterRecord {
-                gen: change.previous,
-                ..ClusterRecord::bare(&c.run_id, change.previous, c.num_nodes)
-            },
-        );
-        let abort = read_abort(&layout, change.previous, &lost_in_records);
-        Some(super::members::Dropped::of(rank, change, abort.as_ref()))
-    };
-    let last_record = |rank: u32, gen: u64| -> Option<RankRecord> {
-        store::fs::read_json::<RankRecord>(&layout.rank_record(gen, rank))
-            .ok()
-            .flatten()
-            .filter(|rec| rec.belongs_to(&c.run_id, gen, rank))
-    };
+    let (by_gen, changes) = membership_history(&layout, &c, &mut history);
     let ranks = records
         .iter()
         .enumerate()
         .map(|(i, rec)| {
             let rank = i as u32;
             if !members.contains(rank) {
-                // Without the records of the generations before (set aside by hand), the
-                // one before is the best guess, and nothing says why.
-                let dropped = dropped_rank(rank).unwrap_or(super::members::Dropped {
-                    rank,
-                    lost_in: c.gen.saturating_sub(1),
-                    dropped_from: c.gen,
-                    reason: None,
-                    described: None,
-                    at: None,
-                    detected_by: None,
-                    iteration: None,
-                    phase: None,
-                });
-                let last = last_record(rank, dropped.lost_in);
-                return RankStatus {
-                    rank,
-                    state: "dropped".into(),
-                    record_state: None,
-                    host: last.as_ref().map(|r| r.host.clone()).unwrap_or_default(),
-                    pid: last.as_ref().map_or(0, |r| r.pid),
-                    iteration: last.as_ref().map_or(0, |r| r.iteration),
-                    phase: last.as_ref().and_then(|r| r.phase).map(|p| p.number()),
-                    phase_name: last.as_ref().and_then(|r| r.phase).map(|p| p.name()),
-                    culprit: false,
-                    stopped_by: None,
-                    progress: None,
-                    heartbeat_age_ms: None,
-                    last_write: last.map(|r| r.wall).unwrap_or_default(),
-                    waiting_at: None,
-                    process: None,
-                    refused: None,
-                    hang_report: None,
-                    dropped: Some(dropped),
-                };
+                return dropped_status(&layout, &c, rank, &changes);
             }
             match rec {
                 Some(r) => RankStatus {
@@ -341,55 +259,11 @@ pub fn read_layout(layout: &Layout) -> Result<Status, String> {
                     hang_report: r.hang_report.clone(),
                     dropped: None,
                 },
-                None => RankStatus {
-                    rank,
-                    state: "missing".into(),
-                    record_state: None,
-                    host: String::new(),
-                    pid: 0,
-                    iteration: 0,
-                    phase: None,
-                    phase_name: None,
-                    culprit: false,
-                    stopped_by: None,
-                    progress: None,
-                    heartbeat_age_ms: None,
-                    last_write: String::new(),
-                    waiting_at: None,
-                    process: None,
-                    refused: None,
-                    hang_report: None,
-                    dropped: None,
-                },
+                None => missing(rank),
             }
         })
         .collect();
-    // Journaled by the coordinator of the generation that trained: rank 0, or in elastic
-    // mode the lowest member of a generation that went on without it.
-    let coordinators: std::collections::BTreeSet<u32> = by_gen
-        .values()
-        .filter_map(|m| m.first().copied())
-        .chain([0])
-        .collect();
-    let mut training_failures = Vec::new();
-    for rank in coordinators {
-        let journal = crate::state::read_journal(&crate::store::Fs, &layout.journal(rank))
-            .map_err(|e| super::state_message(&layout, &e))?;
-        training_failures.extend(
-            journal
-                .entries
-                .into_iter()
-                .filter(|e| {
-                    e.run_id == c.run_id
-                        && e.item == crate::protocol::journal::item::HANDOFF_SKIPPED
-                })
-                .map(|e| TrainingFailure {
-                    iteration: e.iteration,
-                    outcome: e.note.unwrap_or_else(|| "training failed".into()),
-                }),
-        );
-    }
-    training_failures.sort_by_key(|f| f.iteration);
+    let training_failures = training_failures(&layout, &c.run_id, &by_gen)?;
     let duration = |key: &str, default: Duration| {
         c.config["timing"][key]
             .as_str()
@@ -445,6 +319,164 @@ pub fn read_layout(layout: &Layout) -> Result<Status, String> {
         min_nodes,
         regrouping,
     })
+}
+
+/// A member without a record in the generation.
+fn missing(rank: u32) -> RankStatus {
+    RankStatus {
+        rank,
+        state: "missing".into(),
+        record_state: None,
+        host: String::new(),
+        pid: 0,
+        iteration: 0,
+        phase: None,
+        phase_name: None,
+        culprit: false,
+        stopped_by: None,
+        progress: None,
+        heartbeat_age_ms: None,
+        last_write: String::new(),
+        waiting_at: None,
+        process: None,
+        refused: None,
+        hang_report: None,
+        dropped: None,
+    }
+}
+
+/// Who was a member of each generation of run `c` (its history's and the current one),
+/// and how each differs from the one before: each history entry of the run gets its
+/// generation's `members`, and the ranks it `dropped` and took back (`rejoined`).
+fn membership_history(
+    layout: &Layout,
+    c: &ClusterRecord,
+    history: &mut [serde_json::Value],
+) -> (
+    std::collections::BTreeMap<u64, Vec<u32>>,
+    Vec<super::members::Change>,
+) {
+    let gens: std::collections::BTreeSet<u64> = history
+        .iter()
+        .filter(|h| h["run_id"].as_str() == Some(c.run_id.as_str()))
+        .filter_map(|h| h["gen"].as_u64())
+        .chain([c.gen])
+        .collect();
+    let mut by_gen = super::members::read(layout, &c.run_id, gens);
+    by_gen.insert(c.gen, c.members().ranks().to_vec());
+    let changes = super::members::changes(&by_gen);
+    for h in history.iter_mut() {
+        let Some(gen) = h["gen"].as_u64() else {
+            continue;
+        };
+        if h["run_id"].as_str() != Some(c.run_id.as_str()) || h.get("discarded_from").is_some() {
+            continue;
+        }
+        if let (Some(m), Some(obj)) = (by_gen.get(&gen), h.as_object_mut()) {
+            let change = changes.iter().find(|ch| ch.gen == gen);
+            obj.insert("members".into(), serde_json::json!(m));
+            obj.insert(
+                "dropped".into(),
+                serde_json::json!(change.map(|ch| ch.dropped.clone()).unwrap_or_default()),
+            );
+            obj.insert(
+                "rejoined".into(),
+                serde_json::json!(change.map(|ch| ch.rejoined.clone()).unwrap_or_default()),
+            );
+        }
+    }
+    (by_gen, changes)
+}
+
+/// Rank `rank`, not a member of `c`'s generation: dropped from the last generation that
+/// went on without it (`changes`), why from the abort of the generation it was lost in,
+/// and where it was from its last record there.
+fn dropped_status(
+    layout: &Layout,
+    c: &ClusterRecord,
+    rank: u32,
+    changes: &[super::members::Change],
+) -> RankStatus {
+    let dropped = match changes.iter().rev().find(|ch| ch.dropped.contains(&rank)) {
+        Some(change) => {
+            let lost_in = ClusterRecord::bare(&c.run_id, change.previous, c.num_nodes);
+            let records = read_records(layout, &lost_in);
+            let abort = read_abort(layout, change.previous, &records);
+            super::members::Dropped::of(rank, change, abort.as_ref())
+        }
+        // Without the records of the generations before (set aside by hand), the one
+        // before is the best guess, and nothing says why.
+        None => super::members::Dropped {
+            rank,
+            lost_in: c.gen.saturating_sub(1),
+            dropped_from: c.gen,
+            reason: None,
+            described: None,
+            at: None,
+            detected_by: None,
+            iteration: None,
+            phase: None,
+        },
+    };
+    let last = store::fs::read_json::<RankRecord>(&layout.rank_record(dropped.lost_in, rank))
+        .ok()
+        .flatten()
+        .filter(|rec| rec.belongs_to(&c.run_id, dropped.lost_in, rank));
+    RankStatus {
+        rank,
+        state: "dropped".into(),
+        record_state: None,
+        host: last.as_ref().map(|r| r.host.clone()).unwrap_or_default(),
+        pid: last.as_ref().map_or(0, |r| r.pid),
+        iteration: last.as_ref().map_or(0, |r| r.iteration),
+        phase: last.as_ref().and_then(|r| r.phase).map(|p| p.number()),
+        phase_name: last.as_ref().and_then(|r| r.phase).map(|p| p.name()),
+        culprit: false,
+        stopped_by: None,
+        progress: None,
+        heartbeat_age_ms: None,
+        last_write: last.map(|r| r.wall).unwrap_or_default(),
+        waiting_at: None,
+        process: None,
+        refused: None,
+        hang_report: None,
+        dropped: Some(dropped),
+    }
+}
+
+/// The iterations of run `run_id` whose training failed and that kept their model, as
+/// the coordinator of the generation that trained journaled them: rank 0, or in elastic
+/// mode the lowest member of a generation that went on without it (`by_gen`: each
+/// generation's members).
+fn training_failures(
+    layout: &Layout,
+    run_id: &str,
+    by_gen: &std::collections::BTreeMap<u64, Vec<u32>>,
+) -> Result<Vec<TrainingFailure>, String> {
+    let coordinators: std::collections::BTreeSet<u32> = by_gen
+        .values()
+        .filter_map(|m| m.first().copied())
+        .chain([0])
+        .collect();
+    let mut out = Vec::new();
+    for rank in coordinators {
+        let journal = crate::state::read_journal(&crate::store::Fs, &layout.journal(rank))
+            .map_err(|e| super::state_message(layout, &e))?;
+        out.extend(
+            journal
+                .entries
+                .into_iter()
+                .filter(|e| {
+                    e.run_id == run_id && e.item == crate::protocol::journal::item::HANDOFF_SKIPPED
+                })
+                .map(|e| TrainingFailure {
+                    iteration: e.iteration,
+                    outcome: e.note.unwrap_or_else(|| "training failed".into()),
+                }),
+        );
+    }
+    out.sort_by_key(|f| f.iteration);
+    Ok(out)
 }
 
 /// Judge every rank's process from evidence: on this machine, the kernel (pid and start
@@ -683,77 +715,8 @@ pub fn render(s: &Status) -> String {
     if let Some(p) = &s.previous {
         out.push_str(&format!("previous: {p}\n"));
     }
-    // Elastic mode: who is left, who was dropped (when, why), who came back.
-    if !s.dropped.is_empty() {
-        out.push_str(&format!(
-            "members: {} ({} of {} nodes; rank {} coordinates)\n",
-            super::members::ranks_list(&s.members),
-            s.members.len(),
-            s.num_nodes,
-            s.coordinator
-        ));
-        for d in s.ranks.iter().filter_map(|r| r.dropped.as_ref()) {
-            out.push_str(&format!("dropped: {}\n", d.summary()));
-        }
-    }
-    if !s.rejoined.is_empty() {
-        out.push_str(&format!(
-            "back in this generation: {}\n",
-            super::members::ranks_list(&s.rejoined)
-        ));
-    }
-    if !s.history.is_empty() {
-        out.push_str("history:\n");
-        for h in &s.history {
-            if let Some(n) = h["discarded_from"].as_u64() {
-                out.push_str(&format!(
-                    "  iterations {n} and later of run {} were set aside (rl-node recover --discard-iteration)\n",
-                    h["run_id"].as_str().unwrap_or("?")
-                ));
-                continue;
-            }
-            // Elastic mode: the members of a generation that dropped or took back ranks.
-            let ranks = |k: &str| -> Vec<u32> {
-                h[k].as_array()
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(|r| r.as_u64())
-                            .map(|r| r as u32)
-                            .collect()
-                    })
-                    .unwrap_or_default()
-            };
-            let (dropped, rejoined) = (ranks("dropped"), ranks("rejoined"));
-            let mut membership = Vec::new();
-            if !dropped.is_empty() {
-                membership.push(format!("dropped {}", super::members::ranks_list(&dropped)));
-            }
-            if !rejoined.is_empty() {
-                membership.push(format!("{} back", super::members::ranks_list(&rejoined)));
-            }
-            let membership = match membership.is_empty() {
-                true => String::new(),
-                false => format!(
-                    "; members {} ({})",
-                    super::members::ranks_list(&ranks("members")),
-                    membership.join("; ")
-                ),
-            };
-            out.push_str(&format!(
-                "  generation {} of run {}: started {} on {} (pid {}) at iteration {}{membership}{}\n",
-                h["gen"],
-                h["run_id"].as_str().unwrap_or("?"),
-                h["started_at"].as_str().unwrap_or("?"),
-                h["host"].as_str().unwrap_or("?"),
-                h["pid"],
-                h["resume_iteration"],
-                h["previous"]
-                    .as_str()
-                    .map(|p| format!("; before it, {p}"))
-                    .unwrap_or_default()
-            ));
-        }
-    }
+    render_membership(&mut out, s);
+    render_history(&mut out, s);
     if !s.training_failures.is_empty() {
         out.push_str(
             "iterations that kept their model (phases.train.on-failure = \"keep-model\"):\n",
@@ -831,6 +794,85 @@ pub fn render(s: &Status) -> String {
         }
     }
     out
+}
+
+/// Elastic mode: who is left and who coordinates, who was dropped (when, why), who came
+/// back in this generation.
+fn render_membership(out: &mut String, s: &Status) {
+    if !s.dropped.is_empty() {
+        out.push_str(&format!(
+            "members: {} ({} of {} nodes; rank {} coordinates)\n",
+            super::members::ranks_list(&s.members),
+            s.members.len(),
+            s.num_nodes,
+            s.coordinator
+        ));
+        for d in s.ranks.iter().filter_map(|r| r.dropped.as_ref()) {
+            out.push_str(&format!("dropped: {}\n", d.summary()));
+        }
+    }
+    if !s.rejoined.is_empty() {
+        out.push_str(&format!(
+            "back in this generation: {}\n",
+            super::members::ranks_list(&s.rejoined)
+        ));
+    }
+}
+
+/// Every start of the run, with (elastic mode) who each generation dropped or took back.
+fn render_history(out: &mut String, s: &Status) {
+    if !s.history.is_empty() {
+        out.push_str("history:\n");
+        for h in &s.history {
+            if let Some(n) = h["discarded_from"].as_u64() {
+                out.push_str(&format!(
+                    "  iterations {n} and later of run {} were set aside (rl-node recover --discard-iteration)\n",
+                    h["run_id"].as_str().unwrap_or("?")
+                ));
+                continue;
+            }
+            // Elastic mode: the members of a generation that dropped or took back ranks.
+            let ranks = |k: &str| -> Vec<u32> {
+                h[k].as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|r| r.as_u64())
+                            .map(|r| r as u32)
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            };
+            let (dropped, rejoined) = (ranks("dropped"), ranks("rejoined"));
+            let mut membership = Vec::new();
+            if !dropped.is_empty() {
+                membership.push(format!("dropped {}", super::members::ranks_list(&dropped)));
+            }
+            if !rejoined.is_empty() {
+                membership.push(format!("{} back", super::members::ranks_list(&rejoined)));
+            }
+            let membership = match membership.is_empty() {
+                true => String::new(),
+                false => format!(
+                    "; members {} ({})",
+                    super::members::ranks_list(&ranks("members")),
+                    membership.join("; ")
+                ),
+            };
+            out.push_str(&format!(
+                "  generation {} of run {}: started {} on {} (pid {}) at iteration {}{membership}{}\n",
+                h["gen"],
+                h["run_id"].as_str().unwrap_or("?"),
+                h["started_at"].as_str().unwrap_or("?"),
+                h["host"].as_str().unwrap_or("?"),
+                h["pid"],
+                h["resume_iteration"],
+                h["previous"]
+                    .as_str()
+                    .map(|p| format!("; before it, {p}"))
+                    .unwrap_or_default()
+            ));
+        }
+    }
 }
 
 /// A pipelined run (docs/pipeline.md): both clusters, and the hand-over between them.

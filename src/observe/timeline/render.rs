@@ -220,12 +220,63 @@ pub fn html(t: &Timeline, title: &str) -> (String, Counts) {
     svg.push_str("</g>");
     let lanes_bottom = y;
 
-    // Generation separators over their cluster's lanes.
+    generation_lines(&mut svg, t, &scale, &label_rows, &cluster_rows);
+    downtime(&mut svg, t, &scale, lanes_top, lanes_bottom);
+    counts.lanes = t.lanes.len();
+    let height = y + MARGIN;
+    let width = LABEL_W + PLOT_W + 2.0 * MARGIN;
+
+    let mut page = String::with_capacity(svg.len() + 4096);
+    let _ = write!(
+        page,
+        r##"<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>{title}</title>
+<style>
+body {{ font-family: sans-serif; margin: 12px; }}
+h2, p {{ overflow-wrap: anywhere; }}
+#timeline {{ display: block; max-width: 100%; user-select: none; }}
+.hint {{ color: #555; font-size: 12px; }}
+svg text {{ font-family: sans-serif; font-size: 11px; }}
+#tip {{ position: fixed; display: none; background: #ffffe8; border: 1px solid #888; padding: 4px 6px; font-size: 12px; white-space: pre; pointer-events: none; max-width: 900px; overflow: hidden; }}
+</style></head>
+<body data-timeline="loading">
+<h2>{title}</h2>
+<p>{summary}</p>
+<p class="hint">Zoom the lanes with the mouse wheel over them, drag to pan, double-click to see everything again.</p>
+<svg xmlns="http://www.w3.org/2000/svg" id="timeline" width="100%" viewBox="0 0 {width:.0} {height:.0}" data-plot-x="{LABEL_W}" data-plot-w="{PLOT_W}" data-lanes="{lanes}" data-blocks="{blocks}" data-mixed="{mixed}">
+<defs><pattern id="hatch" patternUnits="userSpaceOnUse" width="6" height="6" patternTransform="rotate(45)"><rect width="6" height="6" fill="#ffffff" fill-opacity="0.55"/><line x1="0" y1="0" x2="0" y2="6" stroke="#000" stroke-width="2"/></pattern><pattern id="hatch-pipeline" patternUnits="userSpaceOnUse" width="6" height="6" patternTransform="rotate(-45)"><rect width="6" height="6" fill="#ffffff" fill-opacity="0.7"/><line x1="0" y1="0" x2="0" y2="6" stroke="#06c" stroke-width="2"/></pattern><clipPath id="plot"><rect x="{LABEL_W}" y="-100000" width="{PLOT_W}" height="200000"/></clipPath></defs>
+{svg}
+</svg>
+<div id="tip"></div>
+<script>
+{SCRIPT}
+</script>
+</body></html>
+"##,
+        title = esc(title),
+        summary = esc(&summary(t, &counts)),
+        lanes = counts.lanes,
+        blocks = counts.blocks,
+        mixed = counts.mixed,
+    );
+    (page, counts)
+}
+
+/// The generation separators over their cluster's lanes (`cluster_rows`: each cluster's
+/// top and bottom), each labelled in its row of `label_rows`; in elastic mode a membership
+/// change in its own colour, named by who was dropped or came back.
+fn generation_lines(
+    svg: &mut String,
+    t: &Timeline,
+    scale: &Scale,
+    label_rows: &[usize],
+    cluster_rows: &[(Option<&'static str>, f64, f64)],
+) {
     let _ = write!(
         svg,
         r#"<g clip-path="url(#plot)"><g class="tz" id="generations">"#
     );
-    for (g, row) in t.generations.iter().zip(&label_rows) {
+    for (g, row) in t.generations.iter().zip(label_rows) {
         let Some(&(_, top, bottom)) = cluster_rows.iter().find(|c| c.0 == g.cluster) else {
             continue;
         };
@@ -302,45 +353,6 @@ pub fn html(t: &Timeline, title: &str) -> (String, Counts) {
         );
     }
     svg.push_str("</g></g>");
-    downtime(&mut svg, t, &scale, lanes_top, lanes_bottom);
-    counts.lanes = t.lanes.len();
-    let height = y + MARGIN;
-    let width = LABEL_W + PLOT_W + 2.0 * MARGIN;
-
-    let mut page = String::with_capacity(svg.len() + 4096);
-    let _ = write!(
-        page,
-        r##"<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>{title}</title>
-<style>
-body {{ font-family: sans-serif; margin: 12px; }}
-h2, p {{ overflow-wrap: anywhere; }}
-#timeline {{ display: block; max-width: 100%; user-select: none; }}
-.hint {{ color: #555; font-size: 12px; }}
-svg text {{ font-family: sans-serif; font-size: 11px; }}
-#tip {{ position: fixed; display: none; background: #ffffe8; border: 1px solid #888; padding: 4px 6px; font-size: 12px; white-space: pre; pointer-events: none; max-width: 900px; overflow: hidden; }}
-</style></head>
-<body data-timeline="loading">
-<h2>{title}</h2>
-<p>{summary}</p>
-<p class="hint">Zoom the lanes with the mouse wheel over them, drag to pan, double-click to see everything again.</p>
-<svg xmlns="http://www.w3.org/2000/svg" id="timeline" width="100%" viewBox="0 0 {width:.0} {height:.0}" data-plot-x="{LABEL_W}" data-plot-w="{PLOT_W}" data-lanes="{lanes}" data-blocks="{blocks}" data-mixed="{mixed}">
-<defs><pattern id="hatch" patternUnits="userSpaceOnUse" width="6" height="6" patternTransform="rotate(45)"><rect width="6" height="6" fill="#ffffff" fill-opacity="0.55"/><line x1="0" y1="0" x2="0" y2="6" stroke="#000" stroke-width="2"/></pattern><pattern id="hatch-pipeline" patternUnits="userSpaceOnUse" width="6" height="6" patternTransform="rotate(-45)"><rect width="6" height="6" fill="#ffffff" fill-opacity="0.7"/><line x1="0" y1="0" x2="0" y2="6" stroke="#06c" stroke-width="2"/></pattern><clipPath id="plot"><rect x="{LABEL_W}" y="-100000" width="{PLOT_W}" height="200000"/></clipPath></defs>
-{svg}
-</svg>
-<div id="tip"></div>
-<script>
-{SCRIPT}
-</script>
-</body></html>
-"##,
-        title = esc(title),
-        summary = esc(&summary(t, &counts)),
-        lanes = counts.lanes,
-        blocks = counts.blocks,
-        mixed = counts.mixed,
-    );
-    (page, counts)
 }
 
 /// Whether the label of a generation line at `x` runs leftwards from it (late ones do, to
@@ -979,50 +991,7 @@ fn draw_lane(svg: &mut String, lane: &Lane, y: f64, scale: &Scale, counts: &mut 
         svg,
         r##"<rect x="{LABEL_W}" width="{PLOT_W}" height="{LANE_H}" fill="#f4f4f4"/><g clip-path="url(#plot)"><g class="tz">"##
     );
-    // Elastic mode: where the rank was no member, its lane ends (a bar in the membership
-    // colour), is left blank, and resumes where a generation took it back.
-    for a in &lane.absent {
-        let x0 = scale.x(a.from);
-        let x1 = a.until.map_or(LABEL_W + PLOT_W, |t| scale.x(t)).max(x0);
-        let tip = format!(
-            "{} · not a member from generation {} ({})\ndropped: {}\n{}",
-            lane.label(),
-            a.dropped_from,
-            wall(a.from),
-            a.why,
-            match (a.back_in, a.until) {
-                (Some(g), Some(t)) => format!("back in generation {g} ({})", wall(t)),
-                _ => "not back since".to_string(),
-            }
-        );
-        let _ = write!(
-            svg,
-            r##"<g class="absent" data-from-gen="{}" data-back-gen="{}"><title>{}</title><rect x="{x0:.1}" width="{:.1}" height="{LANE_H}" fill="#ffffff"/><line class="lane-end" x1="{x0:.1}" x2="{x0:.1}" y1="0" y2="{LANE_H}" stroke="{MEMBERSHIP}" stroke-width="3" vector-effect="non-scaling-stroke"/>"##,
-            a.dropped_from,
-            a.back_in.map(|g| g.to_string()).unwrap_or_default(),
-            esc(&tip),
-            x1 - x0,
-        );
-        // Said in the lane too, where it fits.
-        let say = format!("not a member: dropped ({})", a.why);
-        if say.chars().count() as f64 * GEN_CHAR_PX + 10.0 < x1 - x0 {
-            let _ = write!(
-                svg,
-                r#"<text data-x="{:.1}" x="{:.1}" y="12" font-size="10" fill="{MEMBERSHIP}">{}</text>"#,
-                x0 + 6.0,
-                x0 + 6.0,
-                esc(&say)
-            );
-        }
-        if a.until.is_some() {
-            let _ = write!(
-                svg,
-                r##"<line class="lane-resume" x1="{x1:.1}" x2="{x1:.1}" y1="0" y2="{LANE_H}" stroke="{MEMBERSHIP}" stroke-width="1.5" stroke-dasharray="2 2" vector-effect="non-scaling-stroke"/>"##
-            );
-        }
-        svg.push_str("</g>");
-    }
-
+    draw_absent(svg, lane, scale);
     // Phase blocks; narrow ones merged into mixed blocks, with the narrow barrier waits
     // of their stretch of time summed up in the same hover text (and hatched in
     // proportion), so that a large run's page stays small.
@@ -1108,6 +1077,52 @@ fn draw_lane(svg: &mut String, lane: &Lane, y: f64, scale: &Scale, counts: &mut 
         i = j;
     }
     svg.push_str("</g></g></g>");
+}
+
+/// Elastic mode: where the rank was no member, its lane ends (a bar in the membership
+/// colour), is left blank, and resumes where a generation took it back.
+fn draw_absent(svg: &mut String, lane: &Lane, scale: &Scale) {
+    for a in &lane.absent {
+        let x0 = scale.x(a.from);
+        let x1 = a.until.map_or(LABEL_W + PLOT_W, |t| scale.x(t)).max(x0);
+        let tip = format!(
+            "{} · not a member from generation {} ({})\ndropped: {}\n{}",
+            lane.label(),
+            a.dropped_from,
+            wall(a.from),
+            a.why,
+            match (a.back_in, a.until) {
+                (Some(g), Some(t)) => format!("back in generation {g} ({})", wall(t)),
+                _ => "not back since".to_string(),
+            }
+        );
+        let _ = write!(
+            svg,
+            r##"<g class="absent" data-from-gen="{}" data-back-gen="{}"><title>{}</title><rect x="{x0:.1}" width="{:.1}" height="{LANE_H}" fill="#ffffff"/><line class="lane-end" x1="{x0:.1}" x2="{x0:.1}" y1="0" y2="{LANE_H}" stroke="{MEMBERSHIP}" stroke-width="3" vector-effect="non-scaling-stroke"/>"##,
+            a.dropped_from,
+            a.back_in.map(|g| g.to_string()).unwrap_or_default(),
+            esc(&tip),
+            x1 - x0,
+        );
+        // Said in the lane too, where it fits.
+        let say = format!("not a member: dropped ({})", a.why);
+        if say.chars().count() as f64 * GEN_CHAR_PX + 10.0 < x1 - x0 {
+            let _ = write!(
+                svg,
+                r#"<text data-x="{:.1}" x="{:.1}" y="12" font-size="10" fill="{MEMBERSHIP}">{}</text>"#,
+                x0 + 6.0,
+                x0 + 6.0,
+                esc(&say)
+            );
+        }
+        if a.until.is_some() {
+            let _ = write!(
+                svg,
+                r##"<line class="lane-resume" x1="{x1:.1}" x2="{x1:.1}" y1="0" y2="{LANE_H}" stroke="{MEMBERSHIP}" stroke-width="1.5" stroke-dasharray="2 2" vector-effect="non-scaling-stroke"/>"##
+            );
+        }
+        svg.push_str("</g>");
+    }
 }
 
 fn draw_block(svg: &mut String, lane: &Lane, b: &Block, x0: f64, x1: f64, scale: &Scale) {
