@@ -67,6 +67,23 @@ pub(crate) struct RankNumbers {
     pub retries: u64,
 }
 
+/// The numbers the members' `final-sync` arrivals carried (in the members' order: a
+/// generation formed after a loss has fewer), by rank: a rank that is not a member has
+/// none, so `barrier/wait_by_rank_s` keeps its index = rank.
+pub(crate) fn by_rank(
+    members: &[u32],
+    num_nodes: u32,
+    arrivals: Vec<Option<RankNumbers>>,
+) -> Vec<Option<RankNumbers>> {
+    let mut ranks = vec![None; num_nodes as usize];
+    for (&rank, numbers) in members.iter().zip(arrivals) {
+        if let Some(slot) = ranks.get_mut(rank as usize) {
+            *slot = numbers;
+        }
+    }
+    ranks
+}
+
 /// What training did in the iteration, as rank 0 knows it after `training-complete`.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Trained {
@@ -211,6 +228,7 @@ impl Collector {
         m.insert("iteration".into(), fixed.iteration.into());
         m.insert("run".into(), fixed.run.clone().into());
         m.insert("generation".into(), fixed.generation.into());
+        m.insert("cluster/live_nodes".into(), fixed.live_nodes.into());
         if let Some(c) = fixed.cluster {
             m.insert("cluster".into(), c.into());
         }
@@ -316,6 +334,9 @@ pub(crate) struct Fixed {
     /// Wall clock at the end, RFC 3339.
     pub t: String,
     pub elapsed: Duration,
+    /// The nodes of the generation that wrote the line: every node, or in elastic mode
+    /// (`[cluster] min-nodes`) the members left after a loss.
+    pub live_nodes: u32,
     /// Planned train items (tasks × samples), when tasks are planned.
     pub budget: Option<u64>,
 }
@@ -619,6 +640,7 @@ mod tests {
             cluster: Some("rollout"),
             t: "now".into(),
             elapsed: Duration::from_millis(3500),
+            live_nodes: 3,
             budget: Some(4),
         };
         let v: Value = serde_json::from_str(&c.line(
@@ -632,6 +654,7 @@ mod tests {
         .unwrap();
         assert_eq!(v["iteration"], 2);
         assert_eq!(v["cluster"], "rollout");
+        assert_eq!(v["cluster/live_nodes"], 3);
         assert_eq!(v["time/iteration_s"], 3.5);
         assert_eq!(v["time/sync_start_s"], 1.0);
         assert_eq!(v["time/train_rollout_s"], 2.0);
@@ -661,6 +684,7 @@ mod tests {
             cluster: None,
             t: "now".into(),
             elapsed: Duration::ZERO,
+            live_nodes: 2,
             budget: None,
         };
         let count = |c: &Collector| {
@@ -746,6 +770,7 @@ mod tests {
             cluster: None,
             t: "now".into(),
             elapsed: Duration::from_secs(4),
+            live_nodes: 4,
             budget: None,
         };
         let v: Value = serde_json::from_str(&c.line(&fixed, &FieldStats::default())).unwrap();
@@ -760,5 +785,43 @@ mod tests {
         assert_eq!(v["rollout/retries"], 4);
         assert_eq!(v["train/ran"], false);
         assert_eq!(v["train/samples_total"], Value::Null);
+    }
+
+    /// In elastic mode a generation formed after a loss has fewer members: the line
+    /// counts them, and each member's numbers stay under its own rank, the dropped
+    /// rank's `null`.
+    #[test]
+    fn a_generation_without_a_dropped_rank_counts_its_live_nodes_by_rank() {
+        let numbers = |wait: f64| {
+            Some(RankNumbers {
+                wait_s: wait,
+                ..RankNumbers::default()
+            })
+        };
+        let mut c = Collector::default();
+        // Rank 0 was dropped: ranks 1 and 2 arrive at positions 0 and 1.
+        c.gathered(by_rank(&[1, 2], 3, vec![numbers(0.5), numbers(0.25)]));
+        let fixed = Fixed {
+            iteration: 3,
+            run: "r".into(),
+            generation: 2,
+            cluster: None,
+            t: "now".into(),
+            elapsed: Duration::from_secs(1),
+            live_nodes: 2,
+            budget: None,
+        };
+        let v: Value = serde_json::from_str(&c.line(&fixed, &FieldStats::default())).unwrap();
+        assert_eq!(v["cluster/live_nodes"], 2);
+        assert_eq!(v["generation"], 2);
+        assert_eq!(
+            v["barrier/wait_by_rank_s"],
+            serde_json::json!([null, 0.5, 0.25])
+        );
+        // A full generation: positions are ranks.
+        assert_eq!(
+            by_rank(&[0, 1], 2, vec![numbers(1.0), None]),
+            vec![numbers(1.0), None]
+        );
     }
 }

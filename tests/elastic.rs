@@ -4,180 +4,17 @@
 //! `timing.dead-after`, form the next generation by themselves in the same processes, one
 //! of them stands in for the dead rank's rollout (`{rank}` = the dead rank, so its shard
 //! is still produced and merged), and they finish every iteration and exit 0. When rank 0
-//! is the one killed, rank 1 coordinates (merge, hand-off). Without `min-nodes` the same
-//! death still stops the cluster, every survivor exiting 3 and naming the dead rank.
+//! is the one killed, rank 1 coordinates (merge, hand-off, metrics.jsonl, whose lines
+//! count the live nodes). Without `min-nodes` the same death still stops the cluster,
+//! every survivor exiting 3 and naming the dead rank.
 
 mod common;
 
 use common::cluster::*;
+use common::elastic::*;
 use serde_json::Value;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
-
-/// Generous: a passing test takes about 15 s (three iterations, one dead-after of 3 s).
-const LIMIT: Duration = Duration::from_secs(120);
-const ITERATIONS: u64 = 3;
-/// Records each rank's rollout writes per iteration.
-const PER_RANK: u64 = 3;
-/// The iteration in which the victim is killed.
-const KILLED_IN: u64 = 2;
-
-/// A cluster of 3 nodes whose rollout writes `PER_RANK` records naming its rank, its
-/// iteration and their index, and whose training writes a checkpoint holding the merged
-/// trajectories. In iteration `KILLED_IN` the rollout of rank `victim` first creates
-/// `marker` and then sleeps `sleep` seconds (a distinctive number, for this test's
-/// process); once `marker` exists, no run sleeps, so a survivor standing in for `victim`
-/// (same command, `{rank}` = `victim`) writes its records at once. `min_nodes`: the
-/// `[cluster] min-nodes` key, if any.
-fn cluster(victim: u32, sleep: &str, min_nodes: Option<u32>) -> (TestCluster, PathBuf) {
-    let c = TestCluster::new(3, "");
-    let marker = c.dir.path().join(format!("rank-{victim}-rollout-started"));
-    let m = marker.display();
-    let phases = format!(
-        r#"
-[phases.rollout]
-command = '''if [ {{rank}} = {victim} ] && [ {{iteration}} = {KILLED_IN} ] && [ ! -e '{m}' ]; then touch '{m}'; sleep {sleep}; fi; for i in $(seq 1 {PER_RANK}); do echo '{{"rank": {{rank}}, "it": {{iteration}}, "i": '$i'}}'; done > {{output}}'''
-
-[phases.train]
-command = "mkdir -p {{output}}/checkpoint-1 && cat {{trajectories}} > {{output}}/checkpoint-1/weights.jsonl"
-"#
-    );
-    configure(&c, min_nodes, &phases);
-    (c, marker)
-}
-
-/// Adds `[cluster] min-nodes` (if any) and `extra` (more tables) to `c`'s config file.
-fn configure(c: &TestCluster, min_nodes: Option<u32>, extra: &str) {
-    let text = fs::read_to_string(&c.config).unwrap();
-    let keys = min_nodes.map_or(String::new(), |k| format!("min-nodes = {k}\n"));
-    fs::write(
-        &c.config,
-        text.replacen("[cluster]\n", &format!("[cluster]\n{keys}"), 1) + extra,
-    )
-    .unwrap();
-}
-
-/// On a panic (a failed assertion, a deadline), prints what the nodes said and every
-/// command's log, so a failure explains itself.
-struct ShowLogsOnFailure {
-    nodes: Vec<(u32, PathBuf)>,
-    log_path: PathBuf,
-}
-
-impl ShowLogsOnFailure {
-    fn new(c: &TestCluster, nodes: &[NodeProc]) -> ShowLogsOnFailure {
-        ShowLogsOnFailure {
-            nodes: nodes
-                .iter()
-                .map(|n| (n.rank, n.stderr_path.clone()))
-                .collect(),
-            log_path: c.log_path.clone(),
-        }
-    }
-}
-
-impl Drop for ShowLogsOnFailure {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            return;
-        }
-        for (rank, path) in &self.nodes {
-            eprintln!(
-                "===== rank {rank}'s stderr ({}):\n{}",
-                path.display(),
-                fs::read_to_string(path).unwrap_or_default()
-            );
-        }
-        let mut logs = vec![];
-        files_under(&self.log_path.join("logs"), &mut logs);
-        logs.sort();
-        for p in logs {
-            eprintln!(
-                "===== {}:\n{}",
-                p.display(),
-                fs::read_to_string(&p).unwrap_or_default()
-            );
-        }
-        let cluster = self.log_path.join(".rl-node/cluster.json");
-        eprintln!(
-            "===== {}:\n{}",
-            cluster.display(),
-            fs::read_to_string(&cluster).unwrap_or_default()
-        );
-    }
-}
-
-fn files_under(dir: &Path, out: &mut Vec<PathBuf>) {
-    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            files_under(&p, out);
-        } else {
-            out.push(p);
-        }
-    }
-}
-
-/// A process's command line, arguments separated by spaces ("" once it is gone).
-fn cmdline(pid: i32) -> String {
-    String::from_utf8_lossy(&fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default())
-        .replace('\0', " ")
-}
-
-/// Whether `pid` is alive (a zombie is not).
-fn alive(pid: i32) -> bool {
-    fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .map(|(_, r)| !r.trim_start().starts_with('Z'))
-        })
-        .unwrap_or(false)
-}
-
-/// Waits until `victim`'s rollout of iteration `KILLED_IN` has created `marker` and its
-/// `sleep` runs under the victim's node, then kills the victim like a machine that dies:
-/// SIGKILL to its supervisor, its node process and everything below them, and to the
-/// process group of each (a command leads its own group). Waits for all of them to be
-/// gone.
-fn kill_machine(victim: &mut NodeProc, marker: &Path, sleep: &str) {
-    wait_until(
-        LIMIT,
-        &format!("{} to be created", marker.display()),
-        || marker.exists(),
-    );
-    let sleeper = format!("sleep {sleep} ");
-    wait_until(
-        LIMIT,
-        &format!("rank {}'s `{sleeper}` to run", victim.rank),
-        || {
-            descendants(victim.pid())
-                .iter()
-                .any(|p| cmdline(*p).starts_with(&sleeper))
-        },
-    );
-    let below = descendants(victim.pid());
-    victim.signal(libc::SIGKILL);
-    for p in &below {
-        let _ = common::kill(*p, libc::SIGKILL);
-    }
-    for p in &below {
-        let _ = common::kill(-*p, libc::SIGKILL);
-    }
-    assert_eq!(
-        victim.wait(LIMIT),
-        128 + libc::SIGKILL,
-        "rank {}:\n{}",
-        victim.rank,
-        victim.stderr()
-    );
-    wait_until(
-        Duration::from_secs(10),
-        &format!("rank {}'s processes to be gone", victim.rank),
-        || below.iter().all(|p| !alive(*p)),
-    );
-}
 
 fn iter_dir(c: &TestCluster, it: u64) -> PathBuf {
     c.log_path.join(format!("rollouts/iter-{it:04}"))
@@ -262,16 +99,9 @@ fn journaled(c: &TestCluster, rank: u32, iteration: u64, item: &str) -> Vec<Valu
 /// that the survivors finish the run with every rank's trajectories.
 fn survivors_finish(victim: u32, sleep: &str) -> TestCluster {
     let (c, marker) = cluster(victim, sleep, Some(2));
-    let mut nodes = c.spawn_all(&["--iterations", &ITERATIONS.to_string()]);
+    let nodes = survive_a_loss(&c, &marker, victim, sleep);
     let _logs = ShowLogsOnFailure::new(&c, &nodes);
-    kill_machine(&mut nodes[victim as usize], &marker, sleep);
-    for n in nodes.iter_mut().filter(|n| n.rank != victim) {
-        let code = n.wait(LIMIT);
-        assert_eq!(
-            code, 0,
-            "rank {} must finish after rank {victim} was dropped (its stderr is below)",
-            n.rank
-        );
+    for n in nodes.iter().filter(|n| n.rank != victim) {
         let err = n.stderr();
         assert!(
             err.contains(&format!("rank {victim}")),
@@ -316,6 +146,30 @@ fn rank_0_killed_mid_rollout_moves_the_coordinator() {
             journaled(&c, 2, it, "aggregate-train").is_empty(),
             "rank 2 merged iteration {it}"
         );
+    }
+    // metrics.jsonl, written by the coordinator of each generation, says how many nodes
+    // each iteration ran on, and keeps each rank's barrier wait under its rank.
+    let metrics = fs::read_to_string(c.log_path.join("metrics.jsonl")).unwrap();
+    let lines: Vec<Value> = metrics
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    let seen: Vec<(u64, u64, u64)> = lines
+        .iter()
+        .map(|l| {
+            let n = |k: &str| l[k].as_u64().unwrap_or_else(|| panic!("no {k} in {l}"));
+            (n("iteration"), n("generation"), n("cluster/live_nodes"))
+        })
+        .collect();
+    assert_eq!(seen, [(1, 1, 3), (2, 2, 2), (3, 2, 2)], "{metrics}");
+    for l in &lines[1..] {
+        let waits = l["barrier/wait_by_rank_s"].as_array().unwrap();
+        assert_eq!(waits.len(), 3, "{l}");
+        assert!(
+            waits[0].is_null(),
+            "the dropped rank 0 reported nothing: {l}"
+        );
+        assert!(waits[1].is_number() && waits[2].is_number(), "{l}");
     }
 }
 

@@ -26,6 +26,7 @@ const KEYS: &[&str] = &[
     "iteration",
     "run",
     "generation",
+    "cluster/live_nodes",
     "t",
     "time/iteration_s",
     "barrier/wait_s",
@@ -107,6 +108,7 @@ fn two_nodes_write_one_line_per_iteration_matching_the_merged_records() {
     for l in &lines {
         check_line(&c, l);
         assert!(l.get("cluster").is_none(), "{l}");
+        assert_eq!(l["cluster/live_nodes"], 2, "{l}");
         assert_eq!(
             l["model/version"],
             l["iteration"].as_u64().unwrap() - 1,

@@ -337,3 +337,83 @@ fn status_exit_code_is_the_culprits_not_the_victims() {
         assert_eq!(exit_code(&c, false), 0, "{rollout}");
     }
 }
+
+/// Elastic mode: rank 0 is killed mid-rollout; ranks 1 and 2 drop it and go on in
+/// generation 2, which `status` shows as theirs: running, rank 1 coordinating, rank 0
+/// `dropped` (when, why and where, from generation 1's abort and its last record), not
+/// missing. Every node started again takes rank 0 back: generation 3's status and its
+/// history say so, and the text and the JSON agree all along.
+#[test]
+fn status_of_an_elastic_run_names_the_dropped_rank_and_then_the_one_back() {
+    let c = common::elastic::dropped_then_back(0, "600.5", |c| {
+        let v = assert_text_and_json_agree(c, "running");
+        assert_eq!(v["generation"], 2, "{v}");
+        assert_eq!(v["members"], serde_json::json!([1, 2]), "{v}");
+        assert_eq!(v["coordinator"], 1, "{v}");
+        assert_eq!(v["dropped"], serde_json::json!([0]), "{v}");
+        let r0 = &v["ranks"][0];
+        assert_eq!(r0["state"], "dropped", "{v}");
+        assert_eq!(r0["record_state"], serde_json::Value::Null, "{v}");
+        assert_eq!(
+            (&r0["iteration"], &r0["phase_name"]),
+            (&serde_json::json!(2), &serde_json::json!("train-rollout")),
+            "where rank 0 was when it died: {v}"
+        );
+        let d = &r0["dropped"];
+        assert_eq!(
+            (&d["lost_in"], &d["dropped_from"]),
+            (&1.into(), &2.into()),
+            "{v}"
+        );
+        assert!(
+            d["reason"]
+                .as_str()
+                .is_some_and(|r| r.starts_with("heartbeat still for")),
+            "{v}"
+        );
+        assert!([1, 2].contains(&d["detected_by"].as_u64().unwrap()), "{v}");
+        assert!(
+            d["at"]
+                .as_str()
+                .is_some_and(|t| chrono::DateTime::parse_from_rfc3339(t).is_ok()),
+            "{v}"
+        );
+        let text = status(&c.log_path, false).1;
+        for want in [
+            "rank 1 (coordinator): ",
+            "members: rank 1, rank 2 (2 of 3 nodes; rank 1 coordinates)",
+            "dropped: rank 0 in generation 1 (declared lost by rank ",
+            "; members rank 1, rank 2 (dropped rank 0)",
+            "dropped in generation 1: heartbeat still for",
+        ] {
+            assert!(text.contains(want), "{want:?} in:\n{text}");
+        }
+        assert!(
+            !text.contains("missing") && !text.contains("not joined"),
+            "{text}"
+        );
+    });
+    let v = assert_text_and_json_agree(&c, "completed");
+    assert_eq!(v["generation"], 3, "{v}");
+    assert_eq!(v["members"], serde_json::json!([0, 1, 2]), "{v}");
+    assert_eq!(v["coordinator"], 0, "{v}");
+    assert_eq!(v["dropped"], serde_json::json!([]), "{v}");
+    assert_eq!(v["rejoined"], serde_json::json!([0]), "{v}");
+    assert_eq!(v["ranks"][0]["state"], "done", "{v}");
+    let history = v["history"].as_array().unwrap();
+    let by_gen = |gen: u64| {
+        history
+            .iter()
+            .find(|h| h["gen"] == gen)
+            .unwrap_or_else(|| panic!("no generation {gen} in {v}"))
+    };
+    assert_eq!(by_gen(2)["dropped"], serde_json::json!([0]), "{v}");
+    assert_eq!(by_gen(3)["rejoined"], serde_json::json!([0]), "{v}");
+    let text = status(&c.log_path, false).1;
+    for want in [
+        "back in this generation: rank 0",
+        "; members rank 0, rank 1, rank 2 (rank 0 back)",
+    ] {
+        assert!(text.contains(want), "{want:?} in:\n{text}");
+    }
+}

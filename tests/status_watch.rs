@@ -175,3 +175,28 @@ fn a_watch_started_while_a_run_is_stopped_follows_its_restart_to_the_end_in_json
         assert_ne!(strip(&pair[0]), strip(&pair[1]), "{text}");
     }
 }
+
+/// Elastic mode: a watch that would give up at the first stop (`--restart-wait 0s`)
+/// follows an elastic cluster through the loss of rank 0 (the survivors regroup by
+/// themselves: that is no stop) to its end, exit 0; its lines show rank 0 dropped, and
+/// the final view the iteration times of the new coordinator, rank 1.
+#[test]
+fn a_watch_follows_an_elastic_run_through_a_loss_to_its_end() {
+    let (c, marker) = common::elastic::cluster(0, "600.6", Some(2));
+    std::fs::create_dir_all(&c.log_path).unwrap();
+    let w = watch(&c, &["--restart-wait", "0s"]);
+    common::elastic::survive_a_loss(&c, &marker, 0, "600.6");
+    let (code, text) = finish(w);
+    assert_eq!(code, 0, "{text}");
+    assert!(!text.contains("STOPPED"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.contains("rank 0 dropped it 2 ") && l.contains(" | rank 1 ")),
+        "{text}"
+    );
+    assert!(text.contains("state: completed"), "{text}");
+    assert!(
+        text.contains("last iterations (rank 1's time): ") && text.contains(", 3: "),
+        "{text}"
+    );
+}

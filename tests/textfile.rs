@@ -356,3 +356,40 @@ fn a_job_in_the_name_outside_a_batch_job_is_refused_naming_the_variable() {
         "{err}"
     );
 }
+
+/// Elastic mode: rank 2 is killed mid-rollout and ranks 0 and 1 go on without it. Their
+/// files say the generation they finished in (2) has two live nodes; the killed node's
+/// file stays as it was (three live nodes, generation 1, still `running`); promtool
+/// accepts all three.
+#[test]
+fn the_survivors_of_a_loss_count_two_live_nodes() {
+    let (c, marker) = common::elastic::cluster(2, "600.7", Some(2));
+    let dir = c.dir.path().join("textfile");
+    fs::create_dir(&dir).unwrap();
+    with_textfile(&c, &format!("{}/rl-node-{{rank}}.prom", dir.display()));
+    let file = |r: u32| -> PathBuf { dir.join(format!("rl-node-{r}.prom")) };
+    common::elastic::survive_a_loss(&c, &marker, 2, "600.7");
+    for (r, live, generation, running) in
+        [(0, 2.0, 2.0, 0.0), (1, 2.0, 2.0, 0.0), (2, 3.0, 1.0, 1.0)]
+    {
+        let rank = r.to_string();
+        let me = [("rank", rank.as_str())];
+        let s = samples(&file(r));
+        assert_eq!(
+            value(&s, "rl_node_live_nodes", &me),
+            Some(live),
+            "rank {r}: {s:?}"
+        );
+        assert_eq!(
+            value(&s, "rl_node_generation", &me),
+            Some(generation),
+            "rank {r}: {s:?}"
+        );
+        assert_eq!(
+            value(&s, "rl_node_running", &me),
+            Some(running),
+            "rank {r}: {s:?}"
+        );
+        promtool_check(&file(r));
+    }
+}

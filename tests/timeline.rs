@@ -1,9 +1,10 @@
 //! `rl-node timeline` on real runs (issue 15): a running and then finished run, a crashed
 //! run (a node killed with SIGKILL, every node gone) and its restart (two generations), a
-//! pipelined run; a failed run whose survivors wait for a dead rank; the SVG is parsed and
-//! checked against the event logs, the page is loaded in headless Chromium (scripts/test
-//! installs it; a test fails without it) to see it run without errors, fit a 1280 px
-//! window and zoom; `--format trace` is checked against the trace-event format.
+//! pipelined run; a failed run whose survivors wait for a dead rank; an elastic run that
+//! drops a rank and takes it back; the SVG is parsed and checked against the event logs,
+//! the page is loaded in headless Chromium (scripts/test installs it; a test fails without
+//! it) to see it run without errors, fit a 1280 px window and zoom; `--format trace` is
+//! checked against the trace-event format.
 
 mod common;
 use common::cluster::*;
@@ -1002,4 +1003,151 @@ fn states(lanes: &[roxmltree::Node]) -> Vec<String> {
             label.rsplit(" · ").next().unwrap().to_string()
         })
         .collect()
+}
+
+/// Elastic mode: rank 0 is killed mid-rollout; ranks 1 and 2 regroup into generation 2
+/// without it; then every node is started again and generation 3 takes it back. The page
+/// marks both membership changes (who was dropped and why, who is back); rank 0's lane
+/// ends at the regroup (no block of generation 2) and resumes at generation 3; the trace
+/// says the same; in Chromium the page runs and nothing is cut off.
+#[test]
+fn an_elastic_run_marks_its_membership_changes_and_the_dropped_lane_ends_and_resumes() {
+    let c = common::elastic::dropped_then_back(0, "600.8", |_| {});
+    let out = c.dir.path().join("run.html");
+    let page = draw(&c.log_path, &out, &[]);
+    let text = svg(&page);
+    let doc = roxmltree::Document::parse(&text).unwrap();
+    let line_x = |n: &roxmltree::Node, class: &str| -> f64 {
+        let line = n
+            .descendants()
+            .find(|l| l.has_tag_name("line") && (class.is_empty() || class_has(l, class)))
+            .unwrap_or_else(|| panic!("no line {class:?} in {}", title(n)));
+        num(line.attribute("x1").unwrap())
+    };
+    let gens: Vec<roxmltree::Node> = doc.descendants().filter(|n| class_has(n, "gen")).collect();
+    let by_gen = |g: &str| {
+        *gens
+            .iter()
+            .find(|n| n.attribute("data-gen") == Some(g))
+            .unwrap_or_else(|| panic!("no generation {g}"))
+    };
+    assert_eq!(gens.len(), 3, "generations 1, 2 and 3");
+    assert!(!class_has(&by_gen("1"), "membership"));
+    let dropped = by_gen("2");
+    assert!(class_has(&dropped, "membership"), "{}", title(&dropped));
+    assert_eq!(dropped.attribute("data-dropped"), Some("0"));
+    assert_eq!(dropped.attribute("data-members"), Some("1,2"));
+    let tip = title(&dropped);
+    assert!(
+        tip.contains("rank 0 dropped: heartbeat still for")
+            && tip.contains("coordinator: rank 1")
+            && tip.contains("formed by the members left"),
+        "{tip}"
+    );
+    let shown = dropped
+        .descendants()
+        .find_map(|n| n.text())
+        .unwrap_or_default();
+    assert!(
+        dropped
+            .descendants()
+            .any(|n| n.text() == Some("generation 2: rank 0 dropped")),
+        "{shown}"
+    );
+    let back = by_gen("3");
+    assert!(class_has(&back, "membership"), "{}", title(&back));
+    assert_eq!(back.attribute("data-rejoined"), Some("0"));
+    assert!(back
+        .descendants()
+        .any(|n| n.text() == Some("generation 3: rank 0 back")));
+
+    // Rank 0's lane: its stretch without membership, from the regroup to generation 3.
+    let ls = lanes(&doc);
+    assert_eq!(ls.len(), 3);
+    let absent = in_lane(&ls[0], "absent");
+    assert_eq!(absent.len(), 1, "{}", title(&ls[0]));
+    assert_eq!(absent[0].attribute("data-from-gen"), Some("2"));
+    assert_eq!(absent[0].attribute("data-back-gen"), Some("3"));
+    let (end, resume) = (
+        line_x(&absent[0], "lane-end"),
+        line_x(&absent[0], "lane-resume"),
+    );
+    assert!((end - line_x(&dropped, "")).abs() < 0.2, "{end}");
+    assert!((resume - line_x(&back, "")).abs() < 0.2, "{resume}");
+    assert!(
+        title(&absent[0]).contains("dropped: heartbeat still for"),
+        "{}",
+        title(&absent[0])
+    );
+    let blocks = |l: &roxmltree::Node, gen: &str| -> Vec<(f64, f64)> {
+        in_lane(l, "block")
+            .iter()
+            .filter(|b| b.attribute("data-gen") == Some(gen))
+            .map(|b| {
+                let x = num(b.attribute("x").unwrap());
+                (x, x + num(b.attribute("width").unwrap()))
+            })
+            .collect()
+    };
+    assert!(
+        blocks(&ls[0], "2").is_empty(),
+        "rank 0 had no part in generation 2"
+    );
+    assert!(blocks(&ls[0], "1").iter().all(|b| b.1 <= end + 0.2));
+    let gen3 = blocks(&ls[0], "3");
+    assert!(!gen3.is_empty() && gen3.iter().all(|b| b.0 >= resume - 0.2));
+    for l in &ls[1..] {
+        assert!(in_lane(l, "absent").is_empty());
+        assert!(!blocks(l, "2").is_empty());
+    }
+    for (r, l) in ls.iter().enumerate() {
+        assert_eq!(
+            phase_blocks(l),
+            phase_events(&c.log_path, None, r as u32),
+            "rank {r}"
+        );
+    }
+    assert!(
+        page.contains(
+            "membership changes: generation 2: rank 0 dropped, generation 3: rank 0 back"
+        ),
+        "{}",
+        &page[page.find("<p>").unwrap()..][..400]
+    );
+
+    // The trace: the generation starts carry the membership, rank 0's phase track its
+    // stretch without membership.
+    let trace = trace_of(&c.log_path);
+    let membership = |g: u64| {
+        trace
+            .iter()
+            .find(|e| e["cat"] == "generation" && e["args"]["generation"] == g)
+            .unwrap_or_else(|| panic!("no generation {g} in the trace"))["args"]["membership"]
+            .clone()
+    };
+    assert_eq!(membership(1), serde_json::Value::Null);
+    assert_eq!(membership(2)["dropped"][0]["rank"], 0);
+    assert_eq!(membership(2)["members"], serde_json::json!([1, 2]));
+    assert_eq!(membership(3)["rejoined"], serde_json::json!([0]));
+    let absent: Vec<&serde_json::Value> = trace
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["cat"] == "membership")
+        .collect();
+    assert_eq!(absent.len(), 1, "{absent:?}");
+    assert_eq!(absent[0]["tid"], 1, "rank 0's phase track");
+    assert_eq!(
+        (
+            &absent[0]["args"]["dropped_from"],
+            &absent[0]["args"]["back_in"]
+        ),
+        (&2.into(), &3.into())
+    );
+
+    let body = in_browser(&out, 1280);
+    assert!(
+        body.contains(r#"data-timeline="ok""#) && !body.contains("data-error"),
+        "{body}"
+    );
+    assert_eq!(attr(&body, "data-clipped"), "[]", "{body}");
+    assert!(num(&attr(&body, "data-scroll-width")) <= 1280.0, "{body}");
 }

@@ -429,7 +429,8 @@ fn open_textfile(cfg: &Config, rank: u32) -> Result<Option<textfile::Textfile>, 
         run_id: None,
         started: textfile::unix_now(),
     };
-    textfile::Textfile::open(now, path_of_run, rank, &labels, &hostname())
+    let nodes = cfg.cluster.num_nodes;
+    textfile::Textfile::open(now, path_of_run, rank, &labels, &hostname(), nodes)
         .map(Some)
         .map_err(|e| {
             Stop::usage(
@@ -1959,8 +1960,9 @@ impl Node {
             gathered = Some(arrivals);
         })?;
         if let Some(arrivals) = gathered {
-            let ranks = arrivals.into_iter().map(|a| a.map(|f| f.metrics));
-            self.metrics_collector().gathered(ranks.collect());
+            let numbers = arrivals.into_iter().map(|a| a.map(|f| f.metrics)).collect();
+            let ranks = metrics::by_rank(self.members().ranks(), self.num_nodes(), numbers);
+            self.metrics_collector().gathered(ranks);
         }
         Ok(())
     }
@@ -3456,6 +3458,7 @@ impl Node {
             cluster: self.cfg.pipeline_cluster(),
             t: self.wall_stamp(),
             elapsed: now.saturating_duration_since(started),
+            live_nodes: self.members().len(),
             budget: self
                 .plan_for("train")
                 .map(|p| (p.pool.len() + p.ranks.iter().map(Vec::len).sum::<usize>()) as u64),

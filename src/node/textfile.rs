@@ -47,6 +47,7 @@ pub(crate) struct Textfile {
     running: IntGauge,
     iteration: IntGauge,
     generation: IntGauge,
+    live_nodes: IntGauge,
     phase: IntGaugeVec,
     phase_number: IntGauge,
     peer_age: GaugeVec,
@@ -79,14 +80,16 @@ pub(crate) struct Unusable(pub String);
 
 impl Textfile {
     /// Metrics of rank `rank` (of `cluster`, in a pipelined run; of batch job `job`; of
-    /// run `run_id` once known) on `host`, written to `path`. Writes the file once now, so
-    /// a path that cannot be written is found before the node joins anything.
+    /// run `run_id` once known) on `host`, in a cluster of `live_nodes` nodes, written to
+    /// `path`. Writes the file once now, so a path that cannot be written is found before
+    /// the node joins anything.
     pub(crate) fn open(
         path: Option<PathBuf>,
         path_of_run: PathOf,
         rank: u32,
         labels_of: &Labels,
         host: &str,
+        live_nodes: u32,
     ) -> Result<Textfile, Unusable> {
         let registry = labels_of.registry(rank);
         let (phase_seconds, last_iteration) = time_metrics(&registry);
@@ -121,6 +124,10 @@ impl Textfile {
             running: g("running", "1 while the node runs; 0 once it has ended."),
             iteration: g("iteration", "The iteration the node is in (0 before the first)."),
             generation: g("generation", "The generation (start of the cluster) the node is in."),
+            live_nodes: g(
+                "live_nodes",
+                "The nodes of the node's generation: num-nodes, or in elastic mode (cluster.min-nodes) the members left after a node was dropped.",
+            ),
             phase: reg(
                 &registry,
                 IntGaugeVec::new(
@@ -192,6 +199,7 @@ impl Textfile {
             last_error: None,
         };
         t.running.set(1);
+        t.live_nodes.set(i64::from(live_nodes));
         // Every command's counters from 0, so a first failure is an increase to alert on.
         for command in &crate::config::COMMANDS[1..] {
             t.commands.with_label_values(&[command]);
@@ -242,7 +250,15 @@ impl Textfile {
         };
         let path = (self.path_of_run)(run_id);
         let path_of_run = std::mem::replace(&mut self.path_of_run, Box::new(|_| PathBuf::new()));
-        Textfile::open(Some(path), path_of_run, self.rank, &labels, &self.host)
+        let live = self.live_nodes.get().max(0) as u32;
+        Textfile::open(
+            Some(path),
+            path_of_run,
+            self.rank,
+            &labels,
+            &self.host,
+            live,
+        )
     }
 
     /// Take in one event the node logged in `iteration` of generation `gen`.
@@ -268,6 +284,10 @@ impl Textfile {
             Event::ItemFailed { .. } => self.items_failed.inc(),
             Event::ServerStart { .. } => self.server_starts.inc(),
             Event::HangReport { .. } => self.hang_reports.inc(),
+            // Elastic mode: a member lost is no longer live; the generation the members
+            // left form says how many they are.
+            Event::MemberLost { .. } => self.live_nodes.set((self.live_nodes.get() - 1).max(0)),
+            Event::Regrouped { members, .. } => self.live_nodes.set(members.len() as i64),
             _ => return,
         }
         self.changed = true;
@@ -486,6 +506,7 @@ mod tests {
             2,
             &labels,
             "host-a",
+            4,
         )
         .unwrap();
         let me = [("rank", "2"), ("cluster", "update"), ("job", "77")];
@@ -533,6 +554,7 @@ mod tests {
             3,
             1,
         );
+        assert_eq!(get(&text, "rl_node_live_nodes", &me), Some(4.0), "{text}");
         t.peer_ages(&[(0, 1200), (1, 300)]);
         // A change right after a write waits for MIN_GAP; then it is written.
         let now = Instant::now();
@@ -614,6 +636,7 @@ mod tests {
             0,
             &none,
             "h",
+            1,
         )
         .err()
         .expect("refused");
@@ -625,6 +648,7 @@ mod tests {
             0,
             &none,
             "h",
+            1,
         )
         .err()
         .expect("refused");
@@ -643,6 +667,7 @@ mod tests {
             0,
             &Labels::default(),
             "h",
+            1,
         )
         .unwrap();
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
@@ -687,5 +712,55 @@ mod tests {
         assert!((ended - unix_now()).abs() < 60.0, "{text}");
         assert_eq!(get(&text, "rl_node_running", &me), Some(0.0), "{text}");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    /// Elastic mode: a member lost is one live node less at once; the generation formed
+    /// without it says how many are left.
+    #[test]
+    fn live_nodes_fall_when_a_member_is_lost_and_follow_the_regrouped_generation() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().to_path_buf();
+        let t = Textfile::open(
+            None,
+            Box::new(move |run| d.join(format!("rl-node-1-{run}.prom"))),
+            1,
+            &Labels::default(),
+            "h",
+            4,
+        )
+        .unwrap();
+        let mut t = t.for_run("r1").unwrap();
+        let path = dir.path().join("rl-node-1-r1.prom");
+        let me = [("rank", "1"), ("run_id", "r1")];
+        let live = |t: &mut Textfile| {
+            t.write(Instant::now()).unwrap();
+            get(
+                &std::fs::read_to_string(&path).unwrap(),
+                "rl_node_live_nodes",
+                &me,
+            )
+        };
+        assert_eq!(live(&mut t), Some(4.0));
+        t.observe(
+            &Event::MemberLost {
+                lost: 0,
+                reason: "heartbeat still for 3.0s".into(),
+            },
+            2,
+            1,
+        );
+        assert_eq!(live(&mut t), Some(3.0));
+        // Rank 3 did not come to the regroup either: the generation has two members.
+        t.observe(
+            &Event::Regrouped {
+                members: vec![1, 2],
+                coordinator: 1,
+            },
+            0,
+            2,
+        );
+        assert_eq!(live(&mut t), Some(2.0));
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(get(&text, "rl_node_generation", &me), Some(2.0), "{text}");
     }
 }

@@ -32,10 +32,15 @@ pub struct WatchOptions {
     pub restart_wait: Duration,
 }
 
-/// The last iterations' wall times of one cluster, from its rank 0's event log:
-/// "iteration 7 12.3s, 8 11.9s".
-fn recent_times(log_path: &Path, cluster: Option<&'static str>, gen: u64) -> String {
-    let events = eventlog::read_cluster_events(log_path, cluster, 0);
+/// The last iterations' wall times of one cluster, from its coordinator's event log (rank
+/// 0's, unless elastic mode dropped it): "iteration 7 12.3s, 8 11.9s".
+fn recent_times(
+    log_path: &Path,
+    cluster: Option<&'static str>,
+    gen: u64,
+    coordinator: u32,
+) -> String {
+    let events = eventlog::read_cluster_events(log_path, cluster, coordinator);
     // (A pipelined rollout cluster ends an iteration with its journal line, not a barrier.)
     let mut done: Vec<u64> = events
         .iter()
@@ -56,7 +61,10 @@ fn recent_times(log_path: &Path, cluster: Option<&'static str>, gen: u64) -> Str
     if times.is_empty() {
         String::new()
     } else {
-        format!("last iterations (rank 0's time): {}\n", times.join(", "))
+        format!(
+            "last iterations (rank {coordinator}'s time): {}\n",
+            times.join(", ")
+        )
     }
 }
 
@@ -79,7 +87,11 @@ fn summary(prefix: &str, s: &Status) -> String {
         String::new()
     } else {
         let w: Vec<String> = s.waiting_for.iter().map(|r| r.to_string()).collect();
-        format!("; rank 0 waits for rank(s) {}", w.join(", "))
+        format!(
+            "; rank {} waits for rank(s) {}",
+            s.coordinator,
+            w.join(", ")
+        )
     };
     format!("{prefix}{}{waiting}", ranks.join(" | "))
 }
@@ -89,8 +101,9 @@ fn summary(prefix: &str, s: &Status) -> String {
 /// change line, and whether (how) it ended.
 struct View {
     status: String,
-    /// Whose recent times the full view ends with: (label, cluster, generation).
-    times: Vec<(&'static str, Option<&'static str>, u64)>,
+    /// Whose recent times the full view ends with: (label, cluster, generation, its
+    /// coordinator).
+    times: Vec<(&'static str, Option<&'static str>, u64, u32)>,
     line: String,
     /// The status object `--json` prints.
     json: serde_json::Value,
@@ -101,8 +114,8 @@ impl View {
     /// The full view: the status, then each cluster's last iterations' times.
     fn full(&self, log_path: &Path) -> String {
         let mut full = self.status.clone();
-        for &(label, cluster, gen) in &self.times {
-            let times = recent_times(log_path, cluster, gen);
+        for &(label, cluster, gen, coordinator) in &self.times {
+            let times = recent_times(log_path, cluster, gen, coordinator);
             if !times.is_empty() {
                 full.push_str(label);
                 full.push_str(&times);
@@ -117,7 +130,7 @@ fn single(log_path: &Path) -> Result<View, String> {
     status::judge(log_path, &mut s);
     Ok(View {
         status: status::render(&s),
-        times: vec![("", None, s.gen)],
+        times: vec![("", None, s.gen, s.coordinator)],
         line: format!("{} | {}", summary("", &s), s.state_detail),
         json: serde_json::to_value(&s).expect("json"),
         ended: ended(&s),
@@ -139,7 +152,7 @@ fn pipelined(log_path: &Path) -> View {
     ] {
         match s {
             Ok(s) => {
-                times.push((label, Some(name), s.gen));
+                times.push((label, Some(name), s.gen, s.coordinator));
                 lines.push(summary(&format!("{name}: "), s));
                 ends.push(ended(s));
             }

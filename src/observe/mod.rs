@@ -7,6 +7,7 @@ pub mod doctor_nodes;
 mod doctor_report;
 pub mod eventlog;
 pub mod live;
+pub mod members;
 pub mod recover;
 pub mod repair;
 pub mod status;

@@ -51,6 +51,11 @@ pub struct RankStatus {
     /// (docs/forensics.md).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hang_report: Option<String>,
+    /// Elastic mode: the rank is not a member of the current generation, dropped after it
+    /// was lost (when, why, in which generation). Its host, pid, iteration and phase are
+    /// where its last record left it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dropped: Option<super::members::Dropped>,
 }
 
 impl RankStatus {
@@ -116,8 +121,20 @@ pub struct Status {
     pub master: String,
     pub previous: Option<String>,
     pub abort: Option<AbortInfo>,
-    /// Ranks rank 0 is waiting for at its current barrier.
+    /// Ranks the coordinator (rank 0, unless it was dropped) is waiting for at its current
+    /// barrier.
     pub waiting_for: Vec<u32>,
+    /// The ranks of the current generation: every rank, or in elastic mode the members
+    /// left after a rank was dropped.
+    pub members: Vec<u32>,
+    /// The rank that coordinates it: the lowest member.
+    pub coordinator: u32,
+    /// Ranks of the run that are not members of the current generation (details in
+    /// their `ranks` entry's `dropped`).
+    pub dropped: Vec<u32>,
+    /// Members of the current generation that were not members of the one before: back
+    /// after a drop.
+    pub rejoined: Vec<u32>,
     pub ranks: Vec<RankStatus>,
     /// Every start of the cluster: generation, run, when, where, resume iteration, and why
     /// the generation before it ended.
@@ -130,6 +147,14 @@ pub struct Status {
     pub watched_ms: Option<u64>,
     #[serde(skip)]
     pub heartbeat: Duration,
+    /// `[cluster] min-nodes` of the run (0: every node).
+    #[serde(skip)]
+    pub min_nodes: u32,
+    /// Elastic mode: the generation's abort is the loss of a member the members left go
+    /// on from, and they are within the time they take to publish their next generation
+    /// (2 × dead-after plus two polls) when `status` read it: they regroup.
+    #[serde(skip)]
+    pub regrouping: bool,
 }
 
 pub fn read(log_path: &Path) -> Result<Status, String> {
@@ -163,14 +188,19 @@ pub fn read_layout(layout: &Layout) -> Result<Status, String> {
     let layout = layout.clone();
     let c = super::read_cluster(&layout)?;
     let records = read_records(&layout, &c);
-    // Heartbeat ages as rank 0 observes its peers (its own file: every worker, or in a
-    // cluster of groups the leaders), and the others' as a rank that reads them observes
-    // them (in its record: rank 0's in rank 1's, a group member's in its leader's).
-    let by_rank0: Vec<(u32, u64)> = store::fs::read_json::<ObservedFile>(&layout.observed(c.gen))
-        .ok()
-        .flatten()
-        .map(|o| o.ages_ms)
-        .unwrap_or_default();
+    let members = c.members();
+    let coordinator = members.coordinator();
+    let coordinator_record = records.get(coordinator as usize).and_then(|r| r.as_ref());
+    // Heartbeat ages as the coordinator observes its peers (its own file: every member,
+    // or in a cluster of groups the leaders), and the others' as a rank that reads them
+    // observes them (in its record: the coordinator's in the next member's, a group
+    // member's in its leader's).
+    let by_coordinator: Vec<(u32, u64)> =
+        store::fs::read_json::<ObservedFile>(&layout.observed(c.gen))
+            .ok()
+            .flatten()
+            .map(|o| o.ages_ms)
+            .unwrap_or_default();
     let observed = |rank: u32| -> Option<u64> {
         let find = |ages: &[(u32, u64)]| ages.iter().find(|(r, _)| *r == rank).map(|(_, ms)| *ms);
         let by_peer = || {
@@ -180,82 +210,85 @@ pub fn read_layout(layout: &Layout) -> Result<Status, String> {
                 .filter(|(r, _)| *r as u32 != rank)
                 .find_map(|(_, rec)| find(&rec.as_ref()?.observed_ms))
         };
-        match rank {
-            0 => by_peer(),
-            _ => find(&by_rank0).or_else(by_peer),
+        if rank == coordinator {
+            by_peer()
+        } else {
+            find(&by_coordinator).or_else(by_peer)
         }
     };
     let abort = read_abort(&layout, c.gen, &records);
-    let waiting_for = records
-        .first()
-        .and_then(|r| r.as_ref())
+    let waiting_for = coordinator_record
         .map(|r| r.waiting_for.clone())
         .unwrap_or_default();
-    let ranks = records
-        .iter()
-        .enumerate()
-        .map(|(i, rec)| match rec {
-            Some(r) => RankStatus {
-                rank: i as u32,
-                state: format!("{:?}", r.state).to_lowercase(),
-                record_state: Some(r.state),
-                host: r.host.clone(),
-                pid: r.pid,
-                iteration: r.iteration,
-                phase: r.phase.map(|p| p.number()),
-                phase_name: r.phase.map(|p| p.name()),
-                culprit: false,
-                stopped_by: None,
-                progress: r.progress.clone(),
-                heartbeat_age_ms: observed(i as u32),
-                last_write: r.wall.clone(),
-                waiting_at: r
-                    .arrived
-                    .as_ref()
-                    .filter(|m| !records[0].as_ref().is_some_and(|r0| r0.released_at(m.k)))
-                    .map(|m| m.name.clone()),
-                process: None,
-                refused: r.refused.clone().filter(|_| r.state == NodeState::Vacant),
-                hang_report: r.hang_report.clone(),
-            },
-            None => RankStatus {
-                rank: i as u32,
-                state: "missing".into(),
-                record_state: None,
-                host: String::new(),
-                pid: 0,
-                iteration: 0,
-                phase: None,
-                phase_name: None,
-                culprit: false,
-                stopped_by: None,
-                progress: None,
-                heartbeat_age_ms: None,
-                last_write: String::new(),
-                waiting_at: None,
-                process: None,
-                refused: None,
-                hang_report: None,
-            },
-        })
-        .collect();
     // Strict like every reader of the run's state: a damaged line is named, not skipped.
-    let history =
+    let mut history =
         crate::state::read_lines::<serde_json::Value>(&crate::store::Fs, &layout.history())
             .map_err(|e| super::state_message(&layout, &e))?
             .entries;
-    let training_failures = crate::state::read_journal(&crate::store::Fs, &layout.journal(0))
-        .map_err(|e| super::state_message(&layout, &e))?
-        .entries
-        .into_iter()
-        .filter(|e| {
-            e.run_id == c.run_id && e.item == crate::protocol::journal::item::HANDOFF_SKIPPED
-        })
-        .map(|e| TrainingFailure {
-            iteration: e.iteration,
-            outcome: e.note.unwrap_or_else(|| "training failed".into()),
+    let (by_gen, changes) = membership_history(&layout, &c, &mut history);
+    let ranks = records
+        .iter()
+        .enumerate()
+        .map(|(i, rec)| {
+            let rank = i as u32;
+            if !members.contains(rank) {
+                return dropped_status(&layout, &c, rank, &changes);
+            }
+            match rec {
+                Some(r) => RankStatus {
+                    rank,
+                    state: format!("{:?}", r.state).to_lowercase(),
+                    record_state: Some(r.state),
+                    host: r.host.clone(),
+                    pid: r.pid,
+                    iteration: r.iteration,
+                    phase: r.phase.map(|p| p.number()),
+                    phase_name: r.phase.map(|p| p.name()),
+                    culprit: false,
+                    stopped_by: None,
+                    progress: r.progress.clone(),
+                    heartbeat_age_ms: observed(rank),
+                    last_write: r.wall.clone(),
+                    waiting_at: r
+                        .arrived
+                        .as_ref()
+                        .filter(|m| !coordinator_record.is_some_and(|c| c.released_at(m.k)))
+                        .map(|m| m.name.clone()),
+                    process: None,
+                    refused: r.refused.clone().filter(|_| r.state == NodeState::Vacant),
+                    hang_report: r.hang_report.clone(),
+                    dropped: None,
+                },
+                None => missing(rank),
+            }
         })
         .collect();
+    let training_failures = training_failures(&layout, &c.run_id, &by_gen)?;
+    let duration = |key: &str, default: Duration| {
+        c.config["timing"][key]
+            .as_str()
+            .and_then(|h| humantime::parse_duration(h).ok())
+            .unwrap_or(default)
+    };
+    let dead_after = duration("dead-after", Duration::from_secs(60));
+    let poll = duration("poll-interval", Duration::from_secs(1)).max(Duration::from_secs(1));
+    let min_nodes = c.config["cluster"]["min-nodes"].as_u64().unwrap_or(0) as u32;
+    let regrouping = abort.as_ref().is_some_and(|a| {
+        let since = chrono::DateTime::parse_from_rfc3339(&a.at)
+            .map(|at| {
+                (chrono::Utc::now() - at.to_utc())
+                    .to_std()
+                    .unwrap_or_default()
+            })
+            .unwrap_or(Duration::MAX);
+        super::members::survived(a, members.ranks(), c.num_nodes, min_nodes)
+            && since < 2 * dead_after + 2 * poll
+    });
+    let rejoined = changes
+        .iter()
+        .find(|ch| ch.gen == c.gen)
+        .map(|ch| ch.rejoined.clone())
+        .unwrap_or_default();
     Ok(Status {
         history,
         training_failures,
@@ -276,13 +309,174 @@ pub fn read_layout(layout: &Layout) -> Result<Status, String> {
         previous: c.previous,
         abort,
         waiting_for,
+        dropped: members.dropped(c.num_nodes),
+        members: members.ranks().to_vec(),
+        coordinator,
+        rejoined,
         ranks,
         watched_ms: None,
-        heartbeat: c.config["timing"]["heartbeat-interval"]
-            .as_str()
-            .and_then(|h| humantime::parse_duration(h).ok())
-            .unwrap_or(Duration::from_secs(5)),
+        heartbeat: duration("heartbeat-interval", Duration::from_secs(5)),
+        min_nodes,
+        regrouping,
     })
+}
+
+/// A member without a record in the generation.
+fn missing(rank: u32) -> RankStatus {
+    RankStatus {
+        rank,
+        state: "missing".into(),
+        record_state: None,
+        host: String::new(),
+        pid: 0,
+        iteration: 0,
+        phase: None,
+        phase_name: None,
+        culprit: false,
+        stopped_by: None,
+        progress: None,
+        heartbeat_age_ms: None,
+        last_write: String::new(),
+        waiting_at: None,
+        process: None,
+        refused: None,
+        hang_report: None,
+        dropped: None,
+    }
+}
+
+/// Who was a member of each generation of run `c` (its history's and the current one),
+/// and how each differs from the one before: each history entry of the run gets its
+/// generation's `members`, and the ranks it `dropped` and took back (`rejoined`).
+fn membership_history(
+    layout: &Layout,
+    c: &ClusterRecord,
+    history: &mut [serde_json::Value],
+) -> (
+    std::collections::BTreeMap<u64, Vec<u32>>,
+    Vec<super::members::Change>,
+) {
+    let gens: std::collections::BTreeSet<u64> = history
+        .iter()
+        .filter(|h| h["run_id"].as_str() == Some(c.run_id.as_str()))
+        .filter_map(|h| h["gen"].as_u64())
+        .chain([c.gen])
+        .collect();
+    let mut by_gen = super::members::read(layout, &c.run_id, gens);
+    by_gen.insert(c.gen, c.members().ranks().to_vec());
+    let changes = super::members::changes(&by_gen);
+    for h in history.iter_mut() {
+        let Some(gen) = h["gen"].as_u64() else {
+            continue;
+        };
+        if h["run_id"].as_str() != Some(c.run_id.as_str()) || h.get("discarded_from").is_some() {
+            continue;
+        }
+        if let (Some(m), Some(obj)) = (by_gen.get(&gen), h.as_object_mut()) {
+            let change = changes.iter().find(|ch| ch.gen == gen);
+            obj.insert("members".into(), serde_json::json!(m));
+            obj.insert(
+                "dropped".into(),
+                serde_json::json!(change.map(|ch| ch.dropped.clone()).unwrap_or_default()),
+            );
+            obj.insert(
+                "rejoined".into(),
+                serde_json::json!(change.map(|ch| ch.rejoined.clone()).unwrap_or_default()),
+            );
+        }
+    }
+    (by_gen, changes)
+}
+
+/// Rank `rank`, not a member of `c`'s generation: dropped from the last generation that
+/// went on without it (`changes`), why from the abort of the generation it was lost in,
+/// and where it was from its last record there.
+fn dropped_status(
+    layout: &Layout,
+    c: &ClusterRecord,
+    rank: u32,
+    changes: &[super::members::Change],
+) -> RankStatus {
+    let dropped = match changes.iter().rev().find(|ch| ch.dropped.contains(&rank)) {
+        Some(change) => {
+            let lost_in = ClusterRecord::bare(&c.run_id, change.previous, c.num_nodes);
+            let records = read_records(layout, &lost_in);
+            let abort = read_abort(layout, change.previous, &records);
+            super::members::Dropped::of(rank, change, abort.as_ref())
+        }
+        // Without the records of the generations before (set aside by hand), the one
+        // before is the best guess, and nothing says why.
+        None => super::members::Dropped {
+            rank,
+            lost_in: c.gen.saturating_sub(1),
+            dropped_from: c.gen,
+            reason: None,
+            described: None,
+            at: None,
+            detected_by: None,
+            iteration: None,
+            phase: None,
+        },
+    };
+    let last = store::fs::read_json::<RankRecord>(&layout.rank_record(dropped.lost_in, rank))
+        .ok()
+        .flatten()
+        .filter(|rec| rec.belongs_to(&c.run_id, dropped.lost_in, rank));
+    RankStatus {
+        rank,
+        state: "dropped".into(),
+        record_state: None,
+        host: last.as_ref().map(|r| r.host.clone()).unwrap_or_default(),
+        pid: last.as_ref().map_or(0, |r| r.pid),
+        iteration: last.as_ref().map_or(0, |r| r.iteration),
+        phase: last.as_ref().and_then(|r| r.phase).map(|p| p.number()),
+        phase_name: last.as_ref().and_then(|r| r.phase).map(|p| p.name()),
+        culprit: false,
+        stopped_by: None,
+        progress: None,
+        heartbeat_age_ms: None,
+        last_write: last.map(|r| r.wall).unwrap_or_default(),
+        waiting_at: None,
+        process: None,
+        refused: None,
+        hang_report: None,
+        dropped: Some(dropped),
+    }
+}
+
+/// The iterations of run `run_id` whose training failed and that kept their model, as
+/// the coordinator of the generation that trained journaled them: rank 0, or in elastic
+/// mode the lowest member of a generation that went on without it (`by_gen`: each
+/// generation's members).
+fn training_failures(
+    layout: &Layout,
+    run_id: &str,
+    by_gen: &std::collections::BTreeMap<u64, Vec<u32>>,
+) -> Result<Vec<TrainingFailure>, String> {
+    let coordinators: std::collections::BTreeSet<u32> = by_gen
+        .values()
+        .filter_map(|m| m.first().copied())
+        .chain([0])
+        .collect();
+    let mut out = Vec::new();
+    for rank in coordinators {
+        let journal = crate::state::read_journal(&crate::store::Fs, &layout.journal(rank))
+            .map_err(|e| super::state_message(layout, &e))?;
+        out.extend(
+            journal
+                .entries
+                .into_iter()
+                .filter(|e| {
+                    e.run_id == run_id && e.item == crate::protocol::journal::item::HANDOFF_SKIPPED
+                })
+                .map(|e| TrainingFailure {
+                    iteration: e.iteration,
+                    outcome: e.note.unwrap_or_else(|| "training failed".into()),
+                }),
+        );
+    }
+    out.sort_by_key(|f| f.iteration);
+    Ok(out)
 }
 
 /// Judge every rank's process from evidence: on this machine, the kernel (pid and start
@@ -311,6 +505,10 @@ fn judge_processes(layout: &Layout, s: &mut Status) {
     let first: Vec<Option<RankRecord>> = (0..s.num_nodes).map(read).collect();
     let mut remote = Vec::new();
     for (i, rec) in first.iter().enumerate() {
+        // A dropped rank is not a member: its process is not this generation's.
+        if s.ranks[i].dropped.is_some() {
+            continue;
+        }
         s.ranks[i].process = Some(match rec {
             None => Process::Unknown,
             Some(r) if r.state.is_terminal() || r.state == NodeState::Vacant => Process::Ended,
@@ -351,6 +549,9 @@ fn judge_processes(layout: &Layout, s: &mut Status) {
 fn settle(s: &mut Status, cluster: Option<&str>) {
     let abort = s.abort.clone();
     for r in &mut s.ranks {
+        if r.dropped.is_some() {
+            continue;
+        }
         if r.process == Some(Process::Gone) {
             r.state = "dead".into();
         }
@@ -373,21 +574,41 @@ fn settle(s: &mut Status, cluster: Option<&str>) {
 /// The run's state, and the few words the text's `state:` line gives it, from the records
 /// and (when judged) the processes.
 pub fn assess(s: &Status) -> (RunState, String) {
+    // A rank dropped in elastic mode is not a member: the generation is its members'.
+    let members: Vec<&RankStatus> = s.ranks.iter().filter(|r| r.dropped.is_none()).collect();
     if let Some(a) = &s.abort {
+        if s.regrouping {
+            let left: Vec<u32> = s
+                .members
+                .iter()
+                .copied()
+                .filter(|&r| r != a.culprit)
+                .collect();
+            return (
+                RunState::Restarting,
+                format!(
+                    "regrouping (generation {} lost rank {}: {}; {} form generation {} without it)",
+                    s.gen,
+                    a.culprit,
+                    a.reason,
+                    super::members::ranks_list(&left),
+                    s.gen + 1
+                ),
+            );
+        }
         return (RunState::Stopped, format!("STOPPED: {}", a.describe()));
     }
-    if s.ranks
+    if members
         .iter()
         .all(|r| r.record_state == Some(NodeState::Done))
     {
         return (RunState::Completed, "completed".to_string());
     }
-    let judged: Vec<(u32, Process)> = s
-        .ranks
+    let judged: Vec<(u32, Process)> = members
         .iter()
         .filter_map(|r| r.process.map(|p| (r.rank, p)))
         .collect();
-    if judged.len() == s.ranks.len() {
+    if judged.len() == members.len() {
         let gone: Vec<String> = judged
             .iter()
             .filter(|(_, p)| *p == Process::Gone)
@@ -398,12 +619,18 @@ pub fn assess(s: &Status) -> (RunState, String) {
             return (RunState::Stopped, "stopped (every node is gone: none is running and none stopped cleanly; restart every node to resume)".to_string());
         }
         if !gone.is_empty() {
+            // In elastic mode the others drop a lost member and go on while enough are
+            // left.
+            let left = (members.len() - gone.len()) as u32;
+            let then = match s.min_nodes {
+                m if m > 0 && m < s.num_nodes && left >= m => format!(
+                    "the others will drop it after dead-after and go on (cluster.min-nodes = {m})"
+                ),
+                _ => "the others will stop once they notice, after dead-after".to_string(),
+            };
             return (
                 RunState::Stalled,
-                format!(
-                    "stalled ({} gone; the others will stop once they notice, after dead-after)",
-                    gone.join(", ")
-                ),
+                format!("stalled ({} gone; {then})", gone.join(", ")),
             );
         }
     }
@@ -415,9 +642,8 @@ pub fn assess(s: &Status) -> (RunState, String) {
             None | Some(NodeState::Vacant | NodeState::Joining)
         )
     };
-    if s.ranks.iter().any(|r| forming(&r)) {
-        let absent: Vec<String> = s
-            .ranks
+    if members.iter().any(forming) {
+        let absent: Vec<String> = members
             .iter()
             .filter(|r| matches!(r.record_state, None | Some(NodeState::Vacant)))
             .map(|r| format!("rank {}", r.rank))
@@ -456,6 +682,9 @@ pub(crate) fn rank_label(
     abort: Option<&AbortInfo>,
     cluster: Option<&str>,
 ) -> String {
+    if r.dropped.is_some() {
+        return "dropped".into();
+    }
     if r.process == Some(Process::Gone) {
         return "dead".into();
     }
@@ -472,37 +701,22 @@ pub(crate) fn rank_label(
 
 pub fn render(s: &Status) -> String {
     let mut out = format!(
-        "run {}  generation {}  started {}\nrank 0: {}\n",
-        s.run_id, s.gen, s.started_at, s.master
+        "run {}  generation {}  started {}\n",
+        s.run_id, s.gen, s.started_at
     );
+    if s.coordinator == 0 {
+        out.push_str(&format!("rank 0: {}\n", s.master));
+    } else {
+        out.push_str(&format!(
+            "rank {} (coordinator): {}\n",
+            s.coordinator, s.master
+        ));
+    }
     if let Some(p) = &s.previous {
         out.push_str(&format!("previous: {p}\n"));
     }
-    if !s.history.is_empty() {
-        out.push_str("history:\n");
-        for h in &s.history {
-            if let Some(n) = h["discarded_from"].as_u64() {
-                out.push_str(&format!(
-                    "  iterations {n} and later of run {} were set aside (rl-node recover --discard-iteration)\n",
-                    h["run_id"].as_str().unwrap_or("?")
-                ));
-                continue;
-            }
-            out.push_str(&format!(
-                "  generation {} of run {}: started {} on {} (pid {}) at iteration {}{}\n",
-                h["gen"],
-                h["run_id"].as_str().unwrap_or("?"),
-                h["started_at"].as_str().unwrap_or("?"),
-                h["host"].as_str().unwrap_or("?"),
-                h["pid"],
-                h["resume_iteration"],
-                h["previous"]
-                    .as_str()
-                    .map(|p| format!("; before it, {p}"))
-                    .unwrap_or_default()
-            ));
-        }
-    }
+    render_membership(&mut out, s);
+    render_history(&mut out, s);
     if !s.training_failures.is_empty() {
         out.push_str(
             "iterations that kept their model (phases.train.on-failure = \"keep-model\"):\n",
@@ -520,7 +734,11 @@ pub fn render(s: &Status) -> String {
     }
     if !s.waiting_for.is_empty() {
         let w: Vec<String> = s.waiting_for.iter().map(|r| format!("rank {r}")).collect();
-        out.push_str(&format!("rank 0 is waiting for: {}\n", w.join(", ")));
+        out.push_str(&format!(
+            "rank {} is waiting for: {}\n",
+            s.coordinator,
+            w.join(", ")
+        ));
     }
     out.push_str(&format!(
         "\n{:<5} {:<9} {:<20} {:>8} {:>5}  {:<22} {:>10}  {}\n",
@@ -549,6 +767,15 @@ pub fn render(s: &Status) -> String {
             r.phase_label().unwrap_or_else(|| "-".into()),
             age,
             match (&r.waiting_at, &r.progress) {
+                _ if r.dropped.is_some() => r
+                    .dropped
+                    .as_ref()
+                    .map(|d| format!(
+                        "dropped in generation {}: {}",
+                        d.lost_in,
+                        d.reason.as_deref().unwrap_or("lost")
+                    ))
+                    .unwrap_or_default(),
                 _ if r.refused.is_some() => r.refused.clone().unwrap_or_default(),
                 _ if r.culprit => "the culprit (see state)".to_string(),
                 _ if r.stopped_by.is_some() => {
@@ -567,6 +794,85 @@ pub fn render(s: &Status) -> String {
         }
     }
     out
+}
+
+/// Elastic mode: who is left and who coordinates, who was dropped (when, why), who came
+/// back in this generation.
+fn render_membership(out: &mut String, s: &Status) {
+    if !s.dropped.is_empty() {
+        out.push_str(&format!(
+            "members: {} ({} of {} nodes; rank {} coordinates)\n",
+            super::members::ranks_list(&s.members),
+            s.members.len(),
+            s.num_nodes,
+            s.coordinator
+        ));
+        for d in s.ranks.iter().filter_map(|r| r.dropped.as_ref()) {
+            out.push_str(&format!("dropped: {}\n", d.summary()));
+        }
+    }
+    if !s.rejoined.is_empty() {
+        out.push_str(&format!(
+            "back in this generation: {}\n",
+            super::members::ranks_list(&s.rejoined)
+        ));
+    }
+}
+
+/// Every start of the run, with (elastic mode) who each generation dropped or took back.
+fn render_history(out: &mut String, s: &Status) {
+    if !s.history.is_empty() {
+        out.push_str("history:\n");
+        for h in &s.history {
+            if let Some(n) = h["discarded_from"].as_u64() {
+                out.push_str(&format!(
+                    "  iterations {n} and later of run {} were set aside (rl-node recover --discard-iteration)\n",
+                    h["run_id"].as_str().unwrap_or("?")
+                ));
+                continue;
+            }
+            // Elastic mode: the members of a generation that dropped or took back ranks.
+            let ranks = |k: &str| -> Vec<u32> {
+                h[k].as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|r| r.as_u64())
+                            .map(|r| r as u32)
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            };
+            let (dropped, rejoined) = (ranks("dropped"), ranks("rejoined"));
+            let mut membership = Vec::new();
+            if !dropped.is_empty() {
+                membership.push(format!("dropped {}", super::members::ranks_list(&dropped)));
+            }
+            if !rejoined.is_empty() {
+                membership.push(format!("{} back", super::members::ranks_list(&rejoined)));
+            }
+            let membership = match membership.is_empty() {
+                true => String::new(),
+                false => format!(
+                    "; members {} ({})",
+                    super::members::ranks_list(&ranks("members")),
+                    membership.join("; ")
+                ),
+            };
+            out.push_str(&format!(
+                "  generation {} of run {}: started {} on {} (pid {}) at iteration {}{membership}{}\n",
+                h["gen"],
+                h["run_id"].as_str().unwrap_or("?"),
+                h["started_at"].as_str().unwrap_or("?"),
+                h["host"].as_str().unwrap_or("?"),
+                h["pid"],
+                h["resume_iteration"],
+                h["previous"]
+                    .as_str()
+                    .map(|p| format!("; before it, {p}"))
+                    .unwrap_or_default()
+            ));
+        }
+    }
 }
 
 /// A pipelined run (docs/pipeline.md): both clusters, and the hand-over between them.
@@ -744,4 +1050,195 @@ pub fn render_pipeline(p: &PipelineStatus) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::membership::Members;
+    use crate::protocol::{AbortKind, Phase};
+
+    const RUN: &str = "r1";
+
+    fn write(path: &Path, v: &impl Serialize) {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, serde_json::to_vec(v).unwrap()).unwrap();
+    }
+
+    /// Generation `gen` of `members` (`None`: every rank of 3), published as the current
+    /// one and in its own directory, with a history line.
+    fn generation(layout: &Layout, gen: u64, members: Option<Vec<u32>>) {
+        let mut c = ClusterRecord::bare(RUN, gen, 3);
+        c.members = members.map(|m| Members::try_from(m).unwrap());
+        c.host = "h1".into();
+        c.started_at = format!("2026-01-01T00:0{gen}:00+00:00");
+        c.config = serde_json::json!({
+            "cluster": {"min-nodes": 2},
+            "timing": {"heartbeat-interval": "200ms", "dead-after": "3s", "poll-interval": "100ms"}
+        });
+        write(&layout.gen_cluster(gen), &c);
+        write(&layout.cluster(), &c);
+        let line = serde_json::json!({
+            "gen": gen, "run_id": RUN, "started_at": c.started_at, "host": "h1", "pid": 1,
+            "resume_iteration": gen, "previous": null, "walk": "iteration-complete:both"
+        });
+        let mut history = std::fs::read_to_string(layout.history()).unwrap_or_default();
+        history.push_str(&format!("{line}\n"));
+        std::fs::write(layout.history(), history).unwrap();
+    }
+
+    /// Rank `rank`'s record in generation `gen`, in `state`, in iteration 2.
+    fn record(layout: &Layout, gen: u64, rank: u32, state: NodeState) {
+        let r = RankRecord {
+            state,
+            host: format!("h{rank}"),
+            pid: 100 + rank,
+            iteration: 2,
+            phase: Some(Phase::TrainRollout),
+            wall: "2026-01-01T00:01:30+00:00".into(),
+            ..RankRecord::vacant(RUN, gen, rank)
+        };
+        write(&layout.rank_record(gen, rank), &r);
+    }
+
+    /// Rank 2 declared rank 0 dead in iteration 2 of generation `gen`, at `at`.
+    fn rank_0_lost(layout: &Layout, gen: u64, at: &str) {
+        let a = AbortInfo {
+            kind: AbortKind::PeerDead,
+            culprit: 0,
+            culprit_host: "h0".into(),
+            phase: "1 (train-rollout)".into(),
+            iteration: 2,
+            reason: "heartbeat still for 3.0s".into(),
+            log: None,
+            detected_by: 2,
+            silent_ms: Some(3000),
+            at: at.into(),
+            cluster: None,
+            detected_in: None,
+            dropped: false,
+        };
+        write(&layout.abort(gen), &a);
+    }
+
+    fn status_of(layout: &Layout) -> Status {
+        let mut s = read_layout(layout).unwrap();
+        judge_layout(layout, &mut s);
+        s
+    }
+
+    /// A run of 3 nodes whose generation 1 lost rank 0; ranks 1 and 2 formed generation
+    /// 2 and finished it.
+    fn dropped_rank_0(dir: &Path) -> Layout {
+        let layout = Layout::new(dir);
+        generation(&layout, 1, None);
+        for rank in 0..3 {
+            record(&layout, 1, rank, NodeState::Running);
+        }
+        rank_0_lost(&layout, 1, "2026-01-01T00:01:33.000+00:00");
+        generation(&layout, 2, Some(vec![1, 2]));
+        for rank in [1, 2] {
+            record(&layout, 2, rank, NodeState::Done);
+        }
+        layout
+    }
+
+    /// A dropped rank is neither missing nor a failed member: the run of the members left
+    /// completed, rank 1 coordinates, and rank 0's entry says when, why and where it was
+    /// lost, in the text as in the JSON.
+    #[test]
+    fn a_rank_dropped_in_elastic_mode_is_shown_dropped_with_why_and_when() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = dropped_rank_0(dir.path());
+        let s = status_of(&layout);
+        assert_eq!(s.state, RunState::Completed, "{}", s.state_detail);
+        assert_eq!((s.members.clone(), s.coordinator), (vec![1, 2], 1));
+        assert_eq!((s.dropped.clone(), s.rejoined.clone()), (vec![0], vec![]));
+        let r0 = &s.ranks[0];
+        assert_eq!((r0.state.as_str(), r0.record_state), ("dropped", None));
+        assert_eq!(r0.process, None);
+        assert_eq!((r0.host.as_str(), r0.pid, r0.iteration), ("h0", 100, 2));
+        let d = r0.dropped.as_ref().unwrap();
+        assert_eq!((d.lost_in, d.dropped_from), (1, 2));
+        assert_eq!(d.reason.as_deref(), Some("heartbeat still for 3.0s"));
+        assert_eq!(d.detected_by, Some(2));
+        assert_eq!(d.at.as_deref(), Some("2026-01-01T00:01:33.000+00:00"));
+        assert_eq!(rank_label(r0, s.abort.as_ref(), None), "dropped");
+        let text = render(&s);
+        for want in [
+            "rank 1 (coordinator): h1",
+            "members: rank 1, rank 2 (2 of 3 nodes; rank 1 coordinates)",
+            "dropped: rank 0 in generation 1 (declared lost by rank 2 at 2026-01-01T00:01:33.000+00:00): heartbeat still for 3.0s",
+            "at iteration 2; members rank 1, rank 2 (dropped rank 0)",
+            "state: completed",
+            "dropped in generation 1: heartbeat still for 3.0s",
+        ] {
+            assert!(text.contains(want), "{want:?} in:\n{text}");
+        }
+        assert!(!text.contains("missing"), "{text}");
+        let v = serde_json::to_value(&s).unwrap();
+        assert_eq!(v["members"], serde_json::json!([1, 2]), "{v}");
+        assert_eq!(v["coordinator"], 1, "{v}");
+        assert_eq!(v["ranks"][0]["state"], "dropped", "{v}");
+        assert_eq!(v["ranks"][0]["dropped"]["lost_in"], 1, "{v}");
+        assert!(v["ranks"][0].get("process").is_none(), "{v}");
+        assert_eq!(v["history"][1]["dropped"], serde_json::json!([0]), "{v}");
+        assert_eq!(
+            v["history"][0]["members"],
+            serde_json::json!([0, 1, 2]),
+            "{v}"
+        );
+    }
+
+    /// Every node started again: generation 3 takes rank 0 back, which the status and
+    /// the history say; nobody is dropped any more.
+    #[test]
+    fn a_rank_back_after_a_restart_is_named_in_the_generation_that_took_it_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = dropped_rank_0(dir.path());
+        generation(&layout, 3, None);
+        for rank in 0..3 {
+            record(&layout, 3, rank, NodeState::Done);
+        }
+        let s = status_of(&layout);
+        assert_eq!(s.state, RunState::Completed, "{}", s.state_detail);
+        assert_eq!((s.dropped.clone(), s.rejoined.clone()), (vec![], vec![0]));
+        assert_eq!(s.coordinator, 0);
+        assert!(s.ranks.iter().all(|r| r.dropped.is_none()));
+        let text = render(&s);
+        for want in [
+            "rank 0: h1",
+            "back in this generation: rank 0",
+            "members rank 1, rank 2 (dropped rank 0)",
+            "members rank 0, rank 1, rank 2 (rank 0 back)",
+        ] {
+            assert!(text.contains(want), "{want:?} in:\n{text}");
+        }
+        assert!(!text.contains("\nmembers:"), "{text}");
+    }
+
+    /// While the members left regroup, the generation that lost a member is not a stop:
+    /// it is, once they did not publish the next one in time.
+    #[test]
+    fn a_survived_loss_is_a_regroup_until_the_members_left_are_overdue() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::new(dir.path());
+        generation(&layout, 1, None);
+        for rank in [1, 2] {
+            record(&layout, 1, rank, NodeState::Failed);
+        }
+        let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, false);
+        rank_0_lost(&layout, 1, &now);
+        let s = status_of(&layout);
+        assert_eq!(s.state, RunState::Restarting, "{}", s.state_detail);
+        assert_eq!(
+            s.state_detail,
+            "regrouping (generation 1 lost rank 0: heartbeat still for 3.0s; rank 1, rank 2 form generation 2 without it)"
+        );
+        // Long past 2 × dead-after: they stopped instead.
+        rank_0_lost(&layout, 1, "2026-01-01T00:01:33.000+00:00");
+        let s = status_of(&layout);
+        assert_eq!(s.state, RunState::Stopped, "{}", s.state_detail);
+        assert!(s.state_detail.starts_with("STOPPED: rank 0 on h0 is dead"));
+    }
 }

@@ -1,6 +1,7 @@
 #![allow(dead_code)]
 pub mod cluster;
 pub mod doctor;
+pub mod elastic;
 pub mod fuse;
 pub mod moosefs;
 pub mod mountns;

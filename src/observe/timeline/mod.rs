@@ -1,13 +1,15 @@
 //! `rl-node timeline`: one self-contained HTML page (inline SVG) of a run, drawn from its
 //! files alone: every rank's phases as coloured blocks on a lane of its own, barrier waits
 //! hatched with whom they waited for, failed commands, retries, server restarts and
-//! failures marked, generations separated with why the one before ended; above the lanes,
+//! failures marked, generations separated with why the one before ended (in elastic
+//! mode, with who was dropped or came back, a dropped rank's lane ending and resuming
+//! there); above the lanes,
 //! each iteration's time split into phases and the mean of a numeric field of the rollout
 //! records.
 //!
 //! It reads what a finished, crashed or running run leaves: the event logs
-//! (`.rl-node/events/rank-R.jsonl`, per cluster in a pipelined run), the rank records and
-//! aborts of every generation, and `metrics.jsonl`. Torn last lines are skipped. It writes
+//! (`.rl-node/events/rank-R.jsonl`, per cluster in a pipelined run), the records, rank
+//! records and aborts of every generation, and `metrics.jsonl`. Torn last lines are skipped. It writes
 //! only the page (atomically), never the run's state.
 //!
 //! [`model`] turns the files into lanes of blocks (pure, unit-tested); [`render`] draws
@@ -298,6 +300,7 @@ fn read_cluster_input(layout: &Layout, c: &crate::protocol::ClusterRecord) -> Cl
         .flat_map(|e| e.iter().map(|e| e.gen))
         .chain([c.gen])
         .collect();
+    let members = super::members::read(layout, &c.run_id, gens.iter().copied());
     let mut hosts = HashMap::new();
     let mut walls = HashMap::new();
     let mut aborts = BTreeMap::new();
@@ -317,7 +320,11 @@ fn read_cluster_input(layout: &Layout, c: &crate::protocol::ClusterRecord) -> Cl
                 walls.insert((gen, rec.rank), t);
             }
         }
-        waiting.extend(waits_of(&records));
+        let of_gen = members
+            .get(&gen)
+            .cloned()
+            .unwrap_or_else(|| (0..n).collect());
+        waiting.extend(waits_of(&records, &of_gen));
         if let Some(a) = super::status::read_abort(layout, gen, &records) {
             aborts.insert(gen, a);
         }
@@ -331,6 +338,7 @@ fn read_cluster_input(layout: &Layout, c: &crate::protocol::ClusterRecord) -> Cl
         waiting,
         gen: c.gen,
         live: live_ranks(layout),
+        members,
     }
 }
 
@@ -340,10 +348,12 @@ fn parse_wall(s: &str) -> Option<f64> {
         .map(|t| t.timestamp_millis() as f64 / 1000.0)
 }
 
-/// The barrier each rank of one generation's records had arrived at and rank 0 had not
-/// released, with the ranks (of those records) that had not arrived there.
-fn waits_of(records: &[Option<RankRecord>]) -> Vec<((u64, u32), model::Waiting)> {
-    let released0 = records.first().cloned().flatten();
+/// The barrier each member of one generation (`members`: every rank, unless elastic mode
+/// dropped some) had arrived at and its coordinator (the lowest member) had not released,
+/// with the members (of those records) that had not arrived there.
+fn waits_of(records: &[Option<RankRecord>], members: &[u32]) -> Vec<((u64, u32), model::Waiting)> {
+    let coordinator = members.first().copied().unwrap_or(0);
+    let released0 = records.get(coordinator as usize).cloned().flatten();
     let arrived_k =
         |r: &Option<RankRecord>| r.as_ref().and_then(|r| r.arrived.as_ref()).map(|m| m.k);
     records
@@ -357,6 +367,7 @@ fn waits_of(records: &[Option<RankRecord>]) -> Vec<((u64, u32), model::Waiting)>
             let waited_for = records
                 .iter()
                 .enumerate()
+                .filter(|(i, _)| members.contains(&(*i as u32)))
                 .filter(|(_, r)| arrived_k(r).is_none_or(|k| k < m.k))
                 .map(|(i, _)| i as u32)
                 .collect();
@@ -380,7 +391,9 @@ fn live_ranks(layout: &Layout) -> Vec<Option<LiveRank>> {
     s.ranks
         .iter()
         .map(|r| {
-            r.record_state.map(|_| LiveRank {
+            // A rank dropped in elastic mode has no record of this generation: it is shown
+            // `dropped`, as of its last record.
+            (r.record_state.is_some() || r.dropped.is_some()).then(|| LiveRank {
                 wall: parse_wall(&r.last_write).unwrap_or(0.0),
                 state: super::status::rank_label(r, s.abort.as_ref(), layout.cluster_name()),
                 progress: r.progress.clone(),

@@ -1,6 +1,8 @@
 //! The timeline's data: every rank's event log turned into lanes of blocks (one per phase
 //! walked), barrier waits, marks (failed commands, retries, server restarts, failures) and
-//! generation starts, plus the per-iteration numbers drawn above the lanes.
+//! generation starts (with, in elastic mode, the membership changes and each dropped
+//! rank's stretch without membership), plus the per-iteration numbers drawn above the
+//! lanes.
 //!
 //! Pure: [`build`] takes what [`super::render_run`] read from the files and does no I/O, so
 //! that what the picture says can be tested on hand-made input.
@@ -31,8 +33,12 @@ pub struct ClusterInput {
     pub gen: u64,
     /// In the current generation: each rank's last write (seconds since the epoch), its
     /// state as `rl-node status` labels it (`running`, `done`, `dead`, `culprit`,
-    /// `stopped by a peer`…) and what it is doing.
+    /// `stopped by a peer`, `dropped`…) and what it is doing.
     pub live: Vec<Option<LiveRank>>,
+    /// The members of each generation whose record says (elastic mode: the members left
+    /// after a loss, fewer than every rank); a generation not here is taken to be of
+    /// every rank.
+    pub members: BTreeMap<u64, Vec<u32>>,
 }
 
 /// A rank's record in the current generation, as far as the timeline needs it.
@@ -130,6 +136,22 @@ pub struct Lane {
     pub state: Option<String>,
     /// Its last sign of life in the current generation (its record's last write).
     pub last_write: Option<f64>,
+    /// Elastic mode: the stretches in which the rank was not a member (dropped after a
+    /// loss, until a later generation took it back): its lane ends there.
+    pub absent: Vec<Absence>,
+}
+
+/// A stretch in which a rank was no member of its cluster's generations: from the
+/// membership change that dropped it to the one that took it back (`None`: not back).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Absence {
+    pub from: f64,
+    pub until: Option<f64>,
+    /// The first generation without it, and the one that took it back.
+    pub dropped_from: u64,
+    pub back_in: Option<u64>,
+    /// Why it was dropped (the abort of the generation it was lost in).
+    pub why: String,
 }
 
 /// A command's run: `name` is the command's phase (`rollout`, `train`…).
@@ -247,6 +269,42 @@ pub struct GenStart {
     pub previous: Option<String>,
     /// The previous generation's abort, described.
     pub ended: Option<String>,
+    /// Elastic mode: how its members differ from the generation before's (`None`: they
+    /// do not).
+    pub membership: Option<Membership>,
+}
+
+/// A membership change: who a generation dropped and who it took back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Membership {
+    pub members: Vec<u32>,
+    /// Each rank dropped, with why (the abort of the generation it was lost in).
+    pub dropped: Vec<(u32, String)>,
+    pub rejoined: Vec<u32>,
+    /// Formed by the members left after a loss, in their processes (their `regrouped`
+    /// events), rather than by a start of the nodes.
+    pub regrouped: bool,
+}
+
+impl Membership {
+    /// `rank 0 dropped`, `rank 2 back`, `rank 0 dropped; rank 2 back`.
+    pub fn short(&self) -> String {
+        let mut parts = Vec::new();
+        if !self.dropped.is_empty() {
+            let ranks: Vec<u32> = self.dropped.iter().map(|d| d.0).collect();
+            parts.push(format!(
+                "{} dropped",
+                crate::observe::members::ranks_list(&ranks)
+            ));
+        }
+        if !self.rejoined.is_empty() {
+            parts.push(format!(
+                "{} back",
+                crate::observe::members::ranks_list(&self.rejoined)
+            ));
+        }
+        parts.join("; ")
+    }
 }
 
 /// One iteration's time, its split into phases, and the chosen field's mean.
@@ -293,24 +351,40 @@ pub fn build(input: Input) -> Timeline {
                 });
             }
         }
-        // Generations: rank 0's `generation` events.
-        if let Some(events) = c.events.first() {
+        // Generations: rank 0's `generation` events, and in elastic mode the `regrouped`
+        // event of the coordinator of a generation the members left formed.
+        let first_gen = generations.len();
+        for (rank, events) in c.events.iter().enumerate() {
             for e in events {
-                if let Ev::Generation { previous } = &e.event {
-                    generations.push(GenStart {
-                        cluster: c.name,
-                        gen: e.gen,
-                        t: e.t,
-                        previous: previous.clone(),
-                        ended: c
-                            .aborts
-                            .get(&e.gen.saturating_sub(1))
-                            .filter(|_| e.gen > 1)
-                            .map(|a| a.describe()),
-                    });
-                }
+                let regrouped = match &e.event {
+                    Ev::Generation { .. } if rank == 0 => false,
+                    Ev::Regrouped { coordinator, .. } if *coordinator == rank as u32 => true,
+                    _ => continue,
+                };
+                let previous = match &e.event {
+                    Ev::Generation { previous } => previous.clone(),
+                    _ => None,
+                };
+                generations.push(GenStart {
+                    cluster: c.name,
+                    gen: e.gen,
+                    t: e.t,
+                    previous,
+                    ended: c
+                        .aborts
+                        .get(&e.gen.saturating_sub(1))
+                        .filter(|_| e.gen > 1)
+                        .map(|a| a.describe()),
+                    membership: regrouped.then(|| Membership {
+                        members: Vec::new(),
+                        dropped: Vec::new(),
+                        rejoined: Vec::new(),
+                        regrouped: true,
+                    }),
+                });
             }
         }
+        membership_changes(&mut generations, first_gen, &mut lanes[first_lane..], c);
     }
     let mut from_metrics = !input.metrics.is_empty();
     let mut iterations: Vec<IterStat> = input
@@ -398,6 +472,83 @@ pub fn build(input: Input) -> Timeline {
     }
 }
 
+/// Elastic mode: on each generation start whose members differ from the generation
+/// before's (its record's `members`), who it dropped and why (the abort of the generation
+/// the rank was lost in) and who it took back; on each dropped rank's lane, the stretch in
+/// which it was no member. A changed generation whose start no event marks begins at its
+/// first event.
+fn membership_changes(
+    gens: &mut Vec<GenStart>,
+    first: usize,
+    lanes: &mut [Lane],
+    c: &ClusterInput,
+) {
+    for change in crate::observe::members::changes(&c.members) {
+        let i = match gens[first..].iter().position(|g| g.gen == change.gen) {
+            Some(i) => first + i,
+            None => {
+                let Some(t) = c
+                    .events
+                    .iter()
+                    .flatten()
+                    .filter(|e| e.gen == change.gen)
+                    .map(|e| e.t)
+                    .min_by(f64::total_cmp)
+                else {
+                    continue;
+                };
+                gens.push(GenStart {
+                    cluster: c.name,
+                    gen: change.gen,
+                    t,
+                    previous: None,
+                    ended: c.aborts.get(&change.previous).map(|a| a.describe()),
+                    membership: None,
+                });
+                gens.len() - 1
+            }
+        };
+        let why = |rank: u32| {
+            c.aborts
+                .get(&change.previous)
+                .filter(|a| a.culprit == rank && a.cluster.is_none())
+                .map(|a| a.reason.clone())
+                .unwrap_or_else(|| format!("lost in generation {}", change.previous))
+        };
+        let g = &mut gens[i];
+        g.membership = Some(Membership {
+            members: change.members.clone(),
+            dropped: change.dropped.iter().map(|&r| (r, why(r))).collect(),
+            rejoined: change.rejoined.clone(),
+            regrouped: g.membership.as_ref().is_some_and(|m| m.regrouped),
+        });
+        let t = g.t;
+        for l in lanes.iter_mut() {
+            if change.dropped.contains(&l.rank) {
+                l.absent.push(Absence {
+                    from: t,
+                    until: None,
+                    dropped_from: change.gen,
+                    back_in: None,
+                    why: why(l.rank),
+                });
+            } else if change.rejoined.contains(&l.rank) {
+                if let Some(a) = l.absent.last_mut().filter(|a| a.until.is_none()) {
+                    a.until = Some(t);
+                    a.back_in = Some(change.gen);
+                }
+            }
+        }
+    }
+    // A generation that is not a membership change is not marked as one.
+    for g in &mut gens[first..] {
+        if g.membership.as_ref().is_some_and(|m| m.members.is_empty()) {
+            g.membership = None;
+        }
+    }
+    gens[first..].sort_by(|a, b| a.t.total_cmp(&b.t));
+}
+
 /// The stretches of [`DOWNTIME_SHARE`] or more of the span in which no lane has a block,
 /// wait or mark and a generation began.
 fn downtime(lanes: &[Lane], gens: &[GenStart], start: f64, end: f64) -> Vec<Downtime> {
@@ -478,6 +629,7 @@ fn lane(c: &ClusterInput, rank: u32, events: &[Event]) -> Lane {
         instants,
         last_write: live.as_ref().map(|l| l.wall),
         state: live.map(|l| l.state),
+        absent: Vec::new(),
     }
 }
 
@@ -494,8 +646,8 @@ struct LaneParts {
     /// The time of each generation's last event.
     last_t: HashMap<u64, f64>,
     /// The time of each generation's last event of the rank's own work (not a hang
-    /// report, fence or refusal, which come while it waits): before it arrives at a
-    /// barrier it never passed.
+    /// report, fence, refusal or a member found lost, which come while it waits): before
+    /// it arrives at a barrier it never passed.
     last_work_t: HashMap<u64, f64>,
 }
 
@@ -505,7 +657,7 @@ impl LaneParts {
         *lt = lt.max(e.t);
         if !matches!(
             e.event,
-            Ev::HangReport { .. } | Ev::Fenced { .. } | Ev::Refused { .. }
+            Ev::HangReport { .. } | Ev::Fenced { .. } | Ev::Refused { .. } | Ev::MemberLost { .. }
         ) {
             let lw = self.last_work_t.entry(e.gen).or_insert(e.t);
             *lw = lw.max(e.t);
@@ -902,14 +1054,36 @@ fn attribute_waits(lanes: &mut [Lane]) {
     }
 }
 
-/// Per-iteration times from rank 0's events, where `metrics.jsonl` has none: the newest
-/// generation's walk of each iteration.
+/// Per-iteration times from the coordinator's events (rank 0's, or in elastic mode the
+/// lowest member's of a generation that went on without rank 0), where `metrics.jsonl`
+/// has none: the newest generation's walk of each iteration.
 fn from_events(clusters: &[ClusterInput]) -> Vec<IterStat> {
     let mut out = Vec::new();
     for c in clusters {
-        let Some(events) = c.events.first() else {
-            continue;
+        let coordinator = |gen: u64| {
+            c.members
+                .get(&gen)
+                .and_then(|m| m.first())
+                .copied()
+                .unwrap_or(0)
         };
+        let mut events: Vec<Event> = c
+            .events
+            .iter()
+            .enumerate()
+            .flat_map(|(rank, events)| {
+                events
+                    .iter()
+                    .filter(move |e| coordinator(e.gen) == rank as u32)
+                    .cloned()
+            })
+            .collect();
+        if events.is_empty() {
+            continue;
+        }
+        // Each generation's events in order, generations in order.
+        events.sort_by_key(|e| e.gen);
+        let events = &events;
         let mut by_it: BTreeMap<u64, IterStat> = BTreeMap::new();
         let mut done: Vec<(u64, u64)> = events
             .iter()
@@ -1056,6 +1230,7 @@ mod tests {
                 waiting: HashMap::new(),
                 gen: 2,
                 live: vec![None, None],
+                members: BTreeMap::new(),
             }],
             metrics: vec![],
             field: "reward".into(),
@@ -1260,5 +1435,170 @@ mod tests {
         let w = t.lanes[0].waits.iter().find(|w| w.pipeline).unwrap();
         assert_eq!(w.barrier, "the trajectories of iteration 2");
         assert_eq!((w.start, w.end, w.open), (200.0, 203.0, true));
+    }
+
+    /// Elastic mode, 3 ranks: rank 0 dies in generation 1's rollout; ranks 1 and 2 regroup
+    /// into generation 2 (rank 1 coordinates) and complete iteration 2; every node started
+    /// again forms generation 3, which takes rank 0 back.
+    fn elastic_input() -> Input {
+        let gen1 = |t0: f64| {
+            vec![
+                phase(1, 1, t0, Phase::SyncStart),
+                barrier(1, 1, t0 + 0.5, "sync-start", 1, 0),
+                phase(1, 1, t0 + 0.5, Phase::TrainRollout),
+            ]
+        };
+        let mut r0 = vec![ev(1, 0, 100.0, Ev::Generation { previous: None })];
+        r0.extend(gen1(100.0));
+        r0.push(ev(
+            3,
+            0,
+            199.9,
+            Ev::Generation {
+                previous: Some("generation 2 stopped".into()),
+            },
+        ));
+        r0.push(phase(3, 3, 200.0, Phase::SyncStart));
+        let survivor = |rank: u32| {
+            let mut v = gen1(100.0);
+            v.push(phase(1, 1, 101.0, Phase::RolloutComplete));
+            v.push(ev(
+                1,
+                2,
+                104.0,
+                Ev::MemberLost {
+                    lost: 0,
+                    reason: "heartbeat still for 3.0s".into(),
+                },
+            ));
+            v.push(ev(
+                2,
+                0,
+                104.1 + f64::from(rank - 1) * 0.05,
+                Ev::Regrouped {
+                    members: vec![1, 2],
+                    coordinator: 1,
+                },
+            ));
+            v.push(barrier(2, 0, 104.2, "regrouped", 1, 0));
+            v.push(phase(2, 2, 104.2, Phase::SyncStart));
+            v.push(phase(2, 2, 105.0, Phase::FinalSync));
+            v.push(barrier(2, 2, 106.0, "final-sync", 2, 0));
+            v.push(phase(3, 3, 200.0, Phase::SyncStart));
+            v
+        };
+        let abort = AbortInfo {
+            kind: AbortKind::PeerDead,
+            culprit: 0,
+            culprit_host: "h0".into(),
+            phase: "1 (train-rollout)".into(),
+            iteration: 2,
+            reason: "heartbeat still for 3.0s".into(),
+            log: None,
+            detected_by: 2,
+            silent_ms: Some(3000),
+            at: "1970-01-01T00:01:44.000+00:00".into(),
+            cluster: None,
+            detected_in: None,
+            dropped: false,
+        };
+        Input {
+            clusters: vec![ClusterInput {
+                name: None,
+                events: vec![r0, survivor(1), survivor(2)],
+                hosts: HashMap::new(),
+                walls: [((1, 0), 101.0)].into_iter().collect(),
+                aborts: [(1, abort)].into_iter().collect(),
+                waiting: HashMap::new(),
+                gen: 3,
+                live: vec![None, None, None],
+                members: [(1, vec![0, 1, 2]), (2, vec![1, 2]), (3, vec![0, 1, 2])]
+                    .into_iter()
+                    .collect(),
+            }],
+            metrics: vec![],
+            field: "reward".into(),
+            values: BTreeMap::new(),
+            iterations: None,
+        }
+    }
+
+    /// The regroup is a membership change at the coordinator's `regrouped` event, naming
+    /// the rank dropped and why; the restart that takes it back is one too; the dropped
+    /// rank's lane has no membership from the one to the other.
+    #[test]
+    fn a_dropped_rank_s_lane_ends_at_the_regroup_and_resumes_when_it_is_back() {
+        let t = build(elastic_input());
+        let gens: Vec<(u64, f64, Option<Membership>)> = t
+            .generations
+            .iter()
+            .map(|g| (g.gen, g.t, g.membership.clone()))
+            .collect();
+        assert_eq!(
+            gens,
+            [
+                (1, 100.0, None),
+                (
+                    2,
+                    104.1,
+                    Some(Membership {
+                        members: vec![1, 2],
+                        dropped: vec![(0, "heartbeat still for 3.0s".into())],
+                        rejoined: vec![],
+                        regrouped: true,
+                    })
+                ),
+                (
+                    3,
+                    199.9,
+                    Some(Membership {
+                        members: vec![0, 1, 2],
+                        dropped: vec![],
+                        rejoined: vec![0],
+                        regrouped: false,
+                    })
+                ),
+            ]
+        );
+        assert_eq!(
+            t.generations[1].membership.as_ref().unwrap().short(),
+            "rank 0 dropped"
+        );
+        assert!(t.generations[1]
+            .ended
+            .as_ref()
+            .unwrap()
+            .contains("rank 0 on h0 is dead"));
+        assert_eq!(
+            t.lanes[0].absent,
+            [Absence {
+                from: 104.1,
+                until: Some(199.9),
+                dropped_from: 2,
+                back_in: Some(3),
+                why: "heartbeat still for 3.0s".into(),
+            }]
+        );
+        assert!(t.lanes[1].absent.is_empty() && t.lanes[2].absent.is_empty());
+        // Rank 0's last block ends at its last sign of life, before the regroup.
+        let last = t.lanes[0].blocks.iter().rfind(|b| b.gen == 1).unwrap();
+        assert_eq!(
+            (last.phase, last.end, last.open),
+            (Phase::TrainRollout, 101.0, true)
+        );
+    }
+
+    /// Without metrics.jsonl, the iterations of a generation that went on without rank 0
+    /// are timed from its coordinator's events (rank 1), and count in the goodput.
+    #[test]
+    fn iterations_without_rank_0_are_timed_by_their_coordinator() {
+        let t = build(elastic_input());
+        let its: Vec<(u64, f64)> = t
+            .iterations
+            .iter()
+            .map(|s| (s.iteration, (s.total * 1000.0).round() / 1000.0))
+            .collect();
+        assert_eq!(its, [(2, 1.8)]);
+        assert!((t.useful[0].1 - 1.8).abs() < 1e-9, "{:?}", t.useful);
     }
 }

@@ -12,6 +12,15 @@ use crate::protocol::phase::ALL;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
+/// The colour of a membership change (elastic mode): its line, its label, where a dropped
+/// rank's lane ends and resumes.
+const MEMBERSHIP: &str = "#7b2cbf";
+
+/// The height of a row of generation labels.
+const GEN_ROW_H: f64 = 12.0;
+/// A generous width of a character of a 10 px generation label.
+const GEN_CHAR_PX: f64 = 6.0;
+
 /// Width of the lane area in pixels (the page is wider by the labels).
 pub const PLOT_W: f64 = 1400.0;
 const LABEL_W: f64 = 250.0;
@@ -165,6 +174,10 @@ pub fn html(t: &Timeline, title: &str) -> (String, Counts) {
     y = legend(&mut svg, y);
     y = axis(&mut svg, y, t, &scale);
 
+    // Generation labels that would overlap go in rows above one another, over their
+    // cluster's lanes.
+    let label_rows = gen_label_rows(t, &scale);
+
     // The lanes, each cluster's followed by a row per failure that stopped one of its
     // generations (the message in a row of its own, not over other blocks).
     let lanes_top = y;
@@ -186,6 +199,15 @@ pub fn html(t: &Timeline, title: &str) -> (String, Counts) {
             );
             y += LANE_H + LANE_GAP;
         }
+        let rows = t
+            .generations
+            .iter()
+            .zip(&label_rows)
+            .filter(|(g, _)| g.cluster == cluster)
+            .map(|(_, row)| *row)
+            .max()
+            .unwrap_or(0);
+        y += rows as f64 * GEN_ROW_H;
         let top = y;
         for lane in &t.lanes[i..i + n] {
             draw_lane(&mut svg, lane, y, &scale, &mut counts);
@@ -198,52 +220,7 @@ pub fn html(t: &Timeline, title: &str) -> (String, Counts) {
     svg.push_str("</g>");
     let lanes_bottom = y;
 
-    // Generation separators over their cluster's lanes.
-    let _ = write!(
-        svg,
-        r#"<g clip-path="url(#plot)"><g class="tz" id="generations">"#
-    );
-    for g in &t.generations {
-        let Some(&(_, top, bottom)) = cluster_rows.iter().find(|c| c.0 == g.cluster) else {
-            continue;
-        };
-        let x = scale.x(g.t);
-        // Labels of late generations run leftwards, to stay on the page.
-        let right = x > LABEL_W + PLOT_W * 0.6;
-        let why = match (&g.previous, &g.ended) {
-            (_, Some(e)) => format!("the previous generation ended: {e}"),
-            (Some(p), None) => format!("before it: {p}"),
-            (None, None) => "first generation".to_string(),
-        };
-        let mut tip = format!(
-            "{}generation {} started {}\n{why}",
-            g.cluster
-                .map(|c| format!("{c} cluster: "))
-                .unwrap_or_default(),
-            g.gen,
-            wall(g.t)
-        );
-        if let (Some(p), Some(_)) = (&g.previous, &g.ended) {
-            let _ = write!(tip, "\nbefore it: {p}");
-        }
-        let _ = write!(
-            svg,
-            r##"<g class="gen" data-gen="{}"><title>{}</title><line x1="{x:.1}" x2="{x:.1}" y1="{:.1}" y2="{bottom:.1}" stroke="#000" stroke-width="1.5" stroke-dasharray="4 2" vector-effect="non-scaling-stroke"/><text data-x="{x:.1}" x="{:.1}" y="{:.1}" font-size="10" text-anchor="{}">generation {}{}</text></g>"##,
-            g.gen,
-            esc(&tip),
-            top - 4.0,
-            if right { x - 2.0 } else { x + 2.0 },
-            top - 6.0,
-            if right { "end" } else { "start" },
-            g.gen,
-            if g.gen > 1 {
-                esc(&format!(": {}", short(&why, 60)))
-            } else {
-                String::new()
-            }
-        );
-    }
-    svg.push_str("</g></g>");
+    generation_lines(&mut svg, t, &scale, &label_rows, &cluster_rows);
     downtime(&mut svg, t, &scale, lanes_top, lanes_bottom);
     counts.lanes = t.lanes.len();
     let height = y + MARGIN;
@@ -283,6 +260,152 @@ svg text {{ font-family: sans-serif; font-size: 11px; }}
         mixed = counts.mixed,
     );
     (page, counts)
+}
+
+/// The generation separators over their cluster's lanes (`cluster_rows`: each cluster's
+/// top and bottom), each labelled in its row of `label_rows`; in elastic mode a membership
+/// change in its own colour, named by who was dropped or came back.
+fn generation_lines(
+    svg: &mut String,
+    t: &Timeline,
+    scale: &Scale,
+    label_rows: &[usize],
+    cluster_rows: &[(Option<&'static str>, f64, f64)],
+) {
+    let _ = write!(
+        svg,
+        r#"<g clip-path="url(#plot)"><g class="tz" id="generations">"#
+    );
+    for (g, row) in t.generations.iter().zip(label_rows) {
+        let Some(&(_, top, bottom)) = cluster_rows.iter().find(|c| c.0 == g.cluster) else {
+            continue;
+        };
+        let x = scale.x(g.t);
+        let lift = *row as f64 * GEN_ROW_H;
+        // Labels of late generations run leftwards, to stay on the page.
+        let right = gen_label_runs_left(x);
+        let why = gen_why(g);
+        let mut tip = format!(
+            "{}generation {} started {}\n{why}",
+            g.cluster
+                .map(|c| format!("{c} cluster: "))
+                .unwrap_or_default(),
+            g.gen,
+            wall(g.t)
+        );
+        if let (Some(p), Some(_)) = (&g.previous, &g.ended) {
+            let _ = write!(tip, "\nbefore it: {p}");
+        }
+        // Elastic mode: a membership change, drawn in its own colour and named by who was
+        // dropped (and why) or who came back.
+        let (attrs, stroke, dash) = match &g.membership {
+            Some(m) => {
+                let _ = write!(
+                    tip,
+                    "\nmembership change: {}{}",
+                    m.short(),
+                    if m.regrouped {
+                        " (formed by the members left, in their processes)"
+                    } else {
+                        ""
+                    }
+                );
+                for (rank, why) in &m.dropped {
+                    let _ = write!(tip, "\nrank {rank} dropped: {why}");
+                }
+                let _ = write!(
+                    tip,
+                    "\nmembers: {}; coordinator: rank {}",
+                    crate::observe::members::ranks_list(&m.members),
+                    m.members.first().copied().unwrap_or(0)
+                );
+                let list = |ranks: &mut dyn Iterator<Item = u32>| {
+                    ranks.map(|r| r.to_string()).collect::<Vec<_>>().join(",")
+                };
+                (
+                    format!(
+                        r#" class="gen membership" data-dropped="{}" data-rejoined="{}" data-members="{}""#,
+                        list(&mut m.dropped.iter().map(|d| d.0)),
+                        list(&mut m.rejoined.iter().copied()),
+                        list(&mut m.members.iter().copied()),
+                    ),
+                    MEMBERSHIP,
+                    "6 2 1 2",
+                )
+            }
+            None => (r#" class="gen""#.to_string(), "#000", "4 2"),
+        };
+        let _ = write!(
+            svg,
+            r##"<g{attrs} data-gen="{}"><title>{}</title><line x1="{x:.1}" x2="{x:.1}" y1="{:.1}" y2="{bottom:.1}" stroke="{stroke}" stroke-width="1.5" stroke-dasharray="{dash}" vector-effect="non-scaling-stroke"/><text data-x="{x:.1}" x="{:.1}" y="{:.1}" font-size="10" text-anchor="{}"{}>{}</text></g>"##,
+            g.gen,
+            esc(&tip),
+            top - 4.0 - lift,
+            if right { x - 2.0 } else { x + 2.0 },
+            top - 6.0 - lift,
+            if right { "end" } else { "start" },
+            if g.membership.is_some() {
+                format!(r#" fill="{MEMBERSHIP}""#)
+            } else {
+                String::new()
+            },
+            esc(&gen_label(g))
+        );
+    }
+    svg.push_str("</g></g>");
+}
+
+/// Whether the label of a generation line at `x` runs leftwards from it (late ones do, to
+/// stay on the page).
+fn gen_label_runs_left(x: f64) -> bool {
+    x > LABEL_W + PLOT_W * 0.6
+}
+
+/// Why generation `g`'s predecessor ended, as far as known.
+fn gen_why(g: &super::model::GenStart) -> String {
+    match (&g.previous, &g.ended) {
+        (_, Some(e)) => format!("the previous generation ended: {e}"),
+        (Some(p), None) => format!("before it: {p}"),
+        (None, None) => "first generation".to_string(),
+    }
+}
+
+/// The text of generation `g`'s label: who it dropped or took back (elastic mode), else
+/// why the one before ended.
+fn gen_label(g: &super::model::GenStart) -> String {
+    match &g.membership {
+        Some(m) => format!("generation {}: {}", g.gen, m.short()),
+        None if g.gen > 1 => format!("generation {}: {}", g.gen, short(&gen_why(g), 60)),
+        None => format!("generation {}", g.gen),
+    }
+}
+
+/// The row (0: just over the lanes, 1: above it…) of each generation's label, so that
+/// the labels of generations close in time (a regroup, then a restart) do not overlap
+/// at the page's width: each takes the lowest row where it clears the labels there.
+fn gen_label_rows(t: &Timeline, scale: &Scale) -> Vec<usize> {
+    let mut taken: Vec<(Option<&'static str>, usize, f64, f64)> = Vec::new();
+    t.generations
+        .iter()
+        .map(|g| {
+            let x = scale.x(g.t);
+            let w = gen_label(g).chars().count() as f64 * GEN_CHAR_PX;
+            let (a, b) = if gen_label_runs_left(x) {
+                (x - 2.0 - w, x - 2.0)
+            } else {
+                (x + 2.0, x + 2.0 + w)
+            };
+            let row = (0..)
+                .find(|&row| {
+                    !taken.iter().any(|&(c, r, a2, b2)| {
+                        c == g.cluster && r == row && a < b2 + 4.0 && a2 < b + 4.0
+                    })
+                })
+                .expect("a free row");
+            taken.push((g.cluster, row, a, b));
+            row
+        })
+        .collect()
 }
 
 /// The page's script: show a hovered element's `<title>` at once; zoom and pan the lanes'
@@ -367,6 +490,26 @@ fn goodput(t: &Timeline) -> String {
 
 fn summary(t: &Timeline, c: &Counts) -> String {
     let gens = t.generations.len();
+    // Elastic mode: the membership changes, in a few words each.
+    let changes: Vec<String> = t
+        .generations
+        .iter()
+        .filter_map(|g| {
+            let m = g.membership.as_ref()?;
+            Some(format!(
+                "{}generation {}: {}",
+                g.cluster
+                    .map(|c| format!("{c} cluster "))
+                    .unwrap_or_default(),
+                g.gen,
+                m.short()
+            ))
+        })
+        .collect();
+    let changes = match changes.is_empty() {
+        true => String::new(),
+        false => format!("; membership changes: {}", changes.join(", ")),
+    };
     let down: f64 = t.downtime.iter().map(|d| d.end - d.start).sum();
     let down = if t.downtime.is_empty() {
         String::new()
@@ -376,7 +519,11 @@ fn summary(t: &Timeline, c: &Counts) -> String {
             secs(down)
         )
     };
-    format!("{}{down}. {}", goodput(t), summary_lanes(t, c, gens))
+    format!(
+        "{}{down}{changes}. {}",
+        goodput(t),
+        summary_lanes(t, c, gens)
+    )
 }
 
 fn summary_lanes(t: &Timeline, c: &Counts, gens: usize) -> String {
@@ -844,7 +991,7 @@ fn draw_lane(svg: &mut String, lane: &Lane, y: f64, scale: &Scale, counts: &mut 
         svg,
         r##"<rect x="{LABEL_W}" width="{PLOT_W}" height="{LANE_H}" fill="#f4f4f4"/><g clip-path="url(#plot)"><g class="tz">"##
     );
-
+    draw_absent(svg, lane, scale);
     // Phase blocks; narrow ones merged into mixed blocks, with the narrow barrier waits
     // of their stretch of time summed up in the same hover text (and hatched in
     // proportion), so that a large run's page stays small.
@@ -930,6 +1077,52 @@ fn draw_lane(svg: &mut String, lane: &Lane, y: f64, scale: &Scale, counts: &mut 
         i = j;
     }
     svg.push_str("</g></g></g>");
+}
+
+/// Elastic mode: where the rank was no member, its lane ends (a bar in the membership
+/// colour), is left blank, and resumes where a generation took it back.
+fn draw_absent(svg: &mut String, lane: &Lane, scale: &Scale) {
+    for a in &lane.absent {
+        let x0 = scale.x(a.from);
+        let x1 = a.until.map_or(LABEL_W + PLOT_W, |t| scale.x(t)).max(x0);
+        let tip = format!(
+            "{} · not a member from generation {} ({})\ndropped: {}\n{}",
+            lane.label(),
+            a.dropped_from,
+            wall(a.from),
+            a.why,
+            match (a.back_in, a.until) {
+                (Some(g), Some(t)) => format!("back in generation {g} ({})", wall(t)),
+                _ => "not back since".to_string(),
+            }
+        );
+        let _ = write!(
+            svg,
+            r##"<g class="absent" data-from-gen="{}" data-back-gen="{}"><title>{}</title><rect x="{x0:.1}" width="{:.1}" height="{LANE_H}" fill="#ffffff"/><line class="lane-end" x1="{x0:.1}" x2="{x0:.1}" y1="0" y2="{LANE_H}" stroke="{MEMBERSHIP}" stroke-width="3" vector-effect="non-scaling-stroke"/>"##,
+            a.dropped_from,
+            a.back_in.map(|g| g.to_string()).unwrap_or_default(),
+            esc(&tip),
+            x1 - x0,
+        );
+        // Said in the lane too, where it fits.
+        let say = format!("not a member: dropped ({})", a.why);
+        if say.chars().count() as f64 * GEN_CHAR_PX + 10.0 < x1 - x0 {
+            let _ = write!(
+                svg,
+                r#"<text data-x="{:.1}" x="{:.1}" y="12" font-size="10" fill="{MEMBERSHIP}">{}</text>"#,
+                x0 + 6.0,
+                x0 + 6.0,
+                esc(&say)
+            );
+        }
+        if a.until.is_some() {
+            let _ = write!(
+                svg,
+                r##"<line class="lane-resume" x1="{x1:.1}" x2="{x1:.1}" y1="0" y2="{LANE_H}" stroke="{MEMBERSHIP}" stroke-width="1.5" stroke-dasharray="2 2" vector-effect="non-scaling-stroke"/>"##
+            );
+        }
+        svg.push_str("</g>");
+    }
 }
 
 fn draw_block(svg: &mut String, lane: &Lane, b: &Block, x0: f64, x1: f64, scale: &Scale) {
@@ -1151,6 +1344,7 @@ mod tests {
                 t: 0.0,
                 previous: None,
                 ended: None,
+                membership: None,
             }],
             iterations: vec![IterStat {
                 cluster: None,
@@ -1179,6 +1373,7 @@ mod tests {
             instants: vec![],
             state: Some("done".into()),
             last_write: None,
+            absent: vec![],
         }
     }
 
@@ -1306,5 +1501,106 @@ mod tests {
         );
         assert!(labels[0].text().unwrap().ends_with(" · stopped by a peer"));
         assert_eq!(labels[1].attribute("textLength"), None);
+    }
+
+    /// Elastic mode: a generation whose members changed is drawn as a membership change
+    /// naming who was dropped and who came back; the dropped rank's lane ends at the drop
+    /// (a bar), is blank without membership, and resumes where it is back. The labels of
+    /// two generations close in time go in two rows.
+    #[test]
+    fn a_membership_change_is_marked_and_a_dropped_lane_ends_and_resumes() {
+        use super::super::model::{Absence, Membership};
+        let mut l = lane(vec![block(Phase::TrainRollout, 1, 0.0, 40.0)], vec![]);
+        l.absent = vec![Absence {
+            from: 50.0,
+            until: Some(60.0),
+            dropped_from: 2,
+            back_in: Some(3),
+            why: "heartbeat still for 3.0s".into(),
+        }];
+        let mut t = timeline(vec![l], 100.0);
+        let change = |gen: u64, t: f64, dropped: Vec<(u32, String)>, rejoined: Vec<u32>| GenStart {
+            cluster: None,
+            gen,
+            t,
+            previous: None,
+            ended: None,
+            membership: Some(Membership {
+                members: if rejoined.is_empty() {
+                    vec![1, 2]
+                } else {
+                    vec![0, 1, 2]
+                },
+                dropped,
+                rejoined,
+                regrouped: gen == 2,
+            }),
+        };
+        t.generations.push(change(
+            2,
+            50.0,
+            vec![(0, "heartbeat still for 3.0s".into())],
+            vec![],
+        ));
+        t.generations.push(change(3, 60.0, vec![], vec![0]));
+        let (page, _) = html(&t, "elastic");
+        let doc = roxmltree::Document::parse(svg(&page)).unwrap();
+        let changes: Vec<_> = doc
+            .descendants()
+            .filter(|n| n.attribute("class") == Some("gen membership"))
+            .collect();
+        assert_eq!(changes.len(), 2);
+        let text = |n: &roxmltree::Node| {
+            n.descendants()
+                .find(|c| c.has_tag_name("text"))
+                .and_then(|c| c.text())
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(text(&changes[0]), "generation 2: rank 0 dropped");
+        assert_eq!(changes[0].attribute("data-dropped"), Some("0"));
+        assert_eq!(changes[0].attribute("data-members"), Some("1,2"));
+        let tip = changes[0].first_element_child().unwrap().text().unwrap();
+        assert!(
+            tip.contains("rank 0 dropped: heartbeat still for 3.0s")
+                && tip.contains("coordinator: rank 1")
+                && tip.contains("formed by the members left"),
+            "{tip}"
+        );
+        assert_eq!(text(&changes[1]), "generation 3: rank 0 back");
+        assert_eq!(changes[1].attribute("data-rejoined"), Some("0"));
+        // 10 s apart on a 100 s page: 140 px, less than a label; one row above the other.
+        let y = |n: &roxmltree::Node| -> f64 {
+            let t = n.descendants().find(|c| c.has_tag_name("text")).unwrap();
+            t.attribute("y").unwrap().parse().unwrap()
+        };
+        assert!((y(&changes[0]) - y(&changes[1]) - GEN_ROW_H).abs() < 1e-9);
+        // The lane: where it ends, blank, and where it resumes.
+        let absent = doc
+            .descendants()
+            .find(|n| n.attribute("class") == Some("absent"))
+            .unwrap();
+        assert_eq!(absent.attribute("data-from-gen"), Some("2"));
+        assert_eq!(absent.attribute("data-back-gen"), Some("3"));
+        let line = |class: &str| -> f64 {
+            let n = absent
+                .descendants()
+                .find(|n| n.attribute("class") == Some(class))
+                .unwrap_or_else(|| panic!("no {class}"));
+            n.attribute("x1").unwrap().parse().unwrap()
+        };
+        let s = Scale::new(&t);
+        assert!((line("lane-end") - s.x(50.0)).abs() < 0.1);
+        assert!((line("lane-resume") - s.x(60.0)).abs() < 0.1);
+        let tip = absent.first_element_child().unwrap().text().unwrap();
+        assert!(
+            tip.contains("not a member from generation 2")
+                && tip.contains("dropped: heartbeat still for 3.0s")
+                && tip.contains("back in generation 3"),
+            "{tip}"
+        );
+        assert!(page.contains(
+            "membership changes: generation 2: rank 0 dropped, generation 3: rank 0 back"
+        ));
     }
 }

@@ -6,8 +6,9 @@
 //! three threads: its phases, its waits (barriers, the other cluster) and its commands, as
 //! complete (`X`) events. Commits, hand-offs, server starts and stops, failed commands,
 //! retries, hang reports and the failures that stopped a generation are instant (`i`)
-//! events; generation starts are global instants, listed too in the process's labels
-//! (`M`). Times are microseconds from the first thing drawn; `otherData` holds its wall
+//! events; generation starts are global instants (with, in elastic mode, who they dropped
+//! and took back), listed too in the process's labels (`M`); a dropped rank's stretch
+//! without membership is a complete event of its phase track. Times are microseconds from the first thing drawn; `otherData` holds its wall
 //! clock.
 
 use super::model::{Lane, Timeline};
@@ -72,7 +73,18 @@ pub(crate) fn json(t: &Timeline, title: &str) -> String {
         ev.push(json!({
             "name": format!("generation {}", g.gen), "cat": "generation", "ph": "i", "s": "g",
             "ts": us(g.t), "pid": pid_of(g.cluster), "tid": 0,
-            "args": { "generation": g.gen, "previous": g.previous, "ended": g.ended },
+            "args": {
+                "generation": g.gen, "previous": g.previous, "ended": g.ended,
+                // Elastic mode: who it dropped (and why) and who it took back.
+                "membership": g.membership.as_ref().map(|m| json!({
+                    "members": m.members,
+                    "dropped": m.dropped.iter()
+                        .map(|(rank, why)| json!({ "rank": rank, "why": why }))
+                        .collect::<Vec<_>>(),
+                    "rejoined": m.rejoined,
+                    "regrouped": m.regrouped,
+                })),
+            },
         }));
     }
     for d in &t.downtime {
@@ -83,7 +95,7 @@ pub(crate) fn json(t: &Timeline, title: &str) -> String {
         }));
     }
     for l in &t.lanes {
-        lane(&mut ev, l, &us);
+        lane(&mut ev, l, t.end, &us);
     }
     let doc = json!({
         "traceEvents": ev,
@@ -101,8 +113,8 @@ fn meta(name: &str, pid: u32, tid: u32, args: Value) -> Value {
     json!({ "name": name, "ph": "M", "ts": 0, "pid": pid, "tid": tid, "args": args })
 }
 
-/// One rank's three threads and its instants.
-fn lane(ev: &mut Vec<Value>, l: &Lane, us: &impl Fn(f64) -> f64) {
+/// One rank's three threads and its instants; `end`, the end of the trace.
+fn lane(ev: &mut Vec<Value>, l: &Lane, end: f64, us: &impl Fn(f64) -> f64) {
     let pid = pid_of(l.cluster);
     let base = 1 + l.rank * TRACKS;
     let who = l.label();
@@ -141,6 +153,17 @@ fn lane(ev: &mut Vec<Value>, l: &Lane, us: &impl Fn(f64) -> f64) {
             b.end,
             json!({ "iteration": b.iteration, "generation": b.gen, "host": b.host,
                     "open": b.open, "log": b.log, "notes": b.notes }),
+        ));
+    }
+    // Elastic mode: the stretches in which the rank was no member, on its phase track.
+    for a in &l.absent {
+        ev.push(x(
+            "not a member".to_string(),
+            "membership",
+            base,
+            a.from,
+            a.until.unwrap_or(end).max(a.from),
+            json!({ "dropped_from": a.dropped_from, "back_in": a.back_in, "why": a.why }),
         ));
     }
     for w in &l.waits {
