@@ -628,3 +628,49 @@ fn drop_node_without_elastic_mode_is_refused_at_start() {
         "{err}"
     );
 }
+
+/// The survivors are still rolling out when the death is declared: their rollout
+/// commands go on through the regroup and are committed in the next generation, not
+/// started again. Each survivor starts its rollout of every iteration once.
+#[test]
+fn rollouts_running_at_the_regroup_go_on_and_are_not_started_again() {
+    let c = TestCluster::new(3, "");
+    let dir = c.dir.path().display().to_string();
+    let phases = format!(
+        r#"
+[phases.rollout]
+command = '''echo "{{rank}} {{iteration}}" >> '{dir}/started'; if [ {{iteration}} = {KILLED_IN} ] && [ ! -e '{dir}/marker' ]; then if [ {{rank}} = 2 ]; then touch '{dir}/marker'; sleep 600.12; else sleep 5; fi; fi; for i in $(seq 1 {PER_RANK}); do echo '{{"rank": {{rank}}, "it": {{iteration}}, "i": '$i'}}'; done > {{output}}'''
+
+[phases.train]
+command = "mkdir -p {{output}}/checkpoint-1 && cat {{trajectories}} > {{output}}/checkpoint-1/weights.jsonl"
+"#
+    );
+    configure(&c, Some(2), &phases);
+    let mut nodes = c.spawn_all(&["--iterations", &ITERATIONS.to_string()]);
+    let _logs = ShowLogsOnFailure::new(&c, &nodes);
+    kill_machine(&mut nodes[2], &c.dir.path().join("marker"), "600.12");
+    for n in nodes.iter_mut().take(2) {
+        let code = n.wait(LIMIT);
+        let err = n.stderr();
+        assert_eq!(code, 0, "rank {}:\n{err}", n.rank);
+        assert!(
+            err.contains("started before the regroup goes on"),
+            "rank {}:\n{err}",
+            n.rank
+        );
+    }
+    assert_complete(&c);
+    let started = fs::read_to_string(c.dir.path().join("started")).unwrap();
+    for r in [0, 1] {
+        for it in 1..=ITERATIONS {
+            let n = started
+                .lines()
+                .filter(|l| *l == format!("{r} {it}"))
+                .count();
+            assert_eq!(
+                n, 1,
+                "rank {r} started iteration {it}'s rollout {n} times:\n{started}"
+            );
+        }
+    }
+}

@@ -331,31 +331,7 @@ fn plan(args: DemoArgs, g: Globals) -> Result<Plan, String> {
     }
     let exe =
         std::env::current_exe().map_err(|e| format!("cannot find this program's path: {e}"))?;
-    let dir = match args.dir {
-        Some(d) => {
-            fs::create_dir_all(&d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
-            let empty = fs::read_dir(&d)
-                .map_err(|e| format!("cannot read {}: {e}", d.display()))?
-                .next()
-                .is_none();
-            if !empty {
-                return Err(format!(
-                    "--dir {} is not empty: the demo needs an empty or new directory",
-                    d.display()
-                ));
-            }
-            d
-        }
-        None => {
-            let d = std::env::temp_dir().join(format!(
-                "rl-node-demo-{}-{}",
-                chrono::Local::now().format("%Y%m%d-%H%M%S"),
-                std::process::id()
-            ));
-            fs::create_dir_all(&d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
-            d
-        }
-    };
+    let dir = run_dir(args.dir)?;
     let dir = dir
         .canonicalize()
         .map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -402,6 +378,37 @@ fn plan(args: DemoArgs, g: Globals) -> Result<Plan, String> {
         exe,
         runs,
     })
+}
+
+/// The demo's directory: `--dir` (empty or new), else a new one under the temporary
+/// directory.
+fn run_dir(dir: Option<PathBuf>) -> Result<PathBuf, String> {
+    let dir = match dir {
+        Some(d) => {
+            fs::create_dir_all(&d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
+            let empty = fs::read_dir(&d)
+                .map_err(|e| format!("cannot read {}: {e}", d.display()))?
+                .next()
+                .is_none();
+            if !empty {
+                return Err(format!(
+                    "--dir {} is not empty: the demo needs an empty or new directory",
+                    d.display()
+                ));
+            }
+            d
+        }
+        None => {
+            let d = std::env::temp_dir().join(format!(
+                "rl-node-demo-{}-{}",
+                chrono::Local::now().format("%Y%m%d-%H%M%S"),
+                std::process::id()
+            ));
+            fs::create_dir_all(&d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
+            d
+        }
+    };
+    Ok(dir)
 }
 
 // ------------------------------------------------------------------ set-up

@@ -189,6 +189,11 @@ pub(crate) struct Node {
     /// Elastic mode: the dropped rank whose share the running command does in its place
     /// (its `{rank}`, shard and log).
     acting_for: Option<u32>,
+    /// Elastic mode: the per-rank rollout command being waited for, which a regroup lets
+    /// go on (and so `carried` into the next generation).
+    rolling: Option<regroup::Carried>,
+    /// Elastic mode: a rollout command started before the regroup, still to be waited for.
+    carried: Option<regroup::Carried>,
     /// Elastic mode: the coordinator's view of dropped ranks asking to come back.
     rejoins: regroup::Rejoins,
     /// Elastic mode: `sync-start` released the members into this grown generation.
@@ -702,6 +707,8 @@ impl Node {
             tasks: work::TaskSets::default(),
             extra: Default::default(),
             acting_for: None,
+            rolling: None,
+            carried: None,
             rejoins: regroup::Rejoins::new(cfg.timing.dead_after),
             moving_to: None,
             nproc_per_node: 0,
@@ -2192,26 +2199,61 @@ impl Node {
         for dir in [partial.parent(), shard.parent()].into_iter().flatten() {
             self.make_dir(dir)?;
         }
-        // Left by an earlier attempt (committed but not journaled, or this generation's
-        // own partial): kept (never lose trajectories), out of the way, never merged.
-        for (what, path) in [("shard", &shard), ("partial shard", &partial)] {
-            self.set_aside_earlier(what, path)?;
-        }
-        let resume_from = self.earlier_partial(split);
-        if let Some(p) = &resume_from {
-            self.info(&format!(
-                "iteration {it}: the {split} rollout may resume from the earlier attempt's {} ({{resume_from}})",
-                p.display()
-            ));
-        }
-        self.extra.insert(
-            "resume_from",
-            resume_from
-                .map(|p| p.display().to_string())
-                .unwrap_or_default(),
-        );
-        let ran = self.run_command_to_end(phase, pc, Some(split), &partial, false);
-        self.extra.remove("resume_from");
+        // Elastic mode: this rollout's command, started before a regroup, went on
+        // running through it; it is waited for and its output committed, not run again.
+        let carried = self
+            .carried
+            .take()
+            .filter(|c| c.iteration == it && c.split == split && c.rank == rank);
+        let (partial, ran) = match carried {
+            Some(c) => {
+                self.info(&format!(
+                    "iteration {it}: the {split} rollout started before the regroup goes on (pid {}); not started again",
+                    c.running.pid
+                ));
+                self.set_aside_earlier("shard", &shard)?;
+                let ran = self.wait_command(phase, pc, c.running, c.log);
+                (c.partial, ran)
+            }
+            None => {
+                // Left by an earlier attempt (committed but not journaled, or this
+                // generation's own partial): kept (never lose trajectories), out of the
+                // way, never merged.
+                for (what, path) in [("shard", &shard), ("partial shard", &partial)] {
+                    self.set_aside_earlier(what, path)?;
+                }
+                let resume_from = self.earlier_partial(split);
+                if let Some(p) = &resume_from {
+                    self.info(&format!(
+                        "iteration {it}: the {split} rollout may resume from the earlier attempt's {} ({{resume_from}})",
+                        p.display()
+                    ));
+                }
+                self.extra.insert(
+                    "resume_from",
+                    resume_from
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default(),
+                );
+                let started = self.start_command(phase, pc, Some(split), &partial, false);
+                self.extra.remove("resume_from");
+                let (running, log) = started?;
+                // Until it is waited out: a regroup meanwhile lets it go on (`regroup`).
+                self.rolling = Some(regroup::Carried {
+                    iteration: it,
+                    split: split.to_string(),
+                    rank,
+                    partial: partial.clone(),
+                    running: running.clone(),
+                    log: log.clone(),
+                });
+                let ran = self.wait_command(phase, pc, running, log);
+                if ran.is_ok() {
+                    self.rolling = None;
+                }
+                (partial, ran)
+            }
+        };
         let (log, ended) = ran?;
         if let Err(failure) = ended {
             // A stand-in's failure is its own: the dropped rank's shard is not left out.
@@ -3190,6 +3232,20 @@ impl Node {
         output: &Path,
         torchrun_env: bool,
     ) -> Result<(PathBuf, Result<(), CommandFailure>), Stop> {
+        let (running, log) = self.start_command(phase, pc, split, output, torchrun_env)?;
+        self.wait_command(phase, pc, running, log)
+    }
+
+    /// Start a phase command in its own process group: it runs, and logs to the path
+    /// returned.
+    fn start_command(
+        &mut self,
+        phase: &str,
+        pc: &PhaseCommand,
+        split: Option<&str>,
+        output: &Path,
+        torchrun_env: bool,
+    ) -> Result<(procs::Running, PathBuf), Stop> {
         let values = self.values(phase, split, output);
         let command = self.cfg.template(&pc.command).render(&values);
         let mut env = self.command_env(&values);
@@ -3223,12 +3279,25 @@ impl Node {
             &log,
             &header,
         )?;
-        let pid = running.pid;
         self.info(&format!(
-            "iteration {}: {phase} started (pid {pid}, log {})",
+            "iteration {}: {phase} started (pid {}, log {})",
             self.machine.iteration(),
+            running.pid,
             log.display()
         ));
+        Ok((running, log))
+    }
+
+    /// Wait for the `phase` command `running` (logging to `log`) like
+    /// [`Node::run_command_to_end`].
+    fn wait_command(
+        &mut self,
+        phase: &str,
+        pc: &PhaseCommand,
+        running: procs::Running,
+        log: PathBuf,
+    ) -> Result<(PathBuf, Result<(), CommandFailure>), Stop> {
+        let pid = running.pid;
         self.waiting.note = format!("the {phase} command (pid {pid})");
         let deadline = running.started + pc.timeout;
         // Nothing waits on the peers while the command runs: read them at the idle

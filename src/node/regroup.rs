@@ -138,27 +138,38 @@ impl Node {
         // commit is fenced by the generation), and are redone in the next one from where
         // the journals say. The inference server goes on: it serves the model the next
         // generation starts with (a hand-off restarts it), and a restart costs minutes.
+        // So does a per-rank rollout command: its output, committed in the next generation
+        // (`Node::rollout`), is the same rank's share whichever generation commits it.
         self.watchdog.pet("stopping commands for the regroup");
         let grace = self.cfg.timing.kill_grace;
-        match (
-            self.launcher.registry(),
-            self.server.as_ref().map(|s| s.pid),
-        ) {
-            (Some(registry), Some(server)) => {
+        let carried = self
+            .rolling
+            .take()
+            .filter(|_| self.launcher.registry().is_some());
+        let keep: Vec<i32> = self
+            .server
+            .as_ref()
+            .map(|s| s.pid)
+            .into_iter()
+            .chain(carried.as_ref().map(|c| c.running.pid))
+            .collect();
+        match self.launcher.registry() {
+            Some(registry) => {
                 let pids: Vec<i32> = registry
                     .groups()
                     .into_iter()
-                    .filter(|&g| g != server)
+                    .filter(|g| !keep.contains(g))
                     .collect();
                 self.launcher.stop_many(&pids, grace);
             }
-            _ => {
+            None => {
                 self.server = None;
                 self.launcher.stop_all(grace);
             }
         }
         self.workers = Default::default();
-        self.exited.clear();
+        self.exited.retain(|pid, _| keep.contains(pid));
+        self.carried = carried;
         if let Some(p) = self.publisher.take() {
             self.watchdog
                 .pet("writing the record of the generation left");
@@ -262,10 +273,21 @@ impl Node {
             // Waiting for the next coordinator: look again each poll (a signal stops).
             match clock::recv_timeout(&*self.clock, &self.events, poll) {
                 Ok(crate::process::Event::Signal(sig)) => return Err(self.signalled(sig)),
-                Ok(_) | Err(RecvTimeoutError::Timeout) => {}
+                Ok(ev) => self.keep_exit(ev),
+                Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => unreachable!("the reaper holds a sender"),
             }
             g.handle(self.clock.since_start(), ms::Input::Timeout);
+        }
+    }
+
+    /// While regrouping: a command that goes on through it (a rollout, the server) may
+    /// end meanwhile; its exit is kept for whoever waits for it next.
+    fn keep_exit(&mut self, ev: crate::process::Event) {
+        if let crate::process::Event::Reaped { pid, exit } = ev {
+            if self.launcher.contains(pid) {
+                self.exited.insert(pid, exit);
+            }
         }
     }
 
@@ -438,7 +460,8 @@ impl Node {
     /// from; a member whose coordinator does not release it counts the coordinator lost.
     fn regrouped_barrier(&mut self, gen: u64) -> Result<(), super::Stop> {
         const NAME: &str = "regrouped";
-        self.machine.arrive(NAME, &());
+        let k = self.machine.arrive(NAME, &());
+        let started = self.clock.now();
         let patience = 2 * self.cfg.timing.dead_after;
         let deadline = self.clock.now() + patience;
         let coordinator = self.is_master();
@@ -463,6 +486,11 @@ impl Node {
                     self.machine.release(&());
                     self.drive_machine()?;
                 }
+                self.event(crate::events::Event::Barrier {
+                    name: NAME.to_string(),
+                    k,
+                    waited_ms: self.clock.elapsed(started).as_millis() as u64,
+                });
                 Ok(())
             }
             Err(super::Interrupt::Stop(stop)) => Err(stop),
@@ -502,6 +530,19 @@ impl Node {
         let journal = self.journals_of(&[rank]).pop().unwrap_or_default();
         journal::has(&journal, self.run_id(), self.machine.iteration(), item)
     }
+}
+
+/// A per-rank rollout command that goes on running through a regroup.
+#[derive(Debug, Clone)]
+pub(super) struct Carried {
+    pub iteration: u64,
+    pub split: String,
+    /// The rank whose share it is (this one's, or the dropped rank it stands in for).
+    pub rank: u32,
+    /// Its `{output}`: the partial file of the generation that started it.
+    pub partial: std::path::PathBuf,
+    pub running: crate::process::Running,
+    pub log: std::path::PathBuf,
 }
 
 /// How a process started for a rank while the run goes on without it comes back.

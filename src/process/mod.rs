@@ -572,7 +572,7 @@ pub fn capture(program: &str, args: &[&str], timeout: Duration) -> Option<(Child
 }
 
 /// A running command.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Running {
     pub pid: i32,
     pub started: Instant,
