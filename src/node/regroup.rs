@@ -224,13 +224,8 @@ impl Node {
                         g.handle(now(), ms::Input::Claimed { won, published });
                     }
                     ms::Effect::ReadCurrent => {
-                        let _ = self.store.refresh(self.layout.root());
                         let current = self
-                            .store
-                            .read_json::<ClusterRecord>(&self.layout.cluster())
-                            .ok()
-                            .flatten()
-                            .filter(|c| c.run_id == self.run_id())
+                            .current_record(self.run_id())
                             .map(|c| Regrouped::from(&c));
                         g.handle(now(), ms::Input::Current(current));
                     }
@@ -251,18 +246,7 @@ impl Node {
                         let found = self.published_regroup(won, gen);
                         g.handle(now(), ms::Input::Spent { won, found });
                     }
-                    ms::Effect::Joined { gen, .. } => {
-                        let _ = self.store.refresh(&self.layout.gen_dir(gen));
-                        return match self
-                            .store
-                            .read_json::<ClusterRecord>(&self.layout.gen_cluster(gen))
-                        {
-                            Ok(Some(c)) => Ok(c),
-                            Ok(None) => Err(self
-                                .regroup_failed(gen, std::io::Error::other("its record is gone"))),
-                            Err(e) => Err(self.regroup_failed(gen, e)),
-                        };
-                    }
+                    ms::Effect::Joined { gen, .. } => return self.formed_record(gen),
                     ms::Effect::Stop(ending) => {
                         let mut stop = self.adopt_abort(lost.clone());
                         stop.message = format!("{}; {ending}", stop.message);
@@ -320,12 +304,36 @@ impl Node {
         if won {
             return None;
         }
-        let _ = self.store.refresh(&self.layout.gen_dir(gen));
-        self.store
-            .read_json::<ClusterRecord>(&self.layout.gen_cluster(gen))
+        self.gen_record(gen)
             .ok()
             .flatten()
             .map(|c| Regrouped::from(&c))
+    }
+
+    /// Generation `gen`'s record as this node reads it now: another node's client created
+    /// it, so the directory's listing is refreshed first (a FUSE client's cached names).
+    fn gen_record(&self, gen: u64) -> std::io::Result<Option<ClusterRecord>> {
+        let _ = self.store.refresh(&self.layout.gen_dir(gen));
+        self.store
+            .read_json::<ClusterRecord>(&self.layout.gen_cluster(gen))
+    }
+
+    /// The record of generation `gen`, which this node goes to: there, or the regroup
+    /// fails.
+    fn formed_record(&self, gen: u64) -> Result<ClusterRecord, super::Stop> {
+        self.gen_record(gen)
+            .map_err(|e| self.regroup_failed(gen, e))?
+            .ok_or_else(|| self.regroup_failed(gen, std::io::Error::other("its record is missing")))
+    }
+
+    /// The newest generation of run `run_id`, as `cluster.json` says now.
+    fn current_record(&self, run_id: &str) -> Option<ClusterRecord> {
+        let _ = self.store.refresh(self.layout.root());
+        self.store
+            .read_json::<ClusterRecord>(&self.layout.cluster())
+            .ok()
+            .flatten()
+            .filter(|c| c.run_id == run_id)
     }
 
     /// This node won the claim of `next.gen`: create the generation's record exclusively
@@ -631,13 +639,7 @@ impl Node {
                 self.watchdog.pet("asking to come back");
                 match effect {
                     ms::RejoinEffect::ReadCurrent => {
-                        let _ = self.store.refresh(self.layout.root());
-                        let c = self
-                            .store
-                            .read_json::<ClusterRecord>(&self.layout.cluster())
-                            .ok()
-                            .flatten()
-                            .filter(|c| c.run_id == run_id);
+                        let c = self.current_record(&run_id);
                         if let Some(c) = &c {
                             let coordinator = c.members().coordinator();
                             if self
@@ -669,17 +671,7 @@ impl Node {
                         asking = Some(p);
                     }
                     ms::RejoinEffect::Joined { gen, .. } => {
-                        let _ = self.store.refresh(&self.layout.gen_dir(gen));
-                        let c = self
-                            .store
-                            .read_json::<ClusterRecord>(&self.layout.gen_cluster(gen))
-                            .map_err(|e| self.regroup_failed(gen, e))?
-                            .ok_or_else(|| {
-                                self.regroup_failed(
-                                    gen,
-                                    std::io::Error::other("its record is gone"),
-                                )
-                            })?;
+                        let c = self.formed_record(gen)?;
                         break_with(&mut asking);
                         return Ok(Rejoined::Joined(Box::new(c)));
                     }
@@ -820,15 +812,7 @@ impl Node {
                 self.append_history(&c);
                 c
             }
-            None => {
-                let _ = self.store.refresh(&self.layout.gen_dir(gen));
-                self.store
-                    .read_json::<ClusterRecord>(&self.layout.gen_cluster(gen))
-                    .map_err(|e| self.regroup_failed(gen, e))?
-                    .ok_or_else(|| {
-                        self.regroup_failed(gen, std::io::Error::other("its record is missing"))
-                    })?
-            }
+            None => self.formed_record(gen)?,
         };
         if let Some(p) = self.publisher.take() {
             p.finish(|_| {}, Duration::from_secs(5));
