@@ -50,6 +50,37 @@ fn run_all(c: &TestCluster, fs: &MooseFs, name: &str, args: &[&str]) -> (Duratio
     (took, nodes.iter().map(NodeProc::stderr).collect())
 }
 
+/// Every rank on its own client (`fs` has one per rank) in `exp`, rank `victim` holding
+/// in its rollout of iteration 2 until it is killed with SIGKILL (exit 137); the others
+/// still run.
+fn kill_in_rollout_of_iteration_2(
+    c: &TestCluster,
+    fs: &MooseFs,
+    args: &[&str],
+    victim: usize,
+) -> Vec<NodeProc> {
+    std::fs::create_dir_all(shared(fs, 0, "exp")).unwrap();
+    let mut nodes: Vec<NodeProc> = (0..3u32)
+        .map(|r| {
+            let hold = [("RL_NODE_TEST_HOLD_AT", "train-rollout@2".to_string())];
+            c.spawn_env(
+                r,
+                &shared(fs, r, "exp"),
+                args,
+                if r as usize == victim { &hold } else { &[] },
+            )
+        })
+        .collect();
+    wait_until(
+        LIMIT,
+        &format!("rank {victim} to hold in its rollout"),
+        || nodes[victim].stderr().contains("RL_NODE_TEST_HOLD_AT"),
+    );
+    nodes[victim].signal(libc::SIGKILL);
+    assert_eq!(nodes[victim].wait(LIMIT), 137);
+    nodes
+}
+
 /// Three iterations with eval, training and the hand-off of a checkpoint, each node on
 /// its own client: every merged file complete, every iteration's model the one handed off
 /// before it, and the time per iteration far below a cache period per barrier.
@@ -227,24 +258,8 @@ fn a_run_killed_mid_rollout_resumes_without_redoing_finished_work() {
                 "[phases.rollout]\ncommand = \"echo {iteration} >> {log_path}/trace-{rank}; ",
             ),
     );
-    std::fs::create_dir_all(shared(&fs, 0, "exp")).unwrap();
     let args = ["--iterations", "3", "--eval-interval", "0"];
-    let mut nodes: Vec<NodeProc> = (0..3u32)
-        .map(|r| {
-            let hold = [("RL_NODE_TEST_HOLD_AT", "train-rollout@2".to_string())];
-            c.spawn_env(
-                r,
-                &shared(&fs, r, "exp"),
-                &args,
-                if r == 1 { &hold } else { &[] },
-            )
-        })
-        .collect();
-    wait_until(LIMIT, "rank 1 to hold in its rollout", || {
-        nodes[1].stderr().contains("RL_NODE_TEST_HOLD_AT")
-    });
-    nodes[1].signal(libc::SIGKILL);
-    assert_eq!(nodes[1].wait(LIMIT), 137);
+    let mut nodes = kill_in_rollout_of_iteration_2(&c, &fs, &args, 1);
     for r in [0, 2] {
         let code = nodes[r].wait(LIMIT);
         let err = nodes[r].stderr();
@@ -330,24 +345,8 @@ fn elastic_rank_0_killed_and_started_again_on_moosefs_with_one_second_caches() {
         text.replacen("[cluster]\n", "[cluster]\nmin-nodes = 2\n", 1),
     )
     .unwrap();
-    std::fs::create_dir_all(shared(&fs, 0, "exp")).unwrap();
     let args = ["--iterations", "6", "--eval-interval", "0"];
-    let mut nodes: Vec<NodeProc> = (0..3u32)
-        .map(|r| {
-            let hold = [("RL_NODE_TEST_HOLD_AT", "train-rollout@2".to_string())];
-            c.spawn_env(
-                r,
-                &shared(&fs, r, "exp"),
-                &args,
-                if r == 0 { &hold } else { &[] },
-            )
-        })
-        .collect();
-    wait_until(LIMIT, "rank 0 to hold in its rollout", || {
-        nodes[0].stderr().contains("RL_NODE_TEST_HOLD_AT")
-    });
-    nodes[0].signal(libc::SIGKILL);
-    assert_eq!(nodes[0].wait(LIMIT), 137);
+    let mut nodes = kill_in_rollout_of_iteration_2(&c, &fs, &args, 0);
     let root = shared(&fs, 1, "exp");
     wait_until(LIMIT, "ranks 1 and 2 to regroup without rank 0", || {
         std::fs::read_to_string(root.join(".rl-node/cluster.json"))
